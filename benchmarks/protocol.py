@@ -1,0 +1,189 @@
+"""The measurement protocol every benchmark shares (DESIGN.md, Benchmarks).
+
+ThunderKittens 2.0's protocol: bit-identical uniform random inputs for every
+kernel compared; enough input groups to exceed 3x the L2, cycled so each
+launch evicts the last one's data; 500 warm-up launches; 100 timed
+back-to-back launches between two CUDA events; a pause between kernels.
+Bandwidth-bound kernels are reported against a device-to-device copy
+measured in the same run.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+MiB = 1 << 20
+DEFAULT_L2_BYTES = 60 * MiB  # H200; used when no GPU can be asked
+
+
+def require_cuda(what: str = "this benchmark") -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{what} needs a CUDA GPU: torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}). Nothing was measured.")
+
+
+def l2_cache_bytes() -> int:
+    if torch.cuda.is_available():
+        n = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()),
+                    "L2_cache_size", 0)
+        if n:
+            return int(n)
+    return DEFAULT_L2_BYTES
+
+
+def uniform(gen: torch.Generator, *shape: int, dtype=torch.bfloat16,
+            low: float = -1.0, high: float = 1.0) -> torch.Tensor:
+    """Uniform random tensor on the generator's device (timing zeros flatters kernels)."""
+    return torch.empty(shape, dtype=dtype, device=gen.device).uniform_(low, high, generator=gen)
+
+
+def make_input_groups(make_one: Callable[[torch.Generator], tuple], bytes_per_group: int,
+                      l2_bytes: int | None = None, seed: int = 0,
+                      device: str | torch.device | None = None) -> list[tuple]:
+    """Build enough groups that together they hold >= 3x the L2 (at least 2).
+
+    Group i comes from a generator seeded with seed + i, so every kernel that
+    is given these groups sees the same bits, and so does a rerun.
+    """
+    l2 = l2_bytes or l2_cache_bytes()
+    n = max(2, math.ceil(3 * l2 / max(1, bytes_per_group)))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return [make_one(torch.Generator(device=device).manual_seed(seed + i)) for i in range(n)]
+
+
+def time_kernel(fn: Callable[[tuple], Any], groups: list[tuple], warmup: int = 500,
+                iters: int = 100, repeats: int = 3, pause_s: float = 0.5) -> dict:
+    """Mean ms per launch over `iters` back-to-back launches between two events.
+
+    One launch counter runs through warm-up and timing, so consecutive
+    launches always use different groups. `ms` is the first timed run (the
+    protocol's figure); the extra repeats only give min/median as a hint of
+    run-to-run spread.
+    """
+    require_cuda("time_kernel")
+    n, k = len(groups), 0
+    for _ in range(warmup):
+        fn(groups[k % n]); k += 1
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(max(1, repeats)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn(groups[k % n]); k += 1
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / iters)
+    time.sleep(pause_s)  # let clocks and power settle before the next kernel
+    return {"ms": runs[0], "ms_min": min(runs), "ms_median": statistics.median(runs),
+            "runs_ms": runs, "warmup": warmup, "iters": iters, "groups": n}
+
+
+def bandwidth_gbs(bytes_moved: float, ms: float) -> float:
+    return bytes_moved / (ms * 1e-3) / 1e9  # decimal GB/s, as vendors quote
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def copy_bandwidth(nbytes: int, l2_bytes: int | None = None, **timing) -> float:
+    """GB/s of `dst.copy_(src)` over nbytes, counting bytes read + written."""
+    require_cuda("copy_bandwidth")
+
+    def one(g):
+        src = torch.empty(nbytes, dtype=torch.uint8, device=g.device).random_(0, 256, generator=g)
+        return src, torch.empty_like(src)
+
+    groups = make_input_groups(one, 2 * nbytes, l2_bytes)
+    t = time_kernel(lambda g: g[1].copy_(g[0]), groups, **timing)
+    return bandwidth_gbs(2 * nbytes, t["ms"])
+
+
+def run_meta() -> dict:
+    """Where and how a result was measured."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # no triton: CPU builds, or not installed
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "l2_bytes": l2_cache_bytes(),
+        "command": shlex.join([sys.executable, *sys.argv]),
+    }
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    # A reader (or a run killed midway) never sees a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_results(name: str, rows: list[dict], meta: dict,
+                  out_dir: str | os.PathLike = "benchmarks/results") -> Path:
+    """Write {name}.json (rows + meta) and, if matplotlib is there, {name}.png."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    _atomic_write_text(path, json.dumps({"meta": {**run_meta(), **meta}, "rows": rows},
+                                        indent=1, default=str) + "\n")
+    print(f"wrote {path}")
+    # plot.py sits beside this file; benchmarks/ is not a package.
+    spec = importlib.util.spec_from_file_location("tk_bench_plot", Path(__file__).with_name("plot.py"))
+    plot = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(plot)
+        print(f"wrote {plot.plot(path)}")
+    except ImportError as e:
+        print(f"no plot ({e}); later: python benchmarks/plot.py {path}")
+    except Exception as e:  # the JSON is what matters; a plot can be redrawn
+        print(f"plot failed ({type(e).__name__}: {e}); retry: python benchmarks/plot.py {path}")
+    return path
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v).replace("|", "\\|")
+
+
+def markdown_table(rows: list[dict], columns: list[str | tuple[str, str]]) -> str:
+    """A GitHub table; a column is a row key or (key, header). Missing keys print —."""
+    cols = [c if isinstance(c, tuple) else (c, c) for c in columns]
+    lines = ["| " + " | ".join(h for _, h in cols) + " |",
+             "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(k)) for k, _ in cols) + " |" for r in rows]
+    return "\n".join(lines)

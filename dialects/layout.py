@@ -1,0 +1,193 @@
+"""Register layouts: which thread holds which element of a register tile.
+
+A layout maps the bits of (register index, lane, warp) to element positions.
+Every basis is one power of two on one axis (or None: that bit replicates,
+all its values hold the same elements), and a thread's register r of lane l
+in warp w holds the element at the sum of the bases of the set bits of r, l
+and w. This is the linear-layout idea restricted to permutations of bits,
+which is all ThunderKittens' tiles need, and it lets the lowering *derive*
+vector widths, reductions (local, shuffle, shared memory) and broadcasts
+instead of special-casing them per tile shape:
+
+- the registers whose low bits step along columns by 1, 2, 4... form one
+  vector access to memory;
+- a row reduction combines registers, then shuffles across the lane bits and
+  then exchanges through shared memory across the warp bits whose bases lie
+  along columns;
+- the vector of per-row values is the tile layout with the column bases
+  dropped (`slice`), which is how a broadcast finds its operand's register.
+
+Named tile layouts:
+  vec  runs of 8 elements along a row per thread; lanes along columns first,
+       then rows; warps along rows, then columns. Wide, coalesced accesses:
+       the default for elementwise and normalization kernels.
+  row  ThunderKittens' MMA fragment layout (16x16 base tiles: lane/4 picks
+       the row, lane%4 a column pair); warps stack along rows.
+  col  `row` transposed.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+Basis = tuple[int, int] | None   # (axis, log2 of the step) or None = replicated
+
+VEC_RUN = 8   # elements a `vec` thread holds contiguously along a row
+
+
+class LayoutError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    reg: tuple[Basis, ...]
+    lane: tuple[Basis, ...]    # 5 bits
+    warp: tuple[Basis, ...]
+
+    @property
+    def num_regs(self) -> int:
+        return 1 << len(self.reg)
+
+    def offset(self, basis: Basis) -> tuple[int, ...]:
+        out = [0] * len(self.shape)
+        if basis is not None:
+            out[basis[0]] = 1 << basis[1]
+        return tuple(out)
+
+    def reg_position(self, r: int) -> tuple[int, ...]:
+        """The element register r holds in lane 0 of warp 0."""
+        pos = [0] * len(self.shape)
+        for bit, b in enumerate(self.reg):
+            if r >> bit & 1 and b is not None:
+                pos[b[0]] += 1 << b[1]
+        return tuple(pos)
+
+    def vector_run(self, axis: int) -> int:
+        """How many consecutive registers step by 1 along `axis` (a power of 2)."""
+        n = 0
+        while n < len(self.reg) and self.reg[n] == (axis, n):
+            n += 1
+        return 1 << n
+
+    def replicated_bits(self, kind: str) -> list[int]:
+        return [i for i, b in enumerate(getattr(self, kind)) if b is None]
+
+    def warp_bits_along(self, axis: int) -> list[int]:
+        """Warp bits stepping along `axis`: a reduction over it crosses warps there."""
+        return [i for i, b in enumerate(self.warp) if b is not None and b[0] == axis]
+
+    # ---- slices: the layout of per-row / per-column vectors
+
+    def slice(self, keep_axis: int) -> Layout:
+        """Project onto one axis: the layout of a vector of per-row (keep 0)
+        or per-column (keep 1) values. Registers whose bases leave the axis
+        are dropped (they would hold copies); lane and warp bits that leave it
+        become replicated."""
+        def project(b: Basis) -> Basis:
+            return (0, b[1]) if b is not None and b[0] == keep_axis else None
+        reg = tuple(project(b) for b in self.reg if project(b) is not None)
+        return Layout((self.shape[keep_axis],), reg,
+                      tuple(project(b) for b in self.lane),
+                      tuple(project(b) for b in self.warp))
+
+    def slice_register(self, keep_axis: int, r: int) -> int:
+        """The register of `self.slice(keep_axis)` holding tile register r's value."""
+        out, k = 0, 0
+        for bit, b in enumerate(self.reg):
+            if b is not None and b[0] == keep_axis:
+                out |= (r >> bit & 1) << k
+                k += 1
+        return out
+
+    # ---- text form, used as the layout parameter of !tk.rv
+
+    def encode(self) -> str:
+        assert len(self.shape) == 1, "only vector layouts are spelled out"
+        def enc(bases):
+            return ",".join("x" if b is None else str(1 << b[1]) for b in bases)
+        return f"r[{enc(self.reg)}]l[{enc(self.lane)}]w[{enc(self.warp)}]"
+
+
+@functools.lru_cache(maxsize=1024)
+def decode(text: str, length: int) -> Layout:
+    m = re.fullmatch(r"r\[(.*)\]l\[(.*)\]w\[(.*)\]", text)
+    if not m:
+        raise LayoutError(f"not a vector layout: {text!r}")
+    def dec(s):
+        return tuple(None if x == "x" else (0, int(x).bit_length() - 1)
+                     for x in s.split(",") if x)
+    return Layout((length,), *(dec(g) for g in m.groups()))
+
+
+# ------------------------------------------------------------ constructors
+
+def _log2(n: int, what: str) -> int:
+    if n <= 0 or n & (n - 1):
+        raise LayoutError(f"{what} must be a power of two, got {n}")
+    return n.bit_length() - 1
+
+
+def _fill(bits_needed: dict[int, int], next_bit: dict[int, int], count: int,
+          order: tuple[int, ...]) -> tuple[Basis, ...]:
+    """Assign `count` hardware bits to the axes in `order` while they still
+    have unassigned element bits; what is left over replicates."""
+    out: list[Basis] = []
+    for _ in range(count):
+        for axis in order:
+            if next_bit[axis] < bits_needed[axis]:
+                out.append((axis, next_bit[axis]))
+                next_bit[axis] += 1
+                break
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def vec(rows: int, cols: int, num_warps: int) -> Layout:
+    rb, cb, wb = _log2(rows, "rows"), _log2(cols, "cols"), _log2(num_warps, "warps")
+    if cols < VEC_RUN:
+        raise LayoutError(f"a vec tile needs at least {VEC_RUN} columns, got {cols}")
+    need, nxt = {0: rb, 1: cb}, {0: 0, 1: 3}
+    lane = _fill(need, nxt, 5, (1, 0))
+    warp = _fill(need, nxt, wb, (0, 1))
+    rest = (rb - nxt[0]) + (cb - nxt[1])
+    reg = ((1, 0), (1, 1), (1, 2)) + _fill(need, nxt, rest, (1, 0))
+    return Layout((rows, cols), reg, lane, warp)
+
+
+def mma_row(rows: int, cols: int, num_warps: int) -> Layout:
+    rb, cb, wb = _log2(rows, "rows"), _log2(cols, "cols"), _log2(num_warps, "warps")
+    if rows < 16 * num_warps or cols < 16:
+        raise LayoutError(f"a row/col layout tile over {num_warps} warp(s) needs at least "
+                          f"{16 * num_warps} rows and 16 columns, got {rows}x{cols}")
+    lane = ((1, 1), (1, 2), (0, 0), (0, 1), (0, 2))
+    warp = tuple((0, 4 + i) for i in range(wb))
+    need, nxt = {0: rb, 1: cb}, {0: 4 + wb, 1: 4}
+    reg = ((1, 0), (0, 3), (1, 3)) + _fill(need, nxt, (rb - 4 - wb) + (cb - 4), (1, 0))
+    return Layout((rows, cols), reg, lane, warp)
+
+
+def _transpose(layout: Layout) -> Layout:
+    def t(b: Basis) -> Basis:
+        return None if b is None else (1 - b[0], b[1])
+    return Layout(layout.shape[::-1], *(tuple(map(t, bs))
+                                        for bs in (layout.reg, layout.lane, layout.warp)))
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
+    if name == "vec":
+        return vec(rows, cols, num_warps)
+    if name == "row":
+        return mma_row(rows, cols, num_warps)
+    if name == "col":
+        return _transpose(mma_row(cols, rows, num_warps))
+    raise LayoutError(f"unknown tile layout {name!r} (expected vec, row or col)")
+
+
+def default_vector_layout(length: int, num_warps: int) -> Layout:
+    """A vector used on its own (no tile to match): the columns of a 1-row vec tile."""
+    return vec(1, max(length, VEC_RUN), num_warps).slice(1)

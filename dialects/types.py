@@ -1,0 +1,177 @@
+"""The tk dialect's types as Python values.
+
+MLIR 22's Python API has no builder for IRDL-defined types, so a tk type is
+made by parsing its text and read back by parsing its text. This module owns
+both directions: the frozen dataclasses below are what passes and the
+lowering reason about; `to_mlir()` and `parse()` cross to and from `ir.Type`.
+
+    !tk.gl<bf16, array<i64: -1, 4096>>                  global layout, -1 = dynamic
+    !tk.st<bf16, 64, 64, 128>                           shared tile, swizzle bytes
+    !tk.rt<f32, 16, 4096, "vec", "block">               register tile
+    !tk.rv<f32, 16, "r[]l[0,0,0,0,0]w[1,2,4]", "block"> register vector (see layout.py)
+    !tk.sv<f32, 64>                                     shared vector
+    !tk.sem                                             semaphore (mbarrier)
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+
+# Element types: tk name -> (MLIR spelling, bytes per element).
+DTYPES = {
+    "bf16": ("bf16", 2),
+    "f16": ("f16", 2),
+    "f32": ("f32", 4),
+    "f8e4m3": ("f8E4M3FN", 1),
+    "f8e5m2": ("f8E5M2", 1),
+}
+_FROM_MLIR = {spelling: name for name, (spelling, _) in DTYPES.items()}
+
+SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps
+TILE_LAYOUTS = ("vec", "row", "col")
+SWIZZLES = (0, 32, 64, 128)
+MAX_GL_RANK = 4
+
+
+def itemsize(dtype: str) -> int:
+    return DTYPES[dtype][1]
+
+
+def _parse_type(text: str):
+    # mlir is imported on first use, so that a cache hit never loads it.
+    from mlir import ir
+    return ir.Type.parse(text)
+
+
+def element_type(dtype: str):
+    return _parse_type(DTYPES[dtype][0])
+
+
+@dataclass(frozen=True)
+class GL:
+    dtype: str
+    shape: tuple[int | None, ...]   # None: known only at run time
+
+    def to_mlir(self):
+        dims = ", ".join("-1" if d is None else str(d) for d in self.shape)
+        return _parse_type(f"!tk.gl<{DTYPES[self.dtype][0]}, array<i64: {dims}>>")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class ST:
+    dtype: str
+    rows: int
+    cols: int
+    swizzle: int = 0
+
+    def to_mlir(self):
+        return _parse_type(
+            f"!tk.st<{DTYPES[self.dtype][0]}, {self.rows}, {self.cols}, {self.swizzle}>")
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class RT:
+    dtype: str
+    rows: int
+    cols: int
+    layout: str = "vec"
+    scope: str = "block"
+
+    def to_mlir(self):
+        return _parse_type(f'!tk.rt<{DTYPES[self.dtype][0]}, {self.rows}, {self.cols}, '
+                             f'"{self.layout}", "{self.scope}">')
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    def with_dtype(self, dtype: str) -> RT:
+        return RT(dtype, self.rows, self.cols, self.layout, self.scope)
+
+
+@dataclass(frozen=True)
+class RV:
+    dtype: str
+    length: int
+    layout: str = "auto"    # "auto" until the layout pass picks one
+    scope: str = "block"
+
+    def to_mlir(self):
+        return _parse_type(f'!tk.rv<{DTYPES[self.dtype][0]}, {self.length}, '
+                             f'"{self.layout}", "{self.scope}">')
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.length,)
+
+    def with_dtype(self, dtype: str) -> RV:
+        return RV(dtype, self.length, self.layout, self.scope)
+
+    def with_layout(self, layout: str) -> RV:
+        return RV(self.dtype, self.length, layout, self.scope)
+
+
+@dataclass(frozen=True)
+class SV:
+    dtype: str
+    length: int
+
+    def to_mlir(self):
+        return _parse_type(f"!tk.sv<{DTYPES[self.dtype][0]}, {self.length}>")
+
+
+@dataclass(frozen=True)
+class Sem:
+    def to_mlir(self):
+        return _parse_type("!tk.sem")
+
+
+TkType = GL | ST | RT | RV | SV | Sem
+
+_TYPE_RE = re.compile(r"!tk\.(\w+)(?:<(.*)>)?$", re.S)
+_INT = r"(-?\d+)(?: : i64)?"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> TkType | None:
+    m = _TYPE_RE.match(text)
+    if not m:
+        return None
+    kind, body = m.group(1), m.group(2) or ""
+    if kind == "sem":
+        return Sem()
+    dtype_text, _, rest = body.partition(",")
+    dtype = _FROM_MLIR[dtype_text.strip()]
+    if kind == "gl":
+        dims = re.search(r"array<i64(?::(.*))?>", rest).group(1) or ""
+        return GL(dtype, tuple(None if int(d) < 0 else int(d) for d in dims.split(",") if d.strip()))
+    ints = [int(x) for x in re.findall(_INT, rest.split('"')[0])]
+    strings = re.findall(r'"([^"]*)"', rest)
+    if kind == "st":
+        return ST(dtype, *ints)
+    if kind == "rt":
+        return RT(dtype, ints[0], ints[1], *strings)
+    if kind == "rv":
+        return RV(dtype, ints[0], *strings)
+    if kind == "sv":
+        return SV(dtype, ints[0])
+    return None
+
+
+def parse(t) -> TkType | None:
+    """The tk type behind an `ir.Type`, or None for a non-tk type."""
+    return _parse_text(str(t))
+
+
+def is_tile(t) -> bool:
+    return isinstance(parse(t), (RT, RV))

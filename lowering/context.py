@@ -1,0 +1,122 @@
+"""State shared by the op lowerings of one kernel, and small IR helpers."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mlir import ir
+from mlir.dialects import arith, gpu, llvm
+
+from ..dialects import layout as layouts, types as T
+
+# tk op name -> function(ctx, op) that lowers it (see register()).
+LOWERINGS: dict[str, Callable] = {}
+
+
+def lowers(*names: str):
+    def register(fn):
+        for n in names:
+            LOWERINGS[n] = fn
+        return fn
+    return register
+
+
+def i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def i64() -> ir.Type:
+    return ir.IntegerType.get_signless(64)
+
+
+def c32(v: int) -> ir.Value:
+    return arith.constant(i32(), v)
+
+
+def c64(v: int) -> ir.Value:
+    return arith.constant(i64(), v)
+
+
+def ptr(space: int) -> ir.Type:
+    return ir.Type.parse(f"!llvm.ptr<{space}>")
+
+
+@dataclass
+class LoweringContext:
+    num_warps: int
+    smem_base: ir.Value | None = None          # !llvm.ptr<3>, set when the kernel uses smem
+    values: dict = field(default_factory=dict)  # old SSA value -> new value / Fragment / Ref
+    _thread: dict = field(default_factory=dict)
+
+    def lookup(self, v: ir.Value):
+        return self.values[v]
+
+    def bind(self, old: ir.Value, new) -> None:
+        self.values[old] = new
+
+    # ---- where this thread is (computed once, at the top of the kernel)
+
+    def tid(self) -> ir.Value:
+        if "tid" not in self._thread:
+            self._thread["tid"] = arith.index_cast(i32(), gpu.thread_id(gpu.Dimension.x))
+        return self._thread["tid"]
+
+    def lane(self) -> ir.Value:
+        if "lane" not in self._thread:
+            self._thread["lane"] = arith.andi(self.tid(), c32(31))
+        return self._thread["lane"]
+
+    def warp(self) -> ir.Value:
+        if "warp" not in self._thread:
+            self._thread["warp"] = arith.shrui(self.tid(), c32(5))
+        return self._thread["warp"]
+
+    def warp_in_scope(self, scope: str) -> ir.Value:
+        warps = T.SCOPES.get(scope)
+        return self.warp() if warps is None else arith.andi(self.warp(), c32(warps - 1))
+
+    def thread_position(self, layout: layouts.Layout, scope: str) -> list[ir.Value]:
+        """This thread's element offset (i32 per axis) from its lane and warp bits."""
+        pos = [c32(0) for _ in layout.shape]
+        for bits, bases in ((self.lane(), layout.lane), (self.warp_in_scope(scope), layout.warp)):
+            for i, b in enumerate(bases):
+                if b is None:
+                    continue
+                bit = arith.andi(arith.shrui(bits, c32(i)), c32(1))
+                pos[b[0]] = arith.ori(pos[b[0]], arith.shli(bit, c32(b[1])))
+        return pos
+
+    def is_first_replica(self, layout: layouts.Layout, scope: str) -> ir.Value | None:
+        """i1: this thread is the first of the threads holding the same elements
+        (None when no bit replicates). Stores use it to write each element once."""
+        conds = []
+        for bits, kind in ((self.lane(), "lane"), (self.warp_in_scope(scope), "warp")):
+            mask = sum(1 << i for i in layout.replicated_bits(kind))
+            if mask:
+                conds.append(arith.cmpi(arith.CmpIPredicate.eq, arith.andi(bits, c32(mask)),
+                                        c32(0)))
+        return functools.reduce(arith.andi, conds) if conds else None
+
+
+def vector_type(n: int, dtype: str) -> ir.Type:
+    return ir.VectorType.get([n], T.element_type(dtype))
+
+
+def split_vector(vec: ir.Value, n: int) -> list[ir.Value]:
+    if n == 1 and not isinstance(vec.type, ir.VectorType):
+        return [vec]
+    return [llvm.extractelement(vec, c32(i)) for i in range(n)]
+
+
+def build_vector(regs: list[ir.Value], dtype: str) -> ir.Value:
+    if len(regs) == 1:
+        return regs[0]
+    vec = llvm.mlir_undef(vector_type(len(regs), dtype))
+    for i, r in enumerate(regs):
+        vec = llvm.insertelement(vec, r, c32(i))
+    return vec
+
+
+def float_constant(value: float, dtype: str) -> ir.Value:
+    return arith.constant(T.element_type(dtype), value)

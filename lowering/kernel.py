@@ -1,0 +1,207 @@
+"""tk-to-gpu: rebuild a tk kernel (func.func) as a gpu.func in a gpu.module.
+
+The walk goes op by op in program order, keeping a map from each tk-level
+value to what it became: an SSA value, a `Fragment` (a register tile's
+per-thread registers), or a reference to global/shared memory. tk ops go to
+their registered lowering (lowering/{threads,memory,compute,reduce}.py);
+scf.for/scf.if are rebuilt with tiles flattened into their registers (a tile
+carried by a loop becomes one iter_arg per register); other ops (arith) are
+cloned with remapped operands.
+
+The kernel's parameters, in order, per tk argument:
+  !tk.gl  -> !llvm.ptr<1>, one i32 per dynamic dim, one i64 stride (elements)
+             per dim but the last (which is contiguous)
+  i32/f32 -> itself
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.dialects import gpu, llvm, scf
+
+from ..dialects import types as T
+from ..errors import error_at
+from . import compute, memory, reduce, threads  # noqa: F401  (register the lowerings)
+from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
+from .fragments import Fragment, GlobalRef, layout_of
+
+GPU_MODULE = "tk_kernels"
+SMEM_SYMBOL = "__tk_smem"
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    """One parameter of the compiled kernel, and which argument it comes from."""
+    arg: int            # index of the tk-level argument
+    kind: str           # "ptr", "dim", "stride", "i32", "f32"
+    index: int = 0      # the dim for "dim" / "stride"
+
+
+def kernel_params(arg_types: list[ir.Type]) -> list[KernelParam]:
+    params = []
+    for i, t in enumerate(arg_types):
+        tk_t = T.parse(t)
+        if isinstance(tk_t, T.GL):
+            params.append(KernelParam(i, "ptr"))
+            params += [KernelParam(i, "dim", d) for d, n in enumerate(tk_t.shape) if n is None]
+            params += [KernelParam(i, "stride", d) for d in range(tk_t.rank - 1)]
+        elif isinstance(t, ir.IntegerType):
+            params.append(KernelParam(i, "i32"))
+        elif isinstance(t, ir.F32Type):
+            params.append(KernelParam(i, "f32"))
+        else:
+            raise TypeError(f"unsupported kernel argument type {t}")
+    return params
+
+
+_PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
+                "f32": ir.F32Type.get}
+
+
+def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam]]:
+    (func,) = module.body.operations
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+    smem_bytes = ir.IntegerAttr(func.attributes["tk.smem_bytes"]).value
+    entry = func.regions[0].blocks[0]
+    params = kernel_params([a.type for a in entry.arguments])
+
+    out = ir.Module.create(func.location)
+    out.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+    with ir.InsertionPoint(out.body), func.location:
+        gmod = gpu.GPUModuleOp(GPU_MODULE, targets=ir.ArrayAttr.get([ir.Attribute.parse(
+            '#nvvm.target<chip = "sm_90a", features = "+ptx80", O = 3>')]))
+        gmod.bodyRegion.blocks.append()
+    with ir.InsertionPoint(gmod.bodyRegion.blocks[0]), func.location:
+        if smem_bytes:
+            # External linkage: an internal zero-size global is demoted by ptxas to a
+            # fixed static .shared variable (see MLIR_NOTES).
+            llvm.mlir_global(ir.Type.parse("!llvm.array<0 x i8>"), SMEM_SYMBOL,
+                             ir.Attribute.parse("#llvm.linkage<external>"),
+                             addr_space=3, alignment=16)
+        fn_type = ir.FunctionType.get([_PARAM_TYPES[p.kind]() for p in params], [])
+        kernel = gpu.GPUFuncOp(fn_type, sym_name=name, kernel=True,
+                               known_block_size=[32 * num_warps, 1, 1])
+        body = kernel.body.blocks.append(*fn_type.inputs)
+    ctx = LoweringContext(num_warps)
+    with ir.InsertionPoint(body), func.location:
+        _bind_arguments(ctx, entry, params, body.arguments)
+        if smem_bytes:
+            ctx.smem_base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
+        _lower_block(ctx, entry)
+    return out, params
+
+
+def _bind_arguments(ctx: LoweringContext, entry, params: list[KernelParam], new_args) -> None:
+    by_arg: dict[int, dict] = {}
+    for p, v in zip(params, new_args):
+        by_arg.setdefault(p.arg, {})[(p.kind, p.index)] = v
+    for i, old in enumerate(entry.arguments):
+        t, got = T.parse(old.type), by_arg[i]
+        if isinstance(t, T.GL):
+            dims = [got[("dim", d)] if n is None else c32(n) for d, n in enumerate(t.shape)]
+            strides = [got[("stride", d)] for d in range(t.rank - 1)]
+            ctx.bind(old, GlobalRef(got[("ptr", 0)], dims, strides, t))
+        else:
+            ctx.bind(old, next(iter(got.values())))
+
+
+# --------------------------------------------------------------- the walk
+
+def _flatten(x) -> list[ir.Value]:
+    if isinstance(x, Fragment):
+        return list(x.regs)
+    if isinstance(x, ir.Value):
+        return [x]
+    raise TypeError(f"{type(x).__name__} cannot cross a loop or branch boundary")
+
+
+def _unflatten(ctx: LoweringContext, t: ir.Type, values: list[ir.Value]):
+    """Rebuild what a tk value of type t lowers to from its flattened values;
+    returns (the value, how many of `values` it used)."""
+    tk_t = T.parse(t)
+    if isinstance(tk_t, (T.RT, T.RV)):
+        layout = layout_of(tk_t, ctx.num_warps)
+        n = layout.num_regs
+        return Fragment(list(values[:n]), layout, tk_t.dtype, tk_t.scope), n
+    return values[0], 1
+
+
+def _bind_flat(ctx: LoweringContext, olds, flat: list[ir.Value]) -> None:
+    k = 0
+    for old in olds:
+        value, used = _unflatten(ctx, old.type, flat[k:])
+        ctx.bind(old, value)
+        k += used
+
+
+def _lower_block(ctx: LoweringContext, block) -> list[ir.Value] | None:
+    """Lower the ops of `block`; return the flattened operands of its terminator
+    (scf.yield) for the caller to yield."""
+    for op in block.operations:
+        name = op.operation.name
+        with op.location:
+            if name in LOWERINGS:
+                LOWERINGS[name](ctx, op)
+            elif name == "scf.for":
+                _lower_for(ctx, op)
+            elif name == "scf.if":
+                _lower_if(ctx, op)
+            elif name == "scf.yield":
+                return [v for o in op.operands for v in _flatten(ctx.lookup(o))]
+            elif name == "func.return":
+                gpu.ReturnOp([])
+            elif name.startswith("tk."):
+                raise error_at(op.location, f"no lowering for {name}")
+            else:
+                _clone(ctx, op)
+    return None
+
+
+def _clone(ctx: LoweringContext, op) -> None:
+    if op.operation.regions and any(len(r.blocks) for r in op.operation.regions):
+        raise error_at(op.location, f"cannot lower {op.operation.name} (it has regions)")
+    new = op.operation.clone()
+    for i, v in enumerate(op.operation.operands):
+        new.operands[i] = ctx.lookup(v)
+    for old, r in zip(op.operation.results, new.results):
+        ctx.bind(old, r)
+
+
+def _lower_for(ctx: LoweringContext, op) -> None:
+    inits = [v for o in op.initArgs for v in _flatten(ctx.lookup(o))]
+    loop = scf.ForOp(ctx.lookup(op.lowerBound), ctx.lookup(op.upperBound),
+                     ctx.lookup(op.step), inits)
+    with ir.InsertionPoint(loop.body):
+        ctx.bind(op.induction_variable, loop.induction_variable)
+        _bind_flat(ctx, op.inner_iter_args, list(loop.inner_iter_args))
+        scf.YieldOp(_lower_block(ctx, op.body))
+    _bind_flat(ctx, op.results, list(loop.results))
+
+
+def _lower_if(ctx: LoweringContext, op) -> None:
+    # Result types are only known after lowering the branches (a tile result
+    # becomes N registers): lower into a result-less scf.if first, then move.
+    draft = scf.IfOp(ctx.lookup(op.condition), [], has_else=len(op.elseRegion.blocks) > 0)
+    yields = []
+    for old_block, new_block in ((op.then_block, draft.then_block),
+                                 (op.else_block if len(op.elseRegion.blocks) else None,
+                                  draft.else_block if len(op.elseRegion.blocks) else None)):
+        if old_block is None:
+            continue
+        with ir.InsertionPoint(new_block):
+            yields.append(_lower_block(ctx, old_block) or [])
+    types = [v.type for v in yields[0]]
+    final = scf.IfOp(ctx.lookup(op.condition), types, has_else=len(yields) > 1,
+                     ip=ir.InsertionPoint(draft))
+    blocks = [(draft.then_block, final.then_block)]
+    if len(yields) > 1:
+        blocks.append((draft.else_block, final.else_block))
+    for (old, new), values in zip(blocks, yields):
+        with ir.InsertionPoint(new):
+            terminator = scf.YieldOp(values)
+        for inner in list(old.operations):
+            inner.move_before(terminator)
+    draft.operation.erase()
+    _bind_flat(ctx, op.results, list(final.results))

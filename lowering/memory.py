@@ -1,0 +1,227 @@
+"""Lowering of tk.load / tk.store / tk.copy / tk.alloc_st / tk.gl_dim.
+
+Register tiles move in pieces of consecutive registers that the layout puts
+on consecutive columns (at most 16 bytes: one ld/st.v4.b32). The launch
+checks guarantee 16-byte aligned rows whose length is a whole number of
+16-byte vectors, so a piece is either entirely inside the tensor or entirely
+outside: one predicate per piece masks partial tiles.
+"""
+from __future__ import annotations
+
+import functools
+
+from mlir import ir
+from mlir.dialects import arith, llvm, nvvm, scf
+
+from ..dialects import types as T
+from .context import (LoweringContext, build_vector, c32, c64, float_constant, i32, i64, lowers,
+                      ptr, split_vector, vector_type)
+from .fragments import Fragment, GlobalRef, SharedRef, layout_of
+
+
+def _and(conds: list[ir.Value]) -> ir.Value | None:
+    return functools.reduce(arith.andi, conds) if conds else None
+
+
+def _lt(a: ir.Value, b: ir.Value) -> ir.Value:
+    return arith.cmpi(arith.CmpIPredicate.slt, a, b)
+
+
+def _pieces(frag_layout, dtype: str):
+    """(first register, registers per piece) for every memory access of a fragment."""
+    axis = len(frag_layout.shape) - 1
+    run = min(frag_layout.vector_run(axis), max(1, 16 // T.itemsize(dtype)))
+    return [(r0, run) for r0 in range(0, frag_layout.num_regs, run)], run
+
+
+class _GlobalTileAccess:
+    """Addresses and bounds of a tile (or vector) at tile coordinates in a tensor."""
+
+    def __init__(self, ctx: LoweringContext, g: GlobalRef, layout, scope: str, coords):
+        self.g, self.layout = g, layout
+        rank, tile_rank = g.type.rank, len(layout.shape)
+        outer, inner = coords[:rank - tile_rank], coords[rank - tile_rank:]
+        thread = ctx.thread_position(layout, scope)
+        # Element coordinates of this thread's first element along the tile axes.
+        self.base = [arith.addi(arith.muli(c, c32(n)), t)
+                     for c, n, t in zip(inner, layout.shape, thread)]
+        self.extent = g.dims[rank - tile_rank:]
+        offset = c64(0)
+        for c, stride in zip(outer, g.strides):
+            offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
+        self.outer_ok = _and([_lt(c, d) for c, d in zip(outer, g.dims)])
+        if tile_rank == 2:
+            row = arith.extsi(i64(), self.base[0])
+            offset = arith.addi(offset, arith.muli(row, g.strides[rank - 2]))
+        self.offset = arith.addi(offset, arith.extsi(i64(), self.base[-1]))
+
+    def piece(self, r0: int, dtype: str) -> tuple[ir.Value, ir.Value]:
+        """(address, in-bounds i1) of the piece starting at register r0."""
+        pos = self.layout.reg_position(r0)
+        rank = self.g.type.rank
+        off = c64(pos[-1])
+        if len(pos) == 2 and pos[0]:
+            off = arith.addi(off, arith.muli(c64(pos[0]), self.g.strides[rank - 2]))
+        off = arith.addi(self.offset, off)
+        addr = llvm.getelementptr(ptr(1), self.g.ptr, [off], [-2**31], T.element_type(dtype),
+                                  llvm.GEPNoWrapFlags.inbounds)
+        conds = [_lt(arith.addi(b, c32(p)), e) for b, p, e in zip(self.base, pos, self.extent)]
+        if self.outer_ok is not None:
+            conds.append(self.outer_ok)
+        return addr, _and(conds)
+
+
+def _guarded_load(addr: ir.Value, ok: ir.Value, vtype: ir.Type, fill: ir.Value,
+                  align: int) -> ir.Value:
+    op = scf.IfOp(ok, [vtype], has_else=True)
+    with ir.InsertionPoint(op.then_block):
+        scf.YieldOp([llvm.load(vtype, addr, alignment=align)])
+    with ir.InsertionPoint(op.else_block):
+        scf.YieldOp([fill])
+    return op.results[0]
+
+
+def _guarded(cond: ir.Value | None, body) -> None:
+    if cond is None:
+        body()
+        return
+    op = scf.IfOp(cond)
+    with ir.InsertionPoint(op.then_block):
+        body()
+        scf.YieldOp([])
+
+
+@lowers("tk.load")
+def lower_load(ctx: LoweringContext, op) -> None:
+    src = ctx.lookup(op.src)
+    t = T.parse(op.result.type)
+    layout = layout_of(t, ctx.num_warps)
+    if isinstance(src, SharedRef):
+        ctx.bind(op.result, _load_shared(ctx, src, layout, t))
+        return
+    access = _GlobalTileAccess(ctx, src, layout, t.scope, [ctx.lookup(i) for i in op.indices])
+    pieces, run = _pieces(layout, t.dtype)
+    vtype = vector_type(run, t.dtype) if run > 1 else T.element_type(t.dtype)
+    fill_scalar = float_constant(op.fill, t.dtype)
+    fill = build_vector([fill_scalar] * run, t.dtype) if run > 1 else fill_scalar
+    regs = []
+    for r0, n in pieces:
+        addr, ok = access.piece(r0, t.dtype)
+        v = _guarded_load(addr, ok, vtype, fill, n * T.itemsize(t.dtype))
+        regs += split_vector(v, n)
+    ctx.bind(op.result, Fragment(regs, layout, t.dtype, t.scope))
+
+
+@lowers("tk.store")
+def lower_store(ctx: LoweringContext, op) -> None:
+    dst, frag = ctx.lookup(op.dst), ctx.lookup(op.value)
+    if isinstance(dst, SharedRef):
+        _store_shared(ctx, dst, frag)
+        return
+    access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope,
+                               [ctx.lookup(i) for i in op.indices])
+    first = ctx.is_first_replica(frag.layout, frag.scope)
+    pieces, _ = _pieces(frag.layout, frag.dtype)
+    for r0, n in pieces:
+        addr, ok = access.piece(r0, frag.dtype)
+        value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
+        cond = _and([c for c in (ok, first) if c is not None])
+        _guarded(cond, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+
+
+@lowers("tk.gl_dim")
+def lower_gl_dim(ctx: LoweringContext, op) -> None:
+    ctx.bind(op.result, ctx.lookup(op.src).dims[op.dim])
+
+
+# ------------------------------------------------------------------ shared
+
+def swizzled_offset(st: T.ST, row: ir.Value, col: ir.Value) -> ir.Value:
+    """Byte offset of element (row, col) in a row-major shared tile whose
+    16-byte chunks are XOR-swizzled within each 128-byte line, the pattern
+    TMA's SWIZZLE_32B/64B/128B modes write."""
+    isz = T.itemsize(st.dtype)
+    off = arith.addi(arith.muli(row, c32(st.cols * isz)), arith.muli(col, c32(isz)))
+    if st.swizzle:
+        mask = st.swizzle // 16 - 1
+        line = arith.andi(arith.shrui(off, c32(7)), c32(mask))
+        off = arith.xori(off, arith.shli(line, c32(4)))
+    return off
+
+
+def _smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
+    return llvm.getelementptr(ptr(3), base, [byte_offset], [-2**31], ir.IntegerType.get_signless(8),
+                              llvm.GEPNoWrapFlags.inbounds)
+
+
+def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
+    thread = ctx.thread_position(layout, scope)
+    pieces, run = _pieces(layout, dtype)
+    for r0, n in pieces:
+        pos = layout.reg_position(r0)
+        row, col = (arith.addi(t, c32(p)) for t, p in zip(thread, pos))
+        yield r0, n, _smem_addr(ref.ptr, swizzled_offset(ref.type, row, col))
+
+
+def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
+    regs = []
+    for r0, n, addr in _shared_pieces(ctx, ref, layout, t.scope, t.dtype):
+        vtype = vector_type(n, t.dtype) if n > 1 else T.element_type(t.dtype)
+        regs += split_vector(llvm.load(vtype, addr, alignment=n * T.itemsize(t.dtype)), n)
+    return Fragment(regs, layout, t.dtype, t.scope)
+
+
+def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
+    # Other threads may still read the tile's old contents, and will read the
+    # new ones: a barrier on each side (the sync pass will thin these out).
+    nvvm.barrier0()
+    first = ctx.is_first_replica(frag.layout, frag.scope)
+    for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
+        value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
+        _guarded(first, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+    nvvm.barrier0()
+
+
+@lowers("tk.alloc_st")
+def lower_alloc_st(ctx: LoweringContext, op) -> None:
+    offset = ir.IntegerAttr(op.operation.attributes["offset"]).value
+    ctx.bind(op.result, SharedRef(_smem_addr(ctx.smem_base, c32(offset)), T.parse(op.result.type)))
+
+
+@lowers("tk.copy")
+def lower_copy(ctx: LoweringContext, op) -> None:
+    """gl <-> st in 16-byte chunks, chunk k by thread k mod (threads in block)."""
+    dst, src = ctx.lookup(op.dst), ctx.lookup(op.src)
+    to_shared = isinstance(dst, SharedRef)
+    sref, g = (dst, src) if to_shared else (src, dst)
+    st, rank = sref.type, g.type.rank
+    coords = [ctx.lookup(i) for i in op.indices]
+    isz = T.itemsize(st.dtype)
+    per_chunk = 16 // isz
+    chunks_per_row = st.cols // per_chunk
+    threads = 32 * ctx.num_warps
+    vtype = vector_type(per_chunk, st.dtype)
+    nvvm.barrier0()
+    for first_chunk in range(0, st.rows * chunks_per_row, threads):
+        k = arith.addi(ctx.tid(), c32(first_chunk))
+        row, col = arith.divui(k, c32(chunks_per_row)), \
+            arith.muli(arith.remui(k, c32(chunks_per_row)), c32(per_chunk))
+        grow = arith.addi(arith.muli(coords[rank - 2], c32(st.rows)), row)
+        gcol = arith.addi(arith.muli(coords[rank - 1], c32(st.cols)), col)
+        offset = arith.extsi(i64(), gcol)
+        for c, stride in zip(coords[:rank - 2] + [grow], g.strides):
+            offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
+        gaddr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31], T.element_type(st.dtype),
+                                   llvm.GEPNoWrapFlags.inbounds)
+        saddr = _smem_addr(sref.ptr, swizzled_offset(st, row, col))
+        in_tile = _lt(k, c32(st.rows * chunks_per_row))
+        in_bounds = _and([in_tile, _lt(grow, g.dims[rank - 2]), _lt(gcol, g.dims[rank - 1])]
+                         + [_lt(c, d) for c, d in zip(coords[:rank - 2], g.dims)])
+        if to_shared:
+            zero = build_vector([float_constant(0.0, st.dtype)] * per_chunk, st.dtype)
+            v = _guarded_load(gaddr, in_bounds, vtype, zero, 16)
+            _guarded(in_tile, lambda: llvm.store(v, saddr, alignment=16))
+        else:
+            _guarded(in_bounds, lambda: llvm.store(llvm.load(vtype, saddr, alignment=16),
+                                                   gaddr, alignment=16))
+    nvvm.barrier0()

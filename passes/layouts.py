@@ -1,0 +1,103 @@
+"""tk-assign-layouts: give every register vector a concrete layout.
+
+A vector loaded from memory or filled with a constant starts as "auto"; its
+uses decide: `x.mul_col(w)` needs w laid out like x's columns, elementwise ops
+and loop-carried values need equal layouts on both sides. Values that must
+agree are grouped (union-find); a group takes the one concrete layout among
+its members, or the default vector layout when nothing constrains it. Two
+different layouts in one group is the user's error, reported at the op that
+joined them.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from ..dialects import layout as layouts, tk, types as T
+from ..errors import error_at
+
+
+class _Groups:
+    def __init__(self):
+        self.parent: dict = {}
+        self.values: dict = {}
+        self.fixed: dict = {}     # root -> (layout text, op that fixed it)
+
+    def find(self, v):
+        key = v
+        self.parent.setdefault(key, key)
+        self.values.setdefault(key, v)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def fix(self, v, layout: str, op) -> None:
+        root = self.find(v)
+        if root in self.fixed and self.fixed[root][0] != layout:
+            raise error_at(op.location, "this vector is used with two different layouts: "
+                           f"{self.fixed[root][0]} and {layout} (a vector made for one tile "
+                           "cannot be used with a tile of another shape or layout)")
+        self.fixed[root] = (layout, op)
+
+    def join(self, a, b, op) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        self.parent[rb] = ra
+        if rb in self.fixed:
+            self.fix(ra, *self.fixed.pop(rb)[:1], op)
+
+
+def _is_vector(v: ir.Value) -> bool:
+    return isinstance(T.parse(v.type), T.RV)
+
+
+def _constrain(op, groups: _Groups, num_warps: int) -> None:
+    name = op.operation.name
+    vecs = [v for v in list(op.operation.operands) + list(op.operation.results) if _is_vector(v)]
+    for v in vecs:
+        t = T.parse(v.type)
+        if t.layout != "auto":
+            groups.fix(v, t.layout, op)
+    if name == "tk.broadcast":
+        tile: T.RT = T.parse(op.operation.operands[0].type)
+        lay = layouts.tile_layout(tile.layout, tile.rows, tile.cols,
+                                  T.SCOPES.get(tile.scope, num_warps))
+        keep = 0 if op.axis == "row" else 1
+        groups.fix(op.operation.operands[1], lay.slice(keep).encode(), op)
+        return
+    if name in ("tk.cvt", *(f"tk.{n}" for n in tk.UNARY + tk.BINARY)):
+        for v in vecs[1:]:
+            groups.join(vecs[0], v, op)
+    elif name == "scf.for":
+        loop = op
+        yields = loop.body.operations[len(loop.body.operations) - 1].operands
+        for init, arg, y, res in zip(loop.initArgs, loop.inner_iter_args, yields, loop.results):
+            if _is_vector(init):
+                for v in (arg, y, res):
+                    groups.join(init, v, op)
+    elif name == "scf.if":
+        for block in (op.then_block, op.else_block):
+            yields = block.operations[len(block.operations) - 1].operands
+            for y, res in zip(yields, op.results):
+                if _is_vector(res):
+                    groups.join(res, y, op)
+
+
+def assign_layouts(module: ir.Module) -> None:
+    for func in module.body.operations:
+        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        groups = _Groups()
+        def visit(op):
+            _constrain(op.opview, groups, num_warps)
+            return ir.WalkResult.ADVANCE
+        func.operation.walk(visit)
+        for key, v in list(groups.values.items()):
+            t = T.parse(v.type)
+            if t.layout != "auto":
+                continue
+            root = groups.find(v)
+            fixed = groups.fixed.get(root)
+            layout = fixed[0] if fixed else layouts.default_vector_layout(
+                t.length, T.SCOPES.get(t.scope, num_warps)).encode()
+            v.set_type(t.with_layout(layout).to_mlir())

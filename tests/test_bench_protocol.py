@@ -1,0 +1,92 @@
+"""CPU checks of benchmarks/protocol.py and plot.py. Timing needs CUDA and is
+not tested here (and benchmarks make no timing assertions anywhere)."""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+P = _load("protocol")
+ROWS = [
+    {"op": "rmsnorm", "shape": "1024x4096", "impl": "copy", "gbs": 4263.4, "ms": 0.00394},
+    {"op": "rmsnorm", "shape": "1024x4096", "impl": "torch", "gbs": 3453.0, "ms": 0.00486},
+    {"op": "rmsnorm", "shape": "1024x4096", "impl": "tk_mlir", "gbs": None,
+     "status": "missing (a|b)"},
+    {"op": "rmsnorm", "shape": "2048x8192", "impl": "torch", "gbs": 2664.2, "ms": 0.0252},
+]
+
+
+def test_markdown_table():
+    got = P.markdown_table(ROWS[1:3], ["impl", ("gbs", "GB/s"), "ms", "status"])
+    assert got == ("| impl | GB/s | ms | status |\n"
+                   "|---|---|---|---|\n"
+                   "| torch | 3453 | 0.00486 | — |\n"
+                   "| tk_mlir | — | — | missing (a\\|b) |")
+
+
+def test_bandwidth_and_flops_math():
+    assert P.bandwidth_gbs(1e9, 1.0) == pytest.approx(1000.0)  # 1 GB in 1 ms
+    assert P.bandwidth_gbs(2 * 2**29, 0.25) == pytest.approx(4294.967296)
+    assert P.tflops(2 * 4096**3, 1.0) == pytest.approx(137.438953472)
+
+
+def test_input_groups_cover_3x_l2_and_repeat_bit_for_bit():
+    def one(g):
+        return (P.uniform(g, 64, 64, dtype=torch.float32),)
+
+    groups = P.make_input_groups(one, 64 * 64 * 4, l2_bytes=40000, device="cpu")
+    assert len(groups) == math.ceil(3 * 40000 / (64 * 64 * 4))
+    again = P.make_input_groups(one, 64 * 64 * 4, l2_bytes=40000, device="cpu")
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(groups, again))
+    assert not torch.equal(groups[0][0], groups[1][0])
+    assert (groups[0][0] != 0).float().mean() > 0.99
+    assert len(P.make_input_groups(one, 10**12, l2_bytes=40000, device="cpu")) == 2
+
+
+def test_write_results_is_atomic_and_records_meta(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without it
+    path = P.write_results("demo", ROWS, {"metric": "gbs"}, tmp_path)
+    data = json.loads(path.read_text())
+    assert data["rows"] == ROWS
+    assert {"device", "date", "torch", "triton", "command", "metric"} <= data["meta"].keys()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json"]  # no tmp, no png
+    assert "python benchmarks/plot.py" in capsys.readouterr().out
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "demo.json"
+    path.write_text(json.dumps({"meta": {"device": "H200", "date": "2026-11-30", "metric": "gbs"},
+                                "rows": ROWS}))
+    png = Path(_load("plot").plot(path))
+    assert png == tmp_path / "demo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json", "demo.png"]
+
+
+def test_norm_peers_match_f32_reference_on_cpu():
+    norms = _load("norms")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = P.uniform(g, 64, 512), P.uniform(g, 512), P.uniform(g, 512)
+    for eager, ref in [(norms.rms_eager, norms.rms_ref), (norms.ln_eager, norms.ln_ref)]:
+        assert norms.rel_err(eager(x, w, b), ref(x, w, b)) < norms.TOL
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_norms_without_cuda_says_so():
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        _load("norms").main(["--quick"])

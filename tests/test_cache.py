@@ -1,0 +1,298 @@
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+from tk_mlir import cache
+from tk_mlir.cache import DiskCache, make_key
+
+ENTRY = {"cubin": b"\x7fELF\x00\x01binary", "ptx": ".version 8.7\n.target sm_90a\n", "meta.json": '{"regs": 168}'}
+
+
+@pytest.fixture(autouse=True)
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
+    monkeypatch.setattr(cache, "_warned", set())
+    return tmp_path / "cache"
+
+
+def leftovers(root):
+    """Everything in the cache that is not a published entry directory."""
+    return [p for p in root.rglob("*") if p.name.startswith((".tmp-", ".trash-"))]
+
+
+# --- configuration ---------------------------------------------------------
+
+def test_cache_dir_from_env_and_default(monkeypatch, tmp_path):
+    assert cache.cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("TK_MLIR_CACHE_DIR")
+    assert cache.cache_dir() == cache.pathlib.Path.home() / ".cache" / "tk_mlir"
+
+
+def test_always_compile(monkeypatch):
+    assert not cache.always_compile()
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    assert cache.always_compile()
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "0")
+    assert not cache.always_compile()
+
+
+def test_toolchain_fingerprint_names_every_tool():
+    fp = cache.toolchain_fingerprint()
+    assert set(fp) == {"tk_mlir", "mlir_bindings", "llvm_tools", "ptxas", "sources"}
+    assert fp["tk_mlir"]
+    assert len(fp["sources"]) == 64
+    assert cache.toolchain_fingerprint() is fp  # once per process
+
+
+def test_source_hash_covers_dialects_passes_lowering():
+    names = {name for name, _ in cache._package_roots()}
+    assert names == {"tk_mlir", "tk_mlir.dialects", "tk_mlir.passes", "tk_mlir.lowering"}
+
+
+def test_source_hash_changes_with_any_edit(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "notes.txt").write_text("ignored")
+    roots = [("pkg", pkg)]
+    before = cache._hash_sources(roots)
+    (pkg / "notes.txt").write_text("still ignored")
+    assert cache._hash_sources(roots) == before
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    edited = cache._hash_sources(roots)
+    assert edited != before
+    (pkg / "sub" / "b.py").rename(pkg / "b.py")
+    assert cache._hash_sources(roots) != edited
+
+
+# --- keys --------------------------------------------------------------------
+
+BASE = dict(source="def k(): pass", constexprs={"BM": 128, "BN": 256}, arch="sm_90a",
+            options=("O3",), shapes=[[1024, 1024]], dtypes=["bf16"], debug=False, env=None)
+
+
+def test_key_is_stable_and_hex():
+    k = make_key(**BASE)
+    assert k == make_key(**dict(reversed(list(BASE.items()))))
+    assert len(k) == 64 and int(k, 16) >= 0
+
+
+@pytest.mark.parametrize("part, value", [
+    ("source", "def k(): return"),
+    ("constexprs", {"BM": 64, "BN": 256}),
+    ("constexprs", {"BM": 128, "BN": 256, "BK": 64}),
+    ("arch", "sm_100a"),
+    ("options", ("O2",)),
+    ("shapes", [[1024, 2048]]),
+    ("dtypes", ["f16"]),
+    ("debug", True),
+    ("env", {"TK_MLIR_FAST_MATH": "1"}),
+])
+def test_key_changes_with_every_part(part, value):
+    assert make_key(**{**BASE, part: value}) != make_key(**BASE)
+
+
+def test_key_changes_with_new_part_and_part_name():
+    assert make_key(**BASE, extra=1) != make_key(**BASE)
+    assert make_key(a=1) != make_key(b=1)
+
+
+def test_key_keeps_types_apart():
+    keys = {make_key(v=v) for v in (1, 1.0, True, "1", None, [1], {"1": 1})}
+    assert len(keys) == 7
+    assert make_key(v=(1, 2)) == make_key(v=[1, 2])
+    assert make_key(v=float("nan")) != make_key(v=float("inf"))
+
+
+def test_key_changes_with_toolchain(monkeypatch):
+    k = make_key(**BASE)
+    fp = dict(cache.toolchain_fingerprint(), ptxas="Cuda compilation tools, release 99.0")
+    monkeypatch.setattr(cache, "toolchain_fingerprint", lambda: fp)
+    assert make_key(**BASE) != k
+
+
+def test_key_rejects_values_that_only_repr(monkeypatch):
+    with pytest.raises(TypeError, match="parts.opts"):
+        make_key(opts=object())
+    with pytest.raises(TypeError, match="dict keys must be str"):
+        make_key(v={1: 2})
+
+
+# --- hit / miss ----------------------------------------------------------------
+
+def test_miss_then_hit_roundtrips_types(cache_env):
+    c = DiskCache()
+    key = make_key(**BASE)
+    assert c.get(key) is None
+    c.put(key, ENTRY)
+    got = c.get(key)
+    assert got == ENTRY
+    assert isinstance(got["cubin"], bytes) and isinstance(got["ptx"], str)
+    entry_dir = cache_env / key[:2] / key
+    assert sorted(p.name for p in entry_dir.iterdir()) == [".manifest.json", "cubin", "meta.json", "ptx"]
+    assert (entry_dir / "ptx").read_text() == ENTRY["ptx"]
+
+
+def test_explicit_root(tmp_path):
+    c = DiskCache(tmp_path / "elsewhere")
+    key = make_key(x=1)
+    c.put(key, ENTRY)
+    assert (tmp_path / "elsewhere" / key[:2] / key).is_dir()
+    assert DiskCache().get(key) is None
+
+
+def test_always_compile_skips_reads(monkeypatch):
+    c, key = DiskCache(), make_key(x=1)
+    c.put(key, ENTRY)
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    assert c.get(key) is None
+
+
+def test_bad_keys_and_entries_raise():
+    c = DiskCache()
+    with pytest.raises(ValueError):
+        c.get("../../etc")
+    key = make_key(x=1)
+    for bad in ({"../x": b""}, {".manifest.json": b""}, {}):
+        with pytest.raises(ValueError):
+            c.put(key, bad)
+    with pytest.raises(TypeError):
+        c.put(key, {"cubin": 3})
+
+
+# --- atomic publication ------------------------------------------------------
+
+def test_publish_leaves_no_temp_dirs(cache_env):
+    c = DiskCache()
+    keys = [make_key(i=i) for i in range(5)]
+    for k in keys:
+        c.put(k, ENTRY)
+    assert leftovers(cache_env) == []
+    published = {p.name for shard in cache_env.iterdir() for p in shard.iterdir()}
+    assert published == set(keys)
+
+
+def test_first_writer_wins(cache_env):
+    c, key = DiskCache(), make_key(x=1)
+    c.put(key, {"ptx": "first"})
+    c.put(key, {"ptx": "second"})
+    assert c.get(key) == {"ptx": "first"}
+    assert leftovers(cache_env) == []
+
+
+def test_lost_race_at_rename_discards_ours(cache_env, monkeypatch):
+    """Another process publishes between our exists() check and our rename."""
+    c, key = DiskCache(), make_key(x=1)
+    real_rename = os.rename
+
+    def rival_first(src, dst):
+        os.makedirs(dst)
+        (cache.pathlib.Path(dst) / "x").write_text("rival")
+        real_rename(src, dst)  # ENOTEMPTY, as on a real race
+
+    monkeypatch.setattr(cache.os, "rename", rival_first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.put(key, ENTRY)
+    assert leftovers(cache_env) == []
+    assert (cache_env / key[:2] / key / "x").read_text() == "rival"
+
+
+def test_failed_write_cleans_up_and_warns(cache_env, monkeypatch):
+    """A full disk mid-write: warn, leave nothing behind, don't raise."""
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache.os, "fsync", full_disk)
+    c, key = DiskCache(), make_key(x=1)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        c.put(key, ENTRY)
+    assert leftovers(cache_env) == []
+    assert c.get(key) is None
+
+
+def test_unwritable_dir_warns_once_and_does_not_raise(tmp_path, monkeypatch):
+    # A regular file where the cache directory should be: fails even for root,
+    # unlike chmod.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(blocker / "cache"))
+    c = DiskCache()
+    with pytest.warns(RuntimeWarning, match="cannot write to the compilation cache"):
+        c.put(make_key(x=1), ENTRY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.put(make_key(x=2), ENTRY)  # already warned about this directory
+        assert c.get(make_key(x=1)) is None
+
+
+# --- corruption ------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", [
+    lambda d: (d / "cubin").unlink(),
+    lambda d: (d / "ptx").write_text(".version 8"),         # truncated
+    lambda d: (d / "cubin").write_bytes(b"\x7fELF\x00\x01binarY"),  # same size, flipped
+    lambda d: (d / ".manifest.json").unlink(),
+    lambda d: (d / ".manifest.json").write_text("{not json"),
+    lambda d: (d / ".manifest.json").write_text('{"format": 1, "files": {"ptx": {}}}'),
+])
+def test_corrupted_entry_is_a_miss_and_removed(cache_env, damage):
+    c, key = DiskCache(), make_key(x=1)
+    c.put(key, ENTRY)
+    entry_dir = cache_env / key[:2] / key
+    damage(entry_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert c.get(key) is None
+    assert not entry_dir.exists()
+    assert leftovers(cache_env) == []
+    c.put(key, ENTRY)  # and the next compile can publish a good one
+    assert c.get(key) == ENTRY
+
+
+# --- concurrency -------------------------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import os, sys, time, warnings
+    warnings.simplefilter("error")
+    from tk_mlir.cache import DiskCache
+    me, start, keys = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3].split(",")
+    entry = {"cubin": bytes([me]) * (1 << 20), "ptx": f"writer {me}\\n" * 10000}
+    while time.time() < start:
+        pass
+    c = DiskCache()
+    for key in keys:
+        c.put(key, entry)
+        got = c.get(key)
+        # Complete and from exactly one writer, never a mix.
+        w = got["cubin"][0]
+        assert got == {"cubin": bytes([w]) * (1 << 20), "ptx": f"writer {w}\\n" * 10000}, key
+""")
+
+
+def test_processes_racing_on_the_same_keys(cache_env):
+    keys = [make_key(race=i) for i in range(8)]
+    start = time.time() + 2.0  # let every interpreter start before the race
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(i), str(start), ",".join(keys)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(4)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+    c = DiskCache()
+    for key in keys:
+        got = c.get(key)
+        w = got["cubin"][0]
+        assert w in range(4)
+        assert got == {"cubin": bytes([w]) * (1 << 20), "ptx": f"writer {w}\n" * 10000}
+    assert leftovers(cache_env) == []

@@ -1,0 +1,183 @@
+import html
+import re
+from html.parser import HTMLParser
+
+from hypothesis import given, strategies as st
+
+from tk_mlir.display import MAX_LINES, highlight, stages_html
+
+TK = """\
+#loc1 = loc("gemm.py":12:8)
+module {
+  func.func @gemm(%arg0: !tk.gl<bf16, ?, ?>) {
+    %0 = "tk.load"(%arg0) : (!tk.gl<bf16, ?, ?>) -> !tk.rt<bf16, 16, 64> loc(#loc1)
+    %1 = arith.addf %a, %b : vector<4xf32> // a < b && c > d
+    return
+  }
+}
+"""
+
+PTX = """\
+.visible .entry gemm(
+	.param .u64 gemm_param_0
+)
+{
+	.reg .b32 	%r<12>;
+	@%p1 bra 	$L__BB0_2;
+	ld.global.v4.f32 	{%f1, %f2, %f3, %f4}, [%rd4]; // 16 bytes
+}
+"""
+
+SASS = """\
+        /*0010*/              @!P0 BRA `(.L_x_1) ;
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;
+"""
+
+STAGES = {"python": "def k(a): return a < 1 & 2\n", "tk": TK, "llvm": TK, "ptx": PTX, "sass": SASS}
+
+
+class _Checker(HTMLParser):
+    """Collects details elements and checks that every tag is closed in order."""
+
+    VOID = {"br", "hr", "img", "meta", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.details, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        if tag == "details":
+            self.details.append(dict(attrs))
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, (self.stack, tag)
+        self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(fragment):
+    checker = _Checker()
+    checker.feed(fragment)
+    checker.close()
+    assert checker.stack == []
+    return checker
+
+
+def pre_text(fragment):
+    """The decoded text of every <pre>: what a reader of the page sees."""
+    return [html.unescape(re.sub(r"<[^>]+>", "", m)) for m in re.findall(r"<pre>(.*?)</pre>", fragment, re.S)]
+
+
+def test_every_stage_is_a_details_element_in_order():
+    checker = parse(stages_html("gemm", STAGES))
+    assert [d["data-stage"] for d in checker.details] == list(STAGES)
+
+
+def test_first_tk_stage_open_rest_collapsed():
+    checker = parse(stages_html("gemm", STAGES))
+    opened = [d["data-stage"] for d in checker.details if "open" in d]
+    assert opened == ["tk"]
+    checker = parse(stages_html("k", {"ptx": PTX, "sass": SASS}))
+    assert [d["data-stage"] for d in checker.details if "open" in d] == ["ptx"]
+
+
+def test_summary_counts_lines():
+    out = stages_html("gemm", {"tk": TK, "one": "x"})
+    assert re.search(r"<summary>tk<span[^>]*>8 lines</span></summary>", out)
+    assert re.search(r"<summary>one<span[^>]*>1 line</span></summary>", out)
+
+
+def test_ir_is_escaped():
+    out = stages_html("gemm <BM=128> & co", STAGES, {"threads": "<384>"})
+    parse(out)
+    assert "!tk.rt&lt;bf16, 16, 64&gt;" in out
+    assert "!tk.rt<bf16" not in out
+    assert "a &lt; b &amp;&amp; c &gt; d" in out
+    assert "gemm &lt;BM=128&gt; &amp; co" in out
+    assert "&lt;384&gt;" in out
+    # Highlighting only adds markup: the text a reader sees is the IR itself.
+    assert pre_text(out) == [text.rstrip("\n") for text in STAGES.values()]
+
+
+@given(st.text(alphabet=st.sampled_from(list("<>&\"'%!#@.:;/*()[]{}` \nabcxyzPRT0123456789_-$^")), max_size=200),
+       st.sampled_from(["tk", "ptx", "sass", "python"]))
+def test_any_text_roundtrips_through_the_highlighter(text, stage):
+    out = highlight(text, stage)
+    assert "<" not in re.sub(r'</?span( class="t-\w+")?>', "", out)
+    assert html.unescape(re.sub(r"<[^>]+>", "", out)) == text
+
+
+def test_mlir_marks_ops_values_types_attributes():
+    out = highlight(TK, "tk")
+    assert '<span class="t-op">arith.addf</span>' in out
+    assert '<span class="t-op">"tk.load"</span>' in out
+    assert '<span class="t-op">func.func</span>' in out
+    assert '<span class="t-ssa">%arg0</span>' in out
+    assert '<span class="t-ty">!tk.rt&lt;bf16, 16, 64&gt;</span>' in out
+    assert '<span class="t-ty">vector&lt;4xf32&gt;</span>' in out
+    assert '<span class="t-attr">#loc1</span>' in out
+    assert '<span class="t-loc">loc(#loc1)</span>' in out
+    assert '<span class="t-com">// a &lt; b &amp;&amp; c &gt; d</span>' in out
+
+
+def test_mlir_attribute_keys_are_not_ops():
+    out = highlight("func.func @k() attributes {nvvm.kernel, nvvm.maxntid = array<i32: 128>}", "tk")
+    assert out.count('class="t-op"') == 1
+
+
+def test_ptx_marks_instructions_registers_directives():
+    out = highlight(PTX, "ptx")
+    assert '<span class="t-op">ld.global.v4.f32</span>' in out
+    assert '<span class="t-op">bra</span>' in out
+    assert '<span class="t-pred">@%p1</span>' in out
+    assert '<span class="t-reg">%rd4</span>' in out
+    assert '<span class="t-dir">.reg</span>' in out
+    assert '<span class="t-com">// 16 bytes</span>' in out
+
+
+def test_sass_marks_opcodes_and_predicates():
+    out = highlight(SASS, "sass")
+    assert '<span class="t-op">HGMMA.64x128x16.F32.BF16</span>' in out
+    assert '<span class="t-pred">@!P0</span>' in out
+    assert '<span class="t-reg">UR4</span>' in out
+
+
+def test_python_stage_is_only_escaped():
+    out = highlight("def k(a): return a < 1 & 2", "python")
+    assert out == "def k(a): return a &lt; 1 &amp; 2"
+
+
+def test_highlighter_chosen_by_stage_name():
+    assert 't-op' in highlight("mov.u32 %r1, %r2;", "ptx-sm_90a")
+    assert 't-op' in highlight("MOV R1, R2 ;", "SASS")
+    assert 't-op' not in highlight("MOV R1, R2 ;", "tk")
+
+
+def test_large_stage_is_truncated_with_a_note():
+    big = "".join(f"%{i} = arith.constant {i} : i32\n" for i in range(MAX_LINES + 1234))
+    out = stages_html("big", {"tk": big})
+    parse(out)
+    assert "1,234 more lines cut" in out
+    assert f"{MAX_LINES + 1234:,} lines" in out
+    shown = pre_text(out)[0].split("\n")
+    assert len(shown) == MAX_LINES
+    assert shown[-1] == f"%{MAX_LINES - 1} = arith.constant {MAX_LINES - 1} : i32"
+    small = stages_html("small", {"tk": big[: big.index(f"%{MAX_LINES} ")]})
+    assert "more lines cut" not in small
+
+
+def test_meta_table_and_scoped_css():
+    out = stages_html("gemm", {"tk": TK}, {"registers": 168, "shared memory": 232448, "spills": 8, "threads": 384})
+    parse(out)
+    assert "<th>registers</th>" in out and "<td>168</td>" in out
+    assert "<td>232,448</td>" in out
+    assert '<td class="t-bad">8</td>' in out  # spills stand out
+    assert "<table" not in stages_html("gemm", {"tk": TK})
+    css = re.search(r"<style>(.*?)</style>", out, re.S).group(1)
+    rules = [r.strip() for r in re.findall(r"([^{}]+)\{", css)]
+    assert rules and all(all(sel.strip().startswith(".tk-mlir-stages") for sel in r.split(",")) for r in rules)
+    assert out.startswith('<div class="tk-mlir-stages">')

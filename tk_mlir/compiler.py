@@ -1,0 +1,215 @@
+"""Compile one specialization of a kernel: frontend -> passes -> PTX -> cubin.
+
+`compile_specialization` is the only place that touches MLIR; everything it
+produces (cubin, the kernel's parameter list, every stage's text) is plain
+data, stored in the disk cache, so a cache hit in a new process never loads
+MLIR. `CompiledKernel` is that data plus a lazily loaded CUDA function.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cache
+from .errors import CompilationError
+
+# Stage file suffixes for TK_MLIR_DUMP_DIR.
+_SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """Everything that decides the generated code for one launch signature."""
+    name: str
+    source: str
+    filename: str
+    args: tuple            # per runtime argument: ("gl", dtype, static shape) or ("i32",)/("f32",)
+    arg_names: tuple[str, ...]
+    constexprs: tuple      # ((name, value), ...)
+    num_warps: int
+    globals_key: str       # the module-level values the kernel reads, as text
+
+    def cache_key(self) -> str:
+        return cache.make_key(kind="tk-kernel", name=self.name, source=self.source,
+                              args=[list(map(_jsonable, a)) for a in self.args],
+                              constexprs=[[k, _jsonable(v)] for k, v in self.constexprs],
+                              num_warps=self.num_warps, globals=self.globals_key,
+                              arch="sm_90a")
+
+
+def _jsonable(v):
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return repr(v)
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    cubin: bytes
+    params: list[tuple[int, str, int]]     # (argument index, kind, dim) per kernel parameter
+    num_warps: int
+    smem_bytes: int
+    stages: dict[str, str]
+    ptxas_log: str
+    _function: object = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def asm(self) -> dict[str, str]:
+        """Every stage's text: python, tk, each pass by name, llvm, ptx, sass."""
+        if "sass" not in self.stages:
+            sass = _disassemble(self.cubin)
+            if sass is not None:
+                self.stages["sass"] = sass
+        return self.stages
+
+    @property
+    def info(self) -> dict:
+        """What ptxas reported: registers, spills, shared memory."""
+        return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
+                                             "dynamic shared memory (bytes)": self.smem_bytes}
+
+    def _repr_html_(self) -> str:
+        from .display import stages_html
+        return stages_html(self.name, self.asm, self.info)
+
+    def function(self):
+        """The loaded CUDA function (loaded once, on first launch)."""
+        if self._function is None:
+            with self._lock:
+                if self._function is None:
+                    from .runtime import driver
+                    f = driver.Module.load(self.cubin).function(self.name)
+                    f.set_max_dynamic_shared(self.smem_bytes)
+                    self._function = f
+        return self._function
+
+    def dump(self, directory: str | os.PathLike) -> Path:
+        folder = Path(directory) / self.name
+        for i, (stage, text) in enumerate(self.asm.items()):
+            _write_stage(folder, i, stage, text)
+        return folder
+
+    # ---- disk cache entries
+
+    def to_entry(self) -> dict:
+        meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
+                "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log}
+        return {"cubin": self.cubin, "meta.json": json.dumps(meta),
+                "stages.json": json.dumps(self.stages)}
+
+    @classmethod
+    def from_entry(cls, entry: dict) -> CompiledKernel:
+        meta = json.loads(entry["meta.json"])
+        return cls(meta["name"], entry["cubin"], [tuple(p) for p in meta["params"]],
+                   meta["num_warps"], meta["smem_bytes"], json.loads(entry["stages.json"]),
+                   meta["ptxas_log"])
+
+
+def _write_stage(folder: Path, index: int, stage: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
+    (folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}").write_text(text)
+
+
+def ptxas_info(log: str) -> dict:
+    info = {}
+    m = re.search(r"Used (\d+) registers", log)
+    if m:
+        info["registers"] = int(m.group(1))
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if m:
+        info["spill stores (bytes)"], info["spill loads (bytes)"] = int(m.group(1)), int(m.group(2))
+    return info
+
+
+def _disassemble(cubin: bytes) -> str | None:
+    from .runtime.toolchain import find_tool
+    tool = find_tool("nvdisasm")
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        proc = subprocess.run([tool, "-c", "-g", f.name], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else f"nvdisasm failed:\n{proc.stderr}"
+
+
+# ------------------------------------------------------------------ compile
+
+def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> CompiledKernel:
+    """Lower one specialization to a cubin (no cache involved)."""
+    from mlir import ir
+    from .dialects import tk as tk_dialect, types as T
+    from .frontend import Param, build_kernel
+    from .lowering.pipeline import lower
+    from .runtime.toolchain import ToolchainError, ptxas
+
+    dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
+    folder = Path(dump_dir) / spec.name if dump_dir else None
+    stages: dict[str, str] = {"python": spec.source}
+    def on_stage(name: str, text: str) -> None:
+        if folder is not None:   # written as we go, so a failing pass leaves what came before
+            _write_stage(folder, len(stages), name, text)
+        stages[name] = text
+    if folder is not None:
+        _write_stage(folder, 0, "python", spec.source)
+
+    context = ir.Context()
+    tk_dialect.load(context)
+    with context:
+        params = []
+        for name, a in zip(spec.arg_names, spec.args):
+            if a[0] == "gl":
+                params.append(Param(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
+            elif a[0] == "i32":
+                params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
+            else:
+                params.append(Param(name, "f32", ir.F32Type.get()))
+        module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
+                              dict(spec.constexprs), spec.num_warps)
+        lowered = lower(module, on_stage)
+        smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
+    try:
+        cubin, log = ptxas(lowered.ptx)
+    except ToolchainError as e:
+        raise CompilationError(f"internal compiler error: ptxas rejected the PTX of "
+                               f"{spec.name}:\n{e.log}") from None
+    stages["ptxas"] = log
+    if folder is not None:
+        _write_stage(folder, len(stages) - 1, "ptxas", log)
+    return CompiledKernel(lowered.kernel_name, cubin,
+                          [(p.arg, p.kind, p.index) for p in lowered.params],
+                          spec.num_warps, smem, stages, log)
+
+
+_DISK = cache.DiskCache()
+
+
+def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> CompiledKernel:
+    """The compiled kernel from the disk cache, or compiled and published there."""
+    if cache.always_compile():
+        return compile_specialization(spec, fn_node_factory(), globals_)
+    key = spec.cache_key()
+    entry = _DISK.get(key)
+    if entry is not None:
+        compiled = CompiledKernel.from_entry(entry)
+        if os.environ.get("TK_MLIR_DUMP_DIR"):
+            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"])
+        return compiled
+    compiled = compile_specialization(spec, fn_node_factory(), globals_)
+    _DISK.put(key, compiled.to_entry())
+    return compiled

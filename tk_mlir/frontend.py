@@ -1,0 +1,461 @@
+"""The frontend: a kernel's Python AST -> a func.func of tk ops.
+
+One visitor walks the function body. Expressions evaluate either to Python
+values (constexprs, folded here, so `if D > 1024:` on a constexpr picks a
+branch at compile time) or to SSA wrappers from values.py, whose operators
+emit tk and arith ops. Every op carries the user's file:line:col: the
+visitor sets the MLIR location to the node it is evaluating. `for ... in
+range()` becomes scf.for with the variables it reassigns carried through
+the loop; a run-time `if` becomes scf.if yielding the variables its branches
+assign. Anything else raises a CompilationError at its line.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, func, scf
+
+from . import language, values as V
+from .errors import CompilationError
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument as the compiled function sees it."""
+    name: str
+    kind: str             # "gl", "i32", "f32"
+    ir_type: ir.Type | None = None
+
+
+def parse_function(fn) -> tuple[ast.FunctionDef, str, int]:
+    """The function's AST with line numbers of its file."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(source)
+    _, first_line = inspect.getsourcelines(fn)
+    ast.increment_lineno(tree, first_line - 1)
+    node = tree.body[0]
+    if not isinstance(node, ast.FunctionDef):
+        raise CompilationError("@tk.kernel applies to a function definition")
+    return node, inspect.getsourcefile(fn) or "<unknown>", first_line
+
+
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
+           ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
+           ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
+_CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+_PY_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+              "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+              "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
+              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b}
+_PY_CMPOPS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+              "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+# Python builtins a kernel may call; on run-time values min/max emit ops.
+_ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print", "isinstance",
+                     "tuple", "list", "zip", "enumerate", "bool", "round", "pow", "sum", "all",
+                     "any", "reversed", "divmod"}
+
+
+def _is_runtime(v) -> bool:
+    return isinstance(v, V.Value)
+
+
+def _assigned_names(stmts) -> list[str]:
+    """Names a block of statements (re)binds, in first-assignment order."""
+    names: list[str] = []
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.For):
+                targets = [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id not in names:
+                        names.append(n.id)
+    return names
+
+
+class KernelBuilder(ast.NodeVisitor):
+    """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
+
+    def __init__(self, filename: str, globals_: dict, scope: dict[str, Any]):
+        self.filename = filename
+        self.globals = globals_
+        self.scope = dict(scope)
+
+    # ------------------------------------------------------------ plumbing
+
+    def loc(self, node) -> ir.Location:
+        return ir.Location.file(self.filename, node.lineno, node.col_offset + 1)
+
+    def error(self, node, message: str) -> CompilationError:
+        return CompilationError(message, self.filename, node.lineno, node.col_offset)
+
+    @contextlib.contextmanager
+    def at(self, node):
+        """Ops built inside carry node's location; errors without one get it."""
+        try:
+            with self.loc(node):
+                yield
+        except CompilationError as e:
+            if e.filename is None:
+                raise self.error(node, e.message) from None
+            raise
+        except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError) as e:
+            raise self.error(node, f"{type(e).__name__}: {e}") from None
+
+    def eval(self, node):
+        with self.at(node):
+            return self.visit(node)
+
+    def run(self, stmts) -> None:
+        for stmt in stmts:
+            with self.at(stmt):
+                self.visit(stmt)
+
+    def generic_visit(self, node):
+        raise self.error(node, f"{type(node).__name__} is not supported in a tk kernel")
+
+    # --------------------------------------------------------- statements
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # docstring
+        self.eval(node.value)
+
+    def visit_Pass(self, node):
+        pass
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            raise self.error(node, "a kernel returns nothing; write results with tk.store")
+        raise self.error(node, "return inside a kernel is only allowed as its last statement")
+
+    def visit_Assign(self, node):
+        value = self.eval(node.value)
+        for target in node.targets:
+            self.bind(target, value)
+
+    def visit_AnnAssign(self, node):
+        if node.value is None:
+            raise self.error(node, "a declaration needs a value")
+        self.bind(node.target, self.eval(node.value))
+
+    def visit_AugAssign(self, node):
+        current = self.eval(ast.Name(node.target.id, ast.Load(), lineno=node.lineno,
+                                     col_offset=node.col_offset)) \
+            if isinstance(node.target, ast.Name) else None
+        if current is None:
+            raise self.error(node, "augmented assignment works on plain names")
+        self.bind(node.target, self.binary(node, _BINOPS[type(node.op)], current,
+                                           self.eval(node.value)))
+
+    def bind(self, target, value):
+        if isinstance(target, ast.Name):
+            self.scope[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            if not isinstance(value, (tuple, list)) or len(value) != len(target.elts):
+                raise self.error(target, f"cannot unpack {value!r} into {len(target.elts)} names")
+            for t, v in zip(target.elts, value):
+                self.bind(t, v)
+        else:
+            raise self.error(target, "only names and tuples of names can be assigned "
+                                     "(shared tiles and tensors are written with tk.store)")
+
+    def visit_Assert(self, node):
+        test = self.eval(node.test)
+        if _is_runtime(test):
+            raise self.error(node, "assert needs a compile-time condition")
+        if not test:
+            msg = self.eval(node.msg) if node.msg is not None else "assertion failed"
+            raise self.error(node, str(msg))
+
+    def visit_If(self, node):
+        test = self.eval(node.test)
+        if not _is_runtime(test):
+            self.run(node.body if test else node.orelse)   # constexpr if
+            return
+        if not (isinstance(test, V.Scalar) and test.kind == "bool"):
+            raise self.error(node.test, "an if condition must be a comparison or a bool")
+        self.emit_if(node, test)
+
+    def emit_if(self, node, test: V.Scalar):
+        # scf.if needs its result types up front, and they are only known once
+        # both branches are built: build them in a result-less scf.if, then
+        # move their ops into the real one.
+        before = dict(self.scope)
+        draft = scf.IfOp(test.value, [], has_else=True)
+        branches = []
+        for block, body in ((draft.then_block, node.body), (draft.else_block, node.orelse)):
+            self.scope = dict(before)
+            with ir.InsertionPoint(block):
+                self.run(body)
+            branches.append(self.scope)
+        self.scope = before
+        names = [n for n in _assigned_names(node.body + node.orelse)
+                 if all(n in b for b in branches)
+                 and (_is_runtime(branches[0][n]) or _is_runtime(branches[1][n]))]
+        for n in names:
+            a, b = branches[0][n], branches[1][n]
+            if _is_runtime(a) and _is_runtime(b) and a.ir_type != b.ir_type:
+                raise self.error(node, f"'{n}' has type {a.ir_type} in one branch and "
+                                       f"{b.ir_type} in the other")
+        types = [self._yield_type(branches[0][n], branches[1][n]) for n in names]
+        final = scf.IfOp(test.value, types, has_else=True, ip=ir.InsertionPoint(draft))
+        for old, new, scope in ((draft.then_block, final.then_block, branches[0]),
+                                (draft.else_block, final.else_block, branches[1])):
+            with ir.InsertionPoint(new):
+                yield_op = scf.YieldOp([])
+            for op in list(old.operations):
+                op.move_before(yield_op)
+            with ir.InsertionPoint(yield_op):
+                vals = [self._materialize(scope[n], t) for n, t in zip(names, types)]
+            yield_op.operation.erase()
+            with ir.InsertionPoint(new):
+                scf.YieldOp(vals)
+        draft.operation.erase()
+        for n, r in zip(names, final.results):
+            self.scope[n] = V.wrap(r)
+
+    def _yield_type(self, a, b) -> ir.Type:
+        v = a if _is_runtime(a) else b
+        return v.ir_type
+
+    def _materialize(self, value, ir_type: ir.Type) -> ir.Value:
+        if _is_runtime(value):
+            return value.value
+        s = V.constant(value)
+        if s.ir_type != ir_type:
+            s = V.to_float(s)
+        return s.value
+
+    def visit_For(self, node):
+        if node.orelse:
+            raise self.error(node, "for ... else is not supported")
+        from . import static_range
+        callee = self.eval(node.iter.func) if isinstance(node.iter, ast.Call) else None
+        if callee not in (range, static_range):
+            raise self.error(node.iter, "a kernel loop iterates over range(...) "
+                                        "(or tk.static_range(...) to unroll it)")
+        args = [self.eval(a) for a in node.iter.args]
+        if not 1 <= len(args) <= 3:
+            raise self.error(node.iter, "range takes 1 to 3 arguments")
+        start, stop, step = (0, args[0], 1) if len(args) == 1 else \
+            (args[0], args[1], args[2] if len(args) == 3 else 1)
+        if not isinstance(node.target, ast.Name):
+            raise self.error(node.target, "the loop variable must be a plain name")
+        if callee is static_range:
+            if any(_is_runtime(x) for x in (start, stop, step)):
+                raise self.error(node.iter, "tk.static_range needs compile-time bounds")
+            for i in range(start, stop, step):
+                self.scope[node.target.id] = i
+                self.run(node.body)
+            return
+        self.emit_for(node, start, stop, step)
+
+    def emit_for(self, node, start, stop, step):
+        if not _is_runtime(step) and step <= 0:
+            raise self.error(node.iter, "range step must be positive")
+        bounds = [V.as_scalar(x) for x in (start, stop, step)]
+        if any(b.kind != "int" for b in bounds):
+            raise self.error(node.iter, "range bounds must be integers")
+        carried = [n for n in _assigned_names(node.body)
+                   if n in self.scope and n != node.target.id
+                   and (_is_runtime(self.scope[n]) or isinstance(self.scope[n], (int, float))
+                        and not isinstance(self.scope[n], bool))]
+        inits = [V.as_scalar(self.scope[n]) if not _is_runtime(self.scope[n]) else self.scope[n]
+                 for n in carried]
+        loop = scf.ForOp(bounds[0].value, bounds[1].value, bounds[2].value,
+                         [v.value for v in inits])
+        outer = dict(self.scope)
+        with ir.InsertionPoint(loop.body):
+            self.scope[node.target.id] = V.Scalar(loop.induction_variable)
+            for n, arg in zip(carried, loop.inner_iter_args):
+                self.scope[n] = V.wrap(arg)
+            self.run(node.body)
+            yields = []
+            for n, init in zip(carried, inits):
+                v = self.scope[n]
+                v = v if _is_runtime(v) else V.as_scalar(v)
+                if v.ir_type == ir.F32Type.get() and init.ir_type != v.ir_type:
+                    raise self.error(node, f"'{n}' starts as an int and becomes a float in the "
+                                           f"loop; initialise it with a float (e.g. 0.0)")
+                if v.ir_type != init.ir_type:
+                    raise self.error(node, f"'{n}' changes type in the loop: {init.ir_type} "
+                                           f"before, {v.ir_type} after one iteration")
+                yields.append(v.value)
+            scf.YieldOp(yields)
+        self.scope = outer
+        for n, r in zip(carried, loop.results):
+            self.scope[n] = V.wrap(r)
+
+    def visit_While(self, node):
+        raise self.error(node, "while loops are not supported; use for ... in range(...)")
+
+    # -------------------------------------------------------- expressions
+
+    def visit_Constant(self, node):
+        return node.value
+
+    def visit_Name(self, node):
+        if node.id in self.scope:
+            return self.scope[node.id]
+        if node.id in self.globals:
+            return self.globals[node.id]
+        if node.id in _ALLOWED_BUILTINS:
+            return getattr(builtins, node.id)
+        raise self.error(node, f"name '{node.id}' is not defined")
+
+    def visit_Attribute(self, node):
+        obj = self.eval(node.value)
+        try:
+            return getattr(obj, node.attr)
+        except AttributeError:
+            raise self.error(node, f"{obj!r} has no attribute '{node.attr}'") from None
+
+    def visit_Tuple(self, node):
+        return tuple(self.eval(e) for e in node.elts)
+
+    def visit_List(self, node):
+        return [self.eval(e) for e in node.elts]
+
+    def visit_Subscript(self, node):
+        obj, index = self.eval(node.value), self.eval(node.slice)
+        if _is_runtime(index) and not isinstance(obj, (tuple, list)):
+            raise self.error(node, "indexing with a run-time value is not supported")
+        if _is_runtime(index):
+            raise self.error(node, "a tuple index must be a compile-time int")
+        return obj[index]
+
+    def visit_UnaryOp(self, node):
+        v = self.eval(node.operand)
+        if not _is_runtime(v):
+            return {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Not: lambda x: not x,
+                    ast.Invert: lambda x: ~x}[type(node.op)](v)
+        if isinstance(node.op, ast.USub):
+            if isinstance(v, V.TileLike):
+                return -v
+            return V.scalar_binary("sub", 0 if v.kind == "int" else 0.0, v)
+        if isinstance(node.op, ast.Not) and isinstance(v, V.Scalar) and v.kind == "bool":
+            return V.scalar_binary("xor", v, True)
+        raise self.error(node, f"unary {type(node.op).__name__} is not supported on {v!r}")
+
+    def binary(self, node, op: str, a, b):
+        if not (_is_runtime(a) or _is_runtime(b)):
+            return _PY_BINOPS[op](a, b)
+        if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
+            if op not in ("add", "sub", "mul", "div"):
+                raise self.error(node, f"operator {op} is not defined on tiles")
+            return V.tile_binary(op, a, b)
+        return V.scalar_binary(op, a, b)
+
+    def visit_BinOp(self, node):
+        if isinstance(node.op, ast.Pow):
+            raise self.error(node, "** is not supported in a kernel")
+        a, b = self.eval(node.left), self.eval(node.right)
+        return self.binary(node, _BINOPS[type(node.op)], a, b)
+
+    def visit_Compare(self, node):
+        if len(node.ops) != 1:
+            raise self.error(node, "chained comparisons are not supported")
+        a, b = self.eval(node.left), self.eval(node.comparators[0])
+        op = type(node.ops[0])
+        if op in (ast.Is, ast.IsNot, ast.In, ast.NotIn):
+            if _is_runtime(a) or _is_runtime(b):
+                raise self.error(node, "is/in compare compile-time values only")
+            return {ast.Is: lambda: a is b, ast.IsNot: lambda: a is not b,
+                    ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[op]()
+        name = _CMPOPS[op]
+        if not (_is_runtime(a) or _is_runtime(b)):
+            return _PY_CMPOPS[name](a, b)
+        if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
+            raise self.error(node, "tile comparisons are not supported")
+        return V.compare(name, a, b)
+
+    def visit_BoolOp(self, node):
+        vals = [self.eval(v) for v in node.values]
+        if not any(_is_runtime(v) for v in vals):
+            out = vals[0]
+            for v in vals[1:]:
+                out = (out and v) if isinstance(node.op, ast.And) else (out or v)
+            return out
+        out = vals[0]
+        for v in vals[1:]:
+            out = V.scalar_binary("and" if isinstance(node.op, ast.And) else "or", out, v)
+        return out
+
+    def visit_IfExp(self, node):
+        test = self.eval(node.test)
+        if _is_runtime(test):
+            a, b = self.eval(node.body), self.eval(node.orelse)
+            a, b = V.as_scalar(a), V.as_scalar(b)
+            if a.ir_type != b.ir_type:
+                a, b = V.to_float(a), V.to_float(b)
+            return V.Scalar(arith.select(test.value, a.value, b.value))
+        return self.eval(node.body if test else node.orelse)
+
+    def visit_Call(self, node):
+        callee = self.eval(node.func)
+        args = [self.eval(a) for a in node.args]
+        kwargs = {k.arg: self.eval(k.value) for k in node.keywords}
+        if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred)
+                                                            for a in node.args):
+            raise self.error(node, "*args and **kwargs are not supported in calls")
+        if callee in (min, max) and any(_is_runtime(a) for a in args):
+            out = args[0]
+            for a in args[1:]:
+                out = V.scalar_binary(callee.__name__, out, a)
+            return out
+        if callee is float and args and _is_runtime(args[0]):
+            return V.to_float(args[0])
+        runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
+        if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
+                or not runtime_args):
+            return callee(*args, **kwargs)
+        name = getattr(callee, "__name__", repr(callee))
+        raise self.error(node, f"calling {name}() on run-time values is not supported in a "
+                               f"kernel (only tk.* functions and tile methods are)")
+
+
+def _is_method_of_value(callee) -> bool:
+    return isinstance(getattr(callee, "__self__", None), V.Value)
+
+
+def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: str,
+                 params: list[Param], constexprs: dict[str, Any], num_warps: int) -> ir.Module:
+    """Emit the module holding `func.func @name` for one specialization."""
+    module = ir.Module.create(ir.Location.file(filename, fn_node.lineno, fn_node.col_offset + 1))
+    token_b = language._building.set(True)
+    token_k = V.current.set(V.KernelState(num_warps))
+    try:
+        with ir.Location.file(filename, fn_node.lineno, fn_node.col_offset + 1):
+            with ir.InsertionPoint(module.body):
+                f = func.FuncOp(name, ([p.ir_type for p in params], []))
+                f.attributes["tk.num_warps"] = ir.IntegerAttr.get(
+                    ir.IntegerType.get_signless(64), num_warps)
+                entry = f.add_entry_block()
+        scope = dict(constexprs)
+        for p, arg in zip(params, entry.arguments):
+            scope[p.name] = V.wrap(arg)
+        builder = KernelBuilder(filename, globals_, scope)
+        body = fn_node.body
+        if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
+            body = body[:-1]
+        with ir.InsertionPoint(entry):
+            builder.run(body)
+            with builder.loc(fn_node):
+                func.ReturnOp([])
+    finally:
+        V.current.reset(token_k)
+        language._building.reset(token_b)
+    return module

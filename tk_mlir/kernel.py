@@ -1,0 +1,229 @@
+"""`@tk.kernel`: a Python function that compiles, caches and launches.
+
+    @tk.kernel
+    def scale(X: tk.gl[tk.bf16], Y: tk.gl[tk.bf16], s: float, BM: tk.constexpr = 64): ...
+
+    scale[grid](x, y, 2.0, BM=64)          # launch on torch's current stream
+    scale.compile(tk.spec((M, N), tk.bf16), ..., BM=64).asm   # IR at every stage
+
+Parameters annotated `tk.gl[...]` take tensors, `int`/`float` take Python
+scalars (i32/f32 in the kernel), `tk.constexpr` take compile-time values
+that specialize the code. A specialization is compiled once per process
+(in-memory cache, lock + recheck) and once per machine (disk cache).
+"""
+from __future__ import annotations
+
+import ast
+import ctypes
+import inspect
+import textwrap
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .compiler import CompiledKernel, Specialization, compile_cached
+from .errors import CompilationError
+from .language import DType, GlobalAnnotation, constexpr, dtype_name
+from .runtime.arguments import (ArgumentError, TensorSpec, canonical_dtype, check_tensor,
+                                describe, tensor_info)
+
+DEFAULT_NUM_WARPS = 4
+_CTYPES = {"ptr": ctypes.c_void_p, "dim": ctypes.c_int32, "stride": ctypes.c_int64,
+           "i32": ctypes.c_int32, "f32": ctypes.c_float}
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str
+    kind: str                         # "gl", "int", "float", "constexpr"
+    dtype: str | None = None          # gl: the annotated dtype, if any
+    shape: tuple | None = None        # gl: annotated static dims (None = dynamic)
+    default: Any = inspect.Parameter.empty
+
+
+def _classify(p: inspect.Parameter) -> _Param:
+    ann = p.annotation
+    if isinstance(ann, GlobalAnnotation):
+        return _Param(p.name, "gl", dtype_name(ann.dtype) if ann.dtype is not None else None,
+                      ann.shape, p.default)
+    if ann is constexpr:
+        return _Param(p.name, "constexpr", default=p.default)
+    if ann is int:
+        return _Param(p.name, "int", default=p.default)
+    if ann is float:
+        return _Param(p.name, "float", default=p.default)
+    raise CompilationError(f"kernel parameter '{p.name}' needs an annotation: tk.gl[dtype] for "
+                           f"a tensor, int or float for a scalar, tk.constexpr for a "
+                           f"compile-time constant")
+
+
+class Kernel:
+    def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS):
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.source = textwrap.dedent(inspect.getsource(fn))
+        self.filename = inspect.getsourcefile(fn) or "<unknown>"
+        self.default_num_warps = num_warps
+        self.params = [_classify(p) for p in inspect.signature(fn).parameters.values()]
+        self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
+        self._compiled: dict[tuple, CompiledKernel] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return f"<tk.kernel {self.__name__}>"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...)")
+
+    def __getitem__(self, grid) -> Callable:
+        def launch(*args, **kwargs):
+            return self.launch(grid, *args, **kwargs)
+        return launch
+
+    # ------------------------------------------------------------ binding
+
+    def _bind(self, args, kwargs) -> tuple[list, int]:
+        num_warps = kwargs.pop("num_warps", self.default_num_warps)
+        if len(args) > len(self.params):
+            raise TypeError(f"{self.__name__}() takes {len(self.params)} arguments, "
+                            f"got {len(args)}")
+        values = list(args) + [inspect.Parameter.empty] * (len(self.params) - len(args))
+        for i, p in enumerate(self.params):
+            if p.name in kwargs:
+                if i < len(args):
+                    raise TypeError(f"{self.__name__}() got two values for '{p.name}'")
+                values[i] = kwargs.pop(p.name)
+            elif values[i] is inspect.Parameter.empty:
+                if p.default is inspect.Parameter.empty:
+                    raise TypeError(f"{self.__name__}() missing argument '{p.name}'")
+                values[i] = p.default
+        if kwargs:
+            raise TypeError(f"{self.__name__}() got unexpected arguments {sorted(kwargs)}")
+        if not (isinstance(num_warps, int) and 1 <= num_warps <= 32
+                and num_warps & (num_warps - 1) == 0):
+            raise ArgumentError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
+        return values, num_warps
+
+    def _signature(self, values, num_warps, describe_tensor) -> tuple:
+        """The specialization: per runtime argument its kind/dtype/rank, the constexprs."""
+        sig = []
+        for p, v in zip(self.params, values):
+            if p.kind == "gl":
+                t = describe_tensor(v, p.name)
+                static = p.shape if p.shape is not None else (None,) * len(t.shape)
+                if len(static) != len(t.shape):
+                    raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
+                                        f"annotation wants rank {len(static)}")
+                sig.append(("gl", p.dtype or t.dtype, tuple(static)))
+            elif p.kind == "int":
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise ArgumentError(f"argument '{p.name}' must be an int, got {v!r}")
+                sig.append(("i32",))
+            elif p.kind == "float":
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise ArgumentError(f"argument '{p.name}' must be a float, got {v!r}")
+                sig.append(("f32",))
+            else:
+                sig.append(("constexpr", v))
+        return tuple(sig) + (num_warps,)
+
+    # ------------------------------------------------------------ compile
+
+    def compile(self, *args, **kwargs) -> CompiledKernel:
+        """Compile for argument descriptions (tk.spec, torch meta tensors, numpy
+        arrays, or real tensors) without launching; works without a GPU."""
+        values, num_warps = self._bind(args, kwargs)
+        sig = self._signature(values, num_warps, describe)
+        return self._get(sig)
+
+    def _get(self, sig: tuple) -> CompiledKernel:
+        compiled = self._compiled.get(sig)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(sig)
+                if compiled is None:
+                    compiled = self._compile(sig)
+                    self._compiled[sig] = compiled
+        return compiled
+
+    def _compile(self, sig: tuple) -> CompiledKernel:
+        *per_param, num_warps = sig
+        rt_args, names, consts = [], [], []
+        for p, s in zip(self.params, per_param):
+            if s[0] == "constexpr":
+                consts.append((p.name, s[1]))
+            else:
+                rt_args.append(s)
+                names.append(p.name)
+        spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
+                              tuple(names), tuple(consts), num_warps, self._globals_key())
+        try:
+            return compile_cached(spec, self._ast, self.fn.__globals__)
+        except CompilationError as e:
+            raise CompilationError(e.message, e.filename, e.line, e.col) from None
+
+    def _ast(self) -> ast.FunctionDef:
+        from .frontend import parse_function
+        return parse_function(self.fn)[0]
+
+    def _globals_key(self) -> str:
+        """The module-level values the kernel reads (they change the code)."""
+        names = sorted({n.id for n in ast.walk(ast.parse(self.source))
+                        if isinstance(n, ast.Name) and n.id in self.fn.__globals__})
+        parts = []
+        for n in names:
+            v = self.fn.__globals__[n]
+            if isinstance(v, (int, float, str, bool, DType, tuple)) or v is None:
+                parts.append(f"{n}={v!r}")
+            else:
+                parts.append(f"{n}:{getattr(v, '__name__', type(v).__name__)}")
+        return ";".join(parts)
+
+    # ------------------------------------------------------------- launch
+
+    def launch(self, grid, *args, **kwargs) -> None:
+        from .runtime import driver
+        values, num_warps = self._bind(args, kwargs)
+        infos = {}
+        def info(v, name):
+            infos[name] = tensor_info(v, name)
+            return infos[name]
+        sig = self._signature(values, num_warps, info)
+        compiled = self._get(sig)
+        for p, s in zip(self.params, sig):
+            if s[0] == "gl":
+                check_tensor(infos[p.name], p.name, dtype=s[1], rank=len(s[2]),
+                             static_shape=s[2])
+        kernel_args = []
+        for arg, kind, dim in compiled.params:
+            v = values[self.runtime[arg]]
+            if kind == "ptr":
+                v = infos[self.params[self.runtime[arg]].name].ptr
+            elif kind == "dim":
+                v = infos[self.params[self.runtime[arg]].name].shape[dim]
+            elif kind == "stride":
+                v = infos[self.params[self.runtime[arg]].name].strides[dim]
+            elif kind == "i32" and not -2**31 <= v < 2**31:
+                raise ArgumentError(f"argument '{self.params[self.runtime[arg]].name}' = {v} "
+                                    f"does not fit in a 32-bit int")
+            kernel_args.append(v)
+        grid = _grid(grid, {p.name: v for p, v in zip(self.params, values)})
+        compiled.function().launch(grid, (compiled.num_threads, 1, 1), compiled.smem_bytes,
+                                   driver.current_stream(), tuple(kernel_args),
+                                   tuple(_CTYPES[k] for _, k, _ in compiled.params))
+
+
+def _grid(grid, meta: dict) -> tuple[int, int, int]:
+    g = grid(meta) if callable(grid) else grid
+    g = (g,) if isinstance(g, int) else tuple(g)
+    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and x >= 1 for x in g):
+        raise ArgumentError(f"grid must be 1 to 3 positive ints, got {g!r}")
+    return g + (1,) * (3 - len(g))
+
+
+def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):
+    """Decorator: `@tk.kernel` or `@tk.kernel(num_warps=8)`."""
+    if fn is None:
+        return lambda f: Kernel(f, num_warps)
+    return Kernel(fn, num_warps)

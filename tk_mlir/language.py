@@ -1,0 +1,78 @@
+"""What a kernel author writes: dtypes, annotations and the tk.* builtins.
+
+The builtins are ordinary Python functions that emit tk ops at the current
+MLIR insertion point; the frontend calls them while it walks the kernel's
+AST. Called outside a kernel, they say so instead of failing obscurely.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+from dataclasses import dataclass
+
+from .dialects import types as T
+from .errors import CompilationError
+
+# Set by the frontend while it builds a kernel; builtins refuse to run without it.
+_building: contextvars.ContextVar[bool] = contextvars.ContextVar("tk_building", default=False)
+
+
+def builtin(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _building.get():
+            raise RuntimeError(f"tk.{fn.__name__} can only be used inside a @tk.kernel function")
+        return fn(*args, **kwargs)
+    wrapper.__tk_builtin__ = True
+    return wrapper
+
+
+# ------------------------------------------------------------------ dtypes
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+
+    def __repr__(self):
+        return f"tk.{self.name}"
+
+
+bf16, f16, f32 = DType("bf16"), DType("f16"), DType("f32")
+f8e4m3, f8e5m2 = DType("f8e4m3"), DType("f8e5m2")
+DTYPE_OBJECTS = {d.name: d for d in (bf16, f16, f32, f8e4m3, f8e5m2)}
+
+
+def dtype_name(d) -> str:
+    if isinstance(d, DType):
+        return d.name
+    if isinstance(d, str) and d in T.DTYPES:
+        return d
+    raise CompilationError(f"expected a tk dtype (tk.bf16, tk.f16, tk.f32, ...), got {d!r}")
+
+
+# ------------------------------------------------------------- annotations
+
+class constexpr:
+    """Annotation: this parameter is a compile-time constant; each value compiles anew."""
+
+
+@dataclass(frozen=True)
+class GlobalAnnotation:
+    dtype: DType | None = None
+    shape: tuple[int | None, ...] | None = None   # None entries: dynamic
+
+
+class _GlFactory:
+    """`tk.gl[bf16]`, `tk.gl[bf16, (None, 4096)]`: a global tensor argument."""
+
+    def __getitem__(self, item) -> GlobalAnnotation:
+        if not isinstance(item, tuple):
+            return GlobalAnnotation(item)
+        dtype, shape = item
+        if not isinstance(shape, tuple) or not 1 <= len(shape) <= T.MAX_GL_RANK:
+            raise TypeError(f"tk.gl shape must be a tuple of 1 to {T.MAX_GL_RANK} dims "
+                            f"(int or None), got {shape!r}")
+        return GlobalAnnotation(dtype, shape)
+
+
+gl = _GlFactory()

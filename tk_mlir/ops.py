@@ -1,0 +1,138 @@
+"""The tk.* functions a kernel calls (re-exported as `tk.load`, `tk.zeros`, ...).
+
+Coordinates follow ThunderKittens: one index per dimension of the global
+tensor; the last two (one, for a vector) count *tiles*, the outer ones count
+elements. `tk.load(X, (b, r, 0), (64, 128))` reads rows 64*r .. 64*r+63 and
+columns 0 .. 127 of X[b]. Tiles that run past the tensor's end are masked:
+missing elements read as `fill`, and stores skip them.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from .dialects import types as T
+from .errors import CompilationError
+from .language import builtin, dtype_name, f32
+from .values import (Global, Scalar, Shared, Tile, TileLike, Vector, as_scalar, emit, fill as
+                     _fill, i32, wrap)
+
+__all__ = ["block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",
+           "load", "store", "copy", "zeros", "full", "shared_tile", "barrier"]
+
+
+def _index(name: str, **attrs) -> Scalar:
+    return Scalar(emit(name, [], i32(), **attrs))
+
+
+def _dim(dim) -> int:
+    if dim not in (0, 1, 2):
+        raise CompilationError(f"dim must be 0, 1 or 2 (x, y, z), got {dim!r}")
+    return dim
+
+
+@builtin
+def block_id(dim=0) -> Scalar:
+    """blockIdx along x (0), y (1) or z (2)."""
+    return _index("block_id", dim=_dim(dim))
+
+
+@builtin
+def grid_dim(dim=0) -> Scalar:
+    return _index("grid_dim", dim=_dim(dim))
+
+
+@builtin
+def thread_id() -> Scalar:
+    return _index("thread_id")
+
+
+@builtin
+def lane_id() -> Scalar:
+    return _index("lane_id")
+
+
+@builtin
+def warp_id() -> Scalar:
+    return _index("warp_id")
+
+
+@builtin
+def warpgroup_id() -> Scalar:
+    return _index("warpgroup_id")
+
+
+def _indices(idx) -> list[ir.Value]:
+    idx = idx if isinstance(idx, (tuple, list)) else (idx,)
+    out = []
+    for i in idx:
+        s = as_scalar(i)
+        if s.kind != "int":
+            raise CompilationError(f"tile coordinates must be integers, got {i!r}")
+        out.append(s.value)
+    return out
+
+
+@builtin
+def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None):
+    """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
+    at tile coordinates `idx`, or the register tile of a shared tile."""
+    if isinstance(src, Shared):
+        st = src.tk_type
+        rt = T.RT(st.dtype, st.rows, st.cols, layout, scope)
+        return Tile(emit("load", [src], rt.to_mlir(), fill=0.0))
+    if not isinstance(src, Global):
+        raise CompilationError(f"tk.load reads a tk.gl argument or a shared tile, got {src!r}")
+    if shape is None or not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 2 \
+            or not all(isinstance(s, int) for s in shape):
+        raise CompilationError(f"tk.load needs shape=(rows, cols) or (length,) of compile-time "
+                               f"ints, got {shape!r}")
+    dt = dtype_name(dtype) if dtype is not None else src.dtype
+    t = T.RT(dt, shape[0], shape[1], layout, scope) if len(shape) == 2 else \
+        T.RV(dt, shape[0], "auto", scope)
+    if not isinstance(fill, (int, float)):
+        raise CompilationError(f"fill must be a compile-time number, got {fill!r}")
+    return wrap(emit("load", [src, *_indices(idx)], t.to_mlir(), fill=float(fill)))
+
+
+@builtin
+def store(dst, value, idx=()):
+    """Write a register tile or vector to a global tensor at tile coordinates
+    `idx` (elements past the tensor's end are skipped), or into a shared tile."""
+    if not isinstance(value, TileLike):
+        raise CompilationError(f"tk.store writes a register tile or vector, got {value!r}")
+    if not isinstance(dst, (Global, Shared)):
+        raise CompilationError(f"tk.store writes to a tk.gl argument or a shared tile, got {dst!r}")
+    emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))])
+
+
+@builtin
+def copy(dst, src, idx=()):
+    """Global <-> shared tile copy by all threads of the block, then a barrier."""
+    if not ({type(dst), type(src)} == {Global, Shared}):
+        raise CompilationError("tk.copy copies between a tk.gl argument and a shared tile")
+    emit("copy", [dst, src, *_indices(idx)])
+
+
+@builtin
+def zeros(shape, dtype=f32, *, layout="vec", scope="block"):
+    return _fill(tuple(shape), 0.0, dtype, layout=layout, scope=scope)
+
+
+@builtin
+def full(shape, value, dtype=f32, *, layout="vec", scope="block"):
+    return _fill(tuple(shape), value, dtype, layout=layout, scope=scope)
+
+
+@builtin
+def shared_tile(dtype, shape, *, swizzle=0):
+    """A tile in shared memory; its place is chosen by the allocation pass."""
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
+        raise CompilationError(f"shared_tile shape must be (rows, cols), got {shape!r}")
+    st = T.ST(dtype_name(dtype), int(shape[0]), int(shape[1]), int(swizzle))
+    return Shared(emit("alloc_st", [], st.to_mlir()))
+
+
+@builtin
+def barrier():
+    """Wait until every thread of the block reaches this point."""
+    emit("barrier")

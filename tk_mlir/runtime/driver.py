@@ -1,0 +1,308 @@
+"""A thin, fast layer over the CUDA driver (cuda-python): contexts, modules,
+functions and kernel launches.
+
+Contexts: tk_mlir uses the device's *primary* context, the one the CUDA
+runtime (and so PyTorch) uses, so pointers and streams from torch are valid
+in our launches. Which device: torch's current device when torch is
+importable and sees CUDA, else device 0.
+
+Launch cost matters (a tiny kernel's call path must stay under ~10 µs and a
+raw cuda-python cuLaunchKernel already takes ~7 µs), so `Function.launch`
+does one driver call and one integer test when all is well; everything else
+(context fix-ups, error text) happens only after a failure.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from contextlib import contextmanager
+
+from cuda.bindings import driver as cu
+
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+# A launch fails with these when the function's context is not current on the
+# calling thread (a fresh thread, or another device's context is current).
+_WRONG_CONTEXT = frozenset({cu.CUresult.CUDA_ERROR_INVALID_CONTEXT,
+                            cu.CUresult.CUDA_ERROR_INVALID_HANDLE})
+# Above this, a kernel must opt in to more dynamic shared memory per block.
+_DEFAULT_SHARED_LIMIT = 48 * 1024
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; `code` is the CUresult, `name` its enum name."""
+
+    def __init__(self, code, what: str | None = None):
+        self.code = code
+        self.name = (_error_text(cu.cuGetErrorName, code)
+                     or getattr(code, "name", None) or f"CUresult {int(code)}")
+        description = _error_text(cu.cuGetErrorString, code) or "unknown error"
+        prefix = f"{what}: " if what else ""
+        super().__init__(f"{prefix}{self.name}: {description}")
+
+
+def _error_text(query, code) -> str | None:
+    try:
+        err, text = query(code)
+    except Exception:        # the driver library itself may be missing
+        return None
+    return text.decode() if err == _SUCCESS and text else None
+
+
+def check(result, what: str | None = None):
+    """Unwrap cuda-python's `(CUresult, *values)`: raise CudaError on failure,
+    else return None, the single value, or the tuple of values."""
+    if result[0] != _SUCCESS:
+        raise CudaError(result[0], what)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+# ---------------------------------------------------------------- devices
+
+_lock = threading.RLock()
+_initialized = False
+
+
+def _init_driver() -> None:
+    global _initialized
+    if not _initialized:
+        with _lock:
+            if not _initialized:
+                check(cu.cuInit(0), "cuInit")
+                _initialized = True
+
+
+@functools.cache
+def _torch_cuda():
+    """The torch module when it is importable and sees a GPU, else None."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch
+    except Exception:        # a broken torch install must not break launches
+        pass
+    return None
+
+
+def default_device() -> int:
+    """torch's current CUDA device when torch is in use, else 0."""
+    torch = _torch_cuda()
+    return torch.cuda.current_device() if torch is not None else 0
+
+
+def device_count() -> int:
+    _init_driver()
+    return check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+
+
+def device_capability(device: int | None = None) -> tuple[int, int]:
+    """(major, minor) compute capability, e.g. (9, 0) for Hopper."""
+    _init_driver()
+    dev = check(cu.cuDeviceGet(default_device() if device is None else device), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    return major, minor
+
+
+@functools.cache
+def has_gpu() -> bool:
+    """True when the driver loads and sees at least one device; never raises."""
+    try:
+        return device_count() > 0
+    except Exception:
+        return False
+
+
+def pointer_device(ptr: int) -> int | None:
+    """The device ordinal that owns a device pointer, or None when the driver
+    cannot tell (no GPU, or not a device pointer); never raises."""
+    if not has_gpu():
+        return None
+    try:
+        attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        err, ordinal = cu.cuPointerGetAttribute(attr, ptr)
+    except Exception:
+        return None
+    return int(ordinal) if err == _SUCCESS else None
+
+
+# --------------------------------------------------------------- contexts
+
+_contexts: dict[int, cu.CUcontext] = {}     # device ordinal -> retained primary context
+
+
+def primary_context(device: int) -> cu.CUcontext:
+    """The device's primary context, retained once for the process."""
+    ctx = _contexts.get(device)
+    if ctx is None:
+        with _lock:
+            ctx = _contexts.get(device)
+            if ctx is None:
+                torch = _torch_cuda()
+                if torch is not None:
+                    torch.cuda.init()    # let torch set up CUDA before we touch it
+                _init_driver()
+                dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+                ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+                _contexts[device] = ctx
+    return ctx
+
+
+@contextmanager
+def using_context(device: int):
+    """Run the body with `device`'s primary context current on this thread.
+
+    If another context is current (torch working on another device), push
+    ours and pop it afterwards so torch's notion of the current device is left
+    alone. If none is current (a fresh thread), make ours current and leave it
+    so, as torch would on its first CUDA call in that thread.
+    """
+    ctx = primary_context(device)
+    current = int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+    if current == int(ctx):
+        yield
+    elif current == 0:
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        yield
+    else:
+        check(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+# ---------------------------------------------------------------- streams
+
+def _resolve_stream_getter():
+    """A function device -> raw stream handle once torch is imported with a
+    GPU, else None (torch may still be imported later, so this is retried)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if _torch_cuda() is None:
+        return lambda device=None: 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if raw is None or get_device is None:
+        # Slower public route: builds a torch.cuda.Stream object per call.
+        return lambda device=None: torch.cuda.current_stream(device).cuda_stream
+
+    # torch.cuda.current_stream() builds a Stream object (µs); the private
+    # raw getter (what torch.compile's generated code calls) returns the int.
+    def current(device=None):
+        return raw(get_device() if device is None else device)
+    return current
+
+
+_stream_getter = None
+
+
+def current_stream(device: int | None = None) -> int:
+    """torch's current CUDA stream on `device` (default: torch's current
+    device) as a raw handle, or 0 (the legacy default stream) without torch."""
+    global _stream_getter
+    getter = _stream_getter
+    if getter is None:
+        getter = _stream_getter = _resolve_stream_getter()
+        if getter is None:
+            return 0
+    return getter(device)
+
+
+# ------------------------------------------------------- modules, functions
+
+class Module:
+    """A cubin loaded into one device's primary context.
+
+    `Module(image)` always loads; `Module.load(image, device)` returns the one
+    Module per (device, image) and is what callers should use.
+    """
+
+    _cache: dict[tuple[int, bytes], Module] = {}
+
+    def __init__(self, cubin: bytes, device: int | None = None):
+        if not cubin.startswith(b"\x7fELF") and not cubin.endswith(b"\0"):
+            cubin = bytes(cubin) + b"\0"     # PTX text: the driver JIT wants it NUL-terminated
+        self.image = cubin                   # the driver may read it lazily: keep it alive
+        self.device = default_device() if device is None else device
+        with using_context(self.device):
+            self.handle = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._functions: dict[str, Function] = {}
+
+    @classmethod
+    def load(cls, cubin: bytes, device: int | None = None) -> Module:
+        device = default_device() if device is None else device
+        key = (device, bytes(cubin))
+        module = cls._cache.get(key)
+        if module is None:
+            with _lock:
+                module = cls._cache.get(key)
+                if module is None:
+                    module = cls._cache[key] = cls(key[1], device)
+        return module
+
+    def function(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = check(cu.cuModuleGetFunction(self.handle, name.encode()),
+                           f"cuModuleGetFunction({name!r})")
+            fn = self._functions[name] = Function(handle, name, self)
+        return fn
+
+
+class Function:
+    """A kernel in a loaded Module."""
+
+    __slots__ = ("handle", "name", "module", "device", "_shared_limit")
+
+    def __init__(self, handle: cu.CUfunction, name: str, module: Module):
+        self.handle = handle
+        self.name = name
+        self.module = module                 # keeps the module (and its image) loaded
+        self.device = module.device
+        self._shared_limit = _DEFAULT_SHARED_LIMIT
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        """Opt in to `nbytes` of dynamic shared memory per block (needed above 48 KiB)."""
+        if nbytes <= self._shared_limit:
+            return
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        with using_context(self.device):
+            check(cu.cuFuncSetAttribute(self.handle, attr, nbytes),
+                  f"{self.name}: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes})")
+        self._shared_limit = nbytes
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared_bytes: int, stream: int, args: tuple, arg_types: tuple) -> None:
+        """Launch on `stream` (a raw handle; 0 = legacy default stream).
+
+        `arg_types` holds one ctypes type per argument (c_void_p for pointers,
+        c_int32, c_int64, c_float), or None for an object passed by value
+        through its `getPtr()` (a CUtensorMap as a 128-byte grid constant).
+        Build the tuple once per kernel and reuse it: cuda-python packs the
+        values in C (measured: this beats pre-packed ctypes/struct buffers
+        once their Python-side filling is counted, and is thread-safe).
+        """
+        if shared_bytes > self._shared_limit:
+            self.set_max_dynamic_shared(shared_bytes)
+        err = cu.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, stream,
+                                (args, arg_types), 0)[0]
+        if err:                              # CUresult is an int enum: 0 is success
+            self._after_failed_launch(err, grid, block, shared_bytes, stream, args, arg_types)
+
+    def _after_failed_launch(self, err, grid, block, shared_bytes, stream, args, arg_types):
+        if err in _WRONG_CONTEXT:
+            with using_context(self.device):
+                err = cu.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, stream,
+                                        (args, arg_types), 0)[0]
+        if err:
+            raise CudaError(err, f"cuLaunchKernel({self.name}, grid={tuple(grid)}, "
+                                 f"block={tuple(block)}, shared_bytes={shared_bytes}, "
+                                 f"device={self.device})")
+
+    def __repr__(self):
+        return f"<Function {self.name} on cuda:{self.device}>"

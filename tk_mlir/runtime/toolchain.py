@@ -1,0 +1,81 @@
+"""The NVIDIA command-line tools tk_mlir runs (ptxas, nvdisasm, cuobjdump):
+finding them, and assembling PTX into a cubin. None of this needs a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class ToolchainError(RuntimeError):
+    """A tool is missing or failed; `log` holds what it printed."""
+
+    def __init__(self, message: str, log: str = ""):
+        self.log = log
+        super().__init__(f"{message}\n{log}".rstrip())
+
+
+def _package_dirs(package: str, *parts: str) -> list[Path]:
+    """`parts` under each location of `package`, found without importing it
+    (importing triton, say, would cost half a second)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    roots = spec.submodule_search_locations if spec else None
+    return [Path(root, *parts) for root in (roots or ())]
+
+
+def find_tool(name: str) -> str | None:
+    """Path of an NVIDIA tool, or None.
+
+    Looks in the pip wheels' folder first (nvidia-cuda-nvcc & co. install into
+    site-packages/nvidia/cu13/bin, the version pyproject pins), then PATH, and
+    last in the ptxas that Triton bundles (the GPU machine has Triton but no
+    nvcc wheel).
+    """
+    for folder in _package_dirs("nvidia", "cu13", "bin"):
+        path = folder / name
+        if os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in _package_dirs("triton", "backends", "nvidia", "bin"):
+        path = folder / name
+        if os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def _require(name: str) -> str:
+    path = find_tool(name)
+    if path is None:
+        raise ToolchainError(f"{name} not found: install it with `pip install nvidia-cuda-nvcc` "
+                             f"(it lands in site-packages/nvidia/cu13/bin) or put CUDA's bin "
+                             f"folder on PATH")
+    return path
+
+
+def ptxas(ptx: str, arch: str = "sm_90a", extra_args=()) -> tuple[bytes, str]:
+    """Assemble PTX into a cubin for `arch`; returns (cubin, log).
+
+    Runs with -v so the log reports registers, spills and shared memory per
+    kernel. Raises ToolchainError carrying ptxas's messages on failure.
+    """
+    tool = _require("ptxas")
+    with tempfile.TemporaryDirectory(prefix="tk_mlir_ptxas_") as tmp:
+        src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
+        src.write_text(ptx)
+        cmd = [tool, f"-arch={arch}", "-v", *extra_args, str(src), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise ToolchainError(f"ptxas failed (exit {proc.returncode}) assembling for {arch}",
+                                 log)
+        return out.read_bytes(), log
+

@@ -1,0 +1,284 @@
+"""Values of a kernel under construction and the operators on them.
+
+The frontend evaluates the kernel's expressions to Python constants (the
+constexpr world, folded at compile time) or to the wrappers below, which
+hold an SSA value and emit ops when combined. Every op is built at the
+current insertion point and location, which the frontend sets to the user's
+line before evaluating an expression.
+"""
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.dialects import arith
+
+from .dialects import layout as layouts, tk, types as T
+from .errors import CompilationError
+from .language import dtype_name
+
+
+@dataclass
+class KernelState:
+    num_warps: int
+
+
+# The kernel being built (its launch shape decides block-scope layouts).
+current: contextvars.ContextVar[KernelState] = contextvars.ContextVar("tk_kernel")
+
+
+def scope_warps(scope: str) -> int:
+    return T.SCOPES.get(scope) or current.get().num_warps
+
+
+def i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def emit(name: str, operands=(), result_type=None, **attrs):
+    """Build tk.<name>, check it against the tile rules, return its result."""
+    from .passes.verify import check_op   # the same rules the verify pass applies
+    op = tk.build(name, [as_ir(o) for o in operands],
+                  [] if result_type is None else [result_type], **attrs)
+    check_op(op, current.get().num_warps)
+    return op.result if result_type is not None else None
+
+
+def as_ir(v) -> ir.Value:
+    return v.value if isinstance(v, Value) else v
+
+
+class Value:
+    """An SSA value with its type."""
+
+    def __init__(self, value: ir.Value):
+        self.value = value
+
+    @property
+    def ir_type(self) -> ir.Type:
+        return self.value.type
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.value.type}>"
+
+    def __bool__(self):
+        raise CompilationError(
+            "a run-time value has no Python truth value here; use it in an `if` "
+            "statement (it becomes scf.if) or compare it explicitly")
+
+
+def wrap(v: ir.Value) -> Value:
+    """The wrapper class for an SSA value, by its type."""
+    t = T.parse(v.type)
+    cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared}.get(type(t), Scalar)
+    return cls(v)
+
+
+# ---------------------------------------------------------------- scalars
+
+class Scalar(Value):
+    @property
+    def kind(self) -> str:
+        t = self.value.type
+        if isinstance(t, ir.IntegerType):
+            return "bool" if ir.IntegerType(t).width == 1 else "int"
+        return "float"
+
+
+def constant(x) -> Scalar:
+    if isinstance(x, bool):
+        return Scalar(arith.constant(ir.IntegerType.get_signless(1), int(x)))
+    if isinstance(x, int):
+        if not -2**31 <= x < 2**31:
+            raise CompilationError(f"integer {x} does not fit in i32")
+        return Scalar(arith.constant(i32(), x))
+    if isinstance(x, float):
+        return Scalar(arith.constant(ir.F32Type.get(), x))
+    raise CompilationError(f"cannot use {x!r} ({type(x).__name__}) as a kernel value")
+
+
+def as_scalar(x) -> Scalar:
+    return x if isinstance(x, Scalar) else constant(x)
+
+
+def to_float(s: Scalar) -> Scalar:
+    if s.kind == "float":
+        return s
+    return Scalar(arith.sitofp(ir.F32Type.get(), s.value))
+
+
+_INT_OPS = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "floordiv": arith.floordivsi,
+            "mod": arith.remsi, "max": arith.maxsi, "min": arith.minsi,
+            "and": arith.andi, "or": arith.ori, "xor": arith.xori,
+            "lshift": arith.shli, "rshift": arith.shrsi}
+_FLOAT_OPS = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
+              "max": arith.maximumf, "min": arith.minimumf}
+_CMP_INT = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+_CMP_FLOAT = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+
+
+def scalar_binary(op: str, a, b) -> Scalar:
+    a, b = as_scalar(a), as_scalar(b)
+    if a.kind == b.kind == "int" and op in _INT_OPS:
+        return Scalar(_INT_OPS[op](a.value, b.value))
+    if a.kind == b.kind == "bool" and op in ("and", "or", "xor"):
+        return Scalar(_INT_OPS[op](a.value, b.value))
+    if op not in _FLOAT_OPS:
+        raise CompilationError(f"operator {op!r} is not defined for {a.kind} and {b.kind} values")
+    return Scalar(_FLOAT_OPS[op](to_float(a).value, to_float(b).value))
+
+
+def compare(op: str, a, b) -> Scalar:
+    a, b = as_scalar(a), as_scalar(b)
+    if a.kind == b.kind == "int":
+        return Scalar(arith.cmpi(getattr(arith.CmpIPredicate, _CMP_INT[op]), a.value, b.value))
+    return Scalar(arith.cmpf(getattr(arith.CmpFPredicate, _CMP_FLOAT[op]),
+                             to_float(a).value, to_float(b).value))
+
+
+# ------------------------------------------------------------------ tiles
+
+class TileLike(Value):
+    """Register tiles and register vectors: elementwise arithmetic and maps."""
+
+    @property
+    def tk_type(self):
+        return T.parse(self.value.type)
+
+    @property
+    def dtype(self) -> str:
+        return self.tk_type.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tk_type.shape
+
+    def _unary(self, name: str):
+        return wrap(emit(name, [self], self.ir_type))
+
+    def exp(self): return self._unary("exp")
+    def exp2(self): return self._unary("exp2")
+    def log(self): return self._unary("log")
+    def abs(self): return self._unary("abs")
+    def relu(self): return self._unary("relu")
+    def sqrt(self): return self._unary("sqrt")
+    def rsqrt(self): return self._unary("rsqrt")
+    def __neg__(self): return self._unary("neg")
+
+    def to(self, dtype):
+        """Convert the element type (f32 <-> bf16 <-> f16)."""
+        name = dtype_name(dtype)
+        if name == self.dtype:
+            return self
+        return wrap(emit("cvt", [self], self.tk_type.with_dtype(name).to_mlir()))
+
+
+def tile_binary(op: str, a, b):
+    """a (op) b where at least one side is a tile or vector."""
+    if not isinstance(a, TileLike):          # scalar (op) tile
+        if op in ("add", "mul", "max", "min"):
+            return tile_binary(op, b, a)
+        if op == "sub":
+            return tile_binary("add", -b, a)
+        a = fill(b.shape, a, b.dtype, like=b)
+    if not isinstance(b, TileLike):
+        b = to_float(as_scalar(b))
+    return wrap(emit(op, [a, b], a.ir_type))
+
+
+class Tile(TileLike):
+    """A register tile (!tk.rt)."""
+
+    def _reduce(self, kind: str, axis: str) -> Vector:
+        t: T.RT = self.tk_type
+        keep = 0 if axis == "row" else 1
+        lay = layouts.tile_layout(t.layout, t.rows, t.cols, scope_warps(t.scope)).slice(keep)
+        rv = T.RV(t.dtype, t.shape[keep], lay.encode(), t.scope)
+        return Vector(emit("reduce", [self], rv.to_mlir(), kind=kind, axis=axis))
+
+    def row_sum(self): return self._reduce("sum", "row")
+    def row_max(self): return self._reduce("max", "row")
+    def row_min(self): return self._reduce("min", "row")
+    def col_sum(self): return self._reduce("sum", "col")
+    def col_max(self): return self._reduce("max", "col")
+    def col_min(self): return self._reduce("min", "col")
+
+    def _broadcast(self, kind: str, axis: str, vec) -> Tile:
+        if not isinstance(vec, Vector):
+            raise CompilationError(f"{kind}_{axis} expects a register vector (e.g. from "
+                                   f"x.{axis}_sum() or tk.load of a 1-D tensor), got {vec!r}")
+        return Tile(emit("broadcast", [self, vec], self.ir_type, kind=kind, axis=axis))
+
+    # x.sub_row(v): v[i] applied to every element of row i; *_col: v[j] to column j.
+    def add_row(self, v): return self._broadcast("add", "row", v)
+    def sub_row(self, v): return self._broadcast("sub", "row", v)
+    def mul_row(self, v): return self._broadcast("mul", "row", v)
+    def div_row(self, v): return self._broadcast("div", "row", v)
+    def add_col(self, v): return self._broadcast("add", "col", v)
+    def sub_col(self, v): return self._broadcast("sub", "col", v)
+    def mul_col(self, v): return self._broadcast("mul", "col", v)
+    def div_col(self, v): return self._broadcast("div", "col", v)
+
+
+class Vector(TileLike):
+    """A register vector (!tk.rv)."""
+
+
+def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
+    """A tile (2-D shape) or vector (1-D) of one value."""
+    if like is not None:
+        t = like.tk_type.with_dtype(dtype_name(dtype))
+    elif len(shape) == 2:
+        t = T.RT(dtype_name(dtype), int(shape[0]), int(shape[1]), layout, scope)
+    elif len(shape) == 1:
+        t = T.RV(dtype_name(dtype), int(shape[0]), "auto", scope)
+    else:
+        raise CompilationError(f"a tile shape has 1 or 2 dims, got {shape!r}")
+    if not isinstance(value, (int, float)):
+        raise CompilationError(f"fill value must be a compile-time number, got {value!r}")
+    return wrap(emit("fill", [], t.to_mlir(), value=float(value)))
+
+
+# ------------------------------------------------------------- memories
+
+class Global(Value):
+    """A global tensor argument (!tk.gl)."""
+
+    @property
+    def tk_type(self) -> T.GL:
+        return T.parse(self.value.type)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(d if d is not None else Scalar(emit("gl_dim", [self], i32(), dim=i))
+                     for i, d in enumerate(self.tk_type.shape))
+
+    @property
+    def dtype(self) -> str:
+        return self.tk_type.dtype
+
+
+class Shared(Value):
+    """A shared-memory tile (!tk.st)."""
+
+    @property
+    def tk_type(self) -> T.ST:
+        return T.parse(self.value.type)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        t = self.tk_type
+        return (t.rows, t.cols)
+
+
+def ceil_div(a, b):
+    """Python ints fold; run-time ints become arith (the grid helpers use this)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return scalar_binary("floordiv", scalar_binary("add", a, scalar_binary("sub", b, 1)), b)
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0 and math.log2(n).is_integer()
