@@ -11,7 +11,7 @@ them at the user's source line.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import irdl

@@ -47,6 +47,7 @@ class LoweringContext:
     num_warps: int
     smem_base: ir.Value | None = None          # !llvm.ptr<3>, set when the kernel uses smem
     values: dict = field(default_factory=dict)  # old SSA value -> new value / Fragment / Ref
+    exchange_groups: dict = field(default_factory=dict)  # group id -> its tk.reduce ops
     _thread: dict = field(default_factory=dict)
 
     def lookup(self, v: ir.Value):

@@ -85,6 +85,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam]]:
                                known_block_size=[32 * num_warps, 1, 1])
         body = kernel.body.blocks.append(*fn_type.inputs)
     ctx = LoweringContext(num_warps)
+    ctx.exchange_groups = _exchange_groups(func)
     with ir.InsertionPoint(body), func.location:
         _bind_arguments(ctx, entry, params, body.arguments)
         if smem_bytes:
@@ -105,6 +106,18 @@ def _bind_arguments(ctx: LoweringContext, entry, params: list[KernelParam], new_
             ctx.bind(old, GlobalRef(got[("ptr", 0)], dims, strides, t))
         else:
             ctx.bind(old, next(iter(got.values())))
+
+
+def _exchange_groups(func) -> dict[int, list]:
+    """The reductions passes/smem.py grouped to share one cross-warp exchange."""
+    groups: dict[int, list] = {}
+    def visit(op):
+        if op.name == "tk.reduce" and "exchange_group" in op.attributes:
+            groups.setdefault(ir.IntegerAttr(op.attributes["exchange_group"]).value,
+                              []).append(op.opview)
+        return ir.WalkResult.ADVANCE
+    func.operation.walk(visit)
+    return groups
 
 
 # --------------------------------------------------------------- the walk

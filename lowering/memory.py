@@ -14,7 +14,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
 from ..dialects import types as T
-from .context import (LoweringContext, build_vector, c32, c64, float_constant, i32, i64, lowers,
+from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, lowers,
                       ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
-from ..dialects import types as T
 from ..errors import error_at
 from .compute import F32, convert
 from .context import LoweringContext, c32, lowers, ptr
@@ -27,8 +26,29 @@ def _shuffle_xor(x: ir.Value, lane_mask: int) -> ir.Value:
 
 @lowers("tk.reduce")
 def lower_reduce(ctx: LoweringContext, op) -> None:
+    if op.result in ctx.values:
+        return   # already lowered with the first reduction of its exchange group
+    attrs = op.operation.attributes
+    if "exchange_group" not in attrs:
+        ctx.bind(op.result, _within_warps(ctx, op)[0])
+        return
+    group = ctx.exchange_groups[ir.IntegerAttr(attrs["exchange_group"]).value]
+    partials = [_within_warps(ctx, member) for member in group]
+    sync_after = ir.BoolAttr(attrs["exchange_sync_after"]).value
+    results = _across_warps(ctx, group, partials, sync_after)
+    for member, frag in zip(group, results):
+        ctx.bind(member.result, frag)
+
+
+def _keep(op) -> int:
+    return 0 if op.axis == "row" else 1
+
+
+def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
+    """Steps 1 and 2: registers, then lane shuffles. Returns the result as a
+    fragment (complete when no warp bit is reduced) and the raw f32 partials."""
     tile: Fragment = ctx.lookup(op.src)
-    keep = 0 if op.axis == "row" else 1
+    keep = _keep(op)
     combine = COMBINE[op.kind]
     out_layout = tile.layout.slice(keep)
     partial: list = [None] * out_layout.num_regs
@@ -39,37 +59,45 @@ def lower_reduce(ctx: LoweringContext, op) -> None:
     for bit, basis in enumerate(tile.layout.lane):
         if basis is not None and basis[0] != keep:
             partial = [combine(p, _shuffle_xor(p, 1 << bit)) for p in partial]
-    if tile.layout.warp_bits_along(1 - keep):
-        if tile.scope != "block":
-            raise error_at(op.location, f"a {op.axis} reduction across the warps of a "
-                           f"{tile.scope}-scope tile is not supported yet; use block scope")
-        offset = ir.IntegerAttr(op.operation.attributes["scratch_offset"]).value
-        partial = _across_warps(ctx, partial, tile.layout, keep, combine, offset)
+    if tile.layout.warp_bits_along(1 - keep) and tile.scope != "block":
+        raise error_at(op.location, f"a {op.axis} reduction across the warps of a "
+                       f"{tile.scope}-scope tile is not supported yet; use block scope")
     regs = [convert(p, F32, tile.dtype) for p in partial]
-    ctx.bind(op.result, Fragment(regs, out_layout, tile.dtype, tile.scope))
+    return Fragment(regs, out_layout, tile.dtype, tile.scope), partial
 
 
-def _across_warps(ctx, partial, layout, keep, combine, offset):
-    bits = layout.warp_bits_along(1 - keep)
-    n = len(partial)
-    base = _smem_addr(ctx.smem_base, c32(offset))
+def _across_warps(ctx, group, partials, sync_after: bool) -> list[Fragment]:
+    """Step 3 for a group of reductions at once: every thread writes its
+    partials, one barrier, every thread combines the partials of the warps
+    that differ from its own only in reduced warp bits (in a fixed order, so
+    all threads agree bit for bit)."""
     warp, lane = ctx.warp(), ctx.lane()
-    def slot(w: ir.Value, j: int) -> ir.Value:
+    f32 = ir.F32Type.get()
+    def slot(base, w: ir.Value, n: int, j: int) -> ir.Value:
         index = arith.addi(arith.muli(arith.addi(arith.muli(w, c32(32)), lane), c32(n)), c32(j))
-        return llvm.getelementptr(ptr(3), base, [index], [-2**31], ir.F32Type.get(),
+        return llvm.getelementptr(ptr(3), base, [index], [-2**31], f32,
                                   llvm.GEPNoWrapFlags.inbounds)
-    for j, p in enumerate(partial):
-        llvm.store(p, slot(warp, j), alignment=4)
+    bases = [_smem_addr(ctx.smem_base, c32(ir.IntegerAttr(
+        op.operation.attributes["scratch_offset"]).value)) for op in group]
+    for base, (_, partial) in zip(bases, partials):
+        for j, p in enumerate(partial):
+            llvm.store(p, slot(base, warp, len(partial), j), alignment=4)
     nvvm.barrier0()
-    mask = sum(1 << b for b in bits)
-    group = arith.andi(warp, c32(~mask))
-    out = []
-    for j in range(n):
-        acc = None
-        for s in range(1 << len(bits)):
-            w_bits = sum(((s >> k) & 1) << b for k, b in enumerate(bits))
-            x = llvm.load(ir.F32Type.get(), slot(arith.ori(group, c32(w_bits)), j), alignment=4)
-            acc = x if acc is None else combine(acc, x)
-        out.append(acc)
-    nvvm.barrier0()   # the scratch may be reused by the next reduction
-    return out
+    results = []
+    for op, base, (frag, partial) in zip(group, bases, partials):
+        tile = ctx.lookup(op.src)
+        bits = tile.layout.warp_bits_along(1 - _keep(op))
+        home = arith.andi(warp, c32(~sum(1 << b for b in bits)))
+        combine = COMBINE[op.kind]
+        out = []
+        for j in range(len(partial)):
+            acc = None
+            for s in range(1 << len(bits)):
+                w = arith.ori(home, c32(sum(((s >> k) & 1) << b for k, b in enumerate(bits))))
+                x = llvm.load(f32, slot(base, w, len(partial), j), alignment=4)
+                acc = x if acc is None else combine(acc, x)
+            out.append(convert(acc, F32, frag.dtype))
+        results.append(frag.like(out))
+    if sync_after:
+        nvvm.barrier0()
+    return results

@@ -33,15 +33,41 @@ def _reduction_scratch(op, num_warps: int) -> int:
     return warps * 32 * layout.slice(keep).num_regs * 4
 
 
+def _exchange_groups(func, num_warps: int) -> list[list]:
+    """Reductions that cross warps, grouped so that each group shares one
+    exchange (one barrier): a reduction joins the group before it when it sits
+    in the same block and its operand already exists where that group starts."""
+    groups: list[list] = []
+    def scan(block):
+        position = {}
+        current: list = []
+        for i, op in enumerate(block.operations):
+            position[op.operation] = i
+            for region in op.operation.regions:
+                for inner in region.blocks:
+                    scan(inner)
+            if op.operation.name != "tk.reduce" or not _reduction_scratch(op.operation, num_warps):
+                continue
+            src = op.operation.operands[0]
+            owner = src.owner if not isinstance(src, ir.BlockArgument) else None
+            ready = owner is None or (owner in position and current and
+                                      position[owner] < position[current[0]])
+            if current and ready:
+                current.append(op.operation)
+            else:
+                current = [op.operation]
+                groups.append(current)
+    scan(func.regions[0].blocks[0])
+    return groups
+
+
 def allocate_smem(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
-        tiles, reductions = [], []
+        tiles = []
         def visit(op):
             if op.name == "tk.alloc_st":
                 tiles.append(op)
-            elif op.name == "tk.reduce":
-                reductions.append(op)
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
         top = 0
@@ -53,15 +79,35 @@ def allocate_smem(module: ir.Module) -> None:
             if top > MAX_SHARED_BYTES:
                 raise error_at(op.location, f"shared memory exhausted: the tiles allocated up "
                                f"to here need {top} bytes, a block has {MAX_SHARED_BYTES}")
-        scratch = max([_reduction_scratch(op, num_warps) for op in reductions] + [0])
-        if scratch:
-            top = _align(top, 128)
-            for op in reductions:
-                op.attributes["scratch_offset"] = _i64(top)
-            top += scratch
-        if top > MAX_SHARED_BYTES:
-            raise error_at(reductions[0].location, f"shared memory exhausted: tiles and "
-                           f"reduction scratch need {top} bytes, a block has {MAX_SHARED_BYTES}")
+        top = _place_exchanges(func, num_warps, _align(top, 128))
         func.attributes["tk.smem_bytes"] = _i64(top)
-        func.attributes["tk.smem_swizzled"] = ir.BoolAttr.get(
-            any(T.parse(op.results[0].type).swizzle for op in tiles))
+
+
+def _place_exchanges(func, num_warps: int, base: int) -> int:
+    """Give each exchange group its scratch. Groups at the kernel's top level
+    alternate between two buffers, so a group never overwrites the buffer the
+    previous group's threads may still be reading (the barrier of the group in
+    between orders them) and needs no barrier after it. A group inside a loop
+    or branch may meet itself again with nothing in between: it keeps one,
+    and a third buffer of its own."""
+    groups = _exchange_groups(func, num_warps)
+    if not groups:
+        return base
+    size = max(sum(_reduction_scratch(op, num_warps) for op in g) for g in groups)
+    top_block = func.regions[0].blocks[0]
+    parity, nested = 0, False
+    for gid, group in enumerate(groups):
+        at_top = group[0].block == top_block
+        offset = base + (parity * size if at_top else 2 * size)
+        parity ^= at_top
+        nested |= not at_top
+        for op in group:
+            op.attributes["scratch_offset"] = _i64(offset)
+            op.attributes["exchange_group"] = _i64(gid)
+            op.attributes["exchange_sync_after"] = ir.BoolAttr.get(not at_top)
+            offset += _reduction_scratch(op, num_warps)
+    top = base + (3 if nested else 2) * size
+    if top > MAX_SHARED_BYTES:
+        raise error_at(groups[0][0].location, f"shared memory exhausted: tiles and reduction "
+                       f"scratch need {top} bytes, a block has {MAX_SHARED_BYTES}")
+    return top

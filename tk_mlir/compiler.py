@@ -92,6 +92,10 @@ class CompiledKernel:
             with self._lock:
                 if self._function is None:
                     from .runtime import driver
+                    if not driver.has_gpu():
+                        raise RuntimeError(
+                            f"cannot launch {self.name}: no CUDA GPU or driver on this machine "
+                            f"(kernel.compile(...) compiles and shows the IR without one)")
                     f = driver.Module.load(self.cubin).function(self.name)
                     f.set_max_dynamic_shared(self.smem_bytes)
                     self._function = f

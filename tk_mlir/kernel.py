@@ -14,22 +14,21 @@ that specialize the code. A specialization is compiled once per process
 from __future__ import annotations
 
 import ast
-import ctypes
+import functools
 import inspect
 import textwrap
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import launcher
 from .compiler import CompiledKernel, Specialization, compile_cached
 from .errors import CompilationError
 from .language import DType, GlobalAnnotation, constexpr, dtype_name
-from .runtime.arguments import (ArgumentError, TensorSpec, canonical_dtype, check_tensor,
-                                describe, tensor_info)
+from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 
 DEFAULT_NUM_WARPS = 4
-_CTYPES = {"ptr": ctypes.c_void_p, "dim": ctypes.c_int32, "stride": ctypes.c_int64,
-           "i32": ctypes.c_int32, "f32": ctypes.c_float}
+_MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature seen)
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,13 @@ class Kernel:
         self.source = textwrap.dedent(inspect.getsource(fn))
         self.filename = inspect.getsourcefile(fn) or "<unknown>"
         self.default_num_warps = num_warps
-        self.params = [_classify(p) for p in inspect.signature(fn).parameters.values()]
+        self.params = [_classify(p) for p in
+                       inspect.signature(fn, eval_str=True).parameters.values()]
         self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
         self._compiled: dict[tuple, CompiledKernel] = {}
+        self._plans: list[Callable] = []
+        self._constexpr_names = {p.name for p in self.params if p.kind == "constexpr"} | \
+            {"num_warps"}
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -77,9 +80,7 @@ class Kernel:
         raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...)")
 
     def __getitem__(self, grid) -> Callable:
-        def launch(*args, **kwargs):
-            return self.launch(grid, *args, **kwargs)
-        return launch
+        return functools.partial(self.launch, grid)
 
     # ------------------------------------------------------------ binding
 
@@ -183,43 +184,65 @@ class Kernel:
     # ------------------------------------------------------------- launch
 
     def launch(self, grid, *args, **kwargs) -> None:
+        for plan in self._plans:        # most recent first; usually the first fits
+            if plan(grid, args, kwargs):
+                return
+        plan = self._plan(args, kwargs)
+        self._plans.insert(0, plan)
+        del self._plans[_MAX_PLANS:]
+        plan(grid, args, kwargs)
+
+    def _plan(self, args, kwargs) -> Callable:
+        """Compile for these arguments, check them, and make the launch plan for
+        arguments of the same kinds (see launcher.py)."""
         from .runtime import driver
-        values, num_warps = self._bind(args, kwargs)
-        infos = {}
-        def info(v, name):
-            infos[name] = tensor_info(v, name)
-            return infos[name]
-        sig = self._signature(values, num_warps, info)
+        values, num_warps = self._bind(args, dict(kwargs))
+        torch_tensor = launcher.torch_tensor_type()
+        gl = [i for i, p in enumerate(self.params) if p.kind == "gl"]
+        if torch_tensor is None or any(type(values[i]) is not torch_tensor for i in gl) \
+                or not self._constexpr_names.issuperset(kwargs):
+            return launcher.general_plan(self)
+        compiled, rules = self._checked(values, num_warps)
+        params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
+        kinds = tuple({"dim": "i32", "stride": "i64"}.get(k, k) for _, k, _ in params)
+        launch = driver.PackedLauncher(compiled.function(), kinds).bind(
+            compiled.num_threads, compiled.smem_bytes)
+        return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
+                                   rules, params, launch, driver.current_stream)
+
+    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict]:
+        """The compiled kernel for these argument values, after checking them."""
+        sig = self._signature(values, num_warps, tensor_info)
         compiled = self._get(sig)
-        for p, s in zip(self.params, sig):
-            if s[0] == "gl":
-                check_tensor(infos[p.name], p.name, dtype=s[1], rank=len(s[2]),
-                             static_shape=s[2])
-        kernel_args = []
+        rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
+                 for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
+        for i, rule in rules.items():
+            check_tensor(tensor_info(values[i], self.params[i].name), self.params[i].name,
+                         **rule)
+        return compiled, rules
+
+    def launch_general(self, grid, args, kwargs) -> None:
+        """Any tensor-like arguments: read, check and launch, every call."""
+        from .runtime import driver
+        values, num_warps = self._bind(args, dict(kwargs))
+        compiled, rules = self._checked(values, num_warps)
+        infos = {i: tensor_info(values[i], self.params[i].name) for i in rules}
+        out, kinds = [], []
         for arg, kind, dim in compiled.params:
-            v = values[self.runtime[arg]]
+            pos = self.runtime[arg]
             if kind == "ptr":
-                v = infos[self.params[self.runtime[arg]].name].ptr
+                out.append(infos[pos].ptr)
             elif kind == "dim":
-                v = infos[self.params[self.runtime[arg]].name].shape[dim]
+                out.append(infos[pos].shape[dim])
             elif kind == "stride":
-                v = infos[self.params[self.runtime[arg]].name].strides[dim]
-            elif kind == "i32" and not -2**31 <= v < 2**31:
-                raise ArgumentError(f"argument '{self.params[self.runtime[arg]].name}' = {v} "
-                                    f"does not fit in a 32-bit int")
-            kernel_args.append(v)
-        grid = _grid(grid, {p.name: v for p, v in zip(self.params, values)})
-        compiled.function().launch(grid, (compiled.num_threads, 1, 1), compiled.smem_bytes,
-                                   driver.current_stream(), tuple(kernel_args),
-                                   tuple(_CTYPES[k] for _, k, _ in compiled.params))
-
-
-def _grid(grid, meta: dict) -> tuple[int, int, int]:
-    g = grid(meta) if callable(grid) else grid
-    g = (g,) if isinstance(g, int) else tuple(g)
-    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and x >= 1 for x in g):
-        raise ArgumentError(f"grid must be 1 to 3 positive ints, got {g!r}")
-    return g + (1,) * (3 - len(g))
+                out.append(infos[pos].strides[dim])
+            else:
+                launcher._scalar_check(self.params[pos].name, kind, values[pos])
+                out.append(values[pos])
+            kinds.append(driver.ctypes_type({"dim": "i32", "stride": "i64"}.get(kind, kind)))
+        g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)})
+        compiled.function().launch(g, (compiled.num_threads, 1, 1), compiled.smem_bytes,
+                                   driver.current_stream(), tuple(out), tuple(kinds))
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):

@@ -13,7 +13,7 @@ from mlir import ir
 from .dialects import types as T
 from .errors import CompilationError
 from .language import builtin, dtype_name, f32
-from .values import (Global, Scalar, Shared, Tile, TileLike, Vector, as_scalar, emit, fill as
+from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fill as
                      _fill, i32, wrap)
 
 __all__ = ["block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",

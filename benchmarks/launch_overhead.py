@@ -1,0 +1,101 @@
+"""Host time per launch of a tiny kernel, over >= 10,000 back-to-back launches.
+
+Measures, in one process: a cached tk_mlir kernel called as `kernel[grid](...)`
+(argument checks included), a bare cuda-python cuLaunchKernel of the same
+cubin, a torch eager op, and a tiny Triton kernel when Triton is importable.
+The GPU work is negligible (one block), so the wall time per launch is host
+time: what a small kernel costs to call from Python.
+
+    python benchmarks/launch_overhead.py [--launches 20000] [--out-dir benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from protocol import markdown_table, require_cuda, run_meta, write_results  # noqa: E402
+
+import tk_mlir as tk  # noqa: E402
+from tk_mlir import f32  # noqa: E402
+
+
+@tk.kernel(num_warps=1)
+def tiny(X: tk.gl[f32], Y: tk.gl[f32], s: float):
+    tk.store(Y, tk.load(X, (0, 0), (1, 32)) * s, (0, 0))
+
+
+def per_launch_us(fn, n: int) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--launches", type=int, default=20000)
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    require_cuda()
+    x = torch.rand(4, 32, device="cuda") + 0.5
+    y = torch.full_like(x, float("nan"))
+    tiny[(1,)](x, y, 2.0)
+    torch.cuda.synchronize()
+    assert torch.allclose(y[0], x[0] * 2.0), "tiny kernel is wrong"
+
+    from cuda.bindings import driver as cu
+    from tk_mlir.runtime import driver
+    compiled = tiny.compile(x, y, 2.0)
+    fn = compiled.function()
+    params = [(x.data_ptr(), ctypes.c_void_p), (4, ctypes.c_int32), (32, ctypes.c_int32),
+              (32, ctypes.c_int64), (y.data_ptr(), ctypes.c_void_p), (4, ctypes.c_int32),
+              (32, ctypes.c_int32), (32, ctypes.c_int64), (2.0, ctypes.c_float)]
+    kinds = [k for _, k, _ in compiled.params]
+    assert len(kinds) == len(params), (kinds, "update the raw launch's parameter list")
+    vals, types = tuple(v for v, _ in params), tuple(t for _, t in params)
+    stream = driver.current_stream()
+
+    def raw():
+        cu.cuLaunchKernel(fn.handle, 1, 1, 1, 32, 1, 1, 0, stream, (vals, types), 0)
+
+    rows = [
+        {"impl": "tk_mlir kernel[grid](x, y, 2.0)", "us": per_launch_us(
+            lambda: tiny[(1,)](x, y, 2.0), args.launches)},
+        {"impl": "cuda-python cuLaunchKernel (bare)", "us": per_launch_us(raw, args.launches)},
+        {"impl": "torch eager y.copy_(x)", "us": per_launch_us(lambda: y.copy_(x), args.launches)},
+    ]
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def triton_tiny(X, Y, s, BLOCK: tl.constexpr):
+            o = tl.arange(0, BLOCK)
+            tl.store(Y + o, tl.load(X + o) * s)
+        rows.append({"impl": "triton kernel[grid](x, y, 2.0)", "us": per_launch_us(
+            lambda: triton_tiny[(1,)](x, y, 2.0, BLOCK=32), args.launches)})
+    except ImportError:
+        pass
+    table = markdown_table(rows, [("impl", "launch"), ("us", "host µs / launch")])
+    print(table)
+    write_results("launch_overhead", rows, run_meta() | {"launches": args.launches},
+                  out_dir=args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

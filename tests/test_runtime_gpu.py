@@ -1,0 +1,90 @@
+"""The launch path on the GPU: argument kinds, plans, streams and errors."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+
+pytestmark = pytest.mark.gpu
+
+
+@tk.kernel(num_warps=4)
+def axpy(X: tk.gl[f32], Y: tk.gl[f32], Z: tk.gl[f32], a: float, BM: tk.constexpr = 16):
+    i = tk.block_id(0)
+    tk.store(Z, tk.load(X, (i, 0), (BM, 64)) * a + tk.load(Y, (i, 0), (BM, 64)), (i, 0))
+
+
+def _check(x, y, z, a):
+    ref = x.double() * a + y.double()
+    assert ((z.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+def _inputs(m=100):
+    x, y = torch.rand(m, 64, device="cuda") - 0.5, torch.rand(m, 64, device="cuda") - 0.5
+    return x, y, torch.full_like(x, float("nan"))
+
+
+class CudaArray:
+    """A tensor seen only through __cuda_array_interface__ (as CuPy or Numba pass it)."""
+
+    def __init__(self, t):
+        self._t = t
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def test_cuda_array_interface_arguments():
+    x, y, z = _inputs()
+    axpy[(tk.cdiv(100, 16),)](CudaArray(x), CudaArray(y), CudaArray(z), 3.0)
+    torch.cuda.synchronize()
+    _check(x, y, z, 3.0)
+
+
+def test_dlpack_arguments():
+    x, y, z = _inputs()
+
+    class DL:
+        def __init__(self, t): self.t = t
+        def __dlpack__(self, **kw): return self.t.__dlpack__(**kw)
+        def __dlpack_device__(self): return self.t.__dlpack_device__()
+    axpy[(tk.cdiv(100, 16),)](DL(x), DL(y), DL(z), 2.0)
+    torch.cuda.synchronize()
+    _check(x, y, z, 2.0)
+
+
+def test_grid_callable_and_plans_per_signature():
+    for m in (16, 100, 1000):
+        x, y, z = _inputs(m)
+        axpy[lambda a: (tk.cdiv(a["X"].shape[0], a["BM"]),)](x, y, z, 0.5, BM=16)
+        torch.cuda.synchronize()
+        _check(x, y, z, 0.5)
+
+
+def test_side_stream():
+    x, y, z = _inputs(4096)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        axpy[(4096 // 16,)](x, y, z, 1.5)
+    s.synchronize()
+    _check(x, y, z, 1.5)
+
+
+def test_misaligned_view_is_refused():
+    x, y, z = _inputs()
+    axpy[(1,)](x, y, z, 1.0)                       # a plan exists for aligned tensors
+    flat = torch.rand(100 * 64 + 1, device="cuda")
+    shifted = flat[1:].view(100, 64)               # data pointer 4 bytes past alignment
+    with pytest.raises(tk.ArgumentError, match="16-byte aligned"):
+        axpy[(1,)](shifted, y, z, 1.0)
+
+
+def test_wrong_dtype_is_refused():
+    x, y, z = _inputs()
+    with pytest.raises(tk.ArgumentError, match="dtype"):
+        axpy[(1,)](x.to(torch.bfloat16), y, z, 1.0)
+
+
+def test_cpu_tensor_is_refused():
+    x, y, z = _inputs()
+    with pytest.raises(tk.ArgumentError, match="cpu"):
+        axpy[(1,)](x.cpu(), y, z, 1.0)

@@ -1,0 +1,124 @@
+"""Launch plans: the per-signature code between `kernel[grid](...)` and the driver.
+
+A kernel call must cost little host time (the bar: a bare cuLaunchKernel
+from cuda-python). So the first call with a new signature compiles the
+kernel, checks every argument rule, and generates a small Python function
+specialised to that signature (like Triton's generated launchers):
+
+    def plan(grid, args, kwargs):
+        if len(args) != 4 or kwargs != KWARGS: return False      # the guard:
+        X, W, Y, eps = args                                       # same kinds of
+        if type(X) is not Tensor or X.dtype is not D0 or X.ndim != 2: return False
+        ...
+        pX = X.data_ptr(); sX = X.stride() ...
+        key = (X.shape, sX, X.is_cuda, ...)
+        if (pX | ...) & 15 or key not in checked: full_check(args); checked.add(key)
+        launch(*grid3, stream(), pX, X.shape[0], sX[0], ...)
+        return True
+
+A call whose arguments do not pass the guard goes back to the kernel, which
+finds or makes another plan. Arguments that are not torch tensors take the
+general path (`general_plan`), which reads and checks every argument on
+every call.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .runtime.arguments import ArgumentError, check_tensor, tensor_info
+
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+
+
+def torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return torch.Tensor if torch is not None else None
+
+
+def normalize_grid(grid, meta: dict) -> tuple[int, int, int]:
+    g = grid(meta) if callable(grid) else grid
+    g = (g,) if isinstance(g, int) else tuple(g)
+    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and x >= 1 for x in g):
+        raise ArgumentError(f"grid must be 1 to 3 positive ints, got {g!r}")
+    return g + (1,) * (3 - len(g))
+
+
+def _scalar_check(name: str, kind: str, value):
+    if kind == "i32":
+        if type(value) is not int or not _I32_MIN <= value <= _I32_MAX:
+            raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 bits")
+    elif type(value) not in (int, float):
+        raise ArgumentError(f"argument '{name}' = {value!r} must be a float")
+
+
+def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
+               gl_rules: dict[int, dict], params: list[tuple[int, str, int]],
+               launch: Callable, stream: Callable) -> Callable:
+    """Generate the specialised plan for torch-tensor arguments like `values`."""
+    tensor = sys.modules["torch"].Tensor
+    env = {"Tensor": tensor, "KWARGS": dict(kwargs), "TAIL": tuple(values[n_positional:]),
+           "launch": launch, "stream": stream, "checked": set(), "normalize_grid": normalize_grid,
+           "full_check": None, "NAMES": names, "PAD": {1: (1, 1), 2: (1,), 3: ()}, "scalar_check": _scalar_check}
+    local = [f"a{i}" for i in range(len(names))]
+    lines = ["def plan(grid, args, kwargs):",
+             f"    if len(args) != {n_positional} or kwargs != KWARGS:",
+             "        return False"]
+    if n_positional:
+        lines.append(f"    {', '.join(local[:n_positional])}{',' if n_positional == 1 else ''}"
+                     f" = args")
+    for i in range(n_positional, len(names)):
+        lines.append(f"    {local[i]} = TAIL[{i - n_positional}]")
+    for i in gl_rules:
+        env[f"D{i}"] = values[i].dtype
+        a = local[i]
+        lines.append(f"    if type({a}) is not Tensor or {a}.dtype is not D{i} or "
+                     f"{a}.ndim != {values[i].ndim}:")
+        lines.append("        return False")
+    scalars = {pos: kind for pos, kind, _ in params if kind in ("i32", "f32")}
+    for pos, kind in scalars.items():
+        ok = f"type({local[pos]}) is int" if kind == "i32" else \
+            f"(type({local[pos]}) is float or type({local[pos]}) is int)"
+        lines.append(f"    if not {ok}:")
+        lines.append("        return False")
+    for i in gl_rules:
+        lines.append(f"    p{i} = {local[i]}.data_ptr(); s{i} = {local[i]}.stride(); "
+                     f"d{i} = {local[i]}.shape")
+    if gl_rules:
+        key = ", ".join(f"d{i}, s{i}, {local[i]}.is_cuda" for i in gl_rules)
+        ptrs = " | ".join(f"p{i}" for i in gl_rules)
+        lines += [f"    key = ({key},)",
+                  f"    if ({ptrs}) & 15 or key not in checked:",
+                  "        full_check(args + TAIL)",
+                  "        checked.add(key)"]
+    for pos, kind in scalars.items():
+        if kind == "i32":
+            lines.append(f"    if not {_I32_MIN} <= {local[pos]} <= {_I32_MAX}:")
+            lines.append(f"        scalar_check(NAMES[{pos}], 'i32', {local[pos]})")
+    values_code = []
+    for pos, kind, dim in params:
+        values_code.append({"ptr": f"p{pos}", "dim": f"d{pos}[{dim}]",
+                            "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))
+    lines += ["    if type(grid) is tuple and 0 < len(grid) < 4:",
+              "        grid = grid + PAD[len(grid)]   # bad values: the driver refuses them",
+              "    else:",
+              "        grid = normalize_grid(grid, dict(zip(NAMES, args + TAIL)))",
+              f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(values_code)})",
+              "    return True"]
+
+    def full_check(all_values):
+        for i, rule in gl_rules.items():
+            check_tensor(tensor_info(all_values[i], names[i]), names[i], **rule)
+    env["full_check"] = full_check
+    exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)
+    plan = env["plan"]
+    plan.source = "\n".join(lines)
+    return plan
+
+
+def general_plan(kernel) -> Callable:
+    """For arguments that are not all torch tensors: the full path every call."""
+    def plan(grid, args, kwargs):
+        kernel.launch_general(grid, args, kwargs)
+        return True
+    return plan
