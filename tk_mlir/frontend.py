@@ -53,7 +53,7 @@ _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq
 _PY_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
               "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
               "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
-              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b}
+              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b, "max": max, "min": min}
 _PY_CMPOPS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
               "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
 # Python builtins a kernel may call; on run-time values min/max emit ops.
@@ -354,7 +354,7 @@ class KernelBuilder(ast.NodeVisitor):
         if not (_is_runtime(a) or _is_runtime(b)):
             return _PY_BINOPS[op](a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
-            if op not in ("add", "sub", "mul", "div"):
+            if op not in ("add", "sub", "mul", "div", "max", "min"):
                 raise self.error(node, f"operator {op} is not defined on tiles")
             return V.tile_binary(op, a, b)
         return V.scalar_binary(op, a, b)
@@ -412,9 +412,9 @@ class KernelBuilder(ast.NodeVisitor):
                                                             for a in node.args):
             raise self.error(node, "*args and **kwargs are not supported in calls")
         if callee in (min, max) and any(_is_runtime(a) for a in args):
-            out = args[0]
+            out = args[0]   # elementwise on tiles (max(x, 0.0)), arith on scalars
             for a in args[1:]:
-                out = V.scalar_binary(callee.__name__, out, a)
+                out = self.binary(node, callee.__name__, out, a)
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])

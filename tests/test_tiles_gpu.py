@@ -1,0 +1,85 @@
+"""Register-tile layouts and shared tiles on the GPU, against torch.
+
+Each layout (vec, row, col) at each scope it supports loads a tile, reduces
+it along rows and columns, broadcasts the results back and stores tile and
+vectors; shared tiles make a global -> shared -> register -> shared ->
+global round trip under every swizzle. Shapes leave part of each tile past
+the tensor's edge, so masking is exercised too.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+
+pytestmark = pytest.mark.gpu
+
+
+@tk.kernel(num_warps=4)
+def tile_ops(X: tk.gl[f32], RS: tk.gl[f32], CM: tk.gl[f32], Y: tk.gl[f32],
+             R: tk.constexpr, C: tk.constexpr, LAYOUT: tk.constexpr, SCOPE: tk.constexpr,
+             COLS: tk.constexpr):
+    x = tk.load(X, (0, 0), (R, C), layout=LAYOUT, scope=SCOPE)
+    rs = x.row_sum()
+    tk.store(RS, rs, (0,))
+    y = x.sub_row(rs)
+    if COLS:
+        cm = x.col_max()
+        tk.store(CM, cm, (0,))
+        y = y.mul_col(cm)
+    tk.store(Y, y, (0, 0))
+
+
+CASES = [  # layout, scope, R, C, column reductions (cross the warps of a warpgroup tile)
+    ("vec", "block", 16, 64, True), ("vec", "block", 1, 1024, True),
+    ("vec", "block", 64, 256, True), ("vec", "warp", 8, 64, True),
+    ("row", "warp", 16, 16, True), ("row", "warp", 32, 64, True),
+    ("col", "warp", 16, 32, True), ("row", "warpgroup", 64, 32, False),
+    ("row", "block", 64, 16, False),
+]
+
+
+@pytest.mark.parametrize("layout,scope,R,C,cols", CASES)
+def test_layout_reduce_broadcast(layout, scope, R, C, cols):
+    m = max(1, R - 3)               # the last rows of the tile are past the edge
+    x = torch.rand(m, C, device="cuda") - 0.5
+    rs = torch.full((R,), float("nan"), device="cuda")
+    cm = torch.full((C,), float("nan"), device="cuda")
+    y = torch.full_like(x, float("nan"))
+    tile_ops[(1,)](x, rs, cm, y, R=R, C=C, LAYOUT=layout, SCOPE=scope, COLS=cols)
+    torch.cuda.synchronize()
+    xd = x.double()
+    ref_rs = xd.sum(1)
+    assert torch.allclose(rs[:m].double(), ref_rs, rtol=1e-5, atol=1e-5)
+    assert torch.all(rs[m:] == 0)   # masked rows read 0: their sum is 0
+    ref_y = xd - ref_rs[:, None]
+    if cols:
+        ref_cm = torch.cat([xd, torch.zeros(R - m, C, device="cuda", dtype=torch.float64)]).max(0).values
+        assert torch.allclose(cm.double(), ref_cm, rtol=1e-6, atol=1e-6)
+        ref_y = ref_y * ref_cm[None, :]
+    assert torch.allclose(y.double(), ref_y, rtol=1e-5, atol=1e-5)
+
+
+@tk.kernel(num_warps=4)
+def shared_roundtrip(X: tk.gl[bf16], Y: tk.gl[bf16], R: tk.constexpr, C: tk.constexpr,
+                     SWIZZLE: tk.constexpr, LAYOUT: tk.constexpr):
+    i = tk.block_id(0)
+    a = tk.shared_tile(bf16, (R, C), swizzle=SWIZZLE)
+    b = tk.shared_tile(bf16, (R, C), swizzle=SWIZZLE)
+    tk.copy(a, X, (i, 0))
+    t = tk.load(a, layout=LAYOUT, scope="warp")
+    tk.store(b, (t.to(f32) * 2.0 + 1.0).to(bf16))
+    tk.copy(Y, b, (i, 0))
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+@pytest.mark.parametrize("layout,C", [("vec", 64), ("row", 64), ("vec", 128)])
+def test_shared_tile_roundtrip(swizzle, layout, C):
+    R, m = 32, 100                     # 4 tiles of rows, the last one partly past the edge
+    x = (torch.rand(m, C, device="cuda") - 0.5).to(torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    shared_roundtrip[(tk.cdiv(m, R),)](x, y, R=R, C=C, SWIZZLE=swizzle, LAYOUT=layout)
+    torch.cuda.synchronize()
+    ref = (x.float() * 2 + 1).to(torch.bfloat16)
+    assert torch.equal(y, ref)
