@@ -44,7 +44,7 @@ CASES = [  # layout, scope, R, C, column reductions (cross the warps of a warpgr
 def test_layout_reduce_broadcast(layout, scope, R, C, cols):
     m = max(1, R - 3)               # the last rows of the tile are past the edge
     x = torch.rand(m, C, device="cuda") - 0.5
-    rs = torch.full((R,), float("nan"), device="cuda")
+    rs = torch.full((max(R, 4),), float("nan"), device="cuda")   # rows of whole 16-byte vectors
     cm = torch.full((C,), float("nan"), device="cuda")
     y = torch.full_like(x, float("nan"))
     tile_ops[(1,)](x, rs, cm, y, R=R, C=C, LAYOUT=layout, SCOPE=scope, COLS=cols)
@@ -52,7 +52,7 @@ def test_layout_reduce_broadcast(layout, scope, R, C, cols):
     xd = x.double()
     ref_rs = xd.sum(1)
     assert torch.allclose(rs[:m].double(), ref_rs, rtol=1e-5, atol=1e-5)
-    assert torch.all(rs[m:] == 0)   # masked rows read 0: their sum is 0
+    assert torch.all(rs[m:R] == 0)  # masked rows read 0: their sum is 0
     ref_y = xd - ref_rs[:, None]
     if cols:
         ref_cm = torch.cat([xd, torch.zeros(R - m, C, device="cuda", dtype=torch.float64)]).max(0).values

@@ -64,8 +64,12 @@ class Kernel:
         self.source = textwrap.dedent(inspect.getsource(fn))
         self.filename = inspect.getsourcefile(fn) or "<unknown>"
         self.default_num_warps = num_warps
-        self.params = [_classify(p) for p in
-                       inspect.signature(fn, eval_str=True).parameters.values()]
+        try:
+            self.params = [_classify(p) for p in
+                           inspect.signature(fn, eval_str=True).parameters.values()]
+        except CompilationError as e:
+            raise CompilationError(e.message, self.filename, fn.__code__.co_firstlineno,
+                                   0) from None
         self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
         self._compiled: dict[tuple, CompiledKernel] = {}
         self._plans: list[Callable] = []
@@ -136,6 +140,10 @@ class Kernel:
         arrays, or real tensors) without launching; works without a GPU."""
         values, num_warps = self._bind(args, kwargs)
         sig = self._signature(values, num_warps, describe)
+        for p, v, s in zip(self.params, values, sig):
+            if s[0] == "gl":   # the dtype and static dims hold for descriptions too
+                check_tensor(describe(v, p.name), p.name, dtype=s[1], rank=len(s[2]),
+                             static_shape=s[2])
         return self._get(sig)
 
     def _get(self, sig: tuple) -> CompiledKernel:

@@ -1,0 +1,159 @@
+"""`python -m tk_mlir compile ...`: compile-only, no GPU needed."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tk_mlir.cli import main
+from tk_mlir.runtime.toolchain import find_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+RMSNORM = f"{ROOT / 'examples' / 'rmsnorm.py'}::rmsnorm_kernel"
+RMSNORM_ARGS = ["--arg", "bf16[256,4096]", "--arg", "bf16[4096]", "--arg", "bf16[256,4096]",
+                "--arg", "1e-6", "--const", "BLOCK=4096"]
+SOFTMAX = f"{ROOT / 'examples' / 'quickstart.py'}::softmax"
+
+BAD_KERNEL = """\
+import tk_mlir as tk
+from tk_mlir import f32
+
+
+@tk.kernel
+def looping(X: tk.gl[f32], Y: tk.gl[f32], N: tk.constexpr):
+    i = tk.block_id(0)
+    while i < N:
+        i = i + 1
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))
+"""
+
+
+def run(capsys, *argv):
+    code = main(["compile", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_summary_lists_stages_and_ptxas_info(capsys):
+    code, out, err = run(capsys, RMSNORM, *RMSNORM_ARGS)
+    assert code == 0, err
+    listed = re.findall(r"^  (\d\d) +(\d+) lines  (\S+)$", out, re.M)
+    names = [name for _, _, name in listed]
+    assert {"python", "tk", "ptx", "ptxas"} <= set(names)
+    if find_tool("nvdisasm"):
+        assert "sass" in names
+    assert [int(i) for i, _, _ in listed] == list(range(len(listed)))
+    assert "registers:" in out and "threads: 256" in out
+
+
+def test_list_stages_prints_only_names(capsys):
+    code, out, _ = run(capsys, RMSNORM, *RMSNORM_ARGS, "--list-stages")
+    assert code == 0
+    names = out.splitlines()
+    assert names[:2] == ["python", "tk"] and "ptx" in names
+    assert ("sass" in names) == bool(find_tool("nvdisasm"))
+
+
+def test_stage_prints_full_text(capsys):
+    code, out, _ = run(capsys, RMSNORM, *RMSNORM_ARGS, "--stage", "ptx")
+    assert code == 0
+    assert ".entry rmsnorm_kernel" in out and ".target sm_90a" in out
+    assert "==>" not in out                      # one stage: its text alone
+    code, out, _ = run(capsys, RMSNORM, *RMSNORM_ARGS, "--stage", "0", "--stage", "tk")
+    assert code == 0
+    assert "==> python <==" in out and "==> tk <==" in out
+    assert "def rmsnorm_kernel" in out and "tk.block_id" in out
+
+
+def test_unknown_stage_lists_the_stages(capsys):
+    code, _, err = run(capsys, RMSNORM, *RMSNORM_ARGS, "--stage", "nope")
+    assert code == 2
+    assert "nope" in err and "python, tk," in err and "ptx" in err
+
+
+def test_dump_dir_writes_numbered_files(capsys, tmp_path):
+    code, out, _ = run(capsys, RMSNORM, *RMSNORM_ARGS, "--dump-dir", str(tmp_path))
+    assert code == 0
+    folder = tmp_path / "rmsnorm_kernel"
+    assert str(folder) in out
+    files = sorted(p.name for p in folder.iterdir())
+    assert files[:2] == ["00-python.py", "01-tk.mlir"]
+    assert any(f.endswith(".ptx") for f in files)
+    assert [int(f[:2]) for f in files] == list(range(len(files)))
+
+
+def test_html_writes_a_standalone_page(capsys, tmp_path):
+    page = tmp_path / "rmsnorm.html"
+    code, out, _ = run(capsys, RMSNORM, *RMSNORM_ARGS, "--html", str(page))
+    assert code == 0 and str(page) in out
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    assert "<details" in text and 'data-stage="ptx"' in text
+
+
+def test_quickstart_softmax_by_name_with_num_warps(capsys):
+    code, out, err = run(capsys, SOFTMAX, "--arg", "Y=f32[1000,512]", "--arg", "X=f32[1000,512]",
+                         "--const", "ROWS=4", "--const", "N=512", "--num-warps", "8")
+    assert code == 0, err
+    assert out.startswith("softmax: ") and "threads: 256" in out
+
+
+def test_sibling_import_and_kernel_listing(capsys, tmp_path):
+    (tmp_path / "kernels_here.py").write_text(BAD_KERNEL)
+    (tmp_path / "uses_sibling.py").write_text("from kernels_here import looping as renamed\n"
+                                              "def helper(): pass\n")
+    code, _, err = run(capsys, f"{tmp_path / 'uses_sibling.py'}::nope")
+    assert code == 2 and "'nope'" in err and "kernels in it are: renamed" in err
+    code, _, err = run(capsys, f"{tmp_path / 'uses_sibling.py'}::helper")
+    assert code == 2 and "not a @tk.kernel" in err and "renamed" in err
+    code, _, err = run(capsys, str(tmp_path / "uses_sibling.py"))
+    assert code == 2 and "FILE.py::KERNEL" in err and "renamed" in err
+
+
+def test_missing_kernel_lists_the_kernels(capsys):
+    code, _, err = run(capsys, f"{ROOT / 'examples' / 'rmsnorm.py'}::rms", *RMSNORM_ARGS)
+    assert code == 2
+    assert "'rms'" in err and "rmsnorm_kernel" in err
+
+
+@pytest.mark.parametrize("args, named, expected", [
+    (["--arg", "bf16[256,4096"], "--arg X", "DTYPE[D0,D1,...]"),
+     (["--arg", "bf17[4,8]"], "--arg X", "DTYPE[D0,D1,...]"),
+     (["--arg", "f32[4,8]"], "--arg X", "tk.gl[bf16]"),
+     (["--arg", "bf16[4,8]", "--arg", "bf16[8]", "--arg", "bf16[4,8]", "--arg", "tiny"],
+      "--arg eps", "a float"),
+     (["--arg", "W=7"], "--arg W", "DTYPE[D0,D1,...]"),
+     (["--arg", "Z=bf16[4]"], "'Z'", "takes --arg X (bf16 tensor)"),
+     (["--arg", "bf16[4,8]"], "missing --arg W", "--const BLOCK"),
+     (RMSNORM_ARGS + ["--const", "BLOK=4"], "'BLOK'", "--const BLOCK"),
+     (RMSNORM_ARGS + ["--num-warps", "3"], "num_warps", "power of two"),
+])
+def test_bad_arguments_exit_2(capsys, args, named, expected):
+    code, out, err = run(capsys, RMSNORM, *args)
+    assert code == 2 and out == ""
+    assert named in err and expected in err and "Traceback" not in err
+
+
+def test_compilation_error_subprocess(tmp_path):
+    """The one real process: exit 1, the error at the kernel's source, no traceback."""
+    bad = tmp_path / "bad_kernel.py"
+    bad.write_text(BAD_KERNEL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tk_mlir", "compile", f"{bad}::looping",
+         "--arg", "f32[16,16]", "--arg", "f32[16,16]", "--const", "N=4"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert f"{bad}:8:5: error:" in proc.stderr and "while" in proc.stderr
+    assert "\n        ^" in proc.stderr                    # the caret under `while`
+    assert "Traceback" not in proc.stderr
+
+
+def test_compilation_error_in_process(capsys, tmp_path):
+    bad = tmp_path / "bad_kernel2.py"
+    bad.write_text(BAD_KERNEL)
+    code, out, err = run(capsys, f"{bad}::looping", "--arg", "f32[16,16]", "--arg", "f32[16,16]",
+                         "--const", "N=4")
+    assert code == 1 and out == ""
+    assert f"{bad}:8:5" in err and "^" in err and "Traceback" not in err

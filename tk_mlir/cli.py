@@ -1,0 +1,275 @@
+"""The command line: compile a kernel from a file and show its IR, no GPU needed.
+
+    python -m tk_mlir compile examples/rmsnorm.py::rmsnorm_kernel \\
+        --arg 'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 \\
+        --const BLOCK=4096 --stage ptx
+
+Exit status: 0 compiled, 1 the kernel does not compile (the message points at
+its source), 2 a bad command line.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import html
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+
+from .errors import ArgumentError, CompilationError
+from .kernel import Kernel
+from .runtime.arguments import spec
+from .runtime.toolchain import ToolchainError
+
+DTYPES = ("bf16", "f16", "f32", "f8e4m3", "f8e5m2")
+TENSOR_FORM = f"DTYPE[D0,D1,...] such as bf16[4096,4096] (DTYPE: {', '.join(DTYPES)})"
+_TENSOR = re.compile(r"(\w+)\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
+_NAMED = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
+
+
+class UsageError(Exception):
+    """A bad command line: reported argparse-style, exit status 2."""
+
+
+# ------------------------------------------------------------ the kernel
+
+def load_module(path: Path):
+    """Import the file at `path`, with its folder on sys.path so that it can
+    import its siblings. A private module name keeps it from replacing a module
+    of the same name that is already imported."""
+    name = "_tk_mlir_cli_" + re.sub(r"\W", "_", path.stem)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None:
+        raise UsageError(f"{path.name}: not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module              # dataclasses and pickling look it up
+    sys.path.insert(0, str(path.parent))
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def load_kernel(target: str) -> Kernel:
+    """The kernel named by `FILE.py::KERNEL`."""
+    file, sep, name = target.rpartition("::")
+    if not sep:
+        file, name = target, ""
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise UsageError(f"{file}: no such file (expected FILE.py::KERNEL)")
+    module = load_module(path)
+    found = getattr(module, name, None) if name else None
+    if isinstance(found, Kernel):
+        return found
+    kernels = [n for n, v in vars(module).items() if isinstance(v, Kernel)]
+    if not name:
+        problem = "name the kernel to compile: FILE.py::KERNEL"
+    elif found is None:
+        problem = f"{file} has no {name!r}"
+    else:
+        problem = f"{name!r} in {file} is a {type(found).__name__}, not a @tk.kernel"
+    listing = f"the kernels in it are: {', '.join(kernels)}" if kernels else \
+        "it defines no @tk.kernel"
+    raise UsageError(f"{problem}; {listing}")
+
+
+def describe_params(kernel: Kernel) -> str:
+    """What the kernel takes, for messages: `k takes --arg X (bf16 tensor), ...`."""
+    kinds = {"gl": "tensor", "int": "int", "float": "float"}
+    runtime = [f"{p.name} ({p.dtype + ' ' if p.dtype else ''}{kinds[p.kind]})"
+               for p in kernel.params if p.kind != "constexpr"]
+    consts = [p.name for p in kernel.params if p.kind == "constexpr"]
+    text = f"{kernel.__name__} takes --arg {', '.join(runtime) or '(none)'}"
+    return text + (f"; --const {', '.join(consts)}" if consts else "")
+
+
+# ------------------------------------------------------------- arguments
+
+def parse_arg(text: str, param) -> object:
+    """One --arg value for `param`: a tensor spec for a tk.gl parameter, a number
+    for an int or float one."""
+    text = text.strip()
+    if param.kind == "gl":
+        m = _TENSOR.fullmatch(text)
+        if not m or m[1] not in DTYPES:
+            raise UsageError(f"--arg {param.name}: expected {TENSOR_FORM}, got {text!r}")
+        if param.dtype and m[1] != param.dtype:
+            raise UsageError(f"--arg {param.name}: the kernel annotates it tk.gl[{param.dtype}], "
+                             f"got {m[1]} ({text!r})")
+        return spec(tuple(int(d) for d in m[2].split(",")), m[1])
+    try:
+        return int(text) if param.kind == "int" else float(text)
+    except ValueError:
+        want = "an int such as 7" if param.kind == "int" else "a float such as 1e-6 or 0.5"
+        raise UsageError(f"--arg {param.name}: expected {want}, got {text!r}") from None
+
+
+def bind_args(kernel: Kernel, texts: list[str]) -> dict:
+    """--arg values by parameter name: `SPEC` fills the runtime parameters in
+    order, `NAME=SPEC` names one."""
+    runtime = [kernel.params[i] for i in kernel.runtime]
+    by_name = {p.name: p for p in runtime}
+    values, position = {}, 0
+    for text in texts:
+        named = _NAMED.fullmatch(text)
+        if named:
+            name, text = named[1], named[2]
+            if name not in by_name:
+                raise UsageError(f"--arg {name}=...: no runtime parameter {name!r}; "
+                                 f"{describe_params(kernel)}")
+        elif position < len(runtime):
+            name, position = runtime[position].name, position + 1
+        else:
+            raise UsageError(f"too many --arg values ({text!r} is one more); "
+                             f"{describe_params(kernel)}")
+        if name in values:
+            raise UsageError(f"--arg {name} is given twice")
+        values[name] = parse_arg(text, by_name[name])
+    return values
+
+
+def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
+    """--const NAME=VALUE by name; VALUE is a Python literal, else a string."""
+    names = {p.name for p in kernel.params if p.kind == "constexpr"}
+    consts = {}
+    for text in texts:
+        name, eq, raw = text.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise UsageError(f"--const {text!r}: expected NAME=VALUE such as BLOCK=4096")
+        if name not in names:
+            raise UsageError(f"--const {name}: no tk.constexpr parameter {name!r}; "
+                             f"{describe_params(kernel)}")
+        if name in consts:
+            raise UsageError(f"--const {name} is given twice")
+        try:
+            consts[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            consts[name] = raw
+    return consts
+
+
+def bind(kernel: Kernel, args: argparse.Namespace) -> dict:
+    """Every keyword argument of kernel.compile, or a UsageError."""
+    kwargs = bind_args(kernel, args.arg) | bind_consts(kernel, args.const)
+    missing = [("--const " if p.kind == "constexpr" else "--arg ") + p.name
+               for p in kernel.params
+               if p.name not in kwargs and p.default is inspect.Parameter.empty]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}; {describe_params(kernel)}")
+    if args.num_warps is not None:
+        kwargs["num_warps"] = args.num_warps
+    return kwargs
+
+
+# ---------------------------------------------------------------- output
+
+def pick_stages(stages: dict[str, str], wanted: list[str]) -> list[str]:
+    """Stage names for --stage values, each a name or a number from the listing."""
+    names = list(stages)
+    picked = []
+    for w in wanted:
+        if w in stages:
+            picked.append(w)
+        elif w.isdigit() and int(w) < len(names):
+            picked.append(names[int(w)])
+        else:
+            raise UsageError(f"--stage {w}: no such stage; the stages are: {', '.join(names)}")
+    return picked
+
+
+def summary(name: str, stages: dict[str, str], info: dict) -> str:
+    lines = [f"{name}: {len(stages)} stages (--stage NAME or NUMBER prints one)"]
+    lines += [f"  {i:02d}  {len(text.splitlines()):6d} lines  {stage}"
+              for i, (stage, text) in enumerate(stages.items())]
+    lines.append("ptxas info:")
+    lines += [f"  {key}: {value}" for key, value in info.items()]
+    return "\n".join(lines)
+
+
+def html_page(title: str, fragment: str) -> str:
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f"<title>{html.escape(title)}</title>\n</head>\n<body>\n{fragment}\n</body>\n"
+            f"</html>\n")
+
+
+def compile_command(args: argparse.Namespace) -> int:
+    kernel = load_kernel(args.target)
+    compiled = kernel.compile(**bind(kernel, args))
+    stages = compiled.asm
+    picked = pick_stages(stages, args.stage)
+    # With --stage or --list-stages stdout carries only those; notes go to stderr.
+    notes = sys.stderr if picked or args.list_stages else sys.stdout
+    if args.dump_dir is not None:
+        print(f"dumped {len(stages)} stages to {compiled.dump(args.dump_dir)}", file=notes)
+    if args.html is not None:
+        args.html.write_text(html_page(f"{compiled.name} (tk_mlir)", compiled._repr_html_()),
+                             encoding="utf-8")
+        print(f"wrote {args.html}", file=notes)
+    if args.list_stages:
+        print("\n".join(stages))
+    for name in picked:
+        if len(picked) > 1:
+            print(f"==> {name} <==")
+        print(stages[name], end="" if stages[name].endswith("\n") else "\n")
+    if not picked and not args.list_stages:
+        print(summary(compiled.name, stages, compiled.info))
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="tk_mlir tile kernels: compile "
+                                     "and inspect without a GPU.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = commands.add_parser(
+        "compile", help="compile a kernel for given argument types and show its stages",
+        description="Compile KERNEL from FILE.py for the given arguments and show its IR "
+                    "stages (python, tk, each pass, llvm, ptx, ptxas, sass).",
+        epilog=f"example: {prog} compile examples/rmsnorm.py::rmsnorm_kernel --arg "
+               f"'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 "
+               f"--const BLOCK=4096 --stage ptx")
+    c.add_argument("target", metavar="FILE.py::KERNEL", help="the file and the kernel in it")
+    c.add_argument("--arg", action="append", default=[], metavar="SPEC",
+                   help=f"one per runtime parameter, in order: a tensor {TENSOR_FORM}, or a "
+                        f"scalar such as 7 or 1e-6; NAME=SPEC passes one by name")
+    c.add_argument("--const", action="append", default=[], metavar="NAME=VALUE",
+                   help="a tk.constexpr parameter; VALUE is a Python literal (else a string)")
+    c.add_argument("--num-warps", type=int, metavar="N",
+                   help="warps per block (default: the kernel's)")
+    c.add_argument("--stage", action="append", default=[], metavar="NAME",
+                   help="print this stage's text (a name or number from the listing; "
+                        "repeatable)")
+    c.add_argument("--list-stages", action="store_true", help="print the stage names")
+    c.add_argument("--dump-dir", type=Path, metavar="DIR",
+                   help="write every stage to DIR/KERNEL/NN-STAGE.*")
+    c.add_argument("--html", type=Path, metavar="OUT.html",
+                   help="write the stages as a standalone HTML page")
+    c.set_defaults(run=compile_command)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "tk-mlir") -> int:
+    """Run the command line; returns the exit status (argparse itself exits
+    with 2 on malformed options, as usual)."""
+    args = build_parser(prog).parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, ArgumentError) as e:
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (CompilationError, ToolchainError) as e:
+        print(e, file=sys.stderr)
+        return 1
+    except BrokenPipeError:             # `... --stage ptx | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
