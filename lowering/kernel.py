@@ -90,6 +90,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam]]:
         _bind_arguments(ctx, entry, params, body.arguments)
         if smem_bytes:
             ctx.smem_base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
+        ctx.lane(), ctx.warp()   # at the top, so they dominate every use (unused: DCE'd)
         _lower_block(ctx, entry)
     return out, params
 

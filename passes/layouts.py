@@ -57,6 +57,7 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
     vecs = [v for v in list(op.operation.operands) + list(op.operation.results) if _is_vector(v)]
     for v in vecs:
         t = T.parse(v.type)
+        groups.find(v)   # every vector gets a layout, even one only loaded and stored
         if t.layout != "auto":
             groups.fix(v, t.layout, op)
     if name == "tk.broadcast":

@@ -5,6 +5,11 @@ process: its command line only reads the checks from a file and the input
 from stdin, so the parser and the input are built here from strings. On a
 mismatch the test fails with FileCheck's own message, plus the checked text
 (truncated) so the failure can be read without re-running anything.
+
+One difference from LLVM FileCheck to keep in mind (filecheck 1.0.6): the
+range a CHECK-NOT searches runs to the *end* of the next positive match, not
+its start, so `CHECK-NOT: X` followed by a check that matches X always fails.
+Check such absences in a separate call.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import cache
@@ -51,6 +52,37 @@ def _jsonable(v):
     return repr(v)
 
 
+class Stages(Mapping):
+    """A compiled kernel's stages, in pipeline order. The SASS listing is made
+    only when it is read: nvdisasm costs more than the whole compile."""
+
+    def __init__(self, kernel: CompiledKernel):
+        self._kernel = kernel
+
+    def __getitem__(self, name: str) -> str:
+        stages = self._kernel.stages
+        if name == "sass" and "sass" not in stages and _has_nvdisasm():
+            stages["sass"] = _disassemble(self._kernel.cubin)
+        return stages[name]
+
+    def _names(self) -> list[str]:
+        names = list(self._kernel.stages)
+        if "sass" not in names and _has_nvdisasm():
+            names.append("sass")
+        return names
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+def _has_nvdisasm() -> bool:
+    from .runtime.toolchain import find_tool
+    return find_tool("nvdisasm") is not None
+
+
 @dataclass
 class CompiledKernel:
     name: str
@@ -68,13 +100,10 @@ class CompiledKernel:
         return 32 * self.num_warps
 
     @property
-    def asm(self) -> dict[str, str]:
-        """Every stage's text: python, tk, each pass by name, llvm, ptx, sass."""
-        if "sass" not in self.stages:
-            sass = _disassemble(self.cubin)
-            if sass is not None:
-                self.stages["sass"] = sass
-        return self.stages
+    def asm(self) -> Stages:
+        """Every stage's text: python, tk, each pass by name, llvm, ptx, ptxas,
+        sass (disassembled on first access, when nvdisasm is installed)."""
+        return Stages(self)
 
     @property
     def info(self) -> dict:
@@ -84,7 +113,7 @@ class CompiledKernel:
 
     def _repr_html_(self) -> str:
         from .display import stages_html
-        return stages_html(self.name, self.asm, self.info)
+        return stages_html(self.name, dict(self.asm), self.info)
 
     def function(self):
         """The loaded CUDA function (loaded once, on first launch)."""
@@ -193,11 +222,14 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
         raise CompilationError(f"internal compiler error: ptxas rejected the PTX of "
                                f"{spec.name}:\n{e.log}") from None
     stages["ptxas"] = log
+    compiled = CompiledKernel(lowered.kernel_name, cubin,
+                              [(p.arg, p.kind, p.index) for p in lowered.params],
+                              spec.num_warps, smem, stages, log)
     if folder is not None:
         _write_stage(folder, len(stages) - 1, "ptxas", log)
-    return CompiledKernel(lowered.kernel_name, cubin,
-                          [(p.arg, p.kind, p.index) for p in lowered.params],
-                          spec.num_warps, smem, stages, log)
+        if _has_nvdisasm():
+            _write_stage(folder, len(stages), "sass", compiled.asm["sass"])
+    return compiled
 
 
 _DISK = cache.DiskCache()

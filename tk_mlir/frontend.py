@@ -15,7 +15,6 @@ import ast
 import builtins
 import contextlib
 import inspect
-import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,26 +33,15 @@ class Param:
     ir_type: ir.Type | None = None
 
 
-def parse_function(fn) -> tuple[ast.FunctionDef, str, int]:
-    """The function's AST with line numbers of its file."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(source)
-    _, first_line = inspect.getsourcelines(fn)
-    ast.increment_lineno(tree, first_line - 1)
-    node = tree.body[0]
-    if not isinstance(node, ast.FunctionDef):
-        raise CompilationError("@tk.kernel applies to a function definition")
-    return node, inspect.getsourcefile(fn) or "<unknown>", first_line
-
-
-_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
+_BINOPS = {ast.Add: "add", ast.Pow: "pow", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
            ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 _PY_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
               "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
               "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
-              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b, "max": max, "min": min}
+              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b, "max": max, "min": min,
+              "pow": lambda a, b: a ** b}
 _PY_CMPOPS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
               "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
 # Python builtins a kernel may call; on run-time values min/max emit ops.
@@ -152,6 +140,8 @@ class KernelBuilder(ast.NodeVisitor):
         self.bind(node.target, self.eval(node.value))
 
     def visit_AugAssign(self, node):
+        if type(node.op) not in _BINOPS or isinstance(node.op, ast.Pow):
+            raise self.error(node, f"operator {type(node.op).__name__} is not supported here")
         current = self.eval(ast.Name(node.target.id, ast.Load(), lineno=node.lineno,
                                      col_offset=node.col_offset)) \
             if isinstance(node.target, ast.Name) else None
@@ -360,9 +350,11 @@ class KernelBuilder(ast.NodeVisitor):
         return V.scalar_binary(op, a, b)
 
     def visit_BinOp(self, node):
-        if isinstance(node.op, ast.Pow):
-            raise self.error(node, "** is not supported in a kernel")
+        if type(node.op) not in _BINOPS:
+            raise self.error(node, f"operator {type(node.op).__name__} is not supported in a kernel")
         a, b = self.eval(node.left), self.eval(node.right)
+        if isinstance(node.op, ast.Pow) and (_is_runtime(a) or _is_runtime(b)):
+            raise self.error(node, "** on run-time values is not supported (only on constexprs)")
         return self.binary(node, _BINOPS[type(node.op)], a, b)
 
     def visit_Compare(self, node):

@@ -16,14 +16,15 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import textwrap
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import launcher
+from .cache import always_compile
 from .compiler import CompiledKernel, Specialization, compile_cached
 from .errors import CompilationError
+from .source import KernelSource
 from .language import DType, GlobalAnnotation, constexpr, dtype_name
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 
@@ -61,15 +62,19 @@ class Kernel:
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
-        self.source = textwrap.dedent(inspect.getsource(fn))
-        self.filename = inspect.getsourcefile(fn) or "<unknown>"
+        self._source = KernelSource.of(fn)
+        self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
+        if not _valid_num_warps(num_warps):
+            raise CompilationError(f"num_warps must be a power of two from 1 to 32, got "
+                                   f"{num_warps!r}", self.filename, self._source.first_line,
+                                   self._source.indent)
         try:
             self.params = [_classify(p) for p in
                            inspect.signature(fn, eval_str=True).parameters.values()]
         except CompilationError as e:
-            raise CompilationError(e.message, self.filename, fn.__code__.co_firstlineno,
-                                   0) from None
+            raise CompilationError(e.message, self.filename, self._source.first_line,
+                                   self._source.indent) from None
         self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
         self._compiled: dict[tuple, CompiledKernel] = {}
         self._plans: list[Callable] = []
@@ -105,8 +110,7 @@ class Kernel:
                 values[i] = p.default
         if kwargs:
             raise TypeError(f"{self.__name__}() got unexpected arguments {sorted(kwargs)}")
-        if not (isinstance(num_warps, int) and 1 <= num_warps <= 32
-                and num_warps & (num_warps - 1) == 0):
+        if not _valid_num_warps(num_warps):
             raise ArgumentError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
         return values, num_warps
 
@@ -138,15 +142,20 @@ class Kernel:
     def compile(self, *args, **kwargs) -> CompiledKernel:
         """Compile for argument descriptions (tk.spec, torch meta tensors, numpy
         arrays, or real tensors) without launching; works without a GPU."""
-        values, num_warps = self._bind(args, kwargs)
-        sig = self._signature(values, num_warps, describe)
-        for p, v, s in zip(self.params, values, sig):
-            if s[0] == "gl":   # the dtype and static dims hold for descriptions too
-                check_tensor(describe(v, p.name), p.name, dtype=s[1], rank=len(s[2]),
-                             static_shape=s[2])
-        return self._get(sig)
+        try:
+            values, num_warps = self._bind(args, kwargs)
+            sig = self._signature(values, num_warps, describe)
+            for p, v, s in zip(self.params, values, sig):
+                if s[0] == "gl":   # the dtype and static dims hold for descriptions too
+                    check_tensor(describe(v, p.name), p.name, dtype=s[1], rank=len(s[2]),
+                                 static_shape=s[2])
+            return self._get(sig)
+        except (CompilationError, ArgumentError) as e:
+            raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def _get(self, sig: tuple) -> CompiledKernel:
+        if always_compile():
+            return self._compile(sig)
         compiled = self._compiled.get(sig)
         if compiled is None:
             with self._lock:
@@ -173,8 +182,7 @@ class Kernel:
             raise CompilationError(e.message, e.filename, e.line, e.col) from None
 
     def _ast(self) -> ast.FunctionDef:
-        from .frontend import parse_function
-        return parse_function(self.fn)[0]
+        return self._source.function_ast()
 
     def _globals_key(self) -> str:
         """The module-level values the kernel reads (they change the code)."""
@@ -183,8 +191,10 @@ class Kernel:
         parts = []
         for n in names:
             v = self.fn.__globals__[n]
-            if isinstance(v, (int, float, str, bool, DType, tuple)) or v is None:
+            if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
                 parts.append(f"{n}={v!r}")
+            elif inspect.isfunction(v):   # a helper called at compile time: its code counts
+                parts.append(f"{n}:{_function_fingerprint(v)}")
             else:
                 parts.append(f"{n}:{getattr(v, '__name__', type(v).__name__)}")
         return ";".join(parts)
@@ -192,24 +202,31 @@ class Kernel:
     # ------------------------------------------------------------- launch
 
     def launch(self, grid, *args, **kwargs) -> None:
-        for plan in self._plans:        # most recent first; usually the first fits
-            if plan(grid, args, kwargs):
+        try:
+            for plan in self._plans:        # most recent first; usually the first fits
+                if plan(grid, args, kwargs):
+                    return
+            plan = self._plan(args, kwargs)
+            if plan is None:                # not all torch tensors: the general path
+                self.launch_general(grid, args, kwargs)
                 return
-        plan = self._plan(args, kwargs)
-        self._plans.insert(0, plan)
-        del self._plans[_MAX_PLANS:]
-        plan(grid, args, kwargs)
+            self._plans.insert(0, plan)
+            del self._plans[_MAX_PLANS:]
+            plan(grid, args, kwargs)
+        except (CompilationError, ArgumentError) as e:
+            raise e.with_traceback(None) from None   # the user's frame, not ours
 
-    def _plan(self, args, kwargs) -> Callable:
+    def _plan(self, args, kwargs) -> Callable | None:
         """Compile for these arguments, check them, and make the launch plan for
-        arguments of the same kinds (see launcher.py)."""
+        arguments of the same kinds (see launcher.py); None when some tensor
+        argument is not a torch tensor."""
         from .runtime import driver
         values, num_warps = self._bind(args, dict(kwargs))
         torch_tensor = launcher.torch_tensor_type()
         gl = [i for i, p in enumerate(self.params) if p.kind == "gl"]
         if torch_tensor is None or any(type(values[i]) is not torch_tensor for i in gl) \
                 or not self._constexpr_names.issuperset(kwargs):
-            return launcher.general_plan(self)
+            return None
         compiled, rules = self._checked(values, num_warps)
         params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
         kinds = tuple({"dim": "i32", "stride": "i64"}.get(k, k) for _, k, _ in params)
@@ -251,6 +268,18 @@ class Kernel:
         g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)})
         compiled.function().launch(g, (compiled.num_threads, 1, 1), compiled.smem_bytes,
                                    driver.current_stream(), tuple(out), tuple(kinds))
+
+
+def _valid_num_warps(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and n & (n - 1) == 0
+
+
+def _function_fingerprint(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        code = fn.__code__
+        return repr((code.co_code, code.co_consts, code.co_names))
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):

@@ -18,8 +18,8 @@ specialised to that signature (like Triton's generated launchers):
 
 A call whose arguments do not pass the guard goes back to the kernel, which
 finds or makes another plan. Arguments that are not torch tensors take the
-general path (`general_plan`), which reads and checks every argument on
-every call.
+general path (`Kernel.launch_general`), which reads and checks every
+argument on every call.
 """
 from __future__ import annotations
 
@@ -113,12 +113,4 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)
     plan = env["plan"]
     plan.source = "\n".join(lines)
-    return plan
-
-
-def general_plan(kernel) -> Callable:
-    """For arguments that are not all torch tensors: the full path every call."""
-    def plan(grid, args, kwargs):
-        kernel.launch_general(grid, args, kwargs)
-        return True
     return plan

@@ -251,13 +251,33 @@ class Global(Value):
         return T.parse(self.value.type)
 
     @property
-    def shape(self) -> tuple:
-        return tuple(d if d is not None else Scalar(emit("gl_dim", [self], i32(), dim=i))
-                     for i, d in enumerate(self.tk_type.shape))
+    def shape(self) -> GlobalShape:
+        return GlobalShape(self)
 
     @property
     def dtype(self) -> str:
         return self.tk_type.dtype
+
+
+class GlobalShape:
+    """`X.shape`: static dims are ints; a dynamic dim reads the kernel
+    parameter (tk.gl_dim) only when it is used."""
+
+    def __init__(self, g: Global):
+        self._g, self._dims = g, g.tk_type.shape
+
+    def __len__(self) -> int:
+        return len(self._dims)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(len(self._dims))[i])
+        d = self._dims[i]
+        i = i % len(self._dims)
+        return d if d is not None else Scalar(emit("gl_dim", [self._g], i32(), dim=i))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._dims)))
 
 
 class Shared(Value):

@@ -1,0 +1,47 @@
+"""A kernel's source, read once when it is decorated.
+
+The text read here is both what the cache key is computed from and what the
+frontend parses, so a file edited after decoration can never put one
+kernel's code under another's key. (No MLIR here: a cache hit never needs it.)
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+from .errors import CompilationError
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A kernel's source as read once, at decoration: what is compiled is
+    what the cache key was computed from, even if the file changes later."""
+    text: str           # dedented
+    filename: str
+    first_line: int     # of the `def` (or its first decorator) in the file
+    indent: int         # columns removed by dedenting
+
+    @classmethod
+    def of(cls, fn) -> KernelSource:
+        lines, first_line = inspect.getsourcelines(fn)
+        raw = "".join(lines)
+        text = textwrap.dedent(raw)
+        indent = len(lines[0]) - len(lines[0].lstrip()) if lines else 0
+        return cls(text, inspect.getsourcefile(fn) or "<unknown>", first_line, indent)
+
+    def function_ast(self) -> ast.FunctionDef:
+        """The function's AST with the file's line and column numbers."""
+        tree = ast.parse(self.text)
+        ast.increment_lineno(tree, self.first_line - 1)
+        for node in ast.walk(tree):
+            if hasattr(node, "col_offset"):
+                node.col_offset += self.indent
+                if getattr(node, "end_col_offset", None) is not None:
+                    node.end_col_offset += self.indent
+        node = tree.body[0]
+        if not isinstance(node, ast.FunctionDef):
+            raise CompilationError("@tk.kernel applies to a function definition",
+                                   self.filename, self.first_line, self.indent)
+        return node
