@@ -37,6 +37,7 @@ UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
+CACHE_HINTS = ("normal", "stream")   # optional `cache` attribute of tk.load / tk.store
 
 OPS: tuple[OpDef, ...] = (
     # Where this thread is.
@@ -190,6 +191,7 @@ def _attr(value) -> ir.Attribute:
 def build(name: str, operands=(), results=(), **attributes) -> TkOp:
     """Create `tk.<name>` at the current insertion point and location."""
     d = OPS_BY_NAME[name]
+    # Attributes beyond the declared ones are discardable hints (e.g. `cache`).
     missing = set(d.attributes) - set(attributes)
     assert not missing, f"tk.{name} needs attributes {sorted(missing)}"
     return ir.Operation.create(

@@ -113,7 +113,7 @@ def split_vector(vec: ir.Value, n: int) -> list[ir.Value]:
 def build_vector(regs: list[ir.Value], dtype: str) -> ir.Value:
     if len(regs) == 1:
         return regs[0]
-    vec = llvm.mlir_undef(vector_type(len(regs), dtype))
+    vec = llvm.mlir_undef(ir.VectorType.get([len(regs)], regs[0].type))
     for i, r in enumerate(regs):
         vec = llvm.insertelement(vec, r, c32(i))
     return vec

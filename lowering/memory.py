@@ -71,11 +71,56 @@ class _GlobalTileAccess:
         return addr, _and(conds)
 
 
+# The PTX of the cache hints a global access may carry (tk.load/tk.store
+# `cache=`; dialects/tk.py CACHE_HINTS): (load, store) instruction prefixes.
+# "stream": data read or written once, evicted first so that it does not push
+# reused data (weights) out of L1 and L2.
+_PTX_CACHE = {"stream": ("ld.global.cs", "st.global.cs")}   # .cs: evict-first in L1 and L2
+
+
+def _asm_words(nbytes: int) -> str | None:
+    return {4: "b32", 8: "v2.b32", 16: "v4.b32"}.get(nbytes)
+
+
+def _load_with_policy(vtype: ir.Type, addr: ir.Value, nbytes: int, policy):
+    """A global vector load, through inline PTX when a cache hint is set."""
+    words = _asm_words(nbytes)
+    if policy is None or words is None:
+        return llvm.load(vtype, addr, alignment=nbytes)
+    n = nbytes // 4
+    i32 = ir.IntegerType.get_signless(32)
+    outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
+    rtype = ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * n)})>") if n > 1 else i32
+    res = llvm.inline_asm(rtype, [addr], f"{policy[0]}.{words} {outs}, [${n}];",
+                          ",".join(["=r"] * n + ["l"]), has_side_effects=False)
+    parts = [llvm.extractvalue(i32, res, [i]) for i in range(n)] if n > 1 else [res]
+    return llvm.bitcast(vtype, build_vector(parts, "i32") if n > 1 else parts[0])
+
+
+def _store_with_policy(value: ir.Value, addr: ir.Value, nbytes: int, policy):
+    words = _asm_words(nbytes)
+    if policy is None or words is None:
+        llvm.store(value, addr, alignment=nbytes)
+        return
+    n = nbytes // 4
+    i32 = ir.IntegerType.get_signless(32)
+    as_words = llvm.bitcast(ir.VectorType.get([n], i32) if n > 1 else i32, value)
+    parts = [llvm.extractelement(as_words, c32(i)) for i in range(n)] if n > 1 else [as_words]
+    ins = "{" + ", ".join(f"${i + 1}" for i in range(n)) + "}" if n > 1 else "$1"
+    llvm.inline_asm(None, [addr, *parts], f"{policy[1]}.{words} [$0], {ins};",
+                    ",".join(["l"] + ["r"] * n), has_side_effects=True)
+
+
+def _policy(op) -> tuple[str, str] | None:
+    attrs = op.operation.attributes
+    return _PTX_CACHE.get(ir.StringAttr(attrs["cache"]).value) if "cache" in attrs else None
+
+
 def _guarded_load(addr: ir.Value, ok: ir.Value, vtype: ir.Type, fill: ir.Value,
-                  align: int) -> ir.Value:
+                  align: int, policy=None) -> ir.Value:
     op = scf.IfOp(ok, [vtype], has_else=True)
     with ir.InsertionPoint(op.then_block):
-        scf.YieldOp([llvm.load(vtype, addr, alignment=align)])
+        scf.YieldOp([_load_with_policy(vtype, addr, align, policy)])
     with ir.InsertionPoint(op.else_block):
         scf.YieldOp([fill])
     return op.results[0]
@@ -107,7 +152,7 @@ def lower_load(ctx: LoweringContext, op) -> None:
     regs = []
     for r0, n in pieces:
         addr, ok = access.piece(r0, t.dtype)
-        v = _guarded_load(addr, ok, vtype, fill, n * T.itemsize(t.dtype))
+        v = _guarded_load(addr, ok, vtype, fill, n * T.itemsize(t.dtype), _policy(op))
         regs += split_vector(v, n)
     ctx.bind(op.result, Fragment(regs, layout, t.dtype, t.scope))
 
@@ -126,7 +171,8 @@ def lower_store(ctx: LoweringContext, op) -> None:
         addr, ok = access.piece(r0, frag.dtype)
         value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
         cond = _and([c for c in (ok, first) if c is not None])
-        _guarded(cond, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+        _guarded(cond, lambda: _store_with_policy(value, addr, n * T.itemsize(frag.dtype),
+                                                  _policy(op)))
 
 
 @lowers("tk.gl_dim")

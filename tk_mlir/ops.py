@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .dialects import types as T
+from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, dtype_name, f32
 from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fill as
@@ -73,9 +73,18 @@ def _indices(idx) -> list[ir.Value]:
 
 
 @builtin
-def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None):
+def _cache_attrs(cache: str) -> dict:
+    if cache not in tk_dialect.CACHE_HINTS:
+        raise CompilationError(f"cache must be one of {tk_dialect.CACHE_HINTS}, got {cache!r}")
+    return {} if cache == "normal" else {"cache": cache}
+
+
+@builtin
+def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
+         cache="normal"):
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
-    at tile coordinates `idx`, or the register tile of a shared tile."""
+    at tile coordinates `idx`, or the register tile of a shared tile.
+    cache="stream" marks data read once (evicted first from L1/L2)."""
     if isinstance(src, Shared):
         st = src.tk_type
         rt = T.RT(st.dtype, st.rows, st.cols, layout, scope)
@@ -91,18 +100,21 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
         T.RV(dt, shape[0], "auto", scope)
     if not isinstance(fill, (int, float)):
         raise CompilationError(f"fill must be a compile-time number, got {fill!r}")
-    return wrap(emit("load", [src, *_indices(idx)], t.to_mlir(), fill=float(fill)))
+    return wrap(emit("load", [src, *_indices(idx)], t.to_mlir(), fill=float(fill),
+                     **_cache_attrs(cache)))
 
 
 @builtin
-def store(dst, value, idx=()):
+def store(dst, value, idx=(), *, cache="normal"):
     """Write a register tile or vector to a global tensor at tile coordinates
-    `idx` (elements past the tensor's end are skipped), or into a shared tile."""
+    `idx` (elements past the tensor's end are skipped), or into a shared tile.
+    cache="stream" marks data written once (st.global.cs)."""
     if not isinstance(value, TileLike):
         raise CompilationError(f"tk.store writes a register tile or vector, got {value!r}")
     if not isinstance(dst, (Global, Shared)):
         raise CompilationError(f"tk.store writes to a tk.gl argument or a shared tile, got {dst!r}")
-    emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))])
+    emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))],
+         **_cache_attrs(cache))
 
 
 @builtin
