@@ -71,6 +71,10 @@ def _check(op: ir.OpView, num_warps: int) -> None:
     results = [T.parse(r.type) for r in op.operation.results]
     for t in operands + results:
         _layout_ok(t, num_warps)
+        _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
+                 f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
+                 f"not lowered yet: fp8 can be declared (tk.gl[tk.f8e4m3]) but not loaded, "
+                 f"converted or computed with")
     if name == "load":
         _memory_access(op, operands[0], results[0], len(operands) - 1, "tk.load")
     elif name == "store":

@@ -576,3 +576,15 @@ def test_not_a_tensor(driver_watch):
 
 def test_argument_errors_are_type_errors():
     assert issubclass(tk.ArgumentError, TypeError)
+
+
+@tk.kernel(num_warps=4)
+def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)).to(tk.f32), (0, 0))  # E:fp8
+
+
+def test_fp8_tiles_are_refused_at_their_line():
+    with pytest.raises(tk.CompilationError) as e:
+        k_fp8.compile(tk.spec((16, 64), "f8e4m3"), tk.spec((16, 64), "f32"))
+    assert "fp8" in e.value.message and "not lowered yet" in e.value.message
+    assert e.value.line == marked("fp8")[0]

@@ -83,3 +83,32 @@ def test_shared_tile_roundtrip(swizzle, layout, C):
     torch.cuda.synchronize()
     ref = (x.float() * 2 + 1).to(torch.bfloat16)
     assert torch.equal(y, ref)
+
+
+@tk.kernel(num_warps=4)
+def convert_map(X: tk.gl[f32], Y16: tk.gl[tk.f16], YB: tk.gl[bf16], Z: tk.gl[f32],
+                BM: tk.constexpr):
+    i = tk.block_id(0)
+    x = tk.load(X, (i, 0), (BM, 64))
+    h = x.exp().to(tk.f16)                  # f32 -> f16
+    b = (h.to(bf16) * 2.0).relu()           # f16 -> bf16 (through f32), bf16 arithmetic
+    tk.store(Y16, h, (i, 0))
+    tk.store(YB, b, (i, 0))
+    tk.store(Z, max(b.to(f32), x) - min(x.abs().sqrt(), 1.0), (i, 0))
+
+
+def test_dtype_conversions_and_maps():
+    m = 77
+    x = torch.rand(m, 64, device="cuda") * 4 - 2
+    y16 = torch.full((m, 64), float("nan"), device="cuda", dtype=torch.float16)
+    yb = torch.full((m, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    z = torch.full_like(x, float("nan"))
+    convert_map[(tk.cdiv(m, 16),)](x, y16, yb, z, BM=16)
+    torch.cuda.synchronize()
+    h = torch.exp(x.double()).half()
+    b = torch.relu(h.bfloat16() * 2)
+    assert torch.allclose(y16.double(), h.double(), rtol=2e-3)
+    assert torch.allclose(yb.double(), b.double(), rtol=1e-2)
+    ref = torch.maximum(b.double(), x.double()) - torch.minimum(x.abs().sqrt().double(),
+                                                               torch.ones_like(x.double()))
+    assert torch.allclose(z.double(), ref, rtol=1e-2, atol=1e-2)
