@@ -184,6 +184,9 @@ def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
     if name == "row":
         return mma_row(rows, cols, num_warps)
     if name == "col":
+        if cols < 16 * num_warps or rows < 16:
+            raise LayoutError(f"a col layout tile over {num_warps} warp(s) needs at least 16 "
+                              f"rows and {16 * num_warps} columns, got {rows}x{cols}")
         return _transpose(mma_row(cols, rows, num_warps))
     raise LayoutError(f"unknown tile layout {name!r} (expected vec, row or col)")
 

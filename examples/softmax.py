@@ -1,7 +1,9 @@
 """Row softmax: y[i] = exp(x[i] - max(x[i])) / sum(exp(x[i] - max(x[i]))).
 
 ROWS rows per block, each row one warp's slice of a ROWS x BLOCK tile, so
-both reductions stay inside a warp (shuffles only). Columns past the row's
+both reductions stay inside a warp (shuffles only) up to 2048 columns; wider
+rows take a whole block each (ROWS = 1) and their reductions add one
+exchange through shared memory. Columns past the row's
 end read as -inf, whose exp is 0: they drop out of the max and the sum.
 Rows past the tensor's end are masked too, so any (M, N) works.
 """

@@ -24,7 +24,9 @@ def _and(conds: list[ir.Value]) -> ir.Value | None:
 
 
 def _lt(a: ir.Value, b: ir.Value) -> ir.Value:
-    return arith.cmpi(arith.CmpIPredicate.slt, a, b)
+    """0 <= a < b for i32 a, b (b >= 0): unsigned, so negative coordinates
+    are out of bounds too."""
+    return arith.cmpi(arith.CmpIPredicate.ult, a, b)
 
 
 def _pieces(frag_layout, dtype: str):
@@ -219,7 +221,8 @@ def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
 
 def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
     # Other threads may still read the tile's old contents, and will read the
-    # new ones: a barrier on each side (the sync pass will thin these out).
+    # new ones: a barrier on each side. (Conservative: a pass that drops the
+    # barriers the memory model does not need is future work.)
     nvvm.barrier0()
     first = ctx.is_first_replica(frag.layout, frag.scope)
     for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from mlir import ir
 
 from ..dialects import layout as layouts, tk, types as T
-from ..errors import error_at
+from ..errors import CompilationError, error_at
 
 
 class _Groups:
@@ -43,6 +43,10 @@ class _Groups:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return
+        sa, sb = T.parse(a.type).scope, T.parse(b.type).scope
+        if sa != sb:
+            raise error_at(op.location, f"a {sa}-scope vector and a {sb}-scope vector meet "
+                           f"here; they must have the same scope")
         self.parent[rb] = ra
         if rb in self.fixed:
             self.fix(ra, *self.fixed.pop(rb)[:1], op)
@@ -89,16 +93,33 @@ def assign_layouts(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
         groups = _Groups()
+        failures: list = []
         def visit(op):
-            _constrain(op.opview, groups, num_warps)
+            try:
+                _constrain(op.opview, groups, num_warps)
+            except CompilationError as e:
+                failures.append(e)   # raised below: a callback's exception gets wrapped
+                return ir.WalkResult.INTERRUPT
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
+        if failures:
+            raise failures[0]
         for key, v in list(groups.values.items()):
             t = T.parse(v.type)
             if t.layout != "auto":
                 continue
             root = groups.find(v)
-            fixed = groups.fixed.get(root)
-            layout = fixed[0] if fixed else layouts.default_vector_layout(
-                t.length, T.SCOPES.get(t.scope, num_warps)).encode()
-            v.set_type(t.with_layout(layout).to_mlir())
+            if root not in groups.fixed:   # nothing constrains the group: one default for all
+                if t.length < layouts.VEC_RUN:
+                    raise error_at(_defining_location(v), f"a vector of {t.length} elements "
+                                   f"used on its own needs at least {layouts.VEC_RUN} (its "
+                                   f"layout holds {layouts.VEC_RUN} per thread); pad it")
+                groups.fixed[root] = (layouts.default_vector_layout(
+                    t.length, T.SCOPES.get(t.scope, num_warps)).encode(), None)
+            v.set_type(t.with_layout(groups.fixed[root][0]).to_mlir())
+
+
+def _defining_location(v: ir.Value):
+    owner = v.owner
+    return owner.location if isinstance(owner, (ir.Operation, ir.OpView)) else \
+        owner.owner.location

@@ -2,8 +2,10 @@
 
 Shared tiles get consecutive offsets (1024-byte aligned when swizzled, as the
 hardware's swizzle patterns repeat every 1024 bytes; 128 otherwise). Block
-reductions that cross warps share one f32 scratch region after the tiles:
-they run one at a time, each ending with a barrier. The total is checked
+reductions that cross warps exchange partial results through f32 scratch
+after the tiles; reductions that can share one exchange (one barrier) are
+grouped, and consecutive groups alternate between two buffers so that none
+needs a barrier after it (see _place_exchanges). The total is checked
 against the 227 KiB a block may use, at the line that overflows it.
 """
 from __future__ import annotations

@@ -10,9 +10,10 @@ from __future__ import annotations
 from mlir import ir
 
 from ..dialects import layout as layouts, tk, types as T
-from ..errors import error_at
+from ..errors import CompilationError, error_at
 
 MAX_SHARED_BYTES = 227 * 1024
+MAX_TILE_REGISTERS = 255
 
 
 class _Fail(Exception):
@@ -28,7 +29,7 @@ def _show(t) -> str:
     if isinstance(t, T.RT):
         return f"{t.dtype} {t.rows}x{t.cols} tile ({t.layout}, {t.scope})"
     if isinstance(t, T.RV):
-        return f"{t.dtype} vector of {t.length}"
+        return f"{t.dtype} vector of {t.length} ({t.scope})"
     if isinstance(t, T.GL):
         return f"{t.dtype} global of rank {t.rank}"
     if isinstance(t, T.ST):
@@ -37,6 +38,11 @@ def _show(t) -> str:
 
 
 def _layout_ok(t, num_warps: int) -> None:
+    if isinstance(t, T.RV):
+        _require(t.length > 0 and t.length & (t.length - 1) == 0,
+                 f"a register vector's length must be a power of two, got {t.length}")
+        _require(t.scope in ("warp", "warpgroup", "block"),
+                 f"scope must be warp, warpgroup or block, got {t.scope!r}")
     if not isinstance(t, T.RT):
         return
     _require(t.scope in ("warp", "warpgroup", "block"),
@@ -45,9 +51,14 @@ def _layout_ok(t, num_warps: int) -> None:
     _require(warps <= num_warps, f"a {t.scope}-scope tile needs {warps} warps, "
              f"the kernel has num_warps={num_warps}")
     try:
-        layouts.tile_layout(t.layout, t.rows, t.cols, warps)
+        layout = layouts.tile_layout(t.layout, t.rows, t.cols, warps)
     except layouts.LayoutError as e:
         raise _Fail(f"{_show(t)}: {e}") from None
+    # A thread holds its share of the tile in registers: past the hardware's
+    # 255 per thread it would all spill to local memory.
+    regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
+    _require(regs <= MAX_TILE_REGISTERS, f"{_show(t)} needs {regs} registers per thread "
+             f"(at most {MAX_TILE_REGISTERS} for one tile); use a smaller tile or more warps")
 
 
 def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
@@ -94,6 +105,9 @@ def _check(op: ir.OpView, num_warps: int) -> None:
             if isinstance(lhs, T.RT):
                 _require(lhs == rhs, f"{name}: operands differ in layout or scope: "
                          f"{_show(lhs)} and {_show(rhs)}")
+            else:
+                _require(lhs.scope == rhs.scope, f"{name}: a {lhs.scope}-scope vector and a "
+                         f"{rhs.scope}-scope vector cannot be combined")
         else:
             _require(isinstance(op.operation.operands[1].type, ir.F32Type),
                      f"{name}: a scalar operand must be f32")
@@ -111,6 +125,9 @@ def _check(op: ir.OpView, num_warps: int) -> None:
                  f"({'one per row' if op.axis == 'row' else 'one per column'}), got {_show(vec)}")
         _require(vec.dtype == tile.dtype, f"{op.kind}_{op.axis}: the vector is {vec.dtype}, "
                  f"the tile {tile.dtype}; convert one with .to()")
+        _require(vec.scope == tile.scope, f"{op.kind}_{op.axis}: a {vec.scope}-scope vector "
+                 f"cannot be applied to a {tile.scope}-scope tile (load it with "
+                 f"scope={tile.scope!r})")
     elif name == "alloc_st":
         st = results[0]
         _require(st.swizzle in T.SWIZZLES, f"swizzle must be one of {T.SWIZZLES} bytes")
@@ -126,12 +143,83 @@ def check_op(op: ir.OpView, num_warps: int) -> None:
         raise error_at(op.location, str(e)) from None
 
 
+_THREAD_IDS = {"tk.thread_id", "tk.lane_id", "tk.warp_id", "tk.warpgroup_id"}
+
+
+def _block_barrier(op, num_warps: int) -> bool:
+    """Does op's lowering synchronise the whole block (bar.sync 0)?"""
+    name = op.name
+    if name in ("tk.barrier", "tk.copy"):
+        return True
+    if name == "tk.store":
+        return isinstance(T.parse(op.operands[0].type), T.ST)
+    if name == "tk.reduce":
+        t = T.parse(op.operands[0].type)
+        keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
+        layout = layouts.tile_layout(t.layout, t.rows, t.cols, T.SCOPES.get(t.scope, num_warps))
+        return bool(layout.warp_bits_along(1 - keep))
+    return False
+
+
+def _varies_by_thread(v: ir.Value, memo: dict) -> bool:
+    """Can v differ between the threads of a block? (Follows definitions back
+    to the thread-id ops; loop-carried values follow their inits and bounds.)"""
+    key = v
+    if key in memo:
+        return memo[key]
+    memo[key] = False
+    if isinstance(v, ir.BlockArgument):
+        parent = v.owner.owner
+        if parent.name != "scf.for":
+            return False
+        loop = parent.opview
+        sources = [loop.lowerBound, loop.upperBound, loop.step]
+        if v.arg_number > 0:
+            sources.append(loop.initArgs[v.arg_number - 1])
+        memo[key] = any(_varies_by_thread(s, memo) for s in sources)
+    else:
+        op = v.owner
+        memo[key] = op.name in _THREAD_IDS or any(_varies_by_thread(o, memo)
+                                                  for o in op.operands)
+    return memo[key]
+
+
+def _check_uniform(op, num_warps: int, memo: dict) -> None:
+    """A block barrier under control flow that differs between threads hangs
+    (or worse): refuse it at its line."""
+    if not _block_barrier(op, num_warps):
+        return
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "scf.if":
+            conds = [parent.operands[0]]
+        elif parent.name == "scf.for":
+            conds = list(parent.operands)[:3]
+        else:
+            conds = []
+        if any(_varies_by_thread(c, memo) for c in conds):
+            raise error_at(op.location, "this op synchronises the whole block (bar.sync), but "
+                           "it sits under control flow that depends on the thread, lane or warp "
+                           "id, so some threads would never reach it; move it out of that "
+                           "if/for")
+        parent = parent.parent
+
+
 def verify(module: ir.Module) -> None:
     """The tk-verify pass."""
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        memo: dict = {}
+        failures: list = []
         def visit(op):
             if op.operation.name.startswith("tk."):
-                check_op(op.opview, num_warps)
+                try:
+                    check_op(op.opview, num_warps)
+                    _check_uniform(op.operation, num_warps, memo)
+                except CompilationError as e:
+                    failures.append(e)   # raised below: a callback's exception gets wrapped
+                    return ir.WalkResult.INTERRUPT
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
+        if failures:
+            raise failures[0]

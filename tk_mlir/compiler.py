@@ -35,9 +35,16 @@ class Specialization:
     constexprs: tuple      # ((name, value), ...)
     num_warps: int
     globals_key: str       # the module-level values the kernel reads, as text
+    first_line: int = 0    # where the source sits (the stages' locations name it)
+
+    def dump_name(self) -> str:
+        """TK_MLIR_DUMP_DIR's folder for this specialization: the kernel's name
+        and a short hash, so specializations do not overwrite each other."""
+        return f"{self.name}-{self.cache_key()[:8]}"
 
     def cache_key(self) -> str:
         return cache.make_key(kind="tk-kernel", name=self.name, source=self.source,
+                              where=[self.filename, self.first_line],
                               args=[list(map(_jsonable, a)) for a in self.args],
                               constexprs=[[k, _jsonable(v)] for k, v in self.constexprs],
                               num_warps=self.num_warps, globals=self.globals_key,
@@ -92,7 +99,7 @@ class CompiledKernel:
     smem_bytes: int
     stages: dict[str, str]
     ptxas_log: str
-    _function: object = field(default=None, repr=False)
+    _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -115,23 +122,27 @@ class CompiledKernel:
         from .display import stages_html
         return stages_html(self.name, dict(self.asm), self.info)
 
-    def function(self):
-        """The loaded CUDA function (loaded once, on first launch)."""
-        if self._function is None:
+    def function(self, device: int | None = None):
+        """The CUDA function on `device` (default: the current one), loaded
+        once per device, on first launch there."""
+        from .runtime import driver
+        if not driver.has_gpu():
+            raise RuntimeError(f"cannot launch {self.name}: no CUDA GPU or driver on this "
+                               f"machine (kernel.compile(...) compiles and shows the IR "
+                               f"without one)")
+        device = driver.default_device() if device is None else device
+        f = self._functions.get(device)
+        if f is None:
             with self._lock:
-                if self._function is None:
-                    from .runtime import driver
-                    if not driver.has_gpu():
-                        raise RuntimeError(
-                            f"cannot launch {self.name}: no CUDA GPU or driver on this machine "
-                            f"(kernel.compile(...) compiles and shows the IR without one)")
-                    f = driver.Module.load(self.cubin).function(self.name)
+                f = self._functions.get(device)
+                if f is None:
+                    f = driver.Module.load(self.cubin, device).function(self.name)
                     f.set_max_dynamic_shared(self.smem_bytes)
-                    self._function = f
-        return self._function
+                    self._functions[device] = f
+        return f
 
-    def dump(self, directory: str | os.PathLike) -> Path:
-        folder = Path(directory) / self.name
+    def dump(self, directory: str | os.PathLike, folder_name: str | None = None) -> Path:
+        folder = Path(directory) / (folder_name or self.name)
         for i, (stage, text) in enumerate(self.asm.items()):
             _write_stage(folder, i, stage, text)
         return folder
@@ -192,7 +203,7 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
     from .runtime.toolchain import ToolchainError, ptxas
 
     dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
-    folder = Path(dump_dir) / spec.name if dump_dir else None
+    folder = Path(dump_dir) / spec.dump_name() if dump_dir else None
     stages: dict[str, str] = {"python": spec.source}
     def on_stage(name: str, text: str) -> None:
         if folder is not None:   # written as we go, so a failing pass leaves what came before
@@ -244,7 +255,7 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> Com
     if entry is not None:
         compiled = CompiledKernel.from_entry(entry)
         if os.environ.get("TK_MLIR_DUMP_DIR"):
-            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"])
+            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name())
         return compiled
     compiled = compile_specialization(spec, fn_node_factory(), globals_)
     _DISK.put(key, compiled.to_entry())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +98,9 @@ class KernelBuilder(ast.NodeVisitor):
             if e.filename is None:
                 raise self.error(node, e.message) from None
             raise
-        except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError) as e:
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as e:   # raised by Python run at compile time (helpers, constexprs)
             raise self.error(node, f"{type(e).__name__}: {e}") from None
 
     def eval(self, node):
@@ -192,15 +193,13 @@ class KernelBuilder(ast.NodeVisitor):
                 self.run(body)
             branches.append(self.scope)
         self.scope = before
-        names = [n for n in _assigned_names(node.body + node.orelse)
-                 if all(n in b for b in branches)
-                 and (_is_runtime(branches[0][n]) or _is_runtime(branches[1][n]))]
-        for n in names:
-            a, b = branches[0][n], branches[1][n]
-            if _is_runtime(a) and _is_runtime(b) and a.ir_type != b.ir_type:
-                raise self.error(node, f"'{n}' has type {a.ir_type} in one branch and "
-                                       f"{b.ir_type} in the other")
-        types = [self._yield_type(branches[0][n], branches[1][n]) for n in names]
+        names, types = [], []
+        for n in _assigned_names(node.body + node.orelse):
+            if all(n in b for b in branches):   # assigned in one branch only: gone after
+                t = self._merged_type(node, n, branches[0][n], branches[1][n])
+                if t is not None:
+                    names.append(n)
+                    types.append(t)
         final = scf.IfOp(test.value, types, has_else=True, ip=ir.InsertionPoint(draft))
         for old, new, scope in ((draft.then_block, final.then_block, branches[0]),
                                 (draft.else_block, final.else_block, branches[1])):
@@ -217,16 +216,33 @@ class KernelBuilder(ast.NodeVisitor):
         for n, r in zip(names, final.results):
             self.scope[n] = V.wrap(r)
 
-    def _yield_type(self, a, b) -> ir.Type:
-        v = a if _is_runtime(a) else b
-        return v.ir_type
+    def _merged_type(self, node, name: str, a, b) -> ir.Type | None:
+        """The type `name` has after a run-time if whose branches leave it as a
+        and b; None when it is the same compile-time value either way."""
+        if not _is_runtime(a) and not _is_runtime(b) and type(a) is type(b) and a == b:
+            return None
+        types = []
+        for v in (a, b):
+            if _is_runtime(v):
+                types.append(v.ir_type)
+            elif isinstance(v, (bool, int, float)):
+                types.append(ir.IntegerType.get_signless(1) if isinstance(v, bool) else
+                             V.i32() if isinstance(v, int) else ir.F32Type.get())
+            else:
+                raise self.error(node, f"'{name}' is given different compile-time values "
+                                       f"({v!r}) in the branches of a run-time if; only tiles, "
+                                       f"vectors and numbers can differ between branches")
+        if types[0] == types[1]:
+            return types[0]
+        if {str(t) for t in types} == {"i32", "f32"}:
+            return ir.F32Type.get()
+        raise self.error(node, f"'{name}' has type {types[0]} in one branch and {types[1]} in "
+                               f"the other")
 
     def _materialize(self, value, ir_type: ir.Type) -> ir.Value:
-        if _is_runtime(value):
-            return value.value
-        s = V.constant(value)
+        s = value if _is_runtime(value) else V.constant(value)
         if s.ir_type != ir_type:
-            s = V.to_float(s)
+            s = V.to_float(s)     # the only widening _merged_type allows: i32 -> f32
         return s.value
 
     def visit_For(self, node):
@@ -261,8 +277,9 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node.iter, "range bounds must be integers")
         carried = [n for n in _assigned_names(node.body)
                    if n in self.scope and n != node.target.id
-                   and (_is_runtime(self.scope[n]) or isinstance(self.scope[n], (int, float))
-                        and not isinstance(self.scope[n], bool))]
+                   and (_is_runtime(self.scope[n]) or isinstance(self.scope[n], (int, float)))]
+        fixed = {n: self.scope[n] for n in _assigned_names(node.body)
+                 if n in self.scope and n != node.target.id and n not in carried}
         inits = [V.as_scalar(self.scope[n]) if not _is_runtime(self.scope[n]) else self.scope[n]
                  for n in carried]
         loop = scf.ForOp(bounds[0].value, bounds[1].value, bounds[2].value,
@@ -273,6 +290,13 @@ class KernelBuilder(ast.NodeVisitor):
             for n, arg in zip(carried, loop.inner_iter_args):
                 self.scope[n] = V.wrap(arg)
             self.run(node.body)
+            for n, before in fixed.items():
+                if self.scope[n] is not before and not (type(self.scope[n]) is type(before)
+                                                        and self.scope[n] == before):
+                    raise self.error(node, f"'{n}' ({type(before).__name__}) changes in the loop, "
+                                           f"but only tiles, vectors and numbers can be carried "
+                                           f"from one iteration to the next (split it into "
+                                           f"separate variables)")
             yields = []
             for n, init in zip(carried, inits):
                 v = self.scope[n]

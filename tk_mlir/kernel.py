@@ -134,7 +134,13 @@ class Kernel:
                     raise ArgumentError(f"argument '{p.name}' must be a float, got {v!r}")
                 sig.append(("f32",))
             else:
-                sig.append(("constexpr", v))
+                try:
+                    hash(v)
+                except TypeError:
+                    raise ArgumentError(f"constexpr '{p.name}' = {v!r} must be hashable (an int, "
+                                        f"float, bool, str, tuple or tk dtype)") from None
+                # The type is part of the key: True, 1 and 1.0 compile differently.
+                sig.append(("constexpr", v, type(v).__name__))
         return tuple(sig) + (num_warps,)
 
     # ------------------------------------------------------------ compile
@@ -175,7 +181,8 @@ class Kernel:
                 rt_args.append(s)
                 names.append(p.name)
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
-                              tuple(names), tuple(consts), num_warps, self._globals_key())
+                              tuple(names), tuple(consts), num_warps, self._globals_key(),
+                              self._source.first_line)
         try:
             return compile_cached(spec, self._ast, self.fn.__globals__)
         except CompilationError as e:
@@ -195,8 +202,13 @@ class Kernel:
                 parts.append(f"{n}={v!r}")
             elif inspect.isfunction(v):   # a helper called at compile time: its code counts
                 parts.append(f"{n}:{_function_fingerprint(v)}")
+            elif inspect.ismodule(v):
+                parts.append(f"{n}:module {v.__name__}")
             else:
-                parts.append(f"{n}:{getattr(v, '__name__', type(v).__name__)}")
+                # Anything else by its repr: attributes the kernel may read show up
+                # there (namespace(SCALE=2.0)); a repr with an address makes each
+                # process miss, which is slow but never stale.
+                parts.append(f"{n}:{v!r}")
         return ";".join(parts)
 
     # ------------------------------------------------------------- launch
@@ -230,10 +242,13 @@ class Kernel:
         compiled, rules = self._checked(values, num_warps)
         params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
         kinds = tuple({"dim": "i32", "stride": "i64"}.get(k, k) for _, k, _ in params)
-        launch = driver.PackedLauncher(compiled.function(), kinds).bind(
+        device = driver.default_device()
+        launch = driver.PackedLauncher(compiled.function(device), kinds).bind(
             compiled.num_threads, compiled.smem_bytes)
+        constexprs = [i for i, p in enumerate(self.params) if p.kind == "constexpr"]
         return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
-                                   rules, params, launch, driver.current_stream)
+                                   constexprs, rules, params, launch, driver.current_stream,
+                                   device)
 
     def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict]:
         """The compiled kernel for these argument values, after checking them."""
@@ -241,9 +256,12 @@ class Kernel:
         compiled = self._get(sig)
         rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
                  for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
+        from .runtime import driver
+        device = driver.default_device()
         for i, rule in rules.items():
-            check_tensor(tensor_info(values[i], self.params[i].name), self.params[i].name,
-                         **rule)
+            info = tensor_info(values[i], self.params[i].name)
+            check_tensor(info, self.params[i].name, **rule)
+            launcher.check_device(info, self.params[i].name, device)
         return compiled, rules
 
     def launch_general(self, grid, args, kwargs) -> None:
@@ -266,8 +284,9 @@ class Kernel:
                 out.append(values[pos])
             kinds.append(driver.ctypes_type({"dim": "i32", "stride": "i64"}.get(kind, kind)))
         g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)})
-        compiled.function().launch(g, (compiled.num_threads, 1, 1), compiled.smem_bytes,
-                                   driver.current_stream(), tuple(out), tuple(kinds))
+        compiled.function(driver.default_device()).launch(
+            g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(),
+            tuple(out), tuple(kinds))
 
 
 def _valid_num_warps(n) -> bool:

@@ -39,9 +39,19 @@ def torch_tensor_type():
 def normalize_grid(grid, meta: dict) -> tuple[int, int, int]:
     g = grid(meta) if callable(grid) else grid
     g = (g,) if isinstance(g, int) else tuple(g)
-    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and x >= 1 for x in g):
-        raise ArgumentError(f"grid must be 1 to 3 positive ints, got {g!r}")
+    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                       and 1 <= x < 2**31 for x in g):
+        raise ArgumentError(f"grid must be 1 to 3 ints from 1 to 2**31-1, got {g!r}")
     return g + (1,) * (3 - len(g))
+
+
+def check_device(info, name: str, device: int) -> None:
+    """Every tensor must live on the device the kernel is launched on."""
+    index = info.device.partition(":")[2]
+    if index and int(index) != device:
+        raise ArgumentError(f"argument '{name}' is on {info.device}, but the kernel launches on "
+                            f"cuda:{device} (torch's current device); move it, or launch under "
+                            f"`with torch.cuda.device({index}):`")
 
 
 def _scalar_check(name: str, kind: str, value):
@@ -53,22 +63,36 @@ def _scalar_check(name: str, kind: str, value):
 
 
 def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
-               gl_rules: dict[int, dict], params: list[tuple[int, str, int]],
-               launch: Callable, stream: Callable) -> Callable:
-    """Generate the specialised plan for torch-tensor arguments like `values`."""
+               constexprs: list[int], gl_rules: dict[int, dict],
+               params: list[tuple[int, str, int]], launch: Callable, stream: Callable,
+               device: int) -> Callable:
+    """Generate the specialised plan for torch-tensor arguments like `values`
+    (`constexprs`: positions of the compile-time parameters)."""
     tensor = sys.modules["torch"].Tensor
-    env = {"Tensor": tensor, "KWARGS": dict(kwargs), "TAIL": tuple(values[n_positional:]),
+    env = {"Tensor": tensor, "TAIL": tuple(values[n_positional:]), "MISSING": object(),
            "launch": launch, "stream": stream, "checked": set(), "normalize_grid": normalize_grid,
-           "full_check": None, "NAMES": names, "PAD": {1: (1, 1), 2: (1,), 3: ()}, "scalar_check": _scalar_check}
+           "full_check": None, "NAMES": names, "scalar_check": _scalar_check}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
-             f"    if len(args) != {n_positional} or kwargs != KWARGS:",
+             f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
              "        return False"]
+    # The keywords (constexprs, num_warps) and positional constexprs must be
+    # the very values this plan was compiled for: same type, same value.
+    for j, (k, v) in enumerate(kwargs.items()):
+        env[f"K{j}"], env[f"KT{j}"] = v, type(v)
+        lines += [f"    v = kwargs.get({k!r}, MISSING)",
+                  f"    if type(v) is not KT{j} or v != K{j}:",
+                  "        return False"]
     if n_positional:
         lines.append(f"    {', '.join(local[:n_positional])}{',' if n_positional == 1 else ''}"
                      f" = args")
     for i in range(n_positional, len(names)):
         lines.append(f"    {local[i]} = TAIL[{i - n_positional}]")
+    for i in constexprs:
+        if i < n_positional:
+            env[f"C{i}"], env[f"CT{i}"] = values[i], type(values[i])
+            lines += [f"    if type({local[i]}) is not CT{i} or {local[i]} != C{i}:",
+                      "        return False"]
     for i in gl_rules:
         env[f"D{i}"] = values[i].dtype
         a = local[i]
@@ -85,7 +109,9 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
         lines.append(f"    p{i} = {local[i]}.data_ptr(); s{i} = {local[i]}.stride(); "
                      f"d{i} = {local[i]}.shape")
     if gl_rules:
-        key = ", ".join(f"d{i}, s{i}, {local[i]}.is_cuda" for i in gl_rules)
+        # The device index is in the key: a tensor on another device than the
+        # one this plan launches on fails full_check.
+        key = ", ".join(f"d{i}, s{i}, {local[i]}.get_device()" for i in gl_rules)
         ptrs = " | ".join(f"p{i}" for i in gl_rules)
         lines += [f"    key = ({key},)",
                   f"    if ({ptrs}) & 15 or key not in checked:",
@@ -99,16 +125,17 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     for pos, kind, dim in params:
         values_code.append({"ptr": f"p{pos}", "dim": f"d{pos}[{dim}]",
                             "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))
-    lines += ["    if type(grid) is tuple and 0 < len(grid) < 4:",
-              "        grid = grid + PAD[len(grid)]   # bad values: the driver refuses them",
-              "    else:",
+    lines += ["    if type(grid) is not tuple or len(grid) != 3 or not all(",
+              "            type(g) is int and 0 < g < 2147483648 for g in grid):",
               "        grid = normalize_grid(grid, dict(zip(NAMES, args + TAIL)))",
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(values_code)})",
               "    return True"]
 
     def full_check(all_values):
         for i, rule in gl_rules.items():
-            check_tensor(tensor_info(all_values[i], names[i]), names[i], **rule)
+            info = tensor_info(all_values[i], names[i])
+            check_tensor(info, names[i], **rule)
+            check_device(info, names[i], device)
     env["full_check"] = full_check
     exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)
     plan = env["plan"]

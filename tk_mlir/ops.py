@@ -72,8 +72,7 @@ def _indices(idx) -> list[ir.Value]:
     return out
 
 
-@builtin
-def _cache_attrs(cache: str) -> dict:
+def _cache_attrs(cache) -> dict:
     if cache not in tk_dialect.CACHE_HINTS:
         raise CompilationError(f"cache must be one of {tk_dialect.CACHE_HINTS}, got {cache!r}")
     return {} if cache == "normal" else {"cache": cache}
@@ -81,11 +80,15 @@ def _cache_attrs(cache: str) -> dict:
 
 @builtin
 def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
-         cache="normal"):
+         cache="normal"):   # dtype: the tensor's (a different one is refused by tk-verify)
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
     at tile coordinates `idx`, or the register tile of a shared tile.
     cache="stream" marks data read once (evicted first from L1/L2)."""
     if isinstance(src, Shared):
+        if idx != () or shape is not None or fill != 0.0 or dtype is not None or cache != "normal":
+            raise CompilationError("tk.load of a shared tile reads the whole tile: idx, shape, "
+                                   "fill, dtype and cache do not apply (sub-tiles are not "
+                                   "supported yet)")
         st = src.tk_type
         rt = T.RT(st.dtype, st.rows, st.cols, layout, scope)
         return Tile(emit("load", [src], rt.to_mlir(), fill=0.0))
@@ -113,6 +116,9 @@ def store(dst, value, idx=(), *, cache="normal"):
         raise CompilationError(f"tk.store writes a register tile or vector, got {value!r}")
     if not isinstance(dst, (Global, Shared)):
         raise CompilationError(f"tk.store writes to a tk.gl argument or a shared tile, got {dst!r}")
+    if isinstance(dst, Shared) and (idx != () or cache != "normal"):
+        raise CompilationError("tk.store to a shared tile writes the whole tile: idx and cache "
+                               "do not apply (sub-tiles are not supported yet)")
     emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))],
          **_cache_attrs(cache))
 

@@ -25,7 +25,12 @@ class KernelSource:
 
     @classmethod
     def of(cls, fn) -> KernelSource:
-        lines, first_line = inspect.getsourcelines(fn)
+        try:
+            lines, first_line = inspect.getsourcelines(fn)
+        except (OSError, TypeError):
+            raise CompilationError(f"@tk.kernel needs the source of {fn.__name__!r}: define it "
+                                   f"in a file or a notebook cell (not through exec or the "
+                                   f"plain REPL)") from None
         raw = "".join(lines)
         text = textwrap.dedent(raw)
         indent = len(lines[0]) - len(lines[0].lstrip()) if lines else 0

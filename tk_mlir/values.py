@@ -9,7 +9,6 @@ line before evaluating an expression.
 from __future__ import annotations
 
 import contextvars
-import math
 from dataclasses import dataclass
 
 from mlir import ir
@@ -106,11 +105,27 @@ def as_scalar(x) -> Scalar:
 def to_float(s: Scalar) -> Scalar:
     if s.kind == "float":
         return s
+    if s.kind == "bool":   # sitofp would make True -1.0
+        return Scalar(arith.uitofp(ir.F32Type.get(), s.value))
     return Scalar(arith.sitofp(ir.F32Type.get(), s.value))
 
 
-_INT_OPS = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "floordiv": arith.floordivsi,
-            "mod": arith.remsi, "max": arith.maxsi, "min": arith.minsi,
+def to_int(s: Scalar) -> Scalar:
+    return Scalar(arith.extui(i32(), s.value)) if s.kind == "bool" else s
+
+
+def _python_mod(a: ir.Value, b: ir.Value) -> ir.Value:
+    """a % b with the sign of b, as Python computes it (arith.remsi has C's)."""
+    r = arith.remsi(a, b)
+    zero = arith.constant(i32(), 0)
+    fix = arith.andi(arith.cmpi(arith.CmpIPredicate.ne, r, zero),
+                     arith.cmpi(arith.CmpIPredicate.ne,
+                                arith.cmpi(arith.CmpIPredicate.slt, r, zero),
+                                arith.cmpi(arith.CmpIPredicate.slt, b, zero)))
+    return arith.select(fix, arith.addi(r, b), r)
+
+
+_INT_OPS = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "floordiv": arith.floordivsi, "max": arith.maxsi, "min": arith.minsi,
             "and": arith.andi, "or": arith.ori, "xor": arith.xori,
             "lshift": arith.shli, "rshift": arith.shrsi}
 _FLOAT_OPS = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
@@ -121,9 +136,13 @@ _CMP_FLOAT = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "
 
 def scalar_binary(op: str, a, b) -> Scalar:
     a, b = as_scalar(a), as_scalar(b)
-    if a.kind == b.kind == "int" and op in _INT_OPS:
-        return Scalar(_INT_OPS[op](a.value, b.value))
     if a.kind == b.kind == "bool" and op in ("and", "or", "xor"):
+        return Scalar(_INT_OPS[op](a.value, b.value))
+    if "float" not in (a.kind, b.kind):            # ints (and bools, as 0/1)
+        a, b = to_int(a), to_int(b)
+    if a.kind == b.kind == "int" and op == "mod":  # Python's sign rule, like //
+        return Scalar(_python_mod(a.value, b.value))
+    if a.kind == b.kind == "int" and op in _INT_OPS:
         return Scalar(_INT_OPS[op](a.value, b.value))
     if op not in _FLOAT_OPS:
         raise CompilationError(f"operator {op!r} is not defined for {a.kind} and {b.kind} values")
@@ -132,6 +151,8 @@ def scalar_binary(op: str, a, b) -> Scalar:
 
 def compare(op: str, a, b) -> Scalar:
     a, b = as_scalar(a), as_scalar(b)
+    if "float" not in (a.kind, b.kind):
+        a, b = to_int(a), to_int(b)
     if a.kind == b.kind == "int":
         return Scalar(arith.cmpi(getattr(arith.CmpIPredicate, _CMP_INT[op]), a.value, b.value))
     return Scalar(arith.cmpf(getattr(arith.CmpFPredicate, _CMP_FLOAT[op]),
@@ -298,7 +319,3 @@ def ceil_div(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return -(-a // b)
     return scalar_binary("floordiv", scalar_binary("add", a, scalar_binary("sub", b, 1)), b)
-
-
-def is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0 and math.log2(n).is_integer()

@@ -275,6 +275,9 @@ def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: 
                                     f"must be {want} (the kernel's annotation fixes it)")
     if not rank:
         return
+    if max(shape) >= 2**31:
+        raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: kernels index with "
+                            f"32-bit dims, each must be below 2**31")
     strides, itemsize = info.strides, info.itemsize
     if strides[-1] != 1:
         raise ArgumentError(f"argument {name!r} has strides {tuple(strides)}: the innermost "
