@@ -88,3 +88,59 @@ def test_cpu_tensor_is_refused():
     x, y, z = _inputs()
     with pytest.raises(tk.ArgumentError, match="cpu"):
         axpy[(1,)](x.cpu(), y, z, 1.0)
+
+
+@tk.kernel(num_warps=4)
+def scale_by(X: tk.gl[f32], Y: tk.gl[f32], S: tk.constexpr):
+    tk.store(Y, tk.load(X, (tk.block_id(0), 0), (16, 64)) * S, (tk.block_id(0), 0))
+
+
+def test_positional_constexpr_changes_pick_other_code():
+    x, _, y = _inputs(16)
+    for s in (2.0, 3.0, 2.0):
+        scale_by[(1,)](x, y, s)                       # S positional
+        torch.cuda.synchronize()
+        assert torch.allclose(y, x * s)
+
+
+@tk.kernel(num_warps=4)
+def shifted(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    i = tk.block_id(0)
+    tk.store(Y, tk.load(X, (i - 1, 0), (16, 64), fill=7.0), (i, 0))   # block 0 reads tile -1
+    tk.store(Y, tk.load(X, ((i - 1) % n, 0), (16, 64)) + 100.0, (i + n, 0))
+
+
+def test_negative_tile_coordinates_are_masked_and_mod_is_pythons():
+    base = torch.rand(64, 64, device="cuda")
+    x = base[16:]                                     # memory before x exists: must not be read
+    y = torch.full((96, 64), float("nan"), device="cuda")
+    shifted[(3,)](x, y, 3)
+    torch.cuda.synchronize()
+    assert torch.all(y[:16] == 7.0)
+    assert torch.equal(y[16:48], x[:32])
+    assert torch.equal(y[48:64], x[32:48] + 100.0)    # (0 - 1) % 3 == 2
+    assert torch.equal(y[64:96], x[:32] + 100.0)
+
+
+@tk.kernel(num_warps=4)
+def branch_scale(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = 1.0
+    if tk.block_id(0) > 0:
+        s = 2.0
+    else:
+        s = 3.0
+    tk.store(Y, tk.load(X, (tk.block_id(0), 0), (16, 64)) * s, (tk.block_id(0), 0))
+
+
+def test_constants_assigned_in_branches():
+    x, _, y = _inputs(32)
+    branch_scale[(2,)](x, y)
+    torch.cuda.synchronize()
+    assert torch.allclose(y[:16], x[:16] * 3.0) and torch.allclose(y[16:], x[16:] * 2.0)
+
+
+def test_bad_grids_are_refused():
+    x, y, z = _inputs()
+    for grid in ((4.0,), (0,), (-1,), (2**32 + 2,)):
+        with pytest.raises(tk.ArgumentError, match="grid"):
+            axpy[grid](x, y, z, 1.0)

@@ -1,0 +1,150 @@
+"""Frontend and verifier rules found in review: each once accepted and then
+miscompiled; now either compiled right (checked in the IR here, on the GPU
+in test_runtime_gpu.py) or refused at the user's line."""
+import types
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import f32
+from tk_mlir.runtime.arguments import check_tensor, spec
+
+S = tk.spec
+T64 = (S((16, 64), "f32"), S((16, 64), "f32"))
+
+
+def _refused(kernel, args, match, **const):
+    with pytest.raises(tk.CompilationError, match=match) as e:
+        kernel.compile(*args, **const)
+    assert e.value.filename.endswith("test_semantics.py") and e.value.line
+    return e.value
+
+
+@tk.kernel(num_warps=4)
+def if_constants(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = 1.0
+    if tk.block_id(0) > 0:
+        s = 2.0
+    else:
+        s = 3.0
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * s, (0, 0))
+
+
+def test_constants_assigned_under_a_runtime_if_are_yielded():
+    tk_ir = if_constants.compile(*T64).asm["tk"]
+    assert "scf.if" in tk_ir and "-> (f32)" in tk_ir
+    assert "2.000000e+00" in tk_ir and "3.000000e+00" in tk_ir
+
+
+@tk.kernel(num_warps=4)
+def loop_tuple(X: tk.gl[f32], Y: tk.gl[f32]):
+    acc = (tk.zeros((16, 64)), tk.zeros((16, 64)))
+    for j in range(4):
+        acc = (acc[0] + tk.load(X, (0, 0), (16, 64)), acc[1])
+    tk.store(Y, acc[0], (0, 0))
+
+
+def test_a_tuple_cannot_be_loop_carried():
+    _refused(loop_tuple, T64, "only tiles, vectors and numbers can be carried")
+
+
+@tk.kernel(num_warps=4)
+def short_vector(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (1,), (4,)), (0,))
+
+
+def test_vectors_shorter_than_a_thread_run_are_refused():
+    _refused(short_vector, (S((16,), "f32"), S((16,), "f32")), "at least 8")
+
+
+@tk.kernel(num_warps=4)
+def mixed_scopes(X: tk.gl[f32], W: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (1, 1024))
+    tk.store(Y, x.mul_col(tk.load(W, (0,), (1024,), scope="warp")), (0, 0))
+
+
+def test_a_vector_of_another_scope_is_refused():
+    _refused(mixed_scopes, (S((1, 1024), "f32"), S((1024,), "f32"), S((1, 1024), "f32")),
+             "warp-scope vector cannot be applied to a block-scope tile")
+
+
+@tk.kernel(num_warps=4)
+def divergent_barrier(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (1, 1024))
+    if tk.warp_id() == 0:
+        tk.store(Y, x.sub_row(x.row_sum()), (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def uniform_barrier(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (1, 1024))
+    if tk.block_id(0) == 0:
+        tk.store(Y, x.sub_row(x.row_sum()), (0, 0))
+
+
+def test_block_barrier_under_thread_dependent_if_is_refused():
+    args = (S((1, 1024), "f32"), S((1, 1024), "f32"))
+    _refused(divergent_barrier, args, "depends on the thread, lane or warp id")
+    assert "bar.sync" in uniform_barrier.compile(*args).asm["ptx"]
+
+
+@tk.kernel(num_warps=1)
+def huge_tile(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (64, 1024)), (0, 0))
+
+
+def test_a_tile_beyond_the_register_file_is_refused():
+    _refused(huge_tile, (S((64, 1024), "f32"), S((64, 1024), "f32")), "registers per thread")
+
+
+@tk.kernel(num_warps=4)
+def shared_subtile(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = tk.shared_tile(f32, (64, 32))
+    tk.copy(s, X, (0, 0))
+    tk.store(Y, tk.load(s, (1, 0), (16, 32)), (0, 0))
+
+
+def test_shared_tile_load_does_not_ignore_its_arguments():
+    _refused(shared_subtile, (S((64, 32), "f32"), S((64, 32), "f32")), "reads the whole tile")
+
+
+@tk.kernel(num_warps=4)
+def bool_arith(X: tk.gl[f32], Y: tk.gl[f32]):
+    flag = tk.block_id(0) > 0
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * float(flag + 1), (0, 0))
+
+
+def test_bool_in_arithmetic_counts_as_one():
+    ir_text = bool_arith.compile(*T64).asm["tk"]
+    assert "arith.extui" in ir_text      # i1 -> 0/1, where sitofp would give True = -1.0
+
+
+@tk.kernel(num_warps=4)
+def flag_kernel(X: tk.gl[f32], Y: tk.gl[f32], F: tk.constexpr):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * (2.0 if F else 1.0), (0, 0))
+
+
+def test_true_and_one_are_different_constexprs():
+    assert flag_kernel.compile(*T64, F=True) is not flag_kernel.compile(*T64, F=1)
+
+
+CFG = types.SimpleNamespace(SCALE=2.0)
+
+
+@tk.kernel(num_warps=4)
+def scaled(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * CFG.SCALE, (0, 0))
+
+
+def test_an_object_global_is_keyed_by_its_contents():
+    before = scaled._globals_key()
+    CFG.SCALE = 5.0
+    try:
+        assert scaled._globals_key() != before
+    finally:
+        CFG.SCALE = 2.0
+
+
+def test_dims_beyond_i32_are_refused():
+    with pytest.raises(tk.ArgumentError, match="below 2\\*\\*31"):
+        check_tensor(spec((2**31, 8), "f32"), "X", dtype="f32", rank=2)
