@@ -71,7 +71,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     tensor = sys.modules["torch"].Tensor
     env = {"Tensor": tensor, "TAIL": tuple(values[n_positional:]), "MISSING": object(),
            "launch": launch, "stream": stream, "checked": set(), "normalize_grid": normalize_grid,
-           "full_check": None, "NAMES": names, "scalar_check": _scalar_check}
+           "full_check": None, "NAMES": names, "scalar_check": _scalar_check, "GRIDS": {}}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
              f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
@@ -125,9 +125,12 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     for pos, kind, dim in params:
         values_code.append({"ptr": f"p{pos}", "dim": f"d{pos}[{dim}]",
                             "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))
-    lines += ["    if type(grid) is not tuple or len(grid) != 3 or not all(",
-              "            type(g) is int and 0 < g < 2147483648 for g in grid):",
-              "        grid = normalize_grid(grid, dict(zip(NAMES, args + TAIL)))",
+    lines += ["    g = GRIDS.get(grid) if type(grid) is tuple else None   # validated before",
+              "    if g is None:",
+              "        g = normalize_grid(grid, dict(zip(NAMES, args + TAIL)))",
+              "        if type(grid) is tuple and len(GRIDS) < 4096:",
+              "            GRIDS[grid] = g",
+              "    grid = g",
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(values_code)})",
               "    return True"]
 
