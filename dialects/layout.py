@@ -191,6 +191,15 @@ def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
     raise LayoutError(f"unknown tile layout {name!r} (expected vec, row or col)")
 
 
+def layout_of(t, num_warps: int) -> Layout:
+    """The layout of a register tile or vector type (dialects/types.py)."""
+    from . import types as T
+    warps = T.scope_warps(t.scope, num_warps)
+    if isinstance(t, T.RT):
+        return tile_layout(t.layout, t.rows, t.cols, warps)
+    return decode(t.layout, t.length)
+
+
 def default_vector_layout(length: int, num_warps: int) -> Layout:
     """A vector used on its own (no tile to match): the columns of a 1-row vec tile."""
     return vec(1, max(length, VEC_RUN), num_warps).slice(1)

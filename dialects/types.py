@@ -35,6 +35,11 @@ SWIZZLES = (0, 32, 64, 128)
 MAX_GL_RANK = 4
 
 
+def scope_warps(scope: str, num_warps: int) -> int:
+    """How many warps hold a tile of this scope in a kernel of num_warps."""
+    return SCOPES.get(scope, num_warps)
+
+
 def itemsize(dtype: str) -> int:
     return DTYPES[dtype][1]
 

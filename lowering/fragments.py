@@ -25,11 +25,7 @@ class Fragment:
         return Fragment(regs, self.layout, dtype or self.dtype, self.scope)
 
 
-def layout_of(t: T.RT | T.RV, num_warps: int) -> layouts.Layout:
-    warps = T.SCOPES.get(t.scope, num_warps)
-    if isinstance(t, T.RT):
-        return layouts.tile_layout(t.layout, t.rows, t.cols, warps)
-    return layouts.decode(t.layout, t.length)
+layout_of = layouts.layout_of
 
 
 @dataclass

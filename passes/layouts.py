@@ -66,8 +66,7 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
             groups.fix(v, t.layout, op)
     if name == "tk.broadcast":
         tile: T.RT = T.parse(op.operation.operands[0].type)
-        lay = layouts.tile_layout(tile.layout, tile.rows, tile.cols,
-                                  T.SCOPES.get(tile.scope, num_warps))
+        lay = layouts.layout_of(tile, num_warps)
         keep = 0 if op.axis == "row" else 1
         groups.fix(op.operation.operands[1], lay.slice(keep).encode(), op)
         return
@@ -115,7 +114,7 @@ def assign_layouts(module: ir.Module) -> None:
                                    f"used on its own needs at least {layouts.VEC_RUN} (its "
                                    f"layout holds {layouts.VEC_RUN} per thread); pad it")
                 groups.fixed[root] = (layouts.default_vector_layout(
-                    t.length, T.SCOPES.get(t.scope, num_warps)).encode(), None)
+                    t.length, T.scope_warps(t.scope, num_warps)).encode(), None)
             v.set_type(t.with_layout(groups.fixed[root][0]).to_mlir())
 
 

@@ -27,8 +27,8 @@ def _i64(v: int) -> ir.Attribute:
 
 def _reduction_scratch(op, num_warps: int) -> int:
     tile = T.parse(op.operands[0].type)
-    warps = T.SCOPES.get(tile.scope, num_warps)
-    layout = layouts.tile_layout(tile.layout, tile.rows, tile.cols, warps)
+    warps = T.scope_warps(tile.scope, num_warps)
+    layout = layouts.layout_of(tile, num_warps)
     keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
     if not layout.warp_bits_along(1 - keep):
         return 0

@@ -47,7 +47,7 @@ def _layout_ok(t, num_warps: int) -> None:
         return
     _require(t.scope in ("warp", "warpgroup", "block"),
              f"scope must be warp, warpgroup or block, got {t.scope!r}")
-    warps = T.SCOPES.get(t.scope, num_warps)
+    warps = T.scope_warps(t.scope, num_warps)
     _require(warps <= num_warps, f"a {t.scope}-scope tile needs {warps} warps, "
              f"the kernel has num_warps={num_warps}")
     try:
@@ -156,7 +156,7 @@ def _block_barrier(op, num_warps: int) -> bool:
     if name == "tk.reduce":
         t = T.parse(op.operands[0].type)
         keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
-        layout = layouts.tile_layout(t.layout, t.rows, t.cols, T.SCOPES.get(t.scope, num_warps))
+        layout = layouts.layout_of(t, num_warps)
         return bool(layout.warp_bits_along(1 - keep))
     return False
 

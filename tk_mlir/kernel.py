@@ -234,9 +234,9 @@ class Kernel:
         argument is not a torch tensor."""
         from .runtime import driver
         values, num_warps = self._bind(args, dict(kwargs))
-        torch_tensor = launcher.torch_tensor_type()
+        tensors = launcher.torch_tensor_types()
         gl = [i for i, p in enumerate(self.params) if p.kind == "gl"]
-        if torch_tensor is None or any(type(values[i]) is not torch_tensor for i in gl) \
+        if not tensors or any(type(values[i]) not in tensors for i in gl) \
                 or not self._constexpr_names.issuperset(kwargs):
             return None
         compiled, rules = self._checked(values, num_warps)

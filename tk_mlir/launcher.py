@@ -31,9 +31,11 @@ from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 
 
-def torch_tensor_type():
+def torch_tensor_types() -> tuple:
+    """The tensor classes the fast path reads directly: torch.Tensor and
+    nn.Parameter (weights); other subclasses take the general path."""
     torch = sys.modules.get("torch")
-    return torch.Tensor if torch is not None else None
+    return (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
 
 
 def normalize_grid(grid, meta: dict) -> tuple[int, int, int]:
@@ -68,8 +70,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                device: int) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
     (`constexprs`: positions of the compile-time parameters)."""
-    tensor = sys.modules["torch"].Tensor
-    env = {"Tensor": tensor, "TAIL": tuple(values[n_positional:]), "MISSING": object(),
+    env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]), "MISSING": object(),
            "launch": launch, "stream": stream, "checked": set(), "normalize_grid": normalize_grid,
            "full_check": None, "NAMES": names, "scalar_check": _scalar_check, "GRIDS": {}}
     local = [f"a{i}" for i in range(len(names))]
@@ -96,7 +97,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     for i in gl_rules:
         env[f"D{i}"] = values[i].dtype
         a = local[i]
-        lines.append(f"    if type({a}) is not Tensor or {a}.dtype is not D{i} or "
+        lines.append(f"    if type({a}) not in TENSORS or {a}.dtype is not D{i} or "
                      f"{a}.ndim != {values[i].ndim}:")
         lines.append("        return False")
     scalars = {pos: kind for pos, kind, _ in params if kind in ("i32", "f32")}

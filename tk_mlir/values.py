@@ -28,10 +28,6 @@ class KernelState:
 current: contextvars.ContextVar[KernelState] = contextvars.ContextVar("tk_kernel")
 
 
-def scope_warps(scope: str) -> int:
-    return T.SCOPES.get(scope) or current.get().num_warps
-
-
 def i32() -> ir.Type:
     return ir.IntegerType.get_signless(32)
 
@@ -215,7 +211,7 @@ class Tile(TileLike):
     def _reduce(self, kind: str, axis: str) -> Vector:
         t: T.RT = self.tk_type
         keep = 0 if axis == "row" else 1
-        lay = layouts.tile_layout(t.layout, t.rows, t.cols, scope_warps(t.scope)).slice(keep)
+        lay = layouts.layout_of(t, current.get().num_warps).slice(keep)
         rv = T.RV(t.dtype, t.shape[keep], lay.encode(), t.scope)
         return Vector(emit("reduce", [self], rv.to_mlir(), kind=kind, axis=axis))
 
