@@ -144,3 +144,12 @@ def test_bad_grids_are_refused():
     for grid in ((4.0,), (0,), (-1,), (2**32 + 2,)):
         with pytest.raises(tk.ArgumentError, match="grid"):
             axpy[grid](x, y, z, 1.0)
+
+
+def test_parameter_arguments_take_the_fast_path():
+    x, y, z = _inputs()
+    px, py = torch.nn.Parameter(x, requires_grad=False), torch.nn.Parameter(y, requires_grad=False)
+    axpy[(tk.cdiv(100, 16),)](px, py, z, 0.25)
+    torch.cuda.synchronize()
+    _check(x, y, z, 0.25)
+    assert axpy._plans, "a plan was made for nn.Parameter arguments"
