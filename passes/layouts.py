@@ -13,7 +13,8 @@ from __future__ import annotations
 from mlir import ir
 
 from ..dialects import layout as layouts, tk, types as T
-from ..errors import CompilationError, error_at
+from ..errors import error_at
+from .walk import walk_ops
 
 
 class _Groups:
@@ -92,17 +93,7 @@ def assign_layouts(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
         groups = _Groups()
-        failures: list = []
-        def visit(op):
-            try:
-                _constrain(op.opview, groups, num_warps)
-            except CompilationError as e:
-                failures.append(e)   # raised below: a callback's exception gets wrapped
-                return ir.WalkResult.INTERRUPT
-            return ir.WalkResult.ADVANCE
-        func.operation.walk(visit)
-        if failures:
-            raise failures[0]
+        walk_ops(func.operation, lambda op: _constrain(op.opview, groups, num_warps))
         for key, v in list(groups.values.items()):
             t = T.parse(v.type)
             if t.layout != "auto":

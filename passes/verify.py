@@ -10,7 +10,8 @@ from __future__ import annotations
 from mlir import ir
 
 from ..dialects import layout as layouts, tk, types as T
-from ..errors import CompilationError, error_at
+from ..errors import error_at
+from .walk import walk_ops
 
 MAX_SHARED_BYTES = 227 * 1024
 MAX_TILE_REGISTERS = 255
@@ -210,16 +211,8 @@ def verify(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
         memo: dict = {}
-        failures: list = []
-        def visit(op):
-            if op.operation.name.startswith("tk."):
-                try:
-                    check_op(op.opview, num_warps)
-                    _check_uniform(op.operation, num_warps, memo)
-                except CompilationError as e:
-                    failures.append(e)   # raised below: a callback's exception gets wrapped
-                    return ir.WalkResult.INTERRUPT
-            return ir.WalkResult.ADVANCE
-        func.operation.walk(visit)
-        if failures:
-            raise failures[0]
+        def visit(op: ir.Operation) -> None:
+            if op.name.startswith("tk."):
+                check_op(op.opview, num_warps)
+                _check_uniform(op, num_warps, memo)
+        walk_ops(func.operation, visit)
