@@ -116,7 +116,8 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
         ptrs = " | ".join(f"p{i}" for i in gl_rules)
         lines += [f"    key = ({key},)",
                   f"    if ({ptrs}) & 15 or key not in checked:",
-                  "        full_check(args + TAIL)",
+                  "        if not full_check(args + TAIL):",
+                  "            return False   # tensors on another device: another plan",
                   "        checked.add(key)"]
     for pos, kind in scalars.items():
         if kind == "i32":
@@ -135,11 +136,13 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(values_code)})",
               "    return True"]
 
-    def full_check(all_values):
-        for i, rule in gl_rules.items():
-            info = tensor_info(all_values[i], names[i])
+    def full_check(all_values) -> bool:
+        infos = [tensor_info(all_values[i], names[i]) for i in gl_rules]
+        if any(info.device != f"cuda:{device}" for info in infos if info.device.startswith("cuda:")):
+            return False     # the kernel (re)planned for the device the tensors are on
+        for info, (i, rule) in zip(infos, gl_rules.items()):
             check_tensor(info, names[i], **rule)
-            check_device(info, names[i], device)
+        return True
     env["full_check"] = full_check
     exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)
     plan = env["plan"]
