@@ -239,9 +239,9 @@ class Kernel:
         if not tensors or any(type(values[i]) not in tensors for i in gl) \
                 or not self._constexpr_names.issuperset(kwargs):
             return None
-        compiled, rules = self._checked(values, num_warps)
+        compiled, rules, _ = self._checked(values, num_warps)
         params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
-        kinds = tuple({"dim": "i32", "stride": "i64"}.get(k, k) for _, k, _ in params)
+        kinds = tuple(launcher.PASSED_AS[k] for _, k, _ in params)
         device = driver.default_device()
         launch = driver.PackedLauncher(compiled.function(device), kinds).bind(
             compiled.num_threads, compiled.smem_bytes)
@@ -250,26 +250,30 @@ class Kernel:
                                    constexprs, rules, params, launch, driver.current_stream,
                                    device)
 
-    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict]:
-        """The compiled kernel for these argument values, after checking them."""
-        sig = self._signature(values, num_warps, tensor_info)
+    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict]:
+        """The compiled kernel for these argument values after checking them,
+        the check for each tensor argument, and what was read of each tensor."""
+        from .runtime import driver
+        infos = {}
+        def read(v, name):
+            infos[name] = tensor_info(v, name)
+            return infos[name]
+        sig = self._signature(values, num_warps, read)
         compiled = self._get(sig)
         rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
                  for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
-        from .runtime import driver
         device = driver.default_device()
+        tensors = {i: infos[self.params[i].name] for i in rules}
         for i, rule in rules.items():
-            info = tensor_info(values[i], self.params[i].name)
-            check_tensor(info, self.params[i].name, **rule)
-            launcher.check_device(info, self.params[i].name, device)
-        return compiled, rules
+            check_tensor(tensors[i], self.params[i].name, **rule)
+            launcher.check_device(tensors[i], self.params[i].name, device)
+        return compiled, rules, tensors
 
     def launch_general(self, grid, args, kwargs) -> None:
         """Any tensor-like arguments: read, check and launch, every call."""
         from .runtime import driver
         values, num_warps = self._bind(args, dict(kwargs))
-        compiled, rules = self._checked(values, num_warps)
-        infos = {i: tensor_info(values[i], self.params[i].name) for i in rules}
+        compiled, _, infos = self._checked(values, num_warps)
         out, kinds = [], []
         for arg, kind, dim in compiled.params:
             pos = self.runtime[arg]
@@ -280,9 +284,9 @@ class Kernel:
             elif kind == "stride":
                 out.append(infos[pos].strides[dim])
             else:
-                launcher._scalar_check(self.params[pos].name, kind, values[pos])
+                launcher.check_scalar(self.params[pos].name, kind, values[pos])
                 out.append(values[pos])
-            kinds.append(driver.ctypes_type({"dim": "i32", "stride": "i64"}.get(kind, kind)))
+            kinds.append(driver.ctypes_type(launcher.PASSED_AS[kind]))
         g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)})
         compiled.function(driver.default_device()).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(),

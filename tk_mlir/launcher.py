@@ -6,14 +6,17 @@ kernel, checks every argument rule, and generates a small Python function
 specialised to that signature (like Triton's generated launchers):
 
     def plan(grid, args, kwargs):
-        if len(args) != 4 or kwargs != KWARGS: return False      # the guard:
-        X, W, Y, eps = args                                       # same kinds of
-        if type(X) is not Tensor or X.dtype is not D0 or X.ndim != 2: return False
+        if len(args) != 4 or len(kwargs) != 1: return False       # the guard: same
+        v = kwargs.get('BLOCK', MISSING)                           # constexprs (type
+        if type(v) is not KT0 or v != K0: return False             # and value), same
+        a0, a1, a2, a3 = args                                      # tensor kinds
+        if type(a0) not in TENSORS or a0.dtype is not D0 or a0.ndim != 2: return False
         ...
-        pX = X.data_ptr(); sX = X.stride() ...
-        key = (X.shape, sX, X.is_cuda, ...)
-        if (pX | ...) & 15 or key not in checked: full_check(args); checked.add(key)
-        launch(*grid3, stream(), pX, X.shape[0], sX[0], ...)
+        p0 = a0.data_ptr(); s0 = a0.stride(); d0 = a0.shape ...
+        key = (d0, s0, a0.get_device(), ...)
+        if (p0 | ...) & 15 or key not in checked: ... full_check ...; checked.add(key)
+        ... the grid, validated once per distinct tuple ...
+        launch(grid[0], grid[1], grid[2], stream(), p0, d0[0], s0[0], ...)
         return True
 
 A call whose arguments do not pass the guard goes back to the kernel, which
@@ -29,6 +32,8 @@ from typing import Callable
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+# How each kind of kernel parameter (lowering/kernel.py) is passed to the driver.
+PASSED_AS = {"ptr": "ptr", "dim": "i32", "stride": "i64", "i32": "i32", "f32": "f32"}
 
 
 def torch_tensor_types() -> tuple:
@@ -56,7 +61,7 @@ def check_device(info, name: str, device: int) -> None:
                             f"`with torch.cuda.device({index}):`")
 
 
-def _scalar_check(name: str, kind: str, value):
+def check_scalar(name: str, kind: str, value):
     if kind == "i32":
         if type(value) is not int or not _I32_MIN <= value <= _I32_MAX:
             raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 bits")
@@ -70,9 +75,10 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                device: int) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
     (`constexprs`: positions of the compile-time parameters)."""
-    env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]), "MISSING": object(),
-           "launch": launch, "stream": stream, "checked": set(), "normalize_grid": normalize_grid,
-           "full_check": None, "NAMES": names, "scalar_check": _scalar_check, "GRIDS": {}}
+    env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
+           "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
+           "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
+           "scalar_check": check_scalar, "GRIDS": {}}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
              f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
