@@ -83,6 +83,34 @@ class ST:
     def nbytes(self) -> int:
         return self.rows * self.cols * itemsize(self.dtype)
 
+    # A swizzled tile is stored as column blocks of `swizzle` bytes per row
+    # (the box TMA writes and wgmma reads); block j holds columns
+    # j*block_cols .. of every row, rows consecutive, at j * rows * block_bytes.
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * itemsize(self.dtype)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.swizzle or self.row_bytes
+
+    @property
+    def block_cols(self) -> int:
+        return self.block_bytes // itemsize(self.dtype)
+
+    @property
+    def blocks(self) -> int:
+        return self.row_bytes // self.block_bytes
+
+    def byte_offset(self, row: int, col: int) -> int:
+        """Where element (row, col) lives, relative to the tile's (aligned) base."""
+        block, inner = divmod(col, self.block_cols)
+        off = block * self.rows * self.block_bytes + row * self.block_bytes + \
+            inner * itemsize(self.dtype)
+        if self.swizzle:
+            off ^= ((off >> 7) & (self.swizzle // 16 - 1)) << 4
+        return off
+
 
 @dataclass(frozen=True)
 class RT:

@@ -48,6 +48,9 @@ class LoweringContext:
     smem_base: ir.Value | None = None          # !llvm.ptr<3>, set when the kernel uses smem
     values: dict = field(default_factory=dict)  # old SSA value -> new value / Fragment / Ref
     exchange_groups: dict = field(default_factory=dict)  # group id -> its tk.reduce ops
+    tensor_maps: dict = field(default_factory=dict)   # TensorMapSpec -> its !llvm.ptr parameter
+    uses_elect: bool = False
+    uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     _thread: dict = field(default_factory=dict)
 
     def lookup(self, v: ir.Value):

@@ -39,5 +39,7 @@ class GlobalRef:
 
 @dataclass
 class SharedRef:
-    ptr: ir.Value                       # !llvm.ptr<3> to the tile's first byte
-    type: T.ST
+    """A shared tile or semaphore (or the first of an array of them)."""
+    ptr: ir.Value                       # !llvm.ptr<3> to the first byte
+    type: T.ST | T.Sem
+    stride: int = 0                     # bytes between the elements of an array

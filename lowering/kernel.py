@@ -12,19 +12,25 @@ The kernel's parameters, in order, per tk argument:
   !tk.gl  -> !llvm.ptr<1>, one i32 per dynamic dim, one i64 stride (elements)
              per dim but the last (which is contiguous)
   i32/f32 -> itself
+then one tensor map per (tensor, TMA box) the kernel's TMA ops use: a
+generic !llvm.ptr to a 128-byte __grid_constant__ parameter (its attributes
+are set on the llvm.func by `set_kernel_attributes`, after convert-gpu-to-nvvm,
+which drops them from a gpu.func).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import gpu, llvm, scf
+from mlir.dialects import arith, gpu, llvm, scf
 
 from ..dialects import types as T
 from ..errors import error_at
-from . import compute, memory, reduce, threads  # noqa: F401  (register the lowerings)
+from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
+from .sync import init_semaphores
+from .tma import TensorMapSpec, tensor_map_spec
 
 GPU_MODULE = "tk_kernels"
 SMEM_SYMBOL = "__tk_smem"
@@ -34,11 +40,27 @@ SMEM_SYMBOL = "__tk_smem"
 class KernelParam:
     """One parameter of the compiled kernel, and which argument it comes from."""
     arg: int            # index of the tk-level argument
-    kind: str           # "ptr", "dim", "stride", "i32", "f32"
-    index: int = 0      # the dim for "dim" / "stride"
+    kind: str           # "ptr", "dim", "stride", "i32", "f32", "tmap"
+    index: int = 0      # the dim for "dim" / "stride"; the spec's index for "tmap"
 
 
-def kernel_params(arg_types: list[ir.Type]) -> list[KernelParam]:
+def tensor_map_specs(func) -> list[TensorMapSpec]:
+    """The tensor maps the kernel's TMA ops use, in first-use order."""
+    specs: list[TensorMapSpec] = []
+    def visit(op):
+        if op.name in ("tk.tma_load", "tk.tma_store", "tk.tma_prefetch"):
+            gl_pos, st_pos = {"tk.tma_load": (1, 0), "tk.tma_store": (0, 1),
+                              "tk.tma_prefetch": (0, 1)}[op.name]
+            spec = tensor_map_spec(ir.BlockArgument(op.operands[gl_pos]).arg_number,
+                                   T.parse(op.operands[st_pos].type))
+            if spec not in specs:
+                specs.append(spec)
+        return ir.WalkResult.ADVANCE
+    func.operation.walk(visit)
+    return specs
+
+
+def kernel_params(arg_types: list[ir.Type], specs=()) -> list[KernelParam]:
     params = []
     for i, t in enumerate(arg_types):
         tk_t = T.parse(t)
@@ -52,20 +74,23 @@ def kernel_params(arg_types: list[ir.Type]) -> list[KernelParam]:
             params.append(KernelParam(i, "f32"))
         else:
             raise TypeError(f"unsupported kernel argument type {t}")
+    params += [KernelParam(spec.arg, "tmap", i) for i, spec in enumerate(specs)]
     return params
 
 
 _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
-                "f32": ir.F32Type.get}
+                "f32": ir.F32Type.get, "tmap": lambda: ir.Type.parse("!llvm.ptr")}
+SMEM_ALIGN = 1024     # swizzled tiles: the base is rounded up at run time (see MLIR_NOTES)
 
 
-def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam]]:
+def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
     (func,) = module.body.operations
     name = ir.StringAttr(func.attributes["sym_name"]).value
     num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
     smem_bytes = ir.IntegerAttr(func.attributes["tk.smem_bytes"]).value
     entry = func.regions[0].blocks[0]
-    params = kernel_params([a.type for a in entry.arguments])
+    specs = tensor_map_specs(func)
+    params = kernel_params([a.type for a in entry.arguments], specs)
 
     out = ir.Module.create(func.location)
     out.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
@@ -88,11 +113,60 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam]]:
     ctx.exchange_groups = _exchange_groups(func)
     with ir.InsertionPoint(body), func.location:
         _bind_arguments(ctx, entry, params, body.arguments)
+        for p, spec_value in zip(params, body.arguments):
+            if p.kind == "tmap":
+                ctx.tensor_maps[specs[p.index]] = spec_value
         if smem_bytes:
-            ctx.smem_base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
+            ctx.smem_base = _aligned_smem_base() if "tk.smem_align" in func.attributes else \
+                llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
         ctx.lane(), ctx.warp()   # at the top, so they dominate every use (unused: DCE'd)
+        init_semaphores(ctx, [op for op in entry.operations if op.name == "tk.alloc_sem"])
         _lower_block(ctx, entry)
-    return out, params
+    kernel.attributes["tk.grid_constants"] = ir.DenseI32ArrayAttr.get(
+        [i for i, p in enumerate(params) if p.kind == "tmap"])
+    if ctx.uses_setmaxnreg:   # ptxas ignores setmaxnreg without .minnctapersm (C7508)
+        kernel.attributes["tk.min_ctas"] = ir.IntegerAttr.get(i32(), 1)
+    kernel.attributes["tk.max_threads"] = ir.IntegerAttr.get(i32(), 32 * num_warps)
+    return out, params, specs
+
+
+def _aligned_smem_base() -> ir.Value:
+    """The dynamic shared memory base rounded up to SMEM_ALIGN (passes/smem.py
+    asks for that much more): swizzle patterns follow absolute address bits,
+    and LLVM must not assume the alignment (it would fold the rounding)."""
+    base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
+    addr = llvm.ptrtoint(i32(), base)
+    aligned = arith.andi(arith.addi(addr, c32(SMEM_ALIGN - 1)), c32(-SMEM_ALIGN))
+    return llvm.getelementptr(ptr(3), base, [arith.subi(aligned, addr)], [-2**31],
+                              ir.IntegerType.get_signless(8), llvm.GEPNoWrapFlags.inbounds)
+
+
+def set_kernel_attributes(module: ir.Module) -> None:
+    """After convert-gpu-to-nvvm: tensor-map parameters become 128-byte
+    __grid_constant__ byval parameters, and kernels that reallocate registers
+    get .minnctapersm 1 and .maxntid."""
+    def visit(op):
+        if op.name != "llvm.func" or "tk.grid_constants" not in op.attributes:
+            return ir.WalkResult.ADVANCE
+        grid_constants = list(ir.DenseI32ArrayAttr(op.attributes["tk.grid_constants"]))
+        if grid_constants:
+            n = len(op.regions[0].blocks[0].arguments)
+            arg_attrs = [ir.DictAttr.get({}) for _ in range(n)]
+            for i in grid_constants:
+                arg_attrs[i] = ir.DictAttr.get({
+                    "llvm.byval": ir.TypeAttr.get(ir.Type.parse("!llvm.array<128 x i8>")),
+                    "llvm.align": ir.IntegerAttr.get(i64(), 64),
+                    "nvvm.grid_constant": ir.UnitAttr.get()})
+            op.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_attrs)
+        if "tk.min_ctas" in op.attributes:
+            op.attributes["nvvm.minctasm"] = op.attributes["tk.min_ctas"]
+            threads = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
+            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([threads, 1, 1])
+        for name in ("tk.grid_constants", "tk.min_ctas", "tk.max_threads"):
+            if name in op.attributes:
+                del op.attributes[name]
+        return ir.WalkResult.ADVANCE
+    module.operation.walk(visit)
 
 
 def _bind_arguments(ctx: LoweringContext, entry, params: list[KernelParam], new_args) -> None:

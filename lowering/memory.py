@@ -185,11 +185,17 @@ def lower_gl_dim(ctx: LoweringContext, op) -> None:
 # ------------------------------------------------------------------ shared
 
 def swizzled_offset(st: T.ST, row: ir.Value, col: ir.Value) -> ir.Value:
-    """Byte offset of element (row, col) in a row-major shared tile whose
-    16-byte chunks are XOR-swizzled within each 128-byte line, the pattern
-    TMA's SWIZZLE_32B/64B/128B modes write."""
+    """Byte offset of element (row, col) in a shared tile: column blocks of
+    `swizzle` bytes per row (T.ST.byte_offset), 16-byte chunks XOR-swizzled
+    within each 128-byte line, the pattern TMA's SWIZZLE_32B/64B/128B modes
+    write and wgmma reads."""
     isz = T.itemsize(st.dtype)
-    off = arith.addi(arith.muli(row, c32(st.cols * isz)), arith.muli(col, c32(isz)))
+    shift = st.block_cols.bit_length() - 1          # block_cols is a power of two
+    block = arith.shrui(col, c32(shift))
+    inner = arith.andi(col, c32(st.block_cols - 1))
+    off = arith.addi(arith.muli(block, c32(st.rows * st.block_bytes)),
+                     arith.addi(arith.muli(row, c32(st.block_bytes)),
+                                arith.muli(inner, c32(isz))))
     if st.swizzle:
         mask = st.swizzle // 16 - 1
         line = arith.andi(arith.shrui(off, c32(7)), c32(mask))
@@ -197,7 +203,7 @@ def swizzled_offset(st: T.ST, row: ir.Value, col: ir.Value) -> ir.Value:
     return off
 
 
-def _smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
+def smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
     return llvm.getelementptr(ptr(3), base, [byte_offset], [-2**31], ir.IntegerType.get_signless(8),
                               llvm.GEPNoWrapFlags.inbounds)
 
@@ -208,7 +214,7 @@ def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
     for r0, n in pieces:
         pos = layout.reg_position(r0)
         row, col = (arith.addi(t, c32(p)) for t, p in zip(thread, pos))
-        yield r0, n, _smem_addr(ref.ptr, swizzled_offset(ref.type, row, col))
+        yield r0, n, smem_addr(ref.ptr, swizzled_offset(ref.type, row, col))
 
 
 def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
@@ -220,21 +226,44 @@ def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
 
 
 def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
-    # Other threads may still read the tile's old contents, and will read the
-    # new ones: a barrier on each side. (Conservative: a pass that drops the
-    # barriers the memory model does not need is future work.)
-    nvvm.barrier0()
+    # A block-scope tile: other threads may still read the tile's old contents,
+    # and will read the new ones: a barrier on each side. (Conservative: a pass
+    # that drops the barriers the memory model does not need is future work.)
+    # A warp/warpgroup-scope tile is written by part of the block, which
+    # synchronises itself (tk.named_barrier), as in ThunderKittens: a block
+    # barrier here would hang a warp-specialized kernel.
+    block = frag.scope == "block"
+    if block:
+        nvvm.barrier0()
     first = ctx.is_first_replica(frag.layout, frag.scope)
     for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
         value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
         _guarded(first, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
-    nvvm.barrier0()
+    if block:
+        nvvm.barrier0()
 
 
-@lowers("tk.alloc_st")
-def lower_alloc_st(ctx: LoweringContext, op) -> None:
-    offset = ir.IntegerAttr(op.operation.attributes["offset"]).value
-    ctx.bind(op.result, SharedRef(_smem_addr(ctx.smem_base, c32(offset)), T.parse(op.result.type)))
+@lowers("tk.alloc_st", "tk.alloc_sem")
+def lower_alloc(ctx: LoweringContext, op) -> None:
+    attrs = op.operation.attributes
+    offset, stride = (ir.IntegerAttr(attrs[k]).value for k in ("offset", "stride"))
+    ctx.bind(op.result, SharedRef(smem_addr(ctx.smem_base, c32(offset)),
+                                  T.parse(op.result.type), stride))
+
+
+@lowers("tk.index")
+def lower_index(ctx: LoweringContext, op) -> None:
+    base = ctx.lookup(op.base)
+    offset = arith.muli(ctx.lookup(op.index), c32(base.stride))
+    ctx.bind(op.result, SharedRef(smem_addr(base.ptr, offset), base.type))
+
+
+@lowers("tk.subtile")
+def lower_subtile(ctx: LoweringContext, op) -> None:
+    src, sub = ctx.lookup(op.src), T.parse(op.result.type)
+    # One column block (tk-verify): the rows are consecutive lines of block_bytes.
+    offset = arith.muli(ctx.lookup(op.row), c32(src.type.block_bytes))
+    ctx.bind(op.result, SharedRef(smem_addr(src.ptr, offset), sub))
 
 
 @lowers("tk.copy")
@@ -262,7 +291,7 @@ def lower_copy(ctx: LoweringContext, op) -> None:
             offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
         gaddr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31], T.element_type(st.dtype),
                                    llvm.GEPNoWrapFlags.inbounds)
-        saddr = _smem_addr(sref.ptr, swizzled_offset(st, row, col))
+        saddr = smem_addr(sref.ptr, swizzled_offset(st, row, col))
         in_tile = _lt(k, c32(st.rows * chunks_per_row))
         in_bounds = _and([in_tile, _lt(grow, g.dims[rank - 2]), _lt(gcol, g.dims[rank - 1])]
                          + [_lt(c, d) for c, d in zip(coords[:rank - 2], g.dims)])

@@ -17,10 +17,12 @@ from ..errors import CompilationError
 from ..passes.layouts import assign_layouts
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
-from .kernel import KernelParam, lower_to_gpu
+from .kernel import KernelParam, lower_to_gpu, set_kernel_attributes
+from .tma import TensorMapSpec
 
-# Upstream passes after tk-to-gpu, in order (see MLIR_NOTES for why this order).
-UPSTREAM = (
+# The stages after tk-to-gpu, in order: upstream passes by their pipeline
+# text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
+GPU_STAGES = (
     "convert-scf-to-cf",
     "convert-nvvm-to-llvm",
     "convert-arith-to-llvm",
@@ -28,8 +30,11 @@ UPSTREAM = (
     "canonicalize",
     "cse",
     "gpu.module(convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1})",
+    ("tk-kernel-attributes", set_kernel_attributes),
     "reconcile-unrealized-casts",
 )
+UPSTREAM = tuple(s for s in GPU_STAGES if isinstance(s, str))
+GPU_STAGE_NAMES = tuple(s if isinstance(s, str) else s[0] for s in GPU_STAGES)
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Lowered:
     ptx: str
     params: list[KernelParam]
     kernel_name: str
+    tensor_maps: list[TensorMapSpec]
 
 
 def _run_upstream(module: ir.Module, pipeline: str) -> None:
@@ -69,18 +75,23 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None)
         record(name, module)
     (func,) = module.body.operations
     kernel_name = ir.StringAttr(func.attributes["sym_name"]).value
-    gpu_module, params = lower_to_gpu(module)
+    gpu_module, params, tensor_maps = lower_to_gpu(module)
     record("tk-to-gpu", gpu_module)
-    for p in UPSTREAM:
-        _run_upstream(gpu_module, p)
-        record(p, gpu_module)
+    for stage in GPU_STAGES:
+        if isinstance(stage, str):
+            _run_upstream(gpu_module, stage)
+            record(stage, gpu_module)
+        else:
+            name, fn = stage
+            fn(gpu_module)
+            record(name, gpu_module)
     record("llvm", gpu_module)
     _run_upstream(gpu_module, "gpu-module-to-binary{format=isa}")
     ptx = _extract_ptx(str(gpu_module))
     stages["ptx"] = ptx
     if on_stage:
         on_stage("ptx", ptx)
-    return Lowered(stages, ptx, params, kernel_name)
+    return Lowered(stages, ptx, params, kernel_name, tensor_maps)
 
 
 def _extract_ptx(binary_module_text: str) -> str:

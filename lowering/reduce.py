@@ -14,7 +14,7 @@ from ..errors import error_at
 from .compute import F32, convert
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import Fragment
-from .memory import _smem_addr
+from .memory import smem_addr
 
 COMBINE = {"sum": arith.addf, "max": arith.maximumf, "min": arith.minimumf}
 
@@ -77,7 +77,7 @@ def _across_warps(ctx, group, partials, sync_after: bool) -> list[Fragment]:
         index = arith.addi(arith.muli(arith.addi(arith.muli(w, c32(32)), lane), c32(n)), c32(j))
         return llvm.getelementptr(ptr(3), base, [index], [-2**31], f32,
                                   llvm.GEPNoWrapFlags.inbounds)
-    bases = [_smem_addr(ctx.smem_base, c32(ir.IntegerAttr(
+    bases = [smem_addr(ctx.smem_base, c32(ir.IntegerAttr(
         op.operation.attributes["scratch_offset"]).value)) for op in group]
     for base, (_, partial) in zip(bases, partials):
         for j, p in enumerate(partial):

@@ -1,7 +1,9 @@
-"""tk-allocate-smem: place shared tiles and reduction scratch in dynamic shared memory.
+"""tk-allocate-smem: place shared tiles, semaphores and reduction scratch in
+dynamic shared memory.
 
-Shared tiles get consecutive offsets (1024-byte aligned when swizzled, as the
-hardware's swizzle patterns repeat every 1024 bytes; 128 otherwise). Block
+Shared tiles (and arrays of them) get consecutive offsets (1024-byte aligned
+when swizzled, as the hardware's swizzle patterns repeat every 1024 bytes;
+128 otherwise), then the semaphores (8 bytes each). Block
 reductions that cross warps exchange partial results through f32 scratch
 after the tiles; reductions that can share one exchange (one barrier) are
 grouped, and consecutive groups alternate between two buffers so that none
@@ -63,25 +65,46 @@ def _exchange_groups(func, num_warps: int) -> list[list]:
     return groups
 
 
+def _place(op, top: int) -> int:
+    """Give an allocation (a tile, a semaphore, or an array of either) its
+    offset and the stride between its elements; return the new top."""
+    t = T.parse(op.results[0].type)
+    count = ir.IntegerAttr(op.attributes["count"]).value if "count" in op.attributes else 1
+    if isinstance(t, T.ST):
+        # Swizzle patterns are computed on absolute address bits and repeat every
+        # 8 rows of the swizzle span (at most 1024 bytes): align each element to it.
+        align = 1024 if t.swizzle else 128
+        stride = _align(t.nbytes, align)
+    else:
+        align = stride = 8     # an mbarrier is one 8-byte word
+    top = _align(top, align)
+    op.attributes["offset"] = _i64(top)
+    op.attributes["stride"] = _i64(stride)
+    top += stride * count
+    if top > MAX_SHARED_BYTES:
+        raise error_at(op.location, f"shared memory exhausted: the tiles and semaphores "
+                       f"allocated up to here need {top} bytes, a block has {MAX_SHARED_BYTES}")
+    return top
+
+
 def allocate_smem(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
-        tiles = []
+        allocs = []
         def visit(op):
-            if op.name == "tk.alloc_st":
-                tiles.append(op)
+            if op.name in ("tk.alloc_st", "tk.alloc_sem"):
+                allocs.append(op)
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
         top = 0
-        for op in tiles:
-            st = T.parse(op.results[0].type)
-            top = _align(top, 1024 if st.swizzle else 128)
-            op.attributes["offset"] = _i64(top)
-            top += st.nbytes
-            if top > MAX_SHARED_BYTES:
-                raise error_at(op.location, f"shared memory exhausted: the tiles allocated up "
-                               f"to here need {top} bytes, a block has {MAX_SHARED_BYTES}")
+        # Tiles first (the large alignments), then the 8-byte semaphores.
+        for op in sorted(allocs, key=lambda op: op.name != "tk.alloc_st"):
+            top = _place(op, top)
         top = _place_exchanges(func, num_warps, _align(top, 128))
+        if any(getattr(T.parse(op.results[0].type), "swizzle", 0) for op in allocs):
+            # lowering/kernel.py rounds the base up to 1024 bytes at run time.
+            func.attributes["tk.smem_align"] = _i64(1024)
+            top += 1024
         func.attributes["tk.smem_bytes"] = _i64(top)
 
 

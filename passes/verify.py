@@ -132,8 +132,70 @@ def _check(op: ir.OpView, num_warps: int) -> None:
     elif name == "alloc_st":
         st = results[0]
         _require(st.swizzle in T.SWIZZLES, f"swizzle must be one of {T.SWIZZLES} bytes")
-        _require(st.nbytes <= MAX_SHARED_BYTES, f"{_show(st)} needs {st.nbytes} bytes; a block "
-                 f"has {MAX_SHARED_BYTES} bytes of shared memory")
+        _require(st.rows % 8 == 0 or not st.swizzle, f"a swizzled shared tile has a multiple "
+                 f"of 8 rows (the swizzle pattern repeats every 8 rows), got {st.rows}")
+        _require(st.row_bytes % st.block_bytes == 0,
+                 f"{_show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
+                 f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
+                 f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
+        count = _count(op)
+        what = f"{_show(st)} needs" if count == 1 else f"{count} x {_show(st)} need"
+        _require(st.nbytes * count <= MAX_SHARED_BYTES, f"{what} {st.nbytes * count} bytes; a "
+                 f"block has {MAX_SHARED_BYTES} bytes of shared memory")
+    elif name == "alloc_sem":
+        _require(op.operation.parent.name == "func.func", "semaphores are allocated (and "
+                 "initialised) once, at the kernel's top level, not inside an if or a loop")
+    elif name == "subtile":
+        src, sub = operands[0], results[0]
+        _require(src.blocks == 1, f"subtile: {_show(src)} is stored in {src.blocks} column "
+                 f"blocks of {src.swizzle} bytes, so its rows are not contiguous; only tiles of "
+                 f"one column block (row bytes = swizzle, or swizzle 0) can be split by rows")
+        _require(sub.rows % 8 == 0 or not src.swizzle, "subtile: a swizzled tile splits into "
+                 "multiples of 8 rows")
+    elif name == "tma_load" or name == "tma_store":
+        st, gl = (operands[0], operands[1]) if name == "tma_load" else (operands[1], operands[0])
+        n_idx = len(operands) - (3 if name == "tma_load" else 2)
+        _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
+        _require(gl.rank >= 2 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 to 5 "
+                 f"and one coordinate per dim ({gl.rank}), got {n_idx}")
+        _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {_show(st)} has "
+                 f"{st.rows}")
+        _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
+                 f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
+                 f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+    elif name == "mma":
+        _check_mma(op, *operands)
+
+
+def _count(op) -> int:
+    attrs = op.operation.attributes
+    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else 1
+
+
+MMA_DTYPES = ("bf16", "f16")
+
+
+def _check_mma(op, acc, a, b) -> None:
+    """The wgmma shapes: per warpgroup M = 64 x m, N from 8 to 256 in steps
+    of 8 (16 here: the accumulator layout), K a multiple of 16."""
+    ta, tb = bool(op.trans_a), bool(op.trans_b)
+    _require(isinstance(acc, T.RT) and acc.dtype == "f32" and acc.scope == "warpgroup" and
+             acc.layout == "row", f"mma: the accumulator must be an f32 tile of warpgroup scope "
+             f"in the row layout, got {_show(acc)}")
+    (m, k_a), (k_b, n) = ((a.cols, a.rows) if ta else (a.rows, a.cols),
+                          (b.rows, b.cols) if tb else (b.cols, b.rows))
+    _require(a.dtype == b.dtype and a.dtype in MMA_DTYPES, f"mma: a and b must both be bf16 or "
+             f"both f16, got {a.dtype} and {b.dtype} (fp8 wgmma is not lowered yet)")
+    _require(k_a == k_b and k_a % 16 == 0, f"mma: the K extents of a ({_show(a)}) and b "
+             f"({_show(b)}) must agree and be a multiple of 16, got {k_a} and {k_b}")
+    _require((acc.rows, acc.cols) == (m, n), f"mma: a {m}x{k_a} by {k_b}x{n} product does not "
+             f"fit the {acc.rows}x{acc.cols} accumulator")
+    _require(m % 64 == 0, f"mma: M must be a multiple of 64 (one wgmma per 64 rows), got {m}")
+    _require(16 <= n <= 256 and n % 16 == 0, f"mma: N must be a multiple of 16 from 16 to 256, "
+             f"got {n}")
+    for what, t in (("a", a), ("b", b)):
+        _require(t.swizzle != 0, f"mma: {what} ({_show(t)}) must be a swizzled shared tile "
+                 f"(swizzle=128, 64 or 32): wgmma reads the swizzled layouts")
 
 
 def check_op(op: ir.OpView, num_warps: int) -> None:
@@ -144,7 +206,7 @@ def check_op(op: ir.OpView, num_warps: int) -> None:
         raise error_at(op.location, str(e)) from None
 
 
-_THREAD_IDS = {"tk.thread_id", "tk.lane_id", "tk.warp_id", "tk.warpgroup_id"}
+_THREAD_IDS = {"tk.thread_id", "tk.lane_id", "tk.warp_id", "tk.warpgroup_id", "tk.elect"}
 
 
 def _block_barrier(op, num_warps: int) -> bool:
@@ -153,7 +215,10 @@ def _block_barrier(op, num_warps: int) -> bool:
     if name in ("tk.barrier", "tk.copy"):
         return True
     if name == "tk.store":
-        return isinstance(T.parse(op.operands[0].type), T.ST)
+        return isinstance(T.parse(op.operands[0].type), T.ST) and \
+            T.parse(op.operands[1].type).scope == "block"
+    if name == "tk.alloc_sem":
+        return True       # initialised by one thread, then a block barrier
     if name == "tk.reduce":
         t = T.parse(op.operands[0].type)
         keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1

@@ -320,7 +320,7 @@ def test_loop_variable_changes_type():
 def test_shared_memory_exhausted_at_the_allocating_line():
     e = compile_error(k_smem_total, BF16)
     check_error(e, "smem-total", "tk.shared_tile",
-                "shared memory exhausted: the tiles allocated up to here need 262144 bytes, "
+                "shared memory exhausted: the tiles and semaphores allocated up to here need 262144 bytes, "
                 f"a block has {227 * 1024}")
 
 
@@ -369,8 +369,8 @@ def test_missing_annotation_is_an_error_at_decoration():
 
 
 def test_num_warps_not_a_power_of_two_at_launch():
-    with pytest.raises(tk.ArgumentError, match=r"num_warps must be a power of two from 1 to "
-                       r"32, got 3"):
+    with pytest.raises(tk.ArgumentError, match=r"num_warps must be from 1 to 32 and a power of two "
+                       r"or a multiple of 4, got 3"):
         k_copy_f32.compile(F32, F32, num_warps=3)
     with pytest.raises(tk.ArgumentError, match="got 64"):
         k_copy_f32[(1,)](F32, F32, num_warps=64)

@@ -16,8 +16,8 @@ from mlir import ir, passmanager
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import tk as tk_dialect
-from tk_mlir.lowering.kernel import lower_to_gpu
-from tk_mlir.lowering.pipeline import UPSTREAM
+from tk_mlir.lowering.kernel import lower_to_gpu, set_kernel_attributes
+from tk_mlir.lowering.pipeline import GPU_STAGE_NAMES, UPSTREAM
 from tk_mlir.passes.layouts import assign_layouts
 from tk_mlir.passes.smem import allocate_smem
 from tk_mlir.passes.verify import verify
@@ -42,7 +42,7 @@ def staged(X: tk.gl[bf16], Y: tk.gl[bf16], n: int, scale: float, BLOCK: tk.const
 
 
 TK_STAGES = ["tk", "tk-assign-layouts", "tk-verify", "tk-allocate-smem"]
-GPU_STAGES = ["tk-to-gpu", *UPSTREAM, "llvm"]
+GPU_STAGES = ["tk-to-gpu", *GPU_STAGE_NAMES, "llvm"]
 MLIR_STAGES = TK_STAGES + GPU_STAGES
 HAS_NVDISASM = find_tool("nvdisasm") is not None
 
@@ -81,7 +81,8 @@ def test_every_stage_in_order(compiled):
 def test_upstream_stage_names_are_the_pipeline(compiled):
     names = list(compiled.asm)
     at = names.index("tk-to-gpu")
-    assert tuple(names[at + 1:at + 1 + len(UPSTREAM)]) == UPSTREAM
+    assert tuple(names[at + 1:at + 1 + len(GPU_STAGE_NAMES)]) == GPU_STAGE_NAMES
+    assert set(UPSTREAM) <= set(GPU_STAGE_NAMES)
     assert "convert-scf-to-cf" in UPSTREAM and "reconcile-unrealized-casts" in UPSTREAM
 
 
@@ -153,7 +154,7 @@ def test_gpu_stages_reparse_with_upstream_dialects_only(compiled, stage):
 def _pass(stage):
     """The step that turns the stage before `stage` into `stage`."""
     python = {"tk-assign-layouts": assign_layouts, "tk-verify": verify,
-              "tk-allocate-smem": allocate_smem}
+              "tk-allocate-smem": allocate_smem, "tk-kernel-attributes": set_kernel_attributes}
     if stage in python:
         return lambda m: (python[stage](m), m)[1]
     if stage == "tk-to-gpu":

@@ -18,14 +18,21 @@ import importlib
 
 from .errors import ArgumentError, CompilationError
 from .kernel import Kernel, kernel
-from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, gl
+from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl
 from .runtime.arguments import spec
 
 __version__ = "0.1.0"
 
-# Names resolved lazily from tk_mlir.ops (they import MLIR).
-_OPS = {"block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id", "load",
-        "store", "copy", "zeros", "full", "shared_tile", "barrier"}
+# Names resolved lazily from the modules that define them (they import MLIR).
+_LAZY = {
+    **dict.fromkeys(("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",
+                     "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles",
+                     "barrier"), ".ops"),
+    **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
+                     "increase_registers", "decrease_registers", "named_barrier"), ".sync"),
+    **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
+}
+_SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 
 
 def static_range(*args):
@@ -39,10 +46,12 @@ def cdiv(a: int, b: int) -> int:
 
 
 def __getattr__(name: str):
-    if name in _OPS:
-        return getattr(importlib.import_module(".ops", __name__), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'tk_mlir' has no attribute {name!r}")
 
 
-__all__ = ["kernel", "Kernel", "gl", "constexpr", "spec", "bf16", "f16", "f32", "f8e4m3",
-           "f8e5m2", "CompilationError", "ArgumentError", "static_range", "cdiv", *_OPS]
+__all__ = ["kernel", "Kernel", "func", "gl", "constexpr", "spec", "bf16", "f16", "f32", "f8e4m3",
+           "f8e5m2", "CompilationError", "ArgumentError", "static_range", "cdiv", "tma", *_LAZY]

@@ -99,6 +99,8 @@ class CompiledKernel:
     smem_bytes: int
     stages: dict[str, str]
     ptxas_log: str
+    # Per "tmap" parameter (its index): (arg, box rows, box cols, swizzle, dtype).
+    tensor_maps: list[tuple] = field(default_factory=list)
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -151,7 +153,8 @@ class CompiledKernel:
 
     def to_entry(self) -> dict:
         meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
-                "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log}
+                "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
+                "tensor_maps": self.tensor_maps}
         return {"cubin": self.cubin, "meta.json": json.dumps(meta),
                 "stages.json": json.dumps(self.stages)}
 
@@ -160,7 +163,7 @@ class CompiledKernel:
         meta = json.loads(entry["meta.json"])
         return cls(meta["name"], entry["cubin"], [tuple(p) for p in meta["params"]],
                    meta["num_warps"], meta["smem_bytes"], json.loads(entry["stages.json"]),
-                   meta["ptxas_log"])
+                   meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])])
 
 
 def _write_stage(folder: Path, index: int, stage: str, text: str) -> None:
@@ -235,7 +238,9 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
     stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,
                               [(p.arg, p.kind, p.index) for p in lowered.params],
-                              spec.num_warps, smem, stages, log)
+                              spec.num_warps, smem, stages, log,
+                              [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
+                               for t in lowered.tensor_maps])
     if folder is not None:
         _write_stage(folder, len(stages) - 1, "ptxas", log)
         if _has_nvdisasm():

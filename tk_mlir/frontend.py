@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +76,12 @@ def _assigned_names(stmts) -> list[str]:
 class KernelBuilder(ast.NodeVisitor):
     """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
 
-    def __init__(self, filename: str, globals_: dict, scope: dict[str, Any]):
+    def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
+                 function: str | None = None):
         self.filename = filename
         self.globals = globals_
         self.scope = dict(scope)
+        self.function = function     # the tk.func being inlined (None: the kernel)
 
     # ------------------------------------------------------------ plumbing
 
@@ -126,9 +129,28 @@ class KernelBuilder(ast.NodeVisitor):
         pass
 
     def visit_Return(self, node):
+        if self.function is not None:
+            raise self.error(node, f"return in tk.func {self.function} is only allowed as its "
+                                   f"last statement (not inside an if or a loop)")
         if node.value is not None:
             raise self.error(node, "a kernel returns nothing; write results with tk.store")
         raise self.error(node, "return inside a kernel is only allowed as its last statement")
+
+    def inline(self, node, callee: language.Func, args, kwargs):
+        """Call a tk.func: run its body here, in a scope of its own."""
+        try:
+            bound = inspect.signature(callee.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.error(node, f"{callee.fn.__name__}(): {e}") from None
+        bound.apply_defaults()
+        fn_node = callee.source.function_ast()
+        inner = KernelBuilder(callee.source.filename, callee.fn.__globals__,
+                              dict(bound.arguments), callee.fn.__name__)
+        body, result = fn_node.body, None
+        if body and isinstance(body[-1], ast.Return):
+            body, result = body[:-1], body[-1].value
+        inner.run(body)
+        return inner.eval(result) if result is not None else None
 
     def visit_Assign(self, node):
         value = self.eval(node.value)
@@ -345,6 +367,8 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
+        if isinstance(obj, (V.Shared, V.Semaphore)):     # arrays of tiles or semaphores
+            return obj[index]
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")
         if _is_runtime(index):
@@ -434,6 +458,8 @@ class KernelBuilder(ast.NodeVisitor):
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])
+        if isinstance(callee, language.Func):
+            return self.inline(node, callee, args, kwargs)
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
                 or not runtime_args):

@@ -25,7 +25,7 @@ from .cache import always_compile
 from .compiler import CompiledKernel, Specialization, compile_cached
 from .errors import CompilationError
 from .source import KernelSource
-from .language import DType, GlobalAnnotation, constexpr, dtype_name
+from .language import DType, Func, GlobalAnnotation, constexpr, dtype_name
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 
 DEFAULT_NUM_WARPS = 4
@@ -66,7 +66,7 @@ class Kernel:
         self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
         if not _valid_num_warps(num_warps):
-            raise CompilationError(f"num_warps must be a power of two from 1 to 32, got "
+            raise CompilationError(f"num_warps must be from 1 to 32 and a power of two or a multiple of 4, got "
                                    f"{num_warps!r}", self.filename, self._source.first_line,
                                    self._source.indent)
         try:
@@ -111,7 +111,7 @@ class Kernel:
         if kwargs:
             raise TypeError(f"{self.__name__}() got unexpected arguments {sorted(kwargs)}")
         if not _valid_num_warps(num_warps):
-            raise ArgumentError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
+            raise ArgumentError(f"num_warps must be from 1 to 32 and a power of two or a multiple of 4, got {num_warps!r}")
         return values, num_warps
 
     def _signature(self, values, num_warps, describe_tensor) -> tuple:
@@ -200,6 +200,8 @@ class Kernel:
             v = self.fn.__globals__[n]
             if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
                 parts.append(f"{n}={v!r}")
+            elif isinstance(v, Func):     # inlined: its source is part of the kernel's
+                parts.append(f"{n}:tk.func:{v.source.text}")
             elif inspect.isfunction(v):   # a helper called at compile time: its code counts
                 parts.append(f"{n}:{_function_fingerprint(v)}")
             elif inspect.ismodule(v):
@@ -248,7 +250,7 @@ class Kernel:
         constexprs = [i for i, p in enumerate(self.params) if p.kind == "constexpr"]
         return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
                                    constexprs, rules, params, launch, driver.current_stream,
-                                   device)
+                                   device, compiled.tensor_maps)
 
     def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict]:
         """The compiled kernel for these argument values after checking them,
@@ -283,6 +285,10 @@ class Kernel:
                 out.append(infos[pos].shape[dim])
             elif kind == "stride":
                 out.append(infos[pos].strides[dim])
+            elif kind == "tmap":
+                _, rows, cols, swizzle, _ = compiled.tensor_maps[dim]
+                out.append(launcher.tensor_map_arg(pos, infos[pos], (rows, cols, swizzle),
+                                                   self.params[pos].name))
             else:
                 launcher.check_scalar(self.params[pos].name, kind, values[pos])
                 out.append(values[pos])
@@ -294,7 +300,9 @@ class Kernel:
 
 
 def _valid_num_warps(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and n & (n - 1) == 0
+    """A power of two, or whole warpgroups (12 = a producer and two consumers)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and \
+        (n & (n - 1) == 0 or n % 4 == 0)
 
 
 def _function_fingerprint(fn) -> str:

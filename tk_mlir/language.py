@@ -76,3 +76,29 @@ class _GlFactory:
 
 
 gl = _GlFactory()
+
+
+# ------------------------------------------------------------- tk.func
+
+class Func:
+    """`@tk.func`: a helper written like a kernel body, inlined where a kernel
+    (or another tk.func) calls it. Its `for`/`if` on run-time values become
+    scf ops like the kernel's own, its errors point at its own lines, and it
+    may end with `return value` (a tile, a scalar, a tuple of them)."""
+
+    def __init__(self, fn):
+        from .source import KernelSource
+        self.fn = fn
+        self.source = KernelSource.of(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"tk.func {self.fn.__name__} can only be called inside a @tk.kernel "
+                           f"function (it is inlined there)")
+
+    def __repr__(self):
+        return f"<tk.func {self.fn.__name__}>"
+
+
+def func(fn) -> Func:
+    return Func(fn)

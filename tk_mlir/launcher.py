@@ -29,11 +29,12 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from .runtime.arguments import ArgumentError, check_tensor, tensor_info
+from .runtime.arguments import ITEMSIZES as _ITEMSIZE, ArgumentError, check_tensor, tensor_info
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 # How each kind of kernel parameter (lowering/kernel.py) is passed to the driver.
-PASSED_AS = {"ptr": "ptr", "dim": "i32", "stride": "i64", "i32": "i32", "f32": "f32"}
+PASSED_AS = {"ptr": "ptr", "dim": "i32", "stride": "i64", "i32": "i32", "f32": "f32",
+             "tmap": "tmap"}
 
 
 def torch_tensor_types() -> tuple:
@@ -69,16 +70,25 @@ def check_scalar(name: str, kind: str, value):
         raise ArgumentError(f"argument '{name}' = {value!r} must be a float")
 
 
+def tensor_map_arg(pos: int, info, box, name: str):
+    """The tensor map of argument `pos` for `box` (rows, cols, swizzle)."""
+    from .runtime.tensor_maps import check_tma_tensor, tensor_map
+    check_tma_tensor(name, info)
+    return tensor_map(info, box)
+
+
 def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                constexprs: list[int], gl_rules: dict[int, dict],
                params: list[tuple[int, str, int]], launch: Callable, stream: Callable,
-               device: int) -> Callable:
+               device: int, tensor_maps: list[tuple] = ()) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
-    (`constexprs`: positions of the compile-time parameters)."""
+    (`constexprs`: positions of the compile-time parameters; `tensor_maps`:
+    the box of each "tmap" parameter, CompiledKernel.tensor_maps)."""
+    from .runtime.tensor_maps import CACHE
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
-           "scalar_check": check_scalar, "GRIDS": {}}
+           "scalar_check": check_scalar, "GRIDS": {}, "maps": CACHE.get}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
              f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
@@ -131,6 +141,12 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
             lines.append(f"        scalar_check(NAMES[{pos}], 'i32', {local[pos]})")
     values_code = []
     for pos, kind, dim in params:
+        if kind == "tmap":
+            _, rows, cols, swizzle, dtype = tensor_maps[dim]
+            env[f"BOX{dim}"] = (rows, cols, swizzle)
+            env[f"T{pos}"] = (dtype, _ITEMSIZE[dtype])
+            values_code.append(f"maps(p{pos}, d{pos}, s{pos}, *T{pos}, BOX{dim})")
+            continue
         values_code.append({"ptr": f"p{pos}", "dim": f"d{pos}[{dim}]",
                             "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))
     lines += ["    g = GRIDS.get(grid) if type(grid) is tuple else None   # validated before",
@@ -148,6 +164,9 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
             return False     # the kernel (re)planned for the device the tensors are on
         for info, (i, rule) in zip(infos, gl_rules.items()):
             check_tensor(info, names[i], **rule)
+            if any(pos == i and kind == "tmap" for pos, kind, _ in params):
+                from .runtime.tensor_maps import check_tma_tensor
+                check_tma_tensor(names[i], info)
         return True
     env["full_check"] = full_check
     exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)

@@ -17,7 +17,7 @@ from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fi
                      _fill, i32, wrap)
 
 __all__ = ["block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",
-           "load", "store", "copy", "zeros", "full", "shared_tile", "barrier"]
+           "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -141,13 +141,32 @@ def full(shape, value, dtype=f32, *, layout="vec", scope="block"):
     return _fill(tuple(shape), value, dtype, layout=layout, scope=scope)
 
 
+def _shared_type(dtype, shape, swizzle) -> T.ST:
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 2
+            and all(isinstance(d, int) and d > 0 for d in shape)):
+        raise CompilationError(f"a shared tile's shape must be (rows, cols) of positive "
+                               f"compile-time ints, got {shape!r}")
+    if swizzle not in T.SWIZZLES:
+        raise CompilationError(f"swizzle must be one of {T.SWIZZLES} (bytes), got {swizzle!r}")
+    return T.ST(dtype_name(dtype), shape[0], shape[1], swizzle)
+
+
 @builtin
 def shared_tile(dtype, shape, *, swizzle=0):
-    """A tile in shared memory; its place is chosen by the allocation pass."""
-    if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
-        raise CompilationError(f"shared_tile shape must be (rows, cols), got {shape!r}")
-    st = T.ST(dtype_name(dtype), int(shape[0]), int(shape[1]), int(swizzle))
-    return Shared(emit("alloc_st", [], st.to_mlir()))
+    """A tile in shared memory; its place is chosen by the allocation pass.
+    swizzle=32/64/128 stores it in column blocks of that many bytes per row,
+    XOR-swizzled as TMA writes and wgmma reads them (see DESIGN: shared tiles)."""
+    return Shared(emit("alloc_st", [], _shared_type(dtype, shape, swizzle).to_mlir()))
+
+
+@builtin
+def shared_tiles(dtype, shape, count, *, swizzle=0):
+    """An array of `count` shared tiles (a ring of pipeline stages): tiles[i]
+    with i a compile-time or run-time int."""
+    if not isinstance(count, int) or not 1 <= count <= 64:
+        raise CompilationError(f"count must be a compile-time int from 1 to 64, got {count!r}")
+    return Shared(emit("alloc_st", [], _shared_type(dtype, shape, swizzle).to_mlir(),
+                       count=count))
 
 
 @builtin

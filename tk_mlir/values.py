@@ -67,7 +67,8 @@ class Value:
 def wrap(v: ir.Value) -> Value:
     """The wrapper class for an SSA value, by its type."""
     t = T.parse(v.type)
-    cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared}.get(type(t), Scalar)
+    cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared, T.Sem: Semaphore}.get(
+        type(t), Scalar)
     return cls(v)
 
 
@@ -297,8 +298,29 @@ class GlobalShape:
         return (self[i] for i in range(len(self._dims)))
 
 
+def _array_count(v: ir.Value) -> int:
+    """How many elements the allocation behind v holds (1: not an array)."""
+    if isinstance(v, ir.BlockArgument):
+        return 1
+    attrs = v.owner.attributes
+    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else 1
+
+
+def _element(array: Value, i, what: str):
+    n = _array_count(array.value)
+    if n == 1:
+        raise CompilationError(f"this {what} is not an array; make one with a count "
+                               f"(e.g. tk.shared_tiles(dtype, shape, count))")
+    if isinstance(i, int) and not 0 <= i < n:
+        raise CompilationError(f"index {i} is out of range for an array of {n} {what}s")
+    s = as_scalar(i)
+    if s.kind != "int":
+        raise CompilationError(f"an array of {what}s is indexed with an int, got {i!r}")
+    return type(array)(emit("index", [array, s], array.ir_type))
+
+
 class Shared(Value):
-    """A shared-memory tile (!tk.st)."""
+    """A shared-memory tile (!tk.st), or an array of them (tk.shared_tiles)."""
 
     @property
     def tk_type(self) -> T.ST:
@@ -308,6 +330,27 @@ class Shared(Value):
     def shape(self) -> tuple[int, int]:
         t = self.tk_type
         return (t.rows, t.cols)
+
+    def __getitem__(self, i) -> Shared:
+        return _element(self, i, "shared tile")
+
+    def subtile(self, i, rows: int) -> Shared:
+        """Rows i*rows .. i*rows+rows-1 as a shared tile (i may be a run-time
+        value, e.g. the warpgroup's index)."""
+        t = self.tk_type
+        if not isinstance(rows, int) or rows <= 0 or t.rows % rows:
+            raise CompilationError(f"subtile rows must be a compile-time divisor of the tile's "
+                                   f"{t.rows} rows, got {rows!r}")
+        first = scalar_binary("mul", i, rows)
+        sub = T.ST(t.dtype, rows, t.cols, t.swizzle)
+        return Shared(emit("subtile", [self, first], sub.to_mlir()))
+
+
+class Semaphore(Value):
+    """A semaphore (!tk.sem), or an array of them (tk.semaphores)."""
+
+    def __getitem__(self, i) -> Semaphore:
+        return _element(self, i, "semaphore")
 
 
 def ceil_div(a, b):

@@ -341,13 +341,18 @@ class PackedLauncher:
         import struct
         self.function = function
         self.kinds = kinds
-        fmt = "@" + "".join(_PACK[k] for k in kinds)
-        offsets = [struct.calcsize("@" + "".join(_PACK[k] for k in kinds[:i + 1])) -
-                   struct.calcsize("@" + _PACK[kinds[i]]) for i in range(len(kinds))]
+        # Tensor maps ('tmap') are not packed: the driver reads each from its
+        # CUtensorMap's own 128 bytes, whose address is set per launch.
+        packed = [k for k in kinds if k != "tmap"]
+        fmt = "@" + "".join(_PACK[k] for k in packed)
+        offsets = iter([struct.calcsize("@" + "".join(_PACK[k] for k in packed[:i + 1])) -
+                        struct.calcsize("@" + _PACK[packed[i]]) for i in range(len(packed))])
         self._pack = struct.Struct(fmt).pack_into
         self._buffer = ctypes.create_string_buffer(max(struct.calcsize(fmt), 8))
         base = ctypes.addressof(self._buffer)
-        self._pointers = (ctypes.c_void_p * max(len(kinds), 1))(*[base + o for o in offsets])
+        self._pointers = (ctypes.c_void_p * max(len(kinds), 1))(
+            *[0 if k == "tmap" else base + next(offsets) for k in kinds])
+        self._maps = [i for i, k in enumerate(kinds) if k == "tmap"]
         self._handle = int(function.handle)
         self._launch = _libcuda_launch()
         self._lock = threading.Lock()
@@ -363,20 +368,38 @@ class PackedLauncher:
         handle, call, lock = ctypes.c_void_p(self._handle), self._launch, self._lock
         void_p = ctypes.c_void_p
 
+        maps = self._maps
+        packed = [i for i in range(len(self.kinds)) if i not in maps]
+
+        def launch_with_maps(gx, gy, gz, stream, *values):
+            with lock:
+                pack(buffer, 0, *[values[i] for i in packed])
+                for i in maps:
+                    pointers[i] = values[i].getPtr()
+                err = call(handle, gx, gy, gz, threads, 1, 1, shared_bytes, void_p(stream),
+                           pointers, None)
+            if err:
+                fail(err, gx, gy, gz, stream, values)
+
         def launch(gx, gy, gz, stream, *values):
             with lock:
                 pack(buffer, 0, *values)
                 err = call(handle, gx, gy, gz, threads, 1, 1, shared_bytes, void_p(stream),
                            pointers, None)
             if err:
-                # The slow path knows how to fix a missing context and name the error.
-                f._after_failed_launch(cu.CUresult(err), (gx, gy, gz), (threads, 1, 1),
-                                       shared_bytes, stream, values,
-                                       tuple(ctypes_type(k) for k in self.kinds))
-        return launch
+                fail(err, gx, gy, gz, stream, values)
+
+        def fail(err, gx, gy, gz, stream, values):
+            # The slow path knows how to fix a missing context and name the error.
+            f._after_failed_launch(cu.CUresult(err), (gx, gy, gz), (threads, 1, 1),
+                                   shared_bytes, stream, values,
+                                   tuple(ctypes_type(k) for k in self.kinds))
+        return launch_with_maps if maps else launch
 
 
 def ctypes_type(kind: str):
+    """The kernelParams type cuda-python packs a parameter kind with (None: an
+    object passed by value through its getPtr(), e.g. a CUtensorMap)."""
     import ctypes
     return {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-            "f32": ctypes.c_float}[kind]
+            "f32": ctypes.c_float, "tmap": None}[kind]

@@ -1,0 +1,112 @@
+"""Lowering of tk.mma / tk.mma_wait to wgmma.
+
+A shared operand is described to wgmma by a 64-bit matrix descriptor:
+start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29), stride byte
+offset >> 4 (32-45), swizzle mode (62-63: 1 = 128B, 2 = 64B, 3 = 32B). Our
+swizzled tiles are column blocks of S = swizzle bytes per row, 8-row swizzle
+atoms of 8*S bytes, bases aligned to the atom (passes/smem.py):
+
+  K-major (rows = M or N, columns = K):   SBO = 8*S between 8-row groups; LBO
+      unused. A k16 step moves 32 bytes along the row, a 64-row step 64*S.
+  MN-major (rows = K, columns = M or N):  LBO = rows*S between column blocks
+      (block_cols M/N elements each), SBO = 8*S between 8-row groups of K.
+      A k16 step moves 16 rows (16*S bytes), a 64-column step 64/block_cols
+      column blocks.
+
+The accumulator is the `row` layout fragment; its registers for 64 rows are,
+in order, the wgmma accumulator registers (lowering/../dialects/layout.py,
+mma_row), so the fragment is passed to wgmma as is, 64 rows at a time.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, llvm, nvvm
+
+from ..dialects import types as T
+from .context import LoweringContext, c64, i32, i64, lowers
+from .fragments import Fragment, SharedRef
+
+_SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
+_WGMMA_TYPE = {"bf16": nvvm.WGMMATypes.bf16, "f16": nvvm.WGMMATypes.f16}
+
+
+def _descriptor_bits(st: T.ST, k_major: bool) -> int:
+    """The constant fields of a descriptor for tile type st."""
+    s = st.swizzle
+    lbo = 16 if k_major else st.rows * s
+    sbo = 8 * s
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (_SWIZZLE_MODE[s] << 62)
+
+
+def _offset(st: T.ST, k_major: bool, k_step: int, mn_step: int) -> int:
+    """Byte offset of the (mn_step-th 64-wide, k_step-th 16-deep) operand block."""
+    isz = T.itemsize(st.dtype)
+    if k_major:
+        k_bytes = 16 * k_step * isz
+        block, inner = divmod(k_bytes, st.block_bytes)
+        return block * st.rows * st.block_bytes + inner + 64 * mn_step * st.block_bytes
+    return 16 * k_step * st.block_bytes + (64 * mn_step // st.block_cols) * st.rows * st.block_bytes
+
+
+class _Descriptors:
+    """Descriptors of one shared operand: the run-time base once, offsets as constants."""
+
+    def __init__(self, ref: SharedRef, k_major: bool):
+        self.st, self.k_major = ref.type, k_major
+        addr = llvm.ptrtoint(i32(), ref.ptr)
+        start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
+                            arith.constant(i32(), 4))
+        self.base = arith.ori(arith.extui(i64(), start), c64(_descriptor_bits(ref.type, k_major)))
+
+    def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
+        off = _offset(self.st, self.k_major, k_step, mn_step)
+        return arith.addi(self.base, c64(off >> 4)) if off else self.base
+
+
+def _struct(n: int) -> ir.Type:
+    return ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * n)})>")
+
+
+def _pack(regs: list[ir.Value]) -> ir.Value:
+    s = llvm.mlir_undef(_struct(len(regs)))
+    for i, r in enumerate(regs):
+        s = llvm.insertvalue(s, r, [i])
+    return s
+
+
+def _unpack(s: ir.Value, n: int) -> list[ir.Value]:
+    return [llvm.extractvalue(ir.F32Type.get(), s, [i]) for i in range(n)]
+
+
+@lowers("tk.mma")
+def lower_mma(ctx: LoweringContext, op) -> None:
+    acc: Fragment = ctx.lookup(op.acc)
+    a_ref, b_ref = ctx.lookup(op.a), ctx.lookup(op.b)
+    trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
+    t = T.parse(op.acc.type)
+    a_t = a_ref.type
+    k = a_t.rows if trans_a else a_t.cols
+    n = t.cols
+    da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
+    shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
+    layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
+    layout_b = nvvm.MMALayout.row if trans_b else nvvm.MMALayout.col
+    dtype = _WGMMA_TYPE[a_t.dtype]
+    per_block = n // 2                       # accumulator registers per 64 rows
+    nvvm.wgmma_fence_aligned()
+    regs = list(acc.regs)
+    for mb in range(t.rows // 64):
+        d = _pack(regs[mb * per_block:(mb + 1) * per_block])
+        for ks in range(k // 16):
+            d = nvvm.wgmma_mma_async(
+                _struct(per_block), d, da.at(ks, mb), db.at(ks), shape, dtype, dtype,
+                nvvm.WGMMATypes.f32, nvvm.WGMMAScaleOut.one, nvvm.WGMMAScaleIn.one,
+                nvvm.WGMMAScaleIn.one, layout_a, layout_b)
+        regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)
+    nvvm.wgmma_commit_group_sync_aligned()
+    ctx.bind(op.result, acc.like(regs))
+
+
+@lowers("tk.mma_wait")
+def lower_mma_wait(ctx: LoweringContext, op) -> None:
+    nvvm.wgmma_wait_group_sync_aligned(op.pending)

@@ -1,0 +1,82 @@
+"""Lowering of semaphores (mbarriers), elect, setmaxnreg and named barriers.
+
+Semaphores are initialised together at the top of the kernel (see
+`init_semaphores`, called by lowering/kernel.py): one thread inits each
+mbarrier, `fence.mbarrier_init` makes the inits visible, one block barrier
+publishes them. Nothing else here fences: an mbarrier arrive/wait pair (and
+the TMA complete_tx on it) already orders what it guards.
+"""
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, nvvm, scf
+
+from ..dialects import types as T
+from .context import LoweringContext, c32, i64, lowers
+from .fragments import SharedRef
+from .memory import smem_addr
+
+
+def init_semaphores(ctx: LoweringContext, allocs) -> None:
+    """Init every semaphore of the kernel (alloc_sem ops, already placed)."""
+    if not allocs:
+        return
+    first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, ctx.tid(), c32(0)))
+    with ir.InsertionPoint(first.then_block):
+        for op in allocs:
+            attrs = op.attributes
+            offset, count = (ir.IntegerAttr(attrs[k]).value if k in attrs else 1
+                             for k in ("offset", "count"))
+            arrivals = ir.IntegerAttr(attrs["arrivals"]).value
+            for i in range(count):
+                nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + 8 * i)), c32(arrivals))
+        nvvm.fence_mbarrier_init()
+        scf.YieldOp([])
+    nvvm.barrier0()
+
+
+def _sem(ctx: LoweringContext, v) -> ir.Value:
+    ref: SharedRef = ctx.lookup(v)
+    assert isinstance(ref.type, T.Sem)
+    return ref.ptr
+
+
+@lowers("tk.arrive")
+def lower_arrive(ctx: LoweringContext, op) -> None:
+    nvvm.mbarrier_arrive(i64(), _sem(ctx, op.sem))
+
+
+@lowers("tk.expect_bytes")
+def lower_expect_bytes(ctx: LoweringContext, op) -> None:
+    nvvm.mbarrier_arrive_expect_tx(i64(), _sem(ctx, op.sem), c32(op.bytes))
+
+
+@lowers("tk.wait")
+def lower_wait(ctx: LoweringContext, op) -> None:
+    # try_wait.parity in a loop (the op lowers to the PTX retry loop).
+    nvvm.mbarrier_try_wait_parity(_sem(ctx, op.sem), ctx.lookup(op.phase), c32(10_000_000))
+
+
+@lowers("tk.elect")
+def lower_elect(ctx: LoweringContext, op) -> None:
+    # elect.sync picks one lane without a loop over the active mask; for a
+    # warpgroup, the elected lane of its first warp (warp-uniform test).
+    elected = nvvm.elect_sync(ir.IntegerType.get_signless(1))
+    if op.scope == "warpgroup":
+        first_warp = arith.cmpi(arith.CmpIPredicate.eq, ctx.warp_in_scope("warpgroup"), c32(0))
+        elected = arith.andi(first_warp, elected)
+    ctx.bind(op.result, elected)
+    ctx.uses_elect = True
+
+
+@lowers("tk.set_registers")
+def lower_set_registers(ctx: LoweringContext, op) -> None:
+    action = nvvm.SetMaxRegisterAction.increase if op.action == "inc" else \
+        nvvm.SetMaxRegisterAction.decrease
+    nvvm.setmaxregister(op.count, action)
+    ctx.uses_setmaxnreg = True
+
+
+@lowers("tk.named_barrier")
+def lower_named_barrier(ctx: LoweringContext, op) -> None:
+    nvvm.barrier(None, barrier_id=ctx.lookup(op.id), number_of_threads=c32(32 * op.warps))

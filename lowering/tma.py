@@ -1,0 +1,87 @@
+"""Lowering of the TMA ops (tk.tma_load/store/commit/wait/prefetch).
+
+Each (tensor argument, tile box) pair used by a TMA op is one tensor map,
+a kernel parameter of its own (lowering/kernel.py adds them): a generic
+pointer to the 128-byte __grid_constant__ map. A swizzled tile is moved one
+column block (one box of block_cols columns) at a time; coordinates are the
+element offsets of the box, innermost dim first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.dialects import arith, llvm, nvvm
+
+from ..dialects import types as T
+from .context import LoweringContext, c32, lowers, ptr
+from .fragments import GlobalRef, SharedRef
+from .memory import smem_addr
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """The box of one tensor map: what the host encodes for argument `arg`."""
+    arg: int
+    rows: int
+    cols: int          # the box's inner extent: one column block of the tile
+    swizzle: int
+    dtype: str
+
+
+def tensor_map_spec(arg: int, st: T.ST) -> TensorMapSpec:
+    return TensorMapSpec(arg, st.rows, st.block_cols, st.swizzle, st.dtype)
+
+
+def _boxes(ctx: LoweringContext, op, g: GlobalRef, st: T.ST, indices):
+    """(shared byte offset, coordinates innermost first) per column block."""
+    rank = g.type.rank
+    coords = [ctx.lookup(i) for i in indices]
+    row = arith.muli(coords[rank - 2], c32(st.rows))
+    col = arith.muli(coords[rank - 1], c32(st.cols))
+    outer = coords[:rank - 2][::-1]
+    for j in range(st.blocks):
+        c0 = arith.addi(col, c32(j * st.block_cols)) if j else col
+        yield j * st.rows * st.block_bytes, [c0, row, *outer]
+
+
+def _tensor_map(ctx: LoweringContext, gl_value, st: T.ST) -> ir.Value:
+    return ctx.tensor_maps[tensor_map_spec(ir.BlockArgument(gl_value).arg_number, st)]
+
+
+@lowers("tk.tma_load")
+def lower_tma_load(ctx: LoweringContext, op) -> None:
+    dst: SharedRef = ctx.lookup(op.dst)
+    sem: SharedRef = ctx.lookup(op.sem)
+    tmap = _tensor_map(ctx, op.src, dst.type)
+    for offset, coords in _boxes(ctx, op, ctx.lookup(op.src), dst.type, op.indices):
+        to = llvm.addrspacecast(ptr(7), smem_addr(dst.ptr, c32(offset)))
+        nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [])
+
+
+@lowers("tk.tma_store")
+def lower_tma_store(ctx: LoweringContext, op) -> None:
+    src: SharedRef = ctx.lookup(op.src)
+    tmap = _tensor_map(ctx, op.dst, src.type)
+    # The tile was written through the generic proxy; the copy engine reads it
+    # through the async proxy: this fence (by the issuing thread, after the
+    # writers synchronised with it) orders the two.
+    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+    for offset, coords in _boxes(ctx, op, ctx.lookup(op.dst), src.type, op.indices):
+        nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
+
+
+@lowers("tk.tma_commit")
+def lower_tma_commit(ctx: LoweringContext, op) -> None:
+    nvvm.cp_async_bulk_commit_group()
+
+
+@lowers("tk.tma_wait")
+def lower_tma_wait(ctx: LoweringContext, op) -> None:
+    nvvm.cp_async_bulk_wait_group(op.pending, read=ir.UnitAttr.get() if op.read else None)
+
+
+@lowers("tk.tma_prefetch")
+def lower_tma_prefetch(ctx: LoweringContext, op) -> None:
+    tmap = _tensor_map(ctx, op.src, T.parse(op.like.type))
+    nvvm.PrefetchOp(tmap, tensormap=ir.UnitAttr.get())

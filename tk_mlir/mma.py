@@ -1,0 +1,66 @@
+"""Warpgroup MMA builtins (wgmma): `acc = tk.mma_ABt(acc, a, b)`.
+
+The accumulator is an f32 register tile of warpgroup scope in the `row`
+layout (the wgmma accumulator fragment), 64 rows per warpgroup call, N from
+16 to 256 columns; a and b are shared tiles with a 32/64/128-byte swizzle.
+Each call issues the K/16 wgmma instructions of the product after a
+wgmma.fence and closes them with a commit: it is asynchronous, and the
+accumulator may be read only after tk.mma_wait() (pending=1 lets the
+newest group run on while the previous one is known complete).
+
+    mma_AB   acc += a   @ b      a: M x K,  b: K x N
+    mma_ABt  acc += a   @ b.T    a: M x K,  b: N x K
+    mma_AtB  acc += a.T @ b      a: K x M,  b: K x N
+    mma_AtBt acc += a.T @ b.T    a: K x M,  b: N x K
+"""
+from __future__ import annotations
+
+from .errors import CompilationError
+from .language import builtin
+from .values import Shared, Tile, emit
+
+__all__ = ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"]
+
+
+def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str) -> Tile:
+    if not isinstance(acc, Tile):
+        raise CompilationError(f"{name}: the accumulator must be a register tile (e.g. "
+                               f"tk.zeros((64, N), tk.f32, layout='row', scope='warpgroup')), "
+                               f"got {acc!r}")
+    for what, x in (("a", a), ("b", b)):
+        if not isinstance(x, Shared):
+            raise CompilationError(f"{name}: {what} must be a shared tile, got {x!r}")
+    return Tile(emit("mma", [acc, a, b], acc.ir_type, trans_a=int(trans_a),
+                     trans_b=int(trans_b)))
+
+
+@builtin
+def mma_AB(acc, a, b) -> Tile:
+    """acc + a @ b (a: M x K, b: K x N shared tiles)."""
+    return _mma(acc, a, b, False, True, "tk.mma_AB")
+
+
+@builtin
+def mma_ABt(acc, a, b) -> Tile:
+    """acc + a @ b.T (a: M x K, b: N x K shared tiles)."""
+    return _mma(acc, a, b, False, False, "tk.mma_ABt")
+
+
+@builtin
+def mma_AtB(acc, a, b) -> Tile:
+    """acc + a.T @ b (a: K x M, b: K x N shared tiles)."""
+    return _mma(acc, a, b, True, True, "tk.mma_AtB")
+
+
+@builtin
+def mma_AtBt(acc, a, b) -> Tile:
+    """acc + a.T @ b.T (a: K x M, b: N x K shared tiles)."""
+    return _mma(acc, a, b, True, False, "tk.mma_AtBt")
+
+
+@builtin
+def mma_wait(pending=0) -> None:
+    """Wait until at most `pending` MMA groups of this warpgroup are in flight."""
+    if not isinstance(pending, int) or not 0 <= pending <= 7:
+        raise CompilationError(f"pending must be a compile-time int from 0 to 7, got {pending!r}")
+    emit("mma_wait", pending=pending)

@@ -1,0 +1,95 @@
+"""TMA tensor maps: encoded on the host with cuTensorMapEncodeTiled, cached.
+
+A kernel whose TMA ops read or write tensor argument X with a tile box gets
+one tensor map parameter per (X, box) (lowering/tma.py). At launch the map is
+looked up by everything it encodes (pointer, shape, strides, dtype, box,
+swizzle): encoding costs a driver call, and a training loop reuses the same
+few tensors. Maps are passed by value as 128-byte __grid_constant__
+parameters; the cache keeps each CUtensorMap alive while it may be in use.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from cuda.bindings import driver as cu
+
+from ..errors import ArgumentError
+from .driver import check
+
+_DATA_TYPES = {
+    "bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    "f32": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    "f8e4m3": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,   # bytes: TMA only copies
+    "f8e5m2": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
+}
+_SWIZZLES = {
+    0: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+    32: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+    64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+    128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+}
+_MAX_CACHED = 4096
+
+
+def check_tma_tensor(name: str, info) -> None:
+    """The TMA rules check_tensor does not already enforce (it checks the
+    16-byte aligned base, unit inner stride and 16-byte row steps)."""
+    isz = info.itemsize
+    for dim, (n, step) in enumerate(zip(info.shape[:-1], info.strides[:-1])):
+        if step * isz >= 2**40:
+            raise ArgumentError(f"argument {name!r}: dim {dim} steps {step * isz} bytes; a TMA "
+                                f"tensor map allows strides below 2**40 bytes")
+    if len(info.shape) > 5:
+        raise ArgumentError(f"argument {name!r} has rank {len(info.shape)}; TMA tensor maps "
+                            f"have at most 5 dims")
+
+
+def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
+           box_cols: int, swizzle: int) -> cu.CUtensorMap:
+    """A tiled tensor map: dims innermost first, box = (box_cols, box_rows, 1, ...)."""
+    rank = len(shape)
+    dims = [cu.cuuint64_t(int(d)) for d in reversed(shape)]
+    steps = [cu.cuuint64_t(int(s) * itemsize) for s in reversed(strides[:-1])]
+    box = [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)] + \
+        [cu.cuuint32_t(1)] * (rank - 2)
+    ones = [cu.cuuint32_t(1)] * rank
+    return check(cu.cuTensorMapEncodeTiled(
+        _DATA_TYPES[dtype], rank, ptr, dims, steps, box, ones,
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, _SWIZZLES[swizzle],
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        f"cuTensorMapEncodeTiled(shape={tuple(shape)}, box={box_rows}x{box_cols}, "
+        f"swizzle={swizzle})")
+
+
+class TensorMapCache:
+    """Encoded maps by everything they encode, least recently used dropped."""
+
+    def __init__(self, capacity: int = _MAX_CACHED):
+        self._maps: OrderedDict = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, ptr: int, shape, strides, dtype: str, itemsize: int, box) -> cu.CUtensorMap:
+        key = (ptr, tuple(shape), tuple(strides), dtype, box)
+        m = self._maps.get(key)
+        if m is None:
+            m = encode(ptr, shape, strides, dtype, itemsize, *box)
+            with self._lock:
+                self._maps[key] = m
+                if len(self._maps) > self._capacity:
+                    self._maps.popitem(last=False)
+        return m
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+
+CACHE = TensorMapCache()
+
+
+def tensor_map(info, box) -> cu.CUtensorMap:
+    """The map of a tensor argument (TensorInfo) for box (rows, cols, swizzle)."""
+    return CACHE.get(info.ptr, info.shape, info.strides, info.dtype, info.itemsize, box)

@@ -1,0 +1,125 @@
+"""Synchronisation builtins: semaphores (mbarriers), named barriers, one
+elected thread, and register reallocation between warpgroups.
+
+    full = tk.semaphores(STAGES)                 # an array of mbarriers, 1 arrival each
+    tk.wait(full[s], phase)                      # until the phase of parity `phase` completes
+    tk.arrive(empty[s])                          # one arrival
+    if tk.elect_leader():                        # one thread per warp, no serialization loop
+        ...
+    tk.decrease_registers(40)                    # setmaxnreg for this warpgroup
+
+A semaphore's phase flips each time its arrivals (and expected TMA bytes)
+complete; `tk.ring_phase(i, STAGES)` is the parity of the i-th use of slot
+i % STAGES in a ring of STAGES semaphores.
+"""
+from __future__ import annotations
+
+from .dialects import types as T
+from .errors import CompilationError
+from .language import builtin
+from .values import Scalar, Semaphore, as_scalar, emit, scalar_binary
+
+__all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
+           "increase_registers", "decrease_registers", "named_barrier"]
+
+
+def _arrivals(arrivals) -> int:
+    if not isinstance(arrivals, int) or isinstance(arrivals, bool) or not 1 <= arrivals < 2**20:
+        raise CompilationError(f"arrivals must be a compile-time int from 1 to 2**20-1, "
+                               f"got {arrivals!r}")
+    return arrivals
+
+
+@builtin
+def semaphore(arrivals=1) -> Semaphore:
+    """One semaphore whose phase completes after `arrivals` arrivals."""
+    return Semaphore(emit("alloc_sem", [], T.Sem().to_mlir(), arrivals=_arrivals(arrivals)))
+
+
+@builtin
+def semaphores(count, arrivals=1) -> Semaphore:
+    """An array of `count` semaphores, indexed with sems[i] (i may be a run-time value)."""
+    if not isinstance(count, int) or not 1 <= count <= 64:
+        raise CompilationError(f"count must be a compile-time int from 1 to 64, got {count!r}")
+    return Semaphore(emit("alloc_sem", [], T.Sem().to_mlir(), arrivals=_arrivals(arrivals),
+                          count=count))
+
+
+def _sem(s, what: str) -> Semaphore:
+    if not isinstance(s, Semaphore):
+        raise CompilationError(f"{what} takes a semaphore (tk.semaphore() or sems[i]), got {s!r}")
+    return s
+
+
+@builtin
+def arrive(sem) -> None:
+    """One arrival on `sem` by each thread that runs it (guard it with
+    tk.elect_leader() for one arrival per warp)."""
+    emit("arrive", [_sem(sem, "tk.arrive")])
+
+
+@builtin
+def wait(sem, phase) -> None:
+    """Wait until the phase of `sem` with parity `phase` (0 or 1) has completed."""
+    p = as_scalar(phase)
+    if p.kind != "int":
+        raise CompilationError(f"tk.wait: phase must be an int (0 or 1), got {phase!r}")
+    emit("wait", [_sem(sem, "tk.wait"), p])
+
+
+@builtin
+def ring_phase(i, stages):
+    """The parity to wait for at the i-th use of a ring of `stages` semaphores."""
+    return scalar_binary("and", scalar_binary("floordiv", i, stages), 1)
+
+
+@builtin
+def elect_leader(scope="warp") -> Scalar:
+    """True on exactly one thread of each warp (scope="warp") or of each
+    warpgroup (scope="warpgroup"), chosen with elect.sync so that work under it
+    (TMA issue, arrivals) needs no serialization loop."""
+    if scope not in ("warp", "warpgroup"):
+        raise CompilationError(f"elect_leader scope must be 'warp' or 'warpgroup', got {scope!r}")
+    return Scalar(emit("elect", [], _i1(), scope=scope))
+
+
+def _i1():
+    from mlir import ir
+    return ir.IntegerType.get_signless(1)
+
+
+def _registers(count, action: str) -> None:
+    if not isinstance(count, int) or not 24 <= count <= 256 or count % 8:
+        raise CompilationError(f"register count must be a compile-time multiple of 8 from 24 to "
+                               f"256, got {count!r}")
+    emit("set_registers", count=count, action=action)
+
+
+@builtin
+def increase_registers(count) -> None:
+    """setmaxnreg.inc: this warpgroup may use `count` registers per thread."""
+    _registers(count, "inc")
+
+
+@builtin
+def decrease_registers(count) -> None:
+    """setmaxnreg.dec: this warpgroup gives registers back, keeping `count` per thread."""
+    _registers(count, "dec")
+
+
+@builtin
+def named_barrier(id, warps) -> None:
+    """bar.sync among `warps` warps on barrier `id` (1-15; the block barrier is 0).
+    Every warp of the group must reach it; e.g. the consumer warpgroups of a
+    warp-specialized kernel: tk.named_barrier(1, warps=8)."""
+    if not isinstance(warps, int) or not 1 <= warps <= 32:
+        raise CompilationError(f"warps must be a compile-time int from 1 to 32, got {warps!r}")
+    if isinstance(id, int) and not 1 <= id <= 15:
+        raise CompilationError(f"a named barrier id must be from 1 to 15 (0 is the block "
+                               f"barrier, tk.barrier()), got {id!r}")
+    s = as_scalar(id)
+    if s.kind != "int":
+        raise CompilationError(f"named_barrier id must be an int, got {id!r}")
+    emit("named_barrier", [s], warps=warps)
+
+

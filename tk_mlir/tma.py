@@ -1,0 +1,97 @@
+"""TMA builtins (`tk.tma.*`): bulk tensor copies between global and shared
+memory done by the copy engine, issued by one thread.
+
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(full[s], a[s], b[s])             # bytes the stage will receive
+        tk.tma.load_async(a[s], A, (m, k), full[s])    # completes on the semaphore
+        tk.tma.load_async(b[s], B, (n, k), full[s])
+
+Coordinates count tiles in the last two dims (as tk.load) and elements in the
+outer ones. Reads past the tensor's end fill zeros and writes past it are
+dropped, so tiles need not divide the tensor. Each (tensor, tile shape,
+swizzle) used becomes a tensor map, encoded on the host at launch (cached per
+pointer, shape and strides) and passed as a 128-byte __grid_constant__
+parameter.
+"""
+from __future__ import annotations
+
+from .errors import CompilationError
+from .language import builtin
+from .ops import _indices
+from .values import Global, Semaphore, Shared, emit
+
+__all__ = ["load_async", "store_async", "store_commit", "store_wait", "expect",
+           "expect_bytes", "prefetch"]
+
+
+def _check(st, gl, what: str) -> None:
+    if not isinstance(st, Shared):
+        raise CompilationError(f"{what}: expected a shared tile, got {st!r}")
+    if not isinstance(gl, Global):
+        raise CompilationError(f"{what}: expected a tk.gl tensor argument, got {gl!r}")
+
+
+@builtin
+def load_async(dst, src, idx, sem) -> None:
+    """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`;
+    the copy's bytes complete a transaction on `sem` (see tk.tma.expect)."""
+    _check(dst, src, "tk.tma.load_async")
+    if not isinstance(sem, Semaphore):
+        raise CompilationError(f"tk.tma.load_async: the last argument is the semaphore the copy "
+                               f"completes on, got {sem!r}")
+    emit("tma_load", [dst, src, sem, *_indices(idx)])
+
+
+@builtin
+def store_async(dst, src, idx) -> None:
+    """Copy shared tile `src` to the tile of `dst` at tile coordinates `idx`.
+    The threads that wrote `src` must have synchronised with the issuing
+    thread first (e.g. tk.named_barrier); the proxy fence is emitted here."""
+    _check(src, dst, "tk.tma.store_async")
+    emit("tma_store", [dst, src, *_indices(idx)])
+
+
+@builtin
+def store_commit() -> None:
+    """Close the group of TMA stores issued since the last commit."""
+    emit("tma_commit")
+
+
+@builtin
+def store_wait(pending=0, *, read=True) -> None:
+    """Wait until at most `pending` committed store groups are unfinished.
+    read=True waits only until their shared sources may be reused;
+    read=False until the writes are done (visible in global memory)."""
+    if not isinstance(pending, int) or not 0 <= pending <= 7:
+        raise CompilationError(f"pending must be a compile-time int from 0 to 7, got {pending!r}")
+    emit("tma_wait", pending=pending, read=bool(read))
+
+
+@builtin
+def expect_bytes(sem, nbytes) -> None:
+    """Arrive on `sem` and expect `nbytes` of TMA transactions in this phase."""
+    if not isinstance(sem, Semaphore):
+        raise CompilationError(f"tk.tma.expect_bytes: expected a semaphore, got {sem!r}")
+    if not isinstance(nbytes, int) or not 0 < nbytes < 2**20:
+        raise CompilationError(f"nbytes must be a compile-time int from 1 to 2**20-1, "
+                               f"got {nbytes!r}")
+    emit("expect_bytes", [sem], bytes=nbytes)
+
+
+@builtin
+def expect(sem, *tiles) -> None:
+    """tk.tma.expect_bytes with the total size of the shared tiles that will
+    arrive (a TMA load always delivers its full box, zero-filled past the end)."""
+    if not tiles or not all(isinstance(t, Shared) for t in tiles):
+        raise CompilationError("tk.tma.expect(sem, tile, ...) takes the shared tiles the phase "
+                               "will receive")
+    expect_bytes(sem, sum(t.tk_type.nbytes for t in tiles))
+
+
+@builtin
+def prefetch(src, like) -> None:
+    """Prefetch the tensor map TMA ops on `src` with tiles like `like` use."""
+    _check(like, src, "tk.tma.prefetch")
+    emit("tma_prefetch", [src, like])
+
+
