@@ -49,6 +49,10 @@ class LoweringContext:
     values: dict = field(default_factory=dict)  # old SSA value -> new value / Fragment / Ref
     exchange_groups: dict = field(default_factory=dict)  # group id -> its tk.reduce ops
     tensor_maps: dict = field(default_factory=dict)   # TensorMapSpec -> its !llvm.ptr parameter
+    # Accumulators of issued wgmma groups (tk value -> block depth where bound):
+    # lowering/mma.py fences their registers at each tk.mma_wait.
+    in_flight: dict = field(default_factory=dict)
+    depth: int = 0                                    # nesting of the block being lowered
     uses_elect: bool = False
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     _thread: dict = field(default_factory=dict)

@@ -261,10 +261,17 @@ def _lower_for(ctx: LoweringContext, op) -> None:
     inits = [v for o in op.initArgs for v in _flatten(ctx.lookup(o))]
     loop = scf.ForOp(ctx.lookup(op.lowerBound), ctx.lookup(op.upperBound),
                      ctx.lookup(op.step), inits)
+    outside = dict(ctx.in_flight)
     with ir.InsertionPoint(loop.body):
         ctx.bind(op.induction_variable, loop.induction_variable)
         _bind_flat(ctx, op.inner_iter_args, list(loop.inner_iter_args))
+        ctx.depth += 1
         scf.YieldOp(_lower_block(ctx, op.body))
+        ctx.depth -= 1
+    yielded = list(op.body.operations)[-1].operands
+    # MMA accumulators still in flight leave the loop as its results.
+    ctx.in_flight = {v: d for v, d in outside.items() if v in ctx.in_flight} | \
+        {r: ctx.depth for r, y in zip(op.results, yielded) if y in ctx.in_flight}
     _bind_flat(ctx, op.results, list(loop.results))
 
 
@@ -272,6 +279,8 @@ def _lower_if(ctx: LoweringContext, op) -> None:
     # Result types are only known after lowering the branches (a tile result
     # becomes N registers): lower into a result-less scf.if first, then move.
     draft = scf.IfOp(ctx.lookup(op.condition), [], has_else=len(op.elseRegion.blocks) > 0)
+    outside = dict(ctx.in_flight)
+    ctx.depth += 1
     yields = []
     for old_block, new_block in ((op.then_block, draft.then_block),
                                  (op.else_block if len(op.elseRegion.blocks) else None,
@@ -280,6 +289,8 @@ def _lower_if(ctx: LoweringContext, op) -> None:
             continue
         with ir.InsertionPoint(new_block):
             yields.append(_lower_block(ctx, old_block) or [])
+    ctx.depth -= 1
+    ctx.in_flight = {v: d for v, d in outside.items() if v in ctx.in_flight}
     types = [v.type for v in yields[0]]
     final = scf.IfOp(ctx.lookup(op.condition), types, has_else=len(yields) > 1,
                      ip=ir.InsertionPoint(draft))

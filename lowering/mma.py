@@ -78,9 +78,19 @@ def _unpack(s: ir.Value, n: int) -> list[ir.Value]:
     return [llvm.extractvalue(ir.F32Type.get(), s, [i]) for i in range(n)]
 
 
+def fence_registers(regs: list[ir.Value]) -> list[ir.Value]:
+    """Each register through an empty volatile asm that "rewrites" it. LLVM
+    sees the accumulators as ready when the wgmma asm returns, and would move
+    their uses (a bf16 conversion, a loop's phi copies) above the wgmma wait;
+    ptxas then serializes every wgmma (C7514). Uses of the fenced values stay
+    after the fence, and the fence stays after the wait (both volatile)."""
+    return [llvm.inline_asm(r.type, [r], "", "=f,0", has_side_effects=True) for r in regs]
+
+
 @lowers("tk.mma")
 def lower_mma(ctx: LoweringContext, op) -> None:
     acc: Fragment = ctx.lookup(op.acc)
+    acc = acc.like(fence_registers(acc.regs))
     a_ref, b_ref = ctx.lookup(op.a), ctx.lookup(op.b)
     trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
     t = T.parse(op.acc.type)
@@ -105,8 +115,17 @@ def lower_mma(ctx: LoweringContext, op) -> None:
         regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)
     nvvm.wgmma_commit_group_sync_aligned()
     ctx.bind(op.result, acc.like(regs))
+    ctx.in_flight[op.result] = ctx.depth
 
 
 @lowers("tk.mma_wait")
 def lower_mma_wait(ctx: LoweringContext, op) -> None:
     nvvm.wgmma_wait_group_sync_aligned(op.pending)
+    # Fence the accumulators bound in this block (rebinding an outer value here
+    # would not dominate its uses after the block).
+    for value, depth in list(ctx.in_flight.items()):
+        if depth == ctx.depth:
+            frag = ctx.lookup(value)
+            ctx.bind(value, frag.like(fence_registers(frag.regs)))
+            if op.pending == 0:
+                del ctx.in_flight[value]

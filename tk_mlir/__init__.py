@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 
+from .autotune import Config, autotune
 from .errors import ArgumentError, CompilationError
 from .kernel import Kernel, kernel
 from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl
@@ -31,6 +32,7 @@ _LAZY = {
     **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
                      "increase_registers", "decrease_registers", "named_barrier"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
+    **dict.fromkeys(("lcf", "grouped_tile"), ".templates"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 
@@ -40,9 +42,16 @@ def static_range(*args):
     return range(*args)
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division, for grids: `tk.cdiv(M, BM)`."""
-    return -(-a // b)
+def cdiv(a, b):
+    """Ceiling division: `tk.cdiv(M, BM)` on the host (grids) or in a kernel,
+    where run-time values give a run-time result."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    from .values import ceil_div
+    return ceil_div(a, b)
+
+
+cdiv.__tk_builtin__ = True     # the frontend may call it on run-time values
 
 
 def __getattr__(name: str):
@@ -53,5 +62,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tk_mlir' has no attribute {name!r}")
 
 
-__all__ = ["kernel", "Kernel", "func", "gl", "constexpr", "spec", "bf16", "f16", "f32", "f8e4m3",
+__all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "constexpr", "spec", "bf16", "f16", "f32", "f8e4m3",
            "f8e5m2", "CompilationError", "ArgumentError", "static_range", "cdiv", "tma", *_LAZY]

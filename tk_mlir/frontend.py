@@ -136,17 +136,42 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node, "a kernel returns nothing; write results with tk.store")
         raise self.error(node, "return inside a kernel is only allowed as its last statement")
 
-    def inline(self, node, callee: language.Func, args, kwargs):
-        """Call a tk.func: run its body here, in a scope of its own."""
+    def visit_FunctionDef(self, node):
+        """A function defined in a kernel: inlined where it is called, seeing
+        the names defined before it (e.g. callbacks for a template)."""
+        if node.decorator_list:
+            raise self.error(node, "a function defined in a kernel takes no decorators")
+        a = node.args
+        if a.vararg or a.kwarg or a.posonlyargs:
+            raise self.error(node, "a function defined in a kernel takes plain parameters "
+                                   "(no *args, **kwargs or positional-only ones)")
+        defaults = [self.eval(d) for d in a.defaults]
+        kw_defaults = {k.arg: self.eval(d) for k, d in zip(a.kwonlyargs, a.kw_defaults)
+                       if d is not None}
+        P = inspect.Parameter
+        params = [P(x.arg, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+        for i, d in enumerate(defaults):
+            k = len(params) - len(defaults) + i
+            params[k] = params[k].replace(default=d)
+        params += [P(x.arg, P.KEYWORD_ONLY, default=kw_defaults.get(x.arg, P.empty))
+                   for x in a.kwonlyargs]
+        self.scope[node.name] = LocalFunc(node, inspect.Signature(params), self.filename,
+                                          self.globals, dict(self.scope))
+
+    def inline(self, node, callee, args, kwargs):
+        """Call a tk.func or a function defined in the kernel: run its body
+        here, in a scope of its own."""
+        if isinstance(callee, language.Func):
+            callee = LocalFunc(callee.source.function_ast(), inspect.signature(callee.fn),
+                               callee.source.filename, callee.fn.__globals__, {})
         try:
-            bound = inspect.signature(callee.fn).bind(*args, **kwargs)
+            bound = callee.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise self.error(node, f"{callee.fn.__name__}(): {e}") from None
+            raise self.error(node, f"{callee.node.name}(): {e}") from None
         bound.apply_defaults()
-        fn_node = callee.source.function_ast()
-        inner = KernelBuilder(callee.source.filename, callee.fn.__globals__,
-                              dict(bound.arguments), callee.fn.__name__)
-        body, result = fn_node.body, None
+        inner = KernelBuilder(callee.filename, callee.globals,
+                              {**callee.closure, **bound.arguments}, callee.node.name)
+        body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
         inner.run(body)
@@ -177,6 +202,8 @@ class KernelBuilder(ast.NodeVisitor):
         if isinstance(target, ast.Name):
             self.scope[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)):
+            if isinstance(value, V.GlobalShape):      # M, K = A.shape
+                value = tuple(value)
             if not isinstance(value, (tuple, list)) or len(value) != len(target.elts):
                 raise self.error(target, f"cannot unpack {value!r} into {len(target.elts)} names")
             for t, v in zip(target.elts, value):
@@ -434,6 +461,32 @@ class KernelBuilder(ast.NodeVisitor):
             out = V.scalar_binary("and" if isinstance(node.op, ast.And) else "or", out, v)
         return out
 
+    def _comprehension(self, node):
+        """[expr for x in seq if cond]: unrolled at compile time (seq must be
+        a compile-time sequence, e.g. a list of shared tiles or a range)."""
+        if len(node.generators) != 1 or node.generators[0].is_async:
+            raise self.error(node, "only single-`for` comprehensions are supported")
+        gen = node.generators[0]
+        seq = self.eval(gen.iter)
+        if _is_runtime(seq) or not hasattr(seq, "__iter__"):
+            raise self.error(gen.iter, "a comprehension iterates over a compile-time sequence")
+        saved, out = dict(self.scope), []
+        for item in seq:
+            self.bind(gen.target, item)
+            conds = [self.eval(c) for c in gen.ifs]
+            if any(_is_runtime(c) for c in conds):
+                raise self.error(gen, "a comprehension's `if` must be a compile-time condition")
+            if all(conds):
+                out.append(self.eval(node.elt))
+        self.scope = saved
+        return out
+
+    def visit_ListComp(self, node):
+        return self._comprehension(node)
+
+    def visit_GeneratorExp(self, node):
+        return tuple(self._comprehension(node))
+
     def visit_IfExp(self, node):
         test = self.eval(node.test)
         if _is_runtime(test):
@@ -446,11 +499,18 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Call(self, node):
         callee = self.eval(node.func)
-        args = [self.eval(a) for a in node.args]
+        args = []
+        for a in node.args:
+            if isinstance(a, ast.Starred):     # f(*tiles): a compile-time sequence
+                seq = self.eval(a.value)
+                if not isinstance(seq, (tuple, list)):
+                    raise self.error(a, f"*{ast.unparse(a.value)} must be a tuple or list")
+                args += seq
+            else:
+                args.append(self.eval(a))
+        if any(k.arg is None for k in node.keywords):
+            raise self.error(node, "**kwargs is not supported in calls")
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords}
-        if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred)
-                                                            for a in node.args):
-            raise self.error(node, "*args and **kwargs are not supported in calls")
         if callee in (min, max) and any(_is_runtime(a) for a in args):
             out = args[0]   # elementwise on tiles (max(x, 0.0)), arith on scalars
             for a in args[1:]:
@@ -458,7 +518,7 @@ class KernelBuilder(ast.NodeVisitor):
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])
-        if isinstance(callee, language.Func):
+        if isinstance(callee, (language.Func, LocalFunc)):
             return self.inline(node, callee, args, kwargs)
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
@@ -467,6 +527,17 @@ class KernelBuilder(ast.NodeVisitor):
         name = getattr(callee, "__name__", repr(callee))
         raise self.error(node, f"calling {name}() on run-time values is not supported in a "
                                f"kernel (only tk.* functions and tile methods are)")
+
+
+@dataclass(frozen=True)
+class LocalFunc:
+    """A function inlined at its calls: one defined in the kernel (closure:
+    the names bound where it was defined) or a tk.func (no closure)."""
+    node: ast.FunctionDef
+    signature: inspect.Signature
+    filename: str
+    globals: dict
+    closure: dict
 
 
 def _is_method_of_value(callee) -> bool:

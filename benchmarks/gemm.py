@@ -1,0 +1,324 @@
+"""bf16 GEMM, f32 accumulate, bf16 out: tk_mlir vs cuBLAS (torch.mm) vs Triton.
+
+On the GPU machine, from the repository root:
+    python3 benchmarks/gemm.py --out-dir "$OUT"                  # full run, B stored N x K
+    python3 benchmarks/gemm.py --layout both --out-dir "$OUT"    # also B stored K x N
+    python3 benchmarks/gemm.py --quick                           # smoke test: 1024, 4096
+    python3 benchmarks/gemm.py --sizes 4096,8192x8192x2048 --impls tk_mlir,cublas
+
+Layouts: "nk" computes C = A @ B.T with B stored N x K (the Linear-weight layout),
+"kn" computes C = A @ B with B stored K x N. FLOPs per call = 2*M*N*K.
+Every implementation is checked against a float32 reference before it is timed.
+One result file per layout: gemm[-quick].json for nk, gemm-kn[-quick].json for kn
+(benchmarks/plot.py groups bars by op and shape, so two layouts in one file
+would land on the same bar).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
+import protocol as P  # noqa: E402
+
+try:  # Triton is a peer, not a dependency: without it its rows say "missing"
+    import triton
+    import triton.language as tl
+    TRITON_WHY = None
+except Exception as e:  # not installed (CPU builds of torch) or broken
+    triton = tl = None
+    TRITON_WHY = f"{type(e).__name__}: {e}"
+
+SQUARE = [1024, 2048, 4096, 8192, 16384]
+LLM = [(8192, 8192, 2048), (16384, 4096, 14336), (8192, 28672, 4096)]
+SHAPES = [(s, s, s) for s in SQUARE] + LLM
+QUICK_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096)]
+IMPLS = ["tk_mlir", "cublas", "triton"]
+LAYOUTS = ["nk", "kn"]
+TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
+FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
+CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
+
+
+# ---------------------------------------------------------------- Triton peer
+# The tutorial kernel: one output tile per program, grouped-M launch order so
+# GROUP_M row-tiles share B tiles in L2. Both layouts are the same kernel
+# with B's strides swapped; stride_bk is in the autotune key so each layout
+# gets its own choice of config.
+TRITON_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 4, 4),
+    (256, 128, 64, 8, 3),
+]
+
+if triton is not None:
+    @triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                               num_warps=w, num_stages=s)
+                 for bm, bn, bk, w, s in TRITON_CONFIGS],
+        key=["M", "N", "K", "stride_bk"])
+    @triton.jit
+    def _triton_mm(a_ptr, b_ptr, c_ptr, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        num_pid_in_group = GROUP_M * num_pid_n
+        first_pid_m = (pid // num_pid_in_group) * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+
+        # Wrap out-of-range rows/cols (their results are masked at the store).
+        offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+            acc += tl.dot(a, b)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+
+        offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+        mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_matmul(a, b, c, b_layout: str):
+    M, K = a.shape
+    N = b.shape[0] if b_layout == "nk" else b.shape[1]
+    # B[k, n]: for nk that is b[n, k], so k walks b's columns.
+    sbk, sbn = (b.stride(1), b.stride(0)) if b_layout == "nk" else (b.stride(0), b.stride(1))
+
+    def grid(meta):  # one program per output tile of the config autotune picked
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _triton_mm[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), sbk, sbn,
+                     c.stride(0), c.stride(1))
+    return c
+
+
+# ---------------------------------------------------------------- peers
+def cublas_matmul(a, b, c, b_layout: str):
+    # b.t() is a view: cuBLAS reads a row-major N x K b as a transposed
+    # operand, no copy. out= keeps allocation out of the timed loop.
+    return torch.mm(a, b.t() if b_layout == "nk" else b, out=c)
+
+
+def load_tk():
+    """examples/gemm.py's matmul by path; returns (fn, None) or (None, why not)."""
+    path = ROOT / "examples" / "gemm.py"
+    try:
+        spec = importlib.util.spec_from_file_location("tk_example_gemm", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.matmul, None
+    except Exception as e:  # missing file, import or compile error: report, go on
+        return None, f"{type(e).__name__}: {e}"
+
+
+def make_impls(names: list[str]) -> list[tuple]:
+    """[(impl name, fn(a, b, c, b_layout) | None, why missing)] in `names` order."""
+    tk_mm, tk_why = load_tk()
+    tk_fn = tk_mm and (lambda a, b, c, lay: tk_mm(a, b, c, b_layout=lay))
+    table = {
+        "tk_mlir": (tk_fn, tk_why),
+        "cublas": (cublas_matmul, None),
+        "triton": (triton_matmul if triton is not None else None, TRITON_WHY),
+    }
+    return [(n, *table[n]) for n in names]
+
+
+# ---------------------------------------------------------------- checking
+def check_rows(M: int) -> slice:
+    """Rows of C compared with the float32 reference.
+
+    All of them up to FULL_CHECK_ROWS; beyond, ~CHECK_ROWS rows at an odd
+    stride, which saves the f32 reference of a 16384^3 product yet puts the
+    checked rows in every row-tile of the grid and at every row position
+    within a tile (an even stride would only ever see even fragment rows).
+    """
+    if M <= FULL_CHECK_ROWS:
+        return slice(None)
+    return slice(None, None, (M // CHECK_ROWS) | 1)
+
+
+def reference(a, b, b_layout: str, rows: slice) -> torch.Tensor:
+    bf = b.float()
+    return a[rows].float() @ (bf.t() if b_layout == "nk" else bf)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor, rows: slice, M: int, N: int) -> float:
+    if tuple(out.shape) != (M, N):
+        raise ValueError(f"output shape {tuple(out.shape)}, expected {(M, N)}")
+    # The whole output, not just the checked rows: NaN left from the poison
+    # means a tile was never written.
+    if not bool(torch.isfinite(out).all()):
+        return float("nan")
+    return ((out[rows].float() - ref).norm() / ref.norm()).item()
+
+
+def first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+# ---------------------------------------------------------------- one shape
+def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
+                timing: dict) -> list[dict]:
+    shape, flops = f"{M}x{N}x{K}", 2 * M * N * K
+    base = {"op": "gemm", "layout": layout, "shape": shape, "M": M, "N": N, "K": K,
+            "flops": flops}
+    rows = [{**base, "impl": name} for name, _, _ in impls]
+
+    def one(g):  # A, B in this layout, and C for out=
+        a = P.uniform(g, M, K)
+        b = P.uniform(g, N, K) if layout == "nk" else P.uniform(g, K, N)
+        return a, b, torch.empty(M, N, dtype=torch.bfloat16, device=a.device)
+
+    try:
+        groups = P.make_input_groups(one, 2 * (M * K + N * K) + 2 * M * N)
+        crow = check_rows(M)
+        ref = reference(groups[0][0], groups[0][1], layout, crow)
+    except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
+        for r in rows:
+            r["status"] = f"failed: inputs ({first_line(e)})"
+        torch.cuda.empty_cache()
+        return rows
+    n_checked = len(range(M)[crow])
+    print(f"{layout} {shape}: {len(groups)} groups, reference on {n_checked}/{M} rows",
+          flush=True)
+
+    for row, (name, fn, why) in zip(rows, impls):
+        if fn is None:
+            row["status"] = f"missing: {why}"
+            print(f"  {name:8} missing: {why}", flush=True)
+            continue
+        call = lambda g, fn=fn: fn(g[0], g[1], g[2], layout)  # noqa: E731
+        try:
+            # One call first: compiling / autotuning launches into C, which
+            # would overwrite the poison and hide a kernel that skips tiles.
+            call(groups[0])
+            groups[0][2].fill_(float("nan"))
+            row["rel_err"] = err = rel_err(call(groups[0]), ref, crow, M, N)
+            row["status"] = "ok" if err <= TOL else "WRONG"  # NaN fails too
+            t = P.time_kernel(call, groups, **timing)  # WRONG rows are timed too
+        except Exception as e:  # one broken implementation must not sink the run
+            row["status"] = f"failed: {first_line(e)}"
+            print(f"  {name:8} {row['status']}", flush=True)
+            continue
+        row.update(ms=t["ms"], ms_min=t["ms_min"], ms_median=t["ms_median"],
+                   groups=t["groups"], tflops=P.tflops(flops, t["ms"]))
+        print(f"  {name:8} {t['ms']:.4f} ms  {row['tflops']:6.1f} TFLOP/s  "
+              f"err {err:.2e} {row['status']}", flush=True)
+
+    # Ratios only once every implementation of this shape has a time.
+    cublas_ms = next((r.get("ms") for r in rows if r["impl"] == "cublas"), None)
+    for r in rows:
+        if cublas_ms and r.get("ms"):
+            r["ratio_vs_cublas"] = cublas_ms / r["ms"]  # > 1: faster than cuBLAS
+    del groups, ref
+    torch.cuda.empty_cache()  # the next shape's groups need the room
+    return rows
+
+
+# ---------------------------------------------------------------- driver
+def parse_sizes(text: str) -> list[tuple[int, int, int]]:
+    """'4096,8192x8192x2048' -> [(4096,)*3, (8192, 8192, 2048)]."""
+    out = []
+    for item in text.split(","):
+        dims = [int(d) for d in item.strip().lower().split("x")]
+        if len(dims) == 1:
+            dims *= 3
+        if len(dims) != 3 or min(dims) <= 0:
+            raise ValueError(f"size {item!r}: give N (square) or MxNxK")
+        out.append(tuple(dims))
+    return out
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="1024^3 and 4096^3 only, few launches (smoke test)")
+    ap.add_argument("--sizes", help="comma list of N (square) or MxNxK, e.g. 4096,8192x8192x2048")
+    ap.add_argument("--layout", choices=["nk", "kn", "both"], default="nk",
+                    help="nk: C = A @ B.T, B is N x K (default); kn: C = A @ B, B is K x N")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help=f"comma list from {','.join(IMPLS)} (default: all)")
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    try:
+        args.shapes = (parse_sizes(args.sizes) if args.sizes
+                       else QUICK_SHAPES if args.quick else SHAPES)
+    except ValueError as e:
+        ap.error(f"--sizes: {e}")
+    args.impl_names = [s.strip() for s in args.impls.split(",") if s.strip()]
+    unknown = sorted(set(args.impl_names) - set(IMPLS))
+    if unknown or not args.impl_names:
+        ap.error(f"--impls: unknown {unknown}; choose from {IMPLS}")
+    args.layouts = LAYOUTS if args.layout == "both" else [args.layout]
+    return args
+
+
+def result_name(layout: str, quick: bool) -> str:
+    return "gemm" + ("" if layout == "nk" else f"-{layout}") + ("-quick" if quick else "")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    P.require_cuda("benchmarks/gemm.py")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true f32
+    timing = (dict(warmup=20, iters=10, repeats=1, pause_s=0.05) if args.quick
+              else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
+
+    impls = make_impls(args.impl_names)
+    for name, fn, why in impls:
+        if fn is None:
+            print(f"{name}: missing ({why})")
+    rows = []
+    for layout in args.layouts:
+        for M, N, K in args.shapes:
+            rows += bench_shape(M, N, K, layout, impls, timing)
+
+    cols = ["layout", "shape", "impl", "ms", ("tflops", "TFLOP/s"),
+            ("ratio_vs_cublas", "vs cuBLAS"), ("rel_err", "rel err"), "status"]
+    print("\n" + P.markdown_table(rows, cols) + "\n")
+    for r in rows:
+        if r["impl"] == "tk_mlir":
+            ratio = r.get("ratio_vs_cublas")
+            print(f"{r['layout']} {r['shape']}: tk/cublas = "
+                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
+    print()
+    for layout in args.layouts:
+        meta = {"metric": "tflops", "dtype": "bfloat16", "out_dtype": "bfloat16",
+                "accumulate": "float32", "flops": "2*M*N*K", "layouts": [layout],
+                "layout_meaning": {"nk": "C = A @ B.T, B is N x K",
+                                   "kn": "C = A @ B, B is K x N"}[layout],
+                "tol": TOL, "check": f"rel. Frobenius error vs float32 on all rows up to "
+                                     f"M={FULL_CHECK_ROWS}, else ~{CHECK_ROWS} rows at an odd "
+                                     f"stride; NaN anywhere in C fails",
+                "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
+        P.write_results(result_name(layout, args.quick),
+                        [r for r in rows if r["layout"] == layout], meta, args.out_dir)
+    bad = [f"{r['layout']} {r['shape']} {r['impl']}" for r in rows if r["status"] != "ok"]
+    if bad:  # said last so it is not lost in the log; exit 0 so chained runs go on
+        print("NOT OK: " + "; ".join(bad))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

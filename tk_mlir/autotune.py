@@ -1,0 +1,423 @@
+"""`@tk.autotune`: time a kernel's candidate constexpr configurations once per
+key and launch the fastest (in the spirit of `triton.autotune`).
+
+    @tk.autotune(configs=[tk.Config(BM=16, BN=64), tk.Config(BM=64, BN=128, num_warps=8)],
+                 key=["X"])
+    @tk.kernel
+    def scale(X: tk.gl[f32], Y: tk.gl[f32], s: float, BM: tk.constexpr, BN: tk.constexpr): ...
+
+    grid = lambda meta: (tk.cdiv(M, meta["BM"]), tk.cdiv(N, meta["BN"]))
+    scale[grid](x, y, 2.0)        # BM, BN (and num_warps) come from the chosen config
+
+The key names kernel parameters: a tensor contributes its dtype and shape, an
+int/float/constexpr its value. The first call with a new key launches every
+config once (compiling it; a config that fails to compile is skipped and
+reported, and if all fail a CompilationError lists each failure), times each
+(warm-up launches, then `reps` launches between torch.cuda events, the L2
+flushed before each; the median counts) and then launches the fastest. The
+choice is kept in memory and on disk (under TK_MLIR_CACHE_DIR, keyed on the
+kernel's source, the configs, the key, the GPU and the toolchain), so a new
+process reuses it without timing; TK_MLIR_ALWAYS_COMPILE=1 ignores the disk.
+TK_MLIR_PRINT_AUTOTUNING=1 prints each tuning's table to stderr. Timing
+needs torch (imported when a key is first tuned, not with tk_mlir).
+
+Tuning runs the kernel many times on the caller's arguments, so the kernel
+must be safe to re-run on them: it may overwrite its outputs, but must not
+read what it writes (`Y += X`, accumulating atomics) — as Triton requires.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import statistics
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+from . import cache
+from .errors import CompilationError
+from .kernel import Kernel, _valid_num_warps
+from .runtime.arguments import ArgumentError, describe
+
+_FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
+
+
+class Config:
+    """One candidate: constexpr values by name, and optionally num_warps
+    (None: the kernel's own). Frozen; equal when names, values and value
+    types are equal (True, 1 and 1.0 compile differently)."""
+
+    __slots__ = ("_items", "num_warps", "_ident", "_launch")
+
+    def __init__(self, *, num_warps: int | None = None, **constexprs):
+        if num_warps is not None and not _valid_num_warps(num_warps):
+            # The rule is the kernel's (kernel._valid_num_warps); it says it at launch.
+            raise ValueError(f"Config num_warps={num_warps!r} is not a num_warps that "
+                             f"@tk.kernel takes")
+        for name, value in constexprs.items():
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(f"Config {name}={value!r} must be hashable (an int, float, "
+                                f"bool, str, tuple or tk dtype)") from None
+        ident = (tuple((k, type(v).__name__, v) for k, v in sorted(constexprs.items())),
+                 num_warps)
+        extra = {} if num_warps is None else {"num_warps": num_warps}
+        for slot, value in (("_items", tuple(constexprs.items())), ("num_warps", num_warps),
+                            ("_ident", ident), ("_launch", {**constexprs, **extra})):
+            object.__setattr__(self, slot, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("tk.Config is frozen")
+
+    @property
+    def kwargs(self) -> dict:
+        """The constexpr values (without num_warps)."""
+        return dict(self._items)
+
+    def all_kwargs(self) -> dict:
+        """What a launch with this config passes: the constexprs and num_warps if set."""
+        return dict(self._launch)
+
+    def __eq__(self, other):
+        return isinstance(other, Config) and self._ident == other._ident
+
+    def __hash__(self):
+        return hash(self._ident)
+
+    def __repr__(self):
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in self.all_kwargs().items())})"
+
+    def _jsonable(self) -> list:
+        return [[[k, t, _jsonable(v)] for k, t, v in self._ident[0]], self.num_warps]
+
+
+def autotune(configs: Sequence[Config], key: Sequence[str], *, warmup: int = 5,
+             reps: int = 20) -> Callable[[Kernel], "Autotuner"]:
+    """Decorator, above `@tk.kernel`: `@tk.autotune(configs=[...], key=["X", "M"])`.
+    `warmup` launches and then `reps` timed launches per config and key."""
+    return lambda k: Autotuner(k, configs, key, warmup=warmup, reps=reps)
+
+
+def bench(launch: Callable[[], Any], *, warmup: int, reps: int) -> float:
+    """Median ms of `reps` launches, each between two CUDA events on torch's
+    current stream (where tk kernels launch), after `warmup` launches. Before
+    each timed launch a buffer twice the L2's size is zeroed, so every launch
+    starts from a cold L2 (as triton.testing.do_bench does). Autotuner calls it
+    through this module's global, so a test or notebook may replace it."""
+    import torch
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = getattr(props, "L2_cache_size", 0) or _FLUSH_FALLBACK_BYTES
+    flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+    for _ in range(warmup):
+        launch()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        launch()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+class Autotuner:
+    """A Kernel with a choice of configs; launch it like the kernel:
+    `tuned[grid](*args, **kwargs)` without the constexprs the configs set.
+
+    Attributes: `kernel` (the wrapped tk.kernel), `configs`, `key`,
+    `timings` ({key: {Config: median ms, or the failure's text}} for the keys
+    timed by this object), `key_of(*args, **kwargs)` and
+    `best_config(*args, **kwargs)` (the choice for those arguments, from
+    memory or disk, never timing; None when there is none yet)."""
+
+    def __init__(self, kernel: Kernel, configs: Sequence[Config], key: Sequence[str], *,
+                 warmup: int = 5, reps: int = 20):
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"tk.autotune wraps a @tk.kernel: put @tk.autotune(...) above "
+                            f"@tk.kernel, got {kernel!r}")
+        self.kernel, self.__name__ = kernel, kernel.__name__
+        self.configs = _check_configs(kernel, configs)
+        self.key = _check_key(kernel, key, self.configs)
+        if not (isinstance(warmup, int) and warmup >= 0 and isinstance(reps, int) and reps >= 1):
+            raise ValueError(f"tk.autotune: warmup must be an int >= 0 and reps an int >= 1, "
+                             f"got {warmup!r}, {reps!r}")
+        self.warmup, self.reps = warmup, reps
+        self.timings: dict[tuple, dict[Config, float | str]] = {}
+        params = {p.name: (i, p) for i, p in enumerate(kernel.params)}
+        self._key_params = [params[name] for name in self.key]
+        # The names the configs set may not be passed by the caller as well.
+        self._tuned = {n for c in self.configs for n in c.all_kwargs()}
+        self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
+                                default=len(kernel.params))
+        self._chosen: dict[tuple, Config] = {}        # (device ordinal, key) -> config
+        self._lock = threading.Lock()                 # one tuning at a time: timings interfere
+        self._disk = cache.DiskCache()
+
+    def __repr__(self):
+        return f"<tk.autotune {self.__name__}: {len(self.configs)} configs, key {self.key}>"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...)")
+
+    def __getitem__(self, grid) -> Callable:
+        return functools.partial(self.run, grid)
+
+    # ---------------------------------------------------------------- launch
+
+    def run(self, grid, *args, **kwargs) -> None:
+        """Launch with the config chosen for these arguments' key, tuning first
+        when the key is new (see the module's docstring)."""
+        try:
+            key = self._key(args, kwargs)
+            device = _driver().default_device()
+            config = self._chosen.get((device, key))
+            if config is None:
+                config = self._choose(device, key, grid, args, kwargs)
+            self.kernel.launch(grid, *args, **kwargs, **config._launch)
+        except (CompilationError, ArgumentError) as e:
+            raise e.with_traceback(None) from None   # the user's frame, not ours
+
+    def compile(self, *args, config: Config | int, **kwargs):
+        """`kernel.compile` for one config (a Config or an index into `configs`):
+        `tuned.compile(tk.spec(...), ..., config=0).asm`. Works without a GPU."""
+        config = self.configs[config] if isinstance(config, int) else config
+        try:
+            self._check_not_tuned(args, kwargs)
+        except ArgumentError as e:
+            raise e.with_traceback(None) from None
+        return self.kernel.compile(*args, **kwargs, **config.all_kwargs())
+
+    def key_of(self, *args, **kwargs) -> tuple:
+        """The tuning key of a call's arguments: per key name, a tensor's
+        (dtype, shape) or a scalar's value. Works without a GPU."""
+        return self._key(args, kwargs)
+
+    def _key(self, args: tuple, kwargs: dict) -> tuple:
+        if len(args) > self._first_tuned or kwargs and not self._tuned.isdisjoint(kwargs):
+            self._check_not_tuned(args, kwargs)
+        values = []
+        for i, p in self._key_params:
+            if i < len(args):
+                v = args[i]
+            elif p.name in kwargs:
+                v = kwargs[p.name]
+            elif p.default is not inspect.Parameter.empty:
+                v = p.default
+            else:
+                raise TypeError(f"{self.__name__}() missing argument '{p.name}'")
+            values.append(_key_value(p, v))
+        return tuple(values)
+
+    def best_config(self, *args, **kwargs) -> Config | None:
+        """The config chosen for these arguments (this object's memory, else the
+        disk cache), without timing anything; None when none has been chosen."""
+        key = self._key(args, kwargs)
+        device = _device()
+        return self._chosen.get((device[0], key)) or self._load_choice(key, device[1:])
+
+    def _check_not_tuned(self, args, kwargs) -> None:
+        passed = self._tuned.intersection(kwargs)
+        passed |= {p.name for p in self.kernel.params[:len(args)] if p.name in self._tuned}
+        if passed:
+            raise ArgumentError(f"{self.__name__}: {', '.join(sorted(passed))} "
+                                f"{'is' if len(passed) == 1 else 'are'} chosen by tk.autotune "
+                                f"from its configs; do not pass "
+                                f"{'it' if len(passed) == 1 else 'them'}")
+
+    # ---------------------------------------------------------------- tuning
+
+    def _choose(self, device: int, key: tuple, grid, args, kwargs) -> Config:
+        with self._lock:
+            config = self._chosen.get((device, key))     # another thread may have tuned it
+            if config is None:
+                where = _device(device)[1:]
+                config = self._load_choice(key, where)
+                if config is not None:
+                    self._report(f"{self._describe(key)}: {config} (from the cache)")
+                else:
+                    config = self._tune(key, where, grid, args, kwargs)
+                self._chosen[(device, key)] = config
+            return config
+
+    def _tune(self, key: tuple, where: tuple, grid, args, kwargs) -> Config:
+        """Launch (so compile) and time each config; store and return the fastest."""
+        CudaError = _driver().CudaError
+        results: dict[Config, float | str] = {}
+        for config in self.configs:
+            launch = functools.partial(self.kernel.launch, grid, *args, **kwargs,
+                                       **config.all_kwargs())
+            try:
+                launch()
+            except CompilationError as e:         # e.g. too much shared memory
+                results[config] = str(e)
+                continue
+            except CudaError as e:                 # too many registers x threads to launch
+                if e.name != "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES":
+                    raise
+                results[config] = str(e)
+                continue
+            results[config] = bench(launch, warmup=self.warmup, reps=self.reps)
+        self.timings[key] = results
+        timed = {c: ms for c, ms in results.items() if not isinstance(ms, str)}
+        if not timed:
+            raise CompilationError(
+                f"autotune {self.__name__}: no config could run for {self._describe(key)}:\n"
+                + "\n".join(f"  {c}: {msg}".replace("\n", "\n    ") for c, msg in results.items()))
+        best = min(timed, key=timed.get)
+        self._report(self._table(key, results, best))
+        if not cache.always_compile():
+            self._save_choice(key, where, best, results)
+        return best
+
+    # ------------------------------------------------------------ disk cache
+
+    def _disk_key(self, key: tuple, where: tuple) -> str:
+        """`where`: (device name, (major, minor)). Everything that changes which
+        config wins, or what a config index means."""
+        k = self.kernel
+        return cache.make_key(
+            kind="tk-autotune", name=k.__name__, source=k.source,
+            where=[k.filename, k._source.first_line], globals=k._globals_key(),
+            num_warps=k.default_num_warps, configs=[c._jsonable() for c in self.configs],
+            key=[[n, _jsonable(v)] for n, v in zip(self.key, key)],
+            device=[where[0], list(where[1])])
+
+    def _save_choice(self, key: tuple, where: tuple, best: Config, results: dict) -> None:
+        entry = {"config": self.configs.index(best), "repr": repr(best),
+                 "timings_ms": [[repr(c), r] for c, r in results.items()]}
+        self._disk.put(self._disk_key(key, where), {"choice.json": json.dumps(entry)})
+
+    def _load_choice(self, key: tuple, where: tuple) -> Config | None:
+        """The stored choice, or None: missing, TK_MLIR_ALWAYS_COMPILE, or an
+        entry that does not name one of our configs (dropped, so the next
+        tuning can publish a good one; DiskCache never overwrites)."""
+        disk_key = self._disk_key(key, where)
+        entry = self._disk.get(disk_key)
+        if entry is None:
+            return None
+        try:
+            choice = json.loads(entry["choice.json"])
+            config = self.configs[choice["config"]]
+            if isinstance(choice["config"], int) and choice["repr"] == repr(config):
+                return config
+        except (KeyError, IndexError, TypeError, ValueError):
+            pass
+        cache._remove(self._disk.path(disk_key))
+        return None
+
+    # ------------------------------------------------------------- reporting
+
+    def _describe(self, key: tuple) -> str:
+        parts = []
+        for name, (_, p), v in zip(self.key, self._key_params, key):
+            shown = f"{v[0]}[{','.join(map(str, v[1]))}]" if p.kind == "gl" else repr(v)
+            parts.append(f"{name}={shown}")
+        return f"{self.__name__}({', '.join(parts)})"
+
+    def _table(self, key: tuple, results: dict, best: Config) -> str:
+        lines = [f"{self._describe(key)}:"]
+        for c, r in results.items():
+            shown = f"failed: {r.splitlines()[0]}" if isinstance(r, str) else f"{r:.4f} ms"
+            lines.append(f"  {c}: {shown}{'  <- chosen' if c == best else ''}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _report(text: str) -> None:
+        if os.environ.get("TK_MLIR_PRINT_AUTOTUNING", "").strip().lower() in cache._TRUE:
+            print(f"tk_mlir autotune: {text}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ helpers
+
+def _check_configs(kernel: Kernel, configs) -> tuple[Config, ...]:
+    configs = tuple(configs) if isinstance(configs, (list, tuple)) else configs
+    if not isinstance(configs, tuple) or not configs:
+        raise ValueError(f"tk.autotune({kernel.__name__}): configs must be a non-empty list "
+                         f"of tk.Config, got {configs!r}")
+    settable = [p.name for p in kernel.params if p.kind == "constexpr"]
+    for c in configs:
+        if not isinstance(c, Config):
+            raise TypeError(f"tk.autotune({kernel.__name__}): configs must be tk.Config, "
+                            f"got {c!r}")
+        bad = [n for n in c.kwargs if n not in settable]
+        if bad:
+            what = "is not a constexpr parameter" if len(bad) == 1 else \
+                "are not constexpr parameters"
+            raise ValueError(f"tk.autotune({kernel.__name__}): {c} sets {', '.join(bad)}, "
+                             f"which {what} of the kernel; a config may set "
+                             f"{', '.join(settable + ['num_warps'])}")
+    if len(set(configs)) != len(configs):
+        twice = next(c for i, c in enumerate(configs) if c in configs[:i])
+        raise ValueError(f"tk.autotune({kernel.__name__}): {twice} is listed twice in configs")
+    return configs
+
+
+def _check_key(kernel: Kernel, key, configs) -> tuple[str, ...]:
+    if isinstance(key, str) or not isinstance(key, (list, tuple)) \
+            or not all(isinstance(n, str) for n in key):
+        raise TypeError(f"tk.autotune({kernel.__name__}): key must be a list of parameter "
+                        f"names, got {key!r}")
+    names = [p.name for p in kernel.params]
+    tuned = {n for c in configs for n in c.kwargs}
+    for n in key:
+        if n not in names:
+            raise ValueError(f"tk.autotune({kernel.__name__}): key names '{n}', which is not "
+                             f"a parameter of the kernel; its parameters are {', '.join(names)}")
+        if n in tuned:
+            raise ValueError(f"tk.autotune({kernel.__name__}): key names '{n}', which the "
+                             f"configs set; key on what the caller passes: "
+                             f"{', '.join(x for x in names if x not in tuned)}")
+    return tuple(key)
+
+
+# A tensor's own dtype object (torch.float32, numpy's, a tk name) -> the tk
+# name describe() gives it: later keys take one dict lookup, not a describe().
+_DTYPE_NAMES: dict = {}
+
+
+def _key_value(p, v):
+    if p.kind == "gl":
+        try:
+            return (_DTYPE_NAMES[v.dtype], tuple(v.shape))
+        except (KeyError, AttributeError, TypeError):
+            t = describe(v, p.name)
+            try:
+                if tuple(v.shape) == t.shape:       # v's own attributes say what describe does
+                    _DTYPE_NAMES[v.dtype] = t.dtype
+            except (AttributeError, TypeError):
+                pass
+            return (t.dtype, tuple(t.shape))
+    try:
+        hash(v)
+    except TypeError:
+        raise ArgumentError(f"argument '{p.name}' = {v!r} is part of the autotune key and "
+                            f"must be hashable") from None
+    return v
+
+
+def _jsonable(v):
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return repr(v)          # tk dtypes and the like: their repr names them
+
+
+@functools.cache
+def _driver():
+    """The CUDA driver layer, imported on first launch (it loads cuda-python)."""
+    from .runtime import driver
+    return driver
+
+
+def _device(ordinal: int | None = None) -> tuple[int, str, tuple[int, int]]:
+    """(ordinal, name, compute capability) of torch's current device."""
+    import torch
+    if ordinal is None:
+        ordinal = torch.cuda.current_device()
+    capability = tuple(torch.cuda.get_device_capability(ordinal))
+    return ordinal, torch.cuda.get_device_name(ordinal), capability

@@ -1,0 +1,84 @@
+"""Kernel templates, written in the kernel language itself (tk.func).
+
+`lcf` is ThunderKittens' load-compute-finish pattern for Hopper: a producer
+warpgroup streams input tiles into a ring of shared-memory stages with TMA,
+consumer warpgroups compute on each stage with wgmma as soon as it lands and
+hand it back, and a persistent grid walks the output tiles. The kernel
+supplies four small callbacks (functions defined in the kernel body):
+
+    load(task, k, *stage, sem)     issue the TMA loads of iteration k of a task
+                                   (one elected producer thread runs it)
+    setup(task, consumer)          the consumer's state for a task (an accumulator)
+    compute(state, consumer, *stage) -> state   (issue the MMAs on one stage)
+    finish(state, task, consumer)  write the task's result
+
+and gets the pipeline: semaphores and their phases, warp specialization with
+register reallocation, the release of each stage once the MMA reading it is
+known complete, and the persistent task loop (task = block, block + grid, ...).
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+
+from .language import func
+
+
+@func
+def grouped_tile(task, tiles_m, tiles_n, group):
+    """(m, n) of output tile `task`, numbered down columns of `group` tile
+    rows at a time: tasks that run together share rows of A and columns of B,
+    which then stay in L2."""
+    width = group * tiles_n
+    first_m = (task // width) * group
+    rows = min(tiles_m - first_m, group)
+    m = first_m + (task % width) % rows
+    n = (task % width) // rows
+    return m, n
+
+
+@func
+def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
+        producer_registers=40, consumer_registers=232):
+    """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
+    grid (launch one block per SM). `inputs` lists each stage's shared tiles
+    as (dtype, (rows, cols), swizzle). The kernel has consumers + 1
+    warpgroups: warpgroups 0 .. consumers-1 compute, the last one loads."""
+    ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
+            for dtype, shape, swizzle in inputs]
+    full = tk.semaphores(stages)                       # the producer's expect_bytes
+    empty = tk.semaphores(stages, arrivals=consumers)  # one arrival per consumer
+    if tk.warpgroup_id() == consumers:
+        tk.decrease_registers(producer_registers)
+        if tk.elect_leader("warpgroup"):
+            it = 0
+            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+                for k in range(iters):
+                    s = it % stages
+                    # A fresh semaphore passes a wait for parity 1: the first
+                    # `stages` iterations find their stage free.
+                    tk.wait(empty[s], tk.ring_phase(it, stages) ^ 1)
+                    stage = [tiles[s] for tiles in ring]
+                    tk.tma.expect(full[s], *stage)
+                    load(task, k, *stage, full[s])
+                    it += 1
+    else:
+        tk.increase_registers(consumer_registers)
+        consumer = tk.warpgroup_id()
+        leader = tk.elect_leader("warpgroup")
+        it = 0
+        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            state = setup(task, consumer)
+            for k in range(iters):
+                s = it % stages
+                tk.wait(full[s], tk.ring_phase(it, stages))
+                state = compute(state, consumer, *[tiles[s] for tiles in ring])
+                # The MMAs of the previous stage are done once at most this
+                # stage's group is in flight: hand that stage back.
+                tk.mma_wait(1)
+                if k > 0 and leader:
+                    tk.arrive(empty[(it + stages - 1) % stages])
+                it += 1
+            tk.mma_wait(0)
+            if leader:
+                tk.arrive(empty[(it + stages - 1) % stages])
+            finish(state, task, consumer)
