@@ -103,6 +103,9 @@ OPS: tuple[OpDef, ...] = (
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),
             doc=f"elementwise {n}; rhs is a tile of the same type or a scalar")
       for n in BINARY),
+    OpDef("slice", operands=("src",), results=("result",), attributes=("row", "col"),
+          doc="the result type's rows and columns of a register tile, from (row, col) on "
+              "(the registers that hold them: no data moves)"),
     OpDef("reduce", operands=("src",), results=("result",), attributes=("kind", "axis"),
           doc="row (axis=row: one value per row) or column reduction of a tile to a vector"),
     OpDef("broadcast", operands=("src", "vec"), results=("result",),

@@ -18,17 +18,24 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 
-@tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=128, STAGES=6)],
+@tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
+                      tk.Config(BN=128, STAGES=6)],
              key=["A", "B", "C", "B_KN"])
 @tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
 def matmul(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
            BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
-           STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8):
+           STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8, TMA_STORE: tk.constexpr = True,
+           EPI_N: tk.constexpr = 128):
     M, K = A.shape
     N = B.shape[1] if B_KN else B.shape[0]
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
     WG_M = BM // 2                          # rows per consumer warpgroup
     b_tile = (BK, BN) if B_KN else (BN, BK)
+    # 16-bit results leave through shared memory and TMA stores, EPI_N columns
+    # at a time (a staging tile per consumer); f32 ones from registers.
+    TMA_STORE = TMA_STORE and C.dtype != "f32"
+    if TMA_STORE:
+        c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
 
     def load(task, k, a, b, sem):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
@@ -44,7 +51,18 @@ def matmul(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
 
     def finish(acc, task, wg):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
-        tk.store(C, acc.to(C.dtype), (2 * m + wg, n))
+        if TMA_STORE:
+            out = acc.to(C.dtype)
+            for h in tk.static_range(BN // EPI_N):
+                tk.tma.store_wait(0)                 # the last store has read c_tiles[wg]
+                tk.named_barrier(1 + wg, warps=4)
+                tk.store(c_tiles[wg], out.slice(cols=(h * EPI_N, EPI_N)))
+                tk.named_barrier(1 + wg, warps=4)    # all of it written
+                if tk.elect_leader("warpgroup"):
+                    tk.tma.store_async(C, c_tiles[wg], (2 * m + wg, n * (BN // EPI_N) + h))
+                    tk.tma.store_commit()
+        else:
+            tk.store(C, acc.to(C.dtype), (2 * m + wg, n))
 
     tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES)

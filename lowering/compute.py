@@ -105,3 +105,13 @@ def lower_broadcast(ctx: LoweringContext, op) -> None:
     regs = [fn(x, vec.regs[tile.layout.slice_register(keep, i)])
             for i, x in enumerate(tile.regs)]
     ctx.bind(op.result, tile.like(regs))
+
+
+@lowers("tk.slice")
+def lower_slice(ctx: LoweringContext, op) -> None:
+    from ..passes.verify import slice_registers
+    src = ctx.lookup(op.src)
+    picked = slice_registers(T.parse(op.src.type), T.parse(op.result.type), op.row, op.col,
+                             ctx.num_warps)
+    sub = layout_of(T.parse(op.result.type), ctx.num_warps)
+    ctx.bind(op.result, Fragment([src.regs[r] for r in picked], sub, src.dtype, src.scope))

@@ -163,8 +163,33 @@ def _check(op: ir.OpView, num_warps: int) -> None:
         _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
                  f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
                  f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+    elif name == "slice":
+        src, sub = operands[0], results[0]
+        _require(isinstance(src, T.RT), "slice applies to register tiles")
+        _require(slice_registers(src, sub, op.row, op.col, num_warps) is not None,
+                 f"slice: in the {src.layout} layout, rows {op.row}..{op.row + sub.rows - 1} and "
+                 f"columns {op.col}..{op.col + sub.cols - 1} of {_show(src)} are not held in "
+                 f"whole registers by the same threads; slice along register bits (e.g. "
+                 f"halves of the columns of a row-layout tile)")
     elif name == "mma":
         _check_mma(op, *operands)
+
+
+def slice_registers(src: T.RT, sub: T.RT, row: int, col: int, num_warps: int):
+    """Which register of src holds each register of the slice sub at (row,
+    col), or None when the slice does not select whole registers."""
+    warps = T.scope_warps(src.scope, num_warps)
+    try:
+        outer = layouts.tile_layout(src.layout, src.rows, src.cols, warps)
+        inner = layouts.tile_layout(sub.layout, sub.rows, sub.cols, warps)
+    except layouts.LayoutError:
+        return None
+    if (outer.lane, outer.warp) != (inner.lane, inner.warp):
+        return None
+    where = {outer.reg_position(r): r for r in range(outer.num_regs)}
+    picked = [where.get((p[0] + row, p[1] + col))
+              for p in map(inner.reg_position, range(inner.num_regs))]
+    return None if None in picked else picked
 
 
 def _count(op) -> int:

@@ -82,3 +82,6 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             if leader:
                 tk.arrive(empty[(it + stages - 1) % stages])
             finish(state, task, consumer)
+        # TMA stores `finish` issued must have read their shared tiles before
+        # the block exits (a no-op for threads that issued none).
+        tk.tma.store_wait(0)

@@ -223,6 +223,16 @@ class Tile(TileLike):
     def col_max(self): return self._reduce("max", "col")
     def col_min(self): return self._reduce("min", "col")
 
+    def slice(self, rows=None, cols=None) -> Tile:
+        """Part of the tile: rows=(first, count), cols=(first, count), compile-time
+        ints (e.g. the right half of an accumulator: acc.slice(cols=(128, 128))).
+        It names registers the thread already holds, so it costs nothing; the
+        layout must keep each part in whole registers (tk-verify says if not)."""
+        t: T.RT = self.tk_type
+        (r0, nr), (c0, nc) = (_span(rows, t.rows, "rows"), _span(cols, t.cols, "cols"))
+        sub = T.RT(t.dtype, nr, nc, t.layout, t.scope)
+        return Tile(emit("slice", [self], sub.to_mlir(), row=r0, col=c0))
+
     def _broadcast(self, kind: str, axis: str, vec) -> Tile:
         if not isinstance(vec, Vector):
             raise CompilationError(f"{kind}_{axis} expects a register vector (e.g. from "
@@ -238,6 +248,20 @@ class Tile(TileLike):
     def sub_col(self, v): return self._broadcast("sub", "col", v)
     def mul_col(self, v): return self._broadcast("mul", "col", v)
     def div_col(self, v): return self._broadcast("div", "col", v)
+
+
+def _span(span, extent: int, what: str) -> tuple[int, int]:
+    if span is None:
+        return 0, extent
+    if not (isinstance(span, (tuple, list)) and len(span) == 2
+            and all(isinstance(x, int) for x in span)):
+        raise CompilationError(f"slice {what} must be (first, count) of compile-time ints, "
+                               f"got {span!r}")
+    first, count = span
+    if count <= 0 or first < 0 or first + count > extent or first % count:
+        raise CompilationError(f"slice {what}=({first}, {count}) must be an aligned part of "
+                               f"the tile's {extent} {what} (first a multiple of count)")
+    return first, count
 
 
 class Vector(TileLike):
