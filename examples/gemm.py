@@ -22,7 +22,7 @@ from tk_mlir import f32
                       tk.Config(BN=128, STAGES=6)],
              key=["A", "B", "C", "B_KN"])
 @tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
-def matmul(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
+def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
            BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
            STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8, TMA_STORE: tk.constexpr = True,
            EPI_N: tk.constexpr = 128):
@@ -73,7 +73,7 @@ def num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def matmul_(a, b, c=None, *, b_layout: str = "nk"):
+def matmul(a, b, c=None, *, b_layout: str = "nk"):
     """C = A @ B.T (b_layout="nk", B is N x K) or A @ B ("kn", B is K x N) on
     torch tensors; C defaults to a new tensor of A's dtype."""
     import torch
@@ -88,7 +88,7 @@ def matmul_(a, b, c=None, *, b_layout: str = "nk"):
                          f"{tuple(b.shape)}")
     if c is None:
         c = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    matmul[(num_sms(),)](a, b, c, B_KN=kn)
+    gemm_kernel[(num_sms(),)](a, b, c, B_KN=kn)
     return c
 
 
@@ -96,7 +96,7 @@ def main() -> None:
     from tk_mlir.runtime import driver
     M = N = K = 4096
     spec = tk.spec((M, K), tk.bf16)
-    compiled = matmul.compile(spec, spec, spec, config=0)
+    compiled = gemm_kernel.compile(spec, spec, spec, config=0)
     print(compiled.info)
     sass = compiled.asm["sass"]
     print("HGMMA:", sass.count("HGMMA"), " UTMALDG:", sass.count("UTMALDG"))
@@ -107,7 +107,7 @@ def main() -> None:
     import torch
     a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
-    c = matmul_(a, b)
+    c = matmul(a, b)
     ref = a.float() @ b.float().T
     print("rel. error vs float32:", ((c.float() - ref).norm() / ref.norm()).item())
 

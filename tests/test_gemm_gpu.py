@@ -1,0 +1,82 @@
+"""The Hopper GEMM (examples/gemm.py) against torch.matmul in float32/64 on
+the GPU: both B layouts, bf16 and f16 inputs, 16-bit and f32 outputs,
+square, skinny and odd shapes, fresh random inputs, poisoned outputs."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gemm   # examples/gemm.py
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(256, 256, 64), (1024, 1024, 1024), (2048, 512, 4096), (8, 4096, 1024),
+          (4096, 16, 1024), (1000, 1000, 1000), (1537, 776, 1304), (3000, 5000, 136)]
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def run(M, N, K, layout, dtype, out_dtype, **config):
+    kn = layout == "kn"
+    a = torch.empty(M, K, dtype=DTYPES[dtype], device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((K, N) if kn else (N, K)), dtype=DTYPES[dtype], device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), dtype=DTYPES[out_dtype], device="cuda")
+    if config:
+        gemm.gemm_kernel.kernel[(gemm.num_sms(),)](a, b, c, B_KN=kn, **config)
+    else:
+        gemm.matmul(a, b, c, b_layout=layout)
+    ref = a.double() @ (b.double() if kn else b.double().T)
+    return ((c.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_bf16_shapes(shape, layout):
+    assert run(*shape, layout, "bf16", "bf16", STAGES=4) < 5e-3   # bf16 rounding of C: ~1.7e-3
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("dtype,out_dtype", [("f16", "f16"), ("bf16", "f32"), ("f16", "f32")])
+def test_gemm_dtypes(layout, dtype, out_dtype):
+    tol = 1e-5 if out_dtype == "f32" else 1e-3
+    assert run(1000, 776, 1304, layout, dtype, out_dtype, STAGES=4) < tol
+
+
+@pytest.mark.parametrize("config", [dict(BN=128, STAGES=6), dict(GROUP_M=16),
+                                    dict(STAGES=3, EPI_N=256), dict(TMA_STORE=False)],
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_gemm_configs(config):
+    assert run(1537, 776, 1304, "nk", "bf16", "bf16", **config) < 5e-3
+
+
+def test_gemm_autotuned_entry_point():
+    assert run(1024, 2048, 512, "nk", "bf16", "bf16") < 5e-3
+    assert run(1024, 2048, 512, "kn", "bf16", "bf16") < 5e-3
+
+
+class _ArrayInterface:
+    """A tensor seen only through __cuda_array_interface__: the general launch
+    path, which passes tensor maps by value through cuda-python."""
+
+    def __init__(self, t):
+        self._t = t
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def test_gemm_general_launch_path_passes_tensor_maps():
+    M, N, K = 512, 768, 320
+    a = torch.empty(M, K, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(N, K, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+    gemm.gemm_kernel.kernel[(gemm.num_sms(),)](_ArrayInterface(a), _ArrayInterface(b),
+                                          _ArrayInterface(c), STAGES=4)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double().T
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_tma_alignment_is_checked_before_launch():
+    import tk_mlir as tk
+    a = torch.randn(256, 264, dtype=torch.bfloat16, device="cuda")[:, 1:257]   # misaligned base
+    b = torch.randn(256, 256, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(tk.ArgumentError, match="'A'.*16-byte aligned"):
+        gemm.gemm_kernel.kernel[(gemm.num_sms(),)](a, b, c)

@@ -1,0 +1,280 @@
+"""The Hopper toolkit without a GPU: the GEMM's PTX, ptxas report and SASS
+(wgmma, TMA, mbarriers, elect.sync, setmaxnreg, no serialization), the
+fences it carries, the shared-tile and descriptor layouts, and the errors
+the new ops give at the user's line."""
+import re
+from pathlib import Path
+
+import pytest
+
+import gemm   # examples/gemm.py (conftest puts examples/ on the path)
+import tk_mlir as tk
+from tk_mlir import bf16, f16, f32
+from tk_mlir.dialects import types as T
+from tk_mlir.lowering import mma as mma_lowering
+from tk_mlir.runtime.toolchain import find_tool
+
+HERE = Path(__file__).resolve()
+HAS_NVDISASM = find_tool("nvdisasm") is not None
+
+
+def spec(*shape, dtype="bf16"):
+    return tk.spec(shape, dtype)
+
+
+@pytest.fixture(scope="module", params=[("nk", "bf16", "bf16"), ("kn", "bf16", "bf16"),
+                                        ("nk", "f16", "f32"), ("kn", "f16", "f16")],
+                ids=lambda p: "-".join(p))
+def gemm_kernel(request, tmp_path_factory):
+    layout, dt, odt = request.param
+    kn = layout == "kn"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TK_MLIR_CACHE_DIR", str(tmp_path_factory.mktemp("gemm-cache")))
+        b = spec(512, 256, dtype=dt) if kn else spec(256, 512, dtype=dt)
+        return gemm.gemm_kernel.compile(spec(384, 512, dtype=dt), b, spec(384, 256, dtype=odt),
+                                   B_KN=kn, config=0)
+
+
+def test_ptx_has_the_hopper_instructions(gemm_kernel):
+    ptx = gemm_kernel.asm["ptx"]
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n256k16.f32", "cp.async.bulk.tensor",
+                        "mbarrier.try_wait.parity", "elect.sync", "mbarrier.arrive.expect_tx"):
+        assert instruction in ptx, instruction
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40", ptx)
+    assert ".target sm_90a" in ptx
+    # setmaxnreg is only honoured with .minnctapersm (MLIR_NOTES).
+    assert re.search(r"\.maxntid 384, 1, 1", ptx) and ".minnctapersm 1" in ptx
+    # Tensor maps are 128-byte, 64-byte aligned grid-constant parameters.
+    assert len(re.findall(r"\.param \.align 64 \.b8 \w+_param_\d+\[128\]", ptx)) == \
+        len(gemm_kernel.tensor_maps) >= 2
+
+
+def test_ptxas_no_spills_no_serialization_warnings(gemm_kernel):
+    log = gemm_kernel.ptxas_log
+    info = gemm_kernel.info
+    assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0, log
+    assert "C7508" not in log, log          # setmaxnreg ignored
+    assert "C7514" not in log, log          # wgmma serialized
+    assert "C75" not in log, log            # any other performance warning of that family
+    assert info["dynamic shared memory (bytes)"] <= 227 * 1024
+
+
+def test_only_the_fences_the_memory_model_requires(gemm_kernel):
+    """One mbarrier-init fence; one proxy fence per TMA store site (generic
+    writes to shared -> async-proxy reads); the TMA -> mbarrier -> wgmma chain
+    needs none; no full memory barriers anywhere."""
+    ptx = gemm_kernel.asm["ptx"]
+    fences = [line.strip() for line in ptx.splitlines() if re.search(r"\b(fence|membar)\b", line)]
+    assert fences.count("fence.mbarrier_init.release.cluster;") == 1
+    proxy = [f for f in fences if f.startswith("fence.proxy")]
+    assert all(f == "fence.proxy.async.shared::cta;" for f in proxy)
+    stores = ptx.count("cp.async.bulk.tensor.2d.global.shared::cta")
+    assert (len(proxy) > 0) == (stores > 0) and len(proxy) <= stores
+    assert not [f for f in fences if f.startswith("membar") or ".sc" in f or "acq_rel" in f]
+    tk_ir = gemm_kernel.asm["tk"]
+    assert "fence" not in tk_ir and "tk.barrier" not in tk_ir
+
+
+@pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not installed")
+def test_sass_hgmma_utma_and_no_serialization_loop(gemm_kernel):
+    sass = gemm_kernel.asm["sass"]
+    assert "HGMMA.64x256x16.F32" in sass
+    assert "UTMALDG.2D" in sass
+    assert "USETMAXREG" in sass
+    # elect.sync issues TMA without a loop over the active lanes (MLIR_NOTES):
+    # no BRA.U.ANY anywhere, in particular not around a UTMALDG.
+    assert "BRA.U.ANY" not in sass
+    lines = sass.splitlines()
+    for i, line in enumerate(lines):
+        if "UTMALDG" in line:
+            window = "\n".join(lines[max(0, i - 12):i + 12])
+            assert "BRA.U.ANY" not in window
+
+
+def test_16_bit_results_are_stored_with_tma(gemm_kernel, request):
+    """16-bit outputs leave through shared memory and TMA stores; f32 ones
+    (twice the staging space) from registers."""
+    out_dtype = request.node.callspec.id.split("-")[-1]
+    stores = gemm_kernel.asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared::cta")
+    c_has_map = any(arg == 2 for arg, *_ in gemm_kernel.tensor_maps)
+    assert (stores > 0) == c_has_map == (out_dtype != "f32")
+
+
+def test_gemm_reads_in_under_100_lines():
+    source = Path(gemm.__file__).read_text()
+    kernel = source[source.index("@tk.autotune"):source.index("def num_sms")]
+    code = [l for l in kernel.splitlines() if l.strip() and not l.strip().startswith("#")]
+    assert len(code) < 100
+
+
+# ------------------------------------------------------------- layouts
+
+@pytest.mark.parametrize("swizzle", [32, 64, 128])
+def test_swizzled_tile_layout_is_the_tma_pattern(swizzle):
+    """Column blocks of `swizzle` bytes per row; 16-byte chunk c of row r
+    lands at chunk c ^ (r % (swizzle / 16)) within its line (the TMA table)."""
+    st = T.ST("bf16", 64, 128, swizzle)
+    per_chunk = 8
+    for row in range(64):
+        for col in range(0, 128, per_chunk):
+            block, inner = divmod(col, st.block_cols)
+            line = block * st.rows * swizzle + row * swizzle
+            chunk = inner // per_chunk
+            # bits 4.. of the offset XOR bits 7.. (the 128-byte line index)
+            expect = line + ((chunk ^ ((line >> 7) & (swizzle // 16 - 1))) << 4)
+            assert st.byte_offset(row, col) == expect
+
+
+def test_descriptor_fields():
+    kmajor = T.ST("bf16", 64, 64, 128)
+    bits = mma_lowering._descriptor_bits(kmajor, k_major=True)
+    assert bits >> 62 == 1                                  # 128-byte swizzle
+    assert (bits >> 32) & 0x3FFF == 1024 >> 4               # SBO: 8 rows of 128 bytes
+    assert mma_lowering._offset(kmajor, True, k_step=1, mn_step=0) == 32
+    assert mma_lowering._offset(kmajor, True, k_step=0, mn_step=1) == 64 * 128
+    mn_major = T.ST("bf16", 64, 256, 128)                   # B of A @ B: K x N
+    bits = mma_lowering._descriptor_bits(mn_major, k_major=False)
+    assert (bits >> 16) & 0x3FFF == 64 * 128 >> 4           # LBO: between 64-column blocks
+    assert (bits >> 32) & 0x3FFF == 1024 >> 4
+    assert mma_lowering._offset(mn_major, False, k_step=1, mn_step=0) == 16 * 128
+    assert mma_lowering._descriptor_bits(T.ST("f16", 64, 32, 64), True) >> 62 == 2
+    assert mma_lowering._descriptor_bits(T.ST("f16", 64, 16, 32), True) >> 62 == 3
+
+
+# -------------------------------------------------------------- helpers
+
+@tk.func
+def twice(x):
+    y = x + x
+    return y
+
+
+@tk.kernel(num_warps=4)
+def k_helpers(X: tk.gl[f32], Y: tk.gl[f32]):
+    def load_row(i, scale=1.0):
+        return tk.load(X, (i, 0), (16, 64)) * scale
+    tiles = [load_row(i, 2.0) for i in range(2)]
+    tk.store(Y, twice(tiles[0] + tiles[1]), (0, 0))
+
+
+def test_nested_functions_tk_func_and_comprehensions_inline():
+    tk_ir = k_helpers.compile(spec(64, 64, dtype="f32"), spec(64, 64, dtype="f32")).asm["tk"]
+    assert tk_ir.count('"tk.load"') == 2 and tk_ir.count('"tk.mul"') == 2
+    assert tk_ir.count('"tk.add"') == 2
+    assert "func.call" not in tk_ir        # inlined
+
+
+# --------------------------------------------------------------- errors
+
+def marked(marker):
+    lines = HERE.read_text().splitlines()
+    hits = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# E:{marker}")]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
+@tk.func
+def returns_early(x, flag: bool):
+    for i in range(2):
+        return x  # E:early-return
+    return x
+
+
+@tk.kernel(num_warps=4)
+def k_early_return(X: tk.gl[f32]):
+    returns_early(tk.load(X, (0, 0), (16, 64)), True)
+
+
+@tk.kernel(num_warps=12)
+def k_mma_unswizzled(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 64))
+    acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+    acc = tk.mma_ABt(acc, a, a)  # E:mma-swizzle
+
+
+@tk.kernel(num_warps=12)
+def k_mma_layout(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    acc = tk.zeros((64, 64), f32, layout="vec", scope="warpgroup")
+    acc = tk.mma_ABt(acc, a, a)  # E:mma-acc
+
+
+@tk.kernel(num_warps=12)
+def k_mma_k(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    b = tk.shared_tile(bf16, (64, 128), swizzle=128)
+    acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+    acc = tk.mma_ABt(acc, a, b)  # E:mma-k
+
+
+@tk.kernel(num_warps=4)
+def k_tma_rows(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (512, 64), swizzle=128)
+    s = tk.semaphore()
+    tk.tma.load_async(a, A, (0, 0), s)  # E:tma-rows
+
+
+@tk.kernel(num_warps=4)
+def k_sem_in_if(A: tk.gl[bf16]):
+    if tk.block_id(0) == 0:
+        s = tk.semaphore()  # E:sem-if
+
+
+@tk.kernel(num_warps=4)
+def k_subtile_blocks(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (128, 128), swizzle=128)
+    b = a.subtile(1, 64)  # E:subtile
+
+
+@tk.kernel(num_warps=4)
+def k_swizzle_row(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 32), swizzle=128)  # E:swizzle-row
+
+
+@tk.kernel(num_warps=4)
+def k_not_array(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 64))
+    b = a[1]  # E:not-array
+
+
+@tk.kernel(num_warps=4)
+def k_barrier_id(A: tk.gl[bf16]):
+    tk.named_barrier(0, warps=4)  # E:barrier-id
+
+
+@tk.kernel(num_warps=4)
+def k_registers(A: tk.gl[bf16]):
+    tk.increase_registers(300)  # E:registers
+
+
+@tk.kernel(num_warps=4)
+def k_slice(A: tk.gl[f32]):
+    x = tk.load(A, (0, 0), (64, 64))
+    y = x.slice(cols=(8, 8))  # E:slice
+
+
+ERRORS = [
+    (k_early_return, "early-return", "return in tk.func returns_early is only allowed as its last"),
+    (k_mma_unswizzled, "mma-swizzle", "must be a swizzled shared tile"),
+    (k_mma_layout, "mma-acc", "the accumulator must be an f32 tile of warpgroup scope in the row"),
+    (k_mma_k, "mma-k", "must agree"),
+    (k_tma_rows, "tma-rows", "a TMA box has at most 256 rows"),
+    (k_sem_in_if, "sem-if", "at the kernel's top level"),
+    (k_subtile_blocks, "subtile", "column blocks"),
+    (k_swizzle_row, "swizzle-row", "must be a multiple of 128 bytes"),
+    (k_not_array, "not-array", "is not an array"),
+    (k_barrier_id, "barrier-id", "from 1 to 15"),
+    (k_registers, "registers", "multiple of 8 from 24 to 256"),
+    (k_slice, "slice", "slice"),
+]
+
+
+@pytest.mark.parametrize("kernel,marker,message", ERRORS, ids=[e[1] for e in ERRORS])
+def test_hopper_errors_point_at_the_line(kernel, marker, message):
+    dtype = "f32" if marker in ("early-return", "slice") else "bf16"
+    with pytest.raises(tk.CompilationError) as info:
+        kernel.compile(spec(1024, 64, dtype=dtype))
+    e = info.value
+    assert message in e.message, e.message
+    assert Path(e.filename).resolve() == HERE and e.line == marked(marker), (e.filename, e.line)
