@@ -556,7 +556,7 @@ def test_alloc_st_offsets_in_allocate_smem_stage():
 
 def test_alloc_st_lowers_to_an_offset_into_dynamic_shared_memory():
     text = stages(alloc_kernel, BF16_2D)["tk-to-gpu"]
-    filecheck(text, """
+    filecheck(text, r"""
         CHECK: llvm.mlir.global external @__tk_smem() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
         CHECK: [[RAW:%[0-9]+]] = llvm.mlir.addressof @__tk_smem : !llvm.ptr<3>
         CHECK: [[ADDR:%[0-9]+]] = llvm.ptrtoint [[RAW]] : !llvm.ptr<3> to i32
