@@ -93,6 +93,15 @@ OPS: tuple[OpDef, ...] = (
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
     OpDef("set_registers", attributes=("count", "action"),
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
+    OpDef("use_cluster", attributes=("size",),
+          doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
+    OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
+    OpDef("cluster_sync", doc="barrier.cluster arrive + wait: every thread of the cluster"),
+    OpDef("arrive_remote", operands=("sem", "cta"),
+          doc="one arrival on the semaphore at the same place in block `cta` of the cluster"),
+    OpDef("tma_load_multicast", operands=("dst", "src", "sem", "mask"), variadic="indices",
+          doc="TMA load delivered to the same shared tile and semaphore in every block of "
+              "the cluster whose bit is set in `mask`"),
     OpDef("named_barrier", operands=("id",), attributes=("warps",),
           doc="bar.sync id among `warps` warps (ids 1-15; 0 is the block barrier)"),
     # Values.

@@ -25,10 +25,14 @@ from tk_mlir import f32
 def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
            BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
            STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8, TMA_STORE: tk.constexpr = True,
-           EPI_N: tk.constexpr = 128):
+           EPI_N: tk.constexpr = 128, CLUSTER: tk.constexpr = 1):
     M, K = A.shape
     N = B.shape[1] if B_KN else B.shape[0]
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
+    # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
+    # the B tile they share and multicasts it to all (A·Bᵀ only).
+    assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
+    groups_m = tk.cdiv(tiles_m, CLUSTER)
     WG_M = BM // 2                          # rows per consumer warpgroup
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
@@ -37,10 +41,19 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
     if TMA_STORE:
         c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
 
+    def tile_of(task):
+        m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
+        return (m * CLUSTER + tk.cluster_rank(), n) if CLUSTER > 1 else (m, n)
+
     def load(task, k, a, b, sem):
-        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
+        m, n = tile_of(task)
         tk.tma.load_async(a, A, (m, k), sem)
-        tk.tma.load_async(b, B, (k, n) if B_KN else (n, k), sem)
+        if CLUSTER > 1:
+            part = tk.cluster_rank()
+            tk.tma.load_async(b.subtile(part, BN // CLUSTER), B, (n * CLUSTER + part, k), sem,
+                              multicast=(1 << CLUSTER) - 1)
+        else:
+            tk.tma.load_async(b, B, (k, n) if B_KN else (n, k), sem)
 
     def setup(task, wg):
         return tk.zeros((WG_M, BN), f32, layout="row", scope="warpgroup")
@@ -50,7 +63,7 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
         return mma(acc, a.subtile(wg, WG_M), b)
 
     def finish(acc, task, wg):
-        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
+        m, n = tile_of(task)
         if TMA_STORE:
             out = acc.to(C.dtype)
             for h in tk.static_range(BN // EPI_N):
@@ -64,8 +77,8 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
         else:
             tk.store(C, acc.to(C.dtype), (2 * m + wg, n))
 
-    tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
-           load, setup, compute, finish, stages=STAGES)
+    tk.lcf(groups_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
+           load, setup, compute, finish, stages=STAGES, cluster=CLUSTER)
 
 
 def num_sms() -> int:

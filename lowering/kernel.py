@@ -48,9 +48,10 @@ def tensor_map_specs(func) -> list[TensorMapSpec]:
     """The tensor maps the kernel's TMA ops use, in first-use order."""
     specs: list[TensorMapSpec] = []
     def visit(op):
-        if op.name in ("tk.tma_load", "tk.tma_store", "tk.tma_prefetch"):
-            gl_pos, st_pos = {"tk.tma_load": (1, 0), "tk.tma_store": (0, 1),
-                              "tk.tma_prefetch": (0, 1)}[op.name]
+        if op.name in ("tk.tma_load", "tk.tma_load_multicast", "tk.tma_store",
+                       "tk.tma_prefetch"):
+            gl_pos, st_pos = {"tk.tma_load": (1, 0), "tk.tma_load_multicast": (1, 0),
+                              "tk.tma_store": (0, 1), "tk.tma_prefetch": (0, 1)}[op.name]
             spec = tensor_map_spec(ir.BlockArgument(op.operands[gl_pos]).arg_number,
                                    T.parse(op.operands[st_pos].type))
             if spec not in specs:
@@ -110,6 +111,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
                                known_block_size=[32 * num_warps, 1, 1])
         body = kernel.body.blocks.append(*fn_type.inputs)
     ctx = LoweringContext(num_warps)
+    ctx.cluster = cluster_size(func)
     ctx.exchange_groups = _exchange_groups(func)
     with ir.InsertionPoint(body), func.location:
         _bind_arguments(ctx, entry, params, body.arguments)
@@ -127,7 +129,17 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
     if ctx.uses_setmaxnreg:   # ptxas ignores setmaxnreg without .minnctapersm (C7508)
         kernel.attributes["tk.min_ctas"] = ir.IntegerAttr.get(i32(), 1)
     kernel.attributes["tk.max_threads"] = ir.IntegerAttr.get(i32(), 32 * num_warps)
+    if ctx.cluster > 1:
+        kernel.attributes["tk.cluster"] = ir.IntegerAttr.get(i32(), ctx.cluster)
     return out, params, specs
+
+
+def cluster_size(func) -> int:
+    """The kernel's cluster size (tk.use_cluster at its top level), 1 without."""
+    for op in func.regions[0].blocks[0].operations:
+        if op.name == "tk.use_cluster":
+            return ir.IntegerAttr(op.attributes["size"]).value
+    return 1
 
 
 def _aligned_smem_base() -> ir.Value:
@@ -162,7 +174,10 @@ def set_kernel_attributes(module: ir.Module) -> None:
             op.attributes["nvvm.minctasm"] = op.attributes["tk.min_ctas"]
             threads = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
             op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([threads, 1, 1])
-        for name in ("tk.grid_constants", "tk.min_ctas", "tk.max_threads"):
+        if "tk.cluster" in op.attributes:     # .reqnctapercluster: a plain launch forms clusters
+            size = ir.IntegerAttr(op.attributes["tk.cluster"]).value
+            op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([size, 1, 1])
+        for name in ("tk.grid_constants", "tk.min_ctas", "tk.max_threads", "tk.cluster"):
             if name in op.attributes:
                 del op.attributes[name]
         return ir.WalkResult.ADVANCE

@@ -32,7 +32,13 @@ def init_semaphores(ctx: LoweringContext, allocs) -> None:
                 nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + 8 * i)), c32(arrivals))
         nvvm.fence_mbarrier_init()
         scf.YieldOp([])
-    nvvm.barrier0()
+    if ctx.cluster > 1:
+        # Blocks of the cluster arrive on each other's semaphores (and TMA
+        # multicasts complete on them): all of them must be initialised first.
+        nvvm.cluster_arrive()
+        nvvm.cluster_wait()
+    else:
+        nvvm.barrier0()
 
 
 def _sem(ctx: LoweringContext, v) -> ir.Value:
@@ -80,3 +86,25 @@ def lower_set_registers(ctx: LoweringContext, op) -> None:
 @lowers("tk.named_barrier")
 def lower_named_barrier(ctx: LoweringContext, op) -> None:
     nvvm.barrier(None, barrier_id=ctx.lookup(op.id), number_of_threads=c32(32 * op.warps))
+
+
+@lowers("tk.use_cluster")
+def lower_use_cluster(ctx: LoweringContext, op) -> None:
+    pass       # a kernel attribute (lowering/kernel.py); nothing runs here
+
+
+@lowers("tk.cluster_rank")
+def lower_cluster_rank(ctx: LoweringContext, op) -> None:
+    ctx.bind(op.result, nvvm.read_ptx_sreg_cluster_ctarank(ir.IntegerType.get_signless(32)))
+
+
+@lowers("tk.cluster_sync")
+def lower_cluster_sync(ctx: LoweringContext, op) -> None:
+    nvvm.cluster_arrive()
+    nvvm.cluster_wait()
+
+
+@lowers("tk.arrive_remote")
+def lower_arrive_remote(ctx: LoweringContext, op) -> None:
+    remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _sem(ctx, op.sem), ctx.lookup(op.cta))
+    nvvm.MBarrierArriveOp(None, remote, scope=nvvm.MemScopeKind.CLUSTER)

@@ -49,14 +49,18 @@ def _tensor_map(ctx: LoweringContext, gl_value, st: T.ST) -> ir.Value:
     return ctx.tensor_maps[tensor_map_spec(ir.BlockArgument(gl_value).arg_number, st)]
 
 
-@lowers("tk.tma_load")
+@lowers("tk.tma_load", "tk.tma_load_multicast")
 def lower_tma_load(ctx: LoweringContext, op) -> None:
     dst: SharedRef = ctx.lookup(op.dst)
     sem: SharedRef = ctx.lookup(op.sem)
     tmap = _tensor_map(ctx, op.src, dst.type)
+    mask = None
+    if op.operation.name == "tk.tma_load_multicast":
+        mask = arith.trunci(ir.IntegerType.get_signless(16), ctx.lookup(op.mask))
     for offset, coords in _boxes(ctx, op, ctx.lookup(op.src), dst.type, op.indices):
         to = llvm.addrspacecast(ptr(7), smem_addr(dst.ptr, c32(offset)))
-        nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [])
+        nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [],
+                                                      multicastMask=mask)
 
 
 @lowers("tk.tma_store")

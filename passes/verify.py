@@ -152,9 +152,12 @@ def _check(op: ir.OpView, num_warps: int) -> None:
                  f"one column block (row bytes = swizzle, or swizzle 0) can be split by rows")
         _require(sub.rows % 8 == 0 or not src.swizzle, "subtile: a swizzled tile splits into "
                  "multiples of 8 rows")
-    elif name == "tma_load" or name == "tma_store":
-        st, gl = (operands[0], operands[1]) if name == "tma_load" else (operands[1], operands[0])
-        n_idx = len(operands) - (3 if name == "tma_load" else 2)
+    elif name == "use_cluster":
+        _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
+                 "kernel's top level")
+    elif name in ("tma_load", "tma_store", "tma_load_multicast"):
+        st, gl = (operands[1], operands[0]) if name == "tma_store" else (operands[0], operands[1])
+        n_idx = len(operands) - {"tma_load": 3, "tma_store": 2, "tma_load_multicast": 4}[name]
         _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
         _require(gl.rank >= 2 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 to 5 "
                  f"and one coordinate per dim ({gl.rank}), got {n_idx}")
@@ -232,6 +235,7 @@ def check_op(op: ir.OpView, num_warps: int) -> None:
 
 
 _THREAD_IDS = {"tk.thread_id", "tk.lane_id", "tk.warp_id", "tk.warpgroup_id", "tk.elect"}
+# (tk.cluster_rank varies between blocks, not between a block's threads.)
 
 
 def _block_barrier(op, num_warps: int) -> bool:
@@ -242,8 +246,8 @@ def _block_barrier(op, num_warps: int) -> bool:
     if name == "tk.store":
         return isinstance(T.parse(op.operands[0].type), T.ST) and \
             T.parse(op.operands[1].type).scope == "block"
-    if name == "tk.alloc_sem":
-        return True       # initialised by one thread, then a block barrier
+    if name in ("tk.alloc_sem", "tk.cluster_sync"):
+        return True       # a block (or cluster) barrier
     if name == "tk.reduce":
         t = T.parse(op.operands[0].type)
         keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1

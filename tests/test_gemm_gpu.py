@@ -80,3 +80,23 @@ def test_tma_alignment_is_checked_before_launch():
     c = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(tk.ArgumentError, match="'A'.*16-byte aligned"):
         gemm.gemm_kernel.kernel[(gemm.num_sms(),)](a, b, c)
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (1537, 776, 1304), (128, 512, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_cluster_multicast(shape):
+    """Clusters of 2 blocks sharing B through TMA multicast, on a grid of the
+    clusters that fit (CompiledKernel.persistent_grid)."""
+    import tk_mlir as tk
+    M, N, K = shape
+    a = torch.empty(M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(N, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernel = gemm.gemm_kernel.kernel
+    grid = kernel.compile(a, b, c, CLUSTER=2).persistent_grid()
+    assert grid % 2 == 0 and 0 < grid <= gemm.num_sms()
+    kernel[(grid,)](a, b, c, CLUSTER=2)
+    ref = a.double() @ b.double().T
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
+    with pytest.raises(tk.ArgumentError, match="multiple of 2"):
+        kernel[(grid - 1,)](a, b, c, CLUSTER=2)

@@ -108,6 +108,27 @@ def test_gemm_reads_in_under_100_lines():
     assert len(code) < 100
 
 
+def test_cluster_gemm_multicasts_and_arrives_across_the_cluster():
+    compiled = gemm.gemm_kernel.kernel.compile(spec(512, 256), spec(512, 256), spec(512, 512),
+                                               CLUSTER=2)
+    ptx = compiled.asm["ptx"]
+    assert compiled.cluster == 2
+    assert re.search(r"\.reqnctapercluster 2, 1, 1", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*\.multicast::cluster", ptx)
+    assert "mapa.shared::cluster" in ptx
+    assert "mbarrier.arrive.release.cluster.shared::cluster" in ptx
+    # semaphores initialised cluster-wide before use, and no block exits early
+    assert ptx.count("barrier.cluster.arrive") == ptx.count("barrier.cluster.wait") == 2
+    assert "C75" not in compiled.ptxas_log and compiled.info["spill stores (bytes)"] == 0
+
+
+def test_cluster_grid_must_be_whole_clusters():
+    from tk_mlir.launcher import normalize_grid
+    assert normalize_grid((132,), {}, 2) == (132, 1, 1)
+    with pytest.raises(tk.ArgumentError, match="multiple of 2"):
+        normalize_grid((131,), {}, 2)
+
+
 # ------------------------------------------------------------- layouts
 
 @pytest.mark.parametrize("swizzle", [32, 64, 128])
@@ -249,6 +270,12 @@ def k_registers(A: tk.gl[bf16]):
 
 
 @tk.kernel(num_warps=4)
+def k_remote_without_cluster(A: tk.gl[bf16]):
+    s = tk.semaphore()
+    tk.arrive(s, cta=1)  # E:no-cluster
+
+
+@tk.kernel(num_warps=4)
 def k_slice(A: tk.gl[f32]):
     x = tk.load(A, (0, 0), (64, 64))
     y = x.slice(cols=(8, 8))  # E:slice
@@ -267,6 +294,7 @@ ERRORS = [
     (k_barrier_id, "barrier-id", "from 1 to 15"),
     (k_registers, "registers", "multiple of 8 from 24 to 256"),
     (k_slice, "slice", "slice"),
+    (k_remote_without_cluster, "no-cluster", "needs a cluster: call tk.use_cluster(n) first"),
 ]
 
 

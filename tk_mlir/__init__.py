@@ -30,7 +30,8 @@ _LAZY = {
                      "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles",
                      "barrier"), ".ops"),
     **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
-                     "increase_registers", "decrease_registers", "named_barrier"), ".sync"),
+                     "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
+                     "cluster_rank", "cluster_sync"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
     **dict.fromkeys(("lcf", "grouped_tile"), ".templates"),
 }

@@ -101,6 +101,7 @@ class CompiledKernel:
     ptxas_log: str
     # Per "tmap" parameter (its index): (arg, box rows, box cols, swizzle, dtype).
     tensor_maps: list[tuple] = field(default_factory=list)
+    cluster: int = 1                       # blocks per cluster along x (tk.use_cluster)
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -143,6 +144,17 @@ class CompiledKernel:
                     self._functions[device] = f
         return f
 
+    def persistent_grid(self, device: int | None = None) -> int:
+        """Blocks for a persistent grid: as many as can be resident at once
+        (one per SM for a kernel using all of an SM's shared memory; for a
+        cluster kernel, whole clusters only, as many as the GPCs hold)."""
+        from .runtime import driver
+        f = self.function(device)
+        if self.cluster == 1:
+            return driver.device_attribute("multiprocessor_count", f.device)
+        return self.cluster * f.max_active_clusters(self.cluster, self.num_threads,
+                                                    self.smem_bytes)
+
     def dump(self, directory: str | os.PathLike, folder_name: str | None = None) -> Path:
         folder = Path(directory) / (folder_name or self.name)
         for i, (stage, text) in enumerate(self.asm.items()):
@@ -154,7 +166,7 @@ class CompiledKernel:
     def to_entry(self) -> dict:
         meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
                 "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
-                "tensor_maps": self.tensor_maps}
+                "tensor_maps": self.tensor_maps, "cluster": self.cluster}
         return {"cubin": self.cubin, "meta.json": json.dumps(meta),
                 "stages.json": json.dumps(self.stages)}
 
@@ -163,7 +175,8 @@ class CompiledKernel:
         meta = json.loads(entry["meta.json"])
         return cls(meta["name"], entry["cubin"], [tuple(p) for p in meta["params"]],
                    meta["num_warps"], meta["smem_bytes"], json.loads(entry["stages.json"]),
-                   meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])])
+                   meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])],
+                   meta.get("cluster", 1))
 
 
 def _write_stage(folder: Path, index: int, stage: str, text: str) -> None:
@@ -230,6 +243,8 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
                               dict(spec.constexprs), spec.num_warps)
         lowered = lower(module, on_stage)
         smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
+        from .lowering.kernel import cluster_size
+        cluster = cluster_size(module.body.operations[0])
     try:
         cubin, log = ptxas(lowered.ptx)
     except ToolchainError as e:
@@ -240,7 +255,7 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
                               [(p.arg, p.kind, p.index) for p in lowered.params],
                               spec.num_warps, smem, stages, log,
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
-                               for t in lowered.tensor_maps])
+                               for t in lowered.tensor_maps], cluster)
     if folder is not None:
         _write_stage(folder, len(stages) - 1, "ptxas", log)
         if _has_nvdisasm():

@@ -252,7 +252,7 @@ class Kernel:
         constexprs = [i for i, p in enumerate(self.params) if p.kind == "constexpr"]
         return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
                                    constexprs, rules, params, launch, driver.current_stream,
-                                   device, compiled.tensor_maps)
+                                   device, compiled.tensor_maps, compiled.cluster)
 
     def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict]:
         """The compiled kernel for these argument values after checking them,
@@ -295,7 +295,8 @@ class Kernel:
                 launcher.check_scalar(self.params[pos].name, kind, values[pos])
                 out.append(values[pos])
             kinds.append(driver.ctypes_type(launcher.PASSED_AS[kind]))
-        g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)})
+        g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)},
+                                    compiled.cluster)
         compiled.function(driver.default_device()).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(),
             tuple(out), tuple(kinds))

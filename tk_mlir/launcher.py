@@ -44,12 +44,15 @@ def torch_tensor_types() -> tuple:
     return (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
 
 
-def normalize_grid(grid, meta: dict) -> tuple[int, int, int]:
+def normalize_grid(grid, meta: dict, cluster: int = 1) -> tuple[int, int, int]:
     g = grid(meta) if callable(grid) else grid
     g = (g,) if isinstance(g, int) else tuple(g)
     if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool)
                                        and 1 <= x < 2**31 for x in g):
         raise ArgumentError(f"grid must be 1 to 3 ints from 1 to 2**31-1, got {g!r}")
+    if g[0] % cluster:
+        raise ArgumentError(f"grid {g!r}: the kernel runs in clusters of {cluster} blocks along "
+                            f"x (tk.use_cluster), so the grid's x must be a multiple of {cluster}")
     return g + (1,) * (3 - len(g))
 
 
@@ -80,7 +83,7 @@ def tensor_map_arg(pos: int, info, box, name: str):
 def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                constexprs: list[int], gl_rules: dict[int, dict],
                params: list[tuple[int, str, int]], launch: Callable, stream: Callable,
-               device: int, tensor_maps: list[tuple] = ()) -> Callable:
+               device: int, tensor_maps: list[tuple] = (), cluster: int = 1) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
     (`constexprs`: positions of the compile-time parameters; `tensor_maps`:
     the box of each "tmap" parameter, CompiledKernel.tensor_maps)."""
@@ -88,7 +91,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
-           "scalar_check": check_scalar, "GRIDS": {}, "maps": CACHE.get}
+           "scalar_check": check_scalar, "GRIDS": {}, "maps": CACHE.get, "CLUSTER": cluster}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
              f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
@@ -151,7 +154,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                             "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))
     lines += ["    g = GRIDS.get(grid) if type(grid) is tuple else None   # validated before",
               "    if g is None:",
-              "        g = normalize_grid(grid, dict(zip(NAMES, args + TAIL)))",
+              "        g = normalize_grid(grid, dict(zip(NAMES, args + TAIL)), CLUSTER)",
               "        if type(grid) is tuple and len(GRIDS) < 4096:",
               "            GRIDS[grid] = g",
               "    grid = g",

@@ -20,7 +20,8 @@ from .language import builtin
 from .values import Scalar, Semaphore, as_scalar, emit, scalar_binary
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
-           "increase_registers", "decrease_registers", "named_barrier"]
+           "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
+           "cluster_rank", "cluster_sync"]
 
 
 def _arrivals(arrivals) -> int:
@@ -52,10 +53,60 @@ def _sem(s, what: str) -> Semaphore:
 
 
 @builtin
-def arrive(sem) -> None:
+def arrive(sem, cta=None) -> None:
     """One arrival on `sem` by each thread that runs it (guard it with
-    tk.elect_leader() for one arrival per warp)."""
-    emit("arrive", [_sem(sem, "tk.arrive")])
+    tk.elect_leader() for one arrival per warp). cta=r arrives instead on the
+    semaphore at the same place in block r of this block's cluster."""
+    if cta is None:
+        emit("arrive", [_sem(sem, "tk.arrive")])
+        return
+    _in_cluster("tk.arrive(..., cta=)")
+    c = as_scalar(cta)
+    if c.kind != "int":
+        raise CompilationError(f"tk.arrive: cta must be an int (a rank in the cluster), got {cta!r}")
+    emit("arrive_remote", [_sem(sem, "tk.arrive"), c])
+
+
+def _in_cluster(what: str) -> int:
+    from .values import current
+    size = current.get().cluster
+    if size == 1:
+        raise CompilationError(f"{what} needs a cluster: call tk.use_cluster(n) first")
+    return size
+
+
+@builtin
+def use_cluster(size) -> None:
+    """Launch this kernel in clusters of `size` blocks along x (2, 4 or 8); the
+    grid's x must be a multiple of it. Call it once, at the kernel's top level."""
+    from .values import current
+    state = current.get()
+    if size not in (1, 2, 4, 8):
+        raise CompilationError(f"cluster size must be 1, 2, 4 or 8 (blocks along x), got {size!r}")
+    if state.cluster != 1:
+        raise CompilationError("tk.use_cluster is called once per kernel")
+    if size > 1:
+        emit("use_cluster", size=size)
+        state.cluster = size
+
+
+@builtin
+def cluster_rank() -> Scalar:
+    """This block's rank in its cluster (0 .. size-1)."""
+    _in_cluster("tk.cluster_rank()")
+    return Scalar(emit("cluster_rank", [], _i32()))
+
+
+@builtin
+def cluster_sync() -> None:
+    """Wait until every thread of every block of the cluster gets here."""
+    _in_cluster("tk.cluster_sync()")
+    emit("cluster_sync")
+
+
+def _i32():
+    from mlir import ir
+    return ir.IntegerType.get_signless(32)
 
 
 @builtin

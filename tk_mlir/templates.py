@@ -38,20 +38,27 @@ def grouped_tile(task, tiles_m, tiles_n, group):
 
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
-        producer_registers=40, consumer_registers=232):
+        producer_registers=40, consumer_registers=232, cluster=1):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM). `inputs` lists each stage's shared tiles
     as (dtype, (rows, cols), swizzle). The kernel has consumers + 1
-    warpgroups: warpgroups 0 .. consumers-1 compute, the last one loads."""
+    warpgroups: warpgroups 0 .. consumers-1 compute, the last one loads.
+
+    cluster=n runs the blocks in clusters of n that take each task together
+    (`load` may multicast a shared input to all of them with tk.tma.load_async
+    (..., multicast=)): a stage is handed back to the producers only when the
+    consumers of every block of the cluster are done with it."""
+    tk.use_cluster(cluster)
     ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
             for dtype, shape, swizzle in inputs]
     full = tk.semaphores(stages)                       # the producer's expect_bytes
-    empty = tk.semaphores(stages, arrivals=consumers)  # one arrival per consumer
+    empty = tk.semaphores(stages, arrivals=consumers * cluster)   # one per consumer
+    first_task, task_step = tk.block_id(0) // cluster, tk.grid_dim(0) // cluster
     if tk.warpgroup_id() == consumers:
         tk.decrease_registers(producer_registers)
         if tk.elect_leader("warpgroup"):
             it = 0
-            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            for task in range(first_task, tasks, task_step):
                 for k in range(iters):
                     s = it % stages
                     # A fresh semaphore passes a wait for parity 1: the first
@@ -66,7 +73,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         consumer = tk.warpgroup_id()
         leader = tk.elect_leader("warpgroup")
         it = 0
-        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+        for task in range(first_task, tasks, task_step):
             state = setup(task, consumer)
             for k in range(iters):
                 s = it % stages
@@ -76,12 +83,26 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
                 # stage's group is in flight: hand that stage back.
                 tk.mma_wait(1)
                 if k > 0 and leader:
-                    tk.arrive(empty[(it + stages - 1) % stages])
+                    release(empty[(it + stages - 1) % stages], cluster)
                 it += 1
             tk.mma_wait(0)
             if leader:
-                tk.arrive(empty[(it + stages - 1) % stages])
+                release(empty[(it + stages - 1) % stages], cluster)
             finish(state, task, consumer)
         # TMA stores `finish` issued must have read their shared tiles before
         # the block exits (a no-op for threads that issued none).
         tk.tma.store_wait(0)
+    if cluster > 1:
+        # No block may exit while another still arrives on its semaphores.
+        tk.cluster_sync()
+
+
+@func
+def release(sem, cluster):
+    """Hand a stage back: to this block's producer, or to every producer of
+    the cluster (each may multicast into this block's stage)."""
+    if cluster == 1:
+        tk.arrive(sem)
+    else:
+        for rank in tk.static_range(cluster):
+            tk.arrive(sem, cta=rank)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .errors import CompilationError
 from .language import builtin
 from .ops import _indices
-from .values import Global, Semaphore, Shared, emit
+from .values import Global, Semaphore, Shared, as_scalar, emit
 
 __all__ = ["load_async", "store_async", "store_commit", "store_wait", "expect",
            "expect_bytes", "prefetch"]
@@ -32,14 +32,27 @@ def _check(st, gl, what: str) -> None:
 
 
 @builtin
-def load_async(dst, src, idx, sem) -> None:
+def load_async(dst, src, idx, sem, *, multicast=None) -> None:
     """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`;
-    the copy's bytes complete a transaction on `sem` (see tk.tma.expect)."""
+    the copy's bytes complete a transaction on `sem` (see tk.tma.expect).
+    multicast=mask delivers it to `dst` and `sem` of every block of the
+    cluster whose bit is set (tk.use_cluster)."""
     _check(dst, src, "tk.tma.load_async")
     if not isinstance(sem, Semaphore):
-        raise CompilationError(f"tk.tma.load_async: the last argument is the semaphore the copy "
-                               f"completes on, got {sem!r}")
-    emit("tma_load", [dst, src, sem, *_indices(idx)])
+        raise CompilationError(f"tk.tma.load_async: the semaphore the copy completes on comes "
+                               f"after the coordinates, got {sem!r}")
+    if multicast is None:
+        emit("tma_load", [dst, src, sem, *_indices(idx)])
+        return
+    from .sync import _in_cluster
+    size = _in_cluster("tk.tma.load_async(..., multicast=)")
+    if isinstance(multicast, int) and not 0 < multicast < 1 << size:
+        raise CompilationError(f"multicast mask {multicast:#x} must name blocks 0..{size - 1} of "
+                               f"the cluster")
+    mask = as_scalar(multicast)
+    if mask.kind != "int":
+        raise CompilationError(f"multicast must be an int mask, got {multicast!r}")
+    emit("tma_load_multicast", [dst, src, sem, mask, *_indices(idx)])
 
 
 @builtin

@@ -22,6 +22,7 @@ from .language import dtype_name
 @dataclass
 class KernelState:
     num_warps: int
+    cluster: int = 1          # blocks per cluster (tk.use_cluster)
 
 
 # The kernel being built (its launch shape decides block-scope layouts).

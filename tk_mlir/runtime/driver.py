@@ -109,6 +109,15 @@ def device_capability(device: int | None = None) -> tuple[int, int]:
 
 
 @functools.cache
+def device_attribute(name: str, device: int | None = None) -> int:
+    """A CUdevice_attribute by its lower-case name, e.g. "multiprocessor_count"."""
+    _init_driver()
+    dev = check(cu.cuDeviceGet(default_device() if device is None else device), "cuDeviceGet")
+    attr = getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name.upper()}")
+    return int(check(cu.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({name})"))
+
+
+@functools.cache
 def has_gpu() -> bool:
     """True when the driver loads and sees at least one device; never raises."""
     try:
@@ -276,6 +285,19 @@ class Function:
             check(cu.cuFuncSetAttribute(self.handle, attr, nbytes),
                   f"{self.name}: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes})")
         self._shared_limit = nbytes
+
+    def max_active_clusters(self, cluster: int, threads: int, shared_bytes: int) -> int:
+        """How many clusters of `cluster` blocks can be resident at once (the
+        size of a persistent grid, in clusters): not every SM pairs up, as a
+        cluster's blocks share a GPC."""
+        self.set_max_dynamic_shared(shared_bytes)
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = shared_bytes
+        with using_context(self.device):
+            return int(check(cu.cuOccupancyMaxActiveClusters(self.handle, config),
+                             f"{self.name}: cuOccupancyMaxActiveClusters"))
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: int, args: tuple, arg_types: tuple) -> None:
