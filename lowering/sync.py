@@ -107,4 +107,4 @@ def lower_cluster_sync(ctx: LoweringContext, op) -> None:
 @lowers("tk.arrive_remote")
 def lower_arrive_remote(ctx: LoweringContext, op) -> None:
     remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _sem(ctx, op.sem), ctx.lookup(op.cta))
-    nvvm.MBarrierArriveOp(None, remote, scope=nvvm.MemScopeKind.CLUSTER)
+    nvvm.MBarrierArriveOp(None, remote, scope=nvvm.MemScopeKind.CTA)
