@@ -100,3 +100,43 @@ def test_gemm_cluster_multicast(shape):
     assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
     with pytest.raises(tk.ArgumentError, match="multiple of 2"):
         kernel[(grid - 1,)](a, b, c, CLUSTER=2)
+
+
+import tk_mlir as tk   # noqa: E402
+from tk_mlir import f32  # noqa: E402
+
+
+@tk.kernel(num_warps=4)
+def mma_variant(A: tk.gl, B: tk.gl, C: tk.gl[f32], TA: tk.constexpr, TB: tk.constexpr,
+                M: tk.constexpr, N: tk.constexpr, K: tk.constexpr):
+    """One warpgroup: TMA the whole operands in, one tk.mma_*, store C."""
+    a = tk.shared_tile(A.dtype, (K, M) if TA else (M, K), swizzle=128)
+    b = tk.shared_tile(B.dtype, (K, N) if TB else (N, K), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.prefetch(A, a)
+        tk.tma.expect(sem, a, b)
+        tk.tma.load_async(a, A, (0, 0), sem)
+        tk.tma.load_async(b, B, (0, 0), sem)
+    tk.wait(sem, 0)
+    mma = {(False, False): tk.mma_ABt, (False, True): tk.mma_AB,
+           (True, False): tk.mma_AtBt, (True, True): tk.mma_AtB}[(TA, TB)]
+    acc = mma(tk.zeros((M, N), f32, layout="row", scope="warpgroup"), a, b)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("mnk", [(64, 64, 64), (128, 128, 128), (64, 256, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["ABt", "AB", "AtBt", "AtB"])
+def test_every_mma_form(ta, tb, mnk, dtype):
+    M, N, K = mnk
+    dt = DTYPES[dtype]
+    a = torch.empty(*((K, M) if ta else (M, K)), dtype=dt, device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((K, N) if tb else (N, K)), dtype=dt, device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    mma_variant[(1,)](a, b, c, TA=ta, TB=tb, M=M, N=N, K=K)
+    ref = (a.double().T if ta else a.double()) @ (b.double() if tb else b.double().T)
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5

@@ -392,6 +392,14 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_List(self, node):
         return [self.eval(e) for e in node.elts]
 
+    def visit_Dict(self, node):
+        if any(k is None for k in node.keys):
+            raise self.error(node, "**mapping in a dict display is not supported")
+        keys = [self.eval(k) for k in node.keys]
+        if any(_is_runtime(k) for k in keys):
+            raise self.error(node, "dict keys must be compile-time values")
+        return dict(zip(keys, (self.eval(v) for v in node.values)))
+
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
         if isinstance(obj, (V.Shared, V.Semaphore)):     # arrays of tiles or semaphores
