@@ -23,7 +23,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import types as T
-from .context import LoweringContext, c64, i32, i64, lowers
+from .context import LoweringContext, build_vector, c64, i32, i64, lowers
 from .fragments import Fragment, SharedRef
 
 _SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
@@ -87,6 +87,36 @@ def fence_registers(regs: list[ir.Value]) -> list[ir.Value]:
     return [llvm.inline_asm(r.type, [r], "", "=f,0", has_side_effects=True) for r in regs]
 
 
+def _wgmma_register_a(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int,
+                      dtype: str, trans_b: bool) -> list[ir.Value]:
+    """wgmma with A from registers (inline PTX: the NVVM op takes A as a
+    descriptor only). `a` are the 4 packed 16-bit pairs of the A fragment."""
+    m = len(acc)
+    outs = ", ".join(f"${i}" for i in range(m))
+    ins = ", ".join(f"${m + i}" for i in range(4))
+    text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "      # scale-d: accumulate
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
+            f"{{{outs}}}, {{{ins}}}, ${m + 4}, p, 1, 1, {int(trans_b)}; }}")
+    constraints = ",".join(["=f"] * m + ["r"] * 4 + ["l"] + [str(i) for i in range(m)])
+    res = llvm.inline_asm(_struct(m), [*a, desc_b, *acc], text, constraints,
+                          has_side_effects=True)
+    return _unpack(res, m)
+
+
+def _a_fragment(frag: Fragment, mb: int, ks: int, k: int) -> list[ir.Value]:
+    """The A registers of rows 64*mb.. and columns 16*ks.. as 4 packed pairs.
+    In the row layout of an M x K tile the registers of one 64x16 block are 8
+    consecutive ones (bit 0: column + 1, bit 1: row + 8, bit 2: column + 8),
+    the blocks ordered along K, then M; pair i is wgmma's a_i."""
+    base = (mb * (k // 16) + ks) * 8
+    pairs = []
+    for i in range(4):
+        lo, hi = frag.regs[base + 2 * i], frag.regs[base + 2 * i + 1]
+        vec = build_vector([lo, hi], frag.dtype)
+        pairs.append(llvm.bitcast(i32(), vec))
+    return pairs
+
+
 @lowers("tk.mma")
 def lower_mma(ctx: LoweringContext, op) -> None:
     acc: Fragment = ctx.lookup(op.acc)
@@ -94,9 +124,12 @@ def lower_mma(ctx: LoweringContext, op) -> None:
     a_ref, b_ref = ctx.lookup(op.a), ctx.lookup(op.b)
     trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
     t = T.parse(op.acc.type)
-    a_t = a_ref.type
+    a_t = T.parse(op.a.type)
     k = a_t.rows if trans_a else a_t.cols
     n = t.cols
+    if isinstance(a_ref, Fragment):
+        _lower_register_a(ctx, op, acc, a_ref, b_ref, t, k, trans_b)
+        return
     da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
@@ -113,6 +146,23 @@ def lower_mma(ctx: LoweringContext, op) -> None:
                 nvvm.WGMMATypes.f32, nvvm.WGMMAScaleOut.one, nvvm.WGMMAScaleIn.one,
                 nvvm.WGMMAScaleIn.one, layout_a, layout_b)
         regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)
+    nvvm.wgmma_commit_group_sync_aligned()
+    ctx.bind(op.result, acc.like(regs))
+    ctx.in_flight[op.result] = ctx.depth
+
+
+def _lower_register_a(ctx, op, acc: Fragment, a: Fragment, b_ref, t: T.RT, k: int,
+                      trans_b: bool) -> None:
+    db = _Descriptors(b_ref, not trans_b)
+    per_block = t.cols // 2
+    nvvm.wgmma_fence_aligned()       # also orders the A registers' writes before the wgmma
+    regs = list(acc.regs)
+    for mb in range(t.rows // 64):
+        d = regs[mb * per_block:(mb + 1) * per_block]
+        for ks in range(k // 16):
+            d = _wgmma_register_a(d, _a_fragment(a, mb, ks, k), db.at(ks), t.cols, a.dtype,
+                                  trans_b)
+        regs[mb * per_block:(mb + 1) * per_block] = d
     nvvm.wgmma_commit_group_sync_aligned()
     ctx.bind(op.result, acc.like(regs))
     ctx.in_flight[op.result] = ctx.depth

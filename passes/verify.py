@@ -221,9 +221,13 @@ def _check_mma(op, acc, a, b) -> None:
     _require(m % 64 == 0, f"mma: M must be a multiple of 64 (one wgmma per 64 rows), got {m}")
     _require(16 <= n <= 256 and n % 16 == 0, f"mma: N must be a multiple of 16 from 16 to 256, "
              f"got {n}")
+    if isinstance(a, T.RT):        # A from registers: the wgmma A fragment is the row layout
+        _require(not ta and a.layout == "row" and a.scope == "warpgroup",
+                 f"mma: a register-tile A must be M x K in the row layout of warpgroup scope "
+                 f"(the wgmma A fragment), got {_show(a)}{' transposed' if ta else ''}")
     for what, t in (("a", a), ("b", b)):
-        _require(t.swizzle != 0, f"mma: {what} ({_show(t)}) must be a swizzled shared tile "
-                 f"(swizzle=128, 64 or 32): wgmma reads the swizzled layouts")
+        _require(isinstance(t, T.RT) or t.swizzle != 0, f"mma: {what} ({_show(t)}) must be a "
+                 f"swizzled shared tile (swizzle=128, 64 or 32): wgmma reads the swizzled layouts")
 
 
 def check_op(op: ir.OpView, num_warps: int) -> None:

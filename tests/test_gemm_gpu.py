@@ -140,3 +140,35 @@ def test_every_mma_form(ta, tb, mnk, dtype):
     mma_variant[(1,)](a, b, c, TA=ta, TB=tb, M=M, N=N, K=K)
     ref = (a.double().T if ta else a.double()) @ (b.double() if tb else b.double().T)
     assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@tk.kernel(num_warps=4)
+def mma_register_a(A: tk.gl, B: tk.gl, C: tk.gl[f32], TB: tk.constexpr,
+                   M: tk.constexpr, N: tk.constexpr, K: tk.constexpr):
+    """A read into a register tile (the wgmma A fragment), B from shared memory."""
+    a_s = tk.shared_tile(A.dtype, (M, K), swizzle=128)
+    b = tk.shared_tile(B.dtype, (K, N) if TB else (N, K), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, a_s, b)
+        tk.tma.load_async(a_s, A, (0, 0), sem)
+        tk.tma.load_async(b, B, (0, 0), sem)
+    tk.wait(sem, 0)
+    a = tk.load(a_s, layout="row", scope="warpgroup")
+    mma = tk.mma_AB if TB else tk.mma_ABt
+    acc = mma(tk.zeros((M, N), f32, layout="row", scope="warpgroup"), a, b)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+@pytest.mark.parametrize("mnk", [(64, 64, 64), (128, 128, 64), (64, 256, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("tb", [False, True], ids=["ABt", "AB"])
+def test_mma_with_a_in_registers(tb, mnk):
+    M, N, K = mnk
+    a = torch.empty(M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((K, N) if tb else (N, K)), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    mma_register_a[(1,)](a, b, c, TB=tb, M=M, N=N, K=K)
+    ref = a.double() @ (b.double() if tb else b.double().T)
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5

@@ -2,7 +2,10 @@
 
 The accumulator is an f32 register tile of warpgroup scope in the `row`
 layout (the wgmma accumulator fragment), 64 rows per warpgroup call, N from
-16 to 256 columns; a and b are shared tiles with a 32/64/128-byte swizzle.
+16 to 256 columns; b is a shared tile with a 32/64/128-byte swizzle, and a
+either such a shared tile or (mma_AB, mma_ABt) a bf16/f16 register tile of
+warpgroup scope in the `row` layout (the wgmma A fragment), e.g. the
+probabilities of an attention kernel.
 Each call issues the K/16 wgmma instructions of the product after a
 wgmma.fence and closes them with a commit: it is asynchronous, and the
 accumulator may be read only after tk.mma_wait() (pending=1 lets the
@@ -27,9 +30,10 @@ def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str) -> Tile:
         raise CompilationError(f"{name}: the accumulator must be a register tile (e.g. "
                                f"tk.zeros((64, N), tk.f32, layout='row', scope='warpgroup')), "
                                f"got {acc!r}")
-    for what, x in (("a", a), ("b", b)):
-        if not isinstance(x, Shared):
-            raise CompilationError(f"{name}: {what} must be a shared tile, got {x!r}")
+    if not isinstance(a, (Shared, Tile)):
+        raise CompilationError(f"{name}: a must be a shared tile or a register tile, got {a!r}")
+    if not isinstance(b, Shared):
+        raise CompilationError(f"{name}: b must be a shared tile, got {b!r}")
     return Tile(emit("mma", [acc, a, b], acc.ir_type, trans_a=int(trans_a),
                      trans_b=int(trans_b)))
 
