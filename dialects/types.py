@@ -103,7 +103,9 @@ class ST:
         return self.row_bytes // self.block_bytes
 
     def byte_offset(self, row: int, col: int) -> int:
-        """Where element (row, col) lives, relative to the tile's (aligned) base."""
+        """Where element (row, col) lives, relative to the tile's (aligned) base:
+        the reference the tests hold lowering/memory.py's swizzled_offset (which
+        computes the same in IR) and the TMA pattern to."""
         block, inner = divmod(col, self.block_cols)
         off = block * self.rows * self.block_bytes + row * self.block_bytes + \
             inner * itemsize(self.dtype)

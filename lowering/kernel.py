@@ -296,16 +296,21 @@ def _lower_if(ctx: LoweringContext, op) -> None:
     draft = scf.IfOp(ctx.lookup(op.condition), [], has_else=len(op.elseRegion.blocks) > 0)
     outside = dict(ctx.in_flight)
     ctx.depth += 1
-    yields = []
+    yields, in_flight_results = [], set()
     for old_block, new_block in ((op.then_block, draft.then_block),
                                  (op.else_block if len(op.elseRegion.blocks) else None,
                                   draft.else_block if len(op.elseRegion.blocks) else None)):
         if old_block is None:
             continue
+        ctx.in_flight = dict(outside)       # each branch sees only what came before the if
         with ir.InsertionPoint(new_block):
             yields.append(_lower_block(ctx, old_block) or [])
+        yielded = list(old_block.operations)[-1].operands
+        in_flight_results |= {r for r, y in zip(op.results, yielded) if y in ctx.in_flight}
     ctx.depth -= 1
-    ctx.in_flight = {v: d for v, d in outside.items() if v in ctx.in_flight}
+    # (Outer accumulators are fenced only at their own depth, so both branches
+    # leave them in flight.) Results yielded from in-flight MMAs stay in flight.
+    ctx.in_flight = outside | {r: ctx.depth for r in in_flight_results}
     types = [v.type for v in yields[0]]
     final = scf.IfOp(ctx.lookup(op.condition), types, has_else=len(yields) > 1,
                      ip=ir.InsertionPoint(draft))

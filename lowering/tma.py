@@ -33,7 +33,7 @@ def tensor_map_spec(arg: int, st: T.ST) -> TensorMapSpec:
     return TensorMapSpec(arg, st.rows, st.block_cols, st.swizzle, st.dtype)
 
 
-def _boxes(ctx: LoweringContext, op, g: GlobalRef, st: T.ST, indices):
+def _boxes(ctx: LoweringContext, g: GlobalRef, st: T.ST, indices):
     """(shared byte offset, coordinates innermost first) per column block."""
     rank = g.type.rank
     coords = [ctx.lookup(i) for i in indices]
@@ -57,7 +57,7 @@ def lower_tma_load(ctx: LoweringContext, op) -> None:
     mask = None
     if op.operation.name == "tk.tma_load_multicast":
         mask = arith.trunci(ir.IntegerType.get_signless(16), ctx.lookup(op.mask))
-    for offset, coords in _boxes(ctx, op, ctx.lookup(op.src), dst.type, op.indices):
+    for offset, coords in _boxes(ctx, ctx.lookup(op.src), dst.type, op.indices):
         to = llvm.addrspacecast(ptr(7), smem_addr(dst.ptr, c32(offset)))
         nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [],
                                                       multicastMask=mask)
@@ -71,7 +71,7 @@ def lower_tma_store(ctx: LoweringContext, op) -> None:
     # through the async proxy: this fence (by the issuing thread, after the
     # writers synchronised with it) orders the two.
     nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
-    for offset, coords in _boxes(ctx, op, ctx.lookup(op.dst), src.type, op.indices):
+    for offset, coords in _boxes(ctx, ctx.lookup(op.dst), src.type, op.indices):
         nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
 
 

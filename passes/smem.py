@@ -101,10 +101,15 @@ def allocate_smem(module: ir.Module) -> None:
         for op in sorted(allocs, key=lambda op: op.name != "tk.alloc_st"):
             top = _place(op, top)
         top = _place_exchanges(func, num_warps, _align(top, 128))
-        if any(getattr(T.parse(op.results[0].type), "swizzle", 0) for op in allocs):
+        swizzled = [op for op in allocs if getattr(T.parse(op.results[0].type), "swizzle", 0)]
+        if swizzled:
             # lowering/kernel.py rounds the base up to 1024 bytes at run time.
             func.attributes["tk.smem_align"] = _i64(1024)
             top += 1024
+            if top > MAX_SHARED_BYTES:
+                raise error_at(swizzled[-1].location, f"shared memory exhausted: the tiles, "
+                               f"semaphores and scratch need {top - 1024} bytes, plus 1024 to "
+                               f"align swizzled tiles, and a block has {MAX_SHARED_BYTES}")
         func.attributes["tk.smem_bytes"] = _i64(top)
 
 

@@ -77,7 +77,21 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
                  f"{verb}: {_show(tile)} does not match {_show(mem)}")
 
 
+def _whole_arrays(op) -> None:
+    """An array of tiles or semaphores is used element by element (arr[i])."""
+    if op.operation.name == "tk.index":
+        return
+    for v in op.operation.operands:
+        if isinstance(v, ir.OpResult) and v.owner.name in ("tk.alloc_st", "tk.alloc_sem") \
+                and "count" in v.owner.attributes:
+            n = ir.IntegerAttr(v.owner.attributes["count"]).value
+            what = "shared tiles" if v.owner.name == "tk.alloc_st" else "semaphores"
+            raise _Fail(f"{op.operation.name} is given a whole array of {n} {what}; use one "
+                        f"element of it (arr[i])")
+
+
 def _check(op: ir.OpView, num_warps: int) -> None:
+    _whole_arrays(op)
     name = op.operation.name.removeprefix("tk.")
     operands = [T.parse(v.type) for v in op.operation.operands]
     results = [T.parse(r.type) for r in op.operation.results]
@@ -155,12 +169,14 @@ def _check(op: ir.OpView, num_warps: int) -> None:
     elif name == "use_cluster":
         _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
                  "kernel's top level")
-    elif name in ("tma_load", "tma_store", "tma_load_multicast"):
-        st, gl = (operands[1], operands[0]) if name == "tma_store" else (operands[0], operands[1])
-        n_idx = len(operands) - {"tma_load": 3, "tma_store": 2, "tma_load_multicast": 4}[name]
+    elif name in ("tma_load", "tma_store", "tma_load_multicast", "tma_prefetch"):
+        st, gl = (operands[0], operands[1]) if name.startswith("tma_load") else \
+            (operands[1], operands[0])
         _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
-        _require(gl.rank >= 2 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 to 5 "
-                 f"and one coordinate per dim ({gl.rank}), got {n_idx}")
+        if name != "tma_prefetch":
+            n_idx = len(operands) - {"tma_load": 3, "tma_store": 2, "tma_load_multicast": 4}[name]
+            _require(2 <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 "
+                     f"to 5 and one coordinate per dim ({gl.rank}), got {n_idx}")
         _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {_show(st)} has "
                  f"{st.rows}")
         _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,

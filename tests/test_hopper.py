@@ -312,3 +312,131 @@ def test_hopper_errors_point_at_the_line(kernel, marker, message):
     e = info.value
     assert message in e.message, e.message
     assert Path(e.filename).resolve() == HERE and e.line == marked(marker), (e.filename, e.line)
+
+
+# ------------------------------------------------- fixes from review
+
+@tk.kernel(num_warps=4)
+def k_late_binding(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    acc = tk.zeros((16, 64), f32)
+
+    def add():
+        return acc + 1.0
+    for k in range(n):
+        acc = add()
+    tk.store(Y, acc, (0, 0))
+
+
+def test_nested_function_sees_names_when_called():
+    """Python's late binding: inside the loop `acc` is the loop-carried value."""
+    tk_ir = k_late_binding.compile(spec(64, 64, dtype="f32"), spec(64, 64, dtype="f32"), 3).asm["tk"]
+    (add,) = [line for line in tk_ir.splitlines() if '"tk.add"' in line]
+    assert '"tk.add"(%arg' in add          # the scf.for iter_arg, not the initial zeros
+
+
+@tk.kernel(num_warps=4)
+def k_wait_in_one_branch(A: tk.gl[bf16], n: int):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+    if n > 0:
+        acc = tk.mma_ABt(acc, a, a)
+    else:
+        acc = tk.mma_ABt(acc, a, a)
+        tk.mma_wait(0)
+    tk.mma_wait(0)
+    tk.store(A, acc.to(bf16), (0, 0))
+
+
+def test_mma_wait_in_one_branch_of_an_if():
+    compiled = k_wait_in_one_branch.compile(spec(64, 64), 1)
+    assert "C7514" not in compiled.ptxas_log
+
+
+def test_cache_key_follows_what_a_tk_func_reads(tmp_path):
+    src = tmp_path / "mod_key.py"
+    src.write_text(
+        "import tk_mlir as tk\nfrom tk_mlir import f32\nSCALE = 2\n"
+        "@tk.func\ndef helper(x):\n    return x * SCALE\n"
+        "@tk.kernel\ndef k(X: tk.gl[f32]):\n"
+        "    tk.store(X, helper(tk.load(X, (0, 0), (16, 64))), (0, 0))\n")
+    import importlib.util
+    module_spec = importlib.util.spec_from_file_location("mod_key", src)
+    mod = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
+    before = mod.k._globals_key()
+    mod.SCALE = 3
+    assert mod.k._globals_key() != before
+
+
+@tk.kernel(num_warps=8)
+def k_lcf_warps(A: tk.gl[bf16]):
+    def nothing(*args):
+        pass
+    tk.lcf(1, 1, [(bf16, (64, 64), 128)], nothing, nothing, nothing, nothing)  # E:lcf-warps
+
+
+@tk.kernel(num_warps=4)
+def k_whole_array(A: tk.gl[bf16]):
+    sems = tk.semaphores(2)
+    tk.wait(sems, 0)  # E:whole-array
+
+
+@tk.kernel(num_warps=4)
+def k_subtile_range(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (128, 64), swizzle=128)
+    b = a.subtile(2, 64)  # E:subtile-range
+
+
+@tk.kernel(num_warps=4)
+def k_align_slack(A: tk.gl[bf16]):
+    a = tk.shared_tiles(bf16, (128, 64), 14, swizzle=128)  # E:align-slack
+    b = tk.shared_tile(bf16, (16, 64))
+    s = tk.semaphore()          # 231432 bytes: fits, but not with the 1024 of alignment
+
+
+@tk.kernel(num_warps=4)
+def k_prefetch_dtype(A: tk.gl[bf16]):
+    a = tk.shared_tile(f32, (64, 32), swizzle=128)
+    tk.tma.prefetch(A, a)  # E:prefetch
+
+
+@tk.kernel(num_warps=4)
+def k_one_element_array(A: tk.gl[bf16]):
+    sems = tk.semaphores(1)
+    tiles = tk.shared_tiles(bf16, (64, 64), 1, swizzle=128)
+    tk.wait(sems[0], 0)
+    b = tiles[0]
+
+
+REVIEW_ERRORS = [
+    (k_lcf_warps, "lcf-warps", None, "needs num_warps=12"),
+    (k_whole_array, "whole-array", HERE, "whole array of 2 semaphores"),
+    (k_subtile_range, "subtile-range", HERE, "outside the tile's 128 rows"),
+    (k_align_slack, "align-slack", HERE, "plus 1024 to align swizzled tiles"),
+    (k_prefetch_dtype, "prefetch", HERE, "differ in dtype"),
+]
+
+
+@pytest.mark.parametrize("kernel,marker,where,message", REVIEW_ERRORS,
+                         ids=[e[1] for e in REVIEW_ERRORS])
+def test_review_errors(kernel, marker, where, message):
+    with pytest.raises(tk.CompilationError) as info:
+        kernel.compile(spec(1024, 64))
+    e = info.value
+    assert message in e.message, e.message
+    if where is not None:
+        assert Path(e.filename).resolve() == where and e.line == marked(marker)
+    else:      # raised by the template at its own line: it names the template's file
+        assert e.filename.endswith("templates.py")
+
+
+def test_arrays_of_one_are_arrays():
+    k_one_element_array.compile(spec(64, 64))
+
+
+def test_tensor_map_strides_of_size_one_dims():
+    from tk_mlir.runtime.tensor_maps import _byte_strides
+    assert _byte_strides((4, 64, 32), (2048, 32, 1), 2) == [64, 4096]
+    # torch's (1, K) view of a (K, 1) column: the size-1 dim's stride is 1 element
+    assert _byte_strides((1, 200), (1, 1), 2) == [400]
+    assert _byte_strides((1, 1, 8), (1, 1, 1), 2) == [16, 16]

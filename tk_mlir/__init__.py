@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 
 # Names resolved lazily from the modules that define them (they import MLIR).
 _LAZY = {
-    **dict.fromkeys(("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",
+    **dict.fromkeys(("block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id",
+                     "warpgroup_id",
                      "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles",
                      "barrier"), ".ops"),
     **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",

@@ -142,9 +142,9 @@ class KernelBuilder(ast.NodeVisitor):
         if node.decorator_list:
             raise self.error(node, "a function defined in a kernel takes no decorators")
         a = node.args
-        if a.vararg or a.kwarg or a.posonlyargs:
-            raise self.error(node, "a function defined in a kernel takes plain parameters "
-                                   "(no *args, **kwargs or positional-only ones)")
+        if a.posonlyargs:
+            raise self.error(node, "a function defined in a kernel takes no positional-only "
+                                   "parameters")
         defaults = [self.eval(d) for d in a.defaults]
         kw_defaults = {k.arg: self.eval(d) for k, d in zip(a.kwonlyargs, a.kw_defaults)
                        if d is not None}
@@ -153,24 +153,28 @@ class KernelBuilder(ast.NodeVisitor):
         for i, d in enumerate(defaults):
             k = len(params) - len(defaults) + i
             params[k] = params[k].replace(default=d)
+        if a.vararg:
+            params.append(P(a.vararg.arg, P.VAR_POSITIONAL))
         params += [P(x.arg, P.KEYWORD_ONLY, default=kw_defaults.get(x.arg, P.empty))
                    for x in a.kwonlyargs]
+        if a.kwarg:
+            params.append(P(a.kwarg.arg, P.VAR_KEYWORD))
         self.scope[node.name] = LocalFunc(node, inspect.Signature(params), self.filename,
-                                          self.globals, dict(self.scope))
+                                          self.globals, self)
 
     def inline(self, node, callee, args, kwargs):
         """Call a tk.func or a function defined in the kernel: run its body
         here, in a scope of its own."""
         if isinstance(callee, language.Func):
             callee = LocalFunc(callee.source.function_ast(), inspect.signature(callee.fn),
-                               callee.source.filename, callee.fn.__globals__, {})
+                               callee.source.filename, callee.fn.__globals__, None)
         try:
             bound = callee.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise self.error(node, f"{callee.node.name}(): {e}") from None
         bound.apply_defaults()
         inner = KernelBuilder(callee.filename, callee.globals,
-                              {**callee.closure, **bound.arguments}, callee.node.name)
+                              {**callee.free_names(), **bound.arguments}, callee.node.name)
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
@@ -392,6 +396,21 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_List(self, node):
         return [self.eval(e) for e in node.elts]
 
+    def visit_JoinedStr(self, node):
+        """f-strings of compile-time values (assert messages)."""
+        out = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                out.append(str(part.value))
+                continue
+            v = self.eval(part.value)
+            if _is_runtime(v):
+                raise self.error(part, "an f-string formats compile-time values only")
+            spec = self.eval(part.format_spec) if part.format_spec is not None else ""
+            conv = {-1: v, 115: str(v), 114: repr(v), 97: ascii(v)}[part.conversion]
+            out.append(format(conv, spec))
+        return "".join(out)
+
     def visit_Dict(self, node):
         if any(k is None for k in node.keys):
             raise self.error(node, "**mapping in a dict display is not supported")
@@ -539,13 +558,18 @@ class KernelBuilder(ast.NodeVisitor):
 
 @dataclass(frozen=True)
 class LocalFunc:
-    """A function inlined at its calls: one defined in the kernel (closure:
-    the names bound where it was defined) or a tk.func (no closure)."""
+    """A function inlined at its calls: one defined in the kernel, which sees
+    the names of the block that defined it as they are when it is *called*
+    (Python's late binding: a loop-carried value is the current iteration's),
+    or a tk.func (no enclosing names)."""
     node: ast.FunctionDef
     signature: inspect.Signature
     filename: str
     globals: dict
-    closure: dict
+    definer: KernelBuilder | None
+
+    def free_names(self) -> dict:
+        return dict(self.definer.scope) if self.definer is not None else {}
 
 
 def _is_method_of_value(callee) -> bool:

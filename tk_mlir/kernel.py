@@ -194,26 +194,9 @@ class Kernel:
         return self._source.function_ast()
 
     def _globals_key(self) -> str:
-        """The module-level values the kernel reads (they change the code)."""
-        names = sorted({n.id for n in ast.walk(ast.parse(self.source))
-                        if isinstance(n, ast.Name) and n.id in self.fn.__globals__})
-        parts = []
-        for n in names:
-            v = self.fn.__globals__[n]
-            if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
-                parts.append(f"{n}={v!r}")
-            elif isinstance(v, Func):     # inlined: its source is part of the kernel's
-                parts.append(f"{n}:tk.func:{v.source.text}")
-            elif inspect.isfunction(v):   # a helper called at compile time: its code counts
-                parts.append(f"{n}:{_function_fingerprint(v)}")
-            elif inspect.ismodule(v):
-                parts.append(f"{n}:module {v.__name__}")
-            else:
-                # Anything else by its repr: attributes the kernel may read show up
-                # there (namespace(SCALE=2.0)); a repr with an address makes each
-                # process miss, which is slow but never stale.
-                parts.append(f"{n}:{v!r}")
-        return ";".join(parts)
+        """The module-level values the kernel reads (they change the code),
+        and those of the tk.funcs it inlines, recursively."""
+        return ";".join(_globals_parts(self.source, self.fn.__globals__, set()))
 
     # ------------------------------------------------------------- launch
 
@@ -300,6 +283,41 @@ class Kernel:
         compiled.function(driver.default_device()).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(),
             tuple(out), tuple(kinds))
+
+
+def _globals_parts(source: str, globals_: dict, seen: set) -> list[str]:
+    names = sorted({n.id for n in ast.walk(ast.parse(source))
+                    if isinstance(n, ast.Name) and n.id in globals_})
+    parts = []
+    for n in names:
+        v = globals_[n]
+        if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
+            parts.append(f"{n}={v!r}")
+        elif isinstance(v, Func):     # inlined: its source and what it reads count
+            parts.append(f"{n}:tk.func:{v.source.text}")
+            if id(v) not in seen:
+                seen.add(id(v))
+                parts += [f"{n}.{p}" for p in _globals_parts(v.source.text, v.fn.__globals__,
+                                                             seen)]
+        elif inspect.isfunction(v):   # a helper called at compile time: its code counts
+            parts.append(f"{n}:{_function_fingerprint(v)}")
+        elif inspect.ismodule(v):
+            parts.append(f"{n}:module {v.__name__}")
+            # tk_mlir's own tk.funcs are covered by the source hash in the key;
+            # a user module's are fingerprinted here.
+            if not v.__name__.startswith("tk_mlir"):
+                for attr, f in sorted(vars(v).items()):
+                    if isinstance(f, Func) and id(f) not in seen:
+                        seen.add(id(f))
+                        parts.append(f"{n}.{attr}:tk.func:{f.source.text}")
+                        parts += [f"{n}.{attr}.{p}" for p in
+                                  _globals_parts(f.source.text, f.fn.__globals__, seen)]
+        else:
+            # Anything else by its repr: attributes the kernel may read show up
+            # there (namespace(SCALE=2.0)); a repr with an address makes each
+            # process miss, which is slow but never stale.
+            parts.append(f"{n}:{v!r}")
+    return parts
 
 
 def _valid_num_warps(n) -> bool:

@@ -147,8 +147,8 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
         if kind == "tmap":
             _, rows, cols, swizzle, dtype = tensor_maps[dim]
             env[f"BOX{dim}"] = (rows, cols, swizzle)
-            env[f"T{pos}"] = (dtype, _ITEMSIZE[dtype])
-            values_code.append(f"maps(p{pos}, d{pos}, s{pos}, *T{pos}, BOX{dim})")
+            env[f"T{dim}"] = (dtype, _ITEMSIZE[dtype])
+            values_code.append(f"maps(p{pos}, d{pos}, s{pos}, *T{dim}, BOX{dim})")
             continue
         values_code.append({"ptr": f"p{pos}", "dim": f"d{pos}[{dim}]",
                             "stride": f"s{pos}[{dim}]"}.get(kind, local[pos]))

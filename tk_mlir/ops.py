@@ -16,7 +16,7 @@ from .language import builtin, dtype_name, f32
 from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fill as
                      _fill, i32, wrap)
 
-__all__ = ["block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id",
+__all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier"]
 
 
@@ -39,6 +39,13 @@ def block_id(dim=0) -> Scalar:
 @builtin
 def grid_dim(dim=0) -> Scalar:
     return _index("grid_dim", dim=_dim(dim))
+
+
+@builtin
+def num_warps() -> int:
+    """The kernel's warps per block, a compile-time int."""
+    from .values import current
+    return current.get().num_warps
 
 
 @builtin

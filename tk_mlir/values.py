@@ -323,17 +323,18 @@ class GlobalShape:
         return (self[i] for i in range(len(self._dims)))
 
 
-def _array_count(v: ir.Value) -> int:
-    """How many elements the allocation behind v holds (1: not an array)."""
-    if isinstance(v, ir.BlockArgument):
-        return 1
+def array_count(v: ir.Value) -> int | None:
+    """How many elements the array allocation behind v holds (None: v is not
+    an array: a single tile or semaphore, or one element of an array)."""
+    if isinstance(v, ir.BlockArgument) or v.owner.name not in ("tk.alloc_st", "tk.alloc_sem"):
+        return None
     attrs = v.owner.attributes
-    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else 1
+    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else None
 
 
 def _element(array: Value, i, what: str):
-    n = _array_count(array.value)
-    if n == 1:
+    n = array_count(array.value)
+    if n is None:
         raise CompilationError(f"this {what} is not an array; make one with a count "
                                f"(e.g. tk.shared_tiles(dtype, shape, count))")
     if isinstance(i, int) and not 0 <= i < n:
@@ -366,6 +367,9 @@ class Shared(Value):
         if not isinstance(rows, int) or rows <= 0 or t.rows % rows:
             raise CompilationError(f"subtile rows must be a compile-time divisor of the tile's "
                                    f"{t.rows} rows, got {rows!r}")
+        if isinstance(i, int) and not 0 <= i < t.rows // rows:
+            raise CompilationError(f"subtile {i} of {rows} rows is outside the tile's {t.rows} "
+                                   f"rows (0 <= i < {t.rows // rows})")
         first = scalar_binary("mul", i, rows)
         sub = T.ST(t.dtype, rows, t.cols, t.swizzle)
         return Shared(emit("subtile", [self, first], sub.to_mlir()))

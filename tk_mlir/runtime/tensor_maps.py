@@ -36,6 +36,9 @@ _MAX_CACHED = 4096
 def check_tma_tensor(name: str, info) -> None:
     """The TMA rules check_tensor does not already enforce (it checks the
     16-byte aligned base, unit inner stride and 16-byte row steps)."""
+    if 0 in info.shape:
+        raise ArgumentError(f"argument {name!r} has shape {tuple(info.shape)}: TMA tensor maps "
+                            f"need every dim non-empty")
     isz = info.itemsize
     for dim, (n, step) in enumerate(zip(info.shape[:-1], info.strides[:-1])):
         if step * isz >= 2**40:
@@ -51,7 +54,7 @@ def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
     """A tiled tensor map: dims innermost first, box = (box_cols, box_rows, 1, ...)."""
     rank = len(shape)
     dims = [cu.cuuint64_t(int(d)) for d in reversed(shape)]
-    steps = [cu.cuuint64_t(int(s) * itemsize) for s in reversed(strides[:-1])]
+    steps = [cu.cuuint64_t(s) for s in _byte_strides(shape, strides, itemsize)]
     box = [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)] + \
         [cu.cuuint32_t(1)] * (rank - 2)
     ones = [cu.cuuint32_t(1)] * rank
@@ -62,6 +65,18 @@ def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         f"cuTensorMapEncodeTiled(shape={tuple(shape)}, box={box_rows}x{box_cols}, "
         f"swizzle={swizzle})")
+
+
+def _byte_strides(shape, strides, itemsize: int) -> list[int]:
+    """globalStrides, innermost first. A dim of size 1 is never stepped over,
+    so its stride may be anything (torch gives such dims odd strides); the
+    driver still wants a multiple of 16 no smaller than what it spans."""
+    out, span = [], shape[-1] * itemsize
+    for n, step in zip(reversed(shape[:-1]), reversed(strides[:-1])):
+        b = step * itemsize if n != 1 else -(-span // 16) * 16
+        out.append(int(b))
+        span = n * b
+    return out
 
 
 class TensorMapCache:
@@ -81,6 +96,10 @@ class TensorMapCache:
                 self._maps[key] = m
                 if len(self._maps) > self._capacity:
                     self._maps.popitem(last=False)
+        elif len(self._maps) > self._capacity // 2:   # near full: keep the hot ones
+            with self._lock:
+                if key in self._maps:
+                    self._maps.move_to_end(key)
         return m
 
     def __len__(self) -> int:
