@@ -157,3 +157,13 @@ def test_compilation_error_in_process(capsys, tmp_path):
                          "--const", "N=4")
     assert code == 1 and out == ""
     assert f"{bad}:8:5" in err and "^" in err and "Traceback" not in err
+
+
+def test_autotuned_kernel_compiles_from_the_shell(capsys):
+    """FILE::NAME may name a @tk.autotune'd kernel: the CLI compiles the kernel
+    it tunes, with the defaults or --const values."""
+    gemm = str(ROOT / "examples" / "gemm.py") + "::gemm_kernel"
+    code, out, err = run(capsys, gemm, "--arg", "bf16[512,256]", "--arg", "bf16[512,256]",
+                         "--arg", "bf16[512,512]", "--const", "STAGES=3", "--stage", "ptxas")
+    assert code == 0, err
+    assert "Compiling entry function 'gemm_kernel' for 'sm_90a'" in out

@@ -67,9 +67,11 @@ def load_kernel(target: str) -> Kernel:
         raise UsageError(f"{file}: no such file (expected FILE.py::KERNEL)")
     module = load_module(path)
     found = getattr(module, name, None) if name else None
+    found = getattr(found, "kernel", found)     # @tk.autotune: the kernel it tunes
     if isinstance(found, Kernel):
         return found
-    kernels = [n for n, v in vars(module).items() if isinstance(v, Kernel)]
+    kernels = [n for n, v in vars(module).items()
+               if isinstance(getattr(v, "kernel", v), Kernel)]
     if not name:
         problem = "name the kernel to compile: FILE.py::KERNEL"
     elif found is None:
