@@ -172,8 +172,8 @@ def set_kernel_attributes(module: ir.Module) -> None:
             op.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_attrs)
         if "tk.min_ctas" in op.attributes:
             op.attributes["nvvm.minctasm"] = op.attributes["tk.min_ctas"]
-            threads = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
-            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([threads, 1, 1])
+            block = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
+            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([block, 1, 1])
         if "tk.cluster" in op.attributes:     # .reqnctapercluster: a plain launch forms clusters
             size = ir.IntegerAttr(op.attributes["tk.cluster"]).value
             op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([size, 1, 1])

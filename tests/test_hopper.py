@@ -9,7 +9,7 @@ import pytest
 
 import gemm   # examples/gemm.py (conftest puts examples/ on the path)
 import tk_mlir as tk
-from tk_mlir import bf16, f16, f32
+from tk_mlir import bf16, f32
 from tk_mlir.dialects import types as T
 from tk_mlir.lowering import mma as mma_lowering
 from tk_mlir.runtime.toolchain import find_tool

@@ -64,5 +64,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tk_mlir' has no attribute {name!r}")
 
 
-__all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "constexpr", "spec", "bf16", "f16", "f32", "f8e4m3",
-           "f8e5m2", "CompilationError", "ArgumentError", "static_range", "cdiv", "tma", *_LAZY]
+__all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "constexpr", "spec", "bf16",
+           "f16", "f32", "f8e4m3", "f8e5m2", "CompilationError", "ArgumentError", "static_range", "cdiv", "tma", *_LAZY]

@@ -29,6 +29,7 @@ from .language import DType, Func, GlobalAnnotation, _GlFactory, constexpr, dtyp
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 
 DEFAULT_NUM_WARPS = 4
+_NUM_WARPS_RULE = "must be from 1 to 32 and a power of two or a multiple of 4"
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature seen)
 
 
@@ -68,7 +69,7 @@ class Kernel:
         self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
         if not _valid_num_warps(num_warps):
-            raise CompilationError(f"num_warps must be from 1 to 32 and a power of two or a multiple of 4, got "
+            raise CompilationError(f"num_warps {_NUM_WARPS_RULE}, got "
                                    f"{num_warps!r}", self.filename, self._source.first_line,
                                    self._source.indent)
         try:
@@ -113,7 +114,7 @@ class Kernel:
         if kwargs:
             raise TypeError(f"{self.__name__}() got unexpected arguments {sorted(kwargs)}")
         if not _valid_num_warps(num_warps):
-            raise ArgumentError(f"num_warps must be from 1 to 32 and a power of two or a multiple of 4, got {num_warps!r}")
+            raise ArgumentError(f"num_warps {_NUM_WARPS_RULE}, got {num_warps!r}")
         return values, num_warps
 
     def _signature(self, values, num_warps, describe_tensor) -> tuple:
