@@ -38,6 +38,8 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
     # at a time (a staging tile per consumer); f32 ones from registers.
     TMA_STORE = TMA_STORE and C.dtype != "f32"
+    EPI_N = min(EPI_N, BN)
+    assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
     if TMA_STORE:
         c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
 
