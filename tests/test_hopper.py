@@ -440,3 +440,10 @@ def test_tensor_map_strides_of_size_one_dims():
     # torch's (1, K) view of a (K, 1) column: the size-1 dim's stride is 1 element
     assert _byte_strides((1, 200), (1, 1), 2) == [400]
     assert _byte_strides((1, 1, 8), (1, 1, 1), 2) == [16, 16]
+
+
+def test_narrow_tiles_still_store_their_results():
+    """BN below the epilogue width: the epilogue narrows to BN (it once stored nothing)."""
+    compiled = gemm.gemm_kernel.kernel.compile(spec(512, 256), spec(512, 256), spec(512, 512),
+                                               BN=64, STAGES=6)
+    assert compiled.asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared::cta") >= 1
