@@ -447,3 +447,22 @@ def test_narrow_tiles_still_store_their_results():
     compiled = gemm.gemm_kernel.kernel.compile(spec(512, 256), spec(512, 256), spec(512, 512),
                                                BN=64, STAGES=6)
     assert compiled.asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared::cta") >= 1
+
+
+@tk.kernel(num_warps=4)
+def k_batched_tma(A: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    s = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(s, a)
+        tk.tma.load_async(a, A, (2, 1, 3), s)     # batch 2, row tile 1, column tile 3
+    tk.wait(s, 0)
+
+
+def test_tma_coordinates_innermost_first_for_batched_tensors():
+    """TMA wants element coordinates innermost dim first: (column, row, batch)."""
+    text = k_batched_tma.compile(spec(4, 256, 256)).asm["cse"]
+    constants = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((-?\d+) : i32\)", text))
+    (box,) = re.findall(r"cp\.async\.bulk\.tensor\.shared\.cluster\.global .*box\[([^\]]*)\]",
+                        text)
+    assert [int(constants[v.strip()]) for v in box.split(",")] == [3 * 64, 1 * 64, 2]
