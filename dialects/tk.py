@@ -220,6 +220,20 @@ OPVIEWS = {d.name: _make_opview(d) for d in OPS}
 globals().update({cls.__name__: cls for cls in OPVIEWS.values()})
 
 
+# ------------------------------------------------------- hints and roles
+
+ALLOCS = ("tk.alloc_st", "tk.alloc_sem")
+
+
+def array_count(op) -> int | None:
+    """The element count of an alloc_st/alloc_sem that makes an array (its
+    `count` hint), None for a single tile or semaphore (or any other op)."""
+    op = getattr(op, "operation", op)
+    if op.name not in ALLOCS or "count" not in op.attributes:
+        return None
+    return ir.IntegerAttr(op.attributes["count"]).value
+
+
 # ----------------------------------------------------------------- building
 
 def _attr(value) -> ir.Attribute:

@@ -54,7 +54,6 @@ class LoweringContext:
     in_flight: dict = field(default_factory=dict)
     depth: int = 0                                    # nesting of the block being lowered
     cluster: int = 1                                  # blocks per cluster
-    uses_elect: bool = False
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     _thread: dict = field(default_factory=dict)
 

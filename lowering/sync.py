@@ -11,7 +11,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, nvvm, scf
 
-from ..dialects import types as T
+from ..dialects import tk, types as T
 from .context import LoweringContext, c32, i64, lowers
 from .fragments import SharedRef
 from .memory import smem_addr
@@ -24,12 +24,11 @@ def init_semaphores(ctx: LoweringContext, allocs) -> None:
     first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, ctx.tid(), c32(0)))
     with ir.InsertionPoint(first.then_block):
         for op in allocs:
-            attrs = op.attributes
-            offset, count = (ir.IntegerAttr(attrs[k]).value if k in attrs else 1
-                             for k in ("offset", "count"))
-            arrivals = ir.IntegerAttr(attrs["arrivals"]).value
-            for i in range(count):
-                nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + 8 * i)), c32(arrivals))
+            offset, stride, arrivals = (ir.IntegerAttr(op.attributes[k]).value
+                                        for k in ("offset", "stride", "arrivals"))
+            for i in range(tk.array_count(op) or 1):
+                nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + stride * i)),
+                                   c32(arrivals))
         nvvm.fence_mbarrier_init()
         scf.YieldOp([])
     if ctx.cluster > 1:
@@ -72,7 +71,6 @@ def lower_elect(ctx: LoweringContext, op) -> None:
         first_warp = arith.cmpi(arith.CmpIPredicate.eq, ctx.warp_in_scope("warpgroup"), c32(0))
         elected = arith.andi(first_warp, elected)
     ctx.bind(op.result, elected)
-    ctx.uses_elect = True
 
 
 @lowers("tk.set_registers")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import layout as layouts, types as T
+from ..dialects import layout as layouts, tk, types as T
 from ..errors import error_at
 from .verify import MAX_SHARED_BYTES
 
@@ -69,7 +69,7 @@ def _place(op, top: int) -> int:
     """Give an allocation (a tile, a semaphore, or an array of either) its
     offset and the stride between its elements; return the new top."""
     t = T.parse(op.results[0].type)
-    count = ir.IntegerAttr(op.attributes["count"]).value if "count" in op.attributes else 1
+    count = tk.array_count(op) or 1
     if isinstance(t, T.ST):
         # Swizzle patterns are computed on absolute address bits and repeat every
         # 8 rows of the swizzle span (at most 1024 bytes): align each element to it.
@@ -92,7 +92,7 @@ def allocate_smem(module: ir.Module) -> None:
         num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
         allocs = []
         def visit(op):
-            if op.name in ("tk.alloc_st", "tk.alloc_sem"):
+            if op.name in tk.ALLOCS:
                 allocs.append(op)
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)

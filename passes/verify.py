@@ -82,9 +82,8 @@ def _whole_arrays(op) -> None:
     if op.operation.name == "tk.index":
         return
     for v in op.operation.operands:
-        if isinstance(v, ir.OpResult) and v.owner.name in ("tk.alloc_st", "tk.alloc_sem") \
-                and "count" in v.owner.attributes:
-            n = ir.IntegerAttr(v.owner.attributes["count"]).value
+        n = tk.array_count(v.owner) if isinstance(v, ir.OpResult) else None
+        if n is not None:
             what = "shared tiles" if v.owner.name == "tk.alloc_st" else "semaphores"
             raise _Fail(f"{op.operation.name} is given a whole array of {n} {what}; use one "
                         f"element of it (arr[i])")
@@ -152,7 +151,7 @@ def _check(op: ir.OpView, num_warps: int) -> None:
                  f"{_show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
                  f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
                  f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
-        count = _count(op)
+        count = tk.array_count(op) or 1
         what = f"{_show(st)} needs" if count == 1 else f"{count} x {_show(st)} need"
         _require(st.nbytes * count <= MAX_SHARED_BYTES, f"{what} {st.nbytes * count} bytes; a "
                  f"block has {MAX_SHARED_BYTES} bytes of shared memory")
@@ -209,11 +208,6 @@ def slice_registers(src: T.RT, sub: T.RT, row: int, col: int, num_warps: int):
     picked = [where.get((p[0] + row, p[1] + col))
               for p in map(inner.reg_position, range(inner.num_regs))]
     return None if None in picked else picked
-
-
-def _count(op) -> int:
-    attrs = op.operation.attributes
-    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else 1
 
 
 MMA_DTYPES = ("bf16", "f16")

@@ -323,17 +323,9 @@ class GlobalShape:
         return (self[i] for i in range(len(self._dims)))
 
 
-def array_count(v: ir.Value) -> int | None:
-    """How many elements the array allocation behind v holds (None: v is not
-    an array: a single tile or semaphore, or one element of an array)."""
-    if isinstance(v, ir.BlockArgument) or v.owner.name not in ("tk.alloc_st", "tk.alloc_sem"):
-        return None
-    attrs = v.owner.attributes
-    return ir.IntegerAttr(attrs["count"]).value if "count" in attrs else None
-
-
 def _element(array: Value, i, what: str):
-    n = array_count(array.value)
+    v = array.value
+    n = None if isinstance(v, ir.BlockArgument) else tk.array_count(v.owner)
     if n is None:
         raise CompilationError(f"this {what} is not an array; make one with a count "
                                f"(e.g. tk.shared_tiles(dtype, shape, count))")
