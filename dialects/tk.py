@@ -234,6 +234,21 @@ def array_count(op) -> int | None:
     return ir.IntegerAttr(op.attributes["count"]).value
 
 
+# Which named operands of each TMA op are the tensor and the shared tile
+# (the pair that decides its tensor map).
+TMA_OPERANDS = {"tma_load": ("src", "dst"), "tma_load_multicast": ("src", "dst"),
+                "tma_store": ("dst", "src"), "tma_prefetch": ("src", "like")}
+
+
+def tma_operands(op) -> tuple[ir.Value, ir.Value] | None:
+    """(tensor, shared tile) values of a TMA op, None for any other op."""
+    roles = TMA_OPERANDS.get(op.operation.name.removeprefix("tk."))
+    if roles is None:
+        return None
+    d = OPS_BY_NAME[op.operation.name.removeprefix("tk.")]
+    return tuple(op.operation.operands[d.operands.index(r)] for r in roles)
+
+
 # ----------------------------------------------------------------- building
 
 def _attr(value) -> ir.Attribute:

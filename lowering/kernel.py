@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, scf
 
-from ..dialects import types as T
+from ..dialects import tk, types as T
 from ..errors import error_at
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
@@ -48,12 +48,10 @@ def tensor_map_specs(func) -> list[TensorMapSpec]:
     """The tensor maps the kernel's TMA ops use, in first-use order."""
     specs: list[TensorMapSpec] = []
     def visit(op):
-        if op.name in ("tk.tma_load", "tk.tma_load_multicast", "tk.tma_store",
-                       "tk.tma_prefetch"):
-            gl_pos, st_pos = {"tk.tma_load": (1, 0), "tk.tma_load_multicast": (1, 0),
-                              "tk.tma_store": (0, 1), "tk.tma_prefetch": (0, 1)}[op.name]
-            spec = tensor_map_spec(ir.BlockArgument(op.operands[gl_pos]).arg_number,
-                                   T.parse(op.operands[st_pos].type))
+        pair = tk.tma_operands(op)
+        if pair is not None:
+            gl, st = pair
+            spec = tensor_map_spec(ir.BlockArgument(gl).arg_number, T.parse(st.type))
             if spec not in specs:
                 specs.append(spec)
         return ir.WalkResult.ADVANCE

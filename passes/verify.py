@@ -168,9 +168,8 @@ def _check(op: ir.OpView, num_warps: int) -> None:
     elif name == "use_cluster":
         _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
                  "kernel's top level")
-    elif name in ("tma_load", "tma_store", "tma_load_multicast", "tma_prefetch"):
-        st, gl = (operands[0], operands[1]) if name.startswith("tma_load") else \
-            (operands[1], operands[0])
+    elif name in tk.TMA_OPERANDS:
+        gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
         _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
         if name != "tma_prefetch":
             n_idx = len(operands) - {"tma_load": 3, "tma_store": 2, "tma_load_multicast": 4}[name]
