@@ -27,6 +27,15 @@ def builtin(fn):
     return wrapper
 
 
+def compile_time_int(value, what: str, lo: int, hi: int, hi_text: str | None = None) -> int:
+    """`value` when it is a compile-time int from lo to hi, else an error
+    naming the argument and the range (the builtins' one check of this kind)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise CompilationError(f"{what} must be a compile-time int from {lo} to "
+                               f"{hi_text or hi}, got {value!r}")
+    return value
+
+
 # ------------------------------------------------------------------ dtypes
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ newest group run on while the previous one is known complete).
 from __future__ import annotations
 
 from .errors import CompilationError
-from .language import builtin
+from .language import builtin, compile_time_int
 from .values import Shared, Tile, emit
 
 __all__ = ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"]
@@ -65,6 +65,4 @@ def mma_AtBt(acc, a, b) -> Tile:
 @builtin
 def mma_wait(pending=0) -> None:
     """Wait until at most `pending` MMA groups of this warpgroup are in flight."""
-    if not isinstance(pending, int) or not 0 <= pending <= 7:
-        raise CompilationError(f"pending must be a compile-time int from 0 to 7, got {pending!r}")
-    emit("mma_wait", pending=pending)
+    emit("mma_wait", pending=compile_time_int(pending, "pending", 0, 7))

@@ -12,7 +12,7 @@ from mlir import ir
 
 from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
-from .language import builtin, dtype_name, f32
+from .language import builtin, compile_time_int, dtype_name, f32
 from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fill as
                      _fill, i32, wrap)
 
@@ -170,10 +170,8 @@ def shared_tile(dtype, shape, *, swizzle=0):
 def shared_tiles(dtype, shape, count, *, swizzle=0):
     """An array of `count` shared tiles (a ring of pipeline stages): tiles[i]
     with i a compile-time or run-time int."""
-    if not isinstance(count, int) or not 1 <= count <= 64:
-        raise CompilationError(f"count must be a compile-time int from 1 to 64, got {count!r}")
     return Shared(emit("alloc_st", [], _shared_type(dtype, shape, swizzle).to_mlir(),
-                       count=count))
+                       count=compile_time_int(count, "count", 1, 64)))
 
 
 @builtin

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from .dialects import types as T
 from .errors import CompilationError
-from .language import builtin
-from .values import Scalar, Semaphore, as_scalar, emit, scalar_binary
+from .language import builtin, compile_time_int
+from .values import Scalar, Semaphore, as_scalar, emit, i32, scalar_binary
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
            "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
@@ -25,10 +25,7 @@ __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_lea
 
 
 def _arrivals(arrivals) -> int:
-    if not isinstance(arrivals, int) or isinstance(arrivals, bool) or not 1 <= arrivals < 2**20:
-        raise CompilationError(f"arrivals must be a compile-time int from 1 to 2**20-1, "
-                               f"got {arrivals!r}")
-    return arrivals
+    return compile_time_int(arrivals, "arrivals", 1, 2**20 - 1, "2**20-1")
 
 
 @builtin
@@ -40,10 +37,8 @@ def semaphore(arrivals=1) -> Semaphore:
 @builtin
 def semaphores(count, arrivals=1) -> Semaphore:
     """An array of `count` semaphores, indexed with sems[i] (i may be a run-time value)."""
-    if not isinstance(count, int) or not 1 <= count <= 64:
-        raise CompilationError(f"count must be a compile-time int from 1 to 64, got {count!r}")
     return Semaphore(emit("alloc_sem", [], T.Sem().to_mlir(), arrivals=_arrivals(arrivals),
-                          count=count))
+                          count=compile_time_int(count, "count", 1, 64)))
 
 
 def _sem(s, what: str) -> Semaphore:
@@ -94,7 +89,7 @@ def use_cluster(size) -> None:
 def cluster_rank() -> Scalar:
     """This block's rank in its cluster (0 .. size-1)."""
     _in_cluster("tk.cluster_rank()")
-    return Scalar(emit("cluster_rank", [], _i32()))
+    return Scalar(emit("cluster_rank", [], i32()))
 
 
 @builtin
@@ -102,11 +97,6 @@ def cluster_sync() -> None:
     """Wait until every thread of every block of the cluster gets here."""
     _in_cluster("tk.cluster_sync()")
     emit("cluster_sync")
-
-
-def _i32():
-    from mlir import ir
-    return ir.IntegerType.get_signless(32)
 
 
 @builtin
@@ -163,8 +153,7 @@ def named_barrier(id, warps) -> None:
     """bar.sync among `warps` warps on barrier `id` (1-15; the block barrier is 0).
     Every warp of the group must reach it; e.g. the consumer warpgroups of a
     warp-specialized kernel: tk.named_barrier(1, warps=8)."""
-    if not isinstance(warps, int) or not 1 <= warps <= 32:
-        raise CompilationError(f"warps must be a compile-time int from 1 to 32, got {warps!r}")
+    compile_time_int(warps, "warps", 1, 32)
     if isinstance(id, int) and not 1 <= id <= 15:
         raise CompilationError(f"a named barrier id must be from 1 to 15 (0 is the block "
                                f"barrier, tk.barrier()), got {id!r}")

@@ -16,7 +16,7 @@ parameter.
 from __future__ import annotations
 
 from .errors import CompilationError
-from .language import builtin
+from .language import builtin, compile_time_int
 from .ops import _indices
 from .values import Global, Semaphore, Shared, as_scalar, emit
 
@@ -75,9 +75,7 @@ def store_wait(pending=0, *, read=True) -> None:
     """Wait until at most `pending` committed store groups are unfinished.
     read=True waits only until their shared sources may be reused;
     read=False until the writes are done (visible in global memory)."""
-    if not isinstance(pending, int) or not 0 <= pending <= 7:
-        raise CompilationError(f"pending must be a compile-time int from 0 to 7, got {pending!r}")
-    emit("tma_wait", pending=pending, read=bool(read))
+    emit("tma_wait", pending=compile_time_int(pending, "pending", 0, 7), read=bool(read))
 
 
 @builtin
@@ -85,10 +83,7 @@ def expect_bytes(sem, nbytes) -> None:
     """Arrive on `sem` and expect `nbytes` of TMA transactions in this phase."""
     if not isinstance(sem, Semaphore):
         raise CompilationError(f"tk.tma.expect_bytes: expected a semaphore, got {sem!r}")
-    if not isinstance(nbytes, int) or not 0 < nbytes < 2**20:
-        raise CompilationError(f"nbytes must be a compile-time int from 1 to 2**20-1, "
-                               f"got {nbytes!r}")
-    emit("expect_bytes", [sem], bytes=nbytes)
+    emit("expect_bytes", [sem], bytes=compile_time_int(nbytes, "nbytes", 1, 2**20 - 1, "2**20-1"))
 
 
 @builtin
