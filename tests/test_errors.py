@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f16, f32
 
@@ -198,10 +199,7 @@ def k_scaled(X: tk.gl[f32], Y: tk.gl[f32], s: int, scale: float):
 
 def marked(marker: str) -> tuple[int, str]:
     """(line number, text) of the line of this file ending in `# E:<marker>`."""
-    lines = HERE.read_text().splitlines()
-    hits = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# E:{marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0], lines[hits[0] - 1]
+    return markers.marked(HERE, marker)
 
 
 def tk_frames(tb) -> list[traceback.FrameSummary]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import gemm   # examples/gemm.py (conftest puts examples/ on the path)
+import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import types as T
@@ -195,10 +196,7 @@ def test_nested_functions_tk_func_and_comprehensions_inline():
 # --------------------------------------------------------------- errors
 
 def marked(marker):
-    lines = HERE.read_text().splitlines()
-    hits = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# E:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return markers.marked(HERE, marker)[0]
 
 
 @tk.func
