@@ -25,7 +25,7 @@ from .cache import always_compile
 from .compiler import CompiledKernel, Specialization, compile_cached
 from .errors import CompilationError
 from .source import KernelSource
-from .language import DType, Func, GlobalAnnotation, _GlFactory, constexpr, dtype_name
+from .language import DType, Func, GlobalAnnotation, constexpr, dtype_name, gl
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 
 DEFAULT_NUM_WARPS = 4
@@ -44,7 +44,7 @@ class _Param:
 
 def _classify(p: inspect.Parameter) -> _Param:
     ann = p.annotation
-    if isinstance(ann, _GlFactory):        # bare tk.gl: any dtype, any shape
+    if ann is gl:                          # bare tk.gl: any dtype, any shape
         ann = GlobalAnnotation()
     if isinstance(ann, GlobalAnnotation):
         return _Param(p.name, "gl", dtype_name(ann.dtype) if ann.dtype is not None else None,
@@ -273,7 +273,7 @@ class Kernel:
                 out.append(infos[pos].strides[dim])
             elif kind == "tmap":
                 _, rows, cols, swizzle, _ = compiled.tensor_maps[dim]
-                out.append(launcher.tensor_map_arg(pos, infos[pos], (rows, cols, swizzle),
+                out.append(launcher.tensor_map_arg(infos[pos], (rows, cols, swizzle),
                                                    self.params[pos].name))
             else:
                 launcher.check_scalar(self.params[pos].name, kind, values[pos])

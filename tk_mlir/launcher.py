@@ -73,8 +73,8 @@ def check_scalar(name: str, kind: str, value):
         raise ArgumentError(f"argument '{name}' = {value!r} must be a float")
 
 
-def tensor_map_arg(pos: int, info, box, name: str):
-    """The tensor map of argument `pos` for `box` (rows, cols, swizzle)."""
+def tensor_map_arg(info, box, name: str):
+    """The tensor map of tensor argument `name` for `box` (rows, cols, swizzle)."""
     from .runtime.tensor_maps import check_tma_tensor, tensor_map
     check_tma_tensor(name, info)
     return tensor_map(info, box)
@@ -87,7 +87,7 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
     """Generate the specialised plan for torch-tensor arguments like `values`
     (`constexprs`: positions of the compile-time parameters; `tensor_maps`:
     the box of each "tmap" parameter, CompiledKernel.tensor_maps)."""
-    from .runtime.tensor_maps import CACHE
+    from .runtime.tensor_maps import CACHE, check_tma_tensor
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
@@ -161,14 +161,15 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(values_code)})",
               "    return True"]
 
+    with_maps = {pos for pos, kind, _ in params if kind == "tmap"}
+
     def full_check(all_values) -> bool:
         infos = [tensor_info(all_values[i], names[i]) for i in gl_rules]
         if any(info.device != f"cuda:{device}" for info in infos if info.device.startswith("cuda:")):
             return False     # the kernel (re)planned for the device the tensors are on
         for info, (i, rule) in zip(infos, gl_rules.items()):
             check_tensor(info, names[i], **rule)
-            if any(pos == i and kind == "tmap" for pos, kind, _ in params):
-                from .runtime.tensor_maps import check_tma_tensor
+            if i in with_maps:
                 check_tma_tensor(names[i], info)
         return True
     env["full_check"] = full_check

@@ -100,19 +100,17 @@ def device_count() -> int:
 
 def device_capability(device: int | None = None) -> tuple[int, int]:
     """(major, minor) compute capability, e.g. (9, 0) for Hopper."""
-    _init_driver()
-    dev = check(cu.cuDeviceGet(default_device() if device is None else device), "cuDeviceGet")
-    attr = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    return major, minor
+    device = default_device() if device is None else device
+    return (device_attribute("compute_capability_major", device),
+            device_attribute("compute_capability_minor", device))
 
 
 @functools.cache
-def device_attribute(name: str, device: int | None = None) -> int:
-    """A CUdevice_attribute by its lower-case name, e.g. "multiprocessor_count"."""
+def device_attribute(name: str, device: int) -> int:
+    """A CUdevice_attribute of `device` by its lower-case name, e.g.
+    "multiprocessor_count" (cached: attributes do not change)."""
     _init_driver()
-    dev = check(cu.cuDeviceGet(default_device() if device is None else device), "cuDeviceGet")
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
     attr = getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name.upper()}")
     return int(check(cu.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({name})"))
 
