@@ -91,7 +91,7 @@ class Config:
         return f"Config({', '.join(f'{k}={v!r}' for k, v in self.all_kwargs().items())})"
 
     def _jsonable(self) -> list:
-        return [[[k, t, _jsonable(v)] for k, t, v in self._ident[0]], self.num_warps]
+        return [[[k, t, cache.jsonable(v)] for k, t, v in self._ident[0]], self.num_warps]
 
 
 def autotune(configs: Sequence[Config], key: Sequence[str], *, warmup: int = 5,
@@ -283,7 +283,7 @@ class Autotuner:
             kind="tk-autotune", name=k.__name__, source=k.source,
             where=[k.filename, k._source.first_line], globals=k._globals_key(),
             num_warps=k.default_num_warps, configs=[c._jsonable() for c in self.configs],
-            key=[[n, _jsonable(v)] for n, v in zip(self.key, key)],
+            key=[[n, cache.jsonable(v)] for n, v in zip(self.key, key)],
             device=[where[0], list(where[1])])
 
     def _save_choice(self, key: tuple, where: tuple, best: Config, results: dict) -> None:
@@ -397,14 +397,6 @@ def _key_value(p, v):
         raise ArgumentError(f"argument '{p.name}' = {v!r} is part of the autotune key and "
                             f"must be hashable") from None
     return v
-
-
-def _jsonable(v):
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return repr(v)          # tk dtypes and the like: their repr names them
 
 
 @functools.cache

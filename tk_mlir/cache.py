@@ -73,6 +73,16 @@ def toolchain_fingerprint() -> dict:
     }
 
 
+def jsonable(v):
+    """A key part as plain data: sequences as lists, scalars as they are,
+    anything else (tk dtypes and the like) by the repr that names it."""
+    if isinstance(v, (tuple, list)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return repr(v)
+
+
 def make_key(**parts) -> str:
     """sha256 of a canonical JSON of ``parts`` and the toolchain fingerprint.
 

@@ -45,18 +45,10 @@ class Specialization:
     def cache_key(self) -> str:
         return cache.make_key(kind="tk-kernel", name=self.name, source=self.source,
                               where=[self.filename, self.first_line],
-                              args=[list(map(_jsonable, a)) for a in self.args],
-                              constexprs=[[k, _jsonable(v)] for k, v in self.constexprs],
+                              args=[list(map(cache.jsonable, a)) for a in self.args],
+                              constexprs=[[k, cache.jsonable(v)] for k, v in self.constexprs],
                               num_warps=self.num_warps, globals=self.globals_key,
                               arch="sm_90a")
-
-
-def _jsonable(v):
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return repr(v)
 
 
 class Stages(Mapping):
