@@ -15,6 +15,37 @@ the disk cache never loads MLIR.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+
+
+class _SourceTreeFinder(importlib.abc.MetaPathFinder):
+    """`tk_mlir.dialects`, `.passes`, `.lowering` from a source checkout.
+
+    They sit beside `tk_mlir/` at the top of the repository (the design's
+    layout) and are mapped under `tk_mlir` when installed. Run from the
+    repository root, Python finds the source `tk_mlir/` before any installed
+    copy; this finder then supplies its three siblings, so a plain checkout,
+    an editable and a regular install all import the same way."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, name = fullname.partition(".")
+        if prefix != __name__ or name not in _SIBLINGS:
+            return None
+        init = self.root / name / "__init__.py"
+        return importlib.util.spec_from_file_location(
+            fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+_SIBLINGS = ("dialects", "passes", "lowering")
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "dialects").is_dir() and (_HERE.parent / "dialects" / "__init__.py").is_file():
+    sys.meta_path.insert(0, _SourceTreeFinder(_HERE.parent))
 
 from .autotune import Config, autotune
 from .errors import ArgumentError, CompilationError
