@@ -3,6 +3,7 @@ install, run from the repository root where the source `tk_mlir/` comes
 first on sys.path, must still find `tk_mlir.dialects`, `.passes`, `.lowering`
 (they live beside `tk_mlir/` in the source tree)."""
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -18,9 +19,16 @@ PROBE = ("import tk_mlir.dialects.tk as d, tk_mlir.passes.verify as p, "
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     pytest.importorskip("setuptools")
+    # Built from a copy: setuptools writes build/ beside the sources.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("tk_mlir", "dialects", "passes", "lowering"):
+        shutil.copytree(ROOT / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     target = tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(ROOT)],
+                    "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True)
     return target
 
