@@ -38,3 +38,24 @@ def error_at(loc, message: str) -> CompilationError:
 class ArgumentError(TypeError):
     """A kernel argument that breaks a rule (device, dtype, rank, shape, strides,
     alignment); the message names the argument and the rule, and says what to do."""
+
+
+class InternalCompilerError(RuntimeError):
+    """A bug in tk_mlir, not in the user's kernel: shown as such (with the
+    kernel and stage it happened in, when known), never dressed up as a
+    CompilationError. `TK_MLIR_DEBUG=1` keeps the full traceback of every
+    tk_mlir error instead of cutting it at the public entry point."""
+
+    def __init__(self, message: str, kernel: str | None = None, stage: str | None = None):
+        self.message, self.kernel, self.stage = message, kernel, stage
+        where = " ".join(x for x in (f"in kernel {kernel}" if kernel else "",
+                                     f"during {stage}" if stage else "") if x)
+        super().__init__(f"internal compiler error{' ' + where if where else ''}: {message}\n"
+                         f"(a bug in tk_mlir, not in your kernel; TK_MLIR_DEBUG=1 shows the "
+                         f"full traceback)")
+
+
+def debug() -> bool:
+    """TK_MLIR_DEBUG=1: re-raise errors with their full traceback."""
+    import os
+    return os.environ.get("TK_MLIR_DEBUG", "") not in ("", "0")
