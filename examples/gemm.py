@@ -83,9 +83,20 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
            load, setup, compute, finish, stages=STAGES, cluster=CLUSTER)
 
 
-def num_sms() -> int:
-    import torch
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+def num_sms(device: int | None = None) -> int:
+    """SMs of a CUDA device (default: the current one), asked once per device:
+    the query costs more host time than a launch."""
+    if device is None:
+        import torch
+        device = torch.cuda.current_device()
+    n = _SMS.get(device)
+    if n is None:
+        import torch
+        n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+_SMS: dict[int, int] = {}
 
 
 def matmul(a, b, c=None, *, b_layout: str = "nk"):
@@ -103,7 +114,7 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
                          f"{tuple(b.shape)}")
     if c is None:
         c = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    gemm_kernel[(num_sms(),)](a, b, c, B_KN=kn)
+    gemm_kernel[(num_sms(a.get_device()),)](a, b, c, B_KN=kn)
     return c
 
 
