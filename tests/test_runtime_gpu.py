@@ -153,3 +153,30 @@ def test_parameter_arguments_take_the_fast_path():
     torch.cuda.synchronize()
     _check(x, y, z, 0.25)
     assert axpy._plans, "a plan was made for nn.Parameter arguments"
+
+
+GLOBAL_SCALE = 2.5
+
+
+@tk.kernel(num_warps=4)
+def times_global(X: tk.gl[f32], Y: tk.gl[f32]):
+    i = tk.block_id(0)
+    tk.store(Y, tk.load(X, (i, 0), (16, 64)) * GLOBAL_SCALE, (i, 0))
+
+
+@pytest.mark.parametrize("wrap", ["torch", "cuda_array_interface"])
+def test_a_changed_global_is_used_at_the_next_launch(wrap):
+    """Plan path (torch tensors) and general path: never the old code."""
+    global GLOBAL_SCALE
+    wrapped = (lambda t: t) if wrap == "torch" else CudaArray
+    try:
+        for scale in (2.5, 3.5, 2.5):
+            GLOBAL_SCALE = scale
+            x = torch.rand(64, 64, device="cuda") - 0.5
+            y = torch.full_like(x, float("nan"))
+            times_global[(4,)](wrapped(x), wrapped(y))
+            torch.cuda.synchronize()
+            ref = x.double() * scale
+            assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6, scale
+    finally:
+        GLOBAL_SCALE = 2.5

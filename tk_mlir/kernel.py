@@ -24,6 +24,7 @@ from . import launcher
 from .cache import always_compile
 from .compiler import CompiledKernel, Specialization, compile_cached
 from .errors import CompilationError
+from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .source import KernelSource
 from .language import DType, Func, GlobalAnnotation, constexpr, dtype_name, gl
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
@@ -79,7 +80,8 @@ class Kernel:
             raise CompilationError(e.message, self.filename, self._source.first_line,
                                    self._source.indent) from None
         self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
-        self._compiled: dict[tuple, CompiledKernel] = {}
+        # signature -> (the globals its code read, the code)
+        self._compiled: dict[tuple, tuple[tuple[GlobalRead, ...], CompiledKernel]] = {}
         self._plans: list[Callable] = []
         self._constexpr_names = {p.name for p in self.params if p.kind == "constexpr"} | \
             {"num_warps"}
@@ -163,18 +165,24 @@ class Kernel:
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def _get(self, sig: tuple) -> CompiledKernel:
-        if always_compile():
-            return self._compile(sig)
-        compiled = self._compiled.get(sig)
-        if compiled is None:
-            with self._lock:
-                compiled = self._compiled.get(sig)
-                if compiled is None:
-                    compiled = self._compile(sig)
-                    self._compiled[sig] = compiled
-        return compiled
+        return self._entry(sig)[1]
 
-    def _compile(self, sig: tuple) -> CompiledKernel:
+    def _entry(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
+        """The code for `sig` and the globals it read; recompiled when one of
+        those has changed since (never the old code for a new global)."""
+        if always_compile():
+            reads = self._global_reads()
+            return reads, self._compile(sig, reads)
+        entry = self._compiled.get(sig)
+        if entry is None or not all_fresh(entry[0]):
+            with self._lock:
+                entry = self._compiled.get(sig)
+                if entry is None or not all_fresh(entry[0]):
+                    reads = self._global_reads()
+                    entry = self._compiled[sig] = (reads, self._compile(sig, reads))
+        return entry
+
+    def _compile(self, sig: tuple, reads: tuple[GlobalRead, ...]) -> CompiledKernel:
         *per_param, num_warps = sig
         rt_args, names, consts = [], [], []
         for p, s in zip(self.params, per_param):
@@ -184,7 +192,7 @@ class Kernel:
                 rt_args.append(s)
                 names.append(p.name)
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
-                              tuple(names), tuple(consts), num_warps, self._globals_key(),
+                              tuple(names), tuple(consts), num_warps, key_text(reads),
                               self._source.first_line)
         try:
             return compile_cached(spec, self._ast, self.fn.__globals__)
@@ -194,10 +202,13 @@ class Kernel:
     def _ast(self) -> ast.FunctionDef:
         return self._source.function_ast()
 
-    def _globals_key(self) -> str:
+    def _global_reads(self) -> tuple[GlobalRead, ...]:
         """The module-level values the kernel reads (they change the code),
         and those of the tk.funcs it inlines, recursively."""
-        return ";".join(_globals_parts(self.source, self.fn.__globals__, set()))
+        return global_reads(self.source, self.fn.__globals__)
+
+    def _globals_key(self) -> str:
+        return key_text(self._global_reads())
 
     # ------------------------------------------------------------- launch
 
@@ -227,7 +238,7 @@ class Kernel:
         if not tensors or any(type(values[i]) not in tensors for i in gl) \
                 or not self._constexpr_names.issuperset(kwargs):
             return None
-        compiled, rules, _ = self._checked(values, num_warps)
+        compiled, rules, _, reads = self._checked(values, num_warps)
         params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
         kinds = tuple(launcher.PASSED_AS[k] for _, k, _ in params)
         device = driver.default_device()
@@ -236,18 +247,19 @@ class Kernel:
         constexprs = [i for i, p in enumerate(self.params) if p.kind == "constexpr"]
         return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
                                    constexprs, rules, params, launch, driver.current_stream,
-                                   device, compiled.tensor_maps, compiled.cluster)
+                                   device, compiled.tensor_maps, compiled.cluster, reads)
 
-    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict]:
+    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict, tuple]:
         """The compiled kernel for these argument values after checking them,
-        the check for each tensor argument, and what was read of each tensor."""
+        the check for each tensor argument, what was read of each tensor, and
+        the globals the code read."""
         from .runtime import driver
         infos = {}
         def read(v, name):
             infos[name] = tensor_info(v, name)
             return infos[name]
         sig = self._signature(values, num_warps, read)
-        compiled = self._get(sig)
+        reads, compiled = self._entry(sig)
         rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
                  for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
         device = driver.default_device()
@@ -255,13 +267,13 @@ class Kernel:
         for i, rule in rules.items():
             check_tensor(tensors[i], self.params[i].name, **rule)
             launcher.check_device(tensors[i], self.params[i].name, device)
-        return compiled, rules, tensors
+        return compiled, rules, tensors, reads
 
     def launch_general(self, grid, args, kwargs) -> None:
         """Any tensor-like arguments: read, check and launch, every call."""
         from .runtime import driver
         values, num_warps = self._bind(args, dict(kwargs))
-        compiled, _, infos = self._checked(values, num_warps)
+        compiled, _, infos, _ = self._checked(values, num_warps)
         out, kinds = [], []
         for arg, kind, dim in compiled.params:
             pos = self.runtime[arg]
@@ -286,53 +298,10 @@ class Kernel:
             tuple(out), tuple(kinds))
 
 
-def _globals_parts(source: str, globals_: dict, seen: set) -> list[str]:
-    names = sorted({n.id for n in ast.walk(ast.parse(source))
-                    if isinstance(n, ast.Name) and n.id in globals_})
-    parts = []
-    for n in names:
-        v = globals_[n]
-        if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
-            parts.append(f"{n}={v!r}")
-        elif isinstance(v, Func):     # inlined: its source and what it reads count
-            parts.append(f"{n}:tk.func:{v.source.text}")
-            if id(v) not in seen:
-                seen.add(id(v))
-                parts += [f"{n}.{p}" for p in _globals_parts(v.source.text, v.fn.__globals__,
-                                                             seen)]
-        elif inspect.isfunction(v):   # a helper called at compile time: its code counts
-            parts.append(f"{n}:{_function_fingerprint(v)}")
-        elif inspect.ismodule(v):
-            parts.append(f"{n}:module {v.__name__}")
-            # tk_mlir's own tk.funcs are covered by the source hash in the key;
-            # a user module's are fingerprinted here.
-            if not v.__name__.startswith("tk_mlir"):
-                for attr, f in sorted(vars(v).items()):
-                    if isinstance(f, Func) and id(f) not in seen:
-                        seen.add(id(f))
-                        parts.append(f"{n}.{attr}:tk.func:{f.source.text}")
-                        parts += [f"{n}.{attr}.{p}" for p in
-                                  _globals_parts(f.source.text, f.fn.__globals__, seen)]
-        else:
-            # Anything else by its repr: attributes the kernel may read show up
-            # there (namespace(SCALE=2.0)); a repr with an address makes each
-            # process miss, which is slow but never stale.
-            parts.append(f"{n}:{v!r}")
-    return parts
-
-
 def _valid_num_warps(n) -> bool:
     """A power of two, or whole warpgroups (12 = a producer and two consumers)."""
     return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and \
         (n & (n - 1) == 0 or n % 4 == 0)
-
-
-def _function_fingerprint(fn) -> str:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        code = fn.__code__
-        return repr((code.co_code, code.co_consts, code.co_names))
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):

@@ -83,10 +83,12 @@ def tensor_map_arg(info, box, name: str):
 def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
                constexprs: list[int], gl_rules: dict[int, dict],
                params: list[tuple[int, str, int]], launch: Callable, stream: Callable,
-               device: int, tensor_maps: list[tuple] = (), cluster: int = 1) -> Callable:
+               device: int, tensor_maps: list[tuple] = (), cluster: int = 1,
+               reads: tuple = ()) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
     (`constexprs`: positions of the compile-time parameters; `tensor_maps`:
-    the box of each "tmap" parameter, CompiledKernel.tensor_maps)."""
+    the box of each "tmap" parameter, CompiledKernel.tensor_maps; `reads`:
+    the globals the code read, global_reads.GlobalRead)."""
     from .runtime.tensor_maps import CACHE, check_tma_tensor
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
@@ -103,6 +105,14 @@ def torch_plan(names: list[str], values: list, n_positional: int, kwargs: dict,
         lines += [f"    v = kwargs.get({k!r}, MISSING)",
                   f"    if type(v) is not KT{j} or v != K{j}:",
                   "        return False"]
+    # The globals the code read must still hold what it saw: an identity test
+    # each, the value compared only when the identity differs (global_reads.py).
+    for j, r in enumerate(reads):
+        env[f"R{j}"], env[f"S{j}"], env[f"N{j}"] = r, r.scope, r.name
+        test = f"not R{j}.fresh()" if r.volatile else \
+            f"S{j}.get(N{j}) is not R{j}.value and not R{j}.fresh()"
+        lines += [f"    if {test}:",
+                  "        return False   # a global changed: recompile"]
     if n_positional:
         lines.append(f"    {', '.join(local[:n_positional])}{',' if n_positional == 1 else ''}"
                      f" = args")

@@ -1,0 +1,122 @@
+"""A kernel never runs code compiled for an old value of a global it reads
+(its own, a @tk.func's it inlines, through tk.autotune): the in-memory cache
+and the launch plans check the globals the code read (global_reads.py)."""
+import re
+import types
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import f32
+from tk_mlir.global_reads import global_reads
+
+SCALE = 2.5
+HELPER_SCALE = 5.5
+CFG = types.SimpleNamespace(SCALE=7.5)
+X = tk.spec((16, 64), "f32")
+
+
+@tk.kernel(num_warps=4)
+def scaled(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * SCALE, (0, 0))
+
+
+@tk.func
+def helper(x):
+    return x * HELPER_SCALE
+
+
+@tk.kernel(num_warps=4)
+def via_helper(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, helper(tk.load(X, (0, 0), (16, 64))), (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def via_namespace(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * CFG.SCALE, (0, 0))
+
+
+@tk.autotune(configs=[tk.Config(BM=16)], key=["X"])
+@tk.kernel(num_warps=4)
+def tuned(X: tk.gl[f32], Y: tk.gl[f32], BM: tk.constexpr):
+    tk.store(Y, tk.load(X, (0, 0), (BM, 64)) * SCALE, (0, 0))
+
+
+def _f32_constants(ptx: str) -> set[float]:
+    """The f32 immediates of a PTX listing (0fXXXXXXXX), as floats."""
+    import struct
+    return {struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", ptx)}
+
+
+@pytest.fixture
+def restore_globals():
+    global SCALE, HELPER_SCALE
+    saved = SCALE, HELPER_SCALE, CFG.SCALE
+    yield
+    SCALE, HELPER_SCALE, CFG.SCALE = saved
+
+
+def test_a_changed_global_recompiles(restore_globals):
+    global SCALE
+    before = scaled.compile(X, X)
+    assert 2.5 in _f32_constants(before.asm["ptx"])
+    SCALE = 3.5
+    after = scaled.compile(X, X)
+    assert after is not before
+    assert 3.5 in _f32_constants(after.asm["ptx"]) and 2.5 not in _f32_constants(after.asm["ptx"])
+
+
+def test_an_equal_new_value_reuses_the_code(restore_globals):
+    global SCALE
+    before = scaled.compile(X, X)
+    SCALE = float("2.5")            # a new object, the same value
+    assert scaled.compile(X, X) is before
+
+
+def test_a_global_of_an_inlined_tk_func_recompiles(restore_globals):
+    global HELPER_SCALE
+    assert 5.5 in _f32_constants(via_helper.compile(X, X).asm["ptx"])
+    HELPER_SCALE = 6.5
+    assert 6.5 in _f32_constants(via_helper.compile(X, X).asm["ptx"])
+
+
+def test_an_object_mutated_in_place_recompiles(restore_globals):
+    assert 7.5 in _f32_constants(via_namespace.compile(X, X).asm["ptx"])
+    CFG.SCALE = 8.5                 # same object, new attribute
+    assert 8.5 in _f32_constants(via_namespace.compile(X, X).asm["ptx"])
+
+
+def test_an_autotuned_kernel_recompiles(restore_globals):
+    global SCALE
+    assert 2.5 in _f32_constants(tuned.compile(X, X, config=0).asm["ptx"])
+    SCALE = 4.5
+    assert 4.5 in _f32_constants(tuned.compile(X, X, config=0).asm["ptx"])
+
+
+def test_reads_check_by_identity_then_value(restore_globals):
+    global SCALE
+    (read,) = [r for r in global_reads(scaled.source, globals()) if r.name == "SCALE"]
+    assert read.fresh() and not read.volatile
+    SCALE = float("2.5")
+    assert read.fresh() and read.value is SCALE    # adopted: identity test next time
+    SCALE = 2.75
+    assert not read.fresh()
+    del globals()["SCALE"]
+    try:
+        assert not read.fresh()
+    finally:
+        SCALE = 2.5
+
+
+def test_the_launch_plan_guards_the_globals(restore_globals):
+    """The generated plan tests each global before launching (no GPU: the
+    plan is built by hand with a launch function that records its call)."""
+    from tk_mlir import launcher
+    global SCALE
+    reads = global_reads(scaled.source, globals())
+    calls = []
+    plan = launcher.torch_plan(["a"], [1.0], 1, {}, [], {}, [(0, "f32", 0)],
+                               lambda *a: calls.append(a), lambda: 0, 0, reads=reads)
+    assert plan((1,), (1.0,), {}) and len(calls) == 1
+    SCALE = 9.5
+    assert not plan((1,), (1.0,), {}) and len(calls) == 1
