@@ -110,13 +110,18 @@ def test_reads_check_by_identity_then_value(restore_globals):
 
 def test_the_launch_plan_guards_the_globals(restore_globals):
     """The generated plan tests each global before launching (no GPU: the
-    plan is built by hand with a launch function that records its call)."""
+    plan is generated for a scalar-only signature with a launch function
+    that records its call)."""
     from tk_mlir import launcher
+    from tk_mlir.compiler import CompiledKernel
+    from tk_mlir.params import F32, KernelParams, Param
     global SCALE
+    params = KernelParams("k", [Param("a", F32)])
+    compiled = CompiledKernel("k", b"", [(0, "f32", 0)], 4, 0, {}, "")
     reads = global_reads(scaled.source, globals())
     calls = []
-    plan = launcher.torch_plan(["a"], [1.0], 1, {}, [], {}, [(0, "f32", 0)],
-                               lambda *a: calls.append(a), lambda: 0, 0, reads=reads)
-    assert plan((1,), (1.0,), {}) and len(calls) == 1
+    plan = launcher.torch_plan(params, [1.5], 1, {}, {}, compiled,
+                               lambda *a: calls.append(a), lambda: 0, 0, reads)
+    assert plan((1,), (1.5,), {}) and calls == [(1, 1, 1, 0, 1.5)]
     SCALE = 9.5
-    assert not plan((1,), (1.0,), {}) and len(calls) == 1
+    assert not plan((1,), (1.5,), {}) and len(calls) == 1

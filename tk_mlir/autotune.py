@@ -28,7 +28,6 @@ read what it writes (`Y += X`, accumulating atomics) — as Triton requires.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import os
 import statistics
@@ -38,7 +37,8 @@ from typing import Any, Callable, Sequence
 
 from . import cache
 from .errors import CompilationError
-from .kernel import Kernel, _valid_num_warps
+from .kernel import Kernel
+from .params import GL, valid_num_warps as _valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
 _FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
@@ -147,8 +147,8 @@ class Autotuner:
                              f"got {warmup!r}, {reps!r}")
         self.warmup, self.reps = warmup, reps
         self.timings: dict[tuple, dict[Config, float | str]] = {}
-        params = {p.name: (i, p) for i, p in enumerate(kernel.params)}
-        self._key_params = [params[name] for name in self.key]
+        self._key_params = [(kernel.params.index[name], kernel.params[kernel.params.index[name]])
+                            for name in self.key]
         # The names the configs set may not be passed by the caller as well.
         self._tuned = {n for c in self.configs for n in c.all_kwargs()}
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
@@ -199,18 +199,8 @@ class Autotuner:
     def _key(self, args: tuple, kwargs: dict) -> tuple:
         if len(args) > self._first_tuned or kwargs and not self._tuned.isdisjoint(kwargs):
             self._check_not_tuned(args, kwargs)
-        values = []
-        for i, p in self._key_params:
-            if i < len(args):
-                v = args[i]
-            elif p.name in kwargs:
-                v = kwargs[p.name]
-            elif p.default is not inspect.Parameter.empty:
-                v = p.default
-            else:
-                raise TypeError(f"{self.__name__}() missing argument '{p.name}'")
-            values.append(_key_value(p, v))
-        return tuple(values)
+        values, _ = self.kernel.params.bind(args, kwargs, unbound_ok=self._tuned)
+        return tuple(_key_value(p, values[i]) for i, p in self._key_params)
 
     def best_config(self, *args, **kwargs) -> Config | None:
         """The config chosen for these arguments (this object's memory, else the
@@ -314,7 +304,7 @@ class Autotuner:
     def _describe(self, key: tuple) -> str:
         parts = []
         for name, (_, p), v in zip(self.key, self._key_params, key):
-            shown = f"{v[0]}[{','.join(map(str, v[1]))}]" if p.kind == "gl" else repr(v)
+            shown = f"{v[0]}[{','.join(map(str, v[1]))}]" if p.kind == GL else repr(v)
             parts.append(f"{name}={shown}")
         return f"{self.__name__}({', '.join(parts)})"
 
@@ -338,7 +328,7 @@ def _check_configs(kernel: Kernel, configs) -> tuple[Config, ...]:
     if not isinstance(configs, tuple) or not configs:
         raise ValueError(f"tk.autotune({kernel.__name__}): configs must be a non-empty list "
                          f"of tk.Config, got {configs!r}")
-    settable = [p.name for p in kernel.params if p.kind == "constexpr"]
+    settable = [kernel.params[i].name for i in kernel.params.constexprs]
     for c in configs:
         if not isinstance(c, Config):
             raise TypeError(f"tk.autotune({kernel.__name__}): configs must be tk.Config, "
@@ -380,7 +370,7 @@ _DTYPE_NAMES: dict = {}
 
 
 def _key_value(p, v):
-    if p.kind == "gl":
+    if p.kind == GL:
         try:
             return (_DTYPE_NAMES[v.dtype], tuple(v.shape))
         except (KeyError, AttributeError, TypeError):

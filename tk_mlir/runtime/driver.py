@@ -116,6 +116,33 @@ def device_attribute(name: str, device: int) -> int:
 
 
 @functools.cache
+def device_identity(device: int) -> tuple[str, tuple[int, int]]:
+    """(name, compute capability) of `device`, e.g. ("NVIDIA H200", (9, 0))."""
+    _init_driver()
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    name = check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) \
+        else str(name)
+    return name, device_capability(device)
+
+
+class UnsupportedDevice(RuntimeError):
+    """The device cannot run code built for tk_mlir's target (target.py)."""
+
+
+def require_target(device: int, kernel: str) -> None:
+    """Refuse, before any module is loaded, a device the target's code cannot
+    run on (sm_90a code runs on compute capability 9.0 only)."""
+    from ..target import TARGET
+    name, capability = device_identity(device)
+    if not TARGET.supports(capability):
+        raise UnsupportedDevice(
+            f"cannot run {kernel} on cuda:{device} ({name}, compute capability "
+            f"{capability[0]}.{capability[1]}): tk_mlir compiles for {TARGET.arch}, which "
+            f"needs {TARGET.description}")
+
+
+@functools.cache
 def has_gpu() -> bool:
     """True when the driver loads and sees at least one device; never raises."""
     try:
