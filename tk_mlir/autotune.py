@@ -36,7 +36,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from . import cache
-from .errors import CompilationError
+from .errors import CompilationError, debug
 from .kernel import Kernel
 from .params import GL, valid_num_warps as _valid_num_warps
 from .runtime.arguments import ArgumentError, describe
@@ -173,12 +173,14 @@ class Autotuner:
         when the key is new (see the module's docstring)."""
         try:
             key = self._key(args, kwargs)
-            device = _driver().default_device()
+            device = _launch_device(args, kwargs)
             config = self._chosen.get((device, key))
             if config is None:
                 config = self._choose(device, key, grid, args, kwargs)
             self.kernel.launch(grid, *args, **kwargs, **config._launch)
         except (CompilationError, ArgumentError) as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def compile(self, *args, config: Config | int, **kwargs):
@@ -188,6 +190,8 @@ class Autotuner:
         try:
             self._check_not_tuned(args, kwargs)
         except ArgumentError as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None
         return self.kernel.compile(*args, **kwargs, **config.all_kwargs())
 
@@ -229,7 +233,9 @@ class Autotuner:
                 if config is not None:
                     self._report(f"{self._describe(key)}: {config} (from the cache)")
                 else:
-                    config = self._tune(key, where, grid, args, kwargs)
+                    import torch
+                    with torch.cuda.device(device):    # bench times on this device's stream
+                        config = self._tune(key, where, grid, args, kwargs)
                 self._chosen[(device, key)] = config
             return config
 
@@ -394,6 +400,22 @@ def _driver():
     """The CUDA driver layer, imported on first launch (it loads cuda-python)."""
     from .runtime import driver
     return driver
+
+
+def _launch_device(args, kwargs) -> int:
+    """The device a launch runs on (the kernel launches where its tensors
+    are): the first CUDA torch tensor's, when the machine has several GPUs."""
+    driver = _driver()
+    if _gpu_count() > 1:
+        for v in (*args, *kwargs.values()):
+            if getattr(v, "is_cuda", False) and hasattr(v, "get_device"):
+                return v.get_device()
+    return driver.default_device()
+
+
+@functools.cache
+def _gpu_count() -> int:
+    return _driver().device_count()
 
 
 def _device(ordinal: int | None = None) -> tuple[int, str, tuple[int, int]]:
