@@ -123,3 +123,28 @@ def test_a_compiled_kernel_repr_is_one_line():
     assert "\n" not in text and len(text) < 200, text
     assert text.startswith("<CompiledKernel copy: 4 warps (128 threads), ")
     assert "registers" in text and "no spills" in text and f"{len(compiled.stages)} stages" in text
+
+
+# ------------------------------------------------------------ launch plans
+
+@tk.kernel(num_warps=1)
+def any_rank(X: tk.gl[f32], s: float):
+    tk.store(X, tk.load(X, (0, 0), (1, 32)) * s, (0, 0))
+
+
+def test_a_plan_leaves_another_rank_to_another_plan():
+    """The plan's guard has no rank test: a tensor of another rank fails its
+    checked-key lookup, and full_check hands it back to the kernel (which
+    compiles that rank's specialization) instead of reporting a rank error."""
+    torch = pytest.importorskip("torch")
+    x = torch.rand(4, 32)
+    values, warps = any_rank.params.bind((x, 2.0), {})
+    sig = any_rank.params.key(values, warps, lambda v, n: tk.spec(tuple(v.shape), "f32"))
+    reads, compiled = any_rank._entry(sig)
+    rules = {0: dict(dtype="f32", rank=2, static_shape=(None, None))}
+    plan = launcher.torch_plan(any_rank.params, values, 2, {}, rules, compiled,
+                               lambda *a: None, lambda: 0, 0, reads)
+    assert "ndim" not in plan.source
+    assert plan((1,), (torch.rand(2, 4, 32), 2.0), {}) is False
+    with pytest.raises(tk.ArgumentError, match="is on cpu"):   # the same rank: checked
+        plan((1,), (x, 2.0), {})

@@ -172,10 +172,8 @@ class Kernel:
         kinds = tuple(p.passed_as for p in compiled.params)
         launch = driver.PackedLauncher(compiled.function(device), kinds).bind(
             compiled.num_threads, compiled.smem_bytes)
-        return launcher.torch_plan(self.params, values, len(args), kwargs, rules,
-                                   compiled, launch, functools.partial(driver.current_stream,
-                                                                       device),
-                                   device, reads)
+        return launcher.torch_plan(self.params, values, len(args), kwargs, rules, compiled,
+                                   launch, driver.stream_function(device), device, reads)
 
     def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict, tuple, int]:
         """The compiled kernel for these argument values after checking them,

@@ -14,7 +14,7 @@ specialised to that signature and device (like Triton's generated launchers):
         if type(a0) not in TENSORS or a0.dtype is not D0 or a0.ndim != 2: return False
         ...
         a0_ptr = a0.data_ptr(); a0_strides = a0.stride(); a0_shape = a0.shape ...
-        key = (a0_shape, a0_strides, a0.get_device(), ...)
+        key = (a0_shape, a0_strides, a0.get_device(), ...)           # checked once
         if (a0_ptr | ...) & 15 or key not in checked: ... full_check ...; checked.add(key)
         ... the grid, validated once per distinct tuple ...
         launch(grid[0], grid[1], grid[2], stream(), a0_ptr, a0_shape[0], ...)
@@ -128,11 +128,12 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
             env[f"C{i}"], env[f"CT{i}"] = values[i], type(values[i])
             lines += [f"    if type({local[i]}) is not CT{i} or {local[i]} != C{i}:",
                       "        return False"]
+    # (The rank is in the shapes of `key` below: a tensor of another rank
+    # fails full_check, and the kernel plans for its specialization.)
     for i in gl_rules:
         env[f"D{i}"] = values[i].dtype
         a = local[i]
-        lines.append(f"    if type({a}) not in TENSORS or {a}.dtype is not D{i} or "
-                     f"{a}.ndim != {values[i].ndim}:")
+        lines.append(f"    if type({a}) not in TENSORS or {a}.dtype is not D{i}:")
         lines.append("        return False")
     abi = compiled.params
     scalars = {params.runtime[p.arg]: p.kind for p in abi if p.kind in ("i32", "f32")}
@@ -177,6 +178,8 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         infos = [tensor_info(all_values[i], names[i]) for i in gl_rules]
         if any(info.device != f"cuda:{device}" for info in infos if info.device.startswith("cuda:")):
             return False     # the kernel (re)plans for the device the tensors are on
+        if any(len(info.shape) != rule["rank"] for info, rule in zip(infos, gl_rules.values())):
+            return False     # another rank: another specialization (or the rank error)
         for info, (i, rule) in zip(infos, gl_rules.items()):
             check_tensor(info, names[i], **rule)
             if i in with_maps:

@@ -248,6 +248,16 @@ def current_stream(device: int | None = None) -> int:
     return getter(device)
 
 
+def stream_function(device: int) -> Callable[[], int]:
+    """A function of no arguments giving torch's current stream on `device`
+    as a raw handle: what a launch plan calls per launch (torch's private raw
+    getter bound to the device, as torch.compile's generated code uses it)."""
+    torch = sys.modules.get("torch")
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) \
+        if torch is not None and _torch_cuda() is not None else None
+    return functools.partial(raw if raw is not None else current_stream, device)
+
+
 # ------------------------------------------------------- modules, functions
 
 class Module:
