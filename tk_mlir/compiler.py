@@ -323,10 +323,40 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> Com
     key = spec.cache_key()
     entry = _DISK.get(key)
     if entry is not None:
-        compiled = CompiledKernel.from_entry(entry)
+        compiled = _keeping_sass(CompiledKernel.from_entry(entry), key)
         if os.environ.get("TK_MLIR_DUMP_DIR"):
             compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(), "TK_MLIR_DUMP_DIR")
         return compiled
     compiled = compile_specialization(spec, fn_node_factory(), globals_)
     _DISK.put(key, compiled.to_entry())
+    return _keeping_sass(compiled, key)
+
+
+class _StageTexts(dict):
+    """A cached kernel's stage texts. The SASS listing is made on first read
+    (Stages runs nvdisasm, which costs more than a compile); setting it here
+    also publishes it to the disk cache, in an entry of its own beside the
+    kernel's (entries are immutable), so a warm cache never runs nvdisasm."""
+
+    def __init__(self, texts: dict, sass_key: str):
+        super().__init__(texts)
+        self._sass_key = sass_key
+
+    def __setitem__(self, name: str, text: str) -> None:
+        super().__setitem__(name, text)
+        if name == "sass" and text and not text.startswith("nvdisasm failed"):
+            _DISK.put(self._sass_key, {"sass": text})
+
+
+def _keeping_sass(compiled: CompiledKernel, key: str) -> CompiledKernel:
+    """Give `compiled` the SASS listing stored for `key`, or store it once made."""
+    sass_key = cache.make_key(kind="tk-sass", kernel=key)
+    texts = _StageTexts(compiled.stages, sass_key)
+    if "sass" in texts:
+        _DISK.put(sass_key, {"sass": texts["sass"]})
+    else:
+        stored = _DISK.get(sass_key)
+        if stored is not None:
+            dict.__setitem__(texts, "sass", stored["sass"])
+    compiled.stages = texts
     return compiled
