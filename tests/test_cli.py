@@ -194,3 +194,9 @@ def test_debug_reraises_with_the_traceback(monkeypatch, tmp_path):
     from tk_mlir.cli import UsageError
     with pytest.raises(UsageError):
         main(["compile", *SOFTMAX_CALL, "--dump-dir", str(file)])
+
+
+def test_a_misspelled_const_is_named_with_a_suggestion(capsys):
+    code, out, err = run(capsys, *SOFTMAX_CALL[:-1], "NN=512")
+    assert code == 2
+    assert "--const NN: no tk.constexpr parameter 'NN' (did you mean 'N'?)" in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import html
 import importlib.util
 import os
@@ -125,7 +126,8 @@ def bind_args(kernel: Kernel, texts: list[str]) -> dict:
         if named:
             name, text = named[1], named[2]
             if name not in by_name:
-                raise UsageError(f"--arg {name}=...: no runtime parameter {name!r}; "
+                raise UsageError(f"--arg {name}=...: no runtime parameter {name!r}"
+                                 f"{_did_you_mean(name, by_name)}; "
                                  f"{describe_params(kernel)}")
         elif position < len(runtime):
             name, position = runtime[position].name, position + 1
@@ -148,7 +150,8 @@ def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
         if not eq or not name:
             raise UsageError(f"--const {text!r}: expected NAME=VALUE such as BLOCK=4096")
         if name not in names:
-            raise UsageError(f"--const {name}: no tk.constexpr parameter {name!r}; "
+            raise UsageError(f"--const {name}: no tk.constexpr parameter {name!r}"
+                             f"{_did_you_mean(name, names)}; "
                              f"{describe_params(kernel)}")
         if name in consts:
             raise UsageError(f"--const {name} is given twice")
@@ -157,6 +160,11 @@ def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             consts[name] = raw
     return consts
+
+
+def _did_you_mean(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def bind(kernel: Kernel, args: argparse.Namespace) -> dict:
