@@ -170,8 +170,11 @@ class Kernel:
             return None
         compiled, rules, _, reads, device = self._checked(values, num_warps)
         kinds = tuple(p.passed_as for p in compiled.params)
+        # Tensors on another device than torch's current one: launch there,
+        # its context pushed around the launch.
         launch = driver.PackedLauncher(compiled.function(device), kinds).bind(
-            compiled.num_threads, compiled.smem_bytes)
+            compiled.num_threads, compiled.smem_bytes,
+            in_context=device != driver.default_device())
         return launcher.torch_plan(self.params, values, len(args), kwargs, rules, compiled,
                                    launch, driver.stream_function(device), device, reads)
 

@@ -414,15 +414,19 @@ class PackedLauncher:
         self._launch = _libcuda_launch()
         self._lock = threading.Lock()
 
-    def bind(self, threads: int, shared_bytes: int) -> Callable:
+    def bind(self, threads: int, shared_bytes: int, in_context: bool = False) -> Callable:
         """A launch function `(gx, gy, gz, stream, *values)` for blocks of
-        `threads` threads and `shared_bytes` of dynamic shared memory."""
+        `threads` threads and `shared_bytes` of dynamic shared memory.
+        `in_context`: push the function's device context around each launch
+        (for launches on a device that is not torch's current one)."""
         f = self.function
         if shared_bytes > f._shared_limit:
             f.set_max_dynamic_shared(shared_bytes)
         import ctypes
         pack, buffer, pointers = self._pack, self._buffer, self._pointers
         handle, call, lock = ctypes.c_void_p(self._handle), self._launch, self._lock
+        if in_context:
+            call = _calling_in_context(call, f.device)
         void_p = ctypes.c_void_p
 
         maps = self._maps
@@ -452,6 +456,27 @@ class PackedLauncher:
                                    shared_bytes, stream, values,
                                    tuple(ctypes_type(k) for k in self.kinds))
         return launch_with_maps if maps else launch
+
+
+def _calling_in_context(call: Callable, device: int) -> Callable:
+    """`call` with `device`'s primary context pushed around it: two libcuda
+    calls, where launching from another device's context would fail and be
+    retried on the slow path (Function._after_failed_launch)."""
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    push, pop = lib.cuCtxPushCurrent_v2, lib.cuCtxPopCurrent_v2
+    context = ctypes.c_void_p(int(primary_context(device)))
+    popped = ctypes.byref(ctypes.c_void_p())
+
+    def call_in_context(*args):
+        err = push(context)
+        if err:
+            return err
+        try:
+            return call(*args)
+        finally:
+            pop(popped)
+    return call_in_context
 
 
 def ctypes_type(kind: str):
