@@ -125,3 +125,29 @@ def test_the_launch_plan_guards_the_globals(restore_globals):
     assert plan((1,), (1.5,), {}) and calls == [(1, 1, 1, 0, 1.5)]
     SCALE = 9.5
     assert not plan((1,), (1.5,), {}) and len(calls) == 1
+
+
+BIG = None
+
+
+@tk.kernel(num_warps=4)
+def shadowing(X: tk.gl[f32], Y: tk.gl[f32]):
+    BIG = tk.load(X, (0, 0), (16, 64))
+    tk.store(Y, BIG, (0, 0))
+
+
+def test_parameters_and_tensors_are_not_read_by_their_contents(monkeypatch):
+    """A module-level X beside a kernel taking X is not a read; a tensor the
+    body's name shadows is read by its type, shape and dtype, by identity."""
+    torch = pytest.importorskip("torch")
+    names = [r.name for r in global_reads(shadowing.source, globals())]
+    assert "X" not in names and "Y" not in names and "BIG" in names
+    monkeypatch.setitem(globals(), "BIG", torch.zeros(512, 512))
+    (read,) = [r for r in global_reads(shadowing.source, globals()) if r.name == "BIG"]
+    assert not read.volatile and read.text == "a torch.Tensor of shape (512, 512) f32 on cpu"
+    BIG.fill_(1.0)                                    # contents: never part of the code
+    assert read.fresh()
+    monkeypatch.setitem(globals(), "BIG", torch.zeros(512, 512))
+    assert read.fresh()                               # a new tensor of the same kind
+    monkeypatch.setitem(globals(), "BIG", torch.zeros(64, 64))
+    assert not read.fresh()

@@ -15,7 +15,9 @@ cache key holds). Before reusing compiled code, each read is re-checked:
   check is an identity test again;
 - a mutable value (list, dict, any other object, read by its repr: the kernel
   may read its attributes) can change in place, so its text is recomputed
-  on every check. Slower, never stale.
+  on every check. Slower, never stale;
+- a tensor or array: by its type, shape, dtype and device (never its
+  contents, which no compiled code depends on), checked by identity.
 """
 from __future__ import annotations
 
@@ -84,7 +86,18 @@ def key_text(reads) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _names_in(source: str) -> tuple[str, ...]:
-    return tuple(sorted({n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}))
+    """The names the code may read from its module: every name in it but the
+    function's parameters (bound from the start, so never looked up in the
+    module; `X = torch.rand(...)` beside a kernel taking X is common). Names
+    the body assigns stay: the frontend reads the global until they are bound."""
+    tree = ast.parse(source)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    fn = tree.body[0] if tree.body else None
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = fn.args
+        names -= {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+        names -= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
+    return tuple(sorted(names))
 
 
 def _collect(source: str, scope: dict, prefix: str, reads: list, seen: set) -> None:
@@ -119,10 +132,21 @@ def _immutable(value) -> bool:
     if isinstance(value, tuple):
         return all(_immutable(v) for v in value)
     return isinstance(value, _IMMUTABLE) or isinstance(value, Func) or \
-        inspect.isfunction(value) or inspect.ismodule(value)
+        inspect.isfunction(value) or inspect.ismodule(value) or _is_array(value)
+
+
+def _is_array(value) -> bool:
+    """A tensor or array (torch, numpy, ...): read by what compile-time code
+    can use of it (type, shape, dtype, device), never by its contents, and
+    checked by identity (a resize_ in place goes unseen)."""
+    return not isinstance(value, type) and hasattr(value, "shape") and \
+        any(hasattr(value, a) for a in ("__array__", "__dlpack__", "__cuda_array_interface__"))
 
 
 def _text(value) -> str:
+    if _is_array(value):
+        from .params import describe_value
+        return describe_value(value)
     if isinstance(value, Func):
         return f"tk.func:{value.source.text}"
     if inspect.isfunction(value):      # a helper called at compile time: its code counts
