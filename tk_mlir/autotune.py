@@ -204,7 +204,7 @@ class Autotuner:
         if len(args) > self._first_tuned or kwargs and not self._tuned.isdisjoint(kwargs):
             self._check_not_tuned(args, kwargs)
         values, _ = self.kernel.params.bind(args, kwargs, unbound_ok=self._tuned)
-        return tuple(_key_value(p, values[i]) for i, p in self._key_params)
+        return tuple([_key_value(p, values[i]) for i, p in self._key_params])
 
     def best_config(self, *args, **kwargs) -> Config | None:
         """The config chosen for these arguments (this object's memory, else the

@@ -78,6 +78,7 @@ class KernelParams:
         self.tensors = [i for i, p in enumerate(self.params) if p.kind == GL]
         self.constexprs = [i for i, p in enumerate(self.params) if p.kind == CONSTEXPR]
         self.names = [p.name for p in self.params]
+        self._defaults = [(p.name, p.default) for p in self.params]
 
     @classmethod
     def of_function(cls, fn: Callable, node: ast.FunctionDef, filename: str,
@@ -109,31 +110,37 @@ class KernelParams:
     def bind(self, args: tuple, kwargs: dict, *, unbound_ok=frozenset()) -> tuple[list, int]:
         """One value per parameter (defaults filled in) and num_warps.
         Names in `unbound_ok` may stay unbound (EMPTY): tk.autotune's configs
-        set them later."""
+        set them later. (On every autotuned launch: the common cases are
+        short.)"""
         num_warps = self.default_num_warps
+        n_args = len(args)
         if kwargs:
             if "num_warps" in kwargs:
                 kwargs = dict(kwargs)
                 num_warps = kwargs.pop("num_warps")
-            self._check_keywords(len(args), kwargs)
-        n = len(self.params)
-        if len(args) > n:
+            self._check_keywords(n_args, kwargs)
+        elif n_args == len(self.params):
+            return list(args), num_warps
+        if n_args > len(self.params):
+            n = len(self.params)
             raise BindError(f"{self.name}() takes {n} argument{'s' * (n != 1)} "
-                            f"({', '.join(self.names)}), got {len(args)}")
-        values, missing = list(args), []
-        for p in self.params[len(args):]:
-            v = kwargs.get(p.name, EMPTY) if kwargs else EMPTY
-            if v is EMPTY:
-                v = p.default
-                if v is EMPTY and p.name not in unbound_ok:
-                    missing.append(p.name)
+                            f"({', '.join(self.names)}), got {n_args}")
+        values = list(args)
+        for name, default in self._defaults[n_args:]:
+            v = kwargs.get(name, default) if kwargs else default
+            if v is EMPTY and name not in unbound_ok:
+                raise self._missing(values, kwargs, unbound_ok)
             values.append(v)
-        if missing:
-            raise BindError(f"{self.name}() missing argument{'s' * (len(missing) > 1)} "
-                            f"{', '.join(map(repr, missing))}", missing=missing)
         if num_warps is not self.default_num_warps and not valid_num_warps(num_warps):
             raise ArgumentError(f"num_warps {NUM_WARPS_RULE}, got {num_warps!r}")
         return values, num_warps
+
+    def _missing(self, values, kwargs, unbound_ok) -> BindError:
+        missing = [p.name for p in self.params[len(values):]
+                   if p.default is EMPTY and p.name not in unbound_ok and
+                   p.name not in (kwargs or ())]
+        return BindError(f"{self.name}() missing argument{'s' * (len(missing) > 1)} "
+                         f"{', '.join(map(repr, missing))}", missing=missing)
 
     def _check_keywords(self, n_positional: int, kwargs: dict) -> None:
         unexpected = [k for k in kwargs if k not in self.index]
