@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 from . import cache
 from .errors import CompilationError, debug
 from .kernel import Kernel
-from .params import GL, valid_num_warps as _valid_num_warps
+from .params import GL, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
 _FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
@@ -52,8 +52,8 @@ class Config:
     __slots__ = ("_items", "num_warps", "_ident", "_launch")
 
     def __init__(self, *, num_warps: int | None = None, **constexprs):
-        if num_warps is not None and not _valid_num_warps(num_warps):
-            # The rule is the kernel's (kernel._valid_num_warps); it says it at launch.
+        if num_warps is not None and not valid_num_warps(num_warps):
+            # The rule is the kernel's (params.valid_num_warps); it says it at launch.
             raise ValueError(f"Config num_warps={num_warps!r} is not a num_warps that "
                              f"@tk.kernel takes")
         for name, value in constexprs.items():

@@ -33,9 +33,6 @@ from .source import KernelSource
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 
-# Kept for callers of the old names.
-_valid_num_warps = valid_num_warps
-
 
 class Kernel:
     def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS):
