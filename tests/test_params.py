@@ -160,3 +160,13 @@ def test_launch_values_follow_the_abi():
             assert v == want[p.kind](p.arg, p.index), p
     fn = launch_values_function([AbiParam(0, "i32"), AbiParam(1, "ptr")], [])
     assert fn([5, None], {1: infos[1]}) == (5, 0x2000)
+
+
+def test_tensor_map_values_come_from_the_map_cache():
+    from tk_mlir.params import launch_value_code
+    from tk_mlir.runtime.tensor_maps import CACHE
+    env = {}
+    abi = [AbiParam(0, "ptr"), AbiParam(0, "stride", 0), AbiParam(1, "f32"), AbiParam(0, "tmap", 0)]
+    code = launch_value_code(abi, ["x", "s"], [(0, 64, 32, 128, "bf16")], env)
+    assert code == ["x_ptr", "x_strides[0]", "s", "tensor_map(x_ptr, x_shape, x_strides, *TMAP0)"]
+    assert env["TMAP0"] == ("bf16", 2, (64, 32, 128)) and env["tensor_map"] == CACHE.get
