@@ -213,10 +213,12 @@ def test_tensors_on_another_gpu_launch_there(wrap):
         z = torch.full_like(x, float("nan"))
         side = torch.cuda.Stream(device="cuda:1")
         side.wait_stream(torch.cuda.current_stream("cuda:1"))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side):      # makes cuda:1 current: set 0 back
+            torch.cuda.set_device(0)
+            assert torch.cuda.current_stream("cuda:1") == side
             axpy[(tk.cdiv(100, 16),)](wrapped(x), wrapped(y), wrapped(z), 1.5)
-        side.synchronize()
-        assert torch.cuda.current_device() == 0
+            assert torch.cuda.current_device() == 0
+            side.synchronize()
     _check(x, y, z, 1.5)
     # And again on cuda:0 (its own plan), then cuda:1 (the first plan).
     for device in ("cuda:0", "cuda:1"):
