@@ -151,3 +151,9 @@ def test_parameters_and_tensors_are_not_read_by_their_contents(monkeypatch):
     assert read.fresh()                               # a new tensor of the same kind
     monkeypatch.setitem(globals(), "BIG", torch.zeros(64, 64))
     assert not read.fresh()
+
+
+def test_decorators_and_annotations_are_not_reads():
+    """Evaluated once at decoration, they cannot change the code later."""
+    names = [r.name for r in global_reads(scaled.source, globals())]
+    assert names == ["SCALE", "tk"]          # not f32 (annotations only)

@@ -86,17 +86,20 @@ def key_text(reads) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _names_in(source: str) -> tuple[str, ...]:
-    """The names the code may read from its module: every name in it but the
-    function's parameters (bound from the start, so never looked up in the
-    module; `X = torch.rand(...)` beside a kernel taking X is common). Names
-    the body assigns stay: the frontend reads the global until they are bound."""
+    """The names the code may read from its module: every name in the
+    function's body but its parameters (bound from the start, so never looked
+    up in the module; `X = torch.rand(...)` beside a kernel taking X is
+    common). The decorators, annotations and defaults were evaluated once, at
+    decoration. Names the body assigns stay: the frontend reads the global
+    until they are bound."""
     tree = ast.parse(source)
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     fn = tree.body[0] if tree.body else None
-    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        a = fn.args
-        names -= {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
-        names -= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
+    names = {n.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    a = fn.args
+    names -= {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+    names -= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
     return tuple(sorted(names))
 
 
