@@ -7,6 +7,12 @@ The GPU work is negligible (one block), so the wall time per launch is host
 time: what a small kernel costs to call from Python.
 
     python benchmarks/launch_overhead.py [--launches 20000] [--out-dir benchmarks/results]
+    python benchmarks/launch_overhead.py --plan-only     # no GPU: the plan's own host time
+
+`--plan-only` profiles the generated launch plan on the CPU with the driver
+call stubbed (a launch function that does nothing) and CPU tensors (their
+checks, which a CPU tensor would fail, are taken as passed): what the plan
+costs before it reaches cuLaunchKernel.
 """
 from __future__ import annotations
 
@@ -45,11 +51,45 @@ def per_launch_us(fn, n: int) -> float:
     return best
 
 
+def plan_only(launches: int) -> list[dict]:
+    """Host µs of tiny's launch plan and of `tiny[grid](...)` with the driver stubbed."""
+    from tk_mlir import launcher
+    x, y = torch.rand(4, 32), torch.rand(4, 32)
+    values, warps = tiny.params.bind((x, y, 2.0), {})
+    sig = tiny.params.key(values, warps, lambda v, name: tk.spec(tuple(v.shape), "f32"))
+    reads, compiled = tiny._entry(sig)
+    rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
+             for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
+    plan = launcher.torch_plan(tiny.params, values, 3, {}, rules, compiled,
+                               lambda *a: None, lambda: 0, 0, reads)
+    plan.__globals__["full_check"] = lambda all_values: True    # CPU tensors: taken as checked
+    tiny._plans.insert(0, plan)
+    timed = lambda fn: min(_host_us(fn, launches) for _ in range(3))   # noqa: E731
+    return [{"impl": "launch plan (driver stubbed)", "us": timed(lambda: plan((1,), (x, y, 2.0), {}))},
+            {"impl": "tiny[(1,)](x, y, 2.0) (driver stubbed)",
+             "us": timed(lambda: tiny[(1,)](x, y, 2.0))},
+            {"impl": "an empty Python call", "us": timed(lambda: None)}]
+
+
+def _host_us(fn, n: int) -> float:
+    for _ in range(1000):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--launches", type=int, default=20000)
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="no GPU: time the launch plan with the driver call stubbed")
     args = ap.parse_args(argv)
+    if args.plan_only:
+        print(markdown_table(plan_only(args.launches), [("impl", "call"), ("us", "host µs")]))
+        return 0
     require_cuda()
     x = torch.rand(4, 32, device="cuda") + 0.5
     y = torch.full_like(x, float("nan"))
@@ -64,7 +104,7 @@ def main(argv=None) -> int:
     params = [(x.data_ptr(), ctypes.c_void_p), (4, ctypes.c_int32), (32, ctypes.c_int32),
               (32, ctypes.c_int64), (y.data_ptr(), ctypes.c_void_p), (4, ctypes.c_int32),
               (32, ctypes.c_int32), (32, ctypes.c_int64), (2.0, ctypes.c_float)]
-    kinds = [k for _, k, _ in compiled.params]
+    kinds = [p.kind for p in compiled.params]
     assert len(kinds) == len(params), (kinds, "update the raw launch's parameter list")
     vals, types = tuple(v for v, _ in params), tuple(t for _, t in params)
     stream = driver.current_stream()

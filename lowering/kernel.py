@@ -19,13 +19,12 @@ which drops them from a gpu.func).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, scf
 
 from ..dialects import tk, types as T
 from ..errors import error_at
+from ..params import AbiParam
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
@@ -36,12 +35,9 @@ GPU_MODULE = "tk_kernels"
 SMEM_SYMBOL = "__tk_smem"
 
 
-@dataclass(frozen=True)
-class KernelParam:
-    """One parameter of the compiled kernel, and which argument it comes from."""
-    arg: int            # index of the tk-level argument
-    kind: str           # "ptr", "dim", "stride", "i32", "f32", "tmap"
-    index: int = 0      # the dim for "dim" / "stride"; the spec's index for "tmap"
+# One parameter of the compiled kernel and which argument it comes from: the
+# runtime's typed ABI parameter (tk_mlir/params.py), which the launch reads.
+KernelParam = AbiParam
 
 
 def tensor_map_specs(func) -> list[TensorMapSpec]:

@@ -14,6 +14,8 @@ RMSNORM = f"{ROOT / 'examples' / 'rmsnorm.py'}::rmsnorm_kernel"
 RMSNORM_ARGS = ["--arg", "bf16[256,4096]", "--arg", "bf16[4096]", "--arg", "bf16[256,4096]",
                 "--arg", "1e-6", "--const", "BLOCK=4096"]
 SOFTMAX = f"{ROOT / 'examples' / 'quickstart.py'}::softmax"
+SOFTMAX_CALL = [SOFTMAX, "--arg", "f32[1000,512]", "--arg", "f32[1000,512]",
+                "--const", "ROWS=4", "--const", "N=512"]
 
 BAD_KERNEL = """\
 import tk_mlir as tk
@@ -167,3 +169,34 @@ def test_autotuned_kernel_compiles_from_the_shell(capsys):
                          "--arg", "bf16[512,512]", "--const", "STAGES=3", "--stage", "ptxas")
     assert code == 0, err
     assert "Compiling entry function 'gemm_kernel' for 'sm_90a'" in out
+
+
+def test_html_into_a_missing_folder_is_a_usage_error(capsys, tmp_path):
+    target = tmp_path / "nowhere" / "out.html"
+    code, out, err = run(capsys, SOFTMAX_CALL[0], *SOFTMAX_CALL[1:], "--html", str(target))
+    assert code == 2 and "Traceback" not in err
+    assert f"--html: the folder '{target.parent}' does not exist" in err
+    assert not target.parent.exists()
+
+
+def test_dump_dir_onto_a_file_is_a_usage_error(capsys, tmp_path):
+    file = tmp_path / "taken"
+    file.write_text("")
+    code, out, err = run(capsys, SOFTMAX_CALL[0], *SOFTMAX_CALL[1:], "--dump-dir", str(file))
+    assert code == 2 and "Traceback" not in err
+    assert "--dump-dir: cannot write to" in err and "is a file, not a folder" in err
+
+
+def test_debug_reraises_with_the_traceback(monkeypatch, tmp_path):
+    file = tmp_path / "taken"
+    file.write_text("")
+    monkeypatch.setenv("TK_MLIR_DEBUG", "1")
+    from tk_mlir.cli import UsageError
+    with pytest.raises(UsageError):
+        main(["compile", *SOFTMAX_CALL, "--dump-dir", str(file)])
+
+
+def test_a_misspelled_const_is_named_with_a_suggestion(capsys):
+    code, out, err = run(capsys, *SOFTMAX_CALL[:-1], "NN=512")
+    assert code == 2
+    assert "--const NN: no tk.constexpr parameter 'NN' (did you mean 'N'?)" in err

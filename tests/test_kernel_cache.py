@@ -309,3 +309,16 @@ def test_unwritable_cache_dir_still_compiles_with_a_warning(kernel_file, tmp_pat
         warnings.simplefilter("error")
         load(kernel_file).scale.compile(X, X, N=128)
     assert len(compiles) == 2
+
+
+def test_the_sass_listing_is_kept_in_the_cache(kernel_file, cache_root, monkeypatch):
+    if not find_tool("nvdisasm"):
+        pytest.skip("no nvdisasm")
+    first = load(kernel_file).scale.compile(X, X, N=64)
+    sass = first.asm["sass"]                        # made once, by nvdisasm
+    assert "EXIT" in sass
+    def no_nvdisasm(cubin):
+        raise AssertionError("nvdisasm ran although the cache holds the listing")
+    monkeypatch.setattr(compiler, "_disassemble", no_nvdisasm)
+    again = load(kernel_file).scale.compile(X, X, N=64)    # a new Kernel: a disk hit
+    assert again is not first and again.asm["sass"] == sass

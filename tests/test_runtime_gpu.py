@@ -153,3 +153,85 @@ def test_parameter_arguments_take_the_fast_path():
     torch.cuda.synchronize()
     _check(x, y, z, 0.25)
     assert axpy._plans, "a plan was made for nn.Parameter arguments"
+
+
+GLOBAL_SCALE = 2.5
+
+
+@tk.kernel(num_warps=4)
+def times_global(X: tk.gl[f32], Y: tk.gl[f32]):
+    i = tk.block_id(0)
+    tk.store(Y, tk.load(X, (i, 0), (16, 64)) * GLOBAL_SCALE, (i, 0))
+
+
+@pytest.mark.parametrize("wrap", ["torch", "cuda_array_interface"])
+def test_a_changed_global_is_used_at_the_next_launch(wrap):
+    """Plan path (torch tensors) and general path: never the old code."""
+    global GLOBAL_SCALE
+    wrapped = (lambda t: t) if wrap == "torch" else CudaArray
+    try:
+        for scale in (2.5, 3.5, 2.5):
+            GLOBAL_SCALE = scale
+            x = torch.rand(64, 64, device="cuda") - 0.5
+            y = torch.full_like(x, float("nan"))
+            times_global[(4,)](wrapped(x), wrapped(y))
+            torch.cuda.synchronize()
+            ref = x.double() * scale
+            assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6, scale
+    finally:
+        GLOBAL_SCALE = 2.5
+
+
+@pytest.mark.parametrize("grid", [(1, 65536), (1, 1, 65536)])
+def test_grid_over_the_cuda_limits_is_an_argument_error(grid):
+    x, y, z = _inputs(16)
+    with pytest.raises(tk.ArgumentError, match=f"{'yz'[len(grid) - 2]} = 65536 blocks is over"):
+        axpy[grid](x, y, z, 1.0)
+
+
+def test_the_device_is_checked_against_the_target():
+    """On the H200 the check passes and names nothing; the refusal itself is
+    tested on CPU (test_runtime_checks.py) with the capability query faked."""
+    from tk_mlir.runtime import driver
+    from tk_mlir.target import TARGET
+    name, capability = driver.device_identity(torch.cuda.current_device())
+    assert name == torch.cuda.get_device_name() and TARGET.supports(capability)
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@two_gpus
+@pytest.mark.parametrize("wrap", ["torch", "cuda_array_interface"])
+def test_tensors_on_another_gpu_launch_there(wrap):
+    """torch's current device is 0, the tensors are on cuda:1: the kernel runs
+    on cuda:1, on torch's current stream for cuda:1."""
+    wrapped = (lambda t: t) if wrap == "torch" else CudaArray
+    with torch.cuda.device(0):
+        x = torch.rand(100, 64, device="cuda:1") - 0.5
+        y = torch.rand(100, 64, device="cuda:1") - 0.5
+        z = torch.full_like(x, float("nan"))
+        side = torch.cuda.Stream(device="cuda:1")
+        side.wait_stream(torch.cuda.current_stream("cuda:1"))
+        with torch.cuda.stream(side):      # makes cuda:1 current: set 0 back
+            torch.cuda.set_device(0)
+            assert torch.cuda.current_stream("cuda:1") == side
+            axpy[(tk.cdiv(100, 16),)](wrapped(x), wrapped(y), wrapped(z), 1.5)
+            assert torch.cuda.current_device() == 0
+            side.synchronize()
+    _check(x, y, z, 1.5)
+    # And again on cuda:0 (its own plan), then cuda:1 (the first plan).
+    for device in ("cuda:0", "cuda:1"):
+        x, y = (torch.rand(100, 64, device=device) - 0.5 for _ in range(2))
+        z = torch.full_like(x, float("nan"))
+        axpy[(tk.cdiv(100, 16),)](wrapped(x), wrapped(y), wrapped(z), 0.5)
+        torch.cuda.synchronize(device)
+        _check(x, y, z, 0.5)
+
+
+@two_gpus
+def test_tensors_on_two_gpus_are_refused():
+    x = torch.rand(16, 64, device="cuda:0")
+    y = torch.rand(16, 64, device="cuda:1")
+    with pytest.raises(tk.ArgumentError, match="different devices.*'X' on cuda:0, 'Y' on cuda:1"):
+        axpy[(1,)](x, y, torch.empty_like(x), 1.0)

@@ -28,7 +28,6 @@ read what it writes (`Y += X`, accumulating atomics) — as Triton requires.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import os
 import statistics
@@ -37,8 +36,9 @@ import threading
 from typing import Any, Callable, Sequence
 
 from . import cache
-from .errors import CompilationError
-from .kernel import Kernel, _valid_num_warps
+from .errors import CompilationError, debug
+from .kernel import Kernel
+from .params import GL, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
 _FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
@@ -52,8 +52,8 @@ class Config:
     __slots__ = ("_items", "num_warps", "_ident", "_launch")
 
     def __init__(self, *, num_warps: int | None = None, **constexprs):
-        if num_warps is not None and not _valid_num_warps(num_warps):
-            # The rule is the kernel's (kernel._valid_num_warps); it says it at launch.
+        if num_warps is not None and not valid_num_warps(num_warps):
+            # The rule is the kernel's (params.valid_num_warps); it says it at launch.
             raise ValueError(f"Config num_warps={num_warps!r} is not a num_warps that "
                              f"@tk.kernel takes")
         for name, value in constexprs.items():
@@ -147,8 +147,8 @@ class Autotuner:
                              f"got {warmup!r}, {reps!r}")
         self.warmup, self.reps = warmup, reps
         self.timings: dict[tuple, dict[Config, float | str]] = {}
-        params = {p.name: (i, p) for i, p in enumerate(kernel.params)}
-        self._key_params = [params[name] for name in self.key]
+        self._key_params = [(kernel.params.index[name], kernel.params[kernel.params.index[name]])
+                            for name in self.key]
         # The names the configs set may not be passed by the caller as well.
         self._tuned = {n for c in self.configs for n in c.all_kwargs()}
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
@@ -173,12 +173,14 @@ class Autotuner:
         when the key is new (see the module's docstring)."""
         try:
             key = self._key(args, kwargs)
-            device = _driver().default_device()
+            device = _launch_device(args, kwargs)
             config = self._chosen.get((device, key))
             if config is None:
                 config = self._choose(device, key, grid, args, kwargs)
             self.kernel.launch(grid, *args, **kwargs, **config._launch)
         except (CompilationError, ArgumentError) as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def compile(self, *args, config: Config | int, **kwargs):
@@ -188,6 +190,8 @@ class Autotuner:
         try:
             self._check_not_tuned(args, kwargs)
         except ArgumentError as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None
         return self.kernel.compile(*args, **kwargs, **config.all_kwargs())
 
@@ -199,18 +203,8 @@ class Autotuner:
     def _key(self, args: tuple, kwargs: dict) -> tuple:
         if len(args) > self._first_tuned or kwargs and not self._tuned.isdisjoint(kwargs):
             self._check_not_tuned(args, kwargs)
-        values = []
-        for i, p in self._key_params:
-            if i < len(args):
-                v = args[i]
-            elif p.name in kwargs:
-                v = kwargs[p.name]
-            elif p.default is not inspect.Parameter.empty:
-                v = p.default
-            else:
-                raise TypeError(f"{self.__name__}() missing argument '{p.name}'")
-            values.append(_key_value(p, v))
-        return tuple(values)
+        values, _ = self.kernel.params.bind(args, kwargs, unbound_ok=self._tuned)
+        return tuple([_key_value(p, values[i]) for i, p in self._key_params])
 
     def best_config(self, *args, **kwargs) -> Config | None:
         """The config chosen for these arguments (this object's memory, else the
@@ -239,7 +233,9 @@ class Autotuner:
                 if config is not None:
                     self._report(f"{self._describe(key)}: {config} (from the cache)")
                 else:
-                    config = self._tune(key, where, grid, args, kwargs)
+                    import torch
+                    with torch.cuda.device(device):    # bench times on this device's stream
+                        config = self._tune(key, where, grid, args, kwargs)
                 self._chosen[(device, key)] = config
             return config
 
@@ -314,7 +310,7 @@ class Autotuner:
     def _describe(self, key: tuple) -> str:
         parts = []
         for name, (_, p), v in zip(self.key, self._key_params, key):
-            shown = f"{v[0]}[{','.join(map(str, v[1]))}]" if p.kind == "gl" else repr(v)
+            shown = f"{v[0]}[{','.join(map(str, v[1]))}]" if p.kind == GL else repr(v)
             parts.append(f"{name}={shown}")
         return f"{self.__name__}({', '.join(parts)})"
 
@@ -338,7 +334,7 @@ def _check_configs(kernel: Kernel, configs) -> tuple[Config, ...]:
     if not isinstance(configs, tuple) or not configs:
         raise ValueError(f"tk.autotune({kernel.__name__}): configs must be a non-empty list "
                          f"of tk.Config, got {configs!r}")
-    settable = [p.name for p in kernel.params if p.kind == "constexpr"]
+    settable = [kernel.params[i].name for i in kernel.params.constexprs]
     for c in configs:
         if not isinstance(c, Config):
             raise TypeError(f"tk.autotune({kernel.__name__}): configs must be tk.Config, "
@@ -380,7 +376,7 @@ _DTYPE_NAMES: dict = {}
 
 
 def _key_value(p, v):
-    if p.kind == "gl":
+    if p.kind == GL:
         try:
             return (_DTYPE_NAMES[v.dtype], tuple(v.shape))
         except (KeyError, AttributeError, TypeError):
@@ -404,6 +400,22 @@ def _driver():
     """The CUDA driver layer, imported on first launch (it loads cuda-python)."""
     from .runtime import driver
     return driver
+
+
+def _launch_device(args, kwargs) -> int:
+    """The device a launch runs on (the kernel launches where its tensors
+    are): the first CUDA torch tensor's, when the machine has several GPUs."""
+    driver = _driver()
+    if _gpu_count() > 1:
+        for v in (*args, *kwargs.values()):
+            if getattr(v, "is_cuda", False) and hasattr(v, "get_device"):
+                return v.get_device()
+    return driver.default_device()
+
+
+@functools.cache
+def _gpu_count() -> int:
+    return _driver().device_count()
 
 
 def _device(ordinal: int | None = None) -> tuple[int, str, tuple[int, int]]:

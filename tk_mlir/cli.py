@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import html
 import importlib.util
-import inspect
 import os
 import re
 import sys
 from pathlib import Path
 
 from .errors import ArgumentError, CompilationError
+from .compiler import writable_folder
+from .errors import debug
 from .kernel import Kernel
+from .params import CONSTEXPR, GL, I32, BindError
 from .runtime.arguments import spec
 from .runtime.toolchain import ToolchainError
 
@@ -85,10 +88,8 @@ def load_kernel(target: str) -> Kernel:
 
 def describe_params(kernel: Kernel) -> str:
     """What the kernel takes, for messages: `k takes --arg X (bf16 tensor), ...`."""
-    kinds = {"gl": "tensor", "int": "int", "float": "float"}
-    runtime = [f"{p.name} ({p.dtype + ' ' if p.dtype else ''}{kinds[p.kind]})"
-               for p in kernel.params if p.kind != "constexpr"]
-    consts = [p.name for p in kernel.params if p.kind == "constexpr"]
+    runtime = [kernel.params[i].describe() for i in kernel.params.runtime]
+    consts = [kernel.params[i].name for i in kernel.params.constexprs]
     text = f"{kernel.__name__} takes --arg {', '.join(runtime) or '(none)'}"
     return text + (f"; --const {', '.join(consts)}" if consts else "")
 
@@ -99,7 +100,7 @@ def parse_arg(text: str, param) -> object:
     """One --arg value for `param`: a tensor spec for a tk.gl parameter, a number
     for an int or float one."""
     text = text.strip()
-    if param.kind == "gl":
+    if param.kind == GL:
         m = _TENSOR.fullmatch(text)
         if not m or m[1] not in DTYPES:
             raise UsageError(f"--arg {param.name}: expected {TENSOR_FORM}, got {text!r}")
@@ -108,16 +109,16 @@ def parse_arg(text: str, param) -> object:
                              f"got {m[1]} ({text!r})")
         return spec(tuple(int(d) for d in m[2].split(",")), m[1])
     try:
-        return int(text) if param.kind == "int" else float(text)
+        return int(text) if param.kind == I32 else float(text)
     except ValueError:
-        want = "an int such as 7" if param.kind == "int" else "a float such as 1e-6 or 0.5"
+        want = "an int such as 7" if param.kind == I32 else "a float such as 1e-6 or 0.5"
         raise UsageError(f"--arg {param.name}: expected {want}, got {text!r}") from None
 
 
 def bind_args(kernel: Kernel, texts: list[str]) -> dict:
     """--arg values by parameter name: `SPEC` fills the runtime parameters in
     order, `NAME=SPEC` names one."""
-    runtime = [kernel.params[i] for i in kernel.runtime]
+    runtime = [kernel.params[i] for i in kernel.params.runtime]
     by_name = {p.name: p for p in runtime}
     values, position = {}, 0
     for text in texts:
@@ -125,7 +126,8 @@ def bind_args(kernel: Kernel, texts: list[str]) -> dict:
         if named:
             name, text = named[1], named[2]
             if name not in by_name:
-                raise UsageError(f"--arg {name}=...: no runtime parameter {name!r}; "
+                raise UsageError(f"--arg {name}=...: no runtime parameter {name!r}"
+                                 f"{_did_you_mean(name, by_name)}; "
                                  f"{describe_params(kernel)}")
         elif position < len(runtime):
             name, position = runtime[position].name, position + 1
@@ -140,7 +142,7 @@ def bind_args(kernel: Kernel, texts: list[str]) -> dict:
 
 def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
     """--const NAME=VALUE by name; VALUE is a Python literal, else a string."""
-    names = {p.name for p in kernel.params if p.kind == "constexpr"}
+    names = {kernel.params[i].name for i in kernel.params.constexprs}
     consts = {}
     for text in texts:
         name, eq, raw = text.partition("=")
@@ -148,7 +150,8 @@ def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
         if not eq or not name:
             raise UsageError(f"--const {text!r}: expected NAME=VALUE such as BLOCK=4096")
         if name not in names:
-            raise UsageError(f"--const {name}: no tk.constexpr parameter {name!r}; "
+            raise UsageError(f"--const {name}: no tk.constexpr parameter {name!r}"
+                             f"{_did_you_mean(name, names)}; "
                              f"{describe_params(kernel)}")
         if name in consts:
             raise UsageError(f"--const {name} is given twice")
@@ -159,14 +162,23 @@ def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
     return consts
 
 
+def _did_you_mean(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def bind(kernel: Kernel, args: argparse.Namespace) -> dict:
-    """Every keyword argument of kernel.compile, or a UsageError."""
+    """Every keyword argument of kernel.compile, or a UsageError (the
+    binding is the kernel's own, params.KernelParams.bind)."""
     kwargs = bind_args(kernel, args.arg) | bind_consts(kernel, args.const)
-    missing = [("--const " if p.kind == "constexpr" else "--arg ") + p.name
-               for p in kernel.params
-               if p.name not in kwargs and p.default is inspect.Parameter.empty]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)}; {describe_params(kernel)}")
+    try:
+        kernel.params.bind((), kwargs)
+    except BindError as e:
+        if not e.missing:
+            raise
+        missing = [("--const " if kernel.params[kernel.params.index[n]].kind == CONSTEXPR
+                    else "--arg ") + n for n in e.missing]
+        raise UsageError(f"missing {', '.join(missing)}; {describe_params(kernel)}") from None
     if args.num_warps is not None:
         kwargs["num_warps"] = args.num_warps
     return kwargs
@@ -205,16 +217,24 @@ def html_page(title: str, fragment: str) -> str:
 
 def compile_command(args: argparse.Namespace) -> int:
     kernel = load_kernel(args.target)
+    for option, path in (("--dump-dir", args.dump_dir),
+                         ("--html", args.html.parent if args.html else None)):
+        if path is not None:      # before compiling: a bad folder costs no compile
+            _usable_folder(path, option)
     compiled = kernel.compile(**bind(kernel, args))
     stages = compiled.asm
     picked = pick_stages(stages, args.stage)
     # With --stage or --list-stages stdout carries only those; notes go to stderr.
     notes = sys.stderr if picked or args.list_stages else sys.stdout
     if args.dump_dir is not None:
-        print(f"dumped {len(stages)} stages to {compiled.dump(args.dump_dir)}", file=notes)
+        print(f"dumped {len(stages)} stages to {compiled.dump(args.dump_dir, what='--dump-dir')}",
+              file=notes)
     if args.html is not None:
-        args.html.write_text(html_page(f"{compiled.name} (tk_mlir)", compiled._repr_html_()),
-                             encoding="utf-8")
+        try:
+            args.html.write_text(html_page(f"{compiled.name} (tk_mlir)", compiled._repr_html_()),
+                                 encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--html {args.html}: cannot write it ({e.strerror})") from None
         print(f"wrote {args.html}", file=notes)
     if args.list_stages:
         print("\n".join(stages))
@@ -225,6 +245,18 @@ def compile_command(args: argparse.Namespace) -> int:
     if not picked and not args.list_stages:
         print(summary(compiled.name, stages, compiled.info))
     return 0
+
+
+def _usable_folder(path: Path, option: str) -> None:
+    """`option`'s folder must exist (--html) or be creatable (--dump-dir), and
+    be writable: else a UsageError naming the option, the path and why."""
+    if option == "--html" and not path.is_dir():
+        why = "is a file, not a folder" if path.exists() else "does not exist"
+        raise UsageError(f"{option}: the folder {str(path)!r} {why}")
+    try:
+        writable_folder(path, option)
+    except CompilationError as e:
+        raise UsageError(e.message) from None
 
 
 # ---------------------------------------------------------------- parser
@@ -266,6 +298,8 @@ def main(argv: list[str] | None = None, prog: str = "tk-mlir") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
         return args.run(args)
+    except (UsageError, ArgumentError, CompilationError, ToolchainError) if debug() else ():
+        raise                          # TK_MLIR_DEBUG=1: the full traceback
     except (UsageError, ArgumentError) as e:
         print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from . import cache
 from .errors import CompilationError
+from .params import AbiParam, launch_values_function
+from .target import TARGET
 
 # Stage file suffixes for TK_MLIR_DUMP_DIR.
 _SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
@@ -48,7 +50,7 @@ class Specialization:
                               args=[list(map(cache.jsonable, a)) for a in self.args],
                               constexprs=[[k, cache.jsonable(v)] for k, v in self.constexprs],
                               num_warps=self.num_warps, globals=self.globals_key,
-                              arch="sm_90a")
+                              arch=TARGET.arch)
 
 
 class Stages(Mapping):
@@ -86,7 +88,7 @@ def _has_nvdisasm() -> bool:
 class CompiledKernel:
     name: str
     cubin: bytes
-    params: list[tuple[int, str, int]]     # (argument index, kind, dim) per kernel parameter
+    params: list[AbiParam]                 # the kernel's parameters (its ABI), in order
     num_warps: int
     smem_bytes: int
     stages: dict[str, str]
@@ -96,6 +98,35 @@ class CompiledKernel:
     cluster: int = 1                       # blocks per cluster along x (tk.use_cluster)
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _values: object = field(default=None, repr=False)   # params.launch_values_function
+
+    def __post_init__(self):
+        self.params = [AbiParam(*p) for p in self.params]
+
+    def __repr__(self) -> str:
+        """One line (the stages and the cubin are in .asm / ._repr_html_)."""
+        info = ptxas_info(self.ptxas_log)
+        spills = info.get("spill stores (bytes)", 0) + info.get("spill loads (bytes)", 0)
+        parts = [f"{self.num_warps} warps ({self.num_threads} threads)",
+                 f"{info['registers']} registers" if "registers" in info else None,
+                 f"{spills} bytes spilled" if spills else "no spills",
+                 f"{self.smem_bytes} bytes shared memory",
+                 f"cluster {self.cluster}" if self.cluster > 1 else None,
+                 f"{len(self.stages)} stages"]
+        return f"<CompiledKernel {self.name}: {', '.join(p for p in parts if p)}>"
+
+    @property
+    def ctypes(self) -> tuple:
+        """The driver's type of each parameter (driver.ctypes_type)."""
+        from .runtime.driver import ctypes_type
+        return tuple(ctypes_type(p.passed_as) for p in self.params)
+
+    def launch_values(self, args: list, infos: dict) -> tuple:
+        """The launch values for the runtime arguments `args` and their
+        TensorInfos by runtime index (params.launch_value_code)."""
+        if self._values is None:
+            self._values = launch_values_function(self.params, self.tensor_maps)
+        return self._values(args, infos)
 
     @property
     def num_threads(self) -> int:
@@ -131,6 +162,7 @@ class CompiledKernel:
             with self._lock:
                 f = self._functions.get(device)
                 if f is None:
+                    driver.require_target(device, self.name)
                     f = driver.Module.load(self.cubin, device).function(self.name)
                     f.set_max_dynamic_shared(self.smem_bytes)
                     self._functions[device] = f
@@ -147,8 +179,9 @@ class CompiledKernel:
         return self.cluster * f.max_active_clusters(self.cluster, self.num_threads,
                                                     self.smem_bytes)
 
-    def dump(self, directory: str | os.PathLike, folder_name: str | None = None) -> Path:
-        folder = Path(directory) / (folder_name or self.name)
+    def dump(self, directory: str | os.PathLike, folder_name: str | None = None,
+             what: str = "the dump folder") -> Path:
+        folder = writable_folder(Path(directory) / (folder_name or self.name), what)
         for i, (stage, text) in enumerate(self.asm.items()):
             _write_stage(folder, i, stage, text)
         return folder
@@ -169,6 +202,32 @@ class CompiledKernel:
                    meta["num_warps"], meta["smem_bytes"], json.loads(entry["stages.json"]),
                    meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])],
                    meta.get("cluster", 1))
+
+
+def dump_folder(spec: Specialization) -> Path | None:
+    """TK_MLIR_DUMP_DIR's folder for `spec`, checked writable before anything
+    is written; None when TK_MLIR_DUMP_DIR is not set."""
+    dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
+    if not dump_dir:
+        return None
+    return writable_folder(Path(dump_dir) / spec.dump_name(), "TK_MLIR_DUMP_DIR")
+
+
+def writable_folder(folder: Path, what: str) -> Path:
+    """`folder`, if it is or can be made a writable folder; else a
+    CompilationError naming `what` (the setting or option), the path and why."""
+    def refuse(path, why):
+        raise CompilationError(f"{what}: cannot write to {str(folder)!r}: {why}")
+    path = folder
+    while not path.exists():
+        if path.parent == path:
+            break
+        path = path.parent
+    if not path.is_dir():
+        refuse(path, f"{str(path)!r} is a file, not a folder")
+    if not os.access(path, os.W_OK | os.X_OK):
+        refuse(path, f"{str(path)!r} is not writable")
+    return folder
 
 
 def _write_stage(folder: Path, index: int, stage: str, text: str) -> None:
@@ -210,8 +269,7 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
     from .lowering.pipeline import lower
     from .runtime.toolchain import ToolchainError, ptxas
 
-    dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
-    folder = Path(dump_dir) / spec.dump_name() if dump_dir else None
+    folder = dump_folder(spec)
     stages: dict[str, str] = {"python": spec.source}
     def on_stage(name: str, text: str) -> None:
         if folder is not None:   # written as we go, so a failing pass leaves what came before
@@ -265,10 +323,40 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> Com
     key = spec.cache_key()
     entry = _DISK.get(key)
     if entry is not None:
-        compiled = CompiledKernel.from_entry(entry)
+        compiled = _keeping_sass(CompiledKernel.from_entry(entry), key)
         if os.environ.get("TK_MLIR_DUMP_DIR"):
-            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name())
+            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(), "TK_MLIR_DUMP_DIR")
         return compiled
     compiled = compile_specialization(spec, fn_node_factory(), globals_)
     _DISK.put(key, compiled.to_entry())
+    return _keeping_sass(compiled, key)
+
+
+class _StageTexts(dict):
+    """A cached kernel's stage texts. The SASS listing is made on first read
+    (Stages runs nvdisasm, which costs more than a compile); setting it here
+    also publishes it to the disk cache, in an entry of its own beside the
+    kernel's (entries are immutable), so a warm cache never runs nvdisasm."""
+
+    def __init__(self, texts: dict, sass_key: str):
+        super().__init__(texts)
+        self._sass_key = sass_key
+
+    def __setitem__(self, name: str, text: str) -> None:
+        super().__setitem__(name, text)
+        if name == "sass" and text and not text.startswith("nvdisasm failed"):
+            _DISK.put(self._sass_key, {"sass": text})
+
+
+def _keeping_sass(compiled: CompiledKernel, key: str) -> CompiledKernel:
+    """Give `compiled` the SASS listing stored for `key`, or store it once made."""
+    sass_key = cache.make_key(kind="tk-sass", kernel=key)
+    texts = _StageTexts(compiled.stages, sass_key)
+    if "sass" in texts:
+        _DISK.put(sass_key, {"sass": texts["sass"]})
+    else:
+        stored = _DISK.get(sass_key)
+        if stored is not None:
+            dict.__setitem__(texts, "sass", stored["sass"])
+    compiled.stages = texts
     return compiled

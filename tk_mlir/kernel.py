@@ -8,56 +8,30 @@
 
 Parameters annotated `tk.gl[...]` take tensors, `int`/`float` take Python
 scalars (i32/f32 in the kernel), `tk.constexpr` take compile-time values
-that specialize the code. A specialization is compiled once per process
-(in-memory cache, lock + recheck) and once per machine (disk cache).
+that specialize the code (params.py describes them, binds arguments to them
+and makes the specialization key). A specialization is compiled once per
+process (in-memory cache, lock + recheck, rechecked against the globals its
+code read) and once per machine (disk cache). A launch runs on the device
+its tensor arguments are on, on torch's current stream for that device.
 """
 from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from . import launcher
 from .cache import always_compile
 from .compiler import CompiledKernel, Specialization, compile_cached
-from .errors import CompilationError
-from .source import KernelSource
-from .language import DType, Func, GlobalAnnotation, constexpr, dtype_name, gl
+from .errors import CompilationError, debug
+from .global_reads import GlobalRead, all_fresh, global_reads, key_text
+from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, KernelParams,
+                     valid_num_warps)
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
+from .source import KernelSource
 
-DEFAULT_NUM_WARPS = 4
-_NUM_WARPS_RULE = "must be from 1 to 32 and a power of two or a multiple of 4"
-_MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature seen)
-
-
-@dataclass(frozen=True)
-class _Param:
-    name: str
-    kind: str                         # "gl", "int", "float", "constexpr"
-    dtype: str | None = None          # gl: the annotated dtype, if any
-    shape: tuple | None = None        # gl: annotated static dims (None = dynamic)
-    default: Any = inspect.Parameter.empty
-
-
-def _classify(p: inspect.Parameter) -> _Param:
-    ann = p.annotation
-    if ann is gl:                          # bare tk.gl: any dtype, any shape
-        ann = GlobalAnnotation()
-    if isinstance(ann, GlobalAnnotation):
-        return _Param(p.name, "gl", dtype_name(ann.dtype) if ann.dtype is not None else None,
-                      ann.shape, p.default)
-    if ann is constexpr:
-        return _Param(p.name, "constexpr", default=p.default)
-    if ann is int:
-        return _Param(p.name, "int", default=p.default)
-    if ann is float:
-        return _Param(p.name, "float", default=p.default)
-    raise CompilationError(f"kernel parameter '{p.name}' needs an annotation: tk.gl[dtype] for "
-                           f"a tensor, int or float for a scalar, tk.constexpr for a "
-                           f"compile-time constant")
+_MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 
 
 class Kernel:
@@ -68,20 +42,22 @@ class Kernel:
         self._source = KernelSource.of(fn)
         self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
-        if not _valid_num_warps(num_warps):
-            raise CompilationError(f"num_warps {_NUM_WARPS_RULE}, got "
+        if not valid_num_warps(num_warps):
+            raise CompilationError(f"num_warps {NUM_WARPS_RULE}, got "
                                    f"{num_warps!r}", self.filename, self._source.first_line,
                                    self._source.indent)
         try:
-            self.params = [_classify(p) for p in
-                           inspect.signature(fn, eval_str=True).parameters.values()]
+            self.params = KernelParams.of_function(fn, self._source.function_ast(),
+                                                   self.filename, num_warps)
         except CompilationError as e:
-            raise CompilationError(e.message, self.filename, self._source.first_line,
-                                   self._source.indent) from None
-        self.runtime = [i for i, p in enumerate(self.params) if p.kind != "constexpr"]
-        self._compiled: dict[tuple, CompiledKernel] = {}
+            if debug():
+                raise
+            raise CompilationError(e.message, e.filename, e.line, e.col) from None
+        self.runtime = self.params.runtime
+        # signature -> (the globals its code read, the code)
+        self._compiled: dict[tuple, tuple[tuple[GlobalRead, ...], CompiledKernel]] = {}
         self._plans: list[Callable] = []
-        self._constexpr_names = {p.name for p in self.params if p.kind == "constexpr"} | \
+        self._plan_keywords = {self.params[i].name for i in self.params.constexprs} | \
             {"num_warps"}
         self._lock = threading.Lock()
 
@@ -94,110 +70,71 @@ class Kernel:
     def __getitem__(self, grid) -> Callable:
         return functools.partial(self.launch, grid)
 
-    # ------------------------------------------------------------ binding
-
-    def _bind(self, args, kwargs) -> tuple[list, int]:
-        num_warps = kwargs.pop("num_warps", self.default_num_warps)
-        if len(args) > len(self.params):
-            raise TypeError(f"{self.__name__}() takes {len(self.params)} arguments, "
-                            f"got {len(args)}")
-        values = list(args) + [inspect.Parameter.empty] * (len(self.params) - len(args))
-        for i, p in enumerate(self.params):
-            if p.name in kwargs:
-                if i < len(args):
-                    raise TypeError(f"{self.__name__}() got two values for '{p.name}'")
-                values[i] = kwargs.pop(p.name)
-            elif values[i] is inspect.Parameter.empty:
-                if p.default is inspect.Parameter.empty:
-                    raise TypeError(f"{self.__name__}() missing argument '{p.name}'")
-                values[i] = p.default
-        if kwargs:
-            raise TypeError(f"{self.__name__}() got unexpected arguments {sorted(kwargs)}")
-        if not _valid_num_warps(num_warps):
-            raise ArgumentError(f"num_warps {_NUM_WARPS_RULE}, got {num_warps!r}")
-        return values, num_warps
-
-    def _signature(self, values, num_warps, describe_tensor) -> tuple:
-        """The specialization: per runtime argument its kind/dtype/rank, the constexprs."""
-        sig = []
-        for p, v in zip(self.params, values):
-            if p.kind == "gl":
-                t = describe_tensor(v, p.name)
-                static = p.shape if p.shape is not None else (None,) * len(t.shape)
-                if len(static) != len(t.shape):
-                    raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
-                                        f"annotation wants rank {len(static)}")
-                sig.append(("gl", p.dtype or t.dtype, tuple(static)))
-            elif p.kind == "int":
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise ArgumentError(f"argument '{p.name}' must be an int, got {v!r}")
-                sig.append(("i32",))
-            elif p.kind == "float":
-                if not isinstance(v, (int, float)) or isinstance(v, bool):
-                    raise ArgumentError(f"argument '{p.name}' must be a float, got {v!r}")
-                sig.append(("f32",))
-            else:
-                try:
-                    hash(v)
-                except TypeError:
-                    raise ArgumentError(f"constexpr '{p.name}' = {v!r} must be hashable (an int, "
-                                        f"float, bool, str, tuple or tk dtype)") from None
-                # The type is part of the key: True, 1 and 1.0 compile differently.
-                sig.append(("constexpr", v, type(v).__name__))
-        return tuple(sig) + (num_warps,)
-
     # ------------------------------------------------------------ compile
 
     def compile(self, *args, **kwargs) -> CompiledKernel:
         """Compile for argument descriptions (tk.spec, torch meta tensors, numpy
         arrays, or real tensors) without launching; works without a GPU."""
         try:
-            values, num_warps = self._bind(args, kwargs)
-            sig = self._signature(values, num_warps, describe)
+            values, num_warps = self.params.bind(args, kwargs)
+            sig = self.params.key(values, num_warps, describe)
             for p, v, s in zip(self.params, values, sig):
-                if s[0] == "gl":   # the dtype and static dims hold for descriptions too
+                if s[0] == GL:     # the dtype and static dims hold for descriptions too
                     check_tensor(describe(v, p.name), p.name, dtype=s[1], rank=len(s[2]),
                                  static_shape=s[2])
             return self._get(sig)
         except (CompilationError, ArgumentError) as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def _get(self, sig: tuple) -> CompiledKernel:
-        if always_compile():
-            return self._compile(sig)
-        compiled = self._compiled.get(sig)
-        if compiled is None:
-            with self._lock:
-                compiled = self._compiled.get(sig)
-                if compiled is None:
-                    compiled = self._compile(sig)
-                    self._compiled[sig] = compiled
-        return compiled
+        return self._entry(sig)[1]
 
-    def _compile(self, sig: tuple) -> CompiledKernel:
+    def _entry(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
+        """The code for `sig` and the globals it read; recompiled when one of
+        those has changed since (never the old code for a new global)."""
+        if always_compile():
+            reads = self._global_reads()
+            return reads, self._compile(sig, reads)
+        entry = self._compiled.get(sig)
+        if entry is None or not all_fresh(entry[0]):
+            with self._lock:
+                entry = self._compiled.get(sig)
+                if entry is None or not all_fresh(entry[0]):
+                    reads = self._global_reads()
+                    entry = self._compiled[sig] = (reads, self._compile(sig, reads))
+        return entry
+
+    def _compile(self, sig: tuple, reads: tuple[GlobalRead, ...]) -> CompiledKernel:
         *per_param, num_warps = sig
         rt_args, names, consts = [], [], []
         for p, s in zip(self.params, per_param):
-            if s[0] == "constexpr":
+            if s[0] == CONSTEXPR:
                 consts.append((p.name, s[1]))
             else:
                 rt_args.append(s)
                 names.append(p.name)
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
-                              tuple(names), tuple(consts), num_warps, self._globals_key(),
+                              tuple(names), tuple(consts), num_warps, key_text(reads),
                               self._source.first_line)
         try:
             return compile_cached(spec, self._ast, self.fn.__globals__)
         except CompilationError as e:
+            if debug():
+                raise
             raise CompilationError(e.message, e.filename, e.line, e.col) from None
 
     def _ast(self) -> ast.FunctionDef:
         return self._source.function_ast()
 
-    def _globals_key(self) -> str:
+    def _global_reads(self) -> tuple[GlobalRead, ...]:
         """The module-level values the kernel reads (they change the code),
         and those of the tk.funcs it inlines, recursively."""
-        return ";".join(_globals_parts(self.source, self.fn.__globals__, set()))
+        return global_reads(self.source, self.fn.__globals__)
+
+    def _globals_key(self) -> str:
+        return key_text(self._global_reads())
 
     # ------------------------------------------------------------- launch
 
@@ -214,125 +151,66 @@ class Kernel:
             del self._plans[_MAX_PLANS:]
             plan(grid, args, kwargs)
         except (CompilationError, ArgumentError) as e:
+            if debug():
+                raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
     def _plan(self, args, kwargs) -> Callable | None:
         """Compile for these arguments, check them, and make the launch plan for
-        arguments of the same kinds (see launcher.py); None when some tensor
-        argument is not a torch tensor."""
+        arguments of the same kinds on the same device (see launcher.py); None
+        when some tensor argument is not a torch tensor."""
         from .runtime import driver
-        values, num_warps = self._bind(args, dict(kwargs))
+        values, num_warps = self.params.bind(args, kwargs)
         tensors = launcher.torch_tensor_types()
-        gl = [i for i, p in enumerate(self.params) if p.kind == "gl"]
-        if not tensors or any(type(values[i]) not in tensors for i in gl) \
-                or not self._constexpr_names.issuperset(kwargs):
+        if not tensors or any(type(values[i]) not in tensors for i in self.params.tensors) \
+                or not self._plan_keywords.issuperset(kwargs):
             return None
-        compiled, rules, _ = self._checked(values, num_warps)
-        params = [(self.runtime[arg], kind, dim) for arg, kind, dim in compiled.params]
-        kinds = tuple(launcher.PASSED_AS[k] for _, k, _ in params)
-        device = driver.default_device()
+        compiled, rules, _, reads, device = self._checked(values, num_warps)
+        kinds = tuple(p.passed_as for p in compiled.params)
+        # Tensors on another device than torch's current one: launch there,
+        # its context pushed around the launch.
         launch = driver.PackedLauncher(compiled.function(device), kinds).bind(
-            compiled.num_threads, compiled.smem_bytes)
-        constexprs = [i for i, p in enumerate(self.params) if p.kind == "constexpr"]
-        return launcher.torch_plan([p.name for p in self.params], values, len(args), kwargs,
-                                   constexprs, rules, params, launch, driver.current_stream,
-                                   device, compiled.tensor_maps, compiled.cluster)
+            compiled.num_threads, compiled.smem_bytes,
+            in_context=device != driver.default_device())
+        return launcher.torch_plan(self.params, values, len(args), kwargs, rules, compiled,
+                                   launch, driver.stream_function(device), device, reads)
 
-    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict]:
+    def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict, tuple, int]:
         """The compiled kernel for these argument values after checking them,
-        the check for each tensor argument, and what was read of each tensor."""
-        from .runtime import driver
+        the check for each tensor argument, what was read of each tensor, the
+        globals the code read, and the device to launch on."""
         infos = {}
         def read(v, name):
             infos[name] = tensor_info(v, name)
             return infos[name]
-        sig = self._signature(values, num_warps, read)
-        compiled = self._get(sig)
+        sig = self.params.key(values, num_warps, read)
+        reads, compiled = self._entry(sig)
         rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
-                 for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
-        device = driver.default_device()
+                 for i, s in enumerate(sig[:-1]) if s[0] == GL}
         tensors = {i: infos[self.params[i].name] for i in rules}
         for i, rule in rules.items():
             check_tensor(tensors[i], self.params[i].name, **rule)
-            launcher.check_device(tensors[i], self.params[i].name, device)
-        return compiled, rules, tensors
+        device = launcher.launch_device({self.params[i].name: t for i, t in tensors.items()})
+        return compiled, rules, tensors, reads, device
 
     def launch_general(self, grid, args, kwargs) -> None:
         """Any tensor-like arguments: read, check and launch, every call."""
         from .runtime import driver
-        values, num_warps = self._bind(args, dict(kwargs))
-        compiled, _, infos = self._checked(values, num_warps)
-        out, kinds = [], []
-        for arg, kind, dim in compiled.params:
-            pos = self.runtime[arg]
-            if kind == "ptr":
-                out.append(infos[pos].ptr)
-            elif kind == "dim":
-                out.append(infos[pos].shape[dim])
-            elif kind == "stride":
-                out.append(infos[pos].strides[dim])
-            elif kind == "tmap":
-                _, rows, cols, swizzle, _ = compiled.tensor_maps[dim]
-                out.append(launcher.tensor_map_arg(infos[pos], (rows, cols, swizzle),
-                                                   self.params[pos].name))
-            else:
-                launcher.check_scalar(self.params[pos].name, kind, values[pos])
-                out.append(values[pos])
-            kinds.append(driver.ctypes_type(launcher.PASSED_AS[kind]))
-        g = launcher.normalize_grid(grid, {p.name: v for p, v in zip(self.params, values)},
-                                    compiled.cluster)
-        compiled.function(driver.default_device()).launch(
-            g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(),
-            tuple(out), tuple(kinds))
-
-
-def _globals_parts(source: str, globals_: dict, seen: set) -> list[str]:
-    names = sorted({n.id for n in ast.walk(ast.parse(source))
-                    if isinstance(n, ast.Name) and n.id in globals_})
-    parts = []
-    for n in names:
-        v = globals_[n]
-        if isinstance(v, (int, float, str, bool, DType, tuple, list, dict)) or v is None:
-            parts.append(f"{n}={v!r}")
-        elif isinstance(v, Func):     # inlined: its source and what it reads count
-            parts.append(f"{n}:tk.func:{v.source.text}")
-            if id(v) not in seen:
-                seen.add(id(v))
-                parts += [f"{n}.{p}" for p in _globals_parts(v.source.text, v.fn.__globals__,
-                                                             seen)]
-        elif inspect.isfunction(v):   # a helper called at compile time: its code counts
-            parts.append(f"{n}:{_function_fingerprint(v)}")
-        elif inspect.ismodule(v):
-            parts.append(f"{n}:module {v.__name__}")
-            # tk_mlir's own tk.funcs are covered by the source hash in the key;
-            # a user module's are fingerprinted here.
-            if not v.__name__.startswith("tk_mlir"):
-                for attr, f in sorted(vars(v).items()):
-                    if isinstance(f, Func) and id(f) not in seen:
-                        seen.add(id(f))
-                        parts.append(f"{n}.{attr}:tk.func:{f.source.text}")
-                        parts += [f"{n}.{attr}.{p}" for p in
-                                  _globals_parts(f.source.text, f.fn.__globals__, seen)]
-        else:
-            # Anything else by its repr: attributes the kernel may read show up
-            # there (namespace(SCALE=2.0)); a repr with an address makes each
-            # process miss, which is slow but never stale.
-            parts.append(f"{n}:{v!r}")
-    return parts
-
-
-def _valid_num_warps(n) -> bool:
-    """A power of two, or whole warpgroups (12 = a producer and two consumers)."""
-    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and \
-        (n & (n - 1) == 0 or n % 4 == 0)
-
-
-def _function_fingerprint(fn) -> str:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        code = fn.__code__
-        return repr((code.co_code, code.co_consts, code.co_names))
+        from .runtime.tensor_maps import check_tma_tensor
+        values, num_warps = self.params.bind(args, kwargs)
+        compiled, _, infos, _, device = self._checked(values, num_warps)
+        runtime = [values[i] for i in self.runtime]
+        by_arg = {j: infos[i] for j, i in enumerate(self.runtime) if i in infos}
+        for p in compiled.params:
+            name = self.params[self.runtime[p.arg]].name
+            if p.kind == "tmap":
+                check_tma_tensor(name, by_arg[p.arg])
+            elif p.kind in ("i32", "f32"):
+                launcher.check_scalar(name, p.kind, runtime[p.arg])
+        g = launcher.normalize_grid(grid, dict(zip(self.params.names, values)), compiled.cluster)
+        compiled.function(device).launch(
+            g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
+            compiled.launch_values(runtime, by_arg), compiled.ctypes)
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):

@@ -331,7 +331,16 @@ def spec(shape, dtype, strides=None) -> TensorSpec:
     dims = tuple(shape)
     if not all(isinstance(d, int) and d >= 0 for d in dims):
         raise ArgumentError(f"spec shape must be non-negative ints, got {shape!r}")
-    name = canonical_dtype(dtype)
+    from ..dialects.types import DTYPES as KERNEL_DTYPES      # what kernel tiles hold
+    supported = (f"the supported dtypes are {', '.join(KERNEL_DTYPES)} (tk names, tk.bf16, "
+                 f"or the torch / numpy dtypes)")
+    try:
+        name = canonical_dtype(dtype)
+    except ArgumentError:
+        raise ArgumentError(f"unknown dtype {dtype!r} for tk.spec; {supported}") from None
+    if name not in KERNEL_DTYPES:
+        raise ArgumentError(f"tk.spec dtype {dtype!r} ({name}) is not an element type "
+                            f"tk_mlir kernels take; {supported}")
     steps = contiguous_strides(dims) if strides is None else tuple(strides)
     if len(steps) != len(dims):
         raise ArgumentError(f"spec strides {steps} do not match shape {dims}")

@@ -116,6 +116,33 @@ def device_attribute(name: str, device: int) -> int:
 
 
 @functools.cache
+def device_identity(device: int) -> tuple[str, tuple[int, int]]:
+    """(name, compute capability) of `device`, e.g. ("NVIDIA H200", (9, 0))."""
+    _init_driver()
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    name = check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = name.split(b"\0", 1)[0].decode(errors="replace") if isinstance(name, bytes) \
+        else str(name)
+    return name, device_capability(device)
+
+
+class UnsupportedDevice(RuntimeError):
+    """The device cannot run code built for tk_mlir's target (target.py)."""
+
+
+def require_target(device: int, kernel: str) -> None:
+    """Refuse, before any module is loaded, a device the target's code cannot
+    run on (sm_90a code runs on compute capability 9.0 only)."""
+    from ..target import TARGET
+    name, capability = device_identity(device)
+    if not TARGET.supports(capability):
+        raise UnsupportedDevice(
+            f"cannot run {kernel} on cuda:{device} ({name}, compute capability "
+            f"{capability[0]}.{capability[1]}): tk_mlir compiles for {TARGET.arch}, which "
+            f"needs {TARGET.description}")
+
+
+@functools.cache
 def has_gpu() -> bool:
     """True when the driver loads and sees at least one device; never raises."""
     try:
@@ -219,6 +246,16 @@ def current_stream(device: int | None = None) -> int:
         if getter is None:
             return 0
     return getter(device)
+
+
+def stream_function(device: int) -> Callable[[], int]:
+    """A function of no arguments giving torch's current stream on `device`
+    as a raw handle: what a launch plan calls per launch (torch's private raw
+    getter bound to the device, as torch.compile's generated code uses it)."""
+    torch = sys.modules.get("torch")
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) \
+        if torch is not None and _torch_cuda() is not None else None
+    return functools.partial(raw if raw is not None else current_stream, device)
 
 
 # ------------------------------------------------------- modules, functions
@@ -377,15 +414,19 @@ class PackedLauncher:
         self._launch = _libcuda_launch()
         self._lock = threading.Lock()
 
-    def bind(self, threads: int, shared_bytes: int) -> Callable:
+    def bind(self, threads: int, shared_bytes: int, in_context: bool = False) -> Callable:
         """A launch function `(gx, gy, gz, stream, *values)` for blocks of
-        `threads` threads and `shared_bytes` of dynamic shared memory."""
+        `threads` threads and `shared_bytes` of dynamic shared memory.
+        `in_context`: push the function's device context around each launch
+        (for launches on a device that is not torch's current one)."""
         f = self.function
         if shared_bytes > f._shared_limit:
             f.set_max_dynamic_shared(shared_bytes)
         import ctypes
         pack, buffer, pointers = self._pack, self._buffer, self._pointers
         handle, call, lock = ctypes.c_void_p(self._handle), self._launch, self._lock
+        if in_context:
+            call = _calling_in_context(call, f.device)
         void_p = ctypes.c_void_p
 
         maps = self._maps
@@ -415,6 +456,27 @@ class PackedLauncher:
                                    shared_bytes, stream, values,
                                    tuple(ctypes_type(k) for k in self.kinds))
         return launch_with_maps if maps else launch
+
+
+def _calling_in_context(call: Callable, device: int) -> Callable:
+    """`call` with `device`'s primary context pushed around it: two libcuda
+    calls, where launching from another device's context would fail and be
+    retried on the slow path (Function._after_failed_launch)."""
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    push, pop = lib.cuCtxPushCurrent_v2, lib.cuCtxPopCurrent_v2
+    context = ctypes.c_void_p(int(primary_context(device)))
+    popped = ctypes.byref(ctypes.c_void_p())
+
+    def call_in_context(*args):
+        err = push(context)
+        if err:
+            return err
+        try:
+            return call(*args)
+        finally:
+            pop(popped)
+    return call_in_context
 
 
 def ctypes_type(kind: str):

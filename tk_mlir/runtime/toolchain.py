@@ -10,6 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..target import TARGET
+
 
 class ToolchainError(RuntimeError):
     """A tool is missing or failed; `log` holds what it printed."""
@@ -61,7 +63,7 @@ def _require(name: str) -> str:
     return path
 
 
-def ptxas(ptx: str, arch: str = "sm_90a", extra_args=()) -> tuple[bytes, str]:
+def ptxas(ptx: str, arch: str = TARGET.arch, extra_args=()) -> tuple[bytes, str]:
     """Assemble PTX into a cubin for `arch`; returns (cubin, log).
 
     Runs with -v so the log reports registers, spills and shared memory per

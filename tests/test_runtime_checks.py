@@ -1,0 +1,150 @@
+"""Runtime checks that need no GPU: the target device, grid limits, the
+devices of the tensor arguments, tk.spec dtypes, TK_MLIR_DUMP_DIR, and the
+one-line repr of a compiled kernel."""
+import os
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import f32, launcher
+from tk_mlir.runtime import driver
+from tk_mlir.runtime.arguments import TensorInfo
+from tk_mlir.target import TARGET
+
+X = tk.spec((64, 64), "f32")
+
+
+@tk.kernel(num_warps=4)
+def copy(X: tk.gl[f32], Y: tk.gl[f32]):
+    i = tk.block_id(0)
+    tk.store(Y, tk.load(X, (i, 0), (16, 64)), (i, 0))
+
+
+# ------------------------------------------------------------------ target
+
+def test_a_non_hopper_device_is_refused_by_name(monkeypatch):
+    """Only the capability query is faked: the refusal comes before any load."""
+    compiled = copy.compile(X, X)
+    monkeypatch.setattr(driver, "has_gpu", lambda: True)
+    monkeypatch.setattr(driver, "device_identity", lambda device: ("NVIDIA A100-SXM4-80GB", (8, 0)))
+    with pytest.raises(driver.UnsupportedDevice) as info:
+        compiled.function(0)
+    message = str(info.value)
+    assert "cuda:0 (NVIDIA A100-SXM4-80GB, compute capability 8.0)" in message
+    assert TARGET.description in message and TARGET.arch in message
+    assert not compiled._functions
+
+
+def test_the_target_supports_hopper_only():
+    assert TARGET.supports((9, 0)) and not TARGET.supports((8, 0)) and not TARGET.supports((10, 0))
+
+
+# -------------------------------------------------------------------- grid
+
+@pytest.mark.parametrize("grid, axis, limit", [((1, 65536), "y", 65535), ((1, 1, 70000), "z", 65535),
+                                               (2**31, "x", 2**31 - 1)])
+def test_grids_over_the_limits_name_the_dimension(grid, axis, limit):
+    with pytest.raises(tk.ArgumentError) as info:
+        launcher.normalize_grid(grid, {})
+    assert f"{axis} = " in str(info.value) and f"limit of {limit} along {axis}" in str(info.value)
+
+
+def test_grids_at_the_limits_pass():
+    assert launcher.normalize_grid((2**31 - 1, 65535, 65535), {}) == (2**31 - 1, 65535, 65535)
+    with pytest.raises(tk.ArgumentError, match="at least 1"):
+        launcher.normalize_grid((0,), {})
+
+
+# ----------------------------------------------------------------- devices
+
+def _on(device):
+    return TensorInfo(0x1000, (16, 16), (16, 1), "f32", device, 4)
+
+
+def test_the_launch_device_is_the_tensors_device():
+    assert launcher.launch_device({"X": _on("cuda:1"), "Y": _on("cuda:1")}) == 1
+    with pytest.raises(tk.ArgumentError) as info:
+        launcher.launch_device({"X": _on("cuda:0"), "Y": _on("cuda:1")})
+    assert "'X' on cuda:0, 'Y' on cuda:1" in str(info.value)
+
+
+# -------------------------------------------------------------------- spec
+
+@pytest.mark.parametrize("dtype", ["f64", "i32", int, "float64"])
+def test_spec_refuses_dtypes_kernels_do_not_take(dtype):
+    with pytest.raises(tk.ArgumentError) as info:
+        tk.spec((4, 8), dtype)
+    assert "bf16, f16, f32, f8e4m3, f8e5m2" in str(info.value) and "tk.spec dtype" in str(info.value)
+
+
+def test_spec_refuses_torch_float64():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(tk.ArgumentError, match=r"torch\.float64 \(f64\) is not an element type"):
+        tk.spec((4, 8), torch.float64)
+
+
+# --------------------------------------------------------- TK_MLIR_DUMP_DIR
+
+def _compile_fresh(monkeypatch, dump_dir):
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(dump_dir))
+    with pytest.raises(tk.CompilationError) as info:
+        copy.compile(X, X)
+    return str(info.value)
+
+
+def test_a_dump_dir_that_is_a_file_is_a_clear_error(monkeypatch, tmp_path):
+    file = tmp_path / "dump"
+    file.write_text("not a folder")
+    message = _compile_fresh(monkeypatch, file)
+    assert message.startswith(f"TK_MLIR_DUMP_DIR: cannot write to '{file}/copy-")
+    assert "is a file, not a folder" in message
+    assert file.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root writes into read-only folders")
+def test_a_read_only_dump_dir_is_a_clear_error(monkeypatch, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        assert "is not writable" in _compile_fresh(monkeypatch, folder / "sub")
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o700)
+
+
+# -------------------------------------------------------------------- repr
+
+def test_a_compiled_kernel_repr_is_one_line():
+    compiled = copy.compile(X, X)
+    text = repr(compiled)
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith("<CompiledKernel copy: 4 warps (128 threads), ")
+    assert "registers" in text and "no spills" in text and f"{len(compiled.stages)} stages" in text
+
+
+# ------------------------------------------------------------ launch plans
+
+@tk.kernel(num_warps=1)
+def any_rank(X: tk.gl[f32], s: float):
+    tk.store(X, tk.load(X, (0, 0), (1, 32)) * s, (0, 0))
+
+
+def test_a_plan_leaves_another_rank_to_another_plan():
+    """The plan's guard has no rank test: a tensor of another rank fails its
+    checked-key lookup, and full_check hands it back to the kernel (which
+    compiles that rank's specialization) instead of reporting a rank error."""
+    torch = pytest.importorskip("torch")
+    x = torch.rand(4, 32)
+    values, warps = any_rank.params.bind((x, 2.0), {})
+    sig = any_rank.params.key(values, warps, lambda v, n: tk.spec(tuple(v.shape), "f32"))
+    reads, compiled = any_rank._entry(sig)
+    rules = {0: dict(dtype="f32", rank=2, static_shape=(None, None))}
+    plan = launcher.torch_plan(any_rank.params, values, 2, {}, rules, compiled,
+                               lambda *a: None, lambda: 0, 0, reads)
+    assert "ndim" not in plan.source
+    assert plan((1,), (torch.rand(2, 4, 32), 2.0), {}) is False
+    with pytest.raises(tk.ArgumentError, match="is on cpu"):   # the same rank: checked
+        plan((1,), (x, 2.0), {})

@@ -1,0 +1,306 @@
+"""A kernel's parameters: the one typed description that binding, the
+specialization key, the compiled kernel's ABI and the launch all read.
+
+Two levels:
+
+- `Param` / `KernelParams`: the Python function's parameters as the author
+  annotated them: "gl" (tk.gl[dtype, shape] tensors), "i32" (int), "f32"
+  (float), "constexpr" (tk.constexpr). `KernelParams.bind` is the one
+  binding routine (positional and keyword arguments, defaults, num_warps)
+  used by Kernel, Autotuner and the CLI; `KernelParams.key` is the
+  specialization: what changes the code.
+- `AbiParam`: one parameter of the compiled kernel as lowering emits it
+  (lowering/kernel.py): a tensor's data pointer, a dynamic dim, a stride, an
+  i32 or f32 scalar, a TMA tensor map. `launch_value_code` is the one routine
+  that says where each gets its launch value; the generated launch plan and
+  the general launch path both build their code with it.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
+
+from .errors import ArgumentError, CompilationError
+from .language import GlobalAnnotation, constexpr, dtype_name, gl
+
+EMPTY = inspect.Parameter.empty
+GL, I32, F32, CONSTEXPR = "gl", "i32", "f32", "constexpr"
+_WORDS = {GL: "tensor", I32: "int", F32: "float", CONSTEXPR: "constexpr"}
+
+DEFAULT_NUM_WARPS = 4
+NUM_WARPS_RULE = "must be from 1 to 32 and a power of two or a multiple of 4"
+
+
+def valid_num_warps(n) -> bool:
+    """A power of two, or whole warpgroups (12 = a producer and two consumers)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32 and \
+        (n & (n - 1) == 0 or n % 4 == 0)
+
+
+# ------------------------------------------------------ the Python level
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str                         # GL, I32, F32, CONSTEXPR
+    dtype: str | None = None          # GL: the annotated dtype, if any
+    shape: tuple | None = None        # GL: annotated static dims (None = dynamic)
+    default: Any = EMPTY
+
+    @property
+    def runtime(self) -> bool:
+        return self.kind != CONSTEXPR
+
+    def describe(self) -> str:
+        """For messages: `X (bf16 tensor)`, `eps (float)`, `BM (constexpr)`."""
+        return f"{self.name} ({self.dtype + ' ' if self.dtype else ''}{_WORDS[self.kind]})"
+
+
+class BindError(ArgumentError):
+    """Arguments that do not bind to the parameters: `missing` and
+    `unexpected` name them (the CLI words them as its options)."""
+
+    def __init__(self, message: str, missing=(), unexpected=()):
+        super().__init__(message)
+        self.missing, self.unexpected = tuple(missing), tuple(unexpected)
+
+
+class KernelParams:
+    """The parameters of one kernel, in order."""
+
+    def __init__(self, name: str, params: Sequence[Param], num_warps: int = DEFAULT_NUM_WARPS):
+        self.name, self.params, self.default_num_warps = name, tuple(params), num_warps
+        self.index = {p.name: i for i, p in enumerate(self.params)}
+        self.runtime = [i for i, p in enumerate(self.params) if p.runtime]
+        self.tensors = [i for i, p in enumerate(self.params) if p.kind == GL]
+        self.constexprs = [i for i, p in enumerate(self.params) if p.kind == CONSTEXPR]
+        self.names = [p.name for p in self.params]
+        self._defaults = [(p.name, p.default) for p in self.params]
+
+    @classmethod
+    def of_function(cls, fn: Callable, node: ast.FunctionDef, filename: str,
+                    num_warps: int = DEFAULT_NUM_WARPS) -> KernelParams:
+        """Classify `fn`'s parameters by annotation; an error points at the
+        offending parameter in `node` (the function's AST, file positions)."""
+        where = {a.arg: a for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        params = []
+        for p in inspect.signature(fn).parameters.values():
+            arg = where.get(p.name)
+            try:
+                params.append(_classify(p, fn))
+            except CompilationError as e:
+                at = (arg.annotation or arg) if arg is not None else node
+                raise CompilationError(e.message, filename, at.lineno, at.col_offset) from None
+        return cls(fn.__name__, params, num_warps)
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def __getitem__(self, i):
+        return self.params[i]
+
+    # ---------------------------------------------------------- binding
+
+    def bind(self, args: tuple, kwargs: dict, *, unbound_ok=frozenset()) -> tuple[list, int]:
+        """One value per parameter (defaults filled in) and num_warps.
+        Names in `unbound_ok` may stay unbound (EMPTY): tk.autotune's configs
+        set them later. (On every autotuned launch: the common cases are
+        short.)"""
+        num_warps = self.default_num_warps
+        n_args = len(args)
+        if kwargs:
+            if "num_warps" in kwargs:
+                kwargs = dict(kwargs)
+                num_warps = kwargs.pop("num_warps")
+            self._check_keywords(n_args, kwargs)
+        elif n_args == len(self.params):
+            return list(args), num_warps
+        if n_args > len(self.params):
+            n = len(self.params)
+            raise BindError(f"{self.name}() takes {n} argument{'s' * (n != 1)} "
+                            f"({', '.join(self.names)}), got {n_args}")
+        values = list(args)
+        for name, default in self._defaults[n_args:]:
+            v = kwargs.get(name, default) if kwargs else default
+            if v is EMPTY and name not in unbound_ok:
+                raise self._missing(values, kwargs, unbound_ok)
+            values.append(v)
+        if num_warps is not self.default_num_warps and not valid_num_warps(num_warps):
+            raise ArgumentError(f"num_warps {NUM_WARPS_RULE}, got {num_warps!r}")
+        return values, num_warps
+
+    def _missing(self, values, kwargs, unbound_ok) -> BindError:
+        missing = [p.name for p in self.params[len(values):]
+                   if p.default is EMPTY and p.name not in unbound_ok and
+                   p.name not in (kwargs or ())]
+        return BindError(f"{self.name}() missing argument{'s' * (len(missing) > 1)} "
+                         f"{', '.join(map(repr, missing))}", missing=missing)
+
+    def _check_keywords(self, n_positional: int, kwargs: dict) -> None:
+        unexpected = [k for k in kwargs if k not in self.index]
+        if unexpected:
+            k = unexpected[0]
+            close = difflib.get_close_matches(k, self.names + ["num_warps"], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BindError(f"{self.name}() got an unexpected argument {k!r}{hint}; its "
+                            f"parameters are {', '.join(self.names)} and num_warps",
+                            unexpected=unexpected)
+        for k in kwargs:
+            if self.index[k] < n_positional:
+                raise BindError(f"{self.name}() got two values for {k!r}")
+
+    # ------------------------------------------------- specialization key
+
+    def key(self, values: list, num_warps: int, read_tensor: Callable) -> tuple:
+        """The specialization of bound `values`: per parameter ("gl", dtype,
+        static dims), ("i32",), ("f32",) or ("constexpr", value, type name),
+        then num_warps. `read_tensor(value, name)` reads a tensor argument
+        (describe, or tensor_info at launch)."""
+        sig = []
+        for p, v in zip(self.params, values):
+            if p.kind == GL:
+                t = read_tensor(v, p.name)
+                static = p.shape if p.shape is not None else (None,) * len(t.shape)
+                if len(static) != len(t.shape):
+                    raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
+                                        f"annotation wants rank {len(static)}")
+                sig.append((GL, p.dtype or t.dtype, tuple(static)))
+            elif p.kind == I32:
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise ArgumentError(f"argument '{p.name}' must be an int, got "
+                                        f"{describe_value(v)}")
+                sig.append((I32,))
+            elif p.kind == F32:
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise ArgumentError(f"argument '{p.name}' must be a float, got "
+                                        f"{describe_value(v)}")
+                sig.append((F32,))
+            else:
+                try:
+                    hash(v)
+                except TypeError:
+                    raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
+                                        f"hashable (an int, float, bool, str, tuple or tk "
+                                        f"dtype)") from None
+                # The type is part of the key: True, 1 and 1.0 compile differently.
+                sig.append((CONSTEXPR, v, type(v).__name__))
+        return tuple(sig) + (num_warps,)
+
+
+def _classify(p: inspect.Parameter, fn) -> Param:
+    ann = p.annotation
+    if isinstance(ann, str):                 # `from __future__ import annotations`
+        try:
+            ann = eval(ann, fn.__globals__)  # noqa: S307 (the author's own annotation)
+        except Exception as e:
+            raise CompilationError(f"kernel parameter '{p.name}': its annotation {ann!r} "
+                                   f"does not evaluate ({type(e).__name__}: {e})") from None
+    if ann is gl:                            # bare tk.gl: any dtype, any shape
+        ann = GlobalAnnotation()
+    if isinstance(ann, GlobalAnnotation):
+        dtype = None
+        if ann.dtype is not None:
+            try:
+                dtype = dtype_name(ann.dtype)
+            except CompilationError as e:
+                raise CompilationError(f"kernel parameter '{p.name}': {e.message}") from None
+        return Param(p.name, GL, dtype, ann.shape, p.default)
+    kind = {constexpr: CONSTEXPR, int: I32, float: F32}.get(ann) if _hashable(ann) else None
+    if kind is None:
+        got = "" if ann is EMPTY else f", got {ann!r}"
+        raise CompilationError(f"kernel parameter '{p.name}' needs an annotation: tk.gl[dtype] "
+                               f"for a tensor, int or float for a scalar, tk.constexpr for a "
+                               f"compile-time constant{got}")
+    return Param(p.name, kind, default=p.default)
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def describe_value(v) -> str:
+    """A value for an error message, never a tensor's whole contents:
+    "a torch.Tensor of shape (4096, 4096) bf16 on cuda:0"."""
+    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+    if shape is not None and dtype is not None:
+        kind = f"{type(v).__module__.split('.')[0]}.{type(v).__name__}"
+        device = getattr(v, "device", None)
+        try:
+            from .runtime.arguments import canonical_dtype
+            dtype = canonical_dtype(dtype)
+        except ArgumentError:
+            pass
+        return (f"a {kind} of shape {tuple(shape)} {dtype}"
+                f"{f' on {device}' if device is not None else ''}")
+    text = repr(v)
+    return text if len(text) <= 80 else f"{text[:60]}... ({type(v).__name__})"
+
+
+# ---------------------------------------------------------- the ABI level
+
+class AbiParam(NamedTuple):
+    """One parameter of the compiled kernel, and which argument it comes from."""
+    arg: int            # index among the kernel's runtime parameters
+    kind: str           # "ptr", "dim", "stride", "i32", "f32", "tmap"
+    index: int = 0      # the dim for "dim" / "stride"; the tensor map's index for "tmap"
+
+    @property
+    def passed_as(self) -> str:
+        """The C type the driver receives: "ptr", "i32", "i64", "f32", "tmap"."""
+        return PASSED_AS[self.kind]
+
+
+# How each kind of ABI parameter is passed to the driver.
+PASSED_AS = {"ptr": "ptr", "dim": "i32", "stride": "i64", "i32": "i32", "f32": "f32",
+             "tmap": "tmap"}
+
+
+def launch_value_code(abi: Sequence[AbiParam], arg_vars: Sequence[str], tensor_maps,
+                      env: dict) -> list[str]:
+    """One Python expression per ABI parameter for its launch value, in code
+    where runtime argument j is the variable `arg_vars[j]` and, for a tensor
+    argument v, `v_ptr`, `v_shape` and `v_strides` hold its data pointer,
+    shape and strides (elements). What the expressions use besides is added
+    to `env`. (`tensor_maps`: CompiledKernel.tensor_maps, the box of each.)"""
+    from .runtime.arguments import ITEMSIZES
+    out = []
+    for p in abi:
+        v = arg_vars[p.arg]
+        if p.kind == "tmap":
+            from .runtime.tensor_maps import CACHE
+            _, rows, cols, swizzle, dtype = tensor_maps[p.index]
+            env["tensor_map"] = CACHE.get
+            env[f"TMAP{p.index}"] = (dtype, ITEMSIZES[dtype], (rows, cols, swizzle))
+            out.append(f"tensor_map({v}_ptr, {v}_shape, {v}_strides, *TMAP{p.index})")
+        else:
+            out.append({"ptr": f"{v}_ptr", "dim": f"{v}_shape[{p.index}]",
+                        "stride": f"{v}_strides[{p.index}]"}.get(p.kind, v))
+    return out
+
+
+def launch_values_function(abi: Sequence[AbiParam], tensor_maps) -> Callable:
+    """`values(args, infos)`: the launch values from the runtime arguments
+    and, per tensor argument (by runtime index), its TensorInfo. The general
+    launch path's counterpart of the plan's inline code."""
+    n = 1 + max((p.arg for p in abi), default=-1)
+    arg_vars = [f"a{j}" for j in range(n)]
+    env: dict = {}
+    exprs = launch_value_code(abi, arg_vars, tensor_maps, env)
+    tensors = sorted({p.arg for p in abi if p.kind in ("ptr", "dim", "stride", "tmap")})
+    lines = ["def values(args, infos):"]
+    lines += [f"    a{j} = args[{j}]" for j in range(n) if j not in tensors]
+    lines += [f"    a{j}_ptr, a{j}_shape, a{j}_strides = infos[{j}].ptr, infos[{j}].shape, "
+              f"infos[{j}].strides" for j in tensors]
+    lines.append(f"    return ({''.join(e + ', ' for e in exprs)})")
+    exec(compile("\n".join(lines), "<tk_mlir launch values>", "exec"), env)
+    return env["values"]
