@@ -59,19 +59,20 @@ def _is_vector(v: ir.Value) -> bool:
 
 def _constrain(op, groups: _Groups, num_warps: int) -> None:
     name = op.operation.name
+    d = tk.op_def(op)
     vecs = [v for v in list(op.operation.operands) + list(op.operation.results) if _is_vector(v)]
     for v in vecs:
         t = T.parse(v.type)
         groups.find(v)   # every vector gets a layout, even one only loaded and stored
         if t.layout != "auto":
             groups.fix(v, t.layout, op)
-    if name == "tk.broadcast":
+    if d is not None and d.layout == "broadcast":
         tile: T.RT = T.parse(op.operation.operands[0].type)
         lay = layouts.layout_of(tile, num_warps)
         keep = 0 if op.axis == "row" else 1
         groups.fix(op.operation.operands[1], lay.slice(keep).encode(), op)
         return
-    if name in ("tk.cvt", *(f"tk.{n}" for n in tk.UNARY + tk.BINARY)):
+    if d is not None and d.layout == "same":
         for v in vecs[1:]:
             groups.join(vecs[0], v, op)
     elif name == "scf.for":
