@@ -26,6 +26,7 @@ from mlir.dialects import arith, gpu, llvm, scf
 
 from ..dialects import tk, types as T
 from ..errors import error_at
+from ..passes.fences import insert_proxy_fences
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
@@ -84,6 +85,9 @@ SMEM_ALIGN = 1024     # swizzled tiles: the base is rounded up at run time (see 
 
 def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
     (func,) = module.body.operations
+    # tk-proxy-fences marks the shared writes an async read may follow (run
+    # here, at the head of tk-to-gpu, until the stage list names it).
+    insert_proxy_fences(module)
     name = ir.StringAttr(func.attributes["sym_name"]).value
     num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
     smem_bytes = ir.IntegerAttr(func.attributes["tk.smem_bytes"]).value

@@ -13,7 +13,7 @@ import functools
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, lowers,
                       ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
@@ -163,7 +163,7 @@ def lower_load(ctx: LoweringContext, op) -> None:
 def lower_store(ctx: LoweringContext, op) -> None:
     dst, frag = ctx.lookup(op.dst), ctx.lookup(op.value)
     if isinstance(dst, SharedRef):
-        _store_shared(ctx, dst, frag)
+        _store_shared(ctx, dst, frag, op)
         return
     access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope,
                                [ctx.lookup(i) for i in op.indices])
@@ -225,7 +225,15 @@ def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
     return Fragment(regs, layout, t.dtype, t.scope)
 
 
-def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
+def fence_for_async_readers(op) -> None:
+    """fence.proxy.async after this thread's generic writes of op, when
+    tk-proxy-fences found an async-proxy read (wgmma, TMA store) that may
+    follow them (passes/fences.py: why here, before any barrier)."""
+    if contracts.PROXY_FENCE.get(op, False):
+        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+
+
+def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     # A block-scope tile: other threads may still read the tile's old contents,
     # and will read the new ones: a barrier on each side. (Conservative: a pass
     # that drops the barriers the memory model does not need is future work.)
@@ -239,6 +247,7 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
     for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
         value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
         _guarded(first, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+    fence_for_async_readers(op)
     if block:
         nvvm.barrier0()
 
@@ -302,4 +311,6 @@ def lower_copy(ctx: LoweringContext, op) -> None:
         else:
             _guarded(in_bounds, lambda: llvm.store(llvm.load(vtype, saddr, alignment=16),
                                                    gaddr, alignment=16))
+    if to_shared:
+        fence_for_async_readers(op)
     nvvm.barrier0()

@@ -67,10 +67,8 @@ def lower_tma_load(ctx: LoweringContext, op) -> None:
 def lower_tma_store(ctx: LoweringContext, op) -> None:
     src: SharedRef = ctx.lookup(op.src)
     tmap = _tensor_map(ctx, op.dst, src.type)
-    # The tile was written through the generic proxy; the copy engine reads it
-    # through the async proxy: this fence (by the issuing thread, after the
-    # writers synchronised with it) orders the two.
-    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+    # No fence here: the threads that wrote the tile fence after their writes
+    # (passes/fences.py), which also covers a tile written by TMA (none needed).
     for offset, coords in _boxes(ctx, ctx.lookup(op.dst), src.type, op.indices):
         nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
 
