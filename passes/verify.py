@@ -14,6 +14,7 @@ from mlir import ir
 from ..dialects import layout as layouts, tk, types as T
 from ..errors import error_at
 from ..target import TARGET
+from .async_results import check_async_results
 from .walk import walk_ops
 
 
@@ -381,3 +382,4 @@ def verify(module: ir.Module) -> None:
                 check_op(op.opview, num_warps)
                 _check_uniform(op, num_warps, memo)
         walk_ops(func.operation, visit)
+        check_async_results(func)
