@@ -19,10 +19,11 @@ _MISSING = object()
 @dataclass(frozen=True)
 class Contract:
     name: str            # the attribute's name in the IR
-    type: type           # int, bool or str
+    type: type           # int, bool, str, or tuple (of ints)
     on: str              # which ops carry it
     written_by: str
     read_by: str
+    bits: int = 64       # integer width in the IR (ints and tuples)
 
     def has(self, op) -> bool:
         return self.name in _operation(op).attributes
@@ -39,6 +40,8 @@ class Contract:
             return ir.BoolAttr(attr).value
         if self.type is int:
             return ir.IntegerAttr(attr).value
+        if self.type is tuple:
+            return tuple(ir.DenseI32ArrayAttr(attr))
         return ir.StringAttr(attr).value
 
     def set(self, op, value) -> None:
@@ -47,10 +50,17 @@ class Contract:
         if self.type is bool:
             attr = ir.BoolAttr.get(value)
         elif self.type is int:
-            attr = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+            attr = ir.IntegerAttr.get(ir.IntegerType.get_signless(self.bits), value)
+        elif self.type is tuple:
+            assert self.bits == 32, "tuples are dense i32 arrays"
+            attr = ir.DenseI32ArrayAttr.get(list(value))
         else:
             attr = ir.StringAttr.get(value)
         _operation(op).attributes[self.name] = attr
+
+    def remove(self, op) -> None:
+        if self.has(op):
+            del _operation(op).attributes[self.name]
 
 
 def _operation(op) -> ir.Operation:
@@ -87,5 +97,18 @@ PROXY_FENCE = Contract("proxy_fence", bool,
                        "generic-proxy shared writes that an async-proxy read may follow",
                        "tk-proxy-fences", "lowering/memory.py (fence.proxy.async after them)")
 
+# ---- written by tk-to-gpu on the gpu.func for tk-kernel-attributes, which turns
+# them into what the NVVM lowering reads (it drops gpu.func argument attributes).
+GRID_CONSTANTS = Contract("tk.grid_constants", tuple, "the kernel: tensor-map parameters",
+                          "tk-to-gpu", "tk-kernel-attributes (byval grid constants)", bits=32)
+MIN_CTAS = Contract("tk.min_ctas", int, "the kernel, when it reallocates registers",
+                    "tk-to-gpu", "tk-kernel-attributes (.minnctapersm)", bits=32)
+MAX_THREADS = Contract("tk.max_threads", int, "the kernel", "tk-to-gpu",
+                       "tk-kernel-attributes (.maxntid)", bits=32)
+CLUSTER = Contract("tk.cluster", int, "the kernel, when launched in clusters", "tk-to-gpu",
+                   "tk-kernel-attributes (.reqnctapercluster)", bits=32)
+
 CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
-             EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE)
+             EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
+             MIN_CTAS, MAX_THREADS, CLUSTER)
+BY_NAME = {c.name: c for c in CONTRACTS}

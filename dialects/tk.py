@@ -27,7 +27,7 @@ from mlir import ir
 from mlir.dialects import irdl
 from mlir.dialects._ods_common import _cext
 
-from . import layout as layouts, types as T
+from . import contracts, layout as layouts, types as T
 
 # The op lookup imports `tk_mlir.dialects.tk` when it meets a tk op: that is
 # this module, so ops come back from the IR as the classes defined here.
@@ -315,9 +315,9 @@ def array_count(op) -> int | None:
     hint), None for a single tile or semaphore (or any other op)."""
     op = getattr(op, "operation", op)
     d = op_def(op)
-    if d is None or not d.allocates or "count" not in op.attributes:
+    if d is None or not d.allocates:
         return None
-    return ir.IntegerAttr(op.attributes["count"]).value
+    return contracts.COUNT.get(op, None)
 
 
 def tma_operands(op) -> tuple[ir.Value, ir.Value] | None:
@@ -374,11 +374,16 @@ def _attr(value) -> ir.Attribute:
 
 
 def build(name: str, operands=(), results=(), **attributes) -> TkOp:
-    """Create `tk.<name>` at the current insertion point and location."""
+    """Create `tk.<name>` at the current insertion point and location.
+    Attributes beyond the op's own are hints declared in dialects/contracts.py
+    (e.g. `cache`, `count`), set through their typed accessor."""
     d = OPS_BY_NAME[name]
-    # Attributes beyond the declared ones are discardable hints (e.g. `cache`).
     missing = set(d.attributes) - set(attributes)
     assert not missing, f"tk.{name} needs attributes {sorted(missing)}"
-    return ir.Operation.create(
+    hints = {k: v for k, v in attributes.items() if k not in d.attributes}
+    op = ir.Operation.create(
         f"tk.{name}", results=list(results), operands=list(operands),
-        attributes={k: _attr(v) for k, v in attributes.items()}).opview
+        attributes={k: _attr(v) for k, v in attributes.items() if k in d.attributes})
+    for k, v in hints.items():
+        contracts.BY_NAME[k].set(op, v)
+    return op.opview

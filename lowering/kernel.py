@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, scf
 
-from ..dialects import tk, types as T
+from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..passes.fences import insert_proxy_fences
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
@@ -89,8 +89,8 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
     # here, at the head of tk-to-gpu, until the stage list names it).
     insert_proxy_fences(module)
     name = ir.StringAttr(func.attributes["sym_name"]).value
-    num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
-    smem_bytes = ir.IntegerAttr(func.attributes["tk.smem_bytes"]).value
+    num_warps = C.NUM_WARPS.get(func)
+    smem_bytes = C.SMEM_BYTES.get(func)
     entry = func.regions[0].blocks[0]
     specs = tensor_map_specs(func)
     params = kernel_params([a.type for a in entry.arguments], specs)
@@ -121,18 +121,17 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
             if p.kind == "tmap":
                 ctx.tensor_maps[specs[p.index]] = spec_value
         if smem_bytes:
-            ctx.smem_base = _aligned_smem_base() if "tk.smem_align" in func.attributes else \
+            ctx.smem_base = _aligned_smem_base() if C.SMEM_ALIGN.has(func) else \
                 llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
         ctx.lane(), ctx.warp()   # at the top, so they dominate every use (unused: DCE'd)
         init_semaphores(ctx, [op for op in entry.operations if op.name == "tk.alloc_sem"])
         _lower_block(ctx, entry)
-    kernel.attributes["tk.grid_constants"] = ir.DenseI32ArrayAttr.get(
-        [i for i, p in enumerate(params) if p.kind == "tmap"])
+    C.GRID_CONSTANTS.set(kernel, tuple(i for i, p in enumerate(params) if p.kind == "tmap"))
     if ctx.uses_setmaxnreg:   # ptxas ignores setmaxnreg without .minnctapersm (C7508)
-        kernel.attributes["tk.min_ctas"] = ir.IntegerAttr.get(i32(), 1)
-    kernel.attributes["tk.max_threads"] = ir.IntegerAttr.get(i32(), 32 * num_warps)
+        C.MIN_CTAS.set(kernel, 1)
+    C.MAX_THREADS.set(kernel, 32 * num_warps)
     if ctx.cluster > 1:
-        kernel.attributes["tk.cluster"] = ir.IntegerAttr.get(i32(), ctx.cluster)
+        C.CLUSTER.set(kernel, ctx.cluster)
     return out, params, specs
 
 
@@ -140,7 +139,7 @@ def cluster_size(func) -> int:
     """The kernel's cluster size (tk.use_cluster at its top level), 1 without."""
     for op in func.regions[0].blocks[0].operations:
         if op.name == "tk.use_cluster":
-            return ir.IntegerAttr(op.attributes["size"]).value
+            return op.opview.size
     return 1
 
 
@@ -160,9 +159,9 @@ def set_kernel_attributes(module: ir.Module) -> None:
     __grid_constant__ byval parameters, and kernels that reallocate registers
     get .minnctapersm 1 and .maxntid."""
     def visit(op):
-        if op.name != "llvm.func" or "tk.grid_constants" not in op.attributes:
+        if op.name != "llvm.func" or not C.GRID_CONSTANTS.has(op):
             return ir.WalkResult.ADVANCE
-        grid_constants = list(ir.DenseI32ArrayAttr(op.attributes["tk.grid_constants"]))
+        grid_constants = C.GRID_CONSTANTS.get(op)
         if grid_constants:
             n = len(op.regions[0].blocks[0].arguments)
             arg_attrs = [ir.DictAttr.get({}) for _ in range(n)]
@@ -172,16 +171,15 @@ def set_kernel_attributes(module: ir.Module) -> None:
                     "llvm.align": ir.IntegerAttr.get(i64(), 64),
                     "nvvm.grid_constant": ir.UnitAttr.get()})
             op.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_attrs)
-        if "tk.min_ctas" in op.attributes:
-            op.attributes["nvvm.minctasm"] = op.attributes["tk.min_ctas"]
-            block = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
-            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([block, 1, 1])
-        if "tk.cluster" in op.attributes:     # .reqnctapercluster: a plain launch forms clusters
-            size = ir.IntegerAttr(op.attributes["tk.cluster"]).value
-            op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([size, 1, 1])
-        for name in ("tk.grid_constants", "tk.min_ctas", "tk.max_threads", "tk.cluster"):
-            if name in op.attributes:
-                del op.attributes[name]
+        if C.MIN_CTAS.has(op):
+            op.attributes["nvvm.minctasm"] = ir.IntegerAttr.get(i32(), C.MIN_CTAS.get(op))
+            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get(
+                [C.MAX_THREADS.get(op), 1, 1])
+        if C.CLUSTER.has(op):     # .reqnctapercluster: a plain launch forms clusters
+            op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get(
+                [C.CLUSTER.get(op), 1, 1])
+        for contract in (C.GRID_CONSTANTS, C.MIN_CTAS, C.MAX_THREADS, C.CLUSTER):
+            contract.remove(op)
         return ir.WalkResult.ADVANCE
     module.operation.walk(visit)
 
@@ -204,9 +202,8 @@ def _exchange_groups(func) -> dict[int, list]:
     """The reductions passes/smem.py grouped to share one cross-warp exchange."""
     groups: dict[int, list] = {}
     def visit(op):
-        if op.name == "tk.reduce" and "exchange_group" in op.attributes:
-            groups.setdefault(ir.IntegerAttr(op.attributes["exchange_group"]).value,
-                              []).append(op.opview)
+        if C.EXCHANGE_GROUP.has(op):
+            groups.setdefault(C.EXCHANGE_GROUP.get(op), []).append(op.opview)
         return ir.WalkResult.ADVANCE
     func.operation.walk(visit)
     return groups

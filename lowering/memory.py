@@ -114,8 +114,7 @@ def _store_with_policy(value: ir.Value, addr: ir.Value, nbytes: int, policy):
 
 
 def _policy(op) -> tuple[str, str] | None:
-    attrs = op.operation.attributes
-    return _PTX_CACHE.get(ir.StringAttr(attrs["cache"]).value) if "cache" in attrs else None
+    return _PTX_CACHE.get(contracts.CACHE.get(op, "normal"))
 
 
 def _guarded_load(addr: ir.Value, ok: ir.Value, vtype: ir.Type, fill: ir.Value,
@@ -254,8 +253,7 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
 
 @lowers("tk.alloc_st", "tk.alloc_sem")
 def lower_alloc(ctx: LoweringContext, op) -> None:
-    attrs = op.operation.attributes
-    offset, stride = (ir.IntegerAttr(attrs[k]).value for k in ("offset", "stride"))
+    offset, stride = contracts.OFFSET.get(op), contracts.STRIDE.get(op)
     ctx.bind(op.result, SharedRef(smem_addr(ctx.smem_base, c32(offset)),
                                   T.parse(op.result.type), stride))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, nvvm, scf
 
-from ..dialects import tk, types as T
+from ..dialects import contracts, tk, types as T
 from .context import LoweringContext, c32, i64, lowers
 from .fragments import SharedRef
 from .memory import smem_addr
@@ -24,8 +24,8 @@ def init_semaphores(ctx: LoweringContext, allocs) -> None:
     first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, ctx.tid(), c32(0)))
     with ir.InsertionPoint(first.then_block):
         for op in allocs:
-            offset, stride, arrivals = (ir.IntegerAttr(op.attributes[k]).value
-                                        for k in ("offset", "stride", "arrivals"))
+            offset, stride = contracts.OFFSET.get(op), contracts.STRIDE.get(op)
+            arrivals = op.opview.arrivals
             for i in range(tk.array_count(op) or 1):
                 nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + stride * i)),
                                    c32(arrivals))

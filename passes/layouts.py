@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
 from .walk import walk_ops
 
@@ -92,7 +92,7 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
 
 def assign_layouts(module: ir.Module) -> None:
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        num_warps = contracts.NUM_WARPS.get(func)
         groups = _Groups()
         walk_ops(func.operation, lambda op: _constrain(op.opview, groups, num_warps))
         for key, v in list(groups.values.items()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, tk, types as T
 from ..errors import error_at
 from ..target import TARGET
 
@@ -23,10 +23,6 @@ MAX_SHARED_BYTES = TARGET.max_shared_bytes
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
-
-
-def _i64(v: int) -> ir.Attribute:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
 
 
 def _scratch(op, num_warps: int) -> int:
@@ -76,8 +72,8 @@ def _place(op, top: int) -> int:
     else:
         align = stride = 8     # an mbarrier is one 8-byte word
     top = _align(top, align)
-    op.attributes["offset"] = _i64(top)
-    op.attributes["stride"] = _i64(stride)
+    contracts.OFFSET.set(op, top)
+    contracts.STRIDE.set(op, stride)
     top += stride * count
     if top > MAX_SHARED_BYTES:
         raise error_at(op.location, f"shared memory exhausted: the tiles and semaphores "
@@ -87,7 +83,7 @@ def _place(op, top: int) -> int:
 
 def allocate_smem(module: ir.Module) -> None:
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        num_warps = contracts.NUM_WARPS.get(func)
         allocs = []
         def visit(op):
             if (d := tk.op_def(op)) is not None and d.allocates:
@@ -104,14 +100,14 @@ def allocate_smem(module: ir.Module) -> None:
         swizzled = [op for op in allocs if getattr(T.parse(op.results[0].type), "swizzle", 0)]
         if swizzled:
             # lowering/kernel.py rounds the base up to this alignment at run time.
-            func.attributes["tk.smem_align"] = _i64(TARGET.swizzle_align)
+            contracts.SMEM_ALIGN.set(func, TARGET.swizzle_align)
             top += TARGET.swizzle_align
             if top > MAX_SHARED_BYTES:
                 pad = TARGET.swizzle_align
                 raise error_at(swizzled[-1].location, f"shared memory exhausted: the tiles, "
                                f"semaphores and scratch need {top - pad} bytes, plus {pad} to "
                                f"align swizzled tiles, and a block has {MAX_SHARED_BYTES}")
-        func.attributes["tk.smem_bytes"] = _i64(top)
+        contracts.SMEM_BYTES.set(func, top)
 
 
 def _place_exchanges(func, num_warps: int, base: int) -> int:
@@ -133,9 +129,9 @@ def _place_exchanges(func, num_warps: int, base: int) -> int:
         parity ^= at_top
         nested |= not at_top
         for op in group:
-            op.attributes["scratch_offset"] = _i64(offset)
-            op.attributes["exchange_group"] = _i64(gid)
-            op.attributes["exchange_sync_after"] = ir.BoolAttr.get(not at_top)
+            contracts.SCRATCH_OFFSET.set(op, offset)
+            contracts.EXCHANGE_GROUP.set(op, gid)
+            contracts.EXCHANGE_SYNC_AFTER.set(op, not at_top)
             offset += _scratch(op, num_warps)
     top = base + (3 if nested else 2) * size
     if top > MAX_SHARED_BYTES:

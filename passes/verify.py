@@ -11,7 +11,7 @@ from typing import Callable
 
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
 from ..target import TARGET
 from .async_results import check_async_results
@@ -375,7 +375,7 @@ def _check_uniform(op, num_warps: int, memo: dict) -> None:
 def verify(module: ir.Module) -> None:
     """The tk-verify pass."""
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        num_warps = contracts.NUM_WARPS.get(func)
         memo: dict = {}
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:

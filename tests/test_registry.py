@@ -7,9 +7,11 @@ import inspect
 import pathlib
 import re
 
-import tk_mlir  # noqa: F401  (loads the builtins)
+import pytest
+
+import tk_mlir
 from tk_mlir import mma, ops, sync, tma, values
-from tk_mlir.dialects import tk
+from tk_mlir.dialects import contracts, tk
 from tk_mlir.lowering import kernel  # noqa: F401  (registers the lowerings)
 from tk_mlir.lowering.context import LOWERINGS
 from tk_mlir.passes.verify import RULES
@@ -76,3 +78,67 @@ def test_traits_are_declared_where_the_op_is():
     assert {n for n, o in d.items() if o.thread_varying} == {
         "thread_id", "lane_id", "warp_id", "warpgroup_id", "elect"}
     assert {n for n, o in d.items() if o.allocates} == {"alloc_st", "alloc_sem"}
+
+
+# ------------------------------------------------ contracts between stages
+
+@tk_mlir.kernel(num_warps=4)
+def _hinted(X: tk_mlir.gl[tk_mlir.f32], Y: tk_mlir.gl[tk_mlir.f32]):
+    tiles = tk_mlir.shared_tiles(tk_mlir.f32, (16, 64), 2)
+    x = tk_mlir.load(X, (0, 0), (64, 64), cache="stream")
+    tk_mlir.store(tiles[0], tk_mlir.load(X, (0, 0), (16, 64)))
+    tk_mlir.store(Y, x.sub_col(x.col_sum()), (0, 0), cache="stream")
+
+
+def _attributes_beyond_the_ops_own(module_text: str) -> set[str]:
+    """Names of attributes on tk ops beyond their OpDef's, and tk.* attributes
+    of the kernel, in a stage's text; each declared one is read back through
+    its accessor (which checks its type)."""
+    from mlir import ir
+    ctx = ir.Context()
+    tk.load(ctx)
+    found = set()
+    with ctx:
+        module = ir.Module.parse(module_text)
+
+        def visit(op):
+            d = tk.op_def(op)
+            names = list(op.attributes)      # iterating gives the names
+            extra = [n for n in names if (d is not None and n not in d.attributes) or
+                     (op.name == "func.func" and n.startswith("tk."))]
+            for n in extra:
+                found.add(n)
+                if n in contracts.BY_NAME:
+                    contracts.BY_NAME[n].get(op)
+            return ir.WalkResult.ADVANCE
+        module.operation.walk(visit)
+    return found
+
+
+def test_every_attribute_the_tk_passes_write_is_declared():
+    import gemm
+    spec = tk_mlir.spec
+    hinted = _hinted.compile(spec((64, 64), "f32"), spec((64, 64), "f32"))
+    gemm_ = gemm.gemm_kernel.compile(spec((384, 512), "bf16"), spec((256, 512), "bf16"),
+                                     spec((384, 256), "bf16"), config=0)
+    seen = set()
+    for compiled in (hinted, gemm_):
+        seen |= _attributes_beyond_the_ops_own(compiled.asm["tk-allocate-smem"])
+    assert seen <= set(contracts.BY_NAME), seen - set(contracts.BY_NAME)
+    # The kernels exercise the contracts the tk passes and builtins write.
+    assert {"tk.num_warps", "count", "cache", "offset", "stride", "scratch_offset",
+            "exchange_group", "exchange_sync_after", "tk.smem_align", "tk.smem_bytes"} <= seen
+
+
+def test_a_contract_is_typed_and_names_its_writer():
+    from mlir import ir
+    ctx = ir.Context()
+    with ctx, ir.Location.unknown():
+        op = ir.Module.create().operation
+        contracts.OFFSET.set(op, 128)
+        assert contracts.OFFSET.get(op) == 128
+        with pytest.raises(TypeError):
+            contracts.OFFSET.set(op, "128")
+        with pytest.raises(KeyError, match="tk-allocate-smem"):
+            contracts.STRIDE.get(op)
+        assert contracts.STRIDE.get(op, None) is None
