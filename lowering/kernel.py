@@ -26,6 +26,7 @@ from mlir.dialects import arith, gpu, llvm, scf
 
 from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
+from ..target import TARGET
 from ..passes.fences import insert_proxy_fences
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
@@ -80,7 +81,6 @@ def kernel_params(arg_types: list[ir.Type], specs=()) -> list[KernelParam]:
 
 _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
                 "f32": ir.F32Type.get, "tmap": lambda: ir.Type.parse("!llvm.ptr")}
-SMEM_ALIGN = 1024     # swizzled tiles: the base is rounded up at run time (see MLIR_NOTES)
 
 
 def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
@@ -99,7 +99,8 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
     out.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
     with ir.InsertionPoint(out.body), func.location:
         gmod = gpu.GPUModuleOp(GPU_MODULE, targets=ir.ArrayAttr.get([ir.Attribute.parse(
-            '#nvvm.target<chip = "sm_90a", features = "+ptx80", O = 3>')]))
+            f'#nvvm.target<chip = "{TARGET.arch}", features = "{TARGET.ptx_features}", '
+            f'O = 3>')]))
         gmod.bodyRegion.blocks.append()
     with ir.InsertionPoint(gmod.bodyRegion.blocks[0]), func.location:
         if smem_bytes:
@@ -121,7 +122,8 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
             if p.kind == "tmap":
                 ctx.tensor_maps[specs[p.index]] = spec_value
         if smem_bytes:
-            ctx.smem_base = _aligned_smem_base() if C.SMEM_ALIGN.has(func) else \
+            align = C.SMEM_ALIGN.get(func, None)
+            ctx.smem_base = _aligned_smem_base(align) if align else \
                 llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
         ctx.lane(), ctx.warp()   # at the top, so they dominate every use (unused: DCE'd)
         init_semaphores(ctx, [op for op in entry.operations if op.name == "tk.alloc_sem"])
@@ -143,13 +145,13 @@ def cluster_size(func) -> int:
     return 1
 
 
-def _aligned_smem_base() -> ir.Value:
-    """The dynamic shared memory base rounded up to SMEM_ALIGN (passes/smem.py
+def _aligned_smem_base(align: int) -> ir.Value:
+    """The dynamic shared memory base rounded up to `align` (passes/smem.py
     asks for that much more): swizzle patterns follow absolute address bits,
     and LLVM must not assume the alignment (it would fold the rounding)."""
     base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
     addr = llvm.ptrtoint(i32(), base)
-    aligned = arith.andi(arith.addi(addr, c32(SMEM_ALIGN - 1)), c32(-SMEM_ALIGN))
+    aligned = arith.andi(arith.addi(addr, c32(align - 1)), c32(-align))
     return llvm.getelementptr(ptr(3), base, [arith.subi(aligned, addr)], [-2**31],
                               ir.IntegerType.get_signless(8), llvm.GEPNoWrapFlags.inbounds)
 

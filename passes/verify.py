@@ -57,7 +57,7 @@ def _layout_ok(t, num_warps: int) -> None:
     except layouts.LayoutError as e:
         raise _Fail(f"{_show(t)}: {e}") from None
     # A thread holds its share of the tile in registers: past the hardware's
-    # 255 per thread it would all spill to local memory.
+    # limit per thread it would all spill to local memory.
     regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
     limit = TARGET.max_registers_per_thread
     _require(regs <= limit, f"{_show(t)} needs {regs} registers per thread "
