@@ -247,7 +247,7 @@ def _lower_block(ctx: LoweringContext, block) -> list[ir.Value] | None:
         name = op.operation.name
         with op.location:
             if name in LOWERINGS:
-                LOWERINGS[name](ctx, op)
+                _apply(ctx, LOWERINGS[name], op)
             elif name == "scf.for":
                 _lower_for(ctx, op)
             elif name == "scf.if":
@@ -261,6 +261,16 @@ def _lower_block(ctx: LoweringContext, block) -> list[ir.Value] | None:
             else:
                 _clone(ctx, op)
     return None
+
+
+def _apply(ctx: LoweringContext, rule, op) -> None:
+    """Run op's lowering rule on what its operands became; bind its result."""
+    out = rule(ctx, op, *[ctx.lookup(v) for v in op.operation.operands])
+    results = op.operation.results
+    if len(results):
+        ctx.bind(results[0], out)
+    else:
+        assert out is None, f"{op.operation.name} has no result, its rule returned {out!r}"
 
 
 def _clone(ctx: LoweringContext, op) -> None:

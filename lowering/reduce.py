@@ -12,9 +12,8 @@ from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import contracts
 from ..errors import error_at
-from .compute import F32, convert
 from .context import LoweringContext, c32, lowers, ptr
-from .fragments import Fragment
+from .fragments import F32, Fragment, convert
 from .memory import smem_addr
 
 COMBINE = {"sum": arith.addf, "max": arith.maximumf, "min": arith.minimumf}
@@ -26,18 +25,20 @@ def _shuffle_xor(x: ir.Value, lane_mask: int) -> ir.Value:
 
 
 @lowers("tk.reduce")
-def lower_reduce(ctx: LoweringContext, op) -> None:
+def lower_reduce(ctx: LoweringContext, op, src: Fragment) -> Fragment:
     if op.result in ctx.values:
-        return   # already lowered with the first reduction of its exchange group
+        return ctx.lookup(op.result)   # lowered with the first reduction of its group
     if not contracts.EXCHANGE_GROUP.has(op):
-        ctx.bind(op.result, _within_warps(ctx, op)[0])
-        return
+        return _within_warps(ctx, op)[0]
+    # The reductions of one exchange group share its barrier: lowered together,
+    # at the first of them, which binds the others' results here.
     group = ctx.exchange_groups[contracts.EXCHANGE_GROUP.get(op)]
     partials = [_within_warps(ctx, member) for member in group]
     sync_after = contracts.EXCHANGE_SYNC_AFTER.get(op)
     results = _across_warps(ctx, group, partials, sync_after)
     for member, frag in zip(group, results):
         ctx.bind(member.result, frag)
+    return ctx.lookup(op.result)
 
 
 def _keep(op) -> int:
