@@ -111,7 +111,8 @@ OPS: tuple[OpDef, ...] = (
     # Where this thread is.
     OpDef("block_id", results=("result",), attributes=("dim",), doc="blockIdx.{x,y,z}"),
     OpDef("grid_dim", results=("result",), attributes=("dim",), doc="gridDim.{x,y,z}"),
-    OpDef("thread_id", results=("result",), thread_varying=True, doc="threadIdx.x within the block"),
+    OpDef("thread_id", results=("result",), thread_varying=True,
+          doc="threadIdx.x within the block"),
     OpDef("lane_id", results=("result",), thread_varying=True, doc="lane within the warp"),
     OpDef("warp_id", results=("result",), thread_varying=True, doc="warp within the block"),
     OpDef("warpgroup_id", results=("result",), thread_varying=True,
@@ -119,7 +120,8 @@ OPS: tuple[OpDef, ...] = (
     OpDef("gl_dim", operands=("src",), results=("result",), attributes=("dim",),
           doc="run-time extent of a global layout dimension"),
     # Memory.
-    OpDef("alloc_st", results=("result",), allocates=True, doc="a shared tile; placed by passes/smem.py"),
+    OpDef("alloc_st", results=("result",), allocates=True,
+          doc="a shared tile; placed by passes/smem.py"),
     OpDef("load", operands=("src",), variadic="indices", results=("result",),
           attributes=("fill",), reads=(Access("src", GENERIC),),
           doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt"),
@@ -131,7 +133,8 @@ OPS: tuple[OpDef, ...] = (
           doc="gl <-> st by every thread of the block, then a block barrier"),
     OpDef("barrier", block_barrier=True, doc="block-wide barrier (bar.sync 0)"),
     OpDef("index", operands=("base", "index"), results=("result",), same_type=("base", "result"),
-          view_of="base", takes_arrays=True, doc="element `index` of an array of shared tiles or semaphores (alloc_st/alloc_sem "
+          view_of="base", takes_arrays=True,
+          doc="element `index` of an array of shared tiles or semaphores (alloc_st/alloc_sem "
               "with a `count` hint)"),
     OpDef("subtile", operands=("src", "row"), results=("result",), view_of="src",
           doc="the result type's rows of a shared tile, from row `row` on"),
@@ -157,7 +160,8 @@ OPS: tuple[OpDef, ...] = (
               "their shared sources may be overwritten)"),
     OpDef("tma_prefetch", operands=("src", "like"), tma=("src", "like"),
           doc="prefetch the tensor map that TMA ops on src with tiles of like's type use"),
-    OpDef("mma", operands=("acc", "a", "b"), results=("result",), attributes=("trans_a", "trans_b"),
+    OpDef("mma", operands=("acc", "a", "b"), results=("result",),
+          attributes=("trans_a", "trans_b"),
           same_type=("acc", "result"), reads=(Access("a", ASYNC), Access("b", ASYNC)),
           async_result=True,
           doc="warpgroup MMA (wgmma): acc + op(a) op(b), a and b shared tiles; async until "
@@ -172,7 +176,8 @@ OPS: tuple[OpDef, ...] = (
           doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
     # (cluster_rank varies between blocks, not between a block's threads.)
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
-    OpDef("cluster_sync", block_barrier=True, doc="barrier.cluster arrive + wait: every thread of the cluster"),
+    OpDef("cluster_sync", block_barrier=True,
+          doc="barrier.cluster arrive + wait: every thread of the cluster"),
     OpDef("arrive_remote", operands=("sem", "cta"),
           doc="one arrival on the semaphore at the same place in block `cta` of the cluster"),
     OpDef("tma_load_multicast", operands=("dst", "src", "sem", "mask"), variadic="indices",
@@ -183,7 +188,8 @@ OPS: tuple[OpDef, ...] = (
           doc="bar.sync id among `warps` warps (ids 1-15; 0 is the block barrier)"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
-    OpDef("cvt", operands=("src",), results=("result",), layout="same", doc="element type conversion"),
+    OpDef("cvt", operands=("src",), results=("result",), layout="same",
+          doc="element type conversion"),
     *(OpDef(n, operands=("src",), results=("result",), same_type=("src", "result"),
             layout="same", doc=f"elementwise {n}") for n in UNARY),
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),
