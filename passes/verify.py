@@ -15,6 +15,7 @@ from ..dialects import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
 from ..target import TARGET
 from .async_results import check_async_results
+from .uniform import Uniformity
 from .walk import walk_ops
 
 
@@ -326,31 +327,7 @@ def check_op(op: ir.OpView, num_warps: int) -> None:
         raise error_at(op.location, str(e)) from None
 
 
-def _varies_by_thread(v: ir.Value, memo: dict) -> bool:
-    """Can v differ between the threads of a block? (Follows definitions back
-    to the thread-id ops; loop-carried values follow their inits and bounds.)"""
-    key = v
-    if key in memo:
-        return memo[key]
-    memo[key] = False
-    if isinstance(v, ir.BlockArgument):
-        parent = v.owner.owner
-        if parent.name != "scf.for":
-            return False
-        loop = parent.opview
-        sources = [loop.lowerBound, loop.upperBound, loop.step]
-        if v.arg_number > 0:
-            sources.append(loop.initArgs[v.arg_number - 1])
-        memo[key] = any(_varies_by_thread(s, memo) for s in sources)
-    else:
-        op = v.owner
-        d = tk.op_def(op)
-        memo[key] = (d is not None and d.thread_varying) or any(_varies_by_thread(o, memo)
-                                                                for o in op.operands)
-    return memo[key]
-
-
-def _check_uniform(op, num_warps: int, memo: dict) -> None:
+def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
     """A block barrier under control flow that differs between threads hangs
     (or worse): refuse it at its line."""
     d = tk.op_def(op)
@@ -364,7 +341,7 @@ def _check_uniform(op, num_warps: int, memo: dict) -> None:
             conds = list(parent.operands)[:3]
         else:
             conds = []
-        if any(_varies_by_thread(c, memo) for c in conds):
+        if any(uniform.varies(c) for c in conds):
             raise error_at(op.location, "this op synchronises the whole block (bar.sync), but "
                            "it sits under control flow that depends on the thread, lane or warp "
                            "id, so some threads would never reach it; move it out of that "
@@ -376,10 +353,10 @@ def verify(module: ir.Module) -> None:
     """The tk-verify pass."""
     for func in module.body.operations:
         num_warps = contracts.NUM_WARPS.get(func)
-        memo: dict = {}
+        uniform = Uniformity(func)
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
-                _check_uniform(op, num_warps, memo)
+                _check_uniform(op, num_warps, uniform)
         walk_ops(func.operation, visit)
         check_async_results(func)

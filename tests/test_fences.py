@@ -117,3 +117,58 @@ def test_store_then_mma_on_the_gpu(seed):
     torch.cuda.synchronize()
     ref = (a.float() * 0.5).to(torch.bfloat16).float() @ b.float().T
     assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
+
+
+@tk.kernel(num_warps=8)
+def warp_specialized(A: tk.gl[bf16], C: tk.gl[f32], UNIFORM: tk.constexpr):
+    """Warpgroup 1 builds a tile in registers and stores it; warpgroup 0 waits
+    on a semaphore and reads it with wgmma: the two branches run at once in
+    different threads (UNIFORM: the same shape of code under a condition all
+    threads agree on, where only one branch runs)."""
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    ready = tk.semaphore(128)
+    cond = tk.block_id(0) == 0 if UNIFORM else tk.warpgroup_id() == 1
+    if cond:
+        tk.store(a, tk.load(A, (0, 0), (64, 64), scope="warpgroup"))
+        tk.arrive(ready)
+    else:
+        tk.wait(ready, 0)
+        acc = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, a)
+        tk.mma_wait(0)
+        tk.store(C, acc, (0, 0))
+
+
+@pytest.mark.parametrize("uniform", [False, True])
+def test_branches_on_the_thread_run_at_once(uniform):
+    ptx = warp_specialized.compile(_spec(), _spec("f32"), UNIFORM=uniform).asm["ptx"]
+    assert (FENCE in ptx) == (not uniform)
+    if not uniform:      # the fence follows the stores and comes before the arrival
+        lines = _lines(ptx)
+        fence = lines.index(FENCE)
+        assert any(l.startswith("st.shared") for l in lines[:fence])
+        assert any(l.startswith("mbarrier.arrive") for l in lines[fence:])
+
+
+@tk.kernel(num_warps=4)
+def tma_round_trip(A: tk.gl[bf16], C: tk.gl[bf16], THREADS: tk.constexpr):
+    """A tile loaded by TMA (or by the threads) and stored by TMA."""
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    if THREADS:
+        tk.copy(a, A, (0, 0))
+    else:
+        s = tk.semaphore()
+        if tk.elect_leader("warpgroup"):
+            tk.tma.expect(s, a)
+            tk.tma.load_async(a, A, (0, 0), s)
+        tk.wait(s, 0)
+    if tk.elect_leader("warpgroup"):
+        tk.tma.store_async(C, a, (0, 0))
+        tk.tma.store_commit()
+    tk.tma.store_wait(0)
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_tma_store_source_is_fenced_only_when_threads_wrote_it(threads):
+    """TMA -> TMA needs no proxy fence (both async proxy); threads -> TMA does."""
+    ptx = tma_round_trip.compile(_spec(), _spec(), THREADS=threads).asm["ptx"]
+    assert ptx.count(FENCE) == (1 if threads else 0)
