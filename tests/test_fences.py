@@ -172,3 +172,15 @@ def test_tma_store_source_is_fenced_only_when_threads_wrote_it(threads):
     """TMA -> TMA needs no proxy fence (both async proxy); threads -> TMA does."""
     ptx = tma_round_trip.compile(_spec(), _spec(), THREADS=threads).asm["ptx"]
     assert ptx.count(FENCE) == (1 if threads else 0)
+
+
+@pytest.mark.gpu
+def test_warp_specialized_store_then_mma_on_the_gpu():
+    """One warpgroup stores A's tile, the other multiplies it by itself: C = A @ A.T."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    c = torch.full((64, 64), float("nan"), device="cuda")
+    warp_specialized[(1,)](a, c, UNIFORM=False)
+    torch.cuda.synchronize()
+    ref = a.float() @ a.float().T
+    assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
