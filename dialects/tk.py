@@ -70,7 +70,6 @@ class OpDef:
     view_of: str | None = None           # its result is a part of this operand's shared memory
     takes_arrays: bool = False           # may take a whole array of tiles or semaphores
     allocates: bool = False              # placed in shared memory by passes/smem.py
-    top_level: bool = False              # only at the kernel's top level
     async_result: bool = False           # its result is ready only after an async_wait
     async_wait: bool = False             # waits for async results (attribute `pending`)
 
@@ -140,7 +139,7 @@ OPS: tuple[OpDef, ...] = (
           doc="the result type's rows of a shared tile, from row `row` on"),
     # Hopper: semaphores (mbarriers), TMA, warpgroup MMA, warp specialization.
     OpDef("alloc_sem", results=("result",), attributes=("arrivals",), allocates=True,
-          top_level=True, block_barrier=True,   # initialised, then a block barrier
+          block_barrier=True,   # initialised, then a block barrier
           doc="a semaphore (mbarrier) expecting `arrivals` arrivals per phase; placed by "
               "passes/smem.py and initialised once at the kernel's start"),
     OpDef("arrive", operands=("sem",), doc="one arrival on a semaphore"),
@@ -172,7 +171,7 @@ OPS: tuple[OpDef, ...] = (
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
     OpDef("set_registers", attributes=("count", "action"),
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
-    OpDef("use_cluster", attributes=("size",), top_level=True,
+    OpDef("use_cluster", attributes=("size",),
           doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
     # (cluster_rank varies between blocks, not between a block's threads.)
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),

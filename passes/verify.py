@@ -122,8 +122,7 @@ rule("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id", 
 
 def _common(op, operands, results, num_warps: int) -> None:
     """The rules every tk op obeys: whole arrays are used element by element,
-    register tiles have a valid layout, fp8 stays in memory, and ops marked
-    top-level sit at the kernel's top level."""
+    register tiles have a valid layout, fp8 stays in memory."""
     _whole_arrays(op)
     for t in operands + results:
         _layout_ok(t, num_warps)
@@ -131,12 +130,6 @@ def _common(op, operands, results, num_warps: int) -> None:
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
                  f"not lowered yet: fp8 can be declared (tk.gl[tk.f8e4m3]) but not loaded, "
                  f"converted or computed with")
-    if tk.op_def(op).top_level:
-        what = {"alloc_sem": "semaphores are allocated (and initialised) once, at the "
-                "kernel's top level, not inside an if or a loop"}.get(
-                    op.operation.name[3:], f"{op.operation.name} is called at the kernel's "
-                    f"top level")
-        _require(op.operation.parent.name == "func.func", what)
 
 
 @rule("load")
@@ -220,7 +213,16 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
              f"block has {limit} bytes of shared memory")
 
 
-rule("alloc_sem", "use_cluster")(no_extra_rule)    # top_level: checked by _common
+@rule("alloc_sem")
+def _alloc_sem(op, operands, results, num_warps: int) -> None:
+    _require(op.operation.parent.name == "func.func", "semaphores are allocated (and "
+             "initialised) once, at the kernel's top level, not inside an if or a loop")
+
+
+@rule("use_cluster")
+def _use_cluster(op, operands, results, num_warps: int) -> None:
+    _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
+             "kernel's top level")
 
 
 @rule("subtile")
