@@ -1,9 +1,13 @@
 """tk-verify: the tile rules, reported at the user's source line.
 
-`check_op` is the single statement of the rules. The frontend calls it on
-each op as it is built (so the error points at the line that made it) and
-the verify pass calls it on every op of a module (so IR read back from text
-is held to the same rules).
+Each op's rule is registered under its name (`@rule`, one per op, beside
+the rules every op obeys in `_common`); `check_op` applies them. The
+frontend calls it on each op as it is built (so the error points at the
+line that made it) and the verify pass calls it on every op of a module (so
+IR read back from text is held to the same rules). The pass also checks
+what needs the whole function: no block barrier under thread-dependent
+control flow (passes/uniform.py), no async result read before its wait
+(passes/async_results.py).
 """
 from __future__ import annotations
 
