@@ -1,9 +1,18 @@
 """The tk dialect, declared in one place.
 
-Each op is one `OpDef` row below. From that table we derive both the IRDL
-definition (loaded into a Context at run time; MLIR then parses, prints and
-verifies the ops) and a Python OpView class per op, so passes see typed ops
-(`op.src`, `op.kind`) instead of raw operand positions.
+Each op is one `OpDef` row below: its operands, results and attributes, and
+its *traits* — what the passes need to know about it (does its lowering
+synchronise the block? does it read shared memory through the async proxy?
+is its result ready only after a wait?). Passes read traits, never lists of
+op names. From the table we derive the IRDL definition (loaded into a
+Context at run time; MLIR then parses, prints and verifies the ops) and a
+Python OpView class per op, so passes see typed ops (`op.src`, `op.kind`)
+instead of raw operand positions.
+
+The rest of an op lives under the same name: its tile rule in
+passes/verify.py (`@rule`), its lowering in lowering/ (`@lowers`), its
+builtin in tk_mlir/ (marked `@builds`); tests/test_registry.py checks that
+every op has all three.
 
 The IRDL constraints are deliberately loose (IRDL cannot express "a tile
 whose rows divide 16"); passes/verify.py checks the tile rules and reports
@@ -12,14 +21,32 @@ them at the user's source line.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Union
 
 from mlir import ir
 from mlir.dialects import irdl
 from mlir.dialects._ods_common import _cext
 
+from . import contracts, layout as layouts, types as T
+
 # The op lookup imports `tk_mlir.dialects.tk` when it meets a tk op: that is
 # this module, so ops come back from the IR as the classes defined here.
 _cext.globals.append_dialect_search_prefix("tk_mlir.dialects")
+
+GENERIC, ASYNC = "generic", "async"     # the memory proxies (PTX memory model)
+
+
+@dataclass(frozen=True)
+class Access:
+    """A shared-memory access by an op: through its operand `operand` when that
+    operand is a shared tile, by the threads (generic proxy: ld/st.shared) or
+    by an asynchronous unit (async proxy: TMA, wgmma)."""
+    operand: str
+    proxy: str
+
+
+# A trait that depends on the op's types: (op, num_warps) -> value.
+Predicate = Callable[[ir.Operation, int], bool]
 
 
 @dataclass(frozen=True)
@@ -31,6 +58,46 @@ class OpDef:
     attributes: tuple[str, ...] = ()
     same_type: tuple[str, ...] = ()      # operands/results that must share one type
     doc: str = ""
+    # ---- traits
+    block_barrier: Union[bool, Predicate] = False  # its lowering syncs the whole block
+    thread_varying: bool = False         # its result differs between a block's threads
+    tma: tuple[str, str] | None = None   # (tensor, shared tile) operands: one tensor map
+    scratch: Callable[[ir.Operation, int], int] | None = None  # shared scratch bytes it needs
+    layout: str | None = None            # vector layouts: "same" (all its vectors share
+    #                                      one) or "broadcast" (the vector follows the tile)
+    reads: tuple[Access, ...] = ()       # shared tiles it reads ...
+    writes: tuple[Access, ...] = ()      # ... and writes, and through which proxy
+    view_of: str | None = None           # its result is a part of this operand's shared memory
+    takes_arrays: bool = False           # may take a whole array of tiles or semaphores
+    allocates: bool = False              # placed in shared memory by passes/smem.py
+    async_result: bool = False           # its result is ready only after an async_wait
+    async_wait: bool = False             # waits for async results (attribute `pending`)
+
+    def has_barrier(self, op, num_warps: int) -> bool:
+        b = self.block_barrier
+        return b(op, num_warps) if callable(b) else b
+
+
+def _reduction_scratch(op, num_warps: int) -> int:
+    """Bytes of f32 scratch a reduction needs to exchange partial results
+    between warps (0 when the reduced axis stays within each warp)."""
+    tile = T.parse(op.operands[0].type)
+    layout = layouts.layout_of(tile, num_warps)
+    keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
+    if not layout.warp_bits_along(1 - keep):
+        return 0
+    return T.scope_warps(tile.scope, num_warps) * 32 * layout.slice(keep).num_regs * 4
+
+
+def _exchanges_across_warps(op, num_warps: int) -> bool:
+    return _reduction_scratch(op, num_warps) > 0
+
+
+def _stores_block_tile_to_shared(op, num_warps: int) -> bool:
+    """A block-scope tile stored to shared memory is fenced by bar.sync on both
+    sides (lowering/memory.py)."""
+    return isinstance(T.parse(op.operands[0].type), T.ST) and \
+        T.parse(op.operands[1].type).scope == "block"
 
 
 UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt")
@@ -43,29 +110,36 @@ OPS: tuple[OpDef, ...] = (
     # Where this thread is.
     OpDef("block_id", results=("result",), attributes=("dim",), doc="blockIdx.{x,y,z}"),
     OpDef("grid_dim", results=("result",), attributes=("dim",), doc="gridDim.{x,y,z}"),
-    OpDef("thread_id", results=("result",), doc="threadIdx.x within the block"),
-    OpDef("lane_id", results=("result",), doc="lane within the warp"),
-    OpDef("warp_id", results=("result",), doc="warp within the block"),
-    OpDef("warpgroup_id", results=("result",), doc="warpgroup within the block"),
+    OpDef("thread_id", results=("result",), thread_varying=True,
+          doc="threadIdx.x within the block"),
+    OpDef("lane_id", results=("result",), thread_varying=True, doc="lane within the warp"),
+    OpDef("warp_id", results=("result",), thread_varying=True, doc="warp within the block"),
+    OpDef("warpgroup_id", results=("result",), thread_varying=True,
+          doc="warpgroup within the block"),
     OpDef("gl_dim", operands=("src",), results=("result",), attributes=("dim",),
           doc="run-time extent of a global layout dimension"),
     # Memory.
-    OpDef("alloc_st", results=("result",), doc="a shared tile; placed by passes/smem.py"),
+    OpDef("alloc_st", results=("result",), allocates=True,
+          doc="a shared tile; placed by passes/smem.py"),
     OpDef("load", operands=("src",), variadic="indices", results=("result",),
-          attributes=("fill",),
+          attributes=("fill",), reads=(Access("src", GENERIC),),
           doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt"),
     OpDef("store", operands=("dst", "value"), variadic="indices",
+          writes=(Access("dst", GENERIC),), block_barrier=_stores_block_tile_to_shared,
           doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st"),
-    OpDef("copy", operands=("dst", "src"), variadic="indices",
+    OpDef("copy", operands=("dst", "src"), variadic="indices", block_barrier=True,
+          reads=(Access("src", GENERIC),), writes=(Access("dst", GENERIC),),
           doc="gl <-> st by every thread of the block, then a block barrier"),
-    OpDef("barrier", doc="block-wide barrier (bar.sync 0)"),
+    OpDef("barrier", block_barrier=True, doc="block-wide barrier (bar.sync 0)"),
     OpDef("index", operands=("base", "index"), results=("result",), same_type=("base", "result"),
+          view_of="base", takes_arrays=True,
           doc="element `index` of an array of shared tiles or semaphores (alloc_st/alloc_sem "
               "with a `count` hint)"),
-    OpDef("subtile", operands=("src", "row"), results=("result",),
+    OpDef("subtile", operands=("src", "row"), results=("result",), view_of="src",
           doc="the result type's rows of a shared tile, from row `row` on"),
     # Hopper: semaphores (mbarriers), TMA, warpgroup MMA, warp specialization.
-    OpDef("alloc_sem", results=("result",), attributes=("arrivals",),
+    OpDef("alloc_sem", results=("result",), attributes=("arrivals",), allocates=True,
+          block_barrier=True,   # initialised, then a block barrier
           doc="a semaphore (mbarrier) expecting `arrivals` arrivals per phase; placed by "
               "passes/smem.py and initialised once at the kernel's start"),
     OpDef("arrive", operands=("sem",), doc="one arrival on a semaphore"),
@@ -73,52 +147,61 @@ OPS: tuple[OpDef, ...] = (
           doc="one arrival that also expects `bytes` of TMA transactions this phase"),
     OpDef("wait", operands=("sem", "phase"),
           doc="wait until the semaphore's phase with parity `phase` has completed"),
-    OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices",
+    OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
+          writes=(Access("dst", ASYNC),),
           doc="TMA: global tile at tile coordinates -> shared tile, completing on sem"),
-    OpDef("tma_store", operands=("dst", "src"), variadic="indices",
+    OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
+          reads=(Access("src", ASYNC),),
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
     OpDef("tma_commit", doc="close the current bulk async group of TMA stores"),
     OpDef("tma_wait", attributes=("pending", "read"),
           doc="wait until at most `pending` TMA store groups are outstanding (read: until "
               "their shared sources may be overwritten)"),
-    OpDef("tma_prefetch", operands=("src", "like"),
+    OpDef("tma_prefetch", operands=("src", "like"), tma=("src", "like"),
           doc="prefetch the tensor map that TMA ops on src with tiles of like's type use"),
-    OpDef("mma", operands=("acc", "a", "b"), results=("result",), attributes=("trans_a", "trans_b"),
-          same_type=("acc", "result"),
+    OpDef("mma", operands=("acc", "a", "b"), results=("result",),
+          attributes=("trans_a", "trans_b"),
+          same_type=("acc", "result"), reads=(Access("a", ASYNC), Access("b", ASYNC)),
+          async_result=True,
           doc="warpgroup MMA (wgmma): acc + op(a) op(b), a and b shared tiles; async until "
               "tk.mma_wait"),
-    OpDef("mma_wait", attributes=("pending",),
+    OpDef("mma_wait", attributes=("pending",), async_wait=True,
           doc="wait until at most `pending` warpgroup MMA groups are in flight"),
-    OpDef("elect", results=("result",), attributes=("scope",),
+    OpDef("elect", results=("result",), attributes=("scope",), thread_varying=True,
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
     OpDef("set_registers", attributes=("count", "action"),
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
     OpDef("use_cluster", attributes=("size",),
           doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
+    # (cluster_rank varies between blocks, not between a block's threads.)
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
-    OpDef("cluster_sync", doc="barrier.cluster arrive + wait: every thread of the cluster"),
+    OpDef("cluster_sync", block_barrier=True,
+          doc="barrier.cluster arrive + wait: every thread of the cluster"),
     OpDef("arrive_remote", operands=("sem", "cta"),
           doc="one arrival on the semaphore at the same place in block `cta` of the cluster"),
     OpDef("tma_load_multicast", operands=("dst", "src", "sem", "mask"), variadic="indices",
+          tma=("src", "dst"), writes=(Access("dst", ASYNC),),
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
     OpDef("named_barrier", operands=("id",), attributes=("warps",),
           doc="bar.sync id among `warps` warps (ids 1-15; 0 is the block barrier)"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
-    OpDef("cvt", operands=("src",), results=("result",), doc="element type conversion"),
+    OpDef("cvt", operands=("src",), results=("result",), layout="same",
+          doc="element type conversion"),
     *(OpDef(n, operands=("src",), results=("result",), same_type=("src", "result"),
-            doc=f"elementwise {n}") for n in UNARY),
+            layout="same", doc=f"elementwise {n}") for n in UNARY),
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),
-            doc=f"elementwise {n}; rhs is a tile of the same type or a scalar")
+            layout="same", doc=f"elementwise {n}; rhs is a tile of the same type or a scalar")
       for n in BINARY),
     OpDef("slice", operands=("src",), results=("result",), attributes=("row", "col"),
           doc="the result type's rows and columns of a register tile, from (row, col) on "
               "(the registers that hold them: no data moves)"),
     OpDef("reduce", operands=("src",), results=("result",), attributes=("kind", "axis"),
+          scratch=_reduction_scratch, block_barrier=_exchanges_across_warps,
           doc="row (axis=row: one value per row) or column reduction of a tile to a vector"),
     OpDef("broadcast", operands=("src", "vec"), results=("result",),
-          attributes=("kind", "axis"), same_type=("src", "result"),
+          attributes=("kind", "axis"), same_type=("src", "result"), layout="broadcast",
           doc="tile (kind) vector, the vector repeated along rows (axis=row) or columns"),
 )
 OPS_BY_NAME = {op.name: op for op in OPS}
@@ -220,33 +303,63 @@ OPVIEWS = {d.name: _make_opview(d) for d in OPS}
 globals().update({cls.__name__: cls for cls in OPVIEWS.values()})
 
 
-# ------------------------------------------------------- hints and roles
+# ------------------------------------------------------- reading traits
 
-ALLOCS = ("tk.alloc_st", "tk.alloc_sem")
+def op_def(op) -> OpDef | None:
+    """The OpDef of a tk op (an Operation or OpView), None for any other op."""
+    name = getattr(op, "operation", op).name
+    return OPS_BY_NAME.get(name[3:]) if name.startswith("tk.") else None
+
+
+def _operand(op, d: OpDef, name: str) -> ir.Value:
+    return op.operands[d.operands.index(name)]
 
 
 def array_count(op) -> int | None:
-    """The element count of an alloc_st/alloc_sem that makes an array (its
-    `count` hint), None for a single tile or semaphore (or any other op)."""
+    """The element count of an allocation that makes an array (its `count`
+    hint), None for a single tile or semaphore (or any other op)."""
     op = getattr(op, "operation", op)
-    if op.name not in ALLOCS or "count" not in op.attributes:
+    d = op_def(op)
+    if d is None or not d.allocates:
         return None
-    return ir.IntegerAttr(op.attributes["count"]).value
-
-
-# Which named operands of each TMA op are the tensor and the shared tile
-# (the pair that decides its tensor map).
-TMA_OPERANDS = {"tma_load": ("src", "dst"), "tma_load_multicast": ("src", "dst"),
-                "tma_store": ("dst", "src"), "tma_prefetch": ("src", "like")}
+    return contracts.COUNT.get(op, None)
 
 
 def tma_operands(op) -> tuple[ir.Value, ir.Value] | None:
     """(tensor, shared tile) values of a TMA op, None for any other op."""
-    roles = TMA_OPERANDS.get(op.operation.name.removeprefix("tk."))
-    if roles is None:
+    op = getattr(op, "operation", op)
+    d = op_def(op)
+    if d is None or d.tma is None:
         return None
-    d = OPS_BY_NAME[op.operation.name.removeprefix("tk.")]
-    return tuple(op.operation.operands[d.operands.index(r)] for r in roles)
+    return tuple(_operand(op, d, r) for r in d.tma)
+
+
+def shared_accesses(op) -> list[tuple[str, str, ir.Value]]:
+    """("read" | "write", proxy, shared tile value) for each shared tile op
+    reads or writes (an access through an operand that is not a shared tile,
+    e.g. tk.store to a global, is none)."""
+    op = getattr(op, "operation", op)
+    d = op_def(op)
+    if d is None:
+        return []
+    out = []
+    for kind, accesses in (("read", d.reads), ("write", d.writes)):
+        for a in accesses:
+            v = _operand(op, d, a.operand)
+            if isinstance(T.parse(v.type), T.ST):
+                out.append((kind, a.proxy, v))
+    return out
+
+
+def shared_root(v: ir.Value) -> ir.Value:
+    """The allocation a shared tile value is part of (through tk.index and
+    tk.subtile views): two tiles may overlap only when their roots agree."""
+    while isinstance(v, ir.OpResult):
+        d = op_def(v.owner)
+        if d is None or d.view_of is None:
+            break
+        v = _operand(v.owner, d, d.view_of)
+    return v
 
 
 # ----------------------------------------------------------------- building
@@ -266,11 +379,16 @@ def _attr(value) -> ir.Attribute:
 
 
 def build(name: str, operands=(), results=(), **attributes) -> TkOp:
-    """Create `tk.<name>` at the current insertion point and location."""
+    """Create `tk.<name>` at the current insertion point and location.
+    Attributes beyond the op's own are hints declared in dialects/contracts.py
+    (e.g. `cache`, `count`), set through their typed accessor."""
     d = OPS_BY_NAME[name]
-    # Attributes beyond the declared ones are discardable hints (e.g. `cache`).
     missing = set(d.attributes) - set(attributes)
     assert not missing, f"tk.{name} needs attributes {sorted(missing)}"
-    return ir.Operation.create(
+    hints = {k: v for k, v in attributes.items() if k not in d.attributes}
+    op = ir.Operation.create(
         f"tk.{name}", results=list(results), operands=list(operands),
-        attributes={k: _attr(v) for k, v in attributes.items()}).opview
+        attributes={k: _attr(v) for k, v in attributes.items() if k in d.attributes})
+    for k, v in hints.items():
+        contracts.BY_NAME[k].set(op, v)
+    return op.opview

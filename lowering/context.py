@@ -10,7 +10,11 @@ from mlir.dialects import arith, gpu, llvm
 
 from ..dialects import layout as layouts, types as T
 
-# tk op name -> function(ctx, op) that lowers it (see register()).
+# tk op name -> its lowering rule, rule(ctx, op, *inputs) -> output. The
+# walker (lowering/kernel.py) looks up what each operand became (a Fragment,
+# a GlobalRef/SharedRef, an SSA value) and passes them in operand order; the
+# rule returns what the op's result becomes (None for an op without one) and
+# the walker binds it. Attributes are read from `op` (op.kind, op.axis, ...).
 LOWERINGS: dict[str, Callable] = {}
 
 

@@ -8,21 +8,73 @@ tile data reads the layout rather than assuming a shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from mlir import ir
+from mlir.dialects import arith
 
 from ..dialects import layout as layouts, types as T
 
 
+F32 = "f32"
+
+
+def convert(v: ir.Value, src: str, dst: str) -> ir.Value:
+    """One register from dtype src to dst (through f32)."""
+    if src == dst:
+        return v
+    if src != F32:
+        v = arith.extf(ir.F32Type.get(), v)
+    return v if dst == F32 else arith.truncf(T.element_type(dst), v)
+
+
 @dataclass
 class Fragment:
+    """A thread's registers of a register tile or vector, and their layout.
+    Elementwise behaviour lives here: a lowering rule says what to compute per
+    register, the fragment applies it along its layout."""
     regs: list[ir.Value]
     layout: layouts.Layout
     dtype: str
     scope: str
 
+    @classmethod
+    def full(cls, value: ir.Value, t, num_warps: int) -> Fragment:
+        """Every register of a tile or vector of tk type t holding `value`."""
+        layout = layout_of(t, num_warps)
+        return cls([value] * layout.num_regs, layout, t.dtype, t.scope)
+
     def like(self, regs: list[ir.Value], dtype: str | None = None) -> Fragment:
         return Fragment(regs, self.layout, dtype or self.dtype, self.scope)
+
+    def astype(self, dtype: str) -> Fragment:
+        return self.like([convert(r, self.dtype, dtype) for r in self.regs], dtype)
+
+    def map(self, fn: Callable[[ir.Value], ir.Value], *, in_f32: bool = False) -> Fragment:
+        """fn on each register (in_f32: computed in f32, then back to the dtype)."""
+        if not in_f32:
+            return self.like([fn(r) for r in self.regs])
+        return self.like([convert(fn(convert(r, self.dtype, F32)), F32, self.dtype)
+                          for r in self.regs])
+
+    def zip_with(self, other, fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Fragment:
+        """fn on each pair of registers with a fragment of the same layout, or
+        with one f32 scalar (converted once to the fragment's dtype)."""
+        if isinstance(other, Fragment):
+            return self.like([fn(x, y) for x, y in zip(self.regs, other.regs)])
+        s = convert(other, F32, self.dtype)
+        return self.like([fn(x, s) for x in self.regs])
+
+    def broadcast(self, vec: Fragment, keep_axis: int,
+                  fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Fragment:
+        """fn of each register and the vector register that holds its element
+        along `keep_axis` (0: one per row, 1: one per column): the layout says which."""
+        return self.like([fn(x, vec.regs[self.layout.slice_register(keep_axis, i)])
+                          for i, x in enumerate(self.regs)])
+
+    def select(self, picked: list[int], layout: layouts.Layout) -> Fragment:
+        """The fragment of registers `picked` (no data moves), in `layout`."""
+        return Fragment([self.regs[r] for r in picked], layout, self.dtype, self.scope)
 
 
 layout_of = layouts.layout_of

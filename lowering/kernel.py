@@ -22,9 +22,11 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, scf
 
-from ..dialects import tk, types as T
+from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
+from ..passes.fences import insert_proxy_fences
+from ..target import TARGET
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
@@ -75,14 +77,16 @@ def kernel_params(arg_types: list[ir.Type], specs=()) -> list[KernelParam]:
 
 _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
                 "f32": ir.F32Type.get, "tmap": lambda: ir.Type.parse("!llvm.ptr")}
-SMEM_ALIGN = 1024     # swizzled tiles: the base is rounded up at run time (see MLIR_NOTES)
 
 
 def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
     (func,) = module.body.operations
+    # tk-proxy-fences marks the shared writes an async read may follow (run
+    # here, at the head of tk-to-gpu, until the stage list names it).
+    insert_proxy_fences(module)
     name = ir.StringAttr(func.attributes["sym_name"]).value
-    num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
-    smem_bytes = ir.IntegerAttr(func.attributes["tk.smem_bytes"]).value
+    num_warps = C.NUM_WARPS.get(func)
+    smem_bytes = C.SMEM_BYTES.get(func)
     entry = func.regions[0].blocks[0]
     specs = tensor_map_specs(func)
     params = kernel_params([a.type for a in entry.arguments], specs)
@@ -91,7 +95,8 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
     out.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
     with ir.InsertionPoint(out.body), func.location:
         gmod = gpu.GPUModuleOp(GPU_MODULE, targets=ir.ArrayAttr.get([ir.Attribute.parse(
-            '#nvvm.target<chip = "sm_90a", features = "+ptx80", O = 3>')]))
+            f'#nvvm.target<chip = "{TARGET.arch}", features = "{TARGET.ptx_features}", '
+            f'O = 3>')]))
         gmod.bodyRegion.blocks.append()
     with ir.InsertionPoint(gmod.bodyRegion.blocks[0]), func.location:
         if smem_bytes:
@@ -113,18 +118,18 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
             if p.kind == "tmap":
                 ctx.tensor_maps[specs[p.index]] = spec_value
         if smem_bytes:
-            ctx.smem_base = _aligned_smem_base() if "tk.smem_align" in func.attributes else \
+            align = C.SMEM_ALIGN.get(func, None)
+            ctx.smem_base = _aligned_smem_base(align) if align else \
                 llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
         ctx.lane(), ctx.warp()   # at the top, so they dominate every use (unused: DCE'd)
         init_semaphores(ctx, [op for op in entry.operations if op.name == "tk.alloc_sem"])
         _lower_block(ctx, entry)
-    kernel.attributes["tk.grid_constants"] = ir.DenseI32ArrayAttr.get(
-        [i for i, p in enumerate(params) if p.kind == "tmap"])
+    C.GRID_CONSTANTS.set(kernel, tuple(i for i, p in enumerate(params) if p.kind == "tmap"))
     if ctx.uses_setmaxnreg:   # ptxas ignores setmaxnreg without .minnctapersm (C7508)
-        kernel.attributes["tk.min_ctas"] = ir.IntegerAttr.get(i32(), 1)
-    kernel.attributes["tk.max_threads"] = ir.IntegerAttr.get(i32(), 32 * num_warps)
+        C.MIN_CTAS.set(kernel, 1)
+    C.MAX_THREADS.set(kernel, 32 * num_warps)
     if ctx.cluster > 1:
-        kernel.attributes["tk.cluster"] = ir.IntegerAttr.get(i32(), ctx.cluster)
+        C.CLUSTER.set(kernel, ctx.cluster)
     return out, params, specs
 
 
@@ -132,17 +137,17 @@ def cluster_size(func) -> int:
     """The kernel's cluster size (tk.use_cluster at its top level), 1 without."""
     for op in func.regions[0].blocks[0].operations:
         if op.name == "tk.use_cluster":
-            return ir.IntegerAttr(op.attributes["size"]).value
+            return op.opview.size
     return 1
 
 
-def _aligned_smem_base() -> ir.Value:
-    """The dynamic shared memory base rounded up to SMEM_ALIGN (passes/smem.py
+def _aligned_smem_base(align: int) -> ir.Value:
+    """The dynamic shared memory base rounded up to `align` (passes/smem.py
     asks for that much more): swizzle patterns follow absolute address bits,
     and LLVM must not assume the alignment (it would fold the rounding)."""
     base = llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
     addr = llvm.ptrtoint(i32(), base)
-    aligned = arith.andi(arith.addi(addr, c32(SMEM_ALIGN - 1)), c32(-SMEM_ALIGN))
+    aligned = arith.andi(arith.addi(addr, c32(align - 1)), c32(-align))
     return llvm.getelementptr(ptr(3), base, [arith.subi(aligned, addr)], [-2**31],
                               ir.IntegerType.get_signless(8), llvm.GEPNoWrapFlags.inbounds)
 
@@ -152,9 +157,9 @@ def set_kernel_attributes(module: ir.Module) -> None:
     __grid_constant__ byval parameters, and kernels that reallocate registers
     get .minnctapersm 1 and .maxntid."""
     def visit(op):
-        if op.name != "llvm.func" or "tk.grid_constants" not in op.attributes:
+        if op.name != "llvm.func" or not C.GRID_CONSTANTS.has(op):
             return ir.WalkResult.ADVANCE
-        grid_constants = list(ir.DenseI32ArrayAttr(op.attributes["tk.grid_constants"]))
+        grid_constants = C.GRID_CONSTANTS.get(op)
         if grid_constants:
             n = len(op.regions[0].blocks[0].arguments)
             arg_attrs = [ir.DictAttr.get({}) for _ in range(n)]
@@ -164,16 +169,15 @@ def set_kernel_attributes(module: ir.Module) -> None:
                     "llvm.align": ir.IntegerAttr.get(i64(), 64),
                     "nvvm.grid_constant": ir.UnitAttr.get()})
             op.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_attrs)
-        if "tk.min_ctas" in op.attributes:
-            op.attributes["nvvm.minctasm"] = op.attributes["tk.min_ctas"]
-            block = ir.IntegerAttr(op.attributes["tk.max_threads"]).value
-            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get([block, 1, 1])
-        if "tk.cluster" in op.attributes:     # .reqnctapercluster: a plain launch forms clusters
-            size = ir.IntegerAttr(op.attributes["tk.cluster"]).value
-            op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([size, 1, 1])
-        for name in ("tk.grid_constants", "tk.min_ctas", "tk.max_threads", "tk.cluster"):
-            if name in op.attributes:
-                del op.attributes[name]
+        if C.MIN_CTAS.has(op):
+            op.attributes["nvvm.minctasm"] = ir.IntegerAttr.get(i32(), C.MIN_CTAS.get(op))
+            op.attributes["nvvm.maxntid"] = ir.DenseI32ArrayAttr.get(
+                [C.MAX_THREADS.get(op), 1, 1])
+        if C.CLUSTER.has(op):     # .reqnctapercluster: a plain launch forms clusters
+            op.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get(
+                [C.CLUSTER.get(op), 1, 1])
+        for contract in (C.GRID_CONSTANTS, C.MIN_CTAS, C.MAX_THREADS, C.CLUSTER):
+            contract.remove(op)
         return ir.WalkResult.ADVANCE
     module.operation.walk(visit)
 
@@ -196,9 +200,8 @@ def _exchange_groups(func) -> dict[int, list]:
     """The reductions passes/smem.py grouped to share one cross-warp exchange."""
     groups: dict[int, list] = {}
     def visit(op):
-        if op.name == "tk.reduce" and "exchange_group" in op.attributes:
-            groups.setdefault(ir.IntegerAttr(op.attributes["exchange_group"]).value,
-                              []).append(op.opview)
+        if C.EXCHANGE_GROUP.has(op):
+            groups.setdefault(C.EXCHANGE_GROUP.get(op), []).append(op.opview)
         return ir.WalkResult.ADVANCE
     func.operation.walk(visit)
     return groups
@@ -240,7 +243,7 @@ def _lower_block(ctx: LoweringContext, block) -> list[ir.Value] | None:
         name = op.operation.name
         with op.location:
             if name in LOWERINGS:
-                LOWERINGS[name](ctx, op)
+                _apply(ctx, LOWERINGS[name], op)
             elif name == "scf.for":
                 _lower_for(ctx, op)
             elif name == "scf.if":
@@ -254,6 +257,16 @@ def _lower_block(ctx: LoweringContext, block) -> list[ir.Value] | None:
             else:
                 _clone(ctx, op)
     return None
+
+
+def _apply(ctx: LoweringContext, rule, op) -> None:
+    """Run op's lowering rule on what its operands became; bind its result."""
+    out = rule(ctx, op, *[ctx.lookup(v) for v in op.operation.operands])
+    results = op.operation.results
+    if len(results):
+        ctx.bind(results[0], out)
+    else:
+        assert out is None, f"{op.operation.name} has no result, its rule returned {out!r}"
 
 
 def _clone(ctx: LoweringContext, op) -> None:

@@ -13,7 +13,7 @@ import functools
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, lowers,
                       ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
@@ -114,8 +114,7 @@ def _store_with_policy(value: ir.Value, addr: ir.Value, nbytes: int, policy):
 
 
 def _policy(op) -> tuple[str, str] | None:
-    attrs = op.operation.attributes
-    return _PTX_CACHE.get(ir.StringAttr(attrs["cache"]).value) if "cache" in attrs else None
+    return _PTX_CACHE.get(contracts.CACHE.get(op, "normal"))
 
 
 def _guarded_load(addr: ir.Value, ok: ir.Value, vtype: ir.Type, fill: ir.Value,
@@ -139,14 +138,12 @@ def _guarded(cond: ir.Value | None, body) -> None:
 
 
 @lowers("tk.load")
-def lower_load(ctx: LoweringContext, op) -> None:
-    src = ctx.lookup(op.src)
+def lower_load(ctx: LoweringContext, op, src, *indices: ir.Value) -> Fragment:
     t = T.parse(op.result.type)
     layout = layout_of(t, ctx.num_warps)
     if isinstance(src, SharedRef):
-        ctx.bind(op.result, _load_shared(ctx, src, layout, t))
-        return
-    access = _GlobalTileAccess(ctx, src, layout, t.scope, [ctx.lookup(i) for i in op.indices])
+        return _load_shared(ctx, src, layout, t)
+    access = _GlobalTileAccess(ctx, src, layout, t.scope, list(indices))
     pieces, run = _pieces(layout, t.dtype)
     vtype = vector_type(run, t.dtype) if run > 1 else T.element_type(t.dtype)
     fill_scalar = float_constant(op.fill, t.dtype)
@@ -156,17 +153,15 @@ def lower_load(ctx: LoweringContext, op) -> None:
         addr, ok = access.piece(r0, t.dtype)
         v = _guarded_load(addr, ok, vtype, fill, n * T.itemsize(t.dtype), _policy(op))
         regs += split_vector(v, n)
-    ctx.bind(op.result, Fragment(regs, layout, t.dtype, t.scope))
+    return Fragment(regs, layout, t.dtype, t.scope)
 
 
 @lowers("tk.store")
-def lower_store(ctx: LoweringContext, op) -> None:
-    dst, frag = ctx.lookup(op.dst), ctx.lookup(op.value)
+def lower_store(ctx: LoweringContext, op, dst, frag: Fragment, *indices: ir.Value) -> None:
     if isinstance(dst, SharedRef):
-        _store_shared(ctx, dst, frag)
+        _store_shared(ctx, dst, frag, op)
         return
-    access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope,
-                               [ctx.lookup(i) for i in op.indices])
+    access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope, list(indices))
     first = ctx.is_first_replica(frag.layout, frag.scope)
     pieces, _ = _pieces(frag.layout, frag.dtype)
     for r0, n in pieces:
@@ -178,8 +173,8 @@ def lower_store(ctx: LoweringContext, op) -> None:
 
 
 @lowers("tk.gl_dim")
-def lower_gl_dim(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, ctx.lookup(op.src).dims[op.dim])
+def lower_gl_dim(ctx: LoweringContext, op, src: GlobalRef) -> ir.Value:
+    return src.dims[op.dim]
 
 
 # ------------------------------------------------------------------ shared
@@ -225,7 +220,15 @@ def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
     return Fragment(regs, layout, t.dtype, t.scope)
 
 
-def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
+def fence_for_async_readers(op) -> None:
+    """fence.proxy.async after this thread's generic writes of op, when
+    tk-proxy-fences found an async-proxy read (wgmma, TMA store) that may
+    follow them (passes/fences.py: why here, before any barrier)."""
+    if contracts.PROXY_FENCE.get(op, False):
+        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+
+
+def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     # A block-scope tile: other threads may still read the tile's old contents,
     # and will read the new ones: a barrier on each side. (Conservative: a pass
     # that drops the barriers the memory model does not need is future work.)
@@ -239,41 +242,38 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment) -> None:
     for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
         value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
         _guarded(first, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+    fence_for_async_readers(op)
     if block:
         nvvm.barrier0()
 
 
 @lowers("tk.alloc_st", "tk.alloc_sem")
-def lower_alloc(ctx: LoweringContext, op) -> None:
-    attrs = op.operation.attributes
-    offset, stride = (ir.IntegerAttr(attrs[k]).value for k in ("offset", "stride"))
-    ctx.bind(op.result, SharedRef(smem_addr(ctx.smem_base, c32(offset)),
-                                  T.parse(op.result.type), stride))
+def lower_alloc(ctx: LoweringContext, op) -> SharedRef:
+    offset, stride = contracts.OFFSET.get(op), contracts.STRIDE.get(op)
+    return SharedRef(smem_addr(ctx.smem_base, c32(offset)), T.parse(op.result.type), stride)
 
 
 @lowers("tk.index")
-def lower_index(ctx: LoweringContext, op) -> None:
-    base = ctx.lookup(op.base)
-    offset = arith.muli(ctx.lookup(op.index), c32(base.stride))
-    ctx.bind(op.result, SharedRef(smem_addr(base.ptr, offset), base.type))
+def lower_index(ctx: LoweringContext, op, base: SharedRef, index: ir.Value) -> SharedRef:
+    offset = arith.muli(index, c32(base.stride))
+    return SharedRef(smem_addr(base.ptr, offset), base.type)
 
 
 @lowers("tk.subtile")
-def lower_subtile(ctx: LoweringContext, op) -> None:
-    src, sub = ctx.lookup(op.src), T.parse(op.result.type)
+def lower_subtile(ctx: LoweringContext, op, src: SharedRef, row: ir.Value) -> SharedRef:
+    sub = T.parse(op.result.type)
     # One column block (tk-verify): the rows are consecutive lines of block_bytes.
-    offset = arith.muli(ctx.lookup(op.row), c32(src.type.block_bytes))
-    ctx.bind(op.result, SharedRef(smem_addr(src.ptr, offset), sub))
+    offset = arith.muli(row, c32(src.type.block_bytes))
+    return SharedRef(smem_addr(src.ptr, offset), sub)
 
 
 @lowers("tk.copy")
-def lower_copy(ctx: LoweringContext, op) -> None:
+def lower_copy(ctx: LoweringContext, op, dst, src, *indices: ir.Value) -> None:
     """gl <-> st in 16-byte chunks, chunk k by thread k mod (threads in block)."""
-    dst, src = ctx.lookup(op.dst), ctx.lookup(op.src)
     to_shared = isinstance(dst, SharedRef)
     sref, g = (dst, src) if to_shared else (src, dst)
     st, rank = sref.type, g.type.rank
-    coords = [ctx.lookup(i) for i in op.indices]
+    coords = list(indices)
     isz = T.itemsize(st.dtype)
     per_chunk = 16 // isz
     chunks_per_row = st.cols // per_chunk
@@ -302,4 +302,6 @@ def lower_copy(ctx: LoweringContext, op) -> None:
         else:
             _guarded(in_bounds, lambda: llvm.store(llvm.load(vtype, saddr, alignment=16),
                                                    gaddr, alignment=16))
+    if to_shared:
+        fence_for_async_readers(op)
     nvvm.barrier0()

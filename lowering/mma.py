@@ -118,18 +118,18 @@ def _a_fragment(frag: Fragment, mb: int, ks: int, k: int) -> list[ir.Value]:
 
 
 @lowers("tk.mma")
-def lower_mma(ctx: LoweringContext, op) -> None:
-    acc: Fragment = ctx.lookup(op.acc)
+def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) -> Fragment:
+    """The wgmma group of acc + op(a) op(b); a is a SharedRef or (register A)
+    a Fragment. The result stays in flight until tk.mma_wait fences it."""
     acc = acc.like(fence_registers(acc.regs))
-    a_ref, b_ref = ctx.lookup(op.a), ctx.lookup(op.b)
     trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
     t = T.parse(op.acc.type)
     a_t = T.parse(op.a.type)
     k = a_t.rows if trans_a else a_t.cols
     n = t.cols
+    ctx.in_flight[op.result] = ctx.depth
     if isinstance(a_ref, Fragment):
-        _lower_register_a(ctx, op, acc, a_ref, b_ref, t, k, trans_b)
-        return
+        return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b)
     da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
@@ -147,12 +147,11 @@ def lower_mma(ctx: LoweringContext, op) -> None:
                 nvvm.WGMMAScaleIn.one, layout_a, layout_b)
         regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)
     nvvm.wgmma_commit_group_sync_aligned()
-    ctx.bind(op.result, acc.like(regs))
-    ctx.in_flight[op.result] = ctx.depth
+    return acc.like(regs)
 
 
-def _lower_register_a(ctx, op, acc: Fragment, a: Fragment, b_ref, t: T.RT, k: int,
-                      trans_b: bool) -> None:
+def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: int,
+                      trans_b: bool) -> Fragment:
     db = _Descriptors(b_ref, not trans_b)
     per_block = t.cols // 2
     nvvm.wgmma_fence_aligned()       # also orders the A registers' writes before the wgmma
@@ -164,15 +163,15 @@ def _lower_register_a(ctx, op, acc: Fragment, a: Fragment, b_ref, t: T.RT, k: in
                                   trans_b)
         regs[mb * per_block:(mb + 1) * per_block] = d
     nvvm.wgmma_commit_group_sync_aligned()
-    ctx.bind(op.result, acc.like(regs))
-    ctx.in_flight[op.result] = ctx.depth
+    return acc.like(regs)
 
 
 @lowers("tk.mma_wait")
 def lower_mma_wait(ctx: LoweringContext, op) -> None:
     nvvm.wgmma_wait_group_sync_aligned(op.pending)
     # Fence the accumulators bound in this block (rebinding an outer value here
-    # would not dominate its uses after the block).
+    # would not dominate its uses after the block). A wait has no result: it
+    # rebinds the values it completes, the one rule that binds beside its own.
     for value, depth in list(ctx.in_flight.items()):
         if depth == ctx.depth:
             frag = ctx.lookup(value)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
+from ..dialects import contracts
 from ..errors import error_at
-from .compute import F32, convert
 from .context import LoweringContext, c32, lowers, ptr
-from .fragments import Fragment
+from .fragments import F32, Fragment, convert
 from .memory import smem_addr
 
 COMBINE = {"sum": arith.addf, "max": arith.maximumf, "min": arith.minimumf}
@@ -25,19 +25,20 @@ def _shuffle_xor(x: ir.Value, lane_mask: int) -> ir.Value:
 
 
 @lowers("tk.reduce")
-def lower_reduce(ctx: LoweringContext, op) -> None:
+def lower_reduce(ctx: LoweringContext, op, src: Fragment) -> Fragment:
     if op.result in ctx.values:
-        return   # already lowered with the first reduction of its exchange group
-    attrs = op.operation.attributes
-    if "exchange_group" not in attrs:
-        ctx.bind(op.result, _within_warps(ctx, op)[0])
-        return
-    group = ctx.exchange_groups[ir.IntegerAttr(attrs["exchange_group"]).value]
+        return ctx.lookup(op.result)   # lowered with the first reduction of its group
+    if not contracts.EXCHANGE_GROUP.has(op):
+        return _within_warps(ctx, op)[0]
+    # The reductions of one exchange group share its barrier: lowered together,
+    # at the first of them, which binds the others' results here.
+    group = ctx.exchange_groups[contracts.EXCHANGE_GROUP.get(op)]
     partials = [_within_warps(ctx, member) for member in group]
-    sync_after = ir.BoolAttr(attrs["exchange_sync_after"]).value
+    sync_after = contracts.EXCHANGE_SYNC_AFTER.get(op)
     results = _across_warps(ctx, group, partials, sync_after)
     for member, frag in zip(group, results):
         ctx.bind(member.result, frag)
+    return ctx.lookup(op.result)
 
 
 def _keep(op) -> int:
@@ -77,8 +78,7 @@ def _across_warps(ctx, group, partials, sync_after: bool) -> list[Fragment]:
         index = arith.addi(arith.muli(arith.addi(arith.muli(w, c32(32)), lane), c32(n)), c32(j))
         return llvm.getelementptr(ptr(3), base, [index], [-2**31], f32,
                                   llvm.GEPNoWrapFlags.inbounds)
-    bases = [smem_addr(ctx.smem_base, c32(ir.IntegerAttr(
-        op.operation.attributes["scratch_offset"]).value)) for op in group]
+    bases = [smem_addr(ctx.smem_base, c32(contracts.SCRATCH_OFFSET.get(op))) for op in group]
     for base, (_, partial) in zip(bases, partials):
         for j, p in enumerate(partial):
             llvm.store(p, slot(base, warp, len(partial), j), alignment=4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, nvvm, scf
 
-from ..dialects import tk, types as T
+from ..dialects import contracts, tk, types as T
 from .context import LoweringContext, c32, i64, lowers
 from .fragments import SharedRef
 from .memory import smem_addr
@@ -24,8 +24,8 @@ def init_semaphores(ctx: LoweringContext, allocs) -> None:
     first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, ctx.tid(), c32(0)))
     with ir.InsertionPoint(first.then_block):
         for op in allocs:
-            offset, stride, arrivals = (ir.IntegerAttr(op.attributes[k]).value
-                                        for k in ("offset", "stride", "arrivals"))
+            offset, stride = contracts.OFFSET.get(op), contracts.STRIDE.get(op)
+            arrivals = op.opview.arrivals
             for i in range(tk.array_count(op) or 1):
                 nvvm.mbarrier_init(smem_addr(ctx.smem_base, c32(offset + stride * i)),
                                    c32(arrivals))
@@ -40,37 +40,36 @@ def init_semaphores(ctx: LoweringContext, allocs) -> None:
         nvvm.barrier0()
 
 
-def _sem(ctx: LoweringContext, v) -> ir.Value:
-    ref: SharedRef = ctx.lookup(v)
+def _sem(ref: SharedRef) -> ir.Value:
     assert isinstance(ref.type, T.Sem)
     return ref.ptr
 
 
 @lowers("tk.arrive")
-def lower_arrive(ctx: LoweringContext, op) -> None:
-    nvvm.mbarrier_arrive(i64(), _sem(ctx, op.sem))
+def lower_arrive(ctx: LoweringContext, op, sem: SharedRef) -> None:
+    nvvm.mbarrier_arrive(i64(), _sem(sem))
 
 
 @lowers("tk.expect_bytes")
-def lower_expect_bytes(ctx: LoweringContext, op) -> None:
-    nvvm.mbarrier_arrive_expect_tx(i64(), _sem(ctx, op.sem), c32(op.bytes))
+def lower_expect_bytes(ctx: LoweringContext, op, sem: SharedRef) -> None:
+    nvvm.mbarrier_arrive_expect_tx(i64(), _sem(sem), c32(op.bytes))
 
 
 @lowers("tk.wait")
-def lower_wait(ctx: LoweringContext, op) -> None:
+def lower_wait(ctx: LoweringContext, op, sem: SharedRef, phase: ir.Value) -> None:
     # try_wait.parity in a loop (the op lowers to the PTX retry loop).
-    nvvm.mbarrier_try_wait_parity(_sem(ctx, op.sem), ctx.lookup(op.phase), c32(10_000_000))
+    nvvm.mbarrier_try_wait_parity(_sem(sem), phase, c32(10_000_000))
 
 
 @lowers("tk.elect")
-def lower_elect(ctx: LoweringContext, op) -> None:
+def lower_elect(ctx: LoweringContext, op) -> ir.Value:
     # elect.sync picks one lane without a loop over the active mask; for a
     # warpgroup, the elected lane of its first warp (warp-uniform test).
     elected = nvvm.elect_sync(ir.IntegerType.get_signless(1))
     if op.scope == "warpgroup":
         first_warp = arith.cmpi(arith.CmpIPredicate.eq, ctx.warp_in_scope("warpgroup"), c32(0))
         elected = arith.andi(first_warp, elected)
-    ctx.bind(op.result, elected)
+    return elected
 
 
 @lowers("tk.set_registers")
@@ -82,8 +81,8 @@ def lower_set_registers(ctx: LoweringContext, op) -> None:
 
 
 @lowers("tk.named_barrier")
-def lower_named_barrier(ctx: LoweringContext, op) -> None:
-    nvvm.barrier(None, barrier_id=ctx.lookup(op.id), number_of_threads=c32(32 * op.warps))
+def lower_named_barrier(ctx: LoweringContext, op, id: ir.Value) -> None:
+    nvvm.barrier(None, barrier_id=id, number_of_threads=c32(32 * op.warps))
 
 
 @lowers("tk.use_cluster")
@@ -92,8 +91,8 @@ def lower_use_cluster(ctx: LoweringContext, op) -> None:
 
 
 @lowers("tk.cluster_rank")
-def lower_cluster_rank(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, nvvm.read_ptx_sreg_cluster_ctarank(ir.IntegerType.get_signless(32)))
+def lower_cluster_rank(ctx: LoweringContext, op) -> ir.Value:
+    return nvvm.read_ptx_sreg_cluster_ctarank(ir.IntegerType.get_signless(32))
 
 
 @lowers("tk.cluster_sync")
@@ -103,6 +102,6 @@ def lower_cluster_sync(ctx: LoweringContext, op) -> None:
 
 
 @lowers("tk.arrive_remote")
-def lower_arrive_remote(ctx: LoweringContext, op) -> None:
-    remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _sem(ctx, op.sem), ctx.lookup(op.cta))
+def lower_arrive_remote(ctx: LoweringContext, op, sem: SharedRef, cta: ir.Value) -> None:
+    remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _sem(sem), cta)
     nvvm.MBarrierArriveOp(None, remote, scope=nvvm.MemScopeKind.CTA)

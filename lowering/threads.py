@@ -9,33 +9,33 @@ _DIMS = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
 
 
 @lowers("tk.block_id")
-def lower_block_id(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, arith.index_cast(i32(), gpu.block_id(_DIMS[op.dim])))
+def lower_block_id(ctx: LoweringContext, op):
+    return arith.index_cast(i32(), gpu.block_id(_DIMS[op.dim]))
 
 
 @lowers("tk.grid_dim")
-def lower_grid_dim(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, arith.index_cast(i32(), gpu.grid_dim(_DIMS[op.dim])))
+def lower_grid_dim(ctx: LoweringContext, op):
+    return arith.index_cast(i32(), gpu.grid_dim(_DIMS[op.dim]))
 
 
 @lowers("tk.thread_id")
-def lower_thread_id(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, ctx.tid())
+def lower_thread_id(ctx: LoweringContext, op):
+    return ctx.tid()
 
 
 @lowers("tk.lane_id")
-def lower_lane_id(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, ctx.lane())
+def lower_lane_id(ctx: LoweringContext, op):
+    return ctx.lane()
 
 
 @lowers("tk.warp_id")
-def lower_warp_id(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, ctx.warp())
+def lower_warp_id(ctx: LoweringContext, op):
+    return ctx.warp()
 
 
 @lowers("tk.warpgroup_id")
-def lower_warpgroup_id(ctx: LoweringContext, op) -> None:
-    ctx.bind(op.result, arith.shrui(ctx.warp(), c32(2)))
+def lower_warpgroup_id(ctx: LoweringContext, op):
+    return arith.shrui(ctx.warp(), c32(2))
 
 
 @lowers("tk.barrier")

@@ -33,10 +33,9 @@ def tensor_map_spec(arg: int, st: T.ST) -> TensorMapSpec:
     return TensorMapSpec(arg, st.rows, st.block_cols, st.swizzle, st.dtype)
 
 
-def _boxes(ctx: LoweringContext, g: GlobalRef, st: T.ST, indices):
+def _boxes(g: GlobalRef, st: T.ST, coords: list[ir.Value]):
     """(shared byte offset, coordinates innermost first) per column block."""
     rank = g.type.rank
-    coords = [ctx.lookup(i) for i in indices]
     row = arith.muli(coords[rank - 2], c32(st.rows))
     col = arith.muli(coords[rank - 1], c32(st.cols))
     outer = coords[:rank - 2][::-1]
@@ -49,29 +48,34 @@ def _tensor_map(ctx: LoweringContext, gl_value, st: T.ST) -> ir.Value:
     return ctx.tensor_maps[tensor_map_spec(ir.BlockArgument(gl_value).arg_number, st)]
 
 
-@lowers("tk.tma_load", "tk.tma_load_multicast")
-def lower_tma_load(ctx: LoweringContext, op) -> None:
-    dst: SharedRef = ctx.lookup(op.dst)
-    sem: SharedRef = ctx.lookup(op.sem)
+@lowers("tk.tma_load")
+def lower_tma_load(ctx: LoweringContext, op, dst: SharedRef, src: GlobalRef, sem: SharedRef,
+                   *indices: ir.Value) -> None:
+    _load_boxes(ctx, op, dst, src, sem, indices, None)
+
+
+@lowers("tk.tma_load_multicast")
+def lower_tma_load_multicast(ctx: LoweringContext, op, dst: SharedRef, src: GlobalRef,
+                             sem: SharedRef, mask: ir.Value, *indices: ir.Value) -> None:
+    _load_boxes(ctx, op, dst, src, sem, indices,
+                arith.trunci(ir.IntegerType.get_signless(16), mask))
+
+
+def _load_boxes(ctx, op, dst: SharedRef, src: GlobalRef, sem: SharedRef, indices, mask) -> None:
     tmap = _tensor_map(ctx, op.src, dst.type)
-    mask = None
-    if op.operation.name == "tk.tma_load_multicast":
-        mask = arith.trunci(ir.IntegerType.get_signless(16), ctx.lookup(op.mask))
-    for offset, coords in _boxes(ctx, ctx.lookup(op.src), dst.type, op.indices):
+    for offset, coords in _boxes(src, dst.type, list(indices)):
         to = llvm.addrspacecast(ptr(7), smem_addr(dst.ptr, c32(offset)))
         nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [],
                                                       multicastMask=mask)
 
 
 @lowers("tk.tma_store")
-def lower_tma_store(ctx: LoweringContext, op) -> None:
-    src: SharedRef = ctx.lookup(op.src)
+def lower_tma_store(ctx: LoweringContext, op, dst: GlobalRef, src: SharedRef,
+                    *indices: ir.Value) -> None:
     tmap = _tensor_map(ctx, op.dst, src.type)
-    # The tile was written through the generic proxy; the copy engine reads it
-    # through the async proxy: this fence (by the issuing thread, after the
-    # writers synchronised with it) orders the two.
-    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
-    for offset, coords in _boxes(ctx, ctx.lookup(op.dst), src.type, op.indices):
+    # No fence here: the threads that wrote the tile fence after their writes
+    # (passes/fences.py), which also covers a tile written by TMA (none needed).
+    for offset, coords in _boxes(dst, src.type, list(indices)):
         nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
 
 
@@ -86,6 +90,6 @@ def lower_tma_wait(ctx: LoweringContext, op) -> None:
 
 
 @lowers("tk.tma_prefetch")
-def lower_tma_prefetch(ctx: LoweringContext, op) -> None:
+def lower_tma_prefetch(ctx: LoweringContext, op, src: GlobalRef, like: SharedRef) -> None:
     tmap = _tensor_map(ctx, op.src, T.parse(op.like.type))
     nvvm.PrefetchOp(tmap, tensormap=ir.UnitAttr.get())

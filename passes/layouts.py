@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
 from .walk import walk_ops
 
@@ -59,19 +59,20 @@ def _is_vector(v: ir.Value) -> bool:
 
 def _constrain(op, groups: _Groups, num_warps: int) -> None:
     name = op.operation.name
+    d = tk.op_def(op)
     vecs = [v for v in list(op.operation.operands) + list(op.operation.results) if _is_vector(v)]
     for v in vecs:
         t = T.parse(v.type)
         groups.find(v)   # every vector gets a layout, even one only loaded and stored
         if t.layout != "auto":
             groups.fix(v, t.layout, op)
-    if name == "tk.broadcast":
+    if d is not None and d.layout == "broadcast":
         tile: T.RT = T.parse(op.operation.operands[0].type)
         lay = layouts.layout_of(tile, num_warps)
         keep = 0 if op.axis == "row" else 1
         groups.fix(op.operation.operands[1], lay.slice(keep).encode(), op)
         return
-    if name in ("tk.cvt", *(f"tk.{n}" for n in tk.UNARY + tk.BINARY)):
+    if d is not None and d.layout == "same":
         for v in vecs[1:]:
             groups.join(vecs[0], v, op)
     elif name == "scf.for":
@@ -91,7 +92,7 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
 
 def assign_layouts(module: ir.Module) -> None:
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        num_warps = contracts.NUM_WARPS.get(func)
         groups = _Groups()
         walk_ops(func.operation, lambda op: _constrain(op.opview, groups, num_warps))
         for key, v in list(groups.values.items()):

@@ -14,27 +14,21 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, tk, types as T
 from ..errors import error_at
-from .verify import MAX_SHARED_BYTES
+from ..target import TARGET
+
+MAX_SHARED_BYTES = TARGET.max_shared_bytes
 
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def _i64(v: int) -> ir.Attribute:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
-
-
-def _reduction_scratch(op, num_warps: int) -> int:
-    tile = T.parse(op.operands[0].type)
-    warps = T.scope_warps(tile.scope, num_warps)
-    layout = layouts.layout_of(tile, num_warps)
-    keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
-    if not layout.warp_bits_along(1 - keep):
-        return 0
-    return warps * 32 * layout.slice(keep).num_regs * 4
+def _scratch(op, num_warps: int) -> int:
+    """Shared scratch bytes op needs (its `scratch` trait), 0 for most ops."""
+    d = tk.op_def(op)
+    return d.scratch(op, num_warps) if d is not None and d.scratch else 0
 
 
 def _exchange_groups(func, num_warps: int) -> list[list]:
@@ -50,7 +44,7 @@ def _exchange_groups(func, num_warps: int) -> list[list]:
             for region in op.operation.regions:
                 for inner in region.blocks:
                     scan(inner)
-            if op.operation.name != "tk.reduce" or not _reduction_scratch(op.operation, num_warps):
+            if not _scratch(op.operation, num_warps):
                 continue
             src = op.operation.operands[0]
             owner = src.owner if not isinstance(src, ir.BlockArgument) else None
@@ -73,13 +67,13 @@ def _place(op, top: int) -> int:
     if isinstance(t, T.ST):
         # Swizzle patterns are computed on absolute address bits and repeat every
         # 8 rows of the swizzle span (at most 1024 bytes): align each element to it.
-        align = 1024 if t.swizzle else 128
+        align = TARGET.swizzle_align if t.swizzle else TARGET.smem_align
         stride = _align(t.nbytes, align)
     else:
         align = stride = 8     # an mbarrier is one 8-byte word
     top = _align(top, align)
-    op.attributes["offset"] = _i64(top)
-    op.attributes["stride"] = _i64(stride)
+    contracts.OFFSET.set(op, top)
+    contracts.STRIDE.set(op, stride)
     top += stride * count
     if top > MAX_SHARED_BYTES:
         raise error_at(op.location, f"shared memory exhausted: the tiles and semaphores "
@@ -89,28 +83,31 @@ def _place(op, top: int) -> int:
 
 def allocate_smem(module: ir.Module) -> None:
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
+        num_warps = contracts.NUM_WARPS.get(func)
         allocs = []
         def visit(op):
-            if op.name in tk.ALLOCS:
+            if (d := tk.op_def(op)) is not None and d.allocates:
                 allocs.append(op)
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
         top = 0
         # Tiles first (the large alignments), then the 8-byte semaphores.
-        for op in sorted(allocs, key=lambda op: op.name != "tk.alloc_st"):
+        def is_tile(op):
+            return isinstance(T.parse(op.results[0].type), T.ST)
+        for op in sorted(allocs, key=lambda op: not is_tile(op)):
             top = _place(op, top)
-        top = _place_exchanges(func, num_warps, _align(top, 128))
+        top = _place_exchanges(func, num_warps, _align(top, TARGET.smem_align))
         swizzled = [op for op in allocs if getattr(T.parse(op.results[0].type), "swizzle", 0)]
         if swizzled:
-            # lowering/kernel.py rounds the base up to 1024 bytes at run time.
-            func.attributes["tk.smem_align"] = _i64(1024)
-            top += 1024
+            # lowering/kernel.py rounds the base up to this alignment at run time.
+            contracts.SMEM_ALIGN.set(func, TARGET.swizzle_align)
+            top += TARGET.swizzle_align
             if top > MAX_SHARED_BYTES:
+                pad = TARGET.swizzle_align
                 raise error_at(swizzled[-1].location, f"shared memory exhausted: the tiles, "
-                               f"semaphores and scratch need {top - 1024} bytes, plus 1024 to "
+                               f"semaphores and scratch need {top - pad} bytes, plus {pad} to "
                                f"align swizzled tiles, and a block has {MAX_SHARED_BYTES}")
-        func.attributes["tk.smem_bytes"] = _i64(top)
+        contracts.SMEM_BYTES.set(func, top)
 
 
 def _place_exchanges(func, num_warps: int, base: int) -> int:
@@ -123,7 +120,7 @@ def _place_exchanges(func, num_warps: int, base: int) -> int:
     groups = _exchange_groups(func, num_warps)
     if not groups:
         return base
-    size = max(sum(_reduction_scratch(op, num_warps) for op in g) for g in groups)
+    size = max(sum(_scratch(op, num_warps) for op in g) for g in groups)
     top_block = func.regions[0].blocks[0]
     parity, nested = 0, False
     for gid, group in enumerate(groups):
@@ -132,10 +129,10 @@ def _place_exchanges(func, num_warps: int, base: int) -> int:
         parity ^= at_top
         nested |= not at_top
         for op in group:
-            op.attributes["scratch_offset"] = _i64(offset)
-            op.attributes["exchange_group"] = _i64(gid)
-            op.attributes["exchange_sync_after"] = ir.BoolAttr.get(not at_top)
-            offset += _reduction_scratch(op, num_warps)
+            contracts.SCRATCH_OFFSET.set(op, offset)
+            contracts.EXCHANGE_GROUP.set(op, gid)
+            contracts.EXCHANGE_SYNC_AFTER.set(op, not at_top)
+            offset += _scratch(op, num_warps)
     top = base + (3 if nested else 2) * size
     if top > MAX_SHARED_BYTES:
         raise error_at(groups[0][0].location, f"shared memory exhausted: tiles and reduction "

@@ -1,20 +1,26 @@
 """tk-verify: the tile rules, reported at the user's source line.
 
-`check_op` is the single statement of the rules. The frontend calls it on
-each op as it is built (so the error points at the line that made it) and
-the verify pass calls it on every op of a module (so IR read back from text
-is held to the same rules).
+Each op's rule is registered under its name (`@rule`, one per op, beside
+the rules every op obeys in `_common`); `check_op` applies them. The
+frontend calls it on each op as it is built (so the error points at the
+line that made it) and the verify pass calls it on every op of a module (so
+IR read back from text is held to the same rules). The pass also checks
+what needs the whole function: no block barrier under thread-dependent
+control flow (passes/uniform.py), no async result read before its wait
+(passes/async_results.py).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from mlir import ir
 
-from ..dialects import layout as layouts, tk, types as T
+from ..dialects import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
+from ..target import TARGET
+from .async_results import check_async_results
+from .uniform import Uniformity
 from .walk import walk_ops
-
-MAX_SHARED_BYTES = 227 * 1024
-MAX_TILE_REGISTERS = 255
 
 
 class _Fail(Exception):
@@ -56,10 +62,11 @@ def _layout_ok(t, num_warps: int) -> None:
     except layouts.LayoutError as e:
         raise _Fail(f"{_show(t)}: {e}") from None
     # A thread holds its share of the tile in registers: past the hardware's
-    # 255 per thread it would all spill to local memory.
+    # limit per thread it would all spill to local memory.
     regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
-    _require(regs <= MAX_TILE_REGISTERS, f"{_show(t)} needs {regs} registers per thread "
-             f"(at most {MAX_TILE_REGISTERS} for one tile); use a smaller tile or more warps")
+    limit = TARGET.max_registers_per_thread
+    _require(regs <= limit, f"{_show(t)} needs {regs} registers per thread "
+             f"(at most {limit} for one tile); use a smaller tile or more warps")
 
 
 def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
@@ -79,117 +86,196 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
 
 def _whole_arrays(op) -> None:
     """An array of tiles or semaphores is used element by element (arr[i])."""
-    if op.operation.name == "tk.index":
+    if tk.op_def(op).takes_arrays:
         return
     for v in op.operation.operands:
         n = tk.array_count(v.owner) if isinstance(v, ir.OpResult) else None
         if n is not None:
-            what = "shared tiles" if v.owner.name == "tk.alloc_st" else "semaphores"
+            what = "shared tiles" if isinstance(T.parse(v.type), T.ST) else "semaphores"
             raise _Fail(f"{op.operation.name} is given a whole array of {n} {what}; use one "
                         f"element of it (arr[i])")
 
 
-def _check(op: ir.OpView, num_warps: int) -> None:
+# ------------------------------------------------------------ rules per op
+
+# tk op name -> its tile rule, rule(op, operands, results, num_warps), where
+# operands/results are the parsed tk types (None for scalars). Every op has an
+# entry (tests/test_registry.py): ops with nothing to check beyond the rules
+# every op obeys (_common) name `no_extra_rule`.
+RULES: dict[str, Callable] = {}
+
+
+def rule(*names: str):
+    def register(fn):
+        for n in names:
+            assert n in tk.OPS_BY_NAME and n not in RULES, n
+            RULES[n] = fn
+        return fn
+    return register
+
+
+def no_extra_rule(op, operands, results, num_warps: int) -> None:
+    """Nothing to check beyond the rules every op obeys."""
+
+
+rule("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id", "gl_dim",
+     "barrier", "index", "arrive", "expect_bytes", "wait", "tma_commit", "tma_wait",
+     "mma_wait", "elect", "set_registers", "cluster_rank", "cluster_sync", "arrive_remote",
+     "named_barrier", "fill", *tk.UNARY)(no_extra_rule)
+
+
+def _common(op, operands, results, num_warps: int) -> None:
+    """The rules every tk op obeys: whole arrays are used element by element,
+    register tiles have a valid layout, fp8 stays in memory."""
     _whole_arrays(op)
-    name = op.operation.name.removeprefix("tk.")
-    operands = [T.parse(v.type) for v in op.operation.operands]
-    results = [T.parse(r.type) for r in op.operation.results]
     for t in operands + results:
         _layout_ok(t, num_warps)
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
                  f"not lowered yet: fp8 can be declared (tk.gl[tk.f8e4m3]) but not loaded, "
                  f"converted or computed with")
-    if name == "load":
-        _memory_access(op, operands[0], results[0], len(operands) - 1, "tk.load")
-    elif name == "store":
-        _memory_access(op, operands[0], operands[1], len(operands) - 2, "tk.store")
-    elif name == "copy":
-        gl, st = (operands[0], operands[1]) if isinstance(operands[0], T.GL) else operands[1::-1]
-        _require(gl.dtype == st.dtype, f"tk.copy: {_show(st)} and {_show(gl)} differ in dtype")
-        _require(len(operands) - 2 == gl.rank, f"tk.copy needs {gl.rank} coordinates")
-        _require(gl.rank >= 2, "tk.copy needs a tensor of rank 2 or more")
-        _require(st.cols * T.itemsize(st.dtype) % 16 == 0,
-                 "tk.copy moves 16-byte vectors: shared tile rows must be a multiple of 16 bytes")
-    elif name in tk.BINARY:
-        lhs, rhs = operands
-        if rhs is not None:
-            _require(type(lhs) is type(rhs) and lhs.shape == rhs.shape and lhs.dtype == rhs.dtype,
-                     f"{name}: operands differ: {_show(lhs)} and {_show(rhs)}")
-            if isinstance(lhs, T.RT):
-                _require(lhs == rhs, f"{name}: operands differ in layout or scope: "
-                         f"{_show(lhs)} and {_show(rhs)}")
-            else:
-                _require(lhs.scope == rhs.scope, f"{name}: a {lhs.scope}-scope vector and a "
-                         f"{rhs.scope}-scope vector cannot be combined")
-        else:
-            _require(isinstance(op.operation.operands[1].type, ir.F32Type),
-                     f"{name}: a scalar operand must be f32")
-    elif name == "cvt":
-        _require(operands[0].shape == results[0].shape, "cvt changes the dtype only")
-    elif name == "reduce":
-        _require(isinstance(operands[0], T.RT), "reductions apply to register tiles")
-        _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
-        _require(op.axis in tk.AXES, "reduction axis must be row or col")
-    elif name == "broadcast":
-        tile, vec = operands
-        extent = tile.rows if op.axis == "row" else tile.cols
-        _require(isinstance(vec, T.RV) and vec.length == extent,
-                 f"{op.kind}_{op.axis}: needs a vector of {extent} "
-                 f"({'one per row' if op.axis == 'row' else 'one per column'}), got {_show(vec)}")
-        _require(vec.dtype == tile.dtype, f"{op.kind}_{op.axis}: the vector is {vec.dtype}, "
-                 f"the tile {tile.dtype}; convert one with .to()")
-        _require(vec.scope == tile.scope, f"{op.kind}_{op.axis}: a {vec.scope}-scope vector "
-                 f"cannot be applied to a {tile.scope}-scope tile (load it with "
-                 f"scope={tile.scope!r})")
-    elif name == "alloc_st":
-        st = results[0]
-        _require(st.swizzle in T.SWIZZLES, f"swizzle must be one of {T.SWIZZLES} bytes")
-        _require(st.rows % 8 == 0 or not st.swizzle, f"a swizzled shared tile has a multiple "
-                 f"of 8 rows (the swizzle pattern repeats every 8 rows), got {st.rows}")
-        _require(st.row_bytes % st.block_bytes == 0,
-                 f"{_show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
-                 f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
-                 f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
-        count = tk.array_count(op) or 1
-        what = f"{_show(st)} needs" if count == 1 else f"{count} x {_show(st)} need"
-        _require(st.nbytes * count <= MAX_SHARED_BYTES, f"{what} {st.nbytes * count} bytes; a "
-                 f"block has {MAX_SHARED_BYTES} bytes of shared memory")
-    elif name == "alloc_sem":
-        _require(op.operation.parent.name == "func.func", "semaphores are allocated (and "
-                 "initialised) once, at the kernel's top level, not inside an if or a loop")
-    elif name == "subtile":
-        src, sub = operands[0], results[0]
-        _require(src.blocks == 1, f"subtile: {_show(src)} is stored in {src.blocks} column "
-                 f"blocks of {src.swizzle} bytes, so its rows are not contiguous; only tiles of "
-                 f"one column block (row bytes = swizzle, or swizzle 0) can be split by rows")
-        _require(sub.rows % 8 == 0 or not src.swizzle, "subtile: a swizzled tile splits into "
-                 "multiples of 8 rows")
-    elif name == "use_cluster":
-        _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
-                 "kernel's top level")
-    elif name in tk.TMA_OPERANDS:
-        gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
-        _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
-        if name != "tma_prefetch":
-            n_idx = len(operands) - {"tma_load": 3, "tma_store": 2, "tma_load_multicast": 4}[name]
-            _require(2 <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 "
-                     f"to 5 and one coordinate per dim ({gl.rank}), got {n_idx}")
-        _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {_show(st)} has "
-                 f"{st.rows}")
-        _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
-                 f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
-                 f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
-    elif name == "slice":
-        src, sub = operands[0], results[0]
-        _require(isinstance(src, T.RT), "slice applies to register tiles")
-        _require(slice_registers(src, sub, op.row, op.col, num_warps) is not None,
-                 f"slice: in the {src.layout} layout, rows {op.row}..{op.row + sub.rows - 1} and "
-                 f"columns {op.col}..{op.col + sub.cols - 1} of {_show(src)} are not held in "
-                 f"whole registers by the same threads; slice along register bits (e.g. "
-                 f"halves of the columns of a row-layout tile)")
-    elif name == "mma":
-        _check_mma(op, *operands)
+
+
+@rule("load")
+def _load(op, operands, results, num_warps: int) -> None:
+    _memory_access(op, operands[0], results[0], len(operands) - 1, op.operation.name)
+
+
+@rule("store")
+def _store(op, operands, results, num_warps: int) -> None:
+    _memory_access(op, operands[0], operands[1], len(operands) - 2, op.operation.name)
+
+
+@rule("copy")
+def _copy(op, operands, results, num_warps: int) -> None:
+    gl, st = (operands[0], operands[1]) if isinstance(operands[0], T.GL) else operands[1::-1]
+    _require(gl.dtype == st.dtype, f"tk.copy: {_show(st)} and {_show(gl)} differ in dtype")
+    _require(len(operands) - 2 == gl.rank, f"tk.copy needs {gl.rank} coordinates")
+    _require(gl.rank >= 2, "tk.copy needs a tensor of rank 2 or more")
+    _require(st.cols * T.itemsize(st.dtype) % 16 == 0,
+             "tk.copy moves 16-byte vectors: shared tile rows must be a multiple of 16 bytes")
+
+
+@rule(*tk.BINARY)
+def _binary(op, operands, results, num_warps: int) -> None:
+    name = op.operation.name[3:]
+    lhs, rhs = operands
+    if rhs is None:
+        _require(isinstance(op.operation.operands[1].type, ir.F32Type),
+                 f"{name}: a scalar operand must be f32")
+        return
+    _require(type(lhs) is type(rhs) and lhs.shape == rhs.shape and lhs.dtype == rhs.dtype,
+             f"{name}: operands differ: {_show(lhs)} and {_show(rhs)}")
+    if isinstance(lhs, T.RT):
+        _require(lhs == rhs, f"{name}: operands differ in layout or scope: "
+                 f"{_show(lhs)} and {_show(rhs)}")
+    else:
+        _require(lhs.scope == rhs.scope, f"{name}: a {lhs.scope}-scope vector and a "
+                 f"{rhs.scope}-scope vector cannot be combined")
+
+
+@rule("cvt")
+def _cvt(op, operands, results, num_warps: int) -> None:
+    _require(operands[0].shape == results[0].shape, "cvt changes the dtype only")
+
+
+@rule("reduce")
+def _reduce(op, operands, results, num_warps: int) -> None:
+    _require(isinstance(operands[0], T.RT), "reductions apply to register tiles")
+    _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
+    _require(op.axis in tk.AXES, "reduction axis must be row or col")
+
+
+@rule("broadcast")
+def _broadcast(op, operands, results, num_warps: int) -> None:
+    tile, vec = operands
+    extent = tile.rows if op.axis == "row" else tile.cols
+    _require(isinstance(vec, T.RV) and vec.length == extent,
+             f"{op.kind}_{op.axis}: needs a vector of {extent} "
+             f"({'one per row' if op.axis == 'row' else 'one per column'}), got {_show(vec)}")
+    _require(vec.dtype == tile.dtype, f"{op.kind}_{op.axis}: the vector is {vec.dtype}, "
+             f"the tile {tile.dtype}; convert one with .to()")
+    _require(vec.scope == tile.scope, f"{op.kind}_{op.axis}: a {vec.scope}-scope vector "
+             f"cannot be applied to a {tile.scope}-scope tile (load it with "
+             f"scope={tile.scope!r})")
+
+
+@rule("alloc_st")
+def _alloc_st(op, operands, results, num_warps: int) -> None:
+    st = results[0]
+    _require(st.swizzle in T.SWIZZLES, f"swizzle must be one of {T.SWIZZLES} bytes")
+    _require(st.rows % 8 == 0 or not st.swizzle, f"a swizzled shared tile has a multiple "
+             f"of 8 rows (the swizzle pattern repeats every 8 rows), got {st.rows}")
+    _require(st.row_bytes % st.block_bytes == 0,
+             f"{_show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
+             f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
+             f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
+    count = tk.array_count(op) or 1
+    what = f"{_show(st)} needs" if count == 1 else f"{count} x {_show(st)} need"
+    limit = TARGET.max_shared_bytes
+    _require(st.nbytes * count <= limit, f"{what} {st.nbytes * count} bytes; a "
+             f"block has {limit} bytes of shared memory")
+
+
+@rule("alloc_sem")
+def _alloc_sem(op, operands, results, num_warps: int) -> None:
+    _require(op.operation.parent.name == "func.func", "semaphores are allocated (and "
+             "initialised) once, at the kernel's top level, not inside an if or a loop")
+
+
+@rule("use_cluster")
+def _use_cluster(op, operands, results, num_warps: int) -> None:
+    _require(op.operation.parent.name == "func.func", "tk.use_cluster is called at the "
+             "kernel's top level")
+
+
+@rule("subtile")
+def _subtile(op, operands, results, num_warps: int) -> None:
+    src, sub = operands[0], results[0]
+    _require(src.blocks == 1, f"subtile: {_show(src)} is stored in {src.blocks} column "
+             f"blocks of {src.swizzle} bytes, so its rows are not contiguous; only tiles of "
+             f"one column block (row bytes = swizzle, or swizzle 0) can be split by rows")
+    _require(sub.rows % 8 == 0 or not src.swizzle, "subtile: a swizzled tile splits into "
+             "multiples of 8 rows")
+
+
+@rule("tma_load", "tma_load_multicast", "tma_store", "tma_prefetch")
+def _tma(op, operands, results, num_warps: int) -> None:
+    name, d = op.operation.name[3:], tk.op_def(op)
+    gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
+    _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
+    if d.variadic:
+        n_idx = len(operands) - len(d.operands)
+        _require(2 <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 "
+                 f"to 5 and one coordinate per dim ({gl.rank}), got {n_idx}")
+    _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {_show(st)} has "
+             f"{st.rows}")
+    _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
+             f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
+             f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+
+
+@rule("slice")
+def _slice(op, operands, results, num_warps: int) -> None:
+    src, sub = operands[0], results[0]
+    _require(isinstance(src, T.RT), "slice applies to register tiles")
+    _require(slice_registers(src, sub, op.row, op.col, num_warps) is not None,
+             f"slice: in the {src.layout} layout, rows {op.row}..{op.row + sub.rows - 1} and "
+             f"columns {op.col}..{op.col + sub.cols - 1} of {_show(src)} are not held in "
+             f"whole registers by the same threads; slice along register bits (e.g. "
+             f"halves of the columns of a row-layout tile)")
+
+
+@rule("mma")
+def _mma(op, operands, results, num_warps: int) -> None:
+    _check_mma(op, *operands)
+
+
+def _check(op: ir.OpView, num_warps: int) -> None:
+    operands = [T.parse(v.type) for v in op.operation.operands]
+    results = [T.parse(r.type) for r in op.operation.results]
+    _common(op, operands, results, num_warps)
+    RULES[op.operation.name[3:]](op, operands, results, num_warps)
 
 
 def slice_registers(src: T.RT, sub: T.RT, row: int, col: int, num_warps: int):
@@ -247,55 +333,11 @@ def check_op(op: ir.OpView, num_warps: int) -> None:
         raise error_at(op.location, str(e)) from None
 
 
-_THREAD_IDS = {"tk.thread_id", "tk.lane_id", "tk.warp_id", "tk.warpgroup_id", "tk.elect"}
-# (tk.cluster_rank varies between blocks, not between a block's threads.)
-
-
-def _block_barrier(op, num_warps: int) -> bool:
-    """Does op's lowering synchronise the whole block (bar.sync 0)?"""
-    name = op.name
-    if name in ("tk.barrier", "tk.copy"):
-        return True
-    if name == "tk.store":
-        return isinstance(T.parse(op.operands[0].type), T.ST) and \
-            T.parse(op.operands[1].type).scope == "block"
-    if name in ("tk.alloc_sem", "tk.cluster_sync"):
-        return True       # a block (or cluster) barrier
-    if name == "tk.reduce":
-        t = T.parse(op.operands[0].type)
-        keep = 0 if ir.StringAttr(op.attributes["axis"]).value == "row" else 1
-        layout = layouts.layout_of(t, num_warps)
-        return bool(layout.warp_bits_along(1 - keep))
-    return False
-
-
-def _varies_by_thread(v: ir.Value, memo: dict) -> bool:
-    """Can v differ between the threads of a block? (Follows definitions back
-    to the thread-id ops; loop-carried values follow their inits and bounds.)"""
-    key = v
-    if key in memo:
-        return memo[key]
-    memo[key] = False
-    if isinstance(v, ir.BlockArgument):
-        parent = v.owner.owner
-        if parent.name != "scf.for":
-            return False
-        loop = parent.opview
-        sources = [loop.lowerBound, loop.upperBound, loop.step]
-        if v.arg_number > 0:
-            sources.append(loop.initArgs[v.arg_number - 1])
-        memo[key] = any(_varies_by_thread(s, memo) for s in sources)
-    else:
-        op = v.owner
-        memo[key] = op.name in _THREAD_IDS or any(_varies_by_thread(o, memo)
-                                                  for o in op.operands)
-    return memo[key]
-
-
-def _check_uniform(op, num_warps: int, memo: dict) -> None:
+def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
     """A block barrier under control flow that differs between threads hangs
     (or worse): refuse it at its line."""
-    if not _block_barrier(op, num_warps):
+    d = tk.op_def(op)
+    if d is None or not d.has_barrier(op, num_warps):
         return
     parent = op.parent
     while parent is not None and parent.name != "func.func":
@@ -305,7 +347,7 @@ def _check_uniform(op, num_warps: int, memo: dict) -> None:
             conds = list(parent.operands)[:3]
         else:
             conds = []
-        if any(_varies_by_thread(c, memo) for c in conds):
+        if any(uniform.varies(c) for c in conds):
             raise error_at(op.location, "this op synchronises the whole block (bar.sync), but "
                            "it sits under control flow that depends on the thread, lane or warp "
                            "id, so some threads would never reach it; move it out of that "
@@ -316,10 +358,11 @@ def _check_uniform(op, num_warps: int, memo: dict) -> None:
 def verify(module: ir.Module) -> None:
     """The tk-verify pass."""
     for func in module.body.operations:
-        num_warps = ir.IntegerAttr(func.attributes["tk.num_warps"]).value
-        memo: dict = {}
+        num_warps = contracts.NUM_WARPS.get(func)
+        uniform = Uniformity(func)
         def visit(op: ir.Operation) -> None:
-            if op.name.startswith("tk."):
+            if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
-                _check_uniform(op, num_warps, memo)
+                _check_uniform(op, num_warps, uniform)
         walk_ops(func.operation, visit)
+        check_async_results(func)

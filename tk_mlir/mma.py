@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .errors import CompilationError
 from .language import builtin, compile_time_int
-from .values import Shared, Tile, emit
+from .values import Shared, Tile, builds, emit
 
 __all__ = ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"]
 
@@ -39,30 +39,35 @@ def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str) -> Tile:
 
 
 @builtin
+@builds('mma')
 def mma_AB(acc, a, b) -> Tile:
     """acc + a @ b (a: M x K, b: K x N shared tiles)."""
     return _mma(acc, a, b, False, True, "tk.mma_AB")
 
 
 @builtin
+@builds('mma')
 def mma_ABt(acc, a, b) -> Tile:
     """acc + a @ b.T (a: M x K, b: N x K shared tiles)."""
     return _mma(acc, a, b, False, False, "tk.mma_ABt")
 
 
 @builtin
+@builds('mma')
 def mma_AtB(acc, a, b) -> Tile:
     """acc + a.T @ b (a: K x M, b: K x N shared tiles)."""
     return _mma(acc, a, b, True, True, "tk.mma_AtB")
 
 
 @builtin
+@builds('mma')
 def mma_AtBt(acc, a, b) -> Tile:
     """acc + a.T @ b.T (a: K x M, b: N x K shared tiles)."""
     return _mma(acc, a, b, True, False, "tk.mma_AtBt")
 
 
 @builtin
+@builds('mma_wait')
 def mma_wait(pending=0) -> None:
     """Wait until at most `pending` MMA groups of this warpgroup are in flight."""
     emit("mma_wait", pending=compile_time_int(pending, "pending", 0, 7))

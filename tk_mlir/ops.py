@@ -13,7 +13,7 @@ from mlir import ir
 from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
-from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, emit, fill as
+from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, builds, emit, fill as
                      _fill, i32, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
@@ -31,12 +31,14 @@ def _dim(dim) -> int:
 
 
 @builtin
+@builds('block_id')
 def block_id(dim=0) -> Scalar:
     """blockIdx along x (0), y (1) or z (2)."""
     return _index("block_id", dim=_dim(dim))
 
 
 @builtin
+@builds('grid_dim')
 def grid_dim(dim=0) -> Scalar:
     return _index("grid_dim", dim=_dim(dim))
 
@@ -49,21 +51,25 @@ def num_warps() -> int:
 
 
 @builtin
+@builds('thread_id')
 def thread_id() -> Scalar:
     return _index("thread_id")
 
 
 @builtin
+@builds('lane_id')
 def lane_id() -> Scalar:
     return _index("lane_id")
 
 
 @builtin
+@builds('warp_id')
 def warp_id() -> Scalar:
     return _index("warp_id")
 
 
 @builtin
+@builds('warpgroup_id')
 def warpgroup_id() -> Scalar:
     return _index("warpgroup_id")
 
@@ -86,6 +92,7 @@ def _cache_attrs(cache) -> dict:
 
 
 @builtin
+@builds('load')
 def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
          cache="normal"):   # dtype: the tensor's (a different one is refused by tk-verify)
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
@@ -115,6 +122,7 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
 
 
 @builtin
+@builds('store')
 def store(dst, value, idx=(), *, cache="normal"):
     """Write a register tile or vector to a global tensor at tile coordinates
     `idx` (elements past the tensor's end are skipped), or into a shared tile.
@@ -131,6 +139,7 @@ def store(dst, value, idx=(), *, cache="normal"):
 
 
 @builtin
+@builds('copy')
 def copy(dst, src, idx=()):
     """Global <-> shared tile copy by all threads of the block, then a barrier."""
     if not ({type(dst), type(src)} == {Global, Shared}):
@@ -159,6 +168,7 @@ def _shared_type(dtype, shape, swizzle) -> T.ST:
 
 
 @builtin
+@builds('alloc_st')
 def shared_tile(dtype, shape, *, swizzle=0):
     """A tile in shared memory; its place is chosen by the allocation pass.
     swizzle=32/64/128 stores it in column blocks of that many bytes per row,
@@ -167,6 +177,7 @@ def shared_tile(dtype, shape, *, swizzle=0):
 
 
 @builtin
+@builds('alloc_st')
 def shared_tiles(dtype, shape, count, *, swizzle=0):
     """An array of `count` shared tiles (a ring of pipeline stages): tiles[i]
     with i a compile-time or run-time int."""
@@ -175,6 +186,7 @@ def shared_tiles(dtype, shape, count, *, swizzle=0):
 
 
 @builtin
+@builds('barrier')
 def barrier():
     """Wait until every thread of the block reaches this point."""
     emit("barrier")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .dialects import types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int
-from .values import Scalar, Semaphore, as_scalar, emit, i32, scalar_binary
+from .values import Scalar, Semaphore, as_scalar, builds, emit, i32, scalar_binary
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
            "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
@@ -29,12 +29,14 @@ def _arrivals(arrivals) -> int:
 
 
 @builtin
+@builds('alloc_sem')
 def semaphore(arrivals=1) -> Semaphore:
     """One semaphore whose phase completes after `arrivals` arrivals."""
     return Semaphore(emit("alloc_sem", [], T.Sem().to_mlir(), arrivals=_arrivals(arrivals)))
 
 
 @builtin
+@builds('alloc_sem')
 def semaphores(count, arrivals=1) -> Semaphore:
     """An array of `count` semaphores, indexed with sems[i] (i may be a run-time value)."""
     return Semaphore(emit("alloc_sem", [], T.Sem().to_mlir(), arrivals=_arrivals(arrivals),
@@ -48,6 +50,7 @@ def _sem(s, what: str) -> Semaphore:
 
 
 @builtin
+@builds('arrive', 'arrive_remote')
 def arrive(sem, cta=None) -> None:
     """One arrival on `sem` by each thread that runs it (guard it with
     tk.elect_leader() for one arrival per warp). cta=r arrives instead on the
@@ -71,6 +74,7 @@ def _in_cluster(what: str) -> int:
 
 
 @builtin
+@builds('use_cluster')
 def use_cluster(size) -> None:
     """Launch this kernel in clusters of `size` blocks along x (2, 4 or 8); the
     grid's x must be a multiple of it. Call it once, at the kernel's top level."""
@@ -86,6 +90,7 @@ def use_cluster(size) -> None:
 
 
 @builtin
+@builds('cluster_rank')
 def cluster_rank() -> Scalar:
     """This block's rank in its cluster (0 .. size-1)."""
     _in_cluster("tk.cluster_rank()")
@@ -93,6 +98,7 @@ def cluster_rank() -> Scalar:
 
 
 @builtin
+@builds('cluster_sync')
 def cluster_sync() -> None:
     """Wait until every thread of every block of the cluster gets here."""
     _in_cluster("tk.cluster_sync()")
@@ -100,6 +106,7 @@ def cluster_sync() -> None:
 
 
 @builtin
+@builds('wait')
 def wait(sem, phase) -> None:
     """Wait until the phase of `sem` with parity `phase` (0 or 1) has completed."""
     p = as_scalar(phase)
@@ -115,6 +122,7 @@ def ring_phase(i, stages):
 
 
 @builtin
+@builds('elect')
 def elect_leader(scope="warp") -> Scalar:
     """True on exactly one thread of each warp (scope="warp") or of each
     warpgroup (scope="warpgroup"), chosen with elect.sync so that work under it
@@ -137,18 +145,21 @@ def _registers(count, action: str) -> None:
 
 
 @builtin
+@builds('set_registers')
 def increase_registers(count) -> None:
     """setmaxnreg.inc: this warpgroup may use `count` registers per thread."""
     _registers(count, "inc")
 
 
 @builtin
+@builds('set_registers')
 def decrease_registers(count) -> None:
     """setmaxnreg.dec: this warpgroup gives registers back, keeping `count` per thread."""
     _registers(count, "dec")
 
 
 @builtin
+@builds('named_barrier')
 def named_barrier(id, warps) -> None:
     """bar.sync among `warps` warps on barrier `id` (1-15; the block barrier is 0).
     Every warp of the group must reach it; e.g. the consumer warpgroups of a

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .errors import CompilationError
 from .language import builtin, compile_time_int
 from .ops import _indices
-from .values import Global, Semaphore, Shared, as_scalar, emit
+from .values import Global, Semaphore, Shared, as_scalar, builds, emit
 
 __all__ = ["load_async", "store_async", "store_commit", "store_wait", "expect",
            "expect_bytes", "prefetch"]
@@ -32,6 +32,7 @@ def _check(st, gl, what: str) -> None:
 
 
 @builtin
+@builds('tma_load', 'tma_load_multicast')
 def load_async(dst, src, idx, sem, *, multicast=None) -> None:
     """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`;
     the copy's bytes complete a transaction on `sem` (see tk.tma.expect).
@@ -56,21 +57,25 @@ def load_async(dst, src, idx, sem, *, multicast=None) -> None:
 
 
 @builtin
+@builds('tma_store')
 def store_async(dst, src, idx) -> None:
     """Copy shared tile `src` to the tile of `dst` at tile coordinates `idx`.
     The threads that wrote `src` must have synchronised with the issuing
-    thread first (e.g. tk.named_barrier); the proxy fence is emitted here."""
+    thread first (e.g. tk.named_barrier); the compiler fences their writes
+    for the async proxy (passes/fences.py)."""
     _check(src, dst, "tk.tma.store_async")
     emit("tma_store", [dst, src, *_indices(idx)])
 
 
 @builtin
+@builds('tma_commit')
 def store_commit() -> None:
     """Close the group of TMA stores issued since the last commit."""
     emit("tma_commit")
 
 
 @builtin
+@builds('tma_wait')
 def store_wait(pending=0, *, read=True) -> None:
     """Wait until at most `pending` committed store groups are unfinished.
     read=True waits only until their shared sources may be reused;
@@ -79,6 +84,7 @@ def store_wait(pending=0, *, read=True) -> None:
 
 
 @builtin
+@builds('expect_bytes')
 def expect_bytes(sem, nbytes) -> None:
     """Arrive on `sem` and expect `nbytes` of TMA transactions in this phase."""
     if not isinstance(sem, Semaphore):
@@ -97,6 +103,7 @@ def expect(sem, *tiles) -> None:
 
 
 @builtin
+@builds('tma_prefetch')
 def prefetch(src, like) -> None:
     """Prefetch the tensor map TMA ops on `src` with tiles like `like` use."""
     _check(like, src, "tk.tma.prefetch")

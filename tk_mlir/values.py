@@ -33,6 +33,15 @@ def i32() -> ir.Type:
     return ir.IntegerType.get_signless(32)
 
 
+def builds(*names: str):
+    """Mark a builtin (or a method of a value class) with the tk ops it builds:
+    tests/test_registry.py finds every op's builtin by this mark."""
+    def mark(fn):
+        fn.tk_ops = names
+        return fn
+    return mark
+
+
 def emit(name: str, operands=(), result_type=None, **attrs):
     """Build tk.<name>, check it against the tile rules, return its result."""
     from .passes.verify import check_op   # the same rules the verify pass applies
@@ -174,6 +183,7 @@ class TileLike(Value):
     def shape(self) -> tuple[int, ...]:
         return self.tk_type.shape
 
+    @builds(*tk.UNARY)
     def _unary(self, name: str):
         return wrap(emit(name, [self], self.ir_type))
 
@@ -186,6 +196,7 @@ class TileLike(Value):
     def rsqrt(self): return self._unary("rsqrt")
     def __neg__(self): return self._unary("neg")
 
+    @builds("cvt")
     def to(self, dtype):
         """Convert the element type (f32 <-> bf16 <-> f16)."""
         name = dtype_name(dtype)
@@ -194,6 +205,7 @@ class TileLike(Value):
         return wrap(emit("cvt", [self], self.tk_type.with_dtype(name).to_mlir()))
 
 
+@builds(*tk.BINARY)
 def tile_binary(op: str, a, b):
     """a (op) b where at least one side is a tile or vector."""
     if not isinstance(a, TileLike):          # scalar (op) tile
@@ -210,6 +222,7 @@ def tile_binary(op: str, a, b):
 class Tile(TileLike):
     """A register tile (!tk.rt)."""
 
+    @builds("reduce")
     def _reduce(self, kind: str, axis: str) -> Vector:
         t: T.RT = self.tk_type
         keep = 0 if axis == "row" else 1
@@ -224,6 +237,7 @@ class Tile(TileLike):
     def col_max(self): return self._reduce("max", "col")
     def col_min(self): return self._reduce("min", "col")
 
+    @builds("slice")
     def slice(self, rows=None, cols=None) -> Tile:
         """Part of the tile: rows=(first, count), cols=(first, count), compile-time
         ints (e.g. the right half of an accumulator: acc.slice(cols=(128, 128))).
@@ -234,6 +248,7 @@ class Tile(TileLike):
         sub = T.RT(t.dtype, nr, nc, t.layout, t.scope)
         return Tile(emit("slice", [self], sub.to_mlir(), row=r0, col=c0))
 
+    @builds("broadcast")
     def _broadcast(self, kind: str, axis: str, vec) -> Tile:
         if not isinstance(vec, Vector):
             raise CompilationError(f"{kind}_{axis} expects a register vector (e.g. from "
@@ -269,6 +284,7 @@ class Vector(TileLike):
     """A register vector (!tk.rv)."""
 
 
+@builds("fill")
 def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
     """A tile (2-D shape) or vector (1-D) of one value."""
     if like is not None:
@@ -312,6 +328,7 @@ class GlobalShape:
     def __len__(self) -> int:
         return len(self._dims)
 
+    @builds("gl_dim")
     def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(len(self._dims))[i])
@@ -323,6 +340,7 @@ class GlobalShape:
         return (self[i] for i in range(len(self._dims)))
 
 
+@builds("index")
 def _element(array: Value, i, what: str):
     v = array.value
     n = None if isinstance(v, ir.BlockArgument) else tk.array_count(v.owner)
@@ -352,6 +370,7 @@ class Shared(Value):
     def __getitem__(self, i) -> Shared:
         return _element(self, i, "shared tile")
 
+    @builds("subtile")
     def subtile(self, i, rows: int) -> Shared:
         """Rows i*rows .. i*rows+rows-1 as a shared tile (i may be a run-time
         value, e.g. the warpgroup's index)."""

@@ -1,0 +1,108 @@
+"""tk-proxy-fences: order the threads' writes to a shared tile before an
+async-proxy read of it.
+
+The PTX memory model has two proxies for shared memory: threads' ld/st go
+through the generic proxy, TMA and wgmma read through the async proxy. A
+barrier or semaphore orders memory operations of one proxy only; between a
+generic write and an async read of the same bytes there must be a
+`fence.proxy.async.shared::cta` (PTX ISA, "Proxies" / "Memory consistency
+model"). The fence orders the *fencing thread's* prior generic accesses with
+its subsequent async-proxy accesses; cross-thread ordering still comes from
+the user's barrier or semaphore. So the placement that is correct for any
+reader is the one ThunderKittens and CUTLASS use:
+
+    each writing thread:  st.shared ... ; fence.proxy.async ; barrier/arrive
+    the reading thread:   (after the barrier/wait)  wgmma / TMA store
+
+i.e. every thread fences after its own writes and before the
+synchronisation that publishes them. A fence only in the thread that issues
+the TMA/wgmma (after the barrier) does not order the *other* threads'
+generic writes with its async reads, and a fence before the writes orders
+nothing. We therefore mark each hazardous write op (`proxy_fence`, see
+dialects/contracts.py), and its lowering emits the fence right after its
+stores — before any barrier of its own (a block-scope tk.store, tk.copy),
+hence always before the user's synchronisation that follows it.
+
+A write is hazardous when the IR shows a path from it to an async-proxy
+read (op traits `writes` / `reads`, dialects/tk.py) of the same allocation
+(tiles of one `tk.shared_tiles` array, or subtiles of one tile, may
+overlap): later in program order, unless the two sit in different branches
+of one if whose condition is the same in every thread of the block; or
+anywhere in a loop that encloses both (the next iteration); or in the two
+branches of an if on the thread, lane or warp id (passes/uniform.py), which
+different threads of the block run at once — the warp-specialized pattern
+of one warpgroup writing a tile and publishing it with a semaphore or named
+barrier to another that reads it with wgmma.
+Writes no async read can follow get no fence: the TMA -> mbarrier -> wgmma
+chain of a GEMM gets none, and neither does a tile only read back by
+threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+from ..dialects import contracts, tk
+from .uniform import Uniformity
+
+_LOOPS = ("scf.for", "scf.while", "scf.parallel")
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One level of an op's position: the enclosing op (its walk index), the
+    region of it the op sits in, whether that op is a loop, and whether its
+    regions may run at once in different threads (an if on the thread id)."""
+    owner: int
+    region: int
+    loop: bool
+    concurrent: bool
+
+
+@dataclass
+class _Access:
+    op: ir.Operation
+    root: ir.Value
+    pos: int                       # pre-order index: program order
+    path: tuple[_Step, ...]        # enclosing ops, outermost first
+
+
+def _collect(block, path, counter, writes, reads, uniform: Uniformity) -> None:
+    for op in block.operations:
+        op = op.operation
+        pos = counter[0]
+        counter[0] += 1
+        for kind, proxy, tile in tk.shared_accesses(op):
+            access = _Access(op, tk.shared_root(tile), pos, path)
+            if kind == "write" and proxy == tk.GENERIC:
+                writes.append(access)
+            elif kind == "read" and proxy == tk.ASYNC:
+                reads.append(access)
+        concurrent = op.name == "scf.if" and uniform.varies(op.operands[0])
+        for i, region in enumerate(op.regions):
+            step = _Step(pos, i, op.name in _LOOPS, concurrent)
+            for inner in region.blocks:
+                _collect(inner, path + (step,), counter, writes, reads, uniform)
+
+
+def _reaches(w: _Access, r: _Access) -> bool:
+    """Can r run after w (in this thread, or in another after synchronising)?"""
+    for a, b in zip(w.path, r.path):
+        if a.owner != b.owner:
+            break
+        if a.loop:
+            return True            # a loop around both: r runs again after w
+        if a.region != b.region:   # the two branches of one if: other threads may
+            return a.concurrent    # take the other one, unless all threads agree
+    return w.pos < r.pos
+
+
+def insert_proxy_fences(module: ir.Module) -> None:
+    for func in module.body.operations:
+        writes: list[_Access] = []
+        reads: list[_Access] = []
+        _collect(func.regions[0].blocks[0], (), [0], writes, reads, Uniformity(func))
+        for w in writes:
+            if any(r.root == w.root and _reaches(w, r) for r in reads):
+                contracts.PROXY_FENCE.set(w.op, True)
