@@ -125,6 +125,22 @@ def test_key_of_uses_dtype_and_shape_of_tensors_and_values_of_scalars():
         t.key_of(x, x)
 
 
+def test_quick_key_tells_apart_what_the_full_key_does():
+    import torch
+    from tk_mlir.autotune import _quick_key_function
+    t = tuner(key=["X", "s"])
+    quick = _quick_key_function(staged.params, t._key_params, 3, ())
+    x = torch.rand(8, 16)
+    calls = [(x, x, 2.0), (torch.rand(8, 32), x, 2.0), (x.double(), x, 2.0), (x, x, 3.0),
+             (x, x, 2)]
+    assert len({quick(c, {}) for c in calls}) == len(calls)
+    assert len({t.key_of(*c) for c in calls}) == len(calls) - 1   # 2 == 2.0 for the full key,
+    assert quick((torch.rand(8, 16), x, 2.0), {}) == quick(calls[0], {})  # (a miss is safe)
+    assert quick((tk.spec((8, 16), "f32"), x, 2.0), {}) is None   # not torch: the full path
+    by_keyword = _quick_key_function(staged.params, t._key_params, 1, ("s", "Y"))
+    assert by_keyword((x,), {"s": 2.0, "Y": x}) == quick(calls[0], {})
+
+
 def test_caller_may_not_pass_what_the_configs_set():
     x = tk.spec((64, 64), "f32")
     with pytest.raises(tk.ArgumentError, match="BM is chosen by tk.autotune from its configs; "
@@ -242,6 +258,10 @@ def test_tunes_once_then_launches_the_choice(timed):
     t[grid](x2, y2, 2.0)
     torch.cuda.synchronize()
     assert torch.equal(y2, x2 * 2.0) and len(timed) == 4 and len(t.timings) == 2
+    y.fill_(float("nan"))
+    t[grid](x, y, 4.0)                        # the first key again: its choice, no timing
+    torch.cuda.synchronize()
+    assert torch.equal(y, x * 4.0) and len(timed) == 4
 
 
 @pytest.mark.gpu

@@ -154,6 +154,10 @@ class Autotuner:
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
                                 default=len(kernel.params))
         self._chosen: dict[tuple, Config] = {}        # (device ordinal, key) -> config
+        # The launch's fast path: per call shape a generated quick-key
+        # function, and the chosen config's launch keywords by quick key.
+        self._quick_keys: dict[tuple, Callable] = {}
+        self._quick_choices: dict[tuple, dict] = {}
         self._lock = threading.Lock()                 # one tuning at a time: timings interfere
         self._disk = cache.DiskCache()
 
@@ -172,16 +176,39 @@ class Autotuner:
         """Launch with the config chosen for these arguments' key, tuning first
         when the key is new (see the module's docstring)."""
         try:
+            shape = (len(args), *kwargs)
+            quick = self._quick_keys.get(shape)
+            if quick is not None:              # a call shaped like an earlier one
+                try:
+                    launch_kwargs = self._quick_choices.get(quick(args, kwargs))
+                except TypeError:              # an unhashable value: the full path says so
+                    launch_kwargs = None
+                if launch_kwargs is not None:
+                    self.kernel.launch(grid, *args, **kwargs, **launch_kwargs)
+                    return
             key = self._key(args, kwargs)
             device = _launch_device(args, kwargs)
             config = self._chosen.get((device, key))
             if config is None:
                 config = self._choose(device, key, grid, args, kwargs)
             self.kernel.launch(grid, *args, **kwargs, **config._launch)
+            self._remember(shape, args, kwargs, config)
         except (CompilationError, ArgumentError) as e:
             if debug():
                 raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
+
+    def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config) -> None:
+        """After a launch went through the full key: let later calls of the
+        same shape (positional count, keyword names) find `config` by a quick
+        key, read straight off their arguments."""
+        quick = self._quick_keys.get(shape)
+        if quick is None:
+            quick = self._quick_keys[shape] = _quick_key_function(
+                self.kernel.params, self._key_params, len(args), tuple(kwargs))
+        k = quick(args, kwargs)
+        if k is not None and len(self._quick_choices) < _MAX_QUICK_CHOICES:
+            self._quick_choices[k] = config._launch
 
     def compile(self, *args, config: Config | int, **kwargs):
         """`kernel.compile` for one config (a Config or an index into `configs`):
@@ -400,6 +427,51 @@ def _driver():
     """The CUDA driver layer, imported on first launch (it loads cuda-python)."""
     from .runtime import driver
     return driver
+
+
+_MAX_QUICK_CHOICES = 4096
+
+
+def _quick_key_function(params, key_params, n_positional: int, keywords: tuple) -> Callable:
+    """A function of (args, kwargs) for calls of one shape that returns a key
+    deciding the same config as `Autotuner._key` and `_launch_device` do (per
+    key tensor its torch dtype and shape, per other key parameter its type and
+    value, and the first tensor's device), or None when an
+    argument is not a torch tensor (those calls take the full path). Cheap:
+    attribute reads only, no binding."""
+    tensors = tuple(_torch_tensor_types())
+    parts, checks = [], []
+    for i, p in key_params:
+        if i < n_positional:
+            v = f"args[{i}]"
+        elif p.name in keywords:
+            v = f"kwargs[{p.name!r}]"
+        else:
+            v = "DEFAULT_" + str(i)
+        if p.kind == GL:
+            checks.append(f"type({v}) in TENSORS")
+            parts += [f"{v}.dtype", f"{v}.shape"]
+        else:
+            parts += [f"type({v})", v]
+    tensor_args = [f"args[{i}]" for i in params.tensors if i < n_positional] + \
+        [f"kwargs[{params[i].name!r}]" for i in params.tensors
+         if i >= n_positional and params[i].name in keywords]
+    if tensor_args:                           # where the launch goes (several GPUs)
+        parts.append(f"{tensor_args[0]}.get_device()")
+        checks.append(f"type({tensor_args[0]}) in TENSORS")
+    guard = " and ".join(checks) or "True"
+    code = (f"def quick(args, kwargs):\n"
+            f"    if not ({guard}):\n"
+            f"        return None\n"
+            f"    return ({', '.join(parts)},)\n")
+    env = {"TENSORS": tensors, **{f"DEFAULT_{i}": p.default for i, p in key_params}}
+    exec(compile(code, "<tk_mlir autotune quick key>", "exec"), env)
+    return env["quick"]
+
+
+def _torch_tensor_types() -> tuple:
+    from .launcher import torch_tensor_types
+    return torch_tensor_types()
 
 
 def _launch_device(args, kwargs) -> int:

@@ -140,8 +140,11 @@ class Kernel:
 
     def launch(self, grid, *args, **kwargs) -> None:
         try:
-            for plan in self._plans:        # most recent first; usually the first fits
+            plans = self._plans
+            for i, plan in enumerate(plans):   # the last one used first
                 if plan(grid, args, kwargs):
+                    if i:                      # (autotuned kernels alternate between plans)
+                        plans.insert(0, plans.pop(i))
                     return
             plan = self._plan(args, kwargs)
             if plan is None:                # not all torch tensors: the general path
