@@ -73,15 +73,52 @@ def _assigned_names(stmts) -> list[str]:
     return names
 
 
+# Inlined calls nest at most this deep: far beyond any helper chain a kernel
+# needs, well before Python's own recursion limit.
+MAX_INLINE_DEPTH = 64
+_RUNTIME = object()    # stands for a run-time value when comparing calls
+
+
+@dataclass(frozen=True)
+class InlinedCall:
+    """One call being inlined: which function, with which compile-time arguments
+    (run-time ones count only as "some run-time value")."""
+    name: str
+    site: tuple            # (filename, line, col) of the function's def
+    arguments: dict        # parameter name -> value
+
+    def compile_time_args(self) -> tuple:
+        return tuple((k, _compile_time_part(v)) for k, v in self.arguments.items())
+
+    def repeats(self, other: InlinedCall) -> bool:
+        """Whether self is other again: the same function with the same compile-time
+        arguments. Inlining is deterministic in those, so it would recurse forever."""
+        if self.site != other.site:
+            return False
+        try:
+            return bool(self.compile_time_args() == other.compile_time_args())
+        except Exception:           # values without a plain ==: assume progress
+            return False
+
+
+def _compile_time_part(v):
+    if _is_runtime(v):
+        return _RUNTIME
+    if isinstance(v, (tuple, list)):
+        return tuple(_compile_time_part(x) for x in v)
+    return v
+
+
 class KernelBuilder(ast.NodeVisitor):
     """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
 
     def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
-                 function: str | None = None):
+                 function: str | None = None, calls: tuple[InlinedCall, ...] = ()):
         self.filename = filename
         self.globals = globals_
         self.scope = dict(scope)
         self.function = function     # the tk.func being inlined (None: the kernel)
+        self.calls = calls           # the inlined calls this body is nested in, outermost first
 
     # ------------------------------------------------------------ plumbing
 
@@ -173,13 +210,40 @@ class KernelBuilder(ast.NodeVisitor):
         except TypeError as e:
             raise self.error(node, f"{callee.node.name}(): {e}") from None
         bound.apply_defaults()
+        call = InlinedCall(callee.node.name, (callee.filename, callee.node.lineno,
+                                              callee.node.col_offset), dict(bound.arguments))
+        self.check_recursion(node, call)
         inner = KernelBuilder(callee.filename, callee.globals,
-                              {**callee.free_names(), **bound.arguments}, callee.node.name)
+                              {**callee.free_names(), **bound.arguments}, callee.node.name,
+                              self.calls + (call,))
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
         inner.run(body)
         return inner.eval(result) if result is not None else None
+
+    def check_recursion(self, node, call: InlinedCall) -> None:
+        """Recursion is unrolled at compile time, so it must end on compile-time
+        values: a call that repeats one it is nested in (same function, same
+        compile-time arguments) would be inlined forever."""
+        if any(call.repeats(outer) for outer in self.calls):
+            runtime = [k for k, v in call.arguments.items() if _is_runtime(v)]
+            # The scalars are what a recursion would end on (n == 0), not the tiles.
+            named = [k for k in runtime if isinstance(call.arguments[k], V.Scalar)] or runtime
+            if named:
+                raise self.error(node, f"{call.name} calls itself with a run-time argument "
+                                       f"({', '.join(named)}) and otherwise the same arguments; "
+                                       f"recursion is unrolled at compile time only when it "
+                                       f"ends on compile-time values (pass the count as a "
+                                       f"tk.constexpr, or loop with for ... in range())")
+            raise self.error(node, f"{call.name} calls itself with the same arguments, so the "
+                                   f"recursion never ends")
+        if len(self.calls) >= MAX_INLINE_DEPTH:
+            chain = " -> ".join(c.name for c in self.calls[-4:])
+            raise self.error(node, f"calling {call.name} here nests inlined calls more than "
+                                   f"{MAX_INLINE_DEPTH} deep (... -> {chain} -> {call.name}); "
+                                   f"recursion is unrolled at compile time, so it must end "
+                                   f"within {MAX_INLINE_DEPTH} calls")
 
     def visit_Assign(self, node):
         value = self.eval(node.value)
