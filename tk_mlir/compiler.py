@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import cache
-from .errors import CompilationError
+from .errors import CompilationError, InternalCompilerError
 
 # Stage file suffixes for TK_MLIR_DUMP_DIR.
 _SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
@@ -203,11 +203,24 @@ def _disassemble(cubin: bytes) -> str | None:
 # ------------------------------------------------------------------ compile
 
 def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> CompiledKernel:
-    """Lower one specialization to a cubin (no cache involved)."""
+    """Lower one specialization to a cubin (no cache involved). The user's
+    mistakes are CompilationErrors at their lines; anything else that fails
+    here is a bug of ours: an InternalCompilerError naming the kernel and
+    the stage, chained to what was raised."""
+    stage = ["setup"]     # the stage under way (_compile updates it), for an internal error
+    try:
+        return _compile(spec, fn_node, globals_, stage)
+    except (CompilationError, InternalCompilerError):
+        raise
+    except Exception as e:
+        raise InternalCompilerError(f"{type(e).__name__}: {e}", spec.name, stage[0]) from e
+
+
+def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
     from mlir import ir
     from .dialects import tk as tk_dialect, types as T
     from .frontend import Param, build_kernel
-    from .lowering.pipeline import lower
+    from .lowering.pipeline import lower, save_for_replay
     from .runtime.toolchain import ToolchainError, ptxas
 
     dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
@@ -231,17 +244,22 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
                 params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
             else:
                 params.append(Param(name, "f32", ir.F32Type.get()))
+        stage[0] = "frontend"
         module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
                               dict(spec.constexprs), spec.num_warps)
-        lowered = lower(module, on_stage)
+        stage[0] = "lowering"
+        lowered = lower(module, on_stage, spec.name)
         smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
         from .lowering.kernel import cluster_size
         cluster = cluster_size(module.body.operations[0])
+    stage[0] = "ptxas"
     try:
         cubin, log = ptxas(lowered.ptx)
     except ToolchainError as e:
-        raise CompilationError(f"internal compiler error: ptxas rejected the PTX of "
-                               f"{spec.name}:\n{e.log}") from None
+        path = save_for_replay("ptx", lowered.ptx)
+        raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
+                                    f"reproduce with: ptxas -arch=sm_90a {path}",
+                                    spec.name, "ptxas") from e
     stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,
                               [(p.arg, p.kind, p.index) for p in lowered.params],

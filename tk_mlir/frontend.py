@@ -15,6 +15,7 @@ import ast
 import builtins
 import contextlib
 import inspect
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from mlir import ir
 from mlir.dialects import arith, func, scf
 
 from . import language, values as V
-from .errors import CompilationError
+from .errors import CompilationError, InternalCompilerError, debug, raised_in_tk_mlir
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,17 @@ _BINOPS = {ast.Add: "add", ast.Pow: "pow", ast.Sub: "sub", ast.Mult: "mul", ast.
            ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
            ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
-_PY_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-              "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
-              "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
-              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b, "max": max, "min": min,
-              "pow": lambda a, b: a ** b}
-_PY_CMPOPS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-              "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+# On compile-time values: Python's own operators (C functions, so an error in
+# one has no frame of ours; see KernelBuilder.python).
+_PY_BINOPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+              "div": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
+              "and": operator.and_, "or": operator.or_, "xor": operator.xor,
+              "lshift": operator.lshift, "rshift": operator.rshift, "max": max, "min": min,
+              "pow": operator.pow}
+_PY_CMPOPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+              "eq": operator.eq, "ne": operator.ne}
+_PY_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+             ast.Invert: operator.invert}
 # Python builtins a kernel may call; on run-time values min/max emit ops.
 _ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print", "isinstance",
                      "tuple", "list", "zip", "enumerate", "bool", "round", "pow", "sum", "all",
@@ -113,7 +118,9 @@ class KernelBuilder(ast.NodeVisitor):
     """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
 
     def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
-                 function: str | None = None, calls: tuple[InlinedCall, ...] = ()):
+                 function: str | None = None, calls: tuple[InlinedCall, ...] = (),
+                 kernel: str | None = None):
+        self.kernel = kernel         # its name, for internal errors
         self.filename = filename
         self.globals = globals_
         self.scope = dict(scope)
@@ -130,7 +137,9 @@ class KernelBuilder(ast.NodeVisitor):
 
     @contextlib.contextmanager
     def at(self, node):
-        """Ops built inside carry node's location; errors without one get it."""
+        """Ops built inside carry node's location; errors without one get it.
+        Any other exception is the user's error at node when their own Python
+        raised it (a helper they wrote), else a bug of ours (see failure)."""
         try:
             with self.loc(node):
                 yield
@@ -138,10 +147,41 @@ class KernelBuilder(ast.NodeVisitor):
             if e.filename is None:
                 raise self.error(node, e.message) from None
             raise
-        except (RecursionError, MemoryError):
+        except (InternalCompilerError, RecursionError, MemoryError):
             raise
-        except Exception as e:   # raised by Python run at compile time (helpers, constexprs)
-            raise self.error(node, f"{type(e).__name__}: {e}") from None
+        except Exception as e:
+            raise self.failure(node, e, raised_in_tk_mlir(e.__traceback__))
+
+    def failure(self, node, e: Exception, ours: bool) -> Exception:
+        """What exception e, raised while compiling node, is shown as: the user's
+        CompilationError at node, or (ours) an InternalCompilerError naming the
+        kernel and the line being compiled, chained to e. TK_MLIR_DEBUG=1 chains
+        the user's errors to e too (their traceback kept). Raise it without
+        `from`: the chaining is set here."""
+        if ours:
+            error = InternalCompilerError(
+                f"{type(e).__name__}: {e} (compiling {self.filename}:{node.lineno}:"
+                f"{node.col_offset + 1})", self.kernel, "frontend")
+        else:
+            error = self.error(node, f"{type(e).__name__}: {e}")
+        error.__cause__ = e if ours or debug() else None
+        error.__suppress_context__ = True
+        return error
+
+    def python(self, node, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the user's behalf: their own Python run at
+        compile time (a function their code calls, an operator on their
+        constexprs). What it raises is their error at node, unless it came from
+        inside tk_mlir (a builtin's bug) and not from calling it wrongly."""
+        try:
+            return fn(*args, **kwargs)
+        except (CompilationError, InternalCompilerError):
+            raise
+        except Exception as e:
+            inside = e.__traceback__.tb_next      # the frames below this one: fn's
+            ours = inside is not None and raised_in_tk_mlir(inside) and \
+                not (isinstance(e, TypeError) and _misbound(fn, args, kwargs))
+            raise self.failure(node, e, ours)
 
     def eval(self, node):
         with self.at(node):
@@ -215,7 +255,7 @@ class KernelBuilder(ast.NodeVisitor):
         self.check_recursion(node, call)
         inner = KernelBuilder(callee.filename, callee.globals,
                               {**callee.free_names(), **bound.arguments}, callee.node.name,
-                              self.calls + (call,))
+                              self.calls + (call,), self.kernel)
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
@@ -380,7 +420,7 @@ class KernelBuilder(ast.NodeVisitor):
         if callee is static_range:
             if any(_is_runtime(x) for x in (start, stop, step)):
                 raise self.error(node.iter, "tk.static_range needs compile-time bounds")
-            for i in range(start, stop, step):
+            for i in self.python(node.iter, range, start, stop, step):
                 self.scope[node.target.id] = i
                 self.run(node.body)
             return
@@ -472,7 +512,7 @@ class KernelBuilder(ast.NodeVisitor):
                 raise self.error(part, "an f-string formats compile-time values only")
             spec = self.eval(part.format_spec) if part.format_spec is not None else ""
             conv = {-1: v, 115: str(v), 114: repr(v), 97: ascii(v)}[part.conversion]
-            out.append(format(conv, spec))
+            out.append(self.python(part, format, conv, spec))
         return "".join(out)
 
     def visit_Dict(self, node):
@@ -481,23 +521,22 @@ class KernelBuilder(ast.NodeVisitor):
         keys = [self.eval(k) for k in node.keys]
         if any(_is_runtime(k) for k in keys):
             raise self.error(node, "dict keys must be compile-time values")
-        return dict(zip(keys, (self.eval(v) for v in node.values)))
+        return self.python(node, dict, zip(keys, [self.eval(v) for v in node.values]))
 
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
         if isinstance(obj, (V.Shared, V.Semaphore)):     # arrays of tiles or semaphores
-            return obj[index]
+            return self.python(node, operator.getitem, obj, index)
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")
         if _is_runtime(index):
             raise self.error(node, "a tuple index must be a compile-time int")
-        return obj[index]
+        return self.python(node, operator.getitem, obj, index)
 
     def visit_UnaryOp(self, node):
         v = self.eval(node.operand)
         if not _is_runtime(v):
-            return {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Not: lambda x: not x,
-                    ast.Invert: lambda x: ~x}[type(node.op)](v)
+            return self.python(node, _PY_UNARY[type(node.op)], v)
         if isinstance(node.op, ast.USub):
             if isinstance(v, V.TileLike):
                 return -v
@@ -508,7 +547,7 @@ class KernelBuilder(ast.NodeVisitor):
 
     def binary(self, node, op: str, a, b):
         if not (_is_runtime(a) or _is_runtime(b)):
-            return _PY_BINOPS[op](a, b)
+            return self.python(node, _PY_BINOPS[op], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
             if op not in ("add", "sub", "mul", "div", "max", "min"):
                 raise self.error(node, f"operator {op} is not defined on tiles")
@@ -531,11 +570,12 @@ class KernelBuilder(ast.NodeVisitor):
         if op in (ast.Is, ast.IsNot, ast.In, ast.NotIn):
             if _is_runtime(a) or _is_runtime(b):
                 raise self.error(node, "is/in compare compile-time values only")
-            return {ast.Is: lambda: a is b, ast.IsNot: lambda: a is not b,
-                    ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[op]()
+            if op in (ast.Is, ast.IsNot):
+                return (a is b) == (op is ast.Is)
+            return self.python(node, operator.contains, b, a) == (op is ast.In)
         name = _CMPOPS[op]
         if not (_is_runtime(a) or _is_runtime(b)):
-            return _PY_CMPOPS[name](a, b)
+            return self.python(node, _PY_CMPOPS[name], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
             raise self.error(node, "tile comparisons are not supported")
         return V.compare(name, a, b)
@@ -614,7 +654,7 @@ class KernelBuilder(ast.NodeVisitor):
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
                 or not runtime_args):
-            return callee(*args, **kwargs)
+            return self.python(node, callee, *args, **kwargs)
         name = getattr(callee, "__name__", repr(callee))
         raise self.error(node, f"calling {name}() on run-time values is not supported in a "
                                f"kernel (only tk.* functions and tile methods are)")
@@ -634,6 +674,18 @@ class LocalFunc:
 
     def free_names(self) -> dict:
         return dict(self.definer.scope) if self.definer is not None else {}
+
+
+def _misbound(fn, args, kwargs) -> bool:
+    """Whether calling fn with these arguments fails on the arguments
+    themselves (too many, a missing one): the caller's mistake."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:      # no signature to check (some C functions)
+        return False
+    return False
 
 
 def _is_method_of_value(callee) -> bool:
@@ -656,7 +708,7 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         scope = dict(constexprs)
         for p, arg in zip(params, entry.arguments):
             scope[p.name] = V.wrap(arg)
-        builder = KernelBuilder(filename, globals_, scope)
+        builder = KernelBuilder(filename, globals_, scope, kernel=name)
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
             body = body[:-1]
