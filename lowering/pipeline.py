@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -50,9 +51,49 @@ GPU_STAGE_NAMES = tuple(s if isinstance(s, str) else s[0] for s in GPU_STAGES)
 TO_BINARY = "gpu-module-to-binary{format=isa}"
 
 
+class StageTexts(Mapping):
+    """Stage name -> the IR text after it, in pipeline order. Printing is most of
+    a compile's Python time (~30 ms per GEMM stage, ~6 MB in all), so a stage
+    is kept as a snapshot (a clone of the module, ~1 ms) and printed on first
+    read: the compile reads them all while ptxas runs."""
+
+    def __init__(self):
+        self._items: dict[str, str | _Snapshot] = {}
+
+    def snapshot(self, name: str, module: ir.Module) -> None:
+        self._items[name] = _Snapshot(module.operation.clone())
+
+    def same_as(self, name: str, earlier: str) -> None:
+        """Stage `name` left the IR as `earlier` did: one snapshot, printed once."""
+        self._items[name] = self._items[earlier]
+
+    def add(self, name: str, text: str) -> None:
+        self._items[name] = text
+
+    def __getitem__(self, name: str) -> str:
+        item = self._items[name]
+        return item if isinstance(item, str) else item.text()
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Snapshot:
+    def __init__(self, op: ir.Operation):
+        self._op, self._text = op, None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text, self._op = _stage_text(self._op), None
+        return self._text
+
+
 @dataclass
 class Lowered:
-    stages: dict[str, str]       # stage name -> IR text after it
+    stages: StageTexts           # stage name -> IR text after it
     ptx: str
     params: list[KernelParam]
     kernel_name: str
@@ -76,8 +117,9 @@ def run_stage(name: str, module: ir.Module) -> ir.Module:
     return module
 
 
-def _stage_text(module: ir.Module) -> str:
-    return module.operation.get_asm(enable_debug_info=True, large_elements_limit=64)
+def _stage_text(module: ir.Module | ir.Operation) -> str:
+    op = module.operation if isinstance(module, ir.Module) else module
+    return op.get_asm(enable_debug_info=True, large_elements_limit=64)
 
 
 class _Stages:
@@ -85,11 +127,25 @@ class _Stages:
     InternalCompilerError (with how to reproduce it) unless it is the user's."""
 
     def __init__(self, on_stage: Callable[[str, str], None] | None, kernel: str | None):
-        self.texts: dict[str, str] = {}
+        self.texts = StageTexts()
         self.on_stage, self.kernel = on_stage, kernel
 
-    def record(self, name: str, text: str) -> None:
-        self.texts[name] = text
+    def record(self, name: str, module: ir.Module) -> None:
+        """Keep the IR after stage `name`: printed now when on_stage wants the
+        text as it comes (TK_MLIR_DUMP_DIR), else a snapshot printed later."""
+        if self.on_stage:
+            self.texts.add(name, _stage_text(module))
+            self.on_stage(name, self.texts[name])
+        else:
+            self.texts.snapshot(name, module)
+
+    def same_as(self, name: str, earlier: str) -> None:
+        self.texts.same_as(name, earlier)
+        if self.on_stage:
+            self.on_stage(name, self.texts[name])
+
+    def record_text(self, name: str, text: str) -> None:
+        self.texts.add(name, text)
         if self.on_stage:
             self.on_stage(name, text)
 
@@ -102,7 +158,7 @@ class _Stages:
             raise self.internal(name, e) from e
 
     def internal(self, name: str, e: Exception) -> InternalCompilerError:
-        before = next(reversed(self.texts.values()), None)
+        before = self.texts[list(self.texts)[-1]] if self.texts else None
         message = f"{type(e).__name__}: {e}".rstrip()
         if before is not None:
             path = save_for_replay(name, before)
@@ -131,21 +187,21 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
           kernel: str | None = None) -> Lowered:
     """Run every stage on `module` (the frontend's tk module, modified in place)."""
     stages = _Stages(on_stage, kernel)
-    stages.record("tk", _stage_text(module))
+    stages.record("tk", module)
     for name, fn in TK_PASSES:
         stages.run(name, fn, module)
-        stages.record(name, _stage_text(module))
+        stages.record(name, module)
     (func,) = module.body.operations
     kernel_name = ir.StringAttr(func.attributes["sym_name"]).value
     gpu_module, params, tensor_maps = stages.run("tk-to-gpu", lower_to_gpu, module)
-    stages.record("tk-to-gpu", _stage_text(gpu_module))
+    stages.record("tk-to-gpu", gpu_module)
     for name in GPU_STAGE_NAMES:
         stages.run(name, lambda m: run_stage(name, m), gpu_module)
-        stages.record(name, _stage_text(gpu_module))
-    stages.record("llvm", stages.texts[GPU_STAGE_NAMES[-1]])   # the same module: not printed again
+        stages.record(name, gpu_module)
+    stages.same_as("llvm", GPU_STAGE_NAMES[-1])     # the LLVM-dialect module: no pass between
     stages.run(TO_BINARY, lambda m: run_stage(TO_BINARY, m), gpu_module)
     ptx = stages.run("ptx", lambda m: _extract_ptx(str(m)), gpu_module)
-    stages.record("ptx", ptx)
+    stages.record_text("ptx", ptx)
     return Lowered(stages.texts, ptx, params, kernel_name, tensor_maps)
 
 

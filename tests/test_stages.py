@@ -229,3 +229,28 @@ def test_a_cache_hit_has_the_same_stages(compiled, tmp_path, monkeypatch):
         strip = (lambda t: re.sub(r"Compile time = [\d.]+ ms", "", t)) if stage == "ptxas" \
             else (lambda t: t)
         assert strip(hit.asm[stage]) == strip(compiled.asm[stage]), stage
+
+
+# ------------------------------------------------------------ SASS, cached
+
+@pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not found")
+def test_sass_is_disassembled_once_and_kept_in_the_disk_cache(compiled, tmp_path, monkeypatch):
+    """asm["sass"] runs nvdisasm on first read and keeps the listing on disk
+    (keyed by the cubin), so the kernel read warm -- here a copy that has not
+    seen it, as a disk hit in a new process is -- runs no nvdisasm."""
+    import dataclasses
+    from tk_mlir import compiler
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
+    runs = []
+    real = compiler._disassemble
+    monkeypatch.setattr(compiler, "_disassemble", lambda cubin: runs.append(1) or real(cubin))
+
+    def fresh():
+        return dataclasses.replace(compiled, _functions={},
+                                   stages={k: v for k, v in compiled.stages.items()
+                                           if k != "sass"})
+    first = fresh().asm["sass"]
+    assert runs == [1] and re.search(r"\bEXIT\b", first)
+    assert fresh().asm["sass"] == first
+    assert runs == [1]                       # the second read came from the disk cache

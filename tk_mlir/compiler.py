@@ -53,7 +53,9 @@ class Specialization:
 
 class Stages(Mapping):
     """A compiled kernel's stages, in pipeline order. The SASS listing is made
-    only when it is read: nvdisasm costs more than the whole compile."""
+    only when it is read (nvdisasm costs more than the whole compile) and is
+    kept in the disk cache under the cubin's hash, so a kernel read warm, in
+    this process or another, needs no nvdisasm run."""
 
     def __init__(self, kernel: CompiledKernel):
         self._kernel = kernel
@@ -61,7 +63,7 @@ class Stages(Mapping):
     def __getitem__(self, name: str) -> str:
         stages = self._kernel.stages
         if name == "sass" and "sass" not in stages and _has_nvdisasm():
-            stages["sass"] = _disassemble(self._kernel.cubin)
+            stages["sass"] = _cached_sass(self._kernel.cubin)
         return stages[name]
 
     def _names(self) -> list[str]:
@@ -188,6 +190,21 @@ def ptxas_info(log: str) -> dict:
     return info
 
 
+def _cached_sass(cubin: bytes) -> str:
+    """The SASS of `cubin`, from the disk cache or disassembled and stored there."""
+    import hashlib
+    from .runtime.toolchain import find_tool
+    key = cache.make_key(kind="sass", cubin=hashlib.sha256(cubin).hexdigest(),
+                         nvdisasm=find_tool("nvdisasm"))
+    entry = _DISK.get(key)
+    if entry is not None and isinstance(entry.get("sass"), str):
+        return entry["sass"]
+    sass = _disassemble(cubin)
+    if not sass.startswith("nvdisasm failed") and not cache.always_compile():
+        _DISK.put(key, {"sass": sass})
+    return sass
+
+
 def _disassemble(cubin: bytes) -> str | None:
     from .runtime.toolchain import find_tool
     tool = find_tool("nvdisasm")
@@ -221,14 +238,14 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     from .dialects import tk as tk_dialect, types as T
     from .frontend import Param, build_kernel
     from .lowering.pipeline import lower, save_for_replay
-    from .runtime.toolchain import ToolchainError, ptxas
+    from .runtime.toolchain import ToolchainError, start_ptxas
 
     dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
     folder = Path(dump_dir) / spec.dump_name() if dump_dir else None
     stages: dict[str, str] = {"python": spec.source}
     def on_stage(name: str, text: str) -> None:
-        if folder is not None:   # written as we go, so a failing pass leaves what came before
-            _write_stage(folder, len(stages), name, text)
+        # Written as we go, so a failing pass leaves what came before.
+        _write_stage(folder, len(stages), name, text)
         stages[name] = text
     if folder is not None:
         _write_stage(folder, 0, "python", spec.source)
@@ -248,13 +265,20 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
                               dict(spec.constexprs), spec.num_warps)
         stage[0] = "lowering"
-        lowered = lower(module, on_stage, spec.name)
+        lowered = lower(module, on_stage if folder is not None else None, spec.name)
         smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
         from .lowering.kernel import cluster_size
         cluster = cluster_size(module.body.operations[0])
+    # ptxas runs in its own process while this one prints the stages' text
+    # (the two cost about the same; the text is what the cache stores).
+    stage[0] = "ptxas"
+    job = start_ptxas(lowered.ptx)
+    stage[0] = "printing the stages"
+    for name in lowered.stages:
+        stages[name] = lowered.stages[name]
     stage[0] = "ptxas"
     try:
-        cubin, log = ptxas(lowered.ptx)
+        cubin, log = job.result()
     except ToolchainError as e:
         path = save_for_replay("ptx", lowered.ptx)
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
