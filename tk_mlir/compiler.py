@@ -234,9 +234,9 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
 
 
 def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
+    from .frontend import Param, build_kernel     # first: it imports MLIR without numpy
     from mlir import ir
     from .dialects import tk as tk_dialect, types as T
-    from .frontend import Param, build_kernel
     from .lowering.pipeline import lower, save_for_replay
     from .runtime.toolchain import ToolchainError, start_ptxas
 

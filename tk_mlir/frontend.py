@@ -19,6 +19,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from . import mlir_import  # noqa: F401  (first: imports MLIR without numpy)
 from mlir import ir
 from mlir.dialects import arith, func, scf
 
