@@ -430,6 +430,9 @@ class KernelBuilder(ast.NodeVisitor):
     def emit_for(self, node, start, stop, step):
         if not _is_runtime(step) and step <= 0:
             raise self.error(node.iter, "range step must be positive")
+        if any(_is_runtime(x) and not isinstance(x, V.Scalar) for x in (start, stop, step)):
+            raise self.error(node.iter, f"range bounds must be integers, got "
+                                        f"{', '.join(map(repr, (start, stop, step)))}")
         bounds = [V.as_scalar(x) for x in (start, stop, step)]
         if any(b.kind != "int" for b in bounds):
             raise self.error(node.iter, "range bounds must be integers")
@@ -622,7 +625,15 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_IfExp(self, node):
         test = self.eval(node.test)
         if _is_runtime(test):
+            # arith.select on numbers; tiles take an `if` statement (scf.if).
+            if not (isinstance(test, V.Scalar) and test.kind == "bool"):
+                raise self.error(node.test, "a condition must be a comparison or a bool")
             a, b = self.eval(node.body), self.eval(node.orelse)
+            for side, v in ((node.body, a), (node.orelse, b)):
+                if not (isinstance(v, V.Scalar) or isinstance(v, (bool, int, float))):
+                    raise self.error(side, f"x if c else y with a run-time condition chooses "
+                                           f"between numbers, not {v!r}; for tiles write an "
+                                           f"if statement")
             a, b = V.as_scalar(a), V.as_scalar(b)
             if a.ir_type != b.ir_type:
                 a, b = V.to_float(a), V.to_float(b)
