@@ -4,6 +4,7 @@ builtins, tiles where numbers are expected, run-time values where a
 compile-time one is needed. Found by compiling wrong kernels on purpose."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import test_errors
@@ -85,3 +86,19 @@ def k_subscript_tile(X: tk.gl[f32]):
 ])
 def test_mistake_is_a_compile_error_at_its_line(kernel, marker, at, message):
     test_errors.check_error(compile_error(kernel, F32), marker, at, message, HERE)
+
+
+# Its truth is refused by C code (no Python frame of the user's below ours).
+AMBIGUOUS = np.array([1, 2])
+
+
+@tk.kernel
+def k_ambiguous_if(X: tk.gl[f32]):
+    if AMBIGUOUS:  # E:ambiguous
+        pass
+
+
+def test_truth_of_a_compile_time_value_is_the_users():
+    test_errors.check_error(compile_error(k_ambiguous_if, F32), "ambiguous", "AMBIGUOUS",
+                            "ValueError: The truth value of an array with more than one "
+                            "element is ambiguous", HERE)

@@ -325,14 +325,14 @@ class KernelBuilder(ast.NodeVisitor):
         test = self.eval(node.test)
         if _is_runtime(test):
             raise self.error(node, "assert needs a compile-time condition")
-        if not test:
+        if not self.python(node.test, bool, test):
             msg = self.eval(node.msg) if node.msg is not None else "assertion failed"
             raise self.error(node, str(msg))
 
     def visit_If(self, node):
         test = self.eval(node.test)
         if not _is_runtime(test):
-            self.run(node.body if test else node.orelse)   # constexpr if
+            self.run(node.body if self.python(node.test, bool, test) else node.orelse)  # constexpr if
             return
         if not (isinstance(test, V.Scalar) and test.kind == "bool"):
             raise self.error(node.test, "an if condition must be a comparison or a bool")
@@ -638,7 +638,7 @@ class KernelBuilder(ast.NodeVisitor):
             if a.ir_type != b.ir_type:
                 a, b = V.to_float(a), V.to_float(b)
             return V.Scalar(arith.select(test.value, a.value, b.value))
-        return self.eval(node.body if test else node.orelse)
+        return self.eval(node.body if self.python(node.test, bool, test) else node.orelse)
 
     def visit_Call(self, node):
         callee = self.eval(node.func)
