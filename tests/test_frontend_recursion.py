@@ -105,3 +105,19 @@ def test_recursion_nesting_too_deep():
     check_error(e, "ct-rec", "f(t * 2.0", f"calling f here nests inlined calls more than "
                                           f"{MAX_INLINE_DEPTH} deep (... -> f -> f -> f -> f "
                                           f"-> f); recursion is unrolled at compile time")
+
+
+def test_python_stack_running_out_is_a_compile_error(monkeypatch):
+    """Below MAX_INLINE_DEPTH calls, Python's own stack can still run out (here
+    made small): a CompilationError at a recursive call, not a RecursionError."""
+    import inspect
+    import sys
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")      # compile, not a cache hit
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 200)
+    try:
+        e = compile_error(k_compile_time_count, F32, D=MAX_INLINE_DEPTH - 1)
+    finally:
+        sys.setrecursionlimit(limit)
+    check_error(e, "ct-rec", "f(t * 2.0", "calling f here nests inlined calls deeper than "
+                                          "Python's recursion limit")

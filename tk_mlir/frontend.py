@@ -260,8 +260,17 @@ class KernelBuilder(ast.NodeVisitor):
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
-        inner.run(body)
-        return inner.eval(result) if result is not None else None
+        try:
+            inner.run(body)
+            return inner.eval(result) if result is not None else None
+        except RecursionError:
+            # Python's stack ran out before MAX_INLINE_DEPTH (deeply nested
+            # expressions in each call): the innermost call that can still
+            # build an error reports it.
+            raise self.error(node, f"calling {call.name} here nests inlined calls deeper than "
+                                   f"Python's recursion limit ({len(self.calls) + 1} calls "
+                                   f"deep); recursion is unrolled at compile time, so it must "
+                                   f"end in fewer calls") from None
 
     def check_recursion(self, node, call: InlinedCall) -> None:
         """Recursion is unrolled at compile time, so it must end on compile-time
