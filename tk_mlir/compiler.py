@@ -13,6 +13,7 @@ import re
 import subprocess
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from pathlib import Path
@@ -243,12 +244,25 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
     folder = Path(dump_dir) / spec.dump_name() if dump_dir else None
     stages: dict[str, str] = {"python": spec.source}
+
+    def dump(index: int, name: str, text: str) -> None:
+        """Write a stage to TK_MLIR_DUMP_DIR; a folder that cannot be written
+        warns once and the compile goes on (a dump is a debugging aid)."""
+        nonlocal folder
+        if folder is None:
+            return
+        try:
+            _write_stage(folder, index, name, text)
+        except OSError as e:
+            warnings.warn(f"TK_MLIR_DUMP_DIR={dump_dir}: cannot write the stages there "
+                          f"({e}); compiling {spec.name} without dumping", RuntimeWarning)
+            folder = None
+
     def on_stage(name: str, text: str) -> None:
         # Written as we go, so a failing pass leaves what came before.
-        _write_stage(folder, len(stages), name, text)
+        dump(len(stages), name, text)
         stages[name] = text
-    if folder is not None:
-        _write_stage(folder, 0, "python", spec.source)
+    dump(0, "python", spec.source)
 
     context = ir.Context()
     tk_dialect.load(context)
@@ -291,9 +305,9 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
                                for t in lowered.tensor_maps], cluster)
     if folder is not None:
-        _write_stage(folder, len(stages) - 1, "ptxas", log)
+        dump(len(stages) - 1, "ptxas", log)
         if _has_nvdisasm():
-            _write_stage(folder, len(stages), "sass", compiled.asm["sass"])
+            dump(len(stages), "sass", compiled.asm["sass"])
     return compiled
 
 
