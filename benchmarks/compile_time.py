@@ -15,11 +15,13 @@ Then, per kernel:
 - ptxas alone: ptxas -v on the same PTX, the peer the goal is set against
   (issue 7: the GEMM's first compile <= 3x ptxas alone).
 
-    python benchmarks/compile_time.py [--samples 7] [--repo PATH] [--out benchmarks/results]
+    python benchmarks/compile_time.py [--samples 7] [--repo PATH] [--compare PATH]
+                                      [--out benchmarks/results]
 
---repo measures another checkout of tk_mlir (e.g. an older commit, for a
-before/after); the split needs this one's pipeline hooks and is skipped
-where they are missing. Timing on a shared machine is noisy: the medians and
+--repo measures another checkout of tk_mlir; --compare adds the cold compile
+of a second checkout (e.g. `git archive OLD | tar -x -C DIR`), its samples
+interleaved with --repo's so both see the same load. The split needs this
+tree's pipeline hooks and is skipped where they are missing. Timing on a shared machine is noisy: the medians and
 the machine's load average are in the JSON.
 """
 from __future__ import annotations
@@ -149,12 +151,14 @@ def has_split_hooks(repo: Path) -> bool:
                                                          "toolchain.py").read_text()
 
 
-def measure(repo: Path, kernel: str, samples: int) -> dict:
+def measure(repo: Path, kernel: str, samples: int, compare: Path | None = None) -> dict:
     med = statistics.median
-    cold, warm, splits = [], [], []
+    cold, warm, splits, other = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="tk_mlir_bench_") as tmp:
         ptx_path = f"{tmp}/kernel.ptx"
         for i in range(samples):
+            if compare is not None:
+                other.append(sample(compare, kernel, tempfile.mkdtemp(dir=tmp)))
             cache = tempfile.mkdtemp(dir=tmp)
             cold.append(sample(repo, kernel, cache, ptx_path=ptx_path if i == 0 else ""))
             warm.append(sample(repo, kernel, cache))
@@ -170,6 +174,12 @@ def measure(repo: Path, kernel: str, samples: int) -> dict:
            "warm hit (s)": med(s["compile"] for s in warm),
            "ptxas alone (s)": med(peer)}
     row["cold / ptxas"] = row["cold compile (s)"] / row["ptxas alone (s)"]
+    if other:
+        row["compared checkout"] = str(compare)
+        row["compared: cold compile (s)"] = med(s["compile"] for s in other)
+        row["compared: cold compile min (s)"] = min(s["compile"] for s in other)
+        row["compared: cold compile cpu (s)"] = med(s["compile cpu"] for s in other)
+        row["compared: import tk_mlir + example (s)"] = med(s["import"] for s in other)
     if splits:
         row["split (s)"] = {"MLIR imports": med(s["mlir imports"] for s in splits),
                             **{p: med(s["parts"].get(p, 0.0) for s in splits)
@@ -182,12 +192,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--repo", type=Path, default=REPO, help="the tk_mlir checkout to measure")
+    ap.add_argument("--compare", type=Path, help="a second checkout, measured interleaved")
     ap.add_argument("--kernel", choices=list(KERNELS), action="append")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="compile_time", help="the JSON's file name (no .json)")
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
-    rows = [measure(args.repo.resolve(), k, args.samples) for k in args.kernel or KERNELS]
+    compare = args.compare.resolve() if args.compare else None
+    rows = [measure(args.repo.resolve(), k, args.samples, compare) for k in args.kernel or KERNELS]
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
             "load average before/after": [load_before, os.getloadavg()],
@@ -197,9 +209,9 @@ def main(argv=None) -> int:
         print(f"\n{row['kernel']} ({row['samples']} samples, medians)")
         for k, v in row.items():
             if isinstance(v, float):
-                print(f"  {k:32s} {v:7.3f}")
+                print(f"  {k:40s} {v:7.3f}")
         for k, v in row.get("split (s)", {}).items():
-            print(f"    {k:30s} {v:7.3f}")
+            print(f"    {k:38s} {v:7.3f}")
     print(f"\nload average before/after: {meta['load average before/after']}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"

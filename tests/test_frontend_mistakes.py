@@ -102,3 +102,18 @@ def test_truth_of_a_compile_time_value_is_the_users():
     test_errors.check_error(compile_error(k_ambiguous_if, F32), "ambiguous", "AMBIGUOUS",
                             "ValueError: The truth value of an array with more than one "
                             "element is ambiguous", HERE)
+
+
+def takes_node_and_fn(node, fn):
+    return node + fn
+
+
+@tk.kernel
+def k_keywords_like_ours(X: tk.gl[f32], N: tk.constexpr):
+    # The frontend's own parameter names, passed as keywords to a user helper.
+    assert takes_node_and_fn(node=N, fn=1) == N + 1, "wrong sum"
+
+
+def test_helper_keywords_do_not_clash_with_the_frontends():
+    x = tk.spec((64, 64), "f32")
+    assert k_keywords_like_ours.compile(x, N=2).asm["ptx"]

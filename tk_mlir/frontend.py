@@ -169,7 +169,7 @@ class KernelBuilder(ast.NodeVisitor):
         error.__suppress_context__ = True
         return error
 
-    def python(self, node, fn, *args, **kwargs):
+    def python(self, node, fn, /, *args, **kwargs):
         """fn(*args, **kwargs) on the user's behalf: their own Python run at
         compile time (a function their code calls, an operator on their
         constexprs). What it raises is their error at node, unless it came from
