@@ -84,7 +84,7 @@ if split:
     def stage_part(self, name, *rest):
         if name in tk_passes:
             return "tk passes"
-        if name in (pipeline.TO_BINARY, "ptx"):
+        if name == pipeline.TO_BINARY:
             return "LLVM -> PTX"
         return "lowering (tk-to-gpu, upstream passes)"
     timed(frontend, "build_kernel", "frontend")

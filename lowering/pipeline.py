@@ -158,29 +158,30 @@ class _Stages:
             raise self.internal(name, e) from e
 
     def internal(self, name: str, e: Exception) -> InternalCompilerError:
-        before = self.texts[list(self.texts)[-1]] if self.texts else None
         message = f"{type(e).__name__}: {e}".rstrip()
-        if before is not None:
-            path = save_for_replay(name, before)
+        if self.texts:
+            path = save_for_replay(name, self.texts[list(self.texts)[-1]])
             message += (f"\nthe IR before {name} is in {path}; reproduce with:\n"
-                        f"    python -m tk_mlir.lowering.pipeline '{name}' {path}")
+                        f"    python -m tk_mlir.lowering.pipeline '{name}' {path}"
+                        if path else f"\n(the IR before {name} could not be saved)")
         return InternalCompilerError(message, self.kernel, name)
 
 
-def save_for_replay(stage: str, text: str) -> Path:
-    """Write the IR a failing stage started from where the user can find it:
-    TK_MLIR_DUMP_DIR when set (and writable), else a new temporary folder."""
+def save_for_replay(stage: str, text: str, suffix: str = ".mlir") -> Path | None:
+    """Write what a failing stage started from where the user can find it:
+    TK_MLIR_DUMP_DIR when set (and writable), else a new temporary folder;
+    None if neither can be written (the error is reported all the same)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
     for folder in (os.environ.get("TK_MLIR_DUMP_DIR"), None):
         try:
             directory = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="tk_mlir-ice-"))
             directory.mkdir(parents=True, exist_ok=True)
-            path = directory / f"before-{safe}.mlir"
+            path = directory / f"before-{safe}{suffix}"
             path.write_text(text)
             return path
         except OSError:
             continue
-    raise OSError("no folder to save the IR in")
+    return None
 
 
 def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
@@ -199,8 +200,7 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
         stages.run(name, lambda m: run_stage(name, m), gpu_module)
         stages.record(name, gpu_module)
     stages.same_as("llvm", GPU_STAGE_NAMES[-1])     # the LLVM-dialect module: no pass between
-    stages.run(TO_BINARY, lambda m: run_stage(TO_BINARY, m), gpu_module)
-    ptx = stages.run("ptx", lambda m: _extract_ptx(str(m)), gpu_module)
+    ptx = stages.run(TO_BINARY, lambda m: _extract_ptx(str(run_stage(TO_BINARY, m))), gpu_module)
     stages.record_text("ptx", ptx)
     return Lowered(stages.texts, ptx, params, kernel_name, tensor_maps)
 

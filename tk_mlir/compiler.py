@@ -294,7 +294,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     try:
         cubin, log = job.result()
     except ToolchainError as e:
-        path = save_for_replay("ptx", lowered.ptx)
+        path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
                                     f"reproduce with: ptxas -arch=sm_90a {path}",
                                     spec.name, "ptxas") from e
