@@ -4,22 +4,35 @@ Each stage runs on the module in place and its text is kept, so a user can
 read (and re-parse and resume from) the IR between any two passes. Python
 passes and upstream MLIR passes are both stages; upstream ones run through a
 PassManager of their own.
+
+A stage that fails with anything but a CompilationError (the user's error,
+at their line) is a bug of ours: an InternalCompilerError naming the stage,
+with the IR before it saved to a file and the command that replays the
+stage on it (`python -m tk_mlir.lowering.pipeline STAGE FILE`).
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from mlir import ir, passmanager
 
-from ..errors import CompilationError
+from ..errors import CompilationError, InternalCompilerError
 from ..passes.layouts import assign_layouts
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
 from .kernel import KernelParam, lower_to_gpu, set_kernel_attributes
 from .tma import TensorMapSpec
 
+# The tk-level passes, in order.
+TK_PASSES = (("tk-assign-layouts", assign_layouts), ("tk-verify", verify),
+             ("tk-allocate-smem", allocate_smem))
 # The stages after tk-to-gpu, in order: upstream passes by their pipeline
 # text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
 GPU_STAGES = (
@@ -35,70 +48,187 @@ GPU_STAGES = (
 )
 UPSTREAM = tuple(s for s in GPU_STAGES if isinstance(s, str))
 GPU_STAGE_NAMES = tuple(s if isinstance(s, str) else s[0] for s in GPU_STAGES)
+TO_BINARY = "gpu-module-to-binary{format=isa}"
+
+
+class StageTexts(Mapping):
+    """Stage name -> the IR text after it, in pipeline order. Printing is most of
+    a compile's Python time (~30 ms per GEMM stage, ~6 MB in all), so a stage
+    is kept as a snapshot (a clone of the module, ~1 ms) and printed on first
+    read: the compile reads them all while ptxas runs."""
+
+    def __init__(self):
+        self._items: dict[str, str | _Snapshot] = {}
+
+    def snapshot(self, name: str, module: ir.Module) -> None:
+        self._items[name] = _Snapshot(module.operation.clone())
+
+    def same_as(self, name: str, earlier: str) -> None:
+        """Stage `name` left the IR as `earlier` did: one snapshot, printed once."""
+        self._items[name] = self._items[earlier]
+
+    def add(self, name: str, text: str) -> None:
+        self._items[name] = text
+
+    def __getitem__(self, name: str) -> str:
+        item = self._items[name]
+        return item if isinstance(item, str) else item.text()
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Snapshot:
+    def __init__(self, op: ir.Operation):
+        self._op, self._text = op, None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text, self._op = _stage_text(self._op), None
+        return self._text
 
 
 @dataclass
 class Lowered:
-    stages: dict[str, str]       # stage name -> IR text after it
+    stages: StageTexts           # stage name -> IR text after it
     ptx: str
     params: list[KernelParam]
     kernel_name: str
     tensor_maps: list[TensorMapSpec]
 
 
-def _run_upstream(module: ir.Module, pipeline: str) -> None:
-    pm = passmanager.PassManager.parse(f"builtin.module({pipeline})")
-    try:
-        pm.run(module.operation)
-    except ir.MLIRError as e:
-        raise CompilationError(f"internal compiler error in pass {pipeline}: {e}\n"
-                               f"(re-run with TK_MLIR_DUMP_DIR=dir to get the IR before it)") \
-            from None
+def _python_stages() -> dict[str, Callable[[ir.Module], None]]:
+    return {**dict(TK_PASSES), **{s[0]: s[1] for s in GPU_STAGES if not isinstance(s, str)}}
 
 
-def _stage_text(module: ir.Module) -> str:
-    return module.operation.get_asm(enable_debug_info=True, large_elements_limit=64)
+def run_stage(name: str, module: ir.Module) -> ir.Module:
+    """Run one stage on `module`; returns the module after it (tk-to-gpu makes a
+    new one, every other stage changes `module` in place)."""
+    if name == "tk-to-gpu":
+        return lower_to_gpu(module)[0]
+    python = _python_stages()
+    if name in python:
+        python[name](module)
+    else:
+        passmanager.PassManager.parse(f"builtin.module({name})").run(module.operation)
+    return module
 
 
-def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None) -> Lowered:
+def _stage_text(module: ir.Module | ir.Operation) -> str:
+    op = module.operation if isinstance(module, ir.Module) else module
+    return op.get_asm(enable_debug_info=True, large_elements_limit=64)
+
+
+class _Stages:
+    """Runs the stages, recording the text after each; a failing one becomes an
+    InternalCompilerError (with how to reproduce it) unless it is the user's."""
+
+    def __init__(self, on_stage: Callable[[str, str], None] | None, kernel: str | None):
+        self.texts = StageTexts()
+        self.on_stage, self.kernel = on_stage, kernel
+
+    def record(self, name: str, module: ir.Module) -> None:
+        """Keep the IR after stage `name`: printed now when on_stage wants the
+        text as it comes (TK_MLIR_DUMP_DIR), else a snapshot printed later."""
+        if self.on_stage:
+            self.texts.add(name, _stage_text(module))
+            self.on_stage(name, self.texts[name])
+        else:
+            self.texts.snapshot(name, module)
+
+    def same_as(self, name: str, earlier: str) -> None:
+        self.texts.same_as(name, earlier)
+        if self.on_stage:
+            self.on_stage(name, self.texts[name])
+
+    def record_text(self, name: str, text: str) -> None:
+        self.texts.add(name, text)
+        if self.on_stage:
+            self.on_stage(name, text)
+
+    def run(self, name: str, fn: Callable, module: ir.Module):
+        try:
+            return fn(module)
+        except CompilationError:
+            raise
+        except Exception as e:
+            raise self.internal(name, e) from e
+
+    def internal(self, name: str, e: Exception) -> InternalCompilerError:
+        message = f"{type(e).__name__}: {e}".rstrip()
+        if self.texts:
+            path = save_for_replay(name, self.texts[list(self.texts)[-1]])
+            message += (f"\nthe IR before {name} is in {path}; reproduce with:\n"
+                        f"    python -m tk_mlir.lowering.pipeline '{name}' {path}"
+                        if path else f"\n(the IR before {name} could not be saved)")
+        return InternalCompilerError(message, self.kernel, name)
+
+
+def save_for_replay(stage: str, text: str, suffix: str = ".mlir") -> Path | None:
+    """Write what a failing stage started from where the user can find it:
+    TK_MLIR_DUMP_DIR when set (and writable), else a new temporary folder;
+    None if neither can be written (the error is reported all the same)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
+    for folder in (os.environ.get("TK_MLIR_DUMP_DIR"), None):
+        try:
+            directory = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="tk_mlir-ice-"))
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"before-{safe}{suffix}"
+            path.write_text(text)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
+          kernel: str | None = None) -> Lowered:
     """Run every stage on `module` (the frontend's tk module, modified in place)."""
-    stages: dict[str, str] = {}
-    def record(name: str, m: ir.Module) -> None:
-        stages[name] = _stage_text(m)
-        if on_stage:
-            on_stage(name, stages[name])
-
-    record("tk", module)
-    for name, fn in (("tk-assign-layouts", assign_layouts), ("tk-verify", verify),
-                     ("tk-allocate-smem", allocate_smem)):
-        fn(module)
-        record(name, module)
+    stages = _Stages(on_stage, kernel)
+    stages.record("tk", module)
+    for name, fn in TK_PASSES:
+        stages.run(name, fn, module)
+        stages.record(name, module)
     (func,) = module.body.operations
     kernel_name = ir.StringAttr(func.attributes["sym_name"]).value
-    gpu_module, params, tensor_maps = lower_to_gpu(module)
-    record("tk-to-gpu", gpu_module)
-    for stage in GPU_STAGES:
-        if isinstance(stage, str):
-            _run_upstream(gpu_module, stage)
-            record(stage, gpu_module)
-        else:
-            name, fn = stage
-            fn(gpu_module)
-            record(name, gpu_module)
-    record("llvm", gpu_module)
-    _run_upstream(gpu_module, "gpu-module-to-binary{format=isa}")
-    ptx = _extract_ptx(str(gpu_module))
-    stages["ptx"] = ptx
-    if on_stage:
-        on_stage("ptx", ptx)
-    return Lowered(stages, ptx, params, kernel_name, tensor_maps)
+    gpu_module, params, tensor_maps = stages.run("tk-to-gpu", lower_to_gpu, module)
+    stages.record("tk-to-gpu", gpu_module)
+    for name in GPU_STAGE_NAMES:
+        stages.run(name, lambda m: run_stage(name, m), gpu_module)
+        stages.record(name, gpu_module)
+    stages.same_as("llvm", GPU_STAGE_NAMES[-1])     # the LLVM-dialect module: no pass between
+    ptx = stages.run(TO_BINARY, lambda m: _extract_ptx(str(run_stage(TO_BINARY, m))), gpu_module)
+    stages.record_text("ptx", ptx)
+    return Lowered(stages.texts, ptx, params, kernel_name, tensor_maps)
 
 
 def _extract_ptx(binary_module_text: str) -> str:
     m = re.search(r'assembly = "(.*?)(?<!\\)">', binary_module_text, re.S)
     if not m:
-        raise CompilationError("internal compiler error: gpu-module-to-binary produced no PTX")
+        raise ValueError("gpu-module-to-binary produced no PTX")
     text = m.group(1)
     # MLIR prints the string attribute with \XX escapes for special bytes.
     return re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), text) \
         .replace('\\"', '"').replace("\\\\", "\\")
+
+
+def replay(stage: str, path: str | os.PathLike) -> str:
+    """The text after running `stage` on the IR in `path` (a stage's text, as
+    an InternalCompilerError saves it): a failing stage fails here the same way."""
+    from ..dialects import tk as tk_dialect
+    context = ir.Context()
+    tk_dialect.load(context)
+    with context:
+        module = ir.Module.parse(Path(path).read_text())
+        if stage == TO_BINARY:
+            return _extract_ptx(str(run_stage(stage, module)))
+        return _stage_text(run_stage(stage, module))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m tk_mlir.lowering.pipeline STAGE FILE.mlir")
+    sys.stdout.write(replay(sys.argv[1], sys.argv[2]))

@@ -197,28 +197,29 @@ def k_scaled(X: tk.gl[f32], Y: tk.gl[f32], s: int, scale: float):
 
 # ----------------------------------------------------------------- helpers
 
-def marked(marker: str) -> tuple[int, str]:
-    """(line number, text) of the line of this file ending in `# E:<marker>`."""
-    return markers.marked(HERE, marker)
+def marked(marker: str, path: Path = HERE) -> tuple[int, str]:
+    """(line number, text) of the line of `path` (this file) ending in `# E:<marker>`."""
+    return markers.marked(path, marker)
 
 
 def tk_frames(tb) -> list[traceback.FrameSummary]:
-    """The frames of tk_mlir's own files in a traceback."""
+    """The frames of tk_mlir's own files in a traceback (not the tests')."""
     pkg = Path(tk.__file__).resolve().parent.parent
     return [f for f in traceback.extract_tb(tb) if Path(f.filename).resolve().is_relative_to(pkg)
-            and Path(f.filename).resolve() != HERE]
+            and "tests" not in Path(f.filename).resolve().relative_to(pkg).parts]
 
 
-def check_error(e: tk.CompilationError, marker: str, at: str, message: str | re.Pattern):
-    """e points at `at` on the marked line, says `message`, renders with a caret
-    and carries no compiler internals."""
-    line, text = marked(marker)
+def check_error(e: tk.CompilationError, marker: str, at: str, message: str | re.Pattern,
+                path: Path = HERE):
+    """e points at `at` on the line of `path` (this file) marked `marker`, says
+    `message`, renders with a caret and carries no compiler internals."""
+    line, text = marked(marker, path)
     col = text.index(at)
     if isinstance(message, re.Pattern):
         assert message.search(e.message), e.message
     else:
         assert message in e.message, e.message
-    assert e.filename is not None and Path(e.filename).resolve() == HERE
+    assert e.filename is not None and Path(e.filename).resolve() == path
     assert (e.line, e.col) == (line, col), (e.line, e.col, line, col)
     rendered = str(e).split("\n")
     assert rendered[0] == f"{e.filename}:{line}:{col + 1}: error: {e.message}"

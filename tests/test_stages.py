@@ -11,16 +11,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from mlir import ir, passmanager
+from mlir import ir
 
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import tk as tk_dialect
-from tk_mlir.lowering.kernel import lower_to_gpu, set_kernel_attributes
-from tk_mlir.lowering.pipeline import GPU_STAGE_NAMES, UPSTREAM
-from tk_mlir.passes.layouts import assign_layouts
-from tk_mlir.passes.smem import allocate_smem
-from tk_mlir.passes.verify import verify
+from tk_mlir.lowering.pipeline import GPU_STAGE_NAMES, UPSTREAM, run_stage
 from tk_mlir.runtime.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
@@ -152,18 +148,9 @@ def test_gpu_stages_reparse_with_upstream_dialects_only(compiled, stage):
 
 
 def _pass(stage):
-    """The step that turns the stage before `stage` into `stage`."""
-    python = {"tk-assign-layouts": assign_layouts, "tk-verify": verify,
-              "tk-allocate-smem": allocate_smem, "tk-kernel-attributes": set_kernel_attributes}
-    if stage in python:
-        return lambda m: (python[stage](m), m)[1]
-    if stage == "tk-to-gpu":
-        return lambda m: lower_to_gpu(m)[0]
-
-    def upstream(m):
-        passmanager.PassManager.parse(f"builtin.module({stage})").run(m.operation)
-        return m
-    return upstream
+    """The step that turns the stage before `stage` into `stage` (the one an
+    internal error's replay command runs)."""
+    return lambda m: run_stage(stage, m)
 
 
 @pytest.mark.parametrize("stage", MLIR_STAGES[1:-1])
@@ -229,3 +216,28 @@ def test_a_cache_hit_has_the_same_stages(compiled, tmp_path, monkeypatch):
         strip = (lambda t: re.sub(r"Compile time = [\d.]+ ms", "", t)) if stage == "ptxas" \
             else (lambda t: t)
         assert strip(hit.asm[stage]) == strip(compiled.asm[stage]), stage
+
+
+# ------------------------------------------------------------ SASS, cached
+
+@pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not found")
+def test_sass_is_disassembled_once_and_kept_in_the_disk_cache(compiled, tmp_path, monkeypatch):
+    """asm["sass"] runs nvdisasm on first read and keeps the listing on disk
+    (keyed by the cubin), so the kernel read warm -- here a copy that has not
+    seen it, as a disk hit in a new process is -- runs no nvdisasm."""
+    import dataclasses
+    from tk_mlir import compiler
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
+    runs = []
+    real = compiler._disassemble
+    monkeypatch.setattr(compiler, "_disassemble", lambda cubin: runs.append(1) or real(cubin))
+
+    def fresh():
+        return dataclasses.replace(compiled, _functions={},
+                                   stages={k: v for k, v in compiled.stages.items()
+                                           if k != "sass"})
+    first = fresh().asm["sass"]
+    assert runs == [1] and re.search(r"\bEXIT\b", first)
+    assert fresh().asm["sass"] == first
+    assert runs == [1]                       # the second read came from the disk cache

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import cache
-from .errors import CompilationError
+from .errors import CompilationError, InternalCompilerError
 from .params import AbiParam, launch_values_function
 from .target import TARGET
 
@@ -55,7 +55,9 @@ class Specialization:
 
 class Stages(Mapping):
     """A compiled kernel's stages, in pipeline order. The SASS listing is made
-    only when it is read: nvdisasm costs more than the whole compile."""
+    only when it is read (nvdisasm costs more than the whole compile) and is
+    kept in the disk cache under the cubin's hash, so a kernel read warm, in
+    this process or another, needs no nvdisasm run."""
 
     def __init__(self, kernel: CompiledKernel):
         self._kernel = kernel
@@ -63,7 +65,7 @@ class Stages(Mapping):
     def __getitem__(self, name: str) -> str:
         stages = self._kernel.stages
         if name == "sass" and "sass" not in stages and _has_nvdisasm():
-            stages["sass"] = _disassemble(self._kernel.cubin)
+            stages["sass"] = _cached_sass(self._kernel.cubin)
         return stages[name]
 
     def _names(self) -> list[str]:
@@ -247,6 +249,21 @@ def ptxas_info(log: str) -> dict:
     return info
 
 
+def _cached_sass(cubin: bytes) -> str:
+    """The SASS of `cubin`, from the disk cache or disassembled and stored there."""
+    import hashlib
+    from .runtime.toolchain import find_tool
+    key = cache.make_key(kind="sass", cubin=hashlib.sha256(cubin).hexdigest(),
+                         nvdisasm=find_tool("nvdisasm"))
+    entry = _DISK.get(key)
+    if entry is not None and isinstance(entry.get("sass"), str):
+        return entry["sass"]
+    sass = _disassemble(cubin)
+    if not sass.startswith("nvdisasm failed") and not cache.always_compile():
+        _DISK.put(key, {"sass": sass})
+    return sass
+
+
 def _disassemble(cubin: bytes) -> str | None:
     from .runtime.toolchain import find_tool
     tool = find_tool("nvdisasm")
@@ -262,21 +279,42 @@ def _disassemble(cubin: bytes) -> str | None:
 # ------------------------------------------------------------------ compile
 
 def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> CompiledKernel:
-    """Lower one specialization to a cubin (no cache involved)."""
+    """Lower one specialization to a cubin (no cache involved). The user's
+    mistakes are CompilationErrors at their lines; anything else that fails
+    here is a bug of ours: an InternalCompilerError naming the kernel and
+    the stage, chained to what was raised."""
+    stage = ["setup"]     # the stage under way (_compile updates it), for an internal error
+    try:
+        return _compile(spec, fn_node, globals_, stage)
+    except (CompilationError, InternalCompilerError):
+        raise
+    except Exception as e:
+        raise InternalCompilerError(f"{type(e).__name__}: {e}", spec.name, stage[0]) from e
+
+
+def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
+    from .frontend import Param, build_kernel     # first: it imports MLIR without numpy
     from mlir import ir
     from .dialects import tk as tk_dialect, types as T
-    from .frontend import Param, build_kernel
-    from .lowering.pipeline import lower
-    from .runtime.toolchain import ToolchainError, ptxas
+    from .lowering.pipeline import lower, save_for_replay
+    from .runtime.toolchain import ToolchainError, start_ptxas
 
     folder = dump_folder(spec)
     stages: dict[str, str] = {"python": spec.source}
+
+    def dump(index: int, name: str, text: str) -> None:
+        if folder is not None:       # (checked writable above; a full disk still fails)
+            try:
+                _write_stage(folder, index, name, text)
+            except OSError as e:
+                raise CompilationError(f"TK_MLIR_DUMP_DIR: cannot write {name} to "
+                                       f"{str(folder)!r}: {e}") from None
+
     def on_stage(name: str, text: str) -> None:
-        if folder is not None:   # written as we go, so a failing pass leaves what came before
-            _write_stage(folder, len(stages), name, text)
+        # Written as we go, so a failing pass leaves what came before.
+        dump(len(stages), name, text)
         stages[name] = text
-    if folder is not None:
-        _write_stage(folder, 0, "python", spec.source)
+    dump(0, "python", spec.source)
 
     context = ir.Context()
     tk_dialect.load(context)
@@ -289,17 +327,29 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
                 params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
             else:
                 params.append(Param(name, "f32", ir.F32Type.get()))
+        stage[0] = "frontend"
         module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
                               dict(spec.constexprs), spec.num_warps)
-        lowered = lower(module, on_stage)
+        stage[0] = "lowering"
+        lowered = lower(module, on_stage if folder is not None else None, spec.name)
         smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
         from .lowering.kernel import cluster_size
         cluster = cluster_size(module.body.operations[0])
+    # ptxas runs in its own process while this one prints the stages' text
+    # (the two cost about the same; the text is what the cache stores).
+    stage[0] = "ptxas"
+    job = start_ptxas(lowered.ptx)
+    stage[0] = "printing the stages"
+    for name in lowered.stages:
+        stages[name] = lowered.stages[name]
+    stage[0] = "ptxas"
     try:
-        cubin, log = ptxas(lowered.ptx)
+        cubin, log = job.result()
     except ToolchainError as e:
-        raise CompilationError(f"internal compiler error: ptxas rejected the PTX of "
-                               f"{spec.name}:\n{e.log}") from None
+        path = save_for_replay("ptxas", lowered.ptx, ".ptx")
+        raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
+                                    f"reproduce with: ptxas -arch=sm_90a {path}",
+                                    spec.name, "ptxas") from e
     stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,
                               [(p.arg, p.kind, p.index) for p in lowered.params],
@@ -307,9 +357,9 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
                                for t in lowered.tensor_maps], cluster)
     if folder is not None:
-        _write_stage(folder, len(stages) - 1, "ptxas", log)
+        dump(len(stages) - 1, "ptxas", log)
         if _has_nvdisasm():
-            _write_stage(folder, len(stages), "sass", compiled.asm["sass"])
+            dump(len(stages), "sass", compiled.asm["sass"])
     return compiled
 
 
@@ -323,40 +373,10 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> Com
     key = spec.cache_key()
     entry = _DISK.get(key)
     if entry is not None:
-        compiled = _keeping_sass(CompiledKernel.from_entry(entry), key)
+        compiled = CompiledKernel.from_entry(entry)
         if os.environ.get("TK_MLIR_DUMP_DIR"):
             compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(), "TK_MLIR_DUMP_DIR")
         return compiled
     compiled = compile_specialization(spec, fn_node_factory(), globals_)
     _DISK.put(key, compiled.to_entry())
-    return _keeping_sass(compiled, key)
-
-
-class _StageTexts(dict):
-    """A cached kernel's stage texts. The SASS listing is made on first read
-    (Stages runs nvdisasm, which costs more than a compile); setting it here
-    also publishes it to the disk cache, in an entry of its own beside the
-    kernel's (entries are immutable), so a warm cache never runs nvdisasm."""
-
-    def __init__(self, texts: dict, sass_key: str):
-        super().__init__(texts)
-        self._sass_key = sass_key
-
-    def __setitem__(self, name: str, text: str) -> None:
-        super().__setitem__(name, text)
-        if name == "sass" and text and not text.startswith("nvdisasm failed"):
-            _DISK.put(self._sass_key, {"sass": text})
-
-
-def _keeping_sass(compiled: CompiledKernel, key: str) -> CompiledKernel:
-    """Give `compiled` the SASS listing stored for `key`, or store it once made."""
-    sass_key = cache.make_key(kind="tk-sass", kernel=key)
-    texts = _StageTexts(compiled.stages, sass_key)
-    if "sass" in texts:
-        _DISK.put(sass_key, {"sass": texts["sass"]})
-    else:
-        stored = _DISK.get(sass_key)
-        if stored is not None:
-            dict.__setitem__(texts, "sass", stored["sass"])
-    compiled.stages = texts
     return compiled

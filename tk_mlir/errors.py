@@ -7,6 +7,8 @@ its traceback is cut at the public entry point.
 from __future__ import annotations
 
 import linecache
+import sys
+from pathlib import Path
 
 
 class CompilationError(Exception):
@@ -59,3 +61,40 @@ def debug() -> bool:
     """TK_MLIR_DEBUG=1: re-raise errors with their full traceback."""
     import os
     return os.environ.get("TK_MLIR_DEBUG", "") not in ("", "0")
+
+
+# tk_mlir's own source folders: the package and, in a source checkout, the
+# top-level dialects/, passes/ and lowering/ it maps in as subpackages.
+_PACKAGE = Path(__file__).resolve().parent
+_OWN_DIRS = (_PACKAGE, *(_PACKAGE.parent / d for d in ("dialects", "passes", "lowering")))
+
+
+def _owner(frame) -> str:
+    """Whose code a frame runs: "tk_mlir", "library" (the standard library, MLIR's
+    bindings, any installed package) or "user"."""
+    name = frame.f_globals.get("__name__") or ""
+    top = name.partition(".")[0]
+    filename = frame.f_code.co_filename
+    if top == "tk_mlir" or Path(filename).resolve().parent in _OWN_DIRS:
+        return "tk_mlir"
+    if top in sys.stdlib_module_names or top == "mlir" or filename.startswith("<frozen") \
+            or "site-packages" in filename or "dist-packages" in filename:
+        return "library"
+    return "user"
+
+
+def raised_in_tk_mlir(tb) -> bool:
+    """Whether the exception with traceback `tb` is a bug in tk_mlir rather
+    than in the user's own Python (a helper, a constexpr computation): decided
+    by the innermost frame that is either, looking through the libraries both
+    call (a user helper whose numpy call raises is the user's; a builtin that
+    hands MLIR a bad value is tk_mlir's). No such frame: the user's."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        owner = _owner(frame)
+        if owner != "library":
+            return owner == "tk_mlir"
+    return False

@@ -15,14 +15,16 @@ import ast
 import builtins
 import contextlib
 import inspect
+import operator
 from dataclasses import dataclass
 from typing import Any
 
+from . import mlir_import  # noqa: F401  (first: imports MLIR without numpy)
 from mlir import ir
 from mlir.dialects import arith, func, scf
 
 from . import language, values as V
-from .errors import CompilationError
+from .errors import CompilationError, InternalCompilerError, debug, raised_in_tk_mlir
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,17 @@ _BINOPS = {ast.Add: "add", ast.Pow: "pow", ast.Sub: "sub", ast.Mult: "mul", ast.
            ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
            ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
-_PY_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-              "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
-              "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
-              "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b, "max": max, "min": min,
-              "pow": lambda a, b: a ** b}
-_PY_CMPOPS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-              "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+# On compile-time values: Python's own operators (C functions, so an error in
+# one has no frame of ours; see KernelBuilder.python).
+_PY_BINOPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+              "div": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
+              "and": operator.and_, "or": operator.or_, "xor": operator.xor,
+              "lshift": operator.lshift, "rshift": operator.rshift, "max": max, "min": min,
+              "pow": operator.pow}
+_PY_CMPOPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+              "eq": operator.eq, "ne": operator.ne}
+_PY_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+             ast.Invert: operator.invert}
 # Python builtins a kernel may call; on run-time values min/max emit ops.
 _ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print", "isinstance",
                      "tuple", "list", "zip", "enumerate", "bool", "round", "pow", "sum", "all",
@@ -73,15 +79,54 @@ def _assigned_names(stmts) -> list[str]:
     return names
 
 
+# Inlined calls nest at most this deep: far beyond any helper chain a kernel
+# needs, well before Python's own recursion limit.
+MAX_INLINE_DEPTH = 64
+_RUNTIME = object()    # stands for a run-time value when comparing calls
+
+
+@dataclass(frozen=True)
+class InlinedCall:
+    """One call being inlined: which function, with which compile-time arguments
+    (run-time ones count only as "some run-time value")."""
+    name: str
+    site: tuple            # (filename, line, col) of the function's def
+    arguments: dict        # parameter name -> value
+
+    def compile_time_args(self) -> tuple:
+        return tuple((k, _compile_time_part(v)) for k, v in self.arguments.items())
+
+    def repeats(self, other: InlinedCall) -> bool:
+        """Whether self is other again: the same function with the same compile-time
+        arguments. Inlining is deterministic in those, so it would recurse forever."""
+        if self.site != other.site:
+            return False
+        try:
+            return bool(self.compile_time_args() == other.compile_time_args())
+        except Exception:           # values without a plain ==: assume progress
+            return False
+
+
+def _compile_time_part(v):
+    if _is_runtime(v):
+        return _RUNTIME
+    if isinstance(v, (tuple, list)):
+        return tuple(_compile_time_part(x) for x in v)
+    return v
+
+
 class KernelBuilder(ast.NodeVisitor):
     """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
 
     def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
-                 function: str | None = None):
+                 function: str | None = None, calls: tuple[InlinedCall, ...] = (),
+                 kernel: str | None = None):
+        self.kernel = kernel         # its name, for internal errors
         self.filename = filename
         self.globals = globals_
         self.scope = dict(scope)
         self.function = function     # the tk.func being inlined (None: the kernel)
+        self.calls = calls           # the inlined calls this body is nested in, outermost first
 
     # ------------------------------------------------------------ plumbing
 
@@ -93,7 +138,9 @@ class KernelBuilder(ast.NodeVisitor):
 
     @contextlib.contextmanager
     def at(self, node):
-        """Ops built inside carry node's location; errors without one get it."""
+        """Ops built inside carry node's location; errors without one get it.
+        Any other exception is the user's error at node when their own Python
+        raised it (a helper they wrote), else a bug of ours (see failure)."""
         try:
             with self.loc(node):
                 yield
@@ -101,10 +148,41 @@ class KernelBuilder(ast.NodeVisitor):
             if e.filename is None:
                 raise self.error(node, e.message) from None
             raise
-        except (RecursionError, MemoryError):
+        except (InternalCompilerError, RecursionError, MemoryError):
             raise
-        except Exception as e:   # raised by Python run at compile time (helpers, constexprs)
-            raise self.error(node, f"{type(e).__name__}: {e}") from None
+        except Exception as e:
+            raise self.failure(node, e, raised_in_tk_mlir(e.__traceback__))
+
+    def failure(self, node, e: Exception, ours: bool) -> Exception:
+        """What exception e, raised while compiling node, is shown as: the user's
+        CompilationError at node, or (ours) an InternalCompilerError naming the
+        kernel and the line being compiled, chained to e. TK_MLIR_DEBUG=1 chains
+        the user's errors to e too (their traceback kept). Raise it without
+        `from`: the chaining is set here."""
+        if ours:
+            error = InternalCompilerError(
+                f"{type(e).__name__}: {e} (compiling {self.filename}:{node.lineno}:"
+                f"{node.col_offset + 1})", self.kernel, "frontend")
+        else:
+            error = self.error(node, f"{type(e).__name__}: {e}")
+        error.__cause__ = e if ours or debug() else None
+        error.__suppress_context__ = True
+        return error
+
+    def python(self, node, fn, /, *args, **kwargs):
+        """fn(*args, **kwargs) on the user's behalf: their own Python run at
+        compile time (a function their code calls, an operator on their
+        constexprs). What it raises is their error at node, unless it came from
+        inside tk_mlir (a builtin's bug) and not from calling it wrongly."""
+        try:
+            return fn(*args, **kwargs)
+        except (CompilationError, InternalCompilerError):
+            raise
+        except Exception as e:
+            inside = e.__traceback__.tb_next      # the frames below this one: fn's
+            ours = inside is not None and raised_in_tk_mlir(inside) and \
+                not (isinstance(e, TypeError) and _misbound(fn, args, kwargs))
+            raise self.failure(node, e, ours)
 
     def eval(self, node):
         with self.at(node):
@@ -173,13 +251,49 @@ class KernelBuilder(ast.NodeVisitor):
         except TypeError as e:
             raise self.error(node, f"{callee.node.name}(): {e}") from None
         bound.apply_defaults()
+        call = InlinedCall(callee.node.name, (callee.filename, callee.node.lineno,
+                                              callee.node.col_offset), dict(bound.arguments))
+        self.check_recursion(node, call)
         inner = KernelBuilder(callee.filename, callee.globals,
-                              {**callee.free_names(), **bound.arguments}, callee.node.name)
+                              {**callee.free_names(), **bound.arguments}, callee.node.name,
+                              self.calls + (call,), self.kernel)
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
-        inner.run(body)
-        return inner.eval(result) if result is not None else None
+        try:
+            inner.run(body)
+            return inner.eval(result) if result is not None else None
+        except RecursionError:
+            # Python's stack ran out before MAX_INLINE_DEPTH (deeply nested
+            # expressions in each call): the innermost call that can still
+            # build an error reports it.
+            raise self.error(node, f"calling {call.name} here nests inlined calls deeper than "
+                                   f"Python's recursion limit ({len(self.calls) + 1} calls "
+                                   f"deep); recursion is unrolled at compile time, so it must "
+                                   f"end in fewer calls") from None
+
+    def check_recursion(self, node, call: InlinedCall) -> None:
+        """Recursion is unrolled at compile time, so it must end on compile-time
+        values: a call that repeats one it is nested in (same function, same
+        compile-time arguments) would be inlined forever."""
+        if any(call.repeats(outer) for outer in self.calls):
+            runtime = [k for k, v in call.arguments.items() if _is_runtime(v)]
+            # The scalars are what a recursion would end on (n == 0), not the tiles.
+            named = [k for k in runtime if isinstance(call.arguments[k], V.Scalar)] or runtime
+            if named:
+                raise self.error(node, f"{call.name} calls itself with a run-time argument "
+                                       f"({', '.join(named)}) and otherwise the same arguments; "
+                                       f"recursion is unrolled at compile time only when it "
+                                       f"ends on compile-time values (pass the count as a "
+                                       f"tk.constexpr, or loop with for ... in range())")
+            raise self.error(node, f"{call.name} calls itself with the same arguments, so the "
+                                   f"recursion never ends")
+        if len(self.calls) >= MAX_INLINE_DEPTH:
+            chain = " -> ".join(c.name for c in self.calls[-4:])
+            raise self.error(node, f"calling {call.name} here nests inlined calls more than "
+                                   f"{MAX_INLINE_DEPTH} deep (... -> {chain} -> {call.name}); "
+                                   f"recursion is unrolled at compile time, so it must end "
+                                   f"within {MAX_INLINE_DEPTH} calls")
 
     def visit_Assign(self, node):
         value = self.eval(node.value)
@@ -220,14 +334,14 @@ class KernelBuilder(ast.NodeVisitor):
         test = self.eval(node.test)
         if _is_runtime(test):
             raise self.error(node, "assert needs a compile-time condition")
-        if not test:
+        if not self.python(node.test, bool, test):
             msg = self.eval(node.msg) if node.msg is not None else "assertion failed"
             raise self.error(node, str(msg))
 
     def visit_If(self, node):
         test = self.eval(node.test)
         if not _is_runtime(test):
-            self.run(node.body if test else node.orelse)   # constexpr if
+            self.run(node.body if self.python(node.test, bool, test) else node.orelse)  # constexpr if
             return
         if not (isinstance(test, V.Scalar) and test.kind == "bool"):
             raise self.error(node.test, "an if condition must be a comparison or a bool")
@@ -316,7 +430,7 @@ class KernelBuilder(ast.NodeVisitor):
         if callee is static_range:
             if any(_is_runtime(x) for x in (start, stop, step)):
                 raise self.error(node.iter, "tk.static_range needs compile-time bounds")
-            for i in range(start, stop, step):
+            for i in self.python(node.iter, range, start, stop, step):
                 self.scope[node.target.id] = i
                 self.run(node.body)
             return
@@ -325,6 +439,9 @@ class KernelBuilder(ast.NodeVisitor):
     def emit_for(self, node, start, stop, step):
         if not _is_runtime(step) and step <= 0:
             raise self.error(node.iter, "range step must be positive")
+        if any(_is_runtime(x) and not isinstance(x, V.Scalar) for x in (start, stop, step)):
+            raise self.error(node.iter, f"range bounds must be integers, got "
+                                        f"{', '.join(map(repr, (start, stop, step)))}")
         bounds = [V.as_scalar(x) for x in (start, stop, step)]
         if any(b.kind != "int" for b in bounds):
             raise self.error(node.iter, "range bounds must be integers")
@@ -408,7 +525,7 @@ class KernelBuilder(ast.NodeVisitor):
                 raise self.error(part, "an f-string formats compile-time values only")
             spec = self.eval(part.format_spec) if part.format_spec is not None else ""
             conv = {-1: v, 115: str(v), 114: repr(v), 97: ascii(v)}[part.conversion]
-            out.append(format(conv, spec))
+            out.append(self.python(part, format, conv, spec))
         return "".join(out)
 
     def visit_Dict(self, node):
@@ -417,23 +534,22 @@ class KernelBuilder(ast.NodeVisitor):
         keys = [self.eval(k) for k in node.keys]
         if any(_is_runtime(k) for k in keys):
             raise self.error(node, "dict keys must be compile-time values")
-        return dict(zip(keys, (self.eval(v) for v in node.values)))
+        return self.python(node, dict, zip(keys, [self.eval(v) for v in node.values]))
 
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
         if isinstance(obj, (V.Shared, V.Semaphore)):     # arrays of tiles or semaphores
-            return obj[index]
+            return self.python(node, operator.getitem, obj, index)
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")
         if _is_runtime(index):
             raise self.error(node, "a tuple index must be a compile-time int")
-        return obj[index]
+        return self.python(node, operator.getitem, obj, index)
 
     def visit_UnaryOp(self, node):
         v = self.eval(node.operand)
         if not _is_runtime(v):
-            return {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Not: lambda x: not x,
-                    ast.Invert: lambda x: ~x}[type(node.op)](v)
+            return self.python(node, _PY_UNARY[type(node.op)], v)
         if isinstance(node.op, ast.USub):
             if isinstance(v, V.TileLike):
                 return -v
@@ -444,7 +560,7 @@ class KernelBuilder(ast.NodeVisitor):
 
     def binary(self, node, op: str, a, b):
         if not (_is_runtime(a) or _is_runtime(b)):
-            return _PY_BINOPS[op](a, b)
+            return self.python(node, _PY_BINOPS[op], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
             if op not in ("add", "sub", "mul", "div", "max", "min"):
                 raise self.error(node, f"operator {op} is not defined on tiles")
@@ -467,11 +583,12 @@ class KernelBuilder(ast.NodeVisitor):
         if op in (ast.Is, ast.IsNot, ast.In, ast.NotIn):
             if _is_runtime(a) or _is_runtime(b):
                 raise self.error(node, "is/in compare compile-time values only")
-            return {ast.Is: lambda: a is b, ast.IsNot: lambda: a is not b,
-                    ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[op]()
+            if op in (ast.Is, ast.IsNot):
+                return (a is b) == (op is ast.Is)
+            return self.python(node, operator.contains, b, a) == (op is ast.In)
         name = _CMPOPS[op]
         if not (_is_runtime(a) or _is_runtime(b)):
-            return _PY_CMPOPS[name](a, b)
+            return self.python(node, _PY_CMPOPS[name], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
             raise self.error(node, "tile comparisons are not supported")
         return V.compare(name, a, b)
@@ -517,12 +634,20 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_IfExp(self, node):
         test = self.eval(node.test)
         if _is_runtime(test):
+            # arith.select on numbers; tiles take an `if` statement (scf.if).
+            if not (isinstance(test, V.Scalar) and test.kind == "bool"):
+                raise self.error(node.test, "a condition must be a comparison or a bool")
             a, b = self.eval(node.body), self.eval(node.orelse)
+            for side, v in ((node.body, a), (node.orelse, b)):
+                if not (isinstance(v, V.Scalar) or isinstance(v, (bool, int, float))):
+                    raise self.error(side, f"x if c else y with a run-time condition chooses "
+                                           f"between numbers, not {v!r}; for tiles write an "
+                                           f"if statement")
             a, b = V.as_scalar(a), V.as_scalar(b)
             if a.ir_type != b.ir_type:
                 a, b = V.to_float(a), V.to_float(b)
             return V.Scalar(arith.select(test.value, a.value, b.value))
-        return self.eval(node.body if test else node.orelse)
+        return self.eval(node.body if self.python(node.test, bool, test) else node.orelse)
 
     def visit_Call(self, node):
         callee = self.eval(node.func)
@@ -550,7 +675,7 @@ class KernelBuilder(ast.NodeVisitor):
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
                 or not runtime_args):
-            return callee(*args, **kwargs)
+            return self.python(node, callee, *args, **kwargs)
         name = getattr(callee, "__name__", repr(callee))
         raise self.error(node, f"calling {name}() on run-time values is not supported in a "
                                f"kernel (only tk.* functions and tile methods are)")
@@ -570,6 +695,18 @@ class LocalFunc:
 
     def free_names(self) -> dict:
         return dict(self.definer.scope) if self.definer is not None else {}
+
+
+def _misbound(fn, args, kwargs) -> bool:
+    """Whether calling fn with these arguments fails on the arguments
+    themselves (too many, a missing one): the caller's mistake."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:      # no signature to check (some C functions)
+        return False
+    return False
 
 
 def _is_method_of_value(callee) -> bool:
@@ -592,7 +729,7 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         scope = dict(constexprs)
         for p, arg in zip(params, entry.arguments):
             scope[p.name] = V.wrap(arg)
-        builder = KernelBuilder(filename, globals_, scope)
+        builder = KernelBuilder(filename, globals_, scope, kernel=name)
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
             body = body[:-1]

@@ -50,3 +50,20 @@ class KernelSource:
             raise CompilationError("@tk.kernel applies to a function definition",
                                    self.filename, self.first_line, self.indent)
         return node
+
+    def param_location(self, name: str, annotation: bool = False) -> tuple[str, int, int]:
+        """(filename, line, col) of parameter `name` in the `def` (col 0-based,
+        as CompilationError takes it), or of its annotation when `annotation`
+        and it has one: errors about a parameter point there, not at the
+        decorator. A name the function does not have gives the `def` itself."""
+        fn = self.function_ast()
+        a = fn.args
+        for arg in [*a.posonlyargs, *a.args, a.vararg, *a.kwonlyargs, a.kwarg]:
+            if arg is not None and arg.arg == name:
+                node = arg.annotation if annotation and arg.annotation is not None else arg
+                return self.filename, node.lineno, node.col_offset
+        return self.filename, fn.lineno, fn.col_offset
+
+    def param_error(self, name: str, message: str, annotation: bool = False) -> CompilationError:
+        """A CompilationError at parameter `name` (see param_location)."""
+        return CompilationError(message, *self.param_location(name, annotation))

@@ -69,15 +69,34 @@ def ptxas(ptx: str, arch: str = TARGET.arch, extra_args=()) -> tuple[bytes, str]
     Runs with -v so the log reports registers, spills and shared memory per
     kernel. Raises ToolchainError carrying ptxas's messages on failure.
     """
-    tool = _require("ptxas")
-    with tempfile.TemporaryDirectory(prefix="tk_mlir_ptxas_") as tmp:
-        src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
-        src.write_text(ptx)
-        cmd = [tool, f"-arch={arch}", "-v", *extra_args, str(src), "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0:
-            raise ToolchainError(f"ptxas failed (exit {proc.returncode}) assembling for {arch}",
-                                 log)
-        return out.read_bytes(), log
+    return start_ptxas(ptx, arch, extra_args).result()
 
+
+class PtxasJob:
+    """ptxas running in the background (a process of its own: the caller's
+    Python keeps going, e.g. printing the IR stages, until result())."""
+
+    def __init__(self, ptx: str, arch: str, extra_args=()):
+        self.arch = arch
+        self._tmp = tempfile.TemporaryDirectory(prefix="tk_mlir_ptxas_")
+        src, self._out = Path(self._tmp.name, "kernel.ptx"), Path(self._tmp.name, "kernel.cubin")
+        src.write_text(ptx)
+        cmd = [_require("ptxas"), f"-arch={arch}", "-v", *extra_args, str(src), "-o",
+               str(self._out)]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+
+    def result(self) -> tuple[bytes, str]:
+        """(cubin, log) once ptxas is done; ToolchainError if it failed."""
+        try:
+            log = self._proc.communicate()[0].strip()
+            if self._proc.returncode != 0:
+                raise ToolchainError(f"ptxas failed (exit {self._proc.returncode}) assembling "
+                                     f"for {self.arch}", log)
+            return self._out.read_bytes(), log
+        finally:
+            self._tmp.cleanup()
+
+
+def start_ptxas(ptx: str, arch: str = "sm_90a", extra_args=()) -> PtxasJob:
+    return PtxasJob(ptx, arch, extra_args)
