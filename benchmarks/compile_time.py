@@ -9,7 +9,7 @@ Then, per kernel:
   child process), median over the samples;
 - split: the same compile in processes with hooks on the pipeline's parts
   (MLIR imported first and timed apart); parts overlap where the compiler
-  overlaps them (the stage text is printed while ptxas runs), so "waiting
+  overlaps them (the stages are kept as bytecode while ptxas runs), so "waiting
   for ptxas" is what ptxas adds on top;
 - warm: a new process compiling again with the cache the cold one filled;
 - ptxas alone: ptxas -v on the same PTX, the peer the goal is set against
@@ -91,6 +91,7 @@ if split:
     timed(pipeline._Stages, "run", stage_part)
     timed(pipeline.StageTexts, "snapshot", "stage snapshots")
     timed(pipeline._Snapshot, "text", "stage text")
+    timed(pipeline._Snapshot, "stored", "stage bytecode")
     timed(toolchain.PtxasJob, "result", "waiting for ptxas")
     real_init = toolchain.PtxasJob.__init__
     def init(self, *args, **kwargs):

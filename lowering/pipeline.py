@@ -12,6 +12,7 @@ stage on it (`python -m tk_mlir.lowering.pipeline STAGE FILE`).
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -54,8 +55,8 @@ TO_BINARY = "gpu-module-to-binary{format=isa}"
 class StageTexts(Mapping):
     """Stage name -> the IR text after it, in pipeline order. Printing is most of
     a compile's Python time (~30 ms per GEMM stage, ~6 MB in all), so a stage
-    is kept as a snapshot (a clone of the module, ~1 ms) and printed on first
-    read: the compile reads them all while ptxas runs."""
+    is kept as a snapshot (a clone of the module, ~1 ms), printed on first
+    read; the compiler keeps what it did not read as bytecode (`stored`)."""
 
     def __init__(self):
         self._items: dict[str, str | _Snapshot] = {}
@@ -74,6 +75,12 @@ class StageTexts(Mapping):
         item = self._items[name]
         return item if isinstance(item, str) else item.text()
 
+    def stored(self, name: str) -> str | bytes:
+        """Stage `name` as text if it was printed (or was text), else as MLIR
+        bytecode (tk_mlir/stages.py prints it when it is read)."""
+        item = self._items[name]
+        return item if isinstance(item, str) else item.stored()
+
     def __iter__(self):
         return iter(self._items)
 
@@ -87,8 +94,15 @@ class _Snapshot:
 
     def text(self) -> str:
         if self._text is None:
-            self._text, self._op = _stage_text(self._op), None
+            self._text, self._op = stage_text(self._op), None
         return self._text
+
+    def stored(self) -> str | bytes:
+        if self._text is not None:
+            return self._text
+        out = io.BytesIO()
+        self._op.write_bytecode(out)
+        return out.getvalue()
 
 
 @dataclass
@@ -117,7 +131,7 @@ def run_stage(name: str, module: ir.Module) -> ir.Module:
     return module
 
 
-def _stage_text(module: ir.Module | ir.Operation) -> str:
+def stage_text(module: ir.Module | ir.Operation) -> str:
     op = module.operation if isinstance(module, ir.Module) else module
     return op.get_asm(enable_debug_info=True, large_elements_limit=64)
 
@@ -134,7 +148,7 @@ class _Stages:
         """Keep the IR after stage `name`: printed now when on_stage wants the
         text as it comes (TK_MLIR_DUMP_DIR), else a snapshot printed later."""
         if self.on_stage:
-            self.texts.add(name, _stage_text(module))
+            self.texts.add(name, stage_text(module))
             self.on_stage(name, self.texts[name])
         else:
             self.texts.snapshot(name, module)
@@ -225,7 +239,7 @@ def replay(stage: str, path: str | os.PathLike) -> str:
         module = ir.Module.parse(Path(path).read_text())
         if stage == TO_BINARY:
             return _extract_ptx(str(run_stage(stage, module)))
-        return _stage_text(run_stage(stage, module))
+        return stage_text(run_stage(stage, module))
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def parse(text: str, with_tk: bool) -> tuple[ir.Context, ir.Module]:
 
 
 def asm_of(module: ir.Module) -> str:
-    # What the pipeline records (lowering/pipeline.py: _stage_text).
+    # What the pipeline records (lowering/pipeline.py: stage_text).
     return module.operation.get_asm(enable_debug_info=True, large_elements_limit=64)
 
 

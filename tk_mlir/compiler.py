@@ -20,6 +20,7 @@ from pathlib import Path
 from . import cache
 from .errors import CompilationError, InternalCompilerError
 from .params import AbiParam, launch_values_function
+from .stages import StageStore
 from .target import TARGET
 
 # Stage file suffixes for TK_MLIR_DUMP_DIR.
@@ -93,7 +94,7 @@ class CompiledKernel:
     params: list[AbiParam]                 # the kernel's parameters (its ABI), in order
     num_warps: int
     smem_bytes: int
-    stages: dict[str, str]
+    stages: StageStore                     # name -> text (MLIR stages printed when read)
     ptxas_log: str
     # Per "tmap" parameter (its index): (arg, box rows, box cols, swizzle, dtype).
     tensor_maps: list[tuple] = field(default_factory=list)
@@ -104,6 +105,8 @@ class CompiledKernel:
 
     def __post_init__(self):
         self.params = [AbiParam(*p) for p in self.params]
+        if not isinstance(self.stages, StageStore):
+            self.stages = StageStore(self.stages)
 
     def __repr__(self) -> str:
         """One line (the stages and the cubin are in .asm / ._repr_html_)."""
@@ -195,13 +198,14 @@ class CompiledKernel:
                 "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
                 "tensor_maps": self.tensor_maps, "cluster": self.cluster}
         return {"cubin": self.cubin, "meta.json": json.dumps(meta),
-                "stages.json": json.dumps(self.stages)}
+                "stages.json": json.dumps(self.stages.to_json())}
 
     @classmethod
     def from_entry(cls, entry: dict) -> CompiledKernel:
         meta = json.loads(entry["meta.json"])
+        stages = StageStore.from_json(json.loads(entry["stages.json"]))
         return cls(meta["name"], entry["cubin"], [tuple(p) for p in meta["params"]],
-                   meta["num_warps"], meta["smem_bytes"], json.loads(entry["stages.json"]),
+                   meta["num_warps"], meta["smem_bytes"], stages,
                    meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])],
                    meta.get("cluster", 1))
 
@@ -300,7 +304,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     from .runtime.toolchain import ToolchainError, start_ptxas
 
     folder = dump_folder(spec)
-    stages: dict[str, str] = {"python": spec.source}
+    stages = StageStore({"python": spec.source})
 
     def dump(index: int, name: str, text: str) -> None:
         if folder is not None:       # (checked writable above; a full disk still fails)
@@ -335,13 +339,17 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
         from .lowering.kernel import cluster_size
         cluster = cluster_size(module.body.operations[0])
-    # ptxas runs in its own process while this one prints the stages' text
-    # (the two cost about the same; the text is what the cache stores).
+    # ptxas runs in its own process while this one keeps the stages (as
+    # bytecode, printed when read: tk_mlir/stages.py).
     stage[0] = "ptxas"
     job = start_ptxas(lowered.ptx)
-    stage[0] = "printing the stages"
+    stage[0] = "keeping the stages"
     for name in lowered.stages:
-        stages[name] = lowered.stages[name]
+        stored = lowered.stages.stored(name)
+        if isinstance(stored, bytes):
+            stages.put_bytecode(name, stored)
+        else:
+            stages[name] = stored
     stage[0] = "ptxas"
     try:
         cubin, log = job.result()
