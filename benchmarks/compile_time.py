@@ -2,7 +2,7 @@
 
 Each sample is a new Python process with an empty TK_MLIR_CACHE_DIR, as a user
 meets it: import tk_mlir and the example, then `kernel.compile(...)` (frontend,
-tk passes, lowering, LLVM -> PTX, ptxas, every stage's text for the cache).
+tk passes, lowering, LLVM -> PTX, ptxas, every stage kept for the cache).
 Then, per kernel:
 
 - cold compile: wall and CPU seconds of that call (CPU includes ptxas, a
