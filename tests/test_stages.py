@@ -243,15 +243,17 @@ def test_sass_is_disassembled_once_and_kept_in_the_disk_cache(compiled, tmp_path
     assert runs == [1]                       # the second read came from the disk cache
 
 
-def test_stages_kept_as_bytecode_print_as_the_pipeline_prints(compiled, tmp_path, monkeypatch):
+def test_stages_kept_as_bytecode_print_as_the_pipeline_prints(tmp_path, monkeypatch):
     # Without TK_MLIR_DUMP_DIR the MLIR stages are kept as bytecode and printed
     # when read; with it they are printed as they are made. Same text.
     from tk_mlir.compiler import CompiledKernel
-    kept = CompiledKernel.from_entry(compiled.to_entry()).stages   # as the disk cache has it
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    monkeypatch.delenv("TK_MLIR_DUMP_DIR", raising=False)
+    x = tk.spec((64, 1024), "bf16")
+    fresh = staged.compile(x, x, 3, 0.5, BLOCK=1024)
+    kept = CompiledKernel.from_entry(fresh.to_entry()).stages      # as the disk cache has it
     assert all(isinstance(kept._items[s], bytes) for s in MLIR_STAGES)
     monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(tmp_path / "dump"))
-    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
-    x = tk.spec((64, 1024), "bf16")
     eager = staged.compile(x, x, 3, 0.5, BLOCK=1024).stages
     assert all(isinstance(eager._items[s], str) for s in MLIR_STAGES)
     assert [s for s in kept if s != "sass"] == [s for s in eager if s != "sass"]
