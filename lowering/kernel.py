@@ -25,7 +25,6 @@ from mlir.dialects import arith, gpu, llvm, scf
 from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
-from ..passes.fences import insert_proxy_fences
 from ..target import TARGET
 from . import compute, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
@@ -81,9 +80,6 @@ _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
 
 def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
     (func,) = module.body.operations
-    # tk-proxy-fences marks the shared writes an async read may follow (run
-    # here, at the head of tk-to-gpu, until the stage list names it).
-    insert_proxy_fences(module)
     name = ir.StringAttr(func.attributes["sym_name"]).value
     num_warps = C.NUM_WARPS.get(func)
     smem_bytes = C.SMEM_BYTES.get(func)

@@ -25,6 +25,7 @@ from typing import Callable
 from mlir import ir, passmanager
 
 from ..errors import CompilationError, InternalCompilerError
+from ..passes.fences import insert_proxy_fences
 from ..passes.layouts import assign_layouts
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
@@ -33,7 +34,7 @@ from .tma import TensorMapSpec
 
 # The tk-level passes, in order.
 TK_PASSES = (("tk-assign-layouts", assign_layouts), ("tk-verify", verify),
-             ("tk-allocate-smem", allocate_smem))
+             ("tk-allocate-smem", allocate_smem), ("tk-proxy-fences", insert_proxy_fences))
 # The stages after tk-to-gpu, in order: upstream passes by their pipeline
 # text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
 GPU_STAGES = (

@@ -1055,7 +1055,7 @@ ROUND_TRIP = {
     "index": lambda: _index_stages("warpgroup_id"),
     "loop": lambda: stages(loop_kernel, F32_2D, F32_2D),
 }
-TK_STAGES = ("tk", "tk-assign-layouts", "tk-verify", "tk-allocate-smem")
+TK_STAGES = ("tk", "tk-assign-layouts", "tk-verify", "tk-allocate-smem", "tk-proxy-fences")
 
 
 def _asm(module: ir.Module) -> str:

@@ -238,12 +238,13 @@ def test_dump_dir_writes_one_numbered_file_per_stage(tmp_path, monkeypatch):
     for f, (stage, text) in zip(files, stages.items()):
         assert f.read_text() == text, f"{f.name} is not stage {stage}"
     names = [f.name for f in files]
-    assert names[:6] == ["00-python.py", "01-tk.mlir", "02-tk-assign-layouts.mlir",
-                         "03-tk-verify.mlir", "04-tk-allocate-smem.mlir", "05-tk-to-gpu.mlir"]
+    assert names[:7] == ["00-python.py", "01-tk.mlir", "02-tk-assign-layouts.mlir",
+                         "03-tk-verify.mlir", "04-tk-allocate-smem.mlir",
+                         "05-tk-proxy-fences.mlir", "06-tk-to-gpu.mlir"]
     tail = ["llvm.mlir", "ptx.ptx", "ptxas.log"] + (["sass.sass"] if "sass" in stages else [])
     assert names[-len(tail):] == [f"{len(names) - len(tail) + i:02d}-{t}"
                                   for i, t in enumerate(tail)]
-    assert "06-convert-scf-to-cf.mlir" in names
+    assert "07-convert-scf-to-cf.mlir" in names
     assert any(re.fullmatch(r"\d\d-gpu\.module_convert-gpu-to-nvvm_.*\.mlir", n) for n in names)
 
 

@@ -123,7 +123,7 @@ def test_every_attribute_the_tk_passes_write_is_declared():
                                      spec((384, 256), "bf16"), config=0)
     seen = set()
     for compiled in (hinted, gemm_):
-        seen |= _attributes_beyond_the_ops_own(compiled.asm["tk-allocate-smem"])
+        seen |= _attributes_beyond_the_ops_own(compiled.asm["tk-proxy-fences"])
     assert seen <= set(contracts.BY_NAME), seen - set(contracts.BY_NAME)
     # The kernels exercise the contracts the tk passes and builtins write.
     assert {"tk.num_warps", "count", "cache", "offset", "stride", "scratch_offset",

@@ -37,7 +37,7 @@ def staged(X: tk.gl[bf16], Y: tk.gl[bf16], n: int, scale: float, BLOCK: tk.const
     tk.store(Y, acc.to(bf16), (row, 0))
 
 
-TK_STAGES = ["tk", "tk-assign-layouts", "tk-verify", "tk-allocate-smem"]
+TK_STAGES = ["tk", "tk-assign-layouts", "tk-verify", "tk-allocate-smem", "tk-proxy-fences"]
 GPU_STAGES = ["tk-to-gpu", *GPU_STAGE_NAMES, "llvm"]
 MLIR_STAGES = TK_STAGES + GPU_STAGES
 HAS_NVDISASM = find_tool("nvdisasm") is not None
