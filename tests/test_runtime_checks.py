@@ -150,3 +150,58 @@ def test_a_plan_leaves_another_rank_to_another_plan():
     assert plan((1,), (torch.rand(2, 4, 32), 2.0), {}) is False
     with pytest.raises(tk.ArgumentError, match="is on cpu"):   # the same rank: checked
         plan((1,), (x, 2.0), {})
+
+
+# ------------------------------------------------- review findings (issue 7)
+
+@pytest.mark.parametrize("grid", [None, 4.0, "4", (), (1, 2, 3, 4), (0,), (True,), lambda m: None])
+def test_bad_grids_are_argument_errors(grid):
+    with pytest.raises(tk.ArgumentError, match="grid must be an int or a tuple of 1 to 3 ints"):
+        launcher.normalize_grid(grid, {})
+
+
+def test_integer_like_grids_pass():
+    import numpy as np
+    assert launcher.normalize_grid((np.int64(4), 2), {}) == (4, 2, 1)
+    assert launcher.normalize_grid(lambda meta: meta["n"], {"n": 3}) == (3, 1, 1)
+
+
+@tk.kernel
+def bare(X: tk.gl, Y: tk.gl):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)), (0, 0))
+
+
+@pytest.mark.parametrize("shape, dtype, rule", [
+    ((64, 64), "float64", "is not an element type tk_mlir kernels take"),
+    ((64, 64), "int64", "is not an element type tk_mlir kernels take"),
+    ((), "float32", "is a 0-d tensor"),
+])
+def test_a_bare_gl_refuses_what_kernels_do_not_take(shape, dtype, rule):
+    torch = pytest.importorskip("torch")
+    t = torch.rand(shape).to(getattr(torch, dtype))
+    with pytest.raises(tk.ArgumentError, match=rule) as info:
+        bare.compile(t, t)
+    assert "argument 'X'" in str(info.value)
+
+
+@pytest.mark.parametrize("shape", [None, (4.0, 8), (True, 8), 7])
+def test_spec_refuses_shapes_that_are_not_ints(shape):
+    with pytest.raises(tk.ArgumentError, match="tk.spec shape must be a tuple of non-negative ints"):
+        tk.spec(shape, "f32")
+
+
+@tk.kernel
+def scaled(X: tk.gl[f32], Y: tk.gl[f32], C: tk.constexpr):
+    s = 2.5 if C[0] is True else 3.5
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * s * C[1], (0, 0))
+
+
+def test_constexprs_equal_in_python_but_not_in_code_compile_apart():
+    a = scaled.compile(X, X, C=(1, 1.0))
+    b = scaled.compile(X, X, C=(True, 1.0))          # (1, 1.0) == (True, 1.0)
+    c = scaled.compile(X, X, C=(True, -1.0))
+    d = scaled.compile(X, X, C=(True, 1.0))
+    assert b is d and len({id(a), id(b), id(c)}) == 3
+    assert "0f40600000" in a.asm["ptx"] and "0f40200000" in b.asm["ptx"]   # 3.5 and 2.5
+    zero, negative_zero = scaled.compile(X, X, C=(1, 0.0)), scaled.compile(X, X, C=(1, -0.0))
+    assert zero is not negative_zero

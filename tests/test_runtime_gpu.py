@@ -235,3 +235,33 @@ def test_tensors_on_two_gpus_are_refused():
     y = torch.rand(16, 64, device="cuda:1")
     with pytest.raises(tk.ArgumentError, match="different devices.*'X' on cuda:0, 'Y' on cuda:1"):
         axpy[(1,)](x, y, torch.empty_like(x), 1.0)
+
+
+@tk.kernel(num_warps=4)
+def tagged(X: tk.gl[f32], Y: tk.gl[f32], C: tk.constexpr):
+    s = 2.5 if C[0] is True else 3.5
+    tk.store(Y, tk.load(X, (tk.block_id(0), 0), (16, 64)) * s, (tk.block_id(0), 0))
+
+
+@pytest.mark.parametrize("by_keyword", [True, False])
+def test_plans_tell_apart_constexprs_that_compare_equal(by_keyword):
+    # (1,) == (True,) in Python; the kernel branches on `is True`.
+    x = torch.rand(32, 64, device="cuda") - 0.5
+    for c, scale in [((1,), 3.5), ((True,), 2.5), ((1,), 3.5)]:
+        y = torch.full_like(x, float("nan"))
+        if by_keyword:
+            tagged[(2,)](x, y, C=c)
+        else:
+            tagged[(2,)](x, y, c)
+        torch.cuda.synchronize()
+        assert torch.equal(y, x * scale), c
+
+
+def test_a_grid_function_runs_at_every_launch():
+    # Its result is cached as validated, not the function's first answer.
+    grid = lambda meta: (tk.cdiv(meta["X"].shape[0], 16),)   # noqa: E731
+    for m in (32, 100, 48):
+        x, y, z = _inputs(m)
+        axpy[grid](x, y, z, 2.0)
+        torch.cuda.synchronize()
+        _check(x, y, z, 2.0)

@@ -28,10 +28,11 @@ another plan. Arguments that are not torch tensors take the general path
 """
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Callable
 
-from .params import KernelParams, launch_value_code
+from .params import KernelParams, constexpr_tag, launch_value_code
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 from .target import TARGET
 
@@ -45,13 +46,19 @@ def torch_tensor_types() -> tuple:
     return (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
 
 
-def normalize_grid(grid, meta: dict, cluster: int = 1) -> tuple[int, int, int]:
-    """The grid as three ints, within the target's limits (TARGET.max_grid)."""
+def normalize_grid(grid, meta: dict | None, cluster: int = 1) -> tuple[int, int, int]:
+    """The grid as three ints, within the target's limits (TARGET.max_grid).
+    `grid`: an int, a tuple of 1 to 3 ints, or a function of the arguments
+    by name (`meta`) returning one."""
     g = grid(meta) if callable(grid) else grid
-    g = (g,) if isinstance(g, int) else tuple(g)
-    if not 1 <= len(g) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                       and x >= 1 for x in g):
-        raise ArgumentError(f"grid must be 1 to 3 ints, each at least 1, got {g!r}")
+    got = f"the grid function returned {g!r}" if callable(grid) else f"got {g!r}"
+    try:
+        g = tuple(_block_count(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
+    except TypeError:
+        g = ()
+    if not 1 <= len(g) <= 3 or not all(x >= 1 for x in g):
+        raise ArgumentError(f"grid must be an int or a tuple of 1 to 3 ints, each at least 1; "
+                            f"{got}")
     for axis, n, limit in zip("xyz", g, TARGET.max_grid):
         if n > limit:
             raise ArgumentError(f"grid {g!r}: {axis} = {n} blocks is over the GPU's limit of "
@@ -61,6 +68,18 @@ def normalize_grid(grid, meta: dict, cluster: int = 1) -> tuple[int, int, int]:
         raise ArgumentError(f"grid {g!r}: the kernel runs in clusters of {cluster} blocks along "
                             f"x (tk.use_cluster), so the grid's x must be a multiple of {cluster}")
     return g + (1,) * (3 - len(g))
+
+
+def _needs_tag(v) -> bool:
+    """Does `type(v) is T and v == V` leave out a difference that compiles
+    differently (constexpr_tag)?"""
+    return type(v) in (float, tuple, list, frozenset)
+
+
+def _block_count(x) -> int:
+    if isinstance(x, bool):
+        raise TypeError("a bool is not a block count")
+    return operator.index(x)          # ints, numpy ints, 0-d integer tensors
 
 
 def launch_device(tensors: dict) -> int:
@@ -98,6 +117,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
+           "TAG": constexpr_tag,
            "scalar_check": check_scalar, "GRIDS": {}, "CLUSTER": compiled.cluster}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
@@ -105,10 +125,12 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
              "        return False"]
     # The keywords (constexprs, num_warps) and positional constexprs must be
     # the very values this plan was compiled for: same type, same value.
+    # (Floats and containers also by constexpr_tag: 0.0 == -0.0, (1,) == (True,).)
     for j, (k, v) in enumerate(kwargs.items()):
-        env[f"K{j}"], env[f"KT{j}"] = v, type(v)
+        env[f"K{j}"], env[f"KT{j}"], env[f"KG{j}"] = v, type(v), constexpr_tag(v)
+        tagged = f" or TAG(v) != KG{j}" if _needs_tag(v) else ""
         lines += [f"    v = kwargs.get({k!r}, MISSING)",
-                  f"    if type(v) is not KT{j} or v != K{j}:",
+                  f"    if type(v) is not KT{j} or v != K{j}{tagged}:",
                   "        return False"]
     # The globals the code read must still hold what it saw: an identity test
     # each, the value compared only when the identity differs (global_reads.py).
@@ -125,8 +147,10 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         lines.append(f"    {local[i]} = TAIL[{i - n_positional}]")
     for i in params.constexprs:
         if i < n_positional:
-            env[f"C{i}"], env[f"CT{i}"] = values[i], type(values[i])
-            lines += [f"    if type({local[i]}) is not CT{i} or {local[i]} != C{i}:",
+            v = values[i]
+            env[f"C{i}"], env[f"CT{i}"], env[f"CG{i}"] = v, type(v), constexpr_tag(v)
+            tagged = f" or TAG({local[i]}) != CG{i}" if _needs_tag(v) else ""
+            lines += [f"    if type({local[i]}) is not CT{i} or {local[i]} != C{i}{tagged}:",
                       "        return False"]
     # (The rank is in the shapes of `key` below: a tensor of another rank
     # fails full_check, and the kernel plans for its specialization.)
@@ -163,11 +187,18 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
             lines.append(f"        scalar_check(NAMES[{pos}], 'i32', {local[pos]})")
     launch_values = launch_value_code(abi, [local[i] for i in params.runtime],
                                       compiled.tensor_maps, env)
-    lines += ["    g = GRIDS.get(grid) if type(grid) is tuple else None   # validated before",
+    # A grid seen before (a tuple or int, or what a grid function returned)
+    # was validated then; a grid function still runs per launch (it reads
+    # the arguments).
+    lines += ["    g = GRIDS.get(grid) if type(grid) is tuple or type(grid) is int else None",
               "    if g is None:",
-              "        g = normalize_grid(grid, dict(zip(NAMES, args + TAIL)), CLUSTER)",
-              "        if type(grid) is tuple and len(GRIDS) < 4096:",
-              "            GRIDS[grid] = g",
+              "        if callable(grid):",
+              "            grid = grid(dict(zip(NAMES, args + TAIL)))",
+              "        g = GRIDS.get(grid) if type(grid) is tuple or type(grid) is int else None",
+              "        if g is None:",
+              "            g = normalize_grid(grid, None, CLUSTER)",
+              "            if (type(grid) is tuple or type(grid) is int) and len(GRIDS) < 4096:",
+              "                GRIDS[grid] = g",
               "    grid = g",
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(launch_values)})",
               "    return True"]

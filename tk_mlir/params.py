@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from .errors import ArgumentError, CompilationError
 from .language import GlobalAnnotation, constexpr, dtype_name, gl
+from .runtime.arguments import check_element_type
 
 EMPTY = inspect.Parameter.empty
 GL, I32, F32, CONSTEXPR = "gl", "i32", "f32", "constexpr"
@@ -166,6 +167,11 @@ class KernelParams:
         for p, v in zip(self.params, values):
             if p.kind == GL:
                 t = read_tensor(v, p.name)
+                if p.dtype is None:                 # bare tk.gl: any dtype kernels take
+                    check_element_type(t.dtype, f"the dtype of argument '{p.name}'")
+                if not t.shape:
+                    raise ArgumentError(f"argument '{p.name}' is a 0-d tensor; a tk.gl "
+                                        f"parameter takes a tensor of rank 1 or more")
                 static = p.shape if p.shape is not None else (None,) * len(t.shape)
                 if len(static) != len(t.shape):
                     raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
@@ -188,9 +194,22 @@ class KernelParams:
                     raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
                                         f"hashable (an int, float, bool, str, tuple or tk "
                                         f"dtype)") from None
-                # The type is part of the key: True, 1 and 1.0 compile differently.
-                sig.append((CONSTEXPR, v, type(v).__name__))
+                # The types are part of the key: True, 1 and 1.0 compile
+                # differently, and so do (1,) and (True,), 0.0 and -0.0.
+                sig.append((CONSTEXPR, v, constexpr_tag(v)))
         return tuple(sig) + (num_warps,)
+
+
+def constexpr_tag(v):
+    """What tells apart constexpr values that compare equal but compile
+    differently: the type, through tuples and lists, and a float's sign
+    (0.0 == -0.0)."""
+    t = type(v)
+    if t is tuple or t is list or t is frozenset:
+        return (t.__name__, tuple(constexpr_tag(x) for x in v))
+    if t is float:
+        return repr(v)
+    return t.__name__
 
 
 def _classify(p: inspect.Parameter, fn) -> Param:

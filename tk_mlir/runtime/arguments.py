@@ -325,22 +325,36 @@ def _row_start_error(info, name: str, dim: int) -> ArgumentError:
 
 # ------------------------------------------------------- compile-only specs
 
+def _supported_dtypes() -> str:
+    from ..dialects.types import DTYPES as KERNEL_DTYPES      # what kernel tiles hold
+    return (f"the supported dtypes are {', '.join(KERNEL_DTYPES)} (tk names, tk.bf16, "
+            f"or the torch / numpy dtypes)")
+
+
+def check_element_type(name: str, what: str) -> None:
+    """`name` (a canonical dtype name) must be an element type kernels take."""
+    from ..dialects.types import DTYPES as KERNEL_DTYPES
+    if name not in KERNEL_DTYPES:
+        raise ArgumentError(f"{what} ({name}) is not an element type tk_mlir kernels take; "
+                            f"{_supported_dtypes()}")
+
+
 def spec(shape, dtype, strides=None) -> TensorSpec:
     """A tensor type without memory: `spec((4096, 4096), 'bf16')`. Strides
     (in elements) default to contiguous."""
-    dims = tuple(shape)
-    if not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise ArgumentError(f"spec shape must be non-negative ints, got {shape!r}")
-    from ..dialects.types import DTYPES as KERNEL_DTYPES      # what kernel tiles hold
-    supported = (f"the supported dtypes are {', '.join(KERNEL_DTYPES)} (tk names, tk.bf16, "
-                 f"or the torch / numpy dtypes)")
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                               for d in dims):
+        raise ArgumentError(f"tk.spec shape must be a tuple of non-negative ints, got {shape!r}")
     try:
         name = canonical_dtype(dtype)
     except ArgumentError:
-        raise ArgumentError(f"unknown dtype {dtype!r} for tk.spec; {supported}") from None
-    if name not in KERNEL_DTYPES:
-        raise ArgumentError(f"tk.spec dtype {dtype!r} ({name}) is not an element type "
-                            f"tk_mlir kernels take; {supported}")
+        raise ArgumentError(f"tk.spec dtype {dtype!r} is not a dtype tk_mlir knows; "
+                            f"{_supported_dtypes()}") from None
+    check_element_type(name, f"tk.spec dtype {dtype!r}")
     steps = contiguous_strides(dims) if strides is None else tuple(strides)
     if len(steps) != len(dims):
         raise ArgumentError(f"spec strides {steps} do not match shape {dims}")
