@@ -355,6 +355,21 @@ def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
         parent = parent.parent
 
 
+def _check_static_memory(op) -> None:
+    """Which shared tile or semaphore an op uses is decided at compile time
+    (its place in shared memory is a constant): one cannot come out of a
+    run-time if, or change from one loop iteration to the next."""
+    for r in op.results:
+        t = T.parse(r.type)
+        if isinstance(t, (T.ST, T.Sem)):
+            what = "shared tile" if isinstance(t, T.ST) else "semaphore"
+            how = ("chosen by a run-time if" if op.name == "scf.if" else
+                   "changed from one loop iteration to the next")
+            raise error_at(op.location, f"a {what} cannot be {how}: which {what} an op uses "
+                           f"is fixed at compile time; make an array (tk.shared_tiles / "
+                           f"tk.semaphores) and index it with the run-time value instead")
+
+
 def verify(module: ir.Module) -> None:
     """The tk-verify pass."""
     for func in module.body.operations:
@@ -364,5 +379,7 @@ def verify(module: ir.Module) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
                 _check_uniform(op, num_warps, uniform)
+            elif op.name in ("scf.if", "scf.for"):
+                _check_static_memory(op)
         walk_ops(func.operation, visit)
         check_async_results(func)

@@ -69,7 +69,28 @@ def k_subscript_tile(X: tk.gl[f32]):
     u = t[0]  # E:subscript-tile
 
 
+@tk.kernel
+def k_tile_chosen_by_if(X: tk.gl[f32]):
+    a = tk.shared_tile(f32, (16, 64))
+    b = tk.shared_tile(f32, (16, 64))
+    if tk.block_id(0) > 0:  # E:tile-by-if
+        a, b = b, a
+    tk.copy(a, X, (0, 0))
+
+
+@tk.kernel
+def k_tile_swapped_in_loop(X: tk.gl[f32]):
+    a = tk.shared_tile(f32, (16, 64))
+    b = tk.shared_tile(f32, (16, 64))
+    for i in range(tk.block_id(0)):  # E:tile-in-loop
+        a, b = b, a
+    tk.copy(a, X, (0, 0))
+
+
 @pytest.mark.parametrize("kernel,marker,at,message", [
+    (k_tile_chosen_by_if, "tile-by-if", "if", "a shared tile cannot be chosen by a run-time if"),
+    (k_tile_swapped_in_loop, "tile-in-loop", "for", "a shared tile cannot be changed from one "
+                                                    "loop iteration to the next"),
     (k_select_tiles, "select-tiles", "t if", "x if c else y with a run-time condition chooses "
                                             "between numbers, not <Tile"),
     (k_select_on_tile, "select-on-tile", "t else", "a condition must be a comparison or a bool"),
