@@ -141,6 +141,13 @@ def test_quick_key_tells_apart_what_the_full_key_does():
     assert by_keyword((x,), {"s": 2.0, "Y": x}) == quick(calls[0], {})
 
 
+@pytest.mark.parametrize("config", [9, -4, "fast", None, True, Config(BM=32, BN=64)])
+def test_compile_names_a_config_it_does_not_have(config):
+    with pytest.raises(tk.ArgumentError, match="is not one of its configs") as info:
+        tuner().compile(tk.spec((64, 64), "f32"), tk.spec((64, 64), "f32"), 2.0, config=config)
+    assert "0: Config(BM=16, BN=64)" in str(info.value)
+
+
 def test_caller_may_not_pass_what_the_configs_set():
     x = tk.spec((64, 64), "f32")
     with pytest.raises(tk.ArgumentError, match="BM is chosen by tk.autotune from its configs; "

@@ -213,14 +213,25 @@ class Autotuner:
     def compile(self, *args, config: Config | int, **kwargs):
         """`kernel.compile` for one config (a Config or an index into `configs`):
         `tuned.compile(tk.spec(...), ..., config=0).asm`. Works without a GPU."""
-        config = self.configs[config] if isinstance(config, int) else config
         try:
+            config = self._config(config)
             self._check_not_tuned(args, kwargs)
         except ArgumentError as e:
             if debug():
                 raise
             raise e.with_traceback(None) from None
         return self.kernel.compile(*args, **kwargs, **config.all_kwargs())
+
+    def _config(self, config) -> Config:
+        """`config=` of compile: one of the configs, or its index."""
+        if isinstance(config, Config) and config in self.configs:
+            return config
+        if isinstance(config, int) and not isinstance(config, bool) and \
+                -len(self.configs) <= config < len(self.configs):
+            return self.configs[config]
+        listing = "; ".join(f"{i}: {c}" for i, c in enumerate(self.configs))
+        raise ArgumentError(f"{self.__name__}.compile: config={config!r} is not one of its "
+                            f"configs; pass a Config from the list or its index ({listing})")
 
     def key_of(self, *args, **kwargs) -> tuple:
         """The tuning key of a call's arguments: per key name, a tensor's
