@@ -116,6 +116,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     names = params.names
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
+           "rejected": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
            "TAG": constexpr_tag,
            "scalar_check": check_scalar, "GRIDS": {}, "CLUSTER": compiled.cluster}
@@ -176,9 +177,15 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         key = ", ".join(f"{local[i]}_shape, {local[i]}_strides, {local[i]}.get_device()"
                         for i in gl_rules)
         ptrs = " | ".join(f"{local[i]}_ptr" for i in gl_rules)
+        # Keys full_check turned away (another device or rank) are remembered,
+        # so tensors alternating between devices cost a set test, not a check.
         lines += [f"    key = ({key},)",
                   f"    if ({ptrs}) & 15 or key not in checked:",
+                  "        if key in rejected:",
+                  "            return False",
                   "        if not full_check(args + TAIL):",
+                  "            if len(rejected) < 4096:",
+                  "                rejected.add(key)",
                   "            return False   # tensors on another device: another plan",
                   "        checked.add(key)"]
     for pos, kind in scalars.items():
