@@ -356,7 +356,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     except ToolchainError as e:
         path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
-                                    f"reproduce with: ptxas -arch=sm_90a {path}",
+                                    f"reproduce with: ptxas -arch={TARGET.arch} {path}",
                                     spec.name, "ptxas") from e
     stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,

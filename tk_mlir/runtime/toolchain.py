@@ -98,5 +98,5 @@ class PtxasJob:
             self._tmp.cleanup()
 
 
-def start_ptxas(ptx: str, arch: str = "sm_90a", extra_args=()) -> PtxasJob:
+def start_ptxas(ptx: str, arch: str = TARGET.arch, extra_args=()) -> PtxasJob:
     return PtxasJob(ptx, arch, extra_args)
