@@ -336,9 +336,10 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                               dict(spec.constexprs), spec.num_warps)
         stage[0] = "lowering"
         lowered = lower(module, on_stage if folder is not None else None, spec.name)
-        smem = ir.IntegerAttr(module.body.operations[0].attributes["tk.smem_bytes"]).value
+        from .dialects import contracts
         from .lowering.kernel import cluster_size
-        cluster = cluster_size(module.body.operations[0])
+        func = module.body.operations[0]
+        smem, cluster = contracts.SMEM_BYTES.get(func), cluster_size(func)
     # ptxas runs in its own process while this one keeps the stages (as
     # bytecode, printed when read: tk_mlir/stages.py).
     stage[0] = "ptxas"
