@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,23 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
-from protocol import markdown_table, require_cuda, run_meta, write_results  # noqa: E402
-
-
-def per_call_us(fn, n: int) -> float:
-    """Best of three loops of n back-to-back calls (µs per call)."""
-    for _ in range(500):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / n * 1e6)
-    return best
+from protocol import (host_us_per_call, markdown_table, require_cuda, run_meta,  # noqa: E402
+                      write_results)
 
 
 def main(argv=None) -> int:
@@ -65,13 +49,13 @@ def main(argv=None) -> int:
     kw = config.all_kwargs()
     compiled = gemm_kernel.kernel.compile(a, b, c, **kw)
     rows = [
-        {"impl": "tk_mlir matmul(a, b, c)", "us": per_call_us(lambda: matmul(a, b, c), args.calls)},
-        {"impl": "torch.mm(a, b.T, out=c)", "us": per_call_us(
+        {"impl": "tk_mlir matmul(a, b, c)", "us": host_us_per_call(lambda: matmul(a, b, c), args.calls)},
+        {"impl": "torch.mm(a, b.T, out=c)", "us": host_us_per_call(
             lambda: torch.mm(a, b.T, out=c), args.calls)},
-        {"impl": "tk_mlir gemm_kernel[grid](a, b, c) (autotuned dispatch)", "us": per_call_us(
+        {"impl": "tk_mlir gemm_kernel[grid](a, b, c) (autotuned dispatch)", "us": host_us_per_call(
             lambda: gemm_kernel[grid](a, b, c), args.calls)},
         {"impl": f"tk_mlir gemm_kernel.kernel[grid](a, b, c, **{kw}) (no dispatch)",
-         "us": per_call_us(lambda: direct(a, b, c, **kw), args.calls)},
+         "us": host_us_per_call(lambda: direct(a, b, c, **kw), args.calls)},
     ]
     print(f"{n}^3 bf16, {compiled.name}, relative error {err:.1e}")
     print(markdown_table(rows, [("impl", "call"), ("us", "host µs / call")]))

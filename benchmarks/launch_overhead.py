@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import markdown_table, require_cuda, run_meta, write_results  # noqa: E402
+from protocol import (host_us_per_call, markdown_table, require_cuda, run_meta,  # noqa: E402
+                      write_results)
 
 import tk_mlir as tk  # noqa: E402
 from tk_mlir import f32  # noqa: E402
@@ -34,21 +35,6 @@ from tk_mlir import f32  # noqa: E402
 @tk.kernel(num_warps=1)
 def tiny(X: tk.gl[f32], Y: tk.gl[f32], s: float):
     tk.store(Y, tk.load(X, (0, 0), (1, 32)) * s, (0, 0))
-
-
-def per_launch_us(fn, n: int) -> float:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / n * 1e6)
-    return best
 
 
 def plan_only(launches: int) -> list[dict]:
@@ -113,10 +99,10 @@ def main(argv=None) -> int:
         cu.cuLaunchKernel(fn.handle, 1, 1, 1, 32, 1, 1, 0, stream, (vals, types), 0)
 
     rows = [
-        {"impl": "tk_mlir kernel[grid](x, y, 2.0)", "us": per_launch_us(
+        {"impl": "tk_mlir kernel[grid](x, y, 2.0)", "us": host_us_per_call(
             lambda: tiny[(1,)](x, y, 2.0), args.launches)},
-        {"impl": "cuda-python cuLaunchKernel (bare)", "us": per_launch_us(raw, args.launches)},
-        {"impl": "torch eager y.copy_(x)", "us": per_launch_us(lambda: y.copy_(x), args.launches)},
+        {"impl": "cuda-python cuLaunchKernel (bare)", "us": host_us_per_call(raw, args.launches)},
+        {"impl": "torch eager y.copy_(x)", "us": host_us_per_call(lambda: y.copy_(x), args.launches)},
     ]
     try:
         import triton
@@ -126,7 +112,7 @@ def main(argv=None) -> int:
         def triton_tiny(X, Y, s, BLOCK: tl.constexpr):
             o = tl.arange(0, BLOCK)
             tl.store(Y + o, tl.load(X + o) * s)
-        rows.append({"impl": "triton kernel[grid](x, y, 2.0)", "us": per_launch_us(
+        rows.append({"impl": "triton kernel[grid](x, y, 2.0)", "us": host_us_per_call(
             lambda: triton_tiny[(1,)](x, y, 2.0, BLOCK=32), args.launches)})
     except ImportError:
         pass

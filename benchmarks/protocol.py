@@ -187,3 +187,22 @@ def markdown_table(rows: list[dict], columns: list[str | tuple[str, str]]) -> st
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r.get(k)) for k, _ in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def host_us_per_call(fn: Callable[[], Any], n: int, warmup: int = 500) -> float:
+    """Host µs per call of `fn`: the best of three loops of n back-to-back
+    calls (each ended by a device sync, outside the timing). For calls whose
+    GPU work is shorter than their host time, this is what a call costs the
+    Python caller."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
