@@ -166,15 +166,59 @@ def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: 
     return acc.like(regs)
 
 
+class _BlockBindings(dict):
+    """The lowering's value map, plus bindings that hold only inside one
+    block: an accumulator bound outside the block of a tk.mma_wait is fenced
+    there, and the fenced registers replace it for the rest of that block
+    (and the blocks nested in it), not after it — there they would not
+    dominate their uses, and on the path that skipped the wait they were never
+    fenced. A binding's block is the one holding its first fence op, so it
+    follows the op when an if's lowering moves its branches (lowering/kernel.py)."""
+
+    def __init__(self, values: dict):
+        super().__init__(values)
+        self.scoped: dict = {}      # tk value -> [(fence op, fragment)], oldest first
+
+    def __getitem__(self, value):
+        for fence, frag in reversed(self.scoped.get(value, ())):
+            if _inside(ir.InsertionPoint.current.block, fence.block):
+                return frag
+        return super().__getitem__(value)
+
+    def bind_in_block(self, value, frag: Fragment) -> None:
+        fence = frag.regs[0].owner.operation
+        self.scoped.setdefault(value, []).append((fence, frag))
+
+
+def _inside(block, outer) -> bool:
+    """Is block `outer` or nested in it?"""
+    while True:
+        if block == outer:
+            return True
+        owner = block.owner
+        if owner is None or owner.operation.parent is None:
+            return False
+        block = owner.operation.block
+
+
 @lowers("tk.mma_wait")
 def lower_mma_wait(ctx: LoweringContext, op) -> None:
     nvvm.wgmma_wait_group_sync_aligned(op.pending)
-    # Fence the accumulators bound in this block (rebinding an outer value here
-    # would not dominate its uses after the block). A wait has no result: it
-    # rebinds the values it completes, the one rule that binds beside its own.
+    # Fence every accumulator still in flight (the wait completes it, or it is
+    # the newest `pending` groups', which stay in flight). A wait has no result:
+    # it rebinds the values it completes, the one rule that binds beside its own.
+    # One bound in this block is rebound for good; one bound outside it, for the
+    # rest of this block only (it stays in flight for the code after the block:
+    # another path may not have waited), so its uses below the wait here read
+    # the fenced registers and LLVM cannot move them above the wait.
     for value, depth in list(ctx.in_flight.items()):
+        frag = ctx.lookup(value)
+        fenced = frag.like(fence_registers(frag.regs))
         if depth == ctx.depth:
-            frag = ctx.lookup(value)
-            ctx.bind(value, frag.like(fence_registers(frag.regs)))
+            ctx.bind(value, fenced)
             if op.pending == 0:
                 del ctx.in_flight[value]
+        else:
+            if not isinstance(ctx.values, _BlockBindings):
+                ctx.values = _BlockBindings(ctx.values)
+            ctx.values.bind_in_block(value, fenced)
