@@ -22,7 +22,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
-from ..dialects import types as T
+from ..dialects import tk, types as T
 from .context import LoweringContext, build_vector, c64, i32, i64, lowers
 from .fragments import Fragment, SharedRef
 
@@ -219,6 +219,76 @@ def lower_mma_wait(ctx: LoweringContext, op) -> None:
             if op.pending == 0:
                 del ctx.in_flight[value]
         else:
-            if not isinstance(ctx.values, _BlockBindings):
-                ctx.values = _BlockBindings(ctx.values)
-            ctx.values.bind_in_block(value, fenced)
+            _bind_in_block(ctx, value, fenced)
+    # A loop's carried accumulator (the block argument of a loop around the
+    # wait) is not among them: it is in flight when what enters the loop is, or
+    # what the body yields for it may be (an mma, or an if/loop result that may
+    # be one; a value not in flight is fenced for nothing, at no cost).
+    for value, levels in _carried_in_flight(ctx, op.operation):
+        frag = ctx.lookup(value)
+        fenced = frag.like(fence_registers(frag.regs))
+        if levels == 0:                      # the wait is in the loop's own body
+            ctx.bind(value, fenced)
+        else:
+            _bind_in_block(ctx, value, fenced)
+
+
+def _bind_in_block(ctx: LoweringContext, value, fenced: Fragment) -> None:
+    if not isinstance(ctx.values, _BlockBindings):
+        ctx.values = _BlockBindings(ctx.values)
+    ctx.values.bind_in_block(value, fenced)
+
+
+def _carried_in_flight(ctx: LoweringContext, op: ir.Operation):
+    """(carried value, how many ifs/loops lie between the wait and its loop's
+    body) for the register tiles carried by the loops around op that may be in
+    flight there."""
+    levels = 0
+    parent = op.parent
+    while parent is not None and parent.name in ("scf.for", "scf.if"):
+        if parent.name == "scf.for":
+            loop = parent.opview
+            yields = list(loop.body.operations)[-1].operands
+            for arg, init, y in zip(loop.inner_iter_args, loop.initArgs, yields):
+                if isinstance(ctx.values.get(arg), Fragment) and \
+                        (init in ctx.in_flight or _maybe_async(y, set())):
+                    yield arg, levels
+        levels += 1
+        parent = parent.parent
+
+
+def _maybe_async(v: ir.Value, seen: set) -> bool:
+    """May v be the result of an async op (tk.mma) still in flight: its own
+    result, or what an if or loop passes on from one?"""
+    if v in seen:
+        return False
+    seen.add(v)
+    owner = v.owner
+    if isinstance(owner, ir.Block):          # a loop's carried value
+        loop = owner.owner
+        if loop is None or loop.operation.name != "scf.for" or ir.BlockArgument(v).arg_number == 0:
+            return False
+        i = ir.BlockArgument(v).arg_number - 1
+        yields = list(loop.opview.body.operations)[-1].operands
+        return _maybe_async(loop.opview.initArgs[i], seen) or _maybe_async(yields[i], seen)
+    op = owner.operation
+    d = tk.op_def(op)
+    if d is not None:
+        return d.async_result
+    index = list(op.results).index(v)
+    if op.name == "scf.if":
+        return any(_maybe_async(y, seen) for y in _yielded(op, index))
+    if op.name == "scf.for":
+        return _maybe_async(op.opview.initArgs[index], seen) or \
+            any(_maybe_async(y, seen) for y in _yielded(op, index))
+    return False
+
+
+def _yielded(region_op: ir.Operation, index: int) -> list[ir.Value]:
+    out = []
+    for region in region_op.regions:
+        for block in region.blocks:
+            ops = block.operations
+            if len(ops) and ops[len(ops) - 1].name == "scf.yield":
+                out.append(ops[len(ops) - 1].operands[index])
+    return out

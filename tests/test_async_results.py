@@ -194,3 +194,39 @@ def test_a_wait_below_the_accumulator_fences_it_there(where):
     log = compiled.asm["ptxas"]
     assert "C75" not in log, log
 
+
+
+@tk.kernel(num_warps=4)
+def wait_on_the_carried_accumulator(C: tk.gl[f32], n: int, NESTED: tk.constexpr):
+    """The mma of one iteration is waited for at the top of the next (or in an
+    if there): the loop-carried accumulator is what the wait completes."""
+    a = _tile()
+    acc = _acc()
+    for i in range(n):
+        if NESTED:
+            if i > 0:
+                tk.mma_wait(0)
+                tk.store(C, acc * 3.0, (i, 0))
+        else:
+            tk.mma_wait(0)
+            tk.store(C, acc * 3.0, (i, 0))
+        acc = tk.mma_ABt(acc, a, a)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_wait_fences_the_loop_carried_accumulator(nested):
+    """Ties at the mma, on the carried accumulator after the wait in the loop,
+    on the loop's result after the last wait; the use after the wait in the
+    loop comes after it in the PTX. (ptxas still serializes this kernel's
+    wgmma, C7515: the loop's phi copies of the in-flight accumulator define
+    its registers, which no fence at the wait can avoid — wait before the
+    yield, as the GEMM's wait(1) does, to keep the pipeline.)"""
+    compiled = wait_on_the_carried_accumulator.compile(tk.spec((64, 64), f32), 2,
+                                                        NESTED=nested)
+    assert compiled.asm["tk-to-gpu"].count('"=f,0"') == 32 * 3
+    lines = _ptx_lines(compiled)
+    wait = next(i for i, l in enumerate(lines) if l.startswith("wgmma.wait_group"))
+    mul = next(i for i, l in enumerate(lines) if l.startswith("mul.") and "f32" in l)
+    assert wait < mul
