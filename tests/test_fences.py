@@ -247,3 +247,17 @@ def test_warp_specialized_store_then_mma_on_the_gpu():
     torch.cuda.synchronize()
     ref = a.float() @ a.float().T
     assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reader_first", [True, False])
+def test_two_ifs_store_then_mma_on_the_gpu(reader_first):
+    """`two_ifs` on the GPU: warpgroup 1 stores A's tile, warpgroup 0 waits and
+    multiplies it by itself, C = A @ A.T, whichever if comes first."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    c = torch.full((64, 64), float("nan"), device="cuda")
+    two_ifs[(1,)](a, c, UNIFORM=False, READER_FIRST=reader_first)
+    torch.cuda.synchronize()
+    ref = a.float() @ a.float().T
+    assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
