@@ -22,7 +22,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
-from ..dialects import types as T
+from ..dialects import tk, types as T
 from .context import LoweringContext, build_vector, c64, i32, i64, lowers
 from .fragments import Fragment, SharedRef
 
@@ -166,15 +166,129 @@ def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: 
     return acc.like(regs)
 
 
+class _BlockBindings(dict):
+    """The lowering's value map, plus bindings that hold only inside one
+    block: an accumulator bound outside the block of a tk.mma_wait is fenced
+    there, and the fenced registers replace it for the rest of that block
+    (and the blocks nested in it), not after it — there they would not
+    dominate their uses, and on the path that skipped the wait they were never
+    fenced. A binding's block is the one holding its first fence op, so it
+    follows the op when an if's lowering moves its branches (lowering/kernel.py)."""
+
+    def __init__(self, values: dict):
+        super().__init__(values)
+        self.scoped: dict = {}      # tk value -> [(fence op, fragment)], oldest first
+
+    def __getitem__(self, value):
+        for fence, frag in reversed(self.scoped.get(value, ())):
+            if _inside(ir.InsertionPoint.current.block, fence.block):
+                return frag
+        return super().__getitem__(value)
+
+    def bind_in_block(self, value, frag: Fragment) -> None:
+        fence = frag.regs[0].owner.operation
+        self.scoped.setdefault(value, []).append((fence, frag))
+
+
+def _inside(block, outer) -> bool:
+    """Is block `outer` or nested in it?"""
+    while True:
+        if block == outer:
+            return True
+        owner = block.owner
+        if owner is None or owner.operation.parent is None:
+            return False
+        block = owner.operation.block
+
+
 @lowers("tk.mma_wait")
 def lower_mma_wait(ctx: LoweringContext, op) -> None:
     nvvm.wgmma_wait_group_sync_aligned(op.pending)
-    # Fence the accumulators bound in this block (rebinding an outer value here
-    # would not dominate its uses after the block). A wait has no result: it
-    # rebinds the values it completes, the one rule that binds beside its own.
+    # Fence every accumulator still in flight (the wait completes it, or it is
+    # the newest `pending` groups', which stay in flight). A wait has no result:
+    # it rebinds the values it completes, the one rule that binds beside its own.
+    # One bound in this block is rebound for good; one bound outside it, for the
+    # rest of this block only (it stays in flight for the code after the block:
+    # another path may not have waited), so its uses below the wait here read
+    # the fenced registers and LLVM cannot move them above the wait.
     for value, depth in list(ctx.in_flight.items()):
+        frag = ctx.lookup(value)
+        fenced = frag.like(fence_registers(frag.regs))
         if depth == ctx.depth:
-            frag = ctx.lookup(value)
-            ctx.bind(value, frag.like(fence_registers(frag.regs)))
+            ctx.bind(value, fenced)
             if op.pending == 0:
                 del ctx.in_flight[value]
+        else:
+            _bind_in_block(ctx, value, fenced)
+    # A loop's carried accumulator (the block argument of a loop around the
+    # wait) is not among them: it is in flight when what enters the loop is, or
+    # what the body yields for it may be (an mma, or an if/loop result that may
+    # be one; a value not in flight is fenced for nothing, at no cost).
+    for value, levels in _carried_in_flight(ctx, op.operation):
+        frag = ctx.lookup(value)
+        fenced = frag.like(fence_registers(frag.regs))
+        if levels == 0:                      # the wait is in the loop's own body
+            ctx.bind(value, fenced)
+        else:
+            _bind_in_block(ctx, value, fenced)
+
+
+def _bind_in_block(ctx: LoweringContext, value, fenced: Fragment) -> None:
+    if not isinstance(ctx.values, _BlockBindings):
+        ctx.values = _BlockBindings(ctx.values)
+    ctx.values.bind_in_block(value, fenced)
+
+
+def _carried_in_flight(ctx: LoweringContext, op: ir.Operation):
+    """(carried value, how many ifs/loops lie between the wait and its loop's
+    body) for the register tiles carried by the loops around op that may be in
+    flight there."""
+    levels = 0
+    parent = op.parent
+    while parent is not None and parent.name in ("scf.for", "scf.if"):
+        if parent.name == "scf.for":
+            loop = parent.opview
+            yields = list(loop.body.operations)[-1].operands
+            for arg, init, y in zip(loop.inner_iter_args, loop.initArgs, yields):
+                if isinstance(ctx.values.get(arg), Fragment) and \
+                        (init in ctx.in_flight or _maybe_async(y, set())):
+                    yield arg, levels
+        levels += 1
+        parent = parent.parent
+
+
+def _maybe_async(v: ir.Value, seen: set) -> bool:
+    """May v be the result of an async op (tk.mma) still in flight: its own
+    result, or what an if or loop passes on from one?"""
+    if v in seen:
+        return False
+    seen.add(v)
+    owner = v.owner
+    if isinstance(owner, ir.Block):          # a loop's carried value
+        loop = owner.owner
+        if loop is None or loop.operation.name != "scf.for" or ir.BlockArgument(v).arg_number == 0:
+            return False
+        i = ir.BlockArgument(v).arg_number - 1
+        yields = list(loop.opview.body.operations)[-1].operands
+        return _maybe_async(loop.opview.initArgs[i], seen) or _maybe_async(yields[i], seen)
+    op = owner.operation
+    d = tk.op_def(op)
+    if d is not None:
+        return d.async_result
+    index = list(op.results).index(v)
+    if op.name == "scf.if":
+        return any(_maybe_async(y, seen) for y in _yielded(op, index))
+    if op.name == "scf.for":
+        return _maybe_async(op.opview.initArgs[index], seen) or \
+            any(_maybe_async(y, seen) for y in _yielded(op, index))
+    return False
+
+
+def _yielded(region_op: ir.Operation, index: int) -> list[ir.Value]:
+    out = []
+    for region in region_op.regions:
+        for block in region.blocks:
+            ops = block.operations
+            if len(ops) and ops[len(ops) - 1].name == "scf.yield":
+                out.append(ops[len(ops) - 1].operands[index])
+    return out

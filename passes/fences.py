@@ -28,11 +28,16 @@ read (op traits `writes` / `reads`, dialects/tk.py) of the same allocation
 (tiles of one `tk.shared_tiles` array, or subtiles of one tile, may
 overlap): later in program order, unless the two sit in different branches
 of one if whose condition is the same in every thread of the block; or
-anywhere in a loop that encloses both (the next iteration); or in the two
-branches of an if on the thread, lane or warp id (passes/uniform.py), which
-different threads of the block run at once — the warp-specialized pattern
-of one warpgroup writing a tile and publishing it with a semaphore or named
-barrier to another that reads it with wgmma.
+anywhere in a loop that encloses both (the next iteration); or anywhere,
+before or after it, when the read sits under an if on the thread, lane or
+warp id (passes/uniform.py) below the innermost op enclosing both: the
+threads that do not take that branch run on past it at once (into the other
+branch, a later if on the thread id, or code all threads run), so their
+write may be published to the threads still to run the read — the
+warp-specialized pattern of one warpgroup writing a tile and publishing it
+with a semaphore or named barrier to another that reads it with wgmma,
+whether the two roles are written as one if/else or as two ifs in either
+order.
 Writes no async read can follow get no fence: the TMA -> mbarrier -> wgmma
 chain of a GEMM gets none, and neither does a tile only read back by
 threads.
@@ -88,13 +93,24 @@ def _collect(block, path, counter, writes, reads, uniform: Uniformity) -> None:
 
 def _reaches(w: _Access, r: _Access) -> bool:
     """Can r run after w (in this thread, or in another after synchronising)?"""
+    common = 0
     for a, b in zip(w.path, r.path):
         if a.owner != b.owner:
             break
         if a.loop:
             return True            # a loop around both: r runs again after w
         if a.region != b.region:   # the two branches of one if: other threads may
-            return a.concurrent    # take the other one, unless all threads agree
+            if a.concurrent:       # take the other one, unless all threads agree
+                return True
+            return False
+        common += 1
+    # Below the innermost op around both, r under an if on the thread id runs
+    # in some threads only; the others go past it at once, to w wherever it is
+    # (a later if on the thread id, or code all threads run), and may publish w
+    # to the threads that are still to run r. Program order binds only when r
+    # runs in every thread that reached the common level.
+    if any(step.concurrent for step in r.path[common:]):
+        return True
     return w.pos < r.pos
 
 

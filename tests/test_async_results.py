@@ -140,3 +140,93 @@ def test_every_kernel_with_an_mma_still_compiles():
                                   tk.spec((64, 64), "f32"), TA=ta, TB=tb, M=64, N=64, K=64)
         g.mma_register_a.compile(tk.spec((64, 64), "bf16"), tk.spec((64, 64), "bf16"),
                                  tk.spec((64, 64), "f32"), TB=ta, M=64, N=64, K=64)
+
+
+# ---- the lowering: a wait nested below the accumulator's block fences it there
+
+@tk.kernel(num_warps=4)
+def wait_below_the_accumulator(C: tk.gl[f32], n: int, WHERE: tk.constexpr):
+    """acc is issued at the top; the wait that completes it, and a use, sit in
+    an if (WHERE="if"), an if in an if ("nested") or a loop ("loop"); every
+    path waits, so ptxas has no reason to add a wait of its own."""
+    a = _tile()
+    acc = tk.mma_ABt(_acc(), a, a)
+    if WHERE == "if":
+        if n > 0:
+            tk.mma_wait(0)
+            tk.store(C, acc * 3.0, (0, 0))
+        else:
+            tk.mma_wait(0)
+    elif WHERE == "nested":
+        if n > 0:
+            if n > 1:
+                tk.mma_wait(0)
+                tk.store(C, acc * 3.0, (0, 0))
+        tk.mma_wait(0)
+        tk.store(C, acc * 5.0, (0, 0))
+    else:
+        for i in range(n):
+            tk.mma_wait(0)
+            tk.store(C, acc * 3.0, (i, 0))
+        tk.mma_wait(0)
+
+
+def _ptx_lines(compiled) -> list[str]:
+    return [line.strip() for line in compiled.asm["ptx"].splitlines()]
+
+
+@pytest.mark.parametrize("where", ["if", "nested", "loop"])
+def test_a_wait_below_the_accumulator_fences_it_there(where):
+    """The uses of acc after a nested wait read registers fenced after that
+    wait (the empty asm ties of lowering/mma.py): no arithmetic on acc between
+    the wgmma commit and the wait, and no wait ptxas had to add (C7517: LLVM
+    had hoisted the loop's `acc * 3.0` above it) or serialized wgmma (C7514)."""
+    compiled = wait_below_the_accumulator.compile(tk.spec((64, 64), f32), 2, WHERE=where)
+    gpu = compiled.asm["tk-to-gpu"]
+    # 32 accumulator registers, tied at the mma and after each of the two waits
+    # (in "nested", the wait after the ifs fences the unfenced registers again:
+    # the inner fence does not reach past its branch, where it would not dominate)
+    assert gpu.count('"=f,0"') == 32 * 3
+    lines = _ptx_lines(compiled)
+    commit = next(i for i, l in enumerate(lines) if l.startswith("wgmma.commit_group"))
+    wait = next(i for i, l in enumerate(lines) if l.startswith("wgmma.wait_group"))
+    assert not [l for l in lines[commit:wait] if l.startswith(("mul.", "fma.")) and "f32" in l]
+    log = compiled.asm["ptxas"]
+    assert "C75" not in log, log
+
+
+
+@tk.kernel(num_warps=4)
+def wait_on_the_carried_accumulator(C: tk.gl[f32], n: int, NESTED: tk.constexpr):
+    """The mma of one iteration is waited for at the top of the next (or in an
+    if there): the loop-carried accumulator is what the wait completes."""
+    a = _tile()
+    acc = _acc()
+    for i in range(n):
+        if NESTED:
+            if i > 0:
+                tk.mma_wait(0)
+                tk.store(C, acc * 3.0, (i, 0))
+        else:
+            tk.mma_wait(0)
+            tk.store(C, acc * 3.0, (i, 0))
+        acc = tk.mma_ABt(acc, a, a)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_wait_fences_the_loop_carried_accumulator(nested):
+    """Ties at the mma, on the carried accumulator after the wait in the loop,
+    on the loop's result after the last wait; the use after the wait in the
+    loop comes after it in the PTX. (ptxas still serializes this kernel's
+    wgmma, C7515: the loop's phi copies of the in-flight accumulator define
+    its registers, which no fence at the wait can avoid — wait before the
+    yield, as the GEMM's wait(1) does, to keep the pipeline.)"""
+    compiled = wait_on_the_carried_accumulator.compile(tk.spec((64, 64), f32), 2,
+                                                        NESTED=nested)
+    assert compiled.asm["tk-to-gpu"].count('"=f,0"') == 32 * 3
+    lines = _ptx_lines(compiled)
+    wait = next(i for i, l in enumerate(lines) if l.startswith("wgmma.wait_group"))
+    mul = next(i for i, l in enumerate(lines) if l.startswith("mul.") and "f32" in l)
+    assert wait < mul

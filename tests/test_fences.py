@@ -149,6 +149,69 @@ def test_branches_on_the_thread_run_at_once(uniform):
         assert any(l.startswith("mbarrier.arrive") for l in lines[fence:])
 
 
+@tk.kernel(num_warps=8)
+def two_ifs(A: tk.gl[bf16], C: tk.gl[f32], UNIFORM: tk.constexpr, READER_FIRST: tk.constexpr):
+    """The warp-specialized roles of `warp_specialized` written as two ifs,
+    the reader's first or second (READER_FIRST); under conditions on the
+    warpgroup (both ifs run at once, in different threads) or on the block
+    (UNIFORM: every thread takes the same path, in program order)."""
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    ready = tk.semaphore(128)
+    who = tk.block_id(0) if UNIFORM else tk.warpgroup_id()
+
+    def reader():
+        if who == 0:
+            tk.wait(ready, 0)
+            acc = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, a)
+            tk.mma_wait(0)
+            tk.store(C, acc, (0, 0))
+
+    def writer():
+        if who == 1:
+            tk.store(a, tk.load(A, (0, 0), (64, 64), scope="warpgroup"))
+            tk.arrive(ready)
+
+    if READER_FIRST:
+        reader()
+        writer()
+    else:
+        writer()
+        reader()
+
+
+@pytest.mark.parametrize("uniform,reader_first,fenced", [
+    (False, True, True),     # the writer's warpgroup runs past the reader's if at once
+    (False, False, True),
+    (True, True, False),     # one path for all threads: the write comes after the only read
+    (True, False, True),
+])
+def test_two_ifs_on_the_thread_run_in_either_order(uniform, reader_first, fenced):
+    ptx = two_ifs.compile(_spec(), _spec("f32"), UNIFORM=uniform,
+                          READER_FIRST=reader_first).asm["ptx"]
+    assert ptx.count(FENCE) == int(fenced)
+    if fenced:           # after the stores, before the arrival that publishes them
+        lines = _lines(ptx)
+        fence = lines.index(FENCE)
+        assert any(l.startswith("st.shared") for l in lines[:fence])
+        assert any(l.startswith("mbarrier.arrive") for l in lines[fence:])
+
+
+@tk.kernel(num_warps=8)
+def read_then_one_warpgroup_writes(A: tk.gl[bf16], C: tk.gl[f32]):
+    """Every thread's wgmma, then a write by one warpgroup: no read follows it."""
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    acc = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, a)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+    if tk.warpgroup_id() == 1:
+        tk.store(a, tk.load(A, (0, 0), (64, 64), scope="warpgroup"))
+
+
+def test_a_write_under_the_thread_id_after_the_only_read_is_not_fenced():
+    ptx = read_then_one_warpgroup_writes.compile(_spec(), _spec("f32")).asm["ptx"]
+    assert FENCE not in ptx
+
+
 @tk.kernel(num_warps=4)
 def tma_round_trip(A: tk.gl[bf16], C: tk.gl[bf16], THREADS: tk.constexpr):
     """A tile loaded by TMA (or by the threads) and stored by TMA."""
@@ -181,6 +244,20 @@ def test_warp_specialized_store_then_mma_on_the_gpu():
     a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
     c = torch.full((64, 64), float("nan"), device="cuda")
     warp_specialized[(1,)](a, c, UNIFORM=False)
+    torch.cuda.synchronize()
+    ref = a.float() @ a.float().T
+    assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reader_first", [True, False])
+def test_two_ifs_store_then_mma_on_the_gpu(reader_first):
+    """`two_ifs` on the GPU: warpgroup 1 stores A's tile, warpgroup 0 waits and
+    multiplies it by itself, C = A @ A.T, whichever if comes first."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    c = torch.full((64, 64), float("nan"), device="cuda")
+    two_ifs[(1,)](a, c, UNIFORM=False, READER_FIRST=reader_first)
     torch.cuda.synchronize()
     ref = a.float() @ a.float().T
     assert torch.allclose(c, ref, rtol=1e-3, atol=1e-3), (c - ref).abs().max()
