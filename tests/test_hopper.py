@@ -73,8 +73,10 @@ def test_only_the_fences_the_memory_model_requires(gemm_kernel):
     stores = ptx.count("cp.async.bulk.tensor.2d.global.shared::cta")
     assert (len(proxy) > 0) == (stores > 0) and len(proxy) <= stores
     assert not [f for f in fences if f.startswith("membar") or ".sc" in f or "acq_rel" in f]
-    tk_ir = gemm_kernel.asm["tk"]
-    assert "fence" not in tk_ir and "tk.barrier" not in tk_ir
+    # No fence or barrier op in the tk IR (the file name in its locations may
+    # say anything).
+    ops = re.findall(r'"([a-z_]+\.[a-z_.]+)"\(', gemm_kernel.asm["tk"])
+    assert ops and not [op for op in ops if "fence" in op or op == "tk.barrier"]
 
 
 @pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not installed")
