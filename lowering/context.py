@@ -61,11 +61,27 @@ class LoweringContext:
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     _thread: dict = field(default_factory=dict)
 
+    # Bindings that hold only inside one block (tk value -> [(anchor op, new)],
+    # oldest first): the block holding the anchor and the blocks nested in it.
+    # lowering/mma.py binds a fenced accumulator this way below a tk.mma_wait
+    # nested under its definition: past the block the fenced registers would
+    # not dominate their uses, and a path that skipped the wait never fenced.
+    # The anchor is an op, so the binding follows it when an if's lowering
+    # moves its branches (lowering/kernel.py).
+    scoped: dict = field(default_factory=dict)
+
     def lookup(self, v: ir.Value):
+        for anchor, new in reversed(self.scoped.get(v, ())):
+            if _inside(ir.InsertionPoint.current.block, anchor.block):
+                return new
         return self.values[v]
 
     def bind(self, old: ir.Value, new) -> None:
         self.values[old] = new
+
+    def bind_in_block(self, old: ir.Value, new, anchor: ir.Operation) -> None:
+        """Bind `old` to `new` in the block holding `anchor` (and below) only."""
+        self.scoped.setdefault(old, []).append((anchor, new))
 
     # ---- where this thread is (computed once, at the top of the kernel)
 
@@ -132,3 +148,14 @@ def build_vector(regs: list[ir.Value], dtype: str) -> ir.Value:
 
 def float_constant(value: float, dtype: str) -> ir.Value:
     return arith.constant(T.element_type(dtype), value)
+
+
+def _inside(block: ir.Block, outer: ir.Block) -> bool:
+    """Is `block` the block `outer` or nested in it?"""
+    while True:
+        if block == outer:
+            return True
+        owner = block.owner
+        if owner is None or owner.operation.parent is None:
+            return False
+        block = owner.operation.block

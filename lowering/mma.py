@@ -166,41 +166,6 @@ def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: 
     return acc.like(regs)
 
 
-class _BlockBindings(dict):
-    """The lowering's value map, plus bindings that hold only inside one
-    block: an accumulator bound outside the block of a tk.mma_wait is fenced
-    there, and the fenced registers replace it for the rest of that block
-    (and the blocks nested in it), not after it — there they would not
-    dominate their uses, and on the path that skipped the wait they were never
-    fenced. A binding's block is the one holding its first fence op, so it
-    follows the op when an if's lowering moves its branches (lowering/kernel.py)."""
-
-    def __init__(self, values: dict):
-        super().__init__(values)
-        self.scoped: dict = {}      # tk value -> [(fence op, fragment)], oldest first
-
-    def __getitem__(self, value):
-        for fence, frag in reversed(self.scoped.get(value, ())):
-            if _inside(ir.InsertionPoint.current.block, fence.block):
-                return frag
-        return super().__getitem__(value)
-
-    def bind_in_block(self, value, frag: Fragment) -> None:
-        fence = frag.regs[0].owner.operation
-        self.scoped.setdefault(value, []).append((fence, frag))
-
-
-def _inside(block, outer) -> bool:
-    """Is block `outer` or nested in it?"""
-    while True:
-        if block == outer:
-            return True
-        owner = block.owner
-        if owner is None or owner.operation.parent is None:
-            return False
-        block = owner.operation.block
-
-
 @lowers("tk.mma_wait")
 def lower_mma_wait(ctx: LoweringContext, op) -> None:
     nvvm.wgmma_wait_group_sync_aligned(op.pending)
@@ -234,9 +199,7 @@ def lower_mma_wait(ctx: LoweringContext, op) -> None:
 
 
 def _bind_in_block(ctx: LoweringContext, value, fenced: Fragment) -> None:
-    if not isinstance(ctx.values, _BlockBindings):
-        ctx.values = _BlockBindings(ctx.values)
-    ctx.values.bind_in_block(value, fenced)
+    ctx.bind_in_block(value, fenced, fenced.regs[0].owner.operation)
 
 
 def _carried_in_flight(ctx: LoweringContext, op: ir.Operation):
