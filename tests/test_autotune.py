@@ -327,7 +327,7 @@ def test_every_config_failing_lists_each_failure(timed):
 def test_bad_arguments_raise_what_the_kernel_raises(timed):
     import torch
     x, y = inputs()
-    with pytest.raises(tk.ArgumentError, match="grid must be 1 to 3 ints"):
+    with pytest.raises(tk.ArgumentError, match="grid must be an int or a tuple of 1 to 3 ints"):
         tuner()[lambda meta: (0,)](x, y, 2.0)
     with pytest.raises(tk.ArgumentError, match="argument 'Y'") as info:
         tuner()[grid](x, y.to(torch.float16), 2.0)
