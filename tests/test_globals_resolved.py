@@ -265,3 +265,77 @@ def test_a_plain_helpers_globals_and_closure_are_followed():
     assert all(r.fresh() for r in rec.reads)
     ns["BLOCK"] = 128
     assert not reads["BLOCK"].fresh() and reads["k"].fresh()
+
+
+BRANCHY = """\
+import tk_mlir as tk
+from tk_mlir import f32
+
+USE_A = {use_a}
+A = 2.5
+B = 3.5
+
+
+@tk.kernel(num_warps=4)
+def k(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * (A if USE_A else B), (0, 0))
+"""
+
+
+def test_read_sets_that_depend_on_values_each_find_their_code_on_disk(tmp_path, compiles):
+    """USE_A picks which global is read: two read sets for one kernel, each
+    published; a new kernel object (a new process's) finds the code for
+    either without compiling."""
+    import importlib.util
+
+    def load(use_a: bool):
+        path = tmp_path / f"branchy_{use_a}.py"
+        path.write_text(BRANCHY.format(use_a=use_a))
+        # (one file name for both: the same source at the same place)
+        (tmp_path / "branchy.py").write_text(path.read_text())
+        spec = importlib.util.spec_from_file_location(f"branchy_{len(compiles)}_{use_a}",
+                                                      tmp_path / "branchy.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    assert constants(load(True).k.compile(S, S).asm["ptx"]) == {2.5}
+    m = load(False)
+    assert constants(m.k.compile(S, S).asm["ptx"]) == {3.5}
+    assert {r.name for r in m.k._compiled[next(iter(m.k._compiled))][0][0]} >= {"USE_A", "B"}
+    assert len(compiles) == 2
+    for use_a, value in ((True, 2.5), (False, 3.5), (True, 2.5)):
+        assert constants(load(use_a).k.compile(S, S).asm["ptx"]) == {value}
+    assert len(compiles) == 2                        # all from the disk
+    assert len(list((tmp_path / "cache" / "reads").glob("*/*"))) == 2
+
+
+class Cfg:
+    SCALE = 1.5
+
+
+@tk.kernel(num_warps=4)
+def class_scaled(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * Cfg.SCALE, (0, 0))
+
+
+def test_the_launch_plan_guards_an_attribute_read(monkeypatch):
+    """The generated plan checks what the compile recorded (here a class
+    attribute) through the reads' scope/name/value/volatile/fresh."""
+    from tk_mlir import launcher
+    from tk_mlir.compiler import CompiledKernel
+    from tk_mlir.params import F32, KernelParams, Param
+    from tk_mlir.runtime.arguments import describe
+    values, num_warps = class_scaled.params.bind((S, S), {})
+    reads, _ = class_scaled._entry(class_scaled.params.key(values, num_warps, describe))
+    assert "SCALE" in [r.name for r in reads]
+    params = KernelParams("k", [Param("a", F32)])
+    compiled = CompiledKernel("k", b"", [(0, "f32", 0)], 4, 0, {}, "")
+    calls = []
+    plan = launcher.torch_plan(params, [1.5], 1, {}, {}, compiled,
+                               lambda *a: calls.append(a), lambda: 0, 0, reads)
+    assert plan((1,), (1.5,), {}) and len(calls) == 1
+    monkeypatch.setattr(Cfg, "SCALE", 2.5)
+    assert not plan((1,), (1.5,), {}) and len(calls) == 1
+    monkeypatch.setattr(Cfg, "SCALE", 1.5)
+    assert plan((1,), (1.5,), {}) and len(calls) == 2

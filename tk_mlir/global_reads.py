@@ -38,7 +38,11 @@ Each read is (scope, name, value): `scope.get(name)` gave `value`, shown as
 - a tensor or array: by its type, shape, dtype and device (never its
   contents), checked by identity. Values are held by weak reference where
   Python allows it (tensors, arrays, objects), so a read never keeps a
-  user's tensor alive; a dead one is simply not the current value.
+  user's tensor alive; a dead one is simply not the current value. (The
+  launch plans' inline identity test `scope.get(name) is read.value` then
+  sees a weak reference, never equal, and defers to fresh(): a method call
+  per launch for such reads only; numbers, strings, functions, modules,
+  classes, tuples stay a bare identity test.)
 
 In memory (kernel.py), a signature maps to a few (reads, code) entries; a
 lookup takes one whose reads are all fresh, else compiles and adds one.
@@ -133,7 +137,7 @@ class GlobalRead:
     """One read by the code: `scope.get(name)` was `value`, shown as `text`;
     `ref` says where scope is, for a new process (None: it cannot say)."""
 
-    __slots__ = ("scope", "name", "_value", "_weak", "text", "volatile", "label", "ref",
+    __slots__ = ("scope", "name", "value", "_weak", "text", "volatile", "label", "ref",
                  "absent")
 
     def __init__(self, scope, name: str, value, label: str | None = None, ref=None):
@@ -145,24 +149,27 @@ class GlobalRead:
         self.volatile = not self.absent and not _immutable(value)
 
     def _set(self, value) -> None:
+        """`value`: the value seen, for the launch plans' identity test (an
+        absent name: None). A tensor or object is held weakly: `value` is
+        then its weak reference, which is no scope's value, so a plan's
+        identity test always defers to fresh()."""
         self._weak = False
         if not isinstance(value, (_IMMUTABLE, tuple, list, dict, types.ModuleType,
                                   types.FunctionType, type, Func)):
             try:
-                self._value, self._weak = weakref.ref(value), True
+                self.value, self._weak = weakref.ref(value), True
                 return
             except TypeError:
                 pass
-        self._value = value
+        self.value = value
 
-    @property
-    def value(self):
-        """The value seen (an absent name: None; a weakly held one that is gone:
-        a private object that is no value's identity)."""
+    def seen(self):
+        """The value seen (a weakly held one that is gone: a private object
+        that is no value's identity)."""
         if self._weak:
-            v = self._value()
+            v = self.value()
             return _DEAD if v is None else v
-        return self._value
+        return self.value
 
     def fresh(self) -> bool:
         """True when scope.get(name) still gives the code this read saw."""
@@ -171,7 +178,7 @@ class GlobalRead:
             return False
         if self.absent or value is _MISSING:
             return self.absent and value is _MISSING
-        if value is self.value and not self.volatile:
+        if value is self.seen() and not self.volatile:
             return True
         if _text(value) != self.text:
             return False
@@ -395,7 +402,7 @@ def resolve(described: list, constexprs: dict, kernel_globals: dict
             if root == "mod":
                 obj = sys.modules.get(where)
             elif root == "read":
-                obj = reads[where].value if where < len(reads) and not reads[where].absent \
+                obj = reads[where].seen() if where < len(reads) and not reads[where].absent \
                     else None
             elif root == "const":
                 obj = constexprs.get(where, None)
