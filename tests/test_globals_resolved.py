@@ -339,3 +339,18 @@ def test_the_launch_plan_guards_an_attribute_read(monkeypatch):
     assert not plan((1,), (1.5,), {}) and len(calls) == 1
     monkeypatch.setattr(Cfg, "SCALE", 1.5)
     assert plan((1,), (1.5,), {}) and len(calls) == 2
+
+
+@tk.kernel(num_warps=4)
+def uses_a_builtin(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (max(8, 16), 16)), (0, 0))
+
+
+def test_a_global_that_shadows_a_builtin_later_recompiles(monkeypatch):
+    """The frontend found `max` among the builtins because no global had the
+    name: a global `max` defined later is read instead."""
+    before = uses_a_builtin.compile(S, S)
+    monkeypatch.setitem(globals(), "max", lambda a, b: 16)
+    assert uses_a_builtin.compile(S, S) is not before
+    monkeypatch.delitem(globals(), "max")
+    assert uses_a_builtin.compile(S, S) is before

@@ -12,7 +12,9 @@ outside the kernel:
 
 - a name the frontend finds in the globals of the kernel, of an inlined
   @tk.func or of a function defined in the kernel (and a builtin name it
-  did *not* find there: a later global of that name would be read instead);
+  did *not* find there: a later global of that name would be read instead;
+  such a read's value is ABSENT). tk_mlir's own tk.funcs' globals are not
+  recorded (their sources are in every cache key);
 - an attribute of a user module (a read of `module.__dict__[attr]`: a
   module's identity alone says nothing of its attributes), of a class, or
   of an object that is itself the value of a recorded read (`CFG.SCALE`);
@@ -80,6 +82,7 @@ import weakref
 from .language import DType, Func
 
 _MISSING = object()
+ABSENT = _MISSING           # an absent name's `value`: what `scope.get(name, ABSENT)` gives
 _DEAD = object()            # a weakly held value that is gone: never the current one
 _IMMUTABLE = (int, float, str, bool, bytes, complex, DType, type(None))
 _FOLLOW_DEPTH = 3           # plain functions followed into functions they name, this deep
@@ -144,18 +147,21 @@ class GlobalRead:
         self.scope, self.name, self.ref = scope, name, ref
         self.label = label if label is not None else f"{name}="
         self.absent = value is _MISSING
-        self._set(None if self.absent else value)
+        self._set(value)
         self.text = "<absent>" if self.absent else _text(value)
         self.volatile = not self.absent and not _immutable(value)
 
     def _set(self, value) -> None:
-        """`value`: the value seen, for the launch plans' identity test (an
-        absent name: None). A tensor or object is held weakly: `value` is
-        then its weak reference, which is no scope's value, so a plan's
-        identity test always defers to fresh()."""
+        """`value`: the value seen, for the launch plans' identity test. An
+        absent name's is ABSENT, which `scope.get(name)` never gives: a plan
+        testing `scope.get(name) is not value` calls fresh() on each launch
+        for it (`scope.get(name, ABSENT)` would make it an identity test). A
+        tensor or object is held weakly: `value` is then its weak reference,
+        no scope's value, so a plan's identity test defers to fresh()."""
         self._weak = False
-        if not isinstance(value, (_IMMUTABLE, tuple, list, dict, types.ModuleType,
-                                  types.FunctionType, type, Func)):
+        if value is not _MISSING and not isinstance(
+                value, (_IMMUTABLE, tuple, list, dict, types.ModuleType, types.FunctionType,
+                        type, Func)):
             try:
                 self.value, self._weak = weakref.ref(value), True
                 return
@@ -228,7 +234,11 @@ class Recorder:
 
     # -- what the frontend calls
     def global_name(self, globals_: dict, name: str, value=_MISSING) -> None:
-        """The frontend looked `name` up in `globals_` (value: what it found)."""
+        """The frontend looked `name` up in `globals_` (value: what it found).
+        tk_mlir's own tk.funcs (templates) read nothing a user changes: their
+        sources are in every cache key."""
+        if (globals_.get("__name__") or "").startswith("tk_mlir"):
+            return
         self._add(globals_, globals_, name, value, ("dict", self._dict_ref(globals_)))
 
     def attribute(self, obj, name: str, value) -> None:

@@ -10,8 +10,10 @@ Parameters annotated `tk.gl[...]` take tensors, `int`/`float` take Python
 scalars (i32/f32 in the kernel), `tk.constexpr` take compile-time values
 that specialize the code (params.py describes them, binds arguments to them
 and makes the specialization key). A specialization is compiled once per
-process (in-memory cache, lock + recheck, rechecked against the globals its
-code read) and once per machine (disk cache). A launch runs on the device
+process (in-memory cache, lock + recheck; a signature keeps a few codes, each
+with what its compile read from outside the kernel, and a lookup takes one
+whose reads still hold: global_reads.py) and once per machine (disk cache,
+looked up in two levels: the read sets, then the code for their values). A launch runs on the device
 its tensor arguments are on, on torch's current stream for that device.
 """
 from __future__ import annotations
