@@ -354,3 +354,17 @@ def test_a_global_that_shadows_a_builtin_later_recompiles(monkeypatch):
     assert uses_a_builtin.compile(S, S) is not before
     monkeypatch.delitem(globals(), "max")
     assert uses_a_builtin.compile(S, S) is before
+
+
+def test_a_value_whose_repr_raises_is_read_by_identity():
+    from tk_mlir.global_reads import GlobalRead
+
+    class NoRepr:
+        def __repr__(self):
+            raise RuntimeError("no")
+    obj = NoRepr()
+    scope = {"OBJ": obj}
+    read = GlobalRead(scope, "OBJ", obj)
+    assert read.fresh()
+    scope["OBJ"] = NoRepr()
+    assert not read.fresh()

@@ -50,9 +50,10 @@ In memory (kernel.py), a signature maps to a few (reads, code) entries; a
 lookup takes one whose reads are all fresh, else compiles and adds one.
 
 On disk the reads are known only after compiling, so the lookup has two
-levels. `base` is the key of everything known before compiling (source,
-signature, constexprs, toolchain). Under `index_key(base, n)`, n = 0, 1, ...
-are the read *sets* compiles of `base` have recorded, each read described by
+levels (kernel.py `_compile_recorded`). `base` is the key of everything
+known before compiling (source, signature, constexprs, a tk.func or function
+constexpr by its code, toolchain). Under `_index_key(base, n)`, n = 0, 1, ...,
+in `<cache dir>/reads/`, are the read *sets* compiles of `base` have recorded, each read described by
 where it was found (`describe`: a module by name, an earlier read's value,
 a constexpr, then the dict / attribute / closure cell in it) and its name.
 A lookup resolves each set in this process (`resolve`: the scopes found
@@ -66,6 +67,16 @@ records its own set (maybe another one: `if USE_A: a.X`) and publishes it
 under the next free n. A read that cannot be described (a closure of an
 unnamed function, an object no read reached) makes that compile's code
 unreachable on disk: it is compiled in each process, never stale.
+
+What this assumes: a value's text stands for everything the compile used of
+it (a repr that hides an attribute the kernel reads is covered by recording
+that attribute read too); installed packages and the standard library do not
+change within a process (their globals are not followed).
+
+`global_reads(source, scope)` is the older guess from the names in the
+source (less the parameters and the names the body assigns); it only feeds
+`Kernel._globals_key`, for the autotuner's choice key, which must exist
+before any compile.
 """
 from __future__ import annotations
 
@@ -527,7 +538,10 @@ def _text(value) -> str:
     # Anything else by its repr: attributes the kernel may read show up there
     # (namespace(SCALE=2.0)); a repr with an address makes each process miss
     # the disk cache, which is slow but never stale.
-    return repr(value)
+    try:
+        return repr(value)
+    except Exception:          # a user's __repr__ that raises: by identity
+        return f"<{type(value).__qualname__} object at {id(value):#x}, no repr>"
 
 
 def function_text(fn) -> str:
