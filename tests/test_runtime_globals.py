@@ -8,7 +8,6 @@ import pytest
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.global_reads import global_reads
 
 SCALE = 2.5
 HELPER_SCALE = 5.5
@@ -95,7 +94,7 @@ def test_an_autotuned_kernel_recompiles(restore_globals):
 
 def test_reads_check_by_identity_then_value(restore_globals):
     global SCALE
-    (read,) = [r for r in global_reads(scaled.source, globals()) if r.name == "SCALE"]
+    (read,) = [r for r in recorded(scaled, X, X) if r.name == "SCALE"]
     assert read.fresh() and not read.volatile
     SCALE = float("2.5")
     assert read.fresh() and read.value is SCALE    # adopted: identity test next time
@@ -118,7 +117,7 @@ def test_the_launch_plan_guards_the_globals(restore_globals):
     global SCALE
     params = KernelParams("k", [Param("a", F32)])
     compiled = CompiledKernel("k", b"", [(0, "f32", 0)], 4, 0, {}, "")
-    reads = global_reads(scaled.source, globals())
+    reads = recorded(scaled, X, X)
     calls = []
     plan = launcher.torch_plan(params, [1.5], 1, {}, {}, compiled,
                                lambda *a: calls.append(a), lambda: 0, 0, reads)
@@ -128,6 +127,14 @@ def test_the_launch_plan_guards_the_globals(restore_globals):
 
 
 BIG = None
+SHAPED = None
+
+
+def recorded(k, *args, **kwargs):
+    """What compiling k for these arguments read from outside it."""
+    from tk_mlir.runtime.arguments import describe
+    values, num_warps = k.params.bind(args, kwargs)
+    return k._entry(k.params.key(values, num_warps, describe))[0]
 
 
 @tk.kernel(num_warps=4)
@@ -136,24 +143,48 @@ def shadowing(X: tk.gl[f32], Y: tk.gl[f32]):
     tk.store(Y, BIG, (0, 0))
 
 
-def test_parameters_and_tensors_are_not_read_by_their_contents(monkeypatch):
-    """A module-level X beside a kernel taking X is not a read; a tensor the
-    body's name shadows is read by its type, shape and dtype, by identity."""
+@tk.kernel(num_warps=4)
+def reads_a_shape(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, SHAPED.shape[1])), (0, 0))
+
+
+def test_parameters_and_locals_are_not_reads(monkeypatch):
+    """A module-level X beside a kernel taking X, or BIG beside a kernel that
+    assigns its own BIG, is not a read: changing them recompiles nothing."""
     torch = pytest.importorskip("torch")
-    names = [r.name for r in global_reads(shadowing.source, globals())]
-    assert "X" not in names and "Y" not in names and "BIG" in names
     monkeypatch.setitem(globals(), "BIG", torch.zeros(512, 512))
-    (read,) = [r for r in global_reads(shadowing.source, globals()) if r.name == "BIG"]
-    assert not read.volatile and read.text == "a torch.Tensor of shape (512, 512) f32 on cpu"
-    BIG.fill_(1.0)                                    # contents: never part of the code
-    assert read.fresh()
-    monkeypatch.setitem(globals(), "BIG", torch.zeros(512, 512))
-    assert read.fresh()                               # a new tensor of the same kind
+    names = [r.name for r in recorded(shadowing, X, X)]
+    assert "X" not in names and "Y" not in names and "BIG" not in names
+    before = shadowing.compile(X, X)
     monkeypatch.setitem(globals(), "BIG", torch.zeros(64, 64))
+    assert shadowing.compile(X, X) is before
+
+
+def test_a_global_tensor_is_read_by_its_kind_and_not_kept_alive(monkeypatch):
+    """A tensor the kernel reads (its shape) is read by its type, shape and
+    dtype, checked by identity, and held weakly."""
+    import gc
+    import weakref
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(globals(), "SHAPED", torch.zeros(512, 64))
+    (read,) = [r for r in recorded(reads_a_shape, X, X) if r.name == "SHAPED"]
+    assert not read.volatile and read.text == "a torch.Tensor of shape (512, 64) f32 on cpu"
+    SHAPED.fill_(1.0)                                 # contents: never part of the code
+    assert read.fresh()
+    monkeypatch.setitem(globals(), "SHAPED", torch.zeros(512, 64))
+    assert read.fresh()                               # a new tensor of the same kind
+    monkeypatch.setitem(globals(), "SHAPED", torch.zeros(64, 32))
+    assert not read.fresh()
+    monkeypatch.setitem(globals(), "SHAPED", torch.zeros(512, 64))
+    alive = weakref.ref(SHAPED)
+    reads_a_shape.compile(X, X)
+    globals()["SHAPED"] = None       # (not monkeypatch: it would keep the tensor to restore)
+    gc.collect()
+    assert alive() is None                            # the reads held it weakly
     assert not read.fresh()
 
 
 def test_decorators_and_annotations_are_not_reads():
     """Evaluated once at decoration, they cannot change the code later."""
-    names = [r.name for r in global_reads(scaled.source, globals())]
-    assert names == ["SCALE", "tk"]          # not f32 (annotations only)
+    names = [r.name for r in recorded(scaled, X, X)]
+    assert "f32" not in names and "SCALE" in names and "tk" in names

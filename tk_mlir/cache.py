@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import types
 import uuid
 import warnings
 
@@ -74,12 +75,21 @@ def toolchain_fingerprint() -> dict:
 
 
 def jsonable(v):
-    """A key part as plain data: sequences as lists, scalars as they are,
-    anything else (tk dtypes and the like) by the repr that names it."""
+    """A key part as plain data: sequences as lists, scalars as they are, a
+    tk.func or a plain function by its code (source and defaults: a notebook
+    cell re-run with a new body is another key; the globals it reads are the
+    kernel's reads, global_reads.py), anything else (tk dtypes and the like)
+    by the repr that names it."""
     if isinstance(v, (tuple, list)):
         return [jsonable(x) for x in v]
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
+    from .global_reads import function_text
+    from .language import Func
+    if isinstance(v, Func):
+        return {"tk.func": v.source.text, "function": function_text(v.fn)}
+    if isinstance(v, types.FunctionType):
+        return {"function": function_text(v)}
     return repr(v)
 
 

@@ -23,7 +23,7 @@ from . import mlir_import  # noqa: F401  (first: imports MLIR without numpy)
 from mlir import ir
 from mlir.dialects import arith, func, scf
 
-from . import language, values as V
+from . import global_reads, language, values as V
 from .errors import CompilationError, InternalCompilerError, debug, raised_in_tk_mlir
 
 
@@ -127,6 +127,7 @@ class KernelBuilder(ast.NodeVisitor):
         self.scope = dict(scope)
         self.function = function     # the tk.func being inlined (None: the kernel)
         self.calls = calls           # the inlined calls this body is nested in, outermost first
+        self.recorder = global_reads.current()   # what is read from outside (global_reads.py)
 
     # ------------------------------------------------------------ plumbing
 
@@ -495,17 +496,25 @@ class KernelBuilder(ast.NodeVisitor):
         if node.id in self.scope:
             return self.scope[node.id]
         if node.id in self.globals:
-            return self.globals[node.id]
+            value = self.globals[node.id]
+            if self.recorder is not None:
+                self.recorder.global_name(self.globals, node.id, value)
+            return value
         if node.id in _ALLOWED_BUILTINS:
+            if self.recorder is not None:     # a later global of this name would be read
+                self.recorder.global_name(self.globals, node.id)
             return getattr(builtins, node.id)
         raise self.error(node, f"name '{node.id}' is not defined")
 
     def visit_Attribute(self, node):
         obj = self.eval(node.value)
         try:
-            return getattr(obj, node.attr)
+            value = getattr(obj, node.attr)
         except AttributeError:
             raise self.error(node, f"{obj!r} has no attribute '{node.attr}'") from None
+        if self.recorder is not None and not _is_runtime(obj):
+            self.recorder.attribute(obj, node.attr, value)
+        return value
 
     def visit_Tuple(self, node):
         return tuple(self.eval(e) for e in node.elts)
@@ -672,6 +681,8 @@ class KernelBuilder(ast.NodeVisitor):
             return V.to_float(args[0])
         if isinstance(callee, (language.Func, LocalFunc)):
             return self.inline(node, callee, args, kwargs)
+        if self.recorder is not None and inspect.isfunction(callee):
+            self.recorder.called(callee)      # its code's globals count too
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)
                 or not runtime_args):

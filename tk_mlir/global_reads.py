@@ -1,54 +1,205 @@
-"""The module-level values a kernel's code depends on, and a cheap test that
-they have not changed since it was compiled.
+"""The values a kernel's code read from outside it while it was compiled,
+and a cheap test that they have not changed since.
 
-A kernel that reads `SCALE` from its module bakes SCALE's value into its
-code, so a changed SCALE must never run the old code (in a notebook this is
-the everyday case). At compile time the kernel records one `GlobalRead` per
-global it reads (and per global of each @tk.func it inlines, recursively):
-the namespace dict, the name, the value seen, and the value's text (what the
-cache key holds). Before reusing compiled code, each read is re-checked:
+A kernel that reads `SCALE` bakes SCALE's value into its code, so a changed
+SCALE must never run the old code (in a notebook this is the everyday case).
+What counts is what the frontend *resolved*, not a guess from the names in
+the source (a local `x = tk.load(...)` beside a notebook's global `x` is no
+read; `cfgmod.SCALE`, `Cfg.SCALE` and a global read by a plain helper called
+at compile time are). While a kernel compiles, a `Recorder` (set around the
+compile, see `recording`) collects one `GlobalRead` per value resolved from
+outside the kernel:
 
-- an immutable value (number, str, tk dtype, tuple, function, tk.func,
-  module): one dict lookup and an identity test; only when the identity
-  differs (a cell re-ran `SCALE = 2.0`, a new float) is the text recomputed
-  and compared, and an equal text adopts the new object so that the next
-  check is an identity test again;
-- a mutable value (list, dict, any other object, read by its repr: the kernel
-  may read its attributes) can change in place, so its text is recomputed
-  on every check. Slower, never stale;
+- a name the frontend finds in the globals of the kernel, of an inlined
+  @tk.func or of a function defined in the kernel (and a builtin name it
+  did *not* find there: a later global of that name would be read instead;
+  such a read's value is ABSENT). tk_mlir's own tk.funcs' globals are not
+  recorded (their sources are in every cache key);
+- an attribute of a user module (a read of `module.__dict__[attr]`: a
+  module's identity alone says nothing of its attributes), of a class, or
+  of an object that is itself the value of a recorded read (`CFG.SCALE`);
+  tk_mlir's own modules, the standard library's and installed packages'
+  are not followed (they are in the cache key's sources and versions, or
+  assumed unchanged in a process);
+- for a plain Python function called at compile time (or read as a value):
+  its identity is its source (or code) and defaults, and its code's global
+  names (`co_names`, nested code included) are reads in its `__globals__`,
+  its closure's cells reads too, following functions, user modules and
+  classes a few levels down (`_FOLLOW_DEPTH`).
+
+Each read is (scope, name, value): `scope.get(name)` gave `value`, shown as
+`text` (what the disk key holds). Checking one (`fresh`):
+
+- an immutable value (number, str, tk dtype, tuple of those, function,
+  tk.func, module, class): an identity test; only when the identity differs
+  (a cell re-ran `SCALE = 2.0`) is the text recomputed and compared, and an
+  equal text adopts the new object so that the next check is an identity
+  test again;
+- a mutable value (list, dict, any other object, read by its repr) can change
+  in place, so its text is recomputed on every check (`volatile`);
 - a tensor or array: by its type, shape, dtype and device (never its
-  contents, which no compiled code depends on), checked by identity.
+  contents), checked by identity. Values are held by weak reference where
+  Python allows it (tensors, arrays, objects), so a read never keeps a
+  user's tensor alive; a dead one is simply not the current value. (The
+  launch plans' inline identity test `scope.get(name) is read.value` then
+  sees a weak reference, never equal, and defers to fresh(): a method call
+  per launch for such reads only; numbers, strings, functions, modules,
+  classes, tuples stay a bare identity test.)
+
+In memory (kernel.py), a signature maps to a few (reads, code) entries; a
+lookup takes one whose reads are all fresh, else compiles and adds one.
+
+On disk the reads are known only after compiling, so the lookup has two
+levels (kernel.py `_compile_recorded`). `base` is the key of everything
+known before compiling (source, signature, constexprs, a tk.func or function
+constexpr by its code, toolchain). Under `_index_key(base, n)`, n = 0, 1, ...,
+in `<cache dir>/reads/`, are the read *sets* compiles of `base` have recorded, each read described by
+where it was found (`describe`: a module by name, an earlier read's value,
+a constexpr, then the dict / attribute / closure cell in it) and its name.
+A lookup resolves each set in this process (`resolve`: the scopes found
+again, the current values read), and looks for the code under
+`base` + that set + the current texts (`key_text`). Why that is right: the
+frontend is deterministic in what it reads; if every read of a recorded set
+gives today the text it gave the compile that stored the code, a compile
+today would make the same reads in the same order, see the same values and
+emit the same code. A set whose values differ today misses, the compile
+records its own set (maybe another one: `if USE_A: a.X`) and publishes it
+under the next free n. A read that cannot be described (a closure of an
+unnamed function, an object no read reached) makes that compile's code
+unreachable on disk: it is compiled in each process, never stale.
+
+What this assumes: a value's text stands for everything the compile used of
+it (a repr that hides an attribute the kernel reads is covered by recording
+that attribute read too); installed packages and the standard library do not
+change within a process (their globals are not followed).
+
+`global_reads(source, scope)` is the older guess from the names in the
+source (less the parameters and the names the body assigns); it only feeds
+`Kernel._globals_key`, for the autotuner's choice key, which must exist
+before any compile.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import functools
 import inspect
+import os
+import sys
+import types
+import weakref
 
 from .language import DType, Func
 
 _MISSING = object()
-_IMMUTABLE = (int, float, str, bool, bytes, DType, type(None))
+ABSENT = _MISSING           # an absent name's `value`: what `scope.get(name, ABSENT)` gives
+_DEAD = object()            # a weakly held value that is gone: never the current one
+_IMMUTABLE = (int, float, str, bool, bytes, complex, DType, type(None))
+_FOLLOW_DEPTH = 3           # plain functions followed into functions they name, this deep
+
+
+class _Attrs:
+    """An object's attributes as a scope: `.get(name)` is getattr (a class's
+    inherited attributes included). The object is held weakly when it can be."""
+
+    __slots__ = ("_ref", "_strong", "__weakref__")
+
+    def __init__(self, obj):
+        try:
+            self._ref, self._strong = weakref.ref(obj), None
+        except TypeError:
+            self._ref, self._strong = None, obj
+
+    @property
+    def obj(self):
+        return self._strong if self._ref is None else self._ref()
+
+    def get(self, name, default=None):
+        obj = self.obj
+        if obj is None:
+            return _DEAD          # gone: no value is the one read (not even None)
+        try:
+            return getattr(obj, name)
+        except Exception:         # AttributeError, or a property that raises
+            return default
+
+    def __repr__(self):
+        return f"<attributes of {self.obj!r}>"
+
+
+class _Cells:
+    """A function's closure as a scope: `.get(name)` is the cell's contents."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def get(self, name, default=None):
+        code, cells = self._fn.__code__, self._fn.__closure__ or ()
+        try:
+            return cells[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            return default
+
+    def __repr__(self):
+        return f"<closure of {self._fn.__qualname__}>"
 
 
 class GlobalRead:
-    """One global read by the code: `scope[name]` was `value`, shown as `text`."""
+    """One read by the code: `scope.get(name)` was `value`, shown as `text`;
+    `ref` says where scope is, for a new process (None: it cannot say)."""
 
-    __slots__ = ("scope", "name", "value", "text", "volatile", "label")
+    __slots__ = ("scope", "name", "value", "_weak", "text", "volatile", "label", "ref",
+                 "absent")
 
-    def __init__(self, scope: dict, name: str, value, label: str):
-        self.scope, self.name, self.value, self.label = scope, name, value, label
-        self.text = _text(value)
-        self.volatile = not _immutable(value)
+    def __init__(self, scope, name: str, value, label: str | None = None, ref=None):
+        self.scope, self.name, self.ref = scope, name, ref
+        self.label = label if label is not None else f"{name}="
+        self.absent = value is _MISSING
+        self._set(value)
+        self.text = "<absent>" if self.absent else _text(value)
+        self.volatile = not self.absent and not _immutable(value)
+
+    def _set(self, value) -> None:
+        """`value`: the value seen, for the launch plans' identity test. An
+        absent name's is ABSENT, which `scope.get(name)` never gives: a plan
+        testing `scope.get(name) is not value` calls fresh() on each launch
+        for it (`scope.get(name, ABSENT)` would make it an identity test). A
+        tensor or object is held weakly: `value` is then its weak reference,
+        no scope's value, so a plan's identity test defers to fresh()."""
+        self._weak = False
+        if value is not _MISSING and not isinstance(
+                value, (_IMMUTABLE, tuple, list, dict, types.ModuleType, types.FunctionType,
+                        type, Func)):
+            try:
+                self.value, self._weak = weakref.ref(value), True
+                return
+            except TypeError:
+                pass
+        self.value = value
+
+    def seen(self):
+        """The value seen (a weakly held one that is gone: a private object
+        that is no value's identity)."""
+        if self._weak:
+            v = self.value()
+            return _DEAD if v is None else v
+        return self.value
 
     def fresh(self) -> bool:
-        """True when scope[name] still gives the code this read saw."""
+        """True when scope.get(name) still gives the code this read saw."""
         value = self.scope.get(self.name, _MISSING)
-        if value is self.value and not self.volatile:
-            return True
-        if value is _MISSING or _text(value) != self.text:
+        if value is _DEAD:
             return False
-        self.value = value            # equal: the next check is an identity test
+        if self.absent or value is _MISSING:
+            return self.absent and value is _MISSING
+        if value is self.seen() and not self.volatile:
+            return True
+        if _text(value) != self.text:
+            return False
+        self._set(value)              # equal: the next check is an identity test
         return True
 
     def key_part(self) -> str:
@@ -56,14 +207,6 @@ class GlobalRead:
 
     def __repr__(self):
         return f"<global {self.label.rstrip('=:')} = {self.text[:60]}>"
-
-
-def global_reads(source: str, scope: dict) -> tuple[GlobalRead, ...]:
-    """The reads of the code `source` (a kernel's), whose globals are `scope`,
-    and those of the tk.funcs it inlines, recursively."""
-    reads: list[GlobalRead] = []
-    _collect(source, scope, "", reads, set())
-    return tuple(reads)
 
 
 def all_fresh(reads) -> bool:
@@ -82,28 +225,270 @@ def key_text(reads) -> str:
     return ";".join(r.key_part() for r in reads)
 
 
-# ------------------------------------------------------------------ walk
+# ------------------------------------------------------------------ recording
+
+_current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
+    "tk_mlir_global_reads", default=None)
+
+
+class Recorder:
+    """The reads of one compile, in the order made, each once."""
+
+    def __init__(self, constexprs: dict | None = None, kernel_globals: dict | None = None):
+        self._kernel_globals = kernel_globals
+        self.reads: list[GlobalRead] = []
+        self._seen: dict[tuple, int] = {}          # (id of the scope's owner, name) -> index
+        self._by_value: dict[int, int] = {}        # id(value) -> index of the read that gave it
+        self._keep: list = []                      # the values above, alive while compiling
+        self._followed: set[int] = set()
+        self._constexprs = {id(v): k for k, v in (constexprs or {}).items()}
+
+    # -- what the frontend calls
+    def global_name(self, globals_: dict, name: str, value=_MISSING) -> None:
+        """The frontend looked `name` up in `globals_` (value: what it found).
+        tk_mlir's own tk.funcs (templates) read nothing a user changes: their
+        sources are in every cache key."""
+        if (globals_.get("__name__") or "").startswith("tk_mlir"):
+            return
+        self._add(globals_, globals_, name, value, ("dict", self._dict_ref(globals_)))
+
+    def attribute(self, obj, name: str, value) -> None:
+        """The frontend read `obj.name` (gave value)."""
+        if isinstance(obj, types.ModuleType):
+            if not _followed_module(obj):
+                return
+            d = vars(obj)
+            if d.get(name, _MISSING) is value:
+                self._add(d, d, name, value, ("dict", self._obj_ref(obj)))
+                return
+        elif not isinstance(obj, type) and (id(obj) not in self._by_value or _is_array(obj)):
+            return     # derived from recorded reads (a call's result, a tile): nothing new
+        elif isinstance(obj, type) and (obj.__module__ or "").startswith("tk_mlir"):
+            return
+        self._add(obj, _Attrs(obj), name, value, ("attr", self._obj_ref(obj)))
+
+    def called(self, fn) -> None:
+        """The frontend calls fn, a plain Python function, at compile time."""
+        self._follow(fn, 0)
+
+    # -- the rest
+    def _add(self, owner, scope, name: str, value, ref) -> None:
+        k = (id(owner), name)
+        if k in self._seen:
+            return
+        self._seen[k] = len(self.reads)
+        if ref[1] is None:
+            ref = None
+        self.reads.append(GlobalRead(scope, name, value, _label(ref, name, value), ref))
+        if value is not _MISSING:
+            self._by_value.setdefault(id(value), len(self.reads) - 1)
+            self._keep.append(value)
+            if inspect.isfunction(value):
+                self._follow(value, 1)
+
+    def _dict_ref(self, d: dict):
+        if d is self._kernel_globals:
+            return ["kernel", ""]
+        name = d.get("__name__")
+        m = sys.modules.get(name) if isinstance(name, str) else None
+        return ["mod", name] if m is not None and vars(m) is d else None
+
+    def _obj_ref(self, obj):
+        if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
+            return ["mod", obj.__name__]
+        if id(obj) in self._by_value:
+            return ["read", self._by_value[id(obj)]]
+        if id(obj) in self._constexprs:
+            return ["const", self._constexprs[id(obj)]]
+        return None
+
+    def _follow(self, fn, depth: int) -> None:
+        """A plain function's code: the globals it names, its closure."""
+        if id(fn) in self._followed or depth > _FOLLOW_DEPTH or not _followed_function(fn):
+            return
+        self._followed.add(id(fn))
+        self._keep.append(fn)
+        g = fn.__globals__
+        names = _code_names(fn.__code__)
+        for name in names:
+            if name in g:
+                value = g[name]
+                self._add(g, g, name, value, ("dict", self._dict_ref(g)))
+                if isinstance(value, types.ModuleType) and _followed_module(value) or \
+                        isinstance(value, type) and \
+                        not (getattr(value, "__module__", None) or "").startswith("tk_mlir"):
+                    for attr in names:      # the attribute names among its names
+                        v = getattr(value, attr, _MISSING) if isinstance(value, type) \
+                            else vars(value).get(attr, _MISSING)
+                        if v is not _MISSING:
+                            self.attribute(value, attr, v)
+                elif inspect.isfunction(value):
+                    self._follow(value, depth + 1)
+        if fn.__closure__:
+            cells, ref = _Cells(fn), self._obj_ref(fn)
+            for name in fn.__code__.co_freevars:
+                value = cells.get(name, _MISSING)
+                self._add(fn.__closure__, cells, name, value,
+                          ("cell", ref))
+                if inspect.isfunction(value):
+                    self._follow(value, depth + 1)
+
+
+def _label(ref, name: str, value) -> str:
+    where = "?" if ref is None else ":".join(map(str, ref[1]))
+    sep = ":" if isinstance(value, Func) or inspect.isfunction(value) \
+        or inspect.ismodule(value) or not _plain(value) else "="
+    return f"{ref[0] if ref else '?'}[{where}].{name}{sep}"
+
+
+def current() -> Recorder | None:
+    """The recorder of the compile under way (None: nothing records)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder):
+    token = _current.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _current.reset(token)
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_names_cached(code) -> tuple[str, ...]:
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names += _code_names_cached(c)
+    return tuple(dict.fromkeys(names))
+
+
+def _code_names(code) -> tuple[str, ...]:
+    return _code_names_cached(code)
+
+
+@functools.lru_cache(maxsize=512)
+def _library_file(path: str) -> bool:
+    """Installed packages, the standard library and tk_mlir: not followed."""
+    if not path or path.startswith("<"):
+        return False
+    p = os.path.realpath(path)
+    here = os.path.dirname(os.path.realpath(__file__))
+    if p.startswith(here + os.sep):
+        return True
+    if "site-packages" in p.split(os.sep) or "dist-packages" in p.split(os.sep):
+        return True
+    stdlib = os.path.dirname(os.path.realpath(os.__file__))
+    return p.startswith(stdlib + os.sep)
+
+
+def _followed_module(m) -> bool:
+    name = getattr(m, "__name__", "") or ""
+    if name.startswith("tk_mlir") or name.partition(".")[0] in sys.stdlib_module_names:
+        return False
+    f = getattr(m, "__file__", None)
+    return f is None and name == "__main__" or (f is not None and not _library_file(f))
+
+
+def _followed_function(fn) -> bool:
+    if (getattr(fn, "__module__", "") or "").startswith("tk_mlir"):
+        return False
+    return not _library_file(fn.__code__.co_filename)
+
+
+# ------------------------------------------------------------------ disk
+
+def describe(reads) -> list | None:
+    """The reads as plain data (where each scope is, the name), for the disk
+    index: a scope is a module's dict (by the module's name, or the kernel's
+    own globals), the attributes of a module, a class or an object that an
+    earlier read (by its index) or a constexpr gave, or a function's closure; None when one of them cannot be found again in a new process."""
+    out = []
+    for r in reads:
+        if r.ref is None:
+            return None
+        out.append([r.ref[0], list(r.ref[1]), r.name])
+    return out
+
+
+def resolve(described: list, constexprs: dict, kernel_globals: dict
+            ) -> tuple[GlobalRead, ...] | None:
+    """The reads `described` (by describe) as found in this process now,
+    with today's values; None when a scope cannot be found (a module not
+    imported, an earlier read whose value is absent or gone)."""
+    reads: list[GlobalRead] = []
+    try:
+        for kind, (root, where), name in described:
+            if root == "mod":
+                obj = sys.modules.get(where)
+            elif root == "read":
+                obj = reads[where].seen() if where < len(reads) and not reads[where].absent \
+                    else None
+            elif root == "const":
+                obj = constexprs.get(where, None)
+            elif root == "kernel":
+                obj = kernel_globals
+            else:
+                return None
+            if obj is None or obj is _DEAD:
+                return None
+            if kind == "dict":
+                if root == "kernel":
+                    scope = obj
+                elif isinstance(obj, types.ModuleType):
+                    scope = vars(obj)
+                else:
+                    return None
+            elif kind == "attr":
+                scope = _Attrs(obj)
+            elif kind == "cell" and inspect.isfunction(obj):
+                scope = _Cells(obj)
+            else:
+                return None
+            value = scope.get(name, _MISSING)
+            ref = (kind, [root, where])
+            reads.append(GlobalRead(scope, name, value, _label(ref, name, value), ref))
+    except (TypeError, ValueError):
+        return None          # not what describe writes
+    return tuple(reads)
+
+
+# ------------------------------------------------------------------ the guess
 
 @functools.lru_cache(maxsize=256)
 def _names_in(source: str) -> tuple[str, ...]:
     """The names the code may read from its module: every name in the
-    function's body but its parameters (bound from the start, so never looked
-    up in the module; `X = torch.rand(...)` beside a kernel taking X is
-    common). The decorators, annotations and defaults were evaluated once, at
-    decoration. Names the body assigns stay: the frontend reads the global
-    until they are bound."""
+    function's body but its parameters and the names the body assigns."""
     tree = ast.parse(source)
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
-    names = {n.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    loads, stores = set(), set()
+    for stmt in fn.body:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name):
+                (stores if isinstance(n.ctx, (ast.Store, ast.Del)) else loads).add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                stores.add(n.name)
+    names = loads - stores
     a = fn.args
     names -= {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
     names -= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
     return tuple(sorted(names))
 
 
-def _collect(source: str, scope: dict, prefix: str, reads: list, seen: set) -> None:
+def global_reads(source: str, scope: dict) -> tuple[GlobalRead, ...]:
+    """A guess before compiling, from the names in `source` (a kernel's, whose
+    globals are `scope`) and in the tk.funcs it names, recursively: only for
+    keys that must exist before any compile (the autotuner's choice). The
+    code's own check is what a compile recorded (Recorder)."""
+    reads: list[GlobalRead] = []
+    _guess(source, scope, "", reads, set())
+    return tuple(reads)
+
+
+def _guess(source: str, scope: dict, prefix: str, reads: list, seen: set) -> None:
     for name in _names_in(source):
         if name not in scope:
             continue
@@ -111,21 +496,12 @@ def _collect(source: str, scope: dict, prefix: str, reads: list, seen: set) -> N
         sep = ":" if isinstance(value, Func) or inspect.isfunction(value) \
             or inspect.ismodule(value) or not _plain(value) else "="
         reads.append(GlobalRead(scope, name, value, f"{prefix}{name}{sep}"))
-        if isinstance(value, Func):        # inlined: what it reads counts too
-            if id(value) not in seen:
-                seen.add(id(value))
-                _collect(value.source.text, value.fn.__globals__, f"{prefix}{name}.", reads, seen)
-        elif inspect.ismodule(value) and not value.__name__.startswith("tk_mlir"):
-            # tk_mlir's own tk.funcs are covered by the source hash in the
-            # cache key; a user module's are read here.
-            attrs = vars(value)
-            for attr, f in sorted(attrs.items()):
-                if isinstance(f, Func) and id(f) not in seen:
-                    seen.add(id(f))
-                    reads.append(GlobalRead(attrs, attr, f, f"{prefix}{name}.{attr}:"))
-                    _collect(f.source.text, f.fn.__globals__, f"{prefix}{name}.{attr}.",
-                             reads, seen)
+        if isinstance(value, Func) and id(value) not in seen:
+            seen.add(id(value))
+            _guess(value.source.text, value.fn.__globals__, f"{prefix}{name}.", reads, seen)
 
+
+# ------------------------------------------------------------------ values
 
 def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, DType, tuple, list, dict)) or value is None
@@ -135,7 +511,8 @@ def _immutable(value) -> bool:
     if isinstance(value, tuple):
         return all(_immutable(v) for v in value)
     return isinstance(value, _IMMUTABLE) or isinstance(value, Func) or \
-        inspect.isfunction(value) or inspect.ismodule(value) or _is_array(value)
+        inspect.isfunction(value) or inspect.ismodule(value) or isinstance(value, type) \
+        or _is_array(value)
 
 
 def _is_array(value) -> bool:
@@ -153,18 +530,28 @@ def _text(value) -> str:
     if isinstance(value, Func):
         return f"tk.func:{value.source.text}"
     if inspect.isfunction(value):      # a helper called at compile time: its code counts
-        return _function_fingerprint(value)
+        return function_text(value)
     if inspect.ismodule(value):
         return f"module {value.__name__}"
+    if isinstance(value, type):        # its attributes read are reads of their own
+        return f"class {value.__module__}.{value.__qualname__}"
     # Anything else by its repr: attributes the kernel may read show up there
     # (namespace(SCALE=2.0)); a repr with an address makes each process miss
     # the disk cache, which is slow but never stale.
-    return repr(value)
-
-
-def _function_fingerprint(fn) -> str:
     try:
-        return inspect.getsource(fn)
+        return repr(value)
+    except Exception:          # a user's __repr__ that raises: by identity
+        return f"<{type(value).__qualname__} object at {id(value):#x}, no repr>"
+
+
+def function_text(fn) -> str:
+    """A plain function's identity for a key: its source (or code) and its
+    defaults (`def f(b=BLOCK)` redefined with a new BLOCK has the same
+    source). The globals and closure it reads are reads of their own."""
+    try:
+        body = inspect.getsource(fn)
     except (OSError, TypeError):
         code = fn.__code__
-        return repr((code.co_code, code.co_consts, code.co_names))
+        body = repr((code.co_code, code.co_consts, code.co_names))
+    return f"function {fn.__qualname__}:{body}defaults={fn.__defaults__!r}," \
+           f"{fn.__kwdefaults__!r}"

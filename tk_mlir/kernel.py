@@ -10,21 +10,27 @@ Parameters annotated `tk.gl[...]` take tensors, `int`/`float` take Python
 scalars (i32/f32 in the kernel), `tk.constexpr` take compile-time values
 that specialize the code (params.py describes them, binds arguments to them
 and makes the specialization key). A specialization is compiled once per
-process (in-memory cache, lock + recheck, rechecked against the globals its
-code read) and once per machine (disk cache). A launch runs on the device
+process (in-memory cache, lock + recheck; a signature keeps a few codes, each
+with what its compile read from outside the kernel, and a lookup takes one
+whose reads still hold: global_reads.py) and once per machine (disk cache,
+looked up in two levels: the read sets, then the code for their values). A launch runs on the device
 its tensor arguments are on, on torch's current stream for that device.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
+import json
 import threading
 from typing import Callable
 
 from . import launcher
 from .cache import always_compile
-from .compiler import CompiledKernel, Specialization, compile_cached
+from . import compiler
+from .compiler import CompiledKernel, Specialization
 from .errors import CompilationError, debug
+from . import global_reads as _reads
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, KernelParams,
                      valid_num_warps)
@@ -32,6 +38,8 @@ from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_inf
 from .source import KernelSource
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
+_MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)
+_MAX_READ_SETS = 16   # read sets looked up on disk per specialization (global_reads.py)
 
 
 class Kernel:
@@ -54,8 +62,8 @@ class Kernel:
                 raise
             raise CompilationError(e.message, e.filename, e.line, e.col) from None
         self.runtime = self.params.runtime
-        # signature -> (the globals its code read, the code)
-        self._compiled: dict[tuple, tuple[tuple[GlobalRead, ...], CompiledKernel]] = {}
+        # signature -> [(what its code read from outside, the code)], the last used first
+        self._compiled: dict[tuple, list[tuple[tuple[GlobalRead, ...], CompiledKernel]]] = {}
         self._plans: list[Callable] = []
         self._plan_keywords = {self.params[i].name for i in self.params.constexprs} | \
             {"num_warps"}
@@ -92,21 +100,34 @@ class Kernel:
         return self._entry(sig)[1]
 
     def _entry(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
-        """The code for `sig` and the globals it read; recompiled when one of
-        those has changed since (never the old code for a new global)."""
+        """The code for `sig` and what it read from outside the kernel when it
+        was compiled (global_reads.py): one of the entries for `sig` whose
+        reads all still hold, else compiled now (never the old code for a new
+        global)."""
         if always_compile():
-            reads = self._global_reads()
-            return reads, self._compile(sig, reads)
-        entry = self._compiled.get(sig)
-        if entry is None or not all_fresh(entry[0]):
+            return self._compile(sig)
+        entry = self._fresh_entry(sig)
+        if entry is None:
             with self._lock:
-                entry = self._compiled.get(sig)
-                if entry is None or not all_fresh(entry[0]):
-                    reads = self._global_reads()
-                    entry = self._compiled[sig] = (reads, self._compile(sig, reads))
+                entry = self._fresh_entry(sig)
+                if entry is None:
+                    entry = self._compile(sig)
+                    entries = self._compiled.setdefault(sig, [])
+                    entries.insert(0, entry)
+                    del entries[_MAX_ENTRIES:]
         return entry
 
-    def _compile(self, sig: tuple, reads: tuple[GlobalRead, ...]) -> CompiledKernel:
+    def _fresh_entry(self, sig: tuple):
+        entries = self._compiled.get(sig)
+        if entries:
+            for i, entry in enumerate(entries):
+                if all_fresh(entry[0]):
+                    if i:
+                        entries.insert(0, entries.pop(i))
+                    return entry
+        return None
+
+    def _compile(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
         *per_param, num_warps = sig
         rt_args, names, consts = [], [], []
         for p, s in zip(self.params, per_param):
@@ -116,10 +137,10 @@ class Kernel:
                 rt_args.append(s)
                 names.append(p.name)
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
-                              tuple(names), tuple(consts), num_warps, key_text(reads),
+                              tuple(names), tuple(consts), num_warps, "",
                               self._source.first_line)
         try:
-            return compile_cached(spec, self._ast, self.fn.__globals__)
+            return _compile_recorded(spec, self._ast, self.fn.__globals__, dict(consts))
         except CompilationError as e:
             if debug():
                 raise
@@ -129,8 +150,10 @@ class Kernel:
         return self._source.function_ast()
 
     def _global_reads(self) -> tuple[GlobalRead, ...]:
-        """The module-level values the kernel reads (they change the code),
-        and those of the tk.funcs it inlines, recursively."""
+        """A guess, before compiling, at the globals the kernel reads (from the
+        names in its source and its tk.funcs'): only for keys that must exist
+        before a compile (the autotuner's choice); the code is checked against
+        what its compile recorded."""
         return global_reads(self.source, self.fn.__globals__)
 
     def _globals_key(self) -> str:
@@ -214,6 +237,66 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
+
+
+def _compile_recorded(spec: Specialization, fn_node_factory, globals_: dict, constexprs: dict
+                      ) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
+    """The code for `spec` and what it read from outside the kernel: from the
+    disk cache (two levels: the read sets recorded for `spec`, then the code
+    for one set's current values; global_reads.py says why), or compiled,
+    recording its reads, and published there."""
+    import os
+    from . import cache
+    disk = compiler._DISK
+    index_disk = cache.DiskCache(disk.root / "reads")     # the read sets, apart from the code
+    if cache.always_compile():
+        with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
+            compiled = compiler.compile_specialization(spec, fn_node_factory(), globals_)
+        return tuple(rec.reads), compiled
+    base = spec.cache_key()
+    known = []
+    for n in range(_MAX_READ_SETS):
+        index = index_disk.get(_index_key(base, n))
+        if index is None:
+            break
+        try:
+            described = json.loads(index["reads.json"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        known.append(described)
+        reads = _reads.resolve(described, constexprs, globals_)
+        if reads is None:
+            continue
+        full = dataclasses.replace(spec, globals_key=key_text(reads))
+        entry = disk.get(full.cache_key())
+        if entry is not None:
+            compiled = CompiledKernel.from_entry(entry)
+            if os.environ.get("TK_MLIR_DUMP_DIR"):
+                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], full.dump_name(),
+                              "TK_MLIR_DUMP_DIR")
+            return reads, compiled
+    with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
+        compiled = compiler.compile_specialization(spec, fn_node_factory(), globals_)
+    reads = tuple(rec.reads)
+    described = _reads.describe(reads)
+    if described is None:            # found again in no other process: not published
+        return reads, compiled
+    full = dataclasses.replace(spec, globals_key=key_text(reads))
+    disk.put(full.cache_key(), compiled.to_entry())
+    if described not in known and disk.path(full.cache_key()).is_dir():
+        text = json.dumps(described)
+        for n in range(len(known), _MAX_READ_SETS):
+            key = _index_key(base, n)
+            index_disk.put(key, {"reads.json": text})
+            stored = index_disk.get(key)
+            if stored is None or stored.get("reads.json") == text:
+                break                # (another set there: another process took n)
+    return reads, compiled
+
+
+def _index_key(base: str, n: int) -> str:
+    from . import cache
+    return cache.make_key(kind="tk-kernel-reads", base=base, n=n)
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):
