@@ -7,6 +7,7 @@ MLIR. `CompiledKernel` is that data plus a lazily loaded CUDA function.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import cache
+from . import global_reads as _reads
 from .errors import CompilationError, InternalCompilerError
 from .params import AbiParam, launch_values_function
 from .stages import StageStore
@@ -373,19 +375,61 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
 
 
 _DISK = cache.DiskCache()
+_MAX_READ_SETS = 16   # read sets looked up on disk per specialization (global_reads.py)
 
 
-def compile_cached(spec: Specialization, fn_node_factory, globals_: dict) -> CompiledKernel:
-    """The compiled kernel from the disk cache, or compiled and published there."""
+def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, constexprs: dict
+                   ) -> tuple[tuple, CompiledKernel]:
+    """The code for `spec` and what it read from outside the kernel: from the
+    disk cache (two levels: the read sets recorded for `spec`, then the code
+    for one set's current values; global_reads.py says why), or compiled,
+    recording its reads, and published there."""
+    disk = _DISK
+    index_disk = cache.DiskCache(disk.root / "reads")     # the read sets, apart from the code
     if cache.always_compile():
-        return compile_specialization(spec, fn_node_factory(), globals_)
-    key = spec.cache_key()
-    entry = _DISK.get(key)
-    if entry is not None:
-        compiled = CompiledKernel.from_entry(entry)
-        if os.environ.get("TK_MLIR_DUMP_DIR"):
-            compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(), "TK_MLIR_DUMP_DIR")
-        return compiled
-    compiled = compile_specialization(spec, fn_node_factory(), globals_)
-    _DISK.put(key, compiled.to_entry())
-    return compiled
+        with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
+            compiled = compile_specialization(spec, fn_node_factory(), globals_)
+        return tuple(rec.reads), compiled
+    base = spec.cache_key()
+    known = []
+    for n in range(_MAX_READ_SETS):
+        index = index_disk.get(_index_key(base, n))
+        if index is None:
+            break
+        try:
+            described = json.loads(index["reads.json"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        known.append(described)
+        reads = _reads.resolve(described, constexprs, globals_)
+        if reads is None:
+            continue
+        full = dataclasses.replace(spec, globals_key=_reads.key_text(reads))
+        entry = disk.get(full.cache_key())
+        if entry is not None:
+            compiled = CompiledKernel.from_entry(entry)
+            if os.environ.get("TK_MLIR_DUMP_DIR"):
+                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], full.dump_name(),
+                              "TK_MLIR_DUMP_DIR")
+            return reads, compiled
+    with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
+        compiled = compile_specialization(spec, fn_node_factory(), globals_)
+    reads = tuple(rec.reads)
+    described = _reads.describe(reads)
+    if described is None:            # found again in no other process: not published
+        return reads, compiled
+    full = dataclasses.replace(spec, globals_key=_reads.key_text(reads))
+    disk.put(full.cache_key(), compiled.to_entry())
+    if described not in known and disk.path(full.cache_key()).is_dir():
+        text = json.dumps(described)
+        for n in range(len(known), _MAX_READ_SETS):
+            key = _index_key(base, n)
+            index_disk.put(key, {"reads.json": text})
+            stored = index_disk.get(key)
+            if stored is None or stored.get("reads.json") == text:
+                break                # (another set there: another process took n)
+    return reads, compiled
+
+
+def _index_key(base: str, n: int) -> str:
+    return cache.make_key(kind="tk-kernel-reads", base=base, n=n)

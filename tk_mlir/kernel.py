@@ -19,9 +19,7 @@ its tensor arguments are on, on torch's current stream for that device.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
-import json
 import threading
 from typing import Callable
 
@@ -30,7 +28,6 @@ from .cache import always_compile
 from . import compiler
 from .compiler import CompiledKernel, Specialization
 from .errors import CompilationError, debug
-from . import global_reads as _reads
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, KernelParams,
                      valid_num_warps)
@@ -39,7 +36,6 @@ from .source import KernelSource
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)
-_MAX_READ_SETS = 16   # read sets looked up on disk per specialization (global_reads.py)
 
 
 class Kernel:
@@ -140,7 +136,7 @@ class Kernel:
                               tuple(names), tuple(consts), num_warps, "",
                               self._source.first_line)
         try:
-            return _compile_recorded(spec, self._ast, self.fn.__globals__, dict(consts))
+            return compiler.compile_cached(spec, self._ast, self.fn.__globals__, dict(consts))
         except CompilationError as e:
             if debug():
                 raise
@@ -237,66 +233,6 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
-
-
-def _compile_recorded(spec: Specialization, fn_node_factory, globals_: dict, constexprs: dict
-                      ) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
-    """The code for `spec` and what it read from outside the kernel: from the
-    disk cache (two levels: the read sets recorded for `spec`, then the code
-    for one set's current values; global_reads.py says why), or compiled,
-    recording its reads, and published there."""
-    import os
-    from . import cache
-    disk = compiler._DISK
-    index_disk = cache.DiskCache(disk.root / "reads")     # the read sets, apart from the code
-    if cache.always_compile():
-        with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
-            compiled = compiler.compile_specialization(spec, fn_node_factory(), globals_)
-        return tuple(rec.reads), compiled
-    base = spec.cache_key()
-    known = []
-    for n in range(_MAX_READ_SETS):
-        index = index_disk.get(_index_key(base, n))
-        if index is None:
-            break
-        try:
-            described = json.loads(index["reads.json"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        known.append(described)
-        reads = _reads.resolve(described, constexprs, globals_)
-        if reads is None:
-            continue
-        full = dataclasses.replace(spec, globals_key=key_text(reads))
-        entry = disk.get(full.cache_key())
-        if entry is not None:
-            compiled = CompiledKernel.from_entry(entry)
-            if os.environ.get("TK_MLIR_DUMP_DIR"):
-                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], full.dump_name(),
-                              "TK_MLIR_DUMP_DIR")
-            return reads, compiled
-    with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
-        compiled = compiler.compile_specialization(spec, fn_node_factory(), globals_)
-    reads = tuple(rec.reads)
-    described = _reads.describe(reads)
-    if described is None:            # found again in no other process: not published
-        return reads, compiled
-    full = dataclasses.replace(spec, globals_key=key_text(reads))
-    disk.put(full.cache_key(), compiled.to_entry())
-    if described not in known and disk.path(full.cache_key()).is_dir():
-        text = json.dumps(described)
-        for n in range(len(known), _MAX_READ_SETS):
-            key = _index_key(base, n)
-            index_disk.put(key, {"reads.json": text})
-            stored = index_disk.get(key)
-            if stored is None or stored.get("reads.json") == text:
-                break                # (another set there: another process took n)
-    return reads, compiled
-
-
-def _index_key(base: str, n: int) -> str:
-    from . import cache
-    return cache.make_key(kind="tk-kernel-reads", base=base, n=n)
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):
