@@ -32,6 +32,7 @@ import operator
 import sys
 from typing import Callable
 
+from .global_reads import ABSENT
 from .params import KernelParams, constexpr_tag, launch_value_code
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 from .target import TARGET
@@ -118,7 +119,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "rejected": set(),
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
-           "TAG": constexpr_tag,
+           "TAG": constexpr_tag, "ABSENT": ABSENT,
            "scalar_check": check_scalar, "GRIDS": {}, "CLUSTER": compiled.cluster}
     local = [f"a{i}" for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
@@ -138,7 +139,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     for j, r in enumerate(reads):
         env[f"R{j}"], env[f"S{j}"], env[f"N{j}"] = r, r.scope, r.name
         test = f"not R{j}.fresh()" if r.volatile else \
-            f"S{j}.get(N{j}) is not R{j}.value and not R{j}.fresh()"
+            f"S{j}.get(N{j}, ABSENT) is not R{j}.value and not R{j}.fresh()"
         lines += [f"    if {test}:",
                   "        return False   # a global changed: recompile"]
     if n_positional:
