@@ -1,4 +1,4 @@
-"""Host time per launch of a tiny kernel, over >= 10,000 back-to-back launches.
+"""Host time per launch of a tiny kernel, over >= 10,000 launches in rounds of 200.
 
 Measures, in one process: a cached tk_mlir kernel called as `kernel[grid](...)`
 (argument checks included), a bare cuda-python cuLaunchKernel of the same
