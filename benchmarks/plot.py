@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on the GPU machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-LABELS = {"gbs": "GB/s", "tflops": "TFLOP/s"}
+LABELS = {"gbs": "GB/s", "tflops": "TFLOP/s", "us": "host µs per call (lower is better)"}
 
 
 def _group(row: dict) -> str:
@@ -36,7 +36,8 @@ def plot(json_path: str | os.PathLike) -> str:
     json_path = Path(json_path)
     data = json.loads(json_path.read_text())
     meta, rows = data.get("meta", {}), data["rows"]
-    metric = meta.get("metric") or ("gbs" if any("gbs" in r for r in rows) else "tflops")
+    metric = meta.get("metric") or next((m for m in ("gbs", "us") if any(m in r for r in rows)),
+                                        "tflops")
 
     groups = list(dict.fromkeys(_group(r) for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows if r["impl"] != "copy"))
@@ -48,7 +49,8 @@ def plot(json_path: str | os.PathLike) -> str:
         xs = [i - 0.4 + (j + 0.5) * width for i in range(len(groups))]
         ys = [by_group.get(g, math.nan) for g in groups]
         bars = ax.bar(xs, ys, width, label=impl)
-        ax.bar_label(bars, labels=["" if math.isnan(y) else f"{y:.0f}" for y in ys],
+        ax.bar_label(bars, labels=["" if math.isnan(y) else f"{y:.0f}" if y >= 100 else
+                                   f"{y:.3g}" for y in ys],
                      fontsize=7, padding=1)
 
     copy_label = "copy (read+write)"
@@ -65,7 +67,11 @@ def plot(json_path: str | os.PathLike) -> str:
     ax.set_ylabel(LABELS.get(metric, metric))
     ax.set_title(f"{json_path.stem} — {meta.get('device', '?')} — {str(meta.get('date', '?'))[:10]}")
     ax.margins(y=0.1)  # room for the bar labels
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: never over a bar
+    if max(map(len, impls), default=0) > 40:   # long names: below the plot, one per line
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=1)
+        fig.set_figheight(4.5 + 0.25 * len(impls))
+    else:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # never over a bar
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
 
