@@ -86,3 +86,23 @@ def test_a_global_tensor_named_like_a_local(monkeypatch):
     x = y = None
     gc.collect()
     assert alive() is None
+
+
+@tk.autotune(configs=[tk.Config(BM=16), tk.Config(BM=32)], key=["X"], warmup=1, reps=2)
+@tk.kernel(num_warps=4)
+def tuned_by_attrs(X: tk.gl[f32], Y: tk.gl[f32], BM: tk.constexpr):
+    i = tk.block_id(0)
+    tk.store(Y, tk.load(X, (i, 0), (BM, 64)) * cfgmod.SCALE, (i, 0))
+
+
+def test_autotuned_launches_after_a_global_changed_run_new_code(monkeypatch):
+    # tk.autotune's quick path tries the plan that served the last call of the
+    # same shape first; a plan whose globals changed turns it away.
+    grid = lambda meta: (tk.cdiv(meta["X"].shape[0], meta["BM"]),)   # noqa: E731
+    x = torch.rand(96, 64, device="cuda") - 0.5
+    for scale in (2.5, 2.5, 3.0, 3.0, 0.5):
+        monkeypatch.setattr(cfgmod, "SCALE", scale)
+        y = torch.full_like(x, float("nan"))
+        tuned_by_attrs[grid](x, y)
+        torch.cuda.synchronize()
+        assert torch.equal(y, x * scale), scale

@@ -154,10 +154,10 @@ class Autotuner:
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
                                 default=len(kernel.params))
         self._chosen: dict[tuple, Config] = {}        # (device ordinal, key) -> config
-        # The launch's fast path: per call shape a generated quick-key
-        # function, and the chosen config's launch keywords by quick key.
-        self._quick_keys: dict[tuple, Callable] = {}
-        self._quick_choices: dict[tuple, dict] = {}
+        # The launch's fast path: per call shape (positional count, keyword
+        # names) a generated quick-key function and, by quick key, the chosen
+        # config's launch keywords and the kernel plan that launched it.
+        self._quick: dict[tuple, tuple[Callable, dict]] = {}
         self._lock = threading.Lock()                 # one tuning at a time: timings interfere
         self._disk = cache.DiskCache()
 
@@ -177,38 +177,47 @@ class Autotuner:
         when the key is new (see the module's docstring)."""
         try:
             shape = (len(args), *kwargs)
-            quick = self._quick_keys.get(shape)
+            quick = self._quick.get(shape)
             if quick is not None:              # a call shaped like an earlier one
+                key_of, choices = quick
                 try:
-                    launch_kwargs = self._quick_choices.get(quick(args, kwargs))
+                    k = key_of(args, kwargs)
+                    hit = choices.get(k)
                 except TypeError:              # an unhashable value: the full path says so
-                    launch_kwargs = None
-                if launch_kwargs is not None:
-                    self.kernel.launch(grid, *args, **kwargs, **launch_kwargs)
+                    hit = None
+                if hit is not None:
+                    launch_kwargs, plan = hit
+                    merged = {**kwargs, **launch_kwargs} if kwargs else launch_kwargs
+                    if plan is None or not plan(grid, args, merged):
+                        choices[k] = (launch_kwargs,
+                                      self.kernel.launch_by_plan(grid, args, merged))
                     return
             key = self._key(args, kwargs)
             device = _launch_device(args, kwargs)
             config = self._chosen.get((device, key))
             if config is None:
                 config = self._choose(device, key, grid, args, kwargs)
-            self.kernel.launch(grid, *args, **kwargs, **config._launch)
-            self._remember(shape, args, kwargs, config)
+            plan = self.kernel.launch_by_plan(grid, args, {**kwargs, **config._launch})
+            self._remember(shape, args, kwargs, config, plan)
         except (CompilationError, ArgumentError) as e:
             if debug():
                 raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
 
-    def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config) -> None:
+    def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config,
+                  plan: Callable | None) -> None:
         """After a launch went through the full key: let later calls of the
-        same shape (positional count, keyword names) find `config` by a quick
-        key, read straight off their arguments."""
-        quick = self._quick_keys.get(shape)
+        same shape (positional count, keyword names) find `config`, and the
+        kernel's launch plan that served it, by a quick key read straight off
+        their arguments."""
+        quick = self._quick.get(shape)
         if quick is None:
-            quick = self._quick_keys[shape] = _quick_key_function(
-                self.kernel.params, self._key_params, len(args), tuple(kwargs))
-        k = quick(args, kwargs)
-        if k is not None and len(self._quick_choices) < _MAX_QUICK_CHOICES:
-            self._quick_choices[k] = config._launch
+            quick = self._quick[shape] = (_quick_key_function(
+                self.kernel.params, self._key_params, len(args), tuple(kwargs)), {})
+        key_of, choices = quick
+        k = key_of(args, kwargs)
+        if k is not None and len(choices) < _MAX_QUICK_CHOICES:
+            choices[k] = (config._launch, plan)
 
     def compile(self, *args, config: Config | int, **kwargs):
         """`kernel.compile` for one config (a Config or an index into `configs`):

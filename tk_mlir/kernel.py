@@ -159,23 +159,29 @@ class Kernel:
 
     def launch(self, grid, *args, **kwargs) -> None:
         try:
-            plans = self._plans
-            for i, plan in enumerate(plans):   # the last one used first
-                if plan(grid, args, kwargs):
-                    if i:                      # (autotuned kernels alternate between plans)
-                        plans.insert(0, plans.pop(i))
-                    return
-            plan = self._plan(args, kwargs)
-            if plan is None:                # not all torch tensors: the general path
-                self.launch_general(grid, args, kwargs)
-                return
-            self._plans.insert(0, plan)
-            del self._plans[_MAX_PLANS:]
-            plan(grid, args, kwargs)
+            self.launch_by_plan(grid, args, kwargs)
         except (CompilationError, ArgumentError) as e:
             if debug():
                 raise
             raise e.with_traceback(None) from None   # the user's frame, not ours
+
+    def launch_by_plan(self, grid, args: tuple, kwargs: dict) -> Callable | None:
+        """Launch; return the plan that did it (None: the general path), which
+        a caller may try first for a call like this one (tk.autotune does)."""
+        plans = self._plans
+        for i, plan in enumerate(plans):   # the last one used first
+            if plan(grid, args, kwargs):
+                if i:                      # (autotuned kernels alternate between plans)
+                    plans.insert(0, plans.pop(i))
+                return plan
+        plan = self._plan(args, kwargs)
+        if plan is None:                # not all torch tensors: the general path
+            self.launch_general(grid, args, kwargs)
+            return None
+        self._plans.insert(0, plan)
+        del self._plans[_MAX_PLANS:]
+        plan(grid, args, kwargs)
+        return plan
 
     def _plan(self, args, kwargs) -> Callable | None:
         """Compile for these arguments, check them, and make the launch plan for
