@@ -87,7 +87,14 @@ def k_tile_swapped_in_loop(X: tk.gl[f32]):
     tk.copy(a, X, (0, 0))
 
 
+@tk.kernel
+def k_zeros_runtime_shape(X: tk.gl[f32]):
+    t = tk.zeros((tk.block_id(0), 64))  # E:zeros-runtime
+
+
 @pytest.mark.parametrize("kernel,marker,at,message", [
+    (k_zeros_runtime_shape, "zeros-runtime", "tk.zeros", "a tile's shape is (rows, cols) or "
+                                                        "(length,) of positive compile-time ints"),
     (k_tile_chosen_by_if, "tile-by-if", "if", "a shared tile cannot be chosen by a run-time if"),
     (k_tile_swapped_in_loop, "tile-in-loop", "for", "a shared tile cannot be changed from one "
                                                     "loop iteration to the next"),

@@ -287,6 +287,10 @@ class Vector(TileLike):
 @builds("fill")
 def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
     """A tile (2-D shape) or vector (1-D) of one value."""
+    if like is None and not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                for d in shape):
+        raise CompilationError(f"a tile's shape is (rows, cols) or (length,) of positive "
+                               f"compile-time ints, got {shape!r}")
     if like is not None:
         t = like.tk_type.with_dtype(dtype_name(dtype))
     elif len(shape) == 2:
