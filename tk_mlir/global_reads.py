@@ -96,6 +96,7 @@ _MISSING = object()
 ABSENT = _MISSING           # an absent name's `value`: what `scope.get(name, ABSENT)` gives
 _DEAD = object()            # a weakly held value that is gone: never the current one
 _IMMUTABLE = (int, float, str, bool, bytes, complex, DType, type(None))
+_UNHELD = object()          # a read's value slot when the value is not kept (see _set)
 _FOLLOW_DEPTH = 3           # plain functions followed into functions they name, this deep
 
 
@@ -170,6 +171,9 @@ class GlobalRead:
         tensor or object is held weakly: `value` is then its weak reference,
         no scope's value, so a plan's identity test defers to fresh()."""
         self._weak = False
+        if isinstance(value, (list, dict, tuple)) and _holds_arrays(value):
+            self.value = _UNHELD      # compared by text: the tensors are not kept alive
+            return
         if value is not _MISSING and not isinstance(
                 value, (_IMMUTABLE, tuple, list, dict, types.ModuleType, types.FunctionType,
                         type, Func)):
@@ -195,11 +199,15 @@ class GlobalRead:
             return False
         if self.absent or value is _MISSING:
             return self.absent and value is _MISSING
-        if value is self.seen() and not self.volatile:
+        same = value is self.seen()
+        if same and not self.volatile:
             return True
+        if not same and not _adoptable(value):
+            return False              # a new class/function/object: recompile
         if _text(value) != self.text:
             return False
-        self._set(value)              # equal: the next check is an identity test
+        if not same:
+            self._set(value)          # equal: the next check is an identity test
         return True
 
     def key_part(self) -> str:
@@ -261,7 +269,8 @@ class Recorder:
             if d.get(name, _MISSING) is value:
                 self._add(d, d, name, value, ("dict", self._obj_ref(obj)))
                 return
-        elif not isinstance(obj, type) and (id(obj) not in self._by_value or _is_array(obj)):
+        elif not isinstance(obj, type) and (id(obj) not in self._by_value and
+                                            id(obj) not in self._constexprs or _is_array(obj)):
             return     # derived from recorded reads (a call's result, a tile): nothing new
         elif isinstance(obj, type) and (obj.__module__ or "").startswith("tk_mlir"):
             return
@@ -512,29 +521,61 @@ def _immutable(value) -> bool:
         return all(_immutable(v) for v in value)
     return isinstance(value, _IMMUTABLE) or isinstance(value, Func) or \
         inspect.isfunction(value) or inspect.ismodule(value) or isinstance(value, type) \
-        or _is_array(value)
+        or _is_array(value) or _numpy_scalar(value)
 
 
 def _is_array(value) -> bool:
-    """A tensor or array (torch, numpy, ...): read by what compile-time code
-    can use of it (type, shape, dtype, device), never by its contents, and
-    checked by identity (a resize_ in place goes unseen)."""
-    return not isinstance(value, type) and hasattr(value, "shape") and \
-        any(hasattr(value, a) for a in ("__array__", "__dlpack__", "__cuda_array_interface__"))
+    """A tensor or array (torch, numpy, ...) of rank 1 or more: read by what
+    compile-time code can use of it (type, shape, dtype, device), never by
+    its contents, and checked by identity (a resize_ in place goes unseen).
+    A 0-d one (a numpy scalar: `1 / np.sqrt(D)`) is a value, read by repr."""
+    try:
+        return not isinstance(value, type) and \
+            any(hasattr(value, a) for a in ("__array__", "__dlpack__",
+                                            "__cuda_array_interface__")) and \
+            tuple(value.shape) != ()
+    except Exception:       # no shape, or a __getattr__ that raises (an AttrDict)
+        return False
+
+
+def _holds_arrays(value) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(_is_array(v) or isinstance(v, (list, dict, tuple)) and _holds_arrays(v)
+               for v in items)
+
+
+def _numpy_scalar(value) -> bool:
+    """A numpy scalar (np.float64(0.25), np.int64(4)): immutable, by value."""
+    return type(value).__module__ == "numpy" and hasattr(value, "item") and \
+        getattr(value, "shape", None) == ()
+
+
+def _adoptable(value) -> bool:
+    """May an equal value with another identity stand in for the one read?
+    Plain values, containers of them, arrays (read by type and shape) and
+    numpy scalars: yes. A class, function, module or other object: no — what
+    was read through it (its attributes, closure cells) was read from the
+    old one."""
+    return _plain(value) or _is_array(value) or _numpy_scalar(value)
 
 
 def _text(value) -> str:
     if _is_array(value):
         from .params import describe_value
         return describe_value(value)
-    if isinstance(value, Func):
-        return f"tk.func:{value.source.text}"
+    if isinstance(value, Func):        # its defaults too (`s=SCALE` at definition)
+        return f"tk.func:{value.source.text}" + function_text(value.fn)
     if inspect.isfunction(value):      # a helper called at compile time: its code counts
         return function_text(value)
     if inspect.ismodule(value):
         return f"module {value.__name__}"
     if isinstance(value, type):        # its attributes read are reads of their own
         return f"class {value.__module__}.{value.__qualname__}"
+    if type(value) in (list, tuple):   # elements by their text: a tensor's, not its contents
+        inner = ", ".join(_text(v) for v in value)
+        return f"[{inner}]" if type(value) is list else f"({inner}{',' if len(value) == 1 else ''})"
+    if type(value) is dict:
+        return "{" + ", ".join(f"{k!r}: {_text(v)}" for k, v in value.items()) + "}"
     # Anything else by its repr: attributes the kernel may read show up there
     # (namespace(SCALE=2.0)); a repr with an address makes each process miss
     # the disk cache, which is slow but never stale.
