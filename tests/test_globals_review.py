@@ -165,3 +165,68 @@ def test_a_list_of_tensors_is_read_by_its_tensors_kinds_and_not_kept(monkeypatch
                         lambda *a: calls.append(1) or real(*a))
     k_list.compile(S, S)                                           # same kinds: no compile
     assert not calls
+
+
+CONFIGS = {"gemm": Settings(2.5)}
+
+
+@tk.kernel
+def k_item(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * CONFIGS["gemm"].scale, (0, 0))
+
+
+def test_an_attribute_of_an_item_changed_in_place():
+    assert constants(k_item.compile(S, S).asm["ptx"]) == {2.5}
+    CONFIGS["gemm"].scale = 3.5
+    try:
+        assert constants(k_item.compile(S, S).asm["ptx"]) == {3.5}
+    finally:
+        CONFIGS["gemm"].scale = 2.5
+
+
+class Tuning:
+    SCALE = 2.5
+
+    class Inner:
+        SCALE = 2.5
+
+    @classmethod
+    def scale(cls):
+        return cls.SCALE
+
+
+INSTANCE = Settings(2.5)
+
+
+def nested_scale():
+    return Tuning.Inner.SCALE
+
+
+def instance_scale():
+    return INSTANCE.scale
+
+
+@tk.kernel
+def k_classmethod(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * Tuning.scale(), (0, 0))
+
+
+@tk.kernel
+def k_nested(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * nested_scale(), (0, 0))
+
+
+@tk.kernel
+def k_instance(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * instance_scale(), (0, 0))
+
+
+@pytest.mark.parametrize("kernel, owner, name", [
+    (k_classmethod, lambda: Tuning, "SCALE"),
+    (k_nested, lambda: Tuning.Inner, "SCALE"),
+    (k_instance, lambda: INSTANCE, "scale"),
+])
+def test_what_helpers_and_methods_read_through_attributes(kernel, owner, name, monkeypatch):
+    assert constants(kernel.compile(S, S).asm["ptx"]) == {2.5}
+    monkeypatch.setattr(owner(), name, 3.5)
+    assert constants(kernel.compile(S, S).asm["ptx"]) == {3.5}

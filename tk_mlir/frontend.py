@@ -553,7 +553,10 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node, "indexing with a run-time value is not supported")
         if _is_runtime(index):
             raise self.error(node, "a tuple index must be a compile-time int")
-        return self.python(node, operator.getitem, obj, index)
+        value = self.python(node, operator.getitem, obj, index)
+        if self.recorder is not None and not _is_runtime(obj):
+            self.recorder.item(obj, index, value)
+        return value
 
     def visit_UnaryOp(self, node):
         v = self.eval(node.operand)
@@ -681,7 +684,8 @@ class KernelBuilder(ast.NodeVisitor):
             return V.to_float(args[0])
         if isinstance(callee, (language.Func, LocalFunc)):
             return self.inline(node, callee, args, kwargs)
-        if self.recorder is not None and inspect.isfunction(callee):
+        if self.recorder is not None and (inspect.isfunction(callee) or
+                                          inspect.ismethod(callee)):
             self.recorder.called(callee)      # its code's globals count too
         runtime_args = any(_is_runtime(a) for a in args + list(kwargs.values()))
         if (getattr(callee, "__tk_builtin__", False) or _is_method_of_value(callee)

@@ -100,6 +100,42 @@ _UNHELD = object()          # a read's value slot when the value is not kept (se
 _FOLLOW_DEPTH = 3           # plain functions followed into functions they name, this deep
 
 
+def _has_plain_attr(obj, name: str) -> bool:
+    """Is `name` a data attribute of obj, read without running user code
+    (no property, no method, no __getattr__)?"""
+    try:
+        for klass in (obj if isinstance(obj, type) else type(obj)).__mro__:
+            if name in vars(klass):
+                a = vars(klass)[name]
+                return not isinstance(a, (property, staticmethod, classmethod)) and \
+                    not inspect.isfunction(a)
+        return not isinstance(obj, type) and name in getattr(obj, "__dict__", {})
+    except Exception:
+        return False
+
+
+class _Items:
+    """A container's items as a scope: `.get(key)` is obj[key]. The
+    container is held weakly when it can be."""
+
+    __slots__ = ("_attrs",)
+
+    def __init__(self, obj):
+        self._attrs = _Attrs(obj)
+
+    def get(self, key, default=None):
+        obj = self._attrs.obj
+        if obj is None:
+            return _DEAD
+        try:
+            return obj[key]
+        except Exception:         # KeyError, IndexError, TypeError
+            return default
+
+    def __repr__(self):
+        return f"<items of {self._attrs.obj!r}>"
+
+
 class _Attrs:
     """An object's attributes as a scope: `.get(name)` is getattr (a class's
     inherited attributes included). The object is held weakly when it can be."""
@@ -276,8 +312,30 @@ class Recorder:
             return
         self._add(obj, _Attrs(obj), name, value, ("attr", self._obj_ref(obj)))
 
+    def item(self, obj, index, value) -> None:
+        """The frontend read `obj[index]` (gave value) of a value read from
+        outside: an object there (`CONFIGS["gemm"]`) is a read of its own, so
+        the attributes read of it are reads too (`CONFIGS["gemm"].scale`)."""
+        if _plain(value) or _immutable(value) or \
+                id(obj) not in self._by_value and id(obj) not in self._constexprs:
+            return
+        self._add(obj, _Items(obj), index, value, ("item", self._obj_ref(obj)))
+
     def called(self, fn) -> None:
-        """The frontend calls fn, a plain Python function, at compile time."""
+        """The frontend calls fn, a plain Python function or a method, at
+        compile time. A method's own object (a class for a classmethod) is
+        read through its `self`/`cls`: the attributes its code names are
+        reads of that object's."""
+        if inspect.ismethod(fn):
+            owner, fn = fn.__self__, fn.__func__
+            if isinstance(owner, type) or id(owner) in self._by_value or \
+                    id(owner) in self._constexprs:
+                for attr in _code_names(fn.__code__):
+                    v = getattr(owner, attr, _MISSING) if _has_plain_attr(owner, attr) \
+                        else _MISSING
+                    if v is not _MISSING and not inspect.isfunction(v) and \
+                            not inspect.ismethod(v):
+                        self.attribute(owner, attr, v)
         self._follow(fn, 0)
 
     # -- the rest
@@ -294,6 +352,29 @@ class Recorder:
             self._keep.append(value)
             if inspect.isfunction(value):
                 self._follow(value, 1)
+
+    def _attributes_named(self, value, names, depth: int) -> None:
+        """Record the attributes of `value` (a module, class or object a
+        helper's code reached) whose names its code holds, and theirs, down
+        to _FOLLOW_DEPTH (`Outer.Inner.V`, `CFG.scale`)."""
+        if depth > _FOLLOW_DEPTH or _plain(value) or _is_array(value) or \
+                isinstance(value, _IMMUTABLE) or inspect.isfunction(value):
+            return
+        if isinstance(value, types.ModuleType):
+            if not _followed_module(value):
+                return
+            def get(a):
+                return vars(value).get(a, _MISSING)
+        else:
+            if isinstance(value, type) and (value.__module__ or "").startswith("tk_mlir"):
+                return
+            def get(a):
+                return getattr(value, a, _MISSING) if _has_plain_attr(value, a) else _MISSING
+        for attr in names:
+            v = get(attr)
+            if v is not _MISSING and not inspect.isfunction(v):
+                self.attribute(value, attr, v)
+                self._attributes_named(v, names, depth + 1)
 
     def _dict_ref(self, d: dict):
         if d is self._kernel_globals:
@@ -323,16 +404,10 @@ class Recorder:
             if name in g:
                 value = g[name]
                 self._add(g, g, name, value, ("dict", self._dict_ref(g)))
-                if isinstance(value, types.ModuleType) and _followed_module(value) or \
-                        isinstance(value, type) and \
-                        not (getattr(value, "__module__", None) or "").startswith("tk_mlir"):
-                    for attr in names:      # the attribute names among its names
-                        v = getattr(value, attr, _MISSING) if isinstance(value, type) \
-                            else vars(value).get(attr, _MISSING)
-                        if v is not _MISSING:
-                            self.attribute(value, attr, v)
-                elif inspect.isfunction(value):
+                if inspect.isfunction(value):
                     self._follow(value, depth + 1)
+                else:
+                    self._attributes_named(value, names, depth)
         if fn.__closure__:
             cells, ref = _Cells(fn), self._obj_ref(fn)
             for name in fn.__code__.co_freevars:
@@ -453,6 +528,8 @@ def resolve(described: list, constexprs: dict, kernel_globals: dict
                 scope = _Attrs(obj)
             elif kind == "cell" and inspect.isfunction(obj):
                 scope = _Cells(obj)
+            elif kind == "item":
+                scope = _Items(obj)
             else:
                 return None
             value = scope.get(name, _MISSING)
