@@ -230,3 +230,29 @@ def test_what_helpers_and_methods_read_through_attributes(kernel, owner, name, m
     assert constants(kernel.compile(S, S).asm["ptx"]) == {2.5}
     monkeypatch.setattr(owner(), name, 3.5)
     assert constants(kernel.compile(S, S).asm["ptx"]) == {3.5}
+
+
+def test_a_constant_of_an_installed_package_is_read(tmp_path, monkeypatch):
+    import importlib
+    import sys
+    site = tmp_path / "lib" / "site-packages"        # where pip puts a package
+    site.mkdir(parents=True)
+    (site / "tk_test_installed_consts.py").write_text("SCALE = 2.5\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    consts = importlib.import_module("tk_test_installed_consts")
+    try:
+        monkeypatch.setitem(globals(), "installed", consts)
+        assert constants(k_installed.compile(S, S).asm["ptx"]) == {2.5}
+        monkeypatch.setattr(consts, "SCALE", 3.5)
+        assert constants(k_installed.compile(S, S).asm["ptx"]) == {3.5}
+    finally:
+        sys.modules.pop("tk_test_installed_consts", None)
+
+
+installed = None
+
+
+@tk.kernel
+def k_installed(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)) * installed.SCALE, (0, 0))

@@ -299,7 +299,12 @@ class Recorder:
     def attribute(self, obj, name: str, value) -> None:
         """The frontend read `obj.name` (gave value)."""
         if isinstance(obj, types.ModuleType):
-            if not _followed_module(obj):
+            # Any module but tk_mlir's and the standard library's: an installed
+            # package's constant (`mylib.SCALE`) may change with an upgrade or
+            # be set by the user; reading it costs one identity test a launch.
+            module = getattr(obj, "__name__", "") or ""
+            if module.startswith("tk_mlir") or \
+                    module.partition(".")[0] in sys.stdlib_module_names:
                 return
             d = vars(obj)
             if d.get(name, _MISSING) is value:
