@@ -409,7 +409,7 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, conste
         if entry is not None:
             compiled = CompiledKernel.from_entry(entry)
             if os.environ.get("TK_MLIR_DUMP_DIR"):
-                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], full.dump_name(),
+                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(),
                               "TK_MLIR_DUMP_DIR")
             return reads, compiled
     with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
