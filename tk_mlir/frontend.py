@@ -24,6 +24,7 @@ from mlir import ir
 from mlir.dialects import arith, func, scf
 
 from . import global_reads, language, values as V
+from .dialects import contracts
 from .errors import CompilationError, InternalCompilerError, debug, raised_in_tk_mlir
 
 
@@ -738,8 +739,7 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         with ir.Location.file(filename, fn_node.lineno, fn_node.col_offset + 1):
             with ir.InsertionPoint(module.body):
                 f = func.FuncOp(name, ([p.ir_type for p in params], []))
-                f.attributes["tk.num_warps"] = ir.IntegerAttr.get(
-                    ir.IntegerType.get_signless(64), num_warps)
+                contracts.NUM_WARPS.set(f, num_warps)
                 entry = f.add_entry_block()
         scope = dict(constexprs)
         for p, arg in zip(params, entry.arguments):
