@@ -322,3 +322,29 @@ def test_the_sass_listing_is_kept_in_the_cache(kernel_file, cache_root, monkeypa
     monkeypatch.setattr(compiler, "_disassemble", no_nvdisasm)
     again = load(kernel_file).scale.compile(X, X, N=64)    # a new Kernel: a disk hit
     assert again is not first and again.asm["sass"] == sass
+
+
+def test_moving_the_last_used_to_the_front_survives_racing_threads():
+    import sys
+    import threading
+    from tk_mlir.kernel import _to_front
+    items = [object() for _ in range(8)]
+    pool, originals, errors = list(items), set(map(id, items)), []
+
+    def churn(seed):
+        try:
+            for n in range(20000):
+                _to_front(items, pool[(seed * 7 + n) % len(pool)])
+        except Exception as e:       # an IndexError escaping would reach a launch
+            errors.append(e)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=churn, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and items and set(map(id, items)) <= originals

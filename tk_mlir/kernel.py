@@ -119,7 +119,7 @@ class Kernel:
             for i, entry in enumerate(entries):
                 if all_fresh(entry[0]):
                     if i:
-                        entries.insert(0, entries.pop(i))
+                        _to_front(entries, entry)
                     return entry
         return None
 
@@ -172,7 +172,7 @@ class Kernel:
         for i, plan in enumerate(plans):   # the last one used first
             if plan(grid, args, kwargs):
                 if i:                      # (autotuned kernels alternate between plans)
-                    plans.insert(0, plans.pop(i))
+                    _to_front(plans, plan)
                 return plan
         plan = self._plan(args, kwargs)
         if plan is None:                # not all torch tensors: the general path
@@ -239,6 +239,20 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
+
+
+def _to_front(items: list, item) -> None:
+    """Move `item` to the front of `items`, the last used first. Lists are
+    shared by the threads that launch: another may have moved it already,
+    and at worst a cached entry is dropped or listed twice (both harmless)."""
+    for j, x in enumerate(items):
+        if x is item:
+            try:
+                del items[j]
+            except IndexError:     # another thread changed the list: leave it
+                return
+            items.insert(0, item)
+            return
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):
