@@ -36,7 +36,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from . import cache
-from .errors import CompilationError, debug
+from .errors import CompilationError, for_the_user
 from .kernel import Kernel
 from .params import GL, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
@@ -200,9 +200,7 @@ class Autotuner:
             plan = self.kernel.launch_by_plan(grid, args, {**kwargs, **config._launch})
             self._remember(shape, args, kwargs, config, plan)
         except (CompilationError, ArgumentError) as e:
-            if debug():
-                raise
-            raise e.with_traceback(None) from None   # the user's frame, not ours
+            raise for_the_user(e)
 
     def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config,
                   plan: Callable | None) -> None:
@@ -226,9 +224,7 @@ class Autotuner:
             config = self._config(config)
             self._check_not_tuned(args, kwargs)
         except ArgumentError as e:
-            if debug():
-                raise
-            raise e.with_traceback(None) from None
+            raise for_the_user(e)
         return self.kernel.compile(*args, **kwargs, **config.all_kwargs())
 
     def _config(self, config) -> Config:

@@ -63,6 +63,16 @@ def debug() -> bool:
     return os.environ.get("TK_MLIR_DEBUG", "") not in ("", "0")
 
 
+def for_the_user(e: BaseException) -> BaseException:
+    """`e` as a public entry point (kernel.compile, a launch, tk.autotune)
+    raises it: its traceback cut at that call and its chain dropped, so no
+    compiler frames show — or, under TK_MLIR_DEBUG=1, whole. Use as
+    `raise for_the_user(e)` in the entry point's except clause."""
+    if not debug():
+        e.__traceback__, e.__cause__, e.__suppress_context__ = None, None, True
+    return e
+
+
 # tk_mlir's own source folders: the package and, in a source checkout, the
 # top-level dialects/, passes/ and lowering/ it maps in as subpackages.
 _PACKAGE = Path(__file__).resolve().parent

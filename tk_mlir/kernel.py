@@ -27,7 +27,7 @@ from . import launcher
 from .cache import always_compile
 from . import compiler
 from .compiler import CompiledKernel, Specialization
-from .errors import CompilationError, debug
+from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, KernelParams,
                      valid_num_warps)
@@ -54,9 +54,7 @@ class Kernel:
             self.params = KernelParams.of_function(fn, self._source.function_ast(),
                                                    self.filename, num_warps)
         except CompilationError as e:
-            if debug():
-                raise
-            raise CompilationError(e.message, e.filename, e.line, e.col) from None
+            raise for_the_user(e)
         self.runtime = self.params.runtime
         # signature -> [(what its code read from outside, the code)], the last used first
         self._compiled: dict[tuple, list[tuple[tuple[GlobalRead, ...], CompiledKernel]]] = {}
@@ -88,9 +86,7 @@ class Kernel:
                                  static_shape=s[2])
             return self._get(sig)
         except (CompilationError, ArgumentError) as e:
-            if debug():
-                raise
-            raise e.with_traceback(None) from None   # the user's frame, not ours
+            raise for_the_user(e)
 
     def _get(self, sig: tuple) -> CompiledKernel:
         return self._entry(sig)[1]
@@ -135,12 +131,7 @@ class Kernel:
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
                               tuple(names), tuple(consts), num_warps, "",
                               self._source.first_line)
-        try:
-            return compiler.compile_cached(spec, self._ast, self.fn.__globals__, dict(consts))
-        except CompilationError as e:
-            if debug():
-                raise
-            raise CompilationError(e.message, e.filename, e.line, e.col) from None
+        return compiler.compile_cached(spec, self._ast, self.fn.__globals__, dict(consts))
 
     def _ast(self) -> ast.FunctionDef:
         return self._source.function_ast()
@@ -161,9 +152,7 @@ class Kernel:
         try:
             self.launch_by_plan(grid, args, kwargs)
         except (CompilationError, ArgumentError) as e:
-            if debug():
-                raise
-            raise e.with_traceback(None) from None   # the user's frame, not ours
+            raise for_the_user(e)
 
     def launch_by_plan(self, grid, args: tuple, kwargs: dict) -> Callable | None:
         """Launch; return the plan that did it (None: the general path), which
