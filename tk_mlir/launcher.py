@@ -8,7 +8,7 @@ specialised to that signature and device (like Triton's generated launchers):
     def plan(grid, args, kwargs):
         if len(args) != 4 or len(kwargs) != 1: return False       # the guard: same
         v = kwargs.get('BLOCK', MISSING)                           # constexprs (type
-        if type(v) is not KT0 or v != K0: return False             # and value), same
+        if type(v) is not K0_type or v != K0: return False        # and value), same
         if S0.get(N0) is not R0.value and not R0.fresh(): return False   # globals,
         a0, a1, a2, a3 = args                                      # tensor kinds
         if type(a0) not in TENSORS or a0.dtype is not D0 or a0.ndim != 2: return False
@@ -71,10 +71,16 @@ def normalize_grid(grid, meta: dict | None, cluster: int = 1) -> tuple[int, int,
     return g + (1,) * (3 - len(g))
 
 
-def _needs_tag(v) -> bool:
-    """Does `type(v) is T and v == V` leave out a difference that compiles
-    differently (constexpr_tag)?"""
-    return type(v) in (float, tuple, list, frozenset)
+def _same_constexpr(expr: str, slot: str, v, env: dict) -> list[str]:
+    """Plan lines returning False unless `expr` is the very constexpr value v
+    this plan was compiled for: same type and value, and for floats and
+    containers the same constexpr_tag (0.0 == -0.0, (1,) == (True,))."""
+    env[slot], env[f"{slot}_type"] = v, type(v)
+    test = f"type({expr}) is not {slot}_type or {expr} != {slot}"
+    if type(v) in (float, tuple, list, frozenset):
+        env[f"{slot}_tag"] = constexpr_tag(v)
+        test += f" or TAG({expr}) != {slot}_tag"
+    return [f"    if {test}:", "        return False"]
 
 
 def _block_count(x) -> int:
@@ -127,13 +133,9 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
              "        return False"]
     # The keywords (constexprs, num_warps) and positional constexprs must be
     # the very values this plan was compiled for: same type, same value.
-    # (Floats and containers also by constexpr_tag: 0.0 == -0.0, (1,) == (True,).)
     for j, (k, v) in enumerate(kwargs.items()):
-        env[f"K{j}"], env[f"KT{j}"], env[f"KG{j}"] = v, type(v), constexpr_tag(v)
-        tagged = f" or TAG(v) != KG{j}" if _needs_tag(v) else ""
-        lines += [f"    v = kwargs.get({k!r}, MISSING)",
-                  f"    if type(v) is not KT{j} or v != K{j}{tagged}:",
-                  "        return False"]
+        lines.append(f"    v = kwargs.get({k!r}, MISSING)")
+        lines += _same_constexpr("v", f"K{j}", v, env)
     # The globals the code read must still hold what it saw: an identity test
     # each, the value compared only when the identity differs (global_reads.py).
     for j, r in enumerate(reads):
@@ -149,11 +151,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         lines.append(f"    {local[i]} = TAIL[{i - n_positional}]")
     for i in params.constexprs:
         if i < n_positional:
-            v = values[i]
-            env[f"C{i}"], env[f"CT{i}"], env[f"CG{i}"] = v, type(v), constexpr_tag(v)
-            tagged = f" or TAG({local[i]}) != CG{i}" if _needs_tag(v) else ""
-            lines += [f"    if type({local[i]}) is not CT{i} or {local[i]} != C{i}{tagged}:",
-                      "        return False"]
+            lines += _same_constexpr(local[i], f"C{i}", values[i], env)
     # (The rank is in the shapes of `key` below: a tensor of another rank
     # fails full_check, and the kernel plans for its specialization.)
     for i in gl_rules:
