@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 from . import cache
 from .errors import CompilationError, for_the_user
 from .kernel import Kernel
-from .params import GL, valid_num_warps
+from .params import GL, describe_value, hashable, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
 _FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
@@ -430,11 +430,9 @@ def _key_value(p, v):
             except (AttributeError, TypeError):
                 pass
             return (t.dtype, tuple(t.shape))
-    try:
-        hash(v)
-    except TypeError:
-        raise ArgumentError(f"argument '{p.name}' = {v!r} is part of the autotune key and "
-                            f"must be hashable") from None
+    if not hashable(v):
+        raise ArgumentError(f"argument '{p.name}' = {describe_value(v)} is part of the "
+                            f"autotune key and must be hashable")
     return v
 
 

@@ -188,12 +188,10 @@ class KernelParams:
                                         f"{describe_value(v)}")
                 sig.append((F32,))
             else:
-                try:
-                    hash(v)
-                except TypeError:
+                if not hashable(v):
                     raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
                                         f"hashable (an int, float, bool, str, tuple or tk "
-                                        f"dtype)") from None
+                                        f"dtype)")
                 # The types are part of the key: True, 1 and 1.0 compile
                 # differently, and so do (1,) and (True,), 0.0 and -0.0.
                 sig.append((CONSTEXPR, v, constexpr_tag(v)))
@@ -230,7 +228,7 @@ def _classify(p: inspect.Parameter, fn) -> Param:
             except CompilationError as e:
                 raise CompilationError(f"kernel parameter '{p.name}': {e.message}") from None
         return Param(p.name, GL, dtype, ann.shape, p.default)
-    kind = {constexpr: CONSTEXPR, int: I32, float: F32}.get(ann) if _hashable(ann) else None
+    kind = {constexpr: CONSTEXPR, int: I32, float: F32}.get(ann) if hashable(ann) else None
     if kind is None:
         got = "" if ann is EMPTY else f", got {ann!r}"
         raise CompilationError(f"kernel parameter '{p.name}' needs an annotation: tk.gl[dtype] "
@@ -239,7 +237,7 @@ def _classify(p: inspect.Parameter, fn) -> Param:
     return Param(p.name, kind, default=p.default)
 
 
-def _hashable(x) -> bool:
+def hashable(x) -> bool:
     try:
         hash(x)
         return True
