@@ -44,8 +44,7 @@ def plan_only(launches: int) -> list[dict]:
     values, warps = tiny.params.bind((x, y, 2.0), {})
     sig = tiny.params.key(values, warps, lambda v, name: tk.spec(tuple(v.shape), "f32"))
     reads, compiled = tiny._entry(sig)
-    rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
-             for i, s in enumerate(sig[:-1]) if s[0] == "gl"}
+    rules = tiny.params.tensor_rules(sig)
     plan = launcher.torch_plan(tiny.params, values, 3, {}, rules, compiled,
                                lambda *a: None, lambda: 0, 0, reads)
     plan.__globals__["full_check"] = lambda all_values: True    # CPU tensors: taken as checked

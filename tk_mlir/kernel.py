@@ -29,7 +29,7 @@ from . import compiler
 from .compiler import CompiledKernel, Specialization
 from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
-from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, KernelParams,
+from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, NUM_WARPS_RULE, KernelParams,
                      valid_num_warps)
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
@@ -80,10 +80,9 @@ class Kernel:
         try:
             values, num_warps = self.params.bind(args, kwargs)
             sig = self.params.key(values, num_warps, describe)
-            for p, v, s in zip(self.params, values, sig):
-                if s[0] == GL:     # the dtype and static dims hold for descriptions too
-                    check_tensor(describe(v, p.name), p.name, dtype=s[1], rank=len(s[2]),
-                                 static_shape=s[2])
+            for i, rule in self.params.tensor_rules(sig).items():
+                name = self.params[i].name   # (dtypes and static dims hold for descriptions too)
+                check_tensor(describe(values[i], name), name, **rule)
             return self._get(sig)
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
@@ -202,8 +201,7 @@ class Kernel:
             return infos[name]
         sig = self.params.key(values, num_warps, read)
         reads, compiled = self._entry(sig)
-        rules = {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
-                 for i, s in enumerate(sig[:-1]) if s[0] == GL}
+        rules = self.params.tensor_rules(sig)
         tensors = {i: infos[self.params[i].name] for i in rules}
         for i, rule in rules.items():
             check_tensor(tensors[i], self.params[i].name, **rule)

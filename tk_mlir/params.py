@@ -158,6 +158,13 @@ class KernelParams:
 
     # ------------------------------------------------- specialization key
 
+    @staticmethod
+    def tensor_rules(sig: tuple) -> dict[int, dict]:
+        """check_tensor's rule (dtype, rank, static dims) per tensor parameter's
+        position, from a specialization key (`key`)."""
+        return {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
+                for i, s in enumerate(sig[:-1]) if s[0] == GL}
+
     def key(self, values: list, num_warps: int, read_tensor: Callable) -> tuple:
         """The specialization of bound `values`: per parameter ("gl", dtype,
         static dims), ("i32",), ("f32",) or ("constexpr", value, type name),
