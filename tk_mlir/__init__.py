@@ -66,6 +66,7 @@ _LAZY = {
                      "cluster_rank", "cluster_sync"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
     **dict.fromkeys(("lcf", "grouped_tile"), ".templates"),
+    **dict.fromkeys(("ring", "Ring"), ".pipeline"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 

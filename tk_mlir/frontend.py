@@ -593,6 +593,8 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node, "chained comparisons are not supported")
         a, b = self.eval(node.left), self.eval(node.comparators[0])
         op = type(node.ops[0])
+        if op in (ast.Is, ast.IsNot) and (a is None or b is None):
+            return (a is b) == (op is ast.Is)       # a run-time value is never None
         if op in (ast.Is, ast.IsNot, ast.In, ast.NotIn):
             if _is_runtime(a) or _is_runtime(b):
                 raise self.error(node, "is/in compare compile-time values only")
@@ -683,6 +685,8 @@ class KernelBuilder(ast.NodeVisitor):
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])
+        if isinstance(callee, language.BoundFunc):       # obj.method(...) of a tk.func
+            callee, args = callee.func, [callee.obj, *args]
         if isinstance(callee, (language.Func, LocalFunc)):
             return self.inline(node, callee, args, kwargs)
         if self.recorder is not None and (inspect.isfunction(callee) or

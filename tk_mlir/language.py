@@ -108,6 +108,21 @@ class Func:
     def __repr__(self):
         return f"<tk.func {self.fn.__name__}>"
 
+    def __get__(self, obj, objtype=None):
+        """A tk.func defined in a class is a method: `ring.wait(i)` inlines
+        `wait(ring, i)` (the object is a compile-time value, e.g. a tk.Ring)."""
+        return self if obj is None else BoundFunc(self, obj)
+
+
+@dataclass(frozen=True)
+class BoundFunc:
+    """A tk.func method bound to its object (see Func.__get__)."""
+    func: Func
+    obj: object
+
+    def __call__(self, *args, **kwargs):
+        self.func(*args, **kwargs)      # says where it can be called
+
 
 def func(fn) -> Func:
     return Func(fn)
