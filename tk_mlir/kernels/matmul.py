@@ -18,8 +18,8 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from . import checks
-from .device import num_sms
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
 
 
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 
-from . import checks
-from .device import num_sms
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
 
 
 @tk.kernel(num_warps=8)
