@@ -58,8 +58,10 @@ def test_swiglu(m, n):
     assert rel_err(out, af * torch.sigmoid(af) * b.double()) < 1e-2
 
 
-def test_quickstart_runs():
+@pytest.mark.parametrize("example", ["quickstart", "gemm", "rmsnorm", "layernorm"])
+def test_example_runs(example, capsys):
     import runpy
     from pathlib import Path
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"),
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / f"{example}.py"),
                    run_name="__main__")
+    assert "no GPU here" not in capsys.readouterr().out

@@ -5,7 +5,9 @@ says which argument broke which rule: `matmul: b must have a's dtype
 torch.bfloat16, got torch.float32` rather than a launch error about kernel
 parameter 'B'. Wrong kinds of value (not a tensor, a wrong dtype) raise
 TypeError; wrong shapes, devices and options raise ValueError. The checks read
-only tensor metadata, so they run the same on CPU tensors.
+only tensor metadata, and a wrapper asks for a CUDA device last (`on_cuda`,
+after its inputs have been checked against each other), so every other rule
+shows on CPU tensors too.
 
 What the launcher checks anyway (16-byte alignment of rows and base
 addresses for TMA, unit innermost strides) is left to it: its errors
@@ -20,8 +22,7 @@ def _dtype_list(dtypes) -> str:
 
 
 def tensor(fn: str, name: str, value, *, ndim: int, dtypes) -> None:
-    """`value` is a torch tensor of rank `ndim`, one of `dtypes`, on a CUDA
-    device."""
+    """`value` is a torch tensor of rank `ndim` and one of `dtypes`."""
     import torch
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
@@ -29,6 +30,10 @@ def tensor(fn: str, name: str, value, *, ndim: int, dtypes) -> None:
         raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {tuple(value.shape)}")
     if value.dtype not in dtypes:
         raise TypeError(f"{fn}: {name} must be {_dtype_list(dtypes)}, got {value.dtype}")
+
+
+def on_cuda(fn: str, name: str, value) -> None:
+    """`value` is on a CUDA device (the others are checked to be on its device)."""
     if value.device.type != "cuda":
         raise ValueError(f"{fn}: {name} must be on a CUDA device, got {value.device} "
                          f"(the kernel runs on the GPU)")

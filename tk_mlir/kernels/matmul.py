@@ -115,11 +115,12 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
         raise ValueError(f"matmul: inner dimensions differ: a is {tuple(a.shape)} (M x K), "
                          f"b is {tuple(b.shape)} ({'K x N' if kn else 'N x K'}, "
                          f"b_layout={b_layout!r})")
-    if c is None:
-        c = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    else:
+    if c is not None:
         checks.tensor("matmul", "c", c, ndim=2, dtypes=(*inputs, torch.float32))
         checks.like("matmul", "c", c, "a", a, dtype=False)
         checks.shape("matmul", "c", c, (M, N), "M x N")
+    checks.on_cuda("matmul", "a", a)
+    if c is None:
+        c = torch.empty(M, N, dtype=a.dtype, device=a.device)
     gemm_kernel[(num_sms(a.get_device()),)](a, b, c, B_KN=kn)
     return c

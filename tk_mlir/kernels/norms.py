@@ -112,5 +112,7 @@ def _check(fn: str, x, out, eps, **params) -> float:
         checks.tensor(fn, "out", out, ndim=2, dtypes=(torch.bfloat16,))
         checks.like(fn, "out", out, "x", x)
         checks.shape(fn, "out", out, tuple(x.shape), "x's shape")
-    return checks.number(fn, "eps", eps)
+    eps = checks.number(fn, "eps", eps)
+    checks.on_cuda(fn, "x", x)
+    return eps
 
