@@ -1,6 +1,6 @@
 """Calling the library's Hopper GEMM, and reading its source.
 
-    python examples/gemm.py            # compile (and, with a GPU, check and time)
+    python examples/gemm.py            # compile (and, with a GPU, check it)
 
 `tk_mlir.kernels.matmul` computes C = A @ B.T (B given as N x K, the layout
 of a Linear weight) or C = A @ B (b_layout="kn", B given as K x N) on bf16 or
