@@ -75,65 +75,75 @@ def cpu(*shape, dtype=bf16):
     return torch.zeros(*shape, dtype=dtype)
 
 
-# Each case: the call, the error type, a pattern of its message.
-MATMUL_ERRORS = {
-    "b_layout": (lambda: matmul(cpu(8, 8), cpu(8, 8), b_layout="mk"), ValueError,
-                 r"matmul: b_layout must be 'nk' \(b is N x K\) or 'kn'.*'mk'"),
-    "a not a tensor": (lambda: matmul([[1.0]], cpu(8, 8)), TypeError,
-                       r"matmul: a must be a torch.Tensor, got list"),
-    "a 3-D": (lambda: matmul(cpu(2, 8, 8), cpu(8, 8)), ValueError,
-              r"matmul: a must be 2-D, got shape \(2, 8, 8\)"),
-    "a f32": (lambda: matmul(cpu(8, 8, dtype=f32), cpu(8, 8)), TypeError,
-              r"matmul: a must be torch.bfloat16 or torch.float16, got torch.float32"),
-    "dtypes differ": (lambda: matmul(cpu(8, 8), cpu(8, 8, dtype=f16)), TypeError,
-                      r"matmul: b must have a's dtype torch.bfloat16, got torch.float16"),
-    "inner dims, nk": (lambda: matmul(cpu(8, 16), cpu(8, 32)), ValueError,
-                       r"inner dimensions differ: a is \(8, 16\) \(M x K\), b is \(8, 32\) "
-                       r"\(N x K, b_layout='nk'\)"),
-    "inner dims, kn": (lambda: matmul(cpu(8, 16), cpu(8, 16), b_layout="kn"), ValueError,
-                       r"b is \(8, 16\) \(K x N, b_layout='kn'\)"),
-    "c's shape": (lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(4, 8)), ValueError,
-                  r"matmul: c must have shape \(8, 4\) \(M x N\), got \(4, 8\)"),
-    "c f64": (lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=torch.float64)), TypeError,
-              r"matmul: c must be torch.bfloat16, torch.float16 or torch.float32"),
-    "on the CPU": (lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=f32)), ValueError,
-                   r"matmul: a must be on a CUDA device, got cpu \(the kernel runs on the GPU\)"),
+# Each case: the call, the error type, a pattern of its message. The device
+# rule comes last, so CPU tensors reach every other rule.
+REJECTED = {
+    "matmul: b_layout": (
+        lambda: matmul(cpu(8, 8), cpu(8, 8), b_layout="mk"), ValueError,
+        r"matmul: b_layout must be 'nk' \(b is N x K\) or 'kn'.*'mk'"),
+    "matmul: a not a tensor": (
+        lambda: matmul([[1.0]], cpu(8, 8)), TypeError,
+        r"matmul: a must be a torch.Tensor, got list"),
+    "matmul: a 3-D": (
+        lambda: matmul(cpu(2, 8, 8), cpu(8, 8)), ValueError,
+        r"matmul: a must be 2-D, got shape \(2, 8, 8\)"),
+    "matmul: a f32": (
+        lambda: matmul(cpu(8, 8, dtype=f32), cpu(8, 8)), TypeError,
+        r"matmul: a must be torch.bfloat16 or torch.float16, got torch.float32"),
+    "matmul: dtypes differ": (
+        lambda: matmul(cpu(8, 8), cpu(8, 8, dtype=f16)), TypeError,
+        r"matmul: b must have a's dtype torch.bfloat16, got torch.float16"),
+    "matmul: inner dims, nk": (
+        lambda: matmul(cpu(8, 16), cpu(8, 32)), ValueError,
+        r"matmul: inner dimensions differ: a is \(8, 16\) \(M x K\), "
+        r"b is \(8, 32\) \(N x K, b_layout='nk'\)"),
+    "matmul: inner dims, kn": (
+        lambda: matmul(cpu(8, 16), cpu(8, 16), b_layout="kn"), ValueError,
+        r"b is \(8, 16\) \(K x N, b_layout='kn'\)"),
+    "matmul: c's shape": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(4, 8)), ValueError,
+        r"matmul: c must have shape \(8, 4\) \(M x N\), got \(4, 8\)"),
+    "matmul: c f64": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=torch.float64)), TypeError,
+        r"matmul: c must be torch.bfloat16, torch.float16 or torch.float32"),
+    "matmul: on the CPU": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=f32)), ValueError,
+        r"matmul: a must be on a CUDA device, got cpu \(the kernel runs on the GPU\)"),
+    "rms_norm: x 1-D": (
+        lambda: rms_norm(cpu(8), cpu(8)), ValueError,
+        r"rms_norm: x must be 2-D, got shape \(8,\)"),
+    "layer_norm: x f16": (
+        lambda: layer_norm(cpu(4, 8, dtype=f16), cpu(8), cpu(8)), TypeError,
+        r"layer_norm: x must be torch.bfloat16, got torch.float16"),
+    "rms_norm: no columns": (
+        lambda: rms_norm(cpu(4, 0), cpu(0)), ValueError,
+        r"rms_norm: x must have at least one column, got shape \(4, 0\)"),
+    "rms_norm: weight not a tensor": (
+        lambda: rms_norm(cpu(4, 8), 1.0), TypeError,
+        r"rms_norm: weight must be a torch.Tensor, got float"),
+    "rms_norm: weight's length": (
+        lambda: rms_norm(cpu(4, 8), cpu(16)), ValueError,
+        r"rms_norm: weight must have shape \(8,\) \(one value per column of x\)"),
+    "layer_norm: bias f32": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8, dtype=f32)), TypeError,
+        r"layer_norm: bias must be torch.bfloat16, got torch.float32"),
+    "layer_norm: bias 2-D": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(1, 8)), ValueError,
+        r"layer_norm: bias must be 1-D, got shape \(1, 8\)"),
+    "layer_norm: out's shape": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), out=cpu(8, 4)), ValueError,
+        r"layer_norm: out must have shape \(4, 8\) \(x's shape\), got \(8, 4\)"),
+    "rms_norm: eps a string": (
+        lambda: rms_norm(cpu(4, 8), cpu(8), "1e-6"), TypeError,
+        r"rms_norm: eps must be a float, got str"),
+    "layer_norm: on the CPU": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), 1e-5), ValueError,
+        r"layer_norm: x must be on a CUDA device, got cpu"),
 }
 
 
-@pytest.mark.parametrize("case", MATMUL_ERRORS)
-def test_matmul_rejects(case):
-    call, error, pattern = MATMUL_ERRORS[case]
-    with pytest.raises(error, match=pattern):
-        call()
-
-
-NORM_ERRORS = {
-    "x 1-D": (lambda: rms_norm(cpu(8), cpu(8)), ValueError,
-              r"rms_norm: x must be 2-D, got shape \(8,\)"),
-    "x f16": (lambda: layer_norm(cpu(4, 8, dtype=f16), cpu(8), cpu(8)), TypeError,
-              r"layer_norm: x must be torch.bfloat16, got torch.float16"),
-    "no columns": (lambda: rms_norm(cpu(4, 0), cpu(0)), ValueError,
-                   r"rms_norm: x must have at least one column, got shape \(4, 0\)"),
-    "weight not a tensor": (lambda: rms_norm(cpu(4, 8), 1.0), TypeError,
-                            r"rms_norm: weight must be a torch.Tensor, got float"),
-    "weight's length": (lambda: rms_norm(cpu(4, 8), cpu(16)), ValueError,
-                        r"rms_norm: weight must have shape \(8,\) \(one value per column of x\)"),
-    "bias f32": (lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8, dtype=f32)), TypeError,
-                 r"layer_norm: bias must be torch.bfloat16, got torch.float32"),
-    "bias 2-D": (lambda: layer_norm(cpu(4, 8), cpu(8), cpu(1, 8)), ValueError,
-                 r"layer_norm: bias must be 1-D, got shape \(1, 8\)"),
-    "out's shape": (lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), out=cpu(8, 4)), ValueError,
-                    r"layer_norm: out must have shape \(4, 8\) \(x's shape\), got \(8, 4\)"),
-    "eps a string": (lambda: rms_norm(cpu(4, 8), cpu(8), "1e-6"), TypeError,
-                     r"rms_norm: eps must be a float, got str"),
-    "on the CPU": (lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), 1e-5), ValueError,
-                   r"layer_norm: x must be on a CUDA device, got cpu"),
-}
-
-
-@pytest.mark.parametrize("case", NORM_ERRORS)
-def test_norms_reject(case):
-    call, error, pattern = NORM_ERRORS[case]
+@pytest.mark.parametrize("case", REJECTED)
+def test_wrappers_reject_bad_arguments_before_the_gpu(case):
+    call, error, pattern = REJECTED[case]
     with pytest.raises(error, match=pattern):
         call()
