@@ -1,7 +1,7 @@
 """How long a kernel's first compile takes, and where the time goes.
 
 Each sample is a new Python process with an empty TK_MLIR_CACHE_DIR, as a user
-meets it: import tk_mlir and the example, then `kernel.compile(...)` (frontend,
+meets it: import tk_mlir and the kernel's module, then `kernel.compile(...)` (frontend,
 tk passes, lowering, LLVM -> PTX, ptxas, every stage kept for the cache).
 Then, per kernel:
 
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 KERNELS = {
-    "gemm": ("examples", "gemm",
+    "gemm": (".", "tk_mlir.kernels.matmul",
              "spec = tk.spec((4096, 4096), tk.bf16)\n"
              "compile_ = lambda: module.gemm_kernel.compile(spec, spec, spec, config=0)"),
     "softmax (quickstart)": ("examples", "quickstart",

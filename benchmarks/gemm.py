@@ -16,7 +16,6 @@ would land on the same bar).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -120,14 +119,11 @@ def cublas_matmul(a, b, c, b_layout: str):
 
 
 def load_tk():
-    """examples/gemm.py's matmul by path; returns (fn, None) or (None, why not)."""
-    path = ROOT / "examples" / "gemm.py"
+    """The library's matmul; returns (fn, None) or (None, why not)."""
     try:
-        spec = importlib.util.spec_from_file_location("tk_example_gemm", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod.matmul, None
-    except Exception as e:  # missing file, import or compile error: report, go on
+        from tk_mlir.kernels import matmul
+        return matmul, None
+    except Exception as e:  # import error: report, go on
         return None, f"{type(e).__name__}: {e}"
 
 

@@ -1,5 +1,5 @@
 """GEMM configs side by side with hot inputs (a quick look, not the protocol):
-examples/gemm.py's kernel under several constexpr configs, clusters included,
+tk_mlir.kernels' GEMM kernel under several constexpr configs, clusters included,
 against torch.matmul (cuBLAS) on the same tensors, 10 warm-up and 50 timed
 launches between two CUDA events, inputs resident in L2.
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import gemm  # noqa: E402
 import protocol as P  # noqa: E402
+
+from tk_mlir.kernels.matmul import gemm_kernel  # noqa: E402
 
 CONFIGS = [dict(), dict(GROUP_M=16), dict(STAGES=3, EPI_N=256), dict(BN=128, STAGES=6),
            dict(TMA_STORE=False), dict(CLUSTER=2)]
@@ -40,7 +40,7 @@ def hot_ms(fn, warmup: int = 10, iters: int = 50) -> float:
 
 def main() -> int:
     P.require_cuda("benchmarks/gemm_configs.py")
-    kernel = gemm.gemm_kernel.kernel
+    kernel = gemm_kernel.kernel
     for n in (4096, 8192):
         a, b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")

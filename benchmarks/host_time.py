@@ -1,4 +1,4 @@
-"""Host time of a GEMM called from Python: examples/gemm.py's `matmul(a, b, c)`
+"""Host time of a GEMM called from Python: tk_mlir.kernels' `matmul(a, b, c)`
 against `torch.mm(a, b.T, out=c)` (cuBLAS), in one process.
 
 Calls are timed in rounds of 200 between device syncs (protocol.host_us_per_call),
@@ -21,7 +21,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "examples"))
 from protocol import (host_us_per_call, markdown_table, require_cuda, run_meta,  # noqa: E402
                       write_results)
 
@@ -33,7 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     require_cuda()
-    from gemm import gemm_kernel, matmul, num_sms
+    from tk_mlir.kernels import matmul
+    from tk_mlir.kernels.device import num_sms
+    from tk_mlir.kernels.matmul import gemm_kernel
     n = args.size
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.empty(n, n, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)

@@ -10,7 +10,6 @@ Every implementation is checked against a float32 reference before it is timed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -55,21 +54,18 @@ def ln_eager(x, w, b):
 
 
 def load_tk(name: str):
-    """examples/{name}.py by path; returns (fn, None) or (None, why not)."""
-    path = ROOT / "examples" / f"{name}.py"
+    """The library's norm `name`; returns (fn, None) or (None, why not)."""
     try:
-        spec = importlib.util.spec_from_file_location(f"tk_example_{name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return getattr(mod, name), None
-    except Exception as e:  # missing file, import or compile error: report, go on
+        import tk_mlir.kernels
+        return getattr(tk_mlir.kernels, name), None
+    except Exception as e:  # import error: report, go on
         return None, f"{type(e).__name__}: {e}"
 
 
 def make_impls() -> dict:
     """op -> (reference, [(impl name, callable on a group | None, why missing)])."""
-    rms_tk, rms_why = load_tk("rmsnorm")
-    ln_tk, ln_why = load_tk("layernorm")
+    rms_tk, rms_why = load_tk("rms_norm")
+    ln_tk, ln_why = load_tk("layer_norm")
     # dynamic=False: one static-shape kernel per shape, as a user with fixed
     # shapes gets, instead of a dynamic-shape kernel after the second shape.
     rms_c, ln_c = torch.compile(rms_eager, dynamic=False), torch.compile(ln_eager, dynamic=False)

@@ -10,7 +10,8 @@ from tk_mlir.cli import main
 from tk_mlir.runtime.toolchain import find_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-RMSNORM = f"{ROOT / 'examples' / 'rmsnorm.py'}::rmsnorm_kernel"
+NORMS = ROOT / "tk_mlir" / "kernels" / "norms.py"
+RMSNORM = f"{NORMS}::rmsnorm_kernel"
 RMSNORM_ARGS = ["--arg", "bf16[256,4096]", "--arg", "bf16[4096]", "--arg", "bf16[256,4096]",
                 "--arg", "1e-6", "--const", "BLOCK=4096"]
 SOFTMAX = f"{ROOT / 'examples' / 'quickstart.py'}::softmax"
@@ -114,7 +115,7 @@ def test_sibling_import_and_kernel_listing(capsys, tmp_path):
 
 
 def test_missing_kernel_lists_the_kernels(capsys):
-    code, _, err = run(capsys, f"{ROOT / 'examples' / 'rmsnorm.py'}::rms", *RMSNORM_ARGS)
+    code, _, err = run(capsys, f"{NORMS}::rms", *RMSNORM_ARGS)
     assert code == 2
     assert "'rms'" in err and "rmsnorm_kernel" in err
 
@@ -164,7 +165,7 @@ def test_compilation_error_in_process(capsys, tmp_path):
 def test_autotuned_kernel_compiles_from_the_shell(capsys):
     """FILE::NAME may name a @tk.autotune'd kernel: the CLI compiles the kernel
     it tunes, with the defaults or --const values."""
-    gemm = str(ROOT / "examples" / "gemm.py") + "::gemm_kernel"
+    gemm = str(ROOT / "tk_mlir" / "kernels" / "matmul.py") + "::gemm_kernel"
     code, out, err = run(capsys, gemm, "--arg", "bf16[512,256]", "--arg", "bf16[512,256]",
                          "--arg", "bf16[512,512]", "--const", "STAGES=3", "--stage", "ptxas")
     assert code == 0, err

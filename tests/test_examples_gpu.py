@@ -1,4 +1,4 @@
-"""Every example against torch on the GPU: fresh uniform random inputs each
+"""Every example and library kernel against torch on the GPU: fresh uniform random inputs each
 run, outputs poisoned with NaN before the launch, relative-norm error
 against a float32/float64 reference. Shapes include rows and widths that
 are not multiples of the tile."""
@@ -24,9 +24,9 @@ def poisoned_like(x):
 
 @pytest.mark.parametrize("rows,d", [(1, 4096), (333, 4096), (1024, 8192), (77, 1000), (5, 256)])
 def test_rmsnorm(rows, d):
-    from rmsnorm import rmsnorm
+    from tk_mlir.kernels import rms_norm
     x, w = uniform(rows, d), uniform(d)
-    out = rmsnorm(x, w, 1e-6, out=poisoned_like(x))
+    out = rms_norm(x, w, 1e-6, out=poisoned_like(x))
     xf = x.double()
     ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
     assert rel_err(out, ref) < 1e-2
@@ -34,9 +34,9 @@ def test_rmsnorm(rows, d):
 
 @pytest.mark.parametrize("rows,d", [(1, 4096), (333, 4096), (1024, 8192), (77, 1000)])
 def test_layernorm(rows, d):
-    from layernorm import layernorm
+    from tk_mlir.kernels import layer_norm
     x, w, b = uniform(rows, d), uniform(d), uniform(d)
-    out = layernorm(x, w, b, 1e-5, out=poisoned_like(x))
+    out = layer_norm(x, w, b, 1e-5, out=poisoned_like(x))
     ref = torch.nn.functional.layer_norm(x.double(), (d,), w.double(), b.double(), 1e-5)
     assert rel_err(out, ref) < 1e-2
 
@@ -58,8 +58,10 @@ def test_swiglu(m, n):
     assert rel_err(out, af * torch.sigmoid(af) * b.double()) < 1e-2
 
 
-def test_quickstart_runs():
+@pytest.mark.parametrize("example", ["quickstart", "gemm", "rmsnorm", "layernorm"])
+def test_example_runs(example, capsys):
     import runpy
     from pathlib import Path
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"),
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / f"{example}.py"),
                    run_name="__main__")
+    assert "no GPU here" not in capsys.readouterr().out

@@ -1,11 +1,13 @@
-"""The Hopper GEMM (examples/gemm.py) against torch.matmul in float32/64 on
+"""The library's Hopper GEMM (tk_mlir.kernels.matmul) against torch.matmul in float32/64 on
 the GPU: both B layouts, bf16 and f16 inputs, 16-bit and f32 outputs,
 square, skinny and odd shapes, fresh random inputs, poisoned outputs."""
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import gemm   # examples/gemm.py
+from tk_mlir.kernels import matmul  # noqa: E402
+from tk_mlir.kernels.device import num_sms  # noqa: E402
+from tk_mlir.kernels.matmul import gemm_kernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -20,9 +22,9 @@ def run(M, N, K, layout, dtype, out_dtype, **config):
     b = torch.empty(*((K, N) if kn else (N, K)), dtype=DTYPES[dtype], device="cuda").uniform_(-1, 1)
     c = torch.full((M, N), float("nan"), dtype=DTYPES[out_dtype], device="cuda")
     if config:
-        gemm.gemm_kernel.kernel[(gemm.num_sms(),)](a, b, c, B_KN=kn, **config)
+        gemm_kernel.kernel[(num_sms(),)](a, b, c, B_KN=kn, **config)
     else:
-        gemm.matmul(a, b, c, b_layout=layout)
+        matmul(a, b, c, b_layout=layout)
     ref = a.double() @ (b.double() if kn else b.double().T)
     return ((c.double() - ref).norm() / ref.norm()).item()
 
@@ -66,7 +68,7 @@ def test_gemm_general_launch_path_passes_tensor_maps():
     a = torch.empty(M, K, dtype=torch.float16, device="cuda").uniform_(-1, 1)
     b = torch.empty(N, K, dtype=torch.float16, device="cuda").uniform_(-1, 1)
     c = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
-    gemm.gemm_kernel.kernel[(gemm.num_sms(),)](_ArrayInterface(a), _ArrayInterface(b),
+    gemm_kernel.kernel[(num_sms(),)](_ArrayInterface(a), _ArrayInterface(b),
                                           _ArrayInterface(c), STAGES=4)
     torch.cuda.synchronize()
     ref = a.double() @ b.double().T
@@ -79,7 +81,7 @@ def test_tma_alignment_is_checked_before_launch():
     b = torch.randn(256, 256, dtype=torch.bfloat16, device="cuda")
     c = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(tk.ArgumentError, match="'A'.*16-byte aligned"):
-        gemm.gemm_kernel.kernel[(gemm.num_sms(),)](a, b, c)
+        gemm_kernel.kernel[(num_sms(),)](a, b, c)
 
 
 @pytest.mark.parametrize("shape", [(1024, 1024, 1024), (1537, 776, 1304), (128, 512, 256)],
@@ -92,9 +94,9 @@ def test_gemm_cluster_multicast(shape):
     a = torch.empty(M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
     b = torch.empty(N, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kernel = gemm.gemm_kernel.kernel
+    kernel = gemm_kernel.kernel
     grid = kernel.compile(a, b, c, CLUSTER=2).persistent_grid()
-    assert grid % 2 == 0 and 0 < grid <= gemm.num_sms()
+    assert grid % 2 == 0 and 0 < grid <= num_sms()
     kernel[(grid,)](a, b, c, CLUSTER=2)
     ref = a.double() @ b.double().T
     assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3

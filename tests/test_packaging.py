@@ -1,7 +1,8 @@
 """The package imports whole however it is installed: a regular (non-editable)
 install, run from the repository root where the source `tk_mlir/` comes
 first on sys.path, must still find `tk_mlir.dialects`, `.passes`, `.lowering`
-(they live beside `tk_mlir/` in the source tree)."""
+(they live beside `tk_mlir/` in the source tree), and the kernel library
+`tk_mlir.kernels` ships in the install."""
 import os
 import shutil
 import site
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = ("import tk_mlir.dialects.tk as d, tk_mlir.passes.verify as p, "
-         "tk_mlir.lowering.kernel as l; print(d.__file__, p.__file__, l.__file__)")
+PROBE = ("import sys, tk_mlir.dialects.tk as d, tk_mlir.passes.verify as p, "
+         "tk_mlir.lowering.kernel as l\n"
+         "from tk_mlir.kernels import matmul, rms_norm, layer_norm\n"
+         "print(d.__file__, p.__file__, l.__file__, "
+         "*(sys.modules[f.__module__].__file__ for f in (matmul, rms_norm, layer_norm)))")
 
 
 @pytest.fixture(scope="module")
@@ -52,5 +56,8 @@ def test_regular_install_run_from_the_repository_root(installed):
 
 
 def test_regular_install_run_elsewhere(installed, tmp_path):
-    for f in _import(tmp_path, installed):
+    files = _import(tmp_path, installed)
+    for f in files:
         assert installed in f.parents
+    assert {f.relative_to(installed).as_posix() for f in files[3:]} == {
+        "tk_mlir/kernels/matmul.py", "tk_mlir/kernels/norms.py"}

@@ -1,4 +1,4 @@
-"""The example kernels' PTX and SASS: each compiles for sm_90a at a couple of
+"""The example and library kernels' PTX and SASS: each compiles for sm_90a at a couple of
 constexpr configurations, ptxas assembles it without spilling, and the code
 has the instructions the design promises: 16-byte global accesses for vec
 tiles, butterfly shuffles for row reductions, a block barrier only where a
@@ -36,13 +36,13 @@ def _example(module: str, name: str):
 
 
 def _rmsnorm(block):
-    k = _example("rmsnorm", "rmsnorm_kernel")
+    from tk_mlir.kernels.norms import rmsnorm_kernel as k
     return k.compile(tk.spec((ROWS, block), bf16), tk.spec((block,), bf16),
                      tk.spec((ROWS, block), bf16), 1e-6, BLOCK=block)
 
 
 def _layernorm(block, reload_wb=False):
-    k = _example("layernorm", "layernorm_kernel")
+    from tk_mlir.kernels.norms import layernorm_kernel as k
     return k.compile(tk.spec((ROWS, block), bf16), tk.spec((block,), bf16),
                      tk.spec((block,), bf16), tk.spec((ROWS, block), bf16), 1e-5,
                      BLOCK=block, RELOAD_WB=reload_wb)

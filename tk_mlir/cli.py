@@ -1,6 +1,6 @@
 """The command line: compile a kernel from a file and show its IR, no GPU needed.
 
-    python -m tk_mlir compile examples/rmsnorm.py::rmsnorm_kernel \\
+    python -m tk_mlir compile tk_mlir/kernels/norms.py::rmsnorm_kernel \\
         --arg 'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 \\
         --const BLOCK=4096 --stage ptx
 
@@ -269,7 +269,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "compile", help="compile a kernel for given argument types and show its stages",
         description="Compile KERNEL from FILE.py for the given arguments and show its IR "
                     "stages (python, tk, each pass, llvm, ptx, ptxas, sass).",
-        epilog=f"example: {prog} compile examples/rmsnorm.py::rmsnorm_kernel --arg "
+        epilog=f"example: {prog} compile tk_mlir/kernels/norms.py::rmsnorm_kernel --arg "
                f"'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 "
                f"--const BLOCK=4096 --stage ptx")
     c.add_argument("target", metavar="FILE.py::KERNEL", help="the file and the kernel in it")

@@ -1,0 +1,149 @@
+"""The kernel library without a GPU: `tk_mlir.kernels` imports cheaply, keeps
+its public names bound to the kernels, its wrappers reject bad arguments
+with errors that name the argument and the rule before anything reaches the
+GPU (so CPU tensors show them), and the teaching examples that call it
+compile without a GPU. The kernels' PTX and SASS are checked in test_ptx.py
+(norms) and test_hopper.py (GEMM); their numerics on the GPU in
+test_examples_gpu.py and test_gemm_gpu.py."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+IMPORT_COST = """\
+import json, sys
+import tk_mlir.kernels as k
+from tk_mlir.kernels import matmul, rms_norm, layer_norm
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlir", "numpy"))))
+"""
+
+
+def test_importing_the_library_loads_neither_torch_nor_mlir(tmp_path):
+    """Even resolving the names imports only the kernels' modules: torch
+    comes with the first call, MLIR with the first compile."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path),
+           "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", IMPORT_COST], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
+    import tk_mlir.kernels.matmul   # noqa: F401  binds nothing over the function
+    import tk_mlir.kernels.norms    # noqa: F401
+    from tk_mlir import kernels
+    from tk_mlir.kernels import layer_norm, matmul, rms_norm
+    assert [f.__name__ for f in (matmul, rms_norm, layer_norm)] == \
+        ["matmul", "rms_norm", "layer_norm"]
+    assert kernels.matmul is matmul and sorted(kernels.__all__) == \
+        ["layer_norm", "matmul", "rms_norm"]
+    assert {"matmul", "rms_norm", "layer_norm"} <= set(dir(kernels))
+    with pytest.raises(AttributeError, match="no attribute 'softmax'"):
+        kernels.softmax
+
+
+TEACHING = ["gemm", "rmsnorm", "layernorm"]     # the examples that call the library
+
+
+@pytest.mark.parametrize("example", TEACHING)
+def test_teaching_examples_compile_without_a_gpu(example, capsys):
+    """Each shows its kernel's compile and says that it stopped there (with a
+    GPU, test_examples_gpu.py runs them whole)."""
+    import runpy
+    from tk_mlir.runtime.driver import has_gpu
+    if has_gpu():
+        pytest.skip("a GPU is present: the examples run whole in test_examples_gpu.py")
+    runpy.run_path(str(ROOT / "examples" / f"{example}.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "'spill stores (bytes)': 0" in out and "no GPU here: compiled only" in out
+
+
+# ------------------------------------------------------- argument checks
+
+torch = pytest.importorskip("torch")
+from tk_mlir.kernels import layer_norm, matmul, rms_norm  # noqa: E402
+
+bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def cpu(*shape, dtype=bf16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+# Each case: the call, the error type, a pattern of its message. The device
+# rule comes last, so CPU tensors reach every other rule.
+REJECTED = {
+    "matmul: b_layout": (
+        lambda: matmul(cpu(8, 8), cpu(8, 8), b_layout="mk"), ValueError,
+        r"matmul: b_layout must be 'nk' \(b is N x K\) or 'kn'.*'mk'"),
+    "matmul: a not a tensor": (
+        lambda: matmul([[1.0]], cpu(8, 8)), TypeError,
+        r"matmul: a must be a torch.Tensor, got list"),
+    "matmul: a 3-D": (
+        lambda: matmul(cpu(2, 8, 8), cpu(8, 8)), ValueError,
+        r"matmul: a must be 2-D, got shape \(2, 8, 8\)"),
+    "matmul: a f32": (
+        lambda: matmul(cpu(8, 8, dtype=f32), cpu(8, 8)), TypeError,
+        r"matmul: a must be torch.bfloat16 or torch.float16, got torch.float32"),
+    "matmul: dtypes differ": (
+        lambda: matmul(cpu(8, 8), cpu(8, 8, dtype=f16)), TypeError,
+        r"matmul: b must have a's dtype torch.bfloat16, got torch.float16"),
+    "matmul: inner dims, nk": (
+        lambda: matmul(cpu(8, 16), cpu(8, 32)), ValueError,
+        r"matmul: inner dimensions differ: a is \(8, 16\) \(M x K\), "
+        r"b is \(8, 32\) \(N x K, b_layout='nk'\)"),
+    "matmul: inner dims, kn": (
+        lambda: matmul(cpu(8, 16), cpu(8, 16), b_layout="kn"), ValueError,
+        r"b is \(8, 16\) \(K x N, b_layout='kn'\)"),
+    "matmul: c's shape": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(4, 8)), ValueError,
+        r"matmul: c must have shape \(8, 4\) \(M x N\), got \(4, 8\)"),
+    "matmul: c f64": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=torch.float64)), TypeError,
+        r"matmul: c must be torch.bfloat16, torch.float16 or torch.float32"),
+    "matmul: on the CPU": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=f32)), ValueError,
+        r"matmul: a must be on a CUDA device, got cpu \(the kernel runs on the GPU\)"),
+    "rms_norm: x 1-D": (
+        lambda: rms_norm(cpu(8), cpu(8)), ValueError,
+        r"rms_norm: x must be 2-D, got shape \(8,\)"),
+    "layer_norm: x f16": (
+        lambda: layer_norm(cpu(4, 8, dtype=f16), cpu(8), cpu(8)), TypeError,
+        r"layer_norm: x must be torch.bfloat16, got torch.float16"),
+    "rms_norm: no columns": (
+        lambda: rms_norm(cpu(4, 0), cpu(0)), ValueError,
+        r"rms_norm: x must have at least one column, got shape \(4, 0\)"),
+    "rms_norm: weight not a tensor": (
+        lambda: rms_norm(cpu(4, 8), 1.0), TypeError,
+        r"rms_norm: weight must be a torch.Tensor, got float"),
+    "rms_norm: weight's length": (
+        lambda: rms_norm(cpu(4, 8), cpu(16)), ValueError,
+        r"rms_norm: weight must have shape \(8,\) \(one value per column of x\)"),
+    "layer_norm: bias f32": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8, dtype=f32)), TypeError,
+        r"layer_norm: bias must be torch.bfloat16, got torch.float32"),
+    "layer_norm: bias 2-D": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(1, 8)), ValueError,
+        r"layer_norm: bias must be 1-D, got shape \(1, 8\)"),
+    "layer_norm: out's shape": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), out=cpu(8, 4)), ValueError,
+        r"layer_norm: out must have shape \(4, 8\) \(x's shape\), got \(8, 4\)"),
+    "rms_norm: eps a string": (
+        lambda: rms_norm(cpu(4, 8), cpu(8), "1e-6"), TypeError,
+        r"rms_norm: eps must be a float, got str"),
+    "layer_norm: on the CPU": (
+        lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), 1e-5), ValueError,
+        r"layer_norm: x must be on a CUDA device, got cpu"),
+}
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_wrappers_reject_bad_arguments_before_the_gpu(case):
+    call, error, pattern = REJECTED[case]
+    with pytest.raises(error, match=pattern):
+        call()

@@ -1,0 +1,63 @@
+"""The argument checks of the library's torch-facing wrappers.
+
+A wrapper checks what its kernel assumes before anything reaches the GPU, and
+says which argument broke which rule: `matmul: b must have a's dtype
+torch.bfloat16, got torch.float32` rather than a launch error about kernel
+parameter 'B'. Wrong kinds of value (not a tensor, a wrong dtype) raise
+TypeError; wrong shapes, devices and options raise ValueError. The checks read
+only tensor metadata, and a wrapper asks for a CUDA device last (`on_cuda`,
+after its inputs have been checked against each other), so every other rule
+shows on CPU tensors too.
+
+What the launcher checks anyway (16-byte alignment of rows and base
+addresses for TMA, unit innermost strides) is left to it: its errors
+already name the kernel parameter and the rule.
+"""
+from __future__ import annotations
+
+
+def _dtype_list(dtypes) -> str:
+    names = [str(d) for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def tensor(fn: str, name: str, value, *, ndim: int, dtypes) -> None:
+    """`value` is a torch tensor of rank `ndim` and one of `dtypes`."""
+    import torch
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != ndim:
+        raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {tuple(value.shape)}")
+    if value.dtype not in dtypes:
+        raise TypeError(f"{fn}: {name} must be {_dtype_list(dtypes)}, got {value.dtype}")
+
+
+def on_cuda(fn: str, name: str, value) -> None:
+    """`value` is on a CUDA device (the others are checked to be on its device)."""
+    if value.device.type != "cuda":
+        raise ValueError(f"{fn}: {name} must be on a CUDA device, got {value.device} "
+                         f"(the kernel runs on the GPU)")
+
+
+def like(fn: str, name: str, value, ref_name: str, ref, *, dtype: bool = True) -> None:
+    """`value` is on `ref`'s device and, with `dtype`, has its dtype."""
+    if dtype and value.dtype != ref.dtype:
+        raise TypeError(f"{fn}: {name} must have {ref_name}'s dtype {ref.dtype}, "
+                        f"got {value.dtype}")
+    if value.device != ref.device:
+        raise ValueError(f"{fn}: {name} must be on {ref_name}'s device {ref.device}, "
+                         f"got {value.device}")
+
+
+def shape(fn: str, name: str, value, expected: tuple, why: str) -> None:
+    """`value` has shape `expected`; `why` says where the shape comes from."""
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(expected)} ({why}), "
+                         f"got {tuple(value.shape)}")
+
+
+def number(fn: str, name: str, value) -> float:
+    """`value` as a float, for a scalar kernel parameter such as eps."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
+    return float(value)

@@ -1,0 +1,118 @@
+"""Row normalisations on torch tensors: rms_norm and layer_norm (forward, bf16).
+
+A row is one 1 x BLOCK register tile spread over the block's 8 warps (each
+thread holds BLOCK / 256 elements, 8 contiguous at a time: 16-byte loads),
+so a row sum is a register sum, 5 shuffles and one exchange through shared
+memory. Rows of any width D: BLOCK is the next power of two >= D (at least
+256); the columns past D read as 0 and are not written.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
+
+
+@tk.kernel(num_warps=8)
+def rmsnorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], Y: tk.gl[bf16], eps: float,
+                   BLOCK: tk.constexpr):
+    """Y = X / sqrt(mean(X^2) + eps) * W, one row per block."""
+    row = tk.block_id(0)
+    x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
+    w = tk.load(W, (0,), (BLOCK,)).to(f32)
+    inv_rms = ((x * x).row_sum() * (1.0 / float(X.shape[1])) + eps).rsqrt()
+    y = x.mul_row(inv_rms).mul_col(w)
+    tk.store(Y, y.to(bf16), (row, 0))
+
+
+@tk.kernel(num_warps=8)
+def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf16],
+                     eps: float, BLOCK: tk.constexpr, RELOAD_WB: tk.constexpr = False):
+    """Y = (X - mean) / sqrt(var + eps) * W + B, per row.
+
+    Persistent: a grid of a few blocks per SM, each walking rows first,
+    first + grid, ... and loading the *next* row before normalising the
+    current one, so the memory system always has a row in flight per block
+    (the loop carries the prefetched row as a bf16 register tile). The two
+    reductions (mean, then the centred sum of squares: two passes,
+    numerically safe) each cost one shared-memory exchange. The BLOCK - D
+    zero columns add (BLOCK - D) * mean^2 to the sum of squares, which is
+    subtracted exactly."""
+    first, step = tk.block_id(0), tk.grid_dim(0)
+    d = float(X.shape[1])
+    w = tk.load(W, (0,), (BLOCK,))
+    b = tk.load(B, (0,), (BLOCK,))
+    nxt = tk.load(X, (first, 0), (1, BLOCK))
+    for row in range(first, X.shape[0], step):
+        x = nxt.to(f32)
+        nxt = tk.load(X, (row + step, 0), (1, BLOCK))     # past the last row: masked
+        mean = x.row_sum() * (1.0 / d)
+        xc = x.sub_row(mean)
+        var = ((xc * xc).row_sum() - (BLOCK - d) * mean * mean) * (1.0 / d)
+        if RELOAD_WB:    # wide rows: re-read w, b (L1 hits) rather than hold them in registers
+            w = tk.load(W, (0,), (BLOCK,))
+            b = tk.load(B, (0,), (BLOCK,))
+        y = xc.mul_row((var + eps).rsqrt()).mul_col(w.to(f32)).add_col(b.to(f32))
+        tk.store(Y, y.to(bf16), (row, 0))
+
+
+def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
+    """y = x / sqrt(mean(x^2, per row) + eps) * weight.
+
+    x: a (rows, D) torch.bfloat16 CUDA tensor; weight: (D,), x's dtype and
+    device. out: a tensor like x to write into; by default a new one.
+    Returns out. Statistics are computed in float32."""
+    eps = _check("rms_norm", x, out, eps, weight=weight)
+    out = x.new_empty(x.shape) if out is None else out
+    rows, d = x.shape
+    if rows:
+        rmsnorm_kernel[(rows,)](x, weight, out, eps, BLOCK=_block(d))
+    return out
+
+
+def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias, mean and (biased)
+    variance per row, as torch.nn.functional.layer_norm over the last dim.
+
+    x: a (rows, D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
+    and device. out: a tensor like x to write into; by default a new one.
+    Returns out. Statistics are computed in float32."""
+    eps = _check("layer_norm", x, out, eps, weight=weight, bias=bias)
+    out = x.new_empty(x.shape) if out is None else out
+    rows, d = x.shape
+    if rows:
+        block = _block(d)
+        # Measured on H200 (BENCHMARKS.md): 3 blocks/SM for 4096-wide rows, 2 above.
+        grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
+        layernorm_kernel[(grid,)](x, weight, bias, out, eps, BLOCK=block,
+                                  RELOAD_WB=block > 4096)
+    return out
+
+
+def _block(d: int) -> int:
+    """The row tile's width: the next power of two >= d, at least 256 (one
+    8-element vector per thread of the 8 warps)."""
+    return max(256, 1 << (d - 1).bit_length())
+
+
+def _check(fn: str, x, out, eps, **params) -> float:
+    """x is (rows, D) bf16 on a CUDA device, each of `params` is a (D,) vector
+    like it, out (if given) is like x; returns eps as a float."""
+    import torch
+    checks.tensor(fn, "x", x, ndim=2, dtypes=(torch.bfloat16,))
+    if x.shape[1] == 0:
+        raise ValueError(f"{fn}: x must have at least one column, got shape {tuple(x.shape)}")
+    for name, value in params.items():
+        checks.tensor(fn, name, value, ndim=1, dtypes=(torch.bfloat16,))
+        checks.like(fn, name, value, "x", x)
+        checks.shape(fn, name, value, (x.shape[1],), "one value per column of x")
+    if out is not None:
+        checks.tensor(fn, "out", out, ndim=2, dtypes=(torch.bfloat16,))
+        checks.like(fn, "out", out, "x", x)
+        checks.shape(fn, "out", out, tuple(x.shape), "x's shape")
+    eps = checks.number(fn, "eps", eps)
+    checks.on_cuda(fn, "x", x)
+    return eps
+
