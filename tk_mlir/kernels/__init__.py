@@ -1,11 +1,12 @@
 """The kernel library: ready kernels on torch tensors, each the readable
 tk_mlir source of its kernel beside a checked, torch-facing wrapper.
 
-    from tk_mlir.kernels import matmul, rms_norm, layer_norm
+    from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm
 
     c = matmul(a, b)                       # A @ B.T, B given as N x K
     y = rms_norm(x, weight)                # x / rms(x) * weight, per row
     y = layer_norm(x, weight, bias)        # (x - mean) / std * weight + bias
+    o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
 
 Importing the library is cheap: neither torch nor MLIR loads until a name
 is used, and then only its own module (torch for the wrapper's checks, MLIR
@@ -17,12 +18,12 @@ import importlib
 import sys
 import types
 
-# Each public name and the module that defines it. A new kernel is one entry,
-# e.g. "attention": ".attention".
+# Each public name and the module that defines it (a new kernel is one entry).
 _LAZY = {
     "matmul": ".matmul",
     "rms_norm": ".norms",
     "layer_norm": ".norms",
+    "attention": ".attention",
 }
 
 
