@@ -183,8 +183,10 @@ OPS: tuple[OpDef, ...] = (
           tma=("src", "dst"), writes=(Access("dst", ASYNC),),
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
-    OpDef("named_barrier", operands=("id",), attributes=("warps",),
-          doc="bar.sync id among `warps` warps (ids 1-15; 0 is the block barrier)"),
+    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"),
+          doc="named barrier `id` among `warps` warps (ids 1-15; 0 is the block barrier): "
+              "mode sync waits for all of them (bar.sync), mode arrive counts this warp "
+              "in and goes on (bar.arrive)"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
     OpDef("cvt", operands=("src",), results=("result",), layout="same",
