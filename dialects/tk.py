@@ -100,7 +100,7 @@ def _stores_block_tile_to_shared(op, num_warps: int) -> bool:
         T.parse(op.operands[1].type).scope == "block"
 
 
-UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt")
+UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt", "rcp")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
