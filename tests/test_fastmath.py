@@ -190,7 +190,14 @@ def arrive_float_id(X: tk.gl[f32]):
     tk.named_barrier_arrive(1.0, warps=4)  # E:arrive-float-id
 
 
+@tk.kernel(num_warps=4)
+def arrive_more_warps_than_the_kernel(X: tk.gl[f32]):
+    tk.named_barrier_arrive(1, warps=8)  # E:arrive-too-many
+
+
 ERRORS = [
+    (arrive_more_warps_than_the_kernel, "arrive-too-many",
+     "waits for more warps than the kernel has (num_warps=4)", ()),
     (arrive_bad_id, "arrive-id", "a named barrier id must be from 1 to 15", ()),
     (arrive_id_16, "arrive-id-16", "a named barrier id must be from 1 to 15", ()),
     (arrive_bad_warps, "arrive-warps", "warps must be a compile-time int from 1 to 32", ()),

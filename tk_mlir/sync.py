@@ -185,6 +185,10 @@ def named_barrier_arrive(id, warps) -> None:
 def _named_barrier(what: str, id, warps, mode: str) -> None:
     # warps, not threads: PTX wants a thread count that is a multiple of 32.
     compile_time_int(warps, "warps", 1, 32)
+    from .values import current
+    if warps > current.get().num_warps:      # it could never complete: a hang
+        raise CompilationError(f"{what}(warps={warps}) waits for more warps than the kernel "
+                               f"has (num_warps={current.get().num_warps})")
     if isinstance(id, int) and not 1 <= id <= 15:
         raise CompilationError(f"a named barrier id must be from 1 to 15 (0 is the block "
                                f"barrier, tk.barrier()), got {id!r}")
