@@ -74,6 +74,9 @@ COUNT = Contract("count", int, "tk.alloc_st / tk.alloc_sem making an array",
                  "tk.shared_tiles, tk.semaphores", "tk-verify, tk-allocate-smem, tk-to-gpu")
 CACHE = Contract("cache", str, "tk.load / tk.store of a global ('stream'; absent: normal)",
                  "tk.load, tk.store", "lowering/memory.py")
+NO_FP_CONTRACT = Contract("tk.no_fp_contract", bool,
+                          "the kernel's func.func, under @tk.kernel(fp_contract=False)",
+                          "tk_mlir/compiler.py", "tk-to-gpu (lowering/compute.py: no fma)")
 
 # ---- written by tk-allocate-smem (passes/smem.py)
 OFFSET = Contract("offset", int, "allocations: byte offset in dynamic shared memory",
@@ -110,5 +113,5 @@ CLUSTER = Contract("tk.cluster", int, "the kernel, when launched in clusters", "
 
 CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
              EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
-             MIN_CTAS, MAX_THREADS, CLUSTER)
+             MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT)
 BY_NAME = {c.name: c for c in CONTRACTS}

@@ -100,7 +100,7 @@ def _stores_block_tile_to_shared(op, num_warps: int) -> bool:
         T.parse(op.operands[1].type).scope == "block"
 
 
-UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt")
+UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt", "rcp")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
@@ -183,8 +183,10 @@ OPS: tuple[OpDef, ...] = (
           tma=("src", "dst"), writes=(Access("dst", ASYNC),),
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
-    OpDef("named_barrier", operands=("id",), attributes=("warps",),
-          doc="bar.sync id among `warps` warps (ids 1-15; 0 is the block barrier)"),
+    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"),
+          doc="named barrier `id` among `warps` warps (ids 1-15; 0 is the block barrier): "
+              "mode sync waits for all of them (bar.sync), mode arrive counts this warp "
+              "in and goes on (bar.arrive)"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
     OpDef("cvt", operands=("src",), results=("result",), layout="same",

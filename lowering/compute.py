@@ -4,7 +4,15 @@ Fragment (lowering/fragments.py) applies it along its layout.
 
 Transcendentals use the PTX approximations (ex2/lg2/rsqrt.approx.ftz.f32,
 relative error ~2^-22), computed in f32 whatever the tile's dtype, as
-ThunderKittens and Triton do for exp-heavy kernels like softmax.
+ThunderKittens and Triton do for exp-heavy kernels like softmax; rcp is
+rcp.approx.ftz.f32.
+
+Tile arithmetic may contract (as CUDA's and Triton's do by default): add, sub
+and mul carry `#arith.fastmath<contract>`, so the NVPTX backend fuses
+`x * s - m` into one fma.rn.f32 (one rounding instead of two);
+`@tk.kernel(fp_contract=False)` turns it off. Tile division is div.full.f32
+(Triton's `/`: full range, at most 2 ulp, much cheaper than IEEE div.rn),
+computed in f32 for bf16/f16 tiles too.
 """
 from __future__ import annotations
 
@@ -27,6 +35,15 @@ def _ptx_unary(instr: str):
 
 _ex2, _lg2 = _ptx_unary("ex2.approx.ftz.f32"), _ptx_unary("lg2.approx.ftz.f32")
 _rsqrt, _sqrt = _ptx_unary("rsqrt.approx.ftz.f32"), _ptx_unary("sqrt.approx.ftz.f32")
+_rcp = _ptx_unary("rcp.approx.ftz.f32")
+
+
+def _div(x: ir.Value, y: ir.Value) -> ir.Value:
+    """x / y by div.full.f32, through f32 for a narrower dtype."""
+    f32 = ir.F32Type.get()
+    if x.type == f32:
+        return llvm.inline_asm(f32, [x, y], "div.full.f32 $0, $1, $2;", "=f,f,f")
+    return arith.truncf(x.type, _div(arith.extf(f32, x), arith.extf(f32, y)))
 
 # Unary maps in f32.
 UNARY_F32 = {
@@ -35,13 +52,24 @@ UNARY_F32 = {
     "log": lambda x: arith.mulf(_lg2(x), float_constant(math.log(2.0), F32)),
     "sqrt": _sqrt,
     "rsqrt": _rsqrt,
+    "rcp": _rcp,
     "abs": mmath.absf,
     "neg": arith.negf,
     "relu": lambda x: arith.maximumf(x, float_constant(0.0, F32)),
 }
 # Binary maps in the tile's own dtype (bf16/f16 arithmetic is native on sm_90).
-BINARY = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
+BINARY = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": _div,
           "max": arith.maximumf, "min": arith.minimumf}
+CONTRACTIBLE = ("add", "sub", "mul")    # may fuse into an fma with their neighbours
+
+
+def _binary_fn(ctx: LoweringContext, name: str):
+    """BINARY[name], with the contract flag when the kernel allows contraction."""
+    fn = BINARY[name]
+    if not (ctx.fp_contract and name in CONTRACTIBLE):
+        return fn
+    contract = ir.Attribute.parse("#arith.fastmath<contract>")
+    return lambda x, y: fn(x, y, fastmath=contract)
 
 
 @lowers("tk.fill")
@@ -60,7 +88,7 @@ def _unary(ctx: LoweringContext, op, src: Fragment) -> Fragment:
 
 
 def _binary(ctx: LoweringContext, op, lhs: Fragment, rhs) -> Fragment:
-    return lhs.zip_with(rhs, BINARY[op.operation.name.removeprefix("tk.")])
+    return lhs.zip_with(rhs, _binary_fn(ctx, op.operation.name.removeprefix("tk.")))
 
 
 for _name in UNARY_F32:
@@ -71,7 +99,7 @@ for _name in BINARY:
 
 @lowers("tk.broadcast")
 def lower_broadcast(ctx: LoweringContext, op, src: Fragment, vec: Fragment) -> Fragment:
-    return src.broadcast(vec, 0 if op.axis == "row" else 1, BINARY[op.kind])
+    return src.broadcast(vec, 0 if op.axis == "row" else 1, _binary_fn(ctx, op.kind))
 
 
 @lowers("tk.slice")

@@ -59,6 +59,7 @@ class LoweringContext:
     depth: int = 0                                    # nesting of the block being lowered
     cluster: int = 1                                  # blocks per cluster
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
+    fp_contract: bool = True                          # tile mul/add may fuse to fma
     _thread: dict = field(default_factory=dict)
 
     # Bindings that hold only inside one block (tk value -> [(anchor op, new)],

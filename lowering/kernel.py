@@ -107,6 +107,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
         body = kernel.body.blocks.append(*fn_type.inputs)
     ctx = LoweringContext(num_warps)
     ctx.cluster = cluster_size(func)
+    ctx.fp_contract = not C.NO_FP_CONTRACT.get(func, False)
     ctx.exchange_groups = _exchange_groups(func)
     with ir.InsertionPoint(body), func.location:
         _bind_arguments(ctx, entry, params, body.arguments)

@@ -82,7 +82,11 @@ def lower_set_registers(ctx: LoweringContext, op) -> None:
 
 @lowers("tk.named_barrier")
 def lower_named_barrier(ctx: LoweringContext, op, id: ir.Value) -> None:
-    nvvm.barrier(None, barrier_id=id, number_of_threads=c32(32 * op.warps))
+    threads = c32(32 * op.warps)
+    if op.mode == "arrive":      # bar.arrive: no wait (a producer/ping-pong signal)
+        nvvm.barrier_arrive(threads, barrier_id=id)
+    else:
+        nvvm.barrier(None, barrier_id=id, number_of_threads=threads)
 
 
 @lowers("tk.use_cluster")

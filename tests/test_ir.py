@@ -400,7 +400,7 @@ def test_gl_dim_lowers_to_the_kernel_parameter():
     filecheck(text, """
         CHECK: gpu.func @gl_dim_kernel(%arg0: !llvm.ptr<1> {{.*}}, %arg1: i32 {{.*}}, %arg2: i32 {{.*}}, %arg3: i64 {{.*}}, %arg4: !llvm.ptr<1>
         CHECK: [[D:%[0-9]+]] = arith.sitofp %arg2 : i32 to f32
-        CHECK-COUNT-8: arith.mulf %{{[0-9]+}}, [[D]] : f32
+        CHECK-COUNT-8: arith.mulf %{{[0-9]+}}, [[D]] fastmath<contract> : f32
     """)
 
 
@@ -768,6 +768,15 @@ BINARY_CASES = {"add": ("a + b", "arith.addf"), "sub": ("a - b", "arith.subf"),
                 "mul": ("a * b", "arith.mulf"), "div": ("a / b", "arith.divf"),
                 # no tile method: Python's max/min on a tile emit tk.max / tk.min
                 "max": ("max(a, b)", "arith.maximumf"), "min": ("min(a, b)", "arith.minimumf")}
+# How each binary op on f32 registers reads in tk-to-gpu: (before its two
+# operands, after them). add/sub/mul may contract into fma; / is div.full.f32
+# (lowering/compute.py).
+LOWERED_F32 = {"add": ("arith.addf", "fastmath<contract> : f32"),
+               "sub": ("arith.subf", "fastmath<contract> : f32"),
+               "mul": ("arith.mulf", "fastmath<contract> : f32"),
+               "div": ('llvm.inline_asm "div.full.f32 $0, $1, $2;", "=f,f,f"',
+                       ": (f32, f32) -> f32"),
+               "max": ("arith.maximumf", ": f32"), "min": ("arith.minimumf", ": f32")}
 
 
 @pytest.mark.parametrize("op", BINARY_CASES)
@@ -780,12 +789,13 @@ def test_binary_in_tk_ir(op):
 
 @pytest.mark.parametrize("op", BINARY_CASES)
 def test_binary_lowers_to_one_arith_op_per_register(op):
-    expr, arith_op = BINARY_CASES[op]
+    expr, _ = BINARY_CASES[op]
+    lowered, tail = LOWERED_F32[op]
     text = stages(binary_kernel, F32_2D, F32_2D, F32_2D, OP=op)["tk-to-gpu"]
     check_lowered(text, """
-        CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, %{{[0-9]+}} : f32 loc([[LOC]])
+        CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, %{{[0-9]+}} [[TAIL]] loc([[LOC]])
         CHECK-NOT: [[OP]]
-    """, binary_kernel, "y = " + expr, expr, OP=arith_op)
+    """, binary_kernel, "y = " + expr, expr, OP=lowered, TAIL=tail)
 
 
 SCALAR_CASES = {
@@ -793,7 +803,7 @@ SCALAR_CASES = {
     "add": ("a + 2.0", ['"tk.add"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], "arith.addf"),
     "sub": ("a - 2.0", ['"tk.sub"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], "arith.subf"),
     "mul": ("a * s", ['"tk.mul"(%0, %arg2) : ([[RT]], f32) -> [[RT]]'], "arith.mulf"),
-    "div": ("a / 2.0", ['"tk.div"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], "arith.divf"),
+    "div": ("a / 2.0", ['"tk.div"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], None),  # in f32
     "max": ("max(a, 0.5)", ['"tk.max"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], "arith.maximumf"),
     "min": ("min(a, 0.5)", ['"tk.min"(%0, %cst) : ([[RT]], f32) -> [[RT]]'], "arith.minimumf"),
     # scalar (op) tile: 2 - a = (-a) + 2, 2 / a = fill(2) / a
@@ -822,25 +832,35 @@ def test_tile_op_scalar_converts_the_scalar_once(op):
     # A bf16 tile: the f32 scalar is truncated once, then one bf16 op per register.
     expr, _, arith_op = SCALAR_CASES[op]
     scalar = "%arg8" if op == "mul" else "%cst{{[_0-9]*}}"    # s: after A's and Y's 4 params
+    flags = "fastmath<contract> " if op in ("add", "sub", "mul") else ""
     check_lowered(_scalar_stages(op)["tk-to-gpu"], """
         CHECK: [[S:%[0-9]+]] = arith.truncf [[SCALAR]] : f32 to bf16 loc([[LOC]])
-        CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, [[S]] : bf16 loc([[LOC]])
+        CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, [[S]] [[FLAGS]]: bf16 loc([[LOC]])
         CHECK-NOT: [[OP]]
-    """.replace("[[SCALAR]]", scalar), scalar_kernel, "y = " + expr, expr, OP=arith_op)
+    """.replace("[[SCALAR]]", scalar).replace("[[FLAGS]]", flags), scalar_kernel,
+        "y = " + expr, expr, OP=arith_op)
 
 
 def test_scalar_minus_tile_lowering():
     check_lowered(_scalar_stages("rsub")["tk-to-gpu"], """
         CHECK-COUNT-8: arith.negf %{{[0-9]+}} : f32 loc([[LOC]])
         CHECK: [[TWO:%[0-9]+]] = arith.truncf %cst{{[_0-9]*}} : f32 to bf16 loc([[LOC]])
-        CHECK-COUNT-8: arith.addf %{{[0-9]+}}, [[TWO]] : bf16 loc([[LOC]])
+        CHECK-COUNT-8: arith.addf %{{[0-9]+}}, [[TWO]] fastmath<contract> : bf16 loc([[LOC]])
     """, scalar_kernel, "y = 2.0 - a", "2.0 - a")
 
 
 def test_scalar_over_tile_lowering():
+    # bf16 division is div.full.f32 on the operands widened to f32, then rounded once.
     check_lowered(_scalar_stages("rdiv")["tk-to-gpu"], """
         CHECK: [[TWO:%cst[_0-9]*]] = arith.constant 2.000000e+00 : bf16 loc([[LOC]])
-        CHECK-COUNT-8: arith.divf [[TWO]], %{{[0-9]+}} : bf16 loc([[LOC]])
+        CHECK-COUNT-8: arith.extf [[TWO]] : bf16 to f32 loc([[LOC]])
+        CHECK-NOT: arith.divf
+    """, scalar_kernel, "y = 2.0 / a", "2.0 / a")
+    check_lowered(_scalar_stages("rdiv")["tk-to-gpu"], """
+        CHECK: [[N:%[0-9]+]] = arith.extf [[TWO:%cst[_0-9]*]] : bf16 to f32 loc([[LOC]])
+        CHECK-NEXT: [[D:%[0-9]+]] = arith.extf %{{[0-9]+}} : bf16 to f32 loc([[LOC]])
+        CHECK-NEXT: [[Q:%[0-9]+]] = llvm.inline_asm "div.full.f32 $0, $1, $2;", "=f,f,f" [[N]], [[D]] : (f32, f32) -> f32 loc([[LOC]])
+        CHECK-NEXT: arith.truncf [[Q]] : f32 to bf16 loc([[LOC]])
     """, scalar_kernel, "y = 2.0 / a", "2.0 / a")
 
 
@@ -969,21 +989,21 @@ def test_broadcast_lowers_to_one_arith_op_per_register(axis, kind):
     expr = _broadcast_expr(axis, kind)
     if axis == "row":   # each thread's 8 registers lie on one row: one vector register
         checks = """
-            CHECK: [[OP]] %{{[0-9]+}}, [[V:%[0-9]+]] : f32 loc([[LOC]])
-            CHECK-COUNT-7: [[OP]] %{{[0-9]+}}, [[V]] : f32 loc([[LOC]])
+            CHECK: [[OP]] %{{[0-9]+}}, [[V:%[0-9]+]] [[TAIL]] loc([[LOC]])
+            CHECK-COUNT-7: [[OP]] %{{[0-9]+}}, [[V]] [[TAIL]] loc([[LOC]])
             CHECK-NOT: [[OP]]
         """
     else:               # ... on 8 columns: 8 vector registers
         checks = """
-            CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, %{{[0-9]+}} : f32 loc([[LOC]])
+            CHECK-COUNT-8: [[OP]] %{{[0-9]+}}, %{{[0-9]+}} [[TAIL]] loc([[LOC]])
             CHECK-NOT: [[OP]]
         """
     text = _broadcast_stages(axis, kind)["tk-to-gpu"]
-    check_lowered(text, checks, broadcast_kernel, "y = " + expr, expr,
-                  OP={"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf",
-                      "div": "arith.divf"}[kind])
+    lowered, tail = LOWERED_F32[kind]
+    check_lowered(text, checks, broadcast_kernel, "y = " + expr, expr, OP=lowered, TAIL=tail)
     if axis == "col":
-        operands = re.findall(r"arith\.\w+f %\d+, (%\d+) : f32 loc\(" + loc_alias(
+        operands = re.findall(r'(?:arith\.\w+f|"=f,f,f") %\d+, (%\d+) (?:fastmath<contract> )?'
+                              r": (?:\(f32, f32\) -> )?f32 loc\(" + loc_alias(
             text, broadcast_kernel, "y = " + expr, expr) + r"\)", text)
         assert len(set(operands)) == 8, operands
 

@@ -321,7 +321,7 @@ class Autotuner:
         return cache.make_key(
             kind="tk-autotune", name=k.__name__, source=k.source,
             where=[k.filename, k._source.first_line], globals=k._globals_key(),
-            num_warps=k.default_num_warps, configs=[c._jsonable() for c in self.configs],
+            num_warps=k.default_num_warps, fp_contract=k.fp_contract, configs=[c._jsonable() for c in self.configs],
             key=[[n, cache.jsonable(v)] for n, v in zip(self.key, key)],
             device=[where[0], list(where[1])])
 

@@ -41,6 +41,7 @@ class Specialization:
     num_warps: int
     globals_key: str       # the module-level values the kernel reads, as text
     first_line: int = 0    # where the source sits (the stages' locations name it)
+    fp_contract: bool = True   # tile a*b+c may contract to fma (@tk.kernel(fp_contract=))
 
     def dump_name(self) -> str:
         """TK_MLIR_DUMP_DIR's folder for this specialization: the kernel's name
@@ -53,7 +54,7 @@ class Specialization:
                               args=[list(map(cache.jsonable, a)) for a in self.args],
                               constexprs=[[k, cache.jsonable(v)] for k, v in self.constexprs],
                               num_warps=self.num_warps, globals=self.globals_key,
-                              arch=TARGET.arch)
+                              fp_contract=self.fp_contract, arch=TARGET.arch)
 
 
 class Stages(Mapping):
@@ -336,6 +337,9 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         stage[0] = "frontend"
         module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
                               dict(spec.constexprs), spec.num_warps)
+        if not spec.fp_contract:
+            from .dialects import contracts
+            contracts.NO_FP_CONTRACT.set(module.body.operations[0], True)
         stage[0] = "lowering"
         lowered = lower(module, on_stage if folder is not None else None, spec.name)
         from .dialects import contracts

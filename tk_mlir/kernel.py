@@ -39,13 +39,18 @@ _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its 
 
 
 class Kernel:
-    def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS):
+    def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS,
+                 fp_contract: bool = True):
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
         self._source = KernelSource.of(fn)
         self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
+        if not isinstance(fp_contract, bool):
+            raise CompilationError(f"fp_contract must be True or False, got {fp_contract!r}",
+                                   self.filename, self._source.first_line, self._source.indent)
+        self.fp_contract = fp_contract      # a*b+c may be one fma (lowering/compute.py)
         if not valid_num_warps(num_warps):
             raise CompilationError(f"num_warps {NUM_WARPS_RULE}, got "
                                    f"{num_warps!r}", self.filename, self._source.first_line,
@@ -129,7 +134,7 @@ class Kernel:
                 names.append(p.name)
         spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
                               tuple(names), tuple(consts), num_warps, "",
-                              self._source.first_line)
+                              self._source.first_line, self.fp_contract)
         return compiler.compile_cached(spec, self._ast, self.fn.__globals__, dict(consts))
 
     def _ast(self) -> ast.FunctionDef:
@@ -242,8 +247,11 @@ def _to_front(items: list, item) -> None:
             return
 
 
-def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS):
-    """Decorator: `@tk.kernel` or `@tk.kernel(num_warps=8)`."""
+def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS,
+           fp_contract: bool = True):
+    """Decorator: `@tk.kernel` or `@tk.kernel(num_warps=8)`. fp_contract=False
+    keeps each tile multiply and add rounded on its own (no fma contraction;
+    Triton's enable_fp_fusion=False)."""
     if fn is None:
-        return lambda f: Kernel(f, num_warps)
-    return Kernel(fn, num_warps)
+        return lambda f: Kernel(f, num_warps, fp_contract)
+    return Kernel(fn, num_warps, fp_contract)

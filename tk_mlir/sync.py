@@ -7,6 +7,8 @@ elected thread, and register reallocation between warpgroups.
     if tk.elect_leader():                        # one thread per warp, no serialization loop
         ...
     tk.decrease_registers(40)                    # setmaxnreg for this warpgroup
+    tk.named_barrier(1, warps=8)                 # bar.sync 1, 256: wait for 8 warps
+    tk.named_barrier_arrive(1, warps=8)          # bar.arrive 1, 256: count in, no wait
 
 A semaphore's phase flips each time its arrivals (and expected TMA bytes)
 complete; `tk.ring_phase(i, STAGES)` is the parity of the i-th use of slot
@@ -21,7 +23,7 @@ from .values import Scalar, Semaphore, as_scalar, builds, emit, i32, scalar_bina
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
            "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
-           "cluster_rank", "cluster_sync"]
+           "cluster_rank", "cluster_sync", "named_barrier_arrive"]
 
 
 def _arrivals(arrivals) -> int:
@@ -164,13 +166,33 @@ def named_barrier(id, warps) -> None:
     """bar.sync among `warps` warps on barrier `id` (1-15; the block barrier is 0).
     Every warp of the group must reach it; e.g. the consumer warpgroups of a
     warp-specialized kernel: tk.named_barrier(1, warps=8)."""
+    _named_barrier("named_barrier", id, warps, "sync")
+
+
+@builtin
+@builds('named_barrier')
+def named_barrier_arrive(id, warps) -> None:
+    """bar.arrive: count this warp in on barrier `id` among `warps` warps and
+    go on without waiting. The barrier completes when `warps` warps have
+    arrived or synced on it, releasing those waiting in tk.named_barrier(id,
+    warps); e.g. ping-pong between two consumer warpgroups (8 warps): one
+    waits with tk.named_barrier(1, 8) while the other signals it with
+    tk.named_barrier_arrive(1, 8). Writes before the arrival are visible to
+    the waiters once it completes."""
+    _named_barrier("named_barrier_arrive", id, warps, "arrive")
+
+
+def _named_barrier(what: str, id, warps, mode: str) -> None:
+    # warps, not threads: PTX wants a thread count that is a multiple of 32.
     compile_time_int(warps, "warps", 1, 32)
+    from .values import current
+    if warps > current.get().num_warps:      # it could never complete: a hang
+        raise CompilationError(f"{what}(warps={warps}) waits for more warps than the kernel "
+                               f"has (num_warps={current.get().num_warps})")
     if isinstance(id, int) and not 1 <= id <= 15:
         raise CompilationError(f"a named barrier id must be from 1 to 15 (0 is the block "
                                f"barrier, tk.barrier()), got {id!r}")
     s = as_scalar(id)
     if s.kind != "int":
-        raise CompilationError(f"named_barrier id must be an int, got {id!r}")
-    emit("named_barrier", [s], warps=warps)
-
-
+        raise CompilationError(f"{what} id must be an int, got {id!r}")
+    emit("named_barrier", [s], warps=warps, mode=mode)

@@ -194,6 +194,7 @@ class TileLike(Value):
     def relu(self): return self._unary("relu")
     def sqrt(self): return self._unary("sqrt")
     def rsqrt(self): return self._unary("rsqrt")
+    def rcp(self): return self._unary("rcp")      # 1/x by rcp.approx.ftz.f32
     def __neg__(self): return self._unary("neg")
 
     @builds("cvt")
