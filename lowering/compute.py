@@ -15,7 +15,8 @@ from mlir.dialects import arith, llvm
 from mlir.dialects import math as mmath
 
 from ..dialects import types as T
-from .context import LoweringContext, float_constant, lowers
+from ..dialects.tk import LOGICAL
+from .context import LoweringContext, constant, float_constant, lowers
 from .fragments import F32, Fragment, layout_of
 
 
@@ -42,12 +43,16 @@ UNARY_F32 = {
 # Binary maps in the tile's own dtype (bf16/f16 arithmetic is native on sm_90).
 BINARY = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
           "max": arith.maximumf, "min": arith.minimumf}
+# ... and on i32 tiles (signed, as Python's ints; div is refused by tk-verify),
+# the logical ops on bool tiles (masks) too.
+INT_BINARY = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "max": arith.maxsi,
+              "min": arith.minsi, "and": arith.andi, "or": arith.ori, "xor": arith.xori}
 
 
 @lowers("tk.fill")
 def lower_fill(ctx: LoweringContext, op) -> Fragment:
     t = T.parse(op.result.type)
-    return Fragment.full(float_constant(op.value, t.dtype), t, ctx.num_warps)
+    return Fragment.full(constant(op.value, t.dtype), t, ctx.num_warps)
 
 
 @lowers("tk.cvt")
@@ -60,12 +65,15 @@ def _unary(ctx: LoweringContext, op, src: Fragment) -> Fragment:
 
 
 def _binary(ctx: LoweringContext, op, lhs: Fragment, rhs) -> Fragment:
-    return lhs.zip_with(rhs, BINARY[op.operation.name.removeprefix("tk.")])
+    table = BINARY if T.is_float(lhs.dtype) else INT_BINARY
+    return lhs.zip_with(rhs, table[op.operation.name.removeprefix("tk.")])
 
 
 for _name in UNARY_F32:
     lowers(f"tk.{_name}")(_unary)
 for _name in BINARY:
+    lowers(f"tk.{_name}")(_binary)
+for _name in LOGICAL:
     lowers(f"tk.{_name}")(_binary)
 
 

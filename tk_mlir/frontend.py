@@ -563,6 +563,8 @@ class KernelBuilder(ast.NodeVisitor):
         v = self.eval(node.operand)
         if not _is_runtime(v):
             return self.python(node, _PY_UNARY[type(node.op)], v)
+        if isinstance(node.op, ast.Invert) and isinstance(v, V.TileLike):
+            return ~v
         if isinstance(node.op, ast.USub):
             if isinstance(v, V.TileLike):
                 return -v
@@ -575,7 +577,7 @@ class KernelBuilder(ast.NodeVisitor):
         if not (_is_runtime(a) or _is_runtime(b)):
             return self.python(node, _PY_BINOPS[op], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
-            if op not in ("add", "sub", "mul", "div", "max", "min"):
+            if op not in ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor"):
                 raise self.error(node, f"operator {op} is not defined on tiles")
             return V.tile_binary(op, a, b)
         return V.scalar_binary(op, a, b)
@@ -603,7 +605,7 @@ class KernelBuilder(ast.NodeVisitor):
         if not (_is_runtime(a) or _is_runtime(b)):
             return self.python(node, _PY_CMPOPS[name], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
-            raise self.error(node, "tile comparisons are not supported")
+            return V.tile_compare(name, a, b)
         return V.compare(name, a, b)
 
     def visit_BoolOp(self, node):
