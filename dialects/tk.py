@@ -106,10 +106,10 @@ REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
 CACHE_HINTS = ("normal", "stream")   # optional `cache` attribute of tk.load / tk.store
 LOGICAL = ("and", "or", "xor")       # elementwise on bool (masks) and i32 tiles
-# tk.cmp predicates -> (arith.cmpi predicate: signed ints, arith.cmpf predicate:
+# tk.cmp predicates -> (arith.CmpIPredicate: signed ints, arith.CmpFPredicate:
 # ordered, but `ne` unordered: NaN != x is true, as in Python).
-COMPARISONS = {"lt": ("slt", "olt"), "le": ("sle", "ole"), "gt": ("sgt", "ogt"),
-               "ge": ("sge", "oge"), "eq": ("eq", "oeq"), "ne": ("ne", "une")}
+COMPARISONS = {"lt": ("slt", "OLT"), "le": ("sle", "OLE"), "gt": ("sgt", "OGT"),
+               "ge": ("sge", "OGE"), "eq": ("eq", "OEQ"), "ne": ("ne", "UNE")}
 
 OPS: tuple[OpDef, ...] = (
     # Where this thread is.

@@ -198,6 +198,9 @@ class TileLike(Value):
 
     def __invert__(self):
         """~mask: the elementwise not of a bool tile (bitwise not of an i32 tile)."""
+        if T.is_float(self.dtype):
+            raise CompilationError(f"~ is defined on bool tiles (masks) and i32 tiles, not on "
+                                   f"{self.dtype} tiles")
         return tile_binary("xor", self, True if self.dtype == "bool" else -1)
 
     @builds("tile_index")
