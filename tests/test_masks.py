@@ -293,6 +293,18 @@ def k_store_mask_to_shared(X: tk.gl[f32]):
     tk.store(s, x > 0.0)  # E:mask-to-shared
 
 
+@tk.kernel(num_warps=4)
+def k_and_masks(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    y = x > 0.0 and x < 1.0  # E:and-masks
+
+
+@tk.kernel(num_warps=4)
+def k_not_mask(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    y = not (x > 0.0)  # E:not-mask
+
+
 REGISTERS_ONLY = "tiles live in registers only (indices and masks)"
 
 
@@ -327,6 +339,8 @@ REGISTERS_ONLY = "tiles live in registers only (indices and masks)"
     (k_load_bool, "load-bool", "tk.load", "tk.load: bool " + REGISTERS_ONLY),
     (k_shared_i32, "shared-i32", "tk.shared_tile", "i32 16x64 shared tile: i32 " + REGISTERS_ONLY),
     (k_store_mask_to_shared, "mask-to-shared", "tk.store", "tk.store: bool " + REGISTERS_ONLY),
+    (k_and_masks, "and-masks", "x > 0.0 and", "combine masks elementwise with & and |"),
+    (k_not_mask, "not-mask", "not", "the elementwise not of a mask is ~mask"),
 ])
 def test_mask_mistake_is_a_compile_error_at_its_line(kernel, marker, at, message):
     test_errors.check_error(compile_error(kernel, F32), marker, at, message, HERE)

@@ -571,6 +571,9 @@ class KernelBuilder(ast.NodeVisitor):
             return V.scalar_binary("sub", 0 if v.kind == "int" else 0.0, v)
         if isinstance(node.op, ast.Not) and isinstance(v, V.Scalar) and v.kind == "bool":
             return V.scalar_binary("xor", v, True)
+        if isinstance(node.op, ast.Not) and isinstance(v, V.TileLike):
+            raise self.error(node, "`not` needs one truth value; the elementwise not of a mask "
+                                   "is ~mask")
         raise self.error(node, f"unary {type(node.op).__name__} is not supported on {v!r}")
 
     def binary(self, node, op: str, a, b):
@@ -610,6 +613,9 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_BoolOp(self, node):
         vals = [self.eval(v) for v in node.values]
+        if any(isinstance(v, V.TileLike) for v in vals):
+            raise self.error(node, "`and` / `or` need one truth value; combine masks "
+                                   "elementwise with & and | (in parentheses: (a < b) & (c < d))")
         if not any(_is_runtime(v) for v in vals):
             out = vals[0]
             for v in vals[1:]:
