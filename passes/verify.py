@@ -86,8 +86,8 @@ def _scalar_ok(name: str, tile, scalar: ir.Value) -> None:
     float tiles, i32 with i32 tiles, a bool with bool tiles."""
     want = T.scalar_dtype(tile.dtype)
     got = T.dtype_of(scalar.type) or str(scalar.type)
-    _require(got == want, f"{name}: a {got} scalar cannot be combined with {_show(tile)} "
-             f"(it takes a{'n' if want[0] in 'aefi' else ''} {want} scalar)"
+    _require(got == want, f"{name}: {_show(tile)} cannot be combined with a scalar of type "
+             f"{got} (it takes {want} scalars)"
              + ("; convert the tile with .to(tk.f32)" if want == "i32" and got == "f32" else ""))
 
 

@@ -69,6 +69,13 @@ def bf16_compare(X: tk.gl[bf16], Y: tk.gl[bf16]):
     tk.store(Y, tk.where(x > 0.1, x, tk.zeros((16, 64), bf16)), (0, 0))
 
 
+@tk.kernel(num_warps=4)
+def int_fill(X: tk.gl[f32], Y: tk.gl[f32], s: float):
+    x = tk.load(X, (0, 0), (16, 64))
+    k = tk.full((16, 64), 7, "i32")
+    tk.store(Y, tk.where(x.col_indices() < k, s, 2), (0, 0))
+
+
 def stages(kernel, *args, **kwargs) -> dict[str, str]:
     return kernel.compile(*args, **kwargs).stages
 
@@ -126,6 +133,18 @@ def test_i32_tiles_stay_integer():
                "arith.sitofp"):
         assert op in lowered, op
     assert not re.search(r"arith\.(addf|maximumf|minimumf).*: i32", lowered)
+
+
+def test_int_fill_and_where_between_run_time_and_compile_time_numbers():
+    vec = lambda dtype: rt(dtype, 16, 64, "vec", "block")   # noqa: E731
+    text = stages(int_fill, F32, F32, 1.5)
+    filecheck(text["tk"], """
+        CHECK: "tk.fill"() {value = 7 : i64} : () -> [[I]]
+        CHECK: "tk.cmp"(%{{.*}}, %{{.*}}) {predicate = "lt"} : ([[I]], [[I]]) -> [[B]]
+        CHECK: [[TWO:%.+]] = arith.constant 2.000000e+00 : f32
+        CHECK: "tk.select"(%{{.*}}, %arg2, [[TWO]]) : ([[B]], f32, f32) -> [[F]]
+    """, I=vec("i32"), B=vec("i1"), F=vec("f32"))
+    filecheck(text["tk-to-gpu"], "CHECK: arith.constant 7 : i32")
 
 
 def test_vector_indices_take_the_vectors_layout():
@@ -328,8 +347,8 @@ REGISTERS_ONLY = "tiles live in registers only (indices and masks)"
                                                   "(vec, block) and f32 32x64 tile (vec, block)"),
     (k_order_masks, "order-masks", "(x > 0.0) <", "(a mask) compares with == and != only"),
     (k_int_float_scalar, "int-float-scalar", "x.col_indices() +",
-     "add: a f32 scalar cannot be combined with i32 16x64 tile (vec, block) (it takes an i32 "
-     "scalar); convert the tile with .to(tk.f32)"),
+     "add: i32 16x64 tile (vec, block) cannot be combined with a scalar of type f32 (it takes "
+     "i32 scalars); convert the tile with .to(tk.f32)"),
     (k_int_div, "int-div", "x.col_indices() /", "div is not defined on i32 16x64 tile"),
     (k_exp_int, "exp-int", "x.row_indices().exp", "exp is defined on float tiles, not on i32 "
                                                   "16x64 tile (vec, block); convert with .to"),

@@ -204,9 +204,10 @@ def where(mask, a, b):
         raise CompilationError(f"tk.where: the mask must be a bool tile or vector (e.g. from "
                                f"a comparison), got {mask!r}; for numbers write "
                                f"`a if c else b`")
-    a, b = (x if isinstance(x, TileLike) else as_scalar(x) for x in (a, b))
     tiles = [x for x in (a, b) if isinstance(x, TileLike)]
-    kinds = {x.kind for x in (a, b) if isinstance(x, Scalar)}
+    # Scalar.kind and the Python number types share the names bool, int, float.
+    kinds = {x.kind if isinstance(x, Scalar) else type(x).__name__ for x in (a, b)
+             if not isinstance(x, TileLike)}
     dtype = tiles[0].dtype if tiles else "f32" if "float" in kinds else \
         "bool" if kinds == {"bool"} else "i32"
     a, b = (x if isinstance(x, TileLike) else scalar_operand(dtype, x) for x in (a, b))

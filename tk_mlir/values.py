@@ -210,7 +210,8 @@ class TileLike(Value):
 
     @builds("cvt")
     def to(self, dtype):
-        """Convert the element type (f32 <-> bf16 <-> f16)."""
+        """Convert the element type (f32 <-> bf16 <-> f16; i32 and bool indices and
+        masks to floats, as Python's float() does)."""
         name = dtype_name(dtype)
         if name == self.dtype:
             return self
@@ -237,6 +238,8 @@ def scalar_operand(dtype: str, x) -> Scalar:
     """A number combined with a `dtype` tile, in the tile's arithmetic (f32 for
     float tiles, i32 for i32 tiles, as is for masks); a float with an i32 tile
     stays a float, for tk-verify to refuse at the user's line."""
+    if T.is_float(dtype) and type(x) in (int, float):
+        return constant(float(x))            # a compile-time number: no int constant + sitofp
     s = as_scalar(x)
     if T.is_float(dtype):
         return to_float(s)
