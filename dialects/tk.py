@@ -105,6 +105,11 @@ BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
 CACHE_HINTS = ("normal", "stream")   # optional `cache` attribute of tk.load / tk.store
+LOGICAL = ("and", "or", "xor")       # elementwise on bool (masks) and i32 tiles
+# tk.cmp predicates -> (arith.CmpIPredicate: signed ints, arith.CmpFPredicate:
+# ordered, but `ne` unordered: NaN != x is true, as in Python).
+COMPARISONS = {"lt": ("slt", "OLT"), "le": ("sle", "OLE"), "gt": ("sgt", "OGT"),
+               "ge": ("sge", "OGE"), "eq": ("eq", "OEQ"), "ne": ("ne", "UNE")}
 
 OPS: tuple[OpDef, ...] = (
     # Where this thread is.
@@ -205,6 +210,19 @@ OPS: tuple[OpDef, ...] = (
     OpDef("broadcast", operands=("src", "vec"), results=("result",),
           attributes=("kind", "axis"), same_type=("src", "result"), layout="broadcast",
           doc="tile (kind) vector, the vector repeated along rows (axis=row) or columns"),
+    # Masks: indices, comparisons and selects (i32 and bool tiles live in registers only).
+    OpDef("tile_index", operands=("src",), results=("result",), attributes=("axis",),
+          thread_varying=True, layout="same",
+          doc="the i32 tile (vector) of src's shape and layout whose elements are their own "
+              "index along `axis` (0: row, 1: column) within the tile"),
+    *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),
+            layout="same", doc=f"elementwise {n} of bool (or i32) tiles; rhs a tile of the "
+                               f"same type or a scalar") for n in LOGICAL),
+    OpDef("cmp", operands=("lhs", "rhs"), results=("result",), attributes=("predicate",),
+          layout="same", doc="elementwise comparison (COMPARISONS) to a bool tile; rhs a tile "
+                             "of the same type or a scalar"),
+    OpDef("select", operands=("mask", "a", "b"), results=("result",), layout="same",
+          doc="elementwise mask ? a : b; a and b tiles of the result type or scalars"),
 )
 OPS_BY_NAME = {op.name: op for op in OPS}
 

@@ -26,8 +26,14 @@ DTYPES = {
     "f32": ("f32", 4),
     "f8e4m3": ("f8E4M3FN", 1),
     "f8e5m2": ("f8E5M2", 1),
+    "i32": ("i32", 4),
+    "bool": ("i1", 1),
 }
 _FROM_MLIR = {spelling: name for name, (spelling, _) in DTYPES.items()}
+# Indices and masks: register tiles and vectors only (no load, store, shared
+# tile, TMA or MMA takes them), so kernel arguments never hold them.
+REGISTER_ONLY = ("i32", "bool")
+MEMORY_DTYPES = tuple(d for d in DTYPES if d not in REGISTER_ONLY)
 
 SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps
 TILE_LAYOUTS = ("vec", "row", "col")
@@ -52,6 +58,21 @@ def _parse_type(text: str):
 
 def element_type(dtype: str):
     return _parse_type(DTYPES[dtype][0])
+
+
+def is_float(dtype: str) -> bool:
+    return dtype not in REGISTER_ONLY
+
+
+def scalar_dtype(dtype: str) -> str:
+    """The dtype of a scalar operand of a tile op on `dtype` tiles: f32 for the
+    float tiles (converted to the tile's dtype when lowered), else its own."""
+    return "f32" if is_float(dtype) else dtype
+
+
+def dtype_of(t) -> str | None:
+    """The tk dtype of an MLIR element type (f32, i32, i1 ...), None for others."""
+    return _FROM_MLIR.get(str(t))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from mlir.dialects import arith, llvm
 from mlir.dialects import math as mmath
 
 from ..dialects import types as T
-from .context import LoweringContext, float_constant, lowers
+from ..dialects.tk import LOGICAL
+from .context import LoweringContext, constant, float_constant, lowers
 from .fragments import F32, Fragment, layout_of
 
 
@@ -72,10 +73,16 @@ def _binary_fn(ctx: LoweringContext, name: str):
     return lambda x, y: fn(x, y, fastmath=contract)
 
 
+# ... and on i32 tiles (signed, as Python's ints; div is refused by tk-verify),
+# the logical ops on bool tiles (masks) too.
+INT_BINARY = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "max": arith.maxsi,
+              "min": arith.minsi, "and": arith.andi, "or": arith.ori, "xor": arith.xori}
+
+
 @lowers("tk.fill")
 def lower_fill(ctx: LoweringContext, op) -> Fragment:
     t = T.parse(op.result.type)
-    return Fragment.full(float_constant(op.value, t.dtype), t, ctx.num_warps)
+    return Fragment.full(constant(op.value, t.dtype), t, ctx.num_warps)
 
 
 @lowers("tk.cvt")
@@ -88,12 +95,16 @@ def _unary(ctx: LoweringContext, op, src: Fragment) -> Fragment:
 
 
 def _binary(ctx: LoweringContext, op, lhs: Fragment, rhs) -> Fragment:
-    return lhs.zip_with(rhs, _binary_fn(ctx, op.operation.name.removeprefix("tk.")))
+    name = op.operation.name.removeprefix("tk.")
+    fn = _binary_fn(ctx, name) if T.is_float(lhs.dtype) else INT_BINARY[name]
+    return lhs.zip_with(rhs, fn)
 
 
 for _name in UNARY_F32:
     lowers(f"tk.{_name}")(_unary)
 for _name in BINARY:
+    lowers(f"tk.{_name}")(_binary)
+for _name in LOGICAL:
     lowers(f"tk.{_name}")(_binary)
 
 

@@ -151,6 +151,12 @@ def float_constant(value: float, dtype: str) -> ir.Value:
     return arith.constant(T.element_type(dtype), value)
 
 
+def constant(value, dtype: str) -> ir.Value:
+    """`value` as a register of any tile dtype (i32 and bool take ints)."""
+    return float_constant(float(value), dtype) if T.is_float(dtype) else \
+        arith.constant(T.element_type(dtype), int(value))
+
+
 def _inside(block: ir.Block, outer: ir.Block) -> bool:
     """Is `block` the block `outer` or nested in it?"""
     while True:

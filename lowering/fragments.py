@@ -23,9 +23,22 @@ def convert(v: ir.Value, src: str, dst: str) -> ir.Value:
     """One register from dtype src to dst (through f32)."""
     if src == dst:
         return v
+    if not (T.is_float(src) and T.is_float(dst)):
+        return _convert_int(v, src, dst)
     if src != F32:
         v = arith.extf(ir.F32Type.get(), v)
     return v if dst == F32 else arith.truncf(T.element_type(dst), v)
+
+
+def _convert_int(v: ir.Value, src: str, dst: str) -> ir.Value:
+    """To or from i32 / bool as Python's int() and float() do (bool -> 0 or 1,
+    float -> int rounds toward zero). A mask is made by a comparison, never
+    converted to (tk-verify refuses cvt to bool)."""
+    if src == "bool":
+        v, src = arith.extui(ir.IntegerType.get_signless(32), v), "i32"
+    if dst == "i32":
+        return v if src == "i32" else arith.fptosi(T.element_type("i32"), convert(v, src, F32))
+    return convert(arith.sitofp(ir.F32Type.get(), v), F32, dst)
 
 
 @dataclass
@@ -59,10 +72,10 @@ class Fragment:
 
     def zip_with(self, other, fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Fragment:
         """fn on each pair of registers with a fragment of the same layout, or
-        with one f32 scalar (converted once to the fragment's dtype)."""
+        with one scalar (converted once to the fragment's dtype)."""
         if isinstance(other, Fragment):
             return self.like([fn(x, y) for x, y in zip(self.regs, other.regs)])
-        s = convert(other, F32, self.dtype)
+        s = convert(other, T.dtype_of(other.type), self.dtype)
         return self.like([fn(x, s) for x in self.regs])
 
     def broadcast(self, vec: Fragment, keep_axis: int,

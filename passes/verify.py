@@ -69,6 +69,40 @@ def _layout_ok(t, num_warps: int) -> None:
              f"(at most {limit} for one tile); use a smaller tile or more warps")
 
 
+def _in_memory(dtype: str, what: str) -> None:
+    _require(dtype not in T.REGISTER_ONLY, f"{what}: {dtype} tiles live in registers only "
+             f"(indices and masks): no load, store, shared tile, TMA or MMA takes them; "
+             f"convert with .to(tk.f32) or pick values with tk.where")
+
+
+def _float(t, what: str) -> None:
+    _require(T.is_float(t.dtype), f"{what} is defined on float tiles, not on {_show(t)}"
+             + ("; combine masks with & | ^ ~ and pick values with tk.where"
+                if t.dtype == "bool" else "; convert with .to(tk.f32)"))
+
+
+def _scalar_ok(name: str, tile, scalar: ir.Value) -> None:
+    """A scalar operand is in the tile's arithmetic (T.scalar_dtype): f32 with
+    float tiles, i32 with i32 tiles, a bool with bool tiles."""
+    want = T.scalar_dtype(tile.dtype)
+    got = T.dtype_of(scalar.type) or str(scalar.type)
+    _require(got == want, f"{name}: {_show(tile)} cannot be combined with a scalar of type "
+             f"{got} (it takes {want} scalars)"
+             + ("; convert the tile with .to(tk.f32)" if want == "i32" and got == "f32" else ""))
+
+
+def _same_tiles(name: str, a, b) -> None:
+    """Two tile operands of an elementwise op: one shape, dtype, layout and scope
+    (a vector's layout is settled by tk-assign-layouts)."""
+    _require(type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype,
+             f"{name}: operands differ: {_show(a)} and {_show(b)}")
+    if isinstance(a, T.RT):
+        _require(a == b, f"{name}: operands differ in layout or scope: {_show(a)} and {_show(b)}")
+    else:
+        _require(a.scope == b.scope, f"{name}: a {a.scope}-scope vector and a {b.scope}-scope "
+                 f"vector cannot be combined")
+
+
 def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
     if isinstance(mem, T.GL):
         _require(n_indices == mem.rank, f"{verb} needs {mem.rank} coordinates for a rank-"
@@ -76,9 +110,11 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
         tile_rank = 2 if isinstance(tile, T.RT) else 1
         _require(mem.rank >= tile_rank, f"a rank-{mem.rank} tensor cannot hold a "
                  f"{tile_rank}-D tile")
+        _in_memory(tile.dtype, verb)
         _require(tile.dtype == mem.dtype, f"{verb}: the tile is {tile.dtype} but the tensor "
                  f"is {mem.dtype}; convert with .to(tk.{mem.dtype})")
     elif isinstance(mem, T.ST):
+        _in_memory(tile.dtype, verb)
         _require(isinstance(tile, T.RT) and (tile.rows, tile.cols) == (mem.rows, mem.cols)
                  and tile.dtype == mem.dtype,
                  f"{verb}: {_show(tile)} does not match {_show(mem)}")
@@ -121,15 +157,18 @@ def no_extra_rule(op, operands, results, num_warps: int) -> None:
 rule("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id", "gl_dim",
      "barrier", "index", "arrive", "expect_bytes", "wait", "tma_commit", "tma_wait",
      "mma_wait", "elect", "set_registers", "cluster_rank", "cluster_sync", "arrive_remote",
-     "named_barrier", "fill", *tk.UNARY)(no_extra_rule)
+     "named_barrier", "fill")(no_extra_rule)
 
 
 def _common(op, operands, results, num_warps: int) -> None:
     """The rules every tk op obeys: whole arrays are used element by element,
-    register tiles have a valid layout, fp8 stays in memory."""
+    register tiles have a valid layout, fp8 stays in memory, i32 and bool in
+    registers."""
     _whole_arrays(op)
     for t in operands + results:
         _layout_ok(t, num_warps)
+        if isinstance(t, (T.GL, T.ST, T.SV)):
+            _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
                  f"not lowered yet: fp8 can be declared (tk.gl[tk.f8e4m3]) but not loaded, "
@@ -160,28 +199,95 @@ def _copy(op, operands, results, num_warps: int) -> None:
 def _binary(op, operands, results, num_warps: int) -> None:
     name = op.operation.name[3:]
     lhs, rhs = operands
+    _require(lhs.dtype != "bool", f"{name} is not defined on {_show(lhs)} (a mask); combine "
+             f"masks with & | ^ ~, or pick values with tk.where(mask, a, b)")
+    _require(name != "div" or T.is_float(lhs.dtype), f"div is not defined on {_show(lhs)}; "
+             f"convert with .to(tk.f32)")
+    _elementwise(name, lhs, rhs, op.operation.operands[1])
+
+
+def _elementwise(name: str, lhs, rhs, rhs_value: ir.Value) -> None:
     if rhs is None:
-        _require(isinstance(op.operation.operands[1].type, ir.F32Type),
-                 f"{name}: a scalar operand must be f32")
-        return
-    _require(type(lhs) is type(rhs) and lhs.shape == rhs.shape and lhs.dtype == rhs.dtype,
-             f"{name}: operands differ: {_show(lhs)} and {_show(rhs)}")
-    if isinstance(lhs, T.RT):
-        _require(lhs == rhs, f"{name}: operands differ in layout or scope: "
-                 f"{_show(lhs)} and {_show(rhs)}")
+        _scalar_ok(name, lhs, rhs_value)
     else:
-        _require(lhs.scope == rhs.scope, f"{name}: a {lhs.scope}-scope vector and a "
-                 f"{rhs.scope}-scope vector cannot be combined")
+        _same_tiles(name, lhs, rhs)
+
+
+@rule(*tk.UNARY)
+def _unary(op, operands, results, num_warps: int) -> None:
+    _float(operands[0], op.operation.name[3:])
+
+
+@rule(*tk.LOGICAL)
+def _logical(op, operands, results, num_warps: int) -> None:
+    name, lhs = op.operation.name[3:], operands[0]
+    _require(not T.is_float(lhs.dtype), f"{name} (the operator {_SYMBOL[name]}) is defined on "
+             f"bool tiles (masks) and i32 tiles, not on {_show(lhs)}")
+    _elementwise(name, lhs, operands[1], op.operation.operands[1])
+
+
+_SYMBOL = {"and": "&", "or": "|", "xor": "^"}
+
+
+@rule("cmp")
+def _cmp(op, operands, results, num_warps: int) -> None:
+    lhs, rhs = operands
+    _require(op.predicate in tk.COMPARISONS, f"cmp predicate must be one of "
+             f"{tuple(tk.COMPARISONS)}, got {op.predicate!r}")
+    _require(lhs.dtype != "bool" or op.predicate in ("eq", "ne"), f"{_show(lhs)} (a mask) "
+             f"compares with == and != only")
+    _elementwise("comparison", lhs, rhs, op.operation.operands[1])
+    _require(results[0].dtype == "bool" and _placed_alike(results[0], lhs), f"cmp: the result "
+             f"is {_show(results[0])}, expected {_show(lhs.with_dtype('bool'))}")
+
+
+def _placed_alike(a, b) -> bool:
+    """Same kind, shape and scope, and for tiles the same layout: the elements
+    sit in the same registers of the same threads (vectors: once tk-assign-layouts
+    has joined them, which the ops' `layout="same"` trait asks for)."""
+    return type(a) is type(b) and a.shape == b.shape and a.scope == b.scope and \
+        (isinstance(a, T.RV) or a.layout == b.layout)
+
+
+@rule("tile_index")
+def _tile_index(op, operands, results, num_warps: int) -> None:
+    src, out = operands[0], results[0]
+    _require(isinstance(src, (T.RT, T.RV)) and 0 <= op.axis < len(src.shape),
+             f"tile_index: axis {op.axis} of {_show(src)}")
+    _require(out.dtype == "i32" and _placed_alike(out, src), f"tile_index: the result is "
+             f"{_show(out)}, expected an i32 tile like {_show(src)}")
+
+
+@rule("select")
+def _select(op, operands, results, num_warps: int) -> None:
+    mask, out = operands[0], results[0]
+    _require(mask is not None and mask.dtype == "bool", f"tk.where: the mask must be a bool "
+             f"tile or vector (e.g. from a comparison), got "
+             f"{_show(mask) if mask is not None else op.operation.operands[0].type}")
+    _require(_placed_alike(out, mask), f"tk.where: the result {_show(out)} does not match "
+             f"the mask {_show(mask)}")
+    for what, t, v in (("a", operands[1], op.operation.operands[1]),
+                       ("b", operands[2], op.operation.operands[2])):
+        if t is None:
+            _scalar_ok(f"tk.where ({what})", out, v)
+        else:
+            _require(_placed_alike(t, mask), f"tk.where: {what} ({_show(t)}) does not match "
+                     f"the mask ({_show(mask)}): same shape, layout and scope")
+            _require(t.dtype == out.dtype, f"tk.where: {what} is {t.dtype}, the result "
+                     f"{out.dtype}; convert one with .to()")
 
 
 @rule("cvt")
 def _cvt(op, operands, results, num_warps: int) -> None:
     _require(operands[0].shape == results[0].shape, "cvt changes the dtype only")
+    _require(results[0].dtype != "bool", f"cvt: a mask is made by a comparison (x != 0), "
+             f"not converted from {_show(operands[0])}")
 
 
 @rule("reduce")
 def _reduce(op, operands, results, num_warps: int) -> None:
     _require(isinstance(operands[0], T.RT), "reductions apply to register tiles")
+    _float(operands[0], f"{op.kind} reduction")
     _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
     _require(op.axis in tk.AXES, "reduction axis must be row or col")
 
@@ -190,6 +296,7 @@ def _reduce(op, operands, results, num_warps: int) -> None:
 def _broadcast(op, operands, results, num_warps: int) -> None:
     tile, vec = operands
     extent = tile.rows if op.axis == "row" else tile.cols
+    _float(tile, f"{op.kind}_{op.axis}")
     _require(isinstance(vec, T.RV) and vec.length == extent,
              f"{op.kind}_{op.axis}: needs a vector of {extent} "
              f"({'one per row' if op.axis == 'row' else 'one per column'}), got {_show(vec)}")

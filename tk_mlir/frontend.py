@@ -563,19 +563,24 @@ class KernelBuilder(ast.NodeVisitor):
         v = self.eval(node.operand)
         if not _is_runtime(v):
             return self.python(node, _PY_UNARY[type(node.op)], v)
+        if isinstance(node.op, ast.Invert) and isinstance(v, V.TileLike):
+            return ~v
         if isinstance(node.op, ast.USub):
             if isinstance(v, V.TileLike):
                 return -v
             return V.scalar_binary("sub", 0 if v.kind == "int" else 0.0, v)
         if isinstance(node.op, ast.Not) and isinstance(v, V.Scalar) and v.kind == "bool":
             return V.scalar_binary("xor", v, True)
+        if isinstance(node.op, ast.Not) and isinstance(v, V.TileLike):
+            raise self.error(node, "`not` needs one truth value; the elementwise not of a mask "
+                                   "is ~mask")
         raise self.error(node, f"unary {type(node.op).__name__} is not supported on {v!r}")
 
     def binary(self, node, op: str, a, b):
         if not (_is_runtime(a) or _is_runtime(b)):
             return self.python(node, _PY_BINOPS[op], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
-            if op not in ("add", "sub", "mul", "div", "max", "min"):
+            if op not in ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor"):
                 raise self.error(node, f"operator {op} is not defined on tiles")
             return V.tile_binary(op, a, b)
         return V.scalar_binary(op, a, b)
@@ -605,11 +610,14 @@ class KernelBuilder(ast.NodeVisitor):
         if not (_is_runtime(a) or _is_runtime(b)):
             return self.python(node, _PY_CMPOPS[name], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
-            raise self.error(node, "tile comparisons are not supported")
+            return V.tile_compare(name, a, b)
         return V.compare(name, a, b)
 
     def visit_BoolOp(self, node):
         vals = [self.eval(v) for v in node.values]
+        if any(isinstance(v, V.TileLike) for v in vals):
+            raise self.error(node, "`and` / `or` need one truth value; combine masks "
+                                   "elementwise with & and | (in parentheses: (a < b) & (c < d))")
         if not any(_is_runtime(v) for v in vals):
             out = vals[0]
             for v in vals[1:]:

@@ -14,10 +14,11 @@ from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
 from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, builds, emit, fill as
-                     _fill, i32, wrap)
+                     _fill, i32, scalar_operand, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
-           "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier"]
+           "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
+           "where"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -190,3 +191,24 @@ def shared_tiles(dtype, shape, count, *, swizzle=0):
 def barrier():
     """Wait until every thread of the block reaches this point."""
     emit("barrier")
+
+
+@builtin
+@builds('select')
+def where(mask, a, b):
+    """Elementwise `a if mask else b`: mask a bool tile or vector (a comparison,
+    e.g. `t.col_indices() <= t.row_indices()`), a and b tiles or vectors of the
+    mask's shape and layout, or numbers (float('-inf'), a run-time scalar). The
+    result has the tile operand's dtype (f32 when both are numbers)."""
+    if not isinstance(mask, TileLike):
+        raise CompilationError(f"tk.where: the mask must be a bool tile or vector (e.g. from "
+                               f"a comparison), got {mask!r}; for numbers write "
+                               f"`a if c else b`")
+    tiles = [x for x in (a, b) if isinstance(x, TileLike)]
+    # Scalar.kind and the Python number types share the names bool, int, float.
+    kinds = {x.kind if isinstance(x, Scalar) else type(x).__name__ for x in (a, b)
+             if not isinstance(x, TileLike)}
+    dtype = tiles[0].dtype if tiles else "f32" if "float" in kinds else \
+        "bool" if kinds == {"bool"} else "i32"
+    a, b = (x if isinstance(x, TileLike) else scalar_operand(dtype, x) for x in (a, b))
+    return wrap(emit("select", [mask, a, b], mask.tk_type.with_dtype(dtype).to_mlir()))

@@ -137,8 +137,8 @@ _INT_OPS = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "floordiv":
             "lshift": arith.shli, "rshift": arith.shrsi}
 _FLOAT_OPS = {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
               "max": arith.maximumf, "min": arith.minimumf}
-_CMP_INT = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
-_CMP_FLOAT = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+_CMP_INT = {name: i for name, (i, _) in tk.COMPARISONS.items()}
+_CMP_FLOAT = {name: f for name, (_, f) in tk.COMPARISONS.items()}
 
 
 def scalar_binary(op: str, a, b) -> Scalar:
@@ -197,27 +197,68 @@ class TileLike(Value):
     def rcp(self): return self._unary("rcp")      # 1/x by rcp.approx.ftz.f32
     def __neg__(self): return self._unary("neg")
 
+    def __invert__(self):
+        """~mask: the elementwise not of a bool tile (bitwise not of an i32 tile)."""
+        if T.is_float(self.dtype):
+            raise CompilationError(f"~ is defined on bool tiles (masks) and i32 tiles, not on "
+                                   f"{self.dtype} tiles")
+        return tile_binary("xor", self, True if self.dtype == "bool" else -1)
+
+    @builds("tile_index")
+    def _index(self, axis: int):
+        t = self.tk_type
+        return wrap(emit("tile_index", [self], t.with_dtype("i32").to_mlir(), axis=axis))
+
     @builds("cvt")
     def to(self, dtype):
-        """Convert the element type (f32 <-> bf16 <-> f16)."""
+        """Convert the element type (f32 <-> bf16 <-> f16; i32 and bool indices and
+        masks to floats, as Python's float() does)."""
         name = dtype_name(dtype)
         if name == self.dtype:
             return self
         return wrap(emit("cvt", [self], self.tk_type.with_dtype(name).to_mlir()))
 
 
-@builds(*tk.BINARY)
+@builds(*tk.BINARY, *tk.LOGICAL)
 def tile_binary(op: str, a, b):
     """a (op) b where at least one side is a tile or vector."""
     if not isinstance(a, TileLike):          # scalar (op) tile
-        if op in ("add", "mul", "max", "min"):
+        if op in ("add", "mul", "max", "min", *tk.LOGICAL):
             return tile_binary(op, b, a)
-        if op == "sub":
+        if op == "sub" and T.is_float(b.dtype):
             return tile_binary("add", -b, a)
+        if op == "sub":                      # i32: no neg, and a may be a run-time int
+            return tile_binary("add", tile_binary("mul", b, -1), a)
         a = fill(b.shape, a, b.dtype, like=b)
     if not isinstance(b, TileLike):
-        b = to_float(as_scalar(b))
+        b = scalar_operand(a.dtype, b)
     return wrap(emit(op, [a, b], a.ir_type))
+
+
+def scalar_operand(dtype: str, x) -> Scalar:
+    """A number combined with a `dtype` tile, in the tile's arithmetic (f32 for
+    float tiles, i32 for i32 tiles, as is for masks); a float with an i32 tile
+    stays a float, for tk-verify to refuse at the user's line."""
+    if T.is_float(dtype) and type(x) in (int, float):
+        return constant(float(x))            # a compile-time number: no int constant + sitofp
+    s = as_scalar(x)
+    if T.is_float(dtype):
+        return to_float(s)
+    return to_int(s) if dtype == "i32" else s
+
+
+_SWAPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+@builds("cmp")
+def tile_compare(op: str, a, b):
+    """a (op) b, a comparison where at least one side is a tile or vector: a
+    bool tile of the tile's shape and layout."""
+    if not isinstance(a, TileLike):          # scalar (op) tile == tile (swapped op) scalar
+        return tile_compare(_SWAPPED[op], b, a)
+    if not isinstance(b, TileLike):
+        b = scalar_operand(a.dtype, b)
+    return wrap(emit("cmp", [a, b], a.tk_type.with_dtype("bool").to_mlir(), predicate=op))
 
 
 class Tile(TileLike):
@@ -237,6 +278,15 @@ class Tile(TileLike):
     def col_sum(self): return self._reduce("sum", "col")
     def col_max(self): return self._reduce("max", "col")
     def col_min(self): return self._reduce("min", "col")
+
+    def row_indices(self) -> Tile:
+        """An i32 tile like this one (shape, layout, scope) holding each element's
+        row within the tile: `tk.where(t.col_indices() <= t.row_indices(), t, -inf)`."""
+        return self._index(0)
+
+    def col_indices(self) -> Tile:
+        """An i32 tile like this one holding each element's column within the tile."""
+        return self._index(1)
 
     @builds("slice")
     def slice(self, rows=None, cols=None) -> Tile:
@@ -284,6 +334,10 @@ def _span(span, extent: int, what: str) -> tuple[int, int]:
 class Vector(TileLike):
     """A register vector (!tk.rv)."""
 
+    def indices(self) -> Vector:
+        """An i32 vector like this one holding each element's index in it."""
+        return self._index(0)
+
 
 @builds("fill")
 def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
@@ -302,6 +356,10 @@ def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
         raise CompilationError(f"a tile shape has 1 or 2 dims, got {shape!r}")
     if not isinstance(value, (int, float)):
         raise CompilationError(f"fill value must be a compile-time number, got {value!r}")
+    if not T.is_float(t.dtype):     # i32 / bool: an exact int, not an f32 attribute
+        if not -2**31 <= int(value) < 2**31:
+            raise CompilationError(f"integer {value} does not fit in i32")
+        return wrap(emit("fill", [], t.to_mlir(), value=int(value)))
     return wrap(emit("fill", [], t.to_mlir(), value=float(value)))
 
 

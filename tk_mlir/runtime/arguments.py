@@ -326,14 +326,14 @@ def _row_start_error(info, name: str, dim: int) -> ArgumentError:
 # ------------------------------------------------------- compile-only specs
 
 def _supported_dtypes() -> str:
-    from ..dialects.types import DTYPES as KERNEL_DTYPES      # what kernel tiles hold
+    from ..dialects.types import MEMORY_DTYPES as KERNEL_DTYPES   # what kernel tensors hold
     return (f"the supported dtypes are {', '.join(KERNEL_DTYPES)} (tk names, tk.bf16, "
             f"or the torch / numpy dtypes)")
 
 
 def check_element_type(name: str, what: str) -> None:
     """`name` (a canonical dtype name) must be an element type kernels take."""
-    from ..dialects.types import DTYPES as KERNEL_DTYPES
+    from ..dialects.types import MEMORY_DTYPES as KERNEL_DTYPES
     if name not in KERNEL_DTYPES:
         raise ArgumentError(f"{what} ({name}) is not an element type tk_mlir kernels take; "
                             f"{_supported_dtypes()}")
