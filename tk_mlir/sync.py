@@ -22,7 +22,7 @@ from .language import builtin, compile_time_int
 from .values import Scalar, Semaphore, as_scalar, builds, emit, i32, scalar_binary
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
-           "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
+           "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
            "cluster_rank", "cluster_sync", "named_barrier_arrive"]
 
 
@@ -144,6 +144,19 @@ def _registers(count, action: str) -> None:
         raise CompilationError(f"register count must be a compile-time multiple of 8 from 24 to "
                                f"256, got {count!r}")
     emit("set_registers", count=count, action=action)
+
+
+@builtin
+def registers_per_thread() -> int:
+    """Registers per thread a block of this kernel starts with (a compile-time
+    int): the SM's register file shared by the block's threads, as ptxas sizes
+    a kernel that reallocates. tk.increase_registers / decrease_registers
+    only move registers between warpgroups: an increase waits until others
+    give back enough, so a split of more than this (times the warpgroups)
+    waits forever."""
+    from .target import TARGET
+    from .values import current
+    return TARGET.launch_registers(32 * current.get().num_warps)
 
 
 @builtin

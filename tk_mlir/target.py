@@ -18,11 +18,19 @@ class Target:
     description: str               # what a device must be, in words
     max_shared_bytes: int          # dynamic shared memory per block (opt-in)
     max_registers_per_thread: int
+    registers_per_sm: int          # the register file setmaxnreg moves registers within
     max_threads_per_block: int
     max_grid: tuple[int, int, int]  # blocks along x, y, z
     swizzle_align: int             # swizzled shared tiles (TMA/wgmma) sit at this alignment
     smem_align: int                # every other shared allocation
     global_align: int              # tensor base / row alignment for 16-byte vectors and TMA
+
+    def launch_registers(self, threads: int) -> int:
+        """Registers per thread of a block of `threads` that asks for as many
+        as fit one block per SM (.maxntid + .minnctapersm 1, as ptxas does for
+        a kernel using setmaxnreg): the register file split evenly, in
+        multiples of 8, at most max_registers_per_thread (rounded down to 8)."""
+        return min(self.registers_per_sm // threads, self.max_registers_per_thread) // 8 * 8
 
     def supports(self, capability: tuple[int, int]) -> bool:
         """Can a device of this compute capability run code built for this
@@ -34,7 +42,8 @@ class Target:
 HOPPER = Target(
     arch="sm_90a", ptx_features="+ptx80", compute_capability=(9, 0),
     description="an NVIDIA Hopper GPU (compute capability 9.0: H100, H200, H800, GH200)",
-    max_shared_bytes=227 * 1024, max_registers_per_thread=255, max_threads_per_block=1024,
+    max_shared_bytes=227 * 1024, max_registers_per_thread=255, registers_per_sm=65536,
+    max_threads_per_block=1024,
     max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
 
 TARGET = HOPPER    # the one target today

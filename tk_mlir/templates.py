@@ -51,9 +51,11 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
-    assert 128 * (consumers * consumer_registers + producer_registers) <= 65536, \
+    assert consumers * consumer_registers + producer_registers <= \
+        (consumers + 1) * tk.registers_per_thread(), \
         f"lcf: {consumers} x {consumer_registers} + {producer_registers} registers per thread " \
-        f"for warpgroups of 128 threads exceed the 65536 of an SM (setmaxnreg would wait forever)"
+        f"exceed the block's {(consumers + 1) * tk.registers_per_thread()} (setmaxnreg would " \
+        f"wait forever)"
     tk.use_cluster(cluster)
     ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
             for dtype, shape, swizzle in inputs]

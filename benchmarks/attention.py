@@ -1,0 +1,149 @@
+"""Attention forward: tk_mlir vs torch SDPA (cuDNN backend, FlashAttention-2 backend).
+
+On the GPU machine, from the repository root:
+    python3 benchmarks/attention.py --out-dir "$OUT"            # the full table
+    python3 benchmarks/attention.py --quick                     # N=4096, D=128 only
+    python3 benchmarks/attention.py --n 4096,16384 --d 128 --causal 0
+
+B·N = 16384 tokens, H·D = 2048 (H = 2048 / D), bf16, (B, H, N, D) inputs;
+FLOPs per call = 4·B·H·N²·D, half of it for causal. Every implementation is
+checked against a float32 reference (explicit softmax, on a slice of heads)
+before it is timed, with its output poisoned first.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
+import protocol as P  # noqa: E402
+
+TOKENS, HIDDEN = 16384, 2048
+NS, DS = [1024, 2048, 4096, 8192, 16384], [64, 128]
+IMPLS = ["tk_mlir", "cudnn", "fa2"]
+TOL = 1e-2               # rel. Frobenius error vs float32 above this marks a row WRONG
+CHECK_HEADS = 2          # heads of batch 0 the reference covers
+
+
+def tk_attention(q, k, v, causal):
+    from tk_mlir.kernels.attention import attention
+    return attention(q, k, v, causal=causal)
+
+
+def sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def make_impls(names):
+    from torch.nn.attention import SDPBackend
+    table = {"tk_mlir": tk_attention,
+             "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+             "fa2": sdpa(SDPBackend.FLASH_ATTENTION)}
+    return [(n, table[n]) for n in names]
+
+
+def reference(q, k, v, causal: bool) -> torch.Tensor:
+    qf, kf, vf = (x[0, :CHECK_HEADS].float() for x in (q, k, v))
+    s = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
+                          float("-inf"))
+    return torch.softmax(s, -1) @ vf
+
+
+def bench(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
+    b, h = TOKENS // n, HIDDEN // d
+    flops = 4 * b * h * n * n * d // (2 if causal else 1)
+    shape = f"N={n} D={d}{' causal' if causal else ''}"
+    base = {"op": "attention", "shape": shape, "B": b, "H": h, "N": n, "D": d,
+            "causal": causal, "flops": flops}
+    rows = [{**base, "impl": name} for name, _ in impls]
+
+    def one(g):
+        return tuple(P.uniform(g, b, h, n, d) for _ in range(3))
+
+    groups = P.make_input_groups(one, 3 * 2 * b * h * n * d)
+    ref = reference(*groups[0], causal)
+    print(f"{shape}: B={b} H={h}, {len(groups)} groups", flush=True)
+    for row, (name, fn) in zip(rows, impls):
+        call = lambda g, fn=fn: fn(g[0], g[1], g[2], causal)  # noqa: E731
+        try:
+            out = call(groups[0])
+            out.fill_(float("nan"))         # a fresh output each call; poison the old one
+            out = call(groups[0])
+            if not bool(torch.isfinite(out).all()):
+                err = float("nan")
+            else:
+                err = ((out[0, :CHECK_HEADS].float() - ref).norm() / ref.norm()).item()
+            row["rel_err"] = err
+            row["status"] = "ok" if err <= TOL else "WRONG"
+            t = P.time_kernel(call, groups, **timing)
+        except Exception as e:      # one broken implementation must not sink the run
+            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            print(f"  {name:8} {row['status']}", flush=True)
+            continue
+        row.update(ms=t["ms"], ms_min=t["ms_min"], ms_median=t["ms_median"],
+                   groups=t["groups"], tflops=P.tflops(flops, t["ms"]))
+        print(f"  {name:8} {t['ms']:.4f} ms  {row['tflops']:6.1f} TFLOP/s  err {err:.2e} "
+              f"{row['status']}", flush=True)
+    cudnn = next((r.get("ms") for r in rows if r["impl"] == "cudnn"), None)
+    for r in rows:
+        if cudnn and r.get("ms"):
+            r["ratio_vs_cudnn"] = cudnn / r["ms"]
+    del groups
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N=4096, D=128, few launches")
+    ap.add_argument("--n", help="comma list of sequence lengths")
+    ap.add_argument("--d", help="comma list of head dims (64, 128)")
+    ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    P.require_cuda("benchmarks/attention.py")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ns = [int(x) for x in args.n.split(",")] if args.n else [4096] if args.quick else NS
+    ds = [int(x) for x in args.d.split(",")] if args.d else [128] if args.quick else DS
+    causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    names = [s.strip() for s in args.impls.split(",") if s.strip()]
+    if set(names) - set(IMPLS):
+        ap.error(f"--impls: choose from {IMPLS}")
+    timing = (dict(warmup=20, iters=20, repeats=1, pause_s=0.05) if args.quick
+              else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
+    impls = make_impls(names)
+    rows = [r for d in ds for causal in causals for n in ns
+            for r in bench(n, d, causal, impls, timing)]
+    cols = ["shape", "B", "H", "impl", "ms", ("tflops", "TFLOP/s"),
+            ("ratio_vs_cudnn", "vs cuDNN"), ("rel_err", "rel err"), "status"]
+    print("\n" + P.markdown_table(rows, cols) + "\n")
+    meta = {"metric": "tflops", "dtype": "bfloat16", "flops": "4*B*H*N^2*D (half if causal)",
+            "tokens": TOKENS, "hidden": HIDDEN, "tol": TOL, "timing": timing,
+            "check": f"rel. Frobenius error vs float32 on heads 0..{CHECK_HEADS - 1} of batch 0; "
+                     f"NaN anywhere fails", "quick": args.quick}
+    P.write_results("attention" + ("-quick" if args.quick else ""), rows, meta, args.out_dir)
+    bad = [f"{r['shape']} {r['impl']}" for r in rows if r["status"] != "ok"]
+    if bad:
+        print("NOT OK: " + "; ".join(bad))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

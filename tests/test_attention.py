@@ -1,0 +1,199 @@
+"""The attention forward kernel of the library (tk_mlir/kernels/attention.py).
+
+Without a GPU: its PTX and SASS (register-A wgmma, bar.arrive ping-pong,
+ex2.approx with the scale folded into FMAs, no spills, no C75xx warnings) and
+the wrapper's argument errors. With one (`-m gpu`): numerics against a float32
+softmax reference over head dims, lengths, causal, GQA/MQA, strided views and
+fully masked rows, outputs poisoned before launch.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+import tk_mlir as tk
+
+torch = pytest.importorskip("torch")
+gpu = pytest.mark.gpu
+
+
+def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
+    from tk_mlir.kernels.attention import _config, attention_kernel
+    cfg = _config(d, causal)
+    q = tk.spec((2, 16, n, d), dtype)
+    kv = tk.spec((2, h_kv, n_kv or n, d), dtype)
+    lse = tk.spec((2, 16, n), tk.f32)
+    return attention_kernel.compile(q, kv, kv, q, lse, 0.125, D=d, CAUSAL=causal,
+                                    num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+
+
+@pytest.fixture(scope="module", params=[(128, False), (128, True), (64, False), (64, True)],
+                ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}")
+def compiled(request):
+    d, causal = request.param
+    return _compile(d, causal)
+
+
+def test_ptx_has_the_fa3_instructions(compiled):
+    ptx = compiled.asm["ptx"]
+    # P·V takes A from registers: "{d...}, {a0, a1, a2, a3}, descB".
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*"
+                     r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)
+    assert "bar.arrive" in ptx
+    assert "ex2.approx" in ptx
+    assert "fma.rn.f32" in ptx
+    assert "div.rn.f32" not in ptx           # the normalization is a reciprocal
+
+
+def test_register_split_fits_what_the_block_starts_with(compiled):
+    """setmaxnreg moves registers within the block's launch allocation: the
+    kernel's split assumes ptxas gives each thread TARGET.launch_registers."""
+    from tk_mlir.target import TARGET
+    assert compiled.info["registers"] == TARGET.launch_registers(compiled.info["threads"])
+
+
+def test_ptxas_no_spills_no_performance_warnings(compiled):
+    assert compiled.info["spill stores (bytes)"] == 0
+    assert compiled.info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+
+
+def test_sass_register_a_hgmma_bar_arv_and_ffma(compiled):
+    sass = compiled.asm["sass"]
+    assert "LDL" not in sass and "STL" not in sass
+    assert "BAR.ARV" in sass
+    hgmma = [line for line in sass.splitlines() if "HGMMA" in line]
+    # Register A: the first source operand is a register, not a descriptor (gdesc).
+    assert any(re.search(r"HGMMA\.\S+\s+R\d+,\s*R\d+,\s*gdesc", line) for line in hgmma), hgmma
+    assert sass.count("FFMA") >= sass.count("MUFU.EX2") > 0
+
+
+def test_gqa_and_ragged_lengths_compile():
+    c = _compile(128, True, n=1000, n_kv=777, h_kv=2)
+    assert c.info["spill stores (bytes)"] == 0
+
+
+def _cpu(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("make, rule", [
+    (lambda: (_cpu(2, 4, 64, 128)[0], _cpu(2, 4, 64, 128), _cpu(2, 4, 64, 128)), "4-D"),
+    (lambda: (_cpu(2, 4, 64, 128, dtype=torch.float32),) * 3, "torch.bfloat16 or torch.float16"),
+    (lambda: (_cpu(2, 4, 64, 128),) * 3, "CUDA device"),
+])
+def test_argument_errors_before_any_launch(make, rule):
+    from tk_mlir.kernels import attention
+    with pytest.raises((ValueError, TypeError), match=rule):
+        attention(*make())
+
+
+def test_shape_rules_are_named():
+    from tk_mlir.kernels.attention import _check_shapes
+    q = torch.empty(2, 8, 64, 128)
+    with pytest.raises(ValueError, match="must divide the query heads"):
+        _check_shapes(q, torch.empty(2, 3, 64, 128), torch.empty(2, 3, 64, 128))
+    with pytest.raises(ValueError, match="head dim D must be 64, 128 or 256"):
+        _check_shapes(torch.empty(2, 8, 64, 96), torch.empty(2, 8, 64, 96),
+                      torch.empty(2, 8, 64, 96))
+    with pytest.raises(ValueError, match="k and v must have one shape"):
+        _check_shapes(q, torch.empty(2, 8, 64, 128), torch.empty(2, 8, 32, 128))
+    with pytest.raises(ValueError, match=r"\(B=2, H_kv, N_kv, D=128\)"):
+        _check_shapes(q, torch.empty(3, 8, 64, 128), torch.empty(3, 8, 64, 128))
+
+
+# ------------------------------------------------------------------- on the GPU
+
+def _reference(q, k, v, causal, scale):
+    """float32 explicit softmax, bottom-right causal alignment; rows that see
+    no key give 0 and -inf."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, 1)
+    vf = v.float().repeat_interleave(group, 1)
+    s = q.float() @ kf.transpose(-1, -2) * scale
+    if causal:
+        n, n_kv = s.shape[-2:]
+        i = torch.arange(n, device=s.device)[:, None]
+        j = torch.arange(n_kv, device=s.device)[None, :]
+        s = s.masked_fill(j > i + (n_kv - n), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return p @ vf, lse
+
+
+def _run_and_check(q, k, v, causal, scale=None):
+    from tk_mlir.kernels import attention
+    o, lse = attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = _reference(q, k, v, causal, scale or 1 / math.sqrt(q.shape[-1]))
+    assert not o.isnan().any() and not lse.isnan().any()
+    err = ((o.float() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item()
+    assert err < 1e-2, err
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    lerr = ((lse[finite] - ref_lse[finite]).norm() / ref_lse[finite].norm()).item()
+    assert lerr < 1e-4, lerr
+    return o, lse
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n", [128, 1000, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_float32(d, n, causal):
+    g = torch.Generator(device="cuda").manual_seed(1000 * d + n + causal)
+    q, k, v = (torch.randn(2, 4, n, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+    _run_and_check(q, k, v, causal)
+
+
+@gpu
+@pytest.mark.parametrize("h_kv", [1, 2])          # MQA, GQA
+def test_fewer_kv_heads(h_kv):
+    g = torch.Generator(device="cuda").manual_seed(h_kv)
+    q = torch.randn(2, 8, 700, 128, device="cuda", generator=g).half()
+    k, v = (torch.randn(2, h_kv, 700, 128, device="cuda", generator=g).half() for _ in range(2))
+    _run_and_check(q, k, v, True)
+
+
+@gpu
+def test_strided_bnhd_views_from_a_projection():
+    b, n, h, d = 2, 333, 8, 64
+    g = torch.Generator(device="cuda").manual_seed(7)
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", generator=g).bfloat16()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))     # (B, H, N, D) views
+    assert not q.is_contiguous()
+    o, _ = _run_and_check(q, k, v, False, scale=0.3)
+    assert o.stride() == q.stride() or o.is_contiguous()
+
+
+@gpu
+@pytest.mark.parametrize("n, n_kv", [(300, 100), (256, 64), (100, 300)])
+def test_causal_bottom_right_and_fully_masked_rows(n, n_kv):
+    g = torch.Generator(device="cuda").manual_seed(n + n_kv)
+    q = torch.randn(1, 4, n, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(1, 4, n_kv, 128, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    o, lse = _run_and_check(q, k, v, True)
+    if n > n_kv:     # the first n - n_kv rows see no key
+        assert (o[:, :, : n - n_kv] == 0).all()
+        assert (lse[:, :, : n - n_kv] == float("-inf")).all()
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_output_element_is_written(causal):
+    """The kernel on poisoned outputs: every element of O and LSE is written."""
+    from tk_mlir.kernels.attention import launch
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 128, device="cuda", generator=g).bfloat16()
+               for _ in range(3))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 200), float("nan"), device="cuda")
+    launch(q, k, v, o, lse, causal, 0.1)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = _reference(q, k, v, causal, 0.1)
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert ((o.float() - ref_o).norm() / ref_o.norm()).item() < 1e-2
+    assert ((lse - ref_lse).norm() / ref_lse.norm()).item() < 1e-4

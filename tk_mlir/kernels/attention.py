@@ -1,0 +1,278 @@
+"""Multi-head attention forward, FlashAttention-3 style, on Hopper.
+
+    from tk_mlir.kernels import attention
+    o = attention(q, k, v, causal=True)                 # (B, H, N, D) bf16/f16
+    o, lse = attention(q, k, v, return_lse=True)        # lse: (B, H, N) f32, natural log
+
+The kernel (`attention_kernel`) is warp-specialized:
+
+- a producer warpgroup loads, with TMA, each task's Q (one 64-row half per
+  consumer) and then its K and V blocks into two rings of shared tiles
+  (tk.ring: K and V are released at different points, so they are two rings);
+- CONSUMERS warpgroups of 64 query rows each compute S = Q·Kᵀ (wgmma from
+  shared memory), the online softmax in registers (row max and sum are quad
+  shuffles of the wgmma fragment; exp2 with the scale folded into an FMA),
+  and O += P·V with P straight from registers (wgmma register-A operand).
+  Within a warpgroup the softmax of block j overlaps the MMAs of block j+1
+  (tk.mma_wait(1)); between warpgroups a named-barrier ping-pong lets one
+  issue its MMAs while the others compute their softmax;
+- the grid is persistent: block i takes tasks i, i + grid, ... where a task
+  is (batch, head, 64·CONSUMERS query rows); causal tasks are ordered longest
+  first.
+
+Masks: keys past N_kv (TMA reads them as zeros) and, with causal=True, keys
+after the diagonal get -inf scores, only in the blocks that need it. Causal
+attention with N_q != N_kv is aligned bottom-right, as FlashAttention does:
+query i sees keys j <= i + N_kv - N_q. A query row that sees no key at all
+gets output 0 and log-sum-exp -inf (never NaN).
+
+GQA / MQA: K and V may have fewer heads than Q (H_kv dividing H); query head
+h reads K/V head h // (H / H_kv).
+"""
+from __future__ import annotations
+
+import math
+
+import tk_mlir as tk
+from tk_mlir import f32
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
+
+LN2 = math.log(2.0)
+
+
+@tk.kernel(num_warps=12)
+def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_log2: float,
+                     D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
+                     CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
+                     CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24):
+    """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
+    Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
+    scale_log2 = scale·log2(e). Launch on a persistent grid (one block per SM)."""
+    assert CONSUMERS * CONSUMER_REGISTERS + PRODUCER_REGISTERS <= \
+        (CONSUMERS + 1) * tk.registers_per_thread(), \
+        f"{CONSUMERS} x {CONSUMER_REGISTERS} + {PRODUCER_REGISTERS} registers per thread exceed " \
+        f"the block's {(CONSUMERS + 1) * tk.registers_per_thread()} (setmaxnreg would wait forever)"
+    B, H, N, _ = Q.shape
+    H_KV, N_KV = K.shape[1], K.shape[2]
+    BM = 64 * CONSUMERS                          # query rows per task
+    q_blocks = tk.cdiv(N, BM)
+    heads = B * H
+    tasks = heads * q_blocks
+    shift = N_KV - N                             # causal: query i sees keys <= i + shift
+    qs = tk.ring(Q.dtype, (64, D), 1, count=CONSUMERS, consumers=CONSUMERS)
+    ks = tk.ring(K.dtype, (BN, D), STAGES, consumers=CONSUMERS)
+    vs = tk.ring(V.dtype, (BN, D), STAGES, consumers=CONSUMERS)
+
+    def task_of(task):
+        """(batch, head, query block) of a task: heads inner for causal (the
+        longest tasks, last query blocks, first), query blocks inner
+        otherwise (blocks running together share K and V in L2)."""
+        if CAUSAL:
+            qb = q_blocks - 1 - task // heads
+            bh = task % heads
+        else:
+            qb = task % q_blocks
+            bh = task // q_blocks
+        return bh // H, bh % H, qb
+
+    def kv_blocks(qb):
+        """K/V blocks a query block reads (at least one: rows that see no key
+        come out of the masks as 0 / -inf)."""
+        n = N_KV
+        if CAUSAL:
+            n = min(N_KV, (qb + 1) * BM + shift)
+        return max(tk.cdiv(n, BN), 1)
+
+    def masked(S, j, row0):
+        """S with -inf where key j·BN + c is past N_kv or (causal) after the
+        diagonal of query row0 + r; only blocks that cross either are touched."""
+        col0 = j * BN
+        edge = col0 + BN > N_KV
+        if CAUSAL:
+            edge = edge | (col0 + BN - 1 > row0 + shift)
+        if edge:
+            last = N_KV - 1                      # the last key a row may see
+            if CAUSAL:
+                last = min(S.row_indices() + (row0 + shift), last)
+            S = tk.where(S.col_indices() + col0 <= last, S, float("-inf"))
+        return S
+
+    # Each side reads its own block_id/grid_dim for the task loop: a value
+    # computed before this branch and live in both loops is spilled by ptxas.
+    if tk.warpgroup_id() == CONSUMERS:
+        tk.decrease_registers(PRODUCER_REGISTERS)
+        if tk.elect_leader("warpgroup"):
+            it = 0
+            n = 0
+            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+                b, h, qb = task_of(task)
+                hk = h // (H // H_KV)
+                q, q_full = qs.fill(n)
+                for c in tk.static_range(CONSUMERS):
+                    tk.tma.load_async(q[c] if CONSUMERS > 1 else q, Q,
+                                      (b, h, CONSUMERS * qb + c, 0), q_full)
+                for j in range(kv_blocks(qb)):
+                    kt, k_full = ks.fill(it)
+                    tk.tma.load_async(kt, K, (b, hk, j, 0), k_full)
+                    vt, v_full = vs.fill(it)
+                    tk.tma.load_async(vt, V, (b, hk, j, 0), v_full)
+                    it += 1
+                n += 1
+    else:
+        tk.increase_registers(CONSUMER_REGISTERS)
+        wg = tk.warpgroup_id()
+        if wg == CONSUMERS - 1:
+            tk.named_barrier_arrive(1, warps=8)   # warpgroup 0 issues its MMAs first
+        it = 0
+        n = 0
+        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            b, h, qb = task_of(task)
+            row0 = qb * BM + wg * 64             # this warpgroup's first query row
+            blocks = kv_blocks(qb)
+            q = qs.wait(n, part=wg)
+            schedule_mmas(wg, CONSUMERS)
+            S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q,
+                           ks.wait(it))
+            yield_mmas(wg, CONSUMERS)
+            tk.mma_wait(0)
+            ks.release(it)
+            S = masked(S, 0, row0)
+            m = S.row_max() * scale_log2
+            P = (S * scale_log2).sub_row(finite(m)).exp2()
+            l = P.row_sum()
+            P = P.to(Q.dtype)                    # the A operand of P·V, from registers
+            acc = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
+            for j in range(1, blocks):
+                # S of block j runs while P of block j-1 multiplies V ...
+                schedule_mmas(wg, CONSUMERS)
+                S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q,
+                               ks.wait(it + 1))
+                acc = tk.mma_AB(acc, P, vs.wait(it))
+                yield_mmas(wg, CONSUMERS)
+                tk.mma_wait(1)
+                ks.release(it + 1)
+                # ... and the softmax of block j runs while P·V finishes.
+                S = masked(S, j, row0)
+                m_new = max(m, S.row_max() * scale_log2)
+                m_use = finite(m_new)
+                alpha = (m - m_use).exp2()
+                P = (S * scale_log2).sub_row(m_use).exp2()
+                l = l * alpha + P.row_sum()
+                P = P.to(Q.dtype)
+                m = m_new
+                tk.mma_wait(0)
+                vs.release(it)
+                acc = acc.mul_row(alpha)
+                it += 1
+            schedule_mmas(wg, CONSUMERS)
+            acc = tk.mma_AB(acc, P, vs.wait(it))
+            yield_mmas(wg, CONSUMERS)
+            tk.mma_wait(0)
+            vs.release(it)
+            qs.release(n)
+            it += 1
+            n += 1
+            # Rows that saw no key have l = 0: output 0, LSE -inf.
+            out = acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp()))
+            tk.store(O, out.to(O.dtype), (b, h, CONSUMERS * qb + wg, 0))
+            tk.store(LSE, m * LN2 + l.log(), (b, h, CONSUMERS * qb + wg))
+
+@tk.func
+def finite(m):
+    """The row maxima to subtract: 0 for a row with no key yet (max -inf), so
+    exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN."""
+    return tk.where(m == float("-inf"), 0.0, m)
+
+
+@tk.func
+def schedule_mmas(wg, consumers):
+    """Ping-pong: wait for this warpgroup's turn to issue MMAs (named barrier
+    1 + wg, completed by the previous warpgroup's arrival)."""
+    if consumers > 1:
+        tk.named_barrier(1 + wg, warps=8)
+
+
+@tk.func
+def yield_mmas(wg, consumers):
+    """Ping-pong: this warpgroup's MMAs are issued; the next one may issue its own."""
+    if consumers > 1:
+        tk.named_barrier_arrive(1 + (wg + 1) % consumers, warps=8)
+
+
+def _config(d: int, causal: bool) -> dict:
+    """Tile configuration per head dim. setmaxnreg only moves registers between
+    warpgroups: the split must fit what the block starts with."""
+    if d == 64:     # 512 threads start with 128 registers each
+        return dict(BN=128, STAGES=2, CONSUMERS=3, CONSUMER_REGISTERS=160, PRODUCER_REGISTERS=32)
+    # 384 threads start with 168 registers each
+    return dict(BN=128 if d == 128 else 64, STAGES=2, CONSUMERS=2, CONSUMER_REGISTERS=240,
+                PRODUCER_REGISTERS=24)
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None,
+              return_lse: bool = False):
+    """softmax(q·kᵀ·scale [+ causal mask])·v on (B, H, N, D) torch tensors.
+
+    q: (B, H, N, D); k, v: (B, H_kv, N_kv, D) with H_kv dividing H (GQA/MQA);
+    bf16 or f16, on one CUDA device; any strides with a contiguous last dim
+    (e.g. `x.view(B, N, H, D).transpose(1, 2)` straight from a projection).
+    D is 64, 128 or 256; N, N_kv are any lengths. scale defaults to
+    1/sqrt(D). causal=True masks key j for query i when j > i + N_kv - N
+    (bottom-right aligned, as FlashAttention). Returns o (B, H, N, D), laid
+    out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
+    (natural log; -inf for rows that see no key)."""
+    import torch
+    _check(q, k, v)
+    B, H, N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else checks.number("attention", "scale", scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
+    o = torch.empty_like(q)
+    # LSE rows padded to whole 16-byte vectors (as the kernel's tensors need);
+    # the kernel writes the padding too, the caller gets the first N.
+    lse = torch.empty(B, H, -(-N // 4) * 4, dtype=torch.float32, device=q.device)
+    launch(q, k, v, o, lse, bool(causal), scale)
+    return (o, lse[..., :N]) if return_lse else o
+
+
+def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
+    """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
+    N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
+    cfg = _config(q.shape[-1], causal)
+    attention_kernel[(num_sms(q.get_device()),)](
+        q, k, v, o, lse, scale * math.log2(math.e), D=q.shape[-1], CAUSAL=causal,
+        num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+
+
+def _check(q, k, v) -> None:
+    """Shapes, dtypes, devices and layouts, each with the rule it breaks."""
+    import torch
+    checks.tensor("attention", "q", q, ndim=4, dtypes=(torch.bfloat16, torch.float16))
+    for name, t in (("k", k), ("v", v)):
+        checks.tensor("attention", name, t, ndim=4, dtypes=(torch.bfloat16, torch.float16))
+        checks.like("attention", name, t, "q", q)
+    _check_shapes(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"attention: {name}'s last dim (D) must be contiguous (stride 1), "
+                             f"got strides {tuple(t.stride())}")
+    checks.on_cuda("attention", "q", q)
+
+
+def _check_shapes(q, k, v) -> None:
+    B, H, N, D = q.shape
+    if D not in (64, 128, 256):
+        raise ValueError(f"attention: head dim D must be 64, 128 or 256, got {D}")
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v must have one shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"attention: k and v must be (B={B}, H_kv, N_kv, D={D}), got "
+                         f"{tuple(k.shape)}")
+    if k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"attention: the K/V heads H_kv={k.shape[1]} must divide the query "
+                         f"heads H={H} (GQA/MQA)")
+    if N == 0 or k.shape[2] == 0:
+        raise ValueError(f"attention: sequence lengths must be positive, got N={N}, "
+                         f"N_kv={k.shape[2]}")
