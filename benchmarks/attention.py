@@ -33,7 +33,7 @@ CHECK_HEADS = 2          # heads of batch 0 the reference covers
 
 
 def tk_attention(q, k, v, causal):
-    from tk_mlir.kernels.attention import attention
+    from tk_mlir.kernels.flash_attention import attention
     return attention(q, k, v, causal=causal)
 
 

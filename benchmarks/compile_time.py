@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 KERNELS = {
-    "gemm": (".", "tk_mlir.kernels.matmul",
+    "gemm": (".", "tk_mlir.kernels.gemm",
              "spec = tk.spec((4096, 4096), tk.bf16)\n"
              "compile_ = lambda: module.gemm_kernel.compile(spec, spec, spec, config=0)"),
     "softmax (quickstart)": ("examples", "quickstart",

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import protocol as P  # noqa: E402
 
-from tk_mlir.kernels.matmul import gemm_kernel  # noqa: E402
+from tk_mlir.kernels.gemm import gemm_kernel  # noqa: E402
 
 CONFIGS = [dict(), dict(GROUP_M=16), dict(STAGES=3, EPI_N=256), dict(BN=128, STAGES=6),
            dict(TMA_STORE=False), dict(CLUSTER=2)]

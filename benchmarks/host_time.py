@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     require_cuda()
     from tk_mlir.kernels import matmul
     from tk_mlir.kernels.device import num_sms
-    from tk_mlir.kernels.matmul import gemm_kernel
+    from tk_mlir.kernels.gemm import gemm_kernel
     n = args.size
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.empty(n, n, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)

@@ -1,4 +1,4 @@
-"""The attention forward kernel of the library (tk_mlir/kernels/attention.py).
+"""The attention forward kernel of the library (tk_mlir/kernels/flash_attention.py).
 
 Without a GPU: its PTX and SASS (register-A wgmma, bar.arrive ping-pong,
 ex2.approx with the scale folded into FMAs, no spills, no C75xx warnings) and
@@ -20,7 +20,7 @@ gpu = pytest.mark.gpu
 
 
 def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
-    from tk_mlir.kernels.attention import _config, attention_kernel
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
     cfg = _config(d, causal)
     q = tk.spec((2, 16, n, d), dtype)
     kv = tk.spec((2, h_kv, n_kv or n, d), dtype)
@@ -91,7 +91,7 @@ def test_argument_errors_before_any_launch(make, rule):
 
 
 def test_shape_rules_are_named():
-    from tk_mlir.kernels.attention import _check_shapes
+    from tk_mlir.kernels.flash_attention import _check_shapes
     q = torch.empty(2, 8, 64, 128)
     with pytest.raises(ValueError, match="must divide the query heads"):
         _check_shapes(q, torch.empty(2, 3, 64, 128), torch.empty(2, 3, 64, 128))
@@ -149,6 +149,15 @@ def test_attention_matches_float32(d, n, causal):
 
 
 @gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256(causal):
+    g = torch.Generator(device="cuda").manual_seed(256 + causal)
+    q, k, v = (torch.randn(1, 2, 300, 256, device="cuda", generator=g).bfloat16()
+               for _ in range(3))
+    _run_and_check(q, k, v, causal)
+
+
+@gpu
 @pytest.mark.parametrize("h_kv", [1, 2])          # MQA, GQA
 def test_fewer_kv_heads(h_kv):
     g = torch.Generator(device="cuda").manual_seed(h_kv)
@@ -185,7 +194,7 @@ def test_causal_bottom_right_and_fully_masked_rows(n, n_kv):
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_output_element_is_written(causal):
     """The kernel on poisoned outputs: every element of O and LSE is written."""
-    from tk_mlir.kernels.attention import launch
+    from tk_mlir.kernels.flash_attention import launch
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(1, 2, 200, 128, device="cuda", generator=g).bfloat16()
                for _ in range(3))

@@ -165,7 +165,7 @@ def test_compilation_error_in_process(capsys, tmp_path):
 def test_autotuned_kernel_compiles_from_the_shell(capsys):
     """FILE::NAME may name a @tk.autotune'd kernel: the CLI compiles the kernel
     it tunes, with the defaults or --const values."""
-    gemm = str(ROOT / "tk_mlir" / "kernels" / "matmul.py") + "::gemm_kernel"
+    gemm = str(ROOT / "tk_mlir" / "kernels" / "gemm.py") + "::gemm_kernel"
     code, out, err = run(capsys, gemm, "--arg", "bf16[512,256]", "--arg", "bf16[512,256]",
                          "--arg", "bf16[512,512]", "--const", "STAGES=3", "--stage", "ptxas")
     assert code == 0, err

@@ -1,4 +1,4 @@
-"""The library's Hopper GEMM (tk_mlir.kernels.matmul) against torch.matmul in float32/64 on
+"""The library's Hopper GEMM (tk_mlir.kernels.gemm) against torch.matmul in float32/64 on
 the GPU: both B layouts, bf16 and f16 inputs, 16-bit and f32 outputs,
 square, skinny and odd shapes, fresh random inputs, poisoned outputs."""
 import pytest
@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 from tk_mlir.kernels import matmul  # noqa: E402
 from tk_mlir.kernels.device import num_sms  # noqa: E402
-from tk_mlir.kernels.matmul import gemm_kernel  # noqa: E402
+from tk_mlir.kernels.gemm import gemm_kernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

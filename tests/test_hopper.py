@@ -17,7 +17,7 @@ from tk_mlir.runtime.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
 # The module (the package's name `matmul` is the function).
-gemm = importlib.import_module("tk_mlir.kernels.matmul")
+gemm = importlib.import_module("tk_mlir.kernels.gemm")
 HAS_NVDISASM = find_tool("nvdisasm") is not None
 
 

@@ -15,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ("import sys, tk_mlir.dialects.tk as d, tk_mlir.passes.verify as p, "
          "tk_mlir.lowering.kernel as l\n"
-         "from tk_mlir.kernels import matmul, rms_norm, layer_norm\n"
+         "from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm\n"
          "print(d.__file__, p.__file__, l.__file__, "
-         "*(sys.modules[f.__module__].__file__ for f in (matmul, rms_norm, layer_norm)))")
+         "*(sys.modules[f.__module__].__file__ for f in (matmul, rms_norm, layer_norm, attention)))")
 
 
 @pytest.fixture(scope="module")
@@ -60,4 +60,5 @@ def test_regular_install_run_elsewhere(installed, tmp_path):
     for f in files:
         assert installed in f.parents
     assert {f.relative_to(installed).as_posix() for f in files[3:]} == {
-        "tk_mlir/kernels/matmul.py", "tk_mlir/kernels/norms.py"}
+        "tk_mlir/kernels/gemm.py", "tk_mlir/kernels/norms.py",
+        "tk_mlir/kernels/flash_attention.py"}

@@ -116,7 +116,7 @@ def _attributes_beyond_the_ops_own(module_text: str) -> set[str]:
 
 
 def test_every_attribute_the_tk_passes_write_is_declared():
-    from tk_mlir.kernels.matmul import gemm_kernel
+    from tk_mlir.kernels.gemm import gemm_kernel
     spec = tk_mlir.spec
     hinted = _hinted.compile(spec((64, 64), "f32"), spec((64, 64), "f32"))
     gemm_ = gemm_kernel.compile(spec((384, 512), "bf16"), spec((256, 512), "bf16"),

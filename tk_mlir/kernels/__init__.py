@@ -15,35 +15,16 @@ at the kernel's first compile, not at all when the disk cache has it).
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 # Each public name and the module that defines it (a new kernel is one entry).
+# Modules are named for their kernels, never like a public name: importing a
+# submodule binds it on the package, and would shadow the function.
 _LAZY = {
-    "matmul": ".matmul",
+    "matmul": ".gemm",
     "rms_norm": ".norms",
     "layer_norm": ".norms",
-    "attention": ".attention",
+    "attention": ".flash_attention",
 }
-
-
-class _Library(types.ModuleType):
-    """The package object, which keeps each public name bound to its kernel.
-
-    Importing a submodule binds it to the package attribute of its name, so
-    `import tk_mlir.kernels.matmul` would replace the `matmul` function with
-    the module `tk_mlir.kernels.matmul` for every later
-    `from tk_mlir.kernels import matmul`. Exported names are never rebound to
-    a module; the modules stay reachable through sys.modules, importlib and
-    `from tk_mlir.kernels.matmul import gemm_kernel`."""
-
-    def __setattr__(self, name, value):
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Library
 
 
 def __getattr__(name: str):
