@@ -2,10 +2,10 @@
 
     python examples/gemm.py            # compile (and, with a GPU, check it)
 
-`tk_mlir.kernels.matmul` computes C = A @ B.T (B given as N x K, the layout
+`tk_mlir.kernels.gemm` computes C = A @ B.T (B given as N x K, the layout
 of a Linear weight) or C = A @ B (b_layout="kn", B given as K x N) on bf16 or
 f16 torch tensors, accumulating in f32. Its kernel, `gemm_kernel`, is ~70
-lines of tk_mlir in tk_mlir/kernels/matmul.py: TMA loads into a ring of
+lines of tk_mlir in tk_mlir/kernels/gemm.py: TMA loads into a ring of
 swizzled shared tiles, wgmma on two consumer warpgroups fed by a producer
 warpgroup, a persistent grid. Open that file to read it; copy it to change it.
 
@@ -14,7 +14,7 @@ the PTX and SASS, which is what main() shows first.
 """
 import tk_mlir as tk
 from tk_mlir.kernels import matmul
-from tk_mlir.kernels.matmul import gemm_kernel
+from tk_mlir.kernels.gemm import gemm_kernel
 
 
 def main() -> None:
