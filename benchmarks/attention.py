@@ -92,17 +92,11 @@ def bench(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
             row["status"] = "ok" if err <= TOL else "WRONG"
             t = P.time_kernel(call, groups, **timing)
         except Exception as e:      # one broken implementation must not sink the run
-            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            row["status"] = f"failed: {P.first_line(e)}"
             print(f"  {name:8} {row['status']}", flush=True)
             continue
-        row.update(ms=t["ms"], ms_min=t["ms_min"], ms_median=t["ms_median"],
-                   groups=t["groups"], tflops=P.tflops(flops, t["ms"]))
-        print(f"  {name:8} {t['ms']:.4f} ms  {row['tflops']:6.1f} TFLOP/s  err {err:.2e} "
-              f"{row['status']}", flush=True)
-    cudnn = next((r.get("ms") for r in rows if r["impl"] == "cudnn"), None)
-    for r in rows:
-        if cudnn and r.get("ms"):
-            r["ratio_vs_cudnn"] = cudnn / r["ms"]
+        P.record_tflops(row, t, flops)
+    P.add_ratios(rows, "cudnn", "ratio_vs_cudnn")
     del groups
     torch.cuda.empty_cache()
     return rows

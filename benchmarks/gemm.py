@@ -168,10 +168,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, rows: slice, M: int, N: int) -
     return ((out[rows].float() - ref).norm() / ref.norm()).item()
 
 
-def first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-
-
 # ---------------------------------------------------------------- one shape
 def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
                 timing: dict) -> list[dict]:
@@ -191,7 +187,7 @@ def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
         ref = reference(groups[0][0], groups[0][1], layout, crow)
     except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
         for r in rows:
-            r["status"] = f"failed: inputs ({first_line(e)})"
+            r["status"] = f"failed: inputs ({P.first_line(e)})"
         torch.cuda.empty_cache()
         return rows
     n_checked = len(range(M)[crow])
@@ -213,19 +209,11 @@ def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
             row["status"] = "ok" if err <= TOL else "WRONG"  # NaN fails too
             t = P.time_kernel(call, groups, **timing)  # WRONG rows are timed too
         except Exception as e:  # one broken implementation must not sink the run
-            row["status"] = f"failed: {first_line(e)}"
+            row["status"] = f"failed: {P.first_line(e)}"
             print(f"  {name:8} {row['status']}", flush=True)
             continue
-        row.update(ms=t["ms"], ms_min=t["ms_min"], ms_median=t["ms_median"],
-                   groups=t["groups"], tflops=P.tflops(flops, t["ms"]))
-        print(f"  {name:8} {t['ms']:.4f} ms  {row['tflops']:6.1f} TFLOP/s  "
-              f"err {err:.2e} {row['status']}", flush=True)
-
-    # Ratios only once every implementation of this shape has a time.
-    cublas_ms = next((r.get("ms") for r in rows if r["impl"] == "cublas"), None)
-    for r in rows:
-        if cublas_ms and r.get("ms"):
-            r["ratio_vs_cublas"] = cublas_ms / r["ms"]  # > 1: faster than cuBLAS
+        P.record_tflops(row, t, flops)
+    P.add_ratios(rows, "cublas", "ratio_vs_cublas")
     del groups, ref
     torch.cuda.empty_cache()  # the next shape's groups need the room
     return rows

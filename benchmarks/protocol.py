@@ -93,6 +93,29 @@ def time_kernel(fn: Callable[[tuple], Any], groups: list[tuple], warmup: int = 5
             "runs_ms": runs, "warmup": warmup, "iters": iters, "groups": n}
 
 
+def record_tflops(row: dict, t: dict, flops: float) -> None:
+    """Put time_kernel's result `t` and the TFLOP/s it means into a result row
+    (which already has impl, rel_err and status), and print it as one line."""
+    row.update(ms=t["ms"], ms_min=t["ms_min"], ms_median=t["ms_median"], groups=t["groups"],
+               tflops=tflops(flops, t["ms"]))
+    print(f"  {row['impl']:8} {t['ms']:.4f} ms  {row['tflops']:6.1f} TFLOP/s  "
+          f"err {row['rel_err']:.2e} {row['status']}", flush=True)
+
+
+def add_ratios(rows: list[dict], peer: str, key: str) -> None:
+    """row[key] = the peer's ms / the row's ms (> 1: faster than the peer), once
+    every implementation of these rows has a time."""
+    peer_ms = next((r.get("ms") for r in rows if r["impl"] == peer), None)
+    for r in rows:
+        if peer_ms and r.get("ms"):
+            r[key] = peer_ms / r["ms"]
+
+
+def first_line(e: Exception) -> str:
+    """An exception as one short line, for a result row's status."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
 def bandwidth_gbs(bytes_moved: float, ms: float) -> float:
     return bytes_moved / (ms * 1e-3) / 1e9  # decimal GB/s, as vendors quote
 
