@@ -40,7 +40,9 @@ _rcp = _ptx_unary("rcp.approx.ftz.f32")
 
 
 def _div(x: ir.Value, y: ir.Value) -> ir.Value:
-    """x / y by div.full.f32, through f32 for a narrower dtype."""
+    """x / y by div.full.f32, through f32 for a narrower dtype (a scalar divisor
+    of a bf16/f16 tile is already rounded to the tile's dtype, as in every
+    tile-with-scalar op)."""
     f32 = ir.F32Type.get()
     if x.type == f32:
         return llvm.inline_asm(f32, [x, y], "div.full.f32 $0, $1, $2;", "=f,f,f")

@@ -29,7 +29,8 @@ def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
-@pytest.fixture(scope="module", params=[(128, False), (128, True), (64, False), (64, True)],
+@pytest.fixture(scope="module", params=[(128, False), (128, True), (64, False), (64, True),
+                                        (256, False)],
                 ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}")
 def compiled(request):
     d, causal = request.param
@@ -88,6 +89,18 @@ def test_argument_errors_before_any_launch(make, rule):
     from tk_mlir.kernels import attention
     with pytest.raises((ValueError, TypeError), match=rule):
         attention(*make())
+
+
+@pytest.mark.parametrize("kwargs, rule", [
+    (dict(causal="False"), "causal must be a bool, got 'False'"),
+    (dict(scale=-0.5), "scale must be a positive finite number, got -0.5"),
+    (dict(scale=float("nan")), "scale must be a positive finite number"),
+    (dict(scale="0.1"), "scale must be a float"),
+])
+def test_option_errors(kwargs, rule):
+    from tk_mlir.kernels import attention
+    with pytest.raises((ValueError, TypeError), match=rule):
+        attention(*(_cpu(2, 4, 64, 128),) * 3, **kwargs)
 
 
 def test_shape_rules_are_named():
@@ -154,6 +167,18 @@ def test_head_dim_256(causal):
     g = torch.Generator(device="cuda").manual_seed(256 + causal)
     q, k, v = (torch.randn(1, 2, 300, 256, device="cuda", generator=g).bfloat16()
                for _ in range(3))
+    _run_and_check(q, k, v, causal)
+
+
+@gpu
+@pytest.mark.parametrize("n, n_kv, dtype", [(200, 1000, torch.float16), (1000, 77, torch.bfloat16),
+                                            (1, 300, torch.float16), (40, 40, torch.bfloat16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_attention_and_short_lengths(n, n_kv, dtype, causal):
+    """N != N_kv (bottom-right causal), N and N_kv below a block, f16 too."""
+    g = torch.Generator(device="cuda").manual_seed(n * n_kv + causal)
+    q = torch.randn(2, 4, n, 128, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(2, 4, n_kv, 128, device="cuda", generator=g).to(dtype) for _ in range(2))
     _run_and_check(q, k, v, causal)
 
 

@@ -199,10 +199,37 @@ def test_float_comparisons_are_made_in_f32():
     assert re.search(r"\bsetp\.gt\.f32\b", stages(bf16_compare, BF16, BF16)["ptx"])
 
 
+@tk.kernel(num_warps=4)
+def float_ne(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    tk.store(Y, tk.where(x != 0.5, x, 0.0), (0, 0))
+
+
 def test_not_equal_is_unordered_like_python():
+    """NaN != 0.5 is True in Python: float != is the unordered une; the other
+    float compares are ordered."""
+    assert "arith.cmpf une" in stages(float_ne, F32, F32)["tk-to-gpu"]
     text = stages(logic, F32, F32)["tk-to-gpu"]
     assert "arith.cmpf ogt" in text and "arith.cmpf oge" in text
     assert "arith.cmpi ne" in text and "arith.cmpi eq" in text
+
+
+@tk.kernel(num_warps=4)
+def bool_fill(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    tk.store(Y, tk.where(tk.full((16, 64), 2, "bool"), x, 1.0), (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def fractional_i32_fill(X: tk.gl[f32]):
+    i = tk.full((16, 64), 1.5, "i32")  # E:i32-fill
+
+
+def test_fills_of_masks_and_indices_keep_python_values():
+    assert "arith.constant true" in stages(bool_fill, F32, F32)["tk-to-gpu"]   # 2 is True
+    test_errors.check_error(compile_error(fractional_i32_fill, F32), "i32-fill", "tk.full",
+                            "an i32 tile's fill value must be an integer that fits in i32, "
+                            "got 1.5", HERE)
 
 
 # --------------------------------------------------------------- errors

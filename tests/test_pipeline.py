@@ -3,6 +3,7 @@ semaphores of a producer/consumer ring, its tk.func methods bound to the
 ring, its errors at the user's line; and tk.registers_per_thread."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,12 @@ def test_ring_compiles_to_slots_and_parities():
     ptx = c.asm["ptx"]
     assert "mbarrier.try_wait.parity" in ptx and "cp.async.bulk.tensor" in ptx
     tk_ir = c.asm["tk"]
-    # The slot is the use count mod STAGES; the parity (count // STAGES) & 1.
+    # The slot is the use count mod STAGES; the parity (count // STAGES) & 1,
+    # and the producer waits on the empty semaphore for the other parity (a
+    # fresh one passes it: the first STAGES fills find their slot free).
     assert tk_ir.count("tk.wait") == 2 and "arith.remsi" in tk_ir
+    producer = tk_ir[:tk_ir.index("} else {")]
+    assert re.search(r"arith\.xori %\S+, %c1_i32", producer), producer
 
 
 def test_ring_methods_are_inlined_as_tk_funcs():
@@ -68,6 +73,12 @@ def bad_count(A: tk.gl):
 
 
 @tk.kernel(num_warps=8)
+def bad_part(A: tk.gl):
+    ring = tk.ring(A.dtype, (64, 64), 2, count=2)
+    tile = ring.wait(0, part=2)  # E:part
+
+
+@tk.kernel(num_warps=8)
 def bad_swizzle(A: tk.gl):
     ring = tk.ring(A.dtype, (64, 64), 2, swizzle=48)  # E:swizzle
 
@@ -76,6 +87,7 @@ def bad_swizzle(A: tk.gl):
     (bad_stages, "stages", "stages must be a compile-time int from 1 to 16, got 0"),
     (bad_count, "count", "count must be a compile-time int from 1 to 8, got 9"),
     (bad_swizzle, "swizzle", "swizzle must be 0, 32, 64 or 128 (bytes), got 48"),
+    (bad_part, "part", "ring.wait: part=2 is not one of the slot's 2 tiles (0 to 1)"),
 ])
 def test_ring_errors_point_at_their_line(kernel, marker, message):
     e = compile_error(kernel, A)
@@ -108,4 +120,5 @@ def none_test(X: tk.gl, Y: tk.gl):
 
 
 def test_is_none_on_a_run_time_value_is_decided_at_compile_time():
-    assert "scf.if" not in none_test.compile(C, C).asm["tk"]
+    tk_ir = none_test.compile(C, C).asm["tk"]
+    assert "scf.if" not in tk_ir and "tk.store" in tk_ir

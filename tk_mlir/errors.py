@@ -79,6 +79,12 @@ _PACKAGE = Path(__file__).resolve().parent
 _OWN_DIRS = (_PACKAGE, *(_PACKAGE.parent / d for d in ("dialects", "passes", "lowering")))
 
 
+def in_tk_mlir_source(filename: str | None) -> bool:
+    """Whether a source file is tk_mlir's own (its templates, rings, kernels)."""
+    return filename is not None and any(d in Path(filename).resolve().parents
+                                        for d in _OWN_DIRS)
+
+
 def _owner(frame) -> str:
     """Whose code a frame runs: "tk_mlir", "library" (the standard library, MLIR's
     bindings, any installed package) or "user"."""

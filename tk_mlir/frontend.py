@@ -25,7 +25,8 @@ from mlir.dialects import arith, func, scf
 
 from . import global_reads, language, values as V
 from .dialects import contracts
-from .errors import CompilationError, InternalCompilerError, debug, raised_in_tk_mlir
+from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_source,
+                     raised_in_tk_mlir)
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,13 @@ class KernelBuilder(ast.NodeVisitor):
         try:
             inner.run(body)
             return inner.eval(result) if result is not None else None
+        except CompilationError as e:
+            # A helper of tk_mlir's (a ring's method, a template) refusing its
+            # arguments: the mistake is at the user's call.
+            if type(e) is CompilationError and in_tk_mlir_source(e.filename) and \
+                    not in_tk_mlir_source(self.filename):
+                raise self.error(node, e.message) from None
+            raise
         except RecursionError:
             # Python's stack ran out before MAX_INLINE_DEPTH (deeply nested
             # expressions in each call): the innermost call that can still

@@ -70,8 +70,7 @@ class Ring:
         its c-th tile."""
         s = self.slot(i)
         tk.wait(self.full[s], self.phase(i))
-        return self.one_or_all(self.tiles_at(s)) if part is None else \
-            self.tiles[s * self.count + part]
+        return self.one_or_all(self.tiles_at(s)) if part is None else part_of(self, s, part)
 
     @func
     def release(self, i):
@@ -88,6 +87,16 @@ class Ring:
     @func
     def one_or_all(self, tiles):
         return tiles[0] if self.count == 1 else tiles
+
+
+@builtin
+def part_of(ring: Ring, s, part):
+    """Tile `part` of slot s (part a compile-time or run-time int)."""
+    from .values import scalar_binary
+    if isinstance(part, int) and not 0 <= part < ring.count:
+        raise CompilationError(f"ring.wait: part={part} is not one of the slot's {ring.count} "
+                               f"tiles (0 to {ring.count - 1})")
+    return ring.tiles[scalar_binary("add", scalar_binary("mul", s, ring.count), part)]
 
 
 @builtin

@@ -356,9 +356,12 @@ def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
         raise CompilationError(f"a tile shape has 1 or 2 dims, got {shape!r}")
     if not isinstance(value, (int, float)):
         raise CompilationError(f"fill value must be a compile-time number, got {value!r}")
-    if not T.is_float(t.dtype):     # i32 / bool: an exact int, not an f32 attribute
-        if not -2**31 <= int(value) < 2**31:
-            raise CompilationError(f"integer {value} does not fit in i32")
+    if t.dtype == "bool":           # Python's truth value (2 is True, not i1 0)
+        return wrap(emit("fill", [], t.to_mlir(), value=int(bool(value))))
+    if not T.is_float(t.dtype):     # i32: an exact int, not an f32 attribute
+        if value != int(value) or not -2**31 <= int(value) < 2**31:
+            raise CompilationError(f"an i32 tile's fill value must be an integer that fits in "
+                                   f"i32, got {value!r}")
         return wrap(emit("fill", [], t.to_mlir(), value=int(value)))
     return wrap(emit("fill", [], t.to_mlir(), value=float(value)))
 

@@ -44,12 +44,17 @@ LN2 = math.log(2.0)
 @tk.kernel(num_warps=12)
 def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_log2: float,
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
-                     Q_STAGES: tk.constexpr = 1,
+                     Q_STAGES: tk.constexpr = 1, EARLY_WAIT: tk.constexpr = True,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
-    scale_log2 = scale·log2(e). Launch on a persistent grid (one block per SM)."""
+    scale_log2 = scale·log2(e) > 0; H_kv divides H. num_warps = 4·(CONSUMERS + 1).
+    Launch on a persistent grid (one block per SM). `attention()` checks all
+    of this; a direct launch must keep to it."""
+    assert tk.num_warps() == 4 * (CONSUMERS + 1), \
+        f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
+        f"the kernel has {tk.num_warps()}"
     assert CONSUMERS * CONSUMER_REGISTERS + PRODUCER_REGISTERS <= \
         (CONSUMERS + 1) * tk.registers_per_thread(), \
         f"{CONSUMERS} x {CONSUMER_REGISTERS} + {PRODUCER_REGISTERS} registers per thread exceed " \
@@ -123,7 +128,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
         wg = tk.warpgroup_id()
-        if wg == CONSUMERS - 1:
+        if CONSUMERS > 1 and wg == CONSUMERS - 1:
             tk.named_barrier_arrive(1, warps=8)   # warpgroup 0 issues its MMAs first
         it = 0
         n = 0
@@ -132,9 +137,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
             row0 = qb * BM + wg * 64             # this warpgroup's first query row
             blocks = kv_blocks(qb)
             q = qs.wait(n, part=wg)
+            k0 = ks.wait(it)
             schedule_mmas(wg, CONSUMERS)
-            S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q,
-                           ks.wait(it))
+            S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q, k0)
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             ks.release(it)
@@ -146,10 +151,14 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
             acc = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             for j in range(1, blocks):
                 # S of block j runs while P of block j-1 multiplies V ...
-                schedule_mmas(wg, CONSUMERS)
-                S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q,
-                               ks.wait(it + 1))
-                acc = tk.mma_AB(acc, P, vs.wait(it))
+                if EARLY_WAIT:
+                    kt, vt = ks.wait(it + 1), vs.wait(it)
+                    schedule_mmas(wg, CONSUMERS)
+                else:
+                    schedule_mmas(wg, CONSUMERS)
+                    kt, vt = ks.wait(it + 1), vs.wait(it)
+                S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q, kt)
+                acc = tk.mma_AB(acc, P, vt)
                 yield_mmas(wg, CONSUMERS)
                 tk.mma_wait(1)
                 ks.release(it + 1)
@@ -166,8 +175,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
                 vs.release(it)
                 acc = acc.mul_row(alpha)
                 it += 1
+            v_last = vs.wait(it)
             schedule_mmas(wg, CONSUMERS)
-            acc = tk.mma_AB(acc, P, vs.wait(it))
+            acc = tk.mma_AB(acc, P, v_last)
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             vs.release(it)
@@ -210,9 +220,13 @@ def _config(d: int, causal: bool) -> dict:
     if d == 64:     # 512 threads start with 128 registers each
         return dict(BN=128, STAGES=2, Q_STAGES=q_stages, CONSUMERS=3, CONSUMER_REGISTERS=160,
                     PRODUCER_REGISTERS=32)
-    # 384 threads start with 168 registers each
-    return dict(BN=128 if d == 128 else 64, STAGES=2, Q_STAGES=q_stages if d == 128 else 1,
-                CONSUMERS=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+    # 384 threads start with 168 registers each (D=256: the producer's
+    # address arithmetic spills in 24)
+    if d == 128:
+        return dict(BN=128, STAGES=2, Q_STAGES=q_stages, CONSUMERS=2, CONSUMER_REGISTERS=240,
+                    PRODUCER_REGISTERS=24)
+    return dict(BN=64, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=232,
+                PRODUCER_REGISTERS=40)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
@@ -229,16 +243,20 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     (natural log; -inf for rows that see no key)."""
     import torch
     _check(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention: causal must be a bool, got {causal!r}")
     B, H, N, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else checks.number("attention", "scale", scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
+    checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     o = torch.empty_like(q)
     # LSE rows padded to whole 16-byte vectors (as the kernel's tensors need);
     # the kernel writes the padding too, the caller gets the first N.
     lse = torch.empty(B, H, -(-N // 4) * 4, dtype=torch.float32, device=q.device)
-    launch(q, k, v, o, lse, bool(causal), scale)
-    return (o, lse[..., :N]) if return_lse else o
+    if B and H:
+        launch(q, k, v, o, lse, causal, scale)
+    return (o, lse[..., :N].contiguous()) if return_lse else o
 
 
 def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
@@ -262,7 +280,6 @@ def _check(q, k, v) -> None:
         if t.stride(-1) != 1:
             raise ValueError(f"attention: {name}'s last dim (D) must be contiguous (stride 1), "
                              f"got strides {tuple(t.stride())}")
-    checks.on_cuda("attention", "q", q)
 
 
 def _check_shapes(q, k, v) -> None:
@@ -278,6 +295,6 @@ def _check_shapes(q, k, v) -> None:
     if k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"attention: the K/V heads H_kv={k.shape[1]} must divide the query "
                          f"heads H={H} (GQA/MQA)")
-    if N == 0 or k.shape[2] == 0:
+    if N == 0 or k.shape[2] == 0:       # (B = 0 or H = 0: empty outputs, no launch)
         raise ValueError(f"attention: sequence lengths must be positive, got N={N}, "
                          f"N_kv={k.shape[2]}")
