@@ -25,7 +25,7 @@ from tk_mlir.kernels.flash_attention import _config, attention_kernel
 def main() -> None:
     from tk_mlir.runtime import driver
     B, H, N, D = 4, 16, 4096, 128
-    cfg = _config(D, causal=True)
+    cfg = _config(D)
     q = tk.spec((B, H, N, D), tk.bf16)
     compiled = attention_kernel.compile(q, q, q, q, tk.spec((B, H, N), tk.f32), 0.1, D=D,
                                         CAUSAL=True, num_warps=4 * (cfg["CONSUMERS"] + 1),

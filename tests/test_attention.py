@@ -21,7 +21,7 @@ gpu = pytest.mark.gpu
 
 def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
     from tk_mlir.kernels.flash_attention import _config, attention_kernel
-    cfg = _config(d, causal)
+    cfg = _config(d)
     q = tk.spec((2, 16, n, d), dtype)
     kv = tk.spec((2, h_kv, n_kv or n, d), dtype)
     lse = tk.spec((2, 16, n), tk.f32)

@@ -210,19 +210,18 @@ def yield_mmas(wg, consumers):
         tk.named_barrier_arrive(1 + (wg + 1) % consumers, warps=8)
 
 
-def _config(d: int, causal: bool) -> dict:
+def _config(d: int) -> dict:
     """Tile configuration per head dim. setmaxnreg only moves registers between
     warpgroups: the split must fit what the block starts with."""
-    # A second Q stage (the next task's Q loads during this one) measured +3%
-    # non-causal and -6% causal at D=128 (H200, 2026-12-01).
-    q_stages = 1 if causal else 2
+    # One Q stage: a second (the next task's Q loading during this one)
+    # measured 1-2% slower at D=128 and equal at D=64 (H200, 2026-12-01).
     if d == 64:     # 512 threads start with 128 registers each
-        return dict(BN=128, STAGES=2, Q_STAGES=q_stages, CONSUMERS=3, CONSUMER_REGISTERS=160,
+        return dict(BN=128, STAGES=2, Q_STAGES=1, CONSUMERS=3, CONSUMER_REGISTERS=160,
                     PRODUCER_REGISTERS=32)
     # 384 threads start with 168 registers each (D=256: the producer's
     # address arithmetic spills in 24)
     if d == 128:
-        return dict(BN=128, STAGES=2, Q_STAGES=q_stages, CONSUMERS=2, CONSUMER_REGISTERS=240,
+        return dict(BN=128, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=240,
                     PRODUCER_REGISTERS=24)
     return dict(BN=64, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=232,
                 PRODUCER_REGISTERS=40)
@@ -261,7 +260,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
     """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
     N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
-    cfg = _config(q.shape[-1], causal)
+    cfg = _config(q.shape[-1])
     attention_kernel[(num_sms(q.get_device()),)](
         q, k, v, o, lse, scale * math.log2(math.e), D=q.shape[-1], CAUSAL=causal,
         num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
