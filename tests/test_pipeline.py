@@ -97,7 +97,7 @@ def test_ring_errors_point_at_their_line(kernel, marker, message):
 
 @tk.kernel(num_warps=12)
 def split(A: tk.gl, CONSUMER: tk.constexpr = 240, PRODUCER: tk.constexpr = 24):
-    assert 2 * CONSUMER + PRODUCER <= 3 * tk.registers_per_thread(), "too many"  # E:split
+    tk.register_split(2, CONSUMER, PRODUCER)  # E:split
     if tk.warpgroup_id() == 2:
         tk.decrease_registers(PRODUCER)
     else:
@@ -109,7 +109,8 @@ def test_registers_per_thread_is_what_ptxas_gives_the_block():
     assert c.info["registers"] == 168          # 65536 / 384 threads, in multiples of 8
     e = compile_error(split, A, PRODUCER=32)   # 2 x 240 + 32 > 3 x 168: setmaxnreg would hang
     line, _ = markers.marked(HERE, "split")
-    assert f"{HERE}:{line}:" in str(e) and "too many" in str(e)
+    assert f"{HERE}:{line}:" in str(e) and \
+        "2 x 240 + 32 registers per thread exceed the block's 504" in str(e)
 
 
 @tk.kernel(num_warps=4)

@@ -65,7 +65,7 @@ _LAZY = {
                      "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
                      "cluster_rank", "cluster_sync", "named_barrier_arrive"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
-    **dict.fromkeys(("lcf", "grouped_tile"), ".templates"),
+    **dict.fromkeys(("lcf", "grouped_tile", "register_split"), ".templates"),
     **dict.fromkeys(("ring", "Ring"), ".pipeline"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...

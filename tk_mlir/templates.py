@@ -37,6 +37,18 @@ def grouped_tile(task, tiles_m, tiles_n, group):
 
 
 @func
+def register_split(consumers, consumer_registers, producer_registers):
+    """Check that `consumers` warpgroups at consumer_registers per thread and
+    one producer at producer_registers fit the registers the block starts
+    with: setmaxnreg only moves registers between warpgroups, and an increase
+    that cannot be met waits forever."""
+    have = (consumers + 1) * tk.registers_per_thread()
+    assert consumers * consumer_registers + producer_registers <= have, \
+        f"{consumers} x {consumer_registers} + {producer_registers} registers per thread exceed " \
+        f"the block's {have} (setmaxnreg would wait forever)"
+
+
+@func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
         producer_registers=40, consumer_registers=232, cluster=1):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
@@ -51,11 +63,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
-    assert consumers * consumer_registers + producer_registers <= \
-        (consumers + 1) * tk.registers_per_thread(), \
-        f"lcf: {consumers} x {consumer_registers} + {producer_registers} registers per thread " \
-        f"exceed the block's {(consumers + 1) * tk.registers_per_thread()} (setmaxnreg would " \
-        f"wait forever)"
+    register_split(consumers, consumer_registers, producer_registers)
     tk.use_cluster(cluster)
     ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
             for dtype, shape, swizzle in inputs]

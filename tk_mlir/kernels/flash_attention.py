@@ -55,10 +55,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
         f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
         f"the kernel has {tk.num_warps()}"
-    assert CONSUMERS * CONSUMER_REGISTERS + PRODUCER_REGISTERS <= \
-        (CONSUMERS + 1) * tk.registers_per_thread(), \
-        f"{CONSUMERS} x {CONSUMER_REGISTERS} + {PRODUCER_REGISTERS} registers per thread exceed " \
-        f"the block's {(CONSUMERS + 1) * tk.registers_per_thread()} (setmaxnreg would wait forever)"
+    tk.register_split(CONSUMERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
     BM = 64 * CONSUMERS                          # query rows per task
