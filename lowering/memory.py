@@ -267,6 +267,13 @@ def lower_subtile(ctx: LoweringContext, op, src: SharedRef, row: ir.Value) -> Sh
     return SharedRef(smem_addr(src.ptr, offset), sub)
 
 
+@lowers("tk.column_block")
+def lower_column_block(ctx: LoweringContext, op, src: SharedRef) -> SharedRef:
+    # Block j is stored after the j before it, each rows x block_bytes (ST.byte_offset).
+    offset = op.index * src.type.rows * src.type.block_bytes
+    return SharedRef(smem_addr(src.ptr, c32(offset)), T.parse(op.result.type))
+
+
 @lowers("tk.copy")
 def lower_copy(ctx: LoweringContext, op, dst, src, *indices: ir.Value) -> None:
     """gl <-> st in 16-byte chunks, chunk k by thread k mod (threads in block)."""

@@ -346,6 +346,17 @@ def _subtile(op, operands, results, num_warps: int) -> None:
              "multiples of 8 rows")
 
 
+@rule("column_block")
+def _column_block(op, operands, results, num_warps: int) -> None:
+    src, sub = operands[0], results[0]
+    _require(src.swizzle > 0, f"column_block: {_show(src)} is not swizzled: its rows are "
+             f"contiguous, it has no column blocks")
+    _require(0 <= op.index < src.blocks, f"column_block: {_show(src)} has {src.blocks} column "
+             f"block(s) of {src.block_cols} columns, no block {op.index}")
+    _require((sub.rows, sub.cols, sub.swizzle) == (src.rows, src.block_cols, src.swizzle),
+             f"column_block: the block of {_show(src)} is {src.rows}x{src.block_cols}")
+
+
 @rule("tma_load", "tma_load_multicast", "tma_store", "tma_prefetch")
 def _tma(op, operands, results, num_warps: int) -> None:
     name, d = op.operation.name[3:], tk.op_def(op)

@@ -436,6 +436,18 @@ class Shared(Value):
     def __getitem__(self, i) -> Shared:
         return _element(self, i, "shared tile")
 
+    @builds("column_block")
+    def column_block(self, j: int) -> Shared:
+        """Column block j of a swizzled tile: its rows x (swizzle bytes) columns,
+        e.g. a bf16 64x128 tile with swizzle=128 is blocks 0 (columns 0-63) and
+        1 (64-127), each a 64x64 tile of its own (a wgmma operand, a view: no
+        data moves). j is a compile-time int."""
+        t = self.tk_type
+        if not isinstance(j, int) or isinstance(j, bool):
+            raise CompilationError(f"column_block index must be a compile-time int, got {j!r}")
+        sub = T.ST(t.dtype, t.rows, t.block_cols, t.swizzle)
+        return Shared(emit("column_block", [self], sub.to_mlir(), index=j))
+
     @builds("subtile")
     def subtile(self, i, rows: int) -> Shared:
         """Rows i*rows .. i*rows+rows-1 as a shared tile (i may be a run-time
