@@ -70,7 +70,7 @@ def _operation(op) -> ir.Operation:
 # ---- written by the frontend (builtins)
 NUM_WARPS = Contract("tk.num_warps", int, "the kernel's func.func", "the frontend",
                      "every tk pass, tk-to-gpu")
-COUNT = Contract("count", int, "tk.alloc_st / tk.alloc_sem making an array",
+COUNT = Contract("count", int, "tk.alloc_st / tk.alloc_sv / tk.alloc_sem making an array",
                  "tk.shared_tiles, tk.semaphores", "tk-verify, tk-allocate-smem, tk-to-gpu")
 CACHE = Contract("cache", str, "tk.load / tk.store of a global ('stream'; absent: normal)",
                  "tk.load, tk.store", "lowering/memory.py")

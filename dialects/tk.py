@@ -96,7 +96,7 @@ def _exchanges_across_warps(op, num_warps: int) -> bool:
 def _stores_block_tile_to_shared(op, num_warps: int) -> bool:
     """A block-scope tile stored to shared memory is fenced by bar.sync on both
     sides (lowering/memory.py)."""
-    return isinstance(T.parse(op.operands[0].type), T.ST) and \
+    return isinstance(T.parse(op.operands[0].type), (T.ST, T.SV)) and \
         T.parse(op.operands[1].type).scope == "block"
 
 
@@ -126,12 +126,15 @@ OPS: tuple[OpDef, ...] = (
     # Memory.
     OpDef("alloc_st", results=("result",), allocates=True,
           doc="a shared tile; placed by passes/smem.py"),
+    OpDef("alloc_sv", results=("result",), allocates=True,
+          doc="a shared vector; placed by passes/smem.py"),
     OpDef("load", operands=("src",), variadic="indices", results=("result",),
           attributes=("fill",), reads=(Access("src", GENERIC),),
-          doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt"),
+          doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt, "
+              "sv -> rv"),
     OpDef("store", operands=("dst", "value"), variadic="indices",
           writes=(Access("dst", GENERIC),), block_barrier=_stores_block_tile_to_shared,
-          doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st"),
+          doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st, rv -> sv"),
     OpDef("copy", operands=("dst", "src"), variadic="indices", block_barrier=True,
           reads=(Access("src", GENERIC),), writes=(Access("dst", GENERIC),),
           doc="gl <-> st by every thread of the block, then a block barrier"),
@@ -158,7 +161,8 @@ OPS: tuple[OpDef, ...] = (
           doc="wait until the semaphore's phase with parity `phase` has completed"),
     OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
           writes=(Access("dst", ASYNC),),
-          doc="TMA: global tile at tile coordinates -> shared tile, completing on sem"),
+          doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "
+              "vector), completing on sem"),
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
           reads=(Access("src", ASYNC),),
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
@@ -370,7 +374,7 @@ def shared_accesses(op) -> list[tuple[str, str, ir.Value]]:
     for kind, accesses in (("read", d.reads), ("write", d.writes)):
         for a in accesses:
             v = _operand(op, d, a.operand)
-            if isinstance(T.parse(v.type), T.ST):
+            if isinstance(T.parse(v.type), (T.ST, T.SV)):
                 out.append((kind, a.proxy, v))
     return out
 

@@ -185,6 +185,10 @@ class SV:
     def to_mlir(self):
         return _parse_type(f"!tk.sv<{DTYPES[self.dtype][0]}, {self.length}>")
 
+    @property
+    def nbytes(self) -> int:
+        return self.length * itemsize(self.dtype)
+
 
 @dataclass(frozen=True)
 class Sem:

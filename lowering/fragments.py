@@ -106,5 +106,5 @@ class GlobalRef:
 class SharedRef:
     """A shared tile or semaphore (or the first of an array of them)."""
     ptr: ir.Value                       # !llvm.ptr<3> to the first byte
-    type: T.ST | T.Sem
+    type: T.ST | T.SV | T.Sem
     stride: int = 0                     # bytes between the elements of an array

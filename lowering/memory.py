@@ -1,4 +1,4 @@
-"""Lowering of tk.load / tk.store / tk.copy / tk.alloc_st / tk.gl_dim.
+"""Lowering of tk.load / tk.store / tk.copy / tk.alloc_st / tk.alloc_sv / tk.gl_dim.
 
 Register tiles move in pieces of consecutive registers that the layout puts
 on consecutive columns (at most 16 bytes: one ld/st.v4.b32). The launch
@@ -203,13 +203,24 @@ def smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
                               llvm.GEPNoWrapFlags.inbounds)
 
 
+def _shared_offset(t, pos: list[ir.Value]) -> ir.Value:
+    """Byte offset of the element at pos: (row, col) of a shared tile, or
+    (index,) of a shared vector (its elements in order, unswizzled)."""
+    if isinstance(t, T.SV):
+        return arith.muli(pos[0], c32(T.itemsize(t.dtype)))
+    return swizzled_offset(t, *pos)
+
+
 def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
+    """(first register, registers, address) of each access of a fragment to a
+    shared tile or vector: a piece starts at a multiple of its length (the
+    layout's low register bits), so the address is aligned for one ld/st."""
     thread = ctx.thread_position(layout, scope)
     pieces, run = _pieces(layout, dtype)
     for r0, n in pieces:
         pos = layout.reg_position(r0)
-        row, col = (arith.addi(t, c32(p)) for t, p in zip(thread, pos))
-        yield r0, n, smem_addr(ref.ptr, swizzled_offset(ref.type, row, col))
+        at = [arith.addi(t, c32(p)) for t, p in zip(thread, pos)]
+        yield r0, n, smem_addr(ref.ptr, _shared_offset(ref.type, at))
 
 
 def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
@@ -247,7 +258,7 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
         nvvm.barrier0()
 
 
-@lowers("tk.alloc_st", "tk.alloc_sem")
+@lowers("tk.alloc_st", "tk.alloc_sv", "tk.alloc_sem")
 def lower_alloc(ctx: LoweringContext, op) -> SharedRef:
     offset, stride = contracts.OFFSET.get(op), contracts.STRIDE.get(op)
     return SharedRef(smem_addr(ctx.smem_base, c32(offset)), T.parse(op.result.type), stride)

@@ -4,7 +4,8 @@ Each (tensor argument, tile box) pair used by a TMA op is one tensor map,
 a kernel parameter of its own (lowering/kernel.py adds them): a generic
 pointer to the 128-byte __grid_constant__ map. A swizzled tile is moved one
 column block (one box of block_cols columns) at a time; coordinates are the
-element offsets of the box, innermost dim first.
+element offsets of the box, innermost dim first. A shared vector is one box
+of (1, ..., 1, length), unswizzled: the map of a 1-row tile of its length.
 """
 from __future__ import annotations
 
@@ -29,13 +30,18 @@ class TensorMapSpec:
     dtype: str
 
 
-def tensor_map_spec(arg: int, st: T.ST) -> TensorMapSpec:
+def tensor_map_spec(arg: int, st: T.ST | T.SV) -> TensorMapSpec:
+    if isinstance(st, T.SV):
+        return TensorMapSpec(arg, 1, st.length, 0, st.dtype)
     return TensorMapSpec(arg, st.rows, st.block_cols, st.swizzle, st.dtype)
 
 
-def _boxes(g: GlobalRef, st: T.ST, coords: list[ir.Value]):
+def _boxes(g: GlobalRef, st: T.ST | T.SV, coords: list[ir.Value]):
     """(shared byte offset, coordinates innermost first) per column block."""
     rank = g.type.rank
+    if isinstance(st, T.SV):     # the last coordinate counts vectors, the outer ones elements
+        yield 0, [arith.muli(coords[rank - 1], c32(st.length)), *coords[:rank - 1][::-1]]
+        return
     row = arith.muli(coords[rank - 2], c32(st.rows))
     col = arith.muli(coords[rank - 1], c32(st.cols))
     outer = coords[:rank - 2][::-1]

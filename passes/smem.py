@@ -1,9 +1,10 @@
 """tk-allocate-smem: place shared tiles, semaphores and reduction scratch in
 dynamic shared memory.
 
-Shared tiles (and arrays of them) get consecutive offsets (1024-byte aligned
-when swizzled, as the hardware's swizzle patterns repeat every 1024 bytes;
-128 otherwise), then the semaphores (8 bytes each). Block
+Shared tiles and vectors (and arrays of them) get consecutive offsets
+(1024-byte aligned when swizzled, as the hardware's swizzle patterns repeat
+every 1024 bytes; 128 otherwise, which a TMA box needs), then the semaphores
+(8 bytes each). Block
 reductions that cross warps exchange partial results through f32 scratch
 after the tiles; reductions that can share one exchange (one barrier) are
 grouped, and consecutive groups alternate between two buffers so that none
@@ -69,6 +70,10 @@ def _place(op, top: int) -> int:
         # 8 rows of the swizzle span (at most 1024 bytes): align each element to it.
         align = TARGET.swizzle_align if t.swizzle else TARGET.smem_align
         stride = _align(t.nbytes, align)
+    elif isinstance(t, T.SV):
+        # Every element of an array may be a TMA destination: each 128-aligned.
+        align = TARGET.smem_align
+        stride = _align(t.nbytes, align)
     else:
         align = stride = 8     # an mbarrier is one 8-byte word
     top = _align(top, align)
@@ -91,9 +96,9 @@ def allocate_smem(module: ir.Module) -> None:
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
         top = 0
-        # Tiles first (the large alignments), then the 8-byte semaphores.
+        # Tiles and vectors first (the large alignments), then the 8-byte semaphores.
         def is_tile(op):
-            return isinstance(T.parse(op.results[0].type), T.ST)
+            return isinstance(T.parse(op.results[0].type), (T.ST, T.SV))
         for op in sorted(allocs, key=lambda op: not is_tile(op)):
             top = _place(op, top)
         top = _place_exchanges(func, num_warps, _align(top, TARGET.smem_align))

@@ -41,6 +41,8 @@ def _show(t) -> str:
         return f"{t.dtype} global of rank {t.rank}"
     if isinstance(t, T.ST):
         return f"{t.dtype} {t.rows}x{t.cols} shared tile"
+    if isinstance(t, T.SV):
+        return f"{t.dtype} shared vector of {t.length}"
     return str(t)
 
 
@@ -118,6 +120,11 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
         _require(isinstance(tile, T.RT) and (tile.rows, tile.cols) == (mem.rows, mem.cols)
                  and tile.dtype == mem.dtype,
                  f"{verb}: {_show(tile)} does not match {_show(mem)}")
+    elif isinstance(mem, T.SV):
+        _require(isinstance(tile, T.RV) and tile.length == mem.length and
+                 tile.dtype == mem.dtype, f"{verb}: {_show(tile)} does not match {_show(mem)} "
+                 f"(a shared vector is read and written whole, as a register vector of its "
+                 f"dtype and length)")
 
 
 def _whole_arrays(op) -> None:
@@ -127,7 +134,8 @@ def _whole_arrays(op) -> None:
     for v in op.operation.operands:
         n = tk.array_count(v.owner) if isinstance(v, ir.OpResult) else None
         if n is not None:
-            what = "shared tiles" if isinstance(T.parse(v.type), T.ST) else "semaphores"
+            what = {T.ST: "shared tiles", T.SV: "shared vectors"}.get(
+                type(T.parse(v.type)), "semaphores")
             raise _Fail(f"{op.operation.name} is given a whole array of {n} {what}; use one "
                         f"element of it (arr[i])")
 
@@ -324,6 +332,16 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
              f"block has {limit} bytes of shared memory")
 
 
+@rule("alloc_sv")
+def _alloc_sv(op, operands, results, num_warps: int) -> None:
+    sv, count = results[0], tk.array_count(op) or 1
+    _require(sv.length > 0 and sv.length & (sv.length - 1) == 0, f"a shared vector's length "
+             f"must be a power of two (it is read as a register vector), got {sv.length}")
+    limit = TARGET.max_shared_bytes
+    _require(sv.nbytes * count <= limit, f"{count} x {_show(sv)} need {sv.nbytes * count} "
+             f"bytes; a block has {limit} bytes of shared memory")
+
+
 @rule("alloc_sem")
 def _alloc_sem(op, operands, results, num_warps: int) -> None:
     _require(op.operation.parent.name == "func.func", "semaphores are allocated (and "
@@ -362,15 +380,28 @@ def _tma(op, operands, results, num_warps: int) -> None:
     name, d = op.operation.name[3:], tk.op_def(op)
     gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
     _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
+    low = 1 if isinstance(st, T.SV) else 2
     if d.variadic:
         n_idx = len(operands) - len(d.operands)
-        _require(2 <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 "
-                 f"to 5 and one coordinate per dim ({gl.rank}), got {n_idx}")
+        _require(low <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank "
+                 f"{low} to 5 and one coordinate per dim ({gl.rank}), got {n_idx}")
+    if isinstance(st, T.SV):
+        _tma_vector_box(name, st)
+        return
     _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {_show(st)} has "
              f"{st.rows}")
     _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
              f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
              f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+
+
+def _tma_vector_box(name: str, sv: T.SV) -> None:
+    """A vector is one box of `length` elements along the tensor's last dim:
+    TMA moves whole 16-byte units of at most 256 elements."""
+    _require(sv.nbytes % 16 == 0 and sv.length <= 256, f"{name}: a TMA box of a shared "
+             f"vector is a multiple of 16 bytes and at most 256 elements; {_show(sv)} has "
+             f"{sv.nbytes} bytes (use a length that is a multiple of "
+             f"{16 // T.itemsize(sv.dtype)}, up to 256)")
 
 
 @rule("slice")
@@ -479,8 +510,8 @@ def _check_static_memory(op) -> None:
     run-time if, or change from one loop iteration to the next."""
     for r in op.results:
         t = T.parse(r.type)
-        if isinstance(t, (T.ST, T.Sem)):
-            what = "shared tile" if isinstance(t, T.ST) else "semaphore"
+        if isinstance(t, (T.ST, T.SV, T.Sem)):
+            what = {T.ST: "shared tile", T.SV: "shared vector"}.get(type(t), "semaphore")
             how = ("chosen by a run-time if" if op.name == "scf.if" else
                    "changed from one loop iteration to the next")
             raise error_at(op.location, f"a {what} cannot be {how}: which {what} an op uses "

@@ -77,7 +77,7 @@ def test_traits_are_declared_where_the_op_is():
     assert d["tma_store"].tma == ("dst", "src") and d["tma_load"].tma == ("src", "dst")
     assert {n for n, o in d.items() if o.thread_varying} == {
         "thread_id", "lane_id", "warp_id", "warpgroup_id", "elect", "tile_index"}
-    assert {n for n, o in d.items() if o.allocates} == {"alloc_st", "alloc_sem"}
+    assert {n for n, o in d.items() if o.allocates} == {"alloc_st", "alloc_sv", "alloc_sem"}
 
 
 # ------------------------------------------------ contracts between stages

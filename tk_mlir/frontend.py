@@ -556,7 +556,7 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
-        if isinstance(obj, (V.Shared, V.Semaphore)):     # arrays of tiles or semaphores
+        if isinstance(obj, (V.Shared, V.SharedVector, V.Semaphore)):   # arrays
             return self.python(node, operator.getitem, obj, index)
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")

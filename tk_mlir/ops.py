@@ -13,12 +13,12 @@ from mlir import ir
 from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
-from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, builds, emit, fill as
-                     _fill, i32, scalar_operand, wrap)
+from .values import (Global, Scalar, Shared, SharedVector, Tile, TileLike, as_scalar, builds,
+                     emit, fill as _fill, i32, scalar_operand, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
-           "where"]
+           "where", "shared_vector", "shared_vectors"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -97,8 +97,12 @@ def _cache_attrs(cache) -> dict:
 def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
          cache="normal"):   # dtype: the tensor's (a different one is refused by tk-verify)
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
-    at tile coordinates `idx`, or the register tile of a shared tile.
+    at tile coordinates `idx`, or the register tile of a shared tile, or the
+    register vector of a shared vector (its layout follows its uses, e.g.
+    `t.sub_col(v)`; scope= as for a tile).
     cache="stream" marks data read once (evicted first from L1/L2)."""
+    if isinstance(src, SharedVector):
+        return _load_shared_vector(src, idx, shape, scope, fill, dtype, cache)
     if isinstance(src, Shared):
         if idx != () or shape is not None or fill != 0.0 or dtype is not None or cache != "normal":
             raise CompilationError("tk.load of a shared tile reads the whole tile: idx, shape, "
@@ -130,13 +134,23 @@ def store(dst, value, idx=(), *, cache="normal"):
     cache="stream" marks data written once (st.global.cs)."""
     if not isinstance(value, TileLike):
         raise CompilationError(f"tk.store writes a register tile or vector, got {value!r}")
-    if not isinstance(dst, (Global, Shared)):
-        raise CompilationError(f"tk.store writes to a tk.gl argument or a shared tile, got {dst!r}")
-    if isinstance(dst, Shared) and (idx != () or cache != "normal"):
-        raise CompilationError("tk.store to a shared tile writes the whole tile: idx and cache "
-                               "do not apply (sub-tiles are not supported yet)")
-    emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))],
-         **_cache_attrs(cache))
+    if not isinstance(dst, (Global, Shared, SharedVector)):
+        raise CompilationError(f"tk.store writes to a tk.gl argument, a shared tile or a shared "
+                               f"vector, got {dst!r}")
+    shared = isinstance(dst, (Shared, SharedVector))
+    if shared and (idx != () or cache != "normal"):
+        raise CompilationError("tk.store to a shared tile or vector writes the whole of it: idx "
+                               "and cache do not apply (sub-tiles are not supported yet)")
+    emit("store", [dst, value, *([] if shared else _indices(idx))], **_cache_attrs(cache))
+
+
+def _load_shared_vector(src: SharedVector, idx, shape, scope, fill, dtype, cache):
+    if idx != () or shape is not None or fill != 0.0 or dtype is not None or cache != "normal":
+        raise CompilationError("tk.load of a shared vector reads the whole vector: idx, shape, "
+                               "fill, dtype and cache do not apply")
+    sv = src.tk_type
+    rv = T.RV(sv.dtype, sv.length, "auto", scope)   # "auto": tk-assign-layouts picks it
+    return wrap(emit("load", [src], rv.to_mlir(), fill=0.0))
 
 
 @builtin
@@ -184,6 +198,31 @@ def shared_tiles(dtype, shape, count, *, swizzle=0):
     with i a compile-time or run-time int."""
     return Shared(emit("alloc_st", [], _shared_type(dtype, shape, swizzle).to_mlir(),
                        count=compile_time_int(count, "count", 1, 64)))
+
+
+def _shared_vector_type(dtype, length) -> T.SV:
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        raise CompilationError(f"a shared vector's length must be a positive compile-time int, "
+                               f"got {length!r}")
+    return T.SV(dtype_name(dtype), length)
+
+
+@builtin
+@builds('alloc_sv')
+def shared_vector(dtype, length):
+    """A vector of `length` elements in shared memory (128-byte aligned: a TMA
+    destination); its place is chosen by the allocation pass. tk.load reads it
+    as a register vector, tk.store writes one, tk.tma.load_async fills it."""
+    return SharedVector(emit("alloc_sv", [], _shared_vector_type(dtype, length).to_mlir()))
+
+
+@builtin
+@builds('alloc_sv')
+def shared_vectors(dtype, length, count):
+    """An array of `count` shared vectors: vecs[i] with i a compile-time or
+    run-time int."""
+    return SharedVector(emit("alloc_sv", [], _shared_vector_type(dtype, length).to_mlir(),
+                             count=compile_time_int(count, "count", 1, 64)))
 
 
 @builtin

@@ -7,7 +7,8 @@ memory done by the copy engine, issued by one thread.
         tk.tma.load_async(b[s], B, (n, k), full[s])
 
 Coordinates count tiles in the last two dims (as tk.load) and elements in the
-outer ones. Reads past the tensor's end fill zeros and writes past it are
+outer ones; for a shared vector (a box of its length along the last dim) the
+last counts vectors. Reads past the tensor's end fill zeros and writes past it are
 dropped, so tiles need not divide the tensor. Each (tensor, tile shape,
 swizzle) used becomes a tensor map, encoded on the host at launch (cached per
 pointer, shape and strides) and passed as a 128-byte __grid_constant__
@@ -18,7 +19,7 @@ from __future__ import annotations
 from .errors import CompilationError
 from .language import builtin, compile_time_int
 from .ops import _indices
-from .values import Global, Semaphore, Shared, as_scalar, builds, emit
+from .values import Global, Semaphore, Shared, SharedVector, as_scalar, builds, emit
 
 __all__ = ["load_async", "store_async", "store_commit", "store_wait", "expect",
            "expect_bytes", "prefetch"]
@@ -34,11 +35,15 @@ def _check(st, gl, what: str) -> None:
 @builtin
 @builds('tma_load', 'tma_load_multicast')
 def load_async(dst, src, idx, sem, *, multicast=None) -> None:
-    """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`;
-    the copy's bytes complete a transaction on `sem` (see tk.tma.expect).
-    multicast=mask delivers it to `dst` and `sem` of every block of the
-    cluster whose bit is set (tk.use_cluster)."""
-    _check(dst, src, "tk.tma.load_async")
+    """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`
+    (or the vector into shared vector `dst`: `idx` = (outer elements..., vector
+    index along the last dim)); the copy's bytes complete a transaction on
+    `sem` (see tk.tma.expect). multicast=mask delivers it to `dst` and `sem`
+    of every block of the cluster whose bit is set (tk.use_cluster)."""
+    if not isinstance(dst, SharedVector):
+        _check(dst, src, "tk.tma.load_async")
+    elif not isinstance(src, Global):
+        raise CompilationError(f"tk.tma.load_async: expected a tk.gl tensor argument, got {src!r}")
     if not isinstance(sem, Semaphore):
         raise CompilationError(f"tk.tma.load_async: the semaphore the copy completes on comes "
                                f"after the coordinates, got {sem!r}")
@@ -94,11 +99,12 @@ def expect_bytes(sem, nbytes) -> None:
 
 @builtin
 def expect(sem, *tiles) -> None:
-    """tk.tma.expect_bytes with the total size of the shared tiles that will
-    arrive (a TMA load always delivers its full box, zero-filled past the end)."""
-    if not tiles or not all(isinstance(t, Shared) for t in tiles):
-        raise CompilationError("tk.tma.expect(sem, tile, ...) takes the shared tiles the phase "
-                               "will receive")
+    """tk.tma.expect_bytes with the total size of the shared tiles and vectors
+    that will arrive (a TMA load always delivers its full box, zero-filled past
+    the end)."""
+    if not tiles or not all(isinstance(t, (Shared, SharedVector)) for t in tiles):
+        raise CompilationError("tk.tma.expect(sem, tile, ...) takes the shared tiles and "
+                               "vectors the phase will receive")
     expect_bytes(sem, sum(t.tk_type.nbytes for t in tiles))
 
 

@@ -77,8 +77,8 @@ class Value:
 def wrap(v: ir.Value) -> Value:
     """The wrapper class for an SSA value, by its type."""
     t = T.parse(v.type)
-    cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared, T.Sem: Semaphore}.get(
-        type(t), Scalar)
+    cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared, T.SV: SharedVector,
+           T.Sem: Semaphore}.get(type(t), Scalar)
     return cls(v)
 
 
@@ -462,6 +462,21 @@ class Shared(Value):
         first = scalar_binary("mul", i, rows)
         sub = T.ST(t.dtype, rows, t.cols, t.swizzle)
         return Shared(emit("subtile", [self, first], sub.to_mlir()))
+
+
+class SharedVector(Value):
+    """A vector in shared memory (!tk.sv), or an array of them (tk.shared_vectors)."""
+
+    @property
+    def tk_type(self) -> T.SV:
+        return T.parse(self.value.type)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.tk_type.length,)
+
+    def __getitem__(self, i) -> SharedVector:
+        return _element(self, i, "shared vector")
 
 
 class Semaphore(Value):

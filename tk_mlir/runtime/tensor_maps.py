@@ -55,8 +55,9 @@ def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
     rank = len(shape)
     dims = [cu.cuuint64_t(int(d)) for d in reversed(shape)]
     steps = [cu.cuuint64_t(s) for s in _byte_strides(shape, strides, itemsize)]
-    box = [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)] + \
-        [cu.cuuint32_t(1)] * (rank - 2)
+    # A rank-1 tensor has only the inner dim (a shared vector's box: rows is 1).
+    box = ([cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)] +
+           [cu.cuuint32_t(1)] * (rank - 2))[:rank]
     ones = [cu.cuuint32_t(1)] * rank
     return check(cu.cuTensorMapEncodeTiled(
         _DATA_TYPES[dtype], rank, ptr, dims, steps, box, ones,
