@@ -128,6 +128,18 @@ class LoweringContext:
         return functools.reduce(arith.andi, conds) if conds else None
 
 
+def in_place(v: ir.Value) -> ir.Value:
+    """v (i32 or i64) through an empty volatile asm, so that what is computed
+    from it stays where it is used. LLVM hoists loop-invariant arithmetic out
+    of loops: per-register tile indices, or a tile access's per-piece row
+    offsets (row x the run-time stride, 64-bit), would each hold a register
+    for the whole loop (in attention, enough of them to spill); recomputed in
+    place they are an integer op or two per use."""
+    wide = ir.IntegerType(v.type).width == 64
+    return llvm.inline_asm(v.type, [v], "mov.b64 $0, $1;" if wide else "mov.b32 $0, $1;",
+                           "=l,l" if wide else "=r,r", has_side_effects=True)
+
+
 def vector_type(n: int, dtype: str) -> ir.Type:
     return ir.VectorType.get([n], T.element_type(dtype))
 

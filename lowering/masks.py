@@ -10,10 +10,10 @@ would compare the numbers.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, llvm
+from mlir.dialects import arith
 
 from ..dialects import tk, types as T
-from .context import LoweringContext, c32, lowers
+from .context import LoweringContext, c32, in_place, lowers
 from .fragments import F32, Fragment, convert, layout_of
 
 
@@ -21,17 +21,9 @@ from .fragments import F32, Fragment, convert, layout_of
 def lower_tile_index(ctx: LoweringContext, op, src: Fragment) -> Fragment:
     t = T.parse(op.result.type)
     layout, axis = layout_of(t, ctx.num_warps), op.axis
-    base = _in_place(ctx.thread_position(layout, t.scope)[axis])
+    base = in_place(ctx.thread_position(layout, t.scope)[axis])
     regs = [arith.addi(base, c32(layout.reg_position(r)[axis])) for r in range(layout.num_regs)]
     return Fragment(regs, layout, "i32", t.scope)
-
-
-def _in_place(v: ir.Value) -> ir.Value:
-    """v through an empty volatile asm, so that what is computed from it stays
-    where the op is. The indices are loop-invariant: LLVM would hoist all of
-    them out of an attention kernel's loop, where they hold ~32 registers for
-    its whole length (and spill); here they are a few integer ops per use."""
-    return llvm.inline_asm(v.type, [v], "mov.b32 $0, $1;", "=r,r", has_side_effects=True)
 
 
 @lowers("tk.cmp")

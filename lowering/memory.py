@@ -14,8 +14,8 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
 from ..dialects import contracts, types as T
-from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, lowers,
-                      ptr, split_vector, vector_type)
+from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, in_place,
+                      lowers, ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
 
 
@@ -47,7 +47,9 @@ class _GlobalTileAccess:
         # Element coordinates of this thread's first element along the tile axes.
         self.base = [arith.addi(arith.muli(c, c32(n)), t)
                      for c, n, t in zip(inner, layout.shape, thread)]
-        self.extent = g.dims[rank - tile_rank:]
+        # In place too: LLVM rewrites a piece's bounds test base + p < extent
+        # as base < extent - p, and would hoist each extent - p into a register.
+        self.extent = [in_place(e) for e in g.dims[rank - tile_rank:]]
         offset = c64(0)
         for c, stride in zip(outer, g.strides):
             offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
@@ -55,6 +57,9 @@ class _GlobalTileAccess:
         if tile_rank == 2:
             row = arith.extsi(i64(), self.base[0])
             offset = arith.addi(offset, arith.muli(row, g.strides[rank - 2]))
+            # The pieces' row offsets (row x stride) are computed here, not
+            # hoisted into a register each for a whole enclosing loop.
+            self.row_stride = in_place(g.strides[rank - 2])
         self.offset = arith.addi(offset, arith.extsi(i64(), self.base[-1]))
 
     def piece(self, r0: int, dtype: str) -> tuple[ir.Value, ir.Value]:
@@ -63,7 +68,7 @@ class _GlobalTileAccess:
         rank = self.g.type.rank
         off = c64(pos[-1])
         if len(pos) == 2 and pos[0]:
-            off = arith.addi(off, arith.muli(c64(pos[0]), self.g.strides[rank - 2]))
+            off = arith.addi(off, arith.muli(c64(pos[0]), self.row_stride))
         off = arith.addi(self.offset, off)
         addr = llvm.getelementptr(ptr(1), self.g.ptr, [off], [-2**31], T.element_type(dtype),
                                   llvm.GEPNoWrapFlags.inbounds)

@@ -101,7 +101,8 @@ def part_of(ring: Ring, s, part):
 
 @builtin
 def ring(dtype, shape, stages, *, count=1, consumers=1, swizzle=128) -> Ring:
-    """A ring of `stages` slots of `count` shared tiles of (dtype, shape) each,
+    """A ring of `stages` slots of `count` shared tiles of (dtype, shape) each
+    (or shared vectors, for a 1-D shape (length,); swizzle does not apply),
     with its full semaphores (one producer arrival plus the TMA bytes) and empty
     ones (`consumers` arrivals: one per consumer warpgroup)."""
     stages = compile_time_int(stages, "stages", 1, 16)
@@ -110,6 +111,9 @@ def ring(dtype, shape, stages, *, count=1, consumers=1, swizzle=128) -> Ring:
     if swizzle not in (0, 32, 64, 128):
         raise CompilationError(f"swizzle must be 0, 32, 64 or 128 (bytes), got {swizzle!r}")
     # One array, slot s holding tiles s*count .. s*count+count-1.
-    tiles = tk.shared_tiles(dtype, shape, stages * count, swizzle=swizzle)
+    if isinstance(shape, (tuple, list)) and len(shape) == 1:
+        tiles = tk.shared_vectors(dtype, shape[0], stages * count)
+    else:
+        tiles = tk.shared_tiles(dtype, shape, stages * count, swizzle=swizzle)
     return Ring(tiles, tk.semaphores(stages), tk.semaphores(stages, arrivals=consumers),
                 stages, count)

@@ -39,6 +39,7 @@ from tk_mlir.kernels import checks
 from tk_mlir.kernels.device import num_sms
 
 LN2 = math.log(2.0)
+LOG2E = math.log2(math.e)
 
 
 @tk.kernel(num_warps=12)
@@ -293,3 +294,155 @@ def _check_shapes(q, k, v) -> None:
     if N == 0 or k.shape[2] == 0:       # (B = 0 or H = 0: empty outputs, no launch)
         raise ValueError(f"attention: sequence lengths must be positive, got N={N}, "
                          f"N_kv={k.shape[2]}")
+
+
+# ------------------------------------------------------------------ backward
+
+@tk.kernel(num_warps=4)
+def attention_delta_kernel(O: tk.gl, dO: tk.gl, Delta: tk.gl, D: tk.constexpr = 128):
+    """Delta = rowsum(dO ∘ O) per query row, f32 (B, H, N'): the term the
+    softmax gradient subtracts. Grid (cdiv(N, 64), H, B)."""
+    r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
+    do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
+    tk.store(Delta, (o * do).row_sum(), (b, h, r))
+
+
+@tk.kernel(num_warps=12)
+def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl,
+                              dQ: tk.gl, dK: tk.gl, dV: tk.gl, scale_log2: float, scale: float,
+                              D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
+                              CAUSAL: tk.constexpr = False,
+                              CONSUMER_REGISTERS: tk.constexpr = 240,
+                              PRODUCER_REGISTERS: tk.constexpr = 24):
+    """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
+    backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
+    of one K/V head and loops over the 64-row query blocks of every query
+    head that reads it (GQA sums there, in registers). Per block, with
+    Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns:
+        Pᵀ = exp2(Sᵀ·scale·log2(e) − LSE·log2(e)),  dPᵀ = V·dOᵀ
+        dV += Pᵀ·dO,  dSᵀ = Pᵀ∘(dPᵀ − Delta),  dK += dSᵀ·Q   (A from registers)
+        dQ += scale · dS·K                                   (dSᵀ through shared memory,
+                                                              red.global.add into dQ)
+    LSE and Delta: (B, H, N') f32 with N' >= N a multiple of 4."""
+    tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
+    B, H, N, _ = Q.shape
+    H_KV, N_KV = K.shape[1], K.shape[2]
+    group = H // H_KV
+    q_blocks = tk.cdiv(N, 64)
+    tasks = B * H_KV * tk.cdiv(N_KV, 128)
+    shift = N_KV - N                             # causal: query i sees keys <= i + shift
+    kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
+    qs = tk.ring(Q.dtype, (64, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
+    vs = tk.ring(f32, (64,), STAGES, count=2, consumers=2)         # LSE_i, Delta_i
+    ds = tk.shared_tiles(Q.dtype, (64, 64), 2, swizzle=128)     # dSᵀ of each consumer
+
+    def task_of(task):
+        kv_blocks = tk.cdiv(N_KV, 128)
+        bh = task // kv_blocks
+        return bh // H_KV, bh % H_KV, task % kv_blocks
+
+    def first_q_block(kvb):
+        """The first query block that sees a key of K/V block kvb."""
+        return max((kvb * 128 - shift) // 64, 0) if CAUSAL else 0
+
+    if tk.warpgroup_id() == 2:
+        tk.decrease_registers(PRODUCER_REGISTERS)
+        if tk.elect_leader("warpgroup"):
+            it = 0
+            n = 0
+            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+                b, hk, kvb = task_of(task)
+                kv, kv_full = kvs.fill(n)
+                for c in tk.static_range(2):
+                    tk.tma.load_async(kv[c], K, (b, hk, 2 * kvb + c, 0), kv_full)
+                    tk.tma.load_async(kv[2 + c], V, (b, hk, 2 * kvb + c, 0), kv_full)
+                for h in range(hk * group, hk * group + group):
+                    for i in range(first_q_block(kvb), q_blocks):
+                        t, q_full = qs.fill(it)
+                        tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
+                        tk.tma.load_async(t[1], dO, (b, h, i, 0), q_full)
+                        rows, v_full = vs.fill(it)
+                        tk.tma.load_async(rows[0], LSE, (b, h, i), v_full)
+                        tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
+                        it += 1
+                n += 1
+    else:
+        tk.increase_registers(CONSUMER_REGISTERS)
+        wg = tk.warpgroup_id()
+        it = 0
+        n = 0
+        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            b, hk, kvb = task_of(task)
+            kv0 = kvb * 128 + wg * 64            # this warpgroup's first key
+            kt = kvs.wait(n, part=wg)
+            vt = kvs.wait(n, part=2 + wg)
+            dk = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
+            dv = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
+            for h in range(hk * group, hk * group + group):
+                for i in range(first_q_block(kvb), q_blocks):
+                    qt = qs.wait(it, part=0)
+                    dot = qs.wait(it, part=1)
+                    s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                   kt, qt)                                   # Sᵀ
+                    dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                    vt, dot)                                 # dPᵀ
+                    lse = tk.load(vs.wait(it, part=0), scope="warpgroup")
+                    delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
+                    # A row that saw no key (LSE -inf) has P = 0: subtract +inf.
+                    lse = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+                    tk.mma_wait(0)
+                    p = (s * scale_log2).sub_col(lse).exp2()
+                    if CAUSAL:
+                        if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
+                            keys = p.row_indices() + kv0
+                            p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+                    pb = p.to(Q.dtype)
+                    dv = tk.mma_AB(dv, pb, dot)
+                    dsb = (p * dp.sub_col(delta)).to(Q.dtype)
+                    dk = tk.mma_AB(dk, dsb, qt)
+                    # dQ = dS·K: dSᵀ through shared memory as wgmma's transposed A.
+                    tk.store(ds[wg], dsb)
+                    tk.named_barrier(1 + wg, warps=4)
+                    for c in tk.static_range(D // 64):
+                        dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                        ds[wg], kt.column_block(c))
+                        tk.mma_wait(0)
+                        tk.atomic_add(dQ, dq * scale, (b, h, i, c))
+                    tk.named_barrier(1 + wg, warps=4)     # ds[wg] read before it is rewritten
+                    qs.release(it)
+                    vs.release(it)
+                    it += 1
+            kvs.release(n)
+            n += 1
+            tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
+            tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
+
+
+def _backward_config(d: int) -> dict:
+    """Register split per head dim (384 threads start with 168 registers each)."""
+    if d == 256:
+        raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
+                         "dV accumulators alone need 256 registers per thread)")
+    return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+
+
+def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
+    log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
+    v's shapes (GQA: summed over the query heads of each K/V head)."""
+    import torch
+    B, H, N, D = q.shape
+    cfg = _backward_config(D)
+    n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
+    lse_p = torch.zeros(B, H, n4, dtype=torch.float32, device=q.device)   # padding: finite
+    lse_p[..., :N] = lse
+    delta = torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    attention_delta_kernel[(tk.cdiv(N, 64), H, B)](o, do, delta, D=D)
+    dq = torch.zeros(B, H, N, D, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    attention_backward_kernel[(num_sms(q.get_device()),)](
+        q, k, v, do, lse_p, delta, dq, dk, dv, scale * math.log2(math.e), scale, D=D,
+        CAUSAL=causal, **cfg)
+    return dq.to(q.dtype), dk, dv
