@@ -11,10 +11,15 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
 Importing the library is cheap: neither torch nor MLIR loads until a name
 is used, and then only its own module (torch for the wrapper's checks, MLIR
 at the kernel's first compile, not at all when the disk cache has it).
+
+The kernels are also torch custom ops, torch.ops.tk_mlir.* (see `ops.py`),
+which the functions call: registered at the first call, or when a name is
+resolved with torch already loaded, or by `import tk_mlir.kernels.ops`.
 """
 from __future__ import annotations
 
 import importlib
+import sys
 
 # Each public name and the module that defines it (a new kernel is one entry).
 # Modules are named for their kernels, never like a public name: importing a
@@ -31,6 +36,8 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if "torch" in sys.modules:      # registering costs no torch import now
+        importlib.import_module(".ops", __name__)
     globals()[name] = value         # resolved once: later lookups skip this hook
     return value
 

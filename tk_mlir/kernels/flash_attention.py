@@ -236,7 +236,12 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     1/sqrt(D). causal=True masks key j for query i when j > i + N_kv - N
     (bottom-right aligned, as FlashAttention). Returns o (B, H, N, D), laid
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
-    (natural log; -inf for rows that see no key)."""
+    (natural log; -inf for rows that see no key).
+
+    Runs as the custom op torch.ops.tk_mlir.attention (tk_mlir/kernels/ops.py):
+    torch.compile traces it as one node, and o is differentiable in q, k and
+    v (the backward is `attention_backward`). lse carries no gradient: a
+    loss that reaches it raises a RuntimeError at backward (detach lse)."""
     import torch
     _check(q, k, v)
     if not isinstance(causal, bool):
@@ -246,13 +251,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
-    o = torch.empty_like(q)
-    # LSE rows padded to whole 16-byte vectors (as the kernel's tensors need);
-    # the kernel writes the padding too, the caller gets the first N.
-    lse = torch.empty(B, H, -(-N // 4) * 4, dtype=torch.float32, device=q.device)
-    if B and H:
-        launch(q, k, v, o, lse, causal, scale)
-    return (o, lse[..., :N].contiguous()) if return_lse else o
+    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale)
+    return (o, lse) if return_lse else o
 
 
 def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:

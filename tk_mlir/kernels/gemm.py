@@ -99,7 +99,23 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     on one device. c: an (M, N) output of a 16-bit dtype or torch.float32 on
     their device, written in place; by default a new tensor of a's dtype.
     Returns c. The autotuned kernel picks a configuration per shape, dtype
-    and layout on first use."""
+    and layout on first use.
+
+    Runs as the custom op torch.ops.tk_mlir.matmul (tk_mlir/kernels/ops.py),
+    so torch.compile traces it as one node; with c given, eager calls write
+    c directly and compiled ones copy the op's result into it."""
+    import torch
+    check(a, b, c, b_layout)
+    if c is not None and not torch.compiler.is_compiling():
+        launch(a, b, c, b_layout)
+        return c
+    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    out = torch.ops.tk_mlir.matmul(a, b, b_layout, None if c is None else c.dtype)
+    return out if c is None else c.copy_(out)
+
+
+def check(a, b, c, b_layout: str) -> None:
+    """The arguments of matmul, each rule with the argument that breaks it."""
     import torch
     if b_layout not in ("nk", "kn"):
         raise ValueError(f"matmul: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
@@ -120,7 +136,13 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
         checks.like("matmul", "c", c, "a", a, dtype=False)
         checks.shape("matmul", "c", c, (M, N), "M x N")
     checks.on_cuda("matmul", "a", a)
-    if c is None:
-        c = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    gemm_kernel[(num_sms(a.get_device()),)](a, b, c, B_KN=kn)
-    return c
+
+
+def output_shape(a, b, b_layout: str) -> tuple[int, int]:
+    """(M, N) of C for checked a, b."""
+    return a.shape[0], (b.shape[1] if b_layout == "kn" else b.shape[0])
+
+
+def launch(a, b, c, b_layout: str) -> None:
+    """gemm_kernel on checked tensors, into c."""
+    gemm_kernel[(num_sms(a.get_device()),)](a, b, c, B_KN=b_layout == "kn")

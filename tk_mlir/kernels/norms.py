@@ -63,13 +63,16 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight: (D,), x's dtype and
     device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32."""
+    Returns out. Statistics are computed in float32. Runs as the custom op
+    torch.ops.tk_mlir.rms_norm (see matmul for out= under torch.compile)."""
+    import torch
     eps = _check("rms_norm", x, out, eps, weight=weight)
-    out = x.new_empty(x.shape) if out is None else out
-    rows, d = x.shape
-    if rows:
-        rmsnorm_kernel[(rows,)](x, weight, out, eps, BLOCK=_block(d))
-    return out
+    if out is not None and not torch.compiler.is_compiling():
+        launch_rms_norm(x, weight, eps, out)
+        return out
+    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
+    return y if out is None else out.copy_(y)
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
@@ -78,9 +81,27 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
     and device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32."""
+    Returns out. Statistics are computed in float32. Runs as the custom op
+    torch.ops.tk_mlir.layer_norm (see matmul for out= under torch.compile)."""
+    import torch
     eps = _check("layer_norm", x, out, eps, weight=weight, bias=bias)
-    out = x.new_empty(x.shape) if out is None else out
+    if out is not None and not torch.compiler.is_compiling():
+        launch_layer_norm(x, weight, bias, eps, out)
+        return out
+    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
+    return y if out is None else out.copy_(y)
+
+
+def launch_rms_norm(x, weight, eps: float, out) -> None:
+    """rmsnorm_kernel on checked tensors, into out."""
+    rows, d = x.shape
+    if rows:
+        rmsnorm_kernel[(rows,)](x, weight, out, eps, BLOCK=_block(d))
+
+
+def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
+    """layernorm_kernel on checked tensors, into out."""
     rows, d = x.shape
     if rows:
         block = _block(d)
@@ -88,7 +109,6 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
         grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
         layernorm_kernel[(grid,)](x, weight, bias, out, eps, BLOCK=block,
                                   RELOAD_WB=block > 4096)
-    return out
 
 
 def _block(d: int) -> int:

@@ -1,0 +1,147 @@
+"""The library's kernels as torch custom ops, namespace `tk_mlir`:
+
+    torch.ops.tk_mlir.matmul(a, b, b_layout="nk", out_dtype=None) -> c
+    torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
+    torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
+    torch.ops.tk_mlir.attention(q, k, v, causal, scale) -> (o, lse)
+
+Why ops: torch.compile cannot trace a cuda-python launch, but it can trace
+a custom op as one opaque node, given a fake implementation that says what
+the op returns (shapes, dtypes, strides) without running it. So a compiled
+model calls the kernels without a graph break, and attention gets autograd
+(register_autograd) instead of a hand-written torch.autograd.Function.
+
+The public functions (`tk_mlir.kernels.matmul`, ...) check their arguments
+and then call these ops; the ops' real implementations check again with the
+same functions (calling torch.ops.tk_mlir.* directly is as safe as calling
+the wrappers) and launch. Every op allocates its outputs (mutates_args=()):
+the wrappers' `out=`/`c` arguments are written in place by eager calls and
+copied into under torch.compile. The fake implementations do not check:
+under torch.compile the wrappers' checks have already run on the fake
+tensors while Dynamo traced them.
+
+Importing this module imports torch and registers the ops; the wrappers
+import it on their first call, and resolving a public name registers them
+when torch is already loaded. `import tk_mlir.kernels.ops` registers them
+explicitly.
+"""
+from __future__ import annotations
+
+import torch
+
+from tk_mlir.kernels import checks, flash_attention, gemm, norms
+
+
+# ------------------------------------------------------------------ matmul
+
+@torch.library.custom_op("tk_mlir::matmul", mutates_args=())
+def matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "nk",
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """C = A @ B.T ("nk") or A @ B ("kn") into a new (M, N) tensor of
+    out_dtype (default a's dtype: bf16/f16, or f32)."""
+    gemm.check(a, b, None, b_layout)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"matmul: out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=out_dtype, device=a.device)
+    gemm.launch(a, b, c, b_layout)
+    return c
+
+
+@matmul.register_fake
+def _(a, b, b_layout="nk", out_dtype=None):
+    return a.new_empty(gemm.output_shape(a, b, b_layout),
+                       dtype=a.dtype if out_dtype is None else out_dtype)
+
+
+# ------------------------------------------------------------------- norms
+
+@torch.library.custom_op("tk_mlir::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight per row, into a new tensor like x."""
+    eps = norms._check("rms_norm", x, None, eps, weight=weight)
+    y = x.new_empty(x.shape)
+    norms.launch_rms_norm(x, weight, eps, y)
+    return y
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("tk_mlir::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias per row, into a new tensor like x."""
+    eps = norms._check("layer_norm", x, None, eps, weight=weight, bias=bias)
+    y = x.new_empty(x.shape)
+    norms.launch_layer_norm(x, weight, bias, eps, y)
+    return y
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return x.new_empty(x.shape)
+
+
+# --------------------------------------------------------------- attention
+
+@torch.library.custom_op("tk_mlir::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32
+    contiguous. See flash_attention.attention for the arguments."""
+    flash_attention._check(q, k, v)
+    checks.on_cuda("attention", "q", q)
+    B, H, N, _ = q.shape
+    o = torch.empty_like(q)
+    if not (B and H):
+        return o, _lse_like(q)
+    # LSE rows padded to whole 16-byte vectors (as the kernel's tensors need);
+    # the kernel writes the padding too, the caller gets the first N.
+    lse = torch.empty(B, H, -(-N // 4) * 4, dtype=torch.float32, device=q.device)
+    flash_attention.launch(q, k, v, o, lse, causal, scale)
+    return o, lse[..., :N].contiguous()
+
+
+@attention.register_fake
+def _(q, k, v, causal, scale):
+    return torch.empty_like(q), _lse_like(q)
+
+
+def _lse_like(q):
+    """A contiguous (B, H, N) float32 tensor on q's device."""
+    return q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale = causal, scale
+    # An unused lse then gets None, not zeros: the backward can tell a loss
+    # that reaches lse (which it cannot differentiate) from one that does not.
+    ctx.set_materialize_grads(False)
+
+
+def _attention_backward(ctx, do, dlse):
+    """dq, dk, dv by the backward kernel (flash_attention.attention_backward),
+    which takes dO and the forward's o and lse; dk, dv are summed over the
+    query heads of each K/V head (GQA)."""
+    if dlse is not None:
+        raise RuntimeError(
+            "tk_mlir.attention: the log-sum-exp (return_lse=True) has no gradient; a loss "
+            "reached it. Use lse.detach() where it is only read (under torch.compile, also "
+            "when lse leaves the compiled function)")
+    q, k, v, o, lse = ctx.saved_tensors
+    if do is None:      # neither output reached the loss
+        return None, None, None, None, None
+    if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
+        do = do.contiguous()
+    dq, dk, dv = flash_attention.attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
