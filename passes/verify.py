@@ -185,6 +185,22 @@ def _store(op, operands, results, num_warps: int) -> None:
     _memory_access(op, operands[0], operands[1], len(operands) - 2, op.operation.name)
 
 
+@rule("atomic_add")
+def _atomic_add(op, operands, results, num_warps: int) -> None:
+    # red.global.add is lowered for f32 only (f16/bf16 red would round every
+    # partial sum: accumulate in f32 and convert once).
+    dst, tile = operands[0], operands[1]
+    _require(isinstance(dst, T.GL), f"tk.atomic_add adds into a tk.gl tensor (global memory), "
+             f"not into {_show(dst) if dst is not None else 'a scalar'}")
+    _require(dst.dtype == "f32", f"tk.atomic_add adds into an f32 tensor (red.global.add.f32), "
+             f"got {_show(dst)}; accumulate into an f32 buffer and convert once at the end")
+    _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
+             f"tk.atomic_add adds an f32 register tile or vector, got "
+             f"{_show(tile) if tile is not None else 'a scalar'}"
+             + ("; convert it with .to(tk.f32)" if tile is not None else ""))
+    _memory_access(op, dst, tile, len(operands) - 2, "tk.atomic_add")
+
+
 @rule("copy")
 def _copy(op, operands, results, num_warps: int) -> None:
     gl, st = (operands[0], operands[1]) if isinstance(operands[0], T.GL) else operands[1::-1]
@@ -360,6 +376,20 @@ def _tma(op, operands, results, num_warps: int) -> None:
     _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
              f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
              f"{_show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+
+
+# cp.reduce.async.bulk.tensor .add: the element type is the tensor map's; PTX
+# defines .add on f32, f16 and bf16 (and integers, which tk tiles do not hold).
+TMA_REDUCE_ADD_DTYPES = ("f32", "f16", "bf16")
+
+
+@rule("tma_reduce_add")
+def _tma_reduce_add(op, operands, results, num_warps: int) -> None:
+    st = T.parse(op.src.type)
+    _require(isinstance(st, T.ST), f"tma_reduce_add: TMA reads a shared tile, got {_show(st)}")
+    _tma(op, operands, results, num_warps)
+    _require(st.dtype in TMA_REDUCE_ADD_DTYPES, f"tma_reduce_add: TMA adds f32, f16 or bf16 "
+             f"tiles, not {_show(st)}")
 
 
 @rule("slice")

@@ -18,7 +18,7 @@ from .values import (Global, Scalar, Shared, Tile, TileLike, as_scalar, builds, 
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
-           "where"]
+           "where", "atomic_add"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -137,6 +137,24 @@ def store(dst, value, idx=(), *, cache="normal"):
                                "do not apply (sub-tiles are not supported yet)")
     emit("store", [dst, value, *([] if isinstance(dst, Shared) else _indices(idx))],
          **_cache_attrs(cache))
+
+
+@builtin
+@builds('atomic_add')
+def atomic_add(dst, value, idx=()):
+    """Add an f32 register tile or vector into an f32 tensor at tile
+    coordinates `idx` (as tk.store: elements past the end are skipped), with
+    atomic reductions (red.global.add), so that many blocks may accumulate
+    into one place (each element once, whatever the layout)."""
+    if not isinstance(value, TileLike):
+        raise CompilationError(f"tk.atomic_add adds a register tile or vector, got {value!r}")
+    if not isinstance(dst, Global):
+        raise CompilationError(f"tk.atomic_add adds into a tk.gl tensor argument (global "
+                               f"memory), got {dst!r}"
+                               + ("; shared tiles have no atomic add: add in registers, or use "
+                                  "tk.tma.reduce_add_async to add a shared tile into a tensor"
+                                  if isinstance(dst, Shared) else ""))
+    emit("atomic_add", [dst, value, *_indices(idx)])
 
 
 @builtin
