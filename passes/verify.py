@@ -189,16 +189,16 @@ def _store(op, operands, results, num_warps: int) -> None:
 def _atomic_add(op, operands, results, num_warps: int) -> None:
     # red.global.add is lowered for f32 only (f16/bf16 red would round every
     # partial sum: accumulate in f32 and convert once).
-    dst, tile = operands[0], operands[1]
-    _require(isinstance(dst, T.GL), f"tk.atomic_add adds into a tk.gl tensor (global memory), "
+    dst, tile, name = operands[0], operands[1], op.operation.name
+    _require(isinstance(dst, T.GL), f"{name} adds into a tk.gl tensor (global memory), "
              f"not into {_show(dst) if dst is not None else 'a scalar'}")
-    _require(dst.dtype == "f32", f"tk.atomic_add adds into an f32 tensor (red.global.add.f32), "
+    _require(dst.dtype == "f32", f"{name} adds into an f32 tensor (red.global.add.f32), "
              f"got {_show(dst)}; accumulate into an f32 buffer and convert once at the end")
     _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
-             f"tk.atomic_add adds an f32 register tile or vector, got "
+             f"{name} adds an f32 register tile or vector, got "
              f"{_show(tile) if tile is not None else 'a scalar'}"
              + ("; convert it with .to(tk.f32)" if tile is not None else ""))
-    _memory_access(op, dst, tile, len(operands) - 2, "tk.atomic_add")
+    _memory_access(op, dst, tile, len(operands) - 2, name)
 
 
 @rule("copy")
