@@ -16,7 +16,7 @@ from mlir.dialects import llvm
 
 from .context import LoweringContext, lowers
 from .fragments import Fragment, GlobalRef
-from .memory import _guarded, global_pieces
+from .memory import _and, _guarded, global_pieces
 
 
 def _red_add(addr: ir.Value, regs: list[ir.Value]) -> None:
@@ -30,6 +30,6 @@ def _red_add(addr: ir.Value, regs: list[ir.Value]) -> None:
 @lowers("tk.atomic_add")
 def lower_atomic_add(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment,
                      *indices: ir.Value) -> None:
-    for r0, n, addr, cond in global_pieces(ctx, dst, frag, indices):
+    for r0, n, addr, conds in global_pieces(ctx, dst, frag, indices):
         regs = frag.regs[r0:r0 + n]
-        _guarded(cond, lambda: _red_add(addr, regs))
+        _guarded(_and(conds), lambda: _red_add(addr, regs))
