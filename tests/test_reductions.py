@@ -101,20 +101,25 @@ def test_atomic_add_is_red_vectorized_as_the_layout_allows(layout, form, sass):
 
 
 def _definitions(ir_text: str) -> dict[str, str]:
+    """SSA name -> its defining op's text (without the location)."""
     return {m.group(1): m.group(2) for m in
-            re.finditer(r"^\s*(%[\w]+) = (.*)$", ir_text, re.MULTILINE)}
+            re.finditer(r"^\s*(%[\w]+) = (.*?)(?: loc\(.*\))?$", ir_text, re.MULTILINE)}
 
 
-def _uses_mask(defs: dict[str, str], value: str, mask: int, depth: int = 6) -> bool:
-    """Is `value` computed from an `arith.andi x, <mask>`, compared with 0?"""
-    rhs = defs.get(value, "")
-    if re.match(r"arith\.cmpi eq, %\w+, %c0_i32", rhs):
-        x = re.match(r"arith\.cmpi eq, (%\w+)", rhs).group(1)
-        if re.match(rf"arith\.andi %\w+, %c{mask}_i32", defs.get(x, "")):
-            return True
-    return depth > 0 and any(_uses_mask(defs, v, mask, depth - 1)
-                             for v in re.findall(r"%\w+", rhs.split(":")[0])[0:2]
-                             if rhs.startswith("arith.andi"))
+def _replica_masks(defs: dict[str, str], cond: str) -> set[tuple[str, int]]:
+    """The (lane | warp, mask) of each `bits & mask == 0` the i1 `cond` is the
+    conjunction of (the first-replica test; bounds tests are skipped)."""
+    rhs = defs.get(cond, "")
+    if rhs.startswith("arith.andi") and rhs.endswith(": i1"):
+        a, b = re.findall(r"%\w+", rhs)[:2]
+        return _replica_masks(defs, a) | _replica_masks(defs, b)
+    m = re.match(r"arith\.cmpi eq, (%\w+), %c0_i32", rhs)
+    bits = re.match(r"arith\.andi (%\w+), %c(\d+)_i32", defs.get(m.group(1), "")) if m else None
+    if bits is None:
+        return set()
+    source = defs.get(bits.group(1), "")
+    kind = "lane" if ", %c31_i32" in source else "warp" if ", %c5_i32" in source else "?"
+    return {(kind, int(bits.group(2)))}
 
 
 def _red_guards(ir_text: str) -> list[str]:
@@ -124,29 +129,28 @@ def _red_guards(ir_text: str) -> list[str]:
 
 
 def test_a_replicated_vector_is_added_once():
-    """A row sum in the row layout is held by the 4 lanes of a quad (lane bits
-    0, 1 replicate): each red is guarded by lane & 3 == 0 (and in bounds).
-    The column sum is held by every warp: guarded by warp & 3 == 0 too."""
+    """A row sum in the row layout (r[8]l[x,x,1,2,4]w[16,32]) is held by the 4
+    lanes of a quad: each red is guarded by lane & 3 == 0 (and bounds). A
+    column sum (r[1,8,16,32]l[2,4,x,x,x]w[x,x]) is held by lanes 4 apart and
+    by every warp: lane & 28 == 0 and warp & 3 == 0."""
     c = add_vectors.compile(_spec(BLOCKS, 64, 64), _spec(100), _spec(68), R=64, C=64,
                             LAYOUT="row", AT=0)
+    layouts = re.findall(r'"tk\.atomic_add".*!tk\.rv<f32, 64 : i64, "([^"]+)"', c.asm["tk-verify"])
+    assert layouts == ["r[8]l[x,x,1,2,4]w[16,32]", "r[1,8,16,32]l[2,4,x,x,x]w[x,x]"]
     lowered = c.asm["tk-to-gpu"]
     guards = _red_guards(lowered)
-    assert len(guards) == len(re.findall(r"red\.global", c.asm["ptx"])) > 0
+    assert len(guards) == len(re.findall(r"red\.global", c.asm["ptx"]))
     defs = _definitions(lowered)
-    rows, cols = guards[:2], guards[2:]         # 2 reds of the row sum, then the column sum's
-    assert len(rows) == 2 and cols
-    assert all(_uses_mask(defs, g, 3) for g in rows), rows
-    # The column sum: every warp holds all columns; lanes replicate by rows.
-    assert all(_uses_mask(defs, g, 3) for g in cols), cols
-    types = {m for m in re.findall(r'!tk\.rv<f32, \d+ : i64, "([^"]+)"', c.asm["tk-verify"])}
-    assert any("x" in t for t in types), types   # the vectors' layouts do replicate
+    rows, cols = guards[:2], guards[2:]    # 2 registers of the row sum, then the column sum's
+    assert cols and all(_replica_masks(defs, g) == {("lane", 3)} for g in rows)
+    assert all(_replica_masks(defs, g) == {("lane", 28), ("warp", 3)} for g in cols)
 
 
 def test_a_tile_with_no_replica_has_only_bounds_guards():
     lowered = _tiles("vec").asm["tk-to-gpu"]
     defs = _definitions(lowered)
     guards = _red_guards(lowered)
-    assert guards and not any(_uses_mask(defs, g, 3) for g in guards)
+    assert len(guards) == 8 and not any(_replica_masks(defs, g) for g in guards)
 
 
 @pytest.mark.parametrize("threads", [True, False])
