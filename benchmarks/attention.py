@@ -4,6 +4,7 @@ On the GPU machine, from the repository root:
     python3 benchmarks/attention.py --out-dir "$OUT"            # the full table
     python3 benchmarks/attention.py --quick                     # N=4096, D=128 only
     python3 benchmarks/attention.py --n 4096,16384 --d 128 --causal 0
+    python3 benchmarks/attention.py --backward                  # dq, dk, dv (2.5x the FLOPs)
 
 B·N = 16384 tokens, H·D = 2048 (H = 2048 / D), bf16, (B, H, N, D) inputs;
 FLOPs per call = 4·B·H·N²·D, half of it for causal. Every implementation is
@@ -102,6 +103,56 @@ def bench(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
     return rows
 
 
+def reference_grads(q, k, v, do, causal: bool):
+    """float32 (dq, dk, dv) on heads 0..CHECK_HEADS-1 of batch 0 (heads are
+    independent: the slice's gradients are the full gradients' slice)."""
+    qf, kf, vf = (x[0, :CHECK_HEADS].float().requires_grad_() for x in (q, k, v))
+    o = reference(qf[None], kf[None], vf[None], causal)
+    o.backward(do[0, :CHECK_HEADS].float())
+    return qf.grad, kf.grad, vf.grad
+
+
+def bench_backward(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
+    """The backward pass alone: each implementation's forward runs once per
+    input group outside the timing; the timed call is autograd.grad of o
+    (retain_graph) for dq, dk, dv. FLOPs: 2.5x the forward's."""
+    b, h = TOKENS // n, HIDDEN // d
+    flops = 10 * b * h * n * n * d // (2 if causal else 1)
+    shape = f"N={n} D={d}{' causal' if causal else ''}"
+    base = {"op": "attention backward", "shape": shape, "B": b, "H": h, "N": n, "D": d,
+            "causal": causal, "flops": flops}
+    rows = [{**base, "impl": name} for name, _ in impls]
+    groups = P.make_input_groups(lambda g: tuple(P.uniform(g, b, h, n, d) for _ in range(4)),
+                                 4 * 2 * b * h * n * d)
+    refs = reference_grads(*groups[0], causal)
+    print(f"backward {shape}: B={b} H={h}, {len(groups)} groups", flush=True)
+    for row, (name, fn) in zip(rows, impls):
+        try:
+            prepared = []
+            for q, k, v, do in groups:
+                leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+                prepared.append((fn(*leaves, causal), leaves, do))
+            call = lambda p: torch.autograd.grad(p[0], p[1], p[2], retain_graph=True)  # noqa: E731
+            grads = call(prepared[0])
+            errs = [float("nan") if not bool(torch.isfinite(g).all()) else
+                    ((g[0, :CHECK_HEADS].float() - r).norm() / r.norm()).item()
+                    for g, r in zip(grads, refs)]
+            row["rel_err"] = err = max(errs)
+            row["status"] = "ok" if err <= 2 * TOL else "WRONG"    # NaN fails too
+            t = P.time_kernel(call, prepared, **timing)
+        except Exception as e:      # one broken implementation must not sink the run
+            row["status"] = f"failed: {P.first_line(e)}"
+            print(f"  {name:8} {row['status']}", flush=True)
+            continue
+        finally:
+            prepared = None
+        P.record_tflops(row, t, flops)
+    P.add_ratios(rows, "cudnn", "ratio_vs_cudnn")
+    del groups
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--d", help="comma list of head dims (64, 128)")
     ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
     ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward pass (dq, dk, dv) instead of the forward")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/attention.py")
@@ -123,16 +176,19 @@ def main(argv=None) -> int:
     timing = (dict(warmup=20, iters=20, repeats=1, pause_s=0.05) if args.quick
               else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
     impls = make_impls(names)
+    run = bench_backward if args.backward else bench
     rows = [r for d in ds for causal in causals for n in ns
-            for r in bench(n, d, causal, impls, timing)]
+            for r in run(n, d, causal, impls, timing)]
     cols = ["shape", "B", "H", "impl", "ms", ("tflops", "TFLOP/s"),
             ("ratio_vs_cudnn", "vs cuDNN"), ("rel_err", "rel err"), "status"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
-    meta = {"metric": "tflops", "dtype": "bfloat16", "flops": "4*B*H*N^2*D (half if causal)",
+    meta = {"metric": "tflops", "dtype": "bfloat16", "pass": "backward" if args.backward else
+            "forward", "flops": ("10" if args.backward else "4") + "*B*H*N^2*D (half if causal)",
             "tokens": TOKENS, "hidden": HIDDEN, "tol": TOL, "timing": timing,
             "check": f"rel. Frobenius error vs float32 on heads 0..{CHECK_HEADS - 1} of batch 0; "
                      f"NaN anywhere fails", "quick": args.quick}
-    P.write_results("attention" + ("-quick" if args.quick else ""), rows, meta, args.out_dir)
+    P.write_results("attention" + ("-backward" if args.backward else "") +
+                    ("-quick" if args.quick else ""), rows, meta, args.out_dir)
     bad = [f"{r['shape']} {r['impl']}" for r in rows if r["status"] != "ok"]
     if bad:
         print("NOT OK: " + "; ".join(bad))

@@ -135,6 +135,9 @@ OPS: tuple[OpDef, ...] = (
     OpDef("store", operands=("dst", "value"), variadic="indices",
           writes=(Access("dst", GENERIC),), block_barrier=_stores_block_tile_to_shared,
           doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st, rv -> sv"),
+    OpDef("atomic_add", operands=("dst", "value"), variadic="indices",
+          doc="f32 rt/rv added into an f32 gl at tile coordinates (red.global.add: each "
+              "element once, out-of-bounds elements skipped, as tk.store)"),
     OpDef("copy", operands=("dst", "src"), variadic="indices", block_barrier=True,
           reads=(Access("src", GENERIC),), writes=(Access("dst", GENERIC),),
           doc="gl <-> st by every thread of the block, then a block barrier"),
@@ -166,6 +169,10 @@ OPS: tuple[OpDef, ...] = (
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
           reads=(Access("src", ASYNC),),
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
+    OpDef("tma_reduce_add", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
+          reads=(Access("src", ASYNC),),
+          doc="TMA: global tile at tile coordinates += shared tile (cp.reduce.async.bulk."
+              "tensor .add; the bulk async group of tma_store)"),
     OpDef("tma_commit", doc="close the current bulk async group of TMA stores"),
     OpDef("tma_wait", attributes=("pending", "read"),
           doc="wait until at most `pending` TMA store groups are outstanding (read: until "

@@ -26,7 +26,7 @@ from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
 from ..target import TARGET
-from . import compute, masks, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
+from . import atomic, compute, masks, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
 from .sync import init_semaphores

@@ -166,15 +166,23 @@ def lower_store(ctx: LoweringContext, op, dst, frag: Fragment, *indices: ir.Valu
     if isinstance(dst, SharedRef):
         _store_shared(ctx, dst, frag, op)
         return
+    for r0, n, addr, conds in global_pieces(ctx, dst, frag, indices):
+        value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
+        _guarded(_and(conds), lambda: _store_with_policy(value, addr, n * T.itemsize(frag.dtype),
+                                                  _policy(op)))
+
+
+def global_pieces(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices):
+    """(first register, registers, address, conditions) of each piece of frag
+    written to dst at tile coordinates: the piece is written when all conditions
+    hold (in bounds and, where several threads hold the same elements, first
+    replica, so that each element is written once: tk.store, tk.atomic_add)."""
     access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope, list(indices))
     first = ctx.is_first_replica(frag.layout, frag.scope)
     pieces, _ = _pieces(frag.layout, frag.dtype)
     for r0, n in pieces:
         addr, ok = access.piece(r0, frag.dtype)
-        value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
-        cond = _and([c for c in (ok, first) if c is not None])
-        _guarded(cond, lambda: _store_with_policy(value, addr, n * T.itemsize(frag.dtype),
-                                                  _policy(op)))
+        yield r0, n, addr, [c for c in (ok, first) if c is not None]
 
 
 @lowers("tk.gl_dim")

@@ -1,4 +1,4 @@
-"""Lowering of the TMA ops (tk.tma_load/store/commit/wait/prefetch).
+"""Lowering of the TMA ops (tk.tma_load/store/reduce_add/commit/wait/prefetch).
 
 Each (tensor argument, tile box) pair used by a TMA op is one tensor map,
 a kernel parameter of its own (lowering/kernel.py adds them): a generic
@@ -83,6 +83,17 @@ def lower_tma_store(ctx: LoweringContext, op, dst: GlobalRef, src: SharedRef,
     # (passes/fences.py), which also covers a tile written by TMA (none needed).
     for offset, coords in _boxes(dst, src.type, list(indices)):
         nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
+
+
+@lowers("tk.tma_reduce_add")
+def lower_tma_reduce_add(ctx: LoweringContext, op, dst: GlobalRef, src: SharedRef,
+                         *indices: ir.Value) -> None:
+    # As tma_store (same tensor map, same bulk group, fenced by the writers);
+    # the element type of the add is the tensor map's.
+    tmap = _tensor_map(ctx, op.dst, src.type)
+    for offset, coords in _boxes(dst, src.type, list(indices)):
+        nvvm.CpAsyncBulkTensorReduceOp(tmap, smem_addr(src.ptr, c32(offset)),
+                                       nvvm.TMAReduxKind.ADD, coords)
 
 
 @lowers("tk.tma_commit")

@@ -193,6 +193,22 @@ def _store(op, operands, results, num_warps: int) -> None:
     _memory_access(op, operands[0], operands[1], len(operands) - 2, op.operation.name)
 
 
+@rule("atomic_add")
+def _atomic_add(op, operands, results, num_warps: int) -> None:
+    # red.global.add is lowered for f32 only (f16/bf16 red would round every
+    # partial sum: accumulate in f32 and convert once).
+    dst, tile, name = operands[0], operands[1], op.operation.name
+    _require(isinstance(dst, T.GL), f"{name} adds into a tk.gl tensor (global memory), "
+             f"not into {_show(dst) if dst is not None else 'a scalar'}")
+    _require(dst.dtype == "f32", f"{name} adds into an f32 tensor (red.global.add.f32), "
+             f"got {_show(dst)}; accumulate into an f32 buffer and convert once at the end")
+    _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
+             f"{name} adds an f32 register tile or vector, got "
+             f"{_show(tile) if tile is not None else 'a scalar'}"
+             + ("; convert it with .to(tk.f32)" if tile is not None else ""))
+    _memory_access(op, dst, tile, len(operands) - 2, name)
+
+
 @rule("copy")
 def _copy(op, operands, results, num_warps: int) -> None:
     gl, st = (operands[0], operands[1]) if isinstance(operands[0], T.GL) else operands[1::-1]
@@ -402,6 +418,20 @@ def _tma_vector_box(name: str, sv: T.SV) -> None:
              f"vector is a multiple of 16 bytes and at most 256 elements; {_show(sv)} has "
              f"{sv.nbytes} bytes (use a length that is a multiple of "
              f"{16 // T.itemsize(sv.dtype)}, up to 256)")
+
+
+# cp.reduce.async.bulk.tensor .add: the element type is the tensor map's; PTX
+# defines .add on f32, f16 and bf16 (and integers, which tk tiles do not hold).
+TMA_REDUCE_ADD_DTYPES = ("f32", "f16", "bf16")
+
+
+@rule("tma_reduce_add")
+def _tma_reduce_add(op, operands, results, num_warps: int) -> None:
+    st = T.parse(op.src.type)
+    _require(isinstance(st, T.ST), f"tma_reduce_add: TMA reads a shared tile, got {_show(st)}")
+    _tma(op, operands, results, num_warps)
+    _require(st.dtype in TMA_REDUCE_ADD_DTYPES, f"tma_reduce_add: TMA adds f32, f16 or bf16 "
+             f"tiles, not {_show(st)}")
 
 
 @rule("slice")

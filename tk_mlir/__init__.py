@@ -60,7 +60,7 @@ _LAZY = {
     **dict.fromkeys(("block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id",
                      "warpgroup_id",
                      "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles",
-                     "barrier", "where", "shared_vector", "shared_vectors"), ".ops"),
+                     "barrier", "where", "shared_vector", "shared_vectors", "atomic_add"), ".ops"),
     **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
                      "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
                      "cluster_rank", "cluster_sync", "named_barrier_arrive"), ".sync"),

@@ -18,7 +18,7 @@ from .values import (Global, Scalar, Shared, SharedVector, Tile, TileLike, as_sc
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
-           "where", "shared_vector", "shared_vectors"]
+           "where", "shared_vector", "shared_vectors", "atomic_add"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -151,6 +151,24 @@ def _load_shared_vector(src: SharedVector, idx, shape, scope, fill, dtype, cache
     sv = src.tk_type
     rv = T.RV(sv.dtype, sv.length, "auto", scope)   # "auto": tk-assign-layouts picks it
     return wrap(emit("load", [src], rv.to_mlir(), fill=0.0))
+
+
+@builtin
+@builds('atomic_add')
+def atomic_add(dst, value, idx=()):
+    """Add an f32 register tile or vector into an f32 tensor at tile
+    coordinates `idx` (as tk.store: elements past the end are skipped), with
+    atomic reductions (red.global.add), so that many blocks may accumulate
+    into one place (each element once, whatever the layout)."""
+    if not isinstance(value, TileLike):
+        raise CompilationError(f"tk.atomic_add adds a register tile or vector, got {value!r}")
+    if not isinstance(dst, Global):
+        raise CompilationError(f"tk.atomic_add adds into a tk.gl tensor argument (global "
+                               f"memory), got {dst!r}"
+                               + ("; shared tiles have no atomic add: add in registers, or use "
+                                  "tk.tma.reduce_add_async to add a shared tile into a tensor"
+                                  if isinstance(dst, Shared) else ""))
+    emit("atomic_add", [dst, value, *_indices(idx)])
 
 
 @builtin

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Target:
     arch: str                      # ptxas / NVVM chip, e.g. "sm_90a"
-    ptx_features: str              # NVVM target features, e.g. "+ptx80"
+    ptx_features: str              # NVVM target features, e.g. "+ptx81" (8.1: vector red)
     compute_capability: tuple[int, int]
     description: str               # what a device must be, in words
     max_shared_bytes: int          # dynamic shared memory per block (opt-in)
@@ -40,7 +40,7 @@ class Target:
 
 
 HOPPER = Target(
-    arch="sm_90a", ptx_features="+ptx80", compute_capability=(9, 0),
+    arch="sm_90a", ptx_features="+ptx81", compute_capability=(9, 0),
     description="an NVIDIA Hopper GPU (compute capability 9.0: H100, H200, H800, GH200)",
     max_shared_bytes=227 * 1024, max_registers_per_thread=255, registers_per_sm=65536,
     max_threads_per_block=1024,

@@ -21,7 +21,7 @@ from .language import builtin, compile_time_int
 from .ops import _indices
 from .values import Global, Semaphore, Shared, SharedVector, as_scalar, builds, emit
 
-__all__ = ["load_async", "store_async", "store_commit", "store_wait", "expect",
+__all__ = ["load_async", "store_async", "reduce_add_async", "store_commit", "store_wait", "expect",
            "expect_bytes", "prefetch"]
 
 
@@ -70,6 +70,21 @@ def store_async(dst, src, idx) -> None:
     for the async proxy (passes/fences.py)."""
     _check(src, dst, "tk.tma.store_async")
     emit("tma_store", [dst, src, *_indices(idx)])
+
+
+@builtin
+@builds('tma_reduce_add')
+def reduce_add_async(dst, src, idx) -> None:
+    """Add shared tile `src` into the tile of `dst` at tile coordinates `idx`
+    (cp.reduce.async.bulk.tensor .add; f32, f16 or bf16; elements past the
+    end are skipped). Issued and completed as tk.tma.store_async: in the same
+    bulk groups (tk.tma.store_commit / store_wait), fenced by the compiler."""
+    if not isinstance(src, Shared):
+        raise CompilationError(f"tk.tma.reduce_add_async: TMA adds a shared tile, got {src!r}; "
+                               f"store a register tile into a shared tile first (tk.store), or "
+                               f"add it directly with tk.atomic_add")
+    _check(src, dst, "tk.tma.reduce_add_async")
+    emit("tma_reduce_add", [dst, src, *_indices(idx)])
 
 
 @builtin
