@@ -55,7 +55,7 @@ def ring_of_vectors(X: tk.gl[f32], Y: tk.gl[f32], STEPS: tk.constexpr):
     for i in range(STEPS):
         if tk.elect_leader("warpgroup"):
             tk.tma.expect(sems[i % 2], svs[i % 2])
-            tk.tma.load_async(svs[i % 2], X, (i,), sems[i % 2])
+            tk.tma.load_async(svs[i % 2], X, (0, i), sems[i % 2])
         tk.wait(sems[i % 2], (i // 2) % 2)
         acc = acc + tk.load(svs[i % 2])
         tk.barrier()
@@ -118,9 +118,9 @@ def test_tma_vector_coordinates_count_vectors_in_the_last_dim():
 
 
 def test_rank_one_tensor_and_an_array_of_vectors():
-    compiled = ring_of_vectors.compile(tk.spec((256,), f32), tk.spec((64,), f32), STEPS=4)
+    compiled = ring_of_vectors.compile(tk.spec((1, 256), f32), tk.spec((64,), f32), STEPS=4)
     ptx = compiled.asm["ptx"]
-    assert "cp.async.bulk.tensor.1d.shared::cluster.global" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
     assert compiled.tensor_maps == [(0, 1, 64, 0, "f32")]
     # Two 256-byte vectors, each 128-aligned, then the semaphores.
     assert compiled.smem_bytes >= 2 * 256 + 2 * 8
@@ -314,9 +314,16 @@ def test_store_then_load_round_trip_on_the_gpu():
 def test_ring_of_tma_vectors_on_the_gpu():
     torch = pytest.importorskip("torch")
     steps = 4
-    x = torch.randn(steps * 64, device="cuda")
+    x = torch.randn(1, steps * 64, device="cuda")
     y = torch.full((64,), float("nan"), device="cuda")
     ring_of_vectors[(1,)](x, y, STEPS=steps)
     torch.cuda.synchronize()
     ref = x.view(steps, 64).sum(0)
     assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5), (y - ref).abs().max()
+
+
+def test_tma_of_a_rank_1_tensor_is_refused():
+    """The driver refuses rank-1 tensor maps: view the tensor as (1, n)."""
+    with pytest.raises(tk.CompilationError, match=r"needs a tensor of rank 2 to 5 \(view a 1-D "
+                                                  r"tensor as \(1, n\)\)"):
+        ring_of_vectors.compile(tk.spec((256,), f32), tk.spec((64,), f32), STEPS=4)

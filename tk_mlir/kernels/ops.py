@@ -4,6 +4,7 @@
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
     torch.ops.tk_mlir.attention(q, k, v, causal, scale) -> (o, lse)
+    torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
 
 Why ops: torch.compile cannot trace a cuda-python launch, but it can trace
 a custom op as one opaque node, given a fake implementation that says what
@@ -116,6 +117,21 @@ def _lse_like(q):
     return q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+@torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention by the backward kernels: an op of its own, so
+    that a compiled backward graph calls it as one node (it cannot trace into
+    a cuda-python launch)."""
+    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale)
+
+
+@attention_backward.register_fake
+def _(do, q, k, v, o, lse, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, causal, scale = inputs
     o, lse = output
@@ -140,7 +156,7 @@ def _attention_backward(ctx, do, dlse):
         return None, None, None, None, None
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
-    dq, dk, dv = flash_attention.attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    dq, dk, dv = attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
