@@ -282,3 +282,41 @@ def test_backward_matches_float32_autograd(d, n, n_kv, h_kv, causal):
         assert not got.isnan().any(), name
         err = ((got.float() - ref).norm() / ref.norm()).item()
         assert err < 2e-2, (name, err)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_few_training_steps_follow_the_reference_loss_curve(causal):
+    """A tiny attention layer (qkv projection, attention, output projection)
+    trained for a few SGD steps with tk_mlir's attention and with the float32
+    reference: the two loss curves agree."""
+    from tk_mlir.kernels import attention
+    b, n, h, d = 2, 256, 4, 64
+    g = torch.Generator(device="cuda").manual_seed(11 + causal)
+    x = torch.randn(b, n, h * d, device="cuda", generator=g)
+    target = torch.randn(b, n, h * d, device="cuda", generator=g)
+    w0 = [torch.randn(h * d, 3 * h * d, device="cuda", generator=g) / (h * d) ** 0.5,
+          torch.randn(h * d, h * d, device="cuda", generator=g) / (h * d) ** 0.5]
+
+    def train(attend):
+        w_qkv, w_out = (w.clone().requires_grad_() for w in w0)
+        losses = []
+        for _ in range(5):
+            qkv = (x @ w_qkv).view(b, n, 3, h, d)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+            o = attend(q, k, v).transpose(1, 2).reshape(b, n, h * d)
+            loss = ((o.float() @ w_out - target) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                for w in (w_qkv, w_out):
+                    w -= 0.5 * w.grad
+                    w.grad = None
+            losses.append(loss.item())
+        return losses
+
+    ours = train(lambda q, k, v: attention(q.bfloat16(), k.bfloat16(), v.bfloat16(),
+                                           causal=causal).float())
+    ref = train(lambda q, k, v: _reference(q, k, v, causal, 1 / math.sqrt(d))[0])
+    assert ours[-1] < ours[0]                      # it learns
+    for a, r in zip(ours, ref):
+        assert abs(a - r) <= 2e-2 * abs(r), (ours, ref)

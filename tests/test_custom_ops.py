@@ -271,18 +271,9 @@ def test_opcheck_attention(causal):
 
 
 def _reference(q, k, v, causal, scale):
-    """float32 explicit softmax (differentiable); GQA by repeating K/V heads,
-    so their gradients sum over the query heads that share them."""
-    group = q.shape[1] // k.shape[1]
-    kf = k.float().repeat_interleave(group, 1)
-    vf = v.float().repeat_interleave(group, 1)
-    s = q.float() @ kf.transpose(-1, -2) * scale
-    if causal:
-        n, n_kv = s.shape[-2:]
-        i = torch.arange(n, device=s.device)[:, None]
-        j = torch.arange(n_kv, device=s.device)[None, :]
-        s = s.masked_fill(j > i + (n_kv - n), float("-inf"))
-    return torch.softmax(s, -1) @ vf
+    """float32 explicit softmax, differentiable (test_attention's reference)."""
+    from test_attention import _reference as reference
+    return reference(q, k, v, causal, scale)[0]
 
 
 @gpu
