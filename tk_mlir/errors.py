@@ -42,6 +42,20 @@ class ArgumentError(TypeError):
     alignment); the message names the argument and the rule, and says what to do."""
 
 
+class CudaUnavailable(RuntimeError):
+    """cuda-bindings cannot be imported, so nothing can run on a GPU here.
+    Raised by the first import of runtime/driver.py, the one module that
+    imports cuda-bindings: compiling and reading the stages up to PTX never
+    import it, so they work where it has no wheels (macOS)."""
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"launching kernels (and encoding TMA tensor maps) needs cuda-bindings and an "
+            f"NVIDIA GPU with its driver; cuda-bindings cannot be imported here ({reason}): "
+            f"pip install cuda-bindings (Linux or Windows). kernel.compile(...) and its "
+            f".asm stages up to PTX need neither")
+
+
 class InternalCompilerError(RuntimeError):
     """A bug in tk_mlir, not in the user's kernel: shown as such (with the
     kernel and stage it happened in, when known), never dressed up as a

@@ -12,8 +12,7 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-from ..errors import ArgumentError
-from . import driver
+from ..errors import ArgumentError, CudaUnavailable
 
 # The one table of element types: the dtype's name in torch (also numpy's and
 # ml_dtypes' name for it) -> tk_mlir's name.
@@ -201,9 +200,20 @@ def _from_cuda_array_interface(interface: dict, name: str) -> TensorInfo:
         strides = contiguous_strides(shape)
     else:
         strides = _element_strides(byte_strides, itemsize, where)
-    ordinal = driver.pointer_device(ptr)
+    ordinal = _pointer_device(ptr)
     device = "cuda" if ordinal is None else _cuda_device_name(ordinal)
     return TensorInfo(ptr, shape, strides, dtype, device, itemsize)
+
+
+def _pointer_device(ptr: int) -> int | None:
+    """The device that owns `ptr`, or None when unknown. The driver is
+    imported here, not with this module: describing tensors for a compile
+    must work without cuda-bindings (the launch then says it is missing)."""
+    try:
+        from . import driver
+    except CudaUnavailable:
+        return None
+    return driver.pointer_device(ptr)
 
 
 def _element_strides(byte_strides, itemsize: int, where: str) -> tuple[int, ...]:

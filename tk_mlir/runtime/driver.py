@@ -10,6 +10,10 @@ Launch cost matters (a tiny kernel's call path must stay under ~10 µs and a
 raw cuda-python cuLaunchKernel already takes ~7 µs), so `Function.launch`
 does one driver call and one integer test when all is well; everything else
 (context fix-ups, error text) happens only after a failure.
+
+This is the one module that imports cuda-bindings, and nothing imports it
+before a launch: without cuda-bindings, importing it raises CudaUnavailable,
+which says what is missing, instead of an ImportError.
 """
 from __future__ import annotations
 
@@ -19,7 +23,12 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
-from cuda.bindings import driver as cu
+from ..errors import CudaUnavailable
+
+try:
+    from cuda.bindings import driver as cu
+except ImportError as e:
+    raise CudaUnavailable(str(e)) from None
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 # A launch fails with these when the function's context is not current on the

@@ -12,10 +12,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from cuda.bindings import driver as cu
-
 from ..errors import ArgumentError
-from .driver import check
+from .driver import check, cu      # (driver.py says what is missing without cuda-bindings)
 
 _DATA_TYPES = {
     "bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
