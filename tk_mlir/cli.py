@@ -200,10 +200,16 @@ def pick_stages(stages: dict[str, str], wanted: list[str]) -> list[str]:
     return picked
 
 
-def summary(name: str, stages: dict[str, str], info: dict) -> str:
+def summary(name: str, stages: dict[str, str], info: dict | None) -> str:
+    """The stages listed, and ptxas's numbers (`info`; None: compiled without
+    ptxas, which the summary says rather than failing: the PTX is there)."""
     lines = [f"{name}: {len(stages)} stages (--stage NAME or NUMBER prints one)"]
     lines += [f"  {i:02d}  {len(text.splitlines()):6d} lines  {stage}"
               for i, (stage, text) in enumerate(stages.items())]
+    if info is None:
+        lines.append("ptxas info: none, not assembled (ptxas is not installed: "
+                     "pip install nvidia-cuda-nvcc)")
+        return "\n".join(lines)
     lines.append("ptxas info:")
     lines += [f"  {key}: {value}" for key, value in info.items()]
     return "\n".join(lines)
@@ -243,7 +249,8 @@ def compile_command(args: argparse.Namespace) -> int:
             print(f"==> {name} <==")
         print(stages[name], end="" if stages[name].endswith("\n") else "\n")
     if not picked and not args.list_stages:
-        print(summary(compiled.name, stages, compiled.info))
+        print(summary(compiled.name, stages,
+                      compiled.info if compiled.assembled else None))
     return 0
 
 

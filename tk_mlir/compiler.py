@@ -4,6 +4,11 @@
 produces (cubin, the kernel's parameter list, every stage's text) is plain
 data, stored in the disk cache, so a cache hit in a new process never loads
 MLIR. `CompiledKernel` is that data plus a lazily loaded CUDA function.
+
+Without ptxas (no nvidia-cuda-nvcc: macOS) a kernel compiles to PTX and stops
+there: its stages up to PTX read as usual, and what needs the cubin (SASS,
+ptxas's numbers, launching) raises ToolNotFound saying how to get ptxas.
+Such a kernel is not put in the disk cache, whose entries are whole kernels.
 """
 from __future__ import annotations
 
@@ -67,14 +72,24 @@ class Stages(Mapping):
         self._kernel = kernel
 
     def __getitem__(self, name: str) -> str:
-        stages = self._kernel.stages
-        if name == "sass" and "sass" not in stages and _has_nvdisasm():
-            stages["sass"] = _cached_sass(self._kernel.cubin)
+        kernel = self._kernel
+        stages = kernel.stages
+        if name in _AFTER_PTXAS and not kernel.assembled:
+            kernel.require_cubin(_AFTER_PTXAS[name])
+        if name == "sass" and "sass" not in stages:
+            if not _has_nvdisasm():
+                from .runtime.toolchain import ToolNotFound
+                raise ToolNotFound("nvdisasm", _AFTER_PTXAS["sass"])
+            stages["sass"] = _cached_sass(kernel.cubin)
         return stages[name]
+
+    def __contains__(self, name) -> bool:
+        # (Mapping's would read the stage, and a missing tool is an error there.)
+        return name in self._names()
 
     def _names(self) -> list[str]:
         names = list(self._kernel.stages)
-        if "sass" not in names and _has_nvdisasm():
+        if "sass" not in names and self._kernel.assembled and _has_nvdisasm():
             names.append("sass")
         return names
 
@@ -85,6 +100,12 @@ class Stages(Mapping):
         return len(self._names())
 
 
+# The stages made from the cubin, and what reading each is called in the error
+# when there is no cubin (compiled without ptxas).
+_AFTER_PTXAS = {"ptxas": "reading the ptxas stage (.asm['ptxas'])",
+                "sass": "reading SASS (.asm['sass'])"}
+
+
 def _has_nvdisasm() -> bool:
     from .runtime.toolchain import find_tool
     return find_tool("nvdisasm") is not None
@@ -93,7 +114,7 @@ def _has_nvdisasm() -> bool:
 @dataclass
 class CompiledKernel:
     name: str
-    cubin: bytes
+    _cubin: bytes | None                   # None: compiled without ptxas (see .cubin)
     params: list[AbiParam]                 # the kernel's parameters (its ABI), in order
     num_warps: int
     smem_bytes: int
@@ -111,8 +132,30 @@ class CompiledKernel:
         if not isinstance(self.stages, StageStore):
             self.stages = StageStore(self.stages)
 
+    @property
+    def assembled(self) -> bool:
+        """Whether ptxas made the cubin (False: compiled without ptxas, so
+        only the stages up to PTX exist)."""
+        return self._cubin is not None
+
+    def require_cubin(self, needed_for: str) -> bytes:
+        """The cubin, or ToolNotFound saying that `needed_for` needs ptxas."""
+        if self._cubin is None:
+            from .runtime.toolchain import ToolNotFound
+            raise ToolNotFound("ptxas", needed_for)
+        return self._cubin
+
+    @property
+    def cubin(self) -> bytes:
+        """The kernel assembled by ptxas (ToolNotFound when compiled without it)."""
+        return self.require_cubin("the cubin (.cubin)")
+
     def __repr__(self) -> str:
         """One line (the stages and the cubin are in .asm / ._repr_html_)."""
+        if not self.assembled:
+            return (f"<CompiledKernel {self.name}: {self.num_warps} warps, "
+                    f"{self.smem_bytes} bytes shared memory, {len(self.stages)} stages "
+                    f"(PTX, not assembled: no ptxas)>")
         info = ptxas_info(self.ptxas_log)
         spills = info.get("spill stores (bytes)", 0) + info.get("spill loads (bytes)", 0)
         parts = [f"{self.num_warps} warps ({self.num_threads} threads)",
@@ -149,16 +192,18 @@ class CompiledKernel:
     @property
     def info(self) -> dict:
         """What ptxas reported: registers, spills, shared memory."""
+        self.require_cubin("ptxas's numbers (.info)")
         return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
                                              "dynamic shared memory (bytes)": self.smem_bytes}
 
     def _repr_html_(self) -> str:
         from .display import stages_html
-        return stages_html(self.name, dict(self.asm), self.info)
+        return stages_html(self.name, dict(self.asm), self.info if self.assembled else None)
 
     def function(self, device: int | None = None):
         """The CUDA function on `device` (default: the current one), loaded
         once per device, on first launch there."""
+        self.require_cubin(f"launching {self.name}")
         from .runtime import driver
         if not driver.has_gpu():
             raise RuntimeError(f"cannot launch {self.name}: no CUDA GPU or driver on this "
@@ -197,10 +242,11 @@ class CompiledKernel:
     # ---- disk cache entries
 
     def to_entry(self) -> dict:
+        cubin = self.require_cubin("a disk cache entry")   # (compile_cached stores no other)
         meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
                 "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
                 "tensor_maps": self.tensor_maps, "cluster": self.cluster}
-        return {"cubin": self.cubin, "meta.json": json.dumps(meta),
+        return {"cubin": cubin, "meta.json": json.dumps(meta),
                 "stages.json": json.dumps(self.stages.to_json())}
 
     @classmethod
@@ -304,7 +350,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     from mlir import ir
     from .dialects import tk as tk_dialect, types as T
     from .lowering.pipeline import lower, save_for_replay
-    from .runtime.toolchain import ToolchainError, start_ptxas
+    from .runtime.toolchain import ToolchainError, find_tool, start_ptxas
 
     folder = dump_folder(spec)
     stages = StageStore({"python": spec.source})
@@ -347,9 +393,10 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         func = module.body.operations[0]
         smem, cluster = contracts.SMEM_BYTES.get(func), cluster_size(func)
     # ptxas runs in its own process while this one keeps the stages (as
-    # bytecode, printed when read: tk_mlir/stages.py).
+    # bytecode, printed when read: tk_mlir/stages.py). Without ptxas the
+    # kernel stops at PTX (the module's docstring).
     stage[0] = "ptxas"
-    job = start_ptxas(lowered.ptx)
+    job = start_ptxas(lowered.ptx) if find_tool("ptxas") is not None else None
     stage[0] = "keeping the stages"
     for name in lowered.stages:
         stored = lowered.stages.stored(name)
@@ -359,19 +406,20 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
             stages[name] = stored
     stage[0] = "ptxas"
     try:
-        cubin, log = job.result()
+        cubin, log = job.result() if job is not None else (None, "")
     except ToolchainError as e:
         path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
                                     f"reproduce with: ptxas -arch={TARGET.arch} {path}",
                                     spec.name, "ptxas") from e
-    stages["ptxas"] = log
+    if job is not None:
+        stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,
                               [(p.arg, p.kind, p.index) for p in lowered.params],
                               spec.num_warps, smem, stages, log,
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
                                for t in lowered.tensor_maps], cluster)
-    if folder is not None:
+    if folder is not None and compiled.assembled:
         dump(len(stages) - 1, "ptxas", log)
         if _has_nvdisasm():
             dump(len(stages), "sass", compiled.asm["sass"])
@@ -420,7 +468,9 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, conste
         compiled = compile_specialization(spec, fn_node_factory(), globals_)
     reads = tuple(rec.reads)
     described = _reads.describe(reads)
-    if described is None:            # found again in no other process: not published
+    if described is None or not compiled.assembled:
+        # Found again in no other process, or PTX only (no ptxas here): an
+        # entry is a whole kernel, cubin included, to whoever reads it.
         return reads, compiled
     full = dataclasses.replace(spec, globals_key=_reads.key_text(reads))
     disk.put(full.cache_key(), compiled.to_entry())

@@ -1,5 +1,8 @@
 """The NVIDIA command-line tools tk_mlir runs (ptxas, nvdisasm, cuobjdump):
-finding them, and assembling PTX into a cubin. None of this needs a GPU.
+finding them, and assembling PTX into a cubin. None of this needs a GPU, and
+nothing before PTX needs the tools: without them (macOS has no wheels for
+them) a kernel still compiles to PTX, and what needs them says so
+(ToolNotFound) when it is asked for.
 """
 from __future__ import annotations
 
@@ -54,12 +57,28 @@ def find_tool(name: str) -> str | None:
     return None
 
 
-def _require(name: str) -> str:
+# The pip package each tool comes in (pyproject.toml declares them; they may
+# still be missing: no macOS wheels, or an install without dependencies).
+_PACKAGES = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm",
+             "cuobjdump": "nvidia-cuda-cuobjdump"}
+
+
+class ToolNotFound(ToolchainError):
+    """A tool that what was asked for needs is not installed; the message
+    says what needed it and how to get it."""
+
+    def __init__(self, name: str, needed_for: str):
+        self.name = name
+        super().__init__(f"{needed_for} needs {name} from the {_PACKAGES[name]} package, "
+                         f"which is not installed: pip install {_PACKAGES[name]} (it lands in "
+                         f"site-packages/nvidia/cu13/bin), or put CUDA's bin folder on PATH")
+
+
+def require_tool(name: str, needed_for: str) -> str:
+    """Path of a tool, or ToolNotFound saying that `needed_for` needs it."""
     path = find_tool(name)
     if path is None:
-        raise ToolchainError(f"{name} not found: install it with `pip install nvidia-cuda-nvcc` "
-                             f"(it lands in site-packages/nvidia/cu13/bin) or put CUDA's bin "
-                             f"folder on PATH")
+        raise ToolNotFound(name, needed_for)
     return path
 
 
@@ -81,7 +100,7 @@ class PtxasJob:
         self._tmp = tempfile.TemporaryDirectory(prefix="tk_mlir_ptxas_")
         src, self._out = Path(self._tmp.name, "kernel.ptx"), Path(self._tmp.name, "kernel.cubin")
         src.write_text(ptx)
-        cmd = [_require("ptxas"), f"-arch={arch}", "-v", *extra_args, str(src), "-o",
+        cmd = [require_tool("ptxas", "assembling PTX into a cubin"), f"-arch={arch}", "-v", *extra_args, str(src), "-o",
                str(self._out)]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True)
