@@ -26,9 +26,15 @@ def main():
     print("--- PTX (first 25 instruction lines) ---")
     body = [l for l in ptx.splitlines() if l.startswith("\t") and not l.startswith("\t.")]
     print("\n".join(body[:25]))
-    print("--- ptxas ---", compiled.info)
+    # (Without ptxas, e.g. on macOS, the kernel stops at PTX.)
+    print("--- ptxas ---", compiled.info if compiled.assembled else "not installed")
 
-    from tk_mlir.runtime.driver import has_gpu
+    from tk_mlir.errors import CudaUnavailable
+    try:
+        from tk_mlir.runtime.driver import has_gpu
+    except CudaUnavailable as e:
+        print(f"\nCompiled only (the kernel was not run): {e}")
+        return
     if not has_gpu():
         print("\nNo CUDA GPU here: compiled only (the kernel was not run).")
         return
