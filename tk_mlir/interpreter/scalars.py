@@ -20,7 +20,7 @@ def holder(t) -> type:
 
 
 def _same(fn):
-    return lambda op, num_warps: fn
+    return lambda op, num_warps: lambda w, *operands: fn(*operands)
 
 
 def _trunc_div(a, b):
