@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import threading
 from typing import Callable
 
@@ -64,6 +65,7 @@ class Kernel:
         # signature -> [(what its code read from outside, the code)], the last used first
         self._compiled: dict[tuple, list[tuple[tuple[GlobalRead, ...], CompiledKernel]]] = {}
         self._plans: list[Callable] = []
+        self._programs: dict[tuple, list] = {}     # signature -> [(reads, interpreter Program)]
         self._plan_keywords = {self.params[i].name for i in self.params.constexprs} | \
             {"num_warps"}
         self._lock = threading.Lock()
@@ -124,6 +126,11 @@ class Kernel:
         return None
 
     def _compile(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
+        spec = self._specialization(sig)
+        return compiler.compile_cached(spec, self._ast, self.fn.__globals__,
+                                       dict(spec.constexprs))
+
+    def _specialization(self, sig: tuple) -> Specialization:
         *per_param, num_warps = sig
         rt_args, names, consts = [], [], []
         for p, s in zip(self.params, per_param):
@@ -132,10 +139,41 @@ class Kernel:
             else:
                 rt_args.append(s)
                 names.append(p.name)
-        spec = Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
+        return Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
                               tuple(names), tuple(consts), num_warps, "",
                               self._source.first_line, self.fp_contract)
-        return compiler.compile_cached(spec, self._ast, self.fn.__globals__, dict(consts))
+
+    # -------------------------------------------------------- interpreter
+
+    @property
+    def interpret(self) -> _Interpreting:
+        """`kernel.interpret[grid](...)`: run on the CPU (tk_mlir/interpreter)."""
+        return _Interpreting(self)
+
+    def _interpret(self, grid, *args, **kwargs) -> None:
+        from . import interpreter
+        try:
+            interpreter.launch(self, grid, args, kwargs)
+        except (CompilationError, ArgumentError) as e:
+            raise for_the_user(e)
+
+    def interpreted(self, sig: tuple):
+        """The interpreter's Program for `sig`, built once (kept while the
+        globals its build read still hold, as compiled code is)."""
+        from . import global_reads as reads_
+        from .interpreter.program import Program, build_module
+        with self._lock:
+            for reads, program in self._programs.get(sig, ()):
+                if all_fresh(reads):
+                    return program
+            spec = self._specialization(sig)
+            with reads_.recording(reads_.Recorder(dict(spec.constexprs),
+                                                  self.fn.__globals__)) as rec:
+                program = Program(*build_module(spec, self._ast(), self.fn.__globals__))
+            entries = self._programs.setdefault(sig, [])
+            entries.insert(0, (tuple(rec.reads), program))
+            del entries[_MAX_ENTRIES:]
+            return program
 
     def _ast(self) -> ast.FunctionDef:
         return self._source.function_ast()
@@ -153,6 +191,8 @@ class Kernel:
     # ------------------------------------------------------------- launch
 
     def launch(self, grid, *args, **kwargs) -> None:
+        if os.environ.get("TK_MLIR_INTERPRET", "0") not in ("", "0"):   # read at each launch
+            return self._interpret(grid, *args, **kwargs)
         try:
             self.launch_by_plan(grid, args, kwargs)
         except (CompilationError, ArgumentError) as e:
@@ -231,6 +271,16 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
+
+
+class _Interpreting:
+    """What `kernel.interpret` is: indexed by a grid, a function that runs."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid) -> Callable:
+        return functools.partial(self.kernel._interpret, grid)
 
 
 def _to_front(items: list, item) -> None:

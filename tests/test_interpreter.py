@@ -1,0 +1,227 @@
+"""The CPU interpreter (tk_mlir/interpreter): kernels run on numpy arrays and
+CPU torch tensors against float64 numpy references (fresh random inputs,
+outputs poisoned with NaN), and what it refuses or finds is reported at the
+user's line. Small shapes: the whole file runs in seconds."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+from tk_mlir.interpreter import InterpretError
+from tk_mlir.interpreter.program import Program
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def rel_err(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert not np.isnan(got).any(), "an output element was not written"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def line_of(text: str) -> int:
+    """The line of this file that holds `text` (a marker comment)."""
+    return next(i for i, l in enumerate(HERE.read_text().splitlines(), 1) if text in l)
+
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+# ----------------------------------------------------------------- kernels
+
+def test_quickstart_softmax_on_numpy():
+    from quickstart import softmax
+    rng = np.random.default_rng()
+    m, n, rows = 37, 64, 4                    # a ragged last block: masked rows
+    x = (rng.standard_normal((m, n)) * 4).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    softmax.interpret[(tk.cdiv(m, rows),)](x, y, ROWS=rows, N=n)
+    assert rel_err(y, softmax_ref(x.astype(np.float64))) < 1e-6
+
+
+def test_readme_softmax_through_the_environment(monkeypatch):
+    """TK_MLIR_INTERPRET=1: the library's launch (kernel[grid]) interprets,
+    on CPU torch tensors, written in place; a ragged row (-inf fill)."""
+    import softmax as example
+    monkeypatch.setenv("TK_MLIR_INTERPRET", "1")
+    x = torch.randn(9, 40) * 3
+    y = torch.full_like(x, float("nan"))
+    example.softmax(x, out=y)
+    assert rel_err(y.numpy(), softmax_ref(x.double().numpy())) < 1e-6
+
+
+def _bf16(t: torch.Tensor) -> np.ndarray:
+    return t.to(torch.float64).numpy()
+
+
+def test_rms_norm_bf16():
+    from tk_mlir.kernels.norms import _block, rmsnorm_kernel
+    rows, d, eps = 5, 200, 1e-6               # d < BLOCK: zero fill, masked columns
+    x, w = torch.randn(rows, d).to(torch.bfloat16), torch.randn(d).to(torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    rmsnorm_kernel.interpret[(rows,)](x, w, y, eps, BLOCK=_block(d))
+    xf, wf = _bf16(x), _bf16(w)
+    ref = xf / np.sqrt((xf * xf).mean(1, keepdims=True) + eps) * wf
+    assert rel_err(_bf16(y), ref) < 8e-3      # bf16 output: ~2^-9 relative per element
+
+
+def test_layer_norm_bf16_persistent_loop():
+    from tk_mlir.kernels.norms import _block, layernorm_kernel
+    rows, d, eps = 7, 96, 1e-5
+    x = (torch.randn(rows, d) * 2 + 1).to(torch.bfloat16)
+    w, b = torch.randn(d).to(torch.bfloat16), torch.randn(d).to(torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    # 3 blocks for 7 rows: each walks rows first, first + 3, ... (an scf.for)
+    layernorm_kernel.interpret[(3,)](x, w, b, y, eps, BLOCK=_block(d))
+    xf = _bf16(x)
+    mean, var = xf.mean(1, keepdims=True), xf.var(1, keepdims=True)
+    ref = (xf - mean) / np.sqrt(var + eps) * _bf16(w) + _bf16(b)
+    assert rel_err(_bf16(y), ref) < 8e-3
+
+
+@tk.kernel(num_warps=4)
+def causal_mask(X: tk.gl[f32], Y: tk.gl[f32], T: tk.constexpr):
+    i = tk.block_id(0)
+    x = tk.load(X, (i, 0), (T, T), layout="row")
+    upper = x.col_indices() > x.row_indices()
+    edge = (x.col_indices() == 0) | (x.row_indices() == T - 1)
+    y = tk.where(upper, float("-inf"), x)
+    tk.store(Y, tk.where(edge, y * 2.0, y), (i, 0))
+
+
+def test_masks_and_where():
+    t, blocks = 64, 2
+    x = np.random.default_rng().standard_normal((blocks * t, t)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    causal_mask.interpret[(blocks,)](x, y, T=t)
+    r, c = np.indices((t, t))
+    tile_r = np.tile(r, (blocks, 1))
+    tile_c = np.tile(c, (blocks, 1))
+    ref = np.where(tile_c > tile_r, -np.inf, x)
+    ref = np.where((tile_c == 0) | (tile_r == t - 1), ref * 2, ref)
+    assert np.array_equal(y, ref)
+
+
+@tk.kernel(num_warps=4)
+def per_warp(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    """Each warp its own 16-row tile; even warps double, odd warps add the row
+    count (a condition that varies by warp: each warp runs one branch)."""
+    w = tk.warp_id()
+    row = tk.block_id(0) * 4 + w
+    x = tk.load(X, (row, 0), (16, 32), scope="warp")
+    s = 0.0
+    if tk.lane_id() < 7:                      # lanes disagree: both branches, masked
+        s = 1.0
+    if w % 2 == 0:
+        y = x * 2.0
+    else:
+        y = x + float(n)
+    tk.store(Y, y, (row, 0))
+
+
+def test_thread_varying_if():
+    m, n = 16 * 4 * 2 - 5, 32
+    x = np.random.default_rng().standard_normal((m, n)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    per_warp.interpret[(2,)](x, y, m)
+    warp = np.arange(m) // 16 % 4
+    ref = np.where((warp % 2 == 0)[:, None], x * 2, x + m)
+    assert np.array_equal(y, ref)
+
+
+# ------------------------------------------------------------ arguments
+
+def test_arguments_are_checked_as_for_the_gpu():
+    from quickstart import softmax
+    x = np.zeros((8, 64), np.float16)
+    with pytest.raises(tk.ArgumentError, match="dtype f16.*wants f32"):
+        softmax.interpret[(2,)](x, x, ROWS=4, N=64)
+    with pytest.raises(tk.ArgumentError, match="0-d tensor"):
+        softmax.interpret[(2,)](np.zeros((), np.float32), x, ROWS=4, N=64)
+    with pytest.raises(tk.ArgumentError, match="numpy arrays or CPU torch tensors"):
+        softmax.interpret[(2,)]([1.0], [1.0], ROWS=4, N=64)
+
+
+# ----------------------------------------------------------------- errors
+
+@tk.kernel(num_warps=4)
+def through_shared(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = tk.shared_tile(f32, (16, 64))         # MARK: unsupported
+    tk.copy(s, X, (0, 0))
+    tk.store(Y, tk.load(s), (0, 0))
+
+
+def test_unsupported_op_is_refused_at_its_line():
+    x = np.zeros((16, 64), np.float32)
+    with pytest.raises(InterpretError, match="does not model tk.alloc_st") as e:
+        through_shared.interpret[(1,)](x, x)
+    assert (e.value.filename, e.value.line) == (str(HERE), line_of("MARK: unsupported"))
+
+
+@tk.kernel(num_warps=4)
+def store_in_divergent_lanes(X: tk.gl[f32]):
+    t = tk.load(X, (0, 0), (16, 64))
+    if tk.lane_id() < 16:
+        tk.store(X, t + 1.0, (0, 0))          # MARK: divergent store
+
+
+def test_tile_op_under_lane_divergence_is_reported():
+    x = np.zeros((16, 64), np.float32)
+    with pytest.raises(InterpretError, match="only lanes .*0, 1,.* active") as e:
+        store_in_divergent_lanes.interpret[(1,)](x)
+    assert e.value.line == line_of("MARK: divergent store")
+
+
+@tk.kernel(num_warps=4)
+def barrier_in_warp_0():
+    if tk.warp_id() == 0:
+        tk.barrier()                          # MARK: partial barrier
+
+
+def test_partial_barrier_is_refused_by_tk_verify_at_its_line():
+    """tk-verify refuses it before anything runs (the interpreter runs the IR
+    after the tk passes)."""
+    with pytest.raises(tk.CompilationError, match="synchronises the whole block") as e:
+        barrier_in_warp_0.interpret[(1,)]()
+    assert e.value.line == line_of("MARK: partial barrier")
+
+
+# The same kernel's IR, past tk-verify (as if the check had missed it): the
+# interpreter's rendezvous finds warps 1-3 returned while warp 0 waits.
+PARTIAL_BARRIER_IR = """
+module {
+  func.func @k() attributes {tk.num_warps = 4 : i64, tk.smem_bytes = 0 : i64} {
+    %w = "tk.warp_id"() : () -> i32 loc("kernel.py":3:8)
+    %c0 = arith.constant 0 : i32 loc("kernel.py":3:8)
+    %is0 = arith.cmpi eq, %w, %c0 : i32 loc("kernel.py":3:8)
+    scf.if %is0 {
+      "tk.barrier"() : () -> () loc("kernel.py":4:9)
+    } loc("kernel.py":3:5)
+    return loc("kernel.py":1:1)
+  } loc("kernel.py":1:1)
+}
+"""
+
+
+def test_barrier_reached_by_some_warps_is_reported_at_its_line():
+    from mlir import ir
+    from tk_mlir.dialects import tk as tk_dialect
+    context = ir.Context()
+    tk_dialect.load(context)
+    with context:
+        module = ir.Module.parse(PARTIAL_BARRIER_IR)
+    program = Program(context, module)
+    with pytest.raises(InterpretError, match=r"warp 0 of block \(0, 0, 0\) reached this "
+                                             r"block-scope op, but warp 1 has returned") as e:
+        program.run((1, 1, 1), [])
+    assert (e.value.filename, e.value.line) == ("kernel.py", 4)

@@ -1,0 +1,75 @@
+"""Global arrays as the interpreter reads and writes them: numpy arrays and
+CPU torch tensors, written in place, read and written as f32 (or i32) values.
+
+Tile coordinates follow lowering/memory.py: the last dims (as many as the
+tile has) are tile coordinates, scaled by the tile's shape; the outer dims
+are element coordinates. Elements outside the array (including negative
+coordinates: the GPU compares unsigned) read `fill` and are not written.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..runtime.arguments import ArgumentError, canonical_dtype
+from . import numerics
+
+
+class GlobalArray:
+    """One tensor argument: its shape, tk dtype, and element access."""
+
+    def __init__(self, obj, name: str):
+        torch = sys.modules.get("torch")
+        self.is_torch = torch is not None and isinstance(obj, torch.Tensor)
+        if self.is_torch and obj.device.type != "cpu":
+            raise ArgumentError(f"argument {name!r} is on {obj.device}; the interpreter runs "
+                                f"on CPU arrays (pass a numpy array or x.cpu(), and copy the "
+                                f"outputs back)")
+        if not self.is_torch and not isinstance(obj, np.ndarray):
+            raise ArgumentError(f"argument {name!r}: the interpreter takes numpy arrays or CPU "
+                                f"torch tensors, got {type(obj).__name__}")
+        self.obj, self.name = obj, name
+        self.shape = tuple(int(d) for d in obj.shape)
+        self.dtype = canonical_dtype(obj.dtype)
+
+    def _window(self, coords, tile_shape) -> tuple[tuple, tuple] | None:
+        """(array index, tile index) of the in-bounds part of the tile at
+        `coords`, None when none of it is in bounds."""
+        rank, tile_rank = len(self.shape), len(tile_shape)
+        outer, inner = coords[:rank - tile_rank], coords[rank - tile_rank:]
+        if any(not 0 <= c < d for c, d in zip(outer, self.shape)):
+            return None
+        src, dst = list(outer), []
+        for c, n, extent in zip(inner, tile_shape, self.shape[rank - tile_rank:]):
+            start = c * n
+            lo, hi = max(0, -start), min(n, extent - start)
+            if hi <= lo:
+                return None
+            src.append(slice(start + lo, start + hi))
+            dst.append(slice(lo, hi))
+        return tuple(src), tuple(dst)
+
+    def load(self, coords, tile_shape, dtype: str, fill) -> np.ndarray:
+        out = np.full(tile_shape, numerics.scalar_for(dtype, fill), numerics.HOLDER[dtype])
+        window = self._window(coords, tile_shape)
+        if window is not None:
+            src, dst = window
+            part = self.obj[src]
+            if self.is_torch:
+                import torch
+                part = part.to(torch.float32 if dtype != "i32" else torch.int32).numpy()
+            out[dst] = numerics.round_to(dtype, part)
+        return out
+
+    def store(self, coords, tile: np.ndarray) -> None:
+        window = self._window(coords, tile.shape)
+        if window is None:
+            return
+        dst, src = window
+        part = numerics.round_to(self.dtype, tile[src])    # exact when the dtypes agree
+        if self.is_torch:
+            import torch
+            self.obj[dst] = torch.from_numpy(np.ascontiguousarray(part)).to(self.obj.dtype)
+        else:
+            self.obj[dst] = part.astype(self.obj.dtype)

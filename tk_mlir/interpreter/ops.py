@@ -1,0 +1,194 @@
+"""What each tk op does in the interpreter, keyed by op name as the lowering's
+`@lowers` is: `@interprets("tk.load")` registers a factory that, given the op,
+returns its closure (built once per specialization).
+
+A tile op's closure (an op with a register tile or vector, or a block
+barrier: program.py decides from the types and traits) runs once per scope
+instance as `fn(block, *operands)`: tiles are numpy arrays, global arrays
+`memory.GlobalArray`s, scalars Python numbers (the same in every thread of
+the scope). Any other op's closure runs per warp as `fn(warp, *operands)`
+on 32-lane values (machine.py).
+
+Float tiles compute in f32 and round to their dtype after each op
+(numerics.py); the scalar operand of a bf16/f16 tile op is rounded to the
+tile's dtype first, as the GPU converts it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..dialects import tk, types as T
+from . import numerics
+from .machine import LANES
+
+INTERPRETERS: dict[str, Callable] = {}
+
+
+def interprets(*names: str):
+    """Register a closure factory `factory(op, num_warps)` for ops `names`."""
+    def register(factory):
+        for n in names:
+            INTERPRETERS[n] = factory
+        return factory
+    return register
+
+
+def _result(op) -> T.TkType:
+    return T.parse(op.result.type)
+
+
+# ------------------------------------------------------ where this thread is
+
+@interprets("tk.block_id", "tk.grid_dim")
+def _block_index(op, num_warps):
+    dim, grid = op.dim, op.operation.name == "tk.grid_dim"
+    return lambda w: np.int32(w.block.grid[dim] if grid else w.block.id[dim])
+
+
+@interprets("tk.lane_id")
+def _lane_id(op, num_warps):
+    return lambda w: w.lane_ids()
+
+
+@interprets("tk.thread_id")
+def _thread_id(op, num_warps):
+    return lambda w: w.lane_ids() + np.int32(LANES * w.index)
+
+
+@interprets("tk.warp_id")
+def _warp_id(op, num_warps):
+    return lambda w: np.int32(w.index)
+
+
+@interprets("tk.warpgroup_id")
+def _warpgroup_id(op, num_warps):
+    return lambda w: np.int32(w.index // T.SCOPES["warpgroup"])
+
+
+@interprets("tk.gl_dim")
+def _gl_dim(op, num_warps):
+    dim = op.dim
+    return lambda w, src: np.int32(src.shape[dim])
+
+
+# ------------------------------------------------------------------ memory
+
+@interprets("tk.load")
+def _load(op, num_warps):
+    t = _result(op)
+    if not isinstance(T.parse(op.src.type), T.GL):
+        return None          # st/sv -> rt/rv: shared memory is not modeled yet
+    fill = op.fill
+    return lambda block, src, *coords: src.load(coords, t.shape, t.dtype, fill)
+
+
+@interprets("tk.store")
+def _store(op, num_warps):
+    if not isinstance(T.parse(op.dst.type), T.GL):
+        return None
+    def store(block, dst, value, *coords):
+        dst.store(coords, value)
+    return store
+
+
+@interprets("tk.barrier")
+def _barrier(op, num_warps):
+    # The rendezvous of the block's warps is the whole of its meaning here.
+    return lambda block: None
+
+
+# ------------------------------------------------------------------ values
+
+@interprets("tk.fill")
+def _fill(op, num_warps):
+    t = _result(op)
+    value = numerics.scalar_for(t.dtype, op.value)
+    return lambda block: np.full(t.shape, value, numerics.HOLDER[t.dtype])
+
+
+@interprets("tk.cvt")
+def _cvt(op, num_warps):
+    dtype = _result(op).dtype
+    return lambda block, src: numerics.round_to(dtype, src)
+
+
+# Unary maps, computed in f32 (exact functions; the GPU's are approximations
+# within ~2 ulp f32: the numerics contract in __init__.py).
+UNARY = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "abs": np.abs, "neg": np.negative,
+         "relu": lambda x: np.maximum(x, np.float32(0)), "sqrt": np.sqrt,
+         "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "rcp": lambda x: np.float32(1) / x}
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+          "max": np.maximum, "min": np.minimum,     # (both propagate NaN, as maximumf does)
+          "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+@interprets(*(f"tk.{n}" for n in UNARY))
+def _unary(op, num_warps):
+    fn, dtype = UNARY[op.operation.name[3:]], _result(op).dtype
+    return lambda block, src: numerics.round_to(dtype, fn(src))
+
+
+def _operand(dtype: str, x):
+    """A tile as it is, a scalar converted once to the tile's dtype."""
+    return x if isinstance(x, np.ndarray) and x.ndim else numerics.scalar_for(dtype, x)
+
+
+@interprets(*(f"tk.{n}" for n in (*tk.BINARY, *tk.LOGICAL)))
+def _binary(op, num_warps):
+    fn, dtype = BINARY[op.operation.name[3:]], _result(op).dtype
+    return lambda block, lhs, rhs: numerics.round_to(dtype, fn(lhs, _operand(dtype, rhs)))
+
+
+@interprets("tk.reduce")
+def _reduce(op, num_warps):
+    # Partials combine in f32, as the lowering does (in another order).
+    fn = {"sum": np.sum, "max": np.max, "min": np.min}[op.kind]
+    axis, dtype = 1 if op.axis == "row" else 0, _result(op).dtype
+    return lambda block, src: numerics.round_to(
+        dtype, fn(src.astype(np.float32), axis=axis))
+
+
+@interprets("tk.broadcast")
+def _broadcast(op, num_warps):
+    fn, dtype = BINARY[op.kind], _result(op).dtype
+    row = op.axis == "row"      # one vector element per row: it repeats along the columns
+    return lambda block, src, vec: numerics.round_to(
+        dtype, fn(src, vec[:, None] if row else vec[None, :]))
+
+
+@interprets("tk.slice")
+def _slice(op, num_warps):
+    t, r, c = _result(op), op.row, op.col
+    return lambda block, src: src[r:r + t.rows, c:c + t.cols].copy()
+
+
+@interprets("tk.tile_index")
+def _tile_index(op, num_warps):
+    t, axis = _result(op), op.axis
+    return lambda block, src: np.indices(t.shape, dtype=np.int32)[axis]
+
+
+# tk.cmp: floats compare in f32 (a bf16/f16 value is an f32 value; a scalar
+# is not rounded to the tile's dtype: as Python compares the numbers).
+COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+           "eq": np.equal, "ne": np.not_equal}
+
+
+@interprets("tk.cmp")
+def _cmp(op, num_warps):
+    fn = COMPARE[op.predicate]
+    dtype = T.parse(op.lhs.type).dtype
+    scalar = np.float32 if T.is_float(dtype) else numerics.HOLDER[dtype]
+    def compare(block, lhs, rhs):
+        rhs = rhs if isinstance(rhs, np.ndarray) and rhs.ndim else scalar(rhs)
+        return fn(lhs, rhs)
+    return compare
+
+
+@interprets("tk.select")
+def _select(op, num_warps):
+    dtype = _result(op).dtype
+    return lambda block, mask, a, b: np.where(mask, _operand(dtype, a), _operand(dtype, b)) \
+        .astype(numerics.HOLDER[dtype])

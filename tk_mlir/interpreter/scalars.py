@@ -1,0 +1,91 @@
+"""The arith ops the frontend emits, per warp on 32-lane (or uniform) values.
+
+i32 arithmetic wraps as on the GPU (numpy int32, overflow warnings off while
+the interpreter runs); floats are f32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dialects import tk
+from .ops import interprets
+
+# MLIR scalar type -> the numpy type that holds its values.
+SCALAR_TYPES = {"i1": np.bool_, "i32": np.int32, "i64": np.int64, "index": np.int64,
+                "f32": np.float32}
+
+
+def holder(t) -> type:
+    return SCALAR_TYPES[str(t)]
+
+
+def _same(fn):
+    return lambda op, num_warps: lambda w, *operands: fn(*operands)
+
+
+def _trunc_div(a, b):
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+
+
+_SAME_TYPE = {
+    "addi": np.add, "subi": np.subtract, "muli": np.multiply, "floordivsi": np.floor_divide,
+    "divsi": _trunc_div, "remsi": np.fmod, "maxsi": np.maximum, "minsi": np.minimum,
+    "andi": np.bitwise_and, "ori": np.bitwise_or, "xori": np.bitwise_xor,
+    "shli": np.left_shift, "shrsi": np.right_shift,
+    "addf": np.add, "subf": np.subtract, "mulf": np.multiply, "divf": np.divide,
+    "maximumf": np.maximum, "minimumf": np.minimum, "negf": np.negative,
+}
+for _name, _fn in _SAME_TYPE.items():
+    interprets(f"arith.{_name}")(_same(_fn))
+
+
+@interprets("arith.constant")
+def _constant(op, num_warps):
+    value = holder(op.result.type)(tk.attribute_value(op.attributes["value"]))
+    return lambda w: value
+
+
+@interprets("arith.select")
+def _select(op, num_warps):
+    return lambda w, c, a, b: np.where(c, a, b)
+
+
+@interprets("arith.extui", "arith.extsi", "arith.trunci", "arith.index_cast",
+            "arith.sitofp")
+def _cast(op, num_warps):
+    to = holder(op.result.type)
+    return lambda w, x: np.asarray(x).astype(to)
+
+
+@interprets("arith.uitofp")
+def _uitofp(op, num_warps):
+    src = {np.int32: np.uint32, np.int64: np.uint64}.get(holder(op.operands[0].type))
+    return lambda w, x: (np.asarray(x).view(src) if src else np.asarray(x)).astype(np.float32)
+
+
+# arith.CmpIPredicate / CmpFPredicate by number. Floats: ordered compares are
+# false on NaN (numpy's), unordered ones true (not of the opposite ordered).
+_CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
+         5: np.greater_equal}
+_UNSIGNED = {6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
+_CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal,
+         13: np.not_equal}
+
+
+@interprets("arith.cmpi")
+def _cmpi(op, num_warps):
+    p = tk.attribute_value(op.attributes["predicate"])
+    if p in _UNSIGNED:
+        fn = _UNSIGNED[p]
+        return lambda w, a, b: fn(np.asarray(a).astype(np.uint64) & 0xFFFFFFFF,
+                                  np.asarray(b).astype(np.uint64) & 0xFFFFFFFF)
+    return lambda w, a, b: _CMPI[p](a, b)
+
+
+@interprets("arith.cmpf")
+def _cmpf(op, num_warps):
+    p = tk.attribute_value(op.attributes["predicate"])
+    if p not in _CMPF:
+        return None
+    return lambda w, a, b: _CMPF[p](a, b)
