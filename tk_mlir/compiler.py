@@ -345,10 +345,31 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
         raise InternalCompilerError(f"{type(e).__name__}: {e}", spec.name, stage[0]) from e
 
 
-def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
+def frontend_module(spec: Specialization, fn_node, globals_: dict):
+    """(context, module): the tk IR the frontend builds for `spec`, before any
+    pass (the GPU path lowers it; the interpreter runs it after the tk passes)."""
     from .frontend import Param, build_kernel     # first: it imports MLIR without numpy
     from mlir import ir
-    from .dialects import tk as tk_dialect, types as T
+    from .dialects import contracts, tk as tk_dialect, types as T
+    context = ir.Context()
+    tk_dialect.load(context)
+    with context:
+        params = []
+        for name, a in zip(spec.arg_names, spec.args):
+            if a[0] == "gl":
+                params.append(Param(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
+            elif a[0] == "i32":
+                params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
+            else:
+                params.append(Param(name, "f32", ir.F32Type.get()))
+        module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
+                              dict(spec.constexprs), spec.num_warps)
+        if not spec.fp_contract:
+            contracts.NO_FP_CONTRACT.set(module.body.operations[0], True)
+    return context, module
+
+
+def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
     from .lowering.pipeline import lower, save_for_replay
     from .runtime.toolchain import ToolchainError, find_tool, start_ptxas
 
@@ -369,23 +390,9 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         stages[name] = text
     dump(0, "python", spec.source)
 
-    context = ir.Context()
-    tk_dialect.load(context)
+    stage[0] = "frontend"
+    context, module = frontend_module(spec, fn_node, globals_)
     with context:
-        params = []
-        for name, a in zip(spec.arg_names, spec.args):
-            if a[0] == "gl":
-                params.append(Param(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
-            elif a[0] == "i32":
-                params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
-            else:
-                params.append(Param(name, "f32", ir.F32Type.get()))
-        stage[0] = "frontend"
-        module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
-                              dict(spec.constexprs), spec.num_warps)
-        if not spec.fp_contract:
-            from .dialects import contracts
-            contracts.NO_FP_CONTRACT.set(module.body.operations[0], True)
         stage[0] = "lowering"
         lowered = lower(module, on_stage if folder is not None else None, spec.name)
         from .dialects import contracts

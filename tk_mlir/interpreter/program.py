@@ -19,23 +19,12 @@ PLAIN, TILE, REGION = 0, 1, 2
 
 
 def build_module(spec, fn_node, globals_: dict):
-    """(context, module): `spec`'s kernel after the tk passes."""
-    from ..frontend import Param, build_kernel
-    from mlir import ir
-    from ..dialects import contracts
+    """(context, module): `spec`'s kernel after the tk passes (the GPU path's
+    frontend, then its tk passes; no lowering)."""
+    from ..compiler import frontend_module
     from ..lowering.pipeline import TK_PASSES
-    context = ir.Context()
-    tk.load(context)
+    context, module = frontend_module(spec, fn_node, globals_)
     with context:
-        params = []
-        for name, a in zip(spec.arg_names, spec.args):
-            ty = {"i32": lambda: ir.IntegerType.get_signless(32), "f32": ir.F32Type.get,
-                  "gl": lambda: T.GL(a[1], tuple(a[2])).to_mlir()}[a[0]]()
-            params.append(Param(name, a[0], ty))
-        module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
-                              dict(spec.constexprs), spec.num_warps)
-        if not spec.fp_contract:
-            contracts.NO_FP_CONTRACT.set(module.body.operations[0], True)
         for _, run_pass in TK_PASSES:
             run_pass(module)
     return context, module
