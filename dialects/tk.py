@@ -64,6 +64,11 @@ class OpDef:
     lane_varying: bool = False           # ... and between the lanes of one warp
     one_thread: bool = False             # every thread that runs it issues it: meant for one
     #                                      elected thread (TMA copies, mbarrier arrivals)
+    semaphore: bool = False              # allocates semaphores (attribute `arrivals`)
+    setmaxnreg: bool = False             # moves registers between warpgroups (`count`, `action`)
+    cluster: bool = False                # the kernel's cluster size (attribute `size`)
+    named_barrier: str | None = None     # the operand naming the bar.sync id it counts
+    #                                      attribute `warps` on
     tma: tuple[str, str] | None = None   # (tensor, shared tile) operands: one tensor map
     scratch: Callable[[ir.Operation, int], int] | None = None  # shared scratch bytes it needs
     layout: str | None = None            # vector layouts: "same" (all its vectors share
@@ -157,6 +162,7 @@ OPS: tuple[OpDef, ...] = (
               "stored apart from the other blocks): a tile of its own, e.g. a wgmma operand"),
     # Hopper: semaphores (mbarriers), TMA, warpgroup MMA, warp specialization.
     OpDef("alloc_sem", results=("result",), attributes=("arrivals",), allocates=True,
+          semaphore=True,
           block_barrier=True,   # initialised, then a block barrier
           doc="a semaphore (mbarrier) expecting `arrivals` arrivals per phase; placed by "
               "passes/smem.py and initialised once at the kernel's start"),
@@ -193,9 +199,9 @@ OPS: tuple[OpDef, ...] = (
     OpDef("elect", results=("result",), attributes=("scope",), thread_varying=True,
           lane_varying=True,
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
-    OpDef("set_registers", attributes=("count", "action"),
+    OpDef("set_registers", attributes=("count", "action"), setmaxnreg=True,
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
-    OpDef("use_cluster", attributes=("size",),
+    OpDef("use_cluster", attributes=("size",), cluster=True,
           doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
     # (cluster_rank varies between blocks, not between a block's threads.)
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
@@ -207,7 +213,7 @@ OPS: tuple[OpDef, ...] = (
           tma=("src", "dst"), writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
-    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"),
+    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"), named_barrier="id",
           doc="named barrier `id` among `warps` warps (ids 1-15; 0 is the block barrier): "
               "mode sync waits for all of them (bar.sync), mode arrive counts this warp "
               "in and goes on (bar.arrive)"),

@@ -56,7 +56,7 @@ def _constant(v: ir.Value) -> int | None:
 
 def _semaphore_arrivals(sem: ir.Value) -> int | None:
     root = tk.shared_root(sem)
-    if isinstance(root, ir.OpResult) and root.owner.name == "tk.alloc_sem":
+    if isinstance(root, ir.OpResult) and tk.op_def(root.owner) and tk.op_def(root.owner).semaphore:
         return root.owner.opview.arrivals
     return None
 
@@ -77,17 +77,17 @@ def single_thread_ops(func, ops, num_warps: int) -> None:
         if not d.one_thread or any(lanes.varies(c) for c in _conditions(op)):
             continue
         name = op.name[3:]
-        if name in ("arrive", "arrive_remote"):
+        if tk.tma_operands(op) is not None:
+            why = "each of a warp's threads issues its own copy: 32 copies of the tile per warp"
+        elif "bytes" in d.attributes:          # an arrival that also expects TMA bytes
+            why = ("each of a warp's 32 threads arrives and expects the bytes: the semaphore "
+                   "waits for 32x the bytes the TMA delivers (and 32 arrivals)")
+        else:                                  # an arrival (here or in another block)
             arrivals = _semaphore_arrivals(op.operands[0])
             if arrivals is None or arrivals >= 32:
                 continue
             why = (f"each of a warp's 32 threads arrives, but the semaphore expects "
                    f"{arrivals} arrival(s) per phase: its phases complete early")
-        elif name == "expect_bytes":
-            why = ("each of a warp's 32 threads arrives and expects the bytes: the semaphore "
-                   "waits for 32x the bytes the TMA delivers (and 32 arrivals)")
-        else:
-            why = "each of a warp's threads issues its own copy: 32 copies of the tile per warp"
         warn_at(op.location, "elect", f"tk.{name} runs on every thread of the warp: {why}; "
                 f"issue it from one thread: `if tk.elect_leader():` (or "
                 f"tk.elect_leader(\"warpgroup\"))")
@@ -102,7 +102,7 @@ def register_split(func, ops, num_warps: int) -> None:
       it starts with (tk.registers_per_thread()) times its warpgroups, less
       what the others keep (at least the smallest decrease in the kernel, or
       all they start with if none decreases) — waits forever."""
-    regs = [op for op in ops if op.name == "tk.set_registers"]
+    regs = [op for op in ops if tk.op_def(op).setmaxnreg]
     if not regs:
         return
     if num_warps % 4:
@@ -135,11 +135,11 @@ def cluster_occupancy(func, ops, num_warps: int) -> None:
     of 4 or 8: those SMs stay idle in a persistent grid (ThunderKittens 2.0
     measured 132 of 148 SMs busy at cluster size 4, 120 at 8, on B200).
     Cluster size 2 loses none of them."""
-    cluster = next((op for op in ops if op.name == "tk.use_cluster"), None)
+    cluster = next((op for op in ops if tk.op_def(op).cluster), None)
     if cluster is None or cluster.opview.size <= 2:
         return
     smem = contracts.SMEM_BYTES.get(func, 0)
-    reallocates = any(op.name == "tk.set_registers" for op in ops)
+    reallocates = any(tk.op_def(op).setmaxnreg for op in ops)
     if smem <= TARGET.max_shared_bytes // 2 and not reallocates:
         return
     size = cluster.opview.size
@@ -160,9 +160,10 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
     named barrier, so every id 1-15 is the kernel's own.)"""
     first: dict[int, ir.Operation] = {}
     for op in ops:
-        if op.name != "tk.named_barrier":
+        d = tk.op_def(op)
+        if d.named_barrier is None:
             continue
-        bar_id = _constant(op.operands[0])
+        bar_id = _constant(getattr(op.opview, d.named_barrier))
         if bar_id is None:
             continue
         seen = first.setdefault(bar_id, op)

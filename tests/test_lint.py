@@ -250,6 +250,13 @@ def test_warnings_render_like_errors_and_filter_by_category():
         warnings.filterwarnings("ignore", category=tk.TkLintWarning)
         k_tma_every_thread.compile(spec(128, 128))
     assert not [w for w in caught if issubclass(w.category, tk.TkLintWarning)]
+    with warnings.catch_warnings(record=True) as caught:         # one rule, as README says
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=r".*\[elect\]", category=tk.TkLintWarning)
+        k_tma_every_thread.compile(spec(128, 128))
+        k_barrier_counts_differ.compile(spec(64, 64, dtype=f32))
+    assert [str(w.message).split(": warning: ")[1][:15] for w in caught
+            if issubclass(w.category, tk.TkLintWarning)] == ["[named-barrier]"]
 
 
 def test_a_lint_warning_made_an_error_reaches_the_user_as_itself():
