@@ -120,7 +120,8 @@ class Lowered:
 
 
 def _python_stages() -> dict[str, Callable[[ir.Module], None]]:
-    return {**dict(TK_PASSES), **dict(TK_CHECKS), **{s[0]: s[1] for s in GPU_STAGES if not isinstance(s, str)}}
+    return {**dict(TK_PASSES), **dict(TK_CHECKS),
+            **{s[0]: s[1] for s in GPU_STAGES if not isinstance(s, str)}}
 
 
 def run_stage(name: str, module: ir.Module) -> ir.Module:

@@ -1,4 +1,4 @@
-"""tk-lint: the ThunderKittens 2.0 pitfalls that show without running, as
+r"""tk-lint: the ThunderKittens 2.0 pitfalls that show without running, as
 warnings (tk.TkLintWarning) at the user's line.
 
 A kernel that trips one still compiles: each rule is a fact about the code
@@ -6,8 +6,8 @@ that is almost always a bug (or idle hardware), not a proof. Each rule is
 one function below, saying why; `lint` runs them all after tk-verify and
 tk-allocate-smem (the cluster rule reads the kernel's shared memory). The
 message starts with `file:line:col: warning: [rule]`; silence a rule with
-warnings.filterwarnings("ignore", category=tk.TkLintWarning, message=".*[rule]")
-(or all of them without `message`).
+`warnings.filterwarnings("ignore", r".*\[rule\]", tk.TkLintWarning)` (all of
+them without the message pattern).
 
 Not linted: redundant fences. The tk dialect has no fence a user writes —
 tk-proxy-fences (passes/fences.py) inserts exactly those the memory model
@@ -153,9 +153,10 @@ def cluster_occupancy(func, ops, num_warps: int) -> None:
 
 
 def named_barrier_counts(func, ops, num_warps: int) -> None:
-    """bar.sync / bar.arrive on one barrier id with different thread counts is
-    undefined behaviour in PTX: the barrier completes after whichever count
-    its first arrival set, releasing warps early or never. (Ids computed at
+    """bar.sync / bar.arrive on one barrier id with two thread counts cannot
+    both be right: a phase of the barrier completes after one count of
+    threads, so the warps that counted on the other are released early (a
+    race) or never (a hang). (Ids computed at
     run time are not checked. The templates, tk.lcf and tk.ring, use no
     named barrier, so every id 1-15 is the kernel's own.)"""
     first: dict[int, ir.Operation] = {}
@@ -168,11 +169,11 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
             continue
         seen = first.setdefault(bar_id, op)
         if seen.opview.warps != op.opview.warps:
-            at = str(seen.location)
             warn_at(op.location, "named-barrier", f"named barrier {bar_id} is used here with "
                     f"warps={op.opview.warps} but with warps={seen.opview.warps} at "
-                    f"{_short(at)}: every bar.sync/bar.arrive on one id must count the same "
-                    f"threads (PTX leaves it undefined otherwise); use another id")
+                    f"{_short(str(seen.location))}: a phase of the barrier completes after one "
+                    f"count of threads, so the warps that counted on the other are released "
+                    f"early (a race) or wait forever (a hang); use another id")
 
 
 def _short(loc: str) -> str:
