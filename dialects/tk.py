@@ -61,6 +61,14 @@ class OpDef:
     # ---- traits
     block_barrier: Union[bool, Predicate] = False  # its lowering syncs the whole block
     thread_varying: bool = False         # its result differs between a block's threads
+    lane_varying: bool = False           # ... and between the lanes of one warp
+    one_thread: bool = False             # every thread that runs it issues it: meant for one
+    #                                      elected thread (TMA copies, mbarrier arrivals)
+    semaphore: bool = False              # allocates semaphores (attribute `arrivals`)
+    setmaxnreg: bool = False             # moves registers between warpgroups (`count`, `action`)
+    cluster: bool = False                # the kernel's cluster size (attribute `size`)
+    named_barrier: str | None = None     # the operand naming the bar.sync id it counts
+    #                                      attribute `warps` on
     tma: tuple[str, str] | None = None   # (tensor, shared tile) operands: one tensor map
     scratch: Callable[[ir.Operation, int], int] | None = None  # shared scratch bytes it needs
     layout: str | None = None            # vector layouts: "same" (all its vectors share
@@ -115,9 +123,10 @@ OPS: tuple[OpDef, ...] = (
     # Where this thread is.
     OpDef("block_id", results=("result",), attributes=("dim",), doc="blockIdx.{x,y,z}"),
     OpDef("grid_dim", results=("result",), attributes=("dim",), doc="gridDim.{x,y,z}"),
-    OpDef("thread_id", results=("result",), thread_varying=True,
+    OpDef("thread_id", results=("result",), thread_varying=True, lane_varying=True,
           doc="threadIdx.x within the block"),
-    OpDef("lane_id", results=("result",), thread_varying=True, doc="lane within the warp"),
+    OpDef("lane_id", results=("result",), thread_varying=True, lane_varying=True,
+          doc="lane within the warp"),
     OpDef("warp_id", results=("result",), thread_varying=True, doc="warp within the block"),
     OpDef("warpgroup_id", results=("result",), thread_varying=True,
           doc="warpgroup within the block"),
@@ -154,23 +163,24 @@ OPS: tuple[OpDef, ...] = (
               "stored apart from the other blocks): a tile of its own, e.g. a wgmma operand"),
     # Hopper: semaphores (mbarriers), TMA, warpgroup MMA, warp specialization.
     OpDef("alloc_sem", results=("result",), attributes=("arrivals",), allocates=True,
+          semaphore=True,
           block_barrier=True,   # initialised, then a block barrier
           doc="a semaphore (mbarrier) expecting `arrivals` arrivals per phase; placed by "
               "passes/smem.py and initialised once at the kernel's start"),
-    OpDef("arrive", operands=("sem",), doc="one arrival on a semaphore"),
-    OpDef("expect_bytes", operands=("sem",), attributes=("bytes",),
+    OpDef("arrive", operands=("sem",), one_thread=True, doc="one arrival on a semaphore"),
+    OpDef("expect_bytes", operands=("sem",), attributes=("bytes",), one_thread=True,
           doc="one arrival that also expects `bytes` of TMA transactions this phase"),
     OpDef("wait", operands=("sem", "phase"),
           doc="wait until the semaphore's phase with parity `phase` has completed"),
     OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
-          writes=(Access("dst", ASYNC),),
+          writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "
               "vector), completing on sem"),
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
-          reads=(Access("src", ASYNC),),
+          reads=(Access("src", ASYNC),), one_thread=True,
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
     OpDef("tma_reduce_add", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
-          reads=(Access("src", ASYNC),),
+          reads=(Access("src", ASYNC),), one_thread=True,
           doc="TMA: global tile at tile coordinates += shared tile (cp.reduce.async.bulk."
               "tensor .add; the bulk async group of tma_store)"),
     OpDef("tma_commit", doc="close the current bulk async group of TMA stores"),
@@ -188,22 +198,23 @@ OPS: tuple[OpDef, ...] = (
     OpDef("mma_wait", attributes=("pending",), async_wait=True,
           doc="wait until at most `pending` warpgroup MMA groups are in flight"),
     OpDef("elect", results=("result",), attributes=("scope",), thread_varying=True,
+          lane_varying=True,
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
-    OpDef("set_registers", attributes=("count", "action"),
+    OpDef("set_registers", attributes=("count", "action"), setmaxnreg=True,
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
-    OpDef("use_cluster", attributes=("size",),
+    OpDef("use_cluster", attributes=("size",), cluster=True,
           doc="launch the kernel in clusters of `size` blocks along x (.reqnctapercluster)"),
     # (cluster_rank varies between blocks, not between a block's threads.)
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
     OpDef("cluster_sync", block_barrier=True,
           doc="barrier.cluster arrive + wait: every thread of the cluster"),
-    OpDef("arrive_remote", operands=("sem", "cta"),
+    OpDef("arrive_remote", operands=("sem", "cta"), one_thread=True,
           doc="one arrival on the semaphore at the same place in block `cta` of the cluster"),
     OpDef("tma_load_multicast", operands=("dst", "src", "sem", "mask"), variadic="indices",
-          tma=("src", "dst"), writes=(Access("dst", ASYNC),),
+          tma=("src", "dst"), writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
-    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"),
+    OpDef("named_barrier", operands=("id",), attributes=("warps", "mode"), named_barrier="id",
           doc="named barrier `id` among `warps` warps (ids 1-15; 0 is the block barrier): "
               "mode sync waits for all of them (bar.sync), mode arrive counts this warp "
               "in and goes on (bar.arrive)"),
@@ -227,7 +238,7 @@ OPS: tuple[OpDef, ...] = (
           doc="tile (kind) vector, the vector repeated along rows (axis=row) or columns"),
     # Masks: indices, comparisons and selects (i32 and bool tiles live in registers only).
     OpDef("tile_index", operands=("src",), results=("result",), attributes=("axis",),
-          thread_varying=True, layout="same",
+          thread_varying=True, lane_varying=True, layout="same",
           doc="the i32 tile (vector) of src's shape and layout whose elements are their own "
               "index along `axis` (0: row, 1: column) within the tile"),
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),

@@ -27,6 +27,7 @@ from mlir import ir, passmanager
 from ..errors import CompilationError, InternalCompilerError
 from ..passes.fences import insert_proxy_fences
 from ..passes.layouts import assign_layouts
+from ..passes.lint import lint
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
 from .kernel import KernelParam, lower_to_gpu, set_kernel_attributes
@@ -35,6 +36,9 @@ from .tma import TensorMapSpec
 # The tk-level passes, in order.
 TK_PASSES = (("tk-assign-layouts", assign_layouts), ("tk-verify", verify),
              ("tk-allocate-smem", allocate_smem), ("tk-proxy-fences", insert_proxy_fences))
+# Checks that warn and change nothing (no stage text of their own), after the
+# tk passes: tk-lint (passes/lint.py) reads what tk-allocate-smem decided.
+TK_CHECKS = (("tk-lint", lint),)
 # The stages after tk-to-gpu, in order: upstream passes by their pipeline
 # text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
 GPU_STAGES = (
@@ -116,7 +120,8 @@ class Lowered:
 
 
 def _python_stages() -> dict[str, Callable[[ir.Module], None]]:
-    return {**dict(TK_PASSES), **{s[0]: s[1] for s in GPU_STAGES if not isinstance(s, str)}}
+    return {**dict(TK_PASSES), **dict(TK_CHECKS),
+            **{s[0]: s[1] for s in GPU_STAGES if not isinstance(s, str)}}
 
 
 def run_stage(name: str, module: ir.Module) -> ir.Module:
@@ -167,7 +172,7 @@ class _Stages:
     def run(self, name: str, fn: Callable, module: ir.Module):
         try:
             return fn(module)
-        except CompilationError:
+        except (CompilationError, Warning):     # (a tk-lint warning made an error)
             raise
         except Exception as e:
             raise self.internal(name, e) from e
@@ -207,6 +212,8 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
     for name, fn in TK_PASSES:
         stages.run(name, fn, module)
         stages.record(name, module)
+    for name, fn in TK_CHECKS:
+        stages.run(name, fn, module)
     (func,) = module.body.operations
     kernel_name = ir.StringAttr(func.attributes["sym_name"]).value
     gpu_module, params, tensor_maps = stages.run("tk-to-gpu", lower_to_gpu, module)

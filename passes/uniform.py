@@ -8,7 +8,9 @@ branches yield and the condition or bounds that pick the path.
 
 tk-verify uses it to refuse a block barrier some threads would skip;
 tk-proxy-fences to know that the two branches of an if may both run, in
-different threads of the block, at the same time.
+different threads of the block, at the same time. With `trait="lane_varying"`
+it finds the values that may differ between the lanes of one warp: tk-lint
+uses that to tell an op every lane issues from one under tk.elect_leader().
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ class Uniformity:
     propagated forward over its ops until nothing changes (a loop-carried
     value can become varying through what its loop yields)."""
 
-    def __init__(self, func):
+    def __init__(self, func, trait: str = "thread_varying"):
+        self.trait = trait
         self.varying: set = set()
         ops: list = []
         func.operation.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
@@ -60,13 +63,12 @@ class Uniformity:
     def varies(self, v: ir.Value) -> bool:
         return v in self.varying
 
-    @staticmethod
-    def _edges(op):
+    def _edges(self, op):
         """(value, what it depends on, or True for a thread-varying origin)."""
         d = tk.op_def(op)
         if d is not None:
             for r in op.results:
-                yield r, True if d.thread_varying else list(op.operands)
+                yield r, True if getattr(d, self.trait) else list(op.operands)
             return
         if op.name == "scf.for":
             loop = op.opview

@@ -48,7 +48,7 @@ if not (_HERE / "dialects").is_dir() and (_HERE.parent / "dialects" / "__init__.
     sys.meta_path.insert(0, _SourceTreeFinder(_HERE.parent))
 
 from .autotune import Config, autotune
-from .errors import ArgumentError, CompilationError, InternalCompilerError
+from .errors import ArgumentError, CompilationError, InternalCompilerError, TkLintWarning
 from .kernel import Kernel, kernel
 from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl
 from .runtime.arguments import spec
@@ -98,4 +98,4 @@ def __getattr__(name: str):
 
 __all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "constexpr", "spec", "bf16",
            "f16", "f32", "f8e4m3", "f8e5m2", "CompilationError", "ArgumentError",
-           "InternalCompilerError", "static_range", "cdiv", "tma", *_LAZY]
+           "InternalCompilerError", "TkLintWarning", "static_range", "cdiv", "tma", *_LAZY]

@@ -339,8 +339,8 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
     stage = ["setup"]     # the stage under way (_compile updates it), for an internal error
     try:
         return _compile(spec, fn_node, globals_, stage)
-    except (CompilationError, InternalCompilerError):
-        raise
+    except (CompilationError, InternalCompilerError, Warning):
+        raise       # (a Warning: a tk-lint warning the user's filters made an error)
     except Exception as e:
         raise InternalCompilerError(f"{type(e).__name__}: {e}", spec.name, stage[0]) from e
 

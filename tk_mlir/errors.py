@@ -18,23 +18,54 @@ class CompilationError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        if self.filename is None or self.line is None:
-            return self.message
-        col = self.col or 0
-        head = f"{self.filename}:{self.line}:{col + 1}: error: {self.message}"
-        source = linecache.getline(self.filename, self.line).rstrip("\n")
-        if not source:
-            return head
-        return f"{head}\n    {source}\n    {' ' * col}^"
+        return _render(self.message, self.filename, self.line, self.col, "error")
+
+
+def _render(message: str, filename: str | None, line: int | None, col: int | None,
+            kind: str) -> str:
+    """`file:line:col: kind: message`, the source line and a caret."""
+    if filename is None or line is None:
+        return message
+    col = col or 0
+    head = f"{filename}:{line}:{col + 1}: {kind}: {message}"
+    source = linecache.getline(filename, line).rstrip("\n")
+    if not source:
+        return head
+    return f"{head}\n    {source}\n    {' ' * col}^"
+
+
+def _where(loc) -> tuple[str, int, int] | None:
+    """(file, line, 0-based column) of an MLIR FileLineColLoc, None if it is none."""
+    import re
+    m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(loc))
+    return (m.group(1), int(m.group(2)), int(m.group(3)) - 1) if m else None
 
 
 def error_at(loc, message: str) -> CompilationError:
     """A CompilationError at an MLIR FileLineColLoc (passes use this)."""
-    import re
-    m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(loc))
-    if not m:
-        return CompilationError(message)
-    return CompilationError(message, m.group(1), int(m.group(2)), int(m.group(3)) - 1)
+    where = _where(loc)
+    return CompilationError(message, *where) if where else CompilationError(message)
+
+
+class TkLintWarning(UserWarning):
+    """A kernel that compiles but shows a known pitfall (passes/lint.py): a TMA
+    copy or arrival every thread issues, a register split that cannot be met,
+    a cluster size that leaves SMs idle, a named barrier id used with two
+    thread counts. Silence with warnings.filterwarnings("ignore",
+    category=tk.TkLintWarning) (add message="...[rule]" for one rule)."""
+
+
+def warn_at(loc, rule: str, message: str) -> None:
+    """Warn (TkLintWarning) at an MLIR location, the message rendered as an
+    error's (`file:line:col: warning: [rule] ...`) and the warning attributed
+    to the user's line, so Python's filters (filename, lineno) apply to it."""
+    import warnings
+    where = _where(loc)
+    text = _render(f"[{rule}] {message}", *(where or (None, None, None)), "warning")
+    if where is None:
+        warnings.warn(text, TkLintWarning, stacklevel=2)
+    else:
+        warnings.warn_explicit(text, TkLintWarning, where[0], where[1])
 
 
 class ArgumentError(TypeError):

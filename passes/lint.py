@@ -1,0 +1,194 @@
+r"""tk-lint: the ThunderKittens 2.0 pitfalls that show without running, as
+warnings (tk.TkLintWarning) at the user's line.
+
+A kernel that trips one still compiles: each rule is a fact about the code
+that is almost always a bug (or idle hardware), not a proof. Each rule is
+one function below, saying why; `lint` runs them all after tk-verify and
+tk-allocate-smem (the cluster rule reads the kernel's shared memory). The
+message starts with `file:line:col: warning: [rule]`; silence a rule with
+`warnings.filterwarnings("ignore", r".*\[rule\]", tk.TkLintWarning)` (all of
+them without the message pattern).
+
+Not linted: redundant fences. The tk dialect has no fence a user writes —
+tk-proxy-fences (passes/fences.py) inserts exactly those the memory model
+asks for — so there is none a user could make redundant.
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from ..dialects import contracts, tk
+from ..errors import warn_at
+from ..target import TARGET
+from .uniform import Uniformity
+
+# Least registers per thread a warpgroup can keep after setmaxnreg.dec (PTX ISA).
+MIN_SETMAXNREG = 24
+
+
+def _tk_ops(func) -> list[ir.Operation]:
+    ops: list = []
+    func.operation.walk(lambda op: (ops.append(op.operation) if tk.op_def(op) else None)
+                        or ir.WalkResult.ADVANCE)
+    return ops
+
+
+def _conditions(op) -> list[ir.Value]:
+    """The values that decide whether `op` runs: the conditions of the ifs and
+    the bounds of the loops around it."""
+    out, parent = [], op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "scf.if":
+            out.append(parent.operands[0])
+        elif parent.name == "scf.for":
+            out.extend(list(parent.operands)[:3])
+        parent = parent.parent
+    return out
+
+
+def _constant(v: ir.Value) -> int | None:
+    if isinstance(v, ir.OpResult) and v.owner.name == "arith.constant":
+        attr = v.owner.attributes["value"]
+        if isinstance(attr, ir.IntegerAttr):
+            return attr.value
+    return None
+
+
+def _semaphore_arrivals(sem: ir.Value) -> int | None:
+    root = tk.shared_root(sem)
+    if isinstance(root, ir.OpResult) and tk.op_def(root.owner) and tk.op_def(root.owner).semaphore:
+        return root.owner.opview.arrivals
+    return None
+
+
+def single_thread_ops(func, ops, num_warps: int) -> None:
+    """A TMA copy or an mbarrier arrival (ops with the `one_thread` trait) that
+    every lane of a warp runs: nothing around it depends on the lane (an
+    elect_leader(), a lane or thread id). Each thread that runs it issues it,
+    so a warp issues it 32 times: a TMA load moves its bytes 32 times over
+    (and completes 32x the bytes expected on its semaphore), a TMA store
+    writes the tile 32 times, expect_bytes expects 32x the bytes (the phase
+    never completes), and a warp's 32 arrivals overrun a semaphore that
+    expects fewer per phase. (Arrivals on a semaphore that expects 32 or more
+    per phase may be meant for every thread: not flagged.)"""
+    lanes = Uniformity(func, trait="lane_varying")
+    for op in ops:
+        d = tk.op_def(op)
+        if not d.one_thread or any(lanes.varies(c) for c in _conditions(op)):
+            continue
+        name = op.name[3:]
+        if tk.tma_operands(op) is not None:
+            why = "each of a warp's threads issues its own copy: 32 copies of the tile per warp"
+        elif "bytes" in d.attributes:          # an arrival that also expects TMA bytes
+            why = ("each of a warp's 32 threads arrives and expects the bytes: the semaphore "
+                   "waits for 32x the bytes the TMA delivers (and 32 arrivals)")
+        else:                                  # an arrival (here or in another block)
+            arrivals = _semaphore_arrivals(op.operands[0])
+            if arrivals is None or arrivals >= 32:
+                continue
+            why = (f"each of a warp's 32 threads arrives, but the semaphore expects "
+                   f"{arrivals} arrival(s) per phase: its phases complete early")
+        warn_at(op.location, "elect", f"tk.{name} runs on every thread of the warp: {why}; "
+                f"issue it from one thread: `if tk.elect_leader():` (or "
+                f"tk.elect_leader(\"warpgroup\"))")
+
+
+def register_split(func, ops, num_warps: int) -> None:
+    """setmaxnreg (tk.increase_registers / decrease_registers) acts on a whole
+    warpgroup, and only moves registers between the block's warpgroups:
+    - in a kernel whose warps do not make whole warpgroups, a warpgroup is
+      missing warps that never run it: undefined (the warpgroup hangs);
+    - an increase to more than the block can ever free for it — the registers
+      it starts with (tk.registers_per_thread()) times its warpgroups, less
+      what the others keep (at least the smallest decrease in the kernel, or
+      all they start with if none decreases) — waits forever."""
+    regs = [op for op in ops if tk.op_def(op).setmaxnreg]
+    if not regs:
+        return
+    if num_warps % 4:
+        warn_at(regs[0].location, "setmaxnreg", f"setmaxnreg acts on whole warpgroups (4 warps), "
+                f"but the kernel has num_warps={num_warps}: its last warpgroup lacks warps, "
+                f"and setmaxnreg needs every warp of the warpgroup to run it (the warpgroup "
+                f"hangs); use a multiple of 4 warps")
+        return
+    groups, start = num_warps // 4, TARGET.launch_registers(32 * num_warps)
+    decreases = [op.opview.count for op in regs if op.opview.action == "dec"]
+    others_keep = min(decreases, default=start)
+    most = groups * start - (groups - 1) * others_keep
+    for op in regs:
+        count = op.opview.count
+        if op.opview.action == "inc" and count > most:
+            kept = (f"the other {groups - 1} keep at least {others_keep} (the smallest "
+                    f"decrease)" if decreases else
+                    f"the other {groups - 1} never decrease from {start}")
+            warn_at(op.location, "setmaxnreg", f"tk.increase_registers({count}) can never be "
+                    f"met: the block starts with {start} registers per thread in each of its "
+                    f"{groups} warpgroups and {kept}, so one warpgroup gets at most {most}; "
+                    f"setmaxnreg.inc waits until registers are free, here forever")
+
+
+def cluster_occupancy(func, ops, num_warps: int) -> None:
+    """A cluster's blocks run at once on SMs of one GPC. When a block needs a
+    whole SM (more than half its shared memory, or setmaxnreg, which makes
+    ptxas size it for one block per SM), a GPC holds only as many clusters as
+    whole groups of its SMs, and GPCs have SM counts that are not a multiple
+    of 4 or 8: those SMs stay idle in a persistent grid (ThunderKittens 2.0
+    measured 132 of 148 SMs busy at cluster size 4, 120 at 8, on B200).
+    Cluster size 2 loses none of them."""
+    cluster = next((op for op in ops if tk.op_def(op).cluster), None)
+    if cluster is None or cluster.opview.size <= 2:
+        return
+    smem = contracts.SMEM_BYTES.get(func, 0)
+    reallocates = any(tk.op_def(op).setmaxnreg for op in ops)
+    if smem <= TARGET.max_shared_bytes // 2 and not reallocates:
+        return
+    size = cluster.opview.size
+    why = (f"{smem} bytes of shared memory" if smem > TARGET.max_shared_bytes // 2
+           else "setmaxnreg (one block per SM)")
+    warn_at(cluster.location, "cluster", f"clusters of {size} blocks that each need a whole SM "
+            f"({why}) must fit whole in one GPC, whose SM count is in general not a multiple "
+            f"of {size}: some SMs can take no cluster and stay idle (a persistent grid of "
+            f"compiled.persistent_grid() blocks is smaller than the SM count); cluster size "
+            f"2 keeps every SM busy")
+
+
+def named_barrier_counts(func, ops, num_warps: int) -> None:
+    """bar.sync / bar.arrive on one barrier id with two thread counts cannot
+    both be right: a phase of the barrier completes after one count of
+    threads, so the warps that counted on the other are released early (a
+    race) or never (a hang). (Ids computed at
+    run time are not checked. The templates, tk.lcf and tk.ring, use no
+    named barrier, so every id 1-15 is the kernel's own.)"""
+    first: dict[int, ir.Operation] = {}
+    for op in ops:
+        d = tk.op_def(op)
+        if d.named_barrier is None:
+            continue
+        bar_id = _constant(getattr(op.opview, d.named_barrier))
+        if bar_id is None:
+            continue
+        seen = first.setdefault(bar_id, op)
+        if seen.opview.warps != op.opview.warps:
+            warn_at(op.location, "named-barrier", f"named barrier {bar_id} is used here with "
+                    f"warps={op.opview.warps} but with warps={seen.opview.warps} at "
+                    f"{_short(str(seen.location))}: a phase of the barrier completes after one "
+                    f"count of threads, so the warps that counted on the other are released "
+                    f"early (a race) or wait forever (a hang); use another id")
+
+
+def _short(loc: str) -> str:
+    import re
+    m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', loc)
+    return f"{m.group(1)}:{m.group(2)}:{m.group(3)}" if m else "another op"
+
+
+RULES = (single_thread_ops, register_split, cluster_occupancy, named_barrier_counts)
+
+
+def lint(module: ir.Module) -> None:
+    """The tk-lint pass: warnings only, the module unchanged."""
+    for func in module.body.operations:
+        num_warps = contracts.NUM_WARPS.get(func)
+        ops = _tk_ops(func)
+        for rule in RULES:
+            rule(func, ops, num_warps)
