@@ -370,6 +370,7 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
 
 
 def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
+    from . import mlir_import  # noqa: F401  (first: it imports MLIR without numpy)
     from .lowering.pipeline import lower, save_for_replay
     from .runtime.toolchain import ToolchainError, find_tool, start_ptxas
 
