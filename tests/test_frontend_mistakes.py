@@ -145,3 +145,14 @@ def k_keywords_like_ours(X: tk.gl[f32], N: tk.constexpr):
 def test_helper_keywords_do_not_clash_with_the_frontends():
     x = tk.spec((64, 64), "f32")
     assert k_keywords_like_ours.compile(x, N=2).asm["ptx"]
+
+
+@tk.kernel(num_warps=4)
+def k_zeros_arguments_swapped(X: tk.gl[tk.f32]):
+    z = tk.zeros(tk.f32, (16, 64))  # E:zeros-swapped
+
+
+def test_zeros_with_its_arguments_swapped_is_a_user_error():
+    test_errors.check_error(compile_error(k_zeros_arguments_swapped, F32), "zeros-swapped",
+                            "tk.zeros", "tk.zeros: the first argument is the shape, (rows, "
+                            "cols) or (length,), got tk.f32", HERE)

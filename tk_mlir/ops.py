@@ -180,14 +180,21 @@ def copy(dst, src, idx=()):
     emit("copy", [dst, src, *_indices(idx)])
 
 
+def _shape(shape, what: str) -> tuple:
+    if not isinstance(shape, (tuple, list)):
+        raise CompilationError(f"{what}: the first argument is the shape, (rows, cols) or "
+                               f"(length,), got {shape!r}")
+    return tuple(shape)
+
+
 @builtin
 def zeros(shape, dtype=f32, *, layout="vec", scope="block"):
-    return _fill(tuple(shape), 0.0, dtype, layout=layout, scope=scope)
+    return _fill(_shape(shape, "tk.zeros"), 0.0, dtype, layout=layout, scope=scope)
 
 
 @builtin
 def full(shape, value, dtype=f32, *, layout="vec", scope="block"):
-    return _fill(tuple(shape), value, dtype, layout=layout, scope=scope)
+    return _fill(_shape(shape, "tk.full"), value, dtype, layout=layout, scope=scope)
 
 
 def _shared_type(dtype, shape, swizzle) -> T.ST:
