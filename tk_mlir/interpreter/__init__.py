@@ -1,7 +1,8 @@
 """The CPU interpreter: run a tk kernel with numpy, no GPU, CUDA or ptxas.
 
     kernel.interpret[grid](x, y, ROWS=4)     # numpy arrays or CPU torch tensors
-    TK_MLIR_INTERPRET=1 python script.py     # kernel[grid](...) interprets too
+    TK_MLIR_INTERPRET=1 python script.py     # kernel[grid](...) interprets too (read at
+                                             # the process's first launch)
 
 It runs the kernel's tk IR after the tk passes (the GPU path's frontend,
 inlining, unrolling, constant folding, layouts and verification), compiled
@@ -35,19 +36,10 @@ Numerics contract:
 """
 from __future__ import annotations
 
-import os
-
 from ..errors import ArgumentError
 from .machine import InterpretError
 
-__all__ = ["InterpretError", "enabled", "launch"]
-
-ENV = "TK_MLIR_INTERPRET"
-
-
-def enabled() -> bool:
-    """TK_MLIR_INTERPRET is set to something other than 0 / empty (read at launch)."""
-    return os.environ.get(ENV, "") not in ("", "0")
+__all__ = ["InterpretError", "launch"]
 
 
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
