@@ -101,12 +101,15 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     Returns c. The autotuned kernel picks a configuration per shape, dtype
     and layout on first use.
 
-    Runs as the custom op torch.ops.tk_mlir.matmul (tk_mlir/kernels/ops.py),
-    so torch.compile traces it as one node; with c given, eager calls write
-    c directly and compiled ones copy the op's result into it."""
+    Under torch.compile it runs as the custom op torch.ops.tk_mlir.matmul
+    (tk_mlir/kernels/ops.py), traced as one node, its result copied into c;
+    eager calls launch directly (the op's dispatch would add host time to
+    every call)."""
     import torch
     check(a, b, c, b_layout)
-    if c is not None and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
+        if c is None:
+            c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
         launch(a, b, c, b_layout)
         return c
     from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use

@@ -63,11 +63,12 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight: (D,), x's dtype and
     device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32. Runs as the custom op
-    torch.ops.tk_mlir.rms_norm (see matmul for out= under torch.compile)."""
+    Returns out. Statistics are computed in float32. Under torch.compile it
+    runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
     import torch
     eps = _check("rms_norm", x, out, eps, weight=weight)
-    if out is not None and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
+        out = x.new_empty(x.shape) if out is None else out
         launch_rms_norm(x, weight, eps, out)
         return out
     from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
@@ -81,11 +82,12 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
     and device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32. Runs as the custom op
-    torch.ops.tk_mlir.layer_norm (see matmul for out= under torch.compile)."""
+    Returns out. Statistics are computed in float32. Under torch.compile it
+    runs as the custom op torch.ops.tk_mlir.layer_norm (see matmul)."""
     import torch
     eps = _check("layer_norm", x, out, eps, weight=weight, bias=bias)
-    if out is not None and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
+        out = x.new_empty(x.shape) if out is None else out
         launch_layer_norm(x, weight, bias, eps, out)
         return out
     from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
