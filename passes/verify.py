@@ -396,13 +396,14 @@ def _tma(op, operands, results, num_warps: int) -> None:
     name, d = op.operation.name[3:], tk.op_def(op)
     gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
     _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
+    # Rank 2 for vectors too: the driver refused a rank-1 map (box 64 f32,
+    # cuTensorMapEncodeTiled: CUDA_ERROR_INVALID_VALUE on the H200).
+    _require(2 <= gl.rank <= 5, f"{name} needs a tensor of rank 2 to 5 (view a 1-D tensor as "
+             f"(1, n)), got rank {gl.rank}")
     if d.variadic:
-        # Rank 2 for vectors too: the driver refused a rank-1 map (box 64 f32,
-        # cuTensorMapEncodeTiled: CUDA_ERROR_INVALID_VALUE on the H200).
         n_idx = len(operands) - len(d.operands)
-        _require(2 <= gl.rank <= 5 and n_idx == gl.rank, f"{name} needs a tensor of rank 2 to "
-                 f"5 (view a 1-D tensor as (1, n)) and one coordinate per dim ({gl.rank}), "
-                 f"got {n_idx}")
+        _require(n_idx == gl.rank, f"{name} needs one coordinate per dim of the tensor "
+                 f"({gl.rank}), got {n_idx}")
     if isinstance(st, T.SV):
         _tma_vector_box(name, st)
         return

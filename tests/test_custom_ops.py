@@ -314,3 +314,19 @@ def test_attention_gradients_under_torch_compile():
     compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v), (q, k, v))
     for e, c in zip(eager, compiled):
         assert _rel(c, e) < 1e-3
+
+
+@gpu
+def test_compiled_gradients_of_strided_bnhd_views():
+    """q, k, v as (B, N, H, D) views of one projection: the backward op's fake
+    must give dq q's strides (Inductor checks them against the real op's)."""
+    rnd = _gpu_inputs(6)
+    qkv = rnd(1, 200, 3, 4, 64).requires_grad_()
+
+    def loss(qkv):
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        return (attention(q, k, v).float() ** 2).sum()
+
+    (eager,) = torch.autograd.grad(loss(qkv), (qkv,))
+    (compiled,) = torch.autograd.grad(torch.compile(loss, fullgraph=True)(qkv), (qkv,))
+    assert _rel(compiled, eager) < 1e-3

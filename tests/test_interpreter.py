@@ -244,3 +244,39 @@ def test_barrier_reached_by_some_warps_is_reported_at_its_line():
                                              r"block-scope op, but warp 1 has returned") as e:
         program.run((1, 1, 1), [])
     assert (e.value.filename, e.value.line) == ("kernel.py", 4)
+
+
+AUTOTUNED_UNDER_THE_ENVIRONMENT = """\\
+import numpy as np
+import tk_mlir as tk
+from tk_mlir import f32
+
+
+@tk.autotune(configs=[tk.Config(ROWS=4), tk.Config(ROWS=8)], key=["X"])
+@tk.kernel(num_warps=4)
+def double(X: tk.gl[f32], Y: tk.gl[f32], ROWS: tk.constexpr = 4):
+    x = tk.load(X, (tk.block_id(0), 0), (ROWS, 64))
+    tk.store(Y, x + x, (tk.block_id(0), 0))
+
+
+x = np.random.rand(16, 64).astype(np.float32)
+y = np.full_like(x, np.nan)
+double[(4,)](x, y)          # the first config (ROWS=4): 4 blocks cover 16 rows
+print(float(np.abs(y - 2 * x).max()))
+"""
+
+
+def test_autotuned_kernels_interpret_with_their_first_config(tmp_path):
+    """Under TK_MLIR_INTERPRET=1 an autotuned kernel runs its first config on
+    the CPU, untimed (no GPU, no tuning)."""
+    import os
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "run.py"
+    script.write_text(AUTOTUNED_UNDER_THE_ENVIRONMENT)
+    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(root),
+           "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout.strip().splitlines()[-1]) == 0.0

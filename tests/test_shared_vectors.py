@@ -262,7 +262,7 @@ def k_expect_not_shared(X: tk.gl[f32]):
                                                   "compile-time int, got 0"),
     (k_tma_dtype, "sv-dtype", "tk.tma.load_async", "bf16 shared vector of 64 and f32 global "
                                                    "of rank 2 differ in dtype"),
-    (k_tma_coords, "sv-coords", "tk.tma.load_async", "one coordinate per dim (2), got 1"),
+    (k_tma_coords, "sv-coords", "tk.tma.load_async", "one coordinate per dim of the tensor (2), got 1"),
     (k_sv_as_tile, "sv-as-tile", "tk.tma.store_async", "expected a shared tile, got "
                                                        "<SharedVector"),
     (k_sv_in_mma, "sv-mma", "tk.mma_ABt", "SharedVector"),

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from . import cache
 from .errors import CompilationError, for_the_user
-from .kernel import Kernel
+from .kernel import Kernel, _interpret_all
 from .params import GL, describe_value, hashable, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
@@ -174,7 +174,11 @@ class Autotuner:
 
     def run(self, grid, *args, **kwargs) -> None:
         """Launch with the config chosen for these arguments' key, tuning first
-        when the key is new (see the module's docstring)."""
+        when the key is new (see the module's docstring). Under
+        TK_MLIR_INTERPRET=1 the first config runs on the CPU interpreter,
+        untimed."""
+        if _interpret_all():
+            return self.kernel._interpret(grid, *args, **{**kwargs, **self.configs[0]._launch})
         try:
             shape = (len(args), *kwargs)
             quick = self._quick.get(shape)

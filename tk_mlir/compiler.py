@@ -203,7 +203,8 @@ class CompiledKernel:
     def function(self, device: int | None = None):
         """The CUDA function on `device` (default: the current one), loaded
         once per device, on first launch there."""
-        self.require_cubin(f"launching {self.name}")
+        if self._cubin is None:
+            self.require_cubin(f"launching {self.name}")
         from .runtime import driver
         if not driver.has_gpu():
             raise RuntimeError(f"cannot launch {self.name}: no CUDA GPU or driver on this "

@@ -209,10 +209,12 @@ def _pointer_device(ptr: int) -> int | None:
     """The device that owns `ptr`, or None when unknown. The driver is
     imported here, not with this module: describing tensors for a compile
     must work without cuda-bindings (the launch then says it is missing)."""
-    try:
-        from . import driver
-    except CudaUnavailable:
-        return None
+    driver = sys.modules.get(__package__ + ".driver")   # (an import per call costs ~1 µs)
+    if driver is None:
+        try:
+            from . import driver
+        except CudaUnavailable:
+            return None
     return driver.pointer_device(ptr)
 
 
