@@ -65,42 +65,12 @@ def reference(q, k, v, causal: bool) -> torch.Tensor:
     return torch.softmax(s, -1) @ vf
 
 
-def bench(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
-    b, h = TOKENS // n, HIDDEN // d
-    flops = 4 * b * h * n * n * d // (2 if causal else 1)
-    shape = f"N={n} D={d}{' causal' if causal else ''}"
-    base = {"op": "attention", "shape": shape, "B": b, "H": h, "N": n, "D": d,
-            "causal": causal, "flops": flops}
-    rows = [{**base, "impl": name} for name, _ in impls]
-
-    def one(g):
-        return tuple(P.uniform(g, b, h, n, d) for _ in range(3))
-
-    groups = P.make_input_groups(one, 3 * 2 * b * h * n * d)
-    ref = reference(*groups[0], causal)
-    print(f"{shape}: B={b} H={h}, {len(groups)} groups", flush=True)
-    for row, (name, fn) in zip(rows, impls):
-        call = lambda g, fn=fn: fn(g[0], g[1], g[2], causal)  # noqa: E731
-        try:
-            out = call(groups[0])
-            out.fill_(float("nan"))         # a fresh output each call; poison the old one
-            out = call(groups[0])
-            if not bool(torch.isfinite(out).all()):
-                err = float("nan")
-            else:
-                err = ((out[0, :CHECK_HEADS].float() - ref).norm() / ref.norm()).item()
-            row["rel_err"] = err
-            row["status"] = "ok" if err <= TOL else "WRONG"
-            t = P.time_kernel(call, groups, **timing)
-        except Exception as e:      # one broken implementation must not sink the run
-            row["status"] = f"failed: {P.first_line(e)}"
-            print(f"  {name:8} {row['status']}", flush=True)
-            continue
-        P.record_tflops(row, t, flops)
-    P.add_ratios(rows, "cudnn", "ratio_vs_cudnn")
-    del groups
-    torch.cuda.empty_cache()
-    return rows
+def sliced_err(got, ref) -> float:
+    """Rel. error of heads 0..CHECK_HEADS-1 of batch 0 against `ref`; NaN when
+    anything in `got` is not finite (poison left, a NaN computed)."""
+    if not bool(torch.isfinite(got).all()):
+        return float("nan")
+    return ((got[0, :CHECK_HEADS].float() - ref).norm() / ref.norm()).item()
 
 
 def reference_grads(q, k, v, do, causal: bool):
@@ -112,43 +82,68 @@ def reference_grads(q, k, v, do, causal: bool):
     return qf.grad, kf.grad, vf.grad
 
 
-def bench_backward(n: int, d: int, causal: bool, impls, timing) -> list[dict]:
-    """The backward pass alone: each implementation's forward runs once per
-    input group outside the timing; the timed call is autograd.grad of o
-    (retain_graph) for dq, dk, dv. FLOPs: 2.5x the forward's."""
+def forward_pass(groups, causal: bool):
+    """(check, timed call) of the forward: each call returns a fresh output;
+    the checked one follows a call whose output was poisoned."""
+    ref = reference(*groups[0][:3], causal)
+
+    def prepare(fn):
+        call = lambda g: fn(g[0], g[1], g[2], causal)  # noqa: E731
+        call(groups[0]).fill_(float("nan"))
+        return call, groups, lambda: sliced_err(call(groups[0]), ref), TOL
+    return prepare
+
+
+def backward_pass(groups, causal: bool):
+    """The backward alone: each implementation's forward runs once per input
+    group outside the timing; the timed call is autograd.grad of o
+    (retain_graph) for dq, dk, dv."""
+    refs = reference_grads(*groups[0], causal)
+
+    def prepare(fn):
+        prepared = []
+        for q, k, v, do in groups:
+            leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+            prepared.append((fn(*leaves, causal), leaves, do))
+        call = lambda p: torch.autograd.grad(p[0], p[1], p[2], retain_graph=True)  # noqa: E731
+        return call, prepared, \
+            lambda: max(sliced_err(g, r) for g, r in zip(call(prepared[0]), refs)), 2 * TOL
+    return prepare
+
+
+# pass -> (op name, FLOPs per B·H·N²·D, input tensors per group, its (check, call) maker)
+PASSES = {"forward": ("attention", 4, 3, forward_pass),
+          "backward": ("attention backward", 10, 4, backward_pass)}
+
+
+def bench(n: int, d: int, causal: bool, impls, timing, which: str = "forward") -> list[dict]:
+    op, flops_per, tensors, make = PASSES[which]
     b, h = TOKENS // n, HIDDEN // d
-    flops = 10 * b * h * n * n * d // (2 if causal else 1)
+    flops = flops_per * b * h * n * n * d // (2 if causal else 1)
     shape = f"N={n} D={d}{' causal' if causal else ''}"
-    base = {"op": "attention backward", "shape": shape, "B": b, "H": h, "N": n, "D": d,
+    base = {"op": op, "shape": shape, "B": b, "H": h, "N": n, "D": d,
             "causal": causal, "flops": flops}
     rows = [{**base, "impl": name} for name, _ in impls]
-    groups = P.make_input_groups(lambda g: tuple(P.uniform(g, b, h, n, d) for _ in range(4)),
-                                 4 * 2 * b * h * n * d)
-    refs = reference_grads(*groups[0], causal)
-    print(f"backward {shape}: B={b} H={h}, {len(groups)} groups", flush=True)
+    groups = P.make_input_groups(
+        lambda g: tuple(P.uniform(g, b, h, n, d) for _ in range(tensors)),
+        tensors * 2 * b * h * n * d)
+    prepare = make(groups, causal)
+    print(f"{op} {shape}: B={b} H={h}, {len(groups)} groups", flush=True)
     for row, (name, fn) in zip(rows, impls):
         try:
-            prepared = []
-            for q, k, v, do in groups:
-                leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
-                prepared.append((fn(*leaves, causal), leaves, do))
-            call = lambda p: torch.autograd.grad(p[0], p[1], p[2], retain_graph=True)  # noqa: E731
-            grads = call(prepared[0])
-            errs = [float("nan") if not bool(torch.isfinite(g).all()) else
-                    ((g[0, :CHECK_HEADS].float() - r).norm() / r.norm()).item()
-                    for g, r in zip(grads, refs)]
-            row["rel_err"] = err = max(errs)
-            row["status"] = "ok" if err <= 2 * TOL else "WRONG"    # NaN fails too
-            t = P.time_kernel(call, prepared, **timing)
+            call, inputs, check, tol = prepare(fn)
+            row["rel_err"] = err = check()
+            row["status"] = "ok" if err <= tol else "WRONG"      # NaN fails too
+            t = P.time_kernel(call, inputs, **timing)
         except Exception as e:      # one broken implementation must not sink the run
             row["status"] = f"failed: {P.first_line(e)}"
             print(f"  {name:8} {row['status']}", flush=True)
             continue
         finally:
-            prepared = None
+            call = inputs = None    # (the backward's graphs hold memory)
         P.record_tflops(row, t, flops)
     P.add_ratios(rows, "cudnn", "ratio_vs_cudnn")
-    del groups
+    del groups, prepare
     torch.cuda.empty_cache()
     return rows
 
@@ -176,9 +171,9 @@ def main(argv=None) -> int:
     timing = (dict(warmup=20, iters=20, repeats=1, pause_s=0.05) if args.quick
               else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
     impls = make_impls(names)
-    run = bench_backward if args.backward else bench
+    which = "backward" if args.backward else "forward"
     rows = [r for d in ds for causal in causals for n in ns
-            for r in run(n, d, causal, impls, timing)]
+            for r in bench(n, d, causal, impls, timing, which)]
     cols = ["shape", "B", "H", "impl", "ms", ("tflops", "TFLOP/s"),
             ("ratio_vs_cudnn", "vs cuDNN"), ("rel_err", "rel err"), "status"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
