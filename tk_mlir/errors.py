@@ -136,7 +136,7 @@ def _owner(frame) -> str:
     name = frame.f_globals.get("__name__") or ""
     top = name.partition(".")[0]
     filename = frame.f_code.co_filename
-    if top == "tk_mlir" or Path(filename).resolve().parent in _OWN_DIRS:
+    if top == "tk_mlir" or in_tk_mlir_source(filename):
         return "tk_mlir"
     if top in sys.stdlib_module_names or top == "mlir" or filename.startswith("<frozen") \
             or "site-packages" in filename or "dist-packages" in filename:
