@@ -157,10 +157,10 @@ OPS: tuple[OpDef, ...] = (
               "with a `count` hint)"),
     OpDef("subtile", operands=("src", "row"), results=("result",), view_of="src",
           doc="the result type's rows of a shared tile, from row `row` on"),
-    OpDef("column_block", operands=("src",), results=("result",), attributes=("index",),
-          view_of="src",
-          doc="column block `index` of a swizzled shared tile (its rows x swizzle bytes, "
-              "stored apart from the other blocks): a tile of its own, e.g. a wgmma operand"),
+    OpDef("column_block", operands=("src", "index"), results=("result",), view_of="src",
+          doc="column block `index` (an i32) of a swizzled shared tile (its rows x swizzle "
+              "bytes, stored apart from the other blocks): a tile of its own, e.g. a wgmma "
+              "operand"),
     # Hopper: semaphores (mbarriers), TMA, warpgroup MMA, warp specialization.
     OpDef("alloc_sem", results=("result",), attributes=("arrivals",), allocates=True,
           semaphore=True,

@@ -228,7 +228,10 @@ def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
     """(first register, registers, address) of each access of a fragment to a
     shared tile or vector: a piece starts at a multiple of its length (the
     layout's low register bits), so the address is aligned for one ld/st."""
-    thread = ctx.thread_position(layout, scope)
+    # In place: each piece's (swizzled) offset is loop-invariant, and hoisted
+    # it would hold a register per piece for the whole loop (16 for a 64x64
+    # bf16 tile written per iteration: spilled in the attention backward).
+    thread = [in_place(t) for t in ctx.thread_position(layout, scope)]
     pieces, run = _pieces(layout, dtype)
     for r0, n in pieces:
         pos = layout.reg_position(r0)
@@ -292,10 +295,10 @@ def lower_subtile(ctx: LoweringContext, op, src: SharedRef, row: ir.Value) -> Sh
 
 
 @lowers("tk.column_block")
-def lower_column_block(ctx: LoweringContext, op, src: SharedRef) -> SharedRef:
+def lower_column_block(ctx: LoweringContext, op, src: SharedRef, index: ir.Value) -> SharedRef:
     # Block j is stored after the j before it, each rows x block_bytes (ST.byte_offset).
-    offset = op.index * src.type.rows * src.type.block_bytes
-    return SharedRef(smem_addr(src.ptr, c32(offset)), T.parse(op.result.type))
+    offset = arith.muli(index, c32(src.type.rows * src.type.block_bytes))
+    return SharedRef(smem_addr(src.ptr, offset), T.parse(op.result.type))
 
 
 @lowers("tk.copy")

@@ -23,7 +23,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import tk, types as T
-from .context import LoweringContext, build_vector, c64, i32, i64, lowers
+from .context import LoweringContext, build_vector, c64, i32, i64, in_place, lowers
 from .fragments import Fragment, SharedRef
 
 _SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
@@ -56,7 +56,11 @@ class _Descriptors:
         addr = llvm.ptrtoint(i32(), ref.ptr)
         start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
                             arith.constant(i32(), 4))
-        self.base = arith.ori(arith.extui(i64(), start), c64(_descriptor_bits(ref.type, k_major)))
+        # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
+        # out of the loop, 2 registers each for the whole loop (spilled in the
+        # attention backward); recomputed here they are a 64-bit add per k-step.
+        self.base = in_place(arith.ori(arith.extui(i64(), start),
+                                       c64(_descriptor_bits(ref.type, k_major))))
 
     def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
         off = _offset(self.st, self.k_major, k_step, mn_step)
@@ -121,7 +125,15 @@ def _a_fragment(frag: Fragment, mb: int, ks: int, k: int) -> list[ir.Value]:
 def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) -> Fragment:
     """The wgmma group of acc + op(a) op(b); a is a SharedRef or (register A)
     a Fragment. The result stays in flight until tk.mma_wait fences it."""
-    acc = acc.like(fence_registers(acc.regs))
+    if op.acc not in ctx.in_flight:
+        # Computed by threads: fenced, so that LLVM keeps its computation above
+        # the wgmma.fence.
+        acc = acc.like(fence_registers(acc.regs))
+    elif len(list(op.acc.uses)) == 1:
+        # A chain of MMAs into one result: the registers pass to this MMA, and
+        # a later wait must not fence (keep alive) the old value: LLVM would
+        # copy its registers mid-MMA, and ptxas serialize every wgmma (C7514).
+        del ctx.in_flight[op.acc]
     trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
     t = T.parse(op.acc.type)
     a_t = T.parse(op.a.type)

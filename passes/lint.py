@@ -21,6 +21,7 @@ from ..dialects import contracts, tk
 from ..errors import warn_at
 from ..target import TARGET
 from .uniform import Uniformity
+from .walk import constant_int
 
 # Least registers per thread a warpgroup can keep after setmaxnreg.dec (PTX ISA).
 MIN_SETMAXNREG = 24
@@ -44,14 +45,6 @@ def _conditions(op) -> list[ir.Value]:
             out.extend(list(parent.operands)[:3])
         parent = parent.parent
     return out
-
-
-def _constant(v: ir.Value) -> int | None:
-    if isinstance(v, ir.OpResult) and v.owner.name == "arith.constant":
-        attr = v.owner.attributes["value"]
-        if isinstance(attr, ir.IntegerAttr):
-            return attr.value
-    return None
 
 
 def _semaphore_arrivals(sem: ir.Value) -> int | None:
@@ -164,7 +157,7 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
         d = tk.op_def(op)
         if d.named_barrier is None:
             continue
-        bar_id = _constant(getattr(op.opview, d.named_barrier))
+        bar_id = constant_int(getattr(op.opview, d.named_barrier))
         if bar_id is None:
             continue
         seen = first.setdefault(bar_id, op)

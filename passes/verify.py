@@ -20,7 +20,7 @@ from ..errors import error_at
 from ..target import TARGET
 from .async_results import check_async_results
 from .uniform import Uniformity
-from .walk import walk_ops
+from .walk import constant_int, walk_ops
 
 
 class _Fail(Exception):
@@ -385,8 +385,9 @@ def _column_block(op, operands, results, num_warps: int) -> None:
     src, sub = operands[0], results[0]
     _require(src.swizzle > 0, f"column_block: {_show(src)} is not swizzled: its rows are "
              f"contiguous, it has no column blocks")
-    _require(0 <= op.index < src.blocks, f"column_block: {_show(src)} has {src.blocks} column "
-             f"block(s) of {src.block_cols} columns, no block {op.index}")
+    j = constant_int(op.index)       # (a run-time index is the kernel's to keep in range)
+    _require(j is None or 0 <= j < src.blocks, f"column_block: {_show(src)} has {src.blocks} "
+             f"column block(s) of {src.block_cols} columns, no block {j}")
     _require((sub.rows, sub.cols, sub.swizzle) == (src.rows, src.block_cols, src.swizzle),
              f"column_block: the block of {_show(src)} is {src.rows}x{src.block_cols}")
 

@@ -235,21 +235,23 @@ def test_every_output_element_is_written(causal):
 
 # ------------------------------------------------------------------ backward
 
-def test_backward_kernel_compiles_with_the_reductions_and_fence():
+@pytest.mark.parametrize("d, causal", [(64, False), (128, False), (128, True)])
+def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
-    q = tk.spec((2, 8, 1000, 64), tk.bf16)
-    kv = tk.spec((2, 2, 777, 64), tk.bf16)
+    q = tk.spec((2, 8, 1000, d), tk.bf16)
+    kv = tk.spec((2, 2, 777, d), tk.bf16)
     vec = tk.spec((2, 8, 1000), tk.f32)
-    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, 64), tk.f32),
-                                          kv, kv, 0.1, 0.1, D=64, CAUSAL=False,
-                                          **_backward_config(64))
+    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32),
+                                          kv, kv, 0.1, 0.1, D=d, CAUSAL=causal,
+                                          **_backward_config(d))
     ptx = c.asm["ptx"]
-    assert "red.global" in ptx                      # dQ accumulated in f32
+    assert "red.global.add.v2.f32" in ptx           # dQ accumulated in f32
     assert "fence.proxy.async" in ptx               # dSᵀ written by threads, read by wgmma
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*"
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d}k16\.f32\.bf16\.bf16\s*\{{[^}}]*\}},\s*"
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
-    # (Not yet spill-free: see the closing note of issue 9.) No wgmma is serialized.
-    assert "C7514" not in c.ptxas_log, c.ptxas_log
+    # No wgmma is serialized. (Spills: a few registers at D=128, see BENCHMARKS.md.)
+    assert "C7514" not in c.ptxas_log and "C7519" not in c.ptxas_log, c.ptxas_log
+    assert c.info["spill stores (bytes)"] <= 128, c.ptxas_log
 
 
 def _reference_grads(q, k, v, do, causal, scale):

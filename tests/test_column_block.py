@@ -42,8 +42,8 @@ def test_column_blocks_are_offsets_of_rows_x_swizzle_bytes():
     c = halves.compile(A, C)
     tk_ir = c.asm["tk"]
     assert tk_ir.count('"tk.column_block"') == 2
-    assert re.search(r'"tk.column_block"\(%\S+\) \{index = 1 : i64\} : \(!tk.st<bf16, 128 : i64, '
-                     r'128 : i64, 128 : i64>\) -> !tk.st<bf16, 128 : i64, 64 : i64', tk_ir), tk_ir
+    assert re.search(r'"tk.column_block"\(%\S+, %\S+\) : \(!tk.st<bf16, 128 : i64, '
+                     r'128 : i64, 128 : i64>, i32\) -> !tk.st<bf16, 128 : i64, 64 : i64', tk_ir), tk_ir
     # Block 1 of a 128-row tile with 128-byte rows per block: 16384 bytes on.
     assert "16384" in c.asm["ptx"]
     assert c.asm["sass"].count("HGMMA") == 16       # 2 products of K/16 = 8 steps
@@ -62,26 +62,78 @@ def past_the_end(A: tk.gl):
 
 
 @tk.kernel(num_warps=4)
-def runtime_index(A: tk.gl):
+def float_index(A: tk.gl):
     a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
-    b = a.column_block(tk.block_id(0))  # E:runtime-index
+    b = a.column_block(0.5 * tk.block_id(0))  # E:float-index
 
 
 @pytest.mark.parametrize("kernel, marker, at, message", [
     (unswizzled, "unswizzled", "a.column_block", "is not swizzled: its rows are contiguous"),
     (past_the_end, "past-end", "a.column_block", "has 2 column block(s) of 64 columns, no block 2"),
-    (runtime_index, "runtime-index", "a.column_block",
-     "column_block index must be a compile-time int"),
+    (float_index, "float-index", "a.column_block", "column_block index must be an int"),
 ])
 def test_column_block_errors_point_at_their_line(kernel, marker, at, message):
     test_errors.check_error(compile_error(kernel, A), marker, at, message, HERE)
 
 
+@tk.kernel(num_warps=4)
+def one_half(A: tk.gl, C: tk.gl):
+    """Block j of the grid computes C[:, 64j:64j+64] of `halves`, its column
+    block chosen at run time (tk.block_id: no branch)."""
+    j = tk.block_id(0)
+    a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
+    b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, a, b)
+        tk.tma.load_async(a, A, (0, 0), sem)
+        tk.tma.load_async(b, A, (0, 0), sem)
+    tk.wait(sem, 0)
+    acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a,
+                    b.column_block(j))
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, j))
+
+
+@tk.kernel(num_warps=4)
+def chained(A: tk.gl, C: tk.gl):
+    """C[:, :64] = A[0:64] · (A[:, :64] + A[:, 64:]): two MMAs into one
+    accumulator, the second issued while the first is in flight."""
+    a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
+    b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, a, b)
+        tk.tma.load_async(a, A, (0, 0), sem)
+        tk.tma.load_async(b, A, (0, 0), sem)
+    tk.wait(sem, 0)
+    acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a,
+                    b.column_block(0))
+    acc = tk.mma_AB(acc, a, b.column_block(1))
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+def test_chained_mmas_are_not_serialized():
+    # The first MMA's registers pass to the second: no copy of them mid-MMA,
+    # which would make ptxas serialize every wgmma (C7514).
+    c = chained.compile(A, C)
+    assert "C7514" not in c.ptxas_log and "C7517" not in c.ptxas_log, c.ptxas_log
+
+
+def test_a_run_time_column_block_is_an_address_offset():
+    ptx = one_half.compile(A, C).asm["ptx"]
+    assert re.search(r"shl\.b32\s+%r\d+, %r\d+, 14;", ptx), ptx     # j * 16384 bytes
+
+
 @pytest.mark.gpu
-def test_column_block_products_on_the_gpu():
+@pytest.mark.parametrize("kernel, grid", [(halves, 1), (one_half, 2), (chained, 1)])
+def test_column_block_products_on_the_gpu(kernel, grid):
     torch = pytest.importorskip("torch")
     a = torch.randn(128, 128, device="cuda").bfloat16()
     c = torch.full((64, 128), float("nan"), device="cuda")
-    halves[(1,)](a, c)
+    kernel[(grid,)](a, c)
     ref = a[:64].double() @ a.double()
+    if kernel is chained:
+        c, ref = c[:, :64], ref[:, :64] + ref[:, 64:]
     assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5

@@ -437,16 +437,18 @@ class Shared(Value):
         return _element(self, i, "shared tile")
 
     @builds("column_block")
-    def column_block(self, j: int) -> Shared:
+    def column_block(self, j) -> Shared:
         """Column block j of a swizzled tile: its rows x (swizzle bytes) columns,
         e.g. a bf16 64x128 tile with swizzle=128 is blocks 0 (columns 0-63) and
         1 (64-127), each a 64x64 tile of its own (a wgmma operand, a view: no
-        data moves). j is a compile-time int."""
+        data moves). j is a compile-time or run-time int (e.g. from the
+        warpgroup's index: no branch, so no divergent wgmma)."""
         t = self.tk_type
-        if not isinstance(j, int) or isinstance(j, bool):
-            raise CompilationError(f"column_block index must be a compile-time int, got {j!r}")
+        j = as_scalar(j) if not isinstance(j, bool) else j
+        if not isinstance(j, Scalar) or j.kind != "int":
+            raise CompilationError(f"column_block index must be an int, got {j!r}")
         sub = T.ST(t.dtype, t.rows, t.block_cols, t.swizzle)
-        return Shared(emit("column_block", [self], sub.to_mlir(), index=j))
+        return Shared(emit("column_block", [self, j], sub.to_mlir()))
 
     @builds("subtile")
     def subtile(self, i, rows: int) -> Shared:

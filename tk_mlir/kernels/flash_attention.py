@@ -310,7 +310,7 @@ def attention_delta_kernel(O: tk.gl, dO: tk.gl, Delta: tk.gl, D: tk.constexpr = 
 
 
 @tk.kernel(num_warps=12)
-def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl,
+def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.gl, Delta: tk.gl,
                               dQ: tk.gl, dK: tk.gl, dV: tk.gl, scale_log2: float, scale: float,
                               D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False,
@@ -325,7 +325,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.g
         dV += Pᵀ·dO,  dSᵀ = Pᵀ∘(dPᵀ − Delta),  dK += dSᵀ·Q   (A from registers)
         dQ += scale · dS·K                                   (dSᵀ through shared memory,
                                                               red.global.add into dQ)
-    LSE and Delta: (B, H, N') f32 with N' >= N a multiple of 4."""
+    At D=128 each warpgroup computes half of dQ's columns over all 128 keys
+    (one f32 addition per element and task); at D=64 each adds its own keys'
+    share. LSE2 = LSE·log2(e) (+inf for a row that saw no key) and Delta:
+    (B, H, N') f32 with N' >= N a multiple of 4."""
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
@@ -335,8 +338,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.g
     shift = N_KV - N                             # causal: query i sees keys <= i + shift
     kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
     qs = tk.ring(Q.dtype, (64, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
-    vs = tk.ring(f32, (64,), STAGES, count=2, consumers=2)         # LSE_i, Delta_i
-    ds = tk.shared_tiles(Q.dtype, (64, 64), 2, swizzle=128)     # dSᵀ of each consumer
+    vs = tk.ring(f32, (64,), STAGES, count=2, consumers=2)         # LSE2_i, Delta_i
+    ds = tk.shared_tiles(Q.dtype, (64, 64), 4, swizzle=128)     # dSᵀ: 2 stages x 2 consumers
 
     def task_of(task):
         kv_blocks = tk.cdiv(N_KV, 128)
@@ -346,6 +349,13 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.g
     def first_q_block(kvb):
         """The first query block that sees a key of K/V block kvb."""
         return max((kvb * 128 - shift) // 64, 0) if CAUSAL else 0
+
+    def next_block(h, i, first):
+        """The (query head, query block) after (h, i) in a task's walk over the
+        query blocks of its K/V head's query heads: one loop, not one per
+        head, so no accumulator lives across an outer loop's boundary."""
+        last = i + 1 == q_blocks
+        return (h + 1 if last else h), (first if last else i + 1)
 
     if tk.warpgroup_id() == 2:
         tk.decrease_registers(PRODUCER_REGISTERS)
@@ -358,15 +368,17 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.g
                 for c in tk.static_range(2):
                     tk.tma.load_async(kv[c], K, (b, hk, 2 * kvb + c, 0), kv_full)
                     tk.tma.load_async(kv[2 + c], V, (b, hk, 2 * kvb + c, 0), kv_full)
-                for h in range(hk * group, hk * group + group):
-                    for i in range(first_q_block(kvb), q_blocks):
-                        t, q_full = qs.fill(it)
-                        tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
-                        tk.tma.load_async(t[1], dO, (b, h, i, 0), q_full)
-                        rows, v_full = vs.fill(it)
-                        tk.tma.load_async(rows[0], LSE, (b, h, i), v_full)
-                        tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
-                        it += 1
+                first = first_q_block(kvb)
+                h, i = hk * group, first
+                for _ in range(group * (q_blocks - first)):
+                    t, q_full = qs.fill(it)
+                    tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
+                    tk.tma.load_async(t[1], dO, (b, h, i, 0), q_full)
+                    rows, v_full = vs.fill(it)
+                    tk.tma.load_async(rows[0], LSE2, (b, h, i), v_full)
+                    tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
+                    it += 1
+                    h, i = next_block(h, i, first)
                 n += 1
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
@@ -378,42 +390,51 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE: tk.g
             kv0 = kvb * 128 + wg * 64            # this warpgroup's first key
             kt = kvs.wait(n, part=wg)
             vt = kvs.wait(n, part=2 + wg)
+            kt0, kt1 = kvs.wait(n, part=0), kvs.wait(n, part=1)
             dk = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             dv = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
-            for h in range(hk * group, hk * group + group):
-                for i in range(first_q_block(kvb), q_blocks):
-                    qt = qs.wait(it, part=0)
-                    dot = qs.wait(it, part=1)
-                    s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                   kt, qt)                                   # Sᵀ
-                    dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                    vt, dot)                                 # dPᵀ
-                    lse = tk.load(vs.wait(it, part=0), scope="warpgroup")
-                    delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
-                    # A row that saw no key (LSE -inf) has P = 0: subtract +inf.
-                    lse = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-                    tk.mma_wait(0)
-                    p = (s * scale_log2).sub_col(lse).exp2()
-                    if CAUSAL:
-                        if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
-                            keys = p.row_indices() + kv0
-                            p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
-                    pb = p.to(Q.dtype)
-                    dv = tk.mma_AB(dv, pb, dot)
-                    dsb = (p * dp.sub_col(delta)).to(Q.dtype)
-                    dk = tk.mma_AB(dk, dsb, qt)
-                    # dQ = dS·K: dSᵀ through shared memory as wgmma's transposed A.
-                    tk.store(ds[wg], dsb)
+            first = first_q_block(kvb)
+            h, i = hk * group, first
+            for _ in range(group * (q_blocks - first)):
+                qt = qs.wait(it, part=0)
+                dot = qs.wait(it, part=1)
+                s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                               kt, qt)                                   # Sᵀ
+                dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                vt, dot)                                 # dPᵀ
+                lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")     # LSE·log2(e)
+                tk.mma_wait(1)                                             # Sᵀ
+                p = (s * scale_log2).sub_col(lse2).exp2()
+                if CAUSAL:
+                    if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
+                        keys = p.row_indices() + kv0
+                        p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+                pb = p.to(Q.dtype)
+                dv = tk.mma_AB(dv, pb, dot)
+                delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
+                tk.mma_wait(1)                                             # dPᵀ
+                dsb = (p * dp.sub_col(delta)).to(Q.dtype)
+                dk = tk.mma_AB(dk, dsb, qt)
+                # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A
+                # (double-buffered: one barrier per block).
+                stage = 2 * (it % 2)
+                tk.store(ds[stage + wg], dsb)
+                if D == 64:     # one column block: each warpgroup adds its keys' share
                     tk.named_barrier(1 + wg, warps=4)
-                    for c in tk.static_range(D // 64):
-                        dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                        ds[wg], kt.column_block(c))
-                        tk.mma_wait(0)
-                        tk.atomic_add(dQ, dq * scale, (b, h, i, c))
-                    tk.named_barrier(1 + wg, warps=4)     # ds[wg] read before it is rewritten
-                    qs.release(it)
-                    vs.release(it)
-                    it += 1
+                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                    ds[stage + wg], kt)
+                else:           # column block wg over all 128 keys: one f32 add, not two
+                    tk.named_barrier(1, warps=8)
+                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                    ds[stage], kt0.column_block(wg))
+                    dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
+                tk.mma_wait(0)
+                tk.atomic_add(dQ, dq * scale, (b, h, i, wg if D > 64 else 0))
+                qs.release(it)
+                vs.release(it)
+                it += 1
+                h, i = next_block(h, i, first)
+            tk.mma_wait(0)
             kvs.release(n)
             n += 1
             tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
@@ -436,8 +457,10 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     B, H, N, D = q.shape
     cfg = _backward_config(D)
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    lse_p = torch.zeros(B, H, n4, dtype=torch.float32, device=q.device)   # padding: finite
-    lse_p[..., :N] = lse
+    # LSE·log2(e), padded with finite rows; a row that saw no key (-inf) gets
+    # +inf, so its P = exp2(S·scale·log2(e) - inf) = 0.
+    lse_p = torch.zeros(B, H, n4, dtype=torch.float32, device=q.device)
+    lse_p[..., :N] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     delta = torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
     do = do if do.stride(-1) == 1 else do.contiguous()
     attention_delta_kernel[(tk.cdiv(N, 64), H, B)](o, do, delta, D=D)
