@@ -245,7 +245,10 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
                                           kv, kv, 0.1, 0.1, D=d, CAUSAL=causal,
                                           **_backward_config(d))
     ptx = c.asm["ptx"]
-    assert "red.global.add.v2.f32" in ptx           # dQ accumulated in f32
+    # dQ accumulated in f32: a TMA reduce-add from shared memory, per 32-column block
+    assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.add", ptx)
+    assert re.search(r'"tk.tma_reduce_add"\([^)]*\) : \(!tk.gl<f32, .*?, !tk.st<f32, 64 : i64, '
+                     r'64 : i64, 128 : i64>', c.asm["tk"])
     assert "fence.proxy.async" in ptx               # dSᵀ written by threads, read by wgmma
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d}k16\.f32\.bf16\.bf16\s*\{{[^}}]*\}},\s*"
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
