@@ -9,10 +9,12 @@ import re
 import pytest
 
 import tk_mlir as tk
+from tk_mlir.runtime.toolchain import find_tool
 
 # The module (the package's name `scaled_matmul` is the function).
 scaled_gemm = importlib.import_module("tk_mlir.kernels.scaled_gemm")
 PTX_TYPE = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}
+HAS_NVDISASM = find_tool("nvdisasm") is not None
 
 
 def compile_kernel(a="f8e4m3", b="f8e4m3", out="bf16", col_scale=True, config=0,
@@ -61,6 +63,16 @@ def test_ptxas_no_spills_no_serialization(kernel):
     assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0, log
     assert "C75" not in log, log      # setmaxnreg ignored (C7508), wgmma serialized (C7514), ...
     assert info["dynamic shared memory (bytes)"] <= 227 * 1024
+
+
+@pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not installed")
+def test_sass_qgmma_utma_and_no_serialization_loop(kernel):
+    (a, b, _, _, config), compiled = kernel
+    sass = compiled.asm["sass"]
+    bn = 128 if config == 2 else 256
+    assert f"QGMMA.64x{bn}x32.F32.{PTX_TYPE[a].upper()}.{PTX_TYPE[b].upper()}" in sass
+    assert "UTMALDG.2D" in sass and "USETMAXREG" in sass
+    assert "BRA.U.ANY" not in sass          # TMA issued under elect.sync, no loop
 
 
 def test_scales_are_applied_in_the_epilogue(kernel):

@@ -59,6 +59,10 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     def finish(acc, task, wg):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
         acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
+        # One elected thread stores the whole tile: with an election per store,
+        # LLVM merged their warp test with the producer's, and ptxas then put
+        # the producer's TMA loads in a serialization loop (BRA.U.ANY).
+        leader = tk.elect_leader("warpgroup")
         for h in tk.static_range(BN // EPI_N):
             col = n * (BN // EPI_N) + h
             part = acc.slice(cols=(h * EPI_N, EPI_N))
@@ -70,7 +74,7 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
                 tk.named_barrier(1 + wg, warps=4)
                 tk.store(c_tiles[wg], out)
                 tk.named_barrier(1 + wg, warps=4)    # all of it written
-                if tk.elect_leader("warpgroup"):
+                if leader:
                     tk.tma.store_async(C, c_tiles[wg], (2 * m + wg, col))
                     tk.tma.store_commit()
             else:
