@@ -371,15 +371,7 @@ def main(argv=None) -> int:
         for M, N, K in args.shapes:
             rows += bench_shape(M, N, K, layout, impls, timing)
 
-    cols = ["layout", "shape", "impl", "ms", ("tflops", "TFLOP/s"),
-            ("ratio_vs_cublas", "vs cuBLAS"), ("rel_err", "rel err"), "status"]
-    print("\n" + P.markdown_table(rows, cols) + "\n")
-    for r in rows:
-        if r["impl"] == "tk_mlir":
-            ratio = r.get("ratio_vs_cublas")
-            print(f"{r['layout']} {r['shape']}: tk/cublas = "
-                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
-    print()
+    print_summary(rows, ["layout"], "cublas", "cuBLAS", lambda r: r["layout"])
     for layout in args.layouts:
         meta = {"metric": "tflops", "dtype": "bfloat16", "out_dtype": "bfloat16",
                 "accumulate": "float32", "flops": "2*M*N*K", "layouts": [layout],
@@ -404,15 +396,7 @@ def main_fp8(args, timing: dict) -> int:
     rows = []
     for M, N, K in args.shapes:
         rows += bench_fp8_shape(M, N, K, impls, timing)
-    cols = ["shape", "impl", "ms", ("tflops", "TFLOP/s"), ("ratio_vs_cublaslt", "vs cuBLASLt"),
-            ("rel_err", "rel err"), "status"]
-    print("\n" + P.markdown_table(rows, cols) + "\n")
-    for r in rows:
-        if r["impl"] == "tk_mlir":
-            ratio = r.get("ratio_vs_cublaslt")
-            print(f"fp8 {r['shape']}: tk/cublaslt = "
-                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
-    print()
+    print_summary(rows, [], "cublaslt", "cuBLASLt", lambda r: "fp8")
     meta = {"metric": "tflops", "dtype": "float8_e4m3fn", "out_dtype": "bfloat16",
             "scales": "per tensor (f32)", "accumulate": "float32 (fp8 tensor-core accumulation)",
             "flops": "2*M*N*K", "layouts": ["nk"],
@@ -425,6 +409,21 @@ def main_fp8(args, timing: dict) -> int:
     P.write_results("gemm-fp8" + ("-quick" if args.quick else ""), rows, meta, args.out_dir)
     report_not_ok(rows)
     return 0
+
+
+def print_summary(rows: list[dict], first_cols: list[str], peer: str, peer_title: str,
+                  label) -> None:
+    """The table of rows, then tk_mlir's ratio to the peer per shape (label(row) first)."""
+    key = f"ratio_vs_{peer}"
+    cols = [*first_cols, "shape", "impl", "ms", ("tflops", "TFLOP/s"),
+            (key, f"vs {peer_title}"), ("rel_err", "rel err"), "status"]
+    print("\n" + P.markdown_table(rows, cols) + "\n")
+    for r in rows:
+        if r["impl"] == "tk_mlir":
+            ratio = r.get(key)
+            print(f"{label(r)} {r['shape']}: tk/{peer} = "
+                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
+    print()
 
 
 def report_not_ok(rows: list[dict]) -> None:
