@@ -181,3 +181,22 @@ def test_scale_vectors_are_whole_16_byte_rows():
     assert cols is None and rows.tolist() == [0, 3, 6, 9, 12, 0, 0, 0]
     rows, cols = scaled_gemm._scale_vectors(sa, rb, 4, 8)
     assert rows.tolist() == [2.0] * 4 and rows.is_contiguous() and cols.tolist() == list(range(8))
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, a, bt, sa, sb):
+        return scaled_matmul(a, bt.t(), sa, sb, out_dtype=f32)
+
+
+def test_dynamo_traces_scaled_matmul_into_its_op():
+    """torch.export (strict: a graph break fails): the wrapper's checks run
+    on fake tensors, the launch and the scale vectors stay inside the op."""
+    import tk_mlir.kernels.ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        args = (torch.empty(64, 128, dtype=e4m3, device="cuda"),
+                torch.empty(32, 128, dtype=e4m3, device="cuda"),
+                torch.empty(64, 1, device="cuda"), torch.empty(1, 32, device="cuda"))
+        graph = torch.export.export(_Scaled(), args, strict=True).graph
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if t.startswith("tk_mlir.")] == ["tk_mlir.scaled_matmul.default"]
