@@ -30,13 +30,6 @@ from .fragments import Fragment, SharedRef
 _SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
 _WGMMA_TYPE = {"bf16": nvvm.WGMMATypes.bf16, "f16": nvvm.WGMMATypes.f16,
                "f8e4m3": nvvm.WGMMATypes.e4m3, "f8e5m2": nvvm.WGMMATypes.e5m2}
-# One wgmma reads 32 bytes of K from each operand row (k16 bf16/f16, k32 fp8).
-_K_BYTES = 32
-
-
-def instruction_k(dtype: str) -> int:
-    """The K of one wgmma instruction on `dtype` operands."""
-    return _K_BYTES // T.itemsize(dtype)
 
 
 def _descriptor_bits(st: T.ST, k_major: bool) -> int:
@@ -50,7 +43,7 @@ def _descriptor_bits(st: T.ST, k_major: bool) -> int:
 def _offset(st: T.ST, k_major: bool, k_step: int, mn_step: int) -> int:
     """Byte offset of the (mn_step-th 64-wide, k_step-th instruction-K-deep) operand block."""
     if k_major:
-        k_bytes = _K_BYTES * k_step
+        k_bytes = tk.wgmma_k(st.dtype) * T.itemsize(st.dtype) * k_step
         block, inner = divmod(k_bytes, st.block_bytes)
         return block * st.rows * st.block_bytes + inner + 64 * mn_step * st.block_bytes
     return 16 * k_step * st.block_bytes + (64 * mn_step // st.block_cols) * st.rows * st.block_bytes
@@ -140,7 +133,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     if isinstance(a_ref, Fragment):
         return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b)
     da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
-    k_step = instruction_k(a_t.dtype)
+    k_step = tk.wgmma_k(a_t.dtype)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
     layout_b = nvvm.MMALayout.row if trans_b else nvvm.MMALayout.col

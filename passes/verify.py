@@ -498,7 +498,7 @@ def _check_mma(op, acc, a, b) -> None:
              f"{b.dtype}")
     if fp8:
         _check_fp8_mma(op, a, b)
-    k_inst = 32 if fp8 else 16
+    k_inst = tk.wgmma_k(a.dtype)
     _require(k_a == k_b and k_a % k_inst == 0, f"mma: the K extents of a ({_show(a)}) and b "
              f"({_show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
     _require((acc.rows, acc.cols) == (m, n), f"mma: a {m}x{k_a} by {k_b}x{n} product does not "

@@ -10,7 +10,7 @@ import pytest
 import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
-from tk_mlir.dialects import types as T
+from tk_mlir.dialects import tk as tk_dialect, types as T
 from tk_mlir.lowering import mma as mma_lowering
 
 HERE = Path(__file__).resolve()
@@ -60,7 +60,7 @@ def test_fp8_descriptors_step_32_bytes_along_k():
     """One k32 step of an 8-bit operand is 32 bytes of its row, as a k16 step
     of a 16-bit one: the same swizzled geometry, half the elements."""
     st = T.ST("f8e4m3", 128, 256, 128)          # two 128-byte column blocks
-    assert mma_lowering.instruction_k("f8e4m3") == 32 and mma_lowering.instruction_k("bf16") == 16
+    assert tk_dialect.wgmma_k("f8e4m3") == 32 and tk_dialect.wgmma_k("bf16") == 16
     assert [mma_lowering._offset(st, True, k, 0) for k in range(5)] == \
         [0, 32, 64, 96, 128 * 128]              # step 4 starts the second column block
     assert mma_lowering._offset(st, True, 0, 1) == 64 * 128
