@@ -121,9 +121,10 @@ REJECTED = {
                     r"b must be column-major \(K x N, stride 1 along K: b = bt.t\(\)"),
     "K % 16": (lambda: scaled_matmul(fp8(8, 24), col_major(24, 8), ONE, ONE), ValueError,
                r"K \(a.shape\[1\]\) must be a multiple of 16, as torch._scaled_mm requires"),
-    "out_dtype f16": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), ONE, ONE,
-                                            out_dtype=torch.float16), TypeError,
-                      r"out_dtype must be torch.bfloat16 or torch.float32, got torch.float16"),
+    "out_dtype fp8": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), ONE, ONE,
+                                            out_dtype=e4m3), TypeError,
+                      r"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got "
+                      r"torch.float8_e4m3fn"),
     "N % 8 for bf16": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 12), ONE, ONE),
                        ValueError, r"N \(b.shape\[1\]\) must be a multiple of 8 for "
                                    r"out_dtype=torch.bfloat16"),

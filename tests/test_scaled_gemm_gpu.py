@@ -23,7 +23,7 @@ from tk_mlir.kernels.scaled_gemm import scaled_gemm_kernel  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-OUT = {"bf16": torch.bfloat16, "f32": torch.float32}
+OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHAPES = [(4096, 4096, 4096), (256, 4096, 4096), (1000, 1000, 512), (1537, 776, 1312),
           (8, 4096, 1024), (128, 256, 16)]
 ids = lambda s: "x".join(map(str, s))  # noqa: E731
@@ -76,6 +76,15 @@ def test_scaled_matmul_against_float64(shape, out, rowwise):
     c = scaled_matmul(a, b, sa, sb, out_dtype=OUT[out])
     assert c.shape == (M, N) and c.dtype == OUT[out] and c.is_contiguous()
     assert rel_err(c, reference(a, b, sa, sb)) < TOL
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+def test_scaled_matmul_f16_out(rowwise):
+    M, N, K = 1537, 776, 1312
+    a, b = fp8(M, K), fp8(N, K).t()
+    sa, sb = scales(M, N, rowwise)
+    c = scaled_matmul(a, b, sa, sb, out_dtype=torch.float16)
+    assert c.dtype == torch.float16 and rel_err(c, reference(a, b, sa, sb)) < TOL
 
 
 @pytest.mark.parametrize("dtypes", [("e5m2", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e5m2")],

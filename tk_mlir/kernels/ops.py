@@ -61,7 +61,7 @@ def _(a, b, b_layout="nk", out_dtype=None):
 def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                   scale_b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(a @ b) * scale_a * scale_b for fp8 a (M x K row-major) and b (K x N
-    column-major), into a new (M, N) tensor of out_dtype (bf16 or f32); see
+    column-major), into a new (M, N) tensor of out_dtype (bf16, f16 or f32); see
     scaled_gemm.scaled_matmul."""
     scaled_gemm.check(a, b, scale_a, scale_b, out_dtype)
     return scaled_gemm.launch(a, b, scale_a, scale_b, out_dtype)

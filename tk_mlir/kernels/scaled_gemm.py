@@ -2,7 +2,7 @@
 
 C = (A @ B) * scale_a * scale_b for A (M x K) and B (K x N) in fp8 (e4m3 or
 e5m2), B given column-major (its transpose Bt, N x K, contiguous: the layout
-of a Linear weight), f32 accumulation, bf16 or f32 output. The scales are
+of a Linear weight), f32 accumulation, bf16, f16 or f32 output. The scales are
 per tensor (one value each) or per row of A (M) and per column of B (N).
 
 The kernel is the bf16 GEMM's (gemm.py: TMA ring, two consumer warpgroups on
@@ -94,8 +94,8 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     tensors on that device (dequantization scales, multiplied in), each per
     tensor (shape () or (1,)) or rowwise: per row of a (M, 1), per column of
     b (1, N) (torch._scaled_mm takes both per tensor or both rowwise).
-    out_dtype: torch.bfloat16 (the default) or torch.float32; N a multiple of
-    8 (bf16) or 4 (f32), rows of whole 16-byte vectors. Returns a new (M, N)
+    out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
+    N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors. Returns a new (M, N)
     tensor. The autotuned kernel picks its configuration per shape on first use.
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
@@ -131,10 +131,10 @@ def check(a, b, scale_a, scale_b, out_dtype) -> None:
     if K % 16:
         raise ValueError(f"{fn}: K (a.shape[1]) must be a multiple of 16, as torch._scaled_mm "
                          f"requires (TMA reads rows of whole 16-byte vectors), got {K}")
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError(f"{fn}: out_dtype must be torch.bfloat16 or torch.float32, got "
-                        f"{out_dtype}")
-    per_row = 8 if out_dtype == torch.bfloat16 else 4
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{fn}: out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    per_row = 4 if out_dtype == torch.float32 else 8
     if N % per_row:
         raise ValueError(f"{fn}: N (b.shape[1]) must be a multiple of {per_row} for "
                          f"out_dtype={out_dtype} (output rows of whole 16-byte vectors), "
