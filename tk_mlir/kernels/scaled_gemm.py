@@ -9,8 +9,10 @@ The kernel is the bf16 GEMM's (gemm.py: TMA ring, two consumer warpgroups on
 wgmma, a producer warpgroup, a persistent grid in L2-friendly groups) with
 8-bit operands: wgmma reads them K-major only, so A and Bt both arrive with
 K along their 128-byte swizzled rows, BK = 128 elements deep per stage, and
-k32 instructions. The scales are applied to the f32 accumulator in the
-epilogue: the row scale for the whole tile, the column scale EPI_N columns at
+k32 instructions, accumulating in wgmma's f32 accumulator only, as
+torch._scaled_mm(use_fast_accum=True) does (wgmma adds fp8 products with
+fewer bits than f32; torch's default promotes partial sums on the side).
+The scales are applied to the f32 accumulator in the epilogue: the row scale for the whole tile, the column scale EPI_N columns at
 a time (as the tile leaves), from plain vector loads.
 """
 from __future__ import annotations
@@ -59,9 +61,9 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     def finish(acc, task, wg):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
         acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
-        # One elected thread stores the whole tile: with an election per store,
-        # LLVM merged their warp test with the producer's, and ptxas then put
-        # the producer's TMA loads in a serialization loop (BRA.U.ANY).
+        # One elected thread stores the whole tile: with an election per store
+        # (and column scales) ptxas put the producer's TMA loads in a
+        # serialization loop (BRA.U.ANY; why is not pinned down).
         leader = tk.elect_leader("warpgroup")
         for h in tk.static_range(BN // EPI_N):
             col = n * (BN // EPI_N) + h
