@@ -28,7 +28,12 @@ SHAPES = [(4096, 4096, 4096), (256, 4096, 4096), (1000, 1000, 512), (1537, 776, 
           (8, 4096, 1024), (128, 256, 16)]
 ids = lambda s: "x".join(map(str, s))  # noqa: E731
 TILE_TOL = 5e-3      # one tile, K <= 256: fp8 accumulation only
-TOL = 1e-2           # + bf16 rounding of C (~1.5e-3), K up to 4096
+
+
+def tol(K: int) -> float:
+    """bf16 rounding of C (~1.1e-3) and fp8 accumulation, which grows with K:
+    ~1.2e-2 at K = 4096."""
+    return 2e-3 + 2.5e-6 * K
 
 
 def rel_err(got, ref) -> float:
@@ -75,7 +80,7 @@ def test_scaled_matmul_against_float64(shape, out, rowwise):
     sa, sb = scales(M, N, rowwise)
     c = scaled_matmul(a, b, sa, sb, out_dtype=OUT[out])
     assert c.shape == (M, N) and c.dtype == OUT[out] and c.is_contiguous()
-    assert rel_err(c, reference(a, b, sa, sb)) < TOL
+    assert rel_err(c, reference(a, b, sa, sb)) < tol(K)
 
 
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
@@ -84,7 +89,7 @@ def test_scaled_matmul_f16_out(rowwise):
     a, b = fp8(M, K), fp8(N, K).t()
     sa, sb = scales(M, N, rowwise)
     c = scaled_matmul(a, b, sa, sb, out_dtype=torch.float16)
-    assert c.dtype == torch.float16 and rel_err(c, reference(a, b, sa, sb)) < TOL
+    assert c.dtype == torch.float16 and rel_err(c, reference(a, b, sa, sb)) < tol(K)
 
 
 @pytest.mark.parametrize("dtypes", [("e5m2", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e5m2")],
@@ -94,7 +99,7 @@ def test_scaled_matmul_e5m2(shape, dtypes):
     M, N, K = shape
     a, b = fp8(M, K, dtype=dtypes[0]), fp8(N, K, dtype=dtypes[1]).t()
     sa, sb = scales(M, N, rowwise=True)
-    assert rel_err(scaled_matmul(a, b, sa, sb), reference(a, b, sa, sb)) < TOL
+    assert rel_err(scaled_matmul(a, b, sa, sb), reference(a, b, sa, sb)) < tol(K)
 
 
 @pytest.mark.parametrize("mixed", ["tensor_a", "tensor_b"])
@@ -105,17 +110,17 @@ def test_scaled_matmul_one_scale_per_tensor_one_rowwise(mixed):
     (ra, rb), (ta, tb) = scales(M, N, True), scales(M, N, False)
     sa, sb = (ta, rb) if mixed == "tensor_a" else (ra, tb)
     assert rel_err(scaled_matmul(a, b, sa, sb, out_dtype=torch.float32),
-                   reference(a, b, sa, sb)) < TOL
+                   reference(a, b, sa, sb)) < tol(K)
 
 
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (256, 4096, 4096), (8192, 8192, 8192),
                                    (1024, 1536, 2048)], ids=ids)
 def test_scaled_matmul_against_torch_scaled_mm(shape, rowwise):
-    """cuBLASLt on the same inputs, with and without fast accumulation: the
-    kernel's error against float64 is within a small factor of cuBLASLt's
-    fast-accumulation error (the same accumulation in wgmma), and its result
-    close to torch._scaled_mm's."""
+    """cuBLASLt on the same inputs: the kernel's error against float64 is
+    within a small factor of cuBLASLt's with fast accumulation (the same
+    accumulation in wgmma); cuBLASLt's default (partial sums promoted to f32)
+    is printed beside it."""
     M, N, K = shape
     a, b = fp8(M, K), fp8(N, K).t()
     sa, sb = scales(M, N, rowwise)
@@ -123,9 +128,10 @@ def test_scaled_matmul_against_torch_scaled_mm(shape, rowwise):
     ours = scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
     theirs = {fast: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
               for fast in (False, True)}
-    err, err_fast = rel_err(ours, ref), rel_err(theirs[True], ref)
-    assert err <= 2 * err_fast + 1e-3, (err, err_fast, rel_err(theirs[False], ref))
-    assert rel_err(ours, theirs[False].double()) < TOL
+    err, err_fast, err_exact = (rel_err(c, ref) for c in (ours, theirs[True], theirs[False]))
+    print(f"rel. error vs float64: tk_mlir {err:.2e}, cuBLASLt fast {err_fast:.2e}, "
+          f"cuBLASLt default {err_exact:.2e}")
+    assert err <= 2 * err_fast + 1e-3, (err, err_fast, err_exact)
 
 
 @pytest.mark.parametrize("config", [dict(BN=256, STAGES=4), dict(BN=256, STAGES=4, GROUP_M=16),
@@ -140,7 +146,7 @@ def test_every_config_writes_every_element(config, out):
     c = torch.full((M, N), float("nan"), dtype=OUT[out], device="cuda")
     scaled_gemm_kernel.kernel[(num_sms(),)](a, bt, c, sa, sb, COL_SCALE=True, **config)
     ref = (a.double() @ bt.double().T) * sa[:M, None].double() * sb[None, :].double()
-    assert rel_err(c, ref) < TOL
+    assert rel_err(c, ref) < tol(K)
 
 
 def test_empty_and_zero_k():
