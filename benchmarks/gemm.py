@@ -55,7 +55,12 @@ IMPLS = ["tk_mlir", "cublas", "triton"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
-FP8_TOL = 2e-2  # fp8: + tensor-core fp8 accumulation error, growing with K
+
+
+def fp8_tol(K: int) -> float:
+    """fp8: bf16 rounding of C and the tensor cores' fp8 accumulation, which
+    keeps ~14 bits and so grows with K (~1.2e-2 at K = 4096)."""
+    return 2e-3 + 2.5e-6 * K
 FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
 CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
 
@@ -295,7 +300,7 @@ def bench_fp8_shape(M: int, N: int, K: int, impls: list[tuple], timing: dict) ->
         return rows
     print(f"fp8 {shape}: {len(groups)} groups, reference on {len(range(M)[crow])}/{M} rows",
           flush=True)
-    measure(rows, impls, groups, lambda fn, g: fn(*g), None, ref, crow, FP8_TOL, timing)
+    measure(rows, impls, groups, lambda fn, g: fn(*g), None, ref, crow, fp8_tol(K), timing)
     P.add_ratios(rows, "cublaslt", "ratio_vs_cublaslt")
     del groups, ref
     torch.cuda.empty_cache()
@@ -402,7 +407,7 @@ def main_fp8(args, timing: dict) -> int:
             "flops": "2*M*N*K", "layouts": ["nk"],
             "layout_meaning": "C = (A @ B.T) * scale_a * scale_b, B is N x K",
             "peer": "torch._scaled_mm(use_fast_accum=True); cublaslt_exact: =False",
-            "tol": FP8_TOL, "check": f"rel. Frobenius error vs float32 of the dequantized "
+            "tol": "2e-3 + 2.5e-6 * K", "check": f"rel. Frobenius error vs float32 of the dequantized "
                                      f"inputs on all rows up to M={FULL_CHECK_ROWS}, else "
                                      f"~{CHECK_ROWS} rows at an odd stride; NaN anywhere fails",
             "timing": timing, "quick": args.quick}
