@@ -56,13 +56,14 @@ FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
 
+FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
+CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
+
 
 def fp8_tol(K: int) -> float:
     """fp8: bf16 rounding of C and the tensor cores' fp8 accumulation, which
     keeps ~14 bits and so grows with K (~1.2e-2 at K = 4096)."""
     return 2e-3 + 2.5e-6 * K
-FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
-CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
 
 
 # ---------------------------------------------------------------- Triton peer
