@@ -55,7 +55,6 @@ IMPLS = ["tk_mlir", "cublas", "triton"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
-
 FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
 CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
 
