@@ -1,17 +1,30 @@
-"""bf16 GEMM, f32 accumulate, bf16 out: tk_mlir vs cuBLAS (torch.mm) vs Triton.
+"""bf16 GEMM, f32 accumulate, bf16 out: tk_mlir vs cuBLAS (torch.mm) vs Triton;
+and (--dtype fp8) e4m3 GEMM with per-tensor scales: tk_mlir's scaled_matmul vs
+cuBLASLt (torch._scaled_mm, with and without fast accumulation).
 
 On the GPU machine, from the repository root:
     python3 benchmarks/gemm.py --out-dir "$OUT"                  # full run, B stored N x K
     python3 benchmarks/gemm.py --layout both --out-dir "$OUT"    # also B stored K x N
     python3 benchmarks/gemm.py --quick                           # smoke test: 1024, 4096
     python3 benchmarks/gemm.py --sizes 4096,8192x8192x2048 --impls tk_mlir,cublas
+    python3 benchmarks/gemm.py --dtype fp8 --out-dir "$OUT"     # fp8 rows (B stored N x K)
 
 Layouts: "nk" computes C = A @ B.T with B stored N x K (the Linear-weight layout),
 "kn" computes C = A @ B with B stored K x N. FLOPs per call = 2*M*N*K.
 Every implementation is checked against a float32 reference before it is timed.
 One result file per layout: gemm[-quick].json for nk, gemm-kn[-quick].json for kn
 (benchmarks/plot.py groups bars by op and shape, so two layouts in one file
-would land on the same bar).
+would land on the same bar); gemm-fp8[-quick].json for fp8.
+
+fp8: A (M x K) and B (N x K, passed as its transpose: column-major K x N, the
+layout torch._scaled_mm wants and the only one wgmma reads 8-bit operands in)
+are uniform in [-1, 1] quantized to e4m3, the scales per-tensor f32, the
+output bf16. The peer is torch._scaled_mm with use_fast_accum=True
+("cublaslt": fp8 accumulation in the tensor cores, as tk_mlir's kernel does);
+"cublaslt_exact" (use_fast_accum=False, its default) promotes partial sums to
+f32 on the side, which costs time. Every call allocates its output (neither
+API writes into a given tensor the same way), so no output is poisoned; the
+GPU tests do that.
 """
 from __future__ import annotations
 
@@ -39,10 +52,17 @@ LLM = [(8192, 8192, 2048), (16384, 4096, 14336), (8192, 28672, 4096)]
 SHAPES = [(s, s, s) for s in SQUARE] + LLM
 QUICK_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096)]
 IMPLS = ["tk_mlir", "cublas", "triton"]
+FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
 FULL_CHECK_ROWS = 4096  # up to this M the reference covers every row of C
 CHECK_ROWS = 2048       # beyond it, about this many rows (see check_rows)
+
+
+def fp8_tol(K: int) -> float:
+    """fp8: bf16 rounding of C and the tensor cores' fp8 accumulation, which
+    keeps ~14 bits and so grows with K (~1.2e-2 at K = 4096)."""
+    return 2e-3 + 2.5e-6 * K
 
 
 # ---------------------------------------------------------------- Triton peer
@@ -127,6 +147,31 @@ def load_tk():
         return None, f"{type(e).__name__}: {e}"
 
 
+def load_tk_fp8():
+    """The library's scaled_matmul; returns (fn, None) or (None, why not)."""
+    try:
+        from tk_mlir.kernels import scaled_matmul
+        return scaled_matmul, None
+    except Exception as e:  # import error: report, go on
+        return None, f"{type(e).__name__}: {e}"
+
+
+def make_fp8_impls(names: list[str]) -> list[tuple]:
+    """[(impl name, fn(a, b, scale_a, scale_b) | None, why missing)], b column-major K x N."""
+    tk_mm, tk_why = load_tk_fp8()
+    bf16 = torch.bfloat16
+
+    def cublaslt(fast):
+        return lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=bf16,
+                                                     use_fast_accum=fast)
+    table = {
+        "tk_mlir": (tk_mm and (lambda a, b, sa, sb: tk_mm(a, b, sa, sb, out_dtype=bf16)), tk_why),
+        "cublaslt": (cublaslt(True), None),
+        "cublaslt_exact": (cublaslt(False), None),
+    }
+    return [(n, *table[n]) for n in names]
+
+
 def make_impls(names: list[str]) -> list[tuple]:
     """[(impl name, fn(a, b, c, b_layout) | None, why missing)] in `names` order."""
     tk_mm, tk_why = load_tk()
@@ -190,32 +235,75 @@ def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
             r["status"] = f"failed: inputs ({P.first_line(e)})"
         torch.cuda.empty_cache()
         return rows
-    n_checked = len(range(M)[crow])
-    print(f"{layout} {shape}: {len(groups)} groups, reference on {n_checked}/{M} rows",
-          flush=True)
+    print(f"{layout} {shape}: {len(groups)} groups, reference on {len(range(M)[crow])}/{M} "
+          f"rows", flush=True)
+    measure(rows, impls, groups, lambda fn, g: fn(g[0], g[1], g[2], layout),
+            lambda g: g[2].fill_(float("nan")), ref, crow, TOL, timing)
+    P.add_ratios(rows, "cublas", "ratio_vs_cublas")
+    del groups, ref
+    torch.cuda.empty_cache()  # the next shape's groups need the room
+    return rows
 
+
+def measure(rows: list[dict], impls: list[tuple], groups: list[tuple], call_with,
+            poison, ref, crow: slice, tol: float, timing: dict) -> None:
+    """Check and time each implementation on the groups: call_with(fn, group)
+    runs one call and returns its output; poison(group) (or None) fills the
+    group's output with NaN before the checked call."""
+    M, N, flops = rows[0]["M"], rows[0]["N"], rows[0]["flops"]
     for row, (name, fn, why) in zip(rows, impls):
         if fn is None:
             row["status"] = f"missing: {why}"
             print(f"  {name:8} missing: {why}", flush=True)
             continue
-        call = lambda g, fn=fn: fn(g[0], g[1], g[2], layout)  # noqa: E731
+        call = lambda g, fn=fn: call_with(fn, g)  # noqa: E731
         try:
             # One call first: compiling / autotuning launches into C, which
             # would overwrite the poison and hide a kernel that skips tiles.
             call(groups[0])
-            groups[0][2].fill_(float("nan"))
+            if poison is not None:
+                poison(groups[0])
             row["rel_err"] = err = rel_err(call(groups[0]), ref, crow, M, N)
-            row["status"] = "ok" if err <= TOL else "WRONG"  # NaN fails too
+            row["status"] = "ok" if err <= tol else "WRONG"  # NaN fails too
             t = P.time_kernel(call, groups, **timing)  # WRONG rows are timed too
         except Exception as e:  # one broken implementation must not sink the run
             row["status"] = f"failed: {P.first_line(e)}"
             print(f"  {name:8} {row['status']}", flush=True)
             continue
         P.record_tflops(row, t, flops)
-    P.add_ratios(rows, "cublas", "ratio_vs_cublas")
+
+
+def bench_fp8_shape(M: int, N: int, K: int, impls: list[tuple], timing: dict) -> list[dict]:
+    """The fp8 rows of one shape: e4m3 A (M x K) and B (N x K, passed as its
+    column-major transpose), per-tensor scales, bf16 out."""
+    shape, flops = f"{M}x{N}x{K}", 2 * M * N * K
+    base = {"op": "gemm_fp8", "layout": "nk", "shape": shape, "M": M, "N": N, "K": K,
+            "flops": flops}
+    rows = [{**base, "impl": name} for name, _, _ in impls]
+    e4m3 = torch.float8_e4m3fn
+
+    def one(g):  # A, B as K x N column-major, the two scales
+        a, bt = P.uniform(g, M, K).to(e4m3), P.uniform(g, N, K).to(e4m3)
+        sa, sb = (P.uniform(g, 1, dtype=torch.float32, low=0.5, high=2.0).reshape(())
+                  for _ in range(2))
+        return a, bt.t(), sa, sb
+
+    try:
+        groups = P.make_input_groups(one, M * K + N * K + 2 * M * N)
+        crow = check_rows(M)
+        a, b, sa, sb = groups[0]
+        ref = (a[crow].float() @ b.float()) * (sa * sb)
+    except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
+        for r in rows:
+            r["status"] = f"failed: inputs ({P.first_line(e)})"
+        torch.cuda.empty_cache()
+        return rows
+    print(f"fp8 {shape}: {len(groups)} groups, reference on {len(range(M)[crow])}/{M} rows",
+          flush=True)
+    measure(rows, impls, groups, lambda fn, g: fn(*g), None, ref, crow, fp8_tol(K), timing)
+    P.add_ratios(rows, "cublaslt", "ratio_vs_cublaslt")
     del groups, ref
-    torch.cuda.empty_cache()  # the next shape's groups need the room
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -241,8 +329,11 @@ def parse_args(argv):
     ap.add_argument("--sizes", help="comma list of N (square) or MxNxK, e.g. 4096,8192x8192x2048")
     ap.add_argument("--layout", choices=["nk", "kn", "both"], default="nk",
                     help="nk: C = A @ B.T, B is N x K (default); kn: C = A @ B, B is K x N")
-    ap.add_argument("--impls", default=",".join(IMPLS),
-                    help=f"comma list from {','.join(IMPLS)} (default: all)")
+    ap.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16",
+                    help="bf16 (default) or fp8: e4m3 with per-tensor scales vs "
+                         "torch._scaled_mm (B stored N x K)")
+    ap.add_argument("--impls", help=f"comma list from {','.join(IMPLS)} (bf16) or "
+                                    f"{','.join(FP8_IMPLS)} (fp8); default: all")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     try:
@@ -250,10 +341,15 @@ def parse_args(argv):
                        else QUICK_SHAPES if args.quick else SHAPES)
     except ValueError as e:
         ap.error(f"--sizes: {e}")
-    args.impl_names = [s.strip() for s in args.impls.split(",") if s.strip()]
-    unknown = sorted(set(args.impl_names) - set(IMPLS))
+    known = FP8_IMPLS if args.dtype == "fp8" else IMPLS
+    args.impl_names = ([s.strip() for s in args.impls.split(",") if s.strip()]
+                       if args.impls else known)
+    unknown = sorted(set(args.impl_names) - set(known))
     if unknown or not args.impl_names:
-        ap.error(f"--impls: unknown {unknown}; choose from {IMPLS}")
+        ap.error(f"--impls: unknown {unknown}; for --dtype {args.dtype} choose from {known}")
+    if args.dtype == "fp8" and args.layout != "nk":
+        ap.error("--dtype fp8 takes B stored N x K only (--layout nk): wgmma reads 8-bit "
+                 "operands K-major, and torch._scaled_mm wants B column-major")
     args.layouts = LAYOUTS if args.layout == "both" else [args.layout]
     return args
 
@@ -268,6 +364,8 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true f32
     timing = (dict(warmup=20, iters=10, repeats=1, pause_s=0.05) if args.quick
               else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
+    if args.dtype == "fp8":
+        return main_fp8(args, timing)
 
     impls = make_impls(args.impl_names)
     for name, fn, why in impls:
@@ -278,15 +376,7 @@ def main(argv=None) -> int:
         for M, N, K in args.shapes:
             rows += bench_shape(M, N, K, layout, impls, timing)
 
-    cols = ["layout", "shape", "impl", "ms", ("tflops", "TFLOP/s"),
-            ("ratio_vs_cublas", "vs cuBLAS"), ("rel_err", "rel err"), "status"]
-    print("\n" + P.markdown_table(rows, cols) + "\n")
-    for r in rows:
-        if r["impl"] == "tk_mlir":
-            ratio = r.get("ratio_vs_cublas")
-            print(f"{r['layout']} {r['shape']}: tk/cublas = "
-                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
-    print()
+    print_summary(rows, ["layout"], "cublas", "cuBLAS", lambda r: r["layout"])
     for layout in args.layouts:
         meta = {"metric": "tflops", "dtype": "bfloat16", "out_dtype": "bfloat16",
                 "accumulate": "float32", "flops": "2*M*N*K", "layouts": [layout],
@@ -298,10 +388,53 @@ def main(argv=None) -> int:
                 "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
         P.write_results(result_name(layout, args.quick),
                         [r for r in rows if r["layout"] == layout], meta, args.out_dir)
+    report_not_ok(rows)
+    return 0
+
+
+def main_fp8(args, timing: dict) -> int:
+    """The fp8 rows: every shape, tk_mlir vs torch._scaled_mm."""
+    impls = make_fp8_impls(args.impl_names)
+    for name, fn, why in impls:
+        if fn is None:
+            print(f"{name}: missing ({why})")
+    rows = []
+    for M, N, K in args.shapes:
+        rows += bench_fp8_shape(M, N, K, impls, timing)
+    print_summary(rows, [], "cublaslt", "cuBLASLt", lambda r: "fp8")
+    meta = {"metric": "tflops", "dtype": "float8_e4m3fn", "out_dtype": "bfloat16",
+            "scales": "per tensor (f32)", "accumulate": "float32 (fp8 tensor-core accumulation)",
+            "flops": "2*M*N*K", "layouts": ["nk"],
+            "layout_meaning": "C = (A @ B.T) * scale_a * scale_b, B is N x K",
+            "peer": "torch._scaled_mm(use_fast_accum=True); cublaslt_exact: =False",
+            "tol": "2e-3 + 2.5e-6 * K", "check": f"rel. Frobenius error vs float32 of the dequantized "
+                                     f"inputs on all rows up to M={FULL_CHECK_ROWS}, else "
+                                     f"~{CHECK_ROWS} rows at an odd stride; NaN anywhere fails",
+            "timing": timing, "quick": args.quick}
+    P.write_results("gemm-fp8" + ("-quick" if args.quick else ""), rows, meta, args.out_dir)
+    report_not_ok(rows)
+    return 0
+
+
+def print_summary(rows: list[dict], first_cols: list[str], peer: str, peer_title: str,
+                  label) -> None:
+    """The table of rows, then tk_mlir's ratio to the peer per shape (label(row) first)."""
+    key = f"ratio_vs_{peer}"
+    cols = [*first_cols, "shape", "impl", "ms", ("tflops", "TFLOP/s"),
+            (key, f"vs {peer_title}"), ("rel_err", "rel err"), "status"]
+    print("\n" + P.markdown_table(rows, cols) + "\n")
+    for r in rows:
+        if r["impl"] == "tk_mlir":
+            ratio = r.get(key)
+            print(f"{label(r)} {r['shape']}: tk/{peer} = "
+                  + (f"{ratio:.2f}" if ratio else f"— ({r['status']})"))
+    print()
+
+
+def report_not_ok(rows: list[dict]) -> None:
     bad = [f"{r['layout']} {r['shape']} {r['impl']}" for r in rows if r["status"] != "ok"]
     if bad:  # said last so it is not lost in the log; exit 0 so chained runs go on
         print("NOT OK: " + "; ".join(bad))
-    return 0
 
 
 if __name__ == "__main__":

@@ -113,6 +113,12 @@ BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCTIONS = ("sum", "max", "min")
 AXES = ("row", "col")
 CACHE_HINTS = ("normal", "stream")   # optional `cache` attribute of tk.load / tk.store
+
+
+def wgmma_k(dtype: str) -> int:
+    """The K of one wgmma instruction (tk.mma) on `dtype` operands: 32 bytes
+    of each operand row, k16 for 16-bit types, k32 for fp8."""
+    return 32 // T.itemsize(dtype)
 LOGICAL = ("and", "or", "xor")       # elementwise on bool (masks) and i32 tiles
 # tk.cmp predicates -> (arith.CmpIPredicate: signed ints, arith.CmpFPredicate:
 # ordered, but `ne` unordered: NaN != x is true, as in Python).

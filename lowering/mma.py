@@ -7,11 +7,12 @@ swizzled tiles are column blocks of S = swizzle bytes per row, 8-row swizzle
 atoms of 8*S bytes, bases aligned to the atom (passes/smem.py):
 
   K-major (rows = M or N, columns = K):   SBO = 8*S between 8-row groups; LBO
-      unused. A k16 step moves 32 bytes along the row, a 64-row step 64*S.
+      unused. One instruction's K (k16 of 16-bit types, k32 of fp8) is 32
+      bytes of a row: a K step moves 32 bytes along it, a 64-row step 64*S.
   MN-major (rows = K, columns = M or N):  LBO = rows*S between column blocks
       (block_cols M/N elements each), SBO = 8*S between 8-row groups of K.
       A k16 step moves 16 rows (16*S bytes), a 64-column step 64/block_cols
-      column blocks.
+      column blocks. (16-bit types only: wgmma reads 8-bit types K-major.)
 
 The accumulator is the `row` layout fragment; its registers for 64 rows are,
 in order, the wgmma accumulator registers (lowering/../dialects/layout.py,
@@ -27,7 +28,8 @@ from .context import LoweringContext, build_vector, c64, i32, i64, in_place, low
 from .fragments import Fragment, SharedRef
 
 _SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
-_WGMMA_TYPE = {"bf16": nvvm.WGMMATypes.bf16, "f16": nvvm.WGMMATypes.f16}
+_WGMMA_TYPE = {"bf16": nvvm.WGMMATypes.bf16, "f16": nvvm.WGMMATypes.f16,
+               "f8e4m3": nvvm.WGMMATypes.e4m3, "f8e5m2": nvvm.WGMMATypes.e5m2}
 
 
 def _descriptor_bits(st: T.ST, k_major: bool) -> int:
@@ -39,10 +41,9 @@ def _descriptor_bits(st: T.ST, k_major: bool) -> int:
 
 
 def _offset(st: T.ST, k_major: bool, k_step: int, mn_step: int) -> int:
-    """Byte offset of the (mn_step-th 64-wide, k_step-th 16-deep) operand block."""
-    isz = T.itemsize(st.dtype)
+    """Byte offset of the (mn_step-th 64-wide, k_step-th instruction-K-deep) operand block."""
     if k_major:
-        k_bytes = 16 * k_step * isz
+        k_bytes = tk.wgmma_k(st.dtype) * T.itemsize(st.dtype) * k_step
         block, inner = divmod(k_bytes, st.block_bytes)
         return block * st.rows * st.block_bytes + inner + 64 * mn_step * st.block_bytes
     return 16 * k_step * st.block_bytes + (64 * mn_step // st.block_cols) * st.rows * st.block_bytes
@@ -139,22 +140,24 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     a_t = T.parse(op.a.type)
     k = a_t.rows if trans_a else a_t.cols
     n = t.cols
+    b_t = T.parse(op.b.type)
     ctx.in_flight[op.result] = ctx.depth
     if isinstance(a_ref, Fragment):
         return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b)
     da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
-    shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
+    k_step = tk.wgmma_k(a_t.dtype)
+    shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
     layout_b = nvvm.MMALayout.row if trans_b else nvvm.MMALayout.col
-    dtype = _WGMMA_TYPE[a_t.dtype]
+    type_a, type_b = _WGMMA_TYPE[a_t.dtype], _WGMMA_TYPE[b_t.dtype]
     per_block = n // 2                       # accumulator registers per 64 rows
     nvvm.wgmma_fence_aligned()
     regs = list(acc.regs)
     for mb in range(t.rows // 64):
         d = _pack(regs[mb * per_block:(mb + 1) * per_block])
-        for ks in range(k // 16):
+        for ks in range(k // k_step):
             d = nvvm.wgmma_mma_async(
-                _struct(per_block), d, da.at(ks, mb), db.at(ks), shape, dtype, dtype,
+                _struct(per_block), d, da.at(ks, mb), db.at(ks), shape, type_a, type_b,
                 nvvm.WGMMATypes.f32, nvvm.WGMMAScaleOut.one, nvvm.WGMMAScaleIn.one,
                 nvvm.WGMMAScaleIn.one, layout_a, layout_b)
         regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)

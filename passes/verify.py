@@ -179,7 +179,8 @@ def _common(op, operands, results, num_warps: int) -> None:
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
-                 f"not lowered yet: fp8 can be declared (tk.gl[tk.f8e4m3]) but not loaded, "
+                 f"not lowered yet: fp8 moves between global and shared memory by TMA and "
+                 f"feeds tk.mma_ABt from shared tiles, but is not loaded into registers, "
                  f"converted or computed with")
 
 
@@ -478,22 +479,29 @@ def slice_registers(src: T.RT, sub: T.RT, row: int, col: int, num_warps: int):
     return None if None in picked else picked
 
 
-MMA_DTYPES = ("bf16", "f16")
+MMA_DTYPES = ("bf16", "f16")      # a and b of one dtype; A from shared memory or registers
+FP8_DTYPES = ("f8e4m3", "f8e5m2")  # any pair of them; A and B from shared memory, K-major
 
 
 def _check_mma(op, acc, a, b) -> None:
     """The wgmma shapes: per warpgroup M = 64 x m, N from 8 to 256 in steps
-    of 8 (16 here: the accumulator layout), K a multiple of 16."""
+    of 8 (16 here: the accumulator layout), K a multiple of the instruction's
+    (16 for 16-bit types, 32 for fp8)."""
     ta, tb = bool(op.trans_a), bool(op.trans_b)
     _require(isinstance(acc, T.RT) and acc.dtype == "f32" and acc.scope == "warpgroup" and
              acc.layout == "row", f"mma: the accumulator must be an f32 tile of warpgroup scope "
              f"in the row layout, got {_show(acc)}")
     (m, k_a), (k_b, n) = ((a.cols, a.rows) if ta else (a.rows, a.cols),
                           (b.rows, b.cols) if tb else (b.cols, b.rows))
-    _require(a.dtype == b.dtype and a.dtype in MMA_DTYPES, f"mma: a and b must both be bf16 or "
-             f"both f16, got {a.dtype} and {b.dtype} (fp8 wgmma is not lowered yet)")
-    _require(k_a == k_b and k_a % 16 == 0, f"mma: the K extents of a ({_show(a)}) and b "
-             f"({_show(b)}) must agree and be a multiple of 16, got {k_a} and {k_b}")
+    fp8 = a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES
+    _require(fp8 or (a.dtype == b.dtype and a.dtype in MMA_DTYPES), f"mma: a and b must both "
+             f"be bf16, both f16, or both fp8 (f8e4m3/f8e5m2, in any pair), got {a.dtype} and "
+             f"{b.dtype}")
+    if fp8:
+        _check_fp8_mma(op, a, b)
+    k_inst = tk.wgmma_k(a.dtype)
+    _require(k_a == k_b and k_a % k_inst == 0, f"mma: the K extents of a ({_show(a)}) and b "
+             f"({_show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
     _require((acc.rows, acc.cols) == (m, n), f"mma: a {m}x{k_a} by {k_b}x{n} product does not "
              f"fit the {acc.rows}x{acc.cols} accumulator")
     _require(m % 64 == 0, f"mma: M must be a multiple of 64 (one wgmma per 64 rows), got {m}")
@@ -506,6 +514,21 @@ def _check_mma(op, acc, a, b) -> None:
     for what, t in (("a", a), ("b", b)):
         _require(isinstance(t, T.RT) or t.swizzle != 0, f"mma: {what} ({_show(t)}) must be a "
                  f"swizzled shared tile (swizzle=128, 64 or 32): wgmma reads the swizzled layouts")
+
+
+def _check_fp8_mma(op, a, b) -> None:
+    """wgmma on 8-bit types has no transpose: both operands are read K-major
+    (A as M x K, B as N x K, rows along K), both from shared memory."""
+    _require(not op.trans_a and not op.trans_b, f"mma: fp8 wgmma reads both operands K-major "
+             f"(it has no transpose for 8-bit types): use tk.mma_ABt with a as M x K and b as "
+             f"N x K, got tk.{_MMA_NAME[bool(op.trans_a), bool(op.trans_b)]} "
+             f"({_show(a)}, {_show(b)}); lay the operands out K-major in memory")
+    _require(isinstance(a, T.ST), f"mma: fp8 wgmma reads a from shared memory, not from "
+             f"registers ({_show(a)})")
+
+
+_MMA_NAME = {(False, False): "mma_ABt", (False, True): "mma_AB", (True, False): "mma_AtBt",
+             (True, True): "mma_AtB"}
 
 
 def check_op(op: ir.OpView, num_warps: int) -> None:

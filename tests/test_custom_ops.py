@@ -26,10 +26,12 @@ gpu = pytest.mark.gpu
 def test_ops_are_registered_with_their_schemas():
     import tk_mlir.kernels.ops  # noqa: F401
     schemas = {name: str(getattr(torch.ops.tk_mlir, name).default._schema)
-               for name in ("matmul", "rms_norm", "layer_norm", "attention")}
+               for name in ("matmul", "scaled_matmul", "rms_norm", "layer_norm", "attention")}
     assert schemas == {
         "matmul": 'tk_mlir::matmul(Tensor a, Tensor b, str b_layout="nk", '
                   'ScalarType? out_dtype=None) -> Tensor',
+        "scaled_matmul": "tk_mlir::scaled_matmul(Tensor a, Tensor b, Tensor scale_a, "
+                         "Tensor scale_b, ScalarType out_dtype) -> Tensor",
         "rms_norm": "tk_mlir::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
         "layer_norm": "tk_mlir::layer_norm(Tensor x, Tensor weight, Tensor bias, float eps) "
                       "-> Tensor",

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPORT_COST = """\
 import json, sys
 import tk_mlir.kernels as k
-from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm
+from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm, scaled_matmul
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlir", "numpy"))))
 """
 
@@ -37,13 +37,14 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
     import tk_mlir.kernels.flash_attention  # noqa: F401  modules bind nothing over the functions
     import tk_mlir.kernels.gemm             # noqa: F401
     import tk_mlir.kernels.norms            # noqa: F401
+    import tk_mlir.kernels.scaled_gemm      # noqa: F401
     from tk_mlir import kernels
-    from tk_mlir.kernels import attention, layer_norm, matmul, rms_norm
-    assert [f.__name__ for f in (matmul, rms_norm, layer_norm, attention)] == \
-        ["matmul", "rms_norm", "layer_norm", "attention"]
+    from tk_mlir.kernels import attention, layer_norm, matmul, rms_norm, scaled_matmul
+    assert [f.__name__ for f in (matmul, rms_norm, layer_norm, attention, scaled_matmul)] == \
+        ["matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"]
     assert kernels.matmul is matmul and sorted(kernels.__all__) == \
-        ["attention", "layer_norm", "matmul", "rms_norm"]
-    assert {"matmul", "rms_norm", "layer_norm", "attention"} <= set(dir(kernels))
+        ["attention", "layer_norm", "matmul", "rms_norm", "scaled_matmul"]
+    assert {"matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"} <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'softmax'"):
         kernels.softmax
 

@@ -6,7 +6,9 @@ layout (the wgmma accumulator fragment), 64 rows per warpgroup call, N from
 either such a shared tile or (mma_AB, mma_ABt) a bf16/f16 register tile of
 warpgroup scope in the `row` layout (the wgmma A fragment), e.g. the
 probabilities of an attention kernel.
-Each call issues the K/16 wgmma instructions of the product after a
+fp8 (f8e4m3, f8e5m2, in any pair) takes the mma_ABt form only, both operands
+shared tiles: wgmma reads 8-bit operands K-major, with no transpose.
+Each call issues the K/16 (fp8: K/32) wgmma instructions of the product after a
 wgmma.fence and closes them with a commit: it is asynchronous, and the
 accumulator may be read only after tk.mma_wait() (pending=1 lets the
 newest group run on while the previous one is known complete).

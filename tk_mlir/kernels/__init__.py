@@ -1,9 +1,10 @@
 """The kernel library: ready kernels on torch tensors, each the readable
 tk_mlir source of its kernel beside a checked, torch-facing wrapper.
 
-    from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm
+    from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm, scaled_matmul
 
     c = matmul(a, b)                       # A @ B.T, B given as N x K
+    c = scaled_matmul(a8, b8, sa, sb)      # fp8 (A @ B) * scales, as torch._scaled_mm
     y = rms_norm(x, weight)                # x / rms(x) * weight, per row
     y = layer_norm(x, weight, bias)        # (x - mean) / std * weight + bias
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
@@ -26,6 +27,7 @@ import sys
 # submodule binds it on the package, and would shadow the function.
 _LAZY = {
     "matmul": ".gemm",
+    "scaled_matmul": ".scaled_gemm",
     "rms_norm": ".norms",
     "layer_norm": ".norms",
     "attention": ".flash_attention",

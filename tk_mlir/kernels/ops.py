@@ -1,6 +1,7 @@
 """The library's kernels as torch custom ops, namespace `tk_mlir`:
 
     torch.ops.tk_mlir.matmul(a, b, b_layout="nk", out_dtype=None) -> c
+    torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
     torch.ops.tk_mlir.attention(q, k, v, causal, scale) -> (o, lse)
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from tk_mlir.kernels import checks, flash_attention, gemm, norms
+from tk_mlir.kernels import checks, flash_attention, gemm, norms, scaled_gemm
 
 
 # ------------------------------------------------------------------ matmul
@@ -54,6 +55,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "nk",
 def _(a, b, b_layout="nk", out_dtype=None):
     return a.new_empty(gemm.output_shape(a, b, b_layout),
                        dtype=a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.custom_op("tk_mlir::scaled_matmul", mutates_args=())
+def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                  scale_b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """(a @ b) * scale_a * scale_b for fp8 a (M x K row-major) and b (K x N
+    column-major), into a new (M, N) tensor of out_dtype (bf16, f16 or f32); see
+    scaled_gemm.scaled_matmul."""
+    scaled_gemm.check(a, b, scale_a, scale_b, out_dtype)
+    return scaled_gemm.launch(a, b, scale_a, scale_b, out_dtype)
+
+
+@scaled_matmul.register_fake
+def _(a, b, scale_a, scale_b, out_dtype):
+    return a.new_empty(scaled_gemm.output_shape(a, b), dtype=out_dtype)
 
 
 # ------------------------------------------------------------------- norms

@@ -1,0 +1,203 @@
+"""The fp8 GEMM (tk_mlir.kernels.scaled_gemm) without a GPU: its PTX (wgmma
+k32 on e4m3/e5m2, TMA, setmaxnreg), the ptxas report (no spills, no wgmma
+serialization), and scaled_matmul's argument checks, which run before
+anything reaches the GPU, so CPU tensors show them. Numerics on the GPU:
+test_scaled_gemm_gpu.py."""
+import importlib
+import re
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir.runtime.toolchain import find_tool
+
+# The module (the package's name `scaled_matmul` is the function).
+scaled_gemm = importlib.import_module("tk_mlir.kernels.scaled_gemm")
+PTX_TYPE = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}
+HAS_NVDISASM = find_tool("nvdisasm") is not None
+
+
+def compile_kernel(a="f8e4m3", b="f8e4m3", out="bf16", col_scale=True, config=0,
+                   M=384, N=512, K=640):
+    return scaled_gemm.scaled_gemm_kernel.compile(
+        tk.spec((M, K), a), tk.spec((N, K), b), tk.spec((M, N), out), tk.spec((M,), "f32"),
+        tk.spec((N,), "f32"), COL_SCALE=col_scale, config=config)
+
+
+@pytest.fixture(scope="module", params=[("f8e4m3", "f8e4m3", "bf16", True, 0),
+                                        ("f8e4m3", "f8e5m2", "f32", True, 0),
+                                        ("f8e5m2", "f8e4m3", "bf16", False, 2)],
+                ids=lambda p: "-".join(map(str, p)))
+def kernel(request, tmp_path_factory):
+    a, b, out, col_scale, config = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TK_MLIR_CACHE_DIR", str(tmp_path_factory.mktemp("fp8-cache")))
+        return request.param, compile_kernel(a, b, out, col_scale, config)
+
+
+def test_ptx_has_fp8_wgmma_tma_and_warp_specialization(kernel):
+    (a, b, out, col_scale, config), compiled = kernel
+    ptx = compiled.asm["ptx"]
+    bn = 128 if config == 2 else 256
+    wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", ptx))
+    assert wgmma == {f"m64n{bn}k32.f32.{PTX_TYPE[a]}.{PTX_TYPE[b]}"}
+    # BK = 128 bytes of K per stage: four k32 wgmmas per group (LLVM may
+    # duplicate the loop body, so count per group).
+    groups = re.findall(r"wgmma\.fence\.sync\.aligned;(.*?)wgmma\.commit_group", ptx, re.S)
+    assert groups and all(g.count("wgmma.mma_async") == 4 for g in groups)
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
+    # Each stage expects its A (128 x 128) and B (BN x 128) bytes.
+    assert re.search(rf"mov\.b32\s+%r\d+, {128 * 128 + bn * 128};", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40", ptx)
+    # Operand boxes: 128 one-byte columns (a 128-byte swizzled row) by the tile's rows.
+    maps = sorted(compiled.tensor_maps)
+    assert maps[:2] == [(0, 128, 128, 128, a), (1, bn, 128, 128, b)]
+    stores = ptx.count("cp.async.bulk.tensor.2d.global.shared::cta")
+    assert (stores > 0) == (out == "bf16") == (len(maps) == 3)
+
+
+def test_ptxas_no_spills_no_serialization(kernel):
+    _, compiled = kernel
+    info, log = compiled.info, compiled.ptxas_log
+    assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0, log
+    assert "C75" not in log, log      # setmaxnreg ignored (C7508), wgmma serialized (C7514), ...
+    assert info["dynamic shared memory (bytes)"] <= 227 * 1024
+
+
+@pytest.mark.skipif(not HAS_NVDISASM, reason="nvdisasm not installed")
+def test_sass_qgmma_utma_and_no_serialization_loop(kernel):
+    (a, b, _, _, config), compiled = kernel
+    sass = compiled.asm["sass"]
+    bn = 128 if config == 2 else 256
+    assert f"QGMMA.64x{bn}x32.F32.{PTX_TYPE[a].upper()}.{PTX_TYPE[b].upper()}" in sass
+    assert "UTMALDG.2D" in sass and "USETMAXREG" in sass
+    assert "BRA.U.ANY" not in sass          # TMA issued under elect.sync, no loop
+
+
+def test_scales_are_applied_in_the_epilogue(kernel):
+    """The row scales once per tile (a vector of 64 rows per consumer), the
+    column scales, with COL_SCALE, slice by slice as the tile leaves."""
+    (_, _, _, col_scale, _), compiled = kernel
+    tk_ir = compiled.asm["tk"]
+    broadcasts = re.findall(r'"tk.broadcast".*?axis = "(\w+)".*?kind = "(\w+)"', tk_ir)
+    assert ("row", "mul") in broadcasts
+    assert (("col", "mul") in broadcasts) == col_scale
+
+
+# ------------------------------------------------------- argument checks
+
+torch = pytest.importorskip("torch")
+from tk_mlir.kernels import scaled_matmul  # noqa: E402
+
+e4m3, e5m2, f32, bf16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float32, torch.bfloat16
+
+
+def fp8(*shape, dtype=e4m3):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def col_major(k, n, dtype=e4m3):
+    return fp8(n, k, dtype=dtype).t()
+
+
+ONE = torch.ones(())
+
+REJECTED = {
+    "a not a tensor": (lambda: scaled_matmul([[1.0]], col_major(16, 8), ONE, ONE), TypeError,
+                       r"scaled_matmul: a must be a torch.Tensor, got list"),
+    "a bf16": (lambda: scaled_matmul(torch.zeros(8, 16, dtype=bf16), col_major(16, 8), ONE, ONE),
+               TypeError, r"scaled_matmul: a must be torch.float8_e4m3fn or "
+                          r"torch.float8_e5m2, got torch.bfloat16"),
+    "b 3-D": (lambda: scaled_matmul(fp8(8, 16), fp8(2, 16, 8), ONE, ONE), ValueError,
+              r"scaled_matmul: b must be 2-D, got shape \(2, 16, 8\)"),
+    "inner dims": (lambda: scaled_matmul(fp8(8, 16), col_major(32, 8), ONE, ONE), ValueError,
+                   r"inner dimensions differ: a is \(8, 16\) \(M x K\), b is \(32, 8\) "
+                   r"\(K x N\)"),
+    "a column-major": (lambda: scaled_matmul(fp8(16, 8).t(), col_major(16, 8), ONE, ONE),
+                       ValueError, r"a must be row-major \(M x K, stride 1 along K\), got "
+                                   r"strides \(1, 8\)"),
+    "b row-major": (lambda: scaled_matmul(fp8(8, 16), fp8(16, 8), ONE, ONE), ValueError,
+                    r"b must be column-major \(K x N, stride 1 along K: b = bt.t\(\)"),
+    "K % 16": (lambda: scaled_matmul(fp8(8, 24), col_major(24, 8), ONE, ONE), ValueError,
+               r"K \(a.shape\[1\]\) must be a multiple of 16, as torch._scaled_mm requires"),
+    "out_dtype fp8": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), ONE, ONE,
+                                            out_dtype=e4m3), TypeError,
+                      r"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got "
+                      r"torch.float8_e4m3fn"),
+    "N % 8 for bf16": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 12), ONE, ONE),
+                       ValueError, r"N \(b.shape\[1\]\) must be a multiple of 8 for "
+                                   r"out_dtype=torch.bfloat16"),
+    "N % 4 for f32": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 6), ONE, ONE,
+                                            out_dtype=f32), ValueError,
+                      r"must be a multiple of 4 for out_dtype=torch.float32 .*got 6"),
+    "scale_a a float": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), 1.0, ONE), TypeError,
+                        r"scale_a must be a torch.Tensor, got float"),
+    "scale_a bf16": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8),
+                                           torch.ones((), dtype=bf16), ONE), TypeError,
+                     r"scale_a must be torch.float32, got torch.bfloat16"),
+    "scale_a shape": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), torch.ones(8), ONE),
+                      ValueError, r"scale_a must have shape \(\) or \(1,\) \(per tensor\) or "
+                                  r"\(8, 1\) \(M x 1: one per row of a\), got \(8,\)"),
+    "scale_b shape": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), ONE,
+                                            torch.ones(8, 1)), ValueError,
+                      r"scale_b must have shape \(\) or \(1,\) \(per tensor\) or \(1, 8\) "
+                      r"\(1 x N: one per column of b\), got \(8, 1\)"),
+    "on the CPU": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8, dtype=e5m2),
+                                         torch.ones(8, 1), torch.ones(1)), ValueError,
+                   r"scaled_matmul: a must be on a CUDA device, got cpu"),
+}
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_scaled_matmul_rejects_bad_arguments_before_the_gpu(case):
+    call, error, pattern = REJECTED[case]
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_scaled_matmul_fake():
+    import tk_mlir.kernels.ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        a = torch.empty(100, 64, dtype=e4m3, device="cuda")
+        b = torch.empty(48, 64, dtype=e5m2, device="cuda").t()
+        s = torch.empty((), dtype=f32, device="cuda")
+        for out_dtype in (bf16, f32):
+            c = torch.ops.tk_mlir.scaled_matmul(a, b, s, s, out_dtype)
+            assert (c.shape, c.dtype, c.stride(), c.device.type) == \
+                ((100, 48), out_dtype, (48, 1), "cuda")
+
+
+def test_scale_vectors_are_whole_16_byte_rows():
+    """A per-tensor scale goes into the row scales (one multiply); rowwise
+    ones pass as they are, padded to a multiple of 4 rows where needed."""
+    sa, sb = torch.tensor(2.0), torch.tensor([3.0])
+    rows, cols = scaled_gemm._scale_vectors(sa, sb, 5, 8)
+    assert cols is None and rows.tolist() == [6.0] * 8 and rows.is_contiguous()
+    ra, rb = torch.arange(5.0).reshape(5, 1), torch.arange(8.0).reshape(1, 8)
+    rows, cols = scaled_gemm._scale_vectors(ra, rb, 5, 8)
+    assert rows.tolist() == [0, 1, 2, 3, 4, 0, 0, 0] and cols.tolist() == list(range(8))
+    rows, cols = scaled_gemm._scale_vectors(ra, sb, 5, 8)
+    assert cols is None and rows.tolist() == [0, 3, 6, 9, 12, 0, 0, 0]
+    rows, cols = scaled_gemm._scale_vectors(sa, rb, 4, 8)
+    assert rows.tolist() == [2.0] * 4 and rows.is_contiguous() and cols.tolist() == list(range(8))
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, a, bt, sa, sb):
+        return scaled_matmul(a, bt.t(), sa, sb, out_dtype=f32)
+
+
+def test_dynamo_traces_scaled_matmul_into_its_op():
+    """torch.export (strict: a graph break fails): the wrapper's checks run
+    on fake tensors, the launch and the scale vectors stay inside the op."""
+    import tk_mlir.kernels.ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        args = (torch.empty(64, 128, dtype=e4m3, device="cuda"),
+                torch.empty(32, 128, dtype=e4m3, device="cuda"),
+                torch.empty(64, 1, device="cuda"), torch.empty(1, 32, device="cuda"))
+        graph = torch.export.export(_Scaled(), args, strict=True).graph
+    targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if t.startswith("tk_mlir.")] == ["tk_mlir.scaled_matmul.default"]

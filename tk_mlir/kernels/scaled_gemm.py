@@ -1,0 +1,197 @@
+"""scaled_matmul: an fp8 Hopper GEMM with scales, as torch._scaled_mm.
+
+C = (A @ B) * scale_a * scale_b for A (M x K) and B (K x N) in fp8 (e4m3 or
+e5m2), B given column-major (its transpose Bt, N x K, contiguous: the layout
+of a Linear weight), f32 accumulation, bf16, f16 or f32 output. The scales are
+per tensor (one value each) or per row of A (M) and per column of B (N).
+
+The kernel is the bf16 GEMM's (gemm.py: TMA ring, two consumer warpgroups on
+wgmma, a producer warpgroup, a persistent grid in L2-friendly groups) with
+8-bit operands: wgmma reads them K-major only, so A and Bt both arrive with
+K along their 128-byte swizzled rows, BK = 128 elements deep per stage, and
+k32 instructions, accumulating in wgmma's f32 accumulator only, as
+torch._scaled_mm(use_fast_accum=True) does (wgmma adds fp8 products with
+fewer bits than f32; torch's default promotes partial sums on the side).
+The scales are applied to the f32 accumulator in the epilogue: the row scale for the whole tile, the column scale EPI_N columns at
+a time (as the tile leaves), from plain vector loads.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
+
+
+@tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
+                      tk.Config(BN=128, STAGES=6)],
+             key=["A", "Bt", "C", "COL_SCALE"])
+@tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
+def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[f32],
+                       COL_SCALE: tk.constexpr = True, BM: tk.constexpr = 128,
+                       BN: tk.constexpr = 256, BK: tk.constexpr = 128,
+                       STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
+                       EPI_N: tk.constexpr = 128):
+    """C = (A @ Bt.T) * SA[row] (* SB[col] with COL_SCALE) for fp8 A (M x K)
+    and Bt (N x K); SA has at least M values, SB (read with COL_SCALE) N."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
+    WG_M = BM // 2                          # rows per consumer warpgroup
+    # 16-bit results leave through a staging tile per consumer and TMA
+    # stores, EPI_N columns at a time; f32 ones from registers.
+    TMA_STORE = C.dtype != "f32"
+    EPI_N = min(EPI_N, BN)
+    assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
+    if TMA_STORE:
+        c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
+
+    def load(task, k, a, b, sem):
+        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
+        tk.tma.load_async(a, A, (m, k), sem)
+        tk.tma.load_async(b, Bt, (n, k), sem)
+
+    def setup(task, wg):
+        return tk.zeros((WG_M, BN), f32, layout="row", scope="warpgroup")
+
+    def compute(acc, wg, a, b):
+        return tk.mma_ABt(acc, a.subtile(wg, WG_M), b)
+
+    def finish(acc, task, wg):
+        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
+        acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
+        # One elected thread stores the whole tile: with an election per store
+        # (and column scales) ptxas put the producer's TMA loads in a
+        # serialization loop (BRA.U.ANY; why is not pinned down).
+        leader = tk.elect_leader("warpgroup")
+        for h in tk.static_range(BN // EPI_N):
+            col = n * (BN // EPI_N) + h
+            part = acc.slice(cols=(h * EPI_N, EPI_N))
+            if COL_SCALE:    # a slice at a time: a whole row's scales would cost BN/4 registers
+                part = part.mul_col(tk.load(SB, (col,), (EPI_N,), scope="warpgroup"))
+            out = part.to(C.dtype)
+            if TMA_STORE:
+                tk.tma.store_wait(0)                 # the last store has read c_tiles[wg]
+                tk.named_barrier(1 + wg, warps=4)
+                tk.store(c_tiles[wg], out)
+                tk.named_barrier(1 + wg, warps=4)    # all of it written
+                if leader:
+                    tk.tma.store_async(C, c_tiles[wg], (2 * m + wg, col))
+                    tk.tma.store_commit()
+            else:
+                tk.store(C, out, (2 * m + wg, col))
+
+    tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (Bt.dtype, (BN, BK), 128)],
+           load, setup, compute, finish, stages=STAGES)
+
+
+def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
+    """(a @ b) * scale_a * scale_b in f32, returned as out_dtype, as
+    torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype) computes it.
+
+    a: (M, K) row-major, b: (K, N) column-major (b = bt.t() for a contiguous
+    (N, K) bt), each torch.float8_e4m3fn or torch.float8_e5m2 (any pair), on
+    one CUDA device; K a multiple of 16. scale_a, scale_b: torch.float32
+    tensors on that device (dequantization scales, multiplied in), each per
+    tensor (shape () or (1,)) or rowwise: per row of a (M, 1), per column of
+    b (1, N) (torch._scaled_mm takes both per tensor or both rowwise).
+    out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
+    N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors. Returns a new (M, N)
+    tensor. The autotuned kernel picks its configuration per shape on first use.
+
+    Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
+    (tk_mlir/kernels/ops.py); eager calls launch directly."""
+    import torch
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    check(a, b, scale_a, scale_b, out_dtype)
+    if not torch.compiler.is_compiling():
+        return launch(a, b, scale_a, scale_b, out_dtype)
+    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    return torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype)
+
+
+def check(a, b, scale_a, scale_b, out_dtype) -> None:
+    """The arguments of scaled_matmul, each rule with the argument that breaks it."""
+    import torch
+    fn, fp8 = "scaled_matmul", (torch.float8_e4m3fn, torch.float8_e5m2)
+    checks.tensor(fn, "a", a, ndim=2, dtypes=fp8)
+    checks.tensor(fn, "b", b, ndim=2, dtypes=fp8)
+    checks.like(fn, "b", b, "a", a, dtype=False)
+    (M, K), (Kb, N) = a.shape, b.shape
+    if Kb != K:
+        raise ValueError(f"{fn}: inner dimensions differ: a is {tuple(a.shape)} (M x K), "
+                         f"b is {tuple(b.shape)} (K x N)")
+    # wgmma reads 8-bit operands with K along memory rows only (no transpose).
+    if a.stride(1) != 1 and K > 1:
+        raise ValueError(f"{fn}: a must be row-major (M x K, stride 1 along K), got strides "
+                         f"{a.stride()}; pass a.contiguous()")
+    if b.stride(0) != 1 and K > 1:
+        raise ValueError(f"{fn}: b must be column-major (K x N, stride 1 along K: b = bt.t() "
+                         f"for a contiguous N x K bt), got strides {b.stride()}; pass "
+                         f"b.t().contiguous().t()")
+    if K % 16:
+        raise ValueError(f"{fn}: K (a.shape[1]) must be a multiple of 16, as torch._scaled_mm "
+                         f"requires (TMA reads rows of whole 16-byte vectors), got {K}")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{fn}: out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    per_row = 4 if out_dtype == torch.float32 else 8
+    if N % per_row:
+        raise ValueError(f"{fn}: N (b.shape[1]) must be a multiple of {per_row} for "
+                         f"out_dtype={out_dtype} (output rows of whole 16-byte vectors), "
+                         f"got {N}")
+    _scale(fn, "scale_a", scale_a, a, (M, 1), "M x 1: one per row of a")
+    _scale(fn, "scale_b", scale_b, a, (1, N), "1 x N: one per column of b")
+    checks.on_cuda(fn, "a", a)
+
+
+def _scale(fn: str, name: str, s, a, rowwise: tuple, what: str) -> None:
+    """A scale is an f32 tensor on a's device, per tensor or rowwise."""
+    import torch
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{fn}: {name} must be torch.float32, got {s.dtype}")
+    checks.like(fn, name, s, "a", a, dtype=False)
+    if tuple(s.shape) not in ((), (1,), rowwise):
+        raise ValueError(f"{fn}: {name} must have shape () or (1,) (per tensor) or "
+                         f"{rowwise} ({what}), got {tuple(s.shape)}")
+
+
+def output_shape(a, b) -> tuple[int, int]:
+    """(M, N) of the result for checked a, b."""
+    return a.shape[0], b.shape[1]
+
+
+def launch(a, b, scale_a, scale_b, out_dtype):
+    """scaled_gemm_kernel on checked tensors, into a new tensor."""
+    import torch
+    (M, K), N = a.shape, b.shape[1]
+    if not (M and N and K):
+        return torch.zeros((M, N), dtype=out_dtype, device=a.device)
+    c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    rows, cols = _scale_vectors(scale_a, scale_b, M, N)
+    # Without column scales SB is not read: rows stands in for it.
+    scaled_gemm_kernel[(num_sms(a.get_device()),)](
+        a, b.t(), c, rows, rows if cols is None else cols, COL_SCALE=cols is not None)
+    return c
+
+
+def _scale_vectors(scale_a, scale_b, M: int, N: int):
+    """(row scales, column scales or None) as the kernel reads them: f32
+    vectors whose length is a multiple of 4 (kernel tensors have rows of whole
+    16-byte vectors, so a 4-byte per-tensor scale cannot be passed as is). A
+    per-tensor scale goes into the row scales: one small elementwise kernel,
+    none when both scales are rowwise and M is a multiple of 4."""
+    import torch
+    rows4 = -(-M // 4) * 4
+    if scale_a.dim() < 2:                       # per tensor: a view, copied below
+        rows = scale_a.reshape(1).expand(rows4)
+    else:
+        rows = scale_a.reshape(M)
+        if M % 4:
+            rows = torch.nn.functional.pad(rows, (0, rows4 - M))
+    if scale_b.dim() < 2:
+        return rows * scale_b.reshape(1), None  # a new contiguous tensor
+    return rows.contiguous(), scale_b.reshape(N).contiguous()
