@@ -344,9 +344,13 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                                                       # (x2 stages at D=128)
 
     def task_of(task):
-        kv_blocks = tk.cdiv(N_KV, 128)
-        bh = task // kv_blocks
-        return bh // H_KV, bh % H_KV, task % kv_blocks
+        """(batch, K/V head, K/V block) of a task: heads inner for causal (the
+        longest tasks, first K/V blocks, first), K/V blocks inner otherwise
+        (blocks running together read the same Q and dO from L2)."""
+        heads = B * H_KV
+        bh = task % heads if CAUSAL else task // tk.cdiv(N_KV, 128)
+        kvb = task // heads if CAUSAL else task % tk.cdiv(N_KV, 128)
+        return bh // H_KV, bh % H_KV, kvb
 
     def first_q_block(kvb):
         """The first query block that sees a key of K/V block kvb."""
