@@ -158,6 +158,59 @@ def test_thread_varying_if():
     assert np.array_equal(y, ref)
 
 
+@tk.kernel(num_warps=4)
+def through_shared(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = tk.shared_tile(f32, (16, 64))
+    tk.copy(s, X, (tk.block_id(0), 0))
+    tk.store(Y, tk.load(s) * 2.0, (tk.block_id(0), 0))
+
+
+def test_copy_through_a_shared_tile():
+    x = np.random.default_rng().standard_normal((48, 64)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    through_shared.interpret[(3,)](x, y)
+    assert np.array_equal(y, 2 * x)
+
+
+# The warp-specialized kernels: a producer warpgroup's TMA loads into rings of
+# shared tiles, consumers' wgmma, semaphores, named barriers, persistent grids
+# (fewer blocks than tasks).
+
+@pytest.mark.parametrize("m, n, k, b_kn, out", [
+    (256, 256, 256, False, torch.bfloat16),      # TMA-store epilogue
+    (200, 136, 120, False, torch.float32),       # ragged edges, register epilogue
+    (256, 264, 192, True, torch.bfloat16),       # B given as K x N
+])
+def test_warp_specialized_gemm(m, n, k, b_kn, out):
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = torch.randn(m, k).to(torch.bfloat16)
+    b = torch.randn(k, n).to(torch.bfloat16) if b_kn else torch.randn(n, k).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"), dtype=out)
+    gemm_kernel.kernel.interpret[(2,)](a, b, c, B_KN=b_kn, BN=256, STAGES=4)
+    ref = a.double() @ (b.double() if b_kn else b.double().T)
+    assert rel_err(c.double().numpy(), ref.numpy()) < 8e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialized_attention_gqa(causal):
+    import math
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    B, H, H_KV, N, D = 1, 4, 2, 200, 64
+    q = torch.randn(B, H, N, D).to(torch.bfloat16)
+    k, v = (torch.randn(B, H_KV, N, D).to(torch.bfloat16) for _ in range(2))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, 208), float("nan"))
+    cfg, scale = _config(D), 1 / math.sqrt(D)
+    attention_kernel.interpret[(3,)](q, k, v, o, lse, scale * math.log2(math.e), D=D,
+                                     CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    kk, vv = (t.double().repeat_interleave(H // H_KV, 1) for t in (k, v))
+    s = q.double() @ kk.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(N, N).triu(1).bool(), float("-inf"))
+    assert rel_err(o.double().numpy(), (torch.softmax(s, -1) @ vv).numpy()) < 8e-3
+    assert rel_err(lse[..., :N].double().numpy(), torch.logsumexp(s, -1).numpy()) < 1e-5
+
+
 # ------------------------------------------------------------ arguments
 
 def test_arguments_are_checked_as_for_the_gpu():
@@ -174,16 +227,15 @@ def test_arguments_are_checked_as_for_the_gpu():
 # ----------------------------------------------------------------- errors
 
 @tk.kernel(num_warps=4)
-def through_shared(X: tk.gl[f32], Y: tk.gl[f32]):
-    s = tk.shared_tile(f32, (16, 64))         # MARK: unsupported
-    tk.copy(s, X, (0, 0))
-    tk.store(Y, tk.load(s), (0, 0))
+def in_a_cluster(X: tk.gl[f32]):
+    tk.use_cluster(2)                         # MARK: unsupported
+    tk.store(X, tk.load(X, (0, 0), (16, 64)) + 1.0, (0, 0))
 
 
 def test_unsupported_op_is_refused_at_its_line():
-    x = np.zeros((16, 64), np.float32)
-    with pytest.raises(InterpretError, match="does not model tk.alloc_st") as e:
-        through_shared.interpret[(1,)](x, x)
+    x = np.ones((16, 64), np.float32)
+    with pytest.raises(InterpretError, match="does not model tk.use_cluster") as e:
+        in_a_cluster.interpret[(2,)](x)
     assert (e.value.filename, e.value.line) == (str(HERE), line_of("MARK: unsupported"))
 
 

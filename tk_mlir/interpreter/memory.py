@@ -62,12 +62,19 @@ class GlobalArray:
             out[dst] = numerics.round_to(dtype, part)
         return out
 
-    def store(self, coords, tile: np.ndarray) -> None:
+    def store(self, coords, tile: np.ndarray, add: bool = False) -> None:
+        """Write tile at coords (add: add it to what is there, in f32, then
+        round: red.global.add and TMA reduce-add)."""
         window = self._window(coords, tile.shape)
         if window is None:
             return
         dst, src = window
-        part = numerics.round_to(self.dtype, tile[src])    # exact when the dtypes agree
+        value = tile[src]
+        if add:
+            old = self.obj[dst]
+            old = old.to(__import__("torch").float32).numpy() if self.is_torch else old
+            value = np.asarray(old, np.float32) + value
+        part = numerics.round_to(self.dtype, value)    # exact when the dtypes agree
         if self.is_torch:
             import torch
             self.obj[dst] = torch.from_numpy(np.ascontiguousarray(part)).to(self.obj.dtype)
