@@ -39,7 +39,13 @@ from __future__ import annotations
 from ..errors import ArgumentError
 from .machine import InterpretError
 
-__all__ = ["InterpretError", "launch"]
+__all__ = ["InterpretError", "launch", "SEED"]
+
+# Picks the interleaving of warps, the TMA delays and the elected lanes (a
+# run is reproducible); set it to try other schedules. Races are found by
+# happens-before whatever the schedule; a deadlock or a wrong value may show
+# under one schedule and not another.
+SEED = 0
 
 
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
@@ -57,7 +63,7 @@ def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
         runtime.append(arrays[i] if i in arrays else
                        (np.int32 if kind == "i32" else np.float32)(_scalar(values[i], kind,
                                                                            kernel.params[i])))
-    program.run(g, runtime)
+    program.run(g, runtime, SEED)
 
 
 def _scalar(v, kind: str, param):

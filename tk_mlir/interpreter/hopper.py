@@ -76,8 +76,8 @@ def _wait(op, num_warps):
                                   f"parity {p} ({s.state()})", loc)
         seen = s.completed - 1      # the phase this wait took as done
         key = (sem.alloc.key, sem.index)
-        last = w.seen.get(key)
-        if last is not None and seen - last >= 2:
+        last = w.seen.get(key, -1)     # (a fresh semaphore: phase -1 done)
+        if seen - last >= 2:
             raise error(loc, f"phase wrap-around: warp {w.index} waits at {at} for parity "
                              f"{p} on {s.describe()} and takes phase {seen} as done, but the "
                              f"last phase it waited for there was {last}: phase(s) "
