@@ -283,6 +283,29 @@ def test_block_exiting_with_tma_stores_outstanding():
     assert "exits with the TMA store issued here outstanding" in e.message
 
 
+def test_tma_store_of_a_thread_write_with_no_proxy_fence(monkeypatch):
+    """tk-proxy-fences fences every thread write an async-proxy read may
+    follow; without it (a compiler bug) the interpreter says so at the read."""
+    from tk_mlir.lowering import pipeline
+
+    @tk.kernel(num_warps=4)
+    def epilogue_unfenced(A: tk.gl, C: tk.gl):
+        stage = tk.shared_tile(A.dtype, (64, 64), swizzle=128)
+        tk.store(stage, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+        tk.named_barrier(1, warps=4)
+        if tk.elect_leader("warpgroup"):
+            tk.tma.store_async(C, stage, (0, 0))     # MARK: unfenced read
+            tk.tma.store_commit()
+        tk.tma.store_wait(0)
+
+    monkeypatch.setattr(pipeline, "TK_PASSES", tuple(
+        p for p in pipeline.TK_PASSES if p[0] != "tk-proxy-fences"))
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    e = report(epilogue_unfenced, a, torch.empty_like(a), seeds=[0])
+    assert e.line == line_of("MARK: unfenced read")
+    assert "has no proxy fence (fence.proxy.async) after it" in e.message
+
+
 # --------------------------------------------------------- named barriers
 
 @tk.kernel(num_warps=8)

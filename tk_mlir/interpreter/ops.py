@@ -105,18 +105,24 @@ def _load_shared(t, num_warps):
 @interprets("tk.store")
 def _store(op, num_warps):
     if not isinstance(T.parse(op.dst.type), T.GL):
-        return _store_shared(T.parse(op.value.type), num_warps)
+        return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
         dst.store(coords, value)
     return store
 
 
-def _store_shared(t, num_warps):
+def _fenced(op) -> bool:
+    """Whether tk-proxy-fences put a proxy fence after this thread write."""
+    from ..dialects import contracts
+    return contracts.PROXY_FENCE.get(op, False)
+
+
+def _store_shared(t, num_warps, fenced: bool):
     owners = shared.rows_by_warp(t, num_warps)
     def store(scope, dst, value, *coords):
         for k, w in enumerate(scope.warps):
             _check(scope, scope.shadow.write(dst, w.index, w.clock, scope.where,
-                                             "this store", rows=owners[k]))
+                                             "this store", rows=owners[k], unfenced=not fenced))
         scope.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
     return store
 
@@ -138,10 +144,12 @@ def _atomic_add(op, num_warps):
 def _copy(op, num_warps):
     # gl <-> st by the whole block (then a block barrier: the step joins the
     # warps' clocks around it). Recorded as warp 0's access.
+    fenced = _fenced(op)
     def copy(scope, dst, src, *coords):
         w = scope.warps[0]
         if isinstance(dst, shared.SharedRef):
-            _check(scope, scope.shadow.write(dst, w.index, w.clock, scope.where, "this copy"))
+            _check(scope, scope.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
+                                             unfenced=not fenced))
             scope.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
         else:
             _check(scope, scope.shadow.read(src, w.index, w.clock, scope.where, "this copy"))

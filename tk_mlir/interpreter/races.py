@@ -62,6 +62,7 @@ class Shadow:
             s = self.allocs[ref.alloc.key] = {
                 "w_slot": np.full(shape, -1, np.int64), "w_clock": np.zeros(shape, np.int64),
                 "w_where": np.full(shape, None, object),
+                "w_unfenced": np.zeros(shape, bool),    # a thread write, no proxy fence after
                 "r_clock": np.zeros((self.num_slots, *shape), np.int64),
                 "r_where": np.full((self.num_slots, *shape), None, object)}
         return s
@@ -96,12 +97,20 @@ class Shadow:
              rows=None, record: bool = True) -> str | None:
         """A read of ref by `warp` (clock: its vector clock) at `where`; the
         problem as a sentence, or None. Records the read (record=False: an
-        asynchronous reader, recorded when it completes: `read_done`)."""
+        asynchronous reader — wgmma, TMA store — recorded when it completes:
+        `read_done`)."""
         f = self._in_flight(ref, writes_only=True)
         if f is not None:
             return (f"{what} reads {ref.describe()} while the TMA load issued at {f.where} "
                     f"is still writing it: wait on the load's semaphore first")
         s, (idx, r) = self._of(ref), self._cells(ref, rows)
+        unfenced = s["w_unfenced"][idx, r]
+        if not record and unfenced.any():
+            k = np.flatnonzero(unfenced.ravel())[0]
+            return (f"{what} reads {ref.describe()} through the async proxy, but the "
+                    f"threads' write at {s['w_where'][idx, r].ravel()[k]} has no proxy fence "
+                    f"(fence.proxy.async) after it; tk-proxy-fences marks such writes, so "
+                    f"this is a compiler bug: please report it")
         slots, clocks = s["w_slot"][idx, r], s["w_clock"][idx, r]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():
@@ -127,9 +136,11 @@ class Shadow:
         s["r_where"][slot, idx, r] = where
 
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
-              rows=None, slot: int | None = None, epoch: int | None = None) -> str | None:
+              rows=None, slot: int | None = None, epoch: int | None = None,
+              unfenced: bool = False) -> str | None:
         """A write of ref at `where`, ordered after what `clock` covers; recorded as
-        by (slot, epoch) (default: the warp at its clock). The problem, or None."""
+        by (slot, epoch) (default: the warp at its clock); unfenced: a thread
+        write with no proxy fence after it. The problem, or None."""
         f = self._in_flight(ref, writes_only=False)
         if f is not None:
             until = {"wgmma": "its tk.mma_wait", "TMA store": "tk.tma.store_wait",
@@ -158,5 +169,6 @@ class Shadow:
         s["w_slot"][idx, r] = warp if slot is None else slot
         s["w_clock"][idx, r] = clock[warp] if epoch is None else epoch
         s["w_where"][idx, r] = where
+        s["w_unfenced"][idx, r] = unfenced
         s["r_clock"][:, idx, r] = 0
         return None
