@@ -66,17 +66,23 @@ def test_readme_softmax_through_the_environment(tmp_path):
     """TK_MLIR_INTERPRET=1 (read at a process's first launch): the example's
     launch (kernel[grid]) interprets, on CPU torch tensors, written in place;
     a ragged row (-inf fill)."""
+    script = SOFTMAX_UNDER_THE_ENVIRONMENT.format(examples=str(ROOT / "examples"))
+    assert under_the_environment(script, tmp_path) < 1e-6
+
+
+def under_the_environment(script: str, tmp_path) -> float:
+    """Run `script` in a child process under TK_MLIR_INTERPRET=1 (read once per
+    process); the number its last line prints."""
     import os
     import subprocess
-    root = Path(__file__).resolve().parents[1]
-    script = tmp_path / "run.py"
-    script.write_text(SOFTMAX_UNDER_THE_ENVIRONMENT.format(examples=str(root / "examples")))
-    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(root),
+    path = tmp_path / "run.py"
+    path.write_text(script)
+    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(ROOT),
            "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-6
+    return float(proc.stdout.strip().splitlines()[-1])
 
 
 def _bf16(t: torch.Tensor) -> np.ndarray:
@@ -237,16 +243,7 @@ def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
     persistent kernels get a grid of interpreter.SMS simulated SMs; the
     autotuned GEMM runs its first config; attention's backward (dQ by
     red.global.add) runs through autograd."""
-    import os
-    import subprocess
-    script = tmp_path / "run.py"
-    script.write_text(LIBRARY_UNDER_THE_ENVIRONMENT)
-    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip().splitlines()[-1]) < 8e-3
+    assert under_the_environment(LIBRARY_UNDER_THE_ENVIRONMENT, tmp_path) < 8e-3
 
 
 # ------------------------------------------------------------ arguments
@@ -359,14 +356,4 @@ print(float(np.abs(y - 2 * x).max()))
 def test_autotuned_kernels_interpret_with_their_first_config(tmp_path):
     """Under TK_MLIR_INTERPRET=1 an autotuned kernel runs its first config on
     the CPU, untimed (no GPU, no tuning)."""
-    import os
-    import subprocess
-    root = Path(__file__).resolve().parents[1]
-    script = tmp_path / "run.py"
-    script.write_text(AUTOTUNED_UNDER_THE_ENVIRONMENT)
-    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(root),
-           "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip().splitlines()[-1]) == 0.0
+    assert under_the_environment(AUTOTUNED_UNDER_THE_ENVIRONMENT, tmp_path) == 0.0
