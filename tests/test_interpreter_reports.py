@@ -69,6 +69,8 @@ def ring_by_hand(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
                     tk.wait(empty[s], ((i // 2) & 1) ^ 1)
                 if BUG == "bytes":
                     tk.tma.expect_bytes(full[s], 4096)  # MARK: expect
+                elif BUG == "more bytes":
+                    tk.tma.expect_bytes(full[s], 16384)  # MARK: expect more
                 else:
                     tk.tma.expect(full[s], st[s])
                 tk.tma.load_async(st[s], A, (i, 0), full[s])  # MARK: load
@@ -132,11 +134,15 @@ def test_consumer_phase_off_by_one_reads_before_the_load_landed():
     assert re.search(rf"TMA load (issued )?at \S+:{line_of('MARK: load')}", e.message), e.message
 
 
-def test_wrong_expected_bytes():
-    e = report(ring_by_hand, *inputs(), BUG="bytes")
+@pytest.mark.parametrize("bug, marker, says", [
+    ("bytes", "MARK: expect", "4096 byte(s) too many"),
+    ("more bytes", "MARK: expect more", "8192 byte(s) missing"),   # (found as a deadlock)
+])
+def test_wrong_expected_bytes(bug, marker, says):
+    e = report(ring_by_hand, *inputs(), BUG=bug)
     assert "transaction-byte mismatch" in e.message
-    assert f":{line_of('MARK: expect')}" in e.message and f":{line_of('MARK: load')}" in e.message
-    assert "4096 byte(s) too many" in e.message
+    assert f":{line_of(marker)}" in e.message and f":{line_of('MARK: load')}" in e.message
+    assert says in e.message, e.message
 
 
 def test_every_thread_arriving_overflows_the_semaphore():

@@ -15,6 +15,7 @@ or has returned, is an error at the op's line.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,13 +76,11 @@ class Block:
 
     def later(self, callback, low: int = 1, high: int = 24) -> None:
         """Run callback() after a random number of scheduler steps."""
-        import heapq
         self.seq += 1
         due = self.step + int(self.rng.integers(low, high))
         heapq.heappush(self.agents, (due, self.seq, callback))
 
     def fire_due(self) -> None:
-        import heapq
         while self.agents and self.agents[0][0] <= self.step:
             heapq.heappop(self.agents)[2]()
 

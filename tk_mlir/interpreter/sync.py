@@ -45,7 +45,7 @@ class Semaphore:
 
     def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0) -> None:
         """n arrivals (one per issuing thread), each expecting tx bytes first."""
-        if n > self.pending or self.pending == 0:
+        if n > self.pending:        # (0 pending: the phase waits for its bytes only)
             raise error(loc, f"arrival overflow: {n} thread(s) arrive at {where} on "
                              f"{self.describe()}, whose phase waits for "
                              f"{self.pending} more of its {self.arrivals} arrival(s) "
@@ -68,10 +68,9 @@ class Semaphore:
         self._maybe_complete(loc)
 
     def mismatch(self, loc):
-        got = sum(1 for _ in self.loads)
         return error(loc, f"transaction-byte mismatch on {self.describe()}: the "
                           f"expect at {', '.join(self.expects) or '(none)'} armed the phase "
-                          f"with bytes that the {got} TMA load(s) at "
+                          f"with bytes that the {len(self.loads)} TMA load(s) at "
                           f"{', '.join(self.loads) or '(none)'} do not add up to "
                           f"({-self.tx if self.tx < 0 else self.tx} byte(s) "
                           f"{'too many' if self.tx < 0 else 'missing'}): expect exactly "
