@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import tk_mlir as tk
 from tk_mlir import bf16, f32
@@ -195,6 +196,28 @@ def test_warp_specialized_gemm(m, n, k, b_kn, out):
     gemm_kernel.kernel.interpret[(2,)](a, b, c, B_KN=b_kn, BN=256, STAGES=4)
     ref = a.double() @ (b.double() if b_kn else b.double().T)
     assert rel_err(c.double().numpy(), ref.numpy()) < 8e-3
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(m=st.integers(1, 300), n=st.integers(1, 40).map(lambda x: 8 * x),
+       k=st.integers(1, 30).map(lambda x: 8 * x), bn=st.sampled_from([128, 256]),
+       stages=st.integers(2, 4), blocks=st.integers(1, 3), b_kn=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_gemm_shapes_tiles_and_schedules(m, n, k, bn, stages, blocks, b_kn, seed):
+    """Drawn shapes (16-byte rows, as TMA needs), tile widths, ring depths,
+    persistent grids and interleavings (interpreter.SEED)."""
+    import tk_mlir.interpreter as interpreter
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = torch.randn(m, k).to(torch.bfloat16)
+    b = torch.randn(k, n).to(torch.bfloat16) if b_kn else torch.randn(n, k).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"))
+    interpreter.SEED = seed
+    try:
+        gemm_kernel.kernel.interpret[(blocks,)](a, b, c, B_KN=b_kn, BN=bn, STAGES=stages)
+    finally:
+        interpreter.SEED = 0
+    ref = a.double() @ (b.double() if b_kn else b.double().T)
+    assert rel_err(c.double().numpy(), ref.numpy()) < 1e-5     # f32 out: accumulation order
 
 
 @pytest.mark.parametrize("causal", [False, True])
