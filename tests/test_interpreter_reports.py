@@ -407,6 +407,25 @@ def test_unsynchronised_shared_tile_is_a_race_whatever_the_order():
 
 
 @tk.kernel(num_warps=4)
+def same_rows(X: tk.gl[f32], Y: tk.gl[f32]):
+    """Each block doubles its 16 rows, but stores them at the block's row
+    tile rounded down to even: blocks 0 and 1 both write rows 0-15."""
+    i = tk.block_id(0)
+    x = tk.load(X, (i, 0), (16, 64))
+    tk.store(Y, x + x, (i // 2 * 2, 0))              # MARK: same rows
+
+
+def test_overlapping_global_writes_from_two_blocks():
+    x = np.random.default_rng().standard_normal((64, 64)).astype(np.float32)
+    with pytest.raises(InterpretError) as e:
+        same_rows.interpret[(4,)](x, np.zeros_like(x))
+    line = line_of("MARK: same rows")
+    assert e.value.line == line
+    assert f"blocks (0, 0, 0) and (1, 0, 0) both write element (0, 0) of argument 'Y' (at " \
+           f"{HERE}:{line} and {HERE}:{line})" in e.value.message, e.value.message
+
+
+@tk.kernel(num_warps=4)
 def signals(A: tk.gl, C: tk.gl):
     """Warp 0 signals sem three times, then done; warp 1 waits for done and
     then for sem's first phase — by then two more phases went by."""

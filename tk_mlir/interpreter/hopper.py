@@ -140,7 +140,8 @@ def _store_rule(add: bool, what: str):
                 _check(loc, block.shadow.read(src, w.index, w.clock, at, "this TMA store",
                                               record=False))
                 flight = block.shadow.start("TMA store", src, at, writes=False)
-                dst.store(coords, block.smem.read(src), add=add)
+                _check(loc, dst.store(coords, block.smem.read(src), add=add,
+                                      by=(block.id, at)))
                 w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
             yield YIELD
         return store

@@ -107,7 +107,7 @@ def _store(op, num_warps):
     if not isinstance(T.parse(op.dst.type), T.GL):
         return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
-        dst.store(coords, value)
+        _check(scope, dst.store(coords, value, by=(scope.block.id, scope.where)))
     return store
 
 
@@ -153,7 +153,8 @@ def _copy(op, num_warps):
             scope.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
         else:
             _check(scope, scope.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
-            dst.store(coords, scope.smem.read(src))
+            _check(scope, dst.store(coords, scope.smem.read(src),
+                                    by=(scope.block.id, scope.where)))
     return copy
 
 
