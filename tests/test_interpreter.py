@@ -269,6 +269,39 @@ def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
     assert under_the_environment(LIBRARY_UNDER_THE_ENVIRONMENT, tmp_path) < 8e-3
 
 
+@pytest.mark.gpu
+def test_interpreter_matches_the_gpu_on_the_same_inputs():
+    """The numerics contract (tk_mlir/interpreter/__init__.py) against the GPU:
+    the GEMM with f32 output to accumulation order, attention to one bf16
+    rounding of the output and f32 transcendentals in the LSE."""
+    import math
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a, b = torch.randn(200, 136).to(torch.bfloat16), torch.randn(264, 136).to(torch.bfloat16)
+    outs = []
+    for device in ("cuda", "cpu"):
+        c = torch.full((200, 264), float("nan"), device=device)
+        launch = gemm_kernel.kernel if device == "cuda" else gemm_kernel.kernel.interpret
+        launch[(2,)](a.to(device), b.to(device), c, BN=256, STAGES=4)
+        outs.append(c.cpu().double())
+    assert rel_err(outs[1].numpy(), outs[0].numpy()) < 1e-5
+
+    q = torch.randn(1, 4, 200, 64).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, 200, 64).to(torch.bfloat16) for _ in range(2))
+    cfg = _config(64)
+    outs = []
+    for device in ("cuda", "cpu"):
+        o = torch.full((1, 4, 200, 64), float("nan"), dtype=torch.bfloat16, device=device)
+        lse = torch.full((1, 4, 200), float("nan"), device=device)
+        launch = attention_kernel if device == "cuda" else attention_kernel.interpret
+        launch[(3,)](q.to(device), k.to(device), v.to(device), o, lse,
+                     math.log2(math.e) / 8, D=64, CAUSAL=True,
+                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+        outs.append((o.cpu().double(), lse.cpu().double()))
+    assert rel_err(outs[1][0].numpy(), outs[0][0].numpy()) < 8e-3
+    assert rel_err(outs[1][1].numpy(), outs[0][1].numpy()) < 1e-5
+
+
 # ------------------------------------------------------------ arguments
 
 def test_arguments_are_checked_as_for_the_gpu():
