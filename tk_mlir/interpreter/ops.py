@@ -96,9 +96,9 @@ def _load_shared(t, num_warps):
     owners = shared.rows_by_warp(t, num_warps)
     def load(scope, src, *coords):
         for k, w in enumerate(scope.warps):
-            _check(scope, scope.shadow.read(src, w.index, w.clock, scope.where,
+            _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
                                             "this load", rows=owners[k]))
-        return numerics.round_to(t.dtype, scope.smem.read(src))
+        return numerics.round_to(t.dtype, scope.block.smem.read(src))
     return load
 
 
@@ -121,9 +121,9 @@ def _store_shared(t, num_warps, fenced: bool):
     owners = shared.rows_by_warp(t, num_warps)
     def store(scope, dst, value, *coords):
         for k, w in enumerate(scope.warps):
-            _check(scope, scope.shadow.write(dst, w.index, w.clock, scope.where,
+            _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
                                              "this store", rows=owners[k], unfenced=not fenced))
-        scope.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
+        scope.block.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
     return store
 
 
@@ -148,12 +148,12 @@ def _copy(op, num_warps):
     def copy(scope, dst, src, *coords):
         w = scope.warps[0]
         if isinstance(dst, shared.SharedRef):
-            _check(scope, scope.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
+            _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
                                              unfenced=not fenced))
-            scope.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
+            scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
         else:
-            _check(scope, scope.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
-            _check(scope, dst.store(coords, scope.smem.read(src),
+            _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
+            _check(scope, dst.store(coords, scope.block.smem.read(src),
                                     by=(scope.block.id, scope.where)))
     return copy
 

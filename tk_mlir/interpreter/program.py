@@ -54,9 +54,6 @@ class Scope:
     def __init__(self, block, warps, loc, where_):
         self.block, self.warps, self.loc, self.where = block, warps, loc, where_
 
-    def __getattr__(self, name):        # (the older closures read block fields)
-        return getattr(self.block, name)
-
 
 class TileStep:
     """A tile op: run once per scope instance, when all its warps are here."""
