@@ -86,6 +86,16 @@ def under_the_environment(script: str, tmp_path) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+def test_fused_elementwise_example_swiglu():
+    from fused_elementwise import swiglu_kernel
+    m, n = 45, 264                              # ragged tiles on both axes
+    a, b = (torch.randn(m, n).to(torch.bfloat16) for _ in range(2))
+    y = torch.full_like(a, float("nan"))
+    swiglu_kernel.interpret[(tk.cdiv(m, 32), tk.cdiv(n, 256))](a, b, y)
+    af, bf = _bf16(a), _bf16(b)
+    assert rel_err(_bf16(y), af / (1 + np.exp(-af)) * bf) < 8e-3
+
+
 def _bf16(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.float64).numpy()
 
