@@ -12,7 +12,9 @@ it completes. A warp advances its own slot after each release, so what it
 does next is not ordered before the receivers.
 
 Each shared allocation has a shadow per (element, row): the last write's
-(slot, clock, line) and, per warp, the clock and line of the reads since.
+(slot, clock, line) and, per slot, the clock and line of the reads since.
+Columns are not told apart: two accesses to different column blocks of one
+row count as the same place (a race reported there may be a false one).
 A thread read, a wgmma operand read or a TMA store read must follow the
 last write; a write must follow the last write and every read since. A pair
 that is not ordered is reported with both lines whatever the schedule was —
