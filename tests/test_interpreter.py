@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import tk_mlir as tk
 from tk_mlir import bf16, f32
@@ -66,17 +67,33 @@ def test_readme_softmax_through_the_environment(tmp_path):
     """TK_MLIR_INTERPRET=1 (read at a process's first launch): the example's
     launch (kernel[grid]) interprets, on CPU torch tensors, written in place;
     a ragged row (-inf fill)."""
+    script = SOFTMAX_UNDER_THE_ENVIRONMENT.format(examples=str(ROOT / "examples"))
+    assert under_the_environment(script, tmp_path) < 1e-6
+
+
+def under_the_environment(script: str, tmp_path) -> float:
+    """Run `script` in a child process under TK_MLIR_INTERPRET=1 (read once per
+    process); the number its last line prints."""
     import os
     import subprocess
-    root = Path(__file__).resolve().parents[1]
-    script = tmp_path / "run.py"
-    script.write_text(SOFTMAX_UNDER_THE_ENVIRONMENT.format(examples=str(root / "examples")))
-    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(root),
+    path = tmp_path / "run.py"
+    path.write_text(script)
+    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(ROOT),
            "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-6
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fused_elementwise_example_swiglu():
+    from fused_elementwise import swiglu_kernel
+    m, n = 45, 264                              # ragged tiles on both axes
+    a, b = (torch.randn(m, n).to(torch.bfloat16) for _ in range(2))
+    y = torch.full_like(a, float("nan"))
+    swiglu_kernel.interpret[(tk.cdiv(m, 32), tk.cdiv(n, 256))](a, b, y)
+    af, bf = _bf16(a), _bf16(b)
+    assert rel_err(_bf16(y), af / (1 + np.exp(-af)) * bf) < 8e-3
 
 
 def _bf16(t: torch.Tensor) -> np.ndarray:
@@ -158,6 +175,143 @@ def test_thread_varying_if():
     assert np.array_equal(y, ref)
 
 
+@tk.kernel(num_warps=4)
+def through_shared(X: tk.gl[f32], Y: tk.gl[f32]):
+    s = tk.shared_tile(f32, (16, 64))
+    tk.copy(s, X, (tk.block_id(0), 0))
+    tk.store(Y, tk.load(s) * 2.0, (tk.block_id(0), 0))
+
+
+def test_copy_through_a_shared_tile():
+    x = np.random.default_rng().standard_normal((48, 64)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    through_shared.interpret[(3,)](x, y)
+    assert np.array_equal(y, 2 * x)
+
+
+# The warp-specialized kernels: a producer warpgroup's TMA loads into rings of
+# shared tiles, consumers' wgmma, semaphores, named barriers, persistent grids
+# (fewer blocks than tasks).
+
+@pytest.mark.parametrize("m, n, k, b_kn, out", [
+    (256, 256, 256, False, torch.bfloat16),      # TMA-store epilogue
+    (200, 136, 120, False, torch.float32),       # ragged edges, register epilogue
+    (256, 264, 192, True, torch.bfloat16),       # B given as K x N
+])
+def test_warp_specialized_gemm(m, n, k, b_kn, out):
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = torch.randn(m, k).to(torch.bfloat16)
+    b = torch.randn(k, n).to(torch.bfloat16) if b_kn else torch.randn(n, k).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"), dtype=out)
+    gemm_kernel.kernel.interpret[(2,)](a, b, c, B_KN=b_kn, BN=256, STAGES=4)
+    ref = a.double() @ (b.double() if b_kn else b.double().T)
+    assert rel_err(c.double().numpy(), ref.numpy()) < 8e-3
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(m=st.integers(1, 300), n=st.integers(1, 40).map(lambda x: 8 * x),
+       k=st.integers(1, 30).map(lambda x: 8 * x), bn=st.sampled_from([128, 256]),
+       stages=st.integers(2, 4), blocks=st.integers(1, 3), b_kn=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_gemm_shapes_tiles_and_schedules(m, n, k, bn, stages, blocks, b_kn, seed):
+    """Drawn shapes (16-byte rows, as TMA needs), tile widths, ring depths,
+    persistent grids and interleavings (interpreter.SEED)."""
+    import tk_mlir.interpreter as interpreter
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = torch.randn(m, k).to(torch.bfloat16)
+    b = torch.randn(k, n).to(torch.bfloat16) if b_kn else torch.randn(n, k).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"))
+    interpreter.SEED = seed
+    try:
+        gemm_kernel.kernel.interpret[(blocks,)](a, b, c, B_KN=b_kn, BN=bn, STAGES=stages)
+    finally:
+        interpreter.SEED = 0
+    ref = a.double() @ (b.double() if b_kn else b.double().T)
+    assert rel_err(c.double().numpy(), ref.numpy()) < 1e-5     # f32 out: accumulation order
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialized_attention_gqa(causal):
+    import math
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    B, H, H_KV, N, D = 1, 4, 2, 200, 64
+    q = torch.randn(B, H, N, D).to(torch.bfloat16)
+    k, v = (torch.randn(B, H_KV, N, D).to(torch.bfloat16) for _ in range(2))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, 208), float("nan"))
+    cfg, scale = _config(D), 1 / math.sqrt(D)
+    attention_kernel.interpret[(3,)](q, k, v, o, lse, scale * math.log2(math.e), D=D,
+                                     CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    kk, vv = (t.double().repeat_interleave(H // H_KV, 1) for t in (k, v))
+    s = q.double() @ kk.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(N, N).triu(1).bool(), float("-inf"))
+    assert rel_err(o.double().numpy(), (torch.softmax(s, -1) @ vv).numpy()) < 8e-3
+    assert rel_err(lse[..., :N].double().numpy(), torch.logsumexp(s, -1).numpy()) < 1e-5
+
+
+LIBRARY_UNDER_THE_ENVIRONMENT = """\
+import math, torch
+from tk_mlir.kernels import attention, matmul
+a, b = torch.randn(200, 136).bfloat16(), torch.randn(264, 136).bfloat16()
+ref = a.double() @ b.double().T
+errors = [(matmul(a, b).double() - ref).norm() / ref.norm()]
+q = torch.randn(1, 4, 130, 64).bfloat16().requires_grad_()
+k, v = (torch.randn(1, 2, 130, 64).bfloat16().requires_grad_() for _ in range(2))
+o = attention(q, k, v, causal=True)
+o.backward(torch.ones_like(o))
+qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+s = qd @ kd.repeat_interleave(2, 1).transpose(-1, -2) / 8
+s = s.masked_fill(torch.ones(130, 130).triu(1).bool(), float("-inf"))
+od = torch.softmax(s, -1) @ vd.repeat_interleave(2, 1)
+od.backward(torch.ones_like(od))
+for x, y in ((o, od), (q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+    errors.append((x.double() - y).norm() / y.norm())
+print(max(float(e) for e in errors))
+"""
+
+
+def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
+    """Under TK_MLIR_INTERPRET=1 the library's wrappers take CPU tensors: the
+    persistent kernels get a grid of interpreter.SMS simulated SMs; the
+    autotuned GEMM runs its first config; attention's backward (dQ by
+    red.global.add) runs through autograd."""
+    assert under_the_environment(LIBRARY_UNDER_THE_ENVIRONMENT, tmp_path) < 8e-3
+
+
+@pytest.mark.gpu
+def test_interpreter_matches_the_gpu_on_the_same_inputs():
+    """The numerics contract (tk_mlir/interpreter/__init__.py) against the GPU:
+    the GEMM with f32 output to accumulation order, attention to one bf16
+    rounding of the output and f32 transcendentals in the LSE."""
+    import math
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a, b = torch.randn(200, 136).to(torch.bfloat16), torch.randn(264, 136).to(torch.bfloat16)
+    outs = []
+    for device in ("cuda", "cpu"):
+        c = torch.full((200, 264), float("nan"), device=device)
+        launch = gemm_kernel.kernel if device == "cuda" else gemm_kernel.kernel.interpret
+        launch[(2,)](a.to(device), b.to(device), c, BN=256, STAGES=4)
+        outs.append(c.cpu().double())
+    assert rel_err(outs[1].numpy(), outs[0].numpy()) < 1e-5
+
+    q = torch.randn(1, 4, 200, 64).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, 200, 64).to(torch.bfloat16) for _ in range(2))
+    cfg = _config(64)
+    outs = []
+    for device in ("cuda", "cpu"):
+        o = torch.full((1, 4, 200, 64), float("nan"), dtype=torch.bfloat16, device=device)
+        lse = torch.full((1, 4, 200), float("nan"), device=device)
+        launch = attention_kernel if device == "cuda" else attention_kernel.interpret
+        launch[(3,)](q.to(device), k.to(device), v.to(device), o, lse,
+                     math.log2(math.e) / 8, D=64, CAUSAL=True,
+                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+        outs.append((o.cpu().double(), lse.cpu().double()))
+    assert rel_err(outs[1][0].numpy(), outs[0][0].numpy()) < 8e-3
+    assert rel_err(outs[1][1].numpy(), outs[0][1].numpy()) < 1e-5
+
+
 # ------------------------------------------------------------ arguments
 
 def test_arguments_are_checked_as_for_the_gpu():
@@ -174,16 +328,15 @@ def test_arguments_are_checked_as_for_the_gpu():
 # ----------------------------------------------------------------- errors
 
 @tk.kernel(num_warps=4)
-def through_shared(X: tk.gl[f32], Y: tk.gl[f32]):
-    s = tk.shared_tile(f32, (16, 64))         # MARK: unsupported
-    tk.copy(s, X, (0, 0))
-    tk.store(Y, tk.load(s), (0, 0))
+def in_a_cluster(X: tk.gl[f32]):
+    tk.use_cluster(2)                         # MARK: unsupported
+    tk.store(X, tk.load(X, (0, 0), (16, 64)) + 1.0, (0, 0))
 
 
 def test_unsupported_op_is_refused_at_its_line():
-    x = np.zeros((16, 64), np.float32)
-    with pytest.raises(InterpretError, match="does not model tk.alloc_st") as e:
-        through_shared.interpret[(1,)](x, x)
+    x = np.ones((16, 64), np.float32)
+    with pytest.raises(InterpretError, match="does not model tk.use_cluster") as e:
+        in_a_cluster.interpret[(2,)](x)
     assert (e.value.filename, e.value.line) == (str(HERE), line_of("MARK: unsupported"))
 
 
@@ -269,14 +422,4 @@ print(float(np.abs(y - 2 * x).max()))
 def test_autotuned_kernels_interpret_with_their_first_config(tmp_path):
     """Under TK_MLIR_INTERPRET=1 an autotuned kernel runs its first config on
     the CPU, untimed (no GPU, no tuning)."""
-    import os
-    import subprocess
-    root = Path(__file__).resolve().parents[1]
-    script = tmp_path / "run.py"
-    script.write_text(AUTOTUNED_UNDER_THE_ENVIRONMENT)
-    env = {**os.environ, "TK_MLIR_INTERPRET": "1", "PYTHONPATH": str(root),
-           "TK_MLIR_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip().splitlines()[-1]) == 0.0
+    assert under_the_environment(AUTOTUNED_UNDER_THE_ENVIRONMENT, tmp_path) == 0.0

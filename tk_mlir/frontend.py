@@ -122,9 +122,10 @@ class KernelBuilder(ast.NodeVisitor):
 
     def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
                  function: str | None = None, calls: tuple[InlinedCall, ...] = (),
-                 kernel: str | None = None):
+                 kernel: str | None = None, site: ir.Location | None = None):
         self.kernel = kernel         # its name, for internal errors
         self.filename = filename
+        self.site = site             # a tk_mlir helper's body: the user's call, its ops' location
         self.globals = globals_
         self.scope = dict(scope)
         self.function = function     # the tk.func being inlined (None: the kernel)
@@ -134,6 +135,8 @@ class KernelBuilder(ast.NodeVisitor):
     # ------------------------------------------------------------ plumbing
 
     def loc(self, node) -> ir.Location:
+        if self.site is not None:
+            return self.site
         return ir.Location.file(self.filename, node.lineno, node.col_offset + 1)
 
     def error(self, node, message: str) -> CompilationError:
@@ -259,7 +262,7 @@ class KernelBuilder(ast.NodeVisitor):
         self.check_recursion(node, call)
         inner = KernelBuilder(callee.filename, callee.globals,
                               {**callee.free_names(), **bound.arguments}, callee.node.name,
-                              self.calls + (call,), self.kernel)
+                              self.calls + (call,), self.kernel, self.helper_site(node, callee))
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
@@ -281,6 +284,17 @@ class KernelBuilder(ast.NodeVisitor):
                                    f"Python's recursion limit ({len(self.calls) + 1} calls "
                                    f"deep); recursion is unrolled at compile time, so it must "
                                    f"end in fewer calls") from None
+
+    def helper_site(self, node, callee) -> ir.Location | None:
+        """Where the ops of an inlined body say they are: a helper of tk_mlir's
+        (a ring's method, a template) called from the user's code is the
+        user's call, so that what a pass, the lint or the interpreter reports
+        there points at the user's line; a user's own function keeps its lines."""
+        if not in_tk_mlir_source(callee.filename):
+            return None
+        if self.site is not None:
+            return self.site
+        return None if in_tk_mlir_source(self.filename) else self.loc(node)
 
     def check_recursion(self, node, call: InlinedCall) -> None:
         """Recursion is unrolled at compile time, so it must end on compile-time

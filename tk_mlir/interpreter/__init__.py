@@ -5,20 +5,56 @@
                                              # the process's first launch)
 
 It runs the kernel's tk IR after the tk passes (the GPU path's frontend,
-inlining, unrolling, constant folding, layouts and verification), compiled
-once per specialization into a closure per op (program.py), with one
-coroutine per warp over 32-lane numpy scalars and tile ops at tile
-granularity, rendezvous of their scope's warps (machine.py). Blocks run one
-after another. Outputs are written in place.
+inlining, unrolling, constant folding, layouts, verification and shared
+memory placement), compiled once per specialization into a closure per op
+(program.py; one interpret rule per op name: ops.py, hopper.py, scalars.py),
+with one coroutine per warp over 32-lane numpy scalars (machine.py). Tile
+ops work on whole tiles (numpy arrays) and rendezvous their scope's warps.
+Blocks run one after another; the warps of a block interleave in a seeded
+random order (interpreter.SEED) at every tile op, semaphore or barrier wait
+and asynchronous issue, so producer/consumer kernels make progress.
+Outputs are written in place. Persistent kernels' wrappers size their grid
+by interpreter.SMS simulated SMs on CPU tensors.
 
-What it models today: thread/warp/block ids, gl_dim, loads and stores
-between global arrays and register tiles/vectors (edge masking, `fill`),
-fill, cvt, the elementwise maps, reductions, broadcasts, slices, masks
-(tile_index, cmp, where, logical ops), the block barrier, scf.for / scf.if
-(lanes under an active mask when the condition differs between them) and
-the arith ops the frontend emits. Shared tiles, TMA, semaphores, MMA, named
-barriers, clusters, atomics and register reallocation are refused at their
-line (issue 10 goes on with them: asynchronous agents, race detection).
+What it models: ids, gl_dim, global loads/stores/atomic adds of register
+tiles and vectors (edge masking, `fill`), the value ops (maps, reductions,
+broadcasts, slices, masks, cvt), the block barrier, scf.for / scf.if (lanes
+under an active mask when the condition differs between them), the arith
+ops the frontend emits; and the Hopper machinery (hopper.py, sync.py,
+shared.py):
+- shared tiles and vectors (one array per allocation, NaN until written),
+  tk.index / subtile / column_block views, loads and stores between shared
+  memory and registers, tk.copy;
+- semaphores exactly: phase count, pending arrivals, transaction bytes
+  (expect / arrive / wait, a load's bytes may land before the expect);
+- TMA loads land after a seeded random delay and complete their bytes on
+  their semaphore; TMA stores and reduce-adds read their source until the
+  issuing thread's store_wait covers their commit group;
+- wgmma (AB, ABt, AtB, AtBt; shared or register A; f32 accumulation): the
+  result is pending, and its shared operands are read, until tk.mma_wait;
+- named barriers (bar.sync / bar.arrive counted in warps), elect_leader (a
+  random active lane; a warpgroup's: of its first warp), setmaxnreg (no-op).
+Ops issued by every active lane are issued once per lane, as on the GPU.
+Clusters (use_cluster, cluster_rank/sync, remote arrivals, multicast) are
+refused at their line.
+
+What it reports, each an InterpretError at the user's line (a tk_mlir
+helper's ops carry the user's call, frontend.py): a tile op reached under
+lane divergence or by part of its scope; a deadlock (every warp blocked,
+nothing in flight: each waiter with its line, the semaphore by allocation
+line and index, the parity and the phase/arrival/byte state, or the named
+barrier's arrivals); a transaction-byte mismatch (the expect and load
+lines); an arrival overflow; a phase wrap-around (a wait that takes a phase
+two or more past the last one this warp waited for there); a named barrier
+reached with different warp counts, or an id outside 1-15; a wgmma result
+used before each warp's mma_wait; a read of a tile a TMA load is writing or
+whose load was not waited for; a write to a tile an in-flight wgmma or TMA
+store reads; a thread write read by the async proxy with no proxy fence (a
+compiler bug); a warp exiting with TMA stores outstanding; two blocks
+writing one element of an output (plain stores: memory.py); out-of-range
+array and subtile indices; data races by happens-before (races.py: vector clocks
+through semaphores, barriers and mma/store waits; shadow state per shared
+tile row), found whatever the schedule.
 
 Numerics contract:
 - storage and conversions round exactly as the GPU does: every float tile
@@ -28,6 +64,8 @@ Numerics contract:
   rounding like the GPU's native bf16/f16 ops except for rare double-rounding
   ties); reductions accumulate in f32 in numpy's (pairwise) order, not the
   GPU's shuffle order;
+- wgmma multiplies the operands' exact (bf16/f16) values and accumulates
+  in f32 (numpy's matmul order, not the tensor core's);
 - transcendentals (exp, exp2, log, sqrt, rsqrt) and rcp / div are numpy's
   correctly rounded f32 functions where the GPU uses ex2/lg2/rsqrt/rcp.approx
   (relative error ~2^-22) and div.full (2 ulp), and no flush-to-zero, no fma
@@ -39,7 +77,16 @@ from __future__ import annotations
 from ..errors import ArgumentError
 from .machine import InterpretError
 
-__all__ = ["InterpretError", "launch"]
+__all__ = ["InterpretError", "launch", "SEED", "SMS"]
+
+# Picks the interleaving of warps, the TMA delays and the elected lanes (a
+# run is reproducible); set it to try other schedules. Races are found by
+# happens-before whatever the schedule; a deadlock or a wrong value may show
+# under one schedule and not another.
+SEED = 0
+# The SMs a persistent kernel's wrapper sizes its grid by on CPU tensors
+# (tk_mlir/kernels/device.py): few, so that blocks loop over several tasks.
+SMS = 3
 
 
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
@@ -57,7 +104,7 @@ def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
         runtime.append(arrays[i] if i in arrays else
                        (np.int32 if kind == "i32" else np.float32)(_scalar(values[i], kind,
                                                                            kernel.params[i])))
-    program.run(g, runtime)
+    program.run(g, runtime, SEED)
 
 
 def _scalar(v, kind: str, param):

@@ -15,6 +15,7 @@ or has returned, is an error at the op's line.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,12 +35,74 @@ def error(loc, message: str) -> InterpretError:
     return InterpretError(e.message, e.filename, e.line, e.col)
 
 
-@dataclass
+def where(loc) -> str:
+    """"file:line" of an op's location, for messages that name two places."""
+    e = error(loc, "")
+    return f"{e.filename}:{e.line}" if e.line else "an unknown line"
+
+
+def warp_scalar(w, value, loc, what: str):
+    """A per-thread scalar of warp w as one Python number over its active
+    lanes (else an error at loc)."""
+    if w.mask is not None and np.ndim(value):
+        value = np.asarray(value)[w.mask]
+    return uniform(value, loc, what)
+
+
 class Block:
-    """One block of the grid, as the ops of its tiles see it."""
-    id: tuple[int, int, int]
-    grid: tuple[int, int, int]
-    num_warps: int
+    """One block of the grid and everything its warps share: shared memory,
+    semaphores, named barriers, the asynchronous agents in flight (TMA
+    copies land after a seeded random delay, counted in scheduler steps),
+    wgmma groups per warpgroup, and the vector clocks of races.py."""
+
+    def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0):
+        from .races import Shadow
+        from .shared import SharedMemory
+        self.id, self.grid, self.num_warps = id, grid, num_warps
+        self.num_wgs = -(-num_warps // 4)
+        self.num_slots = num_warps + num_sems + self.num_wgs
+        self.rng = np.random.default_rng([seed, *id])
+        self.step = 0
+        self.smem = SharedMemory()
+        self.shadow = Shadow(num_warps, self.num_slots, self.num_wgs)
+        self.sems: dict = {}                  # (allocation key, index) -> Semaphore
+        self.named: dict = {}                 # id -> NamedBarrier
+        self.agents: list = []                # heap of (due step, seq, callback)
+        self.seq = 0
+        self.clocks = np.zeros((num_warps, self.num_slots), np.int64)
+        self.clocks[np.arange(num_warps), np.arange(num_warps)] = 1
+        self.mma: dict[int, list] = {}        # warpgroup -> its groups, oldest first
+        self.mma_issued: dict[int, int] = {}  # warpgroup -> groups issued so far
+
+    def later(self, callback, low: int = 1, high: int = 24) -> None:
+        """Run callback() after a random number of scheduler steps."""
+        self.seq += 1
+        due = self.step + int(self.rng.integers(low, high))
+        heapq.heappush(self.agents, (due, self.seq, callback))
+
+    def fire_due(self) -> None:
+        while self.agents and self.agents[0][0] <= self.step:
+            heapq.heappop(self.agents)[2]()
+
+    def semaphore(self, ref, loc):
+        """The state of semaphore ref (created at its first use, as initialised)."""
+        from .sync import Semaphore
+        key = (ref.alloc.key, ref.index)
+        s = self.sems.get(key)
+        if s is None:
+            if ref.index is None:
+                raise error(loc, f"{ref.describe()} is an array of semaphores: pick one "
+                                 f"(sems[i])")
+            s = self.sems[key] = Semaphore(ref, ref.alloc.arrivals, self.num_slots)
+            s.slot = ref.alloc.agent + ref.index
+        return s
+
+    def mma_slot(self, warpgroup: int) -> int:
+        """The clock slot of a warpgroup's wgmma agent."""
+        return self.num_slots - self.num_wgs + warpgroup
+
+    def acquire(self, warp: int, clock: np.ndarray) -> None:
+        np.maximum(self.clocks[warp], clock, out=self.clocks[warp])
 
 
 class Warp:
@@ -49,9 +112,19 @@ class Warp:
         self.index, self.block = index, block
         self.values: list = [None] * num_slots
         self.mask: np.ndarray | None = None      # active lanes; None: all 32
+        self.mma_done = 0                        # its warpgroup's groups it has waited for
+        self.bulk: dict[int, list] = {}          # lane -> [open group, committed groups...]
+        self.seen: dict = {}                     # semaphore key -> last phase it waited on
 
     def lane_ids(self) -> np.ndarray:
         return np.arange(LANES, dtype=np.int32)
+
+    def active_lanes(self) -> np.ndarray:
+        return np.arange(LANES) if self.mask is None else np.flatnonzero(self.mask)
+
+    @property
+    def clock(self) -> np.ndarray:
+        return self.block.clocks[self.index]
 
 
 @dataclass
@@ -59,6 +132,19 @@ class Arrival:
     """A warp at a tile op: the op's step and the warp's operand values."""
     step: object
     operands: list
+    warp: Warp = None
+
+
+@dataclass
+class Blocked:
+    """A warp waiting (a semaphore phase, a named barrier): ready() says when
+    it may go on; describe() what it waits for, for a deadlock report."""
+    ready: object
+    describe: object
+    loc: object
+
+
+YIELD = object()      # a warp's yield point: the scheduler may run another warp here
 
 
 def instance(scope: str, warp: int, num_warps: int) -> range:
@@ -80,37 +166,96 @@ def uniform(value, loc, what: str):
 
 
 def run_block(body, block: Block, num_slots: int, init) -> None:
-    """Run one block: a coroutine per warp (`body(warp)`), resumed by the
-    rendezvous of their tile ops; `init(warp)` binds the kernel's arguments."""
+    """Run one block: a coroutine per warp (`body(warp)`), interleaved in a
+    seeded random order at their yield points (tile ops, semaphore and barrier
+    waits, asynchronous issues), tile ops resumed by the rendezvous of their
+    scope's warps; `init(warp)` binds the kernel's arguments."""
     warps = [Warp(i, block, num_slots) for i in range(block.num_warps)]
     for w in warps:
         init(w)
     coroutines = [body(w) for w in warps]
     results: list = [None] * len(warps)
     waiting: dict[int, Arrival] = {}
+    blocked: dict[int, Blocked] = {}
     returned: set[int] = set()
-    ready = list(range(len(warps)))
+    runnable = list(range(len(warps)))
+    rng = block.rng
     while True:
-        for i in ready:
+        block.step += 1
+        block.fire_due()
+        for i in [i for i, b in blocked.items() if b.ready()]:
+            del blocked[i]
+            runnable.append(i)
+        _rendezvous(waiting, block, results, runnable)
+        if runnable:
+            i = runnable.pop(int(rng.integers(len(runnable))) if len(runnable) > 1 else 0)
             try:
-                waiting[i] = coroutines[i].send(results[i])
+                got = coroutines[i].send(results[i])
             except StopIteration:
                 returned.add(i)
-        if not waiting:
-            return
-        ready = []
-        for i in sorted(waiting):
-            if i not in waiting:
+                _on_exit(warps[i])
                 continue
-            arrival = waiting[i]
-            members = instance(arrival.step.scope, i, block.num_warps)
-            if all(m in waiting and waiting[m].step is arrival.step for m in members):
-                out = arrival.step.execute(block, [waiting.pop(m) for m in members])
-                for m in members:
-                    results[m] = out
-                ready.extend(members)
-        if not ready:
+            results[i] = None
+            if isinstance(got, Arrival):
+                got.warp = warps[i]
+                waiting[i] = got
+            elif isinstance(got, Blocked):
+                blocked[i] = got
+            else:
+                runnable.append(i)
+        elif block.agents:
+            block.step = block.agents[0][0] - 1     # nothing runs until the next landing
+        elif not waiting and not blocked:
+            return
+        elif blocked:
+            raise _deadlock(blocked, waiting, returned, block)
+        else:
             raise _stuck(waiting, returned, block)
+
+
+def _rendezvous(waiting: dict, block: Block, results: list, runnable: list) -> None:
+    """Run every tile op whose scope instance has all its warps here."""
+    for i in sorted(waiting):
+        if i not in waiting:
+            continue
+        arrival = waiting[i]
+        members = instance(arrival.step.scope, i, block.num_warps)
+        if all(m in waiting and waiting[m].step is arrival.step for m in members):
+            out = arrival.step.execute(block, [waiting.pop(m) for m in members])
+            for m in members:
+                results[m] = out
+            runnable.extend(members)
+
+
+def _on_exit(w: Warp) -> None:
+    """A warp returns: its threads' TMA stores must have been waited for (the
+    block's shared memory goes away with it)."""
+    for lane, groups in w.bulk.items():
+        for group in groups:
+            for store in group:
+                raise error(store.loc, f"warp {w.index} (lane {lane}) of block {w.block.id} "
+                                       f"exits with the TMA store issued here outstanding: "
+                                       f"its source is shared memory the block is giving "
+                                       f"up; call tk.tma.store_wait(0) (after "
+                                       f"tk.tma.store_commit) before the kernel ends")
+
+
+def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block) -> InterpretError:
+    """Every warp that has not returned waits and nothing is in flight."""
+    for s in block.sems.values():        # bytes that can never come are the likelier cause
+        if s.pending == 0 and s.tx > 0 and s.loads_in_flight == 0:
+            first = blocked[min(blocked)]
+            return s.mismatch(first.loc)
+    lines = []
+    for i in sorted(blocked):
+        lines.append(f"warp {i} waits {blocked[i].describe()}")
+    for i in sorted(waiting):
+        lines.append(f"warp {i} is at {waiting[i].step.describe()}")
+    if returned:
+        lines.append(f"warps {sorted(returned)} have returned")
+    first = blocked[min(blocked)]
+    return error(first.loc, f"deadlock in block {block.id}: every warp is blocked and no "
+                            f"TMA load is in flight; " + "; ".join(lines))
 
 
 def _stuck(waiting: dict[int, Arrival], returned: set[int], block: Block) -> InterpretError:

@@ -32,6 +32,8 @@ class GlobalArray:
         self.obj, self.name = obj, name
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
+        self.writer: np.ndarray | None = None    # per element: its writer's number + 1
+        self.writers: list[tuple] = []           # (block id, "file:line") by number
 
     def _window(self, coords, tile_shape) -> tuple[tuple, tuple] | None:
         """(array index, tile index) of the in-bounds part of the tile at
@@ -62,14 +64,48 @@ class GlobalArray:
             out[dst] = numerics.round_to(dtype, part)
         return out
 
-    def store(self, coords, tile: np.ndarray) -> None:
+    def store(self, coords, tile: np.ndarray, add: bool = False,
+              by: tuple | None = None) -> str | None:
+        """Write tile at coords (add: add it to what is there, in f32, then
+        round: red.global.add and TMA reduce-add). by=(block id, "file:line"):
+        a plain write's writer; the problem when another block wrote one of
+        these elements (an output element has one writer; adds accumulate)."""
         window = self._window(coords, tile.shape)
         if window is None:
-            return
+            return None
         dst, src = window
-        part = numerics.round_to(self.dtype, tile[src])    # exact when the dtypes agree
+        problem = self._claim(dst, by) if by is not None and not add else None
+        value = tile[src]
+        if add:
+            old = self.obj[dst]
+            old = old.to(__import__("torch").float32).numpy() if self.is_torch else old
+            value = np.asarray(old, np.float32) + value
+        part = numerics.round_to(self.dtype, value)    # exact when the dtypes agree
         if self.is_torch:
             import torch
             self.obj[dst] = torch.from_numpy(np.ascontiguousarray(part)).to(self.obj.dtype)
         else:
             self.obj[dst] = part.astype(self.obj.dtype)
+        return problem
+
+    def _claim(self, dst, by: tuple) -> str | None:
+        """Record `by` as the writer of the elements at dst; what another
+        block's earlier write of one of them says, or None."""
+        if self.writer is None:
+            self.writer = np.zeros(self.shape, np.int32)
+        if not self.writers or self.writers[-1] != by:
+            self.writers.append(by)
+        blocks = np.array([hash(b) for b, _ in self.writers] + [0])   # [-1]: no writer
+        prior = self.writer[dst]
+        other = blocks[prior - 1] != hash(by[0])
+        other &= prior > 0
+        if other.any():
+            at = iter(np.argwhere(other)[0])
+            element = tuple(i if isinstance(i, int) else i.start + int(next(at)) for i in dst)
+            first = self.writers[prior[other].flat[0] - 1]
+            return (f"blocks {first[0]} and {by[0]} both write element {element} of "
+                    f"argument {self.name!r} (at {first[1]} and {by[1]}): each output "
+                    f"element must have one writer (accumulate with tk.atomic_add or a "
+                    f"TMA reduce-add)")
+        self.writer[dst] = len(self.writers)
+        return None

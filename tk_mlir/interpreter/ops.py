@@ -4,9 +4,10 @@ returns its closure (built once per specialization).
 
 A tile op's closure (an op with a register tile or vector, or a block
 barrier: program.py decides from the types and traits) runs once per scope
-instance as `fn(block, *operands)`: tiles are numpy arrays, global arrays
-`memory.GlobalArray`s, scalars Python numbers (the same in every thread of
-the scope). Any other op's closure runs per warp as `fn(warp, *operands)`
+instance as `fn(scope, *operands)` (program.Scope: the block, the warps,
+the op's line): tiles are numpy arrays, global arrays `memory.GlobalArray`s,
+shared tiles and semaphores `shared.SharedRef`/`SemRef`s, scalars Python
+numbers (the same in every thread of the scope). Any other op's closure runs per warp as `fn(warp, *operands)`
 on 32-lane values (machine.py).
 
 Float tiles compute in f32 and round to their dtype after each op
@@ -15,22 +16,28 @@ tile's dtype first, as the GPU converts it.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 
 from ..dialects import tk, types as T
-from . import numerics
-from .machine import LANES
+from . import numerics, shared
+from .machine import LANES, error, warp_scalar
 
 INTERPRETERS: dict[str, Callable] = {}
+SYNC: set[str] = set()      # ops whose per-warp closure is a generator (it may wait)
 
 
-def interprets(*names: str):
-    """Register a closure factory `factory(op, num_warps)` for ops `names`."""
+def interprets(*names: str, sync: bool = False):
+    """Register a closure factory `factory(op, num_warps)` for ops `names`;
+    sync=True: the closure is a generator `fn(warp, *operands)` that may
+    yield machine.Blocked / machine.YIELD and returns the op's result."""
     def register(factory):
         for n in names:
             INTERPRETERS[n] = factory
+            if sync:
+                SYNC.add(n)
         return factory
     return register
 
@@ -79,18 +86,111 @@ def _gl_dim(op, num_warps):
 def _load(op, num_warps):
     t = _result(op)
     if not isinstance(T.parse(op.src.type), T.GL):
-        return None          # st/sv -> rt/rv: shared memory is not modeled yet
+        return _load_shared(t, num_warps)
     fill = op.fill
-    return lambda block, src, *coords: src.load(coords, t.shape, t.dtype, fill)
+    return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill)
+
+
+def _load_shared(t, num_warps):
+    """st -> rt, sv -> rv: each warp reads the rows its part of the tile holds."""
+    owners = shared.rows_by_warp(t, num_warps)
+    def load(scope, src, *coords):
+        for k, w in enumerate(scope.warps):
+            _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
+                                            "this load", rows=owners[k]))
+        return numerics.round_to(t.dtype, scope.block.smem.read(src))
+    return load
 
 
 @interprets("tk.store")
 def _store(op, num_warps):
     if not isinstance(T.parse(op.dst.type), T.GL):
-        return None
-    def store(block, dst, value, *coords):
-        dst.store(coords, value)
+        return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
+    def store(scope, dst, value, *coords):
+        _check(scope, dst.store(coords, value, by=(scope.block.id, scope.where)))
     return store
+
+
+def _fenced(op) -> bool:
+    """Whether tk-proxy-fences put a proxy fence after this thread write."""
+    from ..dialects import contracts
+    return contracts.PROXY_FENCE.get(op, False)
+
+
+def _store_shared(t, num_warps, fenced: bool):
+    owners = shared.rows_by_warp(t, num_warps)
+    def store(scope, dst, value, *coords):
+        for k, w in enumerate(scope.warps):
+            _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
+                                             "this store", rows=owners[k], unfenced=not fenced))
+        scope.block.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
+    return store
+
+
+def _check(scope, problem: str | None) -> None:
+    """Raise what races.py found, at the op's line."""
+    if problem is not None:
+        raise error(scope.loc, problem)
+
+
+@interprets("tk.atomic_add")
+def _atomic_add(op, num_warps):
+    def add(scope, dst, value, *coords):
+        dst.store(coords, value, add=True)
+    return add
+
+
+@interprets("tk.copy")
+def _copy(op, num_warps):
+    # gl <-> st by the whole block (then a block barrier: the step joins the
+    # warps' clocks around it). Recorded as warp 0's access.
+    fenced = _fenced(op)
+    def copy(scope, dst, src, *coords):
+        w = scope.warps[0]
+        if isinstance(dst, shared.SharedRef):
+            _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
+                                             unfenced=not fenced))
+            scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
+        else:
+            _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
+            _check(scope, dst.store(coords, scope.block.smem.read(src),
+                                    by=(scope.block.id, scope.where)))
+    return copy
+
+
+# ------------------------------------------------------- shared tile views
+
+@interprets("tk.index")
+def _index(op, num_warps):
+    loc = op.location
+    def index(w, base, i):
+        i = warp_scalar(w, i, loc, "tk.index: the index")
+        if base.index is not None:
+            raise error(loc, f"tk.index: {base.describe()} is one element, not an array")
+        if not 0 <= i < base.alloc.count:
+            raise error(loc, f"index {i} out of range: the array allocated at "
+                             f"{base.alloc.where} has {base.alloc.count} element(s) "
+                             f"(0 to {base.alloc.count - 1})")
+        return dataclasses.replace(base, index=i)
+    return index
+
+
+@interprets("tk.subtile")
+def _subtile(op, num_warps):
+    rows, loc = _result(op).rows, op.location
+    def subtile(w, src, row):
+        row = warp_scalar(w, row, loc, "tk.subtile: the row")
+        if row < 0 or row + rows > src.rows:
+            raise error(loc, f"subtile rows {row} to {row + rows - 1} are out of range: "
+                             f"{src.describe()} has {src.rows} row(s)")
+        return dataclasses.replace(src, row=src.row + row, rows=rows)
+    return subtile
+
+
+@interprets("tk.column_block")
+def _column_block(op, num_warps):
+    cols, k = _result(op).cols, op.index
+    return lambda w, src: dataclasses.replace(src, col=src.col + k * cols, cols=cols)
 
 
 @interprets("tk.barrier")

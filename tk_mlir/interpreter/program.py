@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import tk, types as T
-from . import machine, ops, scalars  # noqa: F401  (scalars registers the arith ops)
-from .machine import Arrival, error, uniform
+from . import hopper, machine, ops, scalars  # noqa: F401  (they register their ops)
+from .machine import Arrival, error, uniform, where
+from .shared import Allocation, whole
 
-PLAIN, TILE, REGION = 0, 1, 2
+PLAIN, TILE, REGION, SYNC = 0, 1, 2, 3
 
 
 def build_module(spec, fn_node, globals_: dict):
@@ -46,32 +47,89 @@ def _line(op) -> str:
     return f"line {e.line}" if e.line else "an unknown line"
 
 
+class Scope:
+    """What a tile op's closure sees of the scope instance running it: the
+    block, its warps (machine.Warp), the op's location and "file:line"."""
+
+    def __init__(self, block, warps, loc, where_):
+        self.block, self.warps, self.loc, self.where = block, warps, loc, where_
+
+
 class TileStep:
     """A tile op: run once per scope instance, when all its warps are here."""
     kind = TILE
 
-    def __init__(self, op, scope: str, ins, outs, fn):
+    def __init__(self, op, scope: str, ins, outs, fn, barrier: bool = False):
         self.name, self.loc, self.scope = op.name, op.location, scope
         self.ins, self.outs, self.fn = ins, outs, fn
         self.where = _line(op)
-        self.kinds = ["tile" if isinstance(T.parse(v.type), (T.RT, T.RV, T.GL)) else "scalar"
-                      for v in op.operands]
+        self.at = where(op.location)
+        self.kinds = [_kind(v.type) for v in op.operands]
+        self.barrier = barrier
+        self.chains = op.name == "tk.mma"       # its accumulator may still be in flight
 
     def describe(self) -> str:
         return f"{self.name} ({self.where})"
 
     def execute(self, block, arrivals: list[Arrival]):
         values = []
+        warps = [a.warp for a in arrivals]
         for k, kind in enumerate(self.kinds):
             got = [a.operands[k] for a in arrivals]
             if kind == "scalar":
                 got = [uniform(g, self.loc, f"{self.name}: operand {k}") for g in got]
-            if any(g is not got[0] and not (kind == "scalar" and g == got[0]) for g in got):
+            if any(g is not got[0] and not (kind != "tile" and g == got[0]) for g in got):
                 raise error(self.loc, f"{self.name}: operand {k} differs between the warps of "
                                       f"its {self.scope}; the interpreter does not model "
                                       f"warp-varying operands of tile ops yet")
-            values.append(got[0])
-        return self.fn(block, *values)
+            v = got[0]
+            if isinstance(v, Pending) and not (self.chains and k == 0):
+                v = v.result(warps, self)
+            values.append(v)
+        if not self.barrier:
+            return self.fn(Scope(block, warps, self.loc, self.at), *values)
+        # Its lowering syncs the block (before and after what it does to shared
+        # memory, or after a copy): a join of the warps' clocks on both sides.
+        _join(block, warps)
+        out = self.fn(Scope(block, warps, self.loc, self.at), *values)
+        _join(block, warps)
+        return out
+
+
+def _join(block, warps) -> None:
+    """A barrier among warps: each ends up after what all of them did."""
+    index = [w.index for w in warps]
+    joined = block.clocks[index].max(0)
+    block.clocks[index] = joined
+    block.clocks[index, index] += 1
+
+
+def _kind(t) -> str:
+    """How a tile op's operand is compared between its warps: tiles and
+    global arrays by identity, shared refs by value, scalars as numbers."""
+    t = T.parse(t)
+    if isinstance(t, (T.RT, T.RV, T.GL)):
+        return "tile"
+    return "ref" if isinstance(t, (T.ST, T.SV, T.Sem)) else "scalar"
+
+
+class Pending:
+    """A wgmma result still being written by its warpgroup's group `group`:
+    usable as the accumulator of the next wgmma (chained in order), readable
+    once each warp holding it has waited for the group (tk.mma_wait)."""
+
+    def __init__(self, value, group: int, where_: str):
+        self.value, self.group, self.where = value, group, where_
+
+    def result(self, warps, step):
+        late = [w.index for w in warps if w.mma_done < self.group]
+        if late:
+            raise error(step.loc, f"{step.name} uses the result of the wgmma issued at "
+                                  f"{self.where} before its tk.mma_wait: warp(s) {late} have "
+                                  f"not waited for it (its accumulator is still being "
+                                  f"written; call tk.mma_wait(n) with at most n groups "
+                                  f"issued after it first)")
+        return self.value
 
 
 class PlainStep:
@@ -84,6 +142,15 @@ class PlainStep:
             if out is not None:
                 w.values[out] = v
         self.run = run
+
+
+class SyncStep:
+    """A per-warp op that may wait or let other warps run first (semaphores,
+    TMA, named barriers): its closure is a generator over the warp."""
+    kind = SYNC
+
+    def __init__(self, ins, outs, fn):
+        self.ins, self.out, self.fn = tuple(ins), (outs[0] if outs else None), fn
 
 
 class RegionStep:
@@ -109,6 +176,10 @@ def run_steps(steps, w):
             out = yield Arrival(s, [w.values[i] for i in s.ins])
             if s.outs:
                 w.values[s.outs[0]] = out
+        elif s.kind == SYNC:
+            out = yield from s.fn(w, *(w.values[i] for i in s.ins))
+            if s.out is not None:
+                w.values[s.out] = out
         else:
             yield from s.run(w)
 
@@ -123,6 +194,7 @@ class Program:
         self.num_warps = contracts.NUM_WARPS.get(func)
         self.name = func.attributes["sym_name"].value
         self.slots: dict = {}
+        self.num_sems = 0           # semaphore elements: each a TMA agent clock slot
         with context:
             entry = func.regions[0].blocks[0]
             self.arg_slots = [self.slot(a) for a in entry.arguments]
@@ -147,20 +219,45 @@ class Program:
         return steps, yielded
 
     def compile_op(self, op):
+        d = tk.op_def(op)
+        if d is not None and d.allocates:
+            return self.compile_alloc(op, d)
         factory = ops.INTERPRETERS.get(op.name)
         fn = factory(op.opview, self.num_warps) if factory is not None else None
         if fn is None:
             raise error(op.location, f"the interpreter does not model {op.name} (with these "
-                                     f"operand types) yet: it runs register tiles and vectors "
-                                     f"with global loads and stores; shared tiles, TMA, "
-                                     f"semaphores, MMA, named barriers and clusters are not "
-                                     f"modeled yet (issue 10); run this kernel on a GPU")
+                                     f"operand types) yet: clusters (use_cluster, "
+                                     f"cluster_rank, cluster_sync, remote arrivals, TMA "
+                                     f"multicast) are not modeled; run this kernel on a GPU")
         ins = [self.slot(v) for v in op.operands]
         outs = [self.slot(v) for v in op.results]
         scope = _scope(op, self.num_warps)
+        if op.name in ops.SYNC:
+            return SyncStep(ins, outs, fn)
         if scope is None:
             return PlainStep(ins, outs, fn)
-        return TileStep(op, scope, ins, outs, fn)
+        return TileStep(op, scope, ins, outs, fn,
+                        barrier=d is not None and d.has_barrier(op, self.num_warps))
+
+    def compile_alloc(self, op, d):
+        """tk.alloc_st / alloc_sv / alloc_sem: an Allocation (its block's memory
+        and semaphores are made at first use); alloc_sem's block barrier (the
+        semaphores are initialised, then published) is a block-scope step."""
+        from ..dialects import contracts
+        t = T.parse(op.results[0].type)
+        count = tk.array_count(op)
+        alloc = Allocation(len(self.slots), t, count or 1, count is not None,
+                           where(op.location),
+                           agent=self.num_warps + self.num_sems,
+                           arrivals=op.opview.arrivals if d.semaphore else 0)
+        if d.semaphore:
+            self.num_sems += count or 1
+        contracts.OFFSET.get(op)            # placed by tk-allocate-smem (checked)
+        value = whole(alloc)
+        out = [self.slot(op.results[0])]
+        if d.has_barrier(op, self.num_warps):
+            return TileStep(op, "block", [], out, lambda scope: value, barrier=True)
+        return PlainStep([], out, lambda w: value)
 
     def compile_for(self, op):
         lb, ub, step, *inits = [self.slot(v) for v in op.operands]
@@ -217,9 +314,10 @@ class Program:
                 w.values[s] = v
         return RegionStep(run)
 
-    def run(self, grid: tuple[int, int, int], args: list) -> None:
+    def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
         """Run every block of `grid`, one after another; `args`: per kernel
-        argument a memory.GlobalArray or a numpy scalar."""
+        argument a memory.GlobalArray or a numpy scalar; `seed` picks the
+        interleaving of warps, TMA delays and elected lanes."""
         def init(w):
             for s, a in zip(self.arg_slots, args):
                 w.values[s] = a
@@ -228,7 +326,8 @@ class Program:
             for z in range(grid[2]):
                 for y in range(grid[1]):
                     for x in range(grid[0]):
-                        block = machine.Block((x, y, z), grid, self.num_warps)
+                        block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems,
+                                              seed)
                         machine.run_block(body, block, len(self.slots), init)
 
 

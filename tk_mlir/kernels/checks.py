@@ -33,7 +33,12 @@ def tensor(fn: str, name: str, value, *, ndim: int, dtypes) -> None:
 
 
 def on_cuda(fn: str, name: str, value) -> None:
-    """`value` is on a CUDA device (the others are checked to be on its device)."""
+    """`value` is on a CUDA device (the others are checked to be on its device),
+    or on the CPU under TK_MLIR_INTERPRET=1 (the CPU interpreter runs it)."""
+    if value.device.type == "cpu":
+        from tk_mlir.kernel import _interpret_all
+        if _interpret_all():
+            return
     if value.device.type != "cuda":
         raise ValueError(f"{fn}: {name} must be on a CUDA device, got {value.device} "
                          f"(the kernel runs on the GPU)")

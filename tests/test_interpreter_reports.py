@@ -1,0 +1,449 @@
+"""What the CPU interpreter finds in warp-specialized kernels, each as the small
+buggy kernel a user would write, reported at the user's line (a helper's
+ops, e.g. a ring's wait, report at the user's call): deadlocks, semaphore
+misuse, asynchronous results and copies used too early, races by
+happens-before, out-of-range indices. Each bug is found whatever the
+interleaving: the tests run several seeds."""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+from tk_mlir.interpreter import InterpretError
+
+HERE = Path(__file__).resolve()
+TILES = 4                      # 64-row tiles through a 2-slot ring: each slot used twice
+
+
+def line_of(text: str) -> int:
+    return next(i for i, l in enumerate(HERE.read_text().splitlines(), 1) if text in l)
+
+
+def inputs(rows=64 * TILES):
+    a = torch.randn(rows, 64).to(torch.bfloat16)
+    return a, torch.full((rows, 64), float("nan"))
+
+
+def report(kernel, *args, seeds=range(3), same_line=True, **kwargs) -> InterpretError:
+    """The InterpretError the kernel raises under every seed (at the same line
+    under each, unless same_line=False: which of two racing sides is seen
+    first depends on the interleaving)."""
+    import tk_mlir.interpreter as interpreter
+    found = []
+    for seed in seeds:
+        with pytest.raises(InterpretError) as e, warnings.catch_warnings():
+            warnings.simplefilter("ignore", tk.TkLintWarning)
+            interpreter.SEED = seed
+            try:
+                kernel.interpret[(1,)](*args, **kwargs)
+            finally:
+                interpreter.SEED = 0
+        found.append(e.value)
+    if same_line:
+        assert len({(x.filename, x.line) for x in found}) == 1, [str(x) for x in found]
+    return found[0]
+
+
+@tk.kernel(num_warps=8)
+def ring_by_hand(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
+    """Warpgroup 1 loads A's 64-row tiles through two slots; warpgroup 0 copies
+    each to C through registers. One BUG at a time."""
+    tiles = tk.cdiv(A.shape[0], 64)
+    st = tk.shared_tiles(A.dtype, (64, 64), 2, swizzle=128)
+    full = tk.semaphores(2)                           # MARK: full
+    empty = tk.semaphores(2, arrivals=4)              # MARK: empty
+    if tk.warpgroup_id() == 1:
+        if tk.elect_leader("warpgroup"):
+            for i in range(tiles):
+                s = i % 2
+                if BUG == "producer phase":
+                    tk.wait(empty[s], (i // 2) & 1)   # MARK: producer phase
+                elif BUG != "no empty wait":
+                    tk.wait(empty[s], ((i // 2) & 1) ^ 1)
+                if BUG == "bytes":
+                    tk.tma.expect_bytes(full[s], 4096)  # MARK: expect
+                elif BUG == "more bytes":
+                    tk.tma.expect_bytes(full[s], 16384)  # MARK: expect more
+                else:
+                    tk.tma.expect(full[s], st[s])
+                tk.tma.load_async(st[s], A, (i, 0), full[s])  # MARK: load
+    else:
+        for i in range(tiles):
+            s = i % 2
+            if BUG == "consumer phase":
+                tk.wait(full[s], ((i // 2) & 1) ^ 1)  # MARK: consumer phase
+            else:
+                tk.wait(full[s], (i // 2) & 1)        # MARK: consumer wait
+            x = tk.load(st[s], layout="row", scope="warpgroup")  # MARK: consumer load
+            if BUG == "every thread arrives":
+                tk.arrive(empty[s])                   # MARK: arrive
+            elif BUG != "never arrives":
+                # Each warp read its rows: each arrives (one elected lane),
+                # so the producer's next load is ordered after every read.
+                if tk.elect_leader():
+                    tk.arrive(empty[s])
+            tk.store(C, x.to(f32), (i, 0))
+
+
+def test_the_ring_by_hand_runs():
+    import tk_mlir.interpreter as interpreter
+    a, c = inputs()
+    for seed in range(3):
+        interpreter.SEED = seed
+        try:
+            ring_by_hand.interpret[(1,)](a, c)
+        finally:
+            interpreter.SEED = 0
+        assert torch.equal(c, a.float())
+
+
+def test_producer_phase_off_by_one_deadlocks():
+    """The producer waits for the empty slot's phase 0 on a fresh semaphore:
+    nothing ever completes it, and the consumers wait for tiles never loaded."""
+    e = report(ring_by_hand, *inputs(), BUG="producer phase")
+    assert e.line == line_of("MARK: consumer wait")
+    full, empty = line_of("MARK: full"), line_of("MARK: empty")
+    assert "deadlock" in e.message
+    assert re.search(rf"warp 4 waits at \S+:{line_of('MARK: producer phase')} for "
+                     rf"semaphore\[0\] allocated at \S+:{empty} to complete a phase of parity "
+                     rf"0 \(0 phase\(s\) completed, the current one \(parity 0\) waiting for 4 "
+                     rf"of 4 arrival", e.message), e.message
+    assert f"semaphore[0] allocated at {HERE}:{full}" in e.message
+
+
+def test_consumer_that_never_arrives_deadlocks():
+    e = report(ring_by_hand, *inputs(), BUG="never arrives")
+    assert "deadlock" in e.message
+    assert re.search(rf"warp 4 waits at \S+:{line_of('MARK: producer phase') + 2} for "
+                     rf"semaphore\[0\] allocated at \S+:{line_of('MARK: empty')} to complete a "
+                     rf"phase of parity 0", e.message), e.message
+
+
+def test_consumer_phase_off_by_one_reads_before_the_load_landed():
+    """Waiting for the other parity passes at once on a fresh semaphore: the
+    consumer reads the slot the TMA load has not (or not knowably) written."""
+    e = report(ring_by_hand, *inputs(), BUG="consumer phase")
+    assert e.line == line_of("MARK: consumer load")
+    assert re.search(rf"TMA load (issued )?at \S+:{line_of('MARK: load')}", e.message), e.message
+
+
+@pytest.mark.parametrize("bug, marker, says", [
+    ("bytes", "MARK: expect", "4096 byte(s) too many"),
+    ("more bytes", "MARK: expect more", "8192 byte(s) missing"),   # (found as a deadlock)
+])
+def test_wrong_expected_bytes(bug, marker, says):
+    e = report(ring_by_hand, *inputs(), BUG=bug)
+    assert "transaction-byte mismatch" in e.message
+    assert f":{line_of(marker)}" in e.message and f":{line_of('MARK: load')}" in e.message
+    assert says in e.message, e.message
+
+
+def test_every_thread_arriving_overflows_the_semaphore():
+    e = report(ring_by_hand, *inputs(), BUG="every thread arrives")
+    assert e.line == line_of("MARK: arrive")
+    assert "arrival overflow: 32 thread(s) arrive" in e.message
+    assert "waits for 4 more of its 4 arrival(s)" in e.message
+
+
+def test_producer_that_never_waits_for_the_empty_slot_races():
+    """The third load overwrites slot 0 with nothing ordering it after the
+    consumer's read of the first tile, nor after the first load's write (a
+    race, whatever the interleaving), or the producer runs so far ahead that
+    it arms a phase still waiting for its bytes (an arrival overflow)."""
+    load, read = line_of("MARK: load"), line_of("MARK: consumer load")
+    for seed in range(6):
+        e = report(ring_by_hand, *inputs(), BUG="no empty wait", seeds=[seed])
+        if "arrival overflow" in e.message:
+            assert e.line == load - 1
+        elif e.line == load:
+            assert re.search(rf"data race: .*(also written|read) at \S+:({load}|{read})",
+                             e.message), e.message
+        else:
+            assert e.line == read and f":{load}" in e.message, e.message
+
+
+# ------------------------------------------------------------------ wgmma
+
+@tk.kernel(num_warps=8)
+def mma_ring(A: tk.gl, C: tk.gl, EARLY: tk.constexpr = False, SHORT: tk.constexpr = False):
+    """tests/test_pipeline.py's ring_copy; EARLY releases the slot before the
+    wgmma reading it is waited for; SHORT loads one tile too few."""
+    tiles = tk.cdiv(A.shape[0], 64)
+    ring = tk.ring(A.dtype, (64, 64), 2)
+    if tk.warpgroup_id() == 1:
+        if tk.elect_leader("warpgroup"):
+            for i in range(tiles - 1 if SHORT else tiles):
+                tile, full = ring.fill(i)
+                tk.tma.load_async(tile, A, (i, 0), full)   # MARK: ring load
+    else:
+        for i in range(tiles):
+            a = ring.wait(i)                      # MARK: ring wait
+            acc = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, a)
+            if EARLY:
+                ring.release(i)                   # MARK: early release
+            tk.mma_wait(0)
+            if not EARLY:
+                ring.release(i)
+            tk.store(C, acc, (i, 0))
+
+
+def test_mma_ring_runs():
+    a, c = inputs()
+    mma_ring.interpret[(1,)](a, c)
+    ref = torch.stack([t @ t.T for t in a.double().split(64)]).reshape(-1, 64)
+    assert float((c.double() - ref).norm() / ref.norm()) < 1e-6
+
+
+def test_deadlock_inside_a_ring_method_is_reported_at_the_users_call():
+    e = report(mma_ring, *inputs(), SHORT=True)
+    assert (e.filename, e.line) == (str(HERE), line_of("MARK: ring wait"))
+    assert re.search(rf"warp 0 waits at \S+:{e.line} for semaphore\[1\] allocated at "
+                     rf"\S+:{line_of('ring = tk.ring(A.dtype, (64, 64), 2)')} to complete a "
+                     rf"phase of parity 1 \(1 phase\(s\) completed", e.message), e.message
+
+
+def test_stage_released_before_its_mma_wait():
+    e = report(mma_ring, *inputs(), EARLY=True, seeds=range(6))
+    assert e.line == line_of("MARK: ring load")
+    assert "wgmma" in e.message, e.message
+
+
+MMA_RESULT_BEFORE_WAIT = """
+module {
+  func.func @k(%c: !tk.gl<f32, array<i64: 64, 64>>) attributes {tk.num_warps = 4 : i64} {
+    %a = "tk.alloc_st"() {offset = 0 : i64} : () -> !tk.st<bf16, 64, 64, 128> loc("k.py":2:5)
+    %z = "tk.fill"() {value = 0.0 : f32} : () -> !tk.rt<f32, 64, 64, "row", "warpgroup"> loc("k.py":3:5)
+    %s = "tk.mma"(%z, %a, %a) {trans_a = 0 : i64, trans_b = 0 : i64} : (!tk.rt<f32, 64, 64, "row", "warpgroup">, !tk.st<bf16, 64, 64, 128>, !tk.st<bf16, 64, 64, 128>) -> !tk.rt<f32, 64, 64, "row", "warpgroup"> loc("k.py":4:5)
+    "tk.store"(%c, %s) : (!tk.gl<f32, array<i64: 64, 64>>, !tk.rt<f32, 64, 64, "row", "warpgroup">) -> () loc("k.py":5:5)
+    return loc("k.py":6:1)
+  } loc("k.py":1:1)
+}
+"""
+
+
+def test_mma_result_used_before_its_wait():
+    """tk-verify refuses this statically (passes/async_results.py); the IR past
+    it, as if the check had missed it: the interpreter's accumulator stays
+    pending until each warp's tk.mma_wait."""
+    from mlir import ir
+    from tk_mlir.dialects import tk as tk_dialect
+    from tk_mlir.interpreter.memory import GlobalArray
+    from tk_mlir.interpreter.program import Program
+    context = ir.Context()
+    tk_dialect.load(context)
+    with context:
+        module = ir.Module.parse(MMA_RESULT_BEFORE_WAIT)
+    c = GlobalArray(np.zeros((64, 64), np.float32), "C")
+    with pytest.raises(InterpretError, match=r"tk.store uses the result of the wgmma issued "
+                                             r"at k.py:4 before its tk.mma_wait") as e:
+        Program(context, module).run((1, 1, 1), [c])
+    assert (e.value.filename, e.value.line) == ("k.py", 5)
+
+
+# ------------------------------------------------------------ TMA stores
+
+@tk.kernel(num_warps=4)
+def epilogue(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
+    """Two 64-row tiles out through one staging tile and TMA stores."""
+    stage = tk.shared_tile(A.dtype, (64, 64), swizzle=128)
+    for i in range(2):
+        if BUG != "no wait before reuse":
+            tk.tma.store_wait(0)
+        tk.named_barrier(1, warps=4)
+        x = tk.load(A, (i, 0), (64, 64), layout="row", scope="warpgroup")
+        tk.store(stage, x + x)                       # MARK: staging store
+        tk.named_barrier(1, warps=4)
+        if tk.elect_leader("warpgroup"):
+            tk.tma.store_async(C, stage, (i, 0))     # MARK: tma store
+            tk.tma.store_commit()
+    if BUG != "exits with stores":
+        tk.tma.store_wait(0)
+
+
+def test_epilogue_runs():
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    c = torch.full_like(a, float("nan"))
+    epilogue.interpret[(1,)](a, c)
+    assert torch.equal(c, a + a)
+
+
+def test_staging_tile_rewritten_under_a_tma_store():
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    e = report(epilogue, a, torch.empty_like(a), BUG="no wait before reuse")
+    assert e.line == line_of("MARK: staging store")
+    assert f"TMA store issued at {HERE}:{line_of('MARK: tma store')} still reads it" \
+        in e.message, e.message
+
+
+def test_block_exiting_with_tma_stores_outstanding():
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    e = report(epilogue, a, torch.empty_like(a), BUG="exits with stores")
+    assert e.line == line_of("MARK: tma store")
+    assert "exits with the TMA store issued here outstanding" in e.message
+
+
+def test_tma_store_of_a_thread_write_with_no_proxy_fence(monkeypatch):
+    """tk-proxy-fences fences every thread write an async-proxy read may
+    follow; without it (a compiler bug) the interpreter says so at the read."""
+    from tk_mlir.lowering import pipeline
+
+    @tk.kernel(num_warps=4)
+    def epilogue_unfenced(A: tk.gl, C: tk.gl):
+        stage = tk.shared_tile(A.dtype, (64, 64), swizzle=128)
+        tk.store(stage, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+        tk.named_barrier(1, warps=4)
+        if tk.elect_leader("warpgroup"):
+            tk.tma.store_async(C, stage, (0, 0))     # MARK: unfenced read
+            tk.tma.store_commit()
+        tk.tma.store_wait(0)
+
+    monkeypatch.setattr(pipeline, "TK_PASSES", tuple(
+        p for p in pipeline.TK_PASSES if p[0] != "tk-proxy-fences"))
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    e = report(epilogue_unfenced, a, torch.empty_like(a), seeds=[0])
+    assert e.line == line_of("MARK: unfenced read")
+    assert "has no proxy fence (fence.proxy.async) after it" in e.message
+
+
+# --------------------------------------------------------- named barriers
+
+@tk.kernel(num_warps=8)
+def ping_pong(A: tk.gl, C: tk.gl, BAR: tk.constexpr = 1,
+              WARPS: tk.constexpr = 8):
+    """Both warpgroups meet at named barrier BAR (WARPS: warpgroup 1's count)."""
+    wg = tk.warpgroup_id()
+    bar = BAR + tk.block_id(0)                # a run-time id
+    if wg == 0:
+        tk.named_barrier(bar, warps=8)        # MARK: bar 0
+    else:
+        tk.named_barrier(bar, warps=WARPS)    # MARK: bar 1
+    x = tk.load(A, (wg, 0), (64, 64), layout="row", scope="warpgroup")
+    tk.store(C, x.to(f32), (wg, 0))
+
+
+def test_named_barrier_with_mismatched_warp_counts():
+    a, c = inputs(128)
+    e = report(ping_pong, a, c, WARPS=4, same_line=False)
+    lines = {line_of("MARK: bar 0"), line_of("MARK: bar 1")}
+    assert e.line in lines and "named barrier 1 reached at" in e.message
+    assert "warps=4" in e.message and "warps=8" in e.message
+    assert all(f":{l}" in e.message for l in lines), e.message
+
+
+def test_named_barrier_id_out_of_range():
+    a, c = inputs(128)
+    e = report(ping_pong, a, c, BAR=16, same_line=False)
+    assert e.line in {line_of("MARK: bar 0"), line_of("MARK: bar 1")}
+    assert "named barrier id 16 is out of range: ids are 1 to 15" in e.message
+
+
+def test_ping_pong_runs():
+    a, c = inputs(128)
+    ping_pong.interpret[(1,)](a, c)
+    assert torch.equal(c, a.float())
+
+
+# ------------------------------------------------------- indices, races
+
+@tk.kernel(num_warps=4)
+def picks(A: tk.gl, C: tk.gl, k: int, WHAT: tk.constexpr = "tile"):
+    tiles = tk.shared_tiles(A.dtype, (128, 64), 2)
+    sems = tk.semaphores(2)
+    if WHAT == "tile":
+        t = tiles[k].subtile(0, 64)                    # MARK: tile index
+    elif WHAT == "subtile":
+        t = tiles[0].subtile(k, 64)                    # MARK: subtile
+    else:
+        tk.wait(sems[k], 1)                            # MARK: sem index
+        t = tiles[0].subtile(0, 64)
+    tk.store(t, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+
+
+@pytest.mark.parametrize("what, k, message", [
+    ("tile", 2, "index 2 out of range: the array allocated at .* has 2 element"),
+    ("subtile", 2, "subtile rows 128 to 191 are out of range: the shared tile\\[0\\] .* has "
+                   "128 row"),
+    ("sem", -1, "index -1 out of range: the array allocated at .* has 2 element"),
+])
+def test_out_of_range_indices(what, k, message):
+    a, c = inputs(64)
+    marker = {"tile": "MARK: tile index", "subtile": "MARK: subtile", "sem": "MARK: sem index"}
+    e = report(picks, a, c, k, WHAT=what)
+    assert e.line == line_of(marker[what])
+    assert re.search(message, e.message), e.message
+
+
+@tk.kernel(num_warps=8)
+def unsynchronised(A: tk.gl, C: tk.gl, SYNC: tk.constexpr = False):
+    """Warpgroup 0 writes a shared tile that warpgroup 1 reads; SYNC puts a
+    named barrier between them."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    wg = tk.warpgroup_id()
+    if wg == 0:
+        tk.store(st, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))  # MARK: race write
+        if SYNC:
+            tk.named_barrier_arrive(1, warps=8)
+    else:
+        if SYNC:
+            tk.named_barrier(1, warps=8)
+        tk.store(C, tk.load(st, layout="row", scope="warpgroup").to(f32), (0, 0))  # MARK: race read
+
+
+def test_unsynchronised_shared_tile_is_a_race_whatever_the_order():
+    a, c = inputs(64)
+    e = report(unsynchronised, a, c, seeds=range(8), same_line=False)
+    w, r = line_of("MARK: race write"), line_of("MARK: race read")
+    assert "data race" in e.message
+    assert e.line in (w, r) and f":{w if e.line == r else r}" in e.message, e.message
+    unsynchronised.interpret[(1,)](a, c, SYNC=True)
+    assert torch.equal(c, a.float())
+
+
+@tk.kernel(num_warps=4)
+def same_rows(X: tk.gl[f32], Y: tk.gl[f32]):
+    """Each block doubles its 16 rows, but stores them at the block's row
+    tile rounded down to even: blocks 0 and 1 both write rows 0-15."""
+    i = tk.block_id(0)
+    x = tk.load(X, (i, 0), (16, 64))
+    tk.store(Y, x + x, (i // 2 * 2, 0))              # MARK: same rows
+
+
+def test_overlapping_global_writes_from_two_blocks():
+    x = np.random.default_rng().standard_normal((64, 64)).astype(np.float32)
+    with pytest.raises(InterpretError) as e:
+        same_rows.interpret[(4,)](x, np.zeros_like(x))
+    line = line_of("MARK: same rows")
+    assert e.value.line == line
+    assert f"blocks (0, 0, 0) and (1, 0, 0) both write element (0, 0) of argument 'Y' (at " \
+           f"{HERE}:{line} and {HERE}:{line})" in e.value.message, e.value.message
+
+
+@tk.kernel(num_warps=4)
+def signals(A: tk.gl, C: tk.gl):
+    """Warp 0 signals sem three times, then done; warp 1 waits for done and
+    then for sem's first phase — by then two more phases went by."""
+    sem = tk.semaphore()
+    done = tk.semaphore()
+    w = tk.warp_id()
+    if w == 0:
+        if tk.elect_leader():
+            for i in range(3):
+                tk.arrive(sem)
+            tk.arrive(done)
+    elif w == 1:
+        tk.wait(done, 0)
+        tk.wait(sem, 0)                              # MARK: stale wait
+
+
+def test_phase_wrap_around():
+    a, c = inputs(64)
+    e = report(signals, a, c)
+    assert e.line == line_of("MARK: stale wait")
+    assert "phase wrap-around" in e.message and "takes phase 2 as done" in e.message

@@ -1,0 +1,286 @@
+"""The Hopper ops in the interpreter: semaphores, TMA, wgmma, named barriers,
+elect and register reallocation — the asynchronous agents and what
+synchronises with them.
+
+These run per warp (their operands are scalars and shared refs): an op that
+may wait, or that hands work to an agent, is a generator (`sync=True`) that
+yields to the scheduler, so the warps of a producer/consumer kernel
+interleave. Ops issued by every active lane are issued once per lane, as on
+the GPU (an arrive under no elect_leader is 32 arrivals).
+
+- A TMA load reads global memory when issued and lands in shared memory
+  after a seeded random number of scheduler steps, then completes its bytes
+  on its semaphore; until then the tile is being written (races.py).
+- A TMA store (or reduce-add) reads its shared source when issued and
+  writes global memory at once; the source counts as read until the issuing
+  thread's tk.tma.store_wait covers its group.
+- A wgmma computes acc + A·B in f32 when issued; its result is a
+  program.Pending until each warp's tk.mma_wait covers its group, and its
+  shared operands count as read until the first such wait.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dialects import types as T
+from .machine import YIELD, Blocked, error, warp_scalar, where
+from .ops import interprets
+from .sync import NamedBarrier
+
+
+def _check(loc, problem):
+    if problem is not None:
+        raise error(loc, problem)
+
+
+def _lanes(w) -> int:
+    return len(w.active_lanes())
+
+
+# ------------------------------------------------------------- semaphores
+
+@interprets("tk.arrive", sync=True)
+def _arrive(op, num_warps):
+    loc, at = op.location, where(op.location)
+    def arrive(w, sem):
+        block = w.block
+        block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at)
+        w.clock[w.index] += 1
+        yield YIELD
+    return arrive
+
+
+@interprets("tk.expect_bytes", sync=True)
+def _expect_bytes(op, num_warps):
+    loc, at, nbytes = op.location, where(op.location), op.bytes
+    def expect(w, sem):
+        w.block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, tx=nbytes)
+        w.clock[w.index] += 1
+        yield YIELD
+    return expect
+
+
+@interprets("tk.wait", sync=True)
+def _wait(op, num_warps):
+    loc, at = op.location, where(op.location)
+    def wait(w, sem, phase):
+        p = warp_scalar(w, phase, loc, "tk.wait: the phase parity")
+        if p not in (0, 1):
+            raise error(loc, f"tk.wait: the phase parity is {p}; it must be 0 or 1 (a "
+                             f"ring's phase(i) is (i // stages) & 1)")
+        s = w.block.semaphore(sem, loc)
+        yield YIELD
+        while not s.done(p):        # (re-checked when resumed: a phase may pass meanwhile)
+            yield Blocked(lambda: s.done(p),
+                          lambda: f"at {at} for {s.describe()} to complete a phase of "
+                                  f"parity {p} ({s.state()})", loc)
+        seen = s.completed - 1      # the phase this wait took as done
+        key = (sem.alloc.key, sem.index)
+        last = w.seen.get(key, -1)     # (a fresh semaphore: phase -1 done)
+        if seen - last >= 2:
+            raise error(loc, f"phase wrap-around: warp {w.index} waits at {at} for parity "
+                             f"{p} on {s.describe()} and takes phase {seen} as done, but the "
+                             f"last phase it waited for there was {last}: phase(s) "
+                             f"{last + 1}..{seen - 1} went by unseen, and a parity cannot "
+                             f"tell phases two apart (is the phase off by one, or a stage "
+                             f"released twice?)")
+        w.seen[key] = seen
+        w.block.acquire(w.index, s.released)
+    return wait
+
+
+# -------------------------------------------------------------------- TMA
+
+def _nbytes(ref) -> int:
+    t = ref.alloc.type
+    return (ref.cols if isinstance(t, T.SV) else ref.rows * ref.cols) * T.itemsize(t.dtype)
+
+
+@interprets("tk.tma_load", sync=True)
+def _tma_load(op, num_warps):
+    loc, at = op.location, where(op.location)
+    def load(w, dst, src, sem, *coords):
+        block = w.block
+        coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
+        s = block.semaphore(sem, loc)
+        for _ in range(_lanes(w)):
+            epoch = s.completed + 1      # the phase these bytes count towards
+            _check(loc, block.shadow.write(dst, w.index, w.clock, at, "this TMA load",
+                                           slot=s.slot, epoch=epoch))
+            flight = block.shadow.start("TMA load", dst, at, writes=True)
+            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0)
+            clock = w.clock.copy()
+            clock[s.slot] = max(clock[s.slot], epoch)
+            s.loads.append(at)
+            s.loads_in_flight += 1
+            block.later(lambda d=data, f=flight, c=clock: _land(block, d, f, s, c, loc, at,
+                                                                _nbytes(dst)))
+        yield YIELD
+    return load
+
+
+def _land(block, data, flight, sem, clock, loc, at, nbytes) -> None:
+    block.smem.write(flight.ref, data)
+    block.shadow.finish(flight)
+    sem.complete_tx(nbytes, clock, loc, at)
+
+
+class _Store:
+    def __init__(self, flight, loc):
+        self.flight, self.loc = flight, loc
+
+
+def _store_rule(add: bool, what: str):
+    def factory(op, num_warps):
+        loc, at = op.location, where(op.location)
+        def store(w, dst, src, *coords):
+            block = w.block
+            coords = [warp_scalar(w, c, loc, f"{what}: a coordinate") for c in coords]
+            for lane in w.active_lanes():
+                _check(loc, block.shadow.read(src, w.index, w.clock, at, "this TMA store",
+                                              record=False))
+                flight = block.shadow.start("TMA store", src, at, writes=False)
+                _check(loc, dst.store(coords, block.smem.read(src), add=add,
+                                      by=(block.id, at)))
+                w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
+            yield YIELD
+        return store
+    return factory
+
+
+interprets("tk.tma_store", sync=True)(_store_rule(False, "tk.tma.store_async"))
+interprets("tk.tma_reduce_add", sync=True)(_store_rule(True, "tk.tma.store_add_async"))
+
+
+@interprets("tk.tma_commit")
+def _tma_commit(op, num_warps):
+    def commit(w):
+        for lane in w.active_lanes():
+            groups = w.bulk.setdefault(int(lane), [[]])
+            if groups[0]:
+                groups.append(groups[0])
+                groups[0] = []
+    return commit
+
+
+@interprets("tk.tma_wait")
+def _tma_wait(op, num_warps):
+    pending, at = op.pending, where(op.location)
+    def wait(w):
+        for lane in w.active_lanes():
+            groups = w.bulk.get(int(lane))
+            if groups is None:
+                continue
+            done = groups[1:len(groups) - pending] if pending else groups[1:]
+            for group in done:
+                for st in group:
+                    w.block.shadow.finish(st.flight)
+                    w.block.shadow.read_done(st.flight.ref, w.index, w.clock[w.index], at)
+            del groups[1:1 + len(done)]
+            if groups == [[]]:
+                del w.bulk[int(lane)]
+    return wait
+
+
+@interprets("tk.tma_prefetch")
+def _tma_prefetch(op, num_warps):
+    return lambda w, src, like: None        # a cache hint: nothing to model
+
+
+# ------------------------------------------------------------------ wgmma
+
+@interprets("tk.mma")
+def _mma(op, num_warps):
+    from .program import Pending
+    trans_a, trans_b, loc = bool(op.trans_a), bool(op.trans_b), op.location
+    at = where(loc)
+    def mma(scope, acc, a, b):
+        block, warps = scope.block, scope.warps
+        wg = warps[0].index // 4
+        flights, values = [], []
+        for x in (a, b):
+            if isinstance(x, np.ndarray):       # register A
+                values.append(x)
+                continue
+            for w in warps:
+                _check(loc, block.shadow.read(x, w.index, w.clock, at, "this wgmma",
+                                              record=False))
+            flights.append(block.shadow.start("wgmma", x, at, writes=False))
+            values.append(block.smem.read(x))
+        A = values[0].T if trans_a else values[0]
+        B = values[1] if trans_b else values[1].T
+        base = acc.value if isinstance(acc, Pending) else acc
+        result = (base + A.astype(np.float32) @ B.astype(np.float32)).astype(np.float32)
+        group = block.mma_issued.get(wg, 0) + 1
+        block.mma_issued[wg] = group
+        block.mma.setdefault(wg, []).append((group, flights))
+        return Pending(result, group, at)
+    return mma
+
+
+@interprets("tk.mma_wait")
+def _mma_wait(op, num_warps):
+    pending, at = op.pending, where(op.location)
+    def wait(w):
+        block, wg = w.block, w.index // 4
+        done = block.mma_issued.get(wg, 0) - pending
+        if done <= w.mma_done:
+            return
+        w.mma_done = done
+        slot = block.mma_slot(wg)
+        w.clock[slot] = max(w.clock[slot], done)
+        groups = block.mma.get(wg, [])
+        while groups and groups[0][0] <= done:       # the first warp to wait ends the reads
+            group, flights = groups.pop(0)
+            for f in flights:
+                block.shadow.finish(f)
+                block.shadow.read_done(f.ref, slot, group, at)
+    return wait
+
+
+# --------------------------------------------------- warps, lanes, registers
+
+@interprets("tk.elect")
+def _elect(op, num_warps):
+    warpgroup = op.scope == "warpgroup"
+    def elect(w):
+        # elect.sync picks one active lane; the interpreter picks a random one
+        # (code that assumes lane 0 shows itself). A warpgroup's: its first warp's.
+        out = np.zeros(32, bool)
+        if warpgroup and w.index % 4:
+            return out
+        lanes = w.active_lanes()
+        out[lanes[int(w.block.rng.integers(len(lanes)))]] = True
+        return out
+    return elect
+
+
+@interprets("tk.set_registers")
+def _set_registers(op, num_warps):
+    return lambda w: None       # setmaxnreg moves registers; values are unaffected
+
+
+@interprets("tk.named_barrier", sync=True)
+def _named_barrier(op, num_warps):
+    loc, at, warps, sync = op.location, where(op.location), op.warps, op.mode == "sync"
+    def barrier(w, index):
+        i = warp_scalar(w, index, loc, "tk.named_barrier: the id")
+        if not 1 <= i <= 15:
+            raise error(loc, f"named barrier id {i} is out of range: ids are 1 to 15 (0 is "
+                             f"the block barrier, tk.barrier)")
+        if not 1 <= warps <= w.block.num_warps:
+            raise error(loc, f"named barrier {i}: warps={warps}, but the block has "
+                             f"{w.block.num_warps} warps")
+        b = w.block.named.get(i)
+        if b is None:
+            b = w.block.named[i] = NamedBarrier(i, w.block.num_slots)
+        gen = b.arrive(w.index, warps, w.clock, loc, at)
+        w.clock[w.index] += 1
+        yield YIELD
+        if not sync:
+            return
+        while b.generation <= gen:
+            yield Blocked(lambda: b.generation > gen,
+                          lambda: f"at {at} on named barrier {i} ({b.state()})", loc)
+        w.block.acquire(w.index, b.released[gen])
+    return barrier

@@ -1,0 +1,176 @@
+"""Race detection by happens-before: vector clocks and shadow shared memory.
+
+Every warp carries a vector clock (one slot per warp, then one per semaphore
+for the TMA loads that complete on it, then one per warpgroup for its wgmma
+groups: a wgmma's operand reads end at group g, and a warp that waited for
+group g has that slot at g or later). Clocks move only through what orders
+memory on the GPU: an arrival publishes the arriving warp's clock into the
+semaphore, a wait that sees a phase complete takes the clock the phase
+published; a named or block barrier joins its warps; a TMA load's write
+carries the issuing warp's clock plus its semaphore's slot set to the phase
+it completes. A warp advances its own slot after each release, so what it
+does next is not ordered before the receivers.
+
+Each shared allocation has a shadow per (element, row): the last write's
+(slot, clock, line) and, per slot, the clock and line of the reads since.
+Columns are not told apart: two accesses to different column blocks of one
+row count as the same place (a race reported there may be a false one).
+A thread read, a wgmma operand read or a TMA store read must follow the
+last write; a write must follow the last write and every read since. A pair
+that is not ordered is reported with both lines whatever the schedule was —
+two accesses that happened to run apart are still a race when nothing
+orders them. Asynchronous readers (wgmma, TMA store) are also *in flight*
+from their issue until their wait: a write to what they read then, or a read
+of a tile a TMA load is still writing, is reported as such.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .shared import SharedRef, rows_of
+
+
+@dataclass
+class InFlight:
+    """An asynchronous access still running: a TMA load writing `ref`, or a
+    wgmma / TMA store reading it, issued at `where`."""
+    kind: str        # "TMA load", "wgmma", "TMA store"
+    ref: SharedRef
+    where: str
+    writes: bool
+
+
+def _overlap(a: SharedRef, b: SharedRef) -> bool:
+    return a.alloc.key == b.alloc.key and \
+        (a.index is None or b.index is None or a.index == b.index) and \
+        a.row < b.row + b.rows and b.row < a.row + a.rows and \
+        a.col < b.col + b.cols and b.col < a.col + a.cols
+
+
+class Shadow:
+    """One block's shadow memory and in-flight asynchronous accesses."""
+
+    def __init__(self, num_warps: int, num_slots: int, num_wgs: int):
+        self.num_warps, self.num_slots, self.num_wgs = num_warps, num_slots, num_wgs
+        self.allocs: dict[int, dict] = {}
+        self.in_flight: list[InFlight] = []
+
+    def _of(self, ref: SharedRef) -> dict:
+        s = self.allocs.get(ref.alloc.key)
+        if s is None:
+            shape = (ref.alloc.count, rows_of(ref.alloc.type))
+            s = self.allocs[ref.alloc.key] = {
+                "w_slot": np.full(shape, -1, np.int64), "w_clock": np.zeros(shape, np.int64),
+                "w_where": np.full(shape, None, object),
+                "w_unfenced": np.zeros(shape, bool),    # a thread write, no proxy fence after
+                "r_clock": np.zeros((self.num_slots, *shape), np.int64),
+                "r_where": np.full((self.num_slots, *shape), None, object)}
+        return s
+
+    @staticmethod
+    def _cells(ref: SharedRef, rows: np.ndarray | None):
+        """(element index or slice, row indices) of the ref (rows: a mask of the
+        ref's rows that this access touches; None: all)."""
+        idx = slice(None) if ref.index is None else ref.index
+        r = np.arange(ref.row, ref.row + ref.rows)
+        return idx, (r if rows is None else r[rows[:ref.rows]])
+
+    # ------------------------------------------------------------ in flight
+
+    def start(self, kind: str, ref: SharedRef, where: str, writes: bool) -> InFlight:
+        f = InFlight(kind, ref, where, writes)
+        self.in_flight.append(f)
+        return f
+
+    def finish(self, f: InFlight) -> None:
+        self.in_flight.remove(f)
+
+    def _in_flight(self, ref: SharedRef, writes_only: bool):
+        for f in self.in_flight:
+            if (f.writes or not writes_only) and _overlap(f.ref, ref):
+                return f
+        return None
+
+    # -------------------------------------------------------------- checks
+
+    def read(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
+             rows=None, record: bool = True) -> str | None:
+        """A read of ref by `warp` (clock: its vector clock) at `where`; the
+        problem as a sentence, or None. Records the read (record=False: an
+        asynchronous reader — wgmma, TMA store — recorded when it completes:
+        `read_done`)."""
+        f = self._in_flight(ref, writes_only=True)
+        if f is not None:
+            return (f"{what} reads {ref.describe()} while the TMA load issued at {f.where} "
+                    f"is still writing it: wait on the load's semaphore first")
+        s, (idx, r) = self._of(ref), self._cells(ref, rows)
+        unfenced = s["w_unfenced"][idx, r]
+        if not record and unfenced.any():
+            k = np.flatnonzero(unfenced.ravel())[0]
+            return (f"{what} reads {ref.describe()} through the async proxy, but the "
+                    f"threads' write at {s['w_where'][idx, r].ravel()[k]} has no proxy fence "
+                    f"(fence.proxy.async) after it; tk-proxy-fences marks such writes, so "
+                    f"this is a compiler bug: please report it")
+        slots, clocks = s["w_slot"][idx, r], s["w_clock"][idx, r]
+        late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
+        if late.any():
+            k = np.flatnonzero(late.ravel())[0]
+            writer = s["w_where"][idx, r].ravel()[k]
+            slot = slots.ravel()[k]
+            if slot >= self.num_warps:
+                return (f"{what} reads {ref.describe()}, which the TMA load at {writer} "
+                        f"writes, without waiting for that load's semaphore phase (a "
+                        f"read of a shared tile before its TMA load was waited for)")
+            return (f"data race: {what} reads {ref.describe()}, written at {writer} by warp "
+                    f"{slot}, with nothing ordering the two (no semaphore wait, barrier or "
+                    f"mma/store wait between them)")
+        if record:
+            self.read_done(ref, warp, clock[warp], where, rows)
+        return None
+
+    def read_done(self, ref: SharedRef, slot: int, epoch: int, where: str, rows=None):
+        """Record a read by clock slot `slot` (a warp, or a warpgroup's wgmma
+        agent) at `epoch`."""
+        s, (idx, r) = self._of(ref), self._cells(ref, rows)
+        s["r_clock"][slot, idx, r] = epoch
+        s["r_where"][slot, idx, r] = where
+
+    def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
+              rows=None, slot: int | None = None, epoch: int | None = None,
+              unfenced: bool = False) -> str | None:
+        """A write of ref at `where`, ordered after what `clock` covers; recorded as
+        by (slot, epoch) (default: the warp at its clock); unfenced: a thread
+        write with no proxy fence after it. The problem, or None."""
+        f = self._in_flight(ref, writes_only=False)
+        if f is not None:
+            until = {"wgmma": "its tk.mma_wait", "TMA store": "tk.tma.store_wait",
+                     "TMA load": "its semaphore's phase completes"}[f.kind]
+            verb = "writes" if f.writes else "reads"
+            return (f"{what} writes {ref.describe()} while the {f.kind} issued at {f.where} "
+                    f"still {verb} it (until {until})")
+        s, (idx, r) = self._of(ref), self._cells(ref, rows)
+        slots, clocks = s["w_slot"][idx, r], s["w_clock"][idx, r]
+        late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
+        if late.any():
+            k = np.flatnonzero(late.ravel())[0]
+            return (f"data race: {what} writes {ref.describe()}, also written at "
+                    f"{s['w_where'][idx, r].ravel()[k]}, with nothing ordering the two writes")
+        reads = s["r_clock"][:, idx, r]
+        late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
+        if late.any():
+            w = int(np.argwhere(late)[0][0])
+            k = np.flatnonzero(late[w].ravel())[0]
+            reader = s["r_where"][w][idx, r].ravel()[k]
+            who = f"warp {w}" if w < self.num_warps else \
+                f"the wgmma of warpgroup {w - self.num_slots + self.num_wgs}"
+            return (f"data race: {what} writes {ref.describe()}, which {who} read at "
+                    f"{reader}, with nothing ordering the read before the write (release "
+                    f"the tile after its readers are done: arrive after their wait)")
+        s["w_slot"][idx, r] = warp if slot is None else slot
+        s["w_clock"][idx, r] = clock[warp] if epoch is None else epoch
+        s["w_where"][idx, r] = where
+        s["w_unfenced"][idx, r] = unfenced
+        s["r_clock"][:, idx, r] = 0
+        return None

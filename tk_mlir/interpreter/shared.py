@@ -1,0 +1,134 @@
+"""Shared memory as the interpreter holds it: one numpy array per allocation.
+
+tk-allocate-smem places every shared tile and vector at its own byte range
+(no two allocations overlap), so a block's shared memory is held per
+allocation op: an array of `count` tiles (or vectors), f32 values of the
+tile's dtype (numerics.py), NaN until something writes them — a read of
+memory nobody wrote shows up in the output.
+
+A shared tile value in a warp is a `SharedRef`: which allocation, which
+element of its array, and the rows and columns of it the value covers
+(tk.subtile, tk.column_block). Refs are compared by value, so warps that
+computed the same view separately hand a tile op the same tile.
+Semaphores are refs too (`SemRef`); their state lives in sync.py.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dialects import layout as layouts, types as T
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One tk.alloc_st / alloc_sv / alloc_sem op: its type, array length,
+    the line that made it, and its number in the program."""
+    key: int
+    type: object            # T.ST, T.SV or T.Sem
+    count: int              # elements (1 for a single tile)
+    is_array: bool          # made with a count (tk.index picks an element)
+    where: str              # "file:line" of the allocation
+    agent: int = -1         # semaphores: the clock slot of element 0's TMA agent (races.py)
+    arrivals: int = 0       # semaphores: arrivals per phase
+
+
+@dataclass(frozen=True)
+class SharedRef:
+    """A shared tile or vector: element `index` (None: the whole array) of
+    allocation `alloc`, rows [row, row + rows) and columns [col, col + cols)."""
+    alloc: Allocation
+    index: int | None
+    row: int
+    rows: int
+    col: int
+    cols: int
+
+    @property
+    def shape(self):
+        return (self.cols,) if isinstance(self.alloc.type, T.SV) else (self.rows, self.cols)
+
+    def describe(self) -> str:
+        at = "" if self.index is None else f"[{self.index}]"
+        part = "" if (self.row, self.rows) == (0, rows_of(self.alloc.type)) else \
+            f" rows {self.row}-{self.row + self.rows - 1}"
+        return f"the shared tile{at}{part} allocated at {self.alloc.where}"
+
+
+@dataclass(frozen=True)
+class SemRef:
+    alloc: Allocation
+    index: int | None
+
+    def describe(self) -> str:
+        at = "" if self.index is None else f"[{self.index}]"
+        return f"semaphore{at} allocated at {self.alloc.where}"
+
+
+def rows_of(t) -> int:
+    return 1 if isinstance(t, T.SV) else t.rows
+
+
+def cols_of(t) -> int:
+    return t.length if isinstance(t, T.SV) else t.cols
+
+
+def whole(alloc: Allocation):
+    """The value tk.alloc_* gives: the whole array (or single tile)."""
+    if isinstance(alloc.type, T.Sem):
+        return SemRef(alloc, None if alloc.is_array else 0)
+    return SharedRef(alloc, None if alloc.is_array else 0, 0, rows_of(alloc.type), 0,
+                     cols_of(alloc.type))
+
+
+class SharedMemory:
+    """One block's shared tiles and vectors: allocation key -> array of
+    shape (count, rows, cols) (vectors: rows = 1)."""
+
+    def __init__(self):
+        self.arrays: dict[int, np.ndarray] = {}
+
+    def array(self, alloc: Allocation) -> np.ndarray:
+        a = self.arrays.get(alloc.key)
+        if a is None:
+            t = alloc.type
+            a = self.arrays[alloc.key] = np.full((alloc.count, rows_of(t), cols_of(t)), np.nan,
+                                                 np.float32)
+        return a
+
+    def view(self, ref: SharedRef) -> np.ndarray:
+        """The ref's elements, as a writable numpy view (vectors: 1-D)."""
+        a = self.array(ref.alloc)[ref.index, ref.row:ref.row + ref.rows,
+                                  ref.col:ref.col + ref.cols]
+        return a[0] if isinstance(ref.alloc.type, T.SV) else a
+
+    def read(self, ref: SharedRef) -> np.ndarray:
+        return self.view(ref).copy()
+
+    def write(self, ref: SharedRef, value: np.ndarray) -> None:
+        self.view(ref)[...] = value
+
+
+@functools.lru_cache(maxsize=256)
+def rows_by_warp(t, num_warps: int) -> tuple[np.ndarray, ...]:
+    """For each warp of a register tile's scope, the tile rows it holds (a
+    bool mask), from the tile's layout: what a thread-side load or store of
+    the tile touches in each warp's name. A vector: every warp row 0."""
+    n = T.scope_warps(t.scope, num_warps)
+    if isinstance(t, T.RV):
+        return tuple(np.ones(1, bool) for _ in range(n))
+    layout = layouts.layout_of(t, num_warps)
+    rows = np.zeros(1, np.int64)
+    for b in (*layout.reg, *layout.lane):
+        if b is not None and b[0] == 0:
+            rows = np.concatenate([rows, rows + (1 << b[1])])
+    out = []
+    for k in range(n):
+        off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
+                  if k >> bit & 1 and b is not None and b[0] == 0)
+        mask = np.zeros(t.rows, bool)
+        mask[(rows + off) % t.rows] = True
+        out.append(mask)
+    return tuple(out)

@@ -1,0 +1,123 @@
+"""Semaphores (mbarriers) and named barriers, modeled exactly.
+
+A semaphore counts phases. Each phase waits for `arrivals` arrivals and for
+its expected transaction bytes to reach zero: `expect_bytes` adds bytes and
+arrives, a TMA load's completion subtracts its bytes (possibly before the
+expectation: the count may dip below zero while arrivals are pending, as on
+the GPU). When both are zero the phase completes: the count of completed
+phases goes up by one and the next phase starts with `arrivals` pending.
+`wait(parity)` returns once the last completed phase has that parity (a
+fresh semaphore counts as having completed a phase of parity 1).
+
+Each also carries the happens-before clocks (races.py): what its arrivals
+and loads published in the current phase, and what the last completed phase
+released to waiters.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .machine import error
+
+
+class Semaphore:
+    def __init__(self, ref, arrivals: int, num_slots: int):
+        self.ref, self.arrivals = ref, arrivals
+        self.slot = -1                      # its TMA agent's clock slot (set by the block)
+        self.pending, self.tx, self.completed = arrivals, 0, 0
+        self.loads_in_flight = 0
+        self.expects: list[str] = []        # this phase's expect_bytes lines
+        self.loads: list[str] = []          # this phase's TMA load lines
+        self.clock = np.zeros(num_slots, np.int64)      # published this phase
+        self.released = np.zeros(num_slots, np.int64)   # by the last completed phase
+
+    def describe(self) -> str:
+        return self.ref.describe()
+
+    def state(self) -> str:
+        return (f"{self.completed} phase(s) completed, the current one (parity "
+                f"{self.completed & 1}) waiting for {self.pending} of {self.arrivals} "
+                f"arrival(s) and {self.tx} transaction byte(s)")
+
+    def done(self, parity: int) -> bool:
+        """Whether wait(parity) returns now."""
+        return (self.completed & 1) != parity
+
+    def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0) -> None:
+        """n arrivals (one per issuing thread), each expecting tx bytes first."""
+        if n > self.pending:        # (0 pending: the phase waits for its bytes only)
+            raise error(loc, f"arrival overflow: {n} thread(s) arrive at {where} on "
+                             f"{self.describe()}, whose phase waits for "
+                             f"{self.pending} more of its {self.arrivals} arrival(s) "
+                             f"({self.state()}); arrive from one elected thread "
+                             f"(tk.elect_leader), once per phase per expected arrival")
+        np.maximum(self.clock, clock, out=self.clock)
+        if tx:
+            self.expects.append(where)
+        self.tx += n * tx
+        self.pending -= n
+        self._maybe_complete(loc)
+
+    def complete_tx(self, nbytes: int, clock: np.ndarray, loc, where: str) -> None:
+        """A TMA load's bytes landed."""
+        self.loads_in_flight -= 1
+        np.maximum(self.clock, clock, out=self.clock)
+        self.tx -= nbytes
+        if self.pending == 0 and self.tx < 0:
+            raise self.mismatch(loc)
+        self._maybe_complete(loc)
+
+    def mismatch(self, loc):
+        return error(loc, f"transaction-byte mismatch on {self.describe()}: the "
+                          f"expect at {', '.join(self.expects) or '(none)'} armed the phase "
+                          f"with bytes that the {len(self.loads)} TMA load(s) at "
+                          f"{', '.join(self.loads) or '(none)'} do not add up to "
+                          f"({-self.tx if self.tx < 0 else self.tx} byte(s) "
+                          f"{'too many' if self.tx < 0 else 'missing'}): expect exactly "
+                          f"the bytes of the tiles loaded (tk.tma.expect(sem, *tiles))")
+
+    def _maybe_complete(self, loc) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending, self.expects, self.loads = self.arrivals, [], []
+            self.released = self.clock.copy()
+
+
+class NamedBarrier:
+    """bar.sync / bar.arrive id, counted in warps: a generation completes when
+    `warps` warps have arrived; its sync waiters then go on."""
+
+    def __init__(self, index: int, num_slots: int):
+        self.index = index
+        self.generation = 0
+        self.warps: int | None = None       # this generation's count, from its first arrival
+        self.first = ""                     # where that arrival was
+        self.arrived: list[int] = []
+        self.clock = np.zeros(num_slots, np.int64)
+        self.released: dict[int, np.ndarray] = {}   # generation -> its joined clock
+
+    def arrive(self, warp: int, warps: int, clock: np.ndarray, loc, where: str) -> int:
+        """Count warp in; the generation it joined."""
+        if self.warps is not None and warps != self.warps:
+            raise error(loc, f"named barrier {self.index} reached at {where} with warps="
+                             f"{warps}, but this use of it began at {self.first} with "
+                             f"warps={self.warps} (warps {self.arrived} arrived there): "
+                             f"every arrival of one use must count the same warps")
+        if self.warps is None:
+            self.warps, self.first = warps, where
+        self.arrived.append(warp)
+        np.maximum(self.clock, clock, out=self.clock)
+        gen = self.generation
+        if len(self.arrived) == self.warps:
+            self.released[gen] = self.clock.copy()
+            self.released.pop(gen - 8, None)
+            self.generation += 1
+            self.warps, self.arrived = None, []
+            self.clock = np.zeros_like(self.clock)
+        return gen
+
+    def state(self) -> str:
+        if self.warps is None:
+            return "no warp has arrived at it"
+        return (f"{len(self.arrived)} of {self.warps} warp(s) arrived (warps "
+                f"{self.arrived}, first at {self.first})")
