@@ -189,8 +189,14 @@ def _subtile(op, num_warps):
 
 @interprets("tk.column_block")
 def _column_block(op, num_warps):
-    cols, k = _result(op).cols, op.index
-    return lambda w, src: dataclasses.replace(src, col=src.col + k * cols, cols=cols)
+    cols, loc = _result(op).cols, op.location
+    def column_block(w, src, index):
+        k = warp_scalar(w, index, loc, "tk.column_block: the index")
+        if not 0 <= k < src.cols // cols:
+            raise error(loc, f"column block {k} is out of range: {src.describe()} has "
+                             f"{src.cols // cols} column block(s) of {cols} columns")
+        return dataclasses.replace(src, col=src.col + k * cols, cols=cols)
+    return column_block
 
 
 @interprets("tk.barrier")

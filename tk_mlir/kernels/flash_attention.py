@@ -389,6 +389,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
         wg = tk.warpgroup_id()
+        # One thread issues the warpgroup's dQ adds and waits for them: TMA
+        # store groups are per thread, so it must be the same one each time.
+        leader = tk.elect_leader("warpgroup")
         it = 0
         n = 0
         for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
@@ -423,7 +426,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 dsb = (p * dp.sub_col(delta)).to(Q.dtype)
                 dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
-                if tk.elect_leader("warpgroup"):
+                if leader:
                     tk.tma.store_wait(0)            # the last block's dQ tile is read
                 if D == 64:     # one column block: each warpgroup adds its keys' share
                     tk.store(ds[wg], dsb)
@@ -442,7 +445,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 # than red.global.add from registers, measured).
                 tk.store(dqs[wg], dq * scale)
                 tk.named_barrier(3 + wg, warps=4)
-                if tk.elect_leader("warpgroup"):
+                if leader:
                     tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                     tk.tma.store_commit()
                 if D == 64:
@@ -456,7 +459,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             n += 1
             tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
             tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
-        if tk.elect_leader("warpgroup"):
+        if leader:
             tk.tma.store_wait(0, read=False)
 
 
