@@ -315,7 +315,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
-                              PRODUCER_REGISTERS: tk.constexpr = 24):
+                              PRODUCER_REGISTERS: tk.constexpr = 24,
+                              LONGEST_FIRST: tk.constexpr = False):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -344,12 +345,12 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                                                       # (x2 stages at D=128)
 
     def task_of(task):
-        """(batch, K/V head, K/V block) of a task: heads inner for causal (the
-        longest tasks, first K/V blocks, first), K/V blocks inner otherwise
-        (blocks running together read the same Q and dO from L2)."""
+        """(batch, K/V head, K/V block) of a task: K/V blocks inner (blocks
+        running together read the same Q and dO from L2), or with LONGEST_FIRST
+        (causal) heads inner, the longest tasks (first K/V blocks) first."""
         heads = B * H_KV
-        bh = task % heads if CAUSAL else task // tk.cdiv(N_KV, 128)
-        kvb = task // heads if CAUSAL else task % tk.cdiv(N_KV, 128)
+        bh = task % heads if LONGEST_FIRST else task // tk.cdiv(N_KV, 128)
+        kvb = task // heads if LONGEST_FIRST else task % tk.cdiv(N_KV, 128)
         return bh // H_KV, bh % H_KV, kvb
 
     def first_q_block(kvb):
@@ -471,6 +472,12 @@ def _backward_config(d: int) -> dict:
     return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
+# Causal backward tasks longest first from this many keys on (H200, 2026-12-01,
+# TFLOP/s heads-outer vs longest-first: N=4096 D=128 427/380, N=8192 D=128 422/392,
+# D=64 309/315; N=16384 D=128 326/430, D=64 312/316).
+LONGEST_FIRST_FROM = 16384
+
+
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
@@ -490,6 +497,6 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     attention_backward_kernel[(num_sms(q.get_device()),)](
         q, k, v, do, lse_p, delta, dq, dk, dv, scale * math.log2(math.e), scale, D=D,
-        CAUSAL=causal, **cfg)
+        CAUSAL=causal, LONGEST_FIRST=causal and k.shape[2] >= LONGEST_FIRST_FROM, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv
