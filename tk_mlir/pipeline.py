@@ -76,7 +76,10 @@ class Ring:
     def release(self, i):
         """Consumer: hand the i-th use's slot back (one arrival per consumer
         warpgroup: call it from the whole warpgroup, one thread arrives). Its
-        readers must be done: after the tk.mma_wait that completes them."""
+        readers must be done: after the tk.mma_wait that completes them. A
+        slot read by threads (tk.load from its tiles or vectors) needs the
+        warpgroup's warps synchronised first (tk.named_barrier(id, warps=4)):
+        the one arriving thread speaks for the others' reads only then."""
         if tk.elect_leader("warpgroup"):
             tk.arrive(self.empty[self.slot(i)])
 
