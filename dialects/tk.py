@@ -62,6 +62,7 @@ class OpDef:
     block_barrier: Union[bool, Predicate] = False  # its lowering syncs the whole block
     thread_varying: bool = False         # its result differs between a block's threads
     lane_varying: bool = False           # ... and between the lanes of one warp
+    warpgroup_varying: bool = False      # ... and between the threads of one warpgroup
     one_thread: bool = False             # every thread that runs it issues it: meant for one
     #                                      elected thread (TMA copies, mbarrier arrivals)
     semaphore: bool = False              # allocates semaphores (attribute `arrivals`)
@@ -130,10 +131,11 @@ OPS: tuple[OpDef, ...] = (
     OpDef("block_id", results=("result",), attributes=("dim",), doc="blockIdx.{x,y,z}"),
     OpDef("grid_dim", results=("result",), attributes=("dim",), doc="gridDim.{x,y,z}"),
     OpDef("thread_id", results=("result",), thread_varying=True, lane_varying=True,
-          doc="threadIdx.x within the block"),
+          warpgroup_varying=True, doc="threadIdx.x within the block"),
     OpDef("lane_id", results=("result",), thread_varying=True, lane_varying=True,
-          doc="lane within the warp"),
-    OpDef("warp_id", results=("result",), thread_varying=True, doc="warp within the block"),
+          warpgroup_varying=True, doc="lane within the warp"),
+    OpDef("warp_id", results=("result",), thread_varying=True, warpgroup_varying=True,
+          doc="warp within the block"),
     OpDef("warpgroup_id", results=("result",), thread_varying=True,
           doc="warpgroup within the block"),
     OpDef("gl_dim", operands=("src",), results=("result",), attributes=("dim",),
@@ -204,7 +206,7 @@ OPS: tuple[OpDef, ...] = (
     OpDef("mma_wait", attributes=("pending",), async_wait=True,
           doc="wait until at most `pending` warpgroup MMA groups are in flight"),
     OpDef("elect", results=("result",), attributes=("scope",), thread_varying=True,
-          lane_varying=True,
+          lane_varying=True, warpgroup_varying=True,
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
     OpDef("set_registers", attributes=("count", "action"), setmaxnreg=True,
           doc="setmaxnreg: this warpgroup's registers per thread (action inc or dec)"),
@@ -244,7 +246,7 @@ OPS: tuple[OpDef, ...] = (
           doc="tile (kind) vector, the vector repeated along rows (axis=row) or columns"),
     # Masks: indices, comparisons and selects (i32 and bool tiles live in registers only).
     OpDef("tile_index", operands=("src",), results=("result",), attributes=("axis",),
-          thread_varying=True, lane_varying=True, layout="same",
+          thread_varying=True, lane_varying=True, warpgroup_varying=True, layout="same",
           doc="the i32 tile (vector) of src's shape and layout whose elements are their own "
               "index along `axis` (0: row, 1: column) within the tile"),
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),

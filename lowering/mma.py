@@ -83,13 +83,13 @@ def _unpack(s: ir.Value, n: int) -> list[ir.Value]:
     return [llvm.extractvalue(ir.F32Type.get(), s, [i]) for i in range(n)]
 
 
-def fence_registers(regs: list[ir.Value]) -> list[ir.Value]:
+def fence_registers(regs: list[ir.Value], kind: str = "f") -> list[ir.Value]:
     """Each register through an empty volatile asm that "rewrites" it. LLVM
     sees the accumulators as ready when the wgmma asm returns, and would move
     their uses (a bf16 conversion, a loop's phi copies) above the wgmma wait;
     ptxas then serializes every wgmma (C7514). Uses of the fenced values stay
     after the fence, and the fence stays after the wait (both volatile)."""
-    return [llvm.inline_asm(r.type, [r], "", "=f,0", has_side_effects=True) for r in regs]
+    return [llvm.inline_asm(r.type, [r], "", f"={kind},0", has_side_effects=True) for r in regs]
 
 
 def _wgmma_register_a(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int,
@@ -169,13 +169,20 @@ def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: 
                       trans_b: bool) -> Fragment:
     db = _Descriptors(b_ref, not trans_b)
     per_block = t.cols // 2
-    nvvm.wgmma_fence_aligned()       # also orders the A registers' writes before the wgmma
     regs = list(acc.regs)
     for mb in range(t.rows // 64):
         d = regs[mb * per_block:(mb + 1) * per_block]
         for ks in range(k // 16):
-            d = _wgmma_register_a(d, _a_fragment(a, mb, ks, k), db.at(ks), t.cols, a.dtype,
-                                  trans_b)
+            # A wgmma.fence between every write of an A register and the wgmma
+            # reading it: the k-step's packed pairs go through a volatile asm
+            # first, or LLVM would sink their conversions (cvt.rn.bf16x2.f32)
+            # below the fence. One fence per k-step (as CUTLASS's mainloop
+            # arrives per k-block) keeps the conversions interleaved with the
+            # wgmmas: fencing all A first made ptxas spill in the attention
+            # backward.
+            pairs = fence_registers(_a_fragment(a, mb, ks, k), "r")
+            nvvm.wgmma_fence_aligned()
+            d = _wgmma_register_a(d, pairs, db.at(ks), t.cols, a.dtype, trans_b)
         regs[mb * per_block:(mb + 1) * per_block] = d
     nvvm.wgmma_commit_group_sync_aligned()
     return acc.like(regs)

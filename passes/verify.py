@@ -561,6 +561,26 @@ def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
         parent = parent.parent
 
 
+def _check_mma_operands(op, warpgroup: Uniformity) -> None:
+    """wgmma reads a shared operand at one address for the whole warpgroup:
+    a view (tk.index / subtile / column_block) picked by a value that differs
+    between its threads (from the lane, warp or thread id) is undefined."""
+    if op.name != "tk.mma":
+        return
+    for v in list(op.operands)[1:]:
+        while isinstance(v, ir.OpResult) and (d := tk.op_def(v.owner)) is not None \
+                and d.view_of is not None:
+            view = v.owner
+            src = view.operands[d.operands.index(d.view_of)]
+            if any(warpgroup.varies(x) for x in view.operands if x != src):
+                raise error_at(view.location, f"this {view.name[3:]} picks a wgmma operand "
+                               f"with a value that differs between the threads of a warpgroup "
+                               f"(it depends on the lane, warp or thread id): the warpgroup's "
+                               f"MMA reads one shared tile; pick it with a warpgroup-uniform "
+                               f"value (e.g. tk.warpgroup_id())")
+            v = src
+
+
 def _check_static_memory(op) -> None:
     """Which shared tile or semaphore an op uses is decided at compile time
     (its place in shared memory is a constant): one cannot come out of a
@@ -581,10 +601,12 @@ def verify(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = contracts.NUM_WARPS.get(func)
         uniform = Uniformity(func)
+        warpgroup = Uniformity(func, "warpgroup_varying")
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
                 _check_uniform(op, num_warps, uniform)
+                _check_mma_operands(op, warpgroup)
             elif op.name in ("scf.if", "scf.for"):
                 _check_static_memory(op)
         walk_ops(func.operation, visit)

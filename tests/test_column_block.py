@@ -137,3 +137,19 @@ def test_column_block_products_on_the_gpu(kernel, grid):
     if kernel is chained:
         c, ref = c[:, :64], ref[:, :64] + ref[:, 64:]
     assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@tk.kernel(num_warps=4)
+def lane_varying_block(A: tk.gl, C: tk.gl):
+    a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
+    b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
+    half = b.column_block(tk.lane_id() % 2)  # E:lane-varying
+    acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, half)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+def test_a_wgmma_operand_picked_per_thread_is_refused_at_its_line():
+    test_errors.check_error(compile_error(lane_varying_block, A, C), "lane-varying",
+                            "b.column_block", "differs between the threads of a warpgroup",
+                            HERE)

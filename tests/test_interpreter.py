@@ -274,8 +274,8 @@ print(max(float(e) for e in errors))
 def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
     """Under TK_MLIR_INTERPRET=1 the library's wrappers take CPU tensors: the
     persistent kernels get a grid of interpreter.SMS simulated SMs; the
-    autotuned GEMM runs its first config; attention's backward (dQ by
-    red.global.add) runs through autograd."""
+    autotuned GEMM runs its first config; attention's backward (dQ by TMA
+    reduce-adds) runs through autograd."""
     assert under_the_environment(LIBRARY_UNDER_THE_ENVIRONMENT, tmp_path) < 8e-3
 
 

@@ -422,9 +422,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
                         keys = p.row_indices() + kv0
                         p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+                # Both A operands converted before either MMA: fewer registers
+                # live at once (p, dP and the bf16 copies do not all overlap).
+                dsb = (p * dp.sub_col(delta)).to(Q.dtype)
                 pb = p.to(Q.dtype)
                 dv = tk.mma_AB(dv, pb, dot)
-                dsb = (p * dp.sub_col(delta)).to(Q.dtype)
                 dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
                 if leader:
@@ -449,8 +451,6 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 if leader:
                     tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                     tk.tma.store_commit()
-                if D == 64:
-                    tk.named_barrier(1 + wg, warps=4)     # ds[wg] read before it is rewritten
                 qs.release(it)
                 vs.release(it)
                 it += 1

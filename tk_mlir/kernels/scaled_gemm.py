@@ -88,7 +88,10 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
 
 def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     """(a @ b) * scale_a * scale_b in f32, returned as out_dtype, as
-    torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype) computes it.
+    torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype) computes it
+    (with use_fast_accum=True: the products accumulate in wgmma's f32), except
+    that out_dtype=None means bf16 here (torch returns the fp8 input dtype,
+    which this kernel does not produce).
 
     a: (M, K) row-major, b: (K, N) column-major (b = bt.t() for a contiguous
     (N, K) bt), each torch.float8_e4m3fn or torch.float8_e5m2 (any pair), on
