@@ -565,13 +565,15 @@ def _check_mma_operands(op, warpgroup: Uniformity) -> None:
     """wgmma reads a shared operand at one address for the whole warpgroup:
     a view (tk.index / subtile / column_block) picked by a value that differs
     between its threads (from the lane, warp or thread id) is undefined."""
-    if op.name != "tk.mma":
+    d = tk.op_def(op)
+    if d is None or not d.async_result:      # a warpgroup MMA (its result is async)
         return
-    for v in list(op.operands)[1:]:
-        while isinstance(v, ir.OpResult) and (d := tk.op_def(v.owner)) is not None \
-                and d.view_of is not None:
+    for access in d.reads:
+        v = op.operands[d.operands.index(access.operand)]
+        while isinstance(v, ir.OpResult) and (vd := tk.op_def(v.owner)) is not None \
+                and vd.view_of is not None:
             view = v.owner
-            src = view.operands[d.operands.index(d.view_of)]
+            src = view.operands[vd.operands.index(vd.view_of)]
             if any(warpgroup.varies(x) for x in view.operands if x != src):
                 raise error_at(view.location, f"this {view.name[3:]} picks a wgmma operand "
                                f"with a value that differs between the threads of a warpgroup "
