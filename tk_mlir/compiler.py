@@ -32,6 +32,9 @@ from .target import TARGET
 
 # Stage file suffixes for TK_MLIR_DUMP_DIR.
 _SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
+# ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which
+# Python line each instruction came from (it changes no instruction).
+PTXAS_ARGS = ("-lineinfo",)
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     # bytecode, printed when read: tk_mlir/stages.py). Without ptxas the
     # kernel stops at PTX (the module's docstring).
     stage[0] = "ptxas"
-    job = start_ptxas(lowered.ptx) if find_tool("ptxas") is not None else None
+    job = start_ptxas(lowered.ptx, extra_args=PTXAS_ARGS) if find_tool("ptxas") is not None else None
     stage[0] = "keeping the stages"
     for name in lowered.stages:
         stored = lowered.stages.stored(name)
@@ -419,7 +422,8 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     except ToolchainError as e:
         path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
-                                    f"reproduce with: ptxas -arch={TARGET.arch} {path}",
+                                    f"reproduce with: ptxas -arch={TARGET.arch} "
+                                    f"{' '.join(PTXAS_ARGS)} {path}",
                                     spec.name, "ptxas") from e
     if job is not None:
         stages["ptxas"] = log
