@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from .errors import ArgumentError, CompilationError
-from .compiler import writable_folder
+from .compiler import tk_stage_names, writable_folder
 from .errors import debug
 from .kernel import Kernel
 from .params import CONSTEXPR, GL, I32, BindError
@@ -244,14 +244,24 @@ def compile_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.html}", file=notes)
     if args.list_stages:
         print("\n".join(stages))
+    if args.short and not picked:
+        raise UsageError("--short shows a tk stage in short: name one with --stage "
+                         "(e.g. --stage tk --short)")
     for name in picked:
         if len(picked) > 1:
             print(f"==> {name} <==")
-        print(stages[name], end="" if stages[name].endswith("\n") else "\n")
+        text = stage_text(stages, name, args.short)
+        print(text, end="" if text.endswith("\n") else "\n")
     if not picked and not args.list_stages:
         print(summary(compiled.name, stages,
                       compiled.info if compiled.assembled else None))
     return 0
+
+
+def stage_text(stages, name: str, short: bool) -> str:
+    """A stage as --stage prints it: a tk stage in short under --short (the
+    other stages have no short form and print in full)."""
+    return stages.short(name) if short and name in tk_stage_names() else stages[name]
 
 
 def _usable_folder(path: Path, option: str) -> None:
@@ -290,6 +300,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--stage", action="append", default=[], metavar="NAME",
                    help="print this stage's text (a name or number from the listing; "
                         "repeatable)")
+    c.add_argument("--short", action="store_true",
+                   help="print the tk stages named by --stage in short (one line per op, "
+                        "the Python line as a gutter) instead of MLIR's generic form")
     c.add_argument("--list-stages", action="store_true", help="print the stage names")
     c.add_argument("--dump-dir", type=Path, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")

@@ -86,6 +86,19 @@ class Stages(Mapping):
             stages["sass"] = _cached_sass(kernel.cubin)
         return stages[name]
 
+    def short(self, name: str = "tk") -> str:
+        """Tk stage `name` (tk or a tk pass) in the short form for reading
+        (dialects/short_form.py: one line per op, short types, the source
+        line as a gutter). `asm[name]` stays the generic, re-parsable text."""
+        kernel = self._kernel
+        if name not in tk_stage_names():
+            raise ValueError(f"asm.short({name!r}): the short form is for the tk stages "
+                             f"({', '.join(tk_stage_names())}); read {name!r} as asm[{name!r}]")
+        if name not in kernel._short:
+            from .dialects.short_form import short_text
+            kernel._short[name] = short_text(kernel.stages[name])
+        return kernel._short[name]
+
     def __contains__(self, name) -> bool:
         # (Mapping's would read the stage, and a missing tool is an error there.)
         return name in self._names()
@@ -101,6 +114,12 @@ class Stages(Mapping):
 
     def __len__(self) -> int:
         return len(self._names())
+
+
+def tk_stage_names() -> tuple[str, ...]:
+    """The stages whose IR is tk ops: the frontend's, then each tk pass's."""
+    from .lowering.pipeline import TK_PASSES
+    return ("tk", *(name for name, _ in TK_PASSES))
 
 
 # The stages made from the cubin, and what reading each is called in the error
@@ -129,6 +148,7 @@ class CompiledKernel:
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _values: object = field(default=None, repr=False)   # params.launch_values_function
+    _short: dict = field(default_factory=dict, repr=False)  # tk stage -> its short form
 
     def __post_init__(self):
         self.params = [AbiParam(*p) for p in self.params]

@@ -67,13 +67,19 @@ _context = None
 def print_bytecode(blob: bytes) -> str:
     """The text of a module written as bytecode, printed as the compiler
     prints its stages (lowering.pipeline.stage_text)."""
+    from .lowering.pipeline import stage_text
+    return read_stage(blob, stage_text)
+
+
+def read_stage(stage: str | bytes, read):
+    """`read(module)` on a stage's module, parsed from its text or bytecode in
+    the one printing context (the tk dialect loaded)."""
     global _context
     from mlir import ir
     from .dialects import tk as tk_dialect
-    from .lowering.pipeline import stage_text
     with _printing:
         if _context is None:
             _context = ir.Context()
             tk_dialect.load(_context)
         with _context:
-            return stage_text(ir.Module.parse(blob))
+            return read(ir.Module.parse(stage))
