@@ -244,6 +244,9 @@ def compile_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.html}", file=notes)
     if args.list_stages:
         print("\n".join(stages))
+    if args.line is not None:
+        print_line(compiled, picked, args.line)
+        return 0
     if args.short and not picked:
         raise UsageError("--short shows a tk stage in short: name one with --stage "
                          "(e.g. --stage tk --short)")
@@ -262,6 +265,55 @@ def stage_text(stages, name: str, short: bool) -> str:
     """A stage as --stage prints it: a tk stage in short under --short (the
     other stages have no short form and print in full)."""
     return stages.short(name) if short and name in tk_stage_names() else stages[name]
+
+
+def print_line(compiled, picked: list[str], line_arg: str) -> None:
+    """--line [FILE:]N: what that Python line became, in each --stage that can
+    say (python, the tk stages, ptx, sass), or in all four without --stage."""
+    source_map = compiled.source_map
+    file, line = parse_line(line_arg, source_map)
+    code = source_map.line(line, file)
+    if not picked:
+        print(code)
+    for name in picked:
+        if len(picked) > 1:
+            print(f"==> {name} <==")
+        print("\n".join(line_in_stage(compiled, code, name)))
+    if not (code.ops or code.ptx or code.sass):
+        lines = [str(c.line) for c in source_map.lines() if c.file == file]
+        print(f"note: {file}:{line} became no code; the lines that did: "
+              f"{', '.join(lines) or 'none'}", file=sys.stderr)
+
+
+def parse_line(text: str, source_map) -> tuple[str, int]:
+    """--line N (the kernel's file) or FILE:N (a file with code, by path or
+    base name) -> (file, line)."""
+    name, _, number = text.rpartition(":")
+    if not number.isdigit():
+        raise UsageError(f"--line {text}: expected a line number such as 42, or FILE:42")
+    if not name:
+        return source_map.file, int(number)
+    file = source_map.find_file(name)
+    if file is None:
+        raise UsageError(f"--line {text}: no code came from a file {name!r}; the files "
+                         f"with code are: {', '.join(source_map.files())}")
+    return file, int(number)
+
+
+def line_in_stage(compiled, code, stage: str) -> list[str]:
+    """What `code`'s line became in `stage`."""
+    if stage == "python":
+        return [code.source.rstrip("\n")]
+    if stage == "ptx":
+        return list(code.ptx)
+    if stage == "sass":
+        return list(code.sass)
+    if stage in tk_stage_names():
+        from .source_map import ops_by_line
+        _, ops = ops_by_line(compiled.asm[stage])
+        return ops.get((code.file, code.line), [])
+    raise UsageError(f"--line: the stage {stage!r} has no per-line view; --line works with "
+                     f"--stage python, {', '.join(tk_stage_names())}, ptx or sass")
 
 
 def _usable_folder(path: Path, option: str) -> None:
@@ -303,6 +355,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--short", action="store_true",
                    help="print the tk stages named by --stage in short (one line per op, "
                         "the Python line as a gutter) instead of MLIR's generic form")
+    c.add_argument("--line", metavar="[FILE:]N",
+                   help="what Python line N of the kernel's file (or of FILE) became: its tk "
+                        "ops, PTX lines and SASS instructions, or only those of --stage")
     c.add_argument("--list-stages", action="store_true", help="print the stage names")
     c.add_argument("--dump-dir", type=Path, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")

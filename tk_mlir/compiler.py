@@ -149,6 +149,7 @@ class CompiledKernel:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _values: object = field(default=None, repr=False)   # params.launch_values_function
     _short: dict = field(default_factory=dict, repr=False)  # tk stage -> its short form
+    _source_map: object = field(default=None, repr=False)   # source_map.SourceMap
 
     def __post_init__(self):
         self.params = [AbiParam(*p) for p in self.params]
@@ -218,6 +219,23 @@ class CompiledKernel:
         self.require_cubin("ptxas's numbers (.info)")
         return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
                                              "dynamic shared memory (bytes)": self.smem_bytes}
+
+    @property
+    def source_map(self):
+        """Python line -> its tk ops, PTX lines and SASS instructions
+        (tk_mlir/source_map.py), read from the stages' line info once."""
+        if self._source_map is None:
+            from .source_map import SourceMap, ops_by_line, ptx_by_line, sass_by_line
+            asm = self.asm
+            file, ops = ops_by_line(self.stages[tk_stage_names()[-1]])
+            sass = sass_by_line(asm["sass"]) if "sass" in asm else None
+            self._source_map = SourceMap(file, ops, ptx_by_line(asm["ptx"]), sass)
+        return self._source_map
+
+    def lines(self, line: int, file: str | None = None):
+        """What Python `line` of the kernel's file (or of `file`) became: a
+        LineCode with its tk ops, PTX lines and SASS instructions."""
+        return self.source_map.line(line, file)
 
     def _repr_html_(self) -> str:
         from .display import stages_html
