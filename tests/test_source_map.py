@@ -61,14 +61,15 @@ def test_a_line_maps_to_its_ops_ptx_and_sass(small):
 
 
 def _compiled_by(monkeypatch, run) -> list:
-    """Every kernel compiled (or read from the cache) while `run` runs."""
+    """Every kernel compiled (or taken from a cache) while `run` runs."""
+    from tk_mlir.kernel import Kernel
     seen = []
-    original = compiler.compile_cached
-    def recording(*a, **k):
-        reads, compiled = original(*a, **k)
-        seen.append(compiled)
-        return reads, compiled
-    monkeypatch.setattr(compiler, "compile_cached", recording)
+    original = Kernel._entry
+    def recording(self, sig):
+        entry = original(self, sig)
+        seen.append(entry[1])
+        return entry
+    monkeypatch.setattr(Kernel, "_entry", recording)
     run()
     return seen
 
