@@ -234,7 +234,8 @@ def _gutter(where: tuple[str, int] | None, main: str | None) -> str:
     return str(line) if file == main else f"{os.path.basename(file)}:{line}"
 
 
-def short_text(generic: str) -> str:
-    """The short form of a tk stage's generic text (compiled.asm[stage])."""
+def short_text(generic: str | bytes) -> str:
+    """The short form of a tk stage from its generic text (compiled.asm[stage])
+    or its bytecode (tk_mlir/stages.py)."""
     from ..stages import read_stage
     return read_stage(generic, short_form)

@@ -310,7 +310,7 @@ def line_in_stage(compiled, code, stage: str) -> list[str]:
         return list(code.sass)
     if stage in tk_stage_names():
         from .source_map import ops_by_line
-        _, ops = ops_by_line(compiled.asm[stage])
+        _, ops = ops_by_line(compiled.stages.stored(stage))
         return ops.get((code.file, code.line), [])
     raise UsageError(f"--line: the stage {stage!r} has no per-line view; --line works with "
                      f"--stage python, {', '.join(tk_stage_names())}, ptx or sass")

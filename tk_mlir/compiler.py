@@ -96,7 +96,7 @@ class Stages(Mapping):
                              f"({', '.join(tk_stage_names())}); read {name!r} as asm[{name!r}]")
         if name not in kernel._short:
             from .dialects.short_form import short_text
-            kernel._short[name] = short_text(kernel.stages[name])
+            kernel._short[name] = short_text(kernel.stages.stored(name))
         return kernel._short[name]
 
     def __contains__(self, name) -> bool:
@@ -227,7 +227,7 @@ class CompiledKernel:
         if self._source_map is None:
             from .source_map import SourceMap, ops_by_line, ptx_by_line, sass_by_line
             asm = self.asm
-            file, ops = ops_by_line(self.stages[tk_stage_names()[-1]])
+            file, ops = ops_by_line(self.stages.stored(tk_stage_names()[-1]))
             sass = sass_by_line(asm["sass"]) if "sass" in asm else None
             self._source_map = SourceMap(file, ops, ptx_by_line(asm["ptx"]), sass)
         return self._source_map

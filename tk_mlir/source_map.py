@@ -63,9 +63,10 @@ def sass_by_line(sass: str) -> dict[Where, list[str]]:
     return dict(out)
 
 
-def ops_by_line(tk_stage: str) -> tuple[str, dict[Where, list[str]]]:
+def ops_by_line(tk_stage: str | bytes) -> tuple[str, dict[Where, list[str]]]:
     """(the kernel's file, the ops of a tk stage at each source line in the
-    short form of dialects/short_form.py), from the stage's generic text."""
+    short form of dialects/short_form.py), from the stage's generic text or
+    bytecode."""
     from .dialects.short_form import op_lines
     from .stages import read_stage
 

@@ -33,6 +33,11 @@ class StageStore(MutableMapping):
             item = self._items[name] = print_bytecode(item)
         return item
 
+    def stored(self, name: str) -> str | bytes:
+        """Stage `name` as kept: text, or bytecode not printed yet (read_stage
+        parses either, so a view of the IR need not print it first)."""
+        return self._items[name]
+
     def __setitem__(self, name: str, text: str) -> None:
         self._items[name] = text
 
