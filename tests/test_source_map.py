@@ -178,6 +178,9 @@ def test_cli_prints_a_lines_ops_and_ptx(capsys):
     code, out, _ = run(capsys, *CALL, "--line", f"test_source_map.py:{n}", "--stage", "ptx",
                        "--stage", "tk-verify")
     assert code == 0 and "==> ptx <==\nex2.approx" in out and "==> tk-verify <==\n%" in out
+    code, out, _ = run(capsys, *CALL, "--line", str(n), "--stage", "llvm")   # any MLIR stage
+    assert code == 0 and out.strip() and all(
+        "ex2.approx" in l for l in out.splitlines()), out
 
 
 def test_cli_line_errors_name_the_option(capsys):
@@ -185,7 +188,7 @@ def test_cli_line_errors_name_the_option(capsys):
     assert code == 2 and "--line nope.py:3: no code came from a file 'nope.py'" in err
     code, _, err = run(capsys, *CALL, "--line", "x")
     assert code == 2 and "--line x: expected a line number" in err
-    code, _, err = run(capsys, *CALL, "--line", "1", "--stage", "llvm")
-    assert code == 2 and "'llvm' has no per-line view" in err
+    code, _, err = run(capsys, *CALL, "--line", "1", "--stage", "ptxas")
+    assert code == 2 and "'ptxas' has no line info" in err
     code, _, err = run(capsys, *CALL, "--line", "1")
     assert code == 0 and "became no code; the lines that did:" in err

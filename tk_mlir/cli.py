@@ -268,8 +268,8 @@ def stage_text(stages, name: str, short: bool) -> str:
 
 
 def print_line(compiled, picked: list[str], line_arg: str) -> None:
-    """--line [FILE:]N: what that Python line became, in each --stage that can
-    say (python, the tk stages, ptx, sass), or in all four without --stage."""
+    """--line [FILE:]N: what that Python line became in each --stage (python,
+    any MLIR stage, ptx, sass), or its tk ops, PTX and SASS without --stage."""
     source_map = compiled.source_map
     file, line = parse_line(line_arg, source_map)
     code = source_map.line(line, file)
@@ -308,12 +308,15 @@ def line_in_stage(compiled, code, stage: str) -> list[str]:
         return list(code.ptx)
     if stage == "sass":
         return list(code.sass)
-    if stage in tk_stage_names():
-        from .source_map import ops_by_line
-        _, ops = ops_by_line(compiled.stages.stored(stage))
-        return ops.get((code.file, code.line), [])
-    raise UsageError(f"--line: the stage {stage!r} has no per-line view; --line works with "
-                     f"--stage python, {', '.join(tk_stage_names())}, ptx or sass")
+    if stage in _TEXT_STAGES:
+        raise UsageError(f"--line: the stage {stage!r} has no line info; --line works with "
+                         f"--stage python, ptx, sass and every MLIR stage")
+    from .source_map import ops_by_line     # an MLIR stage: its ops at that line
+    _, ops = ops_by_line(compiled.stages.stored(stage))
+    return ops.get((code.file, code.line), [])
+
+
+_TEXT_STAGES = ("ptxas",)     # text that is not MLIR and has no .loc
 
 
 def _usable_folder(path: Path, option: str) -> None:
@@ -357,7 +360,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "the Python line as a gutter) instead of MLIR's generic form")
     c.add_argument("--line", metavar="[FILE:]N",
                    help="what Python line N of the kernel's file (or of FILE) became: its tk "
-                        "ops, PTX lines and SASS instructions, or only those of --stage")
+                        "ops, PTX lines and SASS instructions, or only what it became in "
+                        "each --stage (python, any MLIR stage, ptx, sass)")
     c.add_argument("--list-stages", action="store_true", help="print the stage names")
     c.add_argument("--dump-dir", type=Path, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")
