@@ -227,6 +227,8 @@ def compile_command(args: argparse.Namespace) -> int:
                          ("--html", args.html.parent if args.html else None)):
         if path is not None:      # before compiling: a bad folder costs no compile
             _usable_folder(path, option)
+    if args.line is not None:
+        split_line_arg(args.line)
     compiled = kernel.compile(**bind(kernel, args))
     stages = compiled.asm
     picked = pick_stages(stages, args.stage)
@@ -288,9 +290,7 @@ def print_line(compiled, picked: list[str], line_arg: str) -> None:
 def parse_line(text: str, source_map) -> tuple[str, int]:
     """--line N (the kernel's file) or FILE:N (a file with code, by path or
     base name) -> (file, line)."""
-    name, _, number = text.rpartition(":")
-    if not number.isdigit():
-        raise UsageError(f"--line {text}: expected a line number such as 42, or FILE:42")
+    name, number = split_line_arg(text)
     if not name:
         return source_map.file, int(number)
     file = source_map.find_file(name)
@@ -298,6 +298,14 @@ def parse_line(text: str, source_map) -> tuple[str, int]:
         raise UsageError(f"--line {text}: no code came from a file {name!r}; the files "
                          f"with code are: {', '.join(source_map.files())}")
     return file, int(number)
+
+
+def split_line_arg(text: str) -> tuple[str, int]:
+    """--line [FILE:]N -> (FILE or "", N); checked before compiling."""
+    name, _, number = text.rpartition(":")
+    if not number.isdigit():
+        raise UsageError(f"--line {text}: expected a line number such as 42, or FILE:42")
+    return name, int(number)
 
 
 def line_in_stage(compiled, code, stage: str) -> list[str]:
