@@ -58,6 +58,10 @@ class OpDef:
     attributes: tuple[str, ...] = ()
     same_type: tuple[str, ...] = ()      # operands/results that must share one type
     doc: str = ""
+    # The op's name in the short form (dialects/short_form.py), from its
+    # attributes, as the Python method reads: "{kind}_{axis}" -> tk.sub_row.
+    # The attributes it names are not repeated there.
+    mnemonic: str | None = None
     # ---- traits
     block_barrier: Union[bool, Predicate] = False  # its lowering syncs the whole block
     thread_varying: bool = False         # its result differs between a block's threads
@@ -240,9 +244,11 @@ OPS: tuple[OpDef, ...] = (
               "(the registers that hold them: no data moves)"),
     OpDef("reduce", operands=("src",), results=("result",), attributes=("kind", "axis"),
           scratch=_reduction_scratch, block_barrier=_exchanges_across_warps,
+          mnemonic="{axis}_{kind}",
           doc="row (axis=row: one value per row) or column reduction of a tile to a vector"),
     OpDef("broadcast", operands=("src", "vec"), results=("result",),
           attributes=("kind", "axis"), same_type=("src", "result"), layout="broadcast",
+          mnemonic="{kind}_{axis}",
           doc="tile (kind) vector, the vector repeated along rows (axis=row) or columns"),
     # Masks: indices, comparisons and selects (i32 and bool tiles live in registers only).
     OpDef("tile_index", operands=("src",), results=("result",), attributes=("axis",),
@@ -253,7 +259,7 @@ OPS: tuple[OpDef, ...] = (
             layout="same", doc=f"elementwise {n} of bool (or i32) tiles; rhs a tile of the "
                                f"same type or a scalar") for n in LOGICAL),
     OpDef("cmp", operands=("lhs", "rhs"), results=("result",), attributes=("predicate",),
-          layout="same", doc="elementwise comparison (COMPARISONS) to a bool tile; rhs a tile "
+          layout="same", mnemonic="cmp_{predicate}", doc="elementwise comparison (COMPARISONS) to a bool tile; rhs a tile "
                              "of the same type or a scalar"),
     OpDef("select", operands=("mask", "a", "b"), results=("result",), layout="same",
           doc="elementwise mask ? a : b; a and b tiles of the result type or scalars"),

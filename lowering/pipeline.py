@@ -39,6 +39,12 @@ TK_PASSES = (("tk-assign-layouts", assign_layouts), ("tk-verify", verify),
 # Checks that warn and change nothing (no stage text of their own), after the
 # tk passes: tk-lint (passes/lint.py) reads what tk-allocate-smem decided.
 TK_CHECKS = (("tk-lint", lint),)
+# Line info: a DISubprogram scope on each llvm.func makes the LLVM translation
+# keep every op's file:line:col, so the PTX carries `.file`/`.loc` pointing at
+# the kernel's Python source (ptxas -lineinfo carries them into the cubin,
+# nvdisasm -g shows them in the SASS). DebugDirectivesOnly: only those
+# directives, no DWARF sections, and no change to the generated code.
+DEBUG_LINES = "ensure-debug-info-scope-on-llvm-func{emission-kind=DebugDirectivesOnly}"
 # The stages after tk-to-gpu, in order: upstream passes by their pipeline
 # text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
 GPU_STAGES = (
@@ -51,6 +57,7 @@ GPU_STAGES = (
     "gpu.module(convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1})",
     ("tk-kernel-attributes", set_kernel_attributes),
     "reconcile-unrealized-casts",
+    DEBUG_LINES,
 )
 UPSTREAM = tuple(s for s in GPU_STAGES if isinstance(s, str))
 GPU_STAGE_NAMES = tuple(s if isinstance(s, str) else s[0] for s in GPU_STAGES)

@@ -201,3 +201,13 @@ def test_a_misspelled_const_is_named_with_a_suggestion(capsys):
     code, out, err = run(capsys, *SOFTMAX_CALL[:-1], "NN=512")
     assert code == 2
     assert "--const NN: no tk.constexpr parameter 'NN' (did you mean 'N'?)" in err
+
+
+def test_short_prints_tk_stages_in_short(capsys):
+    code, out, err = run(capsys, *SOFTMAX_CALL, "--stage", "tk", "--short")
+    assert code == 0, err
+    assert out.startswith("// quickstart.py\n")
+    assert re.search(r"^ *\d+ │   %\d+ = tk\.sub_row %\d+, %\d+ : rt<f32, 4x512>$", out, re.M)
+    assert "loc(" not in out and '"tk.' not in out
+    code, _, err = run(capsys, *SOFTMAX_CALL, "--short")
+    assert code == 2 and "--short" in err and "--stage" in err

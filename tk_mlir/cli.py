@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from .errors import ArgumentError, CompilationError
-from .compiler import writable_folder
+from .compiler import tk_stage_names, writable_folder
 from .errors import debug
 from .kernel import Kernel
 from .params import CONSTEXPR, GL, I32, BindError
@@ -227,6 +227,8 @@ def compile_command(args: argparse.Namespace) -> int:
                          ("--html", args.html.parent if args.html else None)):
         if path is not None:      # before compiling: a bad folder costs no compile
             _usable_folder(path, option)
+    if args.line is not None:
+        split_line_arg(args.line)
     compiled = kernel.compile(**bind(kernel, args))
     stages = compiled.asm
     picked = pick_stages(stages, args.stage)
@@ -244,14 +246,85 @@ def compile_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.html}", file=notes)
     if args.list_stages:
         print("\n".join(stages))
+    if args.line is not None:
+        print_line(compiled, picked, args.line)
+        return 0
+    if args.short and not picked:
+        raise UsageError("--short shows a tk stage in short: name one with --stage "
+                         "(e.g. --stage tk --short)")
     for name in picked:
         if len(picked) > 1:
             print(f"==> {name} <==")
-        print(stages[name], end="" if stages[name].endswith("\n") else "\n")
+        text = stage_text(stages, name, args.short)
+        print(text, end="" if text.endswith("\n") else "\n")
     if not picked and not args.list_stages:
         print(summary(compiled.name, stages,
                       compiled.info if compiled.assembled else None))
     return 0
+
+
+def stage_text(stages, name: str, short: bool) -> str:
+    """A stage as --stage prints it: a tk stage in short under --short (the
+    other stages have no short form and print in full)."""
+    return stages.short(name) if short and name in tk_stage_names() else stages[name]
+
+
+def print_line(compiled, picked: list[str], line_arg: str) -> None:
+    """--line [FILE:]N: what that Python line became in each --stage (python,
+    any MLIR stage, ptx, sass), or its tk ops, PTX and SASS without --stage."""
+    source_map = compiled.source_map
+    file, line = parse_line(line_arg, source_map)
+    code = source_map.line(line, file)
+    if not picked:
+        print(code)
+    for name in picked:
+        if len(picked) > 1:
+            print(f"==> {name} <==")
+        print("\n".join(line_in_stage(compiled, code, name)))
+    if not (code.ops or code.ptx or code.sass):
+        lines = [str(c.line) for c in source_map.lines() if c.file == file]
+        print(f"note: {file}:{line} became no code; the lines that did: "
+              f"{', '.join(lines) or 'none'}", file=sys.stderr)
+
+
+def parse_line(text: str, source_map) -> tuple[str, int]:
+    """--line N (the kernel's file) or FILE:N (a file with code, by path or
+    base name) -> (file, line)."""
+    name, number = split_line_arg(text)
+    if not name:
+        return source_map.file, int(number)
+    file = source_map.find_file(name)
+    if file is None:
+        raise UsageError(f"--line {text}: no code came from a file {name!r}; the files "
+                         f"with code are: {', '.join(source_map.files())}")
+    return file, int(number)
+
+
+def split_line_arg(text: str) -> tuple[str, int]:
+    """--line [FILE:]N -> (FILE or "", N); checked before compiling."""
+    name, _, number = text.rpartition(":")
+    if not number.isdigit():
+        raise UsageError(f"--line {text}: expected a line number such as 42, or FILE:42")
+    return name, int(number)
+
+
+def line_in_stage(compiled, code, stage: str) -> list[str]:
+    """What `code`'s line became in `stage`."""
+    if stage == "python":
+        return [code.source.rstrip("\n")]
+    if stage == "ptx":
+        return list(code.ptx)
+    if stage == "sass":
+        return list(code.sass)
+    if stage in _TEXT_STAGES:
+        raise UsageError(f"--line: the stage {stage!r} has no line info; --line works with "
+                         f"--stage python, ptx, sass and every MLIR stage")
+    from .source_map import ops_by_line     # an MLIR stage: its ops at that line
+    _, ops = ops_by_line(compiled.stages.stored(stage))
+    return ops.get((code.file, code.line), [])
+
+
+_TEXT_STAGES = ("ptxas",)     # text that is not MLIR and has no .loc
 
 
 def _usable_folder(path: Path, option: str) -> None:
@@ -290,6 +363,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--stage", action="append", default=[], metavar="NAME",
                    help="print this stage's text (a name or number from the listing; "
                         "repeatable)")
+    c.add_argument("--short", action="store_true",
+                   help="print the tk stages named by --stage in short (one line per op, "
+                        "the Python line as a gutter) instead of MLIR's generic form")
+    c.add_argument("--line", metavar="[FILE:]N",
+                   help="what Python line N of the kernel's file (or of FILE) became: its tk "
+                        "ops, PTX lines and SASS instructions, or only what it became in "
+                        "each --stage (python, any MLIR stage, ptx, sass)")
     c.add_argument("--list-stages", action="store_true", help="print the stage names")
     c.add_argument("--dump-dir", type=Path, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")

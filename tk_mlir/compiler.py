@@ -32,6 +32,9 @@ from .target import TARGET
 
 # Stage file suffixes for TK_MLIR_DUMP_DIR.
 _SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
+# ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which
+# Python line each instruction came from (it changes no instruction).
+PTXAS_ARGS = ("-lineinfo",)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,19 @@ class Stages(Mapping):
             stages["sass"] = _cached_sass(kernel.cubin)
         return stages[name]
 
+    def short(self, name: str = "tk") -> str:
+        """Tk stage `name` (tk or a tk pass) in the short form for reading
+        (dialects/short_form.py: one line per op, short types, the source
+        line as a gutter). `asm[name]` stays the generic, re-parsable text."""
+        kernel = self._kernel
+        if name not in tk_stage_names():
+            raise ValueError(f"asm.short({name!r}): the short form is for the tk stages "
+                             f"({', '.join(tk_stage_names())}); read {name!r} as asm[{name!r}]")
+        if name not in kernel._short:
+            from .dialects.short_form import short_text
+            kernel._short[name] = short_text(kernel.stages.stored(name))
+        return kernel._short[name]
+
     def __contains__(self, name) -> bool:
         # (Mapping's would read the stage, and a missing tool is an error there.)
         return name in self._names()
@@ -98,6 +114,12 @@ class Stages(Mapping):
 
     def __len__(self) -> int:
         return len(self._names())
+
+
+def tk_stage_names() -> tuple[str, ...]:
+    """The stages whose IR is tk ops: the frontend's, then each tk pass's."""
+    from .lowering.pipeline import TK_PASSES
+    return ("tk", *(name for name, _ in TK_PASSES))
 
 
 # The stages made from the cubin, and what reading each is called in the error
@@ -126,6 +148,8 @@ class CompiledKernel:
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _values: object = field(default=None, repr=False)   # params.launch_values_function
+    _short: dict = field(default_factory=dict, repr=False)  # tk stage -> its short form
+    _source_map: object = field(default=None, repr=False)   # source_map.SourceMap
 
     def __post_init__(self):
         self.params = [AbiParam(*p) for p in self.params]
@@ -195,6 +219,23 @@ class CompiledKernel:
         self.require_cubin("ptxas's numbers (.info)")
         return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
                                              "dynamic shared memory (bytes)": self.smem_bytes}
+
+    @property
+    def source_map(self):
+        """Python line -> its tk ops, PTX lines and SASS instructions
+        (tk_mlir/source_map.py), read from the stages' line info once."""
+        if self._source_map is None:
+            from .source_map import SourceMap, ops_by_line, ptx_by_line, sass_by_line
+            asm = self.asm
+            file, ops = ops_by_line(self.stages.stored(tk_stage_names()[-1]))
+            sass = sass_by_line(asm["sass"]) if "sass" in asm else None
+            self._source_map = SourceMap(file, ops, ptx_by_line(asm["ptx"]), sass)
+        return self._source_map
+
+    def lines(self, line: int, file: str | None = None):
+        """What Python `line` of the kernel's file (or of `file`) became: a
+        LineCode with its tk ops, PTX lines and SASS instructions."""
+        return self.source_map.line(line, file)
 
     def _repr_html_(self) -> str:
         from .display import stages_html
@@ -405,7 +446,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     # bytecode, printed when read: tk_mlir/stages.py). Without ptxas the
     # kernel stops at PTX (the module's docstring).
     stage[0] = "ptxas"
-    job = start_ptxas(lowered.ptx) if find_tool("ptxas") is not None else None
+    job = start_ptxas(lowered.ptx, extra_args=PTXAS_ARGS) if find_tool("ptxas") is not None else None
     stage[0] = "keeping the stages"
     for name in lowered.stages:
         stored = lowered.stages.stored(name)
@@ -419,7 +460,8 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     except ToolchainError as e:
         path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
-                                    f"reproduce with: ptxas -arch={TARGET.arch} {path}",
+                                    f"reproduce with: ptxas -arch={TARGET.arch} "
+                                    f"{' '.join(PTXAS_ARGS)} {path}",
                                     spec.name, "ptxas") from e
     if job is not None:
         stages["ptxas"] = log

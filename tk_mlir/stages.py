@@ -33,6 +33,11 @@ class StageStore(MutableMapping):
             item = self._items[name] = print_bytecode(item)
         return item
 
+    def stored(self, name: str) -> str | bytes:
+        """Stage `name` as kept: text, or bytecode not printed yet (read_stage
+        parses either, so a view of the IR need not print it first)."""
+        return self._items[name]
+
     def __setitem__(self, name: str, text: str) -> None:
         self._items[name] = text
 
@@ -67,13 +72,19 @@ _context = None
 def print_bytecode(blob: bytes) -> str:
     """The text of a module written as bytecode, printed as the compiler
     prints its stages (lowering.pipeline.stage_text)."""
+    from .lowering.pipeline import stage_text
+    return read_stage(blob, stage_text)
+
+
+def read_stage(stage: str | bytes, read):
+    """`read(module)` on a stage's module, parsed from its text or bytecode in
+    the one printing context (the tk dialect loaded)."""
     global _context
     from mlir import ir
     from .dialects import tk as tk_dialect
-    from .lowering.pipeline import stage_text
     with _printing:
         if _context is None:
             _context = ir.Context()
             tk_dialect.load(_context)
         with _context:
-            return stage_text(ir.Module.parse(blob))
+            return read(ir.Module.parse(stage))

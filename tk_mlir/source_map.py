@@ -1,0 +1,131 @@
+"""What each Python line of a kernel became: its tk ops, PTX and SASS.
+
+Every tk op carries its Python file:line:col; the lowering builds each op's
+code under that location, the LLVM translation turns it into PTX `.loc`
+directives (lowering/pipeline.py: DEBUG_LINES), ptxas -lineinfo keeps them
+in the cubin and nvdisasm -g prints them over the SASS. This module reads
+them back from the three texts, so no stage needs more than it already has:
+
+    compiled.lines(42)          # LineCode: the ops, PTX lines, SASS instructions
+    compiled.source_map.lines() # every line that produced code, in order
+"""
+from __future__ import annotations
+
+import linecache
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+Where = tuple[str, int]          # (file, line)
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"', re.M)
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
+_SASS_FILE = re.compile(r'^\s*//## File "([^"]*)", line (\d+)')
+_SASS_INSTRUCTION = re.compile(r"^\s*(/\*[0-9a-f]+\*/)\s+(.*?)\s*(?:/\*.*)?$")
+
+
+def ptx_by_line(ptx: str) -> dict[Where, list[str]]:
+    """The PTX instructions under each `.loc` (file, line); line 0 is LLVM's
+    "no single line" (code merged from several) and is nobody's."""
+    files = {int(n): path for n, path in _PTX_FILE.findall(ptx)}
+    out: dict[Where, list[str]] = defaultdict(list)
+    where = None
+    for raw in ptx.splitlines():
+        m = _PTX_LOC.match(raw)
+        if m:
+            line = int(m[2])
+            where = (files.get(int(m[1]), m[1]), line) if line else None
+            continue
+        text = raw.strip()
+        if where and _is_ptx_instruction(text):
+            out[where].append(text)
+    return dict(out)
+
+
+def _is_ptx_instruction(text: str) -> bool:
+    return bool(text) and not text.startswith(("//", ".", "{", "}", ")")) and \
+        not text.endswith((":", ","))
+
+
+def sass_by_line(sass: str) -> dict[Where, list[str]]:
+    """The SASS instructions under each `//## File "...", line N` of
+    `nvdisasm -g`, as `/*addr*/ INSTRUCTION ;`."""
+    out: dict[Where, list[str]] = defaultdict(list)
+    where = None
+    for raw in sass.splitlines():
+        m = _SASS_FILE.match(raw)
+        if m:
+            where = (m[1], int(m[2]))
+            continue
+        m = _SASS_INSTRUCTION.match(raw)
+        if where and m:
+            out[where].append(f"{m[1]} {' '.join(m[2].split())}")
+    return dict(out)
+
+
+def ops_by_line(tk_stage: str | bytes) -> tuple[str, dict[Where, list[str]]]:
+    """(the kernel's file, the ops of a tk stage at each source line in the
+    short form of dialects/short_form.py), from the stage's generic text or
+    bytecode."""
+    from .dialects.short_form import op_lines
+    from .stages import read_stage
+
+    def read(module):
+        rows = op_lines(module.operation)
+        out: dict[Where, list[str]] = defaultdict(list)
+        for where, _, text, _ in rows:
+            if where:
+                out[where].append(text)
+        return next((w[0] for w, *_ in rows if w), ""), dict(out)
+    return read_stage(tk_stage, read)
+
+
+@dataclass(frozen=True)
+class LineCode:
+    """One Python line and the code it became."""
+    file: str
+    line: int
+    source: str                # the line's text ("" if the file cannot be read)
+    ops: tuple[str, ...]       # tk-stage ops, short form
+    ptx: tuple[str, ...]
+    sass: tuple[str, ...]      # () when there is no SASS (no ptxas or nvdisasm)
+
+    def __str__(self) -> str:
+        parts = [f"{self.file}:{self.line}: {self.source.strip()}"]
+        for title, items in (("tk", self.ops), ("ptx", self.ptx), ("sass", self.sass)):
+            parts.append(f"  {title} ({len(items)}):")
+            parts += [f"    {item}" for item in items]
+        return "\n".join(parts)
+
+
+class SourceMap:
+    """Python line -> LineCode for one compiled kernel."""
+
+    def __init__(self, file: str, ops: dict[Where, list[str]], ptx: dict[Where, list[str]],
+                 sass: dict[Where, list[str]] | None):
+        self.file = file                 # the kernel's own source file
+        self._ops, self._ptx, self._sass = ops, ptx, sass or {}
+
+    def line(self, line: int, file: str | None = None) -> LineCode:
+        """What `line` of `file` (default: the kernel's file) became."""
+        where = (file or self.file, line)
+        return LineCode(where[0], line, linecache.getline(where[0], line),
+                        tuple(self._ops.get(where, ())), tuple(self._ptx.get(where, ())),
+                        tuple(self._sass.get(where, ())))
+
+    def files(self) -> list[str]:
+        """The source files with code, the kernel's first (helpers, templates)."""
+        wheres = set(self._ops) | set(self._ptx) | set(self._sass)
+        return sorted({f for f, _ in wheres}, key=lambda f: (f != self.file, f))
+
+    def find_file(self, name: str) -> str | None:
+        """The file with code whose path or base name is `name`."""
+        found = [f for f in self.files() if f == name or f.rsplit("/", 1)[-1] == name]
+        return found[0] if len(found) == 1 else None
+
+    def lines(self) -> list[LineCode]:
+        """Every line that became code, by file (the kernel's first), then line."""
+        wheres = set(self._ops) | set(self._ptx) | set(self._sass)
+        return [self.line(line, file) for file, line in
+                sorted(wheres, key=lambda w: (w[0] != self.file, w))]
+
