@@ -196,9 +196,20 @@ class CompiledKernel:
         return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
                                              "dynamic shared memory (bytes)": self.smem_bytes}
 
+    def summary(self) -> dict:
+        """The facts to check first: registers, spills, shared memory, blocks
+        per SM, the SASS instruction mix, ptxas warnings (summary.py);
+        `print(compiled.summary_text())` for the same as text."""
+        from .summary import summary
+        return summary(self)
+
+    def summary_text(self) -> str:
+        from .summary import summary_text
+        return summary_text(self.summary())
+
     def _repr_html_(self) -> str:
         from .display import stages_html
-        return stages_html(self.name, dict(self.asm), self.info if self.assembled else None)
+        return stages_html(self.name, dict(self.asm), self.summary())
 
     def show(self, stage: str, diff: bool = False):
         """The whole of one stage (the notebook display cuts long ones):

@@ -160,8 +160,8 @@ def highlight(text: str, stage: str) -> str:
 
 _CSS = f"""
 .{_SCOPE} {{ font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; }}
-.{_SCOPE} .t-head {{ display: flex; align-items: baseline; gap: 1.5em; flex-wrap: wrap; margin: 4px 0; }}
-.{_SCOPE} .t-title {{ font-weight: 600; font-size: 14px; font-family: var(--jp-code-font-family, monospace); }}
+.{_SCOPE} .t-head {{ margin: 4px 0; overflow-x: auto; }}
+.{_SCOPE} .t-title {{ display: block; font-weight: 600; font-size: 14px; font-family: var(--jp-code-font-family, monospace); }}
 .{_SCOPE} table.t-meta {{ border-collapse: collapse; font-size: 12px; margin: 0; }}
 .{_SCOPE} table.t-meta th, .{_SCOPE} table.t-meta td {{ padding: 1px 8px; text-align: left; border: none; }}
 .{_SCOPE} table.t-meta th {{ font-weight: normal; opacity: .7; }}
