@@ -243,3 +243,29 @@ def test_meta_table_and_scoped_css():
     rules = [r.strip() for r in re.findall(r"([^{}]+)\{", css)]
     assert rules and all(all(sel.strip().startswith(".tk-mlir-stages") for sel in r.split(",")) for r in rules)
     assert out.startswith('<div class="tk-mlir-stages">')
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", ""]), max_size=40),
+       st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", "y", ""]), max_size=40))
+def test_stage_diff_rebuilds_both_sides(old, new):
+    d = stage_diff("".join(l + "\n" for l in old), "".join(l + "\n" for l in new), context=10**6)
+    assert d.unchanged == (old == new)
+    if d.unchanged:
+        return
+    rows = [(m, t) for m, t in d.lines if m != "@"]
+    assert [t for m, t in rows if m in " +"] == new
+    assert [t for m, t in rows if m in " -"] == old
+    assert (d.added, d.removed) == (sum(m == "+" for m, _ in rows), sum(m == "-" for m, _ in rows))
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", ""]), max_size=60),
+       st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", "y", ""]), max_size=60))
+def test_stage_diff_hunk_headers_count_their_lines(old, new):
+    d = stage_diff("".join(l + "\n" for l in old), "".join(l + "\n" for l in new))
+    text = d.text().split("\n") if d.lines else []
+    starts = [i for i, l in enumerate(text) if l.startswith("@@ ")]
+    for k, at in enumerate(starts):
+        body = text[at + 1:starts[k + 1] if k + 1 < len(starts) else len(text)]
+        a1, a_n, b1, b_n = map(int, re.match(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text[at]).groups())
+        assert sum(l[:1] in " -" for l in body) == a_n and sum(l[:1] in " +" for l in body) == b_n
+        assert [l[1:] for l in body if l[:1] in " -"] == old[a1 - 1:a1 - 1 + a_n]

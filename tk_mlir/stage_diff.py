@@ -13,6 +13,8 @@ rewired to another value is not either, unless the line changes otherwise —
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -44,43 +46,91 @@ def _shape(line: str) -> str:
     return _NUMBERED.sub(lambda m: m.group()[0], line).strip()
 
 
-def _common_ends(old: list[str], new: list[str]) -> tuple[int, int]:
-    """How many lines the two share at the start, and then at the end: most
-    passes change a little in the middle, and the matcher is quadratic."""
-    start, most = 0, min(len(old), len(new))
-    while start < most and old[start] == new[start]:
-        start += 1
-    end = 0
-    while end < most - start and old[-1 - end] == new[-1 - end]:
-        end += 1
-    return start, end
+def _increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest run of `pairs` (sorted by their first index) whose second
+    indices increase too (patience sorting)."""
+    tops, top_js, links = [], [], {}
+    for pair in pairs:
+        k = bisect_left(top_js, pair[1])
+        links[pair] = tops[k - 1] if k else None
+        tops[k:k + 1], top_js[k:k + 1] = [pair], [pair[1]]
+    run, pair = [], tops[-1] if tops else None
+    while pair is not None:
+        run.append(pair)
+        pair = links[pair]
+    return run[::-1]
+
+
+def _matches(old: list[str], new: list[str], a1: int, a2: int, b1: int, b2: int,
+             out: list[tuple[int, int]]) -> None:
+    """Append to `out` the matched (old, new) line pairs of old[a1:a2] and
+    new[b1:b2], in order: the shared start and end, then lines that occur
+    once on both sides as anchors (patience diff), recursing between them;
+    difflib's matcher only for a stretch with no such line. (difflib alone
+    is quadratic in IR's many repeated lines: seconds for the GEMM.)"""
+    while a1 < a2 and b1 < b2 and old[a1] == new[b1]:
+        out.append((a1, b1))
+        a1, b1 = a1 + 1, b1 + 1
+    tail = []
+    while a1 < a2 and b1 < b2 and old[a2 - 1] == new[b2 - 1]:
+        a2, b2 = a2 - 1, b2 - 1
+        tail.append((a2, b2))
+    if a1 < a2 and b1 < b2:
+        once_old = Counter(old[a1:a2])
+        once_new = Counter(new[b1:b2])
+        at_new = {line: j for j, line in enumerate(new[b1:b2], b1) if once_new[line] == 1}
+        anchors = _increasing([(i, at_new[line]) for i, line in enumerate(old[a1:a2], a1)
+                               if once_old[line] == 1 and line in at_new])
+        if anchors:
+            for i, j in anchors:
+                _matches(old, new, a1, i, b1, j, out)
+                out.append((i, j))
+                a1, b1 = i + 1, j + 1
+            _matches(old, new, a1, a2, b1, b2, out)
+        else:
+            # autojunk off: in IR, frequent lines (`}`, constants) are real lines.
+            blocks = SequenceMatcher(None, old[a1:a2], new[b1:b2], autojunk=False)
+            for i, j, n in blocks.get_matching_blocks():
+                out += [(a1 + i + k, b1 + j + k) for k in range(n)]
+    out += tail[::-1]
+
+
+def _hunks(matched: list[tuple[int, int]], n_old: int, n_new: int, context: int):
+    """Unified-diff hunks from the matched pairs: each a list of (mark, old
+    index or new index) rows, changes with `context` unchanged lines around."""
+    changes, i, j = [], 0, 0         # (old from, old to, new from, new to) per change
+    for mi, mj in [*matched, (n_old, n_new)]:
+        if i < mi or j < mj:
+            changes.append((i, mi, j, mj))
+        i, j = mi + 1, mj + 1
+    groups = []
+    for change in changes:
+        if groups and change[0] - groups[-1][-1][1] <= 2 * context:
+            groups[-1].append(change)
+        else:
+            groups.append([change])
+    for group in groups:
+        first, last = group[0], group[-1]
+        lead = min(context, first[0], first[2])
+        trail = min(context, n_old - last[1], n_new - last[3])
+        yield (first[0] - lead, last[1] + trail, first[2] - lead, last[3] + trail, group)
 
 
 def stage_diff(before: str, after: str, context: int = CONTEXT) -> StageDiff:
     """The unified diff from `before` to `after`, lines matched with SSA,
     block and location numbers ignored (the module's docstring)."""
     old, new = before.splitlines(), after.splitlines()
-    old_shapes, new_shapes = [_shape(l) for l in old], [_shape(l) for l in new]
-    start, end = _common_ends(old_shapes, new_shapes)
-    # autojunk off: in IR, frequent lines (`}`, constants) are real lines.
-    matcher = SequenceMatcher(None, old_shapes[start:len(old) - end],
-                              new_shapes[start:len(new) - end], autojunk=False)
-    opcodes = [("equal", 0, start, 0, start)] if start else []
-    opcodes += [(tag, a1 + start, a2 + start, b1 + start, b2 + start)
-                for tag, a1, a2, b1, b2 in matcher.get_opcodes() if a1 != a2 or b1 != b2]
-    if end:
-        opcodes.append(("equal", len(old) - end, len(old), len(new) - end, len(new)))
-    matcher.get_opcodes = lambda: opcodes     # (grouped below as difflib groups its own)
+    matched = []
+    _matches([_shape(l) for l in old], [_shape(l) for l in new], 0, len(old), 0, len(new),
+             matched)
     lines, added, removed = [], 0, 0
-    for group in matcher.get_grouped_opcodes(context):
-        i1, j1, i2, j2 = group[0][1], group[0][3], group[-1][2], group[-1][4]
-        lines.append(("@", f"@@ -{i1 + 1},{i2 - i1} +{j1 + 1},{j2 - j1} @@"))
-        for tag, a1, a2, b1, b2 in group:
-            if tag == "equal":
-                lines += [(" ", l) for l in new[b1:b2]]
-                continue
-            lines += [("-", l) for l in old[a1:a2]]
-            lines += [("+", l) for l in new[b1:b2]]
-            removed += a2 - a1
-            added += b2 - b1
+    for a1, a2, b1, b2, group in _hunks(matched, len(old), len(new), context):
+        lines.append(("@", f"@@ -{a1 + 1},{a2 - a1} +{b1 + 1},{b2 - b1} @@"))
+        j = b1
+        for c1, c2, d1, d2 in group:
+            lines += [(" ", l) for l in new[j:d1]]          # unchanged, as printed now
+            lines += [("-", l) for l in old[c1:c2]]
+            lines += [("+", l) for l in new[d1:d2]]
+            removed, added, j = removed + c2 - c1, added + d2 - d1, d2
+        lines += [(" ", l) for l in new[j:b2]]
     return StageDiff(lines, added, removed)
