@@ -75,6 +75,18 @@ def test_summary_occupancy_without_a_gpu(gemm):
     assert "H200 limits" in facts["occupancy from"]
 
 
+def test_a_gpu_that_cannot_run_the_kernel_leaves_the_limits(gemm, monkeypatch):
+    from tk_mlir.runtime import driver
+    monkeypatch.setattr(driver, "has_gpu", lambda: True)
+
+    def refuse(device=None):
+        raise driver.UnsupportedDevice("cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0)")
+    monkeypatch.setattr(gemm, "function", refuse)
+    facts = gemm.summary()
+    assert facts["blocks per SM"] == 1
+    assert facts["occupancy from"] == "H200 limits (cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0))"
+
+
 def test_ptxas_warnings_are_listed():
     log = ("ptxas info    : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to "
            "determine register count at entry.\n"

@@ -126,14 +126,20 @@ def _occupancy(compiled, registers: int, shared_bytes: int) -> dict:
         gpu = driver.has_gpu()
     except CudaUnavailable:             # no cuda-bindings: the limits
         gpu = False
+    why_not = "no GPU here"
     if gpu:
-        function = compiled.function()
-        blocks = function.max_active_blocks(compiled.num_threads, compiled.smem_bytes)
-        name, _ = driver.device_identity(function.device)
-        return {"blocks per SM": blocks, "occupancy from": f"the driver ({name})"}
+        # A GPU that cannot run the kernel (not sm_90) or a driver that
+        # refuses the query leaves the limits, with the reason on the page.
+        try:
+            function = compiled.function()
+            blocks = function.max_active_blocks(compiled.num_threads, compiled.smem_bytes)
+            name, _ = driver.device_identity(function.device)
+            return {"blocks per SM": blocks, "occupancy from": f"the driver ({name})"}
+        except (driver.UnsupportedDevice, driver.CudaError) as e:
+            why_not = str(e)
     blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes)
     return {"blocks per SM": blocks, "limited by": ", ".join(limited_by),
-            "occupancy from": "H200 limits (no GPU here)"}
+            "occupancy from": f"H200 limits ({why_not})"}
 
 
 def summary_text(facts: dict) -> str:
