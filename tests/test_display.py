@@ -238,6 +238,12 @@ def test_meta_table_and_scoped_css():
     assert "<th>registers</th>" in out and "<td>168</td>" in out
     assert "<td>232,448</td>" in out
     assert '<td class="t-bad">8</td>' in out  # spills stand out
+    mixed = stages_html("k", {"tk": TK}, {"instructions": {"HGMMA": 4, "LDL": 3, "STL": 0},
+                                          "ptxas warnings": ["(C7517) wgmma.wait_group <injected>"]})
+    parse(mixed)
+    assert '<div class="t-sub">instructions</div><table' in mixed
+    assert "<td>4</td><td class=\"t-bad\">3</td><td>0</td>" in mixed
+    assert '<ul class="t-warn"><li>(C7517) wgmma.wait_group &lt;injected&gt;</li></ul>' in mixed
     assert "<table" not in stages_html("gemm", {"tk": TK})
     css = re.search(r"<style>(.*?)</style>", out, re.S).group(1)
     rules = [r.strip() for r in re.findall(r"([^{}]+)\{", css)]

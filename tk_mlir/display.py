@@ -206,8 +206,10 @@ _BAD = ' class="t-bad"'
 
 
 def _is_bad(key: str, value) -> bool:
-    # Spills are the one number a kernel author must never miss.
-    return "spill" in key.lower() and isinstance(value, (int, float)) and value > 0
+    # Spills (and the local-memory loads and stores they become) are the
+    # numbers a kernel author must never miss.
+    bad_if_any = "spill" in key.lower() or key in ("LDL", "STL")
+    return bad_if_any and isinstance(value, (int, float)) and value > 0
 
 
 def _table(row: dict) -> str:
