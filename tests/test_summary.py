@@ -102,6 +102,7 @@ def test_summary_heads_the_page_and_prints_as_text(gemm):
     head = page[:page.index("<details")]
     assert "<th>registers</th><th>spill stores (bytes)</th>" in head and "<td>168</td>" in head
     assert "<th>HGMMA</th>" in head and "<th>blocks per SM</th>" in head
+    assert '<div class="t-sub">ptxas warnings: none</div>' in head
     text = gemm.summary_text()
     assert re.search(r"^registers\s+168$", text, re.M)
     assert re.search(r"^instructions \(SASS, static\)\s+HGMMA \d+", text, re.M)

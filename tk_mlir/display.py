@@ -232,6 +232,8 @@ def _meta_html(meta: dict) -> str:
         elif isinstance(value, list) and value:
             items = "".join(f"<li>{html.escape(str(v))}</li>" for v in value)
             out += f'<div class="t-sub">{html.escape(str(key))}</div><ul class="t-warn">{items}</ul>'
+        elif isinstance(value, list):      # "no warnings" is a fact worth a line
+            out += f'<div class="t-sub">{html.escape(str(key))}: none</div>'
     return out
 
 
