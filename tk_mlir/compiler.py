@@ -196,17 +196,6 @@ class CompiledKernel:
         return ptxas_info(self.ptxas_log) | {"threads": self.num_threads,
                                              "dynamic shared memory (bytes)": self.smem_bytes}
 
-    def summary(self) -> dict:
-        """The facts to check first: registers, spills, shared memory, blocks
-        per SM, the SASS instruction mix, ptxas warnings (summary.py);
-        `print(compiled.summary_text())` for the same as text."""
-        from .summary import summary
-        return summary(self)
-
-    def summary_text(self) -> str:
-        from .summary import summary_text
-        return summary_text(self.summary())
-
     def _repr_html_(self) -> str:
         from .display import stages_html
         return stages_html(self.name, dict(self.asm), self.summary())
@@ -229,6 +218,17 @@ class CompiledKernel:
         before = names[at - 1]
         text = stage_diff(self.asm[before], self.asm[stage]).text()
         return Listing(f"{self.name}: {stage} against {before}", stage, text, diff=True)
+
+    def summary(self) -> dict:
+        """The facts to check first: registers, spills, shared memory, blocks
+        per SM, the SASS instruction mix, ptxas warnings (summary.py);
+        `print(compiled.summary_text())` for the same as text."""
+        from .summary import summary
+        return summary(self)
+
+    def summary_text(self) -> str:
+        from .summary import summary_text
+        return summary_text(self.summary())
 
     def function(self, device: int | None = None):
         """The CUDA function on `device` (default: the current one), loaded
