@@ -34,6 +34,8 @@ def test_bench_argument_rules():
         tk.bench(lambda a: a, torch.ones(2), inputs=lambda g: (torch.ones(2),))
     with pytest.raises(ValueError, match=r"bench\(flops=0\): flops per call must be > 0"):
         tk.bench(lambda a: a, torch.ones(2), flops=0)
+    with pytest.raises(ValueError, match=r"no tensor among args"):
+        tk.bench(lambda n: n, 4096)
 
 
 def test_cloned_groups_exceed_three_l2s():

@@ -157,8 +157,9 @@ def bench(fn: Callable, *args, inputs: Callable[[Any], tuple] | None = None,
     together exceed 3x the L2, each launch taking the next group), or
     `inputs=make`, `make(generator) -> args` making one group of random
     inputs (`tk_mlir.benchmarking.uniform` helps), seeded so that every
-    kernel timed this way sees the same bits. `flops` or `bytes` (per call)
-    add TFLOP/s or GB/s. Raises NoGpu without a CUDA GPU.
+    kernel timed this way sees the same bits. At least two groups, so
+    inputs larger than the L2 take twice their memory. `flops` or `bytes`
+    (per call) add TFLOP/s or GB/s. Raises NoGpu without a CUDA GPU.
     """
     if (inputs is None) == (not args):
         raise TypeError("bench(fn, *args, inputs=): give either the arguments of one call "
@@ -167,9 +168,14 @@ def bench(fn: Callable, *args, inputs: Callable[[Any], tuple] | None = None,
     for name, value in (("flops", flops), ("bytes", bytes)):
         if value is not None and not value > 0:
             raise ValueError(f"bench({name}={value!r}): {name} per call must be > 0")
+    if args and not _tensor_bytes(args):
+        raise ValueError("bench(fn, *args): no tensor among args, so nothing to cycle "
+                         "through the L2; pass the tensors fn reads and writes")
     require_gpu("tk.bench")
     if inputs is not None:      # group i from seed i, as make_input_groups makes them
         first = inputs(_generator(0))
+        if not _tensor_bytes(first):
+            raise ValueError("bench(inputs=): the group it made holds no tensor")
         groups = [first] + [inputs(_generator(i)) for i in
                             range(1, group_count(_tensor_bytes(first), l2_bytes))]
     else:
