@@ -101,3 +101,26 @@ def test_bench_times_a_matmul_on_the_gpu():
     r = tk.bench(torch.mm, inputs=lambda g: (B.uniform(g, n, n), B.uniform(g, n, n)),
                  flops=2 * n**3, warmup=10, iters=10, pause_s=0)
     assert r.tflops > 0
+
+
+@pytest.mark.gpu
+def test_bench_and_sweep_a_tk_kernel_on_the_gpu():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from quickstart import softmax
+
+    def run(rows, impl):
+        x = torch.randn(rows, 512, device="cuda")
+        y = torch.empty_like(x)
+        if impl == "tk_mlir":
+            fn = lambda x, y: softmax[(tk.cdiv(rows, 4),)](x, y, ROWS=4, N=512)  # noqa: E731
+        else:
+            fn = lambda x, y: torch.softmax(x, -1)  # noqa: E731
+        return tk.bench(fn, x, y, bytes=2 * x.numel() * 4, warmup=10, iters=10, pause_s=0)
+
+    result = tk.sweep(run, [1024, 8192], ["tk_mlir", "torch"], x_name="rows")
+    assert result.metric == "gbs"
+    assert all(r["status"] == "ok" and r["gbs"] > 0 for r in result.rows), result.rows
+    pytest.importorskip("matplotlib").use("Agg")
+    assert len(result.plot().axes[0].get_lines()) == 2
