@@ -6,6 +6,10 @@ launch evicts the last one's data; 500 warm-up launches; 100 timed
 back-to-back launches between two CUDA events; a pause between kernels.
 Bandwidth-bound kernels are reported against a device-to-device copy
 measured in the same run.
+
+The timing and the input groups are the library's (tk_mlir/benchmarking.py,
+`tk.bench` in a notebook); this module adds what only the scripts need:
+result files, tables, ratios, host timing.
 """
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -25,72 +28,18 @@ from typing import Any, Callable
 
 import torch
 
-MiB = 1 << 20
-DEFAULT_L2_BYTES = 60 * MiB  # H200; used when no GPU can be asked
+# The protocol itself lives in the library (tk.bench uses it in notebooks);
+# these names stay importable from here for the scripts.
+from tk_mlir.benchmarking import (DEFAULT_L2_BYTES, MiB, bandwidth_gbs,  # noqa: E402,F401
+                                  l2_cache_bytes, make_input_groups, tflops, time_kernel,
+                                  uniform)
 
 
 def require_cuda(what: str = "this benchmark") -> None:
+    """A script's stop (SystemExit) when there is no GPU to measure on."""
     if not torch.cuda.is_available():
         raise SystemExit(f"{what} needs a CUDA GPU: torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}). Nothing was measured.")
-
-
-def l2_cache_bytes() -> int:
-    if torch.cuda.is_available():
-        n = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()),
-                    "L2_cache_size", 0)
-        if n:
-            return int(n)
-    return DEFAULT_L2_BYTES
-
-
-def uniform(gen: torch.Generator, *shape: int, dtype=torch.bfloat16,
-            low: float = -1.0, high: float = 1.0) -> torch.Tensor:
-    """Uniform random tensor on the generator's device (timing zeros flatters kernels)."""
-    return torch.empty(shape, dtype=dtype, device=gen.device).uniform_(low, high, generator=gen)
-
-
-def make_input_groups(make_one: Callable[[torch.Generator], tuple], bytes_per_group: int,
-                      l2_bytes: int | None = None, seed: int = 0,
-                      device: str | torch.device | None = None) -> list[tuple]:
-    """Build enough groups that together they hold >= 3x the L2 (at least 2).
-
-    Group i comes from a generator seeded with seed + i, so every kernel that
-    is given these groups sees the same bits, and so does a rerun.
-    """
-    l2 = l2_bytes or l2_cache_bytes()
-    n = max(2, math.ceil(3 * l2 / max(1, bytes_per_group)))
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return [make_one(torch.Generator(device=device).manual_seed(seed + i)) for i in range(n)]
-
-
-def time_kernel(fn: Callable[[tuple], Any], groups: list[tuple], warmup: int = 500,
-                iters: int = 100, repeats: int = 3, pause_s: float = 0.5) -> dict:
-    """Mean ms per launch over `iters` back-to-back launches between two events.
-
-    One launch counter runs through warm-up and timing, so consecutive
-    launches always use different groups. `ms` is the first timed run (the
-    protocol's figure); the extra repeats only give min/median as a hint of
-    run-to-run spread.
-    """
-    require_cuda("time_kernel")
-    n, k = len(groups), 0
-    for _ in range(warmup):
-        fn(groups[k % n]); k += 1
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(max(1, repeats)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn(groups[k % n]); k += 1
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) / iters)
-    time.sleep(pause_s)  # let clocks and power settle before the next kernel
-    return {"ms": runs[0], "ms_min": min(runs), "ms_median": statistics.median(runs),
-            "runs_ms": runs, "warmup": warmup, "iters": iters, "groups": n}
 
 
 def record_tflops(row: dict, t: dict, flops: float) -> None:
@@ -114,14 +63,6 @@ def add_ratios(rows: list[dict], peer: str, key: str) -> None:
 def first_line(e: Exception) -> str:
     """An exception as one short line, for a result row's status."""
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-
-
-def bandwidth_gbs(bytes_moved: float, ms: float) -> float:
-    return bytes_moved / (ms * 1e-3) / 1e9  # decimal GB/s, as vendors quote
-
-
-def tflops(flops: float, ms: float) -> float:
-    return flops / (ms * 1e-3) / 1e12
 
 
 def copy_bandwidth(nbytes: int, l2_bytes: int | None = None, **timing) -> float:

@@ -4,7 +4,8 @@ from html.parser import HTMLParser
 
 from hypothesis import given, strategies as st
 
-from tk_mlir.display import MAX_LINES, highlight, stages_html
+from tk_mlir.display import CUT_LINES, FULL_LINES, PAGE_CHARS, Listing, highlight, stages_html
+from tk_mlir.stage_diff import stage_diff
 
 TK = """\
 #loc1 = loc("gemm.py":12:8)
@@ -33,7 +34,8 @@ SASS = """\
         /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;
 """
 
-STAGES = {"python": "def k(a): return a < 1 & 2\n", "tk": TK, "llvm": TK, "ptx": PTX, "sass": SASS}
+LLVM = "llvm.func @k() {\n  llvm.return\n}\n"   # (not a small change of TK: a listing)
+STAGES = {"python": "def k(a): return a < 1 & 2\n", "tk": TK, "llvm": LLVM, "ptx": PTX, "sass": SASS}
 
 
 class _Checker(HTMLParser):
@@ -157,17 +159,77 @@ def test_highlighter_chosen_by_stage_name():
     assert 't-op' not in highlight("MOV R1, R2 ;", "tk")
 
 
-def test_large_stage_is_truncated_with_a_note():
-    big = "".join(f"%{i} = arith.constant {i} : i32\n" for i in range(MAX_LINES + 1234))
+def test_first_tk_stage_is_shown_whole_up_to_a_limit():
+    big = "".join(f"%{i} = arith.constant {i} : i32\n" for i in range(FULL_LINES + 1234))
     out = stages_html("big", {"tk": big})
     parse(out)
-    assert "1,234 more lines cut" in out
-    assert f"{MAX_LINES + 1234:,} lines" in out
+    assert '1,234 more lines: .show("tk") or .asm["tk"]' in out
+    assert f"{FULL_LINES + 1234:,} lines, first {FULL_LINES:,} shown" in out
     shown = pre_text(out)[0].split("\n")
-    assert len(shown) == MAX_LINES
-    assert shown[-1] == f"%{MAX_LINES - 1} = arith.constant {MAX_LINES - 1} : i32"
-    small = stages_html("small", {"tk": big[: big.index(f"%{MAX_LINES} ")]})
-    assert "more lines cut" not in small
+    assert len(shown) == FULL_LINES
+    assert shown[-1] == f"%{FULL_LINES - 1} = arith.constant {FULL_LINES - 1} : i32"
+    small = stages_html("small", {"tk": big[: big.index(f"%{FULL_LINES} ")]})
+    assert "more lines" not in small
+
+
+def test_other_listings_share_the_page_and_say_how_to_see_them_whole():
+    ptx = "".join(f"\tadd.s32 \t%r{i}, %r{i}, 1;\n" for i in range(5000))
+    sass = "".join(f"        /*{i:04x}*/ IADD3 R{i % 200}, R1, 0x1, RZ ;\n" for i in range(5000))
+    out = stages_html("k", {"tk": TK, "ptx": ptx, "sass": sass})
+    parse(out)
+    shown = pre_text(out)
+    assert len(shown[1].split("\n")) <= CUT_LINES and len(shown[2].split("\n")) <= CUT_LINES
+    assert '.show("ptx") or .asm["ptx"]' in out and '.show("sass") or .asm["sass"]' in out
+    assert "5,000 lines, first" in out
+    # Shown lines are the stage's first lines, as they are.
+    assert ptx.startswith(shown[1] + "\n") and sass.startswith(shown[2] + "\n")
+    huge = {f"ptx{i}": ptx for i in range(40)}   # many stages: still one page's worth
+    assert sum(map(len, pre_text(stages_html("k", {"tk": TK, **huge}))[1:])) <= PAGE_CHARS
+
+
+def _module(*ops):
+    body = "".join(f"    %{i} = {op} loc(#loc{i})\n" for i, op in enumerate(ops))
+    return f"module {{\n  func.func @k() {{\n{body}    return\n  }}\n}}\n"
+
+
+def test_a_pass_stage_is_shown_as_a_diff_against_the_stage_before():
+    ops = [f"arith.constant {i} : i32" for i in range(40)]
+    before = _module(*ops)
+    after = _module(*ops[:5], "nvvm.barrier0", *ops[5:])     # renumbers every later value
+    out = stages_html("k", {"python": "def k(): pass\n", "tk": before, "tk-proxy-fences": after,
+                            "tk-verify": after})
+    parse(out)
+    assert re.search(r"<summary>tk-proxy-fences<span[^>]*>46 lines, \+1 −0</span>", out)
+    diff = pre_text(out)[2]
+    assert diff.startswith("@@ -")
+    assert "\n+    %5 = nvvm.barrier0 loc(#loc5)\n" in diff
+    assert "arith.constant 39" not in diff            # renumbered, not changed
+    assert '<span class="t-add">+' in out
+    assert re.search(r"<summary>tk-verify<span[^>]*>46 lines, unchanged</span>", out)
+    assert "the same text as tk-proxy-fences" in out
+
+
+def test_a_stage_that_rewrites_everything_is_a_listing():
+    before = _module(*[f"arith.constant {i} : i32" for i in range(20)])
+    after = _module(*[f"llvm.mlir.constant({i} : i32) : i32" for i in range(20)])
+    out = stages_html("k", {"tk": before, "tk-to-gpu": after})
+    assert pre_text(out)[1] == after.rstrip("\n")
+
+
+def test_stage_diff_matches_lines_modulo_numbering():
+    d = stage_diff("%1 = a\n%2 = b(%1)\n^bb3:\n%3 = c(%2)\n", "%1 = a\n%2 = x\n%3 = b(%1)\n^bb4:\n%4 = c(%3)\n")
+    assert (d.added, d.removed) == (1, 0)
+    assert "+%2 = x" in d.text().split("\n")
+    assert stage_diff("a\n", "a\n").unchanged
+
+
+def test_listing_prints_plain_and_shows_highlighted():
+    listing = Listing("k: ptx", "ptx", PTX)
+    assert str(listing) == PTX and repr(listing) == PTX
+    out = listing._repr_html_()
+    parse(out)
+    assert pre_text(out) == [PTX.rstrip("\n")]
+    assert '<span class="t-op">ld.global.v4.f32</span>' in out
 
 
 def test_meta_table_and_scoped_css():
@@ -176,8 +238,40 @@ def test_meta_table_and_scoped_css():
     assert "<th>registers</th>" in out and "<td>168</td>" in out
     assert "<td>232,448</td>" in out
     assert '<td class="t-bad">8</td>' in out  # spills stand out
+    mixed = stages_html("k", {"tk": TK}, {"instructions": {"HGMMA": 4, "LDL": 3, "STL": 0},
+                                          "ptxas warnings": ["(C7517) wgmma.wait_group <injected>"]})
+    parse(mixed)
+    assert '<div class="t-sub">instructions</div><table' in mixed
+    assert "<td>4</td><td class=\"t-bad\">3</td><td>0</td>" in mixed
+    assert '<ul class="t-warn"><li>(C7517) wgmma.wait_group &lt;injected&gt;</li></ul>' in mixed
     assert "<table" not in stages_html("gemm", {"tk": TK})
     css = re.search(r"<style>(.*?)</style>", out, re.S).group(1)
     rules = [r.strip() for r in re.findall(r"([^{}]+)\{", css)]
     assert rules and all(all(sel.strip().startswith(".tk-mlir-stages") for sel in r.split(",")) for r in rules)
     assert out.startswith('<div class="tk-mlir-stages">')
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", ""]), max_size=40),
+       st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", "y", ""]), max_size=40))
+def test_stage_diff_rebuilds_both_sides(old, new):
+    d = stage_diff("".join(l + "\n" for l in old), "".join(l + "\n" for l in new), context=10**6)
+    assert d.unchanged == (old == new)
+    if d.unchanged:
+        return
+    rows = [(m, t) for m, t in d.lines if m != "@"]
+    assert [t for m, t in rows if m in " +"] == new
+    assert [t for m, t in rows if m in " -"] == old
+    assert (d.added, d.removed) == (sum(m == "+" for m, _ in rows), sum(m == "-" for m, _ in rows))
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", ""]), max_size=60),
+       st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", "y", ""]), max_size=60))
+def test_stage_diff_hunk_headers_count_their_lines(old, new):
+    d = stage_diff("".join(l + "\n" for l in old), "".join(l + "\n" for l in new))
+    text = d.text().split("\n") if d.lines else []
+    starts = [i for i, l in enumerate(text) if l.startswith("@@ ")]
+    for k, at in enumerate(starts):
+        body = text[at + 1:starts[k + 1] if k + 1 < len(starts) else len(text)]
+        a1, a_n, b1, b_n = map(int, re.match(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text[at]).groups())
+        assert sum(l[:1] in " -" for l in body) == a_n and sum(l[:1] in " +" for l in body) == b_n
+        assert [l[1:] for l in body if l[:1] in " -"] == old[a1 - 1:a1 - 1 + a_n]

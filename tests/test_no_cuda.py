@@ -61,6 +61,8 @@ CHILD = textwrap.dedent("""\
     report["sass"] = error(lambda: asm["sass"])
     report["ptxas log"] = error(lambda: asm["ptxas"])
     report["info"] = error(lambda: compiled.info)
+    report["summary"] = compiled.summary()
+    report["page stages"] = compiled._repr_html_().count("<details")
     report["cubin"] = error(lambda: compiled.cubin)
     a = np.zeros((64, 512), np.float32)
     report["launch"] = error(lambda: softmax[(16,)](a, a, ROWS=4, N=512))
@@ -95,6 +97,11 @@ def test_compiles_to_ptx_and_says_what_is_missing(tmp_path):
     assert all(report["read"].values()) and report["ptx"]
     assert not report["sass in asm"]
     assert "not assembled" in report["repr"]
+    # The summary and the notebook page say what they can without ptxas.
+    assert report["summary"] == {"threads": 128, "dynamic shared memory (bytes)": 0,
+                                 "note": "PTX only (no ptxas here): no registers, SASS or "
+                                         "occupancy"}
+    assert report["page stages"] == len(stages)
 
     # What needs ptxas names it and its package, and what asked for it.
     for key, what in (("sass", "reading SASS"), ("ptxas log", "reading the ptxas stage"),

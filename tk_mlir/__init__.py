@@ -55,7 +55,8 @@ from .runtime.arguments import spec
 
 __version__ = "0.1.0"
 
-# Names resolved lazily from the modules that define them (they import MLIR).
+# Names resolved lazily from the modules that define them (they import MLIR,
+# or torch).
 _LAZY = {
     **dict.fromkeys(("block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id",
                      "warpgroup_id",
@@ -67,6 +68,7 @@ _LAZY = {
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
     **dict.fromkeys(("lcf", "grouped_tile", "register_split"), ".templates"),
     **dict.fromkeys(("ring", "Ring"), ".pipeline"),
+    **dict.fromkeys(("bench", "sweep"), ".benchmarking"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 

@@ -239,7 +239,37 @@ class CompiledKernel:
 
     def _repr_html_(self) -> str:
         from .display import stages_html
-        return stages_html(self.name, dict(self.asm), self.info if self.assembled else None)
+        return stages_html(self.name, dict(self.asm), self.summary())
+
+    def show(self, stage: str, diff: bool = False):
+        """The whole of one stage (the notebook display cuts long ones):
+        plain text when printed, highlighted in a notebook. `diff=True`: what
+        the stage's pass changed, against the stage before it (stage_diff.py)."""
+        from .display import Listing
+        names = list(self.asm)
+        if stage not in names:
+            raise KeyError(f"show(stage={stage!r}): stage must be one of {', '.join(names)}")
+        if not diff:
+            return Listing(f"{self.name}: {stage}", stage, self.asm[stage])
+        at = names.index(stage)
+        if at == 0:
+            raise ValueError(f"show({stage!r}, diff=True): {stage!r} is the first stage; "
+                             f"there is no stage before it to compare with")
+        from .stage_diff import stage_diff
+        before = names[at - 1]
+        text = stage_diff(self.asm[before], self.asm[stage]).text()
+        return Listing(f"{self.name}: {stage} against {before}", stage, text, diff=True)
+
+    def summary(self) -> dict:
+        """The facts to check first: registers, spills, shared memory, blocks
+        per SM, the SASS instruction mix, ptxas warnings (summary.py);
+        `print(compiled.summary_text())` for the same as text."""
+        from .summary import summary
+        return summary(self)
+
+    def summary_text(self) -> str:
+        from .summary import summary_text
+        return summary_text(self.summary())
 
     def function(self, device: int | None = None):
         """The CUDA function on `device` (default: the current one), loaded

@@ -1,5 +1,12 @@
-"""HTML for Jupyter: a compiled kernel's IR stages, one collapsible block per
-stage, highlighted by a small regex highlighter (no dependencies).
+"""HTML for Jupyter: a compiled kernel's numbers and IR stages, one folded
+block per stage, highlighted by a small regex highlighter (no dependencies).
+
+The page is plain HTML with inline CSS (no script, nothing fetched), so it
+reads the same in JupyterLab, the classic Notebook, VS Code and a saved
+.ipynb opened offline. A notebook stores every byte of it, so the page is
+kept small: a pass's stage shows only what the pass changed, long listings
+are cut with a count and the call that shows them whole (`Listing`,
+`compiled.show(stage)`).
 
 Highlighting tokenizes the *raw* text and HTML-escapes every piece it emits,
 matched or not, so the patterns can see a real ``<`` in ``!tk.rt<bf16, 16, 64>``
@@ -9,10 +16,11 @@ while nothing unescaped ever reaches the page.
 from __future__ import annotations
 
 import html
+import json
 import re
 from dataclasses import dataclass
 
-MAX_LINES = 3000
+from .stage_diff import stage_diff
 
 # Every selector sits under this class so the styles stay inside our fragment.
 _SCOPE = "tk-mlir-stages"
@@ -152,8 +160,8 @@ def highlight(text: str, stage: str) -> str:
 
 _CSS = f"""
 .{_SCOPE} {{ font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; }}
-.{_SCOPE} .t-head {{ display: flex; align-items: baseline; gap: 1.5em; flex-wrap: wrap; margin: 4px 0; }}
-.{_SCOPE} .t-title {{ font-weight: 600; font-size: 14px; font-family: var(--jp-code-font-family, monospace); }}
+.{_SCOPE} .t-head {{ margin: 4px 0; overflow-x: auto; }}
+.{_SCOPE} .t-title {{ display: block; font-weight: 600; font-size: 14px; font-family: var(--jp-code-font-family, monospace); }}
 .{_SCOPE} table.t-meta {{ border-collapse: collapse; font-size: 12px; margin: 0; }}
 .{_SCOPE} table.t-meta th, .{_SCOPE} table.t-meta td {{ padding: 1px 8px; text-align: left; border: none; }}
 .{_SCOPE} table.t-meta th {{ font-weight: normal; opacity: .7; }}
@@ -174,6 +182,12 @@ _CSS = f"""
 .{_SCOPE} .t-num {{ color: #e65100; }}
 .{_SCOPE} .t-com {{ color: #757575; font-style: italic; }}
 .{_SCOPE} .t-loc {{ opacity: .4; }}
+.{_SCOPE} .t-add {{ background: rgba(46, 160, 67, .18); }}
+.{_SCOPE} .t-del {{ background: rgba(248, 81, 73, .18); }}
+.{_SCOPE} .t-hunk {{ color: #6f42c1; opacity: .8; }}
+.{_SCOPE} .t-sub {{ font-size: 12px; opacity: .7; margin-top: 2px; }}
+.{_SCOPE} ul.t-warn {{ margin: 0; padding-left: 1.5em; font-size: 12px; color: #b26a00;
+  font-family: var(--jp-code-font-family, monospace); }}
 """
 
 
@@ -192,17 +206,35 @@ _BAD = ' class="t-bad"'
 
 
 def _is_bad(key: str, value) -> bool:
-    # Spills are the one number a kernel author must never miss.
-    return "spill" in key.lower() and isinstance(value, (int, float)) and value > 0
+    # Spills (and the local-memory loads and stores they become) are the
+    # numbers a kernel author must never miss.
+    bad_if_any = "spill" in key.lower() or key in ("LDL", "STL")
+    return bad_if_any and isinstance(value, (int, float)) and value > 0
+
+
+def _table(row: dict) -> str:
+    heads = "".join(f"<th>{html.escape(str(k))}</th>" for k in row)
+    cells = "".join(
+        f"<td{_BAD if _is_bad(str(k), v) else ''}>{html.escape(_format_value(v))}</td>"
+        for k, v in row.items()
+    )
+    return f'<table class="t-meta"><tr>{heads}</tr><tr>{cells}</tr></table>'
 
 
 def _meta_html(meta: dict) -> str:
-    heads = "".join(f"<th>{html.escape(str(k))}</th>" for k in meta)
-    cells = "".join(
-        f"<td{_BAD if _is_bad(str(k), v) else ''}>{html.escape(_format_value(v))}</td>"
-        for k, v in meta.items()
-    )
-    return f'<table class="t-meta"><tr>{heads}</tr><tr>{cells}</tr></table>'
+    """Numbers in one table; a dict value (the instruction mix) as a table
+    of its own under its key; a list value (ptxas warnings) as lines."""
+    scalars = {k: v for k, v in meta.items() if not isinstance(v, (dict, list))}
+    out = _table(scalars) if scalars else ""
+    for key, value in meta.items():
+        if isinstance(value, dict) and value:
+            out += f'<div class="t-sub">{html.escape(str(key))}</div>{_table(value)}'
+        elif isinstance(value, list) and value:
+            items = "".join(f"<li>{html.escape(str(v))}</li>" for v in value)
+            out += f'<div class="t-sub">{html.escape(str(key))}</div><ul class="t-warn">{items}</ul>'
+        elif isinstance(value, list):      # "no warnings" is a fact worth a line
+            out += f'<div class="t-sub">{html.escape(str(key))}: none</div>'
+    return out
 
 
 def _open_stage(names: list[str]) -> str | None:
@@ -214,29 +246,172 @@ def _open_stage(names: list[str]) -> str | None:
     return names[0] if names else None
 
 
-def _stage_html(name: str, text: str, is_open: bool) -> str:
+# How much of a stage the page holds (a notebook keeps every byte of it,
+# and highlighting triples the text). The Python and the first tk stage are
+# shown whole up to FULL_LINES. Every other listing and diff shares
+# PAGE_CHARS characters of IR (stages that need less leave the rest to the
+# others) and is cut at CUT_LINES lines, with a count and the call that
+# shows it whole.
+FULL_LINES = 2000
+CUT_LINES = 150
+PAGE_CHARS = 45_000
+
+
+@dataclass
+class _Shown:
+    """What the page shows of one stage: `lines` are (mark, text) pairs, the
+    mark "" for a listing and stage_diff's marks for a diff."""
+    lines: list[tuple[str, str]]
+    tag: str                # after the stage's name: its size, or what changed
+    whole: bool = False     # shown whole (up to FULL_LINES): not cut to a share
+    more: str = ""          # the note under a cut listing or diff
+    same_as: str = ""       # unchanged: the stage it equals
+    is_diff: bool = False
+
+    def chars(self) -> int:
+        return sum(len(text) + 1 for _, text in self.lines)
+
+
+def _cut(lines: list, limit: int, chars: int | None) -> list:
+    """The first lines of `lines`, at most `limit` and (when given) `chars`
+    characters; always at least one."""
+    kept, used = [], 0
+    for item in lines[:limit]:
+        used += len(item[1]) + 1
+        if kept and chars is not None and used > chars:
+            break
+        kept.append(item)
+    return kept
+
+
+def _shares(needs: list[int], budget: int) -> list[int]:
+    """`budget` split over stages needing `needs`: each gets what it needs,
+    up to an equal share of what the smaller ones left."""
+    shares, left = [0] * len(needs), budget
+    for k, i in enumerate(sorted(range(len(needs)), key=needs.__getitem__)):
+        shares[i] = min(needs[i], left // (len(needs) - k))
+        left -= shares[i]
+    return shares
+
+
+def _calls(name: str, diff: bool = False) -> str:
+    quoted = json.dumps(name)
+    whole = f".show({quoted}) or .asm[{quoted}]"
+    return f".show({quoted}, diff=True); the whole stage: {whole}" if diff else whole
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _shown(name: str, text: str, before: tuple[str, str] | None, whole: bool) -> _Shown:
+    """A pass stage (MLIR after MLIR) as what changed, when that is at most
+    half the stage; anything else as a listing. Not cut yet (`_cut_to`)."""
     lines = _lines(text)
-    shown = lines[:MAX_LINES]
-    body = highlight("\n".join(shown), name)
-    note = ""
-    if len(lines) > MAX_LINES:
-        cut = len(lines) - MAX_LINES
-        note = (f'<div class="t-note">… {cut:,} more lines cut here '
-                f"(showing {MAX_LINES:,} of {len(lines):,}).</div>")
-    count = f"{len(lines):,} line{'' if len(lines) == 1 else 's'}"
+    size = _plural(len(lines), "line")
+    if before is not None:
+        previous, previous_text = before
+        if previous_text == text:
+            return _Shown([], f"{size}, unchanged", same_as=previous)
+        diff = stage_diff(previous_text, text)
+        if len(diff.lines) <= len(lines) // 2:     # (else it rewrote the stage)
+            return _Shown(diff.lines, f"{size}, +{diff.added:,} −{diff.removed:,}", is_diff=True)
+    return _Shown([("", l) for l in lines], size, whole=whole)
+
+
+def _cut_to(name: str, shown: _Shown, chars: int | None) -> None:
+    """Cut `shown` to its share of the page, saying what was left out."""
+    total = len(shown.lines)
+    shown.lines = _cut(shown.lines, FULL_LINES if shown.whole else CUT_LINES, chars)
+    more = total - len(shown.lines)
+    if not more:
+        return
+    if shown.is_diff:
+        shown.more = f"… {_plural(more, 'more diff line')}: {_calls(name, True)}"
+    else:
+        shown.tag += f", first {len(shown.lines):,} shown"
+        shown.more = f"… {_plural(more, 'more line')}: {_calls(name)}"
+
+
+_MARKS = {"+": "t-add", "-": "t-del"}
+
+
+def _line_html(mark: str, text: str, lexer: _Lexer | None) -> str:
+    if mark == "@":
+        return _span("hunk", text)
+    body = html.escape(text, quote=False) if lexer is None else _highlight_line(text, lexer)
+    if not mark:
+        return body
+    if mark == " ":
+        return " " + body
+    return f'<span class="{_MARKS[mark]}">{mark}{body}</span>'
+
+
+def _stage_html(name: str, shown: _Shown, is_open: bool) -> str:
+    lexer = _lexer_for(name)
+    if shown.same_as:
+        body = f'<div class="t-note">the same text as {html.escape(shown.same_as)}</div>'
+    else:
+        body = "<pre>" + "\n".join(_line_html(m, t, lexer) for m, t in shown.lines) + "</pre>"
+    if shown.more:
+        body += f'<div class="t-note">{html.escape(shown.more, quote=False)}</div>'
     return (f'<details data-stage="{html.escape(name)}"{" open" if is_open else ""}>'
-            f'<summary>{html.escape(name)}<span class="t-count">{count}</span></summary>'
-            f"<pre>{body}</pre>{note}</details>")
+            f'<summary>{html.escape(name)}<span class="t-count">{html.escape(shown.tag)}</span>'
+            f"</summary>{body}</details>")
+
+
+def _is_mlir(name: str) -> bool:
+    return _lexer_for(name) is _MLIR
 
 
 def stages_html(title: str, stages: dict[str, str], meta: dict | None = None) -> str:
-    """An HTML fragment showing ``title``, a small table of ``meta``
-    (registers, shared memory, spills, threads, ...) and one collapsible
-    ``<details>`` per stage, in the order given."""
-    opened = _open_stage(list(stages))
+    """An HTML fragment showing ``title``, the kernel's numbers in ``meta``
+    (registers, shared memory, spills, threads, ...; a dict value becomes a
+    table of its own, a list value a list) and one folded ``<details>`` per
+    stage, in the order given: a pass's stage as a diff against the stage
+    before it (stage_diff.py), other stages as listings, cut where long."""
+    names = list(stages)
+    opened = _open_stage(names)
     head = f'<div class="t-head"><span class="t-title">{html.escape(title)}</span>'
     if meta:
         head += _meta_html(meta)
     head += "</div>"
-    body = "".join(_stage_html(name, text, name == opened) for name, text in stages.items())
+    shown, before = {}, None
+    for name in names:
+        text = stages[name]
+        mlir = _is_mlir(name)
+        shown[name] = _shown(name, text, before if mlir else None, name in (opened, "python"))
+        before = (name, text) if mlir else None
+    shared = [name for name in names if not shown[name].whole]
+    for name, chars in zip(shared, _shares([shown[n].chars() for n in shared], PAGE_CHARS)):
+        _cut_to(name, shown[name], chars)
+    for name in names:
+        if shown[name].whole:
+            _cut_to(name, shown[name], None)
+    body = "".join(_stage_html(name, shown[name], name == opened) for name in names)
     return f'<div class="{_SCOPE}"><style>{_CSS}</style>{head}{body}</div>'
+
+
+class Listing:
+    """One stage's whole text (or its whole diff), as `compiled.show(stage)`
+    returns it: printed as plain text, shown highlighted in a notebook."""
+
+    def __init__(self, title: str, stage: str, text: str, diff: bool = False):
+        self.title, self.stage, self.text, self.diff = title, stage, text, diff
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        lexer = _lexer_for(self.stage)
+        if self.diff:
+            rows = [("@" if l.startswith("@@") else l[:1], l if l.startswith("@@") else l[1:])
+                    for l in _lines(self.text)]
+        else:
+            rows = [("", l) for l in _lines(self.text)]
+        body = "\n".join(_line_html(m, t, lexer) for m, t in rows)
+        return (f'<div class="{_SCOPE}"><style>{_CSS}</style>'
+                f'<div class="t-title">{html.escape(self.title)}</div><pre>{body}</pre></div>')

@@ -330,6 +330,15 @@ class Function:
                   f"{self.name}: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes})")
         self._shared_limit = nbytes
 
+    def max_active_blocks(self, threads: int, shared_bytes: int) -> int:
+        """How many blocks of `threads` threads and `shared_bytes` of dynamic
+        shared memory can be resident on one SM (the driver's occupancy)."""
+        self.set_max_dynamic_shared(shared_bytes)
+        with using_context(self.device):
+            return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                self.handle, threads, shared_bytes),
+                f"{self.name}: cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
     def max_active_clusters(self, cluster: int, threads: int, shared_bytes: int) -> int:
         """How many clusters of `cluster` blocks can be resident at once (the
         size of a persistent grid, in clusters): not every SM pairs up, as a

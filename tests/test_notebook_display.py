@@ -1,0 +1,85 @@
+"""The notebook display of real kernels: small enough to keep in a .ipynb
+(issue 12: the GEMM's page at most 1 MB, a small kernel's at most 200 KB),
+every stage reachable from it, pass stages shown as what they changed."""
+import html
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir.display import Listing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from quickstart import softmax  # noqa: E402
+
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def small():
+    x = tk.spec((1000, 512), tk.f32)
+    return softmax.compile(x, x, ROWS=4, N=512)
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = tk.spec((4096, 4096), "bf16")
+    return gemm_kernel.compile(a, a, a, config=0)
+
+
+@pytest.fixture(scope="module")
+def pages(small, gemm):
+    return {"small": small._repr_html_(), "gemm": gemm._repr_html_()}
+
+
+def _stages(page):
+    return re.findall(r'<details data-stage="([^"]+)"', page)
+
+
+@pytest.mark.parametrize("kernel, limit", [("small", 200_000), ("gemm", MB)])
+def test_page_size(kernel, limit, request, pages):
+    compiled = request.getfixturevalue(kernel)
+    assert len(pages[kernel].encode()) <= limit
+    assert sum(map(len, compiled.asm.values())) > limit      # (the stages themselves are not)
+
+
+def test_page_needs_no_script_and_fetches_nothing(pages):
+    page = pages["gemm"]
+    assert "<script" not in page and "http" not in page.replace("http://www.w3.org", "")
+    assert "<link" not in page and "@import" not in page
+
+
+def test_every_stage_is_reachable(small, gemm, pages):
+    for compiled, page in ((small, pages["small"]), (gemm, pages["gemm"])):
+        assert [html.unescape(s) for s in _stages(page)] == list(compiled.asm)
+        for name in compiled.asm:
+            assert str(compiled.show(name)) == compiled.asm[name]
+            block = re.search(rf'<details data-stage="{re.escape(html.escape(name))}".*?</details>',
+                              page, re.S).group()
+            if "shown</span>" in block or "more diff line" in block:    # cut: says how to see it
+                assert f'.show("{name}")' in html.unescape(block)
+
+
+def test_pass_stages_are_diffs(pages):
+    page = pages["gemm"]
+    for name in ("tk-allocate-smem", "tk-proxy-fences", "tk-kernel-attributes",
+                 "reconcile-unrealized-casts"):
+        block = re.search(rf'<details data-stage="{re.escape(html.escape(name))}".*?</details>',
+                          page, re.S).group()
+        assert re.search(r"lines, \+\d+ −\d+</span>", block), name
+        assert '<pre><span class="t-hunk">@@ -' in block, name
+    assert re.search(r'data-stage="llvm"><summary>llvm<span class="t-count">[\d,]+ lines, unchanged',
+                     page)
+
+
+def test_show_diff_and_errors(gemm):
+    listing = gemm.show("tk-proxy-fences", diff=True)
+    assert isinstance(listing, Listing) and str(listing).startswith("@@ -")
+    assert "<pre>" in listing._repr_html_()
+    with pytest.raises(KeyError, match=r"show\(stage='nope'\): stage must be one of python, tk"):
+        gemm.show("nope")
+    with pytest.raises(ValueError, match="first stage"):
+        gemm.show("python", diff=True)

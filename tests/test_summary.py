@@ -1,0 +1,120 @@
+"""compiled.summary(): the facts a kernel author checks first, agreeing with
+compiled.info (ptxas) and the SASS; occupancy from the H200's limits here
+(no GPU: the driver's number is a GPU test's)."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import summary as S
+from tk_mlir.runtime.toolchain import find_tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from quickstart import softmax  # noqa: E402
+
+pytestmark = pytest.mark.skipif(find_tool("ptxas") is None, reason="needs ptxas")
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = tk.spec((4096, 4096), "bf16")
+    return gemm_kernel.compile(a, a, a, config=0)
+
+
+@pytest.fixture(scope="module")
+def small():
+    x = tk.spec((1000, 512), tk.f32)
+    return softmax.compile(x, x, ROWS=4, N=512)
+
+
+def test_numbers_agree_with_info(gemm, small):
+    for compiled in (gemm, small):
+        facts, info = compiled.summary(), compiled.info
+        assert facts["registers"] == info["registers"]
+        assert facts["spill stores (bytes)"] == info["spill stores (bytes)"] == 0
+        assert facts["spill loads (bytes)"] == info["spill loads (bytes)"] == 0
+        assert facts["threads"] == info["threads"]
+        assert facts["dynamic shared memory (bytes)"] == info["dynamic shared memory (bytes)"]
+    assert gemm.summary()["barriers"] == 16          # "used 16 barriers" in the log
+    assert "used 16 barriers" in gemm.ptxas_log
+
+
+@pytest.mark.skipif(find_tool("nvdisasm") is None, reason="needs nvdisasm")
+def test_instruction_mix_agrees_with_the_sass(gemm, small):
+    mix = gemm.summary()["instructions (SASS, static)"]
+    sass = gemm.asm["sass"]
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "BAR"):
+        lines = [l for l in sass.splitlines() if re.search(rf"\b{op}(\.|\s)", l) and "/*" in l]
+        assert mix[op] == len(lines) > 0, op
+    assert mix["LDL"] == mix["STL"] == 0
+    assert mix["total"] == len(re.findall(r"^\s*/\*[0-9a-f]{4,}\*/", sass, re.M))
+    small_mix = small.summary()["instructions (SASS, static)"]
+    assert small_mix["MUFU"] > 0 and small_mix["SHFL"] > 0 and "HGMMA" not in small_mix
+
+
+def test_occupancy_from_h200_limits():
+    # The GEMM: 168 registers x 384 threads and 225 KiB shared fill an SM.
+    assert S.blocks_per_sm_from_limits(168, 384, 230528) == (1, ["registers", "shared memory"])
+    # 34 registers: 1,280 per warp (units of 256), 4 warps a block: 12 blocks.
+    assert S.blocks_per_sm_from_limits(34, 128, 0) == (12, ["registers"])
+    assert S.blocks_per_sm_from_limits(16, 1024, 0) == (2, ["threads"])
+    assert S.blocks_per_sm_from_limits(16, 32, 0) == (32, ["blocks"])
+    assert S.blocks_per_sm_from_limits(32, 128, 100 * 1024) == (2, ["shared memory"])
+    assert S.blocks_per_sm_from_limits(32, 128, 228 * 1024) == (0, ["shared memory"])
+
+
+def test_summary_occupancy_without_a_gpu(gemm):
+    from tk_mlir.runtime import driver
+    if driver.has_gpu():
+        pytest.skip("a GPU is here: occupancy comes from the driver")
+    facts = gemm.summary()
+    assert facts["blocks per SM"] == 1 and facts["limited by"] == "registers, shared memory"
+    assert "H200 limits" in facts["occupancy from"]
+
+
+def test_a_gpu_that_cannot_run_the_kernel_leaves_the_limits(gemm, monkeypatch):
+    from tk_mlir.runtime import driver
+    monkeypatch.setattr(driver, "has_gpu", lambda: True)
+
+    def refuse(device=None):
+        raise driver.UnsupportedDevice("cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0)")
+    monkeypatch.setattr(gemm, "function", refuse)
+    facts = gemm.summary()
+    assert facts["blocks per SM"] == 1
+    assert facts["occupancy from"] == "H200 limits (cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0))"
+
+
+def test_ptxas_warnings_are_listed():
+    log = ("ptxas info    : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to "
+           "determine register count at entry.\n"
+           "ptxas info    : 0 bytes gmem\n"
+           "ptxas info    : Used 4 registers, used 0 barriers, 1024 bytes smem\n")
+    assert S.ptxas_warnings(log) == ["(C7508) Potential Performance Loss: 'setmaxnreg' ignored; "
+                                     "unable to determine register count at entry."]
+    assert S.static_shared_bytes(log) == 1024 and S.barriers(log) == 0
+
+
+def test_summary_heads_the_page_and_prints_as_text(gemm):
+    page = gemm._repr_html_()
+    head = page[:page.index("<details")]
+    assert "<th>registers</th><th>spill stores (bytes)</th>" in head and "<td>168</td>" in head
+    assert "<th>HGMMA</th>" in head and "<th>blocks per SM</th>" in head
+    assert '<div class="t-sub">ptxas warnings: none</div>' in head
+    text = gemm.summary_text()
+    assert re.search(r"^registers\s+168$", text, re.M)
+    assert re.search(r"^instructions \(SASS, static\)\s+HGMMA \d+", text, re.M)
+    assert re.search(r"^ptxas warnings\s+none$", text, re.M)
+
+
+@pytest.mark.gpu
+def test_occupancy_from_the_driver_agrees_with_the_limits(gemm, small):
+    for compiled in (gemm, small):
+        facts = compiled.summary()
+        assert facts["occupancy from"].startswith("the driver")
+        static = facts["static shared memory (bytes)"]
+        expected, _ = S.blocks_per_sm_from_limits(facts["registers"], facts["threads"],
+                                                  static + compiled.smem_bytes)
+        assert facts["blocks per SM"] == expected

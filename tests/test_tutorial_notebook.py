@@ -1,0 +1,58 @@
+"""notebooks/tutorial.ipynb runs top to bottom (CI: without a GPU, its GPU
+cells say so and skip), and what it stores stays small enough to commit."""
+import json
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("torch")
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "tutorial.ipynb"
+
+
+@pytest.fixture(scope="module")
+def executed():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()
+    return nb
+
+
+def _outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def test_runs_without_errors(executed):
+    errors = [f"{o.ename}: {o.evalue}" for o in _outputs(executed) if o.output_type == "error"]
+    assert errors == []
+
+
+def test_committed_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not c.outputs for c in nb.cells if c.cell_type == "code")
+
+
+def test_display_and_whole_notebook_stay_small(executed):
+    pages = [o.data["text/html"] for o in _outputs(executed)
+             if "data" in o and "text/html" in o.data and "tk-mlir-stages" in o.data["text/html"]]
+    assert pages and len(pages[0].encode()) <= 200_000           # the kernel's display
+    assert len(json.dumps(nbformat.from_dict(executed)).encode()) <= 1_000_000
+
+
+def test_tile_size_changes_the_summary(executed):
+    text = "".join(o.get("text", "") for o in _outputs(executed) if o.output_type == "stream")
+    lines = [l for l in text.splitlines() if l.startswith("ROWS=")]
+    registers = [int(l.split(":")[1].split()[0]) for l in lines]
+    assert len(registers) == 4 and registers == sorted(registers) and registers[0] < registers[-1]
+
+
+def test_gpu_cells_say_they_skip_without_a_gpu(executed):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the cells ran")
+    text = "".join(o.get("text", "") for o in _outputs(executed) if o.output_type == "stream")
+    assert text.count("No CUDA GPU here: skipped") == 2

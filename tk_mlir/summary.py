@@ -1,0 +1,158 @@
+"""A compiled kernel's summary: the facts a kernel author checks first.
+
+Registers and spills (ptxas, as in `compiled.info`), static and dynamic
+shared memory, named barriers, how many blocks fit on an SM and what limits
+them, a static instruction mix from the SASS, and ptxas's performance
+warnings (the C75xx lines: an ignored setmaxnreg, serialized wgmma, ...).
+
+Blocks per SM come from the driver when a GPU is here
+(cuOccupancyMaxActiveBlocksPerMultiprocessor), else from the H200's limits,
+computed as the CUDA occupancy calculator does.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+# Per-SM limits of the H200 (sm_90), and how the hardware allocates them.
+SM_REGISTERS = 65536
+REGISTER_UNIT = 256            # registers are allocated per warp in units of 256
+SM_SHARED_BYTES = 228 * 1024
+BLOCK_SHARED_BYTES = 227 * 1024    # the most one block may ask for
+SHARED_RESERVED_BYTES = 1024       # per block, for the system (sm_80 and later)
+SHARED_UNIT = 128
+SM_THREADS = 2048
+SM_BLOCKS = 32
+
+# The instructions a Hopper kernel author looks for, in the order shown:
+# tensor cores, TMA, mbarriers, math, sync, shuffles, memory, local memory.
+KEY_OPCODES = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "UTMAPF", "SYNCS", "MUFU",
+               "FFMA", "FMUL", "FADD", "HFMA2", "BAR", "SHFL", "LDS", "STS", "LDSM",
+               "LDG", "STG", "LDL", "STL")
+ALWAYS_SHOWN = ("LDL", "STL")     # zero local-memory traffic is itself the news
+
+# nvdisasm: an address comment, an optional dual-issue brace, an optional
+# predicate, then the opcode (its first dotted part is the instruction).
+_SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-fA-F]{4,}\*/\s+(?:\{\s*)?(?:@!?U?P(?:T|\d+)\s+)?"
+                          r"([A-Z][A-Z0-9_]*)", re.M)
+_PTXAS_WARNING = re.compile(r"^.*(?:\(C\d{4}\)|warning).*$", re.M | re.I)
+
+
+def instruction_counts(sass: str) -> Counter:
+    """How many times each SASS instruction appears in the listing (static
+    counts: an instruction in a loop counts once)."""
+    return Counter(_SASS_OPCODE.findall(sass))
+
+
+def instruction_mix(sass: str) -> dict[str, int]:
+    """The KEY_OPCODES present in `sass` (and LDL/STL always), and the total."""
+    counts = instruction_counts(sass)
+    mix = {op: counts[op] for op in KEY_OPCODES if counts[op] or op in ALWAYS_SHOWN}
+    mix["total"] = sum(counts.values())
+    return mix
+
+
+def ptxas_warnings(log: str) -> list[str]:
+    """ptxas's warning lines (C75xx performance advisories included), without
+    the `ptxas info    :` prefix."""
+    return [re.sub(r"^ptxas\s+\w+\s*:\s*", "", line).strip()
+            for line in _PTXAS_WARNING.findall(log)]
+
+
+def _log_number(log: str, pattern: str) -> int:
+    m = re.search(pattern, log)
+    return int(m.group(1)) if m else 0
+
+
+def static_shared_bytes(log: str) -> int:
+    return _log_number(log, r"(\d+) bytes smem")
+
+
+def barriers(log: str) -> int:
+    return _log_number(log, r"used (\d+) barriers")
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def blocks_per_sm_from_limits(registers: int, threads: int, shared_bytes: int
+                              ) -> tuple[int, list[str]]:
+    """(blocks per SM, what limits them) on an H200, as the occupancy
+    calculator counts: registers per warp in units of 256, shared memory in
+    units of 128 plus 1 KiB per block for the system, threads, blocks."""
+    warps = -(-threads // 32)
+    per_warp = _round_up(max(registers, 1) * 32, REGISTER_UNIT)
+    shared = _round_up(shared_bytes + SHARED_RESERVED_BYTES, SHARED_UNIT)
+    limits = {
+        "registers": SM_REGISTERS // (per_warp * warps),
+        "shared memory": (SM_SHARED_BYTES // shared
+                          if shared_bytes <= BLOCK_SHARED_BYTES else 0),
+        "threads": SM_THREADS // (32 * warps),
+        "blocks": SM_BLOCKS,
+    }
+    blocks = min(limits.values())
+    return blocks, [name for name, n in limits.items() if n == blocks]
+
+
+def summary(compiled) -> dict:
+    """The summary of `compiled` (a CompiledKernel) as a dict; see the module."""
+    out = {"threads": compiled.num_threads,
+           "dynamic shared memory (bytes)": compiled.smem_bytes}
+    if compiled.cluster > 1:
+        out["cluster"] = compiled.cluster
+    if not compiled.assembled:
+        out["note"] = "PTX only (no ptxas here): no registers, SASS or occupancy"
+        return out
+    info, log = compiled.info, compiled.ptxas_log
+    static = static_shared_bytes(log)
+    out = {"registers": info.get("registers"),
+           "spill stores (bytes)": info.get("spill stores (bytes)", 0),
+           "spill loads (bytes)": info.get("spill loads (bytes)", 0),
+           **out,
+           "static shared memory (bytes)": static,
+           "barriers": barriers(log)}
+    out.update(_occupancy(compiled, info.get("registers") or 0, static + compiled.smem_bytes))
+    if "sass" in compiled.asm:
+        out["instructions (SASS, static)"] = instruction_mix(compiled.asm["sass"])
+    out["ptxas warnings"] = ptxas_warnings(log)
+    return out
+
+
+def _occupancy(compiled, registers: int, shared_bytes: int) -> dict:
+    from .errors import CudaUnavailable
+    try:
+        from .runtime import driver     # (imported only here: a summary needs no GPU)
+        gpu = driver.has_gpu()
+    except CudaUnavailable:             # no cuda-bindings: the limits
+        gpu = False
+    why_not = "no GPU here"
+    if gpu:
+        # A GPU that cannot run the kernel (not sm_90) or a driver that
+        # refuses the query leaves the limits, with the reason on the page.
+        try:
+            function = compiled.function()
+            blocks = function.max_active_blocks(compiled.num_threads, compiled.smem_bytes)
+            name, _ = driver.device_identity(function.device)
+            return {"blocks per SM": blocks, "occupancy from": f"the driver ({name})"}
+        except (driver.UnsupportedDevice, driver.CudaError) as e:
+            why_not = str(e)
+    blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes)
+    return {"blocks per SM": blocks, "limited by": ", ".join(limited_by),
+            "occupancy from": f"H200 limits ({why_not})"}
+
+
+def summary_text(facts: dict) -> str:
+    """`facts` (summary's dict) as aligned plain-text lines."""
+    width = max(map(len, facts), default=0)
+    lines = []
+    for key, value in facts.items():
+        if isinstance(value, dict):
+            value = "  ".join(f"{k} {v:,}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = "\n".join([str(len(value)), *(f"{'':{width}}  {v}" for v in value)]
+                              ) if value else "none"
+        elif isinstance(value, int):
+            value = f"{value:,}"
+        lines.append(f"{key:{width}}  {value}")
+    return "\n".join(lines)
