@@ -19,10 +19,9 @@ A = tk.spec((128, 128), tk.bf16)
 C = tk.spec((64, 128), tk.f32)
 
 
-@tk.kernel(num_warps=4)
-def halves(A: tk.gl, C: tk.gl):
-    """C[:, 64j:64j+64] = A[0:64] · A[:, 64j:64j+64] for j = 0, 1: the B
-    operand of each product is column block j of a 128x128 shared tile."""
+@tk.func
+def rows_and_all(A):
+    """A[0:64] and all of A (128x128) in swizzled shared tiles, loaded by TMA."""
     a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
     b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
     sem = tk.semaphore()
@@ -31,6 +30,14 @@ def halves(A: tk.gl, C: tk.gl):
         tk.tma.load_async(a, A, (0, 0), sem)
         tk.tma.load_async(b, A, (0, 0), sem)
     tk.wait(sem, 0)
+    return a, b
+
+
+@tk.kernel(num_warps=4)
+def halves(A: tk.gl, C: tk.gl):
+    """C[:, 64j:64j+64] = A[0:64] · A[:, 64j:64j+64] for j = 0, 1: the B
+    operand of each product is column block j of a 128x128 shared tile."""
+    a, b = rows_and_all(A)
     for j in tk.static_range(2):
         acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a,
                         b.column_block(j))
@@ -81,14 +88,7 @@ def one_half(A: tk.gl, C: tk.gl):
     """Block j of the grid computes C[:, 64j:64j+64] of `halves`, its column
     block chosen at run time (tk.block_id: no branch)."""
     j = tk.block_id(0)
-    a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
-    b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
-    sem = tk.semaphore()
-    if tk.elect_leader("warpgroup"):
-        tk.tma.expect(sem, a, b)
-        tk.tma.load_async(a, A, (0, 0), sem)
-        tk.tma.load_async(b, A, (0, 0), sem)
-    tk.wait(sem, 0)
+    a, b = rows_and_all(A)
     acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a,
                     b.column_block(j))
     tk.mma_wait(0)
@@ -99,14 +99,7 @@ def one_half(A: tk.gl, C: tk.gl):
 def chained(A: tk.gl, C: tk.gl):
     """C[:, :64] = A[0:64] · (A[:, :64] + A[:, 64:]): two MMAs into one
     accumulator, the second issued while the first is in flight."""
-    a = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
-    b = tk.shared_tile(A.dtype, (128, 128), swizzle=128)
-    sem = tk.semaphore()
-    if tk.elect_leader("warpgroup"):
-        tk.tma.expect(sem, a, b)
-        tk.tma.load_async(a, A, (0, 0), sem)
-        tk.tma.load_async(b, A, (0, 0), sem)
-    tk.wait(sem, 0)
+    a, b = rows_and_all(A)
     acc = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a,
                     b.column_block(0))
     acc = tk.mma_AB(acc, a, b.column_block(1))
