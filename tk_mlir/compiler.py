@@ -239,25 +239,35 @@ class CompiledKernel:
 
     def _repr_html_(self) -> str:
         from .display import stages_html
-        return stages_html(self.name, dict(self.asm), self.summary())
+        stages = {name: self._readable(name) for name in self.asm}
+        return stages_html(self.name, stages, self.summary())
 
-    def show(self, stage: str, diff: bool = False):
+    def _readable(self, stage: str, generic: bool = False) -> str:
+        """A stage as people read it: the tk stages in their short form
+        (asm.short), unless `generic`; every other stage as asm has it."""
+        if not generic and stage in tk_stage_names():
+            return self.asm.short(stage)
+        return self.asm[stage]
+
+    def show(self, stage: str, diff: bool = False, generic: bool = False):
         """The whole of one stage (the notebook display cuts long ones):
-        plain text when printed, highlighted in a notebook. `diff=True`: what
-        the stage's pass changed, against the stage before it (stage_diff.py)."""
+        plain text when printed, highlighted in a notebook; the tk stages in
+        their short form unless `generic=True` (MLIR's re-parsable text, as
+        asm[stage]). `diff=True`: what the stage's pass changed, against the
+        stage before it (stage_diff.py)."""
         from .display import Listing
         names = list(self.asm)
         if stage not in names:
             raise KeyError(f"show(stage={stage!r}): stage must be one of {', '.join(names)}")
         if not diff:
-            return Listing(f"{self.name}: {stage}", stage, self.asm[stage])
+            return Listing(f"{self.name}: {stage}", stage, self._readable(stage, generic))
         at = names.index(stage)
         if at == 0:
             raise ValueError(f"show({stage!r}, diff=True): {stage!r} is the first stage; "
                              f"there is no stage before it to compare with")
         from .stage_diff import stage_diff
         before = names[at - 1]
-        text = stage_diff(self.asm[before], self.asm[stage]).text()
+        text = stage_diff(self._readable(before, generic), self._readable(stage, generic)).text()
         return Listing(f"{self.name}: {stage} against {before}", stage, text, diff=True)
 
     def summary(self) -> dict:
