@@ -130,6 +130,16 @@ def in_tk_mlir_source(filename: str | None) -> bool:
                                         for d in _OWN_DIRS)
 
 
+_KERNELS = _PACKAGE / "kernels"
+
+
+def in_tk_mlir_helpers(filename: str | None) -> bool:
+    """Whether a source file holds tk_mlir's helpers (templates, rings, the
+    language): its own source except the kernel library, whose kernels are
+    written as a user's are (their errors and ops point at their own lines)."""
+    return in_tk_mlir_source(filename) and _KERNELS not in Path(filename).resolve().parents
+
+
 def _owner(frame) -> str:
     """Whose code a frame runs: "tk_mlir", "library" (the standard library, MLIR's
     bindings, any installed package) or "user"."""

@@ -25,7 +25,7 @@ from mlir.dialects import arith, func, scf
 
 from . import global_reads, language, values as V
 from .dialects import contracts
-from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_source,
+from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_helpers,
                      raised_in_tk_mlir)
 
 
@@ -272,8 +272,8 @@ class KernelBuilder(ast.NodeVisitor):
         except CompilationError as e:
             # A helper of tk_mlir's (a ring's method, a template) refusing its
             # arguments: the mistake is at the user's call.
-            if type(e) is CompilationError and in_tk_mlir_source(e.filename) and \
-                    not in_tk_mlir_source(self.filename):
+            if type(e) is CompilationError and in_tk_mlir_helpers(e.filename) and \
+                    not in_tk_mlir_helpers(self.filename):
                 raise self.error(node, e.message) from None
             raise
         except RecursionError:
@@ -290,11 +290,11 @@ class KernelBuilder(ast.NodeVisitor):
         (a ring's method, a template) called from the user's code is the
         user's call, so that what a pass, the lint or the interpreter reports
         there points at the user's line; a user's own function keeps its lines."""
-        if not in_tk_mlir_source(callee.filename):
+        if not in_tk_mlir_helpers(callee.filename):
             return None
         if self.site is not None:
             return self.site
-        return None if in_tk_mlir_source(self.filename) else self.loc(node)
+        return None if in_tk_mlir_helpers(self.filename) else self.loc(node)
 
     def check_recursion(self, node, call: InlinedCall) -> None:
         """Recursion is unrolled at compile time, so it must end on compile-time
