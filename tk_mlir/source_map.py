@@ -146,3 +146,31 @@ class SourceMap:
         return [self.line(line, file) for file, line in
                 sorted(wheres, key=lambda w: (w[0] != self.file, w))]
 
+
+    def listing_lines(self, stages: dict[str, str], tk_stages) -> dict[str, list[int | None]]:
+        """For the notebook display: the kernel-file line of each line of the
+        python stage, of the tk stages named in `tk_stages` (in their short
+        form), and of the PTX and SASS (None: no line, or another file's)."""
+        from .dialects.short_form import gutter_line
+        out: dict[str, list[int | None]] = {}
+        for name, text in stages.items():
+            if name == "python":
+                first = self.first_line(text)
+                if first is not None:
+                    out[name] = list(range(first, first + text.count("\n") + 1))
+            elif name in tk_stages:
+                out[name] = [gutter_line(l) for l in text.split("\n")]
+            elif name in ("ptx", "sass"):
+                owners = (ptx_line_owners if name == "ptx" else sass_line_owners)(text)
+                out[name] = [w[1] if w and w[0] == self.file else None for w in owners]
+        return out
+
+    def first_line(self, source: str) -> int | None:
+        """Where the kernel's `source` (the python stage: dedented) starts in
+        its file; None if the file no longer holds it."""
+        want = [l.strip() for l in source.strip("\n").split("\n")]
+        have = [l.strip() for l in linecache.getlines(self.file)]
+        for i, line in enumerate(have):
+            if line == want[0] and have[i:i + len(want)] == want:
+                return i + 1
+        return None
