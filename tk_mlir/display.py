@@ -6,7 +6,8 @@ reads the same in JupyterLab, the classic Notebook, VS Code and a saved
 .ipynb opened offline. A notebook stores every byte of it, so the page is
 kept small: a pass's stage shows only what the pass changed, long listings
 are cut with a count and the call that shows them whole (`Listing`,
-`compiled.show(stage)`).
+`compiled.show(stage)`). A Python line leads to the code it became by CSS
+alone (hover, or its anchor in the URL: `_LineTags`).
 
 Highlighting tokenizes the *raw* text and HTML-escapes every piece it emits,
 matched or not, so the patterns can see a real ``<`` in ``!tk.rt<bf16, 16, 64>``
