@@ -234,6 +234,16 @@ def _gutter(where: tuple[str, int] | None, main: str | None) -> str:
     return str(line) if file == main else f"{os.path.basename(file)}:{line}"
 
 
+_GUTTER = re.compile(rf"^\s*(\d+) {GUTTER_BAR} ")
+
+
+def gutter_line(listing_line: str) -> int | None:
+    """The kernel-file line in a short-form line's gutter (short_form: a
+    bare number); None for a line from another file or without one."""
+    m = _GUTTER.match(listing_line)
+    return int(m[1]) if m else None
+
+
 def short_text(generic: str | bytes) -> str:
     """The short form of a tk stage from its generic text (compiled.asm[stage])
     or its bytecode (tk_mlir/stages.py)."""

@@ -245,10 +245,14 @@ def test_meta_table_and_scoped_css():
     assert "<td>4</td><td class=\"t-bad\">3</td><td>0</td>" in mixed
     assert '<ul class="t-warn"><li>(C7517) wgmma.wait_group &lt;injected&gt;</li></ul>' in mixed
     assert "<table" not in stages_html("gemm", {"tk": TK})
+    # (With line info, the Python-line rules are scoped by the page's own id.)
+    out = stages_html("gemm", {"tk": TK}, lines={"tk": [7] * TK.count("\n")})
+    page_id = re.match(r'<div class="tk-mlir-stages" id="(tk\w+)">', out)[1]
     css = re.search(r"<style>(.*?)</style>", out, re.S).group(1)
     rules = [r.strip() for r in re.findall(r"([^{}]+)\{", css)]
-    assert rules and all(all(sel.strip().startswith(".tk-mlir-stages") for sel in r.split(",")) for r in rules)
-    assert out.startswith('<div class="tk-mlir-stages">')
+    assert f"#{page_id}:has(.t-py7:hover" in css
+    assert rules and all(all(sel.strip().startswith((".tk-mlir-stages", f"#{page_id}"))
+                             for sel in re.split(r",(?![^()]*\))", r)) for r in rules)
 
 
 @given(st.lists(st.sampled_from(["a", "b", "c", "}", "x = 1", ""]), max_size=40),

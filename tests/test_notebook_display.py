@@ -93,3 +93,40 @@ def test_show_diff_and_errors(gemm):
         gemm.show("nope")
     with pytest.raises(ValueError, match="first stage"):
         gemm.show("python", diff=True)
+
+
+def _block(page, name):
+    return re.search(rf'<details data-stage="{re.escape(html.escape(name))}".*?</details>',
+                     page, re.S).group()
+
+
+def _tagged(block, line):
+    """The text of the listing lines of `block` tagged with Python `line`."""
+    rows = re.findall(rf'^<span class="t-py{line}">(.*?)</span>(?:</pre>.*)?$', block, re.M)
+    return [html.unescape(re.sub(r"<[^>]+>", "", row)).strip() for row in rows]
+
+
+def test_python_lines_link_to_their_code(small, gemm, pages):
+    """Issue 12, with no script: each Python line with code has an anchor, the
+    tk, PTX and SASS lines it became carry its class, and a CSS rule per line
+    highlights them all while one is hovered or the anchor is the URL's target
+    (tests/test_display_browser.py checks this in Chromium)."""
+    page = pages["small"]
+    page_id = re.search(r'class="tk-mlir-stages" id="(tk\w+)"', page)[1]
+    assert page_id != re.search(r'class="tk-mlir-stages" id="(tk\w+)"', pages["gemm"])[1]
+    source_map = small.source_map
+    coded = [c.line for c in source_map.lines() if c.file == source_map.file]
+    assert len(coded) >= 4
+    for n in coded:
+        anchor = f"{page_id}-L{n}"
+        assert f'<a class="t-gut" id="{anchor}" href="#{anchor}">{n}</a>' in page
+        assert f"#{page_id}:has(.t-py{n}:hover,#{anchor}:target,#{anchor}:focus) .t-py{n}" in page
+        code = small.lines(n)
+        assert [" ".join(t.split()) for t in _tagged(_block(page, "python"), n)] == \
+            [" ".join(f"{n} {code.source}".split())]
+        assert len(_tagged(_block(page, "tk"), n)) == len(code.ops)
+        assert set(_tagged(_block(page, "ptx"), n)) <= set(code.ptx)
+        assert {" ".join(s.split()) for s in _tagged(_block(page, "sass"), n)} <= set(code.sass)
+    shown = [n for n in coded if _tagged(_block(page, "ptx"), n) and _tagged(_block(page, "sass"), n)]
+    assert len(shown) >= 2           # (cut listings keep only their first lines)
+    assert "t-py" not in _block(pages["gemm"], "tk-proxy-fences")    # a diff: untagged

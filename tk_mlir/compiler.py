@@ -240,7 +240,8 @@ class CompiledKernel:
     def _repr_html_(self) -> str:
         from .display import stages_html
         stages = {name: self._readable(name) for name in self.asm}
-        return stages_html(self.name, stages, self.summary())
+        lines = self.source_map.listing_lines(stages, tk_stage_names())
+        return stages_html(self.name, stages, self.summary(), lines)
 
     def _readable(self, stage: str, generic: bool = False) -> str:
         """A stage as people read it: the tk stages in their short form

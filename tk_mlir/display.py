@@ -6,7 +6,8 @@ reads the same in JupyterLab, the classic Notebook, VS Code and a saved
 .ipynb opened offline. A notebook stores every byte of it, so the page is
 kept small: a pass's stage shows only what the pass changed, long listings
 are cut with a count and the call that shows them whole (`Listing`,
-`compiled.show(stage)`).
+`compiled.show(stage)`). A Python line leads to the code it became by CSS
+alone (hover, or its anchor in the URL: `_LineTags`).
 
 Highlighting tokenizes the *raw* text and HTML-escapes every piece it emits,
 matched or not, so the patterns can see a real ``<`` in ``!tk.rt<bf16, 16, 64>``
@@ -15,6 +16,7 @@ while nothing unescaped ever reaches the page.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import re
@@ -186,6 +188,9 @@ _CSS = f"""
 .{_SCOPE} .t-del {{ background: rgba(248, 81, 73, .18); }}
 .{_SCOPE} .t-hunk {{ color: #6f42c1; opacity: .8; }}
 .{_SCOPE} .t-sub {{ font-size: 12px; opacity: .7; margin-top: 2px; }}
+.{_SCOPE} pre > [class^="t-py"] {{ display: inline-block; min-width: 100%; }}
+.{_SCOPE} .t-gut {{ opacity: .45; color: inherit; text-decoration: none; }}
+.{_SCOPE} a.t-gut:hover {{ opacity: 1; text-decoration: underline; }}
 .{_SCOPE} ul.t-warn {{ margin: 0; padding-left: 1.5em; font-size: 12px; color: #b26a00;
   font-family: var(--jp-code-font-family, monospace); }}
 """
@@ -347,12 +352,15 @@ def _line_html(mark: str, text: str, lexer: _Lexer | None) -> str:
     return f'<span class="{_MARKS[mark]}">{mark}{body}</span>'
 
 
-def _stage_html(name: str, shown: _Shown, is_open: bool) -> str:
+def _stage_html(name: str, shown: _Shown, is_open: bool, tags: "_LineTags") -> str:
     lexer = _lexer_for(name)
     if shown.same_as:
         body = f'<div class="t-note">the same text as {html.escape(shown.same_as)}</div>'
     else:
-        body = "<pre>" + "\n".join(_line_html(m, t, lexer) for m, t in shown.lines) + "</pre>"
+        rows = [_line_html(m, t, lexer) for m, t in shown.lines]
+        if not shown.is_diff:       # (a diff's lines are not the stage's: untagged)
+            rows = tags.rows(name, rows)
+        body = "<pre>" + "\n".join(rows) + "</pre>"
     if shown.more:
         body += f'<div class="t-note">{html.escape(shown.more, quote=False)}</div>'
     return (f'<details data-stage="{html.escape(name)}"{" open" if is_open else ""}>'
@@ -360,16 +368,66 @@ def _stage_html(name: str, shown: _Shown, is_open: bool) -> str:
             f"</summary>{body}</details>")
 
 
+class _LineTags:
+    """Python line -> its code, with no script: every listing line a Python
+    line produced is wrapped in `<span class="t-pyN">`, each Python line with
+    code gets an anchor `ID-LN` in a gutter, and one CSS rule per such line
+    highlights all of `t-pyN` while one of them is hovered or the anchor is
+    the URL's target (or focused: a click where the URL cannot change).
+    ID is this page's, so two kernels in one notebook keep their anchors
+    apart; it is a hash of the page's text, so a re-run keeps the bytes."""
+
+    def __init__(self, page_id: str, lines: dict[str, list[int | None]]):
+        self.id, self.lines = page_id, lines
+        self.coded = {n for name, tags in lines.items() if name != "python"
+                      for n in tags if n}
+
+    def rows(self, name: str, rows: list[str]) -> list[str]:
+        tags = self.lines.get(name)
+        if not tags:
+            return rows
+        if name == "python":
+            width = len(str(max(tags)))
+            rows = [self._gutter(n, width) + row for n, row in zip(tags, rows)]
+        return [f'<span class="t-py{n}">{row}</span>' if n in self.coded else row
+                for n, row in zip(tags, rows)]
+
+    def _gutter(self, line: int, width: int) -> str:
+        number = f"{line:>{width}}"
+        if line not in self.coded:
+            return f'<span class="t-gut">{number}</span> '
+        anchor = f"{self.id}-L{line}"
+        return f'<a class="t-gut" id="{anchor}" href="#{anchor}">{number}</a> '
+
+    def css(self) -> str:
+        if not self.coded:
+            return ""
+        p = self.id
+        return ",".join(f"#{p}:has(.t-py{n}:hover,#{p}-L{n}:target,#{p}-L{n}:focus) .t-py{n}"
+                        for n in sorted(self.coded)) + \
+            " { background: rgba(255, 193, 7, .4); }"
+
+
+def _page_id(title: str, stages: dict[str, str]) -> str:
+    digest = hashlib.sha1(title.encode())
+    for text in stages.values():
+        digest.update(text.encode())
+    return "tk" + digest.hexdigest()[:10]
+
+
 def _is_mlir(name: str) -> bool:
     return _lexer_for(name) is _MLIR
 
 
-def stages_html(title: str, stages: dict[str, str], meta: dict | None = None) -> str:
+def stages_html(title: str, stages: dict[str, str], meta: dict | None = None,
+                lines: dict[str, list[int | None]] | None = None) -> str:
     """An HTML fragment showing ``title``, the kernel's numbers in ``meta``
     (registers, shared memory, spills, threads, ...; a dict value becomes a
     table of its own, a list value a list) and one folded ``<details>`` per
     stage, in the order given: a pass's stage as a diff against the stage
-    before it (stage_diff.py), other stages as listings, cut where long."""
+    before it (stage_diff.py), other stages as listings, cut where long.
+    ``lines``: per stage, the Python line of each of its lines (None: no
+    line), for the hover and anchor links of _LineTags."""
     names = list(stages)
     opened = _open_stage(names)
     head = f'<div class="t-head"><span class="t-title">{html.escape(title)}</span>'
@@ -388,8 +446,10 @@ def stages_html(title: str, stages: dict[str, str], meta: dict | None = None) ->
     for name in names:
         if shown[name].whole:
             _cut_to(name, shown[name], None)
-    body = "".join(_stage_html(name, shown[name], name == opened) for name in names)
-    return f'<div class="{_SCOPE}"><style>{_CSS}</style>{head}{body}</div>'
+    tags = _LineTags(_page_id(title, stages), lines or {})
+    body = "".join(_stage_html(name, shown[name], name == opened, tags) for name in names)
+    return (f'<div class="{_SCOPE}" id="{tags.id}"><style>{_CSS}{tags.css()}</style>'
+            f"{head}{body}</div>")
 
 
 class Listing:

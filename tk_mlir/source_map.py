@@ -24,22 +24,25 @@ _SASS_FILE = re.compile(r'^\s*//## File "([^"]*)", line (\d+)')
 _SASS_INSTRUCTION = re.compile(r"^\s*(/\*[0-9a-f]+\*/)\s+(.*?)\s*(?:/\*.*)?$")
 
 
-def ptx_by_line(ptx: str) -> dict[Where, list[str]]:
-    """The PTX instructions under each `.loc` (file, line); line 0 is LLVM's
-    "no single line" (code merged from several) and is nobody's."""
+def ptx_line_owners(ptx: str) -> list[Where | None]:
+    """The (file, line) of each line of `ptx` (split at "\\n"): an
+    instruction's is the `.loc` above it; every other line's, and an
+    instruction under line 0 (LLVM's "no single line": code merged from
+    several), is None."""
     files = {int(n): path for n, path in _PTX_FILE.findall(ptx)}
-    out: dict[Where, list[str]] = defaultdict(list)
-    where = None
-    for raw in ptx.splitlines():
+    owners, where = [], None
+    for raw in ptx.split("\n"):
         m = _PTX_LOC.match(raw)
         if m:
             line = int(m[2])
             where = (files.get(int(m[1]), m[1]), line) if line else None
-            continue
-        text = raw.strip()
-        if where and _is_ptx_instruction(text):
-            out[where].append(text)
-    return dict(out)
+        owners.append(where if where and _is_ptx_instruction(raw.strip()) else None)
+    return owners
+
+
+def ptx_by_line(ptx: str) -> dict[Where, list[str]]:
+    """The PTX instructions under each `.loc` (file, line)."""
+    return _by_line(ptx, ptx_line_owners(ptx), str.strip)
 
 
 def _is_ptx_instruction(text: str) -> bool:
@@ -47,19 +50,33 @@ def _is_ptx_instruction(text: str) -> bool:
         not text.endswith((":", ","))
 
 
-def sass_by_line(sass: str) -> dict[Where, list[str]]:
-    """The SASS instructions under each `//## File "...", line N` of
-    `nvdisasm -g`, as `/*addr*/ INSTRUCTION ;`."""
-    out: dict[Where, list[str]] = defaultdict(list)
-    where = None
-    for raw in sass.splitlines():
+def sass_line_owners(sass: str) -> list[Where | None]:
+    """The (file, line) of each instruction line of `sass` (split at "\\n"):
+    the `//## File "...", line N` of `nvdisasm -g` above it; None for every
+    other line."""
+    owners, where = [], None
+    for raw in sass.split("\n"):
         m = _SASS_FILE.match(raw)
         if m:
             where = (m[1], int(m[2]))
-            continue
+        owners.append(where if not m and _SASS_INSTRUCTION.match(raw) else None)
+    return owners
+
+
+def sass_by_line(sass: str) -> dict[Where, list[str]]:
+    """The SASS instructions under each `//## File "...", line N`, as
+    `/*addr*/ INSTRUCTION ;`."""
+    def short(raw: str) -> str:
         m = _SASS_INSTRUCTION.match(raw)
-        if where and m:
-            out[where].append(f"{m[1]} {' '.join(m[2].split())}")
+        return f"{m[1]} {' '.join(m[2].split())}"
+    return _by_line(sass, sass_line_owners(sass), short)
+
+
+def _by_line(text: str, owners: list[Where | None], form) -> dict[Where, list[str]]:
+    out: dict[Where, list[str]] = defaultdict(list)
+    for raw, where in zip(text.split("\n"), owners):
+        if where:
+            out[where].append(form(raw))
     return dict(out)
 
 
@@ -129,3 +146,31 @@ class SourceMap:
         return [self.line(line, file) for file, line in
                 sorted(wheres, key=lambda w: (w[0] != self.file, w))]
 
+
+    def listing_lines(self, stages: dict[str, str], tk_stages) -> dict[str, list[int | None]]:
+        """For the notebook display: the kernel-file line of each line of the
+        python stage, of the tk stages named in `tk_stages` (in their short
+        form), and of the PTX and SASS (None: no line, or another file's)."""
+        from .dialects.short_form import gutter_line
+        out: dict[str, list[int | None]] = {}
+        for name, text in stages.items():
+            if name == "python":
+                first = self.first_line(text)
+                if first is not None:
+                    out[name] = list(range(first, first + text.count("\n") + 1))
+            elif name in tk_stages:
+                out[name] = [gutter_line(l) for l in text.split("\n")]
+            elif name in ("ptx", "sass"):
+                owners = (ptx_line_owners if name == "ptx" else sass_line_owners)(text)
+                out[name] = [w[1] if w and w[0] == self.file else None for w in owners]
+        return out
+
+    def first_line(self, source: str) -> int | None:
+        """Where the kernel's `source` (the python stage: dedented) starts in
+        its file; None if the file no longer holds it."""
+        want = [l.strip() for l in source.strip("\n").split("\n")]
+        have = [l.strip() for l in linecache.getlines(self.file)]
+        for i, line in enumerate(have):
+            if line == want[0] and have[i:i + len(want)] == want:
+                return i + 1
+        return None
