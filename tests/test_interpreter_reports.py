@@ -447,3 +447,44 @@ def test_phase_wrap_around():
     e = report(signals, a, c)
     assert e.line == line_of("MARK: stale wait")
     assert "phase wrap-around" in e.message and "takes phase 2 as done" in e.message
+
+
+@tk.kernel(num_warps=4)
+def leaves_early(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
+    """One warpgroup: A's first 64x64 tile in by TMA, C = A·Aᵀ by wgmma. One
+    BUG at a time: the kernel ends before waiting for the load, or for the MMA."""
+    a = tk.shared_tile(A.dtype, (64, 64), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, a)
+        tk.tma.load_async(a, A, (0, 0), sem)               # MARK: early load
+    if BUG != "load not waited":
+        tk.wait(sem, 0)
+        zero = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+        acc = tk.mma_ABt(zero, a, a)                        # MARK: early mma
+        if BUG != "mma not waited":
+            tk.mma_wait(0)
+            tk.store(C, acc, (0, 0))
+
+
+def test_leaves_early_runs():
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    c = torch.full((64, 64), float("nan"))
+    leaves_early.interpret[(1,)](a, c)
+    ref = a.float() @ a.float().T
+    assert ((c - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_block_ending_before_its_tma_load_was_waited_for():
+    """Found whatever the load's random delay: no warp waited for the phase."""
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    e = report(leaves_early, a, torch.empty(64, 64), BUG="load not waited", seeds=range(6))
+    assert e.line == line_of("MARK: early load")
+    assert "ends without waiting for the TMA load issued here" in e.message, e.message
+
+
+def test_warp_exiting_with_its_mma_in_flight():
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    e = report(leaves_early, a, torch.empty(64, 64), BUG="mma not waited")
+    assert e.line == line_of("MARK: early mma")
+    assert "exits with the MMA issued here not waited for" in e.message, e.message

@@ -50,7 +50,9 @@ reached with different warp counts, or an id outside 1-15; a wgmma result
 used before each warp's mma_wait; a read of a tile a TMA load is writing or
 whose load was not waited for; a write to a tile an in-flight wgmma or TMA
 store reads; a thread write read by the async proxy with no proxy fence (a
-compiler bug); a warp exiting with TMA stores outstanding; two blocks
+compiler bug); a warp exiting with TMA stores outstanding or its
+warpgroup's MMAs not waited for; a block ending with a TMA load whose
+semaphore phase no warp waited for; two blocks
 writing one element of an output (plain stores: memory.py); out-of-range
 array and subtile indices; data races by happens-before (races.py: vector clocks
 through semaphores, barriers and mma/store waits; shadow state per shared

@@ -113,6 +113,7 @@ def _tma_load(op, num_warps):
             clock[s.slot] = max(clock[s.slot], epoch)
             s.loads.append(at)
             s.loads_in_flight += 1
+            block.last_load[sem.alloc.key, sem.index] = (s.completed, loc)
             block.later(lambda d=data, f=flight, c=clock: _land(block, d, f, s, c, loc, at,
                                                                 _nbytes(dst)))
         yield YIELD
@@ -214,6 +215,7 @@ def _mma(op, num_warps):
         group = block.mma_issued.get(wg, 0) + 1
         block.mma_issued[wg] = group
         block.mma.setdefault(wg, []).append((group, flights))
+        block.mma_locs[wg, group] = loc
         return Pending(result, group, at)
     return mma
 

@@ -73,6 +73,9 @@ class Block:
         self.clocks[np.arange(num_warps), np.arange(num_warps)] = 1
         self.mma: dict[int, list] = {}        # warpgroup -> its groups, oldest first
         self.mma_issued: dict[int, int] = {}  # warpgroup -> groups issued so far
+        self.mma_locs: dict = {}              # (warpgroup, group) -> the MMA's location
+        self.last_load: dict = {}             # semaphore key -> (phase, location) of the
+        #                                       last TMA load counted on it
 
     def later(self, callback, low: int = 1, high: int = 24) -> None:
         """Run callback() after a random number of scheduler steps."""
@@ -194,6 +197,8 @@ def run_block(body, block: Block, num_slots: int, init) -> None:
             except StopIteration:
                 returned.add(i)
                 _on_exit(warps[i])
+                if len(returned) == len(warps):
+                    _on_block_end(block, warps)
                 continue
             results[i] = None
             if isinstance(got, Arrival):
@@ -228,8 +233,14 @@ def _rendezvous(waiting: dict, block: Block, results: list, runnable: list) -> N
 
 
 def _on_exit(w: Warp) -> None:
-    """A warp returns: its threads' TMA stores must have been waited for (the
-    block's shared memory goes away with it)."""
+    """A warp returns: its threads' TMA stores and its warpgroup's MMAs must
+    have been waited for (the block's shared memory goes away with it)."""
+    wg = w.index // 4
+    if w.block.mma_issued.get(wg, 0) > w.mma_done:
+        raise error(w.block.mma_locs[wg, w.mma_done + 1],
+                    f"warp {w.index} of block {w.block.id} exits with the MMA issued here not "
+                    f"waited for: it may still read shared memory the block is giving up; "
+                    f"call tk.mma_wait(0) before the kernel ends")
     for lane, groups in w.bulk.items():
         for group in groups:
             for store in group:
@@ -238,6 +249,18 @@ def _on_exit(w: Warp) -> None:
                                        f"its source is shared memory the block is giving "
                                        f"up; call tk.tma.store_wait(0) (after "
                                        f"tk.tma.store_commit) before the kernel ends")
+
+
+def _on_block_end(block: Block, warps: list) -> None:
+    """Every warp has returned: a TMA load whose semaphore phase no warp waited
+    for may still be in flight on a GPU (whatever the interpreter's delays),
+    and would land in shared memory the block has given up."""
+    for key, (phase, loc) in block.last_load.items():
+        if max(w.seen.get(key, -1) for w in warps) < phase:
+            raise error(loc, f"block {block.id} ends without waiting for the TMA load issued "
+                             f"here (no warp waited for its semaphore's phase {phase}): on a "
+                             f"GPU it may land in shared memory the block has given up; wait "
+                             f"for it (or do not issue it) before the kernel ends")
 
 
 def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block) -> InterpretError:
