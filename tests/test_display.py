@@ -5,6 +5,7 @@ from html.parser import HTMLParser
 from hypothesis import given, strategies as st
 
 from tk_mlir.display import CUT_LINES, FULL_LINES, PAGE_CHARS, Listing, highlight, stages_html
+from tk_mlir.source_map import instruction_name
 from tk_mlir.stage_diff import stage_diff
 
 TK = """\
@@ -186,6 +187,32 @@ def test_other_listings_share_the_page_and_say_how_to_see_them_whole():
     huge = {f"ptx{i}": ptx for i in range(40)}   # many stages: still one page's worth
     assert sum(map(len, pre_text(stages_html("k", {"tk": TK, **huge}))[1:])) <= PAGE_CHARS
 
+
+def test_a_cut_listing_keeps_each_python_lines_kinds_of_instruction():
+    """Past its first lines, a cut PTX listing keeps the first line of each
+    opcode each Python line became, with a count in each gap."""
+    ptx = [f"\tadd.s32 \t%r{i}, %r{i}, 1;" for i in range(5000)]
+    ptx[3000], ptx[3001] = "\t@%p1 ex2.approx.f32 \t%r1, %r2;", "\tex2.approx.f32 \t%r3, %r4;"
+    owners = [None] * 2000 + [7] * 2000 + [9] * 1000       # (lines 7 and 9 of the kernel)
+    out = stages_html("k", {"tk": TK, "ptx": "\n".join(ptx)}, lines={"ptx": owners})
+    parse(out)
+    shown = pre_text(out)[1].split("\n")
+    gaps = [l for l in shown if l.startswith("… ")]
+    kept = [l for l in shown if not l.startswith("… ")]
+    assert kept[-3:] == [ptx[2000], ptx[3000], ptx[4000]]   # add, ex2 for line 7; add for line 9
+    assert kept[:-3] == ptx[:len(kept) - 3]                 # after the first lines
+    assert gaps == [f"… {2000 - len(kept) + 3:,} lines not shown", "… 999 lines not shown",
+                    "… 999 lines not shown"]
+    assert f"5,000 lines, {len(kept)} shown" in out
+    assert '… 999 more lines: .show("ptx") or .asm["ptx"]' in out
+    assert f'<span class="t-py7">{highlight(ptx[3000], "ptx")}</span>' in out
+    assert '<span class="t-note">… 999 lines not shown</span>' in out     # (untagged)
+
+
+def test_instruction_name():
+    assert instruction_name("\t@%p1 bra \t$L__BB0_2;") == "bra"
+    assert instruction_name("\tret;") == "ret"
+    assert instruction_name("        /*05b0*/  @!P0 MUFU.EX2 R27, R4 ;  /* 0x000 */") == "MUFU.EX2"
 
 def _module(*ops):
     body = "".join(f"    %{i} = {op} loc(#loc{i})\n" for i, op in enumerate(ops))

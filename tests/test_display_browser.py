@@ -6,6 +6,7 @@ $TK_MLIR_ARTIFACTS, else tests/artifacts/ (git-ignored)."""
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -42,8 +43,8 @@ pytestmark = [
 ]
 
 
-# Small, so that its PTX and SASS are shown whole (a cut listing's lines are
-# not on the page).
+# Small, so that its PTX and SASS are shown whole (a cut listing keeps only
+# some of a line's code: softmax_page).
 @tk.kernel(num_warps=1)
 def exp_rows(X: tk.gl[f32], Y: tk.gl[f32]):
     x = tk.load(X, (tk.block_id(0), 0), (16, 16))
@@ -62,6 +63,20 @@ def page(tmp_path_factory):
     path = tmp_path_factory.mktemp("display") / "exp_rows.html"
     path.write_text(html_page("exp_rows (tk_mlir)", fragment), encoding="utf-8")
     return path, re.search(r'class="tk-mlir-stages" id="(\w+)"', fragment)[1]
+
+
+@pytest.fixture(scope="module")
+def softmax_page(tmp_path_factory):
+    """examples/quickstart.py's softmax: its PTX and SASS are cut."""
+    sys.path.insert(0, str(HERE.parents[1] / "examples"))
+    from quickstart import softmax
+    x = tk.spec((1000, 512), "f32")
+    compiled = softmax.compile(x, x, ROWS=4, N=512)
+    path = tmp_path_factory.mktemp("display") / "softmax.html"
+    path.write_text(html_page("softmax (tk_mlir)", compiled._repr_html_()), encoding="utf-8")
+    line = {c.source.strip(): c.line for c in compiled.source_map.lines()}
+    return path, *(next(n for text, n in line.items() if part in text)
+                   for part in (".exp()", "tk.load("))
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +115,19 @@ def settled(driver, lit_now: list, dark_now: list) -> bool:
         return False
 
 
+def open_stages(driver):
+    """Unfold the python, PTX and SASS stages, as a reader does."""
+    for stage in ("python", "ptx", "sass"):
+        details = driver.find_element(By.CSS_SELECTOR, f'details[data-stage="{stage}"]')
+        if not details.get_attribute("open"):
+            details.find_element(By.TAG_NAME, "summary").click()
+
+
 def test_choosing_a_python_line_highlights_its_ptx_and_sass(page, browser):
     path, page_id = page
     exp, store = line_of("e = x.exp2()"), line_of("tk.store(Y, e, (tk.block_id(0), 0))")
     browser.get(f"{path.as_uri()}#{page_id}-L{exp}")
-    # Chromium unfolds the python stage for the anchor; the others a reader opens.
-    for stage in ("python", "ptx", "sass"):
-        details = browser.find_element(By.CSS_SELECTOR, f'details[data-stage="{stage}"]')
-        if not details.get_attribute("open"):
-            details.find_element(By.TAG_NAME, "summary").click()
+    open_stages(browser)    # (Chromium unfolds the python stage for the anchor)
     ex2, mufu = stage_lines(browser, "ptx", r"^\s*ex2\.approx"), stage_lines(browser, "sass", "MUFU.EX2")
     stores = stage_lines(browser, "ptx", r"^\s*st\.global") + stage_lines(browser, "sass", r"\bSTG\b")
     assert ex2 and mufu and stores
@@ -125,3 +144,19 @@ def test_choosing_a_python_line_highlights_its_ptx_and_sass(page, browser):
     ActionChains(browser).move_to_element(python_store).perform()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "display_line_highlight.png"))
+
+
+def test_hovering_softmax_exp_highlights_its_code_in_cut_listings(softmax_page, browser):
+    """The cut PTX and SASS keep each Python line's kinds of instruction:
+    hovering `.exp()` lights its ex2.approx and MUFU.EX2, past the first lines."""
+    path, exp, load = softmax_page
+    browser.get(path.as_uri())
+    open_stages(browser)
+    ex2, mufu = stage_lines(browser, "ptx", r"^\s*ex2\.approx"), stage_lines(browser, "sass", "MUFU.EX2")
+    loads = browser.find_elements(By.CSS_SELECTOR, f".t-py{load}")
+    assert ex2 and mufu and loads
+    assert settled(browser, [], ex2 + mufu)
+    python_exp = browser.find_element(By.CSS_SELECTOR, f'details[data-stage="python"] .t-py{exp}')
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", python_exp)
+    ActionChains(browser).move_to_element(python_exp).perform()
+    assert settled(browser, ex2 + mufu, loads)

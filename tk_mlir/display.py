@@ -7,7 +7,8 @@ reads the same in JupyterLab, the classic Notebook, VS Code and a saved
 kept small: a pass's stage shows only what the pass changed, long listings
 are cut with a count and the call that shows them whole (`Listing`,
 `compiled.show(stage)`). A Python line leads to the code it became by CSS
-alone (hover, or its anchor in the URL: `_LineTags`).
+alone (hover, or its anchor in the URL: `_LineTags`); a cut PTX or SASS
+listing keeps some of each line's code (`_linked`).
 
 Highlighting tokenizes the *raw* text and HTML-escapes every piece it emits,
 matched or not, so the patterns can see a real ``<`` in ``!tk.rt<bf16, 16, 64>``
@@ -20,8 +21,10 @@ import hashlib
 import html
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 
+from .source_map import instruction_name
 from .stage_diff import stage_diff
 
 # Every selector sits under this class so the styles stay inside our fragment.
@@ -256,10 +259,14 @@ def _open_stage(names: list[str]) -> str | None:
 # shown whole up to FULL_LINES. Every other listing and diff shares
 # PAGE_CHARS characters of IR (stages that need less leave the rest to the
 # others) and is cut at CUT_LINES lines, with a count and the call that
-# shows it whole.
+# shows it whole. A cut PTX or SASS listing gives up to LINKED_SHARE of its
+# share to the first line of each kind of instruction each Python line
+# became (_linked), so that the line links (_LineTags) find code past its
+# first lines: softmax's `.exp()` is ex2.approx and MUFU.EX2 far down.
 FULL_LINES = 2000
 CUT_LINES = 150
 PAGE_CHARS = 45_000
+LINKED_SHARE = 0.5
 
 
 @dataclass
@@ -272,6 +279,8 @@ class _Shown:
     more: str = ""          # the note under a cut listing or diff
     same_as: str = ""       # unchanged: the stage it equals
     is_diff: bool = False
+    at: list[int | None] | None = None   # each line's index in the stage (None: a
+                                         # gap's note); None: the stage's first lines
 
     def chars(self) -> int:
         return sum(len(text) + 1 for _, text in self.lines)
@@ -324,11 +333,17 @@ def _shown(name: str, text: str, before: tuple[str, str] | None, whole: bool) ->
     return _Shown([("", l) for l in lines], size, whole=whole)
 
 
-def _cut_to(name: str, shown: _Shown, chars: int | None) -> None:
-    """Cut `shown` to its share of the page, saying what was left out."""
-    total = len(shown.lines)
-    shown.lines = _cut(shown.lines, FULL_LINES if shown.whole else CUT_LINES, chars)
-    more = total - len(shown.lines)
+def _cut_to(name: str, shown: _Shown, chars: int | None,
+            owners: list[int | None] | None = None) -> None:
+    """Cut `shown` to its share of the page, saying what was left out.
+    `owners`: the Python line of each line of a PTX or SASS listing, whose
+    linked lines a cut then keeps too (_cut_linked)."""
+    total, limit = len(shown.lines), FULL_LINES if shown.whole else CUT_LINES
+    head = _cut(shown.lines, limit, chars)
+    more = total - len(head)
+    if more and owners and chars is not None and not shown.is_diff:
+        return _cut_linked(name, shown, _kept(shown.lines, limit, chars, owners))
+    shown.lines = head
     if not more:
         return
     if shown.is_diff:
@@ -338,12 +353,62 @@ def _cut_to(name: str, shown: _Shown, chars: int | None) -> None:
         shown.more = f"… {_plural(more, 'more line')}: {_calls(name)}"
 
 
+def _linked(texts: list[str], owners: list[int | None]) -> list[int]:
+    """The index of the first line of each kind of instruction (opcode) each
+    Python line became, every Python line's first kind before any line's
+    second, and so on: a tight share still gives every line some code."""
+    first: dict[tuple[int, str], int] = {}
+    for i, (text, line) in enumerate(zip(texts, owners)):
+        if line:
+            first.setdefault((line, instruction_name(text)), i)
+    kinds, ranked = Counter(), []
+    for (line, _), i in first.items():         # (in listing order)
+        ranked.append((kinds[line], i))
+        kinds[line] += 1
+    return [i for _, i in sorted(ranked)]
+
+
+def _kept(lines: list, limit: int, chars: int, owners: list[int | None]) -> list[int]:
+    """The indices a cut listing keeps: linked lines (_linked) in up to
+    LINKED_SHARE of `chars` and half of `limit`, then its first lines in
+    what is left."""
+    picked, used = [], 0
+    for i in _linked([text for _, text in lines], owners):
+        if len(picked) >= limit // 2 or used + len(lines[i][1]) + 1 > chars * LINKED_SHARE:
+            break
+        picked.append(i)
+        used += len(lines[i][1]) + 1
+    head = _cut(lines, max(limit - len(picked), 1), chars - used)
+    kept = set(range(len(head))) | set(picked)
+    return sorted(kept | {i + 1 for i in kept if i + 2 in kept})   # (a one-line gap's
+                                                                    # note is no shorter)
+
+
+def _cut_linked(name: str, shown: _Shown, kept: list[int]) -> None:
+    """Keep the lines of `shown` at `kept`, with a note "… N lines not shown"
+    in each gap between them (the last gap's is the note under the listing)."""
+    lines, at, last = [], [], -1
+    for i in kept:
+        if i > last + 1:
+            lines.append(("…", f"… {_plural(i - last - 1, 'line')} not shown"))
+            at.append(None)
+        lines.append(shown.lines[i])
+        at.append(i)
+        last = i
+    more = len(shown.lines) - 1 - last
+    shown.lines, shown.at = lines, at
+    shown.tag += f", {len(kept):,} shown"
+    shown.more = (f"… {_plural(more, 'more line')}: " if more else "the whole stage: ") + _calls(name)
+
+
 _MARKS = {"+": "t-add", "-": "t-del"}
 
 
 def _line_html(mark: str, text: str, lexer: _Lexer | None) -> str:
     if mark == "@":
         return _span("hunk", text)
+    if mark == "…":                 # a cut listing's gap
+        return _span("note", text)
     body = html.escape(text, quote=False) if lexer is None else _highlight_line(text, lexer)
     if not mark:
         return body
@@ -359,7 +424,7 @@ def _stage_html(name: str, shown: _Shown, is_open: bool, tags: "_LineTags") -> s
     else:
         rows = [_line_html(m, t, lexer) for m, t in shown.lines]
         if not shown.is_diff:       # (a diff's lines are not the stage's: untagged)
-            rows = tags.rows(name, rows)
+            rows = tags.rows(name, rows, shown.at)
         body = "<pre>" + "\n".join(rows) + "</pre>"
     if shown.more:
         body += f'<div class="t-note">{html.escape(shown.more, quote=False)}</div>'
@@ -382,10 +447,13 @@ class _LineTags:
         self.coded = {n for name, tags in lines.items() if name != "python"
                       for n in tags if n}
 
-    def rows(self, name: str, rows: list[str]) -> list[str]:
+    def rows(self, name: str, rows: list[str], at: list[int | None] | None) -> list[str]:
+        """`rows`, the stage's lines at `at` (_Shown.at), tagged."""
         tags = self.lines.get(name)
         if not tags:
             return rows
+        if at is not None:
+            tags = [None if i is None else tags[i] for i in at]
         if name == "python":
             width = len(str(max(tags)))
             rows = [self._gutter(n, width) + row for n, row in zip(tags, rows)]
@@ -419,6 +487,11 @@ def _is_mlir(name: str) -> bool:
     return _lexer_for(name) is _MLIR
 
 
+def _owners(name: str, lines: dict | None) -> list[int | None] | None:
+    """The Python line of each line of a PTX or SASS stage, if known."""
+    return (lines or {}).get(name) if _lexer_for(name) in (_PTX, _SASS) else None
+
+
 def stages_html(title: str, stages: dict[str, str], meta: dict | None = None,
                 lines: dict[str, list[int | None]] | None = None) -> str:
     """An HTML fragment showing ``title``, the kernel's numbers in ``meta``
@@ -442,7 +515,7 @@ def stages_html(title: str, stages: dict[str, str], meta: dict | None = None,
         before = (name, text) if mlir else None
     shared = [name for name in names if not shown[name].whole]
     for name, chars in zip(shared, _shares([shown[n].chars() for n in shared], PAGE_CHARS)):
-        _cut_to(name, shown[name], chars)
+        _cut_to(name, shown[name], chars, _owners(name, lines))
     for name in names:
         if shown[name].whole:
             _cut_to(name, shown[name], None)

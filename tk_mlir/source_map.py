@@ -72,6 +72,16 @@ def sass_by_line(sass: str) -> dict[Where, list[str]]:
     return _by_line(sass, sass_line_owners(sass), short)
 
 
+def instruction_name(line: str) -> str:
+    """The opcode of a PTX or SASS instruction line (`ex2.approx.ftz.f32`,
+    `MUFU.EX2`): its first word after SASS's `/*addr*/` and any predicate."""
+    m = _SASS_INSTRUCTION.match(line)
+    words = (m[2] if m else line).split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].rstrip(";") if words else ""
+
+
 def _by_line(text: str, owners: list[Where | None], form) -> dict[Where, list[str]]:
     out: dict[Where, list[str]] = defaultdict(list)
     for raw, where in zip(text.split("\n"), owners):
