@@ -110,7 +110,9 @@ def settled(driver, lit_now: list, dark_now: list) -> bool:
     def check(_):
         return all(map(lit, lit_now)) and not any(map(lit, dark_now))
     try:
-        return WebDriverWait(driver, 3, poll_frequency=0.05).until(check)
+        # 10 s: a loaded 2-core CI machine can be slow to redraw (3 s once
+        # timed out while another browser test ran beside it).
+        return WebDriverWait(driver, 10, poll_frequency=0.05).until(check)
     except TimeoutException:
         return False
 
