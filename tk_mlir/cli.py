@@ -200,18 +200,18 @@ def pick_stages(stages: dict[str, str], wanted: list[str]) -> list[str]:
     return picked
 
 
-def summary(name: str, stages: dict[str, str], info: dict | None) -> str:
-    """The stages listed, and ptxas's numbers (`info`; None: compiled without
-    ptxas, which the summary says rather than failing: the PTX is there)."""
-    lines = [f"{name}: {len(stages)} stages (--stage NAME or NUMBER prints one)"]
+def summary(compiled) -> str:
+    """The stages listed, then the kernel's summary (compiled.summary_text():
+    registers, spills, shared memory, occupancy, instruction mix, ptxas
+    warnings); without ptxas it says so rather than failing: the PTX is there."""
+    stages = compiled.asm
+    lines = [f"{compiled.name}: {len(stages)} stages (--stage NAME or NUMBER prints one)"]
     lines += [f"  {i:02d}  {len(text.splitlines()):6d} lines  {stage}"
               for i, (stage, text) in enumerate(stages.items())]
-    if info is None:
-        lines.append("ptxas info: none, not assembled (ptxas is not installed: "
-                     "pip install nvidia-cuda-nvcc)")
-        return "\n".join(lines)
-    lines.append("ptxas info:")
-    lines += [f"  {key}: {value}" for key, value in info.items()]
+    if not compiled.assembled:
+        lines.append("not assembled: ptxas is not installed (pip install nvidia-cuda-nvcc)")
+    lines.append("summary (--summary prints only this):")
+    lines += [f"  {line}" for line in compiled.summary_text().splitlines()]
     return "\n".join(lines)
 
 
@@ -257,9 +257,10 @@ def compile_command(args: argparse.Namespace) -> int:
             print(f"==> {name} <==")
         text = stage_text(stages, name, args.short)
         print(text, end="" if text.endswith("\n") else "\n")
-    if not picked and not args.list_stages:
-        print(summary(compiled.name, stages,
-                      compiled.info if compiled.assembled else None))
+    if args.summary:
+        print(compiled.summary_text())
+    elif not picked and not args.list_stages:
+        print(summary(compiled))
     return 0
 
 
@@ -371,6 +372,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "ops, PTX lines and SASS instructions, or only what it became in "
                         "each --stage (python, any MLIR stage, ptx, sass)")
     c.add_argument("--list-stages", action="store_true", help="print the stage names")
+    c.add_argument("--summary", action="store_true",
+                   help="print the kernel's summary: registers, spills, shared memory, "
+                        "blocks per SM, the SASS instruction mix, ptxas warnings")
     c.add_argument("--dump-dir", type=Path, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")
     c.add_argument("--html", type=Path, metavar="OUT.html",
