@@ -21,13 +21,16 @@ def main():
     M, N, ROWS = 1000, 512, 4
     compiled = softmax.compile(tk.spec((M, N), tk.f32), tk.spec((M, N), tk.f32), ROWS=ROWS, N=N)
     print("stages:", ", ".join(compiled.asm))
-    print("\n--- tk IR ---\n" + compiled.asm["tk"])
-    ptx = compiled.asm["ptx"]
-    print("--- PTX (first 25 instruction lines) ---")
-    body = [l for l in ptx.splitlines() if l.startswith("\t") and not l.startswith("\t.")]
-    print("\n".join(body[:25]))
-    # (Without ptxas, e.g. on macOS, the kernel stops at PTX.)
-    print("--- ptxas ---", compiled.info if compiled.assembled else "not installed")
+    # The tk IR in short, the Python line as a gutter (compiled.asm["tk"] is
+    # MLIR's generic, re-parsable text).
+    print("\n--- tk IR ---\n" + compiled.asm.short("tk"))
+    # What the line with .exp() became: its tk ops, PTX lines and SASS.
+    exp_line = next(c for c in compiled.source_map.lines() if ".exp()" in c.source)
+    print("--- one Python line, followed down ---")
+    print("\n".join(str(exp_line).splitlines()[:12]) + "\n    ...")
+    # Registers, spills, occupancy, the SASS mix (without ptxas, e.g. on macOS,
+    # the kernel stops at PTX and the summary says so).
+    print("--- summary ---\n" + compiled.summary_text())
 
     from tk_mlir.errors import CudaUnavailable
     try:
