@@ -220,3 +220,14 @@ def test_short_prints_tk_stages_in_short(capsys):
     assert "loc(" not in out and '"tk.' not in out
     code, _, err = run(capsys, *SOFTMAX_CALL, "--short")
     assert code == 2 and "--short" in err and "--stage" in err
+
+
+def test_line_of_a_helper_module_the_kernel_calls(capsys):
+    """--line FILE:N: a line of a user's helper module (tests/kernel_helpers.py,
+    called from tests/test_short_form.py's kernel) keeps its own lines."""
+    target = f"{ROOT / 'tests' / 'test_short_form.py'}::uses_a_helper_module"
+    code, out, err = run(capsys, target, "--arg", "f32[16,64]", "--arg", "f32[16,64]",
+                         "--line", "kernel_helpers.py:8")
+    assert code == 0, err
+    assert out.startswith(f"{ROOT / 'tests' / 'kernel_helpers.py'}:8: return (x * s).exp()")
+    assert "tk.exp %" in out and "ex2.approx" in out
