@@ -488,3 +488,36 @@ def test_warp_exiting_with_its_mma_in_flight():
     e = report(leaves_early, a, torch.empty(64, 64), BUG="mma not waited")
     assert e.line == line_of("MARK: early mma")
     assert "exits with the MMA issued here not waited for" in e.message, e.message
+
+
+@tk.kernel(num_warps=8)
+def column_halves(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
+    """Warpgroup w writes column block w of one swizzled 64x128 tile, syncs
+    itself only, reads its block back and stores it to C's columns 64w..:
+    the two warpgroups never touch one place (unless BUG: both use block 0)."""
+    st = tk.shared_tile(A.dtype, (64, 128), swizzle=128)
+    wg = tk.warpgroup_id()
+    block = st.column_block(0 if BUG == "same block" else wg)
+    tk.store(block, tk.load(A, (0, wg), (64, 64), layout="row", scope="warpgroup"))  # MARK: half
+    tk.named_barrier(1 + wg, warps=4)
+    tk.store(C, tk.load(block, layout="row", scope="warpgroup").to(f32), (0, wg))
+
+
+def test_column_blocks_of_one_row_are_different_places():
+    a = torch.randn(64, 128).to(torch.bfloat16)
+    c = torch.full((64, 128), float("nan"))
+    for seed in range(3):
+        import tk_mlir.interpreter as interpreter
+        interpreter.SEED = seed
+        try:
+            column_halves.interpret[(1,)](a, c)
+        finally:
+            interpreter.SEED = 0
+        assert torch.equal(c, a.float())
+
+
+def test_one_column_block_written_by_two_warpgroups_races():
+    a = torch.randn(64, 128).to(torch.bfloat16)
+    e = report(column_halves, a, torch.empty(64, 128), BUG="same block", same_line=False)
+    assert "data race" in e.message, e.message
+    assert e.line in (line_of("MARK: half"), line_of("MARK: half") + 2), e.message

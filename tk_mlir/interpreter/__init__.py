@@ -56,7 +56,7 @@ semaphore phase no warp waited for; two blocks
 writing one element of an output (plain stores: memory.py); out-of-range
 array and subtile indices; data races by happens-before (races.py: vector clocks
 through semaphores, barriers and mma/store waits; shadow state per shared
-tile row), found whatever the schedule.
+tile row and column block), found whatever the schedule.
 
 Numerics contract:
 - storage and conversions round exactly as the GPU does: every float tile

@@ -11,10 +11,12 @@ carries the issuing warp's clock plus its semaphore's slot set to the phase
 it completes. A warp advances its own slot after each release, so what it
 does next is not ordered before the receivers.
 
-Each shared allocation has a shadow per (element, row): the last write's
-(slot, clock, line) and, per slot, the clock and line of the reads since.
-Columns are not told apart: two accesses to different column blocks of one
-row count as the same place (a race reported there may be a false one).
+Each shared allocation has a shadow per (element, row, column block): the
+last write's (slot, clock, line) and, per slot, the clock and line of the
+reads since. A swizzled tile's column blocks (swizzle bytes of each row,
+stored apart) are told apart; the columns within one block are not (two
+accesses to different columns of one block count as the same place: a race
+reported there may be a false one).
 A thread read, a wgmma operand read or a TMA store read must follow the
 last write; a write must follow the last write and every read since. A pair
 that is not ordered is reported with both lines whatever the schedule was —
@@ -28,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..dialects import types as T
 
 from .shared import SharedRef, rows_of
 
@@ -60,7 +64,8 @@ class Shadow:
     def _of(self, ref: SharedRef) -> dict:
         s = self.allocs.get(ref.alloc.key)
         if s is None:
-            shape = (ref.alloc.count, rows_of(ref.alloc.type))
+            t = ref.alloc.type
+            shape = (ref.alloc.count, rows_of(t), t.blocks if isinstance(t, T.ST) else 1)
             s = self.allocs[ref.alloc.key] = {
                 "w_slot": np.full(shape, -1, np.int64), "w_clock": np.zeros(shape, np.int64),
                 "w_where": np.full(shape, None, object),
@@ -71,11 +76,19 @@ class Shadow:
 
     @staticmethod
     def _cells(ref: SharedRef, rows: np.ndarray | None):
-        """(element index or slice, row indices) of the ref (rows: a mask of the
-        ref's rows that this access touches; None: all)."""
+        """(element index or slice, row indices, column-block indices) of the ref
+        (rows: a mask of the ref's rows that this access touches; None: all),
+        the rows and blocks shaped to index their outer product."""
         idx = slice(None) if ref.index is None else ref.index
         r = np.arange(ref.row, ref.row + ref.rows)
-        return idx, (r if rows is None else r[rows[:ref.rows]])
+        r = r if rows is None else r[rows[:ref.rows]]
+        t = ref.alloc.type
+        if isinstance(t, T.ST):
+            w = t.block_cols
+            c = np.arange(ref.col // w, -(-(ref.col + ref.cols) // w))
+        else:
+            c = np.arange(1)            # a shared vector: one place per element of the array
+        return idx, r[:, None], c[None, :]
 
     # ------------------------------------------------------------ in flight
 
@@ -105,19 +118,19 @@ class Shadow:
         if f is not None:
             return (f"{what} reads {ref.describe()} while the TMA load issued at {f.where} "
                     f"is still writing it: wait on the load's semaphore first")
-        s, (idx, r) = self._of(ref), self._cells(ref, rows)
-        unfenced = s["w_unfenced"][idx, r]
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        unfenced = s["w_unfenced"][idx, r, c]
         if not record and unfenced.any():
             k = np.flatnonzero(unfenced.ravel())[0]
             return (f"{what} reads {ref.describe()} through the async proxy, but the "
-                    f"threads' write at {s['w_where'][idx, r].ravel()[k]} has no proxy fence "
+                    f"threads' write at {s['w_where'][idx, r, c].ravel()[k]} has no proxy fence "
                     f"(fence.proxy.async) after it; tk-proxy-fences marks such writes, so "
                     f"this is a compiler bug: please report it")
-        slots, clocks = s["w_slot"][idx, r], s["w_clock"][idx, r]
+        slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
-            writer = s["w_where"][idx, r].ravel()[k]
+            writer = s["w_where"][idx, r, c].ravel()[k]
             slot = slots.ravel()[k]
             if slot >= self.num_warps:
                 return (f"{what} reads {ref.describe()}, which the TMA load at {writer} "
@@ -133,9 +146,9 @@ class Shadow:
     def read_done(self, ref: SharedRef, slot: int, epoch: int, where: str, rows=None):
         """Record a read by clock slot `slot` (a warp, or a warpgroup's wgmma
         agent) at `epoch`."""
-        s, (idx, r) = self._of(ref), self._cells(ref, rows)
-        s["r_clock"][slot, idx, r] = epoch
-        s["r_where"][slot, idx, r] = where
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        s["r_clock"][slot, idx, r, c] = epoch
+        s["r_where"][slot, idx, r, c] = where
 
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
               rows=None, slot: int | None = None, epoch: int | None = None,
@@ -150,27 +163,27 @@ class Shadow:
             verb = "writes" if f.writes else "reads"
             return (f"{what} writes {ref.describe()} while the {f.kind} issued at {f.where} "
                     f"still {verb} it (until {until})")
-        s, (idx, r) = self._of(ref), self._cells(ref, rows)
-        slots, clocks = s["w_slot"][idx, r], s["w_clock"][idx, r]
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
             return (f"data race: {what} writes {ref.describe()}, also written at "
-                    f"{s['w_where'][idx, r].ravel()[k]}, with nothing ordering the two writes")
-        reads = s["r_clock"][:, idx, r]
+                    f"{s['w_where'][idx, r, c].ravel()[k]}, with nothing ordering the two writes")
+        reads = s["r_clock"][:, idx, r, c]
         late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
         if late.any():
             w = int(np.argwhere(late)[0][0])
             k = np.flatnonzero(late[w].ravel())[0]
-            reader = s["r_where"][w][idx, r].ravel()[k]
+            reader = s["r_where"][w][idx, r, c].ravel()[k]
             who = f"warp {w}" if w < self.num_warps else \
                 f"the wgmma of warpgroup {w - self.num_slots + self.num_wgs}"
             return (f"data race: {what} writes {ref.describe()}, which {who} read at "
                     f"{reader}, with nothing ordering the read before the write (release "
                     f"the tile after its readers are done: arrive after their wait)")
-        s["w_slot"][idx, r] = warp if slot is None else slot
-        s["w_clock"][idx, r] = clock[warp] if epoch is None else epoch
-        s["w_where"][idx, r] = where
-        s["w_unfenced"][idx, r] = unfenced
-        s["r_clock"][:, idx, r] = 0
+        s["w_slot"][idx, r, c] = warp if slot is None else slot
+        s["w_clock"][idx, r, c] = clock[warp] if epoch is None else epoch
+        s["w_where"][idx, r, c] = where
+        s["w_unfenced"][idx, r, c] = unfenced
+        s["r_clock"][:, idx, r, c] = 0
         return None
