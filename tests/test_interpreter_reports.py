@@ -92,16 +92,20 @@ def ring_by_hand(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
             tk.store(C, x.to(f32), (i, 0))
 
 
-def test_the_ring_by_hand_runs():
+def runs_under_seeds(kernel, a, c, seeds=range(3)) -> None:
+    """kernel(a, c) interprets without a report under each seed, c = a."""
     import tk_mlir.interpreter as interpreter
-    a, c = inputs()
-    for seed in range(3):
+    for seed in seeds:
         interpreter.SEED = seed
         try:
-            ring_by_hand.interpret[(1,)](a, c)
+            kernel.interpret[(1,)](a, c)
         finally:
             interpreter.SEED = 0
         assert torch.equal(c, a.float())
+
+
+def test_the_ring_by_hand_runs():
+    runs_under_seeds(ring_by_hand, *inputs())
 
 
 def test_producer_phase_off_by_one_deadlocks():
@@ -505,15 +509,7 @@ def column_halves(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
 
 def test_column_blocks_of_one_row_are_different_places():
     a = torch.randn(64, 128).to(torch.bfloat16)
-    c = torch.full((64, 128), float("nan"))
-    for seed in range(3):
-        import tk_mlir.interpreter as interpreter
-        interpreter.SEED = seed
-        try:
-            column_halves.interpret[(1,)](a, c)
-        finally:
-            interpreter.SEED = 0
-        assert torch.equal(c, a.float())
+    runs_under_seeds(column_halves, a, torch.full((64, 128), float("nan")))
 
 
 def test_one_column_block_written_by_two_warpgroups_races():
