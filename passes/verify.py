@@ -11,6 +11,7 @@ control flow (passes/uniform.py), no async result read before its wait
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from mlir import ir
@@ -561,10 +562,12 @@ def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
         parent = parent.parent
 
 
-def _check_mma_operands(op, warpgroup: Uniformity) -> None:
+def _check_mma_operands(op, warpgroup: Callable[[], Uniformity]) -> None:
     """wgmma reads a shared operand at one address for the whole warpgroup:
     a view (tk.index / subtile / column_block) picked by a value that differs
-    between its threads (from the lane, warp or thread id) is undefined."""
+    between its threads (from the lane, warp or thread id) is undefined.
+    `warpgroup()` gives the function's warpgroup uniformity (built on first
+    need: most functions have no MMA on a view)."""
     d = tk.op_def(op)
     if d is None or not d.async_result:      # a warpgroup MMA (its result is async)
         return
@@ -574,7 +577,7 @@ def _check_mma_operands(op, warpgroup: Uniformity) -> None:
                 and vd.view_of is not None:
             view = v.owner
             src = view.operands[vd.operands.index(vd.view_of)]
-            if any(warpgroup.varies(x) for x in view.operands if x != src):
+            if any(warpgroup().varies(x) for x in view.operands if x != src):
                 raise error_at(view.location, f"this {view.name[3:]} picks a wgmma operand "
                                f"with a value that differs between the threads of a warpgroup "
                                f"(it depends on the lane, warp or thread id): the warpgroup's "
@@ -603,7 +606,7 @@ def verify(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = contracts.NUM_WARPS.get(func)
         uniform = Uniformity(func)
-        warpgroup = Uniformity(func, "warpgroup_varying")
+        warpgroup = functools.cache(lambda func=func: Uniformity(func, "warpgroup_varying"))
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)

@@ -6,6 +6,7 @@ its traceback is cut at the public entry point.
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 from pathlib import Path
@@ -124,10 +125,16 @@ _PACKAGE = Path(__file__).resolve().parent
 _OWN_DIRS = (_PACKAGE, *(_PACKAGE.parent / d for d in ("dialects", "passes", "lowering")))
 
 
+@functools.lru_cache(maxsize=None)
+def _folders(filename: str) -> tuple[Path, ...]:
+    """The folders a source file lies in (resolved once per file: asked at
+    every inlined call)."""
+    return tuple(Path(filename).resolve().parents)
+
+
 def in_tk_mlir_source(filename: str | None) -> bool:
     """Whether a source file is tk_mlir's own (its templates, rings, kernels)."""
-    return filename is not None and any(d in Path(filename).resolve().parents
-                                        for d in _OWN_DIRS)
+    return filename is not None and any(d in _folders(filename) for d in _OWN_DIRS)
 
 
 _KERNELS = _PACKAGE / "kernels"
@@ -137,7 +144,7 @@ def in_tk_mlir_helpers(filename: str | None) -> bool:
     """Whether a source file holds tk_mlir's helpers (templates, rings, the
     language): its own source except the kernel library, whose kernels are
     written as a user's are (their errors and ops point at their own lines)."""
-    return in_tk_mlir_source(filename) and _KERNELS not in Path(filename).resolve().parents
+    return in_tk_mlir_source(filename) and _KERNELS not in _folders(filename)
 
 
 def _owner(frame) -> str:
