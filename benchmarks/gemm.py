@@ -8,6 +8,13 @@ On the GPU machine, from the repository root:
     python3 benchmarks/gemm.py --quick                           # smoke test: 1024, 4096
     python3 benchmarks/gemm.py --sizes 4096,8192x8192x2048 --impls tk_mlir,cublas
     python3 benchmarks/gemm.py --dtype fp8 --out-dir "$OUT"     # fp8 rows (B stored N x K)
+    python3 benchmarks/gemm.py --small --out-dir "$OUT"          # small and skinny, CUDA graphs
+
+--small: 1024^3, 2048^3 and M in {16, 64, 128, 512} against N = K in {4096,
+8192} (the shapes of issue 11), timed as CUDA-graph replays (--graph): these
+kernels run for less time than a launch takes on the host, so eager
+back-to-back launches would time the host (tk_mlir's and torch's alike).
+Results go to gemm-small.json.
 
 Layouts: "nk" computes C = A @ B.T with B stored N x K (the Linear-weight layout),
 "kn" computes C = A @ B with B stored K x N. FLOPs per call = 2*M*N*K.
@@ -51,6 +58,8 @@ SQUARE = [1024, 2048, 4096, 8192, 16384]
 LLM = [(8192, 8192, 2048), (16384, 4096, 14336), (8192, 28672, 4096)]
 SHAPES = [(s, s, s) for s in SQUARE] + LLM
 QUICK_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096)]
+SMALL_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048)] + [
+    (m, nk, nk) for nk in (4096, 8192) for m in (16, 64, 128, 512)]
 IMPLS = ["tk_mlir", "cublas", "triton"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
@@ -326,6 +335,11 @@ def parse_args(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="1024^3 and 4096^3 only, few launches (smoke test)")
+    ap.add_argument("--small", action="store_true",
+                    help="issue 11's small and skinny shapes, timed with CUDA graphs")
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays of the launches (GPU time without host "
+                         "launch time between them); on with --small")
     ap.add_argument("--sizes", help="comma list of N (square) or MxNxK, e.g. 4096,8192x8192x2048")
     ap.add_argument("--layout", choices=["nk", "kn", "both"], default="nk",
                     help="nk: C = A @ B.T, B is N x K (default); kn: C = A @ B, B is K x N")
@@ -337,7 +351,7 @@ def parse_args(argv):
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     try:
-        args.shapes = (parse_sizes(args.sizes) if args.sizes
+        args.shapes = (parse_sizes(args.sizes) if args.sizes else SMALL_SHAPES if args.small
                        else QUICK_SHAPES if args.quick else SHAPES)
     except ValueError as e:
         ap.error(f"--sizes: {e}")
@@ -351,11 +365,13 @@ def parse_args(argv):
         ap.error("--dtype fp8 takes B stored N x K only (--layout nk): wgmma reads 8-bit "
                  "operands K-major, and torch._scaled_mm wants B column-major")
     args.layouts = LAYOUTS if args.layout == "both" else [args.layout]
+    args.graph = args.graph or args.small
     return args
 
 
-def result_name(layout: str, quick: bool) -> str:
-    return "gemm" + ("" if layout == "nk" else f"-{layout}") + ("-quick" if quick else "")
+def result_name(layout: str, quick: bool, small: bool = False) -> str:
+    return ("gemm" + ("-small" if small else "") + ("" if layout == "nk" else f"-{layout}")
+            + ("-quick" if quick else ""))
 
 
 def main(argv=None) -> int:
@@ -364,6 +380,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true f32
     timing = (dict(warmup=20, iters=10, repeats=1, pause_s=0.05) if args.quick
               else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
+    timing["graph"] = args.graph
     if args.dtype == "fp8":
         return main_fp8(args, timing)
 
@@ -386,7 +403,7 @@ def main(argv=None) -> int:
                                      f"M={FULL_CHECK_ROWS}, else ~{CHECK_ROWS} rows at an odd "
                                      f"stride; NaN anywhere in C fails",
                 "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
-        P.write_results(result_name(layout, args.quick),
+        P.write_results(result_name(layout, args.quick, args.small),
                         [r for r in rows if r["layout"] == layout], meta, args.out_dir)
     report_not_ok(rows)
     return 0

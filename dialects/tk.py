@@ -85,6 +85,7 @@ class OpDef:
     allocates: bool = False              # placed in shared memory by passes/smem.py
     async_result: bool = False           # its result is ready only after an async_wait
     async_wait: bool = False             # waits for async results (attribute `pending`)
+    counters: str | None = None          # an i32 tensor operand of counters, not of tiles
 
     def has_barrier(self, op, num_warps: int) -> bool:
         b = self.block_barrier
@@ -159,6 +160,12 @@ OPS: tuple[OpDef, ...] = (
     OpDef("atomic_add", operands=("dst", "value"), variadic="indices",
           doc="f32 rt/rv added into an f32 gl at tile coordinates (red.global.add: each "
               "element once, out-of-bounds elements skipped, as tk.store)"),
+    OpDef("store_partial", operands=("dst", "value", "workspace", "counters"),
+          variadic="indices", attributes=("parts",), counters="counters",
+          doc="f32 rt/rv, one of `parts` partial sums of dst's tile at tile coordinates "
+              "(split-K): added into the f32 workspace (red.global.add); the last part to "
+              "arrive, counted per thread in i32 counters, stores the sum into dst and leaves "
+              "its workspace elements and counters zero"),
     OpDef("copy", operands=("dst", "src"), variadic="indices", block_barrier=True,
           reads=(Access("src", GENERIC),), writes=(Access("dst", GENERIC),),
           doc="gl <-> st by every thread of the block, then a block barrier"),

@@ -31,9 +31,12 @@ DTYPES = {
 }
 _FROM_MLIR = {spelling: name for name, (spelling, _) in DTYPES.items()}
 # Indices and masks: register tiles and vectors only (no load, store, shared
-# tile, TMA or MMA takes them), so kernel arguments never hold them.
+# tile, TMA or MMA takes them).
 REGISTER_ONLY = ("i32", "bool")
 MEMORY_DTYPES = tuple(d for d in DTYPES if d not in REGISTER_ONLY)
+# What kernel tensor arguments hold: tiles' dtypes, and i32 for counters
+# (an op that counts in memory names its counters operand: OpDef.counters).
+ARGUMENT_DTYPES = (*MEMORY_DTYPES, "i32")
 
 SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps
 TILE_LAYOUTS = ("vec", "row", "col")

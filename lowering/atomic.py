@@ -1,4 +1,6 @@
-"""Lowering of tk.atomic_add: a register tile added into global memory.
+"""Lowering of tk.atomic_add (a register tile added into global memory) and
+tk.store_partial (one of several partial sums of a tile, the last of which
+stores the total).
 
 Each piece of consecutive registers that tk.store would write with one
 st.global.v{1,2,4} becomes one `red.global.add{.v2,.v4}.f32` (vector red:
@@ -12,11 +14,12 @@ f32 red flushes denormal inputs to zero (SASS REDG ... .FTZ), as atom.add.f32.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import llvm
+from mlir.dialects import arith, llvm, scf
 
-from .context import LoweringContext, lowers
-from .fragments import Fragment, GlobalRef
-from .memory import _and, _guarded, global_pieces
+from ..dialects import types as T
+from .context import LoweringContext, build_vector, c32, constant, i32, lowers, ptr, split_vector
+from .fragments import Fragment, GlobalRef, convert
+from .memory import _and, _guarded, _guarded_load, _load_with_policy, global_pieces
 
 
 def _red_add(addr: ir.Value, regs: list[ir.Value]) -> None:
@@ -33,3 +36,76 @@ def lower_atomic_add(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment,
     for r0, n, addr, conds in global_pieces(ctx, dst, frag, indices):
         regs = frag.regs[r0:r0 + n]
         _guarded(_and(conds), lambda: _red_add(addr, regs))
+
+
+@lowers("tk.store_partial")
+def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment,
+                        workspace: GlobalRef, counters: GlobalRef, *indices: ir.Value) -> None:
+    """Add the part into the workspace; count it on this thread's counter with
+    an acq_rel atomic (its release orders the thread's adds before the count,
+    its acquire makes the other parts' adds visible to the last one); the
+    last part reads the sum back from L2, stores it and zeroes what it used.
+    Counting per thread needs no barrier or broadcast: a thread holds the same
+    elements in every part (one layout), so its counter covers exactly them."""
+    ws_pieces = list(global_pieces(ctx, workspace, frag, indices))
+    for r0, n, addr, conds in ws_pieces:
+        regs = frag.regs[r0:r0 + n]
+        _guarded(_and(conds), lambda: _red_add(addr, regs))
+    slot = _counter_slot(ctx, dst, frag, indices)
+    counter = llvm.getelementptr(ptr(1), counters.ptr, [slot], [-2**31], i32(),
+                                 llvm.GEPNoWrapFlags.inbounds)
+    old = llvm.inline_asm(i32(), [counter], "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;",
+                          "=r,l", has_side_effects=True)
+    last = arith.cmpi(arith.CmpIPredicate.eq, old, c32(op.parts - 1))
+    branch = scf.IfOp(last)
+    with ir.InsertionPoint(branch.then_block):
+        _store_total(ctx, dst, frag, indices, ws_pieces)
+        llvm.store(c32(0), counter, alignment=4)
+        scf.YieldOp([])
+
+
+def _counter_slot(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
+    """i64 index of this thread's counter: the tile's row-major number among
+    dst's tiles (outer dims: elements; tile dims: cdiv(extent, tile)) times
+    the threads of the scope, plus the thread's place in its scope."""
+    shape = frag.layout.shape
+    outer = len(dst.dims) - len(shape)
+    tile = c32(0)
+    for d, (c, extent) in enumerate(zip(indices, dst.dims)):
+        n = extent if d < outer else arith.ceildivui(extent, c32(shape[d - outer]))
+        tile = arith.addi(arith.muli(tile, n), c)
+    threads = 32 * T.SCOPES.get(frag.scope, ctx.num_warps)
+    place = arith.andi(ctx.tid(), c32(threads - 1)) if frag.scope != "block" else ctx.tid()
+    return arith.extui(ir.IntegerType.get_signless(64),
+                       arith.addi(arith.muli(tile, c32(threads)), place))
+
+
+_FROM_L2 = ("ld.global.cg", None)     # a (load, store) policy of lowering/memory.py
+
+
+def _store_total(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices,
+                 ws_pieces) -> None:
+    """The last part: the sum from the workspace (ld.global.cg: from L2, where
+    the other blocks' adds landed) into dst, and zeros back into the workspace.
+    Every load is issued before the first store: ptxas cannot move a load of
+    the workspace above a store to dst (they may alias), so interleaved they
+    would wait for L2 one piece at a time."""
+    f32 = ir.F32Type.get()
+    isz = T.itemsize(dst.type.dtype)
+    totals = []
+    for r0, n, ws_addr, ws_conds in ws_pieces:
+        vtype = ir.VectorType.get([n], f32) if n > 1 else f32
+        ok = _and(ws_conds)
+        totals.append(_guarded_load(ws_addr, ok, vtype, _zeros(n), 4 * n, _FROM_L2)
+                      if ok is not None else _load_with_policy(vtype, ws_addr, 4 * n, _FROM_L2))
+    for total, (_, n, addr, conds) in zip(totals, global_pieces(ctx, dst, frag, indices)):
+        out = build_vector([convert(r, "f32", dst.type.dtype) for r in split_vector(total, n)],
+                           dst.type.dtype)
+        _guarded(_and(conds), lambda: llvm.store(out, addr, alignment=n * isz))
+    for _, n, ws_addr, ws_conds in ws_pieces:
+        _guarded(_and(ws_conds), lambda: llvm.store(_zeros(n), ws_addr, alignment=4 * n))
+
+
+def _zeros(n: int) -> ir.Value:
+    zero = constant(0.0, "f32")
+    return build_vector([zero] * n, "f32") if n > 1 else zero

@@ -176,12 +176,14 @@ def global_pieces(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices)
     """(first register, registers, address, conditions) of each piece of frag
     written to dst at tile coordinates: the piece is written when all conditions
     hold (in bounds and, where several threads hold the same elements, first
-    replica, so that each element is written once: tk.store, tk.atomic_add)."""
+    replica, so that each element is written once: tk.store, tk.atomic_add).
+    Pieces are cut for frag's dtype, addresses are dst's elements (a part
+    stored converted: tk.store_partial)."""
     access = _GlobalTileAccess(ctx, dst, frag.layout, frag.scope, list(indices))
     first = ctx.is_first_replica(frag.layout, frag.scope)
     pieces, _ = _pieces(frag.layout, frag.dtype)
     for r0, n in pieces:
-        addr, ok = access.piece(r0, frag.dtype)
+        addr, ok = access.piece(r0, dst.type.dtype)
         yield r0, n, addr, [c for c in (ok, first) if c is not None]
 
 

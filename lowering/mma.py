@@ -60,8 +60,9 @@ class _Descriptors:
         # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
         # out of the loop, 2 registers each for the whole loop (spilled in the
         # attention backward); recomputed here they are a 64-bit add per k-step.
-        self.base = in_place(arith.ori(arith.extui(i64(), start),
-                                       c64(_descriptor_bits(ref.type, k_major))))
+        bits = _descriptor_bits(ref.type, k_major)
+        bits -= (bits >> 63) << 64       # as a signed i64 constant (64B swizzle sets bit 63)
+        self.base = in_place(arith.ori(arith.extui(i64(), start), c64(bits)))
 
     def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
         off = _offset(self.st, self.k_major, k_step, mn_step)

@@ -174,9 +174,11 @@ def _common(op, operands, results, num_warps: int) -> None:
     register tiles have a valid layout, fp8 stays in memory, i32 and bool in
     registers."""
     _whole_arrays(op)
-    for t in operands + results:
+    d = tk.op_def(op)
+    counters = d.operands.index(d.counters) if d.counters else None
+    for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
-        if isinstance(t, (T.GL, T.ST, T.SV)):
+        if isinstance(t, (T.GL, T.ST, T.SV)) and i != counters:
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
@@ -209,6 +211,28 @@ def _atomic_add(op, operands, results, num_warps: int) -> None:
              f"{_show(tile) if tile is not None else 'a scalar'}"
              + ("; convert it with .to(tk.f32)" if tile is not None else ""))
     _memory_access(op, dst, tile, len(operands) - 2, name)
+
+
+@rule("store_partial")
+def _store_partial(op, operands, results, num_warps: int) -> None:
+    dst, tile, ws, counters = operands[:4]
+    name = op.operation.name
+    _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
+             f"{name} stores an f32 register tile or vector (the partial sums add in f32), got "
+             f"{_show(tile) if tile is not None else 'a scalar'}")
+    for what, g in (("dst", dst), ("workspace", ws), ("counters", counters)):
+        _require(isinstance(g, T.GL), f"{name}: {what} must be a tk.gl tensor (global memory), "
+                 f"not {_show(g) if g is not None else 'a scalar'}")
+    _require(dst.dtype in ("f32", "bf16", "f16"), f"{name} stores into a float tensor, got "
+             f"{_show(dst)}")
+    _require(ws.dtype == "f32" and ws.rank == dst.rank,
+             f"{name}: the workspace must be an f32 tensor of dst's shape (the partial sums "
+             f"add there), got {_show(ws)}")
+    _require(counters.dtype == "i32" and counters.rank == 1,
+             f"{name}: counters must be a 1-D i32 tensor (one counter per tile and thread), "
+             f"got {_show(counters)}")
+    _require(op.parts >= 1, f"{name}: parts must be >= 1, got {op.parts}")
+    _memory_access(op, ws, tile, len(operands) - 4, name)
 
 
 @rule("copy")

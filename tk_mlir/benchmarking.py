@@ -74,32 +74,52 @@ def make_input_groups(make_one: Callable[[Any], tuple], bytes_per_group: int,
 
 
 def time_kernel(fn: Callable[[tuple], Any], groups: list[tuple], warmup: int = 500,
-                iters: int = 100, repeats: int = 3, pause_s: float = 0.5) -> dict:
+                iters: int = 100, repeats: int = 3, pause_s: float = 0.5,
+                graph: bool = False) -> dict:
     """Mean ms per launch over `iters` back-to-back launches between two events.
 
     One launch counter runs through warm-up and timing, so consecutive
     launches always use different groups. `ms` is the first timed run (the
     protocol's figure); the extra repeats only give min/median as a hint of
     run-to-run spread.
+
+    graph=True times the GPU alone: the `iters` launches are captured once in
+    a CUDA graph (warm-up and capture on one side stream, as torch.cuda.graph
+    advises) and each run replays it, so no host time sits between launches.
+    Eager launches of a kernel shorter than its host launch time measure the
+    host; small GEMMs are such kernels.
     """
     require_gpu("time_kernel")
     import torch
     n, k = len(groups), 0
-    for _ in range(warmup):
-        fn(groups[k % n]); k += 1
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(max(1, repeats)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
+    stream = torch.cuda.Stream() if graph else torch.cuda.current_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
             fn(groups[k % n]); k += 1
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) / iters)
+        stream.synchronize()
+        if graph:
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured, stream=stream):
+                for _ in range(iters):
+                    fn(groups[k % n]); k += 1
+            captured.replay()
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(max(1, repeats)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if graph:
+                captured.replay()
+            else:
+                for _ in range(iters):
+                    fn(groups[k % n]); k += 1
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end) / iters)
     time.sleep(pause_s)  # let clocks and power settle before the next kernel
     return {"ms": runs[0], "ms_min": min(runs), "ms_median": statistics.median(runs),
-            "runs_ms": runs, "warmup": warmup, "iters": iters, "groups": n}
+            "runs_ms": runs, "warmup": warmup, "iters": iters, "groups": n, "graph": graph}
 
 
 def bandwidth_gbs(bytes_moved: float, ms: float) -> float:
@@ -150,7 +170,7 @@ def _clone_groups(args: tuple, l2_bytes: int | None) -> list[tuple]:
 def bench(fn: Callable, *args, inputs: Callable[[Any], tuple] | None = None,
           flops: float | None = None, bytes: float | None = None, warmup: int = 500,
           iters: int = 100, repeats: int = 3, pause_s: float = 0.5,
-          l2_bytes: int | None = None) -> Timing:
+          l2_bytes: int | None = None, graph: bool = False) -> Timing:
     """Time `fn(*args)` with the benchmarks' protocol (the module's docstring).
 
     The inputs: `args` (the tensors among them are cloned into groups that
@@ -159,7 +179,9 @@ def bench(fn: Callable, *args, inputs: Callable[[Any], tuple] | None = None,
     inputs (`tk_mlir.benchmarking.uniform` helps), seeded so that every
     kernel timed this way sees the same bits. At least two groups, so
     inputs larger than the L2 take twice their memory. `flops` or `bytes`
-    (per call) add TFLOP/s or GB/s. Raises NoGpu without a CUDA GPU.
+    (per call) add TFLOP/s or GB/s. graph=True times CUDA-graph replays of
+    the launches (GPU time without the host's launch time between them; see
+    time_kernel). Raises NoGpu without a CUDA GPU.
     """
     if (inputs is None) == (not args):
         raise TypeError("bench(fn, *args, inputs=): give either the arguments of one call "
@@ -180,7 +202,7 @@ def bench(fn: Callable, *args, inputs: Callable[[Any], tuple] | None = None,
                             range(1, group_count(_tensor_bytes(first), l2_bytes))]
     else:
         groups = _clone_groups(args, l2_bytes)
-    t = time_kernel(lambda group: fn(*group), groups, warmup, iters, repeats, pause_s)
+    t = time_kernel(lambda group: fn(*group), groups, warmup, iters, repeats, pause_s, graph)
     return Timing(t["ms"], t["ms_min"], t["ms_median"], t["runs_ms"], t["groups"], warmup, iters,
                   tflops(flops, t["ms"]) if flops else None,
                   bandwidth_gbs(bytes, t["ms"]) if bytes else None)

@@ -18,7 +18,7 @@ from .values import (Global, Scalar, Shared, SharedVector, Tile, TileLike, as_sc
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
-           "where", "shared_vector", "shared_vectors", "atomic_add"]
+           "where", "shared_vector", "shared_vectors", "atomic_add", "store_partial"]
 
 
 def _index(name: str, **attrs) -> Scalar:
@@ -169,6 +169,32 @@ def atomic_add(dst, value, idx=()):
                                   "tk.tma.reduce_add_async to add a shared tile into a tensor"
                                   if isinstance(dst, Shared) else ""))
     emit("atomic_add", [dst, value, *_indices(idx)])
+
+
+@builtin
+@builds('store_partial')
+def store_partial(dst, value, idx=(), *, parts, workspace, counters):
+    """Store `value`, one of `parts` partial sums of the tile of `dst` at tile
+    coordinates `idx` (split-K: each part summed over a slice of K by its own
+    block). Every part adds itself into `workspace` (an f32 tensor of dst's
+    shape) with red.global.add; the last to arrive, counted per thread in
+    `counters` (int32), reads the sum back, stores it into dst (converted to
+    dst's dtype, elements past the end skipped as tk.store) and writes zeros
+    over its workspace elements and counters. Both start as zeros and are
+    left as zeros, so one pair serves launch after launch (not two launches
+    at once). counters needs (tiles of dst) x (threads of the tile's scope)
+    elements: a tile's slot is its row-major number among dst's tiles. The
+    order of the f32 additions varies from run to run."""
+    if not isinstance(value, TileLike):
+        raise CompilationError(f"tk.store_partial stores a register tile or vector, got {value!r}")
+    for name, arg in (("dst", dst), ("workspace", workspace), ("counters", counters)):
+        if not isinstance(arg, Global):
+            raise CompilationError(f"tk.store_partial: {name} must be a tk.gl tensor argument "
+                                   f"(global memory), got {arg!r}")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise CompilationError(f"tk.store_partial: parts must be a compile-time int >= 1 (the "
+                               f"number of partial sums of each tile), got {parts!r}")
+    emit("store_partial", [dst, value, workspace, counters, *_indices(idx)], parts=parts)
 
 
 @builtin

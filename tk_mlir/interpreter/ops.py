@@ -140,6 +140,52 @@ def _atomic_add(op, num_warps):
     return add
 
 
+@interprets("tk.store_partial")
+def _store_partial(op, num_warps):
+    # As on the GPU, where each thread counts its own elements' parts: the
+    # scope adds its part, counts it on its tile's counters, and the last part
+    # stores the total and zeroes workspace and counters.
+    loc, parts = op.location, op.parts
+    def store(scope, dst, value, workspace, counters, *coords):
+        if workspace.shape != dst.shape:
+            raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} has shape "
+                             f"{workspace.shape}, dst {dst.name!r} {dst.shape}: it must have "
+                             f"dst's shape")
+        threads = 32 * len(scope.warps)
+        slot = _tile_number(dst.shape, value.shape, coords)
+        if (slot + 1) * threads > counters.shape[0]:
+            raise error(loc, f"tk.store_partial: counters {counters.name!r} has "
+                             f"{counters.shape[0]} elements; the tile at {tuple(coords)} counts "
+                             f"on elements {slot * threads} to {(slot + 1) * threads - 1} "
+                             f"({threads} threads per tile)")
+        workspace.store(coords, value, add=True)
+        count = counters.load((slot,), (threads,), "i32", 0)
+        if not (count == count[0]).all() or not 0 <= count[0] < parts:
+            raise error(loc, f"tk.store_partial: the counters of tile {tuple(coords)} hold "
+                             f"{sorted(set(count.tolist()))}, not one count below parts={parts}: "
+                             f"counters must start as zeros, and each tile get exactly "
+                             f"{parts} parts")
+        count = count + 1
+        if count[0] == parts:
+            total = workspace.load(coords, value.shape, "f32", 0.0)
+            _check(scope, dst.store(coords, total, by=(scope.block.id, scope.where)))
+            workspace.store(coords, np.zeros_like(total))
+            count[:] = 0
+        counters.store((slot,), count)
+    return store
+
+
+def _tile_number(shape, tile_shape, coords) -> int:
+    """The row-major number of the tile at coords among shape's tiles (outer
+    dims count elements), as lowering/atomic.py numbers counters."""
+    outer = len(shape) - len(tile_shape)
+    number = 0
+    for d, (c, extent) in enumerate(zip(coords, shape)):
+        n = extent if d < outer else -(-extent // tile_shape[d - outer])
+        number = number * n + int(c)
+    return number
+
+
 @interprets("tk.copy")
 def _copy(op, num_warps):
     # gl <-> st by the whole block (then a block barrier: the step joins the

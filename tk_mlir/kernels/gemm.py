@@ -12,8 +12,15 @@ need not be multiples of the tiles: TMA reads zeros past the edges (so the
 K tail adds nothing) and the stores are masked. Rows must be 16-byte aligned
 (K and N multiples of 8 for 16-bit types), as TMA requires; the launch
 checks say so by argument.
+
+Which kernel runs is `plan(M, N, K, sms)`'s choice, a heuristic you can
+read: shapes with enough 128 x 256 tiles for the SMs take the autotuned
+kernel; fewer rows or columns take smaller tiles, and when even those leave
+SMs idle, K is split among blocks (`gemm_split_k_kernel`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import tk_mlir as tk
 from tk_mlir import f32
@@ -22,42 +29,51 @@ from tk_mlir.kernels import checks
 from tk_mlir.kernels.device import num_sms
 
 
-@tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
-                      tk.Config(BN=128, STAGES=6)],
-             key=["A", "B", "C", "B_KN"])
-@tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
-def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
-                BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
-                STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
-                TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
-                CLUSTER: tk.constexpr = 1):
+@tk.func
+def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
+         W=None, F=None):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM).
-    Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; GROUP_M
-    tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at a time
-    by TMA store (TMA_STORE); CLUSTER blocks share B tiles by TMA multicast."""
+    Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; one
+    consumer warpgroup per 64 rows of a tile (BM = 64: num_warps=8, 128: 12);
+    GROUP_M tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at
+    a time by TMA store (TMA_STORE); CLUSTER blocks share B tiles by TMA
+    multicast. SPLIT_K > 1 cuts K into that many slices, each its own task:
+    the slices' f32 partial products meet in the workspace W and the last one
+    of a tile stores it (tk.store_partial, counting in F)."""
     M, K = A.shape
     N = B.shape[1] if B_KN else B.shape[0]
+    assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
+    consumers = BM // 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
+    assert BN >= 64 or not B_KN, f"BN={BN}: B given as K x N takes tiles of 64 columns or more"
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
     groups_m = tk.cdiv(tiles_m, CLUSTER)
-    WG_M = BM // 2                          # rows per consumer warpgroup
+    tiles = groups_m * tiles_n
+    k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
     # at a time (a staging tile per consumer); f32 ones from registers.
-    TMA_STORE = TMA_STORE and C.dtype != "f32"
+    TMA_STORE = TMA_STORE and C.dtype != "f32" and SPLIT_K == 1
     EPI_N = min(EPI_N, BN)
     assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
     if TMA_STORE:
-        c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
+        # (16-bit C: a row of 64 or more columns fills the 128-byte swizzle)
+        c_tiles = tk.shared_tiles(C.dtype, (64, EPI_N), consumers,
+                                  swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
+        """(m, n) of a task's tile: with SPLIT_K, tasks take every tile's first
+        K slice, then every second one, ..."""
+        task = task % tiles if SPLIT_K > 1 else task
         m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
         return (m * CLUSTER + tk.cluster_rank(), n) if CLUSTER > 1 else (m, n)
 
     def load(task, k, a, b, sem):
         m, n = tile_of(task)
+        if SPLIT_K > 1:
+            k += (task // tiles) * k_steps
         tk.tma.load_async(a, A, (m, k), sem)
         if CLUSTER > 1:
             part = tk.cluster_rank()
@@ -67,15 +83,18 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
             tk.tma.load_async(b, B, (k, n) if B_KN else (n, k), sem)
 
     def setup(task, wg):
-        return tk.zeros((WG_M, BN), f32, layout="row", scope="warpgroup")
+        return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
 
     def compute(acc, wg, a, b):
         mma = tk.mma_AB if B_KN else tk.mma_ABt
-        return mma(acc, a.subtile(wg, WG_M), b)
+        return mma(acc, a.subtile(wg, 64), b)
 
     def finish(acc, task, wg):
         m, n = tile_of(task)
-        if TMA_STORE:
+        row = consumers * m + wg                     # in 64-row tiles
+        if SPLIT_K > 1:
+            tk.store_partial(C, acc, (row, n), parts=SPLIT_K, workspace=W, counters=F)
+        elif TMA_STORE:
             out = acc.to(C.dtype)
             for h in tk.static_range(BN // EPI_N):
                 tk.tma.store_wait(0)                 # the last store has read c_tiles[wg]
@@ -83,13 +102,43 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 tk.store(c_tiles[wg], out.slice(cols=(h * EPI_N, EPI_N)))
                 tk.named_barrier(1 + wg, warps=4)    # all of it written
                 if tk.elect_leader("warpgroup"):
-                    tk.tma.store_async(C, c_tiles[wg], (2 * m + wg, n * (BN // EPI_N) + h))
+                    tk.tma.store_async(C, c_tiles[wg], (row, n * (BN // EPI_N) + h))
                     tk.tma.store_commit()
         else:
-            tk.store(C, acc.to(C.dtype), (2 * m + wg, n))
+            tk.store(C, acc.to(C.dtype), (row, n))
 
-    tk.lcf(groups_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
-           load, setup, compute, finish, stages=STAGES, cluster=CLUSTER)
+    tk.lcf(tiles * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
+           load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
+
+
+@tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
+                      tk.Config(BN=128, STAGES=6)],
+             key=["A", "B", "C", "B_KN"])
+@tk.kernel(num_warps=12)      # consumers: warpgroups 0 .. BM/64 - 1; the last one loads
+def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
+                BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
+                STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
+                TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
+                CLUSTER: tk.constexpr = 1):
+    """C = A @ B.T, or A @ B with B_KN (`gemm`). BM=64 takes num_warps=8."""
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER)
+
+
+@tk.kernel(num_warps=8)
+def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i32"],
+                        SPLIT_K: tk.constexpr, B_KN: tk.constexpr = False,
+                        BM: tk.constexpr = 64, BN: tk.constexpr = 128, BK: tk.constexpr = 64,
+                        STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8):
+    """`gemm` with K cut into SPLIT_K slices. W: f32 of C's shape, F: int32 of
+    split_k_counters(...) elements; both zeros, and left zeros."""
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F)
+
+
+def split_k_counters(M: int, N: int, BM: int, BN: int) -> int:
+    """Counters gemm_split_k_kernel needs: one per thread of each 64 x BN tile
+    of C, the rows rounded up to whole BM-row tiles (a consumer's tile past
+    M still counts its parts)."""
+    return tk.cdiv(M, BM) * (BM // 64) * tk.cdiv(N, BN) * 128
 
 
 def matmul(a, b, c=None, *, b_layout: str = "nk"):
@@ -146,6 +195,99 @@ def output_shape(a, b, b_layout: str) -> tuple[int, int]:
     return a.shape[0], (b.shape[1] if b_layout == "kn" else b.shape[0])
 
 
+# ------------------------------------------------------------ the choice
+
+# Tiles for shapes too small for the autotuned kernel's 128 x 256, largest
+# first (a larger tile reads less of A and B per FLOP).
+SMALL_TILES = ((128, 128), (64, 256), (64, 128))
+BUSY = 0.75              # a grid of tiles keeps the SMs busy from this many tiles per SM
+MIN_SLICE_STEPS = 8      # K steps (of 64) a split-K slice keeps at least
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
+    and its configs), "tiles" (gemm_kernel with `config`) or "split_k"
+    (gemm_split_k_kernel with `config`); `why` says which rule chose it."""
+    kernel: str
+    config: dict = field(default_factory=dict)
+    why: str = ""
+
+
+def plan(M: int, N: int, K: int, sms: int) -> Plan:
+    """The kernel for an M x N x K product on `sms` SMs (H200: 132). Measured
+    on the H200 (BENCHMARKS.md, GEMM small and skinny shapes):
+    1. Enough 128 x 256 tiles (BUSY x SMs): the autotuned kernel.
+    2. Few rows (M <= 128): the product streams B from memory, so the tile
+       keeps its rows to what the MMA allows (64, or 128 for M > 64) and is
+       128 columns wide; idle SMs then take slices of K (split-K).
+    3. Otherwise the largest of SMALL_TILES that still makes BUSY x SMs
+       tiles (else the smallest), and split-K when the tiles fill at most
+       half of the SMs.
+    A split keeps MIN_SLICE_STEPS K steps per slice at least."""
+    def tiles(bm, bn):
+        return tk.cdiv(M, bm) * tk.cdiv(N, bn)
+    if tiles(128, 256) >= BUSY * sms:
+        return Plan("autotuned", why=f"{tiles(128, 256)} tiles of 128 x 256 keep {sms} SMs busy")
+    if M <= 128:
+        bm, bn = (64 if M <= 64 else 128), 128
+        why = f"M={M} <= 128 rows: B streams from memory, tiles of {bm} x {bn}"
+    else:
+        bm, bn = next((t for t in SMALL_TILES if tiles(*t) >= BUSY * sms), SMALL_TILES[-1])
+        why = f"{tiles(bm, bn)} tiles of {bm} x {bn} for {sms} SMs"
+    stages = 8 if bm == 64 and bn == 128 else 4 if bn == 256 else 6
+    config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
+    parts = min(sms // tiles(bm, bn), tk.cdiv(K, 64) // MIN_SLICE_STEPS)
+    if parts >= 2 and (M <= 128 or 2 * tiles(bm, bn) <= sms):
+        return Plan("split_k", {**config, "SPLIT_K": parts},
+                    f"{why}; {tiles(bm, bn)} tiles leave SMs idle: K in {parts} slices")
+    return Plan("tiles", config, why)
+
+
 def launch(a, b, c, b_layout: str) -> None:
-    """gemm_kernel on checked tensors, into c."""
-    gemm_kernel[(num_sms(a.get_device()),)](a, b, c, B_KN=b_layout == "kn")
+    """The planned kernel on checked tensors, into c."""
+    M, K = a.shape
+    N = c.shape[1]
+    device = a.get_device()
+    sms = num_sms(device)
+    chosen = plan(M, N, K, sms)
+    kn = b_layout == "kn"
+    if chosen.kernel == "autotuned":
+        gemm_kernel[(sms,)](a, b, c, B_KN=kn)
+    elif chosen.kernel == "tiles":
+        gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config)
+    else:
+        cfg = chosen.config
+        w, f = _workspace(a.device, M * N, split_k_counters(M, N, cfg["BM"], cfg["BN"]))
+        gemm_split_k_kernel[(sms,)](a, b, c, w[:M * N].view(M, N), f, B_KN=kn, **cfg)
+
+
+# (device, stream) -> (f32 workspace, int32 counters): zeros, and left zeros
+# by every split-K launch, so they are kept; one pair per stream, since two
+# launches at once would share them. Replaced pairs stay alive (_RETIRED): a
+# captured CUDA graph may still use them.
+_WORKSPACES: dict = {}
+_RETIRED: list = []
+
+
+def _workspace(device, elements: int, counters: int):
+    """A zeroed f32 workspace of at least `elements` and int32 counters of at
+    least `counters` for the current stream. While a CUDA graph is captured,
+    the stream's kept pair if it is large enough (warm up on the capture
+    stream first, as torch.cuda.graph advises), else a new pair made inside
+    the graph, which zeroes it at every replay, and not kept."""
+    import torch
+    cuda = device.type == "cuda"
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream if cuda else None)
+    kept = _WORKSPACES.get(key)
+    if kept is not None and kept[0].numel() >= elements and kept[1].numel() >= counters:
+        return kept[0], kept[1][:counters]
+    pair = (torch.zeros(max(elements, kept[0].numel() if kept else 0), dtype=torch.float32,
+                        device=device),
+            torch.zeros(max(counters, kept[1].numel() if kept else 0), dtype=torch.int32,
+                        device=device))
+    if not (cuda and torch.cuda.is_current_stream_capturing()):
+        if kept is not None:
+            _RETIRED.append(kept)
+        _WORKSPACES[key] = pair
+    return pair[0], pair[1][:counters]

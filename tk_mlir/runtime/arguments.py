@@ -338,15 +338,15 @@ def _row_start_error(info, name: str, dim: int) -> ArgumentError:
 # ------------------------------------------------------- compile-only specs
 
 def _supported_dtypes() -> str:
-    from ..dialects.types import MEMORY_DTYPES as KERNEL_DTYPES   # what kernel tensors hold
-    return (f"the supported dtypes are {', '.join(KERNEL_DTYPES)} (tk names, tk.bf16, "
+    from ..dialects.types import ARGUMENT_DTYPES   # what kernel tensors hold
+    return (f"the supported dtypes are {', '.join(ARGUMENT_DTYPES)} (tk names, tk.bf16, "
             f"or the torch / numpy dtypes)")
 
 
 def check_element_type(name: str, what: str) -> None:
     """`name` (a canonical dtype name) must be an element type kernels take."""
-    from ..dialects.types import MEMORY_DTYPES as KERNEL_DTYPES
-    if name not in KERNEL_DTYPES:
+    from ..dialects.types import ARGUMENT_DTYPES
+    if name not in ARGUMENT_DTYPES:
         raise ArgumentError(f"{what} ({name}) is not an element type tk_mlir kernels take; "
                             f"{_supported_dtypes()}")
 
