@@ -37,6 +37,42 @@ def grouped_tile(task, tiles_m, tiles_n, group):
 
 
 @func
+def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1, piece=None):
+    """Store a consumer warpgroup's f32 register tile into dst at tile
+    coordinates (row, col) of `cols`-wide pieces, one piece at a time: the
+    slice, through `piece(part, h)` when given (e.g. scales), converted to
+    dst's dtype. With `staging`, shared tiles of (tile rows, cols) with
+    `buffers` per consumer warpgroup (consumer * buffers + i), a piece leaves
+    by TMA store; one thread, elected once, issues every store and waits for
+    it (TMA bulk groups are per thread), and with 2 buffers a piece is
+    written while the last one's store still reads. Without, from registers."""
+    tile_cols = tile.shape[1]
+    pieces = tile_cols // cols
+    assert pieces * cols == tile_cols, f"cols={cols} must divide the tile's {tile_cols} columns"
+    if staging is not None:
+        leader = tk.elect_leader("warpgroup")
+    for h in tk.static_range(pieces):
+        part = tile.slice(cols=(h * cols, cols))
+        if piece is not None:
+            part = piece(part, h)
+        out = part.to(dst.dtype)
+        if staging is None:
+            tk.store(dst, out, (row, col + h))
+        else:
+            buf = staging[consumer * buffers + h % buffers]
+            # The store that last read buf is done. Every thread waits for its
+            # own stores: at a tile's first piece all of them (the last tile's
+            # may have had another elected thread), then all but buffers - 1.
+            tk.tma.store_wait(0 if h == 0 else buffers - 1)
+            tk.named_barrier(1 + consumer, warps=4)
+            tk.store(buf, out)
+            tk.named_barrier(1 + consumer, warps=4)  # all of it written
+            if leader:
+                tk.tma.store_async(dst, buf, (row, col + h))
+                tk.tma.store_commit()
+
+
+@func
 def register_split(consumers, consumer_registers, producer_registers):
     """Check that `consumers` warpgroups at consumer_registers per thread and
     one producer at producer_registers fit the registers the block starts

@@ -31,13 +31,13 @@ from tk_mlir.kernels.device import num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None):
+         W=None, F=None, EPI_BUFFERS=1):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM).
     Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; one
     consumer warpgroup per 64 rows of a tile (BM = 64: num_warps=8, 128: 12);
     GROUP_M tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at
-    a time by TMA store (TMA_STORE); CLUSTER blocks share B tiles by TMA
-    multicast. SPLIT_K > 1 cuts K into that many slices, each its own task:
+    a time by TMA store (TMA_STORE) through EPI_BUFFERS staging tiles per
+    consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts K into that many slices, each its own task:
     the slices' f32 partial products meet in the workspace W and the last one
     of a tile stores it (tk.store_partial, counting in F)."""
     M, K = A.shape
@@ -54,13 +54,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
-    # at a time (a staging tile per consumer); f32 ones from registers.
+    # at a time; f32 ones from registers.
     TMA_STORE = TMA_STORE and C.dtype != "f32" and SPLIT_K == 1
     EPI_N = min(EPI_N, BN)
-    assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
+    c_tiles = None
     if TMA_STORE:
         # (16-bit C: a row of 64 or more columns fills the 128-byte swizzle)
-        c_tiles = tk.shared_tiles(C.dtype, (64, EPI_N), consumers,
+        c_tiles = tk.shared_tiles(C.dtype, (64, EPI_N), consumers * EPI_BUFFERS,
                                   swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
@@ -94,18 +94,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         row = consumers * m + wg                     # in 64-row tiles
         if SPLIT_K > 1:
             tk.store_partial(C, acc, (row, n), parts=SPLIT_K, workspace=W, counters=F)
-        elif TMA_STORE:
-            out = acc.to(C.dtype)
-            for h in tk.static_range(BN // EPI_N):
-                tk.tma.store_wait(0)                 # the last store has read c_tiles[wg]
-                tk.named_barrier(1 + wg, warps=4)
-                tk.store(c_tiles[wg], out.slice(cols=(h * EPI_N, EPI_N)))
-                tk.named_barrier(1 + wg, warps=4)    # all of it written
-                if tk.elect_leader("warpgroup"):
-                    tk.tma.store_async(C, c_tiles[wg], (row, n * (BN // EPI_N) + h))
-                    tk.tma.store_commit()
         else:
-            tk.store(C, acc.to(C.dtype), (row, n))
+            tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS)
 
     tk.lcf(tiles * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
@@ -119,9 +109,10 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
                 STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                 TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
-                CLUSTER: tk.constexpr = 1):
+                CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1):
     """C = A @ B.T, or A @ B with B_KN (`gemm`). BM=64 takes num_warps=8."""
-    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER)
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
+         EPI_BUFFERS=EPI_BUFFERS)
 
 
 @tk.kernel(num_warps=8)

@@ -44,8 +44,7 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     TMA_STORE = C.dtype != "f32"
     EPI_N = min(EPI_N, BN)
     assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
-    if TMA_STORE:
-        c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128)
+    c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128) if TMA_STORE else None
 
     def load(task, k, a, b, sem):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
@@ -61,26 +60,16 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     def finish(acc, task, wg):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
         acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
-        # One elected thread stores the whole tile: with an election per store
-        # (and column scales) ptxas put the producer's TMA loads in a
-        # serialization loop (BRA.U.ANY; why is not pinned down).
-        leader = tk.elect_leader("warpgroup")
-        for h in tk.static_range(BN // EPI_N):
-            col = n * (BN // EPI_N) + h
-            part = acc.slice(cols=(h * EPI_N, EPI_N))
-            if COL_SCALE:    # a slice at a time: a whole row's scales would cost BN/4 registers
-                part = part.mul_col(tk.load(SB, (col,), (EPI_N,), scope="warpgroup"))
-            out = part.to(C.dtype)
-            if TMA_STORE:
-                tk.tma.store_wait(0)                 # the last store has read c_tiles[wg]
-                tk.named_barrier(1 + wg, warps=4)
-                tk.store(c_tiles[wg], out)
-                tk.named_barrier(1 + wg, warps=4)    # all of it written
-                if leader:
-                    tk.tma.store_async(C, c_tiles[wg], (2 * m + wg, col))
-                    tk.tma.store_commit()
-            else:
-                tk.store(C, out, (2 * m + wg, col))
+        first = n * (BN // EPI_N)
+
+        def col_scaled(part, h):     # a slice at a time: a whole row's scales would cost BN/4
+            return part.mul_col(tk.load(SB, (first + h,), (EPI_N,), scope="warpgroup"))
+
+        # One thread elected once stores the whole tile (store_in_pieces): with an
+        # election per store (and column scales) ptxas put the producer's TMA loads
+        # in a serialization loop (BRA.U.ANY; why is not pinned down).
+        tk.store_in_pieces(C, acc, 2 * m + wg, first, EPI_N, wg, c_tiles, 1,
+                           col_scaled if COL_SCALE else None)
 
     tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (Bt.dtype, (BN, BK), 128)],
            load, setup, compute, finish, stages=STAGES)
