@@ -19,7 +19,7 @@ from mlir.dialects import arith, llvm, scf
 from ..dialects import types as T
 from .context import LoweringContext, build_vector, c32, constant, i32, lowers, ptr, split_vector
 from .fragments import Fragment, GlobalRef, convert
-from .memory import _and, _guarded, _guarded_load, _load_with_policy, global_pieces
+from .memory import FROM_L2, _and, _guarded, _guarded_load, global_pieces
 
 
 def _red_add(addr: ir.Value, regs: list[ir.Value]) -> None:
@@ -67,20 +67,18 @@ def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment
 def _counter_slot(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
     """i64 index of this thread's counter: the tile's row-major number among
     dst's tiles (outer dims: elements; tile dims: cdiv(extent, tile)) times
-    the threads of the scope, plus the thread's place in its scope."""
+    the threads of the scope, plus the thread's place in its scope (in i64:
+    tiles x threads passes 2^31 from about 2^37 elements of dst)."""
+    i64 = ir.IntegerType.get_signless(64)
     shape = frag.layout.shape
     outer = len(dst.dims) - len(shape)
-    tile = c32(0)
+    tile = arith.constant(i64, 0)
     for d, (c, extent) in enumerate(zip(indices, dst.dims)):
         n = extent if d < outer else arith.ceildivui(extent, c32(shape[d - outer]))
-        tile = arith.addi(arith.muli(tile, n), c)
+        tile = arith.addi(arith.muli(tile, arith.extui(i64, n)), arith.extui(i64, c))
     threads = 32 * T.SCOPES.get(frag.scope, ctx.num_warps)
     place = arith.andi(ctx.tid(), c32(threads - 1)) if frag.scope != "block" else ctx.tid()
-    return arith.extui(ir.IntegerType.get_signless(64),
-                       arith.addi(arith.muli(tile, c32(threads)), place))
-
-
-_FROM_L2 = ("ld.global.cg", None)     # a (load, store) policy of lowering/memory.py
+    return arith.addi(arith.muli(tile, arith.constant(i64, threads)), arith.extui(i64, place))
 
 
 def _store_total(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices,
@@ -96,8 +94,7 @@ def _store_total(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices,
     for r0, n, ws_addr, ws_conds in ws_pieces:
         vtype = ir.VectorType.get([n], f32) if n > 1 else f32
         ok = _and(ws_conds)
-        totals.append(_guarded_load(ws_addr, ok, vtype, _zeros(n), 4 * n, _FROM_L2)
-                      if ok is not None else _load_with_policy(vtype, ws_addr, 4 * n, _FROM_L2))
+        totals.append(_guarded_load(ws_addr, ok, vtype, _zeros(n), 4 * n, FROM_L2))
     for total, (_, n, addr, conds) in zip(totals, global_pieces(ctx, dst, frag, indices)):
         out = build_vector([convert(r, "f32", dst.type.dtype) for r in split_vector(total, n)],
                            dst.type.dtype)

@@ -83,6 +83,9 @@ class _GlobalTileAccess:
 # "stream": data read or written once, evicted first so that it does not push
 # reused data (weights) out of L1 and L2.
 _PTX_CACHE = {"stream": ("ld.global.cs", "st.global.cs")}   # .cs: evict-first in L1 and L2
+# Loads of what other blocks wrote in this launch (after an acquire): from L2,
+# past this SM's L1 (tk.store_partial's last part).
+FROM_L2 = ("ld.global.cg", "st.global.cg")
 
 
 def _asm_words(nbytes: int) -> str | None:
@@ -122,8 +125,11 @@ def _policy(op) -> tuple[str, str] | None:
     return _PTX_CACHE.get(contracts.CACHE.get(op, "normal"))
 
 
-def _guarded_load(addr: ir.Value, ok: ir.Value, vtype: ir.Type, fill: ir.Value,
+def _guarded_load(addr: ir.Value, ok: ir.Value | None, vtype: ir.Type, fill: ir.Value,
                   align: int, policy=None) -> ir.Value:
+    """A load where ok holds (always, when ok is None), else `fill`."""
+    if ok is None:
+        return _load_with_policy(vtype, addr, align, policy)
     op = scf.IfOp(ok, [vtype], has_else=True)
     with ir.InsertionPoint(op.then_block):
         scf.YieldOp([_load_with_policy(vtype, addr, align, policy)])

@@ -178,7 +178,11 @@ def _common(op, operands, results, num_warps: int) -> None:
     counters = d.operands.index(d.counters) if d.counters else None
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
-        if isinstance(t, (T.GL, T.ST, T.SV)) and i != counters:
+        if isinstance(t, T.GL) and t.dtype == "i32":
+            _require(i == counters, f"{_show(t)}: an i32 tensor holds counters "
+                     f"(tk.store_partial's counters=), not tiles: no load, store, TMA or MMA "
+                     f"takes it")
+        elif isinstance(t, (T.GL, T.ST, T.SV)):
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
@@ -223,8 +227,8 @@ def _store_partial(op, operands, results, num_warps: int) -> None:
     for what, g in (("dst", dst), ("workspace", ws), ("counters", counters)):
         _require(isinstance(g, T.GL), f"{name}: {what} must be a tk.gl tensor (global memory), "
                  f"not {_show(g) if g is not None else 'a scalar'}")
-    _require(dst.dtype in ("f32", "bf16", "f16"), f"{name} stores into a float tensor, got "
-             f"{_show(dst)}")
+    _require(dst.dtype in ("f32", "bf16", "f16"), f"{name} stores into an f32, bf16 or f16 "
+             f"tensor, got {_show(dst)}")
     _require(ws.dtype == "f32" and ws.rank == dst.rank,
              f"{name}: the workspace must be an f32 tensor of dst's shape (the partial sums "
              f"add there), got {_show(ws)}")

@@ -184,7 +184,9 @@ def store_partial(dst, value, idx=(), *, parts, workspace, counters):
     left as zeros, so one pair serves launch after launch (not two launches
     at once). counters needs (tiles of dst) x (threads of the tile's scope)
     elements: a tile's slot is its row-major number among dst's tiles. The
-    order of the f32 additions varies from run to run."""
+    order of the f32 additions varies from run to run. On the GPU nothing
+    checks the counters' size or the workspace's shape (out of range, the
+    atomics go astray); the interpreter does, and says which."""
     if not isinstance(value, TileLike):
         raise CompilationError(f"tk.store_partial stores a register tile or vector, got {value!r}")
     for name, arg in (("dst", dst), ("workspace", workspace), ("counters", counters)):

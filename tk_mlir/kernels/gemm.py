@@ -4,9 +4,10 @@ C = A @ B.T (B given as N x K, b_layout="nk", the layout of a Linear weight)
 or C = A @ B (B given as K x N, "kn"); bf16 or f16 inputs, f32 accumulation,
 bf16/f16/f32 output.
 
-The kernel: TMA loads into a ring of swizzled shared tiles, wgmma on two
-consumer warpgroups, a producer warpgroup, a persistent grid walking output
-tiles in L2-friendly groups. The load-compute-finish template (tk.lcf) does
+The kernel: TMA loads into a ring of swizzled shared tiles, wgmma on one
+consumer warpgroup per 64 rows of a tile (two for the 128-row tiles), a
+producer warpgroup, a persistent grid walking output tiles in L2-friendly
+groups. The load-compute-finish template (tk.lcf) does
 the pipeline; the kernel says what to load, compute and store. M, N and K
 need not be multiples of the tiles: TMA reads zeros past the edges (so the
 K tail adds nothing) and the stores are masked. Rows must be 16-byte aligned
@@ -198,8 +199,9 @@ MIN_SLICE_STEPS = 8      # K steps (of 64) a split-K slice keeps at least
 @dataclass(frozen=True)
 class Plan:
     """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
-    and its configs), "tiles" (gemm_kernel with `config`) or "split_k"
-    (gemm_split_k_kernel with `config`); `why` says which rule chose it."""
+    and its configs), "tiles" (gemm_kernel with `config`), "split_k"
+    (gemm_split_k_kernel with `config`) or "none" (M, N or K is 0: no
+    kernel; C is zeroed when K is 0); `why` says which rule chose it."""
     kernel: str
     config: dict = field(default_factory=dict)
     why: str = ""
@@ -218,6 +220,8 @@ def plan(M: int, N: int, K: int, sms: int) -> Plan:
     A split keeps MIN_SLICE_STEPS K steps per slice at least."""
     def tiles(bm, bn):
         return tk.cdiv(M, bm) * tk.cdiv(N, bn)
+    if not M * N * K:
+        return Plan("none", why=f"{M} x {N} x {K}: an empty product (C is empty or zeros)")
     if tiles(128, 256) >= BUSY * sms:
         return Plan("autotuned", why=f"{tiles(128, 256)} tiles of 128 x 256 keep {sms} SMs busy")
     if M <= 128:
@@ -228,7 +232,10 @@ def plan(M: int, N: int, K: int, sms: int) -> Plan:
         why = f"{tiles(bm, bn)} tiles of {bm} x {bn} for {sms} SMs"
     stages = 8 if bm == 64 and bn == 128 else 4 if bn == 256 else 6
     config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
-    parts = min(sms // tiles(bm, bn), tk.cdiv(K, 64) // MIN_SLICE_STEPS)
+    steps = tk.cdiv(K, 64)
+    parts = min(sms // max(1, tiles(bm, bn)), steps // MIN_SLICE_STEPS)
+    if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
+        parts = tk.cdiv(steps, tk.cdiv(steps, parts))
     if parts >= 2 and (M <= 128 or 2 * tiles(bm, bn) <= sms):
         return Plan("split_k", {**config, "SPLIT_K": parts},
                     f"{why}; {tiles(bm, bn)} tiles leave SMs idle: K in {parts} slices")
@@ -243,7 +250,9 @@ def launch(a, b, c, b_layout: str) -> None:
     sms = num_sms(device)
     chosen = plan(M, N, K, sms)
     kn = b_layout == "kn"
-    if chosen.kernel == "autotuned":
+    if chosen.kernel == "none":
+        c.zero_()                                    # a sum of no products
+    elif chosen.kernel == "autotuned":
         gemm_kernel[(sms,)](a, b, c, B_KN=kn)
     elif chosen.kernel == "tiles":
         gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config)
@@ -253,12 +262,12 @@ def launch(a, b, c, b_layout: str) -> None:
         gemm_split_k_kernel[(sms,)](a, b, c, w[:M * N].view(M, N), f, B_KN=kn, **cfg)
 
 
-# (device, stream) -> (f32 workspace, int32 counters): zeros, and left zeros
-# by every split-K launch, so they are kept; one pair per stream, since two
-# launches at once would share them. Replaced pairs stay alive (_RETIRED): a
-# captured CUDA graph may still use them.
+# (device, stream) -> [f32 workspace, int32 counters, captured]: zeros, and
+# left zeros by every split-K launch, so they are kept; one pair per stream,
+# since two launches at once would share them. A pair a CUDA graph captured
+# stays alive when a larger one replaces it (_CAPTURED): the graph uses it.
 _WORKSPACES: dict = {}
-_RETIRED: list = []
+_CAPTURED: list = []
 
 
 def _workspace(device, elements: int, counters: int):
@@ -266,19 +275,23 @@ def _workspace(device, elements: int, counters: int):
     least `counters` for the current stream. While a CUDA graph is captured,
     the stream's kept pair if it is large enough (warm up on the capture
     stream first, as torch.cuda.graph advises), else a new pair made inside
-    the graph, which zeroes it at every replay, and not kept."""
+    the graph, which zeroes it at every replay, and not kept. Graphs
+    captured on one stream share its pair: replay them one at a time."""
     import torch
+    from tk_mlir.runtime.driver import current_stream
     cuda = device.type == "cuda"
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream if cuda else None)
+    capturing = cuda and torch.cuda.is_current_stream_capturing()
+    key = (device.index, current_stream(device.index)) if cuda else None
     kept = _WORKSPACES.get(key)
     if kept is not None and kept[0].numel() >= elements and kept[1].numel() >= counters:
+        kept[2] = kept[2] or capturing
         return kept[0], kept[1][:counters]
-    pair = (torch.zeros(max(elements, kept[0].numel() if kept else 0), dtype=torch.float32,
-                        device=device),
-            torch.zeros(max(counters, kept[1].numel() if kept else 0), dtype=torch.int32,
-                        device=device))
-    if not (cuda and torch.cuda.is_current_stream_capturing()):
-        if kept is not None:
-            _RETIRED.append(kept)
-        _WORKSPACES[key] = pair
-    return pair[0], pair[1][:counters]
+    w = torch.zeros(max(elements, kept[0].numel() if kept else 0), dtype=torch.float32,
+                    device=device)
+    f = torch.zeros(max(counters, kept[1].numel() if kept else 0), dtype=torch.int32,
+                    device=device)
+    if not capturing:
+        if kept is not None and kept[2]:
+            _CAPTURED.append(kept)
+        _WORKSPACES[key] = [w, f, False]
+    return w, f[:counters]
