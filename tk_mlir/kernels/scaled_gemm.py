@@ -32,7 +32,7 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
                        COL_SCALE: tk.constexpr = True, BM: tk.constexpr = 128,
                        BN: tk.constexpr = 256, BK: tk.constexpr = 128,
                        STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
-                       EPI_N: tk.constexpr = 128):
+                       EPI_N: tk.constexpr = 128, EPI_BUFFERS: tk.constexpr = 1):
     """C = (A @ Bt.T) * SA[row] (* SB[col] with COL_SCALE) for fp8 A (M x K)
     and Bt (N x K); SA has at least M values, SB (read with COL_SCALE) N."""
     M, K = A.shape
@@ -44,7 +44,8 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     TMA_STORE = C.dtype != "f32"
     EPI_N = min(EPI_N, BN)
     assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
-    c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2, swizzle=128) if TMA_STORE else None
+    c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2 * EPI_BUFFERS, swizzle=128) \
+        if TMA_STORE else None
 
     def load(task, k, a, b, sem):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
@@ -68,7 +69,7 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
         # One thread elected once stores the whole tile (store_in_pieces): with an
         # election per store (and column scales) ptxas put the producer's TMA loads
         # in a serialization loop (BRA.U.ANY; why is not pinned down).
-        tk.store_in_pieces(C, acc, 2 * m + wg, first, EPI_N, wg, c_tiles, 1,
+        tk.store_in_pieces(C, acc, 2 * m + wg, first, EPI_N, wg, c_tiles, EPI_BUFFERS,
                            col_scaled if COL_SCALE else None)
 
     tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (Bt.dtype, (BN, BK), 128)],
