@@ -19,7 +19,7 @@ from mlir.dialects import arith, llvm, scf
 from ..dialects import types as T
 from .context import LoweringContext, build_vector, c32, constant, i32, lowers, ptr, split_vector
 from .fragments import Fragment, GlobalRef, convert
-from .memory import FROM_L2, _and, _guarded, _guarded_load, global_pieces
+from .memory import FROM_L2, _and, _guarded, _guarded_load, _lt, global_pieces
 
 
 def _red_add(addr: ir.Value, regs: list[ir.Value]) -> None:
@@ -46,7 +46,23 @@ def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment
     its acquire makes the other parts' adds visible to the last one); the
     last part reads the sum back from L2, stores it and zeroes what it used.
     Counting per thread needs no barrier or broadcast: a thread holds the same
-    elements in every part (one layout), so its counter covers exactly them."""
+    elements in every part (one layout), so its counter covers exactly them.
+    A tile wholly past dst's end is skipped: its number would be another
+    tile's (the next outer index's first)."""
+    _guarded(_tile_inside(dst, frag, indices),
+             lambda: _add_and_count(ctx, op, dst, frag, workspace, counters, indices))
+
+
+def _tile_inside(dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
+    """i1: the tile at `indices` starts inside dst (outer coordinates count
+    elements, tile coordinates tiles)."""
+    shape = frag.layout.shape
+    outer = len(dst.dims) - len(shape)
+    return _and([_lt(c if d < outer else arith.muli(c, c32(shape[d - outer])), extent)
+                 for d, (c, extent) in enumerate(zip(indices, dst.dims))])
+
+
+def _add_and_count(ctx, op, dst, frag, workspace, counters, indices) -> None:
     ws_pieces = list(global_pieces(ctx, workspace, frag, indices))
     for r0, n, addr, conds in ws_pieces:
         regs = frag.regs[r0:r0 + n]
@@ -57,11 +73,8 @@ def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment
     old = llvm.inline_asm(i32(), [counter], "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;",
                           "=r,l", has_side_effects=True)
     last = arith.cmpi(arith.CmpIPredicate.eq, old, c32(op.parts - 1))
-    branch = scf.IfOp(last)
-    with ir.InsertionPoint(branch.then_block):
-        _store_total(ctx, dst, frag, indices, ws_pieces)
-        llvm.store(c32(0), counter, alignment=4)
-        scf.YieldOp([])
+    _guarded(last, lambda: (_store_total(ctx, dst, frag, indices, ws_pieces),
+                            llvm.store(c32(0), counter, alignment=4)))
 
 
 def _counter_slot(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices) -> ir.Value:

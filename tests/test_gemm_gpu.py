@@ -98,6 +98,25 @@ def test_gemm_split_k_in_a_cuda_graph():
         assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("shape", [(8, 16, 4096, 4096), (4, 512, 512, 4096), (3, 1000, 776, 1304),
+                                   (64, 128, 128, 64), (2, 8192, 1024, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_batched(shape, layout):
+    """G products of one shape in one launch, whatever kernel the plan picks."""
+    G, M, N, K = shape
+    kn = layout == "kn"
+    a = torch.empty(G, M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((G, K, N) if kn else (G, N, K)), dtype=torch.bfloat16,
+                    device="cuda").uniform_(-1, 1)
+    for out in (torch.bfloat16, torch.float32):
+        c = torch.full((G, M, N), float("nan"), dtype=out, device="cuda")
+        matmul(a, b, c, b_layout=layout)
+        ref = a.double() @ (b.double() if kn else b.double().transpose(1, 2))
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err < (5e-3 if out == torch.bfloat16 else 1e-5), (out, err)
+
+
 @pytest.mark.parametrize("shape", [(0, 64, 64), (64, 0, 64), (64, 64, 0)])
 def test_gemm_empty_products(shape):
     """An empty C launches nothing; K = 0 gives zeros (poison overwritten)."""

@@ -86,9 +86,19 @@ REJECTED = {
     "matmul: a not a tensor": (
         lambda: matmul([[1.0]], cpu(8, 8)), TypeError,
         r"matmul: a must be a torch.Tensor, got list"),
-    "matmul: a 3-D": (
+    "matmul: a 4-D": (
+        lambda: matmul(cpu(2, 2, 8, 8), cpu(8, 8)), ValueError,
+        r"matmul: a must be 2-D \(M x K\) or 3-D \(G x M x K, a batch\), got shape "
+        r"\(2, 2, 8, 8\)"),
+    "matmul: a batch, b not": (
         lambda: matmul(cpu(2, 8, 8), cpu(8, 8)), ValueError,
-        r"matmul: a must be 2-D, got shape \(2, 8, 8\)"),
+        r"matmul: b must be 3-D, got shape \(8, 8\)"),
+    "matmul: batch sizes differ": (
+        lambda: matmul(cpu(2, 8, 8), cpu(3, 8, 8)), ValueError,
+        r"matmul: a and b must have one batch size: a is \(2, 8, 8\), b is \(3, 8, 8\)"),
+    "matmul: batched c's shape": (
+        lambda: matmul(cpu(2, 8, 16), cpu(2, 4, 16), cpu(2, 4, 8)), ValueError,
+        r"matmul: c must have shape \(2, 8, 4\) \(G x M x N\), got \(2, 4, 8\)"),
     "matmul: a f32": (
         lambda: matmul(cpu(8, 8, dtype=f32), cpu(8, 8)), TypeError,
         r"matmul: a must be torch.bfloat16 or torch.float16, got torch.float32"),

@@ -59,6 +59,13 @@ def test_plan_on_132_sms(shape, kind):
         assert -(-K // 64) // parts >= gemm.MIN_SLICE_STEPS        # slices keep their depth
 
 
+def test_plan_counts_every_product_of_a_batch():
+    assert plan(512, 512, 4096, 132).kernel == "split_k"          # 16 tiles of 128 x 128
+    assert plan(512, 512, 4096, 132, batch=8).kernel == "tiles"     # 8 x 16 of them
+    assert plan(512, 512, 4096, 132, batch=32).kernel == "autotuned"
+    assert plan(16, 64, 64, 132, batch=0).kernel == "none"
+
+
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(m=st.integers(0, 20000), n=st.integers(0, 20000), k=st.integers(0, 20000),
        sms=st.sampled_from([1, 3, 78, 114, 132]))
@@ -85,7 +92,7 @@ def split_k(a, b, c, parts, b_kn=False, blocks=3, **config):
     M, N = c.shape
     config = {"BM": 64, "BN": 128, **config}
     w = torch.zeros(M, N)
-    f = torch.zeros(split_k_counters(M, N, config["BM"], config["BN"]), dtype=torch.int32)
+    f = torch.zeros(split_k_counters(M, N, config["BN"]), dtype=torch.int32)
     for _ in range(2):          # the second launch finds workspace and counters zero again
         c.fill_(float("nan"))
         gemm_split_k_kernel.interpret[(blocks,)](a, b, c, w, f, SPLIT_K=parts, B_KN=b_kn,
@@ -124,6 +131,36 @@ def test_64_row_tiles(b_kn):
     assert rel_err(c.float().numpy(), ref.numpy()) < 8e-3
 
 
+@pytest.mark.parametrize("b_kn", [False, True])
+@pytest.mark.parametrize("config", [dict(BM=64, BN=128, num_warps=8), dict(BN=256, STAGES=4),
+                                    dict(BN=256, STAGES=4, EPI_N=64, EPI_BUFFERS=2)],
+                         ids=["64x128", "128x256", "128x256-two-buffers"])
+def test_batched_gemm(b_kn, config):
+    """3-D A, B and C: one product per index of the first dim, one launch."""
+    a = torch.empty(3, 130, 72).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(*((3, 72, 200) if b_kn else (3, 200, 72))).uniform_(-1, 1).to(torch.bfloat16)
+    c = torch.full((3, 130, 200), float("nan"), dtype=torch.bfloat16)
+    gemm_kernel.kernel.interpret[(3,)](a, b, c, B_KN=b_kn, **config)
+    ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
+    assert rel_err(c.float().numpy(), ref.numpy()) < 8e-3
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+def test_batched_split_k(bm):
+    """Each product's tiles count on their own counters; with BM=128 and
+    M=130 the second consumer's last tile lies past M and is skipped (its
+    number would be the next product's first tile)."""
+    a = torch.empty(3, 130, 600).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(3, 136, 600).uniform_(-1, 1).to(torch.bfloat16)
+    c = torch.full((3, 130, 136), float("nan"))
+    w, f = torch.zeros(3, 130, 136), torch.zeros(split_k_counters(130, 136, 128, 3),
+                                                 dtype=torch.int32)
+    gemm_split_k_kernel.interpret[(4,)](a, b, c, w, f, SPLIT_K=3, BM=bm, BN=128, STAGES=3,
+                                        num_warps=4 * (bm // 64 + 1))
+    assert rel_err(c.numpy(), (a.double() @ b.double().transpose(1, 2)).numpy()) < 1e-5
+    assert not w.any() and not f.any()
+
+
 MATMUL_SPLIT_K_ON_CPU = """
 import torch
 from tk_mlir import interpreter
@@ -138,6 +175,13 @@ for _ in range(2):
     c = torch.full((16, 128), float("nan"), dtype=torch.bfloat16)
     matmul(a, b, c)
     errors.append(((c.double() - ref).norm() / ref.norm()).item())
+a3 = torch.empty(2, 16, 2048).uniform_(-1, 1).to(torch.bfloat16)
+b3 = torch.empty(2, 64, 2048).uniform_(-1, 1).to(torch.bfloat16)
+interpreter.SMS = 8          # two products' tiles leave six of 8 SMs to K slices
+assert plan(16, 64, 2048, interpreter.SMS, 2).kernel == "split_k"
+c3 = matmul(a3, b3)
+ref3 = a3.double() @ b3.double().transpose(1, 2)
+errors.append(((c3.double() - ref3).norm() / ref3.norm()).item())
 print(max(errors))
 """
 
@@ -182,6 +226,16 @@ def test_store_partial_sums_the_parts(out):
     ref = x.double().reshape(3, 16, 128).sum(0)
     assert rel_err(y.double().numpy(), ref.numpy()) < (1e-6 if out == torch.float32 else 8e-3)
     assert not w.any() and not f.any()
+
+
+def test_store_partial_skips_tiles_past_the_end():
+    """Blocks whose tile lies wholly past Y's end count nothing (their number
+    would be another tile's) and write nothing."""
+    x, y, w, f = parts_inputs(2, 3)
+    y, w = y[:, :128].contiguous(), w[:, :128].contiguous()     # Y has 2 tiles, the grid 3
+    add_parts.interpret[(2, 3)](x, y, w, f[:256].contiguous(), PARTS=2)
+    ref = x.double().reshape(2, 16, 192).sum(0)[:, :128]
+    assert rel_err(y.double().numpy(), ref.numpy()) < 1e-6
 
 
 def test_store_partial_counters_too_few():
@@ -254,7 +308,7 @@ def split_k_compiled():
     M, N, K = 64, 4096, 4096
     return gemm_split_k_kernel.compile(
         S((M, K), "bf16"), S((N, K), "bf16"), S((M, N), "bf16"), S((M, N), "f32"),
-        S((split_k_counters(M, N, 64, 128),), "i32"), SPLIT_K=4)
+        S((split_k_counters(M, N, 128),), "i32"), SPLIT_K=4)
 
 
 def test_split_k_ptx(split_k_compiled):

@@ -540,10 +540,25 @@ class KernelBuilder(ast.NodeVisitor):
         return value
 
     def visit_Tuple(self, node):
-        return tuple(self.eval(e) for e in node.elts)
+        return tuple(self._elements(node.elts))
 
     def visit_List(self, node):
-        return [self.eval(e) for e in node.elts]
+        return self._elements(node.elts)
+
+    def _elements(self, elts) -> list:
+        """The values of a tuple or list display; `*xs` spreads a compile-time
+        sequence (e.g. outer coordinates: `(*outer, m, k)`)."""
+        out = []
+        for e in elts:
+            if not isinstance(e, ast.Starred):
+                out.append(self.eval(e))
+                continue
+            seq = self.eval(e.value)
+            if not isinstance(seq, (tuple, list)):
+                raise self.error(e, f"*{ast.unparse(e.value)} spreads a compile-time tuple or "
+                                    f"list, not {seq!r}")
+            out.extend(seq)
+        return out
 
     def visit_JoinedStr(self, node):
         """f-strings of compile-time values (assert messages)."""

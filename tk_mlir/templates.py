@@ -37,9 +37,10 @@ def grouped_tile(task, tiles_m, tiles_n, group):
 
 
 @func
-def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1, piece=None):
+def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1, piece=None,
+                    outer=()):
     """Store a consumer warpgroup's f32 register tile into dst at tile
-    coordinates (row, col) of `cols`-wide pieces, one piece at a time: the
+    coordinates (*outer, row, col) of `cols`-wide pieces, one piece at a time: the
     slice, through `piece(part, h)` when given (e.g. scales), converted to
     dst's dtype. With `staging`, shared tiles of (tile rows, cols) with
     `buffers` per consumer warpgroup (consumer * buffers + i), a piece leaves
@@ -57,7 +58,7 @@ def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1
             part = piece(part, h)
         out = part.to(dst.dtype)
         if staging is None:
-            tk.store(dst, out, (row, col + h))
+            tk.store(dst, out, (*outer, row, col + h))
         else:
             buf = staging[consumer * buffers + h % buffers]
             # The store that last read buf is done. Every thread waits for its
@@ -68,7 +69,7 @@ def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1
             tk.store(buf, out)
             tk.named_barrier(1 + consumer, warps=4)  # all of it written
             if leader:
-                tk.tma.store_async(dst, buf, (row, col + h))
+                tk.tma.store_async(dst, buf, (*outer, row, col + h))
                 tk.tma.store_commit()
 
 

@@ -35,6 +35,10 @@ class GlobalArray:
         self.writer: np.ndarray | None = None    # per element: its writer's number + 1
         self.writers: list[tuple] = []           # (block id, "file:line") by number
 
+    def overlaps(self, coords, tile_shape) -> bool:
+        """Does the tile at `coords` hold any element of the array?"""
+        return self._window(coords, tile_shape) is not None
+
     def _window(self, coords, tile_shape) -> tuple[tuple, tuple] | None:
         """(array index, tile index) of the in-bounds part of the tile at
         `coords`, None when none of it is in bounds."""

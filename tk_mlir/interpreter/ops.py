@@ -151,6 +151,8 @@ def _store_partial(op, num_warps):
             raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} has shape "
                              f"{workspace.shape}, dst {dst.name!r} {dst.shape}: it must have "
                              f"dst's shape")
+        if not dst.overlaps(coords, value.shape):
+            return                  # a tile wholly past dst's end: skipped, as on the GPU
         threads = 32 * len(scope.warps)
         slot = _tile_number(dst.shape, value.shape, coords)
         if (slot + 1) * threads > counters.shape[0]:

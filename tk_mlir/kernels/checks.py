@@ -21,12 +21,12 @@ def _dtype_list(dtypes) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def tensor(fn: str, name: str, value, *, ndim: int, dtypes) -> None:
-    """`value` is a torch tensor of rank `ndim` and one of `dtypes`."""
+def tensor(fn: str, name: str, value, *, ndim: int | None = None, dtypes) -> None:
+    """`value` is a torch tensor of rank `ndim` (any, when None) and one of `dtypes`."""
     import torch
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != ndim:
+    if ndim is not None and value.dim() != ndim:
         raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {tuple(value.shape)}")
     if value.dtype not in dtypes:
         raise TypeError(f"{fn}: {name} must be {_dtype_list(dtypes)}, got {value.dtype}")

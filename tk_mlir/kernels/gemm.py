@@ -33,16 +33,20 @@ from tk_mlir.kernels.device import num_sms
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1):
-    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM).
+    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per
+    SM); with 3-D A, B and C, one product per index of their first dim.
     Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; one
     consumer warpgroup per 64 rows of a tile (BM = 64: num_warps=8, 128: 12);
     GROUP_M tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at
     a time by TMA store (TMA_STORE) through EPI_BUFFERS staging tiles per
-    consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts K into that many slices, each its own task:
-    the slices' f32 partial products meet in the workspace W and the last one
-    of a tile stores it (tk.store_partial, counting in F)."""
-    M, K = A.shape
-    N = B.shape[1] if B_KN else B.shape[0]
+    consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts
+    K into that many slices, each its own task: the slices' f32 partial
+    products meet in the workspace W and the last one of a tile stores it
+    (tk.store_partial, counting in F)."""
+    batched = len(A.shape) == 3
+    M, K = A.shape[-2], A.shape[-1]
+    N = B.shape[-1] if B_KN else B.shape[-2]
+    batch = A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
     consumers = BM // 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
@@ -51,7 +55,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
     groups_m = tk.cdiv(tiles_m, CLUSTER)
-    tiles = groups_m * tiles_n
+    tiles = groups_m * tiles_n                     # per product
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
@@ -65,23 +69,28 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                   swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
-        """(m, n) of a task's tile: with SPLIT_K, tasks take every tile's first
-        K slice, then every second one, ..."""
-        task = task % tiles if SPLIT_K > 1 else task
+        """(outer coordinates, m, n) of a task's tile: the products one after
+        another; with SPLIT_K, tasks take every tile's first K slice, then
+        every second one, ..."""
+        task = task % (batch * tiles) if SPLIT_K > 1 else task
+        outer = ()
+        if batched:
+            outer = (task // tiles,)
+            task = task % tiles
         m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
-        return (m * CLUSTER + tk.cluster_rank(), n) if CLUSTER > 1 else (m, n)
+        return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
     def load(task, k, a, b, sem):
-        m, n = tile_of(task)
+        outer, m, n = tile_of(task)
         if SPLIT_K > 1:
-            k += (task // tiles) * k_steps
-        tk.tma.load_async(a, A, (m, k), sem)
+            k += (task // (batch * tiles)) * k_steps
+        tk.tma.load_async(a, A, (*outer, m, k), sem)
         if CLUSTER > 1:
             part = tk.cluster_rank()
-            tk.tma.load_async(b.subtile(part, BN // CLUSTER), B, (n * CLUSTER + part, k), sem,
-                              multicast=(1 << CLUSTER) - 1)
+            tk.tma.load_async(b.subtile(part, BN // CLUSTER), B,
+                              (*outer, n * CLUSTER + part, k), sem, multicast=(1 << CLUSTER) - 1)
         else:
-            tk.tma.load_async(b, B, (k, n) if B_KN else (n, k), sem)
+            tk.tma.load_async(b, B, (*outer, k, n) if B_KN else (*outer, n, k), sem)
 
     def setup(task, wg):
         return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
@@ -91,14 +100,15 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return mma(acc, a.subtile(wg, 64), b)
 
     def finish(acc, task, wg):
-        m, n = tile_of(task)
+        outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
         if SPLIT_K > 1:
-            tk.store_partial(C, acc, (row, n), parts=SPLIT_K, workspace=W, counters=F)
+            tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:
-            tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS)
+            tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
+                               outer=outer)
 
-    tk.lcf(tiles * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
+    tk.lcf(batch * tiles * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
 
 
@@ -131,11 +141,11 @@ def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F)
 
 
-def split_k_counters(M: int, N: int, BM: int, BN: int) -> int:
-    """Counters gemm_split_k_kernel needs: one per thread of each 64 x BN tile
-    of C, the rows rounded up to whole BM-row tiles (a consumer's tile past
-    M still counts its parts)."""
-    return tk.cdiv(M, BM) * (BM // 64) * tk.cdiv(N, BN) * 128
+def split_k_counters(M: int, N: int, BN: int, batch: int = 1) -> int:
+    """Counters gemm_split_k_kernel needs: one per thread of each 64 x BN
+    tile of C (of each of `batch` products). A consumer's tile wholly past M
+    is skipped by tk.store_partial, and counts nothing."""
+    return batch * tk.cdiv(M, 64) * tk.cdiv(N, BN) * 128
 
 
 def matmul(a, b, c=None, *, b_layout: str = "nk"):
@@ -144,8 +154,10 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     a: (M, K) and b: torch.bfloat16 or torch.float16 CUDA tensors of one dtype
     on one device. c: an (M, N) output of a 16-bit dtype or torch.float32 on
     their device, written in place; by default a new tensor of a's dtype.
-    Returns c. The autotuned kernel picks a configuration per shape, dtype
-    and layout on first use.
+    Batched: a (G, M, K), b (G, N, K) or (G, K, N) and c (G, M, N) make G
+    independent products of one shape in one launch (as torch.bmm).
+    Returns c. `plan` chooses the kernel (and the autotuned one its
+    configuration per shape, dtype and layout on first use).
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.matmul
     (tk_mlir/kernels/ops.py), traced as one node, its result copied into c;
@@ -171,25 +183,33 @@ def check(a, b, c, b_layout: str) -> None:
                          f"got {b_layout!r}")
     kn = b_layout == "kn"
     inputs = (torch.bfloat16, torch.float16)
-    checks.tensor("matmul", "a", a, ndim=2, dtypes=inputs)
-    checks.tensor("matmul", "b", b, ndim=2, dtypes=inputs)
+    checks.tensor("matmul", "a", a, dtypes=inputs)
+    if a.dim() not in (2, 3):
+        raise ValueError(f"matmul: a must be 2-D (M x K) or 3-D (G x M x K, a batch), got "
+                         f"shape {tuple(a.shape)}")
+    checks.tensor("matmul", "b", b, ndim=a.dim(), dtypes=inputs)
     checks.like("matmul", "b", b, "a", a)
-    M, K = a.shape
-    N, Kb = (b.shape[1], b.shape[0]) if kn else b.shape
+    batch = tuple(a.shape[:-2])
+    if tuple(b.shape[:-2]) != batch:
+        raise ValueError(f"matmul: a and b must have one batch size: a is {tuple(a.shape)}, "
+                         f"b is {tuple(b.shape)}")
+    M, K = a.shape[-2:]
+    N, Kb = (b.shape[-1], b.shape[-2]) if kn else b.shape[-2:]
     if Kb != K:
-        raise ValueError(f"matmul: inner dimensions differ: a is {tuple(a.shape)} (M x K), "
-                         f"b is {tuple(b.shape)} ({'K x N' if kn else 'N x K'}, "
+        raise ValueError(f"matmul: inner dimensions differ: a is {tuple(a.shape)} "
+                         f"({'G x ' if batch else ''}M x K), b is {tuple(b.shape)} "
+                         f"({'G x ' if batch else ''}{'K x N' if kn else 'N x K'}, "
                          f"b_layout={b_layout!r})")
     if c is not None:
-        checks.tensor("matmul", "c", c, ndim=2, dtypes=(*inputs, torch.float32))
+        checks.tensor("matmul", "c", c, ndim=a.dim(), dtypes=(*inputs, torch.float32))
         checks.like("matmul", "c", c, "a", a, dtype=False)
-        checks.shape("matmul", "c", c, (M, N), "M x N")
+        checks.shape("matmul", "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
     checks.on_cuda("matmul", "a", a)
 
 
-def output_shape(a, b, b_layout: str) -> tuple[int, int]:
-    """(M, N) of C for checked a, b."""
-    return a.shape[0], (b.shape[1] if b_layout == "kn" else b.shape[0])
+def output_shape(a, b, b_layout: str) -> tuple[int, ...]:
+    """(M, N), or (G, M, N) for a batch, of C for checked a, b."""
+    return (*a.shape[:-1], b.shape[-1] if b_layout == "kn" else b.shape[-2])
 
 
 # ------------------------------------------------------------ the choice
@@ -212,8 +232,9 @@ class Plan:
     why: str = ""
 
 
-def plan(M: int, N: int, K: int, sms: int) -> Plan:
-    """The kernel for an M x N x K product on `sms` SMs (H200: 132). Measured
+def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
+    """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132): the
+    tiles counted below are all the products' tiles. Measured
     on the H200 (BENCHMARKS.md, GEMM small and skinny shapes):
     1. Enough 128 x 256 tiles (BUSY x SMs): the autotuned kernel.
     2. Few rows (M <= 128): the product streams B from memory, so the tile
@@ -224,9 +245,10 @@ def plan(M: int, N: int, K: int, sms: int) -> Plan:
        half of the SMs.
     A split keeps MIN_SLICE_STEPS K steps per slice at least."""
     def tiles(bm, bn):
-        return tk.cdiv(M, bm) * tk.cdiv(N, bn)
-    if not M * N * K:
-        return Plan("none", why=f"{M} x {N} x {K}: an empty product (C is empty or zeros)")
+        return batch * tk.cdiv(M, bm) * tk.cdiv(N, bn)
+    if not batch * M * N * K:
+        return Plan("none", why=f"{batch} x {M} x {N} x {K}: an empty product (C is empty or "
+                                f"zeros)")
     if tiles(128, 256) >= BUSY * sms:
         return Plan("autotuned", why=f"{tiles(128, 256)} tiles of 128 x 256 keep {sms} SMs busy")
     if M <= 128:
@@ -249,11 +271,12 @@ def plan(M: int, N: int, K: int, sms: int) -> Plan:
 
 def launch(a, b, c, b_layout: str) -> None:
     """The planned kernel on checked tensors, into c."""
-    M, K = a.shape
-    N = c.shape[1]
+    M, K = a.shape[-2:]
+    N = c.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
     device = a.get_device()
     sms = num_sms(device)
-    chosen = plan(M, N, K, sms)
+    chosen = plan(M, N, K, sms, batch)
     kn = b_layout == "kn"
     if chosen.kernel == "none":
         c.zero_()                                    # a sum of no products
@@ -263,8 +286,8 @@ def launch(a, b, c, b_layout: str) -> None:
         gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config)
     else:
         cfg = chosen.config
-        w, f = _workspace(a.device, M * N, split_k_counters(M, N, cfg["BM"], cfg["BN"]))
-        gemm_split_k_kernel[(sms,)](a, b, c, w[:M * N].view(M, N), f, B_KN=kn, **cfg)
+        w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
+        gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg)
 
 
 # (device, stream) -> [f32 workspace, int32 counters, captured]: zeros, and
