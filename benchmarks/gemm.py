@@ -143,8 +143,10 @@ def triton_matmul(a, b, c, b_layout: str):
 # ---------------------------------------------------------------- peers
 def cublas_matmul(a, b, c, b_layout: str):
     # b.t() is a view: cuBLAS reads a row-major N x K b as a transposed
-    # operand, no copy. out= keeps allocation out of the timed loop.
-    return torch.mm(a, b.t() if b_layout == "nk" else b, out=c)
+    # operand, no copy. out= keeps allocation out of the timed loop. A batch
+    # (3-D) goes through torch.matmul: cuBLAS's strided-batched GEMM.
+    bt = b.transpose(-1, -2) if b_layout == "nk" else b
+    return torch.mm(a, bt, out=c) if a.dim() == 2 else torch.matmul(a, bt, out=c)
 
 
 def load_tk():
@@ -209,34 +211,38 @@ def check_rows(M: int) -> slice:
 
 def reference(a, b, b_layout: str, rows: slice) -> torch.Tensor:
     bf = b.float()
-    return a[rows].float() @ (bf.t() if b_layout == "nk" else bf)
+    return a[..., rows, :].float() @ (bf.transpose(-1, -2) if b_layout == "nk" else bf)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor, rows: slice, M: int, N: int) -> float:
-    if tuple(out.shape) != (M, N):
-        raise ValueError(f"output shape {tuple(out.shape)}, expected {(M, N)}")
+    if tuple(out.shape[-2:]) != (M, N):
+        raise ValueError(f"output shape {tuple(out.shape)}, expected (..., {M}, {N})")
     # The whole output, not just the checked rows: NaN left from the poison
     # means a tile was never written.
     if not bool(torch.isfinite(out).all()):
         return float("nan")
-    return ((out[rows].float() - ref).norm() / ref.norm()).item()
+    return ((out[..., rows, :].float() - ref).norm() / ref.norm()).item()
 
 
 # ---------------------------------------------------------------- one shape
 def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
-                timing: dict) -> list[dict]:
-    shape, flops = f"{M}x{N}x{K}", 2 * M * N * K
+                timing: dict, batch: int = 1) -> list[dict]:
+    lead = () if batch == 1 else (batch,)
+    shape, flops = "x".join(map(str, (*lead, M, N, K))), 2 * batch * M * N * K
     base = {"op": "gemm", "layout": layout, "shape": shape, "M": M, "N": N, "K": K,
-            "flops": flops}
+            "batch": batch, "flops": flops}
     rows = [{**base, "impl": name} for name, _, _ in impls]
+    if lead:   # the Triton peer is a 2-D kernel
+        impls = [(n, None if n == "triton" else fn, "a 2-D kernel" if n == "triton" else why)
+                 for n, fn, why in impls]
 
     def one(g):  # A, B in this layout, and C for out=
-        a = P.uniform(g, M, K)
-        b = P.uniform(g, N, K) if layout == "nk" else P.uniform(g, K, N)
-        return a, b, torch.empty(M, N, dtype=torch.bfloat16, device=a.device)
+        a = P.uniform(g, *lead, M, K)
+        b = P.uniform(g, *lead, N, K) if layout == "nk" else P.uniform(g, *lead, K, N)
+        return a, b, torch.empty(*lead, M, N, dtype=torch.bfloat16, device=a.device)
 
     try:
-        groups = P.make_input_groups(one, 2 * (M * K + N * K) + 2 * M * N)
+        groups = P.make_input_groups(one, batch * (2 * (M * K + N * K) + 2 * M * N))
         crow = check_rows(M)
         ref = reference(groups[0][0], groups[0][1], layout, crow)
     except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
@@ -340,6 +346,9 @@ def parse_args(argv):
     ap.add_argument("--graph", action="store_true",
                     help="time CUDA-graph replays of the launches (GPU time without host "
                          "launch time between them); on with --small")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="G > 1: each shape as G products in one call (3-D tensors; cuBLAS's "
+                         "strided-batched GEMM as the peer)")
     ap.add_argument("--sizes", help="comma list of N (square) or MxNxK, e.g. 4096,8192x8192x2048")
     ap.add_argument("--layout", choices=["nk", "kn", "both"], default="nk",
                     help="nk: C = A @ B.T, B is N x K (default); kn: C = A @ B, B is K x N")
@@ -366,12 +375,14 @@ def parse_args(argv):
                  "operands K-major, and torch._scaled_mm wants B column-major")
     args.layouts = LAYOUTS if args.layout == "both" else [args.layout]
     args.graph = args.graph or args.small
+    if args.batch < 1 or (args.batch > 1 and args.dtype == "fp8"):
+        ap.error(f"--batch {args.batch}: a batch is G >= 1 products, of bf16 only")
     return args
 
 
-def result_name(layout: str, quick: bool, small: bool = False) -> str:
-    return ("gemm" + ("-small" if small else "") + ("" if layout == "nk" else f"-{layout}")
-            + ("-quick" if quick else ""))
+def result_name(layout: str, quick: bool, small: bool = False, batch: int = 1) -> str:
+    return ("gemm" + ("-small" if small else "") + (f"-batch{batch}" if batch > 1 else "")
+            + ("" if layout == "nk" else f"-{layout}") + ("-quick" if quick else ""))
 
 
 def main(argv=None) -> int:
@@ -391,7 +402,7 @@ def main(argv=None) -> int:
     rows = []
     for layout in args.layouts:
         for M, N, K in args.shapes:
-            rows += bench_shape(M, N, K, layout, impls, timing)
+            rows += bench_shape(M, N, K, layout, impls, timing, args.batch)
 
     print_summary(rows, ["layout"], "cublas", "cuBLAS", lambda r: r["layout"])
     for layout in args.layouts:
@@ -403,7 +414,7 @@ def main(argv=None) -> int:
                                      f"M={FULL_CHECK_ROWS}, else ~{CHECK_ROWS} rows at an odd "
                                      f"stride; NaN anywhere in C fails",
                 "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
-        P.write_results(result_name(layout, args.quick, args.small),
+        P.write_results(result_name(layout, args.quick, args.small, args.batch),
                         [r for r in rows if r["layout"] == layout], meta, args.out_dir)
     report_not_ok(rows)
     return 0

@@ -90,3 +90,28 @@ def test_norm_peers_match_f32_reference_on_cpu():
 def test_norms_without_cuda_says_so():
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         _load("norms").main(["--quick"])
+
+
+def test_gemm_benchmark_options():
+    """--small picks issue 11's shapes and graph timing; --batch names its
+    results apart and refuses what it cannot run."""
+    gemm = _load("gemm")
+    small = gemm.parse_args(["--small"])
+    assert small.graph and (16, 4096, 4096) in small.shapes and (1024, 1024, 1024) in small.shapes
+    assert gemm.result_name("nk", False, True) == "gemm-small"
+    assert gemm.result_name("nk", False, False, 8) == "gemm-batch8"
+    assert gemm.parse_args(["--batch", "8"]).batch == 8
+    for bad in (["--batch", "0"], ["--batch", "2", "--dtype", "fp8"]):
+        with pytest.raises(SystemExit):
+            gemm.parse_args(bad)
+
+
+def test_gemm_benchmark_reference_and_check_for_batches():
+    gemm = _load("gemm")
+    a, b = torch.randn(3, 40, 16), torch.randn(3, 24, 16)
+    rows = gemm.check_rows(40)
+    ref = gemm.reference(a, b, "nk", rows)
+    out = (a @ b.transpose(1, 2)).to(torch.bfloat16)
+    assert ref.shape == (3, 40, 24) and gemm.rel_err(out, ref, rows, 40, 24) < 5e-3
+    out[1, 3, 4] = float("nan")
+    assert math.isnan(gemm.rel_err(out, ref, rows, 40, 24))
