@@ -85,7 +85,8 @@ class OpDef:
     allocates: bool = False              # placed in shared memory by passes/smem.py
     async_result: bool = False           # its result is ready only after an async_wait
     async_wait: bool = False             # waits for async results (attribute `pending`)
-    counters: str | None = None          # an i32 tensor operand of counters, not of tiles
+    int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
+    #                                      scalars read one at a time), never one of tiles
 
     def has_barrier(self, op, num_warps: int) -> bool:
         b = self.block_barrier
@@ -154,6 +155,10 @@ OPS: tuple[OpDef, ...] = (
           attributes=("fill",), reads=(Access("src", GENERIC),),
           doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt, "
               "sv -> rv"),
+    OpDef("load_scalar", operands=("src",), variadic="indices", results=("result",),
+          int_tensor="src",
+          doc="one element of an i32 or f32 gl at element coordinates (every thread that runs "
+              "it reads; 0 past the end)"),
     OpDef("store", operands=("dst", "value"), variadic="indices",
           writes=(Access("dst", GENERIC),), block_barrier=_stores_block_tile_to_shared,
           doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st, rv -> sv"),
@@ -161,7 +166,7 @@ OPS: tuple[OpDef, ...] = (
           doc="f32 rt/rv added into an f32 gl at tile coordinates (red.global.add: each "
               "element once, out-of-bounds elements skipped, as tk.store)"),
     OpDef("store_partial", operands=("dst", "value", "workspace", "counters"),
-          variadic="indices", attributes=("parts",), counters="counters",
+          variadic="indices", attributes=("parts",), int_tensor="counters",
           doc="f32 rt/rv, one of `parts` partial sums of dst's tile at tile coordinates "
               "(split-K): added into the f32 workspace (red.global.add); the last part to "
               "arrive, counted per thread in i32 counters, stores the sum into dst and leaves "

@@ -14,8 +14,8 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
 from ..dialects import contracts, types as T
-from .context import (LoweringContext, build_vector, c32, c64, float_constant, i64, in_place,
-                      lowers, ptr, split_vector, vector_type)
+from .context import (LoweringContext, build_vector, c32, c64, constant, float_constant, i64,
+                      in_place, lowers, ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
 
 
@@ -165,6 +165,21 @@ def lower_load(ctx: LoweringContext, op, src, *indices: ir.Value) -> Fragment:
         v = _guarded_load(addr, ok, vtype, fill, n * T.itemsize(t.dtype), _policy(op))
         regs += split_vector(v, n)
     return Fragment(regs, layout, t.dtype, t.scope)
+
+
+@lowers("tk.load_scalar")
+def lower_load_scalar(ctx: LoweringContext, op, src: GlobalRef, *indices: ir.Value) -> ir.Value:
+    """One element at element coordinates, 0 past the end (unsigned compares:
+    negative coordinates too); the last dim is contiguous, as every tensor
+    argument's is."""
+    offset = arith.extsi(i64(), indices[-1])
+    for i, stride in zip(indices[:-1], src.strides):
+        offset = arith.addi(offset, arith.muli(arith.extsi(i64(), i), stride))
+    element = T.element_type(src.type.dtype)
+    addr = llvm.getelementptr(ptr(1), src.ptr, [offset], [-2**31], element,
+                              llvm.GEPNoWrapFlags.inbounds)
+    ok = _and([_lt(i, d) for i, d in zip(indices, src.dims)])
+    return _guarded_load(addr, ok, element, constant(0, src.type.dtype), 4)
 
 
 @lowers("tk.store")

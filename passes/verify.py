@@ -175,12 +175,13 @@ def _common(op, operands, results, num_warps: int) -> None:
     registers."""
     _whole_arrays(op)
     d = tk.op_def(op)
-    counters = d.operands.index(d.counters) if d.counters else None
+    int_tensor = d.operands.index(d.int_tensor) if d.int_tensor else None
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
-            _require(i == counters, f"{_show(t)}: an i32 tensor holds counters "
-                     f"(tk.store_partial's counters=), not tiles: no load, store, TMA or MMA "
+            _require(i == int_tensor, f"{_show(t)}: an i32 tensor holds counters "
+                     f"(tk.store_partial's counters=) or scalars (tk.load(X, idx) reads one), not "
+                     f"tiles: no tile load, store, TMA or MMA "
                      f"takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
             _in_memory(t.dtype, _show(t))
@@ -215,6 +216,16 @@ def _atomic_add(op, operands, results, num_warps: int) -> None:
              f"{_show(tile) if tile is not None else 'a scalar'}"
              + ("; convert it with .to(tk.f32)" if tile is not None else ""))
     _memory_access(op, dst, tile, len(operands) - 2, name)
+
+
+@rule("load_scalar")
+def _load_scalar(op, operands, results, num_warps: int) -> None:
+    src, name = operands[0], op.operation.name
+    _require(isinstance(src, T.GL) and src.dtype in ("i32", "f32"),
+             f"tk.load(X, idx) without a shape reads one element of an i32 or f32 tensor, "
+             f"got {_show(src) if src is not None else 'a scalar'}")
+    _require(len(operands) - 1 == src.rank, f"tk.load(X, idx) of one element needs {src.rank} "
+             f"element coordinates for a rank-{src.rank} tensor, got {len(operands) - 1}")
 
 
 @rule("store_partial")

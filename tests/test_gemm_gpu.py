@@ -119,6 +119,29 @@ def test_gemm_batched(shape, layout):
         assert err < (5e-3 if out == torch.bfloat16 else 1e-5), (out, err)
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("sizes, M, N, K", [
+    ([512, 0, 1, 129, 300, 512, 77, 256], 512, 4096, 1024),     # an MoE layer's experts
+    ([7], 16, 136, 200), ([0, 0, 0], 128, 256, 64), ([3000, 2048, 5], 2048, 1000, 776),
+], ids=["experts", "one", "all-empty", "clamped"])
+def test_grouped_gemm(sizes, M, N, K, layout):
+    """Rows below each product's size match float64; rows past the tile that
+    holds its last row keep the poison; sizes past M count as M."""
+    from tk_mlir.kernels import grouped_matmul
+    G, kn = len(sizes), layout == "kn"
+    a = torch.empty(G, M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((G, K, N) if kn else (G, N, K)), dtype=torch.bfloat16,
+                    device="cuda").uniform_(-1, 1)
+    c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    grouped_matmul(a, b, torch.tensor(sizes, device="cuda"), c, b_layout=layout)
+    ref = a.double() @ (b.double() if kn else b.double().transpose(1, 2))
+    for g, n in enumerate(min(n, M) for n in sizes):
+        if n:
+            err = ((c[g, :n].double() - ref[g, :n]).norm() / ref[g, :n].norm()).item()
+            assert err < 5e-3, (g, err)
+        assert c[g, -(-n // 128) * 128:].isnan().all()
+
+
 @pytest.mark.parametrize("shape", [(0, 64, 64), (64, 0, 64), (64, 64, 0)])
 def test_gemm_empty_products(shape):
     """An empty C launches nothing; K = 0 gives zeros (poison overwritten)."""

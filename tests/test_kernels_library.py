@@ -43,7 +43,7 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
     assert [f.__name__ for f in (matmul, rms_norm, layer_norm, attention, scaled_matmul)] == \
         ["matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"]
     assert kernels.matmul is matmul and sorted(kernels.__all__) == \
-        ["attention", "layer_norm", "matmul", "rms_norm", "scaled_matmul"]
+        ["attention", "grouped_matmul", "layer_norm", "matmul", "rms_norm", "scaled_matmul"]
     assert {"matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"} <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'softmax'"):
         kernels.softmax
@@ -68,7 +68,7 @@ def test_teaching_examples_compile_without_a_gpu(example, capsys):
 # ------------------------------------------------------- argument checks
 
 torch = pytest.importorskip("torch")
-from tk_mlir.kernels import layer_norm, matmul, rms_norm  # noqa: E402
+from tk_mlir.kernels import grouped_matmul, layer_norm, matmul, rms_norm  # noqa: E402
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -96,6 +96,13 @@ REJECTED = {
     "matmul: batch sizes differ": (
         lambda: matmul(cpu(2, 8, 8), cpu(3, 8, 8)), ValueError,
         r"matmul: a and b must have one batch size: a is \(2, 8, 8\), b is \(3, 8, 8\)"),
+    "grouped_matmul: a 2-D": (
+        lambda: grouped_matmul(cpu(8, 8), cpu(8, 8), None), ValueError,
+        r"grouped_matmul: a must be 3-D \(G x M x K\), got shape \(8, 8\)"),
+    "grouped_matmul: sizes": (
+        lambda: grouped_matmul(cpu(2, 8, 8), cpu(2, 8, 8), torch.tensor([1.0, 2.0])), ValueError,
+        r"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of G=2 row counts on cpu, "
+        r"got shape \(2,\) torch.float32 on cpu"),
     "matmul: batched c's shape": (
         lambda: matmul(cpu(2, 8, 16), cpu(2, 4, 16), cpu(2, 4, 8)), ValueError,
         r"matmul: c must have shape \(2, 8, 4\) \(G x M x N\), got \(2, 4, 8\)"),

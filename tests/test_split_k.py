@@ -17,7 +17,8 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
-from tk_mlir.kernels.gemm import Plan, gemm_kernel, gemm_split_k_kernel, plan, split_k_counters
+from tk_mlir.kernels.gemm import (Plan, gemm_kernel, gemm_split_k_kernel, grouped_gemm_kernel, plan,
+                                  split_k_counters)
 
 import test_errors
 from test_interpreter import rel_err
@@ -161,6 +162,27 @@ def test_batched_split_k(bm):
     assert not w.any() and not f.any()
 
 
+@pytest.mark.parametrize("b_kn", [False, True])
+@pytest.mark.parametrize("sizes", [[300, 0, 1, 129, 64], [7], [0, 0, 256]], ids=str)
+def test_grouped_gemm(sizes, b_kn):
+    """Products of SIZES[g] rows: their rows match, an empty product and the
+    rows past the tile that holds a product's last row stay unwritten."""
+    G, M, N, K = len(sizes), 300, 136, 200
+    a = torch.empty(G, M, K).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(*((G, K, N) if b_kn else (G, N, K))).uniform_(-1, 1).to(torch.bfloat16)
+    c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16)
+    rows = torch.zeros(8, dtype=torch.int32)
+    rows[:G] = torch.tensor(sizes)
+    starts = torch.zeros(8, dtype=torch.int32)
+    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tk.cdiv(N, 256), 0)
+    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, rows, LOG_G=G.bit_length(), B_KN=b_kn)
+    ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
+    for g, n in enumerate(sizes):
+        if n:
+            assert rel_err(c[g, :n].float().numpy(), ref[g, :n].numpy()) < 8e-3
+        assert c[g, tk.cdiv(n, 128) * 128:].isnan().all()
+
+
 MATMUL_SPLIT_K_ON_CPU = """
 import torch
 from tk_mlir import interpreter
@@ -182,6 +204,15 @@ assert plan(16, 64, 2048, interpreter.SMS, 2).kernel == "split_k"
 c3 = matmul(a3, b3)
 ref3 = a3.double() @ b3.double().transpose(1, 2)
 errors.append(((c3.double() - ref3).norm() / ref3.norm()).item())
+from tk_mlir.kernels import grouped_matmul
+sizes = torch.tensor([16, 0, 3])
+a4 = torch.empty(3, 16, 256).uniform_(-1, 1).to(torch.bfloat16)
+b4 = torch.empty(3, 64, 256).uniform_(-1, 1).to(torch.bfloat16)
+c4 = grouped_matmul(a4, b4, sizes)
+for g, n in enumerate([16, 0, 3]):
+    if n:
+        ref4 = a4[g, :n].double() @ b4[g].double().T
+        errors.append(((c4[g, :n].double() - ref4).norm() / ref4.norm()).item())
 print(max(errors))
 """
 
@@ -329,3 +360,49 @@ def test_split_k_last_part_loads_before_it_stores(split_k_compiled):
     atom = next(i for i, line in enumerate(sass) if "ATOMG" in line)
     order = "".join("L" if "LDG" in line else "S" if "STG" in line else "" for line in sass[atom:])
     assert re.fullmatch(r"L{16,}S+", order), order
+
+
+# ------------------------------------------------- scalars read from memory
+
+@tk.kernel(num_warps=4)
+def scaled_by_row_counts(S: tk.gl["i32"], V: tk.gl[f32], X: tk.gl[f32], Y: tk.gl[f32]):
+    j = tk.block_id(0)
+    n = tk.load(S, (j,))                # one element: a scalar of every thread
+    v = tk.load(V, (j, 1))
+    x = tk.load(X, (0, j), (16, 64))
+    tk.store(Y, x * v + n * 1.0, (0, j))
+
+
+def test_load_of_one_element():
+    s = torch.tensor([3, 5, 7, 0], dtype=torch.int32)
+    v = torch.randn(3, 4)
+    x = torch.randn(16, 192)
+    y = torch.full((16, 192), float("nan"))
+    scaled_by_row_counts.interpret[(3,)](s, v, x, y)
+    ref = torch.cat([x[:, 64 * j:64 * j + 64] * v[j, 1] + s[j] for j in range(3)], 1)
+    assert torch.equal(y, ref)
+    ptx = scaled_by_row_counts.compile(S((4,), "i32"), S((3, 4), "f32"), S((16, 192), "f32"),
+                                       S((16, 192), "f32")).asm["ptx"]
+    assert "ld.global.b32" in ptx
+
+
+@tk.kernel(num_warps=4)
+def element_of_bf16(X: tk.gl):
+    x = tk.load(X, (0, 0))  # E:element-bf16
+
+
+@tk.kernel(num_warps=4)
+def element_one_coordinate(X: tk.gl[f32]):
+    x = tk.load(X, (0,))  # E:element-coords
+
+
+@pytest.mark.parametrize("kernel, spec, marker, message", [
+    (element_of_bf16, S((8, 8), "bf16"), "element-bf16",
+     "tk.load(X, idx) without a shape reads one element of an i32 or f32 tensor; X is bf16"),
+    (element_one_coordinate, S((8, 8), "f32"), "element-coords",
+     "needs 2 element coordinates for a rank-2 tensor, got 1"),
+])
+def test_load_of_one_element_misuse_at_its_line(kernel, spec, marker, message):
+    with pytest.raises(tk.CompilationError) as info:
+        kernel.compile(spec)
+    test_errors.check_error(info.value, marker, "tk.load", message, HERE)

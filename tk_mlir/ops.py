@@ -97,7 +97,9 @@ def _cache_attrs(cache) -> dict:
 def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
          cache="normal"):   # dtype: the tensor's (a different one is refused by tk-verify)
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
-    at tile coordinates `idx`, or the register tile of a shared tile, or the
+    at tile coordinates `idx`; without a shape, one element of an i32 or f32
+    tensor at element coordinates `idx` (a scalar, 0 past the end: sizes,
+    offsets, flags), read by each thread that runs it; or the register tile of a shared tile, or the
     register vector of a shared vector (its layout follows its uses, e.g.
     `t.sub_col(v)`; scope= as for a tile).
     cache="stream" marks data read once (evicted first from L1/L2)."""
@@ -113,6 +115,9 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
         return Tile(emit("load", [src], rt.to_mlir(), fill=0.0))
     if not isinstance(src, Global):
         raise CompilationError(f"tk.load reads a tk.gl argument or a shared tile, got {src!r}")
+    if shape is None and layout == "vec" and scope == "block" and fill == 0.0 and \
+            dtype is None and cache == "normal":
+        return _load_element(src, idx)
     if shape is None or not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 2 \
             or not all(isinstance(s, int) for s in shape):
         raise CompilationError(f"tk.load needs shape=(rows, cols) or (length,) of compile-time "
@@ -124,6 +129,16 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
         raise CompilationError(f"fill must be a compile-time number, got {fill!r}")
     return wrap(emit("load", [src, *_indices(idx)], t.to_mlir(), fill=float(fill),
                      **_cache_attrs(cache)))
+
+
+@builds('load_scalar')
+def _load_element(src: Global, idx) -> Scalar:
+    dtype = src.dtype
+    if dtype not in ("i32", "f32"):
+        raise CompilationError(f"tk.load(X, idx) without a shape reads one element of an i32 or "
+                               f"f32 tensor; X is {dtype}: give shape= for a tile or vector")
+    element = i32() if dtype == "i32" else ir.F32Type.get()
+    return Scalar(emit("load_scalar", [src, *_indices(idx)], element))
 
 
 @builtin

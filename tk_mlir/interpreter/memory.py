@@ -35,6 +35,22 @@ class GlobalArray:
         self.writer: np.ndarray | None = None    # per element: its writer's number + 1
         self.writers: list[tuple] = []           # (block id, "file:line") by number
 
+    def elements(self, index: tuple) -> np.ndarray:
+        """Elements at per-lane element coordinates (one int array per dim),
+        as f32 or i32; 0 where a coordinate is outside the array."""
+        ok = np.ones(np.broadcast(*index).shape, bool)
+        for i, d in zip(index, self.shape):
+            ok &= (i >= 0) & (i < d)
+        safe = tuple(np.where(ok, i, 0) for i in index)
+        holder = np.int32 if self.dtype == "i32" else np.float32
+        if self.is_torch:
+            import torch
+            values = self.obj[tuple(torch.from_numpy(np.asarray(i, np.int64)) for i in safe)]
+            values = values.to(torch.int32 if holder is np.int32 else torch.float32).numpy()
+        else:
+            values = self.obj[safe].astype(holder)
+        return np.where(ok, values, holder(0))
+
     def overlaps(self, coords, tile_shape) -> bool:
         """Does the tile at `coords` hold any element of the array?"""
         return self._window(coords, tile_shape) is not None

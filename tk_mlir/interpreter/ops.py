@@ -133,6 +133,16 @@ def _check(scope, problem: str | None) -> None:
         raise error(scope.loc, problem)
 
 
+@interprets("tk.load_scalar")
+def _load_scalar(op, num_warps):
+    # Per warp: each lane reads the element at its own coordinates.
+    def load(w, src, *idx):
+        lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
+                                    np.zeros(LANES, np.int64))[:-1]
+        return src.elements(tuple(lanes))
+    return load
+
+
 @interprets("tk.atomic_add")
 def _atomic_add(op, num_warps):
     def add(scope, dst, value, *coords):

@@ -66,3 +66,10 @@ def number(fn: str, name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
     return float(value)
+
+
+def describe(value) -> str:
+    """A tensor's shape, dtype and device (or the type of a non-tensor), for messages."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"shape {tuple(value.shape)} {value.dtype} on {getattr(value, 'device', '?')}"
+    return type(value).__name__

@@ -32,9 +32,11 @@ from tk_mlir.kernels.device import num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1):
+         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per
-    SM); with 3-D A, B and C, one product per index of their first dim.
+    SM); with 3-D A, B and C, one product per index of their first dim, of
+    SIZES[g] rows of A's (padded) rows when SIZES is given (grouped: STARTS,
+    G + 1 ints, holds each product's first task, LOG_G the bits of G).
     Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; one
     consumer warpgroup per 64 rows of a tile (BM = 64: num_warps=8, 128: 12);
     GROUP_M tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at
@@ -54,8 +56,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
+    assert SIZES is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
+        "grouped products (SIZES) take 3-D tensors, no CLUSTER and no SPLIT_K"
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
+    tasks = batch * tiles if SIZES is None else tk.load(STARTS, (batch,))
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
@@ -70,15 +75,33 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def tile_of(task):
         """(outer coordinates, m, n) of a task's tile: the products one after
-        another; with SPLIT_K, tasks take every tile's first K slice, then
-        every second one, ..."""
-        task = task % (batch * tiles) if SPLIT_K > 1 else task
-        outer = ()
-        if batched:
-            outer = (task // tiles,)
-            task = task % tiles
-        m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
+        another (grouped: group_tile_of); with SPLIT_K, tasks take every
+        tile's first K slice, then every second one, ..."""
+        if SIZES is not None:
+            outer, m, n = group_tile_of(task)
+        else:
+            task = task % (batch * tiles) if SPLIT_K > 1 else task
+            outer = ()
+            if batched:
+                outer = (task // tiles,)
+                task = task % tiles
+            m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
+
+    def group_tile_of(task):
+        """The product g whose tasks hold `task` (the last g with STARTS[g] <=
+        task, by binary search: empty products share their start with the
+        next), and the tile of task - STARTS[g] among its cdiv(SIZES[g], BM)
+        tile rows."""
+        g = 0
+        for bit in tk.static_range(LOG_G - 1, -1, -1):
+            probe = g + (1 << bit)
+            if probe < batch:
+                if tk.load(STARTS, (probe,)) <= task:
+                    g = probe
+        rows = tk.cdiv(tk.load(SIZES, (g,)), BM)
+        m, n = tk.grouped_tile(task - tk.load(STARTS, (g,)), rows, tiles_n, GROUP_M)
+        return (g,), m, n
 
     def load(task, k, a, b, sem):
         outer, m, n = tile_of(task)
@@ -108,7 +131,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
                                outer=outer)
 
-    tk.lcf(batch * tiles * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
+    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
 
 
@@ -139,6 +162,18 @@ def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i
     """`gemm` with K cut into SPLIT_K slices. W: f32 of C's shape, F: int32 of
     split_k_counters(...) elements; both zeros, and left zeros."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F)
+
+
+@tk.kernel(num_warps=12)
+def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"], SIZES: tk.gl["i32"],
+                        LOG_G: tk.constexpr, B_KN: tk.constexpr = False,
+                        BN: tk.constexpr = 256, STAGES: tk.constexpr = 4,
+                        GROUP_M: tk.constexpr = 8, EPI_N: tk.constexpr = 64,
+                        EPI_BUFFERS: tk.constexpr = 2):
+    """`gemm` over G products of SIZES[g] rows each (A and C padded to M rows
+    per product), their 128 x BN tiles numbered from STARTS[g]."""
+    gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1, EPI_BUFFERS=EPI_BUFFERS,
+         STARTS=STARTS, SIZES=SIZES, LOG_G=LOG_G)
 
 
 def split_k_counters(M: int, N: int, BN: int, batch: int = 1) -> int:
@@ -175,41 +210,88 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     return out if c is None else c.copy_(out)
 
 
-def check(a, b, c, b_layout: str) -> None:
-    """The arguments of matmul, each rule with the argument that breaks it."""
+def check(a, b, c, b_layout: str, fn: str = "matmul") -> None:
+    """The arguments of matmul (or of `fn`, which takes them too), each rule with
+    the argument that breaks it."""
     import torch
     if b_layout not in ("nk", "kn"):
-        raise ValueError(f"matmul: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
+        raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
                          f"got {b_layout!r}")
     kn = b_layout == "kn"
     inputs = (torch.bfloat16, torch.float16)
-    checks.tensor("matmul", "a", a, dtypes=inputs)
+    checks.tensor(fn, "a", a, dtypes=inputs)
     if a.dim() not in (2, 3):
-        raise ValueError(f"matmul: a must be 2-D (M x K) or 3-D (G x M x K, a batch), got "
+        raise ValueError(f"{fn}: a must be 2-D (M x K) or 3-D (G x M x K, a batch), got "
                          f"shape {tuple(a.shape)}")
-    checks.tensor("matmul", "b", b, ndim=a.dim(), dtypes=inputs)
-    checks.like("matmul", "b", b, "a", a)
+    checks.tensor(fn, "b", b, ndim=a.dim(), dtypes=inputs)
+    checks.like(fn, "b", b, "a", a)
     batch = tuple(a.shape[:-2])
     if tuple(b.shape[:-2]) != batch:
-        raise ValueError(f"matmul: a and b must have one batch size: a is {tuple(a.shape)}, "
+        raise ValueError(f"{fn}: a and b must have one batch size: a is {tuple(a.shape)}, "
                          f"b is {tuple(b.shape)}")
     M, K = a.shape[-2:]
     N, Kb = (b.shape[-1], b.shape[-2]) if kn else b.shape[-2:]
     if Kb != K:
-        raise ValueError(f"matmul: inner dimensions differ: a is {tuple(a.shape)} "
+        raise ValueError(f"{fn}: inner dimensions differ: a is {tuple(a.shape)} "
                          f"({'G x ' if batch else ''}M x K), b is {tuple(b.shape)} "
                          f"({'G x ' if batch else ''}{'K x N' if kn else 'N x K'}, "
                          f"b_layout={b_layout!r})")
     if c is not None:
-        checks.tensor("matmul", "c", c, ndim=a.dim(), dtypes=(*inputs, torch.float32))
-        checks.like("matmul", "c", c, "a", a, dtype=False)
-        checks.shape("matmul", "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
-    checks.on_cuda("matmul", "a", a)
+        checks.tensor(fn, "c", c, ndim=a.dim(), dtypes=(*inputs, torch.float32))
+        checks.like(fn, "c", c, "a", a, dtype=False)
+        checks.shape(fn, "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
+    checks.on_cuda(fn, "a", a)
 
 
 def output_shape(a, b, b_layout: str) -> tuple[int, ...]:
     """(M, N), or (G, M, N) for a batch, of C for checked a, b."""
     return (*a.shape[:-1], b.shape[-1] if b_layout == "kn" else b.shape[-2])
+
+
+def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
+    """G products of different row counts in one launch (the experts of a
+    mixture of experts, in the capacity layout):
+    c[g, :sizes[g]] = a[g, :sizes[g]] @ b[g].T ("nk": b is G x N x K) or
+    @ b[g] ("kn": G x K x N).
+
+    a: (G, M, K), each product's rows padded to M; b: bf16/f16 like a;
+    sizes: (G,) integer CUDA tensor on a's device, read on the GPU (no host
+    sync; the launch captures in a CUDA graph), clamped to [0, M]. c: (G, M,
+    N) of a 16-bit dtype or torch.float32, written in place; by default a new
+    tensor of a's dtype. Only the 128-row tiles that hold rows below
+    sizes[g] are computed: rows from sizes[g] to the end of that tile hold
+    the products of a's padding rows, later rows are not written. Returns c.
+    One persistent kernel (grouped_gemm_kernel) walks every product's tiles,
+    finding a task's product by binary search over their first tasks."""
+    import torch
+    if isinstance(a, torch.Tensor):
+        if a.dim() != 3:
+            raise ValueError(f"grouped_matmul: a must be 3-D (G x M x K), got shape "
+                             f"{tuple(a.shape)}")
+        G = a.shape[0]
+        if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
+                sizes.dtype not in (torch.int32, torch.int64) or sizes.device != a.device:
+            raise ValueError(f"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of "
+                             f"G={G} row counts on {a.device}, got {checks.describe(sizes)}")
+    check(a, b, c, b_layout, "grouped_matmul")
+    G, M, K = a.shape
+    if c is None:
+        c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+    N = c.shape[-1]
+    if not G * N:
+        return c
+    if not K:
+        c.zero_()
+        return c
+    bn = 256 if N > 128 else 128
+    padded = -(-(G + 1) // 4) * 4                   # 16-byte rows, as every tensor argument
+    rows = torch.zeros(padded, dtype=torch.int32, device=a.device)
+    rows[:G] = sizes.clamp(0, M)
+    starts = torch.zeros(padded, dtype=torch.int32, device=a.device)
+    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tk.cdiv(N, bn), 0)
+    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows, LOG_G=G.bit_length(),
+                                                    B_KN=b_layout == "kn", BN=bn)
+    return c
 
 
 # ------------------------------------------------------------ the choice
