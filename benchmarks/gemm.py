@@ -261,10 +261,11 @@ def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
 
 
 def measure(rows: list[dict], impls: list[tuple], groups: list[tuple], call_with,
-            poison, ref, crow: slice, tol: float, timing: dict) -> None:
+            poison, ref, crow: slice, tol: float, timing: dict, checked=None) -> None:
     """Check and time each implementation on the groups: call_with(fn, group)
     runs one call and returns its output; poison(group) (or None) fills the
-    group's output with NaN before the checked call."""
+    group's output with NaN before the checked call; checked(output, group)
+    (or None) is the part of the output the check compares."""
     M, N, flops = rows[0]["M"], rows[0]["N"], rows[0]["flops"]
     for row, (name, fn, why) in zip(rows, impls):
         if fn is None:
@@ -278,7 +279,9 @@ def measure(rows: list[dict], impls: list[tuple], groups: list[tuple], call_with
             call(groups[0])
             if poison is not None:
                 poison(groups[0])
-            row["rel_err"] = err = rel_err(call(groups[0]), ref, crow, M, N)
+            out = call(groups[0])
+            out = out if checked is None else checked(out, groups[0])
+            row["rel_err"] = err = rel_err(out, ref, crow, M, N)
             row["status"] = "ok" if err <= tol else "WRONG"  # NaN fails too
             t = P.time_kernel(call, groups, **timing)  # WRONG rows are timed too
         except Exception as e:  # one broken implementation must not sink the run
@@ -286,6 +289,48 @@ def measure(rows: list[dict], impls: list[tuple], groups: list[tuple], call_with
             print(f"  {name:8} {row['status']}", flush=True)
             continue
         P.record_tflops(row, t, flops)
+
+
+def bench_grouped_shape(M: int, N: int, K: int, G: int, impls: list[tuple],
+                        timing: dict) -> list[dict]:
+    """G products of up to M rows (an MoE layer's experts at capacity M),
+    their sizes drawn (seeded) from [M/2, M]: tk_mlir's grouped_matmul
+    computes the tiles that hold rows; the peer, cuBLAS's batched GEMM,
+    computes all G x M rows (what a capacity layout falls back to). FLOPs
+    count the rows below the sizes only; rows past them are zeroed (NaN
+    included) before the check."""
+    sizes = torch.randint(M // 2, M + 1, (G,), generator=torch.Generator().manual_seed(0))
+    useful = int(sizes.sum())
+    shape, flops = f"{G}x{M}x{N}x{K}", 2 * useful * N * K
+    base = {"op": "grouped_gemm", "layout": "nk", "shape": shape, "M": M, "N": N, "K": K,
+            "batch": G, "rows": useful, "flops": flops}
+    rows = [{**base, "impl": name} for name, _, _ in impls]
+    sizes = sizes.cuda()
+    keep = (torch.arange(M, device="cuda")[None, :] < sizes[:, None])[..., None]
+
+    def one(g):
+        return (P.uniform(g, G, M, K), P.uniform(g, G, N, K),
+                torch.empty(G, M, N, dtype=torch.bfloat16, device="cuda"))
+
+    groups = P.make_input_groups(one, G * (2 * (M * K + N * K) + 2 * M * N))
+    crow = check_rows(M)
+    ref = reference(groups[0][0], groups[0][1], "nk", crow) * keep[:, crow]
+    fns = {"tk_mlir": lambda g: grouped(g[0], g[1], sizes, g[2]),
+           "cublas": lambda g: cublas_matmul(g[0], g[1], g[2], "nk")}
+    impls = [(n, fns[n] if fn is not None and n in fns else None,
+              why if n in fns else "not a grouped GEMM") for n, fn, why in impls]
+    print(f"grouped {shape}: {useful} of {G * M} rows, {len(groups)} groups", flush=True)
+    measure(rows, impls, groups, lambda fn, g: fn(g), lambda g: g[2].fill_(float("nan")),
+            ref, crow, TOL, timing, checked=lambda out, g: torch.where(keep, out, 0))
+    P.add_ratios(rows, "cublas", "ratio_vs_cublas")
+    del groups, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def grouped(a, b, sizes, c):
+    from tk_mlir.kernels import grouped_matmul
+    return grouped_matmul(a, b, sizes, c)
 
 
 def bench_fp8_shape(M: int, N: int, K: int, impls: list[tuple], timing: dict) -> list[dict]:
@@ -346,6 +391,10 @@ def parse_args(argv):
     ap.add_argument("--graph", action="store_true",
                     help="time CUDA-graph replays of the launches (GPU time without host "
                          "launch time between them); on with --small")
+    ap.add_argument("--grouped", action="store_true",
+                    help="with --batch G: G products of up to M rows each (sizes drawn from "
+                         "[M/2, M]), tk_mlir's grouped_matmul vs cuBLAS's batched GEMM of all "
+                         "rows")
     ap.add_argument("--batch", type=int, default=1,
                     help="G > 1: each shape as G products in one call (3-D tensors; cuBLAS's "
                          "strided-batched GEMM as the peer)")
@@ -377,11 +426,15 @@ def parse_args(argv):
     args.graph = args.graph or args.small
     if args.batch < 1 or (args.batch > 1 and args.dtype == "fp8"):
         ap.error(f"--batch {args.batch}: a batch is G >= 1 products, of bf16 only")
+    if args.grouped and (args.batch < 2 or args.layouts != ["nk"] or args.dtype != "bf16"):
+        ap.error("--grouped takes --batch G >= 2, bf16 and B stored N x K")
     return args
 
 
-def result_name(layout: str, quick: bool, small: bool = False, batch: int = 1) -> str:
-    return ("gemm" + ("-small" if small else "") + (f"-batch{batch}" if batch > 1 else "")
+def result_name(layout: str, quick: bool, small: bool = False, batch: int = 1,
+                grouped: bool = False) -> str:
+    return ("gemm" + ("-small" if small else "")
+            + (f"-{'grouped' if grouped else 'batch'}{batch}" if batch > 1 else "")
             + ("" if layout == "nk" else f"-{layout}") + ("-quick" if quick else ""))
 
 
@@ -402,7 +455,8 @@ def main(argv=None) -> int:
     rows = []
     for layout in args.layouts:
         for M, N, K in args.shapes:
-            rows += bench_shape(M, N, K, layout, impls, timing, args.batch)
+            rows += (bench_grouped_shape(M, N, K, args.batch, impls, timing) if args.grouped
+                     else bench_shape(M, N, K, layout, impls, timing, args.batch))
 
     print_summary(rows, ["layout"], "cublas", "cuBLAS", lambda r: r["layout"])
     for layout in args.layouts:
@@ -414,7 +468,7 @@ def main(argv=None) -> int:
                                      f"M={FULL_CHECK_ROWS}, else ~{CHECK_ROWS} rows at an odd "
                                      f"stride; NaN anywhere in C fails",
                 "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
-        P.write_results(result_name(layout, args.quick, args.small, args.batch),
+        P.write_results(result_name(layout, args.quick, args.small, args.batch, args.grouped),
                         [r for r in rows if r["layout"] == layout], meta, args.out_dir)
     report_not_ok(rows)
     return 0

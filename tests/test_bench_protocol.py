@@ -115,3 +115,13 @@ def test_gemm_benchmark_reference_and_check_for_batches():
     assert ref.shape == (3, 40, 24) and gemm.rel_err(out, ref, rows, 40, 24) < 5e-3
     out[1, 3, 4] = float("nan")
     assert math.isnan(gemm.rel_err(out, ref, rows, 40, 24))
+
+
+def test_gemm_benchmark_grouped_options():
+    gemm = _load("gemm")
+    args = gemm.parse_args(["--grouped", "--batch", "8", "--sizes", "2048x4096x1024"])
+    assert args.grouped and args.batch == 8
+    assert gemm.result_name("nk", False, False, 8, True) == "gemm-grouped8"
+    for bad in (["--grouped"], ["--grouped", "--batch", "4", "--layout", "kn"]):
+        with pytest.raises(SystemExit):
+            gemm.parse_args(bad)
