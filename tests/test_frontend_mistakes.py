@@ -92,7 +92,21 @@ def k_zeros_runtime_shape(X: tk.gl[f32]):
     t = tk.zeros((tk.block_id(0), 64))  # E:zeros-runtime
 
 
+@tk.kernel
+def k_spread_number(X: tk.gl[f32]):
+    t = tk.load(X, (*tk.block_id(0), 0), (16, 64))  # E:spread-number
+
+
+@tk.kernel
+def k_spread_in_call(X: tk.gl[f32]):
+    t = tk.zeros(*16)  # E:spread-call
+
+
 @pytest.mark.parametrize("kernel,marker,at,message", [
+    (k_spread_number, "spread-number", "*tk.block_id(0)",
+     "*tk.block_id(0) spreads a compile-time tuple or list (or a tensor's shape), not Scalar"),
+    (k_spread_in_call, "spread-call", "*16",
+     "*16 spreads a compile-time tuple or list (or a tensor's shape), not int"),
     (k_zeros_runtime_shape, "zeros-runtime", "tk.zeros", "a tile's shape is (rows, cols) or "
                                                         "(length,) of positive compile-time ints"),
     (k_tile_chosen_by_if, "tile-by-if", "if", "a shared tile cannot be chosen by a run-time if"),
@@ -156,3 +170,18 @@ def test_zeros_with_its_arguments_swapped_is_a_user_error():
     test_errors.check_error(compile_error(k_zeros_arguments_swapped, F32), "zeros-swapped",
                             "tk.zeros", "tk.zeros: the first argument is the shape, (rows, "
                             "cols) or (length,), got tk.f32", HERE)
+
+
+@tk.kernel
+def spreads(X: tk.gl[f32], Y: tk.gl[f32]):
+    shape = (*X.shape,)                          # a tensor's dims, static or not
+    outer = ()
+    tile = tk.load(X, (*outer, *[0], 0), (16, 64))
+    tk.store(Y, tile * (shape[1] * 1.0), (*(0, 0),))
+
+
+def test_spreads_in_displays_and_calls():
+    import torch
+    x, y = torch.randn(16, 64), torch.full((16, 64), float("nan"))
+    spreads.interpret[(1,)](x, y)
+    assert torch.equal(y, x * 64.0)

@@ -122,7 +122,7 @@ def test_gemm_batched(shape, layout):
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("sizes, M, N, K", [
     ([512, 0, 1, 129, 300, 512, 77, 256], 512, 4096, 1024),     # an MoE layer's experts
-    ([7], 16, 136, 200), ([0, 0, 0], 128, 256, 64), ([3000, 2048, 5], 2048, 1000, 776),
+    ([7], 16, 136, 200), ([0, 0, 0], 128, 256, 64), ([3000, -4, 5], 2048, 1000, 776),
 ], ids=["experts", "one", "all-empty", "clamped"])
 def test_grouped_gemm(sizes, M, N, K, layout):
     """Rows below each product's size match float64; rows past the tile that
@@ -135,7 +135,7 @@ def test_grouped_gemm(sizes, M, N, K, layout):
     c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     grouped_matmul(a, b, torch.tensor(sizes, device="cuda"), c, b_layout=layout)
     ref = a.double() @ (b.double() if kn else b.double().transpose(1, 2))
-    for g, n in enumerate(min(n, M) for n in sizes):
+    for g, n in enumerate(min(max(n, 0), M) for n in sizes):
         if n:
             err = ((c[g, :n].double() - ref[g, :n]).norm() / ref[g, :n].norm()).item()
             assert err < 5e-3, (g, err)
@@ -144,13 +144,19 @@ def test_grouped_gemm(sizes, M, N, K, layout):
 
 @pytest.mark.parametrize("shape", [(0, 64, 64), (64, 0, 64), (64, 64, 0)])
 def test_gemm_empty_products(shape):
-    """An empty C launches nothing; K = 0 gives zeros (poison overwritten)."""
+    """An empty C launches nothing; K = 0 gives zeros (poison overwritten);
+    grouped_matmul likewise, with M = 0 rows per product."""
+    from tk_mlir.kernels import grouped_matmul
     M, N, K = shape
     a = torch.empty(M, K, dtype=torch.bfloat16, device="cuda")
     b = torch.empty(N, K, dtype=torch.bfloat16, device="cuda")
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     matmul(a, b, c)
     assert not c.isnan().any() and not c.any()
+    c3 = torch.full((2, M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    grouped_matmul(a.expand(2, M, K), b.expand(2, N, K), torch.tensor([M, 1], device="cuda"),
+                   c3)
+    assert not c3.isnan().any() and not c3.any()
 
 
 class _ArrayInterface:

@@ -17,8 +17,8 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
-from tk_mlir.kernels.gemm import (Plan, gemm_kernel, gemm_split_k_kernel, grouped_gemm_kernel, plan,
-                                  split_k_counters)
+from tk_mlir.kernels.gemm import (Plan, gemm_kernel, gemm_split_k_kernel, grouped_gemm_kernel,
+                                  grouped_schedule, plan, split_k_counters)
 
 import test_errors
 from test_interpreter import rel_err
@@ -163,21 +163,21 @@ def test_batched_split_k(bm):
 
 
 @pytest.mark.parametrize("b_kn", [False, True])
-@pytest.mark.parametrize("sizes", [[300, 0, 1, 129, 64], [7], [0, 0, 256]], ids=str)
+@pytest.mark.parametrize("sizes", [[300, 0, 1, 129, 64], [7], [0, 0, 256], [-5, 999, 3, 0],
+                                   [0, 0, 0, 0, 0, 0, 0, 40]], ids=str)
 def test_grouped_gemm(sizes, b_kn):
-    """Products of SIZES[g] rows: their rows match, an empty product and the
-    rows past the tile that holds a product's last row stay unwritten."""
+    """Products of sizes[g] rows (clamped to [0, M]): their rows match, an
+    empty product and the rows past the tile that holds a product's last row
+    stay unwritten (the next product's rows included)."""
     G, M, N, K = len(sizes), 300, 136, 200
     a = torch.empty(G, M, K).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, K, N) if b_kn else (G, N, K))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16)
-    rows = torch.zeros(8, dtype=torch.int32)
-    rows[:G] = torch.tensor(sizes)
-    starts = torch.zeros(8, dtype=torch.int32)
-    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tk.cdiv(N, 256), 0)
-    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, rows, LOG_G=G.bit_length(), B_KN=b_kn)
+    starts, rows = grouped_schedule(torch.tensor(sizes), M, tk.cdiv(N, 256))
+    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, rows, LOG_G=(G - 1).bit_length(),
+                                        B_KN=b_kn)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
-    for g, n in enumerate(sizes):
+    for g, n in enumerate(min(max(n, 0), M) for n in sizes):
         if n:
             assert rel_err(c[g, :n].float().numpy(), ref[g, :n].numpy()) < 8e-3
         assert c[g, tk.cdiv(n, 128) * 128:].isnan().all()
@@ -387,6 +387,26 @@ def test_load_of_one_element():
 
 
 @tk.kernel(num_warps=4)
+def elements_past_the_end(S: tk.gl["i32"], Y: tk.gl[f32]):
+    j = tk.block_id(0)
+    y = tk.zeros((16, 64), f32) + tk.load(S, (j - 1,)) * 1.0 + tk.load(S, (j + 3,)) * 10.0
+    tk.store(Y, y, (0, j))
+
+
+def test_load_of_one_element_past_the_end_is_zero():
+    """Coordinates outside the tensor (negative ones too) read 0, in the
+    interpreter and, by an in-bounds test around the load, on the GPU."""
+    s = torch.tensor([3, 5, 7, 9], dtype=torch.int32)
+    y = torch.full((16, 256), float("nan"))
+    elements_past_the_end.interpret[(4,)](s, y)
+    assert [y[0, 64 * j].item() for j in range(4)] == [0 + 90, 3, 5, 7]
+    ptx = elements_past_the_end.compile(S((4,), "i32"), S((16, 256), "f32")).asm["ptx"]
+    loads = [i for i, line in enumerate(ptx.splitlines()) if "ld.global.b32" in line]
+    tests = [i for i, line in enumerate(ptx.splitlines()) if re.search(r"setp\.(lt|ge)\.u32", line)]
+    assert len(loads) == 2 and all(any(t < i for t in tests) for i in loads)
+
+
+@tk.kernel(num_warps=4)
 def element_of_bf16(X: tk.gl):
     x = tk.load(X, (0, 0))  # E:element-bf16
 
@@ -398,7 +418,8 @@ def element_one_coordinate(X: tk.gl[f32]):
 
 @pytest.mark.parametrize("kernel, spec, marker, message", [
     (element_of_bf16, S((8, 8), "bf16"), "element-bf16",
-     "tk.load(X, idx) without a shape reads one element of an i32 or f32 tensor; X is bf16"),
+     "tk.load(X, idx) without a shape reads one element of an i32 or f32 tensor; this tensor "
+     "is bf16"),
     (element_one_coordinate, S((8, 8), "f32"), "element-coords",
      "needs 2 element coordinates for a rank-2 tensor, got 1"),
 ])

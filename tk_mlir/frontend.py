@@ -546,17 +546,20 @@ class KernelBuilder(ast.NodeVisitor):
         return self._elements(node.elts)
 
     def _elements(self, elts) -> list:
-        """The values of a tuple or list display; `*xs` spreads a compile-time
-        sequence (e.g. outer coordinates: `(*outer, m, k)`)."""
+        """The values of a tuple or list display or of call arguments; `*xs`
+        spreads a compile-time sequence (outer coordinates: `(*outer, m, k)`;
+        a tensor's dims: `*X.shape`)."""
         out = []
         for e in elts:
             if not isinstance(e, ast.Starred):
                 out.append(self.eval(e))
                 continue
             seq = self.eval(e.value)
+            if isinstance(seq, V.GlobalShape):
+                seq = tuple(seq)
             if not isinstance(seq, (tuple, list)):
                 raise self.error(e, f"*{ast.unparse(e.value)} spreads a compile-time tuple or "
-                                    f"list, not {seq!r}")
+                                    f"list (or a tensor's shape), not {type(seq).__name__}")
             out.extend(seq)
         return out
 
@@ -711,15 +714,7 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Call(self, node):
         callee = self.eval(node.func)
-        args = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):     # f(*tiles): a compile-time sequence
-                seq = self.eval(a.value)
-                if not isinstance(seq, (tuple, list)):
-                    raise self.error(a, f"*{ast.unparse(a.value)} must be a tuple or list")
-                args += seq
-            else:
-                args.append(self.eval(a))
+        args = self._elements(node.args)       # f(*tiles): a compile-time sequence
         if any(k.arg is None for k in node.keywords):
             raise self.error(node, "**kwargs is not supported in calls")
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords}

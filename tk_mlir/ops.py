@@ -136,7 +136,8 @@ def _load_element(src: Global, idx) -> Scalar:
     dtype = src.dtype
     if dtype not in ("i32", "f32"):
         raise CompilationError(f"tk.load(X, idx) without a shape reads one element of an i32 or "
-                               f"f32 tensor; X is {dtype}: give shape= for a tile or vector")
+                               f"f32 tensor; this tensor is {dtype}: give shape= for a tile or "
+                               f"vector")
     element = i32() if dtype == "i32" else ir.F32Type.get()
     return Scalar(emit("load_scalar", [src, *_indices(idx)], element))
 

@@ -278,20 +278,32 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
     if c is None:
         c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
     N = c.shape[-1]
-    if not G * N:
+    if not G * M * N:
         return c
     if not K:
         c.zero_()
         return c
     bn = 256 if N > 128 else 128
-    padded = -(-(G + 1) // 4) * 4                   # 16-byte rows, as every tensor argument
-    rows = torch.zeros(padded, dtype=torch.int32, device=a.device)
-    rows[:G] = sizes.clamp(0, M)
-    starts = torch.zeros(padded, dtype=torch.int32, device=a.device)
-    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tk.cdiv(N, bn), 0)
-    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows, LOG_G=G.bit_length(),
+    starts, rows = grouped_schedule(sizes, M, tk.cdiv(N, bn))
+    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows,
+                                                    LOG_G=(G - 1).bit_length(),
                                                     B_KN=b_layout == "kn", BN=bn)
     return c
+
+
+def grouped_schedule(sizes, M: int, tiles_n: int):
+    """(STARTS, SIZES) of grouped_gemm_kernel, built on the sizes' device: the
+    sizes clamped to [0, M] as int32, and each product's first task (G + 1
+    of them, the last the total); both padded to 16-byte rows, as every
+    tensor argument's."""
+    import torch
+    G = sizes.shape[0]
+    padded = -(-(G + 1) // 4) * 4
+    rows = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
+    rows[:G] = sizes.clamp(0, M)
+    starts = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
+    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tiles_n, 0)
+    return starts, rows
 
 
 # ------------------------------------------------------------ the choice
