@@ -26,10 +26,13 @@ gpu = pytest.mark.gpu
 def test_ops_are_registered_with_their_schemas():
     import tk_mlir.kernels.ops  # noqa: F401
     schemas = {name: str(getattr(torch.ops.tk_mlir, name).default._schema)
-               for name in ("matmul", "scaled_matmul", "rms_norm", "layer_norm", "attention")}
+               for name in ("matmul", "grouped_matmul", "scaled_matmul", "rms_norm",
+                            "layer_norm", "attention")}
     assert schemas == {
         "matmul": 'tk_mlir::matmul(Tensor a, Tensor b, str b_layout="nk", '
                   'ScalarType? out_dtype=None) -> Tensor',
+        "grouped_matmul": 'tk_mlir::grouped_matmul(Tensor a, Tensor b, Tensor sizes, '
+                          'str b_layout="nk", ScalarType? out_dtype=None) -> Tensor',
         "scaled_matmul": "tk_mlir::scaled_matmul(Tensor a, Tensor b, Tensor scale_a, "
                          "Tensor scale_b, ScalarType out_dtype) -> Tensor",
         "rms_norm": "tk_mlir::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -43,6 +46,15 @@ def test_ops_are_registered_with_their_schemas():
         schema = getattr(torch.ops.tk_mlir, name).default._schema
         assert not schema.is_mutable
         assert all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+
+
+def test_grouped_matmul_fake_says_the_result():
+    import tk_mlir.kernels.ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        a, b = torch.empty(3, 16, 64, dtype=bf16), torch.empty(3, 64, 32, dtype=bf16)
+        out = torch.ops.tk_mlir.grouped_matmul(a, b, torch.empty(3, dtype=torch.int64), "kn", f32)
+    assert out.shape == (3, 16, 32) and out.dtype == f32
 
 
 def test_resolving_a_name_with_torch_loaded_registers_the_ops(tmp_path):

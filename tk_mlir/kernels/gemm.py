@@ -262,8 +262,16 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
     sizes[g] are computed: rows from sizes[g] to the end of that tile hold
     the products of a's padding rows, later rows are not written. Returns c.
     One persistent kernel (grouped_gemm_kernel) walks every product's tiles,
-    finding a task's product by binary search over their first tasks."""
+    finding a task's product by binary search over their first tasks.
+
+    Under torch.compile it runs as the custom op
+    torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""
     import torch
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+        out = torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout,
+                                               None if c is None else c.dtype)
+        return out if c is None else c.copy_(out)
     if isinstance(a, torch.Tensor):
         if a.dim() != 3:
             raise ValueError(f"grouped_matmul: a must be 3-D (G x M x K), got shape "

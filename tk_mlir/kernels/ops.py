@@ -1,6 +1,7 @@
 """The library's kernels as torch custom ops, namespace `tk_mlir`:
 
     torch.ops.tk_mlir.matmul(a, b, b_layout="nk", out_dtype=None) -> c
+    torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout="nk", out_dtype=None) -> c
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
@@ -53,6 +54,26 @@ def matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "nk",
 
 @matmul.register_fake
 def _(a, b, b_layout="nk", out_dtype=None):
+    return a.new_empty(gemm.output_shape(a, b, b_layout),
+                       dtype=a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.custom_op("tk_mlir::grouped_matmul", mutates_args=())
+def grouped_matmul(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, b_layout: str = "nk",
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """gemm.grouped_matmul into a new zeroed (G, M, N) tensor of out_dtype
+    (default a's dtype): the rows the kernel does not write are zeros here,
+    so the op's result is a function of its inputs."""
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"grouped_matmul: out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    c = torch.zeros(gemm.output_shape(a, b, b_layout), dtype=out_dtype, device=a.device)
+    return gemm.grouped_matmul(a, b, sizes, c, b_layout=b_layout)
+
+
+@grouped_matmul.register_fake
+def _(a, b, sizes, b_layout="nk", out_dtype=None):
     return a.new_empty(gemm.output_shape(a, b, b_layout),
                        dtype=a.dtype if out_dtype is None else out_dtype)
 
