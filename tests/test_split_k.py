@@ -17,8 +17,8 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
-from tk_mlir.kernels.gemm import (Plan, gemm_kernel, gemm_split_k_kernel, grouped_gemm_kernel,
-                                  grouped_schedule, plan, split_k_counters)
+from tk_mlir.kernels.gemm import Plan, gemm_kernel, gemm_split_k_kernel, plan, split_k_counters
+from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, grouped_schedule
 
 import test_errors
 from test_interpreter import rel_err

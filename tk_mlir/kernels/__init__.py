@@ -27,7 +27,7 @@ import sys
 # submodule binds it on the package, and would shadow the function.
 _LAZY = {
     "matmul": ".gemm",
-    "grouped_matmul": ".gemm",
+    "grouped_matmul": ".grouped_gemm",
     "scaled_matmul": ".scaled_gemm",
     "rms_norm": ".norms",
     "layer_norm": ".norms",

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from tk_mlir.kernels import checks, flash_attention, gemm, norms, scaled_gemm
+from tk_mlir.kernels import checks, flash_attention, gemm, grouped_gemm, norms, scaled_gemm
 
 
 # ------------------------------------------------------------------ matmul
@@ -61,7 +61,7 @@ def _(a, b, b_layout="nk", out_dtype=None):
 @torch.library.custom_op("tk_mlir::grouped_matmul", mutates_args=())
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, b_layout: str = "nk",
                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """gemm.grouped_matmul into a new zeroed (G, M, N) tensor of out_dtype
+    """grouped_gemm.grouped_matmul into a new zeroed (G, M, N) tensor of out_dtype
     (default a's dtype): the rows the kernel does not write are zeros here,
     so the op's result is a function of its inputs."""
     out_dtype = a.dtype if out_dtype is None else out_dtype
@@ -69,7 +69,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, b_layo
         raise TypeError(f"grouped_matmul: out_dtype must be torch.bfloat16, torch.float16 or "
                         f"torch.float32, got {out_dtype}")
     c = torch.zeros(gemm.output_shape(a, b, b_layout), dtype=out_dtype, device=a.device)
-    return gemm.grouped_matmul(a, b, sizes, c, b_layout=b_layout)
+    return grouped_gemm.grouped_matmul(a, b, sizes, c, b_layout=b_layout)
 
 
 @grouped_matmul.register_fake

@@ -1,0 +1,94 @@
+"""grouped_matmul: the experts of a mixture of experts, G products of
+different row counts, in one launch.
+
+The capacity layout: a is (G, M, K), each product's rows padded to M, and
+`sizes` says how many rows of each are real. The kernel is gemm.gemm over 3-D
+tensors with a tile schedule: only the 128-row tiles that hold rows are
+tasks, numbered product after product from STARTS[g] (built on the GPU from
+the sizes, so nothing waits for the host); a task finds its product by
+binary search over STARTS.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+
+from tk_mlir.kernels import checks, gemm
+from tk_mlir.kernels.device import num_sms
+
+
+@tk.kernel(num_warps=12)
+def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"], SIZES: tk.gl["i32"],
+                        LOG_G: tk.constexpr, B_KN: tk.constexpr = False,
+                        BN: tk.constexpr = 256, STAGES: tk.constexpr = 4,
+                        GROUP_M: tk.constexpr = 8, EPI_N: tk.constexpr = 64,
+                        EPI_BUFFERS: tk.constexpr = 2):
+    """`gemm` over G products of SIZES[g] rows each (A and C padded to M rows
+    per product), their 128 x BN tiles numbered from STARTS[g]."""
+    gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
+              EPI_BUFFERS=EPI_BUFFERS, STARTS=STARTS, SIZES=SIZES, LOG_G=LOG_G)
+
+
+def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
+    """G products of different row counts in one launch (the experts of a
+    mixture of experts, in the capacity layout):
+    c[g, :sizes[g]] = a[g, :sizes[g]] @ b[g].T ("nk": b is G x N x K) or
+    @ b[g] ("kn": G x K x N).
+
+    a: (G, M, K), each product's rows padded to M; b: bf16/f16 like a;
+    sizes: (G,) integer CUDA tensor on a's device, read on the GPU (no host
+    sync; the launch captures in a CUDA graph), clamped to [0, M]. c: (G, M,
+    N) of a 16-bit dtype or torch.float32, written in place; by default a new
+    tensor of a's dtype. Only the 128-row tiles that hold rows below
+    sizes[g] are computed: rows from sizes[g] to the end of that tile hold
+    the products of a's padding rows, later rows are not written. Returns c.
+    One persistent kernel (grouped_gemm_kernel) walks every product's tiles,
+    finding a task's product by binary search over their first tasks.
+
+    Under torch.compile it runs as the custom op
+    torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""
+    import torch
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+        out = torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout,
+                                               None if c is None else c.dtype)
+        return out if c is None else c.copy_(out)
+    if isinstance(a, torch.Tensor):
+        if a.dim() != 3:
+            raise ValueError(f"grouped_matmul: a must be 3-D (G x M x K), got shape "
+                             f"{tuple(a.shape)}")
+        G = a.shape[0]
+        if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
+                sizes.dtype not in (torch.int32, torch.int64) or sizes.device != a.device:
+            raise ValueError(f"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of "
+                             f"G={G} row counts on {a.device}, got {checks.describe(sizes)}")
+    gemm.check(a, b, c, b_layout, "grouped_matmul")
+    G, M, K = a.shape
+    if c is None:
+        c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+    N = c.shape[-1]
+    if not G * M * N:
+        return c
+    if not K:
+        c.zero_()
+        return c
+    bn = 256 if N > 128 else 128
+    starts, rows = grouped_schedule(sizes, M, tk.cdiv(N, bn))
+    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows,
+                                                    LOG_G=(G - 1).bit_length(),
+                                                    B_KN=b_layout == "kn", BN=bn)
+    return c
+
+
+def grouped_schedule(sizes, M: int, tiles_n: int):
+    """(STARTS, SIZES) of grouped_gemm_kernel, built on the sizes' device: the
+    sizes clamped to [0, M] as int32, and each product's first task (G + 1
+    of them, the last the total); both padded to 16-byte rows, as every
+    tensor argument's."""
+    import torch
+    G = sizes.shape[0]
+    padded = -(-(G + 1) // 4) * 4
+    rows = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
+    rows[:G] = sizes.clamp(0, M)
+    starts = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
+    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tiles_n, 0)
+    return starts, rows
