@@ -431,3 +431,25 @@ def test_load_of_one_element_misuse_at_its_line(kernel, spec, marker, message):
     with pytest.raises(tk.CompilationError) as info:
         kernel.compile(spec)
     test_errors.check_error(info.value, marker, "tk.load", message, HERE)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(-3, 300), min_size=1, max_size=9),
+       n=st.integers(1, 40).map(lambda x: 8 * x), k=st.integers(1, 24).map(lambda x: 8 * x),
+       m=st.sampled_from([1, 64, 130, 256]), b_kn=st.booleans(), blocks=st.integers(1, 4))
+def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks):
+    """Drawn products (sizes past M, negative and empty included), shapes,
+    layouts and grids: each product's rows match, nothing past the tile
+    that holds its last row is written."""
+    G = len(sizes)
+    a = torch.empty(G, m, k).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(*((G, k, n) if b_kn else (G, n, k))).uniform_(-1, 1).to(torch.bfloat16)
+    c = torch.full((G, m, n), float("nan"))
+    starts, rows = grouped_schedule(torch.tensor(sizes), m, tk.cdiv(n, 256))
+    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, starts, rows, LOG_G=(G - 1).bit_length(),
+                                             B_KN=b_kn)
+    ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
+    for g, rows_g in enumerate(min(max(s, 0), m) for s in sizes):
+        if rows_g:
+            assert rel_err(c[g, :rows_g].numpy(), ref[g, :rows_g].numpy()) < 1e-5
+        assert c[g, tk.cdiv(rows_g, 128) * 128:].isnan().all()
