@@ -1,9 +1,11 @@
 """The kernel library: ready kernels on torch tensors, each the readable
 tk_mlir source of its kernel beside a checked, torch-facing wrapper.
 
-    from tk_mlir.kernels import attention, matmul, rms_norm, layer_norm, scaled_matmul
+    from tk_mlir.kernels import (attention, grouped_matmul, matmul, rms_norm, layer_norm,
+                                 scaled_matmul)
 
-    c = matmul(a, b)                       # A @ B.T, B given as N x K
+    c = matmul(a, b)                       # A @ B.T, B given as N x K (3-D: a batch)
+    c = grouped_matmul(a, b, sizes)        # G products of sizes[g] rows (an MoE's experts)
     c = scaled_matmul(a8, b8, sa, sb)      # fp8 (A @ B) * scales, as torch._scaled_mm
     y = rms_norm(x, weight)                # x / rms(x) * weight, per row
     y = layer_norm(x, weight, bias)        # (x - mean) / std * weight + bias
