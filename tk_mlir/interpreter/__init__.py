@@ -17,7 +17,9 @@ Outputs are written in place. Persistent kernels' wrappers size their grid
 by interpreter.SMS simulated SMs on CPU tensors.
 
 What it models: ids, gl_dim, global loads/stores/atomic adds of register
-tiles and vectors (edge masking, `fill`), the value ops (maps, reductions,
+tiles and vectors (edge masking, `fill`), one-element loads (0 outside),
+tk.store_partial (a tile's parts counted as on the GPU; its counters'
+size, zero start and part count checked), the value ops (maps, reductions,
 broadcasts, slices, masks, cvt), the block barrier, scf.for / scf.if (lanes
 under an active mask when the condition differs between them), the arith
 ops the frontend emits; and the Hopper machinery (hopper.py, sync.py,
