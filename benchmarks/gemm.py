@@ -225,6 +225,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, rows: slice, M: int, N: int) -
 
 
 # ---------------------------------------------------------------- one shape
+def prepare(rows: list[dict], make_one, bytes_per_group: int, reference_of):
+    """(input groups, checked rows of C, reference) of one shape, or None with
+    every row marked failed when they cannot be made (e.g. out of memory:
+    this shape fails, the run goes on). reference_of(first group, rows)."""
+    try:
+        groups = P.make_input_groups(make_one, bytes_per_group)
+        crow = check_rows(rows[0]["M"])
+        return groups, crow, reference_of(groups[0], crow)
+    except Exception as e:
+        for r in rows:
+            r["status"] = f"failed: inputs ({P.first_line(e)})"
+        torch.cuda.empty_cache()
+        return None
+
+
 def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
                 timing: dict, batch: int = 1) -> list[dict]:
     lead = () if batch == 1 else (batch,)
@@ -241,15 +256,11 @@ def bench_shape(M: int, N: int, K: int, layout: str, impls: list[tuple],
         b = P.uniform(g, *lead, N, K) if layout == "nk" else P.uniform(g, *lead, K, N)
         return a, b, torch.empty(*lead, M, N, dtype=torch.bfloat16, device=a.device)
 
-    try:
-        groups = P.make_input_groups(one, batch * (2 * (M * K + N * K) + 2 * M * N))
-        crow = check_rows(M)
-        ref = reference(groups[0][0], groups[0][1], layout, crow)
-    except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
-        for r in rows:
-            r["status"] = f"failed: inputs ({P.first_line(e)})"
-        torch.cuda.empty_cache()
+    prepared = prepare(rows, one, batch * (2 * (M * K + N * K) + 2 * M * N),
+                       lambda g, crow: reference(g[0], g[1], layout, crow))
+    if prepared is None:
         return rows
+    groups, crow, ref = prepared
     print(f"{layout} {shape}: {len(groups)} groups, reference on {len(range(M)[crow])}/{M} "
           f"rows", flush=True)
     measure(rows, impls, groups, lambda fn, g: fn(g[0], g[1], g[2], layout),
@@ -312,15 +323,11 @@ def bench_grouped_shape(M: int, N: int, K: int, G: int, impls: list[tuple],
         return (P.uniform(g, G, M, K), P.uniform(g, G, N, K),
                 torch.empty(G, M, N, dtype=torch.bfloat16, device="cuda"))
 
-    try:
-        groups = P.make_input_groups(one, G * (2 * (M * K + N * K) + 2 * M * N))
-        crow = check_rows(M)
-        ref = reference(groups[0][0], groups[0][1], "nk", crow) * keep[:, crow]
-    except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
-        for r in rows:
-            r["status"] = f"failed: inputs ({P.first_line(e)})"
-        torch.cuda.empty_cache()
+    prepared = prepare(rows, one, G * (2 * (M * K + N * K) + 2 * M * N),
+                       lambda g, crow: reference(g[0], g[1], "nk", crow) * keep[:, crow])
+    if prepared is None:
         return rows
+    groups, crow, ref = prepared
     fns = {"tk_mlir": lambda g: grouped(g[0], g[1], sizes, g[2]),
            "cublas": lambda g: cublas_matmul(g[0], g[1], g[2], "nk")}
     impls = [(n, fns[n] if fn is not None and n in fns else None,
@@ -354,16 +361,11 @@ def bench_fp8_shape(M: int, N: int, K: int, impls: list[tuple], timing: dict) ->
                   for _ in range(2))
         return a, bt.t(), sa, sb
 
-    try:
-        groups = P.make_input_groups(one, M * K + N * K + 2 * M * N)
-        crow = check_rows(M)
-        a, b, sa, sb = groups[0]
-        ref = (a[crow].float() @ b.float()) * (sa * sb)
-    except Exception as e:  # e.g. out of memory: this shape fails, the run goes on
-        for r in rows:
-            r["status"] = f"failed: inputs ({P.first_line(e)})"
-        torch.cuda.empty_cache()
+    prepared = prepare(rows, one, M * K + N * K + 2 * M * N,
+                       lambda g, crow: (g[0][crow].float() @ g[1].float()) * (g[2] * g[3]))
+    if prepared is None:
         return rows
+    groups, crow, ref = prepared
     print(f"fp8 {shape}: {len(groups)} groups, reference on {len(range(M)[crow])}/{M} rows",
           flush=True)
     measure(rows, impls, groups, lambda fn, g: fn(*g), None, ref, crow, fp8_tol(K), timing)

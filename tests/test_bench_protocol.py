@@ -125,3 +125,13 @@ def test_gemm_benchmark_grouped_options():
     for bad in (["--grouped"], ["--grouped", "--batch", "4", "--layout", "kn"]):
         with pytest.raises(SystemExit):
             gemm.parse_args(bad)
+
+
+def test_gemm_benchmark_shape_whose_inputs_fail_marks_its_rows():
+    gemm = _load("gemm")
+    rows = [{"M": 8, "impl": "tk_mlir"}, {"M": 8, "impl": "cublas"}]
+
+    def one(g):
+        raise MemoryError("CUDA out of memory")
+    assert gemm.prepare(rows, one, 1 << 20, None) is None
+    assert [r["status"] for r in rows] == ["failed: inputs (MemoryError: CUDA out of memory)"] * 2
