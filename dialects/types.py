@@ -34,8 +34,8 @@ _FROM_MLIR = {spelling: name for name, (spelling, _) in DTYPES.items()}
 # tile, TMA or MMA takes them).
 REGISTER_ONLY = ("i32", "bool")
 MEMORY_DTYPES = tuple(d for d in DTYPES if d not in REGISTER_ONLY)
-# What kernel tensor arguments hold: tiles' dtypes, and i32 for counters
-# (an op that counts in memory names its counters operand: OpDef.counters).
+# What kernel tensor arguments hold: tiles' dtypes, and i32 for counters and
+# scalars (the ops that take an i32 tensor name that operand: OpDef.int_tensor).
 ARGUMENT_DTYPES = (*MEMORY_DTYPES, "i32")
 
 SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps

@@ -53,13 +53,22 @@ def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment
              lambda: _add_and_count(ctx, op, dst, frag, workspace, counters, indices))
 
 
-def _tile_inside(dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
-    """i1: the tile at `indices` starts inside dst (outer coordinates count
-    elements, tile coordinates tiles)."""
+def _tile_axes(dst: GlobalRef, frag: Fragment, indices):
+    """Per dim of dst: (coordinate, its first element, the dim's extent, how
+    many coordinates the dim has). Outer dims count elements, tile dims tiles."""
     shape = frag.layout.shape
     outer = len(dst.dims) - len(shape)
-    return _and([_lt(c if d < outer else arith.muli(c, c32(shape[d - outer])), extent)
-                 for d, (c, extent) in enumerate(zip(indices, dst.dims))])
+    for d, (c, extent) in enumerate(zip(indices, dst.dims)):
+        if d < outer:
+            yield c, c, extent, extent
+        else:
+            rows = c32(shape[d - outer])
+            yield c, arith.muli(c, rows), extent, arith.ceildivui(extent, rows)
+
+
+def _tile_inside(dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
+    """i1: the tile at `indices` starts inside dst."""
+    return _and([_lt(first, extent) for _, first, extent, _ in _tile_axes(dst, frag, indices)])
 
 
 def _add_and_count(ctx, op, dst, frag, workspace, counters, indices) -> None:
@@ -79,16 +88,13 @@ def _add_and_count(ctx, op, dst, frag, workspace, counters, indices) -> None:
 
 def _counter_slot(ctx: LoweringContext, dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
     """i64 index of this thread's counter: the tile's row-major number among
-    dst's tiles (outer dims: elements; tile dims: cdiv(extent, tile)) times
+    dst's tiles (_tile_axes: outer dims count elements, tile dims tiles) times
     the threads of the scope, plus the thread's place in its scope (in i64:
     tiles x threads passes 2^31 from about 2^37 elements of dst)."""
     i64 = ir.IntegerType.get_signless(64)
-    shape = frag.layout.shape
-    outer = len(dst.dims) - len(shape)
     tile = arith.constant(i64, 0)
-    for d, (c, extent) in enumerate(zip(indices, dst.dims)):
-        n = extent if d < outer else arith.ceildivui(extent, c32(shape[d - outer]))
-        tile = arith.addi(arith.muli(tile, arith.extui(i64, n)), arith.extui(i64, c))
+    for c, _, _, count in _tile_axes(dst, frag, indices):
+        tile = arith.addi(arith.muli(tile, arith.extui(i64, count)), arith.extui(i64, c))
     threads = 32 * T.SCOPES.get(frag.scope, ctx.num_warps)
     place = arith.andi(ctx.tid(), c32(threads - 1)) if frag.scope != "block" else ctx.tid()
     return arith.addi(arith.muli(tile, arith.constant(i64, threads)), arith.extui(i64, place))

@@ -36,6 +36,15 @@ def _pieces(frag_layout, dtype: str):
     return [(r0, run) for r0 in range(0, frag_layout.num_regs, run)], run
 
 
+def element_offset(g: GlobalRef, coords) -> ir.Value:
+    """i64 element offset of the leading element coordinates `coords` (one per
+    dim from the first, at most all but the contiguous last)."""
+    offset = c64(0)
+    for c, stride in zip(coords, g.strides):
+        offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
+    return offset
+
+
 class _GlobalTileAccess:
     """Addresses and bounds of a tile (or vector) at tile coordinates in a tensor."""
 
@@ -50,9 +59,7 @@ class _GlobalTileAccess:
         # In place too: LLVM rewrites a piece's bounds test base + p < extent
         # as base < extent - p, and would hoist each extent - p into a register.
         self.extent = [in_place(e) for e in g.dims[rank - tile_rank:]]
-        offset = c64(0)
-        for c, stride in zip(outer, g.strides):
-            offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
+        offset = element_offset(g, outer)
         self.outer_ok = _and([_lt(c, d) for c, d in zip(outer, g.dims)])
         if tile_rank == 2:
             row = arith.extsi(i64(), self.base[0])
@@ -172,9 +179,7 @@ def lower_load_scalar(ctx: LoweringContext, op, src: GlobalRef, *indices: ir.Val
     """One element at element coordinates, 0 past the end (unsigned compares:
     negative coordinates too); the last dim is contiguous, as every tensor
     argument's is."""
-    offset = arith.extsi(i64(), indices[-1])
-    for i, stride in zip(indices[:-1], src.strides):
-        offset = arith.addi(offset, arith.muli(arith.extsi(i64(), i), stride))
+    offset = arith.addi(element_offset(src, indices[:-1]), arith.extsi(i64(), indices[-1]))
     element = T.element_type(src.type.dtype)
     addr = llvm.getelementptr(ptr(1), src.ptr, [offset], [-2**31], element,
                               llvm.GEPNoWrapFlags.inbounds)

@@ -180,9 +180,8 @@ def _common(op, operands, results, num_warps: int) -> None:
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
             _require(i == int_tensor, f"{_show(t)}: an i32 tensor holds counters "
-                     f"(tk.store_partial's counters=) or scalars (tk.load(X, idx) reads one), not "
-                     f"tiles: no tile load, store, TMA or MMA "
-                     f"takes it")
+                     f"(tk.store_partial's counters=) or scalars (tk.load(X, idx) reads one), "
+                     f"not tiles: no tile load, store, TMA or MMA takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
