@@ -21,7 +21,9 @@ SMs idle, K is split among blocks (`gemm_split_k_kernel`).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import tk_mlir as tk
 from tk_mlir import f32
@@ -250,12 +252,14 @@ class Plan:
     """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
     and its configs), "tiles" (gemm_kernel with `config`), "split_k"
     (gemm_split_k_kernel with `config`) or "none" (M, N or K is 0: no
-    kernel; C is zeroed when K is 0); `why` says which rule chose it."""
+    kernel; C is zeroed when K is 0); `why` says which rule chose it.
+    Plans are cached and shared: `config` is read-only."""
     kernel: str
-    config: dict = field(default_factory=dict)
+    config: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     why: str = ""
 
 
+@functools.lru_cache(maxsize=1024)     # matmul asks on every call: 3-5 µs of host time
 def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132): the
     tiles counted below are all the products' tiles. Measured
@@ -288,9 +292,9 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
         parts = tk.cdiv(steps, tk.cdiv(steps, parts))
     if parts >= 2 and (M <= 128 or 2 * tiles(bm, bn) <= sms):
-        return Plan("split_k", {**config, "SPLIT_K": parts},
+        return Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
                     f"{why}; {tiles(bm, bn)} tiles leave SMs idle: K in {parts} slices")
-    return Plan("tiles", config, why)
+    return Plan("tiles", MappingProxyType(config), why)
 
 
 def launch(a, b, c, b_layout: str) -> None:
