@@ -273,6 +273,16 @@ def test_store_partial_skips_tiles_past_the_end():
     assert rel_err(y.double().numpy(), ref.numpy()) < 1e-6
 
 
+@pytest.mark.parametrize("blocks", [1, 3], ids=["fewer-parts", "more-parts"])
+def test_store_partial_reports_a_tile_without_parts_parts(blocks):
+    """A grid that gives a tile fewer (or more) parts than parts= leaves its
+    counters non-zero: reported at the launch's end, not a silent lost sum."""
+    x, y, w, f = parts_inputs(3, 1)
+    with pytest.raises(InterpretError, match=r"after the launch, counters 'F' hold \[1\] at 128 "
+                                             r"element\(s\).*not parts=2"):
+        add_parts.interpret[(blocks, 1)](x, y, w, f, PARTS=2)
+
+
 def test_store_partial_counters_too_few():
     x, y, w, f = parts_inputs(2, 2, counters=200)
     with pytest.raises(InterpretError, match=r"counters 'F' has 200 elements; the tile at "

@@ -34,6 +34,8 @@ class GlobalArray:
         self.dtype = canonical_dtype(obj.dtype)
         self.writer: np.ndarray | None = None    # per element: its writer's number + 1
         self.writers: list[tuple] = []           # (block id, "file:line") by number
+        self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
+        #                                          that counts in this array
 
     def elements(self, index: tuple) -> np.ndarray:
         """Elements at per-lane element coordinates (one int array per dim),

@@ -171,6 +171,7 @@ def _store_partial(op, num_warps):
                              f"on elements {slot * threads} to {(slot + 1) * threads - 1} "
                              f"({threads} threads per tile)")
         workspace.store(coords, value, add=True)
+        counters.counted_by = (loc, parts)      # checked at the launch's end (leftover_parts)
         count = counters.load((slot,), (threads,), "i32", 0)
         if not (count == count[0]).all() or not 0 <= count[0] < parts:
             raise error(loc, f"tk.store_partial: the counters of tile {tuple(coords)} hold "
@@ -185,6 +186,27 @@ def _store_partial(op, num_warps):
             count[:] = 0
         counters.store((slot,), count)
     return store
+
+
+def leftover_parts(args) -> None:
+    """After a launch: every tile's counters are back to zero, or a tile got
+    fewer parts than `parts` (more parts leave a count behind as well: the
+    extra ones start a new sum). Either way its sum was lost or mixed into the
+    next launch's, so it is an error at the tk.store_partial line."""
+    for a in args:
+        counted = getattr(a, "counted_by", None)
+        if counted is None:
+            continue
+        a.counted_by = None
+        counts = a.load((0,), a.shape, "i32", 0)
+        if counts.any():
+            loc, parts = counted
+            slots = np.flatnonzero(counts)
+            raise error(loc, f"tk.store_partial: after the launch, counters {a.name!r} hold "
+                             f"{sorted(set(counts[slots].tolist()))} at {len(slots)} element(s) "
+                             f"(the first at {slots[0]}): a tile got a number of parts that is "
+                             f"not parts={parts}: its sum was not stored, and its parts stay "
+                             f"in the workspace")
 
 
 def _tile_number(shape, tile_shape, coords) -> int:

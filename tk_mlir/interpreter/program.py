@@ -329,6 +329,7 @@ class Program:
                         block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems,
                                               seed)
                         machine.run_block(body, block, len(self.slots), init)
+        ops.leftover_parts(args)
 
 
 def _active(w, value):
