@@ -87,6 +87,12 @@ class OpDef:
     async_wait: bool = False             # waits for async results (attribute `pending`)
     int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
     #                                      scalars read one at a time), never one of tiles
+    # ---- cross-GPU ordering (passes/signals.py): a signal publishes the writes
+    # before it; TMA writes must be complete and fenced at the signal's scope first.
+    bulk_write: bool = False             # writes global memory through the async proxy
+    completes_bulk_writes: Union[bool, Callable[[ir.Operation], bool]] = False
+    fence_scope: Callable[[ir.Operation], str] | None = None   # a memory fence, at this scope
+    signal_scope: Callable[[ir.Operation], str] | None = None  # publishes prior writes
 
     def has_barrier(self, op, num_warps: int) -> bool:
         b = self.block_barrier
@@ -114,6 +120,19 @@ def _stores_block_tile_to_shared(op, num_warps: int) -> bool:
     return isinstance(T.parse(op.operands[0].type), (T.ST, T.SV)) and \
         T.parse(op.operands[1].type).scope == "block"
 
+
+def _completes_writes(op) -> bool:
+    """tma_wait(0) without `read`: the TMA writes are done, not just their reads."""
+    a = op.attributes
+    return ir.IntegerAttr(a["pending"]).value == 0 and not ir.BoolAttr(a["read"]).value
+
+
+def _scope_attribute(op) -> str:
+    return ir.StringAttr(op.attributes["scope"]).value
+
+
+# Memory scopes of signals and fences, narrowest first (PTX .cta, .gpu, .sys).
+SCOPES = ("cta", "gpu", "sys")
 
 UNARY = ("exp", "exp2", "log", "abs", "neg", "relu", "sqrt", "rsqrt", "rcp")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
@@ -201,14 +220,14 @@ OPS: tuple[OpDef, ...] = (
           doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "
               "vector), completing on sem"),
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
-          reads=(Access("src", ASYNC),), one_thread=True,
+          reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
     OpDef("tma_reduce_add", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
-          reads=(Access("src", ASYNC),), one_thread=True,
+          reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
           doc="TMA: global tile at tile coordinates += shared tile (cp.reduce.async.bulk."
               "tensor .add; the bulk async group of tma_store)"),
     OpDef("tma_commit", doc="close the current bulk async group of TMA stores"),
-    OpDef("tma_wait", attributes=("pending", "read"),
+    OpDef("tma_wait", attributes=("pending", "read"), completes_bulk_writes=_completes_writes,
           doc="wait until at most `pending` TMA store groups are outstanding (read: until "
               "their shared sources may be overwritten)"),
     OpDef("tma_prefetch", operands=("src", "like"), tma=("src", "like"),
@@ -242,6 +261,25 @@ OPS: tuple[OpDef, ...] = (
           doc="named barrier `id` among `warps` warps (ids 1-15; 0 is the block barrier): "
               "mode sync waits for all of them (bar.sync), mode arrive counts this warp "
               "in and goes on (bar.arrive)"),
+    # Peer memory and cross-GPU signals (tk.pgl arguments; tk_mlir/signals.py).
+    OpDef("peer_select", operands=("rank",), variadic="peers", results=("result",),
+          int_tensor="peers",
+          doc="the copy of a tk.pgl tensor on rank `rank` (an i32 from 0 to the world size - "
+              "1; traps outside): one of `peers`, which share one type"),
+    OpDef("signal", operands=("flags", "value"), variadic="indices",
+          attributes=("scope", "mode"), int_tensor="flags", one_thread=True,
+          signal_scope=_scope_attribute,
+          doc="release at `scope` (cta, gpu, sys): add `value` to (mode add: red.release) or "
+              "store it into (mode set: st.release) one u32 element of an i32 gl; orders this "
+              "thread's earlier writes, and those it observed, before it"),
+    OpDef("wait_signal", operands=("flags", "expected"), variadic="indices",
+          attributes=("scope", "timeout_ms"), int_tensor="flags",
+          doc="spin (ld.acquire at `scope`) until one u32 element of an i32 gl reaches "
+              "`expected` (wrapping compare: epoch counters never need resetting); after "
+              "`timeout_ms` print where and trap"),
+    OpDef("fence", attributes=("scope",), fence_scope=_scope_attribute,
+          doc="fence.acq_rel at `scope` (cta, gpu, sys): orders this thread's memory "
+              "operations, completed TMA writes included, with its later ones"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
     OpDef("cvt", operands=("src",), results=("result",), layout="same",

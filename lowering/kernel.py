@@ -26,11 +26,12 @@ from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
 from ..target import TARGET
-from . import atomic, compute, masks, memory, mma, reduce, sync, threads, tma  # noqa: F401  (register)
+from . import (atomic, compute, masks, memory, mma, reduce, signals, sync, threads,  # noqa: F401
+               tma)  # (register their lowerings)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
 from .sync import init_semaphores
-from .tma import TensorMapSpec, tensor_map_spec
+from .tma import TensorMapSpec, tensor_arguments, tensor_map_spec
 
 GPU_MODULE = "tk_kernels"
 SMEM_SYMBOL = "__tk_smem"
@@ -48,9 +49,10 @@ def tensor_map_specs(func) -> list[TensorMapSpec]:
         pair = tk.tma_operands(op)
         if pair is not None:
             gl, st = pair
-            spec = tensor_map_spec(ir.BlockArgument(gl).arg_number, T.parse(st.type))
-            if spec not in specs:
-                specs.append(spec)
+            for arg in tensor_arguments(gl):
+                spec = tensor_map_spec(arg.arg_number, T.parse(st.type))
+                if spec not in specs:
+                    specs.append(spec)
         return ir.WalkResult.ADVANCE
     func.operation.walk(visit)
     return specs

@@ -174,17 +174,21 @@ def lower_load(ctx: LoweringContext, op, src, *indices: ir.Value) -> Fragment:
     return Fragment(regs, layout, t.dtype, t.scope)
 
 
+def element_address(g: GlobalRef, indices) -> tuple[ir.Value, ir.Value | None]:
+    """The address of one element at element coordinates, and whether it is
+    inside g (unsigned compares: negative coordinates are outside); the last
+    dim is contiguous, as every tensor argument's is."""
+    offset = arith.addi(element_offset(g, indices[:-1]), arith.extsi(i64(), indices[-1]))
+    addr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31],
+                              T.element_type(g.type.dtype), llvm.GEPNoWrapFlags.inbounds)
+    return addr, _and([_lt(i, d) for i, d in zip(indices, g.dims)])
+
+
 @lowers("tk.load_scalar")
 def lower_load_scalar(ctx: LoweringContext, op, src: GlobalRef, *indices: ir.Value) -> ir.Value:
-    """One element at element coordinates, 0 past the end (unsigned compares:
-    negative coordinates too); the last dim is contiguous, as every tensor
-    argument's is."""
-    offset = arith.addi(element_offset(src, indices[:-1]), arith.extsi(i64(), indices[-1]))
-    element = T.element_type(src.type.dtype)
-    addr = llvm.getelementptr(ptr(1), src.ptr, [offset], [-2**31], element,
-                              llvm.GEPNoWrapFlags.inbounds)
-    ok = _and([_lt(i, d) for i, d in zip(indices, src.dims)])
-    return _guarded_load(addr, ok, element, constant(0, src.type.dtype), 4)
+    """One element at element coordinates, 0 past the end."""
+    addr, ok = element_address(src, indices)
+    return _guarded_load(addr, ok, T.element_type(src.type.dtype), constant(0, src.type.dtype), 4)
 
 
 @lowers("tk.store")

@@ -18,6 +18,7 @@ from ..dialects import types as T
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import GlobalRef, SharedRef
 from .memory import smem_addr
+from .signals import select_by_rank
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,20 @@ def _boxes(g: GlobalRef, st: T.ST | T.SV, coords: list[ir.Value]):
         yield j * st.rows * st.block_bytes, [c0, row, *outer]
 
 
+def tensor_arguments(gl_value: ir.Value) -> list[ir.BlockArgument]:
+    """The kernel arguments a TMA op's tensor may be: itself, or each rank's
+    copy when it is a tk.peer_select of a tk.pgl argument's copies."""
+    if isinstance(gl_value, ir.OpResult) and gl_value.owner.name == "tk.peer_select":
+        return [ir.BlockArgument(v) for v in list(gl_value.owner.operands)[1:]]
+    return [ir.BlockArgument(gl_value)]
+
+
 def _tensor_map(ctx: LoweringContext, gl_value, st: T.ST) -> ir.Value:
-    return ctx.tensor_maps[tensor_map_spec(ir.BlockArgument(gl_value).arg_number, st)]
+    maps = [ctx.tensor_maps[tensor_map_spec(a.arg_number, st)] for a in tensor_arguments(gl_value)]
+    if len(maps) == 1:
+        return maps[0]
+    rank = ctx.lookup(gl_value.owner.operands[0])      # (tk.peer_select picks by rank)
+    return select_by_rank(rank, maps)
 
 
 @lowers("tk.tma_load")

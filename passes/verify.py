@@ -21,6 +21,7 @@ from ..errors import error_at
 from ..target import TARGET
 from .async_results import check_async_results
 from .uniform import Uniformity
+from .signals import check_signals
 from .walk import constant_int, walk_ops
 
 
@@ -175,11 +176,16 @@ def _common(op, operands, results, num_warps: int) -> None:
     registers."""
     _whole_arrays(op)
     d = tk.op_def(op)
-    int_tensor = d.operands.index(d.int_tensor) if d.int_tensor else None
+    if d.int_tensor is None:
+        int_tensors = ()
+    elif d.int_tensor == d.variadic:     # (peer_select: any copy of a peer tensor, and the result)
+        int_tensors = range(len(d.operands), len(operands) + len(results))
+    else:
+        int_tensors = (d.operands.index(d.int_tensor),)
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
-            _require(i == int_tensor, f"{_show(t)}: an i32 tensor holds counters "
+            _require(i in int_tensors, f"{_show(t)}: an i32 tensor holds counters "
                      f"(tk.store_partial's counters=) or scalars (tk.load(X, idx) reads one), "
                      f"not tiles: no tile load, store, TMA or MMA takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
@@ -225,6 +231,31 @@ def _load_scalar(op, operands, results, num_warps: int) -> None:
              f"got {_show(src) if src is not None else 'a scalar'}")
     _require(len(operands) - 1 == src.rank, f"tk.load(X, idx) of one element needs {src.rank} "
              f"element coordinates for a rank-{src.rank} tensor, got {len(operands) - 1}")
+
+
+@rule("peer_select")
+def _peer_select(op, operands, results, num_warps: int) -> None:
+    rank, *peers = operands
+    _require(rank is None and all(p == results[0] for p in peers),
+             "tk.pgl: a rank (an i32) picks one of a peer tensor's copies, which share one type")
+
+
+@rule("signal", "wait_signal")
+def _signal(op, operands, results, num_warps: int) -> None:
+    flags, value = operands[:2]
+    what = op.operation.name
+    _require(isinstance(flags, T.GL) and flags.dtype == "i32",
+             f"{what} takes a flag in an i32 tensor, got "
+             f"{_show(flags) if flags is not None else 'a scalar'}")
+    _require(value is None, f"{what}: the value is an int scalar")
+    _require(len(operands) - 2 == flags.rank, f"{what} needs {flags.rank} element coordinates "
+             f"for a rank-{flags.rank} flag tensor, got {len(operands) - 2}")
+    _require(op.scope in tk.SCOPES, f"{what}: scope must be one of {tk.SCOPES}")
+
+
+@rule("fence")
+def _fence(op, operands, results, num_warps: int) -> None:
+    _require(op.scope in tk.SCOPES, f"tk.fence: scope must be one of {tk.SCOPES}")
 
 
 @rule("store_partial")
@@ -654,3 +685,4 @@ def verify(module: ir.Module) -> None:
                 _check_static_memory(op)
         walk_ops(func.operation, visit)
         check_async_results(func)
+        check_signals(func.operation)

@@ -10,13 +10,13 @@ import re
 import pytest
 
 import tk_mlir
-from tk_mlir import mma, ops, sync, tma, values
+from tk_mlir import mma, ops, signals, sync, tma, values
 from tk_mlir.dialects import contracts, tk
 from tk_mlir.lowering import kernel  # noqa: F401  (registers the lowerings)
 from tk_mlir.lowering.context import LOWERINGS
 from tk_mlir.passes.verify import RULES
 
-BUILTIN_MODULES = (ops, sync, mma, tma, values)
+BUILTIN_MODULES = (ops, sync, mma, tma, values, signals)
 
 
 def _marked_builtins() -> dict[str, list[str]]:

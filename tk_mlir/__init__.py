@@ -50,7 +50,7 @@ if not (_HERE / "dialects").is_dir() and (_HERE.parent / "dialects" / "__init__.
 from .autotune import Config, autotune
 from .errors import ArgumentError, CompilationError, InternalCompilerError, TkLintWarning
 from .kernel import Kernel, kernel
-from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl
+from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl, pgl
 from .runtime.arguments import spec
 
 __version__ = "0.1.0"
@@ -70,6 +70,8 @@ _LAZY = {
     **dict.fromkeys(("lcf", "grouped_tile", "register_split", "store_in_pieces"), ".templates"),
     **dict.fromkeys(("ring", "Ring"), ".pipeline"),
     **dict.fromkeys(("bench", "sweep"), ".benchmarking"),
+    **dict.fromkeys(("signal", "wait_signal", "fence"), ".signals"),
+    **dict.fromkeys(("PeerTensor", "peer_tensor", "peer_spec"), ".runtime.peers"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 
@@ -99,6 +101,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tk_mlir' has no attribute {name!r}")
 
 
-__all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "constexpr", "spec", "bf16",
+__all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "pgl", "constexpr", "spec", "bf16",
            "f16", "f32", "f8e4m3", "f8e5m2", "CompilationError", "ArgumentError",
            "InternalCompilerError", "TkLintWarning", "static_range", "cdiv", "tma", *_LAZY]

@@ -43,7 +43,8 @@ class Specialization:
     name: str
     source: str
     filename: str
-    args: tuple            # per runtime argument: ("gl", dtype, static shape) or ("i32",)/("f32",)
+    args: tuple            # per runtime argument: ("gl", dtype, static shape), ("pgl", dtype,
+    #                        static shape, world size) or ("i32",)/("f32",)
     arg_names: tuple[str, ...]
     constexprs: tuple      # ((name, value), ...)
     num_warps: int
@@ -432,6 +433,7 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
     """(context, module): the tk IR the frontend builds for `spec`, before any
     pass (the GPU path lowers it; the interpreter runs it after the tk passes)."""
     from .frontend import Param, build_kernel     # first: it imports MLIR without numpy
+    from .params import expand_peers
     from mlir import ir
     from .dialects import contracts, tk as tk_dialect, types as T
     context = ir.Context()
@@ -439,7 +441,11 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
     with context:
         params = []
         for name, a in zip(spec.arg_names, spec.args):
-            if a[0] == "gl":
+            if a[0] == "pgl":         # the copies and the rank (params.expand_peers)
+                gl = T.GL(a[1], tuple(a[2])).to_mlir()
+                params += [Param(n, kind, gl if kind == "gl" else ir.IntegerType.get_signless(32),
+                                 peer_of=name) for n, kind in expand_peers(name, a[3])]
+            elif a[0] == "gl":
                 params.append(Param(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
             elif a[0] == "i32":
                 params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))

@@ -35,6 +35,7 @@ class Param:
     name: str
     kind: str             # "gl", "i32", "f32"
     ir_type: ir.Type | None = None
+    peer_of: str | None = None   # one of the arguments a tk.pgl parameter becomes
 
 
 _BINOPS = {ast.Add: "add", ast.Pow: "pow", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
@@ -588,7 +589,7 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Subscript(self, node):
         obj, index = self.eval(node.value), self.eval(node.slice)
-        if isinstance(obj, (V.Shared, V.SharedVector, V.Semaphore)):   # arrays
+        if isinstance(obj, (V.Shared, V.SharedVector, V.Semaphore, V.PeerGlobal)):  # arrays
             return self.python(node, operator.getitem, obj, index)
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")
@@ -786,8 +787,14 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
                 contracts.NUM_WARPS.set(f, num_warps)
                 entry = f.add_entry_block()
         scope = dict(constexprs)
+        peers: dict[str, list] = {}
         for p, arg in zip(params, entry.arguments):
-            scope[p.name] = V.wrap(arg)
+            if p.peer_of is None:
+                scope[p.name] = V.wrap(arg)
+            else:
+                peers.setdefault(p.peer_of, []).append(V.wrap(arg))
+        for name, (local, *copies, rank) in peers.items():
+            scope[name] = V.PeerGlobal(local, copies, rank)
         builder = KernelBuilder(filename, globals_, scope, kernel=name)
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:

@@ -30,8 +30,9 @@ from . import compiler
 from .compiler import CompiledKernel, Specialization
 from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
-from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, NUM_WARPS_RULE, KernelParams,
+from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, NUM_WARPS_RULE, PGL, KernelParams,
                      valid_num_warps)
+from .runtime.peers import read_peers
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
 
@@ -89,7 +90,10 @@ class Kernel:
             sig = self.params.key(values, num_warps, describe)
             for i, rule in self.params.tensor_rules(sig).items():
                 name = self.params[i].name   # (dtypes and static dims hold for descriptions too)
-                check_tensor(describe(values[i], name), name, **rule)
+                info = read_peers(values[i], name, describe) if self.params[i].kind == PGL \
+                    else describe(values[i], name)
+                for what, t in _copies(name, info):
+                    check_tensor(t, what, **rule)
             return self._get(sig)
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
@@ -224,7 +228,7 @@ class Kernel:
         values, num_warps = self.params.bind(args, kwargs)
         tensors = launcher.torch_tensor_types()
         if not tensors or any(type(values[i]) not in tensors for i in self.params.tensors) \
-                or not self._plan_keywords.issuperset(kwargs):
+                or self.params.peer_tensors or not self._plan_keywords.issuperset(kwargs):
             return None
         compiled, rules, _, reads, device = self._checked(values, num_warps)
         kinds = tuple(p.passed_as for p in compiled.params)
@@ -245,12 +249,19 @@ class Kernel:
             infos[name] = tensor_info(v, name)
             return infos[name]
         sig = self.params.key(values, num_warps, read)
+        for i in self.params.peer_tensors:     # (key read each copy under its own name)
+            name = self.params[i].name
+            infos[name] = read_peers(values[i], name, lambda v, n: infos[n])
         reads, compiled = self._entry(sig)
         rules = self.params.tensor_rules(sig)
         tensors = {i: infos[self.params[i].name] for i in rules}
+        on = {}
         for i, rule in rules.items():
-            check_tensor(tensors[i], self.params[i].name, **rule)
-        device = launcher.launch_device({self.params[i].name: t for i, t in tensors.items()})
+            name = self.params[i].name
+            for what, t in _copies(name, tensors[i]):
+                check_tensor(t, what, **rule)
+                on[what] = t
+        device = launcher.launch_device(on)
         return compiled, rules, tensors, reads, device
 
     def launch_general(self, grid, args, kwargs) -> None:
@@ -259,10 +270,10 @@ class Kernel:
         from .runtime.tensor_maps import check_tma_tensor
         values, num_warps = self.params.bind(args, kwargs)
         compiled, _, infos, _, device = self._checked(values, num_warps)
-        runtime = [values[i] for i in self.runtime]
-        by_arg = {j: infos[i] for j, i in enumerate(self.runtime) if i in infos}
+        runtime, by_arg, names = self.params.abi_arguments(
+            values, {self.params[i].name: t for i, t in infos.items()})
         for p in compiled.params:
-            name = self.params[self.runtime[p.arg]].name
+            name = names[p.arg]
             if p.kind == "tmap":
                 check_tma_tensor(name, by_arg[p.arg])
             elif p.kind in ("i32", "f32"):
@@ -271,6 +282,15 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
+
+
+def _copies(name: str, info) -> list[tuple[str, object]]:
+    """A tensor argument's memory to check, by name: itself, or each copy of
+    a tk.pgl argument's (runtime/peers.py PeerInfo)."""
+    peers = getattr(info, "peers", None)
+    if peers is None:
+        return [(name, info)]
+    return [(name, info.local), *((f"{name}[{r}]", t) for r, t in enumerate(peers))]
 
 
 class _Interpreting:

@@ -87,6 +87,24 @@ class _GlFactory:
 gl = _GlFactory()
 
 
+@dataclass(frozen=True)
+class PeerAnnotation(GlobalAnnotation):
+    """tk.pgl[...]: a tensor on every rank of a process group (tk.PeerTensor)."""
+
+
+class _PglFactory:
+    """`tk.pgl[bf16, (None, 8192)]`: a peer tensor argument (ThunderKittens'
+    pgl). In the kernel `X` is this rank's copy, `X[r]` rank r's (r from 0 to
+    X.world_size - 1, a compile-time or run-time int), `X.rank` this rank."""
+
+    def __getitem__(self, item) -> PeerAnnotation:
+        g = gl[item]
+        return PeerAnnotation(g.dtype, g.shape)
+
+
+pgl = _PglFactory()
+
+
 # ------------------------------------------------------------- tk.func
 
 class Func:

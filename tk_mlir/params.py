@@ -4,8 +4,9 @@ specialization key, the compiled kernel's ABI and the launch all read.
 Two levels:
 
 - `Param` / `KernelParams`: the Python function's parameters as the author
-  annotated them: "gl" (tk.gl[dtype, shape] tensors), "i32" (int), "f32"
-  (float), "constexpr" (tk.constexpr). `KernelParams.bind` is the one
+  annotated them: "gl" (tk.gl[dtype, shape] tensors), "pgl" (tk.pgl: a
+  tensor on every rank of a group), "i32" (int), "f32" (float), "constexpr"
+  (tk.constexpr). `KernelParams.bind` is the one
   binding routine (positional and keyword arguments, defaults, num_warps)
   used by Kernel, Autotuner and the CLI; `KernelParams.key` is the
   specialization: what changes the code.
@@ -24,12 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .errors import ArgumentError, CompilationError
-from .language import GlobalAnnotation, constexpr, dtype_name, gl
+from .language import GlobalAnnotation, PeerAnnotation, constexpr, dtype_name, gl, pgl
 from .runtime.arguments import check_element_type
+from .runtime.peers import read_peers
 
 EMPTY = inspect.Parameter.empty
-GL, I32, F32, CONSTEXPR = "gl", "i32", "f32", "constexpr"
-_WORDS = {GL: "tensor", I32: "int", F32: "float", CONSTEXPR: "constexpr"}
+GL, PGL, I32, F32, CONSTEXPR = "gl", "pgl", "i32", "f32", "constexpr"
+_WORDS = {GL: "tensor", PGL: "peer tensor", I32: "int", F32: "float", CONSTEXPR: "constexpr"}
+TENSOR_KINDS = (GL, PGL)
 
 DEFAULT_NUM_WARPS = 4
 NUM_WARPS_RULE = "must be from 1 to 32 and a power of two or a multiple of 4"
@@ -46,9 +49,9 @@ def valid_num_warps(n) -> bool:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str                         # GL, I32, F32, CONSTEXPR
-    dtype: str | None = None          # GL: the annotated dtype, if any
-    shape: tuple | None = None        # GL: annotated static dims (None = dynamic)
+    kind: str                         # GL, PGL, I32, F32, CONSTEXPR
+    dtype: str | None = None          # GL, PGL: the annotated dtype, if any
+    shape: tuple | None = None        # GL, PGL: annotated static dims (None = dynamic)
     default: Any = EMPTY
 
     @property
@@ -77,6 +80,7 @@ class KernelParams:
         self.index = {p.name: i for i, p in enumerate(self.params)}
         self.runtime = [i for i, p in enumerate(self.params) if p.runtime]
         self.tensors = [i for i, p in enumerate(self.params) if p.kind == GL]
+        self.peer_tensors = [i for i, p in enumerate(self.params) if p.kind == PGL]
         self.constexprs = [i for i, p in enumerate(self.params) if p.kind == CONSTEXPR]
         self.names = [p.name for p in self.params]
         self._defaults = [(p.name, p.default) for p in self.params]
@@ -161,9 +165,10 @@ class KernelParams:
     @staticmethod
     def tensor_rules(sig: tuple) -> dict[int, dict]:
         """check_tensor's rule (dtype, rank, static dims) per tensor parameter's
-        position, from a specialization key (`key`)."""
+        position (tk.gl and tk.pgl: every copy obeys it), from a
+        specialization key (`key`)."""
         return {i: dict(dtype=s[1], rank=len(s[2]), static_shape=s[2])
-                for i, s in enumerate(sig[:-1]) if s[0] == GL}
+                for i, s in enumerate(sig[:-1]) if s[0] in TENSOR_KINDS}
 
     def key(self, values: list, num_warps: int, read_tensor: Callable) -> tuple:
         """The specialization of bound `values`: per parameter ("gl", dtype,
@@ -172,18 +177,11 @@ class KernelParams:
         (describe, or tensor_info at launch)."""
         sig = []
         for p, v in zip(self.params, values):
-            if p.kind == GL:
-                t = read_tensor(v, p.name)
-                if p.dtype is None:                 # bare tk.gl: any dtype kernels take
-                    check_element_type(t.dtype, f"the dtype of argument '{p.name}'")
-                if not t.shape:
-                    raise ArgumentError(f"argument '{p.name}' is a 0-d tensor; a tk.gl "
-                                        f"parameter takes a tensor of rank 1 or more")
-                static = p.shape if p.shape is not None else (None,) * len(t.shape)
-                if len(static) != len(t.shape):
-                    raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
-                                        f"annotation wants rank {len(static)}")
-                sig.append((GL, p.dtype or t.dtype, tuple(static)))
+            if p.kind == PGL:
+                peers = read_peers(v, p.name, read_tensor)
+                sig.append(self._tensor_key(p, peers.local) + (peers.world_size,))
+            elif p.kind == GL:
+                sig.append(self._tensor_key(p, read_tensor(v, p.name)))
             elif p.kind == I32:
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise ArgumentError(f"argument '{p.name}' must be an int, got "
@@ -203,6 +201,54 @@ class KernelParams:
                 # differently, and so do (1,) and (True,), 0.0 and -0.0.
                 sig.append((CONSTEXPR, v, constexpr_tag(v)))
         return tuple(sig) + (num_warps,)
+
+    @staticmethod
+    def _tensor_key(p: Param, t) -> tuple:
+        """(kind, dtype, static dims) of tensor argument `t` for parameter `p`."""
+        if p.dtype is None:                 # bare tk.gl: any dtype kernels take
+            check_element_type(t.dtype, f"the dtype of argument '{p.name}'")
+        if not t.shape:
+            raise ArgumentError(f"argument '{p.name}' is a 0-d tensor; a tk.gl "
+                                f"parameter takes a tensor of rank 1 or more")
+        static = p.shape if p.shape is not None else (None,) * len(t.shape)
+        if len(static) != len(t.shape):
+            raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
+                                f"annotation wants rank {len(static)}")
+        return (p.kind, p.dtype or t.dtype, tuple(static))
+
+    # ------------------------------------------------ the compiled kernel's
+
+    def abi_arguments(self, values: list, infos: dict) -> tuple[list, dict, list[str]]:
+        """The compiled kernel's arguments for bound `values` (`infos`: what
+        was read of each tensor argument, by name): the runtime values, the
+        TensorInfo of those that are tensors (by position) and a name for
+        each. A tk.pgl argument X is several (expand_peers): X, X[0] ..
+        X[W-1], X.rank."""
+        runtime, tensors, names = [], {}, []
+        for i in self.runtime:
+            p, v = self.params[i], values[i]
+            if p.kind == PGL:
+                peers = infos[p.name]
+                copies = (peers.local, *peers.peers)
+                for (name, _), info in zip(expand_peers(p.name, peers.world_size), copies):
+                    tensors[len(runtime)] = info
+                    runtime.append(v)
+                    names.append(name)
+                runtime.append(peers.rank)
+                names.append(f"{p.name}.rank")
+                continue
+            if p.kind == GL:
+                tensors[len(runtime)] = infos[p.name]
+            runtime.append(v)
+            names.append(p.name)
+        return runtime, tensors, names
+
+
+def expand_peers(name: str, world_size: int) -> list[tuple[str, str]]:
+    """The kernel arguments one tk.pgl parameter `name` becomes, as (name,
+    kind): its local copy, each rank's copy, its rank."""
+    return [(name, GL), *((f"{name}[{r}]", GL) for r in range(world_size)),
+            (f"{name}.rank", I32)]
 
 
 def constexpr_tag(v):
@@ -227,6 +273,8 @@ def _classify(p: inspect.Parameter, fn) -> Param:
                                    f"does not evaluate ({type(e).__name__}: {e})") from None
     if ann is gl:                            # bare tk.gl: any dtype, any shape
         ann = GlobalAnnotation()
+    if ann is pgl:
+        ann = PeerAnnotation()
     if isinstance(ann, GlobalAnnotation):
         dtype = None
         if ann.dtype is not None:
@@ -234,7 +282,8 @@ def _classify(p: inspect.Parameter, fn) -> Param:
                 dtype = dtype_name(ann.dtype)
             except CompilationError as e:
                 raise CompilationError(f"kernel parameter '{p.name}': {e.message}") from None
-        return Param(p.name, GL, dtype, ann.shape, p.default)
+        kind = PGL if isinstance(ann, PeerAnnotation) else GL
+        return Param(p.name, kind, dtype, ann.shape, p.default)
     kind = {constexpr: CONSTEXPR, int: I32, float: F32}.get(ann) if hashable(ann) else None
     if kind is None:
         got = "" if ann is EMPTY else f", got {ann!r}"

@@ -38,7 +38,7 @@ def grouped_tile(task, tiles_m, tiles_n, group):
 
 @func
 def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1, piece=None,
-                    outer=()):
+                    outer=(), add=False):
     """Store a consumer warpgroup's f32 register tile into dst at tile
     coordinates (*outer, row, col) of `cols`-wide pieces, one piece at a time: the
     slice, through `piece(part, h)` when given (e.g. scales), converted to
@@ -46,8 +46,10 @@ def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1
     `buffers` per consumer warpgroup (consumer * buffers + i), a piece leaves
     by TMA store; one thread, elected once, issues every store and waits for
     it (TMA bulk groups are per thread), and with 2 buffers a piece is
-    written while the last one's store still reads. Without, from registers."""
+    written while the last one's store still reads; add=True adds it into dst
+    (TMA reduce-add) instead. Without staging, from registers."""
     tile_cols = tile.shape[1]
+    assert staging is not None or not add, "add=True adds by TMA: it needs staging tiles"
     pieces = tile_cols // cols
     assert pieces * cols == tile_cols, f"cols={cols} must divide the tile's {tile_cols} columns"
     if staging is not None:
@@ -69,7 +71,10 @@ def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1
             tk.store(buf, out)
             tk.named_barrier(1 + consumer, warps=4)  # all of it written
             if leader:
-                tk.tma.store_async(dst, buf, (*outer, row, col + h))
+                if add:
+                    tk.tma.reduce_add_async(dst, buf, (*outer, row, col + h))
+                else:
+                    tk.tma.store_async(dst, buf, (*outer, row, col + h))
                 tk.tma.store_commit()
 
 

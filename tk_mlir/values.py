@@ -406,6 +406,35 @@ class GlobalShape:
         return (self[i] for i in range(len(self._dims)))
 
 
+class PeerGlobal(Global):
+    """A tk.pgl argument: this rank's copy (it is one: tk.load(X, ...) reads
+    it), `X[r]` rank r's copy, `X.rank` this rank (a run-time i32) and
+    `X.world_size` (a compile-time int)."""
+
+    def __init__(self, local: Global, peers: list[Global], rank: Scalar):
+        super().__init__(local.value)
+        self.peers, self.rank = tuple(peers), rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self.peers)
+
+    @builds("peer_select")
+    def __getitem__(self, r) -> Global:
+        if isinstance(r, bool) or isinstance(r, int) and not 0 <= r < len(self.peers):
+            raise CompilationError(f"peer index {r!r} is not a rank: this peer tensor has "
+                                   f"{len(self.peers)} (ranks 0 to {len(self.peers) - 1})")
+        if isinstance(r, int):
+            return self.peers[r]
+        s = as_scalar(r)
+        if s.kind != "int":
+            raise CompilationError(f"a peer tensor is indexed by a rank (an int), got {r!r}")
+        return Global(emit("peer_select", [s, *self.peers], self.ir_type))
+
+    def __repr__(self):
+        return f"<PeerGlobal {self.value.type} x {len(self.peers)} ranks>"
+
+
 @builds("index")
 def _element(array: Value, i, what: str):
     v = array.value

@@ -10,6 +10,12 @@ from .memory import GlobalArray
 
 def check_arguments(params, values: list, num_warps: int) -> tuple[dict, tuple]:
     """({parameter index: GlobalArray}, the specialization key)."""
+    if params.peer_tensors:
+        names = ", ".join(params[i].name for i in params.peer_tensors)
+        raise ArgumentError(f"{params.name} takes peer tensors (tk.pgl: {names}): their "
+                            f"signals need every rank's kernel running at once, and the "
+                            f"interpreter runs one launch; run it on GPUs (one GPU can hold "
+                            f"every rank's copy: tk.PeerTensor.from_tensors)")
     arrays = {i: GlobalArray(values[i], params[i].name) for i in params.tensors}
     sig = params.key(values, num_warps, describe)
     for i, rule in params.tensor_rules(sig).items():

@@ -53,6 +53,15 @@ class GlobalArray:
             values = self.obj[safe].astype(holder)
         return np.where(ok, values, holder(0))
 
+    def update_element(self, index: tuple, value: int, add: bool) -> None:
+        """Add `value` to (or store it in) one element of an i32 array, wrapping
+        as a u32 counter does; a coordinate outside the array is an IndexError."""
+        if not all(0 <= i < d for i, d in zip(index, self.shape)):
+            raise IndexError(f"element {index} is outside {self.name!r} of shape {self.shape}")
+        old = int(self.obj[index])
+        new = (old + value if add else value) & 0xFFFFFFFF
+        self.obj[index] = new - (1 << 32) if new >= 1 << 31 else new
+
     def overlaps(self, coords, tile_shape) -> bool:
         """Does the tile at `coords` hold any element of the array?"""
         return self._window(coords, tile_shape) is not None

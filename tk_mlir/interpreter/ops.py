@@ -143,6 +143,44 @@ def _load_scalar(op, num_warps):
     return load
 
 
+@interprets("tk.signal")
+def _signal(op, num_warps):
+    loc, add = op.location, op.mode == "add"
+    def signal(w, flags, value, *idx):
+        for lane in w.active_lanes():
+            at = tuple(int(np.asarray(i)[lane] if np.ndim(i) else i) for i in idx)
+            try:
+                flags.update_element(at, int(np.asarray(value)[lane] if np.ndim(value)
+                                             else value), add)
+            except IndexError as e:
+                raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
+    return signal
+
+
+@interprets("tk.wait_signal")
+def _wait_signal(op, num_warps):
+    # Blocks run one after another here, so a flag no earlier block (or launch)
+    # has raised never will be: the wait fails now rather than spinning.
+    loc = op.location
+    def wait(w, flags, expected, *idx):
+        for lane in w.active_lanes():
+            at = tuple(np.asarray(int(np.asarray(i)[lane] if np.ndim(i) else i)) for i in idx)
+            seen = int(flags.elements(at))
+            want = int(np.asarray(expected)[lane] if np.ndim(expected) else expected)
+            if ((seen - want) & 0xFFFFFFFF) >= 1 << 31:
+                raise error(loc, f"tk.wait_signal: flag {tuple(map(int, at))} of "
+                                 f"{flags.name!r} holds {seen}, waiting for {want}; the "
+                                 f"interpreter runs blocks one after another, so no other "
+                                 f"block can raise it: on the GPU this waits for a block "
+                                 f"running at the same time, or times out")
+    return wait
+
+
+@interprets("tk.fence")
+def _fence(op, num_warps):
+    return lambda w: None      # (the interpreter's memory is sequentially consistent)
+
+
 @interprets("tk.atomic_add")
 def _atomic_add(op, num_warps):
     def add(scope, dst, value, *coords):

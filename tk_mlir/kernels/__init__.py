@@ -10,6 +10,8 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     y = rms_norm(x, weight)                # x / rms(x) * weight, per row
     y = layer_norm(x, weight, bias)        # (x - mean) / std * weight + bias
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
+    all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
+    c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
 
 Importing the library is cheap: neither torch nor MLIR loads until a name
 is used, and then only its own module (torch for the wrapper's checks, MLIR
@@ -34,6 +36,8 @@ _LAZY = {
     "rms_norm": ".norms",
     "layer_norm": ".norms",
     "attention": ".flash_attention",
+    "all_reduce": ".all_reduce_kernels",
+    "matmul_reduce_scatter": ".gemm_rs",
 }
 
 

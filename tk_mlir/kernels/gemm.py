@@ -34,7 +34,7 @@ from tk_mlir.kernels.device import num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0):
+         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per
     SM); with 3-D A, B and C, one product per index of their first dim, of
     SIZES[g] rows of A's (padded) rows when SIZES is given (grouped: STARTS,
@@ -46,7 +46,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts
     K into that many slices, each its own task: the slices' f32 partial
     products meet in the workspace W and the last one of a tile stores it
-    (tk.store_partial, counting in F)."""
+    (tk.store_partial, counting in F). SCATTER: C is a tk.pgl of rows / W
+    rows, rank r's copy rows r * rows / W ..., and each tile is added into
+    its owner's copy (TMA reduce-add: a reduce-scatter over the ranks' C);
+    SCATTER(task) runs before a tile's first add (the owners' copies must be
+    ready)."""
     batched = len(A.shape) == 3
     M, K = A.shape[-2], A.shape[-1]
     N = B.shape[-1] if B_KN else B.shape[-2]
@@ -127,7 +131,12 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     def finish(acc, task, wg):
         outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
-        if SPLIT_K > 1:
+        if SCATTER is not None:
+            SCATTER(task)
+            per_rank = C.shape[0] // 64              # (a rank's rows: a multiple of 64)
+            tk.store_in_pieces(C[row // per_rank], acc, row % per_rank, n * (BN // EPI_N), EPI_N,
+                               wg, c_tiles, EPI_BUFFERS, add=True)
+        elif SPLIT_K > 1:
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,

@@ -1,0 +1,77 @@
+"""Part of tk-verify: a signal must not publish TMA writes before they are done.
+
+A TMA store or reduce-add (the async proxy) is complete only after
+`cp.async.bulk.wait_group 0` — the `.read` form only says its shared source
+may be reused — and a release (tk.signal) orders the writes of the generic
+proxy only. So between the last TMA write and a signal that tells another
+block or GPU to read its result there must be, in this order:
+
+    tk.store_wait(0, read=False)     # the writes are done
+    tk.fence(scope)                  # fence.acq_rel at the signal's scope or wider
+    tk.signal(...)
+
+The check walks the kernel's ops in program order (a loop's body once: a
+signal early in a body that follows writes late in it is not seen) and
+reports a signal that comes too soon at its line. Ops are known by their
+traits (dialects/tk.py: bulk_write, completes_bulk_writes, fence_scope,
+signal_scope).
+"""
+from __future__ import annotations
+
+from mlir import ir
+
+from ..dialects import tk
+from ..errors import _where, error_at
+from .walk import walk_ops
+
+
+def check_signals(func: ir.Operation) -> None:
+    state = {"written": None, "complete": None, "fenced": None}   # the last of each, by location
+
+    def visit(op: ir.Operation) -> None:
+        d = tk.op_def(op)
+        if d is None:
+            return
+        if d.bulk_write:
+            state.update(written=op.location, complete=None, fenced=None)
+        elif _true(d.completes_bulk_writes, op) and state["written"] is not None:
+            state.update(complete=op.location, written=None)
+        elif d.fence_scope is not None and state["complete"] is not None:
+            scope = d.fence_scope(op)
+            if state["fenced"] is None or _wider(scope, state["fenced"]):
+                state["fenced"] = scope
+        elif d.signal_scope is not None:
+            _check_signal(op, d.signal_scope(op), state)
+
+    walk_ops(func, visit)
+
+
+def _check_signal(op, scope: str, state: dict) -> None:
+    if state["written"] is not None:
+        raise error_at(op.location, f"tk.signal after TMA writes ({_line(state['written'])}) "
+                       f"that may still be in flight: put tk.store_wait(0, read=False) (the "
+                       f"writes done, not only read) and tk.fence({scope!r}) before it")
+    if state["complete"] is None:
+        return
+    fenced = state["fenced"]
+    if fenced is None:
+        raise error_at(op.location, f"tk.signal after TMA writes ({_line(state['complete'])} "
+                       f"waits for them) without a fence: put tk.fence({scope!r}) between the "
+                       f"wait and the signal (fence.acq_rel orders the completed async writes "
+                       f"before the release)")
+    if _wider(scope, fenced):
+        raise error_at(op.location, f"tk.signal at scope {scope!r} after TMA writes fenced "
+                       f"only at scope {fenced!r}: use tk.fence({scope!r})")
+
+
+def _true(trait, op) -> bool:
+    return trait(op) if callable(trait) else bool(trait)
+
+
+def _wider(a: str, b: str) -> bool:
+    return tk.SCOPES.index(a) > tk.SCOPES.index(b)
+
+
+def _line(loc) -> str:
+    where = _where(loc)
+    return f"line {where[1]}" if where else "earlier"

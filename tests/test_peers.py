@@ -1,0 +1,325 @@
+"""Peer tensors (tk.pgl) and signals (issue 13) without a GPU: the PTX has
+the system-scope release/acquire, the fences, the trap on a timeout and a
+TMA tensor map per rank; misuse is an error at its line; the arguments a
+tk.pgl parameter takes are checked by name; the interpreter runs signals
+and refuses peer tensors. tests/test_peers_gpu.py runs the kernels (every
+rank on one GPU), tests/test_multi_gpu.py on two GPUs against NCCL."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+from tk_mlir.interpreter import InterpretError
+from tk_mlir.kernels import all_reduce_kernels as ar, gemm_rs
+
+import test_errors
+
+HERE = Path(__file__).resolve()
+S, P = tk.spec, tk.peer_spec
+
+
+def ptx_of(kernel, *args, **kwargs) -> str:
+    return kernel.compile(*args, **kwargs).asm["ptx"]
+
+
+# ------------------------------------------------------------ the PTX
+
+@pytest.mark.parametrize("kernel", [ar.one_shot_kernel, ar.two_shot_kernel])
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_all_reduce_ptx_has_system_scope_signals(kernel, world):
+    slots = 2 * world + (2 if kernel is ar.two_shot_kernel else 0)
+    compiled = kernel.compile(S((7, 8192), bf16), P((slots, 16, 8192), bf16, world),
+                              P((132, 2, 8), "i32", world), S((132,), "i32"), BLOCK=2048)
+    ptx = compiled.asm["ptx"]
+    assert "red.release.sys.global.add.u32" in ptx          # tk.signal
+    assert "ld.acquire.sys.global.u32" in ptx               # tk.wait_signal's spin
+    assert "%globaltimer" in ptx and "trap;" in ptx         # ... and its timeout
+    assert "vprintf" in ptx                                 # which says where it waited
+    assert "st.release.gpu.global.u32" in ptx               # the epoch, for the next launch
+    # X, Epochs, and Buf's and Flags' local copy and one per rank: a pointer each
+    assert sum(p.kind == "ptr" for p in compiled.params) == 2 + 2 * (1 + world)
+    assert [p.kind for p in compiled.params].count("i32") == 2      # the ranks
+
+
+def test_gemm_rs_ptx_reduces_into_peers_by_tma_and_fences_before_its_signal():
+    ptx = ptx_of(gemm_rs.gemm_rs_kernel, S((1024, 512), bf16), S((768, 512), bf16),
+                 P((512, 768), bf16, 2), P((2, 4), "i32", 2), S((4,), "i32"))
+    assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in ptx
+    # the adds complete (not the .read form), then a system fence, then the release
+    body = ptx[ptx.rindex("cp.reduce.async.bulk.tensor"):]
+    wait = re.search(r"cp\.async\.bulk\.wait_group\s+0;", body)
+    assert wait, "no cp.async.bulk.wait_group 0 after the last reduce-add"
+    fence = body.index("fence.acq_rel.sys;", wait.end())
+    assert body.index("red.release.sys.global.add.u32", fence) > fence
+    # one tensor map per rank's copy of C (its TMA adds pick one by the owner's rank)
+    assert len(re.findall(r"\.param \.align 64 \.b8 \w+_param_\d+\[128\]", ptx)) >= 2 + 2
+
+
+def test_a_run_time_rank_selects_among_every_copy_and_traps_outside():
+    @tk.kernel(num_warps=4)
+    def pick(X: tk.pgl[f32], Y: tk.gl[f32], r: int):
+        tk.store(Y, tk.load(X[r], (0, 0), (16, 16)), (0, 0))
+
+    ptx = ptx_of(pick, P((16, 16), f32, 4), S((16, 16), f32), 2)
+    assert ptx.count("selp.b64") >= 3 and "trap;" in ptx
+
+
+def test_a_compile_time_rank_is_that_copy_with_no_select():
+    @tk.kernel(num_warps=4)
+    def first(X: tk.pgl[f32], Y: tk.gl[f32]):
+        tk.store(Y, tk.load(X[1], (0, 0), (16, 16)), (0, 0))
+
+    ptx = ptx_of(first, P((16, 16), f32, 2), S((16, 16), f32))
+    assert "selp.b64" not in ptx and "trap;" not in ptx
+
+
+@pytest.mark.parametrize("scope", ["cta", "gpu", "sys"])
+@pytest.mark.parametrize("mode, asm", [("add", "red.release.{}.global.add.u32"),
+                                       ("set", "st.release.{}.global.u32")])
+def test_signal_scopes_and_modes(scope, mode, asm):
+    @tk.kernel(num_warps=4)
+    def sig(F: tk.gl["i32"], SCOPE: tk.constexpr, MODE: tk.constexpr):
+        if tk.thread_id() == 0:
+            tk.fence(SCOPE)
+            tk.signal(F, (tk.block_id(0),), 3, scope=SCOPE, mode=MODE)
+            tk.wait_signal(F, (0,), 7, scope=SCOPE, timeout_ms=5)
+
+    ptx = ptx_of(sig, S((8,), "i32"), SCOPE=scope, MODE=mode)
+    assert asm.format(scope) in ptx
+    assert f"ld.acquire.{scope}.global.u32" in ptx and f"fence.acq_rel.{scope};" in ptx
+    assert re.search(r"setp\.\w+\.u64\s+%p\d+, %rd\d+, 500000[01];", ptx)   # 5 ms in ns
+
+
+# ----------------------------------------------------- errors at their line
+
+@tk.kernel(num_warps=4)
+def not_a_rank(X: tk.pgl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X[2], (0, 0), (16, 16)), (0, 0))  # E:peer-rank
+
+
+@tk.kernel(num_warps=4)
+def float_rank(X: tk.pgl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X[0.5], (0, 0), (16, 16)), (0, 0))  # E:peer-float
+
+
+@tk.kernel(num_warps=4)
+def unwaited(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        tk.tma.store_async(X[1], s, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0)        # (read=True: only the shared tile may be reused)
+        tk.fence("sys")
+        tk.signal(F[1], (0,))  # E:signal-in-flight
+
+
+@tk.kernel(num_warps=4)
+def unfenced(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        tk.tma.reduce_add_async(X[1], s, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+        tk.signal(F[1], (0,))  # E:signal-unfenced
+
+
+@tk.kernel(num_warps=4)
+def narrow_fence(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        tk.tma.store_async(X[1], s, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+        tk.fence("gpu")
+        tk.signal(F[1], (0,))  # E:signal-narrow
+
+
+@tk.kernel(num_warps=4)
+def fenced(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        tk.tma.store_async(X[1], s, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+        tk.fence("sys")
+        tk.signal(F[1], (0,))
+
+
+@tk.kernel(num_warps=4)
+def float_flags(F: tk.gl[f32]):
+    tk.signal(F, (0,))  # E:signal-f32
+
+
+@tk.kernel(num_warps=4)
+def bad_scope(F: tk.gl["i32"]):
+    tk.wait_signal(F, (0,), 1, scope="grid")  # E:signal-scope
+
+
+@tk.kernel(num_warps=4)
+def flag_coords(F: tk.gl["i32"]):
+    tk.signal(F, (0, 0))  # E:signal-coords
+
+
+PEERS = [P((64, 64), bf16, 2), P((4,), "i32", 2)]
+
+
+@pytest.mark.parametrize("kernel, specs, marker, at, message", [
+    (not_a_rank, [P((16, 16), f32, 2), S((16, 16), f32)], "peer-rank", "X[2]",
+     "peer index 2 is not a rank: this peer tensor has 2 (ranks 0 to 1)"),
+    (float_rank, [P((16, 16), f32, 2), S((16, 16), f32)], "peer-float", "X[0.5]",
+     "a peer tensor is indexed by a rank (an int)"),
+    (unwaited, PEERS, "signal-in-flight", "tk.signal",
+     "may still be in flight: put tk.store_wait(0, read=False)"),
+    (unfenced, PEERS, "signal-unfenced", "tk.signal", "without a fence: put tk.fence('sys')"),
+    (narrow_fence, PEERS, "signal-narrow", "tk.signal",
+     "fenced only at scope 'gpu': use tk.fence('sys')"),
+    (float_flags, [S((4,), f32)], "signal-f32", "tk.signal", "takes a flag in an i32 tensor"),
+    (bad_scope, [S((4,), "i32")], "signal-scope", "tk.wait_signal",
+     "scope must be one of 'cta', 'gpu', 'sys'"),
+    (flag_coords, [S((4,), "i32")], "signal-coords", "tk.signal",
+     "needs 1 element coordinates for a rank-1 flag tensor, got 2"),
+])
+def test_misuse_is_an_error_at_its_line(kernel, specs, marker, at, message):
+    with pytest.raises(tk.CompilationError) as info:
+        kernel.compile(*specs)
+    test_errors.check_error(info.value, marker, at, message, HERE)
+
+
+def test_a_signal_after_completed_and_fenced_writes_compiles():
+    assert "fence.acq_rel.sys;" in ptx_of(fenced, *PEERS)
+
+
+# ------------------------------------------------------------ arguments
+
+@tk.kernel(num_warps=4)
+def copy_peer(X: tk.pgl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X[X.world_size - 1], (0, 0), (16, 16)), (0, 0))
+
+
+def test_a_tensor_where_a_peer_tensor_goes_names_the_argument():
+    with pytest.raises(tk.ArgumentError, match=r"argument 'X' is a tk.pgl parameter: it takes a "
+                                               r"tk.PeerTensor"):
+        copy_peer.compile(S((16, 16), f32), S((16, 16), f32))
+
+
+def test_peer_copies_must_agree():
+    copies = [np.zeros((16, 16), np.float32), np.zeros((16, 32), np.float32)]
+    with pytest.raises(tk.ArgumentError, match=r"rank 1's copy has shape \(16, 32\)"):
+        copy_peer.compile(tk.PeerTensor.from_tensors(copies, 0), S((16, 16), f32))
+
+
+@pytest.mark.parametrize("rank", [-1, 2, True, 1.0])
+def test_from_tensors_wants_a_rank(rank):
+    with pytest.raises(tk.ArgumentError, match="rank must be an int from 0 to 1"):
+        tk.PeerTensor.from_tensors([np.zeros(4), np.zeros(4)], rank)
+
+
+def test_world_size_is_part_of_the_specialization():
+    two = copy_peer.compile(P((16, 16), f32, 2), S((16, 16), f32))
+    three = copy_peer.compile(P((16, 16), f32, 3), S((16, 16), f32))
+    assert two is not three
+    assert sum(p.kind == "ptr" for p in three.params) == sum(p.kind == "ptr" for p in two.params) + 1
+
+
+def test_peer_spec_checks_the_world_size():
+    with pytest.raises(tk.ArgumentError, match="world_size must be an int from 1 to 8"):
+        P((16, 16), f32, 9)
+
+
+# ------------------------------------------------------------ interpreter
+
+@tk.kernel(num_warps=4)
+def relay(F: tk.gl["i32"], X: tk.gl[f32], Y: tk.gl[f32]):
+    """Block b waits for block b - 1, adds one to its tile and signals b + 1."""
+    b = tk.block_id(0)
+    if b > 0:
+        if tk.thread_id() == 0:
+            tk.wait_signal(F, (b - 1,), 1, scope="gpu")
+        tk.barrier()
+    tk.store(Y, tk.load(X, (b, 0), (16, 16)) + 1.0, (b, 0))
+    tk.fence("gpu")
+    tk.barrier()
+    if tk.thread_id() == 0:
+        tk.signal(F, (b,), 1, scope="gpu")
+
+
+def test_interpreter_runs_signals_in_order():
+    f = np.zeros(4, np.int32)
+    x = np.random.default_rng().standard_normal((64, 16)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    relay.interpret[(4,)](f, x, y)
+    assert f.tolist() == [1, 1, 1, 1]
+    np.testing.assert_allclose(y, x + 1, rtol=1e-6)
+
+
+def test_interpreter_reports_a_wait_no_block_can_answer():
+    @tk.kernel(num_warps=4)
+    def stuck(F: tk.gl["i32"]):
+        if tk.thread_id() == 0:
+            tk.wait_signal(F, (tk.block_id(0) + 1,), 1)
+
+    with pytest.raises(InterpretError, match=r"flag \(1,\) of 'F' holds 0, waiting for 1"):
+        stuck.interpret[(2,)](np.zeros(4, np.int32))
+
+
+def test_interpreter_counts_wrap_as_u32():
+    @tk.kernel(num_warps=4)
+    def bump(F: tk.gl["i32"]):
+        if tk.thread_id() == 0:
+            tk.signal(F, (0,), 2)
+            tk.wait_signal(F, (0,), -2**31 + 1)    # 2^31 + 1 as a u32: reached by wrapping
+
+    f = np.array([2**31 - 1, 0, 0, 0], np.int32)
+    bump.interpret[(1,)](f)
+    assert f[0] == -2**31 + 1
+
+
+def test_interpreter_refuses_peer_tensors():
+    copies = [np.zeros((16, 16), np.float32)] * 2
+    with pytest.raises(tk.ArgumentError, match="takes peer tensors .* interpreter runs one launch"):
+        copy_peer.interpret[(1,)](tk.PeerTensor.from_tensors(copies, 0),
+                                  np.zeros((16, 16), np.float32))
+
+
+# ------------------------------------------------------- library wrappers
+
+@pytest.mark.parametrize("t, kwargs, error, message", [
+    (torch.zeros(4, 8, dtype=torch.int32), {}, TypeError, "t must be torch.bfloat16"),
+    (torch.zeros(8, 4, dtype=torch.bfloat16).T, {}, ValueError, "t must be contiguous"),
+    (torch.zeros(4, 6, dtype=torch.bfloat16), {}, ValueError, "multiple of 16 bytes"),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), {"algorithm": "ring"}, ValueError,
+     "algorithm must be one of"),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), {"timeout_ms": 0}, ValueError,
+     "timeout_ms must be an int"),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), {}, ValueError, "t must be on a CUDA device"),
+])
+def test_all_reduce_checks_its_arguments(t, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ar.all_reduce(t, **kwargs)
+
+
+@pytest.mark.parametrize("a, b, kwargs, error, message", [
+    (torch.zeros(128, 64, dtype=torch.float32), torch.zeros(64, 64), {}, TypeError,
+     "a must be torch.bfloat16"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 32, dtype=torch.bfloat16), {},
+     ValueError, "inner dimensions differ"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16),
+     {"b_layout": "mn"}, ValueError, "b_layout must be"),
+    (torch.zeros(2, 128, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 64, dtype=torch.bfloat16),
+     {}, ValueError, "a must be 2-D"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), {},
+     ValueError, "a must be on a CUDA device"),
+])
+def test_matmul_reduce_scatter_checks_its_arguments(a, b, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        gemm_rs.matmul_reduce_scatter(a, b, **kwargs)

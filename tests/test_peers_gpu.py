@@ -1,0 +1,113 @@
+"""Peer tensors on one GPU (issue 13): every rank of a group emulated in one
+process, one stream per rank, their copies grouped with
+tk.PeerTensor.from_tensors, running the library's all-reduce and GEMM +
+reduce-scatter kernels at the same time, against float64 references; and a
+wait that nobody answers traps with a message instead of hanging.
+tests/test_multi_gpu.py runs them on two GPUs against NCCL."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir.kernels import all_reduce_kernels as ar, gemm_rs
+
+pytestmark = pytest.mark.gpu
+
+
+def rel_err(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def run_ranks(world, launch):
+    """launch(rank) for every rank, each on its own stream, all in flight at once."""
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    torch.cuda.synchronize()
+    for r in range(world):
+        with torch.cuda.stream(streams[r]):
+            launch(r)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("kernel, extra", [(ar.one_shot_kernel, 0), (ar.two_shot_kernel, 2)])
+@pytest.mark.parametrize("T, N, world", [(1, 8192, 2), (7, 8192, 2), (333, 8192, 2),
+                                         (5, 1000, 2), (64, 8192, 4), (3, 4096, 3)])
+def test_all_reduce_kernels(kernel, extra, T, N, world):
+    grid, dev = 64, torch.device("cuda")
+    bufs = [torch.empty((2 * world + extra, T + 5, N), dtype=torch.bfloat16, device=dev)
+            for _ in range(world)]
+    flags = [torch.zeros((grid, 2, 4), dtype=torch.int32, device=dev) for _ in range(world)]
+    epochs = [torch.zeros(grid, dtype=torch.int32, device=dev) for _ in range(world)]
+    for call in range(3):       # the epochs carry the launches on, with no reset
+        xs = [torch.randn(T, N, dtype=torch.bfloat16, device=dev) for _ in range(world)]
+        ref = sum(x.double() for x in xs)
+        run_ranks(world, lambda r: kernel[(grid,)](
+            xs[r], tk.PeerTensor.from_tensors(bufs, r), tk.PeerTensor.from_tensors(flags, r),
+            epochs[r], BLOCK=ar._block(N), TIMEOUT_MS=5000))
+        for r in range(world):
+            assert rel_err(xs[r], ref) < 1e-2
+            assert torch.equal(xs[r], xs[0])        # every rank sums in one order
+    assert all(int(e[0]) == 3 for e in epochs)
+
+
+@pytest.mark.parametrize("M, N, K, kn", [(1024, 1024, 512, False), (2048, 768, 1000, False),
+                                          (512, 4096, 256, True)])
+def test_gemm_reduce_scatter_kernel(M, N, K, kn):
+    world, grid, dev = 2, 48, torch.device("cuda")      # (both ranks' blocks fit at once)
+    rows = M // world
+    outs = [torch.empty((rows, N), dtype=torch.bfloat16, device=dev) for _ in range(world)]
+    flags = [torch.zeros((2, 4), dtype=torch.int32, device=dev) for _ in range(world)]
+    totals = [torch.zeros(4, dtype=torch.int32, device=dev) for _ in range(world)]
+    for call in range(2):
+        a = [torch.randn(M, K, dtype=torch.bfloat16, device=dev) for _ in range(world)]
+        b = [torch.randn(*((K, N) if kn else (N, K)), dtype=torch.bfloat16, device=dev)
+             for _ in range(world)]
+        ref = sum(x.double() @ (y.double() if kn else y.double().T) for x, y in zip(a, b))
+        for o in outs:
+            o.fill_(float("nan"))
+
+        def launch(r):
+            outs[r].zero_()
+            gemm_rs.gemm_rs_kernel[(grid,)](a[r], b[r], tk.PeerTensor.from_tensors(outs, r),
+                                            tk.PeerTensor.from_tensors(flags, r), totals[r],
+                                            B_KN=kn, TIMEOUT_MS=5000)
+        run_ranks(world, launch)
+        for r in range(world):
+            assert rel_err(outs[r], ref[r * rows:(r + 1) * rows]) < 1e-2
+    assert totals[0].tolist()[:2] == [2, 2 * grid]
+
+
+TIMEOUT = textwrap.dedent("""\
+    import torch, tk_mlir as tk
+    from tk_mlir.kernels import all_reduce_kernels as ar
+    dev = torch.device("cuda")
+    bufs = [torch.empty((4, 16, 8192), dtype=torch.bfloat16, device=dev) for _ in range(2)]
+    flags = [torch.zeros((8, 2, 4), dtype=torch.int32, device=dev) for _ in range(2)]
+    x = torch.randn(4, 8192, dtype=torch.bfloat16, device=dev)
+    # rank 0 alone: rank 1 never signals
+    ar.one_shot_kernel[(8,)](x, tk.PeerTensor.from_tensors(bufs, 0),
+                             tk.PeerTensor.from_tensors(flags, 0),
+                             torch.zeros(8, dtype=torch.int32, device=dev), BLOCK=2048,
+                             TIMEOUT_MS=200)
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:
+        print("RAISED", type(e).__name__, e)
+    else:
+        print("RETURNED")
+""")
+
+
+def test_an_unanswered_wait_traps_and_says_where(tmp_path):
+    script = tmp_path / "timeout.py"
+    script.write_text(TIMEOUT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    out = run.stdout + run.stderr
+    assert "RAISED" in out, out
+    assert "tk.wait_signal timed out after 200 ms at" in out and "all_reduce_kernels.py:" in out, out
+    assert "the flag holds 0, waiting for 1" in out

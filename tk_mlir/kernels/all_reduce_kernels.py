@@ -1,0 +1,221 @@
+"""all_reduce: a sum over the ranks of a process group, in place, by kernels
+that write straight into the other GPUs' memory (tk.pgl peer tensors on
+PyTorch's symmetric memory; no NCCL, no NVLink multicast).
+
+One-shot: every rank pushes its whole tensor into every rank's buffer, then
+each sums the W copies it holds: one exchange, the lowest latency (decode
+sizes). Two-shot: tile t belongs to one rank; every rank pushes t to its
+owner (a reduce-scatter), the owner sums and pushes the sum to every rank
+(an all-gather): each rank sends 2/W of the data instead of all of it,
+for larger tensors and more ranks.
+
+How the ranks agree without a barrier or a reset:
+- a fixed grid of G blocks; block b handles tiles b, b + G, ... on every
+  rank, so block b of each rank exchanges only with block b of the others;
+- block b counts its launches in `epochs[b]` (local memory, read at the
+  start, written at the end), and the flags are counters that only grow: a
+  round's wait is for `flags >= epoch`, so nothing is reset between launches
+  and a CUDA graph replays the kernel unchanged;
+- the buffer has two sets of slots, by the epoch's parity: a rank pushing
+  launch e + 1 into a peer cannot overwrite what the peer still reads of
+  launch e (and by launch e + 2 the peer has signalled that it is past e).
+A wait that is never answered (a rank that did not call) traps after
+TIMEOUT_MS with a message naming the line, instead of hanging the GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels.device import num_sms
+
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+@tk.kernel(num_warps=8)
+def one_shot_kernel(X: tk.gl, Buf: tk.pgl, Flags: tk.pgl["i32"], Epochs: tk.gl["i32"],
+                    BLOCK: tk.constexpr, TIMEOUT_MS: tk.constexpr = DEFAULT_TIMEOUT_MS):
+    """X (T, N) <- the sum of every rank's X. Buf: (2W, rows >= T, N) slots,
+    (parity * W + source rank); Flags: (G, 2, >= W) on every rank."""
+    b, G = tk.block_id(0), tk.grid_dim(0)
+    W, me = Buf.world_size, Buf.rank
+    epoch = tk.load(Epochs, (b,)) + 1
+    slots = (epoch & 1) * W
+    cols = tk.cdiv(X.shape[1], BLOCK)
+    for y in range(b, X.shape[0] * cols, G):
+        x = tk.load(X, (y // cols, y % cols), (1, BLOCK))
+        for p in tk.static_range(W):
+            tk.store(Buf[p], x, (slots + me, y // cols, y % cols))
+    exchange(Buf, Flags, b, 0, epoch, TIMEOUT_MS)
+    for y in range(b, X.shape[0] * cols, G):
+        total = tk.zeros((1, BLOCK), f32)
+        for src in tk.static_range(W):      # the same order on every rank: the same sums
+            total = total + tk.load(Buf, (slots + src, y // cols, y % cols), (1, BLOCK)).to(f32)
+        tk.store(X, total.to(X.dtype), (y // cols, y % cols))
+    if tk.thread_id() == 0:
+        tk.signal(Epochs, (b,), epoch, mode="set", scope="gpu")
+
+
+@tk.kernel(num_warps=8)
+def two_shot_kernel(X: tk.gl, Buf: tk.pgl, Flags: tk.pgl["i32"], Epochs: tk.gl["i32"],
+                    BLOCK: tk.constexpr, TIMEOUT_MS: tk.constexpr = DEFAULT_TIMEOUT_MS):
+    """As one_shot_kernel, in two rounds. Buf: (2W + 2, rows >= T, N) slots:
+    (parity * W + source) for the parts, 2W + parity for the sums. Block b's
+    k-th tile (b + kG) belongs to rank k mod W."""
+    b, G = tk.block_id(0), tk.grid_dim(0)
+    W, me = Buf.world_size, Buf.rank
+    epoch = tk.load(Epochs, (b,)) + 1
+    parts, sums = (epoch & 1) * W, 2 * W + (epoch & 1)
+    cols = tk.cdiv(X.shape[1], BLOCK)
+    tiles = X.shape[0] * cols
+    for y in range(b, tiles, G):            # reduce-scatter: each tile to its owner
+        x = tk.load(X, (y // cols, y % cols), (1, BLOCK))
+        tk.store(Buf[(y // G) % W], x, (parts + me, y // cols, y % cols))
+    exchange(Buf, Flags, b, 0, epoch, TIMEOUT_MS)
+    for y in range(b + me * G, tiles, W * G):     # this rank's tiles: sum, send to all
+        total = tk.zeros((1, BLOCK), f32)
+        for src in tk.static_range(W):
+            total = total + tk.load(Buf, (parts + src, y // cols, y % cols), (1, BLOCK)).to(f32)
+        s = total.to(X.dtype)
+        for p in tk.static_range(W):
+            tk.store(Buf[p], s, (sums, y // cols, y % cols))
+    exchange(Buf, Flags, b, 1, epoch, TIMEOUT_MS)
+    for y in range(b, tiles, G):            # all-gather: every sum into X
+        tk.store(X, tk.load(Buf, (sums, y // cols, y % cols), (1, BLOCK)), (y // cols, y % cols))
+    if tk.thread_id() == 0:
+        tk.signal(Epochs, (b,), epoch, mode="set", scope="gpu")
+
+
+@tk.func
+def exchange(Buf, Flags, b, round_, epoch, TIMEOUT_MS):
+    """Tell every rank that this block's pushes of `round_` are in its buffer
+    (thread p signals rank p), and wait until every rank has said the same
+    (thread p waits for rank p). The barriers order all the block's stores
+    before the signals (the release is cumulative) and the waits before
+    every thread's reads."""
+    W, t = Buf.world_size, tk.thread_id()
+    tk.barrier()
+    if t < W:
+        tk.signal(Flags[t], (b, round_, Buf.rank))
+        tk.wait_signal(Flags, (b, round_, t), epoch, timeout_ms=TIMEOUT_MS)
+    tk.barrier()
+
+
+ALGORITHMS = ("auto", "one_shot", "two_shot")
+# One-shot sends every byte to every peer: past this size (per rank) two
+# shots send less.
+ONE_SHOT_MAX_BYTES = 1 << 20
+
+
+def _block(n: int) -> int:
+    """Columns per tile: 8 per thread (16-byte vectors of 16-bit types) and
+    at most 2048, at least 256 (one 1 x BLOCK tile over 8 warps)."""
+    return max(256, min(2048, 1 << (n - 1).bit_length()))
+
+
+@dataclass
+class _Workspace:
+    """One group's buffer, flags and epochs for one algorithm, dtype and row
+    width; grown (collectively: every rank calls with the same shapes) when
+    a call has more rows than it holds."""
+    buf: tk.PeerTensor
+    flags: tk.PeerTensor
+    epochs: object          # torch int32 (G,)
+    rows: int
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(group, algorithm: str, dtype, rows: int, n: int, grid: int) -> _Workspace:
+    import torch
+    import torch.distributed as dist
+    key = (group.group_name if group is not None else dist.group.WORLD.group_name,
+           torch.cuda.current_device(), algorithm, dtype, n)
+    ws = _WORKSPACES.get(key)
+    if ws is not None and ws.rows >= rows:
+        return ws
+    world = dist.get_world_size(group)
+    slots = 2 * world + (2 if algorithm == "two_shot" else 0)
+    rows = max(rows, 2 * ws.rows if ws is not None else 16)
+    _WORKSPACES.pop(key, None)          # (free the old one before the new one)
+    buf = tk.peer_tensor((slots, rows, n), dtype, group)
+    flags = tk.peer_tensor((grid, 2, -(-world // 4) * 4), torch.int32, group)
+    flags.local.zero_()
+    dist.barrier(group)        # every rank's flags are zero before any signal
+    ws = _WORKSPACES[key] = _Workspace(buf, flags, torch.zeros(grid, dtype=torch.int32,
+                                                               device=buf.local.device), rows)
+    return ws
+
+
+def all_reduce(t, group=None, *, algorithm: str = "auto", timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    """Sum `t` over the ranks of `group` (default: the world), in place, as
+    torch.distributed.all_reduce(t, group=group); returns t.
+
+    t: a contiguous bf16, f16 or f32 CUDA tensor on this rank's current
+    device, whose last dim holds a multiple of 16 bytes; every rank calls
+    with the same shape and dtype. algorithm: "one_shot", "two_shot" or
+    "auto" (one-shot up to 1 MB per rank with 2 ranks and up to 256 KB with
+    more). The first call for a shape allocates symmetric memory (a
+    collective): make it before capturing a CUDA graph, which then replays
+    the kernel as is. A rank that waits timeout_ms for another traps (the
+    launch fails) instead of hanging."""
+    import torch
+    import torch.distributed as dist
+    _check(t, algorithm, timeout_ms)
+    world = dist.get_world_size(group)
+    nbytes = t.numel() * t.element_size()
+    if algorithm == "auto":
+        algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES // (1 if world <= 2 else 4) \
+            else "two_shot"
+    if t.numel() == 0:
+        return t
+    x = t.view(-1, t.shape[-1]) if t.dim() != 1 else t.view(1, -1)
+    grid = num_sms(t.device.index)
+    ws = _workspace(group, algorithm, t.dtype, x.shape[0], x.shape[1], grid)
+    kernel = one_shot_kernel if algorithm == "one_shot" else two_shot_kernel
+    kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(x.shape[1]),
+                    TIMEOUT_MS=timeout_ms)
+    return t
+
+
+def _check(t, algorithm, timeout_ms) -> None:
+    import torch
+    from tk_mlir.kernels import checks
+    fn = "all_reduce"
+    checks.tensor(fn, "t", t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    if not t.is_contiguous():
+        raise ValueError(f"{fn}: t must be contiguous (it is reduced in place), got strides "
+                         f"{t.stride()} for shape {tuple(t.shape)}")
+    if t.dim() == 0 or t.shape[-1] * t.element_size() % 16:
+        raise ValueError(f"{fn}: t's last dim must hold a multiple of 16 bytes "
+                         f"({16 // t.element_size()} {t.dtype} elements), got shape "
+                         f"{tuple(t.shape)}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    check_timeout(fn, timeout_ms)
+    check_distributed(fn, t)
+
+
+def check_timeout(fn: str, timeout_ms) -> None:
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or \
+            not 1 <= timeout_ms <= 3_600_000:
+        raise ValueError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
+                         f"{timeout_ms!r}")
+
+
+def check_distributed(fn: str, t) -> None:
+    """torch.distributed is up, and t is on this rank's current CUDA device
+    (symmetric memory is allocated there)."""
+    import torch
+    import torch.distributed as dist
+    from tk_mlir.kernels import checks
+    checks.on_cuda(fn, "t" if fn == "all_reduce" else "a", t)
+    if not dist.is_initialized():
+        raise RuntimeError(f"{fn} needs torch.distributed initialised (under torchrun: "
+                           f"dist.init_process_group('nccl'))")
+    if t.device.index != torch.cuda.current_device():
+        raise ValueError(f"{fn}: the tensors are on {t.device}, this rank's current device is "
+                         f"cuda:{torch.cuda.current_device()} (torch.cuda.set_device(rank))")

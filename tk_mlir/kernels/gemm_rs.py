@@ -1,0 +1,124 @@
+"""matmul_reduce_scatter: C = A @ B.T summed over the ranks of a group and
+scattered by rows (a tensor-parallel layer's output: every rank holds a
+K-slice of A and B), in one kernel: ThunderKittens' gemm_rs.
+
+Each rank runs the Hopper GEMM (tk_mlir/kernels/gemm.py) on its own K-slice;
+each 64-row piece of a finished tile leaves by TMA reduce-add
+(cp.reduce.async.bulk.tensor .add) straight into the copy of the output
+that its owner holds (a tk.pgl on symmetric memory: rank r owns rows
+r * M / W to (r + 1) * M / W). The GEMM's pipeline keeps computing while the
+adds travel over NVLink, so the reduce-scatter hides behind the product.
+
+The ranks agree by signals, no barrier:
+- each rank zeroes its copy before the kernel; block 0 then tells every rank
+  ("zeroed", round 0), and a consumer waits for every owner's word before its
+  first add;
+- after its last add, every block waits for its TMA writes to complete,
+  fences (system scope) and tells every rank ("done", round 1); block 0 of
+  each rank waits until every block of every rank is done, so the kernel
+  ends with the rank's rows complete.
+Counters only grow: `totals` (local) holds how many of each a rank has
+seen, and block 0 advances it at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tk_mlir as tk
+
+from tk_mlir.kernels.device import num_sms
+from tk_mlir.kernels.gemm import check, gemm, output_shape
+
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+@tk.kernel(num_warps=12)
+def gemm_rs_kernel(A: tk.gl, B: tk.gl, C: tk.pgl, Flags: tk.pgl["i32"], Totals: tk.gl["i32"],
+                   B_KN: tk.constexpr = False, BM: tk.constexpr = 128, BN: tk.constexpr = 256,
+                   BK: tk.constexpr = 64, STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
+                   EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2,
+                   TIMEOUT_MS: tk.constexpr = DEFAULT_TIMEOUT_MS):
+    """This rank's A (M, K) @ B.T (B: N x K, or K x N with B_KN) added into
+    rank r's C (M / W, N) for rows r * M / W ...; Flags (2, >= W) on every
+    rank; Totals (>= 2,): the zeroed and done words this rank has had."""
+    W, me, t, b = C.world_size, C.rank, tk.thread_id(), tk.block_id(0)
+    zeroed = tk.load(Totals, (0,)) + 1
+    done = tk.load(Totals, (1,)) + tk.grid_dim(0)
+    if b == 0:
+        if t < W:       # (the host zeroed C before the launch)
+            tk.signal(Flags[t], (0, me))
+
+    def owners_ready(task):
+        if task == b:   # this block's first tile: every owner has zeroed its copy
+            for p in tk.static_range(W):
+                tk.wait_signal(Flags, (0, p), zeroed, timeout_ms=TIMEOUT_MS)
+
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, True, EPI_N, 1, EPI_BUFFERS=EPI_BUFFERS,
+         SCATTER=owners_ready)
+    tk.tma.store_wait(0, read=False)     # this thread's adds are done ...
+    tk.fence("sys")                      # ... and ordered before the signal
+    tk.barrier()
+    if t < W:
+        tk.signal(Flags[t], (1, me))
+    if b == 0:
+        if t < W:
+            tk.wait_signal(Flags, (1, t), done, timeout_ms=TIMEOUT_MS)
+        tk.barrier()
+        if t == 0:
+            tk.signal(Totals, (0,), zeroed, mode="set", scope="gpu")
+            tk.signal(Totals, (1,), done, mode="set", scope="gpu")
+
+
+@dataclass
+class _Workspace:
+    out: tk.PeerTensor          # (M / W, N): this rank's rows, added into by every rank
+    flags: tk.PeerTensor        # (2, >= W) i32
+    totals: object              # (4,) i32, local
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(group, dtype, rows: int, n: int) -> _Workspace:
+    import torch
+    import torch.distributed as dist
+    key = (group.group_name if group is not None else dist.group.WORLD.group_name,
+           torch.cuda.current_device(), dtype, rows, n)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        world = dist.get_world_size(group)
+        out = tk.peer_tensor((rows, n), dtype, group)
+        flags = tk.peer_tensor((2, -(-world // 4) * 4), torch.int32, group)
+        flags.local.zero_()
+        dist.barrier(group)     # every rank's flags are zero before any signal
+        ws = _WORKSPACES[key] = _Workspace(out, flags, torch.zeros(
+            4, dtype=torch.int32, device=out.local.device))
+    return ws
+
+
+def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
+                          timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    """sum over the ranks of `group` of a @ b.T (b_layout "nk": b is N x K, a
+    Linear weight) or a @ b ("kn"), scattered by rows: rank r gets rows
+    r * M / W to (r + 1) * M / W, as torch.distributed.reduce_scatter_tensor
+    of the products would give. a: (M, K) bf16 or f16, this rank's K-slice;
+    M a multiple of 64 * W. Returns a new (M / W, N) tensor of a's dtype.
+    The first call for a shape allocates symmetric memory (a collective)."""
+    import torch.distributed as dist
+    from tk_mlir.kernels.all_reduce_kernels import check_distributed, check_timeout
+    fn = "matmul_reduce_scatter"
+    if getattr(a, "dim", lambda: 2)() != 2:
+        raise ValueError(f"{fn}: a must be 2-D (M x K), got shape {tuple(a.shape)}")
+    check(a, b, None, b_layout, fn)
+    check_distributed(fn, a)
+    check_timeout(fn, timeout_ms)
+    world = dist.get_world_size(group)
+    M, N = output_shape(a, b, b_layout)
+    if M % (64 * world):
+        raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
+                         f"({64 * world}): each rank's rows are whole 64-row tiles")
+    ws = _workspace(group, a.dtype, M // world, N)
+    ws.out.local.zero_()
+    gemm_rs_kernel[(num_sms(a.device.index),)](a, b, ws.out, ws.flags, ws.totals,
+                                               B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms)
+    return ws.out.local.clone()
