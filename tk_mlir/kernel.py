@@ -32,7 +32,7 @@ from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, NUM_WARPS_RULE, PGL, KernelParams,
                      valid_num_warps)
-from .runtime.peers import read_peers
+from .runtime.peers import PeerTensor, read_peers
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
 
@@ -228,7 +228,9 @@ class Kernel:
         values, num_warps = self.params.bind(args, kwargs)
         tensors = launcher.torch_tensor_types()
         if not tensors or any(type(values[i]) not in tensors for i in self.params.tensors) \
-                or self.params.peer_tensors or not self._plan_keywords.issuperset(kwargs):
+                or not all(_peer_of_torch_tensors(values[i], tensors)
+                           for i in self.params.peer_tensors) \
+                or not self._plan_keywords.issuperset(kwargs):
             return None
         compiled, rules, _, reads, device = self._checked(values, num_warps)
         kinds = tuple(p.passed_as for p in compiled.params)
@@ -282,6 +284,12 @@ class Kernel:
         compiled.function(device).launch(
             g, (compiled.num_threads, 1, 1), compiled.smem_bytes, driver.current_stream(device),
             compiled.launch_values(runtime, by_arg), compiled.ctypes)
+
+
+def _peer_of_torch_tensors(value, tensors: tuple) -> bool:
+    """A PeerTensor whose copies are torch tensors (a launch plan holds it)."""
+    return isinstance(value, PeerTensor) and all(type(t) in tensors
+                                                 for t in (value.local, *value.peers))
 
 
 def _copies(name: str, info) -> list[tuple[str, object]]:

@@ -33,7 +33,7 @@ import sys
 from typing import Callable
 
 from .global_reads import ABSENT
-from .params import KernelParams, constexpr_tag, launch_value_code
+from .params import PGL, KernelParams, constexpr_tag, launch_value_code
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 from .target import TARGET
 
@@ -111,6 +111,31 @@ def check_scalar(name: str, kind: str, value):
         raise ArgumentError(f"argument '{name}' = {value!r} must be a float")
 
 
+def _abi_variables(params: KernelParams, values: list, local: list[str], peers: set,
+                   env: dict) -> tuple[list[str], list]:
+    """Per argument of the compiled kernel (params.abi_arguments' order): the
+    plan's variable for it, and the parameter it reads (None for a piece of
+    a tk.pgl argument, whose values are put in `env` as constants)."""
+    from .runtime.peers import read_peers
+    arg_vars, source = [], []
+    for i in params.runtime:
+        if i not in peers:
+            arg_vars.append(local[i])
+            source.append(i)
+            continue
+        info = read_peers(values[i], params[i].name, tensor_info)
+        for k, t in enumerate((info.local, *info.peers)):
+            v = f"P{i}_{k}"
+            env.update({f"{v}_ptr": t.ptr, f"{v}_shape": tuple(t.shape),
+                        f"{v}_strides": tuple(t.strides), f"{v}_info": t})
+            arg_vars.append(v)
+            source.append(None)
+        env[f"P{i}_rank"] = info.rank
+        arg_vars.append(f"P{i}_rank")
+        source.append(None)
+    return arg_vars, source
+
+
 def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: dict,
                gl_rules: dict[int, dict], compiled, launch: Callable, stream: Callable,
                device: int, reads: tuple = ()) -> Callable:
@@ -121,6 +146,11 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     (global_reads.GlobalRead)."""
     from .runtime.tensor_maps import check_tma_tensor
     names = params.names
+    # tk.pgl arguments: the plan holds the PeerTensor it was made for (a
+    # frozen grouping of tensors that do not move) and guards on identity, so
+    # its copies' pointers, extents and tensor maps are read once, here.
+    peers = {i for i in gl_rules if params[i].kind == PGL}
+    gl_rules = {i: rule for i, rule in gl_rules.items() if i not in peers}
     env = {"TENSORS": frozenset(torch_tensor_types()), "TAIL": tuple(values[n_positional:]),
            "MISSING": object(), "launch": launch, "stream": stream, "checked": set(),
            "rejected": set(),
@@ -159,8 +189,16 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         a = local[i]
         lines.append(f"    if type({a}) not in TENSORS or {a}.dtype is not D{i}:")
         lines.append("        return False")
+    for i in peers:
+        env[f"P{i}"] = values[i]
+        lines += [f"    if {local[i]} is not P{i}:", "        return False"]
     abi = compiled.params
-    scalars = {params.runtime[p.arg]: p.kind for p in abi if p.kind in ("i32", "f32")}
+    arg_vars, source = _abi_variables(params, values, local, peers, env)
+    for p in abi:              # (the peer copies' launch values are fixed: check them once)
+        if p.kind == "tmap" and source[p.arg] is None:
+            check_tma_tensor(arg_vars[p.arg], env[f"{arg_vars[p.arg]}_info"])
+    scalars = {source[p.arg]: p.kind for p in abi
+               if p.kind in ("i32", "f32") and source[p.arg] is not None}
     for pos, kind in scalars.items():
         ok = f"type({local[pos]}) is int" if kind == "i32" else \
             f"(type({local[pos]}) is float or type({local[pos]}) is int)"
@@ -191,8 +229,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         if kind == "i32":
             lines.append(f"    if not {_I32_MIN} <= {local[pos]} <= {_I32_MAX}:")
             lines.append(f"        scalar_check(NAMES[{pos}], 'i32', {local[pos]})")
-    launch_values = launch_value_code(abi, [local[i] for i in params.runtime],
-                                      compiled.tensor_maps, env)
+    launch_values = launch_value_code(abi, arg_vars, compiled.tensor_maps, env)
     # A grid seen before (a tuple or int, or what a grid function returned)
     # was validated then; a grid function still runs per launch (it reads
     # the arguments).
@@ -209,7 +246,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
               f"    launch(grid[0], grid[1], grid[2], stream(), {', '.join(launch_values)})",
               "    return True"]
 
-    with_maps = {params.runtime[p.arg] for p in abi if p.kind == "tmap"}
+    with_maps = {source[p.arg] for p in abi if p.kind == "tmap"}
 
     def full_check(all_values) -> bool:
         infos = [tensor_info(all_values[i], names[i]) for i in gl_rules]

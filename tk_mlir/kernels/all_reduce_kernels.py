@@ -165,7 +165,7 @@ def all_reduce(t, group=None, *, algorithm: str = "auto", timeout_ms: int = DEFA
     import torch
     import torch.distributed as dist
     _check(t, algorithm, timeout_ms)
-    world = dist.get_world_size(group)
+    world = world_size(group)
     nbytes = t.numel() * t.element_size()
     if algorithm == "auto":
         algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES // (1 if world <= 2 else 4) \
@@ -179,6 +179,19 @@ def all_reduce(t, group=None, *, algorithm: str = "auto", timeout_ms: int = DEFA
     kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(x.shape[1]),
                     TIMEOUT_MS=timeout_ms)
     return t
+
+
+_WORLD_SIZES: dict = {}
+
+
+def world_size(group) -> int:
+    """dist.get_world_size(group), asked once per group (it costs ~10 µs of
+    host time, as much as the rest of a small all-reduce's launch)."""
+    n = _WORLD_SIZES.get(group)
+    if n is None:
+        import torch.distributed as dist
+        n = _WORLD_SIZES[group] = dist.get_world_size(group)
+    return n
 
 
 def _check(t, algorithm, timeout_ms) -> None:

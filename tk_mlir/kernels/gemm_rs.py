@@ -104,15 +104,14 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     of the products would give. a: (M, K) bf16 or f16, this rank's K-slice;
     M a multiple of 64 * W. Returns a new (M / W, N) tensor of a's dtype.
     The first call for a shape allocates symmetric memory (a collective)."""
-    import torch.distributed as dist
-    from tk_mlir.kernels.all_reduce_kernels import check_distributed, check_timeout
+    from tk_mlir.kernels.all_reduce_kernels import check_distributed, check_timeout, world_size
     fn = "matmul_reduce_scatter"
     if getattr(a, "dim", lambda: 2)() != 2:
         raise ValueError(f"{fn}: a must be 2-D (M x K), got shape {tuple(a.shape)}")
     check(a, b, None, b_layout, fn)
     check_distributed(fn, a)
     check_timeout(fn, timeout_ms)
-    world = dist.get_world_size(group)
+    world = world_size(group)
     M, N = output_shape(a, b, b_layout)
     if M % (64 * world):
         raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
