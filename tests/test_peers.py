@@ -323,3 +323,12 @@ def test_all_reduce_checks_its_arguments(t, kwargs, error, message):
 def test_matmul_reduce_scatter_checks_its_arguments(a, b, kwargs, error, message):
     with pytest.raises(error, match=message):
         gemm_rs.matmul_reduce_scatter(a, b, **kwargs)
+
+
+def test_the_cli_compiles_a_peer_tensor_from_its_spec(capsys):
+    from tk_mlir.cli import main
+    call = [f"{HERE}::copy_peer", "--arg", "f32[16,16]x3", "--arg", "f32[16,16]"]
+    assert main(["compile", *call]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["compile", *call[:2], "f32[16,16]", "--arg", "f32[16,16]"]) != 0
+    assert "followed by xW, the world size" in capsys.readouterr().err

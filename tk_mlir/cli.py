@@ -23,8 +23,9 @@ from .errors import ArgumentError, CompilationError
 from .compiler import tk_stage_names, writable_folder
 from .errors import debug
 from .kernel import Kernel
-from .params import CONSTEXPR, GL, I32, BindError
+from .params import CONSTEXPR, GL, I32, PGL, BindError, Param
 from .runtime.arguments import spec
+from .runtime.peers import peer_spec
 from .runtime.toolchain import ToolchainError
 
 DTYPES = ("bf16", "f16", "f32", "f8e4m3", "f8e5m2")
@@ -100,6 +101,17 @@ def parse_arg(text: str, param) -> object:
     """One --arg value for `param`: a tensor spec for a tk.gl parameter, a number
     for an int or float one."""
     text = text.strip()
+    if param.kind == PGL:      # DTYPE[dims]xW: a peer tensor of W ranks
+        tensor, _, world = text.rpartition("x")
+        if not world.isdigit() or not _TENSOR.fullmatch(tensor.strip()):
+            raise UsageError(f"--arg {param.name}: a tk.pgl parameter takes {TENSOR_FORM} "
+                             f"followed by xW, the world size (e.g. bf16[4,8192]x2), got "
+                             f"{text!r}")
+        local = parse_arg(tensor, Param(param.name, GL, param.dtype))
+        try:
+            return peer_spec(local.shape, local.dtype, int(world))
+        except ArgumentError as e:
+            raise UsageError(f"--arg {param.name}: {e}") from None
     if param.kind == GL:
         m = _TENSOR.fullmatch(text)
         if not m or m[1] not in DTYPES:
