@@ -87,6 +87,9 @@ class OpDef:
     async_wait: bool = False             # waits for async results (attribute `pending`)
     int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
     #                                      scalars read one at a time), never one of tiles
+    peer_copies: str | None = None       # the variadic operand holding a tk.pgl argument's
+    #                                      copies: of any tensor dtype (i32 flags too), as the
+    #                                      result that picks one
     # ---- cross-GPU ordering (passes/signals.py): a signal publishes the writes
     # before it; TMA writes must be complete and fenced at the signal's scope first.
     bulk_write: bool = False             # writes global memory through the async proxy
@@ -263,7 +266,7 @@ OPS: tuple[OpDef, ...] = (
               "in and goes on (bar.arrive)"),
     # Peer memory and cross-GPU signals (tk.pgl arguments; tk_mlir/signals.py).
     OpDef("peer_select", operands=("rank",), variadic="peers", results=("result",),
-          int_tensor="peers",
+          peer_copies="peers",
           doc="the copy of a tk.pgl tensor on rank `rank` (an i32 from 0 to the world size - "
               "1; traps outside): one of `peers`, which share one type"),
     OpDef("signal", operands=("flags", "value"), variadic="indices",
@@ -277,9 +280,11 @@ OPS: tuple[OpDef, ...] = (
           doc="spin (ld.acquire at `scope`) until one u32 element of an i32 gl reaches "
               "`expected` (wrapping compare: epoch counters never need resetting); after "
               "`timeout_ms` print where and trap"),
-    OpDef("fence", attributes=("scope",), fence_scope=_scope_attribute,
+    OpDef("fence", attributes=("scope", "async_proxy"), fence_scope=_scope_attribute,
           doc="fence.acq_rel at `scope` (cta, gpu, sys): orders this thread's memory "
-              "operations, completed TMA writes included, with its later ones"),
+              "operations, completed TMA writes included, with its later ones; async_proxy: "
+              "first fence.proxy.async.global, between its TMA (async proxy) accesses of "
+              "global memory and its loads, stores and flags (generic proxy)"),
     # Values.
     OpDef("fill", results=("result",), attributes=("value",), doc="a tile of one value"),
     OpDef("cvt", operands=("src",), results=("result",), layout="same",

@@ -26,8 +26,8 @@ from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
 from ..target import TARGET
-from . import (atomic, compute, masks, memory, mma, reduce, signals, sync, threads,  # noqa: F401
-               tma)  # (register their lowerings)
+from . import (atomic, compute, masks, memory, mma, peers, reduce, signals, sync,  # noqa: F401
+               threads, tma)  # (register their lowerings)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
 from .sync import init_semaphores

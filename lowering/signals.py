@@ -1,44 +1,18 @@
-"""Lowering of peer memory and signals: tk.peer_select, tk.signal,
-tk.wait_signal, tk.fence (PTX memory model: release/acquire at a scope).
-
-A tk.pgl argument arrives as one GlobalRef per rank (lowering/kernel.py);
-tk.peer_select picks one by a run-time rank with a chain of selects (world
-sizes are small), and a TMA op on the pick selects among the ranks' tensor
-maps the same way (lowering/tma.py). A rank outside the group, a flag
-outside its tensor and a wait past its timeout trap: the launch fails
-instead of reading or writing memory it does not own, or hanging.
+"""Lowering of signals: tk.signal, tk.wait_signal, tk.fence (PTX memory
+model: release/acquire at a scope). A flag outside its tensor and a wait
+past its timeout trap: the launch fails instead of writing memory it does
+not own, or hanging.
 """
 from __future__ import annotations
 
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, scf
 
-from ..dialects import types as T
 from ..errors import _where
 from .context import LoweringContext, c32, i32, lowers
 from .fragments import GlobalRef
 from .memory import _guarded, element_address
-
-
-def trap() -> None:
-    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)
-
-
-def select_by_rank(rank: ir.Value, choices: list[ir.Value]) -> ir.Value:
-    """choices[rank], trapping when rank is not one of their indices."""
-    _guarded(arith.cmpi(arith.CmpIPredicate.uge, rank, c32(len(choices))), trap)
-    picked = choices[0]
-    for r, v in enumerate(choices[1:], 1):
-        picked = arith.select(arith.cmpi(arith.CmpIPredicate.eq, rank, c32(r)), v, picked)
-    return picked
-
-
-@lowers("tk.peer_select")
-def lower_peer_select(ctx: LoweringContext, op, rank: ir.Value, *peers: GlobalRef) -> GlobalRef:
-    # Every rank's copy has the same extents and strides (runtime/peers.py checks).
-    first = peers[0]
-    return GlobalRef(select_by_rank(rank, [p.ptr for p in peers]), first.dims, first.strides,
-                     first.type)
+from .peers import trap
 
 
 def _flag(flags: GlobalRef, indices) -> ir.Value:
@@ -98,4 +72,7 @@ def _time_out(op, seen: ir.Value, expected: ir.Value) -> None:
 
 @lowers("tk.fence")
 def lower_fence(ctx: LoweringContext, op) -> None:
-    llvm.inline_asm(None, [], f"fence.acq_rel.{op.scope};", "", has_side_effects=True)
+    text = f"fence.acq_rel.{op.scope};"
+    if op.async_proxy:
+        text = "fence.proxy.async.global; " + text
+    llvm.inline_asm(None, [], text, "", has_side_effects=True)

@@ -18,7 +18,7 @@ from ..dialects import types as T
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import GlobalRef, SharedRef
 from .memory import smem_addr
-from .signals import select_by_rank
+from .peers import select_by_rank
 
 
 @dataclass(frozen=True)

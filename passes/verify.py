@@ -176,12 +176,10 @@ def _common(op, operands, results, num_warps: int) -> None:
     registers."""
     _whole_arrays(op)
     d = tk.op_def(op)
-    if d.int_tensor is None:
-        int_tensors = ()
-    elif d.int_tensor == d.variadic:     # (peer_select: any copy of a peer tensor, and the result)
+    if d.peer_copies is not None:     # any copy of a peer tensor, and the one picked
         int_tensors = range(len(d.operands), len(operands) + len(results))
     else:
-        int_tensors = (d.operands.index(d.int_tensor),)
+        int_tensors = (d.operands.index(d.int_tensor),) if d.int_tensor else ()
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":

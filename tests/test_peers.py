@@ -296,7 +296,7 @@ def test_interpreter_refuses_peer_tensors():
 @pytest.mark.parametrize("t, kwargs, error, message", [
     (torch.zeros(4, 8, dtype=torch.int32), {}, TypeError, "t must be torch.bfloat16"),
     (torch.zeros(8, 4, dtype=torch.bfloat16).T, {}, ValueError, "t must be contiguous"),
-    (torch.zeros(4, 6, dtype=torch.bfloat16), {}, ValueError, "multiple of 16 bytes"),
+    (torch.zeros(3, 5, dtype=torch.bfloat16), {}, ValueError, "multiple of 16 bytes"),
     (torch.zeros(4, 8, dtype=torch.bfloat16), {"algorithm": "ring"}, ValueError,
      "algorithm must be one of"),
     (torch.zeros(4, 8, dtype=torch.bfloat16), {"timeout_ms": 0}, ValueError,
@@ -332,3 +332,25 @@ def test_the_cli_compiles_a_peer_tensor_from_its_spec(capsys):
     capsys.readouterr()
     assert main(["compile", *call[:2], "f32[16,16]", "--arg", "f32[16,16]"]) != 0
     assert "followed by xW, the world size" in capsys.readouterr().err
+
+
+def test_workspaces_grow_by_doubling_and_keep_the_outgrown(monkeypatch):
+    from tk_mlir.kernels import symmetric
+    from types import SimpleNamespace
+    monkeypatch.setattr(symmetric, "group_key", lambda group: ("g", 0))
+    made = []
+    def make(group, key, capacity):
+        made.append((key, capacity))
+        return SimpleNamespace(capacity=capacity)
+    spaces = symmetric.Workspaces(make)
+    first = spaces.get(None, ("k",), 5, "f")
+    assert spaces.get(None, ("k",), 5, "f") is first and spaces.get(None, ("k",), 3, "f") is first
+    second = spaces.get(None, ("k",), 6, "f")
+    assert second.capacity == 10 and spaces.retired == [first]      # kept: graphs may use it
+    assert spaces.get(None, ("k",), 30, "f").capacity == 30
+    assert [m[1] for m in made] == [5, 10, 30]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="f: this call needs a new symmetric-memory workspace"):
+        spaces.get(None, ("k",), 31, "f")
+    assert spaces.get(None, ("k",), 30, "f").capacity == 30         # (no allocation: fine)

@@ -54,10 +54,12 @@ def test_all_reduce_kernels(kernel, extra, T, N, world):
     assert all(int(e[0]) == 3 for e in epochs)
 
 
-@pytest.mark.parametrize("M, N, K, kn", [(1024, 1024, 512, False), (2048, 768, 1000, False),
-                                          (512, 4096, 256, True)])
-def test_gemm_reduce_scatter_kernel(M, N, K, kn):
-    world, grid, dev = 2, 48, torch.device("cuda")      # (both ranks' blocks fit at once)
+@pytest.mark.parametrize("M, N, K, kn, world", [
+    (1024, 1024, 512, False, 2), (2048, 768, 1000, False, 2), (512, 4096, 256, True, 2),
+    (192, 256, 128, False, 3),      # 3 tile rows of 64: the last 128-row tile is half past M
+    (64, 512, 64, False, 1)])
+def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
+    grid, dev = 36, torch.device("cuda")      # (every rank's blocks fit at once)
     rows = M // world
     outs = [torch.empty((rows, N), dtype=torch.bfloat16, device=dev) for _ in range(world)]
     flags = [torch.zeros((2, 4), dtype=torch.int32, device=dev) for _ in range(world)]

@@ -262,8 +262,8 @@ class Kernel:
             name = self.params[i].name
             for what, t in _copies(name, tensors[i]):
                 check_tensor(t, what, **rule)
-                on[what] = t
-        device = launcher.launch_device(on)
+            on[name] = getattr(tensors[i], "local", tensors[i])   # (a peer's copy may be on
+        device = launcher.launch_device(on)                        # another GPU)
         return compiled, rules, tensors, reads, device
 
     def launch_general(self, grid, args, kwargs) -> None:

@@ -229,13 +229,13 @@ class KernelParams:
             p, v = self.params[i], values[i]
             if p.kind == PGL:
                 peers = infos[p.name]
-                copies = (peers.local, *peers.peers)
-                for (name, _), info in zip(expand_peers(p.name, peers.world_size), copies):
+                *copies, (rank_name, _) = expand_peers(p.name, peers.world_size)
+                for (name, _), info in zip(copies, (peers.local, *peers.peers), strict=True):
                     tensors[len(runtime)] = info
                     runtime.append(v)
                     names.append(name)
                 runtime.append(peers.rank)
-                names.append(f"{p.name}.rank")
+                names.append(rank_name)
                 continue
             if p.kind == GL:
                 tensors[len(runtime)] = infos[p.name]

@@ -26,11 +26,11 @@ from .dialects import tk as tk_dialect
 from .errors import CompilationError
 from .language import builtin, compile_time_int
 from .ops import _indices
+from .runtime.peers import DEFAULT_TIMEOUT_MS
 from .values import Global, as_scalar, builds, emit
 
 __all__ = ["signal", "wait_signal", "fence"]
 
-DEFAULT_TIMEOUT_MS = 10_000
 _MODES = ("add", "set")
 
 
@@ -82,8 +82,10 @@ def wait_signal(flags, idx, expected, *, scope="sys", timeout_ms=DEFAULT_TIMEOUT
 
 @builtin
 @builds("fence")
-def fence(scope="sys"):
+def fence(scope="sys", *, async_proxy=False):
     """fence.acq_rel at `scope`: this thread's earlier memory operations
     (TMA writes completed by tk.store_wait(0, read=False) among them) are
-    ordered before its later ones, e.g. a tk.signal."""
-    emit("fence", scope=_scope(scope))
+    ordered before its later ones, e.g. a tk.signal. async_proxy=True also
+    orders them across proxies (fence.proxy.async.global): its TMA writes
+    with a later signal, or a flag it acquired with its later TMA writes."""
+    emit("fence", scope=_scope(scope), async_proxy=bool(async_proxy))

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import tk_mlir as tk
 from tk_mlir import f32
 
+from tk_mlir.kernels import symmetric
 from tk_mlir.kernels.device import num_sms
-
-DEFAULT_TIMEOUT_MS = 10_000
+from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
 
 @tk.kernel(num_warps=8)
@@ -107,6 +107,7 @@ ALGORITHMS = ("auto", "one_shot", "two_shot")
 # One-shot sends every byte to every peer: past this size (per rank) two
 # shots send less.
 ONE_SHOT_MAX_BYTES = 1 << 20
+WIDTH = 2048     # columns of the 2-D view the kernels take of any tensor
 
 
 def _block(n: int) -> int:
@@ -117,81 +118,59 @@ def _block(n: int) -> int:
 
 @dataclass
 class _Workspace:
-    """One group's buffer, flags and epochs for one algorithm, dtype and row
-    width; grown (collectively: every rank calls with the same shapes) when
-    a call has more rows than it holds."""
-    buf: tk.PeerTensor
-    flags: tk.PeerTensor
-    epochs: object          # torch int32 (G,)
-    rows: int
+    buf: tk.PeerTensor      # (slots, capacity, width)
+    flags: tk.PeerTensor    # (grid, 2, >= W) i32
+    epochs: object          # (grid,) i32, local: this rank's launches, per block
+    capacity: int           # rows
 
 
-_WORKSPACES: dict = {}
-
-
-def _workspace(group, algorithm: str, dtype, rows: int, n: int, grid: int) -> _Workspace:
+def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
     import torch
-    import torch.distributed as dist
-    key = (group.group_name if group is not None else dist.group.WORLD.group_name,
-           torch.cuda.current_device(), algorithm, dtype, n)
-    ws = _WORKSPACES.get(key)
-    if ws is not None and ws.rows >= rows:
-        return ws
-    world = dist.get_world_size(group)
+    algorithm, dtype, width, grid = key
+    world = symmetric.world_size(group)
     slots = 2 * world + (2 if algorithm == "two_shot" else 0)
-    rows = max(rows, 2 * ws.rows if ws is not None else 16)
-    _WORKSPACES.pop(key, None)          # (free the old one before the new one)
-    buf = tk.peer_tensor((slots, rows, n), dtype, group)
-    flags = tk.peer_tensor((grid, 2, -(-world // 4) * 4), torch.int32, group)
-    flags.local.zero_()
-    dist.barrier(group)        # every rank's flags are zero before any signal
-    ws = _WORKSPACES[key] = _Workspace(buf, flags, torch.zeros(grid, dtype=torch.int32,
-                                                               device=buf.local.device), rows)
-    return ws
+    buf = tk.peer_tensor((slots, capacity, width), dtype, group)
+    flags = symmetric.zeroed_flags((grid, 2, symmetric.flag_width(world)), group)
+    return _Workspace(buf, flags, torch.zeros(grid, dtype=torch.int32,
+                                              device=buf.local.device), capacity)
 
 
-def all_reduce(t, group=None, *, algorithm: str = "auto", timeout_ms: int = DEFAULT_TIMEOUT_MS):
+_WORKSPACES = symmetric.Workspaces(_make_workspace)
+
+
+def all_reduce(t, group=None, *, algorithm: str = "auto",
+               timeout_ms: int = symmetric.DEFAULT_TIMEOUT_MS):
     """Sum `t` over the ranks of `group` (default: the world), in place, as
     torch.distributed.all_reduce(t, group=group); returns t.
 
     t: a contiguous bf16, f16 or f32 CUDA tensor on this rank's current
-    device, whose last dim holds a multiple of 16 bytes; every rank calls
-    with the same shape and dtype. algorithm: "one_shot", "two_shot" or
-    "auto" (one-shot up to 1 MB per rank with 2 ranks and up to 256 KB with
-    more). The first call for a shape allocates symmetric memory (a
-    collective): make it before capturing a CUDA graph, which then replays
-    the kernel as is. A rank that waits timeout_ms for another traps (the
-    launch fails) instead of hanging."""
-    import torch
-    import torch.distributed as dist
+    device, of a multiple of 16 bytes; every rank calls with the same shape
+    and dtype. algorithm: "one_shot", "two_shot" or "auto" (one-shot up to
+    1 MB per rank with 2 ranks and up to 256 KB with more). A call needing a
+    larger workspace than the group's calls so far allocates symmetric
+    memory (a collective): make one such call before capturing a CUDA graph,
+    which then replays the kernel as is. A rank that waits timeout_ms for
+    another traps (the launch fails, with a message saying where) instead
+    of hanging. The kernel's blocks wait for the same blocks of the other
+    ranks: another kernel that fills a GPU and waits for a peer (e.g. NCCL
+    on another stream) at the same time can stall it until the timeout."""
+    import math
+    fn = "all_reduce"
     _check(t, algorithm, timeout_ms)
-    world = world_size(group)
+    world = symmetric.world_size(group)
     nbytes = t.numel() * t.element_size()
     if algorithm == "auto":
         algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES // (1 if world <= 2 else 4) \
             else "two_shot"
     if t.numel() == 0:
         return t
-    x = t.view(-1, t.shape[-1]) if t.dim() != 1 else t.view(1, -1)
+    width = math.gcd(t.numel(), WIDTH)      # (a multiple of 16 bytes: t's size is)
+    x = t.view(-1, width)
     grid = num_sms(t.device.index)
-    ws = _workspace(group, algorithm, t.dtype, x.shape[0], x.shape[1], grid)
+    ws = _WORKSPACES.get(group, (algorithm, t.dtype, width, grid), x.shape[0], fn)
     kernel = one_shot_kernel if algorithm == "one_shot" else two_shot_kernel
-    kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(x.shape[1]),
-                    TIMEOUT_MS=timeout_ms)
+    kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(width), TIMEOUT_MS=timeout_ms)
     return t
-
-
-_WORLD_SIZES: dict = {}
-
-
-def world_size(group) -> int:
-    """dist.get_world_size(group), asked once per group (it costs ~10 µs of
-    host time, as much as the rest of a small all-reduce's launch)."""
-    n = _WORLD_SIZES.get(group)
-    if n is None:
-        import torch.distributed as dist
-        n = _WORLD_SIZES[group] = dist.get_world_size(group)
-    return n
 
 
 def _check(t, algorithm, timeout_ms) -> None:
@@ -202,33 +181,10 @@ def _check(t, algorithm, timeout_ms) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{fn}: t must be contiguous (it is reduced in place), got strides "
                          f"{t.stride()} for shape {tuple(t.shape)}")
-    if t.dim() == 0 or t.shape[-1] * t.element_size() % 16:
-        raise ValueError(f"{fn}: t's last dim must hold a multiple of 16 bytes "
-                         f"({16 // t.element_size()} {t.dtype} elements), got shape "
-                         f"{tuple(t.shape)}")
+    if t.numel() * t.element_size() % 16:
+        raise ValueError(f"{fn}: t must hold a multiple of 16 bytes ({16 // t.element_size()} "
+                         f"{t.dtype} elements), got shape {tuple(t.shape)}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    check_timeout(fn, timeout_ms)
-    check_distributed(fn, t)
-
-
-def check_timeout(fn: str, timeout_ms) -> None:
-    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or \
-            not 1 <= timeout_ms <= 3_600_000:
-        raise ValueError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
-                         f"{timeout_ms!r}")
-
-
-def check_distributed(fn: str, t) -> None:
-    """torch.distributed is up, and t is on this rank's current CUDA device
-    (symmetric memory is allocated there)."""
-    import torch
-    import torch.distributed as dist
-    from tk_mlir.kernels import checks
-    checks.on_cuda(fn, "t" if fn == "all_reduce" else "a", t)
-    if not dist.is_initialized():
-        raise RuntimeError(f"{fn} needs torch.distributed initialised (under torchrun: "
-                           f"dist.init_process_group('nccl'))")
-    if t.device.index != torch.cuda.current_device():
-        raise ValueError(f"{fn}: the tensors are on {t.device}, this rank's current device is "
-                         f"cuda:{torch.cuda.current_device()} (torch.cuda.set_device(rank))")
+    symmetric.check_timeout(fn, timeout_ms)
+    symmetric.check_distributed(fn, "t", t)

@@ -49,8 +49,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     (tk.store_partial, counting in F). SCATTER: C is a tk.pgl of rows / W
     rows, rank r's copy rows r * rows / W ..., and each tile is added into
     its owner's copy (TMA reduce-add: a reduce-scatter over the ranks' C);
-    SCATTER(task) runs before a tile's first add (the owners' copies must be
-    ready)."""
+    SCATTER(task, wg) runs before each of a consumer's tiles (the owners'
+    copies must be ready before the first add)."""
     batched = len(A.shape) == 3
     M, K = A.shape[-2], A.shape[-1]
     N = B.shape[-1] if B_KN else B.shape[-2]
@@ -132,10 +132,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
         if SCATTER is not None:
-            SCATTER(task)
+            SCATTER(task, wg)
             per_rank = C.shape[0] // 64              # (a rank's rows: a multiple of 64)
-            tk.store_in_pieces(C[row // per_rank], acc, row % per_rank, n * (BN // EPI_N), EPI_N,
-                               wg, c_tiles, EPI_BUFFERS, add=True)
+            if row < tk.cdiv(M, 64):                 # (a 128-row tile's second half may be past M)
+                tk.store_in_pieces(C[row // per_rank], acc, row % per_rank, n * (BN // EPI_N),
+                                   EPI_N, wg, c_tiles, EPI_BUFFERS, add=True)
         elif SPLIT_K > 1:
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:

@@ -10,9 +10,10 @@ r * M / W to (r + 1) * M / W). The GEMM's pipeline keeps computing while the
 adds travel over NVLink, so the reduce-scatter hides behind the product.
 
 The ranks agree by signals, no barrier:
-- each rank zeroes its copy before the kernel; block 0 then tells every rank
-  ("zeroed", round 0), and a consumer waits for every owner's word before its
-  first add;
+- each rank zeroes its copy before the kernel; its blocks then tell every
+  rank ("zeroed", round 0: any one block's word is enough, so no block
+  waits for another of its own rank to be scheduled), and a consumer waits
+  for every owner's word before its first add;
 - after its last add, every block waits for its TMA writes to complete,
   fences (system scope) and tells every rank ("done", round 1); block 0 of
   each rank waits until every block of every rank is done, so the kernel
@@ -22,14 +23,14 @@ seen, and block 0 advances it at the end.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tk_mlir as tk
 
+from tk_mlir.kernels import symmetric
 from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.gemm import check, gemm, output_shape
-
-DEFAULT_TIMEOUT_MS = 10_000
+from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
 
 @tk.kernel(num_warps=12)
@@ -44,19 +45,21 @@ def gemm_rs_kernel(A: tk.gl, B: tk.gl, C: tk.pgl, Flags: tk.pgl["i32"], Totals: 
     W, me, t, b = C.world_size, C.rank, tk.thread_id(), tk.block_id(0)
     zeroed = tk.load(Totals, (0,)) + 1
     done = tk.load(Totals, (1,)) + tk.grid_dim(0)
-    if b == 0:
-        if t < W:       # (the host zeroed C before the launch)
-            tk.signal(Flags[t], (0, me))
+    if t < W:           # (the host zeroed C before the launch; any block may say so)
+        tk.signal(Flags[t], (0, me), zeroed, mode="set")
 
-    def owners_ready(task):
+    def owners_ready(task, wg):
         if task == b:   # this block's first tile: every owner has zeroed its copy
-            for p in tk.static_range(W):
-                tk.wait_signal(Flags, (0, p), zeroed, timeout_ms=TIMEOUT_MS)
+            if t % 128 == 0:
+                for p in tk.static_range(W):
+                    tk.wait_signal(Flags, (0, p), zeroed, timeout_ms=TIMEOUT_MS)
+            tk.named_barrier(1 + wg, warps=4)
+            tk.fence("sys", async_proxy=True)    # the zeros before this thread's TMA adds
 
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, True, EPI_N, 1, EPI_BUFFERS=EPI_BUFFERS,
          SCATTER=owners_ready)
     tk.tma.store_wait(0, read=False)     # this thread's adds are done ...
-    tk.fence("sys")                      # ... and ordered before the signal
+    tk.fence("sys", async_proxy=True)    # ... and ordered before the signal
     tk.barrier()
     if t < W:
         tk.signal(Flags[t], (1, me))
@@ -71,29 +74,32 @@ def gemm_rs_kernel(A: tk.gl, B: tk.gl, C: tk.pgl, Flags: tk.pgl["i32"], Totals: 
 
 @dataclass
 class _Workspace:
-    out: tk.PeerTensor          # (M / W, N): this rank's rows, added into by every rank
+    out: tk.PeerTensor          # (capacity, N): this rank's rows, added into by every rank
     flags: tk.PeerTensor        # (2, >= W) i32
     totals: object              # (4,) i32, local
+    capacity: int               # rows
+    views: dict = field(default_factory=dict)    # rows -> out's first rows, a PeerTensor
+
+    def rows(self, n: int) -> tk.PeerTensor:
+        """`out`'s first n rows on every rank (the same object for the same n:
+        the launch plan holds it)."""
+        if n not in self.views:
+            self.views[n] = tk.PeerTensor.from_tensors([c[:n] for c in self.out.peers],
+                                                       self.out.rank)
+        return self.views[n]
 
 
-_WORKSPACES: dict = {}
-
-
-def _workspace(group, dtype, rows: int, n: int) -> _Workspace:
+def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
     import torch
-    import torch.distributed as dist
-    key = (group.group_name if group is not None else dist.group.WORLD.group_name,
-           torch.cuda.current_device(), dtype, rows, n)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        world = dist.get_world_size(group)
-        out = tk.peer_tensor((rows, n), dtype, group)
-        flags = tk.peer_tensor((2, -(-world // 4) * 4), torch.int32, group)
-        flags.local.zero_()
-        dist.barrier(group)     # every rank's flags are zero before any signal
-        ws = _WORKSPACES[key] = _Workspace(out, flags, torch.zeros(
-            4, dtype=torch.int32, device=out.local.device))
-    return ws
+    dtype, n = key
+    world = symmetric.world_size(group)
+    out = tk.peer_tensor((capacity, n), dtype, group)
+    flags = symmetric.zeroed_flags((2, symmetric.flag_width(world)), group)
+    return _Workspace(out, flags, torch.zeros(4, dtype=torch.int32, device=out.local.device),
+                      capacity)
+
+
+_WORKSPACES = symmetric.Workspaces(_make_workspace)
 
 
 def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
@@ -103,21 +109,22 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     r * M / W to (r + 1) * M / W, as torch.distributed.reduce_scatter_tensor
     of the products would give. a: (M, K) bf16 or f16, this rank's K-slice;
     M a multiple of 64 * W. Returns a new (M / W, N) tensor of a's dtype.
-    The first call for a shape allocates symmetric memory (a collective)."""
-    from tk_mlir.kernels.all_reduce_kernels import check_distributed, check_timeout, world_size
+    A call with more rows than the group's calls so far allocates symmetric
+    memory (a collective)."""
     fn = "matmul_reduce_scatter"
     if getattr(a, "dim", lambda: 2)() != 2:
         raise ValueError(f"{fn}: a must be 2-D (M x K), got shape {tuple(a.shape)}")
     check(a, b, None, b_layout, fn)
-    check_distributed(fn, a)
-    check_timeout(fn, timeout_ms)
-    world = world_size(group)
+    symmetric.check_distributed(fn, "a", a)
+    symmetric.check_timeout(fn, timeout_ms)
+    world = symmetric.world_size(group)
     M, N = output_shape(a, b, b_layout)
     if M % (64 * world):
         raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
                          f"({64 * world}): each rank's rows are whole 64-row tiles")
-    ws = _workspace(group, a.dtype, M // world, N)
-    ws.out.local.zero_()
-    gemm_rs_kernel[(num_sms(a.device.index),)](a, b, ws.out, ws.flags, ws.totals,
+    ws = _WORKSPACES.get(group, (a.dtype, N), M // world, fn)
+    out = ws.rows(M // world)
+    out.local.zero_()
+    gemm_rs_kernel[(num_sms(a.device.index),)](a, b, out, ws.flags, ws.totals,
                                                B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms)
-    return ws.out.local.clone()
+    return out.local.clone()

@@ -9,8 +9,9 @@ group)` allocates one on PyTorch's symmetric memory
 (`torch.distributed._symmetric_memory`: `empty` + `rendezvous`), which maps
 the peers' buffers with plain peer access, never multicast.
 `PeerTensor.from_tensors` groups tensors one process already reaches (one
-GPU's buffers standing for ranks, or GPUs with peer access enabled): that is
-how one process runs every rank's kernel, e.g. on one GPU in tests.
+GPU's buffers standing for ranks, or other GPUs' memory with peer access
+enabled; the kernel runs on the local copy's device): that is how one
+process runs every rank's kernel, e.g. on one GPU in tests.
 
 A kernel sees a tk.pgl argument as its local copy plus one copy per rank and
 the rank (params.py expands it), so the host checks here that the copies
@@ -24,7 +25,7 @@ from typing import Any, Sequence
 from ..errors import ArgumentError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)     # (equal only to itself: == would compare tensors)
 class PeerTensor:
     """This rank's view of a tensor that every rank of a group holds."""
     local: Any                     # this rank's copy (a torch tensor)
@@ -89,6 +90,10 @@ def peer_spec(shape, dtype, world_size: int, strides=None) -> PeerSpec:
 
 # One GPU per rank of an NVLink domain; each copy is a kernel parameter of its own.
 MAX_WORLD_SIZE = 8
+# How long tk.wait_signal waits before it traps, by default: long enough for a
+# rank that compiles or loads while the others wait (a trap ends the process's
+# CUDA context), short of hanging for good.
+DEFAULT_TIMEOUT_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,12 @@ def peer_tensor(shape, dtype, group=None) -> PeerTensor:
     # The handle's pointers are its allocation's base; the tensor may sit past it
     # (a pool): each peer's copy is at the same offset.
     offset, itemsize = local.data_ptr() - handle.buffer_ptrs[handle.rank], local.element_size()
+    offsets = [None] * handle.world_size
+    dist.all_gather_object(offsets, offset, group)
+    if len(set(offsets)) != 1 or offset % itemsize:
+        raise RuntimeError(f"tk.peer_tensor: the ranks' tensors sit at different offsets in "
+                           f"their symmetric allocations ({offsets} bytes); allocate peer "
+                           f"tensors in the same order on every rank")
     peers = tuple(local if r == handle.rank else
                   handle.get_buffer(r, shape, dtype, offset // itemsize)
                   for r in range(handle.world_size))

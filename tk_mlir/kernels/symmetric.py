@@ -1,0 +1,99 @@
+"""What the multi-GPU kernels share on the host: their symmetric-memory
+workspaces, the group's world size, and the checks of their arguments.
+
+A workspace (buffers, flags, epoch counters on every rank of a group) is
+made by a collective call, so every rank must ask for the same ones in the
+same order, as every rank calls a collective with the same shapes. It is
+made for a capacity (rows) and grown by doubling when a call needs more;
+an outgrown one is kept alive, because a CUDA graph captured with it
+replays into it. Making one inside a graph capture is refused: call the
+function once, outside, first.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tk_mlir.runtime.peers import DEFAULT_TIMEOUT_MS  # noqa: F401  (the kernels' default)
+
+_WORLD_SIZES: dict = {}
+
+
+def world_size(group) -> int:
+    """dist.get_world_size(group), asked once per group (it costs ~10 µs of
+    host time, as much as the rest of a small all-reduce's launch)."""
+    n = _WORLD_SIZES.get(group)
+    if n is None:
+        import torch.distributed as dist
+        n = _WORLD_SIZES[group] = dist.get_world_size(group)
+    return n
+
+
+def group_key(group) -> tuple:
+    import torch
+    import torch.distributed as dist
+    return ((group if group is not None else dist.group.WORLD).group_name,
+            torch.cuda.current_device())
+
+
+class Workspaces:
+    """The workspaces of one kernel family, by group, device and `key`:
+    `make(group, key, capacity)` makes one (collectively); `get` returns the
+    current one when it holds `need`, else a new one of at least twice the
+    capacity."""
+
+    def __init__(self, make: Callable):
+        self.make, self.current, self.retired = make, {}, []
+
+    def get(self, group, key: tuple, need: int, fn: str):
+        full = (*group_key(group), *key)
+        ws = self.current.get(full)
+        if ws is not None and ws.capacity >= need:
+            return ws
+        import torch
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{fn}: this call needs a new symmetric-memory workspace (a "
+                               f"collective allocation), which cannot happen inside a CUDA graph "
+                               f"capture; call it once with this shape before capturing")
+        if ws is not None:
+            self.retired.append(ws)
+        ws = self.current[full] = self.make(group, key,
+                                            max(need, 2 * ws.capacity if ws else need))
+        return ws
+
+
+def zeroed_flags(shape, group):
+    """An i32 peer tensor of flags, zero on every rank before any uses it."""
+    import torch
+    import torch.distributed as dist
+    from tk_mlir.runtime.peers import peer_tensor
+    flags = peer_tensor(shape, torch.int32, group)
+    flags.local.zero_()
+    dist.barrier(group)
+    return flags
+
+
+def flag_width(world: int) -> int:
+    """Flags per row: one per rank, padded to whole 16-byte rows."""
+    return -(-world // 4) * 4
+
+
+def check_distributed(fn: str, name: str, t) -> None:
+    """torch.distributed is up and t is on this rank's current CUDA device
+    (where its symmetric memory lives)."""
+    import torch
+    import torch.distributed as dist
+    from tk_mlir.kernels import checks
+    checks.on_cuda(fn, name, t)
+    if not dist.is_initialized():
+        raise RuntimeError(f"{fn} needs torch.distributed initialised (under torchrun: "
+                           f"dist.init_process_group('nccl'))")
+    if t.device.index != torch.cuda.current_device():
+        raise ValueError(f"{fn}: {name} is on {t.device}, this rank's current device is "
+                         f"cuda:{torch.cuda.current_device()} (torch.cuda.set_device(rank))")
+
+
+def check_timeout(fn: str, timeout_ms) -> None:
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or \
+            not 1 <= timeout_ms <= 3_600_000:
+        raise ValueError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
+                         f"{timeout_ms!r}")
