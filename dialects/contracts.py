@@ -74,6 +74,11 @@ COUNT = Contract("count", int, "tk.alloc_st / tk.alloc_sv / tk.alloc_sem making 
                  "tk.shared_tiles, tk.semaphores", "tk-verify, tk-allocate-smem, tk-to-gpu")
 CACHE = Contract("cache", str, "tk.load / tk.store of a global ('stream'; absent: normal)",
                  "tk.load, tk.store", "lowering/memory.py")
+PEER_COPIES = Contract("tk.peer_copies", tuple,
+                       "the kernel's func.func, when it takes tk.pgl arguments: the argument "
+                       "numbers of their ranks' copies", "the frontend",
+                       "tk-verify (passes/signals.py: flags on another GPU need scope sys)",
+                       bits=32)
 NO_FP_CONTRACT = Contract("tk.no_fp_contract", bool,
                           "the kernel's func.func, under @tk.kernel(fp_contract=False)",
                           "tk_mlir/compiler.py", "tk-to-gpu (lowering/compute.py: no fma)")
@@ -113,5 +118,5 @@ CLUSTER = Contract("tk.cluster", int, "the kernel, when launched in clusters", "
 
 CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
              EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
-             MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT)
+             MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT, PEER_COPIES)
 BY_NAME = {c.name: c for c in CONTRACTS}

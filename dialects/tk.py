@@ -87,6 +87,8 @@ class OpDef:
     async_wait: bool = False             # waits for async results (attribute `pending`)
     int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
     #                                      scalars read one at a time), never one of tiles
+    flag: str | None = None              # the operand holding a flag it releases or acquires
+    #                                      (its scope must reach the flag's GPU)
     peer_copies: str | None = None       # the variadic operand holding a tk.pgl argument's
     #                                      copies: of any tensor dtype (i32 flags too), as the
     #                                      result that picks one
@@ -271,12 +273,12 @@ OPS: tuple[OpDef, ...] = (
               "1; traps outside): one of `peers`, which share one type"),
     OpDef("signal", operands=("flags", "value"), variadic="indices",
           attributes=("scope", "mode"), int_tensor="flags", one_thread=True,
-          signal_scope=_scope_attribute,
+          signal_scope=_scope_attribute, flag="flags",
           doc="release at `scope` (cta, gpu, sys): add `value` to (mode add: red.release) or "
               "store it into (mode set: st.release) one u32 element of an i32 gl; orders this "
               "thread's earlier writes, and those it observed, before it"),
     OpDef("wait_signal", operands=("flags", "expected"), variadic="indices",
-          attributes=("scope", "timeout_ms"), int_tensor="flags",
+          attributes=("scope", "timeout_ms"), int_tensor="flags", flag="flags",
           doc="spin (ld.acquire at `scope`) until one u32 element of an i32 gl reaches "
               "`expected` (wrapping compare: epoch counters never need resetting); after "
               "`timeout_ms` print where and trap"),

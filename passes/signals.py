@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import tk
+from ..dialects import contracts, tk
 from ..errors import _where, error_at
 from .walk import walk_ops
 
 
 def check_signals(func: ir.Operation) -> None:
     state = {"written": None, "complete": None, "fenced": None}   # the last of each, by location
+    peers = set(contracts.PEER_COPIES.get(func, ()))
 
     def visit(op: ir.Operation) -> None:
         d = tk.op_def(op)
@@ -42,8 +43,23 @@ def check_signals(func: ir.Operation) -> None:
                 state["fenced"] = scope
         elif d.signal_scope is not None:
             _check_signal(op, d.signal_scope(op), state)
+        if d.flag is not None and _on_a_peer(op.operands[d.operands.index(d.flag)], peers) and \
+                ir.StringAttr(op.attributes["scope"]).value != "sys":
+            raise error_at(op.location, f"{op.name}: this flag is a peer's copy (a tk.pgl "
+                           f"argument's X[r]), which other GPUs reach: its scope must be 'sys', "
+                           f"got {ir.StringAttr(op.attributes['scope']).value!r}")
 
     walk_ops(func, visit)
+
+
+def _on_a_peer(v: ir.Value, peers: set) -> bool:
+    """v is a rank's copy of a tk.pgl argument: one of the kernel's copy
+    arguments, or a pick among them (an op with the peer_copies trait)."""
+    if isinstance(v, ir.BlockArgument):
+        parent = v.owner.owner
+        return v.arg_number in peers and getattr(parent, "operation", parent).name == "func.func"
+    d = tk.op_def(v.owner)
+    return d is not None and d.peer_copies is not None
 
 
 def _check_signal(op, scope: str, state: dict) -> None:

@@ -354,3 +354,35 @@ def test_workspaces_grow_by_doubling_and_keep_the_outgrown(monkeypatch):
     with pytest.raises(RuntimeError, match="f: this call needs a new symmetric-memory workspace"):
         spaces.get(None, ("k",), 31, "f")
     assert spaces.get(None, ("k",), 30, "f").capacity == 30         # (no allocation: fine)
+
+
+@tk.kernel(num_warps=4)
+def gpu_scope_to_a_peer(F: tk.pgl["i32"]):
+    if tk.thread_id() == 0:
+        tk.signal(F[1], (0,), scope="gpu")  # E:peer-scope
+
+
+@tk.kernel(num_warps=4)
+def gpu_scope_wait_on_a_picked_peer(F: tk.pgl["i32"], r: int):
+    if tk.thread_id() == 0:
+        tk.wait_signal(F[r], (0,), 1, scope="gpu")  # E:peer-scope-picked
+
+
+@tk.kernel(num_warps=4)
+def gpu_scope_on_the_local_copy(F: tk.pgl["i32"]):
+    if tk.thread_id() == 0:
+        tk.signal(F, (0,), scope="gpu")
+        tk.wait_signal(F, (0,), 1, scope="gpu")
+
+
+@pytest.mark.parametrize("kernel, marker, at, args", [
+    (gpu_scope_to_a_peer, "peer-scope", "tk.signal", ()),
+    (gpu_scope_wait_on_a_picked_peer, "peer-scope-picked", "tk.wait_signal", (1,))])
+def test_a_flag_on_a_peer_needs_system_scope(kernel, marker, at, args):
+    with pytest.raises(tk.CompilationError) as info:
+        kernel.compile(P((4,), "i32", 2), *args)
+    test_errors.check_error(info.value, marker, at, "its scope must be 'sys', got 'gpu'", HERE)
+
+
+def test_the_local_copy_may_take_a_narrower_scope():
+    assert "red.release.gpu" in ptx_of(gpu_scope_on_the_local_copy, P((4,), "i32", 2))

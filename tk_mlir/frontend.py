@@ -795,6 +795,10 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
                 peers.setdefault(p.peer_of, []).append(V.wrap(arg))
         for name, (local, *copies, rank) in peers.items():
             scope[name] = V.PeerGlobal(local, copies, rank)
+        if peers:
+            contracts.PEER_COPIES.set(f, tuple(
+                i for i, p in enumerate(params)
+                if p.peer_of is not None and p.name.endswith("]")))    # (X[r], not X, X.rank)
         builder = KernelBuilder(filename, globals_, scope, kernel=name)
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
