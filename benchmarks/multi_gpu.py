@@ -122,7 +122,7 @@ def peer_link(quick: bool) -> list[dict]:
     by rank 0 while the others wait at the barrier."""
     rows = []
     if RANK == 0 and torch.cuda.device_count() < 2:
-        log("peer_link: skipped, rank 0 sees one GPU (CUDA_VISIBLE_DEVICES?)")
+        log("peer_link: skipped, rank 0 sees one GPU")
     elif RANK == 0:
         for n in LINK_SIZES_QUICK if quick else LINK_SIZES:
             row = {"impl": "copy_0to1", "bytes": n}
@@ -350,7 +350,8 @@ def write_output(args, world: int, sections: dict) -> None:
     out = Path(args.out)
     if out.suffix != ".json":
         day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-        out = out / f"multi_gpu-{day}{'-quick' if args.quick else ''}.json"
+        out = out / (f"multi_gpu-{day}{'-quick' if args.quick else ''}"
+                     f"{f'-world{world}' if world != 2 else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "sections": sections}
     out.write_text(json.dumps(data, indent=1, default=str) + "\n")
@@ -385,9 +386,12 @@ def main(argv=None) -> int:
                          "torchrun --nproc-per-node 2 benchmarks/multi_gpu.py")
     P.require_cuda("benchmarks/multi_gpu.py")
     world, local_rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    if world < 2 or torch.cuda.device_count() <= local_rank:
-        raise SystemExit(f"needs >= 2 ranks with a GPU each: WORLD_SIZE={world}, this process "
+    if torch.cuda.device_count() <= local_rank:
+        raise SystemExit(f"needs a GPU per rank: WORLD_SIZE={world}, this process "
                          f"(LOCAL_RANK={local_rank}) sees {torch.cuda.device_count()} GPU(s)")
+    if world < 2:
+        print("WORLD_SIZE=1: no traffic between GPUs; the numbers are the methods' fixed costs "
+              "(launch, synchronisation, local copies), not the multi-GPU benchmark", flush=True)
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")
     RANK, gname = dist.get_rank(), dist.group.WORLD.group_name

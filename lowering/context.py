@@ -60,6 +60,10 @@ class LoweringContext:
     cluster: int = 1                                  # blocks per cluster
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     fp_contract: bool = True                          # tile mul/add may fuse to fma
+    # False in a kernel that issues warpgroup MMAs: ptxas serializes every
+    # wgmma of a function that makes a call (C7510, measured 20% slower for a
+    # GEMM), so no lowering may call a function there (printf).
+    calls_allowed: bool = True
     _thread: dict = field(default_factory=dict)
 
     # Bindings that hold only inside one block (tk value -> [(anchor op, new)],

@@ -111,6 +111,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[
     ctx.cluster = cluster_size(func)
     ctx.fp_contract = not C.NO_FP_CONTRACT.get(func, False)
     ctx.exchange_groups = _exchange_groups(func)
+    ctx.calls_allowed = not _issues_async_mma(func)
     with ir.InsertionPoint(body), func.location:
         _bind_arguments(ctx, entry, params, body.arguments)
         for p, spec_value in zip(params, body.arguments):
@@ -193,6 +194,18 @@ def _bind_arguments(ctx: LoweringContext, entry, params: list[KernelParam], new_
             ctx.bind(old, GlobalRef(got[("ptr", 0)], dims, strides, t))
         else:
             ctx.bind(old, next(iter(got.values())))
+
+
+def _issues_async_mma(func) -> bool:
+    found = []
+    def visit(op):
+        d = tk.op_def(op)
+        if d is not None and d.async_result:
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+    func.operation.walk(visit)
+    return bool(found)
 
 
 def _exchange_groups(func) -> dict[int, list]:

@@ -41,7 +41,8 @@ def _global_timer() -> ir.Value:
 def lower_wait_signal(ctx: LoweringContext, op, flags: GlobalRef, expected: ir.Value,
                       *indices: ir.Value) -> None:
     """Spin on ld.acquire until (flag - expected) >= 0 as a signed difference;
-    past the timeout (%globaltimer, ns) print where and trap."""
+    past the timeout (%globaltimer, ns) print where and trap (trap only, in a
+    kernel whose MMAs a printf call would serialize: ctx.calls_allowed)."""
     addr = _flag(flags, indices)
     i64 = ir.IntegerType.get_signless(64)
     start = _global_timer()
@@ -53,7 +54,8 @@ def lower_wait_signal(ctx: LoweringContext, op, flags: GlobalRef, expected: ir.V
                                "=r,l", has_side_effects=True)
         waiting = arith.cmpi(arith.CmpIPredicate.slt, arith.subi(seen, expected), c32(0))
         late = arith.cmpi(arith.CmpIPredicate.ugt, arith.subi(_global_timer(), start), deadline)
-        _guarded(arith.andi(waiting, late), lambda: _time_out(op, seen, expected))
+        _guarded(arith.andi(waiting, late),
+                 lambda: _time_out(op, seen, expected) if ctx.calls_allowed else trap())
         scf.ConditionOp(waiting, [])
     with ir.InsertionPoint(after):
         scf.YieldOp([])

@@ -386,3 +386,14 @@ def test_a_flag_on_a_peer_needs_system_scope(kernel, marker, at, args):
 
 def test_the_local_copy_may_take_a_narrower_scope():
     assert "red.release.gpu" in ptx_of(gpu_scope_on_the_local_copy, P((4,), "i32", 2))
+
+
+def test_a_kernel_with_warpgroup_mmas_traps_on_timeout_without_a_printf_call():
+    """A call anywhere in a kernel makes ptxas serialize its wgmmas (C7510: the
+    GEMM + reduce-scatter ran 20% slower), so its waits trap without the message."""
+    compiled = gemm_rs.gemm_rs_kernel.compile(S((1024, 512), bf16), S((768, 512), bf16),
+                                              P((512, 768), bf16, 2), P((2, 4), "i32", 2),
+                                              S((4,), "i32"))
+    ptx = compiled.asm["ptx"]
+    assert "ld.acquire.sys" in ptx and "trap;" in ptx and "%globaltimer" in ptx
+    assert "vprintf" not in ptx and "C7510" not in compiled.asm["ptxas"]
