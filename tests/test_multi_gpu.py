@@ -133,3 +133,18 @@ def test_a_rank_that_never_calls_makes_the_wait_trap(tmp_path):
     """)
     assert "RAISED" in out and "RETURNED" not in out, out[-4000:]
     assert "tk.wait_signal timed out after 300 ms at" in out, out[-4000:]
+
+
+def test_the_example_runs_under_torchrun():
+    if not two_gpus():
+        pytest.skip("needs two GPUs")
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "examples" / "multi_gpu.py"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(29900 + os.getpid() % 90), str(example)],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **NO_MULTICAST})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    errors = [float(x) for x in __import__("re").findall(r"rel\. error ([0-9.e+-]+)", out)]
+    assert len(errors) == 3 and max(errors) < 2e-2, out[-3000:]

@@ -397,3 +397,14 @@ def test_a_kernel_with_warpgroup_mmas_traps_on_timeout_without_a_printf_call():
     ptx = compiled.asm["ptx"]
     assert "ld.acquire.sys" in ptx and "trap;" in ptx and "%globaltimer" in ptx
     assert "vprintf" not in ptx and "C7510" not in compiled.asm["ptxas"]
+
+
+def test_the_example_compiles_and_says_how_to_run_it(capsys, monkeypatch):
+    """Outside torchrun examples/multi_gpu.py shows its kernel's signals in PTX
+    (tests/test_multi_gpu.py runs it on two GPUs)."""
+    import runpy
+    monkeypatch.delenv("RANK", raising=False)
+    runpy.run_path(str(HERE.parents[1] / "examples" / "multi_gpu.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "red.release.sys.global.add.u32" in out and "ld.acquire.sys.global.u32" in out
+    assert "not under torchrun: compiled only" in out
