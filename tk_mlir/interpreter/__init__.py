@@ -37,8 +37,13 @@ shared.py):
 - named barriers (bar.sync / bar.arrive counted in warps), elect_leader (a
   random active lane; a warpgroup's: of its first warp), setmaxnreg (no-op).
 Ops issued by every active lane are issued once per lane, as on the GPU.
-Clusters (use_cluster, cluster_rank/sync, remote arrivals, multicast) are
-refused at their line.
+Flags: tk.signal adds or stores (u32, wrapping), tk.fence is a no-op (the
+interpreter's memory is sequentially consistent), and a tk.wait_signal whose
+flag no earlier block or launch has raised is an error at its line (blocks
+run one after another: none could raise it later). Clusters (use_cluster,
+cluster_rank/sync, remote arrivals, multicast) are refused at their line,
+and kernels with peer tensors (tk.pgl) at launch: they need every rank's
+kernel running at once.
 
 What it reports, each an InterpretError at the user's line (a tk_mlir
 helper's ops carry the user's call, frontend.py): a tile op reached under
