@@ -408,3 +408,9 @@ def test_the_example_compiles_and_says_how_to_run_it(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "red.release.sys.global.add.u32" in out and "ld.acquire.sys.global.u32" in out
     assert "not under torchrun: compiled only" in out
+
+
+def test_a_peer_tensor_where_a_tensor_goes_says_which_parameter_takes_it():
+    with pytest.raises(tk.ArgumentError, match=r"argument 'Y' is a tk.gl parameter and takes one "
+                                               r"tensor; a PeerSpec .* goes to a tk.pgl"):
+        copy_peer.compile(P((16, 16), f32, 2), P((16, 16), f32, 2))

@@ -83,6 +83,44 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
     assert totals[0].tolist()[:2] == [2, 2 * grid]
 
 
+@tk.kernel(num_warps=4)
+def pull_by_tma(X: tk.pgl[tk.bf16], Y: tk.pgl[tk.bf16], OUT: tk.gl[tk.bf16]):
+    """Block (r, c) reads tile c of rank r's copy of X by TMA (a tensor map per
+    rank, picked by a run-time rank), adds one and adds it into rank r's copy
+    of Y by TMA reduce-add, then writes the tile it read into OUT."""
+    r, c = tk.block_id(0), tk.block_id(1)
+    s = tk.shared_tile(tk.bf16, (64, 64), swizzle=128)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, s)
+        tk.tma.load_async(s, X[r], (0, c), sem)
+    tk.wait(sem, 0)
+    x = tk.load(s)
+    tk.store(OUT, x, (r, c))
+    tk.barrier()
+    tk.store(s, (x.to(tk.f32) + 1.0).to(tk.bf16))
+    tk.barrier()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.reduce_add_async(Y[r], s, (0, c))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+
+
+def test_tma_loads_and_adds_on_every_rank_copy():
+    world, dev = 3, torch.device("cuda")
+    xs = [torch.randn(64, 256, dtype=torch.bfloat16, device=dev) for _ in range(world)]
+    ys = [torch.randn(64, 256, dtype=torch.bfloat16, device=dev) for _ in range(world)]
+    y0 = [y.clone() for y in ys]
+    out = torch.full((64 * world, 256), float("nan"), dtype=torch.bfloat16, device=dev)
+    pull_by_tma[(world, 4)](tk.PeerTensor.from_tensors(xs, 1),
+                            tk.PeerTensor.from_tensors(ys, 1), out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.cat(xs))
+    for x, y, before in zip(xs, ys, y0):
+        ref = before.double() + (x.double() + 1)
+        assert rel_err(y, ref) < 1e-2
+
+
 TIMEOUT = textwrap.dedent("""\
     import torch, tk_mlir as tk
     from tk_mlir.kernels import all_reduce_kernels as ar

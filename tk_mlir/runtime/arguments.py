@@ -169,6 +169,10 @@ def _tensor_info_other(obj, name: str) -> TensorInfo:
         return _from_numpy(obj, name)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return _from_dlpack(obj, name)
+    if hasattr(obj, "peers") and hasattr(obj, "local"):        # a tk.PeerTensor / peer_spec
+        raise ArgumentError(f"argument {name!r} is a tk.gl parameter and takes one tensor; a "
+                            f"{type(obj).__name__} (every rank's copy) goes to a tk.pgl "
+                            f"parameter, or pass its .local")
     raise ArgumentError(f"argument {name!r}: expected a CUDA tensor (torch.Tensor, "
                         f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}")
 
