@@ -40,6 +40,7 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
     import tk_mlir.kernels.scaled_gemm      # noqa: F401
     import tk_mlir.kernels.all_reduce_kernels  # noqa: F401
     import tk_mlir.kernels.gemm_rs          # noqa: F401
+    import tk_mlir.kernels.ag_gemm          # noqa: F401
     from tk_mlir import kernels
     from tk_mlir.kernels import (all_reduce, attention, layer_norm, matmul,
                                  matmul_reduce_scatter, rms_norm, scaled_matmul)
@@ -49,8 +50,8 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
         ["matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul", "all_reduce",
          "matmul_reduce_scatter"]
     assert kernels.matmul is matmul and sorted(kernels.__all__) == \
-        ["all_reduce", "attention", "grouped_matmul", "layer_norm", "matmul",
-         "matmul_reduce_scatter", "rms_norm", "scaled_matmul"]
+        ["all_gather_matmul", "all_reduce", "attention", "grouped_matmul", "layer_norm",
+         "matmul", "matmul_reduce_scatter", "rms_norm", "scaled_matmul"]
     assert {"matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"} <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'softmax'"):
         kernels.softmax

@@ -27,6 +27,7 @@ PRELUDE = textwrap.dedent("""\
     dist.init_process_group("nccl")
     from tk_mlir.kernels.all_reduce_kernels import all_reduce
     from tk_mlir.kernels.gemm_rs import matmul_reduce_scatter
+    from tk_mlir.kernels.ag_gemm import all_gather_matmul
     torch.manual_seed(1234 + rank)
     def rel(x, ref):
         return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
@@ -111,6 +112,25 @@ def test_matmul_reduce_scatter_matches_nccl(tmp_path):
                 got = matmul_reduce_scatter(a, b, b_layout=layout)
                 assert got.shape == (M // world, N) and got.dtype == torch.bfloat16
                 assert rel(got, ref) < 1e-2, (M, N, K, rel(got, ref))
+        print("RANK", rank, "OK")
+    """)
+    assert out.count("OK") == 2
+
+
+def test_all_gather_matmul_matches_nccl(tmp_path):
+    out = torchrun(tmp_path, """
+        for (rows, N, K, layout) in [(128, 1024, 512, "nk"), (384, 768, 1000, "kn"),
+                                     (2048, 4096, 2048, "nk"), (256, 512, 256, "nk")]:
+            for call in range(2):
+                a = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
+                b = torch.randn(*((N, K) if layout == "nk" else (K, N)), dtype=torch.bfloat16,
+                                device="cuda")
+                full = torch.empty(world * rows, K, dtype=a.dtype, device="cuda")
+                dist.all_gather_into_tensor(full, a)
+                ref = full.float() @ (b.float().T if layout == "nk" else b.float())
+                got = all_gather_matmul(a, b, b_layout=layout)
+                assert got.shape == (world * rows, N)
+                assert rel(got, ref) < 1e-2, (rows, N, K, rel(got, ref))
         print("RANK", rank, "OK")
     """)
     assert out.count("OK") == 2

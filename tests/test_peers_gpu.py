@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tk_mlir as tk
-from tk_mlir.kernels import all_reduce_kernels as ar, gemm_rs
+from tk_mlir.kernels import ag_gemm, all_reduce_kernels as ar, gemm_rs
 
 pytestmark = pytest.mark.gpu
 
@@ -81,6 +81,36 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
         for r in range(world):
             assert rel_err(outs[r], ref[r * rows:(r + 1) * rows]) < 1e-2
     assert totals[0].tolist()[:2] == [2, 2 * grid]
+
+
+@pytest.mark.parametrize("rows, N, K, kn, world", [(256, 512, 256, False, 2),
+                                                  (128, 768, 1000, True, 3)])
+def test_all_gather_gemm_kernels(rows, N, K, kn, world):
+    grid, dev = 36, torch.device("cuda")
+    copies = [torch.empty((rows + 128, K), dtype=torch.bfloat16, device=dev) for _ in range(world)]
+    views = [c[:rows] for c in copies]
+    flags = [torch.zeros((2, 4), dtype=torch.int32, device=dev) for _ in range(world)]
+    totals = [torch.zeros(4, dtype=torch.int32, device=dev) for _ in range(world)]
+    for call in range(3):      # each call overwrites the copies the last one read
+        a = [torch.randn(rows, K, dtype=torch.bfloat16, device=dev) for _ in range(world)]
+        b = [torch.randn(*((K, N) if kn else (N, K)), dtype=torch.bfloat16, device=dev)
+             for _ in range(world)]
+        c = [torch.full((world * rows, N), float("nan"), dtype=torch.bfloat16, device=dev)
+             for _ in range(world)]
+        full = torch.cat(a).double()
+
+        def launch(r):
+            ag_gemm.ready_kernel[(1,)](tk.PeerTensor.from_tensors(flags, r), totals[r], grid,
+                                       TIMEOUT_MS=5000)
+            views[r].copy_(a[r])
+            ag_gemm.ag_gemm_kernel[(grid,)](tk.PeerTensor.from_tensors(views, r), b[r], c[r],
+                                            tk.PeerTensor.from_tensors(flags, r), totals[r],
+                                            B_KN=kn, TIMEOUT_MS=5000)
+        run_ranks(world, launch)
+        for r in range(world):
+            ref = full @ (b[r].double() if kn else b[r].double().T)
+            assert rel_err(c[r], ref) < 1e-2
+    assert totals[0].tolist()[:2] == [3, 3 * grid]
 
 
 @tk.kernel(num_warps=4)

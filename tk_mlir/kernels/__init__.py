@@ -12,6 +12,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
+    c = all_gather_matmul(a, w, group)     # every rank's rows of a, stacked, @ w.T
 
 Importing the library is cheap: neither torch nor MLIR loads until a name
 is used, and then only its own module (torch for the wrapper's checks, MLIR
@@ -38,6 +39,7 @@ _LAZY = {
     "attention": ".flash_attention",
     "all_reduce": ".all_reduce_kernels",
     "matmul_reduce_scatter": ".gemm_rs",
+    "all_gather_matmul": ".ag_gemm",
 }
 
 

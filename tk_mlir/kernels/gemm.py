@@ -34,7 +34,8 @@ from tk_mlir.kernels.device import num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None):
+         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
+         GATHER=None):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per
     SM); with 3-D A, B and C, one product per index of their first dim, of
     SIZES[g] rows of A's (padded) rows when SIZES is given (grouped: STARTS,
@@ -50,9 +51,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     rows, rank r's copy rows r * rows / W ..., and each tile is added into
     its owner's copy (TMA reduce-add: a reduce-scatter over the ranks' C);
     SCATTER(task, wg) runs before each of a consumer's tiles (the owners'
-    copies must be ready before the first add)."""
+    copies must be ready before the first add). GATHER: A is a tk.pgl whose
+    ranks' copies are stacked, rank r's rows r * rows ... of the product's
+    (an all-gather of A's rows: BM must divide each rank's rows), each tile
+    loaded from its owner's copy; GATHER(owner) runs before a tile's first
+    load (the owner's copy must be written)."""
     batched = len(A.shape) == 3
-    M, K = A.shape[-2], A.shape[-1]
+    M, K = A.shape[-2] * (A.world_size if GATHER is not None else 1), A.shape[-1]
     N = B.shape[-1] if B_KN else B.shape[-2]
     batch = A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
@@ -113,7 +118,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
-        tk.tma.load_async(a, A, (*outer, m, k), sem)
+        if GATHER is not None:
+            per_rank = A.shape[0] // BM
+            if k == 0:
+                GATHER(m // per_rank)
+            tk.tma.load_async(a, A[m // per_rank], (m % per_rank, k), sem)
+        else:
+            tk.tma.load_async(a, A, (*outer, m, k), sem)
         if CLUSTER > 1:
             part = tk.cluster_rank()
             tk.tma.load_async(b.subtile(part, BN // CLUSTER), B,
