@@ -11,7 +11,9 @@ small-copy latency, eager, so launch time included), all_reduce (bf16 (T, 8192),
 µs-scale ops would time the host), gemm_rs (row-parallel layer: every rank holds
 a K-slice, K_local = K / W; CUDA-event timing after warm-up; TFLOP/s counts
 2*M*N*K_local per rank; "exposed" = t(tk fused) - t(tk GEMM alone), as a
-fraction of t(NCCL reduce_scatter alone)). Every method is checked once against
+fraction of t(NCCL reduce_scatter alone)), ag_gemm (all-gather + GEMM: rows of A
+sharded, C = A_full @ B.T, vs all_gather_into_tensor + torch.mm and symm_mem's
+fused_all_gather_matmul). Every method is checked once against
 a float64 reference reduced by NCCL (rel. Frobenius error); one that raises is
 recorded with its error. Times are rank 0's; every rank runs every op.
 NVLink multicast is never used: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -41,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
 import protocol as P  # noqa: E402
 
-SECTIONS = ["peer_link", "all_reduce", "gemm_rs"]
+SECTIONS = ["peer_link", "all_reduce", "gemm_rs", "ag_gemm"]
 AR_N, AR_T = 8192, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 AR_T_QUICK = [1, 16, 128, 512]
 LINK_SIZES = [4096 << (2 * i) for i in range(10)]       # 4 KB, 16 KB, ..., 1 GB
@@ -236,6 +238,55 @@ def gemm_rs(quick: bool, world: int, gname: str) -> tuple[list[dict], list[dict]
     return rows, summary
 
 
+def ag_gemm(quick: bool, world: int, gname: str) -> list[dict]:
+    """All-gather + GEMM (column-parallel layer on sequence-sharded input):
+    every rank holds M / W rows of A and its own B (N x K); C = A_full @ B.T.
+    tk all_gather_matmul vs all_gather_into_tensor + torch.mm and vs
+    symm_mem's fused_all_gather_matmul, TFLOP/s per rank (2*M*N*K)."""
+    from tk_mlir.kernels import all_gather_matmul
+    gen = torch.Generator(device=f"cuda:{torch.cuda.current_device()}").manual_seed(3000 + RANK)
+    iters, warmup = (10, 5) if quick else (50, 20)
+    rows = []
+    for label, M, N, K in GEMM_SHAPES_QUICK if quick else GEMM_SHAPES:
+        K = min(K, 8192)          # (the layer's input width, not the RS shapes' depth)
+        a, b = P.uniform(gen, M // world, K), P.uniform(gen, N, K)
+        full = torch.empty(M, K, dtype=a.dtype, device=a.device)
+        c = torch.empty(M, N, dtype=a.dtype, device=a.device)
+        dist.all_gather_into_tensor(full, a)
+        cols = slice(None, None, max(1, N // 1024))
+        ref = full.double() @ b[cols].double().t()
+
+        def nccl_mm():
+            dist.all_gather_into_tensor(full, a)
+            return torch.mm(full, b.t(), out=c)
+
+        def symm():
+            return torch.ops.symm_mem.fused_all_gather_matmul(a, [b.t()], 0, gname,
+                                                               return_A=False)[1][0]
+        methods = {"tk_fused": lambda: all_gather_matmul(a, b), "nccl_ag+torch_mm": nccl_mm,
+                   "symm_fused": symm}
+        for name, fn in methods.items():
+            row = {"impl": name, "shape": label, "M": M, "N": N, "K": K}
+
+            def run(row, fn=fn):
+                row["rel_err"] = rel_err(fn()[:, cols], ref)
+                row["ms"] = timed(fn, iters, warmup) / 1e3
+                row["tflops"] = 2 * M * N * K / row["ms"] / 1e9
+            attempt(row, run)
+            rows.append(row)
+        t = {r["impl"]: r.get("ms") for r in rows if r["shape"] == label}
+        for peer in ("nccl_ag+torch_mm", "symm_fused"):
+            if t.get("tk_fused") and t.get(peer):
+                rows[-3][f"vs_{peer}"] = t[peer] / t["tk_fused"]
+        torch.cuda.empty_cache()
+    log("\n## All-gather + GEMM, bf16, per rank\n")
+    log(P.markdown_table(rows, ["shape", "impl", "ms", ("tflops", "TFLOP/s"),
+                                ("vs_nccl_ag+torch_mm", "tk vs AG+mm"),
+                                ("vs_symm_fused", "tk vs symm fused"), ("rel_err", "rel err"),
+                                "status"]))
+    return rows
+
+
 def gemm_rs_shape(label, M, N, K, world, gname, gen, quick) -> tuple[list[dict], dict]:
     """One shape's rows (every method, checked then timed) and its summary line."""
     from tk_mlir.kernels import matmul
@@ -404,6 +455,8 @@ def main(argv=None) -> int:
                 all_reduce_latency(args.quick, gname)
         if "gemm_rs" in args.sections:
             sections["gemm_rs"], sections["gemm_rs_summary"] = gemm_rs(args.quick, world, gname)
+        if "ag_gemm" in args.sections:
+            sections["ag_gemm"] = ag_gemm(args.quick, world, gname)
         if RANK == 0:
             write_output(args, world, sections)
         sync()
