@@ -104,8 +104,10 @@ def exchange(Buf, Flags, b, round_, epoch, TIMEOUT_MS):
 
 
 ALGORITHMS = ("auto", "one_shot", "two_shot")
-# One-shot sends every byte to every peer: past this size (per rank) two
-# shots send less.
+# One-shot sends every byte to every peer, two-shot 2 / W of them in two
+# rounds: with 2 ranks both send the same bytes and one-shot has one round
+# less; with more, two-shot past this size per rank (a choice by that
+# count, not yet measured on more than one GPU).
 ONE_SHOT_MAX_BYTES = 1 << 20
 WIDTH = 2048     # columns of the 2-D view the kernels take of any tensor
 
@@ -145,8 +147,8 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
 
     t: a contiguous bf16, f16 or f32 CUDA tensor on this rank's current
     device, of a multiple of 16 bytes; every rank calls with the same shape
-    and dtype. algorithm: "one_shot", "two_shot" or "auto" (one-shot up to
-    1 MB per rank with 2 ranks and up to 256 KB with more). A call needing a
+    and dtype. algorithm: "one_shot", "two_shot" or "auto" (one-shot with 2
+    ranks, and up to 1 MB per rank with more). A call needing a
     larger workspace than the group's calls so far allocates symmetric
     memory (a collective): make one such call before capturing a CUDA graph,
     which then replays the kernel as is. A rank that waits timeout_ms for
@@ -160,8 +162,7 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
     world = symmetric.world_size(group)
     nbytes = t.numel() * t.element_size()
     if algorithm == "auto":
-        algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES // (1 if world <= 2 else 4) \
-            else "two_shot"
+        algorithm = "one_shot" if world <= 2 or nbytes <= ONE_SHOT_MAX_BYTES else "two_shot"
     if t.numel() == 0:
         return t
     width = math.gcd(t.numel(), WIDTH)      # (a multiple of 16 bytes: t's size is)
