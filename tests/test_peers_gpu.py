@@ -83,9 +83,10 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
     assert totals[0].tolist()[:2] == [2, 2 * grid]
 
 
-@pytest.mark.parametrize("rows, N, K, kn, world", [(256, 512, 256, False, 2),
-                                                  (128, 768, 1000, True, 3)])
-def test_all_gather_gemm_kernels(rows, N, K, kn, world):
+@pytest.mark.parametrize("rows, N, K, kn, world, bm", [(256, 512, 256, False, 2, 128),
+                                                      (128, 768, 1000, True, 3, 128),
+                                                      (192, 512, 128, False, 2, 64)])
+def test_all_gather_gemm_kernels(rows, N, K, kn, world, bm):
     grid, dev = 36, torch.device("cuda")
     copies = [torch.empty((rows + 128, K), dtype=torch.bfloat16, device=dev) for _ in range(world)]
     views = [c[:rows] for c in copies]
@@ -105,7 +106,8 @@ def test_all_gather_gemm_kernels(rows, N, K, kn, world):
             views[r].copy_(a[r])
             ag_gemm.ag_gemm_kernel[(grid,)](tk.PeerTensor.from_tensors(views, r), b[r], c[r],
                                             tk.PeerTensor.from_tensors(flags, r), totals[r],
-                                            B_KN=kn, TIMEOUT_MS=5000)
+                                            B_KN=kn, TIMEOUT_MS=5000, BM=bm,
+                                            num_warps=4 * (bm // 64 + 1))
         run_ranks(world, launch)
         for r in range(world):
             ref = full @ (b[r].double() if kn else b[r].double().T)

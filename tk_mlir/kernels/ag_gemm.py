@@ -108,8 +108,9 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
                       timeout_ms: int = DEFAULT_TIMEOUT_MS):
     """all_gather(a) @ b.T (b_layout "nk": b is N x K, a Linear weight) or
     @ b ("kn"), as torch.distributed.all_gather_into_tensor of a's rows then
-    a matmul: a is this rank's (rows, K) bf16 or f16, rows a multiple of 128
-    (whole tiles); returns a new (W * rows, N) tensor of a's dtype. A call
+    a matmul: a is this rank's (rows, K) bf16 or f16, rows a multiple of 64
+    (whole tiles: 128-row tiles when rows allow, else 64); returns a new
+    (W * rows, N) tensor of a's dtype. A call
     with more rows than the group's calls so far allocates symmetric memory
     (a collective)."""
     import torch
@@ -120,9 +121,10 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     symmetric.check_distributed(fn, "a", a)
     symmetric.check_timeout(fn, timeout_ms)
     rows, N = output_shape(a, b, b_layout)
-    if rows % 128:
-        raise ValueError(f"{fn}: a's rows ({rows}) must be a multiple of 128: each rank's rows "
-                         f"are whole 128-row tiles")
+    if rows % 64:
+        raise ValueError(f"{fn}: a's rows ({rows}) must be a multiple of 64: each rank's rows "
+                         f"are whole tiles of 64 or 128 rows")
+    tile = dict(BM=128) if rows % 128 == 0 else dict(BM=64, num_warps=8)
     world = symmetric.world_size(group)
     ws = _WORKSPACES.get(group, (a.dtype, a.shape[1]), rows, fn)
     grid = num_sms(a.device.index)
@@ -131,5 +133,5 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     copy.local.copy_(a)
     c = torch.empty(world * rows, N, dtype=a.dtype, device=a.device)
     ag_gemm_kernel[(grid,)](copy, b, c, ws.flags, ws.totals, B_KN=b_layout == "kn",
-                            TIMEOUT_MS=timeout_ms)
+                            TIMEOUT_MS=timeout_ms, **tile)
     return c
