@@ -87,12 +87,14 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
                                                       (128, 768, 1000, True, 3, 128),
                                                       (192, 512, 128, False, 2, 64)])
 def test_all_gather_gemm_kernels(rows, N, K, kn, world, bm):
+    """The library's protocol, every rank on its stream: wait until the ranks
+    are done reading, push this rank's rows into every rank's buffer, say so,
+    and the GEMM that waits for each rank's rows."""
     grid, dev = 36, torch.device("cuda")
-    copies = [torch.empty((rows + 128, K), dtype=torch.bfloat16, device=dev) for _ in range(world)]
-    views = [c[:rows] for c in copies]
+    bufs = [torch.empty((world * rows, K), dtype=torch.bfloat16, device=dev) for _ in range(world)]
     flags = [torch.zeros((2, 4), dtype=torch.int32, device=dev) for _ in range(world)]
     totals = [torch.zeros(4, dtype=torch.int32, device=dev) for _ in range(world)]
-    for call in range(3):      # each call overwrites the copies the last one read
+    for call in range(3):      # each call overwrites what the last one read
         a = [torch.randn(rows, K, dtype=torch.bfloat16, device=dev) for _ in range(world)]
         b = [torch.randn(*((K, N) if kn else (N, K)), dtype=torch.bfloat16, device=dev)
              for _ in range(world)]
@@ -101,12 +103,13 @@ def test_all_gather_gemm_kernels(rows, N, K, kn, world, bm):
         full = torch.cat(a).double()
 
         def launch(r):
-            ag_gemm.ready_kernel[(1,)](tk.PeerTensor.from_tensors(flags, r), totals[r], grid,
-                                       TIMEOUT_MS=5000)
-            views[r].copy_(a[r])
-            ag_gemm.ag_gemm_kernel[(grid,)](tk.PeerTensor.from_tensors(views, r), b[r], c[r],
-                                            tk.PeerTensor.from_tensors(flags, r), totals[r],
-                                            B_KN=kn, TIMEOUT_MS=5000, BM=bm,
+            f = tk.PeerTensor.from_tensors(flags, r)
+            ag_gemm.ready_kernel[(1,)](f, totals[r], grid, TIMEOUT_MS=5000)
+            for buf in bufs:
+                buf[r * rows:(r + 1) * rows].copy_(a[r])
+            ag_gemm.written_kernel[(1,)](f, totals[r])
+            ag_gemm.ag_gemm_kernel[(grid,)](bufs[r], b[r], c[r], f, totals[r], rows, B_KN=kn,
+                                            TIMEOUT_MS=5000, BM=bm,
                                             num_warps=4 * (bm // 64 + 1))
         run_ranks(world, launch)
         for r in range(world):

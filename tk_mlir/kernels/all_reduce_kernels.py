@@ -30,7 +30,6 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import symmetric
-from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
 
@@ -167,7 +166,7 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
         return t
     width = math.gcd(t.numel(), WIDTH)      # (a multiple of 16 bytes: t's size is)
     x = t.view(-1, width)
-    grid = num_sms(t.device.index)
+    grid = symmetric.agreed_grid(group)      # (block b pairs with block b of every rank)
     ws = _WORKSPACES.get(group, (algorithm, t.dtype, width, grid), x.shape[0], fn)
     kernel = one_shot_kernel if algorithm == "one_shot" else two_shot_kernel
     kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(width), TIMEOUT_MS=timeout_ms)

@@ -51,13 +51,12 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     rows, rank r's copy rows r * rows / W ..., and each tile is added into
     its owner's copy (TMA reduce-add: a reduce-scatter over the ranks' C);
     SCATTER(task, wg) runs before each of a consumer's tiles (the owners'
-    copies must be ready before the first add). GATHER: A is a tk.pgl whose
-    ranks' copies are stacked, rank r's rows r * rows ... of the product's
-    (an all-gather of A's rows: BM must divide each rank's rows), each tile
-    loaded from its owner's copy; GATHER(owner) runs before a tile's first
-    load (the owner's copy must be written)."""
+    copies must be ready before the first add). GATHER = (ready, first): A's
+    rows arrive while the kernel runs (an all-gather); ready(m) runs before
+    the first load of tile row m, and the walk over tile rows starts at
+    `first` (wrapping around), so a rank starts with rows it already has."""
     batched = len(A.shape) == 3
-    M, K = A.shape[-2] * (A.world_size if GATHER is not None else 1), A.shape[-1]
+    M, K = A.shape[-2], A.shape[-1]
     N = B.shape[-1] if B_KN else B.shape[-2]
     batch = A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
@@ -97,6 +96,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                 outer = (task // tiles,)
                 task = task % tiles
             m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
+            if GATHER is not None:
+                m = (m + GATHER[1]) % tiles_m
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
     def group_tile_of(task):
@@ -119,12 +120,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
         if GATHER is not None:
-            per_rank = A.shape[0] // BM
             if k == 0:
-                GATHER(m // per_rank)
-            tk.tma.load_async(a, A[m // per_rank], (m % per_rank, k), sem)
-        else:
-            tk.tma.load_async(a, A, (*outer, m, k), sem)
+                GATHER[0](m)
+        tk.tma.load_async(a, A, (*outer, m, k), sem)
         if CLUSTER > 1:
             part = tk.cluster_rank()
             tk.tma.load_async(b.subtile(part, BN // CLUSTER), B,

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import tk_mlir as tk
 
 from tk_mlir.kernels import symmetric
-from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.gemm import check, gemm, output_shape
 from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
@@ -125,6 +124,7 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     ws = _WORKSPACES.get(group, (a.dtype, N), M // world, fn)
     out = ws.rows(M // world)
     out.local.zero_()
-    gemm_rs_kernel[(num_sms(a.device.index),)](a, b, out, ws.flags, ws.totals,
-                                               B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms)
+    gemm_rs_kernel[(symmetric.agreed_grid(group),)](a, b, out, ws.flags, ws.totals,
+                                                    B_KN=b_layout == "kn",
+                                                    TIMEOUT_MS=timeout_ms)
     return out.local.clone()

@@ -61,6 +61,27 @@ class Workspaces:
         return ws
 
 
+_GRIDS: dict = {}
+
+
+def agreed_grid(group) -> int:
+    """The persistent grid every rank of the group launches: the fewest SMs
+    among their GPUs (block b of one rank pairs with block b of the others,
+    and counts of blocks are compared across ranks). A collective, once per
+    group and device."""
+    key = group_key(group)
+    grid = _GRIDS.get(key)
+    if grid is None:
+        import torch
+        import torch.distributed as dist
+        from tk_mlir.kernels.device import num_sms
+        t = torch.tensor([num_sms(torch.cuda.current_device())], dtype=torch.int32,
+                         device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+        grid = _GRIDS[key] = int(t.item())
+    return grid
+
+
 def zeroed_flags(shape, group):
     """An i32 peer tensor of flags, zero on every rank before any uses it."""
     import torch
