@@ -116,6 +116,7 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
     """Per argument of the compiled kernel (params.abi_arguments' order): the
     plan's variable for it, and the parameter it reads (None for a piece of
     a tk.pgl argument, whose values are put in `env` as constants)."""
+    from .params import expand_peers
     from .runtime.peers import read_peers
     arg_vars, source = [], []
     for i in params.runtime:
@@ -124,10 +125,12 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
             source.append(i)
             continue
         info = read_peers(values[i], params[i].name, tensor_info)
+        names = [n for n, _ in expand_peers(params[i].name, info.world_size)]
         for k, t in enumerate((info.local, *info.peers)):
             v = f"P{i}_{k}"
             env.update({f"{v}_ptr": t.ptr, f"{v}_shape": tuple(t.shape),
-                        f"{v}_strides": tuple(t.strides), f"{v}_info": t})
+                        f"{v}_strides": tuple(t.strides), f"{v}_info": t,
+                        f"{v}_name": names[k]})
             arg_vars.append(v)
             source.append(None)
         env[f"P{i}_rank"] = info.rank
@@ -196,7 +199,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     arg_vars, source = _abi_variables(params, values, local, peers, env)
     for p in abi:              # (the peer copies' launch values are fixed: check them once)
         if p.kind == "tmap" and source[p.arg] is None:
-            check_tma_tensor(arg_vars[p.arg], env[f"{arg_vars[p.arg]}_info"])
+            check_tma_tensor(env[f"{arg_vars[p.arg]}_name"], env[f"{arg_vars[p.arg]}_info"])
     scalars = {source[p.arg]: p.kind for p in abi
                if p.kind in ("i32", "f32") and source[p.arg] is not None}
     for pos, kind in scalars.items():

@@ -27,7 +27,9 @@ from ..errors import ArgumentError
 
 @dataclass(frozen=True, eq=False)     # (equal only to itself: == would compare tensors)
 class PeerTensor:
-    """This rank's view of a tensor that every rank of a group holds."""
+    """This rank's view of a tensor that every rank of a group holds. Its
+    tensors must keep their memory while kernels use it (no resize_ or set_):
+    a launch plan reads their addresses once, for this object."""
     local: Any                     # this rank's copy (a torch tensor)
     peers: tuple                   # every rank's copy, as tensors this GPU addresses
     rank: int
