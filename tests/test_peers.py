@@ -414,3 +414,17 @@ def test_a_peer_tensor_where_a_tensor_goes_says_which_parameter_takes_it():
     with pytest.raises(tk.ArgumentError, match=r"argument 'Y' is a tk.gl parameter and takes one "
                                                r"tensor; a PeerSpec .* goes to a tk.pgl"):
         copy_peer.compile(P((16, 16), f32, 2), P((16, 16), f32, 2))
+
+
+@pytest.mark.parametrize("a, b, error, message", [
+    (torch.zeros(128, 64, dtype=torch.float16), torch.zeros(64, 64), TypeError,
+     "b must be torch.bfloat16 or torch.float16"),
+    (torch.zeros(2, 128, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 64, dtype=torch.bfloat16),
+     ValueError, "a must be 2-D"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16),
+     ValueError, "a must be on a CUDA device"),
+])
+def test_all_gather_matmul_checks_its_arguments(a, b, error, message):
+    from tk_mlir.kernels import all_gather_matmul
+    with pytest.raises(error, match=f"all_gather_matmul: {message}"):
+        all_gather_matmul(a, b)

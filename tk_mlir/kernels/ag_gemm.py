@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import tk_mlir as tk
 
 from tk_mlir.kernels import symmetric
-from tk_mlir.kernels.gemm import check, gemm, output_shape
+from tk_mlir.kernels.gemm import gemm
 from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
 
@@ -119,12 +119,7 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     collective)."""
     import torch
     fn = "all_gather_matmul"
-    if getattr(a, "dim", lambda: 2)() != 2:
-        raise ValueError(f"{fn}: a must be 2-D (rows x K), got shape {tuple(a.shape)}")
-    check(a, b, None, b_layout, fn)
-    symmetric.check_distributed(fn, "a", a)
-    symmetric.check_timeout(fn, timeout_ms)
-    rows, N = output_shape(a, b, b_layout)
+    rows, N = symmetric.check_matmul(fn, a, b, b_layout, timeout_ms)
     if rows % 64:
         raise ValueError(f"{fn}: a's rows ({rows}) must be a multiple of 64: each rank's rows "
                          f"are whole tiles of 64 or 128 rows")

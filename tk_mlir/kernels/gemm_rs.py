@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import tk_mlir as tk
 
 from tk_mlir.kernels import symmetric
-from tk_mlir.kernels.gemm import check, gemm, output_shape
+from tk_mlir.kernels.gemm import gemm
 from tk_mlir.kernels.symmetric import DEFAULT_TIMEOUT_MS
 
 
@@ -111,13 +111,8 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     A call with more rows than the group's calls so far allocates symmetric
     memory (a collective)."""
     fn = "matmul_reduce_scatter"
-    if getattr(a, "dim", lambda: 2)() != 2:
-        raise ValueError(f"{fn}: a must be 2-D (M x K), got shape {tuple(a.shape)}")
-    check(a, b, None, b_layout, fn)
-    symmetric.check_distributed(fn, "a", a)
-    symmetric.check_timeout(fn, timeout_ms)
+    M, N = symmetric.check_matmul(fn, a, b, b_layout, timeout_ms)
     world = symmetric.world_size(group)
-    M, N = output_shape(a, b, b_layout)
     if M % (64 * world):
         raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
                          f"({64 * world}): each rank's rows are whole 64-row tiles")

@@ -113,6 +113,18 @@ def check_distributed(fn: str, name: str, t) -> None:
                          f"cuda:{torch.cuda.current_device()} (torch.cuda.set_device(rank))")
 
 
+def check_matmul(fn: str, a, b, b_layout: str, timeout_ms) -> tuple[int, int]:
+    """A multi-GPU GEMM's arguments: matmul's rules for a 2-D a, then the
+    group's; returns (a's rows, N)."""
+    from tk_mlir.kernels.gemm import check, output_shape
+    if getattr(a, "dim", lambda: 2)() != 2:
+        raise ValueError(f"{fn}: a must be 2-D (rows x K), got shape {tuple(a.shape)}")
+    check(a, b, None, b_layout, fn)
+    check_distributed(fn, "a", a)
+    check_timeout(fn, timeout_ms)
+    return output_shape(a, b, b_layout)
+
+
 def check_timeout(fn: str, timeout_ms) -> None:
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or \
             not 1 <= timeout_ms <= 3_600_000:
