@@ -102,7 +102,8 @@ def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
     flags = symmetric.zeroed_flags((2, symmetric.flag_width(world)), group)
     device = gathered.local.device
     return _Workspace(gathered, flags, torch.zeros(4, dtype=torch.int32, device=device),
-                      capacity, torch.cuda.Stream(device), symmetric.agreed_grid(group))
+                      capacity, torch.cuda.Stream(device),
+                      symmetric.agreed_grid(group, "all_gather_matmul"))
 
 
 _WORKSPACES = symmetric.Workspaces(_make_workspace)

@@ -166,7 +166,7 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
         return t
     width = math.gcd(t.numel(), WIDTH)      # (a multiple of 16 bytes: t's size is)
     x = t.view(-1, width)
-    grid = symmetric.agreed_grid(group)      # (block b pairs with block b of every rank)
+    grid = symmetric.agreed_grid(group, fn)  # (block b pairs with block b of every rank)
     ws = _WORKSPACES.get(group, (algorithm, t.dtype, width, grid), x.shape[0], fn)
     kernel = one_shot_kernel if algorithm == "one_shot" else two_shot_kernel
     kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(width), TIMEOUT_MS=timeout_ms)

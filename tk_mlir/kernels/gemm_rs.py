@@ -119,7 +119,7 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     ws = _WORKSPACES.get(group, (a.dtype, N), M // world, fn)
     out = ws.rows(M // world)
     out.local.zero_()
-    gemm_rs_kernel[(symmetric.agreed_grid(group),)](a, b, out, ws.flags, ws.totals,
+    gemm_rs_kernel[(symmetric.agreed_grid(group, fn),)](a, b, out, ws.flags, ws.totals,
                                                     B_KN=b_layout == "kn",
                                                     TIMEOUT_MS=timeout_ms)
     return out.local.clone()

@@ -49,11 +49,8 @@ class Workspaces:
         ws = self.current.get(full)
         if ws is not None and ws.capacity >= need:
             return ws
-        import torch
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"{fn}: this call needs a new symmetric-memory workspace (a "
-                               f"collective allocation), which cannot happen inside a CUDA graph "
-                               f"capture; call it once with this shape before capturing")
+        _refuse_in_capture(fn, "this call needs a new symmetric-memory workspace (a collective "
+                               "allocation)")
         if ws is not None:
             self.retired.append(ws)
         ws = self.current[full] = self.make(group, key,
@@ -64,7 +61,7 @@ class Workspaces:
 _GRIDS: dict = {}
 
 
-def agreed_grid(group) -> int:
+def agreed_grid(group, fn: str) -> int:
     """The persistent grid every rank of the group launches: the fewest SMs
     among their GPUs (block b of one rank pairs with block b of the others,
     and counts of blocks are compared across ranks). A collective, once per
@@ -74,12 +71,20 @@ def agreed_grid(group) -> int:
     if grid is None:
         import torch
         import torch.distributed as dist
+        _refuse_in_capture(fn, "a first call for this group agrees on a grid (a collective)")
         from tk_mlir.kernels.device import num_sms
         t = torch.tensor([num_sms(torch.cuda.current_device())], dtype=torch.int32,
                          device="cuda")
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
         grid = _GRIDS[key] = int(t.item())
     return grid
+
+
+def _refuse_in_capture(fn: str, why: str) -> None:
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{fn}: {why}, which cannot happen inside a CUDA graph capture; call "
+                           f"it once with this shape before capturing")
 
 
 def zeroed_flags(shape, group):
