@@ -137,19 +137,27 @@ def test_all_gather_matmul_matches_nccl(tmp_path):
 
 
 def test_a_rank_that_never_calls_makes_the_wait_trap(tmp_path):
-    out = torchrun(tmp_path, """
+    done = tmp_path / "rank0-done"
+    out = torchrun(tmp_path, f"""
+        import time
         x = torch.randn(4, 8192, dtype=torch.bfloat16, device="cuda")
         all_reduce(x, algorithm="one_shot")     # both: allocate, and one exchange
         torch.cuda.synchronize()
+        dist.barrier()
         if rank == 0:
             all_reduce(x, algorithm="one_shot", timeout_ms=300)   # rank 1 never comes
             try:
                 torch.cuda.synchronize()
             except Exception as e:
                 print("RAISED", type(e).__name__)
-                os._exit(0)         # (the context is gone: skip torch's teardown)
-            print("RETURNED")
-        os._exit(0)
+            else:
+                print("RETURNED")
+            open({str(done)!r}, "w").close()
+        else:    # stays alive (its memory mapped) until rank 0 is done
+            deadline = time.time() + 120
+            while not os.path.exists({str(done)!r}) and time.time() < deadline:
+                time.sleep(0.05)
+        os._exit(0)             # (rank 0's context is gone: skip torch's teardown)
     """)
     assert "RAISED" in out and "RETURNED" not in out, out[-4000:]
     assert "tk.wait_signal timed out after 300 ms at" in out, out[-4000:]
