@@ -125,12 +125,20 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
         raise ValueError(f"{fn}: a's rows ({rows}) must be a multiple of 64: each rank's rows "
                          f"are whole tiles of 64 or 128 rows")
     world = symmetric.world_size(group)
+    if N == 0:
+        raise ValueError(f"{fn}: b has no output columns (N = 0); every rank takes part in the "
+                         f"gather, so each needs a product to compute")
     c = torch.empty(world * rows, N, dtype=a.dtype, device=a.device)
-    if rows == 0 or N == 0:
+    if rows == 0:               # (every rank's rows are the same: none of them gathers)
         return c
     tile = dict(BM=128) if rows % 128 == 0 else dict(BM=64, num_warps=8)
     ws = _WORKSPACES.get(group, (a.dtype, a.shape[1]), rows, fn)
-    me = ws.gathered.rank
+    me, gathered = ws.gathered.rank, ws.gathered.local[:world * rows]
+    gemm_args = (gathered, b, c, ws.flags, ws.totals, rows)
+    gemm_kwargs = dict(B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms, **tile)
+    # Compiled before this call is counted (ready_kernel): a compile error
+    # after it would leave this rank's counts a call ahead of the others'.
+    ag_gemm_kernel.compile(*gemm_args, **gemm_kwargs)
     main = torch.cuda.current_stream()
     ready_kernel[(1,)](ws.flags, ws.totals, ws.grid, TIMEOUT_MS=timeout_ms)
     ws.side.wait_stream(main)            # (a is ready, and so is every rank's buffer)
@@ -139,7 +147,6 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
             copy[me * rows:(me + 1) * rows].copy_(a)
         written_kernel[(1,)](ws.flags, ws.totals)
     a.record_stream(ws.side)
-    ag_gemm_kernel[(ws.grid,)](ws.gathered.local[:world * rows], b, c, ws.flags, ws.totals,
-                               rows, B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms, **tile)
+    ag_gemm_kernel[(ws.grid,)](*gemm_args, **gemm_kwargs)
     main.wait_stream(ws.side)            # (joined: the call's work all on the caller's stream)
     return c
