@@ -428,3 +428,17 @@ def test_all_gather_matmul_checks_its_arguments(a, b, error, message):
     from tk_mlir.kernels import all_gather_matmul
     with pytest.raises(error, match=f"all_gather_matmul: {message}"):
         all_gather_matmul(a, b)
+
+
+@pytest.mark.parametrize("world", [1, 3, 8])
+def test_the_gemms_compile_for_every_world_size(world):
+    """One tensor map per rank's copy: 8 ranks still fit the kernel's parameters."""
+    rs = gemm_rs.gemm_rs_kernel.compile(S((512 * world, 512), bf16), S((768, 512), bf16),
+                                        P((512, 768), bf16, world), P((2, 8), "i32", world),
+                                        S((4,), "i32"))
+    assert sum(p.kind == "tmap" for p in rs.params) == 2 + world
+    from tk_mlir.kernels import ag_gemm
+    ag = ag_gemm.ag_gemm_kernel.compile(S((256 * world, 512), bf16), S((768, 512), bf16),
+                                        S((256 * world, 768), bf16), P((2, 8), "i32", world),
+                                        S((4,), "i32"), 256)
+    assert sum(p.kind == "tmap" for p in ag.params) == 3
