@@ -108,6 +108,9 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     r * M / W to (r + 1) * M / W, as torch.distributed.reduce_scatter_tensor
     of the products would give. a: (M, K) bf16 or f16, this rank's K-slice;
     M a multiple of 64 * W. Returns a new (M / W, N) tensor of a's dtype.
+    The ranks' partial products are added in a's dtype in the order they
+    arrive: with more than 2 ranks the roundings, so the last bits, vary
+    from run to run.
     A call with more rows than the group's calls so far allocates symmetric
     memory (a collective)."""
     fn = "matmul_reduce_scatter"
