@@ -796,9 +796,9 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         for name, (local, *copies, rank) in peers.items():
             scope[name] = V.PeerGlobal(local, copies, rank)
         if peers:
-            contracts.PEER_COPIES.set(f, tuple(
+            contracts.PEER_COPIES.set(f, tuple(     # the ranks' copies X[r] (not X, X.rank)
                 i for i, p in enumerate(params)
-                if p.peer_of is not None and p.name.endswith("]")))    # (X[r], not X, X.rank)
+                if p.peer_of not in (None, p.name) and p.kind == "gl"))
         builder = KernelBuilder(filename, globals_, scope, kernel=name)
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
