@@ -284,11 +284,111 @@ def test_interpreter_counts_wrap_as_u32():
     assert f[0] == -2**31 + 1
 
 
-def test_interpreter_refuses_peer_tensors():
+def test_a_block_waiting_for_a_later_one_steps_aside():
+    @tk.kernel(num_warps=4)
+    def backwards(F: tk.gl["i32"], X: tk.gl[f32], Y: tk.gl[f32]):
+        """Block b waits for block b + 1 (the last one goes first)."""
+        b = tk.block_id(0)
+        if b + 1 < tk.grid_dim(0):
+            if tk.thread_id() == 0:
+                tk.wait_signal(F, (b + 1,), 1, scope="gpu")
+            tk.barrier()
+            tk.store(Y, tk.load(Y, (b + 1, 0), (16, 16)) + tk.load(X, (b, 0), (16, 16)), (b, 0))
+        else:
+            tk.store(Y, tk.load(X, (b, 0), (16, 16)), (b, 0))
+        tk.fence("gpu")
+        tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F, (b,), 1, scope="gpu")
+
+    x = np.random.default_rng().standard_normal((64, 16)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    backwards.interpret[(4,)](np.zeros(4, np.int32), x, y)
+    ref = np.cumsum(x.reshape(4, 16, 16)[::-1], axis=0)[::-1].reshape(64, 16)
+    np.testing.assert_allclose(y, ref, rtol=1e-5)
+
+
+def test_a_rank_alone_deadlocks_at_its_wait():
     copies = [np.zeros((16, 16), np.float32)] * 2
-    with pytest.raises(tk.ArgumentError, match="takes peer tensors .* interpreter runs one launch"):
-        copy_peer.interpret[(1,)](tk.PeerTensor.from_tensors(copies, 0),
-                                  np.zeros((16, 16), np.float32))
+    with pytest.raises(InterpretError, match=r"deadlock in block \(0, 0, 0\).*every other block "
+                                             r"of the launch.*tk.wait_signal: flag \(0, 0, 1\)"):
+        ar.one_shot_kernel.interpret[(1,)](
+            torch.ones(1, 256, dtype=torch.bfloat16),
+            tk.PeerTensor.from_tensors([torch.empty(4, 1, 256, dtype=torch.bfloat16)
+                                        for _ in range(2)], 0),
+            tk.PeerTensor.from_tensors([torch.zeros(1, 2, 4, dtype=torch.int32)] * 2, 0),
+            torch.zeros(1, dtype=torch.int32), BLOCK=256)
+
+
+# -------------------------------------- the library's kernels, every rank on the CPU
+
+def rel_err(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("kernel, extra", [(ar.one_shot_kernel, 0), (ar.two_shot_kernel, 2)])
+@pytest.mark.parametrize("world, T, N, grid", [(2, 5, 512, 3), (3, 2, 1000, 2)])
+def test_all_reduce_kernels_interpreted(kernel, extra, world, T, N, grid):
+    """Every rank's launch at once, twice: the epochs carry on with no reset."""
+    bufs = [torch.empty((2 * world + extra, T, N), dtype=torch.bfloat16) for _ in range(world)]
+    flags = [torch.zeros((grid, 2, 4), dtype=torch.int32) for _ in range(world)]
+    epochs = [torch.zeros(grid, dtype=torch.int32) for _ in range(world)]
+    for call in range(2):
+        xs = [torch.randn(T, N).to(torch.bfloat16) for _ in range(world)]
+        ref = sum(x.double() for x in xs)
+        kernel.interpret_ranks[(grid,)](
+            [(xs[r], tk.PeerTensor.from_tensors(bufs, r), tk.PeerTensor.from_tensors(flags, r),
+              epochs[r]) for r in range(world)], BLOCK=ar._block(N))
+        assert all(rel_err(x, ref) < 1e-2 for x in xs)
+        assert all(torch.equal(x, xs[0]) for x in xs)
+    assert all(e.tolist() == [2] * grid for e in epochs)
+
+
+@pytest.mark.parametrize("M, N, K, world", [(256, 256, 128, 2), (192, 128, 64, 3)])
+def test_gemm_reduce_scatter_interpreted(M, N, K, world):
+    rows, grid = M // world, 2
+    outs = [torch.zeros((rows, N), dtype=torch.bfloat16) for _ in range(world)]
+    flags = [torch.zeros((2, 4), dtype=torch.int32) for _ in range(world)]
+    totals = [torch.zeros(4, dtype=torch.int32) for _ in range(world)]
+    a = [torch.randn(M, K).to(torch.bfloat16) for _ in range(world)]
+    b = [torch.randn(N, K).to(torch.bfloat16) for _ in range(world)]
+    ref = sum(x.double() @ y.double().T for x, y in zip(a, b))
+    gemm_rs.gemm_rs_kernel.interpret_ranks[(grid,)](
+        [(a[r], b[r], tk.PeerTensor.from_tensors(outs, r), tk.PeerTensor.from_tensors(flags, r),
+          totals[r]) for r in range(world)])
+    for r in range(world):
+        assert rel_err(outs[r], ref[r * rows:(r + 1) * rows]) < 1e-2
+        assert totals[r].tolist()[:2] == [1, grid]
+
+
+def test_all_gather_gemm_interpreted():
+    """The library's three launches per rank: ready, (the pushes), written, the GEMM."""
+    from tk_mlir.kernels import ag_gemm
+    world, rows, N, K, grid = 2, 128, 256, 64, 2
+    bufs = [torch.zeros((world * rows, K), dtype=torch.bfloat16) for _ in range(world)]
+    flags = [torch.zeros((2, 4), dtype=torch.int32) for _ in range(world)]
+    totals = [torch.zeros(4, dtype=torch.int32) for _ in range(world)]
+    for call in range(2):
+        a = [torch.randn(rows, K).to(torch.bfloat16) for _ in range(world)]
+        b = [torch.randn(N, K).to(torch.bfloat16) for _ in range(world)]
+        c = [torch.full((world * rows, N), float("nan")).to(torch.bfloat16) for _ in range(world)]
+        f = [tk.PeerTensor.from_tensors(flags, r) for r in range(world)]
+        ag_gemm.ready_kernel.interpret_ranks[(1,)]([(f[r], totals[r], grid) for r in range(world)])
+        for r in range(world):
+            for buf in bufs:
+                buf[r * rows:(r + 1) * rows].copy_(a[r])
+        ag_gemm.written_kernel.interpret_ranks[(1,)]([(f[r], totals[r]) for r in range(world)])
+        ag_gemm.ag_gemm_kernel.interpret_ranks[(grid,)](
+            [(bufs[r], b[r], c[r], f[r], totals[r], rows) for r in range(world)])
+        full = torch.cat(a).double()
+        for r in range(world):
+            assert rel_err(c[r], full @ b[r].double().T) < 1e-2
+    assert totals[0].tolist()[:2] == [2, 2 * grid]
+
+
+def test_interpret_ranks_wants_a_list_of_argument_tuples():
+    with pytest.raises(tk.ArgumentError, match="interpret_ranks takes a list"):
+        copy_peer.interpret_ranks[(1,)](np.zeros(4))
 
 
 # ------------------------------------------------------- library wrappers

@@ -154,6 +154,20 @@ class Kernel:
         """`kernel.interpret[grid](...)`: run on the CPU (tk_mlir/interpreter)."""
         return _Interpreting(self)
 
+    @property
+    def interpret_ranks(self) -> _Interpreting:
+        """`kernel.interpret_ranks[grid]([rank0_args, rank1_args, ...], **kw)`:
+        one launch per rank on the CPU, all at once (tk.pgl kernels: their
+        ranks wait for each other's signals)."""
+        return _Interpreting(self, ranks=True)
+
+    def _interpret_ranks(self, grid, ranks, **kwargs) -> None:
+        from . import interpreter
+        try:
+            interpreter.launch_ranks(self, grid, ranks, kwargs)
+        except (CompilationError, ArgumentError) as e:
+            raise for_the_user(e)
+
     def _interpret(self, grid, *args, **kwargs) -> None:
         from . import interpreter
         try:
@@ -302,13 +316,15 @@ def _copies(name: str, info) -> list[tuple[str, object]]:
 
 
 class _Interpreting:
-    """What `kernel.interpret` is: indexed by a grid, a function that runs."""
+    """What `kernel.interpret` (and `interpret_ranks`) is: indexed by a grid,
+    a function that runs."""
 
-    def __init__(self, kernel: Kernel):
-        self.kernel = kernel
+    def __init__(self, kernel: Kernel, ranks: bool = False):
+        self.kernel, self.ranks = kernel, ranks
 
     def __getitem__(self, grid) -> Callable:
-        return functools.partial(self.kernel._interpret, grid)
+        run = self.kernel._interpret_ranks if self.ranks else self.kernel._interpret
+        return functools.partial(run, grid)
 
 
 _INTERPRET_ALL: bool | None = None

@@ -38,12 +38,14 @@ shared.py):
   random active lane; a warpgroup's: of its first warp), setmaxnreg (no-op).
 Ops issued by every active lane are issued once per lane, as on the GPU.
 Flags: tk.signal adds or stores (u32, wrapping), tk.fence is a no-op (the
-interpreter's memory is sequentially consistent), and a tk.wait_signal whose
-flag no earlier block or launch has raised is an error at its line (blocks
-run one after another: none could raise it later). Clusters (use_cluster,
-cluster_rank/sync, remote arrivals, multicast) are refused at their line,
-and kernels with peer tensors (tk.pgl) at launch: they need every rank's
-kernel running at once.
+interpreter's memory is sequentially consistent), and a block at a
+tk.wait_signal whose flag is not up steps aside for the next block
+(machine.run_blocks) until it is; every block waiting is a deadlock at the
+first one's wait. Peer tensors (tk.pgl): `kernel.interpret_ranks[grid]([
+rank0_args, ...])` runs one launch per rank at once, their blocks paired in
+order (block b of each rank, then b + 1), each rank's copies arrays that all
+ranks' PeerTensor.from_tensors share. Clusters (use_cluster, cluster_rank/sync,
+remote arrivals, multicast) are refused at their line.
 
 What it reports, each an InterpretError at the user's line (a tk_mlir
 helper's ops carry the user's call, frontend.py): a tile op reached under
@@ -86,7 +88,7 @@ from __future__ import annotations
 from ..errors import ArgumentError
 from .machine import InterpretError
 
-__all__ = ["InterpretError", "launch", "SEED", "SMS"]
+__all__ = ["InterpretError", "launch", "launch_ranks", "SEED", "SMS"]
 
 # Picks the interleaving of warps, the TMA delays and the elected lanes (a
 # run is reproducible); set it to try other schedules. Races are found by
@@ -100,6 +102,36 @@ SMS = 3
 
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
     """Interpret `kernel` on `grid` with these arguments (as kernel[grid](...))."""
+    program, g, runtime = _prepare(kernel, grid, args, kwargs)
+    program.run(g, runtime, SEED)
+
+
+def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
+    """Interpret one launch of `kernel` per rank, all at once (their blocks
+    step aside for each other at tk.wait_signal, machine.run_blocks):
+    `ranks` holds each rank's positional arguments, its tk.pgl ones
+    tk.PeerTensor.from_tensors of arrays every rank shares; `kwargs` are
+    every rank's."""
+    import itertools
+
+    import numpy as np
+    from . import machine, ops
+    if not isinstance(ranks, (list, tuple)) or not ranks or \
+            not all(isinstance(r, (list, tuple)) for r in ranks):
+        raise ArgumentError("interpret_ranks takes a list of each rank's positional "
+                            "arguments (tuples), one per rank")
+    launches = [_prepare(kernel, grid, tuple(args), kwargs) for args in ranks]
+    runners = [program.block_runners(g, runtime, SEED) for program, g, runtime in launches]
+    with np.errstate(all="ignore"):
+        # block b of every rank, then block b + 1: ranks' blocks pair up in order
+        machine.run_blocks(r for group in itertools.zip_longest(*runners) for r in group
+                           if r is not None)
+    for _, _, runtime in launches:
+        ops.leftover_parts(runtime)
+
+
+def _prepare(kernel, grid, args: tuple, kwargs: dict):
+    """(the Program, the grid, the runtime arguments as the kernel takes them)."""
     import numpy as np
     from ..launcher import normalize_grid
     from .arguments import check_arguments
@@ -110,10 +142,14 @@ def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
     runtime = []
     for i in kernel.params.runtime:
         kind = kernel.params[i].kind
+        if kind == "pgl":              # its copies and rank (params.expand_peers)
+            *copies, rank = arrays[i]
+            runtime += [*copies, np.int32(rank)]
+            continue
         runtime.append(arrays[i] if i in arrays else
                        (np.int32 if kind == "i32" else np.float32)(_scalar(values[i], kind,
                                                                            kernel.params[i])))
-    program.run(g, runtime, SEED)
+    return program, g, runtime
 
 
 def _scalar(v, kind: str, param):

@@ -9,22 +9,28 @@ from .memory import GlobalArray
 
 
 def check_arguments(params, values: list, num_warps: int) -> tuple[dict, tuple]:
-    """({parameter index: GlobalArray}, the specialization key)."""
-    if params.peer_tensors:
-        names = ", ".join(params[i].name for i in params.peer_tensors)
-        raise ArgumentError(f"{params.name} takes peer tensors (tk.pgl: {names}): their "
-                            f"signals need every rank's kernel running at once, and the "
-                            f"interpreter runs one launch; run it on GPUs (one GPU can hold "
-                            f"every rank's copy: tk.PeerTensor.from_tensors)")
+    """({parameter index: GlobalArray, or for a tk.pgl one its local copy's,
+    each rank's copy's and the rank, as the kernel takes them}, the
+    specialization key)."""
     arrays = {i: GlobalArray(values[i], params[i].name) for i in params.tensors}
     sig = params.key(values, num_warps, describe)
+    for i in params.peer_tensors:
+        p, name = values[i], params[i].name
+        arrays[i] = [GlobalArray(p.local, name),
+                     *(GlobalArray(c, f"{name}[{r}]") for r, c in enumerate(p.peers)), p.rank]
     for i, rule in params.tensor_rules(sig).items():
-        a, name = arrays[i], params[i].name
-        if a.dtype != rule["dtype"]:
-            raise ArgumentError(f"argument {name!r} has dtype {a.dtype}, but the kernel's "
-                                f"annotation wants {rule['dtype']}")
-        for d, want in enumerate(rule["static_shape"]):
-            if want is not None and a.shape[d] != want:
-                raise ArgumentError(f"argument {name!r} has shape {a.shape}: dim {d} must be "
-                                    f"{want} (the kernel's annotation fixes it)")
+        for a in (arrays[i] if i in params.peer_tensors else [arrays[i]]):
+            _check_array(a, rule)
     return arrays, sig
+
+
+def _check_array(a, rule: dict) -> None:
+    if not isinstance(a, GlobalArray):
+        return                                   # (a tk.pgl argument's rank)
+    if a.dtype != rule["dtype"]:
+        raise ArgumentError(f"argument {a.name!r} has dtype {a.dtype}, but the kernel's "
+                            f"annotation wants {rule['dtype']}")
+    for d, want in enumerate(rule["static_shape"]):
+        if want is not None and a.shape[d] != want:
+            raise ArgumentError(f"argument {a.name!r} has shape {a.shape}: dim {d} must be "
+                                f"{want} (the kernel's annotation fixes it)")

@@ -1,4 +1,4 @@
-"""The interpreter's machine: warps as coroutines, blocks run one after another.
+"""The interpreter's machine: warps as coroutines, blocks one after another.
 
 Each warp runs the kernel as a Python generator over 32-lane values: a
 per-thread scalar is a numpy array of shape (32,), or of shape () when it is
@@ -12,6 +12,12 @@ is one numpy array per scope instance. A warp reaching a tile op yields a
 op's result once all of them have arrived at the same op. A tile op reached
 under lane divergence, or by part of its scope while the rest is elsewhere
 or has returned, is an error at the op's line.
+
+Blocks run one after another, unless one waits for a flag in global memory
+(tk.wait_signal) that no block has raised yet: then it steps aside and the
+next block starts (`run_blocks`), as on a GPU whose blocks run at once, and
+it resumes once the flag is up. Every block waiting, none able to start, is
+a deadlock reported at the first one's wait.
 """
 from __future__ import annotations
 
@@ -141,10 +147,20 @@ class Arrival:
 @dataclass
 class Blocked:
     """A warp waiting (a semaphore phase, a named barrier): ready() says when
-    it may go on; describe() what it waits for, for a deadlock report."""
+    it may go on; describe() what it waits for, for a deadlock report.
+    `external`: for global memory that other blocks (or ranks) write, so the
+    block may step aside for them."""
     ready: object
     describe: object
     loc: object
+    external: bool = False
+
+
+STALLED = object()    # what a block runner yields when it waits for other blocks
+
+
+class _AllWaiting(Exception):
+    """Thrown into a stalled block runner: no block of the launch can go on."""
 
 
 YIELD = object()      # a warp's yield point: the scheduler may run another warp here
@@ -168,11 +184,40 @@ def uniform(value, loc, what: str):
     return a.flat[0].item() if a.ndim else a.item()
 
 
-def run_block(body, block: Block, num_slots: int, init) -> None:
+def run_blocks(runners) -> None:
+    """Run block runners (generators from `block_runner`, made lazily by the
+    iterable `runners`) to their end: one at a time, the next one starting
+    when every started one waits for another block (STALLED); a deadlock
+    when all wait and none is left to start."""
+    pending, active = iter(runners), []
+    idle = 0                       # stalls in a row with no block making progress
+    while True:
+        if not active or idle >= len(active):
+            runner = next(pending, None)
+            if runner is None:
+                if not active:
+                    return
+                active[0].throw(_AllWaiting())     # raises the block's deadlock report
+            active.append(runner)
+            idle = 0
+        runner = active[0]
+        try:
+            progressed = next(runner)
+        except StopIteration:
+            active.pop(0)
+            idle = 0
+            continue
+        active.append(active.pop(0))
+        idle = 0 if progressed else idle + 1
+
+
+def block_runner(body, block: Block, num_slots: int, init):
     """Run one block: a coroutine per warp (`body(warp)`), interleaved in a
     seeded random order at their yield points (tile ops, semaphore and barrier
     waits, asynchronous issues), tile ops resumed by the rendezvous of their
-    scope's warps; `init(warp)` binds the kernel's arguments."""
+    scope's warps; `init(warp)` binds the kernel's arguments. A generator: it
+    yields (whether any warp ran since its last yield) when all its warps
+    wait and some wait for other blocks (Blocked.external)."""
     warps = [Warp(i, block, num_slots) for i in range(block.num_warps)]
     for w in warps:
         init(w)
@@ -183,6 +228,7 @@ def run_block(body, block: Block, num_slots: int, init) -> None:
     returned: set[int] = set()
     runnable = list(range(len(warps)))
     rng = block.rng
+    progressed = True
     while True:
         block.step += 1
         block.fire_due()
@@ -191,6 +237,7 @@ def run_block(body, block: Block, num_slots: int, init) -> None:
             runnable.append(i)
         _rendezvous(waiting, block, results, runnable)
         if runnable:
+            progressed = True
             i = runnable.pop(int(rng.integers(len(runnable))) if len(runnable) > 1 else 0)
             try:
                 got = coroutines[i].send(results[i])
@@ -212,6 +259,13 @@ def run_block(body, block: Block, num_slots: int, init) -> None:
             block.step = block.agents[0][0] - 1     # nothing runs until the next landing
         elif not waiting and not blocked:
             return
+        elif any(b.external for b in blocked.values()):
+            try:
+                yield progressed
+            except _AllWaiting:
+                raise _deadlock(blocked, waiting, returned, block,
+                                " (and so does every other block of the launch)") from None
+            progressed = False
         elif blocked:
             raise _deadlock(blocked, waiting, returned, block)
         else:
@@ -263,7 +317,8 @@ def _on_block_end(block: Block, warps: list) -> None:
                              f"for it (or do not issue it) before the kernel ends")
 
 
-def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block) -> InterpretError:
+def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
+              others: str = "") -> InterpretError:
     """Every warp that has not returned waits and nothing is in flight."""
     for s in block.sems.values():        # bytes that can never come are the likelier cause
         if s.pending == 0 and s.tx > 0 and s.loads_in_flight == 0:
@@ -278,7 +333,7 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block) -> Inte
         lines.append(f"warps {sorted(returned)} have returned")
     first = blocked[min(blocked)]
     return error(first.loc, f"deadlock in block {block.id}: every warp is blocked and no "
-                            f"TMA load is in flight; " + "; ".join(lines))
+                            f"TMA load is in flight{others}; " + "; ".join(lines))
 
 
 def _stuck(waiting: dict[int, Arrival], returned: set[int], block: Block) -> InterpretError:

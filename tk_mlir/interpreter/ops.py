@@ -23,7 +23,7 @@ import numpy as np
 
 from ..dialects import tk, types as T
 from . import numerics, shared
-from .machine import LANES, error, warp_scalar
+from .machine import LANES, Blocked, error, warp_scalar
 
 INTERPRETERS: dict[str, Callable] = {}
 SYNC: set[str] = set()      # ops whose per-warp closure is a generator (it may wait)
@@ -143,37 +143,75 @@ def _load_scalar(op, num_warps):
     return load
 
 
+def _lane(value, lane: int):
+    """One lane's value of a per-thread operand (a scalar is every lane's)."""
+    return np.asarray(value)[lane] if np.ndim(value) else value
+
+
+def _flag_at(flags, lane: int, idx) -> tuple:
+    """(the lane's array, its element coordinates) of a flag operand: an
+    array, or a tk.pgl copy picked per lane (PeerChoice)."""
+    array = flags.lanes[lane] if isinstance(flags, PeerChoice) else flags
+    return array, tuple(int(_lane(i, lane)) for i in idx)
+
+
 @interprets("tk.signal")
 def _signal(op, num_warps):
     loc, add = op.location, op.mode == "add"
     def signal(w, flags, value, *idx):
         for lane in w.active_lanes():
-            at = tuple(int(np.asarray(i)[lane] if np.ndim(i) else i) for i in idx)
+            array, at = _flag_at(flags, lane, idx)
             try:
-                flags.update_element(at, int(np.asarray(value)[lane] if np.ndim(value)
-                                             else value), add)
+                array.update_element(at, int(_lane(value, lane)), add)
             except IndexError as e:
                 raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
     return signal
 
 
-@interprets("tk.wait_signal")
+@interprets("tk.wait_signal", sync=True)
 def _wait_signal(op, num_warps):
-    # Blocks run one after another here, so a flag no earlier block (or launch)
-    # has raised never will be: the wait fails now rather than spinning.
+    # A flag not up yet steps this block aside (machine.run_blocks): others,
+    # of this launch or of other ranks', may raise it.
     loc = op.location
-    def wait(w, flags, expected, *idx):
+    def behind(w, flags, expected, idx) -> list[str]:
+        late = []
         for lane in w.active_lanes():
-            at = tuple(np.asarray(int(np.asarray(i)[lane] if np.ndim(i) else i)) for i in idx)
-            seen = int(flags.elements(at))
-            want = int(np.asarray(expected)[lane] if np.ndim(expected) else expected)
+            array, at = _flag_at(flags, lane, idx)
+            seen, want = int(array.elements(tuple(np.asarray(a) for a in at))), \
+                int(_lane(expected, lane))
             if ((seen - want) & 0xFFFFFFFF) >= 1 << 31:
-                raise error(loc, f"tk.wait_signal: flag {tuple(map(int, at))} of "
-                                 f"{flags.name!r} holds {seen}, waiting for {want}; the "
-                                 f"interpreter runs blocks one after another, so no other "
-                                 f"block can raise it: on the GPU this waits for a block "
-                                 f"running at the same time, or times out")
+                late.append(f"flag {at} of {array.name!r} holds {seen}, waiting for {want}")
+        return late
+    def wait(w, flags, expected, *idx):
+        while behind(w, flags, expected, idx):
+            yield Blocked(lambda: not behind(w, flags, expected, idx),
+                          lambda: "at tk.wait_signal: " + "; ".join(
+                              behind(w, flags, expected, idx)[:2]),
+                          loc, external=True)
     return wait
+
+
+@dataclasses.dataclass
+class PeerChoice:
+    """A tk.pgl copy picked by a rank that differs between lanes: each lane's
+    array (signals and waits take it lane by lane)."""
+    lanes: list
+
+
+@interprets("tk.peer_select")
+def _peer_select(op, num_warps):
+    loc = op.location
+    def select(w, rank, *copies):
+        ranks = np.broadcast_to(np.asarray(rank), (LANES,))
+        active = ranks[w.active_lanes()]
+        if ((active < 0) | (active >= len(copies))).any():
+            raise error(loc, f"peer rank {int(active[(active < 0) | (active >= len(copies))][0])}"
+                             f" is not a rank of this {len(copies)}-rank peer tensor (on the "
+                             f"GPU this traps)")
+        if (active == active[0]).all():
+            return copies[int(active[0])]
+        return PeerChoice([copies[int(r)] if 0 <= r < len(copies) else None for r in ranks])
+    return select
 
 
 @interprets("tk.fence")

@@ -315,21 +315,25 @@ class Program:
         return RegionStep(run)
 
     def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
-        """Run every block of `grid`, one after another; `args`: per kernel
-        argument a memory.GlobalArray or a numpy scalar; `seed` picks the
-        interleaving of warps, TMA delays and elected lanes."""
+        """Run every block of `grid` (one after another, unless one waits for
+        another: machine.run_blocks); `args`: per kernel argument a
+        memory.GlobalArray or a numpy scalar; `seed` picks the interleaving
+        of warps, TMA delays and elected lanes."""
+        with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
+            machine.run_blocks(self.block_runners(grid, args, seed))
+        ops.leftover_parts(args)
+
+    def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0):
+        """A runner (machine.block_runner) per block of `grid`, made as needed."""
         def init(w):
             for s, a in zip(self.arg_slots, args):
                 w.values[s] = a
         body = lambda w: run_steps(self.body, w)   # noqa: E731
-        with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
-            for z in range(grid[2]):
-                for y in range(grid[1]):
-                    for x in range(grid[0]):
-                        block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems,
-                                              seed)
-                        machine.run_block(body, block, len(self.slots), init)
-        ops.leftover_parts(args)
+        for z in range(grid[2]):
+            for y in range(grid[1]):
+                for x in range(grid[0]):
+                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed)
+                    yield machine.block_runner(body, block, len(self.slots), init)
 
 
 def _active(w, value):
