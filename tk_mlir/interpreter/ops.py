@@ -197,6 +197,13 @@ class PeerChoice:
     array (signals and waits take it lane by lane)."""
     lanes: list
 
+    def __getattr__(self, name):
+        from .machine import InterpretError
+        raise InterpretError("a tk.pgl copy picked by a rank that differs between the threads "
+                             "of a warp reaches an op other than tk.signal / tk.wait_signal; "
+                             "the interpreter models per-thread ranks for flags only (pick the "
+                             "copy by a rank every thread of the warp shares)")
+
 
 @interprets("tk.peer_select")
 def _peer_select(op, num_warps):
