@@ -199,6 +199,8 @@ class PeerChoice:
 
     def __getattr__(self, name):
         from .machine import InterpretError
+        if name.startswith("__"):
+            raise AttributeError(name)
         raise InterpretError("a tk.pgl copy picked by a rank that differs between the threads "
                              "of a warp reaches an op other than tk.signal / tk.wait_signal; "
                              "the interpreter models per-thread ranks for flags only (pick the "
