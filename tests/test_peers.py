@@ -542,3 +542,19 @@ def test_the_gemms_compile_for_every_world_size(world):
                                         S((256 * world, 768), bf16), P((2, 8), "i32", world),
                                         S((4,), "i32"), 256)
     assert sum(p.kind == "tmap" for p in ag.params) == 3
+
+
+@tk.kernel(num_warps=4)
+def pick_rank(X: tk.pgl[f32], Y: tk.gl[f32], r: int):
+    tk.store(Y, tk.load(X[r], (0, 0), (16, 16)), (0, 0))  # E:run-time-rank
+
+
+def test_a_run_time_rank_outside_the_group_is_an_error_at_its_line_in_the_interpreter():
+    copies = [np.full((16, 16), float(r), np.float32) for r in range(2)]
+    y = np.zeros((16, 16), np.float32)
+    pick_rank.interpret[(1,)](tk.PeerTensor.from_tensors(copies, 0), y, 1)
+    assert (y == 1).all()
+    with pytest.raises(InterpretError) as info:
+        pick_rank.interpret[(1,)](tk.PeerTensor.from_tensors(copies, 0), y, 2)
+    test_errors.check_error(info.value, "run-time-rank", "X[r]",
+                            "peer rank 2 is not a rank of this 2-rank peer tensor", HERE)
