@@ -2,7 +2,8 @@
 all-reduce and its GEMM + reduce-scatter, against NCCL.
 
     torchrun --nproc-per-node 2 examples/multi_gpu.py    # two GPUs: run and check
-    python examples/multi_gpu.py                         # anywhere: compile and show
+    python examples/multi_gpu.py                         # anywhere: compile, show, and
+                                                         # run 2 ranks in the CPU interpreter
 
 A `tk.pgl[...]` parameter takes a tk.PeerTensor: one tensor on every rank of
 a process group, on PyTorch's symmetric memory (plain NVLink peer access,
@@ -54,11 +55,27 @@ def show() -> None:
         print(f"  {word:18s} {line}")
 
 
+def interpret_two_ranks() -> float:
+    """Both ranks' launches at once on the CPU (kernel.interpret_ranks): the
+    copies are CPU tensors every rank's PeerTensor shares."""
+    import torch
+    world = 2
+    xs = [torch.randn(64, 64).to(torch.bfloat16) for _ in range(world)]
+    ref = sum(x.double() for x in xs)
+    bufs = [torch.empty(world, 64, 64, dtype=torch.bfloat16) for _ in range(world)]
+    flags = [torch.zeros(4, 4, dtype=torch.int32) for _ in range(world)]
+    push_and_sum.interpret_ranks[(4,)]([(xs[r], tk.PeerTensor.from_tensors(bufs, r),
+                                         tk.PeerTensor.from_tensors(flags, r), 1)
+                                        for r in range(world)])
+    return max(((x.double() - ref).norm() / ref.norm()).item() for x in xs)
+
+
 def main() -> None:
     if "RANK" not in os.environ:
         print("push_and_sum for 2 ranks, its signals in PTX:")
         show()
-        print("not under torchrun: compiled only; on two GPUs run\n"
+        print(f"2 ranks in the CPU interpreter: rel. error {interpret_two_ranks():.1e}")
+        print("not under torchrun: compiled and interpreted only; on two GPUs run\n"
               "  torchrun --nproc-per-node 2 examples/multi_gpu.py")
         return
     import torch

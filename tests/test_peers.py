@@ -507,7 +507,8 @@ def test_the_example_compiles_and_says_how_to_run_it(capsys, monkeypatch):
     runpy.run_path(str(HERE.parents[1] / "examples" / "multi_gpu.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "red.release.sys.global.add.u32" in out and "ld.acquire.sys.global.u32" in out
-    assert "not under torchrun: compiled only" in out
+    assert "not under torchrun: compiled and interpreted only" in out
+    assert float(out.split("2 ranks in the CPU interpreter: rel. error ")[1].split()[0]) < 1e-2
 
 
 def test_a_peer_tensor_where_a_tensor_goes_says_which_parameter_takes_it():
