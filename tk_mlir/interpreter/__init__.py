@@ -10,7 +10,8 @@ memory placement), compiled once per specialization into a closure per op
 (program.py; one interpret rule per op name: ops.py, hopper.py, scalars.py),
 with one coroutine per warp over 32-lane numpy scalars (machine.py). Tile
 ops work on whole tiles (numpy arrays) and rendezvous their scope's warps.
-Blocks run one after another; the warps of a block interleave in a seeded
+Blocks run one after another (one waiting for another's flag steps aside:
+machine.run_blocks); the warps of a block interleave in a seeded
 random order (interpreter.SEED) at every tile op, semaphore or barrier wait
 and asynchronous issue, so producer/consumer kernels make progress.
 Outputs are written in place. Persistent kernels' wrappers size their grid
