@@ -157,6 +157,14 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
     on another stream) at the same time can stall it until the timeout."""
     import math
     fn = "all_reduce"
+    key = (symmetric.resolve(group) if _initialized() else None, getattr(t, "shape", None),
+           getattr(t, "dtype", None), getattr(t, "device", None), algorithm, timeout_ms)
+    call = _CALLS.get(key) if type(timeout_ms) is int else None
+    if call is not None and t.is_contiguous() and _on_current_device(t):
+        kernel, grid, width, block, ws = call      # (a call like an earlier one: checked then)
+        kernel[(grid,)](t.view(-1, width), ws.buf, ws.flags, ws.epochs, BLOCK=block,
+                        TIMEOUT_MS=timeout_ms)
+        return t
     _check(t, algorithm, timeout_ms)
     world = symmetric.world_size(group)
     nbytes = t.numel() * t.element_size()
@@ -170,7 +178,27 @@ def all_reduce(t, group=None, *, algorithm: str = "auto",
     ws = _WORKSPACES.get(group, (algorithm, t.dtype, width, grid), x.shape[0], fn)
     kernel = one_shot_kernel if algorithm == "one_shot" else two_shot_kernel
     kernel[(grid,)](x, ws.buf, ws.flags, ws.epochs, BLOCK=_block(width), TIMEOUT_MS=timeout_ms)
+    if len(_CALLS) >= 256:
+        _CALLS.clear()
+    _CALLS[key] = (kernel, grid, width, _block(width), ws)
     return t
+
+
+# A call's (group, shape, dtype, device, algorithm, timeout) -> what it launched:
+# a call like it skips the checks and lookups (host time: decode all-reduces
+# are a few µs of GPU time). Every rank makes the same calls, so the same
+# workspaces, outgrown ones included, pair up.
+_CALLS: dict = {}
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def _on_current_device(t) -> bool:
+    import torch
+    return t.device.index == torch.cuda.current_device()
 
 
 def _check(t, algorithm, timeout_ms) -> None:

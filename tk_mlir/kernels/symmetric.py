@@ -18,9 +18,20 @@ from tk_mlir.runtime.peers import DEFAULT_TIMEOUT_MS  # noqa: F401  (the kernels
 _WORLD_SIZES: dict = {}
 
 
+def resolve(group):
+    """The process group `group` names (None: the default group, as
+    torch.distributed reads it: a new one after destroy_process_group and
+    init_process_group, so nothing cached for the old one is reused)."""
+    if group is not None:
+        return group
+    import torch.distributed as dist
+    return dist.group.WORLD
+
+
 def world_size(group) -> int:
     """dist.get_world_size(group), asked once per group (it costs ~10 µs of
     host time, as much as the rest of a small all-reduce's launch)."""
+    group = resolve(group)
     n = _WORLD_SIZES.get(group)
     if n is None:
         import torch.distributed as dist
@@ -29,10 +40,10 @@ def world_size(group) -> int:
 
 
 def group_key(group) -> tuple:
+    """The group (the object: caches hold it, so its identity stays unique)
+    and this rank's device."""
     import torch
-    import torch.distributed as dist
-    return ((group if group is not None else dist.group.WORLD).group_name,
-            torch.cuda.current_device())
+    return resolve(group), torch.cuda.current_device()
 
 
 class Workspaces:
