@@ -559,3 +559,16 @@ def test_a_run_time_rank_outside_the_group_is_an_error_at_its_line_in_the_interp
         pick_rank.interpret[(1,)](tk.PeerTensor.from_tensors(copies, 0), y, 2)
     test_errors.check_error(info.value, "run-time-rank", "X[r]",
                             "peer rank 2 is not a rank of this 2-rank peer tensor", HERE)
+
+
+def test_a_cached_all_reduce_call_still_refuses_a_tensor_it_cannot_reduce_in_place(monkeypatch):
+    """The per-call cache keys on shape, dtype and device, not strides: a
+    transposed tensor of a cached shape still gets the contiguity error."""
+    launched = []
+    fake = type("Fake", (), {"__getitem__": lambda self, grid: lambda *a, **k: launched.append(a)})
+    t = torch.zeros(8, 4, dtype=torch.bfloat16).T
+    key = (None, t.shape, t.dtype, t.device, "auto", ar.DEFAULT_TIMEOUT_MS)
+    monkeypatch.setitem(ar._CALLS, key, (fake(), 1, 8, 256, None))
+    with pytest.raises(ValueError, match="t must be contiguous"):
+        ar.all_reduce(t)
+    assert not launched
