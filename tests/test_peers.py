@@ -311,7 +311,7 @@ def test_a_block_waiting_for_a_later_one_steps_aside():
 def test_a_rank_alone_deadlocks_at_its_wait():
     copies = [np.zeros((16, 16), np.float32)] * 2
     with pytest.raises(InterpretError, match=r"deadlock in block \(0, 0, 0\).*every other block "
-                                             r"of the launch.*tk.wait_signal: flag \(0, 0, 1\)"):
+                                             r"still running.*tk.wait_signal: flag \(0, 0, 1\)"):
         ar.one_shot_kernel.interpret[(1,)](
             torch.ones(1, 256, dtype=torch.bfloat16),
             tk.PeerTensor.from_tensors([torch.empty(4, 1, 256, dtype=torch.bfloat16)
@@ -572,3 +572,16 @@ def test_a_cached_all_reduce_call_still_refuses_a_tensor_it_cannot_reduce_in_pla
     with pytest.raises(ValueError, match="t must be contiguous"):
         ar.all_reduce(t)
     assert not launched
+
+
+def test_two_ranks_writing_one_element_of_a_copy_are_reported():
+    """Writers are tracked per array, whichever rank's argument reaches it."""
+    @tk.kernel(num_warps=4)
+    def both_write_rank0(X: tk.pgl[f32]):
+        tk.store(X[0], tk.full((16, 16), 1.0, f32), (0, 0))  # E:both-ranks
+
+    copies = [np.zeros((16, 16), np.float32) for _ in range(2)]
+    with pytest.raises(InterpretError, match=r"blocks \(0, 0, 0\) of rank 0 and \(0, 0, 0\) of "
+                                             r"rank 1 both write element"):
+        both_write_rank0.interpret_ranks[(1,)](
+            [(tk.PeerTensor.from_tensors(copies, r),) for r in range(2)])

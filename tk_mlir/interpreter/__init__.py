@@ -121,8 +121,10 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
             not all(isinstance(r, (list, tuple)) for r in ranks):
         raise ArgumentError("interpret_ranks takes a list of each rank's positional "
                             "arguments (tuples), one per rank")
-    launches = [_prepare(kernel, grid, tuple(args), kwargs) for args in ranks]
-    runners = [program.block_runners(g, runtime, SEED) for program, g, runtime in launches]
+    wrappers: dict = {}          # one GlobalArray per array, whichever rank reaches it
+    launches = [_prepare(kernel, grid, tuple(args), kwargs, wrappers) for args in ranks]
+    runners = [program.block_runners(g, runtime, SEED, rank)
+               for rank, (program, g, runtime) in enumerate(launches)]
     with np.errstate(all="ignore"):
         # block b of every rank, then block b + 1: ranks' blocks pair up in order
         machine.run_blocks(r for group in itertools.zip_longest(*runners) for r in group
@@ -131,13 +133,13 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
         ops.leftover_parts(runtime)
 
 
-def _prepare(kernel, grid, args: tuple, kwargs: dict):
+def _prepare(kernel, grid, args: tuple, kwargs: dict, wrappers: dict | None = None):
     """(the Program, the grid, the runtime arguments as the kernel takes them)."""
     import numpy as np
     from ..launcher import normalize_grid
     from .arguments import check_arguments
     values, num_warps = kernel.params.bind(args, kwargs)
-    arrays, sig = check_arguments(kernel.params, values, num_warps)
+    arrays, sig = check_arguments(kernel.params, values, num_warps, wrappers)
     program = kernel.interpreted(sig)
     g = normalize_grid(grid, dict(zip(kernel.params.names, values)))
     runtime = []

@@ -8,16 +8,24 @@ from ..runtime.arguments import describe
 from .memory import GlobalArray
 
 
-def check_arguments(params, values: list, num_warps: int) -> tuple[dict, tuple]:
+def check_arguments(params, values: list, num_warps: int,
+                    wrappers: dict | None = None) -> tuple[dict, tuple]:
     """({parameter index: GlobalArray, or for a tk.pgl one its local copy's,
     each rank's copy's and the rank, as the kernel takes them}, the
-    specialization key)."""
-    arrays = {i: GlobalArray(values[i], params[i].name) for i in params.tensors}
+    specialization key). One GlobalArray per array (`wrappers`, by id, may
+    be shared by several ranks' launches): who wrote an element is tracked
+    per array, whichever argument reaches it."""
+    wrappers = {} if wrappers is None else wrappers
+    def wrap(obj, name):
+        if id(obj) not in wrappers:
+            wrappers[id(obj)] = (GlobalArray(obj, name), obj)    # (obj: keeps the id unique)
+        return wrappers[id(obj)][0]
+    arrays = {i: wrap(values[i], params[i].name) for i in params.tensors}
     sig = params.key(values, num_warps, describe)
     for i in params.peer_tensors:
         p, name = values[i], params[i].name
-        arrays[i] = [GlobalArray(p.local, name),
-                     *(GlobalArray(c, f"{name}[{r}]") for r, c in enumerate(p.peers)), p.rank]
+        arrays[i] = [wrap(p.local, name),
+                     *(wrap(c, f"{name}[{r}]") for r, c in enumerate(p.peers)), p.rank]
     for i, rule in params.tensor_rules(sig).items():
         for a in (arrays[i] if i in params.peer_tensors else [arrays[i]]):
             _check_array(a, rule)

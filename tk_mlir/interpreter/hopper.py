@@ -142,7 +142,7 @@ def _store_rule(add: bool, what: str):
                                               record=False))
                 flight = block.shadow.start("TMA store", src, at, writes=False)
                 _check(loc, dst.store(coords, block.smem.read(src), add=add,
-                                      by=(block.id, at)))
+                                      by=(block.name, at)))
                 w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
             yield YIELD
         return store

@@ -61,13 +61,17 @@ class Block:
     copies land after a seeded random delay, counted in scheduler steps),
     wgmma groups per warpgroup, and the vector clocks of races.py."""
 
-    def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0):
+    def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0,
+                 rank: int | None = None):
         from .races import Shadow
         from .shared import SharedMemory
         self.id, self.grid, self.num_warps = id, grid, num_warps
+        # What messages and the writers of global memory call it: its id, and
+        # its rank's when several ranks' launches run at once (interpret_ranks).
+        self.name = id if rank is None else f"{id} of rank {rank}"
         self.num_wgs = -(-num_warps // 4)
         self.num_slots = num_warps + num_sems + self.num_wgs
-        self.rng = np.random.default_rng([seed, *id])
+        self.rng = np.random.default_rng([seed, *id] if rank is None else [seed, rank, *id])
         self.step = 0
         self.smem = SharedMemory()
         self.shadow = Shadow(num_warps, self.num_slots, self.num_wgs)
@@ -189,7 +193,7 @@ def run_blocks(runners) -> None:
     iterable `runners`) to their end: one at a time, the next one starting
     when every started one waits for another block (STALLED); a deadlock
     when all wait and none is left to start."""
-    pending, active = iter(runners), []
+    pending, active, started = iter(runners), [], {}
     idle = 0                       # stalls in a row with no block making progress
     while True:
         if not active or idle >= len(active):
@@ -197,7 +201,9 @@ def run_blocks(runners) -> None:
             if runner is None:
                 if not active:
                     return
-                active[0].throw(_AllWaiting())     # raises the block's deadlock report
+                first = min(active, key=started.get)     # the one waiting longest
+                first.throw(_AllWaiting())               # raises its deadlock report
+            started[runner] = len(started)
             active.append(runner)
             idle = 0
         runner = active[0]
@@ -264,7 +270,7 @@ def block_runner(body, block: Block, num_slots: int, init):
                 yield progressed
             except _AllWaiting:
                 raise _deadlock(blocked, waiting, returned, block,
-                                " (and so does every other block of the launch)") from None
+                                " (and so does every other block still running)") from None
             progressed = False
         elif blocked:
             raise _deadlock(blocked, waiting, returned, block)
@@ -292,13 +298,13 @@ def _on_exit(w: Warp) -> None:
     wg = w.index // 4
     if w.block.mma_issued.get(wg, 0) > w.mma_done:
         raise error(w.block.mma_locs[wg, w.mma_done + 1],
-                    f"warp {w.index} of block {w.block.id} exits with the MMA issued here not "
+                    f"warp {w.index} of block {w.block.name} exits with the MMA issued here not "
                     f"waited for: it may still read shared memory the block is giving up; "
                     f"call tk.mma_wait(0) before the kernel ends")
     for lane, groups in w.bulk.items():
         for group in groups:
             for store in group:
-                raise error(store.loc, f"warp {w.index} (lane {lane}) of block {w.block.id} "
+                raise error(store.loc, f"warp {w.index} (lane {lane}) of block {w.block.name} "
                                        f"exits with the TMA store issued here outstanding: "
                                        f"its source is shared memory the block is giving "
                                        f"up; call tk.tma.store_wait(0) (after "
@@ -311,7 +317,7 @@ def _on_block_end(block: Block, warps: list) -> None:
     and would land in shared memory the block has given up."""
     for key, (phase, loc) in block.last_load.items():
         if max(w.seen.get(key, -1) for w in warps) < phase:
-            raise error(loc, f"block {block.id} ends without waiting for the TMA load issued "
+            raise error(loc, f"block {block.name} ends without waiting for the TMA load issued "
                              f"here (no warp waited for its semaphore's phase {phase}): on a "
                              f"GPU it may land in shared memory the block has given up; wait "
                              f"for it (or do not issue it) before the kernel ends")
@@ -332,7 +338,7 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
     if returned:
         lines.append(f"warps {sorted(returned)} have returned")
     first = blocked[min(blocked)]
-    return error(first.loc, f"deadlock in block {block.id}: every warp is blocked and no "
+    return error(first.loc, f"deadlock in block {block.name}: every warp is blocked and no "
                             f"TMA load is in flight{others}; " + "; ".join(lines))
 
 
@@ -349,7 +355,7 @@ def _stuck(waiting: dict[int, Arrival], returned: set[int], block: Block) -> Int
         elif m in waiting and waiting[m].step is not step:
             elsewhere.append(f"warp {m} waits at {waiting[m].step.describe()}")
     return error(step.loc, f"{step.name}: warp{'s' * (len(here) > 1)} "
-                           f"{', '.join(map(str, here))} of block {block.id} reached this "
+                           f"{', '.join(map(str, here))} of block {block.name} reached this "
                            f"{step.scope}-scope op, but {'; '.join(elsewhere)}: every warp of "
                            f"its {step.scope} must reach it together (is it under an if or "
                            f"loop that depends on the warp?)")

@@ -33,7 +33,7 @@ class GlobalArray:
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
         self.writer: np.ndarray | None = None    # per element: its writer's number + 1
-        self.writers: list[tuple] = []           # (block id, "file:line") by number
+        self.writers: list[tuple] = []           # (block name, "file:line") by number
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
 
@@ -98,7 +98,7 @@ class GlobalArray:
     def store(self, coords, tile: np.ndarray, add: bool = False,
               by: tuple | None = None) -> str | None:
         """Write tile at coords (add: add it to what is there, in f32, then
-        round: red.global.add and TMA reduce-add). by=(block id, "file:line"):
+        round: red.global.add and TMA reduce-add). by=(block name, "file:line"):
         a plain write's writer; the problem when another block wrote one of
         these elements (an output element has one writer; adds accumulate)."""
         window = self._window(coords, tile.shape)

@@ -107,7 +107,7 @@ def _store(op, num_warps):
     if not isinstance(T.parse(op.dst.type), T.GL):
         return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
-        _check(scope, dst.store(coords, value, by=(scope.block.id, scope.where)))
+        _check(scope, dst.store(coords, value, by=(scope.block.name, scope.where)))
     return store
 
 
@@ -266,7 +266,7 @@ def _store_partial(op, num_warps):
         count = count + 1
         if count[0] == parts:
             total = workspace.load(coords, value.shape, "f32", 0.0)
-            _check(scope, dst.store(coords, total, by=(scope.block.id, scope.where)))
+            _check(scope, dst.store(coords, total, by=(scope.block.name, scope.where)))
             workspace.store(coords, np.zeros_like(total))
             count[:] = 0
         counters.store((slot,), count)
@@ -319,7 +319,7 @@ def _copy(op, num_warps):
         else:
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
             _check(scope, dst.store(coords, scope.block.smem.read(src),
-                                    by=(scope.block.id, scope.where)))
+                                    by=(scope.block.name, scope.where)))
     return copy
 
 

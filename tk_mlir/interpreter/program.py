@@ -323,8 +323,10 @@ class Program:
             machine.run_blocks(self.block_runners(grid, args, seed))
         ops.leftover_parts(args)
 
-    def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0):
-        """A runner (machine.block_runner) per block of `grid`, made as needed."""
+    def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0,
+                      rank: int | None = None):
+        """A runner (machine.block_runner) per block of `grid`, made as needed
+        (`rank`: the launch's, when several ranks' run at once)."""
         def init(w):
             for s, a in zip(self.arg_slots, args):
                 w.values[s] = a
@@ -332,7 +334,8 @@ class Program:
         for z in range(grid[2]):
             for y in range(grid[1]):
                 for x in range(grid[0]):
-                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed)
+                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed,
+                                          rank)
                     yield machine.block_runner(body, block, len(self.slots), init)
 
 
