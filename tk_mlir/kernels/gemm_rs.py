@@ -84,7 +84,7 @@ class _Workspace:
         the launch plan holds it)."""
         if n not in self.views:
             self.views[n] = tk.PeerTensor.from_tensors([c[:n] for c in self.out.peers],
-                                                       self.out.rank)
+                                                       self.out.rank, self.out.handle)
         return self.views[n]
 
 

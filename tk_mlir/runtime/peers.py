@@ -52,17 +52,18 @@ class PeerTensor:
         return self.local.device
 
     @classmethod
-    def from_tensors(cls, tensors: Sequence, rank: int) -> PeerTensor:
+    def from_tensors(cls, tensors: Sequence, rank: int, handle=None) -> PeerTensor:
         """Rank `rank`'s view of `tensors` (one per rank, in rank order), which
         this process can address: the other ranks' kernels get the same list
-        with their own rank."""
+        with their own rank. `handle`: what keeps their memory mapped (views of
+        a PeerTensor's copies pass its handle on)."""
         tensors = tuple(tensors)
         if not tensors:
             raise ArgumentError("PeerTensor.from_tensors needs one tensor per rank, got none")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < len(tensors):
             raise ArgumentError(f"PeerTensor.from_tensors: rank must be an int from 0 to "
                                 f"{len(tensors) - 1} (one tensor per rank), got {rank!r}")
-        return cls(tensors[rank], tensors, rank)
+        return cls(tensors[rank], tensors, rank, handle)
 
     def __repr__(self):
         return (f"PeerTensor(rank {self.rank} of {self.world_size}, shape "
