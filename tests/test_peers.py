@@ -585,3 +585,25 @@ def test_two_ranks_writing_one_element_of_a_copy_are_reported():
                                              r"rank 1 both write element"):
         both_write_rank0.interpret_ranks[(1,)](
             [(tk.PeerTensor.from_tensors(copies, r),) for r in range(2)])
+
+
+def test_a_launch_plan_passes_a_peer_tensor_as_the_general_path_does():
+    """The plan's constants for a tk.pgl argument (launcher._abi_variables) and
+    the general path's arguments (params.abi_arguments) give the same launch
+    values, piece for piece (no TMA here: its maps need a GPU driver)."""
+    from tk_mlir import launcher
+    from tk_mlir.params import launch_value_code
+    from tk_mlir.runtime.arguments import tensor_info
+    from tk_mlir.runtime.peers import read_peers
+    copies = [torch.randn(16, 16) for _ in range(3)]
+    x, y = tk.PeerTensor.from_tensors(copies, 2), torch.zeros(16, 16)
+    compiled = copy_peer.compile(x, y)
+    params, values = copy_peer.params, [x, y]
+    infos = {"X": read_peers(x, "X", tensor_info), "Y": tensor_info(y, "Y")}
+    runtime, by_arg, _ = params.abi_arguments(values, infos)
+    general = compiled.launch_values(runtime, by_arg)
+    env = {"a1_ptr": y.data_ptr(), "a1_shape": y.shape, "a1_strides": y.stride()}
+    arg_vars, source = launcher._abi_variables(params, values, ["a0", "a1"], {0}, env)
+    assert source == [None] * 5 + [1]
+    exprs = launch_value_code(compiled.params, arg_vars, compiled.tensor_maps, env)
+    assert tuple(eval(e, env) for e in exprs) == tuple(general)

@@ -116,7 +116,7 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
     """Per argument of the compiled kernel (params.abi_arguments' order): the
     plan's variable for it, and the parameter it reads (None for a piece of
     a tk.pgl argument, whose values are put in `env` as constants)."""
-    from .params import expand_peers
+    from .params import GL, peer_pieces
     from .runtime.peers import read_peers
     arg_vars, source = [], []
     for i in params.runtime:
@@ -124,18 +124,17 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
             arg_vars.append(local[i])
             source.append(i)
             continue
-        info = read_peers(values[i], params[i].name, tensor_info)
-        names = [n for n, _ in expand_peers(params[i].name, info.world_size)]
-        for k, t in enumerate((info.local, *info.peers)):
+        pieces = peer_pieces(params[i].name, read_peers(values[i], params[i].name, tensor_info))
+        for k, (name, kind, piece) in enumerate(pieces):
             v = f"P{i}_{k}"
-            env.update({f"{v}_ptr": t.ptr, f"{v}_shape": tuple(t.shape),
-                        f"{v}_strides": tuple(t.strides), f"{v}_info": t,
-                        f"{v}_name": names[k]})
+            if kind == GL:
+                env.update({f"{v}_ptr": piece.ptr, f"{v}_shape": tuple(piece.shape),
+                            f"{v}_strides": tuple(piece.strides), f"{v}_info": piece,
+                            f"{v}_name": name})
+            else:                                   # (its rank)
+                env[v] = piece
             arg_vars.append(v)
             source.append(None)
-        env[f"P{i}_rank"] = info.rank
-        arg_vars.append(f"P{i}_rank")
-        source.append(None)
     return arg_vars, source
 
 

@@ -228,14 +228,11 @@ class KernelParams:
         for i in self.runtime:
             p, v = self.params[i], values[i]
             if p.kind == PGL:
-                peers = infos[p.name]
-                *copies, (rank_name, _) = expand_peers(p.name, peers.world_size)
-                for (name, _), info in zip(copies, (peers.local, *peers.peers), strict=True):
-                    tensors[len(runtime)] = info
-                    runtime.append(v)
+                for name, kind, piece in peer_pieces(p.name, infos[p.name]):
+                    if kind == GL:
+                        tensors[len(runtime)] = piece
+                    runtime.append(v if kind == GL else piece)
                     names.append(name)
-                runtime.append(peers.rank)
-                names.append(rank_name)
                 continue
             if p.kind == GL:
                 tensors[len(runtime)] = infos[p.name]
@@ -249,6 +246,15 @@ def expand_peers(name: str, world_size: int) -> list[tuple[str, str]]:
     kind): its local copy, each rank's copy, its rank."""
     return [(name, GL), *((f"{name}[{r}]", GL) for r in range(world_size)),
             (f"{name}.rank", I32)]
+
+
+def peer_pieces(name: str, peers) -> list[tuple[str, str, Any]]:
+    """The kernel arguments a read tk.pgl argument (runtime/peers.py PeerInfo)
+    becomes, as (name, kind, value): each copy's TensorInfo, then the rank."""
+    *copies, (rank_name, _) = expand_peers(name, peers.world_size)
+    return [*((n, kind, info) for (n, kind), info in
+              zip(copies, (peers.local, *peers.peers), strict=True)),
+            (rank_name, I32, peers.rank)]
 
 
 def constexpr_tag(v):
