@@ -30,8 +30,8 @@ from . import compiler
 from .compiler import CompiledKernel, Specialization
 from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
-from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, NUM_WARPS_RULE, PGL, KernelParams,
-                     valid_num_warps)
+from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, PGL, KernelParams,
+                     peer_pieces, valid_num_warps)
 from .runtime.peers import PeerTensor, read_peers
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
@@ -309,10 +309,9 @@ def _peer_of_torch_tensors(value, tensors: tuple) -> bool:
 def _copies(name: str, info) -> list[tuple[str, object]]:
     """A tensor argument's memory to check, by name: itself, or each copy of
     a tk.pgl argument's (runtime/peers.py PeerInfo)."""
-    peers = getattr(info, "peers", None)
-    if peers is None:
+    if getattr(info, "peers", None) is None:
         return [(name, info)]
-    return [(name, info.local), *((f"{name}[{r}]", t) for r, t in enumerate(peers))]
+    return [(n, piece) for n, kind, piece in peer_pieces(name, info) if kind == GL]
 
 
 class _Interpreting:

@@ -4,6 +4,7 @@ alignment rules (numpy reads any layout)."""
 from __future__ import annotations
 
 from ..errors import ArgumentError
+from ..params import GL, expand_peers
 from ..runtime.arguments import describe
 from .memory import GlobalArray
 
@@ -23,9 +24,10 @@ def check_arguments(params, values: list, num_warps: int,
     arrays = {i: wrap(values[i], params[i].name) for i in params.tensors}
     sig = params.key(values, num_warps, describe)
     for i in params.peer_tensors:
-        p, name = values[i], params[i].name
-        arrays[i] = [wrap(p.local, name),
-                     *(wrap(c, f"{name}[{r}]") for r, c in enumerate(p.peers)), p.rank]
+        p = values[i]
+        copies = [n for n, kind in expand_peers(params[i].name, p.world_size) if kind == GL]
+        arrays[i] = [*(wrap(c, n) for n, c in zip(copies, (p.local, *p.peers), strict=True)),
+                     p.rank]
     for i, rule in params.tensor_rules(sig).items():
         for a in (arrays[i] if i in params.peer_tensors else [arrays[i]]):
             _check_array(a, rule)
