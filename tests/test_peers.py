@@ -607,3 +607,84 @@ def test_a_launch_plan_passes_a_peer_tensor_as_the_general_path_does():
     assert source == [None] * 5 + [1]
     exprs = launch_value_code(compiled.params, arg_vars, compiled.tensor_maps, env)
     assert tuple(eval(e, env) for e in exprs) == tuple(general)
+
+
+# ---- happens-before through flags (interpreter/ordering.py)
+
+@tk.kernel(num_warps=4)
+def hand_over(X: tk.gl[f32], Y: tk.gl[f32], F: tk.gl["i32"], WAIT: tk.constexpr,
+              SIGNAL_FIRST: tk.constexpr = False):
+    """Block 0 writes X and signals; block 1 copies X into Y, after waiting
+    for the signal when WAIT (SIGNAL_FIRST: block 0 signals before its write)."""
+    if tk.block_id(0) == 0:
+        if SIGNAL_FIRST:
+            if tk.thread_id() == 0:
+                tk.signal(F, (0,), scope="gpu")
+        tk.store(X, tk.full((16, 16), 2.0, f32), (0, 0))
+        tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F, (1,), scope="gpu")
+    else:
+        if WAIT:
+            if tk.thread_id() == 0:
+                tk.wait_signal(F, (WAIT - 1,), 1, scope="gpu")
+            tk.barrier()
+        tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))  # E:unordered-read
+
+
+def test_a_read_of_another_blocks_write_needs_its_signal():
+    """Blocks run one after another in the interpreter, so block 1 would see
+    block 0's data anyway: the read is reported because nothing orders it."""
+    x, y, f = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32), \
+        np.zeros(2, np.int32)
+    with pytest.raises(InterpretError) as info:
+        hand_over.interpret[(2,)](x, y, f, WAIT=0)
+    test_errors.check_error(info.value, "unordered-read", "tk.load",
+                            "block (1, 0, 0) reads element (0, 0) of argument 'X', which block "
+                            "(0, 0, 0) wrote", HERE)
+    assert "nothing ordering that write before this read" in info.value.message
+
+
+def test_a_signal_given_before_the_write_does_not_order_it():
+    f = np.zeros(2, np.int32)
+    with pytest.raises(InterpretError, match="reads element"):
+        hand_over.interpret[(2,)](np.zeros((16, 16), np.float32),
+                                  np.zeros((16, 16), np.float32), f, WAIT=1, SIGNAL_FIRST=True)
+
+
+def test_a_read_after_the_writers_signal_passes():
+    x, y, f = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32), \
+        np.zeros(2, np.int32)
+    hand_over.interpret[(2,)](x, y, f, WAIT=2, SIGNAL_FIRST=True)
+    assert (y == 2.0).all() and f.tolist() == [1, 1]
+
+
+@tk.kernel(num_warps=4)
+def overwrite_in_turn(X: tk.pgl[f32], F: tk.pgl["i32"], WAIT: tk.constexpr):
+    """Rank 0 writes rank 0's X, then rank 1 overwrites it (after rank 0's
+    signal when WAIT)."""
+    me = X.rank
+    if me == 1:
+        if WAIT:
+            if tk.thread_id() == 0:
+                tk.wait_signal(F[0], (0,), 1)
+            tk.barrier()
+    tk.store(X[0], tk.full((16, 16), 1.0, f32) + me, (0, 0))  # E:overwrite
+    if me == 0:
+        tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F[0], (0,))
+
+
+def test_a_second_writer_after_the_first_ones_signal_is_not_a_conflict():
+    xs, fs = [np.zeros((16, 16), np.float32) for _ in range(2)], \
+        [np.zeros(4, np.int32) for _ in range(2)]
+    args = [(tk.PeerTensor.from_tensors(xs, r), tk.PeerTensor.from_tensors(fs, r))
+            for r in range(2)]
+    overwrite_in_turn.interpret_ranks[(1,)](args, WAIT=True)
+    assert (xs[0] == 2.0).all()
+    with pytest.raises(InterpretError) as info:
+        overwrite_in_turn.interpret_ranks[(1,)](args, WAIT=False)
+    test_errors.check_error(info.value, "overwrite", "tk.store",
+                            "both write element (0, 0) of argument", HERE)
+    assert "with nothing ordering the two" in info.value.message

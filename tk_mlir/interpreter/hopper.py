@@ -108,7 +108,7 @@ def _tma_load(op, num_warps):
             _check(loc, block.shadow.write(dst, w.index, w.clock, at, "this TMA load",
                                            slot=s.slot, epoch=epoch))
             flight = block.shadow.start("TMA load", dst, at, writes=True)
-            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0)
+            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(block.order, loc))
             clock = w.clock.copy()
             clock[s.slot] = max(clock[s.slot], epoch)
             s.loads.append(at)
@@ -142,7 +142,7 @@ def _store_rule(add: bool, what: str):
                                               record=False))
                 flight = block.shadow.start("TMA store", src, at, writes=False)
                 _check(loc, dst.store(coords, block.smem.read(src), add=add,
-                                      by=(block.name, at)))
+                                      by=(block.order, at)))
                 w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
             yield YIELD
         return store

@@ -63,12 +63,14 @@ class Block:
 
     def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0,
                  rank: int | None = None):
+        from .ordering import BlockOrder
         from .races import Shadow
         from .shared import SharedMemory
         self.id, self.grid, self.num_warps = id, grid, num_warps
         # What messages and the writers of global memory call it: its id, and
         # its rank's when several ranks' launches run at once (interpret_ranks).
         self.name = id if rank is None else f"{id} of rank {rank}"
+        self.order = BlockOrder(self.name)    # its global memory's happens-before
         self.num_wgs = -(-num_warps // 4)
         self.num_slots = num_warps + num_sems + self.num_wgs
         self.rng = np.random.default_rng([seed, *id] if rank is None else [seed, rank, *id])

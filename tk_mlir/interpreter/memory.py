@@ -14,6 +14,7 @@ import numpy as np
 
 from ..runtime.arguments import ArgumentError, canonical_dtype
 from . import numerics
+from .ordering import ORDERED
 
 
 class GlobalArray:
@@ -32,18 +33,27 @@ class GlobalArray:
         self.obj, self.name = obj, name
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
-        self.writer: np.ndarray | None = None    # per element: its writer's number + 1
-        self.writers: list[tuple] = []           # (block name, "file:line") by number
+        # Plain writes by blocks of this launch (ordering.py): per element its
+        # writer's number (0: none) and the writer's release count at the write.
+        self.writer: np.ndarray | None = None
+        self.stamp: np.ndarray | None = None
+        self.writers: list = [None]              # (block name, "file:line") by number
+        self.numbers: dict = {}
+        self.flag_clocks: dict = {}              # element -> what signals on it published
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
 
-    def elements(self, index: tuple) -> np.ndarray:
+    def elements(self, index: tuple, by: tuple | None = None) -> np.ndarray:
         """Elements at per-lane element coordinates (one int array per dim),
-        as f32 or i32; 0 where a coordinate is outside the array."""
+        as f32 or i32; 0 where a coordinate is outside the array. by=(the
+        reader's BlockOrder, the read's location): the read must be ordered
+        after other blocks' writes of them (else an InterpretError there)."""
         ok = np.ones(np.broadcast(*index).shape, bool)
         for i, d in zip(index, self.shape):
             ok &= (i >= 0) & (i < d)
         safe = tuple(np.where(ok, i, 0) for i in index)
+        if by is not None:
+            self._check_read(safe, by, ok)
         holder = np.int32 if self.dtype == "i32" else np.float32
         if self.is_torch:
             import torch
@@ -83,11 +93,14 @@ class GlobalArray:
             dst.append(slice(lo, hi))
         return tuple(src), tuple(dst)
 
-    def load(self, coords, tile_shape, dtype: str, fill) -> np.ndarray:
+    def load(self, coords, tile_shape, dtype: str, fill, by: tuple | None = None) -> np.ndarray:
+        """The tile at coords (`fill` outside the array); by: as `elements`."""
         out = np.full(tile_shape, numerics.scalar_for(dtype, fill), numerics.HOLDER[dtype])
         window = self._window(coords, tile_shape)
         if window is not None:
             src, dst = window
+            if by is not None:
+                self._check_read(src, by)
             part = self.obj[src]
             if self.is_torch:
                 import torch
@@ -98,9 +111,10 @@ class GlobalArray:
     def store(self, coords, tile: np.ndarray, add: bool = False,
               by: tuple | None = None) -> str | None:
         """Write tile at coords (add: add it to what is there, in f32, then
-        round: red.global.add and TMA reduce-add). by=(block name, "file:line"):
-        a plain write's writer; the problem when another block wrote one of
-        these elements (an output element has one writer; adds accumulate)."""
+        round: red.global.add and TMA reduce-add). by=(the writer's
+        BlockOrder, "file:line") of a plain write; the problem when another
+        block wrote one of these elements and nothing orders that write
+        before this one (adds accumulate in any order)."""
         window = self._window(coords, tile.shape)
         if window is None:
             return None
@@ -120,23 +134,58 @@ class GlobalArray:
         return problem
 
     def _claim(self, dst, by: tuple) -> str | None:
-        """Record `by` as the writer of the elements at dst; what another
-        block's earlier write of one of them says, or None."""
+        """Record `by` as the writer of the elements at dst; what an earlier
+        write of one of them by another block, not ordered before this one,
+        says, or None."""
+        order, at = by
         if self.writer is None:
             self.writer = np.zeros(self.shape, np.int32)
-        if not self.writers or self.writers[-1] != by:
-            self.writers.append(by)
-        blocks = np.array([hash(b) for b, _ in self.writers] + [0])   # [-1]: no writer
-        prior = self.writer[dst]
-        other = blocks[prior - 1] != hash(by[0])
-        other &= prior > 0
-        if other.any():
-            at = iter(np.argwhere(other)[0])
-            element = tuple(i if isinstance(i, int) else i.start + int(next(at)) for i in dst)
-            first = self.writers[prior[other].flat[0] - 1]
-            return (f"blocks {first[0]} and {by[0]} both write element {element} of "
-                    f"argument {self.name!r} (at {first[1]} and {by[1]}): each output "
-                    f"element must have one writer (accumulate with tk.atomic_add or a "
-                    f"TMA reduce-add)")
-        self.writer[dst] = len(self.writers)
+            self.stamp = np.zeros(self.shape, np.int64)
+        late = self._unordered(dst, order)
+        if late is not None:
+            element, (first, first_at) = late
+            return (f"blocks {first} and {order.name} both write element {element} of argument "
+                    f"{self.name!r} (at {first_at} and {at}) with nothing ordering the two: "
+                    f"each output element must have one writer (accumulate with "
+                    f"tk.atomic_add or a TMA reduce-add), or the second must tk.wait_signal "
+                    f"for a signal the first gives after its write")
+        number = self.numbers.get((order.name, at))
+        if number is None:
+            number = self.numbers[order.name, at] = len(self.writers)
+            self.writers.append((order.name, at))
+        self.writer[dst] = number
+        self.stamp[dst] = order.releases
         return None
+
+    def _check_read(self, src, by: tuple, ok=None) -> None:
+        from .machine import error
+        order, loc = by
+        late = self._unordered(src, order, ok)
+        if late is not None:
+            element, (writer, written_at) = late
+            raise error(loc, 
+                f"block {order.name} reads element {element} of argument {self.name!r}, which "
+                f"block {writer} wrote (at {written_at}) with nothing ordering that write "
+                f"before this read: the writer must tk.signal after it (after TMA writes: "
+                f"tk.tma.store_wait(0, read=False) and tk.fence first) and this block "
+                f"tk.wait_signal for that signal before reading")
+
+    def _unordered(self, index, order, ok=None) -> tuple | None:
+        """(element, its writer) of the first element at `index` (a window or
+        per-lane coordinates) that another block wrote with nothing ordering
+        the write before `order`'s block now; None when there is none."""
+        if self.writer is None:
+            return None
+        prior = self.writer[index]
+        known = np.array([ORDERED] + [order.of(name) for name, _ in self.writers[1:]], np.int64)
+        late = known[prior] < self.stamp[index]
+        if ok is not None:
+            late &= ok
+        if not late.any():
+            return None
+        first = tuple(np.argwhere(late)[0])
+        rest = iter(first)
+        element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
+                        i if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
+                        for i in index)
+        return tuple(int(e) for e in element), self.writers[prior[first]]

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..dialects import tk, types as T
-from . import numerics, shared
+from . import numerics, ordering, shared
 from .machine import LANES, Blocked, error, warp_scalar
 
 INTERPRETERS: dict[str, Callable] = {}
@@ -88,7 +88,8 @@ def _load(op, num_warps):
     if not isinstance(T.parse(op.src.type), T.GL):
         return _load_shared(t, num_warps)
     fill = op.fill
-    return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill)
+    return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill,
+                                                by=(scope.block.order, scope.loc))
 
 
 def _load_shared(t, num_warps):
@@ -107,7 +108,7 @@ def _store(op, num_warps):
     if not isinstance(T.parse(op.dst.type), T.GL):
         return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
-        _check(scope, dst.store(coords, value, by=(scope.block.name, scope.where)))
+        _check(scope, dst.store(coords, value, by=(scope.block.order, scope.where)))
     return store
 
 
@@ -136,10 +137,11 @@ def _check(scope, problem: str | None) -> None:
 @interprets("tk.load_scalar")
 def _load_scalar(op, num_warps):
     # Per warp: each lane reads the element at its own coordinates.
+    loc = op.location
     def load(w, src, *idx):
         lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
                                     np.zeros(LANES, np.int64))[:-1]
-        return src.elements(tuple(lanes))
+        return src.elements(tuple(lanes), by=(w.block.order, loc))
     return load
 
 
@@ -165,6 +167,7 @@ def _signal(op, num_warps):
                 array.update_element(at, int(_lane(value, lane)), add)
             except IndexError as e:
                 raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
+            ordering.publish(array.flag_clocks, at, w.block.order.release(), add)
     return signal
 
 
@@ -188,6 +191,9 @@ def _wait_signal(op, num_warps):
                           lambda: "at tk.wait_signal: " + "; ".join(
                               behind(w, flags, expected, idx)[:2]),
                           loc, external=True)
+        for lane in w.active_lanes():        # ordered after what the signals published
+            array, at = _flag_at(flags, lane, idx)
+            w.block.order.acquire(array.flag_clocks.get(at))
     return wait
 
 
@@ -266,7 +272,7 @@ def _store_partial(op, num_warps):
         count = count + 1
         if count[0] == parts:
             total = workspace.load(coords, value.shape, "f32", 0.0)
-            _check(scope, dst.store(coords, total, by=(scope.block.name, scope.where)))
+            _check(scope, dst.store(coords, total, by=(scope.block.order, scope.where)))
             workspace.store(coords, np.zeros_like(total))
             count[:] = 0
         counters.store((slot,), count)
@@ -315,11 +321,12 @@ def _copy(op, num_warps):
         if isinstance(dst, shared.SharedRef):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
                                              unfenced=not fenced))
-            scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0))
+            scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
+                                                 by=(scope.block.order, scope.loc)))
         else:
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
             _check(scope, dst.store(coords, scope.block.smem.read(src),
-                                    by=(scope.block.name, scope.where)))
+                                    by=(scope.block.order, scope.where)))
     return copy
 
 
