@@ -688,3 +688,38 @@ def test_a_second_writer_after_the_first_ones_signal_is_not_a_conflict():
     test_errors.check_error(info.value, "overwrite", "tk.store",
                             "both write element (0, 0) of argument", HERE)
     assert "with nothing ordering the two" in info.value.message
+
+
+@tk.kernel(num_warps=4)
+def exchange(X: tk.pgl[f32], Y: tk.gl[f32], F: tk.pgl["i32"], epoch: int):
+    """Each rank writes its tile into the other's X and says so; then it
+    waits for the count `epoch` and copies its own X into Y."""
+    me = X.rank
+    other = 1 - me
+    tk.store(X[other], tk.full((16, 16), 1.0, f32) + me, (0, 0))  # E:stale-write
+    tk.barrier()
+    if tk.thread_id() == 0:
+        tk.signal(F[other], (0,))
+        tk.wait_signal(F, (0,), epoch)
+    tk.barrier()
+    tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))
+
+
+def test_a_wait_for_a_stale_count_is_reported_at_the_write_it_let_a_read_overtake():
+    """The interpreter runs rank 0's block first: with a count already met (0,
+    where this launch's is 1) it reads its X before rank 1 writes it, which
+    the write then reports, whatever the values read."""
+    xs, ys = [np.zeros((16, 16), np.float32) for _ in range(2)], \
+        [np.zeros((16, 16), np.float32) for _ in range(2)]
+    fs = [np.zeros(4, np.int32) for _ in range(2)]
+    args = lambda epoch: [(tk.PeerTensor.from_tensors(xs, r), ys[r],
+                           tk.PeerTensor.from_tensors(fs, r), epoch) for r in range(2)]
+    exchange.interpret_ranks[(1,)](args(1))
+    assert (ys[0] == 2.0).all() and (ys[1] == 1.0).all()
+    with pytest.raises(InterpretError) as info:
+        exchange.interpret_ranks[(1,)](args(1))          # (the flags hold 1 already)
+    test_errors.check_error(info.value, "stale-write", "tk.store",
+                            "block (0, 0, 0) of rank 1 writes element (0, 0) of argument", HERE)
+    assert "which block (0, 0, 0) of rank 0 read" in info.value.message
+    assert "is the count it waits for this launch's?" in info.value.message
+    exchange.interpret_ranks[(1,)](args(2))

@@ -108,7 +108,8 @@ def _tma_load(op, num_warps):
             _check(loc, block.shadow.write(dst, w.index, w.clock, at, "this TMA load",
                                            slot=s.slot, epoch=epoch))
             flight = block.shadow.start("TMA load", dst, at, writes=True)
-            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(block.order, loc))
+            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
+                            by=(block.order, at, loc))
             clock = w.clock.copy()
             clock[s.slot] = max(clock[s.slot], epoch)
             s.loads.append(at)

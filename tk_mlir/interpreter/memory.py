@@ -14,7 +14,7 @@ import numpy as np
 
 from ..runtime.arguments import ArgumentError, canonical_dtype
 from . import numerics
-from .ordering import ORDERED
+from .ordering import Accesses
 
 
 class GlobalArray:
@@ -33,12 +33,9 @@ class GlobalArray:
         self.obj, self.name = obj, name
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
-        # Plain writes by blocks of this launch (ordering.py): per element its
-        # writer's number (0: none) and the writer's release count at the write.
-        self.writer: np.ndarray | None = None
-        self.stamp: np.ndarray | None = None
-        self.writers: list = [None]              # (block name, "file:line") by number
-        self.numbers: dict = {}
+        # Plain writes and reads by the blocks of this launch, which flags
+        # must order (ordering.py).
+        self.writes, self.reads = Accesses(self.shape), Accesses(self.shape)
         self.flag_clocks: dict = {}              # element -> what signals on it published
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
@@ -46,8 +43,9 @@ class GlobalArray:
     def elements(self, index: tuple, by: tuple | None = None) -> np.ndarray:
         """Elements at per-lane element coordinates (one int array per dim),
         as f32 or i32; 0 where a coordinate is outside the array. by=(the
-        reader's BlockOrder, the read's location): the read must be ordered
-        after other blocks' writes of them (else an InterpretError there)."""
+        reader's BlockOrder, "file:line", location): a read that another
+        block's write of one of them must be ordered before (else an
+        InterpretError at the location)."""
         ok = np.ones(np.broadcast(*index).shape, bool)
         for i, d in zip(index, self.shape):
             ok &= (i >= 0) & (i < d)
@@ -135,13 +133,10 @@ class GlobalArray:
 
     def _claim(self, dst, by: tuple) -> str | None:
         """Record `by` as the writer of the elements at dst; what an earlier
-        write of one of them by another block, not ordered before this one,
-        says, or None."""
+        write or read of one of them by another block, not ordered before this
+        write, says, or None."""
         order, at = by
-        if self.writer is None:
-            self.writer = np.zeros(self.shape, np.int32)
-            self.stamp = np.zeros(self.shape, np.int64)
-        late = self._unordered(dst, order)
+        late = self.writes.unordered(dst, order)
         if late is not None:
             element, (first, first_at) = late
             return (f"blocks {first} and {order.name} both write element {element} of argument "
@@ -149,43 +144,30 @@ class GlobalArray:
                     f"each output element must have one writer (accumulate with "
                     f"tk.atomic_add or a TMA reduce-add), or the second must tk.wait_signal "
                     f"for a signal the first gives after its write")
-        number = self.numbers.get((order.name, at))
-        if number is None:
-            number = self.numbers[order.name, at] = len(self.writers)
-            self.writers.append((order.name, at))
-        self.writer[dst] = number
-        self.stamp[dst] = order.releases
+        late = self.reads.unordered(dst, order)
+        if late is not None:
+            element, (reader, read_at) = late
+            return (f"block {order.name} writes element {element} of argument {self.name!r}, "
+                    f"which block {reader} read (at {read_at}) with nothing ordering that read "
+                    f"before this write, so it may read either value (as when a wait lets it "
+                    f"through too early: is the count it waits for this launch's?); the "
+                    f"reader must tk.signal after its read and this block tk.wait_signal for "
+                    f"that signal before writing")
+        self.writes.record(dst, order, at)
         return None
 
     def _check_read(self, src, by: tuple, ok=None) -> None:
+        """Raise when another block's write of an element at src is not
+        ordered before this read; then record the read."""
         from .machine import error
-        order, loc = by
-        late = self._unordered(src, order, ok)
+        order, at, loc = by
+        late = self.writes.unordered(src, order, ok)
         if late is not None:
             element, (writer, written_at) = late
-            raise error(loc, 
-                f"block {order.name} reads element {element} of argument {self.name!r}, which "
-                f"block {writer} wrote (at {written_at}) with nothing ordering that write "
-                f"before this read: the writer must tk.signal after it (after TMA writes: "
-                f"tk.tma.store_wait(0, read=False) and tk.fence first) and this block "
-                f"tk.wait_signal for that signal before reading")
-
-    def _unordered(self, index, order, ok=None) -> tuple | None:
-        """(element, its writer) of the first element at `index` (a window or
-        per-lane coordinates) that another block wrote with nothing ordering
-        the write before `order`'s block now; None when there is none."""
-        if self.writer is None:
-            return None
-        prior = self.writer[index]
-        known = np.array([ORDERED] + [order.of(name) for name, _ in self.writers[1:]], np.int64)
-        late = known[prior] < self.stamp[index]
-        if ok is not None:
-            late &= ok
-        if not late.any():
-            return None
-        first = tuple(np.argwhere(late)[0])
-        rest = iter(first)
-        element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
-                        i if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
-                        for i in index)
-        return tuple(int(e) for e in element), self.writers[prior[first]]
+            raise error(loc, f"block {order.name} reads element {element} of argument "
+                             f"{self.name!r}, which block {writer} wrote (at {written_at}) with "
+                             f"nothing ordering that write before this read: the writer must "
+                             f"tk.signal after it (after TMA writes: tk.tma.store_wait(0, "
+                             f"read=False) and tk.fence first) and this block tk.wait_signal "
+                             f"for that signal before reading")
+        self.reads.record(src if ok is None else tuple(i[ok] for i in src), order, at)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..dialects import tk, types as T
 from . import numerics, ordering, shared
-from .machine import LANES, Blocked, error, warp_scalar
+from .machine import LANES, Blocked, error, warp_scalar, where
 
 INTERPRETERS: dict[str, Callable] = {}
 SYNC: set[str] = set()      # ops whose per-warp closure is a generator (it may wait)
@@ -89,7 +89,7 @@ def _load(op, num_warps):
         return _load_shared(t, num_warps)
     fill = op.fill
     return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill,
-                                                by=(scope.block.order, scope.loc))
+                                                by=(scope.block.order, scope.where, scope.loc))
 
 
 def _load_shared(t, num_warps):
@@ -137,11 +137,11 @@ def _check(scope, problem: str | None) -> None:
 @interprets("tk.load_scalar")
 def _load_scalar(op, num_warps):
     # Per warp: each lane reads the element at its own coordinates.
-    loc = op.location
+    loc, at = op.location, where(op.location)
     def load(w, src, *idx):
         lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
                                     np.zeros(LANES, np.int64))[:-1]
-        return src.elements(tuple(lanes), by=(w.block.order, loc))
+        return src.elements(tuple(lanes), by=(w.block.order, at, loc))
     return load
 
 
@@ -322,7 +322,7 @@ def _copy(op, num_warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
                                              unfenced=not fenced))
             scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
-                                                 by=(scope.block.order, scope.loc)))
+                                                 by=(scope.block.order, scope.where, scope.loc)))
         else:
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
             _check(scope, dst.store(coords, scope.block.smem.read(src),

@@ -61,3 +61,48 @@ def publish(flags: dict, at: tuple, clock: dict, add: bool) -> None:
         clock = {n: max(c, old.get(n, -1)) for n, c in clock.items()} | \
             {n: c for n, c in old.items() if n not in clock}
     flags[at] = clock
+
+
+class Accesses:
+    """One kind of access (plain writes, or reads) to one array by the blocks
+    of a launch: per element the last accessor (a number into `who`: (block
+    name, "file:line"); 0: none) and its release count at the access."""
+
+    def __init__(self, shape: tuple):
+        self.shape = shape
+        self.number: np.ndarray | None = None
+        self.stamp: np.ndarray | None = None
+        self.who: list = [None]
+        self.numbers: dict = {}
+
+    def record(self, index, order: BlockOrder, at: str) -> None:
+        if self.number is None:
+            self.number = np.zeros(self.shape, np.int32)
+            self.stamp = np.zeros(self.shape, np.int64)
+        number = self.numbers.get((order.name, at))
+        if number is None:
+            number = self.numbers[order.name, at] = len(self.who)
+            self.who.append((order.name, at))
+        self.number[index] = number
+        self.stamp[index] = order.releases
+
+    def unordered(self, index, order: BlockOrder, ok=None) -> tuple | None:
+        """(element, (block name, "file:line")) of the first element at
+        `index` (a window of ints and slices, or per-lane coordinate arrays
+        with `ok` marking the real ones) whose last access was another
+        block's, with nothing ordering it before `order`'s block now."""
+        if self.number is None:
+            return None
+        prior = self.number[index]
+        known = np.array([ORDERED] + [order.of(name) for name, _ in self.who[1:]], np.int64)
+        late = known[prior] < self.stamp[index]
+        if ok is not None:
+            late &= ok
+        if not late.any():
+            return None
+        first = tuple(np.argwhere(late)[0])
+        rest = iter(first)
+        element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
+                        int(i) if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
+                        for i in index)
+        return element, self.who[prior[first]]
