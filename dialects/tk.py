@@ -93,10 +93,13 @@ class OpDef:
     #                                      copies: of any tensor dtype (i32 flags too), as the
     #                                      result that picks one
     # ---- cross-GPU ordering (passes/signals.py): a signal publishes the writes
-    # before it; TMA writes must be complete and fenced at the signal's scope first.
+    # before it; TMA writes must be complete and fenced at the signal's scope, across
+    # proxies, first.
     bulk_write: bool = False             # writes global memory through the async proxy
     completes_bulk_writes: Union[bool, Callable[[ir.Operation], bool]] = False
     fence_scope: Callable[[ir.Operation], str] | None = None   # a memory fence, at this scope
+    fences_proxies: Callable[[ir.Operation], bool] | None = None   # orders async-proxy accesses
+    #                                      (TMA) with generic ones (flags)
     signal_scope: Callable[[ir.Operation], str] | None = None  # publishes prior writes
 
     def has_barrier(self, op, num_warps: int) -> bool:
@@ -283,6 +286,7 @@ OPS: tuple[OpDef, ...] = (
               "`expected` (wrapping compare: epoch counters never need resetting); after "
               "`timeout_ms` print where and trap"),
     OpDef("fence", attributes=("scope", "async_proxy"), fence_scope=_scope_attribute,
+          fences_proxies=lambda op: ir.BoolAttr(op.attributes["async_proxy"]).value,
           doc="fence.acq_rel at `scope` (cta, gpu, sys): orders this thread's memory "
               "operations, completed TMA writes included, with its later ones; async_proxy: "
               "first fence.proxy.async.global, between its TMA (async proxy) accesses of "

@@ -6,15 +6,15 @@ may be reused — and a release (tk.signal) orders the writes of the generic
 proxy only. So between the last TMA write and a signal that tells another
 block or GPU to read its result there must be, in this order:
 
-    tk.store_wait(0, read=False)     # the writes are done
-    tk.fence(scope)                  # fence.acq_rel at the signal's scope or wider
-    tk.signal(...)
+    tk.tma.store_wait(0, read=False)     # the writes are done
+    tk.fence(scope, async_proxy=True)    # fence.proxy.async.global, then
+    tk.signal(...)                       # fence.acq_rel at the signal's scope or wider
 
 The check walks the kernel's ops in program order (a loop's body once: a
 signal early in a body that follows writes late in it is not seen) and
 reports a signal that comes too soon at its line. Ops are known by their
 traits (dialects/tk.py: bulk_write, completes_bulk_writes, fence_scope,
-signal_scope).
+fences_proxies, signal_scope).
 """
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from .walk import walk_ops
 
 
 def check_signals(func: ir.Operation) -> None:
-    state = {"written": None, "complete": None, "fenced": None}   # the last of each, by location
+    # The last TMA write and its completion (locations), and since then the
+    # widest fence's scope and whether a fence ordered the proxies.
+    state = {"written": None, "complete": None, "fenced": None, "proxies": False}
     peers = set(contracts.PEER_COPIES.get(func, ()))
 
     def visit(op: ir.Operation) -> None:
@@ -34,13 +36,14 @@ def check_signals(func: ir.Operation) -> None:
         if d is None:
             return
         if d.bulk_write:
-            state.update(written=op.location, complete=None, fenced=None)
+            state.update(written=op.location, complete=None, fenced=None, proxies=False)
         elif _true(d.completes_bulk_writes, op) and state["written"] is not None:
             state.update(complete=op.location, written=None)
         elif d.fence_scope is not None and state["complete"] is not None:
             scope = d.fence_scope(op)
             if state["fenced"] is None or _wider(scope, state["fenced"]):
                 state["fenced"] = scope
+            state["proxies"] |= d.fences_proxies is not None and d.fences_proxies(op)
         elif d.signal_scope is not None:
             _check_signal(op, d.signal_scope(op), state)
         if d.flag is not None and _on_a_peer(op.operands[d.operands.index(d.flag)], peers) and \
@@ -65,19 +68,25 @@ def _on_a_peer(v: ir.Value, peers: set) -> bool:
 def _check_signal(op, scope: str, state: dict) -> None:
     if state["written"] is not None:
         raise error_at(op.location, f"tk.signal after TMA writes ({_line(state['written'])}) "
-                       f"that may still be in flight: put tk.store_wait(0, read=False) (the "
-                       f"writes done, not only read) and tk.fence({scope!r}) before it")
+                       f"that may still be in flight: put tk.tma.store_wait(0, read=False) (the "
+                       f"writes done, not only read) and tk.fence({scope!r}, async_proxy=True) "
+                       f"before it")
     if state["complete"] is None:
         return
     fenced = state["fenced"]
     if fenced is None:
         raise error_at(op.location, f"tk.signal after TMA writes ({_line(state['complete'])} "
-                       f"waits for them) without a fence: put tk.fence({scope!r}) between the "
-                       f"wait and the signal (fence.acq_rel orders the completed async writes "
-                       f"before the release)")
+                       f"waits for them) without a fence: put tk.fence({scope!r}, "
+                       f"async_proxy=True) between the wait and the signal (it orders the "
+                       f"completed TMA writes, made by the async proxy, before the release)")
     if _wider(scope, fenced):
         raise error_at(op.location, f"tk.signal at scope {scope!r} after TMA writes fenced "
-                       f"only at scope {fenced!r}: use tk.fence({scope!r})")
+                       f"only at scope {fenced!r}: use tk.fence({scope!r}, async_proxy=True)")
+    if not state["proxies"]:
+        raise error_at(op.location, f"tk.signal after TMA writes fenced without "
+                       f"async_proxy=True: the writes went through the async proxy and the "
+                       f"signal does not, so use tk.fence({scope!r}, async_proxy=True) "
+                       f"(fence.proxy.async.global orders them)")
 
 
 def _true(trait, op) -> bool:

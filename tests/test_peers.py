@@ -116,7 +116,7 @@ def unwaited(X: tk.pgl[bf16], F: tk.pgl["i32"]):
         tk.tma.store_async(X[1], s, (0, 0))
         tk.tma.store_commit()
         tk.tma.store_wait(0)        # (read=True: only the shared tile may be reused)
-        tk.fence("sys")
+        tk.fence("sys", async_proxy=True)
         tk.signal(F[1], (0,))  # E:signal-in-flight
 
 
@@ -139,8 +139,20 @@ def narrow_fence(X: tk.pgl[bf16], F: tk.pgl["i32"]):
         tk.tma.store_async(X[1], s, (0, 0))
         tk.tma.store_commit()
         tk.tma.store_wait(0, read=False)
-        tk.fence("gpu")
+        tk.fence("gpu", async_proxy=True)
         tk.signal(F[1], (0,))  # E:signal-narrow
+
+
+@tk.kernel(num_warps=4)
+def same_proxy_fence(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        tk.tma.store_async(X[1], s, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+        tk.fence("sys")
+        tk.signal(F[1], (0,))  # E:signal-proxy
 
 
 @tk.kernel(num_warps=4)
@@ -151,7 +163,7 @@ def fenced(X: tk.pgl[bf16], F: tk.pgl["i32"]):
         tk.tma.store_async(X[1], s, (0, 0))
         tk.tma.store_commit()
         tk.tma.store_wait(0, read=False)
-        tk.fence("sys")
+        tk.fence("sys", async_proxy=True)
         tk.signal(F[1], (0,))
 
 
@@ -179,10 +191,13 @@ PEERS = [P((64, 64), bf16, 2), P((4,), "i32", 2)]
     (float_rank, [P((16, 16), f32, 2), S((16, 16), f32)], "peer-float", "X[0.5]",
      "a peer tensor is indexed by a rank (an int)"),
     (unwaited, PEERS, "signal-in-flight", "tk.signal",
-     "may still be in flight: put tk.store_wait(0, read=False)"),
-    (unfenced, PEERS, "signal-unfenced", "tk.signal", "without a fence: put tk.fence('sys')"),
+     "may still be in flight: put tk.tma.store_wait(0, read=False)"),
+    (unfenced, PEERS, "signal-unfenced", "tk.signal",
+     "without a fence: put tk.fence('sys', async_proxy=True)"),
     (narrow_fence, PEERS, "signal-narrow", "tk.signal",
-     "fenced only at scope 'gpu': use tk.fence('sys')"),
+     "fenced only at scope 'gpu': use tk.fence('sys', async_proxy=True)"),
+    (same_proxy_fence, PEERS, "signal-proxy", "tk.signal",
+     "fenced without async_proxy=True: the writes went through the async proxy"),
     (float_flags, [S((4,), f32)], "signal-f32", "tk.signal", "takes a flag in an i32 tensor"),
     (bad_scope, [S((4,), "i32")], "signal-scope", "tk.wait_signal",
      "scope must be one of 'cta', 'gpu', 'sys'"),
@@ -361,10 +376,14 @@ def test_gemm_reduce_scatter_interpreted(M, N, K, world):
         assert totals[r].tolist()[:2] == [1, grid]
 
 
-def test_all_gather_gemm_interpreted():
-    """The library's three launches per rank: ready, (the pushes), written, the GEMM."""
+@pytest.mark.parametrize("world, rows, tile", [(2, 128, dict(BM=128)),
+                                               (2, 100, dict(BM=128)),
+                                               (3, 40, dict(BM=64, num_warps=8))])
+def test_all_gather_gemm_interpreted(world, rows, tile):
+    """The library's three launches per rank: ready, (the pushes), written, the
+    GEMM; a tile holding rows of two ranks waits for both."""
     from tk_mlir.kernels import ag_gemm
-    world, rows, N, K, grid = 2, 128, 256, 64, 2
+    N, K, grid = 256, 64, 2
     bufs = [torch.zeros((world * rows, K), dtype=torch.bfloat16) for _ in range(world)]
     flags = [torch.zeros((2, 4), dtype=torch.int32) for _ in range(world)]
     totals = [torch.zeros(4, dtype=torch.int32) for _ in range(world)]
@@ -379,7 +398,7 @@ def test_all_gather_gemm_interpreted():
                 buf[r * rows:(r + 1) * rows].copy_(a[r])
         ag_gemm.written_kernel.interpret_ranks[(1,)]([(f[r], totals[r]) for r in range(world)])
         ag_gemm.ag_gemm_kernel.interpret_ranks[(grid,)](
-            [(bufs[r], b[r], c[r], f[r], totals[r], rows) for r in range(world)])
+            [(bufs[r], b[r], c[r], f[r], totals[r], rows) for r in range(world)], **tile)
         full = torch.cat(a).double()
         for r in range(world):
             assert rel_err(c[r], full @ b[r].double().T) < 1e-2
@@ -417,12 +436,92 @@ def test_all_reduce_checks_its_arguments(t, kwargs, error, message):
      {"b_layout": "mn"}, ValueError, "b_layout must be"),
     (torch.zeros(2, 128, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 64, dtype=torch.bfloat16),
      {}, ValueError, "a must be 2-D"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16),
+     {"timeout_ms": True}, ValueError, "timeout_ms must be an int"),
+    (torch.zeros(128, 60, dtype=torch.bfloat16), torch.zeros(64, 60, dtype=torch.bfloat16), {},
+     ValueError, r"K \(60, a's columns\) must be a multiple of 8"),
+    (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(60, 64, dtype=torch.bfloat16), {},
+     ValueError, r"N \(60, b's rows\) must be a multiple of 8"),
     (torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), {},
      ValueError, "a must be on a CUDA device"),
 ])
-def test_matmul_reduce_scatter_checks_its_arguments(a, b, kwargs, error, message):
+@pytest.mark.parametrize("fn", ["matmul_reduce_scatter", "all_gather_matmul"])
+def test_the_multi_gpu_matmuls_check_their_arguments_before_the_device(fn, a, b, kwargs, error,
+                                                                        message):
+    from tk_mlir.kernels import ag_gemm
+    call = getattr(gemm_rs if fn == "matmul_reduce_scatter" else ag_gemm, fn)
     with pytest.raises(error, match=message):
-        gemm_rs.matmul_reduce_scatter(a, b, **kwargs)
+        call(a, b, **kwargs)
+
+
+def test_the_multi_gpu_wrappers_say_they_do_not_run_in_the_interpreter(monkeypatch):
+    from tk_mlir.kernels import ag_gemm
+    import sys
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_interpret_all", lambda: True)
+    a, b = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    for call in (lambda: ar.all_reduce(a), lambda: gemm_rs.matmul_reduce_scatter(a, b),
+                 lambda: ag_gemm.all_gather_matmul(a, b)):
+        with pytest.raises(ValueError, match="runs on GPUs only, not under TK_MLIR_INTERPRET"):
+            call()
+
+
+@tk.kernel(num_warps=4)
+def proxy_flag(F: tk.gl["i32"], PROXY: tk.constexpr):
+    tk.fence("sys", async_proxy=PROXY)  # E:fence-proxy
+
+
+@tk.kernel(num_warps=4)
+def big_count(F: tk.gl["i32"], VALUE: tk.constexpr):
+    if tk.thread_id() == 0:
+        tk.signal(F, (0,), VALUE)  # E:u32-count
+        tk.wait_signal(F, (1,), VALUE)
+
+
+def test_fence_takes_a_bool_and_counts_take_u32s():
+    with pytest.raises(tk.CompilationError) as info:
+        proxy_flag.compile(S((4,), "i32"), PROXY="no")
+    test_errors.check_error(info.value, "fence-proxy", "tk.fence",
+                            "tk.fence: async_proxy must be True or False, got 'no'", HERE)
+    ptx = ptx_of(big_count, S((4,), "i32"), VALUE=2**32 - 1)
+    assert "red.release.sys.global.add.u32" in ptx
+    with pytest.raises(tk.CompilationError) as info:
+        big_count.compile(S((4,), "i32"), VALUE=2**32)
+    test_errors.check_error(info.value, "u32-count", "tk.signal",
+                            "tk.signal's value must fit in 32 bits", HERE)
+    f = np.zeros(4, np.int32)
+    big_count.interpret[(1,)](f, VALUE=2**32 - 1)
+    assert f[0] == -1
+
+
+def test_interpret_ranks_checks_that_the_launches_are_one_group():
+    xs = [np.zeros((16, 16), np.float32) for _ in range(2)]
+    y = np.zeros((16, 16), np.float32)
+    one = [tk.PeerTensor.from_tensors(xs, r) for r in range(2)]
+    with pytest.raises(tk.ArgumentError, match=r"'X' of launch 1 is rank 0 of a 2-rank"):
+        copy_peer.interpret_ranks[(1,)]([(one[0], y), (one[0], y)])
+    with pytest.raises(tk.ArgumentError, match=r"launch r takes rank r's, one launch per rank "
+                                               r"\(3 launches given\)"):
+        copy_peer.interpret_ranks[(1,)]([(one[0], y), (one[1], y), (one[1], y)])
+    other = tk.PeerTensor.from_tensors([np.zeros_like(x) for x in xs], 1)
+    with pytest.raises(tk.ArgumentError, match="'X' of rank 1 holds other copies than rank 0's"):
+        copy_peer.interpret_ranks[(1,)]([(one[0], y), (other, y)])
+
+
+def test_a_peer_tensor_checks_its_rank():
+    xs = [torch.zeros(4, 4) for _ in range(2)]
+    for rank in (2, -1, "0", True):
+        with pytest.raises(tk.ArgumentError, match="rank must be an int from 0 to 1"):
+            tk.PeerTensor(xs[0], xs, rank)
+
+
+def test_interpreter_traps_on_a_wait_outside_the_flags():
+    @tk.kernel(num_warps=4)
+    def far(F: tk.gl["i32"]):
+        if tk.thread_id() == 0:
+            tk.wait_signal(F, (9,), 0)
+
+    with pytest.raises(InterpretError, match=r"element \(9,\) is outside 'F' of shape \(4,\)"):
+        far.interpret[(1,)](np.zeros(4, np.int32))
 
 
 def test_the_cli_compiles_a_peer_tensor_from_its_spec(capsys):

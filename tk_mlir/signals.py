@@ -3,8 +3,8 @@ thread releases and another acquires (PTX memory model: release/acquire at a
 scope), and the fence that orders completed TMA writes before a signal.
 
     # rank r has written its tile into peer p's buffer with TMA:
-    tk.store_wait(0, read=False)          # the TMA writes are done ...
-    tk.fence("sys")                       # ... and ordered before what follows
+    tk.tma.store_wait(0, read=False)      # the TMA writes are done ...
+    tk.fence("sys", async_proxy=True)     # ... and ordered before what follows
     tk.signal(Flags[p], (block, r))       # red.release.sys.add: p may read them
     # rank p:
     tk.wait_signal(Flags, (block, q), epoch)   # ld.acquire.sys until >= epoch
@@ -17,8 +17,9 @@ value within `timeout_ms` prints where it waited and traps (the launch fails
 with an error) instead of hanging the GPU.
 
 tk-verify checks the order: a signal after TMA writes needs
-`tk.store_wait(0, read=False)` and a fence of the signal's scope between
-them (passes/signals.py).
+`tk.tma.store_wait(0, read=False)` and then a fence of the signal's scope
+with async_proxy=True (the writes went through the async proxy, the signal
+does not) between them (passes/signals.py).
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ def _flags(flags, what: str) -> Global:
 
 
 def _int(value, what: str):
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -2**31 <= value < 2**32:
+            raise CompilationError(f"{what} must fit in 32 bits (a u32 count, or a negative "
+                                   f"i32), got {value}")
+        if value >= 2**31:
+            value -= 2**32      # a u32 count: the i32 of the same bits
     s = as_scalar(value)
     if s.kind != "int":
         raise CompilationError(f"{what} must be an int, got {value!r}")
@@ -84,8 +91,11 @@ def wait_signal(flags, idx, expected, *, scope="sys", timeout_ms=DEFAULT_TIMEOUT
 @builds("fence")
 def fence(scope="sys", *, async_proxy=False):
     """fence.acq_rel at `scope`: this thread's earlier memory operations
-    (TMA writes completed by tk.store_wait(0, read=False) among them) are
+    (TMA writes completed by tk.tma.store_wait(0, read=False) among them) are
     ordered before its later ones, e.g. a tk.signal. async_proxy=True also
     orders them across proxies (fence.proxy.async.global): its TMA writes
     with a later signal, or a flag it acquired with its later TMA writes."""
-    emit("fence", scope=_scope(scope), async_proxy=bool(async_proxy))
+    if not isinstance(async_proxy, bool):
+        raise CompilationError(f"tk.fence: async_proxy must be True or False, got "
+                               f"{async_proxy!r}")
+    emit("fence", scope=_scope(scope), async_proxy=async_proxy)

@@ -124,6 +124,7 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
             not all(isinstance(r, (list, tuple)) for r in ranks):
         raise ArgumentError("interpret_ranks takes a list of each rank's positional "
                             "arguments (tuples), one per rank")
+    _check_group(kernel, [kernel.params.bind(tuple(args), kwargs)[0] for args in ranks])
     wrappers: dict = {}          # one GlobalArray per array, whichever rank reaches it
     launches = [_prepare(kernel, grid, tuple(args), kwargs, wrappers) for args in ranks]
     runners = [program.block_runners(g, runtime, SEED, rank)
@@ -134,6 +135,32 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
                            if r is not None)
     for _, _, runtime in launches:
         ops.leftover_parts(runtime)
+
+
+def _check_group(kernel, values: list) -> None:
+    """Each rank's arguments (bound `values`, in rank order) hold, for each
+    tk.pgl parameter, a PeerTensor of as many ranks as there are launches,
+    of its own rank, over the copies every rank's shares: else the launches
+    would not be one group's (a rank run twice, or copies no other rank
+    writes) and the run would mean nothing."""
+    from ..runtime.peers import PeerTensor
+    for i, p in enumerate(kernel.params):
+        if p.kind != "pgl":
+            continue
+        group = [v[i] for v in values]
+        if not all(isinstance(t, PeerTensor) for t in group):
+            continue                 # (the argument checks say what is wrong)
+        for r, t in enumerate(group):
+            if t.world_size != len(group) or t.rank != r:
+                raise ArgumentError(
+                    f"interpret_ranks: argument {p.name!r} of launch {r} is rank {t.rank} of "
+                    f"a {t.world_size}-rank PeerTensor; launch r takes rank r's, one launch "
+                    f"per rank ({len(group)} launches given)")
+            if any(a is not b for a, b in zip(t.peers, group[0].peers)):
+                raise ArgumentError(
+                    f"interpret_ranks: argument {p.name!r} of rank {r} holds other copies than "
+                    f"rank 0's: every rank's PeerTensor groups the same arrays "
+                    f"(tk.PeerTensor.from_tensors(copies, r) of one list)")
 
 
 def _prepare(kernel, grid, args: tuple, kwargs: dict, wrappers: dict | None = None):

@@ -186,6 +186,11 @@ def _wait_signal(op, num_warps):
                 late.append(f"flag {at} of {array.name!r} holds {seen}, waiting for {want}")
         return late
     def wait(w, flags, expected, *idx):
+        for lane in w.active_lanes():        # (a flag outside its tensor traps on the GPU)
+            array, at = _flag_at(flags, lane, idx)
+            if not all(0 <= i < d for i, d in zip(at, array.shape)):
+                raise error(loc, f"tk.wait_signal: element {at} is outside {array.name!r} of "
+                                 f"shape {array.shape} (on the GPU this traps)")
         while behind(w, flags, expected, idx):
             yield Blocked(lambda: not behind(w, flags, expected, idx),
                           lambda: "at tk.wait_signal: " + "; ".join(

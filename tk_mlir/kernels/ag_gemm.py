@@ -63,17 +63,19 @@ def ag_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, Flags: tk.pgl["i32"], Totals: t
                    EPI_BUFFERS: tk.constexpr = 2, TIMEOUT_MS: tk.constexpr = DEFAULT_TIMEOUT_MS):
     """C (W * ROWS, N) = A @ B.T (B: N x K, or K x N with B_KN), where A's
     rows r * ROWS ... arrive from rank r, announced by its word in Flags
-    (0, r); Flags (2, >= W) on every rank; Totals (>= 2,). BM divides ROWS."""
+    (0, r); Flags (2, >= W) on every rank; Totals (>= 2,). A tile of BM rows
+    may hold rows of several ranks (ROWS need not be a multiple of BM)."""
     W, me, t = Flags.world_size, Flags.rank, tk.thread_id()
     written = tk.load(Totals, (0,))
-    per_rank = ROWS // BM               # tile rows per rank
 
     def rows_arrived(m):
-        tk.wait_signal(Flags, (0, m // per_rank), written, timeout_ms=TIMEOUT_MS)
+        """Every rank whose rows tile row m holds has announced them."""
+        for owner in range(m * BM // ROWS, min((m * BM + BM - 1) // ROWS, W - 1) + 1):
+            tk.wait_signal(Flags, (0, owner), written, timeout_ms=TIMEOUT_MS)
         tk.fence("sys", async_proxy=True)     # the rows before this thread's TMA loads
 
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, True, EPI_N, 1, EPI_BUFFERS=EPI_BUFFERS,
-         GATHER=(rows_arrived, me * per_rank))
+         GATHER=(rows_arrived, me * ROWS // BM))   # (from the tile of this rank's first row)
     # Every TMA load of this block has landed (its consumers waited for them);
     # its stores of C need not be done to say so, but a signal after TMA
     # writes is checked to wait for them (cheap, at the block's end).
@@ -114,24 +116,18 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     """all_gather(a) @ b.T (b_layout "nk": b is N x K, a Linear weight) or
     @ b ("kn"), as torch.distributed.all_gather_into_tensor of a's rows then
     a matmul: a is this rank's (rows, K) bf16 or f16, every rank's the same
-    shape, rows a multiple of 64 (whole tiles: 128-row tiles when rows allow,
-    else 64); returns a new (W * rows, N) tensor of a's dtype. A call with
+    shape, any rows (a tile may hold two ranks' rows: it waits for both);
+    returns a new (W * rows, N) tensor of a's dtype. A call with
     more rows than the group's calls so far allocates symmetric memory (a
     collective)."""
     import torch
     fn = "all_gather_matmul"
     rows, N = symmetric.check_matmul(fn, a, b, b_layout, timeout_ms)
-    if rows % 64:
-        raise ValueError(f"{fn}: a's rows ({rows}) must be a multiple of 64: each rank's rows "
-                         f"are whole tiles of 64 or 128 rows")
     world = symmetric.world_size(group)
-    if N == 0:
-        raise ValueError(f"{fn}: b has no output columns (N = 0); every rank takes part in the "
-                         f"gather, so each needs a product to compute")
     c = torch.empty(world * rows, N, dtype=a.dtype, device=a.device)
-    if rows == 0:               # (every rank's rows are the same: none of them gathers)
+    if rows == 0 or N == 0:     # (every rank's shapes are the same: none of them gathers)
         return c
-    tile = dict(BM=128) if rows % 128 == 0 else dict(BM=64, num_warps=8)
+    tile = dict(BM=128) if rows >= 128 else dict(BM=64, num_warps=8)
     ws = _WORKSPACES.get(group, (a.dtype, a.shape[1]), rows, fn)
     me, gathered = ws.gathered.rank, ws.gathered.local[:world * rows]
     gemm_args = (gathered, b, c, ws.flags, ws.totals, rows)

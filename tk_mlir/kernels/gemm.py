@@ -219,9 +219,10 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     return out if c is None else c.copy_(out)
 
 
-def check(a, b, c, b_layout: str, fn: str = "matmul") -> None:
+def check(a, b, c, b_layout: str, fn: str = "matmul", *, device: bool = True) -> None:
     """The arguments of matmul (or of `fn`, which takes them too), each rule with
-    the argument that breaks it."""
+    the argument that breaks it; device=False leaves out the CUDA-device check
+    (last, for a caller with rules of its own to check first)."""
     import torch
     if b_layout not in ("nk", "kn"):
         raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
@@ -249,7 +250,8 @@ def check(a, b, c, b_layout: str, fn: str = "matmul") -> None:
         checks.tensor(fn, "c", c, ndim=a.dim(), dtypes=(*inputs, torch.float32))
         checks.like(fn, "c", c, "a", a, dtype=False)
         checks.shape(fn, "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
-    checks.on_cuda(fn, "a", a)
+    if device:
+        checks.on_cuda(fn, "a", a)
 
 
 def output_shape(a, b, b_layout: str) -> tuple[int, ...]:

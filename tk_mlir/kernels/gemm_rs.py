@@ -119,6 +119,8 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     if M % (64 * world):
         raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
                          f"({64 * world}): each rank's rows are whole 64-row tiles")
+    if N == 0:                  # (every rank's shapes are the same: none of them adds)
+        return a.new_empty(M // world, 0)
     ws = _WORKSPACES.get(group, (a.dtype, N), M // world, fn)
     out = ws.rows(M // world)
     out.local.zero_()

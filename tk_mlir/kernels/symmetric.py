@@ -116,10 +116,17 @@ def flag_width(world: int) -> int:
 
 def check_distributed(fn: str, name: str, t) -> None:
     """torch.distributed is up and t is on this rank's current CUDA device
-    (where its symmetric memory lives)."""
+    (where its symmetric memory lives). The checks of a wrapper's own rules
+    come first: these need a GPU."""
     import torch
     import torch.distributed as dist
     from tk_mlir.kernels import checks
+    from tk_mlir.kernel import _interpret_all
+    if t.device.type == "cpu" and _interpret_all():
+        raise ValueError(f"{fn} runs on GPUs only, not under TK_MLIR_INTERPRET=1 (its memory "
+                         f"is shared between the ranks' GPUs); the CPU interpreter runs its "
+                         f"kernels with kernel.interpret_ranks[grid]([...]), one argument "
+                         f"tuple per rank, as tests/test_peers.py does")
     checks.on_cuda(fn, name, t)
     if not dist.is_initialized():
         raise RuntimeError(f"{fn} needs torch.distributed initialised (under torchrun: "
@@ -130,15 +137,25 @@ def check_distributed(fn: str, name: str, t) -> None:
 
 
 def check_matmul(fn: str, a, b, b_layout: str, timeout_ms) -> tuple[int, int]:
-    """A multi-GPU GEMM's arguments: matmul's rules for a 2-D a, then the
-    group's; returns (a's rows, N)."""
+    """A multi-GPU GEMM's arguments: matmul's rules for a 2-D a, the rows TMA
+    needs (checked here: the kernel's tensors are the wrapper's own), then
+    the group's; returns (a's rows, N)."""
     from tk_mlir.kernels.gemm import check, output_shape
     if getattr(a, "dim", lambda: 2)() != 2:
         raise ValueError(f"{fn}: a must be 2-D (rows x K), got shape {tuple(a.shape)}")
-    check(a, b, None, b_layout, fn)
-    check_distributed(fn, "a", a)
+    check(a, b, None, b_layout, fn, device=False)
     check_timeout(fn, timeout_ms)
-    return output_shape(a, b, b_layout)
+    rows, n = output_shape(a, b, b_layout)
+    k, per_vector = a.shape[1], 16 // a.element_size()
+    if k % per_vector:
+        raise ValueError(f"{fn}: K ({k}, a's columns) must be a multiple of {per_vector}: TMA "
+                         f"reads rows of whole 16-byte vectors")
+    if n % per_vector:
+        raise ValueError(f"{fn}: N ({n}, b's {'columns' if b_layout == 'kn' else 'rows'}) "
+                         f"must be a multiple of {per_vector}: the output's rows are whole "
+                         f"16-byte vectors for TMA")
+    check_distributed(fn, "a", a)
+    return rows, n
 
 
 def check_timeout(fn: str, timeout_ms) -> None:

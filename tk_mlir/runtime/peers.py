@@ -35,6 +35,16 @@ class PeerTensor:
     rank: int
     handle: Any = None             # the symmetric-memory handle, kept alive with the views
 
+    def __post_init__(self):
+        object.__setattr__(self, "peers", tuple(self.peers))
+        if not self.peers:
+            raise ArgumentError("PeerTensor needs one tensor per rank in `peers`, got none")
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or \
+                not 0 <= self.rank < len(self.peers):
+            raise ArgumentError(f"PeerTensor: rank must be an int from 0 to "
+                                f"{len(self.peers) - 1} (one tensor per rank in `peers`), got "
+                                f"{self.rank!r}")
+
     @property
     def world_size(self) -> int:
         return len(self.peers)
@@ -66,8 +76,10 @@ class PeerTensor:
         return cls(tensors[rank], tensors, rank, handle)
 
     def __repr__(self):
+        shape = getattr(self.local, "shape", None)
         return (f"PeerTensor(rank {self.rank} of {self.world_size}, shape "
-                f"{tuple(self.shape)}, {self.dtype}, on {self.device})")
+                f"{tuple(shape) if shape is not None else '?'}, "
+                f"{getattr(self.local, 'dtype', '?')}, on {getattr(self.local, 'device', '?')})")
 
 
 @dataclass(frozen=True)
