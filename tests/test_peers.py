@@ -48,7 +48,7 @@ def test_all_reduce_ptx_has_system_scope_signals(kernel, world):
 
 
 def test_gemm_rs_ptx_reduces_into_peers_by_tma_and_fences_before_its_signal():
-    ptx = ptx_of(gemm_rs.gemm_rs_kernel, S((1024, 512), bf16), S((768, 512), bf16),
+    ptx = ptx_of(gemm_rs.gemm_rs_kernel, S((2, 512, 512), bf16), S((768, 512), bf16),
                  P((512, 768), bf16, 2), P((2, 4), "i32", 2), S((4,), "i32"))
     assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in ptx
     # the adds complete (not the .read form), then a system fence, then the release
@@ -359,8 +359,10 @@ def test_all_reduce_kernels_interpreted(kernel, extra, world, T, N, grid):
     assert all(e.tolist() == [2] * grid for e in epochs)
 
 
-@pytest.mark.parametrize("M, N, K, world", [(256, 256, 128, 2), (192, 128, 64, 3)])
+@pytest.mark.parametrize("M, N, K, world", [(256, 256, 128, 2), (192, 128, 64, 3),
+                                            (200, 128, 64, 2), (90, 128, 64, 3)])
 def test_gemm_reduce_scatter_interpreted(M, N, K, world):
+    """Each owner's rows tiled on their own: M / W need not be whole tiles."""
     rows, grid = M // world, 2
     outs = [torch.zeros((rows, N), dtype=torch.bfloat16) for _ in range(world)]
     flags = [torch.zeros((2, 4), dtype=torch.int32) for _ in range(world)]
@@ -369,8 +371,8 @@ def test_gemm_reduce_scatter_interpreted(M, N, K, world):
     b = [torch.randn(N, K).to(torch.bfloat16) for _ in range(world)]
     ref = sum(x.double() @ y.double().T for x, y in zip(a, b))
     gemm_rs.gemm_rs_kernel.interpret_ranks[(grid,)](
-        [(a[r], b[r], tk.PeerTensor.from_tensors(outs, r), tk.PeerTensor.from_tensors(flags, r),
-          totals[r]) for r in range(world)])
+        [(a[r].unflatten(0, (world, rows)), b[r], tk.PeerTensor.from_tensors(outs, r),
+          tk.PeerTensor.from_tensors(flags, r), totals[r]) for r in range(world)])
     for r in range(world):
         assert rel_err(outs[r], ref[r * rows:(r + 1) * rows]) < 1e-2
         assert totals[r].tolist()[:2] == [1, grid]
@@ -590,7 +592,7 @@ def test_the_local_copy_may_take_a_narrower_scope():
 def test_a_kernel_with_warpgroup_mmas_traps_on_timeout_without_a_printf_call():
     """A call anywhere in a kernel makes ptxas serialize its wgmmas (C7510: the
     GEMM + reduce-scatter ran 20% slower), so its waits trap without the message."""
-    compiled = gemm_rs.gemm_rs_kernel.compile(S((1024, 512), bf16), S((768, 512), bf16),
+    compiled = gemm_rs.gemm_rs_kernel.compile(S((2, 512, 512), bf16), S((768, 512), bf16),
                                               P((512, 768), bf16, 2), P((2, 4), "i32", 2),
                                               S((4,), "i32"))
     ptx = compiled.asm["ptx"]
@@ -633,7 +635,7 @@ def test_all_gather_matmul_checks_its_arguments(a, b, error, message):
 @pytest.mark.parametrize("world", [1, 3, 8])
 def test_the_gemms_compile_for_every_world_size(world):
     """One tensor map per rank's copy: 8 ranks still fit the kernel's parameters."""
-    rs = gemm_rs.gemm_rs_kernel.compile(S((512 * world, 512), bf16), S((768, 512), bf16),
+    rs = gemm_rs.gemm_rs_kernel.compile(S((world, 512, 512), bf16), S((768, 512), bf16),
                                         P((512, 768), bf16, world), P((2, 8), "i32", world),
                                         S((4,), "i32"))
     assert sum(p.kind == "tmap" for p in rs.params) == 2 + world

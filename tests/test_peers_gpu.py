@@ -56,8 +56,8 @@ def test_all_reduce_kernels(kernel, extra, T, N, world):
 
 @pytest.mark.parametrize("M, N, K, kn, world", [
     (1024, 1024, 512, False, 2), (2048, 768, 1000, False, 2), (512, 4096, 256, True, 2),
-    (192, 256, 128, False, 3),      # 3 tile rows of 64: the last 128-row tile is half past M
-    (64, 512, 64, False, 1)])
+    (192, 256, 128, False, 3),      # 64 rows each: a 128-row tile is half past an owner's rows
+    (64, 512, 64, False, 1), (200, 512, 136, False, 2), (330, 384, 64, True, 3)])
 def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
     grid, dev = 36, torch.device("cuda")      # (every rank's blocks fit at once)
     rows = M // world
@@ -74,7 +74,8 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
 
         def launch(r):
             outs[r].zero_()
-            gemm_rs.gemm_rs_kernel[(grid,)](a[r], b[r], tk.PeerTensor.from_tensors(outs, r),
+            gemm_rs.gemm_rs_kernel[(grid,)](a[r].unflatten(0, (world, rows)), b[r],
+                                            tk.PeerTensor.from_tensors(outs, r),
                                             tk.PeerTensor.from_tensors(flags, r), totals[r],
                                             B_KN=kn, TIMEOUT_MS=5000)
         run_ranks(world, launch)
@@ -85,7 +86,9 @@ def test_gemm_reduce_scatter_kernel(M, N, K, kn, world):
 
 @pytest.mark.parametrize("rows, N, K, kn, world, bm", [(256, 512, 256, False, 2, 128),
                                                       (128, 768, 1000, True, 3, 128),
-                                                      (192, 512, 128, False, 2, 64)])
+                                                      (192, 512, 128, False, 2, 64),
+                                                      (100, 256, 64, False, 2, 128),
+                                                      (40, 512, 128, True, 3, 64)])
 def test_all_gather_gemm_kernels(rows, N, K, kn, world, bm):
     """The library's protocol, every rank on its stream: wait until the ranks
     are done reading, push this rank's rows into every rank's buffer, say so,

@@ -47,18 +47,23 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts
     K into that many slices, each its own task: the slices' f32 partial
     products meet in the workspace W and the last one of a tile stores it
-    (tk.store_partial, counting in F). SCATTER: C is a tk.pgl of rows / W
-    rows, rank r's copy rows r * rows / W ..., and each tile is added into
-    its owner's copy (TMA reduce-add: a reduce-scatter over the ranks' C);
-    SCATTER(task, wg) runs before each of a consumer's tiles (the owners'
-    copies must be ready before the first add). GATHER = (ready, first): A's
+    (tk.store_partial, counting in F). SCATTER = (ready, first): A is 3-D
+    (W, rows / W, K), its first index an owner rank, B 2-D, and C a tk.pgl of
+    (rows / W, N); each tile of owner r's rows is added into rank r's copy
+    (TMA reduce-add: a reduce-scatter over the ranks' C), owners walked from
+    `first` on (wrapping around); ready(task, wg) runs before each of a
+    consumer's tiles (the owners' copies must be ready before the first add). GATHER = (ready, first): A's
     rows arrive while the kernel runs (an all-gather); ready(m) runs before
     the first load of tile row m, and the walk over tile rows starts at
     `first` (wrapping around), so a rank starts with rows it already has."""
     batched = len(A.shape) == 3
+    b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
+    assert SCATTER is None or (batched and not b_outer), \
+        "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
     M, K = A.shape[-2], A.shape[-1]
     N = B.shape[-1] if B_KN else B.shape[-2]
-    batch = A.shape[0] if batched else 1
+    # (SCATTER: the owners are the ranks, a compile-time count)
+    batch = C.world_size if SCATTER is not None else A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
     consumers = BM // 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
@@ -94,6 +99,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             outer = ()
             if batched:
                 outer = (task // tiles,)
+                if SCATTER is not None:
+                    outer = ((task // tiles + SCATTER[1]) % batch,)
                 task = task % tiles
             m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
             if GATHER is not None:
@@ -128,7 +135,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.tma.load_async(b.subtile(part, BN // CLUSTER), B,
                               (*outer, n * CLUSTER + part, k), sem, multicast=(1 << CLUSTER) - 1)
         else:
-            tk.tma.load_async(b, B, (*outer, k, n) if B_KN else (*outer, n, k), sem)
+            bo = outer if b_outer else ()
+            tk.tma.load_async(b, B, (*bo, k, n) if B_KN else (*bo, n, k), sem)
 
     def setup(task, wg):
         return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
@@ -141,11 +149,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
         if SCATTER is not None:
-            SCATTER(task, wg)
-            per_rank = C.shape[0] // 64              # (a rank's rows: a multiple of 64)
+            SCATTER[0](task, wg)
             if row < tk.cdiv(M, 64):                 # (a 128-row tile's second half may be past M)
-                tk.store_in_pieces(C[row // per_rank], acc, row % per_rank, n * (BN // EPI_N),
-                                   EPI_N, wg, c_tiles, EPI_BUFFERS, add=True)
+                tk.store_in_pieces(C[outer[0]], acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles,
+                                   EPI_BUFFERS, add=True)
         elif SPLIT_K > 1:
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:

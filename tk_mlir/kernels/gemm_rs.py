@@ -2,12 +2,14 @@
 scattered by rows (a tensor-parallel layer's output: every rank holds a
 K-slice of A and B), in one kernel: ThunderKittens' gemm_rs.
 
-Each rank runs the Hopper GEMM (tk_mlir/kernels/gemm.py) on its own K-slice;
-each 64-row piece of a finished tile leaves by TMA reduce-add
+Each rank runs the Hopper GEMM (tk_mlir/kernels/gemm.py) on its own K-slice,
+with A seen as (W, M / W, K): the rows each rank owns (rank r rows r * M / W
+to (r + 1) * M / W), tiled on their own, so M / W need not be a multiple of
+a tile. Each 64-row piece of a finished tile leaves by TMA reduce-add
 (cp.reduce.async.bulk.tensor .add) straight into the copy of the output
-that its owner holds (a tk.pgl on symmetric memory: rank r owns rows
-r * M / W to (r + 1) * M / W). The GEMM's pipeline keeps computing while the
-adds travel over NVLink, so the reduce-scatter hides behind the product.
+that its owner holds (a tk.pgl on symmetric memory). The GEMM's pipeline
+keeps computing while the adds travel over NVLink, so the reduce-scatter
+hides behind the product.
 
 The ranks agree by signals, no barrier:
 - each rank zeroes its copy before the kernel; its blocks then tell every
@@ -38,9 +40,10 @@ def gemm_rs_kernel(A: tk.gl, B: tk.gl, C: tk.pgl, Flags: tk.pgl["i32"], Totals: 
                    BK: tk.constexpr = 64, STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                    EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2,
                    TIMEOUT_MS: tk.constexpr = DEFAULT_TIMEOUT_MS):
-    """This rank's A (M, K) @ B.T (B: N x K, or K x N with B_KN) added into
-    rank r's C (M / W, N) for rows r * M / W ...; Flags (2, >= W) on every
-    rank; Totals (>= 2,): the zeroed and done words this rank has had."""
+    """This rank's A @ B.T (B: N x K, or K x N with B_KN), A given as (W, M /
+    W, K): rows A[r] are added into rank r's C (M / W, N); Flags (2, >= W)
+    on every rank; Totals (>= 2,): the zeroed and done words this rank has
+    had."""
     W, me, t, b = C.world_size, C.rank, tk.thread_id(), tk.block_id(0)
     zeroed = tk.load(Totals, (0,)) + 1
     done = tk.load(Totals, (1,)) + tk.grid_dim(0)
@@ -55,8 +58,11 @@ def gemm_rs_kernel(A: tk.gl, B: tk.gl, C: tk.pgl, Flags: tk.pgl["i32"], Totals: 
             tk.named_barrier(1 + wg, warps=4)
             tk.fence("sys", async_proxy=True)    # the zeros before this thread's TMA adds
 
+    # Owners from the next rank on, this one's own rows last: the adds still
+    # in flight when the block ends (its last tiles') are then local ones.
+    # (A choice by reasoning: not yet measured on two GPUs.)
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, True, EPI_N, 1, EPI_BUFFERS=EPI_BUFFERS,
-         SCATTER=owners_ready)
+         SCATTER=(owners_ready, (me + 1) % W))
     tk.tma.store_wait(0, read=False)     # this thread's adds are done ...
     tk.fence("sys", async_proxy=True)    # ... and ordered before the signal
     tk.barrier()
@@ -107,7 +113,7 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     Linear weight) or a @ b ("kn"), scattered by rows: rank r gets rows
     r * M / W to (r + 1) * M / W, as torch.distributed.reduce_scatter_tensor
     of the products would give. a: (M, K) bf16 or f16, this rank's K-slice;
-    M a multiple of 64 * W. Returns a new (M / W, N) tensor of a's dtype.
+    M a multiple of W. Returns a new (M / W, N) tensor of a's dtype.
     The ranks' partial products are added in a's dtype in the order they
     arrive: with more than 2 ranks the roundings, so the last bits, vary
     from run to run.
@@ -116,15 +122,16 @@ def matmul_reduce_scatter(a, b, group=None, *, b_layout: str = "nk",
     fn = "matmul_reduce_scatter"
     M, N = symmetric.check_matmul(fn, a, b, b_layout, timeout_ms)
     world = symmetric.world_size(group)
-    if M % (64 * world):
-        raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of 64 x the world size "
-                         f"({64 * world}): each rank's rows are whole 64-row tiles")
-    if N == 0:                  # (every rank's shapes are the same: none of them adds)
-        return a.new_empty(M // world, 0)
+    if M % world:
+        raise ValueError(f"{fn}: a's rows (M = {M}) must be a multiple of the world size "
+                         f"({world}): each rank gets M / W of them")
+    if M == 0 or N == 0:        # (every rank's shapes are the same: none of them adds)
+        return a.new_empty(M // world, N)
     ws = _WORKSPACES.get(group, (a.dtype, N), M // world, fn)
     out = ws.rows(M // world)
     out.local.zero_()
-    gemm_rs_kernel[(symmetric.agreed_grid(group, fn),)](a, b, out, ws.flags, ws.totals,
-                                                    B_KN=b_layout == "kn",
-                                                    TIMEOUT_MS=timeout_ms)
+    by_owner = a.unflatten(0, (world, M // world))     # (the rows each rank gets)
+    gemm_rs_kernel[(symmetric.agreed_grid(group, fn),)](by_owner, b, out, ws.flags, ws.totals,
+                                                        B_KN=b_layout == "kn",
+                                                        TIMEOUT_MS=timeout_ms)
     return out.local.clone()
