@@ -824,3 +824,32 @@ def test_a_wait_for_a_stale_count_is_reported_at_the_write_it_let_a_read_overtak
     assert "which block (0, 0, 0) of rank 0 read" in info.value.message
     assert "is the count it waits for this launch's?" in info.value.message
     exchange.interpret_ranks[(1,)](args(2))
+
+
+@tk.kernel(num_warps=4)
+def copy_indexed(X: tk.pgl[f32], Y: tk.gl[f32], HOW: tk.constexpr):
+    if HOW == "copy[]":
+        tk.store(Y, tk.load(X[1][0], (0, 0), (16, 16)), (0, 0))  # E:index-copy
+    elif HOW == "tuple":
+        tk.store(Y, tk.load(X[0, 1], (0, 0), (16, 16)), (0, 0))  # E:index-tuple
+    else:
+        tk.store(Y, tk.full((16, 16), 1.0, f32) * X[1].rank, (0, 0))  # E:index-rank
+
+
+@pytest.mark.parametrize("how, marker, at, message", [
+    ("copy[]", "index-copy", "X[1][0]", "a tensor is not indexed with []: tk.load / tk.store"),
+    ("tuple", "index-tuple", "X[0, 1]", "a peer tensor is indexed by one rank (X[r]), got (0, 1)"),
+    ("rank", "index-rank", "X[1].rank",
+     "`.rank` belongs to a tk.pgl argument (X.rank); this is one tensor")])
+def test_indexing_a_copy_says_what_a_copy_is(how, marker, at, message):
+    with pytest.raises(tk.CompilationError) as info:
+        copy_indexed.compile(P((16, 16), f32, 2), S((16, 16), f32), HOW=how)
+    test_errors.check_error(info.value, marker, at, message, HERE)
+
+
+def test_the_interpreter_says_where_a_peer_tensor_goes():
+    xs = [np.zeros((16, 16), np.float32) for _ in range(2)]
+    with pytest.raises(tk.ArgumentError, match=r"argument 'Y' is a tk.gl parameter and takes one "
+                                               r"array; a PeerTensor"):
+        copy_peer.interpret[(1,)](tk.PeerTensor.from_tensors(xs, 0),
+                                  tk.PeerTensor.from_tensors(xs, 0))

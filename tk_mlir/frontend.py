@@ -534,8 +534,10 @@ class KernelBuilder(ast.NodeVisitor):
         obj = self.eval(node.value)
         try:
             value = getattr(obj, node.attr)
-        except AttributeError:
-            raise self.error(node, f"{obj!r} has no attribute '{node.attr}'") from None
+        except AttributeError as e:
+            message = str(e) if isinstance(obj, V.Global) else \
+                f"{obj!r} has no attribute '{node.attr}'"
+            raise self.error(node, message) from None
         if self.recorder is not None and not _is_runtime(obj):
             self.recorder.attribute(obj, node.attr, value)
         return value
@@ -591,6 +593,10 @@ class KernelBuilder(ast.NodeVisitor):
         obj, index = self.eval(node.value), self.eval(node.slice)
         if isinstance(obj, (V.Shared, V.SharedVector, V.Semaphore, V.PeerGlobal)):  # arrays
             return self.python(node, operator.getitem, obj, index)
+        if isinstance(obj, V.Global):
+            raise self.error(node, "a tensor is not indexed with []: tk.load / tk.store read and "
+                                   "write it (tk.load(X, idx) one i32 element); X[r] picks rank "
+                                   "r's copy of a tk.pgl argument, and that copy is one tensor")
         if _is_runtime(index) and not isinstance(obj, (tuple, list)):
             raise self.error(node, "indexing with a run-time value is not supported")
         if _is_runtime(index):

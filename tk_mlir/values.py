@@ -383,6 +383,14 @@ class Global(Value):
     def dtype(self) -> str:
         return self.tk_type.dtype
 
+    def __getattr__(self, name):       # (only for attributes it does not have)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in ("rank", "world_size"):
+            raise AttributeError(f"`.{name}` belongs to a tk.pgl argument (X.{name}); this is "
+                                 f"one tensor (a tk.gl argument, or one rank's copy X[r])")
+        raise AttributeError(f"a tensor has no attribute {name!r} (it has .shape and .dtype)")
+
 
 class GlobalShape:
     """`X.shape`: static dims are ints; a dynamic dim reads the kernel
@@ -421,6 +429,8 @@ class PeerGlobal(Global):
 
     @builds("peer_select")
     def __getitem__(self, r) -> Global:
+        if isinstance(r, tuple):
+            raise CompilationError(f"a peer tensor is indexed by one rank (X[r]), got {r!r}")
         if isinstance(r, bool) or isinstance(r, int) and not 0 <= r < len(self.peers):
             raise CompilationError(f"peer index {r!r} is not a rank: this peer tensor has "
                                    f"{len(self.peers)} (ranks 0 to {len(self.peers) - 1})")

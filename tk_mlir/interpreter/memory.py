@@ -27,6 +27,10 @@ class GlobalArray:
             raise ArgumentError(f"argument {name!r} is on {obj.device}; the interpreter runs "
                                 f"on CPU arrays (pass a numpy array or x.cpu(), and copy the "
                                 f"outputs back)")
+        if hasattr(obj, "peers") and hasattr(obj, "local"):      # a tk.PeerTensor
+            raise ArgumentError(f"argument {name!r} is a tk.gl parameter and takes one array; a "
+                                f"{type(obj).__name__} (every rank's copy) goes to a tk.pgl "
+                                f"parameter, or pass its .local")
         if not self.is_torch and not isinstance(obj, np.ndarray):
             raise ArgumentError(f"argument {name!r}: the interpreter takes numpy arrays or CPU "
                                 f"torch tensors, got {type(obj).__name__}")
