@@ -189,3 +189,41 @@ def test_an_unanswered_wait_traps_and_says_where(tmp_path):
     assert "RAISED" in out, out
     assert "tk.wait_signal timed out after 200 ms at" in out and "all_reduce_kernels.py:" in out, out
     assert "the flag holds 0, waiting for 1" in out
+
+
+
+UNSYNCED_CALLS = textwrap.dedent("""\
+    import socket
+    import torch, torch.distributed as dist
+    from tk_mlir.kernels import all_gather_matmul
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    a = torch.randn(4096, 2048, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(4096, 2048, dtype=torch.bfloat16, device="cuda")
+    all_gather_matmul(a, b)
+    torch.cuda.synchronize()
+    for _ in range(3):            # the GPU busy when the call is queued (as the benchmark's
+        ref = a.double() @ b.double().T          # reference was): its launches wait
+        c = all_gather_matmul(a, b, timeout_ms=5000)
+        torch.cuda.synchronize()
+    for _ in range(20):           # the host far ahead of the GPU, as in a timing loop
+        c = all_gather_matmul(a, b, timeout_ms=5000)
+    torch.cuda.synchronize()
+    print("ERR", ((c.double() - ref).norm() / ref.norm()).item())
+""")
+
+
+def test_all_gather_matmul_calls_queued_back_to_back(tmp_path):
+    """Calls queued while the GPU is busy, and faster than it runs them (as
+    in the benchmark): with the pushes on a side stream, the GEMM could start
+    first and its spinning blocks hold every SM the pushes needed, and the
+    calls waited until the timeout."""
+    script = tmp_path / "queued.py"
+    script.write_text(UNSYNCED_CALLS)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "ERR" in out, out[-3000:]
+    assert float(out.split("ERR ")[1].split()[0]) < 1e-2, out

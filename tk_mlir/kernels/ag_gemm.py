@@ -1,22 +1,30 @@
 """all_gather_matmul: C = all_gather(A) @ B.T on every rank of a group (a
-tensor-parallel layer's column-parallel GEMM on sequence-sharded input),
-with the gather overlapping the GEMM.
+tensor-parallel layer's column-parallel GEMM on sequence-sharded input).
 
 Every rank pushes its rows of A into every rank's gather buffer (a peer
-tensor on symmetric memory: rank r's rows at r * rows), by the copy engines
-on a side stream, and then says so (a flag per rank). The GEMM
-(tk_mlir/kernels/gemm.py) reads A from its own buffer, starting with this
-rank's rows and waiting for a rank's word before its first load of that
-rank's rows: each byte crosses NVLink once, while the SMs compute.
+tensor on symmetric memory: rank r's rows at r * rows), then says so (a flag
+per rank). The GEMM (tk_mlir/kernels/gemm.py) reads A from its own buffer,
+starting with this rank's rows and waiting, before its first load of a
+tile, for the word of each rank whose rows the tile holds: each byte crosses
+NVLink once, and a rank's GEMM starts on its own rows while slower ranks'
+pushes still arrive.
+
+Everything runs on the caller's stream, in order. An earlier version pushed
+on a side stream while the GEMM ran: when the GEMM started first, its
+persistent blocks, spinning on the words, held every SM that the pushes and
+the "written" kernel needed. At world size 1 on an H200 (2026-12-01) the
+benchmark's first call then waited until the timeout; with one SM left
+free, a call at 8192x8192x4096 took 2.34 ms against 0.79 ms in order
+(tests/test_peers_gpu.py has the case that caught it).
 
 The ranks agree by signals, no barrier:
-- `ready_kernel` (this stream): wait until every rank is done reading its
-  buffer for all earlier calls (round 1), so the pushes may overwrite it;
-  then count this call in `totals`;
-- the pushes and `written_kernel` (a side stream, after ready_kernel): the
-  copies, then "written" (round 0) to every rank;
-- `ag_gemm_kernel` (this stream): the GEMM, waiting per owner; after its
-  last load every block tells every rank it is done reading (round 1).
+- `ready_kernel`: wait until every rank is done reading its buffer for all
+  earlier calls (round 1), so the pushes may overwrite it; then count this
+  call in `totals`;
+- the pushes and `written_kernel`: the copies, then "written" (round 0) to
+  every rank;
+- `ag_gemm_kernel`: the GEMM, waiting per owner; after its last load every
+  block tells every rank it is done reading (round 1).
 Counters only grow; `totals` (local) holds the counts this rank expects.
 """
 from __future__ import annotations
@@ -92,7 +100,6 @@ class _Workspace:
     flags: tk.PeerTensor        # (2, >= W) i32
     totals: object              # (4,) i32, local
     capacity: int               # rows per rank
-    side: object                # the stream of the pushes
     grid: int                   # blocks of the GEMM, the same on every rank
 
 
@@ -104,8 +111,7 @@ def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
     flags = symmetric.zeroed_flags((2, symmetric.flag_width(world)), group)
     device = gathered.local.device
     return _Workspace(gathered, flags, torch.zeros(4, dtype=torch.int32, device=device),
-                      capacity, torch.cuda.Stream(device),
-                      symmetric.agreed_grid(group, "all_gather_matmul"))
+                      capacity, symmetric.agreed_grid(group, "all_gather_matmul"))
 
 
 _WORKSPACES = symmetric.Workspaces(_make_workspace)
@@ -135,14 +141,9 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     # Compiled before this call is counted (ready_kernel): a compile error
     # after it would leave this rank's counts a call ahead of the others'.
     ag_gemm_kernel.compile(*gemm_args, **gemm_kwargs)
-    main = torch.cuda.current_stream()
     ready_kernel[(1,)](ws.flags, ws.totals, ws.grid, TIMEOUT_MS=timeout_ms)
-    ws.side.wait_stream(main)            # (a is ready, and so is every rank's buffer)
-    with torch.cuda.stream(ws.side):
-        for copy in ws.gathered.peers:   # every rank's buffer: rows me * rows ... of it
-            copy[me * rows:(me + 1) * rows].copy_(a)
-        written_kernel[(1,)](ws.flags, ws.totals)
-    a.record_stream(ws.side)
+    for copy in ws.gathered.peers:       # every rank's buffer: rows me * rows ... of it
+        copy[me * rows:(me + 1) * rows].copy_(a)
+    written_kernel[(1,)](ws.flags, ws.totals)
     ag_gemm_kernel[(ws.grid,)](*gemm_args, **gemm_kwargs)
-    main.wait_stream(ws.side)            # (joined: the call's work all on the caller's stream)
     return c
