@@ -823,6 +823,8 @@ def test_a_wait_for_a_stale_count_is_reported_at_the_write_it_let_a_read_overtak
                             "block (0, 0, 0) of rank 1 writes element (0, 0) of argument", HERE)
     assert "which block (0, 0, 0) of rank 0 read" in info.value.message
     assert "is the count it waits for this launch's?" in info.value.message
+    for f in fs:
+        f[0] = 1            # (as launch 1 left them: the failed launch signalled part way)
     exchange.interpret_ranks[(1,)](args(2))
 
 
@@ -853,3 +855,77 @@ def test_the_interpreter_says_where_a_peer_tensor_goes():
                                                r"array; a PeerTensor"):
         copy_peer.interpret[(1,)](tk.PeerTensor.from_tensors(xs, 0),
                                   tk.PeerTensor.from_tensors(xs, 0))
+
+
+@tk.kernel(num_warps=4)
+def one_way(X: tk.pgl[f32], Y: tk.gl[f32], F: tk.pgl["i32"], epoch: int,
+            PRODUCER: tk.constexpr):
+    """Rank PRODUCER writes the other's X and signals; the other waits for
+    `epoch` and copies its X into Y."""
+    me, t = X.rank, tk.thread_id()
+    if me == PRODUCER:
+        tk.store(X[1 - PRODUCER], tk.full((16, 16), 1.0, f32) * epoch, (0, 0))
+        tk.barrier()
+        if t == 0:
+            tk.signal(F[1 - PRODUCER], (0,))
+    else:
+        if t == 0:
+            tk.wait_signal(F, (0,), epoch)
+        tk.barrier()
+        tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))
+
+
+@pytest.mark.parametrize("producer", [0, 1])
+def test_a_stale_count_is_reported_whichever_rank_runs_first(producer):
+    """A wait acquires the signals up to the one that reached its count, none
+    when the flag held it before the launch: whether the producer's block
+    runs before the consumer's or after."""
+    xs, ys = [np.zeros((16, 16), np.float32) for _ in range(2)], \
+        [np.zeros((16, 16), np.float32) for _ in range(2)]
+    fs = [np.zeros(4, np.int32) for _ in range(2)]
+    args = lambda epoch: [(tk.PeerTensor.from_tensors(xs, r), ys[r],
+                           tk.PeerTensor.from_tensors(fs, r), epoch) for r in range(2)]
+    one_way.interpret_ranks[(1,)](args(1), PRODUCER=producer)
+    with pytest.raises(InterpretError, match="with nothing ordering"):
+        one_way.interpret_ranks[(1,)](args(1), PRODUCER=producer)     # (the count of launch 1)
+    for f in fs:
+        f[0] = 1            # (as launch 1 left them: the failed launch signalled part way)
+    one_way.interpret_ranks[(1,)](args(2), PRODUCER=producer)
+    assert (ys[1 - producer] == 2.0).all()
+
+
+def test_views_of_one_array_are_one_array_to_the_interpreter():
+    """A PeerTensor built from another view object of a rank's flags: the
+    signal, the wait and the read meet in one array's history."""
+    xs, ys = [np.zeros((16, 16), np.float32) for _ in range(2)], \
+        [np.zeros((16, 16), np.float32) for _ in range(2)]
+    fs = [np.zeros(4, np.int32) for _ in range(2)]
+    one_way.interpret_ranks[(1,)](
+        [(tk.PeerTensor.from_tensors(xs, r), ys[r], tk.PeerTensor(fs[r].view(), fs, r), 1)
+         for r in range(2)], PRODUCER=0)
+    assert (ys[1] == 1.0).all()
+
+
+def test_all_gather_gemm_waits_for_every_rank_whose_rows_a_tile_holds():
+    """3 ranks of 20 rows: one 64-row tile holds them all. With rank 2's word
+    missing, every rank's GEMM waits for it at that tile (the rows are there:
+    only the wait tells)."""
+    from tk_mlir.kernels import ag_gemm
+    world, rows, N, K, grid = 3, 20, 128, 64, 1
+    bufs = [torch.zeros((world * rows, K), dtype=torch.bfloat16) for _ in range(world)]
+    flags = [torch.zeros((2, 4), dtype=torch.int32) for _ in range(world)]
+    totals = [torch.zeros(4, dtype=torch.int32) for _ in range(world)]
+    f = [tk.PeerTensor.from_tensors(flags, r) for r in range(world)]
+    ag_gemm.ready_kernel.interpret_ranks[(1,)]([(f[r], totals[r], grid) for r in range(world)])
+    for buf in bufs:
+        buf.copy_(torch.randn(world * rows, K).to(torch.bfloat16))
+    ag_gemm.written_kernel.interpret_ranks[(1,)]([(f[r], totals[r]) for r in range(world)])
+    for r in range(world):
+        flags[r][0, 2] -= 1                               # rank 2's word never came
+    c = [torch.zeros((world * rows, N), dtype=torch.bfloat16) for _ in range(world)]
+    b = torch.randn(N, K).to(torch.bfloat16)
+    with pytest.raises(InterpretError, match=r"deadlock.*flag \(0, 2\) of 'Flags' holds 0, "
+                                             r"waiting for 1"):
+        ag_gemm.ag_gemm_kernel.interpret_ranks[(grid,)](
+            [(bufs[r], b, c[r], f[r], totals[r], rows) for r in range(world)], BM=64,
+            num_warps=8)

@@ -63,10 +63,11 @@ store reads; a thread write read by the async proxy with no proxy fence (a
 compiler bug); a warp exiting with TMA stores outstanding or its
 warpgroup's MMAs not waited for; a block ending with a TMA load whose
 semaphore phase no warp waited for; a read of global memory that another
-block wrote, or a second block's write over it, with nothing ordering the
-two (ordering.py: per-block clocks through tk.signal / tk.wait_signal, so
-across ranks too; an output element has one writer unless a signal orders
-the next); out-of-range
+block wrote, a second block's write over it, or a write over what another
+block read, with nothing ordering the two (ordering.py: per-block clocks
+through tk.signal / tk.wait_signal, so across ranks too, and a wait for a
+count the flag held before the launch orders nothing; an output element has
+one writer unless a signal orders the next); out-of-range
 array and subtile indices; data races by happens-before (races.py: vector clocks
 through semaphores, barriers and mma/store waits; shadow state per shared
 tile row and column block), found whatever the schedule.

@@ -13,14 +13,16 @@ def check_arguments(params, values: list, num_warps: int,
                     wrappers: dict | None = None) -> tuple[dict, tuple]:
     """({parameter index: GlobalArray, or for a tk.pgl one its local copy's,
     each rank's copy's and the rank, as the kernel takes them}, the
-    specialization key). One GlobalArray per array (`wrappers`, by id, may
-    be shared by several ranks' launches): who wrote an element is tracked
-    per array, whichever argument reaches it."""
+    specialization key). One GlobalArray per array (`wrappers`, by memory
+    and layout, may be shared by several ranks' launches): who wrote or read
+    an element is tracked per array, whichever argument, or view object of
+    the same memory, reaches it."""
     wrappers = {} if wrappers is None else wrappers
     def wrap(obj, name):
-        if id(obj) not in wrappers:
-            wrappers[id(obj)] = (GlobalArray(obj, name), obj)    # (obj: keeps the id unique)
-        return wrappers[id(obj)][0]
+        key = _memory(obj)
+        if key not in wrappers:
+            wrappers[key] = (GlobalArray(obj, name), obj)    # (obj: keeps the memory alive)
+        return wrappers[key][0]
     arrays = {i: wrap(values[i], params[i].name) for i in params.tensors}
     sig = params.key(values, num_warps, describe)
     for i in params.peer_tensors:
@@ -32,6 +34,21 @@ def check_arguments(params, values: list, num_warps: int,
         for a in (arrays[i] if i in params.peer_tensors else [arrays[i]]):
             _check_array(a, rule)
     return arrays, sig
+
+
+def _memory(obj) -> tuple:
+    """What tells arrays apart: their first element's address, shape, strides
+    and dtype (two view objects of the same elements are one array); the
+    object itself for what has no address."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return (obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype))
+    interface = getattr(obj, "__array_interface__", None)
+    if interface is not None:
+        return (interface["data"][0], tuple(interface["shape"]), interface.get("strides"),
+                interface["typestr"])
+    return ("object", id(obj))
 
 
 def _check_array(a, rule: dict) -> None:

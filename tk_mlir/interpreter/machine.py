@@ -328,7 +328,10 @@ def _on_block_end(block: Block, warps: list) -> None:
 def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
               others: str = "") -> InterpretError:
     """Every warp that has not returned waits and nothing is in flight."""
-    for s in block.sems.values():        # bytes that can never come are the likelier cause
+    # Bytes that can never come are the likelier cause, unless a warp waits
+    # for a flag (a producer may have armed a phase, then waited to load).
+    flag_wait = any(b.external for b in blocked.values())
+    for s in () if flag_wait else block.sems.values():
         if s.pending == 0 and s.tx > 0 and s.loads_in_flight == 0:
             first = blocked[min(blocked)]
             return s.mismatch(first.loc)

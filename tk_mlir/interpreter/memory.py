@@ -40,7 +40,7 @@ class GlobalArray:
         # Plain writes and reads by the blocks of this launch, which flags
         # must order (ordering.py).
         self.writes, self.reads = Accesses(self.shape), Accesses(self.shape)
-        self.flag_clocks: dict = {}              # element -> what signals on it published
+        self.flag_clocks: dict = {}              # element -> its signals (ordering.publish)
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
 
@@ -65,14 +65,16 @@ class GlobalArray:
             values = self.obj[safe].astype(holder)
         return np.where(ok, values, holder(0))
 
-    def update_element(self, index: tuple, value: int, add: bool) -> None:
+    def update_element(self, index: tuple, value: int, add: bool) -> tuple[int, int]:
         """Add `value` to (or store it in) one element of an i32 array, wrapping
-        as a u32 counter does; a coordinate outside the array is an IndexError."""
+        as a u32 counter does; (the old, the new value) as u32s. A coordinate
+        outside the array is an IndexError."""
         if not all(0 <= i < d for i, d in zip(index, self.shape)):
             raise IndexError(f"element {index} is outside {self.name!r} of shape {self.shape}")
-        old = int(self.obj[index])
+        old = int(self.obj[index]) & 0xFFFFFFFF
         new = (old + value if add else value) & 0xFFFFFFFF
         self.obj[index] = new - (1 << 32) if new >= 1 << 31 else new
+        return old, new
 
     def overlaps(self, coords, tile_shape) -> bool:
         """Does the tile at `coords` hold any element of the array?"""
@@ -172,6 +174,6 @@ class GlobalArray:
                              f"{self.name!r}, which block {writer} wrote (at {written_at}) with "
                              f"nothing ordering that write before this read: the writer must "
                              f"tk.signal after it (after TMA writes: tk.tma.store_wait(0, "
-                             f"read=False) and tk.fence first) and this block tk.wait_signal "
-                             f"for that signal before reading")
+                             f"read=False) and tk.fence(scope, async_proxy=True) first) and "
+                             f"this block tk.wait_signal for that signal before reading")
         self.reads.record(src if ok is None else tuple(i[ok] for i in src), order, at)

@@ -164,10 +164,10 @@ def _signal(op, num_warps):
         for lane in w.active_lanes():
             array, at = _flag_at(flags, lane, idx)
             try:
-                array.update_element(at, int(_lane(value, lane)), add)
+                before, after = array.update_element(at, int(_lane(value, lane)), add)
             except IndexError as e:
                 raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
-            ordering.publish(array.flag_clocks, at, w.block.order.release(), add)
+            ordering.publish(array.flag_clocks, at, before, after, w.block.order.release(), add)
     return signal
 
 
@@ -198,7 +198,8 @@ def _wait_signal(op, num_warps):
                           loc, external=True)
         for lane in w.active_lanes():        # ordered after what the signals published
             array, at = _flag_at(flags, lane, idx)
-            w.block.order.acquire(array.flag_clocks.get(at))
+            w.block.order.acquire(ordering.acquire(array.flag_clocks, at,
+                                                   int(_lane(expected, lane))))
     return wait
 
 

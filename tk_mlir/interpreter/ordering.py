@@ -5,21 +5,25 @@ reads but a flag: the writer releases it (tk.signal) after the writes, the
 reader acquires it (tk.wait_signal) before the reads. The interpreter runs
 blocks one after another, so a read with no wait in front of it would see
 the data whenever the writer happened to run first; this module says
-whether the program orders them, whatever the schedule.
+whether the program orders them, whichever ran first here.
 
 Each block counts its releases. A global write is stamped with its block's
 count at the time (memory.GlobalArray keeps a writer and a stamp per
 element); a signal publishes into its flag what the block knows — the count
 each block had reached when its releases reached this one, and its own —
-and then counts one more; a wait that sees the flag up joins what the flag
-holds. A block is ordered after another block's write when what it knows of
-the writer's count is at least the write's stamp.
+and then counts one more; a wait that sees the flag reach its count joins
+what the signals up to the one that reached it published (none, when the
+flag held the count before the launch's signals: a stale count orders
+nothing). A block is ordered after another block's write when what it knows
+of the writer's count is at least the write's stamp.
 
-Knowledge is per block, not per warp: a warp that reads before another warp
-of its block has waited (and met it at a barrier) is not told apart from
-one after. That misses such races; it reports none that the program orders.
-Adds (tk.atomic_add, TMA reduce-add) are not stamped: they accumulate in any
-order.
+What it misses (each a race it does not report; it reports none that the
+program orders): knowledge is per block, not per warp, so a warp that reads
+before another warp of its block has waited (and met it at a barrier) is
+not told apart from one after; a TMA store counts as written, and a TMA
+load as read, when issued, not when complete; only the last reader of an
+element is kept. Adds (tk.atomic_add, TMA reduce-add) are not stamped: they
+accumulate in any order.
 """
 from __future__ import annotations
 
@@ -52,15 +56,38 @@ class BlockOrder:
         return ORDERED if name == self.name else self.known.get(name, -1)
 
 
-def publish(flags: dict, at: tuple, clock: dict, add: bool) -> None:
-    """A signal on the flag at `at` (flags: an array's clocks by element): a
-    store replaces what the flag held; an add joins it (an acquire that sees
-    the sum is ordered after every add that made it)."""
-    if add and at in flags:
-        old = flags[at]
-        clock = {n: max(c, old.get(n, -1)) for n, c in clock.items()} | \
-            {n: c for n, c in old.items() if n not in clock}
-    flags[at] = clock
+def publish(flags: dict, at: tuple, before: int, after: int, clock: dict, add: bool) -> None:
+    """A signal on the flag at `at` (flags: an array's signals by element)
+    that took it from `before` to `after` (u32 values) and published `clock`.
+    A store starts the flag's history anew; an add extends it (an acquire
+    that reads the sum is ordered after every add up to the one that made
+    it: a release sequence)."""
+    history = flags.get(at)
+    if history is None or not add:
+        history = flags[at] = {"start": before, "signals": []}
+    history["signals"].append((after, clock))
+
+
+def reached(value: int, expected: int) -> bool:
+    """tk.wait_signal's compare: (value - expected) as a signed 32-bit number >= 0."""
+    return ((value - expected) & 0xFFFFFFFF) < 1 << 31
+
+
+def acquire(flags: dict, at: tuple, expected: int) -> dict:
+    """What a wait that saw the flag at `at` reach `expected` is ordered
+    after: the signals of this launch up to the first one that reached it;
+    none when it held that much before them (a count of an earlier launch:
+    the wait orders nothing)."""
+    history = flags.get(at)
+    if history is None or reached(history["start"], expected):
+        return {}
+    clock: dict = {}
+    for value, published in history["signals"]:
+        for name, count in published.items():
+            clock[name] = max(count, clock.get(name, -1))
+        if reached(value, expected):
+            break
+    return clock
 
 
 class Accesses:
@@ -94,7 +121,10 @@ class Accesses:
         if self.number is None:
             return None
         prior = self.number[index]
-        known = np.array([ORDERED] + [order.of(name) for name, _ in self.who[1:]], np.int64)
+        known = np.full(len(self.who), ORDERED, np.int64)     # (only for the accessors here)
+        for number in np.unique(prior):
+            if number:
+                known[number] = order.of(self.who[number][0])
         late = known[prior] < self.stamp[index]
         if ok is not None:
             late &= ok
