@@ -115,6 +115,7 @@ def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
 
 
 _WORKSPACES = symmetric.Workspaces(_make_workspace)
+_COMPILED: set = set()      # the kinds of call whose GEMM has compiled
 
 
 def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
@@ -140,7 +141,12 @@ def all_gather_matmul(a, b, group=None, *, b_layout: str = "nk",
     gemm_kwargs = dict(B_KN=b_layout == "kn", TIMEOUT_MS=timeout_ms, **tile)
     # Compiled before this call is counted (ready_kernel): a compile error
     # after it would leave this rank's counts a call ahead of the others'.
-    ag_gemm_kernel.compile(*gemm_args, **gemm_kwargs)
+    # (Once per kind of call: the check alone costs more host time than a
+    # small call's GPU time.)
+    kind = (a.dtype, rows, tuple(b.shape), tuple(b.stride()), b_layout, timeout_ms)
+    if kind not in _COMPILED:
+        ag_gemm_kernel.compile(*gemm_args, **gemm_kwargs)
+        _COMPILED.add(kind)
     ready_kernel[(1,)](ws.flags, ws.totals, ws.grid, TIMEOUT_MS=timeout_ms)
     for copy in ws.gathered.peers:       # every rank's buffer: rows me * rows ... of it
         copy[me * rows:(me + 1) * rows].copy_(a)
