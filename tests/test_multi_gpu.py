@@ -101,7 +101,8 @@ def test_all_reduce_replays_in_a_cuda_graph(tmp_path):
 def test_matmul_reduce_scatter_matches_nccl(tmp_path):
     out = torchrun(tmp_path, """
         for (M, N, K, layout) in [(1024, 1024, 512, "nk"), (2048, 768, 1000, "nk"),
-                                  (512, 4096, 256, "kn"), (4096, 4096, 2048, "nk")]:
+                                  (512, 4096, 256, "kn"), (4096, 4096, 2048, "nk"),
+                                  (1000, 512, 256, "nk"), (2 * 77, 256, 128, "kn")]:
             for call in range(2):
                 a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
                 b = torch.randn(*((N, K) if layout == "nk" else (K, N)), dtype=torch.bfloat16,
@@ -120,7 +121,8 @@ def test_matmul_reduce_scatter_matches_nccl(tmp_path):
 def test_all_gather_matmul_matches_nccl(tmp_path):
     out = torchrun(tmp_path, """
         for (rows, N, K, layout) in [(128, 1024, 512, "nk"), (384, 768, 1000, "kn"),
-                                     (2048, 4096, 2048, "nk"), (192, 512, 256, "nk")]:
+                                     (2048, 4096, 2048, "nk"), (192, 512, 256, "nk"),
+                                     (100, 512, 256, "nk"), (1, 256, 128, "kn")]:
             for call in range(2):
                 a = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
                 b = torch.randn(*((N, K) if layout == "nk" else (K, N)), dtype=torch.bfloat16,
