@@ -10,9 +10,9 @@ block or GPU to read its result there must be, in this order:
     tk.fence(scope, async_proxy=True)    # fence.proxy.async.global, then
     tk.signal(...)                       # fence.acq_rel at the signal's scope or wider
 
-The check walks the kernel's ops in program order (a loop's body once: a
-signal early in a body that follows writes late in it is not seen) and
-reports a signal that comes too soon at its line. Ops are known by their
+The check walks the kernel's ops in program order, a loop's body twice (a
+signal early in a body follows the writes late in its previous iteration),
+and reports a signal that comes too soon at its line. Ops are known by their
 traits (dialects/tk.py: bulk_write, completes_bulk_writes, fence_scope,
 fences_proxies, signal_scope).
 """
@@ -22,7 +22,6 @@ from mlir import ir
 
 from ..dialects import contracts, tk
 from ..errors import _where, error_at
-from .walk import walk_ops
 
 
 def check_signals(func: ir.Operation) -> None:
@@ -52,7 +51,18 @@ def check_signals(func: ir.Operation) -> None:
                            f"argument's X[r]), which other GPUs reach: its scope must be 'sys', "
                            f"got {ir.StringAttr(op.attributes['scope']).value!r}")
 
-    walk_ops(func, visit)
+    _in_order(func, visit)
+
+
+def _in_order(op: ir.Operation, visit) -> None:
+    """visit(op) for every op nested in op, in program order; a loop's body
+    twice (what its end leaves is what its next iteration starts with)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                visit(inner.operation)
+                for _ in range(2 if inner.operation.name == "scf.for" else 1):
+                    _in_order(inner.operation, visit)
 
 
 def _on_a_peer(v: ir.Value, peers: set) -> bool:

@@ -929,3 +929,36 @@ def test_all_gather_gemm_waits_for_every_rank_whose_rows_a_tile_holds():
         ag_gemm.ag_gemm_kernel.interpret_ranks[(grid,)](
             [(bufs[r], b, c[r], f[r], totals[r], rows) for r in range(world)], BM=64,
             num_warps=8)
+
+
+@tk.kernel(num_warps=4)
+def signal_at_the_loop_top(X: tk.pgl[bf16], F: tk.pgl["i32"], n: int):
+    """Each iteration announces the last one's TMA store, which may still be
+    in flight: the writes come after the signal in the body, before it in time."""
+    s = tk.shared_tile(bf16, (64, 64))
+    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
+    if tk.thread_id() == 0:
+        for i in range(n):
+            tk.signal(F[1], (0,))  # E:signal-loop
+            tk.tma.store_async(X[1], s, (0, 0))
+            tk.tma.store_commit()
+
+
+def test_a_signal_at_a_loop_top_sees_the_last_iterations_writes():
+    with pytest.raises(tk.CompilationError) as info:
+        signal_at_the_loop_top.compile(*PEERS, 3)
+    test_errors.check_error(info.value, "signal-loop", "tk.signal",
+                            "may still be in flight: put tk.tma.store_wait(0, read=False)", HERE)
+
+
+@tk.kernel(num_warps=4)
+def flag_past_the_end(F: tk.gl["i32", (4,)]):
+    if tk.thread_id() == 0:
+        tk.signal(F, (7,))  # E:flag-past
+
+
+def test_a_compile_time_flag_past_its_tensor_is_an_error_at_the_line():
+    with pytest.raises(tk.CompilationError) as info:
+        flag_past_the_end.compile(S((4,), "i32"))
+    test_errors.check_error(info.value, "flag-past", "tk.signal",
+                            "tk.signal: flag coordinate 7 in dim 0 is outside the flags' 4", HERE)

@@ -49,6 +49,19 @@ def _flags(flags, what: str) -> Global:
     return flags
 
 
+def _flag_index(flags: Global, idx, what: str) -> list:
+    """idx's values; a compile-time coordinate past a compile-time dim is an
+    error here (on the GPU the flag traps)."""
+    coords = idx if isinstance(idx, (tuple, list)) else (idx,)
+    dims = flags.tk_type.shape
+    for d, (c, extent) in enumerate(zip(coords, dims)):
+        if isinstance(c, int) and not isinstance(c, bool) and extent is not None and \
+                not 0 <= c < extent:
+            raise CompilationError(f"{what}: flag coordinate {c} in dim {d} is outside the "
+                                   f"flags' {extent} (shape {tuple(dims)})")
+    return _indices(idx)
+
+
 def _int(value, what: str):
     if isinstance(value, int) and not isinstance(value, bool):
         if not -2**31 <= value < 2**32:
@@ -71,7 +84,8 @@ def signal(flags, idx, value=1, *, scope="sys", mode="add"):
     _flags(flags, "tk.signal")
     if mode not in _MODES:
         raise CompilationError(f"tk.signal: mode must be 'add' or 'set', got {mode!r}")
-    emit("signal", [flags, _int(value, "tk.signal's value"), *_indices(idx)],
+    emit("signal", [flags, _int(value, "tk.signal's value"),
+                    *_flag_index(flags, idx, "tk.signal")],
          scope=_scope(scope), mode=mode)
 
 
@@ -83,7 +97,8 @@ def wait_signal(flags, idx, expected, *, scope="sys", timeout_ms=DEFAULT_TIMEOUT
     may wrap); after `timeout_ms` milliseconds print where and trap."""
     _flags(flags, "tk.wait_signal")
     timeout_ms = compile_time_int(timeout_ms, "tk.wait_signal's timeout_ms", 1, 3_600_000)
-    emit("wait_signal", [flags, _int(expected, "tk.wait_signal's expected"), *_indices(idx)],
+    emit("wait_signal", [flags, _int(expected, "tk.wait_signal's expected"),
+                         *_flag_index(flags, idx, "tk.wait_signal")],
          scope=_scope(scope), timeout_ms=timeout_ms)
 
 
