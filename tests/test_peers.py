@@ -962,3 +962,13 @@ def test_a_compile_time_flag_past_its_tensor_is_an_error_at_the_line():
         flag_past_the_end.compile(S((4,), "i32"))
     test_errors.check_error(info.value, "flag-past", "tk.signal",
                             "tk.signal: flag coordinate 7 in dim 0 is outside the flags' 4", HERE)
+
+
+def test_interpret_ranks_takes_each_ranks_own_views_of_the_shared_arrays():
+    """Rank r's PeerTensor may be built from its own view objects: the copies
+    are told apart by their memory, not by the objects."""
+    xs = np.random.default_rng().standard_normal((2, 16, 16)).astype(np.float32)
+    ys = [np.zeros((16, 16), np.float32) for _ in range(2)]
+    copy_peer.interpret_ranks[(1,)](
+        [(tk.PeerTensor.from_tensors([xs[0], xs[1]], r), ys[r]) for r in range(2)])
+    assert all((y == xs[1]).all() for y in ys)

@@ -145,6 +145,7 @@ def _check_group(kernel, values: list) -> None:
     would not be one group's (a rank run twice, or copies no other rank
     writes) and the run would mean nothing."""
     from ..runtime.peers import PeerTensor
+    from .arguments import memory_key
     for i, p in enumerate(kernel.params):
         if p.kind != "pgl":
             continue
@@ -157,7 +158,7 @@ def _check_group(kernel, values: list) -> None:
                     f"interpret_ranks: argument {p.name!r} of launch {r} is rank {t.rank} of "
                     f"a {t.world_size}-rank PeerTensor; launch r takes rank r's, one launch "
                     f"per rank ({len(group)} launches given)")
-            if any(a is not b for a, b in zip(t.peers, group[0].peers)):
+            if any(memory_key(a) != memory_key(b) for a, b in zip(t.peers, group[0].peers)):
                 raise ArgumentError(
                     f"interpret_ranks: argument {p.name!r} of rank {r} holds other copies than "
                     f"rank 0's: every rank's PeerTensor groups the same arrays "

@@ -19,7 +19,7 @@ def check_arguments(params, values: list, num_warps: int,
     the same memory, reaches it."""
     wrappers = {} if wrappers is None else wrappers
     def wrap(obj, name):
-        key = _memory(obj)
+        key = memory_key(obj)
         if key not in wrappers:
             wrappers[key] = (GlobalArray(obj, name), obj)    # (obj: keeps the memory alive)
         return wrappers[key][0]
@@ -36,7 +36,7 @@ def check_arguments(params, values: list, num_warps: int,
     return arrays, sig
 
 
-def _memory(obj) -> tuple:
+def memory_key(obj) -> tuple:
     """What tells arrays apart: their first element's address, shape, strides
     and dtype (two view objects of the same elements are one array); the
     object itself for what has no address."""
