@@ -109,62 +109,24 @@ def float_rank(X: tk.pgl[f32], Y: tk.gl[f32]):
 
 
 @tk.kernel(num_warps=4)
-def unwaited(X: tk.pgl[bf16], F: tk.pgl["i32"]):
+def signal_after_tma(X: tk.pgl[bf16], F: tk.pgl["i32"], ADD: tk.constexpr = False,
+                     READ: tk.constexpr = False, FENCE: tk.constexpr = "sys",
+                     PROXY: tk.constexpr = True):
+    """A TMA store (ADD: reduce-add) into rank 1's copy, its wait (READ: the
+    .read form, which says only that the shared tile may be reused), a fence
+    (FENCE None: none) and the signal that announces the store."""
     s = tk.shared_tile(bf16, (64, 64))
     tk.store(s, tk.zeros((64, 64), f32).to(bf16))
     if tk.thread_id() == 0:
-        tk.tma.store_async(X[1], s, (0, 0))
+        if ADD:
+            tk.tma.reduce_add_async(X[1], s, (0, 0))
+        else:
+            tk.tma.store_async(X[1], s, (0, 0))
         tk.tma.store_commit()
-        tk.tma.store_wait(0)        # (read=True: only the shared tile may be reused)
-        tk.fence("sys", async_proxy=True)
-        tk.signal(F[1], (0,))  # E:signal-in-flight
-
-
-@tk.kernel(num_warps=4)
-def unfenced(X: tk.pgl[bf16], F: tk.pgl["i32"]):
-    s = tk.shared_tile(bf16, (64, 64))
-    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
-    if tk.thread_id() == 0:
-        tk.tma.reduce_add_async(X[1], s, (0, 0))
-        tk.tma.store_commit()
-        tk.tma.store_wait(0, read=False)
-        tk.signal(F[1], (0,))  # E:signal-unfenced
-
-
-@tk.kernel(num_warps=4)
-def narrow_fence(X: tk.pgl[bf16], F: tk.pgl["i32"]):
-    s = tk.shared_tile(bf16, (64, 64))
-    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
-    if tk.thread_id() == 0:
-        tk.tma.store_async(X[1], s, (0, 0))
-        tk.tma.store_commit()
-        tk.tma.store_wait(0, read=False)
-        tk.fence("gpu", async_proxy=True)
-        tk.signal(F[1], (0,))  # E:signal-narrow
-
-
-@tk.kernel(num_warps=4)
-def same_proxy_fence(X: tk.pgl[bf16], F: tk.pgl["i32"]):
-    s = tk.shared_tile(bf16, (64, 64))
-    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
-    if tk.thread_id() == 0:
-        tk.tma.store_async(X[1], s, (0, 0))
-        tk.tma.store_commit()
-        tk.tma.store_wait(0, read=False)
-        tk.fence("sys")
-        tk.signal(F[1], (0,))  # E:signal-proxy
-
-
-@tk.kernel(num_warps=4)
-def fenced(X: tk.pgl[bf16], F: tk.pgl["i32"]):
-    s = tk.shared_tile(bf16, (64, 64))
-    tk.store(s, tk.zeros((64, 64), f32).to(bf16))
-    if tk.thread_id() == 0:
-        tk.tma.store_async(X[1], s, (0, 0))
-        tk.tma.store_commit()
-        tk.tma.store_wait(0, read=False)
-        tk.fence("sys", async_proxy=True)
-        tk.signal(F[1], (0,))
+        tk.tma.store_wait(0, read=READ)
+        if FENCE is not None:
+            tk.fence(FENCE, async_proxy=PROXY)
+        tk.signal(F[1], (0,))  # E:signal-after-tma
 
 
 @tk.kernel(num_warps=4)
@@ -185,33 +147,33 @@ def flag_coords(F: tk.gl["i32"]):
 PEERS = [P((64, 64), bf16, 2), P((4,), "i32", 2)]
 
 
-@pytest.mark.parametrize("kernel, specs, marker, at, message", [
-    (not_a_rank, [P((16, 16), f32, 2), S((16, 16), f32)], "peer-rank", "X[2]",
+@pytest.mark.parametrize("kernel, specs, constexprs, marker, at, message", [
+    (not_a_rank, [P((16, 16), f32, 2), S((16, 16), f32)], {}, "peer-rank", "X[2]",
      "peer index 2 is not a rank: this peer tensor has 2 (ranks 0 to 1)"),
-    (float_rank, [P((16, 16), f32, 2), S((16, 16), f32)], "peer-float", "X[0.5]",
+    (float_rank, [P((16, 16), f32, 2), S((16, 16), f32)], {}, "peer-float", "X[0.5]",
      "a peer tensor is indexed by a rank (an int)"),
-    (unwaited, PEERS, "signal-in-flight", "tk.signal",
+    (signal_after_tma, PEERS, dict(READ=True), "signal-after-tma", "tk.signal",
      "may still be in flight: put tk.tma.store_wait(0, read=False)"),
-    (unfenced, PEERS, "signal-unfenced", "tk.signal",
+    (signal_after_tma, PEERS, dict(ADD=True, FENCE=None), "signal-after-tma", "tk.signal",
      "without a fence: put tk.fence('sys', async_proxy=True)"),
-    (narrow_fence, PEERS, "signal-narrow", "tk.signal",
+    (signal_after_tma, PEERS, dict(FENCE="gpu"), "signal-after-tma", "tk.signal",
      "fenced only at scope 'gpu': use tk.fence('sys', async_proxy=True)"),
-    (same_proxy_fence, PEERS, "signal-proxy", "tk.signal",
+    (signal_after_tma, PEERS, dict(PROXY=False), "signal-after-tma", "tk.signal",
      "fenced without async_proxy=True: the writes went through the async proxy"),
-    (float_flags, [S((4,), f32)], "signal-f32", "tk.signal", "takes a flag in an i32 tensor"),
-    (bad_scope, [S((4,), "i32")], "signal-scope", "tk.wait_signal",
+    (float_flags, [S((4,), f32)], {}, "signal-f32", "tk.signal", "takes a flag in an i32 tensor"),
+    (bad_scope, [S((4,), "i32")], {}, "signal-scope", "tk.wait_signal",
      "scope must be one of 'cta', 'gpu', 'sys'"),
-    (flag_coords, [S((4,), "i32")], "signal-coords", "tk.signal",
+    (flag_coords, [S((4,), "i32")], {}, "signal-coords", "tk.signal",
      "needs 1 element coordinates for a rank-1 flag tensor, got 2"),
 ])
-def test_misuse_is_an_error_at_its_line(kernel, specs, marker, at, message):
+def test_misuse_is_an_error_at_its_line(kernel, specs, constexprs, marker, at, message):
     with pytest.raises(tk.CompilationError) as info:
-        kernel.compile(*specs)
+        kernel.compile(*specs, **constexprs)
     test_errors.check_error(info.value, marker, at, message, HERE)
 
 
 def test_a_signal_after_completed_and_fenced_writes_compiles():
-    assert "fence.acq_rel.sys;" in ptx_of(fenced, *PEERS)
+    assert "fence.acq_rel.sys;" in ptx_of(signal_after_tma, *PEERS)
 
 
 # ------------------------------------------------------------ arguments
