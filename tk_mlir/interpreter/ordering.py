@@ -121,11 +121,9 @@ class Accesses:
         if self.number is None:
             return None
         prior = self.number[index]
-        known = np.full(len(self.who), ORDERED, np.int64)     # (only for the accessors here)
-        for number in np.unique(prior):
-            if number:
-                known[number] = order.of(self.who[number][0])
-        late = known[prior] < self.stamp[index]
+        numbers, which = np.unique(prior, return_inverse=True)   # (the accessors here only)
+        known = np.array([order.of(self.who[n][0]) if n else ORDERED for n in numbers], np.int64)
+        late = known[which.reshape(prior.shape)] < self.stamp[index]
         if ok is not None:
             late &= ok
         if not late.any():
