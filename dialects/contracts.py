@@ -77,7 +77,7 @@ CACHE = Contract("cache", str, "tk.load / tk.store of a global ('stream'; absent
 PEER_COPIES = Contract("tk.peer_copies", tuple,
                        "the kernel's func.func, when it takes tk.pgl arguments: the argument "
                        "numbers of their ranks' copies", "the frontend",
-                       "tk-verify (passes/signals.py: flags on another GPU need scope sys)",
+                       "tk-verify (passes/signal_order.py: flags on another GPU need scope sys)",
                        bits=32)
 NO_FP_CONTRACT = Contract("tk.no_fp_contract", bool,
                           "the kernel's func.func, under @tk.kernel(fp_contract=False)",
@@ -85,9 +85,9 @@ NO_FP_CONTRACT = Contract("tk.no_fp_contract", bool,
 
 # ---- written by tk-allocate-smem (passes/smem.py)
 OFFSET = Contract("offset", int, "allocations: byte offset in dynamic shared memory",
-                  "tk-allocate-smem", "lowering/memory.py, lowering/sync.py")
+                  "tk-allocate-smem", "lowering/memory.py, lowering/mbarriers.py")
 STRIDE = Contract("stride", int, "allocations: bytes between the elements of an array",
-                  "tk-allocate-smem", "lowering/memory.py, lowering/sync.py")
+                  "tk-allocate-smem", "lowering/memory.py, lowering/mbarriers.py")
 SCRATCH_OFFSET = Contract("scratch_offset", int, "ops with a scratch trait that need it",
                           "tk-allocate-smem", "lowering/reduce.py")
 EXCHANGE_GROUP = Contract("exchange_group", int, "cross-warp reductions sharing one barrier",

@@ -92,7 +92,7 @@ class OpDef:
     peer_copies: str | None = None       # the variadic operand holding a tk.pgl argument's
     #                                      copies: of any tensor dtype (i32 flags too), as the
     #                                      result that picks one
-    # ---- cross-GPU ordering (passes/signals.py): a signal publishes the writes
+    # ---- cross-GPU ordering (passes/signal_order.py): a signal publishes the writes
     # before it; TMA writes must be complete and fenced at the signal's scope, across
     # proxies, first.
     bulk_write: bool = False             # writes global memory through the async proxy

@@ -26,20 +26,15 @@ from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
 from ..target import TARGET
-from . import (atomic, compute, masks, memory, mma, peers, reduce, signals, sync,  # noqa: F401
+from . import (atomic, compute, masks, memory, mma, peers, reduce, flags, mbarriers,  # noqa: F401
                threads, tma)  # (register their lowerings)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
-from .sync import init_semaphores
+from .mbarriers import init_semaphores
 from .tma import TensorMapSpec, tensor_arguments, tensor_map_spec
 
 GPU_MODULE = "tk_kernels"
 SMEM_SYMBOL = "__tk_smem"
-
-
-# One parameter of the compiled kernel and which argument it comes from: the
-# runtime's typed ABI parameter (tk_mlir/params.py), which the launch reads.
-KernelParam = AbiParam
 
 
 def tensor_map_specs(func) -> list[TensorMapSpec]:
@@ -58,21 +53,21 @@ def tensor_map_specs(func) -> list[TensorMapSpec]:
     return specs
 
 
-def kernel_params(arg_types: list[ir.Type], specs=()) -> list[KernelParam]:
+def kernel_params(arg_types: list[ir.Type], specs=()) -> list[AbiParam]:
     params = []
     for i, t in enumerate(arg_types):
         tk_t = T.parse(t)
         if isinstance(tk_t, T.GL):
-            params.append(KernelParam(i, "ptr"))
-            params += [KernelParam(i, "dim", d) for d, n in enumerate(tk_t.shape) if n is None]
-            params += [KernelParam(i, "stride", d) for d in range(tk_t.rank - 1)]
+            params.append(AbiParam(i, "ptr"))
+            params += [AbiParam(i, "dim", d) for d, n in enumerate(tk_t.shape) if n is None]
+            params += [AbiParam(i, "stride", d) for d in range(tk_t.rank - 1)]
         elif isinstance(t, ir.IntegerType):
-            params.append(KernelParam(i, "i32"))
+            params.append(AbiParam(i, "i32"))
         elif isinstance(t, ir.F32Type):
-            params.append(KernelParam(i, "f32"))
+            params.append(AbiParam(i, "f32"))
         else:
             raise TypeError(f"unsupported kernel argument type {t}")
-    params += [KernelParam(spec.arg, "tmap", i) for i, spec in enumerate(specs)]
+    params += [AbiParam(spec.arg, "tmap", i) for i, spec in enumerate(specs)]
     return params
 
 
@@ -80,7 +75,7 @@ _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
                 "f32": ir.F32Type.get, "tmap": lambda: ir.Type.parse("!llvm.ptr")}
 
 
-def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[KernelParam], list[TensorMapSpec]]:
+def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[TensorMapSpec]]:
     (func,) = module.body.operations
     name = ir.StringAttr(func.attributes["sym_name"]).value
     num_warps = C.NUM_WARPS.get(func)
@@ -182,7 +177,7 @@ def set_kernel_attributes(module: ir.Module) -> None:
     module.operation.walk(visit)
 
 
-def _bind_arguments(ctx: LoweringContext, entry, params: list[KernelParam], new_args) -> None:
+def _bind_arguments(ctx: LoweringContext, entry, params: list[AbiParam], new_args) -> None:
     by_arg: dict[int, dict] = {}
     for p, v in zip(params, new_args):
         by_arg.setdefault(p.arg, {})[(p.kind, p.index)] = v

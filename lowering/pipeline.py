@@ -30,7 +30,8 @@ from ..passes.layouts import assign_layouts
 from ..passes.lint import lint
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
-from .kernel import KernelParam, lower_to_gpu, set_kernel_attributes
+from ..params import AbiParam
+from .kernel import lower_to_gpu, set_kernel_attributes
 from .tma import TensorMapSpec
 
 # The tk-level passes, in order.
@@ -121,7 +122,7 @@ class _Snapshot:
 class Lowered:
     stages: StageTexts           # stage name -> IR text after it
     ptx: str
-    params: list[KernelParam]
+    params: list[AbiParam]
     kernel_name: str
     tensor_maps: list[TensorMapSpec]
 

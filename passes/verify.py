@@ -21,7 +21,7 @@ from ..errors import error_at
 from ..target import TARGET
 from .async_results import check_async_results
 from .uniform import Uniformity
-from .signals import check_signals
+from .signal_order import check_signals
 from .walk import constant_int, walk_ops
 
 

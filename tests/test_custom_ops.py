@@ -1,4 +1,4 @@
-"""The library's kernels as torch custom ops (tk_mlir/kernels/ops.py).
+"""The library's kernels as torch custom ops (tk_mlir/kernels/custom_ops.py).
 
 Without a GPU: the ops' schemas, their fake implementations (shapes, dtypes,
 strides) on fake CUDA tensors, Dynamo tracing the public wrappers into one
@@ -24,7 +24,7 @@ gpu = pytest.mark.gpu
 
 
 def test_ops_are_registered_with_their_schemas():
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     schemas = {name: str(getattr(torch.ops.tk_mlir, name).default._schema)
                for name in ("matmul", "grouped_matmul", "scaled_matmul", "rms_norm",
                             "layer_norm", "attention")}
@@ -49,7 +49,7 @@ def test_ops_are_registered_with_their_schemas():
 
 
 def test_grouped_matmul_fake_says_the_result():
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         a, b = torch.empty(3, 16, 64, dtype=bf16), torch.empty(3, 64, 32, dtype=bf16)
@@ -162,8 +162,8 @@ def recorded_backward(monkeypatch):
         calls.append(dict(do=do, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale))
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    from tk_mlir.kernels import ops
-    monkeypatch.setattr(ops, "attention_backward", record)
+    from tk_mlir.kernels import custom_ops
+    monkeypatch.setattr(custom_ops, "attention_backward", record)
     return calls
 
 
@@ -254,7 +254,7 @@ def _opcheck(op, args, utils=None):
 @gpu
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_opcheck_matmul(layout):
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     rnd = _gpu_inputs(1)
     a = rnd(200, 64)
     b = rnd(*((136, 64) if layout == "nk" else (64, 136)))
@@ -264,7 +264,7 @@ def test_opcheck_matmul(layout):
 
 @gpu
 def test_opcheck_norms():
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     rnd = _gpu_inputs(2)
     x, w, b = rnd(33, 320), rnd(320), rnd(320)     # rows of whole 16-byte vectors
     _opcheck(torch.ops.tk_mlir.rms_norm.default, (x, w, 1e-6))
@@ -276,7 +276,7 @@ def test_opcheck_norms():
 def test_opcheck_attention(causal):
     """Schema, fake implementation and autograd registration (not the AOT
     tests: they differentiate lse too, which the op refuses)."""
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     rnd = _gpu_inputs(3)
     q = rnd(2, 4, 200, 64).requires_grad_()
     k, v = rnd(2, 2, 150, 64).requires_grad_(), rnd(2, 2, 150, 64).requires_grad_()

@@ -1,4 +1,4 @@
-"""tk.ring, the pipeline-state helper (tk_mlir/pipeline.py): slots, phases and
+"""tk.ring, the pipeline-state helper (tk_mlir/rings.py): slots, phases and
 semaphores of a producer/consumer ring, its tk.func methods bound to the
 ring, its errors at the user's line; and tk.registers_per_thread."""
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_ring_compiles_to_slots_and_parities():
 
 def test_ring_methods_are_inlined_as_tk_funcs():
     from tk_mlir.language import BoundFunc, Func
-    from tk_mlir.pipeline import Ring
+    from tk_mlir.rings import Ring
     assert isinstance(Ring.wait, Func)
     bound = Ring(None, None, None, 2, 1).wait
     assert isinstance(bound, BoundFunc)

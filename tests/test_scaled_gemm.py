@@ -157,7 +157,7 @@ def test_scaled_matmul_rejects_bad_arguments_before_the_gpu(case):
 
 
 def test_scaled_matmul_fake():
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         a = torch.empty(100, 64, dtype=e4m3, device="cuda")
@@ -192,7 +192,7 @@ class _Scaled(torch.nn.Module):
 def test_dynamo_traces_scaled_matmul_into_its_op():
     """torch.export (strict: a graph break fails): the wrapper's checks run
     on fake tensors, the launch and the scale vectors stay inside the op."""
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         args = (torch.empty(64, 128, dtype=e4m3, device="cuda"),

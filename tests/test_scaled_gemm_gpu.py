@@ -160,7 +160,7 @@ def test_empty_and_zero_k():
 
 
 def test_under_torch_compile_and_opcheck():
-    import tk_mlir.kernels.ops  # noqa: F401
+    import tk_mlir.kernels.custom_ops  # noqa: F401
     M, N, K = 300, 256, 512
     a, b = fp8(M, K), fp8(N, K).t()
     sa, sb = scales(M, N, rowwise=True)

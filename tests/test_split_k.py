@@ -209,7 +209,7 @@ sizes = torch.tensor([16, 0, 3])
 a4 = torch.empty(3, 16, 256).uniform_(-1, 1).to(torch.bfloat16)
 b4 = torch.empty(3, 64, 256).uniform_(-1, 1).to(torch.bfloat16)
 c4 = grouped_matmul(a4, b4, sizes)
-import tk_mlir.kernels.ops
+import tk_mlir.kernels.custom_ops
 op = torch.ops.tk_mlir.grouped_matmul(a4, b4, sizes)       # the custom op: unwritten rows zero
 for g, n in enumerate([16, 0, 3]):
     assert n or not op[g].any()

@@ -68,7 +68,7 @@ _LAZY = {
                      "cluster_rank", "cluster_sync", "named_barrier_arrive"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
     **dict.fromkeys(("lcf", "grouped_tile", "register_split", "store_in_pieces"), ".templates"),
-    **dict.fromkeys(("ring", "Ring"), ".pipeline"),
+    **dict.fromkeys(("ring", "Ring"), ".rings"),
     **dict.fromkeys(("bench", "sweep"), ".benchmarking"),
     **dict.fromkeys(("signal", "wait_signal", "fence"), ".signals"),
     **dict.fromkeys(("PeerTensor", "peer_tensor", "peer_spec"), ".runtime.peers"),

@@ -432,7 +432,7 @@ def compile_specialization(spec: Specialization, fn_node, globals_: dict) -> Com
 def frontend_module(spec: Specialization, fn_node, globals_: dict):
     """(context, module): the tk IR the frontend builds for `spec`, before any
     pass (the GPU path lowers it; the interpreter runs it after the tk passes)."""
-    from .frontend import Param, build_kernel     # first: it imports MLIR without numpy
+    from .frontend import FuncArg, build_kernel     # first: it imports MLIR without numpy
     from .params import expand_peers
     from mlir import ir
     from .dialects import contracts, tk as tk_dialect, types as T
@@ -443,14 +443,14 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
         for name, a in zip(spec.arg_names, spec.args):
             if a[0] == "pgl":         # the copies and the rank (params.expand_peers)
                 gl = T.GL(a[1], tuple(a[2])).to_mlir()
-                params += [Param(n, kind, gl if kind == "gl" else ir.IntegerType.get_signless(32),
+                params += [FuncArg(n, kind, gl if kind == "gl" else ir.IntegerType.get_signless(32),
                                  peer_of=name) for n, kind in expand_peers(name, a[3])]
             elif a[0] == "gl":
-                params.append(Param(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
+                params.append(FuncArg(name, "gl", T.GL(a[1], tuple(a[2])).to_mlir()))
             elif a[0] == "i32":
-                params.append(Param(name, "i32", ir.IntegerType.get_signless(32)))
+                params.append(FuncArg(name, "i32", ir.IntegerType.get_signless(32)))
             else:
-                params.append(Param(name, "f32", ir.F32Type.get()))
+                params.append(FuncArg(name, "f32", ir.F32Type.get()))
         module = build_kernel(fn_node, spec.filename, globals_, spec.name, params,
                               dict(spec.constexprs), spec.num_warps)
         if not spec.fp_contract:

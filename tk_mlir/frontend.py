@@ -30,7 +30,7 @@ from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_
 
 
 @dataclass(frozen=True)
-class Param:
+class FuncArg:
     """A kernel argument as the compiled function sees it."""
     name: str
     kind: str             # "gl", "i32", "f32"
@@ -781,7 +781,7 @@ def _is_method_of_value(callee) -> bool:
 
 
 def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: str,
-                 params: list[Param], constexprs: dict[str, Any], num_warps: int) -> ir.Module:
+                 params: list[FuncArg], constexprs: dict[str, Any], num_warps: int) -> ir.Module:
     """Emit the module holding `func.func @name` for one specialization."""
     module = ir.Module.create(ir.Location.file(filename, fn_node.lineno, fn_node.col_offset + 1))
     token_b = language._building.set(True)

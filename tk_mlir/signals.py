@@ -19,7 +19,7 @@ with an error) instead of hanging the GPU.
 tk-verify checks the order: a signal after TMA writes needs
 `tk.tma.store_wait(0, read=False)` and then a fence of the signal's scope
 with async_proxy=True (the writes went through the async proxy, the signal
-does not) between them (passes/signals.py).
+does not) between them (passes/signal_order.py).
 """
 from __future__ import annotations
 

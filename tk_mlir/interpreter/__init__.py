@@ -7,7 +7,7 @@
 It runs the kernel's tk IR after the tk passes (the GPU path's frontend,
 inlining, unrolling, constant folding, layouts, verification and shared
 memory placement), compiled once per specialization into a closure per op
-(program.py; one interpret rule per op name: ops.py, hopper.py, scalars.py),
+(program.py; one interpret rule per op name: rules.py, hopper.py, scalars.py),
 with one coroutine per warp over 32-lane numpy scalars (machine.py). Tile
 ops work on whole tiles (numpy arrays) and rendezvous their scope's warps.
 Blocks run one after another (one waiting for another's flag steps aside:
@@ -23,7 +23,7 @@ tk.store_partial (a tile's parts counted as on the GPU; its counters'
 size, zero start and part count checked), the value ops (maps, reductions,
 broadcasts, slices, masks, cvt), the block barrier, scf.for / scf.if (lanes
 under an active mask when the condition differs between them), the arith
-ops the frontend emits; and the Hopper machinery (hopper.py, sync.py,
+ops the frontend emits; and the Hopper machinery (hopper.py, semaphores.py,
 shared.py):
 - shared tiles and vectors (one array per allocation, NaN until written),
   tk.index / subtile / column_block views, loads and stores between shared
@@ -120,7 +120,7 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
     import itertools
 
     import numpy as np
-    from . import machine, ops
+    from . import machine, rules
     if not isinstance(ranks, (list, tuple)) or not ranks or \
             not all(isinstance(r, (list, tuple)) for r in ranks):
         raise ArgumentError("interpret_ranks takes a list of each rank's positional "
@@ -135,7 +135,7 @@ def launch_ranks(kernel, grid, ranks: list, kwargs: dict) -> None:
         machine.run_blocks(r for group in itertools.zip_longest(*runners) for r in group
                            if r is not None)
     for _, _, runtime in launches:
-        ops.leftover_parts(runtime)
+        rules.leftover_parts(runtime)
 
 
 def _check_group(kernel, values: list) -> None:

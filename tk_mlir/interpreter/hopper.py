@@ -24,8 +24,8 @@ import numpy as np
 
 from ..dialects import types as T
 from .machine import YIELD, Blocked, error, warp_scalar, where
-from .ops import interprets
-from .sync import NamedBarrier
+from .rules import interprets
+from .semaphores import NamedBarrier
 
 
 def _check(loc, problem):

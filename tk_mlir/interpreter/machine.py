@@ -101,7 +101,7 @@ class Block:
 
     def semaphore(self, ref, loc):
         """The state of semaphore ref (created at its first use, as initialised)."""
-        from .sync import Semaphore
+        from .semaphores import Semaphore
         key = (ref.alloc.key, ref.index)
         s = self.sems.get(key)
         if s is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import tk, types as T
-from . import hopper, machine, ops, scalars  # noqa: F401  (they register their ops)
+from . import hopper, machine, rules, scalars  # noqa: F401  (they register their ops)
 from .machine import Arrival, error, uniform, where
 from .shared import Allocation, whole
 
@@ -222,7 +222,7 @@ class Program:
         d = tk.op_def(op)
         if d is not None and d.allocates:
             return self.compile_alloc(op, d)
-        factory = ops.INTERPRETERS.get(op.name)
+        factory = rules.INTERPRETERS.get(op.name)
         fn = factory(op.opview, self.num_warps) if factory is not None else None
         if fn is None:
             raise error(op.location, f"the interpreter does not model {op.name} (with these "
@@ -232,7 +232,7 @@ class Program:
         ins = [self.slot(v) for v in op.operands]
         outs = [self.slot(v) for v in op.results]
         scope = _scope(op, self.num_warps)
-        if op.name in ops.SYNC:
+        if op.name in rules.SYNC:
             return SyncStep(ins, outs, fn)
         if scope is None:
             return PlainStep(ins, outs, fn)
@@ -321,7 +321,7 @@ class Program:
         of warps, TMA delays and elected lanes."""
         with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
             machine.run_blocks(self.block_runners(grid, args, seed))
-        ops.leftover_parts(args)
+        rules.leftover_parts(args)
 
     def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0,
                       rank: int | None = None):

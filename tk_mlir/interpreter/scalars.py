@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import tk
-from .ops import interprets
+from .rules import interprets
 
 # MLIR scalar type -> the numpy type that holds its values.
 SCALAR_TYPES = {"i1": np.bool_, "i32": np.int32, "i64": np.int64, "index": np.int64,

@@ -20,7 +20,7 @@ at the kernel's first compile, not at all when the disk cache has it).
 
 The kernels are also torch custom ops, torch.ops.tk_mlir.* (see `ops.py`),
 which the functions call: registered at the first call, or when a name is
-resolved with torch already loaded, or by `import tk_mlir.kernels.ops`.
+resolved with torch already loaded, or by `import tk_mlir.kernels.custom_ops`.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     if "torch" in sys.modules:      # registering costs no torch import now
-        importlib.import_module(".ops", __name__)
+        importlib.import_module(".custom_ops", __name__)
     globals()[name] = value         # resolved once: later lookups skip this hook
     return value
 

@@ -238,7 +238,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
     (natural log; -inf for rows that see no key).
 
-    Runs as the custom op torch.ops.tk_mlir.attention (tk_mlir/kernels/ops.py):
+    Runs as the custom op torch.ops.tk_mlir.attention (tk_mlir/kernels/custom_ops.py):
     torch.compile traces it as one node, and o is differentiable in q, k and
     v (the backward is `attention_backward`). lse carries no gradient: a
     loss that reaches it raises a RuntimeError at backward (detach lse)."""
@@ -251,7 +251,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
-    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
 

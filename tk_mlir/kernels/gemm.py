@@ -211,7 +211,7 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     configuration per shape, dtype and layout on first use).
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.matmul
-    (tk_mlir/kernels/ops.py), traced as one node, its result copied into c;
+    (tk_mlir/kernels/custom_ops.py), traced as one node, its result copied into c;
     eager calls launch directly (the op's dispatch would add host time to
     every call)."""
     import torch
@@ -221,7 +221,7 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
             c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
         launch(a, b, c, b_layout)
         return c
-    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     out = torch.ops.tk_mlir.matmul(a, b, b_layout, None if c is None else c.dtype)
     return out if c is None else c.copy_(out)
 

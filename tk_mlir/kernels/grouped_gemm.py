@@ -48,7 +48,7 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
     torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""
     import torch
     if torch.compiler.is_compiling():
-        from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
         out = torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout,
                                                None if c is None else c.dtype)
         return out if c is None else c.copy_(out)

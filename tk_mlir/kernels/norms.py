@@ -71,7 +71,7 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
         out = x.new_empty(x.shape) if out is None else out
         launch_rms_norm(x, weight, eps, out)
         return out
-    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
     return y if out is None else out.copy_(y)
 
@@ -90,7 +90,7 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
         out = x.new_empty(x.shape) if out is None else out
         launch_layer_norm(x, weight, bias, eps, out)
         return out
-    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
     return y if out is None else out.copy_(y)
 

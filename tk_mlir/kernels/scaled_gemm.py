@@ -94,13 +94,13 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     tensor. The autotuned kernel picks its configuration per shape on first use.
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
-    (tk_mlir/kernels/ops.py); eager calls launch directly."""
+    (tk_mlir/kernels/custom_ops.py); eager calls launch directly."""
     import torch
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     check(a, b, scale_a, scale_b, out_dtype)
     if not torch.compiler.is_compiling():
         return launch(a, b, scale_a, scale_b, out_dtype)
-    from tk_mlir.kernels import ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     return torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype)
 
 

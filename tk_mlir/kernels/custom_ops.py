@@ -25,7 +25,7 @@ tensors while Dynamo traced them.
 
 Importing this module imports torch and registers the ops; the wrappers
 import it on their first call, and resolving a public name registers them
-when torch is already loaded. `import tk_mlir.kernels.ops` registers them
+when torch is already loaded. `import tk_mlir.kernels.custom_ops` registers them
 explicitly.
 """
 from __future__ import annotations
