@@ -1,5 +1,5 @@
 """compiled.summary(): the facts a kernel author checks first, agreeing with
-compiled.info (ptxas) and the SASS; occupancy from the H200's limits here
+compiled.info (ptxas) and the SASS; occupancy from the target's limits here
 (no GPU: the driver's number is a GPU test's)."""
 import re
 import sys
@@ -9,6 +9,7 @@ import pytest
 
 import tk_mlir as tk
 from tk_mlir import summary as S
+from tk_mlir.target import TARGET
 from tk_mlir.runtime.toolchain import find_tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -72,7 +73,7 @@ def test_summary_occupancy_without_a_gpu(gemm):
         pytest.skip("a GPU is here: occupancy comes from the driver")
     facts = gemm.summary()
     assert facts["blocks per SM"] == 1 and facts["limited by"] == "registers, shared memory"
-    assert "H200 limits" in facts["occupancy from"]
+    assert f"{TARGET.arch} limits" in facts["occupancy from"]
 
 
 def test_a_gpu_that_cannot_run_the_kernel_leaves_the_limits(gemm, monkeypatch):
@@ -84,7 +85,8 @@ def test_a_gpu_that_cannot_run_the_kernel_leaves_the_limits(gemm, monkeypatch):
     monkeypatch.setattr(gemm, "function", refuse)
     facts = gemm.summary()
     assert facts["blocks per SM"] == 1
-    assert facts["occupancy from"] == "H200 limits (cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0))"
+    assert facts["occupancy from"] == \
+        f"{TARGET.arch} limits (cannot run gemm_kernel on cuda:0 (NVIDIA A100, 8.0))"
 
 
 def test_ptxas_warnings_are_listed():

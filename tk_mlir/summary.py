@@ -6,23 +6,15 @@ them, a static instruction mix from the SASS, and ptxas's performance
 warnings (the C75xx lines: an ignored setmaxnreg, serialized wgmma, ...).
 
 Blocks per SM come from the driver when a GPU is here
-(cuOccupancyMaxActiveBlocksPerMultiprocessor), else from the H200's limits,
-computed as the CUDA occupancy calculator does.
+(cuOccupancyMaxActiveBlocksPerMultiprocessor), else from the target's per-SM
+limits (target.py), computed as the CUDA occupancy calculator does.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
 
-# Per-SM limits of the H200 (sm_90), and how the hardware allocates them.
-SM_REGISTERS = 65536
-REGISTER_UNIT = 256            # registers are allocated per warp in units of 256
-SM_SHARED_BYTES = 228 * 1024
-BLOCK_SHARED_BYTES = 227 * 1024    # the most one block may ask for
-SHARED_RESERVED_BYTES = 1024       # per block, for the system (sm_80 and later)
-SHARED_UNIT = 128
-SM_THREADS = 2048
-SM_BLOCKS = 32
+from .target import TARGET
 
 # The instructions a Hopper kernel author looks for, in the order shown:
 # tensor cores, TMA, mbarriers, math, sync, shuffles, memory, local memory.
@@ -78,18 +70,20 @@ def _round_up(n: int, unit: int) -> int:
 
 def blocks_per_sm_from_limits(registers: int, threads: int, shared_bytes: int
                               ) -> tuple[int, list[str]]:
-    """(blocks per SM, what limits them) on an H200, as the occupancy
-    calculator counts: registers per warp in units of 256, shared memory in
-    units of 128 plus 1 KiB per block for the system, threads, blocks."""
+    """(blocks per SM, what limits them) on the target, as the occupancy
+    calculator counts: registers per warp and shared memory per block in the
+    target's allocation units (shared memory plus the system's reserve),
+    threads, blocks."""
+    t = TARGET
     warps = -(-threads // 32)
-    per_warp = _round_up(max(registers, 1) * 32, REGISTER_UNIT)
-    shared = _round_up(shared_bytes + SHARED_RESERVED_BYTES, SHARED_UNIT)
+    per_warp = _round_up(max(registers, 1) * 32, t.register_alloc_unit)
+    shared = _round_up(shared_bytes + t.shared_reserved_bytes, t.shared_alloc_unit)
     limits = {
-        "registers": SM_REGISTERS // (per_warp * warps),
-        "shared memory": (SM_SHARED_BYTES // shared
-                          if shared_bytes <= BLOCK_SHARED_BYTES else 0),
-        "threads": SM_THREADS // (32 * warps),
-        "blocks": SM_BLOCKS,
+        "registers": t.registers_per_sm // (per_warp * warps),
+        "shared memory": (t.shared_bytes_per_sm // shared
+                          if shared_bytes <= t.max_shared_bytes else 0),
+        "threads": t.max_threads_per_sm // (32 * warps),
+        "blocks": t.max_blocks_per_sm,
     }
     blocks = min(limits.values())
     return blocks, [name for name, n in limits.items() if n == blocks]
@@ -139,7 +133,7 @@ def _occupancy(compiled, registers: int, shared_bytes: int) -> dict:
             why_not = str(e)
     blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes)
     return {"blocks per SM": blocks, "limited by": ", ".join(limited_by),
-            "occupancy from": f"H200 limits ({why_not})"}
+            "occupancy from": f"{TARGET.arch} limits ({why_not})"}
 
 
 def summary_text(facts: dict) -> str:
