@@ -35,20 +35,34 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
     @ b[g] ("kn": G x K x N).
 
     a: (G, M, K), each product's rows padded to M; b: bf16/f16 like a;
-    sizes: (G,) integer CUDA tensor on a's device, read on the GPU (no host
-    sync; the launch captures in a CUDA graph), clamped to [0, M]. c: (G, M,
-    N) of a 16-bit dtype or torch.float32, written in place; by default a new
-    tensor of a's dtype. Only the 128-row tiles that hold rows below
-    sizes[g] are computed: rows from sizes[g] to the end of that tile hold
-    the products of a's padding rows, later rows are not written. Returns c.
-    One persistent kernel (grouped_gemm_kernel) walks every product's tiles,
-    finding a task's product by binary search over their first tasks.
+    c: (G, M, N) of a 16-bit dtype or torch.float32, written in place; by
+    default a new tensor of a's dtype.
+
+    sizes: G row counts, each in [0, M]. Where they live decides how they are
+    checked:
+    - on the host (a list or tuple of ints, or an int32/int64 CPU tensor):
+      each is checked, a size outside [0, M] is a ValueError naming sizes[g]
+      and its value, then they are copied to a's device (a host-to-device
+      copy: not inside a CUDA graph capture);
+    - on a's device (an int32/int64 CUDA tensor, e.g. an MoE router's
+      counts): read by the GPU only, never checked, clamped to [0, M]. A
+      check would copy them to the host and wait for the GPU on every call,
+      and could not run inside a CUDA graph capture, which is what device
+      sizes are for.
+
+    Only the 128-row tiles that hold rows below sizes[g] are computed: rows
+    from sizes[g] to the end of that tile hold the products of a's padding
+    rows, later rows are not written. Returns c. One persistent kernel
+    (grouped_gemm_kernel) walks every product's tiles, finding a task's
+    product by binary search over their first tasks.
 
     Under torch.compile it runs as the custom op
     torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""
     import torch
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+        if isinstance(sizes, (list, tuple)):     # the op takes a tensor; its real run checks it
+            sizes = torch.tensor(sizes, dtype=torch.int64)
         out = torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout,
                                                None if c is None else c.dtype)
         return out if c is None else c.copy_(out)
@@ -56,13 +70,11 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
         if a.dim() != 3:
             raise ValueError(f"grouped_matmul: a must be 3-D (G x M x K), got shape "
                              f"{tuple(a.shape)}")
-        G = a.shape[0]
-        if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
-                sizes.dtype not in (torch.int32, torch.int64) or sizes.device != a.device:
-            raise ValueError(f"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of "
-                             f"G={G} row counts on {a.device}, got {checks.describe(sizes)}")
+        sizes = check_sizes(sizes, a)
     gemm.check(a, b, c, b_layout, "grouped_matmul")
     G, M, K = a.shape
+    if sizes.device != a.device:
+        sizes = sizes.to(a.device)
     if c is None:
         c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
     N = c.shape[-1]
@@ -77,6 +89,36 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
                                                     LOG_G=(G - 1).bit_length(),
                                                     B_KN=b_layout == "kn", BN=bn)
     return c
+
+
+def check_sizes(sizes, a):
+    """grouped_matmul's `sizes` for a 3-D tensor a, as a tensor: G int32/int64
+    row counts on the CPU or a's device; those on the CPU (or given as a list
+    or tuple) each in [0, M]. Those on a CUDA device are not read here (that
+    would wait for the GPU)."""
+    import torch
+    G, M = a.shape[0], a.shape[1]
+    if isinstance(sizes, (list, tuple)):
+        for g, n in enumerate(sizes):
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise TypeError(f"grouped_matmul: sizes[{g}] must be an int (a row count), "
+                                f"got {type(n).__name__} {n!r}")
+        sizes = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes))
+    on = str(a.device) if a.device.type == "cpu" else f"the CPU or {a.device}"
+    if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
+            sizes.dtype not in (torch.int32, torch.int64) or \
+            sizes.device not in (a.device, torch.device("cpu")):
+        raise ValueError(f"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of "
+                         f"G={G} row counts on {on}, got {checks.describe(sizes)}")
+    if sizes.device.type == "cpu":
+        bad = ((sizes < 0) | (sizes > M)).nonzero()
+        if len(bad):
+            g = int(bad[0, 0])
+            n = int(sizes[g])
+            raise ValueError(f"grouped_matmul: sizes[{g}] is {n}, outside [0, M] = [0, {M}]: "
+                             f"each product has at most M rows (a is G x M x K = "
+                             f"{tuple(a.shape)})")
+    return sizes
 
 
 def grouped_schedule(sizes, M: int, tiles_n: int):

@@ -1,0 +1,91 @@
+"""grouped_matmul's `sizes` (defect 8): host sizes (a list, a tuple, a CPU
+tensor) are checked, each in [0, M], before anything reaches the GPU; a size
+past M is a ValueError naming sizes[g], its value and the rule, never a
+silent clamp. Device sizes are not read on the host (that would wait for the
+GPU) and are clamped by the kernel: tests/test_gemm_gpu.py's "clamped" case."""
+import pytest
+
+torch = pytest.importorskip("torch")
+from tk_mlir.kernels import grouped_matmul  # noqa: E402
+from tk_mlir.kernels.grouped_gemm import check_sizes  # noqa: E402
+
+
+def cpu(*shape):
+    return torch.zeros(*shape, dtype=torch.bfloat16)
+
+
+A, B = cpu(3, 8, 16), cpu(3, 4, 16)        # G = 3 products of at most M = 8 rows
+
+
+@pytest.mark.parametrize("sizes", [
+    [2, 9, 1], (2, 9, 1), torch.tensor([2, 9, 1]), torch.tensor([2, 9, 1], dtype=torch.int32)],
+    ids=["list", "tuple", "int64", "int32"])
+def test_a_size_past_m_is_refused(sizes):
+    with pytest.raises(ValueError, match=r"^grouped_matmul: sizes\[1\] is 9, outside \[0, M\] = "
+                                         r"\[0, 8\]: each product has at most M rows "
+                                         r"\(a is G x M x K = \(3, 8, 16\)\)$"):
+        grouped_matmul(A, B, sizes)
+
+
+def test_a_negative_size_is_refused():
+    with pytest.raises(ValueError, match=r"sizes\[2\] is -1, outside \[0, M\] = \[0, 8\]"):
+        grouped_matmul(A, B, [0, 8, -1])
+
+
+def test_the_first_bad_size_is_named():
+    with pytest.raises(ValueError, match=r"sizes\[0\] is 100,"):
+        grouped_matmul(A, B, torch.tensor([100, -5, 9]))
+
+
+def test_a_size_not_an_int_is_refused():
+    with pytest.raises(TypeError, match=r"grouped_matmul: sizes\[1\] must be an int "
+                                        r"\(a row count\), got float 2.5"):
+        grouped_matmul(A, B, [1, 2.5, 3])
+
+
+def test_sizes_of_another_length_are_refused():
+    with pytest.raises(ValueError, match=r"sizes must be a 1-D int32 or int64 tensor of G=3 "
+                                         r"row counts on cpu, got shape \(2,\) torch.int64"):
+        grouped_matmul(A, B, [1, 2])
+
+
+def test_good_host_sizes_pass_on_to_the_device_rule():
+    # Every other rule holds: the CPU tensor a is refused last, for its device.
+    for sizes in ([0, 8, 3], torch.tensor([8, 8, 8], dtype=torch.int32)):
+        with pytest.raises(ValueError, match=r"grouped_matmul: a must be on a CUDA device"):
+            grouped_matmul(A, B, sizes)
+
+
+def test_host_sizes_become_a_tensor():
+    s = check_sizes((1, 2, 3), A)
+    assert s.dtype == torch.int64 and s.tolist() == [1, 2, 3]
+
+
+class _CudaLike:
+    """A 3-D tensor's metadata on cuda:0, for the message's wording."""
+    shape, device = (3, 8, 16), torch.device("cuda", 0)
+
+
+def test_sizes_on_a_third_device_are_refused_naming_both_places():
+    meta = torch.empty(3, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match=r"row counts on the CPU or cuda:0, got shape \(3,\) "
+                                         r"torch.int64 on meta"):
+        check_sizes(meta, _CudaLike())
+
+
+@pytest.mark.gpu
+def test_host_sizes_on_the_gpu():
+    """Checked host sizes are copied to a's device and used there."""
+    G, M, N, K = 3, 256, 128, 64
+    a = torch.empty(G, M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(G, N, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    sizes = [256, 0, 130]
+    for given in (sizes, torch.tensor(sizes)):
+        c = grouped_matmul(a, b, given)
+        ref = a.double() @ b.double().transpose(1, 2)
+        for g, n in enumerate(sizes):
+            if n:
+                err = ((c[g, :n].double() - ref[g, :n]).norm() / ref[g, :n].norm()).item()
+                assert err < 5e-3, (g, err)
+    with pytest.raises(ValueError, match=r"sizes\[0\] is 257"):
+        grouped_matmul(a, b, [257, 0, 0])
