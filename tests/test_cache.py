@@ -236,26 +236,111 @@ def test_unwritable_dir_warns_once_and_does_not_raise(tmp_path, monkeypatch):
 
 # --- corruption ------------------------------------------------------------------
 
+def rewrite_manifest(d, **changes):
+    """Make the manifest describe the files as they now are (a damaged entry
+    that a manifest check alone would pass), then apply `changes`."""
+    import hashlib
+    import json
+    manifest = json.loads((d / ".manifest.json").read_text())
+    for name, info in manifest["files"].items():
+        data = (d / name).read_bytes()
+        info.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    manifest.update(changes)
+    (d / ".manifest.json").write_text(json.dumps(manifest))
+
+
+def replace_with_symlink(path):
+    copy = path.with_name("elsewhere")
+    copy.write_bytes(path.read_bytes())      # the same bytes: only the symlink is wrong
+    path.unlink()
+    path.symlink_to(copy)
+
+
+def replace_with_fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def replace_with_dir(path):
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_text("")
+
+
 @pytest.mark.parametrize("damage", [
     lambda d: (d / "cubin").unlink(),
     lambda d: (d / "ptx").write_text(".version 8"),         # truncated
     lambda d: (d / "cubin").write_bytes(b"\x7fELF\x00\x01binarY"),  # same size, flipped
     lambda d: (d / ".manifest.json").unlink(),
     lambda d: (d / ".manifest.json").write_text("{not json"),
-    lambda d: (d / ".manifest.json").write_text('{"format": 1, "files": {"ptx": {}}}'),
-])
-def test_corrupted_entry_is_a_miss_and_removed(cache_env, damage):
+    lambda d: (d / ".manifest.json").write_text('{"format": 2, "files": {"ptx": {}}}'),
+    lambda d: rewrite_manifest(d, key="0" * 64),                    # another key's entry
+    lambda d: rewrite_manifest(d, format=1),
+    lambda d: rewrite_manifest(d, files={"ptx": {"kind": "str", "size": "27", "sha256": ""}}),
+    lambda d: ((d / "ptx").write_bytes(b"\xff\xfe"), rewrite_manifest(d)),  # str, not UTF-8
+    lambda d: replace_with_symlink(d / "cubin"),
+    lambda d: replace_with_fifo(d / "ptx"),
+    lambda d: replace_with_fifo(d / ".manifest.json"),
+    lambda d: replace_with_dir(d / "meta.json"),
+    lambda d: replace_with_dir(d / ".manifest.json"),
+], ids=["file-deleted", "truncated", "flipped", "no-manifest", "manifest-not-json",
+        "manifest-no-key", "other-key", "old-format", "manifest-wrong-types", "not-utf8",
+        "symlink", "fifo", "fifo-manifest", "dir-for-file", "dir-for-manifest"])
+def test_damaged_entry_is_a_miss_removed_with_one_warning(cache_env, damage):
     c, key = DiskCache(), make_key(x=1)
     c.put(key, ENTRY)
     entry_dir = cache_env / key[:2] / key
     damage(entry_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert c.get(key) is None
+    with pytest.warns(RuntimeWarning, match="dropped a damaged compilation cache entry") as got:
+        assert within(10, c.get, key) is None
+    assert len(got) == 1
     assert not entry_dir.exists()
     assert leftovers(cache_env) == []
     c.put(key, ENTRY)  # and the next compile can publish a good one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert c.get(key) == ENTRY
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: p.write_text("a file"), lambda p: os.mkfifo(p),
+    lambda p: p.symlink_to(p.parent),
+], ids=["file", "fifo", "symlink-to-dir"])
+def test_something_else_where_an_entry_belongs_is_dropped(cache_env, make):
+    c, key = DiskCache(), make_key(x=1)
+    final = cache_env / key[:2] / key
+    final.parent.mkdir(parents=True)
+    make(final)
+    with pytest.warns(RuntimeWarning, match="not a directory"):
+        assert c.get(key) is None
+    assert not os.path.lexists(final)
+    c.put(key, ENTRY)
     assert c.get(key) == ENTRY
+
+
+def test_discard_drops_an_entry_its_reader_cannot_use(cache_env):
+    c, key = DiskCache(), make_key(x=1)
+    c.put(key, ENTRY)
+    with pytest.warns(RuntimeWarning, match=r"\(meta\.json is empty\)"):
+        c.discard(key, "meta.json is empty")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert c.get(key) is None
+
+
+def within(seconds, fn, *args):
+    """fn(*args), failing the test (not hanging it) if it blocks."""
+    import signal
+
+    def blocked(*_):
+        raise AssertionError(f"{fn.__name__} blocked for {seconds} s")
+    old = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # --- concurrency -------------------------------------------------------------------

@@ -2,11 +2,14 @@
 entries published atomically so that concurrent processes never see a torn one.
 
 Layout: ``<cache_dir>/<key[:2]>/<key>/`` holds one file per entry name plus a
-manifest (``.manifest.json``) that records each file's kind, size and sha256.
+manifest (``.manifest.json``) that records the entry's key and each file's
+kind, size and sha256.
 An entry directory only ever appears by ``os.rename`` of a complete temp
 directory, so a reader sees all of it or none of it; the manifest catches the
 damage a rename cannot prevent (a file deleted or truncated by hand, a disk
-error), and a damaged entry is a miss.
+error, another entry copied in its place), and a damaged entry is a miss.
+Only regular files are read, so nothing put in an entry's place can block a
+compile.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import types
@@ -30,7 +34,7 @@ from tk_mlir.runtime.toolchain import find_tool
 
 # Bump when the entry layout or key payload changes meaning, so old entries
 # are never read with new assumptions.
-_FORMAT = 1
+_FORMAT = 2
 _MANIFEST = ".manifest.json"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
@@ -176,12 +180,14 @@ def _hash_sources(roots: list[tuple[str, pathlib.Path]]) -> str:
 # Entries
 # --------------------------------------------------------------------------
 
-class _Corrupt(ValueError):
-    """An entry directory exists but does not match its manifest."""
+class DamagedEntry(ValueError):
+    """An entry that exists but cannot be used: files that do not match its
+    manifest or are not regular files, another key's manifest, or content its
+    reader cannot decode (CompiledKernel.from_entry). A damaged entry is a miss."""
 
 
-# Cache directories already warned about: one warning per directory and
-# process, not one per kernel compiled.
+# Cache directories and damaged entries already warned about: one warning per
+# directory or entry and process, not one per kernel compiled.
 _warned: set[str] = set()
 
 
@@ -202,7 +208,8 @@ class DiskCache:
 
     ``root`` defaults to :func:`cache_dir`, looked up on every call so that a
     changed ``TK_MLIR_CACHE_DIR`` takes effect. Failures to write warn once and
-    are otherwise ignored: a cache must never fail a compilation."""
+    are otherwise ignored: a cache must never fail a compilation. Reading
+    either gives the entry that was put under the key or a miss."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self._root = pathlib.Path(root) if root is not None else None
@@ -218,22 +225,34 @@ class DiskCache:
         return self.root / key[:2] / key
 
     def get(self, key: str) -> dict | None:
-        """The entry stored under ``key``, or None on a miss, a damaged entry
-        (which is removed) or with TK_MLIR_ALWAYS_COMPILE=1."""
+        """The entry stored under ``key``, or None: a miss, TK_MLIR_ALWAYS_COMPILE=1,
+        an unreadable cache (warned once), or a damaged entry (dropped, with one
+        warning, so that the next put publishes a good one)."""
         final = self.path(key)
-        if always_compile() or not final.is_dir():
+        if always_compile():
             return None
         try:
-            return _read_entry(final)
+            return _read_entry(final, key)
         except PermissionError as err:
             _warn_once(self.root, "read", err)
-            return None
-        except (OSError, ValueError, KeyError, TypeError):
-            # Anything else wrong with it (manifest, sizes, hashes, a file
-            # gone) makes the entry useless; drop it so the next put can
-            # publish a good one.
-            _remove(final)
-            return None
+        except (DamagedEntry, OSError) as err:
+            # (Gone since: another process evicted or dropped it; a plain miss.)
+            if os.path.lexists(final):
+                self._drop(final, err)
+        return None
+
+    def discard(self, key: str, why: BaseException | str) -> None:
+        """Drop the entry under ``key``, which its reader found unusable (``why``),
+        with one warning: a miss from now on, until a put publishes a good one."""
+        self._drop(self.path(key), why)
+
+    def _drop(self, final: pathlib.Path, why) -> None:
+        _remove(final)
+        if str(final) in _warned:
+            return
+        _warned.add(str(final))
+        warnings.warn(f"tk_mlir: dropped a damaged compilation cache entry {final} ({why}); "
+                      f"treated as a miss", RuntimeWarning, stacklevel=3)
 
     def put(self, key: str, entry: dict) -> None:
         """Publish ``entry`` under ``key`` atomically. If another process has
@@ -241,13 +260,13 @@ class DiskCache:
         keys mean equal code."""
         final = self.path(key)
         files = _encode_entry(entry)
-        if final.is_dir():
+        if os.path.lexists(final):
             return
         tmp = None
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             tmp = pathlib.Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=final.parent))
-            _write_entry(tmp, files)
+            _write_entry(tmp, key, files)
             # mkdtemp makes 0700 dirs; give the entry the shard's permissions so a
             # cache directory shared on purpose stays readable by its group.
             os.chmod(tmp, final.parent.stat().st_mode & 0o777)
@@ -279,8 +298,10 @@ def _encode_entry(entry: dict) -> dict[str, tuple[str, bytes]]:
     return files
 
 
-def _write_entry(tmp: pathlib.Path, files: dict[str, tuple[str, bytes]]) -> None:
-    manifest = {"format": _FORMAT, "files": {}}
+def _write_entry(tmp: pathlib.Path, key: str, files: dict[str, tuple[str, bytes]]) -> None:
+    # The manifest names the key: an entry copied or renamed under another key
+    # is refused there.
+    manifest = {"format": _FORMAT, "key": key, "files": {}}
     for name, (kind, data) in files.items():
         _write_synced(tmp / name, data)
         manifest["files"][name] = {
@@ -301,7 +322,7 @@ def _write_synced(path: pathlib.Path, data: bytes) -> None:
 
 def _publish(tmp: pathlib.Path, final: pathlib.Path) -> bool:
     """Rename ``tmp`` to ``final``; False when another writer got there first."""
-    if final.exists():
+    if os.path.lexists(final):
         return False
     try:
         os.rename(tmp, final)
@@ -314,33 +335,100 @@ def _publish(tmp: pathlib.Path, final: pathlib.Path) -> bool:
     return True
 
 
-def _read_entry(final: pathlib.Path) -> dict:
+def _read_entry(final: pathlib.Path, key: str) -> dict | None:
+    """The entry in ``final``, None when there is none, DamagedEntry when what
+    is there is not exactly what a put of ``key`` wrote."""
     try:
-        manifest = json.loads((final / _MANIFEST).read_bytes())
-        described = manifest["files"]
-        if manifest["format"] != _FORMAT or not isinstance(described, dict):
-            raise _Corrupt("unknown manifest format")
+        mode = os.lstat(final).st_mode
     except FileNotFoundError:
-        raise _Corrupt("no manifest") from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise _Corrupt(f"bad manifest: {err}") from None
+        return None
+    if not stat.S_ISDIR(mode):
+        raise DamagedEntry("not a directory")
+    described = _manifest_files(_read_regular(final / _MANIFEST, _MANIFEST_LIMIT), key)
     entry = {}
     for name, info in described.items():
-        if not _NAME_RE.fullmatch(name):
-            raise _Corrupt(f"bad entry name {name!r}")
-        try:
-            data = (final / name).read_bytes()
-        except FileNotFoundError:
-            raise _Corrupt(f"{name} is missing") from None
+        data = _read_regular(final / name, info["size"] + 1)
         if len(data) != info["size"] or hashlib.sha256(data).hexdigest() != info["sha256"]:
-            raise _Corrupt(f"{name} does not match the manifest")
-        entry[name] = data.decode() if info["kind"] == "str" else data
+            raise DamagedEntry(f"{name} does not match the manifest")
+        try:
+            entry[name] = data.decode() if info["kind"] == "str" else data
+        except UnicodeDecodeError:
+            raise DamagedEntry(f"{name} is not UTF-8 text") from None
     return entry
 
 
+_MANIFEST_LIMIT = 1 << 20     # bytes: a manifest lists a handful of files
+
+
+def _manifest_files(data: bytes, key: str) -> dict:
+    """The manifest's name -> {kind, size, sha256}, checked to be the one a put
+    of ``key`` writes."""
+    try:
+        manifest = json.loads(data)
+    except ValueError as err:        # (UnicodeDecodeError included)
+        raise DamagedEntry(f"the manifest is not JSON: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise DamagedEntry("the manifest is not of this format")
+    if manifest.get("key") != key:
+        raise DamagedEntry(f"the entry of another key ({manifest.get('key')!r})")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise DamagedEntry("the manifest lists no files")
+    for name, info in files.items():
+        if not _described(name, info):
+            raise DamagedEntry(f"the manifest describes {name!r} wrongly")
+    return files
+
+
+def _described(name: str, info) -> bool:
+    return (bool(_NAME_RE.fullmatch(name)) and isinstance(info, dict)
+            and info.get("kind") in ("str", "bytes")
+            and type(info.get("size")) is int and info["size"] >= 0
+            and isinstance(info.get("sha256"), str))
+
+
+# No symlinks followed; a FIFO or device swapped in after the lstat does not
+# block the open (and fstat refuses it).
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def _read_regular(path: pathlib.Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``, which must be a regular file: a
+    FIFO, device, symlink or directory in its place is damage, checked before
+    opening it, so that reading never blocks or leaves the entry."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise DamagedEntry(f"{path.name} is missing") from None
+    if not stat.S_ISREG(mode):
+        raise DamagedEntry(f"{path.name} is not a regular file")
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DamagedEntry(f"{path.name} is not a regular file")
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _remove(final: pathlib.Path) -> None:
-    """Best-effort removal of a damaged entry. Renaming it away first makes the
-    removal atomic for readers: they see the old directory or nothing."""
+    """Best-effort removal of an entry, or of whatever is in its place.
+    Renaming a directory away first makes the removal atomic for readers: they
+    see the old directory or nothing."""
+    try:
+        if not stat.S_ISDIR(os.lstat(final).st_mode):
+            os.unlink(final)         # a file, FIFO or symlink where the entry belongs
+            return
+    except OSError:
+        return
     trash = final.parent / f"{_TRASH_PREFIX}{final.name}-{uuid.uuid4().hex}"
     try:
         os.rename(final, trash)

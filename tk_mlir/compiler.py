@@ -12,7 +12,9 @@ Such a kernel is not put in the disk cache, whose entries are whole kernels.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -26,7 +28,7 @@ from pathlib import Path
 from . import cache
 from . import global_reads as _reads
 from .errors import CompilationError, InternalCompilerError
-from .params import AbiParam, launch_values_function
+from .params import PASSED_AS, AbiParam, launch_values_function, valid_num_warps
 from .stages import StageStore
 from .target import TARGET
 
@@ -56,6 +58,12 @@ class Specialization:
         """TK_MLIR_DUMP_DIR's folder for this specialization: the kernel's name
         and a short hash, so specializations do not overwrite each other."""
         return f"{self.name}-{self.cache_key()[:8]}"
+
+    def identity(self) -> dict:
+        """The kernel a disk cache entry for this specialization holds: its
+        name and source, checked when the entry is read."""
+        return {"name": self.name,
+                "source_sha256": hashlib.sha256(self.source.encode()).hexdigest()}
 
     def cache_key(self) -> str:
         return cache.make_key(kind="tk-kernel", name=self.name, source=self.source,
@@ -318,29 +326,84 @@ class CompiledKernel:
 
     def dump(self, directory: str | os.PathLike, folder_name: str | None = None,
              what: str = "the dump folder") -> Path:
+        """Every stage to `directory`/`folder_name` (default: the kernel's name),
+        one numbered file each; a CompilationError naming `what` (the setting
+        or option) when the folder cannot be written."""
         folder = writable_folder(Path(directory) / (folder_name or self.name), what)
         for i, (stage, text) in enumerate(self.asm.items()):
-            _write_stage(folder, i, stage, text)
+            _write_stage(folder, i, stage, text, what)
         return folder
 
     # ---- disk cache entries
 
-    def to_entry(self) -> dict:
+    def to_entry(self, kernel: dict | None = None) -> dict:
+        """The disk cache's form of this kernel: cubin, meta.json, stages.json.
+        `kernel` (Specialization.identity) names the kernel it holds, checked
+        again by from_entry."""
         cubin = self.require_cubin("a disk cache entry")   # (compile_cached stores no other)
         meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
                 "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
-                "tensor_maps": self.tensor_maps, "cluster": self.cluster}
+                "tensor_maps": self.tensor_maps, "cluster": self.cluster, "kernel": kernel}
         return {"cubin": cubin, "meta.json": json.dumps(meta),
                 "stages.json": json.dumps(self.stages.to_json())}
 
     @classmethod
-    def from_entry(cls, entry: dict) -> CompiledKernel:
-        meta = json.loads(entry["meta.json"])
-        stages = StageStore.from_json(json.loads(entry["stages.json"]))
-        return cls(meta["name"], entry["cubin"], [tuple(p) for p in meta["params"]],
-                   meta["num_warps"], meta["smem_bytes"], stages,
-                   meta["ptxas_log"], [tuple(t) for t in meta.get("tensor_maps", [])],
-                   meta.get("cluster", 1))
+    def from_entry(cls, entry: dict, kernel: dict | None = None) -> CompiledKernel:
+        """The kernel to_entry stored, or cache.DamagedEntry: a part missing,
+        malformed or of the wrong type, or (`kernel` given) an entry that holds
+        another kernel than `kernel`."""
+        try:
+            return cls(**_decode_entry(entry, kernel))
+        except cache.DamagedEntry:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise cache.DamagedEntry(f"cannot decode it: {type(e).__name__}: {e}") from None
+
+
+def _decode_entry(entry: dict, kernel: dict | None) -> dict:
+    """CompiledKernel's fields from a disk cache entry, each checked for the
+    type a launch relies on (a wrong one would fail far from here)."""
+    meta = json.loads(entry["meta.json"])
+    _require(isinstance(meta, dict), "meta.json is not an object")
+    if kernel is not None and meta.get("kernel") != kernel:
+        raise cache.DamagedEntry(f"it holds kernel {meta.get('kernel')!r}, not {kernel!r}")
+    cubin = entry["cubin"]
+    _require(isinstance(cubin, bytes) and bool(cubin), "the cubin is empty or not bytes")
+    for name, kind in (("name", str), ("num_warps", int), ("smem_bytes", int),
+                       ("ptxas_log", str), ("cluster", int), ("params", list),
+                       ("tensor_maps", list)):
+        _require(type(meta[name]) is kind, f"meta.json's {name} is not {kind.__name__}")
+    _require(valid_num_warps(meta["num_warps"]) and meta["smem_bytes"] >= 0
+             and meta["cluster"] >= 1, "meta.json's numbers are out of range")
+    params = [AbiParam(*p) for p in meta["params"]]
+    _require(all(type(p.arg) is int and p.kind in PASSED_AS and type(p.index) is int
+                 for p in params), "meta.json's params are malformed")
+    maps = [tuple(t) for t in meta["tensor_maps"]]
+    _require(all(len(t) == 5 and all(type(x) is int for x in t[:4]) and type(t[4]) is str
+                 for t in maps), "meta.json's tensor_maps are malformed")
+    return dict(name=meta["name"], _cubin=cubin, params=params, num_warps=meta["num_warps"],
+                smem_bytes=meta["smem_bytes"], stages=_decode_stages(entry["stages.json"]),
+                ptxas_log=meta["ptxas_log"], tensor_maps=maps, cluster=meta["cluster"])
+
+
+def _decode_stages(text: str) -> StageStore:
+    """stages.json as a StageStore: name -> text, or MLIR bytecode as strict
+    base64 (StageStore.to_json's form)."""
+    data = json.loads(text)
+    _require(isinstance(data, dict), "stages.json is not an object")
+    for name, value in data.items():
+        if isinstance(value, dict):
+            blob = value.get("mlirbc")
+            _require(isinstance(blob, str), f"stage {name!r} has no bytecode")
+            base64.b64decode(blob, validate=True)     # (binascii.Error: a ValueError)
+        else:
+            _require(isinstance(value, str), f"stage {name!r} is not text")
+    return StageStore.from_json(data)
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise cache.DamagedEntry(what)
 
 
 def dump_folder(spec: Specialization) -> Path | None:
@@ -353,9 +416,10 @@ def dump_folder(spec: Specialization) -> Path | None:
 
 
 def writable_folder(folder: Path, what: str) -> Path:
-    """`folder`, if it is or can be made a writable folder; else a
-    CompilationError naming `what` (the setting or option), the path and why."""
-    def refuse(path, why):
+    """`folder`, made if missing, once a file could be made in it; else a
+    CompilationError naming `what` (the setting or option), the path and why.
+    (Permission bits alone do not tell: root passes os.access in /proc.)"""
+    def refuse(why):
         raise CompilationError(f"{what}: cannot write to {str(folder)!r}: {why}")
     path = folder
     while not path.exists():
@@ -363,16 +427,27 @@ def writable_folder(folder: Path, what: str) -> Path:
             break
         path = path.parent
     if not path.is_dir():
-        refuse(path, f"{str(path)!r} is a file, not a folder")
+        refuse(f"{str(path)!r} is a file, not a folder")
     if not os.access(path, os.W_OK | os.X_OK):
-        refuse(path, f"{str(path)!r} is not writable")
+        refuse(f"{str(path)!r} is not writable")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        refuse(e.strerror or str(e))
     return folder
 
 
-def _write_stage(folder: Path, index: int, stage: str, text: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+def _write_stage(folder: Path, index: int, stage: str, text: str, what: str) -> None:
+    """Stage `text` to its numbered file in `folder`; a CompilationError naming
+    `what` when it cannot be written (a full disk, say, after the folder's check)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
-    (folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}").write_text(text)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}").write_text(text)
+    except OSError as e:
+        raise CompilationError(f"{what}: cannot write {stage} to {str(folder)!r}: "
+                               f"{e.strerror or e}") from None
 
 
 def ptxas_info(log: str) -> dict:
@@ -388,13 +463,14 @@ def ptxas_info(log: str) -> dict:
 
 def _cached_sass(cubin: bytes) -> str:
     """The SASS of `cubin`, from the disk cache or disassembled and stored there."""
-    import hashlib
     from .runtime.toolchain import find_tool
     key = cache.make_key(kind="sass", cubin=hashlib.sha256(cubin).hexdigest(),
                          nvdisasm=find_tool("nvdisasm"))
     entry = _DISK.get(key)
-    if entry is not None and isinstance(entry.get("sass"), str):
-        return entry["sass"]
+    if entry is not None:
+        if isinstance(entry.get("sass"), str):
+            return entry["sass"]
+        _DISK.discard(key, "no SASS listing in it")
     sass = _disassemble(cubin)
     if not sass.startswith("nvdisasm failed") and not cache.always_compile():
         _DISK.put(key, {"sass": sass})
@@ -468,11 +544,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
 
     def dump(index: int, name: str, text: str) -> None:
         if folder is not None:       # (checked writable above; a full disk still fails)
-            try:
-                _write_stage(folder, index, name, text)
-            except OSError as e:
-                raise CompilationError(f"TK_MLIR_DUMP_DIR: cannot write {name} to "
-                                       f"{str(folder)!r}: {e}") from None
+            _write_stage(folder, index, name, text, "TK_MLIR_DUMP_DIR")
 
     def on_stage(name: str, text: str) -> None:
         # Written as we go, so a failing pass leaves what came before.
@@ -543,24 +615,17 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, conste
     base = spec.cache_key()
     known = []
     for n in range(_MAX_READ_SETS):
-        index = index_disk.get(_index_key(base, n))
-        if index is None:
+        index_key = _index_key(base, n)
+        described = _read_set(index_disk, index_key)
+        if described is None:
             break
-        try:
-            described = json.loads(index["reads.json"])
-        except (KeyError, TypeError, ValueError):
-            continue
         known.append(described)
         reads = _reads.resolve(described, constexprs, globals_)
         if reads is None:
             continue
         full = dataclasses.replace(spec, globals_key=_reads.key_text(reads))
-        entry = disk.get(full.cache_key())
-        if entry is not None:
-            compiled = CompiledKernel.from_entry(entry)
-            if os.environ.get("TK_MLIR_DUMP_DIR"):
-                compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], spec.dump_name(),
-                              "TK_MLIR_DUMP_DIR")
+        compiled = _load(disk, full, spec.dump_name())
+        if compiled is not None:
             return reads, compiled
     with _reads.recording(_reads.Recorder(constexprs, globals_)) as rec:
         compiled = compile_specialization(spec, fn_node_factory(), globals_)
@@ -571,7 +636,7 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, conste
         # entry is a whole kernel, cubin included, to whoever reads it.
         return reads, compiled
     full = dataclasses.replace(spec, globals_key=_reads.key_text(reads))
-    disk.put(full.cache_key(), compiled.to_entry())
+    disk.put(full.cache_key(), compiled.to_entry(spec.identity()))
     if described not in known and disk.path(full.cache_key()).is_dir():
         text = json.dumps(described)
         for n in range(len(known), _MAX_READ_SETS):
@@ -585,3 +650,35 @@ def compile_cached(spec: Specialization, fn_node_factory, globals_: dict, conste
 
 def _index_key(base: str, n: int) -> str:
     return cache.make_key(kind="tk-kernel-reads", base=base, n=n)
+
+
+def _read_set(index_disk: cache.DiskCache, key: str):
+    """The read set stored under `key` (global_reads.describe's form), or None:
+    none there, or a damaged one (dropped)."""
+    index = index_disk.get(key)
+    if index is None:
+        return None
+    try:
+        return json.loads(index["reads.json"])
+    except (KeyError, TypeError, ValueError) as e:
+        index_disk.discard(key, f"reads.json: {type(e).__name__}: {e}")
+        return None
+
+
+def _load(disk: cache.DiskCache, spec: Specialization, dump_name: str
+          ) -> CompiledKernel | None:
+    """The kernel for `spec` from `disk` (dumped to `dump_name` when
+    TK_MLIR_DUMP_DIR is set, as a compile would), or None: a miss, or an entry
+    that is not this kernel's (dropped)."""
+    key = spec.cache_key()
+    entry = disk.get(key)
+    if entry is None:
+        return None
+    try:
+        compiled = CompiledKernel.from_entry(entry, spec.identity())
+    except cache.DamagedEntry as why:
+        disk.discard(key, why)
+        return None
+    if os.environ.get("TK_MLIR_DUMP_DIR"):
+        compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], dump_name, "TK_MLIR_DUMP_DIR")
+    return compiled
