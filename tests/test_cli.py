@@ -1,4 +1,5 @@
 """`python -m tk_mlir compile ...`: compile-only, no GPU needed."""
+import random
 import re
 import subprocess
 import sys
@@ -195,6 +196,29 @@ def test_dump_dir_onto_a_file_is_a_usage_error(capsys, tmp_path):
     code, out, err = run(capsys, SOFTMAX_CALL[0], *SOFTMAX_CALL[1:], "--dump-dir", str(file))
     assert code == 2 and "Traceback" not in err
     assert "--dump-dir: cannot write to" in err and "is a file, not a folder" in err
+
+
+def test_dump_dir_that_cannot_be_made_is_a_usage_error(capsys):
+    # /proc refuses new folders even to root, whose permission checks all pass.
+    impossible = f"/proc/tk_mlir-{random.randrange(1 << 30)}/dump"
+    code, out, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", impossible)
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith(f"tk-mlir compile: error: --dump-dir: cannot write to '{impossible}'")
+    assert not out
+
+
+def test_dump_dir_that_fails_while_dumping_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    """The folder passes the check before compiling, then the disk fills."""
+    write_text = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if tmp_path / "dump" in path.parents:
+            raise OSError(28, "No space left on device")
+        return write_text(path, *args, **kwargs)
+    monkeypatch.setattr(Path, "write_text", full)
+    code, out, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", str(tmp_path / "dump"))
+    assert code == 2 and "Traceback" not in err
+    assert "--dump-dir: cannot write python to" in err and "No space left on device" in err
 
 
 def test_debug_reraises_with_the_traceback(monkeypatch, tmp_path):

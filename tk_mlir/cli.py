@@ -247,8 +247,11 @@ def compile_command(args: argparse.Namespace) -> int:
     # With --stage or --list-stages stdout carries only those; notes go to stderr.
     notes = sys.stderr if picked or args.list_stages else sys.stdout
     if args.dump_dir is not None:
-        print(f"dumped {len(stages)} stages to {compiled.dump(args.dump_dir, what='--dump-dir')}",
-              file=notes)
+        try:
+            folder = compiled.dump(args.dump_dir, what="--dump-dir")
+        except CompilationError as e:       # (checked before compiling; a full disk still fails)
+            raise UsageError(e.message) from None
+        print(f"dumped {len(stages)} stages to {folder}", file=notes)
     if args.html is not None:
         try:
             args.html.write_text(html_page(f"{compiled.name} (tk_mlir)", compiled._repr_html_()),
