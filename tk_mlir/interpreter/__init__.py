@@ -14,8 +14,10 @@ Blocks run one after another (one waiting for another's flag steps aside:
 machine.run_blocks); the warps of a block interleave in a seeded
 random order (interpreter.SEED) at every tile op, semaphore or barrier wait
 and asynchronous issue, so producer/consumer kernels make progress.
-Outputs are written in place. Persistent kernels' wrappers size their grid
-by interpreter.SMS simulated SMs on CPU tensors.
+Outputs are written in place. Arguments are checked by the GPU launch's
+rules, device aside (arguments.py: what runs here launches on a GPU, and
+what the GPU refuses is refused here with its message). Persistent kernels'
+wrappers size their grid by interpreter.SMS simulated SMs on CPU tensors.
 
 What it models: ids, gl_dim, global loads/stores/atomic adds of register
 tiles and vectors (edge masking, `fill`), one-element loads (0 outside),
@@ -166,28 +168,13 @@ def _check_group(kernel, values: list) -> None:
 
 
 def _prepare(kernel, grid, args: tuple, kwargs: dict, wrappers: dict | None = None):
-    """(the Program, the grid, the runtime arguments as the kernel takes them)."""
-    import numpy as np
+    """(the Program, the grid, the runtime arguments as the kernel takes
+    them), the arguments checked as the GPU launch checks them (arguments.py)."""
     from ..launcher import normalize_grid
-    from .arguments import check_arguments
+    from .arguments import check_arguments, launch_arguments
     values, num_warps = kernel.params.bind(args, kwargs)
-    arrays, sig = check_arguments(kernel.params, values, num_warps, wrappers)
+    arrays, sig, infos = check_arguments(kernel.params, values, num_warps, wrappers)
     program = kernel.interpreted(sig)
+    runtime = launch_arguments(kernel.params, values, arrays, infos, program.tma_args)
     g = normalize_grid(grid, dict(zip(kernel.params.names, values)))
-    runtime = []
-    for i in kernel.params.runtime:
-        kind = kernel.params[i].kind
-        if kind == "pgl":              # its copies and rank (params.expand_peers)
-            *copies, rank = arrays[i]
-            runtime += [*copies, np.int32(rank)]
-            continue
-        runtime.append(arrays[i] if i in arrays else
-                       (np.int32 if kind == "i32" else np.float32)(_scalar(values[i], kind,
-                                                                           kernel.params[i])))
     return program, g, runtime
-
-
-def _scalar(v, kind: str, param):
-    if kind == "i32" and not -2**31 <= v < 2**31:
-        raise ArgumentError(f"argument {param.name!r} = {v} does not fit in an i32")
-    return v

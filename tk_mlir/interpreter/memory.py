@@ -34,7 +34,11 @@ class GlobalArray:
         if not self.is_torch and not isinstance(obj, np.ndarray):
             raise ArgumentError(f"argument {name!r}: the interpreter takes numpy arrays or CPU "
                                 f"torch tensors, got {type(obj).__name__}")
-        self.obj, self.name = obj, name
+        # The GPU reads and writes a tensor's memory whatever autograd records
+        # of it (a requires_grad input, or output, is no error there): so does
+        # the interpreter, through a view of the same memory outside autograd.
+        self.obj, self.name = (obj.detach() if self.is_torch else obj), name
+        self.read_only = not self.is_torch and not obj.flags.writeable
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
         # Plain writes and reads by the blocks of this launch, which flags
@@ -71,6 +75,7 @@ class GlobalArray:
         outside the array is an IndexError."""
         if not all(0 <= i < d for i, d in zip(index, self.shape)):
             raise IndexError(f"element {index} is outside {self.name!r} of shape {self.shape}")
+        self._check_writable()
         old = int(self.obj[index]) & 0xFFFFFFFF
         new = (old + value if add else value) & 0xFFFFFFFF
         self.obj[index] = new - (1 << 32) if new >= 1 << 31 else new
@@ -123,6 +128,7 @@ class GlobalArray:
         if window is None:
             return None
         dst, src = window
+        self._check_writable()
         problem = self._claim(dst, by) if by is not None and not add else None
         value = tile[src]
         if add:
@@ -136,6 +142,15 @@ class GlobalArray:
         else:
             self.obj[dst] = part.astype(self.obj.dtype)
         return problem
+
+    def _check_writable(self) -> None:
+        """The kernel writes this array: it must not be a read-only numpy array
+        (the GPU writes its outputs in place; numpy refuses to here)."""
+        if self.read_only:
+            raise ArgumentError(f"argument {self.name!r} is a read-only numpy array (its "
+                                f"flags.writeable is False: np.broadcast_to, np.frombuffer "
+                                f"and some views make those), and the kernel writes it; pass "
+                                f"a writable array, e.g. x.copy()")
 
     def _claim(self, dst, by: tuple) -> str | None:
         """Record `by` as the writer of the elements at dst; what an earlier

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import tk, types as T
+from ..lowering.tma import tensor_arguments
 from . import hopper, machine, rules, scalars  # noqa: F401  (they register their ops)
 from .machine import Arrival, error, uniform, where
 from .shared import Allocation, whole
@@ -195,6 +196,7 @@ class Program:
         self.name = func.attributes["sym_name"].value
         self.slots: dict = {}
         self.num_sems = 0           # semaphore elements: each a TMA agent clock slot
+        self.tma_args: set[int] = set()   # the arguments TMA ops reach (their tensor maps')
         with context:
             entry = func.regions[0].blocks[0]
             self.arg_slots = [self.slot(a) for a in entry.arguments]
@@ -222,6 +224,9 @@ class Program:
         d = tk.op_def(op)
         if d is not None and d.allocates:
             return self.compile_alloc(op, d)
+        if d is not None and d.tma is not None:
+            tensor, _ = tk.tma_operands(op)
+            self.tma_args.update(a.arg_number for a in tensor_arguments(tensor))
         factory = rules.INTERPRETERS.get(op.name)
         fn = factory(op.opview, self.num_warps) if factory is not None else None
         if fn is None:

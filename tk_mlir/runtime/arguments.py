@@ -265,19 +265,28 @@ def _from_dlpack(obj, name: str) -> TensorInfo:
 
 def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: int,
                  static_shape: tuple[int | None, ...] | None = None) -> None:
-    """Check a tensor against a kernel parameter's annotation: device, dtype,
-    rank, static dims, then the layout rules of 16-byte vector accesses
-    (innermost stride 1, 16-byte aligned data, rows of whole 16-byte vectors,
-    16-byte aligned row starts). A TensorSpec (ptr None) skips the device and
-    pointer rules. Raises ArgumentError naming the argument, the rule and a fix.
+    """The GPU launch's check of a tensor argument: on a CUDA device, then
+    `check_tensor_rules`. A TensorSpec (ptr None) skips the device rule.
+    Raises ArgumentError naming the argument, the rule and a fix."""
+    if info.ptr is not None and not info.device.startswith("cuda"):
+        raise ArgumentError(f"argument {name!r} is on {info.device}; tk_mlir kernels need "
+                            f"CUDA tensors (move it with .cuda())")
+    check_tensor_rules(info, name, dtype=dtype, rank=rank, static_shape=static_shape)
+
+
+def check_tensor_rules(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: int,
+                       static_shape: tuple[int | None, ...] | None = None) -> None:
+    """The rules a tensor argument obeys wherever the kernel runs (the GPU
+    launch, through check_tensor, and the interpreter, on its CPU arrays):
+    dtype, rank and static dims against the annotation, 32-bit dims, then the
+    layout of 16-byte vector accesses (innermost stride 1, 16-byte aligned
+    data, rows of whole 16-byte vectors, 16-byte aligned row starts). A
+    TensorSpec (ptr None) skips the pointer rule. Raises ArgumentError naming
+    the argument, the rule and a fix.
 
     Runs per tensor per launch: the passing path is flat integer tests; each
     message is built by a helper only when its rule is broken.
     """
-    ptr = info.ptr
-    if ptr is not None and not info.device.startswith("cuda"):
-        raise ArgumentError(f"argument {name!r} is on {info.device}; tk_mlir kernels need "
-                            f"CUDA tensors (move it with .cuda())")
     if info.dtype != dtype:
         _check_dtype(info, name, dtype)
     shape = info.shape
@@ -294,7 +303,7 @@ def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: 
     if max(shape) >= 2**31:
         raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: kernels index with "
                             f"32-bit dims, each must be below 2**31")
-    strides, itemsize = info.strides, info.itemsize
+    strides, itemsize, ptr = info.strides, info.itemsize, info.ptr
     if strides[-1] != 1:
         raise ArgumentError(f"argument {name!r} has strides {tuple(strides)}: the innermost "
                             f"dim must have stride 1 (rows contiguous in memory); pass a "
@@ -310,6 +319,23 @@ def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: 
         # A dim of size 1 is never stepped over, so its stride does not matter.
         if (step < 0 or step * itemsize & 15) and shape[i] != 1:
             raise _row_start_error(info, name, i)
+
+
+def check_tma_tensor(name: str, info: TensorInfo | TensorSpec) -> None:
+    """The rules of a tensor a TMA op reads or writes (its tensor map's),
+    beyond check_tensor_rules' (16-byte aligned base, unit inner stride,
+    16-byte row steps): the GPU launch and the interpreter both apply them."""
+    if 0 in info.shape:
+        raise ArgumentError(f"argument {name!r} has shape {tuple(info.shape)}: TMA tensor maps "
+                            f"need every dim non-empty")
+    isz = info.itemsize
+    for dim, step in enumerate(info.strides[:-1]):
+        if step * isz >= 2**40:
+            raise ArgumentError(f"argument {name!r}: dim {dim} steps {step * isz} bytes; a TMA "
+                                f"tensor map allows strides below 2**40 bytes")
+    if len(info.shape) > 5:
+        raise ArgumentError(f"argument {name!r} has rank {len(info.shape)}; TMA tensor maps "
+                            f"have at most 5 dims")
 
 
 def _check_dtype(info, name: str, want) -> None:

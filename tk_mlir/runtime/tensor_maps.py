@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..errors import ArgumentError
+from .arguments import check_tma_tensor  # noqa: F401  (the launch's callers find it here)
 from .driver import check, cu      # (driver.py says what is missing without cuda-bindings)
 
 _DATA_TYPES = {
@@ -29,22 +29,6 @@ _SWIZZLES = {
     128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
 }
 _MAX_CACHED = 4096
-
-
-def check_tma_tensor(name: str, info) -> None:
-    """The TMA rules check_tensor does not already enforce (it checks the
-    16-byte aligned base, unit inner stride and 16-byte row steps)."""
-    if 0 in info.shape:
-        raise ArgumentError(f"argument {name!r} has shape {tuple(info.shape)}: TMA tensor maps "
-                            f"need every dim non-empty")
-    isz = info.itemsize
-    for dim, (n, step) in enumerate(zip(info.shape[:-1], info.strides[:-1])):
-        if step * isz >= 2**40:
-            raise ArgumentError(f"argument {name!r}: dim {dim} steps {step * isz} bytes; a TMA "
-                                f"tensor map allows strides below 2**40 bytes")
-    if len(info.shape) > 5:
-        raise ArgumentError(f"argument {name!r} has rank {len(info.shape)}; TMA tensor maps "
-                            f"have at most 5 dims")
 
 
 def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
