@@ -126,7 +126,10 @@ def decode(text: str, length: int) -> Layout:
 
 def _log2(n: int, what: str) -> int:
     if n <= 0 or n & (n - 1):
-        raise LayoutError(f"{what} must be a power of two, got {n}")
+        fix = "" if n <= 0 or what == "warps" else (
+            f"; use {1 << n.bit_length()}: past a tensor's edge a tile is masked (tk.load "
+            f"reads fill=, tk.store skips), so a larger tile covers {n} exactly")
+        raise LayoutError(f"{what} must be a power of two, got {n}{fix}")
     return n.bit_length() - 1
 
 

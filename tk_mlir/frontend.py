@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import difflib
 import inspect
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ from . import global_reads, language, values as V
 from .dialects import contracts
 from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_helpers,
                      raised_in_tk_mlir)
+from .source import closure_names, ptx_symbol
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,16 @@ def _assigned_names(stmts) -> list[str]:
 # Inlined calls nest at most this deep: far beyond any helper chain a kernel
 # needs, well before Python's own recursion limit.
 MAX_INLINE_DEPTH = 64
+# One expression nests at most this deep (`x + x + ... + x` with 101 terms is
+# 100 deep): the frontend walks expressions recursively, and deeper ones would
+# exhaust Python's stack (about 5 frames a level, with inlined calls above).
+MAX_EXPRESSION_DEPTH = 100
+# Compile-time unrolling: one tk.static_range (or comprehension) runs its body
+# at most MAX_STATIC_RANGE times, and a kernel at most MAX_UNROLLED times in
+# all (nested loops multiply). A body costs about a millisecond or more to
+# build, so these keep a compile within seconds.
+MAX_STATIC_RANGE = 1024
+MAX_UNROLLED = 4096
 _RUNTIME = object()    # stands for a run-time value when comparing calls
 
 
@@ -123,8 +136,10 @@ class KernelBuilder(ast.NodeVisitor):
 
     def __init__(self, filename: str, globals_: dict, scope: dict[str, Any],
                  function: str | None = None, calls: tuple[InlinedCall, ...] = (),
-                 kernel: str | None = None, site: ir.Location | None = None):
+                 kernel: str | None = None, site: ir.Location | None = None,
+                 closure: tuple[str, ...] = ()):
         self.kernel = kernel         # its name, for internal errors
+        self.closure = closure       # names of enclosing functions, not read (source.py)
         self.filename = filename
         self.site = site             # a tk_mlir helper's body: the user's call, its ops' location
         self.globals = globals_
@@ -186,9 +201,13 @@ class KernelBuilder(ast.NodeVisitor):
         except (CompilationError, InternalCompilerError):
             raise
         except Exception as e:
+            misbound = isinstance(e, TypeError) and _misbound(fn, args, kwargs)
+            if misbound:
+                message = _bad_keyword(_signature(fn), _callee_name(fn), kwargs)
+                if message is not None:
+                    raise self.error(node, message) from None
             inside = e.__traceback__.tb_next      # the frames below this one: fn's
-            ours = inside is not None and raised_in_tk_mlir(inside) and \
-                not (isinstance(e, TypeError) and _misbound(fn, args, kwargs))
+            ours = inside is not None and raised_in_tk_mlir(inside) and not misbound
             raise self.failure(node, e, ours)
 
     def eval(self, node):
@@ -253,17 +272,21 @@ class KernelBuilder(ast.NodeVisitor):
         if isinstance(callee, language.Func):
             callee = LocalFunc(callee.source.function_ast(), inspect.signature(callee.fn),
                                callee.source.filename, callee.fn.__globals__, None)
+            check_nesting(callee.node, callee.filename)
         try:
             bound = callee.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise self.error(node, f"{callee.node.name}(): {e}") from None
+            raise self.error(node, _bad_keyword(callee.signature, callee.node.name, kwargs)
+                             or f"{callee.node.name}(): {e}") from None
         bound.apply_defaults()
         call = InlinedCall(callee.node.name, (callee.filename, callee.node.lineno,
                                               callee.node.col_offset), dict(bound.arguments))
         self.check_recursion(node, call)
         inner = KernelBuilder(callee.filename, callee.globals,
                               {**callee.free_names(), **bound.arguments}, callee.node.name,
-                              self.calls + (call,), self.kernel, self.helper_site(node, callee))
+                              self.calls + (call,), self.kernel, self.helper_site(node, callee),
+                              callee.definer.closure if callee.definer is not None
+                              else closure_names(callee.node))
         body, result = callee.node.body, None
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
@@ -369,8 +392,22 @@ class KernelBuilder(ast.NodeVisitor):
             self.run(node.body if self.python(node.test, bool, test) else node.orelse)  # constexpr if
             return
         if not (isinstance(test, V.Scalar) and test.kind == "bool"):
-            raise self.error(node.test, "an if condition must be a comparison or a bool")
+            raise self.condition_error(node.test, test, "an if condition")
         self.emit_if(node, test)
+
+    def condition_error(self, node, test, what: str) -> CompilationError:
+        """`what` (a run-time condition) given something other than one bool:
+        the error says what it got and how to write what was meant."""
+        shown, rule = ast.unparse(node), f"{what} must be a comparison or a bool"
+        if isinstance(test, V.TileLike):
+            return self.error(node, f"{rule} (one truth value), but `{shown}` is a "
+                                    f"{type(test).__name__.lower()} of values ({test.ir_type}); "
+                                    f"to choose per element write tk.where(mask, a, b), e.g. "
+                                    f"tk.where({shown}, a, b)")
+        if isinstance(test, V.Scalar):
+            return self.error(node, f"{rule}, but `{shown}` is a run-time {test.kind}; compare "
+                                    f"it explicitly (`{shown} != 0`)")
+        return self.error(node, f"{rule}, got {test!r}")
 
     def emit_if(self, node, test: V.Scalar):
         # scf.if needs its result types up front, and they are only known once
@@ -454,12 +491,29 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node.target, "the loop variable must be a plain name")
         if callee is static_range:
             if any(_is_runtime(x) for x in (start, stop, step)):
-                raise self.error(node.iter, "tk.static_range needs compile-time bounds")
-            for i in self.python(node.iter, range, start, stop, step):
+                raise self.error(node.iter, "tk.static_range needs compile-time bounds"
+                                 + V.constexpr_hint(start, stop, step))
+            items = self.python(node.iter, range, start, stop, step)
+            self.unroll(node.iter, "tk.static_range", _length(items))
+            for i in items:
                 self.scope[node.target.id] = i
                 self.run(node.body)
             return
         self.emit_for(node, start, stop, step)
+
+    def unroll(self, node, what: str, count: int) -> None:
+        """Account for `count` bodies unrolled at compile time by `what`
+        (MAX_STATIC_RANGE per loop, MAX_UNROLLED per kernel)."""
+        if count > MAX_STATIC_RANGE:
+            raise self.error(node, f"{what} unrolls at most {MAX_STATIC_RANGE} iterations "
+                                   f"(MAX_STATIC_RANGE), got {count}; write range(...) for a "
+                                   f"loop that runs on the GPU (scf.for), or unroll fewer")
+        state = V.current.get()
+        state.unrolled += count
+        if state.unrolled > MAX_UNROLLED:
+            raise self.error(node, f"{what}: the kernel unrolls more than {MAX_UNROLLED} loop "
+                                   f"bodies in all (MAX_UNROLLED; nested compile-time loops "
+                                   f"multiply); write range(...) for the outer loops")
 
     def emit_for(self, node, start, stop, step):
         if not _is_runtime(step) and step <= 0:
@@ -528,7 +582,20 @@ class KernelBuilder(ast.NodeVisitor):
             if self.recorder is not None:     # a later global of this name would be read
                 self.recorder.global_name(self.globals, node.id)
             return getattr(builtins, node.id)
-        raise self.error(node, f"name '{node.id}' is not defined")
+        raise self.error(node, self.undefined(node.id))
+
+    def undefined(self, name: str) -> str:
+        """Why `name` has no value here, and what to do about it."""
+        if name in self.closure:
+            return (f"'{name}' is a variable of the function this one is defined in (a "
+                    f"closure), and kernels do not read closures: pass it as a parameter "
+                    f"(`{name}: tk.constexpr` for a compile-time value, or `{name}: float` / "
+                    f"`{name}: int`) or make it a module-level global")
+        known = [n for n in (*self.scope, *self.globals, *_ALLOWED_BUILTINS)
+                 if not n.startswith("__")]
+        close = difflib.get_close_matches(name, known, n=1)
+        return f"name '{name}' is not defined" + (f"; did you mean '{close[0]}'?" if close
+                                                   else "")
 
     def visit_Attribute(self, node):
         obj = self.eval(node.value)
@@ -684,6 +751,8 @@ class KernelBuilder(ast.NodeVisitor):
         seq = self.eval(gen.iter)
         if _is_runtime(seq) or not hasattr(seq, "__iter__"):
             raise self.error(gen.iter, "a comprehension iterates over a compile-time sequence")
+        if isinstance(seq, range):
+            self.unroll(gen.iter, "a comprehension", _length(seq))
         saved, out = dict(self.scope), []
         for item in seq:
             self.bind(gen.target, item)
@@ -706,7 +775,7 @@ class KernelBuilder(ast.NodeVisitor):
         if _is_runtime(test):
             # arith.select on numbers; tiles take an `if` statement (scf.if).
             if not (isinstance(test, V.Scalar) and test.kind == "bool"):
-                raise self.error(node.test, "a condition must be a comparison or a bool")
+                raise self.condition_error(node.test, test, "a condition")
             a, b = self.eval(node.body), self.eval(node.orelse)
             for side, v in ((node.body, a), (node.orelse, b)):
                 if not (isinstance(v, V.Scalar) or isinstance(v, (bool, int, float))):
@@ -744,8 +813,14 @@ class KernelBuilder(ast.NodeVisitor):
                 or not runtime_args):
             return self.python(node, callee, *args, **kwargs)
         name = getattr(callee, "__name__", repr(callee))
-        raise self.error(node, f"calling {name}() on run-time values is not supported in a "
-                               f"kernel (only tk.* functions and tile methods are)")
+        rule = f"calling {name}() on run-time values is not supported in a kernel (only tk.* " \
+               f"functions and tile methods are)"
+        if inspect.isfunction(callee) or inspect.ismethod(callee):
+            how = "define it with def and decorate it" if name == "<lambda>" else "decorate it"
+            raise self.error(node, f"{rule}; {name} is a plain Python function, run only on "
+                                   f"compile-time values: {how} with @tk.func to have it "
+                                   f"inlined into the kernel")
+        raise self.error(node, f"{rule}, or @tk.func helpers")
 
 
 @dataclass(frozen=True)
@@ -776,6 +851,65 @@ def _misbound(fn, args, kwargs) -> bool:
     return False
 
 
+def _signature(fn) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):     # (some C functions have none)
+        return None
+
+
+def _callee_name(fn) -> str:
+    """`fn`'s name as the user wrote it (tk.load for a builtin)."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return f"tk.{name}" if getattr(fn, "__tk_builtin__", False) else name
+
+
+def _bad_keyword(signature: inspect.Signature | None, name: str, kwargs: dict) -> str | None:
+    """The error for a keyword argument that `name` does not take, with the
+    nearest one it does ("did you mean 'fill'?"); None if every keyword fits."""
+    if signature is None:
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for k in kwargs:
+        if k not in names:
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else \
+                f"it takes {', '.join(names) or 'no keyword arguments'}"
+            return f"{name}() has no keyword argument '{k}'; {hint}"
+    return None
+
+
+def _length(items: range) -> int:
+    """len(items), also past sys.maxsize (where len() raises)."""
+    try:
+        return len(items)
+    except OverflowError:
+        return (items.stop - items.start) // items.step
+
+
+def check_nesting(fn: ast.FunctionDef, filename: str) -> None:
+    """No expression in `fn` nests deeper than MAX_EXPRESSION_DEPTH: an error
+    at the outermost expression of one that does (checked before building,
+    without recursion, so it never meets Python's recursion limit)."""
+    stack = [(fn, 0, None)]        # (node, expressions around it, the outermost one)
+    while stack:
+        node, depth, top = stack.pop()
+        if isinstance(node, ast.expr):
+            depth, top = depth + 1, top or node
+            if depth > MAX_EXPRESSION_DEPTH:
+                raise CompilationError(
+                    f"this expression nests more than {MAX_EXPRESSION_DEPTH} operations "
+                    f"deep (MAX_EXPRESSION_DEPTH; `a + b + ... + z` nests one per +); split "
+                    f"it over several statements (s = a + b; s = s + c; ...)",
+                    filename, top.lineno, top.col_offset)
+        elif isinstance(node, ast.stmt):
+            depth, top = 0, None
+        stack.extend((child, depth, top) for child in ast.iter_child_nodes(node))
+
+
 def _is_method_of_value(callee) -> bool:
     return isinstance(getattr(callee, "__self__", None), V.Value)
 
@@ -789,7 +923,7 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
     try:
         with ir.Location.file(filename, fn_node.lineno, fn_node.col_offset + 1):
             with ir.InsertionPoint(module.body):
-                f = func.FuncOp(name, ([p.ir_type for p in params], []))
+                f = func.FuncOp(ptx_symbol(name), ([p.ir_type for p in params], []))
                 contracts.NUM_WARPS.set(f, num_warps)
                 entry = f.add_entry_block()
         scope = dict(constexprs)
@@ -797,6 +931,8 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         for p, arg in zip(params, entry.arguments):
             if p.peer_of is None:
                 scope[p.name] = V.wrap(arg)
+                if isinstance(scope[p.name], V.Scalar):
+                    scope[p.name].param = p.name     # (named in "declare it tk.constexpr")
             else:
                 peers.setdefault(p.peer_of, []).append(V.wrap(arg))
         for name, (local, *copies, rank) in peers.items():
@@ -805,7 +941,9 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
             contracts.PEER_COPIES.set(f, tuple(     # the ranks' copies X[r] (not X, X.rank)
                 i for i, p in enumerate(params)
                 if p.peer_of not in (None, p.name) and p.kind == "gl"))
-        builder = KernelBuilder(filename, globals_, scope, kernel=name)
+        check_nesting(fn_node, filename)
+        builder = KernelBuilder(filename, globals_, scope, kernel=name,
+                                closure=closure_names(fn_node))
         body = fn_node.body
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
             body = body[:-1]
@@ -813,6 +951,12 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
             builder.run(body)
             with builder.loc(fn_node):
                 func.ReturnOp([])
+    except RecursionError:
+        # (MAX_EXPRESSION_DEPTH and MAX_INLINE_DEPTH keep below this)
+        raise CompilationError(f"compiling {name} ran out of Python's stack (recursion "
+                               f"limit {sys.getrecursionlimit()}): nest its expressions and "
+                               f"inlined calls less deeply", filename, fn_node.lineno,
+                               fn_node.col_offset) from None
     finally:
         V.current.reset(token_k)
         language._building.reset(token_b)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
 import threading
 from typing import Callable
 
@@ -43,10 +42,13 @@ _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its 
 class Kernel:
     def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS,
                  fp_contract: bool = True):
+        try:
+            self._source = KernelSource.of(fn)   # (first: it checks what fn is)
+        except CompilationError as e:
+            raise for_the_user(e)
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
-        self._source = KernelSource.of(fn)
         self.source, self.filename = self._source.text, self._source.filename
         self.default_num_warps = num_warps
         if not isinstance(fp_contract, bool):
@@ -334,7 +336,8 @@ def _interpret_all() -> bool:
     os.environ costs ~2 µs, more than the rest of a launch's host time."""
     global _INTERPRET_ALL
     if _INTERPRET_ALL is None:
-        _INTERPRET_ALL = os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
+        from .knobs import interpret
+        _INTERPRET_ALL = interpret()
     return _INTERPRET_ALL
 
 

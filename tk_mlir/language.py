@@ -116,7 +116,7 @@ class Func:
     def __init__(self, fn):
         from .source import KernelSource
         self.fn = fn
-        self.source = KernelSource.of(fn)
+        self.source = KernelSource.of(fn, "@tk.func")
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):

@@ -14,7 +14,7 @@ from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
 from .values import (Global, Scalar, Shared, SharedVector, Tile, TileLike, as_scalar, builds,
-                     emit, fill as _fill, i32, scalar_operand, wrap)
+                     emit, fill as _fill, i32, scalar_operand, tile_shape, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
@@ -118,10 +118,7 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
     if shape is None and layout == "vec" and scope == "block" and fill == 0.0 and \
             dtype is None and cache == "normal":
         return _load_element(src, idx)
-    if shape is None or not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 2 \
-            or not all(isinstance(s, int) for s in shape):
-        raise CompilationError(f"tk.load needs shape=(rows, cols) or (length,) of compile-time "
-                               f"ints, got {shape!r}")
+    shape = tile_shape(shape, "tk.load's shape=")
     dt = dtype_name(dtype) if dtype is not None else src.dtype
     t = T.RT(dt, shape[0], shape[1], layout, scope) if len(shape) == 2 else \
         T.RV(dt, shape[0], "auto", scope)
@@ -242,10 +239,7 @@ def full(shape, value, dtype=f32, *, layout="vec", scope="block"):
 
 
 def _shared_type(dtype, shape, swizzle) -> T.ST:
-    if not (isinstance(shape, (tuple, list)) and len(shape) == 2
-            and all(isinstance(d, int) and d > 0 for d in shape)):
-        raise CompilationError(f"a shared tile's shape must be (rows, cols) of positive "
-                               f"compile-time ints, got {shape!r}")
+    shape = tile_shape(shape, "a shared tile", ranks=(2,))
     if swizzle not in T.SWIZZLES:
         raise CompilationError(f"swizzle must be one of {T.SWIZZLES} (bytes), got {swizzle!r}")
     return T.ST(dtype_name(dtype), shape[0], shape[1], swizzle)

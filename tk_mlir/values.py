@@ -23,6 +23,7 @@ from .language import dtype_name
 class KernelState:
     num_warps: int
     cluster: int = 1          # blocks per cluster (tk.use_cluster)
+    unrolled: int = 0         # loop bodies unrolled so far (frontend.MAX_UNROLLED)
 
 
 # The kernel being built (its launch shape decides block-scope layouts).
@@ -57,6 +58,7 @@ def as_ir(v) -> ir.Value:
 
 class Value:
     """An SSA value with its type."""
+    param: str | None = None    # the kernel parameter it is, if one (for error hints)
 
     def __init__(self, value: ir.Value):
         self.value = value
@@ -103,6 +105,48 @@ def constant(x) -> Scalar:
     if isinstance(x, float):
         return Scalar(arith.constant(ir.F32Type.get(), x))
     raise CompilationError(f"cannot use {x!r} ({type(x).__name__}) as a kernel value")
+
+
+# A tile dimension is at most this many elements: beyond any tile that fits in
+# registers or shared memory, and small enough that sizes computed from it
+# (bytes, registers) stay far inside the i64 attributes MLIR holds them in.
+MAX_TILE_DIM = 1 << 16
+
+
+def constexpr_hint(*values) -> str:
+    """What to do when a run-time value is among `values` where a compile-time
+    one is needed: "; declare `BM: tk.constexpr`" for a kernel's int
+    parameter (its value is then known when compiling), "" when none is."""
+    flat = [x for v in values for x in (v if isinstance(v, (tuple, list)) else (v,))]
+    for v in flat:
+        if isinstance(v, Scalar) and v.param is not None:
+            return (f"; {v.param} is an {v.kind} parameter, known only at run time: declare "
+                    f"it `{v.param}: tk.constexpr` to use its value when compiling")
+    if any(isinstance(v, Scalar) for v in flat):
+        return ("; it is a run-time value: compute it from tk.constexpr parameters (or "
+                "constants) instead")
+    return ""
+
+
+def tile_shape(shape, what: str, ranks: tuple[int, ...] = (1, 2)) -> tuple[int, ...]:
+    """`shape` when it is a tile's shape ((rows, cols) or (length,), as
+    `ranks` allow) of compile-time ints from 1 to MAX_TILE_DIM; else an error
+    naming `what` (the builtin or argument), the rule and the fix."""
+    form = " or ".join({1: "(length,)", 2: "(rows, cols)"}[r] for r in sorted(ranks, reverse=True))
+    if not isinstance(shape, (tuple, list)) or len(shape) not in ranks:
+        raise CompilationError(f"{what}: a shape is {form}, got {shape!r}")
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int):
+            kind = "a bool" if isinstance(d, bool) else "a run-time value" \
+                if isinstance(d, Value) else f"{type(d).__name__} {d!r}"
+            raise CompilationError(f"{what}: a tile's shape is {form} of positive compile-time "
+                                   f"ints, got {tuple(shape)!r} (with {kind})"
+                                   f"{constexpr_hint(d)}")
+        if not 1 <= d <= MAX_TILE_DIM:
+            raise CompilationError(f"{what}: a tile's shape is {form} of positive compile-time "
+                                   f"ints up to {MAX_TILE_DIM} (MAX_TILE_DIM), got "
+                                   f"{tuple(shape)!r}")
+    return tuple(shape)
 
 
 def as_scalar(x) -> Scalar:
@@ -342,10 +386,8 @@ class Vector(TileLike):
 @builds("fill")
 def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
     """A tile (2-D shape) or vector (1-D) of one value."""
-    if like is None and not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                for d in shape):
-        raise CompilationError(f"a tile's shape is (rows, cols) or (length,) of positive "
-                               f"compile-time ints, got {shape!r}")
+    if like is None:
+        shape = tile_shape(shape, "tk.zeros / tk.full")
     if like is not None:
         t = like.tk_type.with_dtype(dtype_name(dtype))
     elif len(shape) == 2:
