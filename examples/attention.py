@@ -1,6 +1,7 @@
 """Calling the library's attention forward, and reading its source.
 
     python examples/attention.py       # compile (and, with a GPU, check it)
+    TK_MLIR_INTERPRET=1 python examples/attention.py   # no GPU: check it in the CPU interpreter
 
 `tk_mlir.kernels.attention(q, k, v, causal=False, scale=None, return_lse=False)`
 is FlashAttention-3-style multi-head attention on (B, H, N, D) bf16/f16 torch
@@ -13,9 +14,12 @@ online softmax between two wgmma products, P·V with P straight from
 registers, a named-barrier ping-pong between the consumers, and masks
 (`tk.where` on `S.col_indices()`) only in the blocks that need them.
 
-Without a GPU the kernel still compiles: main() shows its PTX/SASS facts.
+Without a GPU the kernel still compiles: main() shows its PTX/SASS facts;
+under TK_MLIR_INTERPRET=1 the CPU interpreter then runs it on small CPU
+tensors and checks it.
 """
 import math
+import os
 
 import tk_mlir as tk
 from tk_mlir.kernels import attention
@@ -34,20 +38,32 @@ def main() -> None:
     sass = compiled.asm["sass"]
     print("HGMMA:", sass.count("HGMMA"), " MUFU.EX2:", sass.count("MUFU.EX2"), " FFMA:",
           sass.count("FFMA"), " BAR.ARV:", sass.count("BAR.ARV"))
-    if not driver.has_gpu():
+    if interpreting():
+        device, B, H, N = "cpu", 1, 2, 256     # the CPU interpreter (a few s): small shapes
+    elif driver.has_gpu():
+        device = "cuda"
+    else:
         print("no GPU here: compiled only (PTX and SASS above); run on a Hopper GPU to check "
-              "and time it")
+              "and time it, or check it in the CPU interpreter:\n"
+              "  TK_MLIR_INTERPRET=1 python examples/attention.py")
         return
     import torch
-    q, k, v = (torch.randn(B, H, N, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    q, k, v = (torch.randn(B, H, N, D, dtype=torch.bfloat16, device=device) for _ in range(3))
     o, lse = attention(q, k, v, causal=True, return_lse=True)
     s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
-    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=device).triu(1), float("-inf"))
     ref = torch.softmax(s, -1) @ v.float()
     err = ((o.float() - ref).norm() / ref.norm()).item()
     lse_err = (lse - torch.logsumexp(s, -1)).abs().max().item()
-    print("rel. error vs float32:", err, " LSE max abs error:", lse_err)
+    print(f"{B}x{H}x{N}x{D} on {device}: rel. error vs float32:", err,
+          " LSE max abs error:", lse_err)
     assert err < 1e-2 and lse_err < 1e-3, "attention disagrees with the float32 reference"
+
+
+def interpreting() -> bool:
+    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
+    library takes CPU tensors."""
+    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":

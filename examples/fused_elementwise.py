@@ -2,6 +2,9 @@
 
 A 2-D grid of BM x BN tiles; tiles that run past the tensor's edge are
 masked, so any (M, N) with 16-byte rows works. Math in f32, I/O in bf16.
+
+No GPU? `swiglu_kernel.interpret[grid](a, b, y)` runs the kernel in the CPU
+interpreter on CPU tensors, and under TK_MLIR_INTERPRET=1 `swiglu(a, b)` does.
 """
 import torch
 

@@ -1,6 +1,7 @@
 """Calling the library's Hopper GEMM, and reading its source.
 
     python examples/gemm.py            # compile (and, with a GPU, check it)
+    TK_MLIR_INTERPRET=1 python examples/gemm.py   # no GPU: check it in the CPU interpreter
 
 `tk_mlir.kernels.gemm` computes C = A @ B.T (B given as N x K, the layout
 of a Linear weight) or C = A @ B (b_layout="kn", B given as K x N) on bf16 or
@@ -10,8 +11,11 @@ swizzled shared tiles, wgmma on two consumer warpgroups fed by a producer
 warpgroup, a persistent grid. Open that file to read it; copy it to change it.
 
 Without a GPU the kernel still compiles: `.compile` with tk.spec shapes gives
-the PTX and SASS, which is what main() shows first.
+the PTX and SASS, which is what main() shows first; under TK_MLIR_INTERPRET=1
+the CPU interpreter then runs it on small CPU tensors and checks it.
 """
+import os
+
 import tk_mlir as tk
 from tk_mlir.kernels import matmul
 from tk_mlir.kernels.gemm import gemm_kernel
@@ -26,16 +30,28 @@ def main() -> None:
     print(compiled.info)
     sass = compiled.asm["sass"]
     print("HGMMA:", sass.count("HGMMA"), " UTMALDG:", sass.count("UTMALDG"))
-    if not driver.has_gpu():
+    if interpreting():
+        device, M, N, K = "cpu", 128, 256, 256  # the CPU interpreter (~1 s): small shapes
+    elif driver.has_gpu():
+        device = "cuda"
+    else:
         print("no GPU here: compiled only (PTX and SASS above); run on a Hopper GPU to check "
-              "and time it")
+              "and time it, or check it in the CPU interpreter:\n"
+              "  TK_MLIR_INTERPRET=1 python examples/gemm.py")
         return
     import torch
-    a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+    a = torch.randn(M, K, dtype=torch.bfloat16, device=device)
+    b = torch.randn(N, K, dtype=torch.bfloat16, device=device)
     c = matmul(a, b)                         # C = A @ B.T
     ref = a.float() @ b.float().T
-    print("rel. error vs float32:", ((c.float() - ref).norm() / ref.norm()).item())
+    print(f"{M}x{N}x{K} on {device}: rel. error vs float32:",
+          ((c.float() - ref).norm() / ref.norm()).item())
+
+
+def interpreting() -> bool:
+    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
+    library takes CPU tensors."""
+    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":

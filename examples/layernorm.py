@@ -1,6 +1,7 @@
 """Calling the library's LayerNorm, and reading its source.
 
     python examples/layernorm.py       # compile (and, with a GPU, check it)
+    TK_MLIR_INTERPRET=1 python examples/layernorm.py   # no GPU: check it in the CPU interpreter
 
 `tk_mlir.kernels.layer_norm(x, weight, bias, eps=1e-5)` is
 torch.nn.functional.layer_norm over the last dimension of a (rows, D) bf16
@@ -8,8 +9,12 @@ tensor. Its kernel, `layernorm_kernel` in tk_mlir/kernels/norms.py, is
 persistent: a few blocks per SM walk the rows, each loading the next row
 while it normalises the current one, so memory always has a row in flight.
 
-Without a GPU the kernel still compiles to PTX, which main() shows first.
+Without a GPU the kernel still compiles to PTX, which main() shows first;
+under TK_MLIR_INTERPRET=1 the CPU interpreter then runs it on small CPU
+tensors and checks it.
 """
+import os
+
 import tk_mlir as tk
 from tk_mlir import bf16
 from tk_mlir.kernels import layer_norm
@@ -22,15 +27,28 @@ def main() -> None:
     row, vec = tk.spec((rows, d), bf16), tk.spec((d,), bf16)
     compiled = layernorm_kernel.compile(row, vec, vec, row, 1e-5, BLOCK=d)
     print(compiled.info)
-    if not driver.has_gpu():
-        print("no GPU here: compiled only; run on a Hopper GPU to check it against torch")
+    if interpreting():
+        device, rows, d = "cpu", 16, 1024      # the CPU interpreter: small shapes
+    elif driver.has_gpu():
+        device = "cuda"
+    else:
+        print("no GPU here: compiled only; run on a Hopper GPU to check it against torch, "
+              "or check it in the CPU interpreter:\n"
+              "  TK_MLIR_INTERPRET=1 python examples/layernorm.py")
         return
     import torch
-    x = torch.randn(rows, d, dtype=torch.bfloat16, device="cuda")
-    w, b = (torch.randn(d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    x = torch.randn(rows, d, dtype=torch.bfloat16, device=device)
+    w, b = (torch.randn(d, dtype=torch.bfloat16, device=device) for _ in range(2))
     y = layer_norm(x, w, b)
     ref = torch.nn.functional.layer_norm(x.float(), (d,), w.float(), b.float(), 1e-5)
-    print("rel. error vs float32:", ((y.float() - ref).norm() / ref.norm()).item())
+    print(f"{rows}x{d} on {device}: rel. error vs float32:",
+          ((y.float() - ref).norm() / ref.norm()).item())
+
+
+def interpreting() -> bool:
+    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
+    library takes CPU tensors."""
+    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ rows take a whole block each (ROWS = 1) and their reductions add one
 exchange through shared memory. Columns past the row's
 end read as -inf, whose exp is 0: they drop out of the max and the sum.
 Rows past the tensor's end are masked too, so any (M, N) works.
+
+No GPU? `softmax_kernel.interpret[grid](x, y, ...)` runs the kernel in the CPU
+interpreter on CPU tensors, and under TK_MLIR_INTERPRET=1 `softmax(x)` does.
 """
 import torch
 

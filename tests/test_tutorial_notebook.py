@@ -1,6 +1,9 @@
-"""notebooks/tutorial.ipynb runs top to bottom (CI: without a GPU, its GPU
-cells say so and skip), and what it stores stays small enough to commit."""
+"""notebooks/tutorial.ipynb runs top to bottom (CI: without a GPU, its run
+cell uses the CPU interpreter and its benchmark cells say so and skip), every
+cell has an id, and what it stores stays small enough to commit."""
 import json
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,24 @@ def test_committed_without_outputs():
     assert all(not c.outputs for c in nb.cells if c.cell_type == "code")
 
 
+def test_every_cell_has_an_id():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # nbformat's MissingIDFieldWarning
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        nbformat.validate(nb)
+    ids = [c.get("id") for c in nb.cells]
+    assert all(ids) and len(set(ids)) == len(ids)
+    assert json.loads(NOTEBOOK.read_text())["nbformat_minor"] >= 5     # ids need 4.5
+
+
+def test_the_kernel_runs_on_the_gpu_or_in_the_interpreter(executed):
+    import torch
+    text = "".join(o.get("text", "") for o in _outputs(executed) if o.output_type == "stream")
+    where = "on .*" if torch.cuda.is_available() else "in the CPU interpreter"
+    run = re.search(rf"^ran ({where}): max error vs torch.softmax (\S+)$", text, re.M)
+    assert run and float(run.group(2)) < 1e-5
+
+
 def test_display_and_whole_notebook_stay_small(executed):
     pages = [o.data["text/html"] for o in _outputs(executed)
              if "data" in o and "text/html" in o.data and "tk-mlir-stages" in o.data["text/html"]]
@@ -50,7 +71,7 @@ def test_tile_size_changes_the_summary(executed):
     assert len(registers) == 4 and registers == sorted(registers) and registers[0] < registers[-1]
 
 
-def test_gpu_cells_say_they_skip_without_a_gpu(executed):
+def test_benchmark_cells_say_they_skip_without_a_gpu(executed):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the cells ran")
