@@ -18,25 +18,12 @@ import functools
 import re
 from dataclasses import dataclass
 
+from .. import dtypes
 
-# Element types: tk name -> (MLIR spelling, bytes per element).
-DTYPES = {
-    "bf16": ("bf16", 2),
-    "f16": ("f16", 2),
-    "f32": ("f32", 4),
-    "f8e4m3": ("f8E4M3FN", 1),
-    "f8e5m2": ("f8E5M2", 1),
-    "i32": ("i32", 4),
-    "bool": ("i1", 1),
-}
-_FROM_MLIR = {spelling: name for name, (spelling, _) in DTYPES.items()}
-# Indices and masks: register tiles and vectors only (no load, store, shared
-# tile, TMA or MMA takes them).
-REGISTER_ONLY = ("i32", "bool")
-MEMORY_DTYPES = tuple(d for d in DTYPES if d not in REGISTER_ONLY)
-# What kernel tensor arguments hold: tiles' dtypes, and i32 for counters and
-# scalars (the ops that take an i32 tensor name that operand: OpDef.int_tensor).
-ARGUMENT_DTYPES = (*MEMORY_DTYPES, "i32")
+
+# Element types: the rows of tk_mlir/dtypes.py that tiles hold.
+TILE_DTYPES = dtypes.TILE_DTYPES
+ARGUMENT_DTYPES = dtypes.ARGUMENT_DTYPES
 
 SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps
 TILE_LAYOUTS = ("vec", "row", "col")
@@ -50,7 +37,7 @@ def scope_warps(scope: str, num_warps: int) -> int:
 
 
 def itemsize(dtype: str) -> int:
-    return DTYPES[dtype][1]
+    return TILE_DTYPES[dtype].itemsize
 
 
 def _parse_type(text: str):
@@ -60,11 +47,17 @@ def _parse_type(text: str):
 
 
 def element_type(dtype: str):
-    return _parse_type(DTYPES[dtype][0])
+    return _parse_type(TILE_DTYPES[dtype].mlir)
 
 
 def is_float(dtype: str) -> bool:
-    return dtype not in REGISTER_ONLY
+    return TILE_DTYPES[dtype].float
+
+
+def in_memory(dtype: str) -> bool:
+    """Whether shared tiles and memory ops take `dtype` (i32 and bool tiles
+    live in registers only)."""
+    return TILE_DTYPES[dtype].memory
 
 
 def scalar_dtype(dtype: str) -> str:
@@ -75,7 +68,7 @@ def scalar_dtype(dtype: str) -> str:
 
 def dtype_of(t) -> str | None:
     """The tk dtype of an MLIR element type (f32, i32, i1 ...), None for others."""
-    return _FROM_MLIR.get(str(t))
+    return dtypes.BY_MLIR.get(str(t))
 
 
 @dataclass(frozen=True)
@@ -85,7 +78,7 @@ class GL:
 
     def to_mlir(self):
         dims = ", ".join("-1" if d is None else str(d) for d in self.shape)
-        return _parse_type(f"!tk.gl<{DTYPES[self.dtype][0]}, array<i64: {dims}>>")
+        return _parse_type(f"!tk.gl<{TILE_DTYPES[self.dtype].mlir}, array<i64: {dims}>>")
 
     @property
     def rank(self) -> int:
@@ -101,7 +94,7 @@ class ST:
 
     def to_mlir(self):
         return _parse_type(
-            f"!tk.st<{DTYPES[self.dtype][0]}, {self.rows}, {self.cols}, {self.swizzle}>")
+            f"!tk.st<{TILE_DTYPES[self.dtype].mlir}, {self.rows}, {self.cols}, {self.swizzle}>")
 
     @property
     def nbytes(self) -> int:
@@ -147,7 +140,7 @@ class RT:
     scope: str = "block"
 
     def to_mlir(self):
-        return _parse_type(f'!tk.rt<{DTYPES[self.dtype][0]}, {self.rows}, {self.cols}, '
+        return _parse_type(f'!tk.rt<{TILE_DTYPES[self.dtype].mlir}, {self.rows}, {self.cols}, '
                              f'"{self.layout}", "{self.scope}">')
 
     @property
@@ -166,7 +159,7 @@ class RV:
     scope: str = "block"
 
     def to_mlir(self):
-        return _parse_type(f'!tk.rv<{DTYPES[self.dtype][0]}, {self.length}, '
+        return _parse_type(f'!tk.rv<{TILE_DTYPES[self.dtype].mlir}, {self.length}, '
                              f'"{self.layout}", "{self.scope}">')
 
     @property
@@ -186,7 +179,7 @@ class SV:
     length: int
 
     def to_mlir(self):
-        return _parse_type(f"!tk.sv<{DTYPES[self.dtype][0]}, {self.length}>")
+        return _parse_type(f"!tk.sv<{TILE_DTYPES[self.dtype].mlir}, {self.length}>")
 
     @property
     def nbytes(self) -> int:
@@ -214,7 +207,7 @@ def _parse_text(text: str) -> TkType | None:
     if kind == "sem":
         return Sem()
     dtype_text, _, rest = body.partition(",")
-    dtype = _FROM_MLIR[dtype_text.strip()]
+    dtype = dtypes.BY_MLIR[dtype_text.strip()]
     if kind == "gl":
         dims = re.search(r"array<i64(?::(.*))?>", rest).group(1) or ""
         return GL(dtype, tuple(None if int(d) < 0 else int(d) for d in dims.split(",") if d.strip()))

@@ -24,12 +24,14 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import tk, types as T
+from ..dtypes import TILE_DTYPES
 from .context import LoweringContext, build_vector, c64, i32, i64, in_place, lowers
 from .fragments import Fragment, SharedRef
 
 _SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
-_WGMMA_TYPE = {"bf16": nvvm.WGMMATypes.bf16, "f16": nvvm.WGMMATypes.f16,
-               "f8e4m3": nvvm.WGMMATypes.e4m3, "f8e5m2": nvvm.WGMMATypes.e5m2}
+def _wgmma_type(dtype: str):
+    """The wgmma operand type of a tile dtype (the table's `wgmma` column)."""
+    return getattr(nvvm.WGMMATypes, TILE_DTYPES[dtype].wgmma)
 
 
 def _descriptor_bits(st: T.ST, k_major: bool) -> int:
@@ -150,7 +152,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
     layout_b = nvvm.MMALayout.row if trans_b else nvvm.MMALayout.col
-    type_a, type_b = _WGMMA_TYPE[a_t.dtype], _WGMMA_TYPE[b_t.dtype]
+    type_a, type_b = _wgmma_type(a_t.dtype), _wgmma_type(b_t.dtype)
     per_block = n // 2                       # accumulator registers per 64 rows
     nvvm.wgmma_fence_aligned()
     regs = list(acc.regs)

@@ -74,7 +74,7 @@ def _layout_ok(t, num_warps: int) -> None:
 
 
 def _in_memory(dtype: str, what: str) -> None:
-    _require(dtype not in T.REGISTER_ONLY, f"{what}: {dtype} tiles live in registers only "
+    _require(T.in_memory(dtype), f"{what}: {dtype} tiles live in registers only "
              f"(indices and masks): no load, store, shared tile, TMA or MMA takes them; "
              f"convert with .to(tk.f32) or pick values with tk.where")
 

@@ -138,7 +138,7 @@ def test_bug_in_a_builtin_is_an_internal_error(raised, monkeypatch):
     # Simulated: the dtype table loses an entry, so tk.zeros' own code raises
     # KeyError inside dialects/types.py (as `tk.spec(..., "f64")` once did).
     # (A copy without it: deleting and restoring the entry would reorder the table.)
-    monkeypatch.setattr(T, "DTYPES", {k: v for k, v in T.DTYPES.items() if k != "f32"})
+    monkeypatch.setattr(T, "TILE_DTYPES", {k: v for k, v in T.TILE_DTYPES.items() if k != "f32"})
     with pytest.raises(InternalCompilerError) as info:
         k_zeros.compile(tk.spec((64, 64), "bf16"))
     e = info.value

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from .dialects import types as T
+from .dtypes import MEMORY_DTYPES
 from .errors import CompilationError
 
 # Set by the frontend while it builds a kernel; builtins refuse to run without it.
@@ -46,15 +47,16 @@ class DType:
         return f"tk.{self.name}"
 
 
-bf16, f16, f32 = DType("bf16"), DType("f16"), DType("f32")
-f8e4m3, f8e5m2 = DType("f8e4m3"), DType("f8e5m2")
-DTYPE_OBJECTS = {d.name: d for d in (bf16, f16, f32, f8e4m3, f8e5m2)}
+# tk.bf16 ...: the dtypes memory holds (tk_mlir/dtypes.py).
+DTYPE_OBJECTS = {name: DType(name) for name in MEMORY_DTYPES}
+bf16, f16, f32, f8e4m3, f8e5m2 = (DTYPE_OBJECTS[n] for n in ("bf16", "f16", "f32", "f8e4m3",
+                                                             "f8e5m2"))
 
 
 def dtype_name(d) -> str:
     if isinstance(d, DType):
         return d.name
-    if isinstance(d, str) and d in T.DTYPES:
+    if isinstance(d, str) and d in T.TILE_DTYPES:
         return d
     raise CompilationError(f"expected a tk dtype (tk.bf16, tk.f16, tk.f32, ...), got {d!r}")
 
