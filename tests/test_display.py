@@ -1,5 +1,6 @@
 import html
 import re
+import sys
 from html.parser import HTMLParser
 
 from hypothesis import given, strategies as st
@@ -257,6 +258,59 @@ def test_listing_prints_plain_and_shows_highlighted():
     parse(out)
     assert pre_text(out) == [PTX.rstrip("\n")]
     assert '<span class="t-op">ld.global.v4.f32</span>' in out
+
+
+def test_listing_prints_itself_in_a_script(capsys, monkeypatch):
+    """Outside IPython and the interactive prompt nothing displays a returned
+    value, so a Listing (what compiled.show returns) prints its text once."""
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    Listing("k: ptx", "ptx", PTX)
+    assert capsys.readouterr().out == PTX
+    Listing("k: tk", "tk", "no newline at the end")
+    assert capsys.readouterr().out == "no newline at the end\n"
+
+
+def test_listing_leaves_showing_to_ipython_and_the_prompt(capsys, monkeypatch):
+    import types
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    shell = types.ModuleType("IPython")
+    shell.get_ipython = lambda: object()                  # a running IPython
+    monkeypatch.setitem(sys.modules, "IPython", shell)
+    Listing("k: ptx", "ptx", PTX)
+    assert capsys.readouterr().out == ""
+    shell.get_ipython = lambda: None                      # IPython imported, not running
+    Listing("k: ptx", "ptx", PTX)
+    assert capsys.readouterr().out == PTX
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)   # the prompt echoes the value
+    Listing("k: ptx", "ptx", PTX)
+    assert capsys.readouterr().out == ""
+
+
+SCRIPT = """
+import tk_mlir as tk
+from tk_mlir import f32
+
+@tk.kernel(num_warps=4)
+def double(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (tk.block_id(0), 0), (16, 64)) * 2.0, (tk.block_id(0), 0))
+
+compiled = double.compile(tk.spec((64, 64), tk.f32), tk.spec((64, 64), tk.f32))
+compiled.show("tk")
+print("---")
+compiled.show("tk-allocate-smem", diff=True)
+"""
+
+
+def test_compiled_show_prints_in_a_plain_script(tmp_path):
+    import subprocess
+    script = tmp_path / "show.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    shown, diff = run.stdout.split("---\n")
+    assert "tk.load" in shown and "tk.store" in shown and " │ " in shown   # the short form
+    assert diff.startswith("@@ -") and "\n+" in diff, diff                 # what the pass changed
 
 
 def test_meta_table_and_scoped_css():

@@ -21,6 +21,7 @@ import hashlib
 import html
 import json
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 
@@ -525,12 +526,26 @@ def stages_html(title: str, stages: dict[str, str], meta: dict | None = None,
             f"{head}{body}</div>")
 
 
+def _results_are_displayed() -> bool:
+    """Whether something shows the value of a bare expression: IPython (a
+    notebook, or its terminal) or Python's interactive prompt; not a script."""
+    if hasattr(sys, "ps1"):
+        return True
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    return get_ipython is not None and get_ipython() is not None
+
+
 class Listing:
     """One stage's whole text (or its whole diff), as `compiled.show(stage)`
-    returns it: printed as plain text, shown highlighted in a notebook."""
+    returns it: plain text as a string, highlighted in a notebook. In a
+    script, where nothing displays a returned value, making one prints its
+    text to stdout: `compiled.show("ptx")` shows the stage there too
+    (`compiled.asm[stage]` is the text without printing it)."""
 
     def __init__(self, title: str, stage: str, text: str, diff: bool = False):
         self.title, self.stage, self.text, self.diff = title, stage, text, diff
+        if not _results_are_displayed():
+            print(text, end="" if text.endswith("\n") else "\n")
 
     def __str__(self) -> str:
         return self.text
