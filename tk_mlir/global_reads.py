@@ -50,7 +50,7 @@ In memory (kernel.py), a signature maps to a few (reads, code) entries; a
 lookup takes one whose reads are all fresh, else compiles and adds one.
 
 On disk the reads are known only after compiling, so the lookup has two
-levels (kernel.py `_compile_recorded`). `base` is the key of everything
+levels (`compile_cached`). `base` is the key of everything
 known before compiling (source, signature, constexprs, a tk.func or function
 constexpr by its code, toolchain). Under `_index_key(base, n)`, n = 0, 1, ...,
 in `<cache dir>/reads/`, are the read *sets* compiles of `base` have recorded, each read described by

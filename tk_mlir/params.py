@@ -348,7 +348,7 @@ def launch_value_code(abi: Sequence[AbiParam], arg_vars: Sequence[str], tensor_m
                       env: dict) -> list[str]:
     """One Python expression per ABI parameter for its launch value, in code
     where runtime argument j is the variable `arg_vars[j]` and, for a tensor
-    argument v, `v_ptr`, `v_shape` and `v_strides` hold its data pointer,
+    argument v, `{v}_ptr`, `{v}_shape` and `{v}_strides` hold its data pointer,
     shape and strides (elements). What the expressions use besides is added
     to `env`. (`tensor_maps`: CompiledKernel.tensor_maps, the box of each.)"""
     from .runtime.arguments import ITEMSIZES
