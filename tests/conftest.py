@@ -1,12 +1,16 @@
-"""Shared test setup: GPU tests skip cleanly where no CUDA GPU is present, and
-every test compiles into a fresh, private disk cache."""
+"""Shared test setup: GPU tests skip cleanly where no CUDA GPU is present,
+every test compiles into a fresh, private disk cache, and the run ends with
+one line saying why tests were skipped."""
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+GPU_SKIP = "need a CUDA GPU (gpu marker)"
+REASONS_SHOWN = 6        # the most common skip reasons, by name; the rest counted
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
             return False
     if has_gpu():
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU")
+    skip = pytest.mark.skip(reason=GPU_SKIP)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
@@ -27,3 +31,22 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ").strip() or "no reason given"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`skipped: 380 need a CUDA GPU (gpu marker), 20 need chromium, ...`:
+    why tests skipped, most common first (`-rs` lists each test)."""
+    reasons = Counter(_skip_reason(r) for r in terminalreporter.stats.get("skipped", ()))
+    if not reasons:
+        return
+    parts = [f"{n} {reason}" for reason, n in reasons.most_common(REASONS_SHOWN)]
+    rest = reasons.most_common()[REASONS_SHOWN:]
+    if rest:
+        parts.append(f"{sum(n for _, n in rest)} for {len(rest)} other reasons (-rs lists them)")
+    terminalreporter.write_line("skipped: " + ", ".join(parts))
