@@ -50,7 +50,7 @@ if not (_HERE / "dialects").is_dir() and (_HERE.parent / "dialects" / "__init__.
 from .autotune import Config, autotune
 from .errors import ArgumentError, CompilationError, InternalCompilerError, TkLintWarning
 from .kernel import Kernel, kernel
-from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl, pgl
+from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl, pgl, static_range
 from .runtime.arguments import spec
 
 __version__ = "0.1.0"
@@ -74,11 +74,6 @@ _LAZY = {
     **dict.fromkeys(("PeerTensor", "peer_tensor", "peer_spec"), ".runtime.peers"),
 }
 _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
-
-
-def static_range(*args):
-    """`for i in tk.static_range(n)`: a loop unrolled at compile time."""
-    return range(*args)
 
 
 def cdiv(a, b):

@@ -477,9 +477,8 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_For(self, node):
         if node.orelse:
             raise self.error(node, "for ... else is not supported")
-        from . import static_range
         callee = self.eval(node.iter.func) if isinstance(node.iter, ast.Call) else None
-        if callee not in (range, static_range):
+        if callee not in (range, language.static_range):
             raise self.error(node.iter, "a kernel loop iterates over range(...) "
                                         "(or tk.static_range(...) to unroll it)")
         args = [self.eval(a) for a in node.iter.args]
@@ -489,7 +488,7 @@ class KernelBuilder(ast.NodeVisitor):
             (args[0], args[1], args[2] if len(args) == 3 else 1)
         if not isinstance(node.target, ast.Name):
             raise self.error(node.target, "the loop variable must be a plain name")
-        if callee is static_range:
+        if callee is language.static_range:
             if any(_is_runtime(x) for x in (start, stop, step)):
                 raise self.error(node.iter, "tk.static_range needs compile-time bounds"
                                  + V.constexpr_hint(start, stop, step))

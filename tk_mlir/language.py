@@ -146,3 +146,8 @@ class BoundFunc:
 
 def func(fn) -> Func:
     return Func(fn)
+
+
+def static_range(*args):
+    """`for i in tk.static_range(n)`: a loop unrolled at compile time."""
+    return range(*args)

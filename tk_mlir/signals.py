@@ -27,7 +27,6 @@ from .dialects import tk as tk_dialect
 from .errors import CompilationError
 from .language import builtin, compile_time_int
 from .ops import _indices
-from .runtime.peers import DEFAULT_TIMEOUT_MS
 from .values import Global, as_scalar, builds, emit
 
 __all__ = ["signal", "wait_signal", "fence"]
@@ -87,6 +86,12 @@ def signal(flags, idx, value=1, *, scope="sys", mode="add"):
     emit("signal", [flags, _int(value, "tk.signal's value"),
                     *_flag_index(flags, idx, "tk.signal")],
          scope=_scope(scope), mode=mode)
+
+
+# How long tk.wait_signal waits before it traps, by default: long enough for a
+# rank that compiles or loads while the others wait (a trap ends the process's
+# CUDA context), short of hanging for good.
+DEFAULT_TIMEOUT_MS = 60_000
 
 
 @builtin

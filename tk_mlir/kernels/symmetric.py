@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tk_mlir.runtime.peers import DEFAULT_TIMEOUT_MS  # noqa: F401  (the kernels' default)
+from tk_mlir.signals import DEFAULT_TIMEOUT_MS  # noqa: F401  (the kernels' default)
 
 _WORLD_SIZES: dict = {}
 

@@ -105,10 +105,6 @@ def peer_spec(shape, dtype, world_size: int, strides=None) -> PeerSpec:
 
 # One GPU per rank of an NVLink domain; each copy is a kernel parameter of its own.
 MAX_WORLD_SIZE = 8
-# How long tk.wait_signal waits before it traps, by default: long enough for a
-# rank that compiles or loads while the others wait (a trap ends the process's
-# CUDA context), short of hanging for good.
-DEFAULT_TIMEOUT_MS = 60_000
 
 
 @dataclass(frozen=True)
