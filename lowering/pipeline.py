@@ -200,7 +200,8 @@ def save_for_replay(stage: str, text: str, suffix: str = ".mlir") -> Path | None
     TK_MLIR_DUMP_DIR when set (and writable), else a new temporary folder;
     None if neither can be written (the error is reported all the same)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
-    for folder in (os.environ.get("TK_MLIR_DUMP_DIR"), None):
+    from ..knobs import dump_dir
+    for folder in (dump_dir(), None):
         try:
             directory = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="tk_mlir-ice-"))
             directory.mkdir(parents=True, exist_ok=True)

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from . import cache
+from . import cache, knobs
 from .errors import CompilationError, for_the_user
 from .kernel import Kernel, _interpret_all
 from .params import GL, describe_value, hashable, valid_num_warps
@@ -370,7 +369,7 @@ class Autotuner:
 
     @staticmethod
     def _report(text: str) -> None:
-        if os.environ.get("TK_MLIR_PRINT_AUTOTUNING", "").strip().lower() in cache._TRUE:
+        if knobs.print_autotuning():
             print(f"tk_mlir autotune: {text}", file=sys.stderr, flush=True)
 
 

@@ -32,6 +32,8 @@ import warnings
 
 from tk_mlir.runtime.toolchain import find_tool
 
+from .knobs import always_compile, cache_dir     # (also read through cache by others)
+
 # Bump when the entry layout or key payload changes meaning, so old entries
 # are never read with new assumptions.
 _FORMAT = 2
@@ -40,23 +42,9 @@ _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-_TRUE = {"1", "true", "yes", "on"}
 
 # The packages whose sources are the compiler; editing any of them must miss.
 _PACKAGES = ("tk_mlir", "tk_mlir.dialects", "tk_mlir.passes", "tk_mlir.lowering")
-
-
-def cache_dir() -> pathlib.Path:
-    """``$TK_MLIR_CACHE_DIR``, or ``~/.cache/tk_mlir``."""
-    env = os.environ.get("TK_MLIR_CACHE_DIR", "").strip()
-    if env:
-        return pathlib.Path(env).expanduser()
-    return pathlib.Path.home() / ".cache" / "tk_mlir"
-
-
-def always_compile() -> bool:
-    """``TK_MLIR_ALWAYS_COMPILE=1``: never reuse a cached result."""
-    return os.environ.get("TK_MLIR_ALWAYS_COMPILE", "").strip().lower() in _TRUE
 
 
 # --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import cache
+from . import cache, knobs
 from . import global_reads as _reads
 from .errors import CompilationError, InternalCompilerError
 from .params import PASSED_AS, AbiParam, launch_values_function, valid_num_warps
@@ -409,10 +409,10 @@ def _require(ok: bool, what: str) -> None:
 def dump_folder(spec: Specialization) -> Path | None:
     """TK_MLIR_DUMP_DIR's folder for `spec`, checked writable before anything
     is written; None when TK_MLIR_DUMP_DIR is not set."""
-    dump_dir = os.environ.get("TK_MLIR_DUMP_DIR")
-    if not dump_dir:
+    dump_dir = knobs.dump_dir()
+    if dump_dir is None:
         return None
-    return writable_folder(Path(dump_dir) / spec.dump_name(), "TK_MLIR_DUMP_DIR")
+    return writable_folder(Path(dump_dir) / spec.dump_name(), knobs.DUMP_DIR.name)
 
 
 def writable_folder(folder: Path, what: str) -> Path:
@@ -544,7 +544,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
 
     def dump(index: int, name: str, text: str) -> None:
         if folder is not None:       # (checked writable above; a full disk still fails)
-            _write_stage(folder, index, name, text, "TK_MLIR_DUMP_DIR")
+            _write_stage(folder, index, name, text, knobs.DUMP_DIR.name)
 
     def on_stage(name: str, text: str) -> None:
         # Written as we go, so a failing pass leaves what came before.
@@ -679,6 +679,7 @@ def _load(disk: cache.DiskCache, spec: Specialization, dump_name: str
     except cache.DamagedEntry as why:
         disk.discard(key, why)
         return None
-    if os.environ.get("TK_MLIR_DUMP_DIR"):
-        compiled.dump(os.environ["TK_MLIR_DUMP_DIR"], dump_name, "TK_MLIR_DUMP_DIR")
+    dump_dir = knobs.dump_dir()
+    if dump_dir is not None:
+        compiled.dump(dump_dir, dump_name, knobs.DUMP_DIR.name)
     return compiled

@@ -105,8 +105,8 @@ class InternalCompilerError(RuntimeError):
 
 def debug() -> bool:
     """TK_MLIR_DEBUG=1: re-raise errors with their full traceback."""
-    import os
-    return os.environ.get("TK_MLIR_DEBUG", "") not in ("", "0")
+    from .knobs import debug
+    return debug()
 
 
 def for_the_user(e: BaseException) -> BaseException:
