@@ -1,46 +1,30 @@
 """tk-proxy-fences: order the threads' writes to a shared tile before an
 async-proxy read of it.
 
-The PTX memory model has two proxies for shared memory: threads' ld/st go
-through the generic proxy, TMA and wgmma read through the async proxy. A
-barrier or semaphore orders memory operations of one proxy only; between a
+Threads' ld/st go through the generic proxy, TMA and wgmma read through the
+async proxy, and a barrier or semaphore orders one proxy only; between a
 generic write and an async read of the same bytes there must be a
-`fence.proxy.async.shared::cta` (PTX ISA, "Proxies" / "Memory consistency
-model"). The fence orders the *fencing thread's* prior generic accesses with
-its subsequent async-proxy accesses; cross-thread ordering still comes from
-the user's barrier or semaphore. So the placement that is correct for any
-reader is the one ThunderKittens and CUTLASS use:
+`fence.proxy.async.shared::cta` (PTX ISA, "Proxies"). The fence orders only
+the fencing thread's own accesses, so every writing thread fences after its
+writes and before the synchronisation that publishes them (as ThunderKittens
+and CUTLASS do):
 
     each writing thread:  st.shared ... ; fence.proxy.async ; barrier/arrive
     the reading thread:   (after the barrier/wait)  wgmma / TMA store
 
-i.e. every thread fences after its own writes and before the
-synchronisation that publishes them. A fence only in the thread that issues
-the TMA/wgmma (after the barrier) does not order the *other* threads'
-generic writes with its async reads, and a fence before the writes orders
-nothing. We therefore mark each hazardous write op (`proxy_fence`, see
-dialects/contracts.py), and its lowering emits the fence right after its
-stores — before any barrier of its own (a block-scope tk.store, tk.copy),
-hence always before the user's synchronisation that follows it.
+This pass marks each hazardous write op (`proxy_fence`, dialects/contracts.py);
+its lowering emits the fence right after its stores, before any barrier of
+its own, hence before the user's synchronisation.
 
-A write is hazardous when the IR shows a path from it to an async-proxy
-read (op traits `writes` / `reads`, dialects/tk.py) of the same allocation
-(tiles of one `tk.shared_tiles` array, or subtiles of one tile, may
-overlap): later in program order, unless the two sit in different branches
-of one if whose condition is the same in every thread of the block; or
-anywhere in a loop that encloses both (the next iteration); or anywhere,
-before or after it, when the read sits under an if on the thread, lane or
-warp id (passes/uniform.py) below the innermost op enclosing both: the
-threads that do not take that branch run on past it at once (into the other
-branch, a later if on the thread id, or code all threads run), so their
-write may be published to the threads still to run the read — the
-warp-specialized pattern of one warpgroup writing a tile and publishing it
-with a semaphore or named barrier to another that reads it with wgmma,
-whether the two roles are written as one if/else or as two ifs in either
-order.
-Writes no async read can follow get no fence: the TMA -> mbarrier -> wgmma
-chain of a GEMM gets none, and neither does a tile only read back by
-threads.
+A write is hazardous when an async-proxy read (traits `writes` / `reads`) of
+the same allocation (a `tk.shared_tiles` array or a tile with its subtiles)
+may follow it: later in program order (unless the two sit in different
+branches of a block-uniform if), anywhere in a loop enclosing both, or
+anywhere at all when the read sits under an if on the thread, lane
+or warp id (passes/uniform.py) below the innermost op enclosing both — the
+threads that skip that branch may publish their write to those still to run
+the read (warp-specialized roles). Writes no async read can follow get no
+fence: a GEMM's TMA -> mbarrier -> wgmma chain gets none.
 """
 from __future__ import annotations
 

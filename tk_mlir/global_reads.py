@@ -1,82 +1,29 @@
 """The values a kernel's code read from outside it while it was compiled,
 and a cheap test that they have not changed since.
 
-A kernel that reads `SCALE` bakes SCALE's value into its code, so a changed
-SCALE must never run the old code (in a notebook this is the everyday case).
-What counts is what the frontend *resolved*, not a guess from the names in
-the source (a local `x = tk.load(...)` beside a notebook's global `x` is no
-read; `cfgmod.SCALE`, `Cfg.SCALE` and a global read by a plain helper called
-at compile time are). While a kernel compiles, a `Recorder` (set around the
-compile, see `recording`) collects one `GlobalRead` per value resolved from
-outside the kernel:
+A kernel that reads `SCALE` bakes its value into the code, so a changed SCALE
+must never run the old code. While a kernel compiles, a `Recorder` (see
+`recording`) collects one `GlobalRead` (scope, name, value) per value the
+frontend resolved outside the kernel: globals (an unfound builtin name as
+ABSENT), attributes of user modules, classes and recorded values, and the
+source, defaults, globals and cells of plain functions called at compile
+time (`_FOLLOW_DEPTH` deep). tk_mlir's own modules, the standard library and
+installed packages are not followed (cache key, or unchanged in a process).
+`fresh` checks a read: immutable values by identity, then `text`; mutable
+ones by text on every check (`volatile`); tensors and arrays by type, shape,
+dtype and device, held by weak reference.
 
-- a name the frontend finds in the globals of the kernel, of an inlined
-  @tk.func or of a function defined in the kernel (and a builtin name it
-  did *not* find there: a later global of that name would be read instead;
-  such a read's value is ABSENT). tk_mlir's own tk.funcs' globals are not
-  recorded (their sources are in every cache key);
-- an attribute of a user module (a read of `module.__dict__[attr]`: a
-  module's identity alone says nothing of its attributes), of a class, or
-  of an object that is itself the value of a recorded read (`CFG.SCALE`);
-  tk_mlir's own modules, the standard library's and installed packages'
-  are not followed (they are in the cache key's sources and versions, or
-  assumed unchanged in a process);
-- for a plain Python function called at compile time (or read as a value):
-  its identity is its source (or code) and defaults, and its code's global
-  names (`co_names`, nested code included) are reads in its `__globals__`,
-  its closure's cells reads too, following functions, user modules and
-  classes a few levels down (`_FOLLOW_DEPTH`).
+On disk (`compile_cached`) the read sets that compiles of `base` (everything
+known before compiling) recorded lie under `_index_key(base, n)`, each read
+named by where it was found (`describe`); a lookup re-resolves a set
+(`resolve`) and looks for code under base + set + current texts (`key_text`).
+Sound because the frontend is deterministic: if every recorded read gives the
+text it gave the compile, a compile now would emit the same code. This
+assumes a value's text stands for all the compile used of it; a read that
+cannot be described leaves its code off the disk (never stale).
 
-Each read is (scope, name, value): `scope.get(name)` gave `value`, shown as
-`text` (what the disk key holds). Checking one (`fresh`):
-
-- an immutable value (number, str, tk dtype, tuple of those, function,
-  tk.func, module, class): an identity test; only when the identity differs
-  (a cell re-ran `SCALE = 2.0`) is the text recomputed and compared, and an
-  equal text adopts the new object so that the next check is an identity
-  test again;
-- a mutable value (list, dict, any other object, read by its repr) can change
-  in place, so its text is recomputed on every check (`volatile`);
-- a tensor or array: by its type, shape, dtype and device (never its
-  contents), checked by identity. Values are held by weak reference where
-  Python allows it (tensors, arrays, objects), so a read never keeps a
-  user's tensor alive; a dead one is simply not the current value. (The
-  launch plans' inline identity test `scope.get(name) is read.value` then
-  sees a weak reference, never equal, and defers to fresh(): a method call
-  per launch for such reads only; numbers, strings, functions, modules,
-  classes, tuples stay a bare identity test.)
-
-In memory (kernel.py), a signature maps to a few (reads, code) entries; a
-lookup takes one whose reads are all fresh, else compiles and adds one.
-
-On disk the reads are known only after compiling, so the lookup has two
-levels (`compile_cached`). `base` is the key of everything
-known before compiling (source, signature, constexprs, a tk.func or function
-constexpr by its code, toolchain). Under `_index_key(base, n)`, n = 0, 1, ...,
-in `<cache dir>/reads/`, are the read *sets* compiles of `base` have recorded, each read described by
-where it was found (`describe`: a module by name, an earlier read's value,
-a constexpr, then the dict / attribute / closure cell in it) and its name.
-A lookup resolves each set in this process (`resolve`: the scopes found
-again, the current values read), and looks for the code under
-`base` + that set + the current texts (`key_text`). Why that is right: the
-frontend is deterministic in what it reads; if every read of a recorded set
-gives today the text it gave the compile that stored the code, a compile
-today would make the same reads in the same order, see the same values and
-emit the same code. A set whose values differ today misses, the compile
-records its own set (maybe another one: `if USE_A: a.X`) and publishes it
-under the next free n. A read that cannot be described (a closure of an
-unnamed function, an object no read reached) makes that compile's code
-unreachable on disk: it is compiled in each process, never stale.
-
-What this assumes: a value's text stands for everything the compile used of
-it (a repr that hides an attribute the kernel reads is covered by recording
-that attribute read too); installed packages and the standard library do not
-change within a process (their globals are not followed).
-
-`global_reads(source, scope)` is the older guess from the names in the
-source (less the parameters and the names the body assigns); it only feeds
-`Kernel._globals_key`, for the autotuner's choice key, which must exist
-before any compile.
+`global_reads(source, scope)` guesses reads from the source's names, only for
+`Kernel._globals_key` (the autotuner's key, needed before any compile).
 """
 from __future__ import annotations
 

@@ -1,30 +1,27 @@
 """Launch plans: the per-signature code between `kernel[grid](...)` and the driver.
 
-A kernel call must cost little host time (the bar: a bare cuLaunchKernel
-from cuda-python). So the first call with a new signature compiles the
-kernel, checks every argument rule, and generates a small Python function
-specialised to that signature and device (like Triton's generated launchers):
+A kernel call must cost little host time (the bar: a bare cuLaunchKernel from
+cuda-python). The first call with a new signature compiles the kernel, checks
+every argument rule, and generates a small Python function specialised to
+that signature and device:
 
     def plan(grid, args, kwargs):
-        if len(args) != 4 or len(kwargs) != 1: return False       # the guard: same
+        if len(args) != 4 or len(kwargs) != 1: return False       # same arity,
         v = kwargs.get('BLOCK', MISSING)                           # constexprs (type
-        if type(v) is not K0_type or v != K0: return False        # and value), same
-        if S0.get(N0) is not R0.value and not R0.fresh(): return False   # globals,
+        if type(v) is not K0_type or v != K0: return False        # and value),
+        if S0.get(N0, ABSENT) is not R0.value and not R0.fresh(): return False  # globals,
         a0, a1, a2, a3 = args                                      # tensor kinds
         if type(a0) not in TENSORS or a0.dtype is not D0 or a0.ndim != 2: return False
-        ...
-        a0_ptr = a0.data_ptr(); a0_strides = a0.stride(); a0_shape = a0.shape ...
-        key = (a0_shape, a0_strides, a0.get_device(), ...)           # checked once
-        if (a0_ptr | ...) & 15 or key not in checked: ... full_check ...; checked.add(key)
-        ... the grid, validated once per distinct tuple ...
+        key = (a0_shape, a0_strides, a0.get_device(), ...)         # checked once per key
+        if (a0_ptr | ...) & 15 or key not in checked: ... full_check ...
         launch(grid[0], grid[1], grid[2], stream(), a0_ptr, a0_shape[0], ...)
         return True
 
-The launch values come from params.launch_value_code, as on the general
-path. A call whose arguments do not pass the guard (or whose globals
-changed: global_reads.py) goes back to the kernel, which finds or makes
-another plan. Arguments that are not torch tensors take the general path
-(`Kernel.launch_general`), which reads and checks every argument on every call.
+A plan returns False when its guard fails (or a global read changed:
+global_reads.py); the kernel then finds or makes another plan. Launch values
+come from params.launch_value_code, as on the general path. Arguments that
+are not torch tensors take the general path (`Kernel.launch_general`), which
+checks every argument on every call.
 """
 from __future__ import annotations
 
