@@ -325,6 +325,72 @@ def test_arguments_are_checked_as_for_the_gpu():
         softmax.interpret[(2,)]([1.0], [1.0], ROWS=4, N=64)
 
 
+# ------------------------------------------------------------- memory
+
+@tk.kernel(num_warps=8)
+def staged(A: tk.gl, C: tk.gl[f32], SCALE: tk.constexpr):
+    """A's 64-row tiles (two: one per stage) in by TMA (semaphores, a loop,
+    an if per warpgroup), scaled, out by threads: ops of every kind of rule."""
+    st = tk.shared_tiles(A.dtype, (64, 64), 2, swizzle=128)
+    full = tk.semaphores(2)
+    tiles = tk.cdiv(A.shape[0], 64)
+    if tk.warpgroup_id() == 1:
+        if tk.elect_leader("warpgroup"):
+            for i in range(tiles):
+                tk.tma.expect(full[i % 2], st[i % 2])
+                tk.tma.load_async(st[i % 2], A, (i, 0), full[i % 2])
+    else:
+        for i in range(tiles):
+            tk.wait(full[i % 2], (i // 2) & 1)
+            x = tk.load(st[i % 2], layout="row", scope="warpgroup").to(f32)
+            tk.store(C, x * SCALE, (i, 0))
+
+
+def _mlir_objects(root) -> list:
+    """The objects of MLIR's Python bindings that `root` reaches: through
+    attributes, containers and closures (not through modules, classes or a
+    function's globals, which every function reaches)."""
+    import gc
+    import types
+    found, seen, todo = [], set(), [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if type(obj).__module__.split(".")[0] in ("mlir", "_mlir"):
+            found.append(obj)
+            continue
+        if isinstance(obj, types.FunctionType):
+            todo += [c.cell_contents for c in obj.__closure__ or () if c.cell_contents
+                     is not obj] + list(obj.__defaults__ or ())
+            continue
+        if isinstance(obj, dict) and "__builtins__" in obj:
+            continue                                   # a module's globals
+        todo += gc.get_referents(obj)
+    return found
+
+
+def test_programs_hold_no_mlir_objects_and_free_their_contexts():
+    """A compiled Program is plain data (op locations as file/line/col, what
+    each rule needs): the MLIR module and context it was built from are
+    freed, however many specializations are kept."""
+    import gc
+    from mlir import ir
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    gc.collect()
+    live = ir.Context._get_live_count()
+    for k in range(12):                         # 12 specializations, each kept
+        c = torch.full((128, 64), float("nan"))
+        staged.interpret[(1,)](a, c, SCALE=k + 0.5)
+        assert rel_err(c.numpy(), a.double().numpy() * (k + 0.5)) < 1e-6
+    programs = [p for entries in staged._programs.values() for _, p in entries]
+    assert len(programs) == 12
+    assert _mlir_objects(programs) == []
+    gc.collect()
+    assert ir.Context._get_live_count() == live
+
+
 # ----------------------------------------------------------------- errors
 
 @tk.kernel(num_warps=4)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import types as T
-from .machine import YIELD, Blocked, error, warp_scalar, where
+from .machine import YIELD, Blocked, error, warp_scalar
 from .rules import interprets
 from .semaphores import NamedBarrier
 
@@ -41,7 +41,7 @@ def _lanes(w) -> int:
 
 @interprets("tk.arrive", sync=True)
 def _arrive(op, num_warps):
-    loc, at = op.location, where(op.location)
+    loc, at = op.loc, op.at
     def arrive(w, sem):
         block = w.block
         block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at)
@@ -52,7 +52,7 @@ def _arrive(op, num_warps):
 
 @interprets("tk.expect_bytes", sync=True)
 def _expect_bytes(op, num_warps):
-    loc, at, nbytes = op.location, where(op.location), op.bytes
+    loc, at, nbytes = op.loc, op.at, op.bytes
     def expect(w, sem):
         w.block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, tx=nbytes)
         w.clock[w.index] += 1
@@ -62,7 +62,7 @@ def _expect_bytes(op, num_warps):
 
 @interprets("tk.wait", sync=True)
 def _wait(op, num_warps):
-    loc, at = op.location, where(op.location)
+    loc, at = op.loc, op.at
     def wait(w, sem, phase):
         p = warp_scalar(w, phase, loc, "tk.wait: the phase parity")
         if p not in (0, 1):
@@ -98,7 +98,7 @@ def _nbytes(ref) -> int:
 
 @interprets("tk.tma_load", sync=True)
 def _tma_load(op, num_warps):
-    loc, at = op.location, where(op.location)
+    loc, at = op.loc, op.at
     def load(w, dst, src, sem, *coords):
         block = w.block
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
@@ -134,7 +134,7 @@ class _Store:
 
 def _store_rule(add: bool, what: str):
     def factory(op, num_warps):
-        loc, at = op.location, where(op.location)
+        loc, at = op.loc, op.at
         def store(w, dst, src, *coords):
             block = w.block
             coords = [warp_scalar(w, c, loc, f"{what}: a coordinate") for c in coords]
@@ -167,7 +167,7 @@ def _tma_commit(op, num_warps):
 
 @interprets("tk.tma_wait")
 def _tma_wait(op, num_warps):
-    pending, at = op.pending, where(op.location)
+    pending, at = op.pending, op.at
     def wait(w):
         for lane in w.active_lanes():
             groups = w.bulk.get(int(lane))
@@ -194,8 +194,7 @@ def _tma_prefetch(op, num_warps):
 @interprets("tk.mma")
 def _mma(op, num_warps):
     from .program import Pending
-    trans_a, trans_b, loc = bool(op.trans_a), bool(op.trans_b), op.location
-    at = where(loc)
+    trans_a, trans_b, loc, at = bool(op.trans_a), bool(op.trans_b), op.loc, op.at
     def mma(scope, acc, a, b):
         block, warps = scope.block, scope.warps
         wg = warps[0].index // 4
@@ -223,7 +222,7 @@ def _mma(op, num_warps):
 
 @interprets("tk.mma_wait")
 def _mma_wait(op, num_warps):
-    pending, at = op.pending, where(op.location)
+    pending, at = op.pending, op.at
     def wait(w):
         block, wg = w.block, w.index // 4
         done = block.mma_issued.get(wg, 0) - pending
@@ -265,7 +264,7 @@ def _set_registers(op, num_warps):
 
 @interprets("tk.named_barrier", sync=True)
 def _named_barrier(op, num_warps):
-    loc, at, warps, sync = op.location, where(op.location), op.warps, op.mode == "sync"
+    loc, at, warps, sync = op.loc, op.at, op.warps, op.mode == "sync"
     def barrier(w, index):
         i = warp_scalar(w, index, loc, "tk.named_barrier: the id")
         if not 1 <= i <= 15:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,15 +37,30 @@ class InterpretError(CompilationError):
     """What the interpreter reports about a kernel, at the user's line."""
 
 
-def error(loc, message: str) -> InterpretError:
-    e = error_at(loc, message)
-    return InterpretError(e.message, e.filename, e.line, e.col)
+class Loc(NamedTuple):
+    """An op's place in the user's source as plain data: a compiled Program
+    holds these, never an MLIR Location (which would keep its Context, and
+    every op of the module, alive for as long as the Program)."""
+    filename: str | None
+    line: int | None
+    col: int | None
+
+    @classmethod
+    def of(cls, location) -> Loc:
+        """The Loc of an MLIR Location (a tk_mlir helper's ops carry the
+        user's call: frontend.py); all None when it names no line."""
+        e = error_at(location, "")
+        return cls(e.filename, e.line, e.col)
+
+    @property
+    def where(self) -> str:
+        """"file:line", for messages that name two places."""
+        return f"{self.filename}:{self.line}" if self.line else "an unknown line"
 
 
-def where(loc) -> str:
-    """"file:line" of an op's location, for messages that name two places."""
-    e = error(loc, "")
-    return f"{e.filename}:{e.line}" if e.line else "an unknown line"
+def error(loc: Loc, message: str) -> InterpretError:
+    """An InterpretError at `loc`."""
+    return InterpretError(message, *loc)
 
 
 def warp_scalar(w, value, loc, what: str):

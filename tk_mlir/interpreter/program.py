@@ -6,15 +6,21 @@ verified, shared memory placed) and stops there. `Program` turns each op of
 the kernel into a step: a per-warp closure (scalars, scf.for / scf.if), or a
 tile op that the warps of its scope rendezvous on (machine.py). An op the
 interpreter does not model is refused here, at its line.
+
+A Program is plain data: its steps and closures hold what the rules read of
+each op (`Op`: locations as machine.Loc, attribute values, type text), no
+MLIR object, so the module and its context are freed once it is built
+(a kernel keeps a Program per specialization).
 """
 from __future__ import annotations
 
 import numpy as np
+from mlir import ir
 
-from ..dialects import tk, types as T
+from ..dialects import contracts, tk, types as T
 from ..lowering.tma import tensor_arguments
 from . import hopper, machine, rules, scalars  # noqa: F401  (they register their ops)
-from .machine import Arrival, error, uniform, where
+from .machine import Arrival, Loc, error, uniform
 from .shared import Allocation, whole
 
 PLAIN, TILE, REGION, SYNC = 0, 1, 2, 3
@@ -43,9 +49,61 @@ def _scope(op, num_warps: int) -> str | None:
     return "block" if d is not None and d.has_barrier(op, num_warps) else None
 
 
-def _line(op) -> str:
-    e = machine.error(op.location, "")
-    return f"line {e.line}" if e.line else "an unknown line"
+class Op:
+    """An op as an interpret rule reads it while building its closure: plain
+    data copied from the MLIR op, so that no closure keeps the module alive.
+
+    `name` ("tk.load"), `loc` (a machine.Loc), `at` ("file:line"),
+    `attributes` (each attribute's Python value: a number, string or bool, a
+    dense array as a tuple, anything else as its text), `operand_types` and
+    `result_types` (MLIR type text, which types.parse and scalars.holder
+    read). An attribute also reads as a field (`op.dim`), and a tk op's
+    operand or result type by its name (`op.type("src")`).
+    """
+    __slots__ = ("name", "loc", "at", "attributes", "operand_types", "result_types", "_names")
+
+    def __init__(self, op):
+        self.name = op.name
+        self.loc = Loc.of(op.location)
+        self.at = self.loc.where
+        self.attributes = {name: _plain(a) for name, a in op.attributes.items()}
+        self.operand_types = tuple(str(v.type) for v in op.operands)
+        self.result_types = tuple(str(v.type) for v in op.results)
+        d = tk.op_def(op)
+        self._names = {} if d is None else {
+            **{n: ("operand", i) for i, n in enumerate(d.operands)},
+            **{n: ("result", i) for i, n in enumerate(d.results)}}
+
+    def __getattr__(self, name: str):
+        if name in Op.__slots__ or name.startswith("__"):
+            raise AttributeError(name)          # (not set yet, or a protocol probe)
+        try:
+            return self.attributes[name]
+        except KeyError:
+            raise AttributeError(f"{self.name} has no attribute {name!r}") from None
+
+    @property
+    def result_type(self) -> str:
+        return self.result_types[0]
+
+    def type(self, name: str) -> str:
+        """The type of the tk op's operand or result `name` (its OpDef's)."""
+        kind, i = self._names[name]
+        return (self.operand_types if kind == "operand" else self.result_types)[i]
+
+    def hint(self, contract: contracts.Contract, default):
+        """A contract attribute (dialects/contracts.py) of the op, or `default`."""
+        return self.attributes.get(contract.name, default)
+
+
+def _plain(attr: ir.Attribute):
+    """An attribute's value as plain Python data (Op.attributes)."""
+    value = tk.attribute_value(attr)
+    if not isinstance(value, ir.Attribute):
+        return value
+    if isinstance(attr, ir.DenseI32ArrayAttr):
+        return tuple(attr)
+    return str(attr)
 
 
 class Scope:
@@ -60,12 +118,12 @@ class TileStep:
     """A tile op: run once per scope instance, when all its warps are here."""
     kind = TILE
 
-    def __init__(self, op, scope: str, ins, outs, fn, barrier: bool = False):
-        self.name, self.loc, self.scope = op.name, op.location, scope
+    def __init__(self, op: Op, scope: str, ins, outs, fn, barrier: bool = False):
+        self.name, self.loc, self.scope = op.name, op.loc, scope
         self.ins, self.outs, self.fn = ins, outs, fn
-        self.where = _line(op)
-        self.at = where(op.location)
-        self.kinds = [_kind(v.type) for v in op.operands]
+        self.where = f"line {op.loc.line}" if op.loc.line else "an unknown line"
+        self.at = op.at
+        self.kinds = [_kind(t) for t in op.operand_types]
         self.barrier = barrier
         self.chains = op.name == "tk.mma"       # its accumulator may still be in flight
 
@@ -186,21 +244,59 @@ def run_steps(steps, w):
 
 
 class Program:
-    """One specialization, ready to run blocks."""
+    """One specialization, ready to run blocks: plain data (module docstring).
+
+    `Program(context, module)` compiles the kernel of `module` (after the tk
+    passes) and keeps nothing of either."""
 
     def __init__(self, context, module):
-        self.context, self.module = context, module     # (the closures refer to its ops)
         func = module.body.operations[0]
-        from ..dialects import contracts
         self.num_warps = contracts.NUM_WARPS.get(func)
         self.name = func.attributes["sym_name"].value
-        self.slots: dict = {}
-        self.num_sems = 0           # semaphore elements: each a TMA agent clock slot
-        self.tma_args: set[int] = set()   # the arguments TMA ops reach (their tensor maps')
         with context:
+            c = _Compiler(self.num_warps)
             entry = func.regions[0].blocks[0]
-            self.arg_slots = [self.slot(a) for a in entry.arguments]
-            self.body, _ = self.compile_block(entry)
+            self.arg_slots = [c.slot(a) for a in entry.arguments]
+            self.body, _ = c.compile_block(entry)
+        self.num_slots = len(c.slots)      # SSA values: each warp's registers
+        self.num_sems = c.num_sems         # semaphore elements: each a TMA agent clock slot
+        self.tma_args = frozenset(c.tma_args)   # arguments TMA ops reach (tensor maps')
+
+    def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
+        """Run every block of `grid` (one after another, unless one waits for
+        another: machine.run_blocks); `args`: per kernel argument a
+        memory.GlobalArray or a numpy scalar; `seed` picks the interleaving
+        of warps, TMA delays and elected lanes."""
+        with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
+            machine.run_blocks(self.block_runners(grid, args, seed))
+        rules.leftover_parts(args)
+
+    def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0,
+                      rank: int | None = None):
+        """A runner (machine.block_runner) per block of `grid`, made as needed
+        (`rank`: the launch's, when several ranks' run at once)."""
+        def init(w):
+            for s, a in zip(self.arg_slots, args):
+                w.values[s] = a
+        body = lambda w: run_steps(self.body, w)   # noqa: E731
+        for z in range(grid[2]):
+            for y in range(grid[1]):
+                for x in range(grid[0]):
+                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed,
+                                          rank)
+                    yield machine.block_runner(body, block, self.num_slots, init)
+
+
+class _Compiler:
+    """The MLIR side of building a Program: a value's slot by the MLIR value
+    (`slots`), each op's closure from its rule given the op's `Op`. Dropped
+    once the Program is built, with every MLIR object it read."""
+
+    def __init__(self, num_warps: int):
+        self.num_warps = num_warps
+        self.slots: dict = {}
+        self.num_sems = 0
+        self.tma_args: set[int] = set()
 
     def slot(self, value) -> int:
         return self.slots.setdefault(value, len(self.slots))
@@ -227,13 +323,14 @@ class Program:
         if d is not None and d.tma is not None:
             tensor, _ = tk.tma_operands(op)
             self.tma_args.update(a.arg_number for a in tensor_arguments(tensor))
+        info = Op(op)
         factory = rules.INTERPRETERS.get(op.name)
-        fn = factory(op.opview, self.num_warps) if factory is not None else None
+        fn = factory(info, self.num_warps) if factory is not None else None
         if fn is None:
-            raise error(op.location, f"the interpreter does not model {op.name} (with these "
-                                     f"operand types) yet: clusters (use_cluster, "
-                                     f"cluster_rank, cluster_sync, remote arrivals, TMA "
-                                     f"multicast) are not modeled; run this kernel on a GPU")
+            raise error(info.loc, f"the interpreter does not model {op.name} (with these "
+                                  f"operand types) yet: clusters (use_cluster, "
+                                  f"cluster_rank, cluster_sync, remote arrivals, TMA "
+                                  f"multicast) are not modeled; run this kernel on a GPU")
         ins = [self.slot(v) for v in op.operands]
         outs = [self.slot(v) for v in op.results]
         scope = _scope(op, self.num_warps)
@@ -241,36 +338,35 @@ class Program:
             return SyncStep(ins, outs, fn)
         if scope is None:
             return PlainStep(ins, outs, fn)
-        return TileStep(op, scope, ins, outs, fn,
+        return TileStep(info, scope, ins, outs, fn,
                         barrier=d is not None and d.has_barrier(op, self.num_warps))
 
     def compile_alloc(self, op, d):
         """tk.alloc_st / alloc_sv / alloc_sem: an Allocation (its block's memory
         and semaphores are made at first use); alloc_sem's block barrier (the
         semaphores are initialised, then published) is a block-scope step."""
-        from ..dialects import contracts
-        t = T.parse(op.results[0].type)
+        info = Op(op)
+        t = T.parse(info.result_type)
         count = tk.array_count(op)
-        alloc = Allocation(len(self.slots), t, count or 1, count is not None,
-                           where(op.location),
+        alloc = Allocation(len(self.slots), t, count or 1, count is not None, info.at,
                            agent=self.num_warps + self.num_sems,
-                           arrivals=op.opview.arrivals if d.semaphore else 0)
+                           arrivals=info.arrivals if d.semaphore else 0)
         if d.semaphore:
             self.num_sems += count or 1
         contracts.OFFSET.get(op)            # placed by tk-allocate-smem (checked)
         value = whole(alloc)
         out = [self.slot(op.results[0])]
         if d.has_barrier(op, self.num_warps):
-            return TileStep(op, "block", [], out, lambda scope: value, barrier=True)
+            return TileStep(info, "block", [], out, lambda scope: value, barrier=True)
         return PlainStep([], out, lambda w: value)
 
     def compile_for(self, op):
         lb, ub, step, *inits = [self.slot(v) for v in op.operands]
         body = op.regions[0].blocks[0]
         iv, *carried = [self.slot(a) for a in body.arguments]
-        iv_type = scalars.holder(body.arguments[0].type)
+        iv_type = scalars.holder(str(body.arguments[0].type))
         steps, yielded = self.compile_block(body)
-        results, loc = [self.slot(r) for r in op.results], op.location
+        results, loc = [self.slot(r) for r in op.results], Loc.of(op.location)
 
         def run(w):
             bounds = [uniform(_active(w, w.values[s]), loc, "a bound of this loop")
@@ -293,7 +389,7 @@ class Program:
             else ([], [])
         results = [self.slot(r) for r in op.results]
         tiles = [isinstance(T.parse(r.type), (T.RT, T.RV)) for r in op.results]
-        loc = op.location
+        loc = Loc.of(op.location)
 
         def branch(w, steps_yielded):
             steps, yielded = steps_yielded
@@ -318,30 +414,6 @@ class Program:
             for s, v in zip(results, values):
                 w.values[s] = v
         return RegionStep(run)
-
-    def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
-        """Run every block of `grid` (one after another, unless one waits for
-        another: machine.run_blocks); `args`: per kernel argument a
-        memory.GlobalArray or a numpy scalar; `seed` picks the interleaving
-        of warps, TMA delays and elected lanes."""
-        with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
-            machine.run_blocks(self.block_runners(grid, args, seed))
-        rules.leftover_parts(args)
-
-    def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0,
-                      rank: int | None = None):
-        """A runner (machine.block_runner) per block of `grid`, made as needed
-        (`rank`: the launch's, when several ranks' run at once)."""
-        def init(w):
-            for s, a in zip(self.arg_slots, args):
-                w.values[s] = a
-        body = lambda w: run_steps(self.body, w)   # noqa: E731
-        for z in range(grid[2]):
-            for y in range(grid[1]):
-                for x in range(grid[0]):
-                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed,
-                                          rank)
-                    yield machine.block_runner(body, block, len(self.slots), init)
 
 
 def _active(w, value):

@@ -1,14 +1,16 @@
 """What each tk op does in the interpreter, keyed by op name as the lowering's
-`@lowers` is: `@interprets("tk.load")` registers a factory that, given the op,
-returns its closure (built once per specialization).
+`@lowers` is: `@interprets("tk.load")` registers a factory that, given the op
+(a program.Op: its attributes, types and location as plain data), returns
+its closure (built once per specialization). A closure keeps plain data
+only, never an MLIR object: a Program outlives its module.
 
 A tile op's closure (an op with a register tile or vector, or a block
 barrier: program.py decides from the types and traits) runs once per scope
 instance as `fn(scope, *operands)` (program.Scope: the block, the warps,
 the op's line): tiles are numpy arrays, global arrays `memory.GlobalArray`s,
 shared tiles and semaphores `shared.SharedRef`/`SemRef`s, scalars Python
-numbers (the same in every thread of the scope). Any other op's closure runs per warp as `fn(warp, *operands)`
-on 32-lane values (machine.py).
+numbers (the same in every thread of the scope). Any other op's closure
+runs per warp as `fn(warp, *operands)` on 32-lane values (machine.py).
 
 Float tiles compute in f32 and round to their dtype after each op
 (numerics.py); the scalar operand of a bf16/f16 tile op is rounded to the
@@ -23,16 +25,17 @@ import numpy as np
 
 from ..dialects import tk, types as T
 from . import numerics, ordering, shared
-from .machine import LANES, Blocked, error, warp_scalar, where
+from .machine import LANES, Blocked, error, warp_scalar
 
 INTERPRETERS: dict[str, Callable] = {}
 SYNC: set[str] = set()      # ops whose per-warp closure is a generator (it may wait)
 
 
 def interprets(*names: str, sync: bool = False):
-    """Register a closure factory `factory(op, num_warps)` for ops `names`;
-    sync=True: the closure is a generator `fn(warp, *operands)` that may
-    yield machine.Blocked / machine.YIELD and returns the op's result."""
+    """Register a closure factory `factory(op, num_warps)` (op: a program.Op)
+    for ops `names`; sync=True: the closure is a generator `fn(warp,
+    *operands)` that may yield machine.Blocked / machine.YIELD and returns the
+    op's result."""
     def register(factory):
         for n in names:
             INTERPRETERS[n] = factory
@@ -43,14 +46,14 @@ def interprets(*names: str, sync: bool = False):
 
 
 def _result(op) -> T.TkType:
-    return T.parse(op.result.type)
+    return T.parse(op.result_type)
 
 
 # ------------------------------------------------------ where this thread is
 
 @interprets("tk.block_id", "tk.grid_dim")
 def _block_index(op, num_warps):
-    dim, grid = op.dim, op.operation.name == "tk.grid_dim"
+    dim, grid = op.dim, op.name == "tk.grid_dim"
     return lambda w: np.int32(w.block.grid[dim] if grid else w.block.id[dim])
 
 
@@ -85,7 +88,7 @@ def _gl_dim(op, num_warps):
 @interprets("tk.load")
 def _load(op, num_warps):
     t = _result(op)
-    if not isinstance(T.parse(op.src.type), T.GL):
+    if not isinstance(T.parse(op.type("src")), T.GL):
         return _load_shared(t, num_warps)
     fill = op.fill
     return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill,
@@ -105,8 +108,8 @@ def _load_shared(t, num_warps):
 
 @interprets("tk.store")
 def _store(op, num_warps):
-    if not isinstance(T.parse(op.dst.type), T.GL):
-        return _store_shared(T.parse(op.value.type), num_warps, _fenced(op))
+    if not isinstance(T.parse(op.type("dst")), T.GL):
+        return _store_shared(T.parse(op.type("value")), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
         _check(scope, dst.store(coords, value, by=(scope.block.order, scope.where)))
     return store
@@ -115,7 +118,7 @@ def _store(op, num_warps):
 def _fenced(op) -> bool:
     """Whether tk-proxy-fences put a proxy fence after this thread write."""
     from ..dialects import contracts
-    return contracts.PROXY_FENCE.get(op, False)
+    return op.hint(contracts.PROXY_FENCE, False)
 
 
 def _store_shared(t, num_warps, fenced: bool):
@@ -137,7 +140,7 @@ def _check(scope, problem: str | None) -> None:
 @interprets("tk.load_scalar")
 def _load_scalar(op, num_warps):
     # Per warp: each lane reads the element at its own coordinates.
-    loc, at = op.location, where(op.location)
+    loc, at = op.loc, op.at
     def load(w, src, *idx):
         lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
                                     np.zeros(LANES, np.int64))[:-1]
@@ -159,7 +162,7 @@ def _flag_at(flags, lane: int, idx) -> tuple:
 
 @interprets("tk.signal")
 def _signal(op, num_warps):
-    loc, add = op.location, op.mode == "add"
+    loc, add = op.loc, op.mode == "add"
     def signal(w, flags, value, *idx):
         for lane in w.active_lanes():
             array, at = _flag_at(flags, lane, idx)
@@ -175,7 +178,7 @@ def _signal(op, num_warps):
 def _wait_signal(op, num_warps):
     # A flag not up yet steps this block aside (machine.run_blocks): others,
     # of this launch or of other ranks', may raise it.
-    loc = op.location
+    loc = op.loc
     def behind(w, flags, expected, idx) -> list[str]:
         late = []
         for lane in w.active_lanes():
@@ -221,7 +224,7 @@ class PeerChoice:
 
 @interprets("tk.peer_select")
 def _peer_select(op, num_warps):
-    loc = op.location
+    loc = op.loc
     def select(w, rank, *copies):
         ranks = np.broadcast_to(np.asarray(rank), (LANES,))
         active = ranks[w.active_lanes()]
@@ -252,7 +255,7 @@ def _store_partial(op, num_warps):
     # As on the GPU, where each thread counts its own elements' parts: the
     # scope adds its part, counts it on its tile's counters, and the last part
     # stores the total and zeroes workspace and counters.
-    loc, parts = op.location, op.parts
+    loc, parts = op.loc, op.parts
     def store(scope, dst, value, workspace, counters, *coords):
         if workspace.shape != dst.shape:
             raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} has shape "
@@ -340,7 +343,7 @@ def _copy(op, num_warps):
 
 @interprets("tk.index")
 def _index(op, num_warps):
-    loc = op.location
+    loc = op.loc
     def index(w, base, i):
         i = warp_scalar(w, i, loc, "tk.index: the index")
         if base.index is not None:
@@ -355,7 +358,7 @@ def _index(op, num_warps):
 
 @interprets("tk.subtile")
 def _subtile(op, num_warps):
-    rows, loc = _result(op).rows, op.location
+    rows, loc = _result(op).rows, op.loc
     def subtile(w, src, row):
         row = warp_scalar(w, row, loc, "tk.subtile: the row")
         if row < 0 or row + rows > src.rows:
@@ -367,7 +370,7 @@ def _subtile(op, num_warps):
 
 @interprets("tk.column_block")
 def _column_block(op, num_warps):
-    cols, loc = _result(op).cols, op.location
+    cols, loc = _result(op).cols, op.loc
     def column_block(w, src, index):
         k = warp_scalar(w, index, loc, "tk.column_block: the index")
         if not 0 <= k < src.cols // cols:
@@ -410,7 +413,7 @@ BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divid
 
 @interprets(*(f"tk.{n}" for n in UNARY))
 def _unary(op, num_warps):
-    fn, dtype = UNARY[op.operation.name[3:]], _result(op).dtype
+    fn, dtype = UNARY[op.name[3:]], _result(op).dtype
     return lambda block, src: numerics.round_to(dtype, fn(src))
 
 
@@ -421,7 +424,7 @@ def _operand(dtype: str, x):
 
 @interprets(*(f"tk.{n}" for n in (*tk.BINARY, *tk.LOGICAL)))
 def _binary(op, num_warps):
-    fn, dtype = BINARY[op.operation.name[3:]], _result(op).dtype
+    fn, dtype = BINARY[op.name[3:]], _result(op).dtype
     return lambda block, lhs, rhs: numerics.round_to(dtype, fn(lhs, _operand(dtype, rhs)))
 
 
@@ -463,7 +466,7 @@ COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greate
 @interprets("tk.cmp")
 def _cmp(op, num_warps):
     fn = COMPARE[op.predicate]
-    dtype = T.parse(op.lhs.type).dtype
+    dtype = T.parse(op.type("lhs")).dtype
     scalar = np.float32 if T.is_float(dtype) else numerics.HOLDER[dtype]
     def compare(block, lhs, rhs):
         rhs = rhs if isinstance(rhs, np.ndarray) and rhs.ndim else scalar(rhs)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dialects import tk
 from .rules import interprets
 
 # MLIR scalar type -> the numpy type that holds its values.
@@ -15,8 +14,9 @@ SCALAR_TYPES = {"i1": np.bool_, "i32": np.int32, "i64": np.int64, "index": np.in
                 "f32": np.float32}
 
 
-def holder(t) -> type:
-    return SCALAR_TYPES[str(t)]
+def holder(t: str) -> type:
+    """The numpy type of a scalar MLIR type, given as its text ("i32")."""
+    return SCALAR_TYPES[t]
 
 
 def _same(fn):
@@ -42,7 +42,7 @@ for _name, _fn in _SAME_TYPE.items():
 
 @interprets("arith.constant")
 def _constant(op, num_warps):
-    value = holder(op.result.type)(tk.attribute_value(op.attributes["value"]))
+    value = holder(op.result_type)(op.value)
     return lambda w: value
 
 
@@ -54,13 +54,13 @@ def _select(op, num_warps):
 @interprets("arith.extui", "arith.extsi", "arith.trunci", "arith.index_cast",
             "arith.sitofp")
 def _cast(op, num_warps):
-    to = holder(op.result.type)
+    to = holder(op.result_type)
     return lambda w, x: np.asarray(x).astype(to)
 
 
 @interprets("arith.uitofp")
 def _uitofp(op, num_warps):
-    src = {np.int32: np.uint32, np.int64: np.uint64}.get(holder(op.operands[0].type))
+    src = {np.int32: np.uint32, np.int64: np.uint64}.get(holder(op.operand_types[0]))
     return lambda w, x: (np.asarray(x).view(src) if src else np.asarray(x)).astype(np.float32)
 
 
@@ -75,7 +75,7 @@ _CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less
 
 @interprets("arith.cmpi")
 def _cmpi(op, num_warps):
-    p = tk.attribute_value(op.attributes["predicate"])
+    p = op.predicate
     if p in _UNSIGNED:
         fn = _UNSIGNED[p]
         return lambda w, a, b: fn(np.asarray(a).astype(np.uint64) & 0xFFFFFFFF,
@@ -85,7 +85,7 @@ def _cmpi(op, num_warps):
 
 @interprets("arith.cmpf")
 def _cmpf(op, num_warps):
-    p = tk.attribute_value(op.attributes["predicate"])
+    p = op.predicate
     if p not in _CMPF:
         return None
     return lambda w, a, b: _CMPF[p](a, b)
