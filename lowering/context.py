@@ -61,8 +61,8 @@ class LoweringContext:
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     fp_contract: bool = True                          # tile mul/add may fuse to fma
     # False in a kernel that issues warpgroup MMAs: ptxas serializes every
-    # wgmma of a function that makes a call (C7510, measured 20% slower for a
-    # GEMM), so no lowering may call a function there (printf).
+    # wgmma of a function that makes a call (ptxas info C7510; see
+    # BENCHMARKS.md), so no lowering may call a function there (printf).
     calls_allowed: bool = True
     _thread: dict = field(default_factory=dict)
 

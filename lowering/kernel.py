@@ -93,8 +93,8 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[Ten
         gmod.bodyRegion.blocks.append()
     with ir.InsertionPoint(gmod.bodyRegion.blocks[0]), func.location:
         if smem_bytes:
-            # External linkage: an internal zero-size global is demoted by ptxas to a
-            # fixed static .shared variable (see MLIR_NOTES).
+            # External linkage: ptxas demotes an internal zero-size global to a
+            # static .shared variable at a fixed offset, which may overlap others.
             llvm.mlir_global(ir.Type.parse("!llvm.array<0 x i8>"), SMEM_SYMBOL,
                              ir.Attribute.parse("#llvm.linkage<external>"),
                              addr_space=3, alignment=16)

@@ -47,7 +47,8 @@ TK_CHECKS = (("tk-lint", lint),)
 # directives, no DWARF sections, and no change to the generated code.
 DEBUG_LINES = "ensure-debug-info-scope-on-llvm-func{emission-kind=DebugDirectivesOnly}"
 # The stages after tk-to-gpu, in order: upstream passes by their pipeline
-# text (see MLIR_NOTES for why this order) and our Python fix-ups by name.
+# text and our Python fix-ups by name (tk-kernel-attributes after
+# convert-gpu-to-nvvm, which drops a gpu.func's argument attributes).
 GPU_STAGES = (
     "convert-scf-to-cf",
     "convert-nvvm-to-llvm",
@@ -67,9 +68,9 @@ TO_BINARY = "gpu-module-to-binary{format=isa}"
 
 class StageTexts(Mapping):
     """Stage name -> the IR text after it, in pipeline order. Printing is most of
-    a compile's Python time (~30 ms per GEMM stage, ~6 MB in all), so a stage
-    is kept as a snapshot (a clone of the module, ~1 ms), printed on first
-    read; the compiler keeps what it did not read as bytecode (`stored`)."""
+    a compile's Python time, so a stage is kept as a snapshot (a clone of the
+    module, much cheaper), printed on first read; the compiler keeps what it
+    did not read as bytecode (`stored`)."""
 
     def __init__(self):
         self._items: dict[str, str | _Snapshot] = {}

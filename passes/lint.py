@@ -125,9 +125,8 @@ def cluster_occupancy(func, ops, num_warps: int) -> None:
     whole SM (more than half its shared memory, or setmaxnreg, which makes
     ptxas size it for one block per SM), a GPC holds only as many clusters as
     whole groups of its SMs, and GPCs have SM counts that are not a multiple
-    of 4 or 8: those SMs stay idle in a persistent grid (ThunderKittens 2.0
-    measured 132 of 148 SMs busy at cluster size 4, 120 at 8, on B200).
-    Cluster size 2 loses none of them."""
+    of 4 or 8: those SMs stay idle in a persistent grid (ThunderKittens 2.0's
+    figures for B200 are in BENCHMARKS.md). Cluster size 2 loses none of them."""
     cluster = next((op for op in ops if tk.op_def(op).cluster), None)
     if cluster is None or cluster.opview.size <= 2:
         return

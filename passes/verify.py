@@ -466,8 +466,8 @@ def _tma(op, operands, results, num_warps: int) -> None:
     name, d = op.operation.name[3:], tk.op_def(op)
     gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
     _require(gl.dtype == st.dtype, f"{name}: {_show(st)} and {_show(gl)} differ in dtype")
-    # Rank 2 for vectors too: the driver refused a rank-1 map (box 64 f32,
-    # cuTensorMapEncodeTiled: CUDA_ERROR_INVALID_VALUE on the H200).
+    # Rank 2 for vectors too: the driver refuses a rank-1 map (box 64 f32:
+    # cuTensorMapEncodeTiled returns CUDA_ERROR_INVALID_VALUE).
     _require(2 <= gl.rank <= 5, f"{name} needs a tensor of rank 2 to 5 (view a 1-D tensor as "
              f"(1, n)), got rank {gl.rank}")
     if d.variadic:

@@ -14,13 +14,10 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
     c = all_gather_matmul(a, w, group)     # every rank's rows of a, stacked, @ w.T
 
-Importing the library is cheap: neither torch nor MLIR loads until a name
-is used, and then only its own module (torch for the wrapper's checks, MLIR
-at the kernel's first compile, not at all when the disk cache has it).
-
-The kernels are also torch custom ops, torch.ops.tk_mlir.* (see `ops.py`),
-which the functions call: registered at the first call, or when a name is
-resolved with torch already loaded, or by `import tk_mlir.kernels.custom_ops`.
+Importing the library is cheap: neither torch nor MLIR loads until a name is
+used, and then only its own module (MLIR at the kernel's first compile, not
+at all on a disk-cache hit). The functions call the kernels as torch custom
+ops, torch.ops.tk_mlir.* (custom_ops.py).
 """
 from __future__ import annotations
 
@@ -47,7 +44,7 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    if "torch" in sys.modules:      # registering costs no torch import now
+    if "torch" in sys.modules:      # torch is loaded: registering imports nothing more
         importlib.import_module(".custom_ops", __name__)
     globals()[name] = value         # resolved once: later lookups skip this hook
     return value

@@ -9,13 +9,10 @@ tile, for the word of each rank whose rows the tile holds: each byte crosses
 NVLink once, and a rank's GEMM starts on its own rows while slower ranks'
 pushes still arrive.
 
-Everything runs on the caller's stream, in order. An earlier version pushed
-on a side stream while the GEMM ran: when the GEMM started first, its
-persistent blocks, spinning on the words, held every SM that the pushes and
-the "written" kernel needed. At world size 1 on an H200 (2026-12-01) the
-benchmark's first call then waited until the timeout; with one SM left
-free, a call at 8192x8192x4096 took 2.34 ms against 0.79 ms in order
-(tests/test_peers_gpu.py has the case that caught it).
+Everything runs on the caller's stream, in order: the GEMM's persistent
+blocks spin on the words, so pushes on a side stream could find every SM
+held by a GEMM that started first, which then waits until the timeout
+(tests/test_peers_gpu.py keeps the case).
 
 The ranks agree by signals, no barrier:
 - `ready_kernel`: wait until every rank is done reading its buffer for all

@@ -8,25 +8,18 @@
     torch.ops.tk_mlir.attention(q, k, v, causal, scale) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
 
-Why ops: torch.compile cannot trace a cuda-python launch, but it can trace
-a custom op as one opaque node, given a fake implementation that says what
-the op returns (shapes, dtypes, strides) without running it. So a compiled
-model calls the kernels without a graph break, and attention gets autograd
-(register_autograd) instead of a hand-written torch.autograd.Function.
+torch.compile cannot trace a cuda-python launch but traces a custom op as one
+opaque node, given a fake implementation (output shapes, dtypes, strides), so
+a compiled model calls the kernels without a graph break; attention gets
+autograd through register_autograd.
 
-The public functions (`tk_mlir.kernels.matmul`, ...) check their arguments
-and then call these ops; the ops' real implementations check again with the
-same functions (calling torch.ops.tk_mlir.* directly is as safe as calling
-the wrappers) and launch. Every op allocates its outputs (mutates_args=()):
-the wrappers' `out=`/`c` arguments are written in place by eager calls and
-copied into under torch.compile. The fake implementations do not check:
-under torch.compile the wrappers' checks have already run on the fake
-tensors while Dynamo traced them.
-
-Importing this module imports torch and registers the ops; the wrappers
-import it on their first call, and resolving a public name registers them
-when torch is already loaded. `import tk_mlir.kernels.custom_ops` registers them
-explicitly.
+Contracts: the real implementations check their arguments with the public
+wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
+ones do not (Dynamo has run the wrappers' checks on fake tensors). Every op
+allocates its outputs (mutates_args=()): a wrapper's `out=`/`c` is written in
+place by eager calls and copied into under torch.compile. Importing this
+module imports torch and registers the ops; the wrappers import it on first
+call, and resolving a public name does when torch is already loaded.
 """
 from __future__ import annotations
 

@@ -4,30 +4,20 @@
     o = attention(q, k, v, causal=True)                 # (B, H, N, D) bf16/f16
     o, lse = attention(q, k, v, return_lse=True)        # lse: (B, H, N) f32, natural log
 
-The kernel (`attention_kernel`) is warp-specialized:
+The kernel (`attention_kernel`) is warp-specialized: a producer warpgroup
+loads each task's Q and its K and V blocks by TMA into two rings (tk.ring: K
+and V are released at different points); CONSUMERS warpgroups of 64 query
+rows compute S = Q·Kᵀ, the online softmax in registers and O += P·V with P
+from registers, the softmax of block j overlapping the MMAs of block j+1
+and a named-barrier ping-pong between warpgroups. The grid is persistent; a
+task is (batch, head, 64·CONSUMERS query rows), causal tasks longest first.
 
-- a producer warpgroup loads, with TMA, each task's Q (one 64-row half per
-  consumer) and then its K and V blocks into two rings of shared tiles
-  (tk.ring: K and V are released at different points, so they are two rings);
-- CONSUMERS warpgroups of 64 query rows each compute S = Q·Kᵀ (wgmma from
-  shared memory), the online softmax in registers (row max and sum are quad
-  shuffles of the wgmma fragment; exp2 with the scale folded into an FMA),
-  and O += P·V with P straight from registers (wgmma register-A operand).
-  Within a warpgroup the softmax of block j overlaps the MMAs of block j+1
-  (tk.mma_wait(1)); between warpgroups a named-barrier ping-pong lets one
-  issue its MMAs while the others compute their softmax;
-- the grid is persistent: block i takes tasks i, i + grid, ... where a task
-  is (batch, head, 64·CONSUMERS query rows); causal tasks are ordered longest
-  first.
-
-Masks: keys past N_kv (TMA reads them as zeros) and, with causal=True, keys
-after the diagonal get -inf scores, only in the blocks that need it. Causal
-attention with N_q != N_kv is aligned bottom-right, as FlashAttention does:
-query i sees keys j <= i + N_kv - N_q. A query row that sees no key at all
-gets output 0 and log-sum-exp -inf (never NaN).
-
-GQA / MQA: K and V may have fewer heads than Q (H_kv dividing H); query head
-h reads K/V head h // (H / H_kv).
+Masks: keys past N_kv and, with causal=True, keys after the diagonal get -inf
+scores. Causal attention with N_q != N_kv is aligned bottom-right, as
+FlashAttention does: query i sees keys j <= i + N_kv - N_q. A query row that
+sees no key gets output 0 and log-sum-exp -inf (never NaN). GQA / MQA: K and
+V may have fewer heads (H_kv dividing H); query head h reads K/V head
+h // (H / H_kv).
 """
 from __future__ import annotations
 
@@ -149,9 +139,8 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
             acc = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             for j in range(1, blocks):
                 # S of block j runs while P of block j-1 multiplies V ...
-                # The turn first, then the data: waiting for K/V before taking
-                # the turn (as FA3 does) measured 2-6% slower causal here
-                # (H200, 2026-12-01), equal otherwise.
+                # The turn first, then the data (FA3 waits for K/V first: slower
+                # causal here, see BENCHMARKS.md).
                 schedule_mmas(wg, CONSUMERS)
                 kt, vt = ks.wait(it + 1), vs.wait(it)
                 S = tk.mma_ABt(tk.zeros((64, BN), f32, layout="row", scope="warpgroup"), q, kt)
@@ -211,8 +200,8 @@ def yield_mmas(wg, consumers):
 def _config(d: int) -> dict:
     """Tile configuration per head dim. setmaxnreg only moves registers between
     warpgroups: the split must fit what the block starts with."""
-    # One Q stage: a second (the next task's Q loading during this one)
-    # measured 1-2% slower at D=128 and equal at D=64 (H200, 2026-12-01).
+    # One Q stage: a second (the next task's Q loading during this one) was
+    # no faster (BENCHMARKS.md).
     if d == 64:     # 512 threads start with 128 registers each
         return dict(BN=128, STAGES=2, Q_STAGES=1, CONSUMERS=3, CONSUMER_REGISTERS=160,
                     PRODUCER_REGISTERS=32)
@@ -414,8 +403,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                 vt, dot)                                 # dPᵀ
                 lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")     # LSE·log2(e)
                 delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
-                # (Waiting for Sᵀ alone, the softmax overlapping dPᵀ's MMA, measured
-                # 2% faster at D=128 but 2-7% slower causal and at D=64.)
+                # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
+                # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
                 tk.mma_wait(0)
                 p = (s * scale_log2).sub_col(lse2).exp2()
                 if CAUSAL:
@@ -444,8 +433,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                     ds[stage], kt0.column_block(wg))
                     dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
                 tk.mma_wait(0)
-                # Added into dQ by TMA, off the warpgroup's path (1.15-1.25x faster
-                # than red.global.add from registers, measured).
+                # Added into dQ by TMA, off the warpgroup's path (faster than
+                # red.global.add from registers, see BENCHMARKS.md).
                 tk.store(dqs[wg], dq * scale)
                 tk.named_barrier(3 + wg, warps=4)
                 if leader:
@@ -472,9 +461,8 @@ def _backward_config(d: int) -> dict:
     return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
-# Causal backward tasks longest first from this many keys on (H200, 2026-12-01,
-# TFLOP/s heads-outer vs longest-first: N=4096 D=128 427/380, N=8192 D=128 422/392,
-# D=64 309/315; N=16384 D=128 326/430, D=64 312/316).
+# Causal backward tasks longest first from this many keys on; below it the
+# default order (K/V blocks inner) shares Q and dO in L2 (BENCHMARKS.md).
 LONGEST_FIRST_FROM = 16384
 
 

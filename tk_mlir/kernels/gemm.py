@@ -36,26 +36,27 @@ from tk_mlir.kernels.device import num_sms
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None):
-    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per
-    SM); with 3-D A, B and C, one product per index of their first dim, of
-    SIZES[g] rows of A's (padded) rows when SIZES is given (grouped: STARTS,
-    G + 1 ints, holds each product's first task, LOG_G the bits of G).
-    Tiles of BM x BN, BK deep through a ring of STAGES shared tiles; one
-    consumer warpgroup per 64 rows of a tile (BM = 64: num_warps=8, 128: 12);
-    GROUP_M tile rows share B tiles in L2; a 16-bit C leaves EPI_N columns at
-    a time by TMA store (TMA_STORE) through EPI_BUFFERS staging tiles per
-    consumer; CLUSTER blocks share B tiles by TMA multicast. SPLIT_K > 1 cuts
-    K into that many slices, each its own task: the slices' f32 partial
-    products meet in the workspace W and the last one of a tile stores it
-    (tk.store_partial, counting in F). SCATTER = (ready, first): A is 3-D
-    (W, rows / W, K), its first index an owner rank, B 2-D, and C a tk.pgl of
-    (rows / W, N); each tile of owner r's rows is added into rank r's copy
-    (TMA reduce-add: a reduce-scatter over the ranks' C), owners walked from
+    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM).
+
+    3-D A, B and C: one product per index of their first dim; with SIZES,
+    SIZES[g] of A's padded rows (grouped: STARTS, G + 1 ints, holds each
+    product's first task, LOG_G the bits of G). Tiles of BM x BN, BK deep
+    through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
+    of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
+    in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
+    through EPI_BUFFERS staging tiles per consumer; CLUSTER blocks share B
+    tiles by TMA multicast. SPLIT_K > 1 cuts K into that many slices, each its
+    own task, whose f32 partial products meet in the workspace W; the last one
+    of a tile stores it (tk.store_partial, counting in F).
+    SCATTER = (ready, first): A is 3-D (W, rows / W, K), its first index an
+    owner rank, B 2-D, C a tk.pgl of (rows / W, N); each tile of owner r's
+    rows is added into rank r's copy by TMA reduce-add, owners walked from
     `first` on (wrapping around); ready(task, wg) runs before each of a
-    consumer's tiles (the owners' copies must be ready before the first add). GATHER = (ready, first): A's
-    rows arrive while the kernel runs (an all-gather); ready(m) runs before
-    the first load of tile row m, and the walk over tile rows starts at
-    `first` (wrapping around), so a rank starts with rows it already has."""
+    consumer's tiles (the owners' copies must be ready before its first add).
+    GATHER = (ready, first): A's rows arrive while the kernel runs (an
+    all-gather); ready(m) runs before the first load of tile row m, and the
+    walk over tile rows starts at `first` (wrapping around), so a rank starts
+    with rows it already has."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -163,10 +164,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
 
 
-# 64-column pieces through two staging tiles per consumer (one piece written
-# while the last one's TMA store reads) were 0-8% faster at 2048³-8192³ on the
-# H200 (graph-timed, 2026-12-01), never slower; the single-tile epilogue stays
-# a candidate.
+# The epilogue in 64-column pieces through two staging tiles per consumer (one
+# piece written while the last one's TMA store reads): faster on Hopper, never
+# slower (BENCHMARKS.md); the single-tile epilogue stays a candidate.
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4, EPI_N=64, EPI_BUFFERS=2),
                       tk.Config(BN=256, STAGES=4, EPI_N=64, EPI_BUFFERS=2, GROUP_M=16),
                       tk.Config(BN=256, STAGES=4), tk.Config(BN=128, STAGES=6)],
@@ -287,11 +287,11 @@ class Plan:
     why: str = ""
 
 
-@functools.lru_cache(maxsize=1024)     # matmul asks on every call: 3-5 µs of host time
+@functools.lru_cache(maxsize=1024)     # matmul asks on every call: keep it off the host path
 def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132): the
-    tiles counted below are all the products' tiles. Measured
-    on the H200 (BENCHMARKS.md, GEMM small and skinny shapes):
+    tiles counted below are all the products' tiles. The rules (tuned on
+    Hopper, see BENCHMARKS.md, GEMM small and skinny shapes):
     1. Enough 128 x 256 tiles (BUSY x SMs): the autotuned kernel.
     2. Few rows (M <= 128): the product streams B from memory, so the tile
        keeps its rows to what the MMA allows (64, or 128 for M > 64) and is

@@ -2,26 +2,23 @@
 scattered by rows (a tensor-parallel layer's output: every rank holds a
 K-slice of A and B), in one kernel: ThunderKittens' gemm_rs.
 
-Each rank runs the Hopper GEMM (tk_mlir/kernels/gemm.py) on its own K-slice,
-with A seen as (W, M / W, K): the rows each rank owns (rank r rows r * M / W
-to (r + 1) * M / W), tiled on their own, so M / W need not be a multiple of
-a tile. Each 64-row piece of a finished tile leaves by TMA reduce-add
-(cp.reduce.async.bulk.tensor .add) straight into the copy of the output
-that its owner holds (a tk.pgl on symmetric memory). The GEMM's pipeline
-keeps computing while the adds travel over NVLink, so the reduce-scatter
-hides behind the product.
+Each rank runs the Hopper GEMM (tk_mlir/kernels/gemm.py) on its K-slice, with
+A seen as (W, M / W, K): rank r owns rows r * M / W to (r + 1) * M / W, tiled
+on their own, so M / W need not be a multiple of a tile. Each 64-row piece of
+a finished tile leaves by TMA reduce-add straight into its owner's copy of
+the output (a tk.pgl on symmetric memory), so the reduce-scatter travels over
+NVLink while the GEMM's pipeline keeps computing.
 
 The ranks agree by signals, no barrier:
-- each rank zeroes its copy before the kernel; its blocks then tell every
-  rank ("zeroed", round 0: any one block's word is enough, so no block
-  waits for another of its own rank to be scheduled), and a consumer waits
+- each rank zeroes its copy before the kernel; its blocks tell every rank
+  ("zeroed", round 0: any one block's word is enough), and a consumer waits
   for every owner's word before its first add;
-- after its last add, every block waits for its TMA writes to complete,
-  fences (system scope) and tells every rank ("done", round 1); block 0 of
-  each rank waits until every block of every rank is done, so the kernel
-  ends with the rank's rows complete.
-Counters only grow: `totals` (local) holds how many of each a rank has
-seen, and block 0 advances it at the end.
+- after its last add every block waits for its TMA writes, fences (system
+  scope) and tells every rank ("done", round 1); block 0 of each rank waits
+  until every block of every rank is done, so the kernel ends with the
+  rank's rows complete.
+Counters only grow: `totals` (local) holds how many of each a rank has seen;
+block 0 advances it at the end.
 """
 from __future__ import annotations
 

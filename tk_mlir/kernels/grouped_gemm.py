@@ -45,16 +45,13 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
       and its value, then they are copied to a's device (a host-to-device
       copy: not inside a CUDA graph capture);
     - on a's device (an int32/int64 CUDA tensor, e.g. an MoE router's
-      counts): read by the GPU only, never checked, clamped to [0, M]. A
-      check would copy them to the host and wait for the GPU on every call,
-      and could not run inside a CUDA graph capture, which is what device
-      sizes are for.
+      counts): read by the GPU only, never checked, clamped to [0, M] (a
+      check would wait for the GPU on every call and break CUDA graph
+      capture, which is what device sizes are for).
 
     Only the 128-row tiles that hold rows below sizes[g] are computed: rows
     from sizes[g] to the end of that tile hold the products of a's padding
-    rows, later rows are not written. Returns c. One persistent kernel
-    (grouped_gemm_kernel) walks every product's tiles, finding a task's
-    product by binary search over their first tasks.
+    rows, later rows are not written. Returns c.
 
     Under torch.compile it runs as the custom op
     torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""

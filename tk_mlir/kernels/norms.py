@@ -107,7 +107,7 @@ def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
     rows, d = x.shape
     if rows:
         block = _block(d)
-        # Measured on H200 (BENCHMARKS.md): 3 blocks/SM for 4096-wide rows, 2 above.
+        # 3 blocks per SM for rows up to 4096 wide, 2 above (BENCHMARKS.md).
         grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
         layernorm_kernel[(grid,)](x, weight, bias, out, eps, BLOCK=block,
                                   RELOAD_WB=block > 4096)

@@ -12,8 +12,9 @@ K along their 128-byte swizzled rows, BK = 128 elements deep per stage, and
 k32 instructions, accumulating in wgmma's f32 accumulator only, as
 torch._scaled_mm(use_fast_accum=True) does (wgmma adds fp8 products with
 fewer bits than f32; torch's default promotes partial sums on the side).
-The scales are applied to the f32 accumulator in the epilogue: the row scale for the whole tile, the column scale EPI_N columns at
-a time (as the tile leaves), from plain vector loads.
+The scales are applied to the f32 accumulator in the epilogue: the row scale
+for the whole tile, the column scale EPI_N columns at a time (as the tile
+leaves), from plain vector loads.
 """
 from __future__ import annotations
 
@@ -90,8 +91,9 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     tensor (shape () or (1,)) or rowwise: per row of a (M, 1), per column of
     b (1, N) (torch._scaled_mm takes both per tensor or both rowwise).
     out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
-    N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors. Returns a new (M, N)
-    tensor. The autotuned kernel picks its configuration per shape on first use.
+    N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors.
+    Returns a new (M, N) tensor. The autotuned kernel picks its configuration
+    per shape on first use.
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
     (tk_mlir/kernels/custom_ops.py); eager calls launch directly."""
