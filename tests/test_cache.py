@@ -381,3 +381,90 @@ def test_processes_racing_on_the_same_keys(cache_env):
         assert w in range(4)
         assert got == {"cubin": bytes([w]) * (1 << 20), "ptx": f"writer {w}\n" * 10000}
     assert leftovers(cache_env) == []
+
+
+# --- size cap ----------------------------------------------------------------------
+
+def random_entry(size):
+    return {"cubin": os.urandom(size), "ptx": f"// {os.urandom(8).hex()}\n"}
+
+
+def put_at(c, key, entry, when):
+    """Put `entry` and make it last used at `when` (seconds since the epoch)."""
+    c.put(key, entry)
+    os.utime(c.path(key) / ".manifest.json", (when, when))
+
+
+def test_the_cap_removes_the_least_recently_used_entries(cache_env, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "20K")
+    c, now = DiskCache(), time.time()
+    keys = [make_key(cap=os.urandom(8).hex()) for _ in range(5)]
+    for i, key in enumerate(keys):              # 5 x ~3.3 KB: under the cap
+        put_at(c, key, random_entry(3000), now - 1000 + i)
+    assert all(c.path(k).is_dir() for k in keys)
+    c.get(keys[0])                               # the oldest, used now: the newest
+    assert os.stat(c.path(keys[0]) / ".manifest.json").st_mtime >= now
+    newest = make_key(cap="newest")
+    c.put(newest, random_entry(6000))            # ~23 KB: over; trimmed under 18 KiB
+    kept = [k for k in keys if c.path(k).is_dir()]
+    assert kept == [keys[0], keys[3], keys[4]]   # 1 and 2 were the least recently used
+    assert c.path(newest).is_dir()
+    entries, size = c.usage()
+    assert entries == 4 and size <= 0.9 * (20 << 10)
+
+
+def test_the_entry_just_written_stays_even_alone_over_the_cap(cache_env, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "1K")
+    c = DiskCache()
+    old, big = make_key(cap="old"), make_key(cap="big")
+    c.put(old, random_entry(100))
+    c.put(big, random_entry(5000))
+    assert not c.path(old).exists() and c.get(big) is not None
+
+
+@pytest.mark.parametrize("cap", ["0", "1T"])
+def test_no_cap_or_a_large_one_removes_nothing(cache_env, monkeypatch, cap):
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", cap)
+    c = DiskCache()
+    keys = [make_key(cap=i) for i in range(6)]
+    for key in keys:
+        c.put(key, random_entry(4000))
+    assert c.usage()[0] == 6
+
+
+def test_the_read_set_index_under_the_root_counts_and_is_trimmed(cache_env, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "10K")
+    c, index = DiskCache(), DiskCache(cache_env / "reads")
+    put_at(index, make_key(n=0), random_entry(4000), time.time() - 100)
+    assert c.usage()[0] == 1
+    c.put(make_key(n=1), random_entry(8000))
+    assert c.usage()[0] == 1 and not index.path(make_key(n=0)).exists()
+
+
+def test_stale_temp_and_trash_folders_go_fresh_ones_stay(cache_env, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "1G")
+    c, key = DiskCache(), make_key(x=1)
+    shard = cache_env / key[:2]
+    shard.mkdir(parents=True)
+    stale = [shard / ".tmp-crashed", shard / f".trash-{key}-0"]
+    live = shard / ".tmp-writing"
+    for folder in stale + [live]:
+        folder.mkdir()
+        (folder / "cubin").write_bytes(os.urandom(64))
+    for folder in stale:
+        os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    c.put(key, ENTRY)
+    assert not any(f.exists() for f in stale)
+    assert live.is_dir()                        # a writer at work: left alone
+
+
+def test_clean_removes_all_or_the_unused(cache_env):
+    c, now = DiskCache(), time.time()
+    old, recent = make_key(age="old"), make_key(age="recent")
+    put_at(c, old, random_entry(1000), now - 3 * 86400)
+    put_at(c, recent, random_entry(1000), now - 60)
+    removed, size = c.clean(older_than=86400)
+    assert removed == 1 and size > 1000
+    assert c.get(recent) is not None and c.get(old) is None
+    assert c.clean()[0] == 1
+    assert c.usage() == (0, 0)

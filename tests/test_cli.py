@@ -255,3 +255,67 @@ def test_line_of_a_helper_module_the_kernel_calls(capsys):
     assert code == 0, err
     assert out.startswith(f"{ROOT / 'tests' / 'kernel_helpers.py'}:8: return (x * s).exp()")
     assert "tk.exp %" in out and "ex2.approx" in out
+
+
+# ------------------------------------------------------------------ cache
+
+def cache_run(capsys, *argv):
+    code = main(["cache", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def cache_with_entries(tmp_path, monkeypatch):
+    import os
+    import time
+    from tk_mlir.cache import DiskCache, make_key
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(root))
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "500M")
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
+    disk = DiskCache()
+    for i, age in enumerate((10, 3 * 86400, 8 * 86400)):
+        key = make_key(cli=os.urandom(8).hex())
+        disk.put(key, {"cubin": os.urandom(2048 * (i + 1))})
+        used = time.time() - age
+        os.utime(disk.path(key) / ".manifest.json", (used, used))
+    return root
+
+
+def test_cache_info(capsys, cache_with_entries):
+    code, out, err = cache_run(capsys, "info")
+    assert code == 0, err
+    assert f"folder   {cache_with_entries} (TK_MLIR_CACHE_DIR)" in out
+    assert re.search(r"^entries  3$", out, re.M)
+    assert re.search(r"^size     1[23]\.\d KiB$", out, re.M)
+    assert re.search(r"^cap      500\.0 MiB \(TK_MLIR_CACHE_MAX_SIZE", out, re.M)
+
+
+def test_cache_clean_older_than_then_all(capsys, cache_with_entries):
+    code, out, _ = cache_run(capsys, "clean", "--older-than", "2d")
+    assert code == 0 and re.match(r"removed 2 entries \(10\.\d KiB\) from ", out)
+    code, out, _ = cache_run(capsys, "clean")
+    assert code == 0 and out.startswith("removed 1 entries")
+    _, out, _ = cache_run(capsys, "info")
+    assert re.search(r"^entries  0$", out, re.M)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["clean", "--older-than", "3 weeks"], "--older-than 3 weeks: expected an age such as"),
+    (["info"], "TK_MLIR_CACHE_MAX_SIZE='lots': expected a size in bytes"),
+])
+def test_cache_usage_errors(capsys, cache_with_entries, monkeypatch, argv, message):
+    if argv == ["info"]:
+        monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "lots")
+    code, out, err = cache_run(capsys, *argv)
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith(f"tk-mlir cache: error: {message}")
+
+
+def test_cache_command_runs_as_a_module(cache_with_entries):
+    import os
+    done = subprocess.run([sys.executable, "-m", "tk_mlir", "cache", "info"], capture_output=True,
+                          text=True, env=dict(os.environ), cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "entries  3" in done.stdout

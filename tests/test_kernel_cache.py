@@ -349,3 +349,48 @@ def test_moving_the_last_used_to_the_front_survives_racing_threads():
     finally:
         sys.setswitchinterval(interval)
     assert not errors and items and set(map(id, items)) <= originals
+
+
+# ------------------------------------------------------- bounded in memory
+
+def signature(kernel, *args, **kwargs):
+    from tk_mlir.runtime.arguments import describe
+    values, num_warps = kernel.params.bind(args, kwargs)
+    return kernel.params.key(values, num_warps, describe)
+
+
+MAX_CODES = 64     # kernel.py's _MAX_CODES, the bound these tests hold it to
+
+
+def held(table) -> int:
+    return sum(len(entries) for entries in table.values())
+
+
+def test_many_signatures_keep_a_bounded_number_of_codes(kernel_file, monkeypatch):
+    """300 specializations (compile-only; the compile itself stubbed) keep at
+    most 64 codes, the least recently used dropped: one used all along stays."""
+    import random
+    monkeypatch.setattr(compiler, "compile_cached", lambda spec, *a: ((), object()))
+    scale = load(kernel_file).scale
+    sizes = random.sample(range(1, 4096), 300)
+    favourite = scale.compile(X, X, N=sizes[0])
+    for n in sizes[1:]:
+        scale.compile(X, X, N=n)
+        assert scale.compile(X, X, N=sizes[0]) is favourite      # used again: kept
+        assert held(scale._compiled) <= MAX_CODES
+    assert len(scale._compiled) == MAX_CODES
+    kept = [sig[2][1] for sig in scale._compiled]     # (sig[2]: N, the constexpr)
+    assert kept[-1] == sizes[0] and kept[:-1] == sizes[-63:]
+
+
+def test_many_signatures_keep_a_bounded_number_of_interpreter_programs(kernel_file,
+                                                                        monkeypatch):
+    from tk_mlir.interpreter import program
+    monkeypatch.setattr(program, "build_module", lambda spec, fn, globals_: ())
+    monkeypatch.setattr(program, "Program", lambda: object())
+    scale = load(kernel_file).scale
+    for n in range(1, 301):
+        scale.interpreted(signature(scale, X, X, N=n))
+    assert held(scale._programs) == MAX_CODES
+    sig = signature(scale, X, X, N=300)
+    assert scale.interpreted(sig) is scale._programs[sig][0][1]

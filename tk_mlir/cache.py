@@ -10,6 +10,12 @@ damage a rename cannot prevent (a file deleted or truncated by hand, a disk
 error, another entry copied in its place), and a damaged entry is a miss.
 Only regular files are read, so nothing put in an entry's place can block a
 compile.
+
+Size: after a write, when the cache holds more than TK_MLIR_CACHE_MAX_SIZE
+(knobs.py), the least recently used entries are removed until it holds less
+than 90% of it (a hit marks an entry used: its manifest's mtime). Temp and
+trash folders left by a crashed writer are removed once an hour old, so a
+live writer's is never touched. `python -m tk_mlir cache info|clean`.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 import types
 import uuid
 import warnings
+from typing import NamedTuple
 
 from tk_mlir.runtime.toolchain import find_tool
 
+from . import knobs
 from .knobs import always_compile, cache_dir     # (also read through cache by others)
 
 # Bump when the entry layout or key payload changes meaning, so old entries
@@ -42,6 +51,8 @@ _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_LOW_WATER = 0.9           # trim to this share of the cap: not one trim per write at the cap
+_STALE_SECONDS = 3600      # a temp or trash folder this old has no live writer
 
 # The packages whose sources are the compiler; editing any of them must miss.
 _PACKAGES = ("tk_mlir", "tk_mlir.dialects", "tk_mlir.passes", "tk_mlir.lowering")
@@ -220,14 +231,17 @@ class DiskCache:
         if always_compile():
             return None
         try:
-            return _read_entry(final, key)
+            entry = _read_entry(final, key)
         except PermissionError as err:
             _warn_once(self.root, "read", err)
         except (DamagedEntry, OSError) as err:
             # (Gone since: another process evicted or dropped it; a plain miss.)
             if os.path.lexists(final):
                 self._drop(final, err)
-        return None
+            return None
+        if entry is not None:
+            _mark_used(final)
+        return entry
 
     def discard(self, key: str, why: BaseException | str) -> None:
         """Drop the entry under ``key``, which its reader found unusable (``why``),
@@ -261,11 +275,100 @@ class DiskCache:
             if _publish(tmp, final):
                 tmp = None
                 _fsync_dir(final.parent)
+                self.trim(keep=final)
         except OSError as err:
             _warn_once(self.root, "write to", err)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    # ---- size
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes) held now."""
+        entries = list(_entries(self.root))
+        return len(entries), sum(e.size for e in entries)
+
+    def trim(self, keep: pathlib.Path | None = None) -> None:
+        """Hold the cache to TK_MLIR_CACHE_MAX_SIZE: over it, remove the least
+        recently used entries (never `keep`, the one just written) until under
+        90% of it; and remove stale temp and trash folders."""
+        cap = knobs.cache_max_size()
+        if cap is None:
+            return
+        entries = sorted(_entries(self.root, time.time() - _STALE_SECONDS),
+                         key=lambda e: e.used)
+        total = sum(e.size for e in entries)
+        if total <= cap:
+            return
+        for e in entries:
+            if total <= cap * _LOW_WATER:
+                break
+            if e.path != keep:
+                _remove(e.path)
+                total -= e.size
+
+    def clean(self, older_than: float | None = None) -> tuple[int, int]:
+        """Remove every entry, or those last used more than `older_than`
+        seconds ago, and stale temp and trash folders; (entries, bytes) removed."""
+        now = time.time()
+        gone = [e for e in _entries(self.root, now - _STALE_SECONDS)
+                if older_than is None or e.used < now - older_than]
+        for e in gone:
+            _remove(e.path)
+        return len(gone), sum(e.size for e in gone)
+
+
+class _Entry(NamedTuple):
+    path: pathlib.Path
+    size: int        # bytes of its files
+    used: float      # when last written or read (its manifest's mtime)
+
+
+def _entries(root: pathlib.Path, stale_before: float | None = None):
+    """The entries under `root` (its shards, and nested caches such as the
+    read-set index); with `stale_before`, temp and trash folders older than it
+    are removed on the way. Symlinks are not followed."""
+    try:
+        listing = list(os.scandir(root))
+    except OSError:
+        return
+    for d in listing:
+        if not d.is_dir(follow_symlinks=False):
+            continue
+        if _KEY_RE.fullmatch(d.name) and root.name == d.name[:2]:
+            entry = _stat_entry(pathlib.Path(d.path))
+            if entry is not None:
+                yield entry
+        elif d.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+            if stale_before is not None and _mtime(d.path) < stale_before:
+                shutil.rmtree(d.path, ignore_errors=True)
+        else:
+            yield from _entries(pathlib.Path(d.path), stale_before)
+
+
+def _stat_entry(path: pathlib.Path) -> _Entry | None:
+    try:
+        with os.scandir(path) as files:
+            size = sum(f.stat(follow_symlinks=False).st_size for f in files)
+    except OSError:
+        return None          # (removed meanwhile)
+    return _Entry(path, size, _mtime(path / _MANIFEST))
+
+
+def _mtime(path) -> float:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0           # (no manifest: damaged, the first to go)
+
+
+def _mark_used(final: pathlib.Path) -> None:
+    # A read-only cache (shared on purpose) keeps its times: nothing to trim there.
+    try:
+        os.utime(final / _MANIFEST)
+    except OSError:
+        pass
 
 
 def _encode_entry(entry: dict) -> dict[str, tuple[str, bytes]]:

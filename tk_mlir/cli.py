@@ -1,10 +1,13 @@
-"""The command line: compile a kernel from a file and show its IR, no GPU needed.
+"""The command line: compile a kernel from a file and show its IR, no GPU
+needed; look at or empty the disk cache.
 
     python -m tk_mlir compile tk_mlir/kernels/norms.py::rmsnorm_kernel \\
         --arg 'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 \\
         --const BLOCK=4096 --stage ptx
+    python -m tk_mlir cache info
+    python -m tk_mlir cache clean --older-than 7d
 
-Exit status: 0 compiled, 1 the kernel does not compile (the message points at
+Exit status: 0 done, 1 the kernel does not compile (the message points at
 its source), 2 a bad command line.
 """
 from __future__ import annotations
@@ -19,6 +22,8 @@ import re
 import sys
 from pathlib import Path
 
+from . import knobs
+from .cache import DiskCache
 from .errors import ArgumentError, CompilationError
 from .compiler import tk_stage_names, writable_folder
 from .errors import debug
@@ -355,6 +360,61 @@ def _usable_folder(path: Path, option: str) -> None:
         raise UsageError(e.message) from None
 
 
+# ----------------------------------------------------------------- cache
+
+def cache_info(args: argparse.Namespace) -> int:
+    """The disk cache's folder, entries, size and cap."""
+    disk = DiskCache()
+    cap = _knob(knobs.cache_max_size)
+    entries, size = disk.usage()
+    rows = [("folder", f"{disk.root} ({knobs.CACHE_DIR.name})"),
+            ("entries", str(entries)),
+            ("size", human_bytes(size)),
+            ("cap", f"{human_bytes(cap) if cap else 'none'} ({knobs.CACHE_MAX_SIZE.name}; "
+                    f"the least recently used entries go first)")]
+    print("\n".join(f"{name:<8} {value}" for name, value in rows))
+    return 0
+
+
+def cache_clean(args: argparse.Namespace) -> int:
+    """Remove every entry of the disk cache, or those unused for --older-than."""
+    older_than = parse_age(args.older_than) if args.older_than is not None else None
+    disk = DiskCache()
+    entries, size = disk.clean(older_than)
+    print(f"removed {entries} entries ({human_bytes(size)}) from {disk.root}")
+    return 0
+
+
+_AGE = re.compile(r"(\d+(?:\.\d*)?)\s*([smhdw]?)")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """--older-than AGE in seconds: a number with s, m, h, d or w (bare: seconds)."""
+    m = _AGE.fullmatch(text.strip().lower())
+    if not m:
+        raise UsageError(f"--older-than {text}: expected an age such as 90s, 30m, 12h, 7d "
+                         f"or 2w")
+    return float(m[1]) * _SECONDS[m[2]]
+
+
+def human_bytes(n: int) -> str:
+    """`n` bytes in the largest binary unit that keeps it at least 1."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _knob(read):
+    """A knob's value, a bad one being a usage error (it names the knob)."""
+    try:
+        return read()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -395,6 +455,21 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--html", type=Path, metavar="OUT.html",
                    help="write the stages as a standalone HTML page")
     c.set_defaults(run=compile_command)
+
+    k = commands.add_parser(
+        "cache", help="show or empty the disk cache of compiled kernels",
+        description=f"The disk cache of compiled kernels, SASS listings and autotuning "
+                    f"choices: {knobs.CACHE_DIR.name} (default {knobs.CACHE_DIR.default}), "
+                    f"capped at {knobs.CACHE_MAX_SIZE.name} (default "
+                    f"{knobs.CACHE_MAX_SIZE.default}).")
+    actions = k.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("info", help="the cache's folder, entries, size and cap").set_defaults(
+        run=cache_info)
+    clean = actions.add_parser("clean", help="remove every entry, or those not used lately")
+    clean.add_argument("--older-than", metavar="AGE",
+                       help="only entries last used more than AGE ago: 90s, 30m, 12h, 7d, 2w "
+                            "(a bare number is seconds)")
+    clean.set_defaults(run=cache_clean)
     return parser
 
 
