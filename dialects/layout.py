@@ -1,21 +1,15 @@
 """Register layouts: which thread holds which element of a register tile.
 
-A layout maps the bits of (register index, lane, warp) to element positions.
-Every basis is one power of two on one axis (or None: that bit replicates,
-all its values hold the same elements), and a thread's register r of lane l
-in warp w holds the element at the sum of the bases of the set bits of r, l
-and w. This is the linear-layout idea restricted to permutations of bits,
-which is all ThunderKittens' tiles need, and it lets the lowering *derive*
-vector widths, reductions (local, shuffle, shared memory) and broadcasts
-instead of special-casing them per tile shape:
-
-- the registers whose low bits step along columns by 1, 2, 4... form one
-  vector access to memory;
-- a row reduction combines registers, then shuffles across the lane bits and
-  then exchanges through shared memory across the warp bits whose bases lie
-  along columns;
-- the vector of per-row values is the tile layout with the column bases
-  dropped (`slice`), which is how a broadcast finds its operand's register.
+A layout maps the bits of (register index, lane, warp) to element positions:
+every basis is one power of two on one axis (or None: that bit replicates),
+and register r of lane l in warp w holds the element at the sum of the bases
+of the set bits of r, l and w. This is the linear-layout idea restricted to
+permutations of bits (all ThunderKittens' tiles need), and it lets the
+lowering *derive* what it would otherwise special-case per tile shape:
+vector accesses (registers whose low bits step along columns by 1, 2, 4...),
+row reductions (registers, then shuffles across lane bits, then shared memory
+across warp bits along columns) and broadcasts (the per-row vector is the
+tile layout with its column bases dropped: `slice`).
 
 Named tile layouts:
   vec  runs of 8 elements along a row per thread; lanes along columns first,

@@ -4,12 +4,12 @@ dynamic shared memory.
 Shared tiles and vectors (and arrays of them) get consecutive offsets
 (1024-byte aligned when swizzled, as the hardware's swizzle patterns repeat
 every 1024 bytes; 128 otherwise, which a TMA box needs), then the semaphores
-(8 bytes each). Block
-reductions that cross warps exchange partial results through f32 scratch
-after the tiles; reductions that can share one exchange (one barrier) are
-grouped, and consecutive groups alternate between two buffers so that none
-needs a barrier after it (see _place_exchanges). The total is checked
-against the 227 KiB a block may use, at the line that overflows it.
+(8 bytes each). Block reductions that cross warps exchange partial results
+through f32 scratch after the tiles; reductions that can share one exchange
+(one barrier) are grouped, and consecutive groups alternate between two
+buffers so that none needs a barrier after it (see _place_exchanges). The
+total is checked against the 227 KiB a block may use, at the line that
+overflows it.
 """
 from __future__ import annotations
 

@@ -13,13 +13,12 @@ Flags are u32 counters in an i32 tensor that only ever grow: a launch waits
 for the count its epoch expects (the previous launches' signals plus its
 own), so nothing resets them between launches and a kernel replays in a CUDA
 graph unchanged (the compare wraps at 2^32). A wait that does not see its
-value within `timeout_ms` prints where it waited and traps (the launch fails
-with an error) instead of hanging the GPU.
+value within `timeout_ms` traps (the launch fails with an error) instead of
+hanging the GPU, printing where it waited unless the kernel issues warpgroup
+MMAs (`calls_allowed`).
 
-tk-verify checks the order: a signal after TMA writes needs
-`tk.tma.store_wait(0, read=False)` and then a fence of the signal's scope
-with async_proxy=True (the writes went through the async proxy, the signal
-does not) between them (passes/signal_order.py).
+tk-verify checks that order between TMA writes and a signal
+(passes/signal_order.py).
 """
 from __future__ import annotations
 

@@ -5,14 +5,13 @@ or C = A @ B (B given as K x N, "kn"); bf16 or f16 inputs, f32 accumulation,
 bf16/f16/f32 output.
 
 The kernel: TMA loads into a ring of swizzled shared tiles, wgmma on one
-consumer warpgroup per 64 rows of a tile (two for the 128-row tiles), a
-producer warpgroup, a persistent grid walking output tiles in L2-friendly
-groups. The load-compute-finish template (tk.lcf) does
-the pipeline; the kernel says what to load, compute and store. M, N and K
-need not be multiples of the tiles: TMA reads zeros past the edges (so the
-K tail adds nothing) and the stores are masked. Rows must be 16-byte aligned
-(K and N multiples of 8 for 16-bit types), as TMA requires; the launch
-checks say so by argument.
+consumer warpgroup per 64 rows of a tile, a producer warpgroup, a persistent
+grid walking output tiles in L2-friendly groups; the load-compute-finish
+template (tk.lcf) does the pipeline, the kernel says what to load, compute
+and store. M, N and K need not be multiples of the tiles: TMA reads zeros
+past the edges (so the K tail adds nothing) and the stores are masked. Rows
+must be 16-byte aligned (K and N multiples of 8 for 16-bit types), as TMA
+requires; the launch checks say so by argument.
 
 Which kernel runs is `plan(M, N, K, sms)`'s choice, a heuristic you can
 read: shapes with enough 128 x 256 tiles for the SMs take the autotuned
