@@ -165,9 +165,12 @@ def test_good_tensor_passes():
 
 
 def test_cpu_tensor():
-    message = rejects(tensor_info(torch.zeros(4, 8, dtype=torch.bfloat16), "x"),
+    """The error says how to run the kernel here: on the GPU (.cuda()) or in
+    the CPU interpreter, for one launch or for every launch."""
+    message = rejects(tensor_info(torch.randn(4, 8).to(torch.bfloat16), "x"),
                       r"is on cpu; tk_mlir kernels need CUDA tensors")
-    assert ".cuda()" in message
+    assert "move it with .cuda()" in message
+    assert "kernel.interpret[grid](...)" in message and "TK_MLIR_INTERPRET=1" in message
 
 
 def test_device_rule_comes_first():

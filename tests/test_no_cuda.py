@@ -68,6 +68,13 @@ CHILD = textwrap.dedent("""\
     report["launch"] = error(lambda: softmax[(16,)](a, a, ROWS=4, N=512))
     report["launch again"] = error(lambda: softmax[(16,)](a, a, ROWS=4, N=512))
     report["tensor maps"] = error(lambda: __import__("tk_mlir.runtime.tensor_maps"))
+    # What the errors advise instead: the interpreter, which needs no cuda-bindings.
+    x = np.random.default_rng().standard_normal((64, 512)).astype(np.float32) * 3
+    y = np.full_like(x, np.nan)
+    report["interpret"] = error(lambda: softmax.interpret[(16,)](x, y, ROWS=4, N=512))
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    ref = e / e.sum(1, keepdims=True)
+    report["interpret error"] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
     report["cuda imported"] = any(m == "cuda" or m.startswith("cuda.") for m in sys.modules)
     print(json.dumps(report))
 """)
@@ -119,6 +126,8 @@ def test_compiles_to_ptx_and_says_what_is_missing(tmp_path):
         assert not e["import_error"] and not e["chained"], e
         assert "needs cuda-bindings" in e["message"] and "pip install cuda-bindings" in \
             e["message"], e
+    # The interpreter runs the kernel here, without cuda-bindings.
+    assert report["interpret"] is None and report["interpret error"] < 1e-6, report
     assert not report["cuda imported"]
 
 

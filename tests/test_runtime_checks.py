@@ -1,7 +1,10 @@
 """Runtime checks that need no GPU: the target device, grid limits, the
-devices of the tensor arguments, tk.spec dtypes, TK_MLIR_DUMP_DIR, and the
-one-line repr of a compiled kernel."""
+devices of the tensor arguments, tk.spec dtypes, TK_MLIR_DUMP_DIR, the
+one-line repr of a compiled kernel, and what a launch that cannot run here
+(CPU tensors, no GPU) says to do instead."""
 import os
+import re
+import sys
 
 import pytest
 
@@ -66,6 +69,102 @@ def test_the_launch_device_is_the_tensors_device():
     with pytest.raises(tk.ArgumentError) as info:
         launcher.launch_device({"X": _on("cuda:0"), "Y": _on("cuda:1")})
     assert "'X' on cuda:0, 'Y' on cuda:1" in str(info.value)
+
+
+# ------------------------------------------ where a launch cannot run here
+
+@pytest.fixture
+def not_interpreting(monkeypatch):
+    """TK_MLIR_INTERPRET unset, as read at the process's first launch."""
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", False)
+
+
+def test_a_launch_on_cpu_tensors_says_how_to_run_it_here(not_interpreting):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(16, 64) + 2
+    with pytest.raises(tk.ArgumentError) as info:
+        copy[(1,)](x, torch.empty_like(x))
+    message = str(info.value)
+    assert message.startswith("argument 'X' is on cpu; tk_mlir kernels need CUDA tensors: ")
+    assert "move it with .cuda()" in message
+    assert "kernel.interpret[grid](...) for one launch" in message
+    assert "TK_MLIR_INTERPRET=1 in the environment (read at the process's first launch)" \
+        in message
+    y = torch.full_like(x, float("nan"))
+    copy.interpret[(1,)](x, y)                       # (the advice works)
+    assert torch.equal(y, x)
+
+
+def test_the_librarys_wrappers_on_cpu_tensors_say_how_to_run_them_here(not_interpreting):
+    torch = pytest.importorskip("torch")
+    from tk_mlir.kernels import matmul, rms_norm
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    for call in (lambda: matmul(a, a), lambda: rms_norm(a, a[0])):
+        with pytest.raises(ValueError) as info:
+            call()
+        message = str(info.value)
+        assert re.search(r"^\w+: \w+ must be on a CUDA device, got cpu \(the kernel runs on "
+                         r"the GPU\): move it with \.cuda\(\), or run the library on CPU "
+                         r"tensors in the interpreter: TK_MLIR_INTERPRET=1", message), message
+
+
+def test_the_multi_gpu_wrappers_on_cpu_tensors_point_to_interpret_ranks(not_interpreting):
+    """Their memory is shared between GPUs: TK_MLIR_INTERPRET=1 would not run
+    them, kernel.interpret_ranks runs their kernels."""
+    torch = pytest.importorskip("torch")
+    from tk_mlir.kernels import symmetric
+    with pytest.raises(ValueError) as info:
+        symmetric.check_distributed("all_reduce", "t", torch.randn(64).to(torch.bfloat16))
+    message = str(info.value)
+    assert message.startswith("all_reduce: t must be on a CUDA device, got cpu")
+    assert "move it with .cuda()" in message and "kernel.interpret_ranks[grid]" in message
+    assert "TK_MLIR_INTERPRET=1" not in message
+
+
+class _Driver:
+    """cuda.bindings.driver with some functions replaced."""
+
+    def __init__(self, real, **replaced):
+        self.real, self.replaced = real, replaced
+
+    def __getattr__(self, name):
+        return self.replaced.get(name) or getattr(self.real, name)
+
+
+@pytest.fixture
+def fresh_driver(monkeypatch):
+    """The driver as before its first call: not initialised, its probes not
+    cached (and not cached after the test either)."""
+    monkeypatch.setattr(driver, "_initialized", False)
+    driver.has_gpu.cache_clear()
+    driver.gpu_problem.cache_clear()
+    yield
+    driver.has_gpu.cache_clear()
+    driver.gpu_problem.cache_clear()
+
+
+def _no_library(flags):
+    raise OSError("libcuda.so.1: cannot open shared object file")
+
+
+@pytest.mark.parametrize("cu_init, reason", [
+    (_no_library, "the CUDA driver library does not load: libcuda.so.1: cannot open"),
+    (lambda flags: (driver.cu.CUresult.CUDA_ERROR_NO_DEVICE,), "the CUDA driver sees no device"),
+])
+def test_no_gpu_says_how_to_run_the_kernel_here(monkeypatch, fresh_driver, cu_init, reason):
+    monkeypatch.setattr(driver, "cu", _Driver(driver.cu, cuInit=cu_init))
+    with pytest.raises(driver.NoGpu) as info:
+        driver.device_count()
+    message = str(info.value)
+    assert isinstance(info.value, driver.CudaError)          # (callers catch those)
+    assert message.startswith(f"no NVIDIA GPU can be used here ({reason}")
+    assert "kernel.interpret[grid](...)" in message and "TK_MLIR_INTERPRET=1" in message
+    assert not driver.has_gpu()
+    with pytest.raises(driver.NoGpu) as info:
+        driver.require_gpu("copy")
+    assert str(info.value).startswith(f"cannot launch copy: no NVIDIA GPU can be used here "
+                                      f"({reason}")
+    assert "kernel.interpret[grid](...)" in str(info.value)
 
 
 # -------------------------------------------------------------------- spec

@@ -32,16 +32,25 @@ def tensor(fn: str, name: str, value, *, ndim: int | None = None, dtypes) -> Non
         raise TypeError(f"{fn}: {name} must be {_dtype_list(dtypes)}, got {value.dtype}")
 
 
-def on_cuda(fn: str, name: str, value) -> None:
+# How a wrapper runs on CPU tensors (its kernels' launches are its own, so
+# kernel.interpret is not at hand): the environment variable, read once.
+INTERPRET_LIBRARY = (", or run the library on CPU tensors in the interpreter: "
+                     "TK_MLIR_INTERPRET=1 in the environment (read at the process's first "
+                     "launch)")
+
+
+def on_cuda(fn: str, name: str, value, *, on_cpu: str = INTERPRET_LIBRARY) -> None:
     """`value` is on a CUDA device (the others are checked to be on its device),
-    or on the CPU under TK_MLIR_INTERPRET=1 (the CPU interpreter runs it)."""
+    or on the CPU under TK_MLIR_INTERPRET=1 (the CPU interpreter runs it).
+    `on_cpu`: how the error for a CPU tensor goes on after "move it with .cuda()"."""
     if value.device.type == "cpu":
         from tk_mlir.kernel import _interpret_all
         if _interpret_all():
             return
     if value.device.type != "cuda":
+        also = on_cpu if value.device.type == "cpu" else ""
         raise ValueError(f"{fn}: {name} must be on a CUDA device, got {value.device} "
-                         f"(the kernel runs on the GPU)")
+                         f"(the kernel runs on the GPU): move it with .cuda(){also}")
 
 
 def like(fn: str, name: str, value, ref_name: str, ref, *, dtype: bool = True) -> None:

@@ -122,12 +122,12 @@ def check_distributed(fn: str, name: str, t) -> None:
     import torch.distributed as dist
     from tk_mlir.kernels import checks
     from tk_mlir.kernel import _interpret_all
+    ranks = ("the CPU interpreter runs its kernels with kernel.interpret_ranks[grid]([...]), "
+             "one argument tuple per rank, as tests/test_peers.py does")
     if t.device.type == "cpu" and _interpret_all():
         raise ValueError(f"{fn} runs on GPUs only, not under TK_MLIR_INTERPRET=1 (its memory "
-                         f"is shared between the ranks' GPUs); the CPU interpreter runs its "
-                         f"kernels with kernel.interpret_ranks[grid]([...]), one argument "
-                         f"tuple per rank, as tests/test_peers.py does")
-    checks.on_cuda(fn, name, t)
+                         f"is shared between the ranks' GPUs); {ranks}")
+    checks.on_cuda(fn, name, t, on_cpu=f" ({fn} runs on GPUs only; {ranks})")
     if not dist.is_initialized():
         raise RuntimeError(f"{fn} needs torch.distributed initialised (under torchrun: "
                            f"dist.init_process_group('nccl'))")

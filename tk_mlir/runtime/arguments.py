@@ -263,6 +263,14 @@ def _from_dlpack(obj, name: str) -> TensorInfo:
 
 # ----------------------------------------------------------------- checks
 
+# What to do where a kernel cannot launch (CPU tensors, no GPU, no
+# cuda-bindings): the errors that say so end with it. TK_MLIR_INTERPRET is
+# read once, at the process's first launch (kernel.py).
+INTERPRET_HINT = ("run the kernel on the CPU in the interpreter: kernel.interpret[grid](...) "
+                  "for one launch, or TK_MLIR_INTERPRET=1 in the environment (read at the "
+                  "process's first launch) for every launch")
+
+
 def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: int,
                  static_shape: tuple[int | None, ...] | None = None) -> None:
     """The GPU launch's check of a tensor argument: on a CUDA device, then
@@ -270,7 +278,7 @@ def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: 
     Raises ArgumentError naming the argument, the rule and a fix."""
     if info.ptr is not None and not info.device.startswith("cuda"):
         raise ArgumentError(f"argument {name!r} is on {info.device}; tk_mlir kernels need "
-                            f"CUDA tensors (move it with .cuda())")
+                            f"CUDA tensors: move it with .cuda(), or {INTERPRET_HINT}")
     check_tensor_rules(info, name, dtype=dtype, rank=rank, static_shape=static_shape)
 
 

@@ -13,7 +13,9 @@ does one driver call and one integer test when all is well; everything else
 
 This is the one module that imports cuda-bindings, and nothing imports it
 before a launch: without cuda-bindings, importing it raises CudaUnavailable,
-which says what is missing, instead of an ImportError.
+which says what is missing, instead of an ImportError. Without a GPU (no
+driver library, or no device), the first driver call raises NoGpu, which
+says how to run the kernel on this machine's CPU instead (the interpreter).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ except ImportError as e:
     raise CudaUnavailable(str(e)) from None
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
+_NO_DEVICE = cu.CUresult.CUDA_ERROR_NO_DEVICE      # cuInit's: a driver, and no GPU
 # A launch fails with these when the function's context is not current on the
 # calling thread (a fresh thread, or another device's context is current).
 _WRONG_CONTEXT = frozenset({cu.CUresult.CUDA_ERROR_INVALID_CONTEXT,
@@ -59,6 +62,21 @@ def _error_text(query, code) -> str | None:
     return text.decode() if err == _SUCCESS and text else None
 
 
+class NoGpu(CudaError):
+    """No GPU can be used here: the driver library does not load, or it sees
+    no device. A CudaError (code None when the library itself is missing)
+    whose message says how to run the kernel on this machine's CPU."""
+
+    def __init__(self, reason: str, code=None, kernel: str | None = None):
+        from .arguments import INTERPRET_HINT
+        self.code, self.name, self.reason = code, "no GPU", reason
+        what = f"cannot launch {kernel}: " if kernel else ""
+        RuntimeError.__init__(
+            self, f"{what}no NVIDIA GPU can be used here ({reason}): launching a kernel needs "
+                  f"one, with its driver; kernel.compile(...) and its .asm stages up to PTX "
+                  f"need neither. To {INTERPRET_HINT}")
+
+
 def check(result, what: str | None = None):
     """Unwrap cuda-python's `(CUresult, *values)`: raise CudaError on failure,
     else return None, the single value, or the tuple of values."""
@@ -80,7 +98,13 @@ def _init_driver() -> None:
     if not _initialized:
         with _lock:
             if not _initialized:
-                check(cu.cuInit(0), "cuInit")
+                try:
+                    result = cu.cuInit(0)
+                except Exception as e:      # (cuda-bindings loads the driver library here)
+                    raise NoGpu(f"the CUDA driver library does not load: {e}") from None
+                if result[0] == _NO_DEVICE:
+                    raise NoGpu("the CUDA driver sees no device", result[0])
+                check(result, "cuInit")
                 _initialized = True
 
 
@@ -154,10 +178,25 @@ def require_target(device: int, kernel: str) -> None:
 @functools.cache
 def has_gpu() -> bool:
     """True when the driver loads and sees at least one device; never raises."""
+    return gpu_problem() is None
+
+
+@functools.cache
+def gpu_problem() -> str | None:
+    """Why no GPU can be used here (None when one can); never raises."""
     try:
-        return device_count() > 0
-    except Exception:
-        return False
+        return None if device_count() > 0 else "the CUDA driver sees no device"
+    except NoGpu as e:
+        return e.reason
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def require_gpu(kernel: str) -> None:
+    """Refuse a launch of `kernel` where no GPU can be used, saying why and
+    how to run it on this machine's CPU instead (NoGpu)."""
+    if not has_gpu():
+        raise NoGpu(gpu_problem() or "the CUDA driver sees no device", kernel=kernel)
 
 
 def pointer_device(ptr: int) -> int | None:
