@@ -25,7 +25,8 @@ from pathlib import Path
 from . import knobs
 from .cache import DiskCache
 from .errors import ArgumentError, CompilationError
-from .compiler import tk_stage_names, writable_folder
+from .compiler import tk_stage_names
+from .dumps import writable_folder
 from .errors import debug
 from .kernel import Kernel
 from .params import CONSTEXPR, GL, I32, PGL, BindError, Param

@@ -9,6 +9,11 @@ Without ptxas (no nvidia-cuda-nvcc: macOS) a kernel compiles to PTX and stops
 there: its stages up to PTX read as usual, and what needs the cubin (SASS,
 ptxas's numbers, launching) raises ToolNotFound saying how to get ptxas.
 Such a kernel is not put in the disk cache, whose entries are whole kernels.
+
+Here: the compile, the two-level disk lookup (`compile_cached`), and
+CompiledKernel with its stage view and its disk cache form. Elsewhere: the
+specialization and its key (specialization.py), stage dumps (dumps.py),
+ptxas's numbers (ptxas_output.py).
 """
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import subprocess
 import tempfile
 import threading
@@ -27,51 +31,17 @@ from pathlib import Path
 
 from . import cache, knobs
 from . import global_reads as _reads
+from .dumps import dump_folder, writable_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
 from .params import PASSED_AS, AbiParam, launch_values_function, valid_num_warps
+from .ptxas_output import ptxas_info
+from .specialization import Specialization
 from .stages import StageStore
 from .target import TARGET
 
-# Stage file suffixes for TK_MLIR_DUMP_DIR.
-_SUFFIX = {"python": ".py", "ptx": ".ptx", "sass": ".sass", "ptxas": ".log"}
 # ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which
 # Python line each instruction came from (it changes no instruction).
 PTXAS_ARGS = ("-lineinfo",)
-
-
-@dataclass(frozen=True)
-class Specialization:
-    """Everything that decides the generated code for one launch signature."""
-    name: str
-    source: str
-    filename: str
-    args: tuple            # per runtime argument: ("gl", dtype, static shape), ("pgl", dtype,
-    #                        static shape, world size) or ("i32",)/("f32",)
-    arg_names: tuple[str, ...]
-    constexprs: tuple      # ((name, value), ...)
-    num_warps: int
-    globals_key: str       # the module-level values the kernel reads, as text
-    first_line: int = 0    # where the source sits (the stages' locations name it)
-    fp_contract: bool = True   # tile a*b+c may contract to fma (@tk.kernel(fp_contract=))
-
-    def dump_name(self) -> str:
-        """TK_MLIR_DUMP_DIR's folder for this specialization: the kernel's name
-        and a short hash, so specializations do not overwrite each other."""
-        return f"{self.name}-{self.cache_key()[:8]}"
-
-    def identity(self) -> dict:
-        """The kernel a disk cache entry for this specialization holds: its
-        name and source, checked when the entry is read."""
-        return {"name": self.name,
-                "source_sha256": hashlib.sha256(self.source.encode()).hexdigest()}
-
-    def cache_key(self) -> str:
-        return cache.make_key(kind="tk-kernel", name=self.name, source=self.source,
-                              where=[self.filename, self.first_line],
-                              args=[list(map(cache.jsonable, a)) for a in self.args],
-                              constexprs=[[k, cache.jsonable(v)] for k, v in self.constexprs],
-                              num_warps=self.num_warps, globals=self.globals_key,
-                              fp_contract=self.fp_contract, arch=TARGET.arch)
 
 
 class Stages(Mapping):
@@ -331,7 +301,7 @@ class CompiledKernel:
         or option) when the folder cannot be written."""
         folder = writable_folder(Path(directory) / (folder_name or self.name), what)
         for i, (stage, text) in enumerate(self.asm.items()):
-            _write_stage(folder, i, stage, text, what)
+            write_stage(folder, i, stage, text, what)
         return folder
 
     # ---- disk cache entries
@@ -404,61 +374,6 @@ def _decode_stages(text: str) -> StageStore:
 def _require(ok: bool, what: str) -> None:
     if not ok:
         raise cache.DamagedEntry(what)
-
-
-def dump_folder(spec: Specialization) -> Path | None:
-    """TK_MLIR_DUMP_DIR's folder for `spec`, checked writable before anything
-    is written; None when TK_MLIR_DUMP_DIR is not set."""
-    dump_dir = knobs.dump_dir()
-    if dump_dir is None:
-        return None
-    return writable_folder(Path(dump_dir) / spec.dump_name(), knobs.DUMP_DIR.name)
-
-
-def writable_folder(folder: Path, what: str) -> Path:
-    """`folder`, made if missing, once a file could be made in it; else a
-    CompilationError naming `what` (the setting or option), the path and why.
-    (Permission bits alone do not tell: root passes os.access in /proc.)"""
-    def refuse(why):
-        raise CompilationError(f"{what}: cannot write to {str(folder)!r}: {why}")
-    path = folder
-    while not path.exists():
-        if path.parent == path:
-            break
-        path = path.parent
-    if not path.is_dir():
-        refuse(f"{str(path)!r} is a file, not a folder")
-    if not os.access(path, os.W_OK | os.X_OK):
-        refuse(f"{str(path)!r} is not writable")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        refuse(e.strerror or str(e))
-    return folder
-
-
-def _write_stage(folder: Path, index: int, stage: str, text: str, what: str) -> None:
-    """Stage `text` to its numbered file in `folder`; a CompilationError naming
-    `what` when it cannot be written (a full disk, say, after the folder's check)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}").write_text(text)
-    except OSError as e:
-        raise CompilationError(f"{what}: cannot write {stage} to {str(folder)!r}: "
-                               f"{e.strerror or e}") from None
-
-
-def ptxas_info(log: str) -> dict:
-    info = {}
-    m = re.search(r"Used (\d+) registers", log)
-    if m:
-        info["registers"] = int(m.group(1))
-    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    if m:
-        info["spill stores (bytes)"], info["spill loads (bytes)"] = int(m.group(1)), int(m.group(2))
-    return info
 
 
 def _cached_sass(cubin: bytes) -> str:
@@ -544,7 +459,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
 
     def dump(index: int, name: str, text: str) -> None:
         if folder is not None:       # (checked writable above; a full disk still fails)
-            _write_stage(folder, index, name, text, knobs.DUMP_DIR.name)
+            write_stage(folder, index, name, text, knobs.DUMP_DIR.name)
 
     def on_stage(name: str, text: str) -> None:
         # Written as we go, so a failing pass leaves what came before.
