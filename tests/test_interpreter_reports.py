@@ -410,6 +410,79 @@ def test_unsynchronised_shared_tile_is_a_race_whatever_the_order():
     assert torch.equal(c, a.float())
 
 
+# What a race report says to do depends on what orders the two accesses so
+# far: nothing (a barrier between them), or a semaphore that orders an earlier
+# access of the other warp but not this one (arrive after the access).
+
+@tk.kernel(num_warps=8)
+def reread(A: tk.gl, C: tk.gl, SYNC: tk.constexpr = False):
+    """The block fills a shared tile; warpgroup 0 reads it while warpgroup 1
+    overwrites it, with no semaphore anywhere (SYNC: a barrier between)."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    tk.store(st, tk.load(A, (0, 0), (64, 64)))        # (block scope: barriers around it)
+    wg = tk.warpgroup_id()
+    if wg == 0:
+        x = tk.load(st, layout="row", scope="warpgroup")                       # MARK: reread
+        tk.store(C, x.to(f32), (0, 0))
+    if SYNC:
+        tk.barrier()
+    if wg == 1:
+        tk.store(st, tk.load(A, (1, 0), (64, 64), layout="row", scope="warpgroup"))  # MARK: refill
+
+
+def test_a_race_with_no_semaphore_involved_asks_for_a_barrier():
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    for seed in range(4):
+        e = report(reread, a, torch.empty(64, 64), seeds=[seed])
+        assert "data race" in e.message and e.line in (line_of("MARK: reread"),
+                                                       line_of("MARK: refill")), e.message
+        assert "put a barrier between the two: tk.barrier()" in e.message, e.message
+        assert "tk.named_barrier(id, warps=n)" in e.message
+        assert "arrive" not in e.message.replace("named_barrier_arrive", ""), e.message
+    c = torch.full((64, 64), float("nan"))
+    reread.interpret[(1,)](a, c, SYNC=True)
+    assert torch.equal(c, a[:64].float())
+
+
+@tk.kernel(num_warps=8)
+def handoff(A: tk.gl, C: tk.gl, EARLY: tk.constexpr = True):
+    """Warpgroup 1 writes a shared tile and arrives on `full`; warpgroup 0
+    waits for it, reads the tile and releases it on `empty` (EARLY: before its
+    read); warpgroup 1 waits for `empty` and overwrites the tile."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    full, empty = tk.semaphore(arrivals=4), tk.semaphore(arrivals=4)
+    if tk.warpgroup_id() == 1:
+        tk.store(st, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+        if tk.elect_leader():
+            tk.arrive(full)
+        tk.wait(empty, 0)
+        tk.store(st, tk.load(A, (1, 0), (64, 64), layout="row", scope="warpgroup"))  # MARK: reuse
+    else:
+        tk.wait(full, 0)
+        if EARLY:
+            if tk.elect_leader():
+                tk.arrive(empty)                                   # MARK: early release
+        x = tk.load(st, layout="row", scope="warpgroup")           # MARK: late read
+        if not EARLY:
+            if tk.elect_leader():
+                tk.arrive(empty)
+        tk.store(C, x.to(f32), (0, 0))
+
+
+def test_a_race_a_semaphore_orders_wrongly_asks_to_arrive_after_the_access():
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    for seed in range(4):
+        e = report(handoff, a, torch.empty(64, 64), seeds=[seed])
+        assert "data race" in e.message and e.line in (line_of("MARK: reuse"),
+                                                       line_of("MARK: late read")), e.message
+        assert "through a semaphore" in e.message and "arrive only after" in e.message, \
+            e.message
+        assert "tk.barrier()" not in e.message, e.message
+    c = torch.full((64, 64), float("nan"))
+    handoff.interpret[(1,)](a, c, EARLY=False)
+    assert torch.equal(c, a[:64].float())
+
+
 @tk.kernel(num_warps=4)
 def same_rows(X: tk.gl[f32], Y: tk.gl[f32]):
     """Each block doubles its 16 rows, but stores them at the block's row

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..dialects import types as T
 from .machine import YIELD, Blocked, error, warp_scalar
+from .races import BY_BARRIER, BY_SEMAPHORE
 from .rules import interprets
 from .semaphores import NamedBarrier
 
@@ -85,7 +86,7 @@ def _wait(op, num_warps):
                              f"tell phases two apart (is the phase off by one, or a stage "
                              f"released twice?)")
         w.seen[key] = seen
-        w.block.acquire(w.index, s.released)
+        w.block.acquire(w.index, s.released, BY_SEMAPHORE)
     return wait
 
 
@@ -284,5 +285,5 @@ def _named_barrier(op, num_warps):
         while b.generation <= gen:
             yield Blocked(lambda: b.generation > gen,
                           lambda: f"at {at} on named barrier {i} ({b.state()})", loc)
-        w.block.acquire(w.index, b.released[gen])
+        w.block.acquire(w.index, b.released[gen], BY_BARRIER)
     return barrier

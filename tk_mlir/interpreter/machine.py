@@ -80,7 +80,7 @@ class Block:
     def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0,
                  rank: int | None = None):
         from .ordering import BlockOrder
-        from .races import Shadow
+        from .races import UNORDERED, Shadow
         from .shared import SharedMemory
         self.id, self.grid, self.num_warps = id, grid, num_warps
         # What messages and the writers of global memory call it: its id, and
@@ -92,13 +92,16 @@ class Block:
         self.rng = np.random.default_rng([seed, *id] if rank is None else [seed, rank, *id])
         self.step = 0
         self.smem = SharedMemory()
-        self.shadow = Shadow(num_warps, self.num_slots, self.num_wgs)
         self.sems: dict = {}                  # (allocation key, index) -> Semaphore
         self.named: dict = {}                 # id -> NamedBarrier
         self.agents: list = []                # heap of (due step, seq, callback)
         self.seq = 0
         self.clocks = np.zeros((num_warps, self.num_slots), np.int64)
         self.clocks[np.arange(num_warps), np.arange(num_warps)] = 1
+        # What last ordered each warp after each slot's events (races.py: what
+        # a race report says to do).
+        self.via = np.full((num_warps, self.num_slots), UNORDERED, np.int8)
+        self.shadow = Shadow(num_warps, self.num_slots, self.num_wgs, self.via)
         self.mma: dict[int, list] = {}        # warpgroup -> its groups, oldest first
         self.mma_issued: dict[int, int] = {}  # warpgroup -> groups issued so far
         self.mma_locs: dict = {}              # (warpgroup, group) -> the MMA's location
@@ -132,8 +135,12 @@ class Block:
         """The clock slot of a warpgroup's wgmma agent."""
         return self.num_slots - self.num_wgs + warpgroup
 
-    def acquire(self, warp: int, clock: np.ndarray) -> None:
-        np.maximum(self.clocks[warp], clock, out=self.clocks[warp])
+    def acquire(self, warp: int, clock: np.ndarray, via: int) -> None:
+        """Order `warp` after what `clock` covers, learnt through `via`
+        (races.BY_BARRIER or BY_SEMAPHORE)."""
+        mine = self.clocks[warp]
+        self.via[warp, clock > mine] = via
+        np.maximum(mine, clock, out=mine)
 
 
 class Warp:

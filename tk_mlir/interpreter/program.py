@@ -21,6 +21,7 @@ from ..dialects import contracts, tk, types as T
 from ..lowering.tma import tensor_arguments
 from . import hopper, machine, rules, scalars  # noqa: F401  (they register their ops)
 from .machine import Arrival, Loc, error, uniform
+from .races import BY_BARRIER
 from .shared import Allocation, whole
 
 PLAIN, TILE, REGION, SYNC = 0, 1, 2, 3
@@ -159,7 +160,8 @@ def _join(block, warps) -> None:
     """A barrier among warps: each ends up after what all of them did."""
     index = [w.index for w in warps]
     joined = block.clocks[index].max(0)
-    block.clocks[index] = joined
+    for i in index:
+        block.acquire(i, joined, BY_BARRIER)
     block.clocks[index, index] += 1
 
 

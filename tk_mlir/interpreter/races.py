@@ -9,7 +9,9 @@ semaphore, a wait that sees a phase complete takes the clock the phase
 published; a named or block barrier joins its warps; a TMA load's write
 carries the issuing warp's clock plus its semaphore's slot set to the phase
 it completes. A warp advances its own slot after each release, so what it
-does next is not ordered before the receivers.
+does next is not ordered before the receivers. Each warp also keeps, per
+slot, what last moved its knowledge of that slot (`Block.via`: nothing yet,
+a barrier, a semaphore wait): a race report says what to do from it.
 
 Each shared allocation has a shadow per (element, row, column block): the
 last write's (slot, clock, line) and, per slot, the clock and line of the
@@ -35,6 +37,10 @@ from ..dialects import types as T
 
 from .shared import SharedRef, rows_of
 
+# What ordered a warp after a clock slot's events (Block.via): nothing yet, a
+# barrier (block or named), a semaphore wait.
+UNORDERED, BY_BARRIER, BY_SEMAPHORE = 0, 1, 2
+
 
 @dataclass
 class InFlight:
@@ -54,10 +60,12 @@ def _overlap(a: SharedRef, b: SharedRef) -> bool:
 
 
 class Shadow:
-    """One block's shadow memory and in-flight asynchronous accesses."""
+    """One block's shadow memory and in-flight asynchronous accesses; `via`:
+    the block's Block.via (read when a race is reported)."""
 
-    def __init__(self, num_warps: int, num_slots: int, num_wgs: int):
+    def __init__(self, num_warps: int, num_slots: int, num_wgs: int, via: np.ndarray):
         self.num_warps, self.num_slots, self.num_wgs = num_warps, num_slots, num_wgs
+        self.via = via
         self.allocs: dict[int, dict] = {}
         self.in_flight: list[InFlight] = []
 
@@ -137,8 +145,8 @@ class Shadow:
                         f"writes, without waiting for that load's semaphore phase (a "
                         f"read of a shared tile before its TMA load was waited for)")
             return (f"data race: {what} reads {ref.describe()}, written at {writer} by warp "
-                    f"{slot}, with nothing ordering the two (no semaphore wait, barrier or "
-                    f"mma/store wait between them)")
+                    f"{slot}, with nothing ordering the two: "
+                    f"{self._fix(warp, slot, writer, tma_load=False)}")
         if record:
             self.read_done(ref, warp, clock[warp], where, rows)
         return None
@@ -168,22 +176,58 @@ class Shadow:
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
-            return (f"data race: {what} writes {ref.describe()}, also written at "
-                    f"{s['w_where'][idx, r, c].ravel()[k]}, with nothing ordering the two writes")
+            writer = s["w_where"][idx, r, c].ravel()[k]
+            return (f"data race: {what} writes {ref.describe()}, also written at {writer}, "
+                    f"with nothing ordering the two writes: "
+                    f"{self._fix(warp, slots.ravel()[k], writer, tma_load=slot is not None)}")
         reads = s["r_clock"][:, idx, r, c]
         late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
         if late.any():
             w = int(np.argwhere(late)[0][0])
             k = np.flatnonzero(late[w].ravel())[0]
             reader = s["r_where"][w][idx, r, c].ravel()[k]
-            who = f"warp {w}" if w < self.num_warps else \
-                f"the wgmma of warpgroup {w - self.num_slots + self.num_wgs}"
-            return (f"data race: {what} writes {ref.describe()}, which {who} read at "
-                    f"{reader}, with nothing ordering the read before the write (release "
-                    f"the tile after its readers are done: arrive after their wait)")
+            return (f"data race: {what} writes {ref.describe()}, which {self._who(w)} read at "
+                    f"{reader}, with nothing ordering the read before the write: "
+                    f"{self._fix(warp, w, reader, tma_load=slot is not None)}")
         s["w_slot"][idx, r, c] = warp if slot is None else slot
         s["w_clock"][idx, r, c] = clock[warp] if epoch is None else epoch
         s["w_where"][idx, r, c] = where
         s["w_unfenced"][idx, r, c] = unfenced
         s["r_clock"][:, idx, r, c] = 0
         return None
+
+    # ------------------------------------------------------------ reports
+
+    def _who(self, slot: int) -> str:
+        """What clock slot `slot` stands for, in a message."""
+        if slot < self.num_warps:
+            return f"warp {slot}"
+        if slot >= self.num_slots - self.num_wgs:
+            return f"the wgmma of warpgroup {slot - self.num_slots + self.num_wgs}"
+        return "a TMA load"
+
+    def _fix(self, warp: int, slot: int, earlier: str, tma_load: bool) -> str:
+        """What orders the access at `earlier` (by clock slot `slot`) before
+        warp `warp`'s, from what orders the two so far (`via`): a semaphore
+        that orders an earlier access but not this one asks for the arrival
+        after the access; nothing (or a barrier before it), a barrier."""
+        who = self._who(slot)
+        if self.via[warp, slot] == BY_SEMAPHORE:
+            return (f"warp {warp} is ordered after {who} through a semaphore, but not after "
+                    f"its access at {earlier}: arrive only after that access (release a tile "
+                    f"once its readers are done, a wgmma's operands after its tk.mma_wait), "
+                    f"and have warp {warp} wait for that arrival's phase first (is the arrive "
+                    f"before the access, or the wait for an earlier phase?)")
+        if tma_load:
+            return ("a TMA load may overwrite a tile only once its readers are done with it: "
+                    "they arrive on a semaphore after their reads, and the load's issuer "
+                    "waits for that phase first (a ring's empty slot: tk.wait before "
+                    "tk.tma.load_async)")
+        if slot >= self.num_slots - self.num_wgs:
+            return (f"{who} reads until that warpgroup's tk.mma_wait: order this access after "
+                    f"the wait (an arrival after it that this warp waits for, or a barrier)")
+        if slot >= self.num_warps:
+            return "wait for that TMA load's semaphore phase (tk.wait) before this access"
+        return ("put a barrier between the two: tk.barrier() (every warp of the block) or "
+                "tk.named_barrier(id, warps=n) among the warps involved "
+                "(tk.named_barrier_arrive on the side that goes first)")
