@@ -1,20 +1,388 @@
-"""Mistakes a new user makes, each a CompilationError at its line (never an
-internal error or a raw Python exception): wrong argument counts to
-builtins, tiles where numbers are expected, run-time values where a
-compile-time one is needed. Found by compiling wrong kernels on purpose."""
+"""Compile errors as the kernel author sees them, each checked at the line
+of this file that its kernel marks `# E:<name>` (error_checks.check_error):
+the message, the file, the line and column of the user's code, the rendered
+text (file:line:col, the source line, a caret under the column), and a
+traceback that shows no compiler internals, in a new process too.
+
+- Python a kernel cannot run (while, break, lambda, try, ** on run-time
+  values, a plain function called on run-time values, ...) and tile rules
+  broken (shapes, layouts, dtypes, coordinates, shared memory), at their
+  line; errors at decoration (a parameter without an annotation).
+- The mistakes a new user makes, each a CompilationError at its line, never
+  an internal error or a raw Python exception: wrong argument counts to
+  builtins, tiles where numbers are expected, run-time values where a
+  compile-time one is needed, tile sizes and compile-time limits (expression
+  depth, unrolling); where there is one fix, the message names it.
+- The user's errors and tk_mlir's own bugs told apart (errors.py): an
+  exception from the user's Python run at compile time (a helper they
+  wrote, an operator on their constexprs, a builtin called with the wrong
+  arguments) is a CompilationError at their line; one raised inside tk_mlir
+  (a builtin, a pass, the lowering, ptxas) is an InternalCompilerError
+  naming the kernel and the stage, chained to the original; a failing pass
+  saves the IR before it and says how to replay the pass. TK_MLIR_DEBUG=1
+  keeps the user's original traceback too.
+- Recursion is unrolled at compile time: it works when it ends on
+  compile-time values and is refused at the recursive call's line, naming
+  the function, when it cannot end (a run-time count) or nests too deep.
+
+The kernels live at module level: only compiling them raises. Errors of a
+launch's arguments: test_launch_errors.py.
+"""
+import re
+import subprocess
+import sys
+import textwrap
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import test_errors
+import error_checks
+import markers
 import tk_mlir as tk
-from tk_mlir import f32
-from test_errors import compile_error
+from error_checks import INTERNAL, FakeCudaArray, compile_error, tk_frames
+from tk_mlir import bf16, compiler, f32
+from tk_mlir.dialects import types as T
+from tk_mlir.errors import InternalCompilerError, raised_in_tk_mlir
+from tk_mlir.frontend import MAX_INLINE_DEPTH
+from tk_mlir.lowering import pipeline
 
 HERE = Path(__file__).resolve()
+REPO = Path(tk.__file__).resolve().parent.parent
 F32 = tk.spec((64, 64), "f32")
+BF16 = tk.spec((64, 64), "bf16")
 
+
+def marked(marker: str) -> tuple[int, str]:
+    """(line number, text) of the line of this file ending in `# E:<marker>`."""
+    return markers.marked(HERE, marker)
+
+
+def check_error(e: tk.CompilationError, marker: str, at: str, message):
+    """e points at `at` on the line of this file marked `marker` and says `message`."""
+    error_checks.check_error(e, marker, at, message, HERE)
+
+
+# ------------------------------------------- kernels: unsupported Python, tile rules
+
+def helper(x):
+    return x
+
+
+@tk.kernel
+def k_while(X: tk.gl[f32]):
+    i = tk.block_id(0)
+    while i < 4:  # E:while
+        i = i + 1
+
+
+@tk.kernel
+def k_break(X: tk.gl[f32], n: int):
+    for i in range(n):
+        break  # E:break
+
+
+@tk.kernel
+def k_continue(X: tk.gl[f32], n: int):
+    for i in range(n):
+        continue  # E:continue
+
+
+@tk.kernel
+def k_lambda(X: tk.gl[f32]):
+    f = lambda v: v  # E:lambda
+
+
+@tk.kernel
+def k_listcomp(X: tk.gl[f32]):
+    xs = [i for i in range(4) for j in range(2)]  # E:listcomp
+
+
+@tk.kernel
+def k_try(X: tk.gl[f32]):
+    try:  # E:try
+        pass
+    except Exception:
+        pass
+
+
+@tk.kernel
+def k_with(X: tk.gl[f32]):
+    with open("x"):  # E:with
+        pass
+
+
+@tk.kernel
+def k_pow(X: tk.gl[f32]):
+    i = tk.block_id(0)
+    j = i ** 2  # E:pow
+
+
+@tk.kernel
+def k_return_value(X: tk.gl[f32]):
+    i = tk.block_id(0)
+    return i  # E:return
+
+
+@tk.kernel
+def k_call(X: tk.gl[f32]):
+    i = tk.block_id(0)
+    j = helper(i)  # E:call
+
+
+@tk.kernel
+def k_shape(X: tk.gl[f32]):
+    a = tk.zeros((16, 64))
+    b = tk.zeros((16, 128))
+    c = a + b  # E:shape
+
+
+@tk.kernel
+def k_store_dtype(Y: tk.gl[bf16]):
+    a = tk.zeros((16, 64))
+    tk.store(Y, a, (0, 0))  # E:store-dtype
+
+
+@tk.kernel
+def k_layout(X: tk.gl[f32]):
+    a = tk.zeros((64, 64), layout="vec")
+    b = tk.zeros((64, 64), layout="row")
+    c = a + b  # E:layout
+
+
+@tk.kernel
+def k_sub_row(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    v = x.col_sum()
+    y = x.sub_row(v)  # E:sub-row
+
+
+@tk.kernel
+def k_load_coords(X: tk.gl[f32]):
+    x = tk.load(X, (0,), (16, 64))  # E:load-coords
+
+
+@tk.kernel
+def k_store_coords(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    tk.store(X, x, (0, 0, 0))  # E:store-coords
+
+
+@tk.kernel
+def k_loop_type(X: tk.gl[f32], n: int):
+    acc = 0
+    for i in range(n):  # E:loop-type
+        acc = acc + 1.5
+
+
+@tk.kernel
+def k_undefined(X: tk.gl[f32]):
+    y = nope + 1  # E:undefined
+
+
+@tk.kernel
+def k_smem_total(X: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (256, 256))  # 128 KiB: fits
+    b = tk.shared_tile(bf16, (256, 256))  # E:smem-total
+
+
+@tk.kernel
+def k_smem_one(X: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (512, 512))  # E:smem-one
+
+
+@tk.kernel(num_warps=4)
+def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)).to(tk.f32), (0, 0))  # E:fp8
+
+
+# ------------------------------------------------------ unsupported syntax
+
+@pytest.mark.parametrize("kernel,args,marker,at,message", [
+    pytest.param(k_while, (F32,), "while", "while",
+                 "while loops are not supported; use for ... in range(...)", id="while"),
+    pytest.param(k_break, (F32, 1), "break", "break", "Break is not supported in a tk kernel",
+                 id="break"),
+    pytest.param(k_continue, (F32, 1), "continue", "continue",
+                 "Continue is not supported in a tk kernel", id="continue"),
+    pytest.param(k_lambda, (F32,), "lambda", "lambda", "Lambda is not supported in a tk kernel",
+                 id="lambda"),
+    pytest.param(k_listcomp, (F32,), "listcomp", "[i for",
+                 "only single-`for` comprehensions are supported", id="listcomp"),
+    pytest.param(k_try, (F32,), "try", "try", "Try is not supported in a tk kernel", id="try"),
+    pytest.param(k_with, (F32,), "with", "with", "With is not supported in a tk kernel",
+                 id="with"),
+    pytest.param(k_pow, (F32,), "pow", "i ** 2", "** on run-time values is not supported", id="pow"),
+    pytest.param(k_return_value, (F32,), "return", "return",
+                 "a kernel returns nothing; write results with tk.store", id="return-value"),
+    pytest.param(k_call, (F32,), "call", "helper(i)",
+                 "calling helper() on run-time values is not supported in a kernel (only tk.* "
+                 "functions and tile methods are)", id="python-call"),
+    pytest.param(k_undefined, (F32,), "undefined", "nope", "name 'nope' is not defined",
+                 id="undefined-name"),
+])
+def test_unsupported_python(kernel, args, marker, at, message):
+    check_error(compile_error(kernel, *args), marker, at, message)
+
+
+# ------------------------------------------------------------- tile rules
+
+def test_shape_mismatch():
+    check_error(compile_error(k_shape, F32), "shape", "a + b",
+                "add: operands differ: f32 16x64 tile (vec, block) and f32 16x128 tile "
+                "(vec, block)")
+
+
+def test_store_dtype_mismatch():
+    check_error(compile_error(k_store_dtype, BF16), "store-dtype", "tk.store",
+                "tk.store: the tile is f32 but the tensor is bf16; convert with .to(tk.bf16)")
+
+
+def test_layout_mismatch():
+    check_error(compile_error(k_layout, F32), "layout", "a + b",
+                "add: operands differ in layout or scope: f32 64x64 tile (vec, block) and "
+                "f32 64x64 tile (row, block)")
+
+
+def test_sub_row_vector_of_wrong_length():
+    check_error(compile_error(k_sub_row, F32), "sub-row", "x.sub_row(v)",
+                "sub_row: needs a vector of 16 (one per row), got f32 vector of 64")
+
+
+def test_load_coordinates_count_differs_from_rank():
+    check_error(compile_error(k_load_coords, F32), "load-coords", "tk.load",
+                "tk.load needs 2 coordinates for a rank-2 tensor (one per dim), got 1")
+
+
+def test_store_coordinates_count_differs_from_rank():
+    check_error(compile_error(k_store_coords, F32), "store-coords", "tk.store",
+                "tk.store needs 2 coordinates for a rank-2 tensor (one per dim), got 3")
+
+
+def test_loop_variable_changes_type():
+    # Reported at the loop (where the carried value's type must stay put), not
+    # at the assignment inside it.
+    check_error(compile_error(k_loop_type, F32, 4), "loop-type", "for",
+                "'acc' starts as an int and becomes a float in the loop; initialise it with "
+                "a float (e.g. 0.0)")
+
+
+def test_shared_memory_exhausted_at_the_allocating_line():
+    e = compile_error(k_smem_total, BF16)
+    check_error(e, "smem-total", "tk.shared_tile",
+                "shared memory exhausted: the tiles and semaphores allocated up to here need 262144 bytes, "
+                f"a block has {227 * 1024}")
+
+
+def test_one_shared_tile_over_the_limit():
+    check_error(compile_error(k_smem_one, BF16), "smem-one", "tk.shared_tile",
+                f"bf16 512x512 shared tile needs 524288 bytes; a block has {227 * 1024} bytes "
+                f"of shared memory")
+
+
+def test_errors_are_not_cached():
+    """A failed compile leaves nothing behind: the same call fails the same way."""
+    first = compile_error(k_shape, F32)
+    second = compile_error(k_shape, F32)
+    assert str(first) == str(second)
+
+
+def test_column_of_a_kernel_defined_in_a_function():
+    @tk.kernel
+    def nested(X: tk.gl[f32]):
+        a = tk.zeros((16, 64))
+        b = tk.zeros((16, 128))
+        c = a + b  # E:nested
+
+    check_error(compile_error(nested, F32), "nested", "a + b", "add: operands differ")
+
+
+def test_fp8_tiles_are_refused_at_their_line():
+    with pytest.raises(tk.CompilationError) as e:
+        k_fp8.compile(tk.spec((16, 64), "f8e4m3"), tk.spec((16, 64), "f32"))
+    assert "fp8" in e.value.message and "not lowered yet" in e.value.message
+    assert e.value.line == marked("fp8")[0]
+
+
+# ------------------------------------------------------ decoration errors
+
+def test_missing_annotation_is_an_error_at_decoration():
+    with pytest.raises(tk.CompilationError) as info:
+        @tk.kernel  # E:annotation-decorator
+        def unannotated(X, Y: tk.gl[f32]):  # E:annotation-def
+            pass
+    e = info.value
+    assert e.message == ("kernel parameter 'X' needs an annotation: tk.gl[dtype] for a tensor, "
+                         "int or float for a scalar, tk.constexpr for a compile-time constant")
+    # At the user's kernel: the decorator or the def line (the parameter itself
+    # would be best).
+    assert e.filename is not None and Path(e.filename).resolve() == HERE
+    lines = {marked("annotation-decorator")[0]: marked("annotation-decorator")[1],
+             marked("annotation-def")[0]: marked("annotation-def")[1]}
+    assert e.line in lines
+    assert str(e).split("\n")[1] == "    " + lines[e.line].rstrip()
+    assert e.__cause__ is None and e.__suppress_context__
+    assert all(Path(f.filename).name == "kernel.py" for f in tk_frames(e.__traceback__))
+
+
+def test_num_warps_not_a_power_of_two_at_decoration():
+    with pytest.raises((tk.ArgumentError, tk.CompilationError, ValueError),
+                       match="power of two"):
+        @tk.kernel(num_warps=3)
+        def three_warps(X: tk.gl[f32]):
+            pass
+
+
+# ------------------------------------------------------------- tracebacks
+
+def test_traceback_in_a_new_process_shows_no_compiler_frames(tmp_path):
+    """Uncaught, as a user running a script sees it."""
+    (tmp_path / "user_kernel.py").write_text(textwrap.dedent("""\
+        import tk_mlir as tk
+        from tk_mlir import f32
+
+
+        @tk.kernel
+        def bad(X: tk.gl[f32]):
+            a = tk.zeros((16, 64))
+            b = tk.zeros((16, 128))
+            c = a + b
+    """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""\
+        import tk_mlir as tk
+        from user_kernel import bad
+
+        bad.compile(tk.spec((64, 64), "f32"))
+    """))
+    proc = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "During handling of the above exception" not in err
+    assert "The above exception was the direct cause" not in err
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', err)
+    assert frames[0] == (str(tmp_path / "main.py"), "<module>"), frames
+    internal = [f for f in frames if Path(f[0]).name in INTERNAL
+                or "lowering" in Path(f[0]).parts or "passes" in Path(f[0]).parts]
+    assert not internal, err
+    assert f"{tmp_path / 'user_kernel.py'}:9:9: error: add: operands differ" in err
+    assert err.rstrip().endswith("        c = a + b\n            ^"), err
+
+
+@pytest.mark.parametrize("how", ["compile", "launch"])
+def test_traceback_is_cut_at_the_public_entry(how):
+    with pytest.raises(tk.CompilationError) as info:
+        if how == "compile":
+            k_shape.compile(F32)
+        else:
+            k_shape[(1,)](FakeCudaArray((64, 64), "<f4"))
+    names = [f.name for f in tk_frames(info.value.__traceback__)]
+    assert names == [how], names
+
+
+# --------------------------------------------------- the mistakes of a new user
 
 @tk.kernel
 def k_select_tiles(X: tk.gl[f32]):
@@ -127,7 +495,7 @@ def k_spread_in_call(X: tk.gl[f32]):
     (k_subscript_tile, "subscript-tile", "t[0]", "TypeError: 'Tile' object is not subscriptable"),
 ])
 def test_mistake_is_a_compile_error_at_its_line(kernel, marker, at, message):
-    test_errors.check_error(compile_error(kernel, F32), marker, at, message, HERE)
+    check_error(compile_error(kernel, F32), marker, at, message)
 
 
 # Its truth is refused by C code (no Python frame of the user's below ours).
@@ -141,9 +509,9 @@ def k_ambiguous_if(X: tk.gl[f32]):
 
 
 def test_truth_of_a_compile_time_value_is_the_users():
-    test_errors.check_error(compile_error(k_ambiguous_if, F32), "ambiguous", "AMBIGUOUS",
-                            "ValueError: The truth value of an array with more than one "
-                            "element is ambiguous", HERE)
+    check_error(compile_error(k_ambiguous_if, F32), "ambiguous", "AMBIGUOUS",
+                "ValueError: The truth value of an array with more than one element is "
+                "ambiguous")
 
 
 def takes_node_and_fn(node, fn):
@@ -167,9 +535,9 @@ def k_zeros_arguments_swapped(X: tk.gl[tk.f32]):
 
 
 def test_zeros_with_its_arguments_swapped_is_a_user_error():
-    test_errors.check_error(compile_error(k_zeros_arguments_swapped, F32), "zeros-swapped",
-                            "tk.zeros", "tk.zeros: the first argument is the shape, (rows, "
-                            "cols) or (length,), got tk.f32", HERE)
+    check_error(compile_error(k_zeros_arguments_swapped, F32), "zeros-swapped", "tk.zeros",
+                "tk.zeros: the first argument is the shape, (rows, cols) or (length,), got "
+                "tk.f32")
 
 
 @tk.kernel
@@ -219,7 +587,7 @@ def test_a_bad_constexpr_tile_size_is_an_error_at_its_line(kernel, marker, at, r
     kw = {"C": 64} if kernel is k_tile_rows else {}
     args = (F32, F32) if kernel is k_tile_rows else (F32,)
     e = compile_error(kernel, *args, R=rows, **kw)
-    test_errors.check_error(e, marker, at, "positive compile-time ints", HERE)
+    check_error(e, marker, at, "positive compile-time ints")
     assert message in e.message
 
 
@@ -230,9 +598,9 @@ def k_rows_from_int(X: tk.gl[f32], Y: tk.gl[f32], rows: int):
 
 
 def test_a_tile_size_from_an_int_parameter_suggests_constexpr():
-    test_errors.check_error(compile_error(k_rows_from_int, F32, F32, 16), "rows-from-int",
-                            "tk.load", "rows is an int parameter, known only at run time: "
-                            "declare it `rows: tk.constexpr`", HERE)
+    check_error(compile_error(k_rows_from_int, F32, F32, 16), "rows-from-int", "tk.load",
+                "rows is an int parameter, known only at run time: declare it "
+                "`rows: tk.constexpr`")
 
 
 @pytest.mark.parametrize("rows,cols,fix", [(24, 64, "rows must be a power of two, got 24; use 32"),
@@ -240,7 +608,7 @@ def test_a_tile_size_from_an_int_parameter_suggests_constexpr():
                                                      "use 128")])
 def test_a_tile_that_is_not_a_power_of_two_says_which_size_to_use(rows, cols, fix):
     e = compile_error(k_tile_rows, F32, F32, R=rows, C=cols)
-    test_errors.check_error(e, "tile-rows", "tk.load", fix, HERE)
+    check_error(e, "tile-rows", "tk.load", fix)
     assert "a tile is masked" in e.message
 
 
@@ -300,7 +668,7 @@ def test_compile_time_unrolling_is_capped(n, m, marker, message):
     start = time.monotonic()
     e = compile_error(k_unroll, F32, N=n, M=m)
     assert time.monotonic() - start < 30
-    test_errors.check_error(e, marker, "tk.static_range", message, HERE)
+    check_error(e, marker, "tk.static_range", message)
 
 
 def plain_helper(x):
@@ -332,9 +700,9 @@ def k_misspelled_method(X: tk.gl[f32]):
 
 
 @tk.kernel
-def k_undefined(X: tk.gl[f32]):
+def k_misspelled_name(X: tk.gl[f32]):
     x = tk.load(X, (0, 0), (16, 64))
-    tk.store(X, xx, (0, 0))  # E:undefined
+    tk.store(X, xx, (0, 0))  # E:misspelled-name
 
 
 def make_closure_kernel():
@@ -355,12 +723,13 @@ def make_closure_kernel():
     (k_misspelled, "misspelled", "tk.load", "tk.load() has no keyword argument 'fil'; did you "
                                             "mean 'fill'?"),
     (k_misspelled_method, "misspelled-store", "tk.store", "did you mean 'cache'?"),
-    (k_undefined, "undefined", "xx", "name 'xx' is not defined; did you mean 'x'?"),
+    (k_misspelled_name, "misspelled-name", "xx",
+     "name 'xx' is not defined; did you mean 'x'?"),
     (make_closure_kernel(), "closure", "scale", "'scale' is a variable of the function this "
                                                 "one is defined in (a closure)"),
 ])
 def test_a_mistake_names_its_fix(kernel, marker, at, message):
-    test_errors.check_error(compile_error(kernel, F32), marker, at, message, HERE)
+    check_error(compile_error(kernel, F32), marker, at, message)
 
 
 class NotAFunction:
@@ -385,6 +754,291 @@ def test_tk_kernel_on_something_not_a_def_says_what_it_got(obj, what):
 
 def test_tk_kernel_twice_and_func_as_kernel_are_refused():
     with pytest.raises(tk.CompilationError, match="a kernel already"):
-        tk.kernel(k_undefined)
+        tk.kernel(k_misspelled_name)
     with pytest.raises(tk.CompilationError, match="applies to a function defined with"):
         tk.func(print)
+
+
+# ------------------------------------------ the user's errors and tk_mlir's bugs
+
+def rows_for(n):
+    if n % 16:
+        raise ValueError(f"n={n} is not a multiple of 16")
+    return n
+
+
+def outer_helper(n):
+    return rows_for(n)
+
+
+@tk.kernel
+def k_helper_raises(X: tk.gl[f32], N: tk.constexpr):
+    x = tk.load(X, (0, 0), (rows_for(N), 64))  # E:helper
+    tk.store(X, x, (0, 0))
+
+
+@tk.kernel
+def k_nested_helper_raises(X: tk.gl[f32], N: tk.constexpr):
+    r = outer_helper(N)  # E:nested-helper
+
+
+@tk.kernel
+def k_constexpr_type_error(X: tk.gl[f32], N: tk.constexpr):
+    r = N + "rows"  # E:constexpr-op
+
+
+@tk.kernel
+def k_builtin_arity(X: tk.gl[f32]):
+    x = tk.zeros()  # E:arity
+
+
+@tk.kernel
+def k_builtin_extra_arg(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64), 1, 2, 3)  # E:extra
+
+
+@tk.kernel
+def k_zeros(X: tk.gl[tk.bf16]):
+    x = tk.zeros((16, 64))  # E:zeros
+    tk.store(X, x.to(tk.bf16), (0, 0))
+
+
+@pytest.fixture
+def raised(monkeypatch):
+    """What compile_specialization raised, before kernel.py's public entry
+    shapes it for the user (its traceback policy is kernel.py's)."""
+    seen = []
+    real = compiler.compile_specialization
+
+    def spy(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except Exception as e:
+            seen.append(e)
+            raise
+    monkeypatch.setattr(compiler, "compile_specialization", spy)
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    monkeypatch.delenv("TK_MLIR_DEBUG", raising=False)
+    return seen
+
+
+# ------------------------------------------------------------ the user's
+
+def test_user_helper_raising_is_a_compile_error_at_the_call(raised):
+    check_error(compile_error(k_helper_raises, F32, N=24), "helper", "rows_for(N)",
+                "ValueError: n=24 is not a multiple of 16")
+    (inner,) = raised
+    assert isinstance(inner, tk.CompilationError) and inner.__cause__ is None
+
+
+def test_user_helper_raising_deeper_is_at_the_kernel_line():
+    check_error(compile_error(k_nested_helper_raises, F32, N=8), "nested-helper",
+                "outer_helper(N)", "ValueError: n=8 is not a multiple of 16")
+
+
+def test_constexpr_arithmetic_error_is_the_users():
+    check_error(compile_error(k_constexpr_type_error, F32, N=8), "constexpr-op", 'N + "rows"',
+                "TypeError: unsupported operand type(s) for +: 'int' and 'str'")
+
+
+def test_builtin_called_with_missing_arguments():
+    check_error(compile_error(k_builtin_arity, F32), "arity", "tk.zeros()",
+                "TypeError: zeros() missing 1 required positional argument: 'shape'")
+
+
+def test_builtin_called_with_too_many_arguments():
+    e = compile_error(k_builtin_extra_arg, F32)
+    check_error(e, "extra", "tk.load", "TypeError: load() takes")
+
+
+def test_debug_keeps_the_users_traceback(raised, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_DEBUG", "1")
+    with pytest.raises(tk.CompilationError):
+        k_helper_raises.compile(F32, N=24)
+    (inner,) = raised
+    assert isinstance(inner.__cause__, ValueError)
+    frames = [f.name for f in traceback.extract_tb(inner.__cause__.__traceback__)]
+    assert frames[-1] == "rows_for", frames
+
+
+# ------------------------------------------------------------ tk_mlir's
+
+def test_bug_in_a_builtin_is_an_internal_error(raised, monkeypatch):
+    # Simulated: the dtype table loses an entry, so tk.zeros' own code raises
+    # KeyError inside dialects/types.py (as `tk.spec(..., "f64")` once did).
+    # (A copy without it: deleting and restoring the entry would reorder the table.)
+    monkeypatch.setattr(T, "TILE_DTYPES", {k: v for k, v in T.TILE_DTYPES.items() if k != "f32"})
+    with pytest.raises(InternalCompilerError) as info:
+        k_zeros.compile(tk.spec((64, 64), "bf16"))
+    e = info.value
+    assert not isinstance(e, tk.CompilationError)
+    assert (e.kernel, e.stage) == ("k_zeros", "frontend")
+    line, text = marked("zeros")
+    assert f"KeyError: 'f32' (compiling {HERE}:{line}:{text.index('tk.zeros') + 1})" in str(e)
+    assert str(e).startswith("internal compiler error in kernel k_zeros during frontend")
+    assert isinstance(e.__cause__, KeyError)
+    innermost = traceback.extract_tb(e.__cause__.__traceback__)[-1]
+    assert Path(innermost.filename).name == "types.py"
+
+
+def test_bug_in_a_pass_is_an_internal_error_that_says_how_to_replay(raised, monkeypatch,
+                                                                    tmp_path):
+    def broken(module):
+        raise KeyError("scratch_offset")
+    passes = tuple((n, broken if n == "tk-allocate-smem" else f) for n, f in pipeline.TK_PASSES)
+    monkeypatch.setattr(pipeline, "TK_PASSES", passes)
+    monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(tmp_path))
+    with pytest.raises(InternalCompilerError) as info:
+        k_zeros.compile(tk.spec((64, 64), "bf16"))
+    e = info.value
+    assert (e.kernel, e.stage) == ("k_zeros", "tk-allocate-smem")
+    assert isinstance(e.__cause__, KeyError)
+    saved = tmp_path / "before-tk-allocate-smem.mlir"
+    assert f"the IR before tk-allocate-smem is in {saved}" in str(e)
+    command = f"python -m tk_mlir.lowering.pipeline 'tk-allocate-smem' {saved}"
+    assert command in str(e)
+    # The saved IR is the stage before, and the command replays the (real) pass on it.
+    proc = subprocess.run([sys.executable, "-m", "tk_mlir.lowering.pipeline",
+                           "tk-allocate-smem", str(saved)], capture_output=True, text=True,
+                          cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "tk.smem_bytes" in proc.stdout and "tk.smem_bytes" not in saved.read_text()
+
+
+def test_bug_in_an_upstream_pass_is_an_internal_error(raised, monkeypatch):
+    monkeypatch.setattr(pipeline, "GPU_STAGE_NAMES",
+                        pipeline.GPU_STAGE_NAMES[:2] + ("no-such-pass",))
+    with pytest.raises(InternalCompilerError) as info:
+        k_zeros.compile(tk.spec((64, 64), "bf16"))
+    assert info.value.stage == "no-such-pass"
+    assert "reproduce with" in str(info.value)
+
+
+def test_ptxas_rejecting_our_ptx_is_an_internal_error(raised, monkeypatch):
+    real = pipeline._extract_ptx
+    monkeypatch.setattr(pipeline, "_extract_ptx", lambda text: real(text) + "\nnot ptx;\n")
+    with pytest.raises(InternalCompilerError) as info:
+        k_zeros.compile(tk.spec((64, 64), "bf16"))
+    assert info.value.stage == "ptxas"
+    assert "reproduce with: ptxas -arch=sm_90a" in str(info.value)
+
+
+def test_who_raised():
+    """The rule itself: the innermost frame that is tk_mlir's or the user's
+    decides, looking through the standard library and MLIR."""
+    def user():
+        import json
+        json.loads("{")                 # raises inside the standard library
+    with pytest.raises(ValueError) as info:
+        user()
+    assert not raised_in_tk_mlir(info.value.__traceback__)
+    with pytest.raises(KeyError) as info:
+        T.itemsize("f64")               # raises in tk_mlir's own code
+    assert raised_in_tk_mlir(info.value.__traceback__)
+
+
+# ---------------------------------------------------------------- recursion
+
+@tk.kernel
+def k_runtime_count(X: tk.gl[f32]):
+    def f(t, n):
+        return t if n == 0 else f(t * 2.0, n - 1)  # E:rt-rec
+    n = tk.block_id(0)
+    tk.store(X, f(tk.load(X, (0, 0), (16, 64)), n), (0, 0))
+
+
+@tk.kernel
+def k_compile_time_count(X: tk.gl[f32], D: tk.constexpr):
+    def f(t, n):
+        return t if n == 0 else f(t * 2.0, n - 1)  # E:ct-rec
+    tk.store(X, f(tk.load(X, (0, 0), (16, 64)), D), (0, 0))
+
+
+@tk.func
+def doubled(t, n):
+    return t if n == 0 else doubled(t * 2.0, n - 1)  # E:func-rec
+
+
+@tk.kernel
+def k_func_runtime_count(X: tk.gl[f32], n: int):
+    tk.store(X, doubled(tk.load(X, (0, 0), (16, 64)), n), (0, 0))
+
+
+@tk.kernel
+def k_func_compile_time_count(X: tk.gl[f32], D: tk.constexpr):
+    tk.store(X, doubled(tk.load(X, (0, 0), (16, 64)), D), (0, 0))
+
+
+@tk.kernel
+def k_no_progress(X: tk.gl[f32], D: tk.constexpr):
+    def g(n):
+        return g(n)  # E:same-args
+    g(D)
+
+
+@tk.kernel
+def k_mutual(X: tk.gl[f32]):
+    def even(n):
+        return True if n == 0 else odd(n - 1)
+    def odd(n):
+        return False if n == 0 else even(n - 1)  # E:mutual
+    b = even(tk.block_id(0))
+
+
+def test_runtime_recursion_is_refused_at_the_call():
+    check_error(compile_error(k_runtime_count, F32), "rt-rec", "f(t * 2.0",
+                "f calls itself with a run-time argument (n) and otherwise the same "
+                "arguments; recursion is unrolled at compile time only when it ends on "
+                "compile-time values")
+
+
+def test_runtime_recursion_in_a_tk_func():
+    # A run-time conditional builds both sides, so the recursive call is reached.
+    check_error(compile_error(k_func_runtime_count, F32, 3), "func-rec", "doubled(t",
+                "doubled calls itself with a run-time argument (n)")
+
+
+def test_mutual_runtime_recursion():
+    check_error(compile_error(k_mutual, F32), "mutual", "even(n - 1)",
+                "even calls itself with a run-time argument (n)")
+
+
+def test_recursion_without_progress():
+    check_error(compile_error(k_no_progress, F32, D=2), "same-args", "g(n)",
+                "g calls itself with the same arguments, so the recursion never ends")
+
+
+def _multiplies(compiled) -> int:
+    return compiled.asm["tk"].count('"tk.mul"(')
+
+
+@pytest.mark.parametrize("kernel", [k_compile_time_count, k_func_compile_time_count])
+def test_compile_time_recursion_is_unrolled(kernel):
+    muls = [_multiplies(kernel.compile(F32, D=d)) for d in (0, 3, 7)]
+    assert muls == [0, 3, 7], muls
+
+
+def test_recursion_nesting_too_deep():
+    kernel_ok = k_compile_time_count.compile(F32, D=MAX_INLINE_DEPTH - 1)
+    assert kernel_ok.asm["ptx"]
+    e = compile_error(k_compile_time_count, F32, D=MAX_INLINE_DEPTH)
+    check_error(e, "ct-rec", "f(t * 2.0", f"calling f here nests inlined calls more than "
+                                          f"{MAX_INLINE_DEPTH} deep (... -> f -> f -> f -> f "
+                                          f"-> f); recursion is unrolled at compile time")
+
+
+def test_python_stack_running_out_is_a_compile_error(monkeypatch):
+    """Below MAX_INLINE_DEPTH calls, Python's own stack can still run out (here
+    made small): a CompilationError at a recursive call, not a RecursionError."""
+    import inspect
+    import sys
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")      # compile, not a cache hit
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 200)
+    try:
+        e = compile_error(k_compile_time_count, F32, D=MAX_INLINE_DEPTH - 1)
+    finally:
+        sys.setrecursionlimit(limit)
+    check_error(e, "ct-rec", "f(t * 2.0", "calling f here nests inlined calls deeper than "
+                                          "Python's recursion limit")

@@ -1,7 +1,8 @@
-"""On the GPU: a launch (plan path and general path) after a module
-attribute, a class attribute or a helper's global changed runs new code; a
-global tensor named like the kernel's local neither recompiles nor stays
-alive."""
+"""global_reads.py on the GPU (the rules: test_global_reads.py): a launch
+(plan path and general path, a torch tensor or a __cuda_array_interface__
+object) after a module attribute, a class attribute or a helper's global
+changed runs new code, and so does an autotuned launch; a global tensor
+named like the kernel's local neither recompiles nor stays alive."""
 import gc
 import types
 import weakref

@@ -1,5 +1,9 @@
-"""KernelSource.param_location: where a kernel's parameter (or its
-annotation) sits in the user's file, so errors about it put the caret there."""
+"""source.py: a kernel's source, read once at decoration.
+KernelSource.param_location finds where a parameter (or its annotation) sits
+in the user's file, so errors about it put the caret there; text exec'd or
+compiled under a file's name that is not the function's own definition is
+refused (the kernel would be another); a kernel of any Python name compiles,
+under a PTX symbol (ptx_symbol) that is an identifier, one per name."""
 from pathlib import Path
 
 import pytest
