@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import functools
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 from . import launcher
@@ -37,6 +38,7 @@ from .source import KernelSource
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)
+_MAX_CODES = 64    # compiled codes (and interpreter programs) kept per kernel, all signatures
 
 
 class Kernel:
@@ -66,9 +68,11 @@ class Kernel:
             raise for_the_user(e)
         self.runtime = self.params.runtime
         # signature -> [(what its code read from outside, the code)], the last used first
-        self._compiled: dict[tuple, list[tuple[tuple[GlobalRead, ...], CompiledKernel]]] = {}
+        # (least recently used signature first: _keep and _used bound it)
+        self._compiled: OrderedDict[tuple, list[tuple[tuple[GlobalRead, ...],
+                                                      CompiledKernel]]] = OrderedDict()
         self._plans: list[Callable] = []
-        self._programs: dict[tuple, list] = {}     # signature -> [(reads, interpreter Program)]
+        self._programs: OrderedDict[tuple, list] = OrderedDict()  # as _compiled, of Programs
         self._plan_keywords = {self.params[i].name for i in self.params.constexprs} | \
             {"num_warps"}
         self._lock = threading.Lock()
@@ -116,9 +120,7 @@ class Kernel:
                 entry = self._fresh_entry(sig)
                 if entry is None:
                     entry = self._compile(sig)
-                    entries = self._compiled.setdefault(sig, [])
-                    entries.insert(0, entry)
-                    del entries[_MAX_ENTRIES:]
+                    _keep(self._compiled, sig, entry)
         return entry
 
     def _fresh_entry(self, sig: tuple):
@@ -128,6 +130,7 @@ class Kernel:
                 if all_fresh(entry[0]):
                     if i:
                         _to_front(entries, entry)
+                    _used(self._compiled, sig)
                     return entry
         return None
 
@@ -185,14 +188,13 @@ class Kernel:
         with self._lock:
             for reads, program in self._programs.get(sig, ()):
                 if all_fresh(reads):
+                    _used(self._programs, sig)
                     return program
             spec = self._specialization(sig)
             with reads_.recording(reads_.Recorder(dict(spec.constexprs),
                                                   self.fn.__globals__)) as rec:
                 program = Program(*build_module(spec, self._ast(), self.fn.__globals__))
-            entries = self._programs.setdefault(sig, [])
-            entries.insert(0, (tuple(rec.reads), program))
-            del entries[_MAX_ENTRIES:]
+            _keep(self._programs, sig, (tuple(rec.reads), program))
             return program
 
     def _ast(self) -> ast.FunctionDef:
@@ -353,6 +355,30 @@ def _to_front(items: list, item) -> None:
                 return
             items.insert(0, item)
             return
+
+
+def _keep(table: OrderedDict, sig: tuple, entry) -> None:
+    """Put `entry` first among `sig`'s entries in `table` (signature -> entries,
+    the least recently used signature first), keeping at most _MAX_ENTRIES per
+    signature and _MAX_CODES in all: the least recently used signatures go, so
+    a kernel called with ever new signatures stays bounded. Under the
+    kernel's lock (readers look up without it)."""
+    entries = [entry] + table.get(sig, [])[:_MAX_ENTRIES - 1]
+    table[sig] = entries          # (one store: a reader sees the old list or this one)
+    table.move_to_end(sig)
+    total = sum(len(e) for e in list(table.values()))
+    while total > _MAX_CODES:
+        _, dropped = table.popitem(last=False)
+        total -= len(dropped)
+
+
+def _used(table: OrderedDict, sig: tuple) -> None:
+    """Mark `sig` the most recently used (move_to_end is atomic: readers need
+    no lock); another thread may have dropped it meanwhile."""
+    try:
+        table.move_to_end(sig)
+    except KeyError:
+        pass
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS,
