@@ -41,3 +41,9 @@ def test_derived_views():
     assert set(dtypes.TILE_DTYPES) == {*dtypes.MEMORY_DTYPES, "i32", "bool"}
     assert all(dtypes.DTYPES[dtypes.BY_TORCH_NAME[r.torch]] is r for r in ROWS if r.torch)
     assert all(dtypes.BY_TYPESTR[s] == r.name for r in ROWS for s in r.typestr)
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.tensor_map], ids=lambda r: r.name)
+def test_tensor_map_types_exist_in_the_driver(row):
+    driver = pytest.importorskip("cuda.bindings.driver")
+    assert getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{row.tensor_map}")

@@ -12,22 +12,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from ..dtypes import DTYPES
 from .arguments import check_tma_tensor  # noqa: F401  (the launch's callers find it here)
 from .driver import check, cu      # (driver.py says what is missing without cuda-bindings)
 
-_DATA_TYPES = {
-    "bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    "f32": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-    "f8e4m3": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,   # bytes: TMA only copies
-    "f8e5m2": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
-}
-_SWIZZLES = {
-    0: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-    32: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
-    64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-    128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-}
+_SWIZZLE_NAMES = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
 _MAX_CACHED = 4096
 
 
@@ -42,12 +31,20 @@ def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
            [cu.cuuint32_t(1)] * (rank - 2))[:rank]
     ones = [cu.cuuint32_t(1)] * rank
     return check(cu.cuTensorMapEncodeTiled(
-        _DATA_TYPES[dtype], rank, ptr, dims, steps, box, ones,
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, _SWIZZLES[swizzle],
+        _data_type(dtype), rank, ptr, dims, steps, box, ones,
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_SWIZZLE_NAMES[swizzle]}"),
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         f"cuTensorMapEncodeTiled(shape={tuple(shape)}, box={box_rows}x{box_cols}, "
         f"swizzle={swizzle})")
+
+
+def _data_type(dtype: str):
+    """The tensor-map data type of a tk dtype (the dtype table's column; fp8
+    is bytes: TMA only copies)."""
+    name = DTYPES[dtype].tensor_map
+    return getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{name}")
 
 
 def _byte_strides(shape, strides, itemsize: int) -> list[int]:
