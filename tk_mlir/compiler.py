@@ -267,10 +267,7 @@ class CompiledKernel:
         if self._cubin is None:
             self.require_cubin(f"launching {self.name}")
         from .runtime import driver
-        if not driver.has_gpu():
-            raise RuntimeError(f"cannot launch {self.name}: no CUDA GPU or driver on this "
-                               f"machine (kernel.compile(...) compiles and shows the IR "
-                               f"without one)")
+        driver.require_gpu(self.name)
         device = driver.default_device() if device is None else device
         f = self._functions.get(device)
         if f is None:

@@ -235,7 +235,9 @@ class Kernel:
             return None
         self._plans.insert(0, plan)
         del self._plans[_MAX_PLANS:]
-        plan(grid, args, kwargs)
+        if not plan(grid, args, kwargs):    # its guard refuses what it was made from
+            self.launch_general(grid, args, kwargs)    # (e.g. an np.float64 for a float)
+            return None
         return plan
 
     def _plan(self, args, kwargs) -> Callable | None:

@@ -121,7 +121,7 @@ def _block(n: int) -> int:
 class _Workspace:
     buf: tk.PeerTensor      # (slots, capacity, width)
     flags: tk.PeerTensor    # (grid, 2, >= W) i32
-    epochs: object          # (grid,) i32, local: this rank's launches, per block
+    epochs: object          # (>= grid,) i32, local: this rank's launches, per block
     capacity: int           # rows
 
 
@@ -132,8 +132,9 @@ def _make_workspace(group, key: tuple, capacity: int) -> _Workspace:
     slots = 2 * world + (2 if algorithm == "two_shot" else 0)
     buf = tk.peer_tensor((slots, capacity, width), dtype, group)
     flags = symmetric.zeroed_flags((grid, 2, symmetric.flag_width(world)), group)
-    return _Workspace(buf, flags, torch.zeros(grid, dtype=torch.int32,
-                                              device=buf.local.device), capacity)
+    # (padded to whole 16-byte rows, as every tensor argument: grid may be 114)
+    epochs = torch.zeros(-(-grid // 4) * 4, dtype=torch.int32, device=buf.local.device)
+    return _Workspace(buf, flags, epochs, capacity)
 
 
 _WORKSPACES = symmetric.Workspaces(_make_workspace)
