@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import test_errors
+import error_checks
 import tk_mlir as tk
-from test_errors import compile_error
+from error_checks import compile_error
 from tk_mlir import f32
 
 HERE = Path(__file__)
@@ -80,7 +80,7 @@ def float_index(A: tk.gl):
     (float_index, "float-index", "a.column_block", "column_block index must be an int"),
 ])
 def test_column_block_errors_point_at_their_line(kernel, marker, at, message):
-    test_errors.check_error(compile_error(kernel, A), marker, at, message, HERE)
+    error_checks.check_error(compile_error(kernel, A), marker, at, message, HERE)
 
 
 @tk.kernel(num_warps=4)
@@ -143,6 +143,6 @@ def lane_varying_block(A: tk.gl, C: tk.gl):
 
 
 def test_a_wgmma_operand_picked_per_thread_is_refused_at_its_line():
-    test_errors.check_error(compile_error(lane_varying_block, A, C), "lane-varying",
+    error_checks.check_error(compile_error(lane_varying_block, A, C), "lane-varying",
                             "b.column_block", "differs between the threads of a warpgroup",
                             HERE)

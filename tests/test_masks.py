@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import test_errors
+import error_checks
 import tk_mlir as tk
 from tk_mlir import bf16, f32
-from test_errors import compile_error
+from error_checks import compile_error
 
 
 def filecheck(text: str, checks: str, **variables) -> None:
@@ -227,7 +227,7 @@ def fractional_i32_fill(X: tk.gl[f32]):
 
 def test_fills_of_masks_and_indices_keep_python_values():
     assert "arith.constant true" in stages(bool_fill, F32, F32)["tk-to-gpu"]   # 2 is True
-    test_errors.check_error(compile_error(fractional_i32_fill, F32), "i32-fill", "tk.full",
+    error_checks.check_error(compile_error(fractional_i32_fill, F32), "i32-fill", "tk.full",
                             "an i32 tile's fill value must be an integer that fits in i32, "
                             "got 1.5", HERE)
 
@@ -395,7 +395,7 @@ REGISTERS_ONLY = "tiles live in registers only (indices and masks)"
     (k_not_mask, "not-mask", "not", "the elementwise not of a mask is ~mask"),
 ])
 def test_mask_mistake_is_a_compile_error_at_its_line(kernel, marker, at, message):
-    test_errors.check_error(compile_error(kernel, F32), marker, at, message, HERE)
+    error_checks.check_error(compile_error(kernel, F32), marker, at, message, HERE)
 
 
 def test_int_tensors_are_arguments_for_counters_and_scalars_only():

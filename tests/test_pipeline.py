@@ -10,7 +10,7 @@ import pytest
 
 import markers
 import tk_mlir as tk
-from test_errors import compile_error
+from error_checks import compile_error
 from tk_mlir import f32
 
 HERE = Path(__file__)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import test_errors
+import error_checks
 import tk_mlir as tk
-from test_errors import compile_error
+from error_checks import compile_error
 from tk_mlir import bf16, f32
 from tk_mlir.runtime.toolchain import find_tool
 
@@ -221,7 +221,7 @@ def k_wrong_coordinates(X: tk.gl[f32], Y: tk.gl[f32]):
 ])
 def test_mistakes_are_errors_at_the_users_line(kernel, args, marker, message):
     at = "tk.tma" if marker == "reduce-register" else "tk.atomic_add"
-    test_errors.check_error(compile_error(kernel, *args), marker, at, message, HERE)
+    error_checks.check_error(compile_error(kernel, *args), marker, at, message, HERE)
 
 
 @tk.kernel(num_warps=4)
@@ -232,7 +232,7 @@ def k_reduce_fp8(Y: tk.gl):
 
 def test_tma_reduce_add_refuses_types_ptx_cannot_add():
     e = compile_error(k_reduce_fp8, _spec(64, 128, dtype="f8e4m3"))
-    test_errors.check_error(e, "reduce-fp8", "tk.tma", "TMA adds f32, f16 or bf16 tiles", HERE)
+    error_checks.check_error(e, "reduce-fp8", "tk.tma", "TMA adds f32, f16 or bf16 tiles", HERE)
 
 
 # ---------------------------------------------------------------------- GPU

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import test_errors
+import error_checks
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import tk as tk_dialect
-from test_errors import compile_error
+from error_checks import compile_error
 
 HERE = Path(__file__).resolve()
 FENCE = "fence.proxy.async.shared::cta;"
@@ -278,7 +278,7 @@ def k_expect_not_shared(X: tk.gl[f32]):
     (k_expect_not_shared, "sv-expect", "tk.tma.expect", "takes the shared tiles and vectors"),
 ])
 def test_mistakes_are_errors_at_the_users_line(kernel, marker, at, message):
-    test_errors.check_error(compile_error(kernel, tk.spec((64, 64), f32)), marker, at, message,
+    error_checks.check_error(compile_error(kernel, tk.spec((64, 64), f32)), marker, at, message,
                             HERE)
 
 

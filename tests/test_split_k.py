@@ -20,7 +20,7 @@ from tk_mlir.kernels import gemm
 from tk_mlir.kernels.gemm import Plan, gemm_kernel, gemm_split_k_kernel, plan, split_k_counters
 from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, grouped_schedule
 
-import test_errors
+import error_checks
 from test_interpreter import rel_err
 
 HERE = Path(__file__).resolve()
@@ -343,7 +343,7 @@ S = tk.spec
 def test_store_partial_misuse_at_its_line(kernel, specs, marker, message):
     with pytest.raises(tk.CompilationError) as info:
         kernel.compile(*specs)
-    test_errors.check_error(info.value, marker, "tk.store_partial", message, HERE)
+    error_checks.check_error(info.value, marker, "tk.store_partial", message, HERE)
 
 
 # ----------------------------------------------------------- PTX and SASS
@@ -440,7 +440,7 @@ def element_one_coordinate(X: tk.gl[f32]):
 def test_load_of_one_element_misuse_at_its_line(kernel, spec, marker, message):
     with pytest.raises(tk.CompilationError) as info:
         kernel.compile(spec)
-    test_errors.check_error(info.value, marker, "tk.load", message, HERE)
+    error_checks.check_error(info.value, marker, "tk.load", message, HERE)
 
 
 @settings(max_examples=6, deadline=None, derandomize=True)
