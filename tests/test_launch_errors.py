@@ -179,7 +179,8 @@ def test_dims_beyond_i32_are_refused():
 def test_i32_scalar_out_of_range(driver_watch, value):
     x = FakeCudaArray((64, 64), "<f4")
     e = launch_error(k_scaled, x, x, value, 1.0)
-    assert str(e) == f"argument 's' = {value} must be an int that fits in 32 bits"
+    assert str(e) == f"argument 's' = {value} must be an int that fits in 32 bits" \
+        f" (a Python number: convert numpy and torch scalars with int(x) or float(x))"
 
 
 def test_scalar_of_the_wrong_kind(driver_watch):

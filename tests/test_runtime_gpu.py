@@ -268,12 +268,14 @@ def test_a_grid_function_runs_at_every_launch():
 
 
 @pytest.mark.parametrize("a", ["np.float64", "np.float32", "np.int64"])
-def test_a_scalar_the_plan_guard_refuses_still_launches(a):
-    """A first call whose scalar is not a Python float (numpy's): the plan
-    made for it refuses it, and the general path launches instead of nothing."""
+def test_a_numpy_scalar_is_refused_by_name_not_dropped(a):
+    """A first call whose scalar is numpy's: the plan made for it refuses it,
+    and the general path says why (it once launched nothing, silently)."""
     import numpy as np
     value = eval(a)(2.0 if "float" in a else 2)
     x, y, z = _inputs()
-    axpy[(tk.cdiv(100, 16),)](x, y, z, value, BM=16)
+    with pytest.raises(tk.ArgumentError, match=r"argument 'a'.* must be a float"):
+        axpy[(tk.cdiv(100, 16),)](x, y, z, value, BM=16)
+    axpy[(tk.cdiv(100, 16),)](x, y, z, float(value), BM=16)
     torch.cuda.synchronize()
     _check(x, y, z, 2.0)

@@ -100,12 +100,16 @@ def launch_device(tensors: dict) -> int:
     return int(devices[0].partition(":")[2]) if devices else driver.default_device()
 
 
+_PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) or float(x))"
+
+
 def check_scalar(name: str, kind: str, value):
     if kind == "i32":
         if type(value) is not int or not _I32_MIN <= value <= _I32_MAX:
-            raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 bits")
+            raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 "
+                                f"bits{_PYTHON_NUMBER}")
     elif type(value) not in (int, float):
-        raise ArgumentError(f"argument '{name}' = {value!r} must be a float")
+        raise ArgumentError(f"argument '{name}' = {value!r} must be a float{_PYTHON_NUMBER}")
 
 
 def _abi_variables(params: KernelParams, values: list, local: list[str], peers: set,
