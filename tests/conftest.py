@@ -50,3 +50,18 @@ def pytest_terminal_summary(terminalreporter):
     if rest:
         parts.append(f"{sum(n for _, n in rest)} for {len(rest)} other reasons (-rs lists them)")
     terminalreporter.write_line("skipped: " + ", ".join(parts))
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The names of the specializations compiled while a test runs (a spy
+    on compiler.compile_specialization): a cache hit compiles nothing."""
+    from tk_mlir import compiler
+    calls = []
+    real = compiler.compile_specialization
+
+    def spy(spec, *args):
+        calls.append(spec.name)
+        return real(spec, *args)
+    monkeypatch.setattr(compiler, "compile_specialization", spy)
+    return calls

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tk_mlir as tk
-from tk_mlir import cache, compiler
+from tk_mlir import cache
 from tk_mlir.runtime.toolchain import find_tool
 
 pytestmark = pytest.mark.skipif(find_tool("ptxas") is None,
@@ -63,18 +63,6 @@ def kernel_file(tmp_path):
     path = tmp_path / "kernels.py"
     path.write_text(SOURCE)
     return path
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    calls = []
-    real = compiler.compile_specialization
-
-    def spy(spec, *args):
-        calls.append(spec.name)
-        return real(spec, *args)
-    monkeypatch.setattr(compiler, "compile_specialization", spy)
-    return calls
 
 
 _imports = 0

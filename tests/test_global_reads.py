@@ -216,18 +216,6 @@ def softmax(X: tk.gl[f32], Y: tk.gl[f32], ROWS: tk.constexpr, N: tk.constexpr):
     tk.store(Y, e.div_row(e.row_sum()), (i, 0))
 
 
-@pytest.fixture
-def compiles(monkeypatch):
-    calls = []
-    real = compiler.compile_specialization
-
-    def spy(spec, *args):
-        calls.append(spec.name)
-        return real(spec, *args)
-    monkeypatch.setattr(compiler, "compile_specialization", spy)
-    return calls
-
-
 def test_a_loop_variable_named_like_a_local_recompiles_nothing(compiles):
     global i
     s = tk.spec((1000, 512), "f32")
