@@ -93,8 +93,8 @@ def test_norms_without_cuda_says_so():
 
 
 def test_gemm_benchmark_options():
-    """--small picks issue 11's shapes and graph timing; --batch names its
-    results apart and refuses what it cannot run."""
+    """--small picks the small and skinny shapes and graph timing; --batch
+    names its results apart and refuses what it cannot run."""
     gemm = _load("gemm")
     small = gemm.parse_args(["--small"])
     assert small.graph and (16, 4096, 4096) in small.shapes and (1024, 1024, 1024) in small.shapes

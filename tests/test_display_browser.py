@@ -1,6 +1,6 @@
-"""Issue 12: in the notebook display, choosing a Python line (its anchor in
-the URL, or the mouse over it) highlights the PTX and SASS it became, with no
-script. Checked in headless Chromium (Debian's chromium and chromium-driver,
+"""In the notebook display, choosing a Python line (its anchor in the URL, or
+the mouse over it) highlights the PTX and SASS it became, with no script.
+Checked in headless Chromium (Debian's chromium and chromium-driver,
 installed by .ci/run) through Selenium; the screenshot is kept in
 $TK_MLIR_ARTIFACTS, else tests/artifacts/ (git-ignored)."""
 import os

@@ -54,7 +54,7 @@ def test_gemm_autotuned_entry_point():
     assert run(1024, 2048, 512, "kn", "bf16", "bf16") < 5e-3
 
 
-# Small and skinny shapes (issue 11): each of gemm.plan's kernels, odd sizes,
+# Small and skinny shapes: each of gemm.plan's kernels, odd sizes,
 # both layouts; repeated calls find the split-K workspace and counters zero.
 # (The kinds are the H200's, 132 SMs; other GPUs run the same shapes.)
 PLANNED = {(16, 4096, 4096): "split_k", (64, 8192, 8192): "split_k",

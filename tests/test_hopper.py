@@ -46,7 +46,7 @@ def test_ptx_has_the_hopper_instructions(gemm_kernel):
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40", ptx)
     assert ".target sm_90a" in ptx
-    # setmaxnreg is only honoured with .minnctapersm (MLIR_NOTES).
+    # ptxas ignores setmaxnreg without .minnctapersm (warning C7508).
     assert re.search(r"\.maxntid 384, 1, 1", ptx) and ".minnctapersm 1" in ptx
     # Tensor maps are 128-byte, 64-byte aligned grid-constant parameters.
     assert len(re.findall(r"\.param \.align 64 \.b8 \w+_param_\d+\[128\]", ptx)) == \
@@ -87,7 +87,8 @@ def test_sass_hgmma_utma_and_no_serialization_loop(gemm_kernel):
     assert "HGMMA.64x256x16.F32" in sass
     assert "UTMALDG.2D" in sass
     assert "USETMAXREG" in sass
-    # elect.sync issues TMA without a loop over the active lanes (MLIR_NOTES):
+    # TMA is issued under elect.sync, which picks one lane without a loop over
+    # the active lanes:
     # no BRA.U.ANY anywhere, in particular not around a UTMALDG.
     assert "BRA.U.ANY" not in sass
     lines = sass.splitlines()

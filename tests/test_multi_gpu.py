@@ -1,10 +1,9 @@
-"""The multi-GPU kernels on two GPUs (issue 13), each test a script run
-under torchrun with one process per GPU: tk's all-reduce against NCCL's
-dist.all_reduce, its CUDA-graph replay, GEMM + reduce-scatter against
-torch.matmul + dist.reduce_scatter_tensor, and a rank that never calls
-makes the other's wait trap with a message instead of hanging. Skipped
-without two GPUs; NVLink multicast stays off (the environment says so to
-NCCL and PyTorch)."""
+"""The multi-GPU kernels on two GPUs, each test a script run under torchrun
+with one process per GPU: tk's all-reduce against NCCL's dist.all_reduce, its
+CUDA-graph replay, GEMM + reduce-scatter against torch.matmul +
+dist.reduce_scatter_tensor, and a rank that never calls makes the other's
+wait trap with a message instead of hanging. Skipped without two GPUs; NVLink
+multicast stays off (the environment says so to NCCL and PyTorch)."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The notebook display of real kernels: small enough to keep in a .ipynb
-(issue 12: the GEMM's page at most 1 MB, a small kernel's at most 200 KB),
-every stage reachable from it, pass stages shown as what they changed."""
+(the GEMM's page at most 1 MB, a small kernel's at most 200 KB), every stage
+reachable from it, pass stages shown as what they changed."""
 import html
 import re
 import sys
@@ -64,8 +64,8 @@ def test_every_stage_is_reachable(small, gemm, pages):
 
 
 def test_tk_stages_are_shown_in_their_short_form(small, pages):
-    """Issue 12: the tk stages read as `%3 = tk.sub_row %1, %2 : rt<...>` with the
-    source line as a gutter; MLIR's generic text stays one argument away."""
+    """The tk stages read as `%3 = tk.sub_row %1, %2 : rt<...>` with the source
+    line as a gutter; MLIR's generic text stays one argument away."""
     tk_block = re.search(r'<details data-stage="tk".*?</details>', pages["small"], re.S).group()
     text = html.unescape(re.sub(r"<[^>]+>", "", tk_block))
     assert "tk.sub_row" in text and "│" in text and '"tk.broadcast"' not in text
@@ -107,7 +107,7 @@ def _tagged(block, line):
 
 
 def test_python_lines_link_to_their_code(small, gemm, pages):
-    """Issue 12, with no script: each Python line with code has an anchor, the
+    """With no script, each Python line with code has an anchor, the
     tk, PTX and SASS lines it became carry its class, and a CSS rule per line
     highlights them all while one is hovered or the anchor is the URL's target
     (tests/test_display_browser.py checks this in Chromium)."""

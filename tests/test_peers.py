@@ -1,9 +1,9 @@
-"""Peer tensors (tk.pgl) and signals (issue 13) without a GPU: the PTX has
-the system-scope release/acquire, the fences, the trap on a timeout and a
-TMA tensor map per rank; misuse is an error at its line; the arguments a
-tk.pgl parameter takes are checked by name; the interpreter runs signals
-and refuses peer tensors. tests/test_peers_gpu.py runs the kernels (every
-rank on one GPU), tests/test_multi_gpu.py on two GPUs against NCCL."""
+"""Peer tensors (tk.pgl) and signals without a GPU: the PTX has the
+system-scope release/acquire, the fences, the trap on a timeout and a TMA
+tensor map per rank; misuse is an error at its line; the arguments a tk.pgl
+parameter takes are checked by name; the interpreter runs signals and refuses
+peer tensors. tests/test_peers_gpu.py runs the kernels (every rank on one
+GPU), tests/test_multi_gpu.py on two GPUs against NCCL."""
 from __future__ import annotations
 
 import re

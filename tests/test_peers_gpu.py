@@ -1,9 +1,9 @@
-"""Peer tensors on one GPU (issue 13): every rank of a group emulated in one
-process, one stream per rank, their copies grouped with
-tk.PeerTensor.from_tensors, running the library's all-reduce and GEMM +
-reduce-scatter kernels at the same time, against float64 references; and a
-wait that nobody answers traps with a message instead of hanging.
-tests/test_multi_gpu.py runs them on two GPUs against NCCL."""
+"""Peer tensors on one GPU: every rank of a group emulated in one process,
+one stream per rank, their copies grouped with tk.PeerTensor.from_tensors,
+running the library's all-reduce and GEMM + reduce-scatter kernels at the
+same time, against float64 references; and a wait that nobody answers traps
+with a message instead of hanging. tests/test_multi_gpu.py runs them on two
+GPUs against NCCL."""
 from __future__ import annotations
 
 import subprocess

@@ -251,7 +251,7 @@ def test_a_plan_leaves_another_rank_to_another_plan():
         plan((1,), (x, 2.0), {})
 
 
-# ------------------------------------------------- review findings (issue 7)
+# ------------------------------------ grids, specs and constexprs at the edges
 
 @pytest.mark.parametrize("grid", [None, 4.0, "4", (), (1, 2, 3, 4), (0,), (True,), lambda m: None])
 def test_bad_grids_are_argument_errors(grid):

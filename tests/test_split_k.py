@@ -1,9 +1,9 @@
-"""Small and skinny GEMMs (issue 11): tk.store_partial, the split-K kernel,
-64-row tiles and the plan that chooses among them, without a GPU: the
-interpreter against float64 (fresh random inputs, poisoned outputs, the
-workspace and counters left zero for the next launch), the PTX and SASS of
-the split-K epilogue, and every misuse at its line. tests/test_gemm_gpu.py
-runs the same kernels on the GPU."""
+"""Small and skinny GEMMs: tk.store_partial, the split-K kernel, 64-row tiles
+and the plan that chooses among them, without a GPU: the interpreter against
+float64 (fresh random inputs, poisoned outputs, the workspace and counters
+left zero for the next launch), the PTX and SASS of the split-K epilogue, and
+every misuse at its line. tests/test_gemm_gpu.py runs the same kernels on the
+GPU."""
 from __future__ import annotations
 
 import re

@@ -1,94 +1,57 @@
 """The CPU interpreter: run a tk kernel with numpy, no GPU, CUDA or ptxas.
 
-    kernel.interpret[grid](x, y, ROWS=4)     # numpy arrays or CPU torch tensors
-    TK_MLIR_INTERPRET=1 python script.py     # kernel[grid](...) interprets too (read at
-                                             # the process's first launch)
+    kernel.interpret[grid](x, y, ROWS=4)          # numpy arrays or CPU tensors
+    kernel.interpret_ranks[grid]([args0, args1])  # a tk.pgl kernel's ranks at once
+    TK_MLIR_INTERPRET=1 python script.py          # kernel[grid](...) interprets too
+                                                  # (read at the first launch)
 
-It runs the kernel's tk IR after the tk passes (the GPU path's frontend,
-inlining, unrolling, constant folding, layouts, verification and shared
-memory placement), compiled once per specialization into a closure per op
-(program.py; one interpret rule per op name: rules.py, hopper.py, scalars.py),
-with one coroutine per warp over 32-lane numpy scalars (machine.py). Tile
-ops work on whole tiles (numpy arrays) and rendezvous their scope's warps.
-Blocks run one after another (one waiting for another's flag steps aside:
-machine.run_blocks); the warps of a block interleave in a seeded
-random order (interpreter.SEED) at every tile op, semaphore or barrier wait
-and asynchronous issue, so producer/consumer kernels make progress.
-Outputs are written in place. Arguments are checked by the GPU launch's
-rules, device aside (arguments.py: what runs here launches on a GPU, and
-what the GPU refuses is refused here with its message). Persistent kernels'
-wrappers size their grid by interpreter.SMS simulated SMs on CPU tensors.
+It runs the kernel's tk IR after the GPU path's tk passes, one closure per op
+(program.py; each op's rule in rules.py, hopper.py, scalars.py), one
+coroutine per warp over 32-lane numpy values (machine.py); tile ops work on
+whole tiles and rendezvous their scope's warps. The warps of a block
+interleave in a random order seeded by SEED (also the TMA delays and elected
+lanes); blocks run one after another, a block waiting for another's flag
+stepping aside (machine.run_blocks). Outputs are written in place.
+Everything but clusters is modelled: shared memory (NaN until written), TMA,
+semaphores (phase, arrivals, transaction bytes, exactly), wgmma (pending
+until tk.mma_wait), named barriers, elect, atomics, tk.store_partial,
+signals and peer tensors; cluster ops are refused at their line. An op
+that every active lane issues is issued once per lane, as on the GPU.
 
-What it models: ids, gl_dim, global loads/stores/atomic adds of register
-tiles and vectors (edge masking, `fill`), one-element loads (0 outside),
-tk.store_partial (a tile's parts counted as on the GPU; its counters'
-size, zero start and part count checked), the value ops (maps, reductions,
-broadcasts, slices, masks, cvt), the block barrier, scf.for / scf.if (lanes
-under an active mask when the condition differs between them), the arith
-ops the frontend emits; and the Hopper machinery (hopper.py, semaphores.py,
-shared.py):
-- shared tiles and vectors (one array per allocation, NaN until written),
-  tk.index / subtile / column_block views, loads and stores between shared
-  memory and registers, tk.copy;
-- semaphores exactly: phase count, pending arrivals, transaction bytes
-  (expect / arrive / wait, a load's bytes may land before the expect);
-- TMA loads land after a seeded random delay and complete their bytes on
-  their semaphore; TMA stores and reduce-adds read their source until the
-  issuing thread's store_wait covers their commit group;
-- wgmma (AB, ABt, AtB, AtBt; shared or register A; f32 accumulation): the
-  result is pending, and its shared operands are read, until tk.mma_wait;
-- named barriers (bar.sync / bar.arrive counted in warps), elect_leader (a
-  random active lane; a warpgroup's: of its first warp), setmaxnreg (no-op).
-Ops issued by every active lane are issued once per lane, as on the GPU.
-Flags: tk.signal adds or stores (u32, wrapping), tk.fence is a no-op (the
-interpreter's memory is sequentially consistent), and a block at a
-tk.wait_signal whose flag is not up steps aside for the next block
-(machine.run_blocks) until it is; every block waiting is a deadlock at the
-first one's wait. Peer tensors (tk.pgl): `kernel.interpret_ranks[grid]([
-rank0_args, ...])` runs one launch per rank at once, their blocks paired in
-order (block b of each rank, then b + 1), each rank's copies arrays that all
-ranks' PeerTensor.from_tensors share. Clusters (use_cluster, cluster_rank/sync,
-remote arrivals, multicast) are refused at their line.
+Invariants:
+- what runs here launches on a GPU: arguments are checked by the GPU
+  launch's rules, device aside, with the GPU's messages (arguments.py);
+- every finding is an InterpretError at the user's line (a tk_mlir helper's
+  ops at the user's call);
+- memory is sequentially consistent (tk.fence is a no-op), but blocks'
+  global writes and reads are ordered only by tk.signal / tk.wait_signal
+  (adds accumulate in any order);
+- races are found by happens-before (races.py, ordering.py) whatever the
+  schedule; a deadlock or a wrong value may show under one SEED only.
 
-What it reports, each an InterpretError at the user's line (a tk_mlir
-helper's ops carry the user's call, frontend.py): a tile op reached under
-lane divergence or by part of its scope; a deadlock (every warp blocked,
-nothing in flight: each waiter with its line, the semaphore by allocation
-line and index, the parity and the phase/arrival/byte state, or the named
-barrier's arrivals); a transaction-byte mismatch (the expect and load
-lines); an arrival overflow; a phase wrap-around (a wait that takes a phase
-two or more past the last one this warp waited for there); a named barrier
-reached with different warp counts, or an id outside 1-15; a wgmma result
-used before each warp's mma_wait; a read of a tile a TMA load is writing or
-whose load was not waited for; a write to a tile an in-flight wgmma or TMA
-store reads; a thread write read by the async proxy with no proxy fence (a
-compiler bug); a warp exiting with TMA stores outstanding or its
-warpgroup's MMAs not waited for; a block ending with a TMA load whose
-semaphore phase no warp waited for; a read of global memory that another
-block wrote, a second block's write over it, or a write over what another
-block read, with nothing ordering the two (ordering.py: per-block clocks
-through tk.signal / tk.wait_signal, so across ranks too, and a wait for a
-count the flag held before the launch orders nothing; an output element has
-one writer unless a signal orders the next); out-of-range
-array and subtile indices; data races by happens-before (races.py: vector clocks
-through semaphores, barriers and mma/store waits; shadow state per shared
-tile row and column block), found whatever the schedule.
+What it reports: a tile op under lane divergence or reached by part of its
+scope; a deadlock (every warp blocked, nothing in flight: each waiter with
+its line and the semaphore's or barrier's state); a transaction-byte
+mismatch, an arrival overflow, a phase wrap-around; named barriers reached
+with different warp counts or an id outside 1-15; a wgmma result used before
+its mma_wait; a tile read while a TMA load writes it, or written while a
+wgmma or TMA store reads it; a thread write read by the async proxy with no
+proxy fence (a compiler bug); a warp or block ending with TMA stores, MMAs
+or a TMA load's phase not waited for; global memory one block writes and
+another block (or rank) reads or writes with no tk.signal / tk.wait_signal
+ordering the two; out-of-range indices; data races in shared memory.
 
 Numerics contract:
-- storage and conversions round exactly as the GPU does: every float tile
-  holds values of its dtype, rounded to nearest even after each op (bf16 and
-  fp8 through torch's CPU casts, f16 through numpy's);
-- arithmetic is f32 (bf16/f16 tile arithmetic computes in f32 and rounds, one
-  rounding like the GPU's native bf16/f16 ops except for rare double-rounding
-  ties); reductions accumulate in f32 in numpy's (pairwise) order, not the
-  GPU's shuffle order;
-- wgmma multiplies the operands' exact (bf16/f16) values and accumulates
-  in f32 (numpy's matmul order, not the tensor core's);
-- transcendentals (exp, exp2, log, sqrt, rsqrt) and rcp / div are numpy's
-  correctly rounded f32 functions where the GPU uses ex2/lg2/rsqrt/rcp.approx
-  (relative error ~2^-22) and div.full (2 ulp), and no flush-to-zero, no fma
-  contraction: results agree with the GPU's to about 1e-6 relative in f32
-  (one bf16 ulp, 2^-8, where a value sits at a bf16 rounding boundary).
+- storage rounds as the GPU does: every float tile holds values of its
+  dtype, rounded to nearest even after each op (bf16 and fp8 through
+  torch's CPU casts, f16 through numpy's);
+- arithmetic is f32 (16-bit tile arithmetic computes in f32 and rounds);
+  reductions and wgmma accumulate in f32 in numpy's order, not the GPU's;
+- exp, exp2, log, sqrt, rsqrt, rcp and div are numpy's correctly rounded
+  f32 functions where the GPU approximates (~2^-22 relative, div 2 ulp), with
+  no flush-to-zero or fma contraction: results agree with the GPU's to about
+  1e-6 relative in f32 (one bf16 ulp where a value sits on a bf16 rounding
+  boundary).
 """
 from __future__ import annotations
 

@@ -6,10 +6,10 @@ runtime (and so PyTorch) uses, so pointers and streams from torch are valid
 in our launches. Which device: torch's current device when torch is
 importable and sees CUDA, else device 0.
 
-Launch cost matters (a tiny kernel's call path must stay under ~10 µs and a
-raw cuda-python cuLaunchKernel already takes ~7 µs), so `Function.launch`
-does one driver call and one integer test when all is well; everything else
-(context fix-ups, error text) happens only after a failure.
+Launch cost matters (a tiny kernel's call is mostly host time), so
+`Function.launch` does one driver call and one integer test when all is
+well; everything else (context fix-ups, error text) happens only after a
+failure.
 
 This is the one module that imports cuda-bindings, and nothing imports it
 before a launch: without cuda-bindings, importing it raises CudaUnavailable,
@@ -399,8 +399,8 @@ class Function:
         c_int32, c_int64, c_float), or None for an object passed by value
         through its `getPtr()` (a CUtensorMap as a 128-byte grid constant).
         Build the tuple once per kernel and reuse it: cuda-python packs the
-        values in C (measured: this beats pre-packed ctypes/struct buffers
-        once their Python-side filling is counted, and is thread-safe).
+        values in C, which beats handing it a buffer filled in Python, and is
+        thread-safe.
         """
         if shared_bytes > self._shared_limit:
             self.set_max_dynamic_shared(shared_bytes)
@@ -425,20 +425,20 @@ class Function:
 
 # ------------------------------------------------------- the fast launch path
 
-# cuda-python's cuLaunchKernel costs ~9 µs of host time per call on the H200
-# machine, most of it packing Python objects. Kernels launched many times go
-# through libcuda's cuLaunchKernel directly: the parameters are packed with
-# one struct.pack_into into a buffer whose per-parameter addresses are fixed,
-# and the call is one ctypes foreign call.
+# cuda-python's cuLaunchKernel spends most of its host time packing Python
+# objects, so kernels launched many times call libcuda's cuLaunchKernel
+# directly: the parameters are packed with one struct.pack_into into a buffer
+# whose per-parameter addresses are fixed, and the call is one ctypes foreign
+# call.
 _PACK = {"ptr": "Q", "i32": "i", "i64": "q", "f32": "f"}
 
 
 @functools.cache
 def _libcuda_launch():
-    """libcuda's cuLaunchKernel, called without ctypes argtypes: declared
-    argtypes cost ~1 µs of conversion per call. The caller passes the 64-bit
-    handle, stream and pointer array as c_void_p objects and the seven
-    unsigned dims as Python ints (C int: the same bits below 2**31)."""
+    """libcuda's cuLaunchKernel, called without ctypes argtypes (declared
+    argtypes convert every argument on every call). The caller passes the
+    64-bit handle, stream and pointer array as c_void_p objects and the
+    seven unsigned dims as Python ints (C int: the same bits below 2**31)."""
     import ctypes
     fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
     fn.restype = ctypes.c_int
