@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tk_mlir.dtypes import DTYPES
 from tk_mlir.errors import ArgumentError
 from tk_mlir.runtime.arguments import (
     TensorInfo, TensorSpec, canonical_dtype, check_tensor, describe, spec, tensor_info)
@@ -40,14 +41,31 @@ def test_torch_tensor_is_read_directly():
     assert tensor_info(t.t(), "x").strides == (1, 8)
 
 
-def test_torch_dtype_table():
-    table = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
-             torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
-             torch.int32: "i32", torch.int64: "i64"}
-    for torch_dtype, name in table.items():
-        info = tensor_info(torch.zeros(16, dtype=torch_dtype), "x")
-        assert (info.dtype, info.itemsize) == (name, torch_dtype.itemsize)
-        assert canonical_dtype(torch_dtype) == name
+@pytest.mark.parametrize("row", [r for r in DTYPES.values() if r.torch], ids=lambda r: r.name)
+def test_each_dtype_is_read_by_its_row(row):
+    """A dtype torch or numpy names is read as its row in dtypes.py says, one
+    kernels do not take too (the annotation then refuses it by name)."""
+    info = tensor_info(torch.zeros(16, dtype=getattr(torch, row.torch)), "x")
+    assert (info.dtype, info.itemsize) == (row.name, row.itemsize)
+    assert canonical_dtype(row.torch) == canonical_dtype(row.name) == row.name
+    if row.name not in ("bf16", "f8e4m3", "f8e5m2"):          # numpy has no such type
+        assert describe(np.zeros(16, row.torch)).dtype == row.name
+
+
+def test_a_dtype_kernels_do_not_take_is_refused_by_the_annotation_with_the_fix():
+    info = tensor_info(torch.zeros(16, dtype=torch.bool), "x")
+    rejects(dataclasses.replace(info, device="cuda:0"), r"has dtype bool, but the kernel's "
+            r"annotation wants f32; convert it \(e.g. x.to\(torch.float32\)\)", dtype="f32")
+
+
+def test_refusals_list_the_dtypes_kernels_take():
+    taken = "bf16, f16, f32, f8e4m3, f8e5m2, i32"
+    with pytest.raises(ArgumentError) as caught:
+        tensor_info(torch.zeros(4, dtype=torch.complex64), "z")
+    assert str(caught.value).endswith(f"which tk_mlir kernels do not take (they take {taken})")
+    with pytest.raises(ArgumentError, match=f"unknown dtype 'bf17'; the supported dtypes are "
+                                            f"{taken} "):
+        canonical_dtype("bf17")
 
 
 def test_torch_subclass_and_meta_tensor():
@@ -114,7 +132,7 @@ def test_cuda_array_interface_refuses_raw_bytes_typestr():
 
 
 def test_cuda_array_interface_refuses_unknown_typestr_mask_and_odd_strides():
-    with pytest.raises(ArgumentError, match=r"typestr '<c8'"):
+    with pytest.raises(ArgumentError, match=r"typestr '<c8'.*\(they take <f2, <f4, <i4\)$"):
         tensor_info(FakeCudaArray(shape=(4,), typestr="<c8"), "x")
     with pytest.raises(ArgumentError, match="masked"):
         tensor_info(FakeCudaArray(shape=(4,), typestr="<f4", mask=object()), "x")

@@ -51,7 +51,7 @@ DTYPES: dict[str, ElementType] = _by_name(
     # Indices and masks live in registers; an i32 tensor is an argument
     # (counters, sizes, index tables) read element by element.
     ElementType("i32", 4, "i32", "int32", ("<i4",), argument=True),
-    ElementType("bool", 1, "i1"),
+    ElementType("bool", 1, "i1", torch="bool"),
     # Named only to refuse them by name: no kernel takes them.
     ElementType("f64", 8, torch="float64", typestr=("<f8",), float=True),
     ElementType("i8", 1, torch="int8", typestr=("|i1", "<i1")),

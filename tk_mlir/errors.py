@@ -74,18 +74,28 @@ class ArgumentError(TypeError):
     alignment); the message names the argument and the rule, and says what to do."""
 
 
+# What to do where a kernel cannot launch (no cuda-bindings, no GPU, CPU
+# tensors): every error that says so ends with it. Here, in the lowest layer,
+# so that CudaUnavailable and the runtime's errors share one wording.
+# TK_MLIR_INTERPRET is read once, at the process's first launch (kernel.py).
+INTERPRET_HINT = ("run the kernel on the CPU in the interpreter: kernel.interpret[grid](...) "
+                  "for one launch, or TK_MLIR_INTERPRET=1 in the environment (read at the "
+                  "process's first launch) for every launch")
+
+
 class CudaUnavailable(RuntimeError):
     """cuda-bindings cannot be imported, so nothing can run on a GPU here.
     Raised by the first import of runtime/driver.py, the one module that
     imports cuda-bindings: compiling and reading the stages up to PTX never
-    import it, so they work where it has no wheels (macOS)."""
+    import it, so they work where it has no wheels (macOS). The message ends
+    with INTERPRET_HINT: the interpreter needs no cuda-bindings."""
 
     def __init__(self, reason: str):
         super().__init__(
             f"launching kernels (and encoding TMA tensor maps) needs cuda-bindings and an "
             f"NVIDIA GPU with its driver; cuda-bindings cannot be imported here ({reason}): "
             f"pip install cuda-bindings (Linux or Windows). kernel.compile(...) and its "
-            f".asm stages up to PTX need neither")
+            f".asm stages up to PTX need neither. To {INTERPRET_HINT}")
 
 
 class InternalCompilerError(RuntimeError):

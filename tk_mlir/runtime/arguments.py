@@ -12,34 +12,22 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-from ..errors import ArgumentError, CudaUnavailable
+from ..dtypes import ARGUMENT_DTYPES, BY_TORCH_NAME, BY_TYPESTR, DTYPES
+from ..errors import INTERPRET_HINT, ArgumentError, CudaUnavailable
 
-# The one table of element types: the dtype's name in torch (also numpy's and
-# ml_dtypes' name for it) -> tk_mlir's name.
-DTYPE_NAMES = {
-    "bfloat16": "bf16",
-    "float16": "f16",
-    "float32": "f32",
-    "float64": "f64",
-    "float8_e4m3fn": "f8e4m3",
-    "float8_e5m2": "f8e5m2",
-    "int8": "i8",
-    "uint8": "u8",
-    "int16": "i16",
-    "int32": "i32",
-    "int64": "i64",
-}
-ITEMSIZES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "f8e4m3": 1, "f8e5m2": 1,
-             "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8}
-_TORCH_NAMES = {tk: torch_name for torch_name, tk in DTYPE_NAMES.items()}
+# Every dtype fact here is a column of the one table, dtypes.DTYPES: a dtype
+# named by torch, numpy or ml_dtypes (one name: 'bfloat16') or by a
+# __cuda_array_interface__ typestr maps to its tk name through BY_TORCH_NAME
+# or BY_TYPESTR. Dtypes kernels do not take are still named (f64, i64, bool):
+# the annotation's check then refuses them by name, with the conversion.
 
-# __cuda_array_interface__ typestr -> tk name. There is no typestr for bf16 or
-# fp8: such arrays say '<V2' / '|V1' (raw bytes), which we refuse below.
-_TYPESTR_NAMES = {
-    "<f2": "f16", "<f4": "f32", "<f8": "f64",
-    "|i1": "i8", "<i1": "i8", "|u1": "u8", "<u1": "u8",
-    "<i2": "i16", "<i4": "i32", "<i8": "i64",
-}
+# The dtypes (and typestrs) a kernel argument may hold, as refusals list them.
+_TAKEN = f"(they take {', '.join(ARGUMENT_DTYPES)})"
+_TAKEN_TYPESTRS = tuple(s for n in ARGUMENT_DTYPES for s in DTYPES[n].typestr)
+
+# params.py's launch code still reads element sizes here; DTYPES[n].itemsize
+# is the table's column, and this goes once params.py reads it there.
+ITEMSIZES = {name: d.itemsize for name, d in DTYPES.items() if d.torch}
 
 # DLPack device types (dlpack.h) we read: CUDA memory, and CPU memory so that
 # check_tensor can report the device rule by name.
@@ -91,11 +79,11 @@ def canonical_dtype(dtype) -> str:
         name = getattr(key, "name", None)                # tk DType, numpy dtype
         key = name if isinstance(name, str) else str(key)   # str(torch.bfloat16)
     key = key.removeprefix("torch.")
-    if key in ITEMSIZES:
+    if key in DTYPES:
         return key
-    if key in DTYPE_NAMES:
-        return DTYPE_NAMES[key]
-    raise ArgumentError(f"unknown dtype {dtype!r}; tk_mlir knows {', '.join(ITEMSIZES)}")
+    if key in BY_TORCH_NAME:
+        return BY_TORCH_NAME[key]
+    raise ArgumentError(f"unknown dtype {dtype!r}; {_supported_dtypes()}")
 
 
 _torch_tensor_type: type | None = None        # torch.Tensor, once torch is imported
@@ -108,10 +96,10 @@ def _learn_torch(torch) -> None:
     just to read a tensor: if it is not imported, no argument is a torch tensor)."""
     global _torch_tensor_type
     if _torch_tensor_type is None:
-        for torch_name, tk in DTYPE_NAMES.items():
+        for torch_name, tk in BY_TORCH_NAME.items():
             torch_dtype = getattr(torch, torch_name, None)   # fp8 needs torch >= 2.1
             if torch_dtype is not None:
-                _torch_dtypes[torch_dtype] = (tk, ITEMSIZES[tk])
+                _torch_dtypes[torch_dtype] = (tk, DTYPES[tk].itemsize)
         _torch_tensor_type = torch.Tensor
 
 
@@ -152,7 +140,7 @@ def _torch_dtype(t, name: str) -> tuple[str, int]:
         return _torch_dtypes[t.dtype]
     except KeyError:
         raise ArgumentError(f"argument {name!r} has dtype {t.dtype}, which tk_mlir kernels "
-                            f"do not take (known: {', '.join(ITEMSIZES)})") from None
+                            f"do not take {_TAKEN}") from None
 
 
 def _tensor_info_other(obj, name: str) -> TensorInfo:
@@ -189,7 +177,7 @@ def _from_cuda_array_interface(interface: dict, name: str) -> TensorInfo:
     if interface.get("mask") is not None:
         raise ArgumentError(f"{where}: masked arrays are not supported; pass the data "
                             f"without a mask")
-    dtype = _TYPESTR_NAMES.get(typestr)
+    dtype = BY_TYPESTR.get(typestr)
     if dtype is None:
         if typestr[1:2] == "V":
             raise ArgumentError(
@@ -197,8 +185,8 @@ def _from_cuda_array_interface(interface: dict, name: str) -> TensorInfo:
                 f"{typestr[2:]}-byte type it holds (bf16 and fp8 have no typestr); pass "
                 f"a torch tensor or a DLPack object instead")
         raise ArgumentError(f"{where}: typestr {typestr!r} is not a type tk_mlir kernels take "
-                            f"(known: {', '.join(sorted(_TYPESTR_NAMES))})")
-    itemsize = ITEMSIZES[dtype]
+                            f"(they take {', '.join(_TAKEN_TYPESTRS)})")
+    itemsize = DTYPES[dtype].itemsize
     byte_strides = interface.get("strides")
     if byte_strides is None:                       # None means C-contiguous
         strides = contiguous_strides(shape)
@@ -231,16 +219,16 @@ def _element_strides(byte_strides, itemsize: int, where: str) -> tuple[int, ...]
 
 def _from_numpy(array, name: str) -> TensorInfo:
     dtype = _numpy_dtype(array, f"argument {name!r}")
-    itemsize = ITEMSIZES[dtype]
+    itemsize = DTYPES[dtype].itemsize
     strides = _element_strides(array.strides, itemsize, f"argument {name!r}")
     return TensorInfo(array.ctypes.data, array.shape, strides, dtype, "cpu", itemsize)
 
 
 def _numpy_dtype(array, where: str) -> str:
-    dtype = DTYPE_NAMES.get(array.dtype.name)      # ml_dtypes' bfloat16 is named 'bfloat16'
+    dtype = BY_TORCH_NAME.get(array.dtype.name)      # ml_dtypes' bfloat16 is named 'bfloat16'
     if dtype is None:
         raise ArgumentError(f"{where} has numpy dtype {array.dtype}, which tk_mlir kernels "
-                            f"do not take (known: {', '.join(ITEMSIZES)})")
+                            f"do not take {_TAKEN}")
     return dtype
 
 
@@ -262,14 +250,6 @@ def _from_dlpack(obj, name: str) -> TensorInfo:
 
 
 # ----------------------------------------------------------------- checks
-
-# What to do where a kernel cannot launch (CPU tensors, no GPU, no
-# cuda-bindings): the errors that say so end with it. TK_MLIR_INTERPRET is
-# read once, at the process's first launch (kernel.py).
-INTERPRET_HINT = ("run the kernel on the CPU in the interpreter: kernel.interpret[grid](...) "
-                  "for one launch, or TK_MLIR_INTERPRET=1 in the environment (read at the "
-                  "process's first launch) for every launch")
-
 
 def check_tensor(info: TensorInfo | TensorSpec, name: str, *, dtype: str, rank: int,
                  static_shape: tuple[int | None, ...] | None = None) -> None:
@@ -350,7 +330,8 @@ def _check_dtype(info, name: str, want) -> None:
     want = canonical_dtype(want)         # accept tk dtype objects too, off the fast path
     if info.dtype == want:
         return
-    hint = f" (e.g. x.to(torch.{_TORCH_NAMES[want]}))" if want in _TORCH_NAMES else ""
+    torch_name = DTYPES[want].torch
+    hint = f" (e.g. x.to(torch.{torch_name}))" if torch_name else ""
     raise ArgumentError(f"argument {name!r} has dtype {info.dtype}, but the kernel's "
                         f"annotation wants {want}; convert it{hint}")
 
@@ -376,14 +357,12 @@ def _row_start_error(info, name: str, dim: int) -> ArgumentError:
 # ------------------------------------------------------- compile-only specs
 
 def _supported_dtypes() -> str:
-    from ..dialects.types import ARGUMENT_DTYPES   # what kernel tensors hold
     return (f"the supported dtypes are {', '.join(ARGUMENT_DTYPES)} (tk names, tk.bf16, "
             f"or the torch / numpy dtypes)")
 
 
 def check_element_type(name: str, what: str) -> None:
     """`name` (a canonical dtype name) must be an element type kernels take."""
-    from ..dialects.types import ARGUMENT_DTYPES
     if name not in ARGUMENT_DTYPES:
         raise ArgumentError(f"{what} ({name}) is not an element type tk_mlir kernels take; "
                             f"{_supported_dtypes()}")
@@ -408,7 +387,7 @@ def spec(shape, dtype, strides=None) -> TensorSpec:
     steps = contiguous_strides(dims) if strides is None else tuple(strides)
     if len(steps) != len(dims):
         raise ArgumentError(f"spec strides {steps} do not match shape {dims}")
-    return TensorSpec(dims, steps, name, ITEMSIZES[name])
+    return TensorSpec(dims, steps, name, DTYPES[name].itemsize)
 
 
 def describe(obj, name: str = "tensor") -> TensorSpec:
@@ -426,7 +405,8 @@ def describe(obj, name: str = "tensor") -> TensorSpec:
         numpy = sys.modules.get("numpy")
         if numpy is not None and isinstance(obj, numpy.ndarray):
             dtype = _numpy_dtype(obj, f"{name!r}")
-            strides = _element_strides(obj.strides, ITEMSIZES[dtype], f"{name!r}")
-            return TensorSpec(tuple(obj.shape), strides, dtype, ITEMSIZES[dtype])
+            itemsize = DTYPES[dtype].itemsize
+            strides = _element_strides(obj.strides, itemsize, f"{name!r}")
+            return TensorSpec(tuple(obj.shape), strides, dtype, itemsize)
         obj = tensor_info(obj, name)
     return TensorSpec(tuple(obj.shape), tuple(obj.strides), obj.dtype, obj.itemsize)
