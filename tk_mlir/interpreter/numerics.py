@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import numpy as np
 
-# The numpy dtype that holds each tk dtype's values.
-HOLDER = {"bf16": np.float32, "f16": np.float32, "f32": np.float32,
-          "f8e4m3": np.float32, "f8e5m2": np.float32, "i32": np.int32, "bool": np.bool_}
-_TORCH_ROUNDED = {"bf16": "bfloat16", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+from ..dtypes import DTYPES, TILE_DTYPES
+
+# The numpy dtype that holds each tile dtype's values: float32 for every
+# float (rounded to the dtype by round_to), numpy's own type for the rest
+# (its name is the dtype's torch column: int32, bool).
+HOLDER = {name: np.dtype(np.float32 if d.float else d.torch).type
+          for name, d in TILE_DTYPES.items()}
 
 
 def round_to(dtype: str, x) -> np.ndarray:
     """x (any numbers) as the values of a `dtype` tile: f32, then rounded to
     the nearest `dtype` value, ties to even; i32 and bool by numpy's casts."""
-    if dtype in ("i32", "bool"):
+    if not DTYPES[dtype].float:
         return np.asarray(x).astype(HOLDER[dtype])
     x = np.asarray(x, dtype=np.float32)
     if dtype == "f32":
         return x
     if dtype == "f16":
         return x.astype(np.float16).astype(np.float32)
-    import torch
+    import torch          # bf16 and fp8: numpy has no such type, torch rounds exactly
     t = torch.from_numpy(np.ascontiguousarray(x))
-    return t.to(getattr(torch, _TORCH_ROUNDED[dtype])).to(torch.float32).numpy().reshape(x.shape)
+    rounded = t.to(getattr(torch, DTYPES[dtype].torch)).to(torch.float32)
+    return rounded.numpy().reshape(x.shape)
 
 
 def scalar_for(dtype: str, value) -> np.ndarray:
