@@ -148,6 +148,15 @@ def test_bad_arguments_exit_2(capsys, args, named, expected):
     assert named in err and expected in err and "Traceback" not in err
 
 
+def test_arg_takes_every_dtype_a_kernel_argument_holds(capsys):
+    """--arg reads dtypes.py's ARGUMENT_DTYPES: the i32 counters too."""
+    written = f"{ROOT / 'tk_mlir' / 'kernels' / 'ag_gemm.py'}::written_kernel"
+    code, out, err = run(capsys, written, "--arg", "i32[2,4]x2", "--arg", "i32[4]", "--summary")
+    assert code == 0, err
+    code, _, err = run(capsys, RMSNORM, "--arg", "f64[4,8]")
+    assert code == 2 and "(DTYPE: bf16, f16, f32, f8e4m3, f8e5m2, i32)" in err
+
+
 def test_compilation_error_subprocess(tmp_path):
     """The one real process: exit 1, the error at the kernel's source, no traceback."""
     bad = tmp_path / "bad_kernel.py"

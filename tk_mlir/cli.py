@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import knobs
 from .cache import DiskCache
+from .dtypes import ARGUMENT_DTYPES
 from .errors import ArgumentError, CompilationError
 from .compiler import tk_stage_names
 from .dumps import writable_folder
@@ -34,8 +35,9 @@ from .runtime.arguments import spec
 from .runtime.peers import peer_spec
 from .runtime.toolchain import ToolchainError
 
-DTYPES = ("bf16", "f16", "f32", "f8e4m3", "f8e5m2")
-TENSOR_FORM = f"DTYPE[D0,D1,...] such as bf16[4096,4096] (DTYPE: {', '.join(DTYPES)})"
+# --arg tensors: a dtype a kernel argument may hold (dtypes.py), and dims.
+TENSOR_FORM = (f"DTYPE[D0,D1,...] such as bf16[4096,4096] "
+               f"(DTYPE: {', '.join(ARGUMENT_DTYPES)})")
 _TENSOR = re.compile(r"(\w+)\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
 _NAMED = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
 
@@ -120,7 +122,7 @@ def parse_arg(text: str, param) -> object:
             raise UsageError(f"--arg {param.name}: {e}") from None
     if param.kind == GL:
         m = _TENSOR.fullmatch(text)
-        if not m or m[1] not in DTYPES:
+        if not m or m[1] not in ARGUMENT_DTYPES:
             raise UsageError(f"--arg {param.name}: expected {TENSOR_FORM}, got {text!r}")
         if param.dtype and m[1] != param.dtype:
             raise UsageError(f"--arg {param.name}: the kernel annotates it tk.gl[{param.dtype}], "
