@@ -13,29 +13,24 @@ Without a GPU the kernel still compiles to PTX, which main() shows first;
 under TK_MLIR_INTERPRET=1 the CPU interpreter then runs it on small CPU
 tensors and checks it.
 """
-import os
-
 import tk_mlir as tk
 from tk_mlir import bf16
 from tk_mlir.kernels import rms_norm
 from tk_mlir.kernels.norms import rmsnorm_kernel
 
+from check_on import check_on      # examples/check_on.py: the GPU, the interpreter or neither
+
 
 def main() -> None:
-    from tk_mlir.runtime import driver
     rows, d = 4096, 4096
     compiled = rmsnorm_kernel.compile(tk.spec((rows, d), bf16), tk.spec((d,), bf16),
                                       tk.spec((rows, d), bf16), 1e-6, BLOCK=d)
     print(compiled.info)
-    if interpreting():
-        device, rows, d = "cpu", 16, 1024      # the CPU interpreter: small shapes
-    elif driver.has_gpu():
-        device = "cuda"
-    else:
-        print("no GPU here: compiled only; run on a Hopper GPU to check it against torch, "
-              "or check it in the CPU interpreter:\n"
-              "  TK_MLIR_INTERPRET=1 python examples/rmsnorm.py")
+    device = check_on(__file__)
+    if device is None:                      # no GPU: compiled only
         return
+    if device == "cpu":                     # the CPU interpreter: small shapes
+        rows, d = 16, 1024
     import torch
     x = torch.randn(rows, d, dtype=torch.bfloat16, device=device)
     w = torch.randn(d, dtype=torch.bfloat16, device=device)
@@ -44,12 +39,6 @@ def main() -> None:
     ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
     print(f"{rows}x{d} on {device}: rel. error vs float32:",
           ((y.float() - ref).norm() / ref.norm()).item())
-
-
-def interpreting() -> bool:
-    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
-    library takes CPU tensors."""
-    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":
