@@ -141,6 +141,49 @@ def test_quick_key_tells_apart_what_the_full_key_does():
     assert by_keyword((x,), {"s": 2.0, "Y": x}) == quick(calls[0], {})
 
 
+@tk.kernel(num_warps=4)
+def with_default(X: tk.gl[f32], Y: tk.gl[f32], BM: tk.constexpr, s: float = 2.0):
+    tk.store(Y, tk.load(X, (0, 0), (BM, 64)) * s, (0, 0))
+
+
+def test_quick_key_reads_arguments_as_the_launch_plan_does():
+    """Positional, keyword and default arguments (launcher.read_arguments),
+    and the device part from the first tensor argument, whichever way it
+    came: a call that passes an argument and one that leaves its default
+    agree when the values do."""
+    import torch
+    from tk_mlir.autotune import _quick_key_function
+    t = Autotuner(with_default, [Config(BM=16)], ["s"])
+    x = torch.rand(16, 64)
+    positional = _quick_key_function(with_default.params, t._key_params, 2, ())
+    by_keyword = _quick_key_function(with_default.params, t._key_params, 0, ("Y", "X", "s"))
+    assert positional((x, x), {}) == (float, 2.0, x.get_device())
+    assert by_keyword((), {"Y": x, "X": x, "s": 2.0}) == positional((x, x), {})
+    assert by_keyword((), {"Y": x, "X": x, "s": 3.0}) == (float, 3.0, x.get_device())
+    # The device is read from X, so X must be a torch tensor though it is no key.
+    assert positional((tk.spec((16, 64), "f32"), x), {}) is None
+
+
+def test_the_launch_device_follows_the_launchers_rule(monkeypatch):
+    """The full path picks the device as launcher.launch_device does: the
+    one every tensor argument is on, and tensors on two GPUs are refused
+    before anything is tuned (no longer the first CUDA tensor's device)."""
+    import torch
+    from tk_mlir import launcher
+    from tk_mlir.runtime.arguments import TensorInfo
+    devices = {}
+    monkeypatch.setattr(launcher, "tensor_info", lambda v, name: TensorInfo(
+        v.data_ptr(), tuple(v.shape), v.stride(), "f32", devices[name], 4))
+    x, y = torch.rand(64, 64), torch.rand(64, 64)
+    devices.update(X="cuda:1", Y="cuda:1")
+    assert launcher.arguments_device(staged.params, [x, y, 2.0, 16, 64]) == 1
+    devices.update(X="cuda:0")
+    t = tuner()
+    monkeypatch.setattr(t, "_choose", lambda *a: pytest.fail("tuned across two devices"))
+    with pytest.raises(tk.ArgumentError, match="'X' on cuda:0, 'Y' on cuda:1"):
+        t[grid](x, y, 2.0)
+
+
 @pytest.mark.parametrize("config", [9, -4, "fast", None, True, Config(BM=32, BN=64)])
 def test_compile_names_a_config_it_does_not_have(config):
     with pytest.raises(tk.ArgumentError, match="is not one of its configs") as info:

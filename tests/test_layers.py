@@ -40,12 +40,13 @@ KNOWN = {
         "each op is checked as it is built, by the verify pass's own rule",
     ("tk_mlir.rings", "tk_mlir"): "tk.funcs written in the language read `tk.` as kernels do",
     ("tk_mlir.templates", "tk_mlir"): "tk.funcs written in the language read `tk.` as kernels do",
-    ("tk_mlir.params", "tk_mlir.runtime.arguments"): "launch code generated in params.py",
-    ("tk_mlir.params", "tk_mlir.runtime.peers"): "launch code generated in params.py",
-    ("tk_mlir.params", "tk_mlir.runtime.tensor_maps"): "launch code generated in params.py",
+    ("tk_mlir.params", "tk_mlir.runtime.peers"):
+        "the specialization key reads a tk.pgl argument with read_peers",
     ("tk_mlir.cache", "tk_mlir.runtime.toolchain"): "ptxas's version in the key",
     ("tk_mlir.compiler", "tk_mlir.runtime.toolchain"): "ptxas and nvdisasm",
     ("tk_mlir.compiler", "tk_mlir.runtime.driver"): "CompiledKernel loads its module",
+    ("tk_mlir.compiler", "tk_mlir.launcher"):
+        "CompiledKernel.launch_values, the general launch path's values function",
     ("tk_mlir.summary", "tk_mlir.runtime.driver"): "occupancy asks the GPU when there is one",
     ("tk_mlir.dialects.short_form", "tk_mlir.stages"): "short_text reads a stored stage",
 }

@@ -10,7 +10,8 @@ import torch
 import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.compiler import CompiledKernel
-from tk_mlir.params import CONSTEXPR, F32, GL, I32, AbiParam, launch_values_function
+from tk_mlir.launcher import launch_value_code, launch_values_function
+from tk_mlir.params import CONSTEXPR, F32, GL, I32, AbiParam
 from tk_mlir.runtime.arguments import TensorInfo
 
 from markers import marked
@@ -163,7 +164,6 @@ def test_launch_values_follow_the_abi():
 
 
 def test_tensor_map_values_come_from_the_map_cache():
-    from tk_mlir.params import launch_value_code
     from tk_mlir.runtime.tensor_maps import CACHE
     env = {}
     abi = [AbiParam(0, "ptr"), AbiParam(0, "stride", 0), AbiParam(1, "f32"), AbiParam(0, "tmap", 0)]

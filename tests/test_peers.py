@@ -655,7 +655,6 @@ def test_a_launch_plan_passes_a_peer_tensor_as_the_general_path_does():
     the general path's arguments (params.abi_arguments) give the same launch
     values, piece for piece (no TMA here: its maps need a GPU driver)."""
     from tk_mlir import launcher
-    from tk_mlir.params import launch_value_code
     from tk_mlir.runtime.arguments import tensor_info
     from tk_mlir.runtime.peers import read_peers
     copies = [torch.randn(16, 16) for _ in range(3)]
@@ -668,7 +667,7 @@ def test_a_launch_plan_passes_a_peer_tensor_as_the_general_path_does():
     env = {"a1_ptr": y.data_ptr(), "a1_shape": y.shape, "a1_strides": y.stride()}
     arg_vars, source = launcher._abi_variables(params, values, ["a0", "a1"], {0}, env)
     assert source == [None] * 5 + [1]
-    exprs = launch_value_code(compiled.params, arg_vars, compiled.tensor_maps, env)
+    exprs = launcher.launch_value_code(compiled.params, arg_vars, compiled.tensor_maps, env)
     assert tuple(eval(e, env) for e in exprs) == tuple(general)
 
 

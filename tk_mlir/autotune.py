@@ -9,21 +9,16 @@ key and launch the fastest (in the spirit of `triton.autotune`).
     grid = lambda meta: (tk.cdiv(M, meta["BM"]), tk.cdiv(N, meta["BN"]))
     scale[grid](x, y, 2.0)        # BM, BN (and num_warps) come from the chosen config
 
-The key names kernel parameters: a tensor contributes its dtype and shape, an
-int/float/constexpr its value. The first call with a new key launches every
-config once (compiling it; a config that fails to compile is skipped and
-reported, and if all fail a CompilationError lists each failure), times each
-(warm-up launches, then `reps` launches between torch.cuda events, the L2
-flushed before each; the median counts) and then launches the fastest. The
-choice is kept in memory and on disk (under TK_MLIR_CACHE_DIR, keyed on the
-kernel's source, the configs, the key, the GPU and the toolchain), so a new
-process reuses it without timing; TK_MLIR_ALWAYS_COMPILE=1 ignores the disk.
-TK_MLIR_PRINT_AUTOTUNING=1 prints each tuning's table to stderr. Timing
-needs torch (imported when a key is first tuned, not with tk_mlir).
-
-Tuning runs the kernel many times on the caller's arguments, so the kernel
-must be safe to re-run on them: it may overwrite its outputs, but must not
-read what it writes (`Y += X`, accumulating atomics) — as Triton requires.
+Invariants: a choice belongs to a (device, key) pair: the key is, per key
+name, a tensor's (dtype, shape) or a scalar's value; the device is where the
+launch runs, by launcher.launch_device's rule. It is made once, by timing
+every config (`bench`; a config that fails to compile or launch is skipped)
+or read from the disk cache, whose key holds all that changes the winner
+(`Autotuner._disk_key`). The quick key of the fast path decides the same
+config as the full key. Tuning re-runs the kernel on the caller's arguments:
+it may overwrite its outputs but not read what it writes (`Y += X`,
+accumulating atomics), as Triton requires. torch is imported when a key is
+first timed, not with tk_mlir.
 """
 from __future__ import annotations
 
@@ -34,7 +29,8 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from . import cache, knobs
+from . import cache, knobs, launcher
+from .dtypes import BY_TORCH_NAME
 from .errors import CompilationError, for_the_user
 from .kernel import Kernel, _interpret_all
 from .params import GL, describe_value, hashable, valid_num_warps
@@ -195,8 +191,9 @@ class Autotuner:
                         choices[k] = (launch_kwargs,
                                       self.kernel.launch_by_plan(grid, args, merged))
                     return
-            key = self._key(args, kwargs)
-            device = _launch_device(args, kwargs)
+            values = self._bind(args, kwargs)
+            key = self._key(values)
+            device = launcher.arguments_device(self.kernel.params, values)
             config = self._chosen.get((device, key))
             if config is None:
                 config = self._choose(device, key, grid, args, kwargs)
@@ -244,18 +241,21 @@ class Autotuner:
     def key_of(self, *args, **kwargs) -> tuple:
         """The tuning key of a call's arguments: per key name, a tensor's
         (dtype, shape) or a scalar's value. Works without a GPU."""
-        return self._key(args, kwargs)
+        return self._key(self._bind(args, kwargs))
 
-    def _key(self, args: tuple, kwargs: dict) -> tuple:
+    def _bind(self, args: tuple, kwargs: dict) -> list:
+        """The kernel's parameters bound to a call (those the configs set unbound)."""
         if len(args) > self._first_tuned or kwargs and not self._tuned.isdisjoint(kwargs):
             self._check_not_tuned(args, kwargs)
-        values, _ = self.kernel.params.bind(args, kwargs, unbound_ok=self._tuned)
+        return self.kernel.params.bind(args, kwargs, unbound_ok=self._tuned)[0]
+
+    def _key(self, values: list) -> tuple:
         return tuple([_key_value(p, values[i]) for i, p in self._key_params])
 
     def best_config(self, *args, **kwargs) -> Config | None:
         """The config chosen for these arguments (this object's memory, else the
         disk cache), without timing anything; None when none has been chosen."""
-        key = self._key(args, kwargs)
+        key = self._key(self._bind(args, kwargs))
         device = _device()
         return self._chosen.get((device[0], key)) or self._load_choice(key, device[1:])
 
@@ -416,27 +416,32 @@ def _check_key(kernel: Kernel, key, configs) -> tuple[str, ...]:
     return tuple(key)
 
 
-# A tensor's own dtype object (torch.float32, numpy's, a tk name) -> the tk
-# name describe() gives it: later keys take one dict lookup, not a describe().
-_DTYPE_NAMES: dict = {}
+# torch's dtype objects -> tk names, from the one table (dtypes.BY_TORCH_NAME),
+# filled once torch is in use: a torch tensor's part of the key is one dict
+# lookup. Any other array's dtype (numpy's, CuPy's, a tk.spec's) is read by
+# describe(), as the kernel reads it.
+_TORCH_DTYPES: dict = {}
 
 
 def _key_value(p, v):
     if p.kind == GL:
         try:
-            return (_DTYPE_NAMES[v.dtype], tuple(v.shape))
+            return (_TORCH_DTYPES[v.dtype], tuple(v.shape))
         except (KeyError, AttributeError, TypeError):
+            _learn_torch_dtypes()
             t = describe(v, p.name)
-            try:
-                if tuple(v.shape) == t.shape:       # v's own attributes say what describe does
-                    _DTYPE_NAMES[v.dtype] = t.dtype
-            except (AttributeError, TypeError):
-                pass
             return (t.dtype, tuple(t.shape))
     if not hashable(v):
         raise ArgumentError(f"argument '{p.name}' = {describe_value(v)} is part of the "
                             f"autotune key and must be hashable")
     return v
+
+
+def _learn_torch_dtypes() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({getattr(torch, n): name for n, name in BY_TORCH_NAME.items()
+                              if hasattr(torch, n)})        # (fp8 needs torch >= 2.1)
 
 
 @functools.cache
@@ -450,61 +455,31 @@ _MAX_QUICK_CHOICES = 4096
 
 
 def _quick_key_function(params, key_params, n_positional: int, keywords: tuple) -> Callable:
-    """A function of (args, kwargs) for calls of one shape that returns a key
-    deciding the same config as `Autotuner._key` and `_launch_device` do (per
-    key tensor its torch dtype and shape, per other key parameter its type and
-    value, and the first tensor's device), or None when an
-    argument is not a torch tensor (those calls take the full path). Cheap:
-    attribute reads only, no binding."""
-    tensors = tuple(_torch_tensor_types())
-    parts, checks = [], []
+    """A function of (args, kwargs), for calls of one shape (`n_positional`
+    positional arguments, the keyword names `keywords`), returning a key that
+    decides the same config as the full path: per key tensor its torch dtype
+    and shape, per other key parameter its type and value (`Autotuner._key`),
+    then the launch's device (launcher.launch_device_code). None when a key
+    tensor, or the one the device is read from, is not a torch tensor: such
+    calls take the full path. Cheap: the launch plan's argument reads
+    (launcher.read_arguments) and attribute reads, no binding."""
+    env: dict = {"TENSORS": frozenset(launcher.torch_tensor_types())}
+    device_reads, tests, device = launcher.launch_device_code(params, env)
+    parts = []
     for i, p in key_params:
-        if i < n_positional:
-            v = f"args[{i}]"
-        elif p.name in keywords:
-            v = f"kwargs[{p.name!r}]"
-        else:
-            v = "DEFAULT_" + str(i)
+        v = launcher.arg_var(i)
         if p.kind == GL:
-            checks.append(f"type({v}) in TENSORS")
+            tests.append(f"type({v}) in TENSORS")
             parts += [f"{v}.dtype", f"{v}.shape"]
         else:
             parts += [f"type({v})", v]
-    tensor_args = [f"args[{i}]" for i in params.tensors if i < n_positional] + \
-        [f"kwargs[{params[i].name!r}]" for i in params.tensors
-         if i >= n_positional and params[i].name in keywords]
-    if tensor_args:                           # where the launch goes (several GPUs)
-        parts.append(f"{tensor_args[0]}.get_device()")
-        checks.append(f"type({tensor_args[0]}) in TENSORS")
-    guard = " and ".join(checks) or "True"
-    code = (f"def quick(args, kwargs):\n"
-            f"    if not ({guard}):\n"
-            f"        return None\n"
-            f"    return ({', '.join(parts)},)\n")
-    env = {"TENSORS": tensors, **{f"DEFAULT_{i}": p.default for i, p in key_params}}
-    exec(compile(code, "<tk_mlir autotune quick key>", "exec"), env)
-    return env["quick"]
-
-
-def _torch_tensor_types() -> tuple:
-    from .launcher import torch_tensor_types
-    return torch_tensor_types()
-
-
-def _launch_device(args, kwargs) -> int:
-    """The device a launch runs on (the kernel launches where its tensors
-    are): the first CUDA torch tensor's, when the machine has several GPUs."""
-    driver = _driver()
-    if _gpu_count() > 1:
-        for v in (*args, *kwargs.values()):
-            if getattr(v, "is_cuda", False) and hasattr(v, "get_device"):
-                return v.get_device()
-    return driver.default_device()
-
-
-@functools.cache
-def _gpu_count() -> int:
-    return _driver().device_count()
+    wanted = [i for i, _ in key_params] + device_reads
+    lines = ["def quick(args, kwargs):",
+             *launcher.read_arguments(params, n_positional, keywords, wanted, env)]
+    if tests:
+        lines += [f"    if not ({' and '.join(dict.fromkeys(tests))}):", "        return None"]
+    lines.append(f"    return ({', '.join(parts + [device])},)")
+    return launcher.define("quick", lines, env, "autotune quick key")
 
 
 def _device(ordinal: int | None = None) -> tuple[int, str, tuple[int, int]]:

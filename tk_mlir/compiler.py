@@ -33,7 +33,7 @@ from . import cache, knobs
 from . import global_reads as _reads
 from .dumps import dump_folder, writable_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
-from .params import PASSED_AS, AbiParam, launch_values_function, valid_num_warps
+from .params import PASSED_AS, AbiParam, valid_num_warps
 from .ptxas_output import ptxas_info
 from .specialization import Specialization
 from .stages import StageStore
@@ -126,7 +126,7 @@ class CompiledKernel:
     cluster: int = 1                       # blocks per cluster along x (tk.use_cluster)
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _values: object = field(default=None, repr=False)   # params.launch_values_function
+    _values: object = field(default=None, repr=False)   # launcher.launch_values_function
     _short: dict = field(default_factory=dict, repr=False)  # tk stage -> its short form
     _source_map: object = field(default=None, repr=False)   # source_map.SourceMap
 
@@ -177,8 +177,9 @@ class CompiledKernel:
 
     def launch_values(self, args: list, infos: dict) -> tuple:
         """The launch values for the runtime arguments `args` and their
-        TensorInfos by runtime index (params.launch_value_code)."""
+        TensorInfos by runtime index (launcher.launch_values_function)."""
         if self._values is None:
+            from .launcher import launch_values_function    # (launch code is the runtime's)
             self._values = launch_values_function(self.params, self.tensor_maps)
         return self._values(args, infos)
 

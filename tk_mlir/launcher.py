@@ -18,20 +18,27 @@ that signature and device:
         return True
 
 A plan returns False when its guard fails (or a global read changed:
-global_reads.py); the kernel then finds or makes another plan. Launch values
-come from params.launch_value_code, as on the general path. Arguments that
+global_reads.py); the kernel then finds or makes another plan. Arguments that
 are not torch tensors take the general path (`Kernel.launch_general`), which
 checks every argument on every call.
+
+This module is the one generator of launch code. The plan and tk.autotune's
+quick key read a call's arguments with `read_arguments`; the plan and the
+general path's `launch_values_function` compute launch values with
+`launch_value_code`; the device follows `launch_device`'s rule (in generated
+code, `launch_device_code`); `define` makes each generated function.
 """
 from __future__ import annotations
 
 import operator
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
+from .dtypes import DTYPES
 from .global_reads import ABSENT
-from .params import PGL, KernelParams, constexpr_tag, launch_value_code
+from .params import EMPTY, GL, PGL, AbiParam, KernelParams, constexpr_tag, peer_pieces
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
+from .runtime.peers import PeerTensor, read_peers
 from .target import TARGET
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
@@ -43,6 +50,87 @@ def torch_tensor_types() -> tuple:
     torch = sys.modules.get("torch")
     return (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
 
+
+# ------------------------------------------------------- generated code
+
+def define(name: str, lines: list[str], env: dict, what: str) -> Callable:
+    """The function `name` that the generated source `lines` define, with
+    `env` as its globals (its constants and helpers). It keeps its source as
+    `.source`; tracebacks name it `<tk_mlir {what}>`."""
+    source = "\n".join(lines)
+    exec(compile(source, f"<tk_mlir {what}>", "exec"), env)
+    fn = env[name]
+    fn.source = source
+    return fn
+
+
+def arg_var(i: int) -> str:
+    """The variable generated code holds parameter i's argument in."""
+    return f"a{i}"
+
+
+def read_arguments(params: KernelParams, n_positional: int, keywords, wanted,
+                   env: dict) -> list[str]:
+    """Lines of a generated function of (args, kwargs), for calls of one
+    shape (`n_positional` positional arguments, the keyword names
+    `keywords`), that put the argument of each parameter in `wanted` in its
+    `arg_var`: the positional ones unpacked from `args` in one step (the
+    shape fixes how many), a keyword one read from `kwargs`. One the call
+    leaves to its default is that constant, in `env`: no line reads it."""
+    lines = []
+    if n_positional:
+        lines.append(f"    {''.join(arg_var(i) + ', ' for i in range(n_positional))}= args")
+    for i in sorted(set(wanted)):
+        if i < n_positional:
+            continue
+        p = params[i]
+        if p.name in keywords:
+            lines.append(f"    {arg_var(i)} = kwargs[{p.name!r}]")
+        else:
+            assert p.default is not EMPTY, f"{p.name}: bound, so passed or defaulted"
+            env[arg_var(i)] = p.default
+    return lines
+
+
+def launch_value_code(abi: Sequence[AbiParam], arg_vars: Sequence[str], tensor_maps,
+                      env: dict) -> list[str]:
+    """One Python expression per ABI parameter for its launch value, in code
+    where runtime argument j is the variable `arg_vars[j]` and, for a tensor
+    argument v, `{v}_ptr`, `{v}_shape` and `{v}_strides` hold its data pointer,
+    shape and strides (elements). What the expressions use besides is added
+    to `env`. (`tensor_maps`: CompiledKernel.tensor_maps, the box of each.)"""
+    out = []
+    for p in abi:
+        v = arg_vars[p.arg]
+        if p.kind == "tmap":
+            from .runtime.tensor_maps import CACHE      # (loads the CUDA driver)
+            _, rows, cols, swizzle, dtype = tensor_maps[p.index]
+            env["tensor_map"] = CACHE.get
+            env[f"TMAP{p.index}"] = (dtype, DTYPES[dtype].itemsize, (rows, cols, swizzle))
+            out.append(f"tensor_map({v}_ptr, {v}_shape, {v}_strides, *TMAP{p.index})")
+        else:
+            out.append({"ptr": f"{v}_ptr", "dim": f"{v}_shape[{p.index}]",
+                        "stride": f"{v}_strides[{p.index}]"}.get(p.kind, v))
+    return out
+
+
+def launch_values_function(abi: Sequence[AbiParam], tensor_maps) -> Callable:
+    """`values(args, infos)`: the launch values from the runtime arguments
+    and, per tensor argument (by runtime index), its TensorInfo. The general
+    launch path's counterpart of the plan's inline code."""
+    n = 1 + max((p.arg for p in abi), default=-1)
+    env: dict = {}
+    exprs = launch_value_code(abi, [f"r{j}" for j in range(n)], tensor_maps, env)
+    tensors = sorted({p.arg for p in abi if p.kind in ("ptr", "dim", "stride", "tmap")})
+    lines = ["def values(args, infos):"]
+    lines += [f"    r{j} = args[{j}]" for j in range(n) if j not in tensors]
+    lines += [f"    r{j}_ptr, r{j}_shape, r{j}_strides = infos[{j}].ptr, infos[{j}].shape, "
+              f"infos[{j}].strides" for j in tensors]
+    lines.append(f"    return ({''.join(e + ', ' for e in exprs)})")
+    return define("values", lines, env, "launch values")
+
+
+# ------------------------------------------------------------- the launch
 
 def normalize_grid(grid, meta: dict | None, cluster: int = 1) -> tuple[int, int, int]:
     """The grid as three ints, within the target's limits (TARGET.max_grid).
@@ -100,6 +188,39 @@ def launch_device(tensors: dict) -> int:
     return int(devices[0].partition(":")[2]) if devices else driver.default_device()
 
 
+def arguments_device(params: KernelParams, values: list) -> int:
+    """launch_device for bound `values`: each tensor argument read (a tk.pgl
+    one's local copy), in parameter order."""
+    on = {}
+    for i in sorted(params.tensors + params.peer_tensors):
+        name = params[i].name
+        on[name] = tensor_info(values[i], name) if params[i].kind == GL else \
+            read_peers(values[i], name, tensor_info).local
+    return launch_device(on)
+
+
+def launch_device_code(params: KernelParams, env: dict) -> tuple[list[int], list[str], str]:
+    """launch_device's answer in generated code, for calls whose tensor
+    arguments are torch tensors: (the parameters it reads, the tests that
+    they are what it can read, the expression). That is the first tensor
+    argument's device (a tk.pgl one's local copy's), or torch's current
+    device when there is none: a launch goes ahead only when its CUDA tensors
+    share one device and none is on the CPU (every path checks), so the
+    first one's device is launch_device's whenever there is a launch."""
+    first = min(params.tensors + params.peer_tensors, default=None)
+    if first is None:
+        from .runtime import driver
+        env["DEFAULT_DEVICE"] = driver.default_device
+        return [], [], "DEFAULT_DEVICE()"
+    a = arg_var(first)
+    env["TENSORS"] = frozenset(torch_tensor_types())
+    if params[first].kind == GL:
+        return [first], [f"type({a}) in TENSORS"], f"{a}.get_device()"
+    env["PEER_TENSOR"] = PeerTensor
+    return ([first], [f"type({a}) is PEER_TENSOR and type({a}.local) in TENSORS"],
+            f"{a}.local.get_device()")
+
+
 _PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) or float(x))"
 
 
@@ -117,8 +238,6 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
     """Per argument of the compiled kernel (params.abi_arguments' order): the
     plan's variable for it, and the parameter it reads (None for a piece of
     a tk.pgl argument, whose values are put in `env` as constants)."""
-    from .params import GL, peer_pieces
-    from .runtime.peers import read_peers
     arg_vars, source = [], []
     for i in params.runtime:
         if i not in peers:
@@ -160,7 +279,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
            "normalize_grid": normalize_grid, "full_check": None, "NAMES": names,
            "TAG": constexpr_tag, "ABSENT": ABSENT,
            "scalar_check": check_scalar, "GRIDS": {}, "CLUSTER": compiled.cluster}
-    local = [f"a{i}" for i in range(len(names))]
+    local = [arg_var(i) for i in range(len(names))]
     lines = ["def plan(grid, args, kwargs):",
              f"    if len(args) != {n_positional} or len(kwargs) != {len(kwargs)}:",
              "        return False"]
@@ -177,11 +296,9 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
             f"S{j}.get(N{j}, ABSENT) is not R{j}.value and not R{j}.fresh()"
         lines += [f"    if {test}:",
                   "        return False   # a global changed: recompile"]
-    if n_positional:
-        lines.append(f"    {', '.join(local[:n_positional])}{',' if n_positional == 1 else ''}"
-                     f" = args")
-    for i in range(n_positional, len(names)):
-        lines.append(f"    {local[i]} = TAIL[{i - n_positional}]")
+    # (The keywords are constexprs, fixed above: the arguments the code
+    # below reads are positional or defaults.)
+    lines += read_arguments(params, n_positional, kwargs, params.runtime, env)
     for i in params.constexprs:
         if i < n_positional:
             lines += _same_constexpr(local[i], f"C{i}", values[i], env)
@@ -263,7 +380,4 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
                 check_tma_tensor(names[i], info)
         return True
     env["full_check"] = full_check
-    exec(compile("\n".join(lines), "<tk_mlir launch plan>", "exec"), env)
-    plan = env["plan"]
-    plan.source = "\n".join(lines)
-    return plan
+    return define("plan", lines, env, "launch plan")

@@ -12,9 +12,8 @@ Two levels:
   specialization: what changes the code.
 - `AbiParam`: one parameter of the compiled kernel as lowering emits it
   (lowering/kernel.py): a tensor's data pointer, a dynamic dim, a stride, an
-  i32 or f32 scalar, a TMA tensor map. `launch_value_code` is the one routine
-  that says where each gets its launch value; the generated launch plan and
-  the general launch path both build their code with it.
+  i32 or f32 scalar, a TMA tensor map. Where each gets its launch value is
+  launch code: launcher.launch_value_code.
 """
 from __future__ import annotations
 
@@ -24,10 +23,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
+from .dtypes import ARGUMENT_DTYPES, BY_TORCH_NAME, DTYPES
 from .errors import ArgumentError, CompilationError
 from .language import GlobalAnnotation, PeerAnnotation, constexpr, dtype_name, gl, pgl
-from .runtime.arguments import check_element_type
-from .runtime.peers import read_peers
+from .runtime.peers import read_peers     # (the key reads a tk.pgl argument: tests/test_layers.py)
 
 EMPTY = inspect.Parameter.empty
 GL, PGL, I32, F32, CONSTEXPR = "gl", "pgl", "i32", "f32", "constexpr"
@@ -205,8 +204,10 @@ class KernelParams:
     @staticmethod
     def _tensor_key(p: Param, t) -> tuple:
         """(kind, dtype, static dims) of tensor argument `t` for parameter `p`."""
-        if p.dtype is None:                 # bare tk.gl: any dtype kernels take
-            check_element_type(t.dtype, f"the dtype of argument '{p.name}'")
+        if p.dtype is None and t.dtype not in ARGUMENT_DTYPES:   # bare tk.gl: any dtype
+            raise ArgumentError(f"the dtype of argument '{p.name}' ({t.dtype}) is not an "
+                                f"element type tk_mlir kernels take; the supported dtypes are "
+                                f"{', '.join(ARGUMENT_DTYPES)}")
         if not t.shape:
             raise ArgumentError(f"argument '{p.name}' is a 0-d tensor; a tk.gl "
                                 f"parameter takes a tensor of rank 1 or more")
@@ -314,15 +315,19 @@ def describe_value(v) -> str:
     if shape is not None and dtype is not None:
         kind = f"{type(v).__module__.split('.')[0]}.{type(v).__name__}"
         device = getattr(v, "device", None)
-        try:
-            from .runtime.arguments import canonical_dtype
-            dtype = canonical_dtype(dtype)
-        except ArgumentError:
-            pass
-        return (f"a {kind} of shape {tuple(shape)} {dtype}"
+        return (f"a {kind} of shape {tuple(shape)} {_dtype_word(dtype)}"
                 f"{f' on {device}' if device is not None else ''}")
     text = repr(v)
     return text if len(text) <= 80 else f"{text[:60]}... ({type(v).__name__})"
+
+
+def _dtype_word(dtype):
+    """A tensor's dtype by its tk name where dtypes.DTYPES has it (numpy's
+    and tk's dtypes carry a `.name`; torch's print as `torch.<name>`), else
+    as it prints itself."""
+    name = getattr(dtype, "name", None)
+    name = (name if isinstance(name, str) else str(dtype)).removeprefix("torch.")
+    return name if name in DTYPES else BY_TORCH_NAME.get(name, dtype)
 
 
 # ---------------------------------------------------------- the ABI level
@@ -343,43 +348,3 @@ class AbiParam(NamedTuple):
 PASSED_AS = {"ptr": "ptr", "dim": "i32", "stride": "i64", "i32": "i32", "f32": "f32",
              "tmap": "tmap"}
 
-
-def launch_value_code(abi: Sequence[AbiParam], arg_vars: Sequence[str], tensor_maps,
-                      env: dict) -> list[str]:
-    """One Python expression per ABI parameter for its launch value, in code
-    where runtime argument j is the variable `arg_vars[j]` and, for a tensor
-    argument v, `{v}_ptr`, `{v}_shape` and `{v}_strides` hold its data pointer,
-    shape and strides (elements). What the expressions use besides is added
-    to `env`. (`tensor_maps`: CompiledKernel.tensor_maps, the box of each.)"""
-    from .runtime.arguments import ITEMSIZES
-    out = []
-    for p in abi:
-        v = arg_vars[p.arg]
-        if p.kind == "tmap":
-            from .runtime.tensor_maps import CACHE
-            _, rows, cols, swizzle, dtype = tensor_maps[p.index]
-            env["tensor_map"] = CACHE.get
-            env[f"TMAP{p.index}"] = (dtype, ITEMSIZES[dtype], (rows, cols, swizzle))
-            out.append(f"tensor_map({v}_ptr, {v}_shape, {v}_strides, *TMAP{p.index})")
-        else:
-            out.append({"ptr": f"{v}_ptr", "dim": f"{v}_shape[{p.index}]",
-                        "stride": f"{v}_strides[{p.index}]"}.get(p.kind, v))
-    return out
-
-
-def launch_values_function(abi: Sequence[AbiParam], tensor_maps) -> Callable:
-    """`values(args, infos)`: the launch values from the runtime arguments
-    and, per tensor argument (by runtime index), its TensorInfo. The general
-    launch path's counterpart of the plan's inline code."""
-    n = 1 + max((p.arg for p in abi), default=-1)
-    arg_vars = [f"a{j}" for j in range(n)]
-    env: dict = {}
-    exprs = launch_value_code(abi, arg_vars, tensor_maps, env)
-    tensors = sorted({p.arg for p in abi if p.kind in ("ptr", "dim", "stride", "tmap")})
-    lines = ["def values(args, infos):"]
-    lines += [f"    a{j} = args[{j}]" for j in range(n) if j not in tensors]
-    lines += [f"    a{j}_ptr, a{j}_shape, a{j}_strides = infos[{j}].ptr, infos[{j}].shape, "
-              f"infos[{j}].strides" for j in tensors]
-    lines.append(f"    return ({''.join(e + ', ' for e in exprs)})")
-    exec(compile("\n".join(lines), "<tk_mlir launch values>", "exec"), env)
-    return env["values"]
