@@ -9,13 +9,13 @@ Context at run time; MLIR then parses, prints and verifies the ops) and a
 Python OpView class per op, so passes see typed ops (`op.src`, `op.kind`)
 instead of raw operand positions.
 
-The rest of an op lives under the same name: its tile rule in
-passes/verify.py (`@rule`), its lowering in lowering/ (`@lowers`), its
-builtin in tk_mlir/ (marked `@builds`); tests/test_registry.py checks that
-every op has all three.
+The rest of an op lives under the same name: its tile rule beside this
+module, in tile_rules.py (`@rule`), its lowering in lowering/ (`@lowers`),
+its builtin in tk_mlir/ (marked `@builds`); tests/test_registry.py checks
+that every op has all three.
 
 The IRDL constraints are deliberately loose (IRDL cannot express "a tile
-whose rows divide 16"); passes/verify.py checks the tile rules and reports
+whose rows divide 16"); tile_rules.py checks the tile rules and reports
 them at the user's source line.
 """
 from __future__ import annotations
@@ -407,6 +407,16 @@ def attribute_value(attr: ir.Attribute):
     if isinstance(attr, (ir.IntegerAttr, ir.FloatAttr, ir.StringAttr, ir.BoolAttr)):
         return attr.value
     return attr
+
+
+def constant_int(v: ir.Value) -> int | None:
+    """v's value when an arith.constant integer defines it, else None (an
+    operand known at compile time: a column block's index, a barrier's id)."""
+    if isinstance(v, ir.OpResult) and v.owner.name == "arith.constant":
+        attr = v.owner.attributes["value"]
+        if isinstance(attr, ir.IntegerAttr):
+            return attr.value
+    return None
 
 
 def _camel(name: str) -> str:

@@ -117,7 +117,7 @@ def lower_broadcast(ctx: LoweringContext, op, src: Fragment, vec: Fragment) -> F
 
 @lowers("tk.slice")
 def lower_slice(ctx: LoweringContext, op, src: Fragment) -> Fragment:
-    from ..passes.verify import slice_registers
+    from ..dialects.tile_rules import slice_registers
     sub = T.parse(op.result.type)
     picked = slice_registers(T.parse(op.src.type), sub, op.row, op.col, ctx.num_warps)
     return src.select(picked, layout_of(sub, ctx.num_warps))

@@ -21,7 +21,6 @@ from ..dialects import contracts, tk
 from ..errors import warn_at
 from ..target import TARGET
 from .uniform import Uniformity
-from .walk import constant_int
 
 # Least registers per thread a warpgroup can keep after setmaxnreg.dec (PTX ISA).
 MIN_SETMAXNREG = 24
@@ -156,7 +155,7 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
         d = tk.op_def(op)
         if d.named_barrier is None:
             continue
-        bar_id = constant_int(getattr(op.opview, d.named_barrier))
+        bar_id = tk.constant_int(getattr(op.opview, d.named_barrier))
         if bar_id is None:
             continue
         seen = first.setdefault(bar_id, op)

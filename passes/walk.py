@@ -14,15 +14,6 @@ from mlir import ir
 from ..errors import CompilationError
 
 
-def constant_int(v: ir.Value) -> int | None:
-    """v's value when an arith.constant integer defines it, else None."""
-    if isinstance(v, ir.OpResult) and v.owner.name == "arith.constant":
-        attr = v.owner.attributes["value"]
-        if isinstance(attr, ir.IntegerAttr):
-            return attr.value
-    return None
-
-
 def walk_ops(root: ir.Operation, fn: Callable[[ir.Operation], None]) -> None:
     failures: list[CompilationError] = []
 

@@ -14,7 +14,7 @@ import tk_mlir as tk
 
 # Modules of the compiler proper: none of their frames may reach the user.
 INTERNAL = ("frontend.py", "values.py", "ops.py", "language.py", "compiler.py", "cache.py",
-            "verify.py", "smem.py", "layouts.py", "pipeline.py")
+            "verify.py", "tile_rules.py", "smem.py", "layouts.py", "pipeline.py")
 
 
 def tk_frames(tb) -> list[traceback.FrameSummary]:

@@ -14,7 +14,7 @@ from tk_mlir import mma, ops, signals, sync, tma, values
 from tk_mlir.dialects import contracts, tk
 from tk_mlir.lowering import kernel  # noqa: F401  (registers the lowerings)
 from tk_mlir.lowering.context import LOWERINGS
-from tk_mlir.passes.verify import RULES
+from tk_mlir.dialects.tile_rules import RULES
 
 BUILTIN_MODULES = (ops, sync, mma, tma, values, signals)
 

@@ -15,6 +15,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from .dialects import layout as layouts, tk, types as T
+from .dialects.tile_rules import check_op
 from .errors import CompilationError
 from .language import dtype_name
 
@@ -44,8 +45,9 @@ def builds(*names: str):
 
 
 def emit(name: str, operands=(), result_type=None, **attrs):
-    """Build tk.<name>, check it against the tile rules, return its result."""
-    from .passes.verify import check_op   # the same rules the verify pass applies
+    """Build tk.<name>, check it against its tile rule (dialects/tile_rules.py:
+    the rule tk-verify applies too, here at the line that built it), return
+    its result."""
     op = tk.build(name, [as_ir(o) for o in operands],
                   [] if result_type is None else [result_type], **attrs)
     check_op(op, current.get().num_warps)
