@@ -25,10 +25,6 @@ from ..errors import INTERPRET_HINT, ArgumentError, CudaUnavailable
 _TAKEN = f"(they take {', '.join(ARGUMENT_DTYPES)})"
 _TAKEN_TYPESTRS = tuple(s for n in ARGUMENT_DTYPES for s in DTYPES[n].typestr)
 
-# params.py's launch code still reads element sizes here; DTYPES[n].itemsize
-# is the table's column, and this goes once params.py reads it there.
-ITEMSIZES = {name: d.itemsize for name, d in DTYPES.items() if d.torch}
-
 # DLPack device types (dlpack.h) we read: CUDA memory, and CPU memory so that
 # check_tensor can report the device rule by name.
 _DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_MANAGED = 1, 2, 13
