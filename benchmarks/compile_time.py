@@ -67,7 +67,7 @@ if split:
     t = time.perf_counter()
     from tk_mlir import frontend
     from tk_mlir.lowering import pipeline
-    from tk_mlir.runtime import toolchain
+    from tk_mlir import toolchain
     out["mlir imports"] = time.perf_counter() - t
 
     def timed(owner, attr, part):
@@ -134,7 +134,7 @@ def sample(repo: Path, kernel: str, cache: str, split: bool = False, ptx_path: s
 
 
 def ptxas_alone(ptx_path: str, samples: int) -> list[float]:
-    from tk_mlir.runtime.toolchain import find_tool
+    from tk_mlir.toolchain import find_tool
     tool = find_tool("ptxas")
     times = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,9 +147,11 @@ def ptxas_alone(ptx_path: str, samples: int) -> list[float]:
 
 
 def has_split_hooks(repo: Path) -> bool:
+    """Whether `repo` (this checkout or one compared with) has what the split
+    times, where the child looks for it."""
     text = (repo / "lowering" / "pipeline.py").read_text()
-    return "class _Snapshot" in text and "PtxasJob" in (repo / "tk_mlir" / "runtime" /
-                                                         "toolchain.py").read_text()
+    tools = repo / "tk_mlir" / "toolchain.py"
+    return "class _Snapshot" in text and tools.is_file() and "PtxasJob" in tools.read_text()
 
 
 def measure(repo: Path, kernel: str, samples: int, compare: Path | None = None) -> dict:

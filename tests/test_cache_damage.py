@@ -21,7 +21,7 @@ import pytest
 
 import tk_mlir as tk
 from tk_mlir import cache
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 pytestmark = pytest.mark.skipif(find_tool("ptxas") is None,
                                 reason="the disk cache keeps only assembled kernels")

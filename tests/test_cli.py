@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tk_mlir.cli import main
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 NORMS = ROOT / "tk_mlir" / "kernels" / "norms.py"

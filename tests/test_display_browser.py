@@ -15,7 +15,7 @@ import pytest
 import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.cli import html_page
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed "
                                 "(pip install -e '.[test]')")

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tk_mlir.runtime import driver, toolchain
+from tk_mlir import toolchain
+from tk_mlir.runtime import driver
 from tk_mlir.runtime.arguments import check_tensor, tensor_info
 
 # c[i] = a[i] + b[i] for i < n, one thread per element (f32).

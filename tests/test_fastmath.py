@@ -14,7 +14,7 @@ import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.compiler import Specialization
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
 F32 = tk.spec((64, 64), f32)

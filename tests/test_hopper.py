@@ -13,7 +13,7 @@ import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import types as T
 from tk_mlir.lowering import mma as mma_lowering
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
 # The module (the package's name `matmul` is the function).

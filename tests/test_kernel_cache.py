@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import tk_mlir as tk
-from tk_mlir import cache, compiler
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir import cache, compiler, toolchain
+from tk_mlir.toolchain import find_tool
 
 SOURCE = textwrap.dedent("""\
     import tk_mlir as tk
@@ -320,7 +320,7 @@ def test_the_sass_listing_is_kept_in_the_cache(kernel_file, cache_root, monkeypa
     assert "EXIT" in sass
     def no_nvdisasm(cubin):
         raise AssertionError("nvdisasm ran although the cache holds the listing")
-    monkeypatch.setattr(compiler, "_disassemble", no_nvdisasm)
+    monkeypatch.setattr(toolchain, "disassemble", no_nvdisasm)
     again = load(kernel_file).scale.compile(X, X, N=64)    # a new Kernel: a disk hit
     assert again is not first and again.asm["sass"] == sass
 

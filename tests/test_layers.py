@@ -40,8 +40,6 @@ KNOWN = {
     ("tk_mlir.templates", "tk_mlir"): "tk.funcs written in the language read `tk.` as kernels do",
     ("tk_mlir.params", "tk_mlir.runtime.peers"):
         "the specialization key reads a tk.pgl argument with read_peers",
-    ("tk_mlir.cache", "tk_mlir.runtime.toolchain"): "ptxas's version in the key",
-    ("tk_mlir.compiler", "tk_mlir.runtime.toolchain"): "ptxas and nvdisasm",
     ("tk_mlir.compiler", "tk_mlir.runtime.driver"): "CompiledKernel loads its module",
     ("tk_mlir.compiler", "tk_mlir.launcher"):
         "CompiledKernel.launch_values, the general launch path's values function",

@@ -30,7 +30,7 @@ CHILD = textwrap.dedent("""\
     import numpy as np
     import tk_mlir as tk
     from tk_mlir import f32
-    from tk_mlir.runtime.toolchain import find_tool
+    from tk_mlir.toolchain import find_tool
 
     @tk.kernel(num_warps=4)
     def softmax(X: tk.gl[f32], Y: tk.gl[f32], ROWS: tk.constexpr, N: tk.constexpr):

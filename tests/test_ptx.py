@@ -17,7 +17,7 @@ import pytest
 
 import tk_mlir as tk
 from tk_mlir import bf16, f32
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 from filecheck_util import filecheck
 

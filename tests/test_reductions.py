@@ -17,7 +17,7 @@ import error_checks
 import tk_mlir as tk
 from error_checks import compile_error
 from tk_mlir import bf16, f32
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
 needs_nvdisasm = pytest.mark.skipif(find_tool("nvdisasm") is None, reason="nvdisasm not found")

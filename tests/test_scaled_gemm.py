@@ -9,7 +9,7 @@ import re
 import pytest
 
 import tk_mlir as tk
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 # The module (the package's name `scaled_matmul` is the function).
 scaled_gemm = importlib.import_module("tk_mlir.kernels.scaled_gemm")

@@ -15,7 +15,7 @@ import tk_mlir as tk
 from tk_mlir import compiler, f32
 from tk_mlir.cli import main
 from tk_mlir.lowering import pipeline
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 from tk_mlir.source_map import ptx_by_line, sass_by_line
 
 ROOT = Path(__file__).resolve().parents[1]

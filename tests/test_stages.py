@@ -17,7 +17,7 @@ import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import tk as tk_dialect
 from tk_mlir.lowering.pipeline import GPU_STAGE_NAMES, UPSTREAM, run_stage
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
 
@@ -226,12 +226,12 @@ def test_sass_is_disassembled_once_and_kept_in_the_disk_cache(compiled, tmp_path
     (keyed by the cubin), so the kernel read warm -- here a copy that has not
     seen it, as a disk hit in a new process is -- runs no nvdisasm."""
     import dataclasses
-    from tk_mlir import compiler
+    from tk_mlir import toolchain
     monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
     runs = []
-    real = compiler._disassemble
-    monkeypatch.setattr(compiler, "_disassemble", lambda cubin: runs.append(1) or real(cubin))
+    real = toolchain.disassemble
+    monkeypatch.setattr(toolchain, "disassemble", lambda cubin: runs.append(1) or real(cubin))
 
     def fresh():
         return dataclasses.replace(compiled, _functions={},

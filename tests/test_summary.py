@@ -10,7 +10,7 @@ import pytest
 import tk_mlir as tk
 from tk_mlir import summary as S
 from tk_mlir.target import TARGET
-from tk_mlir.runtime.toolchain import find_tool
+from tk_mlir.toolchain import find_tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from quickstart import softmax  # noqa: E402

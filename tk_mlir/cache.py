@@ -38,10 +38,9 @@ import uuid
 import warnings
 from typing import NamedTuple
 
-from tk_mlir.runtime.toolchain import find_tool
-
 from . import knobs
 from .knobs import always_compile, cache_dir     # (also read through cache by others)
+from .toolchain import find_tool
 
 # Bump when the entry layout or key payload changes meaning, so old entries
 # are never read with new assumptions.

@@ -22,14 +22,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import cache, knobs
+from . import cache, knobs, toolchain
 from . import global_reads as _reads
 from .dumps import dump_folder, writable_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
@@ -60,8 +58,7 @@ class Stages(Mapping):
             kernel.require_cubin(_AFTER_PTXAS[name])
         if name == "sass" and "sass" not in stages:
             if not _has_nvdisasm():
-                from .runtime.toolchain import ToolNotFound
-                raise ToolNotFound("nvdisasm", _AFTER_PTXAS["sass"])
+                raise toolchain.ToolNotFound("nvdisasm", _AFTER_PTXAS["sass"])
             stages["sass"] = _cached_sass(kernel.cubin)
         return stages[name]
 
@@ -108,8 +105,7 @@ _AFTER_PTXAS = {"ptxas": "reading the ptxas stage (.asm['ptxas'])",
 
 
 def _has_nvdisasm() -> bool:
-    from .runtime.toolchain import find_tool
-    return find_tool("nvdisasm") is not None
+    return toolchain.find_tool("nvdisasm") is not None
 
 
 @dataclass
@@ -144,8 +140,7 @@ class CompiledKernel:
     def require_cubin(self, needed_for: str) -> bytes:
         """The cubin, or ToolNotFound saying that `needed_for` needs ptxas."""
         if self._cubin is None:
-            from .runtime.toolchain import ToolNotFound
-            raise ToolNotFound("ptxas", needed_for)
+            raise toolchain.ToolNotFound("ptxas", needed_for)
         return self._cubin
 
     @property
@@ -376,30 +371,17 @@ def _require(ok: bool, what: str) -> None:
 
 def _cached_sass(cubin: bytes) -> str:
     """The SASS of `cubin`, from the disk cache or disassembled and stored there."""
-    from .runtime.toolchain import find_tool
     key = cache.make_key(kind="sass", cubin=hashlib.sha256(cubin).hexdigest(),
-                         nvdisasm=find_tool("nvdisasm"))
+                         nvdisasm=toolchain.find_tool("nvdisasm"))
     entry = _DISK.get(key)
     if entry is not None:
         if isinstance(entry.get("sass"), str):
             return entry["sass"]
         _DISK.discard(key, "no SASS listing in it")
-    sass = _disassemble(cubin)
+    sass = toolchain.disassemble(cubin)
     if not sass.startswith("nvdisasm failed") and not cache.always_compile():
         _DISK.put(key, {"sass": sass})
     return sass
-
-
-def _disassemble(cubin: bytes) -> str | None:
-    from .runtime.toolchain import find_tool
-    tool = find_tool("nvdisasm")
-    if tool is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        proc = subprocess.run([tool, "-c", "-g", f.name], capture_output=True, text=True)
-    return proc.stdout if proc.returncode == 0 else f"nvdisasm failed:\n{proc.stderr}"
 
 
 # ------------------------------------------------------------------ compile
@@ -450,7 +432,7 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
 def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
     from . import mlir_import  # noqa: F401  (first: it imports MLIR without numpy)
     from .lowering.pipeline import lower, save_for_replay
-    from .runtime.toolchain import ToolchainError, find_tool, start_ptxas
+    from .toolchain import ToolchainError, find_tool, start_ptxas
 
     folder = dump_folder(spec)
     stages = StageStore({"python": spec.source})
