@@ -65,9 +65,8 @@ if split:
     import collections
     parts = collections.defaultdict(float)
     t = time.perf_counter()
-    from tk_mlir import frontend
+    from tk_mlir import frontend, stages, toolchain
     from tk_mlir.lowering import pipeline
-    from tk_mlir import toolchain
     out["mlir imports"] = time.perf_counter() - t
 
     def timed(owner, attr, part):
@@ -89,9 +88,9 @@ if split:
         return "lowering (tk-to-gpu, upstream passes)"
     timed(frontend, "build_kernel", "frontend")
     timed(pipeline._Stages, "run", stage_part)
-    timed(pipeline.StageTexts, "snapshot", "stage snapshots")
-    timed(pipeline._Snapshot, "text", "stage text")
-    timed(pipeline._Snapshot, "stored", "stage bytecode")
+    timed(stages.StageStore, "snapshot", "stage snapshots")
+    timed(stages._Snapshot, "text", "stage text")
+    timed(stages._Snapshot, "stored", "stage bytecode")
     timed(toolchain.PtxasJob, "result", "waiting for ptxas")
     real_init = toolchain.PtxasJob.__init__
     def init(self, *args, **kwargs):
@@ -149,9 +148,9 @@ def ptxas_alone(ptx_path: str, samples: int) -> list[float]:
 def has_split_hooks(repo: Path) -> bool:
     """Whether `repo` (this checkout or one compared with) has what the split
     times, where the child looks for it."""
-    text = (repo / "lowering" / "pipeline.py").read_text()
-    tools = repo / "tk_mlir" / "toolchain.py"
-    return "class _Snapshot" in text and tools.is_file() and "PtxasJob" in tools.read_text()
+    store, tools = repo / "tk_mlir" / "stages.py", repo / "tk_mlir" / "toolchain.py"
+    return (store.is_file() and "class _Snapshot" in store.read_text()
+            and tools.is_file() and "PtxasJob" in tools.read_text())
 
 
 def measure(repo: Path, kernel: str, samples: int, compare: Path | None = None) -> dict:

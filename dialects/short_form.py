@@ -242,10 +242,3 @@ def gutter_line(listing_line: str) -> int | None:
     bare number); None for a line from another file or without one."""
     m = _GUTTER.match(listing_line)
     return int(m[1]) if m else None
-
-
-def short_text(generic: str | bytes) -> str:
-    """The short form of a tk stage from its generic text (compiled.asm[stage])
-    or its bytecode (tk_mlir/stages.py)."""
-    from ..stages import read_stage
-    return read_stage(generic, short_form)

@@ -12,12 +12,10 @@ stage on it (`python -m tk_mlir.lowering.pipeline STAGE FILE`).
 """
 from __future__ import annotations
 
-import io
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,6 +29,7 @@ from ..passes.lint import lint
 from ..passes.smem import allocate_smem
 from ..passes.verify import verify
 from ..params import AbiParam
+from ..stages import StageStore, stage_text
 from .kernel import lower_to_gpu, set_kernel_attributes
 from .tma import TensorMapSpec
 
@@ -66,62 +65,9 @@ GPU_STAGE_NAMES = tuple(s if isinstance(s, str) else s[0] for s in GPU_STAGES)
 TO_BINARY = "gpu-module-to-binary{format=isa}"
 
 
-class StageTexts(Mapping):
-    """Stage name -> the IR text after it, in pipeline order. Printing is most of
-    a compile's Python time, so a stage is kept as a snapshot (a clone of the
-    module, much cheaper), printed on first read; the compiler keeps what it
-    did not read as bytecode (`stored`)."""
-
-    def __init__(self):
-        self._items: dict[str, str | _Snapshot] = {}
-
-    def snapshot(self, name: str, module: ir.Module) -> None:
-        self._items[name] = _Snapshot(module.operation.clone())
-
-    def same_as(self, name: str, earlier: str) -> None:
-        """Stage `name` left the IR as `earlier` did: one snapshot, printed once."""
-        self._items[name] = self._items[earlier]
-
-    def add(self, name: str, text: str) -> None:
-        self._items[name] = text
-
-    def __getitem__(self, name: str) -> str:
-        item = self._items[name]
-        return item if isinstance(item, str) else item.text()
-
-    def stored(self, name: str) -> str | bytes:
-        """Stage `name` as text if it was printed (or was text), else as MLIR
-        bytecode (tk_mlir/stages.py prints it when it is read)."""
-        item = self._items[name]
-        return item if isinstance(item, str) else item.stored()
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class _Snapshot:
-    def __init__(self, op: ir.Operation):
-        self._op, self._text = op, None
-
-    def text(self) -> str:
-        if self._text is None:
-            self._text, self._op = stage_text(self._op), None
-        return self._text
-
-    def stored(self) -> str | bytes:
-        if self._text is not None:
-            return self._text
-        out = io.BytesIO()
-        self._op.write_bytecode(out)
-        return out.getvalue()
-
-
 @dataclass
 class Lowered:
-    stages: StageTexts           # stage name -> IR text after it
+    stages: StageStore           # stage name -> IR after it, as snapshots (stages.py)
     ptx: str
     params: list[AbiParam]
     kernel_name: str
@@ -146,24 +92,19 @@ def run_stage(name: str, module: ir.Module) -> ir.Module:
     return module
 
 
-def stage_text(module: ir.Module | ir.Operation) -> str:
-    op = module.operation if isinstance(module, ir.Module) else module
-    return op.get_asm(enable_debug_info=True, large_elements_limit=64)
-
-
 class _Stages:
     """Runs the stages, recording the text after each; a failing one becomes an
     InternalCompilerError (with how to reproduce it) unless it is the user's."""
 
     def __init__(self, on_stage: Callable[[str, str], None] | None, kernel: str | None):
-        self.texts = StageTexts()
+        self.texts = StageStore()
         self.on_stage, self.kernel = on_stage, kernel
 
     def record(self, name: str, module: ir.Module) -> None:
         """Keep the IR after stage `name`: printed now when on_stage wants the
         text as it comes (TK_MLIR_DUMP_DIR), else a snapshot printed later."""
         if self.on_stage:
-            self.texts.add(name, stage_text(module))
+            self.texts[name] = stage_text(module)
             self.on_stage(name, self.texts[name])
         else:
             self.texts.snapshot(name, module)
@@ -174,7 +115,7 @@ class _Stages:
             self.on_stage(name, self.texts[name])
 
     def record_text(self, name: str, text: str) -> None:
-        self.texts.add(name, text)
+        self.texts[name] = text
         if self.on_stage:
             self.on_stage(name, text)
 

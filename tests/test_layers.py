@@ -25,9 +25,9 @@ LAYERS = {
                  "rings", "templates"],
     "frontend": ["frontend", "global_reads", "params"],
     "passes": ["passes.*"],
-    "lowering": ["lowering.*"],
-    "compile": ["compiler", "cache", "stages", "source_map", "summary", "display", "toolchain",
-                "compiled", "dumps", "ptxas_output", "stage_view", "specialization"],
+    "lowering": ["lowering.*", "stages"],       # (stages: the pipeline records into a StageStore)
+    "compile": ["compiler", "cache", "source_map", "summary", "display", "toolchain",
+                "compiled", "dumps", "ptxas_output", "specialization"],
     "runtime": ["runtime.*", "launcher", "kernel", "autotune", "interpreter.*", "benchmarking",
                 "cli", "__main__", "kernels.*", ""],
 }
@@ -44,7 +44,6 @@ KNOWN = {
     ("tk_mlir.compiler", "tk_mlir.launcher"):
         "CompiledKernel.launch_values, the general launch path's values function",
     ("tk_mlir.summary", "tk_mlir.runtime.driver"): "occupancy asks the GPU when there is one",
-    ("tk_mlir.dialects.short_form", "tk_mlir.stages"): "short_text reads a stored stage",
 }
 
 

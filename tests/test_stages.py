@@ -251,6 +251,8 @@ def test_stages_kept_as_bytecode_print_as_the_pipeline_prints(tmp_path, monkeypa
     monkeypatch.delenv("TK_MLIR_DUMP_DIR", raising=False)
     x = tk.spec((64, 1024), "bf16")
     fresh = staged.compile(x, x, 3, 0.5, BLOCK=1024)
+    # No snapshot (a clone in the compile's MLIR context) outlives the compile.
+    assert all(isinstance(fresh.stages._items[s], bytes) for s in MLIR_STAGES)
     kept = CompiledKernel.from_entry(fresh.to_entry()).stages      # as the disk cache has it
     assert all(isinstance(kept._items[s], bytes) for s in MLIR_STAGES)
     monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(tmp_path / "dump"))

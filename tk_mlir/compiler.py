@@ -34,7 +34,7 @@ from .errors import CompilationError, InternalCompilerError
 from .params import PASSED_AS, AbiParam, valid_num_warps
 from .ptxas_output import ptxas_info
 from .specialization import Specialization
-from .stages import StageStore
+from .stages import StageStore, short_text, tk_stage_names
 from .target import TARGET
 
 # ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which
@@ -71,7 +71,6 @@ class Stages(Mapping):
             raise ValueError(f"asm.short({name!r}): the short form is for the tk stages "
                              f"({', '.join(tk_stage_names())}); read {name!r} as asm[{name!r}]")
         if name not in kernel._short:
-            from .dialects.short_form import short_text
             kernel._short[name] = short_text(kernel.stages.stored(name))
         return kernel._short[name]
 
@@ -90,12 +89,6 @@ class Stages(Mapping):
 
     def __len__(self) -> int:
         return len(self._names())
-
-
-def tk_stage_names() -> tuple[str, ...]:
-    """The stages whose IR is tk ops: the frontend's, then each tk pass's."""
-    from .lowering.pipeline import TK_PASSES
-    return ("tk", *(name for name, _ in TK_PASSES))
 
 
 # The stages made from the cubin, and what reading each is called in the error
@@ -462,12 +455,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     stage[0] = "ptxas"
     job = start_ptxas(lowered.ptx, extra_args=PTXAS_ARGS) if find_tool("ptxas") is not None else None
     stage[0] = "keeping the stages"
-    for name in lowered.stages:
-        stored = lowered.stages.stored(name)
-        if isinstance(stored, bytes):
-            stages.put_bytecode(name, stored)
-        else:
-            stages[name] = stored
+    stages.extend(lowered.stages)       # (snapshots written as bytecode)
     stage[0] = "ptxas"
     try:
         cubin, log = job.result() if job is not None else (None, "")
