@@ -48,6 +48,14 @@ def test_ptx_has_the_fa3_instructions(compiled):
     assert "div.rn.f32" not in ptx           # the normalization is a reciprocal
 
 
+def test_output_leaves_by_tma_where_shared_memory_holds_it(compiled, request):
+    """D=64 and 128 store O from shared memory by TMA (the next task starts
+    while it leaves); D=256 has no room for the tile and stores from registers."""
+    d = request.node.callspec.params["compiled"][0]
+    store = re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", compiled.asm["ptx"])
+    assert bool(store) == (d != 256)
+
+
 def test_register_split_fits_what_the_block_starts_with(compiled):
     """setmaxnreg moves registers within the block's launch allocation: the
     kernel's split assumes ptxas gives each thread TARGET.launch_registers."""
@@ -233,6 +241,39 @@ def test_every_output_element_is_written(causal):
     assert ((lse - ref_lse).norm() / ref_lse.norm()).item() < 1e-4
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_causal_head_groups_in_the_interpreter(causal):
+    """Causal tasks in groups of heads whose K/V fit in L2_KV_BYTES (here 2
+    heads of 5, the last group short), a second Q stage and O by TMA give
+    the float64 softmax, with the races the interpreter checks absent."""
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    B, H, H_KV, N, N_KV, D = 1, 5, 5, 150, 190, 64
+    q = torch.randn(B, H, N, D).to(torch.bfloat16)
+    k, v = (torch.randn(B, H_KV, N_KV, D).to(torch.bfloat16) for _ in range(2))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, 152), float("nan"))
+    cfg = dict(_config(D), L2_KV_BYTES=2 * 4 * D * N_KV)
+    attention_kernel.interpret[(2,)](q, k, v, o, lse, math.log2(math.e) / 8, D=D, CAUSAL=causal,
+                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    ref_o, ref_lse = _reference(q.double(), k.double(), v.double(), causal, 1 / 8)
+    assert ((o.double() - ref_o).norm() / ref_o.norm()).item() < 8e-3
+    assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
+
+
+def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
+    from tk_mlir.kernels.custom_ops import _lse_like
+    from tk_mlir.kernels.flash_attention import padded_rows
+    lse = _lse_like(torch.empty(2, 3, 10, 64))
+    lse.copy_(torch.randn(2, 3, 10))
+    rows = padded_rows(lse)
+    assert rows.shape == (2, 3, 12) and rows.data_ptr() == lse.data_ptr()
+    assert torch.equal(rows[..., :10], lse)
+    for other in (torch.randn(2, 3, 10), torch.randn(3, 2, 10).transpose(0, 1)):
+        rows = padded_rows(other)
+        assert rows.shape == (2, 3, 12) and rows.stride() == (36, 12, 1)
+        assert torch.equal(rows[..., :10], other)
+
+
 # ------------------------------------------------------------------ backward
 
 @pytest.mark.parametrize("d, causal", [(64, False), (128, False), (128, True)])
@@ -268,13 +309,12 @@ def test_backward_task_orders_agree():
     q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True)
-    lse2 = torch.zeros(B, H, 700, device="cuda")
-    lse2[...] = lse * fa.LOG2E
-    delta = torch.empty(B, H, N, device="cuda")
-    fa.attention_delta_kernel[(tk.cdiv(N, 64), H, B)](o, do, delta, D=D)
+    lse2, delta = torch.empty(B, H, 700, device="cuda"), torch.empty(B, H, 700, device="cuda")
     grads = []
     for longest_first in (False, True):
-        dq = torch.zeros(B, H, N, D, device="cuda")
+        dq = torch.full((B, H, N, D), float("nan"), device="cuda")
+        fa.attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](
+            o, do, fa.padded_rows(lse), delta, lse2, dq, D=D)
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
         fa.attention_backward_kernel[(num_sms(0),)](
             q, k, v, do, lse2, delta, dq, dk, dv, fa.LOG2E / math.sqrt(D), 1 / math.sqrt(D),

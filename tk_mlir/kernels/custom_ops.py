@@ -122,19 +122,14 @@ def _(x, weight, bias, eps):
 @torch.library.custom_op("tk_mlir::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32
-    contiguous. See flash_attention.attention for the arguments."""
+    """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
+    _lse_like makes it. See flash_attention.attention for the arguments."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
-    B, H, N, _ = q.shape
-    o = torch.empty_like(q)
-    if not (B and H):
-        return o, _lse_like(q)
-    # LSE rows padded to whole 16-byte vectors (as the kernel's tensors need);
-    # the kernel writes the padding too, the caller gets the first N.
-    lse = torch.empty(B, H, -(-N // 4) * 4, dtype=torch.float32, device=q.device)
-    flash_attention.launch(q, k, v, o, lse, causal, scale)
-    return o, lse[..., :N].contiguous()
+    o, lse = torch.empty_like(q), _lse_like(q)
+    if q.shape[0] and q.shape[1]:
+        flash_attention.launch(q, k, v, o, flash_attention.padded_rows(lse), causal, scale)
+    return o, lse
 
 
 @attention.register_fake
@@ -143,8 +138,10 @@ def _(q, k, v, causal, scale):
 
 
 def _lse_like(q):
-    """A contiguous (B, H, N) float32 tensor on q's device."""
-    return q.new_empty(q.shape[:3], dtype=torch.float32)
+    """(B, H, N) float32 on q's device: the first N of rows padded to whole
+    16-byte vectors (the kernels' row rule; they write and read the padding)."""
+    B, H, N = q.shape[:3]
+    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32)[..., :N]
 
 
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())

@@ -35,8 +35,9 @@ LOG2E = math.log2(math.e)
 @tk.kernel(num_warps=12)
 def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_log2: float,
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
-                     Q_STAGES: tk.constexpr = 1,
+                     Q_STAGES: tk.constexpr = 1, O_TMA: tk.constexpr = False,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
+                     L2_KV_BYTES: tk.constexpr = 0,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
@@ -57,12 +58,25 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
     qs = tk.ring(Q.dtype, (64, D), Q_STAGES, count=CONSUMERS, consumers=CONSUMERS)
     ks = tk.ring(K.dtype, (BN, D), STAGES, consumers=CONSUMERS)
     vs = tk.ring(V.dtype, (BN, D), STAGES, consumers=CONSUMERS)
+    if O_TMA:                                    # each warpgroup's O on its way out by TMA
+        os = tk.shared_tiles(O.dtype, (64, D), CONSUMERS, swizzle=128)
 
     def task_of(task):
-        """(batch, head, query block) of a task: heads inner for causal (the
-        longest tasks, last query blocks, first), query blocks inner
-        otherwise (blocks running together share K and V in L2)."""
-        if CAUSAL:
+        """(batch, head, query block) of a task. Not causal: query blocks
+        inner (blocks running together share K and V in L2). Causal: the
+        longest tasks (last query blocks) first, heads inner; with
+        L2_KV_BYTES, within groups of as many heads as have K and V that fit
+        in that many bytes (the blocks running together then read the K and V
+        of fewer heads, from L2)."""
+        if CAUSAL and L2_KV_BYTES > 0:
+            group = max(min(L2_KV_BYTES // (4 * D) // N_KV, heads), 1)
+            span = group * q_blocks
+            g = task // span
+            size = min(group, heads - g * group)
+            r = task - g * span
+            qb = q_blocks - 1 - r // size
+            bh = g * group + r % size
+        elif CAUSAL:
             qb = q_blocks - 1 - task // heads
             bh = task % heads
         else:
@@ -116,6 +130,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
         wg = tk.warpgroup_id()
+        # The thread that issues this warpgroup's O stores (TMA store groups
+        # are per thread: the same one waits for them).
+        leader = tk.elect_leader("warpgroup")
         if CONSUMERS > 1 and wg == CONSUMERS - 1:
             tk.named_barrier_arrive(1, warps=8)   # warpgroup 0 issues its MMAs first
         it = 0
@@ -171,9 +188,21 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
             it += 1
             n += 1
             # Rows that saw no key have l = 0: output 0, LSE -inf.
-            out = acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp()))
-            tk.store(O, out.to(O.dtype), (b, h, CONSUMERS * qb + wg, 0))
+            out = acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp())).to(O.dtype)
+            if O_TMA:   # through shared memory: the next task starts while O leaves
+                if leader:
+                    tk.tma.store_wait(0)         # the last task's O has left os[wg]
+                tk.named_barrier(1 + CONSUMERS + wg, warps=4)
+                tk.store(os[wg], out)
+                tk.named_barrier(1 + CONSUMERS + wg, warps=4)
+                if leader:
+                    tk.tma.store_async(O, os[wg], (b, h, CONSUMERS * qb + wg, 0))
+                    tk.tma.store_commit()
+            else:
+                tk.store(O, out, (b, h, CONSUMERS * qb + wg, 0))
             tk.store(LSE, m * LN2 + l.log(), (b, h, CONSUMERS * qb + wg))
+        if O_TMA and leader:
+            tk.tma.store_wait(0, read=False)
 
 @tk.func
 def finite(m):
@@ -200,18 +229,23 @@ def yield_mmas(wg, consumers):
 def _config(d: int) -> dict:
     """Tile configuration per head dim. setmaxnreg only moves registers between
     warpgroups: the split must fit what the block starts with."""
-    # One Q stage: a second (the next task's Q loading during this one) was
-    # no faster (BENCHMARKS.md).
+    # Two Q stages (the next task's Q and first K/V blocks load during this
+    # one) and O leaving by TMA where shared memory holds them (not D=256).
     if d == 64:     # 512 threads start with 128 registers each
-        return dict(BN=128, STAGES=2, Q_STAGES=1, CONSUMERS=3, CONSUMER_REGISTERS=160,
-                    PRODUCER_REGISTERS=32)
+        return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=3,
+                    CONSUMER_REGISTERS=160, PRODUCER_REGISTERS=32, L2_KV_BYTES=L2_KV_BYTES)
     # 384 threads start with 168 registers each (D=256: the producer's
     # address arithmetic spills in 24)
     if d == 128:
-        return dict(BN=128, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=240,
-                    PRODUCER_REGISTERS=24)
+        return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
+                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24, L2_KV_BYTES=L2_KV_BYTES)
     return dict(BN=64, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=232,
-                PRODUCER_REGISTERS=40)
+                PRODUCER_REGISTERS=40, L2_KV_BYTES=L2_KV_BYTES)
+
+
+# Causal forward tasks run in groups of heads whose K and V fit in this many
+# bytes of L2 (the H200 has 50 MB; the figure was measured, BENCHMARKS.md).
+L2_KV_BYTES = 32 << 20
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
@@ -289,13 +323,22 @@ def _check_shapes(q, k, v) -> None:
 # ------------------------------------------------------------------ backward
 
 @tk.kernel(num_warps=4)
-def attention_delta_kernel(O: tk.gl, dO: tk.gl, Delta: tk.gl, D: tk.constexpr = 128):
-    """Delta = rowsum(dO ∘ O) per query row, f32 (B, H, N'): the term the
-    softmax gradient subtracts. Grid (cdiv(N, 64), H, B)."""
+def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl, LSE2: tk.gl,
+                                   dQ: tk.gl, D: tk.constexpr = 128):
+    """What the backward kernel reads besides Q, K, V and dO, per 64 query
+    rows: Delta = rowsum(dO ∘ O) (the term the softmax gradient subtracts),
+    LSE2 = LSE·log2(e) with +inf for a row that saw no key (LSE -inf: its P
+    comes out 0), and dQ's rows zeroed (the backward adds into them).
+    LSE, Delta, LSE2: (B, H, N') f32, N' >= N a multiple of 4; LSE's rows
+    past N are not used, Delta's and LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
     tk.store(Delta, (o * do).row_sum(), (b, h, r))
+    lse = tk.load(LSE, (b, h, r), (64,))
+    lse2 = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    tk.store(LSE2, tk.where(lse.indices() + r * 64 < O.shape[2], lse2, 0.0), (b, h, r))
+    tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
 
 
 @tk.kernel(num_warps=12)
@@ -466,6 +509,25 @@ def _backward_config(d: int) -> dict:
 LONGEST_FIRST_FROM = 16384
 
 
+def padded_rows(lse):
+    """A (B, H, N) f32 tensor as (B, H, N') with N' >= N a multiple of 4 (rows
+    of whole 16-byte vectors, the kernels' rule): a view of the same memory
+    when its rows are padded there (as `custom_ops._lse_like` makes them),
+    else a padded copy. The padding holds anything: kernels write it or mask
+    it."""
+    import torch
+    B, H, N = lse.shape
+    n4 = -(-N // 4) * 4
+    if lse.stride(-1) == 1 and not (lse.stride(0) % 4 or lse.stride(1) % 4 or
+                                    lse.data_ptr() % 16):
+        try:
+            return lse.as_strided((B, H, n4), lse.stride())
+        except RuntimeError:        # the padding is past the end of its storage
+            pass
+    return torch.empty(B, H, n4, dtype=lse.dtype, device=lse.device)[..., :N].copy_(lse) \
+        .as_strided((B, H, n4), (H * n4, n4, 1))
+
+
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
@@ -474,17 +536,14 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     B, H, N, D = q.shape
     cfg = _backward_config(D)
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    # LSE·log2(e), padded with finite rows; a row that saw no key (-inf) gets
-    # +inf, so its P = exp2(S·scale·log2(e) - inf) = 0.
-    lse_p = torch.zeros(B, H, n4, dtype=torch.float32, device=q.device)
-    lse_p[..., :N] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    delta = torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
+    lse = padded_rows(lse)
+    lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
     do = do if do.stride(-1) == 1 else do.contiguous()
-    attention_delta_kernel[(tk.cdiv(N, 64), H, B)](o, do, delta, D=D)
-    dq = torch.zeros(B, H, N, D, dtype=torch.float32, device=q.device)
+    dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
+    attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](o, do, lse, delta, lse2, dq, D=D)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     attention_backward_kernel[(num_sms(q.get_device()),)](
-        q, k, v, do, lse_p, delta, dq, dk, dv, scale * math.log2(math.e), scale, D=D,
+        q, k, v, do, lse2, delta, dq, dk, dv, scale * math.log2(math.e), scale, D=D,
         CAUSAL=causal, LONGEST_FIRST=causal and k.shape[2] >= LONGEST_FIRST_FROM, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv
