@@ -18,7 +18,7 @@ from tk_mlir import bf16
 from tk_mlir.kernels import layer_norm
 from tk_mlir.kernels.norms import layernorm_kernel
 
-from check_on import check_on      # examples/check_on.py: the GPU, the interpreter or neither
+from helpers import check_on      # the GPU, the interpreter or neither
 
 
 def main() -> None:

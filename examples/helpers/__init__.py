@@ -1,7 +1,10 @@
-"""Where a library example checks its kernel against torch: on the GPU when
-there is one; in the CPU interpreter under TK_MLIR_INTERPRET=1, which makes
-every launch interpret, so the library takes CPU tensors; else nowhere: the
-example compiled only, and says how to check it on this machine.
+"""What the examples share, kept out of examples/*.py, where every file is
+an example (the tests run each and read the kernels it compiles).
+
+check_on: where a library example checks its kernel against torch: on the
+GPU when there is one; in the CPU interpreter under TK_MLIR_INTERPRET=1,
+which makes every launch interpret, so the library takes CPU tensors; else
+nowhere: the example compiled only, and says how to check it on this machine.
 
     device = check_on(__file__)     # 'cuda', 'cpu' (the interpreter) or None
 """
