@@ -13,7 +13,7 @@ import pytest
 import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
-from tk_mlir.compiler import Specialization
+from tk_mlir.specialization import Specialization
 from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()

@@ -334,7 +334,7 @@ def test_the_launch_plan_guards_an_attribute_read(monkeypatch):
     """The generated plan checks what the compile recorded (here a class
     attribute) through the reads' scope/name/value/volatile/fresh."""
     from tk_mlir import launcher
-    from tk_mlir.compiler import CompiledKernel
+    from tk_mlir.compiled import CompiledKernel
     from tk_mlir.params import F32, KernelParams, Param
     reads = recorded(class_scaled, S, S)
     assert "SCALE" in [r.name for r in reads]
@@ -485,7 +485,7 @@ def test_the_launch_plan_guards_the_globals(restore_globals):
     plan is generated for a scalar-only signature with a launch function
     that records its call)."""
     from tk_mlir import launcher
-    from tk_mlir.compiler import CompiledKernel
+    from tk_mlir.compiled import CompiledKernel
     from tk_mlir.params import F32, KernelParams, Param
     global SCALE
     params = KernelParams("k", [Param("a", F32)])

@@ -75,14 +75,14 @@ def driver_watch(monkeypatch):
     other driver entry point used. A GPU-less machine only probes for a device
     (cached since collection) and, on a machine with one, asks which device owns
     a pointer (tensor_info of a __cuda_array_interface__ object)."""
-    from tk_mlir import compiler
+    from tk_mlir import compiled
     from tk_mlir.runtime import driver
 
     def refuse(*args, **kwargs):
         raise AssertionError("driver work before the arguments were checked")
     monkeypatch.setattr(driver, "Module", refuse)
     monkeypatch.setattr(driver, "PackedLauncher", refuse)
-    monkeypatch.setattr(compiler.CompiledKernel, "function", refuse)
+    monkeypatch.setattr(compiled.CompiledKernel, "function", refuse)
     watch = _RecordingDriver(driver.cu)
     monkeypatch.setattr(driver, "cu", watch)
     yield watch

@@ -40,10 +40,10 @@ KNOWN = {
     ("tk_mlir.templates", "tk_mlir"): "tk.funcs written in the language read `tk.` as kernels do",
     ("tk_mlir.params", "tk_mlir.runtime.peers"):
         "the specialization key reads a tk.pgl argument with read_peers",
-    ("tk_mlir.compiler", "tk_mlir.runtime.driver"): "CompiledKernel loads its module",
-    ("tk_mlir.compiler", "tk_mlir.launcher"):
+    ("tk_mlir.compiled", "tk_mlir.runtime.driver"):
+        "CompiledKernel loads its CUDA function and asks the driver for its occupancy",
+    ("tk_mlir.compiled", "tk_mlir.launcher"):
         "CompiledKernel.launch_values, the general launch path's values function",
-    ("tk_mlir.summary", "tk_mlir.runtime.driver"): "occupancy asks the GPU when there is one",
 }
 
 

@@ -131,8 +131,8 @@ def test_python_lines_link_to_their_code(small, gemm, pages):
 
 
 def _linked_stages(compiled):
-    from tk_mlir.compiler import _has_nvdisasm
-    return ("ptx", "sass") if "sass" in compiled.asm and _has_nvdisasm() else ("ptx",)
+    from tk_mlir.toolchain import find_tool
+    return ("ptx", "sass") if "sass" in compiled.asm and find_tool("nvdisasm") else ("ptx",)
 
 
 def test_cut_listings_keep_each_python_lines_code(small, gemm, pages):

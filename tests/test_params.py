@@ -9,7 +9,7 @@ import torch
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.compiler import CompiledKernel
+from tk_mlir.compiled import CompiledKernel
 from tk_mlir.launcher import launch_value_code, launch_values_function
 from tk_mlir.params import CONSTEXPR, F32, GL, I32, AbiParam
 from tk_mlir.runtime.arguments import TensorInfo

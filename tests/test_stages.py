@@ -246,7 +246,7 @@ def test_sass_is_disassembled_once_and_kept_in_the_disk_cache(compiled, tmp_path
 def test_stages_kept_as_bytecode_print_as_the_pipeline_prints(tmp_path, monkeypatch):
     # Without TK_MLIR_DUMP_DIR the MLIR stages are kept as bytecode and printed
     # when read; with it they are printed as they are made. Same text.
-    from tk_mlir.compiler import CompiledKernel
+    from tk_mlir.compiled import CompiledKernel
     monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
     monkeypatch.delenv("TK_MLIR_DUMP_DIR", raising=False)
     x = tk.spec((64, 1024), "bf16")

@@ -82,6 +82,6 @@ def test_benchmark_cells_say_they_skip_without_a_gpu(executed):
 def test_a_python_line_is_followed_to_ptx_and_sass(executed):
     text = "".join(o.get("text", "") for o in _outputs(executed) if o.output_type == "stream")
     assert ".exp()" in text and "ex2.approx" in text
-    from tk_mlir.compiler import _has_nvdisasm
-    if _has_nvdisasm():                     # SASS needs nvdisasm (the CUDA tools from PyPI)
+    from tk_mlir.toolchain import find_tool
+    if find_tool("nvdisasm"):                     # SASS needs nvdisasm (the CUDA tools from PyPI)
         assert "MUFU.EX2" in text

@@ -27,7 +27,7 @@ from typing import Callable
 from . import launcher
 from .cache import always_compile
 from . import compiler
-from .compiler import CompiledKernel, Specialization
+from .compiled import CompiledKernel
 from .errors import CompilationError, for_the_user
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, PGL, KernelParams,
@@ -35,6 +35,7 @@ from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, PGL, Kern
 from .runtime.peers import PeerTensor, read_peers
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
+from .specialization import Specialization
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)

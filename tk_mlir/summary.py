@@ -6,8 +6,10 @@ them, a static instruction mix from the SASS, and ptxas's performance
 warnings (the C75xx lines: an ignored setmaxnreg, serialized wgmma, ...).
 
 Blocks per SM come from the driver when a GPU is here
-(cuOccupancyMaxActiveBlocksPerMultiprocessor), else from the target's per-SM
-limits (target.py), computed as the CUDA occupancy calculator does.
+(cuOccupancyMaxActiveBlocksPerMultiprocessor, asked through
+CompiledKernel.occupancy_from_driver: this module needs no GPU and imports
+no driver), else from the target's per-SM limits (target.py), computed as
+the CUDA occupancy calculator does.
 """
 from __future__ import annotations
 
@@ -114,26 +116,14 @@ def summary(compiled) -> dict:
 
 
 def _occupancy(compiled, registers: int, shared_bytes: int) -> dict:
-    from .errors import CudaUnavailable
-    try:
-        from .runtime import driver     # (imported only here: a summary needs no GPU)
-        gpu = driver.has_gpu()
-    except CudaUnavailable:             # no cuda-bindings: the limits
-        gpu = False
-    why_not = "no GPU here"
-    if gpu:
-        # A GPU that cannot run the kernel (not sm_90) or a driver that
-        # refuses the query leaves the limits, with the reason on the page.
-        try:
-            function = compiled.function()
-            blocks = function.max_active_blocks(compiled.num_threads, compiled.smem_bytes)
-            name, _ = driver.device_identity(function.device)
-            return {"blocks per SM": blocks, "occupancy from": f"the driver ({name})"}
-        except (driver.UnsupportedDevice, driver.CudaError) as e:
-            why_not = str(e)
+    # A GPU that cannot run the kernel (not sm_90) or a driver that refuses
+    # the query leaves the limits, with the reason on the page.
+    blocks, note = compiled.occupancy_from_driver()     # note: the GPU, or why not
+    if blocks is not None:
+        return {"blocks per SM": blocks, "occupancy from": f"the driver ({note})"}
     blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes)
     return {"blocks per SM": blocks, "limited by": ", ".join(limited_by),
-            "occupancy from": f"{TARGET.arch} limits ({why_not})"}
+            "occupancy from": f"{TARGET.arch} limits ({note})"}
 
 
 def summary_text(facts: dict) -> str:
