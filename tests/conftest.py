@@ -53,6 +53,22 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    """A disk cache of the test's own, at the returned folder (made by the
+    first write): TK_MLIR_CACHE_DIR points there, the knobs that change what
+    the cache holds or prints are unset, and its once-per-folder warnings
+    are not given yet. The cache tests use it for every test (usefixtures)."""
+    from tk_mlir import cache
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(root))
+    for knob in ("TK_MLIR_ALWAYS_COMPILE", "TK_MLIR_DUMP_DIR", "TK_MLIR_CACHE_MAX_SIZE",
+                 "TK_MLIR_PRINT_AUTOTUNING"):
+        monkeypatch.delenv(knob, raising=False)
+    monkeypatch.setattr(cache, "_warned", set())
+    return root
+
+
+@pytest.fixture
 def compiles(monkeypatch):
     """The names of the specializations compiled while a test runs (a spy
     on compiler.compile_specialization): a cache hit compiles nothing."""

@@ -18,6 +18,8 @@ from tk_mlir.autotune import Autotuner, Config, autotune
 
 autotune_module = sys.modules["tk_mlir.autotune"]   # tk.autotune may name the function
 
+pytestmark = pytest.mark.usefixtures("cache_root")     # (conftest.py) every test
+
 GOOD = [Config(BM=16, BN=64), Config(BM=64, BN=128, num_warps=8)]
 TOO_BIG = Config(BM=256, BN=512)     # a 512 KiB shared tile: does not compile
 WHERE = ("NVIDIA H200", (9, 0))      # a device description for the disk key
@@ -39,15 +41,6 @@ def grid(meta):
 def tuner(configs=(*GOOD, TOO_BIG), key=("X",)):
     """A new Autotuner over `staged`: an empty memory over the same disk cache."""
     return Autotuner(staged, list(configs), list(key), warmup=2, reps=5)
-
-
-@pytest.fixture(autouse=True)
-def cache_root(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(root))
-    for var in ("TK_MLIR_ALWAYS_COMPILE", "TK_MLIR_PRINT_AUTOTUNING", "TK_MLIR_DUMP_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    return root
 
 
 def entries(root):

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 import tk_mlir as tk
-from tk_mlir import cache
 from tk_mlir.toolchain import find_tool
 
-pytestmark = pytest.mark.skipif(find_tool("ptxas") is None,
-                                reason="the disk cache keeps only assembled kernels")
+pytestmark = [pytest.mark.skipif(find_tool("ptxas") is None,
+                                 reason="the disk cache keeps only assembled kernels"),
+              pytest.mark.usefixtures("cache_root")]     # (conftest.py) every test
 
 RNG = random.Random()
 FACTOR = RNG.choice([1.5, 2.0, 3.0, 0.25]) + RNG.randrange(1000)
@@ -46,16 +46,6 @@ SOURCE = textwrap.dedent(f"""\
         tk.store(Y, tk.load(X, (i, 0), (16, N)) + {FACTOR}, (i, 0))
 """)
 X = tk.spec((RNG.randrange(1, 9) * 16, N), "f32")
-
-
-@pytest.fixture(autouse=True)
-def cache_root(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(root))
-    for knob in ("TK_MLIR_ALWAYS_COMPILE", "TK_MLIR_DUMP_DIR", "TK_MLIR_CACHE_MAX_SIZE"):
-        monkeypatch.delenv(knob, raising=False)
-    monkeypatch.setattr(cache, "_warned", set())
-    return root
 
 
 @pytest.fixture

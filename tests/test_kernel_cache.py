@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 import tk_mlir as tk
-from tk_mlir import cache, compiler, toolchain
+from tk_mlir import compiler, toolchain
 from tk_mlir.toolchain import find_tool
+
+pytestmark = pytest.mark.usefixtures("cache_root")     # (conftest.py) every test
 
 SOURCE = textwrap.dedent("""\
     import tk_mlir as tk
@@ -60,16 +62,6 @@ CHILD = textwrap.dedent("""\
 """)
 
 
-@pytest.fixture(autouse=True)
-def cache_root(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(root))
-    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE", raising=False)
-    monkeypatch.delenv("TK_MLIR_DUMP_DIR", raising=False)
-    monkeypatch.setattr(cache, "_warned", set())
-    return root
-
-
 @pytest.fixture
 def kernel_file(tmp_path):
     path = tmp_path / "kernels.py"
@@ -95,19 +87,6 @@ def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """The specializations compiled (not found in a cache) from here on."""
-    calls = []
-    real = compiler.compile_specialization
-
-    def spy(spec, *args):
-        calls.append(spec)
-        return real(spec, *args)
-    monkeypatch.setattr(compiler, "compile_specialization", spy)
-    return calls
 
 
 def forbid_compiling(monkeypatch):
