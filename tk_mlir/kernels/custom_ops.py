@@ -141,7 +141,8 @@ def _lse_like(q):
     """(B, H, N) float32 on q's device: the first N of rows padded to whole
     16-byte vectors (the kernels' row rule; they write and read the padding)."""
     B, H, N = q.shape[:3]
-    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32)[..., :N]
+    # narrow, not [..., :N]: a CPU-only torch cannot slice a fake CUDA tensor
+    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32).narrow(-1, 0, N)
 
 
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
