@@ -26,14 +26,14 @@ from . import knobs
 from .cache import DiskCache
 from .dtypes import ARGUMENT_DTYPES
 from .errors import ArgumentError, CompilationError
-from .compiler import tk_stage_names
+from .stages import tk_stage_names
 from .dumps import writable_folder
 from .errors import debug
 from .kernel import Kernel
 from .params import CONSTEXPR, GL, I32, PGL, BindError, Param
 from .runtime.arguments import spec
 from .runtime.peers import peer_spec
-from .runtime.toolchain import ToolchainError
+from .toolchain import ToolchainError
 
 # --arg tensors: a dtype a kernel argument may hold (dtypes.py), and dims.
 TENSOR_FORM = (f"DTYPE[D0,D1,...] such as bf16[4096,4096] "

@@ -25,7 +25,7 @@ from .compiled import CompiledKernel
 from .dumps import dump_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
 from .specialization import Specialization
-from .stages import StageStore, tk_stage_names  # noqa: F401  (tk_stage_names: cli.py's import)
+from .stages import StageStore
 from .target import TARGET
 
 # ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which

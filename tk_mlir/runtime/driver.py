@@ -68,7 +68,7 @@ class NoGpu(CudaError):
     whose message says how to run the kernel on this machine's CPU."""
 
     def __init__(self, reason: str, code=None, kernel: str | None = None):
-        from .arguments import INTERPRET_HINT
+        from ..errors import INTERPRET_HINT
         self.code, self.name, self.reason = code, "no GPU", reason
         what = f"cannot launch {kernel}: " if kernel else ""
         RuntimeError.__init__(
