@@ -31,7 +31,8 @@ def main() -> None:
     B, H, N, D = 4, 16, 4096, 128
     cfg = _config(D)
     q = tk.spec((B, H, N, D), tk.bf16)
-    compiled = attention_kernel.compile(q, q, q, q, tk.spec((B, H, N), tk.f32), 0.1, D=D,
+    compiled = attention_kernel.compile(q, q, q, q, tk.spec((B, H, N), tk.f32),
+                                        tk.spec((1024,), "i32"), 0.1, D=D,
                                         CAUSAL=True, num_warps=4 * (cfg["CONSUMERS"] + 1),
                                         **cfg)
     print(compiled.info)

@@ -25,7 +25,8 @@ def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
     q = tk.spec((2, 16, n, d), dtype)
     kv = tk.spec((2, h_kv, n_kv or n, d), dtype)
     lse = tk.spec((2, 16, n), tk.f32)
-    return attention_kernel.compile(q, kv, kv, q, lse, 0.125, D=d, CAUSAL=causal,
+    return attention_kernel.compile(q, kv, kv, q, lse, tk.spec((1024,), "i32"), 0.125, D=d,
+                                    CAUSAL=causal,
                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
@@ -242,19 +243,24 @@ def test_every_output_element_is_written(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_causal_head_groups_in_the_interpreter(causal):
-    """Causal tasks in groups of heads whose K/V fit in L2_KV_BYTES (here 2
-    heads of 5, the last group short), a second Q stage and O by TMA give
-    the float64 softmax, with the races the interpreter checks absent."""
-    from tk_mlir.kernels.flash_attention import _config, attention_kernel
-    B, H, H_KV, N, N_KV, D = 1, 5, 5, 150, 190, 64
+def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
+    """A task table that groups causal tasks by 2 heads of 5 (the last group
+    short) and balances blocks of several lengths over 2 blocks, a second Q
+    stage and O by TMA give the float64 softmax, with the races the
+    interpreter checks absent."""
+    from tk_mlir.kernels import flash_attention
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
+    B, H, H_KV, N, N_KV, D = 1, 5, 5, 400, 450, 64
+    monkeypatch.setattr(flash_attention, "L2_KV_BYTES", 2 * 4 * D * N_KV)
     q = torch.randn(B, H, N, D).to(torch.bfloat16)
     k, v = (torch.randn(B, H_KV, N_KV, D).to(torch.bfloat16) for _ in range(2))
     o = torch.full_like(q, float("nan"))
-    lse = torch.full((B, H, 152), float("nan"))
-    cfg = dict(_config(D), L2_KV_BYTES=2 * 4 * D * N_KV)
-    attention_kernel.interpret[(2,)](q, k, v, o, lse, math.log2(math.e) / 8, D=D, CAUSAL=causal,
-                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    lse = torch.full((B, H, N), float("nan"))
+    cfg = _config(D)
+    table = tasks(q, k, causal, 2)
+    assert table[0] == 3 and table[2] == 3 + 5 * 3    # 15 tasks, all assigned
+    attention_kernel.interpret[(2,)](q, k, v, o, lse, table, math.log2(math.e) / 8, D=D,
+                                     CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
     ref_o, ref_lse = _reference(q.double(), k.double(), v.double(), causal, 1 / 8)
     assert ((o.double() - ref_o).norm() / ref_o.norm()).item() < 8e-3
     assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
@@ -283,7 +289,8 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     kv = tk.spec((2, 2, 777, d), tk.bf16)
     vec = tk.spec((2, 8, 1000), tk.f32)
     c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32),
-                                          kv, kv, 0.1, 0.1, D=d, CAUSAL=causal,
+                                          kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=d,
+                                          CAUSAL=causal,
                                           **_backward_config(d))
     ptx = c.asm["ptx"]
     # dQ accumulated in f32: a TMA reduce-add from shared memory, per 32-column block
@@ -299,29 +306,53 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
 
 
 @gpu
-def test_backward_task_orders_agree():
-    """LONGEST_FIRST (causal, long sequences) only reorders the tasks: the same
-    gradients as the default order, up to the order of dQ's f32 additions."""
+def test_backward_schedules_agree():
+    """The task table only decides which block runs which task: the causal
+    schedule and a plain round-robin one over another grid give the same
+    gradients, up to the order of dQ's f32 additions."""
     import math
+    import numpy as np
     from tk_mlir.kernels import flash_attention as fa
+    from tk_mlir.kernels import schedule
     from tk_mlir.kernels.device import num_sms
     B, H, H_KV, N, D = 2, 4, 2, 700, 64
     q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True)
     lse2, delta = torch.empty(B, H, 700, device="cuda"), torch.empty(B, H, 700, device="cuda")
+    n_tasks = B * H_KV * tk.cdiv(N, 128)
+    round_robin = torch.from_numpy(schedule.table(np.arange(n_tasks), np.ones(n_tasks), 7))
     grads = []
-    for longest_first in (False, True):
+    for grid, table in ((num_sms(0), fa.backward_tasks(q, k, True, num_sms(0))),
+                        (7, round_robin.cuda())):
         dq = torch.full((B, H, N, D), float("nan"), device="cuda")
         fa.attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](
             o, do, fa.padded_rows(lse), delta, lse2, dq, D=D)
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        fa.attention_backward_kernel[(num_sms(0),)](
-            q, k, v, do, lse2, delta, dq, dk, dv, fa.LOG2E / math.sqrt(D), 1 / math.sqrt(D),
-            D=D, CAUSAL=True, LONGEST_FIRST=longest_first, **fa._backward_config(D))
+        fa.attention_backward_kernel[(grid,)](
+            q, k, v, do, lse2, delta, dq, dk, dv, table, fa.LOG2E / math.sqrt(D),
+            1 / math.sqrt(D), D=D, CAUSAL=True, **fa._backward_config(D))
         grads.append((dq, dk.float(), dv.float()))
     for a, b in zip(*grads):
         assert ((a - b).norm() / b.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b, h, h_kv, n, n_kv, d", [(2, 8, 2, 1000, 777, 64),
+                                                    (4, 16, 16, 4096, 4096, 128),
+                                                    (1, 3, 1, 100, 5000, 128)])
+def test_task_tables_run_every_task_once(causal, b, h, h_kv, n, n_kv, d):
+    from tk_mlir.kernels.flash_attention import _backward_task_table, _config, _task_table
+    bm = 64 * _config(d)["CONSUMERS"]
+    for table, count in ((_task_table(b * h, n, n_kv, d, bm, 128, causal, 132),
+                          b * h * tk.cdiv(n, bm)),
+                         (_backward_task_table(b * h_kv, h // h_kv, n, n_kv, d, causal, 132),
+                          b * h_kv * tk.cdiv(n_kv, 128))):
+        offsets = table[:133]
+        assert offsets[0] == 133 and (offsets[1:] >= offsets[:-1]).all() and \
+            offsets[-1] == 133 + count
+        assert sorted(table[133:133 + count].tolist()) == list(range(count))
+        assert len(table) % 4 == 0
 
 
 def _reference_grads(q, k, v, do, causal, scale):

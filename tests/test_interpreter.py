@@ -233,14 +233,15 @@ def test_gemm_shapes_tiles_and_schedules(m, n, k, bn, stages, blocks, b_kn, seed
 @pytest.mark.parametrize("causal", [False, True])
 def test_warp_specialized_attention_gqa(causal):
     import math
-    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
     B, H, H_KV, N, D = 1, 4, 2, 200, 64
     q = torch.randn(B, H, N, D).to(torch.bfloat16)
     k, v = (torch.randn(B, H_KV, N, D).to(torch.bfloat16) for _ in range(2))
     o = torch.full_like(q, float("nan"))
     lse = torch.full((B, H, 208), float("nan"))
     cfg, scale = _config(D), 1 / math.sqrt(D)
-    attention_kernel.interpret[(3,)](q, k, v, o, lse, scale * math.log2(math.e), D=D,
+    attention_kernel.interpret[(3,)](q, k, v, o, lse, tasks(q, k, causal, 3),
+                                     scale * math.log2(math.e), D=D,
                                      CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
     kk, vv = (t.double().repeat_interleave(H // H_KV, 1) for t in (k, v))
     s = q.double() @ kk.transpose(-1, -2) * scale
@@ -285,7 +286,7 @@ def test_interpreter_matches_the_gpu_on_the_same_inputs():
     the GEMM with f32 output to accumulation order, attention to one bf16
     rounding of the output and f32 transcendentals in the LSE."""
     import math
-    from tk_mlir.kernels.flash_attention import _config, attention_kernel
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
     from tk_mlir.kernels.gemm import gemm_kernel
     a, b = torch.randn(200, 136).to(torch.bfloat16), torch.randn(264, 136).to(torch.bfloat16)
     outs = []
@@ -305,7 +306,7 @@ def test_interpreter_matches_the_gpu_on_the_same_inputs():
         lse = torch.full((1, 4, 200), float("nan"), device=device)
         launch = attention_kernel if device == "cuda" else attention_kernel.interpret
         launch[(3,)](q.to(device), k.to(device), v.to(device), o, lse,
-                     math.log2(math.e) / 8, D=64, CAUSAL=True,
+                     tasks(o, k.to(device), True, 3), math.log2(math.e) / 8, D=64, CAUSAL=True,
                      num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
         outs.append((o.cpu().double(), lse.cpu().double()))
     assert rel_err(outs[1][0].numpy(), outs[0][0].numpy()) < 8e-3

@@ -274,13 +274,15 @@ def test_library_kernels_give_no_lint_warning():
                                                   attention_kernel)
     q, kv, lse = spec(2, 16, 1024, 128), spec(2, 16, 1024, 128), spec(2, 16, 1024, dtype=f32)
     compiles = [
-        lambda: attention_kernel.compile(q, kv, kv, q, lse, 0.125, D=128, CAUSAL=False),
-        lambda: attention_kernel.compile(q, kv, kv, q, lse, 0.125, D=128, CAUSAL=True),
+        lambda: attention_kernel.compile(q, kv, kv, q, lse, spec(1024, dtype="i32"), 0.125, D=128,
+                                           CAUSAL=False),
+        lambda: attention_kernel.compile(q, kv, kv, q, lse, spec(1024, dtype="i32"), 0.125, D=128,
+                                           CAUSAL=True),
         lambda: attention_backward_kernel.compile(
             spec(2, 8, 1000, 64), spec(2, 2, 777, 64), spec(2, 2, 777, 64), spec(2, 8, 1000, 64),
             spec(2, 8, 1000, dtype=f32), spec(2, 8, 1000, dtype=f32),
             spec(2, 8, 1000, 64, dtype=f32), spec(2, 2, 777, 64), spec(2, 2, 777, 64),
-            0.1, 0.1, D=64, CAUSAL=True, **_backward_config(64)),
+            spec(1024, dtype="i32"), 0.1, 0.1, D=64, CAUSAL=True, **_backward_config(64)),
     ]
     for cluster in (1, 2):
         compiles.append(lambda cluster=cluster: gemm.gemm_kernel.kernel.compile(

@@ -44,7 +44,8 @@ def attention():
     cfg = flash_attention._config(128)
     q, lse = tk.spec((2, 16, 1024, 128), tk.bf16), tk.spec((2, 16, 1024), tk.f32)
     return flash_attention.attention_kernel.compile(
-        q, q, q, q, lse, 0.125, D=128, CAUSAL=True, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+        q, q, q, q, lse, tk.spec((1024,), "i32"), 0.125, D=128, CAUSAL=True,
+        num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
 def test_rmsnorm_reads_like_its_source(rmsnorm):

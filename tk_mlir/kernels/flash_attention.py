@@ -10,7 +10,9 @@ and V are released at different points); CONSUMERS warpgroups of 64 query
 rows compute S = Q·Kᵀ, the online softmax in registers and O += P·V with P
 from registers, the softmax of block j overlapping the MMAs of block j+1
 and a named-barrier ping-pong between warpgroups. The grid is persistent; a
-task is (batch, head, 64·CONSUMERS query rows), causal tasks longest first.
+task is (batch, head, 64·CONSUMERS query rows), and `tasks()` decides which
+block runs which (kernels/schedule.py): balanced by the key blocks each
+reads, causal tasks longest first in groups of heads whose K and V share L2.
 
 Masks: keys past N_kv and, with causal=True, keys after the diagonal get -inf
 scores. Causal attention with N_q != N_kv is aligned bottom-right, as
@@ -25,7 +27,7 @@ import math
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.kernels import checks
+from tk_mlir.kernels import checks, schedule
 from tk_mlir.kernels.device import num_sms
 
 LN2 = math.log(2.0)
@@ -33,16 +35,18 @@ LOG2E = math.log2(math.e)
 
 
 @tk.kernel(num_warps=12)
-def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_log2: float,
+def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: tk.gl,
+                     scale_log2: float,
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                      Q_STAGES: tk.constexpr = 1, O_TMA: tk.constexpr = False,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
-                     L2_KV_BYTES: tk.constexpr = 0,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
     scale_log2 = scale·log2(e) > 0; H_kv divides H. num_warps = 4·(CONSUMERS + 1).
-    Launch on a persistent grid (one block per SM). `attention()` checks all
+    TASKS: the schedule table (kernels/schedule.py) of task ids
+    (b·H + h)·cdiv(N, 64·CONSUMERS) + query block, from `tasks()`. Launch on
+    the table's persistent grid (one block per SM). `attention()` checks all
     of this; a direct launch must keep to it."""
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
         f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
@@ -52,8 +56,6 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
     H_KV, N_KV = K.shape[1], K.shape[2]
     BM = 64 * CONSUMERS                          # query rows per task
     q_blocks = tk.cdiv(N, BM)
-    heads = B * H
-    tasks = heads * q_blocks
     shift = N_KV - N                             # causal: query i sees keys <= i + shift
     qs = tk.ring(Q.dtype, (64, D), Q_STAGES, count=CONSUMERS, consumers=CONSUMERS)
     ks = tk.ring(K.dtype, (BN, D), STAGES, consumers=CONSUMERS)
@@ -62,27 +64,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
         os = tk.shared_tiles(O.dtype, (64, D), CONSUMERS, swizzle=128)
 
     def task_of(task):
-        """(batch, head, query block) of a task. Not causal: query blocks
-        inner (blocks running together share K and V in L2). Causal: the
-        longest tasks (last query blocks) first, heads inner; with
-        L2_KV_BYTES, within groups of as many heads as have K and V that fit
-        in that many bytes (the blocks running together then read the K and V
-        of fewer heads, from L2)."""
-        if CAUSAL and L2_KV_BYTES > 0:
-            group = max(min(L2_KV_BYTES // (4 * D) // N_KV, heads), 1)
-            span = group * q_blocks
-            g = task // span
-            size = min(group, heads - g * group)
-            r = task - g * span
-            qb = q_blocks - 1 - r // size
-            bh = g * group + r % size
-        elif CAUSAL:
-            qb = q_blocks - 1 - task // heads
-            bh = task % heads
-        else:
-            qb = task % q_blocks
-            bh = task // q_blocks
-        return bh // H, bh % H, qb
+        """(batch, head, query block) of a task id."""
+        bh = task // q_blocks
+        return bh // H, bh % H, task % q_blocks
 
     def kv_blocks(qb):
         """K/V blocks a query block reads (at least one: rows that see no key
@@ -113,8 +97,11 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
         if tk.elect_leader("warpgroup"):
             it = 0
             n = 0
-            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            first, end = tk.load(TASKS, (tk.block_id(0),)), tk.load(TASKS, (tk.block_id(0) + 1,))
+            task = tk.load(TASKS, (first,))
+            for slot in range(first, end):
                 b, h, qb = task_of(task)
+                task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
                 hk = h // (H // H_KV)
                 q, q_full = qs.fill(n)
                 for c in tk.static_range(CONSUMERS):
@@ -137,8 +124,11 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, scale_l
             tk.named_barrier_arrive(1, warps=8)   # warpgroup 0 issues its MMAs first
         it = 0
         n = 0
-        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+        first, end = tk.load(TASKS, (tk.block_id(0),)), tk.load(TASKS, (tk.block_id(0) + 1,))
+        task = tk.load(TASKS, (first,))
+        for slot in range(first, end):
             b, h, qb = task_of(task)
+            task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             row0 = qb * BM + wg * 64             # this warpgroup's first query row
             blocks = kv_blocks(qb)
             q = qs.wait(n, part=wg)
@@ -233,19 +223,54 @@ def _config(d: int) -> dict:
     # one) and O leaving by TMA where shared memory holds them (not D=256).
     if d == 64:     # 512 threads start with 128 registers each
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=3,
-                    CONSUMER_REGISTERS=160, PRODUCER_REGISTERS=32, L2_KV_BYTES=L2_KV_BYTES)
+                    CONSUMER_REGISTERS=160, PRODUCER_REGISTERS=32)
     # 384 threads start with 168 registers each (D=256: the producer's
     # address arithmetic spills in 24)
     if d == 128:
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
-                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24, L2_KV_BYTES=L2_KV_BYTES)
+                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     return dict(BN=64, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=232,
-                PRODUCER_REGISTERS=40, L2_KV_BYTES=L2_KV_BYTES)
+                PRODUCER_REGISTERS=40)
 
 
 # Causal forward tasks run in groups of heads whose K and V fit in this many
 # bytes of L2 (the H200 has 50 MB; the figure was measured, BENCHMARKS.md).
 L2_KV_BYTES = 32 << 20
+# A task's cost besides its key blocks, in key blocks (its Q load, first and
+# last MMAs and epilogue), for balancing the schedule.
+TASK_OVERHEAD_BLOCKS = 1
+
+
+def tasks(q, k, causal: bool, grid: int):
+    """attention_kernel's TASKS table for q (B, H, N, D) and k (B, H_kv, N_kv,
+    D) over `grid` blocks, on q's device (made once per shape). Not causal:
+    query blocks inner, so blocks running together share K and V in L2.
+    Causal: the longest tasks (last query blocks) first, heads inner, in
+    groups of as many heads as have K and V that fit in L2_KV_BYTES."""
+    B, H, N, D = q.shape
+    N_KV = k.shape[2]
+    cfg = _config(D)
+    bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
+    key = ("attention", B * H, N, N_KV, D, bm, bn, causal, grid, L2_KV_BYTES,
+           TASK_OVERHEAD_BLOCKS)
+    return schedule.on_device(key, lambda: _task_table(B * H, N, N_KV, D, bm, bn, causal, grid),
+                              q.device)
+
+
+def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal: bool,
+                grid: int):
+    import numpy as np
+    q_blocks = -(-n // bm)
+    if not causal:
+        ids = np.arange(heads * q_blocks)
+        return schedule.table(ids, np.ones(len(ids)), grid)
+    group = max(min(L2_KV_BYTES // (4 * d) // n_kv, heads), 1)
+    qb = np.arange(q_blocks - 1, -1, -1)                 # longest first
+    ids = np.concatenate([(np.arange(g, min(g + group, heads))[None, :] * q_blocks +
+                           qb[:, None]).ravel() for g in range(0, heads, group)])
+    visible = np.minimum(n_kv, (ids % q_blocks + 1) * bm + n_kv - n)   # keys the last row sees
+    blocks = np.maximum(-(-visible // bn), 1)
+    return schedule.table(ids, blocks + TASK_OVERHEAD_BLOCKS, grid)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
@@ -283,9 +308,10 @@ def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
     """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
     N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
     cfg = _config(q.shape[-1])
-    attention_kernel[(num_sms(q.get_device()),)](
-        q, k, v, o, lse, scale * math.log2(math.e), D=q.shape[-1], CAUSAL=causal,
-        num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    grid = num_sms(q.get_device())
+    attention_kernel[(grid,)](
+        q, k, v, o, lse, tasks(q, k, causal, grid), scale * math.log2(math.e), D=q.shape[-1],
+        CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
 def _check(q, k, v) -> None:
@@ -343,12 +369,12 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl
 
 @tk.kernel(num_warps=12)
 def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.gl, Delta: tk.gl,
-                              dQ: tk.gl, dK: tk.gl, dV: tk.gl, scale_log2: float, scale: float,
-                              D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
+                              dQ: tk.gl, dK: tk.gl, dV: tk.gl, TASKS: tk.gl, scale_log2: float,
+                              scale: float, D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24,
-                              LONGEST_FIRST: tk.constexpr = False):
+                              DQ_FIRST: tk.constexpr = False):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -361,13 +387,14 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     At D=128 each warpgroup computes half of dQ's columns over all 128 keys
     (one f32 addition per element and task); at D=64 each adds its own keys'
     share. LSE2 = LSE·log2(e) (+inf for a row that saw no key) and Delta:
-    (B, H, N') f32 with N' >= N a multiple of 4."""
+    (B, H, N') f32 with N' >= N a multiple of 4. TASKS: the schedule table
+    (kernels/schedule.py) of task ids (b·H_kv + h_kv)·cdiv(N_kv, 128) + K/V
+    block, from `backward_tasks()`, over the launch's persistent grid."""
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
     group = H // H_KV
     q_blocks = tk.cdiv(N, 64)
-    tasks = B * H_KV * tk.cdiv(N_KV, 128)
     shift = N_KV - N                             # causal: query i sees keys <= i + shift
     kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
     qs = tk.ring(Q.dtype, (64, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
@@ -377,13 +404,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                                                       # (x2 stages at D=128)
 
     def task_of(task):
-        """(batch, K/V head, K/V block) of a task: K/V blocks inner (blocks
-        running together read the same Q and dO from L2), or with LONGEST_FIRST
-        (causal) heads inner, the longest tasks (first K/V blocks) first."""
-        heads = B * H_KV
-        bh = task % heads if LONGEST_FIRST else task // tk.cdiv(N_KV, 128)
-        kvb = task // heads if LONGEST_FIRST else task % tk.cdiv(N_KV, 128)
-        return bh // H_KV, bh % H_KV, kvb
+        """(batch, K/V head, K/V block) of a task id."""
+        bh = task // tk.cdiv(N_KV, 128)
+        return bh // H_KV, bh % H_KV, task % tk.cdiv(N_KV, 128)
 
     def first_q_block(kvb):
         """The first query block that sees a key of K/V block kvb."""
@@ -401,8 +424,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         if tk.elect_leader("warpgroup"):
             it = 0
             n = 0
-            for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+            first_task = tk.load(TASKS, (tk.block_id(0),))
+            task = tk.load(TASKS, (first_task,))
+            for slot in range(first_task, tk.load(TASKS, (tk.block_id(0) + 1,))):
                 b, hk, kvb = task_of(task)
+                task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
                 kv, kv_full = kvs.fill(n)
                 for c in tk.static_range(2):
                     tk.tma.load_async(kv[c], K, (b, hk, 2 * kvb + c, 0), kv_full)
@@ -427,8 +453,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         leader = tk.elect_leader("warpgroup")
         it = 0
         n = 0
-        for task in range(tk.block_id(0), tasks, tk.grid_dim(0)):
+        first_task = tk.load(TASKS, (tk.block_id(0),))
+        task = tk.load(TASKS, (first_task,))
+        for slot in range(first_task, tk.load(TASKS, (tk.block_id(0) + 1,))):
             b, hk, kvb = task_of(task)
+            task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             kv0 = kvb * 128 + wg * 64            # this warpgroup's first key
             kt = kvs.wait(n, part=wg)
             vt = kvs.wait(n, part=2 + wg)
@@ -458,8 +487,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 # live at once (p, dP and the bf16 copies do not all overlap).
                 dsb = (p * dp.sub_col(delta)).to(Q.dtype)
                 pb = p.to(Q.dtype)
-                dv = tk.mma_AB(dv, pb, dot)
-                dk = tk.mma_AB(dk, dsb, qt)
+                if not DQ_FIRST:
+                    dv = tk.mma_AB(dv, pb, dot)
+                    dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
                 if leader:
                     tk.tma.store_wait(0)            # the last block's dQ tile is read
@@ -475,7 +505,12 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
                                     ds[stage], kt0.column_block(wg))
                     dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
-                tk.mma_wait(0)
+                if DQ_FIRST:    # dV and dK run while dQ leaves
+                    dv = tk.mma_AB(dv, pb, dot)
+                    dk = tk.mma_AB(dk, dsb, qt)
+                    tk.mma_wait(2)
+                else:
+                    tk.mma_wait(0)
                 # Added into dQ by TMA, off the warpgroup's path (faster than
                 # red.global.add from registers, see BENCHMARKS.md).
                 tk.store(dqs[wg], dq * scale)
@@ -483,6 +518,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 if leader:
                     tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                     tk.tma.store_commit()
+                if DQ_FIRST:
+                    tk.mma_wait(0)
                 qs.release(it)
                 vs.release(it)
                 it += 1
@@ -504,9 +541,38 @@ def _backward_config(d: int) -> dict:
     return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
-# Causal backward tasks longest first from this many keys on; below it the
-# default order (K/V blocks inner) shares Q and dO in L2 (BENCHMARKS.md).
-LONGEST_FIRST_FROM = 16384
+def backward_tasks(q, k, causal: bool, grid: int):
+    """attention_backward_kernel's TASKS table for q (B, H, N, D) and k (B,
+    H_kv, N_kv, D) over `grid` blocks, on q's device (made once per shape).
+    Not causal: K/V blocks inner, so blocks running together share Q and dO
+    in L2. Causal: the longest tasks (first K/V blocks) first, heads inner,
+    in groups of as many K/V heads as have query heads whose Q and dO fit in
+    L2_KV_BYTES; balanced by the query blocks each task walks."""
+    B, H, N, D = q.shape
+    H_KV, N_KV = k.shape[1], k.shape[2]
+    key = ("attention backward", B * H_KV, H // H_KV, N, N_KV, D, causal, grid, L2_KV_BYTES,
+           TASK_OVERHEAD_BLOCKS)
+    return schedule.on_device(
+        key, lambda: _backward_task_table(B * H_KV, H // H_KV, N, N_KV, D, causal, grid),
+        q.device)
+
+
+def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int,
+                         causal: bool, grid: int):
+    import numpy as np
+    kv_blocks, q_blocks = -(-n_kv // 128), -(-n // 64)
+    if not causal:
+        ids = np.arange(kv_heads * kv_blocks)
+        return schedule.table(ids, np.ones(len(ids)), grid)
+    per_group = max(min(L2_KV_BYTES // (4 * d) // (q_per_kv * n), kv_heads), 1)
+    kvb = np.arange(kv_blocks)                           # longest first
+    ids = np.concatenate([(np.arange(g, min(g + per_group, kv_heads))[None, :] * kv_blocks +
+                           kvb[:, None]).ravel() for g in range(0, kv_heads, per_group)])
+    first = np.maximum((ids % kv_blocks * 128 - (n_kv - n)) // 64, 0)
+    steps = q_per_kv * np.maximum(q_blocks - first, 0)
+    # A step (one 64-row query block against 128 keys) costs about half a
+    # forward key block.
+    return schedule.table(ids, steps + 2 * TASK_OVERHEAD_BLOCKS, grid)
 
 
 def padded_rows(lse):
@@ -524,8 +590,9 @@ def padded_rows(lse):
             return lse.as_strided((B, H, n4), lse.stride())
         except RuntimeError:        # the padding is past the end of its storage
             pass
-    return torch.empty(B, H, n4, dtype=lse.dtype, device=lse.device)[..., :N].copy_(lse) \
-        .as_strided((B, H, n4), (H * n4, n4, 1))
+    padded = torch.empty(B, H, n4, dtype=lse.dtype, device=lse.device)
+    padded.narrow(-1, 0, N).copy_(lse)
+    return padded
 
 
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
@@ -542,8 +609,9 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
     attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](o, do, lse, delta, lse2, dq, D=D)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    attention_backward_kernel[(num_sms(q.get_device()),)](
-        q, k, v, do, lse2, delta, dq, dk, dv, scale * math.log2(math.e), scale, D=D,
-        CAUSAL=causal, LONGEST_FIRST=causal and k.shape[2] >= LONGEST_FIRST_FROM, **cfg)
+    grid = num_sms(q.get_device())
+    attention_backward_kernel[(grid,)](
+        q, k, v, do, lse2, delta, dq, dk, dv, backward_tasks(q, k, causal, grid),
+        scale * math.log2(math.e), scale, D=D, CAUSAL=causal, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv

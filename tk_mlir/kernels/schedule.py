@@ -1,0 +1,72 @@
+"""Task schedules for persistent kernels: which tasks each block runs.
+
+A persistent kernel launches one block per SM and walks a list of tasks. A
+fixed stride (block b runs tasks b, b + grid, ...) balances tasks of one
+size; tasks of many sizes (causal attention's query blocks see 1 to N/BN key
+blocks) leave some SMs working while the rest wait. `table` assigns tasks in
+the order given (the order that keeps what runs together sharing L2) to the
+block with the least work so far (greedy longest-processing-time), the
+schedule a dynamic atomic-counter scheduler would make, computed once per
+shape on the host.
+
+The table the kernel reads (i32, one dim, length a multiple of 4: rows of
+whole 16-byte vectors): entries 0..grid are offsets into it, block b's tasks
+are the entries offsets[b] .. offsets[b + 1] - 1, each a task id the kernel
+decodes.
+"""
+from __future__ import annotations
+
+import heapq
+
+
+def table(ids, costs, grid: int):
+    """The schedule table for tasks `ids` taken in that order, each costing
+    `costs` (any unit), over `grid` blocks: each task goes to the block with
+    the least total cost so far (the lowest index on ties, so tasks of one
+    cost go round-robin). A block's tasks keep the given order. Returns a
+    numpy array."""
+    import numpy as np
+    ids, costs = np.asarray(ids, np.int64), np.asarray(costs, np.float64)
+    if ids.shape != costs.shape or ids.ndim != 1:
+        raise ValueError(f"schedule.table: ids and costs must be 1-D of one length, got "
+                         f"{ids.shape} and {costs.shape}")
+    if grid < 1:
+        raise ValueError(f"schedule.table: grid must be at least 1, got {grid}")
+    owner = np.empty(len(ids), np.int64)
+    loads = [(0.0, b) for b in range(grid)]
+    for i, cost in enumerate(costs.tolist()):
+        load, b = heapq.heappop(loads)
+        owner[i] = b
+        heapq.heappush(loads, (load + cost, b))
+    by_block = np.argsort(owner, kind="stable")          # each block's tasks, in order
+    counts = np.bincount(owner, minlength=grid)
+    offsets = grid + 1 + np.concatenate(([0], np.cumsum(counts)))
+    out = np.concatenate((offsets, ids[by_block]))
+    if out.max(initial=0) >= 2**31:
+        raise ValueError("schedule.table: task ids and offsets must fit in 32 bits")
+    return np.pad(out, (0, -len(out) % 4)).astype(np.int32)
+
+
+_TABLES: dict = {}
+_MAX_TABLES = 256
+
+
+def on_device(key: tuple, make, device):
+    """The table `make()` returns, as an i32 torch tensor on `device`, made
+    once per (key, device) and kept (at most _MAX_TABLES, oldest dropped
+    first: a model's shapes recur). `key` must say everything `make` reads."""
+    key = (key, str(device))
+    t = _TABLES.get(key)
+    if t is None:
+        import torch
+        if str(device).startswith("cuda") and \
+                torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "a persistent kernel's first call with these shapes ran under CUDA graph "
+                "capture, which cannot copy its task schedule to the GPU: call it once with "
+                "these shapes before capturing")
+        t = torch.from_numpy(make()).to(device)
+        if len(_TABLES) >= _MAX_TABLES:
+            del _TABLES[next(iter(_TABLES))]
+        _TABLES[key] = t
+    return t
