@@ -280,6 +280,23 @@ def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
     assert under_the_environment(LIBRARY_UNDER_THE_ENVIRONMENT, tmp_path) < 8e-3
 
 
+EAGER_CALLS_IMPORT_NO_COMPILER = """\
+import sys, torch
+from tk_mlir.kernels import attention, layer_norm, matmul, rms_norm
+x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
+rms_norm(x, w), layer_norm(x, w, w), matmul(x, x)
+q = torch.randn(1, 2, 64, 64).bfloat16().requires_grad_()
+attention(q, q, q, causal=True).sum().backward()
+print(float(not {"torch._dynamo", "torch._inductor"} & sys.modules.keys()))
+"""
+
+
+def test_eager_library_calls_import_no_compiler(tmp_path):
+    """Eager calls, attention's backward included, launch without the custom
+    ops' dispatch, whose first call imports torch._dynamo (seconds)."""
+    assert under_the_environment(EAGER_CALLS_IMPORT_NO_COMPILER, tmp_path) == 1.0
+
+
 @pytest.mark.gpu
 def test_interpreter_matches_the_gpu_on_the_same_inputs():
     """The numerics contract (tk_mlir/interpreter/__init__.py) against the GPU:

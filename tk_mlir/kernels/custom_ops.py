@@ -126,6 +126,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     _lse_like makes it. See flash_attention.attention for the arguments."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
+    return _attention_forward(q, k, v, causal, scale)
+
+
+def _attention_forward(q, k, v, causal, scale):
+    """(o, lse) of the forward kernel on checked tensors."""
     o, lse = torch.empty_like(q), _lse_like(q)
     if q.shape[0] and q.shape[1]:
         flash_attention.launch(q, k, v, o, flash_attention.padded_rows(lse), causal, scale)
@@ -170,8 +175,9 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _attention_backward(ctx, do, dlse):
-    """dq, dk, dv by the backward kernel (flash_attention.attention_backward),
+def _attention_backward(ctx, do, dlse, backward=None):
+    """dq, dk, dv by the backward kernel (`backward`: the op
+    attention_backward, or under EagerAttention the kernels' own function),
     which takes dO and the forward's o and lse; dk, dv are summed over the
     query heads of each K/V head (GQA)."""
     if dlse is not None:
@@ -184,8 +190,25 @@ def _attention_backward(ctx, do, dlse):
         return None, None, None, None, None
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
-    dq, dk, dv = attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    dq, dk, dv = (backward or attention_backward)(do, q, k, v, o, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The attention op's forward and backward for eager calls on checked
+    tensors: the kernels launch directly, without the op's dispatch (less
+    host time, and no import of torch._dynamo, which the first call of any
+    custom op's kernel makes). torch.compile traces the op instead."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = _attention_forward(q, k, v, causal, scale)
+        _attention_setup_context(ctx, (q, k, v, causal, scale), (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)

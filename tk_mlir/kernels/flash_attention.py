@@ -286,9 +286,10 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
     (natural log; -inf for rows that see no key).
 
-    Runs as the custom op torch.ops.tk_mlir.attention (tk_mlir/kernels/custom_ops.py):
-    torch.compile traces it as one node, and o is differentiable in q, k and
-    v (the backward is `attention_backward`). lse carries no gradient: a
+    Under torch.compile it runs as the custom op torch.ops.tk_mlir.attention
+    (tk_mlir/kernels/custom_ops.py), traced as one node; eager calls launch
+    directly (custom_ops.EagerAttention). Either way o is differentiable in
+    q, k and v (the backward is `attention_backward`). lse carries no gradient: a
     loss that reaches it raises a RuntimeError at backward (detach lse)."""
     import torch
     _check(q, k, v)
@@ -299,8 +300,11 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
-    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-    o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale)
+    from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale)
+    else:                                   # eager: no op dispatch (host time)
+        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
 
 
