@@ -377,8 +377,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               scale: float, D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
-                              PRODUCER_REGISTERS: tk.constexpr = 24,
-                              DQ_FIRST: tk.constexpr = False):
+                              PRODUCER_REGISTERS: tk.constexpr = 24):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -491,9 +490,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 # live at once (p, dP and the bf16 copies do not all overlap).
                 dsb = (p * dp.sub_col(delta)).to(Q.dtype)
                 pb = p.to(Q.dtype)
-                if not DQ_FIRST:
-                    dv = tk.mma_AB(dv, pb, dot)
-                    dk = tk.mma_AB(dk, dsb, qt)
+                dv = tk.mma_AB(dv, pb, dot)
+                dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
                 if leader:
                     tk.tma.store_wait(0)            # the last block's dQ tile is read
@@ -509,12 +507,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
                                     ds[stage], kt0.column_block(wg))
                     dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
-                if DQ_FIRST:    # dV and dK run while dQ leaves
-                    dv = tk.mma_AB(dv, pb, dot)
-                    dk = tk.mma_AB(dk, dsb, qt)
-                    tk.mma_wait(2)
-                else:
-                    tk.mma_wait(0)
+                tk.mma_wait(0)
                 # Added into dQ by TMA, off the warpgroup's path (faster than
                 # red.global.add from registers, see BENCHMARKS.md).
                 tk.store(dqs[wg], dq * scale)
@@ -522,8 +515,6 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 if leader:
                     tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                     tk.tma.store_commit()
-                if DQ_FIRST:
-                    tk.mma_wait(0)
                 qs.release(it)
                 vs.release(it)
                 it += 1
