@@ -19,15 +19,15 @@ under TK_MLIR_INTERPRET=1 the CPU interpreter then runs it on small CPU
 tensors and checks it.
 """
 import math
-import os
 
 import tk_mlir as tk
 from tk_mlir.kernels import attention
 from tk_mlir.kernels.flash_attention import _config, attention_kernel
 
 
+from helpers import check_on      # the GPU, the interpreter or neither
+
 def main() -> None:
-    from tk_mlir.runtime import driver
     B, H, N, D = 4, 16, 4096, 128
     cfg = _config(D)
     q = tk.spec((B, H, N, D), tk.bf16)
@@ -39,15 +39,11 @@ def main() -> None:
     sass = compiled.asm["sass"]
     print("HGMMA:", sass.count("HGMMA"), " MUFU.EX2:", sass.count("MUFU.EX2"), " FFMA:",
           sass.count("FFMA"), " BAR.ARV:", sass.count("BAR.ARV"))
-    if interpreting():
-        device, B, H, N = "cpu", 1, 2, 256     # the CPU interpreter (a few s): small shapes
-    elif driver.has_gpu():
-        device = "cuda"
-    else:
-        print("no GPU here: compiled only (PTX and SASS above); run on a Hopper GPU to check "
-              "and time it, or check it in the CPU interpreter:\n"
-              "  TK_MLIR_INTERPRET=1 python examples/attention.py")
+    device = check_on(__file__)
+    if device is None:
         return
+    if device == "cpu":
+        B, H, N = 1, 2, 256              # the CPU interpreter (a few s): small shapes
     import torch
     q, k, v = (torch.randn(B, H, N, D, dtype=torch.bfloat16, device=device) for _ in range(3))
     o, lse = attention(q, k, v, causal=True, return_lse=True)
@@ -59,12 +55,6 @@ def main() -> None:
     print(f"{B}x{H}x{N}x{D} on {device}: rel. error vs float32:", err,
           " LSE max abs error:", lse_err)
     assert err < 1e-2 and lse_err < 1e-3, "attention disagrees with the float32 reference"
-
-
-def interpreting() -> bool:
-    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
-    library takes CPU tensors."""
-    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":

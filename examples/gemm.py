@@ -14,15 +14,14 @@ Without a GPU the kernel still compiles: `.compile` with tk.spec shapes gives
 the PTX and SASS, which is what main() shows first; under TK_MLIR_INTERPRET=1
 the CPU interpreter then runs it on small CPU tensors and checks it.
 """
-import os
-
 import tk_mlir as tk
 from tk_mlir.kernels import matmul
 from tk_mlir.kernels.gemm import gemm_kernel
 
 
+from helpers import check_on      # the GPU, the interpreter or neither
+
 def main() -> None:
-    from tk_mlir.runtime import driver
     M = N = K = 4096
     spec = tk.spec((M, K), tk.bf16)
     # gemm_kernel is autotuned over a few configs; config=0 compiles the first.
@@ -30,15 +29,11 @@ def main() -> None:
     print(compiled.info)
     sass = compiled.asm["sass"]
     print("HGMMA:", sass.count("HGMMA"), " UTMALDG:", sass.count("UTMALDG"))
-    if interpreting():
-        device, M, N, K = "cpu", 128, 256, 256  # the CPU interpreter (~1 s): small shapes
-    elif driver.has_gpu():
-        device = "cuda"
-    else:
-        print("no GPU here: compiled only (PTX and SASS above); run on a Hopper GPU to check "
-              "and time it, or check it in the CPU interpreter:\n"
-              "  TK_MLIR_INTERPRET=1 python examples/gemm.py")
+    device = check_on(__file__)
+    if device is None:
         return
+    if device == "cpu":
+        M, N, K = 128, 256, 256          # the CPU interpreter (~1 s): small shapes
     import torch
     a = torch.randn(M, K, dtype=torch.bfloat16, device=device)
     b = torch.randn(N, K, dtype=torch.bfloat16, device=device)
@@ -46,12 +41,6 @@ def main() -> None:
     ref = a.float() @ b.float().T
     print(f"{M}x{N}x{K} on {device}: rel. error vs float32:",
           ((c.float() - ref).norm() / ref.norm()).item())
-
-
-def interpreting() -> bool:
-    """TK_MLIR_INTERPRET=1: every launch runs in the CPU interpreter, and the
-    library takes CPU tensors."""
-    return os.environ.get("TK_MLIR_INTERPRET", "") not in ("", "0")
 
 
 if __name__ == "__main__":
