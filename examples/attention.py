@@ -24,7 +24,6 @@ import tk_mlir as tk
 from tk_mlir.kernels import attention
 from tk_mlir.kernels.flash_attention import _config, attention_kernel
 
-
 from helpers import check_on      # the GPU, the interpreter or neither
 
 def main() -> None:

@@ -18,7 +18,6 @@ import tk_mlir as tk
 from tk_mlir.kernels import matmul
 from tk_mlir.kernels.gemm import gemm_kernel
 
-
 from helpers import check_on      # the GPU, the interpreter or neither
 
 def main() -> None:
