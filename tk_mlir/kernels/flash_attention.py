@@ -234,7 +234,7 @@ def _config(d: int) -> dict:
 
 
 # Causal forward tasks run in groups of heads whose K and V fit in this many
-# bytes of L2 (the H200 has 50 MB; the figure was measured, BENCHMARKS.md).
+# bytes of L2 (the H200 has 60 MB; the figure was measured, BENCHMARKS.md).
 L2_KV_BYTES = 32 << 20
 # A task's cost besides its key blocks, in key blocks (its Q load, first and
 # last MMAs and epilogue), for balancing the schedule.
