@@ -78,6 +78,14 @@ def k_while(X: tk.gl[f32]):
 
 
 @tk.kernel
+def k_loop_name_reused(X: tk.gl[f32], n: int):
+    t = tk.block_id(0)
+    for _ in range(n):  # E:reused
+        t = [tk.shared_tile(f32, (64, 64)), tk.shared_tile(f32, (64, 64))]
+        tk.store(X, tk.load(t[0]), (0, 0))
+
+
+@tk.kernel
 def k_break(X: tk.gl[f32], n: int):
     for i in range(n):
         break  # E:break
@@ -224,6 +232,15 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
 ])
 def test_unsupported_python(kernel, args, marker, at, message):
     check_error(compile_error(kernel, *args), marker, at, message)
+
+
+def test_a_loop_carried_name_given_something_else_is_named():
+    """A number reassigned in a loop to something that cannot be carried (a
+    list of shared tiles): the name, both kinds and the fix, at the loop."""
+    check_error(compile_error(k_loop_name_reused, F32, 3), "reused", "for",
+                "'t' is a number (i32) before the loop and a list of 2 (Shared) after one "
+                "iteration: a name the loop reassigns is carried from one iteration to the "
+                "next and keeps its type; give the new value another name")
 
 
 # ------------------------------------------------------------- tile rules

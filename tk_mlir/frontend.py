@@ -66,6 +66,14 @@ def _is_runtime(v) -> bool:
     return isinstance(v, V.Value)
 
 
+def _what(v) -> str:
+    """A value the kernel cannot carry through a loop, in words."""
+    if isinstance(v, (list, tuple)):
+        kinds = sorted({type(x).__name__ for x in v})
+        return f"a {type(v).__name__} of {len(v)} ({', '.join(kinds) or 'nothing'})"
+    return f"a {type(v).__name__}"
+
+
 def _assigned_names(stmts) -> list[str]:
     """Names a block of statements (re)binds, in first-assignment order."""
     names: list[str] = []
@@ -548,6 +556,12 @@ class KernelBuilder(ast.NodeVisitor):
             yields = []
             for n, init in zip(carried, inits):
                 v = self.scope[n]
+                if not _is_runtime(v) and not isinstance(v, (bool, int, float)):
+                    raise self.error(node, f"'{n}' is a number ({init.ir_type}) before the loop "
+                                           f"and {_what(v)} after one iteration: a name the "
+                                           f"loop reassigns is carried from one iteration to "
+                                           f"the next and keeps its type; give the new value "
+                                           f"another name")
                 v = v if _is_runtime(v) else V.as_scalar(v)
                 if v.ir_type == ir.F32Type.get() and init.ir_type != v.ir_type:
                     raise self.error(node, f"'{n}' starts as an int and becomes a float in the "

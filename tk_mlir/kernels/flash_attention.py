@@ -284,7 +284,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     1/sqrt(D). causal=True masks key j for query i when j > i + N_kv - N
     (bottom-right aligned, as FlashAttention). Returns o (B, H, N, D), laid
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
-    (natural log; -inf for rows that see no key).
+    (natural log; -inf for rows that see no key; when N is not a multiple of
+    4, a view of rows padded to one, as the kernels read them).
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.attention
     (tk_mlir/kernels/custom_ops.py), traced as one node; eager calls launch
