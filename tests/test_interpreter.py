@@ -282,9 +282,10 @@ def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
 
 EAGER_CALLS_IMPORT_NO_COMPILER = """\
 import sys, torch
-from tk_mlir.kernels import attention, layer_norm, matmul, rms_norm
+from tk_mlir.kernels import attention, grouped_matmul, layer_norm, matmul, rms_norm
 x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
 rms_norm(x, w), layer_norm(x, w, w), matmul(x, x)
+grouped_matmul(x.view(2, 32, 256), x.view(2, 32, 256), [32, 5])
 q = torch.randn(1, 2, 64, 64).bfloat16().requires_grad_()
 attention(q, q, q, causal=True).sum().backward()
 print(float(not {"torch._dynamo", "torch._inductor"} & sys.modules.keys()))
