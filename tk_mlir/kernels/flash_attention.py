@@ -97,8 +97,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         if tk.elect_leader("warpgroup"):
             it = 0
             n = 0
-            first, end = tk.load(TASKS, (tk.block_id(0),)), tk.load(TASKS, (tk.block_id(0) + 1,))
-            task = tk.load(TASKS, (first,))
+            first, end, task = schedule.block_tasks(TASKS)
             for slot in range(first, end):
                 b, h, qb = task_of(task)
                 task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
@@ -124,8 +123,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             tk.named_barrier_arrive(1, warps=8)   # warpgroup 0 issues its MMAs first
         it = 0
         n = 0
-        first, end = tk.load(TASKS, (tk.block_id(0),)), tk.load(TASKS, (tk.block_id(0) + 1,))
-        task = tk.load(TASKS, (first,))
+        first, end, task = schedule.block_tasks(TASKS)
         for slot in range(first, end):
             b, h, qb = task_of(task)
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
@@ -428,9 +426,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         if tk.elect_leader("warpgroup"):
             it = 0
             n = 0
-            first_task = tk.load(TASKS, (tk.block_id(0),))
-            task = tk.load(TASKS, (first_task,))
-            for slot in range(first_task, tk.load(TASKS, (tk.block_id(0) + 1,))):
+            first_task, end, task = schedule.block_tasks(TASKS)
+            for slot in range(first_task, end):
                 b, hk, kvb = task_of(task)
                 task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
                 kv, kv_full = kvs.fill(n)
@@ -457,9 +454,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         leader = tk.elect_leader("warpgroup")
         it = 0
         n = 0
-        first_task = tk.load(TASKS, (tk.block_id(0),))
-        task = tk.load(TASKS, (first_task,))
-        for slot in range(first_task, tk.load(TASKS, (tk.block_id(0) + 1,))):
+        first_task, end, task = schedule.block_tasks(TASKS)
+        for slot in range(first_task, end):
             b, hk, kvb = task_of(task)
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             kv0 = kvb * 128 + wg * 64            # this warpgroup's first key

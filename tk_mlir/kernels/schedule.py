@@ -12,11 +12,26 @@ shape on the host.
 The table the kernel reads (i32, one dim, length a multiple of 4: rows of
 whole 16-byte vectors): entries 0..grid are offsets into it, block b's tasks
 are the entries offsets[b] .. offsets[b + 1] - 1, each a task id the kernel
-decodes.
+decodes. A kernel walks its block's part with `block_tasks`:
+
+    first, end, task = schedule.block_tasks(TASKS)
+    for slot in range(first, end):
+        ... task ...                                 # decode and run it
+        task = tk.load(TASKS, (slot + 1,))           # the next id, read ahead
 """
 from __future__ import annotations
 
 import heapq
+
+import tk_mlir as tk
+
+
+@tk.func
+def block_tasks(TASKS):
+    """(first slot, end slot, first task id) of this block's part of the
+    schedule table TASKS: its tasks are TASKS[first:end]."""
+    first = tk.load(TASKS, (tk.block_id(0),))
+    return first, tk.load(TASKS, (tk.block_id(0) + 1,)), tk.load(TASKS, (first,))
 
 
 def table(ids, costs, grid: int):
