@@ -33,7 +33,10 @@ Functions (names for --only) and peers:
 
 The table: host µs per call, tk_mlir / peer, same tensors and rotating, and
 the ratio tk_mlir / peer (issue 23's goal: <= 1, aim 0.8). Written as
-host_time.json (+ .png) by protocol.write_results.
+host_time.json (+ .png) by protocol.write_results: one row per function,
+implementation and mode (impl "tk same", "tk rotating", "peer same", "peer
+rotating"; name: the peer's), the GEMM launch rows, and the table itself in
+meta["table"].
 
 `--first-call`: per function (tk_mlir and peer), a fresh process
 (sys.executable) imports torch, loads the function's module, makes its
@@ -61,6 +64,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 SETS = 32           # rotating tensor sets
+DEVICE = "cuda"     # where inputs are made (a CPU dry run of the script's logic sets "cpu")
 
 
 # --- the functions and their peers ------------------------------------------
@@ -83,8 +87,8 @@ class Case:
 
 def _u(g, *shape, dtype=None, scale=1.0):
     import torch
-    t = torch.empty(*shape, dtype=torch.float32, device="cuda").uniform_(-scale, scale,
-                                                                         generator=g)
+    t = torch.empty(*shape, dtype=torch.float32, device=DEVICE).uniform_(-scale, scale,
+                                                                          generator=g)
     return t.to(dtype or torch.bfloat16)
 
 
@@ -171,8 +175,8 @@ def _scaled_case(m=64, n=2048, k=2048):
         import torch
         a = _u(g, m, k, dtype=torch.float32, scale=4.0).to(torch.float8_e4m3fn)
         bt = _u(g, n, k, dtype=torch.float32, scale=4.0).to(torch.float8_e4m3fn)
-        sa = torch.tensor(0.5, device="cuda")
-        sb = torch.tensor(0.25, device="cuda")
+        sa = torch.tensor(0.5, device=DEVICE)
+        sb = torch.tensor(0.25, device=DEVICE)
         return a, bt.t(), sa, sb       # b: K x N column-major, as torch._scaled_mm takes it
 
     def tk(a, b, sa, sb):
@@ -193,7 +197,7 @@ def _scaled_case(m=64, n=2048, k=2048):
 def _grouped_case(groups=8, m=128, n=1024, k=1024):
     def make(g):
         import torch
-        sizes = torch.full((groups,), m, dtype=torch.int32, device="cuda")
+        sizes = torch.full((groups,), m, dtype=torch.int32, device=DEVICE)
         return _u(g, groups, m, k), _u(g, groups, n, k), sizes
 
     def tk(a, b, sizes):
@@ -297,7 +301,7 @@ def measure(case: Case, calls: int) -> tuple[dict, list[dict]]:
     row = {"function": case.function, "peer": case.peer_name, "status": "ok"}
     long = []
     try:
-        g = torch.Generator(device="cuda").manual_seed(0)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
         sets = [case.make(g) for _ in range(SETS)]
     except Exception as e:
         row["status"] = f"inputs failed: {first_line(e)}"
@@ -390,7 +394,7 @@ def first_call_child(name: str, impl: str) -> None:
     if impl == "tk":     # the module, and custom_ops registered as any use of the name does
         getattr(importlib.import_module("tk_mlir.kernels"), case.api)
     t2 = time.perf_counter()
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
     s = case.make(g)
     torch.cuda.synchronize()
     mods = lambda: {m: m in sys.modules for m in ("torch._dynamo", "torch._inductor")}  # noqa
