@@ -313,7 +313,7 @@ def measure(case: Case, calls: int) -> tuple[dict, list[dict]]:
         name = "tk_mlir" if impl == "tk" else case.peer_name
         if fail and not fail.startswith("unchecked"):
             notes.append(f"{name}: {fail}")
-            long.append({"op": case.function, "shape": case.shape, "impl": f"{impl} same",
+            long.append({"op": case.name, "shape": case.shape, "impl": f"{impl} same",
                          "name": name, "status": fail})
             continue
         if fail:
@@ -325,7 +325,7 @@ def measure(case: Case, calls: int) -> tuple[dict, list[dict]]:
             continue
         row[f"{impl}_same"], row[f"{impl}_rot"] = same, rot
         for mode, us in (("same", same), ("rotating", rot)):
-            long.append({"op": case.function, "shape": case.shape, "impl": f"{impl} {mode}",
+            long.append({"op": case.name, "shape": case.shape, "impl": f"{impl} {mode}",
                          "name": name, "us": us, "rel_err": err, "status": fail or "ok"})
     for mode in ("same", "rot"):
         if row.get(f"tk_{mode}") and row.get(f"peer_{mode}"):
