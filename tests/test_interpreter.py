@@ -282,10 +282,13 @@ def test_library_matmul_and_attention_with_backward_on_cpu_tensors(tmp_path):
 
 EAGER_CALLS_IMPORT_NO_COMPILER = """\
 import sys, torch
-from tk_mlir.kernels import attention, grouped_matmul, layer_norm, matmul, rms_norm
+from tk_mlir.kernels import (attention, grouped_matmul, layer_norm, matmul, rms_norm,
+                             scaled_matmul)
 x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
 rms_norm(x, w), layer_norm(x, w, w), matmul(x, x)
 grouped_matmul(x.view(2, 32, 256), x.view(2, 32, 256), [32, 5])
+f8, one = x.to(torch.float8_e4m3fn), torch.ones(())
+scaled_matmul(f8, f8.t(), one, one)
 q = torch.randn(1, 2, 64, 64).bfloat16().requires_grad_()
 attention(q, q, q, causal=True).sum().backward()
 print(float(not {"torch._dynamo", "torch._inductor"} & sys.modules.keys()))
@@ -293,8 +296,9 @@ print(float(not {"torch._dynamo", "torch._inductor"} & sys.modules.keys()))
 
 
 def test_eager_library_calls_import_no_compiler(tmp_path):
-    """Eager calls, attention's backward included, launch without the custom
-    ops' dispatch, whose first call imports torch._dynamo (seconds)."""
+    """Eager calls of every library function, attention's backward included,
+    launch without the custom ops' dispatch, whose first call imports
+    torch._dynamo (seconds)."""
     assert under_the_environment(EAGER_CALLS_IMPORT_NO_COMPILER, tmp_path) == 1.0
 
 
