@@ -59,3 +59,8 @@ def test_a_table_is_made_once_per_key():
     b = schedule.on_device(("test", 5), make, "cpu")
     assert a is b and len(made) == 1
     assert a.tolist() == schedule.table(np.arange(5), np.ones(5), 2).tolist()
+
+
+def test_head_groups_walk_blocks_in_order_heads_inner():
+    ids = schedule.head_groups(5, 2, [2, 1, 0], 3)      # the last group holds one head
+    assert ids.tolist() == [2, 5, 1, 4, 0, 3, 8, 11, 7, 10, 6, 9, 14, 13, 12]

@@ -263,9 +263,8 @@ def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal:
         ids = np.arange(heads * q_blocks)
         return schedule.table(ids, np.ones(len(ids)), grid)
     group = max(min(L2_KV_BYTES // (4 * d) // n_kv, heads), 1)
-    qb = np.arange(q_blocks - 1, -1, -1)                 # longest first
-    ids = np.concatenate([(np.arange(g, min(g + group, heads))[None, :] * q_blocks +
-                           qb[:, None]).ravel() for g in range(0, heads, group)])
+    longest_first = np.arange(q_blocks - 1, -1, -1)
+    ids = schedule.head_groups(heads, group, longest_first, q_blocks)
     visible = np.minimum(n_kv, (ids % q_blocks + 1) * bm + n_kv - n)   # keys the last row sees
     blocks = np.maximum(-(-visible // bn), 1)
     return schedule.table(ids, blocks + TASK_OVERHEAD_BLOCKS, grid)
@@ -557,9 +556,8 @@ def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int
         ids = np.arange(kv_heads * kv_blocks)
         return schedule.table(ids, np.ones(len(ids)), grid)
     per_group = max(min(L2_KV_BYTES // (4 * d) // (q_per_kv * n), kv_heads), 1)
-    kvb = np.arange(kv_blocks)                           # longest first
-    ids = np.concatenate([(np.arange(g, min(g + per_group, kv_heads))[None, :] * kv_blocks +
-                           kvb[:, None]).ravel() for g in range(0, kv_heads, per_group)])
+    longest_first = np.arange(kv_blocks)
+    ids = schedule.head_groups(kv_heads, per_group, longest_first, kv_blocks)
     first = np.maximum((ids % kv_blocks * 128 - (n_kv - n)) // 64, 0)
     steps = q_per_kv * np.maximum(q_blocks - first, 0)
     # A step (one 64-row query block against 128 keys) costs about half a

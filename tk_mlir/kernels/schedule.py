@@ -34,6 +34,18 @@ def block_tasks(TASKS):
     return first, tk.load(TASKS, (tk.block_id(0) + 1,)), tk.load(TASKS, (first,))
 
 
+def head_groups(heads: int, per_group: int, block_order, blocks: int):
+    """Task ids head·blocks + block in groups of `per_group` heads (the last
+    group may be short), each group walking its blocks in `block_order`,
+    heads inner: the tasks running together read the data of one group's
+    heads, which the caller sized to fit in L2. A numpy array."""
+    import numpy as np
+    block_order = np.asarray(block_order)
+    return np.concatenate([
+        (np.arange(g, min(g + per_group, heads))[None, :] * blocks + block_order[:, None]).ravel()
+        for g in range(0, heads, per_group)])
+
+
 def table(ids, costs, grid: int):
     """The schedule table for tasks `ids` taken in that order, each costing
     `costs` (any unit), over `grid` blocks: each task goes to the block with
