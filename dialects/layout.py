@@ -11,6 +11,14 @@ row reductions (registers, then shuffles across lane bits, then shared memory
 across warp bits along columns) and broadcasts (the per-row vector is the
 tile layout with its column bases dropped: `slice`).
 
+A tile side of m·2^k elements (m odd: 48 = 3·16, 176 = 11·16) adds one
+*repeat* to the register index, CuTe's outer mode: the register index is a
+mixed-radix number whose digits are the bits and, above the bits along that
+axis, one digit of radix m stepping 2^k along it. Lanes and warps stay bits.
+Placing a column repeat above the column bits and below the row bits keeps the
+`row` layout's registers in wgmma's accumulator and A-fragment order (64x16
+blocks along K, then 64-row blocks: lowering/mma.py).
+
 Named tile layouts:
   vec  runs of 8 elements along a row per thread; lanes along columns first,
        then rows; warps along rows, then columns. Wide, coalesced accesses:
@@ -25,13 +33,27 @@ import functools
 import re
 from dataclasses import dataclass
 
-Basis = tuple[int, int] | None   # (axis, log2 of the step) or None = replicated
+# (axis, log2 of the step): one bit; None: that bit replicates; (axis, log2 of
+# the step, count): a register digit of radix count (a repeat, count odd > 1).
+Basis = tuple[int, int] | tuple[int, int, int] | None
 
 VEC_RUN = 8   # elements a `vec` thread holds contiguously along a row
 
 
 class LayoutError(ValueError):
     pass
+
+
+def radix(b: Basis) -> int:
+    """How many values a register digit takes: 2 for a bit, count for a repeat."""
+    return 2 if b is None or len(b) == 2 else b[2]
+
+
+def _digits(r: int, bases: tuple[Basis, ...]):
+    """(basis, digit) of each register digit of register index r, lowest first."""
+    for b in bases:
+        r, d = divmod(r, radix(b))
+        yield b, d
 
 
 @dataclass(frozen=True)
@@ -43,7 +65,10 @@ class Layout:
 
     @property
     def num_regs(self) -> int:
-        return 1 << len(self.reg)
+        n = 1
+        for b in self.reg:
+            n *= radix(b)
+        return n
 
     def offset(self, basis: Basis) -> tuple[int, ...]:
         out = [0] * len(self.shape)
@@ -54,9 +79,9 @@ class Layout:
     def reg_position(self, r: int) -> tuple[int, ...]:
         """The element register r holds in lane 0 of warp 0."""
         pos = [0] * len(self.shape)
-        for bit, b in enumerate(self.reg):
-            if r >> bit & 1 and b is not None:
-                pos[b[0]] += 1 << b[1]
+        for b, d in _digits(r, self.reg):
+            if b is not None:
+                pos[b[0]] += d << b[1]
         return tuple(pos)
 
     def vector_run(self, axis: int) -> int:
@@ -81,7 +106,7 @@ class Layout:
         are dropped (they would hold copies); lane and warp bits that leave it
         become replicated."""
         def project(b: Basis) -> Basis:
-            return (0, b[1]) if b is not None and b[0] == keep_axis else None
+            return (0, *b[1:]) if b is not None and b[0] == keep_axis else None
         reg = tuple(project(b) for b in self.reg if project(b) is not None)
         return Layout((self.shape[keep_axis],), reg,
                       tuple(project(b) for b in self.lane),
@@ -89,11 +114,11 @@ class Layout:
 
     def slice_register(self, keep_axis: int, r: int) -> int:
         """The register of `self.slice(keep_axis)` holding tile register r's value."""
-        out, k = 0, 0
-        for bit, b in enumerate(self.reg):
+        out, weight = 0, 1
+        for b, d in _digits(r, self.reg):
             if b is not None and b[0] == keep_axis:
-                out |= (r >> bit & 1) << k
-                k += 1
+                out += d * weight
+                weight *= radix(b)
         return out
 
     # ---- text form, used as the layout parameter of !tk.rv
@@ -101,7 +126,8 @@ class Layout:
     def encode(self) -> str:
         assert len(self.shape) == 1, "only vector layouts are spelled out"
         def enc(bases):
-            return ",".join("x" if b is None else str(1 << b[1]) for b in bases)
+            return ",".join("x" if b is None else str(1 << b[1]) +
+                            (f"*{b[2]}" if len(b) == 3 else "") for b in bases)
         return f"r[{enc(self.reg)}]l[{enc(self.lane)}]w[{enc(self.warp)}]"
 
 
@@ -110,9 +136,13 @@ def decode(text: str, length: int) -> Layout:
     m = re.fullmatch(r"r\[(.*)\]l\[(.*)\]w\[(.*)\]", text)
     if not m:
         raise LayoutError(f"not a vector layout: {text!r}")
+    def basis(x: str) -> Basis:
+        if x == "x":
+            return None
+        step, _, count = x.partition("*")
+        return (0, int(step).bit_length() - 1, *((int(count),) if count else ()))
     def dec(s):
-        return tuple(None if x == "x" else (0, int(x).bit_length() - 1)
-                     for x in s.split(",") if x)
+        return tuple(basis(x) for x in s.split(",") if x)
     return Layout((length,), *(dec(g) for g in m.groups()))
 
 
@@ -120,11 +150,25 @@ def decode(text: str, length: int) -> Layout:
 
 def _log2(n: int, what: str) -> int:
     if n <= 0 or n & (n - 1):
-        fix = "" if n <= 0 or what == "warps" else (
-            f"; use {1 << n.bit_length()}: past a tensor's edge a tile is masked (tk.load "
-            f"reads fill=, tk.store skips), so a larger tile covers {n} exactly")
-        raise LayoutError(f"{what} must be a power of two, got {n}{fix}")
+        raise LayoutError(f"{what} must be a power of two, got {n}")
     return n.bit_length() - 1
+
+
+def split(n: int, what: str) -> tuple[int, int]:
+    """n = m·2^k with m odd, as (k, m): a side's bits and its repeat count.
+    A side is a power of two or a multiple of 16 (wgmma's and ldmatrix's
+    granule; the layouts below may ask for more)."""
+    if n <= 0 or (n & (n - 1) and n % 16):
+        fix = "" if n <= 0 else (
+            f"; use {-(-n // 16) * 16}: past a tensor's edge a tile is masked (tk.load reads "
+            f"fill=, tk.store skips), so a larger tile covers {n} exactly")
+        raise LayoutError(f"{what} must be a power of two or a multiple of 16, got {n}{fix}")
+    k = (n & -n).bit_length() - 1
+    return k, n >> k
+
+
+def _repeat(axis: int, k: int, m: int) -> tuple[Basis, ...]:
+    return ((axis, k, m),) if m > 1 else ()
 
 
 def _fill(bits_needed: dict[int, int], next_bit: dict[int, int], count: int,
@@ -143,33 +187,46 @@ def _fill(bits_needed: dict[int, int], next_bit: dict[int, int], count: int,
     return tuple(out)
 
 
+def _registers(low: tuple[Basis, ...], need: dict[int, int], nxt: dict[int, int],
+               repeats: dict[int, int]) -> tuple[Basis, ...]:
+    """The register digits after `low`: the column bits left, the column
+    repeat, the row bits left, the row repeat (columns first: consecutive
+    registers along a row make vector accesses and wgmma's fragment order)."""
+    reg = low
+    for axis in (1, 0):
+        reg += _fill(need, nxt, need[axis] - nxt[axis], (axis,))
+        reg += _repeat(axis, need[axis], repeats[axis])
+    return reg
+
+
 def vec(rows: int, cols: int, num_warps: int) -> Layout:
-    rb, cb, wb = _log2(rows, "rows"), _log2(cols, "cols"), _log2(num_warps, "warps")
-    if cols < VEC_RUN:
-        raise LayoutError(f"a vec tile needs at least {VEC_RUN} columns, got {cols}")
+    (rb, rm), (cb, cm) = split(rows, "rows"), split(cols, "cols")
+    wb = _log2(num_warps, "warps")
+    if cols < VEC_RUN or cb < 3:
+        raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
     need, nxt = {0: rb, 1: cb}, {0: 0, 1: 3}
     lane = _fill(need, nxt, 5, (1, 0))
     warp = _fill(need, nxt, wb, (0, 1))
-    rest = (rb - nxt[0]) + (cb - nxt[1])
-    reg = ((1, 0), (1, 1), (1, 2)) + _fill(need, nxt, rest, (1, 0))
+    reg = _registers(((1, 0), (1, 1), (1, 2)), need, nxt, {0: rm, 1: cm})
     return Layout((rows, cols), reg, lane, warp)
 
 
 def mma_row(rows: int, cols: int, num_warps: int) -> Layout:
-    rb, cb, wb = _log2(rows, "rows"), _log2(cols, "cols"), _log2(num_warps, "warps")
-    if rows < 16 * num_warps or cols < 16:
-        raise LayoutError(f"a row/col layout tile over {num_warps} warp(s) needs at least "
-                          f"{16 * num_warps} rows and 16 columns, got {rows}x{cols}")
+    (rb, rm), (cb, cm) = split(rows, "rows"), split(cols, "cols")
+    wb = _log2(num_warps, "warps")
+    if rb < 4 + wb or cb < 4:
+        raise LayoutError(f"a row/col layout tile over {num_warps} warp(s) needs a multiple of "
+                          f"{16 * num_warps} rows and of 16 columns, got {rows}x{cols}")
     lane = ((1, 1), (1, 2), (0, 0), (0, 1), (0, 2))
     warp = tuple((0, 4 + i) for i in range(wb))
     need, nxt = {0: rb, 1: cb}, {0: 4 + wb, 1: 4}
-    reg = ((1, 0), (0, 3), (1, 3)) + _fill(need, nxt, (rb - 4 - wb) + (cb - 4), (1, 0))
+    reg = _registers(((1, 0), (0, 3), (1, 3)), need, nxt, {0: rm, 1: cm})
     return Layout((rows, cols), reg, lane, warp)
 
 
 def _transpose(layout: Layout) -> Layout:
     def t(b: Basis) -> Basis:
-        return None if b is None else (1 - b[0], b[1])
+        return None if b is None else (1 - b[0], *b[1:])
     return Layout(layout.shape[::-1], *(tuple(map(t, bs))
                                         for bs in (layout.reg, layout.lane, layout.warp)))
 
@@ -181,10 +238,12 @@ def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
     if name == "row":
         return mma_row(rows, cols, num_warps)
     if name == "col":
-        if cols < 16 * num_warps or rows < 16:
-            raise LayoutError(f"a col layout tile over {num_warps} warp(s) needs at least 16 "
-                              f"rows and {16 * num_warps} columns, got {rows}x{cols}")
-        return _transpose(mma_row(cols, rows, num_warps))
+        split(rows, "rows"), split(cols, "cols")
+        try:
+            return _transpose(mma_row(cols, rows, num_warps))
+        except LayoutError:
+            raise LayoutError(f"a col layout tile over {num_warps} warp(s) needs a multiple of "
+                              f"16 rows and of {16 * num_warps} columns, got {rows}x{cols}") from None
     raise LayoutError(f"unknown tile layout {name!r} (expected vec, row or col)")
 
 

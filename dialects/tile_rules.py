@@ -46,10 +46,16 @@ def _show(t) -> str:
     return str(t)
 
 
+def _side_ok(n: int, what: str) -> None:
+    try:
+        layouts.split(n, what)
+    except layouts.LayoutError as e:
+        raise _Fail(str(e)) from None
+
+
 def _layout_ok(t, num_warps: int) -> None:
     if isinstance(t, T.RV):
-        _require(t.length > 0 and t.length & (t.length - 1) == 0,
-                 f"a register vector's length must be a power of two, got {t.length}")
+        _side_ok(t.length, "a register vector's length")
         _require(t.scope in ("warp", "warpgroup", "block"),
                  f"scope must be warp, warpgroup or block, got {t.scope!r}")
     if not isinstance(t, T.RT):
@@ -418,8 +424,7 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
 @rule("alloc_sv")
 def _alloc_sv(op, operands, results, num_warps: int) -> None:
     sv, count = results[0], tk.array_count(op) or 1
-    _require(sv.length > 0 and sv.length & (sv.length - 1) == 0, f"a shared vector's length "
-             f"must be a power of two (it is read as a register vector), got {sv.length}")
+    _side_ok(sv.length, "a shared vector's length (it is read as a register vector)")
     limit = TARGET.max_shared_bytes
     _require(sv.nbytes * count <= limit, f"{count} x {_show(sv)} need {sv.nbytes * count} "
              f"bytes; a block has {limit} bytes of shared memory")

@@ -620,10 +620,10 @@ def test_a_tile_size_from_an_int_parameter_suggests_constexpr():
                 "`rows: tk.constexpr`")
 
 
-@pytest.mark.parametrize("rows,cols,fix", [(24, 64, "rows must be a power of two, got 24; use 32"),
-                                           (16, 100, "cols must be a power of two, got 100; "
-                                                     "use 128")])
-def test_a_tile_that_is_not_a_power_of_two_says_which_size_to_use(rows, cols, fix):
+@pytest.mark.parametrize("rows,cols,fix", [
+    (24, 64, "rows must be a power of two or a multiple of 16, got 24; use 32"),
+    (16, 100, "cols must be a power of two or a multiple of 16, got 100; use 112")])
+def test_a_tile_of_another_size_says_which_size_to_use(rows, cols, fix):
     e = compile_error(k_tile_rows, F32, F32, R=rows, C=cols)
     check_error(e, "tile-rows", "tk.load", fix)
     assert "a tile is masked" in e.message

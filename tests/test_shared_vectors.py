@@ -175,7 +175,7 @@ def k_tma_long(X: tk.gl[f32]):
 
 @tk.kernel(num_warps=4)
 def k_not_power_of_two(X: tk.gl[f32]):
-    sv = tk.shared_vector(f32, 48)  # E:sv-pow2
+    sv = tk.shared_vector(f32, 40)  # E:sv-pow2
 
 
 @tk.kernel(num_warps=4)
@@ -256,8 +256,9 @@ def k_expect_not_shared(X: tk.gl[f32]):
     (k_tma_short, "sv-short", "tk.tma.load_async", "a TMA box of a shared vector is a multiple "
                                                    "of 16 bytes and at most 256 elements"),
     (k_tma_long, "sv-long", "tk.tma.load_async", "f32 shared vector of 512 has 2048 bytes"),
-    (k_not_power_of_two, "sv-pow2", "tk.shared_vector", "a shared vector's length must be a "
-                                                        "power of two"),
+    (k_not_power_of_two, "sv-pow2", "tk.shared_vector", "a shared vector's length (it is read "
+                                                        "as a register vector) must be a power "
+                                                        "of two or a multiple of 16, got 40"),
     (k_bad_length, "sv-zero", "tk.shared_vector", "a shared vector's length must be a positive "
                                                   "compile-time int, got 0"),
     (k_tma_dtype, "sv-dtype", "tk.tma.load_async", "bf16 shared vector of 64 and f32 global "

@@ -120,8 +120,8 @@ def rows_by_warp(t, num_warps: int) -> tuple[np.ndarray, ...]:
     if isinstance(t, T.RV):
         return tuple(np.ones(1, bool) for _ in range(n))
     layout = layouts.layout_of(t, num_warps)
-    rows = np.zeros(1, np.int64)
-    for b in (*layout.reg, *layout.lane):
+    rows = np.unique([layout.reg_position(r)[0] for r in range(layout.num_regs)])
+    for b in layout.lane:
         if b is not None and b[0] == 0:
             rows = np.concatenate([rows, rows + (1 << b[1])])
     out = []

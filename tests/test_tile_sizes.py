@@ -1,0 +1,227 @@
+"""Register tiles whose sides are multiples of 16 but not powers of two
+(48, 80, 176, 192: a repeat in the layout's register index).
+
+The layouts themselves are checked exhaustively (every element held, once
+per replica; vectors, slices and their text form agree; power-of-two layouts
+unchanged); user kernels with such tiles are compiled through ptxas and run
+in the interpreter against float64, and on the GPU where there is one:
+loads and stores past the edge, row and column reductions and broadcasts,
+slices, TMA boxes, and wgmma with N and K of 16·k from shared memory and from
+registers.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import pytest
+
+import tk_mlir as tk
+from dialects import layout as layouts
+from tk_mlir import bf16, f32
+
+torch = pytest.importorskip("torch")
+
+SIDES = (16, 48, 64, 80, 112, 176, 192, 256)
+
+
+def _elements(layout) -> collections.Counter:
+    """How many threads hold each element (every register of every thread)."""
+    held = collections.Counter()
+    for w in range(1 << len(layout.warp)):
+        for lane in range(32):
+            base = [0] * len(layout.shape)
+            for bits, bases in ((lane, layout.lane), (w, layout.warp)):
+                for i, b in enumerate(bases):
+                    if bits >> i & 1 and b is not None:
+                        base[b[0]] += 1 << b[1]
+            for r in range(layout.num_regs):
+                held[tuple(x + p for x, p in zip(base, layout.reg_position(r)))] += 1
+    return held
+
+
+def _layouts():
+    for name, rows, cols, warps in itertools.product(("vec", "row", "col"), SIDES, SIDES,
+                                                     (1, 4)):
+        try:
+            yield layouts.tile_layout(name, rows, cols, warps)
+        except layouts.LayoutError:
+            pass
+
+
+@pytest.mark.parametrize("layout", list(_layouts()), ids=lambda l: "x".join(map(str, l.shape)))
+def test_every_element_is_held_equally_often(layout):
+    held = _elements(layout)
+    assert set(held) == set(itertools.product(*map(range, layout.shape)))
+    assert len(set(held.values())) == 1
+    for keep in (0, 1):
+        vector = layout.slice(keep)
+        assert set(_elements(vector)) == {(i,) for i in range(layout.shape[keep])}
+        assert layouts.decode(vector.encode(), vector.shape[0]) == vector
+        for r in range(layout.num_regs):
+            v = layout.slice_register(keep, r)
+            assert vector.reg_position(v)[0] == layout.reg_position(r)[keep]
+
+
+def test_a_power_of_two_layout_has_no_repeat_and_a_16k_side_one():
+    assert layouts.tile_layout("row", 64, 64, 4).reg == ((1, 0), (0, 3), (1, 3), (1, 4), (1, 5))
+    row = layouts.tile_layout("row", 128, 176, 4)
+    assert row.reg == ((1, 0), (0, 3), (1, 3), (1, 4, 11), (0, 6))
+    assert row.num_regs == 128 * 176 // 128
+    assert row.slice(1).encode() == "r[1,8,16*11]l[2,4,x,x,x]w[x,x]"
+
+
+@pytest.mark.parametrize("rows,cols", [(64, 48), (128, 176), (192, 80), (64, 96), (128, 112)])
+def test_row_registers_are_in_wgmma_fragment_order(rows, cols):
+    """lowering/mma.py hands the row layout's registers to wgmma as they are:
+    per 64 rows, 4 per 8 columns (the accumulator), and 8 per 64x16 block
+    along K, then M (the A fragment)."""
+    layout = layouts.tile_layout("row", rows, cols, 4)
+    lane0 = [layout.reg_position(r) for r in range(layout.num_regs)]
+    for r, (row, col) in enumerate(lane0):
+        block, i = divmod(r, cols // 2)            # the accumulator of 64 rows
+        j, k = divmod(i, 4)                        # its 8-column block j
+        assert (row, col) == (64 * block + 8 * (k >> 1), 8 * j + (k & 1))
+        a_block, a = divmod(r, 8)                  # the A fragment's 64x16 blocks
+        mb, ks = divmod(a_block, cols // 16)
+        assert (row, col) == (64 * mb + 8 * (a >> 1 & 1), 16 * ks + (a & 1) + 8 * (a >> 2))
+
+
+@pytest.mark.parametrize("name,rows,cols,warps,message", [
+    ("row", 64, 40, 4, "cols must be a power of two or a multiple of 16, got 40; use 48"),
+    ("row", 48, 64, 4, "needs a multiple of 64 rows and of 16 columns, got 48x64"),
+    ("col", 64, 48, 4, "needs a multiple of 16 rows and of 64 columns, got 64x48"),
+    ("vec", 24, 64, 4, "rows must be a power of two or a multiple of 16, got 24; use 32"),
+])
+def test_sizes_no_layout_holds_are_refused(name, rows, cols, warps, message):
+    with pytest.raises(layouts.LayoutError, match=message):
+        layouts.tile_layout(name, rows, cols, warps)
+
+
+# ----------------------------------------------------------- user kernels
+
+@tk.kernel(num_warps=4)
+def tile_ops(X: tk.gl[f32], RS: tk.gl[f32], CM: tk.gl[f32], Y: tk.gl[f32], S: tk.gl[f32],
+             R: tk.constexpr, C: tk.constexpr, LAYOUT: tk.constexpr, SCOPE: tk.constexpr,
+             SW: tk.constexpr):
+    """Row sums and column maxima, broadcast back; the tile's last SW
+    columns (a slice) stored apart."""
+    x = tk.load(X, (0, 0), (R, C), layout=LAYOUT, scope=SCOPE)
+    rs = x.row_sum()
+    cm = x.col_max()
+    tk.store(RS, rs, (0,))
+    tk.store(CM, cm, (0,))
+    tk.store(Y, x.sub_row(rs).mul_col(cm), (0, 0))
+    tk.store(S, x.slice(cols=(C - SW, SW)), (0, 0))
+
+
+TILE_CASES = [  # layout, scope, R, C
+    ("vec", "block", 48, 80), ("vec", "warp", 16, 48), ("vec", "block", 192, 16),
+    ("row", "warp", 48, 80), ("row", "warpgroup", 192, 48), ("row", "block", 64, 80),
+    ("col", "warp", 80, 48), ("col", "warpgroup", 48, 192),
+]
+
+
+def _run_tile_ops(device, layout, scope, R, C, interpret):
+    m, n = R - 3, C - 4               # the last rows and columns are past the edge
+    x = torch.rand(m, n, device=device) - 0.5
+    rs = torch.full((R,), float("nan"), device=device)
+    cm = torch.full((C,), float("nan"), device=device)
+    y = torch.full_like(x, float("nan"))
+    sw = 64 if (layout, scope) == ("col", "warpgroup") else 16   # a whole col tile
+    s = torch.full((m, sw), float("nan"), device=device)
+    launch = tile_ops.interpret if interpret else tile_ops
+    launch[(1,)](x, rs, cm, y, s, R=R, C=C, LAYOUT=layout, SCOPE=scope, SW=sw)
+    xd = torch.zeros(R, C, dtype=torch.float64, device=device)
+    xd[:m, :n] = x.double()
+    ref_rs, ref_cm = xd.sum(1), xd.max(0).values
+    rel = lambda got, ref: ((got.double() - ref).norm() / ref.norm()).item()
+    assert rel(rs, ref_rs) < 1e-6 and rel(cm, ref_cm) < 1e-6
+    assert rel(y, ((xd - ref_rs[:, None]) * ref_cm[None, :])[:m, :n]) < 1e-6
+    assert rel(s, xd[:m, C - sw:]) < 1e-6     # the columns past the edge read 0
+
+
+@pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
+def test_tile_ops_in_the_interpreter(layout, scope, R, C):
+    _run_tile_ops("cpu", layout, scope, R, C, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
+def test_tile_ops_on_the_gpu(layout, scope, R, C):
+    _run_tile_ops("cuda", layout, scope, R, C, interpret=False)
+
+
+@tk.kernel(num_warps=4)
+def mma_tile(A: tk.gl[bf16], B: tk.gl[bf16], C: tk.gl[f32], M: tk.constexpr, N: tk.constexpr,
+             K: tk.constexpr, FORM: tk.constexpr):
+    """C = op(A)·op(B) in one warpgroup: A, B in by TMA, one tk.mma_* (FORM
+    ABt, AB, AtB, or RA: A from registers), out by threads."""
+    a = tk.shared_tile(bf16, (K, M) if FORM == "AtB" else (M, K), swizzle=32)
+    b = tk.shared_tile(bf16, (N, K) if FORM in ("ABt", "RA") else (K, N), swizzle=32)
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, a, b)
+        tk.tma.load_async(a, A, (0, 0), sem)
+        tk.tma.load_async(b, B, (0, 0), sem)
+    tk.wait(sem, 0)
+    acc = tk.zeros((M, N), f32, layout="row", scope="warpgroup")
+    if FORM == "ABt":
+        acc = tk.mma_ABt(acc, a, b)
+    elif FORM == "AB":
+        acc = tk.mma_AB(acc, a, b)
+    elif FORM == "AtB":
+        acc = tk.mma_AtB(acc, a, b)
+    else:
+        acc = tk.mma_ABt(acc, tk.load(a, layout="row", scope="warpgroup"), b)
+    tk.mma_wait(0)
+    tk.store(C, acc, (0, 0))
+
+
+MMA_CASES = [  # M, N, K, form
+    (64, 48, 48, "ABt"), (64, 176, 64, "ABt"), (128, 80, 176, "AB"), (192, 112, 32, "AtB"),
+    (64, 240, 80, "RA"), (128, 48, 96, "RA"),
+]
+
+
+def _run_mma(device, M, N, K, form, interpret):
+    # Each tile reaches past the tensor's edge (TMA reads zeros there, the
+    # store skips it) by 8: tensors' rows stay whole 16-byte units.
+    m, n, k = M - 8, N - 8, K - 8
+    a = (torch.rand(m, k, device=device) - 0.5).to(torch.bfloat16)
+    b = (torch.rand(n, k, device=device) - 0.5).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device=device)
+    a_arg = a.T.contiguous() if form == "AtB" else a
+    b_arg = b if form in ("ABt", "RA") else b.T.contiguous()
+    launch = mma_tile.interpret if interpret else mma_tile
+    launch[(1,)](a_arg, b_arg, c, M=M, N=N, K=K, FORM=form)
+    ref = a.double() @ b.double().T
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-5, err
+
+
+@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
+def test_mma_in_the_interpreter(M, N, K, form):
+    _run_mma("cpu", M, N, K, form, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
+def test_mma_on_the_gpu(M, N, K, form):
+    _run_mma("cuda", M, N, K, form, interpret=False)
+
+
+@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
+def test_mma_assembles_with_one_wgmma_per_64_rows_and_k_step(M, N, K, form):
+    from tk_mlir.toolchain import find_tool
+    if find_tool("ptxas") is None:
+        pytest.skip("ptxas not installed")
+    spec = lambda r, c: tk.spec((r, c), bf16)
+    a = spec(K, M) if form == "AtB" else spec(M, K)
+    b = spec(N, K) if form in ("ABt", "RA") else spec(K, N)
+    compiled = mma_tile.compile(a, b, tk.spec((M, N), f32), M=M, N=N, K=K, FORM=form)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{N}k16") == (M // 64) * (K // 16)
+    info = compiled.info
+    assert info["spill stores (bytes)"] == 0, info
