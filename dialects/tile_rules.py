@@ -387,6 +387,12 @@ def _reduce(op, operands, results, num_warps: int) -> None:
     _float(operands[0], f"{op.kind} reduction")
     _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
     _require(op.axis in tk.AXES, "reduction axis must be row or col")
+    tile = operands[0]
+    if tile.scope != "block":   # warps exchange partials across a block barrier
+        layout = layouts.layout_of(tile, num_warps)
+        _require(not layout.warp_bits_along(1 if op.axis == "row" else 0),
+                 f"a {op.axis} reduction across the warps of a {tile.scope}-scope tile "
+                 f"({_show(tile)}, {tile.layout} layout) is not supported yet; use block scope")
 
 
 @rule("broadcast")

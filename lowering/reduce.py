@@ -11,7 +11,6 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import contracts
-from ..errors import error_at
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import F32, Fragment, convert
 from .memory import smem_addr
@@ -60,9 +59,8 @@ def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
     for bit, basis in enumerate(tile.layout.lane):
         if basis is not None and basis[0] != keep:
             partial = [combine(p, _shuffle_xor(p, 1 << bit)) for p in partial]
-    if tile.layout.warp_bits_along(1 - keep) and tile.scope != "block":
-        raise error_at(op.location, f"a {op.axis} reduction across the warps of a "
-                       f"{tile.scope}-scope tile is not supported yet; use block scope")
+    assert tile.scope == "block" or not tile.layout.warp_bits_along(1 - keep), \
+        "tk-verify refuses reductions across the warps of a warp/warpgroup tile"
     regs = [convert(p, F32, tile.dtype) for p in partial]
     return Fragment(regs, out_layout, tile.dtype, tile.scope), partial
 

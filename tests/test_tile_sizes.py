@@ -104,19 +104,24 @@ def test_sizes_no_layout_holds_are_refused(name, rows, cols, warps, message):
 @tk.kernel(num_warps=4)
 def tile_ops(X: tk.gl[f32], RS: tk.gl[f32], CM: tk.gl[f32], Y: tk.gl[f32], S: tk.gl[f32],
              R: tk.constexpr, C: tk.constexpr, LAYOUT: tk.constexpr, SCOPE: tk.constexpr,
-             SW: tk.constexpr):
-    """Row sums and column maxima, broadcast back; the tile's last SW
-    columns (a slice) stored apart."""
+             SW: tk.constexpr, ROWS: tk.constexpr, COLS: tk.constexpr):
+    """Row sums (ROWS) and column maxima (COLS), broadcast back; the tile's
+    last SW columns (a slice) stored apart."""
     x = tk.load(X, (0, 0), (R, C), layout=LAYOUT, scope=SCOPE)
-    rs = x.row_sum()
-    cm = x.col_max()
-    tk.store(RS, rs, (0,))
-    tk.store(CM, cm, (0,))
-    tk.store(Y, x.sub_row(rs).mul_col(cm), (0, 0))
+    y = x
+    if ROWS:
+        rs = x.row_sum()
+        tk.store(RS, rs, (0,))
+        y = y.sub_row(rs)
+    if COLS:
+        cm = x.col_max()
+        tk.store(CM, cm, (0,))
+        y = y.mul_col(cm)
+    tk.store(Y, y, (0, 0))
     tk.store(S, x.slice(cols=(C - SW, SW)), (0, 0))
 
 
-TILE_CASES = [  # layout, scope, R, C
+TILE_CASES = [  # layout, scope, R, C (a warpgroup tile reduces only within its warps)
     ("vec", "block", 48, 80), ("vec", "warp", 16, 48), ("vec", "block", 192, 16),
     ("row", "warp", 48, 80), ("row", "warpgroup", 192, 48), ("row", "block", 64, 80),
     ("col", "warp", 80, 48), ("col", "warpgroup", 48, 192),
@@ -125,6 +130,8 @@ TILE_CASES = [  # layout, scope, R, C
 
 def _run_tile_ops(device, layout, scope, R, C, interpret):
     m, n = R - 3, C - 4               # the last rows and columns are past the edge
+    rows = (layout, scope) != ("col", "warpgroup")
+    cols = (layout, scope) != ("row", "warpgroup")
     x = torch.rand(m, n, device=device) - 0.5
     rs = torch.full((R,), float("nan"), device=device)
     cm = torch.full((C,), float("nan"), device=device)
@@ -132,14 +139,32 @@ def _run_tile_ops(device, layout, scope, R, C, interpret):
     sw = 64 if (layout, scope) == ("col", "warpgroup") else 16   # a whole col tile
     s = torch.full((m, sw), float("nan"), device=device)
     launch = tile_ops.interpret if interpret else tile_ops
-    launch[(1,)](x, rs, cm, y, s, R=R, C=C, LAYOUT=layout, SCOPE=scope, SW=sw)
+    launch[(1,)](x, rs, cm, y, s, R=R, C=C, LAYOUT=layout, SCOPE=scope, SW=sw, ROWS=rows,
+                 COLS=cols)
     xd = torch.zeros(R, C, dtype=torch.float64, device=device)
     xd[:m, :n] = x.double()
     ref_rs, ref_cm = xd.sum(1), xd.max(0).values
     rel = lambda got, ref: ((got.double() - ref).norm() / ref.norm()).item()
-    assert rel(rs, ref_rs) < 1e-6 and rel(cm, ref_cm) < 1e-6
-    assert rel(y, ((xd - ref_rs[:, None]) * ref_cm[None, :])[:m, :n]) < 1e-6
+    ref_y = xd
+    if rows:
+        assert rel(rs, ref_rs) < 1e-6
+        ref_y = ref_y - ref_rs[:, None]
+    if cols:
+        assert rel(cm, ref_cm) < 1e-6
+        ref_y = ref_y * ref_cm[None, :]
+    assert rel(y, ref_y[:m, :n]) < 1e-6
     assert rel(s, xd[:m, C - sw:]) < 1e-6     # the columns past the edge read 0
+
+
+def test_a_reduction_across_a_warpgroup_tiles_warps_is_refused_in_the_interpreter_too():
+    """The GPU path and the interpreter refuse it alike (tk-verify), at the line."""
+    x = torch.rand(189, 44)
+    out = [torch.empty(n) for n in (192, 48)] + [torch.empty(189, 44), torch.empty(189, 16)]
+    with pytest.raises(tk.CompilationError, match="a col reduction across the warps of a "
+                       "warpgroup-scope tile") as e:
+        tile_ops.interpret[(1,)](x, *out, R=192, C=48, LAYOUT="row", SCOPE="warpgroup", SW=16,
+                                 ROWS=True, COLS=True)
+    assert "cm = x.col_max()" in str(e.value)
 
 
 @pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
