@@ -96,13 +96,14 @@ def fence_registers(regs: list[ir.Value], kind: str = "f") -> list[ir.Value]:
 
 
 def _wgmma_register_a(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int,
-                      dtype: str, trans_b: bool) -> list[ir.Value]:
+                      dtype: str, trans_b: bool, accumulate: bool = True) -> list[ir.Value]:
     """wgmma with A from registers (inline PTX: the NVVM op takes A as a
-    descriptor only). `a` are the 4 packed 16-bit pairs of the A fragment."""
+    descriptor only). `a` are the 4 packed 16-bit pairs of the A fragment;
+    accumulate=False: D = A·B (scale-d 0), acc's registers are not read."""
     m = len(acc)
     outs = ", ".join(f"${i}" for i in range(m))
     ins = ", ".join(f"${m + i}" for i in range(4))
-    text = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "      # scale-d: accumulate
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, {int(accumulate)}, 0; "      # scale-d
             f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
             f"{{{outs}}}, {{{ins}}}, ${m + 4}, p, 1, 1, {int(trans_b)}; }}")
     constraints = ",".join(["=f"] * m + ["r"] * 4 + ["l"] + [str(i) for i in range(m)])
@@ -129,7 +130,12 @@ def _a_fragment(frag: Fragment, mb: int, ks: int, k: int) -> list[ir.Value]:
 def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) -> Fragment:
     """The wgmma group of acc + op(a) op(b); a is a SharedRef or (register A)
     a Fragment. The result stays in flight until tk.mma_wait fences it."""
-    if op.acc not in ctx.in_flight:
+    from_zero = _is_zeros(op.acc)
+    if from_zero:
+        # D = A·B: the first k-step's scale-d is 0, so no register is zeroed or
+        # read (zeros would be live registers held across the wgmmas' issue).
+        acc = acc.like([llvm.mlir_undef(ir.F32Type.get())] * len(acc.regs))
+    elif op.acc not in ctx.in_flight:
         # Computed by threads: fenced, so that LLVM keeps its computation above
         # the wgmma.fence.
         acc = acc.like(fence_registers(acc.regs))
@@ -146,7 +152,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     b_t = T.parse(op.b.type)
     ctx.in_flight[op.result] = ctx.depth
     if isinstance(a_ref, Fragment):
-        return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b)
+        return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b, from_zero)
     da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
     k_step = tk.wgmma_k(a_t.dtype)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
@@ -161,7 +167,9 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
         for ks in range(k // k_step):
             d = nvvm.wgmma_mma_async(
                 _struct(per_block), d, da.at(ks, mb), db.at(ks), shape, type_a, type_b,
-                nvvm.WGMMATypes.f32, nvvm.WGMMAScaleOut.one, nvvm.WGMMAScaleIn.one,
+                nvvm.WGMMATypes.f32,
+                nvvm.WGMMAScaleOut.zero if from_zero and ks == 0 else nvvm.WGMMAScaleOut.one,
+                nvvm.WGMMAScaleIn.one,
                 nvvm.WGMMAScaleIn.one, layout_a, layout_b)
         regs[mb * per_block:(mb + 1) * per_block] = _unpack(d, per_block)
     nvvm.wgmma_commit_group_sync_aligned()
@@ -169,7 +177,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
 
 
 def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: int,
-                      trans_b: bool) -> Fragment:
+                      trans_b: bool, from_zero: bool) -> Fragment:
     db = _Descriptors(b_ref, not trans_b)
     per_block = t.cols // 2
     regs = list(acc.regs)
@@ -185,10 +193,20 @@ def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: 
             # backward.
             pairs = fence_registers(_a_fragment(a, mb, ks, k), "r")
             nvvm.wgmma_fence_aligned()
-            d = _wgmma_register_a(d, pairs, db.at(ks), t.cols, a.dtype, trans_b)
+            d = _wgmma_register_a(d, pairs, db.at(ks), t.cols, a.dtype, trans_b,
+                                  accumulate=not (from_zero and ks == 0))
         regs[mb * per_block:(mb + 1) * per_block] = d
     nvvm.wgmma_commit_group_sync_aligned()
     return acc.like(regs)
+
+
+def _is_zeros(acc: ir.Value) -> bool:
+    """Is acc a tile of zeros (tk.zeros: a tk.fill of 0)?"""
+    owner = acc.owner
+    if isinstance(owner, ir.Block):
+        return False
+    op = owner.operation
+    return op.name == "tk.fill" and float(op.opview.value) == 0.0
 
 
 @lowers("tk.mma_wait")

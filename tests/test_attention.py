@@ -282,7 +282,7 @@ def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
 
 # ------------------------------------------------------------------ backward
 
-@pytest.mark.parametrize("d, causal", [(64, False), (128, False), (128, True)])
+@pytest.mark.parametrize("d, causal", [(64, False), (64, True), (128, False), (128, True)])
 def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
     q = tk.spec((2, 8, 1000, d), tk.bf16)
@@ -300,9 +300,11 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     assert "fence.proxy.async" in ptx               # dSᵀ written by threads, read by wgmma
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d}k16\.f32\.bf16\.bf16\s*\{{[^}}]*\}},\s*"
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
-    # No wgmma is serialized. (Spills: a few registers at D=128, see BENCHMARKS.md.)
-    assert "C7514" not in c.ptxas_log and "C7519" not in c.ptxas_log, c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= 128, c.ptxas_log
+    # No wgmma is serialized and ptxas injects no wait (C7517: the accumulators
+    # start with scale-d 0, no zeroed registers). Spills: a few registers at
+    # D=128, none at D=64 (BENCHMARKS.md).
+    assert "C75" not in c.ptxas_log, c.ptxas_log
+    assert c.info["spill stores (bytes)"] <= (80 if d == 128 else 0), c.ptxas_log
 
 
 @gpu

@@ -248,5 +248,9 @@ def test_mma_assembles_with_one_wgmma_per_64_rows_and_k_step(M, N, K, form):
     compiled = mma_tile.compile(a, b, tk.spec((M, N), f32), M=M, N=N, K=K, FORM=form)
     ptx = compiled.asm["ptx"]
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{N}k16") == (M // 64) * (K // 16)
+    # From tk.zeros: each 64-row block's first wgmma has scale-d 0 (D = A·B,
+    # no zeroed registers), the others accumulate.
+    assert ptx.count("setp.ne.b32 p, 0, 0;") == M // 64
+    assert ptx.count("setp.ne.b32 p, 1, 0;") == (M // 64) * (K // 16 - 1)
     info = compiled.info
     assert info["spill stores (bytes)"] == 0, info

@@ -473,11 +473,13 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
                                 vt, dot)                                 # dPᵀ
                 lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")     # LSE·log2(e)
-                delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
                 # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
                 # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
                 tk.mma_wait(0)
                 p = (s * scale_log2).sub_col(lse2).exp2()
+                # Delta read once P is made: its 16 registers and lse2's are
+                # not live together (fewer spills at D=128)
+                delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
                 if CAUSAL:
                     if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
                         keys = p.row_indices() + kv0
