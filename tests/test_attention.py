@@ -21,7 +21,7 @@ gpu = pytest.mark.gpu
 
 def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
     from tk_mlir.kernels.flash_attention import _config, attention_kernel
-    cfg = _config(d)
+    cfg = _config(d, n_kv or n, causal)
     q = tk.spec((2, 16, n, d), dtype)
     kv = tk.spec((2, h_kv, n_kv or n, d), dtype)
     lse = tk.spec((2, 16, n), tk.f32)
@@ -30,12 +30,13 @@ def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
-@pytest.fixture(scope="module", params=[(128, False), (128, True), (64, False), (64, True),
-                                        (256, False)],
-                ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}")
+@pytest.fixture(scope="module", params=[(128, False, 4096), (128, True, 4096), (64, False, 4096),
+                                        (64, True, 4096), (256, False, 4096),
+                                        (128, False, 8192)],
+                ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}-n{p[2]}")
 def compiled(request):
-    d, causal = request.param
-    return _compile(d, causal)
+    d, causal, n = request.param
+    return _compile(d, causal, n=n)
 
 
 def test_ptx_has_the_fa3_instructions(compiled):
@@ -51,10 +52,12 @@ def test_ptx_has_the_fa3_instructions(compiled):
 
 def test_output_leaves_by_tma_where_shared_memory_holds_it(compiled, request):
     """D=64 and 128 store O from shared memory by TMA (the next task starts
-    while it leaves); D=256 has no room for the tile and stores from registers."""
-    d = request.node.callspec.params["compiled"][0]
+    while it leaves); D=256 and D=128's 192-key tiles (long rows, not causal)
+    leave no room for the tile and store from registers."""
+    from tk_mlir.kernels.flash_attention import _config
+    d, causal, n = request.node.callspec.params["compiled"]
     store = re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", compiled.asm["ptx"])
-    assert bool(store) == (d != 256)
+    assert bool(store) == (d != 256 and _config(d, n, causal)["BN"] != 192)
 
 
 def test_register_split_fits_what_the_block_starts_with(compiled):
@@ -168,6 +171,20 @@ def test_attention_matches_float32(d, n, causal):
     g = torch.Generator(device="cuda").manual_seed(1000 * d + n + causal)
     q, k, v = (torch.randn(2, 4, n, d, device="cuda", generator=g).bfloat16() for _ in range(3))
     _run_and_check(q, k, v, causal)
+
+
+@gpu
+@pytest.mark.parametrize("n, n_kv", [(8192, 8192), (300, 8192 + 37), (1000, 9000)])
+def test_long_rows_take_192_key_tiles(n, n_kv):
+    """D=128 rows of LONG_KV keys or more, not causal: 192-key K/V tiles
+    (a tile size of 16·k), the last one past N_kv."""
+    from tk_mlir.kernels.flash_attention import _config
+    assert _config(128, n_kv, False)["BN"] == 192
+    g = torch.Generator(device="cuda").manual_seed(n + n_kv)
+    q = torch.randn(1, 4, n, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, n_kv, 128, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    _run_and_check(q, k, v, False)
 
 
 @gpu

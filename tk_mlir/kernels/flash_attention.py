@@ -214,9 +214,15 @@ def yield_mmas(wg, consumers):
         tk.named_barrier_arrive(1 + (wg + 1) % consumers, warps=8)
 
 
-def _config(d: int) -> dict:
-    """Tile configuration per head dim. setmaxnreg only moves registers between
-    warpgroups: the split must fit what the block starts with."""
+# Non-causal rows at least this long take 192-key blocks at D=128 (fewer
+# softmax rounds per key; measured, BENCHMARKS.md).
+LONG_KV = 8192
+
+
+def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
+    """Tile configuration per head dim (and, at D=128, key count and
+    causality). setmaxnreg only moves registers between warpgroups: the
+    split must fit what the block starts with."""
     # Two Q stages (the next task's Q and first K/V blocks load during this
     # one) and O leaving by TMA where shared memory holds them (not D=256).
     if d == 64:     # 512 threads start with 128 registers each
@@ -224,6 +230,10 @@ def _config(d: int) -> dict:
                     CONSUMER_REGISTERS=160, PRODUCER_REGISTERS=32)
     # 384 threads start with 168 registers each (D=256: the producer's
     # address arithmetic spills in 24)
+    if d == 128 and not causal and n_kv >= LONG_KV:
+        # 192-key K/V tiles leave shared memory for one Q stage and no O tile
+        return dict(BN=192, STAGES=2, Q_STAGES=1, O_TMA=False, CONSUMERS=2,
+                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     if d == 128:
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
                     CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
@@ -247,7 +257,7 @@ def tasks(q, k, causal: bool, grid: int):
     groups of as many heads as have K and V that fit in L2_KV_BYTES."""
     B, H, N, D = q.shape
     N_KV = k.shape[2]
-    cfg = _config(D)
+    cfg = _config(D, N_KV, causal)
     bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
     key = ("attention", B * H, N, N_KV, D, bm, bn, causal, grid, L2_KV_BYTES,
            TASK_OVERHEAD_BLOCKS)
@@ -309,7 +319,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
     """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
     N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
-    cfg = _config(q.shape[-1])
+    cfg = _config(q.shape[-1], k.shape[2], causal)
     grid = num_sms(q.get_device())
     attention_kernel[(grid,)](
         q, k, v, o, lse, tasks(q, k, causal, grid), scale * math.log2(math.e), D=q.shape[-1],
