@@ -5,8 +5,9 @@
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
-    torch.ops.tk_mlir.attention(q, k, v, causal, scale) -> (o, lse)
-    torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
+    torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
+    torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
+                                         deterministic=False) -> (dq, dk, dv)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
@@ -121,9 +122,10 @@ def _(x, weight, bias, eps):
 
 @torch.library.custom_op("tk_mlir::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+              scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
-    _lse_like makes it. See flash_attention.attention for the arguments."""
+    _lse_like makes it. See flash_attention.attention for the arguments
+    (deterministic is for the backward: autograd keeps it)."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
     return _attention_forward(q, k, v, causal, scale)
@@ -138,7 +140,7 @@ def _attention_forward(q, k, v, causal, scale):
 
 
 @attention.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, deterministic=False):
     return torch.empty_like(q), _lse_like(q)
 
 
@@ -152,24 +154,25 @@ def _lse_like(q):
 
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       o: torch.Tensor, lse: torch.Tensor, causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
+                       deterministic: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention by the backward kernels: an op of its own, so
     that a compiled backward graph calls it as one node (it cannot trace into
     a cuda-python launch)."""
-    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale)
+    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic)
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale):
+def _(do, q, k, v, o, lse, causal, scale, deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
     # An unused lse then gets None, not zeros: the backward can tell a loss
     # that reaches lse (which it cannot differentiate) from one that does not.
     ctx.set_materialize_grads(False)
@@ -187,11 +190,14 @@ def _attention_backward(ctx, do, dlse, backward=None):
             "when lse leaves the compiled function)")
     q, k, v, o, lse = ctx.saved_tensors
     if do is None:      # neither output reached the loss
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
-    dq, dk, dv = (backward or attention_backward)(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    backward = backward or attention_backward
+    # deterministic passed only when set: the default call is the one it always was
+    dq, dk, dv = backward(*args, deterministic=True) if ctx.deterministic else backward(*args)
+    return dq, dk, dv, None, None, None
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
@@ -204,9 +210,9 @@ class EagerAttention(torch.autograd.Function):
     custom op's kernel makes). torch.compile traces the op instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, deterministic=False):
         o, lse = _attention_forward(q, k, v, causal, scale)
-        _attention_setup_context(ctx, (q, k, v, causal, scale), (o, lse))
+        _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic), (o, lse))
         return o, lse
 
     @staticmethod

@@ -281,7 +281,7 @@ def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal:
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
-              return_lse: bool = False):
+              return_lse: bool = False, deterministic: bool = False):
     """softmax(q·kᵀ·scale [+ causal mask])·v on (B, H, N, D) torch tensors.
 
     q: (B, H, N, D); k, v: (B, H_kv, N_kv, D) with H_kv dividing H (GQA/MQA);
@@ -298,11 +298,15 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     (tk_mlir/kernels/custom_ops.py), traced as one node; eager calls launch
     directly (custom_ops.EagerAttention). Either way o is differentiable in
     q, k and v (the backward is `attention_backward`). lse carries no gradient: a
-    loss that reaches it raises a RuntimeError at backward (detach lse)."""
+    loss that reaches it raises a RuntimeError at backward (detach lse).
+    deterministic=True makes the backward's dq the same bits on every run (its
+    f32 sums over key blocks in a fixed order, FA3's per-tile semaphores), at
+    some speed; o, dk and dv are deterministic either way."""
     import torch
     _check(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention: causal must be a bool, got {causal!r}")
+    for name, flag in (("causal", causal), ("deterministic", deterministic)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
     B, H, N, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else checks.number("attention", "scale", scale)
     if not (math.isfinite(scale) and scale > 0):
@@ -310,9 +314,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if torch.compiler.is_compiling():
-        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale)
+        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic)
     else:                                   # eager: no op dispatch (host time)
-        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale)
+        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic)
     return (o, lse) if return_lse else o
 
 
@@ -383,7 +387,7 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl
 def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.gl, Delta: tk.gl,
                               dQ: tk.gl, dK: tk.gl, dV: tk.gl, TASKS: tk.gl, scale_log2: float,
                               scale: float, D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
-                              CAUSAL: tk.constexpr = False,
+                              CAUSAL: tk.constexpr = False, DETERMINISTIC: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
@@ -400,7 +404,20 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     share. LSE2 = LSE·log2(e) (+inf for a row that saw no key) and Delta:
     (B, H, N') f32 with N' >= N a multiple of 4. TASKS: the schedule table
     (kernels/schedule.py) of task ids (b·H_kv + h_kv)·cdiv(N_kv, 128) + K/V
-    block, from `backward_tasks()`, over the launch's persistent grid."""
+    block, from `backward_tasks()`, over the launch's persistent grid.
+
+    DETERMINISTIC: each dQ tile takes its adds in one order, K/V block by K/V
+    block (at D=64 warpgroup 0's keys before warpgroup 1's), so dQ is the same
+    bits on every run. TASKS then ends with `dq_counters(B, H, N)` zeroed i32
+    counters, one per 64-row query tile (b, h, i), that count the adds it has
+    received: a task waits until the tile has the adds of every K/V block
+    before its own, adds, and counts its add once the TMA has completed it.
+    The K/V blocks that reach query tile i are a prefix 0, 1, ... (a task
+    walks the query blocks from first_q_block(kvb), which grows with kvb), so
+    block kvb's turn is the count 2·kvb (+ wg at D=64; at D=128 both column
+    halves count). A task waits only on tasks before it in the table's order,
+    in which every block runs its tasks (see `backward_tasks`), and the grid
+    is resident (one block per SM), so the waits cannot deadlock."""
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
@@ -423,12 +440,31 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         """The first query block that sees a key of K/V block kvb."""
         return max((kvb * 128 - shift) // 64, 0) if CAUSAL else 0
 
+    def walk_start(hk, first):
+        """The first (query head, query block) of a task's walk over the query
+        blocks first.. of its K/V head's query heads (see next_block)."""
+        return hk * group, (q_blocks - 1 if DETERMINISTIC else first)
+
     def next_block(h, i, first):
-        """The (query head, query block) after (h, i) in a task's walk over the
-        query blocks of its K/V head's query heads: one loop, not one per
-        head, so no accumulator lives across an outer loop's boundary."""
-        last = i + 1 == q_blocks
-        return (h + 1 if last else h), (first if last else i + 1)
+        """The (query head, query block) after (h, i) in that walk: one loop,
+        not one per head, so no accumulator lives across an outer loop's
+        boundary. Heads outer, blocks up; DETERMINISTIC: blocks down to
+        first, heads inner, so that all tasks of a K/V head reach a dQ tile
+        at the same step of their walks (they take turns there: a task a
+        step ahead of the one before it would wait for it at every tile)."""
+        if DETERMINISTIC:
+            last = (h + 1) % group == 0
+            h, i = (h + 1 - group if last else h + 1), (i - 1 if last else i)
+        else:
+            last = i + 1 == q_blocks
+            h, i = (h + 1 if last else h), (first if last else i + 1)
+        return h, i
+
+    def dq_counter(b, h, i):
+        """DETERMINISTIC: the entry of TASKS that counts dQ tile (b, h, i)'s
+        adds (the counters follow the table: its last slot, in whole vectors;
+        read when needed, not kept in a register)."""
+        return tk.cdiv(tk.load(TASKS, (tk.grid_dim(0),)), 4) * 4 + (b * H + h) * q_blocks + i
 
     if tk.warpgroup_id() == 2:
         tk.decrease_registers(PRODUCER_REGISTERS)
@@ -444,7 +480,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.tma.load_async(kv[c], K, (b, hk, 2 * kvb + c, 0), kv_full)
                     tk.tma.load_async(kv[2 + c], V, (b, hk, 2 * kvb + c, 0), kv_full)
                 first = first_q_block(kvb)
-                h, i = hk * group, first
+                h, i = walk_start(hk, first)
                 for _ in range(group * (q_blocks - first)):
                     t, q_full = qs.fill(it)
                     tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
@@ -474,7 +510,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             dk = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             dv = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             first = first_q_block(kvb)
-            h, i = hk * group, first
+            h, i = walk_start(hk, first)
             for _ in range(group * (q_blocks - first)):
                 qt = qs.wait(it, part=0)
                 dot = qs.wait(it, part=1)
@@ -502,7 +538,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
                 if leader:
-                    tk.tma.store_wait(0)            # the last block's dQ tile is read
+                    # the last block's dQ tile is read (DETERMINISTIC: added, counted below)
+                    tk.tma.store_wait(0, read=not DETERMINISTIC)
                 if D == 64:     # one column block: each warpgroup adds its keys' share
                     tk.store(ds[wg], dsb)
                     tk.named_barrier(1 + wg, warps=4)
@@ -521,8 +558,21 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 tk.store(dqs[wg], dq * scale)
                 tk.named_barrier(3 + wg, warps=4)
                 if leader:
+                    # Here, with no MMA in flight (a signal's trap path would serialize
+                    # them, ptxas C7518): wait for this tile's turn (the adds of the
+                    # K/V blocks before this one), add, count the add.
+                    if DETERMINISTIC:
+                        tk.wait_signal(TASKS, (dq_counter(b, h, i),),
+                                       2 * kvb + (wg if D == 64 else 0), scope="gpu")
+                        tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
                     tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                     tk.tma.store_commit()
+                    if DETERMINISTIC:
+                        # Counted as soon as it is done: the next K/V block's task
+                        # waits for it (counted a step later, every turn cost a step).
+                        tk.tma.store_wait(0, read=False)
+                        tk.fence("gpu", async_proxy=True)
+                        tk.signal(TASKS, (dq_counter(b, h, i),), scope="gpu")
                 qs.release(it)
                 vs.release(it)
                 it += 1
@@ -544,20 +594,34 @@ def _backward_config(d: int) -> dict:
     return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
-def backward_tasks(q, k, causal: bool, grid: int):
+def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False):
     """attention_backward_kernel's TASKS table for q (B, H, N, D) and k (B,
     H_kv, N_kv, D) over `grid` blocks, on q's device (made once per shape).
     Not causal: K/V blocks inner, so blocks running together share Q and dO
     in L2. Causal: the longest tasks (first K/V blocks) first, heads inner,
     in groups of as many K/V heads as have query heads whose Q and dO fit in
-    L2_KV_BYTES; balanced by the query blocks each task walks."""
+    L2_KV_BYTES; balanced by the query blocks each task walks. Either way a
+    head's K/V blocks come in increasing order, as the deterministic kernel
+    needs. deterministic=True: a new tensor, the table followed by the
+    kernel's dQ counters, zeroed (one per launch: the kernel counts on them)."""
+    import torch
     B, H, N, D = q.shape
     H_KV, N_KV = k.shape[1], k.shape[2]
     key = ("attention backward", B * H_KV, H // H_KV, N, N_KV, D, causal, grid, L2_KV_BYTES,
            TASK_OVERHEAD_BLOCKS)
-    return schedule.on_device(
+    table = schedule.on_device(
         key, lambda: _backward_task_table(B * H_KV, H // H_KV, N, N_KV, D, causal, grid),
         q.device)
+    if deterministic:
+        table = torch.cat((table, table.new_zeros(dq_counters(B, H, N))))
+    return table
+
+
+def dq_counters(b: int, h: int, n: int) -> int:
+    """The deterministic backward's dQ counters: one per 64-row query tile,
+    padded to whole 16-byte vectors (the kernel finds them from TASKS' end)."""
+    tiles = b * h * -(-n // 64)
+    return -(-tiles // 4) * 4
 
 
 def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int,
@@ -597,10 +661,13 @@ def padded_rows(lse):
     return padded
 
 
-def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
+                       deterministic: bool = False):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
-    v's shapes (GQA: summed over the query heads of each K/V head)."""
+    v's shapes (GQA: summed over the query heads of each K/V head).
+    deterministic=True: dq's f32 sums in a fixed order (the same bits on every
+    run), at some speed (tasks wait for their turn at each dQ tile)."""
     import torch
     B, H, N, D = q.shape
     cfg = _backward_config(D)
@@ -613,7 +680,7 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = num_sms(q.get_device())
     attention_backward_kernel[(grid,)](
-        q, k, v, do, lse2, delta, dq, dk, dv, backward_tasks(q, k, causal, grid),
-        scale * math.log2(math.e), scale, D=D, CAUSAL=causal, **cfg)
+        q, k, v, do, lse2, delta, dq, dk, dv, backward_tasks(q, k, causal, grid, deterministic),
+        scale * math.log2(math.e), scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv
