@@ -512,3 +512,23 @@ def test_autotuned_kernels_interpret_with_their_first_config(tmp_path):
     """Under TK_MLIR_INTERPRET=1 an autotuned kernel runs its first config on
     the CPU, untimed (no GPU, no tuning)."""
     assert under_the_environment(AUTOTUNED_UNDER_THE_ENVIRONMENT, tmp_path) == 0.0
+
+
+@tk.kernel(num_warps=4)
+def replicated_store(X: tk.gl[bf16], Y: tk.gl[bf16], R: tk.constexpr, C: tk.constexpr):
+    a = tk.shared_tile(bf16, (R, C), swizzle=32)
+    t = tk.load(X, (0, 0), (R, C)).to(f32)
+    tk.store(a, (t * 2.0).to(bf16))
+    tk.barrier()
+    tk.copy(Y, a, (0, 0))
+
+
+@pytest.mark.parametrize("r, c", [(16, 16), (48, 16), (16, 64)])
+def test_a_tile_replicated_across_warps_is_stored_by_its_first_replica_only(r, c):
+    """A block tile too small for its warps (16x16 over 4: every warp holds it
+    all) is written to shared memory by warp 0 only, as the GPU does
+    (is_first_replica): not a race between the copies."""
+    x = torch.rand(r, c).bfloat16()
+    y = torch.full_like(x, float("nan"))
+    replicated_store.interpret[(1,)](x, y, R=r, C=c)
+    assert torch.equal(y, (x.float() * 2).bfloat16())

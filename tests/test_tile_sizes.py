@@ -254,3 +254,64 @@ def test_mma_assembles_with_one_wgmma_per_64_rows_and_k_step(M, N, K, form):
     assert ptx.count("setp.ne.b32 p, 1, 0;") == (M // 64) * (K // 16 - 1)
     info = compiled.info
     assert info["spill stores (bytes)"] == 0, info
+
+
+@tk.kernel(num_warps=4)
+def shared_ops(X: tk.gl[bf16], Y: tk.gl[bf16], A: tk.gl[f32], R: tk.constexpr, C: tk.constexpr,
+               SWIZZLE: tk.constexpr, LAYOUT: tk.constexpr):
+    """Per block: an R x C tile global -> shared (threads), shared -> registers,
+    2x + 1 back into a second shared tile, out by a TMA store; and the f32 tile
+    added into A (atomic_add) at the same place."""
+    i = tk.block_id(0)
+    a = tk.shared_tile(bf16, (R, C), swizzle=SWIZZLE)
+    b = tk.shared_tile(bf16, (R, C), swizzle=SWIZZLE)
+    tk.copy(a, X, (i, 0))
+    t = tk.load(a, layout=LAYOUT, scope="warpgroup" if LAYOUT == "row" else "block").to(f32)
+    tk.store(b, (t * 2.0 + 1.0).to(bf16))
+    tk.barrier()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.store_async(Y, b, (i, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0)
+    tk.atomic_add(A, t, (i, 0))
+
+
+SHARED_CASES = [  # R, C, swizzle, layout: 16·k sides, several swizzles
+    (48, 80, 32, "vec"), (192, 48, 32, "row"), (80, 64, 128, "vec"), (64, 112, 32, "row"),
+    (112, 128, 64, "vec"),
+]
+
+
+def _run_shared_ops(device, R, C, swizzle, layout, interpret):
+    m, n = 2 * R + R // 2, C - 8             # 3 blocks, the last one half past the edge
+    x = (torch.rand(m, n, device=device) - 0.5).to(torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    acc = torch.rand(m, n, device=device)
+    start = acc.clone()
+    launch = shared_ops.interpret if interpret else shared_ops
+    launch[(3,)](x, y, acc, R=R, C=C, SWIZZLE=swizzle, LAYOUT=layout)
+    assert torch.equal(y, (x.float() * 2 + 1).to(torch.bfloat16))
+    assert torch.allclose(acc, start + x.float(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
+def test_shared_tiles_tma_store_and_atomic_add_in_the_interpreter(R, C, swizzle, layout):
+    _run_shared_ops("cpu", R, C, swizzle, layout, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
+def test_shared_tiles_tma_store_and_atomic_add_on_the_gpu(R, C, swizzle, layout):
+    _run_shared_ops("cuda", R, C, swizzle, layout, interpret=False)
+
+
+@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
+def test_shared_ops_assemble_without_spills(R, C, swizzle, layout):
+    from tk_mlir.toolchain import find_tool
+    if find_tool("ptxas") is None:
+        pytest.skip("ptxas not installed")
+    compiled = shared_ops.compile(tk.spec((1000, C), bf16), tk.spec((1000, C), bf16),
+                                  tk.spec((1000, C), f32), R=R, C=C, SWIZZLE=swizzle,
+                                  LAYOUT=layout)
+    assert compiled.info["spill stores (bytes)"] == 0, compiled.info
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in compiled.asm["ptx"]

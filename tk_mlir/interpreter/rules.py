@@ -122,7 +122,7 @@ def _fenced(op) -> bool:
 
 
 def _store_shared(t, num_warps, fenced: bool):
-    owners = shared.rows_by_warp(t, num_warps)
+    owners = shared.rows_by_warp(t, num_warps, store=True)
     def store(scope, dst, value, *coords):
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,

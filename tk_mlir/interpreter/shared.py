@@ -112,14 +112,18 @@ class SharedMemory:
 
 
 @functools.lru_cache(maxsize=256)
-def rows_by_warp(t, num_warps: int) -> tuple[np.ndarray, ...]:
+def rows_by_warp(t, num_warps: int, store: bool = False) -> tuple[np.ndarray, ...]:
     """For each warp of a register tile's scope, the tile rows it holds (a
-    bool mask), from the tile's layout: what a thread-side load or store of
-    the tile touches in each warp's name. A vector: every warp row 0."""
+    bool mask), from the tile's layout: what a thread-side load of the tile
+    touches in each warp's name. A vector: every warp row 0. store=True:
+    what a store writes, by the first replica only (a warp holding a copy of
+    another warp's elements, a replicated warp bit set, writes nothing; the
+    lowering's is_first_replica)."""
     n = T.scope_warps(t.scope, num_warps)
-    if isinstance(t, T.RV):
-        return tuple(np.ones(1, bool) for _ in range(n))
     layout = layouts.layout_of(t, num_warps)
+    replicas = sum(1 << bit for bit, b in enumerate(layout.warp) if b is None)
+    if isinstance(t, T.RV):
+        return tuple(np.full(1, not (store and k & replicas)) for k in range(n))
     rows = np.unique([layout.reg_position(r)[0] for r in range(layout.num_regs)])
     for b in layout.lane:
         if b is not None and b[0] == 0:
@@ -129,6 +133,7 @@ def rows_by_warp(t, num_warps: int) -> tuple[np.ndarray, ...]:
         off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
                   if k >> bit & 1 and b is not None and b[0] == 0)
         mask = np.zeros(t.rows, bool)
-        mask[(rows + off) % t.rows] = True
+        if not (store and k & replicas):
+            mask[(rows + off) % t.rows] = True
         out.append(mask)
     return tuple(out)
