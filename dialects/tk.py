@@ -172,7 +172,7 @@ OPS: tuple[OpDef, ...] = (
     OpDef("warpgroup_id", results=("result",), thread_varying=True,
           doc="warpgroup within the block"),
     OpDef("gl_dim", operands=("src",), results=("result",), attributes=("dim",),
-          doc="run-time extent of a global layout dimension"),
+          int_tensor="src", doc="run-time extent of a global layout dimension"),
     # Memory.
     OpDef("alloc_st", results=("result",), allocates=True,
           doc="a shared tile; placed by passes/smem.py"),

@@ -532,3 +532,19 @@ def test_a_tile_replicated_across_warps_is_stored_by_its_first_replica_only(r, c
     y = torch.full_like(x, float("nan"))
     replicated_store.interpret[(1,)](x, y, R=r, C=c)
     assert torch.equal(y, (x.float() * 2).bfloat16())
+
+
+@tk.kernel(num_warps=4)
+def counts_entries(T: tk.gl["i32"], Y: tk.gl[f32]):
+    tk.store(Y, tk.full((16,), 1.0) * (T.shape[0] + T.shape[1]), (0,))
+
+
+def test_an_i32_tensors_shape_is_readable():
+    """X.shape of an i32 tensor (counters, a table) is a run-time extent like
+    any other; only tile loads, stores, TMA and MMA refuse i32 tensors."""
+    t = torch.randint(0, 9, (37, 12), dtype=torch.int32)
+    y = torch.full((16,), float("nan"))
+    counts_entries.interpret[(1,)](t, y)
+    assert torch.equal(y, torch.full((16,), 49.0))
+    ptx = counts_entries.compile(tk.spec((37, 12), "i32"), tk.spec((16,), f32)).asm["ptx"]
+    assert "st.global" in ptx
