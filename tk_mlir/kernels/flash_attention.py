@@ -462,9 +462,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
 
     def dq_counter(b, h, i):
         """DETERMINISTIC: the entry of TASKS that counts dQ tile (b, h, i)'s
-        adds (the counters follow the table: its last slot, in whole vectors;
-        read when needed, not kept in a register)."""
-        return tk.cdiv(tk.load(TASKS, (tk.grid_dim(0),)), 4) * 4 + (b * H + h) * q_blocks + i
+        adds (the counters end TASKS: dq_counters(B, H, N) of them)."""
+        counters = tk.cdiv(B * H * q_blocks, 4) * 4
+        return TASKS.shape[0] - counters + (b * H + h) * q_blocks + i
 
     if tk.warpgroup_id() == 2:
         tk.decrease_registers(PRODUCER_REGISTERS)
