@@ -128,15 +128,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     (deterministic is for the backward: autograd keeps it)."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
-    return _attention_forward(q, k, v, causal, scale)
+    return attention_forward(q, k, v, causal, scale)
 
 
-def _attention_forward(q, k, v, causal, scale):
-    """(o, lse) of the forward kernel on checked tensors."""
-    o, lse = torch.empty_like(q), _lse_like(q)
+def attention_forward(q, k, v, causal, scale):
+    """(o, lse) of the forward kernel on checked tensors, as the op returns
+    them (an eager call with nothing to differentiate calls this alone)."""
+    o, rows = torch.empty_like(q), _lse_rows(q)
     if q.shape[0] and q.shape[1]:
-        flash_attention.launch(q, k, v, o, flash_attention.padded_rows(lse), causal, scale)
-    return o, lse
+        flash_attention.launch(q, k, v, o, rows, causal, scale)
+    return o, rows.narrow(-1, 0, q.shape[2])
 
 
 @attention.register_fake
@@ -144,12 +145,18 @@ def _(q, k, v, causal, scale, deterministic=False):
     return torch.empty_like(q), _lse_like(q)
 
 
-def _lse_like(q):
-    """(B, H, N) float32 on q's device: the first N of rows padded to whole
-    16-byte vectors (the kernels' row rule; they write and read the padding)."""
+def _lse_rows(q):
+    """(B, H, N') float32 on q's device, N' >= N a multiple of 4: lse's rows
+    padded to whole 16-byte vectors (the kernels' row rule; they write and
+    read the padding)."""
     B, H, N = q.shape[:3]
+    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32)
+
+
+def _lse_like(q):
+    """(B, H, N) float32: the first N of each of _lse_rows(q)'s rows."""
     # narrow, not [..., :N]: a CPU-only torch cannot slice a fake CUDA tensor
-    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32).narrow(-1, 0, N)
+    return _lse_rows(q).narrow(-1, 0, q.shape[2])
 
 
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
@@ -211,7 +218,7 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, deterministic=False):
-        o, lse = _attention_forward(q, k, v, causal, scale)
+        o, lse = attention_forward(q, k, v, causal, scale)
         _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic), (o, lse))
         return o, lse
 

@@ -296,7 +296,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.attention
     (tk_mlir/kernels/custom_ops.py), traced as one node; eager calls launch
-    directly (custom_ops.EagerAttention). Either way o is differentiable in
+    directly (custom_ops.EagerAttention; with nothing to differentiate, the
+    forward kernel alone). Either way o is differentiable in
     q, k and v (the backward is `attention_backward`). lse carries no gradient: a
     loss that reaches it raises a RuntimeError at backward (detach lse).
     deterministic=True makes the backward's dq the same bits on every run (its
@@ -315,8 +316,11 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if torch.compiler.is_compiling():
         o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic)
-    else:                                   # eager: no op dispatch (host time)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # eager: no op dispatch (host time)
         o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic)
+    else:                                   # nothing to differentiate: the kernel alone
+        o, lse = custom_ops.attention_forward(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
 
 
