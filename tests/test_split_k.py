@@ -60,6 +60,27 @@ def test_plan_on_132_sms(shape, kind):
         assert -(-K // 64) // parts >= gemm.MIN_SLICE_STEPS        # slices keep their depth
 
 
+def test_tiles_overflowing_one_wave_widen_to_fill_it():
+    """256 x 11008: 172 tiles of 128 x 128 take two waves on 132 SMs, 116 of
+    128 x 192 one; 512 x 4096's 128 tiles of 128 x 128 already fit."""
+    wide = plan(256, 11008, 4096, 132)
+    assert wide.kernel == "tiles" and (wide.config["BM"], wide.config["BN"]) == (128, 192)
+    assert wide.config["EPI_N"] == 64 and "fill one" in wide.why
+    assert plan(512, 4096, 4096, 132).config["BN"] == 128
+
+
+@pytest.mark.parametrize("b_kn", [False, True])
+def test_wide_tiles_in_the_interpreter(b_kn):
+    M, N, K = 200, 400, 192
+    cfg = {k: v for k, v in plan(256, 11008, 4096, 132).config.items() if k != "num_warps"}
+    a = torch.randn(M, K).bfloat16()
+    b = torch.randn(K, N).bfloat16() if b_kn else torch.randn(N, K).bfloat16()
+    c = torch.full((M, N), float("nan")).bfloat16()
+    gemm_kernel.kernel.interpret[(3,)](a, b, c, B_KN=b_kn, num_warps=12, **cfg)
+    ref = a.double() @ (b.double() if b_kn else b.double().T)
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
 def test_plan_counts_every_product_of_a_batch():
     assert plan(512, 512, 4096, 132).kernel == "split_k"          # 16 tiles of 128 x 128
     assert plan(512, 512, 4096, 132, batch=8).kernel == "tiles"     # 8 x 16 of them
@@ -79,7 +100,8 @@ def test_plan_is_always_a_launchable_config(m, n, k, sms):
         assert tk.cdiv(m, 128) * tk.cdiv(n, 256) >= gemm.BUSY * sms
         return
     cfg = chosen.config
-    assert cfg["BM"] in (64, 128) and cfg["BN"] in (128, 256)
+    assert cfg["BM"] in (64, 128) and cfg["BN"] in (128, gemm.WIDE_N, 256)
+    assert cfg["BN"] % cfg.get("EPI_N", 128) == 0           # the epilogue's pieces fit
     assert chosen.kernel == ("split_k" if "SPLIT_K" in cfg else "tiles")
     if "SPLIT_K" in cfg:
         parts, steps = cfg["SPLIT_K"], tk.cdiv(k, 64)

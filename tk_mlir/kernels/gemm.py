@@ -271,6 +271,7 @@ def output_shape(a, b, b_layout: str) -> tuple[int, ...]:
 # first (a larger tile reads less of A and B per FLOP).
 SMALL_TILES = ((128, 128), (64, 256), (64, 128))
 BUSY = 0.75              # a grid of tiles keeps the SMs busy from this many tiles per SM
+WIDE_N = 192             # the wider tile (16·k) when 128 x 128 tiles overflow one wave
 MIN_SLICE_STEPS = 8      # K steps (of 64) a split-K slice keeps at least
 
 
@@ -297,7 +298,9 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
        128 columns wide; idle SMs then take slices of K (split-K).
     3. Otherwise the largest of SMALL_TILES that still makes BUSY x SMs
        tiles (else the smallest), and split-K when the tiles fill at most
-       half of the SMs.
+       half of the SMs. 128 x 128 tiles that overflow one wave while
+       128 x WIDE_N tiles fill one (at least BUSY x SMs of them) take the
+       wider tile (256 x 11008 x 4096: 1.40x, H200, BENCHMARKS.md).
     A split keeps MIN_SLICE_STEPS K steps per slice at least."""
     def tiles(bm, bn):
         return batch * tk.cdiv(M, bm) * tk.cdiv(N, bn)
@@ -312,8 +315,14 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     else:
         bm, bn = next((t for t in SMALL_TILES if tiles(*t) >= BUSY * sms), SMALL_TILES[-1])
         why = f"{tiles(bm, bn)} tiles of {bm} x {bn} for {sms} SMs"
-    stages = 8 if bm == 64 and bn == 128 else 4 if bn == 256 else 6
+        if (bm, bn) == (128, 128) and BUSY * sms <= tiles(128, WIDE_N) <= sms < tiles(bm, bn):
+            # 128-wide tiles take a second, partial wave; WIDE_N-wide ones fill one
+            why += f" take two waves; {tiles(128, WIDE_N)} of 128 x {WIDE_N} fill one"
+            bn = WIDE_N
+    stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else 6
     config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
+    if bn == WIDE_N:
+        config["EPI_N"] = 64            # the epilogue's pieces divide the tile's columns
     steps = tk.cdiv(K, 64)
     parts = min(sms // max(1, tiles(bm, bn)), steps // MIN_SLICE_STEPS)
     if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
