@@ -24,6 +24,19 @@ from tk_mlir import bf16, f32
 torch = pytest.importorskip("torch")
 
 SIDES = (16, 48, 64, 80, 112, 176, 192, 256)
+# Each kernel runs in the interpreter (CPU tensors) and, where there is one, on the GPU.
+WHERE = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="gpu", marks=pytest.mark.gpu)]
+
+
+def _launcher(kernel, device):
+    return kernel.interpret if device == "cpu" else kernel
+
+
+@pytest.fixture
+def ptxas():
+    from tk_mlir.toolchain import find_tool
+    if find_tool("ptxas") is None:
+        pytest.skip("ptxas not installed")
 
 
 def _elements(layout) -> collections.Counter:
@@ -128,7 +141,9 @@ TILE_CASES = [  # layout, scope, R, C (a warpgroup tile reduces only within its 
 ]
 
 
-def _run_tile_ops(device, layout, scope, R, C, interpret):
+@pytest.mark.parametrize("device", WHERE)
+@pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
+def test_tile_ops(device, layout, scope, R, C):
     m, n = R - 3, C - 4               # the last rows and columns are past the edge
     rows = (layout, scope) != ("col", "warpgroup")
     cols = (layout, scope) != ("row", "warpgroup")
@@ -138,9 +153,8 @@ def _run_tile_ops(device, layout, scope, R, C, interpret):
     y = torch.full_like(x, float("nan"))
     sw = 64 if (layout, scope) == ("col", "warpgroup") else 16   # a whole col tile
     s = torch.full((m, sw), float("nan"), device=device)
-    launch = tile_ops.interpret if interpret else tile_ops
-    launch[(1,)](x, rs, cm, y, s, R=R, C=C, LAYOUT=layout, SCOPE=scope, SW=sw, ROWS=rows,
-                 COLS=cols)
+    _launcher(tile_ops, device)[(1,)](x, rs, cm, y, s, R=R, C=C, LAYOUT=layout, SCOPE=scope,
+                                      SW=sw, ROWS=rows, COLS=cols)
     xd = torch.zeros(R, C, dtype=torch.float64, device=device)
     xd[:m, :n] = x.double()
     ref_rs, ref_cm = xd.sum(1), xd.max(0).values
@@ -165,17 +179,6 @@ def test_a_reduction_across_a_warpgroup_tiles_warps_is_refused_in_the_interprete
         tile_ops.interpret[(1,)](x, *out, R=192, C=48, LAYOUT="row", SCOPE="warpgroup", SW=16,
                                  ROWS=True, COLS=True)
     assert "cm = x.col_max()" in str(e.value)
-
-
-@pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
-def test_tile_ops_in_the_interpreter(layout, scope, R, C):
-    _run_tile_ops("cpu", layout, scope, R, C, interpret=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout,scope,R,C", TILE_CASES)
-def test_tile_ops_on_the_gpu(layout, scope, R, C):
-    _run_tile_ops("cuda", layout, scope, R, C, interpret=False)
 
 
 @tk.kernel(num_warps=4)
@@ -210,7 +213,9 @@ MMA_CASES = [  # M, N, K, form
 ]
 
 
-def _run_mma(device, M, N, K, form, interpret):
+@pytest.mark.parametrize("device", WHERE)
+@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
+def test_mma(device, M, N, K, form):
     # Each tile reaches past the tensor's edge (TMA reads zeros there, the
     # store skips it) by 8: tensors' rows stay whole 16-byte units.
     m, n, k = M - 8, N - 8, K - 8
@@ -219,29 +224,14 @@ def _run_mma(device, M, N, K, form, interpret):
     c = torch.full((m, n), float("nan"), device=device)
     a_arg = a.T.contiguous() if form == "AtB" else a
     b_arg = b if form in ("ABt", "RA") else b.T.contiguous()
-    launch = mma_tile.interpret if interpret else mma_tile
-    launch[(1,)](a_arg, b_arg, c, M=M, N=N, K=K, FORM=form)
+    _launcher(mma_tile, device)[(1,)](a_arg, b_arg, c, M=M, N=N, K=K, FORM=form)
     ref = a.double() @ b.double().T
     err = ((c.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-5, err
 
 
 @pytest.mark.parametrize("M,N,K,form", MMA_CASES)
-def test_mma_in_the_interpreter(M, N, K, form):
-    _run_mma("cpu", M, N, K, form, interpret=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
-def test_mma_on_the_gpu(M, N, K, form):
-    _run_mma("cuda", M, N, K, form, interpret=False)
-
-
-@pytest.mark.parametrize("M,N,K,form", MMA_CASES)
-def test_mma_assembles_with_one_wgmma_per_64_rows_and_k_step(M, N, K, form):
-    from tk_mlir.toolchain import find_tool
-    if find_tool("ptxas") is None:
-        pytest.skip("ptxas not installed")
+def test_mma_assembles_with_one_wgmma_per_64_rows_and_k_step(M, N, K, form, ptxas):
     spec = lambda r, c: tk.spec((r, c), bf16)
     a = spec(K, M) if form == "AtB" else spec(M, K)
     b = spec(N, K) if form in ("ABt", "RA") else spec(K, N)
@@ -282,34 +272,21 @@ SHARED_CASES = [  # R, C, swizzle, layout: 16·k sides, several swizzles
 ]
 
 
-def _run_shared_ops(device, R, C, swizzle, layout, interpret):
+@pytest.mark.parametrize("device", WHERE)
+@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
+def test_shared_tiles_tma_store_and_atomic_add(device, R, C, swizzle, layout):
     m, n = 2 * R + R // 2, C - 8             # 3 blocks, the last one half past the edge
     x = (torch.rand(m, n, device=device) - 0.5).to(torch.bfloat16)
     y = torch.full_like(x, float("nan"))
     acc = torch.rand(m, n, device=device)
     start = acc.clone()
-    launch = shared_ops.interpret if interpret else shared_ops
-    launch[(3,)](x, y, acc, R=R, C=C, SWIZZLE=swizzle, LAYOUT=layout)
+    _launcher(shared_ops, device)[(3,)](x, y, acc, R=R, C=C, SWIZZLE=swizzle, LAYOUT=layout)
     assert torch.equal(y, (x.float() * 2 + 1).to(torch.bfloat16))
     assert torch.allclose(acc, start + x.float(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
-def test_shared_tiles_tma_store_and_atomic_add_in_the_interpreter(R, C, swizzle, layout):
-    _run_shared_ops("cpu", R, C, swizzle, layout, interpret=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
-def test_shared_tiles_tma_store_and_atomic_add_on_the_gpu(R, C, swizzle, layout):
-    _run_shared_ops("cuda", R, C, swizzle, layout, interpret=False)
-
-
-@pytest.mark.parametrize("R,C,swizzle,layout", SHARED_CASES)
-def test_shared_ops_assemble_without_spills(R, C, swizzle, layout):
-    from tk_mlir.toolchain import find_tool
-    if find_tool("ptxas") is None:
-        pytest.skip("ptxas not installed")
+def test_shared_ops_assemble_without_spills(R, C, swizzle, layout, ptxas):
     compiled = shared_ops.compile(tk.spec((1000, C), bf16), tk.spec((1000, C), bf16),
                                   tk.spec((1000, C), f32), R=R, C=C, SWIZZLE=swizzle,
                                   LAYOUT=layout)
