@@ -542,8 +542,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 dk = tk.mma_AB(dk, dsb, qt)
                 # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
                 if leader:
-                    # the last block's dQ tile is read (DETERMINISTIC: added, counted below)
-                    tk.tma.store_wait(0, read=not DETERMINISTIC)
+                    tk.tma.store_wait(0)            # the last block's dQ tile is read
                 if D == 64:     # one column block: each warpgroup adds its keys' share
                     tk.store(ds[wg], dsb)
                     tk.named_barrier(1 + wg, warps=4)
