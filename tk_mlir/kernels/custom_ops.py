@@ -5,14 +5,16 @@
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
+    torch.ops.tk_mlir.rms_norm_backward(dy, x, weight, eps) -> (dx, dweight)
+    torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps) -> (dx, dweight, dbias)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
-a compiled model calls the kernels without a graph break; attention gets
-autograd through register_autograd.
+a compiled model calls the kernels without a graph break; attention and the
+norms get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -116,6 +118,85 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 @layer_norm.register_fake
 def _(x, weight, bias, eps):
     return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("tk_mlir::rms_norm_backward", mutates_args=())
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) of rms_norm by its backward kernels."""
+    return norms.rms_norm_backward(dy, x, weight, eps)
+
+
+@rms_norm_backward.register_fake
+def _(dy, x, weight, eps):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+@torch.library.custom_op("tk_mlir::layer_norm_backward", mutates_args=())
+def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias) of layer_norm by its backward kernels."""
+    return norms.layer_norm_backward(dy, x, weight, eps)
+
+
+@layer_norm_backward.register_fake
+def _(dy, x, weight, eps):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
+
+
+def _norm_setup_context(ctx, inputs, output):
+    x, weight, eps = inputs[0], inputs[1], inputs[-1]
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_backward(ctx, dy, backward=None):
+    """dx, dweight (`backward`: the op, or under EagerRmsNorm the kernels' own
+    function)."""
+    x, weight = ctx.saved_tensors
+    dx, dw = (backward or rms_norm_backward)(dy, x, weight, ctx.eps)
+    return dx, dw, None
+
+
+def _layer_norm_backward(ctx, dy, backward=None):
+    x, weight = ctx.saved_tensors
+    dx, dw, db = (backward or layer_norm_backward)(dy, x, weight, ctx.eps)
+    return dx, dw, db, None
+
+
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_norm_setup_context)
+layer_norm.register_autograd(_layer_norm_backward, setup_context=_norm_setup_context)
+
+
+class EagerRmsNorm(torch.autograd.Function):
+    """rms_norm's forward and backward for eager calls on checked tensors: the
+    kernels launch directly, without the op's dispatch (as EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y = x.new_empty(x.shape)
+        norms.launch_rms_norm(x, weight, eps, y)
+        _norm_setup_context(ctx, (x, weight, eps), y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _rms_norm_backward(ctx, dy, norms.rms_norm_backward)
+
+
+class EagerLayerNorm(torch.autograd.Function):
+    """layer_norm's, as EagerRmsNorm."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y = x.new_empty(x.shape)
+        norms.launch_layer_norm(x, weight, bias, eps, y)
+        _norm_setup_context(ctx, (x, weight, bias, eps), y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _layer_norm_backward(ctx, dy, norms.layer_norm_backward)
 
 
 # --------------------------------------------------------------- attention

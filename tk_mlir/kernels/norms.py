@@ -1,4 +1,5 @@
-"""Row normalisations on torch tensors: rms_norm and layer_norm (forward, bf16).
+"""Row normalisations on torch tensors: rms_norm and layer_norm (bf16), forward
+and backward.
 
 A row is one 1 x BLOCK register tile spread over the block's 8 warps (each
 thread holds BLOCK / 256 elements, 8 contiguous at a time: 16-byte loads),
@@ -58,16 +59,98 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
         tk.store(Y, y.to(bf16), (row, 0))
 
 
+
+# ---------------------------------------------------------------- backward
+#
+# Both backward kernels are persistent as layernorm_kernel is (a grid of a
+# few blocks per SM walking rows first, first + grid, ...): dX row by row,
+# and each block's share of dW (and dB) summed over its rows in f32
+# registers, written as one row of a (grid, D) f32 partial; column_sum_kernel
+# then adds the partials' rows (the two-stage f32 reduction: no atomics, the
+# same bits on every run).
+
+@tk.kernel(num_warps=8)
+def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DX: tk.gl[bf16],
+                            DW_PARTS: tk.gl[f32], eps: float, BLOCK: tk.constexpr):
+    """dX of Y = X / rms(X) * W, and DW_PARTS[block] = this block's rows' sum
+    of dY * X / rms(X). With g = dY * W and x̂ = X / rms(X), per row:
+    dX = (g - x̂ * mean(g * x̂)) / rms(X). The columns past D read as 0
+    (x̂, g and so every sum is 0 there) and are not written."""
+    first, step = tk.block_id(0), tk.grid_dim(0)
+    d = float(X.shape[1])
+    w = tk.load(W, (0,), (BLOCK,)).to(f32)
+    dw = tk.zeros((1, BLOCK), f32)
+    for row in range(first, X.shape[0], step):
+        x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
+        dy = tk.load(DY, (row, 0), (1, BLOCK)).to(f32)
+        inv_rms = ((x * x).row_sum() * (1.0 / d) + eps).rsqrt()
+        xhat = x.mul_row(inv_rms)
+        g = dy.mul_col(w)
+        dx = (g - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))).mul_row(inv_rms)
+        tk.store(DX, dx.to(bf16), (row, 0))
+        dw = dw + dy * xhat
+    tk.store(DW_PARTS, dw, (first, 0))
+
+
+@tk.kernel(num_warps=8)
+def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DX: tk.gl[bf16],
+                              DW_PARTS: tk.gl[f32], DB_PARTS: tk.gl[f32], eps: float,
+                              BLOCK: tk.constexpr):
+    """dX of Y = (X - mean) / sqrt(var + eps) * W + B, and this block's rows'
+    sums of dY * x̂ (DW_PARTS[block]) and of dY (DB_PARTS[block]). With
+    g = dY * W and x̂ = (X - mean) * rstd, per row:
+    dX = rstd * (g - mean(g) - x̂ * mean(g * x̂)). Mean and variance are
+    recomputed as the forward computes them; the columns past D read as 0,
+    where x̂ is masked to 0 (X - mean is not) and g is 0."""
+    first, step = tk.block_id(0), tk.grid_dim(0)
+    d = float(X.shape[1])
+    w = tk.load(W, (0,), (BLOCK,)).to(f32)
+    dw = tk.zeros((1, BLOCK), f32)
+    db = tk.zeros((1, BLOCK), f32)
+    for row in range(first, X.shape[0], step):
+        x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
+        dy = tk.load(DY, (row, 0), (1, BLOCK)).to(f32)
+        mean = x.row_sum() * (1.0 / d)
+        xc = tk.where(x.col_indices() < X.shape[1], x.sub_row(mean), 0.0)
+        rstd = ((xc * xc).row_sum() * (1.0 / d) + eps).rsqrt()
+        xhat = xc.mul_row(rstd)
+        g = dy.mul_col(w)
+        dx = g.sub_row(g.row_sum() * (1.0 / d)) - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))
+        tk.store(DX, dx.mul_row(rstd).to(bf16), (row, 0))
+        dw = dw + dy * xhat
+        db = db + dy
+    tk.store(DW_PARTS, dw, (first, 0))
+    tk.store(DB_PARTS, db, (first, 0))
+
+
+@tk.kernel(num_warps=8)
+def column_sum_kernel(PARTS: tk.gl[f32], OUT: tk.gl, ROWS: tk.constexpr = 32,
+                      COLS: tk.constexpr = 256):
+    """OUT[c] = sum over r of PARTS[r, c] in f32, in OUT's dtype: one block
+    per COLS columns, adding ROWS rows at a time (out-of-range rows and
+    columns read as 0) in a fixed order."""
+    c0 = tk.block_id(0)
+    acc = tk.zeros((ROWS, COLS), f32)
+    for r in range(0, tk.cdiv(PARTS.shape[0], ROWS)):
+        acc = acc + tk.load(PARTS, (r, c0), (ROWS, COLS))
+    tk.store(OUT, acc.col_sum().to(OUT.dtype), (c0,))
+
+
 def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
     """y = x / sqrt(mean(x^2, per row) + eps) * weight.
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight: (D,), x's dtype and
     device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32. Under torch.compile it
-    runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
+    Returns out. Statistics are computed in float32. Differentiable in x and
+    weight (rms_norm_backward's kernels; not with out=). Under torch.compile
+    it runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
     import torch
     eps = _check("rms_norm", x, out, eps, weight=weight)
+    grads = _recorded("rms_norm", out, x, weight)
     if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
+        if grads:
+            from tk_mlir.kernels import custom_ops
+            return custom_ops.EagerRmsNorm.apply(x, weight, eps)
         out = x.new_empty(x.shape) if out is None else out
         launch_rms_norm(x, weight, eps, out)
         return out
@@ -82,17 +165,35 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
 
     x: a (rows, D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
     and device. out: a tensor like x to write into; by default a new one.
-    Returns out. Statistics are computed in float32. Under torch.compile it
-    runs as the custom op torch.ops.tk_mlir.layer_norm (see matmul)."""
+    Returns out. Statistics are computed in float32. Differentiable in x,
+    weight and bias (layer_norm_backward's kernels; not with out=). Under
+    torch.compile it runs as the custom op torch.ops.tk_mlir.layer_norm (see
+    matmul)."""
     import torch
     eps = _check("layer_norm", x, out, eps, weight=weight, bias=bias)
+    grads = _recorded("layer_norm", out, x, weight, bias)
     if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
+        if grads:
+            from tk_mlir.kernels import custom_ops
+            return custom_ops.EagerLayerNorm.apply(x, weight, bias, eps)
         out = x.new_empty(x.shape) if out is None else out
         launch_layer_norm(x, weight, bias, eps, out)
         return out
     from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
     return y if out is None else out.copy_(y)
+
+
+def _recorded(fn: str, out, *inputs) -> bool:
+    """Whether autograd records this call: grad mode is on and an input
+    requires grad (out= is then refused, as torch refuses it)."""
+    import torch
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
+        return False
+    if out is not None:
+        raise RuntimeError(f"{fn}: out= does not take part in autograd, and an input requires "
+                           f"grad; leave out out= (or call under torch.no_grad())")
+    return True
 
 
 def launch_rms_norm(x, weight, eps: float, out) -> None:
@@ -111,6 +212,41 @@ def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
         grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
         layernorm_kernel[(grid,)](x, weight, bias, out, eps, BLOCK=block,
                                   RELOAD_WB=block > 4096)
+
+
+
+def rms_norm_backward(dy, x, weight, eps: float):
+    """(dx, dweight) of rms_norm(x, weight, eps) given dy, the gradient of its
+    output; dweight summed over the rows in f32 (two stages, see the kernels)."""
+    dx, (dw,) = _backward(rmsnorm_backward_kernel, dy, x, weight, eps, outputs=1)
+    return dx, dw
+
+
+def layer_norm_backward(dy, x, weight, eps: float):
+    """(dx, dweight, dbias) of layer_norm(x, weight, bias, eps) given dy (the
+    bias does not enter the gradients)."""
+    dx, (dw, db) = _backward(layernorm_backward_kernel, dy, x, weight, eps, outputs=2)
+    return dx, dw, db
+
+
+def _backward(kernel, dy, x, weight, eps: float, outputs: int):
+    """dx and the column sums of `outputs` per-block partials, each weight's
+    dtype, from a backward kernel on checked tensors."""
+    import torch
+    rows, d = x.shape
+    dy = dy.contiguous()                     # (e.g. the expanded gradient of y.sum())
+    dx = torch.empty_like(x)
+    if rows == 0:
+        return dx, [torch.zeros_like(weight) for _ in range(outputs)]
+    block = _block(d)
+    grid = min(rows, 2 * num_sms(x.get_device()))
+    parts = [torch.empty(grid, d, dtype=torch.float32, device=x.device) for _ in range(outputs)]
+    kernel[(grid,)](x, weight, dy, dx, *parts, eps, BLOCK=block)
+    sums = []
+    for part in parts:
+        sums.append(torch.empty_like(weight))
+        column_sum_kernel[(tk.cdiv(d, 256),)](part, sums[-1])
+    return dx, sums
 
 
 def _block(d: int) -> int:

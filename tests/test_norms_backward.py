@@ -1,0 +1,143 @@
+"""rms_norm and layer_norm gradients (tk_mlir/kernels/norms.py): the backward
+kernels and the two-stage f32 column sum of dweight/dbias.
+
+Without a GPU: the kernels in the interpreter against float64 autograd, at
+widths that are not the tile's and with fewer blocks than rows (the
+persistent loop), and the ops' autograd wiring on fake tensors. With one
+(`-m gpu`): eager autograd, torch.compile(fullgraph=True) and opcheck against
+float64 references, with fresh random inputs every run.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tk_mlir.kernels import layer_norm, rms_norm  # noqa: E402
+
+bf16 = torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+def _rel(got, ref) -> float:
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def _reference(fn, dy, *inputs, eps):
+    """float64 gradients of the norm's torch definition w.r.t. every input."""
+    xs = [t.detach().double().requires_grad_() for t in inputs]
+    if fn == "rms_norm":
+        x, w = xs
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    else:
+        y = torch.nn.functional.layer_norm(xs[0], (xs[0].shape[-1],), *xs[1:], eps)
+    return torch.autograd.grad(y, xs, dy.double())
+
+
+# ------------------------------------------------------ in the interpreter
+
+@pytest.mark.parametrize("rows, d, grid", [(7, 200, 3), (4, 256, 4), (9, 600, 2)])
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_backward_kernels_in_the_interpreter(fn, rows, d, grid):
+    from tk_mlir.kernels import norms
+    g = torch.Generator().manual_seed(rows * d + grid)
+    x = (torch.randn(rows, d, generator=g) * 2 + 1).to(bf16)   # a mean the norm removes
+    w, b, dy = (torch.randn(*s, generator=g).to(bf16) for s in ((d,), (d,), (rows, d)))
+    eps = 1e-5
+    dx = torch.full_like(x, float("nan"))
+    parts = [torch.full((grid, d), float("nan")) for _ in range(1 if fn == "rms_norm" else 2)]
+    kernel = norms.rmsnorm_backward_kernel if fn == "rms_norm" else \
+        norms.layernorm_backward_kernel
+    kernel.interpret[(grid,)](x, w, dy, dx, *parts, eps, BLOCK=norms._block(d))
+    sums = []
+    for part in parts:
+        sums.append(torch.full((d,), float("nan")))            # f32 out: the sums as they are
+        norms.column_sum_kernel.interpret[(-(-d // 256),)](part, sums[-1])
+    refs = _reference(fn, dy, x, w, *([b] if fn == "layer_norm" else []), eps=eps)
+    assert _rel(dx, refs[0]) < 1e-2                            # bf16 dx
+    for got, ref in zip(sums, refs[1:]):
+        assert _rel(got, ref) < 1e-5                           # f32 sums of bf16 products
+
+
+def test_column_sum_adds_rows_in_chunks_with_ragged_edges():
+    from tk_mlir.kernels.norms import column_sum_kernel
+    g = torch.Generator().manual_seed(3)
+    parts = torch.randn(70, 296, generator=g)                 # 70 rows: 3 chunks of 32
+    out = torch.full((296,), float("nan"), dtype=bf16)
+    column_sum_kernel.interpret[(2,)](parts, out)
+    assert _rel(out, parts.double().sum(0)) < 4e-3             # bf16 rounding of the sums
+
+
+# ------------------------------------------------------------ on the GPU
+
+def _inputs(rows, d, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.rand(rows, d, device="cuda", generator=g) * 4 - 1).to(bf16)
+    w, b = ((torch.rand(d, device="cuda", generator=g) * 2 - 1).to(bf16) for _ in range(2))
+    dy = (torch.rand(rows, d, device="cuda", generator=g) * 2 - 1).to(bf16)
+    return x, w, b, dy
+
+
+@gpu
+@pytest.mark.parametrize("rows, d", [(1, 4096), (333, 4096), (1000, 5120), (77, 1000),
+                                     (3000, 256), (64, 8192)])
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_eager_gradients_match_float64(fn, rows, d):
+    x, w, b, dy = _inputs(rows, d, seed=rows + d)
+    inputs = [t.clone().requires_grad_() for t in ((x, w) if fn == "rms_norm" else (x, w, b))]
+    y = rms_norm(*inputs) if fn == "rms_norm" else layer_norm(*inputs)
+    grads = torch.autograd.grad(y, inputs, dy)
+    refs = _reference(fn, dy, *inputs, eps=1e-6 if fn == "rms_norm" else 1e-5)
+    for got, ref, t in zip(grads, refs, inputs):
+        assert got.shape == t.shape and got.dtype == t.dtype
+        assert _rel(got, ref) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_gradient_of_a_sum_and_of_one_input(fn):
+    """An expanded (stride 0) output gradient, and weight alone requiring grad."""
+    x, w, b, _ = _inputs(50, 700, seed=11)
+    w = w.clone().requires_grad_()
+    args = (x, w) if fn == "rms_norm" else (x, w, b)
+    norm = rms_norm if fn == "rms_norm" else layer_norm
+    (dw,) = torch.autograd.grad(norm(*args).float().sum(), (w,))
+    ref = _reference(fn, torch.ones(50, 700, device="cuda"), *args,
+                     eps=1e-6 if fn == "rms_norm" else 1e-5)[1]
+    assert _rel(dw, ref) < 1e-2
+
+
+@gpu
+def test_out_is_refused_where_autograd_records():
+    x, w, b, _ = _inputs(8, 256, seed=1)
+    with pytest.raises(RuntimeError, match=r"rms_norm: out= does not take part in autograd"):
+        rms_norm(x, w.requires_grad_(), out=torch.empty_like(x))
+    with torch.no_grad():
+        rms_norm(x, w, out=torch.empty_like(x))             # no grad mode: fine
+
+
+@gpu
+def test_compiled_training_step_matches_eager():
+    x, w, b, dy = _inputs(300, 1536, seed=5)
+
+    def f(x, w, b):
+        return layer_norm(rms_norm(x, w), w, b)
+
+    grads = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        inputs = [t.clone().requires_grad_() for t in (x, w, b)]
+        grads.append(torch.autograd.grad(fn(*inputs), inputs, dy))
+    for e, c in zip(*grads):
+        assert torch.equal(e, c)          # the same kernels on the same inputs
+
+
+@gpu
+def test_opcheck_norms_with_autograd():
+    import tk_mlir.kernels.custom_ops  # noqa: F401
+    x, w, b, _ = _inputs(33, 320, seed=2)
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    for op, args in ((torch.ops.tk_mlir.rms_norm.default, (x, w, 1e-6)),
+                     (torch.ops.tk_mlir.layer_norm.default, (x, w, b, 1e-5))):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
+                                                    "test_autograd_registration"))
