@@ -392,6 +392,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               dQ: tk.gl, dK: tk.gl, dV: tk.gl, TASKS: tk.gl, scale_log2: float,
                               scale: float, D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False, DETERMINISTIC: tk.constexpr = False,
+                              PIPELINE: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
@@ -501,6 +502,77 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         # One thread issues the warpgroup's dQ adds and waits for them: TMA
         # store groups are per thread, so it must be the same one each time.
         leader = tk.elect_leader("warpgroup")
+
+        def scores(kt, vt, it):
+            """Step it's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ issued (one MMA group each)
+            and its LSE·log2(e) read: (Q tile, dO tile, lse2, Sᵀ, dPᵀ)."""
+            qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+            s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), kt, qt)
+            dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), vt, dot)
+            lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")
+            return qt, dot, lse2, s, dp
+
+        def gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
+            """Once Sᵀ and dPᵀ are complete: P and dSᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q
+            issued, dSᵀ to shared memory and dQ = dS·K issued: (dk, dv, dq)."""
+            p = (s * scale_log2).sub_col(lse2).exp2()
+            # Delta read once P is made: its 16 registers and lse2's are
+            # not live together (fewer spills at D=128)
+            delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
+            if CAUSAL:
+                if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
+                    keys = p.row_indices() + kv0
+                    p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+            # Both A operands converted before either MMA: fewer registers
+            # live at once (p, dP and the bf16 copies do not all overlap).
+            dsb = (p * dp.sub_col(delta)).to(Q.dtype)
+            pb = p.to(Q.dtype)
+            dv = tk.mma_AB(dv, pb, dot)
+            dk = tk.mma_AB(dk, dsb, qt)
+            # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
+            if leader:
+                tk.tma.store_wait(0)            # the last block's dQ tile is read
+            if D == 64:     # one column block: each warpgroup adds its keys' share
+                tk.store(ds[wg], dsb)
+                tk.named_barrier(1 + wg, warps=4)
+                dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                ds[wg], kt)
+            else:           # column block wg over all 128 keys: one f32 add, not two
+                stage = 2 * (it % 2)        # double-buffered: one barrier per block
+                tk.store(ds[stage + wg], dsb)
+                tk.named_barrier(1, warps=8)
+                dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                ds[stage], kt0.column_block(wg))
+                dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
+            return dk, dv, dq
+
+        def add_dq(dq, it, b, h, i, kvb):
+            """Once dQ's MMA is complete: dQ·scale added into global dQ by TMA (in
+            turn when DETERMINISTIC), and step it's slots released (its MMAs
+            are complete too)."""
+            # Added by TMA, off the warpgroup's path (faster than
+            # red.global.add from registers, see BENCHMARKS.md).
+            tk.store(dqs[wg], dq * scale)
+            tk.named_barrier(3 + wg, warps=4)
+            if leader:
+                # Here, with no MMA in flight (a signal's trap path would serialize
+                # them, ptxas C7518): wait for this tile's turn (the adds of the
+                # K/V blocks before this one), add, count the add.
+                if DETERMINISTIC:
+                    tk.wait_signal(TASKS, (dq_counter(b, h, i),),
+                                   2 * kvb + (wg if D == 64 else 0), scope="gpu")
+                    tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
+                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
+                tk.tma.store_commit()
+                if DETERMINISTIC:
+                    # Counted as soon as it is done: the next K/V block's task
+                    # waits for it (counted a step later, every turn cost a step).
+                    tk.tma.store_wait(0, read=False)
+                    tk.fence("gpu", async_proxy=True)
+                    tk.signal(TASKS, (dq_counter(b, h, i),), scope="gpu")
+            qs.release(it)
+            vs.release(it)
+
         it = 0
         n = 0
         first_task, end, task = schedule.block_tasks(TASKS)
@@ -515,71 +587,41 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             dv = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             first = first_q_block(kvb)
             h, i = walk_start(hk, first)
-            for _ in range(group * (q_blocks - first)):
-                qt = qs.wait(it, part=0)
-                dot = qs.wait(it, part=1)
-                s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                               kt, qt)                                   # Sᵀ
-                dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                vt, dot)                                 # dPᵀ
-                lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")     # LSE·log2(e)
-                # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
-                # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
+            steps = group * (q_blocks - first)   # >= 1: every K/V block has a query
+            if PIPELINE and not DETERMINISTIC:
+                # Step t+1's Sᵀ and dPᵀ run while step t's dQ leaves (the
+                # last step, with no next one, peeled off the loop; not with
+                # the deterministic add, whose wait would serialize them, C7518). Nothing is
+                # in flight across the loop's back edge: ptxas would serialize
+                # the MMAs (C7514). A loop does not carry shared tiles either:
+                # each step finds its Q and dO tiles again (a completed wait).
+                q_first, do_first, lse2, s, dp = scores(kt, vt, it)
                 tk.mma_wait(0)
-                p = (s * scale_log2).sub_col(lse2).exp2()
-                # Delta read once P is made: its 16 registers and lse2's are
-                # not live together (fewer spills at D=128)
-                delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
-                if CAUSAL:
-                    if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
-                        keys = p.row_indices() + kv0
-                        p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
-                # Both A operands converted before either MMA: fewer registers
-                # live at once (p, dP and the bf16 copies do not all overlap).
-                dsb = (p * dp.sub_col(delta)).to(Q.dtype)
-                pb = p.to(Q.dtype)
-                dv = tk.mma_AB(dv, pb, dot)
-                dk = tk.mma_AB(dk, dsb, qt)
-                # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
-                if leader:
-                    tk.tma.store_wait(0)            # the last block's dQ tile is read
-                if D == 64:     # one column block: each warpgroup adds its keys' share
-                    tk.store(ds[wg], dsb)
-                    tk.named_barrier(1 + wg, warps=4)
-                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                    ds[wg], kt)
-                else:           # column block wg over all 128 keys: one f32 add, not two
-                    stage = 2 * (it % 2)        # double-buffered: one barrier per block
-                    tk.store(ds[stage + wg], dsb)
-                    tk.named_barrier(1, warps=8)
-                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                    ds[stage], kt0.column_block(wg))
-                    dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
+                for _ in range(steps - 1):
+                    qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+                    dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                    q_next, do_next, lse2, s, dp = scores(kt, vt, it + 1)
+                    tk.mma_wait(2)                  # dV, dK and dQ of this step
+                    add_dq(dq, it, b, h, i, kvb)
+                    tk.mma_wait(0)
+                    it += 1
+                    h, i = next_block(h, i, first)
+                qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+                dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
                 tk.mma_wait(0)
-                # Added into dQ by TMA, off the warpgroup's path (faster than
-                # red.global.add from registers, see BENCHMARKS.md).
-                tk.store(dqs[wg], dq * scale)
-                tk.named_barrier(3 + wg, warps=4)
-                if leader:
-                    # Here, with no MMA in flight (a signal's trap path would serialize
-                    # them, ptxas C7518): wait for this tile's turn (the adds of the
-                    # K/V blocks before this one), add, count the add.
-                    if DETERMINISTIC:
-                        tk.wait_signal(TASKS, (dq_counter(b, h, i),),
-                                       2 * kvb + (wg if D == 64 else 0), scope="gpu")
-                        tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
-                    tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
-                    tk.tma.store_commit()
-                    if DETERMINISTIC:
-                        # Counted as soon as it is done: the next K/V block's task
-                        # waits for it (counted a step later, every turn cost a step).
-                        tk.tma.store_wait(0, read=False)
-                        tk.fence("gpu", async_proxy=True)
-                        tk.signal(TASKS, (dq_counter(b, h, i),), scope="gpu")
-                qs.release(it)
-                vs.release(it)
+                add_dq(dq, it, b, h, i, kvb)
                 it += 1
-                h, i = next_block(h, i, first)
+            else:
+                for _ in range(steps):
+                    qt, dot, lse2, s, dp = scores(kt, vt, it)
+                    # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
+                    # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
+                    tk.mma_wait(0)
+                    dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                    tk.mma_wait(0)
+                    add_dq(dq, it, b, h, i, kvb)
+                    it += 1
+                    h, i = next_block(h, i, first)
             tk.mma_wait(0)
             kvs.release(n)
             n += 1
@@ -594,7 +636,7 @@ def _backward_config(d: int) -> dict:
     if d == 256:
         raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
                          "dV accumulators alone need 256 registers per thread)")
-    return dict(STAGES=2, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+    return dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
 def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False):
