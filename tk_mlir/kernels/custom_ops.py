@@ -1,6 +1,8 @@
 """The library's kernels as torch custom ops, namespace `tk_mlir`:
 
     torch.ops.tk_mlir.matmul(a, b, b_layout="nk", out_dtype=None) -> c
+    torch.ops.tk_mlir.matmul_grad_a(dc, b, b_layout) -> da
+    torch.ops.tk_mlir.matmul_grad_b(dc, a, b_layout) -> db
     torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout="nk", out_dtype=None) -> c
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
@@ -13,8 +15,8 @@
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
-a compiled model calls the kernels without a graph break; attention and the
-norms get autograd through register_autograd.
+a compiled model calls the kernels without a graph break; matmul, the norms
+and attention get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -52,6 +54,63 @@ def matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "nk",
 def _(a, b, b_layout="nk", out_dtype=None):
     return a.new_empty(gemm.output_shape(a, b, b_layout),
                        dtype=a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.custom_op("tk_mlir::matmul_grad_a", mutates_args=())
+def matmul_grad_a(dc: torch.Tensor, b: torch.Tensor, b_layout: str) -> torch.Tensor:
+    """dA of matmul(a, b, b_layout) given dC (gemm.grad_a)."""
+    return gemm.grad_a(dc, b, b_layout)
+
+
+@matmul_grad_a.register_fake
+def _(dc, b, b_layout):
+    return b.new_empty(*dc.shape[:-1], b.shape[-1] if b_layout == "nk" else b.shape[-2])
+
+
+@torch.library.custom_op("tk_mlir::matmul_grad_b", mutates_args=())
+def matmul_grad_b(dc: torch.Tensor, a: torch.Tensor, b_layout: str) -> torch.Tensor:
+    """dB of matmul(a, b, b_layout) given dC, in b's layout (gemm.grad_b)."""
+    return gemm.grad_b(dc, a, b_layout)
+
+
+@matmul_grad_b.register_fake
+def _(dc, a, b_layout):
+    N, K = dc.shape[-1], a.shape[-1]
+    return a.new_empty(*a.shape[:-2], *((N, K) if b_layout == "nk" else (K, N)))
+
+
+def _matmul_setup_context(ctx, inputs, output):
+    a, b, b_layout = inputs[:3]
+    ctx.save_for_backward(a, b)
+    ctx.b_layout = b_layout
+
+
+def _matmul_backward(ctx, dc, grad_a=None, grad_b=None):
+    """(dA, dB, None...) for the inputs that need them (`grad_a`/`grad_b`:
+    the ops, or under EagerMatmul gemm's own functions)."""
+    a, b = ctx.saved_tensors
+    da = (grad_a or matmul_grad_a)(dc, b, ctx.b_layout) if ctx.needs_input_grad[0] else None
+    db = (grad_b or matmul_grad_b)(dc, a, ctx.b_layout) if ctx.needs_input_grad[1] else None
+    return (da, db) + (None,) * (len(ctx.needs_input_grad) - 2)
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
+
+
+class EagerMatmul(torch.autograd.Function):
+    """matmul's forward and backward for eager calls on checked tensors: the
+    kernels launch directly, without the ops' dispatch (as EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, a, b, b_layout):
+        c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+        gemm.launch(a, b, c, b_layout)
+        _matmul_setup_context(ctx, (a, b, b_layout), c)
+        return c
+
+    @staticmethod
+    def backward(ctx, dc):
+        return _matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b)
 
 
 @torch.library.custom_op("tk_mlir::grouped_matmul", mutates_args=())

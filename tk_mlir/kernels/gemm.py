@@ -34,8 +34,10 @@ from tk_mlir.kernels.device import num_sms
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
-         GATHER=None):
-    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM).
+         GATHER=None, A_KM=False):
+    """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
+    with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
+    a gradient's GEMM without a transposed copy).
 
     3-D A, B and C: one product per index of their first dim; with SIZES,
     SIZES[g] of A's padded rows (grouped: STARTS, G + 1 ints, holds each
@@ -60,7 +62,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
         "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
-    M, K = A.shape[-2], A.shape[-1]
+    assert not A_KM or (SIZES is None and SCATTER is None and GATHER is None), \
+        "A given as K x M (A_KM) is built for plain and batched products"
+    M, K = (A.shape[-1], A.shape[-2]) if A_KM else (A.shape[-2], A.shape[-1])
     N = B.shape[-1] if B_KN else B.shape[-2]
     # (SCATTER: the owners are the ranks, a compile-time count)
     batch = C.world_size if SCATTER is not None else A.shape[0] if batched else 1
@@ -77,6 +81,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     tiles = groups_m * tiles_n                     # per product
     tasks = batch * tiles if SIZES is None else tk.load(STARTS, (batch,))
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
+    a_tile = (BK, BM) if A_KM else (BM, BK)
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
     # at a time; f32 ones from registers.
@@ -129,7 +134,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         if GATHER is not None:
             if k == 0:
                 GATHER[0](m)
-        tk.tma.load_async(a, A, (*outer, m, k), sem)
+        tk.tma.load_async(a, A, (*outer, k, m) if A_KM else (*outer, m, k), sem)
         if CLUSTER > 1:
             part = tk.cluster_rank()
             tk.tma.load_async(b.subtile(part, BN // CLUSTER), B,
@@ -142,8 +147,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
 
     def compute(acc, wg, a, b):
-        mma = tk.mma_AB if B_KN else tk.mma_ABt
-        return mma(acc, a.subtile(wg, 64), b)
+        if A_KM:        # the warpgroup's 64 rows of C are 64 columns of the K x M tile
+            acc = (tk.mma_AtB if B_KN else tk.mma_AtBt)(acc, a.column_block(wg), b)
+        else:
+            acc = (tk.mma_AB if B_KN else tk.mma_ABt)(acc, a.subtile(wg, 64), b)
+        return acc
 
     def finish(acc, task, wg):
         outer, m, n = tile_of(task)
@@ -159,7 +167,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
                                outer=outer)
 
-    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, (BM, BK), 128), (A.dtype, b_tile, 128)],
+    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
 
 
@@ -169,26 +177,29 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4, EPI_N=64, EPI_BUFFERS=2),
                       tk.Config(BN=256, STAGES=4, EPI_N=64, EPI_BUFFERS=2, GROUP_M=16),
                       tk.Config(BN=256, STAGES=4), tk.Config(BN=128, STAGES=6)],
-             key=["A", "B", "C", "B_KN"])
+             key=["A", "B", "C", "B_KN", "A_KM"])
 @tk.kernel(num_warps=12)      # consumers: warpgroups 0 .. BM/64 - 1; the last one loads
 def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 64,
                 STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                 TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
-                CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1):
-    """C = A @ B.T, or A @ B with B_KN (`gemm`). BM=64 takes num_warps=8."""
+                CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1,
+                A_KM: tk.constexpr = False):
+    """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM (`gemm`).
+    BM=64 takes num_warps=8."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
-         EPI_BUFFERS=EPI_BUFFERS)
+         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM)
 
 
 @tk.kernel(num_warps=8)
 def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i32"],
                         SPLIT_K: tk.constexpr, B_KN: tk.constexpr = False,
                         BM: tk.constexpr = 64, BN: tk.constexpr = 128, BK: tk.constexpr = 64,
-                        STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8):
+                        STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8,
+                        A_KM: tk.constexpr = False):
     """`gemm` with K cut into SPLIT_K slices. W: f32 of C's shape, F: int32 of
     split_k_counters(...) elements; both zeros, and left zeros."""
-    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F)
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F, A_KM=A_KM)
 
 
 def split_k_counters(M: int, N: int, BN: int, batch: int = 1) -> int:
@@ -209,13 +220,23 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     Returns c. `plan` chooses the kernel (and the autotuned one its
     configuration per shape, dtype and layout on first use).
 
+    Differentiable in a and b (without c): dA and dB are GEMMs of their own
+    (grad_a, grad_b), each operand read as it lies, no transposed copy.
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.matmul
     (tk_mlir/kernels/custom_ops.py), traced as one node, its result copied into c;
     eager calls launch directly (the op's dispatch would add host time to
     every call)."""
     import torch
     check(a, b, c, b_layout)
+    grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if grads and c is not None:
+        raise RuntimeError("matmul: c (the output to write into) does not take part in "
+                           "autograd, and an input requires grad; leave out c (or call "
+                           "under torch.no_grad())")
     if not torch.compiler.is_compiling():
+        if grads:
+            from tk_mlir.kernels import custom_ops
+            return custom_ops.EagerMatmul.apply(a, b, b_layout)
         if c is None:
             c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
         launch(a, b, c, b_layout)
@@ -333,9 +354,11 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     return Plan("tiles", MappingProxyType(config), why)
 
 
-def launch(a, b, c, b_layout: str) -> None:
-    """The planned kernel on checked tensors, into c."""
-    M, K = a.shape[-2:]
+def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
+    """The planned kernel on checked tensors, into c; a_layout="km": a is
+    given as K x M (a gradient's product, see grad_b)."""
+    km = a_layout == "km"
+    M, K = (a.shape[-1], a.shape[-2]) if km else (a.shape[-2], a.shape[-1])
     N = c.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     device = a.get_device()
@@ -345,13 +368,59 @@ def launch(a, b, c, b_layout: str) -> None:
     if chosen.kernel == "none":
         c.zero_()                                    # a sum of no products
     elif chosen.kernel == "autotuned":
-        gemm_kernel[(sms,)](a, b, c, B_KN=kn)
+        gemm_kernel[(sms,)](a, b, c, B_KN=kn, **_a_km(km))
     elif chosen.kernel == "tiles":
-        gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config)
+        gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config, **_a_km(km))
     else:
         cfg = chosen.config
         w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
-        gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg)
+        gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg,
+                                    **_a_km(km))
+
+
+def _a_km(km: bool) -> dict:
+    """A_KM passed only when set: a forward launch is the call it always was
+    (the same launch plan and autotuning key)."""
+    return {"A_KM": True} if km else {}
+
+
+# ------------------------------------------------------------ gradients
+
+def grad_a(dc, b, b_layout: str):
+    """dA of C = matmul(a, b, b_layout=b_layout) given dC: dC·B for B as N x K,
+    dC·Bᵀ for K x N, b read as it lies (no transposed copy). In b's dtype (an
+    f32 dC is rounded to it first, as the GEMM's inputs are 16-bit)."""
+    import torch
+    dc = _operand(dc, b.dtype)
+    K = b.shape[-1] if b_layout == "nk" else b.shape[-2]
+    da = torch.empty(*dc.shape[:-1], K, dtype=b.dtype, device=dc.device)
+    launch(dc, b, da, "kn" if b_layout == "nk" else "nk")
+    return da
+
+
+def grad_b(dc, a, b_layout: str):
+    """dB of C = matmul(a, b, b_layout=b_layout) given dC, in b's layout:
+    dCᵀ·A (N x K) or Aᵀ·dC (K x N), the transposed operand read as K x M by
+    the kernel (A_KM), not copied. In a's dtype."""
+    import torch
+    dc = _operand(dc, a.dtype)
+    batch, (M, K), N = a.shape[:-2], a.shape[-2:], dc.shape[-1]
+    if b_layout == "nk":
+        db = torch.empty(*batch, N, K, dtype=a.dtype, device=a.device)
+        launch(dc, a, db, "kn", a_layout="km")
+    else:
+        db = torch.empty(*batch, K, N, dtype=a.dtype, device=a.device)
+        launch(a, dc, db, "kn", a_layout="km")
+    return db
+
+
+def _operand(t, dtype):
+    """t as a GEMM operand: `dtype`, rows contiguous and 16-byte aligned (an
+    output gradient may be f32, or expanded, as y.sum()'s is)."""
+    if t.dtype != dtype or t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or \
+            t.data_ptr() % 16:
+        t = t.to(dtype).contiguous()
+    return t
 
 
 # (device, stream) -> [f32 workspace, int32 counters, captured]: zeros, and
