@@ -1,5 +1,7 @@
 """rms_norm and layer_norm gradients (tk_mlir/kernels/norms.py): the backward
-kernels and the two-stage f32 column sum of dweight/dbias.
+kernels and the two-stage f32 column sum of dweight/dbias; and
+fused_add_rms_norm / fused_add_layer_norm (the residual add and the norm in
+one pass), forward and backward.
 
 Without a GPU: the kernels in the interpreter against float64 autograd, at
 widths that are not the tile's and with fewer blocks than rows (the
@@ -13,7 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tk_mlir.kernels import layer_norm, rms_norm  # noqa: E402
+from tk_mlir.kernels import (fused_add_layer_norm, fused_add_rms_norm, layer_norm,  # noqa: E402
+                             rms_norm)
 
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
@@ -49,7 +52,7 @@ def test_backward_kernels_in_the_interpreter(fn, rows, d, grid):
     parts = [torch.full((grid, d), float("nan")) for _ in range(1 if fn == "rms_norm" else 2)]
     kernel = norms.rmsnorm_backward_kernel if fn == "rms_norm" else \
         norms.layernorm_backward_kernel
-    kernel.interpret[(grid,)](x, w, dy, dx, *parts, eps, BLOCK=norms._block(d))
+    kernel.interpret[(grid,)](x, w, dy, dy, dx, *parts, eps, BLOCK=norms._block(d))
     sums = []
     for part in parts:
         sums.append(torch.full((d,), float("nan")))            # f32 out: the sums as they are
@@ -67,6 +70,49 @@ def test_column_sum_adds_rows_in_chunks_with_ragged_edges():
     out = torch.full((296,), float("nan"), dtype=bf16)
     column_sum_kernel.interpret[(2,)](parts, out)
     assert _rel(out, parts.double().sum(0)) < 4e-3             # bf16 rounding of the sums
+
+
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_fused_add_in_the_interpreter(fn):
+    """The sum h in bf16 and the norm of h, then the backward with h's own
+    gradient added (ADD_DH)."""
+    from tk_mlir.kernels import norms
+    rows, d, eps = 6, 200, 1e-5
+    g = torch.Generator().manual_seed(21)
+    x, r, dy, dh = (torch.randn(rows, d, generator=g).to(bf16) for _ in range(4))
+    w, b = (torch.randn(d, generator=g).to(bf16) for _ in range(2))
+    y, h = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    if fn == "rms_norm":
+        norms.add_rmsnorm_kernel.interpret[(rows,)](x, r, w, y, h, eps, BLOCK=256)
+    else:
+        norms.add_layernorm_kernel.interpret[(rows,)](x, r, w, b, y, h, eps, BLOCK=256)
+    assert torch.equal(h, x + r)                               # bf16 sum, as torch's
+    params = (w,) if fn == "rms_norm" else (w, b)
+    ref_y = h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * \
+        w.double() if fn == "rms_norm" else torch.nn.functional.layer_norm(
+            h.double(), (d,), w.double(), b.double(), eps)
+    assert _rel(y, ref_y) < 1e-2
+    dx = torch.full_like(x, float("nan"))
+    parts = [torch.full((2, d), float("nan")) for _ in params]
+    kernel = norms.rmsnorm_backward_kernel if fn == "rms_norm" else \
+        norms.layernorm_backward_kernel
+    kernel.interpret[(2,)](h, w, dy, dh, dx, *parts, eps, BLOCK=256, ADD_DH=True)
+    ref_dx = _reference(fn, dy, h, *params, eps=eps)[0] + dh.double()
+    assert _rel(dx, ref_dx) < 1e-2
+
+
+@pytest.mark.parametrize("call, rule", [
+    (lambda x, w: fused_add_rms_norm(x, x[:, :8], w), r"fused_add_rms_norm: residual must have "
+                                                      r"shape \(4, 16\) \(x's shape\)"),
+    (lambda x, w: fused_add_layer_norm(x, x.float(), w, w), r"fused_add_layer_norm: residual "
+                                                            r"must be torch.bfloat16"),
+    (lambda x, w: fused_add_rms_norm(x, None, w), r"fused_add_rms_norm: residual must be a "
+                                                  r"torch.Tensor"),
+])
+def test_fused_add_argument_rules(call, rule):
+    x, w = torch.randn(4, 16).to(bf16), torch.randn(16).to(bf16)
+    with pytest.raises((TypeError, ValueError), match=rule):
+        call(x, w)
 
 
 # ------------------------------------------------------------ on the GPU
@@ -141,3 +187,47 @@ def test_opcheck_norms_with_autograd():
                      (torch.ops.tk_mlir.layer_norm.default, (x, w, b, 1e-5))):
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                     "test_autograd_registration"))
+
+
+@gpu
+@pytest.mark.parametrize("rows, d", [(1, 4096), (333, 5120), (77, 1000)])
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_fused_add_forward_and_gradients_match_float64(fn, rows, d):
+    x, w, b, dy = _inputs(rows, d, seed=rows + d + 1)
+    r, _, _, dh = _inputs(rows, d, seed=rows + d + 2)
+    inputs = [t.clone().requires_grad_() for t in ((x, r, w) if fn == "rms_norm" else (x, r, w, b))]
+    fused = fused_add_rms_norm if fn == "rms_norm" else fused_add_layer_norm
+    y, h = fused(*inputs)
+    assert torch.equal(h, x + r)
+    grads = torch.autograd.grad((y, h), inputs, (dy, dh))
+    # the reference: the unfused sum (bf16, as torch adds), its norm in float64
+    h64 = (x + r).double().requires_grad_()
+    params = [t.detach().double().requires_grad_() for t in inputs[2:]]
+    eps = 1e-6 if fn == "rms_norm" else 1e-5
+    ref_y = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps) * params[0] \
+        if fn == "rms_norm" else torch.nn.functional.layer_norm(h64, (d,), *params, eps)
+    assert _rel(y, ref_y) < 1e-2
+    refs = torch.autograd.grad((ref_y, h64), [h64, *params], (dy.double(), dh.double()))
+    for got, ref in zip(grads, (refs[0], refs[0], *refs[1:])):
+        assert _rel(got, ref) < 1e-2
+    with torch.no_grad():                       # no autograd: the forward kernel alone
+        y2, h2 = fused(x, r, *inputs[2:])
+    assert torch.equal(y2, y) and torch.equal(h2, h)
+
+
+@gpu
+def test_fused_add_compiled_matches_eager():
+    x, w, b, dy = _inputs(300, 1536, seed=8)
+    r = _inputs(300, 1536, seed=9)[0]
+
+    def f(x, r, w, b):
+        y, h = fused_add_rms_norm(x, r, w)
+        z, h = fused_add_layer_norm(y, h, w, b)
+        return z + h
+
+    grads = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        inputs = [t.clone().requires_grad_() for t in (x, r, w, b)]
+        grads.append(torch.autograd.grad(fn(*inputs), inputs, dy))
+    for e, c in zip(*grads):
+        assert torch.equal(e, c)

@@ -7,8 +7,10 @@
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
-    torch.ops.tk_mlir.rms_norm_backward(dy, x, weight, eps) -> (dx, dweight)
-    torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps) -> (dx, dweight, dbias)
+    torch.ops.tk_mlir.fused_add_rms_norm(x, residual, weight, eps) -> (y, x + residual)
+    torch.ops.tk_mlir.fused_add_layer_norm(x, residual, weight, bias, eps) -> (y, x + residual)
+    torch.ops.tk_mlir.rms_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight)
+    torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight, dbias)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
@@ -153,7 +155,7 @@ def _(a, b, scale_a, scale_b, out_dtype):
 @torch.library.custom_op("tk_mlir::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight per row, into a new tensor like x."""
-    eps = norms._check("rms_norm", x, None, eps, weight=weight)
+    eps = norms._check("rms_norm", x, eps, {}, weight=weight)
     y = x.new_empty(x.shape)
     norms.launch_rms_norm(x, weight, eps, y)
     return y
@@ -168,7 +170,7 @@ def _(x, weight, eps):
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias per row, into a new tensor like x."""
-    eps = norms._check("layer_norm", x, None, eps, weight=weight, bias=bias)
+    eps = norms._check("layer_norm", x, eps, {}, weight=weight, bias=bias)
     y = x.new_empty(x.shape)
     norms.launch_layer_norm(x, weight, bias, eps, y)
     return y
@@ -179,27 +181,55 @@ def _(x, weight, bias, eps):
     return x.new_empty(x.shape)
 
 
+@torch.library.custom_op("tk_mlir::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual)."""
+    eps = norms._check("fused_add_rms_norm", x, eps, {"residual": residual}, weight=weight)
+    return norms.launch_fused_add("rms_norm", x, residual, weight, eps)
+
+
+@fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("tk_mlir::fused_add_layer_norm", mutates_args=())
+def fused_add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual) * weight + bias, x + residual)."""
+    eps = norms._check("fused_add_layer_norm", x, eps, {"residual": residual}, weight=weight,
+                       bias=bias)
+    return norms.launch_fused_add("layer_norm", x, residual, weight, bias, eps)
+
+
+@fused_add_layer_norm.register_fake
+def _(x, residual, weight, bias, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 @torch.library.custom_op("tk_mlir::rms_norm_backward", mutates_args=())
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dweight) of rms_norm by its backward kernels."""
-    return norms.rms_norm_backward(dy, x, weight, eps)
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                      dh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx (+ dh), dweight) of rms_norm by its backward kernels."""
+    return norms.rms_norm_backward(dy, x, weight, eps, dh)
 
 
 @rms_norm_backward.register_fake
-def _(dy, x, weight, eps):
+def _(dy, x, weight, eps, dh=None):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 @torch.library.custom_op("tk_mlir::layer_norm_backward", mutates_args=())
-def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight, dbias) of layer_norm by its backward kernels."""
-    return norms.layer_norm_backward(dy, x, weight, eps)
+def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                        dh: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx (+ dh), dweight, dbias) of layer_norm by its backward kernels."""
+    return norms.layer_norm_backward(dy, x, weight, eps, dh)
 
 
 @layer_norm_backward.register_fake
-def _(dy, x, weight, eps):
+def _(dy, x, weight, eps, dh=None):
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
@@ -223,8 +253,27 @@ def _layer_norm_backward(ctx, dy, backward=None):
     return dx, dw, db, None
 
 
+def _fused_add_setup_context(ctx, inputs, output):
+    """Saves the sum h (the norm's input) and the weight."""
+    ctx.save_for_backward(output[1], inputs[2])
+    ctx.eps = inputs[-1]
+
+
+def _fused_add_backward(ctx, dy, dh, backward):
+    """The norm's backward at h with dh added: x and residual share dx."""
+    h, weight = ctx.saved_tensors
+    dx, *dparams = backward(dy, h, weight, ctx.eps, dh)
+    return (dx, dx, *dparams, None)
+
+
 rms_norm.register_autograd(_rms_norm_backward, setup_context=_norm_setup_context)
 layer_norm.register_autograd(_layer_norm_backward, setup_context=_norm_setup_context)
+fused_add_rms_norm.register_autograd(
+    lambda ctx, dy, dh: _fused_add_backward(ctx, dy, dh, rms_norm_backward),
+    setup_context=_fused_add_setup_context)
+fused_add_layer_norm.register_autograd(
+    lambda ctx, dy, dh: _fused_add_backward(ctx, dy, dh, layer_norm_backward),
+    setup_context=_fused_add_setup_context)
 
 
 class EagerRmsNorm(torch.autograd.Function):
@@ -365,3 +414,22 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
+
+
+class EagerFusedAddNorm(torch.autograd.Function):
+    """fused_add_rms_norm's and fused_add_layer_norm's forward and backward for
+    eager calls on checked tensors (norm: "rms_norm" or "layer_norm"; then x,
+    residual, weight, [bias,] eps)."""
+
+    @staticmethod
+    def forward(ctx, norm, x, residual, weight, *bias_eps):
+        y, h = norms.launch_fused_add(norm, x, residual, weight, *bias_eps)
+        _fused_add_setup_context(ctx, (x, residual, weight, *bias_eps), (y, h))
+        ctx.norm = norm
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        backward = norms.rms_norm_backward if ctx.norm == "rms_norm" else \
+            norms.layer_norm_backward
+        return (None, *_fused_add_backward(ctx, dy, dh, backward))

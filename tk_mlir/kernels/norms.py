@@ -23,9 +23,7 @@ def rmsnorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], Y: tk.gl[bf16], eps: float,
     row = tk.block_id(0)
     x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
     w = tk.load(W, (0,), (BLOCK,)).to(f32)
-    inv_rms = ((x * x).row_sum() * (1.0 / float(X.shape[1])) + eps).rsqrt()
-    y = x.mul_row(inv_rms).mul_col(w)
-    tk.store(Y, y.to(bf16), (row, 0))
+    tk.store(Y, rms_normalized(x, w, eps, float(X.shape[1])).to(bf16), (row, 0))
 
 
 @tk.kernel(num_warps=8)
@@ -49,14 +47,56 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
     for row in range(first, X.shape[0], step):
         x = nxt.to(f32)
         nxt = tk.load(X, (row + step, 0), (1, BLOCK))     # past the last row: masked
-        mean = x.row_sum() * (1.0 / d)
-        xc = x.sub_row(mean)
-        var = ((xc * xc).row_sum() - (BLOCK - d) * mean * mean) * (1.0 / d)
         if RELOAD_WB:    # wide rows: re-read w, b (L1 hits) rather than hold them in registers
             w = tk.load(W, (0,), (BLOCK,))
             b = tk.load(B, (0,), (BLOCK,))
-        y = xc.mul_row((var + eps).rsqrt()).mul_col(w.to(f32)).add_col(b.to(f32))
+        y = layer_normalized(x, w.to(f32), b.to(f32), eps, d, BLOCK)
         tk.store(Y, y.to(bf16), (row, 0))
+
+
+@tk.func
+def rms_normalized(x, w, eps, d):
+    """x / sqrt(mean(x^2) + eps) * w for an f32 row x (1 x BLOCK, zeros past
+    its d columns) and an f32 w (BLOCK,)."""
+    inv_rms = ((x * x).row_sum() * (1.0 / d) + eps).rsqrt()
+    return x.mul_row(inv_rms).mul_col(w)
+
+
+@tk.func
+def layer_normalized(x, w, b, eps, d, block):
+    """(x - mean) / sqrt(var + eps) * w + b for an f32 row x (1 x block, zeros
+    past its d columns: they add (block - d) * mean^2 to the centred sum of
+    squares, subtracted exactly) and f32 w, b (block,)."""
+    mean = x.row_sum() * (1.0 / d)
+    xc = x.sub_row(mean)
+    var = ((xc * xc).row_sum() - (block - d) * mean * mean) * (1.0 / d)
+    return xc.mul_row((var + eps).rsqrt()).mul_col(w).add_col(b)
+
+
+@tk.kernel(num_warps=8)
+def add_rmsnorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], Y: tk.gl[bf16],
+                       H: tk.gl[bf16], eps: float, BLOCK: tk.constexpr):
+    """H = X + R, rounded to bf16 as the unfused sum is, and Y = rms_norm(H) * W:
+    a pre-norm block's residual add and norm in one pass, one row per block."""
+    row = tk.block_id(0)
+    h = (tk.load(X, (row, 0), (1, BLOCK)).to(f32) +
+         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(bf16)
+    tk.store(H, h, (row, 0))
+    w = tk.load(W, (0,), (BLOCK,)).to(f32)
+    tk.store(Y, rms_normalized(h.to(f32), w, eps, float(X.shape[1])).to(bf16), (row, 0))
+
+
+@tk.kernel(num_warps=8)
+def add_layernorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16],
+                         Y: tk.gl[bf16], H: tk.gl[bf16], eps: float, BLOCK: tk.constexpr):
+    """H = X + R (bf16) and Y = layer_norm(H) * W + B, one row per block."""
+    row = tk.block_id(0)
+    h = (tk.load(X, (row, 0), (1, BLOCK)).to(f32) +
+         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(bf16)
+    tk.store(H, h, (row, 0))
+    w, b = tk.load(W, (0,), (BLOCK,)).to(f32), tk.load(B, (0,), (BLOCK,)).to(f32)
+    y = layer_normalized(h.to(f32), w, b, eps, float(X.shape[1]), BLOCK)
+    tk.store(Y, y.to(bf16), (row, 0))
 
 
 
@@ -70,12 +110,14 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
 # same bits on every run).
 
 @tk.kernel(num_warps=8)
-def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DX: tk.gl[bf16],
-                            DW_PARTS: tk.gl[f32], eps: float, BLOCK: tk.constexpr):
+def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DH: tk.gl[bf16],
+                            DX: tk.gl[bf16], DW_PARTS: tk.gl[f32], eps: float,
+                            BLOCK: tk.constexpr, ADD_DH: tk.constexpr = False):
     """dX of Y = X / rms(X) * W, and DW_PARTS[block] = this block's rows' sum
     of dY * X / rms(X). With g = dY * W and x̂ = X / rms(X), per row:
-    dX = (g - x̂ * mean(g * x̂)) / rms(X). The columns past D read as 0
-    (x̂, g and so every sum is 0 there) and are not written."""
+    dX = (g - x̂ * mean(g * x̂)) / rms(X), plus DH with ADD_DH (the gradient
+    of add_rmsnorm_kernel's H; DH is not read otherwise). The columns past D
+    read as 0 (x̂, g and so every sum is 0 there) and are not written."""
     first, step = tk.block_id(0), tk.grid_dim(0)
     d = float(X.shape[1])
     w = tk.load(W, (0,), (BLOCK,)).to(f32)
@@ -87,19 +129,22 @@ def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DX:
         xhat = x.mul_row(inv_rms)
         g = dy.mul_col(w)
         dx = (g - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))).mul_row(inv_rms)
+        if ADD_DH:
+            dx = dx + tk.load(DH, (row, 0), (1, BLOCK)).to(f32)
         tk.store(DX, dx.to(bf16), (row, 0))
         dw = dw + dy * xhat
     tk.store(DW_PARTS, dw, (first, 0))
 
 
 @tk.kernel(num_warps=8)
-def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DX: tk.gl[bf16],
-                              DW_PARTS: tk.gl[f32], DB_PARTS: tk.gl[f32], eps: float,
-                              BLOCK: tk.constexpr):
+def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DH: tk.gl[bf16],
+                              DX: tk.gl[bf16], DW_PARTS: tk.gl[f32], DB_PARTS: tk.gl[f32],
+                              eps: float, BLOCK: tk.constexpr, ADD_DH: tk.constexpr = False):
     """dX of Y = (X - mean) / sqrt(var + eps) * W + B, and this block's rows'
     sums of dY * x̂ (DW_PARTS[block]) and of dY (DB_PARTS[block]). With
     g = dY * W and x̂ = (X - mean) * rstd, per row:
-    dX = rstd * (g - mean(g) - x̂ * mean(g * x̂)). Mean and variance are
+    dX = rstd * (g - mean(g) - x̂ * mean(g * x̂)), plus DH with ADD_DH (as
+    rmsnorm_backward_kernel). Mean and variance are
     recomputed as the forward computes them; the columns past D read as 0,
     where x̂ is masked to 0 (X - mean is not) and g is 0."""
     first, step = tk.block_id(0), tk.grid_dim(0)
@@ -116,7 +161,10 @@ def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], D
         xhat = xc.mul_row(rstd)
         g = dy.mul_col(w)
         dx = g.sub_row(g.row_sum() * (1.0 / d)) - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))
-        tk.store(DX, dx.mul_row(rstd).to(bf16), (row, 0))
+        dx = dx.mul_row(rstd)
+        if ADD_DH:
+            dx = dx + tk.load(DH, (row, 0), (1, BLOCK)).to(f32)
+        tk.store(DX, dx.to(bf16), (row, 0))
         dw = dw + dy * xhat
         db = db + dy
     tk.store(DW_PARTS, dw, (first, 0))
@@ -145,7 +193,7 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
     weight (rms_norm_backward's kernels; not with out=). Under torch.compile
     it runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
     import torch
-    eps = _check("rms_norm", x, out, eps, weight=weight)
+    eps = _check("rms_norm", x, eps, _out(out), weight=weight)
     grads = _recorded("rms_norm", out, x, weight)
     if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
         if grads:
@@ -170,7 +218,7 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
     torch.compile it runs as the custom op torch.ops.tk_mlir.layer_norm (see
     matmul)."""
     import torch
-    eps = _check("layer_norm", x, out, eps, weight=weight, bias=bias)
+    eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias)
     grads = _recorded("layer_norm", out, x, weight, bias)
     if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
         if grads:
@@ -182,6 +230,11 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
     from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
     y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
     return y if out is None else out.copy_(y)
+
+
+def _out(out) -> dict:
+    """_check's rows for an optional out=."""
+    return {} if out is None else {"out": out}
 
 
 def _recorded(fn: str, out, *inputs) -> bool:
@@ -215,38 +268,85 @@ def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
 
 
 
-def rms_norm_backward(dy, x, weight, eps: float):
+def rms_norm_backward(dy, x, weight, eps: float, dh=None):
     """(dx, dweight) of rms_norm(x, weight, eps) given dy, the gradient of its
-    output; dweight summed over the rows in f32 (two stages, see the kernels)."""
-    dx, (dw,) = _backward(rmsnorm_backward_kernel, dy, x, weight, eps, outputs=1)
+    output; dweight summed over the rows in f32 (two stages, see the kernels).
+    dh: a gradient added to dx (fused_add_rms_norm's sum output's)."""
+    dx, (dw,) = _backward(rmsnorm_backward_kernel, dy, dh, x, weight, eps, outputs=1)
     return dx, dw
 
 
-def layer_norm_backward(dy, x, weight, eps: float):
+def layer_norm_backward(dy, x, weight, eps: float, dh=None):
     """(dx, dweight, dbias) of layer_norm(x, weight, bias, eps) given dy (the
-    bias does not enter the gradients)."""
-    dx, (dw, db) = _backward(layernorm_backward_kernel, dy, x, weight, eps, outputs=2)
+    bias does not enter the gradients); dh as rms_norm_backward's."""
+    dx, (dw, db) = _backward(layernorm_backward_kernel, dy, dh, x, weight, eps, outputs=2)
     return dx, dw, db
 
 
-def _backward(kernel, dy, x, weight, eps: float, outputs: int):
-    """dx and the column sums of `outputs` per-block partials, each weight's
-    dtype, from a backward kernel on checked tensors."""
+def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
+    """dx (+ dh) and the column sums of `outputs` per-block partials, each
+    weight's dtype, from a backward kernel on checked tensors."""
     import torch
     rows, d = x.shape
     dy = dy.contiguous()                     # (e.g. the expanded gradient of y.sum())
+    dh = dh.contiguous() if dh is not None else None
     dx = torch.empty_like(x)
     if rows == 0:
         return dx, [torch.zeros_like(weight) for _ in range(outputs)]
     block = _block(d)
     grid = min(rows, 2 * num_sms(x.get_device()))
     parts = [torch.empty(grid, d, dtype=torch.float32, device=x.device) for _ in range(outputs)]
-    kernel[(grid,)](x, weight, dy, dx, *parts, eps, BLOCK=block)
+    # (without dh, DH is not read: dy stands in for it)
+    kernel[(grid,)](x, weight, dy, dy if dh is None else dh, dx, *parts, eps, BLOCK=block,
+                    ADD_DH=dh is not None)
     sums = []
     for part in parts:
         sums.append(torch.empty_like(weight))
         column_sum_kernel[(tk.cdiv(d, 256),)](part, sums[-1])
     return dx, sums
+
+
+def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):
+    """(y, h): h = x + residual and y = rms_norm(h, weight, eps), in one pass
+    (a pre-norm transformer block's residual add and norm; vLLM's
+    fused_add_rms_norm, returning the sum instead of writing it over residual).
+
+    x, residual: (rows, D) torch.bfloat16 CUDA tensors of one shape; weight:
+    (D,). h is rounded to bf16 before the norm reads it, as the unfused
+    `rms_norm(x + residual)` computes. Differentiable in x, residual and
+    weight; under torch.compile the custom op torch.ops.tk_mlir.fused_add_rms_norm."""
+    return _fused_add("rms_norm", x, residual, weight, None, eps)
+
+
+def fused_add_layer_norm(x, residual, weight, bias, eps: float = 1e-5):
+    """(y, h): h = x + residual and y = layer_norm(h, weight, bias, eps), in one
+    pass; as fused_add_rms_norm (op torch.ops.tk_mlir.fused_add_layer_norm)."""
+    return _fused_add("layer_norm", x, residual, weight, bias, eps)
+
+
+def _fused_add(norm: str, x, residual, weight, bias, eps):
+    import torch
+    fn = f"fused_add_{norm}"
+    params = dict(weight=weight) if bias is None else dict(weight=weight, bias=bias)
+    eps = _check(fn, x, eps, {"residual": residual}, **params)
+    from tk_mlir.kernels import custom_ops
+    inputs = (x, residual, weight) + (() if bias is None else (bias,))
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.tk_mlir, fn)(*inputs, eps)
+    if _recorded(fn, None, *inputs):
+        return custom_ops.EagerFusedAddNorm.apply(norm, *inputs, eps)
+    return launch_fused_add(norm, *inputs, eps)
+
+
+def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
+    """(y, h) of add_rmsnorm_kernel or add_layernorm_kernel on checked tensors;
+    bias_eps: (bias, eps) for layer_norm, (eps,) for rms_norm."""
+    y, h = x.new_empty(x.shape), x.new_empty(x.shape)
+    if x.shape[0]:
+        kernel = add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel
+        *bias, eps = bias_eps
+        kernel[(x.shape[0],)](x, residual, weight, *bias, y, h, eps, BLOCK=_block(x.shape[1]))
+    return y, h
 
 
 def _block(d: int) -> int:
@@ -255,21 +355,22 @@ def _block(d: int) -> int:
     return max(256, 1 << (d - 1).bit_length())
 
 
-def _check(fn: str, x, out, eps, **params) -> float:
-    """x is (rows, D) bf16 on a CUDA device, each of `params` is a (D,) vector
-    like it, out (if given) is like x; returns eps as a float."""
+def _check(fn: str, x, eps, rows: dict, **params) -> float:
+    """x is (rows, D) bf16 on a CUDA device, each of `rows` (name -> tensor:
+    out, residual) is like x, each of `params` a (D,) vector like it;
+    returns eps as a float."""
     import torch
     checks.tensor(fn, "x", x, ndim=2, dtypes=(torch.bfloat16,))
     if x.shape[1] == 0:
         raise ValueError(f"{fn}: x must have at least one column, got shape {tuple(x.shape)}")
+    for name, value in rows.items():
+        checks.tensor(fn, name, value, ndim=2, dtypes=(torch.bfloat16,))
+        checks.like(fn, name, value, "x", x)
+        checks.shape(fn, name, value, tuple(x.shape), "x's shape")
     for name, value in params.items():
         checks.tensor(fn, name, value, ndim=1, dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[1],), "one value per column of x")
-    if out is not None:
-        checks.tensor(fn, "out", out, ndim=2, dtypes=(torch.bfloat16,))
-        checks.like(fn, "out", out, "x", x)
-        checks.shape(fn, "out", out, tuple(x.shape), "x's shape")
     eps = checks.number(fn, "eps", eps)
     checks.on_cuda(fn, "x", x)
     return eps
