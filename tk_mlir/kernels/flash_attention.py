@@ -410,6 +410,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     (B, H, N') f32 with N' >= N a multiple of 4. TASKS: the schedule table
     (kernels/schedule.py) of task ids (b·H_kv + h_kv)·cdiv(N_kv, 128) + K/V
     block, from `backward_tasks()`, over the launch's persistent grid.
+    PIPELINE: step t+1's Sᵀ and dPᵀ are issued before step t's dQ leaves
+    (needs STAGES >= 3 to pay; not with DETERMINISTIC).
 
     DETERMINISTIC: each dQ tile takes its adds in one order, K/V block by K/V
     block (at D=64 warpgroup 0's keys before warpgroup 1's), so dQ is the same
@@ -632,10 +634,14 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
 
 
 def _backward_config(d: int) -> dict:
-    """Register split per head dim (384 threads start with 168 registers each)."""
+    """Stages, schedule and register split per head dim (384 threads start
+    with 168 registers each). D=64 pipelines its steps (PIPELINE) over three
+    Q/dO stages: 1.01-1.17x (BENCHMARKS.md); D=128 has no registers for it."""
     if d == 256:
         raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
                          "dV accumulators alone need 256 registers per thread)")
+    if d == 64:
+        return dict(STAGES=3, PIPELINE=True, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     return dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
