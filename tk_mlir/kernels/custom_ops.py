@@ -11,14 +11,16 @@
     torch.ops.tk_mlir.fused_add_layer_norm(x, residual, weight, bias, eps) -> (y, x + residual)
     torch.ops.tk_mlir.rms_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight)
     torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight, dbias)
+    torch.ops.tk_mlir.swiglu(gate, up) -> silu(gate) * up
+    torch.ops.tk_mlir.swiglu_backward(dy, gate, up) -> (dgate, dup)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
-a compiled model calls the kernels without a graph break; matmul, the norms
-and attention get autograd through register_autograd.
+a compiled model calls the kernels without a graph break; matmul, the norms,
+swiglu and attention get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -32,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from tk_mlir.kernels import checks, flash_attention, gemm, grouped_gemm, norms, scaled_gemm
+from tk_mlir.kernels import (activations, checks, flash_attention, gemm, grouped_gemm, norms,
+                             scaled_gemm)
 
 
 # ------------------------------------------------------------------ matmul
@@ -305,6 +308,56 @@ class EagerLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         return _layer_norm_backward(ctx, dy, norms.layer_norm_backward)
+
+
+# -------------------------------------------------------------- activations
+
+@torch.library.custom_op("tk_mlir::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up into a new tensor of gate's shape."""
+    activations._check(gate, up)
+    return activations.launch(gate, up)
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("tk_mlir::swiglu_backward", mutates_args=())
+def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor,
+                    up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) of swiglu."""
+    return activations.swiglu_backward(dy, gate, up)
+
+
+@swiglu_backward.register_fake
+def _(dy, gate, up):
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+def _swiglu_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dy, backward=None):
+    return (backward or swiglu_backward)(dy, *ctx.saved_tensors)
+
+
+swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup_context)
+
+
+class EagerSwiglu(torch.autograd.Function):
+    """swiglu's forward and backward for eager calls on checked tensors."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        _swiglu_setup_context(ctx, (gate, up), None)
+        return activations.launch(gate, up)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _swiglu_backward(ctx, dy, activations.swiglu_backward)
 
 
 # --------------------------------------------------------------- attention

@@ -1,0 +1,111 @@
+"""Gated activations on torch tensors: swiglu, forward and backward.
+
+    from tk_mlir.kernels import swiglu
+    h = swiglu(gate, up)                   # silu(gate) * up, as a Llama MLP's
+
+Elementwise kernels over BM x BN tiles of the inputs seen as (rows, D) (their
+leading dims flattened: a view for the usual cases, e.g. the halves of a
+fused gate/up projection, `gate_up.chunk(2, -1)`); tiles past the edges are
+masked. Math in f32, inputs and outputs bf16 or f16.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+
+
+@tk.kernel(num_warps=4)
+def swiglu_kernel(G: tk.gl, U: tk.gl, Y: tk.gl, BM: tk.constexpr = 32, BN: tk.constexpr = 256):
+    """Y = silu(G) * U = G / (1 + exp(-G)) * U, one BM x BN tile per block."""
+    i, j = tk.block_id(0), tk.block_id(1)
+    g = tk.load(G, (i, j), (BM, BN)).to(f32)
+    u = tk.load(U, (i, j), (BM, BN)).to(f32)
+    tk.store(Y, (g * sigmoid(g) * u).to(Y.dtype), (i, j))
+
+
+@tk.kernel(num_warps=4)
+def swiglu_backward_kernel(G: tk.gl, U: tk.gl, DY: tk.gl, DG: tk.gl, DU: tk.gl,
+                           BM: tk.constexpr = 32, BN: tk.constexpr = 256):
+    """With s = sigmoid(G): DU = DY * G * s and DG = DY * U * s * (1 + G * (1 - s))
+    (silu's derivative), one BM x BN tile per block."""
+    i, j = tk.block_id(0), tk.block_id(1)
+    g = tk.load(G, (i, j), (BM, BN)).to(f32)
+    u = tk.load(U, (i, j), (BM, BN)).to(f32)
+    dy = tk.load(DY, (i, j), (BM, BN)).to(f32)
+    s = sigmoid(g)
+    tk.store(DU, (dy * g * s).to(DU.dtype), (i, j))
+    tk.store(DG, (dy * u * s * (1.0 + g * (1.0 - s))).to(DG.dtype), (i, j))
+
+
+@tk.func
+def sigmoid(x):
+    """1 / (1 + exp(-x)): 0 where exp(-x) overflows to inf, never NaN."""
+    return (1.0 + (-x).exp()).rcp()
+
+
+def swiglu(gate, up):
+    """silu(gate) * up = gate * sigmoid(gate) * up, elementwise, into a new
+    tensor of gate's shape (contiguous).
+
+    gate, up: bf16 or f16 CUDA tensors of one shape, dtype and device, any
+    rank, last dim contiguous, rows of whole 16-byte vectors (D a multiple
+    of 8). Differentiable in both. Under torch.compile it runs as the custom
+    op torch.ops.tk_mlir.swiglu; eager calls launch directly."""
+    import torch
+    _check(gate, up)
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        return torch.ops.tk_mlir.swiglu(gate, up)
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        from tk_mlir.kernels import custom_ops
+        return custom_ops.EagerSwiglu.apply(gate, up)
+    return launch(gate, up)
+
+
+def launch(gate, up):
+    """swiglu_kernel on checked tensors: a new output."""
+    import torch
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if y.numel():
+        g, u, out = _rows(gate), _rows(up), y.view(-1, gate.shape[-1])
+        swiglu_kernel[_grid(out)](g, u, out)
+    return y
+
+
+def swiglu_backward(dy, gate, up):
+    """(dgate, dup) of swiglu(gate, up) given dy, each a new tensor."""
+    import torch
+    dg, du = (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) for _ in range(2))
+    if dg.numel():
+        d = gate.shape[-1]
+        swiglu_backward_kernel[_grid(dg.view(-1, d))](
+            _rows(gate), _rows(up), _rows(dy.to(gate.dtype)), dg.view(-1, d), du.view(-1, d))
+    return dg, du
+
+
+def _rows(t):
+    """t as (rows, D): its leading dims flattened (a view where the strides
+    allow, else a copy); its last dim made contiguous."""
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def _grid(rows_by_d) -> tuple[int, int]:
+    m, n = rows_by_d.shape
+    return tk.cdiv(m, 32), tk.cdiv(n, 256)
+
+
+def _check(gate, up) -> None:
+    import torch
+    checks.tensor("swiglu", "gate", gate, dtypes=(torch.bfloat16, torch.float16))
+    if gate.dim() == 0:
+        raise ValueError("swiglu: gate must have at least one dim, got a 0-d tensor")
+    checks.tensor("swiglu", "up", up, dtypes=(torch.bfloat16, torch.float16))
+    checks.like("swiglu", "up", up, "gate", gate)
+    checks.shape("swiglu", "up", up, tuple(gate.shape), "gate's shape")
+    if gate.shape[-1] % 8:
+        raise ValueError(f"swiglu: the last dim must be a multiple of 8 (rows of whole "
+                         f"16-byte vectors), got shape {tuple(gate.shape)}")
+    checks.on_cuda("swiglu", "gate", gate)
