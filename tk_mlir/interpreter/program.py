@@ -138,7 +138,8 @@ class TileStep:
             got = [a.operands[k] for a in arrivals]
             if kind == "scalar":
                 got = [uniform(g, self.loc, f"{self.name}: operand {k}") for g in got]
-            if any(g is not got[0] and not (kind != "tile" and g == got[0]) for g in got):
+            if any(g is not got[0] and not (kind != "tile" and _same_number(g, got[0]))
+                   for g in got):
                 raise error(self.loc, f"{self.name}: operand {k} differs between the warps of "
                                       f"its {self.scope}; the interpreter does not model "
                                       f"warp-varying operands of tile ops yet")
@@ -432,3 +433,9 @@ def _merge(a, b, cond, tile: bool, loc):
                              "per-lane tiles (make the condition warp-uniform)")
         return a
     return np.where(cond, a, b)
+
+
+def _same_number(a, b) -> bool:
+    """Whether two warps' scalar operands are one value: NaN is NaN (a NaN
+    every warp holds is uniform, though NaN != NaN)."""
+    return a == b or (a != a and b != b)

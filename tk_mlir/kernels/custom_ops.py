@@ -13,6 +13,10 @@
     torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight, dbias)
     torch.ops.tk_mlir.swiglu(gate, up) -> silu(gate) * up
     torch.ops.tk_mlir.swiglu_backward(dy, gate, up) -> (dgate, dup)
+    torch.ops.tk_mlir.cross_entropy(logits, target, ignore_index, reduction,
+                                    label_smoothing) -> (loss, lse)
+    torch.ops.tk_mlir.cross_entropy_backward(dloss, logits, target, lse, ignore_index,
+                                             reduction, label_smoothing) -> dlogits
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
@@ -20,7 +24,7 @@
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul, the norms,
-swiglu and attention get autograd through register_autograd.
+swiglu, cross_entropy and attention get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -34,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from tk_mlir.kernels import (activations, checks, flash_attention, gemm, grouped_gemm, norms,
-                             scaled_gemm)
+from tk_mlir.kernels import (activations, checks, flash_attention, gemm, grouped_gemm, losses,
+                             norms, scaled_gemm)
 
 
 # ------------------------------------------------------------------ matmul
@@ -358,6 +362,73 @@ class EagerSwiglu(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         return _swiglu_backward(ctx, dy, activations.swiglu_backward)
+
+
+# ------------------------------------------------------------------ losses
+
+@torch.library.custom_op("tk_mlir::cross_entropy", mutates_args=())
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                  label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse): the loss as losses.cross_entropy reduces it, and each
+    row's log-sum-exp (N,) f32 for the backward (it carries no gradient)."""
+    losses._check(logits, target, ignore_index, reduction, label_smoothing)
+    return losses.launch(logits, target, ignore_index, reduction, label_smoothing)
+
+
+@cross_entropy.register_fake
+def _(logits, target, ignore_index, reduction, label_smoothing):
+    n = logits.shape[0]
+    loss = logits.new_empty((n,) if reduction == "none" else ())
+    return loss, logits.new_empty(n, dtype=torch.float32)
+
+
+@torch.library.custom_op("tk_mlir::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
+                           lse: torch.Tensor, ignore_index: int, reduction: str,
+                           label_smoothing: float) -> torch.Tensor:
+    """d logits of cross_entropy."""
+    return losses.cross_entropy_backward(dloss, logits, target, lse, ignore_index, reduction,
+                                         label_smoothing)
+
+
+@cross_entropy_backward.register_fake
+def _(dloss, logits, target, lse, ignore_index, reduction, label_smoothing):
+    return torch.empty_like(logits)
+
+
+def _cross_entropy_setup_context(ctx, inputs, output):
+    logits, target, ctx.ignore_index, ctx.reduction, ctx.label_smoothing = inputs
+    ctx.save_for_backward(logits, target, output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _cross_entropy_backward(ctx, dloss, dlse, backward=None):
+    if dloss is None:
+        return None, None, None, None, None
+    logits, target, lse = ctx.saved_tensors
+    dx = (backward or cross_entropy_backward)(dloss, logits, target, lse, ctx.ignore_index,
+                                              ctx.reduction, ctx.label_smoothing)
+    return dx, None, None, None, None
+
+
+cross_entropy.register_autograd(_cross_entropy_backward,
+                                setup_context=_cross_entropy_setup_context)
+
+
+class EagerCrossEntropy(torch.autograd.Function):
+    """cross_entropy's forward and backward for eager calls on checked tensors."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing):
+        out = losses.launch(logits, target, ignore_index, reduction, label_smoothing)
+        _cross_entropy_setup_context(ctx, (logits, target, ignore_index, reduction,
+                                           label_smoothing), out)
+        ctx.mark_non_differentiable(out[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, dloss, dlse):
+        return _cross_entropy_backward(ctx, dloss, dlse, losses.cross_entropy_backward)
 
 
 # --------------------------------------------------------------- attention

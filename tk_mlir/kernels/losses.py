@@ -1,0 +1,189 @@
+"""Losses on torch tensors: cross_entropy, forward and backward.
+
+    from tk_mlir.kernels import cross_entropy
+    loss = cross_entropy(logits, target)          # as F.cross_entropy on (N, V) logits
+
+One block per row of logits walks the vocabulary CHUNK columns at a time
+with an online log-sum-exp (the running max and the sum rescaled to it), so
+a 128k vocabulary never sits in registers at once; the backward walks it
+again from the saved log-sum-exp, writing softmax minus the smoothed target
+distribution, scaled by the row's share of the loss's gradient. Math in f32.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+
+CHUNK = 2048        # vocabulary columns a block reads per step (8 per thread of 8 warps)
+
+
+@tk.kernel(num_warps=8)
+def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl[f32],
+                         ignore_index: int, smoothing: float, CHUNK: tk.constexpr = CHUNK):
+    """Per row r of X (N x V logits) with target t = T[r]: LSE[r] =
+    logsumexp(X[r]) and LOSS[r] = LSE[r] - (1 - smoothing)·X[r, t] -
+    smoothing·mean(X[r]); 0 where t is ignore_index, NaN where t is outside
+    [0, V) (a wrong target is never a silent number). One row per block."""
+    row = tk.block_id(0)
+    v = X.shape[1]
+    t = tk.load(T, (row,))
+    # The first chunk starts the running max m, sum s (of exp(x - m)), the
+    # target's logit and the row's sum; columns past V read as 0 and are
+    # masked to -inf before exp (exp(0 - m) may overflow).
+    x = tk.load(X, (row, 0), (1, CHUNK)).to(f32)
+    cols = x.col_indices()
+    xm = tk.where(cols < v, x, float("-inf"))
+    m = xm.row_max()
+    s = xm.sub_row(m).exp().row_sum()
+    x_t = tk.where(cols == t, x, 0.0).row_sum()
+    x_sum = x.row_sum()
+    for c in range(1, tk.cdiv(v, CHUNK)):
+        x = tk.load(X, (row, c), (1, CHUNK)).to(f32)
+        cols = x.col_indices() + c * CHUNK
+        xm = tk.where(cols < v, x, float("-inf"))
+        m_new = max(m, xm.row_max())
+        s = s * (m - m_new).exp() + xm.sub_row(m_new).exp().row_sum()
+        x_t = x_t + tk.where(cols == t, x, 0.0).row_sum()
+        x_sum = x_sum + x.row_sum()
+        m = m_new
+    lse = m + s.log()
+    loss = lse - (1.0 - smoothing) * x_t - (smoothing / float(v)) * x_sum
+    if t == ignore_index:
+        loss = loss * 0.0
+    elif (t < 0) | (t >= v):
+        loss = loss * float("nan")
+    tk.store(LOSS, loss, (row,))
+    tk.store(LSE, lse, (row,))
+
+
+@tk.kernel(num_warps=8)
+def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
+                                  SCALE: tk.gl[f32], DX: tk.gl, ignore_index: int,
+                                  smoothing: float, CHUNK: tk.constexpr = CHUNK):
+    """DX[r] = SCALE[r]·(softmax(X[r]) - (1 - smoothing)·onehot(T[r]) -
+    smoothing / V), from the forward's LSE; 0 where T[r] is ignore_index.
+    SCALE: the loss's gradient per row (for mean: dloss / count)."""
+    row = tk.block_id(0)
+    v = X.shape[1]
+    t = tk.load(T, (row,))
+    lse = tk.load(LSE, (row,), (1,))
+    g = tk.load(SCALE, (row,), (1,))
+    if t == ignore_index:
+        g = g * 0.0
+    for c in range(tk.cdiv(v, CHUNK)):
+        x = tk.load(X, (row, c), (1, CHUNK)).to(f32)
+        cols = x.col_indices() + c * CHUNK
+        d = x.sub_row(lse).exp() - tk.where(cols == t, 1.0 - smoothing, 0.0) - smoothing / float(v)
+        tk.store(DX, d.mul_row(g).to(DX.dtype), (row, c))
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0):
+    """torch.nn.functional.cross_entropy for (N, V) logits and (N,) class
+    targets: the loss per row is logsumexp(logits) - (1 - label_smoothing)·
+    logits[target] - label_smoothing·mean(logits); rows whose target is
+    ignore_index count 0 and are left out of the mean (all ignored: NaN, as
+    torch). A target outside [0, V) gives NaN (torch asserts on the device).
+
+    logits: bf16, f16 or f32 CUDA tensor, rows of whole 16-byte vectors (V a
+    multiple of 8, f32: of 4), last dim contiguous; target: an integer
+    tensor on its device. reduction: "mean", "sum" or "none". Differentiable
+    in logits; under torch.compile the custom op torch.ops.tk_mlir.cross_entropy."""
+    import torch
+    ignore_index, label_smoothing = _check(logits, target, ignore_index, reduction,
+                                           label_smoothing)
+    from tk_mlir.kernels import custom_ops
+    args = (logits, target, ignore_index, reduction, label_smoothing)
+    if torch.compiler.is_compiling():
+        return torch.ops.tk_mlir.cross_entropy(*args)[0]
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return custom_ops.EagerCrossEntropy.apply(*args)[0]
+    return launch(*args)[0]
+
+
+def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: float):
+    """(loss, lse) of cross_entropy_kernel on checked arguments: loss reduced
+    as asked, lse (N,) f32 (kept for the backward)."""
+    import torch
+    n = logits.shape[0]
+    rows = -(-n // 4) * 4                       # f32 vectors of whole 16-byte rows
+    loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if n:
+        cross_entropy_kernel[(n,)](logits, _targets(target, rows), loss_rows, lse, ignore_index,
+                                   label_smoothing)
+    loss = loss_rows[:n]
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / (target != ignore_index).sum()
+    return loss.to(logits.dtype), lse[:n]
+
+
+def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduction: str,
+                           label_smoothing: float):
+    """d logits of cross_entropy given the loss's gradient dloss (a scalar,
+    or (N,) with reduction="none") and the forward's lse."""
+    import torch
+    n = logits.shape[0]
+    rows = -(-n // 4) * 4
+    scale = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if reduction == "none":
+        scale[:n] = dloss
+    elif reduction == "sum":
+        scale[:n] = dloss.float().expand(n)
+    else:
+        scale[:n] = (dloss.float() / (target != ignore_index).sum()).expand(n)
+    lse_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    lse_rows[:n] = lse
+    dx = torch.empty_like(logits)
+    if n:
+        cross_entropy_backward_kernel[(n,)](logits, _targets(target, rows), lse_rows, scale, dx,
+                                            ignore_index, label_smoothing)
+    return dx
+
+
+def _targets(target, rows: int):
+    """target as int32 in a vector of `rows` (N rounded up to whole 16-byte
+    vectors; the kernels read the first N)."""
+    import torch
+    out = torch.empty(rows, dtype=torch.int32, device=target.device)
+    out[:target.shape[0]] = target
+    return out
+
+
+def _check(logits, target, ignore_index, reduction, label_smoothing):
+    import torch
+    fn = "cross_entropy"
+    checks.tensor(fn, "logits", logits, ndim=2,
+                  dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    if logits.shape[1] == 0:
+        raise ValueError(f"{fn}: logits must have at least one class, got shape "
+                         f"{tuple(logits.shape)}")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{fn}: target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{fn}: target must hold class indices (torch.int64 or torch.int32), "
+                        f"got {target.dtype}")
+    checks.shape(fn, "target", target, (logits.shape[0],), "one class per row of logits")
+    checks.like(fn, "target", target, "logits", logits, dtype=False)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or \
+            not -2**31 <= ignore_index < 2**31:
+        raise TypeError(f"{fn}: ignore_index must be an int that fits in 32 bits, got "
+                        f"{ignore_index!r}")
+    label_smoothing = checks.number(fn, "label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if logits.shape[1] * logits.element_size() % 16 or logits.stride(-1) != 1:
+        raise ValueError(f"{fn}: logits' rows must be contiguous whole 16-byte vectors (V a "
+                         f"multiple of {16 // logits.element_size()} for {logits.dtype}), got "
+                         f"shape {tuple(logits.shape)}, strides {tuple(logits.stride())}")
+    checks.on_cuda(fn, "logits", logits)
+    return ignore_index, label_smoothing
