@@ -12,6 +12,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     y, h = fused_add_rms_norm(x, res, w)   # h = x + res, y = rms_norm(h, w): one pass
     h = swiglu(gate, up)                   # silu(gate) * up
     loss = cross_entropy(logits, target)   # as F.cross_entropy, a vocabulary chunk at a time
+    q = rotary_embedding(q, cos, sin)      # (B, N, H, D), GPT-NeoX halves
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
@@ -21,7 +22,7 @@ Importing the library is cheap: neither torch nor MLIR loads until a name is
 used, and then only its own module (MLIR at the kernel's first compile, not
 at all on a disk-cache hit). The functions call the kernels as torch custom
 ops, torch.ops.tk_mlir.* (custom_ops.py); matmul, the norms, swiglu,
-cross_entropy and attention are differentiable.
+rotary_embedding, cross_entropy and attention are differentiable.
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ _LAZY = {
     "fused_add_layer_norm": ".norms",
     "swiglu": ".activations",
     "cross_entropy": ".losses",
+    "rotary_embedding": ".rotary",
+    "rotary_embedding_qk": ".rotary",
     "attention": ".flash_attention",
     "all_reduce": ".all_reduce_kernels",
     "matmul_reduce_scatter": ".gemm_rs",

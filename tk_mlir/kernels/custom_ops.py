@@ -13,6 +13,7 @@
     torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight, dbias)
     torch.ops.tk_mlir.swiglu(gate, up) -> silu(gate) * up
     torch.ops.tk_mlir.swiglu_backward(dy, gate, up) -> (dgate, dup)
+    torch.ops.tk_mlir.rotary_embedding(x, cos, sin, inverse=False) -> rotated x
     torch.ops.tk_mlir.cross_entropy(logits, target, ignore_index, reduction,
                                     label_smoothing) -> (loss, lse)
     torch.ops.tk_mlir.cross_entropy_backward(dloss, logits, target, lse, ignore_index,
@@ -24,7 +25,8 @@
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul, the norms,
-swiglu, cross_entropy and attention get autograd through register_autograd.
+swiglu, rotary_embedding, cross_entropy and attention get autograd through
+register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -39,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from tk_mlir.kernels import (activations, checks, flash_attention, gemm, grouped_gemm, losses,
-                             norms, scaled_gemm)
+                             norms, rotary, scaled_gemm)
 
 
 # ------------------------------------------------------------------ matmul
@@ -362,6 +364,52 @@ class EagerSwiglu(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         return _swiglu_backward(ctx, dy, activations.swiglu_backward)
+
+
+# ------------------------------------------------------------------ rotary
+
+@torch.library.custom_op("tk_mlir::rotary_embedding", mutates_args=())
+def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     inverse: bool = False) -> torch.Tensor:
+    """x rotated by the angles of cos and sin (by their opposite with
+    inverse: the backward), into a new contiguous tensor."""
+    rotary._check(x, cos, sin)
+    return rotary.launch(x, cos, sin, inverse)
+
+
+@rotary_embedding.register_fake
+def _(x, cos, sin, inverse=False):
+    return x.new_empty(x.shape)
+
+
+def _rotary_setup_context(ctx, inputs, output):
+    x, cos, sin = inputs[:3]
+    ctx.save_for_backward(cos, sin)
+    ctx.inverse = len(inputs) > 3 and inputs[3]
+
+
+def _rotary_backward(ctx, dy, rotate=None):
+    """dx: dy rotated back (a rotation's transpose is its inverse)."""
+    cos, sin = ctx.saved_tensors
+    dx = (rotate or rotary_embedding)(dy.contiguous() if dy.stride(-1) != 1 else dy, cos, sin,
+                                      not ctx.inverse)
+    return dx, None, None, None
+
+
+rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
+
+
+class EagerRotary(torch.autograd.Function):
+    """rotary_embedding's forward and backward for eager calls on checked tensors."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        _rotary_setup_context(ctx, (x, cos, sin), None)
+        return rotary.launch(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _rotary_backward(ctx, dy, rotary.launch)[:3]
 
 
 # ------------------------------------------------------------------ losses

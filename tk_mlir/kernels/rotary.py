@@ -1,0 +1,107 @@
+"""Rotary position embeddings on torch tensors, forward and backward.
+
+    from tk_mlir.kernels import rotary_embedding
+    q = rotary_embedding(q, cos, sin)               # (B, N, H, D), GPT-NeoX halves
+    q, k = rotary_embedding_qk(q, k, cos, sin)      # both, one call
+
+Each block rotates the H heads of one (batch, position): the first and
+second halves of D as two (H', D/2) register tiles (H' = H rounded up to a
+power of two, the rows past H masked), multiplied by that position's cos and
+sin rows. The backward rotates by the opposite angle. Math in f32.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+
+
+@tk.kernel(num_warps=4)
+def rotary_kernel(X: tk.gl, COS: tk.gl, SIN: tk.gl, Y: tk.gl, HB: tk.constexpr,
+                  HALF: tk.constexpr, PER_BATCH: tk.constexpr = False,
+                  INVERSE: tk.constexpr = False):
+    """Y[b, n, h] = X[b, n, h] rotated by position n's angles (GPT-NeoX: the
+    pairs are (i, i + D/2)): y1 = x1·cos - x2·sin, y2 = x2·cos + x1·sin, with
+    sin negated for INVERSE (the backward). X, Y: (B, N, H, D) with H <= HB
+    and D = 2·HALF; COS, SIN: flat (N·HALF,), or (B·N·HALF,) with PER_BATCH.
+    Grid (N, B)."""
+    n, b = tk.block_id(0), tk.block_id(1)
+    half = HALF
+    angle = b * X.shape[1] + n if PER_BATCH else n       # the row of cos/sin, in halves
+    c = tk.load(COS, (angle,), (half,)).to(f32)
+    s = tk.load(SIN, (angle,), (half,)).to(f32)
+    if INVERSE:
+        s = -s
+    x1 = tk.load(X, (b, n, 0, 0), (HB, half)).to(f32)
+    x2 = tk.load(X, (b, n, 0, 1), (HB, half)).to(f32)
+    tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, 0))
+    tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, 1))
+
+
+def rotary_embedding(x, cos, sin):
+    """x rotated by the angles whose cos and sin are given: for position n and
+    pair i (GPT-NeoX / Llama layout: element i with element i + D/2),
+    (x_i, x_{i+D/2}) -> (x_i·cos - x_{i+D/2}·sin, x_{i+D/2}·cos + x_i·sin).
+
+    x: (B, N, H, D) bf16 or f16 CUDA tensor, any strides with a contiguous
+    last dim (e.g. a view of a projection); D a multiple of 16. cos, sin:
+    (N, D/2), or (B, N, D/2) for per-sequence positions, of x's dtype or
+    float32, contiguous. Returns a new contiguous tensor. Differentiable in x
+    (not in cos and sin); under torch.compile the custom op
+    torch.ops.tk_mlir.rotary_embedding. The interleaved (GPT-J) layout is
+    not built yet: it needs a register tile op that swaps neighbours."""
+    import torch
+    _check(x, cos, sin)
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        return torch.ops.tk_mlir.rotary_embedding(x, cos, sin)
+    if torch.is_grad_enabled() and x.requires_grad:
+        from tk_mlir.kernels import custom_ops
+        return custom_ops.EagerRotary.apply(x, cos, sin)
+    return launch(x, cos, sin)
+
+
+def rotary_embedding_qk(q, k, cos, sin):
+    """(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)): q and k
+    may have different head counts (GQA)."""
+    return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
+
+
+def launch(x, cos, sin, inverse: bool = False):
+    """rotary_kernel on checked tensors: a new output (rotated back with inverse)."""
+    import torch
+    B, N, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel():
+        rotary_kernel[(N, B)](x, cos.reshape(-1), sin.reshape(-1), y,
+                              HB=max(1 << (H - 1).bit_length(), 1), HALF=D // 2,
+                              PER_BATCH=cos.dim() == 3,
+                              INVERSE=inverse)
+    return y
+
+
+def _check(x, cos, sin) -> None:
+    import torch
+    fn = "rotary_embedding"
+    checks.tensor(fn, "x", x, ndim=4, dtypes=(torch.bfloat16, torch.float16))
+    B, N, H, D = x.shape
+    if D % 16:
+        raise ValueError(f"{fn}: x's head dim D must be a multiple of 16 (halves of whole "
+                         f"16-byte vectors), got shape {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        raise ValueError(f"{fn}: x's last dim must be contiguous (stride 1), got strides "
+                         f"{tuple(x.stride())}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
+        checks.like(fn, name, t, "x", x, dtype=False)
+        if tuple(t.shape) not in ((N, D // 2), (B, N, D // 2)):
+            raise ValueError(f"{fn}: {name} must have shape ({N}, {D // 2}) or ({B}, {N}, "
+                             f"{D // 2}) (positions x half the head dim), got "
+                             f"{tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous")
+    if cos.shape != sin.shape or cos.dtype != sin.dtype:
+        raise ValueError(f"{fn}: cos and sin must have one shape and dtype, got "
+                         f"{tuple(cos.shape)} {cos.dtype} and {tuple(sin.shape)} {sin.dtype}")
+    checks.on_cuda(fn, "x", x)
