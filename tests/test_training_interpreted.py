@@ -1,0 +1,87 @@
+"""A training step through the library's differentiable functions on CPU
+tensors, every kernel (forward and backward) run by the interpreter: the
+autograd wiring (the eager autograd.Functions, which gradient goes where,
+GEMMs reading transposed operands as K x M) checked in CI, without a GPU,
+against the same step in float64 torch.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tk_mlir.kernel  # noqa: E402,F401  (the module: tk_mlir.kernel is the decorator)
+from tk_mlir.kernels import (cross_entropy, fused_add_rms_norm, matmul, rms_norm,  # noqa: E402
+                             rotary_embedding, swiglu)
+
+F = torch.nn.functional
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The library on CPU tensors runs in the interpreter (TK_MLIR_INTERPRET=1)."""
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+
+
+def _block(x, params, ops):
+    """A pre-norm MLP block and an output head, in `ops`' functions."""
+    w_norm, w_gate, w_up, w_down, w_norm2, w_out = params
+    h = ops["rms_norm"](x, w_norm)
+    a = ops["swiglu"](ops["matmul"](h, w_gate), ops["matmul"](h, w_up, b_layout="kn"))
+    y, res = ops["fused_add_rms_norm"](ops["matmul"](a, w_down), x, w_norm2)
+    return ops["matmul"](y, w_out), res
+
+
+TORCH = {
+    "rms_norm": lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+    "swiglu": lambda g, u: F.silu(g) * u,
+    "matmul": lambda a, b, b_layout="nk": a @ (b.T if b_layout == "nk" else b),
+    "fused_add_rms_norm": lambda x, r, w: (TORCH["rms_norm"](x + r, w), x + r),
+}
+TK = {"rms_norm": rms_norm, "swiglu": swiglu, "matmul": matmul,
+      "fused_add_rms_norm": fused_add_rms_norm}
+
+
+def test_an_mlp_block_and_its_loss_train_like_torch(interpreted):
+    g = torch.Generator().manual_seed(0)
+    n, d, hidden, vocab = 64, 128, 256, 256
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+    x = rnd(n, d)
+    params = [rnd(d) + 1, rnd(hidden, d, scale=0.1), rnd(d, hidden, scale=0.1),
+              rnd(d, hidden, scale=0.1), rnd(d) + 1, rnd(vocab, d, scale=0.1)]
+    target = torch.randint(0, vocab, (n,), generator=g)
+    target[::9] = -100
+    ours = [p.clone().requires_grad_() for p in params]
+    xs = x.clone().requires_grad_()
+    logits, res = _block(xs, ours, TK)
+    loss = cross_entropy(logits, target, label_smoothing=0.1) + res.float().square().mean()
+    grads = torch.autograd.grad(loss, [xs, *ours])
+    ref = [p.double().requires_grad_() for p in [x, *params]]
+    ref_logits, ref_res = _block(ref[0], ref[1:], TORCH)
+    ref_loss = F.cross_entropy(ref_logits, target, label_smoothing=0.1) + ref_res.square().mean()
+    ref_grads = torch.autograd.grad(ref_loss, ref)
+    assert abs(loss.item() - ref_loss.item()) < 2e-2 * abs(ref_loss.item())
+    for got, want, what in zip(grads, ref_grads, ["x", "w_norm", "w_gate", "w_up", "w_down",
+                                                  "w_norm2", "w_out"]):
+        assert got.shape == want.shape and got.dtype == torch.bfloat16, what
+        assert ((got.double() - want).norm() / want.norm()).item() < 3e-2, what
+
+
+def test_rotary_gradient_is_the_inverse_rotation(interpreted):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 8, 3, 32, generator=g).to(torch.bfloat16).requires_grad_()
+    angles = torch.rand(8, 16, generator=g) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    dy = torch.randn(1, 8, 3, 32, generator=g).to(torch.bfloat16)
+    (dq,) = torch.autograd.grad(rotary_embedding(q, cos, sin), (q,), dy)
+    qd = q.detach().double().requires_grad_()
+    x1, x2 = qd[..., :16], qd[..., 16:]
+    c, s = cos.double()[None, :, None], sin.double()[None, :, None]
+    (ref,) = torch.autograd.grad(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1), (qd,),
+                                 dy.double())
+    assert ((dq.double() - ref).norm() / ref.norm()).item() < 1e-2
