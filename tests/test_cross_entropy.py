@@ -113,3 +113,26 @@ def test_compiled_matches_eager():
         grads.append((loss, *torch.autograd.grad(loss, (xx,))))
     for e, c in zip(*grads):
         assert torch.equal(e, c)
+
+
+@gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_matches_float64(reduction, monkeypatch):
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 333 * 8192 * 2)   # 4 slices, the last short
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n, d, v = 333, 1024, 32000
+    h = torch.randn(n, d, device="cuda", generator=g).to(bf16).requires_grad_()
+    w = (torch.randn(v, d, device="cuda", generator=g) * 0.05).to(bf16).requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda", generator=g)
+    t[1::5] = -100
+    loss = linear_cross_entropy(h, w, t, reduction=reduction)
+    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+    assert _rel(loss, ref) < 1e-2
+    dy = torch.rand(ref.shape, device="cuda", dtype=torch.float64) + 0.5
+    grads = torch.autograd.grad(loss, (h, w), dy.to(bf16))
+    for got, want in zip(grads, torch.autograd.grad(ref, (hd, wd), dy.to(bf16).double())):
+        assert _rel(got, want) < 2e-2
+    compiled = torch.compile(linear_cross_entropy, fullgraph=True)
+    assert torch.equal(compiled(h.detach(), w.detach(), t, reduction=reduction), loss.detach())

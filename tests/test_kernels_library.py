@@ -51,7 +51,8 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
          "matmul_reduce_scatter"]
     assert kernels.matmul is matmul and sorted(kernels.__all__) == \
         ["all_gather_matmul", "all_reduce", "attention", "cross_entropy", "fused_add_layer_norm",
-         "fused_add_rms_norm", "grouped_matmul", "layer_norm", "matmul", "matmul_reduce_scatter",
+         "fused_add_rms_norm", "grouped_matmul", "layer_norm", "linear_cross_entropy", "matmul",
+         "matmul_reduce_scatter",
          "rms_norm", "rotary_embedding", "rotary_embedding_qk", "scaled_matmul", "swiglu"]
     assert {"matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"} <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'softmax'"):

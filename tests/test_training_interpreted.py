@@ -85,3 +85,31 @@ def test_rotary_gradient_is_the_inverse_rotation(interpreted):
     (ref,) = torch.autograd.grad(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1), (qd,),
                                  dy.double())
     assert ((dq.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, reduction):
+    """Three vocabulary slices (LOGITS_SLICE_BYTES made small): the loss and
+    both gradients as torch's cross_entropy of the full logits; ignored rows,
+    and a target outside the vocabulary giving NaN for its row only."""
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 40 * 256 * 2)   # 256 classes a slice
+    g = torch.Generator().manual_seed(2)
+    n, d, vocab = 40, 64, 704                                         # slices 256, 256, 192
+    h = torch.randn(n, d, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, d, generator=g) * 0.3).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, vocab, (n,), generator=g)
+    t[::7] = -100
+    loss = linear_cross_entropy(h, w, t, reduction=reduction)
+    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+    assert loss.shape == ref.shape and loss.dtype == torch.bfloat16
+    assert ((loss.double() - ref).norm() / ref.norm()).item() < 1e-2
+    dy = torch.rand(ref.shape, generator=g, dtype=torch.float64) + 0.5
+    dh, dw = torch.autograd.grad(loss, (h, w), dy.to(torch.bfloat16))
+    ref_dh, ref_dw = torch.autograd.grad(ref, (hd, wd), dy.to(torch.bfloat16).double())
+    for got, want in ((dh, ref_dh), (dw, ref_dw)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
+    t[3] = vocab + 1
+    rows = linear_cross_entropy(h.detach(), w.detach(), t, reduction="none")
+    assert rows[3].isnan() and not rows[:3].isnan().any() and not rows[4:].isnan().any()

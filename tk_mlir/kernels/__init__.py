@@ -13,6 +13,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     h = swiglu(gate, up)                   # silu(gate) * up
     loss = cross_entropy(logits, target)   # as F.cross_entropy, a vocabulary chunk at a time
     q = rotary_embedding(q, cos, sin)      # (B, N, H, D), GPT-NeoX halves
+    loss = linear_cross_entropy(h, w, t)   # cross_entropy(h @ w.T, t), logits a slice at a time
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
@@ -22,7 +23,7 @@ Importing the library is cheap: neither torch nor MLIR loads until a name is
 used, and then only its own module (MLIR at the kernel's first compile, not
 at all on a disk-cache hit). The functions call the kernels as torch custom
 ops, torch.ops.tk_mlir.* (custom_ops.py); matmul, the norms, swiglu,
-rotary_embedding, cross_entropy and attention are differentiable.
+rotary_embedding, the cross-entropies and attention are differentiable.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ _LAZY = {
     "fused_add_layer_norm": ".norms",
     "swiglu": ".activations",
     "cross_entropy": ".losses",
+    "linear_cross_entropy": ".losses",
     "rotary_embedding": ".rotary",
     "rotary_embedding_qk": ".rotary",
     "attention": ".flash_attention",

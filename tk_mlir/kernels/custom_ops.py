@@ -18,6 +18,10 @@
                                     label_smoothing) -> (loss, lse)
     torch.ops.tk_mlir.cross_entropy_backward(dloss, logits, target, lse, ignore_index,
                                              reduction, label_smoothing) -> dlogits
+    torch.ops.tk_mlir.linear_cross_entropy(h, weight, target, ignore_index, reduction)
+                                           -> (loss, lse)
+    torch.ops.tk_mlir.linear_cross_entropy_backward(dloss, h, weight, target, lse,
+                                                    ignore_index, reduction) -> (dh, dweight)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
@@ -25,8 +29,8 @@
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul, the norms,
-swiglu, rotary_embedding, cross_entropy and attention get autograd through
-register_autograd.
+swiglu, rotary_embedding, cross_entropy, linear_cross_entropy and attention
+get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -477,6 +481,68 @@ class EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss, dlse):
         return _cross_entropy_backward(ctx, dloss, dlse, losses.cross_entropy_backward)
+
+
+@torch.library.custom_op("tk_mlir::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse) of cross_entropy(h @ weight.T, target), the logits a slice
+    of the vocabulary at a time (losses.linear_cross_entropy)."""
+    losses._check_linear(h, weight, target, ignore_index, reduction)
+    return losses.linear_forward(h, weight, target, ignore_index, reduction)
+
+
+@linear_cross_entropy.register_fake
+def _(h, weight, target, ignore_index, reduction):
+    n = h.shape[0]
+    return h.new_empty((n,) if reduction == "none" else ()), h.new_empty(n, dtype=torch.float32)
+
+
+@torch.library.custom_op("tk_mlir::linear_cross_entropy_backward", mutates_args=())
+def linear_cross_entropy_backward(dloss: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                                  target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
+                                  reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dweight) of linear_cross_entropy."""
+    return losses.linear_backward(dloss, h, weight, target, lse, ignore_index, reduction)
+
+
+@linear_cross_entropy_backward.register_fake
+def _(dloss, h, weight, target, lse, ignore_index, reduction):
+    return torch.empty_like(h), torch.empty_like(weight)
+
+
+def _linear_ce_setup_context(ctx, inputs, output):
+    h, weight, target, ctx.ignore_index, ctx.reduction = inputs
+    ctx.save_for_backward(h, weight, target, output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _linear_ce_backward(ctx, dloss, dlse, backward=None):
+    if dloss is None:
+        return None, None, None, None, None
+    h, weight, target, lse = ctx.saved_tensors
+    dh, dw = (backward or linear_cross_entropy_backward)(dloss, h, weight, target, lse,
+                                                         ctx.ignore_index, ctx.reduction)
+    return dh, dw, None, None, None
+
+
+linear_cross_entropy.register_autograd(_linear_ce_backward,
+                                       setup_context=_linear_ce_setup_context)
+
+
+class EagerLinearCrossEntropy(torch.autograd.Function):
+    """linear_cross_entropy's forward and backward for eager calls."""
+
+    @staticmethod
+    def forward(ctx, h, weight, target, ignore_index, reduction):
+        out = losses.linear_forward(h, weight, target, ignore_index, reduction)
+        _linear_ce_setup_context(ctx, (h, weight, target, ignore_index, reduction), out)
+        ctx.mark_non_differentiable(out[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, dloss, dlse):
+        return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
 
 
 # --------------------------------------------------------------- attention

@@ -1,7 +1,10 @@
-"""Losses on torch tensors: cross_entropy, forward and backward.
+"""Losses on torch tensors: cross_entropy and linear_cross_entropy, forward
+and backward.
 
-    from tk_mlir.kernels import cross_entropy
+    from tk_mlir.kernels import cross_entropy, linear_cross_entropy
     loss = cross_entropy(logits, target)          # as F.cross_entropy on (N, V) logits
+    loss = linear_cross_entropy(h, weight, target)   # cross_entropy(h @ weight.T, target),
+                                                     # never holding all the logits
 
 One block per row of logits walks the vocabulary CHUNK columns at a time
 with an online log-sum-exp (the running max and the sum rescaled to it), so
@@ -21,11 +24,14 @@ CHUNK = 2048        # vocabulary columns a block reads per step (8 per thread of
 
 @tk.kernel(num_warps=8)
 def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl[f32],
-                         ignore_index: int, smoothing: float, CHUNK: tk.constexpr = CHUNK):
+                         ignore_index: int, smoothing: float, CHUNK: tk.constexpr = CHUNK,
+                         OUTSIDE_NAN: tk.constexpr = True):
     """Per row r of X (N x V logits) with target t = T[r]: LSE[r] =
     logsumexp(X[r]) and LOSS[r] = LSE[r] - (1 - smoothing)·X[r, t] -
     smoothing·mean(X[r]); 0 where t is ignore_index, NaN where t is outside
-    [0, V) (a wrong target is never a silent number). One row per block."""
+    [0, V) (a wrong target is never a silent number). Without OUTSIDE_NAN, X
+    is one slice of a wider row's classes: a target outside it adds no
+    logit. One row per block."""
     row = tk.block_id(0)
     v = X.shape[1]
     t = tk.load(T, (row,))
@@ -52,8 +58,9 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
     loss = lse - (1.0 - smoothing) * x_t - (smoothing / float(v)) * x_sum
     if t == ignore_index:
         loss = loss * 0.0
-    elif (t < 0) | (t >= v):
-        loss = loss * float("nan")
+    elif OUTSIDE_NAN:
+        if (t < 0) | (t >= v):
+            loss = loss * float("nan")
     tk.store(LOSS, loss, (row,))
     tk.store(LSE, lse, (row,))
 
@@ -187,3 +194,132 @@ def _check(logits, target, ignore_index, reduction, label_smoothing):
                          f"shape {tuple(logits.shape)}, strides {tuple(logits.stride())}")
     checks.on_cuda(fn, "logits", logits)
     return ignore_index, label_smoothing
+
+
+# ------------------------------------------------------ linear cross-entropy
+
+# Logits a linear_cross_entropy step holds at once (bytes): the vocabulary is
+# cut into slices of at most this many N x slice logits.
+LOGITS_SLICE_BYTES = 1 << 30
+_NO_CLASS = -2**31        # an ignore_index no shifted target equals (ignored rows: scale 0)
+
+
+def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction: str = "mean"):
+    """cross_entropy(h @ weight.T, target) without the (N, V) logits: the
+    vocabulary is cut into slices (LOGITS_SLICE_BYTES of logits at a time);
+    per slice a GEMM makes its logits and cross_entropy_kernel its
+    log-sum-exp and target logit, combined over slices on the host's
+    stream. The backward makes each slice's logits again, turns them into
+    their gradient in place, and takes the slice's dweight rows and its
+    share of dh as GEMMs (the transposed operand read as K x M).
+
+    h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
+    target: (N,) class indices, ignore_index as cross_entropy. H and V
+    multiples of 8. reduction: "mean", "sum" or "none". Differentiable in h
+    and weight; under torch.compile the custom op
+    torch.ops.tk_mlir.linear_cross_entropy."""
+    import torch
+    ignore_index = _check_linear(h, weight, target, ignore_index, reduction)
+    args = (h, weight, target, ignore_index, reduction)
+    from tk_mlir.kernels import custom_ops
+    if torch.compiler.is_compiling():
+        return torch.ops.tk_mlir.linear_cross_entropy(*args)[0]
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return custom_ops.EagerLinearCrossEntropy.apply(*args)[0]
+    return linear_forward(*args)[0]
+
+
+def _slices(n: int, v: int):
+    """(first, end) of the vocabulary slices for n rows: as many classes as
+    LOGITS_SLICE_BYTES of bf16 logits hold, a multiple of 256."""
+    width = max(256, LOGITS_SLICE_BYTES // (2 * max(n, 1)) // 256 * 256)
+    return [(v0, min(v0 + width, v)) for v0 in range(0, v, width)]
+
+
+def linear_forward(h, weight, target, ignore_index: int, reduction: str):
+    """(loss, lse) of linear_cross_entropy on checked arguments: lse (N,) f32
+    over the whole vocabulary, kept for the backward."""
+    import torch
+    from tk_mlir.kernels import gemm
+    n, v = h.shape[0], weight.shape[0]
+    rows = -(-n // 4) * 4
+    lse_parts, x_t = [], torch.zeros(n, dtype=torch.float32, device=h.device)
+    part_loss = torch.empty(rows, dtype=torch.float32, device=h.device)
+    for v0, v1 in _slices(n, v):
+        logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
+        gemm.launch(h, weight[v0:v1], logits, "nk")
+        lse = torch.empty(rows, dtype=torch.float32, device=h.device)
+        if n:
+            cross_entropy_kernel[(n,)](logits, _targets(target - v0, rows), part_loss, lse,
+                                       _NO_CLASS, 0.0, OUTSIDE_NAN=False)
+        lse_parts.append(lse[:n])
+        x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
+    lse = torch.stack(lse_parts).logsumexp(0)
+    loss = torch.where(target == ignore_index, 0.0,
+                       torch.where((target < 0) | (target >= v), float("nan"), lse - x_t))
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / (target != ignore_index).sum()
+    return loss.to(h.dtype), lse
+
+
+def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str):
+    """(dh, dweight) of linear_cross_entropy given the loss's gradient and the
+    forward's lse."""
+    import torch
+    from tk_mlir.kernels import gemm
+    n, v = h.shape[0], weight.shape[0]
+    rows = -(-n // 4) * 4
+    scale = torch.zeros(rows, dtype=torch.float32, device=h.device)
+    per_row = dloss.float() if reduction == "none" else \
+        (dloss.float() / ((target != ignore_index).sum() if reduction == "mean" else 1)).expand(n)
+    scale[:n] = torch.where(target == ignore_index, 0.0, per_row)
+    lse_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
+    lse_rows[:n] = lse
+    dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device)
+    dh_part = torch.empty_like(dh)
+    dw = torch.empty_like(weight)
+    for v0, v1 in _slices(n, v):
+        logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
+        w = weight[v0:v1]
+        gemm.launch(h, w, logits, "nk")
+        if n:       # the slice's logits become their gradient, in place
+            cross_entropy_backward_kernel[(n,)](logits, _targets(target - v0, rows), lse_rows,
+                                                scale, logits, _NO_CLASS, 0.0)
+        gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
+        gemm.launch(logits, w, dh_part, "kn")                        # dh += dlogits·W
+        dh += dh_part
+    return dh.to(h.dtype), dw
+
+
+def _check_linear(h, weight, target, ignore_index, reduction) -> int:
+    import torch
+    fn = "linear_cross_entropy"
+    checks.tensor(fn, "h", h, ndim=2, dtypes=(torch.bfloat16, torch.float16))
+    checks.tensor(fn, "weight", weight, ndim=2, dtypes=(torch.bfloat16, torch.float16))
+    checks.like(fn, "weight", weight, "h", h)
+    if weight.shape[1] != h.shape[1]:
+        raise ValueError(f"{fn}: weight must be (V, H={h.shape[1]}) (a Linear's weight), got "
+                         f"{tuple(weight.shape)}")
+    for name, t in (("h", h), ("weight", weight)):
+        if t.shape[1] % 8 or t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s rows must be contiguous whole 16-byte vectors "
+                             f"(H a multiple of 8), got shape {tuple(t.shape)}")
+    if weight.shape[0] == 0 or weight.shape[0] % 8:
+        raise ValueError(f"{fn}: the vocabulary V (weight's rows) must be a positive multiple "
+                         f"of 8 (rows of logits of whole 16-byte vectors), got "
+                         f"{weight.shape[0]}")
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{fn}: target must be a tensor of class indices (torch.int64 or "
+                        f"torch.int32), got {getattr(target, 'dtype', type(target).__name__)}")
+    checks.shape(fn, "target", target, (h.shape[0],), "one class per row of h")
+    checks.like(fn, "target", target, "h", h, dtype=False)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or \
+            not -2**31 < ignore_index < 2**31:
+        raise TypeError(f"{fn}: ignore_index must be an int that fits in 32 bits, got "
+                        f"{ignore_index!r}")
+    checks.on_cuda(fn, "h", h)
+    return ignore_index
