@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tk_mlir.kernel  # noqa: E402,F401  (the module: tk_mlir.kernel is the decorator)
-from tk_mlir.kernels import (cross_entropy, fused_add_rms_norm, matmul, rms_norm,  # noqa: E402
-                             rotary_embedding, swiglu)
+from tk_mlir.kernels import (cross_entropy, fused_add_layer_norm, fused_add_rms_norm,  # noqa: E402
+                             matmul, rms_norm, rotary_embedding, swiglu)
 
 F = torch.nn.functional
 
@@ -113,3 +113,57 @@ def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, r
     t[3] = vocab + 1
     rows = linear_cross_entropy(h.detach(), w.detach(), t, reduction="none")
     assert rows[3].isnan() and not rows[:3].isnan().any() and not rows[4:].isnan().any()
+
+
+def test_cross_entropy_edge_rows(interpreted):
+    """-inf logits (a masked vocabulary) without smoothing, every row ignored
+    under "mean" (loss NaN as torch, gradient 0 not NaN), and int64 targets
+    that would wrap in 32 bits (NaN, never another class or "ignored")."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 16, generator=g).to(torch.bfloat16)
+    x[:, 12:] = float("-inf")
+    t = torch.tensor([1, 2, 3])
+    assert torch.allclose(cross_entropy(x, t, reduction="none").double(),
+                          F.cross_entropy(x.double(), t, reduction="none"), rtol=1e-2)
+    xs = torch.randn(5, 8, generator=g).to(torch.bfloat16).requires_grad_()
+    loss = cross_entropy(xs, torch.full((5,), -100))
+    (dx,) = torch.autograd.grad(loss, (xs,))
+    assert loss.isnan() and not dx.any()
+    rows = cross_entropy(x.nan_to_num(neginf=0.0), torch.tensor([2**32 + 1, -100 + 2**32, 0]),
+                         reduction="none")
+    assert rows[0].isnan() and rows[1].isnan() and not rows[2].isnan()
+
+
+def test_gradients_that_autograd_hands_over_misaligned_or_expanded(interpreted):
+    """A backward's incoming gradient may sit at any offset (torch.cat's
+    part) or be expanded (a sum's): the kernels get aligned copies."""
+    from tk_mlir.kernels.checks import kernel_operand
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(64, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(64, generator=g).to(torch.bfloat16).requires_grad_()
+    pad = torch.zeros(3, dtype=torch.bfloat16)
+    for out in (lambda: matmul(a, b), lambda: rms_norm(a, w), lambda: swiglu(a, a)):
+        (grad,) = torch.autograd.grad(torch.cat((pad, out().flatten())).float().sum(), (a,))
+        assert grad.shape == a.shape and not grad.isnan().any()
+    expanded = torch.ones(1, dtype=torch.bfloat16).expand(64, 64)
+    assert kernel_operand(expanded).stride() == (64, 1)
+    assert kernel_operand(b) is b
+
+
+def test_fused_add_layer_norm_checks_its_bias():
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    with pytest.raises(TypeError, match=r"fused_add_layer_norm: bias must be a torch.Tensor"):
+        fused_add_layer_norm(x, x, x[0], None)
+
+
+def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch):
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    calls = []
+    monkeypatch.setattr(losses, "linear_backward", lambda *a: calls.append(a[-2:]) or
+                        (torch.zeros(8, 64, dtype=torch.bfloat16), torch.empty(0)))
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(8, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(256, 64, generator=g).to(torch.bfloat16)
+    (dh,) = torch.autograd.grad(linear_cross_entropy(h, w, torch.arange(8)), (h,))
+    assert calls == [(True, False)] and dh.shape == h.shape   # no dweight asked for

@@ -81,7 +81,8 @@ def swiglu_backward(dy, gate, up):
     if dg.numel():
         d = gate.shape[-1]
         swiglu_backward_kernel[_grid(dg.view(-1, d))](
-            _rows(gate), _rows(up), _rows(dy.to(gate.dtype)), dg.view(-1, d), du.view(-1, d))
+            _rows(gate), _rows(up), _rows(checks.kernel_operand(dy, gate.dtype)), dg.view(-1, d),
+            du.view(-1, d))
     return dg, du
 
 

@@ -82,3 +82,23 @@ def describe(value) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"shape {tuple(value.shape)} {value.dtype} on {getattr(value, 'device', '?')}"
     return type(value).__name__
+
+
+def kernel_operand(t, dtype=None):
+    """t as the kernels read a tensor: of `dtype` (default its own), last dim
+    contiguous, base and row strides 16-byte aligned, and no dim overlapping
+    another (no stride-0 expanded dims): t itself when it is, else a
+    contiguous copy. For tensors autograd hands a backward, which may be
+    expanded (the gradient of y.sum()), f32, or views at any offset (the
+    gradient of a torch.cat's part)."""
+    import torch
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    size = t.element_size()
+    span, ok = 1, t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+    for n, step in zip(reversed(t.shape), reversed(t.stride())):
+        if n != 1 and step < span:                      # overlaps the dims inside it
+            ok = False
+        span = max(span, step * n) if n != 1 else span
+    ok = ok and all(s * size % 16 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1)
+    return t if ok else t.clone(memory_format=torch.contiguous_format)

@@ -21,7 +21,8 @@
     torch.ops.tk_mlir.linear_cross_entropy(h, weight, target, ignore_index, reduction)
                                            -> (loss, lse)
     torch.ops.tk_mlir.linear_cross_entropy_backward(dloss, h, weight, target, lse,
-                                                    ignore_index, reduction) -> (dh, dweight)
+                                                    ignore_index, reduction, need_h,
+                                                    need_weight) -> (dh, dweight)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
@@ -395,8 +396,7 @@ def _rotary_setup_context(ctx, inputs, output):
 def _rotary_backward(ctx, dy, rotate=None):
     """dx: dy rotated back (a rotation's transpose is its inverse)."""
     cos, sin = ctx.saved_tensors
-    dx = (rotate or rotary_embedding)(dy.contiguous() if dy.stride(-1) != 1 else dy, cos, sin,
-                                      not ctx.inverse)
+    dx = (rotate or rotary_embedding)(checks.kernel_operand(dy), cos, sin, not ctx.inverse)
     return dx, None, None, None
 
 
@@ -501,14 +501,17 @@ def _(h, weight, target, ignore_index, reduction):
 @torch.library.custom_op("tk_mlir::linear_cross_entropy_backward", mutates_args=())
 def linear_cross_entropy_backward(dloss: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
                                   target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
-                                  reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh, dweight) of linear_cross_entropy."""
-    return losses.linear_backward(dloss, h, weight, target, lse, ignore_index, reduction)
+                                  reduction: str, need_h: bool, need_weight: bool
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dweight) of linear_cross_entropy; one not needed is an empty tensor."""
+    return losses.linear_backward(dloss, h, weight, target, lse, ignore_index, reduction,
+                                  need_h, need_weight)
 
 
 @linear_cross_entropy_backward.register_fake
-def _(dloss, h, weight, target, lse, ignore_index, reduction):
-    return torch.empty_like(h), torch.empty_like(weight)
+def _(dloss, h, weight, target, lse, ignore_index, reduction, need_h, need_weight):
+    return (torch.empty_like(h) if need_h else h.new_empty(0),
+            torch.empty_like(weight) if need_weight else h.new_empty(0))
 
 
 def _linear_ce_setup_context(ctx, inputs, output):
@@ -521,9 +524,11 @@ def _linear_ce_backward(ctx, dloss, dlse, backward=None):
     if dloss is None:
         return None, None, None, None, None
     h, weight, target, lse = ctx.saved_tensors
+    need_h, need_weight = ctx.needs_input_grad[:2]
     dh, dw = (backward or linear_cross_entropy_backward)(dloss, h, weight, target, lse,
-                                                         ctx.ignore_index, ctx.reduction)
-    return dh, dw, None, None, None
+                                                         ctx.ignore_index, ctx.reduction,
+                                                         need_h, need_weight)
+    return (dh if need_h else None), (dw if need_weight else None), None, None, None
 
 
 linear_cross_entropy.register_autograd(_linear_ce_backward,

@@ -391,7 +391,7 @@ def grad_a(dc, b, b_layout: str):
     dC·Bᵀ for K x N, b read as it lies (no transposed copy). In b's dtype (an
     f32 dC is rounded to it first, as the GEMM's inputs are 16-bit)."""
     import torch
-    dc = _operand(dc, b.dtype)
+    dc = checks.kernel_operand(dc, b.dtype)
     K = b.shape[-1] if b_layout == "nk" else b.shape[-2]
     da = torch.empty(*dc.shape[:-1], K, dtype=b.dtype, device=dc.device)
     launch(dc, b, da, "kn" if b_layout == "nk" else "nk")
@@ -403,7 +403,7 @@ def grad_b(dc, a, b_layout: str):
     dCᵀ·A (N x K) or Aᵀ·dC (K x N), the transposed operand read as K x M by
     the kernel (A_KM), not copied. In a's dtype."""
     import torch
-    dc = _operand(dc, a.dtype)
+    dc = checks.kernel_operand(dc, a.dtype)
     batch, (M, K), N = a.shape[:-2], a.shape[-2:], dc.shape[-1]
     if b_layout == "nk":
         db = torch.empty(*batch, N, K, dtype=a.dtype, device=a.device)
@@ -414,13 +414,6 @@ def grad_b(dc, a, b_layout: str):
     return db
 
 
-def _operand(t, dtype):
-    """t as a GEMM operand: `dtype`, rows contiguous and 16-byte aligned (an
-    output gradient may be f32, or expanded, as y.sum()'s is)."""
-    if t.dtype != dtype or t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or \
-            t.data_ptr() % 16:
-        t = t.to(dtype).contiguous()
-    return t
 
 
 # (device, stream) -> [f32 workspace, int32 counters, captured]: zeros, and

@@ -55,13 +55,15 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
         x_sum = x_sum + x.row_sum()
         m = m_new
     lse = m + s.log()
-    loss = lse - (1.0 - smoothing) * x_t - (smoothing / float(v)) * x_sum
-    if t == ignore_index:
-        loss = loss * 0.0
-    elif OUTSIDE_NAN:
+    loss = lse - (1.0 - smoothing) * x_t
+    if smoothing != 0.0:        # (0 · x_sum is NaN when a logit is -inf)
+        loss = loss - (smoothing / float(v)) * x_sum
+    if OUTSIDE_NAN:
         if (t < 0) | (t >= v):
             loss = loss * float("nan")
-    tk.store(LOSS, loss, (row,))
+    # An ignored row's loss is replaced, not multiplied by 0 (0 · inf is NaN):
+    # the scalar test as a mask, loss.indices() being 0.
+    tk.store(LOSS, tk.where(loss.indices() + t == ignore_index, 0.0, loss), (row,))
     tk.store(LSE, lse, (row,))
 
 
@@ -77,13 +79,13 @@ def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
     t = tk.load(T, (row,))
     lse = tk.load(LSE, (row,), (1,))
     g = tk.load(SCALE, (row,), (1,))
-    if t == ignore_index:
-        g = g * 0.0
     for c in range(tk.cdiv(v, CHUNK)):
         x = tk.load(X, (row, c), (1, CHUNK)).to(f32)
         cols = x.col_indices() + c * CHUNK
         d = x.sub_row(lse).exp() - tk.where(cols == t, 1.0 - smoothing, 0.0) - smoothing / float(v)
-        tk.store(DX, d.mul_row(g).to(DX.dtype), (row, c))
+        # an ignored row's gradient replaced by 0 (its lse may be -inf, its scale inf)
+        d = tk.where(cols * 0 + t == ignore_index, 0.0, d.mul_row(g))
+        tk.store(DX, d.to(DX.dtype), (row, c))
 
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -117,13 +119,13 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
     """(loss, lse) of cross_entropy_kernel on checked arguments: loss reduced
     as asked, lse (N,) f32 (kept for the backward)."""
     import torch
-    n = logits.shape[0]
+    n, v = logits.shape
     rows = -(-n // 4) * 4                       # f32 vectors of whole 16-byte rows
     loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if n:
-        cross_entropy_kernel[(n,)](logits, _targets(target, rows), loss_rows, lse, ignore_index,
-                                   label_smoothing)
+        cross_entropy_kernel[(n,)](logits, _targets(target, rows, v, ignore_index), loss_rows,
+                                   lse, ignore_index, label_smoothing)
     loss = loss_rows[:n]
     if reduction == "sum":
         loss = loss.sum()
@@ -137,30 +139,44 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     """d logits of cross_entropy given the loss's gradient dloss (a scalar,
     or (N,) with reduction="none") and the forward's lse."""
     import torch
-    n = logits.shape[0]
+    n, v = logits.shape
     rows = -(-n // 4) * 4
-    scale = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    if reduction == "none":
-        scale[:n] = dloss
-    elif reduction == "sum":
-        scale[:n] = dloss.float().expand(n)
-    else:
-        scale[:n] = (dloss.float() / (target != ignore_index).sum()).expand(n)
+    scale = _row_scale(dloss, target, ignore_index, reduction, rows)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse_rows[:n] = lse
     dx = torch.empty_like(logits)
     if n:
-        cross_entropy_backward_kernel[(n,)](logits, _targets(target, rows), lse_rows, scale, dx,
-                                            ignore_index, label_smoothing)
+        cross_entropy_backward_kernel[(n,)](logits, _targets(target, rows, v, ignore_index),
+                                            lse_rows, scale, dx, ignore_index, label_smoothing)
     return dx
 
 
-def _targets(target, rows: int):
-    """target as int32 in a vector of `rows` (N rounded up to whole 16-byte
-    vectors; the kernels read the first N)."""
+def _row_scale(dloss, target, ignore_index: int, reduction: str, rows: int):
+    """Each row's share of the loss's gradient, (rows,) f32 (the first N
+    used): dloss per row ("none"), dloss ("sum") or dloss / the rows not
+    ignored ("mean"); 0 for an ignored row (not an inf from 1/0 when every
+    row is ignored)."""
     import torch
+    n = target.shape[0]
+    per_row = dloss.float() if reduction == "none" else \
+        (dloss.float() / ((target != ignore_index).sum() if reduction == "mean" else 1)).expand(n)
+    scale = torch.empty(rows, dtype=torch.float32, device=target.device)
+    scale[:n] = torch.where(target == ignore_index, 0.0, per_row)
+    return scale
+
+
+def _targets(target, rows: int, v: int, ignore_index: int, first: int = 0):
+    """target - first as int32 in a vector of `rows` (N rounded up to whole
+    16-byte vectors; the kernels read the first N). A target outside [0, v)
+    that is not ignore_index becomes v first (an int64 one could otherwise
+    wrap into a class or into ignore_index); ignore_index stays itself."""
+    import torch
+    outside = v if v != ignore_index else v + 1
+    valid = ((target >= 0) & (target < v)) | (target == ignore_index)
+    target = torch.where(valid, target, outside)
     out = torch.empty(rows, dtype=torch.int32, device=target.device)
-    out[:target.shape[0]] = target
+    out[:target.shape[0]] = target if not first else \
+        torch.where(target == ignore_index, target, target - first)
     return out
 
 
@@ -181,10 +197,7 @@ def _check(logits, target, ignore_index, reduction, label_smoothing):
     checks.like(fn, "target", target, "logits", logits, dtype=False)
     if reduction not in REDUCTIONS:
         raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or \
-            not -2**31 <= ignore_index < 2**31:
-        raise TypeError(f"{fn}: ignore_index must be an int that fits in 32 bits, got "
-                        f"{ignore_index!r}")
+    _check_ignore_index(fn, ignore_index)
     label_smoothing = checks.number(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
@@ -250,8 +263,8 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
         gemm.launch(h, weight[v0:v1], logits, "nk")
         lse = torch.empty(rows, dtype=torch.float32, device=h.device)
         if n:
-            cross_entropy_kernel[(n,)](logits, _targets(target - v0, rows), part_loss, lse,
-                                       _NO_CLASS, 0.0, OUTSIDE_NAN=False)
+            cross_entropy_kernel[(n,)](logits, _targets(target, rows, v, ignore_index, v0),
+                                       part_loss, lse, _NO_CLASS, 0.0, OUTSIDE_NAN=False)
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
     lse = torch.stack(lse_parts).logsumexp(0)
@@ -264,33 +277,36 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     return loss.to(h.dtype), lse
 
 
-def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str):
+def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str,
+                    need_h: bool = True, need_weight: bool = True):
     """(dh, dweight) of linear_cross_entropy given the loss's gradient and the
-    forward's lse."""
+    forward's lse; a gradient not needed is not computed (an empty tensor
+    stands for it)."""
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
     rows = -(-n // 4) * 4
-    scale = torch.zeros(rows, dtype=torch.float32, device=h.device)
-    per_row = dloss.float() if reduction == "none" else \
-        (dloss.float() / ((target != ignore_index).sum() if reduction == "mean" else 1)).expand(n)
-    scale[:n] = torch.where(target == ignore_index, 0.0, per_row)
+    scale = _row_scale(dloss, target, ignore_index, reduction, rows)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse_rows[:n] = lse
-    dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device)
-    dh_part = torch.empty_like(dh)
-    dw = torch.empty_like(weight)
+    dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None
+    dh_part = torch.empty_like(dh) if need_h else None
+    dw = torch.empty_like(weight) if need_weight else None
     for v0, v1 in _slices(n, v):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         w = weight[v0:v1]
         gemm.launch(h, w, logits, "nk")
         if n:       # the slice's logits become their gradient, in place
-            cross_entropy_backward_kernel[(n,)](logits, _targets(target - v0, rows), lse_rows,
-                                                scale, logits, _NO_CLASS, 0.0)
-        gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
-        gemm.launch(logits, w, dh_part, "kn")                        # dh += dlogits·W
-        dh += dh_part
-    return dh.to(h.dtype), dw
+            cross_entropy_backward_kernel[(n,)](
+                logits, _targets(target, rows, v, ignore_index, v0), lse_rows, scale, logits,
+                _NO_CLASS, 0.0)
+        if need_weight:
+            gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
+        if need_h:
+            gemm.launch(logits, w, dh_part, "kn")                        # dh += dlogits·W
+            dh += dh_part
+    empty = h.new_empty(0)
+    return (dh.to(h.dtype) if need_h else empty), (dw if need_weight else empty)
 
 
 def _check_linear(h, weight, target, ignore_index, reduction) -> int:
@@ -317,9 +333,14 @@ def _check_linear(h, weight, target, ignore_index, reduction) -> int:
     checks.like(fn, "target", target, "h", h, dtype=False)
     if reduction not in REDUCTIONS:
         raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or \
-            not -2**31 < ignore_index < 2**31:
-        raise TypeError(f"{fn}: ignore_index must be an int that fits in 32 bits, got "
-                        f"{ignore_index!r}")
+    _check_ignore_index(fn, ignore_index)
     checks.on_cuda(fn, "h", h)
     return ignore_index
+
+
+def _check_ignore_index(fn: str, ignore_index) -> None:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{fn}: ignore_index must be an int, got {ignore_index!r}")
+    if not _NO_CLASS < ignore_index < 2**31:
+        raise ValueError(f"{fn}: ignore_index must fit in 32 bits and not be -2**31 (reserved), "
+                         f"got {ignore_index}")

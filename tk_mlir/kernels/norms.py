@@ -288,8 +288,8 @@ def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
     weight's dtype, from a backward kernel on checked tensors."""
     import torch
     rows, d = x.shape
-    dy = dy.contiguous()                     # (e.g. the expanded gradient of y.sum())
-    dh = dh.contiguous() if dh is not None else None
+    dy = checks.kernel_operand(dy)              # (e.g. the expanded gradient of y.sum())
+    dh = checks.kernel_operand(dh) if dh is not None else None
     dx = torch.empty_like(x)
     if rows == 0:
         return dx, [torch.zeros_like(weight) for _ in range(outputs)]
@@ -327,10 +327,10 @@ def fused_add_layer_norm(x, residual, weight, bias, eps: float = 1e-5):
 def _fused_add(norm: str, x, residual, weight, bias, eps):
     import torch
     fn = f"fused_add_{norm}"
-    params = dict(weight=weight) if bias is None else dict(weight=weight, bias=bias)
+    params = dict(weight=weight) if norm == "rms_norm" else dict(weight=weight, bias=bias)
     eps = _check(fn, x, eps, {"residual": residual}, **params)
     from tk_mlir.kernels import custom_ops
-    inputs = (x, residual, weight) + (() if bias is None else (bias,))
+    inputs = (x, residual, *params.values())
     if torch.compiler.is_compiling():
         return getattr(torch.ops.tk_mlir, fn)(*inputs, eps)
     if _recorded(fn, None, *inputs):

@@ -101,7 +101,10 @@ def _check(x, cos, sin) -> None:
                              f"{tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"{fn}: {name} must be contiguous")
-    if cos.shape != sin.shape or cos.dtype != sin.dtype:
-        raise ValueError(f"{fn}: cos and sin must have one shape and dtype, got "
-                         f"{tuple(cos.shape)} {cos.dtype} and {tuple(sin.shape)} {sin.dtype}")
+    if cos.dtype != sin.dtype:
+        raise TypeError(f"{fn}: cos and sin must have one dtype, got {cos.dtype} and "
+                        f"{sin.dtype}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"{fn}: cos and sin must have one shape, got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
     checks.on_cuda(fn, "x", x)
