@@ -16,14 +16,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from tk_mlir.kernels import cross_entropy  # noqa: E402
 
+from torch_reference import relative_error as _rel  # noqa: E402
+
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
 F = torch.nn.functional
-
-
-def _rel(got, ref) -> float:
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm()).item()
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])

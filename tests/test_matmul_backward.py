@@ -20,13 +20,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import tk_mlir as tk  # noqa: E402
 from tk_mlir.kernels import matmul  # noqa: E402
 
+from torch_reference import relative_error as _rel  # noqa: E402
+
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-def _rel(got, ref) -> float:
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm()).item()
 
 
 # ------------------------------------------------------ without a GPU

@@ -18,13 +18,10 @@ torch = pytest.importorskip("torch")
 from tk_mlir.kernels import (fused_add_layer_norm, fused_add_rms_norm, layer_norm,  # noqa: E402
                              rms_norm)
 
+from torch_reference import relative_error as _rel  # noqa: E402
+
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-def _rel(got, ref) -> float:
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm()).item()
 
 
 def _reference(fn, dy, *inputs, eps):

@@ -14,13 +14,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from tk_mlir.kernels import swiglu  # noqa: E402
 
+from torch_reference import relative_error as _rel  # noqa: E402
+
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-def _rel(got, ref) -> float:
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm()).item()
 
 
 def _reference(gate, up, dy):

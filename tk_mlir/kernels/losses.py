@@ -188,16 +188,7 @@ def _check(logits, target, ignore_index, reduction, label_smoothing):
     if logits.shape[1] == 0:
         raise ValueError(f"{fn}: logits must have at least one class, got shape "
                          f"{tuple(logits.shape)}")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{fn}: target must be a torch.Tensor, got {type(target).__name__}")
-    if target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{fn}: target must hold class indices (torch.int64 or torch.int32), "
-                        f"got {target.dtype}")
-    checks.shape(fn, "target", target, (logits.shape[0],), "one class per row of logits")
-    checks.like(fn, "target", target, "logits", logits, dtype=False)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    _check_ignore_index(fn, ignore_index)
+    _check_targets(fn, target, "logits", logits, ignore_index, reduction)
     label_smoothing = checks.number(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
@@ -326,16 +317,25 @@ def _check_linear(h, weight, target, ignore_index, reduction) -> int:
         raise ValueError(f"{fn}: the vocabulary V (weight's rows) must be a positive multiple "
                          f"of 8 (rows of logits of whole 16-byte vectors), got "
                          f"{weight.shape[0]}")
-    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{fn}: target must be a tensor of class indices (torch.int64 or "
-                        f"torch.int32), got {getattr(target, 'dtype', type(target).__name__)}")
-    checks.shape(fn, "target", target, (h.shape[0],), "one class per row of h")
-    checks.like(fn, "target", target, "h", h, dtype=False)
+    _check_targets(fn, target, "h", h, ignore_index, reduction)
+    checks.on_cuda(fn, "h", h)
+    return ignore_index
+
+
+def _check_targets(fn: str, target, rows_name: str, rows, ignore_index, reduction) -> None:
+    """target: one class index per row of `rows`, on its device; reduction and
+    ignore_index are ones the kernels take."""
+    import torch
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{fn}: target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{fn}: target must hold class indices (torch.int64 or torch.int32), "
+                        f"got {target.dtype}")
+    checks.shape(fn, "target", target, (rows.shape[0],), f"one class per row of {rows_name}")
+    checks.like(fn, "target", target, rows_name, rows, dtype=False)
     if reduction not in REDUCTIONS:
         raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     _check_ignore_index(fn, ignore_index)
-    checks.on_cuda(fn, "h", h)
-    return ignore_index
 
 
 def _check_ignore_index(fn: str, ignore_index) -> None:
