@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("tk_mlir", "tk_mlir/runtime", "tk_mlir/interpreter", "tk_mlir/kernels",
-           "dialects", "passes", "lowering")
+           "tk_mlir/integrations", "dialects", "passes", "lowering")
 
 
 def _layout() -> str:

@@ -1,0 +1,146 @@
+"""patch_llama: a transformers Llama's layers on tk_mlir's kernels, as Liger's
+apply_liger_kernel_to_llama does with its own.
+
+What it swaps, each optional:
+- every LlamaRMSNorm's forward -> `rms_norm` (rows of the hidden states);
+- every nn.Linear's forward -> `matmul` (the weight as it lies, N x K), plus
+  its bias;
+- every LlamaMLP's forward -> down(`swiglu`(gate(x), up(x))) (hidden_act silu);
+- the model's attention -> `attention`, registered with transformers as the
+  attention implementation "tk_mlir" (causal; no padding mask, no dropout);
+- the rotary embedding -> `rotary_embedding` (modeling_llama's
+  apply_rotary_pos_emb, a module function: patched for the process, falling
+  back to transformers' own for inputs the kernel does not take);
+- the loss -> `cross_entropy` (the model's loss_function, labels shifted as
+  transformers shifts them).
+All of them differentiate, so the patched model trains. Layers the kernels
+do not take (not bf16/f16, widths not multiples of 8) are refused with the
+layer's name before anything is changed.
+"""
+from __future__ import annotations
+
+import types
+
+PARTS = ("rms_norm", "linear", "swiglu", "attention", "rotary", "cross_entropy")
+ATTENTION = "tk_mlir"
+
+
+def patch_llama(model, **parts) -> None:
+    """Put tk_mlir's kernels into `model` (a transformers LlamaForCausalLM or
+    LlamaModel, bf16 or f16; rms_norm takes bf16 only). parts: a bool per
+    name in PARTS, all True by default (e.g. patch_llama(m, attention=False))."""
+    import torch
+    from transformers.models.llama import modeling_llama as llama
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise TypeError(f"patch_llama: unknown parts {sorted(unknown)}; they are {PARTS}")
+    want = {p: bool(parts.get(p, True)) for p in PARTS}
+    config = model.config
+    if getattr(config, "model_type", None) != "llama":
+        raise ValueError(f"patch_llama: model must be a transformers Llama, got model_type "
+                         f"{getattr(config, 'model_type', None)!r}")
+    # Check everything first: a refused model is left as it was.
+    patches = []
+    for name, module in model.named_modules():
+        if want["rms_norm"] and isinstance(module, llama.LlamaRMSNorm):
+            _check_dtype(name, module.weight, (torch.bfloat16,))
+            patches.append((module, _rms_norm_forward))
+        elif want["linear"] and isinstance(module, torch.nn.Linear):
+            _check_dtype(name, module.weight, (torch.bfloat16, torch.float16))
+            if module.in_features % 8 or module.out_features % 8:
+                raise ValueError(f"patch_llama: {name} is {module.out_features} x "
+                                 f"{module.in_features}; matmul takes multiples of 8")
+            patches.append((module, _linear_forward))
+        elif want["swiglu"] and isinstance(module, llama.LlamaMLP):
+            if config.hidden_act != "silu":
+                raise ValueError(f"patch_llama: {name} uses {config.hidden_act!r}; swiglu is "
+                                 f"silu's")
+            patches.append((module, _mlp_forward))
+    for module, forward in patches:
+        module.forward = types.MethodType(forward, module)
+    if want["attention"]:
+        _register_attention()
+        model.set_attn_implementation(ATTENTION)
+    if want["rotary"] and llama.apply_rotary_pos_emb is not _rotary:
+        _rotary.original = llama.apply_rotary_pos_emb
+        llama.apply_rotary_pos_emb = _rotary
+    if want["cross_entropy"] and hasattr(model, "lm_head"):
+        model.loss_function = _causal_lm_loss
+
+
+def _check_dtype(name, weight, dtypes) -> None:
+    if weight.dtype not in dtypes:
+        raise TypeError(f"patch_llama: {name}'s weight is {weight.dtype}; the kernel takes "
+                        f"{' or '.join(str(d) for d in dtypes)} (cast the model first, e.g. "
+                        f"model.to(torch.bfloat16))")
+
+
+def _rms_norm_forward(self, x):
+    from tk_mlir.kernels import rms_norm
+    return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.variance_epsilon).view(x.shape)
+
+
+def _linear_forward(self, x):
+    from tk_mlir.kernels import matmul
+    y = matmul(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+    return y if self.bias is None else y + self.bias
+
+
+def _mlp_forward(self, x):
+    from tk_mlir.kernels import swiglu
+    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+               **kwargs):
+    """transformers' attention interface: (B, H, N, D) in, (B, N, H, D) out."""
+    from tk_mlir.kernels import attention
+    if attention_mask is not None:
+        raise NotImplementedError("tk_mlir attention: a padding mask is not supported (causal "
+                                  "batches without padding only)")
+    if dropout:
+        raise NotImplementedError("tk_mlir attention: attention dropout is not supported")
+    o = attention(query, key, value, causal=getattr(module, "is_causal", True), scale=scaling)
+    return o.transpose(1, 2), None
+
+
+def _register_attention() -> None:
+    """"tk_mlir" as an attention implementation, with sdpa's mask function
+    (no mask at all for causal batches without padding)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    AttentionInterface.register(ATTENTION, _attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+def _rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """apply_rotary_pos_emb on the kernel: q, k (B, H, N, D), cos and sin
+    (B, N, D), their halves equal (Llama's); else transformers' own."""
+    import torch
+    from tk_mlir.kernels import rotary_embedding
+    half = q.shape[-1] // 2
+    if unsqueeze_dim != 1 or cos.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float16) or \
+            k.dtype != q.dtype or q.shape[-1] % 16 or q.stride(-1) != 1 or k.stride(-1) != 1:
+        return _rotary.original(q, k, cos, sin, unsqueeze_dim)
+    c, s = cos[..., :half].contiguous(), sin[..., :half].contiguous()
+    if c.shape[0] == 1:
+        c, s = c[0], s[0]                       # one set of positions for the batch
+    return tuple(rotary_embedding(t.transpose(1, 2), c, s).transpose(1, 2) for t in (q, k))
+
+
+def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None,
+                    ignore_index: int = -100, shift_labels=None, **kwargs):
+    """transformers' ForCausalLMLoss on `cross_entropy`: labels shifted one to
+    the left (the last position predicts nothing), summed and divided by
+    num_items_in_batch when given, else the mean over the kept tokens."""
+    import torch
+    from tk_mlir.kernels import cross_entropy
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    logits = logits.reshape(-1, vocab_size)
+    shift_labels = shift_labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return cross_entropy(logits, shift_labels, ignore_index=ignore_index)
+    total = cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="sum")
+    return total / num_items_in_batch
