@@ -29,7 +29,7 @@ LAYERS = {
     "compile": ["compiler", "cache", "source_map", "summary", "display", "toolchain",
                 "compiled", "dumps", "ptxas_output", "specialization"],
     "runtime": ["runtime.*", "launcher", "kernel", "autotune", "interpreter.*", "benchmarking",
-                "cli", "__main__", "kernels.*", ""],
+                "cli", "__main__", "kernels.*", "integrations.*", ""],
 }
 
 
