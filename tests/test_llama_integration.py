@@ -32,15 +32,20 @@ def _tiny_llama():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def test_patched_llama_trains_like_transformers(interpreted):
-    reference = _tiny_llama()
+@pytest.mark.parametrize("training", [False, True])
+def test_patched_llama_trains_like_transformers(interpreted, training):
+    """Eval mode: the logits and cross_entropy; training: the loss by
+    linear_cross_entropy from the hidden states, no logits."""
+    reference = _tiny_llama().train(training)
     model = copy.deepcopy(reference).to(torch.bfloat16)
     patch_llama(model)
     assert model.config._attn_implementation == "tk_mlir"
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
     labels[0, :5] = -100
-    loss = model(input_ids=ids, labels=labels).loss
+    out = model(input_ids=ids, labels=labels)
+    loss = out.loss
+    assert (out.logits is None) == training
     ref_loss = reference(input_ids=ids, labels=labels).loss
     assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()
     loss.backward()

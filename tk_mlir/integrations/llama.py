@@ -12,7 +12,10 @@ What it swaps, each optional:
   apply_rotary_pos_emb, a module function: patched for the process, falling
   back to transformers' own for inputs the kernel does not take);
 - the loss -> `cross_entropy` (the model's loss_function, labels shifted as
-  transformers shifts them).
+  transformers shifts them);
+- in training with labels, LlamaForCausalLM's forward -> the loss straight
+  from the last hidden states by `linear_cross_entropy`, never making the
+  logits (outputs.logits is None then, as with Liger's fused loss).
 All of them differentiate, so the patched model trains. Layers the kernels
 do not take (not bf16/f16, widths not multiples of 8) are refused with the
 layer's name before anything is changed.
@@ -21,7 +24,8 @@ from __future__ import annotations
 
 import types
 
-PARTS = ("rms_norm", "linear", "swiglu", "attention", "rotary", "cross_entropy")
+PARTS = ("rms_norm", "linear", "swiglu", "attention", "rotary", "cross_entropy",
+         "linear_cross_entropy")
 ATTENTION = "tk_mlir"
 
 
@@ -66,6 +70,12 @@ def patch_llama(model, **parts) -> None:
         llama.apply_rotary_pos_emb = _rotary
     if want["cross_entropy"] and hasattr(model, "lm_head"):
         model.loss_function = _causal_lm_loss
+    if want["linear_cross_entropy"] and hasattr(model, "lm_head"):
+        if model.lm_head.bias is not None or model.lm_head.weight.dtype not in \
+                (torch.bfloat16, torch.float16):
+            raise TypeError("patch_llama: linear_cross_entropy takes a bf16/f16 lm_head without "
+                            "bias (or pass linear_cross_entropy=False)")
+        model.forward = types.MethodType(_causal_lm_forward, model)
 
 
 def _check_dtype(name, weight, dtypes) -> None:
@@ -133,14 +143,52 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None,
     """transformers' ForCausalLMLoss on `cross_entropy`: labels shifted one to
     the left (the last position predicts nothing), summed and divided by
     num_items_in_batch when given, else the mean over the kept tokens."""
-    import torch
     from tk_mlir.kernels import cross_entropy
+    logits = logits.reshape(-1, vocab_size)
+    targets = _next_tokens(labels, shift_labels, ignore_index).to(logits.device)
+    return _normalized(cross_entropy, num_items_in_batch, logits, targets,
+                       ignore_index=ignore_index)
+
+
+def _next_tokens(labels, shift_labels, ignore_index: int):
+    """The class each position predicts, flat: shift_labels, or labels
+    shifted one to the left (the last position predicts nothing), as
+    transformers' ForCausalLMLoss shifts them."""
+    import torch
     if shift_labels is None:
         labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
-        shift_labels = labels[..., 1:].contiguous()
-    logits = logits.reshape(-1, vocab_size)
-    shift_labels = shift_labels.reshape(-1).to(logits.device)
+        shift_labels = labels[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def _normalized(loss_fn, num_items_in_batch, *args, **kwargs):
+    """loss_fn's mean over the kept tokens, or its sum over num_items_in_batch
+    when given (transformers' gradient-accumulation normalization)."""
     if num_items_in_batch is None:
-        return cross_entropy(logits, shift_labels, ignore_index=ignore_index)
-    total = cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="sum")
-    return total / num_items_in_batch
+        return loss_fn(*args, **kwargs)
+    return loss_fn(*args, reduction="sum", **kwargs) / num_items_in_batch
+
+
+def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                       inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
+                       **kwargs):
+    """LlamaForCausalLM.forward, the loss by linear_cross_entropy from the
+    last hidden states when training with labels (no logits); otherwise the
+    class's own forward."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from tk_mlir.kernels import linear_cross_entropy
+    if labels is None or not self.training:
+        return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, cache=cache,
+                                  inputs_embeds=inputs_embeds, labels=labels,
+                                  use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, **kwargs)
+    hidden = outputs.last_hidden_state
+    targets = _next_tokens(labels, kwargs.get("shift_labels"), -100).to(hidden.device)
+    loss = _normalized(linear_cross_entropy, kwargs.get("num_items_in_batch"),
+                       hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets)
+    return CausalLMOutputWithPast(loss=loss, logits=None, cache=outputs.cache,
+                                  hidden_states=outputs.hidden_states,
+                                  attentions=outputs.attentions)
