@@ -64,3 +64,27 @@ def test_layers_the_kernels_do_not_take_are_refused_before_any_change():
     assert model.model.norm.forward == forward and model.config._attn_implementation == "eager"
     with pytest.raises(TypeError, match=r"unknown parts \['flash'\]"):
         patch_llama(model, flash=True)
+
+
+@pytest.mark.parametrize("how", ["gradient checkpointing", "torch.compile"])
+def test_patched_llama_under_checkpointing_and_compile(interpreted, how):
+    """The training step's loss and gradients with gradient checkpointing
+    (the layers' forwards run again in the backward) and under
+    torch.compile(fullgraph=True) (every kernel an op in one graph)."""
+    reference = _tiny_llama().train()
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    patch_llama(model)
+    step = model
+    if how == "gradient checkpointing":
+        model.gradient_checkpointing_enable()
+        model.train()
+    else:
+        step = torch.compile(model, fullgraph=True)
+    ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(2))
+    loss = step(input_ids=ids, labels=ids).loss
+    ref_loss = reference(input_ids=ids, labels=ids).loss
+    assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()
+    loss.backward()
+    ref_loss.backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert relative_error(p.grad, q.grad) < 5e-2, name

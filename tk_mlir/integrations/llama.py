@@ -16,7 +16,8 @@ What it swaps, each optional:
 - in training with labels, LlamaForCausalLM's forward -> the loss straight
   from the last hidden states by `linear_cross_entropy`, never making the
   logits (outputs.logits is None then, as with Liger's fused loss).
-All of them differentiate, so the patched model trains. Layers the kernels
+All of them differentiate, so the patched model trains, also under gradient
+checkpointing and torch.compile(fullgraph=True). Layers the kernels
 do not take (not bf16/f16, widths not multiples of 8) are refused with the
 layer's name before anything is changed.
 """

@@ -378,6 +378,7 @@ def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      inverse: bool = False) -> torch.Tensor:
     """x rotated by the angles of cos and sin (by their opposite with
     inverse: the backward), into a new contiguous tensor."""
+    x = checks.kernel_operand(x)    # (as the backward hands it: any gradient, e.g. expanded)
     rotary._check(x, cos, sin)
     return rotary.launch(x, cos, sin, inverse)
 
@@ -396,7 +397,7 @@ def _rotary_setup_context(ctx, inputs, output):
 def _rotary_backward(ctx, dy, rotate=None):
     """dx: dy rotated back (a rotation's transpose is its inverse)."""
     cos, sin = ctx.saved_tensors
-    dx = (rotate or rotary_embedding)(checks.kernel_operand(dy), cos, sin, not ctx.inverse)
+    dx = (rotate or rotary_embedding)(dy, cos, sin, not ctx.inverse)
     return dx, None, None, None
 
 

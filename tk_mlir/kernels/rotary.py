@@ -69,8 +69,11 @@ def rotary_embedding_qk(q, k, cos, sin):
 
 
 def launch(x, cos, sin, inverse: bool = False):
-    """rotary_kernel on checked tensors: a new output (rotated back with inverse)."""
+    """rotary_kernel on checked tensors: a new output (rotated back with
+    inverse). x may also be a gradient autograd hands over (expanded, at any
+    offset): read from an aligned copy then."""
     import torch
+    x = checks.kernel_operand(x)
     B, N, H, D = x.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel():
