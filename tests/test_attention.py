@@ -324,6 +324,25 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     assert c.info["spill stores (bytes)"] <= (80 if d == 128 else 0), c.ptxas_log
 
 
+@pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(1, 2, 1, 200, 300, True),
+                                                    (2, 1, 1, 64, 200, False),
+                                                    (1, 4, 2, 150, 100, True)])
+def test_pipelined_backward_in_the_interpreter(b, h, h_kv, n, n_kv, causal):
+    """D=64's default backward (PIPELINE: step t+1's Sᵀ and dPᵀ in flight
+    while step t's dQ leaves, three Q/dO stages) against float64, with the
+    interpreter's race and deadlock checks."""
+    from tk_mlir.kernels.flash_attention import _backward_config
+    from test_attention_deterministic import _inputs, _interpret, _reference_grads, \
+        _relative_error
+    assert _backward_config(64)["PIPELINE"] and _backward_config(64)["STAGES"] == 3
+    q, k, v, do = _inputs(b, h, h_kv, n, n_kv, 64, seed=n + n_kv)
+    grads = _interpret(q, k, v, do, causal, 3, False)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads,
+                              _reference_grads(q, k, v, do, causal, 1 / math.sqrt(64))):
+        assert not got.isnan().any(), name
+        assert _relative_error(got, ref) < 1e-2, name
+
+
 @gpu
 def test_backward_schedules_agree():
     """The task table only decides which block runs which task: the causal
