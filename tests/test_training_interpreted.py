@@ -167,3 +167,29 @@ def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch):
     w = torch.randn(256, 64, generator=g).to(torch.bfloat16)
     (dh,) = torch.autograd.grad(linear_cross_entropy(h, w, torch.arange(8)), (h,))
     assert calls == [(True, False)] and dh.shape == h.shape   # no dweight asked for
+
+
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_grouped_matmul_gradients(interpreted, b_layout):
+    """da and db of the capacity-layout product, rows up to each product's
+    128-row tile end counting (the function the kernel computes), a product
+    of no rows and one of every row among them."""
+    from tk_mlir.kernels import grouped_matmul
+    g = torch.Generator().manual_seed(6)
+    G, M, K, N = 3, 256, 64, 128
+    a = torch.randn(G, M, K, generator=g).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(*((G, N, K) if b_layout == "nk" else (G, K, N)), generator=g) \
+        .to(torch.bfloat16).requires_grad_()
+    sizes = [100, 0, 256]
+    c = grouped_matmul(a, b, sizes, b_layout=b_layout)
+    dc = torch.randn(G, M, N, generator=g).to(torch.bfloat16)
+    da, db = torch.autograd.grad(c, (a, b), dc)
+    ends = torch.tensor([128, 0, 256])                  # sizes rounded up to whole tiles
+    kept = (torch.arange(M)[None, :] < ends[:, None])[..., None].double()
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ref = (a64 @ (b64.mT if b_layout == "nk" else b64)) * kept
+    ref_da, ref_db = torch.autograd.grad(ref, (a64, b64), dc.double())
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert ((da.double() - ref_da).norm() / ref_da.norm()).item() < 2e-2
+    assert ((db.double() - ref_db).norm() / ref_db.norm()).item() < 2e-2
+    assert not da[1].any() and not da[0, 128:].any()

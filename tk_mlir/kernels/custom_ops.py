@@ -4,6 +4,8 @@
     torch.ops.tk_mlir.matmul_grad_a(dc, b, b_layout) -> da
     torch.ops.tk_mlir.matmul_grad_b(dc, a, b_layout) -> db
     torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout="nk", out_dtype=None) -> c
+    torch.ops.tk_mlir.grouped_matmul_grads(dc, a, b, sizes, b_layout, need_a, need_b)
+                                           -> (da, db)
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
@@ -29,9 +31,9 @@
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
-a compiled model calls the kernels without a graph break; matmul, the norms,
-swiglu, rotary_embedding, cross_entropy, linear_cross_entropy and attention
-get autograd through register_autograd.
+a compiled model calls the kernels without a graph break; matmul,
+grouped_matmul, the norms, swiglu, rotary_embedding, cross_entropy,
+linear_cross_entropy and attention get autograd through register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -147,6 +149,61 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, b_layo
 def _(a, b, sizes, b_layout="nk", out_dtype=None):
     return a.new_empty(gemm.output_shape(a, b, b_layout),
                        dtype=a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.custom_op("tk_mlir::grouped_matmul_grads", mutates_args=())
+def grouped_matmul_grads(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                         sizes: torch.Tensor, b_layout: str, need_a: bool,
+                         need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of grouped_matmul (grouped_gemm.grouped_grads); one not
+    needed is an empty tensor."""
+    da, db = grouped_gemm.grouped_grads(dc, a, b, sizes.to(a.device), b_layout, need_a, need_b)
+    empty = a.new_empty(0)
+    return (empty if da is None else da), (empty if db is None else db)
+
+
+@grouped_matmul_grads.register_fake
+def _(dc, a, b, sizes, b_layout, need_a, need_b):
+    return (torch.empty_like(a) if need_a else a.new_empty(0),
+            torch.empty_like(b) if need_b else a.new_empty(0))
+
+
+def _grouped_setup_context(ctx, inputs, output):
+    a, b, sizes, b_layout = inputs[:4]
+    ctx.save_for_backward(a, b, sizes)
+    ctx.b_layout = b_layout
+
+
+def _grouped_backward(ctx, dc, grads=None):
+    """(da, db, None...) for the inputs that need them (`grads`: the op, or
+    under EagerGroupedMatmul grouped_gemm's own function)."""
+    a, b, sizes = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    if grads is None:
+        da, db = grouped_matmul_grads(dc, a, b, sizes, ctx.b_layout, need_a, need_b)
+    else:
+        da, db = grads(dc, a, b, sizes, ctx.b_layout, need_a, need_b)
+    return ((da if need_a else None), (db if need_b else None)) + \
+        (None,) * (len(ctx.needs_input_grad) - 2)
+
+
+grouped_matmul.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+
+
+class EagerGroupedMatmul(torch.autograd.Function):
+    """grouped_matmul's forward (into zeros, as the op) and backward for eager
+    calls on checked tensors."""
+
+    @staticmethod
+    def forward(ctx, a, b, sizes, b_layout):
+        c = torch.zeros(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+        grouped_gemm.launch(a, b, sizes, c, b_layout)
+        _grouped_setup_context(ctx, (a, b, sizes, b_layout), c)
+        return c
+
+    @staticmethod
+    def backward(ctx, dc):
+        return _grouped_backward(ctx, dc, grouped_gemm.grouped_grads)
 
 
 @torch.library.custom_op("tk_mlir::scaled_matmul", mutates_args=())

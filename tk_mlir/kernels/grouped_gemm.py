@@ -53,9 +53,17 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
     from sizes[g] to the end of that tile hold the products of a's padding
     rows, later rows are not written. Returns c.
 
-    Under torch.compile it runs as the custom op
+    Differentiable in a and b (without c): as the function computed, the
+    rows up to the end of each product's last 128-row tile count
+    (grouped_grads). Under torch.compile it runs as the custom op
     torch.ops.tk_mlir.grouped_matmul (into a zeroed tensor, copied into c)."""
     import torch
+    recorded = torch.is_grad_enabled() and isinstance(a, torch.Tensor) and \
+        isinstance(b, torch.Tensor) and (a.requires_grad or b.requires_grad)
+    if recorded and c is not None:
+        raise RuntimeError("grouped_matmul: c (the output to write into) does not take part in "
+                           "autograd, and an input requires grad; leave out c (or call under "
+                           "torch.no_grad())")
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
         if isinstance(sizes, (list, tuple)):     # the op takes a tensor; its real run checks it
@@ -69,6 +77,16 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
                              f"{tuple(a.shape)}")
         sizes = check_sizes(sizes, a)
     gemm.check(a, b, c, b_layout, "grouped_matmul")
+    if recorded:
+        from tk_mlir.kernels import custom_ops
+        return custom_ops.EagerGroupedMatmul.apply(a, b, sizes.to(a.device), b_layout)
+    return launch(a, b, sizes, c, b_layout)
+
+
+def launch(a, b, sizes, c, b_layout: str):
+    """grouped_gemm_kernel on checked arguments, into c (a new tensor of a's
+    dtype when None); returns c."""
+    import torch
     G, M, K = a.shape
     if sizes.device != a.device:
         sizes = sizes.to(a.device)
@@ -131,3 +149,26 @@ def grouped_schedule(sizes, M: int, tiles_n: int):
     starts = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
     starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tiles_n, 0)
     return starts, rows
+
+
+def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: bool = True):
+    """(da, db) of c = grouped_matmul(a, b, sizes) given dc, each None when
+    not needed. c's rows below each product's tile end (sizes[g] rounded up
+    to 128, at most M) are products of a's rows, the rest are constant: da
+    is grouped_matmul(dc, b) over the same rows (zeros beyond), db the
+    batched dcᵀ·a with dc's other rows masked to 0 (the K x M GEMM, no
+    transposed copy; every row of a product is read, padding included)."""
+    import torch
+    G, M, _ = a.shape
+    dc = checks.kernel_operand(dc, a.dtype)
+    da = db = None
+    if need_a:
+        da = torch.zeros_like(a)
+        launch(dc, b, sizes, da, "kn" if b_layout == "nk" else "nk")
+    if need_b:
+        ends = ((sizes.to(dc.device).clamp(0, M) + 127) // 128 * 128).clamp(max=M)
+        kept = torch.arange(M, device=dc.device)[None, :] < ends[:, None]
+        dc = torch.where(kept[..., None], dc, 0)
+        db = torch.empty_like(b)        # nk: dcᵀ·a (N x K); kn: aᵀ·dc (K x N)
+        gemm.launch(*((dc, a) if b_layout == "nk" else (a, dc)), db, "kn", a_layout="km")
+    return da, db
