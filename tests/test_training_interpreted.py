@@ -225,3 +225,23 @@ def test_the_training_ops_compile_with_their_gradients(interpreted):
         results.append((loss, *torch.autograd.grad(loss, inputs)))
     for eager, compiled in zip(*results):
         assert ((compiled.double() - eager.double()).norm() / eager.double().norm()).item() < 1e-2
+
+
+def test_norms_take_any_leading_dims(interpreted):
+    """(B, N, D) hidden states as a model holds them: the rows are the
+    leading dims flattened, forward and backward."""
+    from tk_mlir.kernels import layer_norm
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 5, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    r = torch.randn(2, 5, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(64, generator=g) + 1).to(torch.bfloat16).requires_grad_()
+    for y in (rms_norm(x, w), layer_norm(x, w, w), fused_add_rms_norm(x, r, w)[0]):
+        assert y.shape == x.shape
+    y = rms_norm(x, w)
+    dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    x2 = x.detach().reshape(10, 64).requires_grad_()
+    w2 = w.detach().requires_grad_()
+    y2 = rms_norm(x2, w2)
+    ref = torch.autograd.grad(y2, (x2, w2), torch.ones_like(y2))
+    assert torch.equal(y.reshape(10, 64), y2) and torch.equal(dx.reshape(10, 64), ref[0])
+    assert torch.equal(dw, ref[1])

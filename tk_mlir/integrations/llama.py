@@ -88,7 +88,7 @@ def _check_dtype(name, weight, dtypes) -> None:
 
 def _rms_norm_forward(self, x):
     from tk_mlir.kernels import rms_norm
-    return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.variance_epsilon).view(x.shape)
+    return rms_norm(x, self.weight, self.variance_epsilon)
 
 
 def _linear_forward(self, x):

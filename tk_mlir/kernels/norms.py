@@ -187,8 +187,8 @@ def column_sum_kernel(PARTS: tk.gl[f32], OUT: tk.gl, ROWS: tk.constexpr = 32,
 def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
     """y = x / sqrt(mean(x^2, per row) + eps) * weight.
 
-    x: a (rows, D) torch.bfloat16 CUDA tensor; weight: (D,), x's dtype and
-    device. out: a tensor like x to write into; by default a new one.
+    x: a (..., D) torch.bfloat16 CUDA tensor (rows of D); weight: (D,), x's
+    dtype and device. out: a tensor like x to write into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x and
     weight (rms_norm_backward's kernels; not with out=). Under torch.compile
     it runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
@@ -211,7 +211,7 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, mean and (biased)
     variance per row, as torch.nn.functional.layer_norm over the last dim.
 
-    x: a (rows, D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
+    x: a (..., D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
     and device. out: a tensor like x to write into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x,
     weight and bias (layer_norm_backward's kernels; not with out=). Under
@@ -251,6 +251,7 @@ def _recorded(fn: str, out, *inputs) -> bool:
 
 def launch_rms_norm(x, weight, eps: float, out) -> None:
     """rmsnorm_kernel on checked tensors, into out."""
+    x, out = _rows(x), _rows(out, view=True)
     rows, d = x.shape
     if rows:
         rmsnorm_kernel[(rows,)](x, weight, out, eps, BLOCK=_block(d))
@@ -258,6 +259,7 @@ def launch_rms_norm(x, weight, eps: float, out) -> None:
 
 def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
     """layernorm_kernel on checked tensors, into out."""
+    x, out = _rows(x), _rows(out, view=True)
     rows, d = x.shape
     if rows:
         block = _block(d)
@@ -287,12 +289,14 @@ def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
     """dx (+ dh) and the column sums of `outputs` per-block partials, each
     weight's dtype, from a backward kernel on checked tensors."""
     import torch
+    shape = x.shape
+    x = _rows(x)
     rows, d = x.shape
-    dy = checks.kernel_operand(dy)              # (e.g. the expanded gradient of y.sum())
-    dh = checks.kernel_operand(dh) if dh is not None else None
-    dx = torch.empty_like(x)
+    dy = _rows(checks.kernel_operand(dy))       # (e.g. the expanded gradient of y.sum())
+    dh = _rows(checks.kernel_operand(dh)) if dh is not None else None
+    dx = torch.empty(rows, d, dtype=x.dtype, device=x.device)
     if rows == 0:
-        return dx, [torch.zeros_like(weight) for _ in range(outputs)]
+        return dx.view(shape), [torch.zeros_like(weight) for _ in range(outputs)]
     block = _block(d)
     grid = min(rows, 2 * num_sms(x.get_device()))
     parts = [torch.empty(grid, d, dtype=torch.float32, device=x.device) for _ in range(outputs)]
@@ -303,7 +307,7 @@ def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
     for part in parts:
         sums.append(torch.empty_like(weight))
         column_sum_kernel[(tk.cdiv(d, 256),)](part, sums[-1])
-    return dx, sums
+    return dx.view(shape), sums
 
 
 def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):
@@ -311,7 +315,7 @@ def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):
     (a pre-norm transformer block's residual add and norm; vLLM's
     fused_add_rms_norm, returning the sum instead of writing it over residual).
 
-    x, residual: (rows, D) torch.bfloat16 CUDA tensors of one shape; weight:
+    x, residual: (..., D) torch.bfloat16 CUDA tensors of one shape; weight:
     (D,). h is rounded to bf16 before the norm reads it, as the unfused
     `rms_norm(x + residual)` computes. Differentiable in x, residual and
     weight; under torch.compile the custom op torch.ops.tk_mlir.fused_add_rms_norm."""
@@ -342,11 +346,19 @@ def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
     """(y, h) of add_rmsnorm_kernel or add_layernorm_kernel on checked tensors;
     bias_eps: (bias, eps) for layer_norm, (eps,) for rms_norm."""
     y, h = x.new_empty(x.shape), x.new_empty(x.shape)
+    x, residual, y2, h2 = _rows(x), _rows(residual), _rows(y, view=True), _rows(h, view=True)
     if x.shape[0]:
         kernel = add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel
         *bias, eps = bias_eps
-        kernel[(x.shape[0],)](x, residual, weight, *bias, y, h, eps, BLOCK=_block(x.shape[1]))
+        kernel[(x.shape[0],)](x, residual, weight, *bias, y2, h2, eps, BLOCK=_block(x.shape[1]))
     return y, h
+
+
+def _rows(t, view: bool = False):
+    """t (..., D) as (rows, D): its leading dims flattened, a view where the
+    strides allow (an output must be one: view=True), else a copy."""
+    return t if t.dim() == 2 else (t.view(-1, t.shape[-1]) if view else
+                                   t.reshape(-1, t.shape[-1]))
 
 
 def _block(d: int) -> int:
@@ -356,21 +368,27 @@ def _block(d: int) -> int:
 
 
 def _check(fn: str, x, eps, rows: dict, **params) -> float:
-    """x is (rows, D) bf16 on a CUDA device, each of `rows` (name -> tensor:
-    out, residual) is like x, each of `params` a (D,) vector like it;
-    returns eps as a float."""
+    """x is (..., D) bf16 on a CUDA device (rows of D: its leading dims
+    flattened), each of `rows` (name -> tensor: out, residual) is like x,
+    each of `params` a (D,) vector like it; returns eps as a float."""
     import torch
-    checks.tensor(fn, "x", x, ndim=2, dtypes=(torch.bfloat16,))
-    if x.shape[1] == 0:
+    checks.tensor(fn, "x", x, dtypes=(torch.bfloat16,))
+    if x.dim() < 2:
+        raise ValueError(f"{fn}: x must be at least 2-D (rows x D), got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0:
         raise ValueError(f"{fn}: x must have at least one column, got shape {tuple(x.shape)}")
     for name, value in rows.items():
-        checks.tensor(fn, name, value, ndim=2, dtypes=(torch.bfloat16,))
+        checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, tuple(x.shape), "x's shape")
+    if x.dim() > 2 and "out" in rows and not rows["out"].is_contiguous():
+        raise ValueError(f"{fn}: out must be contiguous when x has more than 2 dims (its rows "
+                         f"are written as one (rows, D) view), got strides "
+                         f"{tuple(rows['out'].stride())}")
     for name, value in params.items():
         checks.tensor(fn, name, value, ndim=1, dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
-        checks.shape(fn, name, value, (x.shape[1],), "one value per column of x")
+        checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
     eps = checks.number(fn, "eps", eps)
     checks.on_cuda(fn, "x", x)
     return eps
