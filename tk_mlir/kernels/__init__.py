@@ -15,6 +15,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     q = rotary_embedding(q, cos, sin)      # (B, N, H, D), GPT-NeoX halves
     loss = linear_cross_entropy(h, w, t)   # cross_entropy(h @ w.T, t), logits a slice at a time
     o = attention(q, k, v, causal=True)    # softmax(q kᵀ / sqrt(D)) v, (B, H, N, D)
+    o = attention_with_kvcache(q, kc, vc, lens)  # decode over a (paged) KV cache, (B, N, H, D)
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
     c = all_gather_matmul(a, w, group)     # every rank's rows of a, stacked, @ w.T
@@ -47,6 +48,7 @@ _LAZY = {
     "rotary_embedding": ".rotary",
     "rotary_embedding_qk": ".rotary",
     "attention": ".flash_attention",
+    "attention_with_kvcache": ".decode_attention",
     "all_reduce": ".all_reduce_kernels",
     "matmul_reduce_scatter": ".gemm_rs",
     "all_gather_matmul": ".ag_gemm",

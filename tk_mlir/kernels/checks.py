@@ -102,3 +102,14 @@ def kernel_operand(t, dtype=None):
         span = max(span, step * n) if n != 1 else span
     ok = ok and all(s * size % 16 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1)
     return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
+def int32_table(t):
+    """An int32 table (lengths, page tables) as a kernel argument: rows of
+    whole 16-byte vectors, as every tensor argument's (the kernels read it an
+    element at a time; the padding is never read): t itself when its rows
+    already are, else a copy padded with zeros to a multiple of 4 columns."""
+    import torch
+    if t.shape[-1] % 4 == 0:
+        return kernel_operand(t)
+    return torch.nn.functional.pad(t, (0, 4 - t.shape[-1] % 4))

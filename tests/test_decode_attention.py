@@ -1,0 +1,265 @@
+"""attention_with_kvcache (tk_mlir/kernels/decode_attention.py): attention of a
+few new tokens over a dense or paged KV cache, GQA-packed and split over the
+keys.
+
+Without a GPU: the kernels in the interpreter against float64 torch, for
+ragged cache lengths (0 and the full cache among them), 1 and 4 new tokens,
+GQA 8:1, causal or not, a shuffled page table (pages smaller than, and larger
+than, a key block), appending k/v, the split and the unsplit path; the cache
+past each length is NaN (it must not leak); the argument rules. With a GPU
+(`-m gpu`): the same against float32 at decode shapes, and under CUDA-graph
+capture.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tk_mlir.kernels import attention_with_kvcache  # noqa: E402
+from tk_mlir.kernels import decode_attention  # noqa: E402
+
+from torch_reference import relative_error as _rel  # noqa: E402
+
+bf16 = torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+
+
+def reference(q, k_cache, v_cache, lens, causal, table=None, scale=None):
+    """float64 attention of q (B, N, H, D) over each batch's first lens[b]
+    keys of the cache (paged through `table`): (o, lse (B, H, N))."""
+    B, N, H, D = q.shape
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    o = torch.zeros(B, N, H, D, dtype=torch.float64)
+    lse = torch.full((B, H, N), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        n = int(lens[b])
+        if table is None:
+            k, v = k_cache[b, :n], v_cache[b, :n]
+        else:
+            page = k_cache.shape[1]
+            rows = [int(table[b, j // page]) * page + j % page for j in range(n)]
+            k = k_cache.flatten(0, 1)[rows]
+            v = v_cache.flatten(0, 1)[rows]
+        g = H // k.shape[1]
+        k = k.cpu().double().repeat_interleave(g, 1)
+        v = v.cpu().double().repeat_interleave(g, 1)
+        s = torch.einsum("nhd,khd->hnk", q[b].cpu().double(), k) * scale
+        if causal:
+            s = s.masked_fill(torch.arange(n)[None] > torch.arange(N)[:, None] + n - N,
+                              float("-inf"))
+        lse[b] = torch.logsumexp(s, -1)
+        o[b] = torch.einsum("hnk,khd->nhd", torch.softmax(s, -1).nan_to_num(), v)
+    return o, lse
+
+
+def _uniform(*shape, generator, device="cpu"):
+    return (torch.rand(*shape, generator=generator) * 2 - 1).to(bf16).to(device)
+
+
+def _cache(B, n_max, h_kv, d, lens, generator, device="cpu"):
+    """A dense cache with random keys below each length and NaN past it."""
+    k = torch.full((B, n_max, h_kv, d), float("nan"), dtype=bf16)
+    v = k.clone()
+    for b in range(B):
+        k[b, :lens[b]] = _uniform(int(lens[b]), h_kv, d, generator=generator)
+        v[b, :lens[b]] = _uniform(int(lens[b]), h_kv, d, generator=generator)
+    return k.to(device), v.to(device)
+
+
+def _paged(k, v, page, generator):
+    """The dense cache k, v cut into pages of `page` keys in a shuffled order,
+    and the block table that maps each batch's key blocks to them."""
+    B, n_max = k.shape[:2]
+    per = n_max // page
+    order = torch.randperm(B * per, generator=generator)
+    table = order.view(B, per).to(torch.int32)
+    kp = torch.empty(B * per, page, *k.shape[2:], dtype=k.dtype)
+    vp = torch.empty_like(kp)
+    kp[order] = k.view(B * per, page, *k.shape[2:])
+    vp[order] = v.view(B * per, page, *v.shape[2:])
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("new, h, h_kv, causal, batch", [
+    (1, 8, 2, True, 2),        # GQA 4:1, split over the keys (3 simulated SMs)
+    (4, 8, 1, True, 2),        # GQA 8:1, speculative decoding's 4 tokens
+    (4, 4, 4, False, 3),       # MHA, not causal
+    (1, 4, 1, True, 6),        # enough tasks: one chunk per (batch, head), no combine
+])
+def test_dense_cache_in_the_interpreter(interpret, new, h, h_kv, causal, batch):
+    g = torch.Generator().manual_seed(new * 31 + h + batch)
+    n_max, d = 300, 64
+    lens = torch.tensor([300, 0, 137, 5, 64, 129][:batch], dtype=torch.int32)
+    lens = torch.maximum(lens, torch.tensor(new if causal else 0, dtype=torch.int32))
+    k, v = _cache(batch, n_max, h_kv, d, lens, g)
+    q = _uniform(batch, new, h, d, generator=g)
+    o, lse = attention_with_kvcache(q, k, v, lens, causal=causal, return_lse=True)
+    ro, rlse = reference(q, k, v, lens, causal)
+    assert o.shape == q.shape and lse.shape == (batch, h, new)
+    assert _rel(o, ro) < 1e-2
+    finite = rlse.isfinite()
+    assert torch.equal(lse.isfinite(), finite)
+    assert _rel(lse[finite], rlse[finite]) < 1e-3
+
+
+def test_empty_cache_rows_are_zero(interpret):
+    """A batch with no keys (cache_seqlens 0, not causal) gets output 0 and LSE -inf."""
+    g = torch.Generator().manual_seed(3)
+    lens = torch.tensor([0, 40], dtype=torch.int32)
+    k, v = _cache(2, 64, 1, 64, lens, g)
+    q = _uniform(2, 1, 2, 64, generator=g)
+    o, lse = attention_with_kvcache(q, k, v, lens, causal=False, return_lse=True)
+    assert not o[0].any() and (lse[0] == float("-inf")).all()
+    assert _rel(o[1], reference(q, k, v, lens, False)[0][1]) < 1e-2
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_paged_cache_in_the_interpreter(interpret, page):
+    """Pages smaller than a key block (several TMA loads per block), equal to
+    it, and larger (a block is part of a page), in a shuffled order."""
+    g = torch.Generator().manual_seed(page)
+    B, n_max, h, h_kv, d = 2, 512, 4, 2, 64
+    lens = torch.tensor([300, 33], dtype=torch.int32)
+    k, v = _cache(B, n_max, h_kv, d, lens, g)
+    kp, vp, table = _paged(k, v, page, g)
+    q = _uniform(B, 2, h, d, generator=g)
+    o = attention_with_kvcache(q, kp, vp, lens, block_table=table)
+    assert _rel(o, reference(q, kp, vp, lens, True, table)[0]) < 1e-2
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_append_then_attend(interpret, paged):
+    """k and v are written into the cache at cache_seqlens, then attended:
+    the same as attending over a cache that already held them."""
+    g = torch.Generator().manual_seed(7)
+    B, n_max, new, h, h_kv, d = 2, 128, 3, 4, 2, 64
+    lens = torch.tensor([50, 0], dtype=torch.int32)
+    k, v = _cache(B, n_max, h_kv, d, lens, g)
+    kn, vn = _uniform(B, new, h_kv, d, generator=g), _uniform(B, new, h_kv, d, generator=g)
+    q = _uniform(B, new, h, d, generator=g)
+    full_k, full_v = k.clone(), v.clone()
+    for b in range(B):
+        full_k[b, lens[b]:lens[b] + new], full_v[b, lens[b]:lens[b] + new] = kn[b], vn[b]
+    table = None
+    if paged:
+        k, v, table = _paged(k, v, 16, g)
+    o = attention_with_kvcache(q, k, v, lens, block_table=table, k=kn, v=vn)
+    ro = reference(q, full_k, full_v, lens + new, True)[0]
+    assert _rel(o, ro) < 1e-2
+    if paged:
+        k = k[table.long()].flatten(1, 2)          # back to (B, n_max, ...) order
+        v = v[table.long()].flatten(1, 2)
+    for b in range(B):
+        n = int(lens[b]) + new
+        assert torch.equal(k[b, :n], full_k[b, :n]) and torch.equal(v[b, :n], full_v[b, :n])
+
+
+def test_a_length_past_the_cache_gives_nan_on_the_gpu_path(interpret):
+    """The GPU cannot report a bad cache_seqlens without a synchronisation:
+    its rows come out NaN (the CPU check is skipped here to see it)."""
+    g = torch.Generator().manual_seed(5)
+    lens = torch.tensor([64, 20], dtype=torch.int32)
+    k, v = _cache(2, 64, 1, 64, lens, g)
+    q = _uniform(2, 1, 2, 64, generator=g)
+    o, _ = decode_attention.forward(q, k, v, lens + torch.tensor([1, 0], dtype=torch.int32),
+                                    None, None, None, True, 0.125)
+    assert o[0].isnan().all() and not o[1].isnan().any()
+
+
+def _args(**change):
+    args = dict(q=torch.zeros(2, 1, 4, 64, dtype=bf16), k_cache=torch.zeros(2, 32, 2, 64,
+                dtype=bf16), v_cache=torch.zeros(2, 32, 2, 64, dtype=bf16),
+                cache_seqlens=torch.tensor([3, 4], dtype=torch.int32))
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, error, rule", [
+    (dict(cache_seqlens=torch.tensor([3, 4])), TypeError, r"cache_seqlens must be .*int32"),
+    (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), ValueError,
+     r"cache_seqlens must have shape \(2,\)"),
+    (dict(k_cache=torch.zeros(2, 32, 3, 64, dtype=bf16),
+          v_cache=torch.zeros(2, 32, 3, 64, dtype=bf16)), ValueError,
+     r"H_kv=3 must divide the query heads H=4"),
+    (dict(k_cache=torch.zeros(4, 24, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 24, 2, 64, dtype=bf16),
+          block_table=torch.zeros(2, 2, dtype=torch.int32)), ValueError,
+     r"page size .* multiple of 16 from 16 to 256, got 24"),
+    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          block_table=torch.zeros(2, 2)), TypeError, r"block_table must be .*int32"),
+    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+     r"block_table must be \(B=2, max_pages\)"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=bf16)), ValueError, r"k and v come together"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 2, 2, 64, dtype=bf16)),
+     ValueError, r"v must have shape \(2, 1, 2, 64\)"),
+    (dict(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32),
+          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
+     ValueError, r"cache_seqlens\[1\] = 32 plus 1 new tokens is outside the cache's 0..32"),
+    (dict(q=torch.zeros(2, 1, 4, 80, dtype=bf16)), ValueError, r"D must be 64, 128 or 256"),
+    (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
+])
+def test_argument_rules(interpret, change, error, rule):
+    with pytest.raises(error, match=rule):
+        attention_with_kvcache(**_args(**change))
+
+
+# ------------------------------------------------------------------ GPU
+
+def _gpu_case(B, new, h, h_kv, d, n_max, page=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(new, n_max - new + 1, (B,), generator=g, dtype=torch.int32)
+    lens[0] = n_max - new
+    k, v = _cache(B, n_max, h_kv, d, lens, g)
+    table = None
+    if page:
+        k, v, table = _paged(k, v, page, g)
+        table = table.cuda()
+    q = _uniform(B, new, h, d, generator=g)
+    return q.cuda(), k.cuda(), v.cuda(), lens.cuda(), table
+
+
+@gpu
+@pytest.mark.parametrize("B, new, h, h_kv, d, n_max, page", [
+    (8, 1, 32, 8, 128, 2048, 0),
+    (3, 4, 16, 2, 128, 1000 // 16 * 16, 0),
+    (1, 1, 32, 8, 128, 8192, 0),
+    (4, 1, 8, 1, 64, 1024, 16),
+    (2, 2, 16, 4, 128, 2048, 256),
+    (2, 1, 8, 8, 256, 512, 0),
+])
+def test_matches_float64_on_the_gpu(B, new, h, h_kv, d, n_max, page):
+    q, k, v, lens, table = _gpu_case(B, new, h, h_kv, d, n_max, page, seed=B + d)
+    o, lse = attention_with_kvcache(q, k, v, lens, block_table=table, return_lse=True)
+    ro, rlse = reference(q, k, v, lens.cpu(), True, None if table is None else table.cpu())
+    assert _rel(o.cpu(), ro) < 1e-2
+    assert _rel(lse.cpu(), rlse) < 1e-4
+
+
+@gpu
+def test_cuda_graph_replays_a_decode_step():
+    q, k, v, lens, _ = _gpu_case(4, 1, 16, 4, 128, 1024, seed=11)
+    lens.fill_(100)
+    kn = torch.rand(4, 1, 4, 128, device="cuda").to(bf16)
+    attention_with_kvcache(q, k, v, lens, k=kn, v=kn)          # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = attention_with_kvcache(q, k, v, lens, k=kn, v=kn)
+    for step in range(3):
+        lens.fill_(200 + step)
+        kn.copy_(torch.rand_like(kn.float()).to(bf16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference(q, k, v, lens.cpu() + 1, True)[0]
+        assert _rel(o.cpu(), ref) < 1e-2

@@ -1,0 +1,389 @@
+"""Attention over a KV cache for decoding, FlashAttention's `flash_attn_with_kvcache`:
+
+    from tk_mlir.kernels import attention_with_kvcache
+    o = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens)          # q (B, N_new, H, D)
+    o = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=k, v=v)   # append, then attend
+    o = attention_with_kvcache(q, k_pages, v_pages, cache_seqlens, block_table=table)  # paged
+
+A decode step has a few query rows per head and a long key sequence, so the
+work is reading K and V once, at the memory's bandwidth. Two things make that
+possible (flash-decoding):
+- GQA packing: the G = H / H_kv query heads that share a K/V head, times the
+  N_new new tokens, are the rows of one 64-row query tile (row t·G + g is
+  token t of query head h_kv·G + g), so each K/V block is read once per K/V
+  head, not once per query head.
+- Split-KV: a (batch, K/V head)'s keys are cut into `splits` chunks of whole
+  key blocks, one block of the grid each, so that a batch of a few sequences
+  still fills every SM. Each chunk writes its normalised partial output and
+  log-sum-exp (f32); `kv_combine_kernel` merges them by their LSE. The chunk
+  boundaries come from the sequence's real length, read on the GPU, so the
+  host never synchronises.
+"""
+from __future__ import annotations
+
+import math
+
+import tk_mlir as tk
+from tk_mlir import f32
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
+from tk_mlir.kernels.flash_attention import LN2, finite
+
+ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
+
+
+@tk.kernel(num_warps=8)
+def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl,
+                              SEQLENS: tk.gl, BLOCK_TABLE: tk.gl, scale_log2: float,
+                              added: int, group: int, capacity: int,
+                              D: tk.constexpr = 128, BN: tk.constexpr = 128,
+                              PAGE: tk.constexpr = 0, STAGES: tk.constexpr = 2,
+                              CAUSAL: tk.constexpr = True, SPLIT: tk.constexpr = True,
+                              CONSUMER_REGISTERS: tk.constexpr = 232,
+                              PRODUCER_REGISTERS: tk.constexpr = 40):
+    """One chunk of the keys of one (batch, K/V head) for 64 packed query rows.
+
+    Q: (B, H_kv, R, D), R = N_new·G query rows per K/V head, row t·G + g is
+    token t of query head h_kv·G + g. K, V: the cache as (B, H_kv, N_max, D),
+    or with PAGE > 0 as pages (num_pages, H_kv, PAGE, D) that BLOCK_TABLE
+    (B, max_pages) i32 maps key block p of batch b to. SEQLENS (B,) i32: keys
+    before this step's; `added` of them were appended this step (so batch b
+    has SEQLENS[b] + added keys), `capacity` keys fit in its cache.
+    A batch whose keys exceed the capacity gets NaN rows (no silent reads of
+    another batch's cache; the host cannot look without a synchronisation).
+    CAUSAL: row t sees keys j <= n_keys - N_new + t (bottom-right aligned).
+    SPLIT: O (B·H_kv, splits, R, D) and LSE (B·H_kv, splits, R') f32 get the
+    chunk's normalised output and log-sum-exp; else O (B, H_kv, R, D) in Q's
+    dtype and LSE (B, H_kv, R') are final. R' >= R is a multiple of 4.
+    Grid (splits, cdiv(R, 64), B·H_kv). BN divides PAGE or PAGE divides BN."""
+    tk.register_split(1, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
+    split, rb, bh = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    splits = tk.grid_dim(0)
+    H_KV = K.shape[1]
+    b, hk = bh // H_KV, bh % H_KV
+    n_keys = tk.load(SEQLENS, (b,)) + added
+    blocks = tk.cdiv(min(n_keys, capacity), BN)
+    per = tk.cdiv(blocks, splits)
+    first = split * per
+    last = min(first + per, blocks)
+    qs = tk.ring(Q.dtype, (ROWS, D), 1)
+    ks = tk.ring(K.dtype, (BN, D), STAGES)
+    vs = tk.ring(V.dtype, (BN, D), STAGES)
+
+    if tk.warpgroup_id() == 1:
+        tk.decrease_registers(PRODUCER_REGISTERS)
+        if tk.elect_leader("warpgroup"):
+            q, q_full = qs.fill(0)
+            tk.tma.load_async(q, Q, (b, hk, rb, 0), q_full)
+            for j in range(first, last):
+                i = j - first
+                kt, k_full = ks.fill(i)
+                load_keys(kt, K, BLOCK_TABLE, b, hk, j, k_full, BN, PAGE, D)
+                vt, v_full = vs.fill(i)
+                load_keys(vt, V, BLOCK_TABLE, b, hk, j, v_full, BN, PAGE, D)
+    else:
+        tk.increase_registers(CONSUMER_REGISTERS)
+        q = qs.wait(0)
+        m = tk.full((ROWS,), float("-inf"), scope="warpgroup")
+        l = tk.zeros((ROWS,), scope="warpgroup")
+        acc = tk.zeros((ROWS, D), f32, layout="row", scope="warpgroup")
+        for j in range(first, last):
+            i = j - first
+            kt = ks.wait(i)
+            S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q, kt)
+            tk.mma_wait(0)
+            ks.release(i)
+            col0 = j * BN
+            if col0 + BN > n_keys or CAUSAL:
+                visible = S.col_indices() + col0 < n_keys
+                if CAUSAL:    # (key - (n_keys - N_new))·G <= row  <=>  key <= n_keys - N_new + t
+                    new_tokens = Q.shape[2] // group
+                    visible = visible & ((S.col_indices() + (col0 - n_keys + new_tokens)) * group
+                                         <= S.row_indices() + rb * ROWS)
+                S = tk.where(visible, S, float("-inf"))
+            m_new = max(m, S.row_max() * scale_log2)
+            m_use = finite(m_new)
+            alpha = (m - m_use).exp2()
+            P = (S * scale_log2).sub_row(m_use).exp2()
+            l = l * alpha + P.row_sum()
+            acc = acc.mul_row(alpha)
+            m = m_new
+            vt = vs.wait(i)
+            if col0 + BN > n_keys:
+                # Rows past the sequence hold whatever the cache holds (NaN
+                # too): P is 0 there, but 0·NaN is not.
+                tail = tk.load(vt, layout="vec", scope="warpgroup")
+                tk.store(vt, tk.where(tail.row_indices() + col0 < n_keys, tail, 0.0))
+                tk.named_barrier(1, warps=4)     # every warp's rows, before the wgmma
+            acc = tk.mma_AB(acc, P.to(Q.dtype), vt)
+            tk.mma_wait(0)
+            vs.release(i)
+        qs.release(0)
+        inv = tk.where(l == 0.0, 0.0, l.rcp())
+        lse = m * LN2 + l.log()
+        if max(n_keys - capacity, -n_keys) > 0:   # a bad cache_seqlens: NaN, not a wrong answer
+            inv = inv + float("nan")
+            lse = lse + float("nan")
+        if SPLIT:
+            tk.store(O, acc.mul_row(inv), (bh, split, rb, 0))
+            tk.store(LSE, lse, (bh, split, rb))
+        else:
+            tk.store(O, acc.mul_row(inv).to(O.dtype), (b, hk, rb, 0))
+            tk.store(LSE, lse, (b, hk, rb))
+
+
+@tk.func
+def load_keys(tile, X, BLOCK_TABLE, b, hk, j, full, BN, PAGE, D):
+    """TMA loads of key block j (keys j·BN ...) of batch b, K/V head hk, into
+    `tile`, arriving on `full`. Paged, a block within one page is one load; a
+    block of several pages is one load per page and 64-column block (a
+    swizzled tile's rows are contiguous within a column block only)."""
+    if PAGE == 0:
+        tk.tma.load_async(tile, X, (b, hk, j, 0), full)
+    elif PAGE >= BN:
+        page = tk.load(BLOCK_TABLE, (b, j * BN // PAGE))
+        tk.tma.load_async(tile, X, (page, hk, (j * BN % PAGE) // BN, 0), full)
+    else:
+        for p in tk.static_range(BN // PAGE):
+            page = tk.load(BLOCK_TABLE, (b, j * (BN // PAGE) + p))
+            for c in tk.static_range(D // 64):
+                tk.tma.load_async(tile.column_block(c).subtile(p, PAGE), X, (page, hk, 0, c),
+                                  full)
+
+
+@tk.kernel(num_warps=4)
+def kv_combine_kernel(OP: tk.gl, LSEP: tk.gl, O: tk.gl, LSE: tk.gl, D: tk.constexpr = 128):
+    """Merge the splits of kv_cache_attention_kernel: O = Σ_s w_s·O_s / Σ_s w_s
+    with w_s = exp(LSE_s − max LSE), and LSE = log Σ_s exp(LSE_s).
+    OP (B·H_kv, splits, R, D), LSEP (B·H_kv, splits, R') f32; O (B, H_kv, R, D),
+    LSE (B, H_kv, R') f32. A row no split saw gets 0 and -inf.
+    Grid (cdiv(R, 64), B·H_kv)."""
+    rb, bh = tk.block_id(0), tk.block_id(1)
+    H_KV = O.shape[1]
+    b, hk = bh // H_KV, bh % H_KV
+    m = tk.full((ROWS,), float("-inf"))
+    l = tk.zeros((ROWS,))
+    acc = tk.zeros((ROWS, D), f32)
+    for s in range(OP.shape[1]):
+        lse = tk.load(LSEP, (bh, s, rb), (ROWS,))
+        m_new = max(m, lse)
+        m_use = finite(m_new)
+        alpha = (m - m_use).exp()
+        w = (lse - m_use).exp()
+        acc = acc.mul_row(alpha) + tk.load(OP, (bh, s, rb, 0), (ROWS, D)).mul_row(w)
+        l = l * alpha + w
+        m = m_new
+    tk.store(O, acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp())).to(O.dtype), (b, hk, rb, 0))
+    tk.store(LSE, finite(m) + l.log(), (b, hk, rb))
+
+
+# ------------------------------------------------------------------ host side
+
+def _config(d: int, page: int) -> dict:
+    """Key block and stages per head dim and page size (0: a dense cache).
+    A paged block is whole pages (page <= BN, page dividing BN) or a part of
+    one: the largest multiple of 16 up to BN that divides the page (pages of
+    odd multiples of 16 above 128 take small blocks: 176 keys make 16).
+    D=256's 64x256 f32 accumulator needs 256 registers (no spills)."""
+    bn = 64 if d == 256 else 128
+    if page and bn % page:
+        bn = max(c for c in range(16, bn + 1, 16) if page % c == 0)
+    cfg = dict(BN=bn, STAGES=STAGES)
+    if d == 256:
+        cfg.update(CONSUMER_REGISTERS=256, PRODUCER_REGISTERS=24)
+    return cfg
+
+
+# K/V ring stages, and blocks of the grid to aim for per SM (split-KV chunks).
+STAGES = 2
+BLOCKS_PER_SM = 2
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
+                           v=None, causal: bool = True, scale: float | None = None,
+                           return_lse: bool = False):
+    """softmax(q·Kᵀ·scale)·V over the keys in a KV cache, FlashAttention's
+    `flash_attn_with_kvcache` in its (B, N, H, D) layout.
+
+    q: (B, N_new, H, D) bf16/f16, the new tokens' queries (N_new >= 1).
+    k_cache, v_cache: (B, N_max, H_kv, D), H_kv dividing H; or, with
+    block_table (B, max_pages) int32, pages (num_pages, page_size, H_kv, D),
+    page_size a multiple of 16 from 16 to 256, block_table[b, p] holding
+    keys p·page_size ... of batch b. cache_seqlens: (B,) int32, each batch's
+    keys in the cache before this call. k, v: (B, N_new, H_kv, D), when given,
+    are written into the cache at cache_seqlens first (in place), and the
+    attention covers cache_seqlens + N_new keys; without them, cache_seqlens.
+    causal: new token t sees keys j <= n_keys - N_new + t. D is 64, 128 or
+    256. Returns o (B, N_new, H, D), and with return_lse=True also the
+    log-sum-exp (B, H, N_new) f32 (natural log; -inf for a row with no key).
+
+    Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
+    its cache (N_max, or max_pages·page_size) gets NaN output rows; entries of
+    block_table outside [0, num_pages) are not checked on the GPU (TMA reads
+    zeros there) — the CPU interpreter reports them."""
+    import torch
+    _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else \
+        checks.number("attention_with_kvcache", "scale", scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"attention_with_kvcache: scale must be a positive finite number, "
+                         f"got {scale!r}")
+    checks.on_cuda("attention_with_kvcache", "q", q)
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import custom_ops
+        o, lse = torch.ops.tk_mlir.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale)
+    else:
+        o, lse = forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale)
+    return (o, lse) if return_lse else o
+
+
+def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
+            scale: float):
+    """attention_with_kvcache on checked arguments: (o, lse)."""
+    import torch
+    B, N_new, H, D = q.shape
+    H_kv = k_cache.shape[2]
+    G = H // H_kv
+    R = N_new * G
+    if k is not None:
+        append(k_cache, v_cache, cache_seqlens, block_table, k, v)
+    # Query rows per K/V head: a view for one new token, a copy for several.
+    q_rows = q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D)
+    q_rows = checks.kernel_operand(q_rows)
+    # The cache as the kernel reads it: (B or pages, H_kv, keys, D).
+    kk, vv = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    page = 0 if block_table is None else k_cache.shape[1]
+    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * page
+    seqlens = checks.int32_table(cache_seqlens)
+    table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
+    cfg = _config(D, page)
+    splits = _splits(B * H_kv * -(-R // ROWS), -(-capacity // cfg["BN"]), q.get_device())
+    rp = -(-R // 4) * 4
+    o_rows = torch.empty(B, H_kv, R, D, dtype=q.dtype, device=q.device)
+    lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
+    grid = (splits, -(-R // ROWS), B * H_kv)
+    args = (seqlens, table, scale * math.log2(math.e), 0 if k is None else N_new, G,
+            capacity)
+    if splits == 1:
+        kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, *args, D=D,
+                                        PAGE=page, CAUSAL=causal, SPLIT=False, **cfg)
+    else:
+        op = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
+        lsep = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
+        kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, *args, D=D,
+                                        PAGE=page, CAUSAL=causal, SPLIT=True, **cfg)
+        kv_combine_kernel[(-(-R // ROWS), B * H_kv)](op, lsep, o_rows, lse_rows, D=D)
+    o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
+    lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
+    return o, lse
+
+
+def _splits(tasks: int, key_blocks: int, device: int) -> int:
+    """Chunks per (batch, K/V head, row block): enough tasks for
+    BLOCKS_PER_SM blocks per SM, each chunk at least two key blocks of the
+    cache's capacity."""
+    want = -(-BLOCKS_PER_SM * num_sms(device) // tasks)
+    return max(1, min(want, key_blocks // 2))
+
+
+def append(k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
+    """Write the new tokens' k and v into the cache at positions
+    cache_seqlens[b] + t (torch indexing on the GPU: no synchronisation; an
+    index past the cache is a device-side assertion)."""
+    import torch
+    B, N_new = k.shape[:2]
+    pos = cache_seqlens.long()[:, None] + torch.arange(N_new, device=k.device)
+    if block_table is None:
+        rows = torch.arange(B, device=k.device)[:, None]
+        k_cache[rows, pos] = k
+        v_cache[rows, pos] = v
+    else:
+        page_size = k_cache.shape[1]
+        pages = block_table.long().gather(1, pos // page_size)
+        k_cache[pages, pos % page_size] = k
+        v_cache[pages, pos % page_size] = v
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
+    """Shapes, dtypes and devices, each with the rule it breaks."""
+    import torch
+    fn = "attention_with_kvcache"
+    dtypes = (torch.bfloat16, torch.float16)
+    checks.tensor(fn, "q", q, ndim=4, dtypes=dtypes)
+    B, N_new, H, D = q.shape
+    if D not in (64, 128, 256):
+        raise ValueError(f"{fn}: head dim D must be 64, 128 or 256, got {D}")
+    if N_new == 0:
+        raise ValueError(f"{fn}: q must hold at least one new token (N_new >= 1), got shape "
+                         f"{tuple(q.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.tensor(fn, name, t, ndim=4, dtypes=dtypes)
+        checks.like(fn, name, t, "q", q)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{fn}: k_cache and v_cache must have one shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    H_kv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"{fn}: the cache's head dim must be q's D={D}, got k_cache "
+                         f"{tuple(k_cache.shape)}")
+    if H_kv == 0 or H % H_kv:
+        raise ValueError(f"{fn}: the cache's K/V heads H_kv={H_kv} must divide the query heads "
+                         f"H={H} (GQA/MQA)")
+    checks.tensor(fn, "cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    checks.like(fn, "cache_seqlens", cache_seqlens, "q", q, dtype=False)
+    checks.shape(fn, "cache_seqlens", cache_seqlens, (B,), "one length per batch")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"{fn}: k_cache must be (B={B}, N_max, H_kv, D) without a "
+                             f"block_table, got {tuple(k_cache.shape)}")
+        if k_cache.shape[1] < N_new:
+            raise ValueError(f"{fn}: the cache holds N_max={k_cache.shape[1]} keys, fewer "
+                             f"than the N_new={N_new} new tokens")
+    else:
+        checks.tensor(fn, "block_table", block_table, ndim=2, dtypes=(torch.int32,))
+        checks.like(fn, "block_table", block_table, "q", q, dtype=False)
+        if block_table.shape[0] != B:
+            raise ValueError(f"{fn}: block_table must be (B={B}, max_pages), got "
+                             f"{tuple(block_table.shape)}")
+        page = k_cache.shape[1]
+        if page % 16 or not 16 <= page <= 256:
+            raise ValueError(f"{fn}: the page size (k_cache.shape[1] with a block_table) must "
+                             f"be a multiple of 16 from 16 to 256, got {page}")
+        if block_table.shape[1] * page < N_new:
+            raise ValueError(f"{fn}: block_table maps {block_table.shape[1]} pages of {page} "
+                             f"keys, fewer than the N_new={N_new} new tokens")
+        if block_table.stride(-1) != 1:
+            raise ValueError(f"{fn}: block_table's rows must be contiguous (stride 1), got "
+                             f"strides {tuple(block_table.stride())}")
+    if (k is None) != (v is None):
+        raise ValueError(f"{fn}: k and v come together (the new tokens' keys and values), "
+                         f"got {'k' if v is None else 'v'} alone")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            checks.tensor(fn, name, t, ndim=4, dtypes=dtypes)
+            checks.like(fn, name, t, "q", q)
+            checks.shape(fn, name, t, (B, N_new, H_kv, D), "the new tokens' keys/values")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "
+                             f"strides {tuple(t.stride())}")
+    if block_table is None and cache_seqlens.device.type == "cpu":
+        _check_lengths(cache_seqlens, k_cache.shape[1], N_new if k is not None else 0)
+    elif block_table is not None and cache_seqlens.device.type == "cpu":
+        _check_lengths(cache_seqlens, block_table.shape[1] * k_cache.shape[1],
+                       N_new if k is not None else 0)
+
+
+def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
+    """On the CPU (the interpreter) the lengths cost nothing to read: check them."""
+    n = cache_seqlens.long() + added
+    bad = ((n < 0) | (n > capacity)).nonzero()
+    if len(bad):
+        b = int(bad[0, 0])
+        raise ValueError(f"attention_with_kvcache: cache_seqlens[{b}] = "
+                         f"{int(cache_seqlens[b])} plus {added} new tokens is outside the "
+                         f"cache's 0..{capacity} keys")
