@@ -263,3 +263,36 @@ def test_cuda_graph_replays_a_decode_step():
         torch.cuda.synchronize()
         ref = reference(q, k, v, lens.cpu() + 1, True)[0]
         assert _rel(o.cpu(), ref) < 1e-2
+
+
+def test_compiled_decode_step_appends_and_attends(interpret):
+    """Under torch.compile(fullgraph=True) the call is the custom op, which
+    writes k, v into the caches (its declared mutation) and attends, as eager."""
+    g = torch.Generator().manual_seed(9)
+    lens = torch.tensor([40, 7], dtype=torch.int32)
+    k, v = _cache(2, 64, 2, 64, lens, g)
+    kn, vn = _uniform(2, 1, 2, 64, generator=g), _uniform(2, 1, 2, 64, generator=g)
+    q = _uniform(2, 1, 4, 64, generator=g)
+    k2, v2 = k.clone(), v.clone()
+    eager, eager_lse = attention_with_kvcache(q, k, v, lens, k=kn, v=vn, return_lse=True)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(q, kc, vc, lens, kn, vn):
+        return attention_with_kvcache(q, kc, vc, lens, k=kn, v=vn, return_lse=True)
+
+    o, lse = step(q, k2, v2, lens, kn, vn)
+    assert torch.equal(o, eager) and torch.equal(lse, eager_lse)
+    assert torch.equal(k2.nan_to_num(), k.nan_to_num()) and torch.equal(v2.nan_to_num(),
+                                                                        v.nan_to_num())
+
+
+def test_opcheck(interpret):
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([20, 33], dtype=torch.int32)
+    k, v = _cache(2, 64, 1, 64, lens, g)
+    k, v = k.nan_to_num(), v.nan_to_num()
+    q = _uniform(2, 2, 2, 64, generator=g)
+    kn, vn = _uniform(2, 2, 1, 64, generator=g), _uniform(2, 2, 1, 64, generator=g)
+    torch.library.opcheck(torch.ops.tk_mlir.attention_with_kvcache,
+                          (q, k, v, lens, None, kn, vn, True, 0.125),
+                          test_utils=("test_schema", "test_faketensor"))

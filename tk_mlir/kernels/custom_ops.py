@@ -28,6 +28,9 @@
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
+    torch.ops.tk_mlir.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table,
+                                             k, v, causal, scale) -> (o, lse)
+                                             (writes k, v into the caches)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
@@ -39,7 +42,8 @@ Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
 ones do not (Dynamo has run the wrappers' checks on fake tensors). Every op
 allocates its outputs (mutates_args=()): a wrapper's `out=`/`c` is written in
-place by eager calls and copied into under torch.compile. Importing this
+place by eager calls and copied into under torch.compile. The one mutation is
+attention_with_kvcache's, which appends the new tokens' k and v to the caches. Importing this
 module imports torch and registers the ops; the wrappers import it on first
 call, and resolving a public name does when torch is already loaded.
 """
@@ -47,8 +51,8 @@ from __future__ import annotations
 
 import torch
 
-from tk_mlir.kernels import (activations, checks, flash_attention, gemm, grouped_gemm, losses,
-                             norms, rotary, scaled_gemm)
+from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
+                             grouped_gemm, losses, norms, rotary, scaled_gemm)
 
 
 # ------------------------------------------------------------------ matmul
@@ -647,6 +651,28 @@ def _lse_like(q):
     """(B, H, N) float32: the first N of each of _lse_rows(q)'s rows."""
     # narrow, not [..., :N]: a CPU-only torch cannot slice a fake CUDA tensor
     return _lse_rows(q).narrow(-1, 0, q.shape[2])
+
+
+@torch.library.custom_op("tk_mlir::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor, block_table: torch.Tensor | None,
+                           k: torch.Tensor | None, v: torch.Tensor | None, causal: bool,
+                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o (B, N_new, H, D), lse (B, H, N_new) f32), both contiguous; k and v,
+    when given, are written into the caches first (the op's mutation). See
+    decode_attention.attention_with_kvcache for the arguments."""
+    decode_attention._check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    checks.on_cuda("attention_with_kvcache", "q", q)
+    o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
+                                      causal, scale)
+    return o.contiguous(), lse.contiguous()
+
+
+@attention_with_kvcache.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale):
+    B, N, H = q.shape[:3]
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        q.new_empty(B, H, N, dtype=torch.float32)
 
 
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())

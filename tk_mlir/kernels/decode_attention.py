@@ -185,7 +185,7 @@ def _config(d: int, page: int) -> dict:
     one: the largest multiple of 16 up to BN that divides the page (pages of
     odd multiples of 16 above 128 take small blocks: 176 keys make 16).
     D=256's 64x256 f32 accumulator needs 256 registers (no spills)."""
-    bn = 64 if d == 256 else 128
+    bn = {64: 192, 128: 128, 256: 64}[d]
     if page and bn % page:
         bn = max(c for c in range(16, bn + 1, 16) if page % c == 0)
     cfg = dict(BN=bn, STAGES=STAGES)
@@ -194,9 +194,9 @@ def _config(d: int, page: int) -> dict:
     return cfg
 
 
-# K/V ring stages, and blocks of the grid to aim for per SM (split-KV chunks).
+# K/V ring stages, and waves of one block per SM that the split-KV chunks fill.
 STAGES = 2
-BLOCKS_PER_SM = 2
+WAVES = 1
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
@@ -283,11 +283,11 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
 
 
 def _splits(tasks: int, key_blocks: int, device: int) -> int:
-    """Chunks per (batch, K/V head, row block): enough tasks for
-    BLOCKS_PER_SM blocks per SM, each chunk at least two key blocks of the
-    cache's capacity."""
-    want = -(-BLOCKS_PER_SM * num_sms(device) // tasks)
-    return max(1, min(want, key_blocks // 2))
+    """Chunks per (batch, K/V head, row block): as many as give every SM a
+    block at once, never more (a second wave would double the time; the
+    kernel holds one block per SM: setmaxnreg sizes it to the register file),
+    each chunk at least two key blocks of the cache's capacity."""
+    return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
 
 
 def append(k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
@@ -371,11 +371,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
         if t.stride(-1) != 1:
             raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
-    if block_table is None and cache_seqlens.device.type == "cpu":
-        _check_lengths(cache_seqlens, k_cache.shape[1], N_new if k is not None else 0)
-    elif block_table is not None and cache_seqlens.device.type == "cpu":
-        _check_lengths(cache_seqlens, block_table.shape[1] * k_cache.shape[1],
-                       N_new if k is not None else 0)
+    if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+        _check_lengths(cache_seqlens, capacity, N_new if k is not None else 0)
 
 
 def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
