@@ -88,3 +88,30 @@ def test_patched_llama_under_checkpointing_and_compile(interpreted, how):
     ref_loss.backward()
     for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         assert relative_error(p.grad, q.grad) < 5e-2, name
+
+
+def test_patched_llama_generates_through_its_cache(interpreted, monkeypatch):
+    """Prefill by `attention`, then decode steps of 1 and 3 new tokens through
+    transformers' DynamicCache by `attention_with_kvcache`: each step's logits
+    against the float32 model's on the whole sequence so far."""
+    from tk_mlir.kernels import decode_attention
+    decode_steps = []
+    real = decode_attention.forward
+    monkeypatch.setattr(decode_attention, "forward",
+                        lambda q, *a: decode_steps.append(q.shape[1]) or real(q, *a))
+    reference = _tiny_llama()
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    patch_llama(model)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 256, (2, 40), generator=g)
+    steps = [torch.randint(0, 256, (2, n), generator=g) for n in (1, 3)]
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        cache, seen = out.cache, ids
+        for new in steps:
+            out = model(input_ids=new, cache=cache, use_cache=True)
+            seen = torch.cat([seen, new], 1)
+            ref = reference(input_ids=seen).logits[:, -new.shape[1]:]
+            assert relative_error(out.logits, ref) < 2e-2
+            cache = out.cache
+    assert decode_steps == [1, 3]                 # one layer, two steps: the KV-cache kernel

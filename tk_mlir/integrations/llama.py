@@ -8,6 +8,8 @@ What it swaps, each optional:
 - every LlamaMLP's forward -> down(`swiglu`(gate(x), up(x))) (hidden_act silu);
 - the model's attention -> `attention`, registered with transformers as the
   attention implementation "tk_mlir" (causal; no padding mask, no dropout);
+  generating through the cache, steps of at most DECODE_ROWS new tokens (not
+  differentiated) -> `attention_with_kvcache` over the cache;
 - the rotary embedding -> `rotary_embedding` (modeling_llama's
   apply_rotary_pos_emb, a module function: patched for the process, falling
   back to transformers' own for inputs the kernel does not take);
@@ -102,26 +104,62 @@ def _mlp_forward(self, x):
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
+# Queries of at most this many new tokens (decoding, speculative decoding's
+# drafts) take attention_with_kvcache: its tiles hold the query heads that
+# share a K/V head, where attention's 64-row tiles would hold one row each.
+DECODE_ROWS = 16
+
+
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                **kwargs):
     """transformers' attention interface: (B, H, N, D) in, (B, N, H, D) out."""
+    import torch
+
     from tk_mlir.kernels import attention
     if attention_mask is not None:
         raise NotImplementedError("tk_mlir attention: a padding mask is not supported (causal "
                                   "batches without padding only)")
     if dropout:
         raise NotImplementedError("tk_mlir attention: attention dropout is not supported")
-    o = attention(query, key, value, causal=getattr(module, "is_causal", True), scale=scaling)
+    causal = getattr(module, "is_causal", True)
+    if query.shape[2] <= DECODE_ROWS and not (torch.is_grad_enabled() and query.requires_grad):
+        # Generation through the cache: a few new tokens over the whole cache
+        # (every sequence holds all N_kv keys: no padding), GQA-packed.
+        from tk_mlir.kernels import attention_with_kvcache
+        B, n_kv = key.shape[0], key.shape[2]
+        lengths = torch.full((B,), n_kv, dtype=torch.int32, device=key.device)
+        return attention_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
+                                      value.transpose(1, 2), lengths, causal=causal,
+                                      scale=scaling), None
+    o = attention(query, key, value, causal=causal, scale=scaling)
     return o.transpose(1, 2), None
 
 
 def _register_attention() -> None:
-    """"tk_mlir" as an attention implementation, with sdpa's mask function
-    (no mask at all for causal batches without padding)."""
+    """"tk_mlir" as an attention implementation, with `_mask` as its mask
+    function (no mask at all for causal batches without padding)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     AttentionInterface.register(ATTENTION, _attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, _mask)
+
+
+def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+          attention_mask=None, local_size=None, **kwargs):
+    """No mask where the kernels' own causal mask is the model's: no padding,
+    plain causal, the queries the last q_length of the kv_length keys
+    (bottom-right aligned, as the kernels align it: a prefill, or decoding
+    through a DynamicCache); otherwise sdpa's mask (which `_attention` refuses)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    plain = mask_function is None or mask_function is causal_mask_function
+    if attention_mask is None and plain and local_size is None and \
+            isinstance(q_offset, int) and isinstance(kv_offset, int) and \
+            q_offset + q_length == kv_offset + kv_length:
+        return None
+    if mask_function is not None:
+        kwargs["mask_function"] = mask_function
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                     attention_mask=attention_mask, local_size=local_size, **kwargs)
 
 
 def _rotary(q, k, cos, sin, unsqueeze_dim=1):
@@ -178,13 +216,14 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     class's own forward."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
     from tk_mlir.kernels import linear_cross_entropy
+    if cache is not None:       # (not cache=None: it would hide a deprecated past_key_values)
+        kwargs["cache"] = cache
     if labels is None or not self.training:
         return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids, cache=cache,
-                                  inputs_embeds=inputs_embeds, labels=labels,
+                                  position_ids=position_ids, inputs_embeds=inputs_embeds, labels=labels,
                                   use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
     outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         position_ids=position_ids, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, **kwargs)
     hidden = outputs.last_hidden_state
     targets = _next_tokens(labels, kwargs.get("shift_labels"), -100).to(hidden.device)
