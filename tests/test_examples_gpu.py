@@ -58,7 +58,8 @@ def test_swiglu(m, n):
     assert rel_err(out, af * torch.sigmoid(af) * b.double()) < 1e-2
 
 
-@pytest.mark.parametrize("example", ["quickstart", "gemm", "rmsnorm", "layernorm", "attention"])
+@pytest.mark.parametrize("example", ["quickstart", "gemm", "rmsnorm", "layernorm", "attention",
+                                     "paged_decode"])
 def test_example_runs(example, capsys):
     import runpy
     from pathlib import Path

@@ -22,7 +22,8 @@ def run(example: str, **env) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("example", ["gemm", "rmsnorm", "layernorm", "attention"])
+@pytest.mark.parametrize("example", ["gemm", "rmsnorm", "layernorm", "attention",
+                                     "paged_decode"])
 def test_library_example_in_the_interpreter(example):
     out = run(example, TK_MLIR_INTERPRET="1")
     last = out.rstrip().splitlines()[-1]
