@@ -39,6 +39,7 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
                               D: tk.constexpr = 128, BN: tk.constexpr = 128,
                               PAGE: tk.constexpr = 0, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = True, SPLIT: tk.constexpr = True,
+                              OVERLAP: tk.constexpr = True,
                               CONSUMER_REGISTERS: tk.constexpr = 232,
                               PRODUCER_REGISTERS: tk.constexpr = 40):
     """One chunk of the keys of one (batch, K/V head) for 64 packed query rows.
@@ -70,6 +71,36 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     ks = tk.ring(K.dtype, (BN, D), STAGES)
     vs = tk.ring(V.dtype, (BN, D), STAGES)
 
+    def visible_scores(S, j):
+        """S of key block j with -inf past n_keys and (causal) after each
+        row's last key; only blocks that reach either are touched."""
+        col0 = j * BN
+        if col0 + BN > n_keys or CAUSAL:
+            visible = S.col_indices() + col0 < n_keys
+            if CAUSAL:    # (key - (n_keys - N_new))·G <= row  <=>  key <= n_keys - N_new + t
+                new_tokens = Q.shape[2] // group
+                visible = visible & ((S.col_indices() + (col0 - n_keys + new_tokens)) * group
+                                     <= S.row_indices() + rb * ROWS)
+            S = tk.where(visible, S, float("-inf"))
+        return S
+
+    def online_softmax(S, m, l):
+        """One block's step of the online softmax: (P, new max, new sum, the
+        factor alpha that rescales what was summed before)."""
+        m_new = max(m, S.row_max() * scale_log2)
+        m_use = finite(m_new)
+        alpha = (m - m_use).exp2()
+        P = (S * scale_log2).sub_row(m_use).exp2()
+        return P, m_new, l * alpha + P.row_sum(), alpha
+
+    def zero_tail(vt, j):
+        """Zero the rows of V block j past n_keys: they hold whatever the
+        cache holds (NaN too), and P's 0 there times NaN is not 0."""
+        if j * BN + BN > n_keys:
+            tail = tk.load(vt, layout="vec", scope="warpgroup")
+            tk.store(vt, tk.where(tail.row_indices() + j * BN < n_keys, tail, 0.0))
+            tk.named_barrier(1, warps=4)     # every warp's rows, before the wgmma
+
     if tk.warpgroup_id() == 1:
         tk.decrease_registers(PRODUCER_REGISTERS)
         if tk.elect_leader("warpgroup"):
@@ -87,37 +118,48 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
         m = tk.full((ROWS,), float("-inf"), scope="warpgroup")
         l = tk.zeros((ROWS,), scope="warpgroup")
         acc = tk.zeros((ROWS, D), f32, layout="row", scope="warpgroup")
-        for j in range(first, last):
-            i = j - first
-            kt = ks.wait(i)
-            S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q, kt)
-            tk.mma_wait(0)
-            ks.release(i)
-            col0 = j * BN
-            if col0 + BN > n_keys or CAUSAL:
-                visible = S.col_indices() + col0 < n_keys
-                if CAUSAL:    # (key - (n_keys - N_new))·G <= row  <=>  key <= n_keys - N_new + t
-                    new_tokens = Q.shape[2] // group
-                    visible = visible & ((S.col_indices() + (col0 - n_keys + new_tokens)) * group
-                                         <= S.row_indices() + rb * ROWS)
-                S = tk.where(visible, S, float("-inf"))
-            m_new = max(m, S.row_max() * scale_log2)
-            m_use = finite(m_new)
-            alpha = (m - m_use).exp2()
-            P = (S * scale_log2).sub_row(m_use).exp2()
-            l = l * alpha + P.row_sum()
-            acc = acc.mul_row(alpha)
-            m = m_new
-            vt = vs.wait(i)
-            if col0 + BN > n_keys:
-                # Rows past the sequence hold whatever the cache holds (NaN
-                # too): P is 0 there, but 0·NaN is not.
-                tail = tk.load(vt, layout="vec", scope="warpgroup")
-                tk.store(vt, tk.where(tail.row_indices() + col0 < n_keys, tail, 0.0))
-                tk.named_barrier(1, warps=4)     # every warp's rows, before the wgmma
-            acc = tk.mma_AB(acc, P.to(Q.dtype), vt)
-            tk.mma_wait(0)
-            vs.release(i)
+        if OVERLAP:
+            if first < last:
+                # FA3's order: block j's scores and its softmax run while
+                # block j-1's P·V is in flight.
+                k0 = ks.wait(0)
+                S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q,
+                               k0)
+                tk.mma_wait(0)
+                ks.release(0)
+                P, m, l, alpha = online_softmax(visible_scores(S, first), m, l)
+                for j in range(first + 1, last):
+                    i = j - first
+                    k_next, v_prev = ks.wait(i), vs.wait(i - 1)
+                    S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"),
+                                   q, k_next)
+                    acc = tk.mma_AB(acc, P.to(Q.dtype), v_prev)
+                    tk.mma_wait(1)
+                    ks.release(i)
+                    P, m, l, alpha = online_softmax(visible_scores(S, j), m, l)
+                    tk.mma_wait(0)
+                    vs.release(i - 1)
+                    acc = acc.mul_row(alpha)
+                v_last = vs.wait(last - 1 - first)
+                zero_tail(v_last, last - 1)      # (only the last block can end past n_keys)
+                acc = tk.mma_AB(acc, P.to(Q.dtype), v_last)
+                tk.mma_wait(0)
+                vs.release(last - 1 - first)
+        else:
+            for j in range(first, last):
+                i = j - first
+                kt = ks.wait(i)
+                S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q,
+                               kt)
+                tk.mma_wait(0)
+                ks.release(i)
+                P, m, l, alpha = online_softmax(visible_scores(S, j), m, l)
+                acc = acc.mul_row(alpha)
+                vt = vs.wait(i)
+                zero_tail(vt, j)
+                acc = tk.mma_AB(acc, P.to(Q.dtype), vt)
+                tk.mma_wait(0)
+                vs.release(i)
         qs.release(0)
         inv = tk.where(l == 0.0, 0.0, l.rcp())
         lse = m * LN2 + l.log()
