@@ -33,9 +33,11 @@ def interpret(monkeypatch):
     monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
-def reference(q, k_cache, v_cache, lens, causal, table=None, scale=None):
+def reference(q, k_cache, v_cache, lens, causal, table=None, scale=None, window=(-1, -1),
+              softcap=0.0):
     """float64 attention of q (B, N, H, D) over each batch's first lens[b]
-    keys of the cache (paged through `table`): (o, lse (B, H, N))."""
+    keys of the cache (paged through `table`), new token t at key position
+    lens[b] - N + t: (o, lse (B, H, N))."""
     B, N, H, D = q.shape
     scale = 1 / math.sqrt(D) if scale is None else scale
     o = torch.zeros(B, N, H, D, dtype=torch.float64)
@@ -53,9 +55,16 @@ def reference(q, k_cache, v_cache, lens, causal, table=None, scale=None):
         k = k.cpu().double().repeat_interleave(g, 1)
         v = v.cpu().double().repeat_interleave(g, 1)
         s = torch.einsum("nhd,khd->hnk", q[b].cpu().double(), k) * scale
-        if causal:
-            s = s.masked_fill(torch.arange(n)[None] > torch.arange(N)[:, None] + n - N,
-                              float("-inf"))
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        key, pos = torch.arange(n)[None], torch.arange(N)[:, None] + n - N
+        left, right = window[0], 0 if causal else window[1]
+        hidden = torch.zeros(N, n, dtype=torch.bool)
+        if right >= 0:
+            hidden |= key > pos + right
+        if left >= 0:
+            hidden |= key < pos - left
+        s = s.masked_fill(hidden, float("-inf"))
         lse[b] = torch.logsumexp(s, -1)
         o[b] = torch.einsum("hnk,khd->nhd", torch.softmax(s, -1).nan_to_num(), v)
     return o, lse
@@ -109,6 +118,43 @@ def test_dense_cache_in_the_interpreter(interpret, new, h, h_kv, causal, batch):
     finite = rlse.isfinite()
     assert torch.equal(lse.isfinite(), finite)
     assert _rel(lse[finite], rlse[finite]) < 1e-3
+
+
+@pytest.mark.parametrize("causal, window, softcap", [
+    (True, (100, -1), 0.0),        # a window's left edge mid-block, blocks before it skipped
+    (False, (37, 5), 0.0),         # both edges, not causal (rows see 5 keys ahead... none here)
+    (False, (-1, -1), 8.0),        # Gemma-2's soft-capping
+    (True, (70, 0), 2.0),          # both
+])
+def test_window_and_softcap_in_the_interpreter(interpret, causal, window, softcap):
+    g = torch.Generator().manual_seed(window[0] + 11)
+    B, new, h, h_kv, d, n_max = 2, 4, 4, 2, 64, 512
+    lens = torch.tensor([500, 90], dtype=torch.int32)
+    k, v = _cache(B, n_max, h_kv, d, lens, g)
+    k = k * 4                                     # large scores: the cap bites
+    kp, vp, table = _paged(k, v, 32, g)
+    q = _uniform(B, new, h, d, generator=g)
+    o, lse = attention_with_kvcache(q, kp, vp, lens, block_table=table, causal=causal,
+                                    window=window, softcap=softcap, return_lse=True)
+    ro, rlse = reference(q, kp, vp, lens, causal, table, window=window, softcap=softcap)
+    assert _rel(o, ro) < 1e-2
+    finite = rlse.isfinite()
+    assert torch.equal(lse.isfinite(), finite) and _rel(lse[finite], rlse[finite]) < 1e-3
+
+
+def test_blocks_outside_the_window_are_not_read(interpret):
+    """Key blocks wholly before the window are never loaded: NaN there does
+    not reach the output (a block that was read would carry it through P·V)."""
+    g = torch.Generator().manual_seed(12)
+    lens = torch.tensor([1000], dtype=torch.int32)
+    k, v = _cache(1, 1024, 1, 64, lens, g)
+    q = _uniform(1, 1, 2, 64, generator=g)
+    ref = reference(q, k, v, lens, True, window=(100, 0))[0]
+    first_block = (999 - 100) // decode_attention._config(64, 0)["BN"]
+    k[:, :first_block * decode_attention._config(64, 0)["BN"]] = float("nan")
+    v[:, :first_block * decode_attention._config(64, 0)["BN"]] = float("nan")
+    o = attention_with_kvcache(q, k, v, lens, window=(100, 0))
+    assert first_block > 0 and _rel(o, ref) < 1e-2
 
 
 def test_empty_cache_rows_are_zero(interpret):
@@ -209,6 +255,9 @@ def _args(**change):
      ValueError, r"cache_seqlens\[1\] = 32 plus 1 new tokens is outside the cache's 0..32"),
     (dict(q=torch.zeros(2, 1, 4, 80, dtype=bf16)), ValueError, r"D must be 64, 128 or 256"),
     (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
+    (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
+    (dict(window=(-2, 0)), ValueError, r"window must be"),
+    (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
 ])
 def test_argument_rules(interpret, change, error, rule):
     with pytest.raises(error, match=rule):

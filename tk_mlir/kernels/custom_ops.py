@@ -29,7 +29,8 @@
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False) -> (dq, dk, dv)
     torch.ops.tk_mlir.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table,
-                                             k, v, causal, scale) -> (o, lse)
+                                             k, v, causal, scale, left=-1, right=-1,
+                                             softcap=0.0) -> (o, lse)
                                              (writes k, v into the caches)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
@@ -657,19 +658,21 @@ def _lse_like(q):
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_seqlens: torch.Tensor, block_table: torch.Tensor | None,
                            k: torch.Tensor | None, v: torch.Tensor | None, causal: bool,
-                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                           scale: float, left: int = -1, right: int = -1,
+                           softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o (B, N_new, H, D), lse (B, H, N_new) f32), both contiguous; k and v,
     when given, are written into the caches first (the op's mutation). See
     decode_attention.attention_with_kvcache for the arguments."""
     decode_attention._check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     checks.on_cuda("attention_with_kvcache", "q", q)
     o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
-                                      causal, scale)
+                                      causal, scale, left, right, softcap)
     return o.contiguous(), lse.contiguous()
 
 
 @attention_with_kvcache.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left=-1, right=-1,
+      softcap=0.0):
     B, N, H = q.shape[:3]
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         q.new_empty(B, H, N, dtype=torch.float32)

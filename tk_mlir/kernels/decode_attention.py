@@ -27,7 +27,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.kernels import checks
 from tk_mlir.kernels.device import num_sms
-from tk_mlir.kernels.flash_attention import LN2, finite
+from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite
 
 ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
 
@@ -35,10 +35,12 @@ ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
 @tk.kernel(num_warps=8)
 def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl,
                               SEQLENS: tk.gl, BLOCK_TABLE: tk.gl, scale_log2: float,
-                              added: int, group: int, capacity: int,
+                              added: int, group: int, capacity: int, left: int, right: int,
+                              softcap: float,
                               D: tk.constexpr = 128, BN: tk.constexpr = 128,
                               PAGE: tk.constexpr = 0, STAGES: tk.constexpr = 2,
-                              CAUSAL: tk.constexpr = True, SPLIT: tk.constexpr = True,
+                              CAUSAL: tk.constexpr = True, LEFT: tk.constexpr = False,
+                              SOFTCAP: tk.constexpr = False, SPLIT: tk.constexpr = True,
                               OVERLAP: tk.constexpr = True,
                               CONSUMER_REGISTERS: tk.constexpr = 232,
                               PRODUCER_REGISTERS: tk.constexpr = 40):
@@ -52,7 +54,10 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     has SEQLENS[b] + added keys), `capacity` keys fit in its cache.
     A batch whose keys exceed the capacity gets NaN rows (no silent reads of
     another batch's cache; the host cannot look without a synchronisation).
-    CAUSAL: row t sees keys j <= n_keys - N_new + t (bottom-right aligned).
+    Row t stands at position p = n_keys - N_new + t (bottom-right aligned).
+    CAUSAL: it sees keys j <= p + right (right = 0: causal; a window's right
+    edge otherwise); LEFT: keys j >= p - left. Blocks wholly outside are not
+    read. SOFTCAP: scores s·scale become softcap·tanh(s·scale / softcap).
     SPLIT: O (B·H_kv, splits, R, D) and LSE (B·H_kv, splits, R') f32 get the
     chunk's normalised output and log-sum-exp; else O (B, H_kv, R, D) in Q's
     dtype and LSE (B, H_kv, R') are final. R' >= R is a multiple of 4.
@@ -63,34 +68,53 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     H_KV = K.shape[1]
     b, hk = bh // H_KV, bh % H_KV
     n_keys = tk.load(SEQLENS, (b,)) + added
-    blocks = tk.cdiv(min(n_keys, capacity), BN)
-    per = tk.cdiv(blocks, splits)
-    first = split * per
-    last = min(first + per, blocks)
+    new_tokens = Q.shape[2] // group
+    base = n_keys - new_tokens                   # token t stands at key position base + t
+    lo, hi = 0, tk.cdiv(min(n_keys, capacity), BN)          # the key blocks any row sees
+    if LEFT:
+        lo = max(base - left, 0) // BN
+    if CAUSAL:
+        hi = min(hi, tk.cdiv(max(base + new_tokens + right, 0), BN))
+    per = tk.cdiv(max(hi - lo, 0), splits)
+    first = lo + split * per
+    last = min(first + per, hi)
     qs = tk.ring(Q.dtype, (ROWS, D), 1)
     ks = tk.ring(K.dtype, (BN, D), STAGES)
     vs = tk.ring(V.dtype, (BN, D), STAGES)
 
     def visible_scores(S, j):
-        """S of key block j with -inf past n_keys and (causal) after each
-        row's last key; only blocks that reach either are touched."""
+        """The scores of key block j in log2 units (·scale·log2(e), or
+        soft-capped) with -inf past n_keys and outside each row's window;
+        only blocks that reach an edge are masked."""
+        if SOFTCAP:      # softcap·tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1)
+            e = (S * (2.0 * scale_log2 / softcap)).exp2()
+            S = (1.0 - 2.0 * (e + 1.0).rcp()) * (softcap * LOG2E)
+        else:
+            S = S * scale_log2
         col0 = j * BN
-        if col0 + BN > n_keys or CAUSAL:
-            visible = S.col_indices() + col0 < n_keys
-            if CAUSAL:    # (key - (n_keys - N_new))·G <= row  <=>  key <= n_keys - N_new + t
-                new_tokens = Q.shape[2] // group
-                visible = visible & ((S.col_indices() + (col0 - n_keys + new_tokens)) * group
-                                     <= S.row_indices() + rb * ROWS)
+        edge = col0 + BN > n_keys
+        if CAUSAL:
+            edge = edge | (col0 + BN - 1 > base + right)
+        if LEFT:
+            edge = edge | (col0 < base + new_tokens - 1 - left)
+        if edge:
+            key = S.col_indices() + col0
+            row = S.row_indices() + rb * ROWS    # token t = row // G:
+            visible = key < n_keys
+            if CAUSAL:   # key <= base + t + right  <=>  (key - base - right)·G <= row
+                visible = visible & ((key - (base + right)) * group <= row)
+            if LEFT:     # key >= base + t - left  <=>  row < (key - base + left + 1)·G
+                visible = visible & (row < (key - (base - left - 1)) * group)
             S = tk.where(visible, S, float("-inf"))
         return S
 
     def online_softmax(S, m, l):
-        """One block's step of the online softmax: (P, new max, new sum, the
-        factor alpha that rescales what was summed before)."""
-        m_new = max(m, S.row_max() * scale_log2)
+        """One block's step of the online softmax on log2-unit scores: (P,
+        new max, new sum, the factor alpha that rescales what came before)."""
+        m_new = max(m, S.row_max())
         m_use = finite(m_new)
         alpha = (m - m_use).exp2()
-        P = (S * scale_log2).sub_row(m_use).exp2()
+        P = S.sub_row(m_use).exp2()
         return P, m_new, l * alpha + P.row_sum(), alpha
 
     def zero_tail(vt, j):
@@ -243,6 +267,7 @@ WAVES = 1
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
                            v=None, causal: bool = True, scale: float | None = None,
+                           window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            return_lse: bool = False):
     """softmax(q·Kᵀ·scale)·V over the keys in a KV cache, FlashAttention's
     `flash_attn_with_kvcache` in its (B, N, H, D) layout.
@@ -255,8 +280,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     keys in the cache before this call. k, v: (B, N_new, H_kv, D), when given,
     are written into the cache at cache_seqlens first (in place), and the
     attention covers cache_seqlens + N_new keys; without them, cache_seqlens.
-    causal: new token t sees keys j <= n_keys - N_new + t. D is 64, 128 or
-    256. Returns o (B, N_new, H, D), and with return_lse=True also the
+    New token t stands at key position p = n_keys - N_new + t (bottom-right
+    aligned). causal: it sees keys j <= p. window=(left, right): keys in
+    [p - left, p + right], -1 for no bound on that side (with causal, right
+    is 0), as FlashAttention; key blocks wholly outside are never read.
+    softcap > 0: scores s·scale become softcap·tanh(s·scale / softcap)
+    (Gemma-2). D is 64, 128 or 256. Returns o (B, N_new, H, D), and with return_lse=True also the
     log-sum-exp (B, H, N_new) f32 (natural log; -inf for a row with no key).
 
     Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
@@ -273,18 +302,34 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention_with_kvcache: scale must be a positive finite number, "
                          f"got {scale!r}")
+    left, right = _window(window)
+    softcap = checks.number("attention_with_kvcache", "softcap", softcap)
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"attention_with_kvcache: softcap must be a finite number >= 0 (0: "
+                         f"none), got {softcap!r}")
     checks.on_cuda("attention_with_kvcache", "q", q)
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops
         o, lse = torch.ops.tk_mlir.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale)
+            q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left, right,
+            softcap)
     else:
-        o, lse = forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale)
+        o, lse = forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale,
+                         left, right, softcap)
     return (o, lse) if return_lse else o
 
 
+def _window(window) -> tuple[int, int]:
+    """(left, right) of a window=(left, right) argument, each an int >= -1."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and
+            all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        raise ValueError(f"attention_with_kvcache: window must be (left, right), two ints >= "
+                         f"-1 (-1: no bound on that side), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
 def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
-            scale: float):
+            scale: float, left: int = -1, right: int = -1, softcap: float = 0.0):
     """attention_with_kvcache on checked arguments: (o, lse)."""
     import torch
     B, N_new, H, D = q.shape
@@ -309,15 +354,16 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
     grid = (splits, -(-R // ROWS), B * H_kv)
     args = (seqlens, table, scale * math.log2(math.e), 0 if k is None else N_new, G,
-            capacity)
+            capacity, left, 0 if causal else right, softcap or 1.0)
+    cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
     if splits == 1:
         kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, *args, D=D,
-                                        PAGE=page, CAUSAL=causal, SPLIT=False, **cfg)
+                                        PAGE=page, SPLIT=False, **cfg)
     else:
         op = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
         lsep = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
         kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, *args, D=D,
-                                        PAGE=page, CAUSAL=causal, SPLIT=True, **cfg)
+                                        PAGE=page, SPLIT=True, **cfg)
         kv_combine_kernel[(-(-R // ROWS), B * H_kv)](op, lsep, o_rows, lse_rows, D=D)
     o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
     lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
