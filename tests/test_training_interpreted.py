@@ -157,16 +157,45 @@ def test_fused_add_layer_norm_checks_its_bias():
         fused_add_layer_norm(x, x, x[0], None)
 
 
-def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch):
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch, reduction):
+    """No dweight is made for a weight that does not require grad: a scalar
+    loss's gradients come with the forward, "none"'s in the backward."""
     from tk_mlir.kernels import linear_cross_entropy, losses
     calls = []
-    monkeypatch.setattr(losses, "linear_backward", lambda *a: calls.append(a[-2:]) or
-                        (torch.zeros(8, 64, dtype=torch.bfloat16), torch.empty(0)))
+    which = "linear_backward" if reduction == "none" else "linear_forward_with_grads"
+    real = getattr(losses, which)
+    monkeypatch.setattr(losses, which, lambda *a: calls.append(a[-2:]) or real(*a))
     g = torch.Generator().manual_seed(5)
     h = torch.randn(8, 64, generator=g).to(torch.bfloat16).requires_grad_()
     w = torch.randn(256, 64, generator=g).to(torch.bfloat16)
-    (dh,) = torch.autograd.grad(linear_cross_entropy(h, w, torch.arange(8)), (h,))
+    loss = linear_cross_entropy(h, w, torch.arange(8), reduction=reduction)
+    (dh,) = torch.autograd.grad(loss.sum(), (h,))
     assert calls == [(True, False)] and dh.shape == h.shape   # no dweight asked for
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_gradients_in_row_chunks(interpreted, monkeypatch, reduction):
+    """A scalar loss's gradients made in the forward over three row chunks
+    (128, 128 and 44 rows: LOGITS_SLICE_BYTES made small), dweight summed over
+    them; scaled by the incoming gradient, also when backward runs twice."""
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 128 * 256 * 2)
+    g = torch.Generator().manual_seed(6)
+    n, d, vocab = 300, 64, 256
+    h = torch.randn(n, d, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, d, generator=g) * 0.3).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, vocab, (n,), generator=g)
+    t[::9] = -100
+    loss = linear_cross_entropy(h, w, t, reduction=reduction)
+    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+    assert abs(loss.double() - ref) < 1e-2 * abs(ref)
+    want = torch.autograd.grad(ref * 1.5, (hd, wd))
+    for _ in range(2):
+        got = torch.autograd.grad(loss * 1.5, (h, w), retain_graph=True)
+        for a, b in zip(got, want):
+            assert ((a.double() - b).norm() / b.norm()).item() < 2e-2
 
 
 @pytest.mark.parametrize("b_layout", ["nk", "kn"])

@@ -599,18 +599,38 @@ linear_cross_entropy.register_autograd(_linear_ce_backward,
 
 
 class EagerLinearCrossEntropy(torch.autograd.Function):
-    """linear_cross_entropy's forward and backward for eager calls."""
+    """linear_cross_entropy's forward and backward for eager calls. A scalar
+    loss ("mean", "sum") gets its gradients in the forward, for dloss = 1
+    (losses.linear_forward_with_grads: no logits made twice); the backward
+    scales them. "none" makes the logits again in the backward."""
 
     @staticmethod
     def forward(ctx, h, weight, target, ignore_index, reduction):
-        out = losses.linear_forward(h, weight, target, ignore_index, reduction)
-        _linear_ce_setup_context(ctx, (h, weight, target, ignore_index, reduction), out)
+        ctx.set_materialize_grads(False)
+        if reduction == "none":
+            out = losses.linear_forward(h, weight, target, ignore_index, reduction)
+            _linear_ce_setup_context(ctx, (h, weight, target, ignore_index, reduction), out)
+            ctx.grads = None
+        else:
+            need_h, need_weight = ctx.needs_input_grad[:2]
+            loss, lse, dh, dw = losses.linear_forward_with_grads(
+                h, weight, target, ignore_index, reduction, need_h, need_weight)
+            out = loss, lse
+            ctx.grads = dh, dw
         ctx.mark_non_differentiable(out[1])
         return out
 
     @staticmethod
     def backward(ctx, dloss, dlse):
-        return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
+        if ctx.grads is None:
+            return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
+        if dloss is None:
+            return None, None, None, None, None
+        need_h, need_weight = ctx.needs_input_grad[:2]
+        dh, dw = ctx.grads          # (kept: a retain_graph backward scales them again)
+        scale = dloss.to(dh.dtype)
+        return (dh * scale if need_h else None), (dw * scale if need_weight else None), \
+            None, None, None
 
 
 # --------------------------------------------------------------- attention

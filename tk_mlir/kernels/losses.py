@@ -268,6 +268,52 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     return loss.to(h.dtype), lse
 
 
+def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: str,
+                              need_h: bool, need_weight: bool):
+    """(loss, lse, dh, dweight) of linear_cross_entropy for a scalar loss
+    ("mean" or "sum"), the gradients those of dloss = 1 (the backward scales
+    them): Liger's order, so the backward makes no logits again (3 GEMMs'
+    work, not 4). Rows go in chunks of LOGITS_SLICE_BYTES of logits over the
+    whole vocabulary, so each chunk's log-sum-exp is final and its logits
+    turn into their gradient in place; dweight sums the chunks' shares."""
+    import torch
+    from tk_mlir.kernels import gemm
+    n, v = h.shape[0], weight.shape[0]
+    rows = -(-n // 4) * 4
+    scale = _row_scale(torch.ones((), device=h.device), target, ignore_index, reduction, rows)
+    targets = _targets(target, rows, v, ignore_index)
+    loss_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=h.device)
+    dh = torch.empty_like(h) if need_h else h.new_empty(0)
+    dw = torch.empty_like(weight) if need_weight else weight.new_empty(0)
+    share = None
+    chunk = max(128, LOGITS_SLICE_BYTES // (2 * v) // 128 * 128)
+    for r0 in range(0, n, chunk):
+        r1 = min(r0 + chunk, n)
+        logits = torch.empty(r1 - r0, v, dtype=h.dtype, device=h.device)
+        gemm.launch(h[r0:r1], weight, logits, "nk")
+        part = slice(r0, r0 + -(-(r1 - r0) // 4) * 4)           # whole 16-byte rows
+        cross_entropy_kernel[(r1 - r0,)](logits, targets[part], loss_rows[part], lse[part],
+                                         ignore_index, 0.0)
+        cross_entropy_backward_kernel[(r1 - r0,)](logits, targets[part], lse[part],
+                                                  scale[part], logits, ignore_index, 0.0)
+        if need_h:
+            gemm.launch(logits, weight, dh[r0:r1], "kn")              # dh rows: dlogits·W
+        if need_weight:
+            if r0 == 0:
+                gemm.launch(logits, h[r0:r1], dw, "kn", a_layout="km")  # dW: dlogitsᵀ·h
+            else:
+                share = torch.empty_like(dw) if share is None else share
+                gemm.launch(logits, h[r0:r1], share, "kn", a_layout="km")
+                dw += share
+    if not n and need_weight:
+        dw.zero_()
+    loss = loss_rows[:n].sum()
+    if reduction == "mean":
+        loss = loss / (target != ignore_index).sum()
+    return loss.to(h.dtype), lse[:n], dh, dw
+
+
 def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str,
                     need_h: bool = True, need_weight: bool = True):
     """(dh, dweight) of linear_cross_entropy given the loss's gradient and the
