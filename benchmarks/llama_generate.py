@@ -28,6 +28,11 @@ sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
 import protocol as P  # noqa: E402
 
 
+def _cache_of(out):
+    """The output's KV cache: `cache` in transformers >= 5.2x, `past_key_values` before."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
 def model(layers: int, hidden: int, heads: int, kv_heads: int, vocab: int):
     import transformers
     config = transformers.LlamaConfig(
@@ -42,10 +47,10 @@ def step_logits(m, ids, new):
     """Logits of decoding `new` one token at a time after the prompt `ids`."""
     with torch.no_grad():
         out = m(input_ids=ids, use_cache=True)
-        cache, logits = out.cache, []
+        cache, logits = _cache_of(out), []
         for t in range(new.shape[1]):
-            out = m(input_ids=new[:, t:t + 1], cache=cache, use_cache=True)
-            cache = out.cache
+            out = m(input_ids=new[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = _cache_of(out)
             logits.append(out.logits[:, -1].float())
     return torch.stack(logits, 1)
 

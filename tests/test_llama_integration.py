@@ -23,6 +23,11 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
+def _cache_of(out):
+    """The output's KV cache: `cache` in transformers >= 5.2x, `past_key_values` before."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
 def _tiny_llama():
     config = transformers.LlamaConfig(
         vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
@@ -107,11 +112,11 @@ def test_patched_llama_generates_through_its_cache(interpreted, monkeypatch):
     steps = [torch.randint(0, 256, (2, n), generator=g) for n in (1, 3)]
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
-        cache, seen = out.cache, ids
+        cache, seen = _cache_of(out), ids
         for new in steps:
-            out = model(input_ids=new, cache=cache, use_cache=True)
+            out = model(input_ids=new, past_key_values=cache, use_cache=True)
             seen = torch.cat([seen, new], 1)
             ref = reference(input_ids=seen).logits[:, -new.shape[1]:]
             assert relative_error(out.logits, ref) < 2e-2
-            cache = out.cache
+            cache = _cache_of(out)
     assert decode_steps == [1, 3]                 # one layer, two steps: the KV-cache kernel

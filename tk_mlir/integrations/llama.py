@@ -229,6 +229,7 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     targets = _next_tokens(labels, kwargs.get("shift_labels"), -100).to(hidden.device)
     loss = _normalized(linear_cross_entropy, kwargs.get("num_items_in_batch"),
                        hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets)
-    return CausalLMOutputWithPast(loss=loss, logits=None, cache=outputs.cache,
-                                  hidden_states=outputs.hidden_states,
-                                  attentions=outputs.attentions)
+    # transformers >= 5.2x names the cache `cache`, earlier 5.x `past_key_values`
+    name = "cache" if hasattr(outputs, "cache") else "past_key_values"
+    return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
+                                  attentions=outputs.attentions, **{name: getattr(outputs, name)})

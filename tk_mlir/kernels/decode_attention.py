@@ -1,4 +1,4 @@
-"""Attention over a KV cache for decoding, FlashAttention's `flash_attn_with_kvcache`:
+"""Attention over a KV cache for decoding, FlashAttention's flash_attn_with_kvcache:
 
     from tk_mlir.kernels import attention_with_kvcache
     o = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens)          # q (B, N_new, H, D)
@@ -41,7 +41,6 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
                               PAGE: tk.constexpr = 0, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = True, LEFT: tk.constexpr = False,
                               SOFTCAP: tk.constexpr = False, SPLIT: tk.constexpr = True,
-                              OVERLAP: tk.constexpr = True,
                               CONSUMER_REGISTERS: tk.constexpr = 232,
                               PRODUCER_REGISTERS: tk.constexpr = 40):
     """One chunk of the keys of one (batch, K/V head) for 64 packed query rows.
@@ -142,48 +141,32 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
         m = tk.full((ROWS,), float("-inf"), scope="warpgroup")
         l = tk.zeros((ROWS,), scope="warpgroup")
         acc = tk.zeros((ROWS, D), f32, layout="row", scope="warpgroup")
-        if OVERLAP:
-            if first < last:
-                # FA3's order: block j's scores and its softmax run while
-                # block j-1's P·V is in flight.
-                k0 = ks.wait(0)
-                S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q,
-                               k0)
-                tk.mma_wait(0)
-                ks.release(0)
-                P, m, l, alpha = online_softmax(visible_scores(S, first), m, l)
-                for j in range(first + 1, last):
-                    i = j - first
-                    k_next, v_prev = ks.wait(i), vs.wait(i - 1)
-                    S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"),
-                                   q, k_next)
-                    acc = tk.mma_AB(acc, P.to(Q.dtype), v_prev)
-                    tk.mma_wait(1)
-                    ks.release(i)
-                    P, m, l, alpha = online_softmax(visible_scores(S, j), m, l)
-                    tk.mma_wait(0)
-                    vs.release(i - 1)
-                    acc = acc.mul_row(alpha)
-                v_last = vs.wait(last - 1 - first)
-                zero_tail(v_last, last - 1)      # (only the last block can end past n_keys)
-                acc = tk.mma_AB(acc, P.to(Q.dtype), v_last)
-                tk.mma_wait(0)
-                vs.release(last - 1 - first)
-        else:
-            for j in range(first, last):
+        if first < last:
+            # FA3's order: block j's scores and its softmax run while
+            # block j-1's P·V is in flight.
+            k0 = ks.wait(0)
+            S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q,
+                           k0)
+            tk.mma_wait(0)
+            ks.release(0)
+            P, m, l, alpha = online_softmax(visible_scores(S, first), m, l)
+            for j in range(first + 1, last):
                 i = j - first
-                kt = ks.wait(i)
-                S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"), q,
-                               kt)
-                tk.mma_wait(0)
+                k_next, v_prev = ks.wait(i), vs.wait(i - 1)
+                S = tk.mma_ABt(tk.zeros((ROWS, BN), f32, layout="row", scope="warpgroup"),
+                               q, k_next)
+                acc = tk.mma_AB(acc, P.to(Q.dtype), v_prev)
+                tk.mma_wait(1)
                 ks.release(i)
                 P, m, l, alpha = online_softmax(visible_scores(S, j), m, l)
-                acc = acc.mul_row(alpha)
-                vt = vs.wait(i)
-                zero_tail(vt, j)
-                acc = tk.mma_AB(acc, P.to(Q.dtype), vt)
                 tk.mma_wait(0)
-                vs.release(i)
+                vs.release(i - 1)
+                acc = acc.mul_row(alpha)
+            v_last = vs.wait(last - 1 - first)
+            zero_tail(v_last, last - 1)      # (only the last block can end past n_keys)
+            acc = tk.mma_AB(acc, P.to(Q.dtype), v_last)
+            tk.mma_wait(0)
+            vs.release(last - 1 - first)
         qs.release(0)
         inv = tk.where(l == 0.0, 0.0, l.rcp())
         lse = m * LN2 + l.log()
@@ -270,7 +253,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
                            window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            return_lse: bool = False):
     """softmax(q·Kᵀ·scale)·V over the keys in a KV cache, FlashAttention's
-    `flash_attn_with_kvcache` in its (B, N, H, D) layout.
+    flash_attn_with_kvcache in its (B, N, H, D) layout.
 
     q: (B, N_new, H, D) bf16/f16, the new tokens' queries (N_new >= 1).
     k_cache, v_cache: (B, N_max, H_kv, D), H_kv dividing H; or, with
