@@ -157,6 +157,21 @@ def test_blocks_outside_the_window_are_not_read(interpret):
     assert first_block > 0 and _rel(o, ref) < 1e-2
 
 
+@pytest.mark.parametrize("splits", [3, 11])
+def test_split_keys_merge_by_lse(interpret, monkeypatch, splits):
+    """The keys cut into 3 or 11 chunks (the merge takes 8 at a time: 11 is
+    one full group and a ragged one), 32 query rows per K/V head (two merge
+    row blocks), a short sequence whose later chunks are empty."""
+    monkeypatch.setattr(decode_attention, "_splits", lambda *a: splits)
+    g = torch.Generator().manual_seed(splits)
+    lens = torch.tensor([600, 70], dtype=torch.int32)
+    k, v = _cache(2, 640, 1, 64, lens, g)
+    q = _uniform(2, 4, 8, 64, generator=g)
+    o, lse = attention_with_kvcache(q, k, v, lens, return_lse=True)
+    ro, rlse = reference(q, k, v, lens, True)
+    assert _rel(o, ro) < 1e-2 and _rel(lse, rlse) < 1e-3
+
+
 def test_empty_cache_rows_are_zero(interpret):
     """A batch with no keys (cache_seqlens 0, not causal) gets output 0 and LSE -inf."""
     g = torch.Generator().manual_seed(3)
