@@ -346,6 +346,15 @@ def _placed_alike(a, b) -> bool:
         (isinstance(a, T.RV) or a.layout == b.layout)
 
 
+@rule("swap_pairs")
+def _swap_pairs(op, operands, results, num_warps: int) -> None:
+    src = operands[0]
+    _require(isinstance(src, T.RT), f"swap_pairs: expected a register tile, got {_show(src)}")
+    _require(src.cols % 2 == 0, f"swap_pairs: {_show(src)} has an odd number of columns")
+    _require(src.layout in ("vec", "row"), f"swap_pairs: {_show(src)} holds column pairs in "
+             f"two threads; swap the pairs of a vec or row layout tile")
+
+
 @rule("tile_index")
 def _tile_index(op, operands, results, num_warps: int) -> None:
     src, out = operands[0], results[0]

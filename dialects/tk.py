@@ -300,6 +300,11 @@ OPS: tuple[OpDef, ...] = (
     *(OpDef(n, operands=("lhs", "rhs"), results=("result",), same_type=("lhs", "result"),
             layout="same", doc=f"elementwise {n}; rhs is a tile of the same type or a scalar")
       for n in BINARY),
+    OpDef("swap_pairs", operands=("src",), results=("result",), same_type=("src", "result"),
+          layout="same",
+          doc="each element of a register tile with its column neighbour (columns 2i and "
+              "2i+1 trade places: the interleaved rotary layout's pairs); a register "
+              "permutation within each thread (vec and row layouts hold column pairs)"),
     OpDef("slice", operands=("src",), results=("result",), attributes=("row", "col"),
           doc="the result type's rows and columns of a register tile, from (row, col) on "
               "(the registers that hold them: no data moves)"),

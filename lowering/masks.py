@@ -26,6 +26,16 @@ def lower_tile_index(ctx: LoweringContext, op, src: Fragment) -> Fragment:
     return Fragment(regs, layout, "i32", t.scope)
 
 
+@lowers("tk.swap_pairs")
+def lower_swap_pairs(ctx: LoweringContext, op, src: Fragment) -> Fragment:
+    """A register permutation: the register holding (row, col ^ 1) of each one."""
+    layout = src.layout
+    where = {layout.reg_position(r): r for r in range(layout.num_regs)}
+    partner = [where[(row, col ^ 1)] for row, col in map(layout.reg_position,
+                                                          range(layout.num_regs))]
+    return src.like([src.regs[p] for p in partner])
+
+
 @lowers("tk.cmp")
 def lower_cmp(ctx: LoweringContext, op, lhs: Fragment, rhs) -> Fragment:
     int_pred, float_pred = tk.COMPARISONS[op.predicate]

@@ -1,4 +1,4 @@
-"""rotary_embedding (tk_mlir/kernels/rotary.py): GPT-NeoX rotary embeddings
+"""rotary_embedding (tk_mlir/kernels/rotary.py): GPT-NeoX (and GPT-J) rotary embeddings
 on (B, N, H, D), forward and backward.
 
 Without a GPU: the kernel in the interpreter against float64 (a head count
@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+import tk_mlir as tk  # noqa: E402
 from tk_mlir.kernels import rotary_embedding, rotary_embedding_qk  # noqa: E402
 
 from torch_reference import relative_error as _rel  # noqa: E402
@@ -30,10 +31,66 @@ def _reference(x, cos, sin):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
 
 
+def _reference_interleaved(x, cos, sin):
+    """GPT-J: pair i is (x_2i, x_2i+1)."""
+    xe, xo = x.double()[..., 0::2], x.double()[..., 1::2]
+    c, s = cos.double(), sin.double()
+    c, s = (c[None, :, None] if c.dim() == 2 else c[:, :, None]), \
+        (s[None, :, None] if s.dim() == 2 else s[:, :, None])
+    return torch.stack((xe * c - xo * s, xo * c + xe * s), -1).flatten(-2)
+
+
 def _angles(*shape, seed=0, device="cpu"):
     g = torch.Generator(device=device).manual_seed(seed)
     a = torch.rand(*shape, generator=g, device=device) * 6.3
     return a.cos(), a.sin()
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_interleaved_in_the_interpreter(monkeypatch, per_batch):
+    """The GPT-J layout, forward against float64 and its gradient (the
+    inverse rotation) against autograd's, through the library call."""
+    import sys
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    g = torch.Generator().manual_seed(3)
+    B, N, H, D = 2, 5, 3, 32
+    x = torch.randn(B, N, H, D, generator=g).to(bf16).requires_grad_()
+    cos, sin = _angles(*((B, N, D // 2) if per_batch else (N, D // 2)), seed=4)
+    y = rotary_embedding(x, cos, sin, interleaved=True)
+    xd = x.detach().double().requires_grad_()
+    ref = _reference_interleaved(xd, cos, sin)
+    assert _rel(y, ref) < 1e-2
+    dy = torch.randn(B, N, H, D, generator=g).to(bf16)
+    (dx,) = torch.autograd.grad(y, (x,), dy)
+    (ref_dx,) = torch.autograd.grad(ref, (xd,), dy.double())
+    assert _rel(dx, ref_dx) < 1e-2
+    q, k = rotary_embedding_qk(x.detach(), x.detach()[:, :, :1], cos, sin, interleaved=True)
+    assert _rel(k, ref.detach()[:, :, :1]) < 1e-2
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        rotary_embedding(x, cos, sin, interleaved="gptj")
+
+
+def test_swap_pairs_trades_column_neighbours():
+    """Tile.swap_pairs in the interpreter for the vec and row layouts, and
+    the rule that refuses a col layout tile at its line."""
+    @tk.kernel(num_warps=4)
+    def swap(X: tk.gl, Y: tk.gl, Z: tk.gl):
+        tk.store(Y, tk.load(X, (0, 0), (16, 64)).swap_pairs(), (0, 0))
+        tk.store(Z, tk.load(X, (0, 0), (64, 64), layout="row").swap_pairs(), (0, 0))
+
+    x = torch.randn(64, 64)
+    y, z = torch.full((16, 64), float("nan")), torch.full((64, 64), float("nan"))
+    swap.interpret[(1,)](x, y, z)
+    want = x.view(64, 32, 2).flip(-1).reshape(64, 64)
+    assert torch.equal(y, want[:16]) and torch.equal(z, want)
+
+    @tk.kernel(num_warps=4)
+    def across_threads(X: tk.gl, Y: tk.gl):
+        tk.store(Y, tk.load(X, (0, 0), (64, 64), layout="col").swap_pairs(), (0, 0))
+
+    with pytest.raises(tk.CompilationError, match=r"swap_pairs: .* holds column pairs in two "
+                                                  r"threads"):
+        across_threads.compile(tk.spec((64, 64), tk.f32), tk.spec((64, 64), tk.f32))
 
 
 @pytest.mark.parametrize("per_batch", [False, True])
@@ -71,6 +128,25 @@ def test_fake():
         x = torch.empty(2, 7, 3, 64, dtype=bf16, device="cuda")
         c = torch.empty(7, 32, device="cuda")
         assert torch.ops.tk_mlir.rotary_embedding(x, c, c).shape == (2, 7, 3, 64)
+
+
+@gpu
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_interleaved_on_the_gpu(per_batch):
+    B, N, H, D = 2, 77, 12, 128
+    g = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(B, N, H, D, device="cuda", generator=g).to(bf16).requires_grad_()
+    cos, sin = _angles(*((B, N, D // 2) if per_batch else (N, D // 2)), seed=9, device="cuda")
+    y = rotary_embedding(x, cos, sin, interleaved=True)
+    xd = x.detach().double().requires_grad_()
+    ref = _reference_interleaved(xd, cos, sin)
+    assert _rel(y, ref) < 1e-2
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, (x,), dy)
+    (ref_dx,) = torch.autograd.grad(ref, (xd,), dy.double())
+    assert _rel(dx, ref_dx) < 1e-2
+    compiled = torch.compile(rotary_embedding, fullgraph=True)
+    assert torch.equal(compiled(x.detach(), cos, sin, interleaved=True), y.detach())
 
 
 @gpu

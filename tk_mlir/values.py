@@ -334,6 +334,14 @@ class Tile(TileLike):
         """An i32 tile like this one holding each element's column within the tile."""
         return self._index(1)
 
+    @builds("swap_pairs")
+    def swap_pairs(self) -> Tile:
+        """The tile with columns 2i and 2i+1 traded, (x0, x1, x2, x3, ...) ->
+        (x1, x0, x3, x2, ...): the partner of each element in an interleaved
+        (GPT-J) rotary pair. vec and row layouts (each thread holds its
+        columns in pairs: no data moves between threads)."""
+        return wrap(emit("swap_pairs", [self], self.ir_type))
+
     @builds("slice")
     def slice(self, rows=None, cols=None) -> Tile:
         """Part of the tile: rows=(first, count), cols=(first, count), compile-time

@@ -451,6 +451,14 @@ def _slice(op, num_warps):
     return lambda block, src: src[r:r + t.rows, c:c + t.cols].copy()
 
 
+@interprets("tk.swap_pairs")
+def _swap_pairs(op, num_warps):
+    def swap(block, src):
+        rows, cols = src.shape
+        return src.reshape(rows, cols // 2, 2)[:, :, ::-1].reshape(rows, cols).copy()
+    return swap
+
+
 @interprets("tk.tile_index")
 def _tile_index(op, num_warps):
     t, axis = _result(op), op.axis

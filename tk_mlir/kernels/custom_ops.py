@@ -15,7 +15,8 @@
     torch.ops.tk_mlir.layer_norm_backward(dy, x, weight, eps, dh=None) -> (dx, dweight, dbias)
     torch.ops.tk_mlir.swiglu(gate, up) -> silu(gate) * up
     torch.ops.tk_mlir.swiglu_backward(dy, gate, up) -> (dgate, dup)
-    torch.ops.tk_mlir.rotary_embedding(x, cos, sin, inverse=False) -> rotated x
+    torch.ops.tk_mlir.rotary_embedding(x, cos, sin, inverse=False, interleaved=False)
+                                       -> rotated x
     torch.ops.tk_mlir.cross_entropy(logits, target, ignore_index, reduction,
                                     label_smoothing) -> (loss, lse)
     torch.ops.tk_mlir.cross_entropy_backward(dloss, logits, target, lse, ignore_index,
@@ -437,16 +438,17 @@ class EagerSwiglu(torch.autograd.Function):
 
 @torch.library.custom_op("tk_mlir::rotary_embedding", mutates_args=())
 def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     inverse: bool = False) -> torch.Tensor:
+                     inverse: bool = False, interleaved: bool = False) -> torch.Tensor:
     """x rotated by the angles of cos and sin (by their opposite with
-    inverse: the backward), into a new contiguous tensor."""
+    inverse: the backward), into a new contiguous tensor; interleaved: the
+    GPT-J pairs (2i, 2i + 1)."""
     x = checks.kernel_operand(x)    # (as the backward hands it: any gradient, e.g. expanded)
     rotary._check(x, cos, sin)
-    return rotary.launch(x, cos, sin, inverse)
+    return rotary.launch(x, cos, sin, inverse, interleaved)
 
 
 @rotary_embedding.register_fake
-def _(x, cos, sin, inverse=False):
+def _(x, cos, sin, inverse=False, interleaved=False):
     return x.new_empty(x.shape)
 
 
@@ -454,13 +456,14 @@ def _rotary_setup_context(ctx, inputs, output):
     x, cos, sin = inputs[:3]
     ctx.save_for_backward(cos, sin)
     ctx.inverse = len(inputs) > 3 and inputs[3]
+    ctx.interleaved = len(inputs) > 4 and inputs[4]
 
 
 def _rotary_backward(ctx, dy, rotate=None):
     """dx: dy rotated back (a rotation's transpose is its inverse)."""
     cos, sin = ctx.saved_tensors
-    dx = (rotate or rotary_embedding)(dy, cos, sin, not ctx.inverse)
-    return dx, None, None, None
+    dx = (rotate or rotary_embedding)(dy, cos, sin, not ctx.inverse, ctx.interleaved)
+    return dx, None, None, None, None
 
 
 rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
@@ -470,13 +473,13 @@ class EagerRotary(torch.autograd.Function):
     """rotary_embedding's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin):
-        _rotary_setup_context(ctx, (x, cos, sin), None)
-        return rotary.launch(x, cos, sin)
+    def forward(ctx, x, cos, sin, interleaved):
+        _rotary_setup_context(ctx, (x, cos, sin, False, interleaved), None)
+        return rotary.launch(x, cos, sin, interleaved=interleaved)
 
     @staticmethod
     def backward(ctx, dy):
-        return _rotary_backward(ctx, dy, rotary.launch)[:3]
+        return _rotary_backward(ctx, dy, rotary.launch)[:4]
 
 
 # ------------------------------------------------------------------ losses

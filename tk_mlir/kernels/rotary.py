@@ -20,26 +20,38 @@ from tk_mlir.kernels import checks
 @tk.kernel(num_warps=4)
 def rotary_kernel(X: tk.gl, COS: tk.gl, SIN: tk.gl, Y: tk.gl, HB: tk.constexpr,
                   HALF: tk.constexpr, PER_BATCH: tk.constexpr = False,
-                  INVERSE: tk.constexpr = False):
+                  INVERSE: tk.constexpr = False, INTERLEAVED: tk.constexpr = False):
     """Y[b, n, h] = X[b, n, h] rotated by position n's angles (GPT-NeoX: the
     pairs are (i, i + D/2)): y1 = x1·cos - x2·sin, y2 = x2·cos + x1·sin, with
     sin negated for INVERSE (the backward). X, Y: (B, N, H, D) with H <= HB
     and D = 2·HALF; COS, SIN: flat (N·HALF,), or (B·N·HALF,) with PER_BATCH.
-    Grid (N, B)."""
+    INTERLEAVED (GPT-J: the pairs are (2i, 2i + 1)): COS and SIN hold each
+    angle twice, flat (N·D,) or (B·N·D,), and y = x·cos + x'·(∓sin), x' the
+    tile with its column pairs swapped. Grid (N, B)."""
     n, b = tk.block_id(0), tk.block_id(1)
     half = HALF
     angle = b * X.shape[1] + n if PER_BATCH else n       # the row of cos/sin, in halves
-    c = tk.load(COS, (angle,), (half,)).to(f32)
-    s = tk.load(SIN, (angle,), (half,)).to(f32)
-    if INVERSE:
-        s = -s
-    x1 = tk.load(X, (b, n, 0, 0), (HB, half)).to(f32)
-    x2 = tk.load(X, (b, n, 0, 1), (HB, half)).to(f32)
-    tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, 0))
-    tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, 1))
+    if INTERLEAVED:
+        c = tk.load(COS, (angle,), (2 * half,)).to(f32)
+        s = tk.load(SIN, (angle,), (2 * half,)).to(f32)
+        x = tk.load(X, (b, n, 0, 0), (HB, 2 * half)).to(f32)
+        # y_2i = x_2i·c - x_2i+1·s and y_2i+1 = x_2i+1·c + x_2i·s
+        odd = (x.col_indices() & 1) == 1
+        sign = tk.where(odd, 1.0, -1.0) if not INVERSE else tk.where(odd, -1.0, 1.0)
+        y = x.mul_col(c) + (x.swap_pairs() * sign).mul_col(s)
+        tk.store(Y, y.to(Y.dtype), (b, n, 0, 0))
+    else:
+        c = tk.load(COS, (angle,), (half,)).to(f32)
+        s = tk.load(SIN, (angle,), (half,)).to(f32)
+        if INVERSE:
+            s = -s
+        x1 = tk.load(X, (b, n, 0, 0), (HB, half)).to(f32)
+        x2 = tk.load(X, (b, n, 0, 1), (HB, half)).to(f32)
+        tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, 0))
+        tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, 1))
 
 
-def rotary_embedding(x, cos, sin):
+def rotary_embedding(x, cos, sin, interleaved: bool = False):
     """x rotated by the angles whose cos and sin are given: for position n and
     pair i (GPT-NeoX / Llama layout: element i with element i + D/2),
     (x_i, x_{i+D/2}) -> (x_i·cos - x_{i+D/2}·sin, x_{i+D/2}·cos + x_i·sin).
@@ -47,28 +59,32 @@ def rotary_embedding(x, cos, sin):
     x: (B, N, H, D) bf16 or f16 CUDA tensor, any strides with a contiguous
     last dim (e.g. a view of a projection); D a multiple of 16. cos, sin:
     (N, D/2), or (B, N, D/2) for per-sequence positions, of x's dtype or
-    float32, contiguous. Returns a new contiguous tensor. Differentiable in x
-    (not in cos and sin); under torch.compile the custom op
-    torch.ops.tk_mlir.rotary_embedding. The interleaved (GPT-J) layout is
-    not built yet: it needs a register tile op that swaps neighbours."""
+    float32, contiguous. interleaved=True takes the GPT-J layout instead:
+    pair i is (x_2i, x_2i+1), with the same cos and sin (angle i at row i;
+    the kernel reads them repeated, a copy made per call). Returns a new
+    contiguous tensor. Differentiable in x (not in cos and sin); under
+    torch.compile the custom op torch.ops.tk_mlir.rotary_embedding."""
     import torch
     _check(x, cos, sin)
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
-        return torch.ops.tk_mlir.rotary_embedding(x, cos, sin)
+        return torch.ops.tk_mlir.rotary_embedding(x, cos, sin, False, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerRotary.apply(x, cos, sin)
-    return launch(x, cos, sin)
+        return custom_ops.EagerRotary.apply(x, cos, sin, interleaved)
+    return launch(x, cos, sin, interleaved=interleaved)
 
 
-def rotary_embedding_qk(q, k, cos, sin):
+def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     """(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)): q and k
     may have different head counts (GQA)."""
-    return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
+    return (rotary_embedding(q, cos, sin, interleaved),
+            rotary_embedding(k, cos, sin, interleaved))
 
 
-def launch(x, cos, sin, inverse: bool = False):
+def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
     """rotary_kernel on checked tensors: a new output (rotated back with
     inverse). x may also be a gradient autograd hands over (expanded, at any
     offset): read from an aligned copy then."""
@@ -77,10 +93,12 @@ def launch(x, cos, sin, inverse: bool = False):
     B, N, H, D = x.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel():
+        if interleaved:     # each angle for both elements of its pair
+            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
         rotary_kernel[(N, B)](x, cos.reshape(-1), sin.reshape(-1), y,
                               HB=max(1 << (H - 1).bit_length(), 1), HALF=D // 2,
                               PER_BATCH=cos.dim() == 3,
-                              INVERSE=inverse)
+                              INVERSE=inverse, INTERLEAVED=interleaved)
     return y
 
 
