@@ -283,6 +283,57 @@ def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
     assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("causal, window, softcap", [
+    (True, (100, -1), 0.0),     # a sliding window: blocks wholly left of it never read
+    (False, (64, 40), 0.0),     # both edges, not causal
+    (False, (-1, -1), 5.0),     # Gemma-2's soft-capping
+    (True, (150, 0), 3.0),      # both, N_kv > N (bottom-right aligned)
+])
+def test_window_and_softcap_in_the_interpreter(monkeypatch, causal, window, softcap):
+    """attention(..., window=, softcap=) through the library call in the
+    interpreter against float64; K and V are NaN in the key blocks no row's
+    window reaches (a block that was read would carry NaN through P·V)."""
+    import sys
+    from tk_mlir.kernels import attention
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    g = torch.Generator().manual_seed(window[0])
+    B, H, H_KV, N, N_KV, D = 1, 2, 1, 300, 700 if window == (150, 0) else 300, 64
+    q = (torch.randn(B, H, N, D, generator=g) * 2).to(torch.bfloat16)
+    k, v = (torch.randn(B, H_KV, N_KV, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    shift, left = N_KV - N, window[0]
+    right = 0 if causal else window[1]
+    s = torch.einsum("bhnd,bhkd->bhnk", q.double(), k.double().repeat_interleave(2, 1)) / 8
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    key, row = torch.arange(N_KV)[None], torch.arange(N)[:, None] + shift
+    hidden = (key < row - left) if left >= 0 else torch.zeros(N, N_KV, dtype=torch.bool)
+    if right >= 0:
+        hidden |= key > row + right
+    s = s.masked_fill(hidden, float("-inf"))
+    ref_lse = torch.logsumexp(s, -1)
+    ref = torch.softmax(s, -1).nan_to_num() @ v.double().repeat_interleave(2, 1)
+    first_key = max(shift - left, 0) if left >= 0 else 0      # the first key any row sees
+    k[:, :, :first_key // 128 * 128] = float("nan")
+    v[:, :, :first_key // 128 * 128] = float("nan")
+    o, lse = attention(q, k, v, causal=causal, scale=1 / 8, window=window, softcap=softcap,
+                       return_lse=True)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), finite)
+    assert ((lse.double()[finite] - ref_lse[finite]).norm() / ref_lse[finite].norm()) < 1e-4
+
+
+def test_window_and_softcap_are_forward_only():
+    from tk_mlir.kernels import attention
+    q = torch.randn(1, 1, 8, 64).to(torch.bfloat16).requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"window and softcap are forward-only"):
+        attention(q, q, q, window=(4, 0))
+    with pytest.raises(ValueError, match=r"window must be \(left, right\)"):
+        attention(q.detach(), q.detach(), q.detach(), window=(4, -3))
+    with pytest.raises(ValueError, match=r"softcap must be a finite number >= 0"):
+        attention(q.detach(), q.detach(), q.detach(), softcap=float("inf"))
+
+
 def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
     from tk_mlir.kernels.custom_ops import _lse_like
     from tk_mlir.kernels.flash_attention import padded_rows

@@ -39,7 +39,8 @@ def test_ops_are_registered_with_their_schemas():
         "layer_norm": "tk_mlir::layer_norm(Tensor x, Tensor weight, Tensor bias, float eps) "
                       "-> Tensor",
         "attention": "tk_mlir::attention(Tensor q, Tensor k, Tensor v, bool causal, "
-                     "float scale, bool deterministic=False) -> (Tensor, Tensor)",
+                     "float scale, bool deterministic=False, SymInt left=-1, SymInt right=-1, "
+                     "float softcap=0.) -> (Tensor, Tensor)",
     }
     # Functional: no argument is written, no output aliases an input.
     for name in schemas:

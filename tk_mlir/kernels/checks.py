@@ -113,3 +113,22 @@ def int32_table(t):
     if t.shape[-1] % 4 == 0:
         return kernel_operand(t)
     return torch.nn.functional.pad(t, (0, 4 - t.shape[-1] % 4))
+
+
+def window(fn: str, value) -> tuple[int, int]:
+    """A window=(left, right) argument (FlashAttention's window_size): two
+    ints >= -1, -1 for no bound on that side."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and
+            all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in value)):
+        raise ValueError(f"{fn}: window must be (left, right), two ints >= -1 (-1: no bound "
+                         f"on that side), got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def softcap(fn: str, value) -> float:
+    """A softcap argument: a finite number >= 0 (0: none)."""
+    import math
+    value = number(fn, "softcap", value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{fn}: softcap must be a finite number >= 0 (0: none), got {value!r}")
+    return value

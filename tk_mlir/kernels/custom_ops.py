@@ -640,26 +640,28 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
 
 @torch.library.custom_op("tk_mlir::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              scale: float, deterministic: bool = False, left: int = -1, right: int = -1,
+              softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
     _lse_like makes it. See flash_attention.attention for the arguments
-    (deterministic is for the backward: autograd keeps it)."""
+    (deterministic is for the backward: autograd keeps it; left, right and
+    softcap are forward-only: a backward through them raises)."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
-    return attention_forward(q, k, v, causal, scale)
+    return attention_forward(q, k, v, causal, scale, (left, right), softcap)
 
 
-def attention_forward(q, k, v, causal, scale):
+def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
     """(o, lse) of the forward kernel on checked tensors, as the op returns
     them (an eager call with nothing to differentiate calls this alone)."""
     o, rows = torch.empty_like(q), _lse_rows(q)
     if q.shape[0] and q.shape[1]:
-        flash_attention.launch(q, k, v, o, rows, causal, scale)
+        flash_attention.launch(q, k, v, o, rows, causal, scale, window, softcap)
     return o, rows.narrow(-1, 0, q.shape[2])
 
 
 @attention.register_fake
-def _(q, k, v, causal, scale, deterministic=False):
+def _(q, k, v, causal, scale, deterministic=False, left=-1, right=-1, softcap=0.0):
     return torch.empty_like(q), _lse_like(q)
 
 
@@ -718,7 +720,8 @@ def _(do, q, k, v, o, lse, causal, scale, deterministic=False):
 
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, deterministic = inputs
+    q, k, v, causal, scale, deterministic = inputs[:6]
+    ctx.forward_only = tuple(inputs[6:]) not in ((), (-1, -1, 0.0))   # window / softcap
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
@@ -738,15 +741,18 @@ def _attention_backward(ctx, do, dlse, backward=None):
             "reached it. Use lse.detach() where it is only read (under torch.compile, also "
             "when lse leaves the compiled function)")
     q, k, v, o, lse = ctx.saved_tensors
+    if ctx.forward_only:
+        raise NotImplementedError("tk_mlir.attention: window and softcap are forward-only so "
+                                  "far (the backward kernel does not take them)")
     if do is None:      # neither output reached the loss
-        return None, None, None, None, None, None
+        return (None,) * 9
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
     args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
     backward = backward or attention_backward
     # deterministic passed only when set: the default call is the one it always was
     dq, dk, dv = backward(*args, deterministic=True) if ctx.deterministic else backward(*args)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
@@ -766,7 +772,7 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
+        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)[:6]
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

@@ -295,11 +295,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention_with_kvcache: scale must be a positive finite number, "
                          f"got {scale!r}")
-    left, right = _window(window)
-    softcap = checks.number("attention_with_kvcache", "softcap", softcap)
-    if not (math.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"attention_with_kvcache: softcap must be a finite number >= 0 (0: "
-                         f"none), got {softcap!r}")
+    left, right = checks.window("attention_with_kvcache", window)
+    softcap = checks.softcap("attention_with_kvcache", softcap)
     checks.on_cuda("attention_with_kvcache", "q", q)
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops
@@ -310,15 +307,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
         o, lse = forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale,
                          left, right, softcap)
     return (o, lse) if return_lse else o
-
-
-def _window(window) -> tuple[int, int]:
-    """(left, right) of a window=(left, right) argument, each an int >= -1."""
-    if not (isinstance(window, (tuple, list)) and len(window) == 2 and
-            all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
-        raise ValueError(f"attention_with_kvcache: window must be (left, right), two ints >= "
-                         f"-1 (-1: no bound on that side), got {window!r}")
-    return int(window[0]), int(window[1])
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,

@@ -40,14 +40,20 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                      Q_STAGES: tk.constexpr = 1, O_TMA: tk.constexpr = False,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
-                     CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24):
+                     CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24,
+                     WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
+                     SOFTCAP: tk.constexpr = 0.0):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
     scale_log2 = scale·log2(e) > 0; H_kv divides H. num_warps = 4·(CONSUMERS + 1).
     TASKS: the schedule table (kernels/schedule.py) of task ids
     (b·H + h)·cdiv(N, 64·CONSUMERS) + query block, from `tasks()`. Launch on
     the table's persistent grid (one block per SM). `attention()` checks all
-    of this; a direct launch must keep to it."""
+    of this; a direct launch must keep to it.
+    WINDOW_LEFT / WINDOW_RIGHT >= 0: query i sees keys in [i + shift -
+    LEFT, i + shift + RIGHT] (shift = N_kv - N; with CAUSAL, RIGHT is 0);
+    key blocks wholly outside a task's rows' windows are not read. SOFTCAP >
+    0: scores s·scale become SOFTCAP·tanh(s·scale / SOFTCAP)."""
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
         f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
         f"the kernel has {tk.num_warps()}"
@@ -68,26 +74,48 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         bh = task // q_blocks
         return bh // H, bh % H, task % q_blocks
 
-    def kv_blocks(qb):
-        """K/V blocks a query block reads (at least one: rows that see no key
-        come out of the masks as 0 / -inf)."""
-        n = N_KV
-        if CAUSAL:
-            n = min(N_KV, (qb + 1) * BM + shift)
-        return max(tk.cdiv(n, BN), 1)
+    RIGHT = 0 if CAUSAL else WINDOW_RIGHT        # keys after i + shift + RIGHT are masked
+
+    def kv_range(qb):
+        """The K/V blocks [lo, hi) query block qb reads (at least one: rows
+        that see no key come out of the masks as 0 / -inf)."""
+        hi = N_KV
+        if RIGHT >= 0:
+            hi = min(N_KV, (qb + 1) * BM + shift + RIGHT)
+        hi = max(tk.cdiv(hi, BN), 1)
+        lo = 0
+        if WINDOW_LEFT >= 0:
+            lo = min(max(qb * BM + shift - WINDOW_LEFT, 0) // BN, hi - 1)
+        return lo, hi
 
     def masked(S, j, row0):
-        """S with -inf where key j·BN + c is past N_kv or (causal) after the
-        diagonal of query row0 + r; only blocks that cross either are touched."""
+        """S with -inf where key j·BN + c is past N_kv or outside the window
+        of query row0 + r (causal: after the diagonal); only blocks that
+        cross an edge are touched."""
         col0 = j * BN
         edge = col0 + BN > N_KV
-        if CAUSAL:
-            edge = edge | (col0 + BN - 1 > row0 + shift)
+        if RIGHT >= 0:
+            edge = edge | (col0 + BN - 1 > row0 + shift + RIGHT)
+        if WINDOW_LEFT >= 0:
+            edge = edge | (col0 < row0 + 63 + shift - WINDOW_LEFT)
         if edge:
             last = N_KV - 1                      # the last key a row may see
-            if CAUSAL:
-                last = min(S.row_indices() + (row0 + shift), last)
-            S = tk.where(S.col_indices() + col0 <= last, S, float("-inf"))
+            if RIGHT >= 0:
+                last = min(S.row_indices() + (row0 + shift + RIGHT), last)
+            visible = S.col_indices() + col0 <= last
+            if WINDOW_LEFT >= 0:
+                visible = visible & (S.col_indices() + col0 >=
+                                     S.row_indices() + (row0 + shift - WINDOW_LEFT))
+            S = tk.where(visible, S, float("-inf"))
+        return S
+
+    def capped(S):
+        """SOFTCAP: the scores soft-capped, left in S's units (·scale·log2(e)
+        later gives SOFTCAP·tanh(s·scale / SOFTCAP)·log2(e)); tanh(y) =
+        1 - 2 / (exp(2y) + 1)."""
+        if SOFTCAP > 0:
+            e = (S * (2.0 * scale_log2 / SOFTCAP)).exp2()
+            S = (1.0 - 2.0 * (e + 1.0).rcp()) * (SOFTCAP * LOG2E / scale_log2)
         return S
 
     # Each side reads its own block_id/grid_dim for the task loop: a value
@@ -106,7 +134,8 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 for c in tk.static_range(CONSUMERS):
                     tk.tma.load_async(q[c] if CONSUMERS > 1 else q, Q,
                                       (b, h, CONSUMERS * qb + c, 0), q_full)
-                for j in range(kv_blocks(qb)):
+                lo, hi = kv_range(qb)
+                for j in range(lo, hi):
                     kt, k_full = ks.fill(it)
                     tk.tma.load_async(kt, K, (b, hk, j, 0), k_full)
                     vt, v_full = vs.fill(it)
@@ -128,7 +157,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             b, h, qb = task_of(task)
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             row0 = qb * BM + wg * 64             # this warpgroup's first query row
-            blocks = kv_blocks(qb)
+            lo, hi = kv_range(qb)
             q = qs.wait(n, part=wg)
             schedule_mmas(wg, CONSUMERS)
             k0 = ks.wait(it)
@@ -136,13 +165,13 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             ks.release(it)
-            S = masked(S, 0, row0)
+            S = masked(capped(S), lo, row0)
             m = S.row_max() * scale_log2
             P = (S * scale_log2).sub_row(finite(m)).exp2()
             l = P.row_sum()
             P = P.to(Q.dtype)                    # the A operand of P·V, from registers
             acc = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
-            for j in range(1, blocks):
+            for j in range(lo + 1, hi):
                 # S of block j runs while P of block j-1 multiplies V ...
                 # The turn first, then the data (FA3 waits for K/V first: slower
                 # causal here, see BENCHMARKS.md).
@@ -154,7 +183,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 tk.mma_wait(1)
                 ks.release(it + 1)
                 # ... and the softmax of block j runs while P·V finishes.
-                S = masked(S, j, row0)
+                S = masked(capped(S), j, row0)
                 m_new = max(m, S.row_max() * scale_log2)
                 m_use = finite(m_new)
                 alpha = (m - m_use).exp2()
@@ -249,26 +278,37 @@ L2_KV_BYTES = 32 << 20
 TASK_OVERHEAD_BLOCKS = 1
 
 
-def tasks(q, k, causal: bool, grid: int):
+def tasks(q, k, causal: bool, grid: int, window: tuple[int, int] = (-1, -1)):
     """attention_kernel's TASKS table for q (B, H, N, D) and k (B, H_kv, N_kv,
     D) over `grid` blocks, on q's device (made once per shape). Not causal:
     query blocks inner, so blocks running together share K and V in L2.
     Causal: the longest tasks (last query blocks) first, heads inner, in
-    groups of as many heads as have K and V that fit in L2_KV_BYTES."""
+    groups of as many heads as have K and V that fit in L2_KV_BYTES. A
+    window: query blocks inner, balanced by the key blocks each reads."""
     B, H, N, D = q.shape
     N_KV = k.shape[2]
     cfg = _config(D, N_KV, causal)
     bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
     key = ("attention", B * H, N, N_KV, D, bm, bn, causal, grid, L2_KV_BYTES,
-           TASK_OVERHEAD_BLOCKS)
-    return schedule.on_device(key, lambda: _task_table(B * H, N, N_KV, D, bm, bn, causal, grid),
-                              q.device)
+           TASK_OVERHEAD_BLOCKS, *window)
+    return schedule.on_device(
+        key, lambda: _task_table(B * H, N, N_KV, D, bm, bn, causal, grid, window), q.device)
 
 
 def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal: bool,
-                grid: int):
+                grid: int, window: tuple[int, int] = (-1, -1)):
     import numpy as np
     q_blocks = -(-n // bm)
+    if window != (-1, -1):          # kv_range's blocks, per query block
+        left, right = window[0], 0 if causal else window[1]
+        qb = np.arange(q_blocks)
+        hi = np.full(q_blocks, n_kv) if right < 0 else \
+            np.minimum(n_kv, (qb + 1) * bm + n_kv - n + right)
+        hi = np.maximum(-(-hi // bn), 1)
+        lo = np.zeros(q_blocks, dtype=np.int64) if left < 0 else \
+            np.minimum(np.maximum(qb * bm + n_kv - n - left, 0) // bn, hi - 1)
+        ids = np.arange(heads * q_blocks)
+        return schedule.table(ids, (hi - lo)[ids % q_blocks] + TASK_OVERHEAD_BLOCKS, grid)
     if not causal:
         ids = np.arange(heads * q_blocks)
         return schedule.table(ids, np.ones(len(ids)), grid)
@@ -281,7 +321,8 @@ def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal:
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
-              return_lse: bool = False, deterministic: bool = False):
+              return_lse: bool = False, deterministic: bool = False,
+              window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
     """softmax(q·kᵀ·scale [+ causal mask])·v on (B, H, N, D) torch tensors.
 
     q: (B, H, N, D); k, v: (B, H_kv, N_kv, D) with H_kv dividing H (GQA/MQA);
@@ -302,7 +343,14 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     loss that reaches it raises a RuntimeError at backward (detach lse).
     deterministic=True makes the backward's dq the same bits on every run (its
     f32 sums over key blocks in a fixed order, FA3's per-tile semaphores), at
-    some speed; o, dk and dv are deterministic either way."""
+    some speed; o, dk and dv are deterministic either way.
+
+    window=(left, right): query i sees keys in [i + N_kv - N - left,
+    i + N_kv - N + right], -1 for no bound on that side (with causal, right
+    is 0), as FlashAttention's window_size; key blocks wholly outside are not
+    read. softcap > 0: scores s·scale become softcap·tanh(s·scale / softcap)
+    (Gemma-2). Both are forward-only for now: with inputs that require grad
+    they raise NotImplementedError (call under torch.no_grad() for inference)."""
     import torch
     _check(q, k, v)
     for name, flag in (("causal", causal), ("deterministic", deterministic)):
@@ -312,26 +360,36 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     scale = 1.0 / math.sqrt(D) if scale is None else checks.number("attention", "scale", scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
+    left, right = checks.window("attention", window)
+    softcap = checks.softcap("attention", softcap)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad and ((left, right) != (-1, -1) or softcap):
+        raise NotImplementedError("attention: window and softcap are forward-only so far (the "
+                                  "backward kernel does not take them); call it under "
+                                  "torch.no_grad() or on inputs that do not require grad")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if torch.compiler.is_compiling():
-        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # eager: no op dispatch (host time)
+        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
+                                             softcap)
+    elif grad:                              # eager: no op dispatch (host time)
         o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic)
     else:                                   # nothing to differentiate: the kernel alone
-        o, lse = custom_ops.attention_forward(q, k, v, causal, scale)
+        o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap)
     return (o, lse) if return_lse else o
 
 
-def launch(q, k, v, o, lse, causal: bool, scale: float) -> None:
+def launch(q, k, v, o, lse, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
+           softcap: float = 0.0) -> None:
     """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
     N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
     cfg = _config(q.shape[-1], k.shape[2], causal)
     grid = num_sms(q.get_device())
+    masks = {} if window == (-1, -1) and not softcap else \
+        dict(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], SOFTCAP=float(softcap))
     attention_kernel[(grid,)](
-        q, k, v, o, lse, tasks(q, k, causal, grid), scale * math.log2(math.e), D=q.shape[-1],
-        CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+        q, k, v, o, lse, tasks(q, k, causal, grid, window), scale * math.log2(math.e),
+        D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg, **masks)
 
 
 def _check(q, k, v) -> None:
