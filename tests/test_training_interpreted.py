@@ -87,6 +87,22 @@ def test_rotary_gradient_is_the_inverse_rotation(interpreted):
     assert ((dq.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def _linear_ce_case(n, d, vocab, generator, ignore_every):
+    """h (n, d) and w (vocab, d) bf16 requiring grad, targets with every
+    ignore_every-th row ignored."""
+    h = torch.randn(n, d, generator=generator).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, d, generator=generator) * 0.3).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, vocab, (n,), generator=generator)
+    t[::ignore_every] = -100
+    return h, w, t
+
+
+def _linear_ce_reference(h, w, t, reduction):
+    """float64 leaves hd, wd and F.cross_entropy(hd @ wd.T, t)."""
+    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    return hd, wd, F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, reduction):
     """Three vocabulary slices (LOGITS_SLICE_BYTES made small): the loss and
@@ -95,14 +111,9 @@ def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, r
     from tk_mlir.kernels import linear_cross_entropy, losses
     monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 40 * 256 * 2)   # 256 classes a slice
     g = torch.Generator().manual_seed(2)
-    n, d, vocab = 40, 64, 704                                         # slices 256, 256, 192
-    h = torch.randn(n, d, generator=g).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(vocab, d, generator=g) * 0.3).to(torch.bfloat16).requires_grad_()
-    t = torch.randint(0, vocab, (n,), generator=g)
-    t[::7] = -100
+    h, w, t = _linear_ce_case(40, 64, 704, g, ignore_every=7)       # slices 256, 256, 192
     loss = linear_cross_entropy(h, w, t, reduction=reduction)
-    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+    hd, wd, ref = _linear_ce_reference(h, w, t, reduction)
     assert loss.shape == ref.shape and loss.dtype == torch.bfloat16
     assert ((loss.double() - ref).norm() / ref.norm()).item() < 1e-2
     dy = torch.rand(ref.shape, generator=g, dtype=torch.float64) + 0.5
@@ -110,7 +121,7 @@ def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, r
     ref_dh, ref_dw = torch.autograd.grad(ref, (hd, wd), dy.to(torch.bfloat16).double())
     for got, want in ((dh, ref_dh), (dw, ref_dw)):
         assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
-    t[3] = vocab + 1
+    t[3] = w.shape[0] + 1                                            # outside the vocabulary
     rows = linear_cross_entropy(h.detach(), w.detach(), t, reduction="none")
     assert rows[3].isnan() and not rows[:3].isnan().any() and not rows[4:].isnan().any()
 
@@ -182,14 +193,9 @@ def test_linear_cross_entropy_gradients_in_row_chunks(interpreted, monkeypatch, 
     from tk_mlir.kernels import linear_cross_entropy, losses
     monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 128 * 256 * 2)
     g = torch.Generator().manual_seed(6)
-    n, d, vocab = 300, 64, 256
-    h = torch.randn(n, d, generator=g).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(vocab, d, generator=g) * 0.3).to(torch.bfloat16).requires_grad_()
-    t = torch.randint(0, vocab, (n,), generator=g)
-    t[::9] = -100
+    h, w, t = _linear_ce_case(300, 64, 256, g, ignore_every=9)
     loss = linear_cross_entropy(h, w, t, reduction=reduction)
-    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction)
+    hd, wd, ref = _linear_ce_reference(h, w, t, reduction)
     assert abs(loss.double() - ref) < 1e-2 * abs(ref)
     want = torch.autograd.grad(ref * 1.5, (hd, wd))
     for _ in range(2):

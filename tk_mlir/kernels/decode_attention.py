@@ -284,7 +284,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
     its cache (N_max, or max_pages·page_size) gets NaN output rows; entries of
     block_table outside [0, num_pages) are not checked on the GPU (TMA reads
-    zeros there) — the CPU interpreter reports them."""
+    zeros there); on CPU tensors (the interpreter) they are checked, as are
+    the lengths."""
     import torch
     _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     if not isinstance(causal, bool):
@@ -443,6 +444,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
     if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
         _check_lengths(cache_seqlens, capacity, N_new if k is not None else 0)
+        if block_table is not None:
+            _check_pages(block_table, cache_seqlens + (N_new if k is not None else 0),
+                         k_cache.shape[1], k_cache.shape[0])
 
 
 def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
@@ -454,3 +458,16 @@ def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
         raise ValueError(f"attention_with_kvcache: cache_seqlens[{b}] = "
                          f"{int(cache_seqlens[b])} plus {added} new tokens is outside the "
                          f"cache's 0..{capacity} keys")
+
+
+def _check_pages(block_table, n_keys, page: int, num_pages: int) -> None:
+    """On the CPU: the pages each batch's keys use name pages of the pool
+    (on the GPU an entry out of range is not checked: TMA reads zeros)."""
+    import torch
+    used = torch.arange(block_table.shape[1])[None] < (n_keys.long()[:, None] + page - 1) // page
+    bad = (used & ((block_table < 0) | (block_table >= num_pages))).nonzero()
+    if len(bad):
+        b, p = (int(i) for i in bad[0])
+        raise ValueError(f"attention_with_kvcache: block_table[{b}, {p}] = "
+                         f"{int(block_table[b, p])} is not a page of k_cache's {num_pages} "
+                         f"(batch {b} uses its first {-(-int(n_keys[b]) // page)} entries)")
