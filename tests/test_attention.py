@@ -323,6 +323,28 @@ def test_window_and_softcap_in_the_interpreter(monkeypatch, causal, window, soft
     assert ((lse.double()[finite] - ref_lse[finite]).norm() / ref_lse[finite].norm()) < 1e-4
 
 
+@gpu
+@pytest.mark.parametrize("d, causal, window, softcap", [(128, True, (1024, -1), 0.0),
+                                                        (64, False, (256, 256), 30.0),
+                                                        (128, False, (-1, -1), 50.0)])
+def test_window_and_softcap_on_the_gpu(d, causal, window, softcap):
+    from tk_mlir.kernels import attention
+    g = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (torch.randn(2, 4, 3000, d, device="cuda", generator=g).to(torch.bfloat16)
+               for _ in range(3))
+    o = attention(q, k, v, causal=causal, window=window, softcap=softcap)
+    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i, j = torch.arange(3000, device="cuda")[:, None], torch.arange(3000, device="cuda")[None]
+    right = 0 if causal else window[1]
+    hidden = (j < i - window[0]) if window[0] >= 0 else torch.zeros_like(i * j, dtype=bool)
+    if right >= 0:
+        hidden |= j > i + right
+    ref = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ v.float()
+    assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_window_and_softcap_are_forward_only():
     from tk_mlir.kernels import attention
     q = torch.randn(1, 1, 8, 64).to(torch.bfloat16).requires_grad_()

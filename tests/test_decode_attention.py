@@ -316,6 +316,17 @@ def test_matches_float64_on_the_gpu(B, new, h, h_kv, d, n_max, page):
 
 
 @gpu
+@pytest.mark.parametrize("window, softcap, page", [((1000, -1), 0.0, 0), ((300, -1), 30.0, 16),
+                                                   ((-1, -1), 20.0, 256)])
+def test_window_and_softcap_on_the_gpu(window, softcap, page):
+    q, k, v, lens, table = _gpu_case(4, 2, 32, 8, 128, 4096, page, seed=21)
+    o = attention_with_kvcache(q, k, v, lens, block_table=table, window=window, softcap=softcap)
+    ro, _ = reference(q, k, v, lens.cpu(), True, None if table is None else table.cpu(),
+                      window=window, softcap=softcap)
+    assert _rel(o.cpu(), ro) < 1e-2
+
+
+@gpu
 def test_cuda_graph_replays_a_decode_step():
     q, k, v, lens, _ = _gpu_case(4, 1, 16, 4, 128, 1024, seed=11)
     lens.fill_(100)
