@@ -61,10 +61,11 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     SPLIT: O (B·H_kv, splits, R, D) and LSE (B·H_kv, splits, R') f32 get the
     chunk's normalised output and log-sum-exp; else O (B, H_kv, R, D) in Q's
     dtype and LSE (B, H_kv, R') are final. R' >= R is a multiple of 4.
-    Grid (splits, cdiv(R, 64), B·H_kv). BN divides PAGE or PAGE divides BN."""
+    Grid (B·H_kv, cdiv(R, 64), splits): B·H_kv in x, whose limit is 2³¹ - 1
+    (y and z stop at 65535). BN divides PAGE or PAGE divides BN."""
     tk.register_split(1, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
-    split, rb, bh = tk.block_id(0), tk.block_id(1), tk.block_id(2)
-    splits = tk.grid_dim(0)
+    bh, rb, split = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    splits = tk.grid_dim(2)
     H_KV = K.shape[1]
     b, hk = bh // H_KV, bh % H_KV
     n_keys = tk.load(SEQLENS, (b,)) + added
@@ -210,8 +211,8 @@ def kv_combine_kernel(OP: tk.gl, LSEP: tk.gl, O: tk.gl, LSE: tk.gl, D: tk.conste
     independent, so they are in flight together (one at a time, a merge of
     16 splits took 15 µs of latency). OP (B·H_kv, splits, R, D), LSEP
     (B·H_kv, splits, R') f32; O (B, H_kv, R, D), LSE (B, H_kv, R') f32. A row
-    no split saw gets 0 and -inf. Grid (cdiv(R, MERGE_ROWS), B·H_kv)."""
-    rb, bh = tk.block_id(0), tk.block_id(1)
+    no split saw gets 0 and -inf. Grid (B·H_kv, cdiv(R, MERGE_ROWS))."""
+    bh, rb = tk.block_id(0), tk.block_id(1)
     H_KV = O.shape[1]
     b, hk = bh // H_KV, bh % H_KV
     m = tk.full((MERGE_ROWS,), float("-inf"))
@@ -334,7 +335,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     rp = -(-R // 4) * 4
     o_rows = torch.empty(B, H_kv, R, D, dtype=q.dtype, device=q.device)
     lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
-    grid = (splits, -(-R // ROWS), B * H_kv)
+    grid = (B * H_kv, -(-R // ROWS), splits)
     args = (seqlens, table, scale * math.log2(math.e), 0 if k is None else N_new, G,
             capacity, left, 0 if causal else right, softcap or 1.0)
     cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
@@ -346,7 +347,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
         lsep = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
         kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, *args, D=D,
                                         PAGE=page, SPLIT=True, **cfg)
-        kv_combine_kernel[(-(-R // MERGE_ROWS), B * H_kv)](op, lsep, o_rows, lse_rows, D=D)
+        kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](op, lsep, o_rows, lse_rows, D=D)
     o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
     lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
     return o, lse
