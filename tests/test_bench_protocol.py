@@ -87,9 +87,18 @@ def test_norm_peers_match_f32_reference_on_cpu():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_norms_without_cuda_says_so():
+@pytest.mark.parametrize("script, argv", [("norms", ["--quick"]),
+                                          ("decode_attention", ["--quick"]),
+                                          ("llama_generate", []),
+                                          ("sliding_window", ["--n", "8192"])])
+def test_scripts_without_cuda_say_so(script, argv):
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        _load("norms").main(["--quick"])
+        _load(script).main(argv)
+
+
+def test_sliding_window_counts_the_pairs_the_window_lets_through():
+    sw = _load("sliding_window")
+    assert sw.pairs(5, 5) == 15 and sw.pairs(6, 2) == 1 + 2 + 3 + 3 + 3 + 3
 
 
 def test_gemm_benchmark_options():
