@@ -345,11 +345,64 @@ def test_window_and_softcap_on_the_gpu(d, causal, window, softcap):
     assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_window_and_softcap_are_forward_only():
+@gpu
+@pytest.mark.parametrize("d, causal, window", [(128, True, (700, -1)), (64, False, (300, 200))])
+def test_window_backward_on_the_gpu(d, causal, window):
+    from tk_mlir.kernels import attention
+    g = torch.Generator(device="cuda").manual_seed(d + 1)
+    q = torch.randn(2, 4, 2000, d, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, 2000, d, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    do = torch.randn_like(q)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    s = qf @ kf.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
+    i, j = torch.arange(2000, device="cuda")[:, None], torch.arange(2000, device="cuda")[None]
+    hidden = (j < i - window[0]) | (j > i + (0 if causal else window[1]))
+    o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vf.repeat_interleave(2, 1)
+    for got, ref in zip(grads, torch.autograd.grad(o, (qf, kf, vf), do.float())):
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("d, causal, window, n, n_kv", [
+    (64, True, (100, -1), 300, 300),      # D=64's pipelined backward, a sliding window
+    (64, True, (100, -1), 300, 700),      # K/V blocks 0 and 1 in no query's window: dK, dV 0
+    (128, False, (64, 40), 250, 250),     # D=128, both edges
+])
+def test_window_backward_in_the_interpreter(monkeypatch, d, causal, window, n, n_kv):
+    """dq, dk, dv of attention(..., window=) through the library's autograd in
+    the interpreter against float64 autograd, GQA 2:1."""
+    import sys
+    from tk_mlir.kernels import attention
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    g = torch.Generator().manual_seed(n_kv + d)
+    q = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 1, n_kv, d, generator=g).to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    do = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16)
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = qd @ kd.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
+    key, row = torch.arange(n_kv)[None], torch.arange(n)[:, None] + n_kv - n
+    hidden = key < row - window[0]
+    hidden |= key > row + (0 if causal else window[1])
+    o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vd.repeat_interleave(2, 1)
+    refs = torch.autograd.grad(o, (qd, kd, vd), do.double())
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert not got.isnan().any(), name
+        assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2, name
+    if n_kv > n:
+        assert not grads[1][:, :, :256].any() and not grads[2][:, :, :256].any()
+
+
+def test_softcap_and_a_deterministic_window_are_forward_only():
     from tk_mlir.kernels import attention
     q = torch.randn(1, 1, 8, 64).to(torch.bfloat16).requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"window and softcap are forward-only"):
-        attention(q, q, q, window=(4, 0))
+    with pytest.raises(NotImplementedError, match=r"softcap is forward-only"):
+        attention(q, q, q, softcap=30.0)
+    with pytest.raises(NotImplementedError, match=r"deterministic=True takes no window"):
+        attention(q, q, q, window=(4, 0), deterministic=True)
     with pytest.raises(ValueError, match=r"window must be \(left, right\)"):
         attention(q.detach(), q.detach(), q.detach(), window=(4, -3))
     with pytest.raises(ValueError, match=r"softcap must be a finite number >= 0"):

@@ -28,7 +28,8 @@
                                                     need_weight) -> (dh, dweight)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
-                                         deterministic=False) -> (dq, dk, dv)
+                                         deterministic=False, left=-1, right=-1)
+                                         -> (dq, dk, dv)
     torch.ops.tk_mlir.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table,
                                              k, v, causal, scale, left=-1, right=-1,
                                              softcap=0.0) -> (o, lse)
@@ -644,8 +645,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
     _lse_like makes it. See flash_attention.attention for the arguments
-    (deterministic is for the backward: autograd keeps it; left, right and
-    softcap are forward-only: a backward through them raises)."""
+    (deterministic is for the backward: autograd keeps it, as it keeps the
+    window, left and right; softcap is forward-only: a backward through it
+    raises)."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
     return attention_forward(q, k, v, causal, scale, (left, right), softcap)
@@ -706,22 +708,24 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
-                       deterministic: bool = False
+                       deterministic: bool = False, left: int = -1, right: int = -1
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention by the backward kernels: an op of its own, so
     that a compiled backward graph calls it as one node (it cannot trace into
     a cuda-python launch)."""
-    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic)
+    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic,
+                                              (left, right))
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale, deterministic=False):
+def _(do, q, k, v, o, lse, causal, scale, deterministic=False, left=-1, right=-1):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, causal, scale, deterministic = inputs[:6]
-    ctx.forward_only = tuple(inputs[6:]) not in ((), (-1, -1, 0.0))   # window / softcap
+    ctx.window = tuple(inputs[6:8]) or (-1, -1)
+    ctx.softcap = inputs[8] if len(inputs) > 8 else 0.0
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
@@ -741,17 +745,22 @@ def _attention_backward(ctx, do, dlse, backward=None):
             "reached it. Use lse.detach() where it is only read (under torch.compile, also "
             "when lse leaves the compiled function)")
     q, k, v, o, lse = ctx.saved_tensors
-    if ctx.forward_only:
-        raise NotImplementedError("tk_mlir.attention: window and softcap are forward-only so "
-                                  "far (the backward kernel does not take them)")
+    if ctx.softcap:
+        raise NotImplementedError("tk_mlir.attention: softcap is forward-only so far (the "
+                                  "backward kernel does not take it)")
     if do is None:      # neither output reached the loss
         return (None,) * 9
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
     args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
     backward = backward or attention_backward
-    # deterministic passed only when set: the default call is the one it always was
-    dq, dk, dv = backward(*args, deterministic=True) if ctx.deterministic else backward(*args)
+    # deterministic and the window passed only when set: the default call is the one it
+    # always was
+    extra = {"deterministic": True} if ctx.deterministic else {}
+    if ctx.window != (-1, -1):
+        extra.update({"window": ctx.window} if backward is flash_attention.attention_backward
+                     else {"left": ctx.window[0], "right": ctx.window[1]})
+    dq, dk, dv = backward(*args, **extra)
     return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -765,14 +774,15 @@ class EagerAttention(torch.autograd.Function):
     custom op's kernel makes). torch.compile traces the op instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic=False):
-        o, lse = attention_forward(q, k, v, causal, scale)
-        _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic), (o, lse))
+    def forward(ctx, q, k, v, causal, scale, deterministic=False, left=-1, right=-1):
+        o, lse = attention_forward(q, k, v, causal, scale, (left, right))
+        _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic, left, right),
+                                 (o, lse))
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)[:6]
+        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)[:8]
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

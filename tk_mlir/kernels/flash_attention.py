@@ -348,9 +348,10 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     window=(left, right): query i sees keys in [i + N_kv - N - left,
     i + N_kv - N + right], -1 for no bound on that side (with causal, right
     is 0), as FlashAttention's window_size; key blocks wholly outside are not
-    read. softcap > 0: scores s·scale become softcap·tanh(s·scale / softcap)
-    (Gemma-2). Both are forward-only for now: with inputs that require grad
-    they raise NotImplementedError (call under torch.no_grad() for inference)."""
+    read, forward and backward (not with deterministic=True). softcap > 0:
+    scores s·scale become softcap·tanh(s·scale / softcap) (Gemma-2), forward
+    only for now: with inputs that require grad it raises
+    NotImplementedError (call under torch.no_grad() for inference)."""
     import torch
     _check(q, k, v)
     for name, flag in (("causal", causal), ("deterministic", deterministic)):
@@ -363,17 +364,20 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     left, right = checks.window("attention", window)
     softcap = checks.softcap("attention", softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and ((left, right) != (-1, -1) or softcap):
-        raise NotImplementedError("attention: window and softcap are forward-only so far (the "
-                                  "backward kernel does not take them); call it under "
-                                  "torch.no_grad() or on inputs that do not require grad")
+    if grad and (softcap or ((left, right) != (-1, -1) and deterministic)):
+        raise NotImplementedError(
+            "attention: " + ("softcap is forward-only so far (the backward kernel does not take "
+                             "it); call it under torch.no_grad() or on inputs that do not "
+                             "require grad" if softcap else
+                             "deterministic=True takes no window in the backward yet"))
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if torch.compiler.is_compiling():
         o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
                                              softcap)
     elif grad:                              # eager: no op dispatch (host time)
-        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic)
+        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
+                                                 right)
     else:                                   # nothing to differentiate: the kernel alone
         o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap)
     return (o, lse) if return_lse else o
@@ -452,7 +456,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               CAUSAL: tk.constexpr = False, DETERMINISTIC: tk.constexpr = False,
                               PIPELINE: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
-                              PRODUCER_REGISTERS: tk.constexpr = 24):
+                              PRODUCER_REGISTERS: tk.constexpr = 24,
+                              WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -482,7 +487,15 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     block kvb's turn is the count 2·kvb (+ wg at D=64; at D=128 both column
     halves count). A task waits only on tasks before it in the table's order,
     in which every block runs its tasks (see `backward_tasks`), and the grid
-    is resident (one block per SM), so the waits cannot deadlock."""
+    is resident (one block per SM), so the waits cannot deadlock.
+
+    WINDOW_LEFT / WINDOW_RIGHT: attention_kernel's window; a task walks only
+    the query blocks whose windows reach its keys (at least one: rows that
+    see none of them give P = 0). Not with DETERMINISTIC: the K/V blocks that
+    reach a dQ tile are then no longer a prefix 0, 1, ..."""
+    windowed = WINDOW_LEFT >= 0 or (not CAUSAL and WINDOW_RIGHT >= 0)
+    assert not (DETERMINISTIC and windowed), \
+        "the deterministic backward takes no window (its dQ turns assume a prefix of K/V blocks)"
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
@@ -503,14 +516,28 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
 
     def first_q_block(kvb):
         """The first query block that sees a key of K/V block kvb."""
-        return max((kvb * 128 - shift) // 64, 0) if CAUSAL else 0
+        first = 0
+        if CAUSAL:
+            first = max((kvb * 128 - shift) // 64, 0)
+        elif WINDOW_RIGHT >= 0:
+            first = min(max((kvb * 128 - shift - WINDOW_RIGHT) // 64, 0), q_blocks - 1)
+        return first
+
+    def end_q_block(kvb, first):
+        """One past the last query block that sees a key of K/V block kvb
+        (past first: a task walks at least one block)."""
+        end = q_blocks
+        if WINDOW_LEFT >= 0:
+            end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // 64 + 1, q_blocks),
+                      first + 1)
+        return end
 
     def walk_start(hk, first):
         """The first (query head, query block) of a task's walk over the query
         blocks first.. of its K/V head's query heads (see next_block)."""
         return hk * group, (q_blocks - 1 if DETERMINISTIC else first)
 
-    def next_block(h, i, first):
+    def next_block(h, i, first, end):
         """The (query head, query block) after (h, i) in that walk: one loop,
         not one per head, so no accumulator lives across an outer loop's
         boundary. Heads outer, blocks up; DETERMINISTIC: blocks down to
@@ -521,7 +548,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             last = (h + 1) % group == 0
             h, i = (h + 1 - group if last else h + 1), (i - 1 if last else i)
         else:
-            last = i + 1 == q_blocks
+            last = i + 1 == end
             h, i = (h + 1 if last else h), (first if last else i + 1)
         return h, i
 
@@ -545,8 +572,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.tma.load_async(kv[c], K, (b, hk, 2 * kvb + c, 0), kv_full)
                     tk.tma.load_async(kv[2 + c], V, (b, hk, 2 * kvb + c, 0), kv_full)
                 first = first_q_block(kvb)
+                end_q = end_q_block(kvb, first)
                 h, i = walk_start(hk, first)
-                for _ in range(group * (q_blocks - first)):
+                for _ in range(group * (end_q - first)):
                     t, q_full = qs.fill(it)
                     tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
                     tk.tma.load_async(t[1], dO, (b, h, i, 0), q_full)
@@ -554,7 +582,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.tma.load_async(rows[0], LSE2, (b, h, i), v_full)
                     tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
                     it += 1
-                    h, i = next_block(h, i, first)
+                    h, i = next_block(h, i, first, end_q)
                 n += 1
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
@@ -583,6 +611,16 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
                     keys = p.row_indices() + kv0
                     p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+            elif WINDOW_RIGHT >= 0:
+                if kv0 + 63 > i * 64 + shift + WINDOW_RIGHT:
+                    keys = p.row_indices() + kv0
+                    p = tk.where(p.col_indices() + (i * 64 + shift + WINDOW_RIGHT) >= keys, p,
+                                 0.0)
+            if WINDOW_LEFT >= 0:
+                if kv0 < i * 64 + 63 + shift - WINDOW_LEFT:    # crosses the window's left edge
+                    keys = p.row_indices() + kv0
+                    p = tk.where(keys >= p.col_indices() + (i * 64 + shift - WINDOW_LEFT), p,
+                                 0.0)
             # Both A operands converted before either MMA: fewer registers
             # live at once (p, dP and the bf16 copies do not all overlap).
             dsb = (p * dp.sub_col(delta)).to(Q.dtype)
@@ -646,8 +684,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             dk = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             dv = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
             first = first_q_block(kvb)
+            end_q = end_q_block(kvb, first)
             h, i = walk_start(hk, first)
-            steps = group * (q_blocks - first)   # >= 1: every K/V block has a query
+            steps = group * (end_q - first)      # >= 1: every K/V block has a query
             if PIPELINE and not DETERMINISTIC:
                 # Step t+1's Sᵀ and dPᵀ run while step t's dQ leaves (the
                 # last step, with no next one, peeled off the loop; not with
@@ -665,7 +704,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     add_dq(dq, it, b, h, i, kvb)
                     tk.mma_wait(0)
                     it += 1
-                    h, i = next_block(h, i, first)
+                    h, i = next_block(h, i, first, end_q)
                 qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
                 dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
                 tk.mma_wait(0)
@@ -681,7 +720,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.mma_wait(0)
                     add_dq(dq, it, b, h, i, kvb)
                     it += 1
-                    h, i = next_block(h, i, first)
+                    h, i = next_block(h, i, first, end_q)
             tk.mma_wait(0)
             kvs.release(n)
             n += 1
@@ -703,7 +742,8 @@ def _backward_config(d: int) -> dict:
     return dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
 
 
-def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False):
+def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False,
+                   window: tuple[int, int] = (-1, -1)):
     """attention_backward_kernel's TASKS table for q (B, H, N, D) and k (B,
     H_kv, N_kv, D) over `grid` blocks, on q's device (made once per shape).
     Not causal: K/V blocks inner, so blocks running together share Q and dO
@@ -717,9 +757,9 @@ def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False):
     B, H, N, D = q.shape
     H_KV, N_KV = k.shape[1], k.shape[2]
     key = ("attention backward", B * H_KV, H // H_KV, N, N_KV, D, causal, grid, L2_KV_BYTES,
-           TASK_OVERHEAD_BLOCKS)
+           TASK_OVERHEAD_BLOCKS, *window)
     table = schedule.on_device(
-        key, lambda: _backward_task_table(B * H_KV, H // H_KV, N, N_KV, D, causal, grid),
+        key, lambda: _backward_task_table(B * H_KV, H // H_KV, N, N_KV, D, causal, grid, window),
         q.device)
     if deterministic:
         table = torch.cat((table, table.new_zeros(dq_counters(B, H, N))))
@@ -734,9 +774,19 @@ def dq_counters(b: int, h: int, n: int) -> int:
 
 
 def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int,
-                         causal: bool, grid: int):
+                         causal: bool, grid: int, window: tuple[int, int] = (-1, -1)):
     import numpy as np
     kv_blocks, q_blocks = -(-n_kv // 128), -(-n // 64)
+    if window != (-1, -1):          # the kernel's first_q_block / end_q_block, per K/V block
+        left, right, kvb = window[0], 0 if causal else window[1], np.arange(kv_blocks)
+        first = np.zeros(kv_blocks, dtype=np.int64) if right < 0 else \
+            np.minimum(np.maximum((kvb * 128 - (n_kv - n) - right) // 64, 0), q_blocks - 1)
+        end = np.full(kv_blocks, q_blocks) if left < 0 else \
+            np.maximum(np.minimum((kvb * 128 + 127 - (n_kv - n) + left) // 64 + 1, q_blocks),
+                       first + 1)
+        ids = np.arange(kv_heads * kv_blocks)
+        steps = q_per_kv * (end - first)[ids % kv_blocks]
+        return schedule.table(ids, steps + 2 * TASK_OVERHEAD_BLOCKS, grid)
     if not causal:
         ids = np.arange(kv_heads * kv_blocks)
         return schedule.table(ids, np.ones(len(ids)), grid)
@@ -771,15 +821,22 @@ def padded_rows(lse):
 
 
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
-                       deterministic: bool = False):
+                       deterministic: bool = False, window: tuple[int, int] = (-1, -1)):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
     v's shapes (GQA: summed over the query heads of each K/V head).
     deterministic=True: dq's f32 sums in a fixed order (the same bits on every
-    run), at some speed (tasks wait for their turn at each dQ tile)."""
+    run), at some speed (tasks wait for their turn at each dQ tile).
+    window: the forward's (left, right); not with deterministic."""
     import torch
     B, H, N, D = q.shape
     cfg = _backward_config(D)
+    if window != (-1, -1):
+        if deterministic:
+            raise NotImplementedError("attention backward: deterministic=True takes no window "
+                                      "yet (its dQ turns assume every K/V block before a "
+                                      "tile's reaches it)")
+        cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
     lse = padded_rows(lse)
     lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
@@ -789,7 +846,8 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = num_sms(q.get_device())
     attention_backward_kernel[(grid,)](
-        q, k, v, do, lse2, delta, dq, dk, dv, backward_tasks(q, k, causal, grid, deterministic),
+        q, k, v, do, lse2, delta, dq, dk, dv,
+        backward_tasks(q, k, causal, grid, deterministic, window),
         scale * math.log2(math.e), scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv
