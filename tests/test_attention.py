@@ -346,8 +346,10 @@ def test_window_and_softcap_on_the_gpu(d, causal, window, softcap):
 
 
 @gpu
-@pytest.mark.parametrize("d, causal, window", [(128, True, (700, -1)), (64, False, (300, 200))])
-def test_window_backward_on_the_gpu(d, causal, window):
+@pytest.mark.parametrize("d, causal, window, softcap", [(128, True, (700, -1), 0.0),
+                                                        (64, False, (300, 200), 0.0),
+                                                        (128, True, (-1, -1), 30.0)])
+def test_window_and_softcap_backward_on_the_gpu(d, causal, window, softcap):
     from tk_mlir.kernels import attention
     g = torch.Generator(device="cuda").manual_seed(d + 1)
     q = torch.randn(2, 4, 2000, d, device="cuda", generator=g).to(torch.bfloat16)
@@ -355,52 +357,62 @@ def test_window_backward_on_the_gpu(d, causal, window):
             for _ in range(2))
     do = torch.randn_like(q)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window,
+                                          softcap=softcap), (q, k, v), do)
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     s = qf @ kf.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     i, j = torch.arange(2000, device="cuda")[:, None], torch.arange(2000, device="cuda")[None]
-    hidden = (j < i - window[0]) | (j > i + (0 if causal else window[1]))
+    hidden = (j > i + (0 if causal else window[1])) if causal or window[1] >= 0 else i < 0
+    if window[0] >= 0:
+        hidden |= j < i - window[0]
     o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vf.repeat_interleave(2, 1)
     for got, ref in zip(grads, torch.autograd.grad(o, (qf, kf, vf), do.float())):
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("d, causal, window, n, n_kv", [
-    (64, True, (100, -1), 300, 300),      # D=64's pipelined backward, a sliding window
-    (64, True, (100, -1), 300, 700),      # K/V blocks 0 and 1 in no query's window: dK, dV 0
-    (128, False, (64, 40), 250, 250),     # D=128, both edges
+@pytest.mark.parametrize("d, causal, window, softcap, n, n_kv", [
+    (64, True, (100, -1), 0.0, 300, 300),   # D=64's pipelined backward, a sliding window
+    (64, True, (100, -1), 0.0, 300, 700),   # K/V blocks 0, 1 in no query's window: dK, dV 0
+    (128, False, (64, 40), 0.0, 250, 250),  # D=128, both edges
+    (64, False, (-1, -1), 2.0, 200, 260),   # soft-capping (scores well past the cap)
+    (128, True, (90, -1), 3.0, 200, 200),   # both
 ])
-def test_window_backward_in_the_interpreter(monkeypatch, d, causal, window, n, n_kv):
-    """dq, dk, dv of attention(..., window=) through the library's autograd in
-    the interpreter against float64 autograd, GQA 2:1."""
+def test_window_and_softcap_backward_in_the_interpreter(monkeypatch, d, causal, window,
+                                                         softcap, n, n_kv):
+    """dq, dk, dv of attention(..., window=, softcap=) through the library's
+    autograd in the interpreter against float64 autograd, GQA 2:1."""
     import sys
     from tk_mlir.kernels import attention
     monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
     g = torch.Generator().manual_seed(n_kv + d)
-    q = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16).requires_grad_()
+    q = (torch.randn(1, 2, n, d, generator=g) * 2).to(torch.bfloat16).requires_grad_()
     k, v = (torch.randn(1, 1, n_kv, d, generator=g).to(torch.bfloat16).requires_grad_()
             for _ in range(2))
     do = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16)
-    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window,
+                                          softcap=softcap), (q, k, v), do)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     s = qd @ kd.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     key, row = torch.arange(n_kv)[None], torch.arange(n)[:, None] + n_kv - n
-    hidden = key < row - window[0]
-    hidden |= key > row + (0 if causal else window[1])
+    hidden = (key < row - window[0]) if window[0] >= 0 else torch.zeros(n, n_kv, dtype=bool)
+    if causal or window[1] >= 0:
+        hidden |= key > row + (0 if causal else window[1])
     o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vd.repeat_interleave(2, 1)
     refs = torch.autograd.grad(o, (qd, kd, vd), do.double())
     for name, got, ref in zip(("dq", "dk", "dv"), grads, refs):
         assert not got.isnan().any(), name
         assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2, name
-    if n_kv > n:
+    if window[0] >= 0 and n_kv - n - window[0] >= 256:        # keys no window reaches
         assert not grads[1][:, :, :256].any() and not grads[2][:, :, :256].any()
 
 
-def test_softcap_and_a_deterministic_window_are_forward_only():
+def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
     from tk_mlir.kernels import attention
     q = torch.randn(1, 1, 8, 64).to(torch.bfloat16).requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"softcap is forward-only"):
-        attention(q, q, q, softcap=30.0)
     with pytest.raises(NotImplementedError, match=r"deterministic=True takes no window"):
         attention(q, q, q, window=(4, 0), deterministic=True)
     with pytest.raises(ValueError, match=r"window must be \(left, right\)"):

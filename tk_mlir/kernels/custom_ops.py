@@ -28,8 +28,8 @@
                                                     need_weight) -> (dh, dweight)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
-                                         deterministic=False, left=-1, right=-1)
-                                         -> (dq, dk, dv)
+                                         deterministic=False, left=-1, right=-1,
+                                         softcap=0.0) -> (dq, dk, dv)
     torch.ops.tk_mlir.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table,
                                              k, v, causal, scale, left=-1, right=-1,
                                              softcap=0.0) -> (o, lse)
@@ -646,8 +646,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
     _lse_like makes it. See flash_attention.attention for the arguments
     (deterministic is for the backward: autograd keeps it, as it keeps the
-    window, left and right; softcap is forward-only: a backward through it
-    raises)."""
+    window (left, right) and softcap)."""
     flash_attention._check(q, k, v)
     checks.on_cuda("attention", "q", q)
     return attention_forward(q, k, v, causal, scale, (left, right), softcap)
@@ -708,17 +707,18 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left
 @torch.library.custom_op("tk_mlir::attention_backward", mutates_args=())
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
-                       deterministic: bool = False, left: int = -1, right: int = -1
+                       deterministic: bool = False, left: int = -1, right: int = -1,
+                       softcap: float = 0.0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention by the backward kernels: an op of its own, so
     that a compiled backward graph calls it as one node (it cannot trace into
     a cuda-python launch)."""
     return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic,
-                                              (left, right))
+                                              (left, right), softcap)
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale, deterministic=False, left=-1, right=-1):
+def _(do, q, k, v, o, lse, causal, scale, deterministic=False, left=-1, right=-1, softcap=0.0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -745,9 +745,6 @@ def _attention_backward(ctx, do, dlse, backward=None):
             "reached it. Use lse.detach() where it is only read (under torch.compile, also "
             "when lse leaves the compiled function)")
     q, k, v, o, lse = ctx.saved_tensors
-    if ctx.softcap:
-        raise NotImplementedError("tk_mlir.attention: softcap is forward-only so far (the "
-                                  "backward kernel does not take it)")
     if do is None:      # neither output reached the loss
         return (None,) * 9
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
@@ -757,9 +754,10 @@ def _attention_backward(ctx, do, dlse, backward=None):
     # deterministic and the window passed only when set: the default call is the one it
     # always was
     extra = {"deterministic": True} if ctx.deterministic else {}
-    if ctx.window != (-1, -1):
-        extra.update({"window": ctx.window} if backward is flash_attention.attention_backward
-                     else {"left": ctx.window[0], "right": ctx.window[1]})
+    if ctx.window != (-1, -1) or ctx.softcap:
+        extra.update({"window": ctx.window, "softcap": ctx.softcap}
+                     if backward is flash_attention.attention_backward else
+                     {"left": ctx.window[0], "right": ctx.window[1], "softcap": ctx.softcap})
     dq, dk, dv = backward(*args, **extra)
     return dq, dk, dv, None, None, None, None, None, None
 
@@ -774,15 +772,16 @@ class EagerAttention(torch.autograd.Function):
     custom op's kernel makes). torch.compile traces the op instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic=False, left=-1, right=-1):
-        o, lse = attention_forward(q, k, v, causal, scale, (left, right))
-        _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic, left, right),
-                                 (o, lse))
+    def forward(ctx, q, k, v, causal, scale, deterministic=False, left=-1, right=-1,
+                softcap=0.0):
+        o, lse = attention_forward(q, k, v, causal, scale, (left, right), softcap)
+        _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic, left, right,
+                                       softcap), (o, lse))
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)[:8]
+        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

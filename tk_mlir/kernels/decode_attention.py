@@ -27,7 +27,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.kernels import checks
 from tk_mlir.kernels.device import num_sms
-from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite
+from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
 
 ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
 MERGE_ROWS = 16    # rows per block of the merge (R = N_new·G is rarely more)
@@ -87,9 +87,8 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
         """The scores of key block j in log2 units (·scale·log2(e), or
         soft-capped) with -inf past n_keys and outside each row's window;
         only blocks that reach an edge are masked."""
-        if SOFTCAP:      # softcap·tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1)
-            e = (S * (2.0 * scale_log2 / softcap)).exp2()
-            S = (1.0 - 2.0 * (e + 1.0).rcp()) * (softcap * LOG2E)
+        if SOFTCAP:      # softcap·tanh(s·scale / softcap), in log2 units
+            S = tanh(S * (scale_log2 / (LOG2E * softcap))) * (softcap * LOG2E)
         else:
             S = S * scale_log2
         col0 = j * BN

@@ -111,11 +111,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
 
     def capped(S):
         """SOFTCAP: the scores soft-capped, left in S's units (·scale·log2(e)
-        later gives SOFTCAP·tanh(s·scale / SOFTCAP)·log2(e)); tanh(y) =
-        1 - 2 / (exp(2y) + 1)."""
+        later gives SOFTCAP·tanh(s·scale / SOFTCAP)·log2(e))."""
         if SOFTCAP > 0:
-            e = (S * (2.0 * scale_log2 / SOFTCAP)).exp2()
-            S = (1.0 - 2.0 * (e + 1.0).rcp()) * (SOFTCAP * LOG2E / scale_log2)
+            S = tanh(S * (scale_log2 / (LOG2E * SOFTCAP))) * (SOFTCAP * LOG2E / scale_log2)
         return S
 
     # Each side reads its own block_id/grid_dim for the task loop: a value
@@ -220,6 +218,13 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             tk.store(LSE, m * LN2 + l.log(), (b, h, CONSUMERS * qb + wg))
         if O_TMA and leader:
             tk.tma.store_wait(0, read=False)
+
+@tk.func
+def tanh(x):
+    """tanh of a tile, 1 - 2 / (exp(2x) + 1) (exp2 and rcp: two MUFU ops; ±1
+    where exp overflows or vanishes), for soft-capping."""
+    return 1.0 - 2.0 * ((x * (2.0 * LOG2E)).exp2() + 1.0).rcp()
+
 
 @tk.func
 def finite(m):
@@ -350,8 +355,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     is 0), as FlashAttention's window_size; key blocks wholly outside are not
     read, forward and backward (not with deterministic=True). softcap > 0:
     scores s·scale become softcap·tanh(s·scale / softcap) (Gemma-2), forward
-    only for now: with inputs that require grad it raises
-    NotImplementedError (call under torch.no_grad() for inference)."""
+    and backward."""
     import torch
     _check(q, k, v)
     for name, flag in (("causal", causal), ("deterministic", deterministic)):
@@ -364,12 +368,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     left, right = checks.window("attention", window)
     softcap = checks.softcap("attention", softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and (softcap or ((left, right) != (-1, -1) and deterministic)):
-        raise NotImplementedError(
-            "attention: " + ("softcap is forward-only so far (the backward kernel does not take "
-                             "it); call it under torch.no_grad() or on inputs that do not "
-                             "require grad" if softcap else
-                             "deterministic=True takes no window in the backward yet"))
+    if grad and (left, right) != (-1, -1) and deterministic:
+        raise NotImplementedError("attention: deterministic=True takes no window in the "
+                                  "backward yet")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if torch.compiler.is_compiling():
@@ -377,7 +378,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
                                              softcap)
     elif grad:                              # eager: no op dispatch (host time)
         o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
-                                                 right)
+                                                 right, softcap)
     else:                                   # nothing to differentiate: the kernel alone
         o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap)
     return (o, lse) if return_lse else o
@@ -457,7 +458,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               PIPELINE: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24,
-                              WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1):
+                              WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
+                              SOFTCAP: tk.constexpr = 0.0):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -492,7 +494,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     WINDOW_LEFT / WINDOW_RIGHT: attention_kernel's window; a task walks only
     the query blocks whose windows reach its keys (at least one: rows that
     see none of them give P = 0). Not with DETERMINISTIC: the K/V blocks that
-    reach a dQ tile are then no longer a prefix 0, 1, ..."""
+    reach a dQ tile are then no longer a prefix 0, 1, ... SOFTCAP: P from the
+    capped scores, and dSᵀ times the cap's derivative 1 - tanh²."""
     windowed = WINDOW_LEFT >= 0 or (not CAUSAL and WINDOW_RIGHT >= 0)
     assert not (DETERMINISTIC and windowed), \
         "the deterministic backward takes no window (its dQ turns assume a prefix of K/V blocks)"
@@ -603,6 +606,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         def gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
             """Once Sᵀ and dPᵀ are complete: P and dSᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q
             issued, dSᵀ to shared memory and dQ = dS·K issued: (dk, dv, dq)."""
+            if SOFTCAP > 0:
+                t = tanh(s * (scale_log2 / (LOG2E * SOFTCAP)))
+                s = t * (SOFTCAP * LOG2E / scale_log2)
             p = (s * scale_log2).sub_col(lse2).exp2()
             # Delta read once P is made: its 16 registers and lse2's are
             # not live together (fewer spills at D=128)
@@ -623,7 +629,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                  0.0)
             # Both A operands converted before either MMA: fewer registers
             # live at once (p, dP and the bf16 copies do not all overlap).
-            dsb = (p * dp.sub_col(delta)).to(Q.dtype)
+            dst = p * dp.sub_col(delta)             # dSᵀ
+            if SOFTCAP > 0:
+                dst = dst * (1.0 - t * t)
+            dsb = dst.to(Q.dtype)
             pb = p.to(Q.dtype)
             dv = tk.mma_AB(dv, pb, dot)
             dk = tk.mma_AB(dk, dsb, qt)
@@ -821,13 +830,14 @@ def padded_rows(lse):
 
 
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
-                       deterministic: bool = False, window: tuple[int, int] = (-1, -1)):
+                       deterministic: bool = False, window: tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
     v's shapes (GQA: summed over the query heads of each K/V head).
     deterministic=True: dq's f32 sums in a fixed order (the same bits on every
     run), at some speed (tasks wait for their turn at each dQ tile).
-    window: the forward's (left, right); not with deterministic."""
+    window, softcap: the forward's (the window not with deterministic)."""
     import torch
     B, H, N, D = q.shape
     cfg = _backward_config(D)
@@ -837,6 +847,8 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
                                       "yet (its dQ turns assume every K/V block before a "
                                       "tile's reaches it)")
         cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
+    if softcap:
+        cfg.update(SOFTCAP=float(softcap))
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
     lse = padded_rows(lse)
     lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
