@@ -120,3 +120,36 @@ def test_patched_llama_generates_through_its_cache(interpreted, monkeypatch):
             assert relative_error(out.logits, ref) < 2e-2
             cache = _cache_of(out)
     assert decode_steps == [1, 3]                 # one layer, two steps: the KV-cache kernel
+
+
+def test_the_attention_implementation_keeps_gemma2s_softcap_and_window(interpreted):
+    """"tk_mlir" as a Gemma-2's attention implementation: its logit softcap
+    and sliding window reach the kernels (the logits of the float32 model),
+    and a sequence longer than the window, whose sliding layers get a mask,
+    is refused rather than computed without it."""
+    from tk_mlir.integrations.llama import _register_attention
+    config = transformers.Gemma2Config(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, sliding_window=32,
+        attn_logit_softcapping=1.0, final_logit_softcapping=None, attn_implementation="eager")
+    torch.manual_seed(0)
+    reference = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in reference.model.layers:       # scores well past the cap
+            layer.self_attn.q_proj.weight *= 40
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    _register_attention()
+    model.config._attn_implementation = "tk_mlir"
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (1, 24), generator=g)
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+        want = reference(input_ids=ids).logits
+        assert relative_error(got, want) < 3e-2
+        uncapped = copy.deepcopy(reference)
+        uncapped.config.attn_logit_softcapping = None
+        for layer in uncapped.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+        assert relative_error(uncapped(input_ids=ids).logits, want) > 0.2   # the cap matters
+        with pytest.raises(NotImplementedError, match="a padding mask is not supported"):
+            model(input_ids=torch.randint(0, 256, (1, 40), generator=g))

@@ -111,8 +111,11 @@ DECODE_ROWS = 16
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-               **kwargs):
-    """transformers' attention interface: (B, H, N, D) in, (B, N, H, D) out."""
+               sliding_window=None, softcap=None, **kwargs):
+    """transformers' attention interface: (B, H, N, D) in, (B, N, H, D) out.
+    A layer's sliding_window W (keys i - W < j <= i, transformers' meaning:
+    FlashAttention's window (W - 1, W - 1)) and its logit softcap (Gemma-2)
+    are the kernels' window and softcap: no model's options are dropped."""
     import torch
 
     from tk_mlir.kernels import attention
@@ -122,6 +125,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if dropout:
         raise NotImplementedError("tk_mlir attention: attention dropout is not supported")
     causal = getattr(module, "is_causal", True)
+    masks = dict(window=(-1, -1) if sliding_window is None else
+                 (sliding_window - 1, sliding_window - 1), softcap=softcap or 0.0)
     if query.shape[2] <= DECODE_ROWS and not (torch.is_grad_enabled() and query.requires_grad):
         # Generation through the cache: a few new tokens over the whole cache
         # (every sequence holds all N_kv keys: no padding), GQA-packed.
@@ -130,8 +135,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         lengths = torch.full((B,), n_kv, dtype=torch.int32, device=key.device)
         return attention_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
                                       value.transpose(1, 2), lengths, causal=causal,
-                                      scale=scaling), None
-    o = attention(query, key, value, causal=causal, scale=scaling)
+                                      scale=scaling, **masks), None
+    o = attention(query, key, value, causal=causal, scale=scaling, **masks)
     return o.transpose(1, 2), None
 
 
