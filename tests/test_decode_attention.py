@@ -234,6 +234,13 @@ def test_a_length_past_the_cache_gives_nan_on_the_gpu_path(interpret):
     o, _ = decode_attention.forward(q, k, v, lens + torch.tensor([1, 0], dtype=torch.int32),
                                     None, None, None, True, 0.125)
     assert o[0].isnan().all() and not o[1].isnan().any()
+    # Appending past the cache writes nothing there (and its rows are NaN as well); the
+    # other batch's key lands at its length.
+    kn = _uniform(2, 1, 1, 64, generator=g)
+    before = k.clone()
+    o, _ = decode_attention.forward(q, k, v, lens, None, kn, kn, True, 0.125)
+    assert torch.equal(k[0].nan_to_num(), before[0].nan_to_num())      # batch 0's: past the end
+    assert torch.equal(k[1, 20], kn[1, 0]) and o[0].isnan().all()
 
 
 def _args(**change):

@@ -236,6 +236,27 @@ def kv_combine_kernel(OP: tk.gl, LSEP: tk.gl, O: tk.gl, LSE: tk.gl, D: tk.conste
     tk.store(LSE, finite(m) + l.log(), (b, hk, rb))
 
 
+@tk.kernel(num_warps=4)
+def kv_append_kernel(K_NEW: tk.gl, V_NEW: tk.gl, K_CACHE: tk.gl, V_CACHE: tk.gl,
+                     SEQLENS: tk.gl, BLOCK_TABLE: tk.gl, capacity: int, HB: tk.constexpr,
+                     D: tk.constexpr, PAGE: tk.constexpr = 0):
+    """New token t of batch b (its H_kv keys and values) into the cache at
+    key position SEQLENS[b] + t: K_NEW, V_NEW (B, N_new, H_kv, D); the caches
+    (B, N_max, H_kv, D), or with PAGE > 0 pages (num_pages, PAGE, H_kv, D)
+    mapped by BLOCK_TABLE (B, max_pages) i32. A position outside 0 ..
+    capacity - 1 writes nothing (the attention kernel then gives NaN rows),
+    as does a page number outside the pool (the stores are masked). HB: H_kv
+    rounded up to a power of two. Grid (N_new, B)."""
+    t, b = tk.block_id(0), tk.block_id(1)
+    pos = tk.load(SEQLENS, (b,)) + t
+    if pos < capacity:                 # (negative positions: masked by the stores)
+        page, row = b, pos
+        if PAGE > 0:
+            page, row = tk.load(BLOCK_TABLE, (b, pos // PAGE)), pos % PAGE
+        tk.store(K_CACHE, tk.load(K_NEW, (b, t, 0, 0), (HB, D)), (page, row, 0, 0))
+        tk.store(V_CACHE, tk.load(V_NEW, (b, t, 0, 0), (HB, D)), (page, row, 0, 0))
+
+
 # ------------------------------------------------------------------ host side
 
 def _config(d: int, page: int) -> dict:
@@ -318,17 +339,17 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     H_kv = k_cache.shape[2]
     G = H // H_kv
     R = N_new * G
+    page = 0 if block_table is None else k_cache.shape[1]
+    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * page
+    seqlens = checks.int32_table(cache_seqlens)
+    table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
     if k is not None:
-        append(k_cache, v_cache, cache_seqlens, block_table, k, v)
+        append(k_cache, v_cache, seqlens, table, k, v, capacity)
     # Query rows per K/V head: a view for one new token, a copy for several.
     q_rows = q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D)
     q_rows = checks.kernel_operand(q_rows)
     # The cache as the kernel reads it: (B or pages, H_kv, keys, D).
     kk, vv = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    page = 0 if block_table is None else k_cache.shape[1]
-    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * page
-    seqlens = checks.int32_table(cache_seqlens)
-    table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
     cfg = _config(D, page)
     splits = _splits(B * H_kv * -(-R // ROWS), -(-capacity // cfg["BN"]), q.get_device())
     rp = -(-R // 4) * 4
@@ -360,22 +381,16 @@ def _splits(tasks: int, key_blocks: int, device: int) -> int:
     return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
 
 
-def append(k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
-    """Write the new tokens' k and v into the cache at positions
-    cache_seqlens[b] + t (torch indexing on the GPU: no synchronisation; an
-    index past the cache is a device-side assertion)."""
-    import torch
-    B, N_new = k.shape[:2]
-    pos = cache_seqlens.long()[:, None] + torch.arange(N_new, device=k.device)
-    if block_table is None:
-        rows = torch.arange(B, device=k.device)[:, None]
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
-    else:
-        page_size = k_cache.shape[1]
-        pages = block_table.long().gather(1, pos // page_size)
-        k_cache[pages, pos % page_size] = k
-        v_cache[pages, pos % page_size] = v
+def append(k_cache, v_cache, seqlens, table, k, v, capacity: int) -> None:
+    """kv_append_kernel: the new tokens' k and v into the cache at positions
+    cache_seqlens[b] + t, one launch, lengths read on the GPU (seqlens and
+    table as the attention kernel takes them)."""
+    B, N_new, H_kv, D = k.shape
+    paged = table is not seqlens
+    kv_append_kernel[(N_new, B)](checks.kernel_operand(k), checks.kernel_operand(v), k_cache,
+                                 v_cache, seqlens, table, capacity,
+                                 HB=1 << (H_kv - 1).bit_length(), D=D,
+                                 PAGE=k_cache.shape[1] if paged else 0)
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
