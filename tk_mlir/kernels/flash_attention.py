@@ -17,9 +17,11 @@ reads, causal tasks longest first in groups of heads whose K and V share L2.
 Masks: keys past N_kv and, with causal=True, keys after the diagonal get -inf
 scores. Causal attention with N_q != N_kv is aligned bottom-right, as
 FlashAttention does: query i sees keys j <= i + N_kv - N_q. A query row that
-sees no key gets output 0 and log-sum-exp -inf (never NaN). GQA / MQA: K and
-V may have fewer heads (H_kv dividing H); query head h reads K/V head
-h // (H / H_kv).
+sees no key gets output 0 and log-sum-exp -inf (never NaN). A sliding window
+(WINDOW_LEFT / WINDOW_RIGHT) masks its edges and skips the key blocks wholly
+outside it; SOFTCAP caps the scores (`tanh`); both are constexprs, so the
+default specializations carry none of it. GQA / MQA: K and V may have fewer
+heads (H_kv dividing H); query head h reads K/V head h // (H / H_kv).
 """
 from __future__ import annotations
 
