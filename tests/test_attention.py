@@ -283,6 +283,28 @@ def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
     assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
 
 
+def _window_reference(q, k, v, causal, window, softcap, scale):
+    """(o, lse) of attention with a window (left, right) and softcap, in q's
+    (float) dtype: GQA by repeating K/V heads, bottom-right aligned (query i
+    at key position i + N_kv - N), rows that see no key 0 and -inf."""
+    group = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    n, n_kv = s.shape[-2:]
+    key = torch.arange(n_kv, device=s.device)[None]
+    row = torch.arange(n, device=s.device)[:, None] + n_kv - n
+    hidden = torch.zeros(n, n_kv, dtype=torch.bool, device=s.device)
+    right = 0 if causal else window[1]
+    if window[0] >= 0:
+        hidden |= key < row - window[0]
+    if right >= 0:
+        hidden |= key > row + right
+    s = s.masked_fill(hidden, float("-inf"))
+    o = torch.softmax(s, -1).nan_to_num() @ v.repeat_interleave(group, 1)
+    return o, torch.logsumexp(s, -1)
+
+
 @pytest.mark.parametrize("causal, window, softcap", [
     (True, (100, -1), 0.0),     # a sliding window: blocks wholly left of it never read
     (False, (64, 40), 0.0),     # both edges, not causal
@@ -301,17 +323,8 @@ def test_window_and_softcap_in_the_interpreter(monkeypatch, causal, window, soft
     q = (torch.randn(B, H, N, D, generator=g) * 2).to(torch.bfloat16)
     k, v = (torch.randn(B, H_KV, N_KV, D, generator=g).to(torch.bfloat16) for _ in range(2))
     shift, left = N_KV - N, window[0]
-    right = 0 if causal else window[1]
-    s = torch.einsum("bhnd,bhkd->bhnk", q.double(), k.double().repeat_interleave(2, 1)) / 8
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    key, row = torch.arange(N_KV)[None], torch.arange(N)[:, None] + shift
-    hidden = (key < row - left) if left >= 0 else torch.zeros(N, N_KV, dtype=torch.bool)
-    if right >= 0:
-        hidden |= key > row + right
-    s = s.masked_fill(hidden, float("-inf"))
-    ref_lse = torch.logsumexp(s, -1)
-    ref = torch.softmax(s, -1).nan_to_num() @ v.double().repeat_interleave(2, 1)
+    ref, ref_lse = _window_reference(q.double(), k.double(), v.double(), causal, window, softcap,
+                                     1 / 8)
     first_key = max(shift - left, 0) if left >= 0 else 0      # the first key any row sees
     k[:, :, :first_key // 128 * 128] = float("nan")
     v[:, :, :first_key // 128 * 128] = float("nan")
@@ -333,15 +346,8 @@ def test_window_and_softcap_on_the_gpu(d, causal, window, softcap):
     q, k, v = (torch.randn(2, 4, 3000, d, device="cuda", generator=g).to(torch.bfloat16)
                for _ in range(3))
     o = attention(q, k, v, causal=causal, window=window, softcap=softcap)
-    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i, j = torch.arange(3000, device="cuda")[:, None], torch.arange(3000, device="cuda")[None]
-    right = 0 if causal else window[1]
-    hidden = (j < i - window[0]) if window[0] >= 0 else torch.zeros_like(i * j, dtype=bool)
-    if right >= 0:
-        hidden |= j > i + right
-    ref = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ v.float()
+    ref, _ = _window_reference(q.float(), k.float(), v.float(), causal, window, softcap,
+                               1 / math.sqrt(d))
     assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
@@ -360,14 +366,7 @@ def test_window_and_softcap_backward_on_the_gpu(d, causal, window, softcap):
     grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window,
                                           softcap=softcap), (q, k, v), do)
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    s = qf @ kf.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i, j = torch.arange(2000, device="cuda")[:, None], torch.arange(2000, device="cuda")[None]
-    hidden = (j > i + (0 if causal else window[1])) if causal or window[1] >= 0 else i < 0
-    if window[0] >= 0:
-        hidden |= j < i - window[0]
-    o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vf.repeat_interleave(2, 1)
+    o, _ = _window_reference(qf, kf, vf, causal, window, softcap, 1 / math.sqrt(d))
     for got, ref in zip(grads, torch.autograd.grad(o, (qf, kf, vf), do.float())):
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
 
@@ -394,14 +393,7 @@ def test_window_and_softcap_backward_in_the_interpreter(monkeypatch, d, causal, 
     grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window,
                                           softcap=softcap), (q, k, v), do)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    s = qd @ kd.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(d)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    key, row = torch.arange(n_kv)[None], torch.arange(n)[:, None] + n_kv - n
-    hidden = (key < row - window[0]) if window[0] >= 0 else torch.zeros(n, n_kv, dtype=bool)
-    if causal or window[1] >= 0:
-        hidden |= key > row + (0 if causal else window[1])
-    o = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ vd.repeat_interleave(2, 1)
+    o, _ = _window_reference(qd, kd, vd, causal, window, softcap, 1 / math.sqrt(d))
     refs = torch.autograd.grad(o, (qd, kd, vd), do.double())
     for name, got, ref in zip(("dq", "dk", "dv"), grads, refs):
         assert not got.isnan().any(), name
