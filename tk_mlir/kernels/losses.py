@@ -126,12 +126,17 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
     if n:
         cross_entropy_kernel[(n,)](logits, _targets(target, rows, v, ignore_index), loss_rows,
                                    lse, ignore_index, label_smoothing)
-    loss = loss_rows[:n]
+    return _reduced(loss_rows[:n], target, ignore_index, reduction).to(logits.dtype), lse[:n]
+
+
+def _reduced(loss, target, ignore_index: int, reduction: str):
+    """Per-row losses reduced as F.cross_entropy does: "none" as they are,
+    "sum", or "mean" over the rows not ignored (NaN when all are, as torch)."""
     if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() / (target != ignore_index).sum()
-    return loss.to(logits.dtype), lse[:n]
+        return loss.sum()
+    if reduction == "mean":
+        return loss.sum() / (target != ignore_index).sum()
+    return loss
 
 
 def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduction: str,
@@ -261,11 +266,7 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     lse = torch.stack(lse_parts).logsumexp(0)
     loss = torch.where(target == ignore_index, 0.0,
                        torch.where((target < 0) | (target >= v), float("nan"), lse - x_t))
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() / (target != ignore_index).sum()
-    return loss.to(h.dtype), lse
+    return _reduced(loss, target, ignore_index, reduction).to(h.dtype), lse
 
 
 def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: str,
@@ -308,9 +309,7 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
                 dw += share
     if not n and need_weight:
         dw.zero_()
-    loss = loss_rows[:n].sum()
-    if reduction == "mean":
-        loss = loss / (target != ignore_index).sum()
+    loss = _reduced(loss_rows[:n], target, ignore_index, reduction)
     return loss.to(h.dtype), lse[:n], dh, dw
 
 
