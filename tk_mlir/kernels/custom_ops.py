@@ -26,7 +26,8 @@
     torch.ops.tk_mlir.linear_cross_entropy_backward(dloss, h, weight, target, lse,
                                                     ignore_index, reduction, need_h,
                                                     need_weight) -> (dh, dweight)
-    torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False) -> (o, lse)
+    torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False, left=-1,
+                                right=-1, softcap=0.0) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
                                          deterministic=False, left=-1, right=-1,
                                          softcap=0.0) -> (dq, dk, dv)
@@ -714,7 +715,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     that a compiled backward graph calls it as one node (it cannot trace into
     a cuda-python launch)."""
     return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic,
-                                              (left, right), softcap)
+                                              left, right, softcap)
 
 
 @attention_backward.register_fake
@@ -751,13 +752,11 @@ def _attention_backward(ctx, do, dlse, backward=None):
         do = do.contiguous()
     args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
     backward = backward or attention_backward
-    # deterministic and the window passed only when set: the default call is the one it
+    # deterministic and the masks passed only when set: the default call is the one it
     # always was
     extra = {"deterministic": True} if ctx.deterministic else {}
     if ctx.window != (-1, -1) or ctx.softcap:
-        extra.update({"window": ctx.window, "softcap": ctx.softcap}
-                     if backward is flash_attention.attention_backward else
-                     {"left": ctx.window[0], "right": ctx.window[1], "softcap": ctx.softcap})
+        extra.update(left=ctx.window[0], right=ctx.window[1], softcap=ctx.softcap)
     dq, dk, dv = backward(*args, **extra)
     return dq, dk, dv, None, None, None, None, None, None
 

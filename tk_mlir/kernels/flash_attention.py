@@ -832,17 +832,19 @@ def padded_rows(lse):
 
 
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
-                       deterministic: bool = False, window: tuple[int, int] = (-1, -1),
+                       deterministic: bool = False, left: int = -1, right: int = -1,
                        softcap: float = 0.0):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
     v's shapes (GQA: summed over the query heads of each K/V head).
     deterministic=True: dq's f32 sums in a fixed order (the same bits on every
     run), at some speed (tasks wait for their turn at each dQ tile).
-    window, softcap: the forward's (the window not with deterministic)."""
+    left, right, softcap: the forward's window and cap (the window not with
+    deterministic); the arguments of the op torch.ops.tk_mlir.attention_backward."""
     import torch
     B, H, N, D = q.shape
     cfg = _backward_config(D)
+    window = (left, right)
     if window != (-1, -1):
         if deterministic:
             raise NotImplementedError("attention backward: deterministic=True takes no window "
