@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default="tk_mlir,cudnn,fa2,fa4")
     ap.add_argument("--paged", default="", help="page sizes to time tk_mlir paged at, e.g. 16,256")
     ap.add_argument("--quick", action="store_true", help="short timing (a smoke run)")
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/decode_attention.py")
     configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", default="8192,16384,32768")
     ap.add_argument("--b", type=int, default=1)
     ap.add_argument("--h", type=int, default=16)
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/sliding_window.py")
     rows = []
