@@ -118,7 +118,8 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
         tile_rank = 2 if isinstance(tile, T.RT) else 1
         _require(mem.rank >= tile_rank, f"a rank-{mem.rank} tensor cannot hold a "
                  f"{tile_rank}-D tile")
-        _in_memory(tile.dtype, verb)
+        if not _int_vector_load(op, [tile] if verb == "tk.load" else []):
+            _in_memory(tile.dtype, verb)
         _require(tile.dtype == mem.dtype, f"{verb}: the tile is {tile.dtype} but the tensor "
                  f"is {mem.dtype}; convert with .to(tk.{mem.dtype})")
     elif isinstance(mem, T.ST):
@@ -184,12 +185,15 @@ def _common(op, operands, results, num_warps: int) -> None:
         int_tensors = range(len(d.operands), len(operands) + len(results))
     else:
         int_tensors = (d.operands.index(d.int_tensor),) if d.int_tensor else ()
+        if _int_vector_load(op, results):
+            int_tensors = (0,)
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
             _require(i in int_tensors, f"{_show(t)}: an i32 tensor holds counters "
-                     f"(tk.store_partial's counters=) or scalars (tk.load(X, idx) reads one), "
-                     f"not tiles: no tile load, store, TMA or MMA takes it")
+                     f"(tk.store_partial's counters=), scalars (tk.load(X, idx) reads one) or "
+                     f"vectors (tk.load(X, idx, (n,))), not tiles: no tile load, store, TMA "
+                     f"or MMA takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
@@ -197,6 +201,13 @@ def _common(op, operands, results, num_warps: int) -> None:
                  f"not lowered yet: fp8 moves between global and shared memory by TMA and "
                  f"feeds tk.mma_ABt from shared tiles, but is not loaded into registers, "
                  f"converted or computed with")
+
+
+def _int_vector_load(op, results) -> bool:
+    """tk.load of an i32 register vector from an i32 tensor (per-row indices
+    or bounds a kernel reads along with its tiles)."""
+    return op.operation.name == "tk.load" and len(results) == 1 and \
+        isinstance(results[0], T.RV) and results[0].dtype == "i32"
 
 
 @rule("load")
@@ -408,7 +419,8 @@ def _reduce(op, operands, results, num_warps: int) -> None:
 def _broadcast(op, operands, results, num_warps: int) -> None:
     tile, vec = operands
     extent = tile.rows if op.axis == "row" else tile.cols
-    _float(tile, f"{op.kind}_{op.axis}")
+    if not (tile.dtype == "i32" and op.kind != "div"):     # i32: indices against bounds
+        _float(tile, f"{op.kind}_{op.axis}")
     _require(isinstance(vec, T.RV) and vec.length == extent,
              f"{op.kind}_{op.axis}: needs a vector of {extent} "
              f"({'one per row' if op.axis == 'row' else 'one per column'}), got {_show(vec)}")

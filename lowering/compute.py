@@ -112,7 +112,8 @@ for _name in LOGICAL:
 
 @lowers("tk.broadcast")
 def lower_broadcast(ctx: LoweringContext, op, src: Fragment, vec: Fragment) -> Fragment:
-    return src.broadcast(vec, 0 if op.axis == "row" else 1, _binary_fn(ctx, op.kind))
+    fn = _binary_fn(ctx, op.kind) if T.is_float(src.dtype) else INT_BINARY[op.kind]
+    return src.broadcast(vec, 0 if op.axis == "row" else 1, fn)
 
 
 @lowers("tk.slice")

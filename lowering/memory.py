@@ -164,7 +164,7 @@ def lower_load(ctx: LoweringContext, op, src, *indices: ir.Value) -> Fragment:
     access = _GlobalTileAccess(ctx, src, layout, t.scope, list(indices))
     pieces, run = _pieces(layout, t.dtype)
     vtype = vector_type(run, t.dtype) if run > 1 else T.element_type(t.dtype)
-    fill_scalar = float_constant(op.fill, t.dtype)
+    fill_scalar = constant(op.fill, t.dtype)
     fill = build_vector([fill_scalar] * run, t.dtype) if run > 1 else fill_scalar
     regs = []
     for r0, n in pieces:

@@ -81,3 +81,9 @@ def compiles(monkeypatch):
         return real(spec, *args)
     monkeypatch.setattr(compiler, "compile_specialization", spy)
     return calls
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Library calls on CPU tensors run their kernels in the interpreter."""
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)

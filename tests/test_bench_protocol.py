@@ -90,7 +90,8 @@ def test_norm_peers_match_f32_reference_on_cpu():
 @pytest.mark.parametrize("script, argv", [("norms", ["--quick"]),
                                           ("decode_attention", ["--quick"]),
                                           ("llama_generate", []),
-                                          ("sliding_window", ["--n", "8192"])])
+                                          ("sliding_window", ["--n", "8192"]),
+                                          ("varlen_attention", [])])
 def test_scripts_without_cuda_say_so(script, argv):
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         _load(script).main(argv)
@@ -99,6 +100,13 @@ def test_scripts_without_cuda_say_so(script, argv):
 def test_sliding_window_counts_the_pairs_the_window_lets_through():
     sw = _load("sliding_window")
     assert sw.pairs(5, 5) == 15 and sw.pairs(6, 2) == 1 + 2 + 3 + 3 + 3 + 3
+
+
+def test_varlen_benchmark_counts_the_pairs_each_mask_lets_through():
+    vl = _load("varlen_attention")
+    assert vl.pairs(4, 6, False) == 24
+    assert vl.pairs(4, 4, True) == 10 and vl.pairs(3, 5, True) == 3 + 4 + 5
+    assert vl.pairs(5, 2, True) == 1 + 2       # queries before the diagonal see nothing
 
 
 def test_gemm_benchmark_options():

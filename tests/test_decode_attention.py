@@ -13,7 +13,6 @@ capture.
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 
@@ -26,11 +25,6 @@ from torch_reference import relative_error as _rel  # noqa: E402
 
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
 def reference(q, k_cache, v_cache, lens, causal, table=None, scale=None, window=(-1, -1),

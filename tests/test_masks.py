@@ -399,8 +399,8 @@ def test_mask_mistake_is_a_compile_error_at_its_line(kernel, marker, at, message
 
 
 def test_int_tensors_are_arguments_for_counters_and_scalars_only():
-    """An i32 tensor argument holds counters (tk.store_partial) or scalars
-    (tk.load(X, idx)), never tiles: loading a tile is refused at its line;
+    """An i32 tensor argument holds counters (tk.store_partial), scalars
+    (tk.load(X, idx)) or vectors, never tiles: loading a tile is refused at its line;
     bool tensors stay refused."""
     assert tk.spec((4, 8), "i32").dtype == "i32"
     with pytest.raises(tk.ArgumentError, match="the supported dtypes are"):
@@ -410,8 +410,9 @@ def test_int_tensors_are_arguments_for_counters_and_scalars_only():
     def load_counters(F: tk.gl["i32"]):
         x = tk.load(F, (0, 0), (16, 64))
     with pytest.raises(tk.CompilationError, match=re.escape(
-            "i32 global of rank 2: an i32 tensor holds counters (tk.store_partial's counters=) "
-            "or scalars (tk.load(X, idx) reads one), not tiles")) as info:
+            "i32 global of rank 2: an i32 tensor holds counters (tk.store_partial's counters=), "
+            "scalars (tk.load(X, idx) reads one) or vectors (tk.load(X, idx, (n,))), not "
+            "tiles")) as info:
         load_counters.compile(tk.spec((16, 64), "i32"))
     assert "x = tk.load(F, (0, 0), (16, 64))" in str(info.value)
 

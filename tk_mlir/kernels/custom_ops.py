@@ -35,12 +35,18 @@
                                              k, v, causal, scale, left=-1, right=-1,
                                              softcap=0.0) -> (o, lse)
                                              (writes k, v into the caches)
+    torch.ops.tk_mlir.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
+                                       left=-1, right=-1, softcap=0.0) -> (o, lse)
+    torch.ops.tk_mlir.attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q,
+                                                cu_seqlens_k, causal, scale, left=-1,
+                                                right=-1, softcap=0.0) -> (dq, dk, dv)
 
 torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul,
 grouped_matmul, the norms, swiglu, rotary_embedding, cross_entropy,
-linear_cross_entropy and attention get autograd through register_autograd.
+linear_cross_entropy, attention and attention_varlen get autograd through
+register_autograd.
 
 Contracts: the real implementations check their arguments with the public
 wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
@@ -56,7 +62,8 @@ from __future__ import annotations
 import torch
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
-                             grouped_gemm, losses, norms, rotary, scaled_gemm)
+                             grouped_gemm, losses, norms, rotary, scaled_gemm,
+                             varlen_attention)
 
 
 # ------------------------------------------------------------------ matmul
@@ -781,6 +788,85 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
+
+
+@torch.library.custom_op("tk_mlir::attention_varlen", mutates_args=())
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
+                     scale: float, left: int = -1, right: int = -1, softcap: float = 0.0
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o laid out like q, lse (H, total_q) f32) of packed sequences. See
+    varlen_attention.attention_varlen for the arguments."""
+    varlen_attention._check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    checks.on_cuda("attention_varlen", "q", q)
+    return varlen_attention.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left,
+                                    right, softcap)
+
+
+@attention_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left=-1, right=-1, softcap=0.0):
+    return torch.empty_like(q), varlen_attention.lse_like(q)
+
+
+@torch.library.custom_op("tk_mlir::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                              causal: bool, scale: float, left: int = -1, right: int = -1,
+                              softcap: float = 0.0
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention_varlen by the backward kernels."""
+    return varlen_attention.backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal,
+                                     scale, left, right, softcap)
+
+
+@attention_varlen_backward.register_fake
+def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, left=-1, right=-1,
+      softcap=0.0):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, causal, scale, left, right, softcap = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.masks = (causal, scale, left, right, softcap)
+    ctx.set_materialize_grads(False)    # as attention's: an unused lse gets None
+
+
+def _varlen_backward(ctx, do, dlse, backward=None):
+    """dq, dk, dv (`backward`: the op, or under EagerAttentionVarlen the
+    kernels' own function); lse has no gradient, as attention's."""
+    if dlse is not None:
+        raise RuntimeError(
+            "tk_mlir.attention_varlen: the log-sum-exp (return_lse=True) has no gradient; a "
+            "loss reached it. Use lse.detach() where it is only read")
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        return (None,) * 10
+    dq, dk, dv = (backward or attention_varlen_backward)(do, q, k, v, o, lse, cu_q, cu_k,
+                                                         *ctx.masks)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+attention_varlen.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+class EagerAttentionVarlen(torch.autograd.Function):
+    """attention_varlen's op for eager calls on checked tensors, launching
+    directly (as EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
+        o, lse = varlen_attention.forward(q, k, v, cu_q, cu_k, causal, scale, left, right,
+                                          softcap)
+        _varlen_setup_context(ctx, (q, k, v, cu_q, cu_k, causal, scale, left, right, softcap),
+                              (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

@@ -29,7 +29,7 @@ import math
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.kernels import checks, schedule
+from tk_mlir.kernels import checks, packed_sequences, schedule
 from tk_mlir.kernels.device import num_sms
 
 LN2 = math.log(2.0)
@@ -44,7 +44,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24,
                      WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
-                     SOFTCAP: tk.constexpr = 0.0):
+                     SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
     scale_log2 = scale·log2(e) > 0; H_kv divides H. num_warps = 4·(CONSUMERS + 1).
@@ -55,7 +55,13 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     WINDOW_LEFT / WINDOW_RIGHT >= 0: query i sees keys in [i + shift -
     LEFT, i + shift + RIGHT] (shift = N_kv - N; with CAUSAL, RIGHT is 0);
     key blocks wholly outside a task's rows' windows are not read. SOFTCAP >
-    0: scores s·scale become SOFTCAP·tanh(s·scale / SOFTCAP)."""
+    0: scores s·scale become SOFTCAP·tanh(s·scale / SOFTCAP).
+    VARLEN: B = 1 and Q, K, V, O are packed sequences (kernels/packed_sequences.py):
+    query row r sees the keys its TASKS tail gives it, and a task reads the
+    key blocks the tail's ranges give (CAUSAL and the window are then in the
+    tail, not set here)."""
+    assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
+        "VARLEN takes causality and windows from its table"
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
         f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
         f"the kernel has {tk.num_warps()}"
@@ -81,34 +87,47 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     def kv_range(qb):
         """The K/V blocks [lo, hi) query block qb reads (at least one: rows
         that see no key come out of the masks as 0 / -inf)."""
-        hi = N_KV
-        if RIGHT >= 0:
-            hi = min(N_KV, (qb + 1) * BM + shift + RIGHT)
-        hi = max(tk.cdiv(hi, BN), 1)
-        lo = 0
-        if WINDOW_LEFT >= 0:
-            lo = min(max(qb * BM + shift - WINDOW_LEFT, 0) // BN, hi - 1)
+        if VARLEN:
+            lo, hi = packed_sequences.pair(TASKS, packed_sequences.offsets(
+                TASKS, N, N_KV, tk.cdiv(N, packed_sequences.ROW_ALIGN) *
+                packed_sequences.ROW_ALIGN // BM)[5], qb)
+        else:
+            hi = N_KV
+            if RIGHT >= 0:
+                hi = min(N_KV, (qb + 1) * BM + shift + RIGHT)
+            hi = max(tk.cdiv(hi, BN), 1)
+            lo = 0
+            if WINDOW_LEFT >= 0:
+                lo = min(max(qb * BM + shift - WINDOW_LEFT, 0) // BN, hi - 1)
         return lo, hi
 
-    def masked(S, j, row0):
+    def masked(S, j, row0, seen=None):
         """S with -inf where key j·BN + c is past N_kv or outside the window
         of query row0 + r (causal: after the diagonal); only blocks that
-        cross an edge are touched."""
+        cross an edge are touched. VARLEN: seen = the keys (lo, hi) every
+        row sees and each row's own bounds (two i32 row vectors)."""
         col0 = j * BN
-        edge = col0 + BN > N_KV
-        if RIGHT >= 0:
-            edge = edge | (col0 + BN - 1 > row0 + shift + RIGHT)
-        if WINDOW_LEFT >= 0:
-            edge = edge | (col0 < row0 + 63 + shift - WINDOW_LEFT)
-        if edge:
-            last = N_KV - 1                      # the last key a row may see
+        if VARLEN:
+            lo_all, hi_all, row_lo, row_hi = seen
+            if (col0 < lo_all) | (col0 + BN > hi_all):
+                cols = S.col_indices()
+                S = tk.where((cols.sub_row(row_lo - col0) >= 0) &
+                             (cols.sub_row(row_hi - col0) < 0), S, float("-inf"))
+        else:
+            edge = col0 + BN > N_KV
             if RIGHT >= 0:
-                last = min(S.row_indices() + (row0 + shift + RIGHT), last)
-            visible = S.col_indices() + col0 <= last
+                edge = edge | (col0 + BN - 1 > row0 + shift + RIGHT)
             if WINDOW_LEFT >= 0:
-                visible = visible & (S.col_indices() + col0 >=
-                                     S.row_indices() + (row0 + shift - WINDOW_LEFT))
-            S = tk.where(visible, S, float("-inf"))
+                edge = edge | (col0 < row0 + 63 + shift - WINDOW_LEFT)
+            if edge:
+                last = N_KV - 1                      # the last key a row may see
+                if RIGHT >= 0:
+                    last = min(S.row_indices() + (row0 + shift + RIGHT), last)
+                visible = S.col_indices() + col0 <= last
+                if WINDOW_LEFT >= 0:
+                    visible = visible & (S.col_indices() + col0 >=
+                                         S.row_indices() + (row0 + shift - WINDOW_LEFT))
+                S = tk.where(visible, S, float("-inf"))
         return S
 
     def capped(S):
@@ -158,6 +177,14 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             row0 = qb * BM + wg * 64             # this warpgroup's first query row
             lo, hi = kv_range(qb)
+            seen = None
+            if VARLEN:
+                klo, khi, tiles, _, _, _ = packed_sequences.offsets(
+                    TASKS, N, N_KV, tk.cdiv(N, packed_sequences.ROW_ALIGN) *
+                    packed_sequences.ROW_ALIGN // BM)
+                lo_all, hi_all = packed_sequences.pair(TASKS, tiles, row0 // 64)
+                seen = (lo_all, hi_all, packed_sequences.row_bound(TASKS, klo, row0 // 64),
+                        packed_sequences.row_bound(TASKS, khi, row0 // 64))
             q = qs.wait(n, part=wg)
             schedule_mmas(wg, CONSUMERS)
             k0 = ks.wait(it)
@@ -165,7 +192,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             ks.release(it)
-            S = masked(capped(S), lo, row0)
+            S = masked(capped(S), lo, row0, seen)
             m = S.row_max() * scale_log2
             P = (S * scale_log2).sub_row(finite(m)).exp2()
             l = P.row_sum()
@@ -183,7 +210,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 tk.mma_wait(1)
                 ks.release(it + 1)
                 # ... and the softmax of block j runs while P·V finishes.
-                S = masked(capped(S), j, row0)
+                S = masked(capped(S), j, row0, seen)
                 m_new = max(m, S.row_max() * scale_log2)
                 m_use = finite(m_new)
                 alpha = (m - m_use).exp2()
@@ -459,7 +486,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24,
                               WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
-                              SOFTCAP: tk.constexpr = 0.0):
+                              SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -495,10 +522,18 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     the query blocks whose windows reach its keys (at least one: rows that
     see none of them give P = 0). Not with DETERMINISTIC: the K/V blocks that
     reach a dQ tile are then no longer a prefix 0, 1, ... SOFTCAP: P from the
-    capped scores, and dSᵀ times the cap's derivative 1 - tanh²."""
+    capped scores, and dSᵀ times the cap's derivative 1 - tanh².
+
+    VARLEN: B = 1 and Q, K, V, dO (and dQ, dK, dV) are packed sequences
+    (kernels/packed_sequences.py): query row r sees the keys its TASKS tail
+    gives it, and a task walks the query tiles the tail's ranges give (not
+    with DETERMINISTIC; CAUSAL and the window are then in the tail)."""
     windowed = WINDOW_LEFT >= 0 or (not CAUSAL and WINDOW_RIGHT >= 0)
-    assert not (DETERMINISTIC and windowed), \
-        "the deterministic backward takes no window (its dQ turns assume a prefix of K/V blocks)"
+    assert not (DETERMINISTIC and (windowed or VARLEN)), \
+        "the deterministic backward takes no window or packed sequences (its dQ turns " \
+        "assume a prefix of K/V blocks)"
+    assert not (VARLEN and (CAUSAL or windowed)), \
+        "VARLEN takes causality and windows from its table"
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
@@ -520,7 +555,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     def first_q_block(kvb):
         """The first query block that sees a key of K/V block kvb."""
         first = 0
-        if CAUSAL:
+        if VARLEN:
+            first = tk.load(TASKS, (packed_sequences.offsets(
+                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5] + 2 * kvb,))
+        elif CAUSAL:
             first = max((kvb * 128 - shift) // 64, 0)
         elif WINDOW_RIGHT >= 0:
             first = min(max((kvb * 128 - shift - WINDOW_RIGHT) // 64, 0), q_blocks - 1)
@@ -530,7 +568,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         """One past the last query block that sees a key of K/V block kvb
         (past first: a task walks at least one block)."""
         end = q_blocks
-        if WINDOW_LEFT >= 0:
+        if VARLEN:
+            end = tk.load(TASKS, (packed_sequences.offsets(
+                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5] + 2 * kvb + 1,))
+        elif WINDOW_LEFT >= 0:
             end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // 64 + 1, q_blocks),
                       first + 1)
         return end
@@ -606,6 +647,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         def gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
             """Once Sᵀ and dPᵀ are complete: P and dSᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q
             issued, dSᵀ to shared memory and dQ = dS·K issued: (dk, dv, dq)."""
+            if VARLEN:      # read first: the softmax runs while the loads do
+                lo_all, hi_all = packed_sequences.pair(TASKS, seq_tiles, i)
             if SOFTCAP > 0:
                 t = tanh(s * (scale_log2 / (LOG2E * SOFTCAP)))
                 s = t * (SOFTCAP * LOG2E / scale_log2)
@@ -613,6 +656,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             # Delta read once P is made: its 16 registers and lse2's are
             # not live together (fewer spills at D=128)
             delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
+            if VARLEN:
+                if (kv0 < lo_all) | (kv0 + 64 > hi_all):    # crosses a row's bounds
+                    cols = p.col_indices()
+                    p = tk.where((cols.sub_row(key_qlo - i * 64) >= 0) &
+                                 (cols.sub_row(key_qhi - i * 64) < 0), p, 0.0)
             if CAUSAL:
                 if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
                     keys = p.row_indices() + kv0
@@ -687,6 +735,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             b, hk, kvb = task_of(task)
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             kv0 = kvb * 128 + wg * 64            # this warpgroup's first key
+            if VARLEN:      # the queries that see each of its keys, and where tiles' are
+                _, _, seq_tiles, qlo, qhi, _ = packed_sequences.offsets(
+                    TASKS, N, N_KV, tk.cdiv(N_KV, 128))
+                key_qlo = packed_sequences.row_bound(TASKS, qlo, 2 * kvb + wg)
+                key_qhi = packed_sequences.row_bound(TASKS, qhi, 2 * kvb + wg)
             kt = kvs.wait(n, part=wg)
             vt = kvs.wait(n, part=2 + wg)
             kt0, kt1 = kvs.wait(n, part=0), kvs.wait(n, part=1)

@@ -97,3 +97,33 @@ def on_device(key: tuple, make, device):
             del _TABLES[next(iter(_TABLES))]
         _TABLES[key] = t
     return t
+
+
+def sorted_table(costs, heads: int, grid: int):
+    """The schedule table, made on the GPU without reading `costs` on the
+    host, for tasks head·blocks + block whose cost (a torch tensor of
+    `blocks` entries on the GPU) depends on the block only: blocks in
+    decreasing cost, heads inner, dealt to the grid's blocks in a snake (0 ..
+    grid-1, then grid-1 .. 0, ...), which balances tasks sorted by cost nearly
+    as `table`'s greedy assignment does. An i32 torch tensor, unpadded: the
+    caller pads it (a kernel reads one entry past its block's last)."""
+    import torch
+    blocks = costs.numel()
+    head = on_device(("snake", blocks * heads, grid),
+                     lambda: _snake(blocks * heads, grid), costs.device)
+    by_cost = torch.argsort(costs, descending=True, stable=True)
+    ids = (torch.arange(heads, device=costs.device)[None, :] * blocks + by_cost[:, None]).view(-1)
+    return torch.cat((head[:grid + 1], ids[head[grid + 1:].long()].to(torch.int32)))
+
+
+def _snake(tasks: int, grid: int):
+    """The snake deal's offsets (as `table`'s) followed by the permutation
+    that puts the tasks, in their given order, into block order."""
+    import numpy as np
+    p = np.arange(tasks)
+    j, rnd = p % grid, p // grid
+    owner = np.where(rnd % 2 == 0, j, grid - 1 - j)
+    by_block = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=grid)
+    offsets = grid + 1 + np.concatenate(([0], np.cumsum(counts)))
+    return np.concatenate((offsets, by_block)).astype(np.int32)

@@ -1,0 +1,267 @@
+"""attention_varlen (tk_mlir/kernels/varlen_attention.py): attention over
+packed variable-length sequences, forward and backward, by the dense kernels
+with a side table of each query row's keys (packed_sequences.py).
+
+Without a GPU: the kernels in the interpreter against float64 torch, one
+sequence at a time, for empty and one-token sequences, sequences that share
+a query tile and a key block, GQA, causal or not, windows that cut blocks,
+softcap, and gradients; the side table against a brute-force reading of the
+rule; the GPU-made schedule; torch.compile; the argument rules. With a GPU
+(`-m gpu`): the same against float32 at training shapes, and under CUDA-graph
+capture.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tk_mlir.kernels import attention_varlen, packed_sequences, schedule  # noqa: E402
+
+from torch_reference import relative_error as _rel  # noqa: E402
+
+bf16 = torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+def offsets(lengths, device="cpu"):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                        device=device)
+
+
+def visible(len_q: int, len_k: int, causal: bool, window=(-1, -1)):
+    """(len_q, len_k) bool: which keys each query of one sequence sees
+    (bottom-right aligned, FlashAttention's rule)."""
+    key, pos = torch.arange(len_k)[None], torch.arange(len_q)[:, None] + len_k - len_q
+    left, right = window[0], 0 if causal else window[1]
+    seen = torch.ones(len_q, len_k, dtype=torch.bool)
+    if right >= 0:
+        seen &= key <= pos + right
+    if left >= 0:
+        seen &= key >= pos - left
+    return seen
+
+
+def reference(q, k, v, cu_q, cu_k, causal, window=(-1, -1), softcap=0.0, scale=None):
+    """float64 attention per sequence: (o (total_q, H, D), lse (H, total_q)),
+    differentiable in q, k, v."""
+    H, D = q.shape[1:]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        qs = q[int(cu_q[b]):int(cu_q[b + 1])].double()
+        ks, vs = (t[int(cu_k[b]):int(cu_k[b + 1])].double().repeat_interleave(
+            H // k.shape[1], 1) for t in (k, v))
+        s = torch.einsum("nhd,khd->hnk", qs, ks) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~visible(qs.shape[0], ks.shape[0], causal, window), float("-inf"))
+        lses.append(torch.logsumexp(s, -1) if ks.shape[0] else
+                    torch.full(s.shape[:2], float("-inf"), dtype=torch.float64))
+        outs.append(torch.einsum("hnk,khd->nhd", torch.softmax(s, -1).nan_to_num(), vs))
+    return torch.cat(outs), torch.cat(lses, 1)
+
+
+def _inputs(lens_q, lens_k, h, h_kv, d, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.rand(sum(lens_q), h, d, generator=g) * 2 - 1).to(bf16).to(device)
+    k, v = ((torch.rand(sum(lens_k), h_kv, d, generator=g) * 2 - 1).to(bf16).to(device)
+            for _ in range(2))
+    return q, k, v, offsets(lens_q, device), offsets(lens_k, device)
+
+
+def _check_against_reference(q, k, v, cu_q, cu_k, causal, window, softcap, tol):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = attention_varlen(q, k, v, cu_q, cu_k, int((cu_q[1:] - cu_q[:-1]).max()),
+                              int((cu_k[1:] - cu_k[:-1]).max()), causal=causal, window=window,
+                              softcap=softcap, return_lse=True)
+    do = torch.rand_like(o) - 0.5
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref_in = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ro, rlse = reference(*ref_in, cu_q.cpu(), cu_k.cpu(), causal, window, softcap)
+    ref_grads = torch.autograd.grad(ro, ref_in, do.cpu().double())
+    assert _rel(o.cpu(), ro) < tol
+    assert torch.equal(lse.isinf().cpu(), rlse.isinf())        # rows that see no key
+    finite = rlse.isfinite()
+    assert (lse.cpu().double()[finite] - rlse[finite]).abs().max() < 1e-3
+    assert not o.cpu()[rlse.isinf().T].any()                    # ... get output 0
+    for got, want in zip(grads, ref_grads):
+        assert _rel(got.cpu(), want) < tol
+
+
+# Sequences: empty, one token, sharing query tiles and key blocks, longer
+# than a key block; key lengths differ from query lengths (bottom-right).
+LENS_Q = [0, 70, 1, 130, 5, 200]
+LENS_K = [3, 70, 0, 260, 5, 140]
+
+
+@pytest.mark.parametrize("d,causal,window,softcap,h,h_kv", [
+    (64, True, (-1, -1), 0.0, 2, 1),
+    (128, False, (-1, -1), 0.0, 2, 2),
+    (64, False, (7, 3), 0.0, 4, 1),         # a window that cuts blocks mid-way
+    (128, True, (20, -1), 5.0, 2, 1),       # causal, a left window, soft-capped
+    (64, False, (-1, 0), 0.0, 2, 1),        # causal spelled as a window
+])
+def test_matches_float64_forward_and_backward(interpret, d, causal, window, softcap, h, h_kv):
+    q, k, v, cu_q, cu_k = _inputs(LENS_Q, LENS_K, h, h_kv, d, seed=d + h)
+    _check_against_reference(q, k, v, cu_q, cu_k, causal, window, softcap, tol=1e-2)
+
+
+def test_no_keys_at_all_and_no_queries_at_all(interpret):
+    q, k, v, cu_q, cu_k = _inputs([3, 0, 4], [0, 0, 0], 2, 1, 64, seed=1)
+    q.requires_grad_()
+    o, lse = attention_varlen(q, k, v, cu_q, cu_k, 4, 0, return_lse=True)
+    assert not o.any() and lse.isinf().all() and (lse < 0).all()
+    (dq,) = torch.autograd.grad(o.float().sum(), q)
+    assert not dq.any()
+    q, k, v, cu_q, cu_k = _inputs([0, 0], [5, 2], 2, 1, 64, seed=2)
+    o = attention_varlen(q, k, v, cu_q, cu_k, 0, 5)
+    assert o.shape == (0, 2, 64)
+
+
+def test_strided_views_and_gqa_as_a_fused_projection_gives_them(interpret):
+    """q, k, v cut from one (total, (H + 2 H_kv) D) projection: strided views."""
+    g = torch.Generator().manual_seed(3)
+    lens = [33, 100, 64]
+    qkv = (torch.rand(sum(lens), (4 + 2 * 2) * 64, generator=g) - 0.5).to(bf16)
+    q, k, v = qkv.view(sum(lens), 8, 64).split([4, 2, 2], dim=1)
+    cu = offsets(lens)
+    _check_against_reference(q, k, v, cu, cu, True, (-1, -1), 0.0, tol=1e-2)
+
+
+def test_the_table_gives_each_row_the_keys_the_rule_does():
+    """klo/khi per query row, qlo/qhi per key, each tile's common keys and
+    the ranges against a brute-force reading of the visibility rule."""
+    lens_q, lens_k = [0, 70, 1, 130, 5, 200, 3], [3, 70, 0, 260, 5, 140, 9]
+    for causal, window in ((True, (-1, -1)), (False, (9, 4)), (False, (-1, -1)),
+                           (True, (30, -1))):
+        cu_q, cu_k = offsets(lens_q), offsets(lens_k)
+        total_q, total_k = sum(lens_q), sum(lens_k)
+        seen = torch.zeros(total_q, total_k, dtype=torch.bool)
+        for b in range(len(lens_q)):
+            seen[cu_q[b]:cu_q[b + 1], cu_k[b]:cu_k[b + 1]] = visible(
+                lens_q[b], lens_k[b], causal, window)
+        tail, costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window,
+                                            forward_tasks=(128, 128))
+        rows = -(-total_q // packed_sequences.ROW_ALIGN) * packed_sequences.ROW_ALIGN
+        keys = -(-total_k // 128) * 128
+        klo, khi = tail[:rows], tail[rows:2 * rows]
+        tiles = tail[2 * rows:2 * rows + rows // 32]
+        qlo0 = 2 * rows + -(-(rows // 32) // 64) * 64
+        qlo, qhi = tail[qlo0:qlo0 + keys], tail[qlo0 + keys:qlo0 + 2 * keys]
+        ranges = tail[qlo0 + 2 * keys:]
+        j = torch.arange(total_k)
+        for r in range(total_q):
+            assert torch.equal((j >= klo[r]) & (j < khi[r]), seen[r]), (causal, window, r)
+        i = torch.arange(total_q)
+        for key in range(total_k):
+            assert torch.equal((i >= qlo[key]) & (i < qhi[key]), seen[:, key])
+        for t in range(-(-total_q // 64)):
+            lo, hi = int(tiles[2 * t]), int(tiles[2 * t + 1])
+            block = seen[64 * t:64 * t + 64]
+            assert block[:, lo:max(hi, lo)].all()   # every row sees [lo_all, hi_all)
+        for task in range(rows // 128):            # a task's key blocks hold all its keys
+            first, end = int(ranges[2 * task]), int(ranges[2 * task + 1])
+            assert end > first and costs[task] == end - first
+            cols = seen[128 * task:128 * task + 128].any(0).nonzero()
+            if len(cols):
+                assert first * 128 <= cols.min() and cols.max() < end * 128
+        back, _ = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
+        ranges = back[len(back) - len(tail) + qlo0 + 2 * keys:]
+        for kvb in range(keys // 128):             # a K/V block's query tiles hold all its queries
+            first, end = int(ranges[2 * kvb]), int(ranges[2 * kvb + 1])
+            assert 0 <= first < end <= -(-total_q // 64)
+            qs = seen[:, 128 * kvb:128 * kvb + 128].any(1).nonzero()
+            if len(qs):
+                assert first * 64 <= qs.min() and qs.max() < end * 64
+
+
+def test_the_gpu_made_schedule_runs_every_task_once_and_balances():
+    costs = torch.tensor([5, 1, 9, 3, 3, 7, 2])
+    heads, grid = 3, 4
+    table = schedule.sorted_table(costs, heads, grid)
+    offsets_, tasks = table[:grid + 1], table[grid + 1:]
+    assert sorted(tasks.tolist()) == list(range(len(costs) * heads))
+    loads = [sum(int(costs[t % len(costs)]) for t in tasks[offsets_[b] - grid - 1:
+                                                             offsets_[b + 1] - grid - 1])
+             for b in range(grid)]
+    assert max(loads) - min(loads) <= int(costs.max())
+    # each block's first task is one of the costliest
+    assert all(costs[int(tasks[offsets_[b] - grid - 1]) % len(costs)] == 9 for b in range(3))
+
+
+def test_compiled_matches_eager(interpret):
+    q, k, v, cu_q, cu_k = _inputs([5, 70, 0, 40], [5, 90, 3, 40], 2, 1, 64, seed=4)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v):
+        return attention_varlen(q, k, v, cu_q, cu_k, 70, 90, causal=True, softcap=3.0)
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
+        o = fn(q, k, v)
+        results.append((o, *torch.autograd.grad(o.float().sum(), (q, k, v))))
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
+def test_bad_arguments_are_refused_with_the_rule():
+    q, k, v, cu_q, cu_k = _inputs([3, 4], [3, 4], 2, 1, 64, seed=5)
+    cases = [
+        ((q, k, v, cu_q.long(), cu_k, 4, 4), TypeError, r"cu_seqlens_q must be torch.int32"),
+        ((q, k, v, cu_q, cu_k[:2], 4, 4), ValueError, r"must have one length \(B\+1\)"),
+        ((q, k, v, cu_q[:1], cu_k[:1], 4, 4), ValueError, r"B\+1 >= 2 offsets"),
+        ((q, k, v, cu_q, cu_k, 4.0, 4), TypeError, r"max_seqlen_q must be an int >= 0"),
+        ((q[..., :32], k[..., :32], v[..., :32], cu_q, cu_k, 4, 4), ValueError,
+         r"head dim D must be 64, 128 or 256"),
+        ((q, k[:, :, :32], v, cu_q, cu_k, 4, 4), ValueError, r"one shape"),
+        ((q.unsqueeze(0), k, v, cu_q, cu_k, 4, 4), ValueError, r"q must be 3-D"),
+        ((q[:, :1], k.repeat(1, 2, 1), v.repeat(1, 2, 1), cu_q, cu_k, 4, 4), ValueError,
+         r"K/V heads H_kv=2 must divide the query heads H=1"),
+        ((q, k, v, torch.tensor([0, 4, 3], dtype=torch.int32), cu_k, 4, 4), ValueError,
+         r"cu_seqlens_q must start at 0 and end at the 7 packed tokens, got 0 \.\. 3"),
+        ((q, k, v, cu_q, torch.tensor([1, 5, 7], dtype=torch.int32), 4, 4), ValueError,
+         r"cu_seqlens_k must start at 0"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            attention_varlen(*args)
+    with pytest.raises(ValueError, match=r"must not decrease, got cu_seqlens_q\[1\] = 5 > "
+                                         r"cu_seqlens_q\[2\] = 3"):
+        attention_varlen(q, k, v, torch.tensor([0, 5, 3, 7], dtype=torch.int32),
+                         torch.tensor([0, 3, 5, 7], dtype=torch.int32), 4, 4)
+
+
+# ------------------------------------------------------------------ GPU
+
+@gpu
+@pytest.mark.parametrize("d,causal,window,softcap", [
+    (128, True, (-1, -1), 0.0), (64, False, (-1, -1), 0.0), (128, False, (300, 100), 0.0),
+    (64, True, (-1, -1), 30.0)])
+def test_gpu_matches_the_reference_at_training_shapes(d, causal, window, softcap):
+    g = torch.Generator().manual_seed(d)
+    lens = [int(x) for x in torch.randint(1, 1500, (12,), generator=g)] + [0, 1]
+    lens_k = [n if causal else int(x) for n, x in zip(lens, torch.randint(0, 1500, (14,),
+                                                                        generator=g))]
+    q, k, v, cu_q, cu_k = _inputs(lens, lens_k, 8, 2, d, seed=d, device="cuda")
+    _check_against_reference(q, k, v, cu_q, cu_k, causal, window, softcap, tol=1e-2)
+
+
+@gpu
+def test_gpu_graph_capture_replays_new_lengths():
+    """No host synchronisation: a captured call replays with new offsets of
+    the same totals."""
+    q, k, v, cu_q, cu_k = _inputs([300, 200, 12], [300, 200, 12], 4, 4, 128, seed=7,
+                                  device="cuda")
+    attention_varlen(q, k, v, cu_q, cu_k, 300, 300, causal=True)     # the schedule cached
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = attention_varlen(q, k, v, cu_q, cu_k, 300, 300, causal=True)
+    for lens in ([300, 200, 12], [12, 0, 500]):
+        cu_q.copy_(offsets(lens, "cuda"))
+        cu_k.copy_(cu_q)
+        graph.replay()
+        ro, _ = reference(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), True)
+        assert _rel(o.cpu(), ro) < 1e-2

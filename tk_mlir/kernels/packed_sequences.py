@@ -1,0 +1,132 @@
+"""The side table of attention over packed sequences (varlen): which keys
+each query row sees, made on the GPU from cu_seqlens without a
+synchronisation, and the kernel-side readers of it.
+
+Packed q (total_q, H, D) and k (total_k, H_kv, D) are attended as one batch
+of one long sequence each, (1, H, total, D) views; the sequences' borders,
+causality and windows are all one rule per query row r: it sees the packed
+keys [klo[r], khi[r]) (empty: klo = EMPTY_LO, khi = 0). The dense kernels
+then only need, besides their task schedule, each task's range of key (or
+query) blocks and, to mask only the blocks that cross a border, the keys
+every row of a 64-row tile sees.
+
+The tail, appended to a kernel's TASKS table (schedule part padded to a
+multiple of 64 entries, so that 64-entry vectors of the tail are whole
+vector loads), all i32, `rows` = total_q rounded up to ROW_ALIGN:
+
+    klo[rows] | khi[rows] | tiles: (lo_all, hi_all) per 64-row tile, padded to 64
+              | qlo[keys] | qhi[keys] | ranges: (first, end) per task, padded to 64
+
+`qlo`, `qhi` are the same rule seen from the keys (`keys` = total_k rounded
+up to 128): key j is seen by the packed query rows [qlo[j], qhi[j]); the
+backward, whose tiles have keys for rows, masks with them (two registers
+per thread for a row vector, where a column vector of klo would take 16).
+
+`ranges` is the forward's key blocks [first, end) per task of BM query rows,
+or the backward's query tiles per 128-key K/V block. `offsets` finds the
+parts from the table's end, as the host (`tail`) lays them out.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+
+ROW_ALIGN = 384          # query rows padded to a multiple of every task's rows (128, 192)
+EMPTY_LO = 1 << 30       # klo of a row that sees no key (khi 0): no key is in [EMPTY_LO, 0)
+
+
+def _pad64(n):
+    return (n + 63) // 64 * 64
+
+
+@tk.func
+def offsets(TASKS, n, n_kv, tasks):
+    """(klo, khi, tiles, qlo, qhi, ranges): where each part of TASKS' tail
+    starts, for n packed query rows, n_kv keys and `tasks` entries in `ranges`."""
+    rows = tk.cdiv(n, ROW_ALIGN) * ROW_ALIGN
+    keys = tk.cdiv(n_kv, 128) * 128
+    ranges = TASKS.shape[0] - tk.cdiv(2 * tasks, 64) * 64
+    qlo = ranges - 2 * keys
+    tiles = qlo - tk.cdiv(rows // 32, 64) * 64
+    return tiles - 2 * rows, tiles - rows, tiles, qlo, qlo + keys, ranges
+
+
+@tk.func
+def pair(TASKS, at, i):
+    """Entries at + 2i and at + 2i + 1: tile i's (lo_all, hi_all) or task i's range."""
+    return tk.load(TASKS, (at + 2 * i,)), tk.load(TASKS, (at + 2 * i + 1,))
+
+
+@tk.func
+def row_bound(TASKS, at, tile):
+    """A bound (klo, khi, qlo or qhi: `at` is where that part starts) of each
+    of the 64 rows of tile `tile`, an i32 vector (its layout follows its use)."""
+    return tk.load(TASKS, (at // 64 + tile,), (64,), scope="warpgroup")
+
+
+def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int],
+         *, forward_tasks: tuple[int, int] | None = None):
+    """(tail, costs): the tail for cu_seqlens cu_q, cu_k (int32 (B+1,) on one
+    device) and each task's cost (in key blocks), torch tensors on their
+    device, made without reading them on the host. forward_tasks=(BM, BN):
+    ranges of BN-key blocks per BM-row task; else the backward's ranges of
+    64-row query tiles per 128-key block. Query i of a sequence sees its
+    keys j with i + shift - left <= j <= i + shift + right (both counted from
+    the sequence's start; shift = len_k - len_q, bottom-right aligned as
+    FlashAttention; right = 0 with causal; -1: no bound on that side)."""
+    import torch
+    left, right = window[0], 0 if causal else window[1]
+    rows = -(-max(total_q, 1) // ROW_ALIGN) * ROW_ALIGN
+    dev = cu_q.device
+    cq, ck = cu_q.long(), cu_k.long()
+    r = torch.arange(rows, device=dev)
+    b = (torch.searchsorted(cq, r, right=True) - 1).clamp(0, len(cq) - 2)
+    sq, eq, sk, ek = cq[b], cq[b + 1], ck[b], ck[b + 1]
+    diag = r - sq + (ek - sk) - (eq - sq)       # the row's last causal key, from its first key
+    lo = sk + (diag - left).clamp(min=0) if left >= 0 else sk
+    hi = torch.minimum(ek, sk + diag + right + 1) if right >= 0 else ek
+    empty = (r < sq) | (r >= eq) | (hi <= lo)
+    klo = torch.where(empty, EMPTY_LO, lo)
+    khi = torch.where(empty, 0, hi)
+    qlo, qhi = _queries_of_keys(cq, ck, total_k, left, right)
+    tiles = torch.stack((klo.view(-1, 64).amax(1), khi.view(-1, 64).amin(1)), 1).view(-1)
+    if forward_tasks is not None:
+        bm, bn = forward_tasks
+        lo_any, hi_any = klo.view(-1, bm).amin(1), khi.view(-1, bm).amax(1)
+        none = hi_any <= lo_any
+        first = torch.where(none, 0, lo_any // bn)
+        end = torch.where(none, 1, (hi_any + bn - 1) // bn)
+        costs = end - first
+    else:
+        lo_any, hi_any = klo.view(-1, 64).amin(1), khi.view(-1, 64).amax(1)
+        # Rows in order see keys in order, so the query tiles that reach a
+        # K/V block are a run: from the first whose keys end past the
+        # block's start to the last whose keys start before its end (empty
+        # tiles left out of both envelopes).
+        hi_env = hi_any.cummax(0).values
+        lo_env = lo_any.flip(0).cummin(0).values.flip(0)
+        k0 = torch.arange(-(-max(total_k, 1) // 128), device=dev) * 128
+        q_tiles = -(-max(total_q, 1) // 64)
+        first = torch.searchsorted(hi_env, k0, right=True).clamp(max=q_tiles - 1)
+        end = torch.maximum(torch.searchsorted(lo_env, k0 + 128).clamp(max=q_tiles), first + 1)
+        costs = end - first
+    ranges = torch.stack((first, end), 1).view(-1)
+    parts = [klo, khi, tiles, qlo, qhi, ranges]
+    out = torch.cat([torch.nn.functional.pad(p, (0, -len(p) % 64)) for p in parts])
+    return out.to(torch.int32), costs
+
+
+def _queries_of_keys(cq, ck, total_k: int, left: int, right: int):
+    """(qlo, qhi) per packed key, total_k rounded up to 128: key j of a
+    sequence is seen by its queries i with j - shift - right <= i <= j -
+    shift + left (from the sequences' starts; the rule of `tail`, turned
+    round)."""
+    import torch
+    keys = -(-max(total_k, 1) // 128) * 128
+    j = torch.arange(keys, device=ck.device)
+    b = (torch.searchsorted(ck, j, right=True) - 1).clamp(0, len(ck) - 2)
+    sq, eq, sk, ek = cq[b], cq[b + 1], ck[b], ck[b + 1]
+    at = j - sk - (ek - sk) + (eq - sq)         # the query whose diagonal key is j
+    lo = sq + (at - right).clamp(min=0) if right >= 0 else sq
+    hi = torch.minimum(eq, sq + at + left + 1) if left >= 0 else eq
+    empty = (j < sk) | (j >= ek) | (hi <= lo)
+    return torch.where(empty, EMPTY_LO, lo), torch.where(empty, 0, hi)

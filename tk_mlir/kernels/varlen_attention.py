@@ -1,0 +1,196 @@
+"""Attention over packed variable-length sequences, FlashAttention's varlen API.
+
+    from tk_mlir.kernels import attention_varlen
+    o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal=True)         # q (total_q, H, D), k/v (total_k, H_kv, D)
+
+Sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 of q
+and its keys rows cu_seqlens_k[b] .. of k and v. The dense kernels
+(flash_attention.py, VARLEN=True) attend the packed tensors as one sequence
+each, (1, H, total, D) views, with each query row's visible keys in a side
+table made on the GPU from the offsets (packed_sequences.py): no host
+synchronisation, so a call can be captured in a CUDA graph. Forward and
+backward; differentiable in q, k and v.
+"""
+from __future__ import annotations
+
+import math
+
+from tk_mlir.kernels import checks, flash_attention, packed_sequences, schedule
+from tk_mlir.kernels.device import num_sms
+
+FN = "attention_varlen"
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False, scale: float | None = None,
+                     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     return_lse: bool = False):
+    """softmax(q·kᵀ·scale)·v per packed sequence (flash_attn_varlen_func).
+
+    q: (total_q, H, D); k, v: (total_k, H_kv, D), H_kv dividing H; bf16 or
+    f16 on one CUDA device, last dim contiguous; D is 64 or 128 (256 forward
+    only). cu_seqlens_q / cu_seqlens_k: (B+1,) int32 on q's device, 0 first,
+    non-decreasing, total last; sequences may be empty. max_seqlen_q/k are
+    FlashAttention's arguments, checked to be ints >= 0 and not otherwise
+    needed (the kernels read the lengths on the GPU). causal: query i of a
+    sequence sees its keys j <= i + len_k - len_q (bottom-right aligned);
+    window=(left, right) and softcap as `attention`'s. A query that sees no
+    key (an empty key sequence, or before the causal diagonal) gets output 0
+    and lse -inf. Returns o (total_q, H, D), laid out like q, and with
+    return_lse=True also lse (H, total_q) f32 (natural log; no gradient).
+
+    The offsets are not read on the host: on the GPU, values that break the
+    rules above give wrong results, unchecked; on the CPU (the interpreter)
+    they are checked."""
+    import torch
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"{FN}: {name} must be an int >= 0, got {value!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{FN}: causal must be a bool, got {causal!r}")
+    scale = checks.attention_scale(FN, scale, q.shape[-1])
+    left, right = checks.window(FN, window)
+    softcap = checks.softcap(FN, softcap)
+    checks.on_cuda(FN, "q", q)
+    from tk_mlir.kernels import custom_ops
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, softcap)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.tk_mlir.attention_varlen(*args)
+    elif grad:
+        o, lse = custom_ops.EagerAttentionVarlen.apply(*args)
+    else:
+        o, lse = forward(*args)
+    return (o, lse) if return_lse else o
+
+
+def _check(q, k, v, cu_q, cu_k) -> None:
+    """Shapes, dtypes, devices and layouts, each with the rule it breaks."""
+    import torch
+    dtypes = (torch.bfloat16, torch.float16)
+    checks.tensor(FN, "q", q, ndim=3, dtypes=dtypes)
+    for name, t in (("k", k), ("v", v)):
+        checks.tensor(FN, name, t, ndim=3, dtypes=dtypes)
+        checks.like(FN, name, t, "q", q)
+    _, H, D = q.shape
+    if D not in (64, 128, 256):
+        raise ValueError(f"{FN}: head dim D must be 64, 128 or 256, got {D}")
+    if k.shape != v.shape:
+        raise ValueError(f"{FN}: k and v must have one shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[2] != D:
+        raise ValueError(f"{FN}: k and v must be (total_k, H_kv, D={D}), got {tuple(k.shape)}")
+    if k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"{FN}: the K/V heads H_kv={k.shape[1]} must divide the query heads "
+                         f"H={H} (GQA/MQA)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{FN}: {name}'s last dim (D) must be contiguous (stride 1), got "
+                             f"strides {tuple(t.stride())}")
+        if max(t.shape[0], 1) > packed_sequences.EMPTY_LO // 2:
+            raise ValueError(f"{FN}: {name} holds {t.shape[0]} tokens, more than the "
+                             f"{packed_sequences.EMPTY_LO // 2} the side table indexes")
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        checks.tensor(FN, name, t, ndim=1, dtypes=(torch.int32,))
+        checks.like(FN, name, t, "q", q, dtype=False)
+        if len(t) < 2:
+            raise ValueError(f"{FN}: {name} must hold B+1 >= 2 offsets, got shape "
+                             f"{tuple(t.shape)}")
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"{FN}: cu_seqlens_q and cu_seqlens_k must have one length (B+1), "
+                         f"got {len(cu_q)} and {len(cu_k)}")
+    if cu_q.device.type == "cpu" and not torch.compiler.is_compiling():
+        for name, t, total in (("cu_seqlens_q", cu_q, q.shape[0]),
+                               ("cu_seqlens_k", cu_k, k.shape[0])):
+            _check_offsets(name, t, total)
+
+
+def _check_offsets(name: str, cu, total: int) -> None:
+    """On the CPU (the interpreter) the offsets cost nothing to read: check them."""
+    values = [int(x) for x in cu]
+    if values[0] != 0 or values[-1] != total:
+        raise ValueError(f"{FN}: {name} must start at 0 and end at the {total} packed tokens, "
+                         f"got {values[0]} .. {values[-1]}")
+    for b in range(len(values) - 1):
+        if values[b + 1] < values[b]:
+            raise ValueError(f"{FN}: {name} must not decrease, got {name}[{b}] = {values[b]} "
+                             f"> {name}[{b + 1}] = {values[b + 1]}")
+
+
+def _packed(t):
+    """(total, H, D) as the kernels' (1, H, total, D) view."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def _table(costs_and_tail, heads: int, grid: int):
+    """A kernel's TASKS: the schedule dealt on the GPU, padded to whole 64-entry
+    vectors, then the packed sequences' tail."""
+    import torch
+    tail, costs = costs_and_tail
+    sched = schedule.sorted_table(costs + flash_attention.TASK_OVERHEAD_BLOCKS, heads, grid)
+    sched = torch.nn.functional.pad(sched, (0, -len(sched) % 64))
+    return torch.cat((sched, tail))
+
+
+def lse_like(q):
+    """(H, total_q) f32 as `forward` returns it: rows padded to whole 16-byte
+    vectors (the kernels' rule) and narrowed."""
+    import torch
+    total_q, H, _ = q.shape
+    return q.new_empty(1, H, -(-total_q // 4) * 4, dtype=torch.float32)[0].narrow(-1, 0, total_q)
+
+
+def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, right: int = -1,
+            softcap: float = 0.0):
+    """(o laid out like q, lse (H, total_q) f32) on checked tensors."""
+    import torch
+    total_q, H, D = q.shape
+    o, lse = torch.empty_like(q), lse_like(q)
+    if not k.shape[0]:                  # no keys at all: every row sees none
+        return o.zero_(), lse.fill_(float("-inf"))
+    if total_q:
+        q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
+        cfg = flash_attention._config(D, 0, causal)
+        bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
+        grid = num_sms(q.get_device())
+        tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
+                                             (left, right), forward_tasks=(bm, bn)), H, grid)
+        cap = dict(SOFTCAP=float(softcap)) if softcap else {}
+        flash_attention.attention_kernel[(grid,)](
+            _packed(q), _packed(k), _packed(v), _packed(o),
+            flash_attention.padded_rows(lse.unsqueeze(0)), tasks,
+            scale * math.log2(math.e), D=D, VARLEN=True, num_warps=4 * (cfg["CONSUMERS"] + 1),
+            **cfg, **cap)
+    return o, lse
+
+
+def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: int = -1,
+             right: int = -1, softcap: float = 0.0):
+    """(dq, dk, dv) of attention_varlen given o, its lse (H, total_q) and do;
+    dk, dv summed over the query heads of each K/V head (GQA)."""
+    import torch
+    total_q, H, D = q.shape
+    if not total_q or not k.shape[0]:   # nothing attended: nothing to differentiate
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    q, k, v, o = (checks.kernel_operand(t) for t in (q, k, v, o))
+    cfg = flash_attention._backward_config(D)
+    if softcap:
+        cfg.update(SOFTCAP=float(softcap))
+    n4 = -(-total_q // 4) * 4
+    lse4 = flash_attention.padded_rows(lse.unsqueeze(0))
+    lse2, delta = (torch.empty(1, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
+    do = checks.kernel_operand(do)
+    dq32 = torch.empty(1, H, total_q, D, dtype=torch.float32, device=q.device)
+    flash_attention.attention_backward_prep_kernel[(-(-total_q // 64), H, 1)](
+        _packed(o), _packed(do), lse4, delta, lse2, dq32, D=D)
+    grid = num_sms(q.get_device())
+    tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
+                                         (left, right)), k.shape[1], grid)
+    flash_attention.attention_backward_kernel[(grid,)](
+        _packed(q), _packed(k), _packed(v), _packed(do), lse2, delta, dq32, _packed(dk),
+        _packed(dv), tasks, scale * math.log2(math.e), scale, D=D, VARLEN=True, **cfg)
+    _packed(dq).copy_(dq32)
+    return dq, dk, dv
