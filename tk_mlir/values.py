@@ -524,6 +524,10 @@ class Shared(Value):
         t = self.tk_type
         return (t.rows, t.cols)
 
+    @property
+    def dtype(self) -> str:
+        return self.tk_type.dtype
+
     def __getitem__(self, i) -> Shared:
         return _element(self, i, "shared tile")
 

@@ -35,6 +35,10 @@
                                              k, v, causal, scale, left=-1, right=-1,
                                              softcap=0.0) -> (o, lse)
                                              (writes k, v into the caches)
+    torch.ops.tk_mlir.linear_attention(q, k, v, s0, z0, feature_map, causal, normalize, scale)
+                                       -> (o, S, z)
+    torch.ops.tk_mlir.linear_attention_backward(do, q, k, v, o, s0, z0, feature_map, causal,
+                                                normalize, scale) -> (dq, dk, dv, dS0, dz0)
     torch.ops.tk_mlir.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
                                        left=-1, right=-1, softcap=0.0) -> (o, lse)
     torch.ops.tk_mlir.attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q,
@@ -45,7 +49,8 @@ torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul,
 grouped_matmul, the norms, swiglu, rotary_embedding, cross_entropy,
-linear_cross_entropy, attention and attention_varlen get autograd through
+linear_cross_entropy, attention, attention_varlen and linear_attention get
+autograd through
 register_autograd.
 
 Contracts: the real implementations check their arguments with the public
@@ -63,7 +68,7 @@ import torch
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
-                             varlen_attention)
+                             chunked_linear_attention, varlen_attention)
 
 
 # ------------------------------------------------------------------ matmul
@@ -867,6 +872,100 @@ class EagerAttentionVarlen(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
+
+
+@torch.library.custom_op("tk_mlir::linear_attention", mutates_args=())
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: torch.Tensor | None,
+                     z0: torch.Tensor | None, feature_map: str, causal: bool, normalize: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, S, z): o like v (contiguous) and the final state (empty when not
+    causal). See chunked_linear_attention.linear_attention for the arguments."""
+    state = None if s0 is None else (s0, z0)
+    fm = None if feature_map == "none" else feature_map
+    chunked_linear_attention._check(q, k, v, fm, causal, normalize, state, False)
+    checks.on_cuda("linear_attention", "q", q)
+    return chunked_linear_attention.forward(q, k, v, s0, z0, feature_map, causal, normalize,
+                                           scale)
+
+
+@linear_attention.register_fake
+def _(q, k, v, s0, z0, feature_map, causal, normalize, scale):
+    B, N, H, DK = q.shape
+    shape = (B, H, DK, v.shape[3]) if causal else (0,)
+    return (torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            q.new_empty(shape, dtype=torch.float32),
+            q.new_empty((B, H, DK) if causal else (0,), dtype=torch.float32))
+
+
+@torch.library.custom_op("tk_mlir::linear_attention_backward", mutates_args=())
+def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, o: torch.Tensor, s0: torch.Tensor | None,
+                              z0: torch.Tensor | None, feature_map: str, causal: bool,
+                              normalize: bool, scale: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                         torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dS0, dz0) of linear_attention by its backward kernel
+    (dS0, dz0 empty without an initial state: an op returns tensors)."""
+    dq, dk, dv, ds0, dz0 = chunked_linear_attention.backward(do, q, k, v, o, s0, z0,
+                                                             feature_map, causal, normalize,
+                                                             scale)
+    if s0 is None:
+        ds0 = dz0 = q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, ds0, dz0
+
+
+@linear_attention_backward.register_fake
+def _(do, q, k, v, o, s0, z0, feature_map, causal, normalize, scale):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            q.new_empty(0, dtype=torch.float32) if s0 is None else torch.empty_like(s0),
+            q.new_empty(0, dtype=torch.float32) if z0 is None else torch.empty_like(z0))
+
+
+def _linear_attention_setup_context(ctx, inputs, output):
+    q, k, v, s0, z0, feature_map, causal, normalize, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], s0, z0)
+    ctx.flags = (feature_map, causal, normalize, scale)
+    ctx.set_materialize_grads(False)
+
+
+def _linear_attention_backward(ctx, do, ds1, dz1, backward=None):
+    """dq, dk, dv and the initial state's gradients. The final state carries
+    no gradient: a loss that reaches it raises (detach it)."""
+    if ds1 is not None or dz1 is not None:
+        raise RuntimeError(
+            "tk_mlir.linear_attention: the returned state has no gradient; a loss reached "
+            "it. Use state[0].detach(), state[1].detach() where it is only read")
+    q, k, v, o, s0, z0 = ctx.saved_tensors
+    if do is None:
+        return (None,) * 9
+    dq, dk, dv, ds0, dz0 = (backward or linear_attention_backward)(do, q, k, v, o, s0, z0,
+                                                                   *ctx.flags)
+    if s0 is None:
+        ds0 = dz0 = None
+    return dq, dk, dv, ds0, dz0, None, None, None, None
+
+
+linear_attention.register_autograd(_linear_attention_backward,
+                                   setup_context=_linear_attention_setup_context)
+
+
+class EagerLinearAttention(torch.autograd.Function):
+    """linear_attention's op for eager calls on checked tensors, launching
+    directly (as EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, s0, z0, feature_map, causal, normalize, scale):
+        out = chunked_linear_attention.forward(q, k, v, s0, z0, feature_map, causal, normalize,
+                                              scale)
+        _linear_attention_setup_context(ctx, (q, k, v, s0, z0, feature_map, causal, normalize,
+                                              scale), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, do, ds1, dz1):
+        return _linear_attention_backward(ctx, do, ds1, dz1, chunked_linear_attention.backward)
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

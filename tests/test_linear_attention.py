@@ -1,0 +1,168 @@
+"""linear_attention (tk_mlir/kernels/chunked_linear_attention.py): chunked
+linear attention with a feature map, forward and backward.
+
+Without a GPU: the kernels in the interpreter against a float64 loop that
+runs the recurrence token by token, for odd N (not a multiple of the chunk),
+each feature map, normalize on and off, not causal, initial and returned
+states, D_v over several blocks, and the gradients of every input (the
+initial state's included); torch.compile; the argument rules. With a GPU
+(`-m gpu`): the same against float32 at training shapes.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tk_mlir.kernels import linear_attention  # noqa: E402
+
+from torch_reference import relative_error as _rel  # noqa: E402
+
+bf16 = torch.bfloat16
+gpu = pytest.mark.gpu
+MAPS = {None: lambda x: x, "elu1": lambda x: torch.nn.functional.elu(x) + 1,
+        "relu": torch.relu}
+
+
+def recurrence(q, k, v, feature_map, causal, normalize, scale, s0=None, z0=None):
+    """The definition, one token at a time (float64 on CPU tensors, or the
+    inputs' dtype): (o, S, z)."""
+    f = MAPS[feature_map]
+    q, k = f(q * scale), f(k)
+    B, N, H, DK = q.shape
+    S = q.new_zeros(B, H, DK, v.shape[-1]) if s0 is None else s0.to(q.dtype)
+    z = q.new_zeros(B, H, DK) if z0 is None else z0.to(q.dtype)
+    if not causal:
+        S = S + torch.einsum("bnhk,bnhv->bhkv", k, v)
+        z = z + k.sum(1)
+    outs = []
+    for t in range(N):
+        if causal:
+            S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])
+            z = z + k[:, t]
+        num = torch.einsum("bhk,bhkv->bhv", q[:, t], S)
+        outs.append(num / ((q[:, t] * z).sum(-1, keepdim=True) + 1e-6) if normalize else num)
+    return torch.stack(outs, 1), S, z
+
+
+def _inputs(B, N, H, dk, dv, seed, device="cpu", state=False):
+    g = torch.Generator().manual_seed(seed)
+    q, k = ((torch.rand(B, N, H, dk, generator=g) - 0.5).to(bf16).to(device) for _ in range(2))
+    v = (torch.rand(B, N, H, dv, generator=g) - 0.5).to(bf16).to(device)
+    if not state:
+        return q, k, v, None
+    return q, k, v, (torch.rand(B, H, dk, dv, generator=g).to(device),
+                     torch.rand(B, H, dk, generator=g).to(device))
+
+
+def _check(q, k, v, state, feature_map, causal, normalize, tol, device_ref="cpu"):
+    """Forward, returned state and every gradient against the recurrence in
+    float64. dq with normalize gets 3x tol: the normaliser's two gradient
+    terms (g·Sᵀ and e·zᵀ) nearly cancel, and each is a bf16 MMA's."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    s_leaves = None if state is None else [t.clone().requires_grad_() for t in state]
+    o, (s1, z1) = (linear_attention(*leaves, feature_map=feature_map, causal=True,
+                                    normalize=normalize, initial_state=s_leaves,
+                                    return_state=True) if causal else
+                   (linear_attention(*leaves, feature_map=feature_map, causal=False,
+                                     normalize=normalize), (None, None)))
+    do = torch.rand_like(o) - 0.5
+    wanted = leaves + (s_leaves or [])
+    if state is not None and not normalize:
+        wanted = wanted[:4]                     # z never enters without the normaliser
+    grads = torch.autograd.grad(o, wanted, do)
+    ref_in = [t.detach().to(device_ref).double().requires_grad_()
+              for t in leaves + (s_leaves or [])]
+    ro, rs, rz = recurrence(*ref_in[:3], feature_map, causal, normalize,
+                            1 / math.sqrt(q.shape[-1]), *ref_in[3:])
+    ref_grads = torch.autograd.grad(ro, ref_in[:len(wanted)], do.to(device_ref).double())
+    assert _rel(o.to(device_ref), ro) < tol
+    if causal:
+        assert _rel(s1.to(device_ref), rs) < tol and _rel(z1.to(device_ref), rz) < tol
+    for i, (got, want) in enumerate(zip(grads, ref_grads)):
+        assert _rel(got.to(device_ref), want) < (3 * tol if i == 0 and normalize else tol), i
+
+
+@pytest.mark.parametrize("dk,dv,feature_map,causal,normalize,state", [
+    (64, 64, "elu1", True, True, True),
+    (128, 128, "relu", True, False, False),
+    (64, 128, "elu1", False, True, False),      # D_v over two blocks
+    (128, 64, None, False, False, False),
+    (64, 256, "relu", True, True, False),       # four blocks share the normaliser's terms
+    (64, 64, None, True, False, True),
+])
+def test_matches_the_recurrence_forward_and_backward(interpret, dk, dv, feature_map, causal,
+                                                     normalize, state):
+    q, k, v, s = _inputs(2, 150, 2, dk, dv, seed=dk + dv, state=state)   # 150: odd chunks
+    _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2)
+
+
+def test_a_chunk_at_a_time_with_the_returned_state_is_the_whole_sequence(interpret):
+    """Recurrent use: two calls, the second starting from the first's state,
+    give the one call's output and state."""
+    q, k, v, _ = _inputs(1, 192, 2, 64, 64, seed=3)
+    o, (s, z) = linear_attention(q, k, v, "elu1", return_state=True)
+    o1, state = linear_attention(q[:, :100], k[:, :100], v[:, :100], "elu1", return_state=True)
+    o2, (s2, z2) = linear_attention(q[:, 100:], k[:, 100:], v[:, 100:], "elu1",
+                                    initial_state=state, return_state=True)
+    assert _rel(torch.cat((o1, o2), 1), o) < 5e-3
+    assert _rel(s2, s) < 5e-3 and _rel(z2, z) < 1e-3
+
+
+def test_compiled_matches_eager(interpret):
+    q, k, v, state = _inputs(1, 70, 2, 64, 64, seed=4, state=True)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v):
+        return linear_attention(q, k, v, "elu1", initial_state=state)
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
+        o = fn(q, k, v)
+        results.append((o, *torch.autograd.grad(o.float().sum(), (q, k, v))))
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
+def test_the_returned_state_carries_no_gradient(interpret):
+    q, k, v, _ = _inputs(1, 64, 1, 64, 64, seed=5)
+    q.requires_grad_()
+    o, (s, z) = linear_attention(q, k, v, return_state=True)
+    with pytest.raises(RuntimeError, match="the returned state has no gradient"):
+        s.sum().backward()
+
+
+def test_bad_arguments_are_refused_with_the_rule():
+    q, k, v, state = _inputs(1, 8, 2, 64, 64, seed=6, state=True)
+    cases = [
+        (dict(q=q[..., :32], k=k[..., :32]), ValueError, r"D_k must be 64 or 128, got 32"),
+        (dict(v=torch.cat((v, v[..., :32]), -1)), ValueError,
+         r"D_v must be 64, 128 or 256, got 96"),
+        (dict(k=k[:, :4]), ValueError, r"k must have shape \(1, 8, 2, 64\)"),
+        (dict(feature_map="taylor2"), ValueError, r"feature_map must be one of"),
+        (dict(normalize=1), TypeError, r"normalize must be a bool"),
+        (dict(initial_state=state, causal=False), ValueError, r"causal=True only"),
+        (dict(initial_state=(state[0].double(), state[1])), TypeError,
+         r"initial_state S must be torch.float32"),
+        (dict(initial_state=(state[0], state[1][:, :1])), ValueError,
+         r"initial_state z must have shape \(1, 2, 64\)"),
+        (dict(v=v.float()), TypeError, r"v must be torch.bfloat16 or torch.float16"),
+    ]
+    for change, error, message in cases:
+        args = dict(q=q, k=k, v=v, feature_map=None)
+        args.update(change)
+        with pytest.raises(error, match=message):
+            linear_attention(**args)
+
+
+# ------------------------------------------------------------------ GPU
+
+@gpu
+@pytest.mark.parametrize("dk,dv,feature_map,causal,normalize", [
+    (128, 128, "elu1", True, True), (64, 64, "relu", False, True),
+    (128, 64, None, True, False), (64, 128, "elu1", True, False)])
+def test_gpu_matches_the_recurrence(dk, dv, feature_map, causal, normalize):
+    q, k, v, s = _inputs(2, 1000, 4, dk, dv, seed=dk, device="cuda", state=causal)
+    _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2, device_ref="cuda")

@@ -1,0 +1,487 @@
+"""Linear attention with a feature map, chunked, forward and backward.
+
+    from tk_mlir.kernels import linear_attention
+    o = linear_attention(q, k, v, feature_map="elu1")          # (B, N, H, D), causal
+    o, state = linear_attention(q, k, v, return_state=True)    # state: (S, z), f32
+
+With φ the feature map and q scaled first, causal:
+
+    S_t = S_{t-1} + φ(k_t) v_tᵀ      z_t = z_{t-1} + φ(k_t)
+    o_t = φ(q_t)ᵀ S_t / (φ(q_t)·z_t + 1e-6)        (normalize=False: φ(q_t)ᵀ S_t)
+
+and not causal, S and z summed over every token. The kernels walk a (batch,
+head)'s sequence 64 tokens (a chunk) at a time, one block per 64 columns of
+v, one warpgroup: within a chunk the masked scores φ(Q)·φ(K)ᵀ times V, and
+across chunks the f32 state S (D_k x 64) carried in wgmma accumulators and
+read by the next chunk as bf16 in shared memory (as FlashLinearAttention's
+chunked kernels round it). z rides along as a (D_k x 16) accumulator of
+φ(K)ᵀ·1 whose columns are equal, read back in two bf16 halves (hi + lo) so
+the normaliser keeps f32's precision. The backward recomputes the forward's
+chunk quantities: a pass in order gives dq (the state S_{<c}), a pass in
+reverse dk and dv (the state's gradient dH = Σ_{later} φ(q) dnumᵀ).
+"""
+from __future__ import annotations
+
+import math
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+
+FEATURE_MAPS = (None, "elu1", "relu")
+EPS = 1e-6
+C = 64                  # tokens per chunk
+
+
+@tk.func
+def feature(x, MAP):
+    """φ(x) of an f32 tile: identity, elu(x) + 1 or relu(x)."""
+    if MAP == "elu1":
+        x = tk.where(x > 0.0, x + 1.0, x.exp())
+    elif MAP == "relu":
+        x = x.relu()
+    return x
+
+
+@tk.func
+def feature_grad(x, dy, MAP):
+    """dφ(x) given x and the gradient dy of φ(x)."""
+    if MAP == "elu1":
+        dy = tk.where(x > 0.0, dy, dy * x.exp())
+    elif MAP == "relu":
+        dy = tk.where(x > 0.0, dy, 0.0)
+    return dy
+
+
+@tk.func
+def publish(st, acc):
+    """An f32 accumulator into shared tile st as bf16 (the warpgroup's MMAs
+    that read the old contents are complete: the caller's barrier)."""
+    tk.store(st, acc.to(st.dtype))
+
+
+@tk.func
+def publish_split(hi, lo, acc):
+    """An f32 accumulator as two bf16 shared tiles whose sum keeps f32's
+    precision (an MMA reads each: two products, one f32 sum)."""
+    top = acc.to(hi.dtype)
+    tk.store(hi, top)
+    tk.store(lo, (acc - top.to(f32)).to(lo.dtype))
+
+
+@tk.func
+def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
+    """Chunk c's φ(K) (rows past N zero: φ(0) may not be) and its 64 columns
+    vb of V into shared memory, for the whole warpgroup's MMAs."""
+    k = feature(tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32), MAP)
+    k = tk.where(k.row_indices() + c * C < K.shape[2], k, 0.0)
+    tk.store(ks, k.to(ks.dtype))
+    tk.store(vs, tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+    tk.barrier()
+
+
+@tk.func
+def load_queries(Q, b, h, c, scale, DK, MAP):
+    """Chunk c's φ(Q·scale) as the bf16 A operand of wgmma, from registers."""
+    x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
+    return feature(x, MAP).to(Q.dtype)
+
+
+@tk.func
+def normalizer(qb, zhi, zlo, A, CAUSAL):
+    """φ(q)·z + 1e-6 per row, z the state's (and, causal, the chunk's own
+    masked scores A's row sums)."""
+    qz = tk.mma_AB(tk.zeros((C, 16), f32, layout="row", scope="warpgroup"), qb, zhi)
+    qz = tk.mma_AB(qz, qb, zlo)
+    tk.mma_wait(0)
+    den = qz.row_sum() * (1.0 / 16) + EPS
+    if CAUSAL:
+        den = den + A.row_sum()
+    return den
+
+
+@tk.func
+def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL, INITIAL):
+    """The state (S, Z) the first chunk's queries read, as accumulators and
+    published to ss, zhi + zlo: S0, Z0 (INITIAL) or zero, and, not causal,
+    every chunk's keys and values summed. Also fills `ones`."""
+    tk.store(ones, tk.full((C, 16), 1.0, K.dtype, layout="row", scope="warpgroup"))
+    S = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
+    Z = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
+    if INITIAL:
+        S = tk.load(S0, (b, h, 0, vb), (DK, 64), layout="row", scope="warpgroup")
+        Z = tk.load(Z0, (b, h, 0, 0), (DK, 16), layout="row", scope="warpgroup")
+    if not CAUSAL:           # every query sees the whole sequence's state
+        for c in range(tk.cdiv(K.shape[2], C)):
+            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+            S = tk.mma_AtB(S, ks, vs)
+            Z = tk.mma_AtB(Z, ks, ones)
+            tk.mma_wait(0)
+            tk.barrier()
+    publish(ss, S)
+    publish_split(zhi, zlo, Z)
+    tk.barrier()
+    return S, Z
+
+
+@tk.kernel(num_warps=4)
+def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z0: tk.gl,
+                            S1: tk.gl, Z1: tk.gl, scale: float, DK: tk.constexpr = 64,
+                            MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
+                            NORMALIZE: tk.constexpr = True, INITIAL: tk.constexpr = False,
+                            FINAL: tk.constexpr = False):
+    """O[..., 64·vb:64·vb+64] of linear attention for one (batch, head).
+    Q, K: (B, H, N, DK); V, O: (B, H, N, DV); S0, S1: (B, H, DK, DV) f32
+    states in and out (INITIAL / FINAL; any tensor otherwise, unread); Z0,
+    Z1: (B, H, DK, 16) f32, z repeated in every column. Grid (DV / 64, H, B)."""
+    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    N = Q.shape[2]
+    chunks = tk.cdiv(N, C)
+    ks = tk.shared_tile(K.dtype, (C, DK), swizzle=128)
+    vs = tk.shared_tile(V.dtype, (C, 64), swizzle=128)
+    ss = tk.shared_tile(Q.dtype, (DK, 64), swizzle=128)
+    ones = tk.shared_tile(K.dtype, (C, 16), swizzle=32)
+    zhi = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
+    zlo = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
+    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
+                       INITIAL)
+    for c in range(chunks):
+        qb = load_queries(Q, b, h, c, scale, DK, MAP)
+        o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
+        A = None
+        if CAUSAL:
+            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+            A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
+            tk.mma_wait(0)
+            A = tk.where(A.col_indices() <= A.row_indices(), A, 0.0)
+            o = tk.mma_AB(o, A.to(Q.dtype), vs)
+            S = tk.mma_AtB(S, ks, vs)
+            Z = tk.mma_AtB(Z, ks, ones)
+        if NORMALIZE:
+            o = o.div_row(normalizer(qb, zhi, zlo, A, CAUSAL))
+        tk.mma_wait(0)
+        tk.store(O, o.to(O.dtype), (b, h, c, vb))
+        if CAUSAL:
+            tk.barrier()                 # every thread's MMAs read ss, zhi, zlo, ks, vs
+            publish(ss, S)
+            publish_split(zhi, zlo, Z)
+            tk.barrier()
+    if FINAL:
+        tk.store(S1, S, (b, h, 0, vb))
+        if vb == 0:
+            tk.store(Z1, Z, (b, h, 0, 0))
+
+
+
+@tk.func
+def causal_mask(t):
+    """A chunk's (query, key) tile with the keys after each query zeroed."""
+    return tk.where(t.col_indices() <= t.row_indices(), t, 0.0)
+
+
+@tk.func
+def row_gradients(dO, O, DEN, b, h, c, vb, den, DV, VB):
+    """Chunk c's dnum = dO / den (this block's 64 columns, f32) and dden =
+    -(dO·O) / den over all D_v columns, both per row, stored in DEN's rows
+    2·vb and 2·vb + 1 (the reverse pass reads them back)."""
+    oo = tk.zeros((C, 64), f32, layout="row", scope="warpgroup").row_sum()
+    for j in tk.static_range(VB):
+        do = tk.load(dO, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32)
+        oo = oo + (do * tk.load(O, (b, h, c, j), (C, 64), layout="row",
+                                scope="warpgroup").to(f32)).row_sum()
+    rden = den.rcp()
+    e = -(oo * rden)
+    tk.store(DEN, rden, (b, h, 2 * vb, c))
+    tk.store(DEN, e, (b, h, 2 * vb + 1, c))
+    return rden, e
+
+
+@tk.func
+def state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE):
+    """Chunk c's φ(Q) (bf16, also into qs), g = dO / den (this block's
+    columns, bf16, also into gs) and e = dden per row, with e/16 in every
+    column of es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e
+    takes (den and e as the forward pass stored them in DEN)."""
+    qb = load_queries(Q, b, h, c, scale, DK, MAP)
+    g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
+    e = None
+    if NORMALIZE:
+        g = g.mul_row(tk.load(DEN, (b, h, 2 * vb, c), (C,), scope="warpgroup"))
+        e = tk.load(DEN, (b, h, 2 * vb + 1, c), (C,), scope="warpgroup")
+        tk.store(es, tk.zeros((C, 16), f32, layout="row", scope="warpgroup")
+                 .add_row(e * (1.0 / 16)).to(es.dtype))
+    gb = g.to(Q.dtype)
+    tk.store(qs, qb)
+    tk.store(gs, gb)
+    tk.barrier()
+    return qb, gb, e
+
+
+@tk.kernel(num_warps=4)
+def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, dO: tk.gl,
+                                     S0: tk.gl, Z0: tk.gl, dQ: tk.gl, dK: tk.gl, dV: tk.gl,
+                                     dS0: tk.gl, dZ0: tk.gl, DEN: tk.gl, scale: float,
+                                     DK: tk.constexpr = 64, DV: tk.constexpr = 64,
+                                     MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
+                                     NORMALIZE: tk.constexpr = True,
+                                     INITIAL: tk.constexpr = False):
+    """dq, dk, dv of linear_attention_kernel (and the initial state's dS0,
+    dZ0 with INITIAL), for the 64 columns vb of v. dQ, dK: (B, H, N, DK) f32,
+    zeroed: each of the DV/64 blocks of a head adds its share (atomic adds);
+    dV: (B, H, N, DV); dS0 (B, H, DK, DV), dZ0 (B, H, DK, 16) f32; DEN: (B,
+    H, 2·DV/64, N') f32 scratch (N' >= N a multiple of 64). Grid (DV / 64, H, B).
+
+    With g = dO / den and e = -(dO·O) / den per row (g = dO, e = 0 without
+    NORMALIZE), and dP = g·Vᵀ + e (masked causal): dφ(q) = dP·φ(K) + g·Sᵀ +
+    e·zᵀ over the state before the chunk, dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and
+    dv = Aᵀ·g + φ(K)·dH over the state's gradient after it (dH = Σ φ(q)·gᵀ,
+    dz = Σ e·φ(q)). e's terms are split evenly over the blocks (each adds 1/VB)."""
+    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    VB = DV // 64
+    share = 1.0 / VB
+    N = Q.shape[2]
+    chunks = tk.cdiv(N, C)
+    ks = tk.shared_tile(K.dtype, (C, DK), swizzle=128)
+    vs = tk.shared_tile(V.dtype, (C, 64), swizzle=128)
+    qs = tk.shared_tile(Q.dtype, (C, DK), swizzle=128)
+    gs = tk.shared_tile(Q.dtype, (C, 64), swizzle=128)
+    ps = tk.shared_tiles(Q.dtype, (C, C), 2, swizzle=128)      # A and dP, for their transposes
+    ss = tk.shared_tile(Q.dtype, (DK, 64), swizzle=128)        # S, then dH
+    ones = tk.shared_tile(K.dtype, (C, 16), swizzle=32)
+    es = tk.shared_tile(Q.dtype, (C, 16), swizzle=32)
+    zhi = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)        # z, then dz
+    zlo = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
+    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
+                       INITIAL)
+
+    # dq, chunks in order: the state before each chunk.
+    for c in range(chunks):
+        qb = load_queries(Q, b, h, c, scale, DK, MAP)
+        A = None
+        if CAUSAL:
+            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+            A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
+            tk.mma_wait(0)
+            A = causal_mask(A)
+        g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
+        e = None
+        if NORMALIZE:
+            rden, e = row_gradients(dO, O, DEN, b, h, c, vb,
+                                    normalizer(qb, zhi, zlo, A, CAUSAL), DV, VB)
+            g = g.mul_row(rden)
+        gb = g.to(Q.dtype)
+        dq = tk.mma_ABt(tk.zeros((C, DK), f32, layout="row", scope="warpgroup"), gb, ss)
+        if NORMALIZE:
+            E = tk.zeros((C, 16), f32, layout="row", scope="warpgroup").add_row(e * (share / 16))
+            dq = tk.mma_ABt(dq, E.to(Q.dtype), zhi)
+            dq = tk.mma_ABt(dq, E.to(Q.dtype), zlo)
+        if CAUSAL:
+            dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
+            tk.mma_wait(0)
+            if NORMALIZE:
+                dP = dP.add_row(e * share)
+            dq = tk.mma_AB(dq, causal_mask(dP).to(Q.dtype), ks)
+            S = tk.mma_AtB(S, ks, vs)
+            Z = tk.mma_AtB(Z, ks, ones)
+        tk.mma_wait(0)
+        x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
+        tk.atomic_add(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, 0))
+        if CAUSAL:
+            tk.barrier()
+            publish(ss, S)
+            publish_split(zhi, zlo, Z)
+            tk.barrier()
+
+    # dk and dv, chunks in reverse: the state's gradient after each chunk
+    # (not causal: every chunk's, summed first).
+    dH = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
+    dZ = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
+    tk.barrier()
+    if not CAUSAL:
+        for c in range(chunks):
+            state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE)
+            dH = tk.mma_AtB(dH, qs, gs)
+            if NORMALIZE:
+                dZ = tk.mma_AtB(dZ, qs, es)
+            tk.mma_wait(0)
+            tk.barrier()
+    publish(ss, dH)
+    publish_split(zhi, zlo, dZ)
+    tk.barrier()
+    for i in range(chunks):
+        c = chunks - 1 - i
+        qb, gb, e = state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP,
+                                          NORMALIZE)
+        load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
+        dk = tk.zeros((C, DK), f32, layout="row", scope="warpgroup")
+        if CAUSAL:
+            A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
+            dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
+            tk.mma_wait(0)
+            if NORMALIZE:
+                dP = dP.add_row(e * share)
+            tk.store(ps[0], causal_mask(A).to(Q.dtype))
+            tk.store(ps[1], causal_mask(dP).to(Q.dtype))
+            tk.barrier()
+            dv = tk.mma_AtB(dv, ps[0], gs)
+            dk = tk.mma_AtB(dk, ps[1], qs)
+        dv = tk.mma_AB(dv, ks, ss)
+        dk = tk.mma_ABt(dk, vs, ss)
+        if NORMALIZE:
+            spread = tk.full((C, 16), share, Q.dtype, layout="row", scope="warpgroup")
+            dk = tk.mma_ABt(dk, spread, zhi)
+            dk = tk.mma_ABt(dk, spread, zlo)
+        if CAUSAL:
+            dH = tk.mma_AtB(dH, qs, gs)
+            if NORMALIZE:
+                dZ = tk.mma_AtB(dZ, qs, es)
+        tk.mma_wait(0)
+        tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
+        x = tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32)
+        tk.atomic_add(dK, feature_grad(x, dk, MAP), (b, h, c, 0))
+        tk.barrier()
+        if CAUSAL:
+            publish(ss, dH)
+            publish_split(zhi, zlo, dZ)
+            tk.barrier()
+    if INITIAL:         # every query after the initial state read it
+        tk.store(dS0, dH, (b, h, 0, vb))
+        if vb == 0:
+            tk.store(dZ0, dZ * 16.0, (b, h, 0, 0))     # (each column holds 1/16)
+
+
+def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = True,
+                     normalize: bool = True, scale: float | None = None, initial_state=None,
+                     return_state: bool = False):
+    """Linear attention of (B, N, H, D) tensors (FlashLinearAttention's
+    layout): o_t = φ(q_t·scale)ᵀ S_t / (φ(q_t·scale)·z_t + 1e-6), S_t and
+    z_t the sums of φ(k_s) v_sᵀ and φ(k_s) over s <= t (causal) or over
+    every s; normalize=False leaves out the division.
+
+    q, k: (B, N, H, D_k); v: (B, N, H, D_v); bf16 or f16 on one CUDA device,
+    last dim contiguous; D_k is 64 or 128, D_v 64, 128 or 256.
+    feature_map: None (identity), "elu1" (elu(x) + 1) or "relu". scale
+    defaults to 1/sqrt(D_k). initial_state: (S (B, H, D_k, D_v), z (B, H,
+    D_k)) f32, added before the first token (causal only). return_state=True
+    also returns the state after the last token, in that form. o has v's
+    shape and dtype, contiguous. Differentiable in q, k, v and the initial
+    state; under torch.compile the custom op torch.ops.tk_mlir.linear_attention."""
+    import torch
+    _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
+    scale = checks.attention_scale("linear_attention", scale, q.shape[-1])
+    checks.on_cuda("linear_attention", "q", q)
+    from tk_mlir.kernels import custom_ops
+    s0, z0 = initial_state if initial_state is not None else (None, None)
+    args = (q, k, v, s0, z0, feature_map or "none", causal, normalize, scale)
+    if torch.compiler.is_compiling():
+        o, s1, z1 = torch.ops.tk_mlir.linear_attention(*args)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                         for t in (q, k, v, s0, z0)):
+        o, s1, z1 = custom_ops.EagerLinearAttention.apply(*args)
+    else:
+        o, s1, z1 = forward(*args)
+    return (o, (s1, z1)) if return_state else o
+
+
+def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state) -> None:
+    """Shapes, dtypes, devices and flags, each with the rule it breaks."""
+    import torch
+    fn = "linear_attention"
+    dtypes = (torch.bfloat16, torch.float16)
+    checks.tensor(fn, "q", q, ndim=4, dtypes=dtypes)
+    for name, t in (("k", k), ("v", v)):
+        checks.tensor(fn, name, t, ndim=4, dtypes=dtypes)
+        checks.like(fn, name, t, "q", q)
+    B, N, H, DK = q.shape
+    checks.shape(fn, "k", k, q.shape, "q's shape")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"{fn}: v must be (B={B}, N={N}, H={H}, D_v), got {tuple(v.shape)}")
+    if DK not in (64, 128):
+        raise ValueError(f"{fn}: the q/k head dim D_k must be 64 or 128, got {DK}")
+    DV = v.shape[3]
+    if DV not in (64, 128, 256):
+        raise ValueError(f"{fn}: the v head dim D_v must be 64, 128 or 256, got {DV}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s last dim must be contiguous (stride 1), got "
+                             f"strides {tuple(t.stride())}")
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"{fn}: feature_map must be one of {FEATURE_MAPS}, got "
+                         f"{feature_map!r}")
+    for name, flag in (("causal", causal), ("normalize", normalize),
+                       ("return_state", return_state)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {flag!r}")
+    if initial_state is not None:
+        if not causal:
+            raise ValueError(f"{fn}: initial_state is a recurrence's state: causal=True only")
+        if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+            raise TypeError(f"{fn}: initial_state must be (S, z), got {type(initial_state)}")
+        s0, z0 = initial_state
+        for name, t, shape in (("initial_state S", s0, (B, H, DK, DV)),
+                               ("initial_state z", z0, (B, H, DK))):
+            checks.tensor(fn, name, t, ndim=len(shape), dtypes=(torch.float32,))
+            checks.like(fn, name, t, "q", q, dtype=False)
+            checks.shape(fn, name, t, shape, "(B, H, D_k, D_v) and (B, H, D_k)")
+    if return_state and not causal:
+        raise ValueError(f"{fn}: return_state is a recurrence's state: causal=True only")
+
+
+def _heads_first(t):
+    """(B, N, H, D) as the kernels' (B, H, N, D) view."""
+    return t.transpose(1, 2)
+
+
+def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
+    """(o, S, z) on checked tensors: o like v (contiguous), the final state
+    (S (B, H, D_k, D_v), z (B, H, D_k) f32; empty when not causal)."""
+    import torch
+    B, N, H, DK = q.shape
+    DV = v.shape[3]
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    s1 = q.new_empty((B, H, DK, DV) if causal else (0,), dtype=torch.float32)
+    z16 = q.new_empty((B, H, DK, 16) if causal else (0,), dtype=torch.float32)
+    initial = s0 is not None
+    if B and H and N:
+        z0_16 = z0.unsqueeze(-1).expand(B, H, DK, 16).contiguous() if initial else z16
+        linear_attention_kernel[(DV // 64, H, B)](
+            _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
+            s0.contiguous() if initial else s1, z0_16, s1, z16, scale, DK=DK,
+            MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial, FINAL=causal)
+    elif causal:
+        s1.copy_(s0) if initial else s1.zero_()
+        z16.copy_(z0.unsqueeze(-1).expand_as(z16)) if initial else z16.zero_()
+    return o, s1, z16[..., 0] if causal else z16
+
+
+def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
+             scale: float):
+    """(dq, dk, dv, dS0, dz0) of `forward` given o and its gradient do (dS0,
+    dz0 None without an initial state)."""
+    import torch
+    B, N, H, DK = q.shape
+    DV = v.shape[3]
+    dq32 = torch.zeros(B, H, N, DK, dtype=torch.float32, device=q.device)
+    dk32 = torch.zeros_like(dq32)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    initial = s0 is not None
+    ds0 = torch.empty_like(s0) if initial else None
+    dz16 = q.new_empty(B, H, DK, 16, dtype=torch.float32) if initial else None
+    if B and H and N:
+        do = checks.kernel_operand(do)
+        den = q.new_empty(B, H, 2 * DV // 64, -(-N // 64) * 64, dtype=torch.float32)
+        z0_16 = z0.unsqueeze(-1).expand(B, H, DK, 16).contiguous() if initial else dq32
+        linear_attention_backward_kernel[(DV // 64, H, B)](
+            _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
+            _heads_first(do), s0.contiguous() if initial else dq32, z0_16, dq32, dk32,
+            _heads_first(dv), ds0 if initial else dq32, dz16 if initial else dq32, den, scale,
+            DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial)
+    else:
+        dv.zero_()
+        if initial:
+            ds0.zero_()
+            dz16.zero_()
+    dq, dk = (t.transpose(1, 2).to(q.dtype) for t in (dq32, dk32))
+    return dq, dk, dv, ds0, dz16[..., 0] if initial else None
