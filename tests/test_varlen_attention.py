@@ -162,13 +162,15 @@ def test_the_table_gives_each_row_the_keys_the_rule_does():
             lo, hi = int(tiles[2 * t]), int(tiles[2 * t + 1])
             block = seen[64 * t:64 * t + 64]
             assert block[:, lo:max(hi, lo)].all()   # every row sees [lo_all, hi_all)
+        assert len(costs) == -(-total_q // 128)    # one per task the kernel decodes
         for task in range(rows // 128):            # a task's key blocks hold all its keys
             first, end = int(ranges[2 * task]), int(ranges[2 * task + 1])
-            assert end > first and costs[task] == end - first
+            assert end > first and (task >= len(costs) or costs[task] == end - first)
             cols = seen[128 * task:128 * task + 128].any(0).nonzero()
             if len(cols):
                 assert first * 128 <= cols.min() and cols.max() < end * 128
-        back, _ = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
+        back, back_costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
+        assert len(back_costs) == keys // 128
         ranges = back[len(back) - len(tail) + qlo0 + 2 * keys:]
         for kvb in range(keys // 128):             # a K/V block's query tiles hold all its queries
             first, end = int(ranges[2 * kvb]), int(ranges[2 * kvb + 1])

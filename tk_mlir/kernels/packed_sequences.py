@@ -67,7 +67,9 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
          *, forward_tasks: tuple[int, int] | None = None):
     """(tail, costs): the tail for cu_seqlens cu_q, cu_k (int32 (B+1,) on one
     device) and each task's cost (in key blocks), torch tensors on their
-    device, made without reading them on the host. forward_tasks=(BM, BN):
+    device, made without reading them on the host; one cost per task the
+    kernel decodes (cdiv(total_q, BM), or cdiv(total_k, 128)), while `ranges`
+    runs on to the padded rows. forward_tasks=(BM, BN):
     ranges of BN-key blocks per BM-row task; else the backward's ranges of
     64-row query tiles per 128-key block. Query i of a sequence sees its
     keys j with i + shift - left <= j <= i + shift + right (both counted from
@@ -95,7 +97,7 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
         none = hi_any <= lo_any
         first = torch.where(none, 0, lo_any // bn)
         end = torch.where(none, 1, (hi_any + bn - 1) // bn)
-        costs = end - first
+        costs = (end - first)[:-(-max(total_q, 1) // bm)]   # the tasks the kernel decodes
     else:
         lo_any, hi_any = klo.view(-1, 64).amin(1), khi.view(-1, 64).amax(1)
         # Rows in order see keys in order, so the query tiles that reach a
