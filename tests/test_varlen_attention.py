@@ -143,7 +143,8 @@ def test_the_table_gives_each_row_the_keys_the_rule_does():
         for b in range(len(lens_q)):
             seen[cu_q[b]:cu_q[b + 1], cu_k[b]:cu_k[b + 1]] = visible(
                 lens_q[b], lens_k[b], causal, window)
-        tail, costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window,
+        made = packed_sequences.bounds(cu_q, cu_k, total_q, total_k, causal, window)
+        tail, costs = packed_sequences.tail(made, total_q, total_k,
                                             forward_tasks=(128, 128))
         rows = -(-total_q // packed_sequences.ROW_ALIGN) * packed_sequences.ROW_ALIGN
         keys = -(-total_k // 128) * 128
@@ -169,7 +170,7 @@ def test_the_table_gives_each_row_the_keys_the_rule_does():
             cols = seen[128 * task:128 * task + 128].any(0).nonzero()
             if len(cols):
                 assert first * 128 <= cols.min() and cols.max() < end * 128
-        back, back_costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
+        back, back_costs = packed_sequences.tail(made, total_q, total_k)
         assert len(back_costs) == keys // 128
         ranges = back[len(back) - len(tail) + qlo0 + 2 * keys:]
         for kvb in range(keys // 128):             # a K/V block's query tiles hold all its queries

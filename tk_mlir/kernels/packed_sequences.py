@@ -63,72 +63,67 @@ def row_bound(TASKS, at, tile):
     return tk.load(TASKS, (at // 64 + tile,), (64,), scope="warpgroup")
 
 
-def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int],
-         *, forward_tasks: tuple[int, int] | None = None):
-    """(tail, costs): the tail for cu_seqlens cu_q, cu_k (int32 (B+1,) on one
-    device) and each task's cost (in key blocks), torch tensors on their
-    device, made without reading them on the host; one cost per task the
-    kernel decodes (cdiv(total_q, BM), or cdiv(total_k, 128)), while `ranges`
-    runs on to the padded rows. forward_tasks=(BM, BN):
-    ranges of BN-key blocks per BM-row task; else the backward's ranges of
-    64-row query tiles per 128-key block. Query i of a sequence sees its
-    keys j with i + shift - left <= j <= i + shift + right (both counted from
-    the sequence's start; shift = len_k - len_q, bottom-right aligned as
-    FlashAttention; right = 0 with causal; -1: no bound on that side)."""
+def bounds(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int]):
+    """(klo, khi, qlo, qhi), int64 torch tensors on cu_q's device, made without
+    reading the offsets on the host (cu_q, cu_k: int32 (B+1,)): each query
+    row's keys [klo, khi) (total_q rounded up to ROW_ALIGN rows) and each
+    key's query rows [qlo, qhi) (total_k rounded up to 128); empty: (EMPTY_LO,
+    0). Query i of a sequence sees its keys j with i + shift - left <= j <= i
+    + shift + right (both counted from the sequence's start; shift = len_k -
+    len_q, bottom-right aligned as FlashAttention; right = 0 with causal; -1:
+    no bound on that side). A call's forward and backward share them."""
     import torch
     left, right = window[0], 0 if causal else window[1]
+    # (first query, end query, first key, end key) of every sequence
+    ends = torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long()
+
+    def rule(n: int, offsets, queries: bool):
+        """Each of n packed query rows' (or keys') [lo, hi) on the other side:
+        its sequence's ends and the window measured from its diagonal `at`."""
+        r = torch.arange(n, device=cu_q.device)
+        b = (torch.searchsorted(offsets, r.to(offsets.dtype), right=True) - 1).clamp(
+            0, ends.shape[1] - 1)
+        sq, eq, sk, ek = ends[:, b]
+        if queries:
+            at, start, stop, below, above = r - sq + (ek - sk) - (eq - sq), sk, ek, left, right
+            own = (r >= sq) & (r < eq)
+        else:
+            at, start, stop, below, above = r - sk - (ek - sk) + (eq - sq), sq, eq, right, left
+            own = (r >= sk) & (r < ek)
+        lo = start + (at - below).clamp(min=0) if below >= 0 else start
+        hi = torch.minimum(stop, start + at + above + 1) if above >= 0 else stop
+        empty = ~own | (hi <= lo)
+        return torch.where(empty, EMPTY_LO, lo), torch.where(empty, 0, hi)
+
     rows = -(-max(total_q, 1) // ROW_ALIGN) * ROW_ALIGN
-    dev = cu_q.device
-    cq, ck = cu_q.long(), cu_k.long()
-    r = torch.arange(rows, device=dev)
-    b = (torch.searchsorted(cq, r, right=True) - 1).clamp(0, len(cq) - 2)
-    sq, eq, sk, ek = cq[b], cq[b + 1], ck[b], ck[b + 1]
-    diag = r - sq + (ek - sk) - (eq - sq)       # the row's last causal key, from its first key
-    lo = sk + (diag - left).clamp(min=0) if left >= 0 else sk
-    hi = torch.minimum(ek, sk + diag + right + 1) if right >= 0 else ek
-    empty = (r < sq) | (r >= eq) | (hi <= lo)
-    klo = torch.where(empty, EMPTY_LO, lo)
-    khi = torch.where(empty, 0, hi)
-    qlo, qhi = _queries_of_keys(cq, ck, total_k, left, right)
+    keys = -(-max(total_k, 1) // 128) * 128
+    return (*rule(rows, cu_q, True), *rule(keys, cu_k, False))
+
+
+def tail(seen, total_q: int, total_k: int, *, forward_tasks: tuple[int, int] | None = None):
+    """(tail, costs): the tail for `bounds`' four tensors and each task's cost
+    (in key blocks or query tiles), torch tensors on their device; one cost
+    per task the kernel decodes (cdiv(total_q, BM), or cdiv(total_k, 128)),
+    while `ranges` runs on to the padded rows. forward_tasks=(BM, BN): ranges
+    of BN-key blocks per BM-row task; else the backward's ranges of 64-row
+    query tiles per 128-key K/V block."""
+    import torch
+    klo, khi, qlo, qhi = seen
     tiles = torch.stack((klo.view(-1, 64).amax(1), khi.view(-1, 64).amin(1)), 1).view(-1)
     if forward_tasks is not None:
         bm, bn = forward_tasks
-        lo_any, hi_any = klo.view(-1, bm).amin(1), khi.view(-1, bm).amax(1)
-        none = hi_any <= lo_any
-        first = torch.where(none, 0, lo_any // bn)
-        end = torch.where(none, 1, (hi_any + bn - 1) // bn)
+        lo, hi = klo.view(-1, bm).amin(1), khi.view(-1, bm).amax(1)
+        none = hi <= lo
+        first = torch.where(none, 0, lo // bn)
+        end = torch.where(none, 1, (hi + bn - 1) // bn)
         costs = (end - first)[:-(-max(total_q, 1) // bm)]   # the tasks the kernel decodes
-    else:
-        lo_any, hi_any = klo.view(-1, 64).amin(1), khi.view(-1, 64).amax(1)
-        # Rows in order see keys in order, so the query tiles that reach a
-        # K/V block are a run: from the first whose keys end past the
-        # block's start to the last whose keys start before its end (empty
-        # tiles left out of both envelopes).
-        hi_env = hi_any.cummax(0).values
-        lo_env = lo_any.flip(0).cummin(0).values.flip(0)
-        k0 = torch.arange(-(-max(total_k, 1) // 128), device=dev) * 128
-        q_tiles = -(-max(total_q, 1) // 64)
-        first = torch.searchsorted(hi_env, k0, right=True).clamp(max=q_tiles - 1)
-        end = torch.maximum(torch.searchsorted(lo_env, k0 + 128).clamp(max=q_tiles), first + 1)
+    else:           # the query tiles that see any of a K/V block's keys
+        lo, hi = qlo.view(-1, 128).amin(1), qhi.view(-1, 128).amax(1)
+        none = hi <= lo
+        first = torch.where(none, 0, lo // 64)
+        end = torch.where(none, 1, (hi + 63) // 64)
         costs = end - first
     ranges = torch.stack((first, end), 1).view(-1)
     parts = [klo, khi, tiles, qlo, qhi, ranges]
     out = torch.cat([torch.nn.functional.pad(p, (0, -len(p) % 64)) for p in parts])
     return out.to(torch.int32), costs
-
-
-def _queries_of_keys(cq, ck, total_k: int, left: int, right: int):
-    """(qlo, qhi) per packed key, total_k rounded up to 128: key j of a
-    sequence is seen by its queries i with j - shift - right <= i <= j -
-    shift + left (from the sequences' starts; the rule of `tail`, turned
-    round)."""
-    import torch
-    keys = -(-max(total_k, 1) // 128) * 128
-    j = torch.arange(keys, device=ck.device)
-    b = (torch.searchsorted(ck, j, right=True) - 1).clamp(0, len(ck) - 2)
-    sq, eq, sk, ek = cq[b], cq[b + 1], ck[b], ck[b + 1]
-    at = j - sk - (ek - sk) + (eq - sq)         # the query whose diagonal key is j
-    lo = sq + (at - right).clamp(min=0) if right >= 0 else sq
-    hi = torch.minimum(eq, sq + at + left + 1) if left >= 0 else eq
-    empty = (j < sk) | (j >= ek) | (hi <= lo)
-    return torch.where(empty, EMPTY_LO, lo), torch.where(empty, 0, hi)
