@@ -82,22 +82,33 @@ def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
 
 
 @tk.func
-def load_queries(Q, b, h, c, scale, DK, MAP):
-    """Chunk c's φ(Q·scale) as the bf16 A operand of wgmma, from registers."""
+def load_queries(Q, qs, b, h, c, scale, DK, MAP):
+    """Chunk c's φ(Q·scale) into shared tile qs, the A operand of wgmma (from
+    shared memory: at D_k=128 its registers are what the state needs). The
+    warpgroup's MMAs that read qs before are complete (each thread's
+    mma_wait before the call; the barrier here covers the rest)."""
     x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
-    return feature(x, MAP).to(Q.dtype)
+    tk.barrier()
+    tk.store(qs, feature(x, MAP).to(Q.dtype))
+    tk.barrier()
+    return qs
 
 
 @tk.func
-def normalizer(qb, zhi, zlo, A, CAUSAL):
-    """φ(q)·z + 1e-6 per row, z the state's (and, causal, the chunk's own
-    masked scores A's row sums)."""
+def state_dot(qb, zhi, zlo):
+    """φ(q)·z of the state's z, 16 times per row (issued, not waited for)."""
     qz = tk.mma_AB(tk.zeros((C, 16), f32, layout="row", scope="warpgroup"), qb, zhi)
-    qz = tk.mma_AB(qz, qb, zlo)
-    tk.mma_wait(0)
+    return tk.mma_AB(qz, qb, zlo)
+
+
+@tk.func
+def denominator(qz, a_sum):
+    """φ(q)·z + 1e-6 per row, given state_dot's (complete) result and, causal,
+    the row sums of the chunk's own masked scores (None otherwise): taken as
+    soon as the scores are, so the scores tile does not stay live."""
     den = qz.row_sum() * (1.0 / 16) + EPS
-    if CAUSAL:
-        den = den + A.row_sum()
+    if a_sum is not None:
+        den = den + a_sum
     return den
 
 
@@ -141,26 +152,32 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     ks = tk.shared_tile(K.dtype, (C, DK), swizzle=128)
     vs = tk.shared_tile(V.dtype, (C, 64), swizzle=128)
     ss = tk.shared_tile(Q.dtype, (DK, 64), swizzle=128)
+    qs = tk.shared_tile(Q.dtype, (C, DK), swizzle=128)
     ones = tk.shared_tile(K.dtype, (C, 16), swizzle=32)
     zhi = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
                        INITIAL)
     for c in range(chunks):
-        qb = load_queries(Q, b, h, c, scale, DK, MAP)
-        o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
-        A = None
-        if CAUSAL:
+        if CAUSAL:      # first: its f32 tile is not live beside the queries' MMAs
             load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
+        o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
+        if NORMALIZE:
+            qz = state_dot(qb, zhi, zlo)
+        a_sum = None
+        if CAUSAL:
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
             tk.mma_wait(0)
-            A = tk.where(A.col_indices() <= A.row_indices(), A, 0.0)
+            A = causal_mask(A)
+            if NORMALIZE:
+                a_sum = A.row_sum()
             o = tk.mma_AB(o, A.to(Q.dtype), vs)
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
-        if NORMALIZE:
-            o = o.div_row(normalizer(qb, zhi, zlo, A, CAUSAL))
         tk.mma_wait(0)
+        if NORMALIZE:
+            o = o.div_row(denominator(qz, a_sum))
         tk.store(O, o.to(O.dtype), (b, h, c, vb))
         if CAUSAL:
             tk.barrier()                 # every thread's MMAs read ss, zhi, zlo, ks, vs
@@ -181,17 +198,12 @@ def causal_mask(t):
 
 
 @tk.func
-def row_gradients(dO, O, DEN, b, h, c, vb, den, DV, VB):
-    """Chunk c's dnum = dO / den (this block's 64 columns, f32) and dden =
-    -(dO·O) / den over all D_v columns, both per row, stored in DEN's rows
-    2·vb and 2·vb + 1 (the reverse pass reads them back)."""
-    oo = tk.zeros((C, 64), f32, layout="row", scope="warpgroup").row_sum()
-    for j in tk.static_range(VB):
-        do = tk.load(dO, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32)
-        oo = oo + (do * tk.load(O, (b, h, c, j), (C, 64), layout="row",
-                                scope="warpgroup").to(f32)).row_sum()
+def row_gradients(DEN, b, h, c, vb, den, VB):
+    """Chunk c's 1 / den and dden = -(dO·O) / den per row (dO·O over all D_v
+    columns from DEN's row 2·VB, the prep kernel's), stored in DEN's rows 2·vb
+    and 2·vb + 1 (the reverse pass reads them back)."""
     rden = den.rcp()
-    e = -(oo * rden)
+    e = -(tk.load(DEN, (b, h, 2 * VB, c), (C,), scope="warpgroup") * rden)
     tk.store(DEN, rden, (b, h, 2 * vb, c))
     tk.store(DEN, e, (b, h, 2 * vb + 1, c))
     return rden, e
@@ -203,7 +215,7 @@ def state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, N
     columns, bf16, also into gs) and e = dden per row, with e/16 in every
     column of es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e
     takes (den and e as the forward pass stored them in DEN)."""
-    qb = load_queries(Q, b, h, c, scale, DK, MAP)
+    qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
     g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
     e = None
     if NORMALIZE:
@@ -212,14 +224,26 @@ def state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, N
         tk.store(es, tk.zeros((C, 16), f32, layout="row", scope="warpgroup")
                  .add_row(e * (1.0 / 16)).to(es.dtype))
     gb = g.to(Q.dtype)
-    tk.store(qs, qb)
     tk.store(gs, gb)
     tk.barrier()
     return qb, gb, e
 
 
 @tk.kernel(num_warps=4)
-def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, dO: tk.gl,
+def linear_attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, DEN: tk.gl, VB: tk.constexpr):
+    """dO·O per row over all of O's D_v = 64·VB columns into DEN's last row
+    (the normaliser's gradient needs it whole; the backward's blocks each
+    have 64 columns). Grid (cdiv(N, 64), H, B)."""
+    c, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    oo = tk.zeros((C, 64), f32).row_sum()
+    for j in tk.static_range(VB):
+        oo = oo + (tk.load(dO, (b, h, c, j), (C, 64)).to(f32) *
+                   tk.load(O, (b, h, c, j), (C, 64)).to(f32)).row_sum()
+    tk.store(DEN, oo, (b, h, 2 * VB, c))
+
+
+@tk.kernel(num_warps=4)
+def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
                                      S0: tk.gl, Z0: tk.gl, dQ: tk.gl, dK: tk.gl, dV: tk.gl,
                                      dS0: tk.gl, dZ0: tk.gl, DEN: tk.gl, scale: float,
                                      DK: tk.constexpr = 64, DV: tk.constexpr = 64,
@@ -230,7 +254,9 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, dO:
     dZ0 with INITIAL), for the 64 columns vb of v. dQ, dK: (B, H, N, DK) f32,
     zeroed: each of the DV/64 blocks of a head adds its share (atomic adds);
     dV: (B, H, N, DV); dS0 (B, H, DK, DV), dZ0 (B, H, DK, 16) f32; DEN: (B,
-    H, 2·DV/64, N') f32 scratch (N' >= N a multiple of 64). Grid (DV / 64, H, B).
+    H, 2·DV/64 + 1, N') f32 scratch (N' >= N a multiple of 64), its last row
+    dO·O per row (NORMALIZE: linear_attention_backward_prep_kernel's). Grid
+    (DV / 64, H, B).
 
     With g = dO / den and e = -(dO·O) / den per row (g = dO, e = 0 without
     NORMALIZE), and dP = g·Vᵀ + e (masked causal): dφ(q) = dP·φ(K) + g·Sᵀ +
@@ -257,36 +283,49 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, dO:
 
     # dq, chunks in order: the state before each chunk.
     for c in range(chunks):
-        qb = load_queries(Q, b, h, c, scale, DK, MAP)
-        A = None
         if CAUSAL:
             load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
+        if NORMALIZE:
+            qz = state_dot(qb, zhi, zlo)
+        a_sum = None
+        if CAUSAL and NORMALIZE:
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
-            tk.mma_wait(0)
-            A = causal_mask(A)
+        tk.mma_wait(0)
+        if CAUSAL and NORMALIZE:
+            a_sum = causal_mask(A).row_sum()
         g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
         e = None
         if NORMALIZE:
-            rden, e = row_gradients(dO, O, DEN, b, h, c, vb,
-                                    normalizer(qb, zhi, zlo, A, CAUSAL), DV, VB)
+            rden, e = row_gradients(DEN, b, h, c, vb, denominator(qz, a_sum), VB)
             g = g.mul_row(rden)
         gb = g.to(Q.dtype)
-        dq = tk.mma_ABt(tk.zeros((C, DK), f32, layout="row", scope="warpgroup"), gb, ss)
-        if NORMALIZE:
-            E = tk.zeros((C, 16), f32, layout="row", scope="warpgroup").add_row(e * (share / 16))
-            dq = tk.mma_ABt(dq, E.to(Q.dtype), zhi)
-            dq = tk.mma_ABt(dq, E.to(Q.dtype), zlo)
+        dPb = None
         if CAUSAL:
             dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
             tk.mma_wait(0)
             if NORMALIZE:
                 dP = dP.add_row(e * share)
-            dq = tk.mma_AB(dq, causal_mask(dP).to(Q.dtype), ks)
+            dPb = causal_mask(dP).to(Q.dtype)
+        Eb = None
+        if NORMALIZE:
+            Eb = tk.zeros((C, 16), f32, layout="row", scope="warpgroup").add_row(
+                e * (share / 16)).to(Q.dtype)
+        for j in tk.static_range(DK // 64):     # 64 columns of dq at a time (registers)
+            dq = tk.mma_ABt(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), gb,
+                            ss.subtile(j, 64))
+            if NORMALIZE:
+                dq = tk.mma_ABt(dq, Eb, zhi.subtile(j, 64))
+                dq = tk.mma_ABt(dq, Eb, zlo.subtile(j, 64))
+            if CAUSAL:
+                dq = tk.mma_AB(dq, dPb, ks.column_block(j))
+            tk.mma_wait(0)
+            x = tk.load(Q, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32) * scale
+            tk.atomic_add(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, j))
+        if CAUSAL:
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
-        tk.mma_wait(0)
-        x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
-        tk.atomic_add(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, 0))
+            tk.mma_wait(0)
         if CAUSAL:
             tk.barrier()
             publish(ss, S)
@@ -315,32 +354,36 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, dO:
                                           NORMALIZE)
         load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
         dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
-        dk = tk.zeros((C, DK), f32, layout="row", scope="warpgroup")
-        if CAUSAL:
+        if CAUSAL:          # A, then dP: one of the two live at a time (registers)
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
+            tk.mma_wait(0)
+            tk.store(ps[0], causal_mask(A).to(Q.dtype))
             dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
             tk.mma_wait(0)
             if NORMALIZE:
                 dP = dP.add_row(e * share)
-            tk.store(ps[0], causal_mask(A).to(Q.dtype))
             tk.store(ps[1], causal_mask(dP).to(Q.dtype))
             tk.barrier()
             dv = tk.mma_AtB(dv, ps[0], gs)
-            dk = tk.mma_AtB(dk, ps[1], qs)
         dv = tk.mma_AB(dv, ks, ss)
-        dk = tk.mma_ABt(dk, vs, ss)
-        if NORMALIZE:
-            spread = tk.full((C, 16), share, Q.dtype, layout="row", scope="warpgroup")
-            dk = tk.mma_ABt(dk, spread, zhi)
-            dk = tk.mma_ABt(dk, spread, zlo)
+        spread = tk.full((C, 16), share, Q.dtype, layout="row", scope="warpgroup")
+        for j in tk.static_range(DK // 64):     # 64 columns of dk at a time (registers)
+            dk = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
+            if CAUSAL:
+                dk = tk.mma_AtB(dk, ps[1], qs.column_block(j))
+            dk = tk.mma_ABt(dk, vs, ss.subtile(j, 64))
+            if NORMALIZE:
+                dk = tk.mma_ABt(dk, spread, zhi.subtile(j, 64))
+                dk = tk.mma_ABt(dk, spread, zlo.subtile(j, 64))
+            tk.mma_wait(0)
+            x = tk.load(K, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32)
+            tk.atomic_add(dK, feature_grad(x, dk, MAP), (b, h, c, j))
+        tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
         if CAUSAL:
             dH = tk.mma_AtB(dH, qs, gs)
             if NORMALIZE:
                 dZ = tk.mma_AtB(dZ, qs, es)
-        tk.mma_wait(0)
-        tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
-        x = tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32)
-        tk.atomic_add(dK, feature_grad(x, dk, MAP), (b, h, c, 0))
+            tk.mma_wait(0)
         tk.barrier()
         if CAUSAL:
             publish(ss, dH)
@@ -471,11 +514,14 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     dz16 = q.new_empty(B, H, DK, 16, dtype=torch.float32) if initial else None
     if B and H and N:
         do = checks.kernel_operand(do)
-        den = q.new_empty(B, H, 2 * DV // 64, -(-N // 64) * 64, dtype=torch.float32)
+        den = q.new_empty(B, H, 2 * DV // 64 + 1, -(-N // 64) * 64, dtype=torch.float32)
+        if normalize:
+            linear_attention_backward_prep_kernel[(-(-N // 64), H, B)](
+                _heads_first(o), _heads_first(do), den, VB=DV // 64)
         z0_16 = z0.unsqueeze(-1).expand(B, H, DK, 16).contiguous() if initial else dq32
         linear_attention_backward_kernel[(DV // 64, H, B)](
-            _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
-            _heads_first(do), s0.contiguous() if initial else dq32, z0_16, dq32, dk32,
+            _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(do),
+            s0.contiguous() if initial else dq32, z0_16, dq32, dk32,
             _heads_first(dv), ds0 if initial else dq32, dz16 if initial else dq32, den, scale,
             DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial)
     else:
