@@ -59,7 +59,7 @@ def test_swiglu(m, n):
 
 
 @pytest.mark.parametrize("example", ["quickstart", "gemm", "rmsnorm", "layernorm", "attention",
-                                     "paged_decode"])
+                                     "paged_decode", "linear_attention"])
 def test_example_runs(example, capsys):
     import runpy
     from pathlib import Path

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-ERROR = r"rel\. error vs float32: (\S+)"
+ERROR = r"rel\. error vs float(?:32|64): (\S+)"
 
 
 def run(example: str, **env) -> str:
@@ -23,7 +23,7 @@ def run(example: str, **env) -> str:
 
 
 @pytest.mark.parametrize("example", ["gemm", "rmsnorm", "layernorm", "attention",
-                                     "paged_decode"])
+                                     "paged_decode", "linear_attention"])
 def test_library_example_in_the_interpreter(example):
     out = run(example, TK_MLIR_INTERPRET="1")
     last = out.rstrip().splitlines()[-1]
