@@ -166,3 +166,49 @@ def test_bad_arguments_are_refused_with_the_rule():
 def test_gpu_matches_the_recurrence(dk, dv, feature_map, causal, normalize):
     q, k, v, s = _inputs(2, 1000, 4, dk, dv, seed=dk, device="cuda", state=causal)
     _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2, device_ref="cuda")
+
+
+# ------------------------------------------------------------------ decode
+
+@pytest.mark.parametrize("dk,dv,feature_map,normalize", [(64, 128, "elu1", True),
+                                                         (128, 64, None, False),
+                                                         (64, 64, "relu", True)])
+def test_a_decoding_step_continues_the_recurrence(interpret, dk, dv, feature_map, normalize):
+    """Steps after a prompt's state give the recurrence's next outputs and
+    states (in f32: no bf16 state on this path)."""
+    from tk_mlir.kernels import linear_attention_step
+    q, k, v, _ = _inputs(2, 70, 3, dk, dv, seed=dk + dv)
+    _, state = linear_attention(q[:, :67], k[:, :67], v[:, :67], feature_map,
+                                normalize=normalize, return_state=True)
+    ro, rs, rz = recurrence(*(t.double() for t in (q, k, v)), feature_map, True, normalize,
+                            1 / math.sqrt(dk))
+    _, rs67, rz67 = recurrence(*(t[:, :67].double() for t in (q, k, v)), feature_map, True,
+                               normalize, 1 / math.sqrt(dk))
+    state = (rs67.float(), rz67.float())       # start exactly where the recurrence is
+    for t in range(67, 70):
+        o, state = linear_attention_step(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], state,
+                                         feature_map, normalize=normalize)
+        assert o.shape == (2, 1, 3, dv) and o.dtype == bf16
+        assert _rel(o[:, 0], ro[:, t]) < 1e-2
+    assert _rel(state[0], rs) < 1e-5 and _rel(state[1], rz) < 1e-5
+
+
+def test_a_decoding_step_takes_one_token_and_a_state():
+    from tk_mlir.kernels import linear_attention_step
+    q, k, v, state = _inputs(1, 2, 2, 64, 64, seed=7, state=True)
+    with pytest.raises(ValueError, match=r"one new token: \(B, 1, H, D\), got \(1, 2, 2, 64\)"):
+        linear_attention_step(q, k, v, state)
+    with pytest.raises(TypeError, match=r"state must be \(S, z\)"):
+        linear_attention_step(q[:, :1], k[:, :1], v[:, :1], state[0])
+    with pytest.raises(ValueError, match=r"initial_state S must have shape"):
+        linear_attention_step(q[:, :1], k[:, :1], v[:, :1], (state[0][:, :1], state[1]))
+
+
+@gpu
+def test_gpu_decoding_step_matches_the_recurrence():
+    from tk_mlir.kernels import linear_attention_step
+    q, k, v, state = _inputs(4, 1, 16, 128, 256, seed=9, device="cuda", state=True)
+    o, (s1, z1) = linear_attention_step(q, k, v, state, "elu1")
+    ro, rs, rz = recurrence(*(t.double() for t in (q, k, v)), "elu1", True, True,
+                            1 / math.sqrt(128), *(t.double() for t in state))
+    assert _rel(o, ro) < 1e-2 and _rel(s1, rs) < 1e-5 and _rel(z1, rz) < 1e-5

@@ -18,6 +18,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     o = attention_with_kvcache(q, kc, vc, lens)  # decode over a (paged) KV cache, (B, N, H, D)
     o = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)  # packed sequences, (total, H, D)
     o = linear_attention(q, k, v, "elu1")  # chunked linear attention, (B, N, H, D)
+    o, state = linear_attention_step(q, k, v, state)  # one decoding step of it
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
     c = all_gather_matmul(a, w, group)     # every rank's rows of a, stacked, @ w.T
@@ -53,6 +54,7 @@ _LAZY = {
     "attention_with_kvcache": ".decode_attention",
     "attention_varlen": ".varlen_attention",
     "linear_attention": ".chunked_linear_attention",
+    "linear_attention_step": ".chunked_linear_attention",
     "all_reduce": ".all_reduce_kernels",
     "matmul_reduce_scatter": ".gemm_rs",
     "all_gather_matmul": ".ag_gemm",

@@ -531,3 +531,71 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
             dz16.zero_()
     dq, dk = (t.transpose(1, 2).to(q.dtype) for t in (dq32, dk32))
     return dq, dk, dv, ds0, dz16[..., 0] if initial else None
+
+
+# ------------------------------------------------------------------ decode
+
+@tk.kernel(num_warps=4)
+def linear_attention_step_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z0: tk.gl,
+                                 S1: tk.gl, Z1: tk.gl, scale: float, DK: tk.constexpr = 64,
+                                 MAP: tk.constexpr = "none", NORMALIZE: tk.constexpr = True):
+    """One token of causal linear attention for the 64 columns vb of v: S1 =
+    S0 + φ(k)·vᵀ, z1 = z0 + φ(k), o = φ(q·scale)ᵀ·S1 (/ (φ(q·scale)·z1 +
+    1e-6)). Q, K: (B, H, DK); V, O: (B, H, DV); S0, S1: (B, H, DK, DV) and
+    Z0, Z1: (B, H, DK) f32. Grid (DV / 64, H, B)."""
+    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    k = feature(tk.load(K, (b, h, 0), (DK,)).to(f32), MAP)
+    q = feature(tk.load(Q, (b, h, 0), (DK,)).to(f32) * scale, MAP)
+    v = tk.load(V, (b, h, vb), (64,)).to(f32)
+    S = tk.load(S0, (b, h, 0, vb), (DK, 64)) + tk.zeros((DK, 64), f32).add_row(k).mul_col(v)
+    tk.store(S1, S, (b, h, 0, vb))
+    o = S.mul_row(q).col_sum()
+    z = tk.load(Z0, (b, h, 0), (DK,)) + k
+    if NORMALIZE:       # φ(q)·z in every column (a sum over rows, as o's)
+        o = o / (tk.zeros((DK, 64), f32).add_row(z * q).col_sum() + EPS)
+    if vb == 0:
+        tk.store(Z1, z, (b, h, 0))
+    tk.store(O, o.to(O.dtype), (b, h, vb))
+
+
+def linear_attention_step(q, k, v, state, feature_map: str | None = None,
+                          normalize: bool = True, scale: float | None = None):
+    """One decoding step of causal linear attention: the new token's (q, k, v),
+    each (B, 1, H, D) as linear_attention takes them, and the state (S, z)
+    of the tokens before it (as linear_attention(..., return_state=True)
+    returns it) -> (o (B, 1, H, D_v), the state with the token added, new
+    tensors). The same arithmetic as the chunked kernels, in f32, for
+    inference (no gradient)."""
+    import torch
+    fn = "linear_attention_step"
+    if not (isinstance(state, (tuple, list)) and len(state) == 2):
+        raise TypeError(f"{fn}: state must be (S, z), got {type(state).__name__}")
+    if q.dim() == 4 and q.shape[1] != 1:
+        raise ValueError(f"{fn}: q, k, v hold one new token: (B, 1, H, D), got "
+                         f"{tuple(q.shape)}")
+    _check(q, k, v, feature_map, True, normalize, state, False)
+    scale = checks.attention_scale(fn, scale, q.shape[-1])
+    checks.on_cuda(fn, "q", q)
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        o, s1, z1 = torch.ops.tk_mlir.linear_attention_step(q, k, v, state[0], state[1],
+                                                             feature_map or "none", normalize,
+                                                             scale)
+        return o, (s1, z1)
+    o, s1, z1 = step(q, k, v, state[0], state[1], feature_map or "none", normalize, scale)
+    return o, (s1, z1)
+
+
+def step(q, k, v, s0, z0, feature_map: str, normalize: bool, scale: float):
+    """(o, S, z) of linear_attention_step on checked tensors."""
+    import torch
+    B, _, H, DK = q.shape
+    DV = v.shape[3]
+    s0, z0 = s0.contiguous(), z0.contiguous()
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    s1, z1 = torch.empty_like(s0), torch.empty_like(z0)
+    if B and H:
+        linear_attention_step_kernel[(DV // 64, H, B)](
+            *(checks.kernel_operand(t[:, 0]) for t in (q, k, v)), o[:, 0], s0, z0, s1, z1,
+            scale, DK=DK, MAP=feature_map, NORMALIZE=normalize)
+    return o, s1, z1

@@ -39,6 +39,8 @@
                                        -> (o, S, z)
     torch.ops.tk_mlir.linear_attention_backward(do, q, k, v, o, s0, z0, feature_map, causal,
                                                 normalize, scale) -> (dq, dk, dv, dS0, dz0)
+    torch.ops.tk_mlir.linear_attention_step(q, k, v, s0, z0, feature_map, normalize, scale)
+                                            -> (o, S, z)
     torch.ops.tk_mlir.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
                                        left=-1, right=-1, softcap=0.0) -> (o, lse)
     torch.ops.tk_mlir.attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q,
@@ -970,6 +972,24 @@ class EagerLinearAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, ds1, dz1):
         return _linear_attention_backward(ctx, do, ds1, dz1, chunked_linear_attention.backward)
+
+
+@torch.library.custom_op("tk_mlir::linear_attention_step", mutates_args=())
+def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: torch.Tensor,
+                          z0: torch.Tensor, feature_map: str, normalize: bool, scale: float
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, S, z) of one decoding step (no gradient). See
+    chunked_linear_attention.linear_attention_step."""
+    fm = None if feature_map == "none" else feature_map
+    chunked_linear_attention._check(q, k, v, fm, True, normalize, (s0, z0), False)
+    checks.on_cuda("linear_attention_step", "q", q)
+    return chunked_linear_attention.step(q, k, v, s0, z0, feature_map, normalize, scale)
+
+
+@linear_attention_step.register_fake
+def _(q, k, v, s0, z0, feature_map, normalize, scale):
+    return (torch.empty(v.shape, dtype=v.dtype, device=v.device), torch.empty_like(s0),
+            torch.empty_like(z0))
 
 
 class EagerFusedAddNorm(torch.autograd.Function):
