@@ -20,7 +20,7 @@ from mlir import ir
 
 from . import layout as layouts, tk, types as T
 from ..errors import error_at
-from ..target import TARGET
+from .. import target
 
 
 class _Fail(Exception):
@@ -72,7 +72,7 @@ def _layout_ok(t, num_warps: int) -> None:
     # A thread holds its share of the tile in registers: past the hardware's
     # limit per thread it would all spill to local memory.
     regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
-    limit = TARGET.max_registers_per_thread
+    limit = target.current().max_registers_per_thread
     _require(regs <= limit, f"{_show(t)} needs {regs} registers per thread "
              f"(at most {limit} for one tile); use a smaller tile or more warps")
 
@@ -443,7 +443,7 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
              f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
     count = tk.array_count(op) or 1
     what = f"{_show(st)} needs" if count == 1 else f"{count} x {_show(st)} need"
-    limit = TARGET.max_shared_bytes
+    limit = target.current().max_shared_bytes
     _require(st.nbytes * count <= limit, f"{what} {st.nbytes * count} bytes; a "
              f"block has {limit} bytes of shared memory")
 
@@ -452,7 +452,7 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
 def _alloc_sv(op, operands, results, num_warps: int) -> None:
     sv, count = results[0], tk.array_count(op) or 1
     _side_ok(sv.length, "a shared vector's length (it is read as a register vector)")
-    limit = TARGET.max_shared_bytes
+    limit = target.current().max_shared_bytes
     _require(sv.nbytes * count <= limit, f"{count} x {_show(sv)} need {sv.nbytes * count} "
              f"bytes; a block has {limit} bytes of shared memory")
 
@@ -550,6 +550,10 @@ def _slice(op, operands, results, num_warps: int) -> None:
 
 @rule("mma")
 def _mma(op, operands, results, num_warps: int) -> None:
+    chip = target.current()
+    _require(chip.arch == "sm_90a", f"tk.mma_* is wgmma, Hopper's (sm_90a) warpgroup MMA; "
+             f"{chip.arch} has none (its MMA is tcgen05, not in tk_mlir yet): compile this "
+             f"kernel for the default target")
     _check_mma(op, *operands)
 
 

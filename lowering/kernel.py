@@ -25,7 +25,7 @@ from mlir.dialects import arith, gpu, llvm, scf
 from ..dialects import contracts as C, tk, types as T
 from ..errors import error_at
 from ..params import AbiParam
-from ..target import TARGET
+from .. import target
 from . import (atomic, compute, masks, memory, mma, peers, reduce, flags, mbarriers,  # noqa: F401
                threads, tma)  # (register their lowerings)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
@@ -87,8 +87,9 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[Ten
     out = ir.Module.create(func.location)
     out.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
     with ir.InsertionPoint(out.body), func.location:
+        chip = target.current()     # one of target.TARGETS: a pair LLVM supports
         gmod = gpu.GPUModuleOp(GPU_MODULE, targets=ir.ArrayAttr.get([ir.Attribute.parse(
-            f'#nvvm.target<chip = "{TARGET.arch}", features = "{TARGET.ptx_features}", '
+            f'#nvvm.target<chip = "{chip.arch}", features = "{chip.ptx_features}", '
             f'O = 3>')]))
         gmod.bodyRegion.blocks.append()
     with ir.InsertionPoint(gmod.bodyRegion.blocks[0]), func.location:

@@ -19,7 +19,7 @@ from mlir import ir
 
 from ..dialects import contracts, tk
 from ..errors import warn_at
-from ..target import TARGET
+from .. import target
 from .uniform import Uniformity
 
 # Least registers per thread a warpgroup can keep after setmaxnreg.dec (PTX ISA).
@@ -103,7 +103,7 @@ def register_split(func, ops, num_warps: int) -> None:
                 f"and setmaxnreg needs every warp of the warpgroup to run it (the warpgroup "
                 f"hangs); use a multiple of 4 warps")
         return
-    groups, start = num_warps // 4, TARGET.launch_registers(32 * num_warps)
+    groups, start = num_warps // 4, target.current().launch_registers(32 * num_warps)
     decreases = [op.opview.count for op in regs if op.opview.action == "dec"]
     others_keep = min(decreases, default=start)
     most = groups * start - (groups - 1) * others_keep
@@ -131,10 +131,10 @@ def cluster_occupancy(func, ops, num_warps: int) -> None:
         return
     smem = contracts.SMEM_BYTES.get(func, 0)
     reallocates = any(tk.op_def(op).setmaxnreg for op in ops)
-    if smem <= TARGET.max_shared_bytes // 2 and not reallocates:
+    if smem <= target.current().max_shared_bytes // 2 and not reallocates:
         return
     size = cluster.opview.size
-    why = (f"{smem} bytes of shared memory" if smem > TARGET.max_shared_bytes // 2
+    why = (f"{smem} bytes of shared memory" if smem > target.current().max_shared_bytes // 2
            else "setmaxnreg (one block per SM)")
     warn_at(cluster.location, "cluster", f"clusters of {size} blocks that each need a whole SM "
             f"({why}) must fit whole in one GPC, whose SM count is in general not a multiple "

@@ -17,9 +17,12 @@ from mlir import ir
 
 from ..dialects import contracts, tk, types as T
 from ..errors import error_at
-from ..target import TARGET
+from .. import target
 
-MAX_SHARED_BYTES = TARGET.max_shared_bytes
+
+def _max_shared() -> int:
+    """Dynamic shared memory a block may have on the kernel's target."""
+    return target.current().max_shared_bytes
 
 
 def _align(n: int, a: int) -> int:
@@ -68,11 +71,11 @@ def _place(op, top: int) -> int:
     if isinstance(t, T.ST):
         # Swizzle patterns are computed on absolute address bits and repeat every
         # 8 rows of the swizzle span (at most 1024 bytes): align each element to it.
-        align = TARGET.swizzle_align if t.swizzle else TARGET.smem_align
+        align = target.current().swizzle_align if t.swizzle else target.current().smem_align
         stride = _align(t.nbytes, align)
     elif isinstance(t, T.SV):
         # Every element of an array may be a TMA destination: each 128-aligned.
-        align = TARGET.smem_align
+        align = target.current().smem_align
         stride = _align(t.nbytes, align)
     else:
         align = stride = 8     # an mbarrier is one 8-byte word
@@ -80,9 +83,9 @@ def _place(op, top: int) -> int:
     contracts.OFFSET.set(op, top)
     contracts.STRIDE.set(op, stride)
     top += stride * count
-    if top > MAX_SHARED_BYTES:
+    if top > _max_shared():
         raise error_at(op.location, f"shared memory exhausted: the tiles and semaphores "
-                       f"allocated up to here need {top} bytes, a block has {MAX_SHARED_BYTES}")
+                       f"allocated up to here need {top} bytes, a block has {_max_shared()}")
     return top
 
 
@@ -101,17 +104,17 @@ def allocate_smem(module: ir.Module) -> None:
             return isinstance(T.parse(op.results[0].type), (T.ST, T.SV))
         for op in sorted(allocs, key=lambda op: not is_tile(op)):
             top = _place(op, top)
-        top = _place_exchanges(func, num_warps, _align(top, TARGET.smem_align))
+        top = _place_exchanges(func, num_warps, _align(top, target.current().smem_align))
         swizzled = [op for op in allocs if getattr(T.parse(op.results[0].type), "swizzle", 0)]
         if swizzled:
             # lowering/kernel.py rounds the base up to this alignment at run time.
-            contracts.SMEM_ALIGN.set(func, TARGET.swizzle_align)
-            top += TARGET.swizzle_align
-            if top > MAX_SHARED_BYTES:
-                pad = TARGET.swizzle_align
+            contracts.SMEM_ALIGN.set(func, target.current().swizzle_align)
+            top += target.current().swizzle_align
+            if top > _max_shared():
+                pad = target.current().swizzle_align
                 raise error_at(swizzled[-1].location, f"shared memory exhausted: the tiles, "
                                f"semaphores and scratch need {top - pad} bytes, plus {pad} to "
-                               f"align swizzled tiles, and a block has {MAX_SHARED_BYTES}")
+                               f"align swizzled tiles, and a block has {_max_shared()}")
         contracts.SMEM_BYTES.set(func, top)
 
 
@@ -139,7 +142,7 @@ def _place_exchanges(func, num_warps: int, base: int) -> int:
             contracts.EXCHANGE_SYNC_AFTER.set(op, not at_top)
             offset += _scratch(op, num_warps)
     top = base + (3 if nested else 2) * size
-    if top > MAX_SHARED_BYTES:
+    if top > _max_shared():
         raise error_at(groups[0][0].location, f"shared memory exhausted: tiles and reduction "
-                       f"scratch need {top} bytes, a block has {MAX_SHARED_BYTES}")
+                       f"scratch need {top} bytes, a block has {_max_shared()}")
     return top

@@ -33,6 +33,7 @@ from .dumps import writable_folder, write_stage
 from .params import PASSED_AS, AbiParam, valid_num_warps
 from .ptxas_output import ptxas_info
 from .stages import StageStore, short_text, tk_stage_names
+from .target import TARGETS
 
 
 @dataclass
@@ -54,6 +55,7 @@ class CompiledKernel:
     # Per "tmap" parameter (its index): (arg, box rows, box cols, swizzle, dtype).
     tensor_maps: list[tuple] = field(default_factory=list)
     cluster: int = 1                       # blocks per cluster along x (tk.use_cluster)
+    arch: str = "sm_90a"                   # the target it was compiled for (target.TARGETS)
     _functions: dict = field(default_factory=dict, repr=False)   # device -> Function
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _values: object = field(default=None, repr=False)   # launcher.launch_values_function
@@ -204,7 +206,7 @@ class CompiledKernel:
             with self._lock:
                 f = self._functions.get(device)
                 if f is None:
-                    driver.require_target(device, self.name)
+                    driver.require_target(device, self.name, self.arch)
                     f = driver.Module.load(self.cubin, device).function(self.name)
                     f.set_max_dynamic_shared(self.smem_bytes)
                     self._functions[device] = f
@@ -261,7 +263,8 @@ class CompiledKernel:
         cubin = self.require_cubin("a disk cache entry")   # (compile_cached stores no other)
         meta = {"name": self.name, "params": self.params, "num_warps": self.num_warps,
                 "smem_bytes": self.smem_bytes, "ptxas_log": self.ptxas_log,
-                "tensor_maps": self.tensor_maps, "cluster": self.cluster, "kernel": kernel}
+                "tensor_maps": self.tensor_maps, "cluster": self.cluster, "arch": self.arch,
+                "kernel": kernel}
         return {"cubin": cubin, "meta.json": json.dumps(meta),
                 "stages.json": json.dumps(self.stages.to_json())}
 
@@ -293,6 +296,8 @@ def _decode_entry(entry: dict, kernel: dict | None) -> dict:
         _require(type(meta[name]) is kind, f"meta.json's {name} is not {kind.__name__}")
     _require(valid_num_warps(meta["num_warps"]) and meta["smem_bytes"] >= 0
              and meta["cluster"] >= 1, "meta.json's numbers are out of range")
+    arch = meta.get("arch", "sm_90a")      # (entries from before there were two targets)
+    _require(arch in TARGETS, "meta.json's arch is not a target")
     params = [AbiParam(*p) for p in meta["params"]]
     _require(all(type(p.arg) is int and p.kind in PASSED_AS and type(p.index) is int
                  for p in params), "meta.json's params are malformed")
@@ -301,7 +306,8 @@ def _decode_entry(entry: dict, kernel: dict | None) -> dict:
                  for t in maps), "meta.json's tensor_maps are malformed")
     return dict(name=meta["name"], _cubin=cubin, params=params, num_warps=meta["num_warps"],
                 smem_bytes=meta["smem_bytes"], stages=_decode_stages(entry["stages.json"]),
-                ptxas_log=meta["ptxas_log"], tensor_maps=maps, cluster=meta["cluster"])
+                ptxas_log=meta["ptxas_log"], tensor_maps=maps, cluster=meta["cluster"],
+                arch=arch)
 
 
 def _decode_stages(text: str) -> StageStore:

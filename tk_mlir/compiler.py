@@ -26,7 +26,7 @@ from .dumps import dump_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
 from .specialization import Specialization
 from .stages import StageStore
-from .target import TARGET
+from . import target
 
 # ptxas keeps the PTX's .loc lines in the cubin, so the SASS shows which
 # Python line each instruction came from (it changes no instruction).
@@ -97,19 +97,21 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     dump(0, "python", spec.source)
 
     stage[0] = "frontend"
-    context, module = frontend_module(spec, fn_node, globals_)
-    with context:
-        stage[0] = "lowering"
-        lowered = lower(module, on_stage if folder is not None else None, spec.name)
-        from .dialects import contracts
-        from .lowering.kernel import cluster_size
-        func = module.body.operations[0]
-        smem, cluster = contracts.SMEM_BYTES.get(func), cluster_size(func)
+    with target.compiling_for(target.named(spec.arch)):
+        context, module = frontend_module(spec, fn_node, globals_)
+        with context:
+            stage[0] = "lowering"
+            lowered = lower(module, on_stage if folder is not None else None, spec.name)
+            from .dialects import contracts
+            from .lowering.kernel import cluster_size
+            func = module.body.operations[0]
+            smem, cluster = contracts.SMEM_BYTES.get(func), cluster_size(func)
     # ptxas runs in its own process while this one keeps the stages (as
     # bytecode, printed when read: tk_mlir/stages.py). Without ptxas the
     # kernel stops at PTX (the module's docstring).
     stage[0] = "ptxas"
-    job = start_ptxas(lowered.ptx, extra_args=PTXAS_ARGS) if find_tool("ptxas") is not None else None
+    job = start_ptxas(lowered.ptx, spec.arch, PTXAS_ARGS) if find_tool("ptxas") is not None \
+        else None
     stage[0] = "keeping the stages"
     stages.extend(lowered.stages)       # (snapshots written as bytecode)
     stage[0] = "ptxas"
@@ -118,7 +120,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     except ToolchainError as e:
         path = save_for_replay("ptxas", lowered.ptx, ".ptx")
         raise InternalCompilerError(f"ptxas rejected the PTX:\n{e.log}\nthe PTX is in {path}; "
-                                    f"reproduce with: ptxas -arch={TARGET.arch} "
+                                    f"reproduce with: ptxas -arch={spec.arch} "
                                     f"{' '.join(PTXAS_ARGS)} {path}",
                                     spec.name, "ptxas") from e
     if job is not None:
@@ -127,7 +129,7 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                               [(p.arg, p.kind, p.index) for p in lowered.params],
                               spec.num_warps, smem, stages, log,
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
-                               for t in lowered.tensor_maps], cluster)
+                               for t in lowered.tensor_maps], cluster, spec.arch)
     if folder is not None and compiled.assembled:
         dump(len(stages) - 1, "ptxas", log)
         if "sass" in compiled.asm:          # (nvdisasm installed)

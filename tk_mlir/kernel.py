@@ -36,6 +36,7 @@ from .runtime.peers import PeerTensor, read_peers
 from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_info
 from .source import KernelSource
 from .specialization import Specialization
+from . import target as targets
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)
@@ -44,7 +45,7 @@ _MAX_CODES = 64    # compiled codes (and interpreter programs) kept per kernel, 
 
 class Kernel:
     def __init__(self, fn: Callable, num_warps: int = DEFAULT_NUM_WARPS,
-                 fp_contract: bool = True):
+                 fp_contract: bool = True, target: str | None = None):
         try:
             self._source = KernelSource.of(fn)   # (first: it checks what fn is)
         except CompilationError as e:
@@ -58,6 +59,11 @@ class Kernel:
             raise CompilationError(f"fp_contract must be True or False, got {fp_contract!r}",
                                    self.filename, self._source.first_line, self._source.indent)
         self.fp_contract = fp_contract      # a*b+c may be one fma (lowering/compute.py)
+        try:
+            self.target = targets.named(target)  # what it compiles for (target.py)
+        except ValueError as e:
+            raise CompilationError(str(e), self.filename, self._source.first_line,
+                                   self._source.indent) from None
         if not valid_num_warps(num_warps):
             raise CompilationError(f"num_warps {NUM_WARPS_RULE}, got "
                                    f"{num_warps!r}", self.filename, self._source.first_line,
@@ -151,7 +157,7 @@ class Kernel:
                 names.append(p.name)
         return Specialization(self.__name__, self.source, self.filename, tuple(rt_args),
                               tuple(names), tuple(consts), num_warps, "",
-                              self._source.first_line, self.fp_contract)
+                              self._source.first_line, self.fp_contract, self.target.arch)
 
     # -------------------------------------------------------- interpreter
 
@@ -193,7 +199,8 @@ class Kernel:
                     return program
             spec = self._specialization(sig)
             with reads_.recording(reads_.Recorder(dict(spec.constexprs),
-                                                  self.fn.__globals__)) as rec:
+                                                  self.fn.__globals__)) as rec, \
+                    targets.compiling_for(self.target):
                 program = Program(*build_module(spec, self._ast(), self.fn.__globals__))
             _keep(self._programs, sig, (tuple(rec.reads), program))
             return program
@@ -385,10 +392,13 @@ def _used(table: OrderedDict, sig: tuple) -> None:
 
 
 def kernel(fn: Callable | None = None, *, num_warps: int = DEFAULT_NUM_WARPS,
-           fp_contract: bool = True):
+           fp_contract: bool = True, target: str | None = None):
     """Decorator: `@tk.kernel` or `@tk.kernel(num_warps=8)`. fp_contract=False
     keeps each tile multiply and add rounded on its own (no fma contraction;
-    Triton's enable_fp_fusion=False)."""
+    Triton's enable_fp_fusion=False). target="sm_100a" compiles for
+    Blackwell instead of Hopper (sm_90a, the default; target.TARGETS): the
+    stages down to SASS work without the GPU, and a launch on another GPU is
+    an UnsupportedDevice error."""
     if fn is None:
-        return lambda f: Kernel(f, num_warps, fp_contract)
-    return Kernel(fn, num_warps, fp_contract)
+        return lambda f: Kernel(f, num_warps, fp_contract, target)
+    return Kernel(fn, num_warps, fp_contract, target)

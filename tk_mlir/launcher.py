@@ -39,7 +39,7 @@ from .global_reads import ABSENT
 from .params import EMPTY, GL, PGL, AbiParam, KernelParams, constexpr_tag, peer_pieces
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 from .runtime.peers import PeerTensor, read_peers
-from .target import TARGET
+from .target import TARGETS
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 
@@ -133,7 +133,7 @@ def launch_values_function(abi: Sequence[AbiParam], tensor_maps) -> Callable:
 # ------------------------------------------------------------- the launch
 
 def normalize_grid(grid, meta: dict | None, cluster: int = 1) -> tuple[int, int, int]:
-    """The grid as three ints, within the target's limits (TARGET.max_grid).
+    """The grid as three ints, within the targets' limits (max_grid, one for all).
     `grid`: an int, a tuple of 1 to 3 ints, or a function of the arguments
     by name (`meta`) returning one."""
     g = grid(meta) if callable(grid) else grid
@@ -145,7 +145,7 @@ def normalize_grid(grid, meta: dict | None, cluster: int = 1) -> tuple[int, int,
     if not 1 <= len(g) <= 3 or not all(x >= 1 for x in g):
         raise ArgumentError(f"grid must be an int or a tuple of 1 to 3 ints, each at least 1; "
                             f"{got}")
-    for axis, n, limit in zip("xyz", g, TARGET.max_grid):
+    for axis, n, limit in zip("xyz", g, min(t.max_grid for t in TARGETS.values())):
         if n > limit:
             raise ArgumentError(f"grid {g!r}: {axis} = {n} blocks is over the GPU's limit of "
                                 f"{limit} along {axis} (x up to 2**31-1, y and z up to 65535); "

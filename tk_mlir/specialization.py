@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import dataclass
 
 from . import cache
-from .target import TARGET
 
 
 @dataclass(frozen=True)
@@ -23,6 +22,7 @@ class Specialization:
     globals_key: str       # the module-level values the kernel reads, as text
     first_line: int = 0    # where the source sits (the stages' locations name it)
     fp_contract: bool = True   # tile a*b+c may contract to fma (@tk.kernel(fp_contract=))
+    arch: str = "sm_90a"       # the target (target.TARGETS; @tk.kernel(target=))
 
     def dump_name(self) -> str:
         """TK_MLIR_DUMP_DIR's folder for this specialization: the kernel's name
@@ -41,4 +41,4 @@ class Specialization:
                               args=[list(map(cache.jsonable, a)) for a in self.args],
                               constexprs=[[k, cache.jsonable(v)] for k, v in self.constexprs],
                               num_warps=self.num_warps, globals=self.globals_key,
-                              fp_contract=self.fp_contract, arch=TARGET.arch)
+                              fp_contract=self.fp_contract, arch=self.arch)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from .target import TARGET
+from . import target as targets
 
 # The instructions a Hopper kernel author looks for, in the order shown:
 # tensor cores, TMA, mbarriers, math, sync, shuffles, memory, local memory.
@@ -70,13 +70,13 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def blocks_per_sm_from_limits(registers: int, threads: int, shared_bytes: int
-                              ) -> tuple[int, list[str]]:
+def blocks_per_sm_from_limits(registers: int, threads: int, shared_bytes: int,
+                              arch: str | None = None) -> tuple[int, list[str]]:
     """(blocks per SM, what limits them) on the target, as the occupancy
     calculator counts: registers per warp and shared memory per block in the
     target's allocation units (shared memory plus the system's reserve),
     threads, blocks."""
-    t = TARGET
+    t = targets.named(arch)
     warps = -(-threads // 32)
     per_warp = _round_up(max(registers, 1) * 32, t.register_alloc_unit)
     shared = _round_up(shared_bytes + t.shared_reserved_bytes, t.shared_alloc_unit)
@@ -121,9 +121,10 @@ def _occupancy(compiled, registers: int, shared_bytes: int) -> dict:
     blocks, note = compiled.occupancy_from_driver()     # note: the GPU, or why not
     if blocks is not None:
         return {"blocks per SM": blocks, "occupancy from": f"the driver ({note})"}
-    blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes)
+    blocks, limited_by = blocks_per_sm_from_limits(registers, compiled.num_threads, shared_bytes,
+                                                   compiled.arch)
     return {"blocks per SM": blocks, "limited by": ", ".join(limited_by),
-            "occupancy from": f"{TARGET.arch} limits ({note})"}
+            "occupancy from": f"{compiled.arch} limits ({note})"}
 
 
 def summary_text(facts: dict) -> str:

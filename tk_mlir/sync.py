@@ -154,9 +154,9 @@ def registers_per_thread() -> int:
     only move registers between warpgroups: an increase waits until others
     give back enough, so a split of more than this (times the warpgroups)
     waits forever."""
-    from .target import TARGET
+    from . import target
     from .values import current
-    return TARGET.launch_registers(32 * current.get().num_warps)
+    return target.current().launch_registers(32 * current.get().num_warps)
 
 
 @builtin

@@ -1,4 +1,4 @@
-"""The one description of the GPU tk_mlir compiles for.
+"""The descriptions of the GPUs tk_mlir compiles for (Hopper, by default; Blackwell).
 
 Every layer that needs a fact about the target reads it here: the compiler
 (arch in the cache key, ptxas), the lowering (the NVVM target attribute),
@@ -8,6 +8,8 @@ summary (occupancy from the per-SM limits when no GPU is here).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 
@@ -55,4 +57,50 @@ HOPPER = Target(
     shared_reserved_bytes=1024,
     max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
 
-TARGET = HOPPER    # the one target today
+# Blackwell (datacenter): the same per-block limits as Hopper for what
+# tk_mlir uses (228 KB of shared memory per SM, 227 KB per block, 64K
+# registers); PTX 8.8 is the first with sm_100a. Its MMA is tcgen05, not
+# wgmma (tile_rules refuses tk.mma_* there). tk_mlir has never run on it.
+BLACKWELL = Target(
+    arch="sm_100a", ptx_features="+ptx88", compute_capability=(10, 0),
+    description="an NVIDIA Blackwell datacenter GPU (compute capability 10.0: B200, GB200)",
+    max_shared_bytes=227 * 1024, max_registers_per_thread=255, registers_per_sm=65536,
+    register_alloc_unit=256, max_threads_per_block=1024, max_threads_per_sm=2048,
+    max_blocks_per_sm=32, shared_bytes_per_sm=228 * 1024, shared_alloc_unit=128,
+    shared_reserved_bytes=1024,
+    max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
+
+# The targets a kernel may name, each with the one NVVM (chip, features) pair
+# known to work with the MLIR bindings: LLVM aborts the process on a pair it
+# does not support, so nothing else reaches it.
+TARGETS = {t.arch: t for t in (HOPPER, BLACKWELL)}
+TARGET = HOPPER    # the default: what a kernel compiles for unless it names another
+
+_CURRENT: ContextVar[Target] = ContextVar("tk_mlir_target", default=TARGET)
+
+
+def named(arch) -> Target:
+    """The target called `arch` ("sm_90a", "sm_100a"; None: the default), or
+    a ValueError listing the ones there are."""
+    if arch is None:
+        return TARGET
+    t = TARGETS.get(arch) if isinstance(arch, str) else None
+    if t is None:
+        raise ValueError(f"target must be one of {', '.join(map(repr, TARGETS))}, got "
+                         f"{arch!r}")
+    return t
+
+
+def current() -> Target:
+    """The target of the kernel being compiled (the default outside a compile)."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def compiling_for(target: Target):
+    """Every layer's current() is `target` inside: one kernel's compile."""
+    token = _CURRENT.set(target)
+    try:
+        yield target
+    finally:
+        _CURRENT.reset(token)

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .target import TARGET
+from .target import TARGET  # the default arch
 
 
 class ToolchainError(RuntimeError):

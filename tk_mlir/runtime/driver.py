@@ -163,16 +163,18 @@ class UnsupportedDevice(RuntimeError):
     """The device cannot run code built for tk_mlir's target (target.py)."""
 
 
-def require_target(device: int, kernel: str) -> None:
-    """Refuse, before any module is loaded, a device the target's code cannot
-    run on (sm_90a code runs on compute capability 9.0 only)."""
-    from ..target import TARGET
+def require_target(device: int, kernel: str, arch: str = "sm_90a") -> None:
+    """Refuse, before any module is loaded, a device that code compiled for
+    `arch` cannot run on (sm_90a code runs on compute capability 9.0 only,
+    sm_100a on 10.0)."""
+    from ..target import named
+    target = named(arch)
     name, capability = device_identity(device)
-    if not TARGET.supports(capability):
+    if not target.supports(capability):
         raise UnsupportedDevice(
             f"cannot run {kernel} on cuda:{device} ({name}, compute capability "
-            f"{capability[0]}.{capability[1]}): tk_mlir compiles for {TARGET.arch}, which "
-            f"needs {TARGET.description}")
+            f"{capability[0]}.{capability[1]}): it was compiled for {target.arch}, which "
+            f"needs {target.description}")
 
 
 @functools.cache
