@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,13 @@ HOPPER = Target(
     shared_reserved_bytes=1024,
     max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
 
-# Blackwell (datacenter): the same per-block limits as Hopper for what
-# tk_mlir uses (228 KB of shared memory per SM, 227 KB per block, 64K
-# registers); PTX 8.8 is the first with sm_100a. Its MMA is tcgen05, not
+# Blackwell (datacenter): Hopper's limits for what tk_mlir uses (228 KB of
+# shared memory per SM, 227 KB per block, 64K registers, the grid); PTX 8.8
+# is the first with sm_100a. Its MMA is tcgen05, not
 # wgmma (tile_rules refuses tk.mma_* there). tk_mlir has never run on it.
-BLACKWELL = Target(
-    arch="sm_100a", ptx_features="+ptx88", compute_capability=(10, 0),
-    description="an NVIDIA Blackwell datacenter GPU (compute capability 10.0: B200, GB200)",
-    max_shared_bytes=227 * 1024, max_registers_per_thread=255, registers_per_sm=65536,
-    register_alloc_unit=256, max_threads_per_block=1024, max_threads_per_sm=2048,
-    max_blocks_per_sm=32, shared_bytes_per_sm=228 * 1024, shared_alloc_unit=128,
-    shared_reserved_bytes=1024,
-    max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
+BLACKWELL = replace(
+    HOPPER, arch="sm_100a", ptx_features="+ptx88", compute_capability=(10, 0),
+    description="an NVIDIA Blackwell datacenter GPU (compute capability 10.0: B200, GB200)")
 
 # The targets a kernel may name, each with the one NVVM (chip, features) pair
 # known to work with the MLIR bindings: LLVM aborts the process on a pair it
