@@ -212,3 +212,12 @@ def test_gpu_decoding_step_matches_the_recurrence():
     ro, rs, rz = recurrence(*(t.double() for t in (q, k, v)), "elu1", True, True,
                             1 / math.sqrt(128), *(t.double() for t in state))
     assert _rel(o, ro) < 1e-2 and _rel(s1, rs) < 1e-5 and _rel(z1, rz) < 1e-5
+
+
+def test_strided_views_of_a_fused_projection_and_f16(interpret):
+    """q, k, v cut from one (B, N, H·(2 D_k + D_v)) projection (strided views,
+    as a model hands them), in f16."""
+    g = torch.Generator().manual_seed(11)
+    qkv = (torch.rand(1, 100, 2 * (64 + 64 + 128), generator=g) - 0.5).to(torch.float16)
+    q, k, v = qkv.view(1, 100, 2, 256).split([64, 64, 128], dim=-1)
+    _check(q, k, v, None, "elu1", True, True, tol=1e-2)
