@@ -221,3 +221,24 @@ def test_strided_views_of_a_fused_projection_and_f16(interpret):
     qkv = (torch.rand(1, 100, 2 * (64 + 64 + 128), generator=g) - 0.5).to(torch.float16)
     q, k, v = qkv.view(1, 100, 2, 256).split([64, 64, 128], dim=-1)
     _check(q, k, v, None, "elu1", True, True, tol=1e-2)
+
+
+def test_the_ops_fakes_match_what_they_return(interpret):
+    """torch.compile (Inductor) checks each op's outputs against its fake,
+    strides included: the forward, backward and step ops, with a strided
+    initial state."""
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers the ops
+    q, k, v, (s0, z0) = _inputs(1, 70, 2, 64, 128, seed=12, state=True)
+    s0 = s0.transpose(2, 3).contiguous().transpose(2, 3)          # not contiguous
+    ops = torch.ops.tk_mlir
+    o, _, _ = ops.linear_attention(q, k, v, s0, z0, "elu1", True, True, 0.125)
+    cases = [(ops.linear_attention.default, (q, k, v, s0, z0, "elu1", True, True, 0.125)),
+             (ops.linear_attention_backward.default,
+              (torch.rand_like(o), q, k, v, o, s0, z0, "elu1", True, True, 0.125)),
+             (ops.linear_attention_backward.default,
+              (torch.rand_like(o), q, k, v, o, None, None, "relu", False, True, 0.125)),
+             (ops.linear_attention_step.default,
+              (q[:, :1], k[:, :1], v[:, :1], s0, z0, "elu1", True, 0.125))]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+        assert set(result.values()) == {"SUCCESS"}, (op, result)

@@ -268,3 +268,15 @@ def test_gpu_graph_capture_replays_new_lengths():
         graph.replay()
         ro, _ = reference(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), True)
         assert _rel(o.cpu(), ro) < 1e-2
+
+
+def test_the_ops_fakes_match_what_they_return(interpret):
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers the ops
+    q, k, v, cu_q, cu_k = _inputs([5, 70, 0, 3], [5, 90, 3, 40], 2, 1, 64, seed=13)
+    ops = torch.ops.tk_mlir
+    o, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, True, 0.125)
+    for op, args in [(ops.attention_varlen.default, (q, k, v, cu_q, cu_k, True, 0.125)),
+                     (ops.attention_varlen_backward.default,
+                      (torch.rand_like(o), q, k, v, o, lse, cu_q, cu_k, True, 0.125))]:
+        result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+        assert set(result.values()) == {"SUCCESS"}, (op, result)

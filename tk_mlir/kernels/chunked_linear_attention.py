@@ -30,6 +30,10 @@ from tk_mlir import f32
 from tk_mlir.kernels import checks
 
 FEATURE_MAPS = (None, "elu1", "relu")
+# The MMA operands and the state's copies in shared memory, whatever the
+# inputs' dtype: bf16 has f32's range, where f16's (65504) would overflow as
+# the state's sums grow with the tokens.
+OPERAND = tk.bf16
 EPS = 1e-6
 C = 64                  # tokens per chunk
 
@@ -77,7 +81,8 @@ def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
     k = feature(tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32), MAP)
     k = tk.where(k.row_indices() + c * C < K.shape[2], k, 0.0)
     tk.store(ks, k.to(ks.dtype))
-    tk.store(vs, tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+    tk.store(vs, tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup")
+             .to(vs.dtype))
     tk.barrier()
 
 
@@ -89,7 +94,7 @@ def load_queries(Q, qs, b, h, c, scale, DK, MAP):
     mma_wait before the call; the barrier here covers the rest)."""
     x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
     tk.barrier()
-    tk.store(qs, feature(x, MAP).to(Q.dtype))
+    tk.store(qs, feature(x, MAP).to(qs.dtype))
     tk.barrier()
     return qs
 
@@ -117,7 +122,7 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAU
     """The state (S, Z) the first chunk's queries read, as accumulators and
     published to ss, zhi + zlo: S0, Z0 (INITIAL) or zero, and, not causal,
     every chunk's keys and values summed. Also fills `ones`."""
-    tk.store(ones, tk.full((C, 16), 1.0, K.dtype, layout="row", scope="warpgroup"))
+    tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
     S = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
     Z = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
     if INITIAL:
@@ -149,13 +154,13 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     N = Q.shape[2]
     chunks = tk.cdiv(N, C)
-    ks = tk.shared_tile(K.dtype, (C, DK), swizzle=128)
-    vs = tk.shared_tile(V.dtype, (C, 64), swizzle=128)
-    ss = tk.shared_tile(Q.dtype, (DK, 64), swizzle=128)
-    qs = tk.shared_tile(Q.dtype, (C, DK), swizzle=128)
-    ones = tk.shared_tile(K.dtype, (C, 16), swizzle=32)
-    zhi = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
-    zlo = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
+    ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
+    qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
+    zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
                        INITIAL)
     for c in range(chunks):
@@ -172,7 +177,7 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
             A = causal_mask(A)
             if NORMALIZE:
                 a_sum = A.row_sum()
-            o = tk.mma_AB(o, A.to(Q.dtype), vs)
+            o = tk.mma_AB(o, A.to(OPERAND), vs)
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
         tk.mma_wait(0)
@@ -223,7 +228,7 @@ def state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, N
         e = tk.load(DEN, (b, h, 2 * vb + 1, c), (C,), scope="warpgroup")
         tk.store(es, tk.zeros((C, 16), f32, layout="row", scope="warpgroup")
                  .add_row(e * (1.0 / 16)).to(es.dtype))
-    gb = g.to(Q.dtype)
+    gb = g.to(OPERAND)
     tk.store(gs, gb)
     tk.barrier()
     return qb, gb, e
@@ -268,16 +273,16 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
     share = 1.0 / VB
     N = Q.shape[2]
     chunks = tk.cdiv(N, C)
-    ks = tk.shared_tile(K.dtype, (C, DK), swizzle=128)
-    vs = tk.shared_tile(V.dtype, (C, 64), swizzle=128)
-    qs = tk.shared_tile(Q.dtype, (C, DK), swizzle=128)
-    gs = tk.shared_tile(Q.dtype, (C, 64), swizzle=128)
-    ps = tk.shared_tiles(Q.dtype, (C, C), 2, swizzle=128)      # A and dP, for their transposes
-    ss = tk.shared_tile(Q.dtype, (DK, 64), swizzle=128)        # S, then dH
-    ones = tk.shared_tile(K.dtype, (C, 16), swizzle=32)
-    es = tk.shared_tile(Q.dtype, (C, 16), swizzle=32)
-    zhi = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)        # z, then dz
-    zlo = tk.shared_tile(Q.dtype, (DK, 16), swizzle=32)
+    ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    ps = tk.shared_tiles(OPERAND, (C, C), 2, swizzle=128)      # A and dP, for their transposes
+    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)        # S, then dH
+    ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)        # z, then dz
+    zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
                        INITIAL)
 
@@ -299,18 +304,18 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
         if NORMALIZE:
             rden, e = row_gradients(DEN, b, h, c, vb, denominator(qz, a_sum), VB)
             g = g.mul_row(rden)
-        gb = g.to(Q.dtype)
+        gb = g.to(OPERAND)
         dPb = None
         if CAUSAL:
             dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
             tk.mma_wait(0)
             if NORMALIZE:
                 dP = dP.add_row(e * share)
-            dPb = causal_mask(dP).to(Q.dtype)
+            dPb = causal_mask(dP).to(OPERAND)
         Eb = None
         if NORMALIZE:
             Eb = tk.zeros((C, 16), f32, layout="row", scope="warpgroup").add_row(
-                e * (share / 16)).to(Q.dtype)
+                e * (share / 16)).to(OPERAND)
         for j in tk.static_range(DK // 64):     # 64 columns of dq at a time (registers)
             dq = tk.mma_ABt(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), gb,
                             ss.subtile(j, 64))
@@ -357,16 +362,16 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
         if CAUSAL:          # A, then dP: one of the two live at a time (registers)
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
             tk.mma_wait(0)
-            tk.store(ps[0], causal_mask(A).to(Q.dtype))
+            tk.store(ps[0], causal_mask(A).to(OPERAND))
             dP = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), gb, vs)
             tk.mma_wait(0)
             if NORMALIZE:
                 dP = dP.add_row(e * share)
-            tk.store(ps[1], causal_mask(dP).to(Q.dtype))
+            tk.store(ps[1], causal_mask(dP).to(OPERAND))
             tk.barrier()
             dv = tk.mma_AtB(dv, ps[0], gs)
         dv = tk.mma_AB(dv, ks, ss)
-        spread = tk.full((C, 16), share, Q.dtype, layout="row", scope="warpgroup")
+        spread = tk.full((C, 16), share, OPERAND, layout="row", scope="warpgroup")
         for j in tk.static_range(DK // 64):     # 64 columns of dk at a time (registers)
             dk = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
             if CAUSAL:
@@ -496,7 +501,7 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
     elif causal:
         s1.copy_(s0) if initial else s1.zero_()
         z16.copy_(z0.unsqueeze(-1).expand_as(z16)) if initial else z16.zero_()
-    return o, s1, z16[..., 0] if causal else z16
+    return o, s1, z16[..., 0].contiguous() if causal else z16
 
 
 def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
@@ -510,7 +515,7 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     dk32 = torch.zeros_like(dq32)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     initial = s0 is not None
-    ds0 = torch.empty_like(s0) if initial else None
+    ds0 = torch.empty(s0.shape, dtype=torch.float32, device=q.device) if initial else None
     dz16 = q.new_empty(B, H, DK, 16, dtype=torch.float32) if initial else None
     if B and H and N:
         do = checks.kernel_operand(do)
@@ -529,8 +534,10 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
         if initial:
             ds0.zero_()
             dz16.zero_()
-    dq, dk = (t.transpose(1, 2).to(q.dtype) for t in (dq32, dk32))
-    return dq, dk, dv, ds0, dz16[..., 0] if initial else None
+    # contiguous, as the op's fake says (a compiled graph checks the strides)
+    dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
+              for t in (dq32, dk32))
+    return dq, dk, dv, ds0, dz16[..., 0].contiguous() if initial else None
 
 
 # ------------------------------------------------------------------ decode

@@ -915,8 +915,8 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     dq, dk, dv, ds0, dz0 = chunked_linear_attention.backward(do, q, k, v, o, s0, z0,
                                                              feature_map, causal, normalize,
                                                              scale)
-    if s0 is None:
-        ds0 = dz0 = q.new_empty(0, dtype=torch.float32)
+    if s0 is None:      # (two tensors: an op's outputs may not alias each other)
+        ds0, dz0 = (q.new_empty(0, dtype=torch.float32) for _ in range(2))
     return dq, dk, dv, ds0, dz0
 
 
@@ -925,8 +925,8 @@ def _(do, q, k, v, o, s0, z0, feature_map, causal, normalize, scale):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
-            q.new_empty(0, dtype=torch.float32) if s0 is None else torch.empty_like(s0),
-            q.new_empty(0, dtype=torch.float32) if z0 is None else torch.empty_like(z0))
+            q.new_empty(0 if s0 is None else s0.shape, dtype=torch.float32),
+            q.new_empty(0 if z0 is None else z0.shape, dtype=torch.float32))
 
 
 def _linear_attention_setup_context(ctx, inputs, output):
@@ -988,8 +988,9 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0:
 
 @linear_attention_step.register_fake
 def _(q, k, v, s0, z0, feature_map, normalize, scale):
-    return (torch.empty(v.shape, dtype=v.dtype, device=v.device), torch.empty_like(s0),
-            torch.empty_like(z0))
+    return (torch.empty(v.shape, dtype=v.dtype, device=v.device),
+            torch.empty(s0.shape, dtype=s0.dtype, device=s0.device),
+            torch.empty(z0.shape, dtype=z0.dtype, device=z0.device))
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

@@ -109,21 +109,28 @@ def sorted_table(costs, heads: int, grid: int):
     caller pads it (a kernel reads one entry past its block's last)."""
     import torch
     blocks = costs.numel()
-    head = on_device(("snake", blocks * heads, grid),
-                     lambda: _snake(blocks * heads, grid), costs.device)
+    offsets, order = _snake(blocks * heads, grid, costs.device)
     by_cost = torch.argsort(costs, descending=True, stable=True)
     ids = (torch.arange(heads, device=costs.device)[None, :] * blocks + by_cost[:, None]).view(-1)
-    return torch.cat((head[:grid + 1], ids[head[grid + 1:].long()].to(torch.int32)))
+    return torch.cat((offsets, ids[order])).to(torch.int32)
 
 
-def _snake(tasks: int, grid: int):
-    """The snake deal's offsets (as `table`'s) followed by the permutation
-    that puts the tasks, in their given order, into block order."""
-    import numpy as np
-    p = np.arange(tasks)
-    j, rnd = p % grid, p // grid
-    owner = np.where(rnd % 2 == 0, j, grid - 1 - j)
-    by_block = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=grid)
-    offsets = grid + 1 + np.concatenate(([0], np.cumsum(counts)))
-    return np.concatenate((offsets, by_block)).astype(np.int32)
+def _snake(tasks: int, grid: int, device):
+    """The snake deal of `tasks` positions over `grid` blocks, made on `device`
+    with no copy from the host (so no synchronisation, and CUDA-graph
+    capture works): (offsets as `table`'s, the positions in block order).
+    Position p goes to block p % grid in even rounds (p // grid) and to
+    grid - 1 - p % grid in odd ones, so block b's k-th position is
+    k·grid + (b if k is even else grid - 1 - b)."""
+    import torch
+    rounds, rest = divmod(tasks, grid)
+    b = torch.arange(grid, device=device)
+    # the last, partial round reaches blocks 0.. (even) or ..grid-1 (odd)
+    extra = (b < rest) if rounds % 2 == 0 else (b >= grid - rest)
+    counts = rounds + extra.long()
+    ends = torch.cumsum(counts, 0)
+    offsets = torch.cat((torch.zeros(1, dtype=torch.long, device=device), ends)) + grid + 1
+    e = torch.arange(tasks, device=device)
+    owner = torch.searchsorted(ends, e, right=True)
+    k = e - (ends[owner] - counts[owner])
+    return offsets, k * grid + torch.where(k % 2 == 0, owner, grid - 1 - owner)
