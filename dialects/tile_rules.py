@@ -118,7 +118,7 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
         tile_rank = 2 if isinstance(tile, T.RT) else 1
         _require(mem.rank >= tile_rank, f"a rank-{mem.rank} tensor cannot hold a "
                  f"{tile_rank}-D tile")
-        if not _int_vector_load(op, [tile] if verb == "tk.load" else []):
+        if not _int_vector_access(op, tile):
             _in_memory(tile.dtype, verb)
         _require(tile.dtype == mem.dtype, f"{verb}: the tile is {tile.dtype} but the tensor "
                  f"is {mem.dtype}; convert with .to(tk.{mem.dtype})")
@@ -185,15 +185,17 @@ def _common(op, operands, results, num_warps: int) -> None:
         int_tensors = range(len(d.operands), len(operands) + len(results))
     else:
         int_tensors = (d.operands.index(d.int_tensor),) if d.int_tensor else ()
-        if _int_vector_load(op, results):
+        vector = results[0] if op.operation.name == "tk.load" and results else \
+            operands[1] if op.operation.name == "tk.store" and len(operands) > 1 else None
+        if _int_vector_access(op, vector):
             int_tensors = (0,)
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
             _require(i in int_tensors, f"{_show(t)}: an i32 tensor holds counters "
                      f"(tk.store_partial's counters=), scalars (tk.load(X, idx) reads one) or "
-                     f"vectors (tk.load(X, idx, (n,))), not tiles: no tile load, store, TMA "
-                     f"or MMA takes it")
+                     f"vectors (tk.load(X, idx, (n,)) and tk.store), not tiles: no tile load, "
+                     f"store, TMA or MMA takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
             _in_memory(t.dtype, _show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
@@ -203,11 +205,11 @@ def _common(op, operands, results, num_warps: int) -> None:
                  f"converted or computed with")
 
 
-def _int_vector_load(op, results) -> bool:
-    """tk.load of an i32 register vector from an i32 tensor (per-row indices
-    or bounds a kernel reads along with its tiles)."""
-    return op.operation.name == "tk.load" and len(results) == 1 and \
-        isinstance(results[0], T.RV) and results[0].dtype == "i32"
+def _int_vector_access(op, vector) -> bool:
+    """tk.load or tk.store of an i32 register vector (`vector`) from or to an
+    i32 tensor: per-row indices or bounds a kernel reads or writes."""
+    return op.operation.name in ("tk.load", "tk.store") and isinstance(vector, T.RV) and \
+        vector.dtype == "i32"
 
 
 @rule("load")

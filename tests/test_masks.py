@@ -411,8 +411,8 @@ def test_int_tensors_are_arguments_for_counters_and_scalars_only():
         x = tk.load(F, (0, 0), (16, 64))
     with pytest.raises(tk.CompilationError, match=re.escape(
             "i32 global of rank 2: an i32 tensor holds counters (tk.store_partial's counters=), "
-            "scalars (tk.load(X, idx) reads one) or vectors (tk.load(X, idx, (n,))), not "
-            "tiles")) as info:
+            "scalars (tk.load(X, idx) reads one) or vectors (tk.load(X, idx, (n,)) and "
+            "tk.store), not tiles")) as info:
         load_counters.compile(tk.spec((16, 64), "i32"))
     assert "x = tk.load(F, (0, 0), (16, 64))" in str(info.value)
 

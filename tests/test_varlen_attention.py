@@ -131,9 +131,11 @@ def test_strided_views_and_gqa_as_a_fused_projection_gives_them(interpret):
     _check_against_reference(q, k, v, cu, cu, True, (-1, -1), 0.0, tol=1e-2)
 
 
-def test_the_table_gives_each_row_the_keys_the_rule_does():
-    """klo/khi per query row, qlo/qhi per key, each tile's common keys and
-    the ranges against a brute-force reading of the visibility rule."""
+def test_the_table_gives_each_row_the_keys_the_rule_does(interpret):
+    """sequence_bounds_kernel's klo/khi per query row, qlo/qhi per key, each
+    tile's common keys and the ranges against a brute-force reading of the
+    visibility rule."""
+    S = packed_sequences.SLOT
     lens_q, lens_k = [0, 70, 1, 130, 5, 200, 3], [3, 70, 0, 260, 5, 140, 9]
     for causal, window in ((True, (-1, -1)), (False, (9, 4)), (False, (-1, -1)),
                            (True, (30, -1))):
@@ -143,38 +145,40 @@ def test_the_table_gives_each_row_the_keys_the_rule_does():
         for b in range(len(lens_q)):
             seen[cu_q[b]:cu_q[b + 1], cu_k[b]:cu_k[b + 1]] = visible(
                 lens_q[b], lens_k[b], causal, window)
-        made = packed_sequences.bounds(cu_q, cu_k, total_q, total_k, causal, window)
-        tail, costs = packed_sequences.tail(made, total_q, total_k,
+        tail, costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window,
                                             forward_tasks=(128, 128))
         rows = -(-total_q // packed_sequences.ROW_ALIGN) * packed_sequences.ROW_ALIGN
         keys = -(-total_k // 128) * 128
         klo, khi = tail[:rows], tail[rows:2 * rows]
-        tiles = tail[2 * rows:2 * rows + rows // 32]
-        qlo0 = 2 * rows + -(-(rows // 32) // 64) * 64
+        tiles = tail[2 * rows:2 * rows + S * rows // 64].view(-1, S)
+        qlo0 = 2 * rows + -(-(S * rows // 64) // 64) * 64
         qlo, qhi = tail[qlo0:qlo0 + keys], tail[qlo0 + keys:qlo0 + 2 * keys]
-        ranges = tail[qlo0 + 2 * keys:]
+        ranges = tail[qlo0 + 2 * keys:].view(-1, S)
         j = torch.arange(total_k)
-        for r in range(total_q):
-            assert torch.equal((j >= klo[r]) & (j < khi[r]), seen[r]), (causal, window, r)
+        for r in range(rows):
+            want = seen[r] if r < total_q else torch.zeros(total_k, dtype=torch.bool)
+            assert torch.equal((j >= klo[r]) & (j < khi[r]), want), (causal, window, r)
         i = torch.arange(total_q)
         for key in range(total_k):
             assert torch.equal((i >= qlo[key]) & (i < qhi[key]), seen[:, key])
-        for t in range(-(-total_q // 64)):
-            lo, hi = int(tiles[2 * t]), int(tiles[2 * t + 1])
+        for t in range(rows // 64):
+            lo, hi = int(tiles[t, 0]), int(tiles[t, 1])
             block = seen[64 * t:64 * t + 64]
             assert block[:, lo:max(hi, lo)].all()   # every row sees [lo_all, hi_all)
+        if (causal, window) == (False, (-1, -1)):   # rows 128-191: all in sequence 3
+            assert tiles[2, :2].tolist() == [int(cu_k[3]), int(cu_k[4])]
         assert len(costs) == -(-total_q // 128)    # one per task the kernel decodes
         for task in range(rows // 128):            # a task's key blocks hold all its keys
-            first, end = int(ranges[2 * task]), int(ranges[2 * task + 1])
+            first, end = int(ranges[task, 0]), int(ranges[task, 1])
             assert end > first and (task >= len(costs) or costs[task] == end - first)
             cols = seen[128 * task:128 * task + 128].any(0).nonzero()
             if len(cols):
                 assert first * 128 <= cols.min() and cols.max() < end * 128
-        back, back_costs = packed_sequences.tail(made, total_q, total_k)
+        back, back_costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
         assert len(back_costs) == keys // 128
-        ranges = back[len(back) - len(tail) + qlo0 + 2 * keys:]
+        ranges = back[qlo0 + 2 * keys:].view(-1, S)
         for kvb in range(keys // 128):             # a K/V block's query tiles hold all its queries
-            first, end = int(ranges[2 * kvb]), int(ranges[2 * kvb + 1])
+            first, end = int(ranges[kvb, 0]), int(ranges[kvb, 1])
             assert 0 <= first < end <= -(-total_q // 64)
             qs = seen[:, 128 * kvb:128 * kvb + 128].any(1).nonzero()
             if len(qs):

@@ -66,8 +66,6 @@ call, and resolving a public name does when torch is already loaded.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
@@ -867,17 +865,15 @@ class EagerAttentionVarlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
-        ctx.seen = []       # the offsets' bounds, made once for both passes
         o, lse = varlen_attention.forward(q, k, v, cu_q, cu_k, causal, scale, left, right,
-                                          softcap, seen=ctx.seen)
+                                          softcap)
         _varlen_setup_context(ctx, (q, k, v, cu_q, cu_k, causal, scale, left, right, softcap),
                               (o, lse))
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return _varlen_backward(ctx, do, dlse, functools.partial(varlen_attention.backward,
-                                                                 seen=ctx.seen))
+        return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
 
 
 @torch.library.custom_op("tk_mlir::linear_attention", mutates_args=())

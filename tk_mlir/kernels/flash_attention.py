@@ -556,8 +556,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         """The first query block that sees a key of K/V block kvb."""
         first = 0
         if VARLEN:
-            first = tk.load(TASKS, (packed_sequences.offsets(
-                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5] + 2 * kvb,))
+            first = packed_sequences.pair(TASKS, packed_sequences.offsets(
+                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5], kvb)[0]
         elif CAUSAL:
             first = max((kvb * 128 - shift) // 64, 0)
         elif WINDOW_RIGHT >= 0:
@@ -569,8 +569,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         (past first: a task walks at least one block)."""
         end = q_blocks
         if VARLEN:
-            end = tk.load(TASKS, (packed_sequences.offsets(
-                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5] + 2 * kvb + 1,))
+            end = packed_sequences.pair(TASKS, packed_sequences.offsets(
+                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5], kvb)[1]
         elif WINDOW_LEFT >= 0:
             end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // 64 + 1, q_blocks),
                       first + 1)

@@ -1,41 +1,51 @@
 """The side table of attention over packed sequences (varlen): which keys
-each query row sees, made on the GPU from cu_seqlens without a
-synchronisation, and the kernel-side readers of it.
+each query row sees, made on the GPU from cu_seqlens by one kernel (no host
+synchronisation), and the attention kernels' readers of it.
 
 Packed q (total_q, H, D) and k (total_k, H_kv, D) are attended as one batch
 of one long sequence each, (1, H, total, D) views; the sequences' borders,
 causality and windows are all one rule per query row r: it sees the packed
-keys [klo[r], khi[r]) (empty: klo = EMPTY_LO, khi = 0). The dense kernels
-then only need, besides their task schedule, each task's range of key (or
-query) blocks and, to mask only the blocks that cross a border, the keys
-every row of a 64-row tile sees.
+keys [klo[r], khi[r]) (empty when khi <= klo). The dense kernels then only
+need, besides their task schedule, each task's range of key (or query)
+blocks and, to mask only the blocks that cross a border, the keys every row
+of a 64-row tile sees.
 
 The tail, appended to a kernel's TASKS table (schedule part padded to a
 multiple of 64 entries, so that 64-entry vectors of the tail are whole
-vector loads), all i32, `rows` = total_q rounded up to ROW_ALIGN:
+vector loads), all i32, `rows` = total_q rounded up to ROW_ALIGN, `keys` =
+total_k rounded up to 128:
 
-    klo[rows] | khi[rows] | tiles: (lo_all, hi_all) per 64-row tile, padded to 64
-              | qlo[keys] | qhi[keys] | ranges: (first, end) per task, padded to 64
+    klo[rows] | khi[rows] | tiles: (lo_all, hi_all) per 64-row tile | qlo[keys] | qhi[keys]
+              | ranges: (first, end) per task
 
-`qlo`, `qhi` are the same rule seen from the keys (`keys` = total_k rounded
-up to 128): key j is seen by the packed query rows [qlo[j], qhi[j]); the
-backward, whose tiles have keys for rows, masks with them (two registers
-per thread for a row vector, where a column vector of klo would take 16).
+Each pair sits in a slot of SLOT entries (the kernel writes it as one
+register vector; vectors hold at least 8), each part padded to 64 entries.
+`qlo`, `qhi` are the same rule seen from the keys: key j is seen by the
+packed query rows [qlo[j], qhi[j]); the backward, whose tiles have keys for
+rows, masks with them (two registers per thread for a row vector, where a
+column vector of klo would take 16). `ranges` is the forward's key blocks
+[first, end) per task of BM query rows, or the backward's query tiles per
+128-key K/V block. `offsets` finds the parts from the table's end.
 
-`ranges` is the forward's key blocks [first, end) per task of BM query rows,
-or the backward's query tiles per 128-key K/V block. `offsets` finds the
-parts from the table's end, as the host (`tail`) lays them out.
+Within a sequence, and across sequences in order, klo and khi never
+decrease with the row (khi is clamped below at its sequence's first key, so
+rows before the causal diagonal do not break it), nor qlo and qhi with the
+key: a group of rows sees keys from its first row's klo to its last row's
+khi, and every row of a tile within one sequence sees [klo(last), khi(first)).
 """
 from __future__ import annotations
 
 import tk_mlir as tk
+from tk_mlir import f32
+from tk_mlir.kernels import checks
 
 ROW_ALIGN = 384          # query rows padded to a multiple of every task's rows (128, 192)
-EMPTY_LO = 1 << 30       # klo of a row that sees no key (khi 0): no key is in [EMPTY_LO, 0)
+EMPTY_LO = 1 << 30       # lo_all of a tile whose rows share no key (hi_all 0)
+SLOT = 8                 # entries per (first, end) pair
 
 
-def _pad64(n):
-    return (n + 63) // 64 * 64
+def _pad64(n: int) -> int:
+    return -(-n // 64) * 64
 
 
 @tk.func
@@ -44,16 +54,17 @@ def offsets(TASKS, n, n_kv, tasks):
     starts, for n packed query rows, n_kv keys and `tasks` entries in `ranges`."""
     rows = tk.cdiv(n, ROW_ALIGN) * ROW_ALIGN
     keys = tk.cdiv(n_kv, 128) * 128
-    ranges = TASKS.shape[0] - tk.cdiv(2 * tasks, 64) * 64
+    ranges = TASKS.shape[0] - tk.cdiv(SLOT * tasks, 64) * 64
     qlo = ranges - 2 * keys
-    tiles = qlo - tk.cdiv(rows // 32, 64) * 64
+    tiles = qlo - tk.cdiv(SLOT * rows // 64, 64) * 64
     return tiles - 2 * rows, tiles - rows, tiles, qlo, qlo + keys, ranges
 
 
 @tk.func
 def pair(TASKS, at, i):
-    """Entries at + 2i and at + 2i + 1: tile i's (lo_all, hi_all) or task i's range."""
-    return tk.load(TASKS, (at + 2 * i,)), tk.load(TASKS, (at + 2 * i + 1,))
+    """The pair in slot i of the part at `at`: tile i's (lo_all, hi_all) or
+    task i's range."""
+    return tk.load(TASKS, (at + SLOT * i,)), tk.load(TASKS, (at + SLOT * i + 1,))
 
 
 @tk.func
@@ -63,67 +74,163 @@ def row_bound(TASKS, at, tile):
     return tk.load(TASKS, (at // 64 + tile,), (64,), scope="warpgroup")
 
 
-def bounds(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int]):
-    """(klo, khi, qlo, qhi), int64 torch tensors on cu_q's device, made without
-    reading the offsets on the host (cu_q, cu_k: int32 (B+1,)): each query
-    row's keys [klo, khi) (total_q rounded up to ROW_ALIGN rows) and each
-    key's query rows [qlo, qhi) (total_k rounded up to 128); empty: (EMPTY_LO,
-    0). Query i of a sequence sees its keys j with i + shift - left <= j <= i
-    + shift + right (both counted from the sequence's start; shift = len_k -
-    len_q, bottom-right aligned as FlashAttention; right = 0 with causal; -1:
-    no bound on that side). A call's forward and backward share them."""
+@tk.func
+def sequence_of(CU, r, B, STEPS):
+    """The sequence packed row r is in: the last b < B with CU[b] <= r (a
+    binary search of STEPS >= log2(B) + 1 halvings)."""
+    lo = 0
+    hi = B
+    for _ in range(STEPS):
+        mid = (lo + hi) // 2
+        below = tk.load(CU, (mid,)) <= r
+        lo = mid if below else lo
+        hi = hi if below else mid
+    return lo
+
+
+@tk.func
+def bound_at(r, own_s, own_e, oth_s, oth_e, BELOW, ABOVE):
+    """(lo, hi) i32 vectors for rows r (an i32 vector) of a sequence whose
+    rows are [own_s, own_e) and whose other side is [oth_s, oth_e): the rule
+    (hi clamped below at oth_s: never decreasing). scalar_bound is the same
+    rule for one row, in scalars."""
+    at = r - own_e + (oth_e - oth_s)          # the other side's diagonal entry, from oth_s
+    lo = r * 0 + oth_s
+    if BELOW >= 0:
+        d = at - BELOW
+        lo = tk.where(d > 0, d, 0) + oth_s
+    hi = r * 0 + oth_e
+    if ABOVE >= 0:
+        c = at + (oth_s + ABOVE + 1)
+        hi = tk.where(c < oth_e, c, oth_e)
+    return lo, tk.where(hi > oth_s, hi, oth_s)
+
+
+@tk.func
+def scalar_bound(r, OWN, OTH, b, BELOW, ABOVE):
+    """bound_at of one row r of sequence b, as scalars."""
+    own_s, own_e = tk.load(OWN, (b,)), tk.load(OWN, (b + 1,))
+    oth_s, oth_e = tk.load(OTH, (b,)), tk.load(OTH, (b + 1,))
+    at = r - own_e + (oth_e - oth_s)
+    lo = oth_s
+    if BELOW >= 0:
+        lo = oth_s + max(at - BELOW, 0)
+    hi = oth_e
+    if ABOVE >= 0:
+        hi = min(oth_e, oth_s + at + ABOVE + 1)
+    return lo, max(hi, oth_s)
+
+
+@tk.func
+def row_bounds_of_tile(OWN, OTH, r0, total, B, STEPS, BELOW, ABOVE):
+    """(lo, hi) i32 vectors of the 64 packed rows from r0 (rows past `total`
+    empty), and the sequences of its first and last rows."""
+    r = tk.zeros((64,), f32).indices() + r0
+    lo = r * 0
+    hi = r * 0
+    last = min(r0 + 63, total - 1)
+    b0 = sequence_of(OWN, r0, B, STEPS)
+    b1 = sequence_of(OWN, last, B, STEPS)
+    if r0 < total:
+        for b in range(b0, b1 + 1):
+            s, e = tk.load(OWN, (b,)), tk.load(OWN, (b + 1,))
+            blo, bhi = bound_at(r, s, e, tk.load(OTH, (b,)), tk.load(OTH, (b + 1,)), BELOW,
+                                ABOVE)
+            own = (r >= s) & (r < e)
+            lo = tk.where(own, blo, lo)
+            hi = tk.where(own, bhi, hi)
+    return lo, hi, b0, b1
+
+
+@tk.func
+def store_pair(TAIL, at, i, first, end):
+    """(first, end) into slot i of the part at `at` (a multiple of SLOT)."""
+    k = tk.zeros((SLOT,), f32).indices()
+    tk.store(TAIL, tk.where(k == 0, first, tk.where(k == 1, end, 0)), (at // SLOT + i,))
+
+
+@tk.func
+def group_range(OWN, OTH, first_row, rows, total, B, STEPS, BELOW, ABOVE, BLOCK):
+    """(first, end) blocks of BLOCK entries of the other side that rows
+    [first_row, first_row + rows) ∩ [0, total) see (at least one block)."""
+    first = 0
+    end = 1
+    if first_row < total:
+        last = min(first_row + rows, total) - 1
+        lo, _ = scalar_bound(first_row, OWN, OTH, sequence_of(OWN, first_row, B, STEPS),
+                             BELOW, ABOVE)
+        _, hi = scalar_bound(last, OWN, OTH, sequence_of(OWN, last, B, STEPS), BELOW, ABOVE)
+        first = lo // BLOCK if hi > lo else 0
+        end = tk.cdiv(hi, BLOCK) if hi > lo else 1
+    return first, end
+
+
+@tk.kernel(num_warps=4)
+def sequence_bounds_kernel(CU_Q: tk.gl, CU_K: tk.gl, TAIL: tk.gl, total_q: int, total_k: int,
+                           B: int, STEPS: int, LEFT: tk.constexpr, RIGHT: tk.constexpr,
+                           BM: tk.constexpr, BN: tk.constexpr, FORWARD: tk.constexpr):
+    """The tail (module docstring) for B sequences at offsets CU_Q, CU_K:
+    block t < rows/64 writes query tile t's klo, khi and common keys (and,
+    FORWARD, the range of task t·64/BM when it starts there); the blocks
+    after it key tile u's qlo, qhi (and, not FORWARD, the range of K/V
+    block u/2). RIGHT is 0 with causal. Grid (rows/64 + keys/64,)."""
+    t = tk.block_id(0)
+    rows = tk.cdiv(total_q, ROW_ALIGN) * ROW_ALIGN
+    keys = tk.cdiv(total_k, 128) * 128
+    tiles0 = 2 * rows
+    qlo0 = tiles0 + tk.cdiv(SLOT * rows // 64, 64) * 64
+    ranges0 = qlo0 + 2 * keys
+    if t < rows // 64:
+        r0 = t * 64
+        lo, hi, b0, b1 = row_bounds_of_tile(CU_Q, CU_K, r0, total_q, B, STEPS, LEFT, RIGHT)
+        tk.store(TAIL, lo, (t,))
+        tk.store(TAIL, hi, (rows // 64 + t,))
+        lo_all = EMPTY_LO
+        hi_all = 0
+        if (r0 + 63 < total_q) & (b0 == b1):
+            lo_all, _ = scalar_bound(r0 + 63, CU_Q, CU_K, b0, LEFT, RIGHT)
+            _, hi_all = scalar_bound(r0, CU_Q, CU_K, b0, LEFT, RIGHT)
+        store_pair(TAIL, tiles0, t, lo_all, hi_all)
+        if FORWARD:
+            if t % (BM // 64) == 0:
+                first, end = group_range(CU_Q, CU_K, r0, BM, total_q, B, STEPS, LEFT, RIGHT, BN)
+                store_pair(TAIL, ranges0, t // (BM // 64), first, end)
+    else:
+        u = t - rows // 64
+        lo, hi, _, _ = row_bounds_of_tile(CU_K, CU_Q, u * 64, total_k, B, STEPS, RIGHT, LEFT)
+        tk.store(TAIL, lo, (qlo0 // 64 + u,))
+        tk.store(TAIL, hi, (qlo0 // 64 + keys // 64 + u,))
+        if not FORWARD:
+            if u % 2 == 0:
+                first, end = group_range(CU_K, CU_Q, u * 64, 128, total_k, B, STEPS, RIGHT,
+                                         LEFT, 64)
+                store_pair(TAIL, ranges0, u // 2, first, end)
+
+
+def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int],
+         *, forward_tasks: tuple[int, int] | None = None):
+    """(tail, costs): the tail for cu_seqlens cu_q, cu_k (int32 (B+1,) on one
+    device) by sequence_bounds_kernel, and each task's cost (blocks it reads),
+    torch tensors on that device, made without reading the offsets on the
+    host; one cost per task the kernel decodes (cdiv(total_q, BM), or
+    cdiv(total_k, 128)). forward_tasks=(BM, BN): the forward's ranges; else
+    the backward's. Query i of a sequence sees its keys j with i + shift -
+    left <= j <= i + shift + right (both counted from the sequence's start;
+    shift = len_k - len_q, bottom-right aligned as FlashAttention; right = 0
+    with causal; -1: no bound on that side)."""
     import torch
     left, right = window[0], 0 if causal else window[1]
-    # (first query, end query, first key, end key) of every sequence
-    ends = torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long()
-
-    def rule(n: int, offsets, queries: bool):
-        """Each of n packed query rows' (or keys') [lo, hi) on the other side:
-        its sequence's ends and the window measured from its diagonal `at`."""
-        r = torch.arange(n, device=cu_q.device)
-        b = (torch.searchsorted(offsets, r.to(offsets.dtype), right=True) - 1).clamp(
-            0, ends.shape[1] - 1)
-        sq, eq, sk, ek = ends[:, b]
-        if queries:
-            at, start, stop, below, above = r - sq + (ek - sk) - (eq - sq), sk, ek, left, right
-            own = (r >= sq) & (r < eq)
-        else:
-            at, start, stop, below, above = r - sk - (ek - sk) + (eq - sq), sq, eq, right, left
-            own = (r >= sk) & (r < ek)
-        lo = start + (at - below).clamp(min=0) if below >= 0 else start
-        hi = torch.minimum(stop, start + at + above + 1) if above >= 0 else stop
-        empty = ~own | (hi <= lo)
-        return torch.where(empty, EMPTY_LO, lo), torch.where(empty, 0, hi)
-
     rows = -(-max(total_q, 1) // ROW_ALIGN) * ROW_ALIGN
     keys = -(-max(total_k, 1) // 128) * 128
-    return (*rule(rows, cu_q, True), *rule(keys, cu_k, False))
-
-
-def tail(seen, total_q: int, total_k: int, *, forward_tasks: tuple[int, int] | None = None):
-    """(tail, costs): the tail for `bounds`' four tensors and each task's cost
-    (in key blocks or query tiles), torch tensors on their device; one cost
-    per task the kernel decodes (cdiv(total_q, BM), or cdiv(total_k, 128)),
-    while `ranges` runs on to the padded rows. forward_tasks=(BM, BN): ranges
-    of BN-key blocks per BM-row task; else the backward's ranges of 64-row
-    query tiles per 128-key K/V block."""
-    import torch
-    klo, khi, qlo, qhi = seen
-    tiles = torch.stack((klo.view(-1, 64).amax(1), khi.view(-1, 64).amin(1)), 1).view(-1)
-    if forward_tasks is not None:
-        bm, bn = forward_tasks
-        lo, hi = klo.view(-1, bm).amin(1), khi.view(-1, bm).amax(1)
-        none = hi <= lo
-        first = torch.where(none, 0, lo // bn)
-        end = torch.where(none, 1, (hi + bn - 1) // bn)
-        costs = (end - first)[:-(-max(total_q, 1) // bm)]   # the tasks the kernel decodes
-    else:           # the query tiles that see any of a K/V block's keys
-        lo, hi = qlo.view(-1, 128).amin(1), qhi.view(-1, 128).amax(1)
-        none = hi <= lo
-        first = torch.where(none, 0, lo // 64)
-        end = torch.where(none, 1, (hi + 63) // 64)
-        costs = end - first
-    ranges = torch.stack((first, end), 1).view(-1)
-    parts = [klo, khi, tiles, qlo, qhi, ranges]
-    out = torch.cat([torch.nn.functional.pad(p, (0, -len(p) % 64)) for p in parts])
-    return out.to(torch.int32), costs
+    bm, bn = forward_tasks or (128, 128)
+    tasks = rows // bm if forward_tasks else keys // 128
+    parts = (2 * rows, _pad64(SLOT * rows // 64), 2 * keys, _pad64(SLOT * tasks))
+    out = cu_q.new_empty(sum(parts))
+    sequences = len(cu_q) - 1
+    sequence_bounds_kernel[(rows // 64 + keys // 64,)](
+        checks.int32_table(cu_q), checks.int32_table(cu_k), out, max(total_q, 1), max(total_k, 1), sequences,
+        max(sequences, 1).bit_length() + 1, LEFT=left, RIGHT=right, BM=bm, BN=bn,
+        FORWARD=forward_tasks is not None)
+    ranges = out[sum(parts[:3]):].view(-1, SLOT)
+    done = -(-max(total_q, 1) // bm) if forward_tasks else keys // 128
+    return out, (ranges[:done, 1] - ranges[:done, 0]).long()

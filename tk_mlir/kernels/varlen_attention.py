@@ -143,10 +143,8 @@ def lse_like(q):
 
 
 def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, right: int = -1,
-            softcap: float = 0.0, seen=None):
-    """(o laid out like q, lse (H, total_q) f32) on checked tensors. `seen`:
-    packed_sequences.bounds of these offsets when the caller has them (a list
-    to fill, for the backward to reuse, when it is empty)."""
+            softcap: float = 0.0):
+    """(o laid out like q, lse (H, total_q) f32) on checked tensors."""
     import torch
     total_q, H, D = q.shape
     o, lse = torch.empty_like(q), lse_like(q)
@@ -157,9 +155,8 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
         cfg = flash_attention._config(D, 0, causal)
         bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
         grid = num_sms(q.get_device())
-        tasks = _table(packed_sequences.tail(
-            _bounds(seen, cu_q, cu_k, total_q, k.shape[0], causal, (left, right)), total_q,
-            k.shape[0], forward_tasks=(bm, bn)), H, grid)
+        tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
+                                             (left, right), forward_tasks=(bm, bn)), H, grid)
         cap = dict(SOFTCAP=float(softcap)) if softcap else {}
         flash_attention.attention_kernel[(grid,)](
             _packed(q), _packed(k), _packed(v), _packed(o),
@@ -169,22 +166,10 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
     return o, lse
 
 
-def _bounds(seen, cu_q, cu_k, total_q: int, total_k: int, causal: bool, window):
-    """packed_sequences.bounds, made once per call: taken from `seen` when it
-    holds them, else made (and put in `seen` when it is a list)."""
-    if seen:
-        return seen
-    made = packed_sequences.bounds(cu_q, cu_k, total_q, total_k, causal, window)
-    if seen is not None:
-        seen.extend(made)
-    return made
-
-
 def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: int = -1,
-             right: int = -1, softcap: float = 0.0, seen=None):
+             right: int = -1, softcap: float = 0.0):
     """(dq, dk, dv) of attention_varlen given o, its lse (H, total_q) and do;
-    dk, dv summed over the query heads of each K/V head (GQA). `seen`: the
-    forward's packed_sequences.bounds, when kept."""
+    dk, dv summed over the query heads of each K/V head (GQA)."""
     import torch
     total_q, H, D = q.shape
     if not total_q or not k.shape[0]:   # nothing attended: nothing to differentiate
@@ -202,9 +187,8 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     flash_attention.attention_backward_prep_kernel[(-(-total_q // 64), H, 1)](
         _packed(o), _packed(do), lse4, delta, lse2, dq32, D=D)
     grid = num_sms(q.get_device())
-    tasks = _table(packed_sequences.tail(
-        _bounds(seen, cu_q, cu_k, total_q, k.shape[0], causal, (left, right)), total_q,
-        k.shape[0]), k.shape[1], grid)
+    tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
+                                         (left, right)), k.shape[1], grid)
     flash_attention.attention_backward_kernel[(grid,)](
         _packed(q), _packed(k), _packed(v), _packed(do), lse2, delta, dq32, _packed(dk),
         _packed(dv), tasks, scale * math.log2(math.e), scale, D=D, VARLEN=True, **cfg)
