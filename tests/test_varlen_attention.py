@@ -197,6 +197,8 @@ def test_the_gpu_made_schedule_runs_every_task_once_and_balances():
     assert max(loads) - min(loads) <= int(costs.max())
     # each block's first task is one of the costliest
     assert all(costs[int(tasks[offsets_[b] - grid - 1]) % len(costs)] == 9 for b in range(3))
+    # the deal is kept per (tasks, grid, device): made once
+    assert schedule._dealt(21, 4, costs.device) is schedule._dealt(21, 4, costs.device)
 
 
 def test_compiled_matches_eager(interpret):

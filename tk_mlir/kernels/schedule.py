@@ -109,10 +109,30 @@ def sorted_table(costs, heads: int, grid: int):
     caller pads it (a kernel reads one entry past its block's last)."""
     import torch
     blocks = costs.numel()
-    offsets, order = _snake(blocks * heads, grid, costs.device)
+    offsets, order = _dealt(blocks * heads, grid, costs.device)
     by_cost = torch.argsort(costs, descending=True, stable=True)
     ids = (torch.arange(heads, device=costs.device)[None, :] * blocks + by_cost[:, None]).view(-1)
     return torch.cat((offsets, ids[order])).to(torch.int32)
+
+
+_SNAKES: dict = {}
+
+
+def _dealt(tasks: int, grid: int, device):
+    """_snake's deal, kept per (tasks, grid, device) (at most _MAX_TABLES, the
+    oldest dropped first): made on the GPU, so keeping it only saves its
+    launches. Not kept when made during CUDA-graph capture (its memory
+    belongs to the graph)."""
+    import torch
+    key = (tasks, grid, str(device))
+    dealt = _SNAKES.get(key)
+    if dealt is None:
+        dealt = _snake(tasks, grid, device)
+        if not (str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()):
+            if len(_SNAKES) >= _MAX_TABLES:
+                del _SNAKES[next(iter(_SNAKES))]
+            _SNAKES[key] = dealt
+    return dealt
 
 
 def _snake(tasks: int, grid: int, device):
