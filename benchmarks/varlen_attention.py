@@ -6,6 +6,7 @@ jagged nested tensor where this torch supports it.
 On the GPU machine, from the repository root:
     python3 benchmarks/varlen_attention.py --out-dir "$OUT"
     python3 benchmarks/varlen_attention.py --seqs 16 --max-len 4096 --d 128 --h 16
+    python3 benchmarks/varlen_attention.py --graph      # kernel time: CUDA-graph replays
 
 Sequences: `--seqs` lengths drawn uniformly from 1..max_len (seed 0), and the
 same count of sequences all of the mean length (the packing's own cost,
@@ -32,6 +33,7 @@ import protocol as P  # noqa: E402
 from tk_mlir.benchmarking import bench  # noqa: E402
 
 TOL = 1e-2
+TIMING: dict = {}       # bench's options (--graph)
 
 
 def pairs(len_q: int, len_k: int, causal: bool) -> int:
@@ -57,10 +59,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--d", default="128,64")
     ap.add_argument("--h", type=int, default=16)
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays (kernel time, not the host's)")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/varlen_attention.py")
     from tk_mlir.kernels import attention, attention_varlen
+    global TIMING
+    TIMING = dict(graph=True, warmup=10, iters=30, repeats=1) if args.graph else {}
     g = torch.Generator().manual_seed(0)
     ragged = torch.randint(1, args.max_len + 1, (args.seqs,), generator=g).tolist()
     mean = sum(ragged) // len(ragged)
@@ -135,7 +141,7 @@ def _time(case, impls, make, cu, causal, flops):
                         row["rel_err"] = check(fn(q, k, v), q, k, v, cu, causal)
                 nograd = pass_ == "fwd"
                 with torch.set_grad_enabled(not nograd):
-                    t = bench(f, inputs=make, flops=fl)
+                    t = bench(f, inputs=make, flops=fl, **TIMING)
                 row.update(us=t.ms * 1e3, tflops=t.tflops,
                            status="ok" if row.get("rel_err", 0.0) < TOL else "WRONG")
             except Exception as e:                                  # noqa: BLE001
