@@ -90,28 +90,10 @@ def sequence_of(CU, r, B, STEPS):
 
 @tk.func
 def bound_at(r, own_s, own_e, oth_s, oth_e, BELOW, ABOVE):
-    """(lo, hi) i32 vectors for rows r (an i32 vector) of a sequence whose
-    rows are [own_s, own_e) and whose other side is [oth_s, oth_e): the rule
-    (hi clamped below at oth_s: never decreasing). scalar_bound is the same
-    rule for one row, in scalars."""
+    """(lo, hi) of rows r (a scalar, or an i32 vector of rows) of a sequence
+    whose rows are [own_s, own_e) and whose other side is [oth_s, oth_e):
+    the rule, with hi clamped below at oth_s (never decreasing)."""
     at = r - own_e + (oth_e - oth_s)          # the other side's diagonal entry, from oth_s
-    lo = r * 0 + oth_s
-    if BELOW >= 0:
-        d = at - BELOW
-        lo = tk.where(d > 0, d, 0) + oth_s
-    hi = r * 0 + oth_e
-    if ABOVE >= 0:
-        c = at + (oth_s + ABOVE + 1)
-        hi = tk.where(c < oth_e, c, oth_e)
-    return lo, tk.where(hi > oth_s, hi, oth_s)
-
-
-@tk.func
-def scalar_bound(r, OWN, OTH, b, BELOW, ABOVE):
-    """bound_at of one row r of sequence b, as scalars."""
-    own_s, own_e = tk.load(OWN, (b,)), tk.load(OWN, (b + 1,))
-    oth_s, oth_e = tk.load(OTH, (b,)), tk.load(OTH, (b + 1,))
-    at = r - own_e + (oth_e - oth_s)
     lo = oth_s
     if BELOW >= 0:
         lo = oth_s + max(at - BELOW, 0)
@@ -119,6 +101,13 @@ def scalar_bound(r, OWN, OTH, b, BELOW, ABOVE):
     if ABOVE >= 0:
         hi = min(oth_e, oth_s + at + ABOVE + 1)
     return lo, max(hi, oth_s)
+
+
+@tk.func
+def scalar_bound(r, OWN, OTH, b, BELOW, ABOVE):
+    """bound_at of one row r of sequence b."""
+    return bound_at(r, tk.load(OWN, (b,)), tk.load(OWN, (b + 1,)), tk.load(OTH, (b,)),
+                    tk.load(OTH, (b + 1,)), BELOW, ABOVE)
 
 
 @tk.func
