@@ -18,6 +18,8 @@ import tk_mlir as tk
 torch = pytest.importorskip("torch")
 gpu = pytest.mark.gpu
 
+from torch_reference import assert_compiled_matches_eager  # noqa: E402
+
 
 def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
     from tk_mlir.kernels.flash_attention import _config, attention_kernel
@@ -416,12 +418,7 @@ def test_window_and_softcap_compiled_match_eager(monkeypatch):
     def f(q, k, v):
         return attention(q, k, v, causal=True, window=(50, 0), softcap=5.0)
 
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        o = fn(q, k, v)
-        results.append((o, *torch.autograd.grad(o.float().sum(), (q, k, v))))
-    for eager, compiled in zip(*results):
-        assert torch.equal(eager, compiled)
+    assert_compiled_matches_eager(f, q, k, v)
 
 
 def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():

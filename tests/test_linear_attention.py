@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 from tk_mlir.kernels import linear_attention  # noqa: E402
 
+from torch_reference import assert_compiled_matches_eager  # noqa: E402
 from torch_reference import relative_error as _rel  # noqa: E402
 
 bf16 = torch.bfloat16
@@ -118,12 +119,7 @@ def test_compiled_matches_eager(interpret):
     def f(q, k, v):
         return linear_attention(q, k, v, "elu1", initial_state=state)
 
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        o = fn(q, k, v)
-        results.append((o, *torch.autograd.grad(o.float().sum(), (q, k, v))))
-    for eager, compiled in zip(*results):
-        assert torch.equal(eager, compiled)
+    assert_compiled_matches_eager(f, q, k, v)
 
 
 def test_the_returned_state_carries_no_gradient(interpret):

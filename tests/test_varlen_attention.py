@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from tk_mlir.kernels import attention_varlen, packed_sequences, schedule  # noqa: E402
 
+from torch_reference import assert_compiled_matches_eager  # noqa: E402
 from torch_reference import relative_error as _rel  # noqa: E402
 
 bf16 = torch.bfloat16
@@ -208,12 +209,7 @@ def test_compiled_matches_eager(interpret):
     def f(q, k, v):
         return attention_varlen(q, k, v, cu_q, cu_k, 70, 90, causal=True, softcap=3.0)
 
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        o = fn(q, k, v)
-        results.append((o, *torch.autograd.grad(o.float().sum(), (q, k, v))))
-    for eager, compiled in zip(*results):
-        assert torch.equal(eager, compiled)
+    assert_compiled_matches_eager(f, q, k, v)
 
 
 def test_bad_arguments_are_refused_with_the_rule():
