@@ -433,9 +433,8 @@ def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
 
 
 def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
-    from tk_mlir.kernels.custom_ops import _lse_like
-    from tk_mlir.kernels.flash_attention import padded_rows
-    lse = _lse_like(torch.empty(2, 3, 10, 64))
+    from tk_mlir.kernels.flash_attention import lse_like, padded_rows
+    lse = lse_like(torch.empty(2, 3, 10, 64))
     lse.copy_(torch.randn(2, 3, 10))
     rows = padded_rows(lse)
     assert rows.shape == (2, 3, 12) and rows.data_ptr() == lse.data_ptr()

@@ -659,7 +659,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               scale: float, deterministic: bool = False, left: int = -1, right: int = -1,
               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o laid out like q (torch.empty_like), lse (B, H, N) f32 as
-    _lse_like makes it. See flash_attention.attention for the arguments
+    flash_attention.lse_like makes it. See flash_attention.attention for the arguments
     (deterministic is for the backward: autograd keeps it, as it keeps the
     window (left, right) and softcap)."""
     flash_attention._check(q, k, v)
@@ -670,7 +670,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
     """(o, lse) of the forward kernel on checked tensors, as the op returns
     them (an eager call with nothing to differentiate calls this alone)."""
-    o, rows = torch.empty_like(q), _lse_rows(q)
+    o, rows = torch.empty_like(q), flash_attention.lse_rows(q)
     if q.shape[0] and q.shape[1]:
         flash_attention.launch(q, k, v, o, rows, causal, scale, window, softcap)
     return o, rows.narrow(-1, 0, q.shape[2])
@@ -678,21 +678,7 @@ def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
 
 @attention.register_fake
 def _(q, k, v, causal, scale, deterministic=False, left=-1, right=-1, softcap=0.0):
-    return torch.empty_like(q), _lse_like(q)
-
-
-def _lse_rows(q):
-    """(B, H, N') float32 on q's device, N' >= N a multiple of 4: lse's rows
-    padded to whole 16-byte vectors (the kernels' row rule; they write and
-    read the padding)."""
-    B, H, N = q.shape[:3]
-    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32)
-
-
-def _lse_like(q):
-    """(B, H, N) float32: the first N of each of _lse_rows(q)'s rows."""
-    # narrow, not [..., :N]: a CPU-only torch cannot slice a fake CUDA tensor
-    return _lse_rows(q).narrow(-1, 0, q.shape[2])
+    return torch.empty_like(q), flash_attention.lse_like(q)
 
 
 @torch.library.custom_op("tk_mlir::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))

@@ -862,10 +862,25 @@ def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int
     return schedule.table(ids, steps + 2 * TASK_OVERHEAD_BLOCKS, grid)
 
 
+def lse_rows(q):
+    """(B, H, N') float32 on q's device for q (B, H, N, D), N' >= N a multiple
+    of 4: lse's rows padded to whole 16-byte vectors (the kernels' row rule;
+    they write and read the padding)."""
+    import torch
+    B, H, N = q.shape[:3]
+    return q.new_empty(B, H, -(-N // 4) * 4, dtype=torch.float32)
+
+
+def lse_like(q):
+    """(B, H, N) float32: the first N of each of lse_rows(q)'s rows."""
+    # narrow, not [..., :N]: a CPU-only torch cannot slice a fake CUDA tensor
+    return lse_rows(q).narrow(-1, 0, q.shape[2])
+
+
 def padded_rows(lse):
     """A (B, H, N) f32 tensor as (B, H, N') with N' >= N a multiple of 4 (rows
     of whole 16-byte vectors, the kernels' rule): a view of the same memory
-    when its rows are padded there (as `custom_ops._lse_like` makes them),
+    when its rows are padded there (as `lse_like` makes them),
     else a padded copy. The padding holds anything: kernels write it or mask
     it."""
     import torch
@@ -904,17 +919,28 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
         cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
-    n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    lse = padded_rows(lse)
-    lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
-    attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](o, do, lse, delta, lse2, dq, D=D)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = num_sms(q.get_device())
-    attention_backward_kernel[(grid,)](
-        q, k, v, do, lse2, delta, dq, dk, dv,
-        backward_tasks(q, k, causal, grid, deterministic, window),
-        scale * math.log2(math.e), scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
+    dq = launch_backward(do, q, k, v, o, lse, dk, dv,
+                         backward_tasks(q, k, causal, grid, deterministic, window), grid, scale,
+                         CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
     # dq laid out like q (as the op's fake says: a compiled backward checks it).
     return torch.empty_like(q).copy_(dq), dk, dv
+
+
+def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float, **cfg):
+    """The backward's two kernels on (B, H, N, D) tensors as they read them
+    (lse (B, H, N) f32), dK and dV written into dk, dv; cfg: the backward
+    kernel's constexprs (_backward_config's and the masks'). Returns dq
+    (B, H, N, D) f32."""
+    import torch
+    B, H, N, D = q.shape
+    n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
+    lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
+    dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
+    attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](o, do, padded_rows(lse), delta, lse2,
+                                                           dq, D=D)
+    attention_backward_kernel[(grid,)](q, k, v, do, lse2, delta, dq, dk, dv, tasks,
+                                       scale * math.log2(math.e), scale, D=D, **cfg)
+    return dq

@@ -135,11 +135,9 @@ def _table(costs_and_tail, heads: int, grid: int):
 
 
 def lse_like(q):
-    """(H, total_q) f32 as `forward` returns it: rows padded to whole 16-byte
-    vectors (the kernels' rule) and narrowed."""
-    import torch
-    total_q, H, _ = q.shape
-    return q.new_empty(1, H, -(-total_q // 4) * 4, dtype=torch.float32)[0].narrow(-1, 0, total_q)
+    """(H, total_q) f32 as `forward` returns it: flash_attention.lse_like of
+    the packed (1, H, total_q, D) view."""
+    return flash_attention.lse_like(_packed(q))[0]
 
 
 def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, right: int = -1,
@@ -175,22 +173,14 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     if not total_q or not k.shape[0]:   # nothing attended: nothing to differentiate
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    q, k, v, o = (checks.kernel_operand(t) for t in (q, k, v, o))
-    cfg = flash_attention._backward_config(D)
-    if softcap:
-        cfg.update(SOFTCAP=float(softcap))
-    n4 = -(-total_q // 4) * 4
-    lse4 = flash_attention.padded_rows(lse.unsqueeze(0))
-    lse2, delta = (torch.empty(1, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
-    do = checks.kernel_operand(do)
-    dq32 = torch.empty(1, H, total_q, D, dtype=torch.float32, device=q.device)
-    flash_attention.attention_backward_prep_kernel[(-(-total_q // 64), H, 1)](
-        _packed(o), _packed(do), lse4, delta, lse2, dq32, D=D)
+    q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
+    cap = dict(SOFTCAP=float(softcap)) if softcap else {}
     grid = num_sms(q.get_device())
     tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
                                          (left, right)), k.shape[1], grid)
-    flash_attention.attention_backward_kernel[(grid,)](
-        _packed(q), _packed(k), _packed(v), _packed(do), lse2, delta, dq32, _packed(dk),
-        _packed(dv), tasks, scale * math.log2(math.e), scale, D=D, VARLEN=True, **cfg)
+    dq32 = flash_attention.launch_backward(
+        _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
+        _packed(dk), _packed(dv), tasks, grid, scale, VARLEN=True,
+        **flash_attention._backward_config(D), **cap)
     _packed(dq).copy_(dq32)
     return dq, dk, dv
