@@ -482,6 +482,11 @@ def _heads_first(t):
     return t.transpose(1, 2)
 
 
+def _columns(z):
+    """z (B, H, D_k) as the kernels read it: (B, H, D_k, 16), z in every column."""
+    return z.unsqueeze(-1).expand(*z.shape, 16).contiguous()
+
+
 def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
     """(o, S, z) on checked tensors: o like v (contiguous), the final state
     (S (B, H, D_k, D_v), z (B, H, D_k) f32; empty when not causal)."""
@@ -493,14 +498,17 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
     z16 = q.new_empty((B, H, DK, 16) if causal else (0,), dtype=torch.float32)
     initial = s0 is not None
     if B and H and N:
-        z0_16 = z0.unsqueeze(-1).expand(B, H, DK, 16).contiguous() if initial else z16
+        z0_16 = _columns(z0) if initial else z16
         linear_attention_kernel[(DV // 64, H, B)](
             _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
             s0.contiguous() if initial else s1, z0_16, s1, z16, scale, DK=DK,
             MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial, FINAL=causal)
+    elif causal and initial:            # no token: the state is the initial one
+        s1.copy_(s0)
+        z16.copy_(_columns(z0))
     elif causal:
-        s1.copy_(s0) if initial else s1.zero_()
-        z16.copy_(z0.unsqueeze(-1).expand_as(z16)) if initial else z16.zero_()
+        s1.zero_()
+        z16.zero_()
     return o, s1, z16[..., 0].contiguous() if causal else z16
 
 
@@ -523,7 +531,7 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
         if normalize:
             linear_attention_backward_prep_kernel[(-(-N // 64), H, B)](
                 _heads_first(o), _heads_first(do), den, VB=DV // 64)
-        z0_16 = z0.unsqueeze(-1).expand(B, H, DK, 16).contiguous() if initial else dq32
+        z0_16 = _columns(z0) if initial else dq32
         linear_attention_backward_kernel[(DV // 64, H, B)](
             _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(do),
             s0.contiguous() if initial else dq32, z0_16, dq32, dk32,
