@@ -93,10 +93,16 @@ def on_device(key: tuple, make, device):
                 "capture, which cannot copy its task schedule to the GPU: call it once with "
                 "these shapes before capturing")
         t = torch.from_numpy(make()).to(device)
-        if len(_TABLES) >= _MAX_TABLES:
-            del _TABLES[next(iter(_TABLES))]
-        _TABLES[key] = t
+        _remember(_TABLES, key, t)
     return t
+
+
+def _remember(cache: dict, key, value) -> None:
+    """value kept under key, the oldest entry dropped past _MAX_TABLES (a
+    model's shapes recur)."""
+    if len(cache) >= _MAX_TABLES:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 def sorted_table(costs, heads: int, grid: int):
@@ -129,9 +135,7 @@ def _dealt(tasks: int, grid: int, device):
     if dealt is None:
         dealt = _snake(tasks, grid, device)
         if not (str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()):
-            if len(_SNAKES) >= _MAX_TABLES:
-                del _SNAKES[next(iter(_SNAKES))]
-            _SNAKES[key] = dealt
+            _remember(_SNAKES, key, dealt)
     return dealt
 
 
