@@ -88,9 +88,8 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         """The K/V blocks [lo, hi) query block qb reads (at least one: rows
         that see no key come out of the masks as 0 / -inf)."""
         if VARLEN:
-            lo, hi = packed_sequences.pair(TASKS, packed_sequences.offsets(
-                TASKS, N, N_KV, tk.cdiv(N, packed_sequences.ROW_ALIGN) *
-                packed_sequences.ROW_ALIGN // BM)[5], qb)
+            lo, hi = packed_sequences.pair(
+                TASKS, packed_sequences.forward_offsets(TASKS, N, N_KV, BM)[5], qb)
         else:
             hi = N_KV
             if RIGHT >= 0:
@@ -179,9 +178,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             lo, hi = kv_range(qb)
             seen = None
             if VARLEN:
-                klo, khi, tiles, _, _, _ = packed_sequences.offsets(
-                    TASKS, N, N_KV, tk.cdiv(N, packed_sequences.ROW_ALIGN) *
-                    packed_sequences.ROW_ALIGN // BM)
+                klo, khi, tiles, _, _, _ = packed_sequences.forward_offsets(TASKS, N, N_KV, BM)
                 lo_all, hi_all = packed_sequences.pair(TASKS, tiles, row0 // 64)
                 seen = (lo_all, hi_all, packed_sequences.row_bound(TASKS, klo, row0 // 64),
                         packed_sequences.row_bound(TASKS, khi, row0 // 64))
@@ -556,8 +553,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         """The first query block that sees a key of K/V block kvb."""
         first = 0
         if VARLEN:
-            first = packed_sequences.pair(TASKS, packed_sequences.offsets(
-                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5], kvb)[0]
+            first = packed_sequences.pair(
+                TASKS, packed_sequences.backward_offsets(TASKS, N, N_KV)[5], kvb)[0]
         elif CAUSAL:
             first = max((kvb * 128 - shift) // 64, 0)
         elif WINDOW_RIGHT >= 0:
@@ -569,8 +566,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         (past first: a task walks at least one block)."""
         end = q_blocks
         if VARLEN:
-            end = packed_sequences.pair(TASKS, packed_sequences.offsets(
-                TASKS, N, N_KV, tk.cdiv(N_KV, 128))[5], kvb)[1]
+            end = packed_sequences.pair(
+                TASKS, packed_sequences.backward_offsets(TASKS, N, N_KV)[5], kvb)[1]
         elif WINDOW_LEFT >= 0:
             end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // 64 + 1, q_blocks),
                       first + 1)
@@ -736,8 +733,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             task = tk.load(TASKS, (slot + 1,))         # the next task's id, read ahead
             kv0 = kvb * 128 + wg * 64            # this warpgroup's first key
             if VARLEN:      # the queries that see each of its keys, and where tiles' are
-                _, _, seq_tiles, qlo, qhi, _ = packed_sequences.offsets(
-                    TASKS, N, N_KV, tk.cdiv(N_KV, 128))
+                _, _, seq_tiles, qlo, qhi, _ = packed_sequences.backward_offsets(TASKS, N,
+                                                                                 N_KV)
                 key_qlo = packed_sequences.row_bound(TASKS, qlo, 2 * kvb + wg)
                 key_qhi = packed_sequences.row_bound(TASKS, qhi, 2 * kvb + wg)
             kt = kvs.wait(n, part=wg)

@@ -61,6 +61,18 @@ def offsets(TASKS, n, n_kv, tasks):
 
 
 @tk.func
+def forward_offsets(TASKS, n, n_kv, BM):
+    """offsets() of the forward's tail: a range per BM padded query rows."""
+    return offsets(TASKS, n, n_kv, tk.cdiv(n, ROW_ALIGN) * ROW_ALIGN // BM)
+
+
+@tk.func
+def backward_offsets(TASKS, n, n_kv):
+    """offsets() of the backward's tail: a range per 128-key K/V block."""
+    return offsets(TASKS, n, n_kv, tk.cdiv(n_kv, 128))
+
+
+@tk.func
 def pair(TASKS, at, i):
     """The pair in slot i of the part at `at`: tile i's (lo_all, hi_all) or
     task i's range."""
