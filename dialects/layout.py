@@ -26,6 +26,9 @@ Named tile layouts:
   row  ThunderKittens' MMA fragment layout (16x16 base tiles: lane/4 picks
        the row, lane%4 a column pair); warps stack along rows.
   col  `row` transposed.
+  tmem one row per thread, its columns in consecutive registers: Blackwell
+       tensor memory's lanes as tcgen05.ld/st (32x32b) move them, thread t of
+       warp w holding row 32·w + t of a 128-row tile (a warpgroup's tile).
 """
 from __future__ import annotations
 
@@ -224,6 +227,17 @@ def mma_row(rows: int, cols: int, num_warps: int) -> Layout:
     return Layout((rows, cols), reg, lane, warp)
 
 
+def tmem(rows: int, cols: int, num_warps: int) -> Layout:
+    cb, cm = split(cols, "cols")
+    if num_warps != 4 or rows != 128:
+        raise LayoutError(f"a tmem layout tile is 128 rows over 4 warps (a warpgroup: warp w "
+                          f"reaches tensor-memory lanes 32w..32w+31), got {rows}x{cols} over "
+                          f"{num_warps} warp(s)")
+    lane = tuple((0, i) for i in range(5))
+    reg = tuple((1, i) for i in range(cb)) + _repeat(1, cb, cm)
+    return Layout((rows, cols), reg, lane, ((0, 5), (0, 6)))
+
+
 def _transpose(layout: Layout) -> Layout:
     def t(b: Basis) -> Basis:
         return None if b is None else (1 - b[0], *b[1:])
@@ -237,6 +251,8 @@ def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
         return vec(rows, cols, num_warps)
     if name == "row":
         return mma_row(rows, cols, num_warps)
+    if name == "tmem":
+        return tmem(rows, cols, num_warps)
     if name == "col":
         split(rows, "rows"), split(cols, "cols")
         try:
@@ -244,7 +260,7 @@ def tile_layout(name: str, rows: int, cols: int, num_warps: int) -> Layout:
         except LayoutError:
             raise LayoutError(f"a col layout tile over {num_warps} warp(s) needs a multiple of "
                               f"16 rows and of {16 * num_warps} columns, got {rows}x{cols}") from None
-    raise LayoutError(f"unknown tile layout {name!r} (expected vec, row or col)")
+    raise LayoutError(f"unknown tile layout {name!r} (expected vec, row, col or tmem)")
 
 
 def layout_of(t, num_warps: int) -> Layout:

@@ -43,6 +43,8 @@ def _show(t) -> str:
         return f"{t.dtype} {t.rows}x{t.cols} shared tile"
     if isinstance(t, T.SV):
         return f"{t.dtype} shared vector of {t.length}"
+    if isinstance(t, T.TT):
+        return f"{t.dtype} {t.rows}x{t.cols} tensor tile"
     return str(t)
 
 
@@ -553,9 +555,9 @@ def _slice(op, operands, results, num_warps: int) -> None:
 @rule("mma")
 def _mma(op, operands, results, num_warps: int) -> None:
     chip = target.current()
-    _require(chip.arch == "sm_90a", f"tk.mma_* is wgmma, Hopper's (sm_90a) warpgroup MMA; "
-             f"{chip.arch} has none (its MMA is tcgen05, not in tk_mlir yet): compile this "
-             f"kernel for the default target")
+    _require(chip.arch == "sm_90a", f"tk.mma_* into a register tile is wgmma, Hopper's "
+             f"(sm_90a) warpgroup MMA; {chip.arch} has none: its MMA is tcgen05, which "
+             f"accumulates into a tensor tile (acc = tk.tensor_tile(tk.f32, (128, N)))")
     _check_mma(op, *operands)
 
 
@@ -633,6 +635,106 @@ def _check_fp8_mma(op, a, b) -> None:
 
 _MMA_NAME = {(False, False): "mma_ABt", (False, True): "mma_AB", (True, False): "mma_AtBt",
              (True, True): "mma_AtB"}
+
+
+# ---------------------------------------- Blackwell: tensor memory and tcgen05
+
+def _blackwell(what: str) -> None:
+    chip = target.current()
+    _require(chip.arch == "sm_100a", f"{what} is Blackwell's (sm_100a: tensor memory and "
+             f"tcgen05); {chip.arch} has neither: declare the kernel "
+             f"@tk.kernel(target=\"sm_100a\")")
+
+
+def _top_level(op, what: str) -> None:
+    _require(op.operation.parent.name == "func.func", f"{what} is done by the whole block at "
+             f"the kernel's top level (one warp's tcgen05.alloc/dealloc and a block barrier), "
+             f"not inside an if or a loop")
+
+
+@rule("alloc_tt")
+def _alloc_tt(op, operands, results, num_warps: int) -> None:
+    _blackwell("tk.tensor_tile")
+    lanes, columns = target.current().tmem_lanes, target.current().tmem_columns
+    _top_level(op, "allocating a tensor tile")
+    tt = results[0]
+    _require(tt.dtype == "f32", f"a tensor tile holds the f32 accumulator of tcgen05.mma, got "
+             f"{tt.dtype}")
+    _require(tt.rows == lanes, f"a tensor tile has {lanes} rows (tensor memory's lanes; an "
+             f"MMA of M = 128 fills them), got {_show(tt)}")
+    _require(tt.cols % 16 == 0 and tt.cols <= columns, f"a tensor tile's columns are a "
+             f"multiple of 16 up to {columns} (tensor memory's columns), got {_show(tt)}")
+    _require(op.columns == tt.allocated_columns, f"tk.alloc_tt: columns must be "
+             f"{tt.allocated_columns} (a power of two from 32 holding {tt.cols}), got "
+             f"{op.columns}")
+
+
+@rule("free_tt")
+def _free_tt(op, operands, results, num_warps: int) -> None:
+    _blackwell("tk.free_tensor_tile")
+    _top_level(op, "freeing a tensor tile")
+    _require(op.columns == operands[0].allocated_columns, f"tk.free_tt: columns must be "
+             f"{operands[0].allocated_columns}, as allocated, got {op.columns}")
+
+
+@rule("tensor_mma")
+def _tensor_mma(op, operands, results, num_warps: int) -> None:
+    """tcgen05.mma, cta_group::1: M = 128 (the tile's lanes), N a multiple of
+    16 from 16 to 256, K a multiple of the instruction's (16 for 16-bit
+    types, 32 for fp8); both operands swizzled shared tiles."""
+    _blackwell("tk.mma_* into a tensor tile (tcgen05.mma)")
+    acc, a, b, _ = operands
+    name = f"tk.{_MMA_NAME[bool(op.trans_a), bool(op.trans_b)]}"
+    for what, t in (("a", a), ("b", b)):
+        _require(isinstance(t, T.ST) and t.swizzle != 0, f"{name}: {what} must be a swizzled "
+                 f"shared tile (swizzle=128, 64 or 32), got {_show(t)}")
+    (m, k_a), (k_b, n) = ((a.cols, a.rows) if op.trans_a else (a.rows, a.cols),
+                          (b.rows, b.cols) if op.trans_b else (b.cols, b.rows))
+    fp8 = a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES
+    _require(fp8 or (a.dtype == b.dtype and a.dtype in MMA_DTYPES), f"{name}: a and b must "
+             f"both be bf16, both f16, or both fp8 (f8e4m3/f8e5m2), got {a.dtype} and {b.dtype}")
+    _require(not fp8 or not (op.trans_a or op.trans_b), f"{name}: fp8 operands are read "
+             f"K-major here: use tk.mma_ABt with a as M x K and b as N x K")
+    k_inst = tk.wgmma_k(a.dtype)
+    _require(k_a == k_b and k_a % k_inst == 0, f"{name}: the K extents of a ({_show(a)}) and "
+             f"b ({_show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
+    _require((acc.rows, acc.cols) == (m, n), f"{name}: a {m}x{k_a} by {k_b}x{n} product does "
+             f"not fit the {_show(acc)}")
+    _require(16 <= n <= 256, f"{name}: tcgen05.mma's N is a multiple of 16 from 16 to 256, "
+             f"got {n} (split a wider tile into tensor tiles of at most 256 columns)")
+
+
+@rule("tensor_columns")
+def _tensor_columns(op, operands, results, num_warps: int) -> None:
+    _blackwell("a tensor tile's columns")
+    src, sub = operands[0], results[0]
+    _require(sub.cols % 16 == 0, f"columns: count must be a multiple of 16, got {sub.cols}")
+    start = tk.constant_int(op.start)
+    if start is not None:
+        _require(start % 16 == 0 and 0 <= start and start + sub.cols <= src.cols,
+                 f"columns({start}, {sub.cols}) of the {_show(src)}: start must be a multiple "
+                 f"of 16 and the columns inside the tile")
+    else:
+        _require(sub.cols <= src.cols, f"columns(..., {sub.cols}) of the {_show(src)}: more "
+                 f"columns than the tile has")
+
+
+@rule("mma_commit")
+def _mma_commit(op, operands, results, num_warps: int) -> None:
+    _blackwell("tk.mma_commit (tcgen05.commit)")
+
+
+@rule("tensor_load", "tensor_store")
+def _tensor_move(op, operands, results, num_warps: int) -> None:
+    _blackwell("tk.load / tk.store of a tensor tile (tcgen05.ld/st)")
+    tt, rt = (operands[0], results[0]) if results else operands
+    _require(isinstance(rt, T.RT) and (rt.dtype, rt.rows, rt.cols, rt.layout, rt.scope) ==
+             (tt.dtype, tt.rows, tt.cols, "tmem", "warpgroup"), f"{_show(tt)} moves to and "
+             f"from an {tt.dtype} {tt.rows}x{tt.cols} register tile in the tmem layout of "
+             f"warpgroup scope (warp w of a warpgroup reaches lanes 32w..32w+31), got "
+             f"{_show(rt)}")
+    _require(num_warps % 4 == 0, f"{_show(tt)}: tcgen05.ld/st move it by warpgroups; the "
+             f"kernel has {num_warps} warp(s)")
 
 
 def check_op(op: ir.OpView, num_warps: int) -> None:

@@ -83,6 +83,10 @@ class OpDef:
     view_of: str | None = None           # its result is a part of this operand's shared memory
     takes_arrays: bool = False           # may take a whole array of tiles or semaphores
     allocates: bool = False              # placed in shared memory by passes/smem.py
+    tensor_memory: str | None = None     # its part in a tensor tile's life (passes/
+    #                                      tensor_memory.py): "alloc" (attribute `columns`),
+    #                                      "free", "async" (a tcgen05 op that completes at
+    #                                      a commit) or "commit"
     async_result: bool = False           # its result is ready only after an async_wait
     async_wait: bool = False             # waits for async results (attribute `pending`)
     int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
@@ -248,6 +252,31 @@ OPS: tuple[OpDef, ...] = (
               "tk.mma_wait"),
     OpDef("mma_wait", attributes=("pending",), async_wait=True,
           doc="wait until at most `pending` warpgroup MMA groups are in flight"),
+    # ---- Blackwell (sm_100a): tensor memory (TMEM) and tcgen05 (lowering/tensor_memory.py)
+    OpDef("alloc_tt", results=("result",), attributes=("columns",), allocates=True,
+          block_barrier=True, tensor_memory="alloc",
+          doc="a tile in tensor memory: warp 0 allocates `columns` columns (tcgen05.alloc), "
+              "whose address reaches every thread through an 8-byte shared word"),
+    OpDef("free_tt", operands=("tile",), attributes=("columns",), block_barrier=True,
+          tensor_memory="free",
+          doc="a block barrier, then warp 0 frees the tile's columns (tcgen05.dealloc)"),
+    OpDef("tensor_mma", operands=("acc", "a", "b", "accumulate"),
+          attributes=("trans_a", "trans_b"),
+          reads=(Access("a", ASYNC), Access("b", ASYNC)), one_thread=True,
+          tensor_memory="async",
+          doc="tcgen05.mma: acc (a tensor-memory tile) = op(a) op(b) (+ acc when "
+              "`accumulate`), a and b shared tiles; asynchronous until a tk.mma_commit's "
+              "semaphore phase completes"),
+    OpDef("mma_commit", operands=("sem",), one_thread=True, tensor_memory="commit",
+          doc="tcgen05.commit: one arrival on sem once the tcgen05.mma ops this thread "
+              "issued before it are complete"),
+    OpDef("tensor_columns", operands=("src", "start"), results=("result",), view_of="src",
+          doc="columns start.. of a tensor tile: a view (its lanes, the address `start` "
+              "columns on)"),
+    OpDef("tensor_load", operands=("src",), results=("result",),
+          doc="tcgen05.ld: a tensor-memory tile into a register tile (tmem layout)"),
+    OpDef("tensor_store", operands=("dst", "value"),
+          doc="tcgen05.st: a register tile (tmem layout) into a tensor-memory tile"),
     OpDef("elect", results=("result",), attributes=("scope",), thread_varying=True,
           lane_varying=True, warpgroup_varying=True,
           doc="true on one thread of each warp (scope=warp) or warpgroup (elect.sync)"),
@@ -339,6 +368,7 @@ TYPES = {
     "rv": ("dtype", "length", "layout", "scope"),
     "sv": ("dtype", "length"),
     "sem": (),
+    "tt": ("dtype", "rows", "cols"),
 }
 
 

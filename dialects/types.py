@@ -11,6 +11,7 @@ lowering reason about; `to_mlir()` and `parse()` cross to and from `ir.Type`.
     !tk.rv<f32, 16, "r[]l[0,0,0,0,0]w[1,2,4]", "block"> register vector (see layout.py)
     !tk.sv<f32, 64>                                     shared vector
     !tk.sem                                             semaphore (mbarrier)
+    !tk.tt<f32, 128, 256>                               tensor-memory tile (Blackwell TMEM)
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ TILE_DTYPES = dtypes.TILE_DTYPES
 ARGUMENT_DTYPES = dtypes.ARGUMENT_DTYPES
 
 SCOPES = {"warp": 1, "warpgroup": 4}   # warps per scope; "block" = all warps
-TILE_LAYOUTS = ("vec", "row", "col")
+TILE_LAYOUTS = ("vec", "row", "col", "tmem")
 SWIZZLES = (0, 32, 64, 128)
 MAX_GL_RANK = 4
 
@@ -192,7 +193,28 @@ class Sem:
         return _parse_type("!tk.sem")
 
 
-TkType = GL | ST | RT | RV | SV | Sem
+@dataclass(frozen=True)
+class TT:
+    """A tile in Blackwell tensor memory (TMEM): `rows` of its 128 lanes,
+    `cols` of its 32-bit columns (one f32 element per lane and column)."""
+    dtype: str
+    rows: int
+    cols: int
+
+    def to_mlir(self):
+        return _parse_type(f"!tk.tt<{TILE_DTYPES[self.dtype].mlir}, {self.rows}, {self.cols}>")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def allocated_columns(self) -> int:
+        """The columns tcgen05.alloc takes for it: a power of two, at least 32."""
+        return max(32, 1 << (self.cols - 1).bit_length())
+
+
+TkType = GL | ST | RT | RV | SV | Sem | TT
 
 _TYPE_RE = re.compile(r"!tk\.(\w+)(?:<(.*)>)?$", re.S)
 _INT = r"(-?\d+)(?: : i64)?"
@@ -221,6 +243,8 @@ def _parse_text(text: str) -> TkType | None:
         return RV(dtype, ints[0], *strings)
     if kind == "sv":
         return SV(dtype, ints[0])
+    if kind == "tt":
+        return TT(dtype, *ints)
     return None
 
 

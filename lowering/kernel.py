@@ -27,7 +27,7 @@ from ..errors import error_at
 from ..params import AbiParam
 from .. import target
 from . import (atomic, compute, masks, memory, mma, peers, reduce, flags, mbarriers,  # noqa: F401
-               threads, tma)  # (register their lowerings)
+               tensor_memory, threads, tma)  # (register their lowerings)
 from .context import LOWERINGS, LoweringContext, c32, i32, i64, ptr
 from .fragments import Fragment, GlobalRef, layout_of
 from .mbarriers import init_semaphores

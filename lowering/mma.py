@@ -25,21 +25,13 @@ from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import tk, types as T
 from ..dtypes import TILE_DTYPES
+from . import descriptors
 from .context import LoweringContext, build_vector, c64, i32, i64, in_place, lowers
 from .fragments import Fragment, SharedRef
 
-_SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
 def _wgmma_type(dtype: str):
     """The wgmma operand type of a tile dtype (the table's `wgmma` column)."""
     return getattr(nvvm.WGMMATypes, TILE_DTYPES[dtype].wgmma)
-
-
-def _descriptor_bits(st: T.ST, k_major: bool) -> int:
-    """The constant fields of a descriptor for tile type st."""
-    s = st.swizzle
-    lbo = 16 if k_major else st.rows * s
-    sbo = 8 * s
-    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (_SWIZZLE_MODE[s] << 62)
 
 
 def _offset(st: T.ST, k_major: bool, k_step: int, mn_step: int) -> int:
@@ -51,10 +43,12 @@ def _offset(st: T.ST, k_major: bool, k_step: int, mn_step: int) -> int:
     return 16 * k_step * st.block_bytes + (64 * mn_step // st.block_cols) * st.rows * st.block_bytes
 
 
-class _Descriptors:
-    """Descriptors of one shared operand: the run-time base once, offsets as constants."""
+class Descriptors:
+    """Descriptors of one shared operand: the run-time base once, offsets as
+    constants; `encode` (lowering/descriptors.py) makes the constant fields of
+    wgmma's (the default) or tcgen05's form."""
 
-    def __init__(self, ref: SharedRef, k_major: bool):
+    def __init__(self, ref: SharedRef, k_major: bool, encode=descriptors.wgmma_smem):
         self.st, self.k_major = ref.type, k_major
         addr = llvm.ptrtoint(i32(), ref.ptr)
         start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
@@ -62,7 +56,7 @@ class _Descriptors:
         # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
         # out of the loop, 2 registers each for the whole loop (spilled in the
         # attention backward); recomputed here they are a 64-bit add per k-step.
-        bits = _descriptor_bits(ref.type, k_major)
+        bits = encode(*descriptors.operand_offsets(ref.type, k_major), ref.type.swizzle)
         bits -= (bits >> 63) << 64       # as a signed i64 constant (64B swizzle sets bit 63)
         self.base = in_place(arith.ori(arith.extui(i64(), start), c64(bits)))
 
@@ -153,7 +147,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     ctx.in_flight[op.result] = ctx.depth
     if isinstance(a_ref, Fragment):
         return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b, from_zero)
-    da, db = _Descriptors(a_ref, not trans_a), _Descriptors(b_ref, not trans_b)
+    da, db = Descriptors(a_ref, not trans_a), Descriptors(b_ref, not trans_b)
     k_step = tk.wgmma_k(a_t.dtype)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
@@ -178,7 +172,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
 
 def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: int,
                       trans_b: bool, from_zero: bool) -> Fragment:
-    db = _Descriptors(b_ref, not trans_b)
+    db = Descriptors(b_ref, not trans_b)
     per_block = t.cols // 2
     regs = list(acc.regs)
     for mb in range(t.rows // 64):

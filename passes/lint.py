@@ -54,8 +54,8 @@ def _semaphore_arrivals(sem: ir.Value) -> int | None:
 
 
 def single_thread_ops(func, ops, num_warps: int) -> None:
-    """A TMA copy or an mbarrier arrival (ops with the `one_thread` trait) that
-    every lane of a warp runs: nothing around it depends on the lane (an
+    """A TMA copy, a tcgen05.mma or an mbarrier arrival (ops with the
+    `one_thread` trait) that every lane of a warp runs: nothing around it depends on the lane (an
     elect_leader(), a lane or thread id). Each thread that runs it issues it,
     so a warp issues it 32 times: a TMA load moves its bytes 32 times over
     (and completes 32x the bytes expected on its semaphore), a TMA store
@@ -71,6 +71,9 @@ def single_thread_ops(func, ops, num_warps: int) -> None:
         name = op.name[3:]
         if tk.tma_operands(op) is not None:
             why = "each of a warp's threads issues its own copy: 32 copies of the tile per warp"
+        elif d.tensor_memory == "async":       # a tcgen05.mma
+            why = ("each of a warp's threads issues its own MMA: the product is added 32 "
+                   "times per warp")
         elif "bytes" in d.attributes:          # an arrival that also expects TMA bytes
             why = ("each of a warp's 32 threads arrives and expects the bytes: the semaphore "
                    "waits for 32x the bytes the TMA delivers (and 32 arrivals)")

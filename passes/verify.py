@@ -8,7 +8,8 @@ cannot show: no block barrier under thread-dependent control flow
 (passes/uniform.py), no wgmma operand picked per thread, no shared tile
 chosen at run time, no async result read before its wait
 (passes/async_results.py), TMA writes done before a signal
-(passes/signal_order.py).
+(passes/signal_order.py), tensor memory's lifetimes and budget
+(passes/tensor_memory.py).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..errors import error_at
 from .async_results import check_async_results
 from .uniform import Uniformity
 from .signal_order import check_signals
+from .tensor_memory import check_tensor_memory
 from .walk import walk_ops
 
 
@@ -78,8 +80,9 @@ def _check_static_memory(op) -> None:
     run-time if, or change from one loop iteration to the next."""
     for r in op.results:
         t = T.parse(r.type)
-        if isinstance(t, (T.ST, T.SV, T.Sem)):
-            what = {T.ST: "shared tile", T.SV: "shared vector"}.get(type(t), "semaphore")
+        if isinstance(t, (T.ST, T.SV, T.Sem, T.TT)):
+            what = {T.ST: "shared tile", T.SV: "shared vector",
+                    T.TT: "tensor tile"}.get(type(t), "semaphore")
             how = ("chosen by a run-time if" if op.name == "scf.if" else
                    "changed from one loop iteration to the next")
             raise error_at(op.location, f"a {what} cannot be {how}: which {what} an op uses "
@@ -103,3 +106,4 @@ def verify(module: ir.Module) -> None:
         walk_ops(func.operation, visit)
         check_async_results(func)
         check_signals(func.operation)
+        check_tensor_memory(func)

@@ -11,7 +11,7 @@ import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import tk as tk_dialect, types as T
-from tk_mlir.lowering import mma as mma_lowering
+from tk_mlir.lowering import descriptors, mma as mma_lowering
 
 HERE = Path(__file__).resolve()
 FP8 = ("f8e4m3", "f8e5m2")
@@ -64,7 +64,7 @@ def test_fp8_descriptors_step_32_bytes_along_k():
     assert [mma_lowering._offset(st, True, k, 0) for k in range(5)] == \
         [0, 32, 64, 96, 128 * 128]              # step 4 starts the second column block
     assert mma_lowering._offset(st, True, 0, 1) == 64 * 128
-    bits = mma_lowering._descriptor_bits(st, k_major=True)
+    bits = descriptors.wgmma_smem(*descriptors.operand_offsets(st, k_major=True), st.swizzle)
     assert bits >> 62 == 1 and (bits >> 32) & 0x3FFF == 1024 >> 4
 
 

@@ -12,7 +12,7 @@ import markers
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 from tk_mlir.dialects import types as T
-from tk_mlir.lowering import mma as mma_lowering
+from tk_mlir.lowering import descriptors, mma as mma_lowering
 from tk_mlir.toolchain import find_tool
 
 HERE = Path(__file__).resolve()
@@ -159,20 +159,24 @@ def test_swizzled_tile_layout_is_the_tma_pattern(swizzle):
             assert st.byte_offset(row, col) == expect
 
 
+def wgmma_bits(st, k_major):
+    return descriptors.wgmma_smem(*descriptors.operand_offsets(st, k_major), st.swizzle)
+
+
 def test_descriptor_fields():
     kmajor = T.ST("bf16", 64, 64, 128)
-    bits = mma_lowering._descriptor_bits(kmajor, k_major=True)
+    bits = wgmma_bits(kmajor, k_major=True)
     assert bits >> 62 == 1                                  # 128-byte swizzle
     assert (bits >> 32) & 0x3FFF == 1024 >> 4               # SBO: 8 rows of 128 bytes
     assert mma_lowering._offset(kmajor, True, k_step=1, mn_step=0) == 32
     assert mma_lowering._offset(kmajor, True, k_step=0, mn_step=1) == 64 * 128
     mn_major = T.ST("bf16", 64, 256, 128)                   # B of A @ B: K x N
-    bits = mma_lowering._descriptor_bits(mn_major, k_major=False)
+    bits = wgmma_bits(mn_major, k_major=False)
     assert (bits >> 16) & 0x3FFF == 64 * 128 >> 4           # LBO: between 64-column blocks
     assert (bits >> 32) & 0x3FFF == 1024 >> 4
     assert mma_lowering._offset(mn_major, False, k_step=1, mn_step=0) == 16 * 128
-    assert mma_lowering._descriptor_bits(T.ST("f16", 64, 32, 64), True) >> 62 == 2
-    assert mma_lowering._descriptor_bits(T.ST("f16", 64, 16, 32), True) >> 62 == 3
+    assert wgmma_bits(T.ST("f16", 64, 32, 64), True) >> 62 == 2
+    assert wgmma_bits(T.ST("f16", 64, 16, 32), True) >> 62 == 3
 
 
 # -------------------------------------------------------------- helpers

@@ -21,8 +21,8 @@ FOLDERS = {"tk_mlir": "tk_mlir", "dialects": "tk_mlir.dialects", "passes": "tk_m
 LAYERS = {
     "foundation": ["dtypes", "errors", "knobs", "target", "mlir_import", "stage_diff",
                    "dialects.*"],
-    "language": ["language", "source", "values", "ops", "sync", "tma", "mma", "signals",
-                 "rings", "templates"],
+    "language": ["language", "source", "values", "ops", "sync", "tma", "mma", "tensor_memory",
+                 "signals", "rings", "templates"],
     "frontend": ["frontend", "global_reads", "params"],
     "passes": ["passes.*"],
     "lowering": ["lowering.*", "stages"],       # (stages: the pipeline records into a StageStore)

@@ -10,13 +10,13 @@ import re
 import pytest
 
 import tk_mlir
-from tk_mlir import mma, ops, signals, sync, tma, values
+from tk_mlir import mma, ops, signals, sync, tensor_memory, tma, values
 from tk_mlir.dialects import contracts, tk
 from tk_mlir.lowering import kernel  # noqa: F401  (registers the lowerings)
 from tk_mlir.lowering.context import LOWERINGS
 from tk_mlir.dialects.tile_rules import RULES
 
-BUILTIN_MODULES = (ops, sync, mma, tma, values, signals)
+BUILTIN_MODULES = (ops, sync, mma, tensor_memory, tma, values, signals)
 
 
 def _marked_builtins() -> dict[str, list[str]]:
@@ -77,7 +77,10 @@ def test_traits_are_declared_where_the_op_is():
     assert d["tma_store"].tma == ("dst", "src") and d["tma_load"].tma == ("src", "dst")
     assert {n for n, o in d.items() if o.thread_varying} == {
         "thread_id", "lane_id", "warp_id", "warpgroup_id", "elect", "tile_index"}
-    assert {n for n, o in d.items() if o.allocates} == {"alloc_st", "alloc_sv", "alloc_sem"}
+    assert {n for n, o in d.items() if o.allocates} == {"alloc_st", "alloc_sv", "alloc_sem",
+                                                        "alloc_tt"}
+    assert {n: o.tensor_memory for n, o in d.items() if o.tensor_memory} == {
+        "alloc_tt": "alloc", "free_tt": "free", "tensor_mma": "async", "mma_commit": "commit"}
 
 
 # ------------------------------------------------ contracts between stages

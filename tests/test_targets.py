@@ -70,8 +70,8 @@ def test_wgmma_is_refused_for_blackwell_at_its_line():
         tk.mma_wait(0)
         tk.store(C, acc, (0, 0))
     spec = tk.spec((64, 64), tk.bf16)
-    with pytest.raises(tk.CompilationError, match=r"tk.mma_\* is wgmma, Hopper's \(sm_90a\) "
-                       r"warpgroup MMA; sm_100a has none") as info:
+    with pytest.raises(tk.CompilationError, match=r"tk.mma_\* into a register tile is wgmma, "
+                       r"Hopper's \(sm_90a\) warpgroup MMA; sm_100a has none") as info:
         mma.compile(spec, spec, tk.spec((64, 64), tk.f32))
     assert "acc = tk.mma_ABt(" in str(info.value)
 

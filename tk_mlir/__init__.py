@@ -67,6 +67,7 @@ _LAZY = {
                      "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
                      "cluster_rank", "cluster_sync", "named_barrier_arrive"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),
+    **dict.fromkeys(("tensor_tile", "free_tensor_tile", "mma_commit"), ".tensor_memory"),
     **dict.fromkeys(("lcf", "grouped_tile", "register_split", "store_in_pieces"), ".templates"),
     **dict.fromkeys(("ring", "Ring"), ".rings"),
     **dict.fromkeys(("bench", "sweep"), ".benchmarking"),

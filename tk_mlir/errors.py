@@ -42,6 +42,12 @@ def _where(loc) -> tuple[str, int, int] | None:
     return (m.group(1), int(m.group(2)), int(m.group(3)) - 1) if m else None
 
 
+def line_of(loc) -> str:
+    """ "file:line" of an MLIR location, for messages that name a second place."""
+    where = _where(loc)
+    return f"{where[0]}:{where[1]}" if where else "an unknown line"
+
+
 def error_at(loc, message: str) -> CompilationError:
     """A CompilationError at an MLIR FileLineColLoc (passes use this)."""
     where = _where(loc)

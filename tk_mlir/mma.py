@@ -17,17 +17,28 @@ newest group run on while the previous one is known complete).
     mma_ABt  acc += a   @ b.T    a: M x K,  b: N x K
     mma_AtB  acc += a.T @ b      a: K x M,  b: K x N
     mma_AtBt acc += a.T @ b.T    a: K x M,  b: N x K
+
+On Blackwell (target="sm_100a") the accumulator is a tensor tile instead
+(tk_mlir/tensor_memory.py): the call issues tcgen05.mma from the thread
+that runs it, writes the tile in place (acc = product, or acc + product
+with accumulate=True, which may be a run-time bool such as k > 0) and
+returns nothing; tk.mma_commit(sem) completes it on a semaphore.
 """
 from __future__ import annotations
 
 from .errors import CompilationError
 from .language import builtin, compile_time_int
-from .values import Shared, Tile, builds, emit
+from .values import Scalar, Shared, TensorTile, Tile, as_scalar, builds, emit
 
 __all__ = ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"]
 
 
-def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str) -> Tile:
+def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) -> Tile | None:
+    if isinstance(acc, TensorTile):
+        return _tensor_mma(acc, a, b, trans_a, trans_b, name, accumulate)
+    if accumulate is not True:
+        raise CompilationError(f"{name}: accumulate= is for a tensor-tile accumulator "
+                               f"(Blackwell); a register accumulator starts from tk.zeros")
     if not isinstance(acc, Tile):
         raise CompilationError(f"{name}: the accumulator must be a register tile (e.g. "
                                f"tk.zeros((64, N), tk.f32, layout='row', scope='warpgroup')), "
@@ -40,32 +51,46 @@ def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str) -> Tile:
                      trans_b=int(trans_b)))
 
 
+def _tensor_mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) -> None:
+    """tcgen05.mma into a tensor tile: no result (the tile is memory)."""
+    for what, x in (("a", a), ("b", b)):
+        if not isinstance(x, Shared):
+            raise CompilationError(f"{name}: into a tensor tile, {what} must be a shared tile, "
+                                   f"got {x!r}")
+    if not isinstance(accumulate, (bool, Scalar)) or \
+            isinstance(accumulate, Scalar) and accumulate.kind != "bool":
+        raise CompilationError(f"{name}: accumulate must be a bool (a compile-time one, or a "
+                               f"run-time comparison such as k > 0), got {accumulate!r}")
+    emit("tensor_mma", [acc, a, b, as_scalar(accumulate)], trans_a=int(trans_a),
+         trans_b=int(trans_b))
+
+
 @builtin
-@builds('mma')
-def mma_AB(acc, a, b) -> Tile:
+@builds('mma', 'tensor_mma')
+def mma_AB(acc, a, b, *, accumulate=True) -> Tile | None:
     """acc + a @ b (a: M x K, b: K x N shared tiles)."""
-    return _mma(acc, a, b, False, True, "tk.mma_AB")
+    return _mma(acc, a, b, False, True, "tk.mma_AB", accumulate)
 
 
 @builtin
-@builds('mma')
-def mma_ABt(acc, a, b) -> Tile:
+@builds('mma', 'tensor_mma')
+def mma_ABt(acc, a, b, *, accumulate=True) -> Tile | None:
     """acc + a @ b.T (a: M x K, b: N x K shared tiles)."""
-    return _mma(acc, a, b, False, False, "tk.mma_ABt")
+    return _mma(acc, a, b, False, False, "tk.mma_ABt", accumulate)
 
 
 @builtin
-@builds('mma')
-def mma_AtB(acc, a, b) -> Tile:
+@builds('mma', 'tensor_mma')
+def mma_AtB(acc, a, b, *, accumulate=True) -> Tile | None:
     """acc + a.T @ b (a: K x M, b: K x N shared tiles)."""
-    return _mma(acc, a, b, True, True, "tk.mma_AtB")
+    return _mma(acc, a, b, True, True, "tk.mma_AtB", accumulate)
 
 
 @builtin
-@builds('mma')
-def mma_AtBt(acc, a, b) -> Tile:
+@builds('mma', 'tensor_mma')
+def mma_AtBt(acc, a, b, *, accumulate=True) -> Tile | None:
     """acc + a.T @ b.T (a: K x M, b: N x K shared tiles)."""
-    return _mma(acc, a, b, True, False, "tk.mma_AtBt")
+    return _mma(acc, a, b, True, False, "tk.mma_AtBt", accumulate)
 
 
 @builtin

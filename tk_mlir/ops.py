@@ -13,7 +13,8 @@ from mlir import ir
 from .dialects import tk as tk_dialect, types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
-from .values import (Global, Scalar, Shared, SharedVector, Tile, TileLike, as_scalar, builds,
+from .values import (Global, Scalar, Shared, SharedVector, TensorTile, Tile, TileLike, as_scalar,
+                     builds,
                      emit, fill as _fill, i32, scalar_operand, tile_shape, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
@@ -93,7 +94,7 @@ def _cache_attrs(cache) -> dict:
 
 
 @builtin
-@builds('load')
+@builds('load', 'tensor_load')
 def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtype=None,
          cache="normal"):   # dtype: the tensor's (a different one is refused by tk-verify)
     """A register tile (2-D `shape`) or vector (1-D) read from a global tensor
@@ -101,10 +102,20 @@ def load(src, idx=(), shape=None, *, layout="vec", scope="block", fill=0.0, dtyp
     tensor at element coordinates `idx` (a scalar, 0 past the end: sizes,
     offsets, flags), read by each thread that runs it; or the register tile of a shared tile, or the
     register vector of a shared vector (its layout follows its uses, e.g.
-    `t.sub_col(v)`; scope= as for a tile).
+    `t.sub_col(v)`; scope= as for a tile), or a tensor tile's (Blackwell
+    tensor memory: tcgen05.ld into the tmem layout, warpgroup scope).
     cache="stream" marks data read once (evicted first from L1/L2)."""
     if isinstance(src, SharedVector):
         return _load_shared_vector(src, idx, shape, scope, fill, dtype, cache)
+    if isinstance(src, TensorTile):
+        if idx != () or shape is not None or fill != 0.0 or dtype is not None or \
+                cache != "normal" or layout not in ("vec", "tmem") or scope != "block":
+            raise CompilationError("tk.load of a tensor tile reads the whole tile into a "
+                                   "warpgroup's registers, in the tmem layout: idx, shape, "
+                                   "fill, dtype, cache, layout and scope do not apply")
+        tt = src.tk_type
+        return Tile(emit("tensor_load", [src],
+                         T.RT(tt.dtype, tt.rows, tt.cols, "tmem", "warpgroup").to_mlir()))
     if isinstance(src, Shared):
         if idx != () or shape is not None or fill != 0.0 or dtype is not None or cache != "normal":
             raise CompilationError("tk.load of a shared tile reads the whole tile: idx, shape, "
@@ -140,13 +151,20 @@ def _load_element(src: Global, idx) -> Scalar:
 
 
 @builtin
-@builds('store')
+@builds('store', 'tensor_store')
 def store(dst, value, idx=(), *, cache="normal"):
     """Write a register tile or vector to a global tensor at tile coordinates
-    `idx` (elements past the tensor's end are skipped), or into a shared tile.
+    `idx` (elements past the tensor's end are skipped), or into a shared tile
+    or a tensor tile (a tmem-layout tile of warpgroup scope: tcgen05.st).
     cache="stream" marks data written once (st.global.cs)."""
     if not isinstance(value, TileLike):
         raise CompilationError(f"tk.store writes a register tile or vector, got {value!r}")
+    if isinstance(dst, TensorTile):
+        if idx != () or cache != "normal":
+            raise CompilationError("tk.store to a tensor tile writes the whole of it: idx and "
+                                   "cache do not apply")
+        emit("tensor_store", [dst, value])
+        return
     if not isinstance(dst, (Global, Shared, SharedVector)):
         raise CompilationError(f"tk.store writes to a tk.gl argument, a shared tile or a shared "
                                f"vector, got {dst!r}")

@@ -33,6 +33,8 @@ class Target:
     swizzle_align: int             # swizzled shared tiles (TMA/wgmma) sit at this alignment
     smem_align: int                # every other shared allocation
     global_align: int              # tensor base / row alignment for 16-byte vectors and TMA
+    tmem_lanes: int = 0            # tensor memory per block (Blackwell): lanes (rows) ...
+    tmem_columns: int = 0          # ... and 32-bit columns; none on Hopper
 
     def launch_registers(self, threads: int) -> int:
         """Registers per thread of a block of `threads` that asks for as many
@@ -58,11 +60,13 @@ HOPPER = Target(
     max_grid=(2**31 - 1, 65535, 65535), swizzle_align=1024, smem_align=128, global_align=16)
 
 # Blackwell (datacenter): Hopper's limits for what tk_mlir uses (228 KB of
-# shared memory per SM, 227 KB per block, 64K registers, the grid); PTX 8.8
-# is the first with sm_100a. Its MMA is tcgen05, not
-# wgmma (tile_rules refuses tk.mma_* there). tk_mlir has never run on it.
+# shared memory per SM, 227 KB per block, 64K registers, the grid) and 128
+# lanes x 512 columns of tensor memory per block; PTX 8.8 is the first with
+# sm_100a. Its MMA is tcgen05 into tensor memory, not wgmma (tile_rules
+# refuses tk.mma_* into registers there). tk_mlir has never run on it.
 BLACKWELL = replace(
     HOPPER, arch="sm_100a", ptx_features="+ptx88", compute_capability=(10, 0),
+    tmem_lanes=128, tmem_columns=512,
     description="an NVIDIA Blackwell datacenter GPU (compute capability 10.0: B200, GB200)")
 
 # The targets a kernel may name, each with the one NVVM (chip, features) pair

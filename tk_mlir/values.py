@@ -82,7 +82,7 @@ def wrap(v: ir.Value) -> Value:
     """The wrapper class for an SSA value, by its type."""
     t = T.parse(v.type)
     cls = {T.RT: Tile, T.RV: Vector, T.GL: Global, T.ST: Shared, T.SV: SharedVector,
-           T.Sem: Semaphore}.get(type(t), Scalar)
+           T.Sem: Semaphore, T.TT: TensorTile}.get(type(t), Scalar)
     return cls(v)
 
 
@@ -574,6 +574,39 @@ class SharedVector(Value):
 
     def __getitem__(self, i) -> SharedVector:
         return _element(self, i, "shared vector")
+
+
+class TensorTile(Value):
+    """A tile in Blackwell tensor memory (!tk.tt, tk.tensor_tile): an MMA
+    accumulator that tk.load / tk.store move to and from registers."""
+
+    @property
+    def tk_type(self) -> T.TT:
+        return T.parse(self.value.type)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tk_type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.tk_type.dtype
+
+    @builds("tensor_columns")
+    def columns(self, start, count: int) -> TensorTile:
+        """Columns start .. start + count of the tile, as a tensor tile of its
+        own (a view: an MMA's accumulator, or the part of it one tk.load
+        moves). count is a compile-time multiple of 16; start an int, a
+        multiple of 16 when known at compile time."""
+        t = self.tk_type
+        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+            raise CompilationError(f"columns: count must be a positive compile-time int, got "
+                                   f"{count!r}")
+        start = as_scalar(start) if not isinstance(start, bool) else start
+        if not isinstance(start, Scalar) or start.kind != "int":
+            raise CompilationError(f"columns: start must be an int, got {start!r}")
+        sub = T.TT(t.dtype, t.rows, count)
+        return TensorTile(emit("tensor_columns", [self, start], sub.to_mlir()))
 
 
 class Semaphore(Value):

@@ -79,6 +79,7 @@ class Block:
 
     def __init__(self, id, grid, num_warps: int, num_sems: int = 0, seed: int = 0,
                  rank: int | None = None):
+        from .blackwell import TensorMemory
         from .ordering import BlockOrder
         from .races import UNORDERED, Shadow
         from .shared import SharedMemory
@@ -107,12 +108,23 @@ class Block:
         self.mma_locs: dict = {}              # (warpgroup, group) -> the MMA's location
         self.last_load: dict = {}             # semaphore key -> (phase, location) of the
         #                                       last TMA load counted on it
+        # Blackwell (blackwell.py): tensor memory; per issuing (warp, lane) its
+        # uncommitted tcgen05.mma ops, its MMAs' accesses in flight, the clock
+        # of its own MMAs that have completed (ordered before its next) ...
+        self.tmem = TensorMemory()
+        self.tc_pending: dict = {}
+        self.tc_flights: dict = {}
+        self.tc_known: dict = {}
+        self.tc_due: dict = {}                # ... and when its last commit completes
 
-    def later(self, callback, low: int = 1, high: int = 24) -> None:
-        """Run callback() after a random number of scheduler steps."""
+    def later(self, callback, low: int = 1, high: int = 24, not_before: int = 0) -> int:
+        """Run callback() after a random number of scheduler steps, not before
+        step `not_before` (and after callbacks due then that were scheduled
+        first); the step it is due at."""
         self.seq += 1
-        due = self.step + int(self.rng.integers(low, high))
+        due = max(self.step + int(self.rng.integers(low, high)), not_before)
         heapq.heappush(self.agents, (due, self.seq, callback))
+        return due
 
     def fire_due(self) -> None:
         while self.agents and self.agents[0][0] <= self.step:
@@ -320,6 +332,8 @@ def _rendezvous(waiting: dict, block: Block, results: list, runnable: list) -> N
 def _on_exit(w: Warp) -> None:
     """A warp returns: its threads' TMA stores and its warpgroup's MMAs must
     have been waited for (the block's shared memory goes away with it)."""
+    from .blackwell import check_committed
+    check_committed(w)
     wg = w.index // 4
     if w.block.mma_issued.get(wg, 0) > w.mma_done:
         raise error(w.block.mma_locs[wg, w.mma_done + 1],
@@ -339,7 +353,9 @@ def _on_exit(w: Warp) -> None:
 def _on_block_end(block: Block, warps: list) -> None:
     """Every warp has returned: a TMA load whose semaphore phase no warp waited
     for may still be in flight on a GPU (whatever the interpreter's delays),
-    and would land in shared memory the block has given up."""
+    and would land in shared memory the block has given up. Tensor memory
+    must be given back."""
+    block.tmem.check_released(block.name)
     for key, (phase, loc) in block.last_load.items():
         if max(w.seen.get(key, -1) for w in warps) < phase:
             raise error(loc, f"block {block.name} ends without waiting for the TMA load issued "

@@ -19,7 +19,7 @@ from mlir import ir
 
 from ..dialects import contracts, tk, types as T
 from ..lowering.tma import tensor_arguments
-from . import hopper, machine, rules, scalars  # noqa: F401  (they register their ops)
+from . import blackwell, hopper, machine, rules, scalars  # noqa: F401  (they register ops)
 from .machine import Arrival, Loc, error, uniform
 from .races import BY_BARRIER
 from .shared import Allocation, whole
@@ -359,6 +359,10 @@ class _Compiler:
         contracts.OFFSET.get(op)            # placed by tk-allocate-smem (checked)
         value = whole(alloc)
         out = [self.slot(op.results[0])]
+        if d.tensor_memory == "alloc":      # allocated when run (blackwell.py)
+            allocate = rules.INTERPRETERS[op.name](info, self.num_warps)
+            return TileStep(info, "block", [], out, lambda scope: allocate(scope, alloc),
+                            barrier=True)
         if d.has_barrier(op, self.num_warps):
             return TileStep(info, "block", [], out, lambda scope: value, barrier=True)
         return PlainStep([], out, lambda w: value)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..dialects import types as T
 
-from .shared import SharedRef, rows_of
+from .shared import SharedRef, cols_of, rows_of
 
 # What ordered a warp after a clock slot's events (Block.via): nothing yet, a
 # barrier (block or named), a semaphore wait.
@@ -44,12 +44,23 @@ UNORDERED, BY_BARRIER, BY_SEMAPHORE = 0, 1, 2
 
 @dataclass
 class InFlight:
-    """An asynchronous access still running: a TMA load writing `ref`, or a
-    wgmma / TMA store reading it, issued at `where`."""
-    kind: str        # "TMA load", "wgmma", "TMA store"
+    """An asynchronous access still running: a TMA load writing `ref`, a
+    wgmma / TMA store reading it, or a tcgen05.mma reading or writing it,
+    issued at `where`."""
+    kind: str        # "TMA load", "wgmma", "TMA store", "tcgen05.mma"
     ref: SharedRef
     where: str
     writes: bool
+
+
+def _column_width(t) -> int:
+    """The columns one shadow cell covers: a swizzled tile's column block, a
+    tensor tile's 16 columns (an MMA's N granule), a whole shared vector."""
+    if isinstance(t, T.ST):
+        return t.block_cols
+    if isinstance(t, T.TT):
+        return 16
+    return cols_of(t)
 
 
 def _overlap(a: SharedRef, b: SharedRef) -> bool:
@@ -73,7 +84,7 @@ class Shadow:
         s = self.allocs.get(ref.alloc.key)
         if s is None:
             t = ref.alloc.type
-            shape = (ref.alloc.count, rows_of(t), t.blocks if isinstance(t, T.ST) else 1)
+            shape = (ref.alloc.count, rows_of(t), -(-cols_of(t) // _column_width(t)))
             s = self.allocs[ref.alloc.key] = {
                 "w_slot": np.full(shape, -1, np.int64), "w_clock": np.zeros(shape, np.int64),
                 "w_where": np.full(shape, None, object),
@@ -90,12 +101,8 @@ class Shadow:
         idx = slice(None) if ref.index is None else ref.index
         r = np.arange(ref.row, ref.row + ref.rows)
         r = r if rows is None else r[rows[:ref.rows]]
-        t = ref.alloc.type
-        if isinstance(t, T.ST):
-            w = t.block_cols
-            c = np.arange(ref.col // w, -(-(ref.col + ref.cols) // w))
-        else:
-            c = np.arange(1)            # a shared vector: one place per element of the array
+        w = _column_width(ref.alloc.type)
+        c = np.arange(ref.col // w, -(-(ref.col + ref.cols) // w))
         return idx, r[:, None], c[None, :]
 
     # ------------------------------------------------------------ in flight
@@ -108,11 +115,16 @@ class Shadow:
     def finish(self, f: InFlight) -> None:
         self.in_flight.remove(f)
 
-    def _in_flight(self, ref: SharedRef, writes_only: bool):
+    def _in_flight(self, ref: SharedRef, writes_only: bool, ignore=()):
         for f in self.in_flight:
-            if (f.writes or not writes_only) and _overlap(f.ref, ref):
+            if (f.writes or not writes_only) and _overlap(f.ref, ref) and \
+                    not any(f is g for g in ignore):
                 return f
         return None
+
+    def in_flight_on(self, ref: SharedRef) -> InFlight | None:
+        """An asynchronous access still running on ref, or None."""
+        return self._in_flight(ref, writes_only=False)
 
     # -------------------------------------------------------------- checks
 
@@ -124,8 +136,10 @@ class Shadow:
         `read_done`)."""
         f = self._in_flight(ref, writes_only=True)
         if f is not None:
-            return (f"{what} reads {ref.describe()} while the TMA load issued at {f.where} "
-                    f"is still writing it: wait on the load's semaphore first")
+            return (f"{what} reads {ref.describe()} while the {f.kind} issued at {f.where} "
+                    f"is still writing it: wait on its semaphore first"
+                    + (" (the phase of the tk.mma_commit after it)"
+                       if f.kind == "tcgen05.mma" else ""))
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
         unfenced = s["w_unfenced"][idx, r, c]
         if not record and unfenced.any():
@@ -160,14 +174,18 @@ class Shadow:
 
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
               rows=None, slot: int | None = None, epoch: int | None = None,
-              unfenced: bool = False) -> str | None:
+              unfenced: bool = False, ignore=(), record: bool = True) -> str | None:
         """A write of ref at `where`, ordered after what `clock` covers; recorded as
         by (slot, epoch) (default: the warp at its clock); unfenced: a thread
-        write with no proxy fence after it. The problem, or None."""
-        f = self._in_flight(ref, writes_only=False)
+        write with no proxy fence after it; ignore: accesses in flight that are
+        ordered before it (one thread's earlier tcgen05.mma); record=False: an
+        asynchronous writer, recorded when it completes. The problem, or None."""
+        f = self._in_flight(ref, writes_only=False, ignore=ignore)
         if f is not None:
             until = {"wgmma": "its tk.mma_wait", "TMA store": "tk.tma.store_wait",
-                     "TMA load": "its semaphore's phase completes"}[f.kind]
+                     "TMA load": "its semaphore's phase completes",
+                     "tcgen05.mma": "the phase of the tk.mma_commit after it completes"
+                     }[f.kind]
             verb = "writes" if f.writes else "reads"
             return (f"{what} writes {ref.describe()} while the {f.kind} issued at {f.where} "
                     f"still {verb} it (until {until})")
@@ -189,6 +207,8 @@ class Shadow:
             return (f"data race: {what} writes {ref.describe()}, which {self._who(w)} read at "
                     f"{reader}, with nothing ordering the read before the write: "
                     f"{self._fix(warp, w, reader, tma_load=slot is not None)}")
+        if not record:
+            return None
         s["w_slot"][idx, r, c] = warp if slot is None else slot
         s["w_clock"][idx, r, c] = clock[warp] if epoch is None else epoch
         s["w_where"][idx, r, c] = where

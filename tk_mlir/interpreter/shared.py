@@ -51,10 +51,11 @@ class SharedRef:
         return (self.cols,) if isinstance(self.alloc.type, T.SV) else (self.rows, self.cols)
 
     def describe(self) -> str:
-        at = "" if self.index is None else f"[{self.index}]"
+        at = f"[{self.index}]" if self.alloc.is_array and self.index is not None else ""
         part = "" if (self.row, self.rows) == (0, rows_of(self.alloc.type)) else \
             f" rows {self.row}-{self.row + self.rows - 1}"
-        return f"the shared tile{at}{part} allocated at {self.alloc.where}"
+        what = "tensor tile" if isinstance(self.alloc.type, T.TT) else "shared tile"
+        return f"the {what}{at}{part} allocated at {self.alloc.where}"
 
 
 @dataclass(frozen=True)
