@@ -279,3 +279,28 @@ def test_a_numpy_scalar_is_refused_by_name_not_dropped(a):
     axpy[(tk.cdiv(100, 16),)](x, y, z, float(value), BM=16)
     torch.cuda.synchronize()
     _check(x, y, z, 2.0)
+
+
+def test_a_tma_kernel_launches_from_a_thread_with_no_current_context():
+    """Autograd's device threads run a backward's first kernel before any CUDA
+    call of their own: the tensor maps are encoded, and the kernel launched,
+    under the tensors' device's primary context."""
+    import threading
+    from cuda.bindings import driver as cu
+    from tk_mlir.kernels import matmul
+    a, b = (torch.randn(384, 320, device="cuda").bfloat16() for _ in range(2))
+    c = torch.full((384, 384), float("nan"), device="cuda").bfloat16()
+    torch.cuda.synchronize()
+    failures, contexts = [], []
+    def run():
+        try:
+            contexts.append(int(cu.cuCtxGetCurrent()[1]))     # (none, on a fresh thread)
+            matmul(a, b, c)
+        except Exception as e:      # (reported in the main thread)
+            failures.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not failures, (failures, contexts)
+    ref = a.double() @ b.double().T
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2

@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from ..dtypes import DTYPES
 from .arguments import check_tma_tensor  # noqa: F401  (the launch's callers find it here)
-from .driver import check, cu      # (driver.py says what is missing without cuda-bindings)
+from .driver import check, cu, using_context  # (driver.py: what is missing without cuda-bindings)
 
 _SWIZZLE_NAMES = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
 _MAX_CACHED = 4096
@@ -30,14 +30,22 @@ def encode(ptr: int, shape, strides, dtype: str, itemsize: int, box_rows: int,
     box = ([cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)] +
            [cu.cuuint32_t(1)] * (rank - 2))[:rank]
     ones = [cu.cuuint32_t(1)] * rank
-    return check(cu.cuTensorMapEncodeTiled(
-        _data_type(dtype), rank, ptr, dims, steps, box, ones,
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_SWIZZLE_NAMES[swizzle]}"),
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-        f"cuTensorMapEncodeTiled(shape={tuple(shape)}, box={box_rows}x{box_cols}, "
-        f"swizzle={swizzle})")
+    args = (_data_type(dtype), rank, ptr, dims, steps, box, ones,
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_SWIZZLE_NAMES[swizzle]}"),
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    result = cu.cuTensorMapEncodeTiled(*args)
+    if result[0] == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        # A thread with no current context (autograd's device threads run a
+        # backward's first kernel there): encode under the tensor's device's.
+        device = check(cu.cuPointerGetAttribute(
+            cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
+            "cuPointerGetAttribute(DEVICE_ORDINAL)")
+        with using_context(int(device)):
+            result = cu.cuTensorMapEncodeTiled(*args)
+    return check(result, f"cuTensorMapEncodeTiled(shape={tuple(shape)}, "
+                         f"box={box_rows}x{box_cols}, swizzle={swizzle})")
 
 
 def _data_type(dtype: str):
