@@ -173,14 +173,14 @@ def test_scale_vectors_are_whole_16_byte_rows():
     """A per-tensor scale goes into the row scales (one multiply); rowwise
     ones pass as they are, padded to a multiple of 4 rows where needed."""
     sa, sb = torch.tensor(2.0), torch.tensor([3.0])
-    rows, cols = scaled_gemm._scale_vectors(sa, sb, 5, 8)
+    rows, cols = scaled_gemm.scale_vectors(sa, sb, 5, 8)
     assert cols is None and rows.tolist() == [6.0] * 8 and rows.is_contiguous()
     ra, rb = torch.arange(5.0).reshape(5, 1), torch.arange(8.0).reshape(1, 8)
-    rows, cols = scaled_gemm._scale_vectors(ra, rb, 5, 8)
+    rows, cols = scaled_gemm.scale_vectors(ra, rb, 5, 8)
     assert rows.tolist() == [0, 1, 2, 3, 4, 0, 0, 0] and cols.tolist() == list(range(8))
-    rows, cols = scaled_gemm._scale_vectors(ra, sb, 5, 8)
+    rows, cols = scaled_gemm.scale_vectors(ra, sb, 5, 8)
     assert cols is None and rows.tolist() == [0, 3, 6, 9, 12, 0, 0, 0]
-    rows, cols = scaled_gemm._scale_vectors(sa, rb, 4, 8)
+    rows, cols = scaled_gemm.scale_vectors(sa, rb, 4, 8)
     assert rows.tolist() == [2.0] * 4 and rows.is_contiguous() and cols.tolist() == list(range(8))
 
 

@@ -1,7 +1,10 @@
 """The CUDA device facts the library's wrappers size their grids by."""
 from __future__ import annotations
 
+from tk_mlir.target import BLACKWELL
+
 _SMS: dict[int, int] = {}
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
 
 
 def num_sms(device: int | None = None) -> int:
@@ -20,3 +23,20 @@ def num_sms(device: int | None = None) -> int:
         import torch
         n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
+
+
+def compute_capability(device: int) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, asked once per device; None for a CPU
+    tensor's device (-1: the interpreter runs the Hopper kernels)."""
+    if device < 0:
+        return None
+    c = _CAPABILITIES.get(device)
+    if c is None:
+        import torch
+        c = _CAPABILITIES[device] = tuple(torch.cuda.get_device_capability(device))
+    return c
+
+
+def is_blackwell(device: int) -> bool:
+    """Whether the library's sm_100a kernels (blackwell_gemm.py) serve `device`."""
+    return compute_capability(device) == BLACKWELL.compute_capability

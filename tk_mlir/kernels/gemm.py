@@ -1,4 +1,4 @@
-"""matmul: a Hopper GEMM on torch tensors.
+"""matmul: a Hopper GEMM on torch tensors (on Blackwell: blackwell_gemm.py).
 
 C = A @ B.T (B given as N x K, b_layout="nk", the layout of a Linear weight)
 or C = A @ B (B given as K x N, "kn"); bf16 or f16 inputs, f32 accumulation,
@@ -27,8 +27,8 @@ from types import MappingProxyType
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import checks
-from tk_mlir.kernels.device import num_sms
+from tk_mlir.kernels import blackwell_gemm, checks
+from tk_mlir.kernels.device import is_blackwell, num_sms
 
 
 @tk.func
@@ -362,6 +362,12 @@ def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
     N = c.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     device = a.get_device()
+    if is_blackwell(device):
+        if km or batch > 1 or a.dim() == 3:
+            raise NotImplementedError("matmul on Blackwell (sm_100a) takes 2-D a (M x K) and "
+                                      "b; batched products and gradients' K x M operands run "
+                                      "on Hopper only so far")
+        return blackwell_gemm.launch(a, b, c, b_layout)
     sms = num_sms(device)
     chosen = plan(M, N, K, sms, batch)
     kn = b_layout == "kn"

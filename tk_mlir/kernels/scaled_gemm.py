@@ -21,8 +21,8 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import checks
-from tk_mlir.kernels.device import num_sms
+from tk_mlir.kernels import blackwell_gemm, checks
+from tk_mlir.kernels.device import is_blackwell, num_sms
 
 
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
@@ -160,20 +160,23 @@ def output_shape(a, b) -> tuple[int, int]:
 
 
 def launch(a, b, scale_a, scale_b, out_dtype):
-    """scaled_gemm_kernel on checked tensors, into a new tensor."""
+    """scaled_gemm_kernel on checked tensors, into a new tensor (on Blackwell,
+    blackwell_gemm's kernel)."""
     import torch
+    if is_blackwell(a.get_device()):
+        return blackwell_gemm.launch_scaled(a, b, scale_a, scale_b, out_dtype)
     (M, K), N = a.shape, b.shape[1]
     if not (M and N and K):
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    rows, cols = _scale_vectors(scale_a, scale_b, M, N)
+    rows, cols = scale_vectors(scale_a, scale_b, M, N)
     # Without column scales SB is not read: rows stands in for it.
     scaled_gemm_kernel[(num_sms(a.get_device()),)](
         a, b.t(), c, rows, rows if cols is None else cols, COL_SCALE=cols is not None)
     return c
 
 
-def _scale_vectors(scale_a, scale_b, M: int, N: int):
+def scale_vectors(scale_a, scale_b, M: int, N: int):
     """(row scales, column scales or None) as the kernel reads them: f32
     vectors whose length is a multiple of 4 (kernel tensors have rows of whole
     16-byte vectors, so a 4-byte per-tensor scale cannot be passed as is). A
