@@ -33,7 +33,7 @@ GUTTER_BAR = "│"
 
 def type_short(t: T.TkType) -> str:
     """rt<f32, 4x512>, rt<bf16, 64x64, row, warpgroup>, gl<bf16, ?x4096>,
-    st<bf16, 64x64, swizzle 128>, rv<f32, 4, LAYOUT>, sv<f32, 64>, sem:
+    st<bf16, 64x64, swizzle 128>, rv<f32, 4, LAYOUT>, sv<f32, 64>, tt<f32, 128x256>, sem:
     dims as AxB, a layout or scope only when it is not the default."""
     if isinstance(t, T.Sem):
         return "sem"
@@ -44,6 +44,8 @@ def type_short(t: T.TkType) -> str:
         return f"st<{t.dtype}, {t.rows}x{t.cols}{swizzle}>"
     if isinstance(t, T.SV):
         return f"sv<{t.dtype}, {t.length}>"
+    if isinstance(t, T.TT):
+        return f"tt<{t.dtype}, {t.rows}x{t.cols}>"
     default = T.RT if isinstance(t, T.RT) else T.RV
     dims = f"{t.rows}x{t.cols}" if isinstance(t, T.RT) else str(t.length)
     extra = [v for v, d in ((t.layout, default.layout), (t.scope, default.scope)) if v != d]

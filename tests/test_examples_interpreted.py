@@ -23,7 +23,7 @@ def run(example: str, **env) -> str:
 
 
 @pytest.mark.parametrize("example", ["gemm", "rmsnorm", "layernorm", "attention",
-                                     "paged_decode", "linear_attention"])
+                                     "paged_decode", "linear_attention", "blackwell"])
 def test_library_example_in_the_interpreter(example):
     out = run(example, TK_MLIR_INTERPRET="1")
     last = out.rstrip().splitlines()[-1]

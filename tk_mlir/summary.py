@@ -18,9 +18,11 @@ from collections import Counter
 
 from . import target as targets
 
-# The instructions a Hopper kernel author looks for, in the order shown:
-# tensor cores, TMA, mbarriers, math, sync, shuffles, memory, local memory.
-KEY_OPCODES = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "UTMAPF", "SYNCS", "MUFU",
+# The instructions a kernel author looks for, in the order shown: tensor
+# cores (Hopper's wgmma; Blackwell's tcgen05 MMAs, commits and tensor-memory
+# loads and stores), TMA, mbarriers, math, sync, shuffles, memory, local memory.
+KEY_OPCODES = ("HGMMA", "QGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "UTCBAR", "LDTM", "STTM",
+               "UTMALDG", "UTMASTG", "UTMAPF", "SYNCS", "MUFU",
                "FFMA", "FMUL", "FADD", "HFMA2", "BAR", "SHFL", "LDS", "STS", "LDSM",
                "LDG", "STG", "LDL", "STL")
 ALWAYS_SHOWN = ("LDL", "STL")     # zero local-memory traffic is itself the news
