@@ -679,9 +679,10 @@ def _free_tt(op, operands, results, num_warps: int) -> None:
 
 @rule("tensor_mma")
 def _tensor_mma(op, operands, results, num_warps: int) -> None:
-    """tcgen05.mma, cta_group::1: M = 128 (the tile's lanes), N a multiple of
-    16 from 16 to 256, K a multiple of the instruction's (16 for 16-bit
-    types, 32 for fp8); both operands swizzled shared tiles."""
+    """tcgen05.mma: M = 128 per block (the tile's lanes; a pair's 256), N a
+    multiple of 16 from 16 to 256 (a pair's blocks hold N/2 of b each), K a
+    multiple of the instruction's (16 for 16-bit types, 32 for fp8); both
+    operands swizzled shared tiles."""
     _blackwell("tk.mma_* into a tensor tile (tcgen05.mma)")
     acc, a, b, _ = operands
     name = f"tk.{_MMA_NAME[bool(op.trans_a), bool(op.trans_b)]}"
@@ -698,8 +699,14 @@ def _tensor_mma(op, operands, results, num_warps: int) -> None:
     k_inst = tk.wgmma_k(a.dtype)
     _require(k_a == k_b and k_a % k_inst == 0, f"{name}: the K extents of a ({_show(a)}) and "
              f"b ({_show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
-    _require((acc.rows, acc.cols) == (m, n), f"{name}: a {m}x{k_a} by {k_b}x{n} product does "
-             f"not fit the {_show(acc)}")
+    if op.pair:        # each block holds half of B: the pair's N is twice the block's
+        _require((acc.rows, acc.cols) == (m, 2 * n), f"{name}(pair=True): each block's "
+                 f"{m}x{k_a} rows of a by half of b ({k_b}x{n} here, N = {2 * n} over the "
+                 f"pair) do not fit its {_show(acc)}")
+        n *= 2
+    else:
+        _require((acc.rows, acc.cols) == (m, n), f"{name}: a {m}x{k_a} by {k_b}x{n} product "
+                 f"does not fit the {_show(acc)}")
     _require(16 <= n <= 256, f"{name}: tcgen05.mma's N is a multiple of 16 from 16 to 256, "
              f"got {n} (split a wider tile into tensor tiles of at most 256 columns)")
 

@@ -261,15 +261,16 @@ OPS: tuple[OpDef, ...] = (
           tensor_memory="free",
           doc="a block barrier, then warp 0 frees the tile's columns (tcgen05.dealloc)"),
     OpDef("tensor_mma", operands=("acc", "a", "b", "accumulate"),
-          attributes=("trans_a", "trans_b"),
+          attributes=("trans_a", "trans_b", "pair"),
           reads=(Access("a", ASYNC), Access("b", ASYNC)), one_thread=True,
           tensor_memory="async",
           doc="tcgen05.mma: acc (a tensor-memory tile) = op(a) op(b) (+ acc when "
               "`accumulate`), a and b shared tiles; asynchronous until a tk.mma_commit's "
-              "semaphore phase completes"),
+              "semaphore phase completes. pair: one MMA of the cluster's two blocks "
+              "(cta_group::2), each holding its 128 rows of a and of acc and half of b"),
     OpDef("mma_commit", operands=("sem",), one_thread=True, tensor_memory="commit",
           doc="tcgen05.commit: one arrival on sem once the tcgen05.mma ops this thread "
-              "issued before it are complete"),
+              "issued before it are complete (in a pairing kernel: on sem in both blocks)"),
     OpDef("tensor_columns", operands=("src", "start"), results=("result",), view_of="src",
           doc="columns start.. of a tensor tile: a view (its lanes, the address `start` "
               "columns on)"),

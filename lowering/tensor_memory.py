@@ -15,6 +15,12 @@ each with its operands' descriptors (lowering/descriptors.py); the first
 one's enable-input-d is the op's `accumulate`. tk.mma_commit is
 tcgen05.commit onto the semaphore's mbarrier.
 
+In a kernel whose MMAs pair the cluster's two blocks (pair=True), every
+tcgen05 op is cta_group::2: both blocks allocate and free together, an MMA
+is M = 256 (each block's 128 rows and half of B, at the same shared-memory
+offsets in both), and a commit arrives on the semaphore in both blocks
+(multicast mask 0b11).
+
 tcgen05.ld/st move the tmem layout (dialects/layout.py): warp w of the
 warpgroup reaches lanes 32w..32w+31, thread t holds lane 32w + t, its
 registers the tile's columns in order, in .32x32b loads of at most 128
@@ -51,6 +57,16 @@ def _tmem(addr: ir.Value) -> ir.Value:
     return llvm.inttoptr(ptr(6), addr)
 
 
+def _group(op):
+    """The CTA group of a kernel's tcgen05 ops: the pair's when its MMAs pair
+    blocks (contracts.CTA_PAIR, set by tk-verify), else one block's."""
+    func = op.operation
+    while func.name != "func.func":
+        func = func.parent
+    paired = contracts.CTA_PAIR.get(func, False)
+    return nvvm.CTAGroupKind.CTA_2 if paired else nvvm.CTAGroupKind.CTA_1
+
+
 def _fence(kind: str) -> None:
     nvvm.tcgen05_fence(getattr(nvvm.Tcgen05FenceKind, kind))
 
@@ -73,11 +89,12 @@ def _block_sync() -> None:
 def lower_alloc_tt(ctx: LoweringContext, op) -> TensorRef:
     slot = smem_addr(ctx.smem_base, c32(contracts.OFFSET.get(op)))
     last = not any(o.name == "tk.alloc_tt" for o in _after(op))
+    group = _group(op)
 
     def allocate():
-        nvvm.tcgen05_alloc(slot, c32(op.columns))
+        nvvm.tcgen05_alloc(slot, c32(op.columns), group=group)
         if last:
-            nvvm.tcgen05_relinquish_alloc_permit()
+            nvvm.tcgen05_relinquish_alloc_permit(group=group)
     _in_warp_0(ctx, allocate)
     _block_sync()
     return TensorRef(llvm.load(i32(), slot), T.parse(op.result.type))
@@ -95,7 +112,8 @@ def _after(op):
 @lowers("tk.free_tt")
 def lower_free_tt(ctx: LoweringContext, op, tile: TensorRef) -> None:
     _block_sync()
-    _in_warp_0(ctx, lambda: nvvm.tcgen05_dealloc(_tmem(tile.addr), c32(op.columns)))
+    group = _group(op)
+    _in_warp_0(ctx, lambda: nvvm.tcgen05_dealloc(_tmem(tile.addr), c32(op.columns), group=group))
 
 
 @lowers("tk.tensor_mma")
@@ -104,8 +122,10 @@ def lower_tensor_mma(ctx: LoweringContext, op, acc: TensorRef, a: SharedRef, b: 
     trans_a, trans_b = bool(op.trans_a), bool(op.trans_b)
     ka = a.type.rows if trans_a else a.type.cols
     kind = descriptors.tcgen05_kind(a.type.dtype)
+    group = _group(op)
+    pair = group == nvvm.CTAGroupKind.CTA_2
     idesc = c32(descriptors.tcgen05_instruction(
-        a.type.dtype, b.type.dtype, acc.type.rows, acc.type.cols,
+        a.type.dtype, b.type.dtype, acc.type.rows * (2 if pair else 1), acc.type.cols,
         a_mn_major=trans_a, b_mn_major=trans_b))
     da = Descriptors(a, not trans_a, encode=descriptors.tcgen05_smem)
     db = Descriptors(b, not trans_b, encode=descriptors.tcgen05_smem)
@@ -113,7 +133,7 @@ def lower_tensor_mma(ctx: LoweringContext, op, acc: TensorRef, a: SharedRef, b: 
     _fence("AFTER_THREAD_SYNC")
     true = arith.constant(ir.IntegerType.get_signless(1), 1)
     for ks in range(ka // tk.wgmma_k(a.type.dtype)):
-        nvvm.tcgen05_mma(getattr(nvvm.Tcgen05MMAKind, kind.upper()), nvvm.CTAGroupKind.CTA_1,
+        nvvm.tcgen05_mma(getattr(nvvm.Tcgen05MMAKind, kind.upper()), group,
                          d, da.at(ks), db.at(ks), idesc, accumulate if ks == 0 else true)
 
 
@@ -124,7 +144,12 @@ def lower_tensor_columns(ctx: LoweringContext, op, src: TensorRef, start: ir.Val
 
 @lowers("tk.mma_commit")
 def lower_mma_commit(ctx: LoweringContext, op, sem: SharedRef) -> None:
-    nvvm.tcgen05_commit(sem.ptr)
+    group = _group(op)
+    if group == nvvm.CTAGroupKind.CTA_2:       # arrive on sem in both blocks of the pair
+        mask = arith.constant(ir.IntegerType.get_signless(16), 0b11)
+        nvvm.tcgen05_commit(sem.ptr, multicast_mask=mask, group=group)
+    else:
+        nvvm.tcgen05_commit(sem.ptr, group=group)
 
 
 def _column_runs(cols: int):

@@ -9,13 +9,15 @@ program order sees every allocation's lifetime:
     tensor memory not given back stays taken for the next kernel on the
     SM), and no op uses it after;
   - every tcgen05.mma is followed by a tk.mma_commit: without one nothing
-    can wait for the MMA, so no read of its tile is ordered after it.
+    can wait for the MMA, so no read of its tile is ordered after it;
+  - pair=True MMAs (over a cluster's two blocks) need a cluster of 2, and
+    make every tcgen05 op of the kernel the pair's (contracts.CTA_PAIR).
 """
 from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import tk
+from ..dialects import contracts, tk
 from .. import target
 from ..errors import error_at, line_of
 from .walk import walk_ops
@@ -90,14 +92,33 @@ def _users(tile):
 
 
 def _check_commits(func) -> None:
-    """No tcgen05.mma without a tk.mma_commit after it, in program order."""
-    pending = []
+    """No tcgen05.mma without a tk.mma_commit after it, in program order;
+    the MMAs all pair blocks (in a cluster of 2: recorded for the lowering,
+    whose every tcgen05 op is then cta_group::2) or none does."""
+    pending, mmas, cluster = [], [], 1
     def visit(op):
+        nonlocal cluster
+        d = tk.op_def(op)
+        if d is not None and d.cluster:
+            cluster = op.opview.size
         if _role(op) == "async":
             pending.append(op)
+            mmas.append(op)
         elif _role(op) == "commit":
             pending.clear()
     walk_ops(func.operation, visit)
+    paired = [op for op in mmas if op.opview.pair]
+    if paired and len(paired) < len(mmas):
+        single = next(op for op in mmas if not op.opview.pair)
+        raise error_at(single.location, f"this MMA is one block's, but the MMA at "
+                       f"{_line(paired[0])} pairs blocks (pair=True): a kernel's tcgen05 ops "
+                       f"all work on one block or all on the pair (cta_group)")
+    if paired and cluster != 2:
+        raise error_at(paired[0].location, f"pair=True is one MMA over the two blocks of a "
+                       f"cluster: call tk.use_cluster(2) at the kernel's top level (it has "
+                       f"{'no cluster' if cluster == 1 else f'clusters of {cluster}'})")
+    if paired:
+        contracts.CTA_PAIR.set(func, True)
     if pending:
         raise error_at(pending[0].location, "no tk.mma_commit(sem) follows this MMA: it "
                        "completes asynchronously, and only a commit's semaphore phase tells "

@@ -111,6 +111,68 @@ def test_ptxas_assembles_it_and_nvdisasm_shows_the_tensor_core_ops(monkeypatch, 
         assert re.search(rf"\b{op}\b", sass), op
 
 
+@tk.kernel(num_warps=4, target="sm_100a")
+def pair_tile(A: tk.gl, B: tk.gl, C: tk.gl[f32], K: tk.constexpr):
+    """C (256 x 256) = A @ B.T over a cluster of 2: block r loads rows 128r..
+    of A and of B, block 0 issues one M = 256 MMA per K step for both."""
+    tk.use_cluster(2)
+    rank = tk.cluster_rank()
+    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+    b = tk.shared_tile(B.dtype, (128, 64), swizzle=128)
+    loaded, ready, done = tk.semaphore(1), tk.semaphore(2), tk.semaphore(1)
+    acc = tk.tensor_tile(f32, (128, 256))
+    for k in range(K // 64):
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                tk.tma.expect(loaded, a, b)
+                tk.tma.load_async(a, A, (rank, k), loaded)
+                tk.tma.load_async(b, B, (rank, k), loaded)
+                tk.wait(loaded, k % 2)
+                tk.arrive(ready, cta=0)            # both blocks' operands are in
+                if rank == 0:
+                    tk.wait(ready, k % 2)
+                    tk.mma_ABt(acc, a, b, accumulate=k > 0, pair=True)
+                    tk.mma_commit(done)            # arrives in both blocks
+        tk.wait(done, k % 2)
+    for j in tk.static_range(2):
+        tk.store(C, tk.load(acc.columns(j * 128, 128)), (rank, j))
+    tk.free_tensor_tile(acc)
+
+
+def compile_pair(monkeypatch):
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    return pair_tile.compile(tk.spec((256, 64), tk.bf16), tk.spec((256, 64), tk.bf16),
+                             tk.spec((256, 256), f32), K=64)
+
+
+def test_a_pair_mma_is_cta_group_2_throughout(monkeypatch):
+    ptx = compile_pair(monkeypatch).asm["ptx"]
+    filecheck(ptx, """
+        CHECK: tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32
+        CHECK-NEXT: tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned;
+        CHECK: tcgen05.mma.cta_group::2.kind::f16
+        CHECK: tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64
+        CHECK: tcgen05.dealloc.cta_group::2.sync.aligned.b32
+    """)
+    assert "cta_group::1" not in ptx
+    # M = 256 (16 << 24) by N = 256 (32 << 17), bf16 x bf16 -> f32.
+    assert str(0x1040_0490) in ptx
+
+
+@needs_nvdisasm
+def test_nvdisasm_shows_the_two_cta_mma(monkeypatch):
+    compiled = compile_pair(monkeypatch)
+    assert compiled.info["spill stores (bytes)"] == 0
+    sass = compiled.asm["sass"]
+    assert re.search(r"\bUTCHMMA\.2CTA\b", sass) and re.search(r"\bUTCBAR\.2CTA\b", sass)
+
+
+def test_the_interpreter_says_it_does_not_model_the_pair():
+    a, b = torch.randn(256, 64).bfloat16(), torch.randn(256, 64).bfloat16()
+    with pytest.raises(InterpretError, match="clusters .* are not modeled"):
+        pair_tile.interpret[(2,)](a, b, torch.zeros(256, 256), K=64)
+
+
 # ------------------------------------------------------------- interpreter
 
 @pytest.mark.parametrize("dtype, transpose_b, N", [(torch.bfloat16, False, 128),
@@ -259,6 +321,13 @@ def test_freeing_first_makes_room():
     ("wide_n", r"tcgen05.mma's N is a multiple of 16 from 16 to 256, got 512"),
     ("load_layout", r"in the tmem layout: idx, shape, fill, dtype, cache, layout and scope do "
                     r"not apply"),
+    ("pair_without_cluster", r"pair=True is one MMA over the two blocks of a cluster: call "
+                             r"tk.use_cluster\(2\) at the kernel's top level \(it has no "
+                             r"cluster\)"),
+    ("pair_and_single", r"this MMA is one block's, but the MMA at .* pairs blocks"),
+    ("pair_shape", r"tk.mma_ABt\(pair=True\): each block's 128x64 rows of a by half of b "
+                   r"\(64x128 here, N = 256 over the pair\) do not fit its f32 128x128 "
+                   r"tensor tile"),
 ])
 def test_tensor_memory_rules_are_refused_at_their_line(body, message):
     def kernel(A: tk.gl, C: tk.gl[f32], BODY: tk.constexpr):
@@ -275,7 +344,14 @@ def test_tensor_memory_rules_are_refused_at_their_line(body, message):
                     tk.mma_ABt(acc, tk.load(A, (0, 0), (128, 64)), a)
                 if BODY == "wide_n":
                     tk.mma_AB(acc, a, tk.shared_tile(A.dtype, (64, 512), swizzle=128))
-                tk.mma_ABt(acc, a, a, accumulate=False)
+                if BODY == "pair_and_single":
+                    tk.mma_ABt(acc, a, a.subtile(0, 64), accumulate=False, pair=True)
+                if BODY == "pair_shape":
+                    tk.mma_ABt(acc, a, a, pair=True)
+                if BODY == "pair_without_cluster":
+                    tk.mma_ABt(acc, a, a.subtile(0, 64), accumulate=False, pair=True)
+                else:
+                    tk.mma_ABt(acc, a, a, accumulate=False)
                 if BODY != "no_commit":
                     tk.mma_commit(done)
         tk.wait(done, 0)

@@ -22,7 +22,10 @@ On Blackwell (target="sm_100a") the accumulator is a tensor tile instead
 (tk_mlir/tensor_memory.py): the call issues tcgen05.mma from the thread
 that runs it, writes the tile in place (acc = product, or acc + product
 with accumulate=True, which may be a run-time bool such as k > 0) and
-returns nothing; tk.mma_commit(sem) completes it on a semaphore.
+returns nothing; tk.mma_commit(sem) completes it on a semaphore. pair=True
+(a cluster of 2, tk.use_cluster(2)): one MMA of M = 256 over both blocks,
+issued from block 0, each block holding its 128 rows of a and of the tile
+and half of b's N rows (or columns), at the same shared-memory places.
 """
 from __future__ import annotations
 
@@ -33,12 +36,13 @@ from .values import Scalar, Shared, TensorTile, Tile, as_scalar, builds, emit
 __all__ = ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"]
 
 
-def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) -> Tile | None:
+def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate, pair) -> Tile | None:
     if isinstance(acc, TensorTile):
-        return _tensor_mma(acc, a, b, trans_a, trans_b, name, accumulate)
-    if accumulate is not True:
-        raise CompilationError(f"{name}: accumulate= is for a tensor-tile accumulator "
-                               f"(Blackwell); a register accumulator starts from tk.zeros")
+        return _tensor_mma(acc, a, b, trans_a, trans_b, name, accumulate, pair)
+    if accumulate is not True or pair is not False:
+        raise CompilationError(f"{name}: accumulate= and pair= are for a tensor-tile "
+                               f"accumulator (Blackwell); a register accumulator starts from "
+                               f"tk.zeros")
     if not isinstance(acc, Tile):
         raise CompilationError(f"{name}: the accumulator must be a register tile (e.g. "
                                f"tk.zeros((64, N), tk.f32, layout='row', scope='warpgroup')), "
@@ -51,8 +55,10 @@ def _mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) -> Tile
                      trans_b=int(trans_b)))
 
 
-def _tensor_mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) -> None:
+def _tensor_mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate, pair) -> None:
     """tcgen05.mma into a tensor tile: no result (the tile is memory)."""
+    if not isinstance(pair, bool):
+        raise CompilationError(f"{name}: pair must be a compile-time bool, got {pair!r}")
     for what, x in (("a", a), ("b", b)):
         if not isinstance(x, Shared):
             raise CompilationError(f"{name}: into a tensor tile, {what} must be a shared tile, "
@@ -62,35 +68,35 @@ def _tensor_mma(acc, a, b, trans_a: bool, trans_b: bool, name: str, accumulate) 
         raise CompilationError(f"{name}: accumulate must be a bool (a compile-time one, or a "
                                f"run-time comparison such as k > 0), got {accumulate!r}")
     emit("tensor_mma", [acc, a, b, as_scalar(accumulate)], trans_a=int(trans_a),
-         trans_b=int(trans_b))
+         trans_b=int(trans_b), pair=int(pair))
 
 
 @builtin
 @builds('mma', 'tensor_mma')
-def mma_AB(acc, a, b, *, accumulate=True) -> Tile | None:
+def mma_AB(acc, a, b, *, accumulate=True, pair=False) -> Tile | None:
     """acc + a @ b (a: M x K, b: K x N shared tiles)."""
-    return _mma(acc, a, b, False, True, "tk.mma_AB", accumulate)
+    return _mma(acc, a, b, False, True, "tk.mma_AB", accumulate, pair)
 
 
 @builtin
 @builds('mma', 'tensor_mma')
-def mma_ABt(acc, a, b, *, accumulate=True) -> Tile | None:
+def mma_ABt(acc, a, b, *, accumulate=True, pair=False) -> Tile | None:
     """acc + a @ b.T (a: M x K, b: N x K shared tiles)."""
-    return _mma(acc, a, b, False, False, "tk.mma_ABt", accumulate)
+    return _mma(acc, a, b, False, False, "tk.mma_ABt", accumulate, pair)
 
 
 @builtin
 @builds('mma', 'tensor_mma')
-def mma_AtB(acc, a, b, *, accumulate=True) -> Tile | None:
+def mma_AtB(acc, a, b, *, accumulate=True, pair=False) -> Tile | None:
     """acc + a.T @ b (a: K x M, b: K x N shared tiles)."""
-    return _mma(acc, a, b, True, True, "tk.mma_AtB", accumulate)
+    return _mma(acc, a, b, True, True, "tk.mma_AtB", accumulate, pair)
 
 
 @builtin
 @builds('mma', 'tensor_mma')
-def mma_AtBt(acc, a, b, *, accumulate=True) -> Tile | None:
+def mma_AtBt(acc, a, b, *, accumulate=True, pair=False) -> Tile | None:
     """acc + a.T @ b.T (a: K x M, b: N x K shared tiles)."""
-    return _mma(acc, a, b, True, False, "tk.mma_AtBt", accumulate)
+    return _mma(acc, a, b, True, False, "tk.mma_AtBt", accumulate, pair)
 
 
 @builtin
