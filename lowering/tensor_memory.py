@@ -40,7 +40,7 @@ from . import descriptors
 from .context import LoweringContext, c32, i32, lowers, ptr
 from .fragments import Fragment, SharedRef, layout_of
 from .memory import smem_addr
-from .mma import Descriptors
+from .mma import Descriptors, fence_registers
 from ..dialects import tk
 
 MAX_LOAD_COLUMNS = 128        # tcgen05.ld/st .32x32b: at most .x128 per instruction
@@ -175,14 +175,16 @@ def lower_tensor_load(ctx: LoweringContext, op, src: TensorRef) -> Fragment:
     t = T.parse(op.result.type)
     base = _lane_base(ctx, src)
     _fence("AFTER_THREAD_SYNC")
-    regs = []
+    words = []
     for col, n in _column_runs(t.cols):
         addr = _tmem(arith.addi(base, c32(col)))
         rtype = i32() if n == 1 else ir.VectorType.get([n], i32())
         v = nvvm.tcgen05_ld(rtype, nvvm.Tcgen05LdStShape.SHAPE_32X32B, addr)
-        words = [v] if n == 1 else [vector.extract(v, [], [i]) for i in range(n)]
-        regs += [arith.bitcast(ir.F32Type.get(), w) for w in words]
+        words += [v] if n == 1 else [vector.extract(v, [], [i]) for i in range(n)]
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)
+    # The registers hold their values only after the wait: fenced, so that
+    # LLVM cannot move a use above it (nothing else ties the two).
+    regs = [arith.bitcast(ir.F32Type.get(), w) for w in fence_registers(words, "r")]
     _fence("BEFORE_THREAD_SYNC")
     return Fragment(regs, layout_of(t, ctx.num_warps), t.dtype, t.scope)
 

@@ -97,3 +97,13 @@ def test_matmul_and_scaled_matmul_route_to_it_on_blackwell(monkeypatch, interpre
 def tk_matmul(a, b):
     from tk_mlir.kernels import matmul
     return matmul(a, b)
+
+
+def test_empty_products_launch_nothing(interpret):
+    """K = 0 is a sum of no products (zeros, as on Hopper); M or N = 0 has
+    nothing to write. Neither reaches the kernel (whose TMA needs rows)."""
+    c = torch.full((64, 32), float("nan")).bfloat16()
+    bg.launch(torch.empty(64, 0).bfloat16(), torch.empty(32, 0).bfloat16(), c, "nk")
+    assert (c == 0).all()
+    bg.launch(torch.empty(0, 16).bfloat16(), torch.empty(32, 16).bfloat16(),
+              torch.empty(0, 32).bfloat16(), "nk")
