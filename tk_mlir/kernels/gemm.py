@@ -10,8 +10,9 @@ grid walking output tiles in L2-friendly groups; the load-compute-finish
 template (tk.lcf) does the pipeline, the kernel says what to load, compute
 and store. M, N and K need not be multiples of the tiles: TMA reads zeros
 past the edges (so the K tail adds nothing) and the stores are masked. Rows
-must be 16-byte aligned (K and N multiples of 8 for 16-bit types), as TMA
-requires; the launch checks say so by argument.
+that are not whole 16-byte vectors (K or N not a multiple of 8 for 16-bit
+types, as TMA requires), or views that start mid-vector, go through copies
+padded with zeros (`padded_rows`): any M, N, K, at the cost of those copies.
 
 Which kernel runs is `plan(M, N, K, sms)`'s choice, a heuristic you can
 read: shapes with enough 128 x 256 tiles for the SMs take the autotuned
@@ -29,6 +30,7 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import blackwell_gemm, checks
 from tk_mlir.kernels.device import is_blackwell, num_sms
+from tk_mlir.runtime.arguments import vector_rows
 
 
 @tk.func
@@ -356,7 +358,37 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
 
 def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
     """The planned kernel on checked tensors, into c; a_layout="km": a is
-    given as K x M (a gradient's product, see grad_b)."""
+    given as K x M (a gradient's product, see grad_b). Operands whose rows
+    are not whole 16-byte vectors (K = 250, a misaligned view) go through
+    copies padded with zeros, and c, then, through a padded result."""
+    a2, b2 = padded_rows(a), padded_rows(b)
+    if a2 is a and b2 is b and padded_rows(c) is c:
+        return _launch(a, b, c, b_layout, a_layout)
+    m = a2.shape[-1] if a_layout == "km" else a2.shape[-2]     # (padded when a is K x M)
+    n = b2.shape[-1] if b_layout == "kn" else b2.shape[-2]
+    c2 = c.new_empty(*c.shape[:-2], m, _whole_vectors(n, c.element_size()))
+    _launch(a2, b2, c2, b_layout, a_layout)
+    c.copy_(c2[..., :c.shape[-2], :c.shape[-1]])
+
+
+def padded_rows(t):
+    """t when kernels can read it as it lies (runtime.arguments.vector_rows),
+    else a copy whose last dim is padded with zeros to whole 16-byte vectors."""
+    if vector_rows(t.shape, t.stride(), t.element_size(), t.data_ptr()):
+        return t
+    n = t.shape[-1]
+    out = t.new_zeros(*t.shape[:-1], _whole_vectors(n, t.element_size()))
+    out[..., :n] = t
+    return out
+
+
+def _whole_vectors(n: int, itemsize: int) -> int:
+    """n rounded up to whole 16-byte vectors of `itemsize`-byte elements."""
+    per = 16 // itemsize
+    return -(-n // per) * per
+
+
+def _launch(a, b, c, b_layout: str, a_layout: str) -> None:
     km = a_layout == "km"
     M, K = (a.shape[-1], a.shape[-2]) if km else (a.shape[-2], a.shape[-1])
     N = c.shape[-1]

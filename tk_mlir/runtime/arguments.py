@@ -288,6 +288,25 @@ def check_tensor_rules(info: TensorInfo | TensorSpec, name: str, *, dtype: str, 
         raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: kernels index with "
                             f"32-bit dims, each must be below 2**31")
     strides, itemsize, ptr = info.strides, info.itemsize, info.ptr
+    if not vector_rows(shape, strides, itemsize, ptr):
+        _vector_rows_error(info, name)
+
+
+def vector_rows(shape, strides, itemsize: int, ptr: int | None) -> bool:
+    """Whether a tensor's layout suits 16-byte vector accesses and TMA: its
+    innermost stride 1, its data (unless ptr is None: a description) 16-byte
+    aligned, rows of whole 16-byte vectors, every other dim stepping by whole
+    16-byte vectors (a dim of size 1 is never stepped over)."""
+    if strides[-1] != 1 or (ptr is not None and ptr & 15) or shape[-1] * itemsize & 15:
+        return False
+    return all(not (step < 0 or step * itemsize & 15) or n == 1
+               for n, step in zip(shape[:-1], strides[:-1]))
+
+
+def _vector_rows_error(info, name: str) -> None:
+    """Raise the error of the vector_rows rule `info` breaks."""
+    shape, strides, itemsize, ptr = info.shape, info.strides, info.itemsize, info.ptr
+    rank = len(shape)
     if strides[-1] != 1:
         raise ArgumentError(f"argument {name!r} has strides {tuple(strides)}: the innermost "
                             f"dim must have stride 1 (rows contiguous in memory); pass a "
