@@ -116,9 +116,11 @@ MAX_THREADS = Contract("tk.max_threads", int, "the kernel", "tk-to-gpu",
 CLUSTER = Contract("tk.cluster", int, "the kernel, when launched in clusters", "tk-to-gpu",
                    "tk-kernel-attributes (.reqnctapercluster)", bits=32)
 
-CTA_PAIR = Contract("tk.cta_pair", bool, "the kernel's func.func, when its tcgen05 MMAs pair "
-                    "the two blocks of a cluster (pair=True)", "tk-verify (passes/tensor_memory.py)",
-                    "lowering/tensor_memory.py (every tcgen05 op's cta_group::2)")
+CTA_PAIR = Contract("tk.cta_pair", bool, "the kernel's func.func and its tensor-memory ops, "
+                    "when its tcgen05 MMAs pair the two blocks of a cluster (pair=True)",
+                    "tk-verify (passes/tensor_memory.py)",
+                    "lowering/tensor_memory.py (every tcgen05 op's cta_group::2) and the "
+                    "interpreter (a commit arrives in both blocks)")
 
 CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
              EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,

@@ -59,11 +59,8 @@ def _tmem(addr: ir.Value) -> ir.Value:
 
 def _group(op):
     """The CTA group of a kernel's tcgen05 ops: the pair's when its MMAs pair
-    blocks (contracts.CTA_PAIR, set by tk-verify), else one block's."""
-    func = op.operation
-    while func.name != "func.func":
-        func = func.parent
-    paired = contracts.CTA_PAIR.get(func, False)
+    blocks (contracts.CTA_PAIR, set on each by tk-verify), else one block's."""
+    paired = contracts.CTA_PAIR.get(op, False)
     return nvvm.CTAGroupKind.CTA_2 if paired else nvvm.CTAGroupKind.CTA_1
 
 

@@ -119,6 +119,10 @@ def _check_commits(func) -> None:
                        f"{'no cluster' if cluster == 1 else f'clusters of {cluster}'})")
     if paired:
         contracts.CTA_PAIR.set(func, True)
+        def mark(op):
+            if _role(op) is not None:
+                contracts.CTA_PAIR.set(op, True)
+        walk_ops(func.operation, mark)
     if pending:
         raise error_at(pending[0].location, "no tk.mma_commit(sem) follows this MMA: it "
                        "completes asynchronously, and only a commit's semaphore phase tells "

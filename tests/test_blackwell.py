@@ -167,10 +167,39 @@ def test_nvdisasm_shows_the_two_cta_mma(monkeypatch):
     assert re.search(r"\bUTCHMMA\.2CTA\b", sass) and re.search(r"\bUTCBAR\.2CTA\b", sass)
 
 
-def test_the_interpreter_says_it_does_not_model_the_pair():
-    a, b = torch.randn(256, 64).bfloat16(), torch.randn(256, 64).bfloat16()
-    with pytest.raises(InterpretError, match="clusters .* are not modeled"):
-        pair_tile.interpret[(2,)](a, b, torch.zeros(256, 256), K=64)
+def test_the_interpreter_computes_a_pair_product():
+    """Block 0 multiplies both blocks' halves; each block's tile takes its
+    rows: C = A @ B.T over M = N = 256, two clusters of two blocks."""
+    torch.manual_seed(2)
+    a, b = torch.randn(256, 128).bfloat16(), torch.randn(256, 128).bfloat16()
+    c = torch.full((256, 256), float("nan"))
+    pair_tile.interpret[(2,)](a, b, c, K=128)
+    assert rel_err(c, a.double() @ b.double().T) < 1e-6
+
+
+def test_a_pair_mma_from_block_1_is_reported():
+    @tk.kernel(num_warps=4, target="sm_100a")
+    def wrong_block(A: tk.gl, C: tk.gl[f32]):
+        tk.use_cluster(2)
+        a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+        done = tk.semaphore(1)
+        acc = tk.tensor_tile(f32, (128, 128))
+        tk.copy(a, A, (0, 0))
+        tk.cluster_sync()
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                if tk.cluster_rank() == 1:
+                    tk.mma_ABt(acc, a, a.subtile(0, 64), accumulate=False, pair=True)
+                    tk.mma_commit(done)
+        tk.wait(done, 0)
+        tk.free_tensor_tile(acc)
+    with pytest.raises(InterpretError, match=r"a pair=True MMA is issued by block 0 of the "
+                                             r"pair, not by block 1"):
+        wrong_block.interpret[(2,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128))
+
+
+def rel_err(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
 
 
 # ------------------------------------------------------------- interpreter

@@ -418,15 +418,35 @@ def test_programs_hold_no_mlir_objects_and_free_their_contexts():
 
 @tk.kernel(num_warps=4)
 def in_a_cluster(X: tk.gl[f32]):
-    tk.use_cluster(2)                         # MARK: unsupported
-    tk.store(X, tk.load(X, (0, 0), (16, 64)) + 1.0, (0, 0))
+    """Block b adds 1 to its rows, and 1 more in rank 1 of its cluster, once
+    both blocks of the cluster have read them (tk.cluster_sync)."""
+    tk.use_cluster(2)
+    b = tk.block_id(0)
+    x = tk.load(X, (b, 0), (16, 64))
+    tk.cluster_sync()
+    if tk.cluster_rank() == 1:
+        x = x + 1.0
+    tk.store(X, x + 1.0, (b, 0))
 
 
-def test_unsupported_op_is_refused_at_its_line():
-    x = np.ones((16, 64), np.float32)
-    with pytest.raises(InterpretError, match="does not model tk.use_cluster") as e:
-        in_a_cluster.interpret[(2,)](x)
-    assert (e.value.filename, e.value.line) == (str(HERE), line_of("MARK: unsupported"))
+def test_clusters_run_their_blocks_together():
+    x = np.ones((64, 64), np.float32)
+    in_a_cluster.interpret[(4,)](x)
+    assert (x.reshape(4, 16, 64)[:, 0, 0] == [2, 3, 2, 3]).all()
+    with pytest.raises(InterpretError, match=r"runs in clusters of 2 blocks along x "
+                                             r"\(tk.use_cluster\), but the grid is \(3, 1, 1\)"):
+        in_a_cluster.interpret[(3,)](np.ones((48, 64), np.float32))
+
+
+def test_a_cluster_gemm_shares_b_by_multicast():
+    """The library GEMM with CLUSTER=2: each block loads half of the B tile
+    and multicasts it to both (remote arrivals free the stages)."""
+    from tk_mlir.kernels.gemm import gemm_kernel
+    torch.manual_seed(0)
+    a, b = torch.randn(300, 200).bfloat16(), torch.randn(264, 200).bfloat16()
+    c = torch.full((300, 264), float("nan")).bfloat16()
+    gemm_kernel.kernel.interpret[(4,)](a, b, c, CLUSTER=2, BN=128, STAGES=4)
+    assert rel_err(c.double().numpy(), (a.double() @ b.double().T).numpy()) < 1e-2
 
 
 @tk.kernel(num_warps=4)

@@ -6,17 +6,20 @@
                                                   # (read at the first launch)
 
 It runs the kernel's tk IR after the GPU path's tk passes, one closure per op
-(program.py; each op's rule in rules.py, hopper.py, scalars.py), one
+(program.py; each op's rule in rules.py, hopper.py, blackwell.py, scalars.py), one
 coroutine per warp over 32-lane numpy values (machine.py); tile ops work on
 whole tiles and rendezvous their scope's warps. The warps of a block
 interleave in a random order seeded by SEED (also the TMA delays and elected
 lanes); blocks run one after another, a block waiting for another's flag
 stepping aside (machine.run_blocks). Outputs are written in place.
-Everything but clusters is modelled: shared memory (NaN until written), TMA,
-semaphores (phase, arrivals, transaction bytes, exactly), wgmma (pending
-until tk.mma_wait), named barriers, elect, atomics, tk.store_partial,
-signals and peer tensors; cluster ops are refused at their line. An op
-that every active lane issues is issued once per lane, as on the GPU.
+Every op is modelled: shared memory (NaN until written), TMA, semaphores
+(phase, arrivals, transaction bytes, exactly), wgmma (pending until
+tk.mma_wait), named barriers, elect, atomics, tk.store_partial, signals and
+peer tensors, clusters (a cluster's blocks are made together and act on
+each other's semaphores and shared memory; each keeps its own clocks, so
+races across blocks are not checked), Blackwell's tensor memory and tcgen05
+(blackwell.py). An op that every active lane issues is issued once per
+lane, as on the GPU.
 
 Invariants:
 - what runs here launches on a GPU: arguments are checked by the GPU

@@ -17,6 +17,10 @@
   thread's commits complete in the order it made them). A read of
   the tile, or a write of an operand, before a wait on that phase is
   reported; so is a thread that exits with an MMA it never committed.
+- pair=True (a cluster's two blocks): block 0's thread issues one MMA over
+  both blocks' operands and tiles (M = 256: each block's 128 rows of a and
+  of the tile, N: their halves of b), and a commit arrives in both blocks.
+  Accesses in the other block are modelled, not checked for races.
 - tcgen05.ld/st (tk.load / tk.store of a tensor tile) move a warpgroup's
   tmem-layout tile: warp w of the warpgroup reads or writes rows 32w..32w+31.
 """
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from ..target import BLACKWELL
 from .machine import YIELD, error, warp_scalar
 from .rules import interprets
@@ -155,22 +159,32 @@ def _tensor_columns(op, num_warps):
 
 @dataclass
 class _Mma:
+    """One issued tcgen05.mma: its operands (refs into each of `blocks`: the
+    issuing block, and with pair=True its cluster peer) and, per block, its
+    accesses in flight."""
     acc: object
     a: object
     b: object
     trans_a: bool
     trans_b: bool
     accumulate: bool
-    flights: list
+    blocks: tuple
+    flights: list           # per block, its flights
     where: str
     loc: object
 
-    def run(self, smem) -> None:
-        a, b = smem.read(self.a), smem.read(self.b)
-        a = a.T if self.trans_a else a
-        b = b if self.trans_b else b.T
-        d = smem.view(self.acc)
-        d[...] = a.astype(np.float32) @ b.astype(np.float32) + (d if self.accumulate else 0)
+    def run(self) -> None:
+        """acc = op(a) op(b) (+ acc): a pair's M = 256 is the blocks' a rows
+        stacked, its N their halves of b; each block's tile takes its rows."""
+        a = np.concatenate([b.smem.read(self.a).T if self.trans_a else b.smem.read(self.a)
+                            for b in self.blocks])
+        bs = [b.smem.read(self.b) for b in self.blocks]
+        b = np.concatenate(bs, axis=1) if self.trans_b else np.concatenate(bs).T
+        d = a.astype(np.float32) @ b.astype(np.float32)
+        for i, blk in enumerate(self.blocks):
+            view = blk.smem.view(self.acc)
+            rows = d[i * view.shape[0]:(i + 1) * view.shape[0]]
+            view[...] = rows + (view if self.accumulate else 0)
 
 
 def _check(loc, problem):
@@ -181,26 +195,39 @@ def _check(loc, problem):
 @interprets("tk.tensor_mma", sync=True)
 def _tensor_mma(op, num_warps):
     trans_a, trans_b, loc, at = bool(op.trans_a), bool(op.trans_b), op.loc, op.at
+    pair = bool(op.pair)
     def mma(w, acc, a, b, accumulate):
-        block = w.block
         flags = warp_scalar(w, accumulate, loc, "accumulate")
-        block.tmem.holds(acc, loc, "this tcgen05.mma")
+        blocks = (w.block,)
+        if pair:
+            if w.block.cluster_rank != 0:
+                raise error(loc, f"a pair=True MMA is issued by block 0 of the pair, not by "
+                                 f"block {w.block.cluster_rank} (issue it under "
+                                 f"`if tk.cluster_rank() == 0:`)")
+            blocks = tuple(w.block.cluster.blocks)
+        for blk in blocks:
+            blk.tmem.holds(acc, loc, "this tcgen05.mma" if blk is w.block else
+                           f"this tcgen05.mma (pair=True: block {blk.name}'s tile)")
         for lane in w.active_lanes():
             thread = (w.index, int(lane))
             for x in (a, b):
-                _check(loc, block.shadow.read(x, w.index, w.clock, at, "this tcgen05.mma",
-                                              record=False))
+                _check(loc, w.block.shadow.read(x, w.index, w.clock, at, "this tcgen05.mma",
+                                                record=False))
             # The thread's own earlier MMAs into the tile are ordered before
             # this one (the tensor core runs one thread's MMAs in order).
-            own = block.tc_flights.setdefault(thread, [])
-            clock = np.maximum(w.clock, block.tc_known.get(thread, 0))
-            _check(loc, block.shadow.write(acc, w.index, clock, at, "this tcgen05.mma",
-                                           ignore=own, record=False))
-            flights = [block.shadow.start("tcgen05.mma", x, at, writes=False) for x in (a, b)]
-            flights.append(block.shadow.start("tcgen05.mma", acc, at, writes=True))
-            own += flights
-            block.tc_pending.setdefault(thread, []).append(
-                _Mma(acc, a, b, trans_a, trans_b, bool(flags), flights, at, loc))
+            own = w.block.tc_flights.setdefault(thread, [])
+            clock = np.maximum(w.clock, w.block.tc_known.get(thread, 0))
+            _check(loc, w.block.shadow.write(acc, w.index, clock, at, "this tcgen05.mma",
+                                             ignore=own, record=False))
+            flights = []
+            for blk in blocks:      # (the peer's accesses are not ordered against it here)
+                mine = blk.tc_flights.setdefault(thread, [])
+                f = [blk.shadow.start("tcgen05.mma", x, at, writes=False) for x in (a, b)]
+                f.append(blk.shadow.start("tcgen05.mma", acc, at, writes=True))
+                mine += f
+                flights.append(f)
+            w.block.tc_pending.setdefault(thread, []).append(
+                _Mma(acc, a, b, trans_a, trans_b, bool(flags), blocks, flights, at, loc))
         yield YIELD
     return mma
 
@@ -208,9 +235,10 @@ def _tensor_mma(op, num_warps):
 @interprets("tk.mma_commit", sync=True)
 def _mma_commit(op, num_warps):
     loc, at = op.loc, op.at
+    pair = bool(op.hint(contracts.CTA_PAIR, False))
     def commit(w, sem):
         block = w.block
-        s = block.semaphore(sem, loc)
+        blocks = tuple(block.cluster.blocks) if pair else (block,)
         for lane in w.active_lanes():
             thread = (w.index, int(lane))
             mmas = block.tc_pending.pop(thread, [])
@@ -218,32 +246,42 @@ def _mma_commit(op, num_warps):
             # One thread's tcgen05 ops complete in order: no commit lands
             # before an earlier one of the same thread.
             block.tc_due[thread] = block.later(
-                lambda t=thread, m=mmas, c=clock: _complete(block, t, m, s, c, loc, at),
+                lambda t=thread, m=mmas, c=clock: _complete(blocks, t, m, sem, c, loc, at),
                 not_before=block.tc_due.get(thread, 0))
         w.clock[w.index] += 1
         yield YIELD
     return commit
 
 
-def _complete(block, thread, mmas, sem, clock, loc, at) -> None:
-    """The agent runs a commit's MMAs in issue order, then arrives on sem:
-    their reads and writes count as done at the phase the arrival is part of."""
-    known = block.tc_known.setdefault(thread, np.zeros_like(clock))
+def _complete(blocks, thread, mmas, sem, clock, loc, at) -> None:
+    """The agent runs a commit's MMAs in issue order, then arrives on sem (in
+    each block of a pair): their reads and writes count as done, in each
+    block, at the phase its arrival is part of."""
+    issuer = blocks[0]
+    known = issuer.tc_known.setdefault(thread, np.zeros_like(clock))
     np.maximum(clock, known, out=clock)        # its earlier MMAs are complete too
-    epoch = sem.completed + 1
-    clock[sem.slot] = max(clock[sem.slot], epoch)
-    known[sem.slot] = max(known[sem.slot], epoch)
+    clocks = []
+    for blk in blocks:
+        s = blk.semaphore(sem, loc)
+        c = clock if blk is issuer else np.zeros(blk.num_slots, np.int64)
+        epoch = s.completed + 1
+        c[s.slot] = max(c[s.slot], epoch)
+        clocks.append((s, c, epoch))
+    known[clocks[0][0].slot] = max(known[clocks[0][0].slot], clocks[0][2])
     for m in mmas:
-        m.run(block.smem)
-        for f in m.flights:
-            block.shadow.finish(f)
-            block.tc_flights[thread].remove(f)
-        for x in (m.a, m.b):
-            block.shadow.read_done(x, sem.slot, epoch, m.where)
-        _check(loc, block.shadow.write(m.acc, thread[0], clock, m.where, "tcgen05.mma",
-                                       slot=sem.slot, epoch=epoch,
-                                       ignore=block.tc_flights[thread]))
-    sem.arrive(1, clock, loc, at)
+        m.run()
+        for blk, flights, (s, c, epoch) in zip(m.blocks, m.flights, clocks):
+            for f in flights:
+                blk.shadow.finish(f)
+                blk.tc_flights[thread].remove(f)
+            for x in (m.a, m.b):
+                blk.shadow.read_done(x, s.slot, epoch, m.where)
+            seen = c if blk is issuer else np.full(blk.num_slots, np.iinfo(np.int64).max)
+            _check(loc, blk.shadow.write(m.acc, thread[0] if blk is issuer else 0, seen,
+                                         m.where, "tcgen05.mma", slot=s.slot, epoch=epoch,
+                                         ignore=blk.tc_flights[thread]))
+    for s, c, _ in clocks:
+        s.arrive(1, c, loc, at)
 
 
 def check_committed(w) -> None:

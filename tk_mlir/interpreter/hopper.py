@@ -17,6 +17,11 @@ the GPU (an arrive under no elect_leader is 32 arrivals).
 - A wgmma computes acc + A·B in f32 when issued; its result is a
   program.Pending until each warp's tk.mma_wait covers its group, and its
   shared operands count as read until the first such wait.
+- Clusters (machine.Cluster): a remote arrival or a multicast TMA load acts
+  on the other block's semaphore and shared memory; tk.cluster_sync waits
+  for every warp of the cluster; a wait in a cluster may step aside for the
+  other blocks. Each block keeps its own clocks, so ordering across blocks
+  is modelled, not checked for races.
 """
 from __future__ import annotations
 
@@ -71,10 +76,12 @@ def _wait(op, num_warps):
                              f"ring's phase(i) is (i // stages) & 1)")
         s = w.block.semaphore(sem, loc)
         yield YIELD
+        # In a cluster another block may arrive (or multicast): step aside for it.
+        remote = w.block.cluster is not None
         while not s.done(p):        # (re-checked when resumed: a phase may pass meanwhile)
             yield Blocked(lambda: s.done(p),
                           lambda: f"at {at} for {s.describe()} to complete a phase of "
-                                  f"parity {p} ({s.state()})", loc)
+                                  f"parity {p} ({s.state()})", loc, external=remote)
         seen = s.completed - 1      # the phase this wait took as done
         key = (sem.alloc.key, sem.index)
         last = w.seen.get(key, -1)     # (a fresh semaphore: phase -1 done)
@@ -101,25 +108,49 @@ def _nbytes(ref) -> int:
 def _tma_load(op, num_warps):
     loc, at = op.loc, op.at
     def load(w, dst, src, sem, *coords):
-        block = w.block
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
-        s = block.semaphore(sem, loc)
         for _ in range(_lanes(w)):
-            epoch = s.completed + 1      # the phase these bytes count towards
-            _check(loc, block.shadow.write(dst, w.index, w.clock, at, "this TMA load",
-                                           slot=s.slot, epoch=epoch))
-            flight = block.shadow.start("TMA load", dst, at, writes=True)
-            data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
-                            by=(block.order, at, loc))
-            clock = w.clock.copy()
-            clock[s.slot] = max(clock[s.slot], epoch)
-            s.loads.append(at)
-            s.loads_in_flight += 1
-            block.last_load[sem.alloc.key, sem.index] = (s.completed, loc)
-            block.later(lambda d=data, f=flight, c=clock: _land(block, d, f, s, c, loc, at,
-                                                                _nbytes(dst)))
+            _issue_load(w, w.block, dst, src, sem, coords, loc, at)
         yield YIELD
     return load
+
+
+@interprets("tk.tma_load_multicast", sync=True)
+def _tma_load_multicast(op, num_warps):
+    loc, at = op.loc, op.at
+    def load(w, dst, src, sem, mask, *coords):
+        coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
+        bits = warp_scalar(w, mask, loc, "tk.tma.load_async: the multicast mask")
+        blocks = w.block.cluster.blocks
+        if not 0 < bits < 1 << len(blocks):
+            raise error(loc, f"multicast mask {bits:#x} names no block or blocks past the "
+                             f"cluster's {len(blocks)}")
+        for _ in range(_lanes(w)):
+            for rank, peer in enumerate(blocks):
+                if bits >> rank & 1:
+                    _issue_load(w, peer, dst, src, sem, coords, loc, at)
+        yield YIELD
+    return load
+
+
+def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
+    """One TMA load by warp w into `block`'s dst (w's own block, or a block of
+    its cluster), counted on that block's sem. Into another block the
+    issuer's clock means nothing there: its ordering is not checked."""
+    s = block.semaphore(sem, loc)
+    epoch = s.completed + 1      # the phase these bytes count towards
+    own = block is w.block
+    clock = w.clock.copy() if own else np.zeros(block.num_slots, np.int64)
+    seen = clock if own else np.full(block.num_slots, np.iinfo(np.int64).max)
+    _check(loc, block.shadow.write(dst, w.index if own else 0, seen, at, "this TMA load",
+                                   slot=s.slot, epoch=epoch))
+    flight = block.shadow.start("TMA load", dst, at, writes=True)
+    data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(w.block.order, at, loc))
+    clock[s.slot] = max(clock[s.slot], epoch)
+    s.loads.append(at)
+    s.loads_in_flight += 1
+    block.last_load[sem.alloc.key, sem.index] = (s.completed, loc)
+    block.later(lambda: _land(block, data, flight, s, clock, loc, at, _nbytes(dst)))
 
 
 def _land(block, data, flight, sem, clock, loc, at, nbytes) -> None:
@@ -287,3 +318,51 @@ def _named_barrier(op, num_warps):
                           lambda: f"at {at} on named barrier {i} ({b.state()})", loc)
         w.block.acquire(w.index, b.released[gen], BY_BARRIER)
     return barrier
+
+
+# --------------------------------------------------------------- clusters
+
+@interprets("tk.use_cluster")
+def _use_cluster(op, num_warps):
+    return lambda w: None           # (the Program groups the blocks: its `cluster`)
+
+
+@interprets("tk.cluster_rank")
+def _cluster_rank(op, num_warps):
+    return lambda w: np.int32(w.block.cluster_rank)
+
+
+@interprets("tk.arrive_remote", sync=True)
+def _arrive_remote(op, num_warps):
+    loc, at = op.loc, op.at
+    def arrive(w, sem, cta):
+        r = warp_scalar(w, cta, loc, "tk.arrive: cta")
+        blocks = w.block.cluster.blocks
+        if not 0 <= r < len(blocks):
+            raise error(loc, f"tk.arrive(..., cta={r}): the cluster has blocks 0..{len(blocks) - 1}")
+        peer = blocks[r]
+        clock = w.clock if peer is w.block else np.zeros(peer.num_slots, np.int64)
+        peer.semaphore(sem, loc).arrive(_lanes(w), clock, loc, at)
+        w.clock[w.index] += 1
+        yield YIELD
+    return arrive
+
+
+@interprets("tk.cluster_sync", sync=True)
+def _cluster_sync(op, num_warps):
+    loc, at = op.loc, op.at
+    def sync(w):
+        block, cluster = w.block, w.block.cluster
+        b = block.named.get("cluster")
+        if b is None:
+            b = block.named["cluster"] = NamedBarrier("cluster", block.num_slots)
+        gen = b.arrive(w.index, block.num_warps, w.clock, loc, at)
+        cluster.sync_arrive(gen)
+        w.clock[w.index] += 1
+        yield YIELD
+        while not cluster.synced(gen):
+            yield Blocked(lambda: cluster.synced(gen),
+                          lambda: f"at {at} in tk.cluster_sync ({cluster.describe(gen)})", loc,
+                          external=True)
+        block.acquire(w.index, b.released[gen], BY_BARRIER)
+    return sync

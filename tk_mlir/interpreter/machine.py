@@ -112,6 +112,7 @@ class Block:
         # uncommitted tcgen05.mma ops, its MMAs' accesses in flight, the clock
         # of its own MMAs that have completed (ordered before its next) ...
         self.tmem = TensorMemory()
+        self.cluster, self.cluster_rank = None, 0   # (set by Cluster)
         self.tc_pending: dict = {}
         self.tc_flights: dict = {}
         self.tc_known: dict = {}
@@ -153,6 +154,31 @@ class Block:
         mine = self.clocks[warp]
         self.via[warp, clock > mine] = via
         np.maximum(mine, clock, out=mine)
+
+
+class Cluster:
+    """The blocks of one cluster (tk.use_cluster), by rank: each block's
+    `cluster` and `cluster_rank`. Each block keeps its own clocks: ordering
+    across blocks (remote arrivals, multicast, a pair's MMA) is modelled for
+    what it makes happen, not checked for races."""
+
+    def __init__(self, blocks: list):
+        self.blocks = blocks
+        self.arrived: dict[int, int] = {}     # cluster_sync generation -> warps arrived
+        self.warps = sum(b.num_warps for b in blocks)
+        for rank, b in enumerate(blocks):
+            b.cluster, b.cluster_rank = self, rank
+
+    def sync_arrive(self, generation: int) -> None:
+        self.arrived[generation] = self.arrived.get(generation, 0) + 1
+
+    def synced(self, generation: int) -> bool:
+        return self.arrived.get(generation, 0) == self.warps
+
+    def describe(self, generation: int) -> str:
+        names = ", ".join(str(b.name) for b in self.blocks)
+        return (f"{self.arrived.get(generation, 0)} of the {self.warps} warps of the cluster "
+                f"(blocks {names}) arrived")
 
 
 class Warp:

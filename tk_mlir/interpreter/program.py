@@ -264,6 +264,7 @@ class Program:
         self.num_slots = len(c.slots)      # SSA values: each warp's registers
         self.num_sems = c.num_sems         # semaphore elements: each a TMA agent clock slot
         self.tma_args = frozenset(c.tma_args)   # arguments TMA ops reach (tensor maps')
+        self.cluster = c.cluster           # blocks per cluster (tk.use_cluster), 1 without
 
     def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
         """Run every block of `grid` (one after another, unless one waits for
@@ -282,12 +283,22 @@ class Program:
             for s, a in zip(self.arg_slots, args):
                 w.values[s] = a
         body = lambda w: run_steps(self.body, w)   # noqa: E731
+        size = self.cluster
+        if grid[0] % size:
+            raise machine.InterpretError(f"{self.name} runs in clusters of {size} blocks along x "
+                                 f"(tk.use_cluster), but the grid is {grid}: its x must be a "
+                                 f"multiple of {size}")
         for z in range(grid[2]):
             for y in range(grid[1]):
-                for x in range(grid[0]):
-                    block = machine.Block((x, y, z), grid, self.num_warps, self.num_sems, seed,
-                                          rank)
-                    yield machine.block_runner(body, block, self.num_slots, init)
+                for x in range(0, grid[0], size):
+                    # A cluster's blocks are made together: one may arrive on (or
+                    # write into) another's shared memory before that one starts.
+                    blocks = [machine.Block((x + r, y, z), grid, self.num_warps, self.num_sems,
+                                            seed, rank) for r in range(size)]
+                    if size > 1:
+                        machine.Cluster(blocks)
+                    for block in blocks:
+                        yield machine.block_runner(body, block, self.num_slots, init)
 
 
 class _Compiler:
@@ -300,6 +311,7 @@ class _Compiler:
         self.slots: dict = {}
         self.num_sems = 0
         self.tma_args: set[int] = set()
+        self.cluster = 1
 
     def slot(self, value) -> int:
         return self.slots.setdefault(value, len(self.slots))
@@ -323,6 +335,8 @@ class _Compiler:
         d = tk.op_def(op)
         if d is not None and d.allocates:
             return self.compile_alloc(op, d)
+        if d is not None and d.cluster:
+            self.cluster = op.opview.size
         if d is not None and d.tma is not None:
             tensor, _ = tk.tma_operands(op)
             self.tma_args.update(a.arg_number for a in tensor_arguments(tensor))
@@ -331,9 +345,7 @@ class _Compiler:
         fn = factory(info, self.num_warps) if factory is not None else None
         if fn is None:
             raise error(info.loc, f"the interpreter does not model {op.name} (with these "
-                                  f"operand types) yet: clusters (use_cluster, "
-                                  f"cluster_rank, cluster_sync, remote arrivals, TMA "
-                                  f"multicast) are not modeled; run this kernel on a GPU")
+                                  f"operand types) yet; run this kernel on a GPU")
         ins = [self.slot(v) for v in op.operands]
         outs = [self.slot(v) for v in op.results]
         scope = _scope(op, self.num_warps)
