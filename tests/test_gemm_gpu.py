@@ -280,3 +280,18 @@ def test_mma_with_a_in_registers(tb, mnk):
     mma_register_a[(1,)](a, b, c, TB=tb, M=M, N=N, K=K)
     ref = a.double() @ (b.double() if tb else b.double().T)
     assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("M, N, K, b_layout", [(1000, 257, 250, "nk"), (513, 1030, 1001, "kn"),
+                                               (64, 4097, 4090, "nk")])
+def test_matmul_at_ragged_shapes(M, N, K, b_layout):
+    """Rows that are not whole 16-byte vectors go through zero-padded copies
+    (gemm.padded_rows): the product is the same as at aligned shapes."""
+    from tk_mlir.kernels import matmul
+    a = torch.empty(M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
+    b = torch.empty(*((N, K) if b_layout == "nk" else (K, N)), dtype=torch.bfloat16,
+                    device="cuda").uniform_(-1, 1)
+    c = torch.full((M, N), float("nan"), device="cuda")
+    matmul(a, b, c, b_layout=b_layout)
+    ref = a.double() @ (b.double().T if b_layout == "nk" else b.double())
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-5
