@@ -217,6 +217,64 @@ def test_the_interpreter_computes_the_product(dtype, transpose_b, N):
     assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
+@tk.kernel(num_warps=4, target="sm_100a")
+def biased_tile(A: tk.gl, Bias: tk.gl[f32], C: tk.gl[f32]):
+    """C = Bias + A @ A.T: the bias goes into the tensor tile (tcgen05.st),
+    the MMA accumulates onto it."""
+    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+    done = tk.semaphore(1)
+    acc = tk.tensor_tile(f32, (128, 128))
+    tk.store(acc, tk.load(Bias, (0, 0), (128, 128), layout="tmem", scope="warpgroup"))
+    tk.copy(a, A, (0, 0))                   # (a block barrier: the stores are done)
+    if tk.warp_id() == 0:
+        if tk.elect_leader():
+            tk.mma_ABt(acc, a, a)           # accumulate=True: onto the bias
+            tk.mma_commit(done)
+    tk.wait(done, 0)
+    tk.store(C, tk.load(acc), (0, 0))
+    tk.free_tensor_tile(acc)
+
+
+def test_a_tensor_store_then_an_accumulating_mma(monkeypatch):
+    a, bias = torch.randn(128, 64).bfloat16(), torch.randn(128, 128)
+    c = torch.full((128, 128), float("nan"))
+    biased_tile.interpret[(1,)](a, bias, c)
+    assert rel_err(c, bias.double() + a.double() @ a.double().T) < 1e-6
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    ptx = biased_tile.compile(tk.spec((128, 64), tk.bf16), tk.spec((128, 128), f32),
+                              tk.spec((128, 128), f32)).asm["ptx"]
+    filecheck(ptx, """
+        CHECK: tcgen05.st.sync.aligned.32x32b.x128.b32
+        CHECK-NEXT: tcgen05.wait::st.sync.aligned;
+        CHECK-NEXT: tcgen05.fence::before_thread_sync;
+        CHECK: bar.sync 0;
+        CHECK: tcgen05.fence::after_thread_sync;
+        CHECK: tcgen05.mma.cta_group::1.kind::f16
+    """)
+
+
+def test_a_tensor_store_racing_the_mma_is_reported():
+    """Storing into the tile while the MMA may still write it (no wait on the
+    commit's semaphore first)."""
+    @tk.kernel(num_warps=4, target="sm_100a")
+    def early_store(A: tk.gl, C: tk.gl[f32]):
+        a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+        done = tk.semaphore(1)
+        acc = tk.tensor_tile(f32, (128, 128))
+        tk.copy(a, A, (0, 0))
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                tk.mma_ABt(acc, a, a, accumulate=False)
+                tk.mma_commit(done)
+        tk.store(acc, tk.zeros((128, 128), f32, layout="tmem", scope="warpgroup"))
+        tk.wait(done, 0)
+        tk.free_tensor_tile(acc)
+    with pytest.raises(InterpretError, match=r"this tensor store \(tcgen05\.st\) writes the "
+                                             r"tensor tile allocated at .* while the "
+                                             r"tcgen05\.mma issued at .* still writes it"):
+        early_store.interpret[(1,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128))
+
+
 def test_reading_the_tile_before_the_commits_phase_is_reported():
     a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 64).bfloat16()
     with pytest.raises(InterpretError, match=r"this tensor load \(tcgen05\.ld\) reads the "
