@@ -20,7 +20,7 @@ What it swaps, each optional:
   logits (outputs.logits is None then, as with Liger's fused loss).
 All of them differentiate, so the patched model trains, also under gradient
 checkpointing and torch.compile(fullgraph=True). Layers the kernels
-do not take (not bf16/f16, widths not multiples of 8) are refused with the
+do not take (not bf16/f16) are refused with the
 layer's name before anything is changed.
 """
 from __future__ import annotations
@@ -54,9 +54,6 @@ def patch_llama(model, **parts) -> None:
             patches.append((module, _rms_norm_forward))
         elif want["linear"] and isinstance(module, torch.nn.Linear):
             _check_dtype(name, module.weight, (torch.bfloat16, torch.float16))
-            if module.in_features % 8 or module.out_features % 8:
-                raise ValueError(f"patch_llama: {name} is {module.out_features} x "
-                                 f"{module.in_features}; matmul takes multiples of 8")
             patches.append((module, _linear_forward))
         elif want["swiglu"] and isinstance(module, llama.LlamaMLP):
             if config.hidden_act != "silu":
