@@ -1,0 +1,178 @@
+"""The training library's kernels against Liger Kernel's (Triton), forward and
+forward+backward, same inputs, same run (issue 25).
+
+On the GPU machine, from the repository root, with Liger Kernel importable
+(a pure-Python wheel: bring it as ../shared/gpu/README.md says for peers):
+    python3 benchmarks/liger_kernels.py --out-dir "$OUT"
+
+Cases (Llama-3 8B sizes, bf16, 8192 tokens): rms_norm and
+fused_add_rms_norm (D 4096), swiglu (14336 wide), rotary on q and k (B4
+N2048 H32/8 D128), cross_entropy (vocab 128256) and linear_cross_entropy
+(4096 -> 128256, with the peak memory either allocates beyond its inputs).
+Each output is first checked against float64 (rel. error printed for both);
+times are CUDA events around back-to-back calls after a warm-up; fwd+bwd
+includes the forward.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
+import protocol as P  # noqa: E402
+
+T = 8192          # tokens
+D, F, V = 4096, 14336, 128256
+
+
+def _uniform(*shape, grad=False):
+    x = (torch.rand(*shape, device="cuda") * 2 - 1).bfloat16()
+    return x.requires_grad_() if grad else x
+
+
+def _ms(f, n: int = 10) -> float:
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    start.record()
+    for _ in range(n):
+        f()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n * 1e3
+
+
+def _rel(x, ref) -> float:
+    x = x[0] if isinstance(x, tuple) else x
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def _fwd_bwd(fn, inputs):
+    """fn's forward and its backward to `inputs` (a loss: from 1; else from
+    one fixed random gradient)."""
+    grads = {}
+    def run():
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        g = torch.ones_like(out) if out.dim() == 0 else \
+            grads.setdefault(out.shape, torch.rand_like(out))
+        torch.autograd.grad(out, inputs, g)
+    return run
+
+
+def cases():
+    """(name, inputs needing grad, {impl: fn}, float64 reference of the output, extra)."""
+    import liger_kernel.transformers as lt
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    from tk_mlir import kernels as K
+
+    x, w = _uniform(T, D, grad=True), (torch.rand(D, device="cuda") + 0.5).bfloat16()
+    ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.double()
+    liger_norm = lt.LigerRMSNorm(D, eps=1e-6, in_place=False).cuda().bfloat16()
+    liger_norm.weight.data.copy_(w)
+    yield ("rms_norm T x 4096", [x], {"tk_mlir": lambda: K.rms_norm(x, w, eps=1e-6),
+                                      "liger": lambda: liger_norm(x)}, ref)
+
+    r = _uniform(T, D, grad=True)
+    h = x.double() + r.double()
+    ref = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)) * w.double()
+    liger_add = lt.LigerFusedAddRMSNorm(D, eps=1e-6).cuda().bfloat16()
+    liger_add.weight.data.copy_(w)
+    yield ("fused_add_rms_norm T x 4096", [x, r],
+           {"tk_mlir": lambda: K.fused_add_rms_norm(x, r, w, eps=1e-6),
+            "liger": lambda: liger_add(x, r)}, ref)
+
+    g, u = _uniform(T, F, grad=True), _uniform(T, F, grad=True)
+    ref = torch.nn.functional.silu(g.double()) * u.double()
+    yield ("swiglu T x 14336", [g, u], {"tk_mlir": lambda: K.swiglu(g, u),
+                                        "liger": lambda: LigerSiLUMulFunction.apply(g, u)}, ref)
+
+    B, N, H, Hk, Dh = 4, 2048, 32, 8, 128
+    q, k = _uniform(B, N, H, Dh, grad=True), _uniform(B, N, Hk, Dh, grad=True)
+    angle = torch.arange(N, device="cuda")[:, None] * 10000 ** (
+        -torch.arange(Dh // 2, device="cuda") / (Dh // 2))
+    cos, sin = angle.cos(), angle.sin()
+    half = q.double()[..., :Dh // 2], q.double()[..., Dh // 2:]
+    c, s = cos.double()[:, None], sin.double()[:, None]
+    ref = torch.cat((half[0] * c - half[1] * s, half[1] * c + half[0] * s), -1)
+    cos2 = torch.cat((cos, cos), -1)[None].bfloat16()
+    sin2 = torch.cat((sin, sin), -1)[None].bfloat16()
+    yield ("rotary q, k B4 N2048 H32/8 D128", [q, k],
+           {"tk_mlir": lambda: K.rotary_embedding_qk(q, k, cos, sin),
+            "liger": lambda: tuple(t.transpose(1, 2) for t in lt.liger_rotary_pos_emb(
+                q.transpose(1, 2), k.transpose(1, 2), cos2, sin2))}, ref)
+
+    logits = _uniform(T // 2, V, grad=True)
+    target = torch.randint(0, V, (T // 2,), device="cuda")
+    ref = torch.nn.functional.cross_entropy(logits.double(), target)
+    liger_ce = lt.LigerCrossEntropyLoss()
+    yield ("cross_entropy 4096 x 128256", [logits],
+           {"tk_mlir": lambda: K.cross_entropy(logits, target),
+            "liger": lambda: liger_ce(logits, target)}, ref)
+
+    hid, weight = _uniform(T, D, grad=True), (_uniform(V, D) * 0.05).requires_grad_()
+    target = torch.randint(0, V, (T,), device="cuda")
+    ref = None      # (the float64 logits would take 8 GB: checked against fp32 torch below)
+    liger_lce = lt.LigerFusedLinearCrossEntropyLoss()
+    yield ("linear_cross_entropy 8192 x 4096 -> 128256", [hid, weight],
+           {"tk_mlir": lambda: K.linear_cross_entropy(hid, weight, target),
+            "liger": lambda: liger_lce(weight, hid, target),
+            "torch": lambda: torch.nn.functional.cross_entropy((hid @ weight.T).float(),
+                                                               target)}, ref)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    P.require_cuda("benchmarks/liger_kernels.py")
+    rows = []
+    for name, inputs, impls, ref in cases():
+        outs = {}
+        for impl, fn in impls.items():
+            row = {"case": name, "impl": impl}
+            try:
+                with torch.no_grad():
+                    outs[impl] = fn()
+                if ref is not None:
+                    row["rel_err"] = _rel(outs[impl], ref)
+                row["fwd_us"] = _ms(fn)
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                run = _fwd_bwd(fn, inputs)
+                run()
+                row["fwd_bwd_peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                row["fwd_bwd_us"] = _ms(run)
+                row["status"] = "ok"
+            except Exception as e:     # (one implementation's failure does not stop the run)
+                row["status"] = f"failed: {P.first_line(e)}"
+            rows.append(row)
+            print(row, flush=True)
+        if ref is None and "torch" in outs:     # linear_cross_entropy: against fp32 torch
+            for r in rows[-len(impls):]:
+                if r["impl"] in outs:
+                    r["rel_err"] = abs(outs[r["impl"]].double().item() -
+                                       outs["torch"].double().item()) / outs["torch"].item()
+    for name in dict.fromkeys(r["case"] for r in rows):
+        peer = next((r for r in rows if r["case"] == name and r["impl"] == "liger"
+                     and r["status"] == "ok"), None)
+        for r in rows:
+            if r["case"] == name and peer is not None and r["status"] == "ok":
+                r["fwd_vs_liger"] = peer["fwd_us"] / r["fwd_us"]
+                r["fwd_bwd_vs_liger"] = peer["fwd_bwd_us"] / r["fwd_bwd_us"]
+    cols = ["case", "impl", ("fwd_us", "fwd µs"), ("fwd_bwd_us", "fwd+bwd µs"),
+            ("fwd_vs_liger", "fwd speedup vs Liger"),
+            ("fwd_bwd_vs_liger", "fwd+bwd speedup vs Liger"),
+            ("fwd_bwd_peak_extra_gib", "peak extra GiB"), ("rel_err", "rel err"), "status"]
+    print("\n" + P.markdown_table(rows, cols) + "\n")
+    P.write_results("liger-kernels", rows, vars(args), args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
