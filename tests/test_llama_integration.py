@@ -51,6 +51,7 @@ def test_patched_llama_trains_like_transformers(interpreted, training):
     out = model(input_ids=ids, labels=labels)
     loss = out.loss
     assert (out.logits is None) == training
+    assert loss.dtype == torch.float32          # as transformers reports it, not bf16 steps
     ref_loss = reference(input_ids=ids, labels=labels).loss
     assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()
     loss.backward()

@@ -187,7 +187,7 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None,
     from tk_mlir.kernels import cross_entropy
     logits = logits.reshape(-1, vocab_size)
     targets = _next_tokens(labels, shift_labels, ignore_index).to(logits.device)
-    return _normalized(cross_entropy, num_items_in_batch, logits, targets,
+    return _normalized(cross_entropy, num_items_in_batch, logits, targets=targets,
                        ignore_index=ignore_index)
 
 
@@ -202,12 +202,16 @@ def _next_tokens(labels, shift_labels, ignore_index: int):
     return shift_labels.reshape(-1)
 
 
-def _normalized(loss_fn, num_items_in_batch, *args, **kwargs):
+def _normalized(loss_fn, num_items_in_batch, *args, targets, ignore_index: int = -100):
     """loss_fn's mean over the kept tokens, or its sum over num_items_in_batch
-    when given (transformers' gradient-accumulation normalization)."""
+    when given (transformers' gradient-accumulation normalization), in f32
+    as transformers reports it (the kernels' own reductions round to the
+    inputs' dtype, as F.cross_entropy's do): the per-token losses summed in
+    f32 on the GPU (no synchronisation)."""
+    total = loss_fn(*args, targets, ignore_index=ignore_index, reduction="none").float().sum()
     if num_items_in_batch is None:
-        return loss_fn(*args, **kwargs)
-    return loss_fn(*args, reduction="sum", **kwargs) / num_items_in_batch
+        return total / (targets != ignore_index).sum()
+    return total / num_items_in_batch
 
 
 def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
@@ -230,7 +234,8 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     hidden = outputs.last_hidden_state
     targets = _next_tokens(labels, kwargs.get("shift_labels"), -100).to(hidden.device)
     loss = _normalized(linear_cross_entropy, kwargs.get("num_items_in_batch"),
-                       hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets)
+                       hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
+                       targets=targets)
     # transformers >= 5.2x names the cache `cache`, earlier 5.x `past_key_values`
     name = "cache" if hasattr(outputs, "cache") else "past_key_values"
     return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
