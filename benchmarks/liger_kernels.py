@@ -34,22 +34,8 @@ def _uniform(*shape, grad=False):
     return x.requires_grad_() if grad else x
 
 
-def _ms(f, n: int = 10) -> float:
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    start.record()
-    for _ in range(n):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3
-
-
 def _rel(x, ref) -> float:
-    x = x[0] if isinstance(x, tuple) else x
-    return ((x.double() - ref).norm() / ref.norm()).item()
+    return P.rel_err(x[0] if isinstance(x, tuple) else x, ref)
 
 
 def _fwd_bwd(fn, inputs):
@@ -141,13 +127,13 @@ def main(argv=None) -> int:
                     outs[impl] = fn()
                 if ref is not None:
                     row["rel_err"] = _rel(outs[impl], ref)
-                row["fwd_us"] = _ms(fn)
+                row["fwd_us"] = 1e3 * P.events_ms(fn, 10)
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 run = _fwd_bwd(fn, inputs)
                 run()
                 row["fwd_bwd_peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-                row["fwd_bwd_us"] = _ms(run)
+                row["fwd_bwd_us"] = 1e3 * P.events_ms(run, 10)
                 row["status"] = "ok"
             except Exception as e:     # (one implementation's failure does not stop the run)
                 row["status"] = f"failed: {P.first_line(e)}"

@@ -172,3 +172,23 @@ def host_us_per_call(fn: Callable[[], Any], n: int, warmup: int = 500,
         torch.cuda.synchronize()
         best = min(best, (t1 - t0) / batch * 1e6)
     return best
+
+
+def events_ms(f: Callable[[], Any], n: int = 20, warmup: int = 3) -> float:
+    """Milliseconds per call of f: CUDA events around n back-to-back calls
+    after `warmup` calls (host time shows when it exceeds the GPU's)."""
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    start.record()
+    for _ in range(n):
+        f()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def rel_err(got, ref) -> float:
+    """||got - ref|| / ||ref|| in float64."""
+    return ((got.double() - ref).norm() / ref.norm()).item()

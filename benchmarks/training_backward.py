@@ -19,30 +19,20 @@ times are CUDA events around back-to-back calls after a warm-up.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+import protocol as P  # noqa: E402
 
 
 def _uniform(*shape):
     return (torch.rand(*shape, device="cuda") * 2 - 1).bfloat16()
 
 
-def _ms(f, n: int = 20) -> float:
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    start.record()
-    for _ in range(n):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
-
-
-def _rel(got, ref) -> float:
-    return ((got.double() - ref).norm() / ref.norm()).item()
 
 
 def norms() -> None:
@@ -57,21 +47,22 @@ def norms() -> None:
             torch.autograd.grad(fn(*inputs), inputs, dy)
 
         times = {
-            "tk rms": _ms(lambda: tk_norms.rms_norm_backward(dy, x, w, 1e-6), 30),
-            "torch rms": _ms(lambda: grads(lambda a, c: F.rms_norm(a, (d,), c, 1e-6), x, w), 30) -
-            _ms(lambda: F.rms_norm(x, (d,), w, 1e-6), 30),
-            "compile rms": _ms(lambda: grads(compiled, x, w), 30) -
-            _ms(lambda: compiled(x, w), 30),
-            "tk ln": _ms(lambda: tk_norms.layer_norm_backward(dy, x, w, 1e-5), 30),
-            "torch ln": _ms(lambda: grads(lambda a, c, e: F.layer_norm(a, (d,), c, e, 1e-5),
+            "tk rms": P.events_ms(lambda: tk_norms.rms_norm_backward(dy, x, w, 1e-6), 30),
+            "torch rms": P.events_ms(lambda: grads(lambda a, c: F.rms_norm(a, (d,), c, 1e-6),
+                                                   x, w), 30) -
+            P.events_ms(lambda: F.rms_norm(x, (d,), w, 1e-6), 30),
+            "compile rms": P.events_ms(lambda: grads(compiled, x, w), 30) -
+            P.events_ms(lambda: compiled(x, w), 30),
+            "tk ln": P.events_ms(lambda: tk_norms.layer_norm_backward(dy, x, w, 1e-5), 30),
+            "torch ln": P.events_ms(lambda: grads(lambda a, c, e: F.layer_norm(a, (d,), c, e, 1e-5),
                                           x, w, b), 30) -
-            _ms(lambda: F.layer_norm(x, (d,), w, b, 1e-5), 30),
+            P.events_ms(lambda: F.layer_norm(x, (d,), w, b, 1e-5), 30),
         }
         dx, dw = tk_norms.rms_norm_backward(dy, x, w, 1e-6)
         x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
         ref = torch.autograd.grad(x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) *
                                   w64, (x64, w64), dy.double())
-        err = max(_rel(dx, ref[0]), _rel(dw, ref[1]))
+        err = max(P.rel_err(dx, ref[0]), P.rel_err(dw, ref[1]))
         print(f"{rows}x{d} err {err:.1e} | " + " | ".join(
             f"{k} {t * 1e3:.0f} us ({gb / t * 1e3:.0f} GB/s)" for k, t in times.items()),
             flush=True)
@@ -85,16 +76,16 @@ def matmul() -> None:
             a, dc = _uniform(M, K), _uniform(M, N)
             b = _uniform(N, K) if layout == "nk" else _uniform(K, N)
             flop = 2 * M * N * K
-            ours = (_ms(lambda: gemm.grad_a(dc, b, layout)),
-                    _ms(lambda: gemm.grad_b(dc, a, layout)))
+            ours = (P.events_ms(lambda: gemm.grad_a(dc, b, layout)),
+                    P.events_ms(lambda: gemm.grad_b(dc, a, layout)))
             if layout == "nk":
-                cublas = (_ms(lambda: dc @ b), _ms(lambda: dc.T @ a))
+                cublas = (P.events_ms(lambda: dc @ b), P.events_ms(lambda: dc.T @ a))
                 refs = (dc.double() @ b.double(), dc.double().T @ a.double())
             else:
-                cublas = (_ms(lambda: dc @ b.T), _ms(lambda: a.T @ dc))
+                cublas = (P.events_ms(lambda: dc @ b.T), P.events_ms(lambda: a.T @ dc))
                 refs = (dc.double() @ b.double().T, a.double().T @ dc.double())
-            err = max(_rel(gemm.grad_a(dc, b, layout), refs[0]),
-                      _rel(gemm.grad_b(dc, a, layout), refs[1]))
+            err = max(P.rel_err(gemm.grad_a(dc, b, layout), refs[0]),
+                      P.rel_err(gemm.grad_b(dc, a, layout), refs[1]))
             print(f"{M}x{N}x{K} {layout} err {err:.1e} | dA tk {flop / ours[0] / 1e9:.0f} "
                   f"cuBLAS {flop / cublas[0] / 1e9:.0f} | dB tk {flop / ours[1] / 1e9:.0f} "
                   f"cuBLAS {flop / cublas[1] / 1e9:.0f} TFLOP/s", flush=True)
@@ -121,10 +112,10 @@ def cross_entropy() -> None:
         for name, fn in (("tk", tk_ce), ("torch", F.cross_entropy), ("compile", compiled)):
             def step(fn=fn):
                 torch.autograd.grad(fn(x, t), (x,))
-            fwd = _ms(lambda fn=fn: fn(x.detach(), t), 10)
+            fwd = P.events_ms(lambda fn=fn: fn(x.detach(), t), 10)
             rows.append(f"{name}: fwd {fwd * 1e3:.0f} us ({gb / fwd * 1e3:.0f} GB/s) fwd+bwd "
-                        f"{_ms(step, 10) * 1e3:.0f} us peak +{_peak_gib(step):.2f} GiB")
-        err = _rel(tk_ce(x.detach(), t), F.cross_entropy(x.detach().double(), t))
+                        f"{P.events_ms(step, 10) * 1e3:.0f} us peak +{_peak_gib(step):.2f} GiB")
+        err = P.rel_err(tk_ce(x.detach(), t), F.cross_entropy(x.detach().double(), t))
         print(f"{n}x{v} loss rel err {err:.1e} | " + " | ".join(rows), flush=True)
 
 
@@ -134,13 +125,13 @@ def linear_cross_entropy() -> None:
     h = (torch.randn(n, d, device="cuda") * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(v, d, device="cuda") * 0.02).bfloat16().requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
-    err = _rel(tk_lce(h.detach(), w.detach(), t),
+    err = P.rel_err(tk_lce(h.detach(), w.detach(), t),
                F.cross_entropy((h @ w.T).detach().double(), t))
     for name, loss in (("tk", lambda: tk_lce(h, w, t)),
                        ("torch", lambda: F.cross_entropy(h @ w.T, t))):
         def step(loss=loss):
             torch.autograd.grad(loss(), (h, w))
-        print(f"{name}: fwd+bwd {_ms(step, 3):.1f} ms, peak +{_peak_gib(step):.2f} GiB "
+        print(f"{name}: fwd+bwd {P.events_ms(step, 3):.1f} ms, peak +{_peak_gib(step):.2f} GiB "
               f"(loss rel err {err:.1e})", flush=True)
 
 
