@@ -213,6 +213,10 @@ def _tensor_mma(op, num_warps):
             for x in (a, b):
                 _check(loc, w.block.shadow.read(x, w.index, w.clock, at, "this tcgen05.mma",
                                                 record=False))
+                for peer in blocks[1:]:     # what is still in flight there (no clocks across)
+                    _check(loc, peer.shadow.read(x, 0, peer.foreign_clock(), at,
+                                                 f"this tcgen05.mma (pair=True: block "
+                                                 f"{peer.name}'s operand)", record=False))
             # The thread's own earlier MMAs into the tile are ordered before
             # this one (the tensor core runs one thread's MMAs in order).
             own = w.block.tc_flights.setdefault(thread, [])
@@ -276,7 +280,7 @@ def _complete(blocks, thread, mmas, sem, clock, loc, at) -> None:
                 blk.tc_flights[thread].remove(f)
             for x in (m.a, m.b):
                 blk.shadow.read_done(x, s.slot, epoch, m.where)
-            seen = c if blk is issuer else np.full(blk.num_slots, np.iinfo(np.int64).max)
+            seen = c if blk is issuer else blk.foreign_clock()
             _check(loc, blk.shadow.write(m.acc, thread[0] if blk is issuer else 0, seen,
                                          m.where, "tcgen05.mma", slot=s.slot, epoch=epoch,
                                          ignore=blk.tc_flights[thread]))

@@ -141,7 +141,7 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
     epoch = s.completed + 1      # the phase these bytes count towards
     own = block is w.block
     clock = w.clock.copy() if own else np.zeros(block.num_slots, np.int64)
-    seen = clock if own else np.full(block.num_slots, np.iinfo(np.int64).max)
+    seen = clock if own else block.foreign_clock()
     _check(loc, block.shadow.write(dst, w.index if own else 0, seen, at, "this TMA load",
                                    slot=s.slot, epoch=epoch))
     flight = block.shadow.start("TMA load", dst, at, writes=True)

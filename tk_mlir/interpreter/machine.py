@@ -144,6 +144,12 @@ class Block:
             s.slot = ref.alloc.agent + ref.index
         return s
 
+    def foreign_clock(self) -> np.ndarray:
+        """The clock of an access from another block of the cluster: past
+        every event here (ordering across blocks is not tracked; what is in
+        flight is)."""
+        return np.full(self.num_slots, np.iinfo(np.int64).max)
+
     def mma_slot(self, warpgroup: int) -> int:
         """The clock slot of a warpgroup's wgmma agent."""
         return self.num_slots - self.num_wgs + warpgroup
