@@ -9,6 +9,12 @@ On the GPU machine, from the repository root:
     python3 benchmarks/gemm.py --sizes 4096,8192x8192x2048 --impls tk_mlir,cublas
     python3 benchmarks/gemm.py --dtype fp8 --out-dir "$OUT"     # fp8 rows (B stored N x K)
     python3 benchmarks/gemm.py --small --out-dir "$OUT"          # small and skinny, CUDA graphs
+    python3 benchmarks/gemm.py --llama --layout both --out-dir "$OUT"   # issue 26's sweep
+
+--llama: Llama-3 8B's and 70B's projections (QKV and gate/up fused, O, down)
+at M from 1 to 16384, tk_mlir vs cuBLAS as CUDA-graph replays with short
+timing (20 warm-up and 20 timed launches); gemm-llama[-kn].json and a heat
+map of the ratio, gemm-llama[-kn]-heat.png.
 
 --small: 1024^3, 2048^3 and M in {16, 64, 128, 512} against N = K in {4096,
 8192} (the shapes of issue 11), timed as CUDA-graph replays (--graph): these
@@ -60,6 +66,13 @@ SHAPES = [(s, s, s) for s in SQUARE] + LLM
 QUICK_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096)]
 SMALL_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048)] + [
     (m, nk, nk) for nk in (4096, 8192) for m in (16, 64, 128, 512)]
+# Issue 26's sweep: (name, N, K) of Llama-3 8B's and 70B's projections (QKV
+# fused, gate and up fused) against every M an LLM runs them at.
+LLAMA_PROJECTIONS = (("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 28672, 4096),
+                     ("8B down", 4096, 14336), ("70B qkv", 10240, 8192), ("70B o", 8192, 8192),
+                     ("70B gate_up", 57344, 8192), ("70B down", 8192, 28672))
+LLAMA_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+LLAMA_SHAPES = [(m, n, k) for _, n, k in LLAMA_PROJECTIONS for m in LLAMA_M]
 IMPLS = ["tk_mlir", "cublas", "triton"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
@@ -396,6 +409,10 @@ def parse_args(argv):
                     help="1024^3 and 4096^3 only, few launches (smoke test)")
     ap.add_argument("--small", action="store_true",
                     help="issue 11's small and skinny shapes, timed with CUDA graphs")
+    ap.add_argument("--llama", action="store_true",
+                    help="issue 26's sweep: Llama-3 8B/70B projections x M from 1 to 16384, "
+                         "tk_mlir vs cuBLAS in CUDA graphs, short timing; a heat map of the "
+                         "ratio beside the results")
     ap.add_argument("--graph", action="store_true",
                     help="time CUDA-graph replays of the launches (GPU time without host "
                          "launch time between them); on with --small")
@@ -418,7 +435,8 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     try:
         args.shapes = (parse_sizes(args.sizes) if args.sizes else SMALL_SHAPES if args.small
-                       else QUICK_SHAPES if args.quick else SHAPES)
+                       else LLAMA_SHAPES if args.llama else QUICK_SHAPES if args.quick
+                       else SHAPES)
     except ValueError as e:
         ap.error(f"--sizes: {e}")
     known = FP8_IMPLS if args.dtype == "fp8" else IMPLS
@@ -431,7 +449,9 @@ def parse_args(argv):
         ap.error("--dtype fp8 takes B stored N x K only (--layout nk): wgmma reads 8-bit "
                  "operands K-major, and torch._scaled_mm wants B column-major")
     args.layouts = LAYOUTS if args.layout == "both" else [args.layout]
-    args.graph = args.graph or args.small
+    args.graph = args.graph or args.small or args.llama
+    if args.llama and not args.impls:
+        args.impl_names = ["tk_mlir", "cublas"]
     if args.batch < 1 or (args.batch > 1 and args.dtype == "fp8"):
         ap.error(f"--batch {args.batch}: a batch is G >= 1 products, of bf16 only")
     if args.grouped and (args.batch < 2 or args.layouts != ["nk"] or args.dtype != "bf16"):
@@ -440,8 +460,8 @@ def parse_args(argv):
 
 
 def result_name(layout: str, quick: bool, small: bool = False, batch: int = 1,
-                grouped: bool = False) -> str:
-    return ("gemm" + ("-small" if small else "")
+                grouped: bool = False, llama: bool = False) -> str:
+    return ("gemm" + ("-small" if small else "") + ("-llama" if llama else "")
             + (f"-{'grouped' if grouped else 'batch'}{batch}" if batch > 1 else "")
             + ("" if layout == "nk" else f"-{layout}") + ("-quick" if quick else ""))
 
@@ -451,6 +471,7 @@ def main(argv=None) -> int:
     P.require_cuda("benchmarks/gemm.py")
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true f32
     timing = (dict(warmup=20, iters=10, repeats=1, pause_s=0.05) if args.quick
+              else dict(warmup=20, iters=20, repeats=1, pause_s=0.05) if args.llama
               else dict(warmup=500, iters=100, repeats=3, pause_s=0.5))
     timing["graph"] = args.graph
     if args.dtype == "fp8":
@@ -466,6 +487,10 @@ def main(argv=None) -> int:
             rows += (bench_grouped_shape(M, N, K, args.batch, impls, timing) if args.grouped
                      else bench_shape(M, N, K, layout, impls, timing, args.batch))
 
+    if args.llama:
+        names = {(n, k): name for name, n, k in LLAMA_PROJECTIONS}
+        for r in rows:
+            r["projection"] = names[r["N"], r["K"]]
     print_summary(rows, ["layout"], "cublas", "cuBLAS", lambda r: r["layout"])
     for layout in args.layouts:
         meta = {"metric": "tflops", "dtype": "bfloat16", "out_dtype": "bfloat16",
@@ -476,8 +501,12 @@ def main(argv=None) -> int:
                                      f"M={FULL_CHECK_ROWS}, else ~{CHECK_ROWS} rows at an odd "
                                      f"stride; NaN anywhere in C fails",
                 "triton_configs": TRITON_CONFIGS, "timing": timing, "quick": args.quick}
-        P.write_results(result_name(layout, args.quick, args.small, args.batch, args.grouped),
-                        [r for r in rows if r["layout"] == layout], meta, args.out_dir)
+        path = P.write_results(result_name(layout, args.quick, args.small, args.batch,
+                                           args.grouped, args.llama),
+                               [r for r in rows if r["layout"] == layout], meta, args.out_dir)
+        if args.llama:
+            from plot import heat_map
+            print(f"wrote {heat_map(path)}")
     report_not_ok(rows)
     return 0
 

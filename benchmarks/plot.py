@@ -1,4 +1,5 @@
-"""Bar chart of a benchmark result JSON (written by protocol.write_results).
+"""Bar chart of a benchmark result JSON (written by protocol.write_results);
+heat_map: tk_mlir's ratio to a peer over a sweep (gemm.py --llama).
 
 Usage: python benchmarks/plot.py benchmarks/results/NAME.json [...]
 
@@ -78,6 +79,40 @@ def plot(json_path: str | os.PathLike) -> str:
     png = json_path.with_suffix(".png")
     tmp = png.with_name(png.name + ".tmp")
     fig.savefig(tmp, format="png", dpi=120)  # then rename: never a half-written PNG
+    plt.close(fig)
+    os.replace(tmp, png)
+    return str(png)
+
+
+def heat_map(json_path: str | os.PathLike, peer: str = "cublas") -> str:
+    """tk_mlir's ratio to `peer` (rows' ratio_vs_<peer>) as a heat map, one
+    row per `projection`, one column per M, written beside the JSON as
+    NAME-heat.png: green above 1.0, red below, each cell labelled."""
+    json_path = Path(json_path)
+    data = json.loads(json_path.read_text())
+    rows = [r for r in data["rows"] if r["impl"] == "tk_mlir"]
+    names = list(dict.fromkeys(r["projection"] for r in rows))
+    ms = sorted({r["M"] for r in rows})
+    grid = [[math.nan] * len(ms) for _ in names]
+    for r in rows:
+        grid[names.index(r["projection"])][ms.index(r["M"])] = _value(r, f"ratio_vs_{peer}")
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(ms), 1.2 + 0.45 * len(names)))
+    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+    for i, line in enumerate(grid):
+        for j, v in enumerate(line):
+            ax.text(j, i, "—" if math.isnan(v) else f"{v:.2f}", ha="center", va="center",
+                    fontsize=7)
+    ax.set_xticks(range(len(ms)), [str(m) for m in ms], fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("M (tokens)")
+    meta = data.get("meta", {})
+    ax.set_title(f"tk_mlir / {peer}, {json_path.stem} — {meta.get('device', '?')} — "
+                 f"{str(meta.get('date', '?'))[:10]}", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    png = json_path.with_name(json_path.stem + "-heat.png")
+    tmp = png.with_name(png.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     os.replace(tmp, png)
     return str(png)
