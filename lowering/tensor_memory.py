@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf, vector
 
-from ..dialects import contracts, types as T
+from ..dialects import contracts, tk, types as T
 from . import descriptors
 from .context import LoweringContext, c32, i32, lowers, ptr
 from .fragments import Fragment, SharedRef, layout_of
 from .memory import smem_addr
 from .mma import Descriptors, fence_registers
-from ..dialects import tk
 
 MAX_LOAD_COLUMNS = 128        # tcgen05.ld/st .32x32b: at most .x128 per instruction
 
@@ -85,7 +84,7 @@ def _block_sync() -> None:
 @lowers("tk.alloc_tt")
 def lower_alloc_tt(ctx: LoweringContext, op) -> TensorRef:
     slot = smem_addr(ctx.smem_base, c32(contracts.OFFSET.get(op)))
-    last = not any(o.name == "tk.alloc_tt" for o in _after(op))
+    last = not any(getattr(tk.op_def(o), "tensor_memory", None) == "alloc" for o in _after(op))
     group = _group(op)
 
     def allocate():

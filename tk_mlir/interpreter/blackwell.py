@@ -20,7 +20,8 @@
 - pair=True (a cluster's two blocks): block 0's thread issues one MMA over
   both blocks' operands and tiles (M = 256: each block's 128 rows of a and
   of the tile, N: their halves of b), and a commit arrives in both blocks.
-  Accesses in the other block are modelled, not checked for races.
+  In the other block only what is in flight is checked (no clocks across
+  blocks: Block.foreign_clock).
 - tcgen05.ld/st (tk.load / tk.store of a tensor tile) move a warpgroup's
   tmem-layout tile: warp w of the warpgroup reads or writes rows 32w..32w+31.
 """
@@ -42,6 +43,7 @@ LANES, COLUMNS = BLACKWELL.tmem_lanes, BLACKWELL.tmem_columns
 
 @dataclass
 class _Tile:
+    """A live tensor tile's columns and where it was allocated."""
     start: int
     columns: int
     where: str
