@@ -450,6 +450,54 @@ def test_a_cluster_gemm_shares_b_by_multicast():
 
 
 @tk.kernel(num_warps=4)
+def short_of_bytes(A: tk.gl[f32], CLUSTER: tk.constexpr):
+    tk.use_cluster(CLUSTER)
+    a = tk.shared_tile(f32, (16, 64))
+    s = tk.semaphore(1)
+    if tk.warp_id() == 0:
+        if tk.elect_leader():
+            tk.tma.expect_bytes(s, 2 * 16 * 64 * 4)      # twice what the load brings
+            tk.tma.load_async(a, A, (0, 0), s)
+    tk.wait(s, 0)
+
+
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_a_semaphore_short_of_bytes_is_named_in_a_cluster_too(cluster):
+    """A wait in a cluster steps aside for the other blocks, but when every
+    block waits the missing bytes are still the report."""
+    with pytest.raises(InterpretError, match=r"transaction-byte mismatch .* \(4096 byte\(s\) "
+                                             r"missing\)"):
+        short_of_bytes.interpret[(cluster,)](np.zeros((16, 64), np.float32), CLUSTER=cluster)
+
+
+@tk.kernel(num_warps=4)
+def into_an_ended_block(A: tk.gl[f32]):
+    """Block 1 tells block 0 to go on and ends; block 0 then multicasts into it."""
+    tk.use_cluster(2)
+    a = tk.shared_tile(f32, (16, 64))
+    loaded, go = tk.semaphore(1), tk.semaphore(1)
+    tk.cluster_sync()
+    if tk.cluster_rank() == 1:
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                tk.arrive(go, cta=0)
+    else:
+        tk.wait(go, 0)
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                tk.tma.expect(loaded, a)
+                tk.tma.load_async(a, A, (0, 0), loaded, multicast=3)   # MARK: into ended
+        tk.wait(loaded, 0)
+
+
+def test_reaching_a_block_of_the_cluster_that_has_ended_is_reported():
+    with pytest.raises(InterpretError, match=r"this multicast TMA load acts on block \(1, 0, 0\) "
+                                             r"of the cluster, which has already ended") as e:
+        into_an_ended_block.interpret[(2,)](np.random.rand(16, 64).astype(np.float32))
+    assert e.value.line == line_of("MARK: into ended")
+
+
+@tk.kernel(num_warps=4)
 def store_in_divergent_lanes(X: tk.gl[f32]):
     t = tk.load(X, (0, 0), (16, 64))
     if tk.lane_id() < 16:

@@ -244,7 +244,9 @@ def _mma_commit(op, num_warps):
     pair = bool(op.hint(contracts.CTA_PAIR, False))
     def commit(w, sem):
         block = w.block
-        blocks = tuple(block.cluster.blocks) if pair else (block,)
+        # (the committing block first: its thread's clock goes on its own semaphore)
+        blocks = (block, *(b for b in block.cluster.blocks if b is not block)) if pair \
+            else (block,)
         for lane in w.active_lanes():
             thread = (w.index, int(lane))
             mmas = block.tc_pending.pop(thread, [])
@@ -264,6 +266,8 @@ def _complete(blocks, thread, mmas, sem, clock, loc, at) -> None:
     each block of a pair): their reads and writes count as done, in each
     block, at the phase its arrival is part of."""
     issuer = blocks[0]
+    for peer in blocks[1:]:
+        issuer.reach(peer, loc, "this commit's arrival")
     known = issuer.tc_known.setdefault(thread, np.zeros_like(clock))
     np.maximum(clock, known, out=clock)        # its earlier MMAs are complete too
     clocks = []

@@ -137,9 +137,11 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
     """One TMA load by warp w into `block`'s dst (w's own block, or a block of
     its cluster), counted on that block's sem. Into another block the
     issuer's clock means nothing there: its ordering is not checked."""
+    own = block is w.block
+    if not own:
+        w.block.reach(block, loc, "this multicast TMA load")
     s = block.semaphore(sem, loc)
     epoch = s.completed + 1      # the phase these bytes count towards
-    own = block is w.block
     clock = w.clock.copy() if own else np.zeros(block.num_slots, np.int64)
     seen = clock if own else block.foreign_clock()
     _check(loc, block.shadow.write(dst, w.index if own else 0, seen, at, "this TMA load",
@@ -341,6 +343,8 @@ def _arrive_remote(op, num_warps):
         if not 0 <= r < len(blocks):
             raise error(loc, f"tk.arrive(..., cta={r}): the cluster has blocks 0..{len(blocks) - 1}")
         peer = blocks[r]
+        if peer is not w.block:
+            w.block.reach(peer, loc, "this remote arrival")
         clock = w.clock if peer is w.block else np.zeros(peer.num_slots, np.int64)
         peer.semaphore(sem, loc).arrive(_lanes(w), clock, loc, at)
         w.clock[w.index] += 1

@@ -113,6 +113,7 @@ class Block:
         # of its own MMAs that have completed (ordered before its next) ...
         self.tmem = TensorMemory()
         self.cluster, self.cluster_rank = None, 0   # (set by Cluster)
+        self.ended = False                    # every warp has returned
         self.tc_pending: dict = {}
         self.tc_flights: dict = {}
         self.tc_known: dict = {}
@@ -143,6 +144,15 @@ class Block:
             s = self.sems[key] = Semaphore(ref, ref.alloc.arrivals, self.num_slots)
             s.slot = ref.alloc.agent + ref.index
         return s
+
+    def reach(self, peer, loc, what: str) -> None:
+        """Raise unless `peer` (a block of this one's cluster) is still
+        running: `what` would act on shared memory it has given up."""
+        if peer.ended:
+            raise error(loc, f"{what} acts on block {peer.name} of the cluster, which has "
+                             f"already ended (its shared memory is gone): end the kernel with "
+                             f"tk.cluster_sync() so that no block leaves while another may "
+                             f"still reach it")
 
     def foreign_clock(self) -> np.ndarray:
         """The clock of an access from another block of the cluster: past
@@ -221,12 +231,15 @@ class Arrival:
 class Blocked:
     """A warp waiting (a semaphore phase, a named barrier): ready() says when
     it may go on; describe() what it waits for, for a deadlock report.
-    `external`: for global memory that other blocks (or ranks) write, so the
-    block may step aside for them."""
+    `external`: for what other blocks (or ranks) do, so the block may step
+    aside for them; `flag`: for a flag in global memory (tk.wait_signal),
+    which a producer may set only after loads of its own, so a semaphore
+    short of bytes is then not the likely cause of a deadlock."""
     ready: object
     describe: object
     loc: object
     external: bool = False
+    flag: bool = False
 
 
 STALLED = object()    # what a block runner yields when it waits for other blocks
@@ -387,6 +400,7 @@ def _on_block_end(block: Block, warps: list) -> None:
     for may still be in flight on a GPU (whatever the interpreter's delays),
     and would land in shared memory the block has given up. Tensor memory
     must be given back."""
+    block.ended = True
     block.tmem.check_released(block.name)
     for key, (phase, loc) in block.last_load.items():
         if max(w.seen.get(key, -1) for w in warps) < phase:
@@ -401,7 +415,7 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
     """Every warp that has not returned waits and nothing is in flight."""
     # Bytes that can never come are the likelier cause, unless a warp waits
     # for a flag (a producer may have armed a phase, then waited to load).
-    flag_wait = any(b.external for b in blocked.values())
+    flag_wait = any(b.flag for b in blocked.values())
     for s in () if flag_wait else block.sems.values():
         if s.pending == 0 and s.tx > 0 and s.loads_in_flight == 0:
             first = blocked[min(blocked)]

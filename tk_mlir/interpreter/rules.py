@@ -198,7 +198,7 @@ def _wait_signal(op, num_warps):
             yield Blocked(lambda: not behind(w, flags, expected, idx),
                           lambda: "at tk.wait_signal: " + "; ".join(
                               behind(w, flags, expected, idx)[:2]),
-                          loc, external=True)
+                          loc, external=True, flag=True)
         for lane in w.active_lanes():        # ordered after what the signals published
             array, at = _flag_at(flags, lane, idx)
             w.block.order.acquire(ordering.acquire(array.flag_clocks, at,

@@ -360,25 +360,31 @@ def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
     """The planned kernel on checked tensors, into c; a_layout="km": a is
     given as K x M (a gradient's product, see grad_b). Operands whose rows
     are not whole 16-byte vectors (K = 250, a misaligned view) go through
-    copies padded with zeros, and c, then, through a padded result."""
+    copies padded with zeros; the result goes straight into c unless c's
+    rows need padding too, or the padded product is wider (N or M padded)."""
     a2, b2 = padded_rows(a), padded_rows(b)
-    if a2 is a and b2 is b and padded_rows(c) is c:
-        return _launch(a, b, c, b_layout, a_layout)
     m = a2.shape[-1] if a_layout == "km" else a2.shape[-2]     # (padded when a is K x M)
-    n = b2.shape[-1] if b_layout == "kn" else b2.shape[-2]
+    n = b2.shape[-1] if b_layout == "kn" else b2.shape[-2]     # (padded when b is K x N)
+    if (m, n) == tuple(c.shape[-2:]) and readable(c):
+        return _launch(a2, b2, c, b_layout, a_layout)
     c2 = c.new_empty(*c.shape[:-2], m, _whole_vectors(n, c.element_size()))
     _launch(a2, b2, c2, b_layout, a_layout)
     c.copy_(c2[..., :c.shape[-2], :c.shape[-1]])
 
 
-def padded_rows(t):
-    """t when kernels can read it as it lies (runtime.arguments.vector_rows),
-    else a copy whose last dim is padded with zeros to whole 16-byte vectors.
-    (Per operand per call: a contiguous tensor, the usual case, is decided by
-    three cheap reads, its outer strides being whole rows.)"""
+def readable(t) -> bool:
+    """Whether kernels read (and write) t as it lies: runtime.arguments'
+    vector_rows, a contiguous tensor (the usual case, per operand per call)
+    decided by three cheap reads, its outer strides being whole rows."""
     if t.is_contiguous() and not t.data_ptr() & 15 and not t.shape[-1] * t.element_size() & 15:
-        return t
-    if vector_rows(t.shape, t.stride(), t.element_size(), t.data_ptr()):
+        return True
+    return vector_rows(t.shape, t.stride(), t.element_size(), t.data_ptr())
+
+
+def padded_rows(t):
+    """t when kernels can read it as it lies (`readable`), else a copy whose
+    last dim is padded with zeros to whole 16-byte vectors."""
+    if readable(t):
         return t
     n = t.shape[-1]
     out = t.new_zeros(*t.shape[:-1], _whole_vectors(n, t.element_size()))
