@@ -198,6 +198,50 @@ def test_a_pair_mma_from_block_1_is_reported():
         wrong_block.interpret[(2,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128))
 
 
+@tk.kernel(num_warps=4, target="sm_100a")
+def early_ready(A: tk.gl, B: tk.gl, C: tk.gl[f32]):
+    """Block 1 says its operands are in before waiting for its own loads."""
+    tk.use_cluster(2)
+    rank = tk.cluster_rank()
+    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+    b = tk.shared_tile(B.dtype, (128, 64), swizzle=128)
+    loaded, ready, done = tk.semaphore(1), tk.semaphore(2), tk.semaphore(1)
+    acc = tk.tensor_tile(f32, (128, 256))
+    if tk.warp_id() == 0:
+        if tk.elect_leader():
+            tk.tma.expect(loaded, a, b)
+            tk.tma.load_async(a, A, (rank, 0), loaded)
+            tk.tma.load_async(b, B, (rank, 0), loaded)
+            if rank == 1:
+                tk.arrive(ready, cta=0)             # too early: before its loads land
+            tk.wait(loaded, 0)
+            if rank == 0:
+                tk.arrive(ready, cta=0)
+                tk.wait(ready, 0)
+                tk.mma_ABt(acc, a, b, accumulate=False, pair=True)
+                tk.mma_commit(done)
+    tk.wait(done, 0)
+    tk.store(C, tk.load(acc.columns(0, 128)), (rank, 0))
+    tk.free_tensor_tile(acc)
+
+
+def test_a_pair_mma_reading_the_other_blocks_operand_in_flight_is_reported(monkeypatch):
+    """Across blocks only what is in flight is checked, so the race shows
+    under the schedules where block 1's loads have not landed yet."""
+    from tk_mlir import interpreter
+    a, b = torch.randn(256, 64).bfloat16(), torch.randn(256, 64).bfloat16()
+    found = []
+    for seed in range(6):
+        monkeypatch.setattr(interpreter, "SEED", seed)
+        try:
+            early_ready.interpret[(2,)](a, b, torch.zeros(256, 128))
+        except InterpretError as e:
+            found.append(str(e))
+    assert found and all(re.search(r"this tcgen05\.mma \(pair=True: block \(1, 0, 0\)'s "
+                                    r"operand\) reads the shared tile allocated at .* while the "
+                                    r"TMA load issued at .* is still writing it", m) for m in found)
+
+
 def rel_err(x, ref) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 

@@ -17,7 +17,9 @@ Every op is modelled: shared memory (NaN until written), TMA, semaphores
 tk.mma_wait), named barriers, elect, atomics, tk.store_partial, signals and
 peer tensors, clusters (a cluster's blocks are made together and act on
 each other's semaphores and shared memory; each keeps its own clocks, so
-races across blocks are not checked), Blackwell's tensor memory and tcgen05
+across blocks only what is still in flight is checked, and a block waiting
+for another may step aside before its own copies land), Blackwell's tensor
+memory and tcgen05
 (blackwell.py). An op that every active lane issues is issued once per
 lane, as on the GPU.
 

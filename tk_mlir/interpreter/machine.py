@@ -343,8 +343,14 @@ def block_runner(body, block: Block, num_slots: int, init):
                 blocked[i] = got
             else:
                 runnable.append(i)
-        elif block.agents:
+        elif block.agents and not (any(b.external for b in blocked.values()) and
+                                   rng.integers(2)):
             block.step = block.agents[0][0] - 1     # nothing runs until the next landing
+        elif block.agents:
+            # Waiting for another block with copies still landing here: step
+            # aside before they land (a coin), so that the other blocks may run
+            # while they are in flight; the landings are progress to come.
+            yield True
         elif not waiting and not blocked:
             return
         elif any(b.external for b in blocked.values()):
