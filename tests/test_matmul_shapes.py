@@ -1,4 +1,4 @@
-"""matmul at any M, N, K (issue 26): operands whose rows are not whole
+"""matmul (and grouped_matmul) at any M, N, K (issue 26): operands whose rows are not whole
 16-byte vectors (K or N not a multiple of 8 for 16-bit types, views that
 start mid-vector) go through zero-padded copies, and the result through a
 padded buffer; checked in the interpreter against float64, gradients too."""
@@ -62,3 +62,31 @@ def test_gradients_at_ragged_shapes(interpret, b_layout):
     c64 = a64 @ (b64.T if b_layout == "nk" else b64)
     da64, db64 = torch.autograd.grad(c64, (a64, b64), g.double())
     assert rel(da, da64) < 1e-2 and rel(db, db64) < 1e-2
+
+
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_grouped_matmul_at_ragged_shapes(interpret, b_layout):
+    """K = 90 and N = 130: the experts' products and their gradients."""
+    from tk_mlir.kernels import grouped_matmul
+    torch.manual_seed(5)
+    G, M, N, K = 3, 70, 130, 90
+    a = torch.randn(G, M, K).bfloat16().requires_grad_()
+    b = (torch.randn(G, N, K) if b_layout == "nk" else torch.randn(G, K, N)).bfloat16()
+    b.requires_grad_()
+    sizes = [70, 33, 0]
+    c = grouped_matmul(a, b, sizes, b_layout=b_layout)
+    bt = b.detach().double() if b_layout == "kn" else b.detach().double().transpose(1, 2)
+    for g, s in enumerate(sizes):
+        if s:
+            assert rel(c[g, :s], a.detach()[g, :s].double() @ bt[g]) < 1e-2
+    g_c = torch.randn_like(c)
+    da, db = torch.autograd.grad(c, (a, b), g_c)
+    # (a product's rows up to its tile end, sizes[g] rounded up to 128 and at
+    # most M, are computed and take gradients: grouped_gemm.grouped_grads)
+    ends = [min(-(-s // 128) * 128, M) for s in sizes]
+    kept = torch.arange(M)[None, :, None] < torch.tensor(ends)[:, None, None]
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    c64 = a64 @ (b64 if b_layout == "kn" else b64.transpose(1, 2))
+    da64, db64 = torch.autograd.grad(c64, (a64, b64), torch.where(kept, g_c.double(), 0))
+    assert rel(da * kept, da64) < 1e-2 and rel(db, db64) < 1e-2

@@ -358,17 +358,29 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
 
 def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
     """The planned kernel on checked tensors, into c; a_layout="km": a is
-    given as K x M (a gradient's product, see grad_b). Operands whose rows
-    are not whole 16-byte vectors (K = 250, a misaligned view) go through
-    copies padded with zeros; the result goes straight into c unless c's
-    rows need padding too, or the padded product is wider (N or M padded)."""
+    given as K x M (a gradient's product, see grad_b). Any M, N, K
+    (padded_launch)."""
+    padded_launch(lambda a, b, c: _launch(a, b, c, b_layout, a_layout), a, b, c, b_layout,
+                  a_layout)
+
+
+def padded_launch(run, a, b, c, b_layout: str, a_layout: str = "mk",
+                  partial: bool = False) -> None:
+    """run(a, b, c) on operands kernels read as they lie: those whose rows are
+    not whole 16-byte vectors (K = 250, a misaligned view) go through copies
+    padded with zeros; the result goes straight into c unless c's rows need
+    padding too, or the padded product is wider (N or M padded), then
+    through a padded buffer copied back (partial=True: run writes only some
+    of c's rows, and the buffer starts as c, so the others keep c's values)."""
     a2, b2 = padded_rows(a), padded_rows(b)
     m = a2.shape[-1] if a_layout == "km" else a2.shape[-2]     # (padded when a is K x M)
     n = b2.shape[-1] if b_layout == "kn" else b2.shape[-2]     # (padded when b is K x N)
     if (m, n) == tuple(c.shape[-2:]) and readable(c):
-        return _launch(a2, b2, c, b_layout, a_layout)
+        return run(a2, b2, c)
     c2 = c.new_empty(*c.shape[:-2], m, _whole_vectors(n, c.element_size()))
-    _launch(a2, b2, c2, b_layout, a_layout)
+    if partial:
+        c2[..., :c.shape[-2], :c.shape[-1]] = c
+    run(a2, b2, c2)
     c.copy_(c2[..., :c.shape[-2], :c.shape[-1]])
 
 

@@ -85,25 +85,31 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
 
 def launch(a, b, sizes, c, b_layout: str):
     """grouped_gemm_kernel on checked arguments, into c (a new tensor of a's
-    dtype when None); returns c."""
+    dtype when None); returns c. Any N and K (gemm.padded_launch)."""
     import torch
-    G, M, K = a.shape
     if sizes.device != a.device:
         sizes = sizes.to(a.device)
     if c is None:
         c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+    # (the kernel writes each product's tile rows only: the rest keep c's values)
+    gemm.padded_launch(lambda a, b, c: _launch(a, b, sizes, c, b_layout), a, b, c, b_layout,
+                       partial=True)
+    return c
+
+
+def _launch(a, b, sizes, c, b_layout: str) -> None:
+    G, M, K = a.shape
     N = c.shape[-1]
     if not G * M * N:
-        return c
+        return
     if not K:
         c.zero_()
-        return c
+        return
     bn = 256 if N > 128 else 128
     starts, rows = grouped_schedule(sizes, M, tk.cdiv(N, bn))
     grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows,
                                                     LOG_G=(G - 1).bit_length(),
                                                     B_KN=b_layout == "kn", BN=bn)
-    return c
 
 
 def check_sizes(sizes, a):
