@@ -456,6 +456,11 @@ def test_freeing_first_makes_room():
                              r"tk.use_cluster\(2\) at the kernel's top level \(it has no "
                              r"cluster\)"),
     ("pair_and_single", r"this MMA is one block's, but the MMA at .* pairs blocks"),
+    ("columns_misaligned", r"columns\(8, 16\) of the f32 128x128 tensor tile: start must be a "
+                           r"multiple of 16"),
+    ("store_layout", r"f32 128x128 tensor tile moves to and from an f32 128x128 register tile "
+                     r"in the tmem layout of warpgroup scope .*, got f32 128x128 tile \(vec, "
+                     r"block\)"),
     ("pair_shape", r"tk.mma_ABt\(pair=True\): each block's 128x64 rows of a by half of b "
                    r"\(64x128 here, N = 256 over the pair\) do not fit its f32 128x128 "
                    r"tensor tile"),
@@ -488,6 +493,10 @@ def test_tensor_memory_rules_are_refused_at_their_line(body, message):
         tk.wait(done, 0)
         if BODY == "load_layout":
             tk.load(acc, layout="row")
+        if BODY == "columns_misaligned":
+            tk.load(acc.columns(8, 16))
+        if BODY == "store_layout":
+            tk.store(acc, tk.zeros((128, 128), f32))
         if BODY != "never_freed":
             tk.free_tensor_tile(acc)
         if BODY == "freed_twice":
