@@ -242,6 +242,44 @@ def test_a_pair_mma_reading_the_other_blocks_operand_in_flight_is_reported(monke
                                     r"TMA load issued at .* is still writing it", m) for m in found)
 
 
+@tk.kernel(num_warps=4, target="sm_100a")
+def pair_multicast(A: tk.gl, B: tk.gl, C: tk.gl[f32]):
+    """A pair whose blocks take one B half by TMA multicast from block 0."""
+    tk.use_cluster(2)
+    rank = tk.cluster_rank()
+    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+    b = tk.shared_tile(B.dtype, (128, 64), swizzle=128)
+    loaded, ready, done = tk.semaphore(1), tk.semaphore(2), tk.semaphore(1)
+    acc = tk.tensor_tile(f32, (128, 256))
+    if tk.warp_id() == 0:
+        if tk.elect_leader():
+            tk.tma.expect(loaded, a, b)
+            tk.tma.load_async(a, A, (rank, 0), loaded)
+            if rank == 0:
+                tk.tma.load_async(b, B, (0, 0), loaded, multicast=0b11)
+            tk.wait(loaded, 0)
+            tk.arrive(ready, cta=0)
+            if rank == 0:
+                tk.wait(ready, 0)
+                tk.mma_ABt(acc, a, b, accumulate=False, pair=True)
+                tk.mma_commit(done)
+    tk.wait(done, 0)
+    tk.store(C, tk.load(acc.columns(0, 128)), (rank, 0))
+    tk.free_tensor_tile(acc)
+
+
+def test_a_pair_takes_its_stages_by_multicast(monkeypatch):
+    a, b = torch.randn(256, 64).bfloat16(), torch.randn(128, 64).bfloat16()
+    c = torch.full((256, 128), float("nan"))
+    pair_multicast.interpret[(2,)](a, b, c)
+    assert rel_err(c, a.double() @ b.double().T) < 1e-6      # both halves of N are B's rows
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    ptx = pair_multicast.compile(tk.spec((256, 64), tk.bf16), tk.spec((128, 64), tk.bf16),
+                                 tk.spec((256, 128), f32)).asm["ptx"]
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes." \
+           "multicast" in ptx and "tcgen05.mma.cta_group::2" in ptx
+
+
 def rel_err(x, ref) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 
