@@ -112,9 +112,12 @@ def test_ptxas_assembles_it_and_nvdisasm_shows_the_tensor_core_ops(monkeypatch, 
 
 
 @tk.kernel(num_warps=4, target="sm_100a")
-def pair_tile(A: tk.gl, B: tk.gl, C: tk.gl[f32], K: tk.constexpr):
+def pair_tile(A: tk.gl, B: tk.gl, C: tk.gl[f32], K: tk.constexpr,
+              SHARED_B: tk.constexpr = False, EARLY: tk.constexpr = False):
     """C (256 x 256) = A @ B.T over a cluster of 2: block r loads rows 128r..
-    of A and of B, block 0 issues one M = 256 MMA per K step for both."""
+    of A and of B (SHARED_B: block 0 multicasts rows 0.. of B to both), block 0
+    issues one M = 256 MMA per K step for both. EARLY: block 1 says its
+    operands are in before its loads land (a race)."""
     tk.use_cluster(2)
     rank = tk.cluster_rank()
     a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
@@ -126,13 +129,21 @@ def pair_tile(A: tk.gl, B: tk.gl, C: tk.gl[f32], K: tk.constexpr):
             if tk.elect_leader():
                 tk.tma.expect(loaded, a, b)
                 tk.tma.load_async(a, A, (rank, k), loaded)
-                tk.tma.load_async(b, B, (rank, k), loaded)
+                if SHARED_B:
+                    if rank == 0:
+                        tk.tma.load_async(b, B, (0, k), loaded, multicast=0b11)
+                else:
+                    tk.tma.load_async(b, B, (rank, k), loaded)
+                if EARLY:
+                    if rank == 1:
+                        tk.arrive(ready, cta=0)        # too early: before its loads land
                 tk.wait(loaded, k % 2)
-                tk.arrive(ready, cta=0)            # both blocks' operands are in
+                if not EARLY or rank == 0:
+                    tk.arrive(ready, cta=0)            # both blocks' operands are in
                 if rank == 0:
                     tk.wait(ready, k % 2)
                     tk.mma_ABt(acc, a, b, accumulate=k > 0, pair=True)
-                    tk.mma_commit(done)            # arrives in both blocks
+                    tk.mma_commit(done)                # arrives in both blocks
         tk.wait(done, k % 2)
     for j in tk.static_range(2):
         tk.store(C, tk.load(acc.columns(j * 128, 128)), (rank, j))
@@ -198,33 +209,6 @@ def test_a_pair_mma_from_block_1_is_reported():
         wrong_block.interpret[(2,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128))
 
 
-@tk.kernel(num_warps=4, target="sm_100a")
-def early_ready(A: tk.gl, B: tk.gl, C: tk.gl[f32]):
-    """Block 1 says its operands are in before waiting for its own loads."""
-    tk.use_cluster(2)
-    rank = tk.cluster_rank()
-    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
-    b = tk.shared_tile(B.dtype, (128, 64), swizzle=128)
-    loaded, ready, done = tk.semaphore(1), tk.semaphore(2), tk.semaphore(1)
-    acc = tk.tensor_tile(f32, (128, 256))
-    if tk.warp_id() == 0:
-        if tk.elect_leader():
-            tk.tma.expect(loaded, a, b)
-            tk.tma.load_async(a, A, (rank, 0), loaded)
-            tk.tma.load_async(b, B, (rank, 0), loaded)
-            if rank == 1:
-                tk.arrive(ready, cta=0)             # too early: before its loads land
-            tk.wait(loaded, 0)
-            if rank == 0:
-                tk.arrive(ready, cta=0)
-                tk.wait(ready, 0)
-                tk.mma_ABt(acc, a, b, accumulate=False, pair=True)
-                tk.mma_commit(done)
-    tk.wait(done, 0)
-    tk.store(C, tk.load(acc.columns(0, 128)), (rank, 0))
-    tk.free_tensor_tile(acc)
-
-
 def test_a_pair_mma_reading_the_other_blocks_operand_in_flight_is_reported(monkeypatch):
     """Across blocks only what is in flight is checked, so the race shows
     under the schedules where block 1's loads have not landed yet."""
@@ -234,7 +218,7 @@ def test_a_pair_mma_reading_the_other_blocks_operand_in_flight_is_reported(monke
     for seed in range(6):
         monkeypatch.setattr(interpreter, "SEED", seed)
         try:
-            early_ready.interpret[(2,)](a, b, torch.zeros(256, 128))
+            pair_tile.interpret[(2,)](a, b, torch.zeros(256, 256), K=64, EARLY=True)
         except InterpretError as e:
             found.append(str(e))
     assert found and all(re.search(r"this tcgen05\.mma \(pair=True: block \(1, 0, 0\)'s "
@@ -242,40 +226,15 @@ def test_a_pair_mma_reading_the_other_blocks_operand_in_flight_is_reported(monke
                                     r"TMA load issued at .* is still writing it", m) for m in found)
 
 
-@tk.kernel(num_warps=4, target="sm_100a")
-def pair_multicast(A: tk.gl, B: tk.gl, C: tk.gl[f32]):
-    """A pair whose blocks take one B half by TMA multicast from block 0."""
-    tk.use_cluster(2)
-    rank = tk.cluster_rank()
-    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
-    b = tk.shared_tile(B.dtype, (128, 64), swizzle=128)
-    loaded, ready, done = tk.semaphore(1), tk.semaphore(2), tk.semaphore(1)
-    acc = tk.tensor_tile(f32, (128, 256))
-    if tk.warp_id() == 0:
-        if tk.elect_leader():
-            tk.tma.expect(loaded, a, b)
-            tk.tma.load_async(a, A, (rank, 0), loaded)
-            if rank == 0:
-                tk.tma.load_async(b, B, (0, 0), loaded, multicast=0b11)
-            tk.wait(loaded, 0)
-            tk.arrive(ready, cta=0)
-            if rank == 0:
-                tk.wait(ready, 0)
-                tk.mma_ABt(acc, a, b, accumulate=False, pair=True)
-                tk.mma_commit(done)
-    tk.wait(done, 0)
-    tk.store(C, tk.load(acc.columns(0, 128)), (rank, 0))
-    tk.free_tensor_tile(acc)
-
-
 def test_a_pair_takes_its_stages_by_multicast(monkeypatch):
-    a, b = torch.randn(256, 64).bfloat16(), torch.randn(128, 64).bfloat16()
-    c = torch.full((256, 128), float("nan"))
-    pair_multicast.interpret[(2,)](a, b, c)
-    assert rel_err(c, a.double() @ b.double().T) < 1e-6      # both halves of N are B's rows
+    a, b = torch.randn(256, 128).bfloat16(), torch.randn(128, 128).bfloat16()
+    c = torch.full((256, 256), float("nan"))
+    pair_tile.interpret[(2,)](a, b, c, K=128, SHARED_B=True)
+    both = torch.cat((b, b)).double()                 # each block's half of N is B's rows
+    assert rel_err(c, a.double() @ both.T) < 1e-6
     monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
-    ptx = pair_multicast.compile(tk.spec((256, 64), tk.bf16), tk.spec((128, 64), tk.bf16),
-                                 tk.spec((256, 128), f32)).asm["ptx"]
+    ptx = pair_tile.compile(tk.spec((256, 128), tk.bf16), tk.spec((128, 128), tk.bf16),
+                            tk.spec((256, 256), f32), K=128, SHARED_B=True).asm["ptx"]
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes." \
            "multicast" in ptx and "tcgen05.mma.cta_group::2" in ptx
 
@@ -335,28 +294,6 @@ def test_a_tensor_store_then_an_accumulating_mma(monkeypatch):
     """)
 
 
-def test_a_tensor_store_racing_the_mma_is_reported():
-    """Storing into the tile while the MMA may still write it (no wait on the
-    commit's semaphore first)."""
-    @tk.kernel(num_warps=4, target="sm_100a")
-    def early_store(A: tk.gl, C: tk.gl[f32]):
-        a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
-        done = tk.semaphore(1)
-        acc = tk.tensor_tile(f32, (128, 128))
-        tk.copy(a, A, (0, 0))
-        if tk.warp_id() == 0:
-            if tk.elect_leader():
-                tk.mma_ABt(acc, a, a, accumulate=False)
-                tk.mma_commit(done)
-        tk.store(acc, tk.zeros((128, 128), f32, layout="tmem", scope="warpgroup"))
-        tk.wait(done, 0)
-        tk.free_tensor_tile(acc)
-    with pytest.raises(InterpretError, match=r"this tensor store \(tcgen05\.st\) writes the "
-                                             r"tensor tile allocated at .* while the "
-                                             r"tcgen05\.mma issued at .* still writes it"):
-        early_store.interpret[(1,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128))
-
-
 def test_reading_the_tile_before_the_commits_phase_is_reported():
     a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 64).bfloat16()
     with pytest.raises(InterpretError, match=r"this tensor load \(tcgen05\.ld\) reads the "
@@ -367,45 +304,43 @@ def test_reading_the_tile_before_the_commits_phase_is_reported():
         MMA_TILE.interpret[(1,)](a, b, torch.zeros(128, 64), K=64, N=64, WAIT=False)
 
 
-def test_overwriting_an_operand_before_the_mma_read_it_is_reported():
-    @tk.kernel(num_warps=4, target="sm_100a")
-    def early(A: tk.gl, C: tk.gl[f32]):
-        a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
-        done = tk.semaphore(1)
-        acc = tk.tensor_tile(f32, (128, 128))
-        tk.copy(a, A, (0, 0))
-        if tk.warp_id() == 0:
-            if tk.elect_leader():
-                tk.mma_ABt(acc, a, a, accumulate=False)
+@tk.kernel(num_warps=4, target="sm_100a")
+def one_mma(A: tk.gl, C: tk.gl[f32], n: int, BUG: tk.constexpr):
+    """C = A @ A.T by one thread's MMA, and then what BUG names, that a
+    kernel must not do: "early_store" (a tensor store before the commit's
+    phase), "early_copy" (overwrite the operand before it), "lost_commit"
+    (the commit under a condition false at run time: n = 1)."""
+    a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
+    done = tk.semaphore(1)
+    acc = tk.tensor_tile(f32, (128, 128))
+    tk.copy(a, A, (0, 0))
+    if tk.warp_id() == 0:
+        if tk.elect_leader():
+            tk.mma_ABt(acc, a, a, accumulate=False)
+            if BUG != "lost_commit" or n > 1:
                 tk.mma_commit(done)
-        tk.copy(a, A, (0, 1))            # the MMA may not have read a yet
+    if BUG == "early_store":
+        tk.store(acc, tk.zeros((128, 128), f32, layout="tmem", scope="warpgroup"))
+    if BUG == "early_copy":
+        tk.copy(a, A, (0, 1))
+    if BUG != "lost_commit":
         tk.wait(done, 0)
         tk.store(C, tk.load(acc), (0, 0))
-        tk.free_tensor_tile(acc)
-    with pytest.raises(InterpretError, match=r"writes the shared tile allocated at .* while "
-                                             r"the tcgen05\.mma issued at .* still reads it"):
-        early.interpret[(1,)](torch.randn(128, 128).bfloat16(), torch.zeros(128, 128))
+    tk.free_tensor_tile(acc)
 
 
-def test_an_mma_never_committed_is_reported():
-    """The commit sits under a condition that is false at run time (the
-    compile-time check sees a commit after the MMA)."""
-    @tk.kernel(num_warps=4, target="sm_100a")
-    def lost(A: tk.gl, C: tk.gl[f32], n: int):
-        a = tk.shared_tile(A.dtype, (128, 64), swizzle=128)
-        done = tk.semaphore(1)
-        acc = tk.tensor_tile(f32, (128, 128))
-        tk.copy(a, A, (0, 0))
-        if tk.warp_id() == 0:
-            if tk.elect_leader():
-                tk.mma_ABt(acc, a, a, accumulate=False)
-                if n > 1:
-                    tk.mma_commit(done)
-        tk.free_tensor_tile(acc)
-    with pytest.raises(InterpretError, match=r"frees the tensor tile allocated at .*, which "
-                                             r"the tcgen05\.mma issued at .* writes, and that "
-                                             r"MMA was never committed"):
-        lost.interpret[(1,)](torch.randn(128, 64).bfloat16(), torch.zeros(128, 128), 1)
+@pytest.mark.parametrize("bug, message", [
+    ("early_store", r"this tensor store \(tcgen05\.st\) writes the tensor tile allocated at .* "
+                    r"while the tcgen05\.mma issued at .* still writes it"),
+    ("early_copy", r"writes the shared tile allocated at .* while the tcgen05\.mma issued at .* "
+                   r"still reads it"),
+    ("lost_commit", r"frees the tensor tile allocated at .*, which the tcgen05\.mma issued at "
+                    r".* writes, and that MMA was never committed"),
+])
+def test_mma_hazards_are_reported(bug, message):
+    with pytest.raises(InterpretError, match=message):
+        one_mma.interpret[(1,)](torch.randn(128, 128).bfloat16(), torch.zeros(128, 128), 1,
+                                BUG=bug)
 
 
 def test_tensor_memory_allocation_rules_in_the_interpreter():
