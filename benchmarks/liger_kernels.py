@@ -39,15 +39,15 @@ def _rel(x, ref) -> float:
 
 
 def _fwd_bwd(fn, inputs):
-    """fn's forward and its backward to `inputs` (a loss: from 1; else from
-    one fixed random gradient)."""
+    """fn's forward and its backward to `inputs` from every output (a loss:
+    from 1; else from one fixed random gradient per output shape)."""
     grads = {}
     def run():
         out = fn()
-        out = out[0] if isinstance(out, tuple) else out
-        g = torch.ones_like(out) if out.dim() == 0 else \
-            grads.setdefault(out.shape, torch.rand_like(out))
-        torch.autograd.grad(out, inputs, g)
+        outs = out if isinstance(out, tuple) else (out,)
+        gs = [torch.ones_like(o) if o.dim() == 0 else grads.setdefault(o.shape, torch.rand_like(o))
+              for o in outs]
+        torch.autograd.grad(outs, inputs, gs)
     return run
 
 
