@@ -24,7 +24,10 @@ from torch_reference import relative_error as _rel  # noqa: E402
 bf16 = torch.bfloat16
 gpu = pytest.mark.gpu
 MAPS = {None: lambda x: x, "elu1": lambda x: torch.nn.functional.elu(x) + 1,
-        "relu": torch.relu}
+        "relu": torch.relu,
+        "taylor2": lambda x: torch.cat((torch.ones_like(x[..., :1]), x,
+                                        (x[..., :, None] * x[..., None, :]).flatten(-2)
+                                        / math.sqrt(2)), -1)}
 
 
 def recurrence(q, k, v, feature_map, causal, normalize, scale, s0=None, z0=None):
@@ -32,7 +35,7 @@ def recurrence(q, k, v, feature_map, causal, normalize, scale, s0=None, z0=None)
     inputs' dtype): (o, S, z)."""
     f = MAPS[feature_map]
     q, k = f(q * scale), f(k)
-    B, N, H, DK = q.shape
+    B, N, H, DK = q.shape           # (DK: the feature dim)
     S = q.new_zeros(B, H, DK, v.shape[-1]) if s0 is None else s0.to(q.dtype)
     z = q.new_zeros(B, H, DK) if z0 is None else z0.to(q.dtype)
     if not causal:
@@ -100,6 +103,45 @@ def test_matches_the_recurrence_forward_and_backward(interpret, dk, dv, feature_
     _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2)
 
 
+@pytest.mark.parametrize("dk,dv,causal,normalize,state", [
+    (16, 64, True, True, True),        # Based's: 273 features, three slices of 128
+    (8, 128, False, True, False),
+    (16, 64, True, False, False),
+    (4, 64, True, True, False),        # 21 features, one slice
+])
+def test_taylor2_matches_the_recurrence_forward_and_backward(interpret, dk, dv, causal,
+                                                             normalize, state):
+    """feature_map="taylor2" (taylor_linear_attention.py): Based's features,
+    the chunked kernels on 128-feature slices, the normaliser in f32."""
+    from tk_mlir.kernels import taylor_linear_attention as taylor
+    q, k, v, _ = _inputs(2, 90, 2, dk, dv, seed=dk + dv)
+    s = None
+    if state:
+        g = torch.Generator().manual_seed(3)
+        dphi = taylor.feature_dim(dk)
+        s = (torch.rand(2, 2, dphi, dv, generator=g), torch.rand(2, 2, dphi, generator=g))
+    _check(q, k, v, s, "taylor2", causal, normalize, tol=1e-2)
+
+
+def test_taylor2_decoding_step_continues_the_recurrence(interpret):
+    from tk_mlir.kernels import linear_attention_step
+    q, k, v, _ = _inputs(1, 40, 2, 16, 64, seed=11)
+    ro, rs, rz = recurrence(*(t.double() for t in (q, k, v)), "taylor2", True, True, 0.25)
+    _, rs39, rz39 = recurrence(*(t[:, :39].double() for t in (q, k, v)), "taylor2", True,
+                               True, 0.25)
+    o, (s1, z1) = linear_attention_step(q[:, 39:], k[:, 39:], v[:, 39:],
+                                        (rs39.float(), rz39.float()), "taylor2")
+    assert _rel(o[:, 0], ro[:, 39]) < 1e-2
+    assert _rel(s1, rs) < 1e-2 and _rel(z1, rz) < 1e-5
+
+
+def test_taylor2_takes_head_dims_up_to_16():
+    q, k, v, _ = _inputs(1, 8, 1, 32, 64, seed=1)
+    with pytest.raises(ValueError, match=r"feature_map='taylor2' takes a q/k head dim D_k up "
+                                         r"to 16 .*, got 32"):
+        linear_attention(q, k, v, "taylor2")
+
+
 def test_a_chunk_at_a_time_with_the_returned_state_is_the_whole_sequence(interpret):
     """Recurrent use: two calls, the second starting from the first's state,
     give the one call's output and state."""
@@ -137,7 +179,7 @@ def test_bad_arguments_are_refused_with_the_rule():
         (dict(v=torch.cat((v, v[..., :32]), -1)), ValueError,
          r"D_v must be 64, 128 or 256, got 96"),
         (dict(k=k[:, :4]), ValueError, r"k must have shape \(1, 8, 2, 64\)"),
-        (dict(feature_map="taylor2"), ValueError, r"feature_map must be one of"),
+        (dict(feature_map="taylor3"), ValueError, r"feature_map must be one of"),
         (dict(normalize=1), TypeError, r"normalize must be a bool"),
         (dict(initial_state=state, causal=False), ValueError, r"causal=True only"),
         (dict(initial_state=(state[0].double(), state[1])), TypeError,
@@ -162,6 +204,13 @@ def test_bad_arguments_are_refused_with_the_rule():
 def test_gpu_matches_the_recurrence(dk, dv, feature_map, causal, normalize):
     q, k, v, s = _inputs(2, 1000, 4, dk, dv, seed=dk, device="cuda", state=causal)
     _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2, device_ref="cuda")
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_taylor2_matches_the_recurrence(causal):
+    q, k, v, _ = _inputs(2, 1000, 4, 16, 64, seed=16, device="cuda")
+    _check(q, k, v, None, "taylor2", causal, True, tol=1e-2, device_ref="cuda")
 
 
 # ------------------------------------------------------------------ decode

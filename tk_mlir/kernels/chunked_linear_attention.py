@@ -29,7 +29,7 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import checks
 
-FEATURE_MAPS = (None, "elu1", "relu")
+FEATURE_MAPS = (None, "elu1", "relu", "taylor2")   # taylor2: taylor_linear_attention.py
 # The MMA operands and the state's copies in shared memory, whatever the
 # inputs' dtype: bf16 has f32's range, where f16's (65504) would overflow as
 # the state's sums grow with the tokens.
@@ -410,9 +410,11 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
 
     q, k: (B, N, H, D_k); v: (B, N, H, D_v); bf16 or f16 on one CUDA device,
     last dim contiguous; D_k is 64 or 128, D_v 64, 128 or 256.
-    feature_map: None (identity), "elu1" (elu(x) + 1) or "relu". scale
-    defaults to 1/sqrt(D_k). initial_state: (S (B, H, D_k, D_v), z (B, H,
-    D_k)) f32, added before the first token (causal only). return_state=True
+    feature_map: None (identity), "elu1" (elu(x) + 1), "relu", or
+    "taylor2": Based's [1, x, vec(x ⊗ x)/√2] of D_φ = 1 + D_k + D_k² features,
+    for D_k <= 16 (taylor_linear_attention.py). scale defaults to
+    1/sqrt(D_k). initial_state: (S (B, H, D_φ, D_v), z (B, H, D_φ)) f32, D_φ
+    = D_k but for taylor2, added before the first token (causal only). return_state=True
     also returns the state after the last token, in that form. o has v's
     shape and dtype, contiguous. Differentiable in q, k, v and the initial
     state; under torch.compile the custom op torch.ops.tk_mlir.linear_attention."""
@@ -421,6 +423,10 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     scale = checks.attention_scale("linear_attention", scale, q.shape[-1])
     checks.on_cuda("linear_attention", "q", q)
     from tk_mlir.kernels import custom_ops
+    if feature_map == "taylor2":
+        from tk_mlir.kernels import taylor_linear_attention
+        return taylor_linear_attention.linear_attention(q, k, v, causal, normalize, scale,
+                                                        initial_state, return_state)
     s0, z0 = initial_state if initial_state is not None else (None, None)
     args = (q, k, v, s0, z0, feature_map or "none", causal, normalize, scale)
     if torch.compiler.is_compiling():
@@ -446,7 +452,12 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
     checks.shape(fn, "k", k, q.shape, "q's shape")
     if v.shape[:3] != q.shape[:3]:
         raise ValueError(f"{fn}: v must be (B={B}, N={N}, H={H}, D_v), got {tuple(v.shape)}")
-    if DK not in (64, 128):
+    if feature_map == "taylor2":
+        from tk_mlir.kernels import taylor_linear_attention as taylor
+        if not 1 <= DK <= taylor.MAX_DK:
+            raise ValueError(f"{fn}: feature_map='taylor2' takes a q/k head dim D_k up to "
+                             f"{taylor.MAX_DK} (its D_φ = 1 + D_k + D_k² features), got {DK}")
+    elif DK not in (64, 128):
         raise ValueError(f"{fn}: the q/k head dim D_k must be 64 or 128, got {DK}")
     DV = v.shape[3]
     if DV not in (64, 128, 256):
@@ -468,11 +479,13 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
         if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
             raise TypeError(f"{fn}: initial_state must be (S, z), got {type(initial_state)}")
         s0, z0 = initial_state
-        for name, t, shape in (("initial_state S", s0, (B, H, DK, DV)),
-                               ("initial_state z", z0, (B, H, DK))):
+        dphi = taylor.feature_dim(DK) if feature_map == "taylor2" else DK
+        for name, t, shape in (("initial_state S", s0, (B, H, dphi, DV)),
+                               ("initial_state z", z0, (B, H, dphi))):
             checks.tensor(fn, name, t, ndim=len(shape), dtypes=(torch.float32,))
             checks.like(fn, name, t, "q", q, dtype=False)
-            checks.shape(fn, name, t, shape, "(B, H, D_k, D_v) and (B, H, D_k)")
+            checks.shape(fn, name, t, shape, "(B, H, D_φ, D_v) and (B, H, D_φ), D_φ the "
+                         "feature dim")
     if return_state and not causal:
         raise ValueError(f"{fn}: return_state is a recurrence's state: causal=True only")
 
@@ -591,6 +604,9 @@ def linear_attention_step(q, k, v, state, feature_map: str | None = None,
     _check(q, k, v, feature_map, True, normalize, state, False)
     scale = checks.attention_scale(fn, scale, q.shape[-1])
     checks.on_cuda(fn, "q", q)
+    if feature_map == "taylor2":      # (its features are made in torch: one chunked call)
+        with torch.no_grad():
+            return linear_attention(q, k, v, "taylor2", True, normalize, scale, state, True)
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         o, s1, z1 = torch.ops.tk_mlir.linear_attention_step(q, k, v, state[0], state[1],
