@@ -40,7 +40,7 @@ def _top_level(op, func) -> ir.Operation:
 def check_tensor_memory(func) -> None:
     top = list(func.regions[0].blocks[0].operations)
     if not any(_role(op) == "alloc" for op in top):
-        _check_commits(func)
+        _check_mmas(func)
         return
     position = {op: i for i, op in enumerate(top)}
     budget = target.current().tmem_columns
@@ -59,7 +59,7 @@ def check_tensor_memory(func) -> None:
             _check_lifetime(func, op, position)
         elif _role(op) == "free":
             live.pop(op.operands[0].owner, None)
-    _check_commits(func)
+    _check_mmas(func)
 
 
 def _check_lifetime(func, alloc, position) -> None:
@@ -91,7 +91,7 @@ def _users(tile):
             yield from _users(user.results[0])
 
 
-def _check_commits(func) -> None:
+def _check_mmas(func) -> None:
     """No tcgen05.mma without a tk.mma_commit after it, in program order;
     the MMAs all pair blocks (in a cluster of 2: recorded for the lowering,
     whose every tcgen05 op is then cta_group::2) or none does."""
