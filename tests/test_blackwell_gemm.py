@@ -74,14 +74,14 @@ def test_the_interpreter_computes_scaled_fp8_products(interpret, rowwise):
 def test_matmul_and_scaled_matmul_route_to_it_on_blackwell(monkeypatch, interpret):
     """On a capability 10.0 device (here: CPU tensors in the interpreter,
     with the device check answering Blackwell) the library launches the
-    sm_100a kernel."""
+    sm_100a kernel: plain, scaled, batched, and the gradients' products."""
     calls = []
     for module in (gemm, scaled_gemm):
         monkeypatch.setattr(module, "is_blackwell", lambda device: True)
     for name in ("launch", "launch_scaled"):
         real = getattr(bg, name)
-        monkeypatch.setattr(bg, name, lambda *args, _real=real, _name=name:
-                            calls.append(_name) or _real(*args))
+        monkeypatch.setattr(bg, name, lambda *args, _real=real, _name=name, **kw:
+                            calls.append(_name) or _real(*args, **kw))
     a, b = torch.randn(96, 64).bfloat16(), torch.randn(80, 64).bfloat16()
     c = tk_matmul(a, b)
     assert calls == ["launch"] and rel(c, a.double() @ b.double().T) < 1e-2
@@ -90,8 +90,16 @@ def test_matmul_and_scaled_matmul_route_to_it_on_blackwell(monkeypatch, interpre
     out = scaled_gemm.scaled_matmul(a8, b8.t(), one, one, torch.float32)
     assert calls == ["launch", "launch_scaled"]
     assert rel(out, a8.double() @ b8.double().T) < 1e-5
-    with pytest.raises(NotImplementedError, match=r"matmul on Blackwell \(sm_100a\) takes 2-D"):
-        tk_matmul(a.unsqueeze(0), b.unsqueeze(0))
+    # a batch, and the gradients (dB reads a as K x M) go there too
+    a3 = torch.randn(2, 96, 64).bfloat16().requires_grad_()
+    b3 = torch.randn(2, 80, 64).bfloat16().requires_grad_()
+    c3 = tk_matmul(a3, b3)
+    assert rel(c3, a3.double() @ b3.double().transpose(1, 2)) < 1e-2
+    g = torch.randn_like(c3)
+    da, db = torch.autograd.grad(c3, (a3, b3), g)
+    assert rel(da, g.double() @ b3.double()) < 1e-2
+    assert rel(db, g.double().transpose(1, 2) @ a3.double()) < 1e-2
+    assert calls.count("launch") >= 4
 
 
 def tk_matmul(a, b):
@@ -107,3 +115,28 @@ def test_empty_products_launch_nothing(interpret):
     assert (c == 0).all()
     bg.launch(torch.empty(0, 16).bfloat16(), torch.empty(32, 16).bfloat16(),
               torch.empty(0, 32).bfloat16(), "nk")
+
+
+@needs_nvdisasm
+def test_ptxas_assembles_the_batched_and_transposed_a_forms(monkeypatch):
+    """dB's product (A given as K x M, B as K x N) over a batch of 4."""
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")
+    compiled = bg.blackwell_gemm_kernel.compile(
+        tk.spec((4, 2048, 1024), tk.bf16), tk.spec((4, 2048, 512), tk.bf16),
+        tk.spec((4, 1024, 512), tk.bf16), tk.spec((4,), tk.f32), tk.spec((4,), tk.f32),
+        B_KN=True, A_KM=True)
+    assert compiled.info["spill stores (bytes)"] == 0
+    assert re.search(r"\bUTCHMMA\b", compiled.asm["sass"])
+
+
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_the_interpreter_computes_transposed_a_products(interpret, b_layout):
+    """A given as K x M (gradients' dB): C = A.T @ B(.T) at odd shapes."""
+    torch.manual_seed(7)
+    K, M, N = 136, 200, 144
+    a = torch.randn(K, M).bfloat16()
+    b = torch.randn(N, K).bfloat16() if b_layout == "nk" else torch.randn(K, N).bfloat16()
+    c = torch.full((M, N), float("nan")).bfloat16()
+    bg.launch(a, b, c, b_layout, a_layout="km")
+    ref = a.double().T @ (b.double().T if b_layout == "nk" else b.double())
+    assert rel(c, ref) < 1e-2

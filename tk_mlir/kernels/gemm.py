@@ -417,11 +417,7 @@ def _launch(a, b, c, b_layout: str, a_layout: str) -> None:
     batch = a.shape[0] if a.dim() == 3 else 1
     device = a.get_device()
     if is_blackwell(device):
-        if km or batch > 1 or a.dim() == 3:
-            raise NotImplementedError("matmul on Blackwell (sm_100a) takes 2-D a (M x K) and "
-                                      "b; batched products and gradients' K x M operands run "
-                                      "on Hopper only so far")
-        return blackwell_gemm.launch(a, b, c, b_layout)
+        return blackwell_gemm.launch(a, b, c, b_layout, a_layout)
     sms = num_sms(device)
     chosen = plan(M, N, K, sms, batch)
     kn = b_layout == "kn"
