@@ -75,8 +75,10 @@ def _layout_ok(t, num_warps: int) -> None:
     # limit per thread it would all spill to local memory.
     regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
     limit = target.current().max_registers_per_thread
+    fix = ("load the tensor tile a piece of columns at a time (tk.load(acc.columns(start, "
+           "128)))" if t.layout == "tmem" else "use a smaller tile or more warps")
     _require(regs <= limit, f"{_show(t)} needs {regs} registers per thread "
-             f"(at most {limit} for one tile); use a smaller tile or more warps")
+             f"(at most {limit} for one tile); {fix}")
 
 
 def _in_memory(dtype: str, what: str) -> None:

@@ -434,6 +434,8 @@ def test_freeing_first_makes_room():
     ("store_layout", r"f32 128x128 tensor tile moves to and from an f32 128x128 register tile "
                      r"in the tmem layout of warpgroup scope .*, got f32 128x128 tile \(vec, "
                      r"block\)"),
+    ("load_too_wide", r"f32 128x256 tile \(tmem, warpgroup\) needs 256 registers per thread "
+                      r".*; load the tensor tile a piece of columns at a time"),
     ("pair_shape", r"tk.mma_ABt\(pair=True\): each block's 128x64 rows of a by half of b "
                    r"\(64x128 here, N = 256 over the pair\) do not fit its f32 128x128 "
                    r"tensor tile"),
@@ -466,6 +468,10 @@ def test_tensor_memory_rules_are_refused_at_their_line(body, message):
         tk.wait(done, 0)
         if BODY == "load_layout":
             tk.load(acc, layout="row")
+        if BODY == "load_too_wide":
+            wide = tk.tensor_tile(f32, (128, 256))
+            tk.store(C, tk.load(wide), (0, 0))
+            tk.free_tensor_tile(wide)
         if BODY == "columns_misaligned":
             tk.load(acc.columns(8, 16))
         if BODY == "store_layout":
