@@ -348,11 +348,10 @@ def test_tensor_memory_allocation_rules_in_the_interpreter():
     reaching these): double allocation, over the budget, use after free,
     double free, a block ending with columns held."""
     from tk_mlir.dialects import types as T
-    from tk_mlir.interpreter.blackwell import TensorMemory
     from tk_mlir.interpreter.machine import Block, Loc
     from tk_mlir.interpreter.shared import Allocation, whole
     block = Block((0, 0, 0), (1, 1, 1), 4)
-    tmem, loc = block.tmem, Loc("k.py", 3, 0)
+    tmem, loc = block.tmem, Loc("k.py", 3, 0)      # (a blackwell.TensorMemory)
     big, small = (Allocation(i, T.TT("f32", 128, n), 1, False, f"k.py:{i}") for i, n in
                   ((1, 384), (2, 128)))
     tmem.allocate(block, big, 512, loc, "k.py:1")
