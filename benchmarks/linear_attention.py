@@ -30,20 +30,37 @@ import protocol as P  # noqa: E402
 from tk_mlir.benchmarking import bench  # noqa: E402
 
 
-def impls(normalize: bool):
+def impls(normalize: bool, taylor2: bool = False):
+    """tk_mlir and FLA on (B, N, H, D): identity feature map, or (taylor2)
+    Based's, against FLA's fused_chunk_based and parallel_based."""
     from tk_mlir.kernels import linear_attention
-    out = {"tk_mlir": lambda q, k, v: linear_attention(q, k, v, normalize=normalize)}
+    feature_map = "taylor2" if taylor2 else None
+    out = {"tk_mlir": lambda q, k, v: linear_attention(q, k, v, feature_map,
+                                                       normalize=normalize)}
     try:
-        from fla.ops.linear_attn import chunk_linear_attn
-        out["fla"] = lambda q, k, v: chunk_linear_attn(q, k, v, normalize=normalize)[0]
+        if taylor2:
+            from fla.ops.based import fused_chunk_based, parallel_based
+            out["fla"] = lambda q, k, v: fused_chunk_based(q, k, v, use_norm=normalize)
+            out["fla parallel"] = lambda q, k, v: parallel_based(q, k, v, use_norm=normalize)
+        else:
+            from fla.ops.linear_attn import chunk_linear_attn
+            out["fla"] = lambda q, k, v: chunk_linear_attn(q, k, v, normalize=normalize)[0]
     except Exception as e:                                          # noqa: BLE001
         print(f"fla not importable ({P.first_line(e)}): its rows are left out", flush=True)
     return out
 
 
-def recurrence(q, k, v, normalize: bool):
-    """float64, token by token (q scaled by 1/sqrt(D), no feature map)."""
+def taylor2(x):
+    """Based's feature map: [1, x, vec(x ⊗ x) / √2]."""
+    outer = (x[..., :, None] * x[..., None, :]).flatten(-2) / 2 ** 0.5
+    return torch.cat((torch.ones_like(x[..., :1]), x, outer), -1)
+
+
+def recurrence(q, k, v, normalize: bool, feature=None):
+    """float64, token by token (q scaled by 1/sqrt(D), then the feature map)."""
     q = q * q.shape[-1] ** -0.5
+    if feature is not None:
+        q, k = feature(q), feature(k)
     S = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
     z = q.new_zeros(q.shape[0], q.shape[2], q.shape[3])
     outs = []
@@ -55,17 +72,19 @@ def recurrence(q, k, v, normalize: bool):
     return torch.stack(outs, 1)
 
 
-def numerics(normalize: bool, d: int) -> dict:
+def numerics(normalize: bool, d: int, dv: int, taylor: bool = False) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = ((torch.rand(1, 1024, 2, d, device="cuda", generator=g) - 0.5).bfloat16()
-               for _ in range(3))
-    q, k = (torch.nn.functional.elu(t.float()).add(1).bfloat16() for t in (q, k))
-    do = torch.rand(1, 1024, 2, d, device="cuda", generator=g) - 0.5
+    q, k = ((torch.rand(1, 1024, 2, d, device="cuda", generator=g) - 0.5).bfloat16()
+            for _ in range(2))
+    v = (torch.rand(1, 1024, 2, dv, device="cuda", generator=g) - 0.5).bfloat16()
+    if not taylor:       # (positive features: the normaliser stays away from 0)
+        q, k = (torch.nn.functional.elu(t.float()).add(1).bfloat16() for t in (q, k))
+    do = torch.rand(1, 1024, 2, dv, device="cuda", generator=g) - 0.5
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]
-    ref = recurrence(*ref_in, normalize)
+    ref = recurrence(*ref_in, normalize, taylor2 if taylor else None)
     ref_grads = torch.autograd.grad(ref, ref_in, do.double())
     out = {}
-    for name, fn in impls(normalize).items():
+    for name, fn in impls(normalize, taylor).items():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         o = fn(*leaves)
         grads = torch.autograd.grad(o, leaves, do.to(o.dtype))
@@ -82,17 +101,21 @@ def main(argv=None) -> int:
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=16)
     ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--taylor2", action="store_true",
+                    help="Based's feature map instead: q/k head dim 16, v 64, against FLA's "
+                         "fused_chunk_based and parallel_based")
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/linear_attention.py")
     rows = []
+    dims = [(16, 64)] if args.taylor2 else [(int(x), int(x)) for x in args.d.split(",")]
     for normalize in (False, True):
-        for d in (int(x) for x in args.d.split(",")):
-            for name, errs in numerics(normalize, d).items():
+        for d, dv in dims:
+            for name, errs in numerics(normalize, d, dv, args.taylor2).items():
                 row = {"case": f"numerics D{d} normalize={normalize}", "impl": name, **errs}
                 rows.append(row)
                 print(row, flush=True)
             for n in (int(x) for x in args.n.split(",")):
-                rows += _time(args.b, n, args.h, d, normalize)
+                rows += _time(args.b, n, args.h, d, dv, normalize, args.taylor2)
     cols = ["case", "impl", "pass", ("us", "µs"), ("vs_fla", "fla µs / this"), "o", "dq",
             "dk", "dv", "status"]
     for r in rows:
@@ -101,17 +124,18 @@ def main(argv=None) -> int:
         if peer and "us" in r:
             r["vs_fla"] = peer["us"] / r["us"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
-    P.write_results("linear-attention", rows, vars(args), args.out_dir)
+    P.write_results("linear-attention" + ("-taylor2" if args.taylor2 else ""), rows, vars(args),
+                    args.out_dir)
     return 0
 
 
-def _time(b, n, h, d, normalize):
+def _time(b, n, h, d, dv, normalize, taylor=False):
     def make(gen):
-        return tuple((torch.rand(b, n, h, d, device="cuda", generator=gen) - 0.5).bfloat16()
-                     .requires_grad_() for _ in range(3))
+        return tuple((torch.rand(b, n, h, dim, device="cuda", generator=gen) - 0.5).bfloat16()
+                     .requires_grad_() for dim in (d, d, dv))
     rows = []
-    case = f"B{b} N{n} H{h} D{d} normalize={normalize}"
-    for name, fn in impls(normalize).items():
+    case = f"B{b} N{n} H{h} D{d}/{dv} normalize={normalize}" + (" taylor2" if taylor else "")
+    for name, fn in impls(normalize, taylor).items():
         def fb(q, k, v, fn=fn):
             o = fn(q, k, v)
             return torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
