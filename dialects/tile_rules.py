@@ -666,17 +666,12 @@ def _alloc_tt(op, operands, results, num_warps: int) -> None:
              f"MMA of M = 128 fills them), got {_show(tt)}")
     _require(tt.cols % 16 == 0 and tt.cols <= columns, f"a tensor tile's columns are a "
              f"multiple of 16 up to {columns} (tensor memory's columns), got {_show(tt)}")
-    _require(op.columns == tt.allocated_columns, f"tk.alloc_tt: columns must be "
-             f"{tt.allocated_columns} (a power of two from 32 holding {tt.cols}), got "
-             f"{op.columns}")
 
 
 @rule("free_tt")
 def _free_tt(op, operands, results, num_warps: int) -> None:
     _blackwell("tk.free_tensor_tile")
     _top_level(op, "freeing a tensor tile")
-    _require(op.columns == operands[0].allocated_columns, f"tk.free_tt: columns must be "
-             f"{operands[0].allocated_columns}, as allocated, got {op.columns}")
 
 
 @rule("tensor_mma")

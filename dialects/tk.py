@@ -84,9 +84,8 @@ class OpDef:
     takes_arrays: bool = False           # may take a whole array of tiles or semaphores
     allocates: bool = False              # placed in shared memory by passes/smem.py
     tensor_memory: str | None = None     # its part in a tensor tile's life (passes/
-    #                                      tensor_memory.py): "alloc" (attribute `columns`),
-    #                                      "free", "async" (a tcgen05 op that completes at
-    #                                      a commit) or "commit"
+    #                                      tensor_memory.py): "alloc", "free", "async" (a
+    #                                      tcgen05 op that completes at a commit) or "commit"
     async_result: bool = False           # its result is ready only after an async_wait
     async_wait: bool = False             # waits for async results (attribute `pending`)
     int_tensor: str | None = None        # an operand that may be an i32 tensor (counters,
@@ -253,12 +252,12 @@ OPS: tuple[OpDef, ...] = (
     OpDef("mma_wait", attributes=("pending",), async_wait=True,
           doc="wait until at most `pending` warpgroup MMA groups are in flight"),
     # ---- Blackwell (sm_100a): tensor memory (TMEM) and tcgen05 (lowering/tensor_memory.py)
-    OpDef("alloc_tt", results=("result",), attributes=("columns",), allocates=True,
-          block_barrier=True, tensor_memory="alloc",
-          doc="a tile in tensor memory: warp 0 allocates `columns` columns (tcgen05.alloc), "
-              "whose address reaches every thread through an 8-byte shared word"),
-    OpDef("free_tt", operands=("tile",), attributes=("columns",), block_barrier=True,
-          tensor_memory="free",
+    OpDef("alloc_tt", results=("result",), allocates=True, block_barrier=True,
+          tensor_memory="alloc",
+          doc="a tile in tensor memory: warp 0 allocates its type's allocated_columns "
+              "(tcgen05.alloc), whose address reaches every thread through an 8-byte shared "
+              "word"),
+    OpDef("free_tt", operands=("tile",), block_barrier=True, tensor_memory="free",
           doc="a block barrier, then warp 0 frees the tile's columns (tcgen05.dealloc)"),
     OpDef("tensor_mma", operands=("acc", "a", "b", "accumulate"),
           attributes=("trans_a", "trans_b", "pair"),

@@ -84,16 +84,17 @@ def _block_sync() -> None:
 @lowers("tk.alloc_tt")
 def lower_alloc_tt(ctx: LoweringContext, op) -> TensorRef:
     slot = smem_addr(ctx.smem_base, c32(contracts.OFFSET.get(op)))
+    tile = T.parse(op.result.type)
     last = not any(getattr(tk.op_def(o), "tensor_memory", None) == "alloc" for o in _after(op))
     group = _group(op)
 
     def allocate():
-        nvvm.tcgen05_alloc(slot, c32(op.columns), group=group)
+        nvvm.tcgen05_alloc(slot, c32(tile.allocated_columns), group=group)
         if last:
             nvvm.tcgen05_relinquish_alloc_permit(group=group)
     _in_warp_0(ctx, allocate)
     _block_sync()
-    return TensorRef(llvm.load(i32(), slot), T.parse(op.result.type))
+    return TensorRef(llvm.load(i32(), slot), tile)
 
 
 def _after(op):
@@ -109,7 +110,8 @@ def _after(op):
 def lower_free_tt(ctx: LoweringContext, op, tile: TensorRef) -> None:
     _block_sync()
     group = _group(op)
-    _in_warp_0(ctx, lambda: nvvm.tcgen05_dealloc(_tmem(tile.addr), c32(op.columns), group=group))
+    columns = c32(tile.type.allocated_columns)
+    _in_warp_0(ctx, lambda: nvvm.tcgen05_dealloc(_tmem(tile.addr), columns, group=group))
 
 
 @lowers("tk.tensor_mma")

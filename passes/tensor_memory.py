@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import contracts, tk
+from ..dialects import contracts, tk, types as T
 from .. import target
 from ..errors import error_at, line_of
 from .walk import walk_ops
@@ -48,7 +48,7 @@ def check_tensor_memory(func) -> None:
     for op in top:
         op = op.operation
         if _role(op) == "alloc":
-            live[op] = op.opview.columns
+            live[op] = T.parse(op.results[0].type).allocated_columns
             used = sum(live.values())
             if used > budget:
                 tiles = ", ".join(f"{c} at {_line(a)}" for a, c in live.items())

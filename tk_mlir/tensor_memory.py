@@ -37,7 +37,7 @@ def tensor_tile(dtype, shape) -> TensorTile:
     32) here, and frees them at tk.free_tensor_tile."""
     rows, cols = tile_shape(shape, "tk.tensor_tile", ranks=(2,))
     tt = T.TT(dtype_name(dtype), rows, cols)
-    return TensorTile(emit("alloc_tt", [], tt.to_mlir(), columns=tt.allocated_columns))
+    return TensorTile(emit("alloc_tt", [], tt.to_mlir()))
 
 
 @builtin
@@ -47,7 +47,7 @@ def free_tensor_tile(tile) -> None:
     if not isinstance(tile, TensorTile):
         raise CompilationError(f"tk.free_tensor_tile frees a tensor tile (tk.tensor_tile), "
                                f"got {tile!r}")
-    emit("free_tt", [tile], columns=tile.tk_type.allocated_columns)
+    emit("free_tt", [tile])
 
 
 @builtin

@@ -130,7 +130,7 @@ class TensorMemory:
 
 @interprets("tk.alloc_tt")
 def _alloc_tt(op, num_warps):
-    loc, at, columns = op.loc, op.at, op.columns
+    loc, at, columns = op.loc, op.at, T.parse(op.result_types[0]).allocated_columns
     def allocate(scope, alloc):
         scope.block.tmem.allocate(scope.block, alloc, columns, loc, at)
         return whole(alloc)
