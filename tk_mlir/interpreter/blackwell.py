@@ -273,7 +273,7 @@ def _complete(blocks, thread, mmas, sem, clock, loc, at) -> None:
     clocks = []
     for blk in blocks:
         s = blk.semaphore(sem, loc)
-        c = clock if blk is issuer else np.zeros(blk.num_slots, np.int64)
+        c = blk.arrival_clock(issuer, clock)
         epoch = s.completed + 1
         c[s.slot] = max(c[s.slot], epoch)
         clocks.append((s, c, epoch))

@@ -142,7 +142,7 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
         w.block.reach(block, loc, "this multicast TMA load")
     s = block.semaphore(sem, loc)
     epoch = s.completed + 1      # the phase these bytes count towards
-    clock = w.clock.copy() if own else np.zeros(block.num_slots, np.int64)
+    clock = block.arrival_clock(w.block, w.clock.copy())
     seen = clock if own else block.foreign_clock()
     _check(loc, block.shadow.write(dst, w.index if own else 0, seen, at, "this TMA load",
                                    slot=s.slot, epoch=epoch))
@@ -345,8 +345,8 @@ def _arrive_remote(op, num_warps):
         peer = blocks[r]
         if peer is not w.block:
             w.block.reach(peer, loc, "this remote arrival")
-        clock = w.clock if peer is w.block else np.zeros(peer.num_slots, np.int64)
-        peer.semaphore(sem, loc).arrive(_lanes(w), clock, loc, at)
+        peer.semaphore(sem, loc).arrive(_lanes(w), peer.arrival_clock(w.block, w.clock), loc,
+                                        at)
         w.clock[w.index] += 1
         yield YIELD
     return arrive

@@ -154,6 +154,12 @@ class Block:
                              f"tk.cluster_sync() so that no block leaves while another may "
                              f"still reach it")
 
+    def arrival_clock(self, source, clock: np.ndarray) -> np.ndarray:
+        """The clock an event of block `source` at `clock` (an arrival, a
+        copy's landing) carries here: itself from this block; nothing from
+        another block of the cluster, whose clocks are its own."""
+        return clock if source is self else np.zeros(self.num_slots, np.int64)
+
     def foreign_clock(self) -> np.ndarray:
         """The clock of an access from another block of the cluster: past
         every event here (ordering across blocks is not tracked; what is in
