@@ -55,14 +55,15 @@ def _semaphore_arrivals(sem: ir.Value) -> int | None:
 
 def single_thread_ops(func, ops, num_warps: int) -> None:
     """A TMA copy, a tcgen05.mma or an mbarrier arrival (ops with the
-    `one_thread` trait) that every lane of a warp runs: nothing around it depends on the lane (an
-    elect_leader(), a lane or thread id). Each thread that runs it issues it,
-    so a warp issues it 32 times: a TMA load moves its bytes 32 times over
-    (and completes 32x the bytes expected on its semaphore), a TMA store
-    writes the tile 32 times, expect_bytes expects 32x the bytes (the phase
-    never completes), and a warp's 32 arrivals overrun a semaphore that
-    expects fewer per phase. (Arrivals on a semaphore that expects 32 or more
-    per phase may be meant for every thread: not flagged.)"""
+    `one_thread` trait) that every lane of a warp runs: nothing around it
+    depends on the lane (an elect_leader(), a lane or thread id). Each thread
+    that runs it issues it, so a warp issues it 32 times: a TMA load moves
+    its bytes 32 times over (and completes 32x the bytes expected on its
+    semaphore), a TMA store writes the tile 32 times, an MMA adds its
+    product 32 times, expect_bytes expects 32x the bytes (the phase never
+    completes), and a warp's 32 arrivals overrun a semaphore that expects
+    fewer per phase. (Arrivals on a semaphore that expects 32 or more per
+    phase may be meant for every thread: not flagged.)"""
     lanes = Uniformity(func, trait="lane_varying")
     for op in ops:
         d = tk.op_def(op)

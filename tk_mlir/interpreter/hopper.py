@@ -341,7 +341,8 @@ def _arrive_remote(op, num_warps):
         r = warp_scalar(w, cta, loc, "tk.arrive: cta")
         blocks = w.block.cluster.blocks
         if not 0 <= r < len(blocks):
-            raise error(loc, f"tk.arrive(..., cta={r}): the cluster has blocks 0..{len(blocks) - 1}")
+            raise error(loc, f"tk.arrive(..., cta={r}): the cluster has blocks "
+                             f"0..{len(blocks) - 1}")
         peer = blocks[r]
         if peer is not w.block:
             w.block.reach(peer, loc, "this remote arrival")
