@@ -19,6 +19,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
     o = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)  # packed sequences, (total, H, D)
     o = linear_attention(q, k, v, "elu1")  # chunked linear attention, (B, N, H, D)
     o, state = linear_attention_step(q, k, v, state)  # one decoding step of it
+    y = ssd(x, dt, A, B, C, D=D)           # Mamba-2's state-space duality layer, (b, l, h, p)
     all_reduce(t, group)                   # in place over a group's GPUs (torchrun)
     c = matmul_reduce_scatter(a, w, group) # sum of a @ w.T over ranks, rows scattered
     c = all_gather_matmul(a, w, group)     # every rank's rows of a, stacked, @ w.T
@@ -27,7 +28,8 @@ Importing the library is cheap: neither torch nor MLIR loads until a name is
 used, and then only its own module (MLIR at the kernel's first compile, not
 at all on a disk-cache hit). The functions call the kernels as torch custom
 ops, torch.ops.tk_mlir.* (custom_ops.py); matmul, the norms, swiglu,
-rotary_embedding, the cross-entropies and attention are differentiable.
+rotary_embedding, the cross-entropies, attention, linear attention and ssd are
+differentiable.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ _LAZY = {
     "attention_varlen": ".varlen_attention",
     "linear_attention": ".chunked_linear_attention",
     "linear_attention_step": ".chunked_linear_attention",
+    "ssd": ".state_space_duality",
     "all_reduce": ".all_reduce_kernels",
     "matmul_reduce_scatter": ".gemm_rs",
     "all_gather_matmul": ".ag_gemm",

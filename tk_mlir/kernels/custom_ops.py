@@ -41,6 +41,9 @@
                                                 normalize, scale) -> (dq, dk, dv, dS0, dz0)
     torch.ops.tk_mlir.linear_attention_step(q, k, v, s0, z0, feature_map, normalize, scale)
                                             -> (o, S, z)
+    torch.ops.tk_mlir.ssd(x, dt, A, B, C, D, h0) -> (y, final state)
+    torch.ops.tk_mlir.ssd_backward(dy, dh1, x, dt, A, B, C, D, h0, h1)
+                                   -> (dx, ddt, dA, dB, dC, dD, dh0)
     torch.ops.tk_mlir.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
                                        left=-1, right=-1, softcap=0.0) -> (o, lse)
     torch.ops.tk_mlir.attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q,
@@ -51,7 +54,7 @@ torch.compile cannot trace a cuda-python launch but traces a custom op as one
 opaque node, given a fake implementation (output shapes, dtypes, strides), so
 a compiled model calls the kernels without a graph break; matmul,
 grouped_matmul, the norms, swiglu, rotary_embedding, cross_entropy,
-linear_cross_entropy, attention, attention_varlen and linear_attention get
+linear_cross_entropy, attention, attention_varlen, linear_attention and ssd get
 autograd through
 register_autograd.
 
@@ -70,7 +73,8 @@ import torch
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
-                             chunked_linear_attention, varlen_attention)
+                             chunked_linear_attention, state_space_duality,
+                             varlen_attention)
 
 
 # ------------------------------------------------------------------ matmul
@@ -973,6 +977,81 @@ def _(q, k, v, s0, z0, feature_map, normalize, scale):
     return (torch.empty(v.shape, dtype=v.dtype, device=v.device),
             torch.empty(s0.shape, dtype=s0.dtype, device=s0.device),
             torch.empty(z0.shape, dtype=z0.dtype, device=z0.device))
+
+
+# --------------------------------------------------------------------- ssd
+
+@torch.library.custom_op("tk_mlir::ssd", mutates_args=())
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        D: torch.Tensor | None, h0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, final state (b, h, p, n) f32). See state_space_duality.ssd for the
+    arguments."""
+    state_space_duality._check(x, dt, A, B, C, 64, D, h0, True)
+    checks.on_cuda("ssd", "x", x)
+    return state_space_duality.forward(x, dt, A, B, C, D, h0)
+
+
+@ssd.register_fake
+def _(x, dt, A, B, C, D, h0):
+    b, _, h, p = x.shape
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            x.new_empty((b, h, p, B.shape[3]), dtype=torch.float32))
+
+
+@torch.library.custom_op("tk_mlir::ssd_backward", mutates_args=())
+def ssd_backward(dy: torch.Tensor | None, dh1: torch.Tensor | None, x: torch.Tensor,
+                 dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 D: torch.Tensor | None, h0: torch.Tensor | None, h1: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                            torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, ddt, dA, dB, dC, dD, dh0) of ssd by its backward kernel (dD, dh0
+    empty without D, h0: an op returns tensors)."""
+    dx, ddt, dA, dB, dC, dD, dh0 = state_space_duality.backward(dy, dh1, x, dt, A, B, C, D,
+                                                                h0, h1)
+    empty = (x.new_empty(0, dtype=torch.float32) for _ in range(2))
+    return dx, ddt, dA, dB, dC, next(empty) if dD is None else dD, \
+        next(empty) if dh0 is None else dh0
+
+
+@ssd_backward.register_fake
+def _(dy, dh1, x, dt, A, B, C, D, h0, h1):
+    like = (lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device))
+    return (like(x), like(dt), like(A), like(B), like(C),
+            like(D) if D is not None else x.new_empty(0, dtype=torch.float32),
+            like(h0) if h0 is not None else x.new_empty(0, dtype=torch.float32))
+
+
+def _ssd_setup_context(ctx, inputs, output):
+    x, dt, A, B, C, D, h0 = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, h0, output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _ssd_backward(ctx, dy, dh1, backward=None):
+    """Every input's gradient, the returned state's (dh1) included."""
+    x, dt, A, B, C, D, h0, h1 = ctx.saved_tensors
+    if dy is None and dh1 is None:
+        return (None,) * 7
+    dx, ddt, dA, dB, dC, dD, dh0 = (backward or ssd_backward)(dy, dh1, x, dt, A, B, C, D, h0,
+                                                              h1)
+    return dx, ddt, dA, dB, dC, dD if D is not None else None, dh0 if h0 is not None else None
+
+
+ssd.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
+
+
+class EagerSsd(torch.autograd.Function):
+    """ssd's op for eager calls on checked tensors, launching directly."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, h0):
+        out = state_space_duality.forward(x, dt, A, B, C, D, h0)
+        _ssd_setup_context(ctx, (x, dt, A, B, C, D, h0), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy, dh1):
+        return _ssd_backward(ctx, dy, dh1, state_space_duality.backward)
 
 
 class EagerFusedAddNorm(torch.autograd.Function):

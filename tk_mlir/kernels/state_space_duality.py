@@ -1,0 +1,486 @@
+"""Mamba-2's state-space duality layer (SSD), chunked, forward and backward.
+
+    from tk_mlir.kernels import ssd
+    y = ssd(x, dt, A, B, C, D=D)                          # mamba_chunk_scan_combined's
+    y, state = ssd(x, dt, A, B, C, return_state=True)    # state: (b, h, p, n) f32
+
+Per head, with a_t = dt_t·A (the log of the step's decay):
+
+    h_t = exp(a_t)·h_{t-1} + dt_t·B_t x_tᵀ        (an n x p state)
+    y_t = C_tᵀ h_t + D·x_t
+
+This is gated linear attention with one gate per head and token: q = C,
+k = dt·B, v = x. The kernels walk a (batch, head)'s sequence 64 tokens (a
+chunk) at a time, one block per 64 columns of x, one warpgroup. With L_t the
+cumulative a within the chunk (L_last at its last token):
+
+    y_t  = exp(L_t)·C_t·H + Σ_{s<=t} (C_t·B_s)·exp(L_t - L_s)·dt_s·x_s + D·x_t
+    H   <- exp(L_last)·H + Σ_s exp(L_last - L_s)·dt_s·B_s x_sᵀ
+
+H, the state before the chunk, is carried in f32 wgmma accumulators and read
+by the next chunk as bf16 in shared memory (as chunked_linear_attention's
+state). Every exponent is <= 0 when a <= 0 (A < 0, dt > 0, as Mamba-2 has
+them); the cumulative sums L, exp(L_last - L) and exp(L_last) are made in
+torch (f32, a few bytes per token). The backward: a pass in order gives dC
+(the state before each chunk), a pass in reverse dB and dx (the state's
+gradient after it). The decays' gradient is the sum, from each token on, of
+dL_t = C_t·dC_t - k_t·dk_t (FlashLinearAttention's dg for gated linear
+attention), a sum whose terms cancel: the kernels sum a chunk's own pairs
+(t, s) once, in f32, leaving out the diagonal, and give the terms that go
+through the state the roundings of the products that built it (the state
+read in two bf16 halves), so that what cancels in exact arithmetic cancels
+here too.
+"""
+from __future__ import annotations
+
+import tk_mlir as tk
+from tk_mlir import f32
+
+from tk_mlir.kernels import checks
+from tk_mlir.kernels.chunked_linear_attention import OPERAND, publish, publish_split
+
+CHUNK = 64              # tokens per chunk
+MAX_STATE = 128         # n: the state's rows (a 64- or 128-row tile, masked)
+
+
+@tk.func
+def chunk_decays(LC, KD, DT, DECAY, b, h, c):
+    """Chunk c's L (cumulative a), exp(L_last - L), dt (vectors) and
+    exp(L_last) (a scalar)."""
+    lc = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
+    kd = tk.load(KD, (b, h, c), (CHUNK,), scope="warpgroup")
+    dt = tk.load(DT, (b, h, c), (CHUNK,), scope="warpgroup")
+    return lc, kd, dt, tk.load(DECAY, (b, h, c))
+
+
+@tk.func
+def chunk_dt(DT, b, h, c):
+    """Chunk c's dt, a vector of its own (a loaded vector takes the layout of
+    the one tile it is used with: rows and columns each load theirs)."""
+    return tk.load(DT, (b, h, c), (CHUNK,), scope="warpgroup")
+
+
+@tk.func
+def decay_matrix(LC, b, h, c, TRANSPOSED):
+    """exp(L_t - L_s) at (query t, key s) for s <= t, 0 after: chunk c's
+    weights; TRANSPOSED: at (s, t), for s < t only (the pairs off the
+    diagonal)."""
+    rows = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
+    cols = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
+    d = tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup")
+    if TRANSPOSED:
+        d = d.add_col(cols).sub_row(rows)
+        d = tk.where(d.col_indices() > d.row_indices(), d, float("-inf"))
+    else:
+        d = d.add_row(rows).sub_col(cols)
+        d = tk.where(d.col_indices() <= d.row_indices(), d, float("-inf"))
+    return d.exp()
+
+
+@tk.func
+def load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS):
+    """Chunk c's B (bs), its keys dt·B·exp(L_last - L) (ks: what the state
+    adds) and its 64 columns pb of x (xs), into shared memory."""
+    bt = tk.load(Bm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
+    tk.store(bs, bt.to(bs.dtype))
+    tk.store(ks, bt.mul_row(dt * kd).to(ks.dtype))
+    tk.store(xs, tk.load(X, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+             .to(xs.dtype))
+
+
+@tk.func
+def skip(t, X, Dh, b, h, c, pb, HAS_D):
+    """t + D·x of chunk c's columns pb (D a scalar per head), with HAS_D."""
+    if HAS_D:
+        t = t + tk.load(X, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup") \
+            .to(f32) * tk.load(Dh, (h,))
+    return t
+
+
+@tk.func
+def first_state(H0, b, h, pb, NS, INITIAL):
+    """The state before the first token: H0's columns pb, or zero."""
+    H = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
+    if INITIAL:
+        H = tk.load(H0, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
+    return H
+
+
+@tk.kernel(num_warps=4)
+def ssd_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk.gl,
+               Dh: tk.gl, Y: tk.gl, H0: tk.gl, H1: tk.gl, NS: tk.constexpr = 128,
+               HG: tk.constexpr = 1, HAS_D: tk.constexpr = False,
+               INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
+    """Y[..., 64·pb:64·pb+64] of SSD for one (batch, head). X, Y: (b, h, l, p);
+    Bm, Cm: (b, g, l, n), head h reading group h // HG; LC, KD, DT: (b, h,
+    l') f32, l' a multiple of 64 (L, exp(L_last - L), dt; dt 0 past l);
+    DECAY: (b, h, >= l' / 64) f32 exp(L_last); Dh: (h,) f32 (HAS_D); H0, H1:
+    (b, h, n, p) f32 states in and out (INITIAL / FINAL; unread otherwise).
+    NS: n rounded up to 64 or 128. Grid (cdiv(p, 64), h, b)."""
+    pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    g = h // HG
+    chunks = tk.cdiv(X.shape[2], CHUNK)
+    cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    xs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
+    ss = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)
+    H = first_state(H0, b, h, pb, NS, INITIAL)
+    publish(ss, H)
+    for c in range(chunks):
+        lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
+        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+        tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
+                 .to(cs.dtype))
+        tk.barrier()
+        y = tk.mma_AB(tk.zeros((CHUNK, 64), f32, layout="row", scope="warpgroup"), cs, ss)
+        s = tk.mma_ABt(tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup"), cs, bs)
+        tk.mma_wait(0)
+        p = (s * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
+        y = tk.mma_AB(y.mul_row(lc.exp()), p.to(OPERAND), xs)
+        H = tk.mma_AtB(H * decay, ks, xs)
+        tk.mma_wait(0)
+        tk.store(Y, skip(y, X, Dh, b, h, c, pb, HAS_D).to(Y.dtype), (b, h, c, pb))
+        tk.barrier()                     # every thread's MMAs read ss, cs, bs, ks, xs
+        publish(ss, H)
+    if FINAL:
+        tk.store(H1, H, (b, h, 0, pb))
+
+
+@tk.func
+def acc(cols):
+    """A zero f32 accumulator of the chunk's rows and `cols` columns."""
+    return tk.zeros((CHUNK, cols), f32, layout="row", scope="warpgroup")
+
+
+@tk.func
+def row_dot(X, a, b, g, c, j):
+    """Σ over the row of X's (b, g) chunk c, columns block j, times a."""
+    return (tk.load(X, (b, g, c, j), (CHUNK, 64), layout="row", scope="warpgroup").to(f32)
+            * a).row_sum()
+
+
+@tk.func
+def as_multiplied(X, V, W, b, g, h, c, j):
+    """X's (b, g) chunk c, columns block j, times exp(V) (W None) or V·W per
+    row (V, W: (b, h) vectors), rounded to bf16 as the MMAs read it: the
+    state's terms of C·dC and k·dk then carry the very roundings of the
+    products that built the state, and cancel as they should."""
+    if W is None:
+        v = tk.load(V, (b, h, c), (CHUNK,), scope="warpgroup").exp()
+    else:
+        v = tk.load(V, (b, h, c), (CHUNK,), scope="warpgroup") * \
+            tk.load(W, (b, h, c), (CHUNK,), scope="warpgroup")
+    t = tk.load(X, (b, g, c, j), (CHUNK, 64), layout="row", scope="warpgroup").to(f32)
+    return t.mul_row(v).to(OPERAND).to(f32)
+
+
+@tk.func
+def total(parts, part):
+    """parts + part, where parts may be None (the first of a static loop)."""
+    return part if parts is None else parts + part
+
+
+@tk.kernel(num_warps=4)
+def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl,
+                        DECAY: tk.gl, Dh: tk.gl, dY: tk.gl, H0: tk.gl, dH1: tk.gl, dX: tk.gl,
+                        dB: tk.gl, dC: tk.gl, DL: tk.gl, BDK: tk.gl, dH0: tk.gl,
+                        NS: tk.constexpr = 128, HG: tk.constexpr = 1,
+                        HAS_D: tk.constexpr = False, INITIAL: tk.constexpr = False,
+                        FINAL_GRAD: tk.constexpr = False):
+    """The gradients of ssd_kernel for the 64 columns pb of x: dX (b, h, l,
+    p) whole (D·dy included with HAS_D); dH0 (b, h, n, p) the initial
+    state's (INITIAL; dH1 is the final state's, FINAL_GRAD); and this
+    block's share, by atomic adds into zeroed f32 tensors, of: dB and dC (b,
+    g, l, n; every head of the group and every column block adds its part),
+    dB as dt·dk; BDK (b, h, l'), B_t·dk_t; DL (b, h, l'), the gradient of
+    the chunk-local L_t but for the final state's term, C_t·dC_t - k_t·dk_t
+    with the chunk's own pairs (t, s) summed directly in f32 and the
+    diagonal left out (it cancels: the difference of two rounded copies of
+    it would not). Grid (cdiv(p, 64), h, b)."""
+    pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    g = h // HG
+    chunks = tk.cdiv(X.shape[2], CHUNK)
+    cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    qs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)        # exp(L)·C
+    bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    xs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
+    gs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)        # dy
+    ps = tk.shared_tiles(OPERAND, (CHUNK, CHUNK), 2, swizzle=128)  # P, dy·xᵀ: transposed
+    ss = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)           # H, then dH
+    sl = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)           # (what bf16 leaves of it)
+
+    # dC, chunks in order (the state before each chunk), and the pairs of DL.
+    H = first_state(H0, b, h, pb, NS, INITIAL)
+    publish_split(ss, sl, H)
+    for c in range(chunks):
+        lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
+        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+        tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
+                 .to(cs.dtype))
+        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+                 .to(gs.dtype))
+        tk.barrier()
+        # pair (t, s), s < t: (dy_t·x_s)·(C_t·B_s)·e^(L_t-L_s)·dt_s, in C_t·dC_t
+        # and in k_s·dk_s; summed here over s (rows), and over t as the
+        # transposed products' rows (a column sum would cross the warps).
+        wt = tk.mma_ABt(acc(CHUNK), xs, gs)
+        st = tk.mma_ABt(acc(CHUNK), bs, cs)
+        tk.mma_wait(0)
+        later = (wt * st * decay_matrix(LC, b, h, c, True)).mul_row(chunk_dt(DT, b, h, c))
+        tk.atomic_add(DL, -later.row_sum(), (b, h, c))
+        w = tk.mma_ABt(acc(CHUNK), gs, xs)
+        s = tk.mma_ABt(acc(CHUNK), cs, bs)
+        tk.mma_wait(0)
+        w = (w * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
+        early = tk.where(w.col_indices() < w.row_indices(), w * s, 0.0).row_sum()
+        w = w.to(OPERAND)
+        el = lc.exp()
+        for j in tk.static_range(NS // 64):     # 64 columns of dC at a time (registers)
+            dc = tk.mma_ABt(acc(64), gs, ss.subtile(j, 64))
+            dc = tk.mma_ABt(dc, gs, sl.subtile(j, 64))
+            tk.mma_wait(0)              # C_t·dC_t's share from the state before:
+            early = early + (as_multiplied(Cm, LC, None, b, g, h, c, j) * dc).row_sum()
+            dc = tk.mma_AB(dc.mul_row(el), w, bs.column_block(j))
+            tk.mma_wait(0)
+            tk.atomic_add(dC, dc, (b, g, c, j))
+        tk.atomic_add(DL, early, (b, h, c))
+        H = tk.mma_AtB(H * decay, ks, xs)
+        tk.mma_wait(0)
+        tk.barrier()
+        publish_split(ss, sl, H)
+
+    # dB and dx, chunks in reverse: the state's gradient after each chunk.
+    dH = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
+    if FINAL_GRAD:
+        dH = tk.load(dH1, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
+    tk.barrier()
+    publish_split(ss, sl, dH)
+    for i in range(chunks):
+        c = chunks - 1 - i
+        lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
+        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+        ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
+        tk.store(cs, ct.to(cs.dtype))
+        tk.store(qs, ct.mul_row(lc.exp()).to(qs.dtype))
+        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+                 .to(gs.dtype))
+        tk.barrier()
+        m = decay_matrix(LC, b, h, c, False)
+        s = tk.mma_ABt(acc(CHUNK), cs, bs)
+        tk.mma_wait(0)
+        tk.store(ps[0], (s * m).mul_col(chunk_dt(DT, b, h, c)).to(OPERAND))
+        w = tk.mma_ABt(acc(CHUNK), gs, xs)
+        tk.mma_wait(0)
+        tk.store(ps[1], (w * m).to(OPERAND))
+        tk.barrier()
+        bdk = None                      # B_t·dk_t
+        later = None                    # k_t·dk_t's share from the state after
+        for j in tk.static_range(NS // 64):     # 64 columns of dk at a time (registers)
+            dk = tk.mma_AtB(acc(64), ps[1], cs.column_block(j))
+            late = tk.mma_ABt(acc(64), xs, ss.subtile(j, 64))
+            late = tk.mma_ABt(late, xs, sl.subtile(j, 64))
+            tk.mma_wait(0)
+            later = total(later, (as_multiplied(Bm, DT, KD, b, g, h, c, j) * late).row_sum())
+            dk = dk + late.mul_row(kd)
+            bdk = total(bdk, row_dot(Bm, dk, b, g, c, j))
+            tk.atomic_add(dB, dk.mul_row(dt), (b, g, c, j))
+        tk.atomic_add(BDK, bdk, (b, h, c))
+        tk.atomic_add(DL, -later, (b, h, c))
+        dx = tk.mma_AtB(acc(64), ps[0], gs)
+        dx = tk.mma_AB(dx, ks, ss)
+        tk.mma_wait(0)
+        tk.store(dX, skip(dx, dY, Dh, b, h, c, pb, HAS_D).to(dX.dtype), (b, h, c, pb))
+        dH = tk.mma_AtB(dH * decay, qs, gs)
+        tk.mma_wait(0)
+        tk.barrier()
+        publish_split(ss, sl, dH)
+    if INITIAL:
+        tk.store(dH0, dH, (b, h, 0, pb))
+
+
+def ssd(x, dt, A, B, C, chunk_size: int = 64, D=None, initial_state=None,
+        return_state: bool = False):
+    """Mamba-2's SSD layer (mamba_ssm's mamba_chunk_scan_combined without z
+    or dt_bias): per head, h_t = exp(dt_t·A)·h_{t-1} + dt_t·B_t x_tᵀ and
+    y_t = C_tᵀ h_t + D·x_t.
+
+    x: (b, l, h, p) bf16 or f16, p a multiple of 8; dt: (b, l, h), already
+    through softplus (> 0); A: (h,) (< 0); B, C: (b, l, g, n) of x's dtype,
+    g dividing h (head i reads group i // (h / g)), n a multiple of 8 up to
+    128; D: (h,) or None. dt, A and D may be float32 or x's dtype; all on x's
+    CUDA device, last dims contiguous. chunk_size is accepted for mamba_ssm's
+    signature (a positive multiple of 16): the result is the recurrence
+    whatever the chunking, and the kernels always cut the sequence in 64
+    tokens. initial_state: (b, h, p, n) f32, the state before the first
+    token. Returns y like x (contiguous), and with return_state=True also
+    the state after the last token, (b, h, p, n) f32. Differentiable in
+    every input (x, dt, A, B, C, D and the initial state, the returned state's
+    gradient included); under torch.compile the custom op torch.ops.tk_mlir.ssd.
+
+    The decays' signs are not checked (that needs a host synchronisation):
+    with dt·A > 0 the chunk's exponents grow, and may overflow to inf."""
+    import torch
+    _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state)
+    checks.on_cuda("ssd", "x", x)
+    from tk_mlir.kernels import custom_ops
+    args = (x, dt, A, B, C, D, initial_state)
+    if torch.compiler.is_compiling():
+        y, h1 = torch.ops.tk_mlir.ssd(*args)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):
+        y, h1 = custom_ops.EagerSsd.apply(*args)
+    else:
+        y, h1 = forward(*args)
+    return (y, h1) if return_state else y
+
+
+def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
+    """Shapes, dtypes, devices and flags, each with the rule it breaks."""
+    import torch
+    fn = "ssd"
+    halves = (torch.bfloat16, torch.float16)
+    checks.tensor(fn, "x", x, ndim=4, dtypes=halves)
+    b, l, h, p = x.shape
+    floats = (torch.float32, x.dtype)
+    checks.tensor(fn, "dt", dt, ndim=3, dtypes=floats)
+    checks.tensor(fn, "A", A, ndim=1, dtypes=floats)
+    checks.tensor(fn, "B", B, ndim=4, dtypes=(x.dtype,))
+    checks.tensor(fn, "C", C, ndim=4, dtypes=(x.dtype,))
+    for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C)):
+        checks.like(fn, name, t, "x", x, dtype=False)
+    checks.shape(fn, "dt", dt, (b, l, h), "(b, l, h) of x's (b, l, h, p)")
+    checks.shape(fn, "A", A, (h,), "one per head")
+    g, n = B.shape[2], B.shape[3]
+    checks.shape(fn, "B", B, (b, l, g, n), "(b, l, g, n) with x's b and l")
+    checks.shape(fn, "C", C, B.shape, "B's shape")
+    if g == 0 or h % g:
+        raise ValueError(f"{fn}: the groups g={g} of B and C must divide the heads h={h}")
+    if not (n % 8 == 0 and 8 <= n <= MAX_STATE):
+        raise ValueError(f"{fn}: the state size n (B's last dim) must be a multiple of 8 "
+                         f"from 8 to {MAX_STATE}, got {n}")
+    if p % 8 or p == 0:
+        raise ValueError(f"{fn}: the head dim p (x's last dim) must be a positive multiple "
+                         f"of 8 (rows of whole 16-byte vectors), got {p}")
+    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s last dim must be contiguous (stride 1), got "
+                             f"strides {tuple(t.stride())}")
+    if D is not None:
+        checks.tensor(fn, "D", D, ndim=1, dtypes=floats)
+        checks.like(fn, "D", D, "x", x, dtype=False)
+        checks.shape(fn, "D", D, (h,), "one per head")
+    if initial_state is not None:
+        checks.tensor(fn, "initial_state", initial_state, ndim=4, dtypes=(torch.float32,))
+        checks.like(fn, "initial_state", initial_state, "x", x, dtype=False)
+        checks.shape(fn, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
+    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool)
+            and chunk_size > 0 and chunk_size % 16 == 0):
+        raise ValueError(f"{fn}: chunk_size must be a positive multiple of 16, got "
+                         f"{chunk_size!r}")
+    if not isinstance(return_state, bool):
+        raise TypeError(f"{fn}: return_state must be a bool, got {return_state!r}")
+
+
+def _decays(dt, A):
+    """(L, exp(L_last - L), dt, exp(L_last)) as the kernels read them: (b, h,
+    l') f32 with l' = l rounded up to 64 (dt 0 past l, so L stays), and (b,
+    h, l' / 64 rounded up to 4: whole 16-byte rows); L the cumulative dt·A
+    within each chunk."""
+    import torch
+    b, l, h = dt.shape
+    pad = -l % CHUNK
+    dt32 = torch.nn.functional.pad(dt.float().transpose(1, 2), (0, pad))
+    lc = (dt32 * A.float()[None, :, None]).view(b, h, -1, CHUNK).cumsum(-1)
+    last = lc[..., -1:]
+    return (lc.view(b, h, -1), (last - lc).exp().view(b, h, -1), dt32.contiguous(),
+            _whole_rows(last[..., 0].exp()))
+
+
+def _whole_rows(t):
+    """t in f32, its last dim zero-padded to a multiple of 4 (rows of whole
+    16-byte vectors, as every kernel tensor has them)."""
+    import torch
+    return torch.nn.functional.pad(t.float(), (0, -t.shape[-1] % 4)).contiguous()
+
+
+def _state_rows(n: int) -> int:
+    """The state's tile rows for n: 64 or 128 (masked past n)."""
+    return 64 if n <= 64 else 128
+
+
+def _heads_first(t):
+    """(b, l, h, d) as the kernels' (b, h, l, d) view."""
+    return t.transpose(1, 2)
+
+
+def forward(x, dt, A, B, C, D, h0):
+    """(y, final state (b, h, p, n) f32) on checked tensors."""
+    import torch
+    b, l, h, p = x.shape
+    n = B.shape[3]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h1 = torch.empty(b, h, n, p, dtype=torch.float32, device=x.device)
+    if b and h and l:
+        lc, kd, dt32, decay = _decays(dt, A)
+        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else h1
+        d = _whole_rows(D) if D is not None else decay
+        ssd_kernel[(-(-p // 64), h, b)](
+            _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
+            _heads_first(y), h0t, h1, NS=_state_rows(n), HG=h // B.shape[2],
+            HAS_D=D is not None, INITIAL=h0 is not None, FINAL=True)
+    elif h0 is not None:                # no token: the state is the initial one
+        h1.copy_(h0.transpose(-1, -2))
+    else:
+        h1.zero_()
+    return y, h1.transpose(-1, -2).contiguous()
+
+
+def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
+    """(dx, ddt, dA, dB, dC, dD, dh0) of `forward` given y's gradient dy and
+    the final state's dh1 (either may be None: zero), h1 the final state
+    forward returned. dD, dh0 None without D, h0."""
+    import torch
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    f32_ = torch.float32
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dB32 = torch.zeros(b, g, l, n, dtype=f32_, device=x.device)
+    dC32 = torch.zeros_like(dB32)
+    dL = torch.zeros(b, h, -(-l // CHUNK) * CHUNK, dtype=f32_, device=x.device)  # whole rows
+    bdk = torch.zeros_like(dL)
+    dh0t = torch.empty(b, h, n, p, dtype=f32_, device=x.device) if h0 is not None else None
+    if dy is None:
+        dy = torch.zeros_like(x)
+    if b and h and l:
+        lc, kd, dt32, decay = _decays(dt, A)
+        dy = checks.kernel_operand(dy)
+        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else dL
+        dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else dL
+        d = _whole_rows(D) if D is not None else decay
+        ssd_backward_kernel[(-(-p // 64), h, b)](
+            _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
+            _heads_first(dy), h0t, dh1t, _heads_first(dx), dB32, dC32, dL, bdk,
+            dh0t if h0 is not None else dL, NS=_state_rows(n), HG=h // g,
+            HAS_D=D is not None, INITIAL=h0 is not None, FINAL_GRAD=dh1 is not None)
+    else:
+        dx.zero_()
+        if h0 is not None:
+            dh0t.copy_(dh1.transpose(-1, -2)) if dh1 is not None else dh0t.zero_()
+    # The decays: a_t's gradient is the sum of dL over the tokens from t on
+    # (L_t is a sum of a up to t), the final state's <dh1, h1> (its own
+    # exp(L)) counted at the last token.
+    dt_h = dt.float().transpose(1, 2)                               # (b, h, l)
+    dL, bdk = dL[..., :l], bdk[..., :l]
+    if dh1 is not None and l:
+        dL[..., -1] += (dh1.float() * h1).sum((-1, -2))
+    da = dL.flip(-1).cumsum(-1).flip(-1)
+    ddt = (A.float()[None, :, None] * da + bdk).transpose(1, 2).to(dt.dtype)
+    dA = (dt_h * da).sum((0, 2)).to(A.dtype)
+    dD = None
+    if D is not None:
+        dD = (dy.float() * x.float()).sum((0, 1, 3)).to(D.dtype)
+    dB, dC = (t.transpose(1, 2).to(B.dtype, memory_format=torch.contiguous_format)
+              for t in (dB32, dC32))
+    dh0 = dh0t.transpose(-1, -2).contiguous() if h0 is not None else None
+    return dx, ddt.contiguous(), dA, dB, dC, dD, dh0
