@@ -55,7 +55,8 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
          "fused_add_rms_norm", "grouped_matmul", "layer_norm", "linear_attention",
          "linear_attention_step", "linear_cross_entropy", "matmul",
          "matmul_reduce_scatter",
-         "rms_norm", "rotary_embedding", "rotary_embedding_qk", "scaled_matmul", "swiglu"]
+         "rms_norm", "rotary_embedding", "rotary_embedding_qk", "scaled_matmul", "ssd",
+         "swiglu"]
     assert {"matmul", "rms_norm", "layer_norm", "attention", "scaled_matmul"} <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'softmax'"):
         kernels.softmax
