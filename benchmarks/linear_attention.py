@@ -27,8 +27,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
 import protocol as P  # noqa: E402
 
-from tk_mlir.benchmarking import bench  # noqa: E402
-
 
 def impls(normalize: bool, taylor2: bool = False):
     """tk_mlir and FLA on (B, N, H, D): identity feature map, or (taylor2)
@@ -133,23 +131,8 @@ def _time(b, n, h, d, dv, normalize, taylor=False):
     def make(gen):
         return tuple((torch.rand(b, n, h, dim, device="cuda", generator=gen) - 0.5).bfloat16()
                      .requires_grad_() for dim in (d, d, dv))
-    rows = []
     case = f"B{b} N{n} H{h} D{d}/{dv} normalize={normalize}" + (" taylor2" if taylor else "")
-    for name, fn in impls(normalize, taylor).items():
-        def fb(q, k, v, fn=fn):
-            o = fn(q, k, v)
-            return torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
-        for pass_, f in (("fwd", fn), ("fwd+bwd", fb)):
-            row = {"case": case, "impl": name, "pass": pass_}
-            try:
-                with torch.set_grad_enabled(pass_ != "fwd"):
-                    t = bench(f, inputs=make)
-                row.update(us=t.ms * 1e3, status="ok")
-            except Exception as e:                                  # noqa: BLE001
-                row["status"] = f"failed: {P.first_line(e)}"
-            rows.append(row)
-            print(row, flush=True)
-    return rows
+    return P.time_passes(case, impls(normalize, taylor), make)
 
 
 if __name__ == "__main__":

@@ -192,3 +192,29 @@ def events_ms(f: Callable[[], Any], n: int = 20, warmup: int = 3) -> float:
 def rel_err(got, ref) -> float:
     """||got - ref|| / ||ref|| in float64."""
     return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def time_passes(case: str, fns: dict[str, Callable], make: Callable[[Any], tuple],
+                **timing) -> list[dict]:
+    """A row per implementation and pass: `fn(*inputs)`'s forward, and its
+    forward + backward (the gradient of every input, for ones as the output's
+    gradient), timed by `bench` on input groups from `make(generator)` (the
+    inputs that need gradients require them). A failure is a row's status."""
+    from tk_mlir.benchmarking import bench
+    rows = []
+    for name, fn in fns.items():
+        def fb(*leaves, fn=fn):
+            out = fn(*leaves)
+            return torch.autograd.grad(out, [t for t in leaves if t.requires_grad],
+                                       torch.ones_like(out))
+        for pass_, f in (("fwd", fn), ("fwd+bwd", fb)):
+            row = {"case": case, "impl": name, "pass": pass_}
+            try:
+                with torch.set_grad_enabled(pass_ != "fwd"):
+                    t = bench(f, inputs=make, **timing)
+                row.update(us=t.ms * 1e3, status="ok")
+            except Exception as e:                                  # noqa: BLE001
+                row["status"] = f"failed: {first_line(e)}"
+            rows.append(row)
+            print(row, flush=True)
+    return rows

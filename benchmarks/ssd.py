@@ -12,9 +12,9 @@ bf16 x, B, C; f32 dt (through softplus) and A < 0; no D. Both are timed
 from the layer's inputs (x, dt, A, B, C) with gradients to all of them: for
 FLA, k = dt·B (B expanded to the heads) and g = dt·A are made by torch ops
 inside the timed call, as a Mamba-2 layer on FLA would. µs per call: CUDA
-events, input groups cycled past the L2. Numerics: each implementation's
-relative error against the recurrence run in float64, one token at a time,
-at b1 l1024 h4, output and gradients.
+events (50 warm-up, 2 x 30 timed calls), input groups cycled past the L2.
+Numerics: each implementation's relative error against the recurrence run
+in float64, one token at a time, at b1 l1024 h4, output and gradients.
 """
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/ is not a package
 import protocol as P  # noqa: E402
-
-from tk_mlir.benchmarking import bench  # noqa: E402
 
 INPUTS = ("x", "dt", "A", "B", "C")
 
@@ -127,23 +125,9 @@ def main(argv=None) -> int:
 
 
 def _time(b, l, h, p, g, n):
-    rows = []
-    case = f"b{b} l{l} h{h} p{p} g{g} n{n}"
-    for name, fn in impls().items():
-        def fb(*leaves, fn=fn):
-            y = fn(*leaves)
-            return torch.autograd.grad(y, leaves, torch.ones_like(y))
-        for pass_, f in (("fwd", fn), ("fwd+bwd", fb)):
-            row = {"case": case, "impl": name, "pass": pass_}
-            try:
-                with torch.set_grad_enabled(pass_ != "fwd"):
-                    t = bench(f, inputs=lambda gen: inputs(b, l, h, p, g, n, gen))
-                row.update(us=t.ms * 1e3, status="ok")
-            except Exception as e:                                  # noqa: BLE001
-                row["status"] = f"failed: {P.first_line(e)}"
-            rows.append(row)
-            print(row, flush=True)
-    return rows
+    return P.time_passes(f"b{b} l{l} h{h} p{p} g{g} n{n}", impls(),
+                         lambda gen: inputs(b, l, h, p, g, n, gen),
+                         warmup=50, iters=30, repeats=2)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ of one sequence per call (the longest).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
