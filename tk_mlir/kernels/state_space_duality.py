@@ -197,8 +197,11 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     the chunk-local L_t but for the final state's term, C_t·dC_t - k_t·dk_t
     with the chunk's own pairs (t, s) summed directly in f32 and the
     diagonal left out (it cancels: the difference of two rounded copies of
-    it would not). Grid (cdiv(p, 64), h, b)."""
-    pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    it would not). Grid (2·cdiv(p, 64), h, b): the even blocks of the first
+    axis walk the chunks in order, the odd ones in reverse, each pass on its
+    own SM (the two share nothing but the atomic sums)."""
+    pb, h, b = tk.block_id(0) // 2, tk.block_id(1), tk.block_id(2)
+    order_pass = tk.block_id(0) % 2 == 0
     g = h // HG
     chunks = tk.cdiv(X.shape[2], CHUNK)
     cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
@@ -211,93 +214,94 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     ss = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)           # H, then dH
     sl = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)           # (what bf16 leaves of it)
 
-    # dC, chunks in order (the state before each chunk), and the pairs of DL.
-    H = first_state(H0, b, h, pb, NS, INITIAL)
-    publish_split(ss, sl, H)
-    for c in range(chunks):
-        lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
-        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
-        tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
-                 .to(cs.dtype))
-        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
-                 .to(gs.dtype))
-        tk.barrier()
-        # pair (t, s), s < t: (dy_t·x_s)·(C_t·B_s)·e^(L_t-L_s)·dt_s, in C_t·dC_t
-        # and in k_s·dk_s; summed here over s (rows), and over t as the
-        # transposed products' rows (a column sum would cross the warps).
-        wt = tk.mma_ABt(acc(CHUNK), xs, gs)
-        st = tk.mma_ABt(acc(CHUNK), bs, cs)
-        tk.mma_wait(0)
-        later = (wt * st * decay_matrix(LC, b, h, c, True)).mul_row(chunk_dt(DT, b, h, c))
-        tk.atomic_add(DL, -later.row_sum(), (b, h, c))
-        w = tk.mma_ABt(acc(CHUNK), gs, xs)
-        s = tk.mma_ABt(acc(CHUNK), cs, bs)
-        tk.mma_wait(0)
-        w = (w * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
-        early = tk.where(w.col_indices() < w.row_indices(), w * s, 0.0).row_sum()
-        w = w.to(OPERAND)
-        el = lc.exp()
-        for j in tk.static_range(NS // 64):     # 64 columns of dC at a time (registers)
-            dc = tk.mma_ABt(acc(64), gs, ss.subtile(j, 64))
-            dc = tk.mma_ABt(dc, gs, sl.subtile(j, 64))
-            tk.mma_wait(0)              # C_t·dC_t's share from the state before:
-            early = early + (as_multiplied(Cm, LC, None, b, g, h, c, j) * dc).row_sum()
-            dc = tk.mma_AB(dc.mul_row(el), w, bs.column_block(j))
-            tk.mma_wait(0)
-            tk.atomic_add(dC, dc, (b, g, c, j))
-        tk.atomic_add(DL, early, (b, h, c))
-        H = tk.mma_AtB(H * decay, ks, xs)
-        tk.mma_wait(0)
-        tk.barrier()
+    if order_pass:
+        # dC, chunks in order (the state before each chunk), and the pairs of DL.
+        H = first_state(H0, b, h, pb, NS, INITIAL)
         publish_split(ss, sl, H)
-
-    # dB and dx, chunks in reverse: the state's gradient after each chunk.
-    dH = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
-    if FINAL_GRAD:
-        dH = tk.load(dH1, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
-    tk.barrier()
-    publish_split(ss, sl, dH)
-    for i in range(chunks):
-        c = chunks - 1 - i
-        lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
-        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
-        ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
-        tk.store(cs, ct.to(cs.dtype))
-        tk.store(qs, ct.mul_row(lc.exp()).to(qs.dtype))
-        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
-                 .to(gs.dtype))
-        tk.barrier()
-        m = decay_matrix(LC, b, h, c, False)
-        s = tk.mma_ABt(acc(CHUNK), cs, bs)
-        tk.mma_wait(0)
-        tk.store(ps[0], (s * m).mul_col(chunk_dt(DT, b, h, c)).to(OPERAND))
-        w = tk.mma_ABt(acc(CHUNK), gs, xs)
-        tk.mma_wait(0)
-        tk.store(ps[1], (w * m).to(OPERAND))
-        tk.barrier()
-        bdk = None                      # B_t·dk_t
-        later = None                    # k_t·dk_t's share from the state after
-        for j in tk.static_range(NS // 64):     # 64 columns of dk at a time (registers)
-            dk = tk.mma_AtB(acc(64), ps[1], cs.column_block(j))
-            late = tk.mma_ABt(acc(64), xs, ss.subtile(j, 64))
-            late = tk.mma_ABt(late, xs, sl.subtile(j, 64))
+        for c in range(chunks):
+            lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
+            load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+            tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
+                     .to(cs.dtype))
+            tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+                     .to(gs.dtype))
+            tk.barrier()
+            # pair (t, s), s < t: (dy_t·x_s)·(C_t·B_s)·e^(L_t-L_s)·dt_s, in C_t·dC_t
+            # and in k_s·dk_s; summed here over s (rows), and over t as the
+            # transposed products' rows (a column sum would cross the warps).
+            wt = tk.mma_ABt(acc(CHUNK), xs, gs)
+            st = tk.mma_ABt(acc(CHUNK), bs, cs)
             tk.mma_wait(0)
-            later = total(later, (as_multiplied(Bm, DT, KD, b, g, h, c, j) * late).row_sum())
-            dk = dk + late.mul_row(kd)
-            bdk = total(bdk, row_dot(Bm, dk, b, g, c, j))
-            tk.atomic_add(dB, dk.mul_row(dt), (b, g, c, j))
-        tk.atomic_add(BDK, bdk, (b, h, c))
-        tk.atomic_add(DL, -later, (b, h, c))
-        dx = tk.mma_AtB(acc(64), ps[0], gs)
-        dx = tk.mma_AB(dx, ks, ss)
-        tk.mma_wait(0)
-        tk.store(dX, skip(dx, dY, Dh, b, h, c, pb, HAS_D).to(dX.dtype), (b, h, c, pb))
-        dH = tk.mma_AtB(dH * decay, qs, gs)
-        tk.mma_wait(0)
+            later = (wt * st * decay_matrix(LC, b, h, c, True)).mul_row(chunk_dt(DT, b, h, c))
+            tk.atomic_add(DL, -later.row_sum(), (b, h, c))
+            w = tk.mma_ABt(acc(CHUNK), gs, xs)
+            s = tk.mma_ABt(acc(CHUNK), cs, bs)
+            tk.mma_wait(0)
+            w = (w * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
+            early = tk.where(w.col_indices() < w.row_indices(), w * s, 0.0).row_sum()
+            w = w.to(OPERAND)
+            el = lc.exp()
+            for j in tk.static_range(NS // 64):     # 64 columns of dC at a time (registers)
+                dc = tk.mma_ABt(acc(64), gs, ss.subtile(j, 64))
+                dc = tk.mma_ABt(dc, gs, sl.subtile(j, 64))
+                tk.mma_wait(0)              # C_t·dC_t's share from the state before:
+                early = early + (as_multiplied(Cm, LC, None, b, g, h, c, j) * dc).row_sum()
+                dc = tk.mma_AB(dc.mul_row(el), w, bs.column_block(j))
+                tk.mma_wait(0)
+                tk.atomic_add(dC, dc, (b, g, c, j))
+            tk.atomic_add(DL, early, (b, h, c))
+            H = tk.mma_AtB(H * decay, ks, xs)
+            tk.mma_wait(0)
+            tk.barrier()
+            publish_split(ss, sl, H)
+    else:
+        # dB and dx, chunks in reverse: the state's gradient after each chunk.
+        dH = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
+        if FINAL_GRAD:
+            dH = tk.load(dH1, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
         tk.barrier()
         publish_split(ss, sl, dH)
-    if INITIAL:
-        tk.store(dH0, dH, (b, h, 0, pb))
+        for i in range(chunks):
+            c = chunks - 1 - i
+            lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
+            load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+            ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
+            tk.store(cs, ct.to(cs.dtype))
+            tk.store(qs, ct.mul_row(lc.exp()).to(qs.dtype))
+            tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+                     .to(gs.dtype))
+            tk.barrier()
+            m = decay_matrix(LC, b, h, c, False)
+            s = tk.mma_ABt(acc(CHUNK), cs, bs)
+            tk.mma_wait(0)
+            tk.store(ps[0], (s * m).mul_col(chunk_dt(DT, b, h, c)).to(OPERAND))
+            w = tk.mma_ABt(acc(CHUNK), gs, xs)
+            tk.mma_wait(0)
+            tk.store(ps[1], (w * m).to(OPERAND))
+            tk.barrier()
+            bdk = None                      # B_t·dk_t
+            later = None                    # k_t·dk_t's share from the state after
+            for j in tk.static_range(NS // 64):     # 64 columns of dk at a time (registers)
+                dk = tk.mma_AtB(acc(64), ps[1], cs.column_block(j))
+                late = tk.mma_ABt(acc(64), xs, ss.subtile(j, 64))
+                late = tk.mma_ABt(late, xs, sl.subtile(j, 64))
+                tk.mma_wait(0)
+                later = total(later, (as_multiplied(Bm, DT, KD, b, g, h, c, j) * late).row_sum())
+                dk = dk + late.mul_row(kd)
+                bdk = total(bdk, row_dot(Bm, dk, b, g, c, j))
+                tk.atomic_add(dB, dk.mul_row(dt), (b, g, c, j))
+            tk.atomic_add(BDK, bdk, (b, h, c))
+            tk.atomic_add(DL, -later, (b, h, c))
+            dx = tk.mma_AtB(acc(64), ps[0], gs)
+            dx = tk.mma_AB(dx, ks, ss)
+            tk.mma_wait(0)
+            tk.store(dX, skip(dx, dY, Dh, b, h, c, pb, HAS_D).to(dX.dtype), (b, h, c, pb))
+            dH = tk.mma_AtB(dH * decay, qs, gs)
+            tk.mma_wait(0)
+            tk.barrier()
+            publish_split(ss, sl, dH)
+        if INITIAL:
+            tk.store(dH0, dH, (b, h, 0, pb))
 
 
 def ssd(x, dt, A, B, C, chunk_size: int = 64, D=None, initial_state=None,
@@ -458,7 +462,7 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
         h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else dL
         dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else dL
         d = _whole_rows(D) if D is not None else decay
-        ssd_backward_kernel[(-(-p // 64), h, b)](
+        ssd_backward_kernel[(2 * -(-p // 64), h, b)](
             _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
             _heads_first(dy), h0t, dh1t, _heads_first(dx), dB32, dC32, dL, bdk,
             dh0t if h0 is not None else dL, NS=_state_rows(n), HG=h // g,
