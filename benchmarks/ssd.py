@@ -11,10 +11,11 @@ pure-Python wheel, ../shared/gpu/README.md):
 bf16 x, B, C; f32 dt (through softplus) and A < 0; no D. Both are timed
 from the layer's inputs (x, dt, A, B, C) with gradients to all of them: for
 FLA, k = dt·B (B expanded to the heads) and g = dt·A are made by torch ops
-inside the timed call, as a Mamba-2 layer on FLA would. µs per call: CUDA
+inside the timed call, as a Mamba-2 layer on FLA would ("fla"), and before
+it ("fla kernels": FLA's kernels alone). µs per call: CUDA
 events (50 warm-up, 2 x 30 timed calls), input groups cycled past the L2.
 Numerics: each implementation's relative error against the recurrence run
-in float64, one token at a time, at b1 l1024 h4, output and gradients.
+in float64, one token at a time, at b1 l1024 h4 (h8 for g8), output and gradients.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def recurrence(x, dt, A, B, C):
 
 def numerics(g: int) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    leaves = inputs(1, 1024, 4, 64, g, 128, gen, grad=False)
+    leaves = inputs(1, 1024, max(4, g), 64, g, 128, gen, grad=False)
     dy = torch.randn(leaves[0].shape, device="cuda", generator=gen)
     ref_in = [t.double().requires_grad_() for t in leaves]
     ref = recurrence(*ref_in)
@@ -125,9 +126,20 @@ def main(argv=None) -> int:
 
 
 def _time(b, l, h, p, g, n):
-    return P.time_passes(f"b{b} l{l} h{h} p{p} g{g} n{n}", impls(),
-                         lambda gen: inputs(b, l, h, p, g, n, gen),
-                         warmup=50, iters=30, repeats=2)
+    case = f"b{b} l{l} h{h} p{p} g{g} n{n}"
+    timing = dict(warmup=50, iters=30, repeats=2)
+    rows = P.time_passes(case, impls(), lambda gen: inputs(b, l, h, p, g, n, gen), **timing)
+    if any(r["impl"] == "fla" for r in rows):     # FLA's kernels alone, on q, k, g made before
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        def made(gen):
+            x, dt, A, B, C = (t.detach() for t in inputs(b, l, h, p, g, n, gen))
+            q, k = (t.repeat_interleave(h // g, 2) for t in (C, B))
+            return tuple(t.requires_grad_() for t in (q, (dt[..., None] * k).to(x.dtype), x,
+                                                      dt * A))
+        rows += P.time_passes(case, {"fla kernels": lambda q, k, v, gl: chunk_simple_gla(
+            q, k, v, g=gl, scale=1.0)[0]}, made, **timing)
+    return rows
 
 
 if __name__ == "__main__":
