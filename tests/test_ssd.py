@@ -93,6 +93,22 @@ def test_matches_the_recurrence_forward_and_backward(interpret, b, l, h, p, g, n
     _check(inputs, final_grad, tol=1e-2)
 
 
+def test_views_of_one_projection_and_short_heads(interpret):
+    """x, B and C as Mamba-2 makes them, views into one projection's output
+    (strided rows); p = 32 (half a column block); a sequence of one token."""
+    b, l, h, p, g, n = 2, 33, 4, 32, 2, 16
+    for length in (l, 1):
+        gen = torch.Generator().manual_seed(length)
+        xbc = (torch.randn(b, length, h * p + 2 * g * n + 8, generator=gen) * 0.4).to(bf16)
+        x = xbc[..., :h * p].view(b, length, h, p)
+        B = xbc[..., h * p:h * p + g * n].view(b, length, g, n)
+        C = xbc[..., h * p + g * n:h * p + 2 * g * n].view(b, length, g, n)
+        dt = torch.nn.functional.softplus(torch.randn(b, length, h, generator=gen) - 2)
+        A = -0.5 - 3.5 * torch.rand(h, generator=gen)
+        h0 = torch.randn(b, h, p, n, generator=gen)    # (dA is 0 for one token from 0)
+        _check([x, dt, A, B, C, torch.randn(h, generator=gen), h0], True, tol=1e-2)
+
+
 def test_dt_A_and_D_in_the_inputs_dtype(interpret):
     """dt, A and D may be bf16 (as a bf16 model holds them): gradients in it."""
     x, dt, A, B, C, D, _ = _inputs(1, 80, 2, 64, 1, 64, seed=5)
