@@ -54,9 +54,10 @@ def _inputs(b, l, h, p, g, n, seed, D=True, initial=False, device="cpu"):
 
 def _check(inputs, final_grad: bool, tol: float, device_ref: str = "cpu"):
     """y, the returned state and every input's gradient (of y·dy, plus
-    state·dstate with final_grad) against the recurrence in float64, all to
-    1e-2: dA too, the ill-conditioned one (a sum over the sequence of terms
-    that cancel), which a less careful backward misses by 5-17% at l=1000."""
+    state·dstate with final_grad) against the recurrence in float64, to tol;
+    dA, the ill-conditioned one (a sum over the sequence of terms ~100x its
+    size that cancel), to 2·tol: measured 1e-3 ... 1e-2, where a less
+    careful backward misses by 5-17% at l=1000."""
     leaves = [t if t is None else t.clone().requires_grad_() for t in inputs]
     y, h1 = ssd(*leaves[:5], D=leaves[5], initial_state=leaves[6], return_state=True)
     gen = torch.Generator().manual_seed(1)
@@ -78,7 +79,7 @@ def _check(inputs, final_grad: bool, tol: float, device_ref: str = "cpu"):
     names = [n for n, t in zip(NAMES, leaves) if t is not None]
     for name, got, want in zip(names, grads, ref_grads):
         assert got.shape == want.shape and got.dtype == leaves[NAMES.index(name)].dtype
-        assert _rel(got.to(device_ref), want) < tol, name
+        assert _rel(got.to(device_ref), want) < (2 * tol if name == "A" else tol), name
 
 
 @pytest.mark.parametrize("b,l,h,p,g,n,D,initial,final_grad", [
@@ -144,6 +145,24 @@ def test_compiled_matches_eager(interpret):
         return ssd(x, dt, A, B, C, D=D, initial_state=h0)
 
     assert_compiled_matches_eager(f, x, dt, B)
+
+
+def test_a_second_derivative_raises(interpret):
+    """Gradients are first order: a second one raises, never comes back partial."""
+    x, dt, A, B, C, D, _ = _inputs(1, 40, 2, 64, 1, 64, seed=8)
+    dt, A = dt.requires_grad_(), A.requires_grad_()
+    y = ssd(x, dt, A, B, C, D=D)
+    (gdt,) = torch.autograd.grad(y.float().pow(2).sum(), dt, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gdt.sum().backward()
+
+
+def test_dt_may_be_a_view_with_heads_not_innermost(interpret):
+    """dt goes through torch before the kernels: a (b, h, l) tensor viewed as
+    (b, l, h) is taken as it is."""
+    x, dt, A, B, C, D, _ = _inputs(1, 70, 2, 64, 1, 64, seed=9)
+    view = dt.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(ssd(x, view, A, B, C, D=D), ssd(x, dt, A, B, C, D=D))
 
 
 def test_bad_arguments_are_refused_with_the_rule():

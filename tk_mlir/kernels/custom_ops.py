@@ -63,13 +63,16 @@ wrappers' checks (calling torch.ops.tk_mlir.* directly is as safe); the fake
 ones do not (Dynamo has run the wrappers' checks on fake tensors). Every op
 allocates its outputs (mutates_args=()): a wrapper's `out=`/`c` is written in
 place by eager calls and copied into under torch.compile. The one mutation is
-attention_with_kvcache's, which appends the new tokens' k and v to the caches. Importing this
+attention_with_kvcache's, which appends the new tokens' k and v to the caches. Gradients are
+first order: the backward ops have no autograd formula, and the eager classes' backward is
+once_differentiable, so a second derivative raises rather than coming back partial. Importing this
 module imports torch and registers the ops; the wrappers import it on first
 call, and resolving a public name does when torch is already loaded.
 """
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
@@ -153,6 +156,7 @@ class EagerMatmul(torch.autograd.Function):
         return c
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dc):
         return _matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b)
 
@@ -228,6 +232,7 @@ class EagerGroupedMatmul(torch.autograd.Function):
         return c
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dc):
         return _grouped_backward(ctx, dc, grouped_gemm.grouped_grads)
 
@@ -385,6 +390,7 @@ class EagerRmsNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _rms_norm_backward(ctx, dy, norms.rms_norm_backward)
 
@@ -400,6 +406,7 @@ class EagerLayerNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _layer_norm_backward(ctx, dy, norms.layer_norm_backward)
 
@@ -450,6 +457,7 @@ class EagerSwiglu(torch.autograd.Function):
         return activations.launch(gate, up)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _swiglu_backward(ctx, dy, activations.swiglu_backward)
 
@@ -498,6 +506,7 @@ class EagerRotary(torch.autograd.Function):
         return rotary.launch(x, cos, sin, interleaved=interleaved)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _rotary_backward(ctx, dy, rotary.launch)[:4]
 
@@ -565,6 +574,7 @@ class EagerCrossEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dloss, dlse):
         return _cross_entropy_backward(ctx, dloss, dlse, losses.cross_entropy_backward)
 
@@ -644,6 +654,7 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dloss, dlse):
         if ctx.grads is None:
             return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
@@ -783,6 +794,7 @@ class EagerAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, dlse):
         return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
 
@@ -862,6 +874,7 @@ class EagerAttentionVarlen(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, dlse):
         return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
 
@@ -956,6 +969,7 @@ class EagerLinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, ds1, dz1):
         return _linear_attention_backward(ctx, do, ds1, dz1, chunked_linear_attention.backward)
 
@@ -1050,6 +1064,7 @@ class EagerSsd(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dh1):
         return _ssd_backward(ctx, dy, dh1, state_space_duality.backward)
 
@@ -1067,6 +1082,7 @@ class EagerFusedAddNorm(torch.autograd.Function):
         return y, h
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dh):
         backward = norms.rms_norm_backward if ctx.norm == "rms_norm" else \
             norms.layer_norm_backward

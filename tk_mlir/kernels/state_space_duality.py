@@ -194,7 +194,8 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     block's share, by atomic adds into zeroed f32 tensors, of: dB and dC (b,
     g, l, n; every head of the group and every column block adds its part),
     dB as dt·dk; BDK (b, h, l'), B_t·dk_t; DL (b, h, l'), the gradient of
-    the chunk-local L_t but for the final state's term, C_t·dC_t - k_t·dk_t
+    the cumulative decay at t (the sum of a over the whole sequence up to
+    t) but for the final state's term, C_t·dC_t - k_t·dk_t
     with the chunk's own pairs (t, s) summed directly in f32 and the
     diagonal left out (it cancels: the difference of two rounded copies of
     it would not). Grid (2·cdiv(p, 64), h, b): the even blocks of the first
@@ -314,14 +315,24 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, D=None, initial_state=None,
     through softplus (> 0); A: (h,) (< 0); B, C: (b, l, g, n) of x's dtype,
     g dividing h (head i reads group i // (h / g)), n a multiple of 8 up to
     128; D: (h,) or None. dt, A and D may be float32 or x's dtype; all on x's
-    CUDA device, last dims contiguous. chunk_size is accepted for mamba_ssm's
-    signature (a positive multiple of 16): the result is the recurrence
-    whatever the chunking, and the kernels always cut the sequence in 64
-    tokens. initial_state: (b, h, p, n) f32, the state before the first
-    token. Returns y like x (contiguous), and with return_state=True also
-    the state after the last token, (b, h, p, n) f32. Differentiable in
-    every input (x, dt, A, B, C, D and the initial state, the returned state's
-    gradient included); under torch.compile the custom op torch.ops.tk_mlir.ssd.
+    CUDA device, x, B and C with contiguous last dims (views of one
+    projection are fine). chunk_size is accepted as mamba_ssm takes it (a
+    positive multiple of 16): the result is the recurrence whatever the
+    chunking, and the kernels always cut the sequence in 64 tokens. (The
+    state keywords are initial_state and return_state, where mamba_ssm has
+    initial_states and return_final_states.) initial_state: (b, h, p, n) f32,
+    the state before the first token. Returns y like x (contiguous), and with
+    return_state=True also the state after the last token, (b, h, p, n) f32.
+    Differentiable, to first order, in every input (x, dt, A, B, C, D and
+    the initial state, the returned state's gradient included); under
+    torch.compile the custom op torch.ops.tk_mlir.ssd.
+
+    Numerics: the MMAs take bf16 operands (f16 inputs are rounded to bf16:
+    the state needs bf16's range), the state and every sum are f32. dA is
+    ill-conditioned (a sum over the sequence of terms ~100x its size that
+    cancel): ~3e-3 from the float64 recurrence typically, up to ~1e-2.
+    The gradients of B, C, dt and A are sums by atomic adds, in no fixed
+    order: their last bits may differ between runs.
 
     The decays' signs are not checked (that needs a host synchronisation):
     with dt·A > 0 the chunk's exponents grow, and may overflow to inf."""
@@ -366,7 +377,7 @@ def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
     if p % 8 or p == 0:
         raise ValueError(f"{fn}: the head dim p (x's last dim) must be a positive multiple "
                          f"of 8 (rows of whole 16-byte vectors), got {p}")
-    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
+    for name, t in (("x", x), ("B", B), ("C", C)):        # (dt goes through torch first)
         if t.stride(-1) != 1:
             raise ValueError(f"{fn}: {name}'s last dim must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
