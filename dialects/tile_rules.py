@@ -414,11 +414,14 @@ def _reduce(op, operands, results, num_warps: int) -> None:
     _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
     _require(op.axis in tk.AXES, "reduction axis must be row or col")
     tile = operands[0]
-    if tile.scope != "block":   # warps exchange partials across a block barrier
+    # Warps exchange partials across a block barrier: a tile whose scope is
+    # less than the block (a warpgroup of 8 warps) cannot take part in one.
+    if T.scope_warps(tile.scope, num_warps) != num_warps:
         layout = layouts.layout_of(tile, num_warps)
         _require(not layout.warp_bits_along(1 if op.axis == "row" else 0),
                  f"a {op.axis} reduction across the warps of a {tile.scope}-scope tile "
-                 f"({_show(tile)}, {tile.layout} layout) is not supported yet; use block scope")
+                 f"({_show(tile)}, {tile.layout} layout) in a kernel of {num_warps} warps is "
+                 f"not supported yet; use block scope (or a kernel of one {tile.scope})")
 
 
 @rule("broadcast")

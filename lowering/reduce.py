@@ -11,6 +11,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
 from ..dialects import contracts
+from ..dialects import types as T
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import F32, Fragment, convert
 from .memory import smem_addr
@@ -59,8 +60,9 @@ def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
     for bit, basis in enumerate(tile.layout.lane):
         if basis is not None and basis[0] != keep:
             partial = [combine(p, _shuffle_xor(p, 1 << bit)) for p in partial]
-    assert tile.scope == "block" or not tile.layout.warp_bits_along(1 - keep), \
-        "tk-verify refuses reductions across the warps of a warp/warpgroup tile"
+    assert T.scope_warps(tile.scope, ctx.num_warps) == ctx.num_warps or \
+        not tile.layout.warp_bits_along(1 - keep), \
+        "tk-verify refuses reductions across the warps of a tile narrower than the block"
     regs = [convert(p, F32, tile.dtype) for p in partial]
     return Fragment(regs, out_layout, tile.dtype, tile.scope), partial
 

@@ -61,20 +61,12 @@ def chunk_dt(DT, b, h, c):
 
 
 @tk.func
-def decay_matrix(LC, b, h, c, TRANSPOSED):
-    """exp(L_t - L_s) at (query t, key s) for s <= t, 0 after: chunk c's
-    weights; TRANSPOSED: at (s, t), for s < t only (the pairs off the
-    diagonal)."""
-    rows = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
-    cols = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
-    d = tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup")
-    if TRANSPOSED:
-        d = d.add_col(cols).sub_row(rows)
-        d = tk.where(d.col_indices() > d.row_indices(), d, float("-inf"))
-    else:
-        d = d.add_row(rows).sub_col(cols)
-        d = tk.where(d.col_indices() <= d.row_indices(), d, float("-inf"))
-    return d.exp()
+def decay_matrix(LC, b, h, c):
+    """exp(L_t - L_s) at (query t, key s) for s <= t, 0 after: chunk c's weights."""
+    d = tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup").add_row(
+        tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")).sub_col(
+        tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup"))
+    return tk.where(d.col_indices() <= d.row_indices(), d, float("-inf")).exp()
 
 
 @tk.func
@@ -136,7 +128,7 @@ def ssd_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl, 
         y = tk.mma_AB(tk.zeros((CHUNK, 64), f32, layout="row", scope="warpgroup"), cs, ss)
         s = tk.mma_ABt(tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup"), cs, bs)
         tk.mma_wait(0)
-        p = (s * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
+        p = (s * decay_matrix(LC, b, h, c)).mul_col(chunk_dt(DT, b, h, c))
         y = tk.mma_AB(y.mul_row(lc.exp()), p.to(OPERAND), xs)
         H = tk.mma_AtB(H * decay, ks, xs)
         tk.mma_wait(0)
@@ -228,18 +220,14 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
                      .to(gs.dtype))
             tk.barrier()
             # pair (t, s), s < t: (dy_t·x_s)·(C_t·B_s)·e^(L_t-L_s)·dt_s, in C_t·dC_t
-            # and in k_s·dk_s; summed here over s (rows), and over t as the
-            # transposed products' rows (a column sum would cross the warps).
-            wt = tk.mma_ABt(acc(CHUNK), xs, gs)
-            st = tk.mma_ABt(acc(CHUNK), bs, cs)
-            tk.mma_wait(0)
-            later = (wt * st * decay_matrix(LC, b, h, c, True)).mul_row(chunk_dt(DT, b, h, c))
-            tk.atomic_add(DL, -later.row_sum(), (b, h, c))
+            # and in k_s·dk_s: summed over s (rows) and over t (columns).
             w = tk.mma_ABt(acc(CHUNK), gs, xs)
             s = tk.mma_ABt(acc(CHUNK), cs, bs)
             tk.mma_wait(0)
-            w = (w * decay_matrix(LC, b, h, c, False)).mul_col(chunk_dt(DT, b, h, c))
-            early = tk.where(w.col_indices() < w.row_indices(), w * s, 0.0).row_sum()
+            w = (w * decay_matrix(LC, b, h, c)).mul_col(chunk_dt(DT, b, h, c))
+            pairs = tk.where(w.col_indices() < w.row_indices(), w * s, 0.0)
+            tk.atomic_add(DL, -pairs.col_sum(), (b, h, c))
+            early = pairs.row_sum()
             w = w.to(OPERAND)
             el = lc.exp()
             for j in tk.static_range(NS // 64):     # 64 columns of dC at a time (registers)
@@ -272,7 +260,7 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
             tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
                      .to(gs.dtype))
             tk.barrier()
-            m = decay_matrix(LC, b, h, c, False)
+            m = decay_matrix(LC, b, h, c)
             s = tk.mma_ABt(acc(CHUNK), cs, bs)
             tk.mma_wait(0)
             tk.store(ps[0], (s * m).mul_col(chunk_dt(DT, b, h, c)).to(OPERAND))
