@@ -44,6 +44,12 @@ MAX_STATE = 128         # n: the state's rows (a 64- or 128-row tile, masked)
 
 
 @tk.func
+def acc(cols):
+    """A zero f32 accumulator of the chunk's rows and `cols` columns."""
+    return tk.zeros((CHUNK, cols), f32, layout="row", scope="warpgroup")
+
+
+@tk.func
 def chunk_decays(LC, KD, DT, DECAY, b, h, c):
     """Chunk c's L (cumulative a), exp(L_last - L), dt (vectors) and
     exp(L_last) (a scalar)."""
@@ -125,8 +131,8 @@ def ssd_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl, 
         tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
                  .to(cs.dtype))
         tk.barrier()
-        y = tk.mma_AB(tk.zeros((CHUNK, 64), f32, layout="row", scope="warpgroup"), cs, ss)
-        s = tk.mma_ABt(tk.zeros((CHUNK, CHUNK), f32, layout="row", scope="warpgroup"), cs, bs)
+        y = tk.mma_AB(acc(64), cs, ss)
+        s = tk.mma_ABt(acc(CHUNK), cs, bs)
         tk.mma_wait(0)
         p = (s * decay_matrix(LC, b, h, c)).mul_col(chunk_dt(DT, b, h, c))
         y = tk.mma_AB(y.mul_row(lc.exp()), p.to(OPERAND), xs)
@@ -140,12 +146,6 @@ def ssd_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl, 
 
 
 @tk.func
-def acc(cols):
-    """A zero f32 accumulator of the chunk's rows and `cols` columns."""
-    return tk.zeros((CHUNK, cols), f32, layout="row", scope="warpgroup")
-
-
-@tk.func
 def row_dot(X, a, b, g, c, j):
     """Σ over the row of X's (b, g) chunk c, columns block j, times a."""
     return (tk.load(X, (b, g, c, j), (CHUNK, 64), layout="row", scope="warpgroup").to(f32)
@@ -155,7 +155,7 @@ def row_dot(X, a, b, g, c, j):
 @tk.func
 def as_multiplied(X, V, W, b, g, h, c, j):
     """X's (b, g) chunk c, columns block j, times exp(V) (W None) or V·W per
-    row (V, W: (b, h) vectors), rounded to bf16 as the MMAs read it: the
+    row (V, W: (b, h, l') like LC), rounded to bf16 as the MMAs read it: the
     state's terms of C·dC and k·dk then carry the very roundings of the
     products that built the state, and cancel as they should."""
     if W is None:
@@ -186,11 +186,10 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     block's share, by atomic adds into zeroed f32 tensors, of: dB and dC (b,
     g, l, n; every head of the group and every column block adds its part),
     dB as dt·dk; BDK (b, h, l'), B_t·dk_t; DL (b, h, l'), the gradient of
-    the cumulative decay at t (the sum of a over the whole sequence up to
-    t) but for the final state's term, C_t·dC_t - k_t·dk_t
-    with the chunk's own pairs (t, s) summed directly in f32 and the
-    diagonal left out (it cancels: the difference of two rounded copies of
-    it would not). Grid (2·cdiv(p, 64), h, b): the even blocks of the first
+    the cumulative decay at t (the sum of a over the whole sequence up to t)
+    but for the final state's term: C_t·dC_t - k_t·dk_t, with the chunk's
+    own pairs (t, s) summed directly in f32 and the diagonal left out (it
+    cancels: the difference of two rounded copies of it would not). Grid (2·cdiv(p, 64), h, b): the even blocks of the first
     axis walk the chunks in order, the odd ones in reverse, each pass on its
     own SM (the two share nothing but the atomic sums)."""
     pb, h, b = tk.block_id(0) // 2, tk.block_id(1), tk.block_id(2)
