@@ -189,9 +189,10 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     the cumulative decay at t (the sum of a over the whole sequence up to t)
     but for the final state's term: C_t·dC_t - k_t·dk_t, with the chunk's
     own pairs (t, s) summed directly in f32 and the diagonal left out (it
-    cancels: the difference of two rounded copies of it would not). Grid (2·cdiv(p, 64), h, b): the even blocks of the first
-    axis walk the chunks in order, the odd ones in reverse, each pass on its
-    own SM (the two share nothing but the atomic sums)."""
+    cancels: the difference of two rounded copies of it would not). Grid
+    (2·cdiv(p, 64), h, b): the even blocks of the first axis walk the chunks
+    in order, the odd ones in reverse, each pass on its own SM (the two
+    share nothing but the atomic sums)."""
     pb, h, b = tk.block_id(0) // 2, tk.block_id(1), tk.block_id(2)
     order_pass = tk.block_id(0) % 2 == 0
     g = h // HG
