@@ -93,6 +93,46 @@ def test_swap_pairs_trades_column_neighbours():
         across_threads.compile(tk.spec((64, 64), tk.f32), tk.spec((64, 64), tk.f32))
 
 
+@pytest.mark.parametrize("interleaved,per_batch", [(False, False), (True, True)])
+def test_q_and_k_in_one_launch_each_way(interpret, monkeypatch, interleaved, per_batch):
+    """rotary_embedding_qk on views of one projection (GQA head counts):
+    forward and gradients against float64, one launch forward and one back."""
+    from tk_mlir.kernels import rotary
+    launches = []
+    real = rotary.rotary_qk_kernel.__getitem__
+    monkeypatch.setattr(type(rotary.rotary_qk_kernel), "__getitem__",
+                        lambda self, grid: launches.append(grid) or real(grid))
+    B, N, H, H_KV, D = 2, 5, 6, 2, 32
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(B, N, (H + 2 * H_KV) * D, generator=g).to(bf16).requires_grad_()
+    q = qkv[..., :H * D].view(B, N, H, D)
+    k = qkv[..., H * D:(H + H_KV) * D].view(B, N, H_KV, D)
+    cos, sin = _angles(*((B, N, D // 2) if per_batch else (N, D // 2)), seed=8)
+    rq, rk = rotary_embedding_qk(q, k, cos, sin, interleaved=interleaved)
+    ref = _reference_interleaved if interleaved else _reference
+    qd = qkv.detach().double().requires_grad_()
+    rq64 = ref(qd[..., :H * D].view(B, N, H, D), cos, sin)
+    rk64 = ref(qd[..., H * D:(H + H_KV) * D].view(B, N, H_KV, D), cos, sin)
+    assert _rel(rq, rq64) < 1e-2 and _rel(rk, rk64) < 1e-2
+    dq, dk = (torch.randn(t.shape, generator=g).to(bf16) for t in (rq, rk))
+    (dqkv,) = torch.autograd.grad((rq, rk), (qkv,), (dq, dk))
+    (ref_d,) = torch.autograd.grad((rq64, rk64), (qd,), (dq.double(), dk.double()))
+    assert _rel(dqkv, ref_d) < 1e-2
+    assert launches == [(N, B, 2)] * 2
+
+
+def test_q_and_k_of_other_lengths_go_one_at_a_time(interpret):
+    """q and k that cannot share a launch go through rotary_embedding each;
+    errors name the tensor."""
+    q = torch.randn(1, 4, 2, 32).to(bf16)
+    k = torch.randn(1, 6, 2, 32).to(bf16)
+    cos, sin = _angles(4, 16, seed=9)
+    with pytest.raises(ValueError, match=r"rotary_embedding: cos must have shape \(6, 16\)"):
+        rotary_embedding_qk(q, k, cos, sin)
+    with pytest.raises(ValueError, match=r"rotary_embedding: k's last dim must be contiguous"):
+        rotary_embedding_qk(q, torch.randn(1, 4, 2, 64).to(bf16)[..., ::2], cos, sin)
+
+
 @pytest.mark.parametrize("per_batch", [False, True])
 def test_kernel_in_the_interpreter(per_batch):
     from tk_mlir.kernels.rotary import rotary_kernel

@@ -511,6 +511,24 @@ class EagerRotary(torch.autograd.Function):
         return _rotary_backward(ctx, dy, rotary.launch)[:4]
 
 
+
+class EagerRotaryQK(torch.autograd.Function):
+    """rotary_embedding_qk's forward and backward for eager calls on checked q
+    and k: one launch each way."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return rotary.launch_qk(q, k, cos, sin, interleaved=interleaved)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        dq, dk = rotary.launch_qk(dq, dk, cos, sin, inverse=True, interleaved=ctx.interleaved)
+        return dq, dk, None, None, None
+
 # ------------------------------------------------------------------ losses
 
 @torch.library.custom_op("tk_mlir::cross_entropy", mutates_args=())

@@ -17,18 +17,9 @@ from tk_mlir import f32
 from tk_mlir.kernels import checks
 
 
-@tk.kernel(num_warps=4)
-def rotary_kernel(X: tk.gl, COS: tk.gl, SIN: tk.gl, Y: tk.gl, HB: tk.constexpr,
-                  HALF: tk.constexpr, PER_BATCH: tk.constexpr = False,
-                  INVERSE: tk.constexpr = False, INTERLEAVED: tk.constexpr = False):
-    """Y[b, n, h] = X[b, n, h] rotated by position n's angles (GPT-NeoX: the
-    pairs are (i, i + D/2)): y1 = x1·cos - x2·sin, y2 = x2·cos + x1·sin, with
-    sin negated for INVERSE (the backward). X, Y: (B, N, H, D) with H <= HB
-    and D = 2·HALF; COS, SIN: flat (N·HALF,), or (B·N·HALF,) with PER_BATCH.
-    INTERLEAVED (GPT-J: the pairs are (2i, 2i + 1)): COS and SIN hold each
-    angle twice, flat (N·D,) or (B·N·D,), and y = x·cos + x'·(∓sin), x' the
-    tile with its column pairs swapped. Grid (N, B)."""
-    n, b = tk.block_id(0), tk.block_id(1)
+@tk.func
+def rotate(X, COS, SIN, Y, n, b, HB, HALF, PER_BATCH, INVERSE, INTERLEAVED):
+    """Y[b, n] = X[b, n] (its <= HB heads) rotated by position n's angles."""
     half = HALF
     angle = b * X.shape[1] + n if PER_BATCH else n       # the row of cos/sin, in halves
     if INTERLEAVED:
@@ -49,6 +40,36 @@ def rotary_kernel(X: tk.gl, COS: tk.gl, SIN: tk.gl, Y: tk.gl, HB: tk.constexpr,
         x2 = tk.load(X, (b, n, 0, 1), (HB, half)).to(f32)
         tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, 0))
         tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, 1))
+
+
+@tk.kernel(num_warps=4)
+def rotary_kernel(X: tk.gl, COS: tk.gl, SIN: tk.gl, Y: tk.gl, HB: tk.constexpr,
+                  HALF: tk.constexpr, PER_BATCH: tk.constexpr = False,
+                  INVERSE: tk.constexpr = False, INTERLEAVED: tk.constexpr = False):
+    """Y[b, n, h] = X[b, n, h] rotated by position n's angles (GPT-NeoX: the
+    pairs are (i, i + D/2)): y1 = x1·cos - x2·sin, y2 = x2·cos + x1·sin, with
+    sin negated for INVERSE (the backward). X, Y: (B, N, H, D) with H <= HB
+    and D = 2·HALF; COS, SIN: flat (N·HALF,), or (B·N·HALF,) with PER_BATCH.
+    INTERLEAVED (GPT-J: the pairs are (2i, 2i + 1)): COS and SIN hold each
+    angle twice, flat (N·D,) or (B·N·D,), and y = x·cos + x'·(∓sin), x' the
+    tile with its column pairs swapped. Grid (N, B)."""
+    rotate(X, COS, SIN, Y, tk.block_id(0), tk.block_id(1), HB, HALF, PER_BATCH, INVERSE,
+           INTERLEAVED)
+
+
+@tk.kernel(num_warps=4)
+def rotary_qk_kernel(Q: tk.gl, K: tk.gl, COS: tk.gl, SIN: tk.gl, YQ: tk.gl, YK: tk.gl,
+                     HBQ: tk.constexpr, HBK: tk.constexpr, HALF: tk.constexpr,
+                     PER_BATCH: tk.constexpr = False, INVERSE: tk.constexpr = False,
+                     INTERLEAVED: tk.constexpr = False):
+    """rotary_kernel on q (into YQ) and k (into YK) in one launch: Q, K of one
+    (B, N, ., D), H_q <= HBQ and H_k <= HBK heads. Grid (N, B, 2): the last
+    axis picks q or k."""
+    n, b = tk.block_id(0), tk.block_id(1)
+    if tk.block_id(2) == 0:
+        rotate(Q, COS, SIN, YQ, n, b, HBQ, HALF, PER_BATCH, INVERSE, INTERLEAVED)
+    else:
+        rotate(K, COS, SIN, YK, n, b, HBK, HALF, PER_BATCH, INVERSE, INTERLEAVED)
 
 
 def rotary_embedding(x, cos, sin, interleaved: bool = False):
@@ -79,9 +100,30 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
 
 def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     """(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)): q and k
-    may have different head counts (GQA)."""
-    return (rotary_embedding(q, cos, sin, interleaved),
-            rotary_embedding(k, cos, sin, interleaved))
+    may have different head counts (GQA). Eager calls rotate both in one
+    launch (and their gradients in one more) when they share (B, N, D),
+    dtype and device."""
+    import torch
+    if torch.compiler.is_compiling() or not _pair(q, k):
+        return (rotary_embedding(q, cos, sin, interleaved),
+                rotary_embedding(k, cos, sin, interleaved))
+    _check(q, cos, sin, "q")
+    _check(k, cos, sin, "k")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        from tk_mlir.kernels import custom_ops
+        return custom_ops.EagerRotaryQK.apply(q, k, cos, sin, interleaved)
+    return launch_qk(q, k, cos, sin, interleaved=interleaved)
+
+
+def _pair(q, k) -> bool:
+    """Whether q and k can share one launch: 4-D tensors of one (B, N, ., D),
+    dtype and device (otherwise each goes its own way, with its own checks)."""
+    import torch
+    return (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4
+            and k.dim() == 4 and q.shape[:2] == k.shape[:2] and q.shape[3] == k.shape[3]
+            and q.dtype == k.dtype and q.device == k.device)
 
 
 def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
@@ -96,26 +138,48 @@ def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
         if interleaved:     # each angle for both elements of its pair
             cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
         rotary_kernel[(N, B)](x, cos.reshape(-1), sin.reshape(-1), y,
-                              HB=max(1 << (H - 1).bit_length(), 1), HALF=D // 2,
+                              HB=_rows(H), HALF=D // 2,
                               PER_BATCH=cos.dim() == 3,
                               INVERSE=inverse, INTERLEAVED=interleaved)
     return y
 
 
-def _check(x, cos, sin) -> None:
+def launch_qk(q, k, cos, sin, inverse: bool = False, interleaved: bool = False):
+    """rotary_qk_kernel on checked q and k (or their gradients): new outputs."""
+    import torch
+    q, k = checks.kernel_operand(q), checks.kernel_operand(k)
+    B, N, H, D = q.shape
+    yq, yk = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k))
+    if yq.numel() or yk.numel():
+        if interleaved:     # each angle for both elements of its pair
+            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        rotary_qk_kernel[(N, B, 2)](q, k, cos.reshape(-1), sin.reshape(-1), yq, yk,
+                                    HBQ=_rows(H), HBK=_rows(k.shape[2]), HALF=D // 2,
+                                    PER_BATCH=cos.dim() == 3, INVERSE=inverse,
+                                    INTERLEAVED=interleaved)
+    return yq, yk
+
+
+def _rows(heads: int) -> int:
+    """A tile's rows for `heads` heads: the next power of two (the rest masked)."""
+    return max(1 << (heads - 1).bit_length(), 1)
+
+
+def _check(x, cos, sin, what: str = "x") -> None:
+    """x (named `what` in errors), cos and sin as the kernels take them."""
     import torch
     fn = "rotary_embedding"
-    checks.tensor(fn, "x", x, ndim=4, dtypes=(torch.bfloat16, torch.float16))
+    checks.tensor(fn, what, x, ndim=4, dtypes=(torch.bfloat16, torch.float16))
     B, N, H, D = x.shape
     if D % 16:
-        raise ValueError(f"{fn}: x's head dim D must be a multiple of 16 (halves of whole "
+        raise ValueError(f"{fn}: {what}'s head dim D must be a multiple of 16 (halves of whole "
                          f"16-byte vectors), got shape {tuple(x.shape)}")
     if x.stride(-1) != 1:
-        raise ValueError(f"{fn}: x's last dim must be contiguous (stride 1), got strides "
+        raise ValueError(f"{fn}: {what}'s last dim must be contiguous (stride 1), got strides "
                          f"{tuple(x.stride())}")
     for name, t in (("cos", cos), ("sin", sin)):
         checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
-        checks.like(fn, name, t, "x", x, dtype=False)
+        checks.like(fn, name, t, what, x, dtype=False)
         if tuple(t.shape) not in ((N, D // 2), (B, N, D // 2)):
             raise ValueError(f"{fn}: {name} must have shape ({N}, {D // 2}) or ({B}, {N}, "
                              f"{D // 2}) (positions x half the head dim), got "
@@ -128,4 +192,4 @@ def _check(x, cos, sin) -> None:
     if cos.shape != sin.shape:
         raise ValueError(f"{fn}: cos and sin must have one shape, got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
-    checks.on_cuda(fn, "x", x)
+    checks.on_cuda(fn, what, x)
