@@ -131,6 +131,17 @@ def test_q_and_k_of_other_lengths_go_one_at_a_time(interpret):
         rotary_embedding_qk(q, k, cos, sin)
     with pytest.raises(ValueError, match=r"rotary_embedding: k's last dim must be contiguous"):
         rotary_embedding_qk(q, torch.randn(1, 4, 2, 64).to(bf16)[..., ::2], cos, sin)
+    with pytest.raises(ValueError, match=r"rotary_embedding: k must be 4-D"):
+        rotary_embedding_qk(q, k[0], cos, sin)
+
+
+def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):
+    q = torch.randn(1, 4, 2, 32).to(bf16).requires_grad_()
+    k = torch.randn(1, 4, 1, 32).to(bf16)
+    cos, sin = _angles(4, 16, seed=10)
+    rq, rk = rotary_embedding_qk(q, k, cos, sin)
+    assert rq.requires_grad and not rk.requires_grad
+    assert _rel(rk, _reference(k, cos, sin)) < 1e-2
 
 
 @pytest.mark.parametrize("per_batch", [False, True])

@@ -102,16 +102,18 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     """(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)): q and k
     may have different head counts (GQA). Eager calls rotate both in one
     launch (and their gradients in one more) when they share (B, N, D),
-    dtype and device."""
+    dtype, device and whether they require grad."""
     import torch
-    if torch.compiler.is_compiling() or not _pair(q, k):
+    if not torch.compiler.is_compiling():
+        _check(q, cos, sin, "q")
+        _check(k, cos, sin, "k")
+    if torch.compiler.is_compiling() or not _pair(q, k) or \
+            q.requires_grad != k.requires_grad:     # (each output as its input: needs grad?)
         return (rotary_embedding(q, cos, sin, interleaved),
                 rotary_embedding(k, cos, sin, interleaved))
-    _check(q, cos, sin, "q")
-    _check(k, cos, sin, "k")
     if not isinstance(interleaved, bool):
         raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if torch.is_grad_enabled() and q.requires_grad:
         from tk_mlir.kernels import custom_ops
         return custom_ops.EagerRotaryQK.apply(q, k, cos, sin, interleaved)
     return launch_qk(q, k, cos, sin, interleaved=interleaved)
