@@ -326,3 +326,32 @@ def test_tma_reduce_add_of_bf16_on_the_gpu():
     torch.cuda.synchronize()
     ref = _expected(y0, x, (0, 0), r, c)
     assert _rel_err(y, ref) < 2e-2      # bf16: each of the 8 adds rounds to 8 bits
+
+
+@tk.kernel(num_warps=4)
+def store_between_grouped_reductions(X: tk.gl[f32], A: tk.gl[f32], M: tk.gl[f32],
+                                     Y: tk.gl[f32], SCOPE: tk.constexpr):
+    """Two reductions of one tile share one exchange (its barrier at the
+    first): a shared store between them is not ordered by the second."""
+    x = tk.load(X, (0, 0), (64, 64), layout="row", scope=SCOPE)
+    t = tk.load(X, (0, 0), (64, 64), layout="row", scope="warpgroup")
+    s = tk.shared_tile(bf16, (64, 64))
+    a = x.col_sum()
+    tk.store(s, t.to(bf16))
+    m = x.col_max()
+    y = tk.load(s, layout="col", scope="warpgroup")
+    tk.store(A, a, (0,))
+    tk.store(M, m, (0,))
+    tk.store(Y, y.to(f32), (0, 0))
+
+
+@pytest.mark.parametrize("scope", ["warpgroup", "block"])
+def test_a_reduction_that_joins_an_earlier_exchange_orders_nothing(scope):
+    """The interpreter places a group's barrier where the GPU does (at its
+    first reduction), so the race the GPU has is reported."""
+    torch = pytest.importorskip("torch")
+    from tk_mlir.interpreter import InterpretError
+    x = torch.randn(64, 64)
+    outs = [torch.empty(64), torch.empty(64), torch.empty(64, 64)]
+    with pytest.raises(InterpretError, match="data race"):
+        store_between_grouped_reductions.interpret[(1,)](x, *outs, SCOPE=scope)

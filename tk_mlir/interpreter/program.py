@@ -312,6 +312,7 @@ class _Compiler:
         self.num_sems = 0
         self.tma_args: set[int] = set()
         self.cluster = 1
+        self.exchanges_seen: set[int] = set()     # exchange groups whose barrier is placed
 
     def slot(self, value) -> int:
         return self.slots.setdefault(value, len(self.slots))
@@ -354,7 +355,19 @@ class _Compiler:
         if scope is None:
             return PlainStep(ins, outs, fn)
         return TileStep(info, scope, ins, outs, fn,
-                        barrier=d is not None and d.has_barrier(op, self.num_warps))
+                        barrier=d is not None and d.has_barrier(op, self.num_warps)
+                        and self._first_of_exchange(op))
+
+    def _first_of_exchange(self, op) -> bool:
+        """False for a reduction that joins an earlier one's exchange group
+        (tk-allocate-smem): on the GPU the group's one barrier is at its first
+        reduction, so a later member orders nothing at its own line."""
+        if not contracts.EXCHANGE_GROUP.has(op):
+            return True
+        group = contracts.EXCHANGE_GROUP.get(op)
+        first = group not in self.exchanges_seen
+        self.exchanges_seen.add(group)
+        return first
 
     def compile_alloc(self, op, d):
         """tk.alloc_st / alloc_sv / alloc_sem: an Allocation (its block's memory
