@@ -37,7 +37,9 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks
-from tk_mlir.kernels.chunked_linear_attention import OPERAND, publish, publish_split
+from tk_mlir.kernels.chunked_linear_attention import (OPERAND, _heads_first, publish,
+                                                       publish_split)
+from tk_mlir.kernels.gemm import padded_rows
 
 CHUNK = 64              # tokens per chunk
 MAX_STATE = 128         # n: the state's rows (a 64- or 128-row tile, masked)
@@ -388,7 +390,7 @@ def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
 def _decays(dt, A):
     """(L, exp(L_last - L), dt, exp(L_last)) as the kernels read them: (b, h,
     l') f32 with l' = l rounded up to 64 (dt 0 past l, so L stays), and (b,
-    h, l' / 64 rounded up to 4: whole 16-byte rows); L the cumulative dt·A
+    h, l' / 64 padded to whole 16-byte rows); L the cumulative dt·A
     within each chunk."""
     import torch
     b, l, h = dt.shape
@@ -397,24 +399,12 @@ def _decays(dt, A):
     lc = (dt32 * A.float()[None, :, None]).view(b, h, -1, CHUNK).cumsum(-1)
     last = lc[..., -1:]
     return (lc.view(b, h, -1), (last - lc).exp().view(b, h, -1), dt32.contiguous(),
-            _whole_rows(last[..., 0].exp()))
-
-
-def _whole_rows(t):
-    """t in f32, its last dim zero-padded to a multiple of 4 (rows of whole
-    16-byte vectors, as every kernel tensor has them)."""
-    import torch
-    return torch.nn.functional.pad(t.float(), (0, -t.shape[-1] % 4)).contiguous()
+            padded_rows(last[..., 0].exp()))
 
 
 def _state_rows(n: int) -> int:
     """The state's tile rows for n: 64 or 128 (masked past n)."""
     return 64 if n <= 64 else 128
-
-
-def _heads_first(t):
-    """(b, l, h, d) as the kernels' (b, h, l, d) view."""
-    return t.transpose(1, 2)
 
 
 def forward(x, dt, A, B, C, D, h0):
@@ -427,7 +417,7 @@ def forward(x, dt, A, B, C, D, h0):
     if b and h and l:
         lc, kd, dt32, decay = _decays(dt, A)
         h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else h1
-        d = _whole_rows(D) if D is not None else decay
+        d = padded_rows(D.float()) if D is not None else decay
         ssd_kernel[(-(-p // 64), h, b)](
             _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
             _heads_first(y), h0t, h1, NS=_state_rows(n), HG=h // B.shape[2],
@@ -460,7 +450,7 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
         dy = checks.kernel_operand(dy)
         h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else dL
         dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else dL
-        d = _whole_rows(D) if D is not None else decay
+        d = padded_rows(D.float()) if D is not None else decay
         ssd_backward_kernel[(2 * -(-p // 64), h, b)](
             _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
             _heads_first(dy), h0t, dh1t, _heads_first(dx), dB32, dC32, dL, bdk,
@@ -468,8 +458,10 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
             HAS_D=D is not None, INITIAL=h0 is not None, FINAL_GRAD=dh1 is not None)
     else:
         dx.zero_()
-        if h0 is not None:
-            dh0t.copy_(dh1.transpose(-1, -2)) if dh1 is not None else dh0t.zero_()
+        if h0 is not None and dh1 is not None:
+            dh0t.copy_(dh1.transpose(-1, -2))
+        elif h0 is not None:
+            dh0t.zero_()
     # The decays: a_t's gradient is the sum of dL over the tokens from t on
     # (L_t is a sum of a up to t), the final state's <dh1, h1> (its own
     # exp(L)) counted at the last token.
