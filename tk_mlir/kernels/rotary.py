@@ -104,13 +104,15 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     launch (and their gradients in one more) when they share (B, N, D),
     dtype, device and whether they require grad."""
     import torch
-    if not torch.compiler.is_compiling():
-        _check(q, cos, sin, "q")
-        _check(k, cos, sin, "k")
-    if torch.compiler.is_compiling() or not _pair(q, k) or \
-            q.requires_grad != k.requires_grad:     # (each output as its input: needs grad?)
+    def each():
         return (rotary_embedding(q, cos, sin, interleaved),
                 rotary_embedding(k, cos, sin, interleaved))
+    if torch.compiler.is_compiling():
+        return each()
+    _check(q, cos, sin, "q")
+    _check(k, cos, sin, "k")
+    if not _pair(q, k) or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
+        return each()
     if not isinstance(interleaved, bool):
         raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
     if torch.is_grad_enabled() and q.requires_grad:
@@ -137,12 +139,9 @@ def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
     B, N, H, D = x.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel():
-        if interleaved:     # each angle for both elements of its pair
-            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        rotary_kernel[(N, B)](x, cos.reshape(-1), sin.reshape(-1), y,
-                              HB=_rows(H), HALF=D // 2,
-                              PER_BATCH=cos.dim() == 3,
-                              INVERSE=inverse, INTERLEAVED=interleaved)
+        rotary_kernel[(N, B)](x, *_tables(cos, sin, interleaved), y, HB=_rows(H),
+                              HALF=D // 2, PER_BATCH=cos.dim() == 3, INVERSE=inverse,
+                              INTERLEAVED=interleaved)
     return y
 
 
@@ -153,13 +152,19 @@ def launch_qk(q, k, cos, sin, inverse: bool = False, interleaved: bool = False):
     B, N, H, D = q.shape
     yq, yk = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k))
     if yq.numel() or yk.numel():
-        if interleaved:     # each angle for both elements of its pair
-            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        rotary_qk_kernel[(N, B, 2)](q, k, cos.reshape(-1), sin.reshape(-1), yq, yk,
+        rotary_qk_kernel[(N, B, 2)](q, k, *_tables(cos, sin, interleaved), yq, yk,
                                     HBQ=_rows(H), HBK=_rows(k.shape[2]), HALF=D // 2,
                                     PER_BATCH=cos.dim() == 3, INVERSE=inverse,
                                     INTERLEAVED=interleaved)
     return yq, yk
+
+
+def _tables(cos, sin, interleaved: bool):
+    """cos and sin flat, as the kernels read them; interleaved: each angle
+    twice, for both elements of its pair (a copy per call)."""
+    if interleaved:
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+    return cos.reshape(-1), sin.reshape(-1)
 
 
 def _rows(heads: int) -> int:
