@@ -133,3 +133,29 @@ def test_linear_cross_entropy_matches_float64(reduction, monkeypatch):
         assert _rel(got, want) < 2e-2
     compiled = torch.compile(linear_cross_entropy, fullgraph=True)
     assert torch.equal(compiled(h.detach(), w.detach(), t, reduction=reduction), loss.detach())
+
+
+@gpu
+def test_linear_cross_entropy_holds_little_beyond_its_gradients():
+    """A scalar loss's forward and backward allocate dweight, dh and one row
+    chunk's logits (no larger than h, or MIN_CHUNK_ROWS rows) beyond their inputs: each chunk's
+    share of dweight is added into it in place, and the backward scales the
+    gradients in place."""
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    g = torch.Generator(device="cuda").manual_seed(8)
+    n, d, v = 8192, 1024, 32000
+    h = torch.randn(n, d, device="cuda", generator=g).to(bf16).requires_grad_()
+    w = (torch.randn(v, d, device="cuda", generator=g) * 0.05).to(bf16).requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda", generator=g)
+    torch.autograd.grad(linear_cross_entropy(h, w, t), (h, w))     # (tunes the GEMMs first)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    dh, dw = torch.autograd.grad(linear_cross_entropy(h, w, t) * 0.5, (h, w))
+    extra = torch.cuda.max_memory_allocated() - base
+    grads = (v * d + n * d) * 2
+    chunk = max(n * d, losses.MIN_CHUNK_ROWS * v) * 2        # one chunk's logits
+    assert extra <= grads + chunk + (4 << 20), (extra, grads, chunk)
+    hd, wd = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    want = torch.autograd.grad(F.cross_entropy(hd @ wd.T, t) * 0.5, (hd, wd))
+    assert _rel(dh, want[0]) < 2e-2 and _rel(dw, want[1]) < 2e-2

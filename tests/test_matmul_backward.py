@@ -154,3 +154,75 @@ def test_opcheck_matmul_with_autograd(layout):
                           (a.requires_grad_(), b.requires_grad_(), layout, None),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
+
+
+# ------------------------------------------------- accumulating into C
+
+@pytest.mark.parametrize("m, n, k, b_kn, a_km", [(200, 136, 96, False, False),
+                                                 (136, 256, 64, True, True),
+                                                 (72, 200, 136, False, True)])
+def test_accumulate_adds_the_product_into_c_in_the_interpreter(m, n, k, b_kn, a_km):
+    """ACCUMULATE: C += A·B by TMA reduce-add, C's earlier values kept, the
+    edges past M and N untouched."""
+    from tk_mlir.kernels.gemm import gemm_kernel
+    g = torch.Generator().manual_seed(m * n + k)
+    a = torch.randn(*((k, m) if a_km else (m, k)), generator=g).to(bf16)
+    b = torch.randn(*((k, n) if b_kn else (n, k)), generator=g).to(bf16)
+    c0 = torch.randn(m, n, generator=g).to(bf16)
+    c = c0.clone()
+    gemm_kernel.kernel.interpret[(3,)](a, b, c, B_KN=b_kn, A_KM=a_km, ACCUMULATE=True, BM=128,
+                                       BN=128, STAGES=2)
+    ad, bd = (a.double().T if a_km else a.double()), (b.double() if b_kn else b.double().T)
+    assert _rel(c, c0.double() + ad @ bd) < 1e-2
+
+
+@pytest.mark.parametrize("m, n, k", [(130, 72, 40), (64, 4104, 96), (24, 40, 250), (16, 16, 0),
+                                     (16, 128, 4096)])
+def test_launch_accumulate_on_every_plan(interpret, m, n, k):
+    """gemm.launch(..., accumulate=True) on the plan's kernels (tiles, split-K
+    taken unsplit, padded rows through a buffer that starts as c, K = 0
+    adding nothing): c + a·bᵀ."""
+    from tk_mlir.kernels import gemm
+    g = torch.Generator().manual_seed(m + n + k)
+    a, b = torch.randn(m, k, generator=g).to(bf16), torch.randn(n, k, generator=g).to(bf16)
+    c0 = torch.randn(m, n, generator=g).to(bf16)
+    c = c0.clone()
+    gemm.launch(a, b, c, "nk", accumulate=True)
+    assert _rel(c, c0.double() + a.double() @ b.double().T) < 1e-2
+
+
+def test_accumulate_refuses_an_f32_c():
+    from tk_mlir.kernels.gemm import gemm_kernel
+    s, c = tk.spec((256, 256), tk.bf16), tk.spec((256, 256), tk.f32)
+    with pytest.raises(tk.CompilationError, match="ACCUMULATE adds by TMA store pieces"):
+        gemm_kernel.kernel.compile(s, s, c, ACCUMULATE=True)
+
+
+def test_accumulate_ptx_adds_by_tma_reduce():
+    from tk_mlir.kernels.gemm import gemm_kernel
+    s = tk.spec((4096, 4096), tk.bf16)
+    c = gemm_kernel.kernel.compile(s, s, s, B_KN=True, A_KM=True, ACCUMULATE=True, BN=256,
+                                   STAGES=4, EPI_N=64, EPI_BUFFERS=2)
+    ptx = c.asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared" not in ptx        # no plain stores of C
+    assert c.info["spill stores (bytes)"] == 0
+
+
+@gpu
+@pytest.mark.parametrize("m, n, k, a_km", [(4096, 2048, 256, True), (256, 4096, 8192, False),
+                                           (1000, 776, 520, True)])
+def test_launch_accumulate_on_the_gpu(m, n, k, a_km):
+    """gemm.launch(..., accumulate=True) three times into one c (the
+    autotuned kernel's tuned config, the split-K plan unsplit, padded
+    edges): c0 + 3·a·b by TMA reduce-add in bf16."""
+    from tk_mlir.kernels import gemm
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(*((k, m) if a_km else (m, k)), device="cuda", generator=g).to(bf16)
+    b = torch.randn(k, n, device="cuda", generator=g).to(bf16)
+    c0 = torch.randn(m, n, device="cuda", generator=g).to(bf16)
+    c = c0.clone()
+    for _ in range(3):
+        gemm.launch(a, b, c, "kn", a_layout="km" if a_km else "mk", accumulate=True)
+    ad = a.double().T if a_km else a.double()
+    assert _rel(c, c0.double() + 3 * ad @ b.double()) < 1e-2

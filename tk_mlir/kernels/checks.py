@@ -84,6 +84,21 @@ def describe(value) -> str:
     return type(value).__name__
 
 
+def _contiguous_rows(t) -> bool:
+    """t is contiguous, 16-byte aligned, its rows whole 16-byte vectors: what
+    most operands are, per operand per call, in three cheap reads."""
+    return t.is_contiguous() and not t.data_ptr() & 15 and not t.shape[-1] * t.element_size() & 15
+
+
+def readable(t) -> bool:
+    """Whether kernels read (and write) t as it lies: runtime.arguments'
+    vector_rows."""
+    if _contiguous_rows(t):
+        return True
+    from tk_mlir.runtime.arguments import vector_rows
+    return vector_rows(t.shape, t.stride(), t.element_size(), t.data_ptr())
+
+
 def kernel_operand(t, dtype=None):
     """t as the kernels read a tensor: of `dtype` (default its own), last dim
     contiguous, base and row strides 16-byte aligned, and no dim overlapping
@@ -94,6 +109,8 @@ def kernel_operand(t, dtype=None):
     import torch
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
+    if _contiguous_rows(t):
+        return t
     size = t.element_size()
     span, ok = 1, t.stride(-1) == 1 and t.data_ptr() % 16 == 0
     for n, step in zip(reversed(t.shape), reversed(t.stride())):

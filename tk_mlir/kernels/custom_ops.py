@@ -653,21 +653,22 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
     """linear_cross_entropy's forward and backward for eager calls. A scalar
     loss ("mean", "sum") gets its gradients in the forward, for dloss = 1
     (losses.linear_forward_with_grads: no logits made twice); the backward
-    scales them. "none" makes the logits again in the backward."""
+    scales them in place and hands them over (no second dweight-sized
+    tensor), so a second backward through a retained graph makes them again
+    from the saved inputs, as "none" always does."""
 
     @staticmethod
     def forward(ctx, h, weight, target, ignore_index, reduction):
-        ctx.set_materialize_grads(False)
+        args = h, weight, target, ignore_index, reduction
         if reduction == "none":
-            out = losses.linear_forward(h, weight, target, ignore_index, reduction)
-            _linear_ce_setup_context(ctx, (h, weight, target, ignore_index, reduction), out)
+            out = losses.linear_forward(*args)
             ctx.grads = None
         else:
             need_h, need_weight = ctx.needs_input_grad[:2]
-            loss, lse, dh, dw = losses.linear_forward_with_grads(
-                h, weight, target, ignore_index, reduction, need_h, need_weight)
+            loss, lse, dh, dw = losses.linear_forward_with_grads(*args, need_h, need_weight)
             out = loss, lse
             ctx.grads = dh, dw
+        _linear_ce_setup_context(ctx, args, out)
         ctx.mark_non_differentiable(out[1])
         return out
 
@@ -679,9 +680,9 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
         if dloss is None:
             return None, None, None, None, None
         need_h, need_weight = ctx.needs_input_grad[:2]
-        dh, dw = ctx.grads          # (kept: a retain_graph backward scales them again)
+        (dh, dw), ctx.grads = ctx.grads, None
         scale = dloss.to(dh.dtype)
-        return (dh * scale if need_h else None), (dw * scale if need_weight else None), \
+        return (dh.mul_(scale) if need_h else None), (dw.mul_(scale) if need_weight else None), \
             None, None, None
 
 

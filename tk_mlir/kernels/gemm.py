@@ -30,16 +30,17 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import blackwell_gemm, checks
 from tk_mlir.kernels.device import is_blackwell, num_sms
-from tk_mlir.runtime.arguments import vector_rows
 
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
-         GATHER=None, A_KM=False):
+         GATHER=None, A_KM=False, ACCUMULATE=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
-    a gradient's GEMM without a transposed copy).
+    a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
+    product (each piece added by TMA reduce-add, rounded to C's 16-bit dtype
+    before and after the add: a gradient summed over chunks in place).
 
     3-D A, B and C: one product per index of their first dim; with SIZES,
     SIZES[g] of A's padded rows (grouped: STARTS, G + 1 ints, holds each
@@ -66,6 +67,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
     assert not A_KM or (SIZES is None and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
+    assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
+                              and C.dtype != "f32"), \
+        "ACCUMULATE adds by TMA store pieces: a 16-bit C, TMA_STORE, no SPLIT_K or SCATTER"
     M, K = (A.shape[-1], A.shape[-2]) if A_KM else (A.shape[-2], A.shape[-1])
     N = B.shape[-1] if B_KN else B.shape[-2]
     # (SCATTER: the owners are the ranks, a compile-time count)
@@ -167,7 +171,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
-                               outer=outer)
+                               outer=outer, add=ACCUMULATE)
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
@@ -186,11 +190,11 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                 TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
                 CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1,
-                A_KM: tk.constexpr = False):
-    """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM (`gemm`).
-    BM=64 takes num_warps=8."""
+                A_KM: tk.constexpr = False, ACCUMULATE: tk.constexpr = False):
+    """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM; C += the
+    product with ACCUMULATE (`gemm`). BM=64 takes num_warps=8."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
-         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM)
+         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE)
 
 
 @tk.kernel(num_warps=8)
@@ -356,12 +360,13 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
     return Plan("tiles", MappingProxyType(config), why)
 
 
-def launch(a, b, c, b_layout: str, a_layout: str = "mk") -> None:
+def launch(a, b, c, b_layout: str, a_layout: str = "mk", accumulate: bool = False) -> None:
     """The planned kernel on checked tensors, into c; a_layout="km": a is
-    given as K x M (a gradient's product, see grad_b). Any M, N, K
-    (padded_launch)."""
-    padded_launch(lambda a, b, c: _launch(a, b, c, b_layout, a_layout), a, b, c, b_layout,
-                  a_layout)
+    given as K x M (a gradient's product, see grad_b); accumulate: c += the
+    product, for a 16-bit c (a sum over chunks kept in place, each added
+    rounded to c's dtype). Any M, N, K (padded_launch)."""
+    padded_launch(lambda a, b, c: _launch(a, b, c, b_layout, a_layout, accumulate), a, b, c,
+                  b_layout, a_layout, partial=accumulate)
 
 
 def padded_launch(run, a, b, c, b_layout: str, a_layout: str = "mk",
@@ -370,12 +375,12 @@ def padded_launch(run, a, b, c, b_layout: str, a_layout: str = "mk",
     not whole 16-byte vectors (K = 250, a misaligned view) go through copies
     padded with zeros; the result goes straight into c unless c's rows need
     padding too, or the padded product is wider (N or M padded), then
-    through a padded buffer copied back (partial=True: run writes only some
-    of c's rows, and the buffer starts as c, so the others keep c's values)."""
+    through a padded buffer copied back (partial=True: the buffer starts as
+    c, for a run that writes only some of c's rows or adds into c)."""
     a2, b2 = padded_rows(a), padded_rows(b)
     m = a2.shape[-1] if a_layout == "km" else a2.shape[-2]     # (padded when a is K x M)
     n = b2.shape[-1] if b_layout == "kn" else b2.shape[-2]     # (padded when b is K x N)
-    if (m, n) == tuple(c.shape[-2:]) and readable(c):
+    if (m, n) == tuple(c.shape[-2:]) and checks.readable(c):
         return run(a2, b2, c)
     c2 = c.new_empty(*c.shape[:-2], m, _whole_vectors(n, c.element_size()))
     if partial:
@@ -384,19 +389,10 @@ def padded_launch(run, a, b, c, b_layout: str, a_layout: str = "mk",
     c.copy_(c2[..., :c.shape[-2], :c.shape[-1]])
 
 
-def readable(t) -> bool:
-    """Whether kernels read (and write) t as it lies: runtime.arguments'
-    vector_rows, a contiguous tensor (the usual case, per operand per call)
-    decided by three cheap reads, its outer strides being whole rows."""
-    if t.is_contiguous() and not t.data_ptr() & 15 and not t.shape[-1] * t.element_size() & 15:
-        return True
-    return vector_rows(t.shape, t.stride(), t.element_size(), t.data_ptr())
-
-
 def padded_rows(t):
-    """t when kernels can read it as it lies (`readable`), else a copy whose
-    last dim is padded with zeros to whole 16-byte vectors."""
-    if readable(t):
+    """t when kernels can read it as it lies (`checks.readable`), else a copy
+    whose last dim is padded with zeros to whole 16-byte vectors."""
+    if checks.readable(t):
         return t
     n = t.shape[-1]
     out = t.new_zeros(*t.shape[:-1], _whole_vectors(n, t.element_size()))
@@ -410,18 +406,26 @@ def _whole_vectors(n: int, itemsize: int) -> int:
     return -(-n // per) * per
 
 
-def _launch(a, b, c, b_layout: str, a_layout: str) -> None:
+def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> None:
     km = a_layout == "km"
     M, K = (a.shape[-1], a.shape[-2]) if km else (a.shape[-2], a.shape[-1])
     N = c.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     device = a.get_device()
     if is_blackwell(device):
+        if accumulate:                  # (its kernel stores only: through a product of its own)
+            product = c.new_empty(c.shape)
+            blackwell_gemm.launch(a, b, product, b_layout, a_layout)
+            c += product
+            return
         return blackwell_gemm.launch(a, b, c, b_layout, a_layout)
     sms = num_sms(device)
     chosen = plan(M, N, K, sms, batch)
     kn = b_layout == "kn"
-    if chosen.kernel == "none":
+    if accumulate:
+        if chosen.kernel != "none":                  # (a sum of no products adds nothing)
+            _accumulate(a, b, c, chosen, sms, kn, km)
+    elif chosen.kernel == "none":
         c.zero_()                                    # a sum of no products
     elif chosen.kernel == "autotuned":
         gemm_kernel[(sms,)](a, b, c, B_KN=kn, **_a_km(km))
@@ -432,6 +436,21 @@ def _launch(a, b, c, b_layout: str, a_layout: str) -> None:
         w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
         gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg,
                                     **_a_km(km))
+
+
+def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
+    """c += the product by gemm_kernel with ACCUMULATE, which is never tuned
+    (timing it would add into c at every launch): the config tuned for the
+    same product stored, when there is one, else the first; a split-K plan
+    takes its tiles unsplit (split-K's partial sums store, not add)."""
+    if c.element_size() != 2:
+        raise TypeError(f"gemm.launch: accumulate=True adds into a 16-bit c, got {c.dtype}")
+    if chosen.kernel == "autotuned":
+        tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km)) if a.is_cuda else None
+        config = (tuned or gemm_kernel.configs[0]).all_kwargs()
+    else:
+        config = {k: v for k, v in chosen.config.items() if k != "SPLIT_K"}
+    gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **config, **_a_km(km), ACCUMULATE=True)
 
 
 def _a_km(km: bool) -> dict:

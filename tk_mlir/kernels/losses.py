@@ -208,8 +208,14 @@ def _check(logits, target, ignore_index, reduction, label_smoothing):
 # ------------------------------------------------------ linear cross-entropy
 
 # Logits a linear_cross_entropy step holds at once (bytes): the vocabulary is
-# cut into slices of at most this many N x slice logits.
+# cut into slices of at most this many N x slice logits, and a scalar loss's
+# rows into chunks of at most this many chunk x V logits.
 LOGITS_SLICE_BYTES = 1 << 30
+# A scalar loss's row chunks take at least this many rows: each chunk's share
+# of dweight is added into it, a read and write of all of dweight, which
+# costs more than the share's product below ~400 rows on an H200
+# (BENCHMARKS.md, issue 25). Lower LOGITS_SLICE_BYTES to hold fewer logits.
+MIN_CHUNK_ROWS = 512
 _NO_CLASS = -2**31        # an ignore_index no shifted target equals (ignored rows: scale 0)
 
 
@@ -220,7 +226,12 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     log-sum-exp and target logit, combined over slices on the host's
     stream. The backward makes each slice's logits again, turns them into
     their gradient in place, and takes the slice's dweight rows and its
-    share of dh as GEMMs (the transposed operand read as K x M).
+    share of dh as GEMMs (the transposed operand read as K x M). An eager
+    call with a scalar loss ("mean", "sum") that needs gradients makes them
+    in its forward instead, over chunks of rows and the whole vocabulary
+    (the larger of h's size and MIN_CHUNK_ROWS rows of logits at a time),
+    each chunk's share of dweight added into it: beyond the gradients it
+    holds one chunk's logits.
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
     target: (N,) class indices, ignore_index as cross_entropy. H and V
@@ -274,9 +285,10 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     """(loss, lse, dh, dweight) of linear_cross_entropy for a scalar loss
     ("mean" or "sum"), the gradients those of dloss = 1 (the backward scales
     them): Liger's order, so the backward makes no logits again (3 GEMMs'
-    work, not 4). Rows go in chunks of LOGITS_SLICE_BYTES of logits over the
-    whole vocabulary, so each chunk's log-sum-exp is final and its logits
-    turn into their gradient in place; dweight sums the chunks' shares."""
+    work, not 4). Rows go in chunks (`_chunk_rows`) over the whole
+    vocabulary, so each chunk's log-sum-exp is final and its logits turn
+    into their gradient in place; each chunk's share of dweight is added
+    into it by its GEMM (in dweight's dtype, as Liger's addmm does)."""
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
@@ -287,8 +299,7 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     lse = torch.empty(rows, dtype=torch.float32, device=h.device)
     dh = torch.empty_like(h) if need_h else h.new_empty(0)
     dw = torch.empty_like(weight) if need_weight else weight.new_empty(0)
-    share = None
-    chunk = max(128, LOGITS_SLICE_BYTES // (2 * v) // 128 * 128)
+    chunk = _chunk_rows(n, h.shape[1], v)
     for r0 in range(0, n, chunk):
         r1 = min(r0 + chunk, n)
         logits = torch.empty(r1 - r0, v, dtype=h.dtype, device=h.device)
@@ -300,17 +311,21 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
                                                   scale[part], logits, ignore_index, 0.0)
         if need_h:
             gemm.launch(logits, weight, dh[r0:r1], "kn")              # dh rows: dlogits·W
-        if need_weight:
-            if r0 == 0:
-                gemm.launch(logits, h[r0:r1], dw, "kn", a_layout="km")  # dW: dlogitsᵀ·h
-            else:
-                share = torch.empty_like(dw) if share is None else share
-                gemm.launch(logits, h[r0:r1], share, "kn", a_layout="km")
-                dw += share
+        if need_weight:                                               # dW (+)= dlogitsᵀ·h
+            gemm.launch(logits, h[r0:r1], dw, "kn", a_layout="km", accumulate=r0 > 0)
+        del logits                                  # (freed before the next chunk's)
     if not n and need_weight:
         dw.zero_()
     loss = _reduced(loss_rows[:n], target, ignore_index, reduction)
     return loss.to(h.dtype), lse[:n], dh, dw
+
+
+def _chunk_rows(n: int, hidden: int, v: int) -> int:
+    """Rows per chunk of linear_forward_with_grads, in multiples of 128: as
+    many as keep the chunk's logits no larger than h (Liger's rule), but at
+    least MIN_CHUNK_ROWS, and within LOGITS_SLICE_BYTES (at least 128)."""
+    rows = max(n * hidden // v, MIN_CHUNK_ROWS)
+    return max(128, min(rows, LOGITS_SLICE_BYTES // (2 * v)) // 128 * 128)
 
 
 def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str,
