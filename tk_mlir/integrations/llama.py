@@ -168,7 +168,7 @@ def _rotary(q, k, cos, sin, unsqueeze_dim=1):
     """apply_rotary_pos_emb on the kernel: q, k (B, H, N, D), cos and sin
     (B, N, D), their halves equal (Llama's); else transformers' own."""
     import torch
-    from tk_mlir.kernels import rotary_embedding
+    from tk_mlir.kernels import rotary_embedding_qk
     half = q.shape[-1] // 2
     if unsqueeze_dim != 1 or cos.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float16) or \
             k.dtype != q.dtype or q.shape[-1] % 16 or q.stride(-1) != 1 or k.stride(-1) != 1:
@@ -176,7 +176,8 @@ def _rotary(q, k, cos, sin, unsqueeze_dim=1):
     c, s = cos[..., :half].contiguous(), sin[..., :half].contiguous()
     if c.shape[0] == 1:
         c, s = c[0], s[0]                       # one set of positions for the batch
-    return tuple(rotary_embedding(t.transpose(1, 2), c, s).transpose(1, 2) for t in (q, k))
+    q, k = rotary_embedding_qk(q.transpose(1, 2), k.transpose(1, 2), c, s)   # (one launch)
+    return q.transpose(1, 2), k.transpose(1, 2)
 
 
 def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None,
