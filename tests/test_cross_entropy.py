@@ -49,6 +49,10 @@ def test_kernels_in_the_interpreter(smoothing):
     (ref_dx,) = torch.autograd.grad((per_row * scale[keep].double()).sum(), xd)
     assert _rel(dx[keep], ref_dx[keep]) < 1e-2
     assert not dx[2].any()                               # an ignored row: no gradient
+    inplace = x.clone()                                  # (linear_cross_entropy's use)
+    cross_entropy_backward_kernel.interpret[(n,)](inplace, t, lse, scale, inplace, -100,
+                                                  smoothing, CHUNK=256)
+    assert torch.equal(inplace, dx)
 
 
 @pytest.mark.parametrize("call, error, rule", [

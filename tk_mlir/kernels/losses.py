@@ -19,7 +19,8 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import checks
 
-CHUNK = 2048        # vocabulary columns a block reads per step (8 per thread of 8 warps)
+CHUNK = 2048        # vocabulary columns a block reads per chunk (8 per thread of 8 warps)
+FLOOR = -3.0e38     # the running maxima's start: finite, as -inf - -inf would be NaN
 
 
 @tk.kernel(num_warps=8)
@@ -35,29 +36,21 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
     row = tk.block_id(0)
     v = X.shape[1]
     t = tk.load(T, (row,))
-    # The first chunk starts the running max m, sum s (of exp(x - m)), the
-    # target's logit and the row's sum; columns past V read as 0 and are
-    # masked to -inf before exp (exp(0 - m) may overflow).
-    x = tk.load(X, (row, 0), (1, CHUNK)).to(f32)
-    cols = x.col_indices()
-    xm = tk.where(cols < v, x, float("-inf"))
-    m = xm.row_max()
-    s = xm.sub_row(m).exp().row_sum()
-    x_t = tk.where(cols == t, x, 0.0).row_sum()
-    x_sum = x.row_sum()
-    for c in range(1, tk.cdiv(v, CHUNK)):
-        x = tk.load(X, (row, c), (1, CHUNK)).to(f32)
-        cols = x.col_indices() + c * CHUNK
-        xm = tk.where(cols < v, x, float("-inf"))
-        m_new = max(m, xm.row_max())
-        s = s * (m - m_new).exp() + xm.sub_row(m_new).exp().row_sum()
-        x_t = x_t + tk.where(cols == t, x, 0.0).row_sum()
-        x_sum = x_sum + x.row_sum()
-        m = m_new
-    lse = m + s.log()
-    loss = lse - (1.0 - smoothing) * x_t
+    # Each column of a CHUNK-wide tile keeps its own running max m, sum s (of
+    # exp(x - m)), target logit and sum over the chunks it sees; the columns
+    # meet once, at the end, so no step waits on a reduction across warps.
+    m = tk.full((1, CHUNK), FLOOR)
+    s, x_t, x_sum = tk.zeros((1, CHUNK)), tk.zeros((1, CHUNK)), tk.zeros((1, CHUNK))
+    for c0 in range(0, tk.cdiv(v, CHUNK), 2):     # two chunks' loads issued together
+        x0 = tk.load(X, (row, c0), (1, CHUNK)).to(f32)
+        x1 = tk.load(X, (row, c0 + 1), (1, CHUNK)).to(f32)    # (zeros past V, masked)
+        m, s, x_t, x_sum = logsumexp_step(x0, c0 * CHUNK, v, t, m, s, x_t, x_sum)
+        m, s, x_t, x_sum = logsumexp_step(x1, (c0 + 1) * CHUNK, v, t, m, s, x_t, x_sum)
+    top = m.row_max()
+    lse = top + (s * m.sub_row(top).exp()).row_sum().log()
+    loss = lse - (1.0 - smoothing) * x_t.row_sum()
     if smoothing != 0.0:        # (0 · x_sum is NaN when a logit is -inf)
-        loss = loss - (smoothing / float(v)) * x_sum
+        loss = loss - (smoothing / float(v)) * x_sum.row_sum()
     if OUTSIDE_NAN:
         if (t < 0) | (t >= v):
             loss = loss * float("nan")
@@ -67,25 +60,46 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
     tk.store(LSE, lse, (row,))
 
 
+@tk.func
+def logsumexp_step(x, first, v, t, m, s, x_t, x_sum):
+    """The per-column running state after chunk x, whose first column is
+    `first` (columns past V masked to -inf before exp, as they read 0)."""
+    cols = x.col_indices() + first
+    xm = tk.where(cols < v, x, float("-inf"))
+    m_new = max(m, xm)
+    s = s * (m - m_new).exp() + (xm - m_new).exp()
+    return m_new, s, x_t + tk.where(cols == t, x, 0.0), x_sum + x
+
+
 @tk.kernel(num_warps=8)
 def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
                                   SCALE: tk.gl[f32], DX: tk.gl, ignore_index: int,
                                   smoothing: float, CHUNK: tk.constexpr = CHUNK):
     """DX[r] = SCALE[r]·(softmax(X[r]) - (1 - smoothing)·onehot(T[r]) -
     smoothing / V), from the forward's LSE; 0 where T[r] is ignore_index.
-    SCALE: the loss's gradient per row (for mean: dloss / count)."""
+    SCALE: the loss's gradient per row (for mean: dloss / count). DX may be
+    X itself (the gradient in place: each step loads before it stores)."""
     row = tk.block_id(0)
     v = X.shape[1]
     t = tk.load(T, (row,))
     lse = tk.load(LSE, (row,), (1,))
     g = tk.load(SCALE, (row,), (1,))
-    for c in range(tk.cdiv(v, CHUNK)):
-        x = tk.load(X, (row, c), (1, CHUNK)).to(f32)
-        cols = x.col_indices() + c * CHUNK
-        d = x.sub_row(lse).exp() - tk.where(cols == t, 1.0 - smoothing, 0.0) - smoothing / float(v)
-        # an ignored row's gradient replaced by 0 (its lse may be -inf, its scale inf)
-        d = tk.where(cols * 0 + t == ignore_index, 0.0, d.mul_row(g))
-        tk.store(DX, d.to(DX.dtype), (row, c))
+    for c0 in range(0, tk.cdiv(v, CHUNK), 2):     # two chunks' loads, then their stores
+        x0 = tk.load(X, (row, c0), (1, CHUNK)).to(f32)
+        x1 = tk.load(X, (row, c0 + 1), (1, CHUNK)).to(f32)    # (past V: read 0, not stored)
+        tk.store(DX, softmax_grad(x0, c0 * CHUNK, v, t, lse, g, ignore_index, smoothing)
+                 .to(DX.dtype), (row, c0))
+        tk.store(DX, softmax_grad(x1, (c0 + 1) * CHUNK, v, t, lse, g, ignore_index, smoothing)
+                 .to(DX.dtype), (row, c0 + 1))
+
+
+@tk.func
+def softmax_grad(x, first, v, t, lse, g, ignore_index, smoothing):
+    """A chunk's gradient, its first column `first`: g·(exp(x - lse) - the
+    smoothed target), 0 in an ignored row (its lse may be -inf, its scale inf)."""
+    cols = x.col_indices() + first
+    d = x.sub_row(lse).exp() - tk.where(cols == t, 1.0 - smoothing, 0.0) - smoothing / float(v)
+    return tk.where(cols * 0 + t == ignore_index, 0.0, d.mul_row(g))
 
 
 REDUCTIONS = ("mean", "sum", "none")
