@@ -681,9 +681,9 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
             return None, None, None, None, None
         need_h, need_weight = ctx.needs_input_grad[:2]
         (dh, dw), ctx.grads = ctx.grads, None
-        scale = dloss.to(dh.dtype)
-        return (dh.mul_(scale) if need_h else None), (dw.mul_(scale) if need_weight else None), \
-            None, None, None
+        grads = [t for t, need in ((dh, need_h), (dw, need_weight)) if need]
+        torch._foreach_mul_(grads, dloss.to(dh.dtype))    # (vectorized, unlike mul_ by a tensor)
+        return (dh if need_h else None), (dw if need_weight else None), None, None, None
 
 
 # --------------------------------------------------------------- attention
