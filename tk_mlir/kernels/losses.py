@@ -227,9 +227,10 @@ def _check(logits, target, ignore_index, reduction, label_smoothing):
 LOGITS_SLICE_BYTES = 1 << 30
 # A scalar loss's row chunks take at least this many rows: each chunk's share
 # of dweight is added into it, a read and write of all of dweight, which
-# costs more than the share's product below ~400 rows on an H200
-# (BENCHMARKS.md, issue 25). Lower LOGITS_SLICE_BYTES to hold fewer logits.
-MIN_CHUNK_ROWS = 512
+# costs as much as the share's product at ~400 rows on an H200, ~10% of it at
+# 1024 (BENCHMARKS.md, issue 25). Lower LOGITS_SLICE_BYTES to hold fewer
+# logits (Liger's memory, at 256 rows a chunk, for 1.5x the time).
+MIN_CHUNK_ROWS = 1024
 _NO_CLASS = -2**31        # an ignore_index no shifted target equals (ignored rows: scale 0)
 
 
