@@ -63,11 +63,14 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
 @tk.func
 def logsumexp_step(x, first, v, t, m, s, x_t, x_sum):
     """The per-column running state after chunk x, whose first column is
-    `first` (columns past V masked to -inf before exp, as they read 0)."""
+    `first` (columns past V masked to -inf before exp, as they read 0). One
+    exp per element: exp(min - max) of x and m is either s's rescaling (x
+    above m: s·e + 1) or x's term (s + e)."""
     cols = x.col_indices() + first
     xm = tk.where(cols < v, x, float("-inf"))
     m_new = max(m, xm)
-    s = s * (m - m_new).exp() + (xm - m_new).exp()
+    e = (min(m, xm) - m_new).exp()
+    s = tk.where(xm > m, s * e + 1.0, s + e)
     return m_new, s, x_t + tk.where(cols == t, x, 0.0), x_sum + x
 
 
