@@ -110,8 +110,9 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     if torch.compiler.is_compiling():
         return each()
     _check(q, cos, sin, "q")
-    _check(k, cos, sin, "k")
-    if not _pair(q, k) or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
+    pair = _pair(q, k)
+    _check(k, cos, sin, "k", tables=not pair)     # (a pair's tables fit k as they fit q)
+    if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
         return each()
     if not isinstance(interleaved, bool):
         raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
@@ -172,8 +173,9 @@ def _rows(heads: int) -> int:
     return max(1 << (heads - 1).bit_length(), 1)
 
 
-def _check(x, cos, sin, what: str = "x") -> None:
-    """x (named `what` in errors), cos and sin as the kernels take them."""
+def _check(x, cos, sin, what: str = "x", tables: bool = True) -> None:
+    """x (named `what` in errors), cos and sin as the kernels take them
+    (without `tables`, cos and sin are known to fit x already)."""
     import torch
     fn = "rotary_embedding"
     checks.tensor(fn, what, x, ndim=4, dtypes=(torch.bfloat16, torch.float16))
@@ -184,19 +186,20 @@ def _check(x, cos, sin, what: str = "x") -> None:
     if x.stride(-1) != 1:
         raise ValueError(f"{fn}: {what}'s last dim must be contiguous (stride 1), got strides "
                          f"{tuple(x.stride())}")
-    for name, t in (("cos", cos), ("sin", sin)):
-        checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
-        checks.like(fn, name, t, what, x, dtype=False)
-        if tuple(t.shape) not in ((N, D // 2), (B, N, D // 2)):
-            raise ValueError(f"{fn}: {name} must have shape ({N}, {D // 2}) or ({B}, {N}, "
-                             f"{D // 2}) (positions x half the head dim), got "
-                             f"{tuple(t.shape)}")
-        if not t.is_contiguous():
-            raise ValueError(f"{fn}: {name} must be contiguous")
-    if cos.dtype != sin.dtype:
-        raise TypeError(f"{fn}: cos and sin must have one dtype, got {cos.dtype} and "
-                        f"{sin.dtype}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"{fn}: cos and sin must have one shape, got {tuple(cos.shape)} and "
-                         f"{tuple(sin.shape)}")
+    if tables:
+        for name, t in (("cos", cos), ("sin", sin)):
+            checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
+            checks.like(fn, name, t, what, x, dtype=False)
+            if tuple(t.shape) not in ((N, D // 2), (B, N, D // 2)):
+                raise ValueError(f"{fn}: {name} must have shape ({N}, {D // 2}) or ({B}, {N}, "
+                                 f"{D // 2}) (positions x half the head dim), got "
+                                 f"{tuple(t.shape)}")
+            if not t.is_contiguous():
+                raise ValueError(f"{fn}: {name} must be contiguous")
+        if cos.dtype != sin.dtype:
+            raise TypeError(f"{fn}: cos and sin must have one dtype, got {cos.dtype} and "
+                            f"{sin.dtype}")
+        if cos.shape != sin.shape:
+            raise ValueError(f"{fn}: cos and sin must have one shape, got {tuple(cos.shape)} and "
+                             f"{tuple(sin.shape)}")
     checks.on_cuda(fn, what, x)
