@@ -55,6 +55,23 @@ def test_kernels_in_the_interpreter(smoothing):
     assert torch.equal(inplace, dx)
 
 
+def test_a_row_at_the_lowest_logit_keeps_a_finite_log_sum_exp():
+    """Logits at bf16's (or f32's) lowest value, as masked_fill(min) leaves
+    them, still raise the running max: lse is that value (log(V) is lost in
+    f32 beside it, as in an f32 torch), never -inf, and the gradient finite."""
+    from tk_mlir.kernels.losses import cross_entropy_backward_kernel, cross_entropy_kernel
+    for x in (torch.full((1, 600), torch.finfo(bf16).min, dtype=bf16),
+              torch.full((1, 600), torch.finfo(torch.float32).min)):
+        t = torch.zeros(4, dtype=torch.int32)
+        loss, lse = torch.full((4,), float("nan")), torch.full((4,), float("nan"))
+        cross_entropy_kernel.interpret[(1,)](x, t, loss, lse, -100, 0.0, CHUNK=256)
+        assert lse[0] == x[0, 0].float() and loss[0].isfinite()
+        dx = torch.full_like(x, float("nan"))
+        cross_entropy_backward_kernel.interpret[(1,)](x, t, lse, torch.ones(4), dx, -100, 0.0,
+                                                      CHUNK=256)
+        assert dx.isfinite().all()
+
+
 @pytest.mark.parametrize("call, error, rule", [
     (lambda x, t: cross_entropy(x, t.float()), TypeError, r"cross_entropy: target must hold "
                                                           r"class indices"),

@@ -191,11 +191,15 @@ def test_launch_accumulate_on_every_plan(interpret, m, n, k):
     assert _rel(c, c0.double() + a.double() @ b.double().T) < 1e-2
 
 
-def test_accumulate_refuses_an_f32_c():
+def test_accumulate_refuses_an_f32_c(interpret):
+    from tk_mlir.kernels import gemm
     from tk_mlir.kernels.gemm import gemm_kernel
     s, c = tk.spec((256, 256), tk.bf16), tk.spec((256, 256), tk.f32)
     with pytest.raises(tk.CompilationError, match="ACCUMULATE adds by TMA store pieces"):
         gemm_kernel.kernel.compile(s, s, c, ACCUMULATE=True)
+    a = torch.randn(16, 0).to(bf16)                    # (even K = 0, which adds nothing)
+    with pytest.raises(TypeError, match="accumulate=True adds into a 16-bit c"):
+        gemm.launch(a, torch.randn(16, 0).to(bf16), torch.zeros(16, 16), "nk", accumulate=True)
 
 
 def test_accumulate_ptx_adds_by_tma_reduce():

@@ -16,7 +16,7 @@ from tk_mlir import f32
 from tk_mlir.kernels import checks
 
 
-# The tile of a block: 16 x 256 with 8 warps (8 elements a thread) ran the
+# The tile of a block: 16 x 256 with 8 warps (16 elements a thread) ran the
 # backward 10% faster than 32 x 256 with 4 and the forward as fast (H200,
 # BENCHMARKS.md, issue 25).
 BM, BN = 16, 256

@@ -307,7 +307,8 @@ class Plan:
     """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
     and its configs), "tiles" (gemm_kernel with `config`), "split_k"
     (gemm_split_k_kernel with `config`) or "none" (M, N or K is 0: no
-    kernel; C is zeroed when K is 0); `why` says which rule chose it.
+    kernel; C is zeroed when K is 0, left as it is when accumulating);
+    `why` says which rule chose it.
     Plans are cached and shared: `config` is read-only."""
     kernel: str
     config: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
@@ -365,6 +366,8 @@ def launch(a, b, c, b_layout: str, a_layout: str = "mk", accumulate: bool = Fals
     given as K x M (a gradient's product, see grad_b); accumulate: c += the
     product, for a 16-bit c (a sum over chunks kept in place, each added
     rounded to c's dtype). Any M, N, K (padded_launch)."""
+    if accumulate and c.element_size() != 2:
+        raise TypeError(f"gemm.launch: accumulate=True adds into a 16-bit c, got {c.dtype}")
     padded_launch(lambda a, b, c: _launch(a, b, c, b_layout, a_layout, accumulate), a, b, c,
                   b_layout, a_layout, partial=accumulate)
 
@@ -443,8 +446,6 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
     (timing it would add into c at every launch): the config tuned for the
     same product stored, when there is one, else the first; a split-K plan
     takes its tiles unsplit (split-K's partial sums store, not add)."""
-    if c.element_size() != 2:
-        raise TypeError(f"gemm.launch: accumulate=True adds into a 16-bit c, got {c.dtype}")
     if chosen.kernel == "autotuned":
         tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km)) if a.is_cuda else None
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()

@@ -20,7 +20,8 @@ from tk_mlir import f32
 from tk_mlir.kernels import checks
 
 CHUNK = 2048        # vocabulary columns a block reads per chunk (8 per thread of 8 warps)
-FLOOR = -3.0e38     # the running maxima's start: finite, as -inf - -inf would be NaN
+FLOOR = -3.4028234663852886e38  # the running maxima's start: f32's lowest, at or below
+                                 # every finite logit, and finite (-inf - -inf is NaN)
 
 
 @tk.kernel(num_warps=8)
@@ -249,7 +250,8 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     in its forward instead, over chunks of rows and the whole vocabulary
     (the larger of h's size and MIN_CHUNK_ROWS rows of logits at a time),
     each chunk's share of dweight added into it: beyond the gradients it
-    holds one chunk's logits.
+    holds one chunk's logits (on Blackwell, whose GEMM only stores, also a
+    dweight-sized product to add).
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
     target: (N,) class indices, ignore_index as cross_entropy. H and V
