@@ -280,3 +280,40 @@ def test_norms_take_any_leading_dims(interpreted):
     ref = torch.autograd.grad(y2, (x2, w2), torch.ones_like(y2))
     assert torch.equal(y.reshape(10, 64), y2) and torch.equal(dx.reshape(10, 64), ref[0])
     assert torch.equal(dw, ref[1])
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_compiled_linear_cross_entropy_makes_its_gradients_in_the_forward(interpreted,
+                                                                          monkeypatch, frozen):
+    """Under torch.compile(fullgraph=True) a scalar loss traces the op that
+    makes the gradients with the logits (two row chunks here), scaled by
+    the incoming gradient in the backward: the loss and gradients of eager;
+    a frozen weight gets none made."""
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 128 * 256 * 2)
+    calls = []
+    real = losses.linear_forward_with_grads
+    monkeypatch.setattr(losses, "linear_forward_with_grads",
+                        lambda *a: calls.append(a[-2:]) or real(*a))
+    g = torch.Generator().manual_seed(9)
+    h, w, t = _linear_ce_case(200, 64, 256, g, ignore_every=5)
+    w.requires_grad_(not frozen)
+    inputs = (h, w) if not frozen else (h,)
+    results = []
+    for fn in (linear_cross_entropy, torch.compile(linear_cross_entropy, fullgraph=True)):
+        loss = fn(h, w, t) * 0.75
+        results.append((loss, *torch.autograd.grad(loss, inputs)))
+    for eager, compiled in zip(*results):
+        assert torch.equal(compiled, eager)
+    assert calls == [(True, not frozen)] * 2        # eager's, then the compiled graph's
+
+
+def test_opcheck_linear_cross_entropy_with_grads(interpreted):
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers the ops
+    g = torch.Generator().manual_seed(10)
+    h, w, t = _linear_ce_case(40, 64, 128, g, ignore_every=7)
+    op = torch.ops.tk_mlir.linear_cross_entropy_with_grads.default
+    for args in ((h, w, t, -100, "mean", True, True), (h, w, t, -100, "sum", True, False)):
+        result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
+                                                             "test_autograd_registration"))
+        assert set(result.values()) == {"SUCCESS"}, result

@@ -649,6 +649,47 @@ linear_cross_entropy.register_autograd(_linear_ce_backward,
                                        setup_context=_linear_ce_setup_context)
 
 
+@torch.library.custom_op("tk_mlir::linear_cross_entropy_with_grads", mutates_args=())
+def linear_cross_entropy_with_grads(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                    ignore_index: int, reduction: str, need_h: bool,
+                                    need_weight: bool
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dh, dweight) of a scalar linear_cross_entropy ("mean" or
+    "sum"), the gradients those of dloss = 1, made in the forward
+    (losses.linear_forward_with_grads: the logits made once); one not
+    needed is an empty tensor. Its autograd scales them by dloss. What
+    torch.compile traces when h or weight requires grad."""
+    losses._check_linear(h, weight, target, ignore_index, reduction)
+    loss, _lse, dh, dw = losses.linear_forward_with_grads(h, weight, target, ignore_index,
+                                                          reduction, need_h, need_weight)
+    return loss, dh, dw
+
+
+@linear_cross_entropy_with_grads.register_fake
+def _(h, weight, target, ignore_index, reduction, need_h, need_weight):
+    return (h.new_empty(()), torch.empty_like(h) if need_h else h.new_empty(0),
+            torch.empty_like(weight) if need_weight else weight.new_empty(0))
+
+
+def _linear_ce_grads_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1], output[2])
+    ctx.set_materialize_grads(False)
+
+
+def _linear_ce_grads_backward(ctx, dloss, ddh, ddw):
+    need_h, need_weight = ctx.needs_input_grad[:2]
+    if dloss is None:
+        return None, None, None, None, None, None, None
+    dh, dw = ctx.saved_tensors
+    scale = dloss.to(dh.dtype)
+    return (dh * scale if need_h else None), (dw * scale if need_weight else None), \
+        None, None, None, None, None
+
+
+linear_cross_entropy_with_grads.register_autograd(_linear_ce_grads_backward,
+                                                  setup_context=_linear_ce_grads_setup_context)
+
+
 class EagerLinearCrossEntropy(torch.autograd.Function):
     """linear_cross_entropy's forward and backward for eager calls. A scalar
     loss ("mean", "sum") gets its gradients in the forward, for dloss = 1

@@ -245,26 +245,32 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     log-sum-exp and target logit, combined over slices on the host's
     stream. The backward makes each slice's logits again, turns them into
     their gradient in place, and takes the slice's dweight rows and its
-    share of dh as GEMMs (the transposed operand read as K x M). An eager
-    call with a scalar loss ("mean", "sum") that needs gradients makes them
-    in its forward instead, over chunks of rows and the whole vocabulary
-    (the larger of h's size and MIN_CHUNK_ROWS rows of logits at a time),
-    each chunk's share of dweight added into it: beyond the gradients it
-    holds one chunk's logits (on Blackwell, whose GEMM only stores, also a
+    share of dh as GEMMs (the transposed operand read as K x M). A call
+    with a scalar loss ("mean", "sum") that needs gradients makes them in
+    its forward instead, over chunks of rows and the whole vocabulary (the
+    larger of h's size and MIN_CHUNK_ROWS rows of logits at a time), each
+    chunk's share of dweight added into it: beyond the gradients it holds
+    one chunk's logits (on Blackwell, whose GEMM only stores, also a
     dweight-sized product to add).
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
     target: (N,) class indices, ignore_index as cross_entropy. H and V
     multiples of 8. reduction: "mean", "sum" or "none". Differentiable in h
     and weight; under torch.compile the custom op
-    torch.ops.tk_mlir.linear_cross_entropy."""
+    torch.ops.tk_mlir.linear_cross_entropy, or
+    torch.ops.tk_mlir.linear_cross_entropy_with_grads for a scalar loss
+    whose h or weight requires grad."""
     import torch
     ignore_index = _check_linear(h, weight, target, ignore_index, reduction)
     args = (h, weight, target, ignore_index, reduction)
     from tk_mlir.kernels import custom_ops
+    grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if torch.compiler.is_compiling():
+        if grads and reduction != "none":
+            return torch.ops.tk_mlir.linear_cross_entropy_with_grads(
+                *args, h.requires_grad, weight.requires_grad)[0]
         return torch.ops.tk_mlir.linear_cross_entropy(*args)[0]
-    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+    if grads:
         return custom_ops.EagerLinearCrossEntropy.apply(*args)[0]
     return linear_forward(*args)[0]
 
