@@ -447,7 +447,11 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
     same product stored, when there is one, else the first; a split-K plan
     takes its tiles unsplit (split-K's partial sums store, not add)."""
     if chosen.kernel == "autotuned":
-        tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km)) if a.is_cuda else None
+        tuned = None
+        if a.is_cuda:
+            import torch
+            with torch.cuda.device(a.device):       # (best_config asks the current device)
+                tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km))
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()
     else:
         config = {k: v for k, v in chosen.config.items() if k != "SPLIT_K"}
