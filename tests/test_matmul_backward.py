@@ -191,6 +191,22 @@ def test_launch_accumulate_on_every_plan(interpret, m, n, k):
     assert _rel(c, c0.double() + a.double() @ b.double().T) < 1e-2
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_launch_accumulate_batched(interpret, layout):
+    """A batch of products, each added into its own c (the outer coordinate
+    of the TMA reduce-add)."""
+    from tk_mlir.kernels import gemm
+    g = torch.Generator().manual_seed(3)
+    G, m, n, k = 3, 130, 72, 40
+    a = torch.randn(G, m, k, generator=g).to(bf16)
+    b = torch.randn(G, *((n, k) if layout == "nk" else (k, n)), generator=g).to(bf16)
+    c0 = torch.randn(G, m, n, generator=g).to(bf16)
+    c = c0.clone()
+    gemm.launch(a, b, c, layout, accumulate=True)
+    bd = b.double().mT if layout == "nk" else b.double()
+    assert _rel(c, c0.double() + a.double() @ bd) < 1e-2
+
+
 def test_accumulate_refuses_an_f32_c(interpret):
     from tk_mlir.kernels import gemm
     from tk_mlir.kernels.gemm import gemm_kernel
