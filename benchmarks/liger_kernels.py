@@ -11,9 +11,11 @@ fused_add_rms_norm (D 4096), swiglu (14336 wide), rotary on q and k (B4
 N2048 H32/8 D128), cross_entropy (vocab 128256) and linear_cross_entropy
 (4096 -> 128256, with the peak memory either allocates beyond its inputs).
 Each output is first checked against float64 (rel. error printed for all);
-times are CUDA events around back-to-back calls after a warm-up; fwd+bwd
-includes the forward (the output gradients are made once, outside the
-timing). The peak memory is that of a second fwd+bwd call beyond what was
+every implementation starts from the same input values (Liger's swiglu,
+rotary and cross-entropy write over their inputs, so the inputs are restored
+before each); times are CUDA events around back-to-back calls after a
+warm-up; fwd+bwd includes the forward (the output gradients are made once,
+outside the timing). The peak memory is that of a second fwd+bwd call beyond what was
 allocated before it (the first compiles, tunes and makes the gradients).
 """
 from __future__ import annotations
@@ -163,8 +165,12 @@ def main(argv=None) -> int:
     rows = []
     for name, inputs, impls, ref in cases():
         outs = {}
+        pristine = [t.detach().clone() for t in inputs]
         for impl, fn in impls.items():
             row = {"case": name, "impl": impl}
+            with torch.no_grad():      # (Liger writes gradients and rotations over its inputs)
+                for t, saved in zip(inputs, pristine):
+                    t.copy_(saved)
             try:
                 with torch.no_grad():
                     outs[impl] = fn()
