@@ -14,10 +14,13 @@ that are not whole 16-byte vectors (K or N not a multiple of 8 for 16-bit
 types, as TMA requires), or views that start mid-vector, go through copies
 padded with zeros (`padded_rows`): any M, N, K, at the cost of those copies.
 
-Which kernel runs is `plan(M, N, K, sms)`'s choice, a heuristic you can
-read: shapes with enough 128 x 256 tiles for the SMs take the autotuned
-kernel; fewer rows or columns take smaller tiles, and when even those leave
-SMs idle, K is split among blocks (`gemm_split_k_kernel`).
+Which kernel runs is `plan(M, N, K, sms, layout=...)`'s choice: the
+fastest of `candidate_plans` for shapes in the measured table
+(gemm_plans.json, made on the GPU by benchmarks/gemm_plan_table.py), else a
+heuristic you can read (`rules_plan`): shapes with enough 128 x 256 tiles
+for the SMs take the autotuned kernel; fewer rows or columns take smaller
+tiles, and when even those leave SMs idle, K is split among blocks
+(`gemm_split_k_kernel`). `plan(...).why` says which.
 """
 from __future__ import annotations
 
@@ -316,8 +319,21 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=1024)     # matmul asks on every call: keep it off the host path
-def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
-    """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132): the
+def plan(M: int, N: int, K: int, sms: int, batch: int = 1, layout: str | None = None) -> Plan:
+    """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132).
+    With `layout` ("nk" or "kn": how B lies), a single product whose (N, K)
+    the measured table (`measured_plan`) holds for this SM count, at an M
+    within a factor of two, takes the table's fastest plan; every other
+    shape takes `rules_plan`."""
+    if layout is not None and batch == 1 and M * N * K:
+        chosen = measured_plan(M, N, K, sms, layout)
+        if chosen is not None:
+            return chosen
+    return rules_plan(M, N, K, sms, batch)
+
+
+def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
+    """The kernel for `batch` M x N x K products on `sms` SMs by rule: the
     tiles counted below are all the products' tiles. The rules (tuned on
     Hopper, see BENCHMARKS.md, GEMM small and skinny shapes):
     1. Enough 128 x 256 tiles (BUSY x SMs): the autotuned kernel.
@@ -347,10 +363,7 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
             # 128-wide tiles take a second, partial wave; WIDE_N-wide ones fill one
             why += f" take two waves; {tiles(128, WIDE_N)} of 128 x {WIDE_N} fill one"
             bn = WIDE_N
-    stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else 6
-    config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
-    if bn == WIDE_N:
-        config["EPI_N"] = 64            # the epilogue's pieces divide the tile's columns
+    config = tile_config(bm, bn)
     steps = tk.cdiv(K, 64)
     parts = min(sms // max(1, tiles(bm, bn)), steps // MIN_SLICE_STEPS)
     if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
@@ -359,6 +372,88 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
         return Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
                     f"{why}; {tiles(bm, bn)} tiles leave SMs idle: K in {parts} slices")
     return Plan("tiles", MappingProxyType(config), why)
+
+
+def tile_config(bm: int, bn: int) -> dict:
+    """gemm_kernel's config for bm x bn tiles (also gemm_split_k_kernel's,
+    with SPLIT_K added): the deepest ring that fits shared memory, one
+    consumer warpgroup per 64 rows, and an epilogue whose pieces divide bn."""
+    stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else 6
+    config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
+    if bn % 128:
+        config["EPI_N"] = 64
+    return config
+
+
+# Tiles and K splits `candidate_plans` offers the measured table.
+CANDIDATE_TILES = ((64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
+CANDIDATE_SPLIT_TILES = ((64, 128), (128, 128))
+CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
+MIN_CANDIDATE_SLICE_STEPS = 4
+
+
+def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
+    """The plans `benchmarks/gemm_plan_table.py` times for one M x N x K
+    product: the rules' plan first, the autotuned kernel, every tile of
+    CANDIDATE_TILES, and K splits of the split tiles that keep at least
+    MIN_CANDIDATE_SLICE_STEPS K steps per slice and at most two waves of
+    blocks. Any of them computes any shape; they differ in speed only."""
+    plans = [rules_plan(M, N, K, sms), Plan("autotuned", why="the autotuned kernel")]
+    for bm, bn in CANDIDATE_TILES:
+        plans.append(Plan("tiles", MappingProxyType(tile_config(bm, bn)),
+                          f"tiles of {bm} x {bn}"))
+    steps = tk.cdiv(K, 64)
+    for bm, bn in CANDIDATE_SPLIT_TILES:
+        tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
+        for parts in CANDIDATE_SPLITS:
+            parts = tk.cdiv(steps, tk.cdiv(steps, parts))    # (no slice without K steps)
+            if parts >= 2 and tk.cdiv(steps, parts) >= MIN_CANDIDATE_SLICE_STEPS \
+                    and tiles * parts <= 2 * sms:
+                plans.append(Plan("split_k",
+                                  MappingProxyType({**tile_config(bm, bn), "SPLIT_K": parts}),
+                                  f"tiles of {bm} x {bn}, K in {parts} slices"))
+    unique = {}
+    for p in plans:                      # (the rules' plan is often one of the others)
+        unique.setdefault((p.kernel, tuple(sorted(p.config.items()))), p)
+    return list(unique.values())
+
+
+MEASURED_PLANS = "gemm_plans.json"       # beside this module; benchmarks/gemm_plan_table.py
+
+
+@functools.lru_cache(maxsize=1)
+def measured_plans() -> dict:
+    """The measured table (MEASURED_PLANS), indexed by (layout, sms, N, K):
+    its rows (M, Plan) sorted by M, and the table's header; an empty index
+    when the file is absent."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).with_name(MEASURED_PLANS)
+    if not path.exists():
+        return {"index": {}, "header": {}}
+    table = json.loads(path.read_text())
+    index: dict = {}
+    for row in table["plans"]:
+        why = (f"measured on {table['device']} ({table['measured']}): the fastest of "
+               f"{row['candidates']} plans at {row['M']} x {row['N']} x {row['K']} "
+               f"({row['us']:.1f} us; the rules' plan {row['rules_us']:.1f} us)")
+        chosen = Plan(row["kernel"], MappingProxyType(dict(row["config"])), why)
+        key = (row["layout"], table["sms"], row["N"], row["K"])
+        index.setdefault(key, []).append((row["M"], chosen))
+    for rows in index.values():
+        rows.sort(key=lambda r: r[0])
+    return {"index": index, "header": {k: v for k, v in table.items() if k != "plans"}}
+
+
+def measured_plan(M: int, N: int, K: int, sms: int, layout: str) -> Plan | None:
+    """The measured table's plan for the nearest M (in ratio) of this (N, K),
+    layout and SM count, if that M is within a factor of two of M; else None."""
+    import math
+    rows = measured_plans()["index"].get((layout, sms, N, K))
+    if not rows:
+        return None
+    m, chosen = min(rows, key=lambda r: abs(math.log2(r[0] / M)))
+    return chosen if m / 2 <= M <= 2 * m else None
 
 
 def launch(a, b, c, b_layout: str, a_layout: str = "mk", accumulate: bool = False) -> None:
@@ -423,12 +518,19 @@ def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> 
             return
         return blackwell_gemm.launch(a, b, c, b_layout, a_layout)
     sms = num_sms(device)
-    chosen = plan(M, N, K, sms, batch)
-    kn = b_layout == "kn"
+    chosen = plan(M, N, K, sms, batch, layout=None if km else b_layout)
     if accumulate:
         if chosen.kernel != "none":                  # (a sum of no products adds nothing)
-            _accumulate(a, b, c, chosen, sms, kn, km)
-    elif chosen.kernel == "none":
+            _accumulate(a, b, c, chosen, sms, b_layout == "kn", km)
+    else:
+        run_plan(chosen, a, b, c, b_layout, a_layout, sms)
+
+
+def run_plan(chosen: Plan, a, b, c, b_layout: str, a_layout: str, sms: int) -> None:
+    """c = the product by `chosen`'s kernel on checked, readable operands
+    (M, N, K as they lie; the table script times each candidate here)."""
+    kn, km = b_layout == "kn", a_layout == "km"
+    if chosen.kernel == "none":
         c.zero_()                                    # a sum of no products
     elif chosen.kernel == "autotuned":
         gemm_kernel[(sms,)](a, b, c, B_KN=kn, **_a_km(km))
@@ -436,6 +538,8 @@ def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> 
         gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config, **_a_km(km))
     else:
         cfg = chosen.config
+        M, N = c.shape[-2], c.shape[-1]
+        batch = a.shape[0] if a.dim() == 3 else 1
         w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
         gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg,
                                     **_a_km(km))

@@ -1,0 +1,114 @@
+"""gemm.plan's measured table (gemm_plans.json, benchmarks/gemm_plan_table.py):
+its rows are plans the table script may choose, `plan` takes them only for
+the shapes, layouts and SM count they were measured at (M within a factor of
+two), and every candidate plan computes the product right — in the
+interpreter here, on the GPU in the `gpu` test."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir import interpreter
+from tk_mlir.kernels import gemm
+
+TABLE = Path(gemm.__file__).with_name(gemm.MEASURED_PLANS)
+
+
+def key(p: gemm.Plan) -> tuple:
+    return p.kernel, tuple(sorted(p.config.items()))
+
+
+def test_the_table_holds_candidate_plans_of_its_shapes():
+    table = json.loads(TABLE.read_text())
+    assert {"device", "sms", "measured", "command", "plans"} <= set(table)
+    assert table["plans"], "an empty table: regenerate it on the GPU"
+    for row in table["plans"]:
+        assert row["layout"] in ("nk", "kn")
+        candidates = {key(p) for p in gemm.candidate_plans(row["M"], row["N"], row["K"],
+                                                           table["sms"])}
+        chosen = gemm.Plan(row["kernel"], MappingProxyType(row["config"]))
+        assert key(chosen) in candidates, row
+        assert row["us"] <= row["rules_us"] or row["rules_us"] != row["rules_us"], row
+
+
+def test_plan_takes_the_table_only_where_it_was_measured():
+    table = json.loads(TABLE.read_text())
+    row = table["plans"][len(table["plans"]) // 2]
+    M, N, K, sms, layout = row["M"], row["N"], row["K"], table["sms"], row["layout"]
+    chosen = gemm.plan(M, N, K, sms, layout=layout)
+    assert key(chosen) == (row["kernel"], tuple(sorted(row["config"].items())))
+    assert chosen.why.startswith(f"measured on {table['device']}")
+    assert f"{M} x {N} x {K}" in chosen.why
+    rules = gemm.rules_plan
+    assert gemm.plan(M, N, K, sms) == rules(M, N, K, sms)                  # no layout: rules
+    assert gemm.plan(M, N + 8, K, sms, layout=layout) == rules(M, N + 8, K, sms)   # other N
+    assert gemm.plan(M, N, K, sms + 1, layout=layout) == rules(M, N, K, sms + 1)   # other GPU
+    assert gemm.plan(M, N, K, sms, batch=2, layout=layout) == rules(M, N, K, sms, 2)
+
+
+def test_measured_plan_takes_the_nearest_m_within_a_factor_of_two(monkeypatch):
+    at = {m: gemm.Plan("tiles", MappingProxyType(gemm.tile_config(64, 128)), f"at {m}")
+          for m in (16, 64, 1024)}
+    index = {("nk", 132, 512, 256): sorted(at.items())}
+    monkeypatch.setattr(gemm, "measured_plans", lambda: {"index": index, "header": {}})
+    def why(m):
+        chosen = gemm.measured_plan(m, 512, 256, 132, "nk")
+        return chosen and chosen.why
+    assert [why(m) for m in (8, 16, 31, 33, 128, 129, 511, 512, 2048, 2049)] == [
+        "at 16", "at 16", "at 16", "at 64", "at 64", None, None, "at 1024", "at 1024", None]
+    assert gemm.measured_plan(64, 512, 256, 132, "kn") is None
+
+
+def test_candidate_plans_split_k_keeps_every_slice_busy():
+    for M, N, K in [(1, 4096, 4096), (16, 6144, 4096), (256, 4096, 14336), (1, 8192, 28672),
+                    (64, 128, 4000), (3000, 5000, 4000)]:
+        plans = gemm.candidate_plans(M, N, K, 132)
+        assert plans[0] == gemm.rules_plan(M, N, K, 132)
+        assert len({key(p) for p in plans}) == len(plans)
+        for p in plans:
+            if p.kernel == "split_k":
+                parts, steps = p.config["SPLIT_K"], tk.cdiv(K, 64)
+                assert parts >= 2 and (parts - 1) * tk.cdiv(steps, parts) < steps
+                assert tk.cdiv(steps, parts) >= gemm.MIN_CANDIDATE_SLICE_STEPS
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_every_candidate_plan_computes_the_product_in_the_interpreter(interpret, layout):
+    M, N, K = 70, 200, 600              # (rows and columns that are not whole tiles)
+    sms = interpreter.SMS
+    a = torch.empty(M, K).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(*((K, N) if layout == "kn" else (N, K))).uniform_(-1, 1).to(torch.bfloat16)
+    ref = a.double() @ (b.double() if layout == "kn" else b.double().T)
+    plans = gemm.candidate_plans(M, N, K, sms)
+    assert {p.kernel for p in plans} == {"autotuned", "tiles", "split_k"}
+    for chosen in plans:
+        if chosen.kernel == "autotuned":
+            continue                    # (the autotuned kernel's configs: tests/test_gemm*.py)
+        c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        gemm.run_plan(chosen, a, b, c, layout, "mk", sms)
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err < 8e-3, (chosen.why, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_every_candidate_plan_computes_the_product_on_the_gpu(layout):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tk_mlir.kernels.device import num_sms
+    sms = num_sms(torch.cuda.current_device())
+    for M, N, K in [(37, 6144, 4096), (200, 1000, 3000)]:
+        a = torch.empty(M, K, device="cuda").uniform_(-1, 1).bfloat16()
+        b = torch.empty(*((K, N) if layout == "kn" else (N, K)),
+                        device="cuda").uniform_(-1, 1).bfloat16()
+        ref = a.double() @ (b.double() if layout == "kn" else b.double().T)
+        for chosen in gemm.candidate_plans(M, N, K, sms):
+            c = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            gemm.run_plan(chosen, a, b, c, layout, "mk", sms)
+            err = ((c.double() - ref).norm() / ref.norm()).item()
+            assert err < 8e-3, (M, N, K, chosen.why, err)
