@@ -14,8 +14,9 @@ CUDA-graph replays (inputs rotating through groups that hold 3x the L2), as
 is cuBLAS (torch.matmul) for the record. The fastest plan of each shape goes
 to gemm_plans.json (`gemm.MEASURED_PLANS`), which `gemm.plan` reads: the
 device, its SM count, the date and this command head the file, and each row
-keeps its time, the rules' plan's time and cuBLAS's. The run stops early
-after --budget-s seconds and keeps the shapes done.
+keeps its time, the rules' plan's time and cuBLAS's; every candidate's time
+goes to gemm-plan-candidates.json in --out-dir. The run stops early after
+--budget-s seconds and keeps the shapes done.
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def measure_shape(M: int, N: int, K: int, layout: str, sms: int) -> dict | None:
     us, best = min(times, key=lambda tp: tp[0])
     return {"layout": layout, "M": M, "N": N, "K": K, "kernel": best.kernel,
             "config": dict(best.config), "us": round(us, 2), "rules_us": round(rules_us, 2),
-            "cublas_us": round(cublas_us, 2), "candidates": len(times), "plan": best.why}
+            "cublas_us": round(cublas_us, 2), "candidates": len(times), "plan": best.why,
+            "times": [{"kernel": p.kernel, "config": dict(p.config), "us": round(t, 2)}
+                      for t, p in times]}
 
 
 def main(argv=None) -> int:
@@ -121,11 +124,15 @@ def main(argv=None) -> int:
              "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "command": "python3 benchmarks/gemm_plan_table.py " + shlex.join(argv or sys.argv[1:]),
              "plans": rows}
-    text = json.dumps(table, indent=1) + "\n"
-    targets = [Path(args.out_dir) / gemm.MEASURED_PLANS]
+    # Every candidate's time goes to the results (to study how a choice
+    # generalises); the package's table keeps the chosen plans.
+    kept = {**table, "plans": [{k: v for k, v in r.items() if k != "times"} for r in rows]}
+    files = [(Path(args.out_dir) / "gemm-plan-candidates.json", table),
+             (Path(args.out_dir) / gemm.MEASURED_PLANS, kept)]
     if args.write:
-        targets.append(Path(gemm.__file__).with_name(gemm.MEASURED_PLANS))
-    for path in targets:
+        files.append((Path(gemm.__file__).with_name(gemm.MEASURED_PLANS), kept))
+    for path, content in files:
+        text = json.dumps(content, indent=1) + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
