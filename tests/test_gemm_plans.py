@@ -55,7 +55,7 @@ def test_measured_plan_takes_the_nearest_m_within_a_factor_of_two(monkeypatch):
     at = {m: gemm.Plan("tiles", MappingProxyType(gemm.tile_config(64, 128)), f"at {m}")
           for m in (16, 64, 1024)}
     index = {("nk", 132, 512, 256): sorted(at.items())}
-    monkeypatch.setattr(gemm, "measured_plans", lambda: {"index": index, "header": {}})
+    monkeypatch.setattr(gemm, "measured_plans", lambda: index)
     def why(m):
         chosen = gemm.measured_plan(m, 512, 256, 132, "nk")
         return chosen and chosen.why

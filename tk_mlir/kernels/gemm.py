@@ -423,14 +423,13 @@ MEASURED_PLANS = "gemm_plans.json"       # beside this module; benchmarks/gemm_p
 
 @functools.lru_cache(maxsize=1)
 def measured_plans() -> dict:
-    """The measured table (MEASURED_PLANS), indexed by (layout, sms, N, K):
-    its rows (M, Plan) sorted by M, and the table's header; an empty index
-    when the file is absent."""
+    """The measured table (MEASURED_PLANS) indexed by (layout, sms, N, K):
+    its rows (M, Plan), sorted by M; empty when the file is absent."""
     import json
     from pathlib import Path
     path = Path(__file__).with_name(MEASURED_PLANS)
     if not path.exists():
-        return {"index": {}, "header": {}}
+        return {}
     table = json.loads(path.read_text())
     index: dict = {}
     for row in table["plans"]:
@@ -438,18 +437,18 @@ def measured_plans() -> dict:
                f"{row['candidates']} plans at {row['M']} x {row['N']} x {row['K']} "
                f"({row['us']:.1f} us; the rules' plan {row['rules_us']:.1f} us)")
         chosen = Plan(row["kernel"], MappingProxyType(dict(row["config"])), why)
-        key = (row["layout"], table["sms"], row["N"], row["K"])
-        index.setdefault(key, []).append((row["M"], chosen))
+        index.setdefault((row["layout"], table["sms"], row["N"], row["K"]), []).append(
+            (row["M"], chosen))
     for rows in index.values():
         rows.sort(key=lambda r: r[0])
-    return {"index": index, "header": {k: v for k, v in table.items() if k != "plans"}}
+    return index
 
 
 def measured_plan(M: int, N: int, K: int, sms: int, layout: str) -> Plan | None:
     """The measured table's plan for the nearest M (in ratio) of this (N, K),
     layout and SM count, if that M is within a factor of two of M; else None."""
     import math
-    rows = measured_plans()["index"].get((layout, sms, N, K))
+    rows = measured_plans().get((layout, sms, N, K))
     if not rows:
         return None
     m, chosen = min(rows, key=lambda r: abs(math.log2(r[0] / M)))
