@@ -112,3 +112,28 @@ def test_every_candidate_plan_computes_the_product_on_the_gpu(layout):
             gemm.run_plan(chosen, a, b, c, layout, "mk", sms)
             err = ((c.double() - ref).norm() / ref.norm()).item()
             assert err < 8e-3, (M, N, K, chosen.why, err)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((-1, 64, 64, 132), ValueError, "M must be at least 0"),
+    ((64, 64, 64, 0), ValueError, "sms must be at least 1"),
+    ((64.0, 64, 64, 132), TypeError, "M must be an int"),
+    ((64, 64, 64, 132, -2), ValueError, "batch must be at least 0"),
+    ((64, True, 64, 132), TypeError, "N must be an int"),
+])
+def test_plan_refuses_bad_sizes(args, error, match):
+    with pytest.raises(error, match=match):
+        gemm.plan(*args)
+
+
+def test_plan_refuses_an_unknown_layout_and_run_plan_too():
+    with pytest.raises(ValueError, match="layout must be None, 'nk' or 'kn'"):
+        gemm.plan(64, 6144, 4096, 132, layout="NK")
+    a = b = c = torch.zeros(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="b_layout must be 'nk' or 'kn'"):
+        gemm.run_plan(gemm.rules_plan(8, 8, 8, 3), a, b, c, "KN", "mk", 3)
+
+
+def test_empty_products_have_one_candidate_and_no_measured_plan():
+    assert [p.kernel for p in gemm.candidate_plans(64, 64, 0, 132)] == ["none"]
+    assert gemm.measured_plan(0, 6144, 4096, 132, "nk") is None

@@ -201,3 +201,11 @@ def test_dynamo_traces_scaled_matmul_into_its_op():
         graph = torch.export.export(_Scaled(), args, strict=True).graph
     targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
     assert [t for t in targets if t.startswith("tk_mlir.")] == ["tk_mlir.scaled_matmul.default"]
+
+
+def test_scaled_matmul_refuses_inputs_that_require_grad(interpret):
+    scale = torch.tensor(2.0, requires_grad=True)
+    with pytest.raises(RuntimeError, match="scaled_matmul: not differentiable"):
+        scaled_matmul(fp8(8, 16), col_major(16, 8), scale, ONE)
+    with torch.no_grad():
+        assert scaled_matmul(fp8(8, 16), col_major(16, 8), scale, ONE).shape == (8, 8)

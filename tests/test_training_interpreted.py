@@ -317,3 +317,75 @@ def test_opcheck_linear_cross_entropy_with_grads(interpreted):
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
         assert set(result.values()) == {"SUCCESS"}, result
+
+
+def _second_derivative_cases():
+    bf = torch.bfloat16
+
+    def matmul_case():
+        a = torch.randn(6, 8, dtype=bf, requires_grad=True)
+        b = torch.randn(5, 8, dtype=bf, requires_grad=True)
+        return matmul(a, b), a
+
+    def grouped_case():
+        from tk_mlir.kernels import grouped_matmul
+        a = torch.randn(2, 20, 16, dtype=bf, requires_grad=True)
+        b = torch.randn(2, 8, 16, dtype=bf, requires_grad=True)
+        return grouped_matmul(a, b, [20, 3]), a
+
+    def rms_norm_case():
+        x = torch.randn(3, 64, dtype=bf, requires_grad=True)
+        return rms_norm(x, torch.rand(64, dtype=bf) + 0.5), x
+
+    def swiglu_case():
+        g = torch.randn(3, 64, dtype=bf, requires_grad=True)
+        return swiglu(g, torch.randn(3, 64, dtype=bf)), g
+    return {"matmul": matmul_case, "grouped_matmul": grouped_case, "rms_norm": rms_norm_case,
+            "swiglu": swiglu_case}
+
+
+@pytest.mark.parametrize("name", list(_second_derivative_cases()))
+def test_a_second_derivative_raises_even_from_a_plain_loss(interpreted, name):
+    """create_graph=True from a loss whose incoming gradient needs no grad: the
+    first-order gradient still depends on the saved inputs, so differentiating
+    it again raises (it used to come back silently cut from the graph)."""
+    out, x = _second_derivative_cases()[name]()
+    (g,) = torch.autograd.grad(out.float().sum(), x, create_graph=True)
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (g.float() ** 2).sum().backward()
+
+
+def test_the_matmul_gradient_ops_check_their_arguments(interpreted):
+    import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+    ops, bf = torch.ops.tk_mlir, torch.bfloat16
+    dc, b, a = torch.randn(9, 16, dtype=bf), torch.randn(16, 24, dtype=bf), torch.randn(9, 24,
+                                                                                         dtype=bf)
+    assert ops.matmul_grad_a(dc, b, "nk").shape == (9, 24)
+    assert ops.matmul_grad_b(dc, a, "nk").shape == (16, 24)
+    with pytest.raises(ValueError, match="dc's columns must be b's N = 16"):
+        ops.matmul_grad_a(torch.randn(9, 15, dtype=bf), b, "nk")
+    with pytest.raises(ValueError, match="b_layout must be 'nk'"):
+        ops.matmul_grad_a(dc, b, "xx")
+    with pytest.raises(ValueError, match="dc's rows must be a's M = 9"):
+        ops.matmul_grad_b(torch.randn(8, 16, dtype=bf), a, "nk")
+    with pytest.raises(ValueError, match="dc must be 2-D"):
+        ops.matmul_grad_a(torch.randn(16, dtype=bf), b, "nk")
+    with pytest.raises(TypeError, match="b must be torch.bfloat16 or torch.float16"):
+        ops.matmul_grad_a(dc, b.float(), "nk")
+    A, B, DC = (torch.randn(*s, dtype=bf) for s in ((2, 20, 16), (2, 12, 16), (2, 20, 12)))
+    with pytest.raises(ValueError, match="G=2 row counts"):
+        ops.grouped_matmul_grads(DC, A, B, torch.tensor([20]), "nk", True, True)
+    with pytest.raises(ValueError, match=r"sizes\[1\] is 99"):
+        ops.grouped_matmul_grads(DC, A, B, torch.tensor([3, 99]), "nk", True, True)
+    with pytest.raises(ValueError, match="dc must have shape"):
+        ops.grouped_matmul_grads(DC[:, :, :8], A, B, torch.tensor([3, 9]), "nk", True, True)
+
+
+def test_grouped_matmul_with_k_0_writes_only_the_rows_it_computes(interpreted):
+    from tk_mlir.kernels import grouped_matmul
+    bf = torch.bfloat16
+    c = torch.full((2, 200, 8), 5.0, dtype=bf)
+    grouped_matmul(torch.randn(2, 200, 0, dtype=bf), torch.randn(2, 8, 0, dtype=bf), [0, 1], c)
+    assert (c[0] == 5).all()                  # no rows of the first product
+    assert (c[1, :128] == 0).all() and (c[1, 128:] == 5).all()   # the second: one tile

@@ -65,11 +65,13 @@ allocates its outputs (mutates_args=()): a wrapper's `out=`/`c` is written in
 place by eager calls and copied into under torch.compile. The one mutation is
 attention_with_kvcache's, which appends the new tokens' k and v to the caches. Gradients are
 first order: the backward ops have no autograd formula, and the eager classes' backward is
-once_differentiable, so a second derivative raises rather than coming back partial. Importing this
+`first_order`, so a second derivative raises rather than coming back partial. Importing this
 module imports torch and registers the ops; the wrappers import it on first
 call, and resolving a public name does when torch is already loaded.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -78,6 +80,24 @@ from tk_mlir.kernels import (activations, checks, decode_attention, flash_attent
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
                              chunked_linear_attention, state_space_duality,
                              varlen_attention)
+
+
+def first_order(backward):
+    """An eager autograd.Function's backward, differentiable once: under
+    create_graph=True the gradients it returns depend on the saved inputs,
+    so they are marked to raise when differentiated again. (once_differentiable
+    alone marks them only when the incoming gradients require grad; with a
+    loss's plain ones it would hand back gradients silently cut from the
+    graph.)"""
+    once = once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled() and any(ctx.needs_input_grad):
+            grads = tuple(g.detach().requires_grad_() if isinstance(g, torch.Tensor) and
+                          g.is_floating_point() and not g.requires_grad else g for g in grads)
+        return once(ctx, *grads)
+    return wrapper
 
 
 # ------------------------------------------------------------------ matmul
@@ -106,6 +126,7 @@ def _(a, b, b_layout="nk", out_dtype=None):
 @torch.library.custom_op("tk_mlir::matmul_grad_a", mutates_args=())
 def matmul_grad_a(dc: torch.Tensor, b: torch.Tensor, b_layout: str) -> torch.Tensor:
     """dA of matmul(a, b, b_layout) given dC (gemm.grad_a)."""
+    gemm.check_gradient("matmul_grad_a", dc, b, b_layout, of="a")
     return gemm.grad_a(dc, b, b_layout)
 
 
@@ -117,6 +138,7 @@ def _(dc, b, b_layout):
 @torch.library.custom_op("tk_mlir::matmul_grad_b", mutates_args=())
 def matmul_grad_b(dc: torch.Tensor, a: torch.Tensor, b_layout: str) -> torch.Tensor:
     """dB of matmul(a, b, b_layout) given dC, in b's layout (gemm.grad_b)."""
+    gemm.check_gradient("matmul_grad_b", dc, a, b_layout, of="b")
     return gemm.grad_b(dc, a, b_layout)
 
 
@@ -156,7 +178,7 @@ class EagerMatmul(torch.autograd.Function):
         return c
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dc):
         return _matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b)
 
@@ -187,6 +209,15 @@ def grouped_matmul_grads(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                          need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of grouped_matmul (grouped_gemm.grouped_grads); one not
     needed is an empty tensor."""
+    fn = "grouped_matmul_grads"
+    gemm.check(a, b, None, b_layout, fn, device=False)
+    if a.dim() != 3:
+        raise ValueError(f"{fn}: a must be 3-D (G x M x K), got shape {tuple(a.shape)}")
+    sizes = grouped_gemm.check_sizes(sizes, a)
+    checks.tensor(fn, "dc", dc, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    checks.like(fn, "dc", dc, "a", a, dtype=False)
+    checks.shape(fn, "dc", dc, gemm.output_shape(a, b, b_layout), "G x M x N")
+    checks.on_cuda(fn, "a", a)
     da, db = grouped_gemm.grouped_grads(dc, a, b, sizes.to(a.device), b_layout, need_a, need_b)
     empty = a.new_empty(0)
     return (empty if da is None else da), (empty if db is None else db)
@@ -232,7 +263,7 @@ class EagerGroupedMatmul(torch.autograd.Function):
         return c
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dc):
         return _grouped_backward(ctx, dc, grouped_gemm.grouped_grads)
 
@@ -390,7 +421,7 @@ class EagerRmsNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy):
         return _rms_norm_backward(ctx, dy, norms.rms_norm_backward)
 
@@ -406,7 +437,7 @@ class EagerLayerNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy):
         return _layer_norm_backward(ctx, dy, norms.layer_norm_backward)
 
@@ -457,7 +488,7 @@ class EagerSwiglu(torch.autograd.Function):
         return activations.launch(gate, up)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy):
         return _swiglu_backward(ctx, dy, activations.swiglu_backward)
 
@@ -506,7 +537,7 @@ class EagerRotary(torch.autograd.Function):
         return rotary.launch(x, cos, sin, interleaved=interleaved)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy):
         return _rotary_backward(ctx, dy, rotary.launch)[:4]
 
@@ -523,7 +554,7 @@ class EagerRotaryQK(torch.autograd.Function):
         return rotary.launch_qk(q, k, cos, sin, interleaved=interleaved)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         dq, dk = rotary.launch_qk(dq, dk, cos, sin, inverse=True, interleaved=ctx.interleaved)
@@ -592,7 +623,7 @@ class EagerCrossEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dloss, dlse):
         return _cross_entropy_backward(ctx, dloss, dlse, losses.cross_entropy_backward)
 
@@ -714,7 +745,7 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dloss, dlse):
         if ctx.grads is None:
             return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
@@ -854,7 +885,7 @@ class EagerAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, do, dlse):
         return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
 
@@ -934,7 +965,7 @@ class EagerAttentionVarlen(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, do, dlse):
         return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
 
@@ -1029,7 +1060,7 @@ class EagerLinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, do, ds1, dz1):
         return _linear_attention_backward(ctx, do, ds1, dz1, chunked_linear_attention.backward)
 
@@ -1124,7 +1155,7 @@ class EagerSsd(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy, dh1):
         return _ssd_backward(ctx, dy, dh1, state_space_duality.backward)
 
@@ -1142,7 +1173,7 @@ class EagerFusedAddNorm(torch.autograd.Function):
         return y, h
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy, dh):
         backward = norms.rms_norm_backward if ctx.norm == "rms_norm" else \
             norms.layer_norm_backward

@@ -290,6 +290,36 @@ def check(a, b, c, b_layout: str, fn: str = "matmul", *, device: bool = True) ->
         checks.on_cuda(fn, "a", a)
 
 
+def check_gradient(fn: str, dc, x, b_layout: str, of: str) -> None:
+    """The arguments of a matmul gradient op (`fn`): dC (16-bit or f32) and the
+    saved operand x that product needs: b for dA (of="a"), a for dB (of="b"),
+    each rule with the argument that breaks it."""
+    import torch
+    if b_layout not in ("nk", "kn"):
+        raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
+                         f"got {b_layout!r}")
+    name = "b" if of == "a" else "a"
+    checks.tensor(fn, name, x, dtypes=(torch.bfloat16, torch.float16))
+    if x.dim() not in (2, 3):
+        raise ValueError(f"{fn}: {name} must be 2-D or 3-D (a batch), got shape "
+                         f"{tuple(x.shape)}")
+    checks.tensor(fn, "dc", dc, ndim=x.dim(), dtypes=(torch.bfloat16, torch.float16,
+                                                      torch.float32))
+    checks.like(fn, "dc", dc, name, x, dtype=False)
+    if tuple(dc.shape[:-2]) != tuple(x.shape[:-2]):
+        raise ValueError(f"{fn}: dc and {name} must have one batch size: dc is "
+                         f"{tuple(dc.shape)}, {name} is {tuple(x.shape)}")
+    if of == "a":           # dC (M x N) against b's N
+        n = x.shape[-1] if b_layout == "kn" else x.shape[-2]
+        rule, ok = f"dc's columns must be b's N = {n} (b_layout={b_layout!r})", \
+            dc.shape[-1] == n
+    else:                   # dC (M x N) against a's M
+        rule, ok = f"dc's rows must be a's M = {x.shape[-2]}", dc.shape[-2] == x.shape[-2]
+    if not ok:
+        raise ValueError(f"{fn}: {rule}, got dc of shape {tuple(dc.shape)}")
+    checks.on_cuda(fn, name, x)
+
+
 def output_shape(a, b, b_layout: str) -> tuple[int, ...]:
     """(M, N), or (G, M, N) for a batch, of C for checked a, b."""
     return (*a.shape[:-1], b.shape[-1] if b_layout == "kn" else b.shape[-2])
@@ -318,13 +348,33 @@ class Plan:
     why: str = ""
 
 
-@functools.lru_cache(maxsize=1024)     # matmul asks on every call: keep it off the host path
 def plan(M: int, N: int, K: int, sms: int, batch: int = 1, layout: str | None = None) -> Plan:
     """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132).
     With `layout` ("nk" or "kn": how B lies), a single product whose (N, K)
     the measured table (`measured_plan`) holds for this SM count, at an M
     within a factor of two, takes the table's fastest plan; every other
-    shape takes `rules_plan`."""
+    shape takes `rules_plan`. Sizes are ints >= 0, sms >= 1."""
+    if not (type(M) is type(N) is type(K) is type(batch) is type(sms) is int
+            and min(M, N, K, batch) >= 0 and sms >= 1 and layout in (None, "nk", "kn")):
+        _check_plan_arguments(M, N, K, sms, batch, layout)
+        M, N, K, sms, batch = int(M), int(N), int(K), int(sms), int(batch)   # (int subclasses)
+    return _plan(M, N, K, sms, batch, layout)
+
+
+def _check_plan_arguments(M, N, K, sms, batch, layout) -> None:
+    for name, value, least in (("M", M, 0), ("N", N, 0), ("K", K, 0), ("batch", batch, 0),
+                               ("sms", sms, 1)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"gemm.plan: {name} must be an int, got {value!r}")
+        if value < least:
+            raise ValueError(f"gemm.plan: {name} must be at least {least}, got {value}")
+    if layout not in (None, "nk", "kn"):
+        raise ValueError(f"gemm.plan: layout must be None, 'nk' or 'kn' (how B lies), got "
+                         f"{layout!r}")
+
+
+@functools.lru_cache(maxsize=1024)     # matmul asks on every call: keep it off the host path
+def _plan(M: int, N: int, K: int, sms: int, batch: int, layout: str | None) -> Plan:
     if layout is not None and batch == 1 and M * N * K:
         chosen = measured_plan(M, N, K, sms, layout)
         if chosen is not None:
@@ -398,6 +448,8 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     CANDIDATE_TILES, and K splits of the split tiles that keep at least
     MIN_CANDIDATE_SLICE_STEPS K steps per slice and at most two waves of
     blocks. Any of them computes any shape; they differ in speed only."""
+    if not M * N * K:
+        return [rules_plan(M, N, K, sms)]            # (an empty product: nothing to time)
     plans = [rules_plan(M, N, K, sms), Plan("autotuned", why="the autotuned kernel")]
     for bm, bn in CANDIDATE_TILES:
         plans.append(Plan("tiles", MappingProxyType(tile_config(bm, bn)),
@@ -449,7 +501,7 @@ def measured_plan(M: int, N: int, K: int, sms: int, layout: str) -> Plan | None:
     layout and SM count, if that M is within a factor of two of M; else None."""
     import math
     rows = measured_plans().get((layout, sms, N, K))
-    if not rows:
+    if not rows or M < 1:
         return None
     m, chosen = min(rows, key=lambda r: abs(math.log2(r[0] / M)))
     return chosen if m / 2 <= M <= 2 * m else None
@@ -528,6 +580,9 @@ def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> 
 def run_plan(chosen: Plan, a, b, c, b_layout: str, a_layout: str, sms: int) -> None:
     """c = the product by `chosen`'s kernel on checked, readable operands
     (M, N, K as they lie; the table script times each candidate here)."""
+    if b_layout not in ("nk", "kn") or a_layout not in ("mk", "km"):
+        raise ValueError(f"gemm.run_plan: b_layout must be 'nk' or 'kn' and a_layout 'mk' or "
+                         f"'km', got {b_layout!r} and {a_layout!r}")
     kn, km = b_layout == "kn", a_layout == "km"
     if chosen.kernel == "none":
         c.zero_()                                    # a sum of no products

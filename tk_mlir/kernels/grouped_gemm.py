@@ -102,14 +102,23 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
     N = c.shape[-1]
     if not G * M * N:
         return
-    if not K:
-        c.zero_()
+    if not K:                           # (sums of no products: zeros in the rows it writes)
+        c.masked_fill_(written_rows(sizes, M)[..., None], 0)
         return
     bn = 256 if N > 128 else 128
     starts, rows = grouped_schedule(sizes, M, tk.cdiv(N, bn))
     grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows,
                                                     LOG_G=(G - 1).bit_length(),
                                                     B_KN=b_layout == "kn", BN=bn)
+
+
+def written_rows(sizes, M: int):
+    """(G, M) bool on sizes' device: the rows of each product the kernel
+    writes, those of its 128-row tiles that hold rows below sizes[g]
+    (sizes clamped to [0, M], as the kernel reads them)."""
+    import torch
+    ends = ((sizes.clamp(0, M) + 127) // 128 * 128).clamp(max=M)
+    return torch.arange(M, device=sizes.device)[None, :] < ends[:, None]
 
 
 def check_sizes(sizes, a):
@@ -172,9 +181,7 @@ def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: b
         da = torch.zeros_like(a)
         launch(dc, b, sizes, da, "kn" if b_layout == "nk" else "nk")
     if need_b:
-        ends = ((sizes.to(dc.device).clamp(0, M) + 127) // 128 * 128).clamp(max=M)
-        kept = torch.arange(M, device=dc.device)[None, :] < ends[:, None]
-        dc = torch.where(kept[..., None], dc, 0)
+        dc = torch.where(written_rows(sizes.to(dc.device), M)[..., None], dc, 0)
         db = torch.empty_like(b)        # nk: dcᵀ·a (N x K); kn: aᵀ·dc (K x N)
         gemm.launch(*((dc, a) if b_layout == "nk" else (a, dc)), db, "kn", a_layout="km")
     return da, db

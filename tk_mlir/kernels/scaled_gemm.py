@@ -93,13 +93,19 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
     N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors.
     Returns a new (M, N) tensor. The autotuned kernel picks its configuration
-    per shape on first use.
+    per shape on first use. Not differentiable: an input that requires grad
+    (with grad mode on) is refused rather than cut from the graph.
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
     (tk_mlir/kernels/custom_ops.py); eager calls launch directly."""
     import torch
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     check(a, b, scale_a, scale_b, out_dtype)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (a, b, scale_a, scale_b)):
+        raise RuntimeError("scaled_matmul: not differentiable (its gradients are not built); "
+                           "an input requires grad: call it under torch.no_grad() or detach "
+                           "the inputs")
     if not torch.compiler.is_compiling():
         return launch(a, b, scale_a, scale_b, out_dtype)
     from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
