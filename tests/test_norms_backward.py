@@ -98,6 +98,22 @@ def test_fused_add_in_the_interpreter(fn):
     assert _rel(dx, ref_dx) < 1e-2
 
 
+@pytest.mark.parametrize("d, base", [(1032, 100.0), (768, 10.0), (264, 1000.0)])
+def test_layer_norm_of_rows_with_a_large_mean_and_a_padded_block(interpret, d, base):
+    """Rows far from zero at widths that are not the block's: the centred
+    row is masked past D (subtracting the padding's (BLOCK - D) * mean^2
+    cancelled, giving NaN or percent errors)."""
+    g = torch.Generator().manual_seed(d)
+    x = (base + torch.randn(3, d, generator=g)).to(bf16)
+    w, b = (torch.rand(d, generator=g) + 0.5).to(bf16), torch.randn(d, generator=g).to(bf16)
+    ref = torch.nn.functional.layer_norm(x.double(), (d,), w.double(), b.double(), 1e-5)
+    assert _rel(layer_norm(x, w, b), ref) < 4e-3
+    r = torch.randn(3, d, generator=g).to(bf16)
+    y, h = fused_add_layer_norm(x, r, w, b)
+    ref = torch.nn.functional.layer_norm(h.double(), (d,), w.double(), b.double(), 1e-5)
+    assert _rel(y, ref) < 4e-3
+
+
 @pytest.mark.parametrize("call, rule", [
     (lambda x, w: fused_add_rms_norm(x, x[:, :8], w), r"fused_add_rms_norm: residual must have "
                                                       r"shape \(4, 16\) \(x's shape\)"),

@@ -36,11 +36,9 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
     current one, so the memory system always has a row in flight per block
     (the loop carries the prefetched row as a bf16 register tile). The two
     reductions (mean, then the centred sum of squares: two passes,
-    numerically safe) each cost one shared-memory exchange. The BLOCK - D
-    zero columns add (BLOCK - D) * mean^2 to the sum of squares, which is
-    subtracted exactly."""
+    numerically safe) each cost one shared-memory exchange; the centred
+    row is masked to 0 past D."""
     first, step = tk.block_id(0), tk.grid_dim(0)
-    d = float(X.shape[1])
     w = tk.load(W, (0,), (BLOCK,))
     b = tk.load(B, (0,), (BLOCK,))
     nxt = tk.load(X, (first, 0), (1, BLOCK))
@@ -50,7 +48,7 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
         if RELOAD_WB:    # wide rows: re-read w, b (L1 hits) rather than hold them in registers
             w = tk.load(W, (0,), (BLOCK,))
             b = tk.load(B, (0,), (BLOCK,))
-        y = layer_normalized(x, w.to(f32), b.to(f32), eps, d, BLOCK)
+        y = layer_normalized(x, w.to(f32), b.to(f32), eps, X.shape[1])
         tk.store(Y, y.to(bf16), (row, 0))
 
 
@@ -63,13 +61,15 @@ def rms_normalized(x, w, eps, d):
 
 
 @tk.func
-def layer_normalized(x, w, b, eps, d, block):
-    """(x - mean) / sqrt(var + eps) * w + b for an f32 row x (1 x block, zeros
-    past its d columns: they add (block - d) * mean^2 to the centred sum of
-    squares, subtracted exactly) and f32 w, b (block,)."""
-    mean = x.row_sum() * (1.0 / d)
-    xc = x.sub_row(mean)
-    var = ((xc * xc).row_sum() - (block - d) * mean * mean) * (1.0 / d)
+def layer_normalized(x, w, b, eps, n):
+    """(x - mean) / sqrt(var + eps) * w + b for an f32 row x (1 x BLOCK, zeros
+    past its n columns) and f32 w, b (BLOCK,). The centred row is masked to 0
+    past n, so the padding adds nothing to the sum of squares (subtracting
+    its (BLOCK - n) * mean^2 instead cancels catastrophically when the mean
+    is large against the spread)."""
+    mean = x.row_sum() * (1.0 / float(n))
+    xc = tk.where(x.col_indices() < n, x.sub_row(mean), 0.0)
+    var = (xc * xc).row_sum() * (1.0 / float(n))
     return xc.mul_row((var + eps).rsqrt()).mul_col(w).add_col(b)
 
 
@@ -95,7 +95,7 @@ def add_layernorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], B: tk.g
          tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(bf16)
     tk.store(H, h, (row, 0))
     w, b = tk.load(W, (0,), (BLOCK,)).to(f32), tk.load(B, (0,), (BLOCK,)).to(f32)
-    y = layer_normalized(h.to(f32), w, b, eps, float(X.shape[1]), BLOCK)
+    y = layer_normalized(h.to(f32), w, b, eps, X.shape[1])
     tk.store(Y, y.to(bf16), (row, 0))
 
 
