@@ -72,18 +72,21 @@ def test_an_mlp_block_and_its_loss_train_like_torch(interpreted):
         assert ((got.double() - want).norm() / want.norm()).item() < 3e-2, what
 
 
-def test_rotary_gradient_is_the_inverse_rotation(interpreted):
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 8, 3, 32, generator=g).to(torch.bfloat16).requires_grad_()
-    angles = torch.rand(8, 16, generator=g) * 6.3
+@pytest.mark.parametrize("d", [32, 80, 112])      # (80, 112: halves in pieces of 8 columns)
+def test_rotary_gradient_is_the_inverse_rotation(interpreted, d):
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(1, 8, 3, d, generator=g).to(torch.bfloat16).requires_grad_()
+    angles = torch.rand(8, d // 2, generator=g) * 6.3
     cos, sin = angles.cos(), angles.sin()
-    dy = torch.randn(1, 8, 3, 32, generator=g).to(torch.bfloat16)
-    (dq,) = torch.autograd.grad(rotary_embedding(q, cos, sin), (q,), dy)
+    dy = torch.randn(1, 8, 3, d, generator=g).to(torch.bfloat16)
+    y = rotary_embedding(q, cos, sin)
+    (dq,) = torch.autograd.grad(y, (q,), dy)
     qd = q.detach().double().requires_grad_()
-    x1, x2 = qd[..., :16], qd[..., 16:]
+    x1, x2 = qd[..., :d // 2], qd[..., d // 2:]
     c, s = cos.double()[None, :, None], sin.double()[None, :, None]
-    (ref,) = torch.autograd.grad(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1), (qd,),
-                                 dy.double())
+    want = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+    (ref,) = torch.autograd.grad(want, (qd,), dy.double())
+    assert ((y.double() - want).norm() / want.norm()).item() < 1e-2
     assert ((dq.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 

@@ -32,14 +32,19 @@ def rotate(X, COS, SIN, Y, n, b, HB, HALF, PER_BATCH, INVERSE, INTERLEAVED):
         y = x.mul_col(c) + (x.swap_pairs() * sign).mul_col(s)
         tk.store(Y, y.to(Y.dtype), (b, n, 0, 0))
     else:
-        c = tk.load(COS, (angle,), (half,)).to(f32)
-        s = tk.load(SIN, (angle,), (half,)).to(f32)
-        if INVERSE:
-            s = -s
-        x1 = tk.load(X, (b, n, 0, 0), (HB, half)).to(f32)
-        x2 = tk.load(X, (b, n, 0, 1), (HB, half)).to(f32)
-        tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, 0))
-        tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, 1))
+        # A half whose width a register vector cannot take (D = 48, 80, 112:
+        # not a power of two nor a multiple of 16) goes in pieces of 8 columns.
+        piece = half if half & (half - 1) == 0 or half % 16 == 0 else 8
+        pieces = half // piece
+        for p in tk.static_range(pieces):
+            c = tk.load(COS, (angle * pieces + p,), (piece,)).to(f32)
+            s = tk.load(SIN, (angle * pieces + p,), (piece,)).to(f32)
+            if INVERSE:
+                s = -s
+            x1 = tk.load(X, (b, n, 0, p), (HB, piece)).to(f32)
+            x2 = tk.load(X, (b, n, 0, pieces + p), (HB, piece)).to(f32)
+            tk.store(Y, (x1.mul_col(c) - x2.mul_col(s)).to(Y.dtype), (b, n, 0, p))
+            tk.store(Y, (x2.mul_col(c) + x1.mul_col(s)).to(Y.dtype), (b, n, 0, pieces + p))
 
 
 @tk.kernel(num_warps=4)
