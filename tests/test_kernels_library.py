@@ -149,7 +149,19 @@ REJECTED = {
         r"layer_norm: x must be torch.bfloat16, got torch.float16"),
     "rms_norm: no columns": (
         lambda: rms_norm(cpu(4, 0), cpu(0)), ValueError,
-        r"rms_norm: x must have at least one column, got shape \(4, 0\)"),
+        r"rms_norm: x's last dim D must be a positive multiple of 8 .* got shape \(4, 0\)"),
+    "rms_norm: D not a multiple of 8": (
+        lambda: rms_norm(cpu(2, 100), cpu(100)), ValueError,
+        r"rms_norm: x's last dim D must be a positive multiple of 8 \(rows of whole 16-byte"),
+    "rms_norm: an overlapping out": (
+        lambda: rms_norm(cpu(3, 64), cpu(64), out=cpu(1, 64).expand(3, 64)), ValueError,
+        r"rms_norm: out must have a contiguous last dim and elements that do not overlap"),
+    "rms_norm: eps NaN": (
+        lambda: rms_norm(cpu(3, 64), cpu(64), float("nan")), ValueError,
+        r"rms_norm: eps must be finite and >= 0, got nan"),
+    "layer_norm: eps < 0": (
+        lambda: layer_norm(cpu(3, 64), cpu(64), cpu(64), -1.0), ValueError,
+        r"layer_norm: eps must be finite and >= 0, got -1.0"),
     "rms_norm: weight not a tensor": (
         lambda: rms_norm(cpu(4, 8), 1.0), TypeError,
         r"rms_norm: weight must be a torch.Tensor, got float"),

@@ -244,3 +244,40 @@ def test_fused_add_compiled_matches_eager():
         grads.append(torch.autograd.grad(fn(*inputs), inputs, dy))
     for e, c in zip(*grads):
         assert torch.equal(e, c)
+
+
+def test_norms_read_inputs_whose_last_dim_is_not_contiguous(interpret):
+    g = torch.Generator().manual_seed(5)
+    w = (torch.rand(64, generator=g) + 0.5).to(bf16)
+    for x in (torch.randn(64, 2, generator=g).to(bf16).t(),
+              torch.randn(1, 64, 2, generator=g).to(bf16).transpose(1, 2)):
+        ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * \
+            w.double()
+        assert _rel(rms_norm(x, w), ref) < 1e-2
+        r = torch.randn(x.shape, generator=g).to(bf16)
+        y, h = fused_add_rms_norm(x, r.transpose(-1, -2).contiguous().transpose(-1, -2), w)
+        assert torch.equal(h, x + r)
+
+
+def test_the_backward_ops_check_their_arguments(interpret):
+    import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+    ops = torch.ops.tk_mlir
+    x, w = torch.randn(3, 64).to(bf16), torch.rand(64).to(bf16) + 0.5
+    with pytest.raises(ValueError, match=r"rms_norm_backward: dy must have shape \(3, 64\)"):
+        ops.rms_norm_backward(torch.randn(2, 64).to(bf16), x, w, 1e-6)
+    with pytest.raises(ValueError, match=r"rms_norm_backward: weight must have shape \(64,\)"):
+        ops.rms_norm_backward(x, x, w[:32].contiguous(), 1e-6)
+    with pytest.raises(ValueError, match=r"layer_norm_backward: dh must have shape \(3, 64\)"):
+        ops.layer_norm_backward(x, x, w, 1e-5, torch.randn(3, 8).to(bf16))
+    with pytest.raises(ValueError, match=r"swiglu_backward: dy must have shape \(3, 64\)"):
+        ops.swiglu_backward(torch.randn(2, 64).to(bf16), x, x)
+    logits, lse = torch.randn(3, 64), torch.randn(3)
+    with pytest.raises(ValueError, match="target must have shape"):
+        ops.cross_entropy_backward(torch.tensor(1.0), logits, torch.tensor([1, 2, 3, 4]), lse,
+                                   -100, "mean", 0.0)
+    with pytest.raises(ValueError, match="reduction must be 'mean', 'sum' or 'none'"):
+        ops.cross_entropy_backward(torch.tensor(1.0), logits, torch.tensor([1, 2, 3]), lse,
+                                   -100, "avg", 0.0)
+    with pytest.raises(ValueError, match=r"dloss must have shape \(3,\)"):
+        ops.cross_entropy_backward(torch.tensor(1.0), logits, torch.tensor([1, 2, 3]), lse,
+                                   -100, "none", 0.0)

@@ -345,6 +345,7 @@ def _(x, residual, weight, bias, eps):
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
                       dh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx (+ dh), dweight) of rms_norm by its backward kernels."""
+    eps = norms._check("rms_norm_backward", x, eps, _gradients(dy, dh), weight=weight)
     return norms.rms_norm_backward(dy, x, weight, eps, dh)
 
 
@@ -358,12 +359,18 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                         dh: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx (+ dh), dweight, dbias) of layer_norm by its backward kernels."""
+    eps = norms._check("layer_norm_backward", x, eps, _gradients(dy, dh), weight=weight)
     return norms.layer_norm_backward(dy, x, weight, eps, dh)
 
 
 @layer_norm_backward.register_fake
 def _(dy, x, weight, eps, dh=None):
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
+
+
+def _gradients(dy, dh) -> dict:
+    """A norm backward's incoming gradients as norms._check's rows like x."""
+    return {"dy": dy} if dh is None else {"dy": dy, "dh": dh}
 
 
 def _norm_setup_context(ctx, inputs, output):
@@ -460,6 +467,10 @@ def _(gate, up):
 def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor,
                     up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup) of swiglu."""
+    activations._check(gate, up)
+    checks.tensor("swiglu_backward", "dy", dy, dtypes=(gate.dtype,))
+    checks.like("swiglu_backward", "dy", dy, "gate", gate)
+    checks.shape("swiglu_backward", "dy", dy, tuple(gate.shape), "gate's shape")
     return activations.swiglu_backward(dy, gate, up)
 
 
@@ -583,6 +594,17 @@ def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, target: to
                            lse: torch.Tensor, ignore_index: int, reduction: str,
                            label_smoothing: float) -> torch.Tensor:
     """d logits of cross_entropy."""
+    fn = "cross_entropy_backward"
+    losses._check(logits, target, ignore_index, reduction, label_smoothing)
+    checks.tensor(fn, "lse", lse, ndim=1, dtypes=(torch.float32,))
+    checks.like(fn, "lse", lse, "logits", logits, dtype=False)
+    if lse.shape[0] < logits.shape[0]:
+        raise ValueError(f"{fn}: lse must hold one value per row of logits (at least "
+                         f"{logits.shape[0]}), got shape {tuple(lse.shape)}")
+    checks.tensor(fn, "dloss", dloss, dtypes=(logits.dtype, torch.float32))
+    checks.like(fn, "dloss", dloss, "logits", logits, dtype=False)
+    checks.shape(fn, "dloss", dloss, (logits.shape[0],) if reduction == "none" else (),
+                 f"the loss's shape for reduction={reduction!r}")
     return losses.cross_entropy_backward(dloss, logits, target, lse, ignore_index, reduction,
                                          label_smoothing)
 

@@ -4,8 +4,9 @@ and backward.
 A row is one 1 x BLOCK register tile spread over the block's 8 warps (each
 thread holds BLOCK / 256 elements, 8 contiguous at a time: 16-byte loads),
 so a row sum is a register sum, 5 shuffles and one exchange through shared
-memory. Rows of any width D: BLOCK is the next power of two >= D (at least
-256); the columns past D read as 0 and are not written.
+memory. Rows of any width D that is a multiple of 8 (whole 16-byte
+vectors): BLOCK is the next power of two >= D (at least 256); the columns
+past D read as 0 and are not written.
 """
 from __future__ import annotations
 
@@ -356,9 +357,13 @@ def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
 
 def _rows(t, view: bool = False):
     """t (..., D) as (rows, D): its leading dims flattened, a view where the
-    strides allow (an output must be one: view=True), else a copy."""
-    return t if t.dim() == 2 else (t.view(-1, t.shape[-1]) if view else
-                                   t.reshape(-1, t.shape[-1]))
+    strides allow (an output must be one: view=True), else a copy; an input
+    the kernels cannot read as it lies (a transposed last dim, a misaligned
+    view) through an aligned copy (checks.kernel_operand)."""
+    if view:
+        return t if t.dim() == 2 else t.view(-1, t.shape[-1])
+    t = checks.kernel_operand(t)
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
 
 
 def _block(d: int) -> int:
@@ -375,12 +380,19 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
     checks.tensor(fn, "x", x, dtypes=(torch.bfloat16,))
     if x.dim() < 2:
         raise ValueError(f"{fn}: x must be at least 2-D (rows x D), got shape {tuple(x.shape)}")
-    if x.shape[-1] == 0:
-        raise ValueError(f"{fn}: x must have at least one column, got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0 or x.shape[-1] % 8:
+        raise ValueError(f"{fn}: x's last dim D must be a positive multiple of 8 (rows of whole "
+                         f"16-byte vectors, as the kernels load them), got shape "
+                         f"{tuple(x.shape)}")
     for name, value in rows.items():
         checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, tuple(x.shape), "x's shape")
+    if "out" in rows and (rows["out"].stride(-1) != 1 or
+                          torch._debug_has_internal_overlap(rows["out"]) == 1):
+        raise ValueError(f"{fn}: out must have a contiguous last dim and elements that do not "
+                         f"overlap (not an expanded tensor), got strides "
+                         f"{tuple(rows['out'].stride())}")
     if x.dim() > 2 and "out" in rows and not rows["out"].is_contiguous():
         raise ValueError(f"{fn}: out must be contiguous when x has more than 2 dims (its rows "
                          f"are written as one (rows, D) view), got strides "
@@ -390,6 +402,8 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
     eps = checks.number(fn, "eps", eps)
+    if not 0.0 <= eps < float("inf"):
+        raise ValueError(f"{fn}: eps must be finite and >= 0, got {eps}")
     checks.on_cuda(fn, "x", x)
     return eps
 
