@@ -620,3 +620,24 @@ def test_library_kernel_ops_point_at_the_kernels_own_lines():
     c = _compile(64, True, n=1000)
     files = {m.rsplit("/", 1)[-1] for m in re.findall(r'loc\("([^"]+)":', c.asm["tk"])}
     assert files == {"flash_attention.py", "schedule.py"}, files
+
+
+def test_a_window_wider_than_the_keys_is_no_window(interpret):
+    """Sides past every query-key distance bound nothing: the same output as
+    -1, not a 32-bit overflow of the kernels' position sums (audit)."""
+    from tk_mlir.kernels import attention
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 100, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    o, lse = attention(q, k, v, return_lse=True)
+    o2, lse2 = attention(q, k, v, window=(2**40, 2**31 - 1), return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    assert torch.equal(attention(q, k, v, window=(-1, 0)),
+                       attention(q, k, v, window=(2**31, 0)))
+
+
+def test_an_empty_batch_has_empty_gradients(interpret):
+    from tk_mlir.kernels import attention
+    q, k = (torch.randn(0, 2, 16, 64).to(torch.bfloat16).requires_grad_() for _ in range(2))
+    v = torch.randn(0, 2, 16, 64).to(torch.bfloat16)
+    attention(q, k, v).sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape

@@ -376,3 +376,18 @@ def test_opcheck(interpret):
     torch.library.opcheck(torch.ops.tk_mlir.attention_with_kvcache,
                           (q, k, v, lens, None, kn, vn, True, 0.125),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_an_empty_batch_and_a_window_wider_than_the_cache(interpret):
+    bf = torch.bfloat16
+    empty = attention_with_kvcache(torch.randn(0, 1, 2, 64, dtype=bf),
+                                   torch.randn(0, 16, 2, 64, dtype=bf),
+                                   torch.randn(0, 16, 2, 64, dtype=bf),
+                                   torch.zeros(0, dtype=torch.int32))
+    assert empty.shape == (0, 1, 2, 64)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 1, 4, 64, generator=g).to(bf)
+    kc, vc = (torch.randn(1, 300, 2, 64, generator=g).to(bf) for _ in range(2))
+    n = torch.tensor([300], dtype=torch.int32)
+    assert torch.equal(attention_with_kvcache(q, kc, vc, n),
+                       attention_with_kvcache(q, kc, vc, n, window=(2**30, -1)))

@@ -245,7 +245,7 @@ def test_a_decoding_step_takes_one_token_and_a_state():
         linear_attention_step(q, k, v, state)
     with pytest.raises(TypeError, match=r"state must be \(S, z\)"):
         linear_attention_step(q[:, :1], k[:, :1], v[:, :1], state[0])
-    with pytest.raises(ValueError, match=r"initial_state S must have shape"):
+    with pytest.raises(ValueError, match=r"linear_attention_step: state S must have shape"):
         linear_attention_step(q[:, :1], k[:, :1], v[:, :1], (state[0][:, :1], state[1]))
 
 
@@ -287,3 +287,21 @@ def test_the_ops_fakes_match_what_they_return(interpret):
     for op, args in cases:
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+def test_taylor2_with_no_tokens_returns_the_state_it_was_given(interpret):
+    bf = torch.bfloat16
+    q, k, v = torch.randn(1, 0, 2, 4).to(bf), torch.randn(1, 0, 2, 4).to(bf), \
+        torch.randn(1, 0, 2, 64).to(bf)
+    o, (s, z) = linear_attention(q, k, v, "taylor2", return_state=True)
+    assert o.shape == (1, 0, 2, 64) and s.shape == (1, 2, 21, 64) and not z.any()
+
+
+def test_taylor2_in_f16_does_not_overflow_on_long_sequences(interpret):
+    """The slices' unnormalised numerators pass 65504 here (145 per token):
+    they come back from the kernels in bf16, not f16."""
+    q = torch.full((1, 600, 1, 16), 2.0, dtype=torch.float16)
+    v = torch.ones(1, 600, 1, 64, dtype=torch.float16)
+    o = linear_attention(q, q, v, "taylor2")
+    assert o.dtype == torch.float16 and torch.isfinite(o).all()
+    assert (o.float() - 1).abs().max() < 1e-2

@@ -144,14 +144,17 @@ def attention_scale(fn: str, value, d: int) -> float:
     return value
 
 
-def window(fn: str, value) -> tuple[int, int]:
+def window(fn: str, value, reach: int) -> tuple[int, int]:
     """A window=(left, right) argument (FlashAttention's window_size): two
-    ints >= -1, -1 for no bound on that side."""
+    ints >= -1, -1 for no bound on that side. A side of at least `reach` (more
+    than any distance between a query and a key of the call) bounds nothing
+    and comes back as -1, so the kernels' 32-bit position sums cannot wrap."""
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and
             all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in value)):
         raise ValueError(f"{fn}: window must be (left, right), two ints >= -1 (-1: no bound "
                          f"on that side), got {value!r}")
-    return int(value[0]), int(value[1])
+    left, right = (-1 if w >= reach else int(w) for w in value)
+    return left, right
 
 
 def softcap(fn: str, value) -> float:

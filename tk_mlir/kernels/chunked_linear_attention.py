@@ -439,10 +439,11 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     return (o, (s1, z1)) if return_state else o
 
 
-def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state) -> None:
-    """Shapes, dtypes, devices and flags, each with the rule it breaks."""
+def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state,
+           fn: str = "linear_attention", state: str = "initial_state") -> None:
+    """Shapes, dtypes, devices and flags, each with the rule it breaks (`fn`
+    and `state`: the function and the state argument the errors name)."""
     import torch
-    fn = "linear_attention"
     dtypes = (torch.bfloat16, torch.float16)
     checks.tensor(fn, "q", q, ndim=4, dtypes=dtypes)
     for name, t in (("k", k), ("v", v)):
@@ -475,13 +476,13 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
             raise TypeError(f"{fn}: {name} must be a bool, got {flag!r}")
     if initial_state is not None:
         if not causal:
-            raise ValueError(f"{fn}: initial_state is a recurrence's state: causal=True only")
+            raise ValueError(f"{fn}: {state} is a recurrence's state: causal=True only")
         if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
-            raise TypeError(f"{fn}: initial_state must be (S, z), got {type(initial_state)}")
+            raise TypeError(f"{fn}: {state} must be (S, z), got {type(initial_state)}")
         s0, z0 = initial_state
         dphi = taylor.feature_dim(DK) if feature_map == "taylor2" else DK
-        for name, t, shape in (("initial_state S", s0, (B, H, dphi, DV)),
-                               ("initial_state z", z0, (B, H, dphi))):
+        for name, t, shape in ((f"{state} S", s0, (B, H, dphi, DV)),
+                               (f"{state} z", z0, (B, H, dphi))):
             checks.tensor(fn, name, t, ndim=len(shape), dtypes=(torch.float32,))
             checks.like(fn, name, t, "q", q, dtype=False)
             checks.shape(fn, name, t, shape, "(B, H, D_φ, D_v) and (B, H, D_φ), D_φ the "
@@ -601,7 +602,7 @@ def linear_attention_step(q, k, v, state, feature_map: str | None = None,
     if q.dim() == 4 and q.shape[1] != 1:
         raise ValueError(f"{fn}: q, k, v hold one new token: (B, 1, H, D), got "
                          f"{tuple(q.shape)}")
-    _check(q, k, v, feature_map, True, normalize, state, False)
+    _check(q, k, v, feature_map, True, normalize, state, False, fn, "state")
     scale = checks.attention_scale(fn, scale, q.shape[-1])
     checks.on_cuda(fn, "q", q)
     if feature_map == "taylor2":      # (its features are made in torch: one chunked call)

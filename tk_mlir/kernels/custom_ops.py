@@ -791,8 +791,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     (deterministic is for the backward: autograd keeps it, as it keeps the
     window (left, right) and softcap)."""
     flash_attention._check(q, k, v)
+    scale = checks.attention_scale("attention", scale, q.shape[-1])
+    window = checks.window("attention", (left, right), q.shape[2] + k.shape[2])
+    softcap = checks.softcap("attention", softcap)
     checks.on_cuda("attention", "q", q)
-    return attention_forward(q, k, v, causal, scale, (left, right), softcap)
+    return attention_forward(q, k, v, causal, scale, window, softcap)
 
 
 def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
@@ -818,8 +821,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """(o (B, N_new, H, D), lse (B, H, N_new) f32), both contiguous; k and v,
     when given, are written into the caches first (the op's mutation). See
     decode_attention.attention_with_kvcache for the arguments."""
+    fn = "attention_with_kvcache"
     decode_attention._check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
-    checks.on_cuda("attention_with_kvcache", "q", q)
+    scale = checks.attention_scale(fn, scale, q.shape[-1])
+    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * \
+        k_cache.shape[1]
+    left, right = checks.window(fn, (left, right), capacity + q.shape[1])
+    softcap = checks.softcap(fn, softcap)
+    checks.on_cuda(fn, "q", q)
     o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
                                       causal, scale, left, right, softcap)
     return o.contiguous(), lse.contiguous()
@@ -876,6 +885,8 @@ def _attention_backward(ctx, do, dlse, backward=None):
     q, k, v, o, lse = ctx.saved_tensors
     if do is None:      # neither output reached the loss
         return (None,) * 9
+    if not q.numel() * k.numel():      # B = 0 or H = 0: empty gradients, no launch
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * 6
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
         do = do.contiguous()
     args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
@@ -919,8 +930,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o laid out like q, lse (H, total_q) f32) of packed sequences. See
     varlen_attention.attention_varlen for the arguments."""
+    fn = "attention_varlen"
     varlen_attention._check(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    checks.on_cuda("attention_varlen", "q", q)
+    scale = checks.attention_scale(fn, scale, q.shape[-1])
+    left, right = checks.window(fn, (left, right), q.shape[0] + k.shape[0])
+    softcap = checks.softcap(fn, softcap)
+    checks.on_cuda(fn, "q", q)
     return varlen_attention.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left,
                                     right, softcap)
 

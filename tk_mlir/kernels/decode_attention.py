@@ -313,7 +313,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if not isinstance(causal, bool):
         raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
     scale = checks.attention_scale("attention_with_kvcache", scale, q.shape[-1])
-    left, right = checks.window("attention_with_kvcache", window)
+    left, right = checks.window("attention_with_kvcache", window,
+                                capacity(k_cache, block_table) + q.shape[1])
     softcap = checks.softcap("attention_with_kvcache", softcap)
     checks.on_cuda("attention_with_kvcache", "q", q)
     if torch.compiler.is_compiling():
@@ -332,28 +333,31 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     """attention_with_kvcache on checked arguments: (o, lse)."""
     import torch
     B, N_new, H, D = q.shape
+    if not B * N_new * H:                # no rows: empty outputs, no launch (nothing appended)
+        return q.new_empty(q.shape), torch.empty(B, H, N_new, dtype=torch.float32,
+                                                 device=q.device)
     H_kv = k_cache.shape[2]
     G = H // H_kv
     R = N_new * G
     page = 0 if block_table is None else k_cache.shape[1]
-    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * page
+    keys = capacity(k_cache, block_table)
     seqlens = checks.int32_table(cache_seqlens)
     table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
     if k is not None:
-        append(k_cache, v_cache, seqlens, table, k, v, capacity, page)
+        append(k_cache, v_cache, seqlens, table, k, v, keys, page)
     # Query rows per K/V head: a view for one new token, a copy for several.
     q_rows = q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D)
     q_rows = checks.kernel_operand(q_rows)
     # The cache as the kernel reads it: (B or pages, H_kv, keys, D).
     kk, vv = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     cfg = _config(D, page)
-    splits = _splits(B * H_kv * -(-R // ROWS), -(-capacity // cfg["BN"]), q.get_device())
+    splits = _splits(B * H_kv * -(-R // ROWS), -(-keys // cfg["BN"]), q.get_device())
     rp = -(-R // 4) * 4
     o_rows = torch.empty(B, H_kv, R, D, dtype=q.dtype, device=q.device)
     lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
     grid = (B * H_kv, -(-R // ROWS), splits)
     args = (seqlens, table, scale * math.log2(math.e), 0 if k is None else N_new, G,
-            capacity, left, 0 if causal else right, softcap or 1.0)
+            keys, left, 0 if causal else right, softcap or 1.0)
     cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
     if splits == 1:
         kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, *args, D=D,
@@ -374,7 +378,7 @@ def _splits(tasks: int, key_blocks: int, device: int) -> int:
     block at once, never more (a second wave cost 38% at B1 on the H200; the
     kernel holds one block per SM: setmaxnreg sizes it to the register file),
     each chunk at least two key blocks of the cache's capacity."""
-    return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
+    return max(1, min(WAVES * num_sms(device) // max(tasks, 1), key_blocks // 2))
 
 
 def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> None:
@@ -385,6 +389,11 @@ def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> 
     kv_append_kernel[(N_new, B)](checks.kernel_operand(k), checks.kernel_operand(v), k_cache,
                                  v_cache, seqlens, table, capacity,
                                  HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
+
+
+def capacity(k_cache, block_table) -> int:
+    """The keys one sequence's cache holds: N_max, or max_pages·page_size."""
+    return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
@@ -451,8 +460,8 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
             raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
     if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
-        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-        _check_lengths(cache_seqlens, capacity, N_new if k is not None else 0)
+        _check_lengths(cache_seqlens, capacity(k_cache, block_table),
+                       N_new if k is not None else 0)
         if block_table is not None:
             _check_pages(block_table, cache_seqlens + (N_new if k is not None else 0),
                          k_cache.shape[1], k_cache.shape[0])

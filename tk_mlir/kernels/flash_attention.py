@@ -389,7 +389,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
             raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
     B, H, N, D = q.shape
     scale = checks.attention_scale("attention", scale, D)
-    left, right = checks.window("attention", window)
+    left, right = checks.window("attention", window, N + k.shape[2])
     softcap = checks.softcap("attention", softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and (left, right) != (-1, -1) and deterministic:

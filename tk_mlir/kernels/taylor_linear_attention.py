@@ -7,7 +7,8 @@ of k (scale multiplies q, as for every feature map): φ(q·s)·φ(k) = 1 + s q·
 + (s q·k)² / 2, the second-order Taylor expansion of exp(s q·k). (Based
 scales both q and k by √s: the same dot products.)
 
-The features are made in torch (f32) and cut into slices of 128: the
+The features are made in torch (f32) and cut into slices of 128 (bf16 for
+the kernels, also for f16 inputs: f16's range overflows on long sequences): the
 numerator Σ_s (φ(q_t)·φ(k_s)) v_s is the sum over the slices of the chunked
 kernels' linear attention (feature map None, scale 1, normalize=False) of
 each slice, zero-padded; the normaliser φ(q_t)·z_t (z_t = Σ_{s<=t} φ(k_s))
@@ -47,8 +48,11 @@ def linear_attention(q, k, v, causal: bool, normalize: bool, scale: float, initi
     B, N, H, dphi = fq.shape
     padded = -(-dphi // SLICE) * SLICE
     pad = (0, padded - dphi)
-    fq16 = torch.nn.functional.pad(fq, pad).to(q.dtype)
-    fk16 = torch.nn.functional.pad(fk, pad).to(q.dtype)
+    # bf16 for the kernels whatever q's dtype: the unnormalised numerators come
+    # back in v's dtype and pass f16's 65504 on long sequences
+    fq16 = torch.nn.functional.pad(fq, pad).to(torch.bfloat16)
+    fk16 = torch.nn.functional.pad(fk, pad).to(torch.bfloat16)
+    v16 = v.to(torch.bfloat16)
     s0, z0 = initial_state if initial_state is not None else (None, None)
     if s0 is not None:
         s0 = torch.nn.functional.pad(s0, (0, 0) + pad)         # (B, H, padded, D_v)
@@ -57,7 +61,7 @@ def linear_attention(q, k, v, causal: bool, normalize: bool, scale: float, initi
         part = slice(first, first + SLICE)
         init = None if s0 is None else \
             (s0[:, :, part].contiguous(), s0.new_zeros(B, H, SLICE))
-        out = chunked(fq16[..., part], fk16[..., part], v, None, causal, False, 1.0, init,
+        out = chunked(fq16[..., part], fk16[..., part], v16, None, causal, False, 1.0, init,
                       return_state)
         if return_state:
             out, (s, _) = out
@@ -73,4 +77,8 @@ def linear_attention(q, k, v, causal: bool, normalize: bool, scale: float, initi
     o = o.to(v.dtype)
     if not return_state:
         return o
-    return o, (torch.cat(states, 2)[:, :, :dphi].contiguous(), z[:, -1].contiguous())
+    if N:
+        z_last = z[:, -1].contiguous()
+    else:                                                      # no tokens: z as it came in
+        z_last = z0.float().contiguous() if z0 is not None else fk.new_zeros(B, H, dphi)
+    return o, (torch.cat(states, 2)[:, :, :dphi].contiguous(), z_last)

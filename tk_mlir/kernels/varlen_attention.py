@@ -51,7 +51,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     if not isinstance(causal, bool):
         raise TypeError(f"{FN}: causal must be a bool, got {causal!r}")
     scale = checks.attention_scale(FN, scale, q.shape[-1])
-    left, right = checks.window(FN, window)
+    left, right = checks.window(FN, window, q.shape[0] + k.shape[0])
     softcap = checks.softcap(FN, softcap)
     checks.on_cuda(FN, "q", q)
     from tk_mlir.kernels import custom_ops
