@@ -214,6 +214,16 @@ def test_importing_autotune_does_not_import_torch():
 KEY = (("f32", (1024, 1024)),)
 
 
+def test_without_a_gpu_tuning_says_so_and_nothing_is_chosen(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    t = tuner()
+    x = torch.rand(64, 128)
+    assert t.best_config(x, x, 2.0) is None
+    with pytest.raises(tk.ArgumentError, match="no CUDA GPU here to tune on"):
+        t[grid](x, x, 2.0)
+
+
 def test_choice_round_trips_through_the_disk(cache_root):
     results = {GOOD[0]: 0.011, GOOD[1]: 0.009, TOO_BIG: "error: too much shared memory"}
     tuner()._save_choice(KEY, WHERE, GOOD[1], results)

@@ -234,6 +234,20 @@ def test_unwritable_dir_warns_once_and_does_not_raise(tmp_path, monkeypatch):
         assert c.get(make_key(x=1)) is None
 
 
+def test_unreadable_cache_warns_and_is_a_miss(cache_env, monkeypatch):
+    # (chmod 000 does not stop root: the read itself is made to fail)
+    c = DiskCache()
+    key = make_key(x=3)
+    c.put(key, ENTRY)
+
+    def denied(*args):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(cache, "_read_entry", denied)
+    with pytest.warns(RuntimeWarning, match="cannot read the compilation cache"):
+        assert c.get(key) is None
+    assert (cache_env / key[:2] / key).is_dir()      # not dropped: it may be another user's
+
+
 # --- corruption ------------------------------------------------------------------
 
 def rewrite_manifest(d, **changes):

@@ -256,6 +256,9 @@ class Autotuner:
         """The config chosen for these arguments (this object's memory, else the
         disk cache), without timing anything; None when none has been chosen."""
         key = self._key(self._bind(args, kwargs))
+        import torch
+        if not torch.cuda.is_available():
+            return None                         # (nothing is chosen without a GPU)
         device = _device()
         return self._chosen.get((device[0], key)) or self._load_choice(key, device[1:])
 
@@ -485,6 +488,10 @@ def _quick_key_function(params, key_params, n_positional: int, keywords: tuple) 
 def _device(ordinal: int | None = None) -> tuple[int, str, tuple[int, int]]:
     """(ordinal, name, compute capability) of torch's current device."""
     import torch
+    if not torch.cuda.is_available():
+        raise ArgumentError("tk.autotune: there is no CUDA GPU here to tune on "
+                            "(torch.cuda.is_available() is False); TK_MLIR_INTERPRET=1 runs "
+                            "the first config on CPU tensors in the interpreter")
     if ordinal is None:
         ordinal = torch.cuda.current_device()
     capability = tuple(torch.cuda.get_device_capability(ordinal))

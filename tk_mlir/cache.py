@@ -233,6 +233,7 @@ class DiskCache:
             entry = _read_entry(final, key)
         except PermissionError as err:
             _warn_once(self.root, "read", err)
+            return None
         except (DamagedEntry, OSError) as err:
             # (Gone since: another process evicted or dropped it; a plain miss.)
             if os.path.lexists(final):

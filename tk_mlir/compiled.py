@@ -144,8 +144,17 @@ class CompiledKernel:
         return self._source_map
 
     def lines(self, line: int, file: str | None = None):
-        """What Python `line` of the kernel's file (or of `file`) became: a
-        LineCode with its tk ops, PTX lines and SASS instructions."""
+        """What Python `line` (from 1) of the kernel's file (or of `file`: a
+        path or base name of a file with code, e.g. a tk.func helper's)
+        became: a LineCode with its tk ops, PTX lines and SASS instructions."""
+        if isinstance(line, bool) or not isinstance(line, int) or line < 1:
+            raise ValueError(f"lines: line must be a line number (an int from 1), got {line!r}")
+        if file is not None:
+            found = self.source_map.find_file(file)
+            if found is None:
+                raise ValueError(f"lines: no code of this kernel comes from {file!r}; the files "
+                                 f"with code: {', '.join(self.source_map.files())}")
+            file = found
         return self.source_map.line(line, file)
 
     def _repr_html_(self) -> str:
