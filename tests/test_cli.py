@@ -328,3 +328,17 @@ def test_cache_command_runs_as_a_module(cache_with_entries):
                           text=True, env=dict(os.environ), cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "entries  3" in done.stdout
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import tk_mlir as tk\ndef f(:\n    pass\n", r"bad\.py:2:\d+: SyntaxError: "),
+    ("x = 1\nraise ValueError('boom')\n", r"bad\.py:2: ValueError: boom \(while importing bad\.py\)"),
+    ("import no_such_module_xyz\n", r"bad\.py:1: ModuleNotFoundError: No module named"),
+])
+def test_a_file_that_fails_to_import_is_one_line_at_its_line(capsys, tmp_path, monkeypatch,
+                                                             source, message):
+    monkeypatch.delenv("TK_MLIR_DEBUG", raising=False)
+    bad = tmp_path / "bad.py"
+    bad.write_text(source)
+    code, out, err = run(capsys, f"{bad}::k")
+    assert code == 1 and re.search(message, err) and len(err.strip().splitlines()) == 1, err

@@ -46,6 +46,24 @@ class UsageError(Exception):
     """A bad command line: reported argparse-style, exit status 2."""
 
 
+class UserFileError(Exception):
+    """The user's file raised while it was imported: reported as one
+    `file:line: Error: message` line (the full traceback under
+    TK_MLIR_DEBUG=1), exit status 1."""
+
+
+def _user_file_error(e: Exception, path: Path) -> UserFileError:
+    """`e`, raised while importing `path`, at the innermost line of the user's
+    files (a SyntaxError at its own position)."""
+    import traceback
+    if isinstance(e, SyntaxError):
+        return UserFileError(f"{e.filename}:{e.lineno}:{e.offset}: SyntaxError: {e.msg}")
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if "importlib" not in f.filename and not f.filename.endswith("cli.py")]
+    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else f"{path}: "
+    return UserFileError(f"{at}{type(e).__name__}: {e} (while importing {path.name})")
+
+
 # ------------------------------------------------------------ the kernel
 
 def load_module(path: Path):
@@ -61,6 +79,11 @@ def load_module(path: Path):
     sys.path.insert(0, str(path.parent))
     try:
         module_spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        if debug():
+            raise                      # TK_MLIR_DEBUG=1: the full traceback
+        raise _user_file_error(e, path) from e
     except BaseException:
         sys.modules.pop(name, None)
         raise
@@ -487,7 +510,7 @@ def main(argv: list[str] | None = None, prog: str = "tk-mlir") -> int:
     except (UsageError, ArgumentError) as e:
         print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except (CompilationError, ToolchainError) as e:
+    except (CompilationError, ToolchainError, UserFileError) as e:
         print(e, file=sys.stderr)
         return 1
     except BrokenPipeError:             # `... --stage ptx | head`: stop quietly
