@@ -381,3 +381,14 @@ def test_bad_arguments_raise_what_the_kernel_raises(timed):
         staged[grid](x, y.to(torch.float16), 2.0, BM=16, BN=64)
     assert str(info.value) == str(direct.value)
     assert timed == []
+
+
+def test_interpret_runs_the_first_config_on_the_cpu():
+    import torch
+    t = tuner()
+    x = torch.rand(40, 100)
+    y = torch.full_like(x, float("nan"))
+    t.interpret[grid](x, y, 2.0)
+    assert torch.equal(y, x * 2.0)
+    with pytest.raises(tk.ArgumentError, match="chosen by tk.autotune"):
+        t.interpret[grid](x, y, 2.0, BM=16)

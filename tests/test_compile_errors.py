@@ -243,7 +243,17 @@ def test_a_loop_carried_name_given_something_else_is_named():
                 "next and keeps its type; give the new value another name")
 
 
+@tk.kernel
+def k_shape_past_rank(X: tk.gl[f32]):
+    tk.store(X, tk.load(X, (0, 0), (16, 64)) * X.shape[2], (0, 0))  # E:shape-rank
+
+
 # ------------------------------------------------------------- tile rules
+
+def test_a_dim_past_the_tensors_rank_is_the_users_error():
+    check_error(compile_error(k_shape_past_rank, F32), "shape-rank", "X.shape[2]",
+                "a tensor of rank 2 has dims 0 .. 1 (or -1 .. -2): .shape[2] is none of them")
+
 
 def test_shape_mismatch():
     check_error(compile_error(k_shape, F32), "shape", "a + b",

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from . import cache, knobs, launcher
 from .dtypes import BY_TORCH_NAME
 from .errors import CompilationError, for_the_user
-from .kernel import Kernel, _interpret_all
+from .kernel import Kernel, _Interpreting, _interpret_all
 from .params import GL, describe_value, hashable, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
@@ -173,7 +173,7 @@ class Autotuner:
         TK_MLIR_INTERPRET=1 the first config runs on the CPU interpreter,
         untimed."""
         if _interpret_all():
-            return self.kernel._interpret(grid, *args, **{**kwargs, **self.configs[0]._launch})
+            return self._interpret(grid, *args, **kwargs)
         try:
             shape = (len(args), *kwargs)
             quick = self._quick.get(shape)
@@ -201,6 +201,17 @@ class Autotuner:
             self._remember(shape, args, kwargs, config, plan)
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
+
+    @property
+    def interpret(self):
+        """`tuned.interpret[grid](...)`: the first config on the CPU
+        interpreter, untimed (as every launch under TK_MLIR_INTERPRET=1)."""
+        from .kernel import _Interpreting
+        return _Interpreting(self)
+
+    def _interpret(self, grid, *args, **kwargs) -> None:
+        self._check_not_tuned(args, kwargs)
+        return self.kernel._interpret(grid, *args, **{**kwargs, **self.configs[0]._launch})
 
     def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config,
                   plan: Callable | None) -> None:

@@ -458,6 +458,10 @@ class GlobalShape:
     def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(len(self._dims))[i])
+        rank = len(self._dims)
+        if isinstance(i, bool) or not isinstance(i, int) or not -rank <= i < rank:
+            raise CompilationError(f"a tensor of rank {rank} has dims 0 .. {rank - 1} (or -1 .. "
+                                   f"-{rank}): .shape[{i!r}] is none of them")
         d = self._dims[i]
         i = i % len(self._dims)
         return d if d is not None else Scalar(emit("gl_dim", [self._g], i32(), dim=i))
