@@ -244,11 +244,37 @@ def test_a_loop_carried_name_given_something_else_is_named():
 
 
 @tk.kernel
+def k_one_branch(X: tk.gl[f32], n: int):
+    if n > 1:
+        t = tk.load(X, (0, 0), (16, 64))
+    tk.store(X, t, (0, 0))  # E:one-branch
+
+
+@tk.kernel
+def k_only_in_loop(X: tk.gl[f32], n: int):
+    for _ in range(n):
+        last = tk.load(X, (0, 0), (16, 64))
+    tk.store(X, last, (0, 0))  # E:only-in-loop
+
+
+@tk.kernel
 def k_shape_past_rank(X: tk.gl[f32]):
     tk.store(X, tk.load(X, (0, 0), (16, 64)) * X.shape[2], (0, 0))  # E:shape-rank
 
 
 # ------------------------------------------------------------- tile rules
+
+def test_a_name_a_run_time_if_or_loop_left_undefined_says_why():
+    line = marked("one-branch")[0] - 2
+    check_error(compile_error(k_one_branch, F32, 3), "one-branch", "t, (0",
+                f"'t' is assigned in only one branch of the run-time `if` at line {line}, so it "
+                f"has no value after it; give it a value before the `if` (or in both branches)")
+    line = marked("only-in-loop")[0] - 2
+    check_error(compile_error(k_only_in_loop, F32, 3), "only-in-loop", "last",
+                f"'last' is first assigned inside the run-time loop at line {line}, so it has "
+                f"no value after the loop (the loop may not run); give it a value before the "
+                f"loop to carry it through")
+
 
 def test_a_dim_past_the_tensors_rank_is_the_users_error():
     check_error(compile_error(k_shape_past_rank, F32), "shape-rank", "X.shape[2]",

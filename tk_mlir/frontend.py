@@ -152,6 +152,7 @@ class KernelBuilder(ast.NodeVisitor):
         self.site = site             # a tk_mlir helper's body: the user's call, its ops' location
         self.globals = globals_
         self.scope = dict(scope)
+        self.gone: dict[str, str] = {}   # name -> why a run-time if or loop left it undefined
         self.function = function     # the tk.func being inlined (None: the kernel)
         self.calls = calls           # the inlined calls this body is nested in, outermost first
         self.recorder = global_reads.current()   # what is read from outside (global_reads.py)
@@ -432,6 +433,10 @@ class KernelBuilder(ast.NodeVisitor):
         self.scope = before
         names, types = [], []
         for n in _assigned_names(node.body + node.orelse):
+            if not all(n in b for b in branches) and n not in before:
+                self.gone[n] = (f"assigned in only one branch of the run-time `if` at line "
+                                f"{node.lineno}, so it has no value after it; give it a value "
+                                f"before the `if` (or in both branches)")
             if all(n in b for b in branches):   # assigned in one branch only: gone after
                 t = self._merged_type(node, n, branches[0][n], branches[1][n])
                 if t is not None:
@@ -572,6 +577,11 @@ class KernelBuilder(ast.NodeVisitor):
                 yields.append(v.value)
             scf.YieldOp(yields)
         self.scope = outer
+        for n in _assigned_names(node.body):
+            if n not in outer and n != node.target.id:
+                self.gone[n] = (f"first assigned inside the run-time loop at line {node.lineno}, "
+                                f"so it has no value after the loop (the loop may not run); "
+                                f"give it a value before the loop to carry it through")
         for n, r in zip(carried, loop.results):
             self.scope[n] = V.wrap(r)
 
@@ -599,6 +609,8 @@ class KernelBuilder(ast.NodeVisitor):
 
     def undefined(self, name: str) -> str:
         """Why `name` has no value here, and what to do about it."""
+        if name in self.gone:
+            return f"'{name}' is {self.gone[name]}"
         if name in self.closure:
             return (f"'{name}' is a variable of the function this one is defined in (a "
                     f"closure), and kernels do not read closures: pass it as a parameter "
