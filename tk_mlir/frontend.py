@@ -572,8 +572,10 @@ class KernelBuilder(ast.NodeVisitor):
                     raise self.error(node, f"'{n}' starts as an int and becomes a float in the "
                                            f"loop; initialise it with a float (e.g. 0.0)")
                 if v.ir_type != init.ir_type:
-                    raise self.error(node, f"'{n}' changes type in the loop: {init.ir_type} "
-                                           f"before, {v.ir_type} after one iteration")
+                    raise self.error(node, f"'{n}' changes type in the loop: {init!r} before, "
+                                           f"{v!r} after one iteration; a name the loop "
+                                           f"reassigns keeps its type (convert the new value, "
+                                           f"or give it another name)")
                 yields.append(v.value)
             scf.YieldOp(yields)
         self.scope = outer

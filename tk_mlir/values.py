@@ -15,7 +15,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from .dialects import layout as layouts, tk, types as T
-from .dialects.tile_rules import check_op
+from .dialects.tile_rules import check_op, show
 from .errors import CompilationError
 from .language import dtype_name
 
@@ -70,7 +70,8 @@ class Value:
         return self.value.type
 
     def __repr__(self):
-        return f"<{type(self).__name__} {self.value.type}>"
+        tk_type = T.parse(self.value.type)
+        return f"<{type(self).__name__}: {show(tk_type) if tk_type else self.value.type}>"
 
     def __bool__(self):
         raise CompilationError(
@@ -407,7 +408,9 @@ def fill(shape, value, dtype, *, layout="vec", scope="block", like=None):
     else:
         raise CompilationError(f"a tile shape has 1 or 2 dims, got {shape!r}")
     if not isinstance(value, (int, float)):
-        raise CompilationError(f"fill value must be a compile-time number, got {value!r}")
+        hint = "; for a run-time value v, tk.zeros(shape, dtype) + v" if isinstance(value, Scalar) \
+            else ""
+        raise CompilationError(f"fill value must be a compile-time number, got {value!r}{hint}")
     if t.dtype == "bool":           # Python's truth value (2 is True, not i1 0)
         return wrap(emit("fill", [], t.to_mlir(), value=int(bool(value))))
     if not T.is_float(t.dtype):     # i32: an exact int, not an f32 attribute
