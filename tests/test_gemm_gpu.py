@@ -68,9 +68,9 @@ PLANNED = {(16, 4096, 4096): "split_k", (64, 8192, 8192): "split_k",
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("shape", PLANNED, ids=lambda s: "x".join(map(str, s)))
 def test_gemm_planned_kernels(shape, layout):
-    from tk_mlir.kernels.gemm import plan
-    if num_sms() == 132:
-        assert plan(*shape, 132).kernel == PLANNED[shape]
+    from tk_mlir.kernels.gemm import rules_plan
+    if num_sms() == 132:            # (matmul may take the measured table's plan instead:
+        assert rules_plan(*shape, 132).kernel == PLANNED[shape]   # test_gemm_plans.py)
     errors = [run(*shape, layout, "bf16", "bf16") for _ in range(2)]
     errors.append(run(*shape, layout, "f16", "f32"))
     assert max(errors[:2]) < 5e-3 and errors[2] < 1e-5, errors

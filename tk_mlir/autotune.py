@@ -206,11 +206,13 @@ class Autotuner:
     def interpret(self):
         """`tuned.interpret[grid](...)`: the first config on the CPU
         interpreter, untimed (as every launch under TK_MLIR_INTERPRET=1)."""
-        from .kernel import _Interpreting
         return _Interpreting(self)
 
     def _interpret(self, grid, *args, **kwargs) -> None:
-        self._check_not_tuned(args, kwargs)
+        try:
+            self._check_not_tuned(args, kwargs)
+        except ArgumentError as e:
+            raise for_the_user(e)
         return self.kernel._interpret(grid, *args, **{**kwargs, **self.configs[0]._launch})
 
     def _remember(self, shape: tuple, args: tuple, kwargs: dict, config: Config,

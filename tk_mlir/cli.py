@@ -25,10 +25,9 @@ from pathlib import Path
 from . import knobs
 from .cache import DiskCache
 from .dtypes import ARGUMENT_DTYPES
-from .errors import ArgumentError, CompilationError
+from .errors import ArgumentError, CompilationError, _owner, debug
 from .stages import tk_stage_names
 from .dumps import writable_folder
-from .errors import debug
 from .kernel import Kernel
 from .params import CONSTEXPR, GL, I32, PGL, BindError, Param
 from .runtime.arguments import spec
@@ -58,9 +57,9 @@ def _user_file_error(e: Exception, path: Path) -> UserFileError:
     import traceback
     if isinstance(e, SyntaxError):
         return UserFileError(f"{e.filename}:{e.lineno}:{e.offset}: SyntaxError: {e.msg}")
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "importlib" not in f.filename and not f.filename.endswith("cli.py")]
-    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else f"{path}: "
+    users = [(f.f_code.co_filename, line) for f, line in traceback.walk_tb(e.__traceback__)
+             if _owner(f) == "user"]
+    at = f"{users[-1][0]}:{users[-1][1]}: " if users else f"{path}: "
     return UserFileError(f"{at}{type(e).__name__}: {e} (while importing {path.name})")
 
 

@@ -152,8 +152,9 @@ class CompiledKernel:
         if file is not None:
             found = self.source_map.find_file(file)
             if found is None:
-                raise ValueError(f"lines: no code of this kernel comes from {file!r}; the files "
-                                 f"with code: {', '.join(self.source_map.files())}")
+                raise ValueError(f"lines: {file!r} names no single file with code of this "
+                                 f"kernel (none, or several: give the path); the files with "
+                                 f"code: {', '.join(self.source_map.files())}")
             file = found
         return self.source_map.line(line, file)
 

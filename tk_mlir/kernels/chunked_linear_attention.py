@@ -412,7 +412,8 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     last dim contiguous; D_k is 64 or 128, D_v 64, 128 or 256.
     feature_map: None (identity), "elu1" (elu(x) + 1), "relu", or
     "taylor2": Based's [1, x, vec(x ⊗ x)/√2] of D_φ = 1 + D_k + D_k² features,
-    for D_k <= 16 (taylor_linear_attention.py). scale defaults to
+    for D_k <= 16 (taylor_linear_attention.py; its kernels run in bf16 for
+    f16 inputs too, whose range the sums outgrow). scale defaults to
     1/sqrt(D_k). initial_state: (S (B, H, D_φ, D_v), z (B, H, D_φ)) f32, D_φ
     = D_k but for taylor2, added before the first token (causal only). return_state=True
     also returns the state after the last token, in that form. o has v's

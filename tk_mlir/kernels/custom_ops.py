@@ -824,9 +824,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fn = "attention_with_kvcache"
     decode_attention._check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     scale = checks.attention_scale(fn, scale, q.shape[-1])
-    capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * \
-        k_cache.shape[1]
-    left, right = checks.window(fn, (left, right), capacity + q.shape[1])
+    left, right = checks.window(fn, (left, right),
+                                decode_attention.capacity(k_cache, block_table) + q.shape[1])
     softcap = checks.softcap(fn, softcap)
     checks.on_cuda(fn, "q", q)
     o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,

@@ -378,7 +378,7 @@ def _splits(tasks: int, key_blocks: int, device: int) -> int:
     block at once, never more (a second wave cost 38% at B1 on the H200; the
     kernel holds one block per SM: setmaxnreg sizes it to the register file),
     each chunk at least two key blocks of the cache's capacity."""
-    return max(1, min(WAVES * num_sms(device) // max(tasks, 1), key_blocks // 2))
+    return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
 
 
 def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> None:

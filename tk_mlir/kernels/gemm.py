@@ -352,8 +352,9 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1, layout: str | None = 
     """The kernel for `batch` M x N x K products on `sms` SMs (H200: 132).
     With `layout` ("nk" or "kn": how B lies), a single product whose (N, K)
     the measured table (`measured_plan`) holds for this SM count, at an M
-    within a factor of two, takes the table's fastest plan; every other
-    shape takes `rules_plan`. Sizes are ints >= 0, sms >= 1."""
+    within a factor of two (and not past the largest measured), takes the
+    table's fastest plan where it beat the rules' by MEASURED_MARGIN; every
+    other shape takes `rules_plan`. Sizes are ints >= 0, sms >= 1."""
     if not (type(M) is type(N) is type(K) is type(batch) is type(sms) is int
             and min(M, N, K, batch) >= 0 and sms >= 1 and layout in (None, "nk", "kn")):
         _check_plan_arguments(M, N, K, sms, batch, layout)
@@ -471,6 +472,9 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
 
 
 MEASURED_PLANS = "gemm_plans.json"       # beside this module; benchmarks/gemm_plan_table.py
+# A measured plan replaces the rules' only when it was this much faster (one
+# timed run per candidate: smaller wins are within the noise).
+MEASURED_MARGIN = 0.03
 
 
 @functools.lru_cache(maxsize=1)
@@ -485,10 +489,12 @@ def measured_plans() -> dict:
     table = json.loads(path.read_text())
     index: dict = {}
     for row in table["plans"]:
-        why = (f"measured on {table['device']} ({table['measured']}): the fastest of "
-               f"{row['candidates']} plans at {row['M']} x {row['N']} x {row['K']} "
-               f"({row['us']:.1f} us; the rules' plan {row['rules_us']:.1f} us)")
-        chosen = Plan(row["kernel"], MappingProxyType(dict(row["config"])), why)
+        chosen = None                    # (the rules' plan, within the margin)
+        if row["us"] < (1 - MEASURED_MARGIN) * row["rules_us"]:
+            why = (f"measured on {table['device']} ({table['measured']}): the fastest of "
+                   f"{row['candidates']} plans at {row['M']} x {row['N']} x {row['K']} "
+                   f"({row['us']:.1f} us; the rules' plan {row['rules_us']:.1f} us)")
+            chosen = Plan(row["kernel"], MappingProxyType(dict(row["config"])), why)
         index.setdefault((row["layout"], table["sms"], row["N"], row["K"]), []).append(
             (row["M"], chosen))
     for rows in index.values():
@@ -498,10 +504,12 @@ def measured_plans() -> dict:
 
 def measured_plan(M: int, N: int, K: int, sms: int, layout: str) -> Plan | None:
     """The measured table's plan for the nearest M (in ratio) of this (N, K),
-    layout and SM count, if that M is within a factor of two of M; else None."""
+    layout and SM count, if that M is within a factor of two of M and M is
+    not past the largest M measured (more rows keep the rules' autotuned
+    kernel); None otherwise, or where the rules' plan was as fast."""
     import math
     rows = measured_plans().get((layout, sms, N, K))
-    if not rows or M < 1:
+    if not rows or not 1 <= M <= rows[-1][0]:
         return None
     m, chosen = min(rows, key=lambda r: abs(math.log2(r[0] / M)))
     return chosen if m / 2 <= M <= 2 * m else None
@@ -569,7 +577,7 @@ def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> 
             return
         return blackwell_gemm.launch(a, b, c, b_layout, a_layout)
     sms = num_sms(device)
-    chosen = plan(M, N, K, sms, batch, layout=None if km else b_layout)
+    chosen = _plan(M, N, K, sms, batch, None if km else b_layout)      # (ints: no checks)
     if accumulate:
         if chosen.kernel != "none":                  # (a sum of no products adds nothing)
             _accumulate(a, b, c, chosen, sms, b_layout == "kn", km)

@@ -293,8 +293,8 @@ def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
     shape = x.shape
     x = _rows(x)
     rows, d = x.shape
-    dy = _rows(checks.kernel_operand(dy))       # (e.g. the expanded gradient of y.sum())
-    dh = _rows(checks.kernel_operand(dh)) if dh is not None else None
+    dy = _rows(dy)                  # (an aligned copy of e.g. the expanded gradient of y.sum())
+    dh = _rows(dh) if dh is not None else None
     dx = torch.empty(rows, d, dtype=x.dtype, device=x.device)
     if rows == 0:
         return dx.view(shape), [torch.zeros_like(weight) for _ in range(outputs)]
