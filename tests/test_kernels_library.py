@@ -158,10 +158,10 @@ REJECTED = {
         r"rms_norm: out must have a contiguous last dim and elements that do not overlap"),
     "rms_norm: eps NaN": (
         lambda: rms_norm(cpu(3, 64), cpu(64), float("nan")), ValueError,
-        r"rms_norm: eps must be finite and >= 0, got nan"),
+        r"rms_norm: eps must be a finite number >= 0, got nan"),
     "layer_norm: eps < 0": (
         lambda: layer_norm(cpu(3, 64), cpu(64), cpu(64), -1.0), ValueError,
-        r"layer_norm: eps must be finite and >= 0, got -1.0"),
+        r"layer_norm: eps must be a finite number >= 0, got -1.0"),
     "rms_norm: weight not a tensor": (
         lambda: rms_norm(cpu(4, 8), 1.0), TypeError,
         r"rms_norm: weight must be a torch.Tensor, got float"),

@@ -159,8 +159,20 @@ def window(fn: str, value, reach: int) -> tuple[int, int]:
 
 def softcap(fn: str, value) -> float:
     """A softcap argument: a finite number >= 0 (0: none)."""
+    return nonnegative(fn, "softcap", value, " (0: none)")
+
+
+def nonnegative(fn: str, name: str, value, note: str = "") -> float:
+    """`value` as a finite float >= 0 (eps, softcap); `note` follows the rule."""
     import math
-    value = number(fn, "softcap", value)
+    value = number(fn, name, value)
     if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{fn}: softcap must be a finite number >= 0 (0: none), got {value!r}")
+        raise ValueError(f"{fn}: {name} must be a finite number >= 0{note}, got {value!r}")
     return value
+
+
+def attention_options(fn: str, d: int, reach: int, scale, window_, softcap_):
+    """(scale, left, right, softcap) of an attention call with head dim d,
+    each checked (attention_scale, window with its `reach`, softcap)."""
+    left, right = window(fn, window_, reach)
+    return attention_scale(fn, scale, d), left, right, softcap(fn, softcap_)

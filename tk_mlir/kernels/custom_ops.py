@@ -791,11 +791,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     (deterministic is for the backward: autograd keeps it, as it keeps the
     window (left, right) and softcap)."""
     flash_attention._check(q, k, v)
-    scale = checks.attention_scale("attention", scale, q.shape[-1])
-    window = checks.window("attention", (left, right), q.shape[2] + k.shape[2])
-    softcap = checks.softcap("attention", softcap)
+    scale, left, right, softcap = checks.attention_options(
+        "attention", q.shape[-1], flash_attention.reach(q, k), scale, (left, right), softcap)
     checks.on_cuda("attention", "q", q)
-    return attention_forward(q, k, v, causal, scale, window, softcap)
+    return attention_forward(q, k, v, causal, scale, (left, right), softcap)
 
 
 def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
@@ -823,10 +822,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     decode_attention.attention_with_kvcache for the arguments."""
     fn = "attention_with_kvcache"
     decode_attention._check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
-    scale = checks.attention_scale(fn, scale, q.shape[-1])
-    left, right = checks.window(fn, (left, right),
-                                decode_attention.capacity(k_cache, block_table) + q.shape[1])
-    softcap = checks.softcap(fn, softcap)
+    scale, left, right, softcap = checks.attention_options(
+        fn, q.shape[-1], decode_attention.reach(q, k_cache, block_table), scale, (left, right),
+        softcap)
     checks.on_cuda(fn, "q", q)
     o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
                                       causal, scale, left, right, softcap)
@@ -931,9 +929,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     varlen_attention.attention_varlen for the arguments."""
     fn = "attention_varlen"
     varlen_attention._check(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    scale = checks.attention_scale(fn, scale, q.shape[-1])
-    left, right = checks.window(fn, (left, right), q.shape[0] + k.shape[0])
-    softcap = checks.softcap(fn, softcap)
+    scale, left, right, softcap = checks.attention_options(
+        fn, q.shape[-1], varlen_attention.reach(q, k), scale, (left, right), softcap)
     checks.on_cuda(fn, "q", q)
     return varlen_attention.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left,
                                     right, softcap)

@@ -312,10 +312,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
-    scale = checks.attention_scale("attention_with_kvcache", scale, q.shape[-1])
-    left, right = checks.window("attention_with_kvcache", window,
-                                capacity(k_cache, block_table) + q.shape[1])
-    softcap = checks.softcap("attention_with_kvcache", softcap)
+    scale, left, right, softcap = checks.attention_options(
+        "attention_with_kvcache", q.shape[-1], reach(q, k_cache, block_table), scale, window,
+        softcap)
     checks.on_cuda("attention_with_kvcache", "q", q)
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops
@@ -394,6 +393,12 @@ def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> 
 def capacity(k_cache, block_table) -> int:
     """The keys one sequence's cache holds: N_max, or max_pages·page_size."""
     return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+
+
+def reach(q, k_cache, block_table) -> int:
+    """More than any distance between a new query and a key of the cache:
+    a window side this wide bounds nothing (checks.window)."""
+    return capacity(k_cache, block_table) + q.shape[1]
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:

@@ -351,6 +351,12 @@ def _task_table(heads: int, n: int, n_kv: int, d: int, bm: int, bn: int, causal:
     return schedule.table(ids, blocks + TASK_OVERHEAD_BLOCKS, grid)
 
 
+def reach(q, k) -> int:
+    """More than any distance between a query and a key of q, k (B, H, N, D):
+    a window side this wide bounds nothing (checks.window)."""
+    return q.shape[2] + k.shape[2]
+
+
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
               return_lse: bool = False, deterministic: bool = False,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
@@ -388,9 +394,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         if not isinstance(flag, bool):
             raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
     B, H, N, D = q.shape
-    scale = checks.attention_scale("attention", scale, D)
-    left, right = checks.window("attention", window, N + k.shape[2])
-    softcap = checks.softcap("attention", softcap)
+    scale, left, right, softcap = checks.attention_options("attention", D, reach(q, k), scale,
+                                                           window, softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "

@@ -401,9 +401,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
         checks.tensor(fn, name, value, ndim=1, dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
-    eps = checks.number(fn, "eps", eps)
-    if not 0.0 <= eps < float("inf"):
-        raise ValueError(f"{fn}: eps must be finite and >= 0, got {eps}")
+    eps = checks.nonnegative(fn, "eps", eps)
     checks.on_cuda(fn, "x", x)
     return eps
 

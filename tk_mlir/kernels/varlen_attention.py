@@ -22,6 +22,12 @@ from tk_mlir.kernels.device import num_sms
 FN = "attention_varlen"
 
 
+def reach(q, k) -> int:
+    """More than any distance between a query and a key of packed q, k
+    (total, H, D): a window side this wide bounds nothing (checks.window)."""
+    return q.shape[0] + k.shape[0]
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                      max_seqlen_k: int, causal: bool = False, scale: float | None = None,
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -50,9 +56,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
             raise TypeError(f"{FN}: {name} must be an int >= 0, got {value!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"{FN}: causal must be a bool, got {causal!r}")
-    scale = checks.attention_scale(FN, scale, q.shape[-1])
-    left, right = checks.window(FN, window, q.shape[0] + k.shape[0])
-    softcap = checks.softcap(FN, softcap)
+    scale, left, right, softcap = checks.attention_options(FN, q.shape[-1], reach(q, k), scale,
+                                                           window, softcap)
     checks.on_cuda(FN, "q", q)
     from tk_mlir.kernels import custom_ops
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, softcap)
