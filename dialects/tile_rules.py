@@ -32,21 +32,6 @@ def _require(cond: bool, message: str) -> None:
         raise _Fail(message)
 
 
-def show(t) -> str:
-    """A tk type in words, as errors name it (f32 16x64 tile (vec, block))."""
-    if isinstance(t, T.RT):
-        return f"{t.dtype} {t.rows}x{t.cols} tile ({t.layout}, {t.scope})"
-    if isinstance(t, T.RV):
-        return f"{t.dtype} vector of {t.length} ({t.scope})"
-    if isinstance(t, T.GL):
-        return f"{t.dtype} global of rank {t.rank}"
-    if isinstance(t, T.ST):
-        return f"{t.dtype} {t.rows}x{t.cols} shared tile"
-    if isinstance(t, T.SV):
-        return f"{t.dtype} shared vector of {t.length}"
-    if isinstance(t, T.TT):
-        return f"{t.dtype} {t.rows}x{t.cols} tensor tile"
-    return str(t)
 
 
 def _side_ok(n: int, what: str) -> None:
@@ -71,14 +56,14 @@ def _layout_ok(t, num_warps: int) -> None:
     try:
         layout = layouts.tile_layout(t.layout, t.rows, t.cols, warps)
     except layouts.LayoutError as e:
-        raise _Fail(f"{show(t)}: {e}") from None
+        raise _Fail(f"{T.show(t)}: {e}") from None
     # A thread holds its share of the tile in registers: past the hardware's
     # limit per thread it would all spill to local memory.
     regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
     limit = target.current().max_registers_per_thread
     fix = ("load the tensor tile a piece of columns at a time (tk.load(acc.columns(start, "
            "128)))" if t.layout == "tmem" else "use a smaller tile or more warps")
-    _require(regs <= limit, f"{show(t)} needs {regs} registers per thread "
+    _require(regs <= limit, f"{T.show(t)} needs {regs} registers per thread "
              f"(at most {limit} for one tile); {fix}")
 
 
@@ -89,7 +74,7 @@ def _in_memory(dtype: str, what: str) -> None:
 
 
 def _float(t, what: str) -> None:
-    _require(T.is_float(t.dtype), f"{what} is defined on float tiles, not on {show(t)}"
+    _require(T.is_float(t.dtype), f"{what} is defined on float tiles, not on {T.show(t)}"
              + ("; combine masks with & | ^ ~ and pick values with tk.where"
                 if t.dtype == "bool" else "; convert with .to(tk.f32)"))
 
@@ -99,7 +84,7 @@ def _scalar_ok(name: str, tile, scalar: ir.Value) -> None:
     float tiles, i32 with i32 tiles, a bool with bool tiles."""
     want = T.scalar_dtype(tile.dtype)
     got = T.dtype_of(scalar.type) or str(scalar.type)
-    _require(got == want, f"{name}: {show(tile)} cannot be combined with a scalar of type "
+    _require(got == want, f"{name}: {T.show(tile)} cannot be combined with a scalar of type "
              f"{got} (it takes {want} scalars)"
              + ("; convert the tile with .to(tk.f32)" if want == "i32" and got == "f32" else ""))
 
@@ -108,9 +93,9 @@ def _same_tiles(name: str, a, b) -> None:
     """Two tile operands of an elementwise op: one shape, dtype, layout and scope
     (a vector's layout is settled by tk-assign-layouts)."""
     _require(type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype,
-             f"{name}: operands differ: {show(a)} and {show(b)}")
+             f"{name}: operands differ: {T.show(a)} and {T.show(b)}")
     if isinstance(a, T.RT):
-        _require(a == b, f"{name}: operands differ in layout or scope: {show(a)} and {show(b)}")
+        _require(a == b, f"{name}: operands differ in layout or scope: {T.show(a)} and {T.show(b)}")
     else:
         _require(a.scope == b.scope, f"{name}: a {a.scope}-scope vector and a {b.scope}-scope "
                  f"vector cannot be combined")
@@ -131,10 +116,10 @@ def _memory_access(op, mem, tile, n_indices: int, verb: str) -> None:
         _in_memory(tile.dtype, verb)
         _require(isinstance(tile, T.RT) and (tile.rows, tile.cols) == (mem.rows, mem.cols)
                  and tile.dtype == mem.dtype,
-                 f"{verb}: {show(tile)} does not match {show(mem)}")
+                 f"{verb}: {T.show(tile)} does not match {T.show(mem)}")
     elif isinstance(mem, T.SV):
         _require(isinstance(tile, T.RV) and tile.length == mem.length and
-                 tile.dtype == mem.dtype, f"{verb}: {show(tile)} does not match {show(mem)} "
+                 tile.dtype == mem.dtype, f"{verb}: {T.show(tile)} does not match {T.show(mem)} "
                  f"(a shared vector is read and written whole, as a register vector of its "
                  f"dtype and length)")
 
@@ -197,12 +182,12 @@ def _common(op, operands, results, num_warps: int) -> None:
     for i, t in enumerate(operands + results):
         _layout_ok(t, num_warps)
         if isinstance(t, T.GL) and t.dtype == "i32":
-            _require(i in int_tensors, f"{show(t)}: an i32 tensor holds counters "
+            _require(i in int_tensors, f"{T.show(t)}: an i32 tensor holds counters "
                      f"(tk.store_partial's counters=), scalars (tk.load(X, idx) reads one) or "
                      f"vectors (tk.load(X, idx, (n,)) and tk.store), not tiles: no tile load, "
                      f"store, TMA or MMA takes it")
         elif isinstance(t, (T.GL, T.ST, T.SV)):
-            _in_memory(t.dtype, show(t))
+            _in_memory(t.dtype, T.show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
                  f"not lowered yet: fp8 moves between global and shared memory by TMA and "
@@ -233,12 +218,12 @@ def _atomic_add(op, operands, results, num_warps: int) -> None:
     # partial sum: accumulate in f32 and convert once).
     dst, tile, name = operands[0], operands[1], op.operation.name
     _require(isinstance(dst, T.GL), f"{name} adds into a tk.gl tensor (global memory), "
-             f"not into {show(dst) if dst is not None else 'a scalar'}")
+             f"not into {T.show(dst) if dst is not None else 'a scalar'}")
     _require(dst.dtype == "f32", f"{name} adds into an f32 tensor (red.global.add.f32), "
-             f"got {show(dst)}; accumulate into an f32 buffer and convert once at the end")
+             f"got {T.show(dst)}; accumulate into an f32 buffer and convert once at the end")
     _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
              f"{name} adds an f32 register tile or vector, got "
-             f"{show(tile) if tile is not None else 'a scalar'}"
+             f"{T.show(tile) if tile is not None else 'a scalar'}"
              + ("; convert it with .to(tk.f32)" if tile is not None else ""))
     _memory_access(op, dst, tile, len(operands) - 2, name)
 
@@ -248,7 +233,7 @@ def _load_scalar(op, operands, results, num_warps: int) -> None:
     src, name = operands[0], op.operation.name
     _require(isinstance(src, T.GL) and src.dtype in ("i32", "f32"),
              f"tk.load(X, idx) without a shape reads one element of an i32 or f32 tensor, "
-             f"got {show(src) if src is not None else 'a scalar'}")
+             f"got {T.show(src) if src is not None else 'a scalar'}")
     _require(len(operands) - 1 == src.rank, f"tk.load(X, idx) of one element needs {src.rank} "
              f"element coordinates for a rank-{src.rank} tensor, got {len(operands) - 1}")
 
@@ -266,7 +251,7 @@ def _signal(op, operands, results, num_warps: int) -> None:
     what = op.operation.name
     _require(isinstance(flags, T.GL) and flags.dtype == "i32",
              f"{what} takes a flag in an i32 tensor, got "
-             f"{show(flags) if flags is not None else 'a scalar'}")
+             f"{T.show(flags) if flags is not None else 'a scalar'}")
     _require(value is None, f"{what}: the value is an int scalar")
     _require(len(operands) - 2 == flags.rank, f"{what} needs {flags.rank} element coordinates "
              f"for a rank-{flags.rank} flag tensor, got {len(operands) - 2}")
@@ -284,18 +269,18 @@ def _store_partial(op, operands, results, num_warps: int) -> None:
     name = op.operation.name
     _require(isinstance(tile, (T.RT, T.RV)) and tile.dtype == "f32",
              f"{name} stores an f32 register tile or vector (the partial sums add in f32), got "
-             f"{show(tile) if tile is not None else 'a scalar'}")
+             f"{T.show(tile) if tile is not None else 'a scalar'}")
     for what, g in (("dst", dst), ("workspace", ws), ("counters", counters)):
         _require(isinstance(g, T.GL), f"{name}: {what} must be a tk.gl tensor (global memory), "
-                 f"not {show(g) if g is not None else 'a scalar'}")
+                 f"not {T.show(g) if g is not None else 'a scalar'}")
     _require(dst.dtype in ("f32", "bf16", "f16"), f"{name} stores into an f32, bf16 or f16 "
-             f"tensor, got {show(dst)}")
+             f"tensor, got {T.show(dst)}")
     _require(ws.dtype == "f32" and ws.rank == dst.rank,
              f"{name}: the workspace must be an f32 tensor of dst's shape (the partial sums "
-             f"add there), got {show(ws)}")
+             f"add there), got {T.show(ws)}")
     _require(counters.dtype == "i32" and counters.rank == 1,
              f"{name}: counters must be a 1-D i32 tensor (one counter per tile and thread), "
-             f"got {show(counters)}")
+             f"got {T.show(counters)}")
     _require(op.parts >= 1, f"{name}: parts must be >= 1, got {op.parts}")
     _memory_access(op, ws, tile, len(operands) - 4, name)
 
@@ -303,7 +288,7 @@ def _store_partial(op, operands, results, num_warps: int) -> None:
 @rule("copy")
 def _copy(op, operands, results, num_warps: int) -> None:
     gl, st = (operands[0], operands[1]) if isinstance(operands[0], T.GL) else operands[1::-1]
-    _require(gl.dtype == st.dtype, f"tk.copy: {show(st)} and {show(gl)} differ in dtype")
+    _require(gl.dtype == st.dtype, f"tk.copy: {T.show(st)} and {T.show(gl)} differ in dtype")
     _require(len(operands) - 2 == gl.rank, f"tk.copy needs {gl.rank} coordinates")
     _require(gl.rank >= 2, "tk.copy needs a tensor of rank 2 or more")
     _require(st.cols * T.itemsize(st.dtype) % 16 == 0,
@@ -314,9 +299,9 @@ def _copy(op, operands, results, num_warps: int) -> None:
 def _binary(op, operands, results, num_warps: int) -> None:
     name = op.operation.name[3:]
     lhs, rhs = operands
-    _require(lhs.dtype != "bool", f"{name} is not defined on {show(lhs)} (a mask); combine "
+    _require(lhs.dtype != "bool", f"{name} is not defined on {T.show(lhs)} (a mask); combine "
              f"masks with & | ^ ~, or pick values with tk.where(mask, a, b)")
-    _require(name != "div" or T.is_float(lhs.dtype), f"div is not defined on {show(lhs)}; "
+    _require(name != "div" or T.is_float(lhs.dtype), f"div is not defined on {T.show(lhs)}; "
              f"convert with .to(tk.f32)")
     _elementwise(name, lhs, rhs, op.operation.operands[1])
 
@@ -337,7 +322,7 @@ def _unary(op, operands, results, num_warps: int) -> None:
 def _logical(op, operands, results, num_warps: int) -> None:
     name, lhs = op.operation.name[3:], operands[0]
     _require(not T.is_float(lhs.dtype), f"{name} (the operator {_SYMBOL[name]}) is defined on "
-             f"bool tiles (masks) and i32 tiles, not on {show(lhs)}")
+             f"bool tiles (masks) and i32 tiles, not on {T.show(lhs)}")
     _elementwise(name, lhs, operands[1], op.operation.operands[1])
 
 
@@ -349,11 +334,11 @@ def _cmp(op, operands, results, num_warps: int) -> None:
     lhs, rhs = operands
     _require(op.predicate in tk.COMPARISONS, f"cmp predicate must be one of "
              f"{tuple(tk.COMPARISONS)}, got {op.predicate!r}")
-    _require(lhs.dtype != "bool" or op.predicate in ("eq", "ne"), f"{show(lhs)} (a mask) "
+    _require(lhs.dtype != "bool" or op.predicate in ("eq", "ne"), f"{T.show(lhs)} (a mask) "
              f"compares with == and != only")
     _elementwise("comparison", lhs, rhs, op.operation.operands[1])
     _require(results[0].dtype == "bool" and _placed_alike(results[0], lhs), f"cmp: the result "
-             f"is {show(results[0])}, expected {show(lhs.with_dtype('bool'))}")
+             f"is {T.show(results[0])}, expected {T.show(lhs.with_dtype('bool'))}")
 
 
 def _placed_alike(a, b) -> bool:
@@ -367,9 +352,9 @@ def _placed_alike(a, b) -> bool:
 @rule("swap_pairs")
 def _swap_pairs(op, operands, results, num_warps: int) -> None:
     src = operands[0]
-    _require(isinstance(src, T.RT), f"swap_pairs: expected a register tile, got {show(src)}")
-    _require(src.cols % 2 == 0, f"swap_pairs: {show(src)} has an odd number of columns")
-    _require(src.layout in ("vec", "row"), f"swap_pairs: {show(src)} holds column pairs in "
+    _require(isinstance(src, T.RT), f"swap_pairs: expected a register tile, got {T.show(src)}")
+    _require(src.cols % 2 == 0, f"swap_pairs: {T.show(src)} has an odd number of columns")
+    _require(src.layout in ("vec", "row"), f"swap_pairs: {T.show(src)} holds column pairs in "
              f"two threads; swap the pairs of a vec or row layout tile")
 
 
@@ -377,9 +362,9 @@ def _swap_pairs(op, operands, results, num_warps: int) -> None:
 def _tile_index(op, operands, results, num_warps: int) -> None:
     src, out = operands[0], results[0]
     _require(isinstance(src, (T.RT, T.RV)) and 0 <= op.axis < len(src.shape),
-             f"tile_index: axis {op.axis} of {show(src)}")
+             f"tile_index: axis {op.axis} of {T.show(src)}")
     _require(out.dtype == "i32" and _placed_alike(out, src), f"tile_index: the result is "
-             f"{show(out)}, expected an i32 tile like {show(src)}")
+             f"{T.show(out)}, expected an i32 tile like {T.show(src)}")
 
 
 @rule("select")
@@ -387,16 +372,16 @@ def _select(op, operands, results, num_warps: int) -> None:
     mask, out = operands[0], results[0]
     _require(mask is not None and mask.dtype == "bool", f"tk.where: the mask must be a bool "
              f"tile or vector (e.g. from a comparison), got "
-             f"{show(mask) if mask is not None else op.operation.operands[0].type}")
-    _require(_placed_alike(out, mask), f"tk.where: the result {show(out)} does not match "
-             f"the mask {show(mask)}")
+             f"{T.show(mask) if mask is not None else op.operation.operands[0].type}")
+    _require(_placed_alike(out, mask), f"tk.where: the result {T.show(out)} does not match "
+             f"the mask {T.show(mask)}")
     for what, t, v in (("a", operands[1], op.operation.operands[1]),
                        ("b", operands[2], op.operation.operands[2])):
         if t is None:
             _scalar_ok(f"tk.where ({what})", out, v)
         else:
-            _require(_placed_alike(t, mask), f"tk.where: {what} ({show(t)}) does not match "
-                     f"the mask ({show(mask)}): same shape, layout and scope")
+            _require(_placed_alike(t, mask), f"tk.where: {what} ({T.show(t)}) does not match "
+                     f"the mask ({T.show(mask)}): same shape, layout and scope")
             _require(t.dtype == out.dtype, f"tk.where: {what} is {t.dtype}, the result "
                      f"{out.dtype}; convert one with .to()")
 
@@ -405,7 +390,7 @@ def _select(op, operands, results, num_warps: int) -> None:
 def _cvt(op, operands, results, num_warps: int) -> None:
     _require(operands[0].shape == results[0].shape, "cvt changes the dtype only")
     _require(results[0].dtype != "bool", f"cvt: a mask is made by a comparison (x != 0), "
-             f"not converted from {show(operands[0])}")
+             f"not converted from {T.show(operands[0])}")
 
 
 @rule("reduce")
@@ -421,7 +406,7 @@ def _reduce(op, operands, results, num_warps: int) -> None:
         layout = layouts.layout_of(tile, num_warps)
         _require(not layout.warp_bits_along(1 if op.axis == "row" else 0),
                  f"a {op.axis} reduction across the warps of a {tile.scope}-scope tile "
-                 f"({show(tile)}, {tile.layout} layout) in a kernel of {num_warps} warps is "
+                 f"({T.show(tile)}, {tile.layout} layout) in a kernel of {num_warps} warps is "
                  f"not supported yet; use block scope (or a kernel of one {tile.scope})")
 
 
@@ -433,7 +418,7 @@ def _broadcast(op, operands, results, num_warps: int) -> None:
         _float(tile, f"{op.kind}_{op.axis}")
     _require(isinstance(vec, T.RV) and vec.length == extent,
              f"{op.kind}_{op.axis}: needs a vector of {extent} "
-             f"({'one per row' if op.axis == 'row' else 'one per column'}), got {show(vec)}")
+             f"({'one per row' if op.axis == 'row' else 'one per column'}), got {T.show(vec)}")
     _require(vec.dtype == tile.dtype, f"{op.kind}_{op.axis}: the vector is {vec.dtype}, "
              f"the tile {tile.dtype}; convert one with .to()")
     _require(vec.scope == tile.scope, f"{op.kind}_{op.axis}: a {vec.scope}-scope vector "
@@ -448,11 +433,11 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
     _require(st.rows % 8 == 0 or not st.swizzle, f"a swizzled shared tile has a multiple "
              f"of 8 rows (the swizzle pattern repeats every 8 rows), got {st.rows}")
     _require(st.row_bytes % st.block_bytes == 0,
-             f"{show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
+             f"{T.show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
              f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
              f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
     count = tk.array_count(op) or 1
-    what = f"{show(st)} needs" if count == 1 else f"{count} x {show(st)} need"
+    what = f"{T.show(st)} needs" if count == 1 else f"{count} x {T.show(st)} need"
     limit = target.current().max_shared_bytes
     _require(st.nbytes * count <= limit, f"{what} {st.nbytes * count} bytes; a "
              f"block has {limit} bytes of shared memory")
@@ -463,7 +448,7 @@ def _alloc_sv(op, operands, results, num_warps: int) -> None:
     sv, count = results[0], tk.array_count(op) or 1
     _side_ok(sv.length, "a shared vector's length (it is read as a register vector)")
     limit = target.current().max_shared_bytes
-    _require(sv.nbytes * count <= limit, f"{count} x {show(sv)} need {sv.nbytes * count} "
+    _require(sv.nbytes * count <= limit, f"{count} x {T.show(sv)} need {sv.nbytes * count} "
              f"bytes; a block has {limit} bytes of shared memory")
 
 
@@ -482,7 +467,7 @@ def _use_cluster(op, operands, results, num_warps: int) -> None:
 @rule("subtile")
 def _subtile(op, operands, results, num_warps: int) -> None:
     src, sub = operands[0], results[0]
-    _require(src.blocks == 1, f"subtile: {show(src)} is stored in {src.blocks} column "
+    _require(src.blocks == 1, f"subtile: {T.show(src)} is stored in {src.blocks} column "
              f"blocks of {src.swizzle} bytes, so its rows are not contiguous; only tiles of "
              f"one column block (row bytes = swizzle, or swizzle 0) can be split by rows")
     _require(sub.rows % 8 == 0 or not src.swizzle, "subtile: a swizzled tile splits into "
@@ -492,20 +477,20 @@ def _subtile(op, operands, results, num_warps: int) -> None:
 @rule("column_block")
 def _column_block(op, operands, results, num_warps: int) -> None:
     src, sub = operands[0], results[0]
-    _require(src.swizzle > 0, f"column_block: {show(src)} is not swizzled: its rows are "
+    _require(src.swizzle > 0, f"column_block: {T.show(src)} is not swizzled: its rows are "
              f"contiguous, it has no column blocks")
     j = tk.constant_int(op.index)       # (a run-time index is the kernel's to keep in range)
-    _require(j is None or 0 <= j < src.blocks, f"column_block: {show(src)} has {src.blocks} "
+    _require(j is None or 0 <= j < src.blocks, f"column_block: {T.show(src)} has {src.blocks} "
              f"column block(s) of {src.block_cols} columns, no block {j}")
     _require((sub.rows, sub.cols, sub.swizzle) == (src.rows, src.block_cols, src.swizzle),
-             f"column_block: the block of {show(src)} is {src.rows}x{src.block_cols}")
+             f"column_block: the block of {T.show(src)} is {src.rows}x{src.block_cols}")
 
 
 @rule("tma_load", "tma_load_multicast", "tma_store", "tma_prefetch")
 def _tma(op, operands, results, num_warps: int) -> None:
     name, d = op.operation.name[3:], tk.op_def(op)
     gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
-    _require(gl.dtype == st.dtype, f"{name}: {show(st)} and {show(gl)} differ in dtype")
+    _require(gl.dtype == st.dtype, f"{name}: {T.show(st)} and {T.show(gl)} differ in dtype")
     # Rank 2 for vectors too: the driver refuses a rank-1 map (box 64 f32:
     # cuTensorMapEncodeTiled returns CUDA_ERROR_INVALID_VALUE).
     _require(2 <= gl.rank <= 5, f"{name} needs a tensor of rank 2 to 5 (view a 1-D tensor as "
@@ -517,18 +502,18 @@ def _tma(op, operands, results, num_warps: int) -> None:
     if isinstance(st, T.SV):
         _tma_vector_box(name, st)
         return
-    _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {show(st)} has "
+    _require(st.rows <= 256, f"{name}: a TMA box has at most 256 rows, {T.show(st)} has "
              f"{st.rows}")
     _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
              f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
-             f"{show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+             f"{T.show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
 
 
 def _tma_vector_box(name: str, sv: T.SV) -> None:
     """A vector is one box of `length` elements along the tensor's last dim:
     TMA moves whole 16-byte units of at most 256 elements."""
     _require(sv.nbytes % 16 == 0 and sv.length <= 256, f"{name}: a TMA box of a shared "
-             f"vector is a multiple of 16 bytes and at most 256 elements; {show(sv)} has "
+             f"vector is a multiple of 16 bytes and at most 256 elements; {T.show(sv)} has "
              f"{sv.nbytes} bytes (use a length that is a multiple of "
              f"{16 // T.itemsize(sv.dtype)}, up to 256)")
 
@@ -541,10 +526,10 @@ TMA_REDUCE_ADD_DTYPES = ("f32", "f16", "bf16")
 @rule("tma_reduce_add")
 def _tma_reduce_add(op, operands, results, num_warps: int) -> None:
     st = T.parse(op.src.type)
-    _require(isinstance(st, T.ST), f"tma_reduce_add: TMA reads a shared tile, got {show(st)}")
+    _require(isinstance(st, T.ST), f"tma_reduce_add: TMA reads a shared tile, got {T.show(st)}")
     _tma(op, operands, results, num_warps)
     _require(st.dtype in TMA_REDUCE_ADD_DTYPES, f"tma_reduce_add: TMA adds f32, f16 or bf16 "
-             f"tiles, not {show(st)}")
+             f"tiles, not {T.show(st)}")
 
 
 @rule("slice")
@@ -553,7 +538,7 @@ def _slice(op, operands, results, num_warps: int) -> None:
     _require(isinstance(src, T.RT), "slice applies to register tiles")
     _require(slice_registers(src, sub, op.row, op.col, num_warps) is not None,
              f"slice: in the {src.layout} layout, rows {op.row}..{op.row + sub.rows - 1} and "
-             f"columns {op.col}..{op.col + sub.cols - 1} of {show(src)} are not held in "
+             f"columns {op.col}..{op.col + sub.cols - 1} of {T.show(src)} are not held in "
              f"whole registers by the same threads; slice along register bits (e.g. "
              f"halves of the columns of a row-layout tile)")
 
@@ -602,7 +587,7 @@ def _check_mma(op, acc, a, b) -> None:
     ta, tb = bool(op.trans_a), bool(op.trans_b)
     _require(isinstance(acc, T.RT) and acc.dtype == "f32" and acc.scope == "warpgroup" and
              acc.layout == "row", f"mma: the accumulator must be an f32 tile of warpgroup scope "
-             f"in the row layout, got {show(acc)}")
+             f"in the row layout, got {T.show(acc)}")
     (m, k_a), (k_b, n) = ((a.cols, a.rows) if ta else (a.rows, a.cols),
                           (b.rows, b.cols) if tb else (b.cols, b.rows))
     fp8 = a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES
@@ -612,8 +597,8 @@ def _check_mma(op, acc, a, b) -> None:
     if fp8:
         _check_fp8_mma(op, a, b)
     k_inst = tk.wgmma_k(a.dtype)
-    _require(k_a == k_b and k_a % k_inst == 0, f"mma: the K extents of a ({show(a)}) and b "
-             f"({show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
+    _require(k_a == k_b and k_a % k_inst == 0, f"mma: the K extents of a ({T.show(a)}) and b "
+             f"({T.show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
     _require((acc.rows, acc.cols) == (m, n), f"mma: a {m}x{k_a} by {k_b}x{n} product does not "
              f"fit the {acc.rows}x{acc.cols} accumulator")
     _require(m % 64 == 0, f"mma: M must be a multiple of 64 (one wgmma per 64 rows), got {m}")
@@ -622,9 +607,9 @@ def _check_mma(op, acc, a, b) -> None:
     if isinstance(a, T.RT):        # A from registers: the wgmma A fragment is the row layout
         _require(not ta and a.layout == "row" and a.scope == "warpgroup",
                  f"mma: a register-tile A must be M x K in the row layout of warpgroup scope "
-                 f"(the wgmma A fragment), got {show(a)}{' transposed' if ta else ''}")
+                 f"(the wgmma A fragment), got {T.show(a)}{' transposed' if ta else ''}")
     for what, t in (("a", a), ("b", b)):
-        _require(isinstance(t, T.RT) or t.swizzle != 0, f"mma: {what} ({show(t)}) must be a "
+        _require(isinstance(t, T.RT) or t.swizzle != 0, f"mma: {what} ({T.show(t)}) must be a "
                  f"swizzled shared tile (swizzle=128, 64 or 32): wgmma reads the swizzled layouts")
 
 
@@ -634,9 +619,9 @@ def _check_fp8_mma(op, a, b) -> None:
     _require(not op.trans_a and not op.trans_b, f"mma: fp8 wgmma reads both operands K-major "
              f"(it has no transpose for 8-bit types): use tk.mma_ABt with a as M x K and b as "
              f"N x K, got tk.{_MMA_NAME[bool(op.trans_a), bool(op.trans_b)]} "
-             f"({show(a)}, {show(b)}); lay the operands out K-major in memory")
+             f"({T.show(a)}, {T.show(b)}); lay the operands out K-major in memory")
     _require(isinstance(a, T.ST), f"mma: fp8 wgmma reads a from shared memory, not from "
-             f"registers ({show(a)})")
+             f"registers ({T.show(a)})")
 
 
 _MMA_NAME = {(False, False): "mma_ABt", (False, True): "mma_AB", (True, False): "mma_AtBt",
@@ -667,9 +652,9 @@ def _alloc_tt(op, operands, results, num_warps: int) -> None:
     _require(tt.dtype == "f32", f"a tensor tile holds the f32 accumulator of tcgen05.mma, got "
              f"{tt.dtype}")
     _require(tt.rows == lanes, f"a tensor tile has {lanes} rows (tensor memory's lanes; an "
-             f"MMA of M = 128 fills them), got {show(tt)}")
+             f"MMA of M = 128 fills them), got {T.show(tt)}")
     _require(tt.cols % 16 == 0 and tt.cols <= columns, f"a tensor tile's columns are a "
-             f"multiple of 16 up to {columns} (tensor memory's columns), got {show(tt)}")
+             f"multiple of 16 up to {columns} (tensor memory's columns), got {T.show(tt)}")
 
 
 @rule("free_tt")
@@ -689,7 +674,7 @@ def _tensor_mma(op, operands, results, num_warps: int) -> None:
     name = f"tk.{_MMA_NAME[bool(op.trans_a), bool(op.trans_b)]}"
     for what, t in (("a", a), ("b", b)):
         _require(isinstance(t, T.ST) and t.swizzle != 0, f"{name}: {what} must be a swizzled "
-                 f"shared tile (swizzle=128, 64 or 32), got {show(t)}")
+                 f"shared tile (swizzle=128, 64 or 32), got {T.show(t)}")
     (m, k_a), (k_b, n) = ((a.cols, a.rows) if op.trans_a else (a.rows, a.cols),
                           (b.rows, b.cols) if op.trans_b else (b.cols, b.rows))
     fp8 = a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES
@@ -698,16 +683,16 @@ def _tensor_mma(op, operands, results, num_warps: int) -> None:
     _require(not fp8 or not (op.trans_a or op.trans_b), f"{name}: fp8 operands are read "
              f"K-major here: use tk.mma_ABt with a as M x K and b as N x K")
     k_inst = tk.wgmma_k(a.dtype)
-    _require(k_a == k_b and k_a % k_inst == 0, f"{name}: the K extents of a ({show(a)}) and "
-             f"b ({show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
+    _require(k_a == k_b and k_a % k_inst == 0, f"{name}: the K extents of a ({T.show(a)}) and "
+             f"b ({T.show(b)}) must agree and be a multiple of {k_inst}, got {k_a} and {k_b}")
     if op.pair:        # each block holds half of B: the pair's N is twice the block's
         _require((acc.rows, acc.cols) == (m, 2 * n), f"{name}(pair=True): each block's "
                  f"{m}x{k_a} rows of a by half of b ({k_b}x{n} here, N = {2 * n} over the "
-                 f"pair) do not fit its {show(acc)}")
+                 f"pair) do not fit its {T.show(acc)}")
         n *= 2
     else:
         _require((acc.rows, acc.cols) == (m, n), f"{name}: a {m}x{k_a} by {k_b}x{n} product "
-                 f"does not fit the {show(acc)}")
+                 f"does not fit the {T.show(acc)}")
     _require(16 <= n <= 256, f"{name}: tcgen05.mma's N is a multiple of 16 from 16 to 256, "
              f"got {n} (split a wider tile into tensor tiles of at most 256 columns)")
 
@@ -720,10 +705,10 @@ def _tensor_columns(op, operands, results, num_warps: int) -> None:
     start = tk.constant_int(op.start)
     if start is not None:
         _require(start % 16 == 0 and 0 <= start and start + sub.cols <= src.cols,
-                 f"columns({start}, {sub.cols}) of the {show(src)}: start must be a multiple "
+                 f"columns({start}, {sub.cols}) of the {T.show(src)}: start must be a multiple "
                  f"of 16 and the columns inside the tile")
     else:
-        _require(sub.cols <= src.cols, f"columns(..., {sub.cols}) of the {show(src)}: more "
+        _require(sub.cols <= src.cols, f"columns(..., {sub.cols}) of the {T.show(src)}: more "
                  f"columns than the tile has")
 
 
@@ -737,11 +722,11 @@ def _tensor_move(op, operands, results, num_warps: int) -> None:
     _blackwell("tk.load / tk.store of a tensor tile (tcgen05.ld/st)")
     tt, rt = (operands[0], results[0]) if results else operands
     _require(isinstance(rt, T.RT) and (rt.dtype, rt.rows, rt.cols, rt.layout, rt.scope) ==
-             (tt.dtype, tt.rows, tt.cols, "tmem", "warpgroup"), f"{show(tt)} moves to and "
+             (tt.dtype, tt.rows, tt.cols, "tmem", "warpgroup"), f"{T.show(tt)} moves to and "
              f"from an {tt.dtype} {tt.rows}x{tt.cols} register tile in the tmem layout of "
              f"warpgroup scope (warp w of a warpgroup reaches lanes 32w..32w+31), got "
-             f"{show(rt)}")
-    _require(num_warps % 4 == 0, f"{show(tt)}: tcgen05.ld/st move it by warpgroups; the "
+             f"{T.show(rt)}")
+    _require(num_warps % 4 == 0, f"{T.show(tt)}: tcgen05.ld/st move it by warpgroups; the "
              f"kernel has {num_warps} warp(s)")
 
 

@@ -253,5 +253,22 @@ def parse(t) -> TkType | None:
     return _parse_text(str(t))
 
 
+def show(t) -> str:
+    """A tk type in words, as errors name it (f32 16x64 tile (vec, block))."""
+    if isinstance(t, RT):
+        return f"{t.dtype} {t.rows}x{t.cols} tile ({t.layout}, {t.scope})"
+    if isinstance(t, RV):
+        return f"{t.dtype} vector of {t.length} ({t.scope})"
+    if isinstance(t, GL):
+        return f"{t.dtype} global of rank {t.rank}"
+    if isinstance(t, ST):
+        return f"{t.dtype} {t.rows}x{t.cols} shared tile"
+    if isinstance(t, SV):
+        return f"{t.dtype} shared vector of {t.length}"
+    if isinstance(t, TT):
+        return f"{t.dtype} {t.rows}x{t.cols} tensor tile"
+    return str(t)
+
+
 def is_tile(t) -> bool:
     return isinstance(parse(t), (RT, RV))

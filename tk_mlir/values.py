@@ -15,7 +15,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from .dialects import layout as layouts, tk, types as T
-from .dialects.tile_rules import check_op, show
+from .dialects.tile_rules import check_op
 from .errors import CompilationError
 from .language import dtype_name
 
@@ -71,7 +71,7 @@ class Value:
 
     def __repr__(self):
         tk_type = T.parse(self.value.type)
-        return f"<{type(self).__name__}: {show(tk_type) if tk_type else self.value.type}>"
+        return f"<{type(self).__name__}: {T.show(tk_type) if tk_type else self.value.type}>"
 
     def __bool__(self):
         raise CompilationError(

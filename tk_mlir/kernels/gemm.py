@@ -255,14 +255,19 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     return out if c is None else c.copy_(out)
 
 
+def check_b_layout(fn: str, b_layout) -> None:
+    """b_layout is 'nk' (b is N x K) or 'kn' (b is K x N)."""
+    if b_layout not in ("nk", "kn"):
+        raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
+                         f"got {b_layout!r}")
+
+
 def check(a, b, c, b_layout: str, fn: str = "matmul", *, device: bool = True) -> None:
     """The arguments of matmul (or of `fn`, which takes them too), each rule with
     the argument that breaks it; device=False leaves out the CUDA-device check
     (last, for a caller with rules of its own to check first)."""
     import torch
-    if b_layout not in ("nk", "kn"):
-        raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
-                         f"got {b_layout!r}")
+    check_b_layout(fn, b_layout)
     kn = b_layout == "kn"
     inputs = (torch.bfloat16, torch.float16)
     checks.tensor(fn, "a", a, dtypes=inputs)
@@ -295,9 +300,7 @@ def check_gradient(fn: str, dc, x, b_layout: str, of: str) -> None:
     saved operand x that product needs: b for dA (of="a"), a for dB (of="b"),
     each rule with the argument that breaks it."""
     import torch
-    if b_layout not in ("nk", "kn"):
-        raise ValueError(f"{fn}: b_layout must be 'nk' (b is N x K) or 'kn' (b is K x N), "
-                         f"got {b_layout!r}")
+    check_b_layout(fn, b_layout)
     name = "b" if of == "a" else "a"
     checks.tensor(fn, name, x, dtypes=(torch.bfloat16, torch.float16))
     if x.dim() not in (2, 3):

@@ -117,8 +117,14 @@ def written_rows(sizes, M: int):
     writes, those of its 128-row tiles that hold rows below sizes[g]
     (sizes clamped to [0, M], as the kernel reads them)."""
     import torch
-    ends = ((sizes.clamp(0, M) + 127) // 128 * 128).clamp(max=M)
+    ends = (row_tiles(sizes, M) * 128).clamp(max=M)
     return torch.arange(M, device=sizes.device)[None, :] < ends[:, None]
+
+
+def row_tiles(sizes, M: int):
+    """The 128-row tiles each product's rows take, sizes clamped to [0, M]
+    as the kernel reads them (a tensor like sizes)."""
+    return (sizes.clamp(0, M) + 127) // 128
 
 
 def check_sizes(sizes, a):
@@ -162,7 +168,7 @@ def grouped_schedule(sizes, M: int, tiles_n: int):
     rows = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
     rows[:G] = sizes.clamp(0, M)
     starts = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
-    starts[1:G + 1] = torch.cumsum((rows[:G] + 127) // 128 * tiles_n, 0)
+    starts[1:G + 1] = torch.cumsum(row_tiles(rows[:G], M) * tiles_n, 0)
     return starts, rows
 
 

@@ -62,16 +62,23 @@ def rms_normalized(x, w, eps, d):
 
 
 @tk.func
-def layer_normalized(x, w, b, eps, n):
-    """(x - mean) / sqrt(var + eps) * w + b for an f32 row x (1 x BLOCK, zeros
-    past its n columns) and f32 w, b (BLOCK,). The centred row is masked to 0
-    past n, so the padding adds nothing to the sum of squares (subtracting
-    its (BLOCK - n) * mean^2 instead cancels catastrophically when the mean
-    is large against the spread)."""
+def standardized(x, eps, n):
+    """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps) of an f32 row x
+    (1 x BLOCK, zeros past its n columns), the first 0 past n. The centred
+    row is masked there, so the padding adds nothing to the sum of squares
+    (subtracting its (BLOCK - n) * mean^2 instead cancels catastrophically
+    when the mean is large against the spread)."""
     mean = x.row_sum() * (1.0 / float(n))
     xc = tk.where(x.col_indices() < n, x.sub_row(mean), 0.0)
-    var = (xc * xc).row_sum() * (1.0 / float(n))
-    return xc.mul_row((var + eps).rsqrt()).mul_col(w).add_col(b)
+    rstd = ((xc * xc).row_sum() * (1.0 / float(n)) + eps).rsqrt()
+    return xc.mul_row(rstd), rstd
+
+
+@tk.func
+def layer_normalized(x, w, b, eps, n):
+    """standardized(x) * w + b for f32 w, b (BLOCK,)."""
+    xhat, _ = standardized(x, eps, n)
+    return xhat.mul_col(w).add_col(b)
 
 
 @tk.kernel(num_warps=8)
@@ -156,10 +163,7 @@ def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], D
     for row in range(first, X.shape[0], step):
         x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
         dy = tk.load(DY, (row, 0), (1, BLOCK)).to(f32)
-        mean = x.row_sum() * (1.0 / d)
-        xc = tk.where(x.col_indices() < X.shape[1], x.sub_row(mean), 0.0)
-        rstd = ((xc * xc).row_sum() * (1.0 / d) + eps).rsqrt()
-        xhat = xc.mul_row(rstd)
+        xhat, rstd = standardized(x, eps, X.shape[1])
         g = dy.mul_col(w)
         dx = g.sub_row(g.row_sum() * (1.0 / d)) - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))
         dx = dx.mul_row(rstd)
