@@ -104,15 +104,16 @@ def _grid(rows_by_d) -> tuple[int, int]:
     return tk.cdiv(m, BM), tk.cdiv(n, BN)
 
 
-def _check(gate, up) -> None:
+def _check(gate, up, fn: str = "swiglu") -> None:
+    """gate and up as swiglu (or `fn`, its backward op) takes them."""
     import torch
-    checks.tensor("swiglu", "gate", gate, dtypes=(torch.bfloat16, torch.float16))
+    checks.tensor(fn, "gate", gate, dtypes=(torch.bfloat16, torch.float16))
     if gate.dim() == 0:
-        raise ValueError("swiglu: gate must have at least one dim, got a 0-d tensor")
-    checks.tensor("swiglu", "up", up, dtypes=(torch.bfloat16, torch.float16))
-    checks.like("swiglu", "up", up, "gate", gate)
-    checks.shape("swiglu", "up", up, tuple(gate.shape), "gate's shape")
+        raise ValueError(f"{fn}: gate must have at least one dim, got a 0-d tensor")
+    checks.tensor(fn, "up", up, dtypes=(torch.bfloat16, torch.float16))
+    checks.like(fn, "up", up, "gate", gate)
+    checks.shape(fn, "up", up, tuple(gate.shape), "gate's shape")
     if gate.shape[-1] % 8:
-        raise ValueError(f"swiglu: the last dim must be a multiple of 8 (rows of whole "
+        raise ValueError(f"{fn}: the last dim must be a multiple of 8 (rows of whole "
                          f"16-byte vectors), got shape {tuple(gate.shape)}")
-    checks.on_cuda("swiglu", "gate", gate)
+    checks.on_cuda(fn, "gate", gate)

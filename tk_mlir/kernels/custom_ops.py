@@ -213,7 +213,7 @@ def grouped_matmul_grads(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     gemm.check(a, b, None, b_layout, fn, device=False)
     if a.dim() != 3:
         raise ValueError(f"{fn}: a must be 3-D (G x M x K), got shape {tuple(a.shape)}")
-    sizes = grouped_gemm.check_sizes(sizes, a)
+    sizes = grouped_gemm.check_sizes(sizes, a, fn)
     checks.tensor(fn, "dc", dc, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     checks.like(fn, "dc", dc, "a", a, dtype=False)
     checks.shape(fn, "dc", dc, gemm.output_shape(a, b, b_layout), "G x M x N")
@@ -467,7 +467,7 @@ def _(gate, up):
 def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor,
                     up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup) of swiglu."""
-    activations._check(gate, up)
+    activations._check(gate, up, "swiglu_backward")
     checks.tensor("swiglu_backward", "dy", dy, dtypes=(gate.dtype,))
     checks.like("swiglu_backward", "dy", dy, "gate", gate)
     checks.shape("swiglu_backward", "dy", dy, tuple(gate.shape), "gate's shape")
@@ -595,7 +595,7 @@ def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, target: to
                            label_smoothing: float) -> torch.Tensor:
     """d logits of cross_entropy."""
     fn = "cross_entropy_backward"
-    losses._check(logits, target, ignore_index, reduction, label_smoothing)
+    losses._check(logits, target, ignore_index, reduction, label_smoothing, fn)
     checks.tensor(fn, "lse", lse, ndim=1, dtypes=(torch.float32,))
     checks.like(fn, "lse", lse, "logits", logits, dtype=False)
     if lse.shape[0] < logits.shape[0]:

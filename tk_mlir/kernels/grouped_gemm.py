@@ -127,7 +127,7 @@ def row_tiles(sizes, M: int):
     return (sizes.clamp(0, M) + 127) // 128
 
 
-def check_sizes(sizes, a):
+def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     """grouped_matmul's `sizes` for a 3-D tensor a, as a tensor: G int32/int64
     row counts on the CPU or a's device; those on the CPU (or given as a list
     or tuple) each in [0, M]. Those on a CUDA device are not read here (that
@@ -137,21 +137,21 @@ def check_sizes(sizes, a):
     if isinstance(sizes, (list, tuple)):
         for g, n in enumerate(sizes):
             if not isinstance(n, int) or isinstance(n, bool):
-                raise TypeError(f"grouped_matmul: sizes[{g}] must be an int (a row count), "
+                raise TypeError(f"{fn}: sizes[{g}] must be an int (a row count), "
                                 f"got {type(n).__name__} {n!r}")
         sizes = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes))
     on = str(a.device) if a.device.type == "cpu" else f"the CPU or {a.device}"
     if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
             sizes.dtype not in (torch.int32, torch.int64) or \
             sizes.device not in (a.device, torch.device("cpu")):
-        raise ValueError(f"grouped_matmul: sizes must be a 1-D int32 or int64 tensor of "
+        raise ValueError(f"{fn}: sizes must be a 1-D int32 or int64 tensor of "
                          f"G={G} row counts on {on}, got {checks.describe(sizes)}")
     if sizes.device.type == "cpu":
         bad = ((sizes < 0) | (sizes > M)).nonzero()
         if len(bad):
             g = int(bad[0, 0])
             n = int(sizes[g])
-            raise ValueError(f"grouped_matmul: sizes[{g}] is {n}, outside [0, M] = [0, {M}]: "
+            raise ValueError(f"{fn}: sizes[{g}] is {n}, outside [0, M] = [0, {M}]: "
                              f"each product has at most M rows (a is G x M x K = "
                              f"{tuple(a.shape)})")
     return sizes

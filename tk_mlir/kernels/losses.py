@@ -203,9 +203,9 @@ def _targets(target, rows: int, v: int, ignore_index: int, first: int = 0):
     return out
 
 
-def _check(logits, target, ignore_index, reduction, label_smoothing):
+def _check(logits, target, ignore_index, reduction, label_smoothing, fn="cross_entropy"):
+    """The arguments of cross_entropy (or of `fn`, its backward op)."""
     import torch
-    fn = "cross_entropy"
     checks.tensor(fn, "logits", logits, ndim=2,
                   dtypes=(torch.bfloat16, torch.float16, torch.float32))
     if logits.shape[1] == 0:
