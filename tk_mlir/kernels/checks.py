@@ -112,13 +112,20 @@ def kernel_operand(t, dtype=None):
     if _contiguous_rows(t):
         return t
     size = t.element_size()
-    span, ok = 1, t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-    for n, step in zip(reversed(t.shape), reversed(t.stride())):
-        if n != 1 and step < span:                      # overlaps the dims inside it
-            ok = False
-        span = max(span, step * n) if n != 1 else span
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and not overlapping(t)
     ok = ok and all(s * size % 16 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1)
     return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
+def overlapping(t) -> bool:
+    """Whether a dim of t steps less than the span of the dims inside it (an
+    expanded, stride-0 dim; or dims not in row-major order, counted too)."""
+    span = 1
+    for n, step in zip(reversed(t.shape), reversed(t.stride())):
+        if n != 1 and step < span:
+            return True
+        span = max(span, step * n) if n != 1 else span
+    return False
 
 
 def int32_table(t):

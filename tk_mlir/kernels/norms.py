@@ -392,8 +392,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
         checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(torch.bfloat16,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, tuple(x.shape), "x's shape")
-    if "out" in rows and (rows["out"].stride(-1) != 1 or
-                          torch._debug_has_internal_overlap(rows["out"]) == 1):
+    if "out" in rows and (rows["out"].stride(-1) != 1 or checks.overlapping(rows["out"])):
         raise ValueError(f"{fn}: out must have a contiguous last dim and elements that do not "
                          f"overlap (not an expanded tensor), got strides "
                          f"{tuple(rows['out'].stride())}")
