@@ -72,6 +72,18 @@ def test_a_row_at_the_lowest_logit_keeps_a_finite_log_sum_exp():
         assert dx.isfinite().all()
 
 
+@pytest.mark.parametrize("shift", [1e6, 1e7])
+def test_a_large_shared_offset_does_not_round_the_loss_away(interpret, shift):
+    """Logits far from 0 (f32): the loss is log(sum) + (max - x_t), the
+    difference of two logits exact, not lse - x_t of two large numbers
+    (which lost 0.03 at 1e6 and 0.4 at 1e7)."""
+    g = torch.Generator().manual_seed(int(shift) % 997)
+    x = torch.randn(4, 300, generator=g) + shift
+    t = torch.randint(0, 300, (4,), generator=g)
+    ref = torch.nn.functional.cross_entropy(x.double(), t)
+    assert abs(cross_entropy(x, t).item() - ref.item()) < 1e-5
+
+
 @pytest.mark.parametrize("call, error, rule", [
     (lambda x, t: cross_entropy(x, t.float()), TypeError, r"cross_entropy: target must hold "
                                                           r"class indices"),

@@ -48,10 +48,13 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
         m, s, x_t, x_sum = logsumexp_step(x0, c0 * CHUNK, v, t, m, s, x_t, x_sum)
         m, s, x_t, x_sum = logsumexp_step(x1, (c0 + 1) * CHUNK, v, t, m, s, x_t, x_sum)
     top = m.row_max()
-    lse = top + (s * m.sub_row(top).exp()).row_sum().log()
-    loss = lse - (1.0 - smoothing) * x_t.row_sum()
+    log_s = (s * m.sub_row(top).exp()).row_sum().log()
+    lse = top + log_s
+    # lse - x_t as log_s + (top - x_t): top and x_t are logits (the difference
+    # exact), so a large shared offset of the row does not round the loss away
+    loss = log_s + (1.0 - smoothing) * (top - x_t.row_sum())
     if smoothing != 0.0:        # (0 · x_sum is NaN when a logit is -inf)
-        loss = loss - (smoothing / float(v)) * x_sum.row_sum()
+        loss = loss + smoothing * (top - x_sum.row_sum() * (1.0 / float(v)))
     if OUTSIDE_NAN:
         if (t < 0) | (t >= v):
             loss = loss * float("nan")
