@@ -70,6 +70,12 @@ def test_layers_the_kernels_do_not_take_are_refused_before_any_change():
     assert model.model.norm.forward == forward and model.config._attn_implementation == "eager"
     with pytest.raises(TypeError, match=r"unknown parts \['flash'\]"):
         patch_llama(model, flash=True)
+    # without the Linear and norm parts: attention and the MLP still need 16-bit layers
+    mlp = model.model.layers[0].mlp.forward
+    with pytest.raises(TypeError, match=r"model.layers.0.self_attn.q_proj's weight"):
+        patch_llama(model, linear=False, rms_norm=False, linear_cross_entropy=False)
+    assert model.model.layers[0].mlp.forward == mlp
+    assert model.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("how", ["gradient checkpointing", "torch.compile"])

@@ -59,7 +59,16 @@ def patch_llama(model, **parts) -> None:
             if config.hidden_act != "silu":
                 raise ValueError(f"patch_llama: {name} uses {config.hidden_act!r}; swiglu is "
                                  f"silu's")
+            _check_dtype(f"{name}.gate_proj", module.gate_proj.weight,
+                         (torch.bfloat16, torch.float16))
             patches.append((module, _mlp_forward))
+        elif (want["attention"] or want["rotary"]) and isinstance(module, llama.LlamaAttention):
+            _check_dtype(f"{name}.q_proj", module.q_proj.weight, (torch.bfloat16, torch.float16))
+    lce = want["linear_cross_entropy"] and hasattr(model, "lm_head")
+    if lce and (model.lm_head.bias is not None or model.lm_head.weight.dtype not in
+                (torch.bfloat16, torch.float16)):
+        raise TypeError("patch_llama: linear_cross_entropy takes a bf16/f16 lm_head without "
+                        "bias (or pass linear_cross_entropy=False)")
     for module, forward in patches:
         module.forward = types.MethodType(forward, module)
     if want["attention"]:
@@ -70,11 +79,7 @@ def patch_llama(model, **parts) -> None:
         llama.apply_rotary_pos_emb = _rotary
     if want["cross_entropy"] and hasattr(model, "lm_head"):
         model.loss_function = _causal_lm_loss
-    if want["linear_cross_entropy"] and hasattr(model, "lm_head"):
-        if model.lm_head.bias is not None or model.lm_head.weight.dtype not in \
-                (torch.bfloat16, torch.float16):
-            raise TypeError("patch_llama: linear_cross_entropy takes a bf16/f16 lm_head without "
-                            "bias (or pass linear_cross_entropy=False)")
+    if lce:
         model.forward = types.MethodType(_causal_lm_forward, model)
 
 
