@@ -120,7 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--impls", default="sdpa,tk_mlir,liger")
-    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--out-dir", default=None, help="where the results go (default "
+                    "benchmarks/results; with --cpu, nowhere unless given: a dry run does not "
+                    "replace the measurement of record)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU: a dry run of the "
                     "script (tk_mlir then needs TK_MLIR_INTERPRET=1, and tiny sizes)")
     args = ap.parse_args(argv)
@@ -159,7 +161,8 @@ def main(argv=None) -> int:
             ("final_loss", "final loss"), ("max_loss_diff_vs_sdpa", "max loss diff vs SDPA"),
             ("first_step_s", "first step s"), "status"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
-    out = P.write_results("llama-training", rows, vars(args), args.out_dir)
+    out_dir = args.out_dir or (None if args.cpu else "benchmarks/results")
+    out = P.write_results("llama-training", rows, vars(args), out_dir) if out_dir else None
     if out is not None:
         png = plot_losses([r for r in rows if r["losses"]],
                           Path(out).with_name("llama-training-loss.png"))

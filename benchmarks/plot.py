@@ -119,6 +119,9 @@ def heat_map(json_path: str | os.PathLike, peer: str = "cublas") -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     for p in sys.argv[1:]:
