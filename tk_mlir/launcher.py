@@ -258,6 +258,54 @@ def _abi_variables(params: KernelParams, values: list, local: list[str], peers: 
     return arg_vars, source
 
 
+# Tensor-map addresses a plan remembers, per (tensor key, pointers); when
+# full, the table is cleared.
+_MAX_REMEMBERED_MAPS = 1024
+
+
+def _remembered_maps(abi, source: list, arg_vars: list[str], values: list[str],
+                     pointers: list[str], env: dict) -> tuple[list[str], list[str], list[str]]:
+    """The launch values with each tensor map given by the address of its 128
+    bytes (how the launch passes it), and the plan lines that find them (one
+    lookup per launch, `maps`, by the tensors' key and every tensor's
+    pointer, `pointers`: None when new) and that make them (encoded, or found
+    in the shared cache). The map of a tk.pgl copy is a constant: found
+    here, once."""
+    out, varying = list(values), []
+    for j, p in enumerate(abi):
+        if p.kind != "tmap":
+            continue
+        if source[p.arg] is not None:
+            varying.append(j)
+            continue
+        v = arg_vars[p.arg]
+        m = env["tensor_map"](env[f"{v}_ptr"], env[f"{v}_shape"], env[f"{v}_strides"],
+                              *env[f"TMAP{p.index}"])
+        env[f"CMAP{p.index}"], env[f"CMAP{p.index}_AT"] = m, m.getPtr()   # (env keeps m)
+        out[j] = f"CMAP{p.index}_AT"
+    if not varying:
+        return out, [], []
+    env["MAPS"], env["remember_maps"] = {}, remember_maps
+    find = [f"    mkey = (key, {', '.join(pointers)})",
+            "    maps = MAPS.get(mkey)"]
+    make = [f"        maps = remember_maps(MAPS, mkey, "
+            f"({''.join(values[j] + ', ' for j in varying)}))"]
+    for n, j in enumerate(varying):
+        out[j] = f"maps[{n}]"
+    return out, find, make
+
+
+def remember_maps(table: dict, key, maps: tuple) -> tuple:
+    """(address of each map's 128 bytes, ..., maps): the entry a plan keeps
+    under `key`; holding the entry holds the maps, so an address is good
+    while a launch uses it, whatever is cleared meanwhile."""
+    entry = (*[m.getPtr() for m in maps], maps)
+    if len(table) >= _MAX_REMEMBERED_MAPS:
+        table.clear()
+    table[key] = entry
+    return entry
+
+
 def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: dict,
                gl_rules: dict[int, dict], compiled, launch: Callable, stream: Callable,
                device: int, reads: tuple = ()) -> Callable:
@@ -328,6 +376,9 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         a = local[i]
         lines.append(f"    {a}_ptr = {a}.data_ptr(); {a}_strides = {a}.stride(); "
                      f"{a}_shape = {a}.shape")
+    launch_values = launch_value_code(abi, arg_vars, compiled.tensor_maps, env)
+    launch_values, find_maps, make_maps = _remembered_maps(
+        abi, source, arg_vars, launch_values, [f"{local[i]}_ptr" for i in gl_rules], env)
     if gl_rules:
         # The device index is in the key: a tensor on another device than the
         # one this plan launches on fails full_check.
@@ -336,20 +387,23 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         ptrs = " | ".join(f"{local[i]}_ptr" for i in gl_rules)
         # Keys full_check turned away (another device or rank) are remembered,
         # so tensors alternating between devices cost a set test, not a check.
-        lines += [f"    key = ({key},)",
-                  f"    if ({ptrs}) & 15 or key not in checked:",
-                  "        if key in rejected:",
-                  "            return False",
-                  "        if not full_check(args + TAIL):",
-                  "            if len(rejected) < 4096:",
-                  "                rejected.add(key)",
-                  "            return False   # tensors on another device: another plan",
-                  "        checked.add(key)"]
+        check = [f"    if ({ptrs}) & 15 or key not in checked:",
+                 "        if key in rejected:",
+                 "            return False",
+                 "        if not full_check(args + TAIL):",
+                 "            if len(rejected) < 4096:",
+                 "                rejected.add(key)",
+                 "            return False   # tensors on another device: another plan",
+                 "        checked.add(key)"]
+        lines.append(f"    key = ({key},)")
+        # Remembered maps were made for checked tensors at these pointers: a
+        # launch that finds them skips the check.
+        lines += find_maps + ["    if maps is None:"] + ["    " + c for c in check] + make_maps \
+            if find_maps else check
     for pos, kind in scalars.items():
         if kind == "i32":
             lines.append(f"    if not {_I32_MIN} <= {local[pos]} <= {_I32_MAX}:")
             lines.append(f"        scalar_check(NAMES[{pos}], 'i32', {local[pos]})")
-    launch_values = launch_value_code(abi, arg_vars, compiled.tensor_maps, env)
     # A grid seen before (a tuple or int, or what a grid function returned)
     # was validated then; a grid function still runs per launch (it reads
     # the arguments).

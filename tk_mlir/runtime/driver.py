@@ -449,7 +449,8 @@ def _libcuda_launch():
 
 class PackedLauncher:
     """Launches one Function with parameters of fixed kinds ('ptr', 'i32',
-    'i64', 'f32'). Thread-safe: the shared parameter buffer is filled and
+    'i64', 'f32', and 'tmap': a tensor map given by the address of its 128
+    bytes, which the caller keeps alive during the call). Thread-safe: the shared parameter buffer is filled and
     handed to the driver under a lock (the driver copies it during the call)."""
 
     def __init__(self, function: Function, kinds: tuple[str, ...]):
@@ -494,8 +495,8 @@ class PackedLauncher:
         def launch_with_maps(gx, gy, gz, stream, *values):
             with lock:
                 pack(buffer, 0, *[values[i] for i in packed])
-                for i in maps:
-                    pointers[i] = values[i].getPtr()
+                for i in maps:                  # (each map's address: launcher.remember_maps)
+                    pointers[i] = values[i]
                 err = call(handle, gx, gy, gz, threads, 1, 1, shared_bytes, void_p(stream),
                            pointers, None)
             if err:
@@ -510,11 +511,24 @@ class PackedLauncher:
                 fail(err, gx, gy, gz, stream, values)
 
         def fail(err, gx, gy, gz, stream, values):
-            # The slow path knows how to fix a missing context and name the error.
+            # The slow path knows how to fix a missing context and name the error
+            # (it passes a tensor map as an object with the address of its bytes).
+            values = [_MapAt(v) if k == "tmap" else v for k, v in zip(self.kinds, values)]
             f._after_failed_launch(cu.CUresult(err), (gx, gy, gz), (threads, 1, 1),
                                    shared_bytes, stream, values,
                                    tuple(ctypes_type(k) for k in self.kinds))
         return launch_with_maps if maps else launch
+
+
+class _MapAt:
+    """A tensor map by the address of its 128 bytes, as cuda-python's
+    cuLaunchKernel takes an object passed by value (its getPtr())."""
+
+    def __init__(self, address: int):
+        self._address = address
+
+    def getPtr(self) -> int:
+        return self._address
 
 
 def _calling_in_context(call: Callable, device: int) -> Callable:
