@@ -797,12 +797,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return attention_forward(q, k, v, causal, scale, (left, right), softcap)
 
 
-def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0):
+def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, planned=None):
     """(o, lse) of the forward kernel on checked tensors, as the op returns
-    them (an eager call with nothing to differentiate calls this alone)."""
+    them (an eager call with nothing to differentiate calls this alone, with
+    its launch `planned` by flash_attention.planned_launch)."""
     o, rows = torch.empty_like(q), flash_attention.lse_rows(q)
-    if q.shape[0] and q.shape[1]:
-        flash_attention.launch(q, k, v, o, rows, causal, scale, window, softcap)
+    if planned is None:
+        planned = flash_attention.planned_launch(q, k, causal, scale, window, softcap)
+    planned(q, k, v, o, rows)
     return o, rows.narrow(-1, 0, q.shape[2])
 
 

@@ -29,7 +29,7 @@ import math
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.kernels import checks, packed_sequences, schedule
+from tk_mlir.kernels import checks, eager, packed_sequences, schedule
 from tk_mlir.kernels.device import num_sms
 
 LN2 = math.log(2.0)
@@ -389,41 +389,82 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     scores s·scale become softcap·tanh(s·scale / softcap) (Gemma-2), forward
     and backward."""
     import torch
+    if torch.compiler.is_compiling():
+        scale, left, right, softcap, _ = _checked(q, k, v, causal, scale, deterministic, window,
+                                                  softcap)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
+                                             softcap)
+        return (o, lse) if return_lse else o
+    # eager: no op dispatch, and a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(q), eager.tensor_key(k), eager.tensor_key(v),
+           eager.option_key(causal, scale, return_lse, deterministic, window, softcap),
+           torch.is_grad_enabled())
+    return _PREPARED.call(key, lambda: _prepare(q, k, v, causal, scale, return_lse,
+                                                deterministic, window, softcap), q, k, v)
+
+
+# Eager attention calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def _checked(q, k, v, causal, scale, deterministic, window, softcap) -> tuple:
+    """attention's arguments checked: (scale, left, right, softcap) as the
+    kernels take them, and whether autograd records the call."""
+    import torch
     _check(q, k, v)
     for name, flag in (("causal", causal), ("deterministic", deterministic)):
         if not isinstance(flag, bool):
             raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
-    B, H, N, D = q.shape
-    scale, left, right, softcap = checks.attention_options("attention", D, reach(q, k), scale,
-                                                           window, softcap)
+    scale, left, right, softcap = checks.attention_options("attention", q.shape[-1], reach(q, k),
+                                                           scale, window, softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "
                                   "backward yet")
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
+    return scale, left, right, softcap, grad
+
+
+def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap):
+    """After checking an eager call, `run(q, k, v)` for calls like it: through
+    autograd (EagerAttention) when it records them, else the forward kernel
+    alone, its launch planned here."""
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
-                                             softcap)
-    elif grad:                              # eager: no op dispatch (host time)
-        o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
-                                                 right, softcap)
-    else:                                   # nothing to differentiate: the kernel alone
-        o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap)
-    return (o, lse) if return_lse else o
+    scale, left, right, softcap, grad = _checked(q, k, v, causal, scale, deterministic, window,
+                                                 softcap)
+    if grad:
+        def run_recorded(q, k, v):
+            o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
+                                                     right, softcap)
+            return (o, lse) if return_lse else o
+        return run_recorded
+    planned = planned_launch(q, k, causal, scale, (left, right), softcap)
+
+    def run(q, k, v):
+        o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap,
+                                              planned)
+        return (o, lse) if return_lse else o
+    return run
 
 
-def launch(q, k, v, o, lse, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
-           softcap: float = 0.0) -> None:
-    """attention_kernel on checked tensors, into o (q's shape) and lse (B, H, N'),
-    N' >= N a multiple of 4 (rows of whole 16-byte vectors)."""
+def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
+                   softcap: float = 0.0):
+    """`run(q, k, v, o, lse)`: attention_kernel on checked tensors shaped like
+    q and k (and on their device), into o (q's shape) and lse (B, H, N'), N'
+    >= N a multiple of 4 (rows of whole 16-byte vectors); the configuration,
+    grid and task table chosen here, once."""
+    if not q.shape[0] * q.shape[1]:
+        return lambda q, k, v, o, lse: None          # (an empty batch: nothing to launch)
     cfg = _config(q.shape[-1], k.shape[2], causal)
     grid = num_sms(q.get_device())
     masks = {} if window == (-1, -1) and not softcap else \
         dict(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], SOFTCAP=float(softcap))
-    attention_kernel[(grid,)](
-        q, k, v, o, lse, tasks(q, k, causal, grid, window), scale * math.log2(math.e),
-        D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg, **masks)
+    table, scale2 = tasks(q, k, causal, grid, window), scale * math.log2(math.e)
+    kernel = attention_kernel[(grid,)]
+    options = dict(D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg,
+                   **masks)
+    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, table, scale2, **options)
 
 
 def _check(q, k, v) -> None:

@@ -31,7 +31,7 @@ from types import MappingProxyType
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import blackwell_gemm, checks
+from tk_mlir.kernels import blackwell_gemm, checks, eager
 from tk_mlir.kernels.device import is_blackwell, num_sms
 
 
@@ -236,23 +236,60 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
     eager calls launch directly (the op's dispatch would add host time to
     every call)."""
     import torch
+    if torch.compiler.is_compiling():
+        checked_grads(a, b, c, b_layout)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        out = torch.ops.tk_mlir.matmul(a, b, b_layout, None if c is None else c.dtype)
+        return out if c is None else c.copy_(out)
+    # eager: no op dispatch, and a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(c), b_layout,
+           torch.is_grad_enabled())
+    return _PREPARED.call(key, lambda: _prepare(a, b, c, b_layout), a, b, c)
+
+
+# Eager matmul calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def checked_grads(a, b, c, b_layout: str) -> bool:
+    """matmul's arguments checked; whether autograd records the call (then c,
+    the output to write into, is refused)."""
+    import torch
     check(a, b, c, b_layout)
     grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if grads and c is not None:
         raise RuntimeError("matmul: c (the output to write into) does not take part in "
                            "autograd, and an input requires grad; leave out c (or call "
                            "under torch.no_grad())")
-    if not torch.compiler.is_compiling():
-        if grads:
-            from tk_mlir.kernels import custom_ops
-            return custom_ops.EagerMatmul.apply(a, b, b_layout)
-        if c is None:
-            c = torch.empty(output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
-        launch(a, b, c, b_layout)
+    return grads
+
+
+def _prepare(a, b, c, b_layout: str):
+    """After checking an eager call, `run(a, b, c) -> c` for calls like it:
+    through autograd when it records them, else c allocated when None and
+    the product launched, planned here when the operands are read as they
+    lie (no padded copies)."""
+    if checked_grads(a, b, c, b_layout):
+        from tk_mlir.kernels import custom_ops
+        return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout)
+    shape = output_shape(a, b, b_layout)       # (c: a's dtype and device, as a.new_empty)
+    as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and checks.readable(a) \
+        and checks.readable(b) and (checks.readable(c) if c is not None else
+                                    _whole_vectors(shape[-1], a.element_size()) == shape[-1])
+    if not as_they_lie:
+        def run(a, b, c):
+            c = a.new_empty(shape) if c is None else c
+            launch(a, b, c, b_layout)
+            return c
+        return run
+    (M, K), sms = a.shape[-2:], num_sms(a.get_device())
+    chosen = _plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1, b_layout)
+
+    def run_planned(a, b, c):
+        c = a.new_empty(shape) if c is None else c
+        run_plan(chosen, a, b, c, b_layout, "mk", sms)
         return c
-    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-    out = torch.ops.tk_mlir.matmul(a, b, b_layout, None if c is None else c.dtype)
-    return out if c is None else c.copy_(out)
+    return run_planned
 
 
 def check_b_layout(fn: str, b_layout) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tk_mlir as tk
 
-from tk_mlir.kernels import checks, gemm
+from tk_mlir.kernels import checks, eager, gemm
 from tk_mlir.kernels.device import num_sms
 
 
@@ -75,12 +75,32 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
         if a.dim() != 3:
             raise ValueError(f"grouped_matmul: a must be 3-D (G x M x K), got shape "
                              f"{tuple(a.shape)}")
-        sizes = check_sizes(sizes, a)
+        if not (isinstance(sizes, torch.Tensor) and sizes.is_cuda):
+            sizes = check_sizes(sizes, a)      # host sizes: their values, on every call
+    # eager: a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(sizes),
+           eager.tensor_key(c), b_layout, torch.is_grad_enabled())
+    return _PREPARED.call(key, lambda: _prepare(a, b, sizes, c, b_layout, recorded),
+                          a, b, sizes, c)
+
+
+# Eager calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
+    """After checking an eager call, `run(a, b, sizes, c) -> c` for calls like
+    it (sizes on a's device, or checked host sizes), through autograd when
+    it records them."""
+    import torch
+    if isinstance(a, torch.Tensor):
+        check_sizes(sizes, a)
     gemm.check(a, b, c, b_layout, "grouped_matmul")
     if recorded:
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerGroupedMatmul.apply(a, b, sizes.to(a.device), b_layout)
-    return launch(a, b, sizes, c, b_layout)
+        return lambda a, b, sizes, c: custom_ops.EagerGroupedMatmul.apply(
+            a, b, sizes.to(a.device), b_layout)
+    return lambda a, b, sizes, c: launch(a, b, sizes, c, b_layout)
 
 
 def launch(a, b, sizes, c, b_layout: str):
@@ -161,14 +181,19 @@ def grouped_schedule(sizes, M: int, tiles_n: int):
     """(STARTS, SIZES) of grouped_gemm_kernel, built on the sizes' device: the
     sizes clamped to [0, M] as int32, and each product's first task (G + 1
     of them, the last the total); both padded to 16-byte rows, as every
-    tensor argument's."""
+    tensor argument's. Each torch op here costs an eager call host time:
+    the two are rows of one buffer, and the ops write into it."""
     import torch
     G = sizes.shape[0]
     padded = -(-(G + 1) // 4) * 4
-    rows = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
-    rows[:G] = sizes.clamp(0, M)
-    starts = torch.zeros(padded, dtype=torch.int32, device=sizes.device)
-    starts[1:G + 1] = torch.cumsum(row_tiles(rows[:G], M) * tiles_n, 0)
+    both = torch.zeros(2, padded, dtype=torch.int32, device=sizes.device)
+    starts, rows = both[0], both[1]
+    if sizes.dtype == torch.int32:
+        torch.clamp(sizes, 0, M, out=rows[:G])
+    else:
+        rows[:G] = sizes.clamp(0, M)
+    tiles = (rows[:G] + 127).floor_divide_(128).mul_(tiles_n)
+    torch.cumsum(tiles, 0, dtype=torch.int32, out=starts[1:G + 1])
     return starts, rows
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 
-from tk_mlir.kernels import checks
+from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
 
 
@@ -198,18 +198,17 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
     weight (rms_norm_backward's kernels; not with out=). Under torch.compile
     it runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
     import torch
-    eps = _check("rms_norm", x, eps, _out(out), weight=weight)
-    grads = _recorded("rms_norm", out, x, weight)
-    if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
-        if grads:
-            from tk_mlir.kernels import custom_ops
-            return custom_ops.EagerRmsNorm.apply(x, weight, eps)
-        out = x.new_empty(x.shape) if out is None else out
-        launch_rms_norm(x, weight, eps, out)
-        return out
-    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-    y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
-    return y if out is None else out.copy_(y)
+    if torch.compiler.is_compiling():
+        eps = _check("rms_norm", x, eps, _out(out), weight=weight)
+        _recorded("rms_norm", out, x, weight)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
+        return y if out is None else out.copy_(y)
+    # eager: no op dispatch, and a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(x), eager.tensor_key(weight), eager.tensor_key(out),
+           eager.option_key(eps), torch.is_grad_enabled())
+    return _RMS_NORM.call(key, lambda: _prepare("rms_norm", x, weight, None, eps, out),
+                          x, weight, out)
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
@@ -223,18 +222,48 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
     torch.compile it runs as the custom op torch.ops.tk_mlir.layer_norm (see
     matmul)."""
     import torch
-    eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias)
-    grads = _recorded("layer_norm", out, x, weight, bias)
-    if not torch.compiler.is_compiling():      # eager: no op dispatch (host time)
+    if torch.compiler.is_compiling():
+        eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias)
+        _recorded("layer_norm", out, x, weight, bias)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
+        return y if out is None else out.copy_(y)
+    key = (eager.tensor_key(x), eager.tensor_key(weight), eager.tensor_key(bias),
+           eager.tensor_key(out), eager.option_key(eps), torch.is_grad_enabled())
+    return _LAYER_NORM.call(key, lambda: _prepare("layer_norm", x, weight, bias, eps, out),
+                            x, weight, bias, out)
+
+
+# Eager calls by signature (eager.py).
+_RMS_NORM, _LAYER_NORM, _FUSED_ADD = eager.Prepared(), eager.Prepared(), eager.Prepared()
+
+
+def _prepare(fn: str, x, weight, bias, eps, out):
+    """After checking an eager rms_norm (bias None) or layer_norm call, the
+    function running calls like it: `run(x, weight, out)` or
+    `run(x, weight, bias, out)`, through autograd when it records them."""
+    from tk_mlir.kernels import custom_ops
+    params = dict(weight=weight) if fn == "rms_norm" else dict(weight=weight, bias=bias)
+    eps = _check(fn, x, eps, _out(out), **params)
+    grads = _recorded(fn, out, x, *params.values())
+    if fn == "rms_norm":
         if grads:
-            from tk_mlir.kernels import custom_ops
-            return custom_ops.EagerLayerNorm.apply(x, weight, bias, eps)
+            return lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps)
+
+        def run_rms_norm(x, weight, out):
+            out = x.new_empty(x.shape) if out is None else out
+            launch_rms_norm(x, weight, eps, out)
+            return out
+        return run_rms_norm
+    if grads:
+        return lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(x, weight, bias,
+                                                                              eps)
+
+    def run_layer_norm(x, weight, bias, out):
         out = x.new_empty(x.shape) if out is None else out
         launch_layer_norm(x, weight, bias, eps, out)
         return out
-    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-    y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
-    return y if out is None else out.copy_(y)
+    return run_layer_norm
 
 
 def _out(out) -> dict:
@@ -336,15 +365,35 @@ def fused_add_layer_norm(x, residual, weight, bias, eps: float = 1e-5):
 def _fused_add(norm: str, x, residual, weight, bias, eps):
     import torch
     fn = f"fused_add_{norm}"
-    params = dict(weight=weight) if norm == "rms_norm" else dict(weight=weight, bias=bias)
-    eps = _check(fn, x, eps, {"residual": residual}, **params)
-    from tk_mlir.kernels import custom_ops
-    inputs = (x, residual, *params.values())
     if torch.compiler.is_compiling():
-        return getattr(torch.ops.tk_mlir, fn)(*inputs, eps)
-    if _recorded(fn, None, *inputs):
-        return custom_ops.EagerFusedAddNorm.apply(norm, *inputs, eps)
-    return launch_fused_add(norm, *inputs, eps)
+        inputs = _checked_fused_add(norm, x, residual, weight, bias, eps)
+        return getattr(torch.ops.tk_mlir, fn)(*inputs)
+    key = (norm, eager.tensor_key(x), eager.tensor_key(residual), eager.tensor_key(weight),
+           eager.tensor_key(bias), eager.option_key(eps), torch.is_grad_enabled())
+    return _FUSED_ADD.call(key, lambda: _prepare_fused_add(norm, x, residual, weight, bias, eps),
+                           x, residual, weight, bias)
+
+
+def _checked_fused_add(norm: str, x, residual, weight, bias, eps) -> tuple:
+    """The op's arguments (x, residual, weight[, bias], eps), checked."""
+    params = dict(weight=weight) if norm == "rms_norm" else dict(weight=weight, bias=bias)
+    eps = _check(f"fused_add_{norm}", x, eps, {"residual": residual}, **params)
+    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+    return (x, residual, *params.values(), eps)
+
+
+def _prepare_fused_add(norm: str, x, residual, weight, bias, eps):
+    """After checking an eager call, `run(x, residual, weight, bias)` for
+    calls like it (bias None for rms_norm), through autograd when it records
+    them."""
+    from tk_mlir.kernels import custom_ops
+    *inputs, eps = _checked_fused_add(norm, x, residual, weight, bias, eps)
+    rms = norm == "rms_norm"
+    if _recorded(f"fused_add_{norm}", None, *inputs):
+        return lambda x, residual, weight, bias: custom_ops.EagerFusedAddNorm.apply(
+            norm, x, residual, weight, *(() if rms else (bias,)), eps)
+    return lambda x, residual, weight, bias: launch_fused_add(
+        norm, x, residual, weight, *(() if rms else (bias,)), eps)
 
 
 def launch_fused_add(norm: str, x, residual, weight, *bias_eps):

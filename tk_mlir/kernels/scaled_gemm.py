@@ -21,7 +21,7 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import blackwell_gemm, checks
+from tk_mlir.kernels import blackwell_gemm, checks, eager
 from tk_mlir.kernels.device import is_blackwell, num_sms
 
 
@@ -100,16 +100,36 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     (tk_mlir/kernels/custom_ops.py); eager calls launch directly."""
     import torch
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if torch.compiler.is_compiling():
+        _checked(a, b, scale_a, scale_b, out_dtype)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        return torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype)
+    # eager: a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(scale_a),
+           eager.tensor_key(scale_b), eager.option_key(out_dtype), torch.is_grad_enabled())
+    return _PREPARED.call(key, lambda: _prepare(a, b, scale_a, scale_b, out_dtype),
+                          a, b, scale_a, scale_b)
+
+
+# Eager calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def _checked(a, b, scale_a, scale_b, out_dtype) -> None:
+    """check, and the refusal of an input that requires grad."""
+    import torch
     check(a, b, scale_a, scale_b, out_dtype)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (a, b, scale_a, scale_b)):
         raise RuntimeError("scaled_matmul: not differentiable (its gradients are not built); "
                            "an input requires grad: call it under torch.no_grad() or detach "
                            "the inputs")
-    if not torch.compiler.is_compiling():
-        return launch(a, b, scale_a, scale_b, out_dtype)
-    from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-    return torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype)
+
+
+def _prepare(a, b, scale_a, scale_b, out_dtype):
+    """After checking an eager call, the function launching calls like it."""
+    _checked(a, b, scale_a, scale_b, out_dtype)
+    return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
 
 
 def check(a, b, scale_a, scale_b, out_dtype) -> None:

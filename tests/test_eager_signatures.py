@@ -1,0 +1,134 @@
+"""Eager calls remembered per signature (tk_mlir/kernels/eager.py): a repeat
+skips the checks and the plan, so these tests hold what must still hold.
+Calls with a new signature are checked (errors as before, nothing stored);
+a remembered call gives fresh, correct results; what the checks read but a
+key might miss (True against 1, a misaligned view, a tensor subclass) makes
+a new key. The library runs on CPU tensors in the interpreter here; the
+GPU tests exercise the same paths on the device."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tk_mlir.kernels import eager, flash_attention, gemm, grouped_gemm, norms, scaled_gemm
+from tk_mlir.kernels import attention, grouped_matmul, layer_norm, matmul, rms_norm
+
+
+def _rel(got, want) -> float:
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _bf16(g, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def _forget_signatures():
+    tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
+              flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED)
+    for t in tables:
+        t.clear()
+    yield
+    for t in tables:
+        t.clear()
+
+
+def test_a_repeat_is_remembered_and_computes_fresh_inputs(interpret):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):                    # new values, one signature
+        a, b = _bf16(g, 40, 64), _bf16(g, 24, 64)
+        c = matmul(a, b)
+        assert _rel(c, a.double() @ b.double().T) < 1e-2
+    assert len(gemm._PREPARED) == 1
+    matmul(a, b.T.contiguous(), b_layout="kn")
+    assert len(gemm._PREPARED) == 2
+
+
+def test_a_new_signature_is_checked_after_a_remembered_one(interpret):
+    """Every rule still holds on a call that only differs in what it breaks,
+    and a refused call stores nothing."""
+    g = torch.Generator().manual_seed(2)
+    a, b = _bf16(g, 32, 64), _bf16(g, 16, 64)
+    matmul(a, b)
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        matmul(a, _bf16(g, 16, 32))
+    with pytest.raises(TypeError, match="b must be"):
+        matmul(a, b.float())
+    with pytest.raises(ValueError, match="b_layout"):
+        matmul(a, b, b_layout="mn")
+    assert len(gemm._PREPARED) == 1
+
+
+def test_options_are_told_apart_by_type(interpret):
+    """True == 1 and 1 == 1.0 in a dict key: the checks tell them apart, so
+    the key does too."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (_bf16(g, 1, 1, 64, 64) for _ in range(3))
+    attention(q, k, v, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        attention(q, k, v, causal=1)
+    x, w = _bf16(g, 4, 256), _bf16(g, 256) + 1
+    rms_norm(x, w, 1e-6)
+    with pytest.raises(TypeError, match="eps"):
+        rms_norm(x, w, True)
+    assert len(norms._RMS_NORM) == 1
+
+
+def test_a_misaligned_view_takes_its_own_path(interpret):
+    """A view starting mid-vector has the signature of an aligned one but for
+    its pointer's low bits: it goes through the padded copies, and is right."""
+    g = torch.Generator().manual_seed(4)
+    base, b = _bf16(g, 32 * 64 + 8), _bf16(g, 16, 64)
+    aligned = base[:32 * 64].view(32, 64)
+    shifted = base[1:32 * 64 + 1].view(32, 64)     # 2 bytes past a 16-byte boundary
+    assert aligned.stride() == shifted.stride() and shifted.data_ptr() % 16
+    for a in (aligned, shifted, aligned):
+        assert _rel(matmul(a, b), a.double() @ b.double().T) < 1e-2
+    assert len(gemm._PREPARED) == 2
+
+
+def test_gradients_follow_requires_grad_and_grad_mode(interpret):
+    g = torch.Generator().manual_seed(5)
+    x = _bf16(g, 4, 256, scale=2).requires_grad_()
+    w, b = _bf16(g, 256) + 1, _bf16(g, 256)
+    want = torch.nn.functional.layer_norm(x.double(), (256,), w.double(), b.double(), 1e-5)
+    y = layer_norm(x, w, b)
+    y.double().pow(2).sum().backward()
+    with torch.no_grad():
+        y2 = layer_norm(x, w, b)
+    assert y.requires_grad and not y2.requires_grad and x.grad is not None
+    assert _rel(y2, want) < 1e-2
+    assert len(norms._LAYER_NORM) == 2
+    with pytest.raises(RuntimeError, match="out= does not take part in autograd"):
+        layer_norm(x, w, b, out=torch.empty_like(x))
+
+
+def test_a_tensor_subclass_is_never_remembered(interpret):
+    class Tagged(torch.Tensor):
+        pass
+    g = torch.Generator().manual_seed(6)
+    x, w = _bf16(g, 4, 256).as_subclass(Tagged), _bf16(g, 256) + 1
+    assert eager.tensor_key(x) is eager.UNKEYED
+    rms_norm(x, w)
+    rms_norm(x, w)
+    assert len(norms._RMS_NORM) == 0
+
+
+def test_host_sizes_are_checked_on_every_call(interpret):
+    """grouped_matmul's host sizes are values the checks read: a remembered
+    signature does not let an out-of-range one through."""
+    g = torch.Generator().manual_seed(7)
+    a, b = _bf16(g, 2, 128, 64), _bf16(g, 2, 32, 64)
+    grouped_matmul(a, b, torch.tensor([100, 3]))
+    with pytest.raises(ValueError, match=r"sizes\[1\] is 129"):
+        grouped_matmul(a, b, torch.tensor([100, 129]))
+    assert len(grouped_gemm._PREPARED) == 1
+
+
+def test_a_full_table_starts_over():
+    table = eager.Prepared(capacity=2)
+    for i in range(5):
+        assert table.call(("k", i), lambda: (lambda x: x + 1), i) == i + 1
+        assert len(table) <= 2
+    assert table.get(["unhashable"]) is None
+    assert table.add(["unhashable"], len) is len and len(table) <= 2

@@ -1,0 +1,110 @@
+"""Eager calls that repeat a signature: a wrapper's checks and choices, made
+once and remembered.
+
+A library wrapper checks its arguments and plans its launch from their
+metadata alone: each tensor's type, shape, strides, dtype, device, whether
+autograd records it, and whether its data pointer is 16-byte aligned (what
+TMA and the kernels' vector loads assume), plus the call's options. A model
+calls the same few signatures over and over, so each wrapper keeps, per
+`signature`, the function its first call prepared (the outputs' allocation
+and the planned launch), and a repeat costs a key, a lookup and that
+function: the host time a torch op costs, not a Python re-check.
+
+Invariants: a prepared function is stored only after a call with that key
+passed every check (a call that breaks a rule raises, as before, and leaves
+nothing); a key holds everything the checks and the plan read, so two calls
+with one key are checked and planned alike. Calls under torch.compile never
+look here (dynamo must not trace a lookup in Python state): wrappers ask
+torch.compiler.is_compiling() first.
+"""
+from __future__ import annotations
+
+# Entries per wrapper; when full, the table is cleared (a model's signatures
+# are few: a full table means shapes that change with every call).
+CAPACITY = 1024
+
+
+class _Unkeyed:
+    """A key part that cannot be hashed: a call holding one is checked every
+    time and never remembered (Prepared.get and add skip unhashable keys)."""
+    __hash__ = None
+
+    def __repr__(self):
+        return "<not remembered>"
+
+
+UNKEYED = _Unkeyed()
+
+
+def tensor_key(t) -> tuple | None | _Unkeyed:
+    """What a wrapper's checks read of tensor argument t, hashable: None for
+    None (an optional tensor left out). A value that is not a plain torch
+    tensor (a tensor subclass such as torch.compile's fake tensors, whose
+    metadata may not say what the checks read, or no tensor at all) gives
+    UNKEYED."""
+    if t is None:
+        return None
+    if type(t) not in (_PLAIN or _plain_tensor_types()):
+        return UNKEYED
+    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad,
+            t.data_ptr() & 15)
+
+
+def _plain_tensor_types() -> tuple:
+    global _PLAIN
+    if _PLAIN is None:
+        import torch
+        _PLAIN = (torch.Tensor, torch.nn.Parameter)
+    return _PLAIN
+
+
+_PLAIN: tuple | None = None
+
+
+def option_key(*options) -> tuple:
+    """The call's options with their types: the checks tell True from 1 and
+    1 from 1.0, which compare (and hash) equal. A tuple option (a window)
+    is taken apart the same way."""
+    return tuple((type(v), option_key(*v) if type(v) is tuple else v) for v in options)
+
+
+class Prepared:
+    """One wrapper's prepared calls by key (see the module docstring)."""
+
+    def __init__(self, capacity: int = CAPACITY):
+        self._by_key: dict = {}
+        self._capacity = capacity
+
+    def get(self, key):
+        """The function prepared for `key`, or None (also for a key that cannot
+        be hashed, e.g. a list option: those calls take the checked path)."""
+        try:
+            return self._by_key.get(key)
+        except TypeError:
+            return None
+
+    def call(self, key, prepare, *args):
+        """The function prepared for `key` called on args; on the first call
+        with the key, `prepare()` (which checks the call's arguments, and
+        raises for a broken rule) makes it, and it is remembered."""
+        run = self.get(key)
+        if run is None:
+            run = self.add(key, prepare())
+        return run(*args)
+
+    def add(self, key, fn):
+        """Remember fn for key (a checked call's); returns fn."""
+        try:
+            hash(key)
+        except TypeError:
+            return fn
+        if len(self._by_key) >= self._capacity:
+            self._by_key.clear()
+        self._by_key[key] = fn
+        return fn
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def clear(self) -> None:
+        self._by_key.clear()
