@@ -513,7 +513,7 @@ class PackedLauncher:
         def fail(err, gx, gy, gz, stream, values):
             # The slow path knows how to fix a missing context and name the error
             # (it passes a tensor map as an object with the address of its bytes).
-            values = [_MapAt(v) if k == "tmap" else v for k, v in zip(self.kinds, values)]
+            values = tuple(_MapAt(v) if k == "tmap" else v for k, v in zip(self.kinds, values))
             f._after_failed_launch(cu.CUresult(err), (gx, gy, gz), (threads, 1, 1),
                                    shared_bytes, stream, values,
                                    tuple(ctypes_type(k) for k in self.kinds))
