@@ -448,6 +448,12 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     return run
 
 
+def launch(q, k, v, o, lse, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
+           softcap: float = 0.0) -> None:
+    """attention_kernel on checked tensors, into o and lse (planned_launch's)."""
+    planned_launch(q, k, causal, scale, window, softcap)(q, k, v, o, lse)
+
+
 def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
                    softcap: float = 0.0):
     """`run(q, k, v, o, lse)`: attention_kernel on checked tensors shaped like
