@@ -228,9 +228,31 @@ class Kernel:
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
 
+    def launcher(self, grid, **constexprs) -> Callable:
+        """`run(*args)`, the same as `kernel[grid](*args, **constexprs)`, for a
+        launch repeated with one grid and these keywords (a library
+        wrapper's planned launch): the plan that launched last is tried
+        first, and skips its keyword tests (the keywords are the launcher's
+        own dict, which nothing changes)."""
+        kwargs, plan = dict(constexprs), None
+
+        def run(*args):
+            nonlocal plan
+            if plan is not None and plan(grid, args, kwargs):
+                return
+            if _interpret_all():
+                return self._interpret(grid, *args, **kwargs)
+            try:
+                plan = self.launch_by_plan(grid, args, kwargs)
+            except (CompilationError, ArgumentError) as e:
+                raise for_the_user(e)
+        return run
+
     def launch_by_plan(self, grid, args: tuple, kwargs: dict) -> Callable | None:
         """Launch; return the plan that did it (None: the general path), which
-        a caller may try first for a call like this one (tk.autotune does)."""
+        a caller may try first for a call like this one (tk.autotune does).
+        `kwargs` must not change after the call: a plan made from it trusts
+        that very dict by identity (launcher.torch_plan)."""
         plans = self._plans
         for i, plan in enumerate(plans):   # the last one used first
             if plan(grid, args, kwargs):

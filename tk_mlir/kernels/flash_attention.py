@@ -467,10 +467,9 @@ def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (
     masks = {} if window == (-1, -1) and not softcap else \
         dict(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], SOFTCAP=float(softcap))
     table, scale2 = tasks(q, k, causal, grid, window), scale * math.log2(math.e)
-    kernel = attention_kernel[(grid,)]
-    options = dict(D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg,
-                   **masks)
-    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, table, scale2, **options)
+    kernel = attention_kernel.launcher((grid,), D=q.shape[-1], CAUSAL=causal,
+                                       num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg, **masks)
+    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, table, scale2)
 
 
 def _check(q, k, v) -> None:

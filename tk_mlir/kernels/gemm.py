@@ -283,11 +283,12 @@ def _prepare(a, b, c, b_layout: str):
             return c
         return run
     (M, K), sms = a.shape[-2:], num_sms(a.get_device())
-    chosen = _plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1, b_layout)
+    product = planned_run(_plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1,
+                                b_layout), b_layout, "mk", sms)
 
     def run_planned(a, b, c):
         c = a.new_empty(shape) if c is None else c
-        run_plan(chosen, a, b, c, b_layout, "mk", sms)
+        product(a, b, c)
         return c
     return run_planned
 
@@ -628,23 +629,32 @@ def _launch(a, b, c, b_layout: str, a_layout: str, accumulate: bool = False) -> 
 def run_plan(chosen: Plan, a, b, c, b_layout: str, a_layout: str, sms: int) -> None:
     """c = the product by `chosen`'s kernel on checked, readable operands
     (M, N, K as they lie; the table script times each candidate here)."""
+    planned_run(chosen, b_layout, a_layout, sms)(a, b, c)
+
+
+def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
+    """`run(a, b, c)`: run_plan's launch for `chosen`, made once for calls
+    repeating it (the kernel's launcher for the plan's grid and keywords)."""
     if b_layout not in ("nk", "kn") or a_layout not in ("mk", "km"):
         raise ValueError(f"gemm.run_plan: b_layout must be 'nk' or 'kn' and a_layout 'mk' or "
                          f"'km', got {b_layout!r} and {a_layout!r}")
     kn, km = b_layout == "kn", a_layout == "km"
     if chosen.kernel == "none":
-        c.zero_()                                    # a sum of no products
-    elif chosen.kernel == "autotuned":
-        gemm_kernel[(sms,)](a, b, c, B_KN=kn, **_a_km(km))
-    elif chosen.kernel == "tiles":
-        gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **chosen.config, **_a_km(km))
-    else:
-        cfg = chosen.config
+        return lambda a, b, c: c.zero_()             # a sum of no products
+    if chosen.kernel == "autotuned":                 # (its dispatch picks the config)
+        tuned, options = gemm_kernel[(sms,)], dict(B_KN=kn, **_a_km(km))
+        return lambda a, b, c: tuned(a, b, c, **options)
+    if chosen.kernel == "tiles":
+        return gemm_kernel.kernel.launcher((sms,), B_KN=kn, **chosen.config, **_a_km(km))
+    cfg = chosen.config
+    split = gemm_split_k_kernel.launcher((sms,), B_KN=kn, **cfg, **_a_km(km))
+
+    def run_split(a, b, c):
         M, N = c.shape[-2], c.shape[-1]
         batch = a.shape[0] if a.dim() == 3 else 1
         w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
-        gemm_split_k_kernel[(sms,)](a, b, c, w[:c.numel()].view(c.shape), f, B_KN=kn, **cfg,
-                                    **_a_km(km))
+        split(a, b, c, w[:c.numel()].view(c.shape), f)
+    return run_split
 
 
 def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:

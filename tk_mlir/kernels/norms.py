@@ -10,6 +10,8 @@ past D read as 0 and are not written.
 """
 from __future__ import annotations
 
+import math
+
 import tk_mlir as tk
 from tk_mlir import bf16, f32
 
@@ -250,18 +252,22 @@ def _prepare(fn: str, x, weight, bias, eps, out):
         if grads:
             return lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps)
 
+        launch = planned_rms_norm(x)
+
         def run_rms_norm(x, weight, out):
             out = x.new_empty(x.shape) if out is None else out
-            launch_rms_norm(x, weight, eps, out)
+            launch(x, weight, eps, out)
             return out
         return run_rms_norm
     if grads:
         return lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(x, weight, bias,
                                                                               eps)
 
+    launch = planned_layer_norm(x)
+
     def run_layer_norm(x, weight, bias, out):
         out = x.new_empty(x.shape) if out is None else out
-        launch_layer_norm(x, weight, bias, eps, out)
+        launch(x, weight, bias, eps, out)
         return out
     return run_layer_norm
 
@@ -285,23 +291,36 @@ def _recorded(fn: str, out, *inputs) -> bool:
 
 def launch_rms_norm(x, weight, eps: float, out) -> None:
     """rmsnorm_kernel on checked tensors, into out."""
-    x, out = _rows(x), _rows(out, view=True)
-    rows, d = x.shape
-    if rows:
-        rmsnorm_kernel[(rows,)](x, weight, out, eps, BLOCK=_block(d))
+    planned_rms_norm(x)(x, weight, eps, out)
+
+
+def planned_rms_norm(x):
+    """`launch(x, weight, eps, out)`: launch_rms_norm for tensors shaped like
+    x, its grid and row tile chosen once."""
+    rows, d = math.prod(x.shape[:-1]), x.shape[-1]
+    if not rows:
+        return lambda x, weight, eps, out: None
+    kernel = rmsnorm_kernel.launcher((rows,), BLOCK=_block(d))
+    return lambda x, weight, eps, out: kernel(_rows(x), weight, _rows(out, view=True), eps)
 
 
 def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
     """layernorm_kernel on checked tensors, into out."""
-    x, out = _rows(x), _rows(out, view=True)
-    rows, d = x.shape
-    if rows:
-        block = _block(d)
-        # 3 blocks per SM for rows up to 4096 wide, 2 above (BENCHMARKS.md).
-        grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
-        layernorm_kernel[(grid,)](x, weight, bias, out, eps, BLOCK=block,
-                                  RELOAD_WB=block > 4096)
+    planned_layer_norm(x)(x, weight, bias, eps, out)
 
+
+def planned_layer_norm(x):
+    """`launch(x, weight, bias, eps, out)`: launch_layer_norm for tensors
+    shaped like x, its grid and row tile chosen once."""
+    rows, d = math.prod(x.shape[:-1]), x.shape[-1]
+    if not rows:
+        return lambda x, weight, bias, eps, out: None
+    block = _block(d)
+    # 3 blocks per SM for rows up to 4096 wide, 2 above (BENCHMARKS.md).
+    grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
+    kernel = layernorm_kernel.launcher((grid,), BLOCK=block, RELOAD_WB=block > 4096)
+    return lambda x, weight, bias, eps, out: kernel(_rows(x), weight, bias,
+                                                    _rows(out, view=True), eps)
 
 
 def rms_norm_backward(dy, x, weight, eps: float, dh=None):
