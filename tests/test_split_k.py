@@ -195,9 +195,8 @@ def test_grouped_gemm(sizes, b_kn):
     a = torch.empty(G, M, K).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, K, N) if b_kn else (G, N, K))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16)
-    starts, rows = grouped_schedule(torch.tensor(sizes), M, tk.cdiv(N, 256))
-    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, rows, LOG_G=(G - 1).bit_length(),
-                                        B_KN=b_kn)
+    starts = grouped_schedule(torch.tensor(sizes), M)
+    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, LOG_G=(G - 1).bit_length(), B_KN=b_kn)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, n in enumerate(min(max(n, 0), M) for n in sizes):
         if n:
@@ -477,8 +476,8 @@ def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks):
     a = torch.empty(G, m, k).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, k, n) if b_kn else (G, n, k))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, m, n), float("nan"))
-    starts, rows = grouped_schedule(torch.tensor(sizes), m, tk.cdiv(n, 256))
-    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, starts, rows, LOG_G=(G - 1).bit_length(),
+    starts = grouped_schedule(torch.tensor(sizes), m)
+    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, starts, LOG_G=(G - 1).bit_length(),
                                              B_KN=b_kn)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, rows_g in enumerate(min(max(s, 0), m) for s in sizes):

@@ -37,7 +37,7 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
+         W=None, F=None, EPI_BUFFERS=1, STARTS=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
@@ -45,9 +45,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     product (each piece added by TMA reduce-add, rounded to C's 16-bit dtype
     before and after the add: a gradient summed over chunks in place).
 
-    3-D A, B and C: one product per index of their first dim; with SIZES,
-    SIZES[g] of A's padded rows (grouped: STARTS, G + 1 ints, holds each
-    product's first task, LOG_G the bits of G). Tiles of BM x BN, BK deep
+    3-D A, B and C: one product per index of their first dim; grouped, with
+    STARTS (G + 1 ints): product g takes the BM-row tiles STARTS[g] to
+    STARTS[g + 1] - 1 counted over all products (its rows, padded: those
+    of A's rows it has), LOG_G the bits of G. Tiles of BM x BN, BK deep
     through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
     of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
     in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
@@ -68,7 +69,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
         "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
-    assert not A_KM or (SIZES is None and SCATTER is None and GATHER is None), \
+    assert not A_KM or (STARTS is None and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
     assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
                               and C.dtype != "f32"), \
@@ -84,11 +85,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
-    assert SIZES is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
-        "grouped products (SIZES) take 3-D tensors, no CLUSTER and no SPLIT_K"
+    assert STARTS is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
+        "grouped products (STARTS) take 3-D tensors, no CLUSTER and no SPLIT_K"
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
-    tasks = batch * tiles if SIZES is None else tk.load(STARTS, (batch,))
+    tasks = batch * tiles if STARTS is None else tk.load(STARTS, (batch,)) * tiles_n
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     a_tile = (BK, BM) if A_KM else (BM, BK)
     b_tile = (BK, BN) if B_KN else (BN, BK)
@@ -106,7 +107,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         """(outer coordinates, m, n) of a task's tile: the products one after
         another (grouped: group_tile_of); with SPLIT_K, tasks take every
         tile's first K slice, then every second one, ..."""
-        if SIZES is not None:
+        if STARTS is not None:
             outer, m, n = group_tile_of(task)
         else:
             task = task % (batch * tiles) if SPLIT_K > 1 else task
@@ -122,18 +123,19 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
     def group_tile_of(task):
-        """The product g whose tasks hold `task` (the last g with STARTS[g] <=
-        task, by binary search: empty products share their start with the
-        next), and the tile of task - STARTS[g] among its cdiv(SIZES[g], BM)
-        tile rows."""
+        """The product g whose tasks hold `task` (the last g with
+        STARTS[g] * tiles_n <= task, by binary search: empty products share
+        their start with the next), and the tile of task - STARTS[g] * tiles_n
+        among its STARTS[g + 1] - STARTS[g] tile rows."""
         g = 0
         for bit in tk.static_range(LOG_G - 1, -1, -1):
             probe = g + (1 << bit)
             if probe < batch:
-                if tk.load(STARTS, (probe,)) <= task:
+                if tk.load(STARTS, (probe,)) * tiles_n <= task:
                     g = probe
-        rows = tk.cdiv(tk.load(SIZES, (g,)), BM)
-        m, n = tk.grouped_tile(task - tk.load(STARTS, (g,)), rows, tiles_n, GROUP_M)
+        first = tk.load(STARTS, (g,))
+        rows = tk.load(STARTS, (g + 1,)) - first
+        m, n = tk.grouped_tile(task - first * tiles_n, rows, tiles_n, GROUP_M)
         return (g,), m, n
 
     def load(task, k, a, b, sem):

@@ -4,9 +4,9 @@ different row counts, in one launch.
 The capacity layout: a is (G, M, K), each product's rows padded to M, and
 `sizes` says how many rows of each are real. The kernel is gemm.gemm over 3-D
 tensors with a tile schedule: only the 128-row tiles that hold rows are
-tasks, numbered product after product from STARTS[g] (built on the GPU from
-the sizes, so nothing waits for the host); a task finds its product by
-binary search over STARTS.
+tasks, numbered product after product: STARTS[g] counts the tile rows before
+product g (built on the GPU from the sizes, so nothing waits for the host,
+in three torch ops); a task finds its product by binary search over STARTS.
 """
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from tk_mlir.kernels.device import num_sms
 
 
 @tk.kernel(num_warps=12)
-def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"], SIZES: tk.gl["i32"],
+def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"],
                         LOG_G: tk.constexpr, B_KN: tk.constexpr = False,
                         BN: tk.constexpr = 256, STAGES: tk.constexpr = 4,
                         GROUP_M: tk.constexpr = 8, EPI_N: tk.constexpr = 64,
                         EPI_BUFFERS: tk.constexpr = 2):
-    """`gemm` over G products of SIZES[g] rows each (A and C padded to M rows
-    per product), their 128 x BN tiles numbered from STARTS[g]."""
+    """`gemm` over G products (A and C padded to M rows per product), product
+    g's 128-row tiles the STARTS[g]-th to the STARTS[g + 1] - 1-th of all."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
-              EPI_BUFFERS=EPI_BUFFERS, STARTS=STARTS, SIZES=SIZES, LOG_G=LOG_G)
+              EPI_BUFFERS=EPI_BUFFERS, STARTS=STARTS, LOG_G=LOG_G)
 
 
 def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
@@ -126,8 +126,7 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
         c.masked_fill_(written_rows(sizes, M)[..., None], 0)
         return
     bn = 256 if N > 128 else 128
-    starts, rows = grouped_schedule(sizes, M, tk.cdiv(N, bn))
-    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, starts, rows,
+    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, grouped_schedule(sizes, M),
                                                     LOG_G=(G - 1).bit_length(),
                                                     B_KN=b_layout == "kn", BN=bn)
 
@@ -177,24 +176,39 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     return sizes
 
 
-def grouped_schedule(sizes, M: int, tiles_n: int):
-    """(STARTS, SIZES) of grouped_gemm_kernel, built on the sizes' device: the
-    sizes clamped to [0, M] as int32, and each product's first task (G + 1
-    of them, the last the total); both padded to 16-byte rows, as every
-    tensor argument's. Each torch op here costs an eager call host time:
-    the two are rows of one buffer, and the ops write into it."""
+def grouped_schedule(sizes, M: int):
+    """grouped_gemm_kernel's STARTS, made on the sizes' device: G + 1 int32s,
+    STARTS[g] the 128-row tiles of the products before g (rows clamped to
+    [0, M]; the last, the total), padded to a 16-byte row as every tensor
+    argument's. Three torch ops (each costs an eager call host time): the
+    tiles of each product by bucketing its size against the tiles' first
+    rows (ceil(clamp(n, 0, M) / 128) in one op), summed in place."""
     import torch
     G = sizes.shape[0]
-    padded = -(-(G + 1) // 4) * 4
-    both = torch.zeros(2, padded, dtype=torch.int32, device=sizes.device)
-    starts, rows = both[0], both[1]
-    if sizes.dtype == torch.int32:
-        torch.clamp(sizes, 0, M, out=rows[:G])
-    else:
-        rows[:G] = sizes.clamp(0, M)
-    tiles = (rows[:G] + 127).floor_divide_(128).mul_(tiles_n)
+    starts = torch.zeros(-(-(G + 1) // 4) * 4, dtype=torch.int32, device=sizes.device)
+    tiles = torch.bucketize(sizes, _tile_first_rows(M, sizes), out_int32=True)
     torch.cumsum(tiles, 0, dtype=torch.int32, out=starts[1:G + 1])
-    return starts, rows
+    return starts
+
+
+_FIRST_ROWS: dict = {}
+
+
+def _tile_first_rows(M: int, sizes):
+    """[0, 128, ..., 128 (cdiv(M, 128) - 1)] like sizes (its dtype and device):
+    the boundaries n is bucketed against (n <= 0: 0; above the last, every
+    tile). Kept per (M, dtype, device), except one made while a CUDA graph
+    is captured (its memory is the graph's)."""
+    import torch
+    key = (M, sizes.dtype, sizes.device)
+    first = _FIRST_ROWS.get(key)
+    if first is None:
+        first = torch.arange(0, M, 128, dtype=sizes.dtype, device=sizes.device)
+        if not (sizes.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(_FIRST_ROWS) >= 256:
+                _FIRST_ROWS.clear()
+            _FIRST_ROWS[key] = first
+    return first
 
 
 def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: bool = True):
