@@ -132,3 +132,19 @@ def test_a_full_table_starts_over():
         assert len(table) <= 2
     assert table.get(["unhashable"]) is None
     assert table.add(["unhashable"], len) is len and len(table) <= 2
+
+
+def test_a_remembered_attention_differentiates_each_call(interpret):
+    """The recorded path keeps its planned forward and backward per signature:
+    every call's gradients are its own inputs'."""
+    g = torch.Generator().manual_seed(8)
+    for _ in range(2):
+        q, k, v = (_bf16(g, 1, 2, 80, 64).requires_grad_() for _ in range(3))
+        do = _bf16(g, 1, 2, 80, 64)
+        dq, dk, dv = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), do)
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+            *ref, is_causal=True), ref, do.double())
+        for got, w in zip((dq, dk, dv), want):
+            assert _rel(got, w) < 2e-2
+    assert len(flash_attention._PREPARED) == 1

@@ -910,16 +910,19 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, deterministic=False, left=-1, right=-1,
-                softcap=0.0):
-        o, lse = attention_forward(q, k, v, causal, scale, (left, right), softcap)
+                softcap=0.0, planned=None, backward=None):
+        """planned, backward: flash_attention's planned launch and backward for
+        calls like this one (an eager call's, remembered), or None."""
+        o, lse = attention_forward(q, k, v, causal, scale, (left, right), softcap, planned)
         _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic, left, right,
                                        softcap), (o, lse))
+        ctx.backward = backward or flash_attention.attention_backward
         return o, lse
 
     @staticmethod
     @first_order
     def backward(ctx, do, dlse):
-        return _attention_backward(ctx, do, dlse, flash_attention.attention_backward)
+        return (*_attention_backward(ctx, do, dlse, ctx.backward), None, None)
 
 
 @torch.library.custom_op("tk_mlir::attention_varlen", mutates_args=())

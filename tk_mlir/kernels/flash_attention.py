@@ -433,13 +433,21 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     scale, left, right, softcap, grad = _checked(q, k, v, causal, scale, deterministic, window,
                                                  softcap)
+    planned = planned_launch(q, k, causal, scale, (left, right), softcap)
     if grad:
+        backward = []       # planned at the first backward (its task table), then kept
+
+        def remembered_backward(do, q, k, v, o, lse, *options, **keywords):
+            if not backward:
+                backward.append(planned_backward(q, k, causal, scale, deterministic, left, right,
+                                                 softcap))
+            return backward[0](do, q, k, v, o, lse)
+
         def run_recorded(q, k, v):
             o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
-                                                     right, softcap)
+                                                     right, softcap, planned, remembered_backward)
             return (o, lse) if return_lse else o
         return run_recorded
-    planned = planned_launch(q, k, causal, scale, (left, right), softcap)
 
     def run(q, k, v):
         o, lse = custom_ops.attention_forward(q, k, v, causal, scale, (left, right), softcap,
@@ -955,9 +963,17 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
     run), at some speed (tasks wait for their turn at each dQ tile).
     left, right, softcap: the forward's window and cap (the window not with
     deterministic); the arguments of the op torch.ops.tk_mlir.attention_backward."""
+    return planned_backward(q, k, causal, scale, deterministic, left, right, softcap)(
+        do, q, k, v, o, lse)
+
+
+def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = False,
+                     left: int = -1, right: int = -1, softcap: float = 0.0):
+    """`run(do, q, k, v, o, lse) -> (dq, dk, dv)`: attention_backward for
+    tensors shaped like q and k (and on their device), its configuration,
+    grid, task table and launches chosen once."""
     import torch
-    B, H, N, D = q.shape
-    cfg = _backward_config(D)
+    cfg = _backward_config(q.shape[-1])
     window = (left, right)
     if window != (-1, -1):
         if deterministic:
@@ -967,14 +983,18 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
         cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
-    do = do if do.stride(-1) == 1 else do.contiguous()
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = num_sms(q.get_device())
-    dq = launch_backward(do, q, k, v, o, lse, dk, dv,
-                         backward_tasks(q, k, causal, grid, deterministic, window), grid, scale,
-                         CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
-    # dq laid out like q (as the op's fake says: a compiled backward checks it).
-    return torch.empty_like(q).copy_(dq), dk, dv
+    table = backward_tasks(q, k, causal, grid, deterministic, window)
+    kernels = backward_launcher(q.shape, grid, scale, CAUSAL=causal, DETERMINISTIC=deterministic,
+                                **cfg)
+
+    def run(do, q, k, v, o, lse):
+        do = do if do.stride(-1) == 1 else do.contiguous()
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dq = kernels(do, q, k, v, o, lse, dk, dv, table)
+        # dq laid out like q (as the op's fake says: a compiled backward checks it).
+        return torch.empty_like(q).copy_(dq), dk, dv
+    return run
 
 
 def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float, **cfg):
@@ -982,13 +1002,24 @@ def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float,
     (lse (B, H, N) f32), dK and dV written into dk, dv; cfg: the backward
     kernel's constexprs (_backward_config's and the masks'). Returns dq
     (B, H, N, D) f32."""
+    return backward_launcher(q.shape, grid, scale, **cfg)(do, q, k, v, o, lse, dk, dv, tasks)
+
+
+def backward_launcher(shape, grid: int, scale: float, **cfg):
+    """`launch(do, q, k, v, o, lse, dk, dv, tasks) -> dq`: launch_backward for
+    (B, H, N, D) tensors of `shape`, its two kernels' launches made once."""
     import torch
-    B, H, N, D = q.shape
+    B, H, N, D = shape
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device) for _ in range(2))
-    dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
-    attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](o, do, padded_rows(lse), delta, lse2,
-                                                           dq, D=D)
-    attention_backward_kernel[(grid,)](q, k, v, do, lse2, delta, dq, dk, dv, tasks,
-                                       scale * math.log2(math.e), scale, D=D, **cfg)
-    return dq
+    prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
+    main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
+    scale2 = scale * math.log2(math.e)
+
+    def launch(do, q, k, v, o, lse, dk, dv, tasks):
+        lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
+                       for _ in range(2))
+        dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
+        prep(o, do, padded_rows(lse), delta, lse2, dq)
+        main(q, k, v, do, lse2, delta, dq, dk, dv, tasks, scale2, scale)
+        return dq
+    return launch
