@@ -984,14 +984,16 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
     grid = num_sms(q.get_device())
-    table = backward_tasks(q, k, causal, grid, deterministic, window)
+    # deterministic: a new table per launch (its zeroed dQ counters are the launch's)
+    table = None if deterministic else backward_tasks(q, k, causal, grid, False, window)
     kernels = backward_launcher(q.shape, grid, scale, CAUSAL=causal, DETERMINISTIC=deterministic,
                                 **cfg)
 
     def run(do, q, k, v, o, lse):
         do = do if do.stride(-1) == 1 else do.contiguous()
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        dq = kernels(do, q, k, v, o, lse, dk, dv, table)
+        tasks = table if table is not None else backward_tasks(q, k, causal, grid, True)
+        dq = kernels(do, q, k, v, o, lse, dk, dv, tasks)
         # dq laid out like q (as the op's fake says: a compiled backward checks it).
         return torch.empty_like(q).copy_(dq), dk, dv
     return run
