@@ -148,3 +148,29 @@ def test_a_remembered_attention_differentiates_each_call(interpret):
         for got, w in zip((dq, dk, dv), want):
             assert _rel(got, w) < 2e-2
     assert len(flash_attention._PREPARED) == 1
+
+
+def test_a_remembered_deterministic_backward_counts_afresh(interpret, monkeypatch):
+    """deterministic=True's dQ counters are zero at every launch, also on the
+    remembered path (a planned table would carry the last call's counts; the
+    interpreter's fixed warp order would hide that in the results)."""
+    counts = []
+    make = flash_attention.backward_launcher
+
+    def counting(*a, **kw):
+        launch = make(*a, **kw)
+
+        def spy(do, q, k, v, o, lse, dk, dv, tasks):
+            n = flash_attention.dq_counters(q.shape[0], q.shape[1], q.shape[2])
+            counts.append(int(tasks[-n:].abs().sum()))
+            dq = launch(do, q, k, v, o, lse, dk, dv, tasks)
+            counts.append(int(tasks[-n:].abs().sum()))
+            return dq
+        return spy
+    monkeypatch.setattr(flash_attention, "backward_launcher", counting)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        q, k, v = (_bf16(g, 1, 2, 130, 64).requires_grad_() for _ in range(3))
+        torch.autograd.grad(attention(q, k, v, causal=True, deterministic=True), (q, k, v),
+                            _bf16(g, 1, 2, 130, 64))
+    assert counts[0] == counts[2] == 0 and counts[1] > 0, counts
