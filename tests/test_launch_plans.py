@@ -9,23 +9,10 @@ import pytest
 import torch
 
 import tk_mlir as tk
-from tk_mlir import f32, launcher
+from tk_mlir import launcher
 from tk_mlir.runtime import tensor_maps
 
-
-@tk.kernel(num_warps=4)
-def tma_double(A: tk.gl, C: tk.gl[f32], B: tk.gl[f32], BLOCK: tk.constexpr = 64):
-    """C = 2 A + B, A's 64 x BLOCK tiles in by TMA (a tensor map), B by threads."""
-    a = tk.shared_tile(A.dtype, (64, BLOCK), swizzle=128)
-    sem = tk.semaphore()
-    i = tk.block_id(0)
-    if tk.elect_leader("warpgroup"):
-        tk.tma.expect(sem, a)
-        tk.tma.load_async(a, A, (i, 0), sem)
-    tk.wait(sem, 0)
-    x = tk.load(a, layout="row", scope="warpgroup").to(f32)
-    b = tk.load(B, (i, 0), (64, BLOCK), layout="row", scope="warpgroup")
-    tk.store(C, x + x + b, (i, 0))
+from test_interpreter_arguments import scale, tma_double    # (a constexpr; a tensor map)
 
 
 class _Map:
@@ -39,21 +26,21 @@ class _Map:
 
 @pytest.fixture
 def stub_plan(monkeypatch):
-    """(plan, launches, checks, kwargs): tma_double's plan for CPU tensors like
-    the ones given, its launches recorded, full_check counted and refusing
-    misaligned pointers (what the real one does, besides the device)."""
+    """make(kernel, args, kwargs) -> (plan, launches, checks, encoded): the
+    kernel's plan for CPU tensors like args, its launches recorded, full_check
+    counted and refusing misaligned pointers (what the real one does,
+    besides the device), the tensor maps' encodings recorded."""
     encoded = []
     monkeypatch.setattr(tensor_maps, "encode",
                         lambda ptr, *rest: encoded.append(ptr) or _Map(1000 + len(encoded)))
 
-    def make(args, kwargs):
-        values, warps = tma_double.params.bind(args, kwargs)
-        sig = tma_double.params.key(values, warps,
-                                    lambda v, name: tk.spec(tuple(v.shape), "f32"))
-        reads, compiled = tma_double._entry(sig)
+    def make(kernel, args, kwargs):
+        values, warps = kernel.params.bind(args, kwargs)
+        sig = kernel.params.key(values, warps, lambda v, name: tk.spec(tuple(v.shape), "f32"))
+        reads, compiled = kernel._entry(sig)
         launches, checks = [], []
-        plan = launcher.torch_plan(tma_double.params, values, len(args), kwargs,
-                                   tma_double.params.tensor_rules(sig), compiled,
+        plan = launcher.torch_plan(kernel.params, values, len(args), kwargs,
+                                   kernel.params.tensor_rules(sig), compiled,
                                    lambda *a: launches.append(a), lambda: 0, 0, reads)
 
         def full_check(all_values):
@@ -65,13 +52,13 @@ def stub_plan(monkeypatch):
 
 
 def test_only_the_plans_own_keywords_are_trusted(stub_plan):
-    a, b, c = (torch.rand(128, 64) for _ in range(3))
-    kwargs = {"BLOCK": 64}
-    plan, launches, _, _ = stub_plan((a, c, b), kwargs)
-    assert plan((2,), (a, c, b), kwargs)
-    assert plan((2,), (a, c, b), {"BLOCK": 64})           # an equal dict: tested, passes
-    assert not plan((2,), (a, c, b), {"BLOCK": 32})       # another value: another plan
-    assert not plan((2,), (a, c, b), {"BLOCK": True})     # another type, though True == 1
+    x, y = torch.rand(32, 64), torch.rand(32, 64)
+    kwargs = {"COLS": 64}
+    plan, launches, _, _ = stub_plan(scale, (x, y, 2.0), kwargs)
+    assert plan((2,), (x, y, 2.0), kwargs)
+    assert plan((2,), (x, y, 2.0), {"COLS": 64})          # an equal dict: tested, passes
+    assert not plan((2,), (x, y, 2.0), {"COLS": 32})      # another value: another plan
+    assert not plan((2,), (x, y, 2.0), {"COLS": 64.0})    # another type, though 64.0 == 64
     assert len(launches) == 2
 
 
@@ -79,7 +66,7 @@ def test_remembered_maps_hold_every_pointer(stub_plan):
     base = torch.rand(128 * 64 + 4)
     a, b = base[:128 * 64].view(128, 64), torch.rand(128, 64)
     c = torch.empty(128, 64)
-    plan, launches, checks, encoded = stub_plan((a, c, b), {})
+    plan, launches, checks, encoded = stub_plan(tma_double, (a, c, b), {})
     assert plan((2,), (a, c, b), {}) and plan((2,), (a, c, b), {})
     assert len(encoded) == 1 and len(checks) == 1        # maps and checks made once
     assert launches[0][-1] == launches[1][-1] == 1001    # the map passed by address
