@@ -390,8 +390,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     and backward."""
     import torch
     if torch.compiler.is_compiling():
-        scale, left, right, softcap, _ = _checked(q, k, v, causal, scale, deterministic, window,
-                                                  softcap)
+        scale, left, right, softcap, _ = _checked_call(q, k, v, causal, scale, deterministic,
+                                                       window, softcap)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
                                              softcap)
@@ -408,7 +408,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 _PREPARED = eager.Prepared()
 
 
-def _checked(q, k, v, causal, scale, deterministic, window, softcap) -> tuple:
+def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tuple:
     """attention's arguments checked: (scale, left, right, softcap) as the
     kernels take them, and whether autograd records the call."""
     import torch
@@ -431,8 +431,8 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     autograd (EagerAttention) when it records them, else the forward kernel
     alone, its launch planned here."""
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
-    scale, left, right, softcap, grad = _checked(q, k, v, causal, scale, deterministic, window,
-                                                 softcap)
+    scale, left, right, softcap, grad = _checked_call(q, k, v, causal, scale, deterministic,
+                                                      window, softcap)
     planned = planned_launch(q, k, causal, scale, (left, right), softcap)
     if grad:
         backward = []       # planned at the first backward (its task table), then kept

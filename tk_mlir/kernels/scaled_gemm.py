@@ -101,7 +101,7 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     import torch
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
-        _checked(a, b, scale_a, scale_b, out_dtype)
+        _checked_call(a, b, scale_a, scale_b, out_dtype)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         return torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype)
     # eager: a signature seen before was checked then (eager.py)
@@ -115,7 +115,7 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
 _PREPARED = eager.Prepared()
 
 
-def _checked(a, b, scale_a, scale_b, out_dtype) -> None:
+def _checked_call(a, b, scale_a, scale_b, out_dtype) -> None:
     """check, and the refusal of an input that requires grad."""
     import torch
     check(a, b, scale_a, scale_b, out_dtype)
@@ -128,7 +128,7 @@ def _checked(a, b, scale_a, scale_b, out_dtype) -> None:
 
 def _prepare(a, b, scale_a, scale_b, out_dtype):
     """After checking an eager call, the function launching calls like it."""
-    _checked(a, b, scale_a, scale_b, out_dtype)
+    _checked_call(a, b, scale_a, scale_b, out_dtype)
     return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
 
 

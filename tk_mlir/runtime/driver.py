@@ -450,8 +450,9 @@ def _libcuda_launch():
 class PackedLauncher:
     """Launches one Function with parameters of fixed kinds ('ptr', 'i32',
     'i64', 'f32', and 'tmap': a tensor map given by the address of its 128
-    bytes, which the caller keeps alive during the call). Thread-safe: the shared parameter buffer is filled and
-    handed to the driver under a lock (the driver copies it during the call)."""
+    bytes, which the caller keeps alive during the call). Thread-safe: the
+    shared parameter buffer is filled and handed to the driver under a lock
+    (the driver copies it during the call)."""
 
     def __init__(self, function: Function, kinds: tuple[str, ...]):
         import ctypes
