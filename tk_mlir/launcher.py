@@ -7,14 +7,18 @@ that signature and device:
 
     def plan(grid, args, kwargs):
         if len(args) != 4 or len(kwargs) != 1: return False       # same arity,
-        v = kwargs.get('BLOCK', MISSING)                           # constexprs (type
-        if type(v) is not K0_type or v != K0: return False        # and value),
+        if kwargs is not TRUSTED:                                  # (its own dict: known)
+            v = kwargs.get('BLOCK', MISSING)                       # constexprs (type
+            if type(v) is not K0_type or v != K0: return False    # and value),
         if S0.get(N0, ABSENT) is not R0.value and not R0.fresh(): return False  # globals,
         a0, a1, a2, a3 = args                                      # tensor kinds
         if type(a0) not in TENSORS or a0.dtype is not D0 or a0.ndim != 2: return False
         key = (a0_shape, a0_strides, a0.get_device(), ...)         # checked once per key
-        if (a0_ptr | ...) & 15 or key not in checked: ... full_check ...
-        launch(grid[0], grid[1], grid[2], stream(), a0_ptr, a0_shape[0], ...)
+        maps = MAPS.get((key, a0_ptr, ...))                        # tensor maps, if any
+        if maps is None:
+            if (a0_ptr | ...) & 15 or key not in checked: ... full_check ...
+            maps = remember_maps(...)                              # encoded once
+        launch(grid[0], grid[1], grid[2], stream(), a0_ptr, a0_shape[0], ..., maps[0])
         return True
 
 A plan returns False when its guard fails (or a global read changed:
