@@ -174,3 +174,18 @@ def test_a_remembered_deterministic_backward_counts_afresh(interpret, monkeypatc
         torch.autograd.grad(attention(q, k, v, causal=True, deterministic=True), (q, k, v),
                             _bf16(g, 1, 2, 130, 64))
     assert counts[0] == counts[2] == 0 and counts[1] > 0, counts
+
+
+def test_a_planned_split_k_run_takes_fresh_views_for_new_shapes(interpret):
+    """gemm.planned_run's split-K launch keeps the views it took of the
+    workspace for the last shape only: a second shape gets its own."""
+    from tk_mlir import interpreter
+    chosen = gemm.plan(16, 128, 2048, interpreter.SMS)
+    assert chosen.kernel == "split_k"
+    run = gemm.planned_run(chosen, "nk", "mk", interpreter.SMS)
+    g = torch.Generator().manual_seed(10)
+    for m in (16, 16, 9):
+        a, b = _bf16(g, m, 2048), _bf16(g, 128, 2048)
+        c = torch.full((m, 128), float("nan"), dtype=torch.bfloat16)
+        run(a, b, c)
+        assert _rel(c, a.double() @ b.double().T) < 8e-3

@@ -650,12 +650,18 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
         return gemm_kernel.kernel.launcher((sms,), B_KN=kn, **chosen.config, **_a_km(km))
     cfg = chosen.config
     split = gemm_split_k_kernel.launcher((sms,), B_KN=kn, **cfg, **_a_km(km))
+    last = [None, None, None]      # the workspace pair last used, and the views taken of it
 
     def run_split(a, b, c):
         M, N = c.shape[-2], c.shape[-1]
-        batch = a.shape[0] if a.dim() == 3 else 1
-        w, f = _workspace(a.device, c.numel(), split_k_counters(M, N, cfg["BN"], batch))
-        split(a, b, c, w[:c.numel()].view(c.shape), f)
+        counters = split_k_counters(M, N, cfg["BN"], a.shape[0] if a.dim() == 3 else 1)
+        w, f = _workspace(a.device, c.numel(), counters)
+        views = last[2]
+        if last[0] is not w or last[1] is not f or views[0].shape != c.shape or \
+                views[1].shape[0] != counters:
+            views = (w[:c.numel()].view(c.shape), f[:counters])
+            last[:] = w, f, views
+        split(a, b, c, *views)
     return run_split
 
 
@@ -724,7 +730,8 @@ _CAPTURED: list = []
 
 def _workspace(device, elements: int, counters: int):
     """A zeroed f32 workspace of at least `elements` and int32 counters of at
-    least `counters` for the current stream. While a CUDA graph is captured,
+    least `counters` for the current stream (the whole kept tensors: the
+    caller takes the views it needs). While a CUDA graph is captured,
     the stream's kept pair if it is large enough (warm up on the capture
     stream first, as torch.cuda.graph advises), else a new pair made inside
     the graph, which zeroes it at every replay, and not kept. Graphs
@@ -737,7 +744,7 @@ def _workspace(device, elements: int, counters: int):
     kept = _WORKSPACES.get(key)
     if kept is not None and kept[0].numel() >= elements and kept[1].numel() >= counters:
         kept[2] = kept[2] or capturing
-        return kept[0], kept[1][:counters]
+        return kept[0], kept[1]
     w = torch.zeros(max(elements, kept[0].numel() if kept else 0), dtype=torch.float32,
                     device=device)
     f = torch.zeros(max(counters, kept[1].numel() if kept else 0), dtype=torch.int32,
@@ -746,4 +753,4 @@ def _workspace(device, elements: int, counters: int):
         if kept is not None and kept[2]:
             _CAPTURED.append(kept)
         _WORKSPACES[key] = [w, f, False]
-    return w, f[:counters]
+    return w, f
