@@ -189,3 +189,12 @@ def test_a_planned_split_k_run_takes_fresh_views_for_new_shapes(interpret):
         c = torch.full((m, 128), float("nan"), dtype=torch.bfloat16)
         run(a, b, c)
         assert _rel(c, a.double() @ b.double().T) < 8e-3
+
+
+def test_a_sparse_tensor_gets_the_checks_error():
+    """A tensor without strided storage is not keyed (it has no data
+    pointer): the call goes to the checks, which name the rule it breaks."""
+    s = torch.randn(8, 8).to_sparse()
+    assert eager.tensor_key(s) is eager.UNKEYED
+    with pytest.raises(TypeError, match="a must be torch.bfloat16"):
+        matmul(s, s)

@@ -38,27 +38,29 @@ UNKEYED = _Unkeyed()
 
 def tensor_key(t) -> tuple | None | _Unkeyed:
     """What a wrapper's checks read of tensor argument t, hashable: None for
-    None (an optional tensor left out). A value that is not a plain torch
-    tensor (a tensor subclass such as torch.compile's fake tensors, whose
-    metadata may not say what the checks read, or no tensor at all) gives
-    UNKEYED."""
+    None (an optional tensor left out). A value that is not a plain strided
+    torch tensor (a tensor subclass such as torch.compile's fake tensors,
+    whose metadata may not say what the checks read; a sparse tensor, which
+    has no data pointer; no tensor at all) gives UNKEYED: the checks say
+    what is wrong with it."""
     if t is None:
         return None
-    if type(t) not in (_PLAIN or _plain_tensor_types()):
+    if type(t) not in (_PLAIN or _plain_tensor_types()) or t.layout is not _STRIDED:
         return UNKEYED
     return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad,
             t.data_ptr() & 15)
 
 
 def _plain_tensor_types() -> tuple:
-    global _PLAIN
+    global _PLAIN, _STRIDED
     if _PLAIN is None:
         import torch
-        _PLAIN = (torch.Tensor, torch.nn.Parameter)
+        _PLAIN, _STRIDED = (torch.Tensor, torch.nn.Parameter), torch.strided
     return _PLAIN
 
 
 _PLAIN: tuple | None = None
+_STRIDED = None
 
 
 def option_key(*options) -> tuple:
