@@ -1,7 +1,7 @@
 """Launch plans' shortcuts, on the CPU with the driver call stubbed
 (launcher.torch_plan, as benchmarks/launch_overhead.py --plan-only builds
-one): a plan skips its keyword tests only for the very dict it was made
-from, and finds its tensor maps by the tensors' key and every pointer, so a
+one): a plan skips its keyword tests only for the very dict it was told to
+trust (a Kernel.launcher's), and finds its tensor maps by the tensors' key and every pointer, so a
 misaligned pointer is checked even where the maps were found before."""
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def stub_plan(monkeypatch):
     return make
 
 
-def test_only_the_plans_own_keywords_are_trusted(stub_plan):
+def test_only_a_trusted_dict_skips_the_keyword_tests(stub_plan):
     x, y = torch.rand(32, 64), torch.rand(32, 64)
     kwargs = {"COLS": 64}
     plan, launches, _, _ = stub_plan(scale, (x, y, 2.0), kwargs)
@@ -59,7 +59,16 @@ def test_only_the_plans_own_keywords_are_trusted(stub_plan):
     assert plan((2,), (x, y, 2.0), {"COLS": 64})          # an equal dict: tested, passes
     assert not plan((2,), (x, y, 2.0), {"COLS": 32})      # another value: another plan
     assert not plan((2,), (x, y, 2.0), {"COLS": 64.0})    # another type, though 64.0 == 64
-    assert len(launches) == 2
+    kwargs["COLS"] = 32                                    # not trusted: still tested
+    assert not plan((2,), (x, y, 2.0), kwargs)
+    # Trusted (a Kernel.launcher's dict, never changed: here changed, to show
+    # that the tests are skipped for that very dict and for no other).
+    trusted = {"COLS": 64}
+    assert launcher.trust(plan, trusted) is plan
+    trusted["COLS"] = 32
+    assert plan((2,), (x, y, 2.0), trusted)
+    assert not plan((2,), (x, y, 2.0), {"COLS": 32})
+    assert len(launches) == 3
 
 
 def test_remembered_maps_hold_every_pointer(stub_plan):

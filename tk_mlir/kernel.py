@@ -238,27 +238,29 @@ class Kernel:
 
         def run(*args):
             nonlocal plan
-            if plan is not None and plan(grid, args, kwargs):
-                return
-            if _interpret_all():
-                return self._interpret(grid, *args, **kwargs)
             try:
-                plan = self.launch_by_plan(grid, args, kwargs)
+                if plan is not None and plan(grid, args, kwargs):
+                    return
+                if _interpret_all():
+                    return self._interpret(grid, *args, **kwargs)
+                plan = self.launch_by_plan(grid, args, kwargs, trusted=True)
             except (CompilationError, ArgumentError) as e:
                 raise for_the_user(e)
         return run
 
-    def launch_by_plan(self, grid, args: tuple, kwargs: dict) -> Callable | None:
+    def launch_by_plan(self, grid, args: tuple, kwargs: dict,
+                       trusted: bool = False) -> Callable | None:
         """Launch; return the plan that did it (None: the general path), which
         a caller may try first for a call like this one (tk.autotune does).
-        `kwargs` must not change after the call: a plan made from it trusts
-        that very dict by identity (launcher.torch_plan)."""
+        trusted=True: `kwargs` is never changed (a launcher's own dict), and
+        the plan that launched (its keyword tests passed for it) skips them
+        for that very dict from now on (launcher.trust)."""
         plans = self._plans
         for i, plan in enumerate(plans):   # the last one used first
             if plan(grid, args, kwargs):
                 if i:                      # (autotuned kernels alternate between plans)
                     _to_front(plans, plan)
-                return plan
+                return launcher.trust(plan, kwargs) if trusted else plan
         plan = self._plan(args, kwargs)
         if plan is None:                # not all torch tensors: the general path
             self.launch_general(grid, args, kwargs)
@@ -268,7 +270,7 @@ class Kernel:
         if not plan(grid, args, kwargs):    # its guard refuses what it was made from
             self.launch_general(grid, args, kwargs)    # (e.g. an np.float64 for a float)
             return None
-        return plan
+        return launcher.trust(plan, kwargs) if trusted else plan
 
     def _plan(self, args, kwargs) -> Callable | None:
         """Compile for these arguments, check them, and make the launch plan for

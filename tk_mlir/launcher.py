@@ -7,7 +7,7 @@ that signature and device:
 
     def plan(grid, args, kwargs):
         if len(args) != 4 or len(kwargs) != 1: return False       # same arity,
-        if kwargs is not TRUSTED:                                  # (its own dict: known)
+        if kwargs is not TRUSTED:                                  # (a launcher's: known)
             v = kwargs.get('BLOCK', MISSING)                       # constexprs (type
             if type(v) is not K0_type or v != K0: return False    # and value),
         if S0.get(N0, ABSENT) is not R0.value and not R0.fresh(): return False  # globals,
@@ -310,6 +310,15 @@ def remember_maps(table: dict, key, maps: tuple) -> tuple:
     return entry
 
 
+def trust(plan: Callable, kwargs: dict) -> Callable:
+    """`plan`, from now on skipping its keyword tests for the very dict
+    `kwargs`, which it has just launched with (its tests passed) and which
+    nothing changes (a Kernel.launcher's own). One dict at a time: a plan two
+    launchers share tests the other's keywords again (still right, if slower)."""
+    plan.__globals__["TRUSTED"] = kwargs
+    return plan
+
+
 def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: dict,
                gl_rules: dict[int, dict], compiled, launch: Callable, stream: Callable,
                device: int, reads: tuple = ()) -> Callable:
@@ -337,9 +346,9 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
              "        return False"]
     # The keywords (constexprs, num_warps) and positional constexprs must be
     # the very values this plan was compiled for: same type, same value.
-    # The dict this plan was made from is never changed (launch_by_plan's
-    # rule): a call passing that very dict again skips these tests.
-    env["TRUSTED"] = kwargs
+    # A call passing the very dict the plan trusts (`trust`) skips these
+    # tests; until then no dict is that object.
+    env["TRUSTED"] = object()
     if kwargs:
         lines.append("    if kwargs is not TRUSTED:")
     for j, (k, v) in enumerate(kwargs.items()):

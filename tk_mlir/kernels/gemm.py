@@ -25,6 +25,7 @@ tiles, and when even those leave SMs idle, K is split among blocks
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -550,7 +551,6 @@ def measured_plan(M: int, N: int, K: int, sms: int, layout: str) -> Plan | None:
     layout and SM count, if that M is within a factor of two of M and M is
     not past the largest M measured (more rows keep the rules' autotuned
     kernel); None otherwise, or where the rules' plan was as fast."""
-    import math
     rows = measured_plans().get((layout, sms, N, K))
     if not rows or not 1 <= M <= rows[-1][0]:
         return None
@@ -650,18 +650,11 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
         return gemm_kernel.kernel.launcher((sms,), B_KN=kn, **chosen.config, **_a_km(km))
     cfg = chosen.config
     split = gemm_split_k_kernel.launcher((sms,), B_KN=kn, **cfg, **_a_km(km))
-    last = [None, None, None]      # the workspace pair last used, and the views taken of it
 
     def run_split(a, b, c):
         M, N = c.shape[-2], c.shape[-1]
         counters = split_k_counters(M, N, cfg["BN"], a.shape[0] if a.dim() == 3 else 1)
-        w, f = _workspace(a.device, c.numel(), counters)
-        views = last[2]
-        if last[0] is not w or last[1] is not f or views[0].shape != c.shape or \
-                views[1].shape[0] != counters:
-            views = (w[:c.numel()].view(c.shape), f[:counters])
-            last[:] = w, f, views
-        split(a, b, c, *views)
+        split(a, b, c, *_workspace_views(a.device, c.shape, counters))
     return run_split
 
 
@@ -728,10 +721,11 @@ _WORKSPACES: dict = {}
 _CAPTURED: list = []
 
 
-def _workspace(device, elements: int, counters: int):
-    """A zeroed f32 workspace of at least `elements` and int32 counters of at
-    least `counters` for the current stream (the whole kept tensors: the
-    caller takes the views it needs). While a CUDA graph is captured,
+def _workspace(device, elements: int, counters: int) -> list:
+    """[w, f, captured, views]: a zeroed f32 workspace w of at least `elements`
+    and int32 counters f of at least `counters` for the current stream, whether
+    a graph captured them, and the views taken of them (_workspace_views).
+    While a CUDA graph is captured,
     the stream's kept pair if it is large enough (warm up on the capture
     stream first, as torch.cuda.graph advises), else a new pair made inside
     the graph, which zeroes it at every replay, and not kept. Graphs
@@ -744,13 +738,29 @@ def _workspace(device, elements: int, counters: int):
     kept = _WORKSPACES.get(key)
     if kept is not None and kept[0].numel() >= elements and kept[1].numel() >= counters:
         kept[2] = kept[2] or capturing
-        return kept[0], kept[1]
+        return kept
     w = torch.zeros(max(elements, kept[0].numel() if kept else 0), dtype=torch.float32,
                     device=device)
     f = torch.zeros(max(counters, kept[1].numel() if kept else 0), dtype=torch.int32,
                     device=device)
+    pair = [w, f, capturing, {}]
     if not capturing:
         if kept is not None and kept[2]:
             _CAPTURED.append(kept)
-        _WORKSPACES[key] = [w, f, False]
-    return w, f
+        _WORKSPACES[key] = pair
+    return pair
+
+
+def _workspace_views(device, shape, counters: int):
+    """(W, F) as gemm_split_k_kernel takes them for a C of `shape`: views of
+    the current stream's workspace pair (_workspace), taken once per shape and
+    kept with the pair (so they go when it is replaced)."""
+    pair = _workspace(device, math.prod(shape), counters)
+    views = pair[3].get((shape, counters))
+    if views is None:
+        w, f = pair[0], pair[1]
+        views = (w[:math.prod(shape)].view(shape), f[:counters])
+        if len(pair[3]) >= 64:
+            pair[3].clear()
+        pair[3][(shape, counters)] = views
+    return views

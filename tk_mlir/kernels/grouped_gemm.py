@@ -192,21 +192,23 @@ def grouped_schedule(sizes, M: int):
 
 
 _FIRST_ROWS: dict = {}
+_MAX_FIRST_ROWS = 256
 
 
 def _tile_first_rows(M: int, sizes):
     """[0, 128, ..., 128 (cdiv(M, 128) - 1)] like sizes (its dtype and device):
     the boundaries n is bucketed against (n <= 0: 0; above the last, every
-    tile). Kept per (M, dtype, device), except one made while a CUDA graph
-    is captured (its memory is the graph's)."""
+    tile). Kept per (M, dtype, device) and never dropped (a captured CUDA
+    graph may read a kept one at every replay), up to _MAX_FIRST_ROWS; past
+    that, and while a graph is captured (its memory is the graph's), made
+    for the call."""
     import torch
     key = (M, sizes.dtype, sizes.device)
     first = _FIRST_ROWS.get(key)
     if first is None:
         first = torch.arange(0, M, 128, dtype=sizes.dtype, device=sizes.device)
-        if not (sizes.is_cuda and torch.cuda.is_current_stream_capturing()):
-            if len(_FIRST_ROWS) >= 256:
-                _FIRST_ROWS.clear()
+        if len(_FIRST_ROWS) < _MAX_FIRST_ROWS and \
+                not (sizes.is_cuda and torch.cuda.is_current_stream_capturing()):
             _FIRST_ROWS[key] = first
     return first
 
