@@ -1,8 +1,9 @@
 """Host time per launch of a tiny kernel, over >= 10,000 launches in rounds of 200.
 
 Measures, in one process: a cached tk_mlir kernel called as `kernel[grid](...)`
-(argument checks included), a bare cuda-python cuLaunchKernel of the same
-cubin, a torch eager op, and a tiny Triton kernel when Triton is importable.
+(argument checks included) and through `kernel.launcher(grid)` (bound once), a
+bare cuda-python cuLaunchKernel of the same cubin, a torch eager op, and a tiny
+Triton kernel when Triton is importable.
 The GPU work is negligible (one block), so the wall time per launch is host
 time: what a small kernel costs to call from Python.
 
@@ -50,9 +51,12 @@ def plan_only(launches: int) -> list[dict]:
     plan.__globals__["full_check"] = lambda all_values: True    # CPU tensors: taken as checked
     tiny._plans.insert(0, plan)
     timed = lambda fn: min(_host_us(fn, launches) for _ in range(3))   # noqa: E731
+    bound = tiny.launcher((1,))
     return [{"impl": "launch plan (driver stubbed)", "us": timed(lambda: plan((1,), (x, y, 2.0), {}))},
             {"impl": "tiny[(1,)](x, y, 2.0) (driver stubbed)",
              "us": timed(lambda: tiny[(1,)](x, y, 2.0))},
+            {"impl": "tiny.launcher((1,))(x, y, 2.0) (driver stubbed)",
+             "us": timed(lambda: bound(x, y, 2.0))},
             {"impl": "an empty Python call", "us": timed(lambda: None)}]
 
 
@@ -97,9 +101,12 @@ def main(argv=None) -> int:
     def raw():
         cu.cuLaunchKernel(fn.handle, 1, 1, 1, 32, 1, 1, 0, stream, (vals, types), 0)
 
+    bound = tiny.launcher((1,))
     rows = [
         {"impl": "tk_mlir kernel[grid](x, y, 2.0)", "us": host_us_per_call(
             lambda: tiny[(1,)](x, y, 2.0), args.launches)},
+        {"impl": "tk_mlir kernel.launcher(grid)(x, y, 2.0)", "us": host_us_per_call(
+            lambda: bound(x, y, 2.0), args.launches)},
         {"impl": "cuda-python cuLaunchKernel (bare)", "us": host_us_per_call(raw, args.launches)},
         {"impl": "torch eager y.copy_(x)", "us": host_us_per_call(lambda: y.copy_(x), args.launches)},
     ]
