@@ -67,7 +67,7 @@ def option_key(*options) -> tuple:
     """The call's options with their types: the checks tell True from 1 and
     1 from 1.0, which compare (and hash) equal. A tuple option (a window)
     is taken apart the same way."""
-    return tuple((type(v), option_key(*v) if type(v) is tuple else v) for v in options)
+    return tuple([(type(v), option_key(*v) if type(v) is tuple else v) for v in options])
 
 
 class Prepared:
