@@ -198,3 +198,48 @@ def test_a_sparse_tensor_gets_the_checks_error():
     assert eager.tensor_key(s) is eager.UNKEYED
     with pytest.raises(TypeError, match="a must be torch.bfloat16"):
         matmul(s, s)
+
+
+# ------------------------------------------------------------- on the GPU
+
+@pytest.mark.gpu
+def test_remembered_split_k_calls_take_each_streams_workspace():
+    """One signature on two streams: each call's partial sums meet in its own
+    stream's workspace (the remembered launch keeps views per pair)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(16, 4096, device="cuda", generator=g).bfloat16()
+    b = torch.randn(512, 4096, device="cuda", generator=g).bfloat16()
+    assert gemm.plan(16, 512, 4096, torch.cuda.get_device_properties(0).multi_processor_count
+                     ).kernel == "split_k"
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for i in range(6):
+        with torch.cuda.stream(streams[i % 2]):
+            outs.append(matmul(a, b))
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double().T
+    for c in outs:
+        assert _rel(c, ref) < 5e-3
+
+
+@pytest.mark.gpu
+def test_a_remembered_attention_call_replays_in_a_cuda_graph():
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q, k, v = (torch.randn(2, 4, 200, 128, device="cuda", generator=g).bfloat16()
+               for _ in range(3))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        attention(q, k, v, causal=True)          # planned (and its task table made) here
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        o = attention(q, k, v, causal=True)
+    for _ in range(2):
+        q.normal_(generator=g)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(),
+                                                               v.double(), is_causal=True)
+        assert _rel(o, ref) < 1e-2
