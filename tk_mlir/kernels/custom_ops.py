@@ -421,32 +421,34 @@ class EagerRmsNorm(torch.autograd.Function):
     kernels launch directly, without the op's dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx, x, weight, eps, planned=None):
+        """planned: norms.planned_rms_norm's launch for x's shape (an eager
+        call's, remembered), or None."""
         y = x.new_empty(x.shape)
-        norms.launch_rms_norm(x, weight, eps, y)
+        (planned or norms.planned_rms_norm(x))(x, weight, eps, y)
         _norm_setup_context(ctx, (x, weight, eps), y)
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return _rms_norm_backward(ctx, dy, norms.rms_norm_backward)
+        return (*_rms_norm_backward(ctx, dy, norms.rms_norm_backward), None)
 
 
 class EagerLayerNorm(torch.autograd.Function):
     """layer_norm's, as EagerRmsNorm."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(ctx, x, weight, bias, eps, planned=None):
         y = x.new_empty(x.shape)
-        norms.launch_layer_norm(x, weight, bias, eps, y)
+        (planned or norms.planned_layer_norm(x))(x, weight, bias, eps, y)
         _norm_setup_context(ctx, (x, weight, bias, eps), y)
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return _layer_norm_backward(ctx, dy, norms.layer_norm_backward)
+        return (*_layer_norm_backward(ctx, dy, norms.layer_norm_backward), None)
 
 
 # -------------------------------------------------------------- activations

@@ -249,21 +249,19 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     eps = _check(fn, x, eps, _out(out), **params)
     grads = _recorded(fn, out, x, *params.values())
     if fn == "rms_norm":
-        if grads:
-            return lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps)
-
         launch = planned_rms_norm(x)
+        if grads:
+            return lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch)
 
         def run_rms_norm(x, weight, out):
             out = x.new_empty(x.shape) if out is None else out
             launch(x, weight, eps, out)
             return out
         return run_rms_norm
+    launch = planned_layer_norm(x)
     if grads:
         return lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(x, weight, bias,
-                                                                              eps)
-
-    launch = planned_layer_norm(x)
+                                                                              eps, launch)
 
     def run_layer_norm(x, weight, bias, out):
         out = x.new_empty(x.shape) if out is None else out
