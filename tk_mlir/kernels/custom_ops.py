@@ -171,16 +171,21 @@ class EagerMatmul(torch.autograd.Function):
     kernels launch directly, without the ops' dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, a, b, b_layout):
-        c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
-        gemm.launch(a, b, c, b_layout)
+    def forward(ctx, a, b, b_layout, planned=None):
+        """planned: `run(a, b, None) -> c`, the product as an eager call like
+        this one launches it (remembered), or None."""
+        if planned is not None:
+            c = planned(a, b, None)
+        else:
+            c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
+            gemm.launch(a, b, c, b_layout)
         _matmul_setup_context(ctx, (a, b, b_layout), c)
         return c
 
     @staticmethod
     @first_order
     def backward(ctx, dc):
-        return _matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b)
+        return (*_matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b), None)
 
 
 @torch.library.custom_op("tk_mlir::grouped_matmul", mutates_args=())

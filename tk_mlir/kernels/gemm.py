@@ -272,9 +272,16 @@ def _prepare(a, b, c, b_layout: str):
     through autograd when it records them, else c allocated when None and
     the product launched, planned here when the operands are read as they
     lie (no padded copies)."""
-    if checked_grads(a, b, c, b_layout):
+    return _planned(a, b, c, b_layout, checked_grads(a, b, c, b_layout))
+
+
+def _planned(a, b, c, b_layout: str, grads: bool):
+    """_prepare's function for checked arguments (grads: autograd records
+    the calls; its forward launches as a call without grads would)."""
+    if grads:                                   # (c is None: checked_grads refuses it)
         from tk_mlir.kernels import custom_ops
-        return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout)
+        product = _planned(a, b, None, b_layout, False)
+        return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout, product)
     shape = output_shape(a, b, b_layout)       # (c: a's dtype and device, as a.new_empty)
     as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and checks.readable(a) \
         and checks.readable(b) and (checks.readable(c) if c is not None else
