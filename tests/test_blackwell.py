@@ -304,6 +304,25 @@ def test_reading_the_tile_before_the_commits_phase_is_reported():
         MMA_TILE.interpret[(1,)](a, b, torch.zeros(128, 64), K=64, N=64, WAIT=False)
 
 
+def test_a_read_after_the_mma_completed_but_before_its_wait_names_the_mma():
+    """Under the seeds where the MMA has finished before the unwaited read,
+    the report names the MMA that wrote the tile (it said 'the TMA load')."""
+    import tk_mlir.interpreter as interpreter
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 64).bfloat16()
+    messages = []
+    for seed in range(12):
+        interpreter.SEED = seed
+        try:
+            with pytest.raises(InterpretError) as e:
+                MMA_TILE.interpret[(1,)](a, b, torch.zeros(128, 64), K=64, N=64, WAIT=False)
+        finally:
+            interpreter.SEED = 0
+        messages.append(str(e.value))
+    assert not any("TMA load" in m for m in messages), messages
+    assert any("which the tcgen05.mma at" in m and "without waiting for the semaphore phase "
+               "that tcgen05.mma completes" in m for m in messages), messages
+
+
 @tk.kernel(num_warps=4, target="sm_100a")
 def one_mma(A: tk.gl, C: tk.gl[f32], n: int, BUG: tk.constexpr):
     """C = A @ A.T by one thread's MMA, and then what BUG names, that a

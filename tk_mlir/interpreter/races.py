@@ -88,6 +88,7 @@ class Shadow:
             s = self.allocs[ref.alloc.key] = {
                 "w_slot": np.full(shape, -1, np.int64), "w_clock": np.zeros(shape, np.int64),
                 "w_where": np.full(shape, None, object),
+                "w_what": np.full(shape, None, object),  # what wrote: 'TMA load', ...
                 "w_unfenced": np.zeros(shape, bool),    # a thread write, no proxy fence after
                 "r_clock": np.zeros((self.num_slots, *shape), np.int64),
                 "r_where": np.full((self.num_slots, *shape), None, object)}
@@ -155,12 +156,13 @@ class Shadow:
             writer = s["w_where"][idx, r, c].ravel()[k]
             slot = slots.ravel()[k]
             if slot >= self.num_warps:
-                return (f"{what} reads {ref.describe()}, which the TMA load at {writer} "
-                        f"writes, without waiting for that load's semaphore phase (a "
-                        f"read of a shared tile before its TMA load was waited for)")
+                kind = s["w_what"][idx, r, c].ravel()[k]
+                return (f"{what} reads {ref.describe()}, which the {kind} at {writer} "
+                        f"writes, without waiting for the semaphore phase that {kind} "
+                        f"completes (a read before its {kind} was waited for)")
             return (f"data race: {what} reads {ref.describe()}, written at {writer} by warp "
                     f"{slot}, with nothing ordering the two: "
-                    f"{self._fix(warp, slot, writer, tma_load=False)}")
+                    f"{self._fix(warp, slot, writer, None)}")
         if record:
             self.read_done(ref, warp, clock[warp], where, rows)
         return None
@@ -180,6 +182,7 @@ class Shadow:
         write with no proxy fence after it; ignore: accesses in flight that are
         ordered before it (one thread's earlier tcgen05.mma); record=False: an
         asynchronous writer, recorded when it completes. The problem, or None."""
+        async_kind = _kind(what) if slot is not None else None
         f = self._in_flight(ref, writes_only=False, ignore=ignore)
         if f is not None:
             until = {"wgmma": "its tk.mma_wait", "TMA store": "tk.tma.store_wait",
@@ -197,7 +200,7 @@ class Shadow:
             writer = s["w_where"][idx, r, c].ravel()[k]
             return (f"data race: {what} writes {ref.describe()}, also written at {writer}, "
                     f"with nothing ordering the two writes: "
-                    f"{self._fix(warp, slots.ravel()[k], writer, tma_load=slot is not None)}")
+                    f"{self._fix(warp, slots.ravel()[k], writer, async_kind)}")
         reads = s["r_clock"][:, idx, r, c]
         late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
         if late.any():
@@ -206,12 +209,13 @@ class Shadow:
             reader = s["r_where"][w][idx, r, c].ravel()[k]
             return (f"data race: {what} writes {ref.describe()}, which {self._who(w)} read at "
                     f"{reader}, with nothing ordering the read before the write: "
-                    f"{self._fix(warp, w, reader, tma_load=slot is not None)}")
+                    f"{self._fix(warp, w, reader, async_kind)}")
         if not record:
             return None
         s["w_slot"][idx, r, c] = warp if slot is None else slot
         s["w_clock"][idx, r, c] = clock[warp] if epoch is None else epoch
         s["w_where"][idx, r, c] = where
+        s["w_what"][idx, r, c] = _kind(what)
         s["w_unfenced"][idx, r, c] = unfenced
         s["r_clock"][:, idx, r, c] = 0
         return None
@@ -224,13 +228,15 @@ class Shadow:
             return f"warp {slot}"
         if slot >= self.num_slots - self.num_wgs:
             return f"the wgmma of warpgroup {slot - self.num_slots + self.num_wgs}"
-        return "a TMA load"
+        return "an asynchronous access (a TMA load or an MMA)"
 
-    def _fix(self, warp: int, slot: int, earlier: str, tma_load: bool) -> str:
+    def _fix(self, warp: int, slot: int, earlier: str, writer: str | None) -> str:
         """What orders the access at `earlier` (by clock slot `slot`) before
         warp `warp`'s, from what orders the two so far (`via`): a semaphore
         that orders an earlier access but not this one asks for the arrival
-        after the access; nothing (or a barrier before it), a barrier."""
+        after the access; nothing (or a barrier before it), a barrier.
+        writer: the asynchronous writer this access is ('TMA load',
+        'tcgen05.mma'), or None for a warp's."""
         who = self._who(slot)
         if self.via[warp, slot] == BY_SEMAPHORE:
             return (f"warp {warp} is ordered after {who} through a semaphore, but not after "
@@ -238,16 +244,27 @@ class Shadow:
                     f"once its readers are done, a wgmma's operands after its tk.mma_wait), "
                     f"and have warp {warp} wait for that arrival's phase first (is the arrive "
                     f"before the access, or the wait for an earlier phase?)")
-        if tma_load:
+        if writer == "TMA load":
             return ("a TMA load may overwrite a tile only once its readers are done with it: "
                     "they arrive on a semaphore after their reads, and the load's issuer "
                     "waits for that phase first (a ring's empty slot: tk.wait before "
                     "tk.tma.load_async)")
+        if writer is not None:
+            return (f"a {writer} may overwrite a tile only once its readers are done with it: "
+                    f"they arrive on a semaphore after their reads, and the {writer}'s "
+                    f"issuer waits for that phase first")
         if slot >= self.num_slots - self.num_wgs:
             return (f"{who} reads until that warpgroup's tk.mma_wait: order this access after "
                     f"the wait (an arrival after it that this warp waits for, or a barrier)")
         if slot >= self.num_warps:
-            return "wait for that TMA load's semaphore phase (tk.wait) before this access"
+            return ("wait for the semaphore phase that asynchronous access completes "
+                    "(tk.wait) before this access")
         return ("put a barrier between the two: tk.barrier() (every warp of the block) or "
                 "tk.named_barrier(id, warps=n) among the warps involved "
                 "(tk.named_barrier_arrive on the side that goes first)")
+
+
+def _kind(what: str) -> str:
+    """The operation an access's description names: 'this TMA load' and
+    'this tcgen05.mma (pair=True: ...)' give 'TMA load' and 'tcgen05.mma'."""
+    return what.removeprefix("this ").split(" (")[0]
