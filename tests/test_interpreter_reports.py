@@ -189,7 +189,8 @@ def mma_ring(A: tk.gl, C: tk.gl, EARLY: tk.constexpr = False, SHORT: tk.constexp
     else:
         for i in range(tiles):
             a = ring.wait(i)                      # MARK: ring wait
-            acc = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), a, a)
+            zero = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+            acc = tk.mma_ABt(zero, a, a)          # MARK: ring mma
             if EARLY:
                 ring.release(i)                   # MARK: early release
             tk.mma_wait(0)
@@ -217,6 +218,16 @@ def test_stage_released_before_its_mma_wait():
     e = report(mma_ring, *inputs(), EARLY=True, seeds=range(6))
     assert e.line == line_of("MARK: ring load")
     assert "wgmma" in e.message, e.message
+
+
+def test_a_finished_wgmmas_read_is_placed_at_the_wgmma():
+    """Where the wgmma had been waited for by the time the load overwrites
+    its tile, the report places its read at the wgmma (it said the wait)."""
+    mma = line_of("MARK: ring mma")
+    reads = [e.message for e in (report(mma_ring, *inputs(), EARLY=True, seeds=[s])
+                                 for s in range(8)) if "read at" in e.message]
+    assert reads and all(f"wgmma of warpgroup 0 read at {HERE}:{mma}," in m for m in reads), \
+        reads
 
 
 MMA_RESULT_BEFORE_WAIT = """

@@ -256,7 +256,7 @@ def _mma(op, num_warps):
 
 @interprets("tk.mma_wait")
 def _mma_wait(op, num_warps):
-    pending, at = op.pending, op.at
+    pending = op.pending
     def wait(w):
         block, wg = w.block, w.index // 4
         done = block.mma_issued.get(wg, 0) - pending
@@ -268,9 +268,9 @@ def _mma_wait(op, num_warps):
         groups = block.mma.get(wg, [])
         while groups and groups[0][0] <= done:       # the first warp to wait ends the reads
             group, flights = groups.pop(0)
-            for f in flights:
+            for f in flights:                         # (read where the wgmma was issued)
                 block.shadow.finish(f)
-                block.shadow.read_done(f.ref, slot, group, at)
+                block.shadow.read_done(f.ref, slot, group, f.where)
     return wait
 
 
