@@ -152,13 +152,13 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
     s.loads.append(at)
     s.loads_in_flight += 1
     block.last_load[sem.alloc.key, sem.index] = (s.completed, loc)
-    block.later(lambda: _land(block, data, flight, s, clock, loc, at, _nbytes(dst)))
+    block.later(lambda: _land(block, data, flight, s, clock, loc, at, _nbytes(dst), epoch))
 
 
-def _land(block, data, flight, sem, clock, loc, at, nbytes) -> None:
+def _land(block, data, flight, sem, clock, loc, at, nbytes, epoch) -> None:
     block.smem.write(flight.ref, data)
     block.shadow.finish(flight)
-    sem.complete_tx(nbytes, clock, loc, at)
+    sem.complete_tx(nbytes, clock, loc, at, epoch)
 
 
 class _Store:

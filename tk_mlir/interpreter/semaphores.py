@@ -58,9 +58,17 @@ class Semaphore:
         self.pending -= n
         self._maybe_complete(loc)
 
-    def complete_tx(self, nbytes: int, clock: np.ndarray, loc, where: str) -> None:
-        """A TMA load's bytes landed."""
+    def complete_tx(self, nbytes: int, clock: np.ndarray, loc, where: str, epoch: int) -> None:
+        """A TMA load's bytes landed; epoch: the phase they count towards (the
+        one running when the load was issued)."""
         self.loads_in_flight -= 1
+        if epoch != self.completed + 1:
+            raise error(loc, f"transaction-byte mismatch on {self.describe()}: the TMA load at "
+                             f"{where} counts towards a phase that completed before its "
+                             f"{nbytes} byte(s) landed, so a wait for that phase did not "
+                             f"wait for them: its expect armed fewer bytes than its loads "
+                             f"add up to; expect exactly the bytes of the tiles loaded "
+                             f"(tk.tma.expect(sem, *tiles))")
         np.maximum(self.clock, clock, out=self.clock)
         self.tx -= nbytes
         if self.pending == 0 and self.tx < 0:
