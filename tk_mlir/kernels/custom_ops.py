@@ -171,14 +171,10 @@ class EagerMatmul(torch.autograd.Function):
     kernels launch directly, without the ops' dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, a, b, b_layout, planned=None):
+    def forward(ctx, a, b, b_layout, planned):
         """planned: `run(a, b, None) -> c`, the product as an eager call like
-        this one launches it (remembered), or None."""
-        if planned is not None:
-            c = planned(a, b, None)
-        else:
-            c = torch.empty(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
-            gemm.launch(a, b, c, b_layout)
+        this one launches it (gemm._planned, remembered)."""
+        c = planned(a, b, None)
         _matmul_setup_context(ctx, (a, b, b_layout), c)
         return c
 
@@ -426,11 +422,11 @@ class EagerRmsNorm(torch.autograd.Function):
     kernels launch directly, without the op's dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, planned=None):
+    def forward(ctx, x, weight, eps, planned):
         """planned: norms.planned_rms_norm's launch for x's shape (an eager
-        call's, remembered), or None."""
+        call's, remembered)."""
         y = x.new_empty(x.shape)
-        (planned or norms.planned_rms_norm(x))(x, weight, eps, y)
+        planned(x, weight, eps, y)
         _norm_setup_context(ctx, (x, weight, eps), y)
         return y
 
@@ -444,9 +440,9 @@ class EagerLayerNorm(torch.autograd.Function):
     """layer_norm's, as EagerRmsNorm."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, planned=None):
+    def forward(ctx, x, weight, bias, eps, planned):
         y = x.new_empty(x.shape)
-        (planned or norms.planned_layer_norm(x))(x, weight, bias, eps, y)
+        planned(x, weight, bias, eps, y)
         _norm_setup_context(ctx, (x, weight, bias, eps), y)
         return y
 
@@ -917,14 +913,14 @@ class EagerAttention(torch.autograd.Function):
     custom op's kernel makes). torch.compile traces the op instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic=False, left=-1, right=-1,
-                softcap=0.0, planned=None, backward=None):
+    def forward(ctx, q, k, v, causal, scale, deterministic, left, right, softcap, planned,
+                backward):
         """planned, backward: flash_attention's planned launch and backward for
-        calls like this one (an eager call's, remembered), or None."""
+        calls like this one (an eager call's, remembered)."""
         o, lse = attention_forward(q, k, v, causal, scale, (left, right), softcap, planned)
         _attention_setup_context(ctx, (q, k, v, causal, scale, deterministic, left, right,
                                        softcap), (o, lse))
-        ctx.backward = backward or flash_attention.attention_backward
+        ctx.backward = backward
         return o, lse
 
     @staticmethod

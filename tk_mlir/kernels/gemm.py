@@ -286,21 +286,19 @@ def _planned(a, b, c, b_layout: str, grads: bool):
     as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and checks.readable(a) \
         and checks.readable(b) and (checks.readable(c) if c is not None else
                                     _whole_vectors(shape[-1], a.element_size()) == shape[-1])
-    if not as_they_lie:
-        def run(a, b, c):
-            c = a.new_empty(shape) if c is None else c
+    if as_they_lie:
+        (M, K), sms = a.shape[-2:], num_sms(a.get_device())
+        product = planned_run(_plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1,
+                                    b_layout), b_layout, "mk", sms)
+    else:                                       # (padded copies where needed: launch's)
+        def product(a, b, c):
             launch(a, b, c, b_layout)
-            return c
-        return run
-    (M, K), sms = a.shape[-2:], num_sms(a.get_device())
-    product = planned_run(_plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1,
-                                b_layout), b_layout, "mk", sms)
 
-    def run_planned(a, b, c):
+    def run(a, b, c):
         c = a.new_empty(shape) if c is None else c
         product(a, b, c)
         return c
-    return run_planned
+    return run
 
 
 def check_b_layout(fn: str, b_layout) -> None:
@@ -732,11 +730,11 @@ def _workspace(device, elements: int, counters: int) -> list:
     """[w, f, captured, views]: a zeroed f32 workspace w of at least `elements`
     and int32 counters f of at least `counters` for the current stream, whether
     a graph captured them, and the views taken of them (_workspace_views).
-    While a CUDA graph is captured,
-    the stream's kept pair if it is large enough (warm up on the capture
-    stream first, as torch.cuda.graph advises), else a new pair made inside
-    the graph, which zeroes it at every replay, and not kept. Graphs
-    captured on one stream share its pair: replay them one at a time."""
+    While a CUDA graph is captured, the stream's kept pair if it is large
+    enough (warm up on the capture stream first, as torch.cuda.graph
+    advises), else a new pair made inside the graph, which zeroes it at every
+    replay, and not kept. Graphs captured on one stream share its pair:
+    replay them one at a time."""
     import torch
     from tk_mlir.runtime.driver import current_stream
     cuda = device.type == "cuda"
