@@ -52,7 +52,7 @@ def test_names_stay_bound_to_the_kernels_after_importing_their_modules():
     assert kernels.matmul is matmul and sorted(kernels.__all__) == \
         ["all_gather_matmul", "all_reduce", "attention", "attention_varlen",
          "attention_with_kvcache", "cross_entropy", "fused_add_layer_norm",
-         "fused_add_rms_norm", "grouped_matmul", "layer_norm", "linear_attention",
+         "fused_add_rms_norm", "grouped_matmul", "grouped_mm", "layer_norm", "linear_attention",
          "linear_attention_step", "linear_cross_entropy", "matmul",
          "matmul_reduce_scatter",
          "rms_norm", "rotary_embedding", "rotary_embedding_qk", "scaled_matmul", "ssd",

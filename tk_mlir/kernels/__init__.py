@@ -6,6 +6,7 @@ tk_mlir source of its kernel beside a checked, torch-facing wrapper.
 
     c = matmul(a, b)                       # A @ B.T, B given as N x K (3-D: a batch)
     c = grouped_matmul(a, b, sizes)        # G products of sizes[g] rows (an MoE's experts)
+    c = grouped_mm(a, b, offs)             # the same, rows packed, as torch._grouped_mm
     c = scaled_matmul(a8, b8, sa, sb)      # fp8 (A @ B) * scales, as torch._scaled_mm
     y = rms_norm(x, weight)                # x / rms(x) * weight, per row
     y = layer_norm(x, weight, bias)        # (x - mean) / std * weight + bias
@@ -42,6 +43,7 @@ import sys
 _LAZY = {
     "matmul": ".gemm",
     "grouped_matmul": ".grouped_gemm",
+    "grouped_mm": ".grouped_gemm",
     "scaled_matmul": ".scaled_gemm",
     "rms_norm": ".norms",
     "layer_norm": ".norms",

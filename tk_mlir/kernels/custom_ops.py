@@ -6,6 +6,7 @@
     torch.ops.tk_mlir.grouped_matmul(a, b, sizes, b_layout="nk", out_dtype=None) -> c
     torch.ops.tk_mlir.grouped_matmul_grads(dc, a, b, sizes, b_layout, need_a, need_b)
                                            -> (da, db)
+    torch.ops.tk_mlir.grouped_mm(a, b, offs) -> out
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
@@ -267,6 +268,19 @@ class EagerGroupedMatmul(torch.autograd.Function):
     @first_order
     def backward(ctx, dc):
         return _grouped_backward(ctx, dc, grouped_gemm.grouped_grads)
+
+
+@torch.library.custom_op("tk_mlir::grouped_mm", mutates_args=())
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """grouped_gemm.grouped_mm: the packed products a[rows of g] @ b[g], g's
+    rows ending at offs[g], into a new (T, N) tensor of a's dtype."""
+    grouped_gemm.check_ragged(a, b, offs, None)
+    return grouped_gemm.ragged_launch(a, b, grouped_gemm.check_offs(offs, a))
+
+
+@grouped_mm.register_fake
+def _(a, b, offs):
+    return a.new_empty((a.shape[0], b.shape[2]))
 
 
 @torch.library.custom_op("tk_mlir::scaled_matmul", mutates_args=())

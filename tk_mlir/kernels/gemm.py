@@ -39,7 +39,7 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, LOG_G=0, SCATTER=None,
-         GATHER=None, A_KM=False, ACCUMULATE=False):
+         GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -49,7 +49,12 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     3-D A, B and C: one product per index of their first dim; grouped, with
     STARTS (G + 1 ints): product g takes the BM-row tiles STARTS[g] to
     STARTS[g + 1] - 1 counted over all products (its rows, padded: those
-    of A's rows it has), LOG_G the bits of G. Tiles of BM x BN, BK deep
+    of A's rows it has), LOG_G the bits of G. Ragged, with OFFS (G ints):
+    A is 2-D (rows of every product packed), B 3-D (one per product), C 2-D;
+    product g takes A's and C's rows from OFFS[g - 1] (0 for g = 0) to
+    OFFS[g] (clamped to [0, M]; see ragged_tile_of), its rows added into C
+    (which must hold zeros there) by TMA reduce-add, the rows of other
+    products in its tiles added as zeros. Tiles of BM x BN, BK deep
     through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
     of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
     in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
@@ -88,6 +93,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
     assert STARTS is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
         "grouped products (STARTS) take 3-D tensors, no CLUSTER and no SPLIT_K"
+    ragged = OFFS is not None
+    assert not ragged or (not batched and b_outer and len(C.shape) == 2 and BM == 128
+                          and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and STARTS is None
+                          and TMA_STORE and C.dtype != "f32"), \
+        "ragged products (OFFS) take a 2-D A and C, a 3-D B, BM = 128 and a 16-bit C"
+    if ragged:
+        batch = B.shape[0]
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
     tasks = batch * tiles if STARTS is None else tk.load(STARTS, (batch,)) * tiles_n
@@ -139,7 +151,43 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         m, n = tk.grouped_tile(task - first * tiles_n, rows, tiles_n, GROUP_M)
         return (g,), m, n
 
+    def rows_end(g):
+        """The end of product g's rows, OFFS[g] clamped to [0, M] (g = -1: 0,
+        a load before the tensor's start reads 0)."""
+        return min(max(tk.load(OFFS, (g,)), 0), M)
+
+    if ragged:
+        # Slot p of product g is row tile p - g of A and C: a product's slots
+        # start at its first row's tile + g, one more than the tiles before
+        # it span (so a tile two products share has a slot in each).
+        slots = rows_end(batch - 1) // BM + batch
+        tasks = slots * tiles_n
+
+    def ragged_tile_of(task):
+        """(g, m, n, first, end) of a ragged task: its product g (the last
+        whose first slot is at or before the task's, by binary search), the
+        row tile m of A and C, its column tile n, and g's rows [first, end).
+        Slots past a product's tiles (its rows end on a tile's edge, or it
+        has none) are tasks whose rows hold none of g's: computed, not
+        stored."""
+        slot, n = tk.grouped_tile(task, slots, tiles_n, GROUP_M)
+        g = 0
+        for bit in tk.static_range(LOG_G - 1, -1, -1):
+            probe = g + (1 << bit)
+            if probe < batch:
+                if rows_end(probe - 1) // BM + probe <= slot:
+                    g = probe
+        return g, slot - g, n, rows_end(g - 1), rows_end(g)
+
     def load(task, k, a, b, sem):
+        if ragged:
+            g, m, n, _, _ = ragged_tile_of(task)
+            tk.tma.load_async(a, A, (m, k), sem)
+            tk.tma.load_async(b, B, (g, k, n) if B_KN else (g, n, k), sem)
+        else:
+            load_tiles(task, k, a, b, sem)
+
+    def load_tiles(task, k, a, b, sem):
         outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
@@ -166,6 +214,21 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return acc
 
     def finish(acc, task, wg):
+        if ragged:
+            g, m, n, first, end = ragged_tile_of(task)
+            top = BM * m + 64 * wg                   # the consumer's first row
+
+            def rows_of_g(part, h):                  # other rows add zeros
+                row = part.row_indices() + top
+                return tk.where(row >= first, tk.where(row < end, part, 0.0), 0.0)
+
+            if top < end and top + 64 > first:
+                tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
+                                   EPI_BUFFERS, rows_of_g, add=True)
+        else:
+            store_tile(acc, task, wg)
+
+    def store_tile(acc, task, wg):
         outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
         if SCATTER is not None:

@@ -1,5 +1,5 @@
-"""grouped_matmul: the experts of a mixture of experts, G products of
-different row counts, in one launch.
+"""grouped_matmul and grouped_mm: the experts of a mixture of experts, G
+products of different row counts, in one launch.
 
 The capacity layout: a is (G, M, K), each product's rows padded to M, and
 `sizes` says how many rows of each are real. The kernel is gemm.gemm over 3-D
@@ -7,6 +7,14 @@ tensors with a tile schedule: only the 128-row tiles that hold rows are
 tasks, numbered product after product: STARTS[g] counts the tile rows before
 product g (built on the GPU from the sizes, so nothing waits for the host,
 in three torch ops); a task finds its product by binary search over STARTS.
+
+The packed (ragged) layout, as torch._grouped_mm takes it: a is (T, K), the
+rows of every product one after another, `offs[g]` the end of product g's
+rows. grouped_mm's kernel (gemm.gemm with OFFS) walks 128-row tiles of a and
+c: a tile two products share is computed once for each, and each adds its
+own rows (the others as zeros) into c, which starts as zeros; a task finds
+its product by binary search over offs itself, so nothing runs on the host
+or in torch beyond c's zeros.
 """
 from __future__ import annotations
 
@@ -26,6 +34,144 @@ def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"],
     g's 128-row tiles the STARTS[g]-th to the STARTS[g + 1] - 1-th of all."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
               EPI_BUFFERS=EPI_BUFFERS, STARTS=STARTS, LOG_G=LOG_G)
+
+
+@tk.kernel(num_warps=12)
+def ragged_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, OFFS: tk.gl["i32"], LOG_G: tk.constexpr,
+                       B_KN: tk.constexpr = False, BN: tk.constexpr = 256,
+                       STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
+                       EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2):
+    """C[rows of g] += A[rows of g] @ B[g].T (B[g] with B_KN) for the G
+    products whose rows end at OFFS[g] (`gemm` with OFFS); C holds zeros
+    where a product's tiles reach, LOG_G the bits of G."""
+    gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
+              EPI_BUFFERS=EPI_BUFFERS, OFFS=OFFS, LOG_G=LOG_G)
+
+
+def grouped_mm(a, b, offs, out_dtype=None):
+    """G products of different row counts packed in one tensor (an MoE's
+    experts, tokens sorted by expert), as torch._grouped_mm(a, b, offs) with a
+    2-D a and a 3-D b: out[rows of g] = a[rows of g] @ b[g], where product g's
+    rows are offs[g - 1] (0 for g = 0) up to offs[g].
+
+    a: (T, K) torch.bfloat16 or torch.float16 on a CUDA device; b: (G, K, N),
+    a's dtype and device, in either layout: row-major, or the transpose of a
+    contiguous (G, N, K) tensor (an expert's weight as a Linear keeps it,
+    `w.transpose(1, 2)`); another layout is copied. K and N multiples of 8
+    (rows of whole 16-byte vectors).
+    offs: G nondecreasing ends in [0, T], int32. Where they live decides how
+    they are checked, as grouped_matmul's sizes: on the host (a list or tuple
+    of ints, or a CPU tensor) each is checked and they are copied to a's
+    device; on a's device (the router's cumulative counts) they are read by
+    the GPU only, each clamped to [0, T] (not checked: that would wait for the
+    GPU). Rows past offs[-1] are zeros.
+    out_dtype: None or a's dtype (the result's).
+
+    Returns a new (T, N) tensor. Not differentiable yet: an input that
+    requires grad (with grad mode on) is refused. Under torch.compile it runs
+    as the custom op torch.ops.tk_mlir.grouped_mm."""
+    import torch
+    if torch.compiler.is_compiling():
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
+        if isinstance(offs, (list, tuple)):     # the op takes a tensor; its real run checks it
+            offs = torch.tensor(offs, dtype=torch.int32)
+        check_ragged(a, b, offs, out_dtype)
+        return torch.ops.tk_mlir.grouped_mm(a, b, offs)
+    if isinstance(a, torch.Tensor) and a.dim() == 2 and \
+            not (isinstance(offs, torch.Tensor) and offs.is_cuda):
+        offs = check_offs(offs, a)             # host offs: their values, on every call
+    key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(offs),
+           eager.option_key(out_dtype), torch.is_grad_enabled())
+    return _RAGGED.call(key, lambda: _prepare_ragged(a, b, offs, out_dtype), a, b, offs)
+
+
+_RAGGED = eager.Prepared()
+
+
+def _prepare_ragged(a, b, offs, out_dtype):
+    """After checking an eager grouped_mm call, `run(a, b, offs) -> out` for
+    calls like it."""
+    import torch
+    check_ragged(a, b, offs, out_dtype)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise RuntimeError("grouped_mm: not differentiable yet (its gradients are not built); "
+                           "an input requires grad: call it under torch.no_grad() or detach "
+                           "the inputs (grouped_matmul, the capacity layout, is "
+                           "differentiable)")
+    return ragged_launch
+
+
+def check_ragged(a, b, offs, out_dtype) -> None:
+    """The arguments of grouped_mm, each rule with the argument that breaks it
+    (offs on the host are checked by check_offs)."""
+    import torch
+    fn, inputs = "grouped_mm", (torch.bfloat16, torch.float16)
+    checks.tensor(fn, "a", a, ndim=2, dtypes=inputs)
+    checks.tensor(fn, "b", b, ndim=3, dtypes=inputs)
+    checks.like(fn, "b", b, "a", a)
+    if b.shape[1] != a.shape[1]:
+        raise ValueError(f"{fn}: inner dimensions differ: a is {tuple(a.shape)} (T x K), b is "
+                         f"{tuple(b.shape)} (G x K x N)")
+    for name, n in (("K", a.shape[1]), ("N", b.shape[2])):
+        if n % 8:
+            raise ValueError(f"{fn}: {name} must be a multiple of 8 (rows of whole 16-byte "
+                             f"vectors, as torch._grouped_mm requires), got a {tuple(a.shape)}, "
+                             f"b {tuple(b.shape)}")
+    G = b.shape[0]
+    if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.shape[0] != G or \
+            offs.dtype != torch.int32 or offs.device not in (a.device, torch.device("cpu")):
+        raise ValueError(f"{fn}: offs must be a 1-D int32 tensor of G={G} row ends (b's "
+                         f"first dim) on the CPU or {a.device}, got {checks.describe(offs)}")
+    if out_dtype is not None and out_dtype != a.dtype:
+        raise TypeError(f"{fn}: out_dtype must be None or a's dtype {a.dtype} (the result is "
+                        f"added in a's dtype), got {out_dtype}")
+    checks.on_cuda(fn, "a", a)
+
+
+def check_offs(offs, a, fn: str = "grouped_mm"):
+    """Host offs (a list or tuple of ints, or a CPU tensor) as an int32 tensor
+    after checking each: nondecreasing, in [0, T] for a of T rows. Anything
+    else is returned as it is (check_ragged says what is wrong with it)."""
+    import torch
+    if isinstance(offs, (list, tuple)):
+        for g, n in enumerate(offs):
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise TypeError(f"{fn}: offs[{g}] must be an int (a row end), got "
+                                f"{type(n).__name__} {n!r}")
+        if any(not -2**31 <= n < 2**31 for n in offs):
+            raise ValueError(f"{fn}: offs must be int32 row ends, got {list(offs)}")
+        offs = torch.tensor(offs, dtype=torch.int32).reshape(len(offs))
+    if not isinstance(offs, torch.Tensor) or offs.device.type != "cpu" or offs.dim() != 1 \
+            or offs.dtype != torch.int32:
+        return offs
+    T = a.shape[0]
+    previous = torch.cat([offs.new_zeros(1), offs[:-1]])
+    bad = ((offs < previous) | (offs > T)).nonzero()
+    if len(bad):
+        g = int(bad[0, 0])
+        raise ValueError(f"{fn}: offs[{g}] is {int(offs[g])}: row ends must be nondecreasing "
+                         f"from 0 and at most T = {T} (a's rows), got {offs.tolist()}")
+    return offs
+
+
+def ragged_launch(a, b, offs):
+    """ragged_gemm_kernel on checked arguments, into a new zeroed (T, N)
+    tensor of a's dtype; returns it."""
+    import torch
+    T, K = a.shape
+    G, _, N = b.shape
+    out = torch.zeros((T, N), dtype=a.dtype, device=a.device)
+    if not (T and N and K and G):
+        return out
+    offs = checks.int32_table(offs.to(a.device, non_blocking=True))
+    kn = b.stride(2) == 1 and checks.readable(b)
+    bt = b if kn else b.transpose(1, 2)
+    if not kn and not checks.readable(bt):
+        bt, kn = b.contiguous(), True
+    ragged_gemm_kernel[(num_sms(a.get_device()),)](
+        checks.kernel_operand(a), bt, out, offs, LOG_G=(G - 1).bit_length(), B_KN=kn,
+        BN=256 if N > 128 else 128)
+    return out
 
 
 def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):

@@ -1,0 +1,198 @@
+"""grouped_mm: packed (ragged) grouped products as torch._grouped_mm takes
+them. The kernel's numerics run in the interpreter on CPU tensors (groups
+that share a 128-row tile, end on a tile's edge, are empty, rows past the
+last group), against float64; the same cases and larger ones on the GPU; the
+wrapper's argument rules; the custom op's fake; PTX without spills."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tk_mlir as tk  # noqa: E402
+from tk_mlir.kernels import grouped_gemm, grouped_mm  # noqa: E402
+
+
+def reference(a, b, offs):
+    """float64 a[rows of g] @ b[g], zeros past the last group."""
+    out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64)
+    start = 0
+    for g, end in enumerate(offs):
+        out[start:end] = a[start:end].double().cpu() @ b[g].double().cpu()
+        start = end
+    return out
+
+
+def rel_err(out, ref) -> float:
+    return ((out.double().cpu() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def weights(G, K, N, layout, device="cpu", dtype=torch.bfloat16, gen=None):
+    """b as (G, K, N): row-major ("kn"), or the transpose of (G, N, K) ("nk")."""
+    if layout == "kn":
+        return torch.randn(G, K, N, dtype=dtype, device=device, generator=gen)
+    return torch.randn(G, N, K, dtype=dtype, device=device, generator=gen).transpose(1, 2)
+
+
+# (T, K, N, offs): groups sharing a tile, ending on a tile's edge (128), empty
+# groups (first, middle, last), rows past the last group, one group.
+CASES = [
+    (300, 64, 128, [0, 100, 128, 128, 250, 290]),
+    (200, 72, 136, [70, 200, 200]),
+    (129, 64, 256, [129]),
+    (256, 64, 64, [1, 2, 3, 130]),
+]
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("T, K, N, offs", CASES)
+def test_interpreted_against_float64(interpret, T, K, N, offs, layout):
+    gen = torch.Generator().manual_seed(T * 7 + K)
+    a = torch.randn(T, K, dtype=torch.bfloat16, generator=gen)
+    b = weights(len(offs), K, N, layout, gen=gen)
+    out = grouped_mm(a, b, torch.tensor(offs, dtype=torch.int32))
+    assert out.shape == (T, N) and out.dtype == a.dtype
+    assert rel_err(out, reference(a, b, offs)) < 1e-2
+    assert not out[offs[-1]:].any()                      # rows of no group
+
+
+def test_a_list_of_offs_and_f16(interpret):
+    a = torch.randn(150, 64, dtype=torch.float16)
+    b = weights(3, 64, 128, "nk", dtype=torch.float16)
+    offs = [40, 40, 150]
+    assert rel_err(grouped_mm(a, b, offs), reference(a, b, offs)) < 1e-2
+
+
+def test_empty_sizes_return_zeros(interpret):
+    a = torch.randn(10, 64, dtype=torch.bfloat16)
+    out = grouped_mm(a, weights(2, 64, 0, "kn"), [5, 10])
+    assert out.shape == (10, 0)
+    out = grouped_mm(torch.randn(0, 64, dtype=torch.bfloat16), weights(2, 64, 64, "kn"), [0, 0])
+    assert out.shape == (0, 64)
+    out = grouped_mm(a[:, :0], weights(2, 0, 64, "kn"), [5, 10])
+    assert out.shape == (10, 64) and not out.any()
+
+
+def cpu(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape).to(dtype)
+
+
+BAD = {
+    "a 3-D": (lambda: grouped_mm(cpu(2, 8, 8), cpu(2, 8, 8), [8, 16]), ValueError,
+              r"grouped_mm: a must be 2-D, got shape \(2, 8, 8\)"),
+    "b 2-D": (lambda: grouped_mm(cpu(16, 8), cpu(8, 8), [8, 16]), ValueError,
+              r"grouped_mm: b must be 3-D"),
+    "f32 a": (lambda: grouped_mm(cpu(16, 8, dtype=torch.float32), cpu(2, 8, 8), [8, 16]),
+              TypeError, r"grouped_mm: a must be torch.bfloat16 or torch.float16"),
+    "inner": (lambda: grouped_mm(cpu(16, 8), cpu(2, 16, 8), [8, 16]), ValueError,
+              r"inner dimensions differ: a is \(16, 8\) \(T x K\), b is \(2, 16, 8\)"),
+    "N % 8": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 12), [8, 16]), ValueError,
+              r"N must be a multiple of 8"),
+    "offs length": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [16]), ValueError,
+                    r"offs must be a 1-D int32 tensor of G=2 row ends"),
+    "offs int64": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), torch.tensor([8, 16])),
+                   ValueError, r"offs must be a 1-D int32 tensor .* torch.int64"),
+    "offs decreasing": (lambda: grouped_mm(cpu(16, 8), cpu(3, 8, 8), [8, 4, 16]), ValueError,
+                        r"offs\[1\] is 4: row ends must be nondecreasing from 0 and at most "
+                        r"T = 16"),
+    "offs past T": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 17]), ValueError,
+                    r"offs\[1\] is 17"),
+    "offs negative": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [-1, 16]), ValueError,
+                      r"offs\[0\] is -1"),
+    "offs not ints": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8.0, 16]), TypeError,
+                      r"offs\[0\] must be an int"),
+    "out_dtype": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16], torch.float32),
+                  TypeError, r"out_dtype must be None or a's dtype torch.bfloat16"),
+    "on the CPU": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16]), ValueError,
+                   r"grouped_mm: a must be on a CUDA device"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_arguments_are_named(case):
+    fn, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        fn()
+
+
+def test_inputs_that_require_grad_are_refused(interpret):
+    a = cpu(16, 8).requires_grad_()
+    with pytest.raises(RuntimeError, match="grouped_mm: not differentiable yet"):
+        grouped_mm(a, cpu(2, 8, 8), [8, 16])
+    with torch.no_grad():
+        grouped_mm(a, cpu(2, 8, 8), [8, 16])
+
+
+def test_fake_says_the_result():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tk_mlir.kernels import custom_ops  # noqa: F401
+    with FakeTensorMode():
+        out = torch.ops.tk_mlir.grouped_mm(torch.empty(40, 64, dtype=torch.bfloat16),
+                                           torch.empty(3, 64, 96, dtype=torch.bfloat16),
+                                           torch.empty(3, dtype=torch.int32))
+    assert out.shape == (40, 96) and out.dtype == torch.bfloat16
+
+
+def test_custom_op_runs_interpreted(interpret):
+    from tk_mlir.kernels import custom_ops  # noqa: F401
+    a, b = cpu(150, 64), weights(3, 64, 128, "kn")
+    offs = torch.tensor([40, 40, 150], dtype=torch.int32)
+    out = torch.ops.tk_mlir.grouped_mm(a, b, offs)
+    assert rel_err(out, reference(a, b, [40, 40, 150])) < 1e-2
+
+
+@pytest.mark.parametrize("kn", [False, True])
+def test_kernel_compiles_without_spills(kn):
+    b = tk.spec((6, 512, 384), "bf16") if kn else tk.spec((6, 384, 512), "bf16")
+    compiled = grouped_gemm.ragged_gemm_kernel.compile(
+        tk.spec((1000, 512), "bf16"), b, tk.spec((1000, 384), "bf16"), tk.spec((8,), "i32"),
+        LOG_G=3, B_KN=kn)
+    info = compiled.info
+    assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+    assert "cp.reduce.async.bulk.tensor" in compiled.asm["ptx"]     # rows added, not stored
+
+
+# ------------------------------------------------------------------ GPU
+
+def random_offs(T: int, G: int, rng: random.Random) -> list[int]:
+    """G nondecreasing ends in [0, T], some groups empty, the last short of T
+    at times."""
+    cuts = sorted(rng.randint(0, T) for _ in range(G - 1))
+    return cuts + [T if rng.random() < 0.7 else rng.randint(cuts[-1] if cuts else 0, T)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("T, K, N, G", [(300, 64, 128, 6), (1000, 256, 384, 8),
+                                        (4099, 512, 1032, 16), (77, 128, 256, 64),
+                                        (2048, 1024, 256, 3)])
+def test_gpu_against_float64(T, K, N, G, layout):
+    rng = random.Random(T + G)
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    a = torch.randn(T, K, dtype=torch.bfloat16, device="cuda", generator=gen)
+    b = weights(G, K, N, layout, "cuda", gen=gen)
+    offs = random_offs(T, G, rng)
+    out = grouped_mm(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"))
+    assert rel_err(out, reference(a, b, offs)) < 1e-2
+    assert not out[offs[-1]:].any()
+
+
+@pytest.mark.gpu
+def test_gpu_in_a_cuda_graph_with_device_offs():
+    """Device offs are read by the GPU: the call captures, and a replay with
+    new offs (same tensor) computes the new groups."""
+    a = torch.randn(512, 128, dtype=torch.bfloat16, device="cuda")
+    b = weights(4, 128, 256, "nk", "cuda")
+    offs = torch.tensor([100, 200, 300, 512], dtype=torch.int32, device="cuda")
+    grouped_mm(a, b, offs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = grouped_mm(a, b, offs)
+    offs.copy_(torch.tensor([0, 256, 256, 400], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, reference(a, b, [0, 256, 256, 400])) < 1e-2
