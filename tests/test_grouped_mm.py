@@ -58,6 +58,20 @@ def test_interpreted_against_float64(interpret, T, K, N, offs, layout):
     assert not out[offs[-1]:].any()                      # rows of no group
 
 
+@pytest.mark.parametrize("offs", [[10, 20, 20, 30, 64, 70, 100, 300],   # ends sharing tiles
+                                  [0, 0, 64, 64, 192, 200],              # on tile edges, rows past
+                                  [0, 0, 0]])                             # no rows at all
+def test_every_row_written_over_a_poisoned_output(interpret, offs):
+    """ragged_launch into NaNs: the zero kernel clears exactly the tiles the
+    GEMM adds into and the rows past the last group; nothing stays NaN."""
+    a, b = cpu(300, 64), weights(len(offs), 64, 192, "kn")
+    out = torch.full((300, 192), float("nan"), dtype=torch.bfloat16)
+    grouped_gemm.ragged_launch(a, b, torch.tensor(offs, dtype=torch.int32), out)
+    assert not out.isnan().any()
+    assert rel_err(out, reference(a, b, offs)) < 1e-2 if offs[-1] else not out.any()
+    assert not out[offs[-1]:].any()
+
+
 def test_a_list_of_offs_and_f16(interpret):
     a = torch.randn(150, 64, dtype=torch.float16)
     b = weights(3, 64, 128, "nk", dtype=torch.float16)

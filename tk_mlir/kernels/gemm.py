@@ -52,9 +52,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     of A's rows it has), LOG_G the bits of G. Ragged, with OFFS (G ints):
     A is 2-D (rows of every product packed), B 3-D (one per product), C 2-D;
     product g takes A's and C's rows from OFFS[g - 1] (0 for g = 0) to
-    OFFS[g] (clamped to [0, M]; see ragged_tile_of), its rows added into C
-    (which must hold zeros there) by TMA reduce-add, the rows of other
-    products in its tiles added as zeros. Tiles of BM x BN, BK deep
+    OFFS[g] (clamped to [0, M]; see ragged_tile_of); a consumer's 64 rows
+    that are all g's are stored, 64 rows g shares with other products are
+    added into C (which must hold zeros there) by TMA reduce-add, the other
+    products' rows as zeros. Tiles of BM x BN, BK deep
     through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
     of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
     in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
@@ -222,7 +223,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                 row = part.row_indices() + top
                 return tk.where(row >= first, tk.where(row < end, part, 0.0), 0.0)
 
-            if top < end and top + 64 > first:
+            if first <= top and min(top + 64, M) <= end:     # all its rows g's: stored
+                tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
+                                   EPI_BUFFERS)
+            elif top < end and top + 64 > first:             # shared: added into zeros
                 tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS, rows_of_g, add=True)
         else:

@@ -11,10 +11,12 @@ in three torch ops); a task finds its product by binary search over STARTS.
 The packed (ragged) layout, as torch._grouped_mm takes it: a is (T, K), the
 rows of every product one after another, `offs[g]` the end of product g's
 rows. grouped_mm's kernel (gemm.gemm with OFFS) walks 128-row tiles of a and
-c: a tile two products share is computed once for each, and each adds its
-own rows (the others as zeros) into c, which starts as zeros; a task finds
-its product by binary search over offs itself, so nothing runs on the host
-or in torch beyond c's zeros.
+c: a tile two products share is computed once for each. A consumer's 64 rows
+that are all one product's are stored; 64 rows that products share are
+zeroed first (ragged_zero_kernel, with the rows past the last product), and
+each adds its own rows (the others as zeros) by TMA reduce-add. A task finds
+its product by binary search over offs itself: no schedule is made on the
+host or in torch.
 """
 from __future__ import annotations
 
@@ -46,6 +48,28 @@ def ragged_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, OFFS: tk.gl["i32"], LOG_G: 
     where a product's tiles reach, LOG_G the bits of G."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
               EPI_BUFFERS=EPI_BUFFERS, OFFS=OFFS, LOG_G=LOG_G)
+
+
+@tk.kernel(num_warps=4)
+def ragged_zero_kernel(C: tk.gl, OFFS: tk.gl["i32"], COLS: tk.constexpr = 128):
+    """Zero the 64-row tiles of C that ragged_gemm_kernel adds into: those a
+    product's rows end inside (OFFS[g], clamped to [0, M], not a multiple of
+    64; zeroed by the first product ending there) and those past the last
+    product's end. One block per product (grid G): block g takes its end's
+    tile, then every G-th tile past the last end."""
+    M, N = C.shape
+    g, G = tk.block_id(0), tk.grid_dim(0)
+    end = min(max(tk.load(OFFS, (g,)), 0), M)
+    before = min(max(tk.load(OFFS, (g - 1,)), 0), M)     # (g = 0: a load before the start: 0)
+    zeros = tk.zeros((64, COLS), C.dtype)
+    if end % 64 != 0:
+        if before % 64 == 0 or before // 64 != end // 64:
+            for j in range(tk.cdiv(N, COLS)):
+                tk.store(C, zeros, (end // 64, j))
+    last = min(max(tk.load(OFFS, (G - 1,)), 0), M)
+    for t in range(tk.cdiv(last, 64) + g, tk.cdiv(M, 64), G):
+        for j in range(tk.cdiv(N, COLS)):
+            tk.store(C, zeros, (t, j))
 
 
 def grouped_mm(a, b, offs, out_dtype=None):
@@ -154,16 +178,19 @@ def check_offs(offs, a, fn: str = "grouped_mm"):
     return offs
 
 
-def ragged_launch(a, b, offs):
-    """ragged_gemm_kernel on checked arguments, into a new zeroed (T, N)
-    tensor of a's dtype; returns it."""
+def ragged_launch(a, b, offs, out=None):
+    """ragged_zero_kernel and ragged_gemm_kernel on checked arguments, into
+    out (a (T, N) tensor of a's dtype whose values are not read; a new one
+    when None); returns it."""
     import torch
     T, K = a.shape
     G, _, N = b.shape
-    out = torch.zeros((T, N), dtype=a.dtype, device=a.device)
+    if out is None:
+        out = torch.empty((T, N), dtype=a.dtype, device=a.device)
     if not (T and N and K and G):
-        return out
+        return out.zero_()
     offs = checks.int32_table(offs.to(a.device, non_blocking=True))
+    ragged_zero_kernel[(G,)](out, offs)
     kn = b.stride(2) == 1 and checks.readable(b)
     bt = b if kn else b.transpose(1, 2)
     if not kn and not checks.readable(bt):
