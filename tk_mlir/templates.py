@@ -92,7 +92,7 @@ def register_split(consumers, consumer_registers, producer_registers):
 
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
-        producer_registers=40, consumer_registers=232, cluster=1):
+        producer_registers=40, consumer_registers=232, cluster=1, plan=None):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM). `inputs` lists each stage's shared tiles
     as (dtype, (rows, cols), swizzle). The kernel has consumers + 1
@@ -101,7 +101,11 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     cluster=n runs the blocks in clusters of n that take each task together
     (`load` may multicast a shared input to all of them with tk.tma.load_async
     (..., multicast=)): a stage is handed back to the producers only when the
-    consumers of every block of the cluster are done with it."""
+    consumers of every block of the cluster are done with it.
+
+    plan(task), when given, runs once per task in the producer, and `load`
+    gets what it returns in place of the task (work shared by a task's
+    loads, e.g. finding a grouped product's tile, not redone per stage)."""
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
@@ -117,6 +121,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         if tk.elect_leader("warpgroup"):
             it = 0
             for task in range(first_task, tasks, task_step):
+                where = task if plan is None else plan(task)
                 for k in range(iters):
                     s = it % stages
                     # A fresh semaphore passes a wait for parity 1: the first
@@ -124,7 +129,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
                     tk.wait(empty[s], tk.ring_phase(it, stages) ^ 1)
                     stage = [tiles[s] for tiles in ring]
                     tk.tma.expect(full[s], *stage)
-                    load(task, k, *stage, full[s])
+                    load(where, k, *stage, full[s])
                     it += 1
     else:
         tk.increase_registers(consumer_registers)

@@ -182,7 +182,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def load(task, k, a, b, sem):
         if ragged:
-            g, m, n, _, _ = ragged_tile_of(task)
+            g, m, n, _, _ = task                     # (ragged_tile_of, once per task)
             tk.tma.load_async(a, A, (m, k), sem)
             tk.tma.load_async(b, B, (g, k, n) if B_KN else (g, n, k), sem)
         else:
@@ -247,7 +247,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                outer=outer, add=ACCUMULATE)
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
-           load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER)
+           load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
+           plan=ragged_tile_of if ragged else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
