@@ -189,7 +189,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             load_tiles(task, k, a, b, sem)
 
     def load_tiles(task, k, a, b, sem):
-        outer, m, n = tile_of(task)
+        if STARTS is not None:
+            outer, m, n = task                       # (tile_of, once per task)
+        else:
+            outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
         if GATHER is not None:
@@ -248,7 +251,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else None)
+           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
