@@ -158,20 +158,19 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return min(max(tk.load(OFFS, (g,)), 0), M)
 
     if ragged:
-        # Product g's tiles start at the 64-row tile holding its first row
-        # (tiles two products share are computed for each, 64-row halves
-        # at most); its slots start at its first row's 128-row tile + g:
-        # more than the tiles before it take (slots without rows are
-        # skipped), and found from OFFS alone.
+        # Slot p of product g is row tile p - g of A and C: a product's slots
+        # start at its first row's tile + g, one more than the tiles before
+        # it span (so a tile two products share has a slot in each).
         slots = rows_end(batch - 1) // BM + batch
         tasks = slots * tiles_n
 
     def ragged_tile_of(task):
-        """(g, h, n, first, end) of a ragged task: its product g (the last
+        """(g, m, n, first, end) of a ragged task: its product g (the last
         whose first slot is at or before the task's, by binary search), the
-        first 64-row tile h of its 128 rows of A and C, its column tile n,
-        and g's rows [first, end). A slot past a product's tiles has no
-        rows of g (h * 64 >= end: ragged_has_rows)."""
+        row tile m of A and C, its column tile n, and g's rows [first, end).
+        Slots past a product's tiles (its rows end on a tile's edge, or it
+        has none) are tasks whose rows hold none of g's: computed, not
+        stored."""
         slot, n = tk.grouped_tile(task, slots, tiles_n, GROUP_M)
         g = 0
         for bit in tk.static_range(LOG_G - 1, -1, -1):
@@ -179,18 +178,12 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             if probe < batch:
                 if rows_end(probe - 1) // BM + probe <= slot:
                     g = probe
-        first = rows_end(g - 1)
-        return g, first // 64 + 2 * (slot - first // BM - g), n, first, rows_end(g)
-
-    def ragged_has_rows(task):
-        _, h, _, first, end = ragged_tile_of(task)
-        return h * 64 < end and first < end
+        return g, slot - g, n, rows_end(g - 1), rows_end(g)
 
     def load(task, k, a, b, sem):
         if ragged:
-            g, h, n, _, _ = task                     # (ragged_tile_of, once per task)
-            tk.tma.load_async(a.subtile(0, 64), A, (h, k), sem)     # (h: 64-row tiles)
-            tk.tma.load_async(a.subtile(1, 64), A, (h + 1, k), sem)
+            g, m, n, _, _ = task                     # (ragged_tile_of, once per task)
+            tk.tma.load_async(a, A, (m, k), sem)
             tk.tma.load_async(b, B, (g, k, n) if B_KN else (g, n, k), sem)
         else:
             load_tiles(task, k, a, b, sem)
@@ -226,18 +219,18 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def finish(acc, task, wg):
         if ragged:
-            g, h, n, first, end = ragged_tile_of(task)
-            top = 64 * (h + wg)                      # the consumer's first row
+            g, m, n, first, end = ragged_tile_of(task)
+            top = BM * m + 64 * wg                   # the consumer's first row
 
             def rows_of_g(part, h):                  # other rows add zeros
                 row = part.row_indices() + top
                 return tk.where(row >= first, tk.where(row < end, part, 0.0), 0.0)
 
             if first <= top and min(top + 64, M) <= end:     # all its rows g's: stored
-                tk.store_in_pieces(C, acc, h + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
+                tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS)
             elif top < end and top + 64 > first:             # shared: added into zeros
-                tk.store_in_pieces(C, acc, h + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
+                tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS, rows_of_g, add=True)
         else:
             store_tile(acc, task, wg)
@@ -258,8 +251,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
-           active=ragged_has_rows if ragged else None)
+           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
