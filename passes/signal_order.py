@@ -15,6 +15,11 @@ signal early in a body follows the writes late in its previous iteration),
 and reports a signal that comes too soon at its line. Ops are known by their
 traits (dialects/tk.py: bulk_write, completes_bulk_writes, fence_scope,
 fences_proxies, signal_scope).
+
+Flags other GPUs reach need scope "sys": a signal or wait on a peer's copy
+(a tk.pgl argument's X[r]), and a wait on this rank's copy X when the kernel
+signals the peers' copies of X (the peers, running it, signal this one): an
+acquire at "gpu" does not synchronize with another GPU's release.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ def check_signals(func: ir.Operation) -> None:
     # widest fence's scope and whether a fence ordered the proxies.
     state = {"written": None, "complete": None, "fenced": None, "proxies": False}
     peers = set(contracts.PEER_COPIES.get(func, ()))
+    signaled_by_peers = _signaled_by_peers(func, peers)
 
     def visit(op: ir.Operation) -> None:
         d = tk.op_def(op)
@@ -45,11 +51,20 @@ def check_signals(func: ir.Operation) -> None:
             state["proxies"] |= d.fences_proxies is not None and d.fences_proxies(op)
         elif d.signal_scope is not None:
             _check_signal(op, d.signal_scope(op), state)
-        if d.flag is not None and _on_a_peer(op.operands[d.operands.index(d.flag)], peers) and \
-                ir.StringAttr(op.attributes["scope"]).value != "sys":
+        if d.flag is None or ir.StringAttr(op.attributes["scope"]).value == "sys":
+            return
+        flag, scope = op.operands[d.operands.index(d.flag)], \
+            ir.StringAttr(op.attributes["scope"]).value
+        if _on_a_peer(flag, peers):
             raise error_at(op.location, f"{op.name}: this flag is a peer's copy (a tk.pgl "
                            f"argument's X[r]), which other GPUs reach: its scope must be 'sys', "
-                           f"got {ir.StringAttr(op.attributes['scope']).value!r}")
+                           f"got {scope!r}")
+        if d.signal_scope is None and _argument(flag) in signaled_by_peers:
+            raise error_at(op.location, f"{op.name}: the peers signal this flag (this kernel "
+                           f"signals their copies, {_line(signaled_by_peers[_argument(flag)])}, "
+                           f"so on each of them it signals this one): a wait at scope {scope!r} "
+                           f"does not synchronize with another GPU's release; its scope must "
+                           f"be 'sys'")
 
     _in_order(func, visit)
 
@@ -63,6 +78,39 @@ def _in_order(op: ir.Operation, visit) -> None:
                 visit(inner.operation)
                 for _ in range(2 if inner.operation.name == "scf.for" else 1):
                     _in_order(inner.operation, visit)
+
+
+def _signaled_by_peers(func: ir.Operation, peers: set) -> dict[int, ir.Location]:
+    """{argument number of a tk.pgl argument's local copy X: a signal this
+    kernel sends to one of X's peer copies}. A tk.pgl argument arrives as X,
+    then its ranks' copies X[r] (consecutive numbers), then X.rank."""
+    local_of = {}
+    for i in sorted(peers):
+        local_of[i] = local_of.get(i - 1, i - 1)
+    found: dict[int, ir.Location] = {}
+
+    def visit(op: ir.Operation) -> None:
+        d = tk.op_def(op)
+        if d is None or d.flag is None or d.signal_scope is None:
+            return
+        flag = op.operands[d.operands.index(d.flag)]
+        copies = [flag] if isinstance(flag, ir.BlockArgument) else \
+            list(flag.owner.operands)[1:] if _on_a_peer(flag, peers) else []
+        for c in copies:
+            if _argument(c) in local_of:
+                found.setdefault(local_of[_argument(c)], op.location)
+
+    _in_order(func, visit)
+    return found
+
+
+def _argument(v: ir.Value) -> int | None:
+    """v's number when it is a kernel argument."""
+    if isinstance(v, ir.BlockArgument):
+        parent = v.owner.owner
+        if getattr(parent, "operation", parent).name == "func.func":
+            return v.arg_number
+    return None
 
 
 def _on_a_peer(v: ir.Value, peers: set) -> bool:

@@ -551,6 +551,32 @@ def test_the_local_copy_may_take_a_narrower_scope():
     assert "red.release.gpu" in ptx_of(gpu_scope_on_the_local_copy, P((4,), "i32", 2))
 
 
+@tk.kernel(num_warps=4)
+def gpu_scope_wait_for_the_peers(F: tk.pgl["i32"]):
+    if tk.thread_id() == 0:
+        for r in tk.static_range(F.world_size):
+            tk.signal(F[r], (F.rank,))
+        tk.wait_signal(F, (0,), 1, scope="gpu")  # E:peer-signaled
+
+
+@tk.kernel(num_warps=4)
+def sys_scope_wait_for_the_peers(F: tk.pgl["i32"]):
+    if tk.thread_id() == 0:
+        tk.signal(F[1 - F.rank], (F.rank,))
+        tk.wait_signal(F, (1 - F.rank,), 1)
+
+
+def test_a_wait_on_the_local_copy_the_peers_signal_needs_system_scope():
+    """The kernel signals every rank's copy of F, so its peers signal this
+    rank's: an acquire at "gpu" would not see their release."""
+    with pytest.raises(tk.CompilationError) as info:
+        gpu_scope_wait_for_the_peers.compile(P((4,), "i32", 2))
+    error_checks.check_error(info.value, "peer-signaled", "tk.wait_signal",
+                             "its scope must be 'sys'", HERE)
+    assert "the peers signal this flag" in str(info.value)
+    assert "ld.acquire.sys" in ptx_of(sys_scope_wait_for_the_peers, P((4,), "i32", 2))
+
+
 def test_a_kernel_with_warpgroup_mmas_traps_on_timeout_without_a_printf_call():
     """A call anywhere in a kernel makes ptxas serialize its wgmmas (C7510: the
     GEMM + reduce-scatter ran 20% slower), so its waits trap without the message."""
