@@ -229,7 +229,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             if first <= top and min(top + 64, M) <= end:     # all its rows g's: stored
                 tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS)
-            elif top < end and top + 64 > first:             # shared: added into zeros
+            elif first < top + 64 and top < end and first < end:   # shared: added into zeros
                 tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS, rows_of_g, add=True)
         else:
