@@ -748,6 +748,45 @@ def test_a_read_after_the_writers_signal_passes():
 
 
 @tk.kernel(num_warps=4)
+def add_then_read(X: tk.gl[f32], Y: tk.gl[f32], F: tk.gl["i32"], WAIT: tk.constexpr,
+                  STORE: tk.constexpr = False):
+    """Block 0 adds into X (tk.atomic_add) and signals; block 1 copies X into
+    Y (STORE: stores into X instead), after the signal when WAIT."""
+    if tk.block_id(0) == 0:
+        tk.atomic_add(X, tk.full((16, 16), 2.0, f32), (0, 0))
+        tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F, (0,), scope="gpu")
+    else:
+        if WAIT:
+            if tk.thread_id() == 0:
+                tk.wait_signal(F, (0,), 1, scope="gpu")
+            tk.barrier()
+        if STORE:
+            tk.store(X, tk.full((16, 16), 5.0, f32), (0, 0))  # E:store-over-add
+        else:
+            tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))  # E:read-of-add
+
+
+@pytest.mark.parametrize("store, marker, op, says", [
+    (False, "read-of-add", "tk.load", "reads element (0, 0) of argument 'X', which block "
+                                      "(0, 0, 0) adds into"),
+    (True, "store-over-add", "tk.store", "writes element (0, 0) of argument 'X' (at")])
+def test_an_add_needs_ordering_before_a_read_or_a_write_by_another_block(store, marker, op,
+                                                                          says):
+    """Adds need no order among themselves, but a read (or a plain write) of an
+    element another block adds into sees the sum before or after the add."""
+    x, y, f = np.ones((16, 16), np.float32), np.full((16, 16), np.nan, np.float32), \
+        np.zeros(4, np.int32)
+    with pytest.raises(InterpretError) as info:
+        add_then_read.interpret[(2,)](x, y, f, WAIT=False, STORE=store)
+    error_checks.check_error(info.value, marker, op, says, HERE)
+    x, f = np.ones((16, 16), np.float32), np.zeros(4, np.int32)
+    add_then_read.interpret[(2,)](x, y, f, WAIT=True, STORE=store)
+    assert (x == 5.0).all() if store else (y == 3.0).all()
+
+
+@tk.kernel(num_warps=4)
 def overwrite_in_turn(X: tk.pgl[f32], F: tk.pgl["i32"], WAIT: tk.constexpr):
     """Rank 0 writes rank 0's X, then rank 1 overwrites it (after rank 0's
     signal when WAIT)."""

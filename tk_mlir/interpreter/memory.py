@@ -41,9 +41,11 @@ class GlobalArray:
         self.read_only = not self.is_torch and not obj.flags.writeable
         self.shape = tuple(int(d) for d in obj.shape)
         self.dtype = canonical_dtype(obj.dtype)
-        # Plain writes and reads by the blocks of this launch, which flags
-        # must order (ordering.py).
+        # Plain writes, reads and adds (tk.atomic_add, TMA reduce-add) by the
+        # blocks of this launch, which flags must order (ordering.py); adds
+        # need no order among themselves.
         self.writes, self.reads = Accesses(self.shape), Accesses(self.shape)
+        self.adds = Accesses(self.shape)
         self.flag_clocks: dict = {}              # element -> its signals (ordering.publish)
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
@@ -129,7 +131,7 @@ class GlobalArray:
             return None
         dst, src = window
         self._check_writable()
-        problem = self._claim(dst, by) if by is not None and not add else None
+        problem = None if by is None else self._add(dst, by) if add else self._claim(dst, by)
         value = tile[src]
         if add:
             old = self.obj[dst]
@@ -165,6 +167,14 @@ class GlobalArray:
                     f"each output element must have one writer (accumulate with "
                     f"tk.atomic_add or a TMA reduce-add), or the second must tk.wait_signal "
                     f"for a signal the first gives after its write")
+        late = self.adds.unordered(dst, order)
+        if late is not None:
+            element, (adder, add_at) = late
+            return (f"block {order.name} writes element {element} of argument {self.name!r} "
+                    f"(at {at}), which block {adder} adds into (at {add_at}) with nothing "
+                    f"ordering the two, so the add may come before or after the write; make "
+                    f"one of them the other kind (all adds, into zeros), or order them with "
+                    f"tk.signal / tk.wait_signal")
         late = self.reads.unordered(dst, order)
         if late is not None:
             element, (reader, read_at) = late
@@ -175,6 +185,29 @@ class GlobalArray:
                     f"reader must tk.signal after its read and this block tk.wait_signal for "
                     f"that signal before writing")
         self.writes.record(dst, order, at)
+        return None
+
+    def _add(self, dst, by: tuple) -> str | None:
+        """Record `by` as an adder of the elements at dst; what an earlier
+        plain write or read of one of them by another block, not ordered
+        before this add, says, or None (adds in any order are fine)."""
+        order, at = by
+        late = self.writes.unordered(dst, order)
+        if late is not None:
+            element, (writer, written_at) = late
+            return (f"block {order.name} adds into element {element} of argument "
+                    f"{self.name!r} (at {at}), which block {writer} wrote (at {written_at}) "
+                    f"with nothing ordering the two, so the write may come after the add and "
+                    f"undo it; make one of them the other kind (all adds, into zeros), or "
+                    f"order them with tk.signal / tk.wait_signal")
+        late = self.reads.unordered(dst, order)
+        if late is not None:
+            element, (reader, read_at) = late
+            return (f"block {order.name} adds into element {element} of argument "
+                    f"{self.name!r} (at {at}), which block {reader} read (at {read_at}) with "
+                    f"nothing ordering that read before this add, so it may read the value "
+                    f"before or after it; order them with tk.signal / tk.wait_signal")
+        self.adds.record(dst, order, at)
         return None
 
     def _check_read(self, src, by: tuple, ok=None) -> None:
@@ -191,4 +224,14 @@ class GlobalArray:
                              f"tk.signal after it (after TMA writes: tk.tma.store_wait(0, "
                              f"read=False) and tk.fence(scope, async_proxy=True) first) and "
                              f"this block tk.wait_signal for that signal before reading")
+        late = self.adds.unordered(src, order, ok)
+        if late is not None:
+            element, (adder, added_at) = late
+            raise error(loc, f"block {order.name} reads element {element} of argument "
+                             f"{self.name!r}, which block {adder} adds into (at {added_at}: "
+                             f"tk.atomic_add or a TMA reduce-add) with nothing ordering that add "
+                             f"before this read, so it may read the sum before or after the "
+                             f"add: the adder must tk.signal after it (after a TMA reduce-add: "
+                             f"tk.tma.store_wait(0, read=False) and tk.fence(scope, "
+                             f"async_proxy=True) first) and this block tk.wait_signal for it")
         self.reads.record(src if ok is None else tuple(i[ok] for i in src), order, at)

@@ -246,7 +246,7 @@ def _fence(op, num_warps):
 @interprets("tk.atomic_add")
 def _atomic_add(op, num_warps):
     def add(scope, dst, value, *coords):
-        dst.store(coords, value, add=True)
+        _check(scope, dst.store(coords, value, add=True, by=(scope.block.order, scope.where)))
     return add
 
 
