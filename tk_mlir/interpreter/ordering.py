@@ -22,8 +22,10 @@ program orders): knowledge is per block, not per warp, so a warp that reads
 before another warp of its block has waited (and met it at a barrier) is
 not told apart from one after; a TMA store counts as written, and a TMA
 load as read, when issued, not when complete; only the last reader of an
-element is kept. Adds (tk.atomic_add, TMA reduce-add) are not stamped: they
-accumulate in any order.
+element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
+writes but need no order among themselves: a read or plain write of an
+element another block adds into must be ordered after the add, as after a
+write (memory.GlobalArray.adds).
 """
 from __future__ import annotations
 
