@@ -299,6 +299,8 @@ def planned_rms_norm(x):
     if not rows:
         return lambda x, weight, eps, out: None
     kernel = rmsnorm_kernel.launcher((rows,), BLOCK=_block(d))
+    if _as_rows(x):
+        return lambda x, weight, eps, out: kernel(x, weight, out, eps)
     return lambda x, weight, eps, out: kernel(_rows(x), weight, _rows(out, view=True), eps)
 
 
@@ -317,6 +319,8 @@ def planned_layer_norm(x):
     # 3 blocks per SM for rows up to 4096 wide, 2 above (BENCHMARKS.md).
     grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
     kernel = layernorm_kernel.launcher((grid,), BLOCK=block, RELOAD_WB=block > 4096)
+    if _as_rows(x):
+        return lambda x, weight, bias, eps, out: kernel(x, weight, bias, out, eps)
     return lambda x, weight, bias, eps, out: kernel(_rows(x), weight, bias,
                                                     _rows(out, view=True), eps)
 
@@ -434,6 +438,13 @@ def _rows(t, view: bool = False):
         return t if t.dim() == 2 else t.view(-1, t.shape[-1])
     t = checks.kernel_operand(t)
     return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def _as_rows(x) -> bool:
+    """Whether _rows(x) is x itself, and _rows(out, view=True) out for an out
+    like x (2-D, and read as it lies): for every tensor of x's shape, strides
+    and alignment, so a planned launch decides it once."""
+    return x.dim() == 2 and checks.kernel_operand(x) is x
 
 
 def _block(d: int) -> int:
