@@ -19,7 +19,8 @@ fences_proxies, signal_scope).
 Flags other GPUs reach need scope "sys": a signal or wait on a peer's copy
 (a tk.pgl argument's X[r]), and a wait on this rank's copy X when the kernel
 signals the peers' copies of X (the peers, running it, signal this one): an
-acquire at "gpu" does not synchronize with another GPU's release.
+acquire at "gpu" does not synchronize with another GPU's release. The rule
+is per tensor, not per element (indices are run-time values).
 """
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ def check_signals(func: ir.Operation) -> None:
                            f"argument's X[r]), which other GPUs reach: its scope must be 'sys', "
                            f"got {scope!r}")
         if d.signal_scope is None and _argument(flag) in signaled_by_peers:
-            raise error_at(op.location, f"{op.name}: the peers signal this flag (this kernel "
-                           f"signals their copies, {_line(signaled_by_peers[_argument(flag)])}, "
-                           f"so on each of them it signals this one): a wait at scope {scope!r} "
-                           f"does not synchronize with another GPU's release; its scope must "
-                           f"be 'sys'")
+            raise error_at(op.location, f"{op.name}: the peers signal this flag tensor (this "
+                           f"kernel signals their copies of it, "
+                           f"{_line(signaled_by_peers[_argument(flag)])}, so on each of them "
+                           f"it signals this one): a wait at scope {scope!r} does not "
+                           f"synchronize with another GPU's release; its scope must be 'sys' "
+                           f"(flags only this GPU signals belong in a tensor of their own)")
 
     _in_order(func, visit)
 

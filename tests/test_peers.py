@@ -573,7 +573,7 @@ def test_a_wait_on_the_local_copy_the_peers_signal_needs_system_scope():
         gpu_scope_wait_for_the_peers.compile(P((4,), "i32", 2))
     error_checks.check_error(info.value, "peer-signaled", "tk.wait_signal",
                              "its scope must be 'sys'", HERE)
-    assert "the peers signal this flag" in str(info.value)
+    assert "the peers signal this flag tensor" in str(info.value)
     assert "ld.acquire.sys" in ptx_of(sys_scope_wait_for_the_peers, P((4,), "i32", 2))
 
 

@@ -25,7 +25,9 @@ load as read, when issued, not when complete; only the last reader of an
 element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
 writes but need no order among themselves: a read or plain write of an
 element another block adds into must be ordered after the add, as after a
-write (memory.GlobalArray.adds).
+write (memory.GlobalArray.adds); as of readers, only an element's last
+adder is kept, so a read ordered after it but not after an earlier adder
+of another block is missed.
 """
 from __future__ import annotations
 
