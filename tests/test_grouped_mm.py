@@ -117,8 +117,11 @@ BAD = {
                       r"offs\[0\] is -1"),
     "offs not ints": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8.0, 16]), TypeError,
                       r"offs\[0\] must be an int"),
-    "out_dtype": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16], torch.float32),
+    "out_dtype": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16],
+                                     out_dtype=torch.float32),
                   TypeError, r"out_dtype must be None or a's dtype torch.bfloat16"),
+    "bias": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16], cpu(2, 8)), ValueError,
+             r"grouped_mm: bias is not supported"),
     "on the CPU": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16]), ValueError,
                    r"grouped_mm: a must be on a CUDA device"),
 }
@@ -137,6 +140,19 @@ def test_inputs_that_require_grad_are_refused(interpret):
         grouped_mm(a, cpu(2, 8, 8), [8, 16])
     with torch.no_grad():
         grouped_mm(a, cpu(2, 8, 8), [8, 16])
+
+
+def test_compiled_calls_check_like_eager_ones(interpret):
+    """Under torch.compile, host offs are checked as eagerly (a float is not
+    truncated) and inputs that require grad are refused with the same error."""
+    compiled = torch.compile(grouped_mm, backend="eager", fullgraph=True)
+    a, b = cpu(150, 64), weights(3, 64, 128, "kn")
+    with pytest.raises(Exception, match=r"offs\[0\] must be an int"):
+        compiled(a, b, [40.7, 40, 150])
+    with pytest.raises(Exception, match="grouped_mm: not differentiable yet"):
+        compiled(a.requires_grad_(), b, torch.tensor([40, 40, 150], dtype=torch.int32))
+    out = compiled(a.detach(), b, torch.tensor([40, 40, 150], dtype=torch.int32))
+    assert rel_err(out, reference(a.detach(), b, [40, 40, 150])) < 1e-2
 
 
 def test_fake_says_the_result():

@@ -92,7 +92,7 @@ def register_split(consumers, consumer_registers, producer_registers):
 
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
-        producer_registers=40, consumer_registers=232, cluster=1, plan=None):
+        producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM). `inputs` lists each stage's shared tiles
     as (dtype, (rows, cols), swizzle). The kernel has consumers + 1
@@ -105,7 +105,10 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
 
     plan(task), when given, runs once per task in the producer, and `load`
     gets what it returns in place of the task (work shared by a task's
-    loads, e.g. finding a grouped product's tile, not redone per stage)."""
+    loads, e.g. finding a grouped product's tile, not redone per stage).
+    active(task), when given, says whether a task has work: the producer
+    and the consumers both skip one that has none (no stage is used; its
+    result is never set up or finished)."""
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
@@ -121,37 +124,39 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         if tk.elect_leader("warpgroup"):
             it = 0
             for task in range(first_task, tasks, task_step):
-                where = task if plan is None else plan(task)
-                for k in range(iters):
-                    s = it % stages
-                    # A fresh semaphore passes a wait for parity 1: the first
-                    # `stages` iterations find their stage free.
-                    tk.wait(empty[s], tk.ring_phase(it, stages) ^ 1)
-                    stage = [tiles[s] for tiles in ring]
-                    tk.tma.expect(full[s], *stage)
-                    load(where, k, *stage, full[s])
-                    it += 1
+                if True if active is None else active(task):
+                    where = task if plan is None else plan(task)
+                    for k in range(iters):
+                        s = it % stages
+                        # A fresh semaphore passes a wait for parity 1: the first
+                        # `stages` iterations find their stage free.
+                        tk.wait(empty[s], tk.ring_phase(it, stages) ^ 1)
+                        stage = [tiles[s] for tiles in ring]
+                        tk.tma.expect(full[s], *stage)
+                        load(where, k, *stage, full[s])
+                        it += 1
     else:
         tk.increase_registers(consumer_registers)
         consumer = tk.warpgroup_id()
         leader = tk.elect_leader("warpgroup")
         it = 0
         for task in range(first_task, tasks, task_step):
-            state = setup(task, consumer)
-            for k in range(iters):
-                s = it % stages
-                tk.wait(full[s], tk.ring_phase(it, stages))
-                state = compute(state, consumer, *[tiles[s] for tiles in ring])
-                # The MMAs of the previous stage are done once at most this
-                # stage's group is in flight: hand that stage back.
-                tk.mma_wait(1)
-                if k > 0 and leader:
+            if True if active is None else active(task):
+                state = setup(task, consumer)
+                for k in range(iters):
+                    s = it % stages
+                    tk.wait(full[s], tk.ring_phase(it, stages))
+                    state = compute(state, consumer, *[tiles[s] for tiles in ring])
+                    # The MMAs of the previous stage are done once at most this
+                    # stage's group is in flight: hand that stage back.
+                    tk.mma_wait(1)
+                    if k > 0 and leader:
+                        release(empty[(it + stages - 1) % stages], cluster)
+                    it += 1
+                tk.mma_wait(0)
+                if leader:
                     release(empty[(it + stages - 1) % stages], cluster)
-                it += 1
-            tk.mma_wait(0)
-            if leader:
-                release(empty[(it + stages - 1) % stages], cluster)
-            finish(state, task, consumer)
+                finish(state, task, consumer)
         # TMA stores `finish` issued must have read their shared tiles before
         # the block exits (a no-op for threads that issued none).
         tk.tma.store_wait(0)

@@ -274,7 +274,7 @@ class EagerGroupedMatmul(torch.autograd.Function):
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """grouped_gemm.grouped_mm: the packed products a[rows of g] @ b[g], g's
     rows ending at offs[g], into a new (T, N) tensor of a's dtype."""
-    grouped_gemm.check_ragged(a, b, offs, None)
+    grouped_gemm.check_ragged(a, b, offs)
     return grouped_gemm.ragged_launch(a, b, grouped_gemm.check_offs(offs, a))
 
 

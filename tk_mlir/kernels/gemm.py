@@ -97,8 +97,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     ragged = OFFS is not None
     assert not ragged or (not batched and b_outer and len(C.shape) == 2 and BM == 128
                           and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and STARTS is None
+                          and SCATTER is None and GATHER is None and not ACCUMULATE
                           and TMA_STORE and C.dtype != "f32"), \
-        "ragged products (OFFS) take a 2-D A and C, a 3-D B, BM = 128 and a 16-bit C"
+        "ragged products (OFFS) take a 2-D A and C, a 3-D B, BM = 128 and a 16-bit C, " \
+        "and none of STARTS, SCATTER, GATHER, ACCUMULATE, A_KM, CLUSTER, SPLIT_K"
     if ragged:
         batch = B.shape[0]
     groups_m = tk.cdiv(tiles_m, CLUSTER)
@@ -136,17 +138,27 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                 m = (m + GATHER[1]) % tiles_m
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
+    def last_at_or_before(first_of, target):
+        """The last product g (of batch, LOG_G bits) whose first task
+        first_of(g) is at or before target, by binary search (first_of
+        nondecreasing, first_of(0) <= target)."""
+        g = 0
+        for bit in tk.static_range(LOG_G - 1, -1, -1):
+            probe = g + (1 << bit)
+            if probe < batch:
+                if first_of(probe) <= target:
+                    g = probe
+        return g
+
+    def first_task_of(g):                            # (grouped: g's first task)
+        return tk.load(STARTS, (g,)) * tiles_n
+
     def group_tile_of(task):
         """The product g whose tasks hold `task` (the last g with
         STARTS[g] * tiles_n <= task, by binary search: empty products share
         their start with the next), and the tile of task - STARTS[g] * tiles_n
         among its STARTS[g + 1] - STARTS[g] tile rows."""
-        g = 0
-        for bit in tk.static_range(LOG_G - 1, -1, -1):
-            probe = g + (1 << bit)
-            if probe < batch:
-                if tk.load(STARTS, (probe,)) * tiles_n <= task:
-                    g = probe
+        g = last_at_or_before(first_task_of, task)
         first = tk.load(STARTS, (g,))
         rows = tk.load(STARTS, (g + 1,)) - first
         m, n = tk.grouped_tile(task - first * tiles_n, rows, tiles_n, GROUP_M)
@@ -164,21 +176,24 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         slots = rows_end(batch - 1) // BM + batch
         tasks = slots * tiles_n
 
+    def first_slot_of(g):                            # (ragged: g's first slot)
+        return rows_end(g - 1) // BM + g
+
     def ragged_tile_of(task):
         """(g, m, n, first, end) of a ragged task: its product g (the last
         whose first slot is at or before the task's, by binary search), the
         row tile m of A and C, its column tile n, and g's rows [first, end).
         Slots past a product's tiles (its rows end on a tile's edge, or it
-        has none) are tasks whose rows hold none of g's: computed, not
-        stored."""
+        has none) hold none of g's rows: skipped (ragged_has_rows)."""
         slot, n = tk.grouped_tile(task, slots, tiles_n, GROUP_M)
-        g = 0
-        for bit in tk.static_range(LOG_G - 1, -1, -1):
-            probe = g + (1 << bit)
-            if probe < batch:
-                if rows_end(probe - 1) // BM + probe <= slot:
-                    g = probe
+        g = last_at_or_before(first_slot_of, slot)
         return g, slot - g, n, rows_end(g - 1), rows_end(g)
+
+    def ragged_has_rows(task):
+        """Whether a ragged task's tile holds rows of its product (a slot
+        past its tiles, or of a product without rows, does not: skipped)."""
+        _, m, _, first, end = ragged_tile_of(task)
+        return first < end and m * BM < end
 
     def load(task, k, a, b, sem):
         if ragged:
@@ -251,7 +266,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None)
+           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
+           active=ragged_has_rows if ragged else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one

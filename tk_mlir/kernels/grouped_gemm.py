@@ -43,9 +43,10 @@ def ragged_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, OFFS: tk.gl["i32"], LOG_G: 
                        B_KN: tk.constexpr = False, BN: tk.constexpr = 256,
                        STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                        EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2):
-    """C[rows of g] += A[rows of g] @ B[g].T (B[g] with B_KN) for the G
-    products whose rows end at OFFS[g] (`gemm` with OFFS); C holds zeros
-    where a product's tiles reach, LOG_G the bits of G."""
+    """C[rows of g] = A[rows of g] @ B[g].T (B[g] with B_KN) for the G
+    products whose rows end at OFFS[g] (`gemm` with OFFS): 64-row tiles of C
+    all of one product's rows are stored, those products share are added
+    into (they must hold zeros: ragged_zero_kernel); LOG_G the bits of G."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
               EPI_BUFFERS=EPI_BUFFERS, OFFS=OFFS, LOG_G=LOG_G)
 
@@ -59,20 +60,23 @@ def ragged_zero_kernel(C: tk.gl, OFFS: tk.gl["i32"], COLS: tk.constexpr = 128):
     tile, then every G-th tile past the last end."""
     M, N = C.shape
     g, G = tk.block_id(0), tk.grid_dim(0)
-    end = min(max(tk.load(OFFS, (g,)), 0), M)
-    before = min(max(tk.load(OFFS, (g - 1,)), 0), M)     # (g = 0: a load before the start: 0)
+
+    def row_end(i):                 # OFFS[i] as the GEMM reads it (i = -1: 0, before the start)
+        return min(max(tk.load(OFFS, (i,)), 0), M)
+
+    end, before = row_end(g), row_end(g - 1)
     zeros = tk.zeros((64, COLS), C.dtype)
     if end % 64 != 0:
         if before % 64 == 0 or before // 64 != end // 64:
             for j in range(tk.cdiv(N, COLS)):
                 tk.store(C, zeros, (end // 64, j))
-    last = min(max(tk.load(OFFS, (G - 1,)), 0), M)
+    last = row_end(G - 1)
     for t in range(tk.cdiv(last, 64) + g, tk.cdiv(M, 64), G):
         for j in range(tk.cdiv(N, COLS)):
             tk.store(C, zeros, (t, j))
 
 
-def grouped_mm(a, b, offs, out_dtype=None):
+def grouped_mm(a, b, offs, bias=None, out_dtype=None):
     """G products of different row counts packed in one tensor (an MoE's
     experts, tokens sorted by expert), as torch._grouped_mm(a, b, offs) with a
     2-D a and a 3-D b: out[rows of g] = a[rows of g] @ b[g], where product g's
@@ -87,47 +91,45 @@ def grouped_mm(a, b, offs, out_dtype=None):
     they are checked, as grouped_matmul's sizes: on the host (a list or tuple
     of ints, or a CPU tensor) each is checked and they are copied to a's
     device; on a's device (the router's cumulative counts) they are read by
-    the GPU only, each clamped to [0, T] (not checked: that would wait for the
-    GPU). Rows past offs[-1] are zeros.
-    out_dtype: None or a's dtype (the result's).
+    the GPU only, each clamped to [0, T], and not checked (that would wait
+    for the GPU): decreasing device offs give undefined rows (never memory
+    outside a, b and the result). Rows past offs[-1] are zeros.
+    bias: None (torch._grouped_mm's argument; not supported). out_dtype: None
+    or a's dtype (the result's).
 
     Returns a new (T, N) tensor. Not differentiable yet: an input that
     requires grad (with grad mode on) is refused. Under torch.compile it runs
-    as the custom op torch.ops.tk_mlir.grouped_mm."""
+    as the custom op torch.ops.tk_mlir.grouped_mm (host offs: pass a tensor,
+    or dynamo specializes the compiled graph on the list's values)."""
     import torch
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
-        if isinstance(offs, (list, tuple)):     # the op takes a tensor; its real run checks it
-            offs = torch.tensor(offs, dtype=torch.int32)
-        check_ragged(a, b, offs, out_dtype)
+        if isinstance(offs, (list, tuple)) and isinstance(a, torch.Tensor) and a.dim() == 2:
+            offs = check_offs(offs, a)          # (the op takes a tensor)
+        check_ragged(a, b, offs, bias, out_dtype)
         return torch.ops.tk_mlir.grouped_mm(a, b, offs)
     if isinstance(a, torch.Tensor) and a.dim() == 2 and \
             not (isinstance(offs, torch.Tensor) and offs.is_cuda):
         offs = check_offs(offs, a)             # host offs: their values, on every call
     key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(offs),
-           eager.option_key(out_dtype), torch.is_grad_enabled())
-    return _RAGGED.call(key, lambda: _prepare_ragged(a, b, offs, out_dtype), a, b, offs)
+           eager.tensor_key(bias), eager.option_key(out_dtype), torch.is_grad_enabled())
+    return _RAGGED.call(key, lambda: _prepare_ragged(a, b, offs, bias, out_dtype), a, b, offs)
 
 
 _RAGGED = eager.Prepared()
 
 
-def _prepare_ragged(a, b, offs, out_dtype):
+def _prepare_ragged(a, b, offs, bias, out_dtype):
     """After checking an eager grouped_mm call, `run(a, b, offs) -> out` for
     calls like it."""
-    import torch
-    check_ragged(a, b, offs, out_dtype)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        raise RuntimeError("grouped_mm: not differentiable yet (its gradients are not built); "
-                           "an input requires grad: call it under torch.no_grad() or detach "
-                           "the inputs (grouped_matmul, the capacity layout, is "
-                           "differentiable)")
+    check_ragged(a, b, offs, bias, out_dtype)
     return ragged_launch
 
 
-def check_ragged(a, b, offs, out_dtype) -> None:
+def check_ragged(a, b, offs, bias=None, out_dtype=None) -> None:
     """The arguments of grouped_mm, each rule with the argument that breaks it
-    (offs on the host are checked by check_offs)."""
+    (offs on the host are checked by check_offs), and the refusal of inputs
+    that require grad."""
     import torch
     fn, inputs = "grouped_mm", (torch.bfloat16, torch.float16)
     checks.tensor(fn, "a", a, ndim=2, dtypes=inputs)
@@ -146,9 +148,17 @@ def check_ragged(a, b, offs, out_dtype) -> None:
             offs.dtype != torch.int32 or offs.device not in (a.device, torch.device("cpu")):
         raise ValueError(f"{fn}: offs must be a 1-D int32 tensor of G={G} row ends (b's "
                          f"first dim) on the CPU or {a.device}, got {checks.describe(offs)}")
+    if bias is not None:
+        raise ValueError(f"{fn}: bias is not supported (add it to the result), got "
+                         f"{checks.describe(bias)}")
     if out_dtype is not None and out_dtype != a.dtype:
         raise TypeError(f"{fn}: out_dtype must be None or a's dtype {a.dtype} (the result is "
                         f"added in a's dtype), got {out_dtype}")
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise RuntimeError("grouped_mm: not differentiable yet (its gradients are not built); "
+                           "an input requires grad: call it under torch.no_grad() or detach "
+                           "the inputs (grouped_matmul, the capacity layout, is "
+                           "differentiable)")
     checks.on_cuda(fn, "a", a)
 
 
@@ -158,10 +168,7 @@ def check_offs(offs, a, fn: str = "grouped_mm"):
     else is returned as it is (check_ragged says what is wrong with it)."""
     import torch
     if isinstance(offs, (list, tuple)):
-        for g, n in enumerate(offs):
-            if not isinstance(n, int) or isinstance(n, bool):
-                raise TypeError(f"{fn}: offs[{g}] must be an int (a row end), got "
-                                f"{type(n).__name__} {n!r}")
+        _host_ints(fn, "offs", offs, "a row end")
         if any(not -2**31 <= n < 2**31 for n in offs):
             raise ValueError(f"{fn}: offs must be int32 row ends, got {list(offs)}")
         offs = torch.tensor(offs, dtype=torch.int32).reshape(len(offs))
@@ -327,10 +334,7 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     import torch
     G, M = a.shape[0], a.shape[1]
     if isinstance(sizes, (list, tuple)):
-        for g, n in enumerate(sizes):
-            if not isinstance(n, int) or isinstance(n, bool):
-                raise TypeError(f"{fn}: sizes[{g}] must be an int (a row count), "
-                                f"got {type(n).__name__} {n!r}")
+        _host_ints(fn, "sizes", sizes, "a row count")
         sizes = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes))
     on = str(a.device) if a.device.type == "cpu" else f"the CPU or {a.device}"
     if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
@@ -347,6 +351,15 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
                              f"each product has at most M rows (a is G x M x K = "
                              f"{tuple(a.shape)})")
     return sizes
+
+
+def _host_ints(fn: str, name: str, values, what: str) -> None:
+    """Each of a list's values is an int (not a bool), else a TypeError
+    naming name[g]."""
+    for g, n in enumerate(values):
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"{fn}: {name}[{g}] must be an int ({what}), got "
+                            f"{type(n).__name__} {n!r}")
 
 
 def grouped_schedule(sizes, M: int):
