@@ -37,6 +37,8 @@ SHAPES = [
     ("qwen3-30b-a3b up", 128, 32768, 2048, 1536),
     ("qwen3-30b-a3b down", 128, 32768, 768, 2048),
     ("deepseek-v3 up, 8-way EP", 32, 4096, 7168, 4096),
+    ("deepseek-v3 decode up", 256, 64, 7168, 4096),     # 8 tokens x top-8
+    ("mixtral-8x7b decode up", 8, 16, 4096, 28672),      # 8 tokens x top-2
 ]
 
 
