@@ -46,9 +46,17 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=[False, True], ids=["every-tile", "skip-empty"])
+def skip_empty(request, monkeypatch):
+    """Both schedules of ragged_gemm_kernel, whatever ragged_launch would
+    choose for the shape: every slot a task, or empty products' slots skipped."""
+    monkeypatch.setattr(grouped_gemm, "skip_empty_tiles", lambda T, G: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("T, K, N, offs", CASES)
-def test_interpreted_against_float64(interpret, T, K, N, offs, layout):
+def test_interpreted_against_float64(interpret, skip_empty, T, K, N, offs, layout):
     gen = torch.Generator().manual_seed(T * 7 + K)
     a = torch.randn(T, K, dtype=torch.bfloat16, generator=gen)
     b = weights(len(offs), K, N, layout, gen=gen)
@@ -61,7 +69,7 @@ def test_interpreted_against_float64(interpret, T, K, N, offs, layout):
 @pytest.mark.parametrize("offs", [[10, 20, 20, 30, 64, 70, 100, 300],   # ends sharing tiles
                                   [0, 0, 64, 64, 192, 200],              # on tile edges, rows past
                                   [0, 0, 0]])                             # no rows at all
-def test_every_row_written_over_a_poisoned_output(interpret, offs):
+def test_every_row_written_over_a_poisoned_output(interpret, skip_empty, offs):
     """ragged_launch into NaNs: the zero kernel clears exactly the tiles the
     GEMM adds into and the rows past the last group; nothing stays NaN."""
     a, b = cpu(300, 64), weights(len(offs), 64, 192, "kn")
@@ -173,12 +181,18 @@ def test_custom_op_runs_interpreted(interpret):
     assert rel_err(out, reference(a, b, [40, 40, 150])) < 1e-2
 
 
-@pytest.mark.parametrize("kn", [False, True])
-def test_kernel_compiles_without_spills(kn):
+def test_empty_tiles_are_skipped_when_products_average_under_a_tile():
+    assert grouped_gemm.skip_empty_tiles(64, 256) and grouped_gemm.skip_empty_tiles(16, 8)
+    assert not grouped_gemm.skip_empty_tiles(32768, 256)
+    assert not grouped_gemm.skip_empty_tiles(8192, 8)
+
+
+@pytest.mark.parametrize("kn, skip", [(False, False), (True, False), (False, True)])
+def test_kernel_compiles_without_spills(kn, skip):
     b = tk.spec((6, 512, 384), "bf16") if kn else tk.spec((6, 384, 512), "bf16")
     compiled = grouped_gemm.ragged_gemm_kernel.compile(
         tk.spec((1000, 512), "bf16"), b, tk.spec((1000, 384), "bf16"), tk.spec((8,), "i32"),
-        LOG_G=3, B_KN=kn)
+        LOG_G=3, B_KN=kn, SKIP_EMPTY=skip)
     info = compiled.info
     assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0
     assert "C75" not in compiled.ptxas_log, compiled.ptxas_log

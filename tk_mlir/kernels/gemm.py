@@ -39,7 +39,7 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, LOG_G=0, SCATTER=None,
-         GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None):
+         GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -55,7 +55,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     OFFS[g] (clamped to [0, M]; see ragged_tile_of); a consumer's 64 rows
     that are all g's are stored, 64 rows g shares with other products are
     added into C (which must hold zeros there) by TMA reduce-add, the other
-    products' rows as zeros. Tiles of BM x BN, BK deep
+    products' rows as zeros; with SKIP_EMPTY, tiles holding none of their
+    product's rows are skipped (see ragged_has_rows). Tiles of BM x BN, BK deep
     through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
     of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
     in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
@@ -267,7 +268,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
            plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
-           active=ragged_has_rows if ragged else None)
+           active=ragged_has_rows if ragged and SKIP_EMPTY else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one

@@ -42,13 +42,18 @@ def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, STARTS: tk.gl["i32"],
 def ragged_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, OFFS: tk.gl["i32"], LOG_G: tk.constexpr,
                        B_KN: tk.constexpr = False, BN: tk.constexpr = 256,
                        STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
-                       EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2):
+                       EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2,
+                       SKIP_EMPTY: tk.constexpr = False):
     """C[rows of g] = A[rows of g] @ B[g].T (B[g] with B_KN) for the G
     products whose rows end at OFFS[g] (`gemm` with OFFS): 64-row tiles of C
     all of one product's rows are stored, those products share are added
-    into (they must hold zeros: ragged_zero_kernel); LOG_G the bits of G."""
+    into (they must hold zeros: ragged_zero_kernel); LOG_G the bits of G.
+    SKIP_EMPTY skips tiles without rows of their product (empty products'
+    slots): it pays when most products have few rows (a decode step), and
+    costs a binary search at each task's start in the consumers otherwise
+    (ragged_launch chooses it)."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
-              EPI_BUFFERS=EPI_BUFFERS, OFFS=OFFS, LOG_G=LOG_G)
+              EPI_BUFFERS=EPI_BUFFERS, OFFS=OFFS, LOG_G=LOG_G, SKIP_EMPTY=SKIP_EMPTY)
 
 
 @tk.kernel(num_warps=4)
@@ -204,8 +209,18 @@ def ragged_launch(a, b, offs, out=None):
         bt, kn = b.contiguous(), True
     ragged_gemm_kernel[(num_sms(a.get_device()),)](
         checks.kernel_operand(a), bt, out, offs, LOG_G=(G - 1).bit_length(), B_KN=kn,
-        BN=256 if N > 128 else 128)
+        BN=256 if N > 128 else 128, SKIP_EMPTY=skip_empty_tiles(T, G))
     return out
+
+
+def skip_empty_tiles(T: int, G: int) -> bool:
+    """Whether ragged_gemm_kernel should skip tiles without rows: when the
+    products average less than a 128-row tile (T < 128·G), most of the G
+    extra slots are empty products' and skipping them pays (a decode step
+    of 64 rows over 256 experts: 3.5x); with fuller products the skip's
+    per-task search costs more than it saves (BENCHMARKS.md, "Ragged grouped
+    GEMM")."""
+    return T < 128 * G
 
 
 def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
