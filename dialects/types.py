@@ -79,7 +79,8 @@ class GL:
 
     def to_mlir(self):
         dims = ", ".join("-1" if d is None else str(d) for d in self.shape)
-        return _parse_type(f"!tk.gl<{TILE_DTYPES[self.dtype].mlir}, array<i64: {dims}>>")
+        dims = f"array<i64: {dims}>" if dims else "array<i64>"
+        return _parse_type(f"!tk.gl<{TILE_DTYPES[self.dtype].mlir}, {dims}>")
 
     @property
     def rank(self) -> int:

@@ -177,8 +177,10 @@ def lower_load(ctx: LoweringContext, op, src, *indices: ir.Value) -> Fragment:
 def element_address(g: GlobalRef, indices) -> tuple[ir.Value, ir.Value | None]:
     """The address of one element at element coordinates, and whether it is
     inside g (unsigned compares: negative coordinates are outside); the last
-    dim is contiguous, as every tensor argument's is."""
-    offset = arith.addi(element_offset(g, indices[:-1]), arith.extsi(i64(), indices[-1]))
+    dim is contiguous, as every tensor argument's is (a 0-d tensor: its one
+    element, always inside)."""
+    offset = arith.addi(element_offset(g, indices[:-1]), arith.extsi(i64(), indices[-1])) \
+        if indices else c64(0)
     addr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31],
                               T.element_type(g.type.dtype), llvm.GEPNoWrapFlags.inbounds)
     return addr, _and([_lt(i, d) for i, d in zip(indices, g.dims)])

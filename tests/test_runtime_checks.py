@@ -273,7 +273,6 @@ def bare(X: tk.gl, Y: tk.gl):
 @pytest.mark.parametrize("shape, dtype, rule", [
     ((64, 64), "float64", "is not an element type tk_mlir kernels take"),
     ((64, 64), "int64", "is not an element type tk_mlir kernels take"),
-    ((), "float32", "is a 0-d tensor"),
 ])
 def test_a_bare_gl_refuses_what_kernels_do_not_take(shape, dtype, rule):
     torch = pytest.importorskip("torch")
@@ -281,6 +280,14 @@ def test_a_bare_gl_refuses_what_kernels_do_not_take(shape, dtype, rule):
     with pytest.raises(tk.ArgumentError, match=rule) as info:
         bare.compile(t, t)
     assert "argument 'X'" in str(info.value)
+
+
+def test_a_0d_tensor_read_as_a_tile_is_a_compilation_error_at_its_line():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(tk.CompilationError, match="needs 0 coordinates for a rank-0 tensor") \
+            as info:
+        bare.compile(torch.tensor(1.0), torch.rand(64, 64))
+    assert "tk.load(X, (0, 0), (16, 64))" in str(info.value)
 
 
 @pytest.mark.parametrize("shape", [None, (4.0, 8), (True, 8), 7])

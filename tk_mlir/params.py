@@ -208,9 +208,6 @@ class KernelParams:
             raise ArgumentError(f"the dtype of argument '{p.name}' ({t.dtype}) is not an "
                                 f"element type tk_mlir kernels take; the supported dtypes are "
                                 f"{', '.join(ARGUMENT_DTYPES)}")
-        if not t.shape:
-            raise ArgumentError(f"argument '{p.name}' is a 0-d tensor; a tk.gl "
-                                f"parameter takes a tensor of rank 1 or more")
         static = p.shape if p.shape is not None else (None,) * len(t.shape)
         if len(static) != len(t.shape):
             raise ArgumentError(f"argument '{p.name}' has rank {len(t.shape)}, the "
