@@ -37,7 +37,7 @@ def test_ptxas_assembles_each_configuration_without_spills(monkeypatch, dtype, b
     compiled = bg.blackwell_gemm_kernel.compile(
         tk.spec((M, K), dtype), tk.spec((K, N) if b_kn else (N, K), dtype),
         tk.spec((M, N), tk.bf16), tk.spec((M,), tk.f32), tk.spec((N,), tk.f32),
-        B_KN=b_kn, SCALED=scaled, COL_SCALE=scaled, **config)
+        B_KN=b_kn, SCALED=scaled, **config)
     assert compiled.arch == "sm_100a"
     assert compiled.info["spill stores (bytes)"] == 0
     assert compiled.info["spill loads (bytes)"] == 0

@@ -21,7 +21,7 @@ def compile_kernel(a="f8e4m3", b="f8e4m3", out="bf16", col_scale=True, config=0,
                    M=384, N=512, K=640):
     return scaled_gemm.scaled_gemm_kernel.compile(
         tk.spec((M, K), a), tk.spec((N, K), b), tk.spec((M, N), out), tk.spec((M,), "f32"),
-        tk.spec((N,), "f32"), COL_SCALE=col_scale, config=config)
+        tk.spec((N,) if col_scale else (), "f32"), config=config)
 
 
 @pytest.fixture(scope="module", params=[("f8e4m3", "f8e4m3", "bf16", True, 0),
@@ -77,7 +77,7 @@ def test_sass_qgmma_utma_and_no_serialization_loop(kernel):
 
 def test_scales_are_applied_in_the_epilogue(kernel):
     """The row scales once per tile (a vector of 64 rows per consumer), the
-    column scales, with COL_SCALE, slice by slice as the tile leaves."""
+    column scales, when SB is a vector, slice by slice as the tile leaves."""
     (_, _, _, col_scale, _), compiled = kernel
     tk_ir = compiled.asm["tk"]
     broadcasts = re.findall(r'"tk.broadcast".*?axis = "(\w+)".*?kind = "(\w+)"', tk_ir)
@@ -169,19 +169,38 @@ def test_scaled_matmul_fake():
                 ((100, 48), out_dtype, (48, 1), "cuda")
 
 
-def test_scale_vectors_are_whole_16_byte_rows():
-    """A per-tensor scale goes into the row scales (one multiply); rowwise
-    ones pass as they are, padded to a multiple of 4 rows where needed."""
+def test_scale_operands_pass_scales_as_they_are():
+    """Per-tensor scales go to the kernel as 0-d tensors (views, no
+    arithmetic); rowwise ones as vectors, the rows' padded to a multiple of 4
+    where needed, views of the caller's scales where not."""
     sa, sb = torch.tensor(2.0), torch.tensor([3.0])
-    rows, cols = scaled_gemm.scale_vectors(sa, sb, 5, 8)
-    assert cols is None and rows.tolist() == [6.0] * 8 and rows.is_contiguous()
+    SA, SB = scaled_gemm.scale_operands(sa, sb)
+    assert SA is sa and SB.shape == () and SB.data_ptr() == sb.data_ptr()
     ra, rb = torch.arange(5.0).reshape(5, 1), torch.arange(8.0).reshape(1, 8)
-    rows, cols = scaled_gemm.scale_vectors(ra, rb, 5, 8)
-    assert rows.tolist() == [0, 1, 2, 3, 4, 0, 0, 0] and cols.tolist() == list(range(8))
-    rows, cols = scaled_gemm.scale_vectors(ra, sb, 5, 8)
-    assert cols is None and rows.tolist() == [0, 3, 6, 9, 12, 0, 0, 0]
-    rows, cols = scaled_gemm.scale_vectors(sa, rb, 4, 8)
-    assert rows.tolist() == [2.0] * 4 and rows.is_contiguous() and cols.tolist() == list(range(8))
+    SA, SB = scaled_gemm.scale_operands(ra, rb)
+    assert SA.tolist() == [0, 1, 2, 3, 4, 0, 0, 0] and SB.tolist() == list(range(8))
+    assert SB.data_ptr() == rb.data_ptr()
+    r4 = torch.arange(16.0).reshape(8, 2)[:, :1]             # (8, 1), rows 2 apart
+    SA, SB = scaled_gemm.scale_operands(r4, sb)
+    assert SA.tolist() == [0, 2, 4, 6, 8, 10, 12, 14] and SA.stride() == (1,)
+
+
+@pytest.mark.parametrize("rowwise_a, rowwise_b", [(False, False), (True, True), (True, False),
+                                                  (False, True)])
+def test_interpreted_scales_against_float64(rowwise_a, rowwise_b):
+    """The kernel in the interpreter, each pair of scale kinds (per-tensor
+    ones read from 0-d tensors in the kernel), into a NaN-poisoned C."""
+    gen = torch.Generator().manual_seed(7 + 2 * rowwise_a + rowwise_b)
+    M, N, K = 130, 264, 256
+    a = (torch.randn(M, K, generator=gen) * 2).to(e4m3)
+    bt = (torch.randn(N, K, generator=gen) * 2).to(e5m2)
+    sa = torch.rand(M, 1, generator=gen) + 0.5 if rowwise_a else torch.tensor(0.75)
+    sb = torch.rand(1, N, generator=gen) + 0.5 if rowwise_b else torch.tensor([1.5])
+    c = torch.full((M, N), float("nan"), dtype=bf16)
+    scaled_gemm.scaled_gemm_kernel.kernel.interpret[(3,)](
+        a, bt, c, *scaled_gemm.scale_operands(sa, sb), BN=128, STAGES=2)
+    ref = (a.double() @ bt.double().T) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 4e-3
 
 
 class _Scaled(torch.nn.Module):

@@ -38,15 +38,16 @@ ARCH = "sm_100a"
 @tk.kernel(num_warps=8, target=ARCH)
 def blackwell_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, SA: tk.gl, SB: tk.gl,
                           B_KN: tk.constexpr = False, SCALED: tk.constexpr = False,
-                          COL_SCALE: tk.constexpr = False, BM: tk.constexpr = 128,
+                          BM: tk.constexpr = 128,
                           BN: tk.constexpr = 256, BK: tk.constexpr = 64,
                           STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                           EPI_N: tk.constexpr = 64, A_KM: tk.constexpr = False):
     """C = A @ B.T (B: N x K), or A @ B (B_KN: K x N); A given as K x M with
     A_KM (a gradient's product: C = A.T @ ...); 3-D A, B and C: one product
-    per index of their first dim. SCALED (2-D): times SA (f32, one scale per
-    row of A) and, with COL_SCALE, SB (f32, one per column of B). Unscaled,
-    SA and SB are not read (any tensor stands in)."""
+    per index of their first dim. SCALED (2-D): times SA and SB (f32), each
+    one value (a 0-d tensor) or a vector: SA one per row of A, SB one per
+    column of B (scaled_gemm.scale_operands). Unscaled, SA and SB are not
+    read (any tensor stands in)."""
     batched = len(A.shape) == 3
     M, K = (A.shape[-1], A.shape[-2]) if A_KM else (A.shape[-2], A.shape[-1])
     N = B.shape[-1] if B_KN else B.shape[-2]
@@ -105,10 +106,15 @@ def blackwell_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, SA: tk.gl, SB: tk.gl,
             for e in tk.static_range(BN // EPI_N):
                 part = tk.load(accumulators.columns((j % 2) * BN + e * EPI_N, EPI_N))
                 if SCALED:
-                    part = part.mul_row(tk.load(SA, (m,), (BM,), scope="warpgroup"))
-                    if COL_SCALE:
+                    if len(SA.shape) > 0:
+                        part = part.mul_row(tk.load(SA, (m,), (BM,), scope="warpgroup"))
+                    else:
+                        part = part * tk.load(SA, ())
+                    if len(SB.shape) > 0:
                         col = n * (BN // EPI_N) + e
                         part = part.mul_col(tk.load(SB, (col,), (EPI_N,), scope="warpgroup"))
+                    else:
+                        part = part * tk.load(SB, ())
                 tk.store(C, part.to(C.dtype), (*outer, m, n * (BN // EPI_N) + e))
             tk.arrive(acc_empty[j % 2])              # every thread, after its own reads
             j += 1
@@ -142,15 +148,14 @@ def launch_scaled(a, b, scale_a, scale_b, out_dtype):
     """scaled_matmul's product on checked tensors (b: K x N, column-major),
     into a new tensor."""
     import torch
-    from tk_mlir.kernels.scaled_gemm import scale_vectors
+    from tk_mlir.kernels.scaled_gemm import scale_operands
     (M, K), N = a.shape, b.shape[1]
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if not (M and N and K):
         return c.zero_()
-    rows, cols = scale_vectors(scale_a, scale_b, M, N)
     grid = (min(num_sms(a.get_device()), _tiles(M, N)),)
-    blackwell_gemm_kernel[grid](a, b.t(), c, rows, rows if cols is None else cols,
-                                SCALED=True, COL_SCALE=cols is not None, **configuration(a.dtype))
+    blackwell_gemm_kernel[grid](a, b.t(), c, *scale_operands(scale_a, scale_b), SCALED=True,
+                                **configuration(a.dtype))
     return c
 
 

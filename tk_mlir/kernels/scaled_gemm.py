@@ -14,7 +14,8 @@ torch._scaled_mm(use_fast_accum=True) does (wgmma adds fp8 products with
 fewer bits than f32; torch's default promotes partial sums on the side).
 The scales are applied to the f32 accumulator in the epilogue: the row scale
 for the whole tile, the column scale EPI_N columns at a time (as the tile
-leaves), from plain vector loads.
+leaves), from plain vector loads; per-tensor scales are read as they are (0-d
+tensors), so an eager call launches the kernel and nothing else.
 """
 from __future__ import annotations
 
@@ -27,15 +28,15 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
                       tk.Config(BN=128, STAGES=6)],
-             key=["A", "Bt", "C", "COL_SCALE"])
+             key=["A", "Bt", "C", "SA", "SB"])
 @tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
 def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[f32],
-                       COL_SCALE: tk.constexpr = True, BM: tk.constexpr = 128,
-                       BN: tk.constexpr = 256, BK: tk.constexpr = 128,
+                       BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 128,
                        STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                        EPI_N: tk.constexpr = 128, EPI_BUFFERS: tk.constexpr = 1):
-    """C = (A @ Bt.T) * SA[row] (* SB[col] with COL_SCALE) for fp8 A (M x K)
-    and Bt (N x K); SA has at least M values, SB (read with COL_SCALE) N."""
+    """C = (A @ Bt.T) * SA * SB for fp8 A (M x K) and Bt (N x K). Each scale
+    is one value (a 0-d tensor) or a vector: SA one per row of C (at least M
+    values), SB one per column (at least N)."""
     M, K = A.shape
     N = Bt.shape[0]
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
@@ -59,9 +60,16 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
     def compute(acc, wg, a, b):
         return tk.mma_ABt(acc, a.subtile(wg, WG_M), b)
 
+    row_scale, col_scale = len(SA.shape) > 0, len(SB.shape) > 0
+
     def finish(acc, task, wg):
         m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
-        acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
+        if row_scale:
+            acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
+            if not col_scale:
+                acc = acc * tk.load(SB, ())
+        else:
+            acc = acc * (tk.load(SA, ()) if col_scale else tk.load(SA, ()) * tk.load(SB, ()))
         first = n * (BN // EPI_N)
 
         def col_scaled(part, h):     # a slice at a time: a whole row's scales would cost BN/4
@@ -71,7 +79,7 @@ def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[
         # election per store (and column scales) ptxas put the producer's TMA loads
         # in a serialization loop (BRA.U.ANY; why is not pinned down).
         tk.store_in_pieces(C, acc, 2 * m + wg, first, EPI_N, wg, c_tiles, EPI_BUFFERS,
-                           col_scaled if COL_SCALE else None)
+                           col_scaled if col_scale else None)
 
     tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (Bt.dtype, (BN, BK), 128)],
            load, setup, compute, finish, stages=STAGES)
@@ -195,27 +203,24 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     if not (M and N and K):
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    rows, cols = scale_vectors(scale_a, scale_b, M, N)
-    # Without column scales SB is not read: rows stands in for it.
-    scaled_gemm_kernel[(num_sms(a.get_device()),)](
-        a, b.t(), c, rows, rows if cols is None else cols, COL_SCALE=cols is not None)
+    scaled_gemm_kernel[(num_sms(a.get_device()),)](a, b.t(), c, *scale_operands(scale_a, scale_b))
     return c
 
 
-def scale_vectors(scale_a, scale_b, M: int, N: int):
-    """(row scales, column scales or None) as the kernel reads them: f32
-    vectors whose length is a multiple of 4 (kernel tensors have rows of whole
-    16-byte vectors, so a 4-byte per-tensor scale cannot be passed as is). A
-    per-tensor scale goes into the row scales: one small elementwise kernel,
-    none when both scales are rowwise and M is a multiple of 4."""
+def scale_operands(scale_a, scale_b):
+    """(SA, SB) as the kernels read checked scales: a per-tensor scale as a
+    0-d tensor (itself, or a view of its one value), rowwise ones as vectors
+    of M and N values (views when contiguous), the rows' padded to a multiple
+    of 4 (kernel vectors are rows of whole 16-byte vectors; N is one already).
+    No arithmetic on the scales: a per-tensor pair is multiplied in the kernel."""
     import torch
-    rows4 = -(-M // 4) * 4
-    if scale_a.dim() < 2:                       # per tensor: a view, copied below
-        rows = scale_a.reshape(1).expand(rows4)
+    if scale_a.dim() == 2:
+        sa = scale_a.reshape(-1)
+        sa = torch.nn.functional.pad(sa, (0, -len(sa) % 4)) if len(sa) % 4 else sa.contiguous()
     else:
-        rows = scale_a.reshape(M)
-        if M % 4:
-            rows = torch.nn.functional.pad(rows, (0, rows4 - M))
-    if scale_b.dim() < 2:
-        return rows * scale_b.reshape(1), None  # a new contiguous tensor
-    return rows.contiguous(), scale_b.reshape(N).contiguous()
+        sa = scale_a.reshape(()) if scale_a.dim() else scale_a
+    if scale_b.dim() == 2:
+        sb = scale_b.reshape(-1).contiguous()
+    else:
+        sb = scale_b.reshape(()) if scale_b.dim() else scale_b
+    return sa, sb
