@@ -89,3 +89,28 @@ def test_host_sizes_on_the_gpu():
                 assert err < 5e-3, (g, err)
     with pytest.raises(ValueError, match=r"sizes\[0\] is 257"):
         grouped_matmul(a, b, [257, 0, 0])
+
+
+def test_sizes_reach_the_kernel_as_they_are_when_they_can():
+    """The kernel reads the sizes itself (no schedule made in torch): int32
+    sizes with rows of whole 16-byte vectors pass as they are, others as an
+    int32 copy padded to a multiple of 4."""
+    from tk_mlir.kernels.grouped_gemm import sizes_operand
+    s = torch.tensor([5, 0, 7, 9], dtype=torch.int32)
+    assert sizes_operand(s) is s
+    for sizes in (torch.tensor([5, 0, 7, 9]), torch.tensor([5, 0, 7], dtype=torch.int32)):
+        operand = sizes_operand(sizes)
+        assert operand.dtype == torch.int32 and operand.shape[0] % 4 == 0
+        assert operand[:len(sizes)].tolist() == sizes.tolist()
+
+
+@pytest.mark.parametrize("kn", [False, True])
+def test_the_kernel_compiles_without_spills(kn):
+    import tk_mlir as tk
+    from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel
+    b = tk.spec((8, 1024, 4096) if kn else (8, 4096, 1024), "bf16")
+    compiled = grouped_gemm_kernel.compile(tk.spec((8, 2048, 1024), "bf16"), b,
+                                           tk.spec((8, 2048, 4096), "bf16"),
+                                           tk.spec((8,), "i32"), B_KN=kn)
+    assert compiled.info["spill stores (bytes)"] == 0 and compiled.info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log

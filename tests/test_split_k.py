@@ -18,7 +18,7 @@ from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
 from tk_mlir.kernels.gemm import Plan, gemm_kernel, gemm_split_k_kernel, plan, split_k_counters
-from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, grouped_schedule
+from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, sizes_operand
 
 import error_checks
 from test_interpreter import rel_err
@@ -195,8 +195,7 @@ def test_grouped_gemm(sizes, b_kn):
     a = torch.empty(G, M, K).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, K, N) if b_kn else (G, N, K))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16)
-    starts = grouped_schedule(torch.tensor(sizes), M)
-    grouped_gemm_kernel.interpret[(3,)](a, b, c, starts, LOG_G=(G - 1).bit_length(), B_KN=b_kn)
+    grouped_gemm_kernel.interpret[(3,)](a, b, c, sizes_operand(torch.tensor(sizes)), B_KN=b_kn)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, n in enumerate(min(max(n, 0), M) for n in sizes):
         if n:
@@ -476,8 +475,7 @@ def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks):
     a = torch.empty(G, m, k).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, k, n) if b_kn else (G, n, k))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, m, n), float("nan"))
-    starts = grouped_schedule(torch.tensor(sizes), m)
-    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, starts, LOG_G=(G - 1).bit_length(),
+    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, sizes_operand(torch.tensor(sizes)),
                                              B_KN=b_kn)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, rows_g in enumerate(min(max(s, 0), m) for s in sizes):

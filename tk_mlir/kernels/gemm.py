@@ -38,7 +38,7 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1, STARTS=None, LOG_G=0, SCATTER=None,
+         W=None, F=None, EPI_BUFFERS=1, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
@@ -47,16 +47,17 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     before and after the add: a gradient summed over chunks in place).
 
     3-D A, B and C: one product per index of their first dim; grouped, with
-    STARTS (G + 1 ints): product g takes the BM-row tiles STARTS[g] to
-    STARTS[g + 1] - 1 counted over all products (its rows, padded: those
-    of A's rows it has), LOG_G the bits of G. Ragged, with OFFS (G ints):
+    SIZES (G ints): product g's rows are its first SIZES[g] (clamped to
+    [0, M]), its tiles past them skipped (nothing loaded, computed or
+    stored; rows past SIZES[g] in its last tile are stored). Ragged, with OFFS (G ints):
     A is 2-D (rows of every product packed), B 3-D (one per product), C 2-D;
     product g takes A's and C's rows from OFFS[g - 1] (0 for g = 0) to
     OFFS[g] (clamped to [0, M]; see ragged_tile_of); a consumer's 64 rows
     that are all g's are stored, 64 rows g shares with other products are
     added into C (which must hold zeros there) by TMA reduce-add, the other
     products' rows as zeros; with SKIP_EMPTY, tiles holding none of their
-    product's rows are skipped (see ragged_has_rows). Tiles of BM x BN, BK deep
+    product's rows are skipped (see ragged_has_rows); LOG_G the bits of G.
+    Tiles of BM x BN, BK deep
     through a ring of STAGES shared tiles; one consumer warpgroup per 64 rows
     of a tile (BM = 64: num_warps=8, 128: 12); GROUP_M tile rows share B tiles
     in L2; a 16-bit C leaves EPI_N columns at a time by TMA store (TMA_STORE)
@@ -77,7 +78,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
         "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
-    assert not A_KM or (STARTS is None and SCATTER is None and GATHER is None), \
+    assert not A_KM or (SIZES is None and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
     assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
                               and C.dtype != "f32"), \
@@ -93,20 +94,20 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
-    assert STARTS is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
-        "grouped products (STARTS) take 3-D tensors, no CLUSTER and no SPLIT_K"
+    assert SIZES is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
+        "grouped products (SIZES) take 3-D tensors, no CLUSTER and no SPLIT_K"
     ragged = OFFS is not None
     assert not ragged or (not batched and b_outer and len(C.shape) == 2 and BM == 128
-                          and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and STARTS is None
+                          and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and SIZES is None
                           and SCATTER is None and GATHER is None and not ACCUMULATE
                           and TMA_STORE and C.dtype != "f32"), \
         "ragged products (OFFS) take a 2-D A and C, a 3-D B, BM = 128 and a 16-bit C, " \
-        "and none of STARTS, SCATTER, GATHER, ACCUMULATE, A_KM, CLUSTER, SPLIT_K"
+        "and none of SIZES, SCATTER, GATHER, ACCUMULATE, A_KM, CLUSTER, SPLIT_K"
     if ragged:
         batch = B.shape[0]
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
-    tasks = batch * tiles if STARTS is None else tk.load(STARTS, (batch,)) * tiles_n
+    tasks = batch * tiles
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     a_tile = (BK, BM) if A_KM else (BM, BK)
     b_tile = (BK, BN) if B_KN else (BN, BK)
@@ -122,27 +123,24 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def tile_of(task):
         """(outer coordinates, m, n) of a task's tile: the products one after
-        another (grouped: group_tile_of); with SPLIT_K, tasks take every
-        tile's first K slice, then every second one, ..."""
-        if STARTS is not None:
-            outer, m, n = group_tile_of(task)
-        else:
-            task = task % (batch * tiles) if SPLIT_K > 1 else task
-            outer = ()
-            if batched:
-                outer = (task // tiles,)
-                if SCATTER is not None:
-                    outer = ((task // tiles + SCATTER[1]) % batch,)
-                task = task % tiles
-            m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
-            if GATHER is not None:
-                m = (m + GATHER[1]) % tiles_m
+        another; with SPLIT_K, tasks take every tile's first K slice, then
+        every second one, ..."""
+        task = task % (batch * tiles) if SPLIT_K > 1 else task
+        outer = ()
+        if batched:
+            outer = (task // tiles,)
+            if SCATTER is not None:
+                outer = ((task // tiles + SCATTER[1]) % batch,)
+            task = task % tiles
+        m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
+        if GATHER is not None:
+            m = (m + GATHER[1]) % tiles_m
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
     def last_at_or_before(first_of, target):
-        """The last product g (of batch, LOG_G bits) whose first task
-        first_of(g) is at or before target, by binary search (first_of
-        nondecreasing, first_of(0) <= target)."""
+        """The last product g (of batch, LOG_G bits) whose first_of(g) is at
+        or before target, by binary search (first_of nondecreasing,
+        first_of(0) <= target)."""
         g = 0
         for bit in tk.static_range(LOG_G - 1, -1, -1):
             probe = g + (1 << bit)
@@ -151,19 +149,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                     g = probe
         return g
 
-    def first_task_of(g):                            # (grouped: g's first task)
-        return tk.load(STARTS, (g,)) * tiles_n
-
-    def group_tile_of(task):
-        """The product g whose tasks hold `task` (the last g with
-        STARTS[g] * tiles_n <= task, by binary search: empty products share
-        their start with the next), and the tile of task - STARTS[g] * tiles_n
-        among its STARTS[g + 1] - STARTS[g] tile rows."""
-        g = last_at_or_before(first_task_of, task)
-        first = tk.load(STARTS, (g,))
-        rows = tk.load(STARTS, (g + 1,)) - first
-        m, n = tk.grouped_tile(task - first * tiles_n, rows, tiles_n, GROUP_M)
-        return (g,), m, n
+    def sized_has_rows(task):
+        """Whether a grouped task's tile holds rows of its product (below
+        SIZES[g], clamped to [0, M]): the others are skipped."""
+        outer, m, _ = tile_of(task)
+        return m * BM < min(max(tk.load(SIZES, outer), 0), M)
 
     def rows_end(g):
         """The end of product g's rows, OFFS[g] clamped to [0, M] (g = -1: 0,
@@ -205,10 +195,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             load_tiles(task, k, a, b, sem)
 
     def load_tiles(task, k, a, b, sem):
-        if STARTS is not None:
-            outer, m, n = task                       # (tile_of, once per task)
-        else:
-            outer, m, n = tile_of(task)
+        outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
         if GATHER is not None:
@@ -267,8 +254,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
-           active=ragged_has_rows if ragged and SKIP_EMPTY else None)
+           plan=ragged_tile_of if ragged else None,
+           active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
+           sized_has_rows if SIZES is not None else None)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
