@@ -120,15 +120,19 @@ def test_gemm_batched(shape, layout):
         assert err < (5e-3 if out == torch.bfloat16 else 1e-5), (out, err)
 
 
+@pytest.mark.parametrize("dense", [False, True], ids=["in-place", "packed"])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("sizes, M, N, K", [
     ([512, 0, 1, 129, 300, 512, 77, 256], 512, 4096, 1024),     # an MoE layer's experts
     ([7], 16, 136, 200), ([0, 0, 0], 128, 256, 64), ([3000, -4, 5], 2048, 1000, 776),
 ], ids=["experts", "one", "all-empty", "clamped"])
-def test_grouped_gemm(sizes, M, N, K, layout):
+def test_grouped_gemm(sizes, M, N, K, layout, dense, monkeypatch):
     """Rows below each product's size match float64; rows past the tile that
-    holds its last row keep the poison; sizes past M count as M."""
-    from tk_mlir.kernels import grouped_matmul
+    holds its last row keep the poison; sizes past M count as M. Both
+    schedules (packed tiles, tiles skipped in place), whichever the shape
+    would take."""
+    from tk_mlir.kernels import grouped_gemm, grouped_matmul
+    monkeypatch.setattr(grouped_gemm, "dense_schedule", lambda *shape: dense)
     G, kn = len(sizes), layout == "kn"
     a = torch.empty(G, M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
     b = torch.empty(*((G, K, N) if kn else (G, N, K)), dtype=torch.bfloat16,

@@ -104,13 +104,21 @@ def test_sizes_reach_the_kernel_as_they_are_when_they_can():
         assert operand[:len(sizes)].tolist() == sizes.tolist()
 
 
-@pytest.mark.parametrize("kn", [False, True])
-def test_the_kernel_compiles_without_spills(kn):
+def test_many_waves_of_tiles_take_the_packed_schedule():
+    from tk_mlir.kernels.grouped_gemm import dense_schedule
+    assert dense_schedule(8, 2048, 4096, 256, 132)          # 2048 tiles: 15.5 waves
+    assert not dense_schedule(8, 1024, 1024, 256, 132)      # 256 tiles
+    assert not dense_schedule(8, 128, 1024, 256, 132)       # 32 tiles: host-bound
+
+
+@pytest.mark.parametrize("kn, dense", [(False, False), (True, False), (False, True)])
+def test_the_kernel_compiles_without_spills(kn, dense):
     import tk_mlir as tk
     from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel
     b = tk.spec((8, 1024, 4096) if kn else (8, 4096, 1024), "bf16")
     compiled = grouped_gemm_kernel.compile(tk.spec((8, 2048, 1024), "bf16"), b,
                                            tk.spec((8, 2048, 4096), "bf16"),
-                                           tk.spec((8,), "i32"), B_KN=kn)
+                                           tk.spec((12 if dense else 8,), "i32"), B_KN=kn,
+                                           DENSE=dense, LOG_G=3 if dense else 0)
     assert compiled.info["spill stores (bytes)"] == 0 and compiled.info["spill loads (bytes)"] == 0
     assert "C75" not in compiled.ptxas_log, compiled.ptxas_log

@@ -18,7 +18,7 @@ from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
 from tk_mlir.kernels.gemm import Plan, gemm_kernel, gemm_split_k_kernel, plan, split_k_counters
-from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, sizes_operand
+from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel, grouped_schedule, sizes_operand
 
 import error_checks
 from test_interpreter import rel_err
@@ -184,10 +184,22 @@ def test_batched_split_k(bm):
     assert not w.any() and not f.any()
 
 
+def launch_grouped(grid, a, b, c, sizes, b_kn, dense):
+    """grouped_gemm_kernel in the interpreter with either schedule."""
+    M, G = a.shape[1], len(sizes)
+    if dense:
+        grouped_gemm_kernel.interpret[grid](a, b, c, grouped_schedule(torch.tensor(sizes), M),
+                                            DENSE=True, LOG_G=(G - 1).bit_length(), B_KN=b_kn)
+    else:
+        grouped_gemm_kernel.interpret[grid](a, b, c, sizes_operand(torch.tensor(sizes)),
+                                            B_KN=b_kn)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["in-place", "packed"])
 @pytest.mark.parametrize("b_kn", [False, True])
 @pytest.mark.parametrize("sizes", [[300, 0, 1, 129, 64], [7], [0, 0, 256], [-5, 999, 3, 0],
                                    [0, 0, 0, 0, 0, 0, 0, 40]], ids=str)
-def test_grouped_gemm(sizes, b_kn):
+def test_grouped_gemm(sizes, b_kn, dense):
     """Products of sizes[g] rows (clamped to [0, M]): their rows match, an
     empty product and the rows past the tile that holds a product's last row
     stay unwritten (the next product's rows included)."""
@@ -195,7 +207,7 @@ def test_grouped_gemm(sizes, b_kn):
     a = torch.empty(G, M, K).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, K, N) if b_kn else (G, N, K))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, M, N), float("nan"), dtype=torch.bfloat16)
-    grouped_gemm_kernel.interpret[(3,)](a, b, c, sizes_operand(torch.tensor(sizes)), B_KN=b_kn)
+    launch_grouped((3,), a, b, c, sizes, b_kn, dense)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, n in enumerate(min(max(n, 0), M) for n in sizes):
         if n:
@@ -466,8 +478,9 @@ def test_load_of_one_element_misuse_at_its_line(kernel, spec, marker, message):
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(-3, 300), min_size=1, max_size=9),
        n=st.integers(1, 40).map(lambda x: 8 * x), k=st.integers(1, 24).map(lambda x: 8 * x),
-       m=st.sampled_from([1, 64, 130, 256]), b_kn=st.booleans(), blocks=st.integers(1, 4))
-def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks):
+       m=st.sampled_from([1, 64, 130, 256]), b_kn=st.booleans(), blocks=st.integers(1, 4),
+       dense=st.booleans())
+def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks, dense):
     """Drawn products (sizes past M, negative and empty included), shapes,
     layouts and grids: each product's rows match, nothing past the tile
     that holds its last row is written."""
@@ -475,8 +488,7 @@ def test_grouped_gemm_drawn(sizes, n, k, m, b_kn, blocks):
     a = torch.empty(G, m, k).uniform_(-1, 1).to(torch.bfloat16)
     b = torch.empty(*((G, k, n) if b_kn else (G, n, k))).uniform_(-1, 1).to(torch.bfloat16)
     c = torch.full((G, m, n), float("nan"))
-    grouped_gemm_kernel.interpret[(blocks,)](a, b, c, sizes_operand(torch.tensor(sizes)),
-                                             B_KN=b_kn)
+    launch_grouped((blocks,), a, b, c, sizes, b_kn, dense)
     ref = a.double() @ (b.double() if b_kn else b.double().transpose(1, 2))
     for g, rows_g in enumerate(min(max(s, 0), m) for s in sizes):
         if rows_g:

@@ -38,7 +38,7 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
-         W=None, F=None, EPI_BUFFERS=1, SIZES=None, LOG_G=0, SCATTER=None,
+         W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
@@ -46,10 +46,14 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     product (each piece added by TMA reduce-add, rounded to C's 16-bit dtype
     before and after the add: a gradient summed over chunks in place).
 
-    3-D A, B and C: one product per index of their first dim; grouped, with
-    SIZES (G ints): product g's rows are its first SIZES[g] (clamped to
-    [0, M]), its tiles past them skipped (nothing loaded, computed or
-    stored; rows past SIZES[g] in its last tile are stored). Ragged, with OFFS (G ints):
+    3-D A, B and C: one product per index of their first dim. Grouped (each
+    product's rows its first ones, the tiles holding them computed and
+    stored, rows past them in its last tile too), by one of two schedules:
+    with STARTS (G + 1 ints), the tiles packed: product g takes the BM-row
+    tiles STARTS[g] to STARTS[g + 1] - 1 counted over all products (a task
+    finds its product by binary search; LOG_G the bits of G); with SIZES (G
+    ints), product g's rows are its first SIZES[g] (clamped to [0, M]) and
+    its tiles past them are skipped in place. Ragged, with OFFS (G ints):
     A is 2-D (rows of every product packed), B 3-D (one per product), C 2-D;
     product g takes A's and C's rows from OFFS[g - 1] (0 for g = 0) to
     OFFS[g] (clamped to [0, M]; see ragged_tile_of); a consumer's 64 rows
@@ -78,7 +82,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
         "SCATTER takes A as (W, rows / W, K), each owner's rows, and a 2-D B"
-    assert not A_KM or (SIZES is None and SCATTER is None and GATHER is None), \
+    grouped = STARTS is not None or SIZES is not None
+    assert not A_KM or (not grouped and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
     assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
                               and C.dtype != "f32"), \
@@ -94,20 +99,22 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
     # the B tile they share and multicasts it to all (A·Bᵀ only).
     assert CLUSTER == 1 or not B_KN, "CLUSTER > 1 is built for B given as N x K"
-    assert SIZES is None or (batched and CLUSTER == 1 and SPLIT_K == 1), \
-        "grouped products (SIZES) take 3-D tensors, no CLUSTER and no SPLIT_K"
+    assert not grouped or (batched and CLUSTER == 1 and SPLIT_K == 1 and
+                           (STARTS is None or SIZES is None)), \
+        "grouped products (STARTS or SIZES, not both) take 3-D tensors, no CLUSTER and " \
+        "no SPLIT_K"
     ragged = OFFS is not None
     assert not ragged or (not batched and b_outer and len(C.shape) == 2 and BM == 128
-                          and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and SIZES is None
+                          and CLUSTER == 1 and SPLIT_K == 1 and not A_KM and not grouped
                           and SCATTER is None and GATHER is None and not ACCUMULATE
                           and TMA_STORE and C.dtype != "f32"), \
         "ragged products (OFFS) take a 2-D A and C, a 3-D B, BM = 128 and a 16-bit C, " \
-        "and none of SIZES, SCATTER, GATHER, ACCUMULATE, A_KM, CLUSTER, SPLIT_K"
+        "and none of STARTS, SIZES, SCATTER, GATHER, ACCUMULATE, A_KM, CLUSTER, SPLIT_K"
     if ragged:
         batch = B.shape[0]
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
-    tasks = batch * tiles
+    tasks = batch * tiles if STARTS is None else tk.load(STARTS, (batch,)) * tiles_n
     k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
     a_tile = (BK, BM) if A_KM else (BM, BK)
     b_tile = (BK, BN) if B_KN else (BN, BK)
@@ -123,18 +130,21 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def tile_of(task):
         """(outer coordinates, m, n) of a task's tile: the products one after
-        another; with SPLIT_K, tasks take every tile's first K slice, then
-        every second one, ..."""
-        task = task % (batch * tiles) if SPLIT_K > 1 else task
-        outer = ()
-        if batched:
-            outer = (task // tiles,)
-            if SCATTER is not None:
-                outer = ((task // tiles + SCATTER[1]) % batch,)
-            task = task % tiles
-        m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
-        if GATHER is not None:
-            m = (m + GATHER[1]) % tiles_m
+        another (packed by STARTS: group_tile_of); with SPLIT_K, tasks take
+        every tile's first K slice, then every second one, ..."""
+        if STARTS is not None:
+            outer, m, n = group_tile_of(task)
+        else:
+            task = task % (batch * tiles) if SPLIT_K > 1 else task
+            outer = ()
+            if batched:
+                outer = (task // tiles,)
+                if SCATTER is not None:
+                    outer = ((task // tiles + SCATTER[1]) % batch,)
+                task = task % tiles
+            m, n = tk.grouped_tile(task, groups_m, tiles_n, GROUP_M)
+            if GATHER is not None:
+                m = (m + GATHER[1]) % tiles_m
         return outer, (m * CLUSTER + tk.cluster_rank() if CLUSTER > 1 else m), n
 
     def last_at_or_before(first_of, target):
@@ -148,6 +158,20 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                 if first_of(probe) <= target:
                     g = probe
         return g
+
+    def first_task_of(g):                            # (STARTS: g's first task)
+        return tk.load(STARTS, (g,)) * tiles_n
+
+    def group_tile_of(task):
+        """The product g whose tasks hold `task` (the last g with
+        STARTS[g] * tiles_n <= task, by binary search: empty products share
+        their start with the next), and the tile of task - STARTS[g] * tiles_n
+        among its STARTS[g + 1] - STARTS[g] tile rows."""
+        g = last_at_or_before(first_task_of, task)
+        first = tk.load(STARTS, (g,))
+        rows = tk.load(STARTS, (g + 1,)) - first
+        m, n = tk.grouped_tile(task - first * tiles_n, rows, tiles_n, GROUP_M)
+        return (g,), m, n
 
     def sized_has_rows(task):
         """Whether a grouped task's tile holds rows of its product (below
@@ -195,7 +219,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             load_tiles(task, k, a, b, sem)
 
     def load_tiles(task, k, a, b, sem):
-        outer, m, n = tile_of(task)
+        if STARTS is not None:
+            outer, m, n = task                       # (tile_of, once per task)
+        else:
+            outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
         if GATHER is not None:
@@ -254,7 +281,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else None,
+           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
            active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
            sized_has_rows if SIZES is not None else None)
 

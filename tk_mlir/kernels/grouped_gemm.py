@@ -3,9 +3,17 @@ products of different row counts, in one launch.
 
 The capacity layout: a is (G, M, K), each product's rows padded to M, and
 `sizes` says how many rows of each are real. The kernel is gemm.gemm over 3-D
-tensors reading the sizes itself: a task's 128-row tile past its product's
-size is skipped by the producer and the consumers (one load of SIZES[g]), so
-an eager call is one launch (no schedule made by the host or in torch).
+tensors; only the 128-row tiles that hold rows are computed, by one of two
+schedules (dense_schedule chooses):
+- packed (DENSE): the tiles holding rows are the tasks, numbered product
+  after product: STARTS[g] counts the tile rows before product g, made on
+  the GPU from the sizes in three torch ops (nothing waits for the host); a
+  task finds its product by binary search over STARTS. Every block of the
+  persistent grid gets its share of the work;
+- in place: the kernel reads the sizes itself and skips each tile past its
+  product's size (one load of SIZES[g] per task): an eager call is one
+  launch, but the blocks' shares of the skipped tiles differ (up to 1.3x
+  the packed kernel's time at many waves of tiles, BENCHMARKS.md).
 
 The packed (ragged) layout, as torch._grouped_mm takes it: a is (T, K), the
 rows of every product one after another, `offs[g]` the end of product g's
@@ -26,15 +34,19 @@ from tk_mlir.kernels.device import num_sms
 
 
 @tk.kernel(num_warps=12)
-def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, SIZES: tk.gl["i32"],
+def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, TABLE: tk.gl["i32"],
+                        DENSE: tk.constexpr = False, LOG_G: tk.constexpr = 0,
                         B_KN: tk.constexpr = False, BN: tk.constexpr = 256,
                         STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                         EPI_N: tk.constexpr = 64, EPI_BUFFERS: tk.constexpr = 2):
-    """`gemm` over G products (A and C padded to M rows per product), product
-    g's rows its first SIZES[g] (clamped to [0, M]): only the 128-row tiles
-    holding them are computed and stored."""
+    """`gemm` over G products (A and C padded to M rows per product), only
+    the 128-row tiles holding each product's rows computed and stored.
+    TABLE: with DENSE, STARTS (grouped_schedule: product g's tiles are the
+    STARTS[g]-th to the STARTS[g + 1] - 1-th of all; LOG_G the bits of G);
+    else the G sizes (sizes_operand; each clamped to [0, M])."""
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
-              EPI_BUFFERS=EPI_BUFFERS, SIZES=SIZES)
+              EPI_BUFFERS=EPI_BUFFERS, LOG_G=LOG_G,
+              STARTS=TABLE if DENSE else None, SIZES=None if DENSE else TABLE)
 
 
 @tk.kernel(num_warps=12)
@@ -320,8 +332,23 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
         c.masked_fill_(written_rows(sizes, M)[..., None], 0)
         return
     bn = 256 if N > 128 else 128
-    grouped_gemm_kernel[(num_sms(a.get_device()),)](a, b, c, sizes_operand(sizes),
-                                                    B_KN=b_layout == "kn", BN=bn)
+    sms = num_sms(a.get_device())
+    if dense_schedule(G, M, N, bn, sms):
+        grouped_gemm_kernel[(sms,)](a, b, c, grouped_schedule(sizes, M), DENSE=True,
+                                    LOG_G=(G - 1).bit_length(), B_KN=b_layout == "kn", BN=bn)
+    else:
+        grouped_gemm_kernel[(sms,)](a, b, c, sizes_operand(sizes), B_KN=b_layout == "kn",
+                                    BN=bn)
+
+
+def dense_schedule(G: int, M: int, N: int, bn: int, sms: int) -> bool:
+    """Whether grouped_gemm_kernel should take the packed schedule (STARTS)
+    rather than skip tiles in place: when the products' tiles fill more than
+    four waves of the persistent grid. There the blocks' uneven shares of
+    skipped tiles cost up to 1.3x (8 x 2048 x 4096 x 1024: 478 against 610
+    TFLOP/s) and the schedule's torch ops are small beside the kernel; below,
+    a call is host-bound and one launch is what counts (BENCHMARKS.md)."""
+    return G * -(-M // 128) * -(-N // bn) > 4 * sms
 
 
 def sizes_operand(sizes):
@@ -381,6 +408,43 @@ def _host_ints(fn: str, name: str, values, what: str) -> None:
         if not isinstance(n, int) or isinstance(n, bool):
             raise TypeError(f"{fn}: {name}[{g}] must be an int ({what}), got "
                             f"{type(n).__name__} {n!r}")
+
+
+def grouped_schedule(sizes, M: int):
+    """grouped_gemm_kernel's STARTS, made on the sizes' device: G + 1 int32s,
+    STARTS[g] the 128-row tiles of the products before g (rows clamped to
+    [0, M]; the last, the total), padded to a 16-byte row as every tensor
+    argument's. Three torch ops (each costs an eager call host time): the
+    tiles of each product by bucketing its size against the tiles' first
+    rows (ceil(clamp(n, 0, M) / 128) in one op), summed in place."""
+    import torch
+    G = sizes.shape[0]
+    starts = torch.zeros(-(-(G + 1) // 4) * 4, dtype=torch.int32, device=sizes.device)
+    tiles = torch.bucketize(sizes, _tile_first_rows(M, sizes), out_int32=True)
+    torch.cumsum(tiles, 0, dtype=torch.int32, out=starts[1:G + 1])
+    return starts
+
+
+_FIRST_ROWS: dict = {}
+_MAX_FIRST_ROWS = 256
+
+
+def _tile_first_rows(M: int, sizes):
+    """[0, 128, ..., 128 (cdiv(M, 128) - 1)] like sizes (its dtype and device):
+    the boundaries n is bucketed against (n <= 0: 0; above the last, every
+    tile). Kept per (M, dtype, device) and never dropped (a captured CUDA
+    graph may read a kept one at every replay), up to _MAX_FIRST_ROWS; past
+    that, and while a graph is captured (its memory is the graph's), made
+    for the call."""
+    import torch
+    key = (M, sizes.dtype, sizes.device)
+    first = _FIRST_ROWS.get(key)
+    if first is None:
+        first = torch.arange(0, M, 128, dtype=sizes.dtype, device=sizes.device)
+        if len(_FIRST_ROWS) < _MAX_FIRST_ROWS and \
+                not (sizes.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _FIRST_ROWS[key] = first
+    return first
 
 
 def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: bool = True):
