@@ -33,7 +33,7 @@ def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
 
 
 @pytest.fixture(scope="module", params=[(128, False, 4096), (128, True, 4096), (64, False, 4096),
-                                        (64, True, 4096), (256, False, 4096),
+                                        (64, True, 4096), (256, False, 4096), (256, True, 2048),
                                         (128, False, 8192)],
                 ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}-n{p[2]}")
 def compiled(request):
@@ -190,12 +190,39 @@ def test_long_rows_take_192_key_tiles(n, n_kv):
 
 
 @gpu
+@pytest.mark.parametrize("n, n_kv", [(300, 300), (200, 4100)])      # 64- and 80-key blocks
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_dim_256(causal):
-    g = torch.Generator(device="cuda").manual_seed(256 + causal)
-    q, k, v = (torch.randn(1, 2, 300, 256, device="cuda", generator=g).bfloat16()
-               for _ in range(3))
+def test_head_dim_256(causal, n, n_kv):
+    g = torch.Generator(device="cuda").manual_seed(256 + causal + n)
+    q = torch.randn(1, 2, n, 256, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, n_kv, 256, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
     _run_and_check(q, k, v, causal)
+
+
+def test_head_dim_256_takes_80_key_blocks_on_long_rows():
+    from tk_mlir.kernels.flash_attention import LONG_KV_256, _config
+    assert _config(256, LONG_KV_256)["BN"] == 80 and _config(256, LONG_KV_256 - 1)["BN"] == 64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_80_key_blocks_in_the_interpreter(causal):
+    """D=256's 80-key K/V blocks (a tile side of 16·5) against float64, with
+    a partial last block, N != N_kv, and the interpreter's race checks."""
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
+    B, H, N, N_KV, D = 1, 2, 150, 250, 256
+    cfg = _config(D, 1 << 20, causal)
+    assert cfg["BN"] == 80
+    g = torch.Generator().manual_seed(80 + causal)
+    q = torch.randn(B, H, N, D, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(B, H, N_KV, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, 152), float("nan"))
+    attention_kernel.interpret[(2,)](q, k, v, o, lse, tasks(q, k, causal, 2), math.log2(math.e) / 16,
+                                     D=D, CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    ref_o, ref_lse = _reference(q.double(), k.double(), v.double(), causal, 1 / 16)
+    assert ((o.double() - ref_o).norm() / ref_o.norm()).item() < 8e-3
+    assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
 
 
 @gpu

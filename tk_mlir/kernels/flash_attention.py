@@ -277,6 +277,7 @@ def yield_mmas(wg, consumers):
 # Non-causal rows at least this long take 192-key blocks at D=128 (fewer
 # softmax rounds per key; measured, BENCHMARKS.md).
 LONG_KV = 8192
+LONG_KV_256 = 4096
 
 
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
@@ -297,8 +298,11 @@ def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     if d == 128:
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
                     CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
-    return dict(BN=64, STAGES=2, Q_STAGES=1, CONSUMERS=2, CONSUMER_REGISTERS=232,
-                PRODUCER_REGISTERS=40)
+    # D=256: 80-key K/V blocks (two stages of them and one Q stage fill shared
+    # memory, 230528 of 232448 bytes) from LONG_KV_256 keys on, 64 below
+    # (80 loses at 2048 causal: more blocks cross the diagonal; BENCHMARKS.md)
+    return dict(BN=80 if n_kv >= LONG_KV_256 else 64, STAGES=2, Q_STAGES=1, CONSUMERS=2,
+                CONSUMER_REGISTERS=232, PRODUCER_REGISTERS=40)
 
 
 # Causal forward tasks run in groups of heads whose K and V fit in this many
