@@ -185,6 +185,47 @@ def test_scale_operands_pass_scales_as_they_are():
     assert SA.tolist() == [0, 2, 4, 6, 8, 10, 12, 14] and SA.stride() == (1,)
 
 
+def test_few_rows_take_k_slices_and_many_the_autotuned_tiles():
+    """The bf16 GEMM's rules on the same bytes (K steps of 128 fp8 elements)."""
+    assert scaled_gemm.plan(64, 2048, 2048, 132).kernel == "split_k"
+    assert scaled_gemm.plan(16, 4096, 4096, 132).config["SPLIT_K"] == 4
+    assert scaled_gemm.plan(256, 8192, 4096, 132).kernel == "tiles"
+    assert scaled_gemm.plan(4096, 4096, 4096, 132).kernel == "autotuned"
+
+
+@pytest.mark.parametrize("M, N, K, out", [(40, 264, 1024, bf16), (130, 136, 512, f32),
+                                          (300, 2048, 256, bf16)])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_scaled_matmul_by_every_plan_in_the_interpreter(interpret, M, N, K, out, rowwise):
+    """scaled_matmul end to end on CPU tensors: split-K (few rows: each part
+    scaled before it is added), smaller tiles, and the scales of each kind."""
+    sms = 132
+    kind = scaled_gemm.plan(M, N, K, sms).kernel
+    gen = torch.Generator().manual_seed(M + N + rowwise)
+    a = (torch.randn(M, K, generator=gen) * 2).to(e4m3)
+    bt = (torch.randn(N, K, generator=gen) * 2).to(e4m3)
+    sa = torch.rand(M, 1, generator=gen) + 0.5 if rowwise else torch.tensor(0.75)
+    sb = torch.rand(1, N, generator=gen) + 0.5 if rowwise else torch.tensor([1.5])
+    c = scaled_matmul(a, bt.t(), sa, sb, out_dtype=out)
+    ref = (a.double() @ bt.double().T) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+    assert c.dtype == out and ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, kind
+
+
+def test_the_split_k_kernel_leaves_its_workspace_zeroed():
+    M, N, K = 40, 256, 1024
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(M, K, generator=gen) * 2).to(e4m3)
+    bt = (torch.randn(N, K, generator=gen) * 2).to(e5m2)
+    sa, sb = torch.rand(M + 4 - M % 4, generator=gen) + 0.5, torch.tensor(2.0)
+    c = torch.full((M, N), float("nan"), dtype=bf16)
+    w = torch.zeros(M, N)
+    f = torch.zeros(scaled_gemm.gemm.split_k_counters(M, N, 128), dtype=torch.int32)
+    scaled_gemm.scaled_split_k_kernel.interpret[(5,)](a, bt, c, sa, sb, w, f, SPLIT_K=4)
+    ref = (a.double() @ bt.double().T) * sa[:M, None].double() * 2
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 4e-3
+    assert not w.any() and not f.any()
+
+
 @pytest.mark.parametrize("rowwise_a, rowwise_b", [(False, False), (True, True), (True, False),
                                                   (False, True)])
 def test_interpreted_scales_against_float64(rowwise_a, rowwise_b):

@@ -39,7 +39,8 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
-         GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False):
+         GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False,
+         SCALES=None):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -77,7 +78,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     GATHER = (ready, first): A's rows arrive while the kernel runs (an
     all-gather); ready(m) runs before the first load of tile row m, and the
     walk over tile rows starts at `first` (wrapping around), so a rank starts
-    with rows it already has."""
+    with rows it already has. SCALES = (SA, SB): C = the product * SA * SB
+    (scaled_matmul's dequantization), each f32 scale one value (a 0-d tensor)
+    or a vector, SA one per row of C, SB one per column, applied to the f32
+    accumulator before it leaves (each split-K part scaled: the sum is
+    linear)."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -85,6 +90,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     grouped = STARTS is not None or SIZES is not None
     assert not A_KM or (not grouped and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
+    assert SCALES is None or (OFFS is None and SCATTER is None and not ACCUMULATE), \
+        "SCALES is built for plain, batched and split-K products"
     assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
                               and C.dtype != "f32"), \
         "ACCUMULATE adds by TMA store pieces: a 16-bit C, TMA_STORE, no SPLIT_K or SCATTER"
@@ -265,9 +272,41 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         else:
             store_tile(acc, task, wg)
 
+    def row_scaled(acc, row):
+        """acc times SA's rows (one value or a 64-row vector) and, when SB is
+        one value, SB."""
+        SA, SB = SCALES
+        if len(SA.shape) > 0:
+            acc = acc.mul_row(tk.load(SA, (row,), (64,), scope="warpgroup"))
+            if len(SB.shape) == 0:
+                acc = acc * tk.load(SB, ())
+        else:
+            acc = acc * (tk.load(SA, ()) if len(SB.shape) > 0 else
+                         tk.load(SA, ()) * tk.load(SB, ()))
+        return acc
+
+    def col_scaled(first, cols):
+        """piece(part, h) of store_in_pieces scaling `cols` columns at a
+        time by SB from column piece `first` on (None: SB is one value,
+        applied by row_scaled): a slice at a time, as a whole row's scales
+        would hold BN / 4 registers through the epilogue."""
+        SB = SCALES[1]
+
+        def piece(part, h):
+            return part.mul_col(tk.load(SB, (first + h,), (cols,), scope="warpgroup"))
+        return piece if len(SB.shape) > 0 else None
+
     def store_tile(acc, task, wg):
         outer, m, n = tile_of(task)
         row = consumers * m + wg                     # in 64-row tiles
+        piece = None
+        if SCALES is not None:
+            acc = row_scaled(acc, row)
+            if SPLIT_K > 1:                          # the whole tile, before its part is added
+                whole = col_scaled(n, BN)
+                acc = acc if whole is None else whole(acc, 0)
+            else:
+                piece = col_scaled(n * (BN // EPI_N), EPI_N)
         if SCATTER is not None:
             SCATTER[0](task, wg)
             if row < tk.cdiv(M, 64):                 # (a 128-row tile's second half may be past M)
@@ -277,9 +316,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
         else:
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
-                               outer=outer, add=ACCUMULATE)
+                               piece, outer=outer, add=ACCUMULATE)
 
-    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (A.dtype, b_tile, 128)],
+    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
            plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
            active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
@@ -535,7 +574,7 @@ def _plan(M: int, N: int, K: int, sms: int, batch: int, layout: str | None) -> P
     return rules_plan(M, N, K, sms, batch)
 
 
-def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
+def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1, bk: int = 64) -> Plan:
     """The kernel for `batch` M x N x K products on `sms` SMs by rule: the
     tiles counted below are all the products' tiles. The rules (tuned on
     Hopper, see BENCHMARKS.md, GEMM small and skinny shapes):
@@ -548,7 +587,8 @@ def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
        half of the SMs. 128 x 128 tiles that overflow one wave while
        128 x WIDE_N tiles fill one (at least BUSY x SMs of them) take the
        wider tile (256 x 11008 x 4096: 1.40x, H200, BENCHMARKS.md).
-    A split keeps MIN_SLICE_STEPS K steps per slice at least."""
+    A split keeps MIN_SLICE_STEPS K steps (of bk elements: 128 bytes) per
+    slice at least."""
     def tiles(bm, bn):
         return batch * tk.cdiv(M, bm) * tk.cdiv(N, bn)
     if not batch * M * N * K:
@@ -567,7 +607,7 @@ def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1) -> Plan:
             why += f" take two waves; {tiles(128, WIDE_N)} of 128 x {WIDE_N} fill one"
             bn = WIDE_N
     config = tile_config(bm, bn)
-    steps = tk.cdiv(K, 64)
+    steps = tk.cdiv(K, bk)
     parts = min(sms // max(1, tiles(bm, bn)), steps // MIN_SLICE_STEPS)
     if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
         parts = tk.cdiv(steps, tk.cdiv(steps, parts))
@@ -762,7 +802,7 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
     def run_split(a, b, c):
         M, N = c.shape[-2], c.shape[-1]
         counters = split_k_counters(M, N, cfg["BN"], a.shape[0] if a.dim() == 3 else 1)
-        split(a, b, c, *_workspace_views(a.device, c.shape, counters))
+        split(a, b, c, *workspace_views(a.device, c.shape, counters))
     return run_split
 
 
@@ -832,7 +872,7 @@ _CAPTURED: list = []
 def _workspace(device, elements: int, counters: int) -> list:
     """[w, f, captured, views]: a zeroed f32 workspace w of at least `elements`
     and int32 counters f of at least `counters` for the current stream, whether
-    a graph captured them, and the views taken of them (_workspace_views).
+    a graph captured them, and the views taken of them (workspace_views).
     While a CUDA graph is captured, the stream's kept pair if it is large
     enough (warm up on the capture stream first, as torch.cuda.graph
     advises), else a new pair made inside the graph, which zeroes it at every
@@ -859,7 +899,7 @@ def _workspace(device, elements: int, counters: int) -> list:
     return pair
 
 
-def _workspace_views(device, shape, counters: int):
+def workspace_views(device, shape, counters: int):
     """(W, F) as gemm_split_k_kernel takes them for a C of `shape`: views of
     the current stream's workspace pair (_workspace), taken once per shape and
     kept with the pair (so they go when it is replaced)."""

@@ -22,67 +22,36 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import blackwell_gemm, checks, eager
+from tk_mlir.kernels import blackwell_gemm, checks, eager, gemm
 from tk_mlir.kernels.device import is_blackwell, num_sms
 
 
 @tk.autotune(configs=[tk.Config(BN=256, STAGES=4), tk.Config(BN=256, STAGES=4, GROUP_M=16),
                       tk.Config(BN=128, STAGES=6)],
              key=["A", "Bt", "C", "SA", "SB"])
-@tk.kernel(num_warps=12)      # warpgroups 0, 1: consumers; 2: producer
+@tk.kernel(num_warps=12)      # consumers: warpgroups 0 .. BM/64 - 1; the last one loads
 def scaled_gemm_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[f32],
                        BM: tk.constexpr = 128, BN: tk.constexpr = 256, BK: tk.constexpr = 128,
                        STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                        EPI_N: tk.constexpr = 128, EPI_BUFFERS: tk.constexpr = 1):
-    """C = (A @ Bt.T) * SA * SB for fp8 A (M x K) and Bt (N x K). Each scale
-    is one value (a 0-d tensor) or a vector: SA one per row of C (at least M
-    values), SB one per column (at least N)."""
-    M, K = A.shape
-    N = Bt.shape[0]
-    tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
-    WG_M = BM // 2                          # rows per consumer warpgroup
-    # 16-bit results leave through a staging tile per consumer and TMA
-    # stores, EPI_N columns at a time; f32 ones from registers.
-    TMA_STORE = C.dtype != "f32"
-    EPI_N = min(EPI_N, BN)
-    assert BN % EPI_N == 0, f"EPI_N={EPI_N} must divide BN={BN}"
-    c_tiles = tk.shared_tiles(C.dtype, (WG_M, EPI_N), 2 * EPI_BUFFERS, swizzle=128) \
-        if TMA_STORE else None
+    """C = (A @ Bt.T) * SA * SB for fp8 A (M x K) and Bt (N x K) (`gemm` with
+    SCALES). Each scale is one value (a 0-d tensor) or a vector: SA one per
+    row of C (at least M values), SB one per column (at least N). BM=64
+    takes num_warps=8."""
+    gemm.gemm(A, Bt, C, False, BM, BN, BK, STAGES, GROUP_M, True, EPI_N, 1,
+              EPI_BUFFERS=EPI_BUFFERS, SCALES=(SA, SB))
 
-    def load(task, k, a, b, sem):
-        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
-        tk.tma.load_async(a, A, (m, k), sem)
-        tk.tma.load_async(b, Bt, (n, k), sem)
 
-    def setup(task, wg):
-        return tk.zeros((WG_M, BN), f32, layout="row", scope="warpgroup")
-
-    def compute(acc, wg, a, b):
-        return tk.mma_ABt(acc, a.subtile(wg, WG_M), b)
-
-    row_scale, col_scale = len(SA.shape) > 0, len(SB.shape) > 0
-
-    def finish(acc, task, wg):
-        m, n = tk.grouped_tile(task, tiles_m, tiles_n, GROUP_M)
-        if row_scale:
-            acc = acc.mul_row(tk.load(SA, (2 * m + wg,), (WG_M,), scope="warpgroup"))
-            if not col_scale:
-                acc = acc * tk.load(SB, ())
-        else:
-            acc = acc * (tk.load(SA, ()) if col_scale else tk.load(SA, ()) * tk.load(SB, ()))
-        first = n * (BN // EPI_N)
-
-        def col_scaled(part, h):     # a slice at a time: a whole row's scales would cost BN/4
-            return part.mul_col(tk.load(SB, (first + h,), (EPI_N,), scope="warpgroup"))
-
-        # One thread elected once stores the whole tile (store_in_pieces): with an
-        # election per store (and column scales) ptxas put the producer's TMA loads
-        # in a serialization loop (BRA.U.ANY; why is not pinned down).
-        tk.store_in_pieces(C, acc, 2 * m + wg, first, EPI_N, wg, c_tiles, EPI_BUFFERS,
-                           col_scaled if col_scale else None)
-
-    tk.lcf(tiles_m * tiles_n, tk.cdiv(K, BK), [(A.dtype, (BM, BK), 128), (Bt.dtype, (BN, BK), 128)],
-           load, setup, compute, finish, stages=STAGES)
+@tk.kernel(num_warps=8)
+def scaled_split_k_kernel(A: tk.gl, Bt: tk.gl, C: tk.gl, SA: tk.gl[f32], SB: tk.gl[f32],
+                          W: tk.gl[f32], F: tk.gl["i32"], SPLIT_K: tk.constexpr,
+                          BM: tk.constexpr = 64, BN: tk.constexpr = 128, BK: tk.constexpr = 128,
+                          STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8):
+    """scaled_gemm_kernel with K cut into SPLIT_K slices, each part scaled
+    before it is added (gemm.gemm_split_k_kernel's W and F: zeros, and left
+    zeros). For few rows, where 128 x 256 tiles leave most SMs idle."""
+    gemm.gemm(A, Bt, C, False, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F,
+              SCALES=(SA, SB))
 
 
 def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
@@ -203,8 +172,28 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     if not (M and N and K):
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    scaled_gemm_kernel[(num_sms(a.get_device()),)](a, b.t(), c, *scale_operands(scale_a, scale_b))
+    sms = num_sms(a.get_device())
+    chosen = plan(M, N, K, sms)
+    bt, scales = b.t(), scale_operands(scale_a, scale_b)
+    if chosen.kernel == "autotuned":
+        scaled_gemm_kernel[(sms,)](a, bt, c, *scales)
+    elif chosen.kernel == "tiles":
+        scaled_gemm_kernel.kernel[(sms,)](a, bt, c, *scales, **chosen.config)
+    else:
+        counters = gemm.split_k_counters(M, N, chosen.config["BN"])
+        scaled_split_k_kernel[(sms,)](a, bt, c, *scales,
+                                      *gemm.workspace_views(a.device, c.shape, counters),
+                                      **chosen.config)
     return c
+
+
+def plan(M: int, N: int, K: int, sms: int) -> gemm.Plan:
+    """The fp8 kernel for an M x N x K product: the bf16 GEMM's rules
+    (gemm.rules_plan) on the same bytes, K steps of 128 one-byte elements:
+    the autotuned 128 x 256 tiles when they keep the SMs busy, else smaller
+    tiles (a ring of 128-byte deep stages as deep as the bf16 one) and, when
+    those leave SMs idle, K in slices (scaled_split_k_kernel)."""
+    return gemm.rules_plan(M, N, K, sms, bk=128)
 
 
 def scale_operands(scale_a, scale_b):
