@@ -19,6 +19,8 @@ tensors), so an eager call launches the kernel and nothing else.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import tk_mlir as tk
 from tk_mlir import f32
 
@@ -187,13 +189,32 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     return c
 
 
+# Few rows (M <= SMALL_M) take 64 x 128 tiles, and K in slices only when
+# those tiles fill at most a quarter of the SMs and K holds SPLIT_MIN_STEPS
+# 128-deep steps per slice for at least 4 slices. Fitted to one sweep of
+# every (tile, split) candidate at five shapes (H200, BENCHMARKS.md, "FP8
+# GEMM with few rows"): unlike bf16, a split rarely paid there.
+SMALL_M = 256
+SPLIT_MIN_STEPS = 8
+
+
 def plan(M: int, N: int, K: int, sms: int) -> gemm.Plan:
-    """The fp8 kernel for an M x N x K product: the bf16 GEMM's rules
-    (gemm.rules_plan) on the same bytes, K steps of 128 one-byte elements:
-    the autotuned 128 x 256 tiles when they keep the SMs busy, else smaller
-    tiles (a ring of 128-byte deep stages as deep as the bf16 one) and, when
-    those leave SMs idle, K in slices (scaled_split_k_kernel)."""
-    return gemm.rules_plan(M, N, K, sms, bk=128)
+    """The fp8 kernel for an M x N x K product: the autotuned 128 x 256 tiles
+    when they keep the SMs busy; few rows: 64 x 128 tiles, split-K
+    (scaled_split_k_kernel) when they leave most SMs idle and K is long;
+    otherwise the bf16 GEMM's rules (gemm.rules_plan) on the same bytes (K
+    steps of 128 one-byte elements)."""
+    chosen = gemm.rules_plan(M, N, K, sms, bk=128)
+    if chosen.kernel not in ("tiles", "split_k") or M > SMALL_M:
+        return chosen
+    tiles, steps = tk.cdiv(M, 64) * tk.cdiv(N, 128), tk.cdiv(K, 128)
+    config = gemm.tile_config(64, 128)
+    why = f"M={M} <= {SMALL_M} rows (fp8): {tiles} tiles of 64 x 128"
+    parts = min(sms // tiles, steps // SPLIT_MIN_STEPS)
+    if 4 * tiles <= sms and parts >= 4:
+        return gemm.Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
+                         f"{why} fill at most a quarter of {sms} SMs: K in {parts} slices")
+    return gemm.Plan("tiles", MappingProxyType(config), why)
 
 
 def scale_operands(scale_a, scale_b):
