@@ -34,6 +34,7 @@ def _compile(d=128, causal=False, dtype=tk.bf16, n=4096, n_kv=None, h_kv=16):
 
 @pytest.fixture(scope="module", params=[(128, False, 4096), (128, True, 4096), (64, False, 4096),
                                         (64, True, 4096), (256, False, 4096), (256, True, 2048),
+                                        (256, True, 4096),
                                         (128, False, 8192)],
                 ids=lambda p: f"d{p[0]}{'-causal' if p[1] else ''}-n{p[2]}")
 def compiled(request):

@@ -97,11 +97,23 @@ def test_sizes_reach_the_kernel_as_they_are_when_they_can():
     int32 copy padded to a multiple of 4."""
     from tk_mlir.kernels.grouped_gemm import sizes_operand
     s = torch.tensor([5, 0, 7, 9], dtype=torch.int32)
-    assert sizes_operand(s) is s
-    for sizes in (torch.tensor([5, 0, 7, 9]), torch.tensor([5, 0, 7], dtype=torch.int32)):
-        operand = sizes_operand(sizes)
+    assert sizes_operand(s, 8) is s
+    for sizes in (torch.tensor([5, 0, 7, 8]), torch.tensor([5, 0, 7], dtype=torch.int32)):
+        operand = sizes_operand(sizes, 8)
         assert operand.dtype == torch.int32 and operand.shape[0] % 4 == 0
         assert operand[:len(sizes)].tolist() == sizes.tolist()
+    # int64 sizes past int32 are clamped to [0, M] before the cast, not wrapped
+    wide = sizes_operand(torch.tensor([2**32 + 1, 2**31, -5, 7]), 200)
+    assert wide.tolist() == [200, 200, 0, 7]
+
+
+def test_the_packed_schedule_needs_the_bits_of_g():
+    import tk_mlir as tk
+    from tk_mlir.kernels.grouped_gemm import grouped_gemm_kernel
+    with pytest.raises(tk.CompilationError, match="DENSE takes LOG_G >= 1, the bits of G - 1"):
+        grouped_gemm_kernel.compile(tk.spec((3, 256, 64), "bf16"), tk.spec((3, 128, 64), "bf16"),
+                                    tk.spec((3, 256, 128), "bf16"), tk.spec((4,), "i32"),
+                                    DENSE=True)
 
 
 def test_many_waves_of_tiles_take_the_packed_schedule():

@@ -218,6 +218,24 @@ def test_scaled_matmul_by_every_plan_in_the_interpreter(interpret, monkeypatch, 
     assert c.dtype == out and ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, kind
 
 
+@pytest.mark.parametrize("sa", [(40,), ()], ids=["rowwise", "per-tensor"])
+def test_the_split_k_kernel_compiles_without_spills(sa):
+    compiled = scaled_gemm.scaled_split_k_kernel.compile(
+        tk.spec((40, 4096), "f8e4m3"), tk.spec((264, 4096), "f8e4m3"), tk.spec((40, 264), "bf16"),
+        tk.spec(sa, "f32"), tk.spec((264,) if sa else (), "f32"), tk.spec((40, 264), "f32"),
+        tk.spec((1024,), "i32"), SPLIT_K=4)
+    assert compiled.info["spill stores (bytes)"] == 0 and compiled.info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+    assert "red.global.add" in compiled.asm["ptx"]                   # the parts meet by atomics
+
+
+def test_a_misaligned_rowwise_scale_is_copied_not_refused():
+    buf = torch.rand(9)
+    sa = buf[1:].view(8, 1)                                          # contiguous, 4 bytes in
+    SA, _ = scaled_gemm.scale_operands(sa, torch.tensor(1.0))
+    assert SA.data_ptr() % 16 == 0 and SA.tolist() == buf[1:].tolist()
+
+
 def test_the_split_k_kernel_leaves_its_workspace_zeroed():
     M, N, K = 40, 256, 1024
     gen = torch.Generator().manual_seed(3)

@@ -189,9 +189,10 @@ def launch_grouped(grid, a, b, c, sizes, b_kn, dense):
     M, G = a.shape[1], len(sizes)
     if dense:
         grouped_gemm_kernel.interpret[grid](a, b, c, grouped_schedule(torch.tensor(sizes), M),
-                                            DENSE=True, LOG_G=(G - 1).bit_length(), B_KN=b_kn)
+                                            DENSE=True, LOG_G=max(1, (G - 1).bit_length()),
+                                            B_KN=b_kn)
     else:
-        grouped_gemm_kernel.interpret[grid](a, b, c, sizes_operand(torch.tensor(sizes)),
+        grouped_gemm_kernel.interpret[grid](a, b, c, sizes_operand(torch.tensor(sizes), M),
                                             B_KN=b_kn)
 
 

@@ -54,6 +54,9 @@ def test_a_vector_or_a_0d_tensor_compile_apart():
 def test_the_launch_rule_takes_any_element_aligned_0d_tensor():
     info = TensorInfo(0x7F00_0000_0004, (), (), "f32", "cuda:0", 4)
     check_tensor(info, "s", dtype="f32", rank=0)
+    odd = TensorInfo(0x7F00_0000_0006, (), (), "f32", "cuda:0", 4)   # (DLPack can say so)
+    with pytest.raises(tk.ArgumentError, match="argument 's'.*0-d f32 tensor is not 4-byte"):
+        check_tensor(odd, "s", dtype="f32", rank=0)
 
 
 @pytest.mark.gpu

@@ -282,8 +282,8 @@ LONG_KV_256 = 4096
 
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     """Tile configuration per head dim (and, at D=128, key count and
-    causality). setmaxnreg only moves registers between warpgroups: the
-    split must fit what the block starts with."""
+    causality; at D=256, key count). setmaxnreg only moves registers
+    between warpgroups: the split must fit what the block starts with."""
     # Two Q stages (the next task's Q and first K/V blocks load during this
     # one) and O leaving by TMA where shared memory holds them (not D=256).
     if d == 64:     # 512 threads start with 128 registers each

@@ -90,8 +90,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     grouped = STARTS is not None or SIZES is not None
     assert not A_KM or (not grouped and SCATTER is None and GATHER is None), \
         "A given as K x M (A_KM) is built for plain and batched products"
-    assert SCALES is None or (OFFS is None and SCATTER is None and not ACCUMULATE), \
-        "SCALES is built for plain, batched and split-K products"
+    assert SCALES is None or (OFFS is None and SCATTER is None and GATHER is None and
+                              not ACCUMULATE and STARTS is None and SIZES is None), \
+        "SCALES is built for plain and split-K products (a batch's products would share them)"
     assert not ACCUMULATE or (SCATTER is None and SPLIT_K == 1 and TMA_STORE
                               and C.dtype != "f32"), \
         "ACCUMULATE adds by TMA store pieces: a 16-bit C, TMA_STORE, no SPLIT_K or SCATTER"
@@ -206,7 +207,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         whose first slot is at or before the task's, by binary search), the
         row tile m of A and C, its column tile n, and g's rows [first, end).
         Slots past a product's tiles (its rows end on a tile's edge, or it
-        has none) hold none of g's rows: skipped (ragged_has_rows)."""
+        has none) hold none of g's rows: skipped with SKIP_EMPTY
+        (ragged_has_rows), else computed and nothing stored."""
         slot, n = tk.grouped_tile(task, slots, tiles_n, GROUP_M)
         g = last_at_or_before(first_slot_of, slot)
         return g, slot - g, n, rows_end(g - 1), rows_end(g)
@@ -523,7 +525,7 @@ def output_shape(a, b, b_layout: str) -> tuple[int, ...]:
 SMALL_TILES = ((128, 128), (64, 256), (64, 128))
 BUSY = 0.75              # a grid of tiles keeps the SMs busy from this many tiles per SM
 WIDE_N = 192             # the wider tile (16·k) when 128 x 128 tiles overflow one wave
-MIN_SLICE_STEPS = 8      # K steps (of 64) a split-K slice keeps at least
+MIN_SLICE_STEPS = 8      # K steps (of rules_plan's bk: 128 bytes) a split-K slice keeps
 
 
 @dataclass(frozen=True)
@@ -532,6 +534,7 @@ class Plan:
     and its configs), "tiles" (gemm_kernel with `config`), "split_k"
     (gemm_split_k_kernel with `config`) or "none" (M, N or K is 0: no
     kernel; C is zeroed when K is 0, left as it is when accumulating);
+    scaled_matmul's plans name its own kernels the same way (scaled_gemm);
     `why` says which rule chose it.
     Plans are cached and shared: `config` is read-only."""
     kernel: str

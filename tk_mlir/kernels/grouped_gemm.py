@@ -42,8 +42,12 @@ def grouped_gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, TABLE: tk.gl["i32"],
     """`gemm` over G products (A and C padded to M rows per product), only
     the 128-row tiles holding each product's rows computed and stored.
     TABLE: with DENSE, STARTS (grouped_schedule: product g's tiles are the
-    STARTS[g]-th to the STARTS[g + 1] - 1-th of all; LOG_G the bits of G);
+    STARTS[g]-th to the STARTS[g + 1] - 1-th of all; LOG_G >= 1 the bits of
+    G - 1: fewer find the wrong products);
     else the G sizes (sizes_operand; each clamped to [0, M])."""
+    assert not DENSE or LOG_G >= 1, \
+        f"DENSE takes LOG_G >= 1, the bits of G - 1 (at least 1: its binary search over " \
+        f"STARTS), got LOG_G={LOG_G}"
     gemm.gemm(A, B, C, B_KN, 128, BN, 64, STAGES, GROUP_M, True, EPI_N, 1,
               EPI_BUFFERS=EPI_BUFFERS, LOG_G=LOG_G,
               STARTS=TABLE if DENSE else None, SIZES=None if DENSE else TABLE)
@@ -335,9 +339,10 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
     sms = num_sms(a.get_device())
     if dense_schedule(G, M, N, bn, sms):
         grouped_gemm_kernel[(sms,)](a, b, c, grouped_schedule(sizes, M), DENSE=True,
-                                    LOG_G=(G - 1).bit_length(), B_KN=b_layout == "kn", BN=bn)
+                                    LOG_G=max(1, (G - 1).bit_length()), B_KN=b_layout == "kn",
+                                    BN=bn)
     else:
-        grouped_gemm_kernel[(sms,)](a, b, c, sizes_operand(sizes), B_KN=b_layout == "kn",
+        grouped_gemm_kernel[(sms,)](a, b, c, sizes_operand(sizes, M), B_KN=b_layout == "kn",
                                     BN=bn)
 
 
@@ -351,12 +356,16 @@ def dense_schedule(G: int, M: int, N: int, bn: int, sms: int) -> bool:
     return G * -(-M // 128) * -(-N // bn) > 4 * sms
 
 
-def sizes_operand(sizes):
+def sizes_operand(sizes, M: int):
     """Row counts as grouped_gemm_kernel reads them: int32, rows of whole
     16-byte vectors (as every tensor argument's): sizes itself when it is
-    already (int32, G a multiple of 4), else a converted or padded copy."""
+    already (int32, G a multiple of 4), else a converted or padded copy
+    (int64 sizes clamped to [0, M] first, as the kernel clamps int32 ones:
+    a cast alone would wrap sizes past 2**31)."""
     import torch
-    return checks.int32_table(sizes if sizes.dtype == torch.int32 else sizes.to(torch.int32))
+    if sizes.dtype != torch.int32:
+        sizes = sizes.clamp(0, M).to(torch.int32)
+    return checks.int32_table(sizes)
 
 
 def written_rows(sizes, M: int):

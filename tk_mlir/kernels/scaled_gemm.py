@@ -5,20 +5,24 @@ e5m2), B given column-major (its transpose Bt, N x K, contiguous: the layout
 of a Linear weight), f32 accumulation, bf16, f16 or f32 output. The scales are
 per tensor (one value each) or per row of A (M) and per column of B (N).
 
-The kernel is the bf16 GEMM's (gemm.py: TMA ring, two consumer warpgroups on
-wgmma, a producer warpgroup, a persistent grid in L2-friendly groups) with
-8-bit operands: wgmma reads them K-major only, so A and Bt both arrive with
+The kernels are the bf16 GEMM's (gemm.gemm with SCALES: a TMA ring, a
+consumer warpgroup on wgmma per 64 rows of a tile, a producer warpgroup, a
+persistent grid in L2-friendly groups; the same plans, `plan`: the autotuned
+128 x 256 tiles, smaller ones, or split-K for few rows) with 8-bit operands:
+wgmma reads them K-major only, so A and Bt both arrive with
 K along their 128-byte swizzled rows, BK = 128 elements deep per stage, and
 k32 instructions, accumulating in wgmma's f32 accumulator only, as
 torch._scaled_mm(use_fast_accum=True) does (wgmma adds fp8 products with
 fewer bits than f32; torch's default promotes partial sums on the side).
 The scales are applied to the f32 accumulator in the epilogue: the row scale
-for the whole tile, the column scale EPI_N columns at a time (as the tile
-leaves), from plain vector loads; per-tensor scales are read as they are (0-d
-tensors), so an eager call launches the kernel and nothing else.
+for the whole tile, the column scale EPI_N columns at a time as the tile
+leaves (split-K: the whole tile, before its part is added), from plain vector
+loads; per-tensor scales are read as they are (0-d tensors), so an eager call
+with them launches the kernel and nothing else.
 """
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 
 import tk_mlir as tk
@@ -71,8 +75,9 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     b (1, N) (torch._scaled_mm takes both per tensor or both rowwise).
     out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
     N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors.
-    Returns a new (M, N) tensor. The autotuned kernel picks its configuration
-    per shape on first use. Not differentiable: an input that requires grad
+    Returns a new (M, N) tensor. `plan` picks the kernel per shape (the
+    autotuned one picks its configuration on first use). Not differentiable:
+    an input that requires grad
     (with grad mode on) is refused rather than cut from the graph.
 
     Under torch.compile it runs as the custom op torch.ops.tk_mlir.scaled_matmul
@@ -198,6 +203,7 @@ SMALL_M = 256
 SPLIT_MIN_STEPS = 8
 
 
+@functools.lru_cache(maxsize=1024)
 def plan(M: int, N: int, K: int, sms: int) -> gemm.Plan:
     """The fp8 kernel for an M x N x K product: the autotuned 128 x 256 tiles
     when they keep the SMs busy; few rows: 64 x 128 tiles, split-K
@@ -220,17 +226,19 @@ def plan(M: int, N: int, K: int, sms: int) -> gemm.Plan:
 def scale_operands(scale_a, scale_b):
     """(SA, SB) as the kernels read checked scales: a per-tensor scale as a
     0-d tensor (itself, or a view of its one value), rowwise ones as vectors
-    of M and N values (views when contiguous), the rows' padded to a multiple
-    of 4 (kernel vectors are rows of whole 16-byte vectors; N is one already).
-    No arithmetic on the scales: a per-tensor pair is multiplied in the kernel."""
+    of M and N values (views when contiguous and 16-byte aligned, else
+    copies), the rows' padded to a multiple of 4 (kernel vectors are rows of
+    whole 16-byte vectors; N is one already). No arithmetic on the scales: a
+    per-tensor pair is multiplied in the kernel."""
     import torch
     if scale_a.dim() == 2:
         sa = scale_a.reshape(-1)
-        sa = torch.nn.functional.pad(sa, (0, -len(sa) % 4)) if len(sa) % 4 else sa.contiguous()
+        sa = torch.nn.functional.pad(sa, (0, -len(sa) % 4)) if len(sa) % 4 else \
+            checks.kernel_operand(sa)
     else:
         sa = scale_a.reshape(()) if scale_a.dim() else scale_a
     if scale_b.dim() == 2:
-        sb = scale_b.reshape(-1).contiguous()
+        sb = checks.kernel_operand(scale_b.reshape(-1))
     else:
         sb = scale_b.reshape(()) if scale_b.dim() else scale_b
     return sa, sb

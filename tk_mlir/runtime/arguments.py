@@ -282,7 +282,11 @@ def check_tensor_rules(info: TensorInfo | TensorSpec, name: str, *, dtype: str, 
             if want is not None and shape[i] != want:
                 raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: dim {i} "
                                     f"must be {want} (the kernel's annotation fixes it)")
-    if not rank:
+    if not rank:                       # one value: a scalar load, element-aligned
+        if info.ptr is not None and info.ptr % info.itemsize:
+            raise ArgumentError(f"argument {name!r}: data pointer {info.ptr:#x} of a 0-d "
+                                f"{info.dtype} tensor is not {info.itemsize}-byte aligned; "
+                                f"pass an aligned tensor, e.g. x.clone()")
         return
     if max(shape) >= 2**31:
         raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: kernels index with "
