@@ -366,6 +366,32 @@ def test_window_and_softcap_in_the_interpreter(monkeypatch, causal, window, soft
     assert ((lse.double()[finite] - ref_lse[finite]).norm() / ref_lse[finite].norm()) < 1e-4
 
 
+@pytest.mark.parametrize("causal, window, softcap", [(True, (90, -1), 3.0), (False, (40, 30), 0.0)])
+def test_window_and_softcap_with_80_key_blocks(monkeypatch, causal, window, softcap):
+    """D=256's 80-key K/V blocks (taken here from any length) under a window
+    and soft-capping, in the interpreter against float64; K and V are NaN in
+    the 80-key blocks no row's window reaches."""
+    import sys
+    from tk_mlir.kernels import attention, flash_attention
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    monkeypatch.setattr(flash_attention, "LONG_KV_256", 0)
+    g = torch.Generator().manual_seed(window[0] + 256)
+    B, H, N, N_KV, D = 1, 2, 150, 330, 256
+    q = (torch.randn(B, H, N, D, generator=g) * 2).to(torch.bfloat16)
+    k, v = (torch.randn(B, H, N_KV, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    ref, ref_lse = _window_reference(q.double(), k.double(), v.double(), causal, window, softcap,
+                                     1 / 16)
+    first_key = N_KV - N - window[0]                          # the first key any row sees
+    k[:, :, :first_key // 80 * 80] = float("nan")
+    v[:, :, :first_key // 80 * 80] = float("nan")
+    o, lse = attention(q, k, v, causal=causal, scale=1 / 16, window=window, softcap=softcap,
+                       return_lse=True)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), finite)
+    assert ((lse.double()[finite] - ref_lse[finite]).norm() / ref_lse[finite].norm()) < 1e-4
+
+
 @gpu
 @pytest.mark.parametrize("d, causal, window, softcap", [(128, True, (1024, -1), 0.0),
                                                         (64, False, (256, 256), 30.0),
