@@ -998,3 +998,44 @@ def test_interpret_ranks_takes_each_ranks_own_views_of_the_shared_arrays():
     copy_peer.interpret_ranks[(1,)](
         [(tk.PeerTensor.from_tensors([xs[0], xs[1]], r), ys[r]) for r in range(2)])
     assert all((y == xs[1]).all() for y in ys)
+
+
+@tk.kernel(num_warps=4)
+def hand_over_to_a_warp(X: tk.gl[f32], Y: tk.gl[f32], F: tk.gl["i32"], MEET: tk.constexpr):
+    """Block 0 writes X and signals; in block 1 warp 0 waits for the signal
+    and warp 1 copies X into Y, after meeting warp 0 at a barrier when MEET."""
+    if tk.block_id(0) == 0:
+        tk.store(X, tk.full((16, 16), 2.0, f32), (0, 0))
+        tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F, (0,), scope="gpu")
+    else:
+        if tk.thread_id() == 0:
+            tk.wait_signal(F, (0,), 1, scope="gpu")
+        if MEET:
+            tk.barrier()
+        if tk.warp_id() == 1:
+            tk.store(Y, tk.load(X, (0, 0), (16, 16), scope="warp"), (0, 0))  # E:warp-not-told
+
+
+def test_only_the_warp_that_waited_is_ordered_until_its_block_meets_it(monkeypatch):
+    """Knowledge from a wait is per warp (interpreter/ordering.py): warp 1
+    reading what warp 0 waited for, with no barrier between them, is
+    reported; after a barrier it is ordered."""
+    from tk_mlir import interpreter
+    x, y = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32)
+    reported = []
+    for seed in range(8):           # whichever of the two warps the scheduler runs first
+        monkeypatch.setattr(interpreter, "SEED", seed)
+        with pytest.raises(InterpretError) as info:
+            hand_over_to_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=False)
+        reported.append(info.value)
+    for e in reported:
+        error_checks.check_error(e, "warp-not-told", "tk.load",
+                                "block (1, 0, 0) reads element (0, 0) of argument 'X', which "
+                                "block (0, 0, 0) wrote", HERE)
+    for seed in range(4):
+        monkeypatch.setattr(interpreter, "SEED", seed)
+        y[:] = np.nan
+        hand_over_to_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
+        assert (y == 2.0).all()

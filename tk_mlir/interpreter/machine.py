@@ -87,7 +87,7 @@ class Block:
         # What messages and the writers of global memory call it: its id, and
         # its rank's when several ranks' launches run at once (interpret_ranks).
         self.name = id if rank is None else f"{id} of rank {rank}"
-        self.order = BlockOrder(self.name)    # its global memory's happens-before
+        self.order = BlockOrder(self.name, num_warps)   # global memory's happens-before
         self.num_wgs = -(-num_warps // 4)
         self.num_slots = num_warps + num_sems + self.num_wgs
         self.rng = np.random.default_rng([seed, *id] if rank is None else [seed, rank, *id])
@@ -176,6 +176,14 @@ class Block:
         mine = self.clocks[warp]
         self.via[warp, clock > mine] = via
         np.maximum(mine, clock, out=mine)
+        self.order.join(warp, clock)          # and after what those warps' waits learnt
+
+    def acquire_global(self, warp: int, clock: dict) -> None:
+        """`warp` waited on a flag and is ordered after `clock` (what the
+        signals published, ordering.acquire): a tick of its own clock, so
+        the warps it meets after this learn it and those before do not."""
+        self.clocks[warp, warp] += 1
+        self.order.acquire(warp, clock, int(self.clocks[warp, warp]))
 
 
 class Cluster:

@@ -223,7 +223,9 @@ class GlobalArray:
                              f"nothing ordering that write before this read: the writer must "
                              f"tk.signal after it (after TMA writes: tk.tma.store_wait(0, "
                              f"read=False) and tk.fence(scope, async_proxy=True) first) and "
-                             f"this block tk.wait_signal for that signal before reading")
+                             f"this block tk.wait_signal for that signal before reading (in the "
+                             f"reading warps, or in a warp that meets them at a barrier or "
+                             f"semaphore after its wait)")
         late = self.adds.unordered(src, order, ok)
         if late is not None:
             element, (adder, added_at) = late
@@ -233,5 +235,6 @@ class GlobalArray:
                              f"before this read, so it may read the sum before or after the "
                              f"add: the adder must tk.signal after it (after a TMA reduce-add: "
                              f"tk.tma.store_wait(0, read=False) and tk.fence(scope, "
-                             f"async_proxy=True) first) and this block tk.wait_signal for it")
+                             f"async_proxy=True) first) and this block tk.wait_signal for it "
+                             f"(in the reading warps, or in one that meets them after its wait)")
         self.reads.record(src if ok is None else tuple(i[ok] for i in src), order, at)

@@ -17,12 +17,19 @@ flag held the count before the launch's signals: a stale count orders
 nothing). A block is ordered after another block's write when what it knows
 of the writer's count is at least the write's stamp.
 
+Knowledge is per warp: a wait orders the warp that waited, and another warp
+of the block learns it only through the block's own synchronization (a
+barrier, a semaphore) that orders it after the wait: each warp keeps what
+it knew at each of its waits, stamped with its own clock (machine.Block's
+vector clocks, ticked at the wait), and a warp ordered after that clock
+value (Block.acquire) joins it. An access by several warps at once (a tile
+op of a warpgroup) counts as ordered only when all of them are.
+
 What it misses (each a race it does not report; it reports none that the
-program orders): knowledge is per block, not per warp, so a warp that reads
-before another warp of its block has waited (and met it at a barrier) is
-not told apart from one after; a TMA store counts as written, and a TMA
-load as read, when issued, not when complete; only the last reader of an
-element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
+program orders): releases are counted per block, so a signal covers the
+block's writes before it, even those of a warp the signalling warp has not
+met; a TMA store counts as written, and a TMA load as read, when issued,
+not when complete; only the last reader of an element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
 writes but need no order among themselves: a read or plain write of an
 element another block adds into must be ordered after the add, as after a
 write (memory.GlobalArray.adds); as of readers, only an element's last
@@ -37,27 +44,72 @@ ORDERED = np.iinfo(np.int64).max       # what a block knows of its own writes
 
 
 class BlockOrder:
-    """What one block knows of every block's releases, and its own count."""
+    """What each warp of one block knows of every block's releases, and the
+    block's own count."""
 
-    def __init__(self, name):
+    def __init__(self, name, num_warps: int = 1):
         self.name = name
         self.releases = 0
-        self.known: dict = {}            # block name -> the release count it is ordered after
+        # per warp: block name -> the release count it is ordered after
+        self.known: list[dict] = [{} for _ in range(num_warps)]
+        # per warp: (its own clock at a wait, what it knew then), in order
+        self.history: list[list] = [[] for _ in range(num_warps)]
 
-    def release(self) -> dict:
-        """The knowledge a signal publishes; later writes are not covered."""
-        clock = {**self.known, self.name: self.releases}
+    def release(self, warp: int) -> dict:
+        """The knowledge a signal by `warp` publishes; later writes are not
+        covered."""
+        clock = {**self.known[warp], self.name: self.releases}
         self.releases += 1
         return clock
 
-    def acquire(self, clock: dict | None) -> None:
-        for name, count in (clock or {}).items():
-            if name != self.name and count > self.known.get(name, -1):
-                self.known[name] = count
+    def acquire(self, warp: int, clock: dict | None, time: int) -> None:
+        """`warp` waited at its own clock `time` and is ordered after `clock`."""
+        known = self.known[warp]
+        if _join(known, clock or {}, self.name):
+            self.history[warp].append((time, dict(known)))
+
+    def join(self, warp: int, clock) -> None:
+        """`warp` is now ordered after the other warps' events up to their
+        entries of the vector clock `clock` (machine.Block.acquire): it learns
+        what each knew at its last wait at or before that."""
+        known = self.known[warp]
+        for other, history in enumerate(self.history):
+            if other != warp and history:
+                upto = clock[other]
+                for time, theirs in reversed(history):
+                    if time <= upto:
+                        _join(known, theirs, self.name)
+                        break
+
+    def view(self, warps) -> "OrderView":
+        """The order of an access by `warps` (indices) at once: ordered after a
+        write only when every one of them is."""
+        return OrderView(self, [self.known[w] for w in warps])
+
+
+class OrderView:
+    """What memory.GlobalArray asks of an accessor: its block's name and
+    release count, and what it is ordered after (`of`)."""
+    __slots__ = ("name", "releases", "_known")
+
+    def __init__(self, order: BlockOrder, known: list):
+        self.name, self.releases, self._known = order.name, order.releases, known
 
     def of(self, name) -> int:
-        """The count of `name`'s releases this block is ordered after."""
-        return ORDERED if name == self.name else self.known.get(name, -1)
+        """The count of `name`'s releases these warps are all ordered after."""
+        if name == self.name:
+            return ORDERED
+        return min(k.get(name, -1) for k in self._known)
+
+
+def _join(known: dict, clock: dict, own) -> bool:
+    """Raise `known` to `clock` (entries of `own` aside); whether it grew."""
+    grew = False
+    for name, count in clock.items():
+        if name != own and count > known.get(name, -1):
+            known[name] = count
+            grew = True
+    return grew
 
 
 def publish(flags: dict, at: tuple, before: int, after: int, clock: dict, add: bool) -> None:
@@ -106,7 +158,7 @@ class Accesses:
         self.who: list = [None]
         self.numbers: dict = {}
 
-    def record(self, index, order: BlockOrder, at: str) -> None:
+    def record(self, index, order: OrderView, at: str) -> None:
         if self.number is None:
             self.number = np.zeros(self.shape, np.int32)
             self.stamp = np.zeros(self.shape, np.int64)
@@ -117,7 +169,7 @@ class Accesses:
         self.number[index] = number
         self.stamp[index] = order.releases
 
-    def unordered(self, index, order: BlockOrder, ok=None) -> tuple | None:
+    def unordered(self, index, order: OrderView, ok=None) -> tuple | None:
         """(element, (block name, "file:line")) of the first element at
         `index` (a window of ints and slices, or per-lane coordinate arrays
         with `ok` marking the real ones) whose last access was another

@@ -45,6 +45,11 @@ def interprets(*names: str, sync: bool = False):
     return register
 
 
+def _order(scope) -> ordering.OrderView:
+    """The global-memory order of a tile op's access: its warps' together."""
+    return scope.block.order.view([w.index for w in scope.warps])
+
+
 def _result(op) -> T.TkType:
     return T.parse(op.result_type)
 
@@ -92,7 +97,7 @@ def _load(op, num_warps):
         return _load_shared(t, num_warps)
     fill = op.fill
     return lambda scope, src, *coords: src.load(coords, t.shape, t.dtype, fill,
-                                                by=(scope.block.order, scope.where, scope.loc))
+                                                by=(_order(scope), scope.where, scope.loc))
 
 
 def _load_shared(t, num_warps):
@@ -111,7 +116,7 @@ def _store(op, num_warps):
     if not isinstance(T.parse(op.type("dst")), T.GL):
         return _store_shared(T.parse(op.type("value")), num_warps, _fenced(op))
     def store(scope, dst, value, *coords):
-        _check(scope, dst.store(coords, value, by=(scope.block.order, scope.where)))
+        _check(scope, dst.store(coords, value, by=(_order(scope), scope.where)))
     return store
 
 
@@ -144,7 +149,7 @@ def _load_scalar(op, num_warps):
     def load(w, src, *idx):
         lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
                                     np.zeros(LANES, np.int64))[:-1]
-        return src.elements(tuple(lanes), by=(w.block.order, at, loc))
+        return src.elements(tuple(lanes), by=(w.block.order.view([w.index]), at, loc))
     return load
 
 
@@ -170,7 +175,8 @@ def _signal(op, num_warps):
                 before, after = array.update_element(at, int(_lane(value, lane)), add)
             except IndexError as e:
                 raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
-            ordering.publish(array.flag_clocks, at, before, after, w.block.order.release(), add)
+            ordering.publish(array.flag_clocks, at, before, after,
+                             w.block.order.release(w.index), add)
     return signal
 
 
@@ -201,8 +207,8 @@ def _wait_signal(op, num_warps):
                           loc, external=True, flag=True)
         for lane in w.active_lanes():        # ordered after what the signals published
             array, at = _flag_at(flags, lane, idx)
-            w.block.order.acquire(ordering.acquire(array.flag_clocks, at,
-                                                   int(_lane(expected, lane))))
+            w.block.acquire_global(w.index, ordering.acquire(array.flag_clocks, at,
+                                                             int(_lane(expected, lane))))
     return wait
 
 
@@ -246,7 +252,7 @@ def _fence(op, num_warps):
 @interprets("tk.atomic_add")
 def _atomic_add(op, num_warps):
     def add(scope, dst, value, *coords):
-        _check(scope, dst.store(coords, value, add=True, by=(scope.block.order, scope.where)))
+        _check(scope, dst.store(coords, value, add=True, by=(_order(scope), scope.where)))
     return add
 
 
@@ -281,7 +287,7 @@ def _store_partial(op, num_warps):
         count = count + 1
         if count[0] == parts:
             total = workspace.load(coords, value.shape, "f32", 0.0)
-            _check(scope, dst.store(coords, total, by=(scope.block.order, scope.where)))
+            _check(scope, dst.store(coords, total, by=(_order(scope), scope.where)))
             workspace.store(coords, np.zeros_like(total))
             count[:] = 0
         counters.store((slot,), count)
@@ -331,11 +337,11 @@ def _copy(op, num_warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where, "this copy",
                                              unfenced=not fenced))
             scope.block.smem.write(dst, src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
-                                                 by=(scope.block.order, scope.where, scope.loc)))
+                                                 by=(_order(scope), scope.where, scope.loc)))
         else:
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where, "this copy"))
             _check(scope, dst.store(coords, scope.block.smem.read(src),
-                                    by=(scope.block.order, scope.where)))
+                                    by=(_order(scope), scope.where)))
     return copy
 
 
