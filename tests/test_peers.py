@@ -1039,3 +1039,41 @@ def test_only_the_warp_that_waited_is_ordered_until_its_block_meets_it(monkeypat
         y[:] = np.nan
         hand_over_to_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
         assert (y == 2.0).all()
+
+
+@tk.kernel(num_warps=4)
+def hand_over_from_a_warp(X: tk.gl[f32], Y: tk.gl[f32], F: tk.gl["i32"], MEET: tk.constexpr):
+    """In block 0 warp 1 writes X and warp 0 signals, after meeting warp 1 at
+    a barrier when MEET; block 1 waits for the signal and copies X into Y."""
+    if tk.block_id(0) == 0:
+        if tk.warp_id() == 1:
+            tk.store(X, tk.full((16, 16), 2.0, f32, scope="warp"), (0, 0))
+        if MEET:
+            tk.barrier()
+        if tk.thread_id() == 0:
+            tk.signal(F, (0,), scope="gpu")
+    else:
+        if tk.thread_id() == 0:
+            tk.wait_signal(F, (0,), 1, scope="gpu")
+        tk.barrier()
+        tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))  # E:signal-not-covering
+
+
+def test_a_signal_covers_only_the_writes_its_warp_is_ordered_after(monkeypatch):
+    """A signal publishes its warp's vector clock (interpreter/ordering.py):
+    another warp's write it never met at a barrier is not covered, at every
+    seed; after a barrier it is."""
+    from tk_mlir import interpreter
+    x, y = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32)
+    for seed in range(6):
+        monkeypatch.setattr(interpreter, "SEED", seed)
+        with pytest.raises(InterpretError) as info:
+            hand_over_from_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=False)
+        error_checks.check_error(info.value, "signal-not-covering", "tk.load",
+                                "block (1, 0, 0) reads element (0, 0) of argument 'X', which "
+                                "block (0, 0, 0) wrote", HERE)
+    for seed in range(3):
+        monkeypatch.setattr(interpreter, "SEED", seed)
+        y[:] = np.nan
+        hand_over_from_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
+        assert (y == 2.0).all()

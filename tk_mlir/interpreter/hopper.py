@@ -148,7 +148,7 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
                                    slot=s.slot, epoch=epoch))
     flight = block.shadow.start("TMA load", dst, at, writes=True)
     data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
-                    by=(w.block.order.view([w.index]), at, loc))
+                    by=(w.block.global_order([w.index]), at, loc))
     clock[s.slot] = max(clock[s.slot], epoch)
     s.loads.append(at)
     s.loads_in_flight += 1
@@ -178,7 +178,7 @@ def _store_rule(add: bool, what: str):
                                               record=False))
                 flight = block.shadow.start("TMA store", src, at, writes=False)
                 _check(loc, dst.store(coords, block.smem.read(src), add=add,
-                                      by=(block.order.view([w.index]), at)))
+                                      by=(block.global_order([w.index]), at)))
                 w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
             yield YIELD
         return store

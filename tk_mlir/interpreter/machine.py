@@ -185,6 +185,17 @@ class Block:
         self.clocks[warp, warp] += 1
         self.order.acquire(warp, clock, int(self.clocks[warp, warp]))
 
+    def release_global(self, warp: int) -> dict:
+        """What a signal by `warp` publishes (ordering.BlockOrder.release),
+        then a tick of its clock: its later accesses are not covered."""
+        published = self.order.release(warp, self.clocks[warp])
+        self.clocks[warp, warp] += 1
+        return published
+
+    def global_order(self, warps) -> "OrderView":
+        """The global-memory order of an access by these warps (indices)."""
+        return self.order.view(warps, self.clocks)
+
 
 class Cluster:
     """The blocks of one cluster (tk.use_cluster), by rank: each block's

@@ -7,29 +7,32 @@ blocks one after another, so a read with no wait in front of it would see
 the data whenever the writer happened to run first; this module says
 whether the program orders them, whichever ran first here.
 
-Each block counts its releases. A global write is stamped with its block's
-count at the time (memory.GlobalArray keeps a writer and a stamp per
-element); a signal publishes into its flag what the block knows — the count
-each block had reached when its releases reached this one, and its own —
-and then counts one more; a wait that sees the flag reach its count joins
-what the signals up to the one that reached it published (none, when the
-flag held the count before the launch's signals: a stale count orders
-nothing). A block is ordered after another block's write when what it knows
-of the writer's count is at least the write's stamp.
+Time is each warp's own entry of its block's vector clocks (machine.Block,
+races.py), ticked at every signal and wait. A global access is stamped with
+its block, and each of its warps with that warp's time (memory.GlobalArray
+keeps an accessor per element). A signal by warp w publishes into its flag
+what w knows: of its own block, every warp's time that w is ordered after
+(its vector clock: its own events, and other warps' up to a barrier or
+semaphore they met at), and what its waits and barriers taught it of other
+blocks; a wait that sees the flag reach its count joins what the signals
+up to the one that reached it published (none, when the flag held the count
+before the launch's signals: a stale count orders nothing). An access is
+ordered after another block's when, for each warp of that access, what it
+knows of that warp's time is at least the stamp.
 
 Knowledge is per warp: a wait orders the warp that waited, and another warp
 of the block learns it only through the block's own synchronization (a
 barrier, a semaphore) that orders it after the wait: each warp keeps what
-it knew at each of its waits, stamped with its own clock (machine.Block's
-vector clocks, ticked at the wait), and a warp ordered after that clock
-value (Block.acquire) joins it. An access by several warps at once (a tile
-op of a warpgroup) counts as ordered only when all of them are.
+it knew at each of its waits, stamped with its time then, and a warp
+ordered after that time (Block.acquire) joins it. An access by several
+warps at once (a tile op of a warpgroup) counts as ordered only when all of
+them are, and needs all of its warps' times covered.
 
 What it misses (each a race it does not report; it reports none that the
-program orders): releases are counted per block, so a signal covers the
-block's writes before it, even those of a warp the signalling warp has not
-met; a TMA store counts as written, and a TMA load as read, when issued,
-not when complete; only the last reader of an element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
+program orders): accesses within one block (those are the block's own
+races, tracked in shared memory only); a TMA store counts as written, and a
+TMA load as read, when issued, not when complete; only the last reader of
+an element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
 writes but need no order among themselves: a read or plain write of an
 element another block adds into must be ordered after the add, as after a
 write (memory.GlobalArray.adds); as of readers, only an element's last
@@ -40,30 +43,26 @@ from __future__ import annotations
 
 import numpy as np
 
-ORDERED = np.iinfo(np.int64).max       # what a block knows of its own writes
-
-
 class BlockOrder:
-    """What each warp of one block knows of every block's releases, and the
-    block's own count."""
+    """What each warp of one block knows of other blocks' warps' times."""
 
     def __init__(self, name, num_warps: int = 1):
         self.name = name
-        self.releases = 0
-        # per warp: block name -> the release count it is ordered after
+        # per warp: (block name, warp) -> the time of that warp it is ordered after
         self.known: list[dict] = [{} for _ in range(num_warps)]
-        # per warp: (its own clock at a wait, what it knew then), in order
+        # per warp: (its time at a wait, what it knew then), in order
         self.history: list[list] = [[] for _ in range(num_warps)]
 
-    def release(self, warp: int) -> dict:
-        """The knowledge a signal by `warp` publishes; later writes are not
-        covered."""
-        clock = {**self.known[warp], self.name: self.releases}
-        self.releases += 1
-        return clock
+    def release(self, warp: int, clock) -> dict:
+        """What a signal by `warp`, whose vector clock is `clock`, publishes:
+        its knowledge, and its own block's warps' times it is ordered after."""
+        published = dict(self.known[warp])
+        for other in range(len(self.known)):
+            published[self.name, other] = int(clock[other])
+        return published
 
     def acquire(self, warp: int, clock: dict | None, time: int) -> None:
-        """`warp` waited at its own clock `time` and is ordered after `clock`."""
+        """`warp` waited at its time `time` and is ordered after `clock`."""
         known = self.known[warp]
         if _join(known, clock or {}, self.name):
             self.history[warp].append((time, dict(known)))
@@ -81,33 +80,36 @@ class BlockOrder:
                         _join(known, theirs, self.name)
                         break
 
-    def view(self, warps) -> "OrderView":
-        """The order of an access by `warps` (indices) at once: ordered after a
-        write only when every one of them is."""
-        return OrderView(self, [self.known[w] for w in warps])
+    def view(self, warps, clocks) -> "OrderView":
+        """The order of an access by `warps` (indices) at once, `clocks` the
+        block's vector clocks: stamped with each one's time, ordered after
+        another block's access only when every one of them is."""
+        return OrderView(self.name, tuple((w, int(clocks[w, w])) for w in warps),
+                         [self.known[w] for w in warps])
 
 
 class OrderView:
-    """What memory.GlobalArray asks of an accessor: its block's name and
-    release count, and what it is ordered after (`of`)."""
-    __slots__ = ("name", "releases", "_known")
+    """What memory.GlobalArray asks of an accessor: its block's name, its
+    warps' times (`stamp`), and whether it is ordered after a stamp."""
+    __slots__ = ("name", "stamp", "_known")
 
-    def __init__(self, order: BlockOrder, known: list):
-        self.name, self.releases, self._known = order.name, order.releases, known
+    def __init__(self, name, stamp: tuple, known: list):
+        self.name, self.stamp, self._known = name, stamp, known
 
-    def of(self, name) -> int:
-        """The count of `name`'s releases these warps are all ordered after."""
+    def after(self, name, stamp: tuple) -> bool:
+        """Whether these warps are all ordered after the access of block
+        `name` stamped `stamp` (its own block's accesses: always)."""
         if name == self.name:
-            return ORDERED
-        return min(k.get(name, -1) for k in self._known)
+            return True
+        return all(k.get((name, warp), -1) >= time for k in self._known for warp, time in stamp)
 
 
 def _join(known: dict, clock: dict, own) -> bool:
-    """Raise `known` to `clock` (entries of `own` aside); whether it grew."""
+    """Raise `known` to `clock` (entries of block `own` aside); whether it grew."""
     grew = False
-    for name, count in clock.items():
-        if name != own and count > known.get(name, -1):
-            known[name] = count
+    for key, time in clock.items():
+        if key[0] != own and time > known.get(key, -1):
+            known[key] = time
             grew = True
     return grew
 
@@ -149,37 +151,36 @@ def acquire(flags: dict, at: tuple, expected: int) -> dict:
 class Accesses:
     """One kind of access (plain writes, or reads) to one array by the blocks
     of a launch: per element the last accessor (a number into `who`: (block
-    name, "file:line"); 0: none) and its release count at the access."""
+    name, "file:line", its warps' times); 0: none)."""
 
     def __init__(self, shape: tuple):
         self.shape = shape
         self.number: np.ndarray | None = None
-        self.stamp: np.ndarray | None = None
         self.who: list = [None]
         self.numbers: dict = {}
 
     def record(self, index, order: OrderView, at: str) -> None:
         if self.number is None:
             self.number = np.zeros(self.shape, np.int32)
-            self.stamp = np.zeros(self.shape, np.int64)
-        number = self.numbers.get((order.name, at))
+        key = (order.name, at, order.stamp)
+        number = self.numbers.get(key)
         if number is None:
-            number = self.numbers[order.name, at] = len(self.who)
-            self.who.append((order.name, at))
+            number = self.numbers[key] = len(self.who)
+            self.who.append(key)
         self.number[index] = number
-        self.stamp[index] = order.releases
 
     def unordered(self, index, order: OrderView, ok=None) -> tuple | None:
         """(element, (block name, "file:line")) of the first element at
         `index` (a window of ints and slices, or per-lane coordinate arrays
         with `ok` marking the real ones) whose last access was another
-        block's, with nothing ordering it before `order`'s block now."""
+        block's, with nothing ordering it before `order`'s warps now."""
         if self.number is None:
             return None
         prior = self.number[index]
         numbers, which = np.unique(prior, return_inverse=True)   # (the accessors here only)
-        known = np.array([order.of(self.who[n][0]) if n else ORDERED for n in numbers], np.int64)
-        late = known[which.reshape(prior.shape)] < self.stamp[index]
+        ordered = np.array([not n or order.after(self.who[n][0], self.who[n][2])
+                            for n in numbers], bool)
+        late = ~ordered[which.reshape(prior.shape)]
         if ok is not None:
             late &= ok
         if not late.any():
@@ -189,4 +190,4 @@ class Accesses:
         element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
                         int(i) if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
                         for i in index)
-        return element, self.who[prior[first]]
+        return element, self.who[prior[first]][:2]

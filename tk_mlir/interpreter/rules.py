@@ -47,7 +47,7 @@ def interprets(*names: str, sync: bool = False):
 
 def _order(scope) -> ordering.OrderView:
     """The global-memory order of a tile op's access: its warps' together."""
-    return scope.block.order.view([w.index for w in scope.warps])
+    return scope.block.global_order([w.index for w in scope.warps])
 
 
 def _result(op) -> T.TkType:
@@ -149,7 +149,7 @@ def _load_scalar(op, num_warps):
     def load(w, src, *idx):
         lanes = np.broadcast_arrays(*(np.asarray(i, np.int64) for i in idx),
                                     np.zeros(LANES, np.int64))[:-1]
-        return src.elements(tuple(lanes), by=(w.block.order.view([w.index]), at, loc))
+        return src.elements(tuple(lanes), by=(w.block.global_order([w.index]), at, loc))
     return load
 
 
@@ -176,7 +176,7 @@ def _signal(op, num_warps):
             except IndexError as e:
                 raise error(loc, f"tk.signal: {e} (on the GPU this traps)") from None
             ordering.publish(array.flag_clocks, at, before, after,
-                             w.block.order.release(w.index), add)
+                             w.block.release_global(w.index), add)
     return signal
 
 
