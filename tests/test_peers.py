@@ -1021,23 +1021,28 @@ def hand_over_to_a_warp(X: tk.gl[f32], Y: tk.gl[f32], F: tk.gl["i32"], MEET: tk.
 def test_only_the_warp_that_waited_is_ordered_until_its_block_meets_it(monkeypatch):
     """Knowledge from a wait is per warp (interpreter/ordering.py): warp 1
     reading what warp 0 waited for, with no barrier between them, is
-    reported; after a barrier it is ordered."""
+    reported (whichever of the two warps the scheduler runs first); after a
+    barrier it is ordered."""
+    _reported_at_every_seed_until_they_meet(hand_over_to_a_warp, "warp-not-told", monkeypatch,
+                                            seeds=range(8))
+
+
+def _reported_at_every_seed_until_they_meet(kernel, marker, monkeypatch, seeds):
+    """kernel.interpret[(2,)](X, Y, F, MEET=False) raises block 1's unordered
+    read of X at `marker` under every seed; with MEET it copies X into Y."""
     from tk_mlir import interpreter
     x, y = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32)
-    reported = []
-    for seed in range(8):           # whichever of the two warps the scheduler runs first
+    for seed in seeds:
         monkeypatch.setattr(interpreter, "SEED", seed)
         with pytest.raises(InterpretError) as info:
-            hand_over_to_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=False)
-        reported.append(info.value)
-    for e in reported:
-        error_checks.check_error(e, "warp-not-told", "tk.load",
+            kernel.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=False)
+        error_checks.check_error(info.value, marker, "tk.load",
                                 "block (1, 0, 0) reads element (0, 0) of argument 'X', which "
                                 "block (0, 0, 0) wrote", HERE)
-    for seed in range(4):
+    for seed in seeds[:4]:
         monkeypatch.setattr(interpreter, "SEED", seed)
         y[:] = np.nan
-        hand_over_to_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
+        kernel.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
         assert (y == 2.0).all()
 
 
@@ -1063,17 +1068,5 @@ def test_a_signal_covers_only_the_writes_its_warp_is_ordered_after(monkeypatch):
     """A signal publishes its warp's vector clock (interpreter/ordering.py):
     another warp's write it never met at a barrier is not covered, at every
     seed; after a barrier it is."""
-    from tk_mlir import interpreter
-    x, y = np.zeros((16, 16), np.float32), np.full((16, 16), np.nan, np.float32)
-    for seed in range(6):
-        monkeypatch.setattr(interpreter, "SEED", seed)
-        with pytest.raises(InterpretError) as info:
-            hand_over_from_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=False)
-        error_checks.check_error(info.value, "signal-not-covering", "tk.load",
-                                "block (1, 0, 0) reads element (0, 0) of argument 'X', which "
-                                "block (0, 0, 0) wrote", HERE)
-    for seed in range(3):
-        monkeypatch.setattr(interpreter, "SEED", seed)
-        y[:] = np.nan
-        hand_over_from_a_warp.interpret[(2,)](x, y, np.zeros(4, np.int32), MEET=True)
-        assert (y == 2.0).all()
+    _reported_at_every_seed_until_they_meet(hand_over_from_a_warp, "signal-not-covering",
+                                            monkeypatch, seeds=range(6))
