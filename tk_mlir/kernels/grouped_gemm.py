@@ -337,13 +337,11 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
         return
     bn = 256 if N > 128 else 128
     sms = num_sms(a.get_device())
-    if dense_schedule(G, M, N, bn, sms):
-        grouped_gemm_kernel[(sms,)](a, b, c, grouped_schedule(sizes, M), DENSE=True,
-                                    LOG_G=max(1, (G - 1).bit_length()), B_KN=b_layout == "kn",
-                                    BN=bn)
-    else:
-        grouped_gemm_kernel[(sms,)](a, b, c, sizes_operand(sizes, M), B_KN=b_layout == "kn",
-                                    BN=bn)
+    dense = dense_schedule(G, M, N, bn, sms)
+    table = grouped_schedule(sizes, M) if dense else sizes_operand(sizes, M)
+    grouped_gemm_kernel[(sms,)](a, b, c, table, DENSE=dense,
+                                LOG_G=max(1, (G - 1).bit_length()) if dense else 0,
+                                B_KN=b_layout == "kn", BN=bn)
 
 
 def dense_schedule(G: int, M: int, N: int, bn: int, sms: int) -> bool:
