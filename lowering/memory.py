@@ -4,7 +4,10 @@ Register tiles move in pieces of consecutive registers that the layout puts
 on consecutive columns (at most 16 bytes: one ld/st.v4.b32). The launch
 checks guarantee 16-byte aligned rows whose length is a whole number of
 16-byte vectors, so a piece is either entirely inside the tensor or entirely
-outside: one predicate per piece masks partial tiles.
+outside: one predicate per piece masks partial tiles. To and from shared
+tiles, 16-bit tiles in the MMA fragment layouts move as 8x8 matrices
+(ldmatrix/stmatrix), and a thread's accesses share one address register
+where the tile's byte layout lets them (`_xor_offsets`).
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ import functools
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
-from ..dialects import contracts, types as T
-from .context import (LoweringContext, build_vector, c32, c64, constant, float_constant, i64,
+from ..dialects import contracts, layout as layouts, types as T
+from .context import (LoweringContext, build_vector, c32, c64, constant, float_constant, i32, i64,
                       in_place, lowers, ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
 
@@ -245,6 +248,10 @@ def swizzled_offset(st: T.ST, row: ir.Value, col: ir.Value) -> ir.Value:
     return off
 
 
+def _matrix_shape():
+    return ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m = 8, n = 8>")
+
+
 def smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
     return llvm.getelementptr(ptr(3), base, [byte_offset], [-2**31], ir.IntegerType.get_signless(8),
                               llvm.GEPNoWrapFlags.inbounds)
@@ -262,18 +269,135 @@ def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
     """(first register, registers, address) of each access of a fragment to a
     shared tile or vector: a piece starts at a multiple of its length (the
     layout's low register bits), so the address is aligned for one ld/st."""
-    # In place: each piece's (swizzled) offset is loop-invariant, and hoisted
-    # it would hold a register per piece for the whole loop (16 for a 64x64
-    # bf16 tile written per iteration: spilled in the attention backward).
-    thread = [in_place(t) for t in ctx.thread_position(layout, scope)]
     pieces, run = _pieces(layout, dtype)
-    for r0, n in pieces:
-        pos = layout.reg_position(r0)
-        at = [arith.addi(t, c32(p)) for t, p in zip(thread, pos)]
-        yield r0, n, smem_addr(ref.ptr, _shared_offset(ref.type, at))
+    starts = [r0 for r0, _ in pieces]
+    for (r0, n), addr in zip(pieces, _addresses(ctx, ref, layout, scope, starts)):
+        yield r0, n, addr
+
+
+def _addresses(ctx, ref: SharedRef, layout, scope, starts: list[int]) -> list[ir.Value]:
+    """The address of the element register r0 holds, for each r0 in starts,
+    in this thread (its lane and warp bits placed by `layout`'s bases). Where
+    the tile's byte layout allows (`_xor_offsets`), one offset per thread and
+    a constant XOR per access; else each access's offset computed whole."""
+    # In place: each access's offset is loop-invariant, and hoisted it would
+    # hold a register per access for the whole loop (16 for a 64x64 bf16 tile
+    # written per iteration: spilled in the attention backward).
+    found = _xor_offsets(ref.type, layout, tuple(starts))
+    position = ctx.thread_position(layout, scope)
+    if found is not None:
+        consts, disjoint = found
+        base = in_place(_shared_offset(ref.type, position))
+        # Disjoint bits: the XOR is an addition, an immediate of the ld/st.
+        combine = arith.addi if disjoint else arith.xori
+        return [smem_addr(ref.ptr, combine(base, c32(c)) if c else base) for c in consts]
+    thread = [in_place(t) for t in position]
+    return [smem_addr(ref.ptr, _shared_offset(
+        ref.type, [arith.addi(t, c32(p)) for t, p in zip(thread, layout.reg_position(r0))]))
+        for r0 in starts]
+
+
+def _byte_offset(t, pos: tuple[int, ...]) -> int:
+    """_shared_offset in Python: where the element at pos lives."""
+    return pos[0] * T.itemsize(t.dtype) if isinstance(t, T.SV) else t.byte_offset(*pos)
+
+
+@functools.lru_cache(maxsize=512)
+def _xor_offsets(t, layout, starts: tuple[int, ...]) -> tuple[tuple[int, ...], bool] | None:
+    """Constants c_r with offset(p + reg_position(r)) == offset(p) ^ c_r for
+    the position p of every thread `layout` places (its lanes and warps), and
+    whether no offset(p) shares a bit with any c_r (the XOR is then a sum);
+    or None. They exist when the byte layout is linear over the bits of the
+    coordinates (power-of-two sides, the XOR swizzle) and a thread's bits and
+    a register's do not meet: then a store or load of a tile needs one
+    address register, not one per access. Checked thread by thread."""
+    positions = {tuple(layout.reg_position(r)) for r in starts}
+    consts = {r: _byte_offset(t, tuple(layout.reg_position(r))) for r in starts}
+    used = functools.reduce(lambda a, b: a | b, consts.values(), 0)
+    disjoint = True
+    for lane in range(32):
+        for warp in range(1 << len(layout.warp)):
+            p = [0] * len(layout.shape)
+            for bits, bases in ((lane, layout.lane), (warp, layout.warp)):
+                for i, b in enumerate(bases):
+                    if b is not None and bits >> i & 1:
+                        p[b[0]] += 1 << b[1]
+            base = _byte_offset(t, tuple(p))
+            disjoint = disjoint and not base & used
+            for q in positions:
+                if _byte_offset(t, tuple(a + b for a, b in zip(p, q))) != \
+                        base ^ _byte_offset(t, q):
+                    return None
+    return tuple(consts[r] for r in starts), disjoint
+
+
+# ldmatrix/stmatrix move 8x8 matrices of 16-bit elements, a matrix per pair
+# of registers: lane l holds row l/4, columns 2(l%4) and 2(l%4)+1 (.trans: the
+# transpose). Lane bases (and register bit 0) of a layout whose pairs are
+# such matrices: `row`'s, and `col`'s for the .trans forms.
+_MATRIX_CORE = {((1, 0),): (((1, 1), (1, 2), (0, 0), (0, 1), (0, 2)), False),
+                ((0, 0),): (((0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), True)}
+
+
+def _matrix_pieces(ctx, ref: SharedRef, layout, scope: str, dtype: str):
+    """(first register, registers, address, trans) of each ldmatrix/stmatrix
+    that moves a 16-bit fragment to or from a shared tile, or None when the
+    layout is not made of 8x8 matrices (then _shared_pieces moves it). An
+    instruction moves up to four matrices, registers r0.. of every lane: lane
+    l gives the address of row l%8 of matrix l/8, a 16-byte run of the tile's
+    row (8 columns from a multiple of 8: inside one swizzle chunk)."""
+    core = _MATRIX_CORE.get(layout.reg[:1])
+    if (T.itemsize(dtype) != 2 or not isinstance(ref.type, T.ST) or len(layout.shape) != 2
+            or core is None or layout.lane != core[0] or ref.type.block_cols % 8):
+        return None
+    trans = core[1]
+    # Matrices per instruction: 4 when register bits 1 and 2 are bits (not a
+    # repeat), so that matrix m of an instruction sits at a fixed offset from
+    # its first whatever the instruction; lanes 8-15 and 16-23 then address
+    # matrices 1 and 2 along those bits' steps.
+    bits = 1
+    while bits < 3 and bits < len(layout.reg) and len(layout.reg[bits] or ()) == 2 \
+            and layout.num_regs % (2 << bits) == 0:
+        bits += 1
+    matrices = 1 << (bits - 1)
+    row_lanes = ((0, 0), (0, 1), (0, 2))
+    addressing = layouts.Layout(layout.shape, layout.reg,
+                                row_lanes + tuple(layout.reg[1:bits]) + (None,) * (3 - bits),
+                                layout.warp)
+    step = 2 * matrices
+    starts = list(range(0, layout.num_regs, step))
+    return [(r0, step, addr, trans)
+            for r0, addr in zip(starts, _addresses(ctx, ref, addressing, scope, starts))]
+
+
+def _matrix_words(regs: list[ir.Value], dtype: str) -> list[ir.Value]:
+    """Pairs of 16-bit registers as the b32 words ldmatrix/stmatrix move."""
+    return [llvm.bitcast(i32(), build_vector(regs[i:i + 2], dtype))
+            for i in range(0, len(regs), 2)]
+
+
+def _matrix_halves(word: ir.Value, dtype: str) -> list[ir.Value]:
+    """The two 16-bit registers of a b32 word ldmatrix gives."""
+    return split_vector(llvm.bitcast(vector_type(2, dtype), word), 2)
+
+
+def _matrix_layout(trans: bool):
+    return nvvm.MMALayout.col if trans else nvvm.MMALayout.row
 
 
 def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
+    matrices = _matrix_pieces(ctx, ref, layout, t.scope, t.dtype)
+    if matrices is not None:
+        regs = []
+        for _, n, addr, trans in matrices:
+            words = n // 2
+            res = i32() if words == 1 else llvm.StructType.get_literal([i32()] * words)
+            got = nvvm.ldmatrix(res, addr, words, _matrix_layout(trans), _matrix_shape(),
+                                nvvm.LdStMatrixEltType.B16)
+            for w in range(words):
+                word = got if words == 1 else llvm.extractvalue(i32(), got, [w])
+                regs += _matrix_halves(word, t.dtype)
+        return Fragment(regs, layout, t.dtype, t.scope)
     regs = []
     for r0, n, addr in _shared_pieces(ctx, ref, layout, t.scope, t.dtype):
         vtype = vector_type(n, t.dtype) if n > 1 else T.element_type(t.dtype)
@@ -300,9 +424,17 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     if block:
         nvvm.barrier0()
     first = ctx.is_first_replica(frag.layout, frag.scope)
-    for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
-        value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
-        _guarded(first, lambda: llvm.store(value, addr, alignment=n * T.itemsize(frag.dtype)))
+    matrices = _matrix_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype)
+    if matrices is not None:
+        for r0, n, addr, trans in matrices:
+            words = _matrix_words(frag.regs[r0:r0 + n], frag.dtype)
+            _guarded(first, lambda: nvvm.stmatrix(addr, words, _matrix_layout(trans),
+                                                  _matrix_shape(), nvvm.LdStMatrixEltType.B16))
+    else:
+        for r0, n, addr in _shared_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype):
+            value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
+            _guarded(first, lambda: llvm.store(value, addr,
+                                               alignment=n * T.itemsize(frag.dtype)))
     fence_for_async_readers(op)
     if block:
         nvvm.barrier0()

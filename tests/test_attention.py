@@ -524,9 +524,10 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
     # No wgmma is serialized and ptxas injects no wait (C7517: the accumulators
     # start with scale-d 0, no zeroed registers). Spills: a few registers at
-    # D=128, none at D=64 (BENCHMARKS.md).
+    # D=128 (up to 24 since the dSᵀ tile leaves by stmatrix, which measured
+    # faster all the same), none at D=64 (BENCHMARKS.md).
     assert "C75" not in c.ptxas_log, c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= (80 if d == 128 else 0), c.ptxas_log
+    assert c.info["spill stores (bytes)"] <= (96 if d == 128 else 0), c.ptxas_log
 
 
 @pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(1, 2, 1, 200, 300, True),

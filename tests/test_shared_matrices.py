@@ -1,0 +1,87 @@
+"""16-bit register tiles in the MMA fragment layouts (`row`, and `col`, its
+transpose) move to and from shared tiles as 8x8 matrices: stmatrix and
+ldmatrix (.trans for `col`), four matrices an instruction where the layout
+allows, one address per lane. Other tiles and dtypes keep plain ld/st.shared.
+The PTX is checked here; each direction, through every swizzle, scope and
+tile side of 16·k, runs on the GPU."""
+import re
+
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import bf16, f32
+
+
+@tk.kernel(num_warps=4)
+def round_trip(X: tk.gl, Y: tk.gl, ROWS: tk.constexpr = 64, COLS: tk.constexpr = 64,
+               SWIZZLE: tk.constexpr = 128, LAYOUT: tk.constexpr = "row",
+               SCOPE: tk.constexpr = "warpgroup", STORE: tk.constexpr = True):
+    """Y = X, each block its own ROWS x COLS tile of rows, through a shared
+    tile: STORE, a register tile in LAYOUT stored to it (stmatrix) and copied
+    out; else copied in and loaded in LAYOUT (ldmatrix). The copies move
+    16-byte vectors by the tile's byte layout, so a wrong matrix address
+    shows (a round trip through both matrix instructions could hide it)."""
+    s = tk.shared_tile(X.dtype, (ROWS, COLS), swizzle=SWIZZLE)
+    if STORE:
+        tk.store(s, tk.load(X, (tk.block_id(0), 0), (ROWS, COLS), layout=LAYOUT, scope=SCOPE))
+        tk.copy(Y, s, (tk.block_id(0), 0))
+    else:
+        tk.copy(s, X, (tk.block_id(0), 0))
+        tk.store(Y, tk.load(s, layout=LAYOUT, scope=SCOPE), (tk.block_id(0), 0))
+
+
+def _ptx(rows=64, cols=64, dtype="bf16", **kw):
+    return round_trip.compile(tk.spec((2 * rows, cols), dtype), tk.spec((2 * rows, cols), dtype),
+                              ROWS=rows, COLS=cols, **kw).asm["ptx"]
+
+
+def test_row_layout_moves_four_matrices_per_instruction():
+    # 64x64 over a warpgroup: 16 matrices per warp, 4 instructions each way.
+    ptx = _ptx()
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 4
+    assert not re.search(r"st\.shared\.(b32|u32|b16)", ptx)
+    ptx = _ptx(STORE=False)
+    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 4
+
+
+def test_col_layout_moves_transposed_matrices():
+    assert re.search(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
+                     _ptx(LAYOUT="col"))
+    assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
+                     _ptx(LAYOUT="col", STORE=False))
+
+
+def test_a_repeat_in_the_columns_still_moves_four_matrices():
+    # 80 = 5 x 16 columns: the repeat digit sits above register bits 0-2.
+    ptx = _ptx(cols=80, SWIZZLE=32)
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4", ptx)) == 5
+
+
+@pytest.mark.parametrize("store", [True, False])
+@pytest.mark.parametrize("kw", [dict(LAYOUT="vec", SCOPE="block"), dict(dtype="f32")])
+def test_other_layouts_and_dtypes_keep_plain_shared_accesses(kw, store):
+    ptx = _ptx(STORE=store, **kw)
+    assert "stmatrix" not in ptx and "ldmatrix" not in ptx
+
+
+CASES = [dict(), dict(SWIZZLE=0), dict(SWIZZLE=32), dict(SWIZZLE=64),
+         dict(LAYOUT="col"), dict(LAYOUT="col", SWIZZLE=64),
+         dict(SCOPE="warp", ROWS=16, COLS=128), dict(SCOPE="block", ROWS=128, COLS=64),
+         dict(COLS=80, SWIZZLE=32), dict(ROWS=64, COLS=48, SWIZZLE=32, LAYOUT="row"),
+         dict(ROWS=48, COLS=64, LAYOUT="col", SCOPE="warp"), dict(ROWS=64, COLS=16, SWIZZLE=32),
+         dict(dtype="f16", COLS=128, SWIZZLE=128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("store", [True, False], ids=["stmatrix", "ldmatrix"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
+                         or "default")
+def test_through_shared_memory_on_the_gpu(case, store):
+    torch = pytest.importorskip("torch")
+    case = dict(case)
+    dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[case.pop("dtype", "bf16")])
+    rows, cols = case.get("ROWS", 64), case.get("COLS", 64)
+    x = torch.randn(3 * rows, cols, device="cuda").to(dtype)
+    y = torch.full_like(x, float("nan"))
+    round_trip[(3,)](x, y, STORE=store, **case)
+    assert torch.equal(x, y)
