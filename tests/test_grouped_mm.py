@@ -2,7 +2,9 @@
 them. The kernel's numerics run in the interpreter on CPU tensors (groups
 that share a 128-row tile, end on a tile's edge, are empty, rows past the
 last group), against float64; the same cases and larger ones on the GPU; the
-wrapper's argument rules; the custom op's fake; PTX without spills."""
+wrapper's argument rules; the custom op's fake; PTX without spills; the
+gradients (da by the same kernel, db by ragged_weight_grad_kernel) against
+float64 autograd, interpreted and on the GPU."""
 from __future__ import annotations
 
 import random
@@ -142,25 +144,74 @@ def test_bad_arguments_are_named(case):
         fn()
 
 
-def test_inputs_that_require_grad_are_refused(interpret):
+def reference_grads(a, b, offs, w):
+    """float64 (da, db) of (out * w).sum() for out = reference(a, b, offs)."""
+    a64 = a.detach().double().cpu().requires_grad_()
+    b64 = b.detach().double().cpu().requires_grad_()
+    pieces, start = [], 0
+    for g, end in enumerate(offs):
+        pieces.append(a64[start:end] @ b64[g])
+        start = end
+    pieces.append(a64.new_zeros(a.shape[0] - start, b.shape[2]))
+    (torch.cat(pieces) * w.double().cpu()).sum().backward()
+    return a64.grad, b64.grad
+
+
+def check_grads(a, b, offs, fn=None, need=(True, True)):
+    """grouped_mm's gradients through autograd against float64, every
+    product's db (empty ones: zeros) and da (rows past the last product:
+    zeros)."""
+    a = a.detach().requires_grad_(need[0])
+    b = b.detach().requires_grad_(need[1])
+    w = torch.randn(a.shape[0], b.shape[2], device=a.device)
+    out = (fn or grouped_mm)(a, b, torch.tensor(offs, dtype=torch.int32, device=a.device))
+    (out.float() * w).sum().backward()
+    da, db = reference_grads(a, b, offs, w)
+    if need[0]:
+        assert a.grad.shape == a.shape and a.grad.dtype == a.dtype
+        assert rel_err(a.grad, da) < 1e-2 and not a.grad[offs[-1]:].any()
+    if need[1]:
+        assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
+        assert rel_err(b.grad, db) < 1e-2
+        start = 0
+        for g, end in enumerate(offs):
+            assert (end > start) or not b.grad[g].any()
+            start = max(start, end)
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("T, K, N, offs", CASES + [(200, 200, 64, [0, 0, 65, 65, 130])])
+def test_gradients_interpreted_against_float64(interpret, T, K, N, offs, layout):
+    """Products sharing 64-row windows (db's first and last windows zero the
+    other products' rows), ending on edges, empty (db zero), rows past the
+    last product (da zero), K and N not whole tiles."""
+    gen = torch.Generator().manual_seed(T + K + N)
+    check_grads(torch.randn(T, K, dtype=torch.bfloat16, generator=gen),
+                weights(len(offs), K, N, layout, gen=gen), offs)
+
+
+@pytest.mark.parametrize("need", [(True, False), (False, True)])
+def test_only_the_gradient_asked_for(interpret, need):
+    check_grads(cpu(150, 64), weights(3, 64, 128, "nk"), [40, 40, 150], need=need)
+
+
+def test_no_gradient_under_no_grad(interpret):
     a = cpu(16, 8).requires_grad_()
-    with pytest.raises(RuntimeError, match="grouped_mm: not differentiable yet"):
-        grouped_mm(a, cpu(2, 8, 8), [8, 16])
     with torch.no_grad():
-        grouped_mm(a, cpu(2, 8, 8), [8, 16])
+        out = grouped_mm(a, cpu(2, 8, 8), [8, 16])
+    assert not out.requires_grad
 
 
 def test_compiled_calls_check_like_eager_ones(interpret):
     """Under torch.compile, host offs are checked as eagerly (a float is not
-    truncated) and inputs that require grad are refused with the same error."""
+    truncated), and gradients flow through the custom op as eagerly."""
     compiled = torch.compile(grouped_mm, backend="eager", fullgraph=True)
     a, b = cpu(150, 64), weights(3, 64, 128, "kn")
     with pytest.raises(Exception, match=r"offs\[0\] must be an int"):
         compiled(a, b, [40.7, 40, 150])
-    with pytest.raises(Exception, match="grouped_mm: not differentiable yet"):
-        compiled(a.requires_grad_(), b, torch.tensor([40, 40, 150], dtype=torch.int32))
-    out = compiled(a.detach(), b, torch.tensor([40, 40, 150], dtype=torch.int32))
-    assert rel_err(out, reference(a.detach(), b, [40, 40, 150])) < 1e-2
+    out = compiled(a, b, torch.tensor([40, 40, 150], dtype=torch.int32))
+    assert rel_err(out, reference(a, b, [40, 40, 150])) < 1e-2
+    check_grads(a, b, [40, 40, 150], fn=compiled)
 
 
 def test_fake_says_the_result():
@@ -199,6 +250,18 @@ def test_kernel_compiles_without_spills(kn, skip):
     assert "cp.reduce.async.bulk.tensor" in compiled.asm["ptx"]     # rows added, not stored
 
 
+@pytest.mark.parametrize("bn", [128, 256])
+def test_weight_gradient_kernel_compiles_without_spills_or_serialized_mmas(bn):
+    """Its first and last windows' masking is peeled out of the MMA pipeline
+    (templates.lcf's prepare): a branch inside it would serialize the wgmmas."""
+    compiled = grouped_gemm.ragged_weight_grad_kernel.compile(
+        tk.spec((1000, 512), "bf16"), tk.spec((1000, 384), "bf16"), tk.spec((6, 512, 384), "bf16"),
+        tk.spec((8,), "i32"), BN=bn)
+    info = compiled.info
+    assert info["spill stores (bytes)"] == 0 and info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+
+
 # ------------------------------------------------------------------ GPU
 
 def random_offs(T: int, G: int, rng: random.Random) -> list[int]:
@@ -208,11 +271,14 @@ def random_offs(T: int, G: int, rng: random.Random) -> list[int]:
     return cuts + [T if rng.random() < 0.7 else rng.randint(cuts[-1] if cuts else 0, T)]
 
 
+# (T, K, N, G) on the GPU: K and N not whole tiles, products averaging a row
+GPU_CASES = [(300, 64, 128, 6), (1000, 256, 384, 8), (4099, 512, 1032, 16), (77, 128, 256, 64),
+             (2048, 1024, 256, 3)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-@pytest.mark.parametrize("T, K, N, G", [(300, 64, 128, 6), (1000, 256, 384, 8),
-                                        (4099, 512, 1032, 16), (77, 128, 256, 64),
-                                        (2048, 1024, 256, 3)])
+@pytest.mark.parametrize("T, K, N, G", GPU_CASES)
 def test_gpu_against_float64(T, K, N, G, layout):
     rng = random.Random(T + G)
     gen = torch.Generator(device="cuda").manual_seed(T)
@@ -222,6 +288,16 @@ def test_gpu_against_float64(T, K, N, G, layout):
     out = grouped_mm(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"))
     assert rel_err(out, reference(a, b, offs)) < 1e-2
     assert not out[offs[-1]:].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("T, K, N, G", GPU_CASES)
+def test_gpu_gradients_against_float64(T, K, N, G, layout):
+    rng = random.Random(T * G)
+    gen = torch.Generator(device="cuda").manual_seed(T + 1)
+    check_grads(torch.randn(T, K, dtype=torch.bfloat16, device="cuda", generator=gen),
+                weights(G, K, N, layout, "cuda", gen=gen), random_offs(T, G, rng))
 
 
 @pytest.mark.gpu

@@ -92,11 +92,15 @@ def register_split(consumers, consumer_registers, producer_registers):
 
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
-        producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None):
+        producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None,
+        task_iters=None, prepare=None):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
-    grid (launch one block per SM). `inputs` lists each stage's shared tiles
-    as (dtype, (rows, cols), swizzle). The kernel has consumers + 1
-    warpgroups: warpgroups 0 .. consumers-1 compute, the last one loads.
+    grid (launch one block per SM), or task_iters(task) iterations each when
+    that is given (read by the producer and the consumers; a task of none
+    loads nothing, its result is set up and finished as it is). `inputs`
+    lists each stage's shared tiles as (dtype, (rows, cols), swizzle). The
+    kernel has consumers + 1 warpgroups: warpgroups 0 .. consumers-1
+    compute, the last one loads.
 
     cluster=n runs the blocks in clusters of n that take each task together
     (`load` may multicast a shared input to all of them with tk.tma.load_async
@@ -108,7 +112,13 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     loads, e.g. finding a grouped product's tile, not redone per stage).
     active(task), when given, says whether a task has work: the producer
     and the consumers both skip one that has none (no stage is used; its
-    result is never set up or finished)."""
+    result is never set up or finished).
+    prepare(where, k, consumer, *stage), when given, runs in each consumer
+    in a task's first and last iterations, once their stage has landed and
+    the MMAs before are done, before compute (`where` as `load` gets it,
+    plan(task) found once per task in the consumers too): it may rewrite the
+    consumer's own part of the stage (zero rows that are not the task's,
+    say), synchronising its warpgroup before the MMAs read it."""
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
@@ -126,7 +136,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             for task in range(first_task, tasks, task_step):
                 if True if active is None else active(task):
                     where = task if plan is None else plan(task)
-                    for k in range(iters):
+                    for k in range(iters if task_iters is None else task_iters(task)):
                         s = it % stages
                         # A fresh semaphore passes a wait for parity 1: the first
                         # `stages` iterations find their stage free.
@@ -140,22 +150,52 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         consumer = tk.warpgroup_id()
         leader = tk.elect_leader("warpgroup")
         it = 0
+
+        def consume(state, where, k, it, fix):
+            """Iteration k of a task at ring position it (fix: after `prepare`)."""
+            s = it % stages
+            tk.wait(full[s], tk.ring_phase(it, stages))
+            if fix:
+                tk.mma_wait(0)
+                prepare(where, k, consumer, *[tiles[s] for tiles in ring])
+            state = compute(state, consumer, *[tiles[s] for tiles in ring])
+            # The MMAs of the previous stage are done once at most this
+            # stage's group is in flight: hand that stage back.
+            tk.mma_wait(1)
+            if k > 0 and leader:
+                release(empty[(it + stages - 1) % stages], cluster)
+            return state
+
         for task in range(first_task, tasks, task_step):
             if True if active is None else active(task):
                 state = setup(task, consumer)
-                for k in range(iters):
-                    s = it % stages
-                    tk.wait(full[s], tk.ring_phase(it, stages))
-                    state = compute(state, consumer, *[tiles[s] for tiles in ring])
-                    # The MMAs of the previous stage are done once at most this
-                    # stage's group is in flight: hand that stage back.
-                    tk.mma_wait(1)
-                    if k > 0 and leader:
-                        release(empty[(it + stages - 1) % stages], cluster)
-                    it += 1
+                n = iters if task_iters is None else task_iters(task)
+                if prepare is None:
+                    for k in range(n):
+                        state = consume(state, task, k, it, False)
+                        it += 1
+                else:
+                    # prepare runs in the first and last iterations only, peeled,
+                    # with no MMA in flight in them or when they end: a branch in
+                    # the middle of the MMA pipeline, or an accumulator leaving
+                    # one in flight, makes ptxas serialize every wgmma (C7514).
+                    where = task if plan is None else plan(task)
+                    if n > 0:
+                        state = consume(state, where, 0, it, True)
+                        tk.mma_wait(0)
+                        it += 1
+                    for k in range(1, n - 1):
+                        state = consume(state, where, k, it, False)
+                        it += 1
+                    tk.mma_wait(0)
+                    if n > 1:
+                        state = consume(state, where, n - 1, it, True)
+                        tk.mma_wait(0)
+                        it += 1
                 tk.mma_wait(0)
                 if leader:
-                    release(empty[(it + stages - 1) % stages], cluster)
+                    if n > 0:           # (a task of no iterations used no stage)
+                        release(empty[(it + stages - 1) % stages], cluster)
                 finish(state, task, consumer)
         # TMA stores `finish` issued must have read their shared tiles before
         # the block exits (a no-op for threads that issued none).

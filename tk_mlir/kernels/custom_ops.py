@@ -7,6 +7,7 @@
     torch.ops.tk_mlir.grouped_matmul_grads(dc, a, b, sizes, b_layout, need_a, need_b)
                                            -> (da, db)
     torch.ops.tk_mlir.grouped_mm(a, b, offs) -> out
+    torch.ops.tk_mlir.grouped_mm_grads(dc, a, b, offs, need_a, need_b) -> (da, db)
     torch.ops.tk_mlir.scaled_matmul(a, b, scale_a, scale_b, out_dtype) -> c
     torch.ops.tk_mlir.rms_norm(x, weight, eps) -> y
     torch.ops.tk_mlir.layer_norm(x, weight, bias, eps) -> y
@@ -281,6 +282,62 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
 @grouped_mm.register_fake
 def _(a, b, offs):
     return a.new_empty((a.shape[0], b.shape[2]))
+
+
+@torch.library.custom_op("tk_mlir::grouped_mm_grads", mutates_args=())
+def grouped_mm_grads(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                     need_a: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of grouped_mm (grouped_gemm.ragged_grads); one not needed is
+    an empty tensor."""
+    fn = "grouped_mm_grads"
+    grouped_gemm.check_ragged(a, b, offs)
+    checks.tensor(fn, "dc", dc, ndim=2, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    checks.like(fn, "dc", dc, "a", a, dtype=False)
+    checks.shape(fn, "dc", dc, (a.shape[0], b.shape[2]), "T x N")
+    da, db = grouped_gemm.ragged_grads(dc, a, b, grouped_gemm.check_offs(offs, a), need_a,
+                                       need_b)
+    empty = a.new_empty(0)
+    return (empty if da is None else da), (empty if db is None else db)
+
+
+@grouped_mm_grads.register_fake
+def _(dc, a, b, offs, need_a, need_b):
+    return (torch.empty_like(a) if need_a else a.new_empty(0),
+            b.new_empty(b.shape) if need_b else a.new_empty(0))
+
+
+def _grouped_mm_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+
+
+def _grouped_mm_backward(ctx, dc, grads=None):
+    """(da, db, None) for the inputs that need them (`grads`: the op, or under
+    EagerGroupedMm grouped_gemm's own function)."""
+    a, b, offs = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    if grads is None:
+        da, db = grouped_mm_grads(dc, a, b, offs, need_a, need_b)
+    else:
+        da, db = grads(dc, a, b, offs, need_a, need_b)
+    return (da if need_a else None), (db if need_b else None), None
+
+
+grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup_context)
+
+
+class EagerGroupedMm(torch.autograd.Function):
+    """grouped_mm's forward and backward for eager calls on checked tensors."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs):
+        out = grouped_gemm.ragged_launch(a, b, offs)
+        _grouped_mm_setup_context(ctx, (a, b, offs), out)
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx, dc):
+        return _grouped_mm_backward(ctx, dc, grouped_gemm.ragged_grads)
 
 
 @torch.library.custom_op("tk_mlir::scaled_matmul", mutates_args=())

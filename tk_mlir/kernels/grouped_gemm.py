@@ -28,6 +28,7 @@ host or in torch.
 from __future__ import annotations
 
 import tk_mlir as tk
+from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager, gemm
 from tk_mlir.kernels.device import num_sms
@@ -96,6 +97,69 @@ def ragged_zero_kernel(C: tk.gl, OFFS: tk.gl["i32"], COLS: tk.constexpr = 128):
             tk.store(C, zeros, (t, j))
 
 
+@tk.kernel(num_warps=12)
+def ragged_weight_grad_kernel(A: tk.gl, DC: tk.gl, DB: tk.gl, OFFS: tk.gl["i32"],
+                              BN: tk.constexpr = 128, STAGES: tk.constexpr = 4):
+    """DB[g] = A[rows of g]ᵀ @ DC[rows of g] for the G products whose rows end
+    at OFFS[g] (clamped to [0, T]): grouped_mm's gradient for b, a sum over
+    each product's rows. A task is one 128 x BN tile of one DB[g] (K x N);
+    it walks the 64-row windows of A and DC that hold g's rows, and zeroes
+    the other products' rows of its first and last windows in A (each
+    consumer its own 64 columns) before their MMA. A product without rows
+    gets zeros."""
+    T, K = A.shape
+    N = DB.shape[2]
+    tiles_m, tiles_n = tk.cdiv(K, 128), tk.cdiv(N, BN)
+    # DB leaves by TMA stores, 64 columns at a time through two staging tiles
+    # per consumer (with few rows per product the kernel is bound by them)
+    staging = tk.shared_tiles(DB.dtype, (64, 64), 4, swizzle=128)
+
+    def row_end(g):                 # OFFS[g] clamped to [0, T] (g = -1: 0, before the start)
+        return min(max(tk.load(OFFS, (g,)), 0), T)
+
+    def tile_of(task):
+        """(g, m, n, first, end): the task's product, its tile of DB[g] and
+        g's rows [first, end)."""
+        g = task // (tiles_m * tiles_n)
+        m, n = tk.grouped_tile(task % (tiles_m * tiles_n), tiles_m, tiles_n, 8)
+        return g, m, n, row_end(g - 1), row_end(g)
+
+    def windows(task):
+        """The 64-row windows holding the task's product's rows (none when it
+        has no rows, or its end is before its start)."""
+        _, _, _, first, end = tile_of(task)
+        return (tk.cdiv(end, 64) - first // 64) * (first < end)
+
+    def load(where, k, a, b, sem):
+        _, m, n, first, _ = where
+        tk.tma.load_async(a, A, (first // 64 + k, m), sem)
+        tk.tma.load_async(b, DC, (first // 64 + k, n), sem)
+
+    def prepare(where, k, wg, a, b):
+        _, _, _, first, end = where
+        top = (first // 64 + k) * 64
+        if (top < first) | (top + 64 > end):        # other products' rows: zeros
+            columns = a.column_block(wg)
+            x = tk.load(columns, layout="row", scope="warpgroup")
+            rows = x.row_indices() + top
+            tk.store(columns, tk.where((rows >= first) & (rows < end), x, 0.0))
+            tk.named_barrier(1 + wg, warps=4)
+
+    def setup(task, wg):
+        return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
+
+    def compute(acc, wg, a, b):     # the warpgroup's 64 rows of DB[g]: 64 columns of A's window
+        return tk.mma_AtB(acc, a.column_block(wg), b)
+
+    def finish(acc, task, wg):
+        g, m, n, _, _ = tile_of(task)
+        tk.store_in_pieces(DB, acc, 2 * m + wg, n * (BN // 64), 64, wg, staging, 2, outer=(g,))
+
+    tk.lcf(DB.shape[0] * tiles_m * tiles_n, 0,
+           [(A.dtype, (64, 128), 128), (DC.dtype, (64, BN), 128)], load, setup, compute, finish,
+           stages=STAGES, consumers=2, plan=tile_of, task_iters=windows, prepare=prepare)
+
+
 def grouped_mm(a, b, offs, bias=None, out_dtype=None):
     """G products of different row counts packed in one tensor (an MoE's
     experts, tokens sorted by expert), as torch._grouped_mm(a, b, offs) with a
@@ -117,10 +181,11 @@ def grouped_mm(a, b, offs, bias=None, out_dtype=None):
     bias: None (torch._grouped_mm's argument; not supported). out_dtype: None
     or a's dtype (the result's).
 
-    Returns a new (T, N) tensor. Not differentiable yet: an input that
-    requires grad (with grad mode on) is refused. Under torch.compile it runs
-    as the custom op torch.ops.tk_mlir.grouped_mm (host offs: pass a tensor,
-    or dynamo specializes the compiled graph on the list's values)."""
+    Returns a new (T, N) tensor. Differentiable in a and b (ragged_grads:
+    db[g] sums over g's rows, ragged_weight_grad_kernel). Under
+    torch.compile it runs as the custom op torch.ops.tk_mlir.grouped_mm
+    (host offs: pass a tensor, or dynamo specializes the compiled graph on
+    the list's values)."""
     import torch
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir on first use
@@ -141,15 +206,19 @@ _RAGGED = eager.Prepared()
 
 def _prepare_ragged(a, b, offs, bias, out_dtype):
     """After checking an eager grouped_mm call, `run(a, b, offs) -> out` for
-    calls like it."""
+    calls like it, through autograd when an input requires grad (grad mode
+    on: the key holds both)."""
+    import torch
     check_ragged(a, b, offs, bias, out_dtype)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        from tk_mlir.kernels import custom_ops
+        return custom_ops.EagerGroupedMm.apply
     return ragged_launch
 
 
 def check_ragged(a, b, offs, bias=None, out_dtype=None) -> None:
     """The arguments of grouped_mm, each rule with the argument that breaks it
-    (offs on the host are checked by check_offs), and the refusal of inputs
-    that require grad."""
+    (offs on the host are checked by check_offs)."""
     import torch
     fn, inputs = "grouped_mm", (torch.bfloat16, torch.float16)
     checks.tensor(fn, "a", a, ndim=2, dtypes=inputs)
@@ -174,11 +243,6 @@ def check_ragged(a, b, offs, bias=None, out_dtype=None) -> None:
     if out_dtype is not None and out_dtype != a.dtype:
         raise TypeError(f"{fn}: out_dtype must be None or a's dtype {a.dtype} (the result is "
                         f"added in a's dtype), got {out_dtype}")
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        raise RuntimeError("grouped_mm: not differentiable yet (its gradients are not built); "
-                           "an input requires grad: call it under torch.no_grad() or detach "
-                           "the inputs (grouped_matmul, the capacity layout, is "
-                           "differentiable)")
     checks.on_cuda(fn, "a", a)
 
 
@@ -226,6 +290,32 @@ def ragged_launch(a, b, offs, out=None):
         checks.kernel_operand(a), bt, out, offs, LOG_G=(G - 1).bit_length(), B_KN=kn,
         BN=256 if N > 128 else 128, SKIP_EMPTY=skip_empty_tiles(T, G))
     return out
+
+
+def ragged_grads(dc, a, b, offs, need_a: bool = True, need_b: bool = True):
+    """(da, db) of out = grouped_mm(a, b, offs) given dc (out's shape), each
+    None when not needed, on checked arguments: da = dc[rows of g] @ b[g]ᵀ
+    (grouped_mm's kernel with b read transposed, no copy; zeros past the
+    last product), db[g] = a[rows of g]ᵀ @ dc[rows of g] (a new (G, K, N)
+    tensor; zeros for a product without rows)."""
+    dc = checks.kernel_operand(dc, a.dtype)
+    da = ragged_launch(dc, b.transpose(1, 2), offs) if need_a else None
+    return da, (ragged_weight_grad(a, dc, offs, b.shape[0]) if need_b else None)
+
+
+def ragged_weight_grad(a, dc, offs, G: int):
+    """ragged_weight_grad_kernel on checked arguments: the (G, K, N) tensor
+    of a[rows of g]ᵀ @ dc[rows of g], in a's dtype."""
+    import torch
+    T, K = a.shape
+    N = dc.shape[1]
+    db = torch.empty((G, K, N), dtype=a.dtype, device=a.device)
+    if not (T and K and N and G):
+        return db.zero_()
+    offs = checks.int32_table(offs.to(a.device, non_blocking=True))
+    ragged_weight_grad_kernel[(num_sms(a.get_device()),)](
+        checks.kernel_operand(a), dc, db, offs, BN=256 if N > 128 else 128)
+    return db
 
 
 def skip_empty_tiles(T: int, G: int) -> bool:
