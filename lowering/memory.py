@@ -235,12 +235,15 @@ def swizzled_offset(st: T.ST, row: ir.Value, col: ir.Value) -> ir.Value:
     within each 128-byte line, the pattern TMA's SWIZZLE_32B/64B/128B modes
     write and wgmma reads."""
     isz = T.itemsize(st.dtype)
-    shift = st.block_cols.bit_length() - 1          # block_cols is a power of two
-    block = arith.shrui(col, c32(shift))
-    inner = arith.andi(col, c32(st.block_cols - 1))
-    off = arith.addi(arith.muli(block, c32(st.rows * st.block_bytes)),
-                     arith.addi(arith.muli(row, c32(st.block_bytes)),
-                                arith.muli(inner, c32(isz))))
+    if st.block_cols >= st.cols:    # one column block, the whole row: any width (unswizzled)
+        off = arith.addi(arith.muli(row, c32(st.block_bytes)), arith.muli(col, c32(isz)))
+    else:                           # swizzled: blocks of a power of two columns
+        shift = st.block_cols.bit_length() - 1
+        block = arith.shrui(col, c32(shift))
+        inner = arith.andi(col, c32(st.block_cols - 1))
+        off = arith.addi(arith.muli(block, c32(st.rows * st.block_bytes)),
+                         arith.addi(arith.muli(row, c32(st.block_bytes)),
+                                    arith.muli(inner, c32(isz))))
     if st.swizzle:
         mask = st.swizzle // 16 - 1
         line = arith.andi(arith.shrui(off, c32(7)), c32(mask))

@@ -15,18 +15,35 @@ from tk_mlir import bf16, f32
 @tk.kernel(num_warps=4)
 def round_trip(X: tk.gl, Y: tk.gl, ROWS: tk.constexpr = 64, COLS: tk.constexpr = 64,
                SWIZZLE: tk.constexpr = 128, LAYOUT: tk.constexpr = "row",
-               SCOPE: tk.constexpr = "warpgroup", STORE: tk.constexpr = True):
+               SCOPE: tk.constexpr = "warpgroup", STORE: tk.constexpr = True,
+               TMA: tk.constexpr = False):
     """Y = X, each block its own ROWS x COLS tile of rows, through a shared
     tile: STORE, a register tile in LAYOUT stored to it (stmatrix) and copied
     out; else copied in and loaded in LAYOUT (ldmatrix). The copies move
     16-byte vectors by the tile's byte layout, so a wrong matrix address
-    shows (a round trip through both matrix instructions could hide it)."""
+    shows (a round trip through both matrix instructions could hide it);
+    TMA: the copy is a TMA store or load, which lays the tile out as the
+    hardware does (a byte layout wrong in both directions shows too)."""
     s = tk.shared_tile(X.dtype, (ROWS, COLS), swizzle=SWIZZLE)
     if STORE:
         tk.store(s, tk.load(X, (tk.block_id(0), 0), (ROWS, COLS), layout=LAYOUT, scope=SCOPE))
-        tk.copy(Y, s, (tk.block_id(0), 0))
+        if TMA:
+            tk.barrier()
+            if tk.elect_leader("warpgroup"):      # (the block: one warpgroup)
+                tk.tma.store_async(Y, s, (tk.block_id(0), 0))
+                tk.tma.store_commit()
+                tk.tma.store_wait(0)
+        else:
+            tk.copy(Y, s, (tk.block_id(0), 0))
     else:
-        tk.copy(s, X, (tk.block_id(0), 0))
+        if TMA:
+            full = tk.semaphore()
+            if tk.elect_leader("warpgroup"):      # (the block: one warpgroup)
+                tk.tma.expect(full, s)
+                tk.tma.load_async(s, X, (tk.block_id(0), 0), full)
+            tk.wait(full, 0)
+        else:
+            tk.copy(s, X, (tk.block_id(0), 0))
         tk.store(Y, tk.load(s, layout=LAYOUT, scope=SCOPE), (tk.block_id(0), 0))
 
 
@@ -69,19 +86,21 @@ CASES = [dict(), dict(SWIZZLE=0), dict(SWIZZLE=32), dict(SWIZZLE=64),
          dict(SCOPE="warp", ROWS=16, COLS=128), dict(SCOPE="block", ROWS=128, COLS=64),
          dict(COLS=80, SWIZZLE=32), dict(ROWS=64, COLS=48, SWIZZLE=32, LAYOUT="row"),
          dict(ROWS=48, COLS=64, LAYOUT="col", SCOPE="warp"), dict(ROWS=64, COLS=16, SWIZZLE=32),
+         dict(ROWS=64, COLS=48, SWIZZLE=0), dict(ROWS=64, COLS=80, SWIZZLE=0),
          dict(dtype="f16", COLS=128, SWIZZLE=128)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["copy", "tma"])
 @pytest.mark.parametrize("store", [True, False], ids=["stmatrix", "ldmatrix"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
                          or "default")
-def test_through_shared_memory_on_the_gpu(case, store):
+def test_through_shared_memory_on_the_gpu(case, store, tma):
     torch = pytest.importorskip("torch")
     case = dict(case)
     dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[case.pop("dtype", "bf16")])
     rows, cols = case.get("ROWS", 64), case.get("COLS", 64)
     x = torch.randn(3 * rows, cols, device="cuda").to(dtype)
     y = torch.full_like(x, float("nan"))
-    round_trip[(3,)](x, y, STORE=store, **case)
+    round_trip[(3,)](x, y, STORE=store, TMA=tma, **case)
     assert torch.equal(x, y)
