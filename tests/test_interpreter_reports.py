@@ -543,6 +543,51 @@ def test_overlapping_global_writes_from_two_blocks():
            f"{HERE}:{line} and {HERE}:{line})" in e.value.message, e.value.message
 
 
+@tk.kernel(num_warps=8)
+def global_handoff(A: tk.gl, B: tk.gl, C: tk.gl, F: tk.gl["i32"], ORDER: tk.constexpr = ""):
+    """Warpgroup 0 writes B's tile, warpgroup 1 reads it back into C: ordered
+    by a barrier (ORDER="barrier"), a flag in global memory the block gives
+    itself ("flag": F[0], signalled after the write), or nothing."""
+    wg = tk.warpgroup_id()
+    if wg == 0:
+        tk.store(B, tk.load(A, (0, 0), (64, 64), scope="warpgroup"), (0, 0))   # MARK: g write
+        if ORDER == "flag":
+            tk.named_barrier(1, warps=4)          # (the signal covers the warpgroup's writes)
+            if tk.elect_leader("warpgroup"):
+                tk.signal(F, (0,), scope="gpu")
+    if ORDER == "barrier":
+        tk.barrier()
+    if wg == 1:
+        if ORDER == "flag":
+            tk.wait_signal(F, (0,), 1, scope="gpu")
+        tk.store(C, tk.load(B, (0, 0), (64, 64), scope="warpgroup"), (0, 0))  # MARK: g read
+
+
+def test_a_global_race_within_one_block_is_reported():
+    """Two warpgroups of one block, one writing global memory and the other
+    reading it, race unless a barrier or a flag orders them — as the
+    interpreter reports races between blocks."""
+    a = torch.randint(-8, 8, (64, 64)).float()
+    flag = torch.zeros(4, dtype=torch.int32)
+    e = report(global_handoff, a, torch.zeros(64, 64), torch.zeros(64, 64), flag,
+               seeds=range(6), same_line=False)
+    w, r = line_of("MARK: g write"), line_of("MARK: g read")
+    assert "data race in global memory" in e.message and e.line in (w, r), e.message
+    assert f":{w if e.line == r else r}" in e.message and "same block" in e.message, e.message
+    assert "tk.named_barrier" in e.message
+    import tk_mlir.interpreter as interpreter
+    for order in ("barrier", "flag"):
+        for seed in range(4):
+            c = torch.zeros(64, 64)
+            interpreter.SEED = seed
+            try:
+                global_handoff.interpret[(1,)](a, torch.zeros(64, 64), c,
+                                               torch.zeros(4, dtype=torch.int32), ORDER=order)
+            finally:
+                interpreter.SEED = 0
+            assert torch.equal(c, a), order
+
+
 @tk.kernel(num_warps=4)
 def signals(A: tk.gl, C: tk.gl):
     """Warp 0 signals sem three times, then done; warp 1 waits for done and

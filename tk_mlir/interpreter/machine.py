@@ -181,8 +181,13 @@ class Block:
     def acquire_global(self, warp: int, clock: dict) -> None:
         """`warp` waited on a flag and is ordered after `clock` (what the
         signals published, ordering.acquire): a tick of its own clock, so
-        the warps it meets after this learn it and those before do not."""
+        the warps it meets after this learn it and those before do not. A
+        signal of its own block's warps orders it after them as a barrier
+        would (their vector-clock entries)."""
         self.clocks[warp, warp] += 1
+        for (name, other), time in (clock or {}).items():
+            if name == self.name and other != warp:
+                self.clocks[warp, other] = max(self.clocks[warp, other], time)
         self.order.acquire(warp, clock, int(self.clocks[warp, warp]))
 
     def release_global(self, warp: int) -> dict:

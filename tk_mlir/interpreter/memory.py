@@ -159,9 +159,9 @@ class GlobalArray:
         write or read of one of them by another block, not ordered before this
         write, says, or None."""
         order, at = by
-        late = self.writes.unordered(dst, order)
+        late = self.writes.unordered(dst, order, other_blocks=True)
         if late is not None:
-            element, (first, first_at) = late
+            element, (first, first_at, _) = late
             return (f"blocks {first} and {order.name} both write element {element} of argument "
                     f"{self.name!r} (at {first_at} and {at}) with nothing ordering the two: "
                     f"each output element must have one writer (accumulate with "
@@ -169,7 +169,9 @@ class GlobalArray:
                     f"for a signal the first gives after its write")
         late = self.adds.unordered(dst, order)
         if late is not None:
-            element, (adder, add_at) = late
+            element, (adder, add_at, stamp) = late
+            if adder == order.name:
+                return self._within_block("writes", element, at, "added into", add_at, stamp)
             return (f"block {order.name} writes element {element} of argument {self.name!r} "
                     f"(at {at}), which block {adder} adds into (at {add_at}) with nothing "
                     f"ordering the two, so the add may come before or after the write; make "
@@ -177,7 +179,9 @@ class GlobalArray:
                     f"tk.signal / tk.wait_signal")
         late = self.reads.unordered(dst, order)
         if late is not None:
-            element, (reader, read_at) = late
+            element, (reader, read_at, stamp) = late
+            if reader == order.name:
+                return self._within_block("writes", element, at, "read", read_at, stamp)
             return (f"block {order.name} writes element {element} of argument {self.name!r}, "
                     f"which block {reader} read (at {read_at}) with nothing ordering that read "
                     f"before this write, so it may read either value (as when a wait lets it "
@@ -187,6 +191,19 @@ class GlobalArray:
         self.writes.record(dst, order, at)
         return None
 
+    def _within_block(self, verb: str, element, at: str, did: str, then: str,
+                      stamp: tuple) -> str:
+        """An access of `element` at `at` that another access of its own block
+        (by the warps of `stamp`, at `then`) is not ordered before."""
+        warps = ", ".join(str(w) for w, _ in stamp)
+        return (f"data race in global memory: the code at {at} {verb} element {element} of "
+                f"argument {self.name!r}, which warp{'s' if len(stamp) > 1 else ''} {warps} of "
+                f"the same block {did} at {then} with nothing ordering the two: a barrier "
+                f"(tk.barrier(), tk.named_barrier) or a semaphore that both sides meet between "
+                f"them orders them, or a tk.signal after the first (once all its warps are "
+                f"done: a barrier among them first) that the second tk.wait_signals for (after "
+                f"a TMA store: tk.tma.store_wait first)")
+
     def _add(self, dst, by: tuple) -> str | None:
         """Record `by` as an adder of the elements at dst; what an earlier
         plain write or read of one of them by another block, not ordered
@@ -194,7 +211,9 @@ class GlobalArray:
         order, at = by
         late = self.writes.unordered(dst, order)
         if late is not None:
-            element, (writer, written_at) = late
+            element, (writer, written_at, stamp) = late
+            if writer == order.name:
+                return self._within_block("adds into", element, at, "wrote", written_at, stamp)
             return (f"block {order.name} adds into element {element} of argument "
                     f"{self.name!r} (at {at}), which block {writer} wrote (at {written_at}) "
                     f"with nothing ordering the two, so the write may come after the add and "
@@ -202,7 +221,9 @@ class GlobalArray:
                     f"order them with tk.signal / tk.wait_signal")
         late = self.reads.unordered(dst, order)
         if late is not None:
-            element, (reader, read_at) = late
+            element, (reader, read_at, stamp) = late
+            if reader == order.name:
+                return self._within_block("adds into", element, at, "read", read_at, stamp)
             return (f"block {order.name} adds into element {element} of argument "
                     f"{self.name!r} (at {at}), which block {reader} read (at {read_at}) with "
                     f"nothing ordering that read before this add, so it may read the value "
@@ -217,7 +238,10 @@ class GlobalArray:
         order, at, loc = by
         late = self.writes.unordered(src, order, ok)
         if late is not None:
-            element, (writer, written_at) = late
+            element, (writer, written_at, stamp) = late
+            if writer == order.name:
+                raise error(loc, self._within_block("reads", element, at, "wrote", written_at,
+                                                    stamp))
             raise error(loc, f"block {order.name} reads element {element} of argument "
                              f"{self.name!r}, which block {writer} wrote (at {written_at}) with "
                              f"nothing ordering that write before this read: the writer must "
@@ -228,7 +252,10 @@ class GlobalArray:
                              f"semaphore after its wait)")
         late = self.adds.unordered(src, order, ok)
         if late is not None:
-            element, (adder, added_at) = late
+            element, (adder, added_at, stamp) = late
+            if adder == order.name:
+                raise error(loc, self._within_block("reads", element, at, "added into",
+                                                    added_at, stamp))
             raise error(loc, f"block {order.name} reads element {element} of argument "
                              f"{self.name!r}, which block {adder} adds into (at {added_at}: "
                              f"tk.atomic_add or a TMA reduce-add) with nothing ordering that add "

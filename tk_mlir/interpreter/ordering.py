@@ -28,9 +28,19 @@ ordered after that time (Block.acquire) joins it. An access by several
 warps at once (a tile op of a warpgroup) counts as ordered only when all of
 them are, and needs all of its warps' times covered.
 
+Within one block the same stamps are checked against the block's vector
+clocks: an access is ordered after another of its block when each of its
+warps has met (at a barrier, a semaphore, or through a flag) each warp of
+the other access at or after its stamp. Two accesses that share a warp
+count as ordered (program order for one warp; which threads of a shared
+warp touched an element is not tracked), and two plain writes of one block
+are not checked against each other (warps that each hold a copy of a tile,
+scope="warp" in a larger block, all store it: the same values).
+
 What it misses (each a race it does not report; it reports none that the
-program orders): accesses within one block (those are the block's own
-races, tracked in shared memory only); a TMA store counts as written, and a
+program orders): within one block, accesses that share a warp (a tile op
+of a warpgroup, then another of the same warpgroup that threads read
+differently); a TMA store counts as written, and a
 TMA load as read, when issued, not when complete; only the last reader of
 an element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
 writes but need no order among themselves: a read or plain write of an
@@ -83,24 +93,30 @@ class BlockOrder:
     def view(self, warps, clocks) -> "OrderView":
         """The order of an access by `warps` (indices) at once, `clocks` the
         block's vector clocks: stamped with each one's time, ordered after
-        another block's access only when every one of them is."""
+        another access only when every one of them is."""
         return OrderView(self.name, tuple((w, int(clocks[w, w])) for w in warps),
-                         [self.known[w] for w in warps])
+                         [self.known[w] for w in warps], [clocks[w].copy() for w in warps])
 
 
 class OrderView:
     """What memory.GlobalArray asks of an accessor: its block's name, its
     warps' times (`stamp`), and whether it is ordered after a stamp."""
-    __slots__ = ("name", "stamp", "_known")
+    __slots__ = ("name", "stamp", "_known", "_clocks")
 
-    def __init__(self, name, stamp: tuple, known: list):
-        self.name, self.stamp, self._known = name, stamp, known
+    def __init__(self, name, stamp: tuple, known: list, clocks: list):
+        self.name, self.stamp, self._known, self._clocks = name, stamp, known, clocks
 
     def after(self, name, stamp: tuple) -> bool:
         """Whether these warps are all ordered after the access of block
-        `name` stamped `stamp` (its own block's accesses: always)."""
+        `name` stamped `stamp`. Of their own block's: by its vector clocks
+        (a barrier, a semaphore, a flag between them), for the earlier
+        access's warps that are not among these (one warp's accesses are in
+        program order; which thread of a shared warp touched an element is
+        not known, so those count as ordered)."""
         if name == self.name:
-            return True
+            mine = {w for w, _ in self.stamp}
+            return all(clock[warp] >= time for clock in self._clocks
+                       for warp, time in stamp if warp not in mine)
         return all(k.get((name, warp), -1) >= time for k in self._known for warp, time in stamp)
 
 
@@ -169,17 +185,19 @@ class Accesses:
             self.who.append(key)
         self.number[index] = number
 
-    def unordered(self, index, order: OrderView, ok=None) -> tuple | None:
-        """(element, (block name, "file:line")) of the first element at
-        `index` (a window of ints and slices, or per-lane coordinate arrays
-        with `ok` marking the real ones) whose last access was another
-        block's, with nothing ordering it before `order`'s warps now."""
+    def unordered(self, index, order: OrderView, ok=None,
+                  other_blocks: bool = False) -> tuple | None:
+        """(element, (block name, "file:line", its warps' stamp)) of the first
+        element at `index` (a window of ints and slices, or per-lane
+        coordinate arrays with `ok` marking the real ones) whose last access
+        is not ordered before `order`'s warps now (other_blocks: only
+        another block's counts)."""
         if self.number is None:
             return None
         prior = self.number[index]
         numbers, which = np.unique(prior, return_inverse=True)   # (the accessors here only)
-        ordered = np.array([not n or order.after(self.who[n][0], self.who[n][2])
-                            for n in numbers], bool)
+        ordered = np.array([not n or (other_blocks and self.who[n][0] == order.name) or
+                            order.after(self.who[n][0], self.who[n][2]) for n in numbers], bool)
         late = ~ordered[which.reshape(prior.shape)]
         if ok is not None:
             late &= ok
@@ -190,4 +208,4 @@ class Accesses:
         element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
                         int(i) if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
                         for i in index)
-        return element, self.who[prior[first]][:2]
+        return element, self.who[prior[first]]
