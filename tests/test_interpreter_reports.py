@@ -589,6 +589,54 @@ def test_a_global_race_within_one_block_is_reported():
 
 
 @tk.kernel(num_warps=4)
+def tma_publish(A: tk.gl, B: tk.gl, C: tk.gl, F: tk.gl["i32"], FULL: tk.constexpr = False):
+    """Block 0 writes A's tile into B by a TMA store and signals F; block 1
+    waits for F and copies B into C. The store is waited for with read=True
+    (its shared source free, its write maybe not done) unless FULL."""
+    s = tk.shared_tile(A.dtype, (64, 64))
+    if tk.block_id(0) == 0:
+        tk.store(s, tk.load(A, (0, 0), (64, 64)))
+        if tk.elect_leader("warpgroup"):
+            tk.tma.store_async(B, s, (0, 0))                       # MARK: tma write
+            tk.tma.store_commit()
+            tk.tma.store_wait(0, read=not FULL)
+            tk.fence("gpu", async_proxy=True)
+            tk.signal(F, (0,), scope="gpu")
+    else:
+        tk.wait_signal(F, (0,), 1, scope="gpu")
+        tk.store(C, tk.load(B, (0, 0), (64, 64)), (0, 0))          # MARK: tma read
+
+
+def test_a_signal_before_a_tma_store_is_complete_publishes_nothing(monkeypatch):
+    """A TMA store's write counts as done at a store_wait with read=False
+    only: a signal after a read=True wait does not order it before the
+    reader's read. (tk-verify refuses this kernel at compile time when it can
+    see it, passes/signal_order.py; without that check — as for orders the
+    check cannot follow — the interpreter reports it at the read.)"""
+    import tk_mlir.interpreter as interpreter
+    from tk_mlir.passes import verify
+    a = torch.randint(-8, 8, (64, 64)).float()
+    args = (a, torch.zeros(64, 64), torch.zeros(64, 64), torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(tk.CompilationError, match="tk.signal after TMA writes"):
+        tma_publish.interpret[(2,)](*args)
+    monkeypatch.setattr(verify, "check_signals", lambda func: None)
+    with pytest.raises(InterpretError) as e:
+        tma_publish.interpret[(2,)](*args)
+    assert e.value.line == line_of("MARK: tma read"), e.value.message
+    assert f":{line_of('MARK: tma write')}" in e.value.message
+    assert "tk.tma.store_wait(0, read=False)" in e.value.message, e.value.message
+    for seed in range(3):
+        c = torch.zeros(64, 64)
+        interpreter.SEED = seed
+        try:
+            tma_publish.interpret[(2,)](a, torch.zeros(64, 64), c,
+                                        torch.zeros(4, dtype=torch.int32), FULL=True)
+        finally:
+            interpreter.SEED = 0
+        assert torch.equal(c, a)
+
+
+@tk.kernel(num_warps=4)
 def signals(A: tk.gl, C: tk.gl):
     """Warp 0 signals sem three times, then done; warp 1 waits for done and
     then for sem's first phase — by then two more phases went by."""

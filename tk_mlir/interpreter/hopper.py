@@ -163,8 +163,15 @@ def _land(block, data, flight, sem, clock, loc, at, nbytes, epoch) -> None:
 
 
 class _Store:
-    def __init__(self, flight, loc):
-        self.flight, self.loc = flight, loc
+    """A TMA store in flight: its shared source (`flight`) until a wait frees
+    it, its global write until a store_wait(read=False) completes it."""
+    def __init__(self, flight, loc, at, dst, coords, shape, add):
+        self.flight, self.loc, self.at = flight, loc, at
+        self.dst, self.coords, self.shape, self.add = dst, coords, shape, add
+
+    def complete_write(self, w) -> None:
+        self.dst.completed(self.coords, self.shape, self.add,
+                           (w.block.global_order([w.index]), self.at))
 
 
 def _store_rule(add: bool, what: str):
@@ -177,9 +184,11 @@ def _store_rule(add: bool, what: str):
                 _check(loc, block.shadow.read(src, w.index, w.clock, at, "this TMA store",
                                               record=False))
                 flight = block.shadow.start("TMA store", src, at, writes=False)
-                _check(loc, dst.store(coords, block.smem.read(src), add=add,
-                                      by=(block.global_order([w.index]), at)))
-                w.bulk.setdefault(int(lane), [[]])[0].append(_Store(flight, loc))
+                tile = block.smem.read(src)
+                _check(loc, dst.store(coords, tile, add=add,
+                                      by=(block.global_order([w.index]).pending(), at)))
+                w.bulk.setdefault(int(lane), [[]])[0].append(
+                    _Store(flight, loc, at, dst, coords, tile.shape, add))
             yield YIELD
         return store
     return factory
@@ -202,7 +211,7 @@ def _tma_commit(op, num_warps):
 
 @interprets("tk.tma_wait")
 def _tma_wait(op, num_warps):
-    pending, at = op.pending, op.at
+    pending, at, writes = op.pending, op.at, not op.read
     def wait(w):
         for lane in w.active_lanes():
             groups = w.bulk.get(int(lane))
@@ -214,6 +223,14 @@ def _tma_wait(op, num_warps):
                     w.block.shadow.finish(st.flight)
                     w.block.shadow.read_done(st.flight.ref, w.index, w.clock[w.index], at)
             del groups[1:1 + len(done)]
+            # The writes: with read=False these groups' and every earlier one's
+            # are done; with read=True they stay in flight (w.bulk_writes).
+            unfinished = w.bulk_writes.setdefault(int(lane), [])
+            unfinished += [st for group in done for st in group]
+            if writes:
+                for st in unfinished:
+                    st.complete_write(w)
+                unfinished.clear()
             if groups == [[]]:
                 del w.bulk[int(lane)]
     return wait

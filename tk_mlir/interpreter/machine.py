@@ -236,6 +236,7 @@ class Warp:
         self.mask: np.ndarray | None = None      # active lanes; None: all 32
         self.mma_done = 0                        # its warpgroup's groups it has waited for
         self.bulk: dict[int, list] = {}          # lane -> [open group, committed groups...]
+        self.bulk_writes: dict[int, list] = {}   # lane -> TMA stores read, writes in flight
         self.seen: dict = {}                     # semaphore key -> last phase it waited on
 
     def lane_ids(self) -> np.ndarray:

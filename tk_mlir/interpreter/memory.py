@@ -145,6 +145,14 @@ class GlobalArray:
             self.obj[dst] = part.astype(self.obj.dtype)
         return problem
 
+    def completed(self, coords, tile_shape, add: bool, by: tuple) -> None:
+        """A TMA write of the tile at coords (issued with a pending stamp,
+        OrderView.pending) is complete: its elements' writer (or last adder)
+        is restamped `by` = (the writer's order now, "file:line")."""
+        window = self._window(coords, tile_shape)
+        if window is not None:
+            (self.adds if add else self.writes).record(window[0], *by)
+
     def _check_writable(self) -> None:
         """The kernel writes this array: it must not be a read-only numpy array
         (the GPU writes its outputs in place; numpy refuses to here)."""

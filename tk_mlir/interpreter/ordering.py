@@ -1,4 +1,5 @@
-"""Happens-before between blocks (and ranks) through global memory.
+"""Happens-before through global memory: between blocks (and ranks), and
+between the warps of one block.
 
 On the GPU nothing orders one block's global writes before another block's
 reads but a flag: the writer releases it (tk.signal) after the writes, the
@@ -37,17 +38,21 @@ warp touched an element is not tracked), and two plain writes of one block
 are not checked against each other (warps that each hold a copy of a tile,
 scope="warp" in a larger block, all store it: the same values).
 
+A TMA store's (or reduce-add's) write is stamped when it completes, at the
+tk.tma.store_wait(..., read=False) that covers it: until then (a wait with
+read=True only frees its shared source) no access is ordered after it, so a
+signal given before that wait does not publish it.
+
 What it misses (each a race it does not report; it reports none that the
 program orders): within one block, accesses that share a warp (a tile op
 of a warpgroup, then another of the same warpgroup that threads read
-differently); a TMA store counts as written, and a
-TMA load as read, when issued, not when complete; only the last reader of
-an element is kept. Adds (tk.atomic_add, TMA reduce-add) are stamped like
-writes but need no order among themselves: a read or plain write of an
-element another block adds into must be ordered after the add, as after a
-write (memory.GlobalArray.adds); as of readers, only an element's last
-adder is kept, so a read ordered after it but not after an earlier adder
-of another block is missed.
+differently); a TMA load counts as read when issued, not when complete;
+only the last reader of an element is kept. Adds (tk.atomic_add, TMA
+reduce-add) are stamped like writes but need no order among themselves: a
+read or plain write of an element another block adds into must be ordered
+after the add, as after a write (memory.GlobalArray.adds); as of readers,
+only an element's last adder is kept, so a read ordered after it but not
+after an earlier adder of another block is missed.
 """
 from __future__ import annotations
 
@@ -98,6 +103,9 @@ class BlockOrder:
                          [self.known[w] for w in warps], [clocks[w].copy() for w in warps])
 
 
+PENDING = 2 ** 62       # a warp time no clock reaches: a TMA write not yet complete
+
+
 class OrderView:
     """What memory.GlobalArray asks of an accessor: its block's name, its
     warps' times (`stamp`), and whether it is ordered after a stamp."""
@@ -105,6 +113,13 @@ class OrderView:
 
     def __init__(self, name, stamp: tuple, known: list, clocks: list):
         self.name, self.stamp, self._known, self._clocks = name, stamp, known, clocks
+
+    def pending(self) -> "OrderView":
+        """This view with its warps' times not yet reached: the stamp of a TMA
+        write until a store_wait(read=False) completes it (`completed`), which
+        nothing is ordered after."""
+        return OrderView(self.name, tuple((w, PENDING) for w, _ in self.stamp), self._known,
+                         self._clocks)
 
     def after(self, name, stamp: tuple) -> bool:
         """Whether these warps are all ordered after the access of block
