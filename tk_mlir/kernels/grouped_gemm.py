@@ -23,7 +23,9 @@ that are all one product's are stored; 64 rows that products share are
 zeroed first (ragged_zero_kernel, with the rows past the last product), and
 each adds its own rows (the others as zeros) by TMA reduce-add. A task finds
 its product by binary search over offs itself: no schedule is made on the
-host or in torch.
+host or in torch. Its gradients (ragged_grads): dA by the same kernel with b
+read transposed, dB by ragged_weight_grad_kernel, a sum over each product's
+rows.
 """
 from __future__ import annotations
 
