@@ -87,6 +87,15 @@ class Layout:
                 pos[b[0]] += d << b[1]
         return tuple(pos)
 
+    def position(self, r: int, lane: int = 0, warp: int = 0) -> tuple[int, ...]:
+        """The element register r of `lane` in `warp` holds."""
+        pos = list(self.reg_position(r))
+        for bits, bases in ((lane, self.lane), (warp, self.warp)):
+            for i, b in enumerate(bases):
+                if b is not None and bits >> i & 1:
+                    pos[b[0]] += 1 << b[1]
+        return tuple(pos)
+
     def vector_run(self, axis: int) -> int:
         """How many consecutive registers step by 1 along `axis` (a power of 2)."""
         n = 0

@@ -320,12 +320,8 @@ def _xor_offsets(t, layout, starts: tuple[int, ...]) -> tuple[tuple[int, ...], b
     disjoint = True
     for lane in range(32):
         for warp in range(1 << len(layout.warp)):
-            p = [0] * len(layout.shape)
-            for bits, bases in ((lane, layout.lane), (warp, layout.warp)):
-                for i, b in enumerate(bases):
-                    if b is not None and bits >> i & 1:
-                        p[b[0]] += 1 << b[1]
-            base = _byte_offset(t, tuple(p))
+            p = layout.position(0, lane, warp)          # (register 0 sits at the origin)
+            base = _byte_offset(t, p)
             disjoint = disjoint and not base & used
             for q in positions:
                 if _byte_offset(t, tuple(a + b for a, b in zip(p, q))) != \

@@ -159,35 +159,6 @@ def test_swizzled_tile_layout_is_the_tma_pattern(swizzle):
             assert st.byte_offset(row, col) == expect
 
 
-def lowered_offsets(st) -> dict:
-    """memory.swizzled_offset's IR for tile `st`, JIT-compiled for the CPU
-    (MLIR's ExecutionEngine), at every element: (row, col) -> byte offset."""
-    import ctypes
-    from mlir import ir
-    from mlir.dialects import func
-    from mlir.execution_engine import ExecutionEngine
-    from mlir.passmanager import PassManager
-    from tk_mlir.lowering.memory import swizzled_offset
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.create()
-        i32 = ir.IntegerType.get_signless(32)
-        with ir.InsertionPoint(module.body):
-            f = func.FuncOp("offset", ([i32, i32], [i32]))
-            f.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-            with ir.InsertionPoint(f.add_entry_block()):
-                func.ReturnOp([swizzled_offset(st, *f.arguments)])
-        PassManager.parse("builtin.module(convert-arith-to-llvm,convert-func-to-llvm,"
-                          "reconcile-unrealized-casts)").run(module.operation)
-        engine = ExecutionEngine(module)
-        out = {}
-        for row in range(st.rows):
-            for col in range(st.cols):
-                r, c, res = ctypes.c_int32(row), ctypes.c_int32(col), ctypes.c_int32()
-                engine.invoke("offset", ctypes.pointer(r), ctypes.pointer(c), ctypes.pointer(res))
-                out[row, col] = res.value
-        return out
-
-
 @pytest.mark.parametrize("st", [T.ST("bf16", 64, 48, 0), T.ST("f32", 16, 80, 0),
                                 T.ST("bf16", 16, 64, 32), T.ST("bf16", 16, 128, 64),
                                 T.ST("bf16", 8, 256, 128), T.ST("f32", 8, 64, 128)],
@@ -197,7 +168,8 @@ def test_lowered_shared_offsets_are_the_tile_layout(st):
     puts each element where T.ST.byte_offset (the TMA pattern) says: unswizzled
     tiles of any width (48, 80 columns: one block per row), swizzled ones of
     several column blocks."""
-    got = lowered_offsets(st)
+    from lowering_jit import shared_offsets
+    got = shared_offsets(st)
     wrong = [(at, off, st.byte_offset(*at)) for at, off in got.items()
              if off != st.byte_offset(*at)]
     assert not wrong, wrong[:4]

@@ -81,6 +81,32 @@ def test_other_layouts_and_dtypes_keep_plain_shared_accesses(kw, store):
     assert "stmatrix" not in ptx and "ldmatrix" not in ptx
 
 
+@pytest.mark.parametrize("name, rows, cols, swizzle, scope",
+                         [("row", 64, 64, 128, "warpgroup"), ("col", 64, 64, 64, "warpgroup"),
+                          ("row", 64, 80, 32, "warpgroup"), ("row", 64, 48, 0, "warpgroup"),
+                          ("row", 128, 64, 128, "block"), ("col", 48, 64, 32, "warp")])
+def test_every_lane_addresses_its_rows(name, rows, cols, swizzle, scope):
+    """The lowered addresses, JIT-compiled on the CPU for every (lane, warp):
+    lane l of an x4 stmatrix/ldmatrix gives row l % 8 of matrix l // 8 (the
+    register pair r0 + 2(l // 8)), and each plain access the element its first
+    register holds; both by the tile's byte layout (T.ST.byte_offset)."""
+    from tk_mlir.dialects import layout as layouts, types as T
+    from lowering_jit import access_offsets
+    st = T.ST("bf16", rows, cols, swizzle)
+    layout = layouts.tile_layout(name, rows, cols, T.scope_warps(scope, 4))
+    pieces, offsets = access_offsets(st, layout, scope, matrices=True)
+    assert pieces and all(n == 8 for _, n, _ in pieces) and \
+        {trans for _, _, trans in pieces} == {name == "col"}
+    for (r0, n, _), got in zip(pieces, offsets):
+        for (lane, warp), offset in got.items():
+            row, col = layout.position(r0 + 2 * (lane // 8), 0, warp)
+            assert offset == st.byte_offset(row + lane % 8, col), (r0, lane, warp)
+    pieces, offsets = access_offsets(st, layout, scope, matrices=False)
+    for (r0, _, _), got in zip(pieces, offsets):
+        for (lane, warp), offset in got.items():
+            assert offset == st.byte_offset(*layout.position(r0, lane, warp)), (r0, lane, warp)
+
+
 CASES = [dict(), dict(SWIZZLE=0), dict(SWIZZLE=32), dict(SWIZZLE=64),
          dict(LAYOUT="col"), dict(LAYOUT="col", SWIZZLE=64),
          dict(SCOPE="warp", ROWS=16, COLS=128), dict(SCOPE="block", ROWS=128, COLS=64),
