@@ -637,6 +637,54 @@ def test_a_signal_before_a_tma_store_is_complete_publishes_nothing(monkeypatch):
 
 
 @tk.kernel(num_warps=4)
+def tma_read_then_reuse(X: tk.gl, C: tk.gl, F: tk.gl["i32"], EARLY: tk.constexpr = True):
+    """Block 0 TMA-loads X's tile into shared memory and copies it to C, and
+    signals F; block 1 waits for F and overwrites X. EARLY: the signal comes
+    between the load's issue and the wait for its phase (the load may still
+    be reading X when block 1 writes it)."""
+    s = tk.shared_tile(X.dtype, (64, 64), swizzle=128)
+    full = tk.semaphore()
+    if tk.block_id(0) == 0:
+        if tk.elect_leader("warpgroup"):
+            tk.tma.expect(full, s)
+            tk.tma.load_async(s, X, (0, 0), full)                  # MARK: tma load
+            if EARLY:
+                tk.signal(F, (0,), scope="gpu")
+        tk.wait(full, 0)
+        if not EARLY:
+            if tk.elect_leader("warpgroup"):
+                tk.signal(F, (0,), scope="gpu")
+        tk.store(C, tk.load(s, layout="row", scope="warpgroup").to(f32), (0, 0))
+    else:
+        tk.wait_signal(F, (0,), 1, scope="gpu")
+        tk.store(X, tk.zeros((64, 64), X.dtype), (0, 0))          # MARK: overwrite
+
+
+def test_a_tma_loads_read_is_done_when_its_phase_is():
+    """A TMA load reads global memory until its semaphore phase completes: a
+    signal before the wait does not order the read before another block's
+    write; after the wait it does."""
+    import tk_mlir.interpreter as interpreter
+    x = torch.randn(64, 64).to(torch.bfloat16)
+
+    def run(early, seed=0):
+        c = torch.zeros(64, 64)
+        interpreter.SEED = seed
+        try:
+            tma_read_then_reuse.interpret[(2,)](x.clone(), c, torch.zeros(4, dtype=torch.int32),
+                                                EARLY=early)
+        finally:
+            interpreter.SEED = 0
+        return c
+    with pytest.raises(InterpretError) as e:
+        run(True)
+    assert e.value.line == line_of("MARK: overwrite"), e.value.message
+    assert f":{line_of('MARK: tma load')}" in e.value.message, e.value.message
+    for seed in range(3):
+        assert torch.equal(run(False, seed), x.float())
+
+
+@tk.kernel(num_warps=4)
 def signals(A: tk.gl, C: tk.gl):
     """Warp 0 signals sem three times, then done; warp 1 waits for done and
     then for sem's first phase — by then two more phases went by."""

@@ -147,8 +147,10 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
     _check(loc, block.shadow.write(dst, w.index if own else 0, seen, at, "this TMA load",
                                    slot=s.slot, epoch=epoch))
     flight = block.shadow.start("TMA load", dst, at, writes=True)
-    data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0,
-                    by=(w.block.global_order([w.index]), at, loc))
+    order = w.block.global_order([w.index])
+    if own:     # the read is done once the phase is: stamped by the semaphore's slot
+        order = order.stamped(((s.slot, epoch),))
+    data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(order, at, loc))
     clock[s.slot] = max(clock[s.slot], epoch)
     s.loads.append(at)
     s.loads_in_flight += 1

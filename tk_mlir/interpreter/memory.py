@@ -179,7 +179,8 @@ class GlobalArray:
         if late is not None:
             element, (adder, add_at, stamp) = late
             if adder == order.name:
-                return self._within_block("writes", element, at, "added into", add_at, stamp)
+                return self._within_block(order, "writes", element, at, "added into", add_at,
+                                          stamp)
             return (f"block {order.name} writes element {element} of argument {self.name!r} "
                     f"(at {at}), which block {adder} adds into (at {add_at}) with nothing "
                     f"ordering the two, so the add may come before or after the write; make "
@@ -189,7 +190,8 @@ class GlobalArray:
         if late is not None:
             element, (reader, read_at, stamp) = late
             if reader == order.name:
-                return self._within_block("writes", element, at, "read", read_at, stamp)
+                return self._within_block(order, "writes", element, at, "read", read_at,
+                                          stamp)
             return (f"block {order.name} writes element {element} of argument {self.name!r}, "
                     f"which block {reader} read (at {read_at}) with nothing ordering that read "
                     f"before this write, so it may read either value (as when a wait lets it "
@@ -199,13 +201,13 @@ class GlobalArray:
         self.writes.record(dst, order, at)
         return None
 
-    def _within_block(self, verb: str, element, at: str, did: str, then: str,
+    def _within_block(self, order, verb: str, element, at: str, did: str, then: str,
                       stamp: tuple) -> str:
-        """An access of `element` at `at` that another access of its own block
-        (by the warps of `stamp`, at `then`) is not ordered before."""
-        warps = ", ".join(str(w) for w, _ in stamp)
+        """An access of `element` at `at` by `order`'s warps that another
+        access of its own block (stamped `stamp`, at `then`) is not ordered
+        before."""
         return (f"data race in global memory: the code at {at} {verb} element {element} of "
-                f"argument {self.name!r}, which warp{'s' if len(stamp) > 1 else ''} {warps} of "
+                f"argument {self.name!r}, which {order.who(stamp)} of "
                 f"the same block {did} at {then} with nothing ordering the two: a barrier "
                 f"(tk.barrier(), tk.named_barrier) or a semaphore that both sides meet between "
                 f"them orders them, or a tk.signal after the first (once all its warps are "
@@ -221,7 +223,8 @@ class GlobalArray:
         if late is not None:
             element, (writer, written_at, stamp) = late
             if writer == order.name:
-                return self._within_block("adds into", element, at, "wrote", written_at, stamp)
+                return self._within_block(order, "adds into", element, at, "wrote",
+                                          written_at, stamp)
             return (f"block {order.name} adds into element {element} of argument "
                     f"{self.name!r} (at {at}), which block {writer} wrote (at {written_at}) "
                     f"with nothing ordering the two, so the write may come after the add and "
@@ -231,7 +234,8 @@ class GlobalArray:
         if late is not None:
             element, (reader, read_at, stamp) = late
             if reader == order.name:
-                return self._within_block("adds into", element, at, "read", read_at, stamp)
+                return self._within_block(order, "adds into", element, at, "read", read_at,
+                                          stamp)
             return (f"block {order.name} adds into element {element} of argument "
                     f"{self.name!r} (at {at}), which block {reader} read (at {read_at}) with "
                     f"nothing ordering that read before this add, so it may read the value "
@@ -248,8 +252,8 @@ class GlobalArray:
         if late is not None:
             element, (writer, written_at, stamp) = late
             if writer == order.name:
-                raise error(loc, self._within_block("reads", element, at, "wrote", written_at,
-                                                    stamp))
+                raise error(loc, self._within_block(order, "reads", element, at, "wrote",
+                                                    written_at, stamp))
             raise error(loc, f"block {order.name} reads element {element} of argument "
                              f"{self.name!r}, which block {writer} wrote (at {written_at}) with "
                              f"nothing ordering that write before this read: the writer must "
@@ -262,7 +266,7 @@ class GlobalArray:
         if late is not None:
             element, (adder, added_at, stamp) = late
             if adder == order.name:
-                raise error(loc, self._within_block("reads", element, at, "added into",
+                raise error(loc, self._within_block(order, "reads", element, at, "added into",
                                                     added_at, stamp))
             raise error(loc, f"block {order.name} reads element {element} of argument "
                              f"{self.name!r}, which block {adder} adds into (at {added_at}: "

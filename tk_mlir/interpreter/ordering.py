@@ -41,13 +41,15 @@ scope="warp" in a larger block, all store it: the same values).
 A TMA store's (or reduce-add's) write is stamped when it completes, at the
 tk.tma.store_wait(..., read=False) that covers it: until then (a wait with
 read=True only frees its shared source) no access is ordered after it, so a
-signal given before that wait does not publish it.
+signal given before that wait does not publish it. A TMA load's read is
+stamped with its semaphore's clock slot and the phase it completes: what is
+ordered after a wait for that phase is ordered after the read (a signal
+before the wait, or the issuing warp's own write before it, is not).
 
 What it misses (each a race it does not report; it reports none that the
 program orders): within one block, accesses that share a warp (a tile op
 of a warpgroup, then another of the same warpgroup that threads read
-differently); a TMA load counts as read when issued, not when complete;
-only the last reader of an element is kept. Adds (tk.atomic_add, TMA
+differently); only the last reader of an element is kept. Adds (tk.atomic_add, TMA
 reduce-add) are stamped like writes but need no order among themselves: a
 read or plain write of an element another block adds into must be ordered
 after the add, as after a write (memory.GlobalArray.adds); as of readers,
@@ -70,9 +72,10 @@ class BlockOrder:
 
     def release(self, warp: int, clock) -> dict:
         """What a signal by `warp`, whose vector clock is `clock`, publishes:
-        its knowledge, and its own block's warps' times it is ordered after."""
+        its knowledge, and its own block's warps' times (and semaphores'
+        phases) it is ordered after."""
         published = dict(self.known[warp])
-        for other in range(len(self.known)):
+        for other in range(len(clock)):         # its warps, then its semaphores' phases
             published[self.name, other] = int(clock[other])
         return published
 
@@ -100,7 +103,8 @@ class BlockOrder:
         block's vector clocks: stamped with each one's time, ordered after
         another access only when every one of them is."""
         return OrderView(self.name, tuple((w, int(clocks[w, w])) for w in warps),
-                         [self.known[w] for w in warps], [clocks[w].copy() for w in warps])
+                         [self.known[w] for w in warps], [clocks[w].copy() for w in warps],
+                         len(self.known))
 
 
 PENDING = 2 ** 62       # a warp time no clock reaches: a TMA write not yet complete
@@ -109,17 +113,31 @@ PENDING = 2 ** 62       # a warp time no clock reaches: a TMA write not yet comp
 class OrderView:
     """What memory.GlobalArray asks of an accessor: its block's name, its
     warps' times (`stamp`), and whether it is ordered after a stamp."""
-    __slots__ = ("name", "stamp", "_known", "_clocks")
+    __slots__ = ("name", "stamp", "_known", "_clocks", "_warps")
 
-    def __init__(self, name, stamp: tuple, known: list, clocks: list):
+    def __init__(self, name, stamp: tuple, known: list, clocks: list, warps: int):
         self.name, self.stamp, self._known, self._clocks = name, stamp, known, clocks
+        self._warps = warps         # the block's: clock slots from there are its semaphores'
+
+    def who(self, stamp: tuple) -> str:
+        """Who made an access of this block stamped `stamp`, in words."""
+        warps = [w for w, _ in stamp if w < self._warps]
+        if not warps:
+            return "a TMA load (its phase not waited for here)"
+        return f"warp{'s' if len(warps) > 1 else ''} {', '.join(map(str, warps))}"
 
     def pending(self) -> "OrderView":
         """This view with its warps' times not yet reached: the stamp of a TMA
         write until a store_wait(read=False) completes it (`completed`), which
         nothing is ordered after."""
-        return OrderView(self.name, tuple((w, PENDING) for w, _ in self.stamp), self._known,
-                         self._clocks)
+        return self.stamped(tuple((w, PENDING) for w, _ in self.stamp))
+
+    def stamped(self, stamp: tuple) -> "OrderView":
+        """This view (its warps' knowledge) recording accesses as `stamp`: a
+        TMA load's read as (its semaphore's clock slot, the phase it
+        completes), so what is ordered after the read is what is ordered
+        after a wait for that phase."""
+        return OrderView(self.name, stamp, self._known, self._clocks, self._warps)
 
     def after(self, name, stamp: tuple) -> bool:
         """Whether these warps are all ordered after the access of block
