@@ -15,7 +15,7 @@ from mlir.passmanager import PassManager
 
 from tk_mlir.lowering import memory
 from tk_mlir.lowering.context import LoweringContext
-from tk_mlir.lowering.fragments import SharedRef
+from tk_mlir.lowering.fragments import GlobalRef, SharedRef
 
 _TO_LLVM = "builtin.module(convert-arith-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts)"
 
@@ -24,6 +24,7 @@ class Threads:
     """What address lowering asks of a LoweringContext: this thread's lane and
     warp (within the tile's scope), here two i32 arguments."""
     thread_position = LoweringContext.thread_position
+    is_first_replica = LoweringContext.is_first_replica
 
     def __init__(self, lane: ir.Value, warp: ir.Value):
         self._lane, self._warp = lane, warp
@@ -70,6 +71,19 @@ def run_i32_functions(count: int, body, calls) -> list[dict]:
         return results
 
 
+def _count(accesses) -> int:
+    """How many accesses `accesses(threads)` builds (in a throwaway module)."""
+    with _no_asm(), ir.Context(), ir.Location.unknown():
+        module = ir.Module.create()
+        i32 = ir.IntegerType.get_signless(32)
+        with ir.InsertionPoint(module.body):
+            f = func.FuncOp("count", ([i32, i32], []))
+            with ir.InsertionPoint(f.add_entry_block()):
+                count = len(accesses(Threads(*f.arguments)))
+                func.ReturnOp([])
+    return count
+
+
 def shared_offsets(st) -> dict:
     """memory.swizzled_offset for tile type `st` at every element: (row, col) -> bytes."""
     i64 = lambda: ir.IntegerType.get_signless(64)          # noqa: E731
@@ -102,13 +116,44 @@ def access_offsets(st, layout, scope: str, matrices: bool):
             pieces.extend(p[:3] for p in found)
         return llvm.ptrtoint(ir.IntegerType.get_signless(64), found[j][3])
 
-    with _no_asm(), ir.Context(), ir.Location.unknown():     # how many accesses
-        module = ir.Module.create()
-        i32 = ir.IntegerType.get_signless(32)
-        with ir.InsertionPoint(module.body):
-            f = func.FuncOp("count", ([i32, i32], []))
-            with ir.InsertionPoint(f.add_entry_block()):
-                count = len(accesses(Threads(*f.arguments)))
-                func.ReturnOp([])
+    count = _count(accesses)
     calls = [(lane, warp) for lane in range(32) for warp in range(1 << len(layout.warp))]
     return pieces, run_i32_functions(count, body, calls)
+
+
+def global_pieces(gl, layout, scope: str, coords: tuple, strides: tuple):
+    """The pieces a fragment in `layout` stored at tile coordinates `coords` of
+    a tensor of type gl (its shape, row strides `strides` in elements) makes:
+    (pieces (first register, registers), per piece {(lane, warp): (byte
+    offset, in bounds)}), from memory.global_pieces' IR."""
+    from mlir.dialects import arith
+    from tk_mlir.lowering.fragments import Fragment
+
+    def pieces(ctx):
+        i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+        g = GlobalRef(llvm.mlir_zero(ir.Type.parse("!llvm.ptr<1>")),
+                      [arith.constant(i32, d) for d in gl.shape],
+                      [arith.constant(i64, s) for s in strides], gl)
+        frag = Fragment([None] * layout.num_regs, layout, gl.dtype, scope)
+        at = [arith.constant(i32, c) for c in coords]
+        return list(memory.global_pieces(ctx, g, frag, at))
+
+    found = []
+
+    def body(j, lane, warp):
+        i64 = ir.IntegerType.get_signless(64)
+        got = pieces(Threads(lane, warp))
+        if not found:
+            found.extend((r0, n) for r0, n, _, _ in got)
+        r0, n, addr, conds = got[j]
+        ok = conds[0] if conds else arith.constant(ir.IntegerType.get_signless(1), 1)
+        for c in conds[1:]:
+            ok = arith.andi(ok, c)
+        # (offset << 1) | in-bounds, in one i64
+        return arith.ori(arith.shli(llvm.ptrtoint(i64, addr), arith.constant(i64, 1)),
+                         arith.extui(i64, ok))
+
+    count = _count(pieces)
+    calls = [(lane, warp) for lane in range(32) for warp in range(1 << len(layout.warp))]
+    results = run_i32_functions(count, body, calls)
+    return found, [{k: (v >> 1, bool(v & 1)) for k, v in r.items()} for r in results]

@@ -1106,3 +1106,36 @@ def test_lowering_resumes_from_parsed_tk_ir(kernel):
         lowered = lower(ir.Module.parse(original["tk"]))
     for name, text in lowered.stages.items():
         assert text == original[name], f"stage {name} differs"
+
+
+# ------------------------------------------- global addresses, run on the CPU
+
+@pytest.mark.parametrize("name, dtype, scope, shape, strides, coords", [
+    ("row", "bf16", "warpgroup", (100, 72), (80,), (1, 1)),         # a partial edge tile
+    ("vec", "f32", "block", (3, 50, 40), (4000, 48), (2, 0, 0)),     # rows past 50, cols past 40
+    ("col", "bf16", "warpgroup", (3, 64, 256), (16384, 256), (3, 0, 1)),   # batch 3 of 3: out
+    ("row", "f16", "warp", (16, 64), (64,), (0, 0)),
+])
+def test_global_tile_pieces_address_their_elements(name, dtype, scope, shape, strides, coords):
+    """memory.global_pieces' IR, JIT-compiled on the CPU for every (lane,
+    warp): each piece addresses the element its first register holds (row
+    strides from the tensor), and is in bounds exactly when that element is
+    inside the tensor (outer coordinates included)."""
+    from lowering_jit import global_pieces
+    from tk_mlir.dialects import layout as layouts, types as T
+    tile = (64, 64) if scope != "warp" else (16, 64)
+    warps = T.scope_warps(scope, 4)
+    layout = layouts.tile_layout(name, *tile, warps)
+    gl = T.GL(dtype, shape)
+    pieces, results = global_pieces(gl, layout, scope, coords, strides)
+    outer, (ti, tj) = coords[:-2], coords[-2:]
+    for (r0, _), got in zip(pieces, results):
+        for (lane, warp), (offset, ok) in got.items():
+            row, col = layout.position(r0, lane, warp)
+            row, col = ti * tile[0] + row, tj * tile[1] + col
+            at = (*outer, row, col)
+            inside = all(0 <= c < d for c, d in zip(at, shape))
+            assert ok == inside, (r0, lane, warp, at)
+            if inside:
+                elements = sum(c * s for c, s in zip(at[:-1], strides)) + col
+                assert offset == elements * T.itemsize(dtype), (r0, lane, warp, at)
