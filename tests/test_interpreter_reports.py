@@ -31,20 +31,26 @@ def inputs(rows=64 * TILES):
     return a, torch.full((rows, 64), float("nan"))
 
 
+def interpret_at(seed, kernel, *args, grid=(1,), **kwargs) -> None:
+    """kernel.interpret[grid](*args, **kwargs) under the interpreter's seed
+    `seed` (its interleaving of warps)."""
+    import tk_mlir.interpreter as interpreter
+    interpreter.SEED = seed
+    try:
+        kernel.interpret[grid](*args, **kwargs)
+    finally:
+        interpreter.SEED = 0
+
+
 def report(kernel, *args, seeds=range(3), same_line=True, **kwargs) -> InterpretError:
     """The InterpretError the kernel raises under every seed (at the same line
     under each, unless same_line=False: which of two racing sides is seen
     first depends on the interleaving)."""
-    import tk_mlir.interpreter as interpreter
     found = []
     for seed in seeds:
         with pytest.raises(InterpretError) as e, warnings.catch_warnings():
             warnings.simplefilter("ignore", tk.TkLintWarning)
-            interpreter.SEED = seed
-            try:
-                kernel.interpret[(1,)](*args, **kwargs)
-            finally:
-                interpreter.SEED = 0
+            interpret_at(seed, kernel, *args, **kwargs)
         found.append(e.value)
     if same_line:
         assert len({(x.filename, x.line) for x in found}) == 1, [str(x) for x in found]
@@ -94,13 +100,8 @@ def ring_by_hand(A: tk.gl, C: tk.gl, BUG: tk.constexpr = ""):
 
 def runs_under_seeds(kernel, a, c, seeds=range(3)) -> None:
     """kernel(a, c) interprets without a report under each seed, c = a."""
-    import tk_mlir.interpreter as interpreter
     for seed in seeds:
-        interpreter.SEED = seed
-        try:
-            kernel.interpret[(1,)](a, c)
-        finally:
-            interpreter.SEED = 0
+        interpret_at(seed, kernel, a, c)
         assert torch.equal(c, a.float())
 
 
@@ -575,16 +576,11 @@ def test_a_global_race_within_one_block_is_reported():
     assert "data race in global memory" in e.message and e.line in (w, r), e.message
     assert f":{w if e.line == r else r}" in e.message and "same block" in e.message, e.message
     assert "tk.named_barrier" in e.message
-    import tk_mlir.interpreter as interpreter
     for order in ("barrier", "flag"):
         for seed in range(4):
             c = torch.zeros(64, 64)
-            interpreter.SEED = seed
-            try:
-                global_handoff.interpret[(1,)](a, torch.zeros(64, 64), c,
-                                               torch.zeros(4, dtype=torch.int32), ORDER=order)
-            finally:
-                interpreter.SEED = 0
+            interpret_at(seed, global_handoff, a, torch.zeros(64, 64), c,
+                         torch.zeros(4, dtype=torch.int32), ORDER=order)
             assert torch.equal(c, a), order
 
 
@@ -613,7 +609,6 @@ def test_a_signal_before_a_tma_store_is_complete_publishes_nothing(monkeypatch):
     reader's read. (tk-verify refuses this kernel at compile time when it can
     see it, passes/signal_order.py; without that check — as for orders the
     check cannot follow — the interpreter reports it at the read.)"""
-    import tk_mlir.interpreter as interpreter
     from tk_mlir.passes import verify
     a = torch.randint(-8, 8, (64, 64)).float()
     args = (a, torch.zeros(64, 64), torch.zeros(64, 64), torch.zeros(4, dtype=torch.int32))
@@ -627,12 +622,8 @@ def test_a_signal_before_a_tma_store_is_complete_publishes_nothing(monkeypatch):
     assert "tk.tma.store_wait(0, read=False)" in e.value.message, e.value.message
     for seed in range(3):
         c = torch.zeros(64, 64)
-        interpreter.SEED = seed
-        try:
-            tma_publish.interpret[(2,)](a, torch.zeros(64, 64), c,
-                                        torch.zeros(4, dtype=torch.int32), FULL=True)
-        finally:
-            interpreter.SEED = 0
+        interpret_at(seed, tma_publish, a, torch.zeros(64, 64), c,
+                     torch.zeros(4, dtype=torch.int32), grid=(2,), FULL=True)
         assert torch.equal(c, a)
 
 
@@ -664,17 +655,12 @@ def test_a_tma_loads_read_is_done_when_its_phase_is():
     """A TMA load reads global memory until its semaphore phase completes: a
     signal before the wait does not order the read before another block's
     write; after the wait it does."""
-    import tk_mlir.interpreter as interpreter
     x = torch.randn(64, 64).to(torch.bfloat16)
 
     def run(early, seed=0):
         c = torch.zeros(64, 64)
-        interpreter.SEED = seed
-        try:
-            tma_read_then_reuse.interpret[(2,)](x.clone(), c, torch.zeros(4, dtype=torch.int32),
-                                                EARLY=early)
-        finally:
-            interpreter.SEED = 0
+        interpret_at(seed, tma_read_then_reuse, x.clone(), c, torch.zeros(4, dtype=torch.int32),
+                     grid=(2,), EARLY=early)
         return c
     with pytest.raises(InterpretError) as e:
         run(True)
