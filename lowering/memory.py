@@ -314,20 +314,18 @@ def _xor_offsets(t, layout, starts: tuple[int, ...]) -> tuple[tuple[int, ...], b
     coordinates (power-of-two sides, the XOR swizzle) and a thread's bits and
     a register's do not meet: then a store or load of a tile needs one
     address register, not one per access. Checked thread by thread."""
-    positions = {tuple(layout.reg_position(r)) for r in starts}
-    consts = {r: _byte_offset(t, tuple(layout.reg_position(r))) for r in starts}
-    used = functools.reduce(lambda a, b: a | b, consts.values(), 0)
+    const = {q: _byte_offset(t, q) for q in map(layout.reg_position, starts)}
+    used = functools.reduce(lambda a, b: a | b, const.values(), 0)
     disjoint = True
     for lane in range(32):
         for warp in range(1 << len(layout.warp)):
             p = layout.position(0, lane, warp)          # (register 0 sits at the origin)
             base = _byte_offset(t, p)
             disjoint = disjoint and not base & used
-            for q in positions:
-                if _byte_offset(t, tuple(a + b for a, b in zip(p, q))) != \
-                        base ^ _byte_offset(t, q):
+            for q, c in const.items():
+                if _byte_offset(t, tuple(a + b for a, b in zip(p, q))) != base ^ c:
                     return None
-    return tuple(consts[r] for r in starts), disjoint
+    return tuple(const[layout.reg_position(r)] for r in starts), disjoint
 
 
 # ldmatrix/stmatrix move 8x8 matrices of 16-bit elements, a matrix per pair
