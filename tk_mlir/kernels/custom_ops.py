@@ -235,23 +235,22 @@ def _(dc, a, b, sizes, b_layout, need_a, need_b):
 def _grouped_setup_context(ctx, inputs, output):
     a, b, sizes, b_layout = inputs[:4]
     ctx.save_for_backward(a, b, sizes)
-    ctx.b_layout = b_layout
+    ctx.options = (b_layout,)
 
 
-def _grouped_backward(ctx, dc, grads=None):
-    """(da, db, None...) for the inputs that need them (`grads`: the op, or
-    under EagerGroupedMatmul grouped_gemm's own function)."""
-    a, b, sizes = ctx.saved_tensors
+def _grouped_backward(ctx, dc, grads):
+    """(da, db, None...) of a grouped product (grouped_matmul, grouped_mm),
+    each for an input that needs it: grads(dc, *saved tensors, *ctx.options,
+    need_a, need_b) — the op's grads op, or under an eager autograd.Function
+    grouped_gemm's own function."""
     need_a, need_b = ctx.needs_input_grad[:2]
-    if grads is None:
-        da, db = grouped_matmul_grads(dc, a, b, sizes, ctx.b_layout, need_a, need_b)
-    else:
-        da, db = grads(dc, a, b, sizes, ctx.b_layout, need_a, need_b)
+    da, db = grads(dc, *ctx.saved_tensors, *ctx.options, need_a, need_b)
     return ((da if need_a else None), (db if need_b else None)) + \
         (None,) * (len(ctx.needs_input_grad) - 2)
 
 
-grouped_matmul.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+grouped_matmul.register_autograd(functools.partial(_grouped_backward, grads=grouped_matmul_grads),
+                                 setup_context=_grouped_setup_context)
 
 
 class EagerGroupedMatmul(torch.autograd.Function):
@@ -308,21 +307,11 @@ def _(dc, a, b, offs, need_a, need_b):
 
 def _grouped_mm_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:3])
+    ctx.options = ()
 
 
-def _grouped_mm_backward(ctx, dc, grads=None):
-    """(da, db, None) for the inputs that need them (`grads`: the op, or under
-    EagerGroupedMm grouped_gemm's own function)."""
-    a, b, offs = ctx.saved_tensors
-    need_a, need_b = ctx.needs_input_grad[:2]
-    if grads is None:
-        da, db = grouped_mm_grads(dc, a, b, offs, need_a, need_b)
-    else:
-        da, db = grads(dc, a, b, offs, need_a, need_b)
-    return (da if need_a else None), (db if need_b else None), None
-
-
-grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup_context)
+grouped_mm.register_autograd(functools.partial(_grouped_backward, grads=grouped_mm_grads),
+                             setup_context=_grouped_mm_setup_context)
 
 
 class EagerGroupedMm(torch.autograd.Function):
@@ -337,7 +326,7 @@ class EagerGroupedMm(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, dc):
-        return _grouped_mm_backward(ctx, dc, grouped_gemm.ragged_grads)
+        return _grouped_backward(ctx, dc, grouped_gemm.ragged_grads)
 
 
 @torch.library.custom_op("tk_mlir::scaled_matmul", mutates_args=())
