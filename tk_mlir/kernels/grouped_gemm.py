@@ -301,20 +301,21 @@ def ragged_grads(dc, a, b, offs, need_a: bool = True, need_b: bool = True):
     last product), db[g] = a[rows of g]ᵀ @ dc[rows of g] (a new (G, K, N)
     tensor; zeros for a product without rows)."""
     dc = checks.kernel_operand(dc, a.dtype)
+    offs = checks.int32_table(offs.to(a.device, non_blocking=True))   # (once for both)
     da = ragged_launch(dc, b.transpose(1, 2), offs) if need_a else None
     return da, (ragged_weight_grad(a, dc, offs, b.shape[0]) if need_b else None)
 
 
 def ragged_weight_grad(a, dc, offs, G: int):
-    """ragged_weight_grad_kernel on checked arguments: the (G, K, N) tensor
-    of a[rows of g]ᵀ @ dc[rows of g], in a's dtype."""
+    """ragged_weight_grad_kernel on checked arguments (offs an int32 table on
+    a's device, checks.int32_table): the (G, K, N) tensor of a[rows of g]ᵀ @
+    dc[rows of g], in a's dtype."""
     import torch
     T, K = a.shape
     N = dc.shape[1]
     db = torch.empty((G, K, N), dtype=a.dtype, device=a.device)
     if not (T and K and N and G):
         return db.zero_()
-    offs = checks.int32_table(offs.to(a.device, non_blocking=True))
     ragged_weight_grad_kernel[(num_sms(a.get_device()),)](
         checks.kernel_operand(a), dc, db, offs, BN=256 if N > 128 else 128)
     return db
