@@ -28,6 +28,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks
+from tk_mlir.kernels.device import num_sms
 
 FEATURE_MAPS = (None, "elu1", "relu", "taylor2")   # taylor2: taylor_linear_attention.py
 # The MMA operands and the state's copies in shared memory, whatever the
@@ -36,6 +37,9 @@ FEATURE_MAPS = (None, "elu1", "relu", "taylor2")   # taylor2: taylor_linear_atte
 OPERAND = tk.bf16
 EPS = 1e-6
 C = 64                  # tokens per chunk
+# Blocks per SM a sequence's segments aim for: the forward kernel's registers
+# (194 at D_k=64) hold two per SM, and a second wave covers the first's tail.
+BLOCKS_PER_SM = 4
 
 
 @tk.func
@@ -118,23 +122,45 @@ def denominator(qz, a_sum):
 
 
 @tk.func
-def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL, INITIAL):
+def segment(N, SEG):
+    """(batch, segment, first chunk, one past its last chunk) of this block:
+    a segment is SEG chunks of a sequence, and block_id(2) = b·segments + s."""
+    chunks = tk.cdiv(N, C)
+    segments = tk.cdiv(chunks, SEG)
+    s = tk.block_id(2) % segments
+    return tk.block_id(2) // segments, s, s * SEG, min(s * SEG + SEG, chunks)
+
+
+@tk.func
+def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP):
+    """S + Σ φ(K_c)ᵀ V_c and Z + Σ φ(K_c)ᵀ·1 over chunks lo .. hi-1 (`ones`
+    filled; the warpgroup's MMAs on ks and vs complete when it returns)."""
+    for c in range(lo, hi):
+        load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        S = tk.mma_AtB(S, ks, vs)
+        Z = tk.mma_AtB(Z, ks, ones)
+        tk.mma_wait(0)
+        tk.barrier()
+    return S, Z
+
+
+@tk.func
+def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, CAUSAL,
+                INITIAL):
     """The state (S, Z) the first chunk's queries read, as accumulators and
-    published to ss, zhi + zlo: S0, Z0 (INITIAL) or zero, and, not causal,
-    every chunk's keys and values summed. Also fills `ones`."""
+    published to ss, zhi + zlo: with INITIAL, S0 and Z0's state s (causal:
+    the one before segment s; not causal: the whole sequence's, s = 0);
+    else zero, and, not causal, every chunk's keys and values summed. Also
+    fills `ones`."""
     tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
     S = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
     Z = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
     if INITIAL:
-        S = tk.load(S0, (b, h, 0, vb), (DK, 64), layout="row", scope="warpgroup")
-        Z = tk.load(Z0, (b, h, 0, 0), (DK, 16), layout="row", scope="warpgroup")
-    if not CAUSAL:           # every query sees the whole sequence's state
-        for c in range(tk.cdiv(K.shape[2], C)):
-            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
-            S = tk.mma_AtB(S, ks, vs)
-            Z = tk.mma_AtB(Z, ks, ones)
-            tk.mma_wait(0)
-            tk.barrier()
+        S = tk.load(S0, (b, h, s, vb), (DK, 64), layout="row", scope="warpgroup")
+        Z = tk.load(Z0, (b, h, s, 0), (DK, 16), layout="row", scope="warpgroup")
+    elif not CAUSAL:         # every query sees the whole sequence's state
+        S, Z = key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, 0, tk.cdiv(K.shape[2], C), DK,
+                        MAP)
     publish(ss, S)
     publish_split(zhi, zlo, Z)
     tk.barrier()
@@ -142,18 +168,42 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAU
 
 
 @tk.kernel(num_warps=4)
+def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.gl, SEG: int,
+                                         DK: tk.constexpr = 64, MAP: tk.constexpr = "none"):
+    """One segment's Σ φ(K_c)ᵀ V_c (V's 64 columns vb) and Σ φ(K_c)ᵀ·1 over
+    its SEG chunks, into SS (B, H, segments·DK, DV) and ZS (B, H,
+    segments·DK, 16) f32 (z in every column): what the segments after it
+    start from. K: (B, H, N, DK); V: (B, H, N, DV). Grid (DV / 64, H, B·segments)."""
+    vb, h = tk.block_id(0), tk.block_id(1)
+    b, s, lo, hi = segment(K.shape[2], SEG)
+    ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
+    S, Z = key_sums(K, V, ks, vs, ones, tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
+                    tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"), b, h, vb, lo, hi,
+                    DK, MAP)
+    tk.store(SS, S, (b, h, s, vb))
+    if vb == 0:
+        tk.store(ZS, Z, (b, h, s, 0))
+
+
+@tk.kernel(num_warps=4)
 def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z0: tk.gl,
-                            S1: tk.gl, Z1: tk.gl, scale: float, DK: tk.constexpr = 64,
-                            MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
-                            NORMALIZE: tk.constexpr = True, INITIAL: tk.constexpr = False,
-                            FINAL: tk.constexpr = False):
-    """O[..., 64·vb:64·vb+64] of linear attention for one (batch, head).
-    Q, K: (B, H, N, DK); V, O: (B, H, N, DV); S0, S1: (B, H, DK, DV) f32
-    states in and out (INITIAL / FINAL; any tensor otherwise, unread); Z0,
-    Z1: (B, H, DK, 16) f32, z repeated in every column. Grid (DV / 64, H, B)."""
-    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
-    N = Q.shape[2]
-    chunks = tk.cdiv(N, C)
+                            S1: tk.gl, Z1: tk.gl, scale: float, SEG: int,
+                            DK: tk.constexpr = 64, MAP: tk.constexpr = "none",
+                            CAUSAL: tk.constexpr = True, NORMALIZE: tk.constexpr = True,
+                            INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
+    """O[..., 64·vb:64·vb+64] of linear attention for one segment (SEG
+    chunks) of a (batch, head)'s sequence. Q, K: (B, H, N, DK); V, O: (B, H,
+    N, DV). With INITIAL, S0 (B, H, segments·DK, DV) and Z0 (B, H,
+    segments·DK, 16) f32 hold each segment's starting state (z in every
+    column; not causal: one state, the whole sequence's); without it a
+    segment starts from zero (causal: one segment only). FINAL (one
+    segment): the state after the last token into S1 (B, H, DK, DV), Z1 (B,
+    H, DK, 16); any tensors otherwise, unread. Grid (DV / 64, H, B·segments)."""
+    vb, h = tk.block_id(0), tk.block_id(1)
+    b, s, lo, hi = segment(Q.shape[2], SEG)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
@@ -161,9 +211,9 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
-    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
-                       INITIAL)
-    for c in range(chunks):
+    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
+                       DK, MAP, CAUSAL, INITIAL)
+    for c in range(lo, hi):
         if CAUSAL:      # first: its f32 tile is not live beside the queries' MMAs
             load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
         qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
@@ -247,47 +297,77 @@ def linear_attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, DEN: tk.gl, VB: t
     tk.store(DEN, oo, (b, h, 2 * VB, c))
 
 
+@tk.func
+def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE):
+    """dH + Σ φ(Q_c)ᵀ g_c and dZ + Σ φ(Q_c)ᵀ e_c over chunks lo .. hi-1: the
+    state gradient those chunks' queries send back to every key before them
+    (state_gradient_inputs' g and e; the MMAs complete when it returns)."""
+    for c in range(lo, hi):
+        state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE)
+        dH = tk.mma_AtB(dH, qs, gs)
+        if NORMALIZE:
+            dZ = tk.mma_AtB(dZ, qs, es)
+        tk.mma_wait(0)
+        tk.barrier()
+    return dH, dZ
+
+
 @tk.kernel(num_warps=4)
-def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
-                                     S0: tk.gl, Z0: tk.gl, dQ: tk.gl, dK: tk.gl, dV: tk.gl,
-                                     dS0: tk.gl, dZ0: tk.gl, DEN: tk.gl, scale: float,
-                                     DK: tk.constexpr = 64, DV: tk.constexpr = 64,
-                                     MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
-                                     NORMALIZE: tk.constexpr = True,
-                                     INITIAL: tk.constexpr = False):
-    """dq, dk, dv of linear_attention_kernel (and the initial state's dS0,
-    dZ0 with INITIAL), for the 64 columns vb of v. dQ, dK: (B, H, N, DK) f32,
-    zeroed: each of the DV/64 blocks of a head adds its share (atomic adds);
-    dV: (B, H, N, DV); dS0 (B, H, DK, DV), dZ0 (B, H, DK, 16) f32; DEN: (B,
-    H, 2·DV/64 + 1, N') f32 scratch (N' >= N a multiple of 64), its last row
-    dO·O per row (NORMALIZE: linear_attention_backward_prep_kernel's). Grid
-    (DV / 64, H, B).
+def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, SS: tk.gl,
+                                              ZS: tk.gl, scale: float, SEG: int,
+                                              DK: tk.constexpr = 64,
+                                              MAP: tk.constexpr = "none",
+                                              NORMALIZE: tk.constexpr = True):
+    """One segment's share of the state gradient, Σ φ(Q_c)ᵀ g_c (g: dO's 64
+    columns vb over den) and Σ φ(Q_c)ᵀ e_c, into SS (B, H, segments·DK, DV)
+    and ZS (B, H, segments·DK, 16) f32 (e/16 in every column): what the
+    reverse pass of the segments before it starts from. DEN as
+    linear_attention_dq_kernel left it. Grid (DV / 64, H, B·segments)."""
+    vb, h = tk.block_id(0), tk.block_id(1)
+    b, s, lo, hi = segment(Q.shape[2], SEG)
+    qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    dH, dZ = query_sums(Q, dO, DEN, qs, gs, es,
+                        tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
+                        tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"),
+                        b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE)
+    tk.store(SS, dH, (b, h, s, vb))
+    if vb == 0:         # (every block's dZ is the same: e is over all of dO's columns)
+        tk.store(ZS, dZ, (b, h, s, 0))
+
+
+@tk.kernel(num_warps=4)
+def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.gl, Z0: tk.gl,
+                               dQ: tk.gl, DEN: tk.gl, scale: float, SEG: int,
+                               DK: tk.constexpr = 64, DV: tk.constexpr = 64,
+                               MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
+                               NORMALIZE: tk.constexpr = True, INITIAL: tk.constexpr = False):
+    """The backward's pass in order over one segment of linear_attention_kernel
+    (the same S0, Z0, INITIAL and grid): dq, from the state before each
+    chunk, and each row's 1/den and dden into DEN for the reverse pass. dQ:
+    (B, H, N, DK) f32, zeroed: each of the DV/64 blocks of a head adds its
+    share (atomic adds); DEN: (B, H, 2·DV/64 + 1, N') f32 (N' >= N a
+    multiple of 64), its last row dO·O per row (NORMALIZE:
+    linear_attention_backward_prep_kernel's).
 
     With g = dO / den and e = -(dO·O) / den per row (g = dO, e = 0 without
     NORMALIZE), and dP = g·Vᵀ + e (masked causal): dφ(q) = dP·φ(K) + g·Sᵀ +
-    e·zᵀ over the state before the chunk, dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and
-    dv = Aᵀ·g + φ(K)·dH over the state's gradient after it (dH = Σ φ(q)·gᵀ,
-    dz = Σ e·φ(q)). e's terms are split evenly over the blocks (each adds 1/VB)."""
-    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    e·zᵀ. e's terms are split evenly over the blocks (each adds 1/VB)."""
+    vb, h = tk.block_id(0), tk.block_id(1)
+    b, s, lo, hi = segment(Q.shape[2], SEG)
     VB = DV // 64
     share = 1.0 / VB
-    N = Q.shape[2]
-    chunks = tk.cdiv(N, C)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
-    ps = tk.shared_tiles(OPERAND, (C, C), 2, swizzle=128)      # A and dP, for their transposes
-    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)        # S, then dH
+    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
-    es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
-    zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)        # z, then dz
+    zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
-    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, vb, DK, MAP, CAUSAL,
-                       INITIAL)
-
-    # dq, chunks in order: the state before each chunk.
-    for c in range(chunks):
+    S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
+                       DK, MAP, CAUSAL, INITIAL)
+    for c in range(lo, hi):
         if CAUSAL:
             load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
         qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
@@ -331,30 +411,60 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
             tk.mma_wait(0)
-        if CAUSAL:
             tk.barrier()
             publish(ss, S)
             publish_split(zhi, zlo, Z)
             tk.barrier()
 
-    # dk and dv, chunks in reverse: the state's gradient after each chunk
-    # (not causal: every chunk's, summed first).
+
+@tk.kernel(num_warps=4)
+def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk.gl,
+                                 HZ0: tk.gl, dK: tk.gl, dV: tk.gl, dS0: tk.gl, dZ0: tk.gl,
+                                 DEN: tk.gl, scale: float, SEG: int, DK: tk.constexpr = 64,
+                                 DV: tk.constexpr = 64, MAP: tk.constexpr = "none",
+                                 CAUSAL: tk.constexpr = True, NORMALIZE: tk.constexpr = True,
+                                 INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
+    """The backward's pass in reverse over one segment: dk and dv from the
+    state's gradient after each chunk, dH = Σ_later φ(q)·gᵀ and dz = Σ_later
+    e·φ(q) (DEN as linear_attention_dq_kernel left it). With INITIAL, H0
+    (B, H, segments·DK, DV) and HZ0 (B, H, segments·DK, 16) f32 hold the
+    gradient each segment starts from (causal: the segments' after it; not
+    causal: one, the whole sequence's; HZ0 with Σ φ(q)·e/16 in every column);
+    without it zero (causal: one segment) or, not causal, summed here.
+    FINAL (one segment): the initial state's gradient into dS0 (B, H, DK,
+    DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK) f32, zeroed (each block
+    of a head adds its share); dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
+
+    dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
+    split evenly over the blocks (each adds 1/VB)."""
+    vb, h = tk.block_id(0), tk.block_id(1)
+    b, s, lo, hi = segment(Q.shape[2], SEG)
+    VB = DV // 64
+    share = 1.0 / VB
+    ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
+    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    ps = tk.shared_tiles(OPERAND, (C, C), 2, swizzle=128)      # A and dP, for their transposes
+    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)        # dH
+    es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
+    zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)        # dz
+    zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     dH = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
     dZ = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
-    tk.barrier()
-    if not CAUSAL:
-        for c in range(chunks):
-            state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE)
-            dH = tk.mma_AtB(dH, qs, gs)
-            if NORMALIZE:
-                dZ = tk.mma_AtB(dZ, qs, es)
-            tk.mma_wait(0)
-            tk.barrier()
+    if INITIAL:
+        dH = tk.load(H0, (b, h, s if CAUSAL else 0, vb), (DK, 64), layout="row",
+                     scope="warpgroup")
+        dZ = tk.load(HZ0, (b, h, s if CAUSAL else 0, 0), (DK, 16), layout="row",
+                     scope="warpgroup")
+    elif not CAUSAL:
+        dH, dZ = query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, 0, tk.cdiv(Q.shape[2], C),
+                            scale, DK, MAP, NORMALIZE)
     publish(ss, dH)
     publish_split(zhi, zlo, dZ)
     tk.barrier()
-    for i in range(chunks):
-        c = chunks - 1 - i
+    for i in range(hi - lo):
+        c = hi - 1 - i
         qb, gb, e = state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP,
                                           NORMALIZE)
         load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
@@ -394,7 +504,7 @@ def linear_attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl,
             publish(ss, dH)
             publish_split(zhi, zlo, dZ)
             tk.barrier()
-    if INITIAL:         # every query after the initial state read it
+    if FINAL:           # every query after the initial state read it
         tk.store(dS0, dH, (b, h, 0, vb))
         if vb == 0:
             tk.store(dZ0, dZ * 16.0, (b, h, 0, 0))     # (each column holds 1/16)
@@ -502,6 +612,53 @@ def _columns(z):
     return z.unsqueeze(-1).expand(*z.shape, 16).contiguous()
 
 
+def segment_length(units: int, chunks: int, device: int) -> int:
+    """Chunks per segment, for `units` (batch, head, 64 columns of v) walks of
+    `chunks` chunks each: enough segments that the grid holds BLOCKS_PER_SM
+    blocks per SM, each walking its segment from the state its predecessors
+    summed (segment_states), where one walk per unit would leave SMs idle."""
+    segments = max(1, min(chunks, -(-BLOCKS_PER_SM * num_sms(device) // units)))
+    return -(-chunks // segments)
+
+
+def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
+    """Each segment's starting state for linear_attention_kernel's INITIAL:
+    (S (B, H, segments·D_k, D_v), Z (B, H, segments·D_k, 16)) f32, causal
+    the sums of the segments before it and the initial state, not causal
+    the whole sequence's (one state); and, causal, the final state (S (B, H,
+    D_k, D_v), Z (B, H, D_k, 16)), else None. The segments' own sums come
+    from linear_attention_segment_sums_kernel, their prefix from torch (f32)."""
+    import torch
+    B, N, H, DK = k.shape
+    DV = v.shape[3]
+    chunks = -(-N // C)
+    segments = -(-chunks // seg)
+    sums = k.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
+    zsums = k.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
+    linear_attention_segment_sums_kernel[(DV // 64, H, B * segments)](
+        _heads_first(k), _heads_first(v), sums.view(B, H, segments * DK, DV),
+        zsums.view(B, H, segments * DK, 16), seg, DK=DK, MAP=feature_map)
+    if not causal:
+        return sums.sum(2), zsums.sum(2), None
+    starts, s1 = _prefix(sums, s0)
+    zstarts, z1 = _prefix(zsums, None if z0 is None else _columns(z0))
+    return (starts.view(B, H, segments * DK, DV), zstarts.view(B, H, segments * DK, 16),
+            (s1, z1))
+
+
+def _prefix(sums, first):
+    """(each segment's start, the last one's end) of the per-segment sums
+    (B, H, segments, ...) that follow `first` (None: zero)."""
+    import torch
+    ends = sums.cumsum(2)
+    if first is not None:
+        ends += first[:, :, None]
+    starts = torch.empty_like(sums)
+    starts[:, :, 0] = 0.0 if first is None else first
+    starts[:, :, 1:] = ends[:, :, :-1]
+    return starts, ends[:, :, -1].contiguous()
+
+
 def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
     """(o, S, z) on checked tensors: o like v (contiguous), the final state
     (S (B, H, D_k, D_v), z (B, H, D_k) f32; empty when not causal)."""
@@ -513,11 +670,19 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
     z16 = q.new_empty((B, H, DK, 16) if causal else (0,), dtype=torch.float32)
     initial = s0 is not None
     if B and H and N:
-        z0_16 = _columns(z0) if initial else z16
-        linear_attention_kernel[(DV // 64, H, B)](
+        chunks = -(-N // C)
+        seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
+        if seg < chunks:            # several segments: each starts from its predecessors'
+            starts, zstarts, final = segment_states(k, v, s0, z0, feature_map, causal, seg)
+            if causal:
+                s1, z16 = final
+            initial = True
+        else:
+            starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (s1, z16)
+        linear_attention_kernel[(DV // 64, H, B * -(-chunks // seg))](
             _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
-            s0.contiguous() if initial else s1, z0_16, s1, z16, scale, DK=DK,
-            MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial, FINAL=causal)
+            starts, zstarts, s1, z16, scale, seg, DK=DK, MAP=feature_map, CAUSAL=causal,
+            NORMALIZE=normalize, INITIAL=initial, FINAL=causal and seg == chunks)
     elif causal and initial:            # no token: the state is the initial one
         s1.copy_(s0)
         z16.copy_(_columns(z0))
@@ -530,7 +695,8 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
 def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
              scale: float):
     """(dq, dk, dv, dS0, dz0) of `forward` given o and its gradient do (dS0,
-    dz0 None without an initial state)."""
+    dz0 None without an initial state): a pass in order (dq) and one in
+    reverse (dk, dv), each over `forward`'s segments."""
     import torch
     B, N, H, DK = q.shape
     DV = v.shape[3]
@@ -542,16 +708,33 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     dz16 = q.new_empty(B, H, DK, 16, dtype=torch.float32) if initial else None
     if B and H and N:
         do = checks.kernel_operand(do)
-        den = q.new_empty(B, H, 2 * DV // 64 + 1, -(-N // 64) * 64, dtype=torch.float32)
+        chunks = -(-N // C)
+        seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
+        grid = (DV // 64, H, B * -(-chunks // seg))
+        den = q.new_empty(B, H, 2 * DV // 64 + 1, chunks * C, dtype=torch.float32)
         if normalize:
-            linear_attention_backward_prep_kernel[(-(-N // 64), H, B)](
+            linear_attention_backward_prep_kernel[(chunks, H, B)](
                 _heads_first(o), _heads_first(do), den, VB=DV // 64)
-        z0_16 = _columns(z0) if initial else dq32
-        linear_attention_backward_kernel[(DV // 64, H, B)](
-            _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(do),
-            s0.contiguous() if initial else dq32, z0_16, dq32, dk32,
-            _heads_first(dv), ds0 if initial else dq32, dz16 if initial else dq32, den, scale,
-            DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial)
+        flags = dict(DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize)
+        heads = [_heads_first(t) for t in (q, k, v, do)]
+        if seg < chunks:
+            starts, zstarts, _ = segment_states(k, v, s0, z0, feature_map, causal, seg)
+        else:
+            starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (dq32, dq32)
+        linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq32, den, scale, seg,
+                                         INITIAL=initial or seg < chunks, **flags)
+        if seg < chunks:
+            ends, zends, totals = grad_states(q, do, den, feature_map, causal, normalize, scale,
+                                              seg, DV)
+            if initial:
+                ds0.copy_(totals[0])
+                dz16.copy_(totals[1] * 16.0)      # (each column holds 1/16)
+        else:
+            ends = zends = dq32
+        linear_attention_dkdv_kernel[grid](
+            *heads, ends, zends, dk32, _heads_first(dv), ds0 if initial else dq32,
+            dz16 if initial else dq32, den, scale, seg, INITIAL=seg < chunks,
+            FINAL=initial and seg == chunks, **flags)
     else:
         dv.zero_()
         if initial:
@@ -561,6 +744,31 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
               for t in (dq32, dk32))
     return dq, dk, dv, ds0, dz16[..., 0].contiguous() if initial else None
+
+
+def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, scale: float,
+                seg: int, DV: int):
+    """Each segment's starting state gradient for linear_attention_dkdv_kernel's
+    INITIAL: (dH (B, H, segments·D_k, D_v), dZ (B, H, segments·D_k, 16)) f32,
+    causal the sums of the segments after it, not causal the whole
+    sequence's; and the whole sequence's (dH (B, H, D_k, D_v), dZ (B, H,
+    D_k, 16)): the initial state's gradient."""
+    import torch
+    B, N, H, DK = q.shape
+    chunks = -(-N // C)
+    segments = -(-chunks // seg)
+    sums = q.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
+    zsums = q.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
+    linear_attention_segment_grad_sums_kernel[(DV // 64, H, B * segments)](
+        _heads_first(q), _heads_first(do), den, sums.view(B, H, segments * DK, DV),
+        zsums.view(B, H, segments * DK, 16), scale, seg, DK=DK, MAP=feature_map,
+        NORMALIZE=normalize)
+    if not causal:
+        total = sums.sum(2), zsums.sum(2)
+        return *total, total
+    (ends, total), (zends, ztotal) = (_prefix(t.flip(2), None) for t in (sums, zsums))
+    return (ends.flip(2).reshape(B, H, segments * DK, DV),
+            zends.flip(2).reshape(B, H, segments * DK, 16), (total, ztotal))
 
 
 # ------------------------------------------------------------------ decode
