@@ -189,6 +189,39 @@ def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.g
 
 
 @tk.kernel(num_warps=4)
+def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: tk.gl,
+                                           STARTS: tk.gl, ZSTARTS: tk.gl, S1: tk.gl,
+                                           Z1: tk.gl, SEGMENTS: int, DK: tk.constexpr = 64,
+                                           INITIAL: tk.constexpr = False,
+                                           REVERSE: tk.constexpr = False,
+                                           STORE_STARTS: tk.constexpr = True):
+    """Each segment's starting state from the segments' own sums (the sums
+    kernels' SS, ZS: (B, H, SEGMENTS·DK, DV) and (B, H, SEGMENTS·DK, 16)
+    f32): S0 (INITIAL: (B, H, DK, DV), Z0 (B, H, DK, 16)) plus the sums of
+    the segments before it (REVERSE: after it) into STARTS, ZSTARTS (shaped
+    as SS, ZS; with STORE_STARTS), and the sum of them all into S1, Z1
+    (shaped as S0, Z0). Grid (DV / 64, H, B)."""
+    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    S = tk.zeros((DK, 64), f32)
+    Z = tk.zeros((DK, 16), f32)
+    if INITIAL:
+        S = tk.load(S0, (b, h, 0, vb), (DK, 64))
+        Z = tk.load(Z0, (b, h, 0, 0), (DK, 16))
+    for i in range(SEGMENTS):
+        s = SEGMENTS - 1 - i if REVERSE else i
+        if STORE_STARTS:
+            tk.store(STARTS, S, (b, h, s, vb))
+        S = S + tk.load(SS, (b, h, s, vb), (DK, 64))
+        if vb == 0:
+            if STORE_STARTS:
+                tk.store(ZSTARTS, Z, (b, h, s, 0))
+            Z = Z + tk.load(ZS, (b, h, s, 0), (DK, 16))
+    tk.store(S1, S, (b, h, 0, vb))
+    if vb == 0:
+        tk.store(Z1, Z, (b, h, 0, 0))
+
+
+@tk.kernel(num_warps=4)
 def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z0: tk.gl,
                             S1: tk.gl, Z1: tk.gl, scale: float, SEG: int,
                             DK: tk.constexpr = 64, MAP: tk.constexpr = "none",
@@ -298,6 +331,17 @@ def linear_attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, DEN: tk.gl, VB: t
 
 
 @tk.func
+def put(G, g, at, VB):
+    """A gradient tile into G at tile coordinates `at`: stored in G's dtype
+    when one block owns it (VB = 1), else added into G (f32, zeroed) with
+    atomics, each of the VB blocks of v's columns adding its share."""
+    if VB == 1:
+        tk.store(G, g.to(G.dtype), at)
+    else:
+        tk.atomic_add(G, g, at)
+
+
+@tk.func
 def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE):
     """dH + Σ φ(Q_c)ᵀ g_c and dZ + Σ φ(Q_c)ᵀ e_c over chunks lo .. hi-1: the
     state gradient those chunks' queries send back to every key before them
@@ -346,8 +390,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     """The backward's pass in order over one segment of linear_attention_kernel
     (the same S0, Z0, INITIAL and grid): dq, from the state before each
     chunk, and each row's 1/den and dden into DEN for the reverse pass. dQ:
-    (B, H, N, DK) f32, zeroed: each of the DV/64 blocks of a head adds its
-    share (atomic adds); DEN: (B, H, 2·DV/64 + 1, N') f32 (N' >= N a
+    (B, H, N, DK), as `put` writes it; DEN: (B, H, 2·DV/64 + 1, N') f32 (N' >= N a
     multiple of 64), its last row dO·O per row (NORMALIZE:
     linear_attention_backward_prep_kernel's).
 
@@ -406,7 +449,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
                 dq = tk.mma_AB(dq, dPb, ks.column_block(j))
             tk.mma_wait(0)
             x = tk.load(Q, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32) * scale
-            tk.atomic_add(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, j))
+            put(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, j), VB)
         if CAUSAL:
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
@@ -432,8 +475,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     causal: one, the whole sequence's; HZ0 with Σ φ(q)·e/16 in every column);
     without it zero (causal: one segment) or, not causal, summed here.
     FINAL (one segment): the initial state's gradient into dS0 (B, H, DK,
-    DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK) f32, zeroed (each block
-    of a head adds its share); dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
+    DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK), as `put` writes it; dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
 
     dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
     split evenly over the blocks (each adds 1/VB)."""
@@ -492,7 +534,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
                 dk = tk.mma_ABt(dk, spread, zlo.subtile(j, 64))
             tk.mma_wait(0)
             x = tk.load(K, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32)
-            tk.atomic_add(dK, feature_grad(x, dk, MAP), (b, h, c, j))
+            put(dK, feature_grad(x, dk, MAP), (b, h, c, j), VB)
         tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
         if CAUSAL:
             dH = tk.mma_AtB(dH, qs, gs)
@@ -625,9 +667,9 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     """Each segment's starting state for linear_attention_kernel's INITIAL:
     (S (B, H, segments·D_k, D_v), Z (B, H, segments·D_k, 16)) f32, causal
     the sums of the segments before it and the initial state, not causal
-    the whole sequence's (one state); and, causal, the final state (S (B, H,
-    D_k, D_v), Z (B, H, D_k, 16)), else None. The segments' own sums come
-    from linear_attention_segment_sums_kernel, their prefix from torch (f32)."""
+    the whole sequence's (one state); and the final state (S (B, H, D_k,
+    D_v), Z (B, H, D_k, 16)). The segments' own sums come from
+    linear_attention_segment_sums_kernel, their prefix from _prefix."""
     import torch
     B, N, H, DK = k.shape
     DV = v.shape[3]
@@ -638,25 +680,25 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     linear_attention_segment_sums_kernel[(DV // 64, H, B * segments)](
         _heads_first(k), _heads_first(v), sums.view(B, H, segments * DK, DV),
         zsums.view(B, H, segments * DK, 16), seg, DK=DK, MAP=feature_map)
-    if not causal:
-        return sums.sum(2), zsums.sum(2), None
-    starts, s1 = _prefix(sums, s0)
-    zstarts, z1 = _prefix(zsums, None if z0 is None else _columns(z0))
-    return (starts.view(B, H, segments * DK, DV), zstarts.view(B, H, segments * DK, 16),
-            (s1, z1))
+    return _prefix(sums, zsums, None if s0 is None else s0.contiguous(),
+                   None if z0 is None else _columns(z0), causal)
 
 
-def _prefix(sums, first):
-    """(each segment's start, the last one's end) of the per-segment sums
-    (B, H, segments, ...) that follow `first` (None: zero)."""
-    import torch
-    ends = sums.cumsum(2)
-    if first is not None:
-        ends += first[:, :, None]
-    starts = torch.empty_like(sums)
-    starts[:, :, 0] = 0.0 if first is None else first
-    starts[:, :, 1:] = ends[:, :, :-1]
-    return starts, ends[:, :, -1].contiguous()
+def _prefix(sums, zsums, s0, z0, causal: bool, reverse: bool = False):
+    """(each segment's start S, its Z, (the end S, Z)) of the segments' sums
+    (B, H, segments, D_k, D_v) and (..., D_k, 16) after s0, z0 (None: zero)
+    by linear_attention_segment_prefix_kernel; not causal, every segment's
+    start is the end (one state: (end S, end Z, the same))."""
+    B, H, segments, DK, DV = sums.shape
+    ends = (sums.new_empty(B, H, DK, DV), sums.new_empty(B, H, DK, 16))
+    starts = (sums.new_empty(sums.shape), sums.new_empty(zsums.shape)) if causal else ends
+    initial = s0 is not None
+    linear_attention_segment_prefix_kernel[(DV // 64, H, B)](
+        sums.view(B, H, segments * DK, DV), zsums.view(B, H, segments * DK, 16),
+        s0 if initial else ends[0], z0 if initial else ends[1],
+        starts[0].view(B, H, -1, DV), starts[1].view(B, H, -1, 16), *ends, segments, DK=DK,
+        INITIAL=initial, REVERSE=reverse, STORE_STARTS=causal)
+    return starts[0].view(B, H, -1, DV), starts[1].view(B, H, -1, 16), ends
 
 
 def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
@@ -700,8 +742,12 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     import torch
     B, N, H, DK = q.shape
     DV = v.shape[3]
-    dq32 = torch.zeros(B, H, N, DK, dtype=torch.float32, device=q.device)
-    dk32 = torch.zeros_like(dq32)
+    if DV == 64:        # one block per row: the kernels store dq and dk in q's dtype
+        dq, dk = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(2))
+        dq_acc, dk_acc = _heads_first(dq), _heads_first(dk)
+    else:               # DV/64 blocks add their shares in f32
+        dq_acc = torch.zeros(B, H, N, DK, dtype=torch.float32, device=q.device)
+        dk_acc = torch.zeros_like(dq_acc)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     initial = s0 is not None
     ds0 = torch.empty(s0.shape, dtype=torch.float32, device=q.device) if initial else None
@@ -720,8 +766,8 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
         if seg < chunks:
             starts, zstarts, _ = segment_states(k, v, s0, z0, feature_map, causal, seg)
         else:
-            starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (dq32, dq32)
-        linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq32, den, scale, seg,
+            starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (den, den)
+        linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq_acc, den, scale, seg,
                                          INITIAL=initial or seg < chunks, **flags)
         if seg < chunks:
             ends, zends, totals = grad_states(q, do, den, feature_map, causal, normalize, scale,
@@ -730,19 +776,19 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
                 ds0.copy_(totals[0])
                 dz16.copy_(totals[1] * 16.0)      # (each column holds 1/16)
         else:
-            ends = zends = dq32
+            ends = zends = den          # (unread)
         linear_attention_dkdv_kernel[grid](
-            *heads, ends, zends, dk32, _heads_first(dv), ds0 if initial else dq32,
-            dz16 if initial else dq32, den, scale, seg, INITIAL=seg < chunks,
+            *heads, ends, zends, dk_acc, _heads_first(dv), ds0 if initial else den,
+            dz16 if initial else den, den, scale, seg, INITIAL=seg < chunks,
             FINAL=initial and seg == chunks, **flags)
     else:
         dv.zero_()
         if initial:
             ds0.zero_()
             dz16.zero_()
-    # contiguous, as the op's fake says (a compiled graph checks the strides)
-    dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
-              for t in (dq32, dk32))
+    if DV > 64:     # contiguous, as the op's fake says (a compiled graph checks the strides)
+        dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
+                  for t in (dq_acc, dk_acc))
     return dq, dk, dv, ds0, dz16[..., 0].contiguous() if initial else None
 
 
@@ -763,12 +809,7 @@ def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, sca
         _heads_first(q), _heads_first(do), den, sums.view(B, H, segments * DK, DV),
         zsums.view(B, H, segments * DK, 16), scale, seg, DK=DK, MAP=feature_map,
         NORMALIZE=normalize)
-    if not causal:
-        total = sums.sum(2), zsums.sum(2)
-        return *total, total
-    (ends, total), (zends, ztotal) = (_prefix(t.flip(2), None) for t in (sums, zsums))
-    return (ends.flip(2).reshape(B, H, segments * DK, DV),
-            zends.flip(2).reshape(B, H, segments * DK, 16), (total, ztotal))
+    return _prefix(sums, zsums, None, None, causal, reverse=True)
 
 
 # ------------------------------------------------------------------ decode
