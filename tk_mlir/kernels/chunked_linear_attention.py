@@ -37,9 +37,12 @@ FEATURE_MAPS = (None, "elu1", "relu", "taylor2")   # taylor2: taylor_linear_atte
 OPERAND = tk.bf16
 EPS = 1e-6
 C = 64                  # tokens per chunk
-# Blocks per SM a sequence's segments aim for: the forward kernel's registers
-# (194 at D_k=64) hold two per SM, and a second wave covers the first's tail.
-BLOCKS_PER_SM = 4
+# Blocks per SM a sequence's segments aim for (the forward kernel's registers
+# hold two per SM: later waves cover the first's tail), and the fewest chunks
+# in a segment (each segment costs a step of the sequential prefix kernel).
+# Measured in BENCHMARKS.md.
+BLOCKS_PER_SM = 8
+MIN_SEGMENT = 4
 
 
 @tk.func
@@ -656,10 +659,12 @@ def _columns(z):
 
 def segment_length(units: int, chunks: int, device: int) -> int:
     """Chunks per segment, for `units` (batch, head, 64 columns of v) walks of
-    `chunks` chunks each: enough segments that the grid holds BLOCKS_PER_SM
-    blocks per SM, each walking its segment from the state its predecessors
-    summed (segment_states), where one walk per unit would leave SMs idle."""
-    segments = max(1, min(chunks, -(-BLOCKS_PER_SM * num_sms(device) // units)))
+    `chunks` chunks each: enough segments (of MIN_SEGMENT chunks or more)
+    that the grid holds BLOCKS_PER_SM blocks per SM, each walking its
+    segment from the state its predecessors summed (segment_states), where
+    one walk per unit would leave SMs idle."""
+    wanted = -(-BLOCKS_PER_SM * num_sms(device) // units)
+    segments = max(1, min(chunks // MIN_SEGMENT, wanted))
     return -(-chunks // segments)
 
 
