@@ -82,28 +82,54 @@ def publish_split(hi, lo, acc):
 
 
 @tk.func
-def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
-    """Chunk c's φ(K) (rows past N zero: φ(0) may not be) and its 64 columns
-    vb of V into shared memory, for the whole warpgroup's MMAs."""
-    k = feature(tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32), MAP)
-    k = tk.where(k.row_indices() + c * C < K.shape[2], k, 0.0)
-    tk.store(ks, k.to(ks.dtype))
-    tk.store(vs, tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup")
-             .to(vs.dtype))
+def key_loads(K, V, b, h, c, vb, DK):
+    """Chunk c's K and the 64 columns vb of its V, as loaded (issued: a
+    caller that loads the next chunk's while this one's MMAs run hides the
+    loads' latency)."""
+    return (tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup"),
+            tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+
+
+@tk.func
+def stage_keys(k, v, ks, vs, c, N, MAP):
+    """key_loads' chunk c into shared memory for the whole warpgroup's MMAs:
+    φ(K) (rows past N zero: φ(0) may not be) and V."""
+    k = feature(k.to(f32), MAP)
+    tk.store(ks, tk.where(k.row_indices() + c * C < N, k, 0.0).to(ks.dtype))
+    tk.store(vs, v.to(vs.dtype))
     tk.barrier()
 
 
 @tk.func
-def load_queries(Q, qs, b, h, c, scale, DK, MAP):
-    """Chunk c's φ(Q·scale) into shared tile qs, the A operand of wgmma (from
-    shared memory: at D_k=128 its registers are what the state needs). The
-    warpgroup's MMAs that read qs before are complete (each thread's
-    mma_wait before the call; the barrier here covers the rest)."""
-    x = tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup").to(f32) * scale
+def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
+    """Chunk c's φ(K) and V's 64 columns vb into shared memory (stage_keys)."""
+    k, v = key_loads(K, V, b, h, c, vb, DK)
+    stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+
+
+@tk.func
+def query_load(Q, b, h, c, DK):
+    """Chunk c's Q, as loaded (issued, as key_loads)."""
+    return tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup")
+
+
+@tk.func
+def stage_queries(x, qs, scale, MAP):
+    """query_load's chunk as φ(Q·scale) into shared tile qs, the A operand of
+    wgmma (from shared memory: at D_k=128 its registers are what the state
+    needs). The warpgroup's MMAs that read qs before are complete (each
+    thread's mma_wait before the call; the barrier here covers the rest)."""
+    x = x.to(f32) * scale
     tk.barrier()
     tk.store(qs, feature(x, MAP).to(qs.dtype))
     tk.barrier()
     return qs
+
+
+@tk.func
+def load_queries(Q, qs, b, h, c, scale, DK, MAP):
+    """Chunk c's φ(Q·scale) into shared tile qs (stage_queries)."""
+    return stage_queries(query_load(Q, b, h, c, DK), qs, scale, MAP)
 
 
 @tk.func
@@ -137,9 +163,12 @@ def segment(N, SEG):
 @tk.func
 def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP):
     """S + Σ φ(K_c)ᵀ V_c and Z + Σ φ(K_c)ᵀ·1 over chunks lo .. hi-1 (`ones`
-    filled; the warpgroup's MMAs on ks and vs complete when it returns)."""
+    filled; the warpgroup's MMAs on ks and vs complete when it returns).
+    Chunk c+1's loads are in flight while chunk c's MMAs run."""
+    k, v = key_loads(K, V, b, h, lo, vb, DK)
     for c in range(lo, hi):
-        load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+        k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK)
         S = tk.mma_AtB(S, ks, vs)
         Z = tk.mma_AtB(Z, ks, ones)
         tk.mma_wait(0)
@@ -249,10 +278,26 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
                        DK, MAP, CAUSAL, INITIAL)
+    # D_k=64: chunk c+1's loads are issued once chunk c's are staged, in
+    # flight while its MMAs run (the last chunk loads itself again); at
+    # D_k=128 their registers would spill, and a chunk's loads are issued
+    # together at its start.
+    ahead = DK == 64
+    if ahead:
+        k, v = key_loads(K, V, b, h, lo, vb, DK)
+        x = query_load(Q, b, h, lo, DK)
     for c in range(lo, hi):
+        if not ahead:
+            if CAUSAL:
+                k, v = key_loads(K, V, b, h, c, vb, DK)
+            x = query_load(Q, b, h, c, DK)
         if CAUSAL:      # first: its f32 tile is not live beside the queries' MMAs
-            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
-        qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
+            stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+        qb = stage_queries(x, qs, scale, MAP)
+        if ahead:
+            if CAUSAL:
+                k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK)
+            x = query_load(Q, b, h, min(c + 1, hi - 1), DK)
         o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
