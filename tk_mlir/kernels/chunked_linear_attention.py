@@ -101,13 +101,6 @@ def stage_keys(k, v, ks, vs, c, N, MAP):
 
 
 @tk.func
-def load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP):
-    """Chunk c's φ(K) and V's 64 columns vb into shared memory (stage_keys)."""
-    k, v = key_loads(K, V, b, h, c, vb, DK)
-    stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
-
-
-@tk.func
 def query_load(Q, b, h, c, DK):
     """Chunk c's Q, as loaded (issued, as key_loads)."""
     return tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup")
@@ -124,12 +117,6 @@ def stage_queries(x, qs, scale, MAP):
     tk.store(qs, feature(x, MAP).to(qs.dtype))
     tk.barrier()
     return qs
-
-
-@tk.func
-def load_queries(Q, qs, b, h, c, scale, DK, MAP):
-    """Chunk c's φ(Q·scale) into shared tile qs (stage_queries)."""
-    return stage_queries(query_load(Q, b, h, c, DK), qs, scale, MAP)
 
 
 @tk.func
@@ -346,13 +333,21 @@ def row_gradients(DEN, b, h, c, vb, den, VB):
 
 
 @tk.func
-def state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE):
-    """Chunk c's φ(Q) (bf16, also into qs), g = dO / den (this block's
-    columns, bf16, also into gs) and e = dden per row, with e/16 in every
-    column of es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e
-    takes (den and e as the forward pass stored them in DEN)."""
-    qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
-    g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
+def gradient_loads(Q, dO, b, h, c, vb, DK):
+    """Chunk c's Q and the 64 columns vb of its dO, as loaded (issued, as
+    key_loads)."""
+    return (query_load(Q, b, h, c, DK),
+            tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+
+
+@tk.func
+def stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE):
+    """gradient_loads' chunk c as φ(Q) (bf16, also into qs), g = dO / den
+    (bf16, also into gs) and e = dden per row, with e/16 in every column of
+    es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e takes (den
+    and e as the forward pass stored them in DEN)."""
+    qb = stage_queries(x, qs, scale, MAP)
+    g = g.to(f32)
     e = None
     if NORMALIZE:
         g = g.mul_row(tk.load(DEN, (b, h, 2 * vb, c), (C,), scope="warpgroup"))
@@ -393,9 +388,12 @@ def put(G, g, at, VB):
 def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE):
     """dH + Σ φ(Q_c)ᵀ g_c and dZ + Σ φ(Q_c)ᵀ e_c over chunks lo .. hi-1: the
     state gradient those chunks' queries send back to every key before them
-    (state_gradient_inputs' g and e; the MMAs complete when it returns)."""
+    (stage_gradient_inputs' g and e; the MMAs complete when it returns).
+    Chunk c+1's loads are in flight while chunk c's MMAs run."""
+    x, g = gradient_loads(Q, dO, b, h, lo, vb, DK)
     for c in range(lo, hi):
-        state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP, NORMALIZE)
+        stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE)
+        x, g = gradient_loads(Q, dO, b, h, min(c + 1, hi - 1), vb, DK)   # in flight
         dH = tk.mma_AtB(dH, qs, gs)
         if NORMALIZE:
             dZ = tk.mma_AtB(dZ, qs, es)
@@ -459,9 +457,16 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
                        DK, MAP, CAUSAL, INITIAL)
     for c in range(lo, hi):
+        # the chunk's loads issued together (at D_k=128 one after the other:
+        # their registers would spill)
         if CAUSAL:
-            load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
-        qb = load_queries(Q, qs, b, h, c, scale, DK, MAP)
+            k, v = key_loads(K, V, b, h, c, vb, DK)
+            if DK > 64:
+                stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+        x, g = gradient_loads(Q, dO, b, h, c, vb, DK)
+        if CAUSAL and DK == 64:
+            stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+        qb = stage_queries(x, qs, scale, MAP)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
         a_sum = None
@@ -470,7 +475,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
         tk.mma_wait(0)
         if CAUSAL and NORMALIZE:
             a_sum = causal_mask(A).row_sum()
-        g = tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup").to(f32)
+        g = g.to(f32)
         e = None
         if NORMALIZE:
             rden, e = row_gradients(DEN, b, h, c, vb, denominator(qz, a_sum), VB)
@@ -555,9 +560,17 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     tk.barrier()
     for i in range(hi - lo):
         c = hi - 1 - i
-        qb, gb, e = state_gradient_inputs(Q, dO, DEN, qs, gs, es, b, h, c, vb, scale, DK, MAP,
-                                          NORMALIZE)
-        load_keys(K, V, ks, vs, b, h, c, vb, DK, MAP)
+        # the chunk's loads issued together (at D_k=128 one after the other:
+        # their registers would spill)
+        x, g = gradient_loads(Q, dO, b, h, c, vb, DK)
+        if DK > 64:
+            qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
+                                              NORMALIZE)
+        k, v = key_loads(K, V, b, h, c, vb, DK)
+        if DK == 64:
+            qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
+                                              NORMALIZE)
+        stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
         dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
         if CAUSAL:          # A, then dP: one of the two live at a time (registers)
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
