@@ -9,16 +9,19 @@ With φ the feature map and q scaled first, causal:
     S_t = S_{t-1} + φ(k_t) v_tᵀ      z_t = z_{t-1} + φ(k_t)
     o_t = φ(q_t)ᵀ S_t / (φ(q_t)·z_t + 1e-6)        (normalize=False: φ(q_t)ᵀ S_t)
 
-and not causal, S and z summed over every token. The kernels walk a (batch,
-head)'s sequence 64 tokens (a chunk) at a time, one block per 64 columns of
-v, one warpgroup: within a chunk the masked scores φ(Q)·φ(K)ᵀ times V, and
-across chunks the f32 state S (D_k x 64) carried in wgmma accumulators and
-read by the next chunk as bf16 in shared memory (as FlashLinearAttention's
-chunked kernels round it). z rides along as a (D_k x 16) accumulator of
-φ(K)ᵀ·1 whose columns are equal, read back in two bf16 halves (hi + lo) so
-the normaliser keeps f32's precision. The backward recomputes the forward's
-chunk quantities: a pass in order gives dq (the state S_{<c}), a pass in
-reverse dk and dv (the state's gradient dH = Σ_{later} φ(q) dnumᵀ).
+and not causal, S and z summed over every token. A (batch, head)'s
+sequence is cut into segments of whole chunks (64 tokens), one block per
+(segment, 64 columns of v), one warpgroup: a first kernel sums each
+segment's φ(K)ᵀV, a second turns the sums into each segment's starting
+state, and the main kernel walks its segment a chunk at a time: within a
+chunk the masked scores φ(Q)·φ(K)ᵀ times V, across chunks the f32 state S
+(D_k x 64) carried in wgmma accumulators and read by the next chunk as bf16
+in shared memory (as FlashLinearAttention's chunked kernels round it). z
+rides along as a (D_k x 16) accumulator of φ(K)ᵀ·1 whose columns are equal,
+read back in two bf16 halves (hi + lo) so the normaliser keeps f32's
+precision. The backward recomputes the forward's chunk quantities: a pass
+in order gives dq (the state S_{<c}), a pass in reverse dk and dv (the
+state's gradient dH = Σ_{later} φ(q) dnumᵀ), each over the same segments.
 """
 from __future__ import annotations
 
@@ -226,15 +229,21 @@ def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: 
     if INITIAL:
         S = tk.load(S0, (b, h, 0, vb), (DK, 64))
         Z = tk.load(Z0, (b, h, 0, 0), (DK, 16))
-    for i in range(SEGMENTS):
+    def sums(i):
+        """Segment i's in the walk's order, as loaded (issued: the next
+        segment's are in flight while this one's add)."""
         s = SEGMENTS - 1 - i if REVERSE else i
+        return s, tk.load(SS, (b, h, s, vb), (DK, 64)), tk.load(ZS, (b, h, s, 0), (DK, 16))
+
+    s, dS, dZ = sums(0)
+    for i in range(SEGMENTS):
         if STORE_STARTS:
             tk.store(STARTS, S, (b, h, s, vb))
-        S = S + tk.load(SS, (b, h, s, vb), (DK, 64))
-        if vb == 0:
-            if STORE_STARTS:
+            if vb == 0:
                 tk.store(ZSTARTS, Z, (b, h, s, 0))
-            Z = Z + tk.load(ZS, (b, h, s, 0), (DK, 16))
+        S = S + dS
+        Z = Z + dZ
+        s, dS, dZ = sums(min(i + 1, SEGMENTS - 1))
     tk.store(S1, S, (b, h, 0, vb))
     if vb == 0:
         tk.store(Z1, Z, (b, h, 0, 0))
