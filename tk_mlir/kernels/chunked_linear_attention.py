@@ -776,6 +776,14 @@ def _prefix(sums, zsums, s0, z0, causal: bool, reverse: bool = False):
 def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
     """(o, S, z) on checked tensors: o like v (contiguous), the final state
     (S (B, H, D_k, D_v), z (B, H, D_k) f32; empty when not causal)."""
+    return forward_and_starts(q, k, v, s0, z0, feature_map, causal, normalize, scale)[0]
+
+
+def forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool,
+                       scale: float):
+    """(`forward`'s (o, S, z), the segments' starting states (S, Z) as
+    segment_states made them, or None for one segment): `backward` takes
+    the starts instead of summing the keys again."""
     import torch
     B, N, H, DK = q.shape
     DV = v.shape[3]
@@ -783,11 +791,13 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
     s1 = q.new_empty((B, H, DK, DV) if causal else (0,), dtype=torch.float32)
     z16 = q.new_empty((B, H, DK, 16) if causal else (0,), dtype=torch.float32)
     initial = s0 is not None
+    kept = None
     if B and H and N:
         chunks = -(-N // C)
         seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
         if seg < chunks:            # several segments: each starts from its predecessors'
             starts, zstarts, final = segment_states(k, v, s0, z0, feature_map, causal, seg)
+            kept = starts, zstarts
             if causal:
                 s1, z16 = final
             initial = True
@@ -803,14 +813,15 @@ def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, sc
     elif causal:
         s1.zero_()
         z16.zero_()
-    return o, s1, z16[..., 0].contiguous() if causal else z16
+    return (o, s1, z16[..., 0].contiguous() if causal else z16), kept
 
 
 def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
-             scale: float):
+             scale: float, starts=None):
     """(dq, dk, dv, dS0, dz0) of `forward` given o and its gradient do (dS0,
     dz0 None without an initial state): a pass in order (dq) and one in
-    reverse (dk, dv), each over `forward`'s segments."""
+    reverse (dk, dv), each over `forward`'s segments, from their starts
+    (forward_and_starts'; None: made again)."""
     import torch
     B, N, H, DK = q.shape
     DV = v.shape[3]
@@ -836,7 +847,8 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
         flags = dict(DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize)
         heads = [_heads_first(t) for t in (q, k, v, do)]
         if seg < chunks:
-            starts, zstarts, _ = segment_states(k, v, s0, z0, feature_map, causal, seg)
+            starts, zstarts = starts or segment_states(k, v, s0, z0, feature_map, causal,
+                                                       seg)[:2]
         else:
             starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (den, den)
         linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq_acc, den, scale, seg,

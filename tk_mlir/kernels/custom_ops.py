@@ -1155,8 +1155,8 @@ class EagerLinearAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, s0, z0, feature_map, causal, normalize, scale):
-        out = chunked_linear_attention.forward(q, k, v, s0, z0, feature_map, causal, normalize,
-                                              scale)
+        out, ctx.starts = chunked_linear_attention.forward_and_starts(
+            q, k, v, s0, z0, feature_map, causal, normalize, scale)
         _linear_attention_setup_context(ctx, (q, k, v, s0, z0, feature_map, causal, normalize,
                                               scale), out)
         return out
@@ -1164,7 +1164,9 @@ class EagerLinearAttention(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, do, ds1, dz1):
-        return _linear_attention_backward(ctx, do, ds1, dz1, chunked_linear_attention.backward)
+        # the forward's segment starts: the backward does not sum the keys again
+        backward = functools.partial(chunked_linear_attention.backward, starts=ctx.starts)
+        return _linear_attention_backward(ctx, do, ds1, dz1, backward)
 
 
 @torch.library.custom_op("tk_mlir::linear_attention_step", mutates_args=())
