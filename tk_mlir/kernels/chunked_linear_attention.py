@@ -11,7 +11,7 @@ With φ the feature map and q scaled first, causal:
 
 and not causal, S and z summed over every token. A (batch, head)'s
 sequence is cut into segments of whole chunks (64 tokens), one block per
-(segment, 64 columns of v), one warpgroup: a first kernel sums each
+(batch, head, segment, 64 columns of v), one warpgroup: a first kernel sums each
 segment's φ(K)ᵀV, a second turns the sums into each segment's starting
 state, and the main kernel walks its segment a chunk at a time: within a
 chunk the masked scores φ(Q)·φ(K)ᵀ times V, across chunks the f32 state S
@@ -219,7 +219,7 @@ def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: 
                                            STORE_STARTS: tk.constexpr = True):
     """Each segment's starting state from the segments' own sums (the sums
     kernels' SS, ZS: (B, H, SEGMENTS·DK, DV) and (B, H, SEGMENTS·DK, 16)
-    f32): S0 (INITIAL: (B, H, DK, DV), Z0 (B, H, DK, 16)) plus the sums of
+    f32): S0 and Z0 (INITIAL: (B, H, DK, DV) and (B, H, DK, 16)) plus the sums of
     the segments before it (REVERSE: after it) into STARTS, ZSTARTS (shaped
     as SS, ZS; with STORE_STARTS), and the sum of them all into S1, Z1
     (shaped as S0, Z0). Grid (DV / 64, H, B)."""
@@ -280,7 +280,8 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     # together at its start.
     ahead = DK == 64
     if ahead:
-        k, v = key_loads(K, V, b, h, lo, vb, DK)
+        if CAUSAL:
+            k, v = key_loads(K, V, b, h, lo, vb, DK)
         x = query_load(Q, b, h, lo, DK)
     for c in range(lo, hi):
         if not ahead:
@@ -322,7 +323,6 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
             tk.store(Z1, Z, (b, h, 0, 0))
 
 
-
 @tk.func
 def causal_mask(t):
     """A chunk's (query, key) tile with the keys after each query zeroed."""
@@ -354,7 +354,7 @@ def stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMAL
     """gradient_loads' chunk c as φ(Q) (bf16, also into qs), g = dO / den
     (bf16, also into gs) and e = dden per row, with e/16 in every column of
     es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e takes (den
-    and e as the forward pass stored them in DEN)."""
+    and e as linear_attention_dq_kernel stored them in DEN)."""
     qb = stage_queries(x, qs, scale, MAP)
     g = g.to(f32)
     e = None
@@ -537,7 +537,8 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     causal: one, the whole sequence's; HZ0 with Σ φ(q)·e/16 in every column);
     without it zero (causal: one segment) or, not causal, summed here.
     FINAL (one segment): the initial state's gradient into dS0 (B, H, DK,
-    DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK), as `put` writes it; dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
+    DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK), as `put` writes it;
+    dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
 
     dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
     split evenly over the blocks (each adds 1/VB)."""

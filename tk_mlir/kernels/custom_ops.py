@@ -1164,7 +1164,8 @@ class EagerLinearAttention(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, do, ds1, dz1):
-        # the forward's segment starts: the backward does not sum the keys again
+        # the forward's segment starts (an attribute, not saved tensors: intermediates
+        # that saved-tensor hooks do not see): the backward does not sum the keys again
         backward = functools.partial(chunked_linear_attention.backward, starts=ctx.starts)
         return _linear_attention_backward(ctx, do, ds1, dz1, backward)
 
