@@ -125,6 +125,45 @@ def test_a_sequence_cut_into_segments_matches_the_recurrence(interpret, monkeypa
     _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2)
 
 
+def _compiled_kernels(dk: int, causal: bool) -> dict:
+    """Each of linear_attention's kernels compiled for B4 H16 N16384, D_v 64,
+    elu1 and the normaliser (the most registers), INITIAL where it applies."""
+    import tk_mlir as tk
+    from tk_mlir.kernels import chunked_linear_attention as cla
+    n, segs = 16384, 16
+    q, v = tk.spec((4, 16, n, dk), tk.bf16), tk.spec((4, 16, n, 64), tk.bf16)
+    s, z = tk.spec((4, 16, segs * dk, 64), tk.f32), tk.spec((4, 16, segs * dk, 16), tk.f32)
+    s1, z1 = tk.spec((4, 16, dk, 64), tk.f32), tk.spec((4, 16, dk, 16), tk.f32)
+    den, dq = tk.spec((4, 16, 3, n), tk.f32), tk.spec((4, 16, n, dk), tk.bf16)
+    flags = dict(DK=dk, MAP="elu1")
+    grads = dict(DV=64, CAUSAL=causal, NORMALIZE=True, INITIAL=True, **flags)
+    return {
+        "forward": cla.linear_attention_kernel.compile(
+            q, q, v, v, s, z, s1, z1, 0.1, 16, CAUSAL=causal, NORMALIZE=True, INITIAL=True,
+            **flags),
+        "sums": cla.linear_attention_segment_sums_kernel.compile(q, v, s, z, 16, **flags),
+        "prefix": cla.linear_attention_segment_prefix_kernel.compile(
+            s, z, s1, z1, s, z, s1, z1, segs, DK=dk, INITIAL=True, REVERSE=True),
+        "grad sums": cla.linear_attention_segment_grad_sums_kernel.compile(
+            q, v, den, s, z, 0.1, 16, NORMALIZE=True, **flags),
+        "dq": cla.linear_attention_dq_kernel.compile(q, q, v, v, s, z, dq, den, 0.1, 16,
+                                                      **grads),
+        "dk dv": cla.linear_attention_dkdv_kernel.compile(q, q, v, v, s, z, dq, v, s1, z1, den,
+                                                          0.1, 16, **grads),
+    }
+
+
+@pytest.mark.parametrize("dk", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, causal):
+    """ptxas on each kernel (no GPU needed): no spill, no C75xx advisory (an
+    MMA pipeline ptxas serialized). The D_k=64 loops keep the next chunk's
+    loads in flight in registers, D_k=128's do not: it would spill."""
+    for name, c in _compiled_kernels(dk, causal).items():
+        assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, name
+        assert "C75" not in c.ptxas_log, (name, c.ptxas_log)
+
+
 def test_the_backward_makes_the_segment_starts_the_forward_kept(interpret, monkeypatch):
     """An eager backward takes the forward's segment starts; the custom op's
     (torch.compile's) makes them again: the same gradients, bit for bit."""
