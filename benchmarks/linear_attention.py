@@ -6,6 +6,7 @@ On the GPU machine, from the repository root, with FLA on PYTHONPATH (a
 pure-Python wheel, ../shared/gpu/README.md):
     python3 benchmarks/linear_attention.py --out-dir "$OUT"
     python3 benchmarks/linear_attention.py --n 2048,8192 --d 64,128 --b 4 --h 16
+    python3 benchmarks/linear_attention.py --d 64 --kernel-time   # + the kernels' GPU time
 
 bf16 (B, N, H, D) inputs, D_k = D_v = D, causal, identity feature map (FLA
 takes q and k already mapped), normalize off and on (FLA divides by q·scale·
@@ -99,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=16)
     ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="also each pass's GPU time per call as its kernels cost (torch."
+                         "profiler's sum: no host time), the \"kernels\" passes")
     ap.add_argument("--taylor2", action="store_true",
                     help="Based's feature map instead: q/k head dim 16, v 64, against FLA's "
                          "fused_chunk_based and parallel_based")
@@ -113,7 +117,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(row, flush=True)
             for n in (int(x) for x in args.n.split(",")):
-                rows += _time(args.b, n, args.h, d, dv, normalize, args.taylor2)
+                rows += _time(args.b, n, args.h, d, dv, normalize, args.taylor2,
+                              args.kernel_time)
     cols = ["case", "impl", "pass", ("us", "µs"), ("vs_fla", "fla µs / this"), "o", "dq",
             "dk", "dv", "status"]
     for r in rows:
@@ -127,12 +132,42 @@ def main(argv=None) -> int:
     return 0
 
 
-def _time(b, n, h, d, dv, normalize, taylor=False):
+def _time(b, n, h, d, dv, normalize, taylor=False, kernel_time=False):
     def make(gen):
         return tuple((torch.rand(b, n, h, dim, device="cuda", generator=gen) - 0.5).bfloat16()
                      .requires_grad_() for dim in (d, d, dv))
     case = f"B{b} N{n} H{h} D{d}/{dv} normalize={normalize}" + (" taylor2" if taylor else "")
-    return P.time_passes(case, impls(normalize, taylor), make)
+    rows = P.time_passes(case, impls(normalize, taylor), make)
+    if kernel_time:
+        rows += _kernel_times(case, impls(normalize, taylor),
+                              make(torch.Generator(device="cuda").manual_seed(0)))
+    return rows
+
+
+def _kernel_times(case, fns, leaves):
+    """Rows of each implementation's GPU time per call (P.kernel_us_per_call):
+    the forward, and the forward + backward (every input's gradient, ones
+    as the output's), on one input group."""
+    rows = []
+    for name, fn in fns.items():
+        def fwd(fn=fn):
+            return fn(*leaves)
+
+        def fwd_bwd(fn=fn):
+            out = fn(*leaves)
+            return torch.autograd.grad(out, leaves, torch.ones_like(out))
+        for pass_, f in (("fwd kernels", fwd), ("fwd+bwd kernels", fwd_bwd)):
+            row = {"case": case, "impl": name, "pass": pass_}
+            try:
+                with torch.set_grad_enabled(f is fwd_bwd):
+                    us, per = P.kernel_us_per_call(f)
+                row.update(us=us, status="ok",
+                           kernels={k[:60]: round(v, 1) for k, v in list(per.items())[:6]})
+            except Exception as e:                                  # noqa: BLE001
+                row["status"] = f"failed: {P.first_line(e)}"
+            rows.append(row)
+            print(row, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -189,6 +189,27 @@ def events_ms(f: Callable[[], Any], n: int = 20, warmup: int = 3) -> float:
     return start.elapsed_time(end) / n
 
 
+def kernel_us_per_call(fn: Callable[[], Any], calls: int = 5,
+                       warmup: int = 3) -> tuple[float, dict[str, float]]:
+    """GPU µs per call of `fn` as its kernels cost: the CUDA kernels
+    torch.profiler records over `calls` calls, summed (no host time and no
+    gaps between launches: what an eager call that is host-bound hides),
+    and per kernel name, the costliest first."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] = per.get(e.name, 0.0) + e.device_time / calls
+    return sum(per.values()), dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+
 def rel_err(got, ref) -> float:
     """||got - ref|| / ||ref|| in float64."""
     return ((got.double() - ref).norm() / ref.norm()).item()

@@ -92,7 +92,7 @@ def test_norm_peers_match_f32_reference_on_cpu():
                                           ("llama_generate", []),
                                           ("sliding_window", ["--n", "8192"]),
                                           ("varlen_attention", []),
-                                          ("linear_attention", [])])
+                                          ("linear_attention", ["--kernel-time"])])
 def test_scripts_without_cuda_say_so(script, argv):
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         _load(script).main(argv)
