@@ -585,6 +585,47 @@ def test_a_global_race_within_one_block_is_reported():
 
 
 @tk.kernel(num_warps=4)
+def read_then_overwrite(X: tk.gl, Y: tk.gl, F: tk.gl["i32"], WAIT_ALL: tk.constexpr = False):
+    """Blocks 0 and 1 read X's tile (copying it to their row of Y) and
+    signal F[0], block 0 only after block 1's signal on F[1]; block 2
+    overwrites X once F[0] counts one read (two with WAIT_ALL). The count of
+    one is block 1's signal: block 0's read, which may have come first, is
+    not ordered before the write."""
+    i = tk.block_id(0)
+    if i < 2:
+        tk.store(Y, tk.load(X, (0, 0), (16, 64)), (i, 0))
+        tk.barrier()
+        if tk.elect_leader("warpgroup"):        # (the block is one warpgroup)
+            if i == 0:
+                tk.wait_signal(F, (1,), 1, scope="gpu")
+            tk.signal(F, (0,), scope="gpu")
+            if i == 1:
+                tk.signal(F, (1,), scope="gpu")
+    else:
+        tk.wait_signal(F, (0,), 2 if WAIT_ALL else 1, scope="gpu")
+        tk.store(X, tk.zeros((16, 64), X.dtype), (0, 0))           # MARK: after two reads
+
+
+def test_a_write_after_two_reads_must_be_ordered_after_both():
+    """Reads of an element by two blocks that nothing orders: a write must
+    wait for both (the checks keep each element's unordered readers, not
+    only its last), whichever read the interpreter ran last."""
+    x = torch.randint(-8, 8, (16, 64)).float()
+    for seed in range(4):
+        with pytest.raises(InterpretError) as e, warnings.catch_warnings():
+            warnings.simplefilter("ignore", tk.TkLintWarning)
+            interpret_at(seed, read_then_overwrite, x.clone(), torch.zeros(32, 64),
+                         torch.zeros(4, dtype=torch.int32), grid=(3,))
+        assert e.value.line == line_of("MARK: after two reads"), e.value.message
+        assert "which block (" in e.value.message and "read (at" in e.value.message
+    for seed in range(4):
+        y = torch.zeros(32, 64)
+        interpret_at(seed, read_then_overwrite, x.clone(), y, torch.zeros(4, dtype=torch.int32),
+                     grid=(3,), WAIT_ALL=True)
+        assert torch.equal(y, torch.cat((x, x)))
+
+
+@tk.kernel(num_warps=4)
 def tma_publish(A: tk.gl, B: tk.gl, C: tk.gl, F: tk.gl["i32"], FULL: tk.constexpr = False):
     """Block 0 writes A's tile into B by a TMA store and signals F; block 1
     waits for F and copies B into C. The store is waited for with read=True

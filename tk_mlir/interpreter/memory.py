@@ -17,6 +17,12 @@ from . import numerics
 from .ordering import Accesses
 
 
+# Unordered readers (and adders) of one element the race checks remember
+# (ordering.Accesses): more are rare (a tile read by every block of a column,
+# then written by one that waited for a few of them).
+READERS = 4
+
+
 class GlobalArray:
     """One tensor argument: its shape, tk dtype, and element access."""
 
@@ -44,8 +50,8 @@ class GlobalArray:
         # Plain writes, reads and adds (tk.atomic_add, TMA reduce-add) by the
         # blocks of this launch, which flags must order (ordering.py); adds
         # need no order among themselves.
-        self.writes, self.reads = Accesses(self.shape), Accesses(self.shape)
-        self.adds = Accesses(self.shape)
+        self.writes = Accesses(self.shape)
+        self.reads, self.adds = Accesses(self.shape, READERS), Accesses(self.shape, READERS)
         self.flag_clocks: dict = {}              # element -> its signals (ordering.publish)
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array

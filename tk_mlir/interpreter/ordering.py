@@ -46,15 +46,18 @@ stamped with its semaphore's clock slot and the phase it completes: what is
 ordered after a wait for that phase is ordered after the read (a signal
 before the wait, or the issuing warp's own write before it, is not).
 
+Adds (tk.atomic_add, TMA reduce-add) are stamped like writes but need no
+order among themselves: a read or plain write of an element another block
+adds into must be ordered after the add, as after a write
+(memory.GlobalArray.adds). Of an element's readers and adders, those that
+no later one is ordered after are kept (Accesses), so a write must be
+ordered after each read that may have come before it, not only the last.
+
 What it misses (each a race it does not report; it reports none that the
 program orders): within one block, accesses that share a warp (a tile op
 of a warpgroup, then another of the same warpgroup that threads read
-differently); only the last reader of an element is kept. Adds (tk.atomic_add, TMA
-reduce-add) are stamped like writes but need no order among themselves: a
-read or plain write of an element another block adds into must be ordered
-after the add, as after a write (memory.GlobalArray.adds); as of readers,
-only an element's last adder is kept, so a read ordered after it but not
-after an earlier adder of another block is missed.
+differently); past memory.READERS unordered readers (or adders) of one
+element, the oldest.
 """
 from __future__ import annotations
 
@@ -198,47 +201,73 @@ def acquire(flags: dict, at: tuple, expected: int) -> dict:
 
 
 class Accesses:
-    """One kind of access (plain writes, or reads) to one array by the blocks
-    of a launch: per element the last accessor (a number into `who`: (block
-    name, "file:line", its warps' times); 0: none)."""
+    """One kind of access (plain writes, reads or adds) to one array by the
+    blocks of a launch: per element its last `slots` accessors that no later
+    one is ordered after (numbers into `who`: (block name, "file:line", its
+    warps' times); 0: none). A new access replaces those it is ordered
+    after: the order is transitive, so what is ordered after the new one is
+    ordered after them too (FastTrack's read sets, bounded: past `slots`
+    unordered accessors of one element, the oldest is forgotten). Plain
+    writes keep one: a write another block's is not ordered after is
+    reported there, and a block's own unordered writes store the same
+    values (ordering.py's docstring)."""
 
-    def __init__(self, shape: tuple):
-        self.shape = shape
-        self.number: np.ndarray | None = None
+    def __init__(self, shape: tuple, slots: int = 1):
+        self.shape, self.slots = shape, slots
+        self.number: np.ndarray | None = None      # (slots, *shape)
         self.who: list = [None]
         self.numbers: dict = {}
 
     def record(self, index, order: OrderView, at: str) -> None:
         if self.number is None:
-            self.number = np.zeros(self.shape, np.int32)
+            self.number = np.zeros((self.slots,) + self.shape, np.int32)
         key = (order.name, at, order.stamp)
         number = self.numbers.get(key)
         if number is None:
             number = self.numbers[key] = len(self.who)
             self.who.append(key)
-        self.number[index] = number
+        where = (slice(None),) + tuple(index)
+        prior = self.number[where]
+        kept = (prior != 0) & ~self._ordered(prior, order)
+        out = np.zeros_like(prior)
+        out[0] = number
+        if kept.any():              # unordered accessors stay, the newest first
+            rank = np.cumsum(kept, axis=0)             # 1, 2, ... among the kept
+            for s in range(self.slots):
+                for d in range(1, self.slots):
+                    out[d] = np.where(kept[s] & (rank[s] == d), prior[s], out[d])
+        self.number[where] = out
+
+    def _ordered(self, prior: np.ndarray, order: OrderView,
+                 other_blocks: bool = False) -> np.ndarray:
+        """Per entry of `prior` (accessor numbers): none, or an access that
+        `order`'s warps are ordered after now (other_blocks: also any of
+        its own block's)."""
+        numbers, which = np.unique(prior, return_inverse=True)   # (the accessors here only)
+        ordered = np.array([not n or (other_blocks and self.who[n][0] == order.name) or
+                            order.after(self.who[n][0], self.who[n][2]) for n in numbers], bool)
+        return ordered[which.reshape(prior.shape)]
 
     def unordered(self, index, order: OrderView, ok=None,
                   other_blocks: bool = False) -> tuple | None:
         """(element, (block name, "file:line", its warps' stamp)) of the first
         element at `index` (a window of ints and slices, or per-lane
-        coordinate arrays with `ok` marking the real ones) whose last access
-        is not ordered before `order`'s warps now (other_blocks: only
-        another block's counts)."""
+        coordinate arrays with `ok` marking the real ones) one of whose kept
+        accesses is not ordered before `order`'s warps now (other_blocks:
+        only another block's counts)."""
         if self.number is None:
             return None
-        prior = self.number[index]
-        numbers, which = np.unique(prior, return_inverse=True)   # (the accessors here only)
-        ordered = np.array([not n or (other_blocks and self.who[n][0] == order.name) or
-                            order.after(self.who[n][0], self.who[n][2]) for n in numbers], bool)
-        late = ~ordered[which.reshape(prior.shape)]
+        prior = self.number[(slice(None),) + tuple(index)]
+        late = ~self._ordered(prior, order, other_blocks)
         if ok is not None:
             late &= ok
-        if not late.any():
+        anywhere = late.any(axis=0)
+        if not anywhere.any():
             return None
-        first = tuple(np.argwhere(late)[0])
+        first = tuple(np.argwhere(anywhere)[0])
+        slot = int(np.argmax(late[(slice(None),) + first]))
         rest = iter(first)
         element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
                         int(i) if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
                         for i in index)
-        return element, self.who[prior[first]]
+        return element, self.who[prior[(slot,) + first]]
