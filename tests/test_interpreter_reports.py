@@ -626,6 +626,42 @@ def test_a_write_after_two_reads_must_be_ordered_after_both():
 
 
 @tk.kernel(num_warps=4)
+def add_then_read(X: tk.gl, Y: tk.gl, F: tk.gl["i32"], WAIT_ALL: tk.constexpr = False):
+    """read_then_overwrite's order with adds: blocks 0 and 1 add into X's
+    tile and signal F[0] (block 0 after block 1's F[1]); block 2 reads X
+    once F[0] counts one add (two with WAIT_ALL)."""
+    i = tk.block_id(0)
+    if i < 2:
+        tk.atomic_add(X, tk.full((16, 64), 1.0, f32), (0, 0))
+        tk.barrier()
+        if tk.elect_leader("warpgroup"):
+            if i == 0:
+                tk.wait_signal(F, (1,), 1, scope="gpu")
+            tk.signal(F, (0,), scope="gpu")
+            if i == 1:
+                tk.signal(F, (1,), scope="gpu")
+    else:
+        tk.wait_signal(F, (0,), 2 if WAIT_ALL else 1, scope="gpu")
+        tk.store(Y, tk.load(X, (0, 0), (16, 64)), (0, 0))          # MARK: read after two adds
+
+
+def test_a_read_after_two_adds_must_be_ordered_after_both():
+    """As for reads: an element's adders that nothing orders are each kept,
+    and a read must be ordered after all of them."""
+    for seed in range(4):
+        with pytest.raises(InterpretError) as e, warnings.catch_warnings():
+            warnings.simplefilter("ignore", tk.TkLintWarning)
+            interpret_at(seed, add_then_read, torch.zeros(16, 64), torch.zeros(16, 64),
+                         torch.zeros(4, dtype=torch.int32), grid=(3,))
+        assert e.value.line == line_of("MARK: read after two adds"), e.value.message
+        assert "adds into" in e.value.message, e.value.message
+    y = torch.zeros(16, 64)
+    interpret_at(0, add_then_read, torch.zeros(16, 64), y, torch.zeros(4, dtype=torch.int32),
+                 grid=(3,), WAIT_ALL=True)
+    assert torch.equal(y, torch.full((16, 64), 2.0))
+
+
+@tk.kernel(num_warps=4)
 def tma_publish(A: tk.gl, B: tk.gl, C: tk.gl, F: tk.gl["i32"], FULL: tk.constexpr = False):
     """Block 0 writes A's tile into B by a TMA store and signals F; block 1
     waits for F and copies B into C. The store is waited for with read=True
