@@ -584,6 +584,20 @@ def test_a_global_race_within_one_block_is_reported():
             assert torch.equal(c, a), order
 
 
+@tk.func
+def signal_after_block_1(F, i):
+    """Block i (0 or 1, one warpgroup) signals F[0] once its accesses are done,
+    block 0 only after block 1's signal on F[1]: a wait for one count on
+    F[0] is ordered after block 1 alone, though block 0 may have come first."""
+    tk.barrier()
+    if tk.elect_leader("warpgroup"):
+        if i == 0:
+            tk.wait_signal(F, (1,), 1, scope="gpu")
+        tk.signal(F, (0,), scope="gpu")
+        if i == 1:
+            tk.signal(F, (1,), scope="gpu")
+
+
 @tk.kernel(num_warps=4)
 def read_then_overwrite(X: tk.gl, Y: tk.gl, F: tk.gl["i32"], WAIT_ALL: tk.constexpr = False):
     """Blocks 0 and 1 read X's tile (copying it to their row of Y) and
@@ -594,13 +608,7 @@ def read_then_overwrite(X: tk.gl, Y: tk.gl, F: tk.gl["i32"], WAIT_ALL: tk.conste
     i = tk.block_id(0)
     if i < 2:
         tk.store(Y, tk.load(X, (0, 0), (16, 64)), (i, 0))
-        tk.barrier()
-        if tk.elect_leader("warpgroup"):        # (the block is one warpgroup)
-            if i == 0:
-                tk.wait_signal(F, (1,), 1, scope="gpu")
-            tk.signal(F, (0,), scope="gpu")
-            if i == 1:
-                tk.signal(F, (1,), scope="gpu")
+        signal_after_block_1(F, i)
     else:
         tk.wait_signal(F, (0,), 2 if WAIT_ALL else 1, scope="gpu")
         tk.store(X, tk.zeros((16, 64), X.dtype), (0, 0))           # MARK: after two reads
@@ -633,13 +641,7 @@ def add_then_read(X: tk.gl, Y: tk.gl, F: tk.gl["i32"], WAIT_ALL: tk.constexpr = 
     i = tk.block_id(0)
     if i < 2:
         tk.atomic_add(X, tk.full((16, 64), 1.0, f32), (0, 0))
-        tk.barrier()
-        if tk.elect_leader("warpgroup"):
-            if i == 0:
-                tk.wait_signal(F, (1,), 1, scope="gpu")
-            tk.signal(F, (0,), scope="gpu")
-            if i == 1:
-                tk.signal(F, (1,), scope="gpu")
+        signal_after_block_1(F, i)
     else:
         tk.wait_signal(F, (0,), 2 if WAIT_ALL else 1, scope="gpu")
         tk.store(Y, tk.load(X, (0, 0), (16, 64)), (0, 0))          # MARK: read after two adds

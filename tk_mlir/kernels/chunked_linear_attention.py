@@ -142,12 +142,14 @@ def denominator(qz, a_sum):
 
 @tk.func
 def segment(N, SEG):
-    """(batch, segment, first chunk, one past its last chunk) of this block:
-    a segment is SEG chunks of a sequence, and block_id(2) = b·segments + s."""
+    """(64-column block of v, head, batch, segment, first chunk, one past its
+    last chunk) of this block: a segment is SEG chunks of a sequence, and
+    the grid is (DV / 64, H, B·segments), block_id(2) = b·segments + s."""
     chunks = tk.cdiv(N, C)
     segments = tk.cdiv(chunks, SEG)
     s = tk.block_id(2) % segments
-    return tk.block_id(2) // segments, s, s * SEG, min(s * SEG + SEG, chunks)
+    return (tk.block_id(0), tk.block_id(1), tk.block_id(2) // segments, s, s * SEG,
+            min(s * SEG + SEG, chunks))
 
 
 @tk.func
@@ -196,8 +198,7 @@ def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.g
     its SEG chunks, into SS (B, H, segments·DK, DV) and ZS (B, H,
     segments·DK, 16) f32 (z in every column): what the segments after it
     start from. K: (B, H, N, DK); V: (B, H, N, DV). Grid (DV / 64, H, B·segments)."""
-    vb, h = tk.block_id(0), tk.block_id(1)
-    b, s, lo, hi = segment(K.shape[2], SEG)
+    vb, h, b, s, lo, hi = segment(K.shape[2], SEG)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
@@ -263,8 +264,7 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     segment starts from zero (causal: one segment only). FINAL (one
     segment): the state after the last token into S1 (B, H, DK, DV), Z1 (B,
     H, DK, 16); any tensors otherwise, unread. Grid (DV / 64, H, B·segments)."""
-    vb, h = tk.block_id(0), tk.block_id(1)
-    b, s, lo, hi = segment(Q.shape[2], SEG)
+    vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
@@ -422,8 +422,7 @@ def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, S
     and ZS (B, H, segments·DK, 16) f32 (e/16 in every column): what the
     reverse pass of the segments before it starts from. DEN as
     linear_attention_dq_kernel left it. Grid (DV / 64, H, B·segments)."""
-    vb, h = tk.block_id(0), tk.block_id(1)
-    b, s, lo, hi = segment(Q.shape[2], SEG)
+    vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
@@ -452,8 +451,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     With g = dO / den and e = -(dO·O) / den per row (g = dO, e = 0 without
     NORMALIZE), and dP = g·Vᵀ + e (masked causal): dφ(q) = dP·φ(K) + g·Sᵀ +
     e·zᵀ. e's terms are split evenly over the blocks (each adds 1/VB)."""
-    vb, h = tk.block_id(0), tk.block_id(1)
-    b, s, lo, hi = segment(Q.shape[2], SEG)
+    vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     VB = DV // 64
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
@@ -542,8 +540,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
 
     dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
     split evenly over the blocks (each adds 1/VB)."""
-    vb, h = tk.block_id(0), tk.block_id(1)
-    b, s, lo, hi = segment(Q.shape[2], SEG)
+    vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     VB = DV // 64
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
