@@ -227,6 +227,9 @@ class Accesses:
             number = self.numbers[key] = len(self.who)
             self.who.append(key)
         where = (slice(None),) + tuple(index)
+        if self.slots == 1:
+            self.number[where] = number
+            return
         prior = self.number[where]
         kept = (prior != 0) & ~self._ordered(prior, order)
         out = np.zeros_like(prior)
