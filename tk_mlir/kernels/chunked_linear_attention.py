@@ -230,9 +230,10 @@ def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: 
     if INITIAL:
         S = tk.load(S0, (b, h, 0, vb), (DK, 64))
         Z = tk.load(Z0, (b, h, 0, 0), (DK, 16))
+
     def sums(i):
-        """Segment i's in the walk's order, as loaded (issued: the next
-        segment's are in flight while this one's add)."""
+        """The i-th segment of the walk and its sums, as loaded (issued: the
+        next segment's are in flight while this one's are added)."""
         s = SEGMENTS - 1 - i if REVERSE else i
         return s, tk.load(SS, (b, h, s, vb), (DK, 64)), tk.load(ZS, (b, h, s, 0), (DK, 16))
 
@@ -567,16 +568,15 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     tk.barrier()
     for i in range(hi - lo):
         c = hi - 1 - i
-        # the chunk's loads issued together (at D_k=128 one after the other:
-        # their registers would spill)
+        # the chunk's loads issued together (at D_k=128 the keys' after the
+        # queries are staged: their registers would spill)
         x, g = gradient_loads(Q, dO, b, h, c, vb, DK)
-        if DK > 64:
-            qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
-                                              NORMALIZE)
-        k, v = key_loads(K, V, b, h, c, vb, DK)
         if DK == 64:
-            qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
-                                              NORMALIZE)
+            k, v = key_loads(K, V, b, h, c, vb, DK)
+        qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
+                                          NORMALIZE)
+        if DK > 64:
+            k, v = key_loads(K, V, b, h, c, vb, DK)
         stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
         dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
         if CAUSAL:          # A, then dP: one of the two live at a time (registers)
