@@ -740,18 +740,30 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     the whole sequence's (one state); and the final state (S (B, H, D_k,
     D_v), Z (B, H, D_k, 16)). The segments' own sums come from
     linear_attention_segment_sums_kernel, their prefix from _prefix."""
-    import torch
-    B, N, H, DK = k.shape
-    DV = v.shape[3]
-    chunks = -(-N // C)
-    segments = -(-chunks // seg)
-    sums = k.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
-    zsums = k.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
-    linear_attention_segment_sums_kernel[(DV // 64, H, B * segments)](
-        _heads_first(k), _heads_first(v), sums.view(B, H, segments * DK, DV),
-        zsums.view(B, H, segments * DK, 16), seg, DK=DK, MAP=feature_map)
+    sums, zsums, grid = _segment_buffers(k, v.shape[3], seg)
+    linear_attention_segment_sums_kernel[grid](
+        _heads_first(k), _heads_first(v), *_stacked(sums, zsums), seg, DK=k.shape[3],
+        MAP=feature_map)
     return _prefix(sums, zsums, None if s0 is None else s0.contiguous(),
                    None if z0 is None else _columns(z0), causal)
+
+
+def _segment_buffers(x, DV: int, seg: int):
+    """(sums (B, H, segments, D_k, D_v), zsums (B, H, segments, D_k, 16), the
+    grid of a segment sums kernel) for x (B, N, H, D_k) in segments of `seg`
+    chunks: one sum per segment, f32, for the kernel to fill."""
+    import torch
+    B, N, H, DK = x.shape
+    segments = -(-(-(-N // C)) // seg)
+    sums = x.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
+    zsums = x.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
+    return sums, zsums, (DV // 64, H, B * segments)
+
+
+def _stacked(*sums):
+    """Segment sums (B, H, segments, D, cols) as the kernels index them:
+    (B, H, segments·D, cols) views."""
+    return [t.view(*t.shape[:2], -1, t.shape[4]) for t in sums]
 
 
 def _prefix(sums, zsums, s0, z0, causal: bool, reverse: bool = False):
@@ -763,12 +775,12 @@ def _prefix(sums, zsums, s0, z0, causal: bool, reverse: bool = False):
     ends = (sums.new_empty(B, H, DK, DV), sums.new_empty(B, H, DK, 16))
     starts = (sums.new_empty(sums.shape), sums.new_empty(zsums.shape)) if causal else ends
     initial = s0 is not None
+    stacked = _stacked(*starts) if causal else ends
     linear_attention_segment_prefix_kernel[(DV // 64, H, B)](
-        sums.view(B, H, segments * DK, DV), zsums.view(B, H, segments * DK, 16),
-        s0 if initial else ends[0], z0 if initial else ends[1],
-        starts[0].view(B, H, -1, DV), starts[1].view(B, H, -1, 16), *ends, segments, DK=DK,
-        INITIAL=initial, REVERSE=reverse, STORE_STARTS=causal)
-    return starts[0].view(B, H, -1, DV), starts[1].view(B, H, -1, 16), ends
+        *_stacked(sums, zsums), s0 if initial else ends[0], z0 if initial else ends[1],
+        *stacked, *ends, segments, DK=DK, INITIAL=initial, REVERSE=reverse,
+        STORE_STARTS=causal)
+    return (*stacked, ends)
 
 
 def forward(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool, scale: float):
@@ -881,16 +893,10 @@ def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, sca
     causal the sums of the segments after it, not causal the whole
     sequence's; and the whole sequence's (dH (B, H, D_k, D_v), dZ (B, H,
     D_k, 16)): the initial state's gradient."""
-    import torch
-    B, N, H, DK = q.shape
-    chunks = -(-N // C)
-    segments = -(-chunks // seg)
-    sums = q.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
-    zsums = q.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
-    linear_attention_segment_grad_sums_kernel[(DV // 64, H, B * segments)](
-        _heads_first(q), _heads_first(do), den, sums.view(B, H, segments * DK, DV),
-        zsums.view(B, H, segments * DK, 16), scale, seg, DK=DK, MAP=feature_map,
-        NORMALIZE=normalize)
+    sums, zsums, grid = _segment_buffers(q, DV, seg)
+    linear_attention_segment_grad_sums_kernel[grid](
+        _heads_first(q), _heads_first(do), den, *_stacked(sums, zsums), scale, seg,
+        DK=q.shape[3], MAP=feature_map, NORMALIZE=normalize)
     return _prefix(sums, zsums, None, None, causal, reverse=True)
 
 
