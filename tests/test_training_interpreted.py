@@ -359,6 +359,30 @@ def test_a_second_derivative_raises_even_from_a_plain_loss(interpreted, name):
         (g.float() ** 2).sum().backward()
 
 
+@pytest.mark.parametrize("name", list(_second_derivative_cases()))
+def test_a_second_derivative_with_respect_to_an_input_raises(interpreted, name):
+    """d/d(input) of a first gradient taken with create_graph=True: the path
+    to the inputs exists (it used to end at stand-in leaves, so
+    allow_unused=True gave None where the true derivative is not zero)."""
+    out, x = _second_derivative_cases()[name]()
+    (g,) = torch.autograd.grad(out.float().sum(), x, create_graph=True)
+    for unused in (False, True):
+        with pytest.raises(RuntimeError, match="differentiate twice"):
+            torch.autograd.grad((g.float() * torch.randn(g.shape)).sum(), x,
+                                allow_unused=unused)
+
+
+def test_a_gradient_taken_with_create_graph_keeps_its_values(interpreted):
+    """create_graph=True changes nothing but the gradient's grad_fn."""
+    a = torch.randn(9, 32, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(16, 32, dtype=torch.bfloat16, requires_grad=True)
+    dc = torch.randn(9, 16)
+    plain = torch.autograd.grad(matmul(a, b).float(), (a, b), dc)
+    graphed = torch.autograd.grad(matmul(a, b).float(), (a, b), dc, create_graph=True)
+    for p, g in zip(plain, graphed):
+        assert g.requires_grad and torch.equal(p, g.detach())
+
+
 def test_the_matmul_gradient_ops_check_their_arguments(interpreted):
     import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
     ops, bf = torch.ops.tk_mlir, torch.bfloat16

@@ -76,7 +76,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
@@ -86,20 +85,48 @@ from tk_mlir.kernels import (activations, checks, decode_attention, flash_attent
 
 def first_order(backward):
     """An eager autograd.Function's backward, differentiable once: under
-    create_graph=True the gradients it returns depend on the saved inputs,
-    so they are marked to raise when differentiated again. (once_differentiable
-    alone marks them only when the incoming gradients require grad; with a
-    loss's plain ones it would hand back gradients silently cut from the
-    graph.)"""
-    once = once_differentiable(backward)
-
+    create_graph=True the gradients it returns are joined to the saved
+    tensors that require grad (the inputs they depend on) by a node that
+    raises when reached, so a second derivative with respect to any input
+    raises rather than coming back partial, or as None under allow_unused.
+    (once_differentiable marks its outputs only through stand-in leaves: a
+    second derivative with respect to the inputs found no path and came back
+    as None.)"""
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        if torch.is_grad_enabled() and any(ctx.needs_input_grad):
-            grads = tuple(g.detach().requires_grad_() if isinstance(g, torch.Tensor) and
-                          g.is_floating_point() and not g.requires_grad else g for g in grads)
-        return once(ctx, *grads)
+        if not (torch.is_grad_enabled() and any(ctx.needs_input_grad)):
+            return backward(ctx, *grads)
+        anchors = [t for t in (*ctx.saved_tensors, *grads)
+                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        return _raising_when_differentiated(outputs, anchors)
     return wrapper
+
+
+_TWICE = (b"tk_mlir: trying to differentiate twice a library kernel's gradient (its "
+          b"backward is first order only)")
+
+
+def _raising_when_differentiated(outputs, anchors):
+    """outputs (a backward's gradients), the floating ones given a grad_fn that
+    raises _TWICE and leads to `anchors` (stand-in leaves when there are none,
+    so that differentiating them still raises)."""
+    single = not isinstance(outputs, tuple)
+    outputs = (outputs,) if single else outputs
+    at = [i for i, g in enumerate(outputs) if isinstance(g, torch.Tensor) and
+          g.is_floating_point()]
+    if not at:
+        return outputs[0] if single else outputs
+    if not anchors:
+        anchors = [outputs[i].detach().requires_grad_() for i in at]
+    from torch._C import _functions
+    marked = _functions.DelayedError(_TWICE, len(at) + len(anchors))(
+        *(outputs[i] for i in at), *anchors)
+    outputs = list(outputs)
+    for i, g in zip(at, marked):
+        outputs[i] = g
+    return outputs[0] if single else tuple(outputs)
 
 
 # ------------------------------------------------------------------ matmul
