@@ -87,16 +87,16 @@ def swiglu_backward(dy, gate, up):
     if dg.numel():
         d = gate.shape[-1]
         swiglu_backward_kernel[_grid(dg.view(-1, d))](
-            _rows(gate), _rows(up), _rows(checks.kernel_operand(dy, gate.dtype)), dg.view(-1, d),
+            _rows(gate), _rows(up), _rows(dy.to(gate.dtype)), dg.view(-1, d),
             du.view(-1, d))
     return dg, du
 
 
 def _rows(t):
     """t as (rows, D): its leading dims flattened (a view where the strides
-    allow, else a copy); its last dim made contiguous."""
-    t = t if t.stride(-1) == 1 else t.contiguous()
-    return t.reshape(-1, t.shape[-1])
+    allow, else a copy), read as it lies where the kernels can (else an
+    aligned copy: checks.kernel_operand)."""
+    return checks.kernel_operand(t).reshape(-1, t.shape[-1])
 
 
 def _grid(rows_by_d) -> tuple[int, int]:

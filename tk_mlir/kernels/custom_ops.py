@@ -686,17 +686,23 @@ def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, target: to
     """d logits of cross_entropy."""
     fn = "cross_entropy_backward"
     losses._check(logits, target, ignore_index, reduction, label_smoothing, fn)
-    checks.tensor(fn, "lse", lse, ndim=1, dtypes=(torch.float32,))
-    checks.like(fn, "lse", lse, "logits", logits, dtype=False)
-    if lse.shape[0] < logits.shape[0]:
-        raise ValueError(f"{fn}: lse must hold one value per row of logits (at least "
-                         f"{logits.shape[0]}), got shape {tuple(lse.shape)}")
-    checks.tensor(fn, "dloss", dloss, dtypes=(logits.dtype, torch.float32))
-    checks.like(fn, "dloss", dloss, "logits", logits, dtype=False)
-    checks.shape(fn, "dloss", dloss, (logits.shape[0],) if reduction == "none" else (),
-                 f"the loss's shape for reduction={reduction!r}")
+    _check_loss_gradient(fn, dloss, lse, "logits", logits, reduction)
     return losses.cross_entropy_backward(dloss, logits, target, lse, ignore_index, reduction,
                                          label_smoothing)
+
+
+def _check_loss_gradient(fn: str, dloss, lse, rows_name: str, rows, reduction: str) -> None:
+    """A loss backward op's dloss (the loss's shape, `rows`' dtype or f32) and
+    the forward's lse (f32, a value per row of `rows`)."""
+    checks.tensor(fn, "lse", lse, ndim=1, dtypes=(torch.float32,))
+    checks.like(fn, "lse", lse, rows_name, rows, dtype=False)
+    if lse.shape[0] < rows.shape[0]:
+        raise ValueError(f"{fn}: lse must hold one value per row of {rows_name} (at least "
+                         f"{rows.shape[0]}), got shape {tuple(lse.shape)}")
+    checks.tensor(fn, "dloss", dloss, dtypes=(rows.dtype, torch.float32))
+    checks.like(fn, "dloss", dloss, rows_name, rows, dtype=False)
+    checks.shape(fn, "dloss", dloss, (rows.shape[0],) if reduction == "none" else (),
+                 f"the loss's shape for reduction={reduction!r}")
 
 
 @cross_entropy_backward.register_fake
@@ -761,6 +767,9 @@ def linear_cross_entropy_backward(dloss: torch.Tensor, h: torch.Tensor, weight: 
                                   reduction: str, need_h: bool, need_weight: bool
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dweight) of linear_cross_entropy; one not needed is an empty tensor."""
+    fn = "linear_cross_entropy_backward"
+    losses._check_linear(h, weight, target, ignore_index, reduction, fn)
+    _check_loss_gradient(fn, dloss, lse, "h", h, reduction)
     return losses.linear_backward(dloss, h, weight, target, lse, ignore_index, reduction,
                                   need_h, need_weight)
 
@@ -802,7 +811,11 @@ def linear_cross_entropy_with_grads(h: torch.Tensor, weight: torch.Tensor, targe
     (losses.linear_forward_with_grads: the logits made once); one not
     needed is an empty tensor. Its autograd scales them by dloss. What
     torch.compile traces when h or weight requires grad."""
-    losses._check_linear(h, weight, target, ignore_index, reduction)
+    fn = "linear_cross_entropy_with_grads"
+    losses._check_linear(h, weight, target, ignore_index, reduction, fn)
+    if reduction == "none":
+        raise ValueError(f"{fn}: reduction must be 'mean' or 'sum' (a scalar loss, whose "
+                         f"gradients the forward makes), got 'none'")
     loss, _lse, dh, dw = losses.linear_forward_with_grads(h, weight, target, ignore_index,
                                                           reduction, need_h, need_weight)
     return loss, dh, dw

@@ -140,6 +140,7 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
     """(loss, lse) of cross_entropy_kernel on checked arguments: loss reduced
     as asked, lse (N,) f32 (kept for the backward)."""
     import torch
+    logits = checks.kernel_operand(logits)      # (a view at any offset: a copy)
     n, v = logits.shape
     rows = -(-n // 4) * 4                       # f32 vectors of whole 16-byte rows
     loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
@@ -165,6 +166,7 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     """d logits of cross_entropy given the loss's gradient dloss (a scalar,
     or (N,) with reduction="none") and the forward's lse."""
     import torch
+    logits = checks.kernel_operand(logits)
     n, v = logits.shape
     rows = -(-n // 4) * 4
     scale = _row_scale(dloss, target, ignore_index, reduction, rows)
@@ -214,7 +216,7 @@ def _check(logits, target, ignore_index, reduction, label_smoothing, fn="cross_e
     if logits.shape[1] == 0:
         raise ValueError(f"{fn}: logits must have at least one class, got shape "
                          f"{tuple(logits.shape)}")
-    _check_targets(fn, target, "logits", logits, ignore_index, reduction)
+    ignore_index = _check_targets(fn, target, "logits", logits, ignore_index, reduction)
     label_smoothing = checks.number(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
@@ -389,9 +391,11 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     return (dh.to(h.dtype) if need_h else empty), (dw if need_weight else empty)
 
 
-def _check_linear(h, weight, target, ignore_index, reduction) -> int:
+def _check_linear(h, weight, target, ignore_index, reduction,
+                  fn: str = "linear_cross_entropy") -> int:
+    """The arguments of linear_cross_entropy (or of `fn`, one of its ops):
+    returns ignore_index as an int."""
     import torch
-    fn = "linear_cross_entropy"
     checks.tensor(fn, "h", h, ndim=2, dtypes=(torch.bfloat16, torch.float16))
     checks.tensor(fn, "weight", weight, ndim=2, dtypes=(torch.bfloat16, torch.float16))
     checks.like(fn, "weight", weight, "h", h)
@@ -406,14 +410,14 @@ def _check_linear(h, weight, target, ignore_index, reduction) -> int:
         raise ValueError(f"{fn}: the vocabulary V (weight's rows) must be a positive multiple "
                          f"of 8 (rows of logits of whole 16-byte vectors), got "
                          f"{weight.shape[0]}")
-    _check_targets(fn, target, "h", h, ignore_index, reduction)
+    ignore_index = _check_targets(fn, target, "h", h, ignore_index, reduction)
     checks.on_cuda(fn, "h", h)
     return ignore_index
 
 
-def _check_targets(fn: str, target, rows_name: str, rows, ignore_index, reduction) -> None:
+def _check_targets(fn: str, target, rows_name: str, rows, ignore_index, reduction) -> int:
     """target: one class index per row of `rows`, on its device; reduction and
-    ignore_index are ones the kernels take."""
+    ignore_index are ones the kernels take. Returns ignore_index as an int."""
     import torch
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{fn}: target must be a torch.Tensor, got {type(target).__name__}")
@@ -424,12 +428,16 @@ def _check_targets(fn: str, target, rows_name: str, rows, ignore_index, reductio
     checks.like(fn, "target", target, rows_name, rows, dtype=False)
     if reduction not in REDUCTIONS:
         raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    _check_ignore_index(fn, ignore_index)
+    return _check_ignore_index(fn, ignore_index)
 
 
-def _check_ignore_index(fn: str, ignore_index) -> None:
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+def _check_ignore_index(fn: str, ignore_index) -> int:
+    """ignore_index as an int (any integer, a numpy one too), in the kernels' range."""
+    import numbers
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"{fn}: ignore_index must be an int, got {ignore_index!r}")
+    ignore_index = int(ignore_index)
     if not _NO_CLASS < ignore_index < 2**31:
         raise ValueError(f"{fn}: ignore_index must fit in 32 bits and not be -2**31 (reserved), "
                          f"got {ignore_index}")
+    return ignore_index

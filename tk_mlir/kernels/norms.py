@@ -251,23 +251,36 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     if fn == "rms_norm":
         launch = planned_rms_norm(x)
         if grads:
-            return lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch)
+            run = lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch)
+        else:
+            def run(x, weight, out):
+                out = x.new_empty(x.shape) if out is None else out
+                launch(x, weight, eps, out)
+                return out
+    else:
+        launch = planned_layer_norm(x)
+        if grads:
+            run = lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(
+                x, weight, bias, eps, launch)
+        else:
+            def run(x, weight, bias, out):
+                out = x.new_empty(x.shape) if out is None else out
+                launch(x, weight, bias, eps, out)
+                return out
+    # (decided once per signature: the layouts are in its key)
+    return run if all(checks.readable(t) for t in (*params.values(), *_out(out).values())) \
+        else _through_copies(run)
 
-        def run_rms_norm(x, weight, out):
-            out = x.new_empty(x.shape) if out is None else out
-            launch(x, weight, eps, out)
-            return out
-        return run_rms_norm
-    launch = planned_layer_norm(x)
-    if grads:
-        return lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(x, weight, bias,
-                                                                              eps, launch)
 
-    def run_layer_norm(x, weight, bias, out):
-        out = x.new_empty(x.shape) if out is None else out
-        launch(x, weight, bias, eps, out)
-        return out
-    return run_layer_norm
+def _through_copies(run):
+    """`run(x, *vectors, out)` for a weight or bias the kernels cannot read as
+    it lies (a strided, expanded or misaligned view: an aligned copy) or an
+    out they cannot write (a misaligned view: a new output copied into it)."""
+    def run_copied(x, *vectors_and_out):
+        *vectors, out = vectors_and_out
+        y = run(x, *(checks.kernel_operand(v) for v in vectors), None)
+        return y if out is None else out.copy_(y)
+    return run_copied
 
 
 def _out(out) -> dict:
@@ -288,8 +301,9 @@ def _recorded(fn: str, out, *inputs) -> bool:
 
 
 def launch_rms_norm(x, weight, eps: float, out) -> None:
-    """rmsnorm_kernel on checked tensors, into out."""
-    planned_rms_norm(x)(x, weight, eps, out)
+    """rmsnorm_kernel on checked tensors, into out (an output the kernel can
+    write: torch.empty's)."""
+    planned_rms_norm(x)(x, checks.kernel_operand(weight), eps, out)
 
 
 def planned_rms_norm(x):
@@ -305,8 +319,10 @@ def planned_rms_norm(x):
 
 
 def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
-    """layernorm_kernel on checked tensors, into out."""
-    planned_layer_norm(x)(x, weight, bias, eps, out)
+    """layernorm_kernel on checked tensors, into out (an output the kernel can
+    write: torch.empty's)."""
+    planned_layer_norm(x)(x, checks.kernel_operand(weight), checks.kernel_operand(bias), eps,
+                          out)
 
 
 def planned_layer_norm(x):
@@ -356,7 +372,8 @@ def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
     grid = min(rows, 2 * num_sms(x.get_device()))
     parts = [torch.empty(grid, d, dtype=torch.float32, device=x.device) for _ in range(outputs)]
     # (without dh, DH is not read: dy stands in for it)
-    kernel[(grid,)](x, weight, dy, dy if dh is None else dh, dx, *parts, eps, BLOCK=block,
+    kernel[(grid,)](x, checks.kernel_operand(weight), dy, dy if dh is None else dh, dx, *parts,
+                    eps, BLOCK=block,
                     ADD_DH=dh is not None)
     sums = []
     for part in parts:
@@ -425,7 +442,8 @@ def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
     if x.shape[0]:
         kernel = add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel
         *bias, eps = bias_eps
-        kernel[(x.shape[0],)](x, residual, weight, *bias, y2, h2, eps, BLOCK=_block(x.shape[1]))
+        vectors = [checks.kernel_operand(t) for t in (weight, *bias)]
+        kernel[(x.shape[0],)](x, residual, *vectors, y2, h2, eps, BLOCK=_block(x.shape[1]))
     return y, h
 
 

@@ -181,7 +181,9 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     sms = num_sms(a.get_device())
     chosen = plan(M, N, K, sms)
-    bt, scales = b.t(), scale_operands(scale_a, scale_b)
+    # (a view whose rows are not 16-byte aligned, e.g. a column slice: an aligned copy)
+    a, bt, scales = checks.kernel_operand(a), checks.kernel_operand(b.t()), \
+        scale_operands(scale_a, scale_b)
     if chosen.kernel == "autotuned":
         scaled_gemm_kernel[(sms,)](a, bt, c, *scales)
     elif chosen.kernel == "tiles":
