@@ -571,7 +571,7 @@ def test_backward_schedules_agree():
                         (7, round_robin.cuda())):
         dq = torch.full((B, H, N, D), float("nan"), device="cuda")
         fa.attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](
-            o, do, fa.padded_rows(lse), delta, lse2, dq, D=D)
+            o, do, fa.padded_rows(lse), delta, delta, lse2, dq, D=D)   # (dLSE unread)
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
         fa.attention_backward_kernel[(grid,)](
             q, k, v, do, lse2, delta, dq, dk, dv, table, fa.LOG2E / math.sqrt(D),
@@ -699,3 +699,34 @@ def test_an_empty_batch_has_empty_gradients(interpret):
     v = torch.randn(0, 2, 16, 64).to(torch.bfloat16)
     attention(q, k, v).sum().backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+@pytest.mark.parametrize("causal,deterministic", [(True, False), (False, False), (True, True)])
+def test_lse_is_differentiable_in_the_interpreter(interpret, causal, deterministic):
+    """A loss through lse and o, and through lse alone (GQA, N < N_kv, a
+    ragged last tile), against float64 autograd: the backward takes dlse
+    (Delta - dlse), eagerly and through the ops under torch.compile."""
+    from tk_mlir.kernels import attention
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 4, 100, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 2, 150, 64, generator=g).to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    do, dl = torch.randn(1, 4, 100, 64, generator=g), torch.randn(1, 4, 100, generator=g)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rlse = _reference(*ref_in, causal, 0.125)
+    ro, rlse = ro.double(), rlse.double()
+
+    def loss(o, lse):
+        return (o.float() * do).sum() + (lse * dl).sum()
+
+    def fn(q, k, v):
+        return attention(q, k, v, causal=causal, scale=0.125, deterministic=deterministic,
+                         return_lse=True)
+    cases = [(fn, loss, 3), (fn, lambda o, lse: (lse * dl).sum(), 2)]     # (v: no path)
+    if not deterministic:
+        cases.append((torch.compile(fn, backend="aot_eager", fullgraph=True), loss, 3))
+    for f, lossf, inputs in cases:
+        got = torch.autograd.grad(lossf(*f(q, k, v)), (q, k, v)[:inputs])
+        want = torch.autograd.grad(lossf(ro, rlse), ref_in[:inputs], retain_graph=True)
+        for a, b in zip(got, want):
+            assert ((a.double() - b).norm() / b.norm()).item() < 1e-2

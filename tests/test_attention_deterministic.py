@@ -58,7 +58,7 @@ def _interpret(q, k, v, do, causal, grid, deterministic):
     lse2, delta = torch.empty(B, H, n4), torch.empty(B, H, n4)
     dq = torch.full((B, H, N, D), float("nan"))
     fa.attention_backward_prep_kernel.interpret[(tk.cdiv(N, 64), H, B)](
-        o, do, lse, delta, lse2, dq, D=D)
+        o, do, lse, delta, delta, lse2, dq, D=D)     # (dLSE unread)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     fa.attention_backward_kernel.interpret[(grid,)](
         q, k, v, do, lse2, delta, dq, dk, dv, fa.backward_tasks(q, k, causal, grid, deterministic),

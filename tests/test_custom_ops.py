@@ -160,8 +160,9 @@ def recorded_backward(monkeypatch):
     one runs on the GPU)."""
     calls = []
 
-    def record(do, q, k, v, o, lse, causal, scale):
-        calls.append(dict(do=do, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale))
+    def record(do, q, k, v, o, lse, causal, scale, dlse=None):
+        calls.append(dict(do=do, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale,
+                          dlse=dlse))
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     from tk_mlir.kernels import custom_ops
@@ -192,14 +193,15 @@ def test_attention_backward_gets_the_forward_tensors(recorded_backward):
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
-def test_a_loss_through_lse_is_refused(recorded_backward):
+def test_a_loss_through_lse_hands_the_backward_its_gradient(recorded_backward):
     q, k, v = _meta_qkv()
     o, lse = torch.ops.tk_mlir.attention(q, k, v, False, 0.125)
     torch.autograd.grad(o.sum(), (q,), retain_graph=True)                    # lse unused
     torch.autograd.grad(o.sum() + lse.detach().sum(), (q,), retain_graph=True)
-    with pytest.raises(RuntimeError, match="log-sum-exp .* has no gradient"):
-        torch.autograd.grad(lse.sum(), (q,))
-    assert len(recorded_backward) == 2
+    torch.autograd.grad(lse.sum(), (q,))                                     # o unused
+    first, second, third = recorded_backward
+    assert first["dlse"] is None and second["dlse"] is None
+    assert third["dlse"].shape == lse.shape and third["do"].shape == o.shape
 
 
 def test_no_grad_inputs_build_no_graph():

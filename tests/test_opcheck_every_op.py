@@ -166,7 +166,9 @@ def _attention():
 def _attention_backward():
     q, k, v = _qkv(grad=False)
     o, lse = ops.attention(q, k, v, True, 0.125)
-    return [(_rand(*o.shape, seed=3), q, k, v, o, lse, True, 0.125)]
+    return [(_rand(*o.shape, seed=3), q, k, v, o, lse, True, 0.125),
+            (_rand(*o.shape, seed=3), q, k, v, o, lse, True, 0.125, False, -1, -1, 0.0,
+             _rand(*lse.shape, dtype=torch.float32, seed=5))]
 
 
 def _attention_with_kvcache():
@@ -193,7 +195,9 @@ def _attention_varlen():
 def _attention_varlen_backward():
     q, k, v, cu_q, cu_k = (t.detach() for t in _varlen())
     o, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, True, 0.125)
-    return [(_rand(*o.shape, seed=3), q, k, v, o, lse, cu_q, cu_k, True, 0.125)]
+    return [(_rand(*o.shape, seed=3), q, k, v, o, lse, cu_q, cu_k, True, 0.125),
+            (_rand(*o.shape, seed=3), q, k, v, o, lse, cu_q, cu_k, True, 0.125, -1, -1, 0.0,
+             _rand(*lse.shape, dtype=torch.float32, seed=5))]
 
 
 def _linear_qkv(grad=True):

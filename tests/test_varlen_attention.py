@@ -282,3 +282,24 @@ def test_the_ops_fakes_match_what_they_return(interpret):
                       (torch.rand_like(o), q, k, v, o, lse, cu_q, cu_k, True, 0.125))]:
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_lse_is_differentiable(interpret, causal):
+    """A loss through lse as well as o (every row sees a key: lens_k >= lens_q),
+    and through lse alone: the gradients of the float64 reference."""
+    q, k, v, cu_q, cu_k = _inputs([70, 1, 130], [70, 5, 260], 2, 1, 64, seed=11)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = attention_varlen(q, k, v, cu_q, cu_k, 130, 260, causal=causal, return_lse=True)
+    g = torch.Generator().manual_seed(12)
+    do, dl = torch.rand(o.shape, generator=g) - 0.5, torch.rand(lse.shape, generator=g) - 0.5
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rlse = reference(*ref_in, cu_q, cu_k, causal)
+    for got, want in ((torch.autograd.grad((o.float() * do).sum() + (lse * dl).sum(), (q, k, v),
+                                           retain_graph=True),
+                       torch.autograd.grad((ro * do).sum() + (rlse * dl).sum(), ref_in,
+                                           retain_graph=True)),
+                      (torch.autograd.grad((lse * dl).sum(), (q, k)),        # (v: no path)
+                       torch.autograd.grad((rlse * dl).sum(), ref_in[:2]))):
+        for a, b in zip(got, want):
+            assert _rel(a, b) < 1e-2

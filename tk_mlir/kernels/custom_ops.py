@@ -949,17 +949,34 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
                        deterministic: bool = False, left: int = -1, right: int = -1,
-                       softcap: float = 0.0
+                       softcap: float = 0.0, dlse: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of attention by the backward kernels: an op of its own, so
-    that a compiled backward graph calls it as one node (it cannot trace into
-    a cuda-python launch)."""
-    return flash_attention.attention_backward(do, q, k, v, o, lse, causal, scale, deterministic,
-                                              left, right, softcap)
+    """(dq, dk, dv) of attention by the backward kernels, given the gradients
+    of o (do) and of lse (dlse, or None): an op of its own, so that a
+    compiled backward graph calls it as one node (it cannot trace into a
+    cuda-python launch)."""
+    fn = "attention_backward"
+    flash_attention._check(q, k, v)
+    _check_attention_gradients(fn, do, o, dlse, lse, q)
+    return flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,
+                                              lse, causal, scale, deterministic, left, right,
+                                              softcap, dlse)
+
+
+def _check_attention_gradients(fn: str, do, o, dlse, lse, q) -> None:
+    """An attention backward op's do (o's shape, on q's device) and dlse (lse's
+    shape, or None)."""
+    for name, t, ref_name, ref in (("do", do, "o", o), ("dlse", dlse, "lse", lse)):
+        if t is None:
+            continue
+        checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+        checks.like(fn, name, t, "q", q, dtype=False)
+        checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale, deterministic=False, left=-1, right=-1, softcap=0.0):
+def _(do, q, k, v, o, lse, causal, scale, deterministic=False, left=-1, right=-1, softcap=0.0,
+      dlse=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -970,24 +987,20 @@ def _attention_setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-    # An unused lse then gets None, not zeros: the backward can tell a loss
-    # that reaches lse (which it cannot differentiate) from one that does not.
+    # An output no loss reached gets None, not zeros (no dlse term to add).
     ctx.set_materialize_grads(False)
 
 
 def _attention_backward(ctx, do, dlse, backward=None):
     """dq, dk, dv by the backward kernel (`backward`: the op
     attention_backward, or under EagerAttention the kernels' own function),
-    which takes dO and the forward's o and lse; dk, dv are summed over the
-    query heads of each K/V head (GQA)."""
-    if dlse is not None:
-        raise RuntimeError(
-            "tk_mlir.attention: the log-sum-exp (return_lse=True) has no gradient; a loss "
-            "reached it. Use lse.detach() where it is only read (under torch.compile, also "
-            "when lse leaves the compiled function)")
+    which takes dO, dLSE and the forward's o and lse; dk, dv are summed over
+    the query heads of each K/V head (GQA)."""
     q, k, v, o, lse = ctx.saved_tensors
-    if do is None:      # neither output reached the loss
+    if do is None and dlse is None:     # neither output reached the loss
         return (None,) * 9
+    if do is None:                      # only lse did
+        do = torch.zeros_like(o)
     if not q.numel() * k.numel():      # B = 0 or H = 0: empty gradients, no launch
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * 6
     if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
@@ -999,6 +1012,8 @@ def _attention_backward(ctx, do, dlse, backward=None):
     extra = {"deterministic": True} if ctx.deterministic else {}
     if ctx.window != (-1, -1) or ctx.softcap:
         extra.update(left=ctx.window[0], right=ctx.window[1], softcap=ctx.softcap)
+    if dlse is not None:
+        extra.update(dlse=dlse)
     dq, dk, dv = backward(*args, **extra)
     return dq, dk, dv, None, None, None, None, None, None
 
@@ -1055,16 +1070,21 @@ def attention_varlen_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                               v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                               cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                               causal: bool, scale: float, left: int = -1, right: int = -1,
-                              softcap: float = 0.0
+                              softcap: float = 0.0, dlse: torch.Tensor | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of attention_varlen by the backward kernels."""
-    return varlen_attention.backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal,
-                                     scale, left, right, softcap)
+    """(dq, dk, dv) of attention_varlen by the backward kernels, given the
+    gradients of o (do) and of lse (dlse, or None)."""
+    fn = "attention_varlen_backward"
+    varlen_attention._check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_attention_gradients(fn, do, o, dlse, lse, q)
+    return varlen_attention.backward(checks.kernel_operand(do, q.dtype), q, k, v, o, lse,
+                                     cu_seqlens_q, cu_seqlens_k, causal, scale, left, right,
+                                     softcap, dlse)
 
 
 @attention_varlen_backward.register_fake
 def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, left=-1, right=-1,
-      softcap=0.0):
+      softcap=0.0, dlse=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -1073,21 +1093,19 @@ def _varlen_setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
     ctx.masks = (causal, scale, left, right, softcap)
-    ctx.set_materialize_grads(False)    # as attention's: an unused lse gets None
+    ctx.set_materialize_grads(False)    # as attention's: an unused output gets None
 
 
 def _varlen_backward(ctx, do, dlse, backward=None):
     """dq, dk, dv (`backward`: the op, or under EagerAttentionVarlen the
-    kernels' own function); lse has no gradient, as attention's."""
-    if dlse is not None:
-        raise RuntimeError(
-            "tk_mlir.attention_varlen: the log-sum-exp (return_lse=True) has no gradient; a "
-            "loss reached it. Use lse.detach() where it is only read")
+    kernels' own function), from the gradients of o and lse, as attention's."""
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    if do is None:
+    if do is None and dlse is None:
         return (None,) * 10
+    if do is None:
+        do = torch.zeros_like(o)
     dq, dk, dv = (backward or attention_varlen_backward)(do, q, k, v, o, lse, cu_q, cu_k,
-                                                         *ctx.masks)
+                                                         *ctx.masks, dlse=dlse)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 

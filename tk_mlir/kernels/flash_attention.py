@@ -380,8 +380,10 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     (tk_mlir/kernels/custom_ops.py), traced as one node; eager calls launch
     directly (custom_ops.EagerAttention; with nothing to differentiate, the
     forward kernel alone). Either way o is differentiable in
-    q, k and v (the backward is `attention_backward`). lse carries no gradient: a
-    loss that reaches it raises a RuntimeError at backward (detach lse).
+    q, k and v (the backward is `attention_backward`), and so is lse (its
+    gradient dlse adds dlse·P to the scores' gradient: the backward subtracts
+    it from rowsum(dO ∘ O)), as a ring attention's merge of partial results
+    needs.
     deterministic=True makes the backward's dq the same bits on every run (its
     f32 sums over key blocks in a fixed order, FA3's per-tile semaphores), at
     some speed; o, dk and dv are deterministic either way.
@@ -441,11 +443,11 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     if grad:
         backward = []       # planned at the first backward (its task table), then kept
 
-        def remembered_backward(do, q, k, v, o, lse, *options, **keywords):
+        def remembered_backward(do, q, k, v, o, lse, *options, dlse=None, **keywords):
             if not backward:
                 backward.append(planned_backward(q, k, causal, scale, deterministic, left, right,
                                                  softcap))
-            return backward[0](do, q, k, v, o, lse)
+            return backward[0](do, q, k, v, o, lse, dlse)
 
         def run_recorded(q, k, v):
             o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,
@@ -519,21 +521,28 @@ def _check_shapes(q, k, v) -> None:
 # ------------------------------------------------------------------ backward
 
 @tk.kernel(num_warps=4)
-def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, Delta: tk.gl, LSE2: tk.gl,
-                                   dQ: tk.gl, D: tk.constexpr = 128):
+def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl, Delta: tk.gl,
+                                   LSE2: tk.gl, dQ: tk.gl, D: tk.constexpr = 128,
+                                   WITH_DLSE: tk.constexpr = False):
     """What the backward kernel reads besides Q, K, V and dO, per 64 query
     rows: Delta = rowsum(dO ∘ O) (the term the softmax gradient subtracts),
-    LSE2 = LSE·log2(e) with +inf for a row that saw no key (LSE -inf: its P
-    comes out 0), and dQ's rows zeroed (the backward adds into them).
-    LSE, Delta, LSE2: (B, H, N') f32, N' >= N a multiple of 4; LSE's rows
-    past N are not used, Delta's and LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
+    less dLSE (WITH_DLSE: the gradient of the log-sum-exp, which adds
+    dLSE·P to the scores' gradient), LSE2 = LSE·log2(e) with +inf for a row
+    that saw no key (LSE -inf: its P comes out 0), and dQ's rows zeroed (the
+    backward adds into them). LSE, dLSE, Delta, LSE2: (B, H, N') f32, N' >= N
+    a multiple of 4; LSE's and dLSE's rows past N are not used, Delta's and
+    LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
-    tk.store(Delta, (o * do).row_sum(), (b, h, r))
+    delta = (o * do).row_sum()
     lse = tk.load(LSE, (b, h, r), (64,))
+    real = lse.indices() + r * 64 < O.shape[2]      # rows past N: padding
+    if WITH_DLSE:
+        delta = delta - tk.where(real, tk.load(dLSE, (b, h, r), (64,)), 0.0)
+    tk.store(Delta, delta, (b, h, r))
     lse2 = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    tk.store(LSE2, tk.where(lse.indices() + r * 64 < O.shape[2], lse2, 0.0), (b, h, r))
+    tk.store(LSE2, tk.where(real, lse2, 0.0), (b, h, r))
     tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
 
 
@@ -959,21 +968,22 @@ def padded_rows(lse):
 
 def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
                        deterministic: bool = False, left: int = -1, right: int = -1,
-                       softcap: float = 0.0):
+                       softcap: float = 0.0, dlse=None):
     """(dq, dk, dv) of attention(q, k, v, causal, scale) given its output o, its
     log-sum-exp lse (B, H, N) and the output's gradient do; dk, dv have k's and
     v's shapes (GQA: summed over the query heads of each K/V head).
     deterministic=True: dq's f32 sums in a fixed order (the same bits on every
     run), at some speed (tasks wait for their turn at each dQ tile).
     left, right, softcap: the forward's window and cap (the window not with
-    deterministic); the arguments of the op torch.ops.tk_mlir.attention_backward."""
+    deterministic); dlse: the gradient of lse (B, H, N), or None; the arguments of
+    the op torch.ops.tk_mlir.attention_backward."""
     return planned_backward(q, k, causal, scale, deterministic, left, right, softcap)(
-        do, q, k, v, o, lse)
+        do, q, k, v, o, lse, dlse)
 
 
 def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = False,
                      left: int = -1, right: int = -1, softcap: float = 0.0):
-    """`run(do, q, k, v, o, lse) -> (dq, dk, dv)`: attention_backward for
+    """`run(do, q, k, v, o, lse, dlse=None) -> (dq, dk, dv)`: attention_backward for
     tensors shaped like q and k (and on their device), its configuration,
     grid, task table and launches chosen once."""
     import torch
@@ -993,39 +1003,46 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
     kernels = backward_launcher(q.shape, grid, scale, CAUSAL=causal, DETERMINISTIC=deterministic,
                                 **cfg)
 
-    def run(do, q, k, v, o, lse):
+    def run(do, q, k, v, o, lse, dlse=None):
         do = do if do.stride(-1) == 1 else do.contiguous()
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         tasks = table if table is not None else backward_tasks(q, k, causal, grid, True)
-        dq = kernels(do, q, k, v, o, lse, dk, dv, tasks)
+        dq = kernels(do, q, k, v, o, lse, dk, dv, tasks, dlse)
         # dq laid out like q (as the op's fake says: a compiled backward checks it).
         return torch.empty_like(q).copy_(dq), dk, dv
     return run
 
 
-def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float, **cfg):
+def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float, dlse=None,
+                    **cfg):
     """The backward's two kernels on (B, H, N, D) tensors as they read them
-    (lse (B, H, N) f32), dK and dV written into dk, dv; cfg: the backward
-    kernel's constexprs (_backward_config's and the masks'). Returns dq
-    (B, H, N, D) f32."""
-    return backward_launcher(q.shape, grid, scale, **cfg)(do, q, k, v, o, lse, dk, dv, tasks)
+    (lse (B, H, N) f32, and its gradient dlse like it or None), dK and dV
+    written into dk, dv; cfg: the backward kernel's constexprs
+    (_backward_config's and the masks'). Returns dq (B, H, N, D) f32."""
+    return backward_launcher(q.shape, grid, scale, **cfg)(do, q, k, v, o, lse, dk, dv, tasks,
+                                                          dlse)
 
 
 def backward_launcher(shape, grid: int, scale: float, **cfg):
-    """`launch(do, q, k, v, o, lse, dk, dv, tasks) -> dq`: launch_backward for
+    """`launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None) -> dq`: launch_backward for
     (B, H, N, D) tensors of `shape`, its two kernels' launches made once."""
     import torch
     B, H, N, D = shape
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
     prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
+    prep_dlse = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D,
+                                                        WITH_DLSE=True)
     main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
     scale2 = scale * math.log2(math.e)
 
-    def launch(do, q, k, v, o, lse, dk, dv, tasks):
+    def launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None):
         lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
                        for _ in range(2))
         dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
-        prep(o, do, padded_rows(lse), delta, lse2, dq)
+        if dlse is None:
+            prep(o, do, padded_rows(lse), delta, delta, lse2, dq)      # (dLSE unread)
+        else:
+            prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), delta, lse2, dq)
         main(q, k, v, do, lse2, delta, dq, dk, dv, tasks, scale2, scale)
         return dq
     return launch

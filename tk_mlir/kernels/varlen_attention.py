@@ -44,7 +44,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     window=(left, right) and softcap as `attention`'s. A query that sees no
     key (an empty key sequence, or before the causal diagonal) gets output 0
     and lse -inf. Returns o (total_q, H, D), laid out like q, and with
-    return_lse=True also lse (H, total_q) f32 (natural log; no gradient).
+    return_lse=True also lse (H, total_q) f32 (natural log; differentiable).
 
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
@@ -170,9 +170,10 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
 
 
 def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: int = -1,
-             right: int = -1, softcap: float = 0.0):
-    """(dq, dk, dv) of attention_varlen given o, its lse (H, total_q) and do;
-    dk, dv summed over the query heads of each K/V head (GQA)."""
+             right: int = -1, softcap: float = 0.0, dlse=None):
+    """(dq, dk, dv) of attention_varlen given o, its lse (H, total_q) and the
+    gradients do and dlse (like lse, or None); dk, dv summed over the query
+    heads of each K/V head (GQA)."""
     import torch
     total_q, H, D = q.shape
     if not total_q or not k.shape[0]:   # nothing attended: nothing to differentiate
@@ -185,7 +186,8 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
                                          (left, right)), k.shape[1], grid)
     dq32 = flash_attention.launch_backward(
         _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
-        _packed(dk), _packed(dv), tasks, grid, scale, VARLEN=True,
+        _packed(dk), _packed(dv), tasks, grid, scale,
+        dlse=None if dlse is None else dlse.unsqueeze(0), VARLEN=True,
         **flash_attention._backward_config(D), **cap)
     _packed(dq).copy_(dq32)
     return dq, dk, dv
