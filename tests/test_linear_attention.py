@@ -381,3 +381,30 @@ def test_taylor2_in_f16_does_not_overflow_on_long_sequences(interpret):
     o = linear_attention(q, q, v, "taylor2")
     assert o.dtype == torch.float16 and torch.isfinite(o).all()
     assert (o.float() - 1).abs().max() < 1e-2
+
+
+def test_the_ops_refuse_taylor2_and_check_the_backward_gradients(interpret):
+    """torch.ops.tk_mlir.* called directly: taylor2 (made in torch around the
+    'none' op, not an op) is refused by name, not a compile error inside;
+    the backward op checks do and o, and takes an f32 do."""
+    import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+    ops, bf = torch.ops.tk_mlir, torch.bfloat16
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 40, 2, 16, generator=g).to(bf) for _ in range(2))
+    v = torch.randn(1, 40, 2, 64, generator=g).to(bf)
+    with pytest.raises(ValueError, match="'taylor2' runs as tk_mlir.kernels.linear_attention"):
+        ops.linear_attention(q, k, v, None, None, "taylor2", True, True, 0.25)
+    s, z = torch.randn(1, 2, 273, 64), torch.rand(1, 2, 273)
+    with pytest.raises(ValueError, match="'taylor2' runs as tk_mlir.kernels.linear_attention_"):
+        ops.linear_attention_step(q[:, :1], k[:, :1], v[:, :1], s, z, "taylor2", True, 0.25)
+    q, k = (torch.randn(1, 40, 2, 64, generator=g).to(bf) for _ in range(2))
+    o, _, _ = ops.linear_attention(q, k, v, None, None, "elu1", True, True, 0.125)
+    do = torch.randn(o.shape, generator=g)
+    grads = ops.linear_attention_backward(do, q, k, v, o, None, None, "elu1", True, True, 0.125)
+    want = ops.linear_attention_backward(do.to(bf), q, k, v, o, None, None, "elu1", True, True,
+                                         0.125)
+    for a, b in zip(grads[:3], want[:3]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="do must have shape"):
+        ops.linear_attention_backward(do[:, :20], q, k, v, o, None, None, "elu1", True, True,
+                                      0.125)

@@ -183,6 +183,7 @@ def test_bad_arguments_are_refused_with_the_rule():
          r"initial_state must have shape \(1, 4, 64, 64\) \(\(b, h, p, n\)\)"),
         (dict(initial_state=h0.to(bf16)), TypeError, r"initial_state must be torch.float32"),
         (dict(chunk_size=100), ValueError, r"chunk_size must be a positive multiple of 16"),
+        (dict(chunk_size=True), TypeError, r"chunk_size must be an int"),
         (dict(return_state=1), TypeError, r"return_state must be a bool"),
         (dict(x=x.transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
          r"x's last dim must be contiguous"),

@@ -846,7 +846,7 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     ds0 = torch.empty(s0.shape, dtype=torch.float32, device=q.device) if initial else None
     dz16 = q.new_empty(B, H, DK, 16, dtype=torch.float32) if initial else None
     if B and H and N:
-        do = checks.kernel_operand(do)
+        do = checks.kernel_operand(do, v.dtype)
         chunks = -(-N // C)
         seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
         grid = (DV // 64, H, B * -(-chunks // seg))

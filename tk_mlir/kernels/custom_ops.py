@@ -1139,9 +1139,19 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: torc
     state = None if s0 is None else (s0, z0)
     fm = None if feature_map == "none" else feature_map
     chunked_linear_attention._check(q, k, v, fm, causal, normalize, state, False)
+    _no_taylor2("linear_attention", feature_map)
     checks.on_cuda("linear_attention", "q", q)
     return chunked_linear_attention.forward(q, k, v, s0, z0, feature_map, causal, normalize,
                                            scale)
+
+
+def _no_taylor2(fn: str, feature_map: str) -> None:
+    """The chunked kernels take the elementwise maps; taylor2's features are
+    made in torch around them (taylor_linear_attention), not in an op."""
+    if feature_map == "taylor2":
+        raise ValueError(f"{fn}: the op takes feature_map 'none', 'elu1' or 'relu'; "
+                         f"'taylor2' runs as tk_mlir.kernels.{fn}, which makes its features "
+                         f"around the 'none' op")
 
 
 @linear_attention.register_fake
@@ -1162,6 +1172,15 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                                          torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dS0, dz0) of linear_attention by its backward kernel
     (dS0, dz0 empty without an initial state: an op returns tensors)."""
+    fn = "linear_attention_backward"
+    state = None if s0 is None else (s0, z0)
+    chunked_linear_attention._check(q, k, v, None if feature_map == "none" else feature_map,
+                                    causal, normalize, state, False, fn)
+    _no_taylor2(fn, feature_map)
+    for name, t, ref_name, ref in (("do", do, "v", v), ("o", o, "v", v)):
+        checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+        checks.like(fn, name, t, "q", q, dtype=False)
+        checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
     dq, dk, dv, ds0, dz0 = chunked_linear_attention.backward(do, q, k, v, o, s0, z0,
                                                              feature_map, causal, normalize,
                                                              scale)
@@ -1192,7 +1211,8 @@ def _linear_attention_backward(ctx, do, ds1, dz1, backward=None):
     if ds1 is not None or dz1 is not None:
         raise RuntimeError(
             "tk_mlir.linear_attention: the returned state has no gradient; a loss reached "
-            "it. Use state[0].detach(), state[1].detach() where it is only read")
+            "it. Use state[0].detach(), state[1].detach() where it is only read (under "
+            "torch.compile, also when the state leaves the compiled function)")
     q, k, v, o, s0, z0 = ctx.saved_tensors
     if do is None:
         return (None,) * 9
@@ -1236,6 +1256,7 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0:
     chunked_linear_attention.linear_attention_step."""
     fm = None if feature_map == "none" else feature_map
     chunked_linear_attention._check(q, k, v, fm, True, normalize, (s0, z0), False)
+    _no_taylor2("linear_attention_step", feature_map)
     checks.on_cuda("linear_attention_step", "q", q)
     return chunked_linear_attention.step(q, k, v, s0, z0, feature_map, normalize, scale)
 

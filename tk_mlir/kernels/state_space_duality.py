@@ -379,10 +379,11 @@ def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
         checks.tensor(fn, "initial_state", initial_state, ndim=4, dtypes=(torch.float32,))
         checks.like(fn, "initial_state", initial_state, "x", x, dtype=False)
         checks.shape(fn, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
-    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool)
-            and chunk_size > 0 and chunk_size % 16 == 0):
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"{fn}: chunk_size must be an int, got {chunk_size!r}")
+    if chunk_size <= 0 or chunk_size % 16:
         raise ValueError(f"{fn}: chunk_size must be a positive multiple of 16, got "
-                         f"{chunk_size!r}")
+                         f"{chunk_size}")
     if not isinstance(return_state, bool):
         raise TypeError(f"{fn}: return_state must be a bool, got {return_state!r}")
 

@@ -49,11 +49,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
     they are checked."""
+    import numbers
     import torch
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TypeError(f"{FN}: {name} must be an int >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{FN}: {name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{FN}: {name} must be >= 0, got {value}")
     if not isinstance(causal, bool):
         raise TypeError(f"{FN}: causal must be a bool, got {causal!r}")
     scale, left, right, softcap = checks.attention_options(FN, q.shape[-1], reach(q, k), scale,
