@@ -240,12 +240,49 @@ def test_compiled_matches_eager(interpret):
     assert_compiled_matches_eager(f, q, k, v)
 
 
-def test_the_returned_state_carries_no_gradient(interpret):
-    q, k, v, _ = _inputs(1, 64, 1, 64, 64, seed=5)
-    q.requires_grad_()
-    o, (s, z) = linear_attention(q, k, v, return_state=True)
-    with pytest.raises(RuntimeError, match="the returned state has no gradient"):
-        s.sum().backward()
+@pytest.mark.parametrize("min_segment,dv,feature_map,normalize,state", [
+    (4, 64, "elu1", True, True),        # one segment: the reverse walk starts from dS1
+    (1, 64, "relu", False, False),      # a segment per chunk: dS1 in the reverse prefix
+    (1, 128, None, True, True),         # D_v over two blocks
+])
+def test_the_returned_state_is_differentiable(interpret, monkeypatch, min_segment, dv,
+                                              feature_map, normalize, state):
+    """A loss through o and the final state (S, z), and through the state
+    alone (as a chunked recurrence's next call would), against the float64
+    recurrence: dS1 starts the reverse pass, dz1 adds to every φ(k) and z0."""
+    from tk_mlir.kernels import chunked_linear_attention as cla
+    monkeypatch.setattr(cla, "MIN_SEGMENT", min_segment)
+    q, k, v, st = _inputs(1, 200, 2, 64, dv, seed=dv + min_segment, state=state)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v) + (st or ())]
+    o, (s1, z1) = linear_attention(*leaves[:3], feature_map=feature_map, normalize=normalize,
+                                   initial_state=leaves[3:] or None, return_state=True)
+    g = torch.Generator().manual_seed(7)
+    do, ds, dz = (torch.rand(t.shape, generator=g) - 0.5 for t in (o, s1, z1))
+    ref_in = [t.detach().double().requires_grad_() for t in leaves]
+    ro, rs, rz = recurrence(*ref_in[:3], feature_map, True, normalize, 0.125, *ref_in[3:])
+    wanted = len(leaves)                    # (q: no path to the state)
+    for loss, ref_loss in (((o.float() * do).sum() + (s1 * ds).sum() + (z1 * dz).sum(),
+                            (ro * do).sum() + (rs * ds).sum() + (rz * dz).sum()),
+                           ((s1 * ds).sum() + (z1 * dz).sum(), (rs * ds).sum() + (rz * dz).sum())):
+        got = torch.autograd.grad(loss, leaves[1:wanted], retain_graph=True)
+        want = torch.autograd.grad(ref_loss, ref_in[1:wanted], retain_graph=True)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert _rel(a, b) < 1e-2, i
+
+
+def test_a_compiled_function_may_return_the_state(interpret):
+    """torch.compile hands every output a gradient (zeros where no loss used
+    it): returning the state from a compiled function trains through o."""
+    q, k, v, _ = _inputs(1, 100, 2, 64, 64, seed=8)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def fn(q, k, v):
+        return linear_attention(q, k, v, "elu1", return_state=True)
+    o, (s1, z1) = torch.compile(fn, backend="aot_eager", fullgraph=True)(*leaves)
+    got = torch.autograd.grad(o.float().sum(), leaves)
+    want = torch.autograd.grad(linear_attention(*leaves, "elu1").float().sum(), leaves)
+    for a, b in zip(got, want):
+        assert _rel(a, b) < 1e-3
 
 
 def test_bad_arguments_are_refused_with_the_rule():

@@ -219,7 +219,10 @@ def _linear_attention_backward():
     q, k, v = _linear_qkv(grad=False)
     s0, z0 = _state(grad=False)
     o, _, _ = ops.linear_attention(q, k, v, s0, z0, "elu1", True, True, 0.125)
-    return [(_rand(*o.shape, seed=5), q, k, v, o, s0, z0, "elu1", True, True, 0.125)]
+    ds1, dz1 = _state(grad=False)
+    return [(_rand(*o.shape, seed=5), q, k, v, o, s0, z0, "elu1", True, True, 0.125),
+            (_rand(*o.shape, seed=5), q, k, v, o, None, None, "relu", True, False, 0.125,
+             ds1, dz1)]
 
 
 def _linear_attention_step():

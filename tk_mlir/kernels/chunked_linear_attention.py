@@ -638,7 +638,7 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     = D_k but for taylor2, added before the first token (causal only). return_state=True
     also returns the state after the last token, in that form. o has v's
     shape and dtype, contiguous. Differentiable in q, k, v and the initial
-    state; under torch.compile the custom op torch.ops.tk_mlir.linear_attention."""
+    state, and the returned state is differentiable too; under torch.compile the custom op torch.ops.tk_mlir.linear_attention."""
     import torch
     _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
     scale = checks.attention_scale("linear_attention", scale, q.shape[-1])
@@ -827,14 +827,20 @@ def forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normaliz
 
 
 def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
-             scale: float, starts=None):
+             scale: float, starts=None, ds1=None, dz1=None):
     """(dq, dk, dv, dS0, dz0) of `forward` given o and its gradient do (dS0,
     dz0 None without an initial state): a pass in order (dq) and one in
     reverse (dk, dv), each over `forward`'s segments, from their starts
-    (forward_and_starts'; None: made again)."""
+    (forward_and_starts'; None: made again). ds1, dz1: the gradients of the
+    final state (causal; None: none): the reverse pass starts from ds1 (S1 =
+    S0 + Σ φ(k)vᵀ), and dz1 adds to every φ(k) and to z0 (z1 = z0 + Σ φ(k))."""
     import torch
     B, N, H, DK = q.shape
     DV = v.shape[3]
+    final = None
+    if ds1 is not None:     # where the reverse walk starts, with no z term (dz1: below)
+        final = (ds1.to(torch.float32).contiguous(),
+                 q.new_zeros(B, H, DK, 16, dtype=torch.float32))
     if DV == 64:        # one block per row: the kernels store dq and dk in q's dtype
         dq, dk = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(2))
         dq_acc, dk_acc = _heads_first(dq), _heads_first(dk)
@@ -865,39 +871,59 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
                                          INITIAL=initial or seg < chunks, **flags)
         if seg < chunks:
             ends, zends, totals = grad_states(q, do, den, feature_map, causal, normalize, scale,
-                                              seg, DV)
+                                              seg, DV, final)
             if initial:
                 ds0.copy_(totals[0])
                 dz16.copy_(totals[1] * 16.0)      # (each column holds 1/16)
         else:
-            ends = zends = den          # (unread)
+            ends, zends = final or (den, den)     # (den: unread)
         linear_attention_dkdv_kernel[grid](
             *heads, ends, zends, dk_acc, _heads_first(dv), ds0 if initial else den,
-            dz16 if initial else den, den, scale, seg, INITIAL=seg < chunks,
-            FINAL=initial and seg == chunks, **flags)
+            dz16 if initial else den, den, scale, seg,
+            INITIAL=seg < chunks or final is not None, FINAL=initial and seg == chunks, **flags)
     else:
         dv.zero_()
-        if initial:
-            ds0.zero_()
+        if initial:     # no token: the final state is the initial one
+            if final:
+                ds0.copy_(final[0])
+            else:
+                ds0.zero_()
             dz16.zero_()
     if DV > 64:     # contiguous, as the op's fake says (a compiled graph checks the strides)
         dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
                   for t in (dq_acc, dk_acc))
-    return dq, dk, dv, ds0, dz16[..., 0].contiguous() if initial else None
+    dz0 = dz16[..., 0].contiguous() if initial else None
+    if dz1 is not None:
+        dk = (dk.float() + _feature_derivative(k.float(), feature_map) *
+              dz1.float()[:, None]).to(k.dtype)
+        if initial:
+            dz0 = dz0 + dz1
+    return dq, dk, dv, ds0, dz0
+
+
+def _feature_derivative(x, feature_map: str):
+    """dφ/dx elementwise (torch), as `feature_grad` applies it in the kernels."""
+    import torch
+    if feature_map == "elu1":
+        return torch.where(x > 0, 1.0, x.exp())
+    if feature_map == "relu":
+        return (x > 0).to(x.dtype)
+    return torch.ones_like(x)
 
 
 def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, scale: float,
-                seg: int, DV: int):
+                seg: int, DV: int, final=None):
     """Each segment's starting state gradient for linear_attention_dkdv_kernel's
     INITIAL: (dH (B, H, segments·D_k, D_v), dZ (B, H, segments·D_k, 16)) f32,
     causal the sums of the segments after it, not causal the whole
     sequence's; and the whole sequence's (dH (B, H, D_k, D_v), dZ (B, H,
-    D_k, 16)): the initial state's gradient."""
+    D_k, 16)): the initial state's gradient. final: the gradient (dH, dZ) the
+    reverse walk starts from (the final state's), or None (zero)."""
     sums, zsums, grid = _segment_buffers(q, DV, seg)
     linear_attention_segment_grad_sums_kernel[grid](
         _heads_first(q), _heads_first(do), den, *_stacked(sums, zsums), scale, seg,
         DK=q.shape[3], MAP=feature_map, NORMALIZE=normalize)
-    return _prefix(sums, zsums, None, None, causal, reverse=True)
+    return _prefix(sums, zsums, *(final or (None, None)), causal, reverse=True)
 
 
 # ------------------------------------------------------------------ decode

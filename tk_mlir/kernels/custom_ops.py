@@ -1167,11 +1167,13 @@ def _(q, k, v, s0, z0, feature_map, causal, normalize, scale):
 def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                               v: torch.Tensor, o: torch.Tensor, s0: torch.Tensor | None,
                               z0: torch.Tensor | None, feature_map: str, causal: bool,
-                              normalize: bool, scale: float
+                              normalize: bool, scale: float, ds1: torch.Tensor | None = None,
+                              dz1: torch.Tensor | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                          torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dS0, dz0) of linear_attention by its backward kernel
-    (dS0, dz0 empty without an initial state: an op returns tensors)."""
+    """(dq, dk, dv, dS0, dz0) of linear_attention by its backward kernel, given
+    the gradients of o (do) and of the final state (ds1, dz1, or None) (dS0,
+    dz0 empty without an initial state: an op returns tensors)."""
     fn = "linear_attention_backward"
     state = None if s0 is None else (s0, z0)
     chunked_linear_attention._check(q, k, v, None if feature_map == "none" else feature_map,
@@ -1181,16 +1183,24 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
         checks.like(fn, name, t, "q", q, dtype=False)
         checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
+    B, _, H, DK = q.shape
+    for name, t, shape in (("ds1", ds1, (B, H, DK, v.shape[3])), ("dz1", dz1, (B, H, DK))):
+        if t is not None:
+            if not causal:
+                raise ValueError(f"{fn}: {name} is a final state's gradient: causal=True only")
+            checks.tensor(fn, name, t, dtypes=(torch.float32,))
+            checks.like(fn, name, t, "q", q, dtype=False)
+            checks.shape(fn, name, t, shape, "the final state's shape")
     dq, dk, dv, ds0, dz0 = chunked_linear_attention.backward(do, q, k, v, o, s0, z0,
                                                              feature_map, causal, normalize,
-                                                             scale)
+                                                             scale, ds1=ds1, dz1=dz1)
     if s0 is None:      # (two tensors: an op's outputs may not alias each other)
         ds0, dz0 = (q.new_empty(0, dtype=torch.float32) for _ in range(2))
     return dq, dk, dv, ds0, dz0
 
 
 @linear_attention_backward.register_fake
-def _(do, q, k, v, o, s0, z0, feature_map, causal, normalize, scale):
+def _(do, q, k, v, o, s0, z0, feature_map, causal, normalize, scale, ds1=None, dz1=None):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device),
@@ -1206,18 +1216,16 @@ def _linear_attention_setup_context(ctx, inputs, output):
 
 
 def _linear_attention_backward(ctx, do, ds1, dz1, backward=None):
-    """dq, dk, dv and the initial state's gradients. The final state carries
-    no gradient: a loss that reaches it raises (detach it)."""
-    if ds1 is not None or dz1 is not None:
-        raise RuntimeError(
-            "tk_mlir.linear_attention: the returned state has no gradient; a loss reached "
-            "it. Use state[0].detach(), state[1].detach() where it is only read (under "
-            "torch.compile, also when the state leaves the compiled function)")
+    """dq, dk, dv and the initial state's gradients, from the gradients of o
+    and of the final state (S, z): a chunk at a time, a loss may reach both."""
     q, k, v, o, s0, z0 = ctx.saved_tensors
-    if do is None:
+    if do is None and ds1 is None and dz1 is None:
         return (None,) * 9
+    if do is None:
+        do = torch.zeros_like(o)
     dq, dk, dv, ds0, dz0 = (backward or linear_attention_backward)(do, q, k, v, o, s0, z0,
-                                                                   *ctx.flags)
+                                                                   *ctx.flags, ds1=ds1,
+                                                                   dz1=dz1)
     if s0 is None:
         ds0 = dz0 = None
     return dq, dk, dv, ds0, dz0, None, None, None, None
