@@ -190,7 +190,8 @@ def _common(op, operands, results, num_warps: int) -> None:
             _in_memory(t.dtype, T.show(t))
         _require(not (isinstance(t, (T.RT, T.RV)) and t.dtype.startswith("f8")),
                  f"fp8 ({t.dtype if isinstance(t, (T.RT, T.RV)) else ''}) register tiles are "
-                 f"not lowered yet: fp8 moves between global and shared memory by TMA and "
+                 f"not lowered yet: fp8 moves between global and shared memory (TMA, "
+                 f"tk.copy) and "
                  f"feeds tk.mma_ABt from shared tiles, but is not loaded into registers, "
                  f"converted or computed with")
 

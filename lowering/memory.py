@@ -475,7 +475,10 @@ def lower_copy(ctx: LoweringContext, op, dst, src, *indices: ir.Value) -> None:
     per_chunk = 16 // isz
     chunks_per_row = st.cols // per_chunk
     threads = 32 * ctx.num_warps
-    vtype = vector_type(per_chunk, st.dtype)
+    # LLVM has no fp8 vectors (nor GEPs over fp8): their chunks move as four i32 words
+    raw = st.dtype.startswith("f8")
+    vtype = ir.VectorType.get([4], i32()) if raw else vector_type(per_chunk, st.dtype)
+    element = ir.IntegerType.get_signless(8) if raw else T.element_type(st.dtype)
     nvvm.barrier0()
     for first_chunk in range(0, st.rows * chunks_per_row, threads):
         k = arith.addi(ctx.tid(), c32(first_chunk))
@@ -486,14 +489,15 @@ def lower_copy(ctx: LoweringContext, op, dst, src, *indices: ir.Value) -> None:
         offset = arith.extsi(i64(), gcol)
         for c, stride in zip(coords[:rank - 2] + [grow], g.strides):
             offset = arith.addi(offset, arith.muli(arith.extsi(i64(), c), stride))
-        gaddr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31], T.element_type(st.dtype),
+        gaddr = llvm.getelementptr(ptr(1), g.ptr, [offset], [-2**31], element,
                                    llvm.GEPNoWrapFlags.inbounds)
         saddr = smem_addr(sref.ptr, swizzled_offset(st, row, col))
         in_tile = _lt(k, c32(st.rows * chunks_per_row))
         in_bounds = _and([in_tile, _lt(grow, g.dims[rank - 2]), _lt(gcol, g.dims[rank - 1])]
                          + [_lt(c, d) for c, d in zip(coords[:rank - 2], g.dims)])
         if to_shared:
-            zero = build_vector([float_constant(0.0, st.dtype)] * per_chunk, st.dtype)
+            zero = build_vector([c32(0)] * 4, "i32") if raw else \
+                build_vector([float_constant(0.0, st.dtype)] * per_chunk, st.dtype)
             v = _guarded_load(gaddr, in_bounds, vtype, zero, 16)
             _guarded(in_tile, lambda: llvm.store(v, saddr, alignment=16))
         else:
