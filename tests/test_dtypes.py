@@ -6,6 +6,7 @@ import torch
 from mlir import ir
 from mlir.dialects import nvvm
 
+import tk_mlir as tk
 from tk_mlir import dtypes
 from tk_mlir.dialects import types as T
 
@@ -48,3 +49,21 @@ def test_tensor_map_types_exist_in_the_driver(row):
     driver = pytest.importorskip("cuda.bindings.driver")
     assert getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{row.tensor_map}", None) \
         is not None
+
+
+@tk.kernel(num_warps=4)
+def first_n(X: tk.gl[tk.f32], N: tk.gl[tk.i32], Y: tk.gl[tk.f32]):
+    """Y = X where the index is below N[0], else 0."""
+    idx = tk.zeros((64,), tk.i32).indices()
+    tk.store(Y, tk.where(idx < tk.load(N, (0,)), tk.load(X, (0,), (64,)), 0.0), (0,))
+
+
+def test_tk_i32_names_the_int32_tensors_and_index_tiles():
+    """tk.i32 as an annotation, a spec's dtype and a tile's: an i32 tensor's
+    scalar bounds an index tile's mask (in the interpreter and compiled)."""
+    x, y = torch.randn(64), torch.full((64,), float("nan"))
+    first_n.interpret[(1,)](x, torch.tensor([37, 0, 0, 0], dtype=torch.int32), y)
+    assert torch.equal(y, torch.where(torch.arange(64) < 37, x, 0.0))
+    assert repr(tk.i32) == "tk.i32" and tk.spec((4,), tk.i32).dtype == "i32"
+    assert "setp" in first_n.compile(tk.spec((64,), tk.f32), tk.spec((4,), tk.i32),
+                                     tk.spec((64,), tk.f32)).asm["ptx"]

@@ -50,7 +50,7 @@ if not (_HERE / "dialects").is_dir() and (_HERE.parent / "dialects" / "__init__.
 from .autotune import Config, autotune
 from .errors import ArgumentError, CompilationError, InternalCompilerError, TkLintWarning
 from .kernel import Kernel, kernel
-from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl, pgl, static_range
+from .language import bf16, constexpr, f8e4m3, f8e5m2, f16, f32, func, gl, i32, pgl, static_range
 from .runtime.arguments import spec
 
 __version__ = "0.1.0"
@@ -98,5 +98,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["kernel", "Kernel", "func", "autotune", "Config", "gl", "pgl", "constexpr", "spec", "bf16",
-           "f16", "f32", "f8e4m3", "f8e5m2", "CompilationError", "ArgumentError",
+           "f16", "f32", "f8e4m3", "f8e5m2", "i32", "CompilationError", "ArgumentError",
            "InternalCompilerError", "TkLintWarning", "static_range", "cdiv", "tma", *_LAZY]

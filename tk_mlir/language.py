@@ -51,6 +51,9 @@ class DType:
 DTYPE_OBJECTS = {name: DType(name) for name in MEMORY_DTYPES}
 bf16, f16, f32, f8e4m3, f8e5m2 = (DTYPE_OBJECTS[n] for n in ("bf16", "f16", "f32", "f8e4m3",
                                                              "f8e5m2"))
+# tk.i32: index and mask tiles in registers, and the counters, flags and
+# scalars an i32 tensor argument holds
+i32 = DType("i32")
 
 
 def dtype_name(d) -> str:

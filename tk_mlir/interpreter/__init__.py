@@ -56,7 +56,14 @@ Numerics contract:
   f32 functions where the GPU approximates (~2^-22 relative, div 2 ulp), with
   no flush-to-zero or fma contraction: results agree with the GPU's to about
   1e-6 relative in f32 (one bf16 ulp where a value sits on a bf16 rounding
-  boundary).
+  boundary);
+- 16-bit tiles: where the GPU contracts a multiply and an add into one fma
+  (fp_contract, the default: `x * s + b` is one fma.rn.bf16), the
+  interpreter rounds the product to the tile's dtype first, so such results
+  differ by one ulp of that dtype (bf16: 2^-8 relative) on many elements
+  (fp_contract=False agrees); a Python float scalar on a 16-bit tile is
+  rounded to the tile's dtype first, on the GPU as here (1.01 is 1.0078125 in
+  bf16).
 """
 from __future__ import annotations
 
