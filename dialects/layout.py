@@ -172,8 +172,9 @@ def split(n: int, what: str) -> tuple[int, int]:
     granule; the layouts below may ask for more)."""
     if n <= 0 or (n & (n - 1) and n % 16):
         fix = "" if n <= 0 else (
-            f"; use {-(-n // 16) * 16}: past a tensor's edge a tile is masked (tk.load reads "
-            f"fill=, tk.store skips), so a larger tile covers {n} exactly")
+            f"; use {min(1 << n.bit_length(), -(-n // 16) * 16)}: past a tensor's edge a tile "
+            f"is masked (tk.load reads fill=, tk.store skips), so a larger tile covers {n} "
+            f"exactly")
         raise LayoutError(f"{what} must be a power of two or a multiple of 16, got {n}{fix}")
     k = (n & -n).bit_length() - 1
     return k, n >> k

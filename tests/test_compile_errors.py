@@ -658,7 +658,8 @@ def test_a_tile_size_from_an_int_parameter_suggests_constexpr():
 
 @pytest.mark.parametrize("rows,cols,fix", [
     (24, 64, "rows must be a power of two or a multiple of 16, got 24; use 32"),
-    (16, 100, "cols must be a power of two or a multiple of 16, got 100; use 112")])
+    (16, 100, "cols must be a power of two or a multiple of 16, got 100; use 112"),
+    (3, 64, "rows must be a power of two or a multiple of 16, got 3; use 4")])    # the nearest
 def test_a_tile_of_another_size_says_which_size_to_use(rows, cols, fix):
     e = compile_error(k_tile_rows, F32, F32, R=rows, C=cols)
     check_error(e, "tile-rows", "tk.load", fix)
