@@ -134,6 +134,22 @@ def k_return_value(X: tk.gl[f32]):
 
 
 @tk.kernel
+def k_return_in_runtime_if(X: tk.gl[f32], n: int):
+    if n > 3:
+        return  # E:runtime-return
+    tk.store(X, tk.zeros((16, 16), f32), (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_return_under_constexpr_if(X: tk.gl[f32], Y: tk.gl[f32], SKIP: tk.constexpr):
+    x = tk.load(X, (0, 0), (64, 64))
+    if SKIP:
+        tk.store(Y, x, (0, 0))
+        return
+    tk.store(Y, x * 2.0, (0, 0))
+
+
+@tk.kernel
 def k_call(X: tk.gl[f32]):
     i = tk.block_id(0)
     j = helper(i)  # E:call
@@ -224,6 +240,9 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
     pytest.param(k_pow, (F32,), "pow", "i ** 2", "** on run-time values is not supported", id="pow"),
     pytest.param(k_return_value, (F32,), "return", "return",
                  "a kernel returns nothing; write results with tk.store", id="return-value"),
+    pytest.param(k_return_in_runtime_if, (F32, 1), "runtime-return", "return",
+                 "return inside a run-time if or loop of a kernel is not supported",
+                 id="return-in-runtime-if"),
     pytest.param(k_call, (F32,), "call", "helper(i)",
                  "calling helper() on run-time values is not supported in a kernel (only tk.* "
                  "functions and tile methods are)", id="python-call"),
@@ -1096,3 +1115,17 @@ def test_python_stack_running_out_is_a_compile_error(monkeypatch):
         sys.setrecursionlimit(limit)
     check_error(e, "ct-rec", "f(t * 2.0", "calling f here nests inlined calls deeper than "
                                           "Python's recursion limit")
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_return_under_a_constexpr_if_ends_the_kernel(skip):
+    """`if SKIP: return`: the if is decided at compile time, and a taken
+    return leaves out everything after it (one store, not two)."""
+    torch = pytest.importorskip("torch")
+    x, y = torch.randn(64, 64), torch.full((64, 64), float("nan"))
+    k_return_under_constexpr_if.interpret[(1,)](x, y, SKIP=skip)
+    assert torch.equal(y, x if skip else x * 2)
+    ir_text = str(k_return_under_constexpr_if.compile(tk.spec((64, 64), "f32"),
+                                                      tk.spec((64, 64), "f32"),
+                                                      SKIP=skip).stages["tk"])
+    assert ir_text.count("tk.store") == 1, ir_text

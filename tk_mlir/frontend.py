@@ -139,6 +139,11 @@ def _compile_time_part(v):
     return v
 
 
+class KernelReturned(Exception):
+    """A kernel's `return` reached under compile-time ifs only: the kernel's
+    body ends there (the statements after it are not built)."""
+
+
 class KernelBuilder(ast.NodeVisitor):
     """Emits one kernel. `scope` maps names to Python values or SSA wrappers."""
 
@@ -154,6 +159,7 @@ class KernelBuilder(ast.NodeVisitor):
         self.scope = dict(scope)
         self.gone: dict[str, str] = {}   # name -> why a run-time if or loop left it undefined
         self.function = function     # the tk.func being inlined (None: the kernel)
+        self.runtime_bodies = 0      # run-time ifs and loops being built around this point
         self.calls = calls           # the inlined calls this body is nested in, outermost first
         self.recorder = global_reads.current()   # what is read from outside (global_reads.py)
 
@@ -179,7 +185,7 @@ class KernelBuilder(ast.NodeVisitor):
             if e.filename is None:
                 raise self.error(node, e.message) from None
             raise
-        except (InternalCompilerError, RecursionError, MemoryError):
+        except (InternalCompilerError, RecursionError, MemoryError, KernelReturned):
             raise
         except Exception as e:
             raise self.failure(node, e, raised_in_tk_mlir(e.__traceback__))
@@ -228,6 +234,16 @@ class KernelBuilder(ast.NodeVisitor):
             with self.at(stmt):
                 self.visit(stmt)
 
+    @contextlib.contextmanager
+    def runtime_body(self):
+        """Building the body of a run-time if or loop (a `return` there cannot
+        end the kernel at compile time)."""
+        self.runtime_bodies += 1
+        try:
+            yield
+        finally:
+            self.runtime_bodies -= 1
+
     def generic_visit(self, node):
         raise self.error(node, f"{type(node).__name__} is not supported in a tk kernel")
 
@@ -247,7 +263,12 @@ class KernelBuilder(ast.NodeVisitor):
                                    f"last statement (not inside an if or a loop)")
         if node.value is not None:
             raise self.error(node, "a kernel returns nothing; write results with tk.store")
-        raise self.error(node, "return inside a kernel is only allowed as its last statement")
+        if self.runtime_bodies:
+            raise self.error(node, "return inside a run-time if or loop of a kernel is not "
+                                   "supported (its threads end together: barriers count on "
+                                   "them); put the rest of the kernel in the if's other "
+                                   "branch (a return under an if on a constexpr ends it)")
+        raise KernelReturned    # (under compile-time ifs only: the kernel ends here)
 
     def visit_FunctionDef(self, node):
         """A function defined in a kernel: inlined where it is called, seeing
@@ -427,7 +448,7 @@ class KernelBuilder(ast.NodeVisitor):
         branches = []
         for block, body in ((draft.then_block, node.body), (draft.else_block, node.orelse)):
             self.scope = dict(before)
-            with ir.InsertionPoint(block):
+            with ir.InsertionPoint(block), self.runtime_body():
                 self.run(body)
             branches.append(self.scope)
         self.scope = before
@@ -546,7 +567,7 @@ class KernelBuilder(ast.NodeVisitor):
         loop = scf.ForOp(bounds[0].value, bounds[1].value, bounds[2].value,
                          [v.value for v in inits])
         outer = dict(self.scope)
-        with ir.InsertionPoint(loop.body):
+        with ir.InsertionPoint(loop.body), self.runtime_body():
             self.scope[node.target.id] = V.Scalar(loop.induction_variable)
             for n, arg in zip(carried, loop.inner_iter_args):
                 self.scope[n] = V.wrap(arg)
@@ -975,7 +996,10 @@ def build_kernel(fn_node: ast.FunctionDef, filename: str, globals_: dict, name: 
         if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
             body = body[:-1]
         with ir.InsertionPoint(entry):
-            builder.run(body)
+            try:
+                builder.run(body)
+            except KernelReturned:      # a return under compile-time ifs: nothing after it
+                pass
             with builder.loc(fn_node):
                 func.ReturnOp([])
     except RecursionError:
