@@ -150,6 +150,23 @@ def k_return_under_constexpr_if(X: tk.gl[f32], Y: tk.gl[f32], SKIP: tk.constexpr
 
 
 @tk.kernel
+def k_loop_over_a_number(X: tk.gl[f32], n: int):
+    for i in n:  # E:loop-over-number
+        pass
+
+
+@tk.kernel(num_warps=4)
+def k_loops_over_sequences(X: tk.gl[f32], Y: tk.gl[f32]):
+    tiles = [tk.load(X, (i, 0), (16, 64)) for i in range(4)]
+    acc = tiles[0]
+    for t in tiles[1:]:
+        acc = acc + t
+    for i, s in enumerate((1.0, 2.0)):
+        acc = acc * (s + i)
+    tk.store(Y, acc, (0, 0))
+
+
+@tk.kernel
 def k_call(X: tk.gl[f32]):
     i = tk.block_id(0)
     j = helper(i)  # E:call
@@ -243,6 +260,8 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
     pytest.param(k_return_in_runtime_if, (F32, 1), "runtime-return", "return",
                  "return inside a run-time if or loop of a kernel is not supported",
                  id="return-in-runtime-if"),
+    pytest.param(k_loop_over_a_number, (F32, 3), "loop-over-number", "n:",
+                 "or over a compile-time sequence", id="loop-over-a-number"),
     pytest.param(k_call, (F32,), "call", "helper(i)",
                  "calling helper() on run-time values is not supported in a kernel (only tk.* "
                  "functions and tile methods are)", id="python-call"),
@@ -1129,3 +1148,13 @@ def test_a_return_under_a_constexpr_if_ends_the_kernel(skip):
                                                       tk.spec((64, 64), "f32"),
                                                       SKIP=skip).stages["tk"])
     assert ir_text.count("tk.store") == 1, ir_text
+
+
+def test_a_for_loop_over_a_compile_time_sequence_is_unrolled():
+    """`for t in tiles[1:]` and `for i, s in enumerate(...)`: unrolled, as
+    comprehensions over compile-time sequences are."""
+    torch = pytest.importorskip("torch")
+    x, y = torch.randn(64, 64), torch.full((16, 64), float("nan"))
+    k_loops_over_sequences.interpret[(1,)](x, y)
+    assert torch.allclose(y, x.view(4, 16, 64).sum(0) * 1.0 * 3.0, atol=1e-5)
+    k_loops_over_sequences.compile(tk.spec((64, 64), "f32"), tk.spec((16, 64), "f32"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections.abc
 import contextlib
 import difflib
 import inspect
@@ -513,8 +514,19 @@ class KernelBuilder(ast.NodeVisitor):
             raise self.error(node, "for ... else is not supported")
         callee = self.eval(node.iter.func) if isinstance(node.iter, ast.Call) else None
         if callee not in (range, language.static_range):
-            raise self.error(node.iter, "a kernel loop iterates over range(...) "
-                                        "(or tk.static_range(...) to unroll it)")
+            items = self.eval(node.iter)
+            if _is_runtime(items) or isinstance(items, (str, bytes)) or \
+                    not isinstance(items, collections.abc.Iterable):
+                raise self.error(node.iter, "a kernel loop iterates over range(...) "
+                                            "(or tk.static_range(...) to unroll it), or over a "
+                                            "compile-time sequence (a tuple, a list, zip(...), "
+                                            "enumerate(...): unrolled)")
+            items = self.python(node.iter, tuple, items)
+            self.unroll(node.iter, "a loop over a compile-time sequence", len(items))
+            for item in items:          # unrolled, as tk.static_range
+                self.bind(node.target, item)
+                self.run(node.body)
+            return
         args = [self.eval(a) for a in node.iter.args]
         if not 1 <= len(args) <= 3:
             raise self.error(node.iter, "range takes 1 to 3 arguments")
@@ -720,6 +732,13 @@ class KernelBuilder(ast.NodeVisitor):
         if self.recorder is not None and not _is_runtime(obj):
             self.recorder.item(obj, index, value)
         return value
+
+    def visit_Slice(self, node):
+        """`a[i:j:k]` of a compile-time sequence: a slice of compile-time bounds."""
+        bounds = [None if e is None else self.eval(e) for e in (node.lower, node.upper, node.step)]
+        if any(_is_runtime(b) for b in bounds):
+            raise self.error(node, "slice bounds must be compile-time ints")
+        return slice(*bounds)
 
     def visit_UnaryOp(self, node):
         v = self.eval(node.operand)
