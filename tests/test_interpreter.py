@@ -471,6 +471,23 @@ def test_a_semaphore_short_of_bytes_is_named_in_a_cluster_too(cluster):
 
 
 @tk.kernel(num_warps=4)
+def load_without_expect(A: tk.gl[f32]):
+    a = tk.shared_tile(f32, (16, 64))
+    s = tk.semaphore(1)
+    if tk.thread_id() == 0:
+        tk.tma.load_async(a, A, (0, 0), s)          # no tk.tma.expect: nothing arms the phase
+    tk.wait(s, 0)
+
+
+def test_a_load_no_expect_announced_names_the_missing_expect():
+    """The bytes arrive, but the phase waits for the arrival expect makes:
+    the report says so, not only the negative byte count."""
+    with pytest.raises(InterpretError, match=r"4096 byte\(s\) of the 1 TMA load\(s\) at .* but "
+                                             r"no tk.tma.expect armed its phase"):
+        load_without_expect.interpret[(1,)](np.zeros((16, 64), np.float32))
+
+
+@tk.kernel(num_warps=4)
 def into_an_ended_block(A: tk.gl[f32]):
     """Block 1 tells block 0 to go on and ends; block 0 then multicasts into it."""
     tk.use_cluster(2)

@@ -454,7 +454,8 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
     # for a flag (a producer may have armed a phase, then waited to load).
     flag_wait = any(b.flag for b in blocked.values())
     for s in () if flag_wait else block.sems.values():
-        if s.pending == 0 and s.tx > 0 and s.loads_in_flight == 0:
+        if s.loads_in_flight == 0 and ((s.pending == 0 and s.tx > 0) or
+                                       (s.tx < 0 and not s.expects)):
             first = blocked[min(blocked)]
             return s.mismatch(first.loc)
     lines = []

@@ -76,6 +76,13 @@ class Semaphore:
         self._maybe_complete(loc)
 
     def mismatch(self, loc):
+        if not self.expects:            # loads completed bytes no expect announced
+            return error(loc, f"{-self.tx if self.tx < 0 else self.tx} byte(s) of the "
+                              f"{len(self.loads)} TMA load(s) at "
+                              f"{', '.join(self.loads) or '(none)'} reached {self.describe()}, "
+                              f"but no tk.tma.expect armed its phase (expect is also the "
+                              f"arrival the phase waits for): call tk.tma.expect(sem, *tiles) "
+                              f"before the loads, from the thread that issues them")
         return error(loc, f"transaction-byte mismatch on {self.describe()}: the "
                           f"expect at {', '.join(self.expects) or '(none)'} armed the phase "
                           f"with bytes that the {len(self.loads)} TMA load(s) at "
