@@ -177,6 +177,22 @@ def test_empty_cache_rows_are_zero(interpret):
     assert _rel(o[1], reference(q, k, v, lens, False)[0][1]) < 1e-2
 
 
+def test_an_input_that_requires_grad_is_warned_of(interpret):
+    """No gradient flows through decode: a q that requires grad (grad mode on)
+    is warned of at the caller's line, not silently cut; under no_grad, not."""
+    import warnings
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([30], dtype=torch.int32)
+    k, v = _cache(1, 64, 1, 64, lens, g)
+    q = _uniform(1, 1, 2, 64, generator=g).requires_grad_()
+    with pytest.warns(UserWarning, match="attention_with_kvcache returns no gradient") as w:
+        attention_with_kvcache(q, k, v, lens)
+    assert w[0].filename == __file__
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention_with_kvcache(q, k, v, lens)
+
+
 @pytest.mark.parametrize("page", [16, 64, 256])
 def test_paged_cache_in_the_interpreter(interpret, page):
     """Pages smaller than a key block (several TMA loads per block), equal to

@@ -362,6 +362,13 @@ def test_a_decoding_step_takes_one_token_and_a_state():
         linear_attention_step(q[:, :1], k[:, :1], v[:, :1], (state[0][:, :1], state[1]))
 
 
+def test_a_decoding_step_warns_of_an_input_that_requires_grad(interpret):
+    from tk_mlir.kernels import linear_attention_step
+    q, k, v, state = _inputs(1, 1, 2, 64, 64, seed=9, state=True)
+    with pytest.warns(UserWarning, match="linear_attention_step returns no gradient"):
+        linear_attention_step(q.requires_grad_(), k, v, state)
+
+
 @gpu
 def test_gpu_decoding_step_matches_the_recurrence():
     from tk_mlir.kernels import linear_attention_step

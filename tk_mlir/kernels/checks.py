@@ -183,3 +183,15 @@ def attention_options(fn: str, d: int, reach: int, scale, window_, softcap_):
     each checked (attention_scale, window with its `reach`, softcap)."""
     left, right = window(fn, window_, reach)
     return attention_scale(fn, scale, d), left, right, softcap(fn, softcap_)
+
+
+def warn_no_gradient(fn: str, instead: str, *tensors) -> None:
+    """Warn (once per call site, Python's default) when autograd would record
+    a call of `fn`, an inference function whose outputs carry no gradient:
+    a loss through them would silently miss its inputs' share."""
+    import torch
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        import warnings
+        warnings.warn(f"{fn} returns no gradient (it is for inference), and an input requires "
+                      f"grad: call it under torch.no_grad(), or {instead} to train",
+                      stacklevel=3)

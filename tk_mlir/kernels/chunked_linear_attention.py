@@ -969,6 +969,9 @@ def linear_attention_step(q, k, v, state, feature_map: str | None = None,
     _check(q, k, v, feature_map, True, normalize, state, False, fn, "state")
     scale = checks.attention_scale(fn, scale, q.shape[-1])
     checks.on_cuda(fn, "q", q)
+    if not torch.compiler.is_compiling():
+        checks.warn_no_gradient(fn, "use linear_attention (initial_state=, return_state=)", q,
+                                k, v, *state)
     if feature_map == "taylor2":      # (its features are made in torch: one chunked call)
         with torch.no_grad():
             return linear_attention(q, k, v, "taylor2", True, normalize, scale, state, True)

@@ -316,6 +316,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
         "attention_with_kvcache", q.shape[-1], reach(q, k_cache, block_table), scale, window,
         softcap)
     checks.on_cuda("attention_with_kvcache", "q", q)
+    if not torch.compiler.is_compiling():
+        checks.warn_no_gradient("attention_with_kvcache", "use attention or attention_varlen",
+                                q, k, v, k_cache, v_cache)
     if torch.compiler.is_compiling():
         from tk_mlir.kernels import custom_ops
         o, lse = torch.ops.tk_mlir.attention_with_kvcache(
