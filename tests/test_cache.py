@@ -460,7 +460,7 @@ def test_stale_temp_and_trash_folders_go_fresh_ones_stay(cache_env, monkeypatch)
     c, key = DiskCache(), make_key(x=1)
     shard = cache_env / key[:2]
     shard.mkdir(parents=True)
-    stale = [shard / ".tmp-crashed", shard / f".trash-{key}-0"]
+    stale = [shard / ".tmp-crash_00", shard / f".trash-{key}-{'0' * 32}"]
     live = shard / ".tmp-writing"
     for folder in stale + [live]:
         folder.mkdir()
@@ -470,6 +470,23 @@ def test_stale_temp_and_trash_folders_go_fresh_ones_stay(cache_env, monkeypatch)
     c.put(key, ENTRY)
     assert not any(f.exists() for f in stale)
     assert live.is_dir()                        # a writer at work: left alone
+
+
+def test_a_users_own_folders_in_the_cache_folder_are_never_removed(cache_env, monkeypatch):
+    """TK_MLIR_CACHE_DIR pointed at a folder that holds other things (a
+    project): trimming and cleaning walk only the cache's own layout, so old
+    folders named like temp or trash folders elsewhere stay."""
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "1G")
+    c, key = DiskCache(), make_key(x=2)
+    mine = [cache_env / "project" / ".tmp-build", cache_env / "project" / "deep" / ".trash-notes",
+            cache_env / ".tmp-abcdefgh", cache_env / "zz" / ".tmp-abcdefgh"]
+    for folder in mine:
+        folder.mkdir(parents=True)
+        (folder / "notes.txt").write_text("mine")
+        os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    c.put(key, ENTRY)
+    c.clean()
+    assert all((f / "notes.txt").read_text() == "mine" for f in mine)
 
 
 def test_clean_removes_all_or_the_unused(cache_env):

@@ -49,6 +49,12 @@ _MANIFEST = ".manifest.json"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
+_SHARD_RE = re.compile(r"[0-9a-f]{2}")
+# The folders a writer leaves (tempfile.mkdtemp's names; _discard's): nothing
+# else in a cache folder, which may hold a user's own files, is ever removed.
+_LEFTOVER_RE = re.compile(r"\.tmp-[a-z0-9_]{8}|\.trash-[0-9a-f]{64}-[0-9a-f]{32}")
+# Caches kept inside this one (their own shards): compiler.py's read sets.
+_NESTED = ("reads",)
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _LOW_WATER = 0.9           # trim to this share of the cap: not one trim per write at the cap
 _STALE_SECONDS = 3600      # a temp or trash folder this old has no live writer
@@ -326,25 +332,32 @@ class _Entry(NamedTuple):
 
 
 def _entries(root: pathlib.Path, stale_before: float | None = None):
-    """The entries under `root` (its shards, and nested caches such as the
-    read-set index); with `stale_before`, temp and trash folders older than it
-    are removed on the way. Symlinks are not followed."""
-    try:
-        listing = list(os.scandir(root))
-    except OSError:
-        return
-    for d in listing:
-        if not d.is_dir(follow_symlinks=False):
-            continue
-        if _KEY_RE.fullmatch(d.name) and root.name == d.name[:2]:
-            entry = _stat_entry(pathlib.Path(d.path))
-            if entry is not None:
-                yield entry
-        elif d.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
-            if stale_before is not None and _mtime(d.path) < stale_before:
-                shutil.rmtree(d.path, ignore_errors=True)
-        else:
+    """The entries under `root` (its shards, and the caches nested in it:
+    _NESTED); with `stale_before`, the temp and trash folders writers left in
+    its shards older than it are removed on the way. Only the cache's own
+    layout is walked (two-hex-digit shards, 64-hex entries, names of
+    _LEFTOVER_RE): other files and folders there are never read or removed.
+    Symlinks are not followed."""
+    for d in _folders(root):
+        if _SHARD_RE.fullmatch(d.name):
+            for e in _folders(pathlib.Path(d.path)):
+                if _KEY_RE.fullmatch(e.name) and e.name[:2] == d.name:
+                    entry = _stat_entry(pathlib.Path(e.path))
+                    if entry is not None:
+                        yield entry
+                elif _LEFTOVER_RE.fullmatch(e.name) and stale_before is not None and \
+                        _mtime(e.path) < stale_before:
+                    shutil.rmtree(e.path, ignore_errors=True)
+        elif d.name in _NESTED:
             yield from _entries(pathlib.Path(d.path), stale_before)
+
+
+def _folders(path: pathlib.Path) -> list:
+    """The folders in `path` (os.DirEntry; not symlinks), [] when unreadable."""
+    try:
+        return [d for d in os.scandir(path) if d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def _stat_entry(path: pathlib.Path) -> _Entry | None:
