@@ -1,4 +1,5 @@
 """`python -m tk_mlir compile ...`: compile-only, no GPU needed."""
+import os
 import random
 import re
 import subprocess
@@ -217,17 +218,34 @@ def test_dump_dir_that_cannot_be_made_is_a_usage_error(capsys):
 
 
 def test_dump_dir_that_fails_while_dumping_is_a_usage_error(capsys, tmp_path, monkeypatch):
-    """The folder passes the check before compiling, then the disk fills."""
-    write_text = Path.write_text
+    """The folder passes the check before compiling, then the disk fills: a
+    usage error, and no cut-off stage file (nor temp file) left behind."""
+    from tk_mlir import dumps
+    write_whole = dumps._write_whole
 
-    def full(path, *args, **kwargs):
-        if tmp_path / "dump" in path.parents:
-            raise OSError(28, "No space left on device")
-        return write_text(path, *args, **kwargs)
-    monkeypatch.setattr(Path, "write_text", full)
+    def full(path, text):
+        write_whole(path, text[:len(text) // 2])         # what a full disk leaves ...
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(dumps, "_write_whole", full)
     code, out, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", str(tmp_path / "dump"))
     assert code == 2 and "Traceback" not in err
     assert "--dump-dir: cannot write python to" in err and "No space left on device" in err
+
+
+def test_a_stage_file_is_whole_or_absent(tmp_path, monkeypatch):
+    """dumps._write_whole writes through a temp file renamed into place: a
+    write that fails half-way leaves neither a cut-off stage nor the temp."""
+    from tk_mlir import dumps
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, mode):
+        with real_fdopen(fd, mode) as f:
+            f.write("half a stage")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(dumps.os, "fdopen", fdopen)
+    with pytest.raises(OSError):
+        dumps._write_whole(tmp_path / "00-python.py", "x" * 100)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_debug_reraises_with_the_traceback(monkeypatch, tmp_path):
@@ -342,3 +360,31 @@ def test_a_file_that_fails_to_import_is_one_line_at_its_line(capsys, tmp_path, m
     bad.write_text(source)
     code, out, err = run(capsys, f"{bad}::k")
     assert code == 1 and re.search(message, err) and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bad_knob_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "maybe")
+    code, out, err = run(capsys, *SOFTMAX_CALL)
+    assert code == 2 and "Traceback" not in err
+    assert "TK_MLIR_ALWAYS_COMPILE='maybe': expected 1, true" in err
+
+
+def test_a_kernel_file_that_exits_at_import_says_so(capsys, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nsys.exit(0)\n")
+    code, out, err = run(capsys, f"{script}::k", "--arg", "f32[4]")
+    assert code == 1
+    assert "exited while being imported (SystemExit(0))" in err and "__main__" in err
+
+
+def test_a_new_compile_replaces_the_stage_files_of_the_last(capsys, tmp_path):
+    """One dump folder per (kernel, specialization): a later compile's stages
+    replace the earlier ones', none left from before (here a stage the new
+    compile does not make)."""
+    code, _, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", str(tmp_path))
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    (folder / "99-gone.mlir").write_text("from an older compile")
+    code, _, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", str(tmp_path))
+    assert code == 0, err
+    assert not (folder / "99-gone.mlir").exists() and (folder / "00-python.py").exists()

@@ -137,3 +137,36 @@ def test_cache_max_size_default_and_bad_values(monkeypatch):
         monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", bad)
         with pytest.raises(ValueError, match=rf"^TK_MLIR_CACHE_MAX_SIZE='{bad}': expected a size"):
             knobs.cache_max_size()
+
+
+def test_a_size_below_one_byte_is_refused_not_read_as_no_cap(monkeypatch):
+    """int(0.5) would be 0, which means no cap: refused instead."""
+    for tiny in ("0.5", "0.9B"):
+        monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", tiny)
+        with pytest.raises(knobs.KnobError, match="less than one byte"):
+            knobs.cache_max_size()
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "0.0")
+    assert knobs.cache_max_size() is None
+
+
+def test_a_bad_cache_max_size_is_refused_before_the_entry_is_written(monkeypatch, tmp_path):
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TK_MLIR_CACHE_MAX_SIZE", "lots")
+    with pytest.raises(knobs.KnobError):
+        cache.DiskCache().put(cache.make_key(x=1), {"cubin": b"\0" * 16})
+    assert not list(tmp_path.rglob(".manifest.json"))
+
+
+def test_the_dump_dir_expands_the_home_folder(monkeypatch):
+    """A path knob: `~` is the home folder (as TK_MLIR_CACHE_DIR's), not a
+    folder named `~` in the working directory."""
+    monkeypatch.setenv("TK_MLIR_DUMP_DIR", "~/tk_dumps")
+    assert knobs.dump_dir() == str(Path("~/tk_dumps").expanduser())
+
+
+def test_a_bad_debug_value_while_reporting_an_error_is_warned_of(monkeypatch):
+    """TK_MLIR_DEBUG is read while an error is reported: a bad value must not
+    replace the user's error with one about the variable."""
+    monkeypatch.setenv("TK_MLIR_DEBUG", "maybe")
+    with pytest.warns(RuntimeWarning, match="TK_MLIR_DEBUG='maybe'.*read as 0"):
+        assert errors.debug() is False

@@ -268,6 +268,7 @@ class DiskCache:
         keys mean equal code."""
         final = self.path(key)
         files = _encode_entry(entry)
+        cap = knobs.cache_max_size()    # (a bad TK_MLIR_CACHE_MAX_SIZE: refused before writing)
         if os.path.lexists(final):
             return
         tmp = None
@@ -281,7 +282,7 @@ class DiskCache:
             if _publish(tmp, final):
                 tmp = None
                 _fsync_dir(final.parent)
-                self.trim(keep=final)
+                self.trim(keep=final, cap=cap)
         except OSError as err:
             _warn_once(self.root, "write to", err)
         finally:
@@ -295,11 +296,11 @@ class DiskCache:
         entries = list(_entries(self.root))
         return len(entries), sum(e.size for e in entries)
 
-    def trim(self, keep: pathlib.Path | None = None) -> None:
-        """Hold the cache to TK_MLIR_CACHE_MAX_SIZE: over it, remove the least
-        recently used entries (never `keep`, the one just written) until under
-        90% of it; and remove stale temp and trash folders."""
-        cap = knobs.cache_max_size()
+    def trim(self, keep: pathlib.Path, cap: int | None) -> None:
+        """Hold the cache to `cap` bytes (TK_MLIR_CACHE_MAX_SIZE's; None: no cap):
+        over it, remove the least recently used entries (never `keep`, the one
+        just written) until under 90% of it; and remove stale temp and trash
+        folders."""
         if cap is None:
             return
         entries = sorted(_entries(self.root, time.time() - _STALE_SECONDS),

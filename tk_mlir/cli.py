@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from . import knobs
+from .knobs import KnobError
 from .cache import DiskCache
 from .dtypes import ARGUMENT_DTYPES
 from .errors import ArgumentError, CompilationError, _owner, debug
@@ -83,6 +84,11 @@ def load_module(path: Path):
         if debug():
             raise                      # TK_MLIR_DEBUG=1: the full traceback
         raise _user_file_error(e, path) from e
+    except SystemExit as e:             # (a script's main code, run at import)
+        sys.modules.pop(name, None)
+        raise UserFileError(f"{path}: exited while being imported (SystemExit({e.code!r})): "
+                            f"put its script code under `if __name__ == \"__main__\":` so "
+                            f"that importing it only defines its kernels") from None
     except BaseException:
         sys.modules.pop(name, None)
         raise
@@ -506,7 +512,7 @@ def main(argv: list[str] | None = None, prog: str = "tk-mlir") -> int:
         return args.run(args)
     except (UsageError, ArgumentError, CompilationError, ToolchainError) if debug() else ():
         raise                          # TK_MLIR_DEBUG=1: the full traceback
-    except (UsageError, ArgumentError) as e:
+    except (UsageError, ArgumentError, KnobError) as e:
         print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
         return 2
     except (CompilationError, ToolchainError, UserFileError) as e:

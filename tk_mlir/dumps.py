@@ -53,12 +53,39 @@ def writable_folder(folder: Path, what: str) -> Path:
 
 
 def write_stage(folder: Path, index: int, stage: str, text: str, what: str) -> None:
-    """Stage `text` to its numbered file in `folder`; a CompilationError naming
-    `what` when it cannot be written (a full disk, say, after the folder's check)."""
+    """Stage `text` to its numbered file in `folder`, whole or not at all (a
+    temp file renamed into place); the first stage (index 0) first removes the
+    stage files an earlier compile left there, so the folder never mixes two
+    compiles. A CompilationError naming `what` when it cannot be written (a
+    full disk, say, after the folder's check)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stage).strip("_")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}").write_text(text)
+        if index == 0:
+            for old in folder.iterdir():
+                if _STAGE_FILE.fullmatch(old.name) and old.is_file():
+                    old.unlink()
+        _write_whole(folder / f"{index:02d}-{safe}{_SUFFIX.get(stage, '.mlir')}", text)
     except OSError as e:
         raise CompilationError(f"{what}: cannot write {stage} to {str(folder)!r}: "
                                f"{e.strerror or e}") from None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` into `path` by a temp file renamed over it: a failed write (a full
+    disk) leaves no cut-off file."""
+    fd, tmp = tempfile.mkstemp(prefix=".stage-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# The files write_stage makes (nothing else in a dump folder is touched).
+_STAGE_FILE = re.compile(r"\d\d-[A-Za-z0-9_.-]+\.(mlir|py|ptx|sass|log)")

@@ -120,9 +120,16 @@ class InternalCompilerError(RuntimeError):
 
 
 def debug() -> bool:
-    """TK_MLIR_DEBUG=1: re-raise errors with their full traceback."""
-    from .knobs import debug
-    return debug()
+    """TK_MLIR_DEBUG=1: re-raise errors with their full traceback. Read while
+    an error is being reported: a bad value is warned of (once) and read as
+    0, so the user's error is what they see, not one about the variable."""
+    from .knobs import KnobError, debug
+    try:
+        return debug()
+    except KnobError as e:
+        import warnings
+        warnings.warn(f"{e}; read as 0", RuntimeWarning, stacklevel=2)
+        return False
 
 
 def for_the_user(e: BaseException) -> BaseException:

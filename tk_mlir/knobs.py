@@ -11,7 +11,8 @@ the environment). No other module reads a TK_MLIR_* variable
 Types: a *bool* is true for 1, true, yes or on and false for 0, false, no,
 off or unset (any case); a *path* is unset when empty; a *size* is a number
 of bytes with an optional K, M, G or T suffix (powers of 1024: 500M, 2G,
-1.5GiB). A value that is none of these is a ValueError naming the knob.
+1.5GiB). A value that is none of these is a KnobError (a ValueError) naming
+the knob.
 """
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+
+class KnobError(ValueError):
+    """A TK_MLIR_* variable's value is not of its knob's type (the message
+    names the variable and what it takes)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ def always_compile() -> bool:
 
 
 def dump_dir() -> str | None:
-    return DUMP_DIR.raw() or None
+    raw = DUMP_DIR.raw()
+    return str(Path(raw).expanduser()) if raw else None
 
 
 def debug() -> bool:
@@ -107,8 +114,8 @@ def _bool(knob: Knob) -> bool:
     value = (knob.raw() or knob.default).lower()
     if value in _TRUE or value in _FALSE:
         return value in _TRUE
-    raise ValueError(f"{knob.name}={knob.raw()!r}: expected 1, true, yes or on, or 0, "
-                     f"false, no or off (or unset)")
+    raise KnobError(f"{knob.name}={knob.raw()!r}: expected 1, true, yes or on, or 0, "
+                    f"false, no or off (or unset)")
 
 
 def _path(knob: Knob) -> Path:
@@ -121,12 +128,17 @@ _UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 def parse_size(text: str, what: str) -> int:
     """Bytes from `text`: a number with an optional K/M/G/T suffix (powers of
-    1024; "B" or "iB" after it allowed); a ValueError naming `what` else."""
+    1024; "B" or "iB" after it allowed); a KnobError naming `what` else (also
+    for a size between 0 and one byte, which would read as 0: no limit)."""
     m = _SIZE.fullmatch(text.strip())
+    rule = "(K, M, G, T are powers of 1024; 0 means no limit)"
     if not m:
-        raise ValueError(f"{what}={text!r}: expected a size in bytes such as 500M, 2G or "
-                         f"1073741824 (K, M, G, T are powers of 1024; 0 means no limit)")
-    return int(float(m[1]) * _UNIT[m[2].upper()])
+        raise KnobError(f"{what}={text!r}: expected a size in bytes such as 500M, 2G or "
+                        f"1073741824 {rule}")
+    size = int(float(m[1]) * _UNIT[m[2].upper()])
+    if size == 0 and float(m[1]) != 0:
+        raise KnobError(f"{what}={text!r}: a size of less than one byte {rule}")
+    return size
 
 
 def _size(knob: Knob) -> int:
