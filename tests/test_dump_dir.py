@@ -25,3 +25,15 @@ def test_writable_dump_dir_gets_every_stage(tmp_path, monkeypatch):
     names = sorted(p.name for p in folder.iterdir())
     assert len(names) == len(compiled.asm)
     assert names[0] == "00-python.py" and any(n.endswith("-ptx.ptx") for n in names)
+
+
+def test_a_dump_dir_set_after_the_first_compile_still_dumps(tmp_path, monkeypatch):
+    """Knobs are read when used: code kept in memory from before
+    TK_MLIR_DUMP_DIR was set is dumped by the next compile() too."""
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE")
+    x = tk.spec((32, 64), "f32")
+    first = dumped.compile(x, x)
+    monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(tmp_path / "later"))
+    assert dumped.compile(x, x) is first                  # (kept in memory)
+    (folder,) = (tmp_path / "later").iterdir()
+    assert len(list(folder.iterdir())) == len(first.asm)

@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from . import launcher
+from . import knobs, launcher
 from .cache import always_compile
 from . import compiler
 from .compiled import CompiledKernel
@@ -107,7 +107,12 @@ class Kernel:
                     else describe(values[i], name)
                 for what, t in _copies(name, info):
                     check_tensor(t, what, **rule)
-            return self._get(sig)
+            compiled = self._get(sig)
+            dump_dir = knobs.dump_dir()
+            if dump_dir is not None:    # (also for code kept from before it was set)
+                compiled.dump(dump_dir, self._specialization(sig).dump_name(),
+                              knobs.DUMP_DIR.name)
+            return compiled
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
 
