@@ -91,8 +91,13 @@ def test_show_diff_and_errors(gemm):
     assert "<pre>" in listing._repr_html_()
     with pytest.raises(KeyError, match=r"show\(stage='nope'\): stage must be one of python, tk"):
         gemm.show("nope")
-    with pytest.raises(ValueError, match="first stage"):
-        gemm.show("python", diff=True)
+    for not_a_pass in ("python", "tk", "ptx", "ptxas"):
+        with pytest.raises(ValueError, match=rf"{not_a_pass!r} is not a pass's stage"):
+            gemm.show(not_a_pass, diff=True)
+    unchanged = [s for s in gemm.asm if s.startswith("tk-") and
+                 gemm.asm[s] == gemm.asm[list(gemm.asm)[list(gemm.asm).index(s) - 1]]]
+    assert unchanged                       # (tk-verify checks, it does not rewrite)
+    assert str(gemm.show(unchanged[0], diff=True)) == f"({unchanged[0]} changed nothing)"
 
 
 def _block(page, name):

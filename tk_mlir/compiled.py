@@ -180,17 +180,22 @@ class CompiledKernel:
         from .display import Listing
         names = list(self.asm)
         if stage not in names:
+            if stage == "sass":
+                self.asm[stage]     # (raises: nvdisasm is missing, naming its package)
             raise KeyError(f"show(stage={stage!r}): stage must be one of {', '.join(names)}")
         if not diff:
             return Listing(f"{self.name}: {stage}", stage, self._readable(stage, generic))
         at = names.index(stage)
-        if at == 0:
-            raise ValueError(f"show({stage!r}, diff=True): {stage!r} is the first stage; "
-                             f"there is no stage before it to compare with")
+        passes = names[names.index("tk") + 1:names.index("ptx")] if "ptx" in names else []
+        if stage not in passes:
+            raise ValueError(f"show({stage!r}, diff=True): diff shows what a pass changed, and "
+                             f"{stage!r} is not a pass's stage (the passes': "
+                             f"{', '.join(passes)})")
         from .stage_diff import stage_diff
         before = names[at - 1]
         text = stage_diff(self._readable(before, generic), self._readable(stage, generic)).text()
-        return Listing(f"{self.name}: {stage} against {before}", stage, text, diff=True)
+        return Listing(f"{self.name}: {stage} against {before}", stage,
+                       text or f"({stage} changed nothing)", diff=True)
 
     def summary(self) -> dict:
         """The facts to check first: registers, spills, shared memory, blocks
