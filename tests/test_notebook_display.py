@@ -159,3 +159,9 @@ def test_cut_listings_keep_each_python_lines_code(small, gemm, pages):
     assert any(t.startswith("ex2.approx") for t in _tagged(_block(pages["small"], "ptx"), exp))
     if "sass" in _linked_stages(small):
         assert any("MUFU.EX2" in t for t in _tagged(_block(pages["small"], "sass"), exp))
+
+
+def test_asm_names_its_stages_and_repr_counts_them_alike(gemm):
+    with pytest.raises(KeyError, match=r"asm\['nope'\]: no such stage; the stages are python, tk"):
+        gemm.asm["nope"]
+    assert f"{len(gemm.asm)} stages" in repr(gemm)

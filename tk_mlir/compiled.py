@@ -88,7 +88,7 @@ class CompiledKernel:
         """One line (the stages and the cubin are in .asm / ._repr_html_)."""
         if not self.assembled:
             return (f"<CompiledKernel {self.name}: {self.num_warps} warps, "
-                    f"{self.smem_bytes} bytes shared memory, {len(self.stages)} stages "
+                    f"{self.smem_bytes} bytes shared memory, {len(self.asm)} stages "
                     f"(PTX, not assembled: no ptxas)>")
         info = ptxas_info(self.ptxas_log)
         spills = info.get("spill stores (bytes)", 0) + info.get("spill loads (bytes)", 0)
@@ -97,7 +97,7 @@ class CompiledKernel:
                  f"{spills} bytes spilled" if spills else "no spills",
                  f"{self.smem_bytes} bytes shared memory",
                  f"cluster {self.cluster}" if self.cluster > 1 else None,
-                 f"{len(self.stages)} stages"]
+                 f"{len(self.asm)} stages"]
         return f"<CompiledKernel {self.name}: {', '.join(p for p in parts if p)}>"
 
     @property
@@ -371,6 +371,9 @@ class StageView(Mapping):
             if not _has_nvdisasm():
                 raise toolchain.ToolNotFound("nvdisasm", _AFTER_PTXAS["sass"])
             stages["sass"] = _cached_sass(kernel.cubin)
+        if name not in stages:
+            raise KeyError(f"asm[{name!r}]: no such stage; the stages are "
+                           f"{', '.join(self._names())}")
         return stages[name]
 
     def short(self, name: str = "tk") -> str:
