@@ -340,6 +340,19 @@ def test_cache_usage_errors(capsys, cache_with_entries, monkeypatch, argv, messa
     assert err.startswith(f"tk-mlir cache: error: {message}")
 
 
+@pytest.mark.parametrize("command", ["info", "clean"])
+def test_cache_commands_say_when_the_folder_is_a_file_or_missing(capsys, tmp_path,
+                                                                 monkeypatch, command):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a cache")
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(blocker))
+    code, out, err = cache_run(capsys, command)
+    assert code == 2 and "is a file, not a folder" in err
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path / "none"))
+    code, out, err = cache_run(capsys, command)
+    assert code == 0 and "(missing: nothing cached yet)" in out
+
+
 def test_cache_command_runs_as_a_module(cache_with_entries):
     import os
     done = subprocess.run([sys.executable, "-m", "tk_mlir", "cache", "info"], capture_output=True,

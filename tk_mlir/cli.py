@@ -393,12 +393,22 @@ def _usable_folder(path: Path, option: str) -> None:
 
 # ----------------------------------------------------------------- cache
 
+def _cache_folder(disk: DiskCache) -> str:
+    """The cache folder as `cache` shows it: a file there is a usage error
+    (nothing could be cached); a missing one is said to be (nothing cached yet)."""
+    if disk.root.exists() and not disk.root.is_dir():
+        raise UsageError(f"{knobs.CACHE_DIR.name}={str(disk.root)!r} is a file, not a folder: "
+                         f"nothing can be cached there")
+    return f"{disk.root}" + ("" if disk.root.exists() else " (missing: nothing cached yet)")
+
+
 def cache_info(args: argparse.Namespace) -> int:
     """The disk cache's folder, entries, size and cap."""
     disk = DiskCache()
     cap = _knob(knobs.cache_max_size)
+    folder = _cache_folder(disk)
     entries, size = disk.usage()
-    rows = [("folder", f"{disk.root} ({knobs.CACHE_DIR.name})"),
+    rows = [("folder", f"{folder} ({knobs.CACHE_DIR.name})"),
             ("entries", str(entries)),
             ("size", human_bytes(size)),
             ("cap", f"{human_bytes(cap) if cap else 'none'} ({knobs.CACHE_MAX_SIZE.name}; "
@@ -411,8 +421,9 @@ def cache_clean(args: argparse.Namespace) -> int:
     """Remove every entry of the disk cache, or those unused for --older-than."""
     older_than = parse_age(args.older_than) if args.older_than is not None else None
     disk = DiskCache()
+    folder = _cache_folder(disk)
     entries, size = disk.clean(older_than)
-    print(f"removed {entries} entries ({human_bytes(size)}) from {disk.root}")
+    print(f"removed {entries} entries ({human_bytes(size)}) from {folder}")
     return 0
 
 
