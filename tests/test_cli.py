@@ -284,6 +284,15 @@ def test_line_of_a_helper_module_the_kernel_calls(capsys):
     assert "tk.exp %" in out and "ex2.approx" in out
 
 
+def test_line_takes_a_path_relative_to_the_working_folder(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    target = f"{ROOT / 'tests' / 'test_short_form.py'}::uses_a_helper_module"
+    code, out, err = run(capsys, target, "--arg", "f32[16,64]", "--arg", "f32[16,64]",
+                         "--line", "tests/kernel_helpers.py:8")
+    assert code == 0, err
+    assert out.startswith(f"{ROOT / 'tests' / 'kernel_helpers.py'}:8:")
+
+
 # ------------------------------------------------------------------ cache
 
 def cache_run(capsys, *argv):

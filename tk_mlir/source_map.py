@@ -146,8 +146,11 @@ class SourceMap:
         return sorted({f for f, _ in wheres}, key=lambda f: (f != self.file, f))
 
     def find_file(self, name: str) -> str | None:
-        """The file with code whose path or base name is `name`."""
-        found = [f for f in self.files() if f == name or f.rsplit("/", 1)[-1] == name]
+        """The file with code whose path (as given, or relative to the working
+        folder) or base name is `name`."""
+        import os
+        here = os.path.abspath(name)
+        found = [f for f in self.files() if f in (name, here) or f.rsplit("/", 1)[-1] == name]
         return found[0] if len(found) == 1 else None
 
     def lines(self) -> list[LineCode]:
