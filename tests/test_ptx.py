@@ -260,3 +260,21 @@ def test_dump_dir_on_a_disk_cache_hit_writes_the_cached_stages(tmp_path, monkeyp
     # compiled.dump() writes .asm, which has the SASS listing too where nvdisasm exists
     assert [f.read_text() for f in files] == list(again.asm.values())
     assert files[0].name == "00-python.py" and files[-1].suffix in (".log", ".sass")
+
+
+@pytest.mark.skipif(find_tool("ptxas") is None, reason="needs ptxas")
+def test_a_ptxas_job_given_up_stops_ptxas_and_drops_its_files():
+    """Ctrl-C (or any error) between starting ptxas and reading its result:
+    the job is cancelled, not left running with its temp folder."""
+    import os
+    from pathlib import Path
+    from tk_mlir import toolchain
+    from tk_mlir.kernels.gemm import gemm_kernel
+    a = tk.spec((4096, 4096), bf16)
+    ptx = gemm_kernel.compile(a, a, a, config=0).asm["ptx"]
+    job = toolchain.start_ptxas(ptx, "sm_90a")
+    folder = Path(job._tmp.name)
+    job.cancel()
+    assert job._proc.poll() is not None and not folder.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(job._proc.pid, 0)

@@ -113,7 +113,12 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
     job = start_ptxas(lowered.ptx, spec.arch, PTXAS_ARGS) if find_tool("ptxas") is not None \
         else None
     stage[0] = "keeping the stages"
-    stages.extend(lowered.stages)       # (snapshots written as bytecode)
+    try:
+        stages.extend(lowered.stages)   # (snapshots written as bytecode)
+    except BaseException:               # (Ctrl-C, say: ptxas is not left running)
+        if job is not None:
+            job.cancel()
+        raise
     stage[0] = "ptxas"
     try:
         cubin, log = job.result() if job is not None else (None, "")

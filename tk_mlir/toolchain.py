@@ -107,15 +107,28 @@ class PtxasJob:
                                       text=True)
 
     def result(self) -> tuple[bytes, str]:
-        """(cubin, log) once ptxas is done; ToolchainError if it failed."""
+        """(cubin, log) once ptxas is done; ToolchainError if it failed. An
+        exception while waiting (Ctrl-C) stops ptxas."""
         try:
             log = self._proc.communicate()[0].strip()
             if self._proc.returncode != 0:
                 raise ToolchainError(f"ptxas failed (exit {self._proc.returncode}) assembling "
                                      f"for {self.arch}", log)
             return self._out.read_bytes(), log
+        except BaseException:
+            self.cancel()
+            raise
         finally:
             self._tmp.cleanup()
+
+    def cancel(self) -> None:
+        """Stop ptxas (the caller will not read its result) and drop its files."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._tmp.cleanup()
 
 
 def start_ptxas(ptx: str, arch: str = TARGET.arch, extra_args=()) -> PtxasJob:
