@@ -133,6 +133,8 @@ DAMAGE = {
     "params-malformed": lambda d, r: rewrite(d, "meta.json", edit_meta(params=[["x"]])),
     "tensor-maps-malformed": lambda d, r: rewrite(d, "meta.json", edit_meta(tensor_maps=[1])),
     "no-kernel-identity": lambda d, r: rewrite(d, "meta.json", edit_meta(kernel=None)),
+    "another-entry-point": lambda d, r: rewrite(d, "meta.json", edit_meta(name="other")),
+    "another-target": lambda d, r: rewrite(d, "meta.json", edit_meta(arch="sm_100a")),
     "stages-bad-base64": lambda d, r: rewrite(d, "stages.json", bad_base64),
     "stages-not-object": lambda d, r: rewrite(d, "stages.json", lambda t: "[]"),
     "cubin-empty": lambda d, r: ((d / "cubin").write_bytes(b""), consistent(d)),

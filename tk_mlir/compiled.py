@@ -284,19 +284,21 @@ class CompiledKernel:
                 "stages.json": json.dumps(self.stages.to_json())}
 
     @classmethod
-    def from_entry(cls, entry: dict, kernel: dict | None = None) -> CompiledKernel:
+    def from_entry(cls, entry: dict, kernel: dict | None = None,
+                   arch: str | None = None) -> CompiledKernel:
         """The kernel to_entry stored, or cache.DamagedEntry: a part missing,
         malformed or of the wrong type, or (`kernel` given) an entry that holds
-        another kernel than `kernel`."""
+        another kernel than `kernel` (its identity, or a cubin entry point of
+        another name), or (`arch` given) code for another target."""
         try:
-            return cls(**_decode_entry(entry, kernel))
+            return cls(**_decode_entry(entry, kernel, arch))
         except cache.DamagedEntry:
             raise
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             raise cache.DamagedEntry(f"cannot decode it: {type(e).__name__}: {e}") from None
 
 
-def _decode_entry(entry: dict, kernel: dict | None) -> dict:
+def _decode_entry(entry: dict, kernel: dict | None, arch: str | None = None) -> dict:
     """CompiledKernel's fields from a disk cache entry, each checked for the
     type a launch relies on (a wrong one would fail far from here)."""
     meta = json.loads(entry["meta.json"])
@@ -311,8 +313,13 @@ def _decode_entry(entry: dict, kernel: dict | None) -> dict:
         _require(type(meta[name]) is kind, f"meta.json's {name} is not {kind.__name__}")
     _require(valid_num_warps(meta["num_warps"]) and meta["smem_bytes"] >= 0
              and meta["cluster"] >= 1, "meta.json's numbers are out of range")
-    arch = meta.get("arch", "sm_90a")      # (entries from before there were two targets)
-    _require(arch in TARGETS, "meta.json's arch is not a target")
+    if kernel is not None:
+        _require(meta["name"] == kernel["name"], f"meta.json names entry point "
+                 f"{meta['name']!r}, not the kernel's {kernel['name']!r}")
+    stored = meta.get("arch", "sm_90a")    # (entries from before there were two targets)
+    _require(stored in TARGETS, "meta.json's arch is not a target")
+    _require(arch is None or stored == arch, f"it holds code for {stored}, not {arch}")
+    arch = stored
     params = [AbiParam(*p) for p in meta["params"]]
     _require(all(type(p.arg) is int and p.kind in PASSED_AS and type(p.index) is int
                  for p in params), "meta.json's params are malformed")

@@ -221,7 +221,7 @@ def _load(disk: cache.DiskCache, spec: Specialization, dump_name: str
     if entry is None:
         return None
     try:
-        compiled = CompiledKernel.from_entry(entry, spec.identity())
+        compiled = CompiledKernel.from_entry(entry, spec.identity(), spec.arch)
     except cache.DamagedEntry as why:
         disk.discard(key, why)
         return None
