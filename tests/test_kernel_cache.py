@@ -280,9 +280,10 @@ def test_unwritable_cache_dir_still_compiles_with_a_warning(kernel_file, tmp_pat
     blocker.write_text("a regular file")
     monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(blocker / "cache"))
     with pytest.warns(RuntimeWarning, match=r"cannot write to the compilation cache at "
-                      r".*not-a-dir/cache .*continuing without it"):
+                      r".*not-a-dir/cache .*continuing without it") as caught:
         compiled = load(kernel_file).scale.compile(X, X, N=64)
     assert compiled.cubin and len(compiles) == 1
+    assert caught[0].filename == __file__       # the user's line, not tk_mlir's
     assert blocker.read_text() == "a regular file"
     # Once per directory and process: the next compile is quiet (and compiles).
     with warnings.catch_warnings():

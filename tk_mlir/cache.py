@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from . import knobs
 from .knobs import always_compile, cache_dir     # (also read through cache by others)
+from .errors import user_stacklevel
 from .toolchain import find_tool
 
 # Bump when the entry layout or key payload changes meaning, so old entries
@@ -203,7 +204,7 @@ def _warn_once(root: pathlib.Path, action: str, err: BaseException) -> None:
         f"tk_mlir: cannot {action} the compilation cache at {root} ({err}); "
         "continuing without it (set TK_MLIR_CACHE_DIR to a writable directory)",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -260,7 +261,7 @@ class DiskCache:
             return
         _warned.add(str(final))
         warnings.warn(f"tk_mlir: dropped a damaged compilation cache entry {final} ({why}); "
-                      f"treated as a miss", RuntimeWarning, stacklevel=3)
+                      f"treated as a miss", RuntimeWarning, stacklevel=user_stacklevel())
 
     def put(self, key: str, entry: dict) -> None:
         """Publish ``entry`` under ``key`` atomically. If another process has

@@ -184,6 +184,16 @@ def _owner(frame) -> str:
     return "user"
 
 
+def user_stacklevel() -> int:
+    """The warnings.warn stacklevel, for the function that calls this, of the
+    nearest frame of the user's code (or the outermost frame): a warning shows
+    the user's line that led to it, not one of tk_mlir's."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and _owner(frame) != "user":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def raised_in_tk_mlir(tb) -> bool:
     """Whether the exception with traceback `tb` is a bug in tk_mlir rather
     than in the user's own Python (a helper, a constexpr computation): decided
