@@ -410,3 +410,10 @@ def test_a_new_compile_replaces_the_stage_files_of_the_last(capsys, tmp_path):
     code, _, err = run(capsys, *SOFTMAX_CALL, "--dump-dir", str(tmp_path))
     assert code == 0, err
     assert not (folder / "99-gone.mlir").exists() and (folder / "00-python.py").exists()
+
+
+def test_an_empty_dump_dir_is_refused(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["compile", *SOFTMAX_CALL, "--dump-dir", ""])
+    assert info.value.code == 2
+    assert "an empty path (write . for the working folder)" in capsys.readouterr().err

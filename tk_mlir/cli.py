@@ -379,6 +379,14 @@ def line_in_stage(compiled, code, stage: str) -> list[str]:
 _TEXT_STAGES = ("ptxas",)     # text that is not MLIR and has no .loc
 
 
+def _path_arg(text: str) -> Path:
+    """A path option's value: ~ expanded; empty refused (an unset variable in a
+    script, most likely; `.` names the working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (write . for the working folder)")
+    return Path(text).expanduser()
+
+
 def _usable_folder(path: Path, option: str) -> None:
     """`option`'s folder must exist (--html) or be creatable (--dump-dir), and
     be writable: else a UsageError naming the option, the path and why."""
@@ -492,9 +500,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--summary", action="store_true",
                    help="print the kernel's summary: registers, spills, shared memory, "
                         "blocks per SM, the SASS instruction mix, ptxas warnings")
-    c.add_argument("--dump-dir", type=Path, metavar="DIR",
+    c.add_argument("--dump-dir", type=_path_arg, metavar="DIR",
                    help="write every stage to DIR/KERNEL/NN-STAGE.*")
-    c.add_argument("--html", type=Path, metavar="OUT.html",
+    c.add_argument("--html", type=_path_arg, metavar="OUT.html",
                    help="write the stages as a standalone HTML page")
     c.set_defaults(run=compile_command)
 

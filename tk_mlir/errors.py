@@ -128,7 +128,7 @@ def debug() -> bool:
         return debug()
     except KnobError as e:
         import warnings
-        warnings.warn(f"{e}; read as 0", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{e}; read as 0", RuntimeWarning, stacklevel=user_stacklevel())
         return False
 
 
