@@ -166,6 +166,23 @@ def k_loops_over_sequences(X: tk.gl[f32], Y: tk.gl[f32]):
     tk.store(Y, acc, (0, 0))
 
 
+@tk.func
+def negated_if(x, NEG):
+    """A helper returning early under a compile-time if."""
+    if NEG:
+        return -x
+    return x
+
+
+@tk.kernel(num_warps=4)
+def k_helpers_return_under_constexpr_ifs(X: tk.gl[f32], Y: tk.gl[f32], NEG: tk.constexpr):
+    def doubled_if(x, TWICE):
+        if TWICE:
+            return x * 2.0
+        return x
+    tk.store(Y, doubled_if(negated_if(tk.load(X, (0, 0), (64, 64)), NEG), not NEG), (0, 0))
+
+
 @tk.kernel
 def k_call(X: tk.gl[f32]):
     i = tk.block_id(0)
@@ -1158,3 +1175,13 @@ def test_a_for_loop_over_a_compile_time_sequence_is_unrolled():
     k_loops_over_sequences.interpret[(1,)](x, y)
     assert torch.allclose(y, x.view(4, 16, 64).sum(0) * 1.0 * 3.0, atol=1e-5)
     k_loops_over_sequences.compile(tk.spec((64, 64), "f32"), tk.spec((16, 64), "f32"))
+
+
+@pytest.mark.parametrize("neg", [True, False])
+def test_a_helper_returns_under_a_constexpr_if(neg):
+    """A tk.func and a function defined in the kernel may return under an if
+    on a compile-time value: the branch taken is the function's result."""
+    torch = pytest.importorskip("torch")
+    x, y = torch.randn(64, 64), torch.full((64, 64), float("nan"))
+    k_helpers_return_under_constexpr_ifs.interpret[(1,)](x, y, NEG=neg)
+    assert torch.equal(y, -x if neg else x * 2)

@@ -398,6 +398,23 @@ def k_lcf_warps(A: tk.gl[bf16]):
     tk.lcf(1, 1, [(bf16, (64, 64), 128)], nothing, nothing, nothing, nothing)  # E:lcf-warps
 
 
+@tk.kernel(num_warps=8)
+def k_lcf_one_stage(A: tk.gl[bf16]):
+    def nothing(*args):
+        pass
+    tk.lcf(1, 1, [(bf16, (64, 64), 128)], nothing, nothing, nothing, nothing, stages=1,  # E:lcf-stages
+           consumers=1)
+
+
+@tk.kernel(num_warps=8)
+def k_cluster_twice(A: tk.gl[bf16]):
+    def nothing(*args):
+        pass
+    tk.use_cluster(2)
+    tk.lcf(1, 1, [(bf16, (64, 64), 128)], nothing, nothing, nothing, nothing,  # E:lcf-cluster
+           consumers=1)
+
+
 @tk.kernel(num_warps=4)
 def k_whole_array(A: tk.gl[bf16]):
     sems = tk.semaphores(2)
@@ -433,6 +450,8 @@ def k_one_element_array(A: tk.gl[bf16]):
 
 REVIEW_ERRORS = [
     (k_lcf_warps, "lcf-warps", HERE, "needs num_warps=12"),   # at the user's call of the template
+    (k_lcf_one_stage, "lcf-stages", HERE, "lcf needs stages >= 2"),
+    (k_cluster_twice, "lcf-cluster", HERE, "tk.lcf calls it with its cluster= argument"),
     (k_whole_array, "whole-array", HERE, "whole array of 2 semaphores"),
     (k_subtile_range, "subtile-range", HERE, "outside the tile's 128 rows"),
     (k_align_slack, "align-slack", HERE, "plus 1024 to align swizzled tiles"),

@@ -141,8 +141,13 @@ def _compile_time_part(v):
 
 
 class KernelReturned(Exception):
-    """A kernel's `return` reached under compile-time ifs only: the kernel's
-    body ends there (the statements after it are not built)."""
+    """A `return` reached under compile-time ifs only: the kernel's (or an
+    inlined function's) body ends there, the statements after it not built;
+    `value` is what an inlined function returns."""
+
+    def __init__(self, value=None):
+        super().__init__()
+        self.value = value
 
 
 class KernelBuilder(ast.NodeVisitor):
@@ -260,8 +265,11 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Return(self, node):
         if self.function is not None:
-            raise self.error(node, f"return in tk.func {self.function} is only allowed as its "
-                                   f"last statement (not inside an if or a loop)")
+            if self.runtime_bodies:
+                raise self.error(node, f"return in tk.func {self.function} is only allowed as "
+                                       f"its last statement or under ifs on compile-time "
+                                       f"values (not inside a run-time if or loop)")
+            raise KernelReturned(None if node.value is None else self.eval(node.value))
         if node.value is not None:
             raise self.error(node, "a kernel returns nothing; write results with tk.store")
         if self.runtime_bodies:
@@ -322,7 +330,10 @@ class KernelBuilder(ast.NodeVisitor):
         if body and isinstance(body[-1], ast.Return):
             body, result = body[:-1], body[-1].value
         try:
-            inner.run(body)
+            try:
+                inner.run(body)
+            except KernelReturned as returned:      # (under compile-time ifs)
+                return returned.value
             return inner.eval(result) if result is not None else None
         except CompilationError as e:
             # A helper of tk_mlir's (a ring's method, a template) refusing its

@@ -85,7 +85,8 @@ def use_cluster(size) -> None:
     if size not in (1, 2, 4, 8):
         raise CompilationError(f"cluster size must be 1, 2, 4 or 8 (blocks along x), got {size!r}")
     if state.cluster != 1:
-        raise CompilationError("tk.use_cluster is called once per kernel")
+        raise CompilationError("tk.use_cluster is called once per kernel (tk.lcf calls it "
+                               "with its cluster= argument: give the cluster size there)")
     if size > 1:
         emit("use_cluster", size=size)
         state.cluster = size
