@@ -323,10 +323,14 @@ def test_store_partial_counters_too_few():
         add_parts.interpret[(2, 2)](x, y, w, f, PARTS=2)
 
 
-def test_store_partial_counters_not_zero():
+@pytest.mark.parametrize("at, value", [(5, 7), (0, 1)])
+def test_store_partial_counters_not_zero(at, value):
+    """Counters that do not start at zero are named as such at the first part
+    (a count below parts= would otherwise read as a tile short of parts)."""
     x, y, w, f = parts_inputs(2, 1)
-    f[5] = 7
-    with pytest.raises(InterpretError, match="counters must start as zeros"):
+    f[at] = value
+    with pytest.raises(InterpretError, match=rf"counters 'F' do not start at zero \(they hold "
+                                             rf"\[{value}\] at 1 element\(s\), the first at {at}\)"):
         add_parts.interpret[(2, 1)](x, y, w, f, PARTS=2)
 
 

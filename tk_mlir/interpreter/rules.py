@@ -276,6 +276,14 @@ def _store_partial(op, num_warps):
                              f"{counters.shape[0]} elements; the tile at {tuple(coords)} counts "
                              f"on elements {slot * threads} to {(slot + 1) * threads - 1} "
                              f"({threads} threads per tile)")
+        if getattr(counters, "counted_by", None) is None:      # the launch's first part
+            start = counters.load((0,), counters.shape, "i32", 0)
+            if start.any():
+                slots = np.flatnonzero(start)
+                raise error(loc, f"tk.store_partial: counters {counters.name!r} do not start "
+                                 f"at zero (they hold {sorted(set(start[slots].tolist()))} at "
+                                 f"{len(slots)} element(s), the first at {slots[0]}): pass "
+                                 f"zeros (torch.zeros), which every launch leaves behind")
         workspace.store(coords, value, add=True)
         counters.counted_by = (loc, parts)      # checked at the launch's end (leftover_parts)
         count = counters.load((slot,), (threads,), "i32", 0)
