@@ -121,6 +121,55 @@ def register_split(func, ops, num_warps: int) -> None:
                     f"met: the block starts with {start} registers per thread in each of its "
                     f"{groups} warpgroups and {kept}, so one warpgroup gets at most {most}; "
                     f"setmaxnreg.inc waits until registers are free, here forever")
+        elif op.opview.action == "inc" and groups > 1:
+            dec = _decrease_beside(op)
+            if dec is not None and (groups - 1) * count + dec > groups * start:
+                warn_at(op.location, "setmaxnreg", f"tk.increase_registers({count}) in the "
+                        f"branch beside tk.decrease_registers({dec}): with one warpgroup "
+                        f"decreasing and the other {groups - 1} increasing, "
+                        f"{groups - 1} x {count} + {dec} registers per thread exceed the "
+                        f"block's {groups} x {start} = {groups * start}; setmaxnreg.inc "
+                        f"waits until registers are free, here forever (tk.register_split "
+                        f"checks a split before it is made)")
+
+
+def _decrease_beside(op) -> int | None:
+    """The count of a tk.decrease_registers in the then-branch of an
+    `if tk.warpgroup_id() == c` whose else-branch holds `op` (an increase):
+    the producer/consumer split, one warpgroup decreasing and every other
+    increasing; None for any other shape."""
+    child, parent = op, op.parent
+    while parent is not None and parent.name != "scf.if":
+        child, parent = parent, parent.parent
+    if parent is None or not _one_warpgroup(parent.operands[0]):
+        return None
+    def counts(region):
+        found = []
+        for block in region.blocks:
+            for o in block.operations:
+                o.operation.walk(lambda x: found.append(x.opview.count) or ir.WalkResult.ADVANCE
+                                 if tk.op_def(x) is not None and tk.op_def(x).setmaxnreg and
+                                 x.opview.action == "dec" else ir.WalkResult.ADVANCE)
+        return found
+    then, orelse = parent.regions
+    if not _holds(orelse, child):
+        return None
+    found = counts(then)
+    return min(found) if found else None
+
+
+def _one_warpgroup(condition) -> bool:
+    """Whether `condition` is tk.warpgroup_id() == a value (true in one warpgroup)."""
+    owner = condition.owner
+    if not (isinstance(owner, ir.Operation) or hasattr(owner, "name")) or \
+            owner.name != "arith.cmpi" or str(owner.attributes["predicate"]) != "0 : i64":
+        return False
+    return any(hasattr(v.owner, "name") and v.owner.name == "tk.warpgroup_id"
+               for v in owner.operands)
+
+
+def _holds(region, op) -> bool:
+    return any(o.operation == op for block in region.blocks for o in block.operations)
 
 
 def cluster_occupancy(func, ops, num_warps: int) -> None:

@@ -151,6 +151,14 @@ def k_increase_fits(A: tk.gl[f32]):
         tk.decrease_registers(96)
 
 
+@tk.kernel(num_warps=12)
+def k_consumers_overcommit(A: tk.gl[f32]):
+    if tk.warpgroup_id() == 2:
+        tk.decrease_registers(40)
+    else:
+        tk.increase_registers(240)             # E:consumers_overcommit
+
+
 @tk.kernel(num_warps=8)
 def k_increase_without_decrease(A: tk.gl[f32]):
     if tk.warpgroup_id() == 1:
@@ -175,6 +183,15 @@ def test_an_increase_beyond_what_the_others_free_warns():
     # 16 warps start with 128 each; the other 3 warpgroups keep 120: 4 * 128 - 3 * 120 = 152.
     messages = lint_warnings(lambda: k_increase_too_far.compile(spec(64, 64, dtype=f32)))
     assert "at most 152" in assert_one_at(messages, "increase_too_far", "setmaxnreg")
+
+
+def test_consumers_that_together_take_more_than_the_block_has_warn():
+    """One warpgroup decreases to 40, the other two increase to 240 each:
+    each increase alone fits (at most 424), together 2 x 240 + 40 = 520
+    exceed 3 x 168 (tk.register_split's rule, now for hand-written splits)."""
+    messages = lint_warnings(lambda: k_consumers_overcommit.compile(spec(64, 64, dtype=f32)))
+    text = assert_one_at(messages, "consumers_overcommit", "setmaxnreg")
+    assert "2 x 240 + 40 registers per thread exceed the block's 3 x 168 = 504" in text
 
 
 def test_a_split_that_fits_does_not_warn():
