@@ -730,3 +730,13 @@ def test_lse_is_differentiable_in_the_interpreter(interpret, causal, determinist
         want = torch.autograd.grad(lossf(ro, rlse), ref_in[:inputs], retain_graph=True)
         for a, b in zip(got, want):
             assert ((a.double() - b).norm() / b.norm()).item() < 1e-2
+
+
+def test_head_dim_256_with_grad_warns_at_the_forward(interpret):
+    """D=256 has no backward: an input that requires grad is warned of where
+    the forward is called, not first heard of at backward."""
+    from tk_mlir.kernels import attention
+    q = torch.randn(1, 2, 64, 256).to(torch.bfloat16).requires_grad_()
+    with pytest.warns(UserWarning, match="head dim 256 has a forward only") as caught:
+        attention(q, q.detach(), q.detach())
+    assert caught[0].filename == __file__

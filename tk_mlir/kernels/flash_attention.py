@@ -428,6 +428,12 @@ def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tup
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "
                                   "backward yet")
+    if grad and q.shape[-1] == 256:     # (refusing would break forward-only calls in grad mode)
+        import warnings
+        from tk_mlir.errors import user_stacklevel
+        warnings.warn("attention: head dim 256 has a forward only; an input requires grad, so "
+                      "this call records a graph whose backward will raise (call it under "
+                      "torch.no_grad() for inference)", stacklevel=user_stacklevel())
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     return scale, left, right, softcap, grad
 
