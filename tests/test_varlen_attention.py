@@ -304,3 +304,9 @@ def test_lse_is_differentiable(interpret, causal):
                        torch.autograd.grad((rlse * dl).sum(), ref_in[:2]))):
         for a, b in zip(got, want):
             assert _rel(a, b) < 1e-2
+
+
+def test_head_dim_256_with_grad_warns_at_the_forward(interpret):
+    q, k, v, cu_q, cu_k = _inputs([5, 9], [5, 9], 2, 1, 256, seed=3)
+    with pytest.warns(UserWarning, match="attention_varlen: head dim 256 has a forward only"):
+        attention_varlen(q.requires_grad_(), k, v, cu_q, cu_k, 9, 9)

@@ -414,6 +414,18 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 _PREPARED = eager.Prepared()
 
 
+def warn_if_forward_only(fn: str, d: int, grad: bool) -> None:
+    """Head dim 256 has a forward only: a call autograd records (`grad`) is
+    warned of at the caller's line, where refusing it would break forward-only
+    calls in grad mode (its backward raises)."""
+    if grad and d == 256:
+        import warnings
+        from tk_mlir.errors import user_stacklevel
+        warnings.warn(f"{fn}: head dim 256 has a forward only; an input requires grad, so "
+                      f"this call records a graph whose backward will raise (call it under "
+                      f"torch.no_grad() for inference)", stacklevel=user_stacklevel())
+
+
 def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tuple:
     """attention's arguments checked: (scale, left, right, softcap) as the
     kernels take them, and whether autograd records the call."""
@@ -428,12 +440,7 @@ def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tup
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "
                                   "backward yet")
-    if grad and q.shape[-1] == 256:     # (refusing would break forward-only calls in grad mode)
-        import warnings
-        from tk_mlir.errors import user_stacklevel
-        warnings.warn("attention: head dim 256 has a forward only; an input requires grad, so "
-                      "this call records a graph whose backward will raise (call it under "
-                      "torch.no_grad() for inference)", stacklevel=user_stacklevel())
+    warn_if_forward_only("attention", q.shape[-1], grad)
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     return scale, left, right, softcap, grad
 

@@ -65,6 +65,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     from tk_mlir.kernels import custom_ops
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not torch.compiler.is_compiling():
+        flash_attention.warn_if_forward_only(FN, q.shape[-1], grad)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.tk_mlir.attention_varlen(*args)
     elif grad:
