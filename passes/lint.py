@@ -159,13 +159,15 @@ def _decrease_beside(op) -> int | None:
 
 
 def _one_warpgroup(condition) -> bool:
-    """Whether `condition` is tk.warpgroup_id() == a value (true in one warpgroup)."""
+    """Whether `condition` compares a warpgroup's index for equality (true in
+    one warpgroup): an op whose result differs between a block's threads but
+    not within a warpgroup (tk.warpgroup_id), == a value."""
     owner = condition.owner
-    if not (isinstance(owner, ir.Operation) or hasattr(owner, "name")) or \
-            owner.name != "arith.cmpi" or str(owner.attributes["predicate"]) != "0 : i64":
+    if not hasattr(owner, "name") or owner.name != "arith.cmpi" or \
+            str(owner.attributes["predicate"]) != "0 : i64":
         return False
-    return any(hasattr(v.owner, "name") and v.owner.name == "tk.warpgroup_id"
-               for v in owner.operands)
+    defs = [tk.op_def(v.owner) if hasattr(v.owner, "name") else None for v in owner.operands]
+    return any(d is not None and d.thread_varying and not d.warpgroup_varying for d in defs)
 
 
 def _holds(region, op) -> bool:
