@@ -487,6 +487,40 @@ def test_a_load_no_expect_announced_names_the_missing_expect():
         load_without_expect.interpret[(1,)](np.zeros((16, 64), np.float32))
 
 
+@tk.kernel(num_warps=8)
+def released_twice(A: tk.gl[f32]):
+    s = tk.semaphore(2)                             # two warpgroups release it
+    t = tk.semaphore(1)                             # (warpgroup 1 releases after 0's two)
+    if tk.elect_leader("warpgroup"):
+        if tk.warpgroup_id() == 0:
+            tk.arrive(s)
+            tk.arrive(s)                            # mistake: warpgroup 0 again
+            tk.arrive(t)
+        else:
+            tk.wait(t, 0)
+            tk.arrive(s)
+    tk.wait(s, 0)
+
+
+def test_a_warp_arriving_twice_in_one_phase_is_named():
+    """A ring stage released twice by one consumer completes the phase before
+    the other consumer is done: named at the second arrival (it was a deadlock
+    or a TMA race elsewhere, depending on the schedule)."""
+    for seed in range(4):
+        with pytest.raises(InterpretError, match=r"warp 0 arrives on semaphore.*again in one "
+                                                 r"phase.*a stage released twice"):
+            _interpret_seeded(released_twice, seed)
+
+
+def _interpret_seeded(kernel, seed):
+    from tk_mlir import interpreter
+    old, interpreter.SEED = interpreter.SEED, seed
+    try:
+        kernel.interpret[(1,)](np.zeros((4, 4), np.float32))
+    finally:
+        interpreter.SEED = old
+
+
 @tk.kernel(num_warps=4)
 def into_an_ended_block(A: tk.gl[f32]):
     """Block 1 tells block 0 to go on and ends; block 0 then multicasts into it."""

@@ -37,7 +37,9 @@ Invariants:
 What it reports: a tile op under lane divergence or reached by part of its
 scope; a deadlock (every warp blocked, nothing in flight: each waiter with
 its line and the semaphore's or barrier's state); a transaction-byte
-mismatch, an arrival overflow, a phase wrap-around; named barriers reached
+mismatch (or a load no expect armed), an arrival overflow, a warp arriving
+twice in one phase of a semaphore that waits for several (a stage released
+twice), a phase wrap-around; named barriers reached
 with different warp counts or an id outside 1-15; a wgmma result used before
 its mma_wait; a tile read while a TMA load writes it, or written while a
 wgmma or TMA store reads it; a thread write read by the async proxy with no

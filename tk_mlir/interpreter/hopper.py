@@ -50,7 +50,7 @@ def _arrive(op, num_warps):
     loc, at = op.loc, op.at
     def arrive(w, sem):
         block = w.block
-        block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at)
+        block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, by=w.index)
         w.clock[w.index] += 1
         yield YIELD
     return arrive

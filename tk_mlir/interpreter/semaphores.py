@@ -28,6 +28,7 @@ class Semaphore:
         self.loads_in_flight = 0
         self.expects: list[str] = []        # this phase's expect_bytes lines
         self.loads: list[str] = []          # this phase's TMA load lines
+        self.arrivers: dict = {}            # this phase's arriving warps -> their line
         self.clock = np.zeros(num_slots, np.int64)      # published this phase
         self.released = np.zeros(num_slots, np.int64)   # by the last completed phase
 
@@ -43,8 +44,21 @@ class Semaphore:
         """Whether wait(parity) returns now."""
         return (self.completed & 1) != parity
 
-    def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0) -> None:
-        """n arrivals (one per issuing thread), each expecting tx bytes first."""
+    def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0,
+               by: int | None = None) -> None:
+        """n arrivals (one per issuing thread), each expecting tx bytes first;
+        `by`: the arriving warp (tk.arrive's), when known. The same warp
+        arriving twice in one phase of a semaphore that waits for several
+        arrivals is an error: a stage released twice (the phase would complete
+        before its other arrivers are done)."""
+        if by is not None and self.arrivals > 1:
+            if by in self.arrivers and self.pending:
+                raise error(loc, f"warp {by} arrives on {self.describe()} at {where}, again in "
+                                 f"one phase (it arrived at {self.arrivers[by]}; "
+                                 f"{self.state()}): a stage released twice? Each arriver "
+                                 f"arrives once per phase; the phase would complete before "
+                                 f"the others are done, and its slot be refilled under them")
+            self.arrivers[by] = where
         if n > self.pending:        # (0 pending: the phase waits for its bytes only)
             raise error(loc, f"arrival overflow: {n} thread(s) arrive at {where} on "
                              f"{self.describe()}, whose phase waits for "
@@ -95,6 +109,7 @@ class Semaphore:
         if self.pending == 0 and self.tx == 0:
             self.completed += 1
             self.pending, self.expects, self.loads = self.arrivals, [], []
+            self.arrivers = {}
             self.released = self.clock.copy()
 
 
