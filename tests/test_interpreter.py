@@ -512,6 +512,19 @@ def test_a_warp_arriving_twice_in_one_phase_is_named():
             _interpret_seeded(released_twice, seed)
 
 
+@tk.kernel(num_warps=4)
+def arrives_for_two(A: tk.gl[f32]):
+    s = tk.semaphore(2)
+    if tk.elect_leader():
+        for i in tk.static_range(2):                # one line counting two arrivals
+            tk.arrive(s)
+    tk.wait(s, 0)
+
+
+def test_one_line_arriving_in_a_loop_may_count_several():
+    arrives_for_two.interpret[(1,)](np.zeros((4, 4), np.float32))
+
+
 def _interpret_seeded(kernel, seed):
     from tk_mlir import interpreter
     old, interpreter.SEED = interpreter.SEED, seed

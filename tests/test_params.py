@@ -147,6 +147,25 @@ def test_abi_params_are_the_disk_entry_tuples():
     assert again.params == compiled.params and all(isinstance(p, AbiParam) for p in again.params)
 
 
+@tk.kernel
+def κ(X: tk.gl[tk.f32]):
+    """A kernel whose Python name is not its PTX entry point's."""
+    tk.store(X, tk.load(X, (0, 0), (16, 64)) * 2.0, (0, 0))
+
+
+def test_a_disk_entry_of_a_kernel_with_a_mangled_entry_point_is_its_own():
+    """The entry check compares the stored entry point with the kernel's
+    name as PTX spells it (a non-ASCII name is mangled): not a miss forever."""
+    from tk_mlir.toolchain import find_tool
+    if find_tool("ptxas") is None:
+        pytest.skip("a disk entry holds a cubin")
+    compiled = κ.compile(tk.spec((16, 64), "f32"))
+    identity = {"name": "κ", "source_sha256": "0" * 64}
+    assert compiled.name != "κ"
+    again = CompiledKernel.from_entry(compiled.to_entry(identity), identity, compiled.arch)
+    assert again.name == compiled.name
+
+
 def test_launch_values_follow_the_abi():
     compiled = scale.compile(X, X, 2.0, 1)
     infos = {j: TensorInfo(0x1000 * (j + 1), (64 + j, 64), (64, 1), "f32", "cuda:0", 4)

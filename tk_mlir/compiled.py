@@ -314,8 +314,9 @@ def _decode_entry(entry: dict, kernel: dict | None, arch: str | None = None) -> 
     _require(valid_num_warps(meta["num_warps"]) and meta["smem_bytes"] >= 0
              and meta["cluster"] >= 1, "meta.json's numbers are out of range")
     if kernel is not None:
-        _require(meta["name"] == kernel["name"], f"meta.json names entry point "
-                 f"{meta['name']!r}, not the kernel's {kernel['name']!r}")
+        from .source import ptx_symbol
+        _require(meta["name"] == ptx_symbol(kernel["name"]), f"meta.json names entry point "
+                 f"{meta['name']!r}, not the kernel's {ptx_symbol(kernel['name'])!r}")
     stored = meta.get("arch", "sm_90a")    # (entries from before there were two targets)
     _require(stored in TARGETS, "meta.json's arch is not a target")
     _require(arch is None or stored == arch, f"it holds code for {stored}, not {arch}")

@@ -17,6 +17,7 @@ import collections.abc
 import contextlib
 import difflib
 import inspect
+import itertools
 import operator
 import sys
 from dataclasses import dataclass
@@ -532,7 +533,8 @@ class KernelBuilder(ast.NodeVisitor):
                                             "(or tk.static_range(...) to unroll it), or over a "
                                             "compile-time sequence (a tuple, a list, zip(...), "
                                             "enumerate(...): unrolled)")
-            items = self.python(node.iter, tuple, items)
+            # (at most one more than may unroll: an endless iterator is refused, not run)
+            items = self.python(node.iter, tuple, itertools.islice(items, MAX_STATIC_RANGE + 1))
             self.unroll(node.iter, "a loop over a compile-time sequence", len(items))
             for item in items:          # unrolled, as tk.static_range
                 self.bind(node.target, item)

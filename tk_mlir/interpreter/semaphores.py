@@ -47,12 +47,14 @@ class Semaphore:
     def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0,
                by: int | None = None) -> None:
         """n arrivals (one per issuing thread), each expecting tx bytes first;
-        `by`: the arriving warp (tk.arrive's), when known. The same warp
-        arriving twice in one phase of a semaphore that waits for several
-        arrivals is an error: a stage released twice (the phase would complete
-        before its other arrivers are done)."""
-        if by is not None and self.arrivals > 1:
-            if by in self.arrivers and self.pending:
+        `by`: the arriving warp (tk.arrive's), when known. One elected thread
+        of a warp arriving again in one phase of a semaphore that waits for
+        several arrivals, from another line, is an error: a stage released
+        twice (the phase would complete before its other arrivers are done).
+        (One line arriving in a loop, or a warp's lanes arriving apart, may
+        mean to count several.)"""
+        if by is not None and self.arrivals > 1 and n == 1:
+            if self.arrivers.get(by, where) != where and self.pending:
                 raise error(loc, f"warp {by} arrives on {self.describe()} at {where}, again in "
                                  f"one phase (it arrived at {self.arrivers[by]}; "
                                  f"{self.state()}): a stage released twice? Each arriver "

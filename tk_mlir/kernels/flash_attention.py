@@ -440,7 +440,8 @@ def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tup
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "
                                   "backward yet")
-    warn_if_forward_only("attention", q.shape[-1], grad)
+    if not torch.compiler.is_compiling():
+        warn_if_forward_only("attention", q.shape[-1], grad)
     checks.on_cuda("attention", "q", q)       # last: every other rule shows on CPU tensors
     return scale, left, right, softcap, grad
 
