@@ -515,7 +515,7 @@ def test_a_warp_arriving_twice_in_one_phase_is_named():
 @tk.kernel(num_warps=4)
 def arrives_for_two(A: tk.gl[f32]):
     s = tk.semaphore(2)
-    if tk.elect_leader():
+    if tk.thread_id() == 0:
         for i in tk.static_range(2):                # one line counting two arrivals
             tk.arrive(s)
     tk.wait(s, 0)
