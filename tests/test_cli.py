@@ -236,16 +236,30 @@ def test_a_stage_file_is_whole_or_absent(tmp_path, monkeypatch):
     """dumps._write_whole writes through a temp file renamed into place: a
     write that fails half-way leaves neither a cut-off stage nor the temp."""
     from tk_mlir import dumps
-    real_fdopen = os.fdopen
 
-    def fdopen(fd, mode):
-        with real_fdopen(fd, mode) as f:
-            f.write("half a stage")
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(dumps.os, "fdopen", fdopen)
+    class Full:
+        """A file on a disk that fills half-way through the write."""
+        def __init__(self, path, mode):
+            self.f = open(path, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:len(text) // 2])
+            raise OSError(28, "No space left on device")
+    monkeypatch.setattr(dumps, "open", Full, raising=False)
     with pytest.raises(OSError):
         dumps._write_whole(tmp_path / "00-python.py", "x" * 100)
     assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    dumps._write_whole(tmp_path / "00-python.py", "x")
+    plain = tmp_path / "plain"
+    plain.write_text("x")                      # the mode any new file gets here
+    assert (tmp_path / "00-python.py").stat().st_mode == plain.stat().st_mode
 
 
 def test_debug_reraises_with_the_traceback(monkeypatch, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,9 +75,10 @@ def write_stage(folder: Path, index: int, stage: str, text: str, what: str) -> N
 def _write_whole(path: Path, text: str) -> None:
     """`text` into `path` by a temp file renamed over it: a failed write (a full
     disk) leaves no cut-off file."""
-    fd, tmp = tempfile.mkstemp(prefix=".stage-", dir=path.parent)
+    # (open(..., "x"), not mkstemp: the file gets the umask's mode, as any file would)
+    tmp = path.parent / f".stage-{uuid.uuid4().hex}"
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "x") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
