@@ -143,18 +143,19 @@ def _decrease_beside(op) -> int | None:
         child, parent = parent, parent.parent
     if parent is None or not _one_warpgroup(parent.operands[0]):
         return None
-    def counts(region):
-        found = []
-        for block in region.blocks:
-            for o in block.operations:
-                o.operation.walk(lambda x: found.append(x.opview.count) or ir.WalkResult.ADVANCE
-                                 if tk.op_def(x) is not None and tk.op_def(x).setmaxnreg and
-                                 x.opview.action == "dec" else ir.WalkResult.ADVANCE)
-        return found
     then, orelse = parent.regions
     if not _holds(orelse, child):
         return None
-    found = counts(then)
+    found = []
+
+    def decrease(x):
+        d = tk.op_def(x)
+        if d is not None and d.setmaxnreg and x.opview.action == "dec":
+            found.append(x.opview.count)
+        return ir.WalkResult.ADVANCE
+    for block in then.blocks:
+        for o in block.operations:
+            o.operation.walk(decrease)
     return min(found) if found else None
 
 

@@ -192,6 +192,7 @@ def warn_no_gradient(fn: str, instead: str, *tensors) -> None:
     import torch
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         import warnings
+        from tk_mlir.errors import user_stacklevel
         warnings.warn(f"{fn} returns no gradient (it is for inference), and an input requires "
                       f"grad: call it under torch.no_grad(), or {instead} to train",
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
