@@ -125,42 +125,53 @@ def test_a_sequence_cut_into_segments_matches_the_recurrence(interpret, monkeypa
     _check(q, k, v, s, feature_map, causal, normalize, tol=1e-2)
 
 
-def _compiled_kernels(dk: int, causal: bool) -> dict:
+def _compiled_kernels(dk: int, causal: bool, feature_map: str = "elu1") -> dict:
     """Each of linear_attention's kernels compiled for B4 H16 N16384, D_v 64,
-    elu1 and the normaliser (the most registers), INITIAL where it applies."""
+    the normaliser (the most registers) and elu1 (or taylor2: dk is then q's
+    16 columns' features), INITIAL where it applies."""
     import tk_mlir as tk
     from tk_mlir.kernels import chunked_linear_attention as cla
+    from tk_mlir.kernels import taylor_linear_attention as taylor
     n, segs = 16384, 16
-    q, v = tk.spec((4, 16, n, dk), tk.bf16), tk.spec((4, 16, n, 64), tk.bf16)
+    width = taylor.WIDTH if feature_map == "taylor2" else dk
+    q, v = tk.spec((4, 16, n, width), tk.bf16), tk.spec((4, 16, n, 64), tk.bf16)
     s, z = tk.spec((4, 16, segs * dk, 64), tk.f32), tk.spec((4, 16, segs * dk, 16), tk.f32)
     s1, z1 = tk.spec((4, 16, dk, 64), tk.f32), tk.spec((4, 16, dk, 16), tk.f32)
-    den, dq = tk.spec((4, 16, 3, n), tk.f32), tk.spec((4, 16, n, dk), tk.bf16)
-    flags = dict(DK=dk, MAP="elu1")
+    den, dq = tk.spec((4, 16, 3, n), tk.f32), tk.spec((4, 16, n, width), tk.bf16)
+    fx = (tk.spec((5, taylor.WIDTH, taylor.FEATURES), tk.bf16),)
+    flags = dict(DK=dk, MAP=feature_map)
     grads = dict(DV=64, CAUSAL=causal, NORMALIZE=True, INITIAL=True, **flags)
     return {
         "forward": cla.linear_attention_kernel.compile(
-            q, q, v, v, s, z, s1, z1, 0.1, 16, CAUSAL=causal, NORMALIZE=True, INITIAL=True,
-            **flags),
-        "sums": cla.linear_attention_segment_sums_kernel.compile(q, v, s, z, 16, **flags),
+            q, q, v, v, s, z, s1, z1, *fx, 0.1, 16, CAUSAL=causal, NORMALIZE=True,
+            INITIAL=True, **flags),
+        "sums": cla.linear_attention_segment_sums_kernel.compile(q, v, s, z, *fx, 16, **flags),
         "prefix": cla.linear_attention_segment_prefix_kernel.compile(
             s, z, s1, z1, s, z, s1, z1, segs, DK=dk, INITIAL=True, REVERSE=True),
         "grad sums": cla.linear_attention_segment_grad_sums_kernel.compile(
-            q, v, den, s, z, 0.1, 16, NORMALIZE=True, **flags),
-        "dq": cla.linear_attention_dq_kernel.compile(q, q, v, v, s, z, dq, den, 0.1, 16,
+            q, v, den, s, z, *fx, 0.1, 16, NORMALIZE=True, **flags),
+        "dq": cla.linear_attention_dq_kernel.compile(q, q, v, v, s, z, dq, den, *fx, 0.1, 16,
                                                       **grads),
         "dk dv": cla.linear_attention_dkdv_kernel.compile(q, q, v, v, s, z, dq, v, s1, z1, den,
-                                                          0.1, 16, **grads),
+                                                          *fx, 0.1, 16, **grads),
     }
 
 
-@pytest.mark.parametrize("dk", [64, 128])
+@pytest.mark.parametrize("dk,feature_map", [(64, "elu1"), (128, "elu1"), (192, "taylor2")])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, causal):
+def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, feature_map, causal):
     """ptxas on each kernel (no GPU needed): no spill, no C75xx advisory (an
     MMA pipeline ptxas serialized). The D_k=64 loops keep the next chunk's
-    loads in flight in registers, D_k=128's do not: it would spill."""
-    for name, c in _compiled_kernels(dk, causal).items():
-        assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, name
+    loads in flight in registers, D_k=128's do not: it would spill. taylor2
+    expands 16 columns into 192 features inside the kernels; its forward,
+    dq and dk/dv kernels (a 192 x 64 f32 state beside the loop's
+    tiles) still spill a few hundred bytes, a known limit (the module's
+    docstring): they are held to it here, so that a change shows."""
+    limits = {"forward": 512, "dq": 512, "dk dv": 768} if feature_map == "taylor2" else {}
+    for name, c in _compiled_kernels(dk, causal, feature_map).items():
+        limit = limits.get(name, 0)
+        assert c.info["spill stores (bytes)"] <= limit, (name, c.info)
+        assert c.info["spill loads (bytes)"] <= limit, (name, c.info)
         assert "C75" not in c.ptxas_log, (name, c.ptxas_log)
 
 
@@ -208,7 +219,8 @@ def test_taylor2_decoding_step_continues_the_recurrence(interpret):
     o, (s1, z1) = linear_attention_step(q[:, 39:], k[:, 39:], v[:, 39:],
                                         (rs39.float(), rz39.float()), "taylor2")
     assert _rel(o[:, 0], ro[:, 39]) < 1e-2
-    assert _rel(s1, rs) < 1e-2 and _rel(z1, rz) < 1e-5
+    # (the step runs the chunked kernels: the new token's features are bf16)
+    assert _rel(s1, rs) < 1e-2 and _rel(z1, rz) < 1e-4
 
 
 def test_taylor2_takes_head_dims_up_to_16():
@@ -240,26 +252,36 @@ def test_compiled_matches_eager(interpret):
     assert_compiled_matches_eager(f, q, k, v)
 
 
-@pytest.mark.parametrize("min_segment,dv,feature_map,normalize,state", [
-    (4, 64, "elu1", True, True),        # one segment: the reverse walk starts from dS1
-    (1, 64, "relu", False, False),      # a segment per chunk: dS1 in the reverse prefix
-    (1, 128, None, True, True),         # D_v over two blocks
+@pytest.mark.parametrize("min_segment,dk,dv,feature_map,normalize,state", [
+    (4, 64, 64, "elu1", True, True),        # one segment: the reverse walk starts from dS1
+    (1, 64, 64, "relu", False, False),      # a segment per chunk: dS1 in the reverse prefix
+    (1, 64, 128, None, True, True),         # D_v over two blocks
+    (4, 16, 64, "taylor2", True, True),     # the compact basis's gradients, both ways
+    (1, 12, 128, "taylor2", True, True),
 ])
-def test_the_returned_state_is_differentiable(interpret, monkeypatch, min_segment, dv,
+def test_the_returned_state_is_differentiable(interpret, monkeypatch, min_segment, dk, dv,
                                               feature_map, normalize, state):
     """A loss through o and the final state (S, z), and through the state
     alone (as a chunked recurrence's next call would), against the float64
-    recurrence: dS1 starts the reverse pass, dz1 adds to every φ(k) and z0."""
+    recurrence: dS1 starts the reverse pass, dz1 adds to every φ(k) and z0.
+    (taylor2's random initial state is not symmetric in (a, b): the part no
+    query reads passes to the final state unchanged.)"""
     from tk_mlir.kernels import chunked_linear_attention as cla
+    from tk_mlir.kernels import taylor_linear_attention as taylor
     monkeypatch.setattr(cla, "MIN_SEGMENT", min_segment)
-    q, k, v, st = _inputs(1, 200, 2, 64, dv, seed=dv + min_segment, state=state)
+    q, k, v, st = _inputs(1, 200, 2, dk, dv, seed=dv + min_segment)
+    if state:
+        g = torch.Generator().manual_seed(dk)
+        dphi = taylor.feature_dim(dk) if feature_map == "taylor2" else dk
+        st = (torch.rand(1, 2, dphi, dv, generator=g), torch.rand(1, 2, dphi, generator=g))
     leaves = [t.clone().requires_grad_() for t in (q, k, v) + (st or ())]
     o, (s1, z1) = linear_attention(*leaves[:3], feature_map=feature_map, normalize=normalize,
                                    initial_state=leaves[3:] or None, return_state=True)
     g = torch.Generator().manual_seed(7)
     do, ds, dz = (torch.rand(t.shape, generator=g) - 0.5 for t in (o, s1, z1))
     ref_in = [t.detach().double().requires_grad_() for t in leaves]
-    ro, rs, rz = recurrence(*ref_in[:3], feature_map, True, normalize, 0.125, *ref_in[3:])
+    ro, rs, rz = recurrence(*ref_in[:3], feature_map, True, normalize, 1 / math.sqrt(dk),
+                            *ref_in[3:])
     wanted = len(leaves)                    # (q: no path to the state)
     for loss, ref_loss in (((o.float() * do).sum() + (s1 * ds).sum() + (z1 * dz).sum(),
                             (ro * do).sum() + (rs * ds).sum() + (rz * dz).sum()),
@@ -404,6 +426,15 @@ def test_the_ops_fakes_match_what_they_return(interpret):
               (torch.rand_like(o), q, k, v, o, None, None, "relu", False, True, 0.125)),
              (ops.linear_attention_step.default,
               (q[:, :1], k[:, :1], v[:, :1], s0, z0, "elu1", True, 0.125))]
+    # taylor2: q, k of 12 columns (padded to 16 inside), a state of 1 + 12 + 144 features
+    q, k, v, _ = _inputs(1, 70, 2, 12, 64, seed=13)
+    g = torch.Generator().manual_seed(14)
+    s0, z0 = torch.rand(1, 2, 157, 64, generator=g), torch.rand(1, 2, 157, generator=g)
+    o, _, _ = ops.linear_attention(q, k, v, s0, z0, "taylor2", True, True, 0.25)
+    cases += [(ops.linear_attention.default, (q, k, v, s0, z0, "taylor2", True, True, 0.25)),
+              (ops.linear_attention_backward.default,
+               (torch.rand_like(o), q, k, v, o, s0, z0, "taylor2", True, True, 0.25,
+                torch.rand_like(s0), torch.rand_like(z0)))]
     for op, args in cases:
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, (op, result)
@@ -418,8 +449,8 @@ def test_taylor2_with_no_tokens_returns_the_state_it_was_given(interpret):
 
 
 def test_taylor2_in_f16_does_not_overflow_on_long_sequences(interpret):
-    """The slices' unnormalised numerators pass 65504 here (145 per token):
-    they come back from the kernels in bf16, not f16."""
+    """The unnormalised numerators pass 65504 here (145 per token): the
+    kernels sum them in f32 and divide before o is stored in f16."""
     q = torch.full((1, 600, 1, 16), 2.0, dtype=torch.float16)
     v = torch.ones(1, 600, 1, 64, dtype=torch.float16)
     o = linear_attention(q, q, v, "taylor2")
@@ -427,17 +458,20 @@ def test_taylor2_in_f16_does_not_overflow_on_long_sequences(interpret):
     assert (o.float() - 1).abs().max() < 1e-2
 
 
-def test_the_ops_refuse_taylor2_and_check_the_backward_gradients(interpret):
-    """torch.ops.tk_mlir.* called directly: taylor2 (made in torch around the
-    'none' op, not an op) is refused by name, not a compile error inside;
-    the backward op checks do and o, and takes an f32 do."""
-    import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+def test_the_ops_take_taylor2_and_check_the_backward_gradients(interpret):
+    """torch.ops.tk_mlir.* called directly: linear_attention with taylor2 is
+    the wrapper's (the kernels expand the features); the step op refuses it
+    by name (the wrapper steps through the chunked kernels), not a compile
+    error inside; the backward op checks do and o, and takes an f32 do."""
+    from tk_mlir.kernels import chunked_linear_attention as cla
     ops, bf = torch.ops.tk_mlir, torch.bfloat16
     g = torch.Generator().manual_seed(5)
     q, k = (torch.randn(1, 40, 2, 16, generator=g).to(bf) for _ in range(2))
     v = torch.randn(1, 40, 2, 64, generator=g).to(bf)
-    with pytest.raises(ValueError, match="'taylor2' runs as tk_mlir.kernels.linear_attention"):
-        ops.linear_attention(q, k, v, None, None, "taylor2", True, True, 0.25)
+    o, s1, z1 = ops.linear_attention(q, k, v, None, None, "taylor2", True, True, 0.25)
+    want, (ws, wz) = cla.linear_attention(q, k, v, "taylor2", scale=0.25, return_state=True)
+    assert torch.equal(o, want) and torch.equal(s1, ws) and torch.equal(z1, wz)
+    assert s1.shape == (1, 2, 273, 64) and z1.shape == (1, 2, 273)
     s, z = torch.randn(1, 2, 273, 64), torch.rand(1, 2, 273)
     with pytest.raises(ValueError, match="'taylor2' runs as tk_mlir.kernels.linear_attention_"):
         ops.linear_attention_step(q[:, :1], k[:, :1], v[:, :1], s, z, "taylor2", True, 0.25)

@@ -22,6 +22,11 @@ read back in two bf16 halves (hi + lo) so the normaliser keeps f32's
 precision. The backward recomputes the forward's chunk quantities: a pass
 in order gives dq (the state S_{<c}), a pass in reverse dk and dv (the
 state's gradient dH = Σ_{later} φ(q) dnumᵀ), each over the same segments.
+
+DK in the kernels is the feature count: D_k for the elementwise maps; for
+taylor2 the kernels read q and k of taylor.WIDTH columns and expand them
+into DK = taylor.FEATURES features as they stage them
+(taylor_linear_attention.py), and dq, dk go back through the expansion.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks
+from tk_mlir.kernels import taylor_linear_attention as taylor
 from tk_mlir.kernels.device import num_sms
 
 FEATURE_MAPS = (None, "elu1", "relu", "taylor2")   # taylor2: taylor_linear_attention.py
@@ -85,41 +91,84 @@ def publish_split(hi, lo, acc):
 
 
 @tk.func
-def key_loads(K, V, b, h, c, vb, DK):
+def width(DK, MAP):
+    """The columns of q and k the kernels read: D_k, but taylor2's inputs
+    (its DK is the features')."""
+    if MAP == "taylor2":
+        return taylor.WIDTH
+    return DK
+
+
+@tk.func
+def feature_tables(FX, MAP):
+    """What taylor2's expansion reads (taylor.shared_tables' tiles), or None
+    for the elementwise maps (FX unread)."""
+    if MAP != "taylor2":
+        return None
+    return taylor.shared_tables(FX)
+
+
+@tk.func
+def key_loads(K, V, b, h, c, vb, DK, MAP):
     """Chunk c's K and the 64 columns vb of its V, as loaded (issued: a
     caller that loads the next chunk's while this one's MMAs run hides the
     loads' latency)."""
-    return (tk.load(K, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup"),
+    return (tk.load(K, (b, h, c, 0), (C, width(DK, MAP)), layout="row", scope="warpgroup"),
             tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
 
 
 @tk.func
-def stage_keys(k, v, ks, vs, c, N, MAP):
+def stage_keys(k, v, ks, vs, c, N, MAP, fx):
     """key_loads' chunk c into shared memory for the whole warpgroup's MMAs:
     φ(K) (rows past N zero: φ(0) may not be) and V."""
-    k = feature(k.to(f32), MAP)
-    tk.store(ks, tk.where(k.row_indices() + c * C < N, k, 0.0).to(ks.dtype))
+    if MAP == "taylor2":
+        taylor.expand(k.to(f32), fx, ks, N - c * C, True)
+    else:
+        k = feature(k.to(f32), MAP)
+        tk.store(ks, tk.where(k.row_indices() + c * C < N, k, 0.0).to(ks.dtype))
     tk.store(vs, v.to(vs.dtype))
     tk.barrier()
 
 
 @tk.func
-def query_load(Q, b, h, c, DK):
+def query_load(Q, b, h, c, DK, MAP):
     """Chunk c's Q, as loaded (issued, as key_loads)."""
-    return tk.load(Q, (b, h, c, 0), (C, DK), layout="row", scope="warpgroup")
+    return tk.load(Q, (b, h, c, 0), (C, width(DK, MAP)), layout="row", scope="warpgroup")
 
 
 @tk.func
-def stage_queries(x, qs, scale, MAP):
+def stage_queries(x, qs, scale, MAP, fx):
     """query_load's chunk as φ(Q·scale) into shared tile qs, the A operand of
     wgmma (from shared memory: at D_k=128 its registers are what the state
     needs). The warpgroup's MMAs that read qs before are complete (each
-    thread's mma_wait before the call; the barrier here covers the rest)."""
+    thread's mma_wait before the call; the barriers here cover the rest)."""
     x = x.to(f32) * scale
-    tk.barrier()
-    tk.store(qs, feature(x, MAP).to(qs.dtype))
+    if MAP == "taylor2":
+        taylor.expand(x, fx, qs, C, False)
+    else:
+        tk.barrier()
+        tk.store(qs, feature(x, MAP).to(qs.dtype))
     tk.barrier()
     return qs
+
+
+@tk.func
+def send_input_grad(G, dphi, X, fx, at, j, scale, dx, DK, MAP, VB, KEYS):
+    """dφ's column block j (64 x 64 f32, complete) as the gradient of the
+    inputs x·scale (X's chunk at tile coordinates `at`: queries, or KEYS
+    with scale 1.0): put into G block by block for the elementwise maps;
+    for taylor2 added into dx (None at j = 0) and put whole after the last
+    block. Returns dx."""
+    if MAP == "taylor2":
+        part = taylor.input_grad(dphi, fx, j, KEYS)
+        dx = part if dx is None else dx + part
+        if j == DK // 64 - 1:
+            put(G, dx * scale, at, VB)
+    else:
+        b, h, c, _ = at
+        t = tk.load(X, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32) * scale
+        put(G, feature_grad(t, dphi, MAP) * scale, (b, h, c, j), VB)
+    return dx
 
 
 @tk.func
@@ -153,14 +202,14 @@ def segment(N, SEG):
 
 
 @tk.func
-def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP):
+def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP, fx):
     """S + Σ φ(K_c)ᵀ V_c and Z + Σ φ(K_c)ᵀ·1 over chunks lo .. hi-1 (`ones`
     filled; the warpgroup's MMAs on ks and vs complete when it returns).
     Chunk c+1's loads are in flight while chunk c's MMAs run."""
-    k, v = key_loads(K, V, b, h, lo, vb, DK)
+    k, v = key_loads(K, V, b, h, lo, vb, DK, MAP)
     for c in range(lo, hi):
-        stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
-        k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK)
+        stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+        k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK, MAP)
         S = tk.mma_AtB(S, ks, vs)
         Z = tk.mma_AtB(Z, ks, ones)
         tk.mma_wait(0)
@@ -170,7 +219,7 @@ def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP):
 
 @tk.func
 def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, CAUSAL,
-                INITIAL):
+                INITIAL, fx):
     """The state (S, Z) the first chunk's queries read, as accumulators and
     published to ss, zhi + zlo: with INITIAL, S0 and Z0's state s (causal:
     the one before segment s; not causal: the whole sequence's, s = 0);
@@ -184,7 +233,7 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, 
         Z = tk.load(Z0, (b, h, s, 0), (DK, 16), layout="row", scope="warpgroup")
     elif not CAUSAL:         # every query sees the whole sequence's state
         S, Z = key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, 0, tk.cdiv(K.shape[2], C), DK,
-                        MAP)
+                        MAP, fx)
     publish(ss, S)
     publish_split(zhi, zlo, Z)
     tk.barrier()
@@ -192,20 +241,23 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, 
 
 
 @tk.kernel(num_warps=4)
-def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.gl, SEG: int,
-                                         DK: tk.constexpr = 64, MAP: tk.constexpr = "none"):
+def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.gl, FX: tk.gl,
+                                         SEG: int, DK: tk.constexpr = 64,
+                                         MAP: tk.constexpr = "none"):
     """One segment's Σ φ(K_c)ᵀ V_c (V's 64 columns vb) and Σ φ(K_c)ᵀ·1 over
     its SEG chunks, into SS (B, H, segments·DK, DV) and ZS (B, H,
     segments·DK, 16) f32 (z in every column): what the segments after it
-    start from. K: (B, H, N, DK); V: (B, H, N, DV). Grid (DV / 64, H, B·segments)."""
+    start from. K: (B, H, N, DK); V: (B, H, N, DV); FX: taylor2's tables
+    (taylor.tables). Grid (DV / 64, H, B·segments)."""
     vb, h, b, s, lo, hi = segment(K.shape[2], SEG)
+    fx = feature_tables(FX, MAP)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
     S, Z = key_sums(K, V, ks, vs, ones, tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
                     tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"), b, h, vb, lo, hi,
-                    DK, MAP)
+                    DK, MAP, fx)
     tk.store(SS, S, (b, h, s, vb))
     if vb == 0:
         tk.store(ZS, Z, (b, h, s, 0))
@@ -223,37 +275,41 @@ def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: 
     f32): S0 and Z0 (INITIAL: (B, H, DK, DV) and (B, H, DK, 16)) plus the sums of
     the segments before it (REVERSE: after it) into STARTS, ZSTARTS (shaped
     as SS, ZS; with STORE_STARTS), and the sum of them all into S1, Z1
-    (shaped as S0, Z0). Grid (DV / 64, H, B)."""
-    vb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
-    S = tk.zeros((DK, 64), f32)
-    Z = tk.zeros((DK, 16), f32)
+    (shaped as S0, Z0). A block walks 64 of the DK rows (the sums are
+    elementwise): grid (DV / 64 · DK / 64, H, B)."""
+    R = DK // 64
+    vb, j = tk.block_id(0) // R, tk.block_id(0) % R
+    h, b = tk.block_id(1), tk.block_id(2)
+    S = tk.zeros((64, 64), f32)
+    Z = tk.zeros((64, 16), f32)
     if INITIAL:
-        S = tk.load(S0, (b, h, 0, vb), (DK, 64))
-        Z = tk.load(Z0, (b, h, 0, 0), (DK, 16))
+        S = tk.load(S0, (b, h, j, vb), (64, 64))
+        Z = tk.load(Z0, (b, h, j, 0), (64, 16))
 
     def sums(i):
-        """The i-th segment of the walk and its sums, as loaded (issued: the
-        next segment's are in flight while this one's are added)."""
+        """The i-th segment of the walk and its sums' rows, as loaded (issued:
+        the next segment's are in flight while this one's are added)."""
         s = SEGMENTS - 1 - i if REVERSE else i
-        return s, tk.load(SS, (b, h, s, vb), (DK, 64)), tk.load(ZS, (b, h, s, 0), (DK, 16))
+        return (s, tk.load(SS, (b, h, s * R + j, vb), (64, 64)),
+                tk.load(ZS, (b, h, s * R + j, 0), (64, 16)))
 
     s, dS, dZ = sums(0)
     for i in range(SEGMENTS):
         if STORE_STARTS:
-            tk.store(STARTS, S, (b, h, s, vb))
+            tk.store(STARTS, S, (b, h, s * R + j, vb))
             if vb == 0:
-                tk.store(ZSTARTS, Z, (b, h, s, 0))
+                tk.store(ZSTARTS, Z, (b, h, s * R + j, 0))
         S = S + dS
         Z = Z + dZ
         s, dS, dZ = sums(min(i + 1, SEGMENTS - 1))
-    tk.store(S1, S, (b, h, 0, vb))
+    tk.store(S1, S, (b, h, j, vb))
     if vb == 0:
-        tk.store(Z1, Z, (b, h, 0, 0))
+        tk.store(Z1, Z, (b, h, j, 0))
 
 
 @tk.kernel(num_warps=4)
 def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z0: tk.gl,
-                            S1: tk.gl, Z1: tk.gl, scale: float, SEG: int,
+                            S1: tk.gl, Z1: tk.gl, FX: tk.gl, scale: float, SEG: int,
                             DK: tk.constexpr = 64, MAP: tk.constexpr = "none",
                             CAUSAL: tk.constexpr = True, NORMALIZE: tk.constexpr = True,
                             INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
@@ -266,6 +322,7 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     segment): the state after the last token into S1 (B, H, DK, DV), Z1 (B,
     H, DK, 16); any tensors otherwise, unread. Grid (DV / 64, H, B·segments)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
+    fx = feature_tables(FX, MAP)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
@@ -274,7 +331,7 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
-                       DK, MAP, CAUSAL, INITIAL)
+                       DK, MAP, CAUSAL, INITIAL, fx)
     # D_k=64: chunk c+1's loads are issued once chunk c's are staged, in
     # flight while its MMAs run (the last chunk loads itself again); at
     # D_k=128 their registers would spill, and a chunk's loads are issued
@@ -282,20 +339,20 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
     ahead = DK == 64
     if ahead:
         if CAUSAL:
-            k, v = key_loads(K, V, b, h, lo, vb, DK)
-        x = query_load(Q, b, h, lo, DK)
+            k, v = key_loads(K, V, b, h, lo, vb, DK, MAP)
+        x = query_load(Q, b, h, lo, DK, MAP)
     for c in range(lo, hi):
         if not ahead:
             if CAUSAL:
-                k, v = key_loads(K, V, b, h, c, vb, DK)
-            x = query_load(Q, b, h, c, DK)
+                k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
+            x = query_load(Q, b, h, c, DK, MAP)
         if CAUSAL:      # first: its f32 tile is not live beside the queries' MMAs
-            stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
-        qb = stage_queries(x, qs, scale, MAP)
+            stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+        qb = stage_queries(x, qs, scale, MAP, fx)
         if ahead:
             if CAUSAL:
-                k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK)
-            x = query_load(Q, b, h, min(c + 1, hi - 1), DK)
+                k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK, MAP)
+            x = query_load(Q, b, h, min(c + 1, hi - 1), DK, MAP)
         o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
@@ -343,20 +400,20 @@ def row_gradients(DEN, b, h, c, vb, den, VB):
 
 
 @tk.func
-def gradient_loads(Q, dO, b, h, c, vb, DK):
+def gradient_loads(Q, dO, b, h, c, vb, DK, MAP):
     """Chunk c's Q and the 64 columns vb of its dO, as loaded (issued, as
     key_loads)."""
-    return (query_load(Q, b, h, c, DK),
+    return (query_load(Q, b, h, c, DK, MAP),
             tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
 
 
 @tk.func
-def stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE):
+def stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE, fx):
     """gradient_loads' chunk c as φ(Q) (bf16, also into qs), g = dO / den
     (bf16, also into gs) and e = dden per row, with e/16 in every column of
     es: what the state's gradient dH += φ(Q)ᵀ·g, dz += φ(Q)ᵀ·e takes (den
     and e as linear_attention_dq_kernel stored them in DEN)."""
-    qb = stage_queries(x, qs, scale, MAP)
+    qb = stage_queries(x, qs, scale, MAP, fx)
     g = g.to(f32)
     e = None
     if NORMALIZE:
@@ -395,15 +452,16 @@ def put(G, g, at, VB):
 
 
 @tk.func
-def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE):
+def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE,
+               fx):
     """dH + Σ φ(Q_c)ᵀ g_c and dZ + Σ φ(Q_c)ᵀ e_c over chunks lo .. hi-1: the
     state gradient those chunks' queries send back to every key before them
     (stage_gradient_inputs' g and e; the MMAs complete when it returns).
     Chunk c+1's loads are in flight while chunk c's MMAs run."""
-    x, g = gradient_loads(Q, dO, b, h, lo, vb, DK)
+    x, g = gradient_loads(Q, dO, b, h, lo, vb, DK, MAP)
     for c in range(lo, hi):
-        stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE)
-        x, g = gradient_loads(Q, dO, b, h, min(c + 1, hi - 1), vb, DK)   # in flight
+        stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE, fx)
+        x, g = gradient_loads(Q, dO, b, h, min(c + 1, hi - 1), vb, DK, MAP)   # in flight
         dH = tk.mma_AtB(dH, qs, gs)
         if NORMALIZE:
             dZ = tk.mma_AtB(dZ, qs, es)
@@ -414,7 +472,8 @@ def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP,
 
 @tk.kernel(num_warps=4)
 def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, SS: tk.gl,
-                                              ZS: tk.gl, scale: float, SEG: int,
+                                              ZS: tk.gl, FX: tk.gl,
+                                              scale: float, SEG: int,
                                               DK: tk.constexpr = 64,
                                               MAP: tk.constexpr = "none",
                                               NORMALIZE: tk.constexpr = True):
@@ -424,13 +483,14 @@ def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, S
     reverse pass of the segments before it starts from. DEN as
     linear_attention_dq_kernel left it. Grid (DV / 64, H, B·segments)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
+    fx = feature_tables(FX, MAP)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
     es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     dH, dZ = query_sums(Q, dO, DEN, qs, gs, es,
                         tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
                         tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"),
-                        b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE)
+                        b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE, fx)
     tk.store(SS, dH, (b, h, s, vb))
     if vb == 0:         # (every block's dZ is the same: e is over all of dO's columns)
         tk.store(ZS, dZ, (b, h, s, 0))
@@ -438,7 +498,8 @@ def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, S
 
 @tk.kernel(num_warps=4)
 def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.gl, Z0: tk.gl,
-                               dQ: tk.gl, DEN: tk.gl, scale: float, SEG: int,
+                               dQ: tk.gl, DEN: tk.gl, FX: tk.gl, scale: float,
+                               SEG: int,
                                DK: tk.constexpr = 64, DV: tk.constexpr = 64,
                                MAP: tk.constexpr = "none", CAUSAL: tk.constexpr = True,
                                NORMALIZE: tk.constexpr = True, INITIAL: tk.constexpr = False):
@@ -453,6 +514,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     NORMALIZE), and dP = g·Vᵀ + e (masked causal): dφ(q) = dP·φ(K) + g·Sᵀ +
     e·zᵀ. e's terms are split evenly over the blocks (each adds 1/VB)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
+    fx = feature_tables(FX, MAP)
     VB = DV // 64
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
@@ -463,18 +525,18 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     S, Z = first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s if CAUSAL else 0, vb,
-                       DK, MAP, CAUSAL, INITIAL)
+                       DK, MAP, CAUSAL, INITIAL, fx)
     for c in range(lo, hi):
         # the chunk's loads issued together (at D_k=128 one after the other:
         # their registers would spill)
         if CAUSAL:
-            k, v = key_loads(K, V, b, h, c, vb, DK)
+            k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
             if DK > 64:
-                stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
-        x, g = gradient_loads(Q, dO, b, h, c, vb, DK)
+                stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+        x, g = gradient_loads(Q, dO, b, h, c, vb, DK, MAP)
         if CAUSAL and DK == 64:
-            stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
-        qb = stage_queries(x, qs, scale, MAP)
+            stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+        qb = stage_queries(x, qs, scale, MAP, fx)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
         a_sum = None
@@ -500,6 +562,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
         if NORMALIZE:
             Eb = tk.zeros((C, 16), f32, layout="row", scope="warpgroup").add_row(
                 e * (share / 16)).to(OPERAND)
+        dx = None
         for j in tk.static_range(DK // 64):     # 64 columns of dq at a time (registers)
             dq = tk.mma_ABt(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), gb,
                             ss.subtile(j, 64))
@@ -509,8 +572,8 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
             if CAUSAL:
                 dq = tk.mma_AB(dq, dPb, ks.column_block(j))
             tk.mma_wait(0)
-            x = tk.load(Q, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32) * scale
-            put(dQ, feature_grad(x, dq, MAP) * scale, (b, h, c, j), VB)
+            dx = send_input_grad(dQ, dq, Q, fx, (b, h, c, 0), j, scale, dx, DK, MAP, VB,
+                                 False)
         if CAUSAL:
             S = tk.mma_AtB(S, ks, vs)
             Z = tk.mma_AtB(Z, ks, ones)
@@ -524,7 +587,8 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
 @tk.kernel(num_warps=4)
 def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk.gl,
                                  HZ0: tk.gl, dK: tk.gl, dV: tk.gl, dS0: tk.gl, dZ0: tk.gl,
-                                 DEN: tk.gl, scale: float, SEG: int, DK: tk.constexpr = 64,
+                                 DEN: tk.gl, FX: tk.gl, scale: float, SEG: int,
+                                 DK: tk.constexpr = 64,
                                  DV: tk.constexpr = 64, MAP: tk.constexpr = "none",
                                  CAUSAL: tk.constexpr = True, NORMALIZE: tk.constexpr = True,
                                  INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
@@ -542,6 +606,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
     split evenly over the blocks (each adds 1/VB)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
+    fx = feature_tables(FX, MAP)
     VB = DV // 64
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
@@ -562,7 +627,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
                      scope="warpgroup")
     elif not CAUSAL:
         dH, dZ = query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, 0, tk.cdiv(Q.shape[2], C),
-                            scale, DK, MAP, NORMALIZE)
+                            scale, DK, MAP, NORMALIZE, fx)
     publish(ss, dH)
     publish_split(zhi, zlo, dZ)
     tk.barrier()
@@ -570,14 +635,14 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
         c = hi - 1 - i
         # the chunk's loads issued together (at D_k=128 the keys' after the
         # queries are staged: their registers would spill)
-        x, g = gradient_loads(Q, dO, b, h, c, vb, DK)
+        x, g = gradient_loads(Q, dO, b, h, c, vb, DK, MAP)
         if DK == 64:
-            k, v = key_loads(K, V, b, h, c, vb, DK)
+            k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
         qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
-                                          NORMALIZE)
+                                          NORMALIZE, fx)
         if DK > 64:
-            k, v = key_loads(K, V, b, h, c, vb, DK)
-        stage_keys(k, v, ks, vs, c, K.shape[2], MAP)
+            k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
+        stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
         dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
         if CAUSAL:          # A, then dP: one of the two live at a time (registers)
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
@@ -592,6 +657,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
             dv = tk.mma_AtB(dv, ps[0], gs)
         dv = tk.mma_AB(dv, ks, ss)
         spread = tk.full((C, 16), share, OPERAND, layout="row", scope="warpgroup")
+        dx = None
         for j in tk.static_range(DK // 64):     # 64 columns of dk at a time (registers)
             dk = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
             if CAUSAL:
@@ -601,8 +667,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
                 dk = tk.mma_ABt(dk, spread, zhi.subtile(j, 64))
                 dk = tk.mma_ABt(dk, spread, zlo.subtile(j, 64))
             tk.mma_wait(0)
-            x = tk.load(K, (b, h, c, j), (C, 64), layout="row", scope="warpgroup").to(f32)
-            put(dK, feature_grad(x, dk, MAP), (b, h, c, j), VB)
+            dx = send_input_grad(dK, dk, K, fx, (b, h, c, 0), j, 1.0, dx, DK, MAP, VB, True)
         tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
         if CAUSAL:
             dH = tk.mma_AtB(dH, qs, gs)
@@ -632,22 +697,20 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     last dim contiguous; D_k is 64 or 128, D_v 64, 128 or 256.
     feature_map: None (identity), "elu1" (elu(x) + 1), "relu", or
     "taylor2": Based's [1, x, vec(x ⊗ x)/√2] of D_φ = 1 + D_k + D_k² features,
-    for D_k <= 16 (taylor_linear_attention.py; its kernels run in bf16 for
-    f16 inputs too, whose range the sums outgrow). scale defaults to
-    1/sqrt(D_k). initial_state: (S (B, H, D_φ, D_v), z (B, H, D_φ)) f32, D_φ
-    = D_k but for taylor2, added before the first token (causal only). return_state=True
-    also returns the state after the last token, in that form. o has v's
-    shape and dtype, contiguous. Differentiable in q, k, v and the initial
-    state, and the returned state is differentiable too; under torch.compile the custom op torch.ops.tk_mlir.linear_attention."""
+    for D_k <= 16 (taylor_linear_attention.py: the kernels expand the
+    features). The kernels' operands are bf16 for f16 inputs too, whose
+    range the sums outgrow. scale defaults to 1/sqrt(D_k). initial_state:
+    (S (B, H, D_φ, D_v), z (B, H, D_φ)) f32, D_φ = D_k but for taylor2, added
+    before the first token (causal only). return_state=True also returns
+    the state after the last token, in that form. o has v's shape and
+    dtype, contiguous. Differentiable in q, k, v and the initial state, and
+    the returned state is differentiable too; under torch.compile the
+    custom op torch.ops.tk_mlir.linear_attention."""
     import torch
     _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
     scale = checks.attention_scale("linear_attention", scale, q.shape[-1])
     checks.on_cuda("linear_attention", "q", q)
     from tk_mlir.kernels import custom_ops
-    if feature_map == "taylor2":
-        from tk_mlir.kernels import taylor_linear_attention
-        return taylor_linear_attention.linear_attention(q, k, v, causal, normalize, scale,
-                                                        initial_state, return_state)
     s0, z0 = initial_state if initial_state is not None else (None, None)
     args = (q, k, v, s0, z0, feature_map or "none", causal, normalize, scale)
     if torch.compiler.is_compiling():
@@ -675,7 +738,6 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state,
     if v.shape[:3] != q.shape[:3]:
         raise ValueError(f"{fn}: v must be (B={B}, N={N}, H={H}, D_v), got {tuple(v.shape)}")
     if feature_map == "taylor2":
-        from tk_mlir.kernels import taylor_linear_attention as taylor
         if not 1 <= DK <= taylor.MAX_DK:
             raise ValueError(f"{fn}: feature_map='taylor2' takes a q/k head dim D_k up to "
                              f"{taylor.MAX_DK} (its D_φ = 1 + D_k + D_k² features), got {DK}")
@@ -733,6 +795,16 @@ def segment_length(units: int, chunks: int, device: int) -> int:
     return -(-chunks // segments)
 
 
+def feature_columns(x, feature_map: str) -> int:
+    """The kernels' DK for q or k x: its head dim, or taylor2's FEATURES."""
+    return taylor.FEATURES if feature_map == "taylor2" else x.shape[3]
+
+
+def _tables(x, feature_map: str):
+    """The kernels' FX: taylor2's expansion tables on x's device, or (unread) x."""
+    return taylor.tables(x.device) if feature_map == "taylor2" else x
+
+
 def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     """Each segment's starting state for linear_attention_kernel's INITIAL:
     (S (B, H, segments·D_k, D_v), Z (B, H, segments·D_k, 16)) f32, causal
@@ -740,20 +812,21 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     the whole sequence's (one state); and the final state (S (B, H, D_k,
     D_v), Z (B, H, D_k, 16)). The segments' own sums come from
     linear_attention_segment_sums_kernel, their prefix from _prefix."""
-    sums, zsums, grid = _segment_buffers(k, v.shape[3], seg)
+    DK = feature_columns(k, feature_map)
+    sums, zsums, grid = _segment_buffers(k, DK, v.shape[3], seg)
     linear_attention_segment_sums_kernel[grid](
-        _heads_first(k), _heads_first(v), *_stacked(sums, zsums), seg, DK=k.shape[3],
-        MAP=feature_map)
+        _heads_first(k), _heads_first(v), *_stacked(sums, zsums), _tables(k, feature_map), seg,
+        DK=DK, MAP=feature_map)
     return _prefix(sums, zsums, None if s0 is None else s0.contiguous(),
                    None if z0 is None else _columns(z0), causal)
 
 
-def _segment_buffers(x, DV: int, seg: int):
-    """(sums (B, H, segments, D_k, D_v), zsums (B, H, segments, D_k, 16), the
-    grid of a segment sums kernel) for x (B, N, H, D_k) in segments of `seg`
-    chunks: one sum per segment, f32, for the kernel to fill."""
+def _segment_buffers(x, DK: int, DV: int, seg: int):
+    """(sums (B, H, segments, DK, D_v), zsums (B, H, segments, DK, 16), the
+    grid of a segment sums kernel) for x (B, N, H, ·) in segments of `seg`
+    chunks, DK features: one sum per segment, f32, for the kernel to fill."""
     import torch
-    B, N, H, DK = x.shape
+    B, N, H, _ = x.shape
     segments = -(-(-(-N // C)) // seg)
     sums = x.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
     zsums = x.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
@@ -776,7 +849,7 @@ def _prefix(sums, zsums, s0, z0, causal: bool, reverse: bool = False):
     starts = (sums.new_empty(sums.shape), sums.new_empty(zsums.shape)) if causal else ends
     initial = s0 is not None
     stacked = _stacked(*starts) if causal else ends
-    linear_attention_segment_prefix_kernel[(DV // 64, H, B)](
+    linear_attention_segment_prefix_kernel[(DV // 64 * (DK // 64), H, B)](
         *_stacked(sums, zsums), s0 if initial else ends[0], z0 if initial else ends[1],
         *stacked, *ends, segments, DK=DK, INITIAL=initial, REVERSE=reverse,
         STORE_STARTS=causal)
@@ -794,8 +867,32 @@ def forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normaliz
     """(`forward`'s (o, S, z), the segments' starting states (S, Z) as
     segment_states made them, or None for one segment): `backward` takes
     the starts instead of summing the keys again."""
+    if feature_map == "taylor2":
+        return _taylor_forward(q, k, v, s0, z0, causal, normalize, scale)
+    return _forward_and_starts(q, k, v, s0, z0, feature_map, causal, normalize, scale)
+
+
+def _taylor_forward(q, k, v, s0, z0, causal: bool, normalize: bool, scale: float):
+    """forward_and_starts for taylor2: the kernels on q, k padded to
+    taylor.WIDTH, states in the compact basis inside, the full one outside
+    (the starts stay compact: _taylor_backward reads them)."""
+    d = q.shape[3]
+    s0c, z0c = (None, None) if s0 is None else \
+        (taylor.to_compact(s0, d), taylor.to_compact(z0, d))
+    (o, s1, z1), kept = _forward_and_starts(taylor.padded(q), taylor.padded(k), v, s0c, z0c,
+                                            "taylor2", causal, normalize, scale)
+    if causal:
+        s1, z1 = taylor.to_full(s1, d, s0), taylor.to_full(z1, d, z0)
+    return (o, s1, z1), kept
+
+
+def _forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool,
+                        scale: float):
+    """forward_and_starts on the kernels' own q, k and states (taylor2's
+    compact)."""
     import torch
-    B, N, H, DK = q.shape
+    B, N, H, _ = q.shape
+    DK = feature_columns(q, feature_map)
     DV = v.shape[3]
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     s1 = q.new_empty((B, H, DK, DV) if causal else (0,), dtype=torch.float32)
@@ -815,8 +912,9 @@ def forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normaliz
             starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (s1, z16)
         linear_attention_kernel[(DV // 64, H, B * -(-chunks // seg))](
             _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
-            starts, zstarts, s1, z16, scale, seg, DK=DK, MAP=feature_map, CAUSAL=causal,
-            NORMALIZE=normalize, INITIAL=initial, FINAL=causal and seg == chunks)
+            starts, zstarts, s1, z16, _tables(q, feature_map), scale, seg, DK=DK,
+            MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial,
+            FINAL=causal and seg == chunks)
     elif causal and initial:            # no token: the state is the initial one
         s1.copy_(s0)
         z16.copy_(_columns(z0))
@@ -834,8 +932,40 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
     (forward_and_starts'; None: made again). ds1, dz1: the gradients of the
     final state (causal; None: none): the reverse pass starts from ds1 (S1 =
     S0 + Σ φ(k)vᵀ), and dz1 adds to every φ(k) and to z0 (z1 = z0 + Σ φ(k))."""
+    if feature_map == "taylor2":
+        return _taylor_backward(do, q, k, v, o, s0, z0, causal, normalize, scale, starts, ds1,
+                                dz1)
+    return _backward(do, q, k, v, o, s0, z0, feature_map, causal, normalize, scale, starts,
+                     ds1, dz1)
+
+
+def _taylor_backward(do, q, k, v, o, s0, z0, causal: bool, normalize: bool, scale: float,
+                     starts, ds1, dz1):
+    """backward for taylor2, as _taylor_forward: the gradients of the states
+    carried between the bases (the final state's into the compact one, the
+    initial state's back, with the path through what the final state holds
+    unchanged)."""
+    d = q.shape[3]
+    s0c, z0c = (None, None) if s0 is None else \
+        (taylor.to_compact(s0, d), taylor.to_compact(z0, d))
+    ds1c = None if ds1 is None else taylor.grad_to_compact(ds1.float(), d)
+    dz1c = None if dz1 is None else taylor.grad_to_compact(dz1.float(), d)
+    dq, dk, dv, ds0, dz0 = _backward(do, taylor.padded(q), taylor.padded(k), v, o, s0c, z0c,
+                                     "taylor2", causal, normalize, scale, starts, ds1c, dz1c)
+    if d < taylor.WIDTH:
+        dq, dk = dq[..., :d].contiguous(), dk[..., :d].contiguous()
+    if s0 is not None:
+        ds0 = taylor.grad_to_full(ds0, d, None if ds1 is None else ds1.float(), ds1c)
+        dz0 = taylor.grad_to_full(dz0, d, None if dz1 is None else dz1.float(), dz1c)
+    return dq, dk, dv, ds0, dz0
+
+
+def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
+              scale: float, starts, ds1, dz1):
+    """backward on the kernels' own q, k and states (taylor2's compact)."""
     import torch
-    B, N, H, DK = q.shape
+    B, N, H, DX = q.shape
+    DK = feature_columns(q, feature_map)
     DV = v.shape[3]
     final = None
     if ds1 is not None:     # where the reverse walk starts, with no z term (dz1: below)
@@ -845,7 +975,7 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
         dq, dk = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(2))
         dq_acc, dk_acc = _heads_first(dq), _heads_first(dk)
     else:               # DV/64 blocks add their shares in f32
-        dq_acc = torch.zeros(B, H, N, DK, dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros(B, H, N, DX, dtype=torch.float32, device=q.device)
         dk_acc = torch.zeros_like(dq_acc)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     initial = s0 is not None
@@ -867,7 +997,8 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
                                                        seg)[:2]
         else:
             starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (den, den)
-        linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq_acc, den, scale, seg,
+        tables = _tables(q, feature_map)
+        linear_attention_dq_kernel[grid](*heads, starts, zstarts, dq_acc, den, tables, scale, seg,
                                          INITIAL=initial or seg < chunks, **flags)
         if seg < chunks:
             ends, zends, totals = grad_states(q, do, den, feature_map, causal, normalize, scale,
@@ -879,7 +1010,7 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
             ends, zends = final or (den, den)     # (den: unread)
         linear_attention_dkdv_kernel[grid](
             *heads, ends, zends, dk_acc, _heads_first(dv), ds0 if initial else den,
-            dz16 if initial else den, den, scale, seg,
+            dz16 if initial else den, den, tables, scale, seg,
             INITIAL=seg < chunks or final is not None, FINAL=initial and seg == chunks, **flags)
     else:
         dv.zero_()
@@ -894,21 +1025,24 @@ def backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: 
                   for t in (dq_acc, dk_acc))
     dz0 = dz16[..., 0].contiguous() if initial else None
     if dz1 is not None:
-        dk = (dk.float() + _feature_derivative(k.float(), feature_map) *
-              dz1.float()[:, None]).to(k.dtype)
+        dk = (dk.float() + _feature_vjp(k.float(), dz1.float()[:, None], feature_map)) \
+            .to(k.dtype)
         if initial:
             dz0 = dz0 + dz1
     return dq, dk, dv, ds0, dz0
 
 
-def _feature_derivative(x, feature_map: str):
-    """dφ/dx elementwise (torch), as `feature_grad` applies it in the kernels."""
+def _feature_vjp(x, dphi, feature_map: str):
+    """The gradient of x given dphi, that of φ(x) (torch), as `feature_grad`
+    and taylor2's input_grad make it in the kernels."""
     import torch
+    if feature_map == "taylor2":
+        return taylor.feature_vjp(x, dphi)
     if feature_map == "elu1":
-        return torch.where(x > 0, 1.0, x.exp())
+        return torch.where(x > 0, dphi, dphi * x.exp())
     if feature_map == "relu":
-        return (x > 0).to(x.dtype)
-    return torch.ones_like(x)
+        return torch.where(x > 0, dphi, 0.0)
+    return dphi.expand_as(x)
 
 
 def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, scale: float,
@@ -919,10 +1053,11 @@ def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, sca
     sequence's; and the whole sequence's (dH (B, H, D_k, D_v), dZ (B, H,
     D_k, 16)): the initial state's gradient. final: the gradient (dH, dZ) the
     reverse walk starts from (the final state's), or None (zero)."""
-    sums, zsums, grid = _segment_buffers(q, DV, seg)
+    DK = feature_columns(q, feature_map)
+    sums, zsums, grid = _segment_buffers(q, DK, DV, seg)
     linear_attention_segment_grad_sums_kernel[grid](
-        _heads_first(q), _heads_first(do), den, *_stacked(sums, zsums), scale, seg,
-        DK=q.shape[3], MAP=feature_map, NORMALIZE=normalize)
+        _heads_first(q), _heads_first(do), den, *_stacked(sums, zsums), _tables(q, feature_map),
+        scale, seg, DK=DK, MAP=feature_map, NORMALIZE=normalize)
     return _prefix(sums, zsums, *(final or (None, None)), causal, reverse=True)
 
 
@@ -972,7 +1107,7 @@ def linear_attention_step(q, k, v, state, feature_map: str | None = None,
     if not torch.compiler.is_compiling():
         checks.warn_no_gradient(fn, "use linear_attention (initial_state=, return_state=)", q,
                                 k, v, *state)
-    if feature_map == "taylor2":      # (its features are made in torch: one chunked call)
+    if feature_map == "taylor2":      # (the chunked kernels expand its features)
         with torch.no_grad():
             return linear_attention(q, k, v, "taylor2", True, normalize, scale, state, True)
     if torch.compiler.is_compiling():

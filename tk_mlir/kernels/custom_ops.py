@@ -80,7 +80,7 @@ import torch
 from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
                              chunked_linear_attention, state_space_duality,
-                             varlen_attention)
+                             taylor_linear_attention, varlen_attention)
 
 
 def first_order(backward):
@@ -1139,24 +1139,16 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: torc
     state = None if s0 is None else (s0, z0)
     fm = None if feature_map == "none" else feature_map
     chunked_linear_attention._check(q, k, v, fm, causal, normalize, state, False)
-    _no_taylor2("linear_attention", feature_map)
     checks.on_cuda("linear_attention", "q", q)
     return chunked_linear_attention.forward(q, k, v, s0, z0, feature_map, causal, normalize,
                                            scale)
 
 
-def _no_taylor2(fn: str, feature_map: str) -> None:
-    """The chunked kernels take the elementwise maps; taylor2's features are
-    made in torch around them (taylor_linear_attention), not in an op."""
-    if feature_map == "taylor2":
-        raise ValueError(f"{fn}: the op takes feature_map 'none', 'elu1' or 'relu'; "
-                         f"'taylor2' runs as tk_mlir.kernels.{fn}, which makes its features "
-                         f"around the 'none' op")
-
-
 @linear_attention.register_fake
 def _(q, k, v, s0, z0, feature_map, causal, normalize, scale):
     B, N, H, DK = q.shape
+    if feature_map == "taylor2":
+        DK = taylor_linear_attention.feature_dim(DK)
     shape = (B, H, DK, v.shape[3]) if causal else (0,)
     return (torch.empty(v.shape, dtype=v.dtype, device=v.device),
             q.new_empty(shape, dtype=torch.float32),
@@ -1178,12 +1170,13 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     state = None if s0 is None else (s0, z0)
     chunked_linear_attention._check(q, k, v, None if feature_map == "none" else feature_map,
                                     causal, normalize, state, False, fn)
-    _no_taylor2(fn, feature_map)
     for name, t, ref_name, ref in (("do", do, "v", v), ("o", o, "v", v)):
         checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
         checks.like(fn, name, t, "q", q, dtype=False)
         checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
     B, _, H, DK = q.shape
+    if feature_map == "taylor2":
+        DK = taylor_linear_attention.feature_dim(DK)
     for name, t, shape in (("ds1", ds1, (B, H, DK, v.shape[3])), ("dz1", dz1, (B, H, DK))):
         if t is not None:
             if not causal:
@@ -1264,7 +1257,10 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0:
     chunked_linear_attention.linear_attention_step."""
     fm = None if feature_map == "none" else feature_map
     chunked_linear_attention._check(q, k, v, fm, True, normalize, (s0, z0), False)
-    _no_taylor2("linear_attention_step", feature_map)
+    if feature_map == "taylor2":
+        raise ValueError("linear_attention_step: the op takes feature_map 'none', 'elu1' or "
+                         "'relu'; 'taylor2' runs as tk_mlir.kernels.linear_attention_step, "
+                         "which steps through the chunked kernels")
     checks.on_cuda("linear_attention_step", "q", q)
     return chunked_linear_attention.step(q, k, v, s0, z0, feature_map, normalize, scale)
 

@@ -7,22 +7,46 @@ of k (scale multiplies q, as for every feature map): φ(q·s)·φ(k) = 1 + s q·
 + (s q·k)² / 2, the second-order Taylor expansion of exp(s q·k). (Based
 scales both q and k by √s: the same dot products.)
 
-The features are made in torch (f32) and cut into slices of 128 (bf16 for
-the kernels, also for f16 inputs: f16's range overflows on long sequences): the
-numerator Σ_s (φ(q_t)·φ(k_s)) v_s is the sum over the slices of the chunked
-kernels' linear attention (feature map None, scale 1, normalize=False) of
-each slice, zero-padded; the normaliser φ(q_t)·z_t (z_t = Σ_{s<=t} φ(k_s))
-is a cumulative sum of φ(k) in f32. The state is the slices' states, cut
-back to D_φ, and z. Every part is differentiable; the kernels do the
-quadratic work, torch the elementwise work (so it is slower than a fused
-kernel would be: measured in BENCHMARKS.md when it has been).
+The chunked kernels (chunked_linear_attention.py, MAP="taylor2") expand the
+features themselves, from q and k zero-padded to WIDTH columns, into a
+compact basis of the same dot products: 153 features where vec(x ⊗ x) has
+each pair twice, laid out in FEATURES (192) columns, three 64-column blocks
+of a state of the kernels' shape. A key's features are x_a·x_b once per
+pair a < b, x_a², x and 1; a query's the same but x_a²/2 (so φ(q)·φ(k) is
+unchanged, with no factor that bf16 would round). Feature j is u_j·v_j,
+u = x·E + 1·CU and v = x·F + 1·CV: two small MMAs each (x in two bf16
+halves, E, F, CU, CV of 0, 1 and 1/2, exact), no per-column constants in
+registers. The quadratic features sit at j = 16·δ + a for the pair (a, (a +
+δ) mod 16), δ = 0 … 8 (δ = 8 only for a < 8: the rest are those pairs
+again), the linear ones at 144 + a, the constant at 160; the rest are zero.
+
+States cross the kernels' boundary in the full basis the API promises. A
+state the recurrence builds is R·S_c in it (R: each full feature is 1/√2
+times its compact key feature, or 1 for x and the constant); a full state
+S0 acts on the queries as Q·S0 in the compact basis (Q sums each feature
+and its transposed twin, with √2 on the diagonal). R·Q keeps what is
+symmetric in (a, b); the rest of an initial state (S0 - R·Q·S0) no query
+reads, and the final state holds it unchanged.
+
+Known limit: the causal forward and the backward's dq and dk/dv kernels
+spill 300-660 bytes a thread (ptxas, sm_90a, with the normaliser): the
+192 x 64 f32 state and its z take 120 registers beside the loop's tiles
+(the same kernels at D_k = 128 use 247 of 255). Halving v's 64-column
+blocks for taylor2, or a second warpgroup, would make room.
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import tk_mlir as tk
+from tk_mlir import f32
+
 MAX_DK = 16             # Based's feature dim: D_φ = 1 + 16 + 256 = 273
-SLICE = 128             # features per kernel call (the kernels' D_k)
+WIDTH = 16              # q and k as the kernels read them (zero-padded)
+FEATURES = 192          # the compact features' columns (153 used)
+_LINEAR, _CONSTANT = 144, 160
+OPERAND = tk.bf16
 
 
 def feature_dim(d: int) -> int:
@@ -30,55 +54,214 @@ def feature_dim(d: int) -> int:
     return 1 + d + d * d
 
 
-def features(x):
-    """φ(x) in f32: [1, x, vec(x ⊗ x) / √2] along the last dim."""
-    import torch
-    x = x.float()
-    outer = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)
-    return torch.cat((torch.ones_like(x[..., :1]), x, outer), -1)
+def _pair_column(a: int, b: int) -> int:
+    """The compact column of the quadratic feature of the pair (a, b)."""
+    delta = (b - a) % WIDTH
+    if delta > WIDTH // 2 or (delta == WIDTH // 2 and a >= WIDTH // 2):
+        a, delta = b, WIDTH - delta
+    return WIDTH * delta + a
 
 
-def linear_attention(q, k, v, causal: bool, normalize: bool, scale: float, initial_state,
-                     return_state: bool):
-    """chunked_linear_attention.linear_attention with feature_map="taylor2",
-    on checked arguments."""
+E_QUERY, E_KEY, F, CU, CV = range(5)        # FX's tables
+
+
+@functools.lru_cache(maxsize=None)
+def _host_tables():
+    """FX: the five (WIDTH, FEATURES) tables E_QUERY, E_KEY, F, CU, CV stacked,
+    bf16 on the CPU (CU, CV: the constants, in row 0, that a ones column
+    picks)."""
     import torch
-    from tk_mlir.kernels.chunked_linear_attention import linear_attention as chunked
-    fq, fk = features(q.float() * scale), features(k)          # (B, N, H, D_φ) f32
-    B, N, H, dphi = fq.shape
-    padded = -(-dphi // SLICE) * SLICE
-    pad = (0, padded - dphi)
-    # bf16 for the kernels whatever q's dtype: the unnormalised numerators come
-    # back in v's dtype and pass f16's 65504 on long sequences
-    fq16 = torch.nn.functional.pad(fq, pad).to(torch.bfloat16)
-    fk16 = torch.nn.functional.pad(fk, pad).to(torch.bfloat16)
-    v16 = v.to(torch.bfloat16)
-    s0, z0 = initial_state if initial_state is not None else (None, None)
-    if s0 is not None:
-        s0 = torch.nn.functional.pad(s0, (0, 0) + pad)         # (B, H, padded, D_v)
-    o, states = None, []
-    for first in range(0, padded, SLICE):
-        part = slice(first, first + SLICE)
-        init = None if s0 is None else \
-            (s0[:, :, part].contiguous(), s0.new_zeros(B, H, SLICE))
-        out = chunked(fq16[..., part], fk16[..., part], v16, None, causal, False, 1.0, init,
-                      return_state)
-        if return_state:
-            out, (s, _) = out
-            states.append(s)
-        o = out.float() if o is None else o + out.float()
-    z = None
-    if normalize or return_state:
-        z = fk.cumsum(1) if causal else fk.sum(1, keepdim=True).expand_as(fk)
-        if z0 is not None:
-            z = z + z0[:, None]
-    if normalize:
-        o = o / ((fq * z).sum(-1, keepdim=True) + 1e-6)
-    o = o.to(v.dtype)
-    if not return_state:
-        return o
-    if N:
-        z_last = z[:, -1].contiguous()
-    else:                                                      # no tokens: z as it came in
-        z_last = z0.float().contiguous() if z0 is not None else fk.new_zeros(B, H, dphi)
-    return o, (torch.cat(states, 2)[:, :, :dphi].contiguous(), z_last)
+    t = torch.zeros(5, WIDTH, FEATURES)
+    for a in range(WIDTH):
+        for b in range(a, WIDTH):
+            j = _pair_column(a, b)
+            t[E_KEY, a, j] = 1.0
+            t[E_QUERY, a, j] = 0.5 if a == b else 1.0
+            t[F, b, j] = 1.0
+        t[E_KEY, a, _LINEAR + a] = t[E_QUERY, a, _LINEAR + a] = 1.0     # x_a · 1
+        t[CV, 0, _LINEAR + a] = 1.0
+    t[CU, 0, _CONSTANT] = t[CV, 0, _CONSTANT] = 1.0                       # 1 · 1
+    return t.to(torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def tables(device):
+    """The kernels' FX on `device`."""
+    return _host_tables().to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _basis(d: int):
+    """(each full feature's compact column (D_φ,) int64, R's value (1/√2 for
+    the quadratic features, else 1), Q's (√2 on the diagonal, 1/√2 off it,
+    else 1)), f32."""
+    import torch
+    column, r, q = [_CONSTANT], [1.0], [1.0]
+    column += [_LINEAR + a for a in range(d)]
+    r += [1.0] * d
+    q += [1.0] * d
+    for a in range(d):
+        for b in range(d):
+            column.append(_pair_column(a, b))
+            r.append(1 / math.sqrt(2))
+            q.append(math.sqrt(2) if a == b else 1 / math.sqrt(2))
+    return torch.tensor(column), torch.tensor(r), torch.tensor(q)
+
+
+def _values(s, which: int, d: int):
+    column, *values = _basis(d)
+    return column.to(s.device), values[which].to(s.device).view(-1, *[1] * (s.dim() - 3))
+
+
+def _gather(s, which: int, d: int):
+    """Full-basis rows from compact ones: s[..., column_i, ...] times value_i."""
+    column, value = _values(s, which, d)
+    return s.index_select(2, column) * value
+
+
+def _scatter(s, which: int, d: int):
+    """Compact rows from full-basis ones: Σ value_i·s_i into column_i."""
+    column, value = _values(s, which, d)
+    return s.new_zeros(*s.shape[:2], FEATURES, *s.shape[3:]).index_add(2, column, s * value)
+
+
+_R, _Q = 0, 1
+
+
+def to_compact(s0, d: int):
+    """Q·s0: a full-basis state (B, H, D_φ, ...) as the queries read it in the
+    compact basis (B, H, FEATURES, ...); z (B, H, D_φ) too."""
+    return _scatter(s0, _Q, d)
+
+
+def to_full(s, d: int, s0=None):
+    """R·s: a compact state the kernels built in the full basis, plus the part
+    of the initial full-basis state s0 (if any) that no query reads."""
+    full = _gather(s, _R, d)
+    return full if s0 is None else full + s0 - _gather(_scatter(s0, _Q, d), _R, d)
+
+
+def grad_to_compact(ds1, d: int):
+    """Rᵀ·ds1: the final state's gradient (full basis) in the compact one."""
+    return _scatter(ds1, _R, d)
+
+
+def grad_to_full(ds0, d: int, ds1=None, ds1_compact=None):
+    """The initial state's gradient in the full basis from the compact one
+    ds0 (Qᵀ·ds0), plus, with the final state's gradient ds1 (and its
+    grad_to_compact), the path through what the final state holds
+    unchanged: (I - R·Q)ᵀ·ds1."""
+    if ds1 is None:
+        return _gather(ds0, _Q, d)
+    return ds1 + _gather(ds0 - ds1_compact, _Q, d)
+
+
+def padded(x):
+    """q or k (B, N, H, d) as the kernels read them: (B, N, H, WIDTH)."""
+    import torch
+    if x.shape[-1] == WIDTH:
+        return x
+    return torch.nn.functional.pad(x, (0, WIDTH - x.shape[-1]))
+
+
+def feature_vjp(x, dz):
+    """Σ_j dz_j·∂φ_j(x)/∂x for keys x (..., WIDTH) f32 and dz (..., FEATURES)
+    in the compact basis, in torch (the final normaliser's gradient)."""
+    t = _host_tables().to(x.device).float()
+    u, v = x @ t[E_KEY] + t[CU, 0], x @ t[F] + t[CV, 0]
+    return (dz * v) @ t[E_KEY].T + (dz * u) @ t[F].T
+
+
+# --------------------------------------------------------- in the kernels
+
+@tk.func
+def shared_tables(FX):
+    """FX's five tables in shared memory, a ones column (the constants'
+    input), and two pairs of staging tiles for the x the expansion reads
+    (its bf16 high and low halves): one for queries, one for keys. The
+    tuple the other functions here take."""
+    tabs = tk.shared_tiles(OPERAND, (WIDTH, FEATURES), 5, swizzle=128)
+    for i in tk.static_range(5):
+        tk.store(tabs[i], tk.load(FX, (i, 0, 0), (WIDTH, FEATURES)))
+    ones = tk.shared_tile(OPERAND, (64, WIDTH), swizzle=32)
+    t = tk.zeros((64, WIDTH), f32, layout="row", scope="warpgroup")
+    tk.store(ones, tk.where(t.col_indices() == 0, 1.0, t).to(OPERAND))
+    xq = tk.shared_tiles(OPERAND, (64, WIDTH), 2, swizzle=32)
+    xk = tk.shared_tiles(OPERAND, (64, WIDTH), 2, swizzle=32)
+    tk.barrier()
+    return tabs, ones, xq, xk
+
+
+@tk.func
+def staging(fx, KEYS):
+    """The staging tiles of queries, or KEYS."""
+    tabs, ones, xq, xk = fx
+    if KEYS:
+        return xk
+    return xq
+
+
+@tk.func
+def factor(fx, e, c, j, KEYS):
+    """x·e + 1·c over column block j for the staged x (queries', or KEYS'),
+    complete: u with e = E, c = CU; v with e = F, c = CV."""
+    tabs, ones, xq, xk = fx
+    xs = staging(fx, KEYS)
+    t = tk.mma_AB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), xs[0],
+                  e.column_block(j))
+    t = tk.mma_AB(t, xs[1], e.column_block(j))
+    t = tk.mma_AB(t, ones, c.column_block(j))
+    tk.mma_wait(0)
+    return t
+
+
+@tk.func
+def expansion(fx, KEYS):
+    """The E table of queries, or KEYS."""
+    tabs, ones, xq, xk = fx
+    if KEYS:
+        return tabs[E_KEY]
+    return tabs[E_QUERY]
+
+
+@tk.func
+def expand(x, fx, out, rows, KEYS):
+    """φ of x (an f32 chunk of WIDTH columns: queries', or KEYS') into the
+    chunk's FEATURES-column shared tile `out`, in its dtype, rows from `rows`
+    on zeroed (φ(0) is not: the constant). The warpgroup's MMAs that read
+    the staging tiles before are complete (each thread's mma_wait)."""
+    tabs, ones, xq, xk = fx
+    xs = staging(fx, KEYS)
+    top = x.to(OPERAND)
+    tk.barrier()
+    tk.store(xs[0], top)
+    tk.store(xs[1], (x - top.to(f32)).to(OPERAND))
+    tk.barrier()
+    for j in tk.static_range(FEATURES // 64):
+        phi = factor(fx, expansion(fx, KEYS), tabs[CU], j, KEYS) * \
+            factor(fx, tabs[F], tabs[CV], j, KEYS)
+        tk.store(out.column_block(j), tk.where(phi.row_indices() < rows, phi, 0.0)
+                 .to(out.dtype))
+
+
+@tk.func
+def through(dx, t, e, j):
+    """dx + t·e_jᵀ (t: 64 x 64 f32, in two bf16 halves; issued)."""
+    top = t.to(OPERAND)
+    dx = tk.mma_ABt(dx, top, e.column_block(j))
+    return tk.mma_ABt(dx, (t - top.to(f32)).to(OPERAND), e.column_block(j))
+
+
+@tk.func
+def input_grad(dphi, fx, j, KEYS):
+    """The gradient of x (64 x WIDTH f32, complete) from dφ's column block j
+    (64 x 64 f32), x as expand staged it: (dφ∘v)·E_jᵀ + (dφ∘u)·F_jᵀ, one
+    factor at a time (registers)."""
+    tabs, ones, xq, xk = fx
+    e = expansion(fx, KEYS)
+    dx = tk.zeros((64, WIDTH), f32, layout="row", scope="warpgroup")
+    dx = through(dx, dphi * factor(fx, tabs[F], tabs[CV], j, KEYS), e, j)
+    tk.mma_wait(0)
+    dx = through(dx, dphi * factor(fx, e, tabs[CU], j, KEYS), tabs[F], j)
+    tk.mma_wait(0)
+    return dx
