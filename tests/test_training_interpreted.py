@@ -165,6 +165,23 @@ def test_gradients_that_autograd_hands_over_misaligned_or_expanded(interpreted):
     assert kernel_operand(b) is b
 
 
+def test_a_permuted_view_reaches_the_kernels_as_it_lies():
+    """(B, N, H, D) memory seen as (B, H, N, D) (attention's dO for a q from
+    a projection) is read through its strides, not copied; dims that share
+    memory (expanded, interleaved) or rows the kernels cannot read are."""
+    from tk_mlir.kernels.checks import kernel_operand, overlapping
+    t = torch.randn(2, 5, 3, 16).to(torch.bfloat16)
+    assert kernel_operand(t.transpose(1, 2)) is not None
+    assert kernel_operand(t.transpose(1, 2)).data_ptr() == t.data_ptr()
+    assert kernel_operand(t.permute(2, 0, 1, 3)).data_ptr() == t.data_ptr()
+    assert not overlapping(t.transpose(1, 2)) and not overlapping(t[:, ::2])
+    assert overlapping(t[:, :1].expand(2, 5, 3, 16))
+    assert overlapping(t.view(-1).as_strided((4, 16), (8, 1)))     # rows half over each other
+    assert not overlapping(t.view(-1).as_strided((4, 2, 8), (16, 8, 1)))
+    for bad in (t[..., 1:9], t.transpose(2, 3), t[:, :1].expand(2, 5, 3, 16)):
+        assert kernel_operand(bad).is_contiguous()
+
+
 def test_fused_add_layer_norm_checks_its_bias():
     x = torch.randn(4, 16).to(torch.bfloat16)
     with pytest.raises(TypeError, match=r"fused_add_layer_norm: bias must be a torch.Tensor"):

@@ -118,13 +118,16 @@ def kernel_operand(t, dtype=None):
 
 
 def overlapping(t) -> bool:
-    """Whether a dim of t steps less than the span of the dims inside it (an
-    expanded, stride-0 dim; or dims not in row-major order, counted too)."""
-    span = 1
-    for n, step in zip(reversed(t.shape), reversed(t.stride())):
-        if n != 1 and step < span:
+    """Whether two elements of t may share memory: its dims (of more than one
+    element) taken by stride, one steps no further than the dims below it
+    reach (an expanded, stride-0 dim, or interleaved ones). Dims out of
+    row-major order do not overlap (a permuted view: the kernels take any
+    strides)."""
+    reach = 0
+    for step, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if step <= reach:
             return True
-        span = max(span, step * n) if n != 1 else span
+        reach += step * (n - 1)
     return False
 
 
