@@ -137,7 +137,9 @@ def _compiled_kernels(dk: int, causal: bool, feature_map: str = "elu1") -> dict:
     q, v = tk.spec((4, 16, n, width), tk.bf16), tk.spec((4, 16, n, 64), tk.bf16)
     s, z = tk.spec((4, 16, segs * dk, 64), tk.f32), tk.spec((4, 16, segs * dk, 16), tk.f32)
     s1, z1 = tk.spec((4, 16, dk, 64), tk.f32), tk.spec((4, 16, dk, 16), tk.f32)
-    den, dq = tk.spec((4, 16, 3, n), tk.f32), tk.spec((4, 16, n, width), tk.bf16)
+    # (taylor2's blocks take 32 columns of v: two add dq and dk into f32)
+    dq = tk.spec((4, 16, n, width), tk.f32 if cla.v_block(feature_map) < 64 else tk.bf16)
+    den = tk.spec((4, 16, 5, n), tk.f32)
     fx = (tk.spec((5, taylor.WIDTH, taylor.FEATURES), tk.bf16),)
     flags = dict(DK=dk, MAP=feature_map)
     grads = dict(DV=64, CAUSAL=causal, NORMALIZE=True, INITIAL=True, **flags)
@@ -163,11 +165,10 @@ def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, feature_map, 
     """ptxas on each kernel (no GPU needed): no spill, no C75xx advisory (an
     MMA pipeline ptxas serialized). The D_k=64 loops keep the next chunk's
     loads in flight in registers, D_k=128's do not: it would spill. taylor2
-    expands 16 columns into 192 features inside the kernels; its forward,
-    dq and dk/dv kernels (a 192 x 64 f32 state beside the loop's
-    tiles) still spill a few hundred bytes, a known limit (the module's
+    expands 16 columns into 192 features inside the kernels; its dq and
+    dk/dv kernels still spill ~130 bytes, a known limit (its module's
     docstring): they are held to it here, so that a change shows."""
-    limits = {"forward": 512, "dq": 512, "dk dv": 768} if feature_map == "taylor2" else {}
+    limits = {"dq": 160, "dk dv": 160} if feature_map == "taylor2" else {}
     for name, c in _compiled_kernels(dk, causal, feature_map).items():
         limit = limits.get(name, 0)
         assert c.info["spill stores (bytes)"] <= limit, (name, c.info)

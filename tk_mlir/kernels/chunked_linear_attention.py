@@ -52,6 +52,10 @@ C = 64                  # tokens per chunk
 # Measured in BENCHMARKS.md.
 BLOCKS_PER_SM = 8
 MIN_SEGMENT = 4
+# The columns of v a block takes for taylor2: its 192 x VW f32 state (and the
+# backward's gradient of it) leaves registers for 32 columns beside a
+# chunk's tiles; the elementwise maps take 64.
+TAYLOR_V_COLUMNS = 32
 
 
 @tk.func
@@ -100,6 +104,20 @@ def width(DK, MAP):
 
 
 @tk.func
+def v_columns(MAP):
+    """The columns of v (and o, dO, the state) one block takes."""
+    if MAP == "taylor2":
+        return TAYLOR_V_COLUMNS
+    return 64
+
+
+@tk.func
+def v_tile(rows, MAP):
+    """A shared tile of `rows` rows and v_columns(MAP) columns, as wgmma reads it."""
+    return tk.shared_tile(OPERAND, (rows, v_columns(MAP)), swizzle=2 * v_columns(MAP))
+
+
+@tk.func
 def feature_tables(FX, MAP):
     """What taylor2's expansion reads (taylor.shared_tables' tiles), or None
     for the elementwise maps (FX unread)."""
@@ -110,11 +128,11 @@ def feature_tables(FX, MAP):
 
 @tk.func
 def key_loads(K, V, b, h, c, vb, DK, MAP):
-    """Chunk c's K and the 64 columns vb of its V, as loaded (issued: a
+    """Chunk c's K and the column block vb of its V, as loaded (issued: a
     caller that loads the next chunk's while this one's MMAs run hides the
     loads' latency)."""
     return (tk.load(K, (b, h, c, 0), (C, width(DK, MAP)), layout="row", scope="warpgroup"),
-            tk.load(V, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+            tk.load(V, (b, h, c, vb), (C, v_columns(MAP)), layout="row", scope="warpgroup"))
 
 
 @tk.func
@@ -191,9 +209,9 @@ def denominator(qz, a_sum):
 
 @tk.func
 def segment(N, SEG):
-    """(64-column block of v, head, batch, segment, first chunk, one past its
+    """(column block of v, head, batch, segment, first chunk, one past its
     last chunk) of this block: a segment is SEG chunks of a sequence, and
-    the grid is (DV / 64, H, B·segments), block_id(2) = b·segments + s."""
+    the grid is (DV / v_columns, H, B·segments), block_id(2) = b·segments + s."""
     chunks = tk.cdiv(N, C)
     segments = tk.cdiv(chunks, SEG)
     s = tk.block_id(2) % segments
@@ -226,10 +244,10 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, 
     else zero, and, not causal, every chunk's keys and values summed. Also
     fills `ones`."""
     tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
-    S = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
+    S = tk.zeros((DK, v_columns(MAP)), f32, layout="row", scope="warpgroup")
     Z = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
     if INITIAL:
-        S = tk.load(S0, (b, h, s, vb), (DK, 64), layout="row", scope="warpgroup")
+        S = tk.load(S0, (b, h, s, vb), (DK, v_columns(MAP)), layout="row", scope="warpgroup")
         Z = tk.load(Z0, (b, h, s, 0), (DK, 16), layout="row", scope="warpgroup")
     elif not CAUSAL:         # every query sees the whole sequence's state
         S, Z = key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, 0, tk.cdiv(K.shape[2], C), DK,
@@ -244,18 +262,19 @@ def first_state(K, V, S0, Z0, ks, vs, ss, ones, zhi, zlo, b, h, s, vb, DK, MAP, 
 def linear_attention_segment_sums_kernel(K: tk.gl, V: tk.gl, SS: tk.gl, ZS: tk.gl, FX: tk.gl,
                                          SEG: int, DK: tk.constexpr = 64,
                                          MAP: tk.constexpr = "none"):
-    """One segment's Σ φ(K_c)ᵀ V_c (V's 64 columns vb) and Σ φ(K_c)ᵀ·1 over
+    """One segment's Σ φ(K_c)ᵀ V_c (V's column block vb) and Σ φ(K_c)ᵀ·1 over
     its SEG chunks, into SS (B, H, segments·DK, DV) and ZS (B, H,
     segments·DK, 16) f32 (z in every column): what the segments after it
     start from. K: (B, H, N, DK); V: (B, H, N, DV); FX: taylor2's tables
-    (taylor.tables). Grid (DV / 64, H, B·segments)."""
+    (taylor.tables). Grid (DV / v_columns, H, B·segments)."""
     vb, h, b, s, lo, hi = segment(K.shape[2], SEG)
     fx = feature_tables(FX, MAP)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    vs = v_tile(C, MAP)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     tk.store(ones, tk.full((C, 16), 1.0, ones.dtype, layout="row", scope="warpgroup"))
-    S, Z = key_sums(K, V, ks, vs, ones, tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
+    S, Z = key_sums(K, V, ks, vs, ones,
+                    tk.zeros((DK, v_columns(MAP)), f32, layout="row", scope="warpgroup"),
                     tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"), b, h, vb, lo, hi,
                     DK, MAP, fx)
     tk.store(SS, S, (b, h, s, vb))
@@ -275,8 +294,8 @@ def linear_attention_segment_prefix_kernel(SS: tk.gl, ZS: tk.gl, S0: tk.gl, Z0: 
     f32): S0 and Z0 (INITIAL: (B, H, DK, DV) and (B, H, DK, 16)) plus the sums of
     the segments before it (REVERSE: after it) into STARTS, ZSTARTS (shaped
     as SS, ZS; with STORE_STARTS), and the sum of them all into S1, Z1
-    (shaped as S0, Z0). A block walks 64 of the DK rows (the sums are
-    elementwise): grid (DV / 64 · DK / 64, H, B)."""
+    (shaped as S0, Z0). A block walks 64 of the DK rows and 64 of the DV
+    columns (the sums are elementwise): grid (DV / 64 · DK / 64, H, B)."""
     R = DK // 64
     vb, j = tk.block_id(0) // R, tk.block_id(0) % R
     h, b = tk.block_id(1), tk.block_id(2)
@@ -313,19 +332,20 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
                             DK: tk.constexpr = 64, MAP: tk.constexpr = "none",
                             CAUSAL: tk.constexpr = True, NORMALIZE: tk.constexpr = True,
                             INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
-    """O[..., 64·vb:64·vb+64] of linear attention for one segment (SEG
+    """O's column block vb (v_columns wide) of linear attention for one segment (SEG
     chunks) of a (batch, head)'s sequence. Q, K: (B, H, N, DK); V, O: (B, H,
     N, DV). With INITIAL, S0 (B, H, segments·DK, DV) and Z0 (B, H,
     segments·DK, 16) f32 hold each segment's starting state (z in every
     column; not causal: one state, the whole sequence's); without it a
     segment starts from zero (causal: one segment only). FINAL (one
     segment): the state after the last token into S1 (B, H, DK, DV), Z1 (B,
-    H, DK, 16); any tensors otherwise, unread. Grid (DV / 64, H, B·segments)."""
+    H, DK, 16); any tensors otherwise, unread. Grid (DV / v_columns, H,
+    B·segments)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     fx = feature_tables(FX, MAP)
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
-    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
+    vs = v_tile(C, MAP)
+    ss = v_tile(DK, MAP)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
@@ -353,7 +373,8 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
             if CAUSAL:
                 k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK, MAP)
             x = query_load(Q, b, h, min(c + 1, hi - 1), DK, MAP)
-        o = tk.mma_AB(tk.zeros((C, 64), f32, layout="row", scope="warpgroup"), qb, ss)
+        o = tk.mma_AB(tk.zeros((C, v_columns(MAP)), f32, layout="row", scope="warpgroup"), qb,
+                      ss)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
         a_sum = None
@@ -401,10 +422,10 @@ def row_gradients(DEN, b, h, c, vb, den, VB):
 
 @tk.func
 def gradient_loads(Q, dO, b, h, c, vb, DK, MAP):
-    """Chunk c's Q and the 64 columns vb of its dO, as loaded (issued, as
+    """Chunk c's Q and the column block vb of its dO, as loaded (issued, as
     key_loads)."""
     return (query_load(Q, b, h, c, DK, MAP),
-            tk.load(dO, (b, h, c, vb), (C, 64), layout="row", scope="warpgroup"))
+            tk.load(dO, (b, h, c, vb), (C, v_columns(MAP)), layout="row", scope="warpgroup"))
 
 
 @tk.func
@@ -428,13 +449,14 @@ def stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMAL
 
 
 @tk.kernel(num_warps=4)
-def linear_attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, DEN: tk.gl, VB: tk.constexpr):
-    """dO·O per row over all of O's D_v = 64·VB columns into DEN's last row
+def linear_attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, DEN: tk.gl, VB: tk.constexpr,
+                                          VW: tk.constexpr = 64):
+    """dO·O per row over all of O's D_v = VW·VB columns into DEN's last row
     (the normaliser's gradient needs it whole; the backward's blocks each
-    have 64 columns). Grid (cdiv(N, 64), H, B)."""
+    have VW). Grid (cdiv(N, 64), H, B)."""
     c, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     oo = tk.zeros((C, 64), f32).row_sum()
-    for j in tk.static_range(VB):
+    for j in tk.static_range(VB * VW // 64):
         oo = oo + (tk.load(dO, (b, h, c, j), (C, 64)).to(f32) *
                    tk.load(O, (b, h, c, j), (C, 64)).to(f32)).row_sum()
     tk.store(DEN, oo, (b, h, 2 * VB, c))
@@ -477,18 +499,18 @@ def linear_attention_segment_grad_sums_kernel(Q: tk.gl, dO: tk.gl, DEN: tk.gl, S
                                               DK: tk.constexpr = 64,
                                               MAP: tk.constexpr = "none",
                                               NORMALIZE: tk.constexpr = True):
-    """One segment's share of the state gradient, Σ φ(Q_c)ᵀ g_c (g: dO's 64
-    columns vb over den) and Σ φ(Q_c)ᵀ e_c, into SS (B, H, segments·DK, DV)
+    """One segment's share of the state gradient, Σ φ(Q_c)ᵀ g_c (g: dO's
+    column block vb over den) and Σ φ(Q_c)ᵀ e_c, into SS (B, H, segments·DK, DV)
     and ZS (B, H, segments·DK, 16) f32 (e/16 in every column): what the
     reverse pass of the segments before it starts from. DEN as
-    linear_attention_dq_kernel left it. Grid (DV / 64, H, B·segments)."""
+    linear_attention_dq_kernel left it. Grid (DV / v_columns, H, B·segments)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     fx = feature_tables(FX, MAP)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    gs = v_tile(C, MAP)
     es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     dH, dZ = query_sums(Q, dO, DEN, qs, gs, es,
-                        tk.zeros((DK, 64), f32, layout="row", scope="warpgroup"),
+                        tk.zeros((DK, v_columns(MAP)), f32, layout="row", scope="warpgroup"),
                         tk.zeros((DK, 16), f32, layout="row", scope="warpgroup"),
                         b, h, vb, lo, hi, scale, DK, MAP, NORMALIZE, fx)
     tk.store(SS, dH, (b, h, s, vb))
@@ -506,7 +528,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     """The backward's pass in order over one segment of linear_attention_kernel
     (the same S0, Z0, INITIAL and grid): dq, from the state before each
     chunk, and each row's 1/den and dden into DEN for the reverse pass. dQ:
-    (B, H, N, DK), as `put` writes it; DEN: (B, H, 2·DV/64 + 1, N') f32 (N' >= N a
+    (B, H, N, DK), as `put` writes it; DEN: (B, H, 2·VB + 1, N') f32 (N' >= N a
     multiple of 64), its last row dO·O per row (NORMALIZE:
     linear_attention_backward_prep_kernel's).
 
@@ -515,12 +537,12 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
     e·zᵀ. e's terms are split evenly over the blocks (each adds 1/VB)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     fx = feature_tables(FX, MAP)
-    VB = DV // 64
+    VB = DV // v_columns(MAP)
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    vs = v_tile(C, MAP)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)
+    ss = v_tile(DK, MAP)
     ones = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
@@ -601,27 +623,27 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
     without it zero (causal: one segment) or, not causal, summed here.
     FINAL (one segment): the initial state's gradient into dS0 (B, H, DK,
     DV) and dZ0 (B, H, DK, 16). dK: (B, H, N, DK), as `put` writes it;
-    dV: (B, H, N, DV). Grid (DV / 64, H, B·segments).
+    dV: (B, H, N, DV). Grid (DV / v_columns, H, B·segments).
 
     dφ(k) = dPᵀ·φ(Q) + V·dHᵀ + dz and dv = Aᵀ·g + φ(K)·dH; dz's term is
     split evenly over the blocks (each adds 1/VB)."""
     vb, h, b, s, lo, hi = segment(Q.shape[2], SEG)
     fx = feature_tables(FX, MAP)
-    VB = DV // 64
+    VB = DV // v_columns(MAP)
     share = 1.0 / VB
     ks = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    vs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    vs = v_tile(C, MAP)
     qs = tk.shared_tile(OPERAND, (C, DK), swizzle=128)
-    gs = tk.shared_tile(OPERAND, (C, 64), swizzle=128)
+    gs = v_tile(C, MAP)
     ps = tk.shared_tiles(OPERAND, (C, C), 2, swizzle=128)      # A and dP, for their transposes
-    ss = tk.shared_tile(OPERAND, (DK, 64), swizzle=128)        # dH
+    ss = v_tile(DK, MAP)                                       # dH
     es = tk.shared_tile(OPERAND, (C, 16), swizzle=32)
     zhi = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)        # dz
     zlo = tk.shared_tile(OPERAND, (DK, 16), swizzle=32)
-    dH = tk.zeros((DK, 64), f32, layout="row", scope="warpgroup")
+    dH = tk.zeros((DK, v_columns(MAP)), f32, layout="row", scope="warpgroup")
     dZ = tk.zeros((DK, 16), f32, layout="row", scope="warpgroup")
     if INITIAL:
-        dH = tk.load(H0, (b, h, s if CAUSAL else 0, vb), (DK, 64), layout="row",
+        dH = tk.load(H0, (b, h, s if CAUSAL else 0, vb), (DK, v_columns(MAP)), layout="row",
                      scope="warpgroup")
         dZ = tk.load(HZ0, (b, h, s if CAUSAL else 0, 0), (DK, 16), layout="row",
                      scope="warpgroup")
@@ -643,7 +665,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
         if DK > 64:
             k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
         stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
-        dv = tk.zeros((C, 64), f32, layout="row", scope="warpgroup")
+        dv = tk.zeros((C, v_columns(MAP)), f32, layout="row", scope="warpgroup")
         if CAUSAL:          # A, then dP: one of the two live at a time (registers)
             A = tk.mma_ABt(tk.zeros((C, C), f32, layout="row", scope="warpgroup"), qb, ks)
             tk.mma_wait(0)
@@ -795,6 +817,11 @@ def segment_length(units: int, chunks: int, device: int) -> int:
     return -(-chunks // segments)
 
 
+def v_block(feature_map: str) -> int:
+    """The columns of v one block of the chunked kernels takes (v_columns)."""
+    return TAYLOR_V_COLUMNS if feature_map == "taylor2" else 64
+
+
 def feature_columns(x, feature_map: str) -> int:
     """The kernels' DK for q or k x: its head dim, or taylor2's FEATURES."""
     return taylor.FEATURES if feature_map == "taylor2" else x.shape[3]
@@ -813,7 +840,7 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
     D_v), Z (B, H, D_k, 16)). The segments' own sums come from
     linear_attention_segment_sums_kernel, their prefix from _prefix."""
     DK = feature_columns(k, feature_map)
-    sums, zsums, grid = _segment_buffers(k, DK, v.shape[3], seg)
+    sums, zsums, grid = _segment_buffers(k, DK, v.shape[3], seg, v_block(feature_map))
     linear_attention_segment_sums_kernel[grid](
         _heads_first(k), _heads_first(v), *_stacked(sums, zsums), _tables(k, feature_map), seg,
         DK=DK, MAP=feature_map)
@@ -821,16 +848,17 @@ def segment_states(k, v, s0, z0, feature_map: str, causal: bool, seg: int):
                    None if z0 is None else _columns(z0), causal)
 
 
-def _segment_buffers(x, DK: int, DV: int, seg: int):
+def _segment_buffers(x, DK: int, DV: int, seg: int, vw: int):
     """(sums (B, H, segments, DK, D_v), zsums (B, H, segments, DK, 16), the
-    grid of a segment sums kernel) for x (B, N, H, ·) in segments of `seg`
-    chunks, DK features: one sum per segment, f32, for the kernel to fill."""
+    grid of a segment sums kernel of vw columns of v a block) for x (B, N,
+    H, ·) in segments of `seg` chunks, DK features: one sum per segment,
+    f32, for the kernel to fill."""
     import torch
     B, N, H, _ = x.shape
     segments = -(-(-(-N // C)) // seg)
     sums = x.new_empty(B, H, segments, DK, DV, dtype=torch.float32)
     zsums = x.new_empty(B, H, segments, DK, 16, dtype=torch.float32)
-    return sums, zsums, (DV // 64, H, B * segments)
+    return sums, zsums, (DV // vw, H, B * segments)
 
 
 def _stacked(*sums):
@@ -901,7 +929,8 @@ def _forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normali
     kept = None
     if B and H and N:
         chunks = -(-N // C)
-        seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
+        vw = v_block(feature_map)
+        seg = segment_length(B * H * (DV // vw), chunks, q.get_device())
         if seg < chunks:            # several segments: each starts from its predecessors'
             starts, zstarts, final = segment_states(k, v, s0, z0, feature_map, causal, seg)
             kept = starts, zstarts
@@ -910,7 +939,7 @@ def _forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normali
             initial = True
         else:
             starts, zstarts = (s0.contiguous(), _columns(z0)) if initial else (s1, z16)
-        linear_attention_kernel[(DV // 64, H, B * -(-chunks // seg))](
+        linear_attention_kernel[(DV // vw, H, B * -(-chunks // seg))](
             _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(o),
             starts, zstarts, s1, z16, _tables(q, feature_map), scale, seg, DK=DK,
             MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize, INITIAL=initial,
@@ -971,7 +1000,8 @@ def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize:
     if ds1 is not None:     # where the reverse walk starts, with no z term (dz1: below)
         final = (ds1.to(torch.float32).contiguous(),
                  q.new_zeros(B, H, DK, 16, dtype=torch.float32))
-    if DV == 64:        # one block per row: the kernels store dq and dk in q's dtype
+    vw = v_block(feature_map)
+    if DV == vw:        # one block per row: the kernels store dq and dk in q's dtype
         dq, dk = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(2))
         dq_acc, dk_acc = _heads_first(dq), _heads_first(dk)
     else:               # DV/64 blocks add their shares in f32
@@ -984,12 +1014,12 @@ def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize:
     if B and H and N:
         do = checks.kernel_operand(do, v.dtype)
         chunks = -(-N // C)
-        seg = segment_length(B * H * (DV // 64), chunks, q.get_device())
-        grid = (DV // 64, H, B * -(-chunks // seg))
-        den = q.new_empty(B, H, 2 * DV // 64 + 1, chunks * C, dtype=torch.float32)
+        seg = segment_length(B * H * (DV // vw), chunks, q.get_device())
+        grid = (DV // vw, H, B * -(-chunks // seg))
+        den = q.new_empty(B, H, 2 * DV // vw + 1, chunks * C, dtype=torch.float32)
         if normalize:
             linear_attention_backward_prep_kernel[(chunks, H, B)](
-                _heads_first(o), _heads_first(do), den, VB=DV // 64)
+                _heads_first(o), _heads_first(do), den, VB=DV // vw, VW=vw)
         flags = dict(DK=DK, DV=DV, MAP=feature_map, CAUSAL=causal, NORMALIZE=normalize)
         heads = [_heads_first(t) for t in (q, k, v, do)]
         if seg < chunks:
@@ -1020,7 +1050,7 @@ def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize:
             else:
                 ds0.zero_()
             dz16.zero_()
-    if DV > 64:     # contiguous, as the op's fake says (a compiled graph checks the strides)
+    if DV > vw:     # contiguous, as the op's fake says (a compiled graph checks the strides)
         dq, dk = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
                   for t in (dq_acc, dk_acc))
     dz0 = dz16[..., 0].contiguous() if initial else None
@@ -1054,7 +1084,7 @@ def grad_states(q, do, den, feature_map: str, causal: bool, normalize: bool, sca
     D_k, 16)): the initial state's gradient. final: the gradient (dH, dZ) the
     reverse walk starts from (the final state's), or None (zero)."""
     DK = feature_columns(q, feature_map)
-    sums, zsums, grid = _segment_buffers(q, DK, DV, seg)
+    sums, zsums, grid = _segment_buffers(q, DK, DV, seg, v_block(feature_map))
     linear_attention_segment_grad_sums_kernel[grid](
         _heads_first(q), _heads_first(do), den, *_stacked(sums, zsums), _tables(q, feature_map),
         scale, seg, DK=DK, MAP=feature_map, NORMALIZE=normalize)

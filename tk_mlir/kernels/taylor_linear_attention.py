@@ -28,11 +28,11 @@ and its transposed twin, with √2 on the diagonal). R·Q keeps what is
 symmetric in (a, b); the rest of an initial state (S0 - R·Q·S0) no query
 reads, and the final state holds it unchanged.
 
-Known limit: the causal forward and the backward's dq and dk/dv kernels
-spill 300-660 bytes a thread (ptxas, sm_90a, with the normaliser): the
-192 x 64 f32 state and its z take 120 registers beside the loop's tiles
-(the same kernels at D_k = 128 use 247 of 255). Halving v's 64-column
-blocks for taylor2, or a second warpgroup, would make room.
+Known limit: the backward's dq and dk/dv kernels spill ~130 bytes a thread
+(ptxas, sm_90a, causal with the normaliser): the 192 x 32 f32 state and its
+z take 72 registers beside a chunk's tiles and the expansion's. (Blocks take
+32 columns of v for taylor2, chunked_linear_attention.TAYLOR_V_COLUMNS; at
+64 the forward spilled too.)
 """
 from __future__ import annotations
 
