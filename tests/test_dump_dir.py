@@ -37,3 +37,27 @@ def test_a_dump_dir_set_after_the_first_compile_still_dumps(tmp_path, monkeypatc
     assert dumped.compile(x, x) is first                  # (kept in memory)
     (folder,) = (tmp_path / "later").iterdir()
     assert len(list(folder.iterdir())) == len(first.asm)
+
+
+def test_compile_in_a_loop_writes_each_stage_once(tmp_path, monkeypatch):
+    """kernel.compile called again for the same code does not write its stages
+    again (nvdisasm's SASS among them), unless the folder went away."""
+    from tk_mlir import dumps
+    monkeypatch.delenv("TK_MLIR_ALWAYS_COMPILE")
+    monkeypatch.setenv("TK_MLIR_DUMP_DIR", str(tmp_path / "dump"))
+    x = tk.spec((16, 64), "f32")
+    first = dumped.compile(x, x)
+    (folder,) = (tmp_path / "dump").iterdir()
+    writes = []
+    real = dumps.write_stage
+    monkeypatch.setattr(dumps, "write_stage", lambda *a, **k: writes.append(a) or real(*a, **k))
+    import tk_mlir.compiled as compiled_module
+    monkeypatch.setattr(compiled_module, "write_stage", dumps.write_stage)
+    for _ in range(3):
+        assert dumped.compile(x, x) is first
+    assert writes == [] and len(list(folder.iterdir())) == len(first.asm)
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+    dumped.compile(x, x)                    # (the folder was removed: written again)
+    assert len(writes) == len(first.asm) and len(list(folder.iterdir())) == len(first.asm)

@@ -61,6 +61,7 @@ class CompiledKernel:
     _values: object = field(default=None, repr=False)   # launcher.launch_values_function
     _short: dict = field(default_factory=dict, repr=False)  # tk stage -> its short form
     _source_map: object = field(default=None, repr=False)   # source_map.SourceMap
+    _dumped: set = field(default_factory=set, repr=False)   # folders holding its stages
 
     def __post_init__(self):
         self.params = [AbiParam(*p) for p in self.params]
@@ -267,7 +268,22 @@ class CompiledKernel:
         folder = writable_folder(Path(directory) / (folder_name or self.name), what)
         for i, (stage, text) in enumerate(self.asm.items()):
             write_stage(folder, i, stage, text, what)
+        self._dumped.add(folder)
         return folder
+
+    def dump_once(self, directory: str | os.PathLike, folder_name: str,
+                  what: str = "the dump folder") -> Path:
+        """`dump`, unless this kernel's stages were written to that folder
+        before and it is still there (kernel.compile in a loop, with
+        TK_MLIR_DUMP_DIR set, writes each stage once)."""
+        folder = Path(directory) / folder_name
+        if folder in self._dumped and folder.is_dir():
+            return folder
+        return self.dump(directory, folder_name, what)
+
+    def dumped_to(self, folder: Path) -> None:
+        """Record that the compiler wrote this kernel's stages to `folder`."""
+        self._dumped.add(folder)
 
     # ---- disk cache entries
 

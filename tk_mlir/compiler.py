@@ -135,10 +135,12 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                               spec.num_warps, smem, stages, log,
                               [(t.arg, t.rows, t.cols, t.swizzle, t.dtype)
                                for t in lowered.tensor_maps], cluster, spec.arch)
-    if folder is not None and compiled.assembled:
-        dump(len(stages) - 1, "ptxas", log)
-        if "sass" in compiled.asm:          # (nvdisasm installed)
-            dump(len(stages), "sass", compiled.asm["sass"])
+    if folder is not None:
+        if compiled.assembled:
+            dump(len(stages) - 1, "ptxas", log)
+            if "sass" in compiled.asm:          # (nvdisasm installed)
+                dump(len(stages), "sass", compiled.asm["sass"])
+        compiled.dumped_to(folder)
     return compiled
 
 
@@ -227,5 +229,5 @@ def _load(disk: cache.DiskCache, spec: Specialization, dump_name: str
         return None
     dump_dir = knobs.dump_dir()
     if dump_dir is not None:
-        compiled.dump(dump_dir, dump_name, knobs.DUMP_DIR.name)
+        compiled.dump_once(dump_dir, dump_name, knobs.DUMP_DIR.name)
     return compiled

@@ -110,8 +110,8 @@ class Kernel:
             compiled = self._get(sig)
             dump_dir = knobs.dump_dir()
             if dump_dir is not None:    # (also for code kept from before it was set)
-                compiled.dump(dump_dir, self._specialization(sig).dump_name(),
-                              knobs.DUMP_DIR.name)
+                compiled.dump_once(dump_dir, self._specialization(sig).dump_name(),
+                                   knobs.DUMP_DIR.name)
             return compiled
         except (CompilationError, ArgumentError) as e:
             raise for_the_user(e)
