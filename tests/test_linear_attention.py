@@ -487,3 +487,50 @@ def test_the_ops_take_taylor2_and_check_the_backward_gradients(interpret):
     with pytest.raises(ValueError, match="do must have shape"):
         ops.linear_attention_backward(do[:, :20], q, k, v, o, None, None, "elu1", True, True,
                                       0.125)
+
+
+@pytest.mark.parametrize("feature_map,d", [("taylor2", 16), ("elu1", 64)])
+def test_misaligned_views_of_a_projection_are_read_through_copies(interpret, feature_map, d):
+    """q and k sliced from a wider projection at an offset that is not a
+    16-byte multiple: the kernels get aligned copies (the same numbers as
+    contiguous inputs), forward and backward."""
+    g = torch.Generator().manual_seed(31)
+    base = (torch.rand(1, 70, 2, 2 * d + 8, generator=g) - 0.5).to(bf16)
+    q, k = base[..., 4:4 + d], base[..., 4 + d:4 + 2 * d]
+    v = (torch.rand(1, 70, 2, 64, generator=g) - 0.5).to(bf16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    views = [base.clone().requires_grad_(), v.clone().requires_grad_()]
+    o = linear_attention(*leaves, feature_map)
+    o_view = linear_attention(views[0][..., 4:4 + d], views[0][..., 4 + d:4 + 2 * d], views[1],
+                              feature_map)
+    assert torch.equal(o, o_view)
+    do = torch.rand(o.shape, generator=g).to(o.dtype)
+    dq, dk, dv = torch.autograd.grad(o, leaves, do)
+    dbase, dv_view = torch.autograd.grad(o_view, views, do)
+    assert torch.equal(dbase[..., 4:4 + d], dq) and torch.equal(dbase[..., 4 + d:4 + 2 * d], dk)
+    assert torch.equal(dv, dv_view)
+
+
+def test_taylor2_state_maps(interpret):
+    """The compact basis's maps (taylor_linear_attention): with no token the
+    state comes back bit for bit; the backward op's state gradients are
+    contiguous whatever the layout of the final state's gradient (its fake
+    says so)."""
+    import tk_mlir.kernels.custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+    g = torch.Generator().manual_seed(32)
+    q, k = (torch.rand(1, 0, 2, 12, generator=g).to(bf16) for _ in range(2))
+    v = torch.rand(1, 0, 2, 64, generator=g).to(bf16)
+    s0, z0 = torch.randn(1, 2, 157, 64, generator=g), torch.randn(1, 2, 157, generator=g)
+    _, (s1, z1) = linear_attention(q, k, v, "taylor2", initial_state=(s0, z0), return_state=True)
+    assert torch.equal(s1, s0) and torch.equal(z1, z0)
+    q, k, v, _ = _inputs(1, 70, 2, 12, 64, seed=33)
+    ops = torch.ops.tk_mlir
+    o, _, _ = ops.linear_attention(q, k, v, s0, z0, "taylor2", True, True, 0.25)
+    ds1 = torch.rand(1, 2, 64, 157, generator=g).transpose(-1, -2)      # not contiguous
+    args = (torch.rand_like(o), q, k, v, o, s0, z0, "taylor2", True, True, 0.25, ds1,
+            torch.rand(1, 2, 157, generator=g))
+    result = torch.library.opcheck(ops.linear_attention_backward.default, args,
+                                   test_utils=("test_schema", "test_faketensor"))
+    assert set(result.values()) == {"SUCCESS"}, result
+    ds0 = ops.linear_attention_backward(*args)[3]
+    assert ds0.is_contiguous()

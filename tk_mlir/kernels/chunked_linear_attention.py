@@ -807,7 +807,7 @@ def _columns(z):
 
 
 def segment_length(units: int, chunks: int, device: int) -> int:
-    """Chunks per segment, for `units` (batch, head, 64 columns of v) walks of
+    """Chunks per segment, for `units` (batch, head, block of v's columns) walks of
     `chunks` chunks each: enough segments (of MIN_SEGMENT chunks or more)
     that the grid holds BLOCKS_PER_SM blocks per SM, each walking its
     segment from the state its predecessors summed (segment_states), where
@@ -910,15 +910,17 @@ def _taylor_forward(q, k, v, s0, z0, causal: bool, normalize: bool, scale: float
     (o, s1, z1), kept = _forward_and_starts(taylor.padded(q), taylor.padded(k), v, s0c, z0c,
                                             "taylor2", causal, normalize, scale)
     if causal:
-        s1, z1 = taylor.to_full(s1, d, s0), taylor.to_full(z1, d, z0)
+        s1, z1 = taylor.to_full(s1, d, s0, s0c), taylor.to_full(z1, d, z0, z0c)
     return (o, s1, z1), kept
 
 
 def _forward_and_starts(q, k, v, s0, z0, feature_map: str, causal: bool, normalize: bool,
                         scale: float):
     """forward_and_starts on the kernels' own q, k and states (taylor2's
-    compact)."""
+    compact); views the kernels cannot read as they lie (a misaligned slice
+    of a projection) through aligned copies."""
     import torch
+    q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
     B, N, H, _ = q.shape
     DK = feature_columns(q, feature_map)
     DV = v.shape[3]
@@ -991,8 +993,10 @@ def _taylor_backward(do, q, k, v, o, s0, z0, causal: bool, normalize: bool, scal
 
 def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize: bool,
               scale: float, starts, ds1, dz1):
-    """backward on the kernels' own q, k and states (taylor2's compact)."""
+    """backward on the kernels' own q, k and states (taylor2's compact), the
+    tensors as _forward_and_starts reads them."""
     import torch
+    q, k, v, o = (checks.kernel_operand(t) for t in (q, k, v, o))
     B, N, H, DX = q.shape
     DK = feature_columns(q, feature_map)
     DV = v.shape[3]
@@ -1004,7 +1008,7 @@ def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize:
     if DV == vw:        # one block per row: the kernels store dq and dk in q's dtype
         dq, dk = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(2))
         dq_acc, dk_acc = _heads_first(dq), _heads_first(dk)
-    else:               # DV/64 blocks add their shares in f32
+    else:               # DV/vw blocks add their shares in f32
         dq_acc = torch.zeros(B, H, N, DX, dtype=torch.float32, device=q.device)
         dk_acc = torch.zeros_like(dq_acc)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -1055,19 +1059,20 @@ def _backward(do, q, k, v, o, s0, z0, feature_map: str, causal: bool, normalize:
                   for t in (dq_acc, dk_acc))
     dz0 = dz16[..., 0].contiguous() if initial else None
     if dz1 is not None:
-        dk = (dk.float() + _feature_vjp(k.float(), dz1.float()[:, None], feature_map)) \
-            .to(k.dtype)
+        dk = (dk.float() + _feature_vjp(k.float(), dz1.float(), feature_map)).to(k.dtype)
         if initial:
             dz0 = dz0 + dz1
     return dq, dk, dv, ds0, dz0
 
 
-def _feature_vjp(x, dphi, feature_map: str):
-    """The gradient of x given dphi, that of φ(x) (torch), as `feature_grad`
-    and taylor2's input_grad make it in the kernels."""
+def _feature_vjp(x, dz, feature_map: str):
+    """The gradient of keys x (B, N, H, D) f32 given dz (B, H, D_φ), that of
+    every token's φ(x) (torch), as `feature_grad` and taylor2's input_grad
+    make it in the kernels."""
     import torch
     if feature_map == "taylor2":
-        return taylor.feature_vjp(x, dphi)
+        return taylor.feature_vjp(x, dz)
+    dphi = dz[:, None]
     if feature_map == "elu1":
         return torch.where(x > 0, dphi, dphi * x.exp())
     if feature_map == "relu":

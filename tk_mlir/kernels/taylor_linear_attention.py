@@ -91,10 +91,11 @@ def tables(device):
 
 
 @functools.lru_cache(maxsize=None)
-def _basis(d: int):
+def _basis(d: int, device):
     """(each full feature's compact column (D_φ,) int64, R's value (1/√2 for
     the quadratic features, else 1), Q's (√2 on the diagonal, 1/√2 off it,
-    else 1)), f32."""
+    else 1)) f32, on `device` (kept: no copy per call, none while a CUDA
+    graph captures)."""
     import torch
     column, r, q = [_CONSTANT], [1.0], [1.0]
     column += [_LINEAR + a for a in range(d)]
@@ -105,27 +106,25 @@ def _basis(d: int):
             column.append(_pair_column(a, b))
             r.append(1 / math.sqrt(2))
             q.append(math.sqrt(2) if a == b else 1 / math.sqrt(2))
-    return torch.tensor(column), torch.tensor(r), torch.tensor(q)
+    return (torch.tensor(column, device=device),
+            torch.tensor(r, dtype=torch.float32, device=device),
+            torch.tensor(q, dtype=torch.float32, device=device))
 
 
-def _values(s, which: int, d: int):
-    column, *values = _basis(d)
-    return column.to(s.device), values[which].to(s.device).view(-1, *[1] * (s.dim() - 3))
+_R, _Q = 1, 2
 
 
 def _gather(s, which: int, d: int):
     """Full-basis rows from compact ones: s[..., column_i, ...] times value_i."""
-    column, value = _values(s, which, d)
-    return s.index_select(2, column) * value
+    basis = _basis(d, s.device)
+    return s.index_select(2, basis[0]) * basis[which].view(-1, *[1] * (s.dim() - 3))
 
 
 def _scatter(s, which: int, d: int):
     """Compact rows from full-basis ones: Σ value_i·s_i into column_i."""
-    column, value = _values(s, which, d)
-    return s.new_zeros(*s.shape[:2], FEATURES, *s.shape[3:]).index_add(2, column, s * value)
-
-
-_R, _Q = 0, 1
+    basis = _basis(d, s.device)
+    value = basis[which].view(-1, *[1] * (s.dim() - 3))
+    return s.new_zeros(*s.shape[:2], FEATURES, *s.shape[3:]).index_add(2, basis[0], s * value)
 
 
 def to_compact(s0, d: int):
@@ -134,11 +133,14 @@ def to_compact(s0, d: int):
     return _scatter(s0, _Q, d)
 
 
-def to_full(s, d: int, s0=None):
-    """R·s: a compact state the kernels built in the full basis, plus the part
-    of the initial full-basis state s0 (if any) that no query reads."""
-    full = _gather(s, _R, d)
-    return full if s0 is None else full + s0 - _gather(_scatter(s0, _Q, d), _R, d)
+def to_full(s, d: int, s0=None, s0_compact=None):
+    """R·s: a compact state the kernels built, in the full basis; with the
+    initial full-basis state s0 (and its to_compact), s0 + R·(s - Q·s0), which
+    keeps the part of s0 no query reads (and is s0 exactly when no token
+    came). Contiguous."""
+    if s0 is None:
+        return _gather(s, _R, d).contiguous()
+    return (_gather(s - s0_compact, _R, d) + s0).contiguous()
 
 
 def grad_to_compact(ds1, d: int):
@@ -150,26 +152,35 @@ def grad_to_full(ds0, d: int, ds1=None, ds1_compact=None):
     """The initial state's gradient in the full basis from the compact one
     ds0 (Qᵀ·ds0), plus, with the final state's gradient ds1 (and its
     grad_to_compact), the path through what the final state holds
-    unchanged: (I - R·Q)ᵀ·ds1."""
+    unchanged: (I - R·Q)ᵀ·ds1. Contiguous."""
     if ds1 is None:
-        return _gather(ds0, _Q, d)
-    return ds1 + _gather(ds0 - ds1_compact, _Q, d)
+        return _gather(ds0, _Q, d).contiguous()
+    return (_gather(ds0 - ds1_compact, _Q, d) + ds1).contiguous()
 
 
 def padded(x):
-    """q or k (B, N, H, d) as the kernels read them: (B, N, H, WIDTH)."""
+    """q or k (B, N, H, d) as the kernels read them: (B, N, H, WIDTH), rows
+    the kernels can read (checks.kernel_operand)."""
     import torch
+    from tk_mlir.kernels import checks
     if x.shape[-1] == WIDTH:
-        return x
+        return checks.kernel_operand(x)
     return torch.nn.functional.pad(x, (0, WIDTH - x.shape[-1]))
 
 
 def feature_vjp(x, dz):
-    """Σ_j dz_j·∂φ_j(x)/∂x for keys x (..., WIDTH) f32 and dz (..., FEATURES)
-    in the compact basis, in torch (the final normaliser's gradient)."""
-    t = _host_tables().to(x.device).float()
-    u, v = x @ t[E_KEY] + t[CU, 0], x @ t[F] + t[CV, 0]
-    return (dz * v) @ t[E_KEY].T + (dz * u) @ t[F].T
+    """Σ_j dz_j·∂φ_j(x)/∂x for keys x (B, N, H, WIDTH) f32 and dz (B, H,
+    FEATURES) in the compact basis (the final normaliser's gradient, for
+    every token): φ_j = (x·E_j + cu_j)(x·F_j + cv_j), so it is affine in x,
+    x·M + c with M = F·diag(dz)·Eᵀ + E·diag(dz)·Fᵀ (WIDTH x WIDTH per batch
+    and head): no (tokens x FEATURES) temporaries."""
+    import torch
+    t = tables(x.device).float()
+    e, f, cu, cv = t[E_KEY], t[F], t[CU, 0], t[CV, 0]
+    m = torch.einsum("rj,bhj,sj->bhrs", f, dz, e)
+    m = m + m.transpose(-1, -2)
+    c = (dz * cv) @ e.T + (dz * cu) @ f.T                          # (B, H, WIDTH)
+    return torch.einsum("bnhr,bhrs->bnhs", x, m) + c[:, None]
 
 
 # --------------------------------------------------------- in the kernels
