@@ -202,3 +202,46 @@ def test_bad_arguments_are_refused_with_the_rule():
 def test_gpu_matches_the_recurrence(g, D, initial):
     inputs = _inputs(2, 1000, 8, 64, g, 128, seed=g, D=D, initial=initial, device="cuda")
     _check(inputs, initial, tol=1e-2, device_ref="cuda")
+
+
+@pytest.mark.parametrize("min_segment,b,l,h,p,g,n,D,initial", [
+    (1, 1, 200, 2, 64, 2, 48, False, True),     # a segment per chunk, from the initial state
+    (2, 2, 330, 2, 80, 1, 128, True, False),    # 6 chunks in segments of 2, p over two blocks
+])
+def test_a_sequence_cut_into_segments_matches_the_recurrence(interpret, monkeypatch, min_segment,
+                                                             b, l, h, p, g, n, D, initial):
+    """The forward over segments of the sequence (each from the states the
+    segments before it built, decayed) against the float64 recurrence: y,
+    the final state and, through the backward, every gradient."""
+    from tk_mlir.kernels import chunked_linear_attention as cla
+    from tk_mlir.kernels import state_space_duality as sd
+    monkeypatch.setattr(cla, "MIN_SEGMENT", min_segment)
+    monkeypatch.setattr(sd, "num_sms", lambda device: 132)     # (fewer walks than SMs)
+    chunks = -(-l // 64)
+    assert sd.segments_of(b * h * -(-p // 64), chunks, -1) < chunks       # (several)
+    inputs = _inputs(b, l, h, p, g, n, seed=l + p + n + min_segment, D=D, initial=initial)
+    _check(inputs, True, tol=1e-2)
+
+
+def test_the_forward_kernels_compile_without_spills():
+    """ptxas on the segmented forward's three kernels at Mamba-2's n = 128
+    (no GPU needed): no spill, no C75xx advisory."""
+    import tk_mlir as tk
+    from tk_mlir.kernels import state_space_duality as sd
+    b, h, l, p, n, segs = 4, 64, 16384, 64, 128, 16
+    x, bm = tk.spec((b, h, l, p), tk.bf16), tk.spec((b, 1, l, n), tk.bf16)
+    per_token, per_chunk = tk.spec((b, h, l), tk.f32), tk.spec((b, h, l // 64), tk.f32)
+    sums, state = tk.spec((b, h, segs * 128, p), tk.f32), tk.spec((b, h, n, p), tk.f32)
+    flags = dict(NS=128, HG=h)
+    kernels = {
+        "sums": sd.ssd_segment_sums_kernel.compile(x, bm, per_token, per_token, per_chunk, sums,
+                                                   16, **flags),
+        "prefix": sd.ssd_segment_prefix_kernel.compile(sums, tk.spec((b, h, segs), tk.f32),
+                                                       state, sums, state, segs, NS=128,
+                                                       INITIAL=True),
+        "forward": sd.ssd_kernel.compile(x, bm, bm, per_token, per_token, per_token, per_chunk,
+                                         tk.spec((h,), tk.f32), x, sums, state, 16, HAS_D=True,
+                                         INITIAL=True, **flags)}
+    for name, c in kernels.items():
+        assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, name
+        assert "C75" not in c.ptxas_log, (name, c.ptxas_log)

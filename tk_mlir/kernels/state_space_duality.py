@@ -19,7 +19,12 @@ cumulative a within the chunk (L_last at its last token):
 
 H, the state before the chunk, is carried in f32 wgmma accumulators and read
 by the next chunk as bf16 in shared memory (as chunked_linear_attention's
-state). Every exponent is <= 0 when a <= 0 (A < 0, dt > 0, as Mamba-2 has
+state). Where one walk per (batch, head, 64 columns of x) would leave SMs
+idle, the forward cuts a sequence into segments of whole chunks, as linear
+attention does (segments_of): a sums kernel builds each segment's state
+from zero, a prefix kernel carries them across the segments, each decayed
+by its segment's exp(Σ a), and the main kernel walks its segment from
+there. Every exponent is <= 0 when a <= 0 (A < 0, dt > 0, as Mamba-2 has
 them); the cumulative sums L, exp(L_last - L) and exp(L_last) are made in
 torch (f32, a few bytes per token). The backward: a pass in order gives dC
 (the state before each chunk), a pass in reverse dB and dx (the state's
@@ -38,7 +43,8 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import checks
 from tk_mlir.kernels.chunked_linear_attention import (OPERAND, _heads_first, publish,
-                                                       publish_split)
+                                                       publish_split, segment_length)
+from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.gemm import padded_rows
 
 CHUNK = 64              # tokens per chunk
@@ -98,36 +104,98 @@ def skip(t, X, Dh, b, h, c, pb, HAS_D):
 
 
 @tk.func
-def first_state(H0, b, h, pb, NS, INITIAL):
-    """The state before the first token: H0's columns pb, or zero."""
+def first_state(H0, b, h, s, pb, NS, INITIAL):
+    """The state before the first token: H0's state s (its columns pb), or zero."""
     H = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
     if INITIAL:
-        H = tk.load(H0, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
+        H = tk.load(H0, (b, h, s, pb), (NS, 64), layout="row", scope="warpgroup")
     return H
+
+
+@tk.func
+def segment(L, SEG):
+    """(64-column block of x, head, batch, segment, its first chunk, one past
+    its last) of this block: a segment is SEG chunks, and the grid is
+    (cdiv(p, 64), h, b·segments), block_id(2) = b·segments + s."""
+    chunks = tk.cdiv(L, CHUNK)
+    segments = tk.cdiv(chunks, SEG)
+    s = tk.block_id(2) % segments
+    return (tk.block_id(0), tk.block_id(1), tk.block_id(2) // segments, s, s * SEG,
+            min(s * SEG + SEG, chunks))
+
+
+@tk.kernel(num_warps=4)
+def ssd_segment_sums_kernel(X: tk.gl, Bm: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk.gl,
+                            SUMS: tk.gl, SEG: int, NS: tk.constexpr = 128,
+                            HG: tk.constexpr = 1):
+    """One segment's state from zero, H <- exp(L_last)·H + Σ_s exp(L_last -
+    L_s)·dt_s·B_s x_sᵀ over its SEG chunks (x's columns pb), into SUMS (b, h,
+    segments·NS, p) f32 (rows past n zero): what the segments after it add,
+    decayed. The
+    tensors as ssd_kernel reads them. Grid (cdiv(p, 64), h, b·segments)."""
+    pb, h, b, s, lo, hi = segment(X.shape[2], SEG)
+    g = h // HG
+    bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    xs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
+    H = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
+    for c in range(lo, hi):
+        kd = tk.load(KD, (b, h, c), (CHUNK,), scope="warpgroup")
+        dt = tk.load(DT, (b, h, c), (CHUNK,), scope="warpgroup")
+        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+        tk.barrier()
+        H = tk.mma_AtB(H * tk.load(DECAY, (b, h, c)), ks, xs)
+        tk.mma_wait(0)
+        tk.barrier()                     # every thread's MMAs read ks, xs
+    tk.store(SUMS, H, (b, h, s, pb))
+
+
+@tk.kernel(num_warps=4)
+def ssd_segment_prefix_kernel(SUMS: tk.gl, FADE: tk.gl, H0: tk.gl, STARTS: tk.gl, H1: tk.gl,
+                              SEGMENTS: int, NS: tk.constexpr = 128,
+                              INITIAL: tk.constexpr = False):
+    """Each segment's starting state: H0 (INITIAL; else zero), then for each
+    segment in turn start_s, and H <- FADE[s]·H + SUMS[s] (FADE (b, h,
+    segments') f32: the segment's exp(Σ a)); the state after the last into
+    H1 (b, h, NS, p). SUMS, STARTS: (b, h, segments·NS, p) f32. Grid
+    (cdiv(p, 64), h, b)."""
+    pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    H = tk.zeros((NS, 64), f32)
+    if INITIAL:
+        H = tk.load(H0, (b, h, 0, pb), (NS, 64))
+    part = tk.load(SUMS, (b, h, 0, pb), (NS, 64))
+    for s in range(SEGMENTS):
+        tk.store(STARTS, H, (b, h, s, pb))
+        H = H * tk.load(FADE, (b, h, s)) + part
+        part = tk.load(SUMS, (b, h, min(s + 1, SEGMENTS - 1), pb), (NS, 64))    # in flight
+    tk.store(H1, H, (b, h, 0, pb))
 
 
 @tk.kernel(num_warps=4)
 def ssd_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk.gl,
-               Dh: tk.gl, Y: tk.gl, H0: tk.gl, H1: tk.gl, NS: tk.constexpr = 128,
+               Dh: tk.gl, Y: tk.gl, H0: tk.gl, H1: tk.gl, SEG: int, NS: tk.constexpr = 128,
                HG: tk.constexpr = 1, HAS_D: tk.constexpr = False,
                INITIAL: tk.constexpr = False, FINAL: tk.constexpr = False):
-    """Y[..., 64·pb:64·pb+64] of SSD for one (batch, head). X, Y: (b, h, l, p);
-    Bm, Cm: (b, g, l, n), head h reading group h // HG; LC, KD, DT: (b, h,
-    l') f32, l' a multiple of 64 (L, exp(L_last - L), dt; dt 0 past l);
-    DECAY: (b, h, >= l' / 64) f32 exp(L_last); Dh: (h,) f32 (HAS_D); H0, H1:
-    (b, h, n, p) f32 states in and out (INITIAL / FINAL; unread otherwise).
-    NS: n rounded up to 64 or 128. Grid (cdiv(p, 64), h, b)."""
-    pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
+    """Y[..., 64·pb:64·pb+64] of SSD for one segment (SEG chunks) of a
+    (batch, head)'s sequence. X, Y: (b, h, l, p); Bm, Cm: (b, g, l, n), head
+    h reading group h // HG; LC, KD, DT: (b, h, l') f32, l' a multiple of 64
+    (L, exp(L_last - L), dt; dt 0 past l); DECAY: (b, h, >= l' / 64) f32
+    exp(L_last); Dh: (h,) f32 (HAS_D); H0: (b, h, n, p) f32, the initial
+    state, or with several segments (b, h, segments·NS, p), each one's
+    starting state (INITIAL; else zero: one segment); H1: (b, h, n,
+    p) f32, the state after the last token (FINAL: one segment); unread
+    otherwise. NS: n rounded up to 64 or 128. Grid (cdiv(p, 64), h,
+    b·segments)."""
+    pb, h, b, part, lo, hi = segment(X.shape[2], SEG)
     g = h // HG
-    chunks = tk.cdiv(X.shape[2], CHUNK)
     cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     xs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
     ss = tk.shared_tile(OPERAND, (NS, 64), swizzle=128)
-    H = first_state(H0, b, h, pb, NS, INITIAL)
+    H = first_state(H0, b, h, part, pb, NS, INITIAL)
     publish(ss, H)
-    for c in range(chunks):
+    for c in range(lo, hi):
         lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
         load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
         tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
@@ -211,7 +279,7 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
 
     if order_pass:
         # dC, chunks in order (the state before each chunk), and the pairs of DL.
-        H = first_state(H0, b, h, pb, NS, INITIAL)
+        H = first_state(H0, b, h, 0, pb, NS, INITIAL)
         publish_split(ss, sl, H)
         for c in range(chunks):
             lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
@@ -419,15 +487,54 @@ def forward(x, dt, A, B, C, D, h0):
         lc, kd, dt32, decay = _decays(dt, A)
         h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else h1
         d = padded_rows(D.float()) if D is not None else decay
-        ssd_kernel[(-(-p // 64), h, b)](
-            _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
-            _heads_first(y), h0t, h1, NS=_state_rows(n), HG=h // B.shape[2],
-            HAS_D=D is not None, INITIAL=h0 is not None, FINAL=True)
+        pbs, chunks = -(-p // 64), -(-l // CHUNK)
+        seg = segments_of(b * h * pbs, chunks, x.get_device())
+        heads = [_heads_first(t) for t in (x, B, C)]
+        flags = dict(NS=_state_rows(n), HG=h // B.shape[2])
+        if seg < chunks:            # several segments: each starts from its predecessors'
+            h0t = _segment_starts(heads[0], heads[1], kd, dt32, decay, h0t if h0 is not None
+                                  else None, h1, seg, chunks, **flags)
+        ssd_kernel[(pbs, h, b * -(-chunks // seg))](
+            *heads, lc, kd, dt32, decay, d, _heads_first(y), h0t, h1, seg,
+            HAS_D=D is not None, INITIAL=h0 is not None or seg < chunks, FINAL=seg == chunks,
+            **flags)
     elif h0 is not None:                # no token: the state is the initial one
         h1.copy_(h0.transpose(-1, -2))
     else:
         h1.zero_()
     return y, h1.transpose(-1, -2).contiguous()
+
+
+def segments_of(units: int, chunks: int, device: int) -> int:
+    """Chunks per segment of the forward, for `units` (batch, head, 64 columns
+    of x) walks of `chunks` chunks: linear attention's segment_length where
+    the walks are fewer than the SMs, else one segment (the sums kernel's
+    extra pass over the keys buys nothing when every SM has a walk; the
+    measured path, BENCHMARKS.md)."""
+    return segment_length(units, chunks, device) if units < num_sms(device) else chunks
+
+
+def _segment_starts(x, Bm, kd, dt32, decay, h0t, h1, seg: int, chunks: int, NS: int,
+                    HG: int):
+    """Each segment's starting state (b, h, segments·NS, p) f32 for ssd_kernel
+    (x, Bm: the kernels' (b, h, l, p) and (b, g, l, n) views; h0t: the
+    initial state as (b, h, n, p), or None), the final state written into
+    h1 (b, h, n, p): the segments' own states (ssd_segment_sums_kernel),
+    carried across them decayed by each segment's exp(Σ a), the product of
+    its chunks' (ssd_segment_prefix_kernel)."""
+    import torch
+    b, h, l, p = x.shape
+    segments = -(-chunks // seg)
+    sums = x.new_empty(b, h, segments * NS, p, dtype=torch.float32)
+    ssd_segment_sums_kernel[(-(-p // 64), h, b * segments)](
+        x, Bm, kd, dt32, decay, sums, seg, NS=NS, HG=HG)
+    fade = torch.nn.functional.pad(decay[..., :chunks], (0, segments * seg - chunks),
+                                   value=1.0).view(b, h, segments, seg).prod(-1)
+    starts = torch.empty_like(sums)
+    ssd_segment_prefix_kernel[(-(-p // 64), h, b)](
+        sums, padded_rows(fade), h1 if h0t is None else h0t, starts, h1, segments, NS=NS,
+        INITIAL=h0t is not None)
+    return starts
 
 
 def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
