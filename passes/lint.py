@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from ..dialects import contracts, tk
+from ..dialects import contracts, tk, types as T
 from ..errors import warn_at
 from .. import target
 from .uniform import Uniformity
@@ -223,13 +223,70 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
                     f"early (a race) or wait forever (a hang); use another id")
 
 
+def _tile_scope(op) -> str | None:
+    """The scope of op's register tiles and vectors (they share one), or None."""
+    for v in (*op.results, *op.operands):
+        t = T.parse(v.type)
+        if isinstance(t, (T.RT, T.RV)):
+            return t.scope
+    return None
+
+
+def _varying_region(op, uniform: Uniformity):
+    """The innermost if or for around op whose condition or bounds `uniform`
+    finds varying, or None."""
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        controls = [parent.operands[0]] if parent.name == "scf.if" else \
+            list(parent.operands)[:3] if parent.name == "scf.for" else []
+        if any(uniform.varies(c) for c in controls):
+            return parent
+        parent = parent.parent
+    return None
+
+
+def partial_tiles(func, ops, num_warps: int) -> None:
+    """A tile op under an if or for whose condition may differ between the
+    threads of the op's scope (a block-scope tile under `if
+    tk.warpgroup_id() == 0`, a warp's under `if tk.lane_id() < 16`): each
+    thread holds a part of the tile, so the threads that skip the op leave
+    their part undone — a partial load, store or result on the GPU, which
+    the interpreter reports at run time. The analysis goes by the traits of
+    the ids a condition depends on, so a condition made uniform by arithmetic
+    (`tk.thread_id() // 32 == 1` around a warp's tile) warns too: a warning,
+    not an error. A warpgroup's tiles in a kernel of several warpgroups are
+    checked against lane-dependent conditions only (`tk.warp_id() >= 4` is
+    uniform over each warpgroup, which the traits cannot tell)."""
+    uniformity: dict = {}
+    warned: set = set()               # the ifs and loops warned of (once each: its first op)
+    for op in ops:
+        scope = _tile_scope(op)
+        if scope is None:
+            continue
+        warps = T.scope_warps(scope, num_warps)
+        trait = "lane_varying" if warps == 1 or (scope == "warpgroup" and num_warps > 4) else \
+            "warpgroup_varying" if warps <= 4 else "thread_varying"
+        if trait not in uniformity:
+            uniformity[trait] = Uniformity(func, trait=trait)
+        region = _varying_region(op, uniformity[trait])
+        if region is not None and region not in warned:
+            warned.add(region)
+            warn_at(op.location, "partial-tile", f"this {scope}-scope tile op sits under an if "
+                    f"or for whose condition may differ between the threads of its {scope} "
+                    f"(it depends on the lane, warp or thread id): each thread holds a part of "
+                    f"the tile, and those that skip it leave their part undone; move it out of "
+                    f"that if/for, or give its tiles a scope the condition is uniform over "
+                    f"(scope=\"warp\" or \"warpgroup\")")
+
+
 def _short(loc: str) -> str:
     import re
     m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', loc)
     return f"{m.group(1)}:{m.group(2)}:{m.group(3)}" if m else "another op"
 
 
-RULES = (single_thread_ops, register_split, cluster_occupancy, named_barrier_counts)
+RULES = (single_thread_ops, register_split, cluster_occupancy, named_barrier_counts,
+         partial_tiles)
 
 
 def lint(module: ir.Module) -> None:

@@ -5,9 +5,7 @@ The tile rules belong to the dialect (dialects/tile_rules.py: one per op,
 applied to each op as the frontend builds it, too); this pass applies them
 to IR however it was made (read back from text, say) and adds what one op
 cannot show: no block barrier under thread-dependent control flow
-(passes/uniform.py), no tile op under control flow that differs between the
-threads of its scope (each holds a part of the tile: the others' parts
-would be skipped), no wgmma operand picked per thread, no shared tile
+(passes/uniform.py), no wgmma operand picked per thread, no shared tile
 chosen at run time, no async result read before its wait
 (passes/async_results.py), TMA writes done before a signal
 (passes/signal_order.py), tensor memory's lifetimes and budget
@@ -50,54 +48,6 @@ def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
                            "id, so some threads would never reach it; move it out of that "
                            "if/for")
         parent = parent.parent
-
-
-def _scope(op) -> str | None:
-    """The scope of op's register tiles and vectors (they share one), or None."""
-    for v in (*op.results, *op.operands):
-        t = T.parse(v.type)
-        if isinstance(t, (T.RT, T.RV)):
-            return t.scope
-    return None
-
-
-# The Uniformity trait that tells values differing between the threads of a
-# scope instance, by the warps it holds: one warp, one warpgroup, or more.
-_VARYING_WITHIN = {1: "lane_varying", 4: "warpgroup_varying"}
-
-
-def _check_scope_reached(op, num_warps: int, uniformity: Callable[[str], Uniformity]) -> None:
-    """A tile op runs in every thread of its scope, each on its part of the
-    tile: under control flow that differs between those threads some parts
-    would be skipped (a partial tile, silently), as the interpreter reports
-    it. Refused at its line."""
-    scope = _scope(op)
-    if scope is None:
-        return
-    warps = T.scope_warps(scope, num_warps)
-    if warps == 4 and num_warps > 4:
-        # (a warpgroup's tiles in a kernel of several: `if tk.warp_id() >= 4`
-        # is uniform over each warpgroup, but by its traits the analysis
-        # sees a warp id; left to the interpreter)
-        return
-    uniform = uniformity(_VARYING_WITHIN.get(warps, "thread_varying"))
-    parent = op.parent
-    while parent is not None and parent.name != "func.func":
-        if parent.name in ("scf.if", "scf.for") and any(
-                uniform.varies(c) for c in _control(parent)):
-            raise error_at(op.location, f"this {scope}-scope tile op sits under an if or for "
-                           f"whose condition differs between the threads of its {scope} (it "
-                           f"depends on the lane, warp or thread id): every thread of it holds "
-                           f"a part of the tile and must run it; move it out of that if/for, "
-                           f"or make its tiles of a smaller scope (scope=\"warp\" or "
-                           f"\"warpgroup\") that the condition is uniform over")
-        parent = parent.parent
-
-
-def _control(region_op) -> list:
-    """The operands that decide whether and how often region_op's body runs."""
-    return [region_op.operands[0]] if region_op.name == "scf.if" else \
-        list(region_op.operands)[:3]
 
 
 def _check_mma_operands(op, warpgroup: Callable[[], Uniformity]) -> None:
@@ -145,13 +95,11 @@ def verify(module: ir.Module) -> None:
     for func in module.body.operations:
         num_warps = contracts.NUM_WARPS.get(func)
         uniform = Uniformity(func)
-        uniformity = functools.cache(lambda trait, func=func: Uniformity(func, trait))
-        warpgroup = functools.partial(uniformity, "warpgroup_varying")
+        warpgroup = functools.cache(lambda func=func: Uniformity(func, "warpgroup_varying"))
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
                 _check_uniform(op, num_warps, uniform)
-                _check_scope_reached(op, num_warps, uniformity)
                 _check_mma_operands(op, warpgroup)
             elif op.name in ("scf.if", "scf.for"):
                 _check_static_memory(op)

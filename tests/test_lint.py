@@ -319,3 +319,64 @@ def test_examples_give_no_lint_warning(example, capsys):
         pytest.skip("a GPU is present: the examples run whole in test_examples_gpu.py")
     assert lint_warnings(lambda: runpy.run_path(str(ROOT / "examples" / f"{example}.py"),
                                                 run_name="__main__")) == []
+
+
+# ------------------------------------------------- tiles reached by part of their scope
+
+@tk.kernel(num_warps=8)
+def k_block_tile_in_one_warpgroup(X: tk.gl[f32]):
+    if tk.warpgroup_id() == 0:
+        t = tk.load(X, (0, 0), (64, 64))      # E:block_tile_in_one_warpgroup
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_warp_tile_in_half_its_lanes(X: tk.gl[f32]):
+    t = tk.load(X, (0, 0), (16, 64), scope="warp")
+    if tk.lane_id() < 16:
+        tk.store(X, t + 1.0, (0, 0))          # E:warp_tile_in_half_its_lanes
+
+
+@tk.kernel(num_warps=8)
+def k_warpgroup_tile_by_one_thread(X: tk.gl[f32]):
+    if tk.elect_leader("warpgroup"):
+        t = tk.load(X, (0, 0), (64, 64), scope="warpgroup")   # E:warpgroup_tile_by_one_thread
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=8)
+def k_warpgroup_tile_in_its_warpgroup(X: tk.gl[f32]):
+    if tk.warp_id() >= 4:                     # uniform over each warpgroup
+        t = tk.load(X, (0, 0), (64, 64), scope="warpgroup")
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=2)
+def k_block_tile_in_the_only_warpgroup(X: tk.gl[f32]):
+    if tk.warpgroup_id() == 0:                # the block is one (partial) warpgroup
+        t = tk.load(X, (0, 0), (32, 64))
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_warp_tile_in_one_warp(X: tk.gl[f32]):
+    if tk.warp_id() == 1:
+        t = tk.load(X, (0, 0), (16, 64), scope="warp")
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@pytest.mark.parametrize("kernel,marker", [
+    (k_block_tile_in_one_warpgroup, "block_tile_in_one_warpgroup"),
+    (k_warp_tile_in_half_its_lanes, "warp_tile_in_half_its_lanes"),
+    (k_warpgroup_tile_by_one_thread, "warpgroup_tile_by_one_thread")])
+def test_a_tile_op_some_threads_of_its_scope_skip_warns_once_at_its_line(kernel, marker):
+    """Each thread holds a part of the tile: the interpreter reports the
+    partial tile at run time, the lint at compile time (once per if)."""
+    messages = lint_warnings(lambda: kernel.compile(spec(64, 64, dtype=f32)))
+    assert "leave their part undone" in assert_one_at(messages, marker, "partial-tile")
+
+
+@pytest.mark.parametrize("kernel", [k_warpgroup_tile_in_its_warpgroup,
+                                    k_block_tile_in_the_only_warpgroup, k_warp_tile_in_one_warp])
+def test_a_tile_op_under_a_condition_uniform_over_its_scope_does_not_warn(kernel):
+    assert lint_warnings(lambda: kernel.compile(spec(64, 64, dtype=f32))) == []
