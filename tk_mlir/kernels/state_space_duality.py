@@ -85,10 +85,11 @@ def decay_matrix(LC, b, h, c):
 
 @tk.func
 def load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS):
-    """Chunk c's B (bs), its keys dt·B·exp(L_last - L) (ks: what the state
-    adds) and its 64 columns pb of x (xs), into shared memory."""
+    """Chunk c's B (bs, unless None), its keys dt·B·exp(L_last - L) (ks: what
+    the state adds) and its 64 columns pb of x (xs), into shared memory."""
     bt = tk.load(Bm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
-    tk.store(bs, bt.to(bs.dtype))
+    if bs is not None:
+        tk.store(bs, bt.to(bs.dtype))
     tk.store(ks, bt.mul_row(dt * kd).to(ks.dtype))
     tk.store(xs, tk.load(X, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
              .to(xs.dtype))
@@ -135,14 +136,13 @@ def ssd_segment_sums_kernel(X: tk.gl, Bm: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk
     tensors as ssd_kernel reads them. Grid (cdiv(p, 64), h, b·segments)."""
     pb, h, b, s, lo, hi = segment(X.shape[2], SEG)
     g = h // HG
-    bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     xs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
     H = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
     for c in range(lo, hi):
         kd = tk.load(KD, (b, h, c), (CHUNK,), scope="warpgroup")
         dt = tk.load(DT, (b, h, c), (CHUNK,), scope="warpgroup")
-        load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
+        load_keys(Bm, X, None, ks, xs, b, g, h, c, pb, kd, dt, NS)
         tk.barrier()
         H = tk.mma_AtB(H * tk.load(DECAY, (b, h, c)), ks, xs)
         tk.mma_wait(0)
@@ -509,8 +509,10 @@ def segments_of(units: int, chunks: int, device: int) -> int:
     """Chunks per segment of the forward, for `units` (batch, head, 64 columns
     of x) walks of `chunks` chunks: linear attention's segment_length where
     the walks are fewer than the SMs, else one segment (the sums kernel's
-    extra pass over the keys buys nothing when every SM has a walk; the
-    measured path, BENCHMARKS.md)."""
+    extra pass over the keys buys nothing when every SM has a walk: the
+    path BENCHMARKS.md measured). Not yet timed: linear attention's aim of
+    8 blocks per SM is kept, where an SSD block's 72 KB of shared memory
+    lets 3 run at once."""
     return segment_length(units, chunks, device) if units < num_sms(device) else chunks
 
 
