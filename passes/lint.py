@@ -232,14 +232,69 @@ def _tile_scope(op) -> str | None:
     return None
 
 
-def _varying_region(op, uniform: Uniformity):
+# Consecutive threads that share one value of an id (tk.lane_id is left out:
+# it restarts every warp, so its comparisons split every warp).
+_ID_RUNS = {"tk.thread_id": 1, "tk.warp_id": 32, "tk.warpgroup_id": 128}
+_BELOW = {"slt": 0, "ult": 0, "sge": 0, "uge": 0, "sle": 1, "ule": 1, "sgt": 1, "ugt": 1}
+_FLIPPED = {"slt": "sgt", "sgt": "slt", "sle": "sge", "sge": "sle", "ult": "ugt",
+            "ugt": "ult", "ule": "uge", "uge": "ule", "eq": "eq", "ne": "ne"}
+
+
+def _id_run(v) -> int | None:
+    """For v a thread index (tk.thread_id, warp_id, warpgroup_id) or one
+    divided by positive constants: how many consecutive threads share each of
+    its values (each run starting at a multiple of it); else None."""
+    if not isinstance(v, ir.OpResult):
+        return None
+    op = v.owner
+    if op.name in _ID_RUNS:
+        return _ID_RUNS[op.name]
+    if op.name in ("arith.floordivsi", "arith.divsi", "arith.divui", "arith.shrui",
+                   "arith.shrsi"):
+        c = tk.constant_int(op.operands[1])
+        run = _id_run(op.operands[0])
+        if run is not None and c is not None and c > 0:
+            return run * (2 ** c if op.name.startswith("arith.sh") else c)
+    return None
+
+
+def _uniform_over(v, threads: int) -> bool:
+    """Whether v is shown the same in each aligned group of `threads`
+    consecutive threads, by arithmetic the traits do not see: an id divided
+    down (its runs whole groups), or an id compared with a constant whose
+    boundary falls between groups (`tk.thread_id() // 32 == 1` over a warp,
+    `tk.warp_id() >= 4` over a warpgroup, `tk.thread_id() < 128` over a
+    4-warp block)."""
+    run = _id_run(v)
+    if run is not None:
+        return run % threads == 0
+    if not isinstance(v, ir.OpResult) or v.owner.name != "arith.cmpi":
+        return False
+    op = v.owner
+    pred = str(op.attributes["predicate"]).split(":")[0].strip()
+    names = {0: "eq", 1: "ne", 2: "slt", 3: "sle", 4: "sgt", 5: "sge", 6: "ult", 7: "ule",
+             8: "ugt", 9: "uge"}
+    pred = names.get(int(pred), "") if pred.isdigit() else pred
+    x, k = op.operands
+    if _id_run(x) is None:
+        x, k, pred = k, x, _FLIPPED.get(pred, "")
+    run, c = _id_run(x), tk.constant_int(k)
+    if run is None or c is None or pred not in _FLIPPED:
+        return False
+    if pred in ("eq", "ne"):                    # true on one run
+        return run % threads == 0
+    return run * (c + _BELOW[pred]) % threads == 0      # the one boundary between runs
+
+
+def _varying_region(op, uniform: Uniformity, threads: int):
     """The innermost if or for around op whose condition or bounds `uniform`
-    finds varying, or None."""
+    finds varying and _uniform_over does not clear for groups of `threads`,
+    or None."""
     parent = op.parent
     while parent is not None and parent.name != "func.func":
         controls = [parent.operands[0]] if parent.name == "scf.if" else \
             list(parent.operands)[:3] if parent.name == "scf.for" else []
-        if any(uniform.varies(c) for c in controls):
+        if any(uniform.varies(c) and not _uniform_over(c, threads) for c in controls):
             return parent
         parent = parent.parent
     return None
@@ -252,11 +307,14 @@ def partial_tiles(func, ops, num_warps: int) -> None:
     thread holds a part of the tile, so the threads that skip the op leave
     their part undone — a partial load, store or result on the GPU, which
     the interpreter reports at run time. The analysis goes by the traits of
-    the ids a condition depends on, so a condition made uniform by arithmetic
-    (`tk.thread_id() // 32 == 1` around a warp's tile) warns too: a warning,
-    not an error. A warpgroup's tiles in a kernel of several warpgroups are
-    checked against lane-dependent conditions only (`tk.warp_id() >= 4` is
-    uniform over each warpgroup, which the traits cannot tell)."""
+    the ids a condition depends on, cleared by _uniform_over where an id is
+    divided down or compared across whole groups (`tk.thread_id() // 32 == 1`
+    around a warp's tile); other arithmetic that makes a condition uniform
+    still warns: a warning, not an error. A warpgroup's tiles in a kernel of
+    several warpgroups are checked against lane-dependent conditions only
+    (in `if warp == 0: ... elif warp >= 4: <warpgroup tiles>` the else of the
+    first if splits warpgroup 0, though the second selects warpgroup 1: path
+    conditions, not modelled)."""
     uniformity: dict = {}
     warned: set = set()               # the ifs and loops warned of (once each: its first op)
     for op in ops:
@@ -268,7 +326,7 @@ def partial_tiles(func, ops, num_warps: int) -> None:
             "warpgroup_varying" if warps <= 4 else "thread_varying"
         if trait not in uniformity:
             uniformity[trait] = Uniformity(func, trait=trait)
-        region = _varying_region(op, uniformity[trait])
+        region = _varying_region(op, uniformity[trait], 32 * warps)
         if region is not None and region not in warned:
             warned.add(region)
             warn_at(op.location, "partial-tile", f"this {scope}-scope tile op sits under an if "

@@ -365,7 +365,29 @@ def k_warp_tile_in_one_warp(X: tk.gl[f32]):
         tk.store(X, t + 1.0, (0, 0))
 
 
+@tk.kernel(num_warps=4)
+def k_warp_tile_by_divided_thread_id(X: tk.gl[f32]):
+    w = tk.thread_id() // 32                  # one value per warp
+    if w == 1:
+        t = tk.load(X, (w, 0), (16, 64), scope="warp")
+        tk.store(X, t + 1.0, (w, 0))
+    for i in range(tk.warp_id() // 4, 1):     # 0 in every warp of this block
+        t = tk.load(X, (i, 0), (64, 64))
+        tk.store(X, t + 1.0, (i, 0))
+    if tk.thread_id() < 128:                  # every thread of this block
+        t = tk.load(X, (0, 0), (64, 64))
+        tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_block_tile_in_half_the_block(X: tk.gl[f32]):
+    if tk.thread_id() < 64:                   # warps 0 and 1 only
+        t = tk.load(X, (0, 0), (64, 64))      # E:block_tile_in_half_the_block
+        tk.store(X, t + 1.0, (0, 0))
+
+
 @pytest.mark.parametrize("kernel,marker", [
+    (k_block_tile_in_half_the_block, "block_tile_in_half_the_block"),
     (k_block_tile_in_one_warpgroup, "block_tile_in_one_warpgroup"),
     (k_warp_tile_in_half_its_lanes, "warp_tile_in_half_its_lanes"),
     (k_warpgroup_tile_by_one_thread, "warpgroup_tile_by_one_thread")])
@@ -377,6 +399,7 @@ def test_a_tile_op_some_threads_of_its_scope_skip_warns_once_at_its_line(kernel,
 
 
 @pytest.mark.parametrize("kernel", [k_warpgroup_tile_in_its_warpgroup,
-                                    k_block_tile_in_the_only_warpgroup, k_warp_tile_in_one_warp])
+                                    k_block_tile_in_the_only_warpgroup, k_warp_tile_in_one_warp,
+                                    k_warp_tile_by_divided_thread_id])
 def test_a_tile_op_under_a_condition_uniform_over_its_scope_does_not_warn(kernel):
     assert lint_warnings(lambda: kernel.compile(spec(64, 64, dtype=f32))) == []
