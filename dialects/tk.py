@@ -67,6 +67,8 @@ class OpDef:
     thread_varying: bool = False         # its result differs between a block's threads
     lane_varying: bool = False           # ... and between the lanes of one warp
     warpgroup_varying: bool = False      # ... and between the threads of one warpgroup
+    thread_run: int = 0                  # an index of the block's threads in runs of this
+    #                                      many (aligned, ascending): 0 when it is not one
     one_thread: bool = False             # every thread that runs it issues it: meant for one
     #                                      elected thread (TMA copies, mbarrier arrivals)
     semaphore: bool = False              # allocates semaphores (attribute `arrivals`)
@@ -167,12 +169,12 @@ OPS: tuple[OpDef, ...] = (
     OpDef("block_id", results=("result",), attributes=("dim",), doc="blockIdx.{x,y,z}"),
     OpDef("grid_dim", results=("result",), attributes=("dim",), doc="gridDim.{x,y,z}"),
     OpDef("thread_id", results=("result",), thread_varying=True, lane_varying=True,
-          warpgroup_varying=True, doc="threadIdx.x within the block"),
+          warpgroup_varying=True, thread_run=1, doc="threadIdx.x within the block"),
     OpDef("lane_id", results=("result",), thread_varying=True, lane_varying=True,
           warpgroup_varying=True, doc="lane within the warp"),
     OpDef("warp_id", results=("result",), thread_varying=True, warpgroup_varying=True,
-          doc="warp within the block"),
-    OpDef("warpgroup_id", results=("result",), thread_varying=True,
+          thread_run=32, doc="warp within the block"),
+    OpDef("warpgroup_id", results=("result",), thread_varying=True, thread_run=128,
           doc="warpgroup within the block"),
     OpDef("gl_dim", operands=("src",), results=("result",), attributes=("dim",),
           int_tensor="src", doc="run-time extent of a global layout dimension"),

@@ -232,23 +232,22 @@ def _tile_scope(op) -> str | None:
     return None
 
 
-# Consecutive threads that share one value of an id (tk.lane_id is left out:
-# it restarts every warp, so its comparisons split every warp).
-_ID_RUNS = {"tk.thread_id": 1, "tk.warp_id": 32, "tk.warpgroup_id": 128}
 _BELOW = {"slt": 0, "ult": 0, "sge": 0, "uge": 0, "sle": 1, "ule": 1, "sgt": 1, "ugt": 1}
 _FLIPPED = {"slt": "sgt", "sgt": "slt", "sle": "sge", "sge": "sle", "ult": "ugt",
             "ugt": "ult", "ule": "uge", "uge": "ule", "eq": "eq", "ne": "ne"}
 
 
 def _id_run(v) -> int | None:
-    """For v a thread index (tk.thread_id, warp_id, warpgroup_id) or one
+    """For v a thread index (an op with the `thread_run` trait: the thread,
+    warp or warpgroup id; a lane id restarts every warp and has none) or one
     divided by positive constants: how many consecutive threads share each of
     its values (each run starting at a multiple of it); else None."""
     if not isinstance(v, ir.OpResult):
         return None
     op = v.owner
-    if op.name in _ID_RUNS:
-        return _ID_RUNS[op.name]
+    d = tk.op_def(op)
+    if d is not None and d.thread_run:
+        return d.thread_run
     if op.name in ("arith.floordivsi", "arith.divsi", "arith.divui", "arith.shrui",
                    "arith.shrsi"):
         c = tk.constant_int(op.operands[1])
