@@ -446,6 +446,16 @@ def attribute_value(attr: ir.Attribute):
     return attr
 
 
+def tile_scope(op) -> str | None:
+    """The scope of op's register tiles and vectors (an op's share one), or
+    None: the warps that run it together, each on its part."""
+    for v in (*op.results, *op.operands):
+        t = T.parse(v.type)
+        if isinstance(t, (T.RT, T.RV)):
+            return t.scope
+    return None
+
+
 def constant_int(v: ir.Value) -> int | None:
     """v's value when an arith.constant integer defines it, else None (an
     operand known at compile time: a column block's index, a barrier's id)."""

@@ -33,17 +33,22 @@ def _tk_ops(func) -> list[ir.Operation]:
     return ops
 
 
+def _enclosing(op):
+    """(if or loop, the values that decide whether and how often its body
+    runs: the condition, the bounds) for each around `op`, innermost first."""
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "scf.if":
+            yield parent, [parent.operands[0]]
+        elif parent.name == "scf.for":
+            yield parent, list(parent.operands)[:3]
+        parent = parent.parent
+
+
 def _conditions(op) -> list[ir.Value]:
     """The values that decide whether `op` runs: the conditions of the ifs and
     the bounds of the loops around it."""
-    out, parent = [], op.parent
-    while parent is not None and parent.name != "func.func":
-        if parent.name == "scf.if":
-            out.append(parent.operands[0])
-        elif parent.name == "scf.for":
-            out.extend(list(parent.operands)[:3])
-        parent = parent.parent
-    return out
+    return [c for _, controls in _enclosing(op) for c in controls]
 
 
 def _semaphore_arrivals(sem: ir.Value) -> int | None:
@@ -223,15 +228,7 @@ def named_barrier_counts(func, ops, num_warps: int) -> None:
                     f"early (a race) or wait forever (a hang); use another id")
 
 
-def _tile_scope(op) -> str | None:
-    """The scope of op's register tiles and vectors (they share one), or None."""
-    for v in (*op.results, *op.operands):
-        t = T.parse(v.type)
-        if isinstance(t, (T.RT, T.RV)):
-            return t.scope
-    return None
-
-
+_PREDICATES = ("eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge")  # arith.cmpi's
 _BELOW = {"slt": 0, "ult": 0, "sge": 0, "uge": 0, "sle": 1, "ule": 1, "sgt": 1, "ugt": 1}
 _FLIPPED = {"slt": "sgt", "sgt": "slt", "sle": "sge", "sge": "sle", "ult": "ugt",
             "ugt": "ult", "ule": "uge", "uge": "ule", "eq": "eq", "ne": "ne"}
@@ -270,10 +267,7 @@ def _uniform_over(v, threads: int) -> bool:
     if not isinstance(v, ir.OpResult) or v.owner.name != "arith.cmpi":
         return False
     op = v.owner
-    pred = str(op.attributes["predicate"]).split(":")[0].strip()
-    names = {0: "eq", 1: "ne", 2: "slt", 3: "sle", 4: "sgt", 5: "sge", 6: "ult", 7: "ule",
-             8: "ugt", 9: "uge"}
-    pred = names.get(int(pred), "") if pred.isdigit() else pred
+    pred = _PREDICATES[ir.IntegerAttr(op.attributes["predicate"]).value]
     x, k = op.operands
     if _id_run(x) is None:
         x, k, pred = k, x, _FLIPPED.get(pred, "")
@@ -289,14 +283,9 @@ def _varying_region(op, uniform: Uniformity, threads: int):
     """The innermost if or for around op whose condition or bounds `uniform`
     finds varying and _uniform_over does not clear for groups of `threads`,
     or None."""
-    parent = op.parent
-    while parent is not None and parent.name != "func.func":
-        controls = [parent.operands[0]] if parent.name == "scf.if" else \
-            list(parent.operands)[:3] if parent.name == "scf.for" else []
-        if any(uniform.varies(c) and not _uniform_over(c, threads) for c in controls):
-            return parent
-        parent = parent.parent
-    return None
+    return next((region for region, controls in _enclosing(op)
+                 if any(uniform.varies(c) and not _uniform_over(c, threads) for c in controls)),
+                None)
 
 
 def partial_tiles(func, ops, num_warps: int) -> None:
@@ -317,7 +306,7 @@ def partial_tiles(func, ops, num_warps: int) -> None:
     uniformity: dict = {}
     warned: set = set()               # the ifs and loops warned of (once each: its first op)
     for op in ops:
-        scope = _tile_scope(op)
+        scope = tk.tile_scope(op)
         if scope is None:
             continue
         warps = T.scope_warps(scope, num_warps)

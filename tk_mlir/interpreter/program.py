@@ -42,10 +42,9 @@ def build_module(spec, fn_node, globals_: dict):
 def _scope(op, num_warps: int) -> str | None:
     """The scope whose warps run `op` together: its tiles' scope, the block's
     for a block barrier; None for an op each warp runs alone."""
-    for v in (*op.results, *op.operands):
-        t = T.parse(v.type)
-        if isinstance(t, (T.RT, T.RV)):
-            return t.scope
+    scope = tk.tile_scope(op)
+    if scope is not None:
+        return scope
     d = tk.op_def(op)
     return "block" if d is not None and d.has_barrier(op, num_warps) else None
 

@@ -42,12 +42,12 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks
-from tk_mlir.kernels.chunked_linear_attention import (OPERAND, _heads_first, publish,
-                                                       publish_split, segment_length)
+from tk_mlir.kernels.chunked_linear_attention import (C, OPERAND, _heads_first, publish,
+                                                       publish_split, segment, segment_length)
 from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.gemm import padded_rows
 
-CHUNK = 64              # tokens per chunk
+CHUNK = C               # tokens per chunk (linear attention's: segment() walks them)
 MAX_STATE = 128         # n: the state's rows (a 64- or 128-row tile, masked)
 
 
@@ -113,18 +113,6 @@ def first_state(H0, b, h, s, pb, NS, INITIAL):
     return H
 
 
-@tk.func
-def segment(L, SEG):
-    """(64-column block of x, head, batch, segment, its first chunk, one past
-    its last) of this block: a segment is SEG chunks, and the grid is
-    (cdiv(p, 64), h, b·segments), block_id(2) = b·segments + s."""
-    chunks = tk.cdiv(L, CHUNK)
-    segments = tk.cdiv(chunks, SEG)
-    s = tk.block_id(2) % segments
-    return (tk.block_id(0), tk.block_id(1), tk.block_id(2) // segments, s, s * SEG,
-            min(s * SEG + SEG, chunks))
-
-
 @tk.kernel(num_warps=4)
 def ssd_segment_sums_kernel(X: tk.gl, Bm: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk.gl,
                             SUMS: tk.gl, SEG: int, NS: tk.constexpr = 128,
@@ -132,8 +120,8 @@ def ssd_segment_sums_kernel(X: tk.gl, Bm: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk
     """One segment's state from zero, H <- exp(L_last)·H + Σ_s exp(L_last -
     L_s)·dt_s·B_s x_sᵀ over its SEG chunks (x's columns pb), into SUMS (b, h,
     segments·NS, p) f32 (rows past n zero): what the segments after it add,
-    decayed. The
-    tensors as ssd_kernel reads them. Grid (cdiv(p, 64), h, b·segments)."""
+    decayed. The tensors as ssd_kernel reads them; grid (cdiv(p, 64), h,
+    b·segments), blocks placed as linear attention's segment() reads them."""
     pb, h, b, s, lo, hi = segment(X.shape[2], SEG)
     g = h // HG
     ks = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
@@ -485,18 +473,19 @@ def forward(x, dt, A, B, C, D, h0):
     h1 = torch.empty(b, h, n, p, dtype=torch.float32, device=x.device)
     if b and h and l:
         lc, kd, dt32, decay = _decays(dt, A)
-        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else h1
+        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else None
         d = padded_rows(D.float()) if D is not None else decay
         pbs, chunks = -(-p // 64), -(-l // CHUNK)
         seg = segments_of(b * h * pbs, chunks, x.get_device())
         heads = [_heads_first(t) for t in (x, B, C)]
         flags = dict(NS=_state_rows(n), HG=h // B.shape[2])
+        starts = h0t
         if seg < chunks:            # several segments: each starts from its predecessors'
-            h0t = _segment_starts(heads[0], heads[1], kd, dt32, decay, h0t if h0 is not None
-                                  else None, h1, seg, chunks, **flags)
+            starts = _segment_starts(heads[0], heads[1], kd, dt32, decay, h0t, h1, seg, chunks,
+                                     **flags)
         ssd_kernel[(pbs, h, b * -(-chunks // seg))](
-            *heads, lc, kd, dt32, decay, d, _heads_first(y), h0t, h1, seg,
-            HAS_D=D is not None, INITIAL=h0 is not None or seg < chunks, FINAL=seg == chunks,
+            *heads, lc, kd, dt32, decay, d, _heads_first(y), h1 if starts is None else starts,
+            h1, seg, HAS_D=D is not None, INITIAL=starts is not None, FINAL=seg == chunks,
             **flags)
     elif h0 is not None:                # no token: the state is the initial one
         h1.copy_(h0.transpose(-1, -2))
