@@ -89,6 +89,27 @@ def fence_registers(regs: list[ir.Value], kind: str = "f") -> list[ir.Value]:
     return [llvm.inline_asm(r.type, [r], "", f"={kind},0", has_side_effects=True) for r in regs]
 
 
+def _fence_where_computed(regs: list[ir.Value]) -> list[ir.Value]:
+    """fence_registers(regs) placed where the last of them is computed in this
+    block, not just above the MMA reading them: the fences' copies (a value in
+    two accumulator registers, as a column broadcast is) then come before any
+    MMA group issued in between. Registers written for an MMA after another
+    group was issued make ptxas wait for that group first (C7517), so the
+    two no longer overlap."""
+    block = ir.InsertionPoint.current.block
+    last = None
+    for r in regs:
+        if isinstance(r.owner, ir.Block):
+            continue                                    # a block argument
+        op = r.owner.operation
+        if op.block == block and (last is None or last.is_before_in_block(op)):
+            last = op
+    if last is None:                # all computed outside this block
+        return fence_registers(regs)
+    with ir.InsertionPoint.after(last):
+        return fence_registers(regs)
+
+
 def _wgmma_register_a(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int,
                       dtype: str, trans_b: bool, accumulate: bool = True) -> list[ir.Value]:
     """wgmma with A from registers (inline PTX: the NVVM op takes A as a
@@ -132,7 +153,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     elif op.acc not in ctx.in_flight:
         # Computed by threads: fenced, so that LLVM keeps its computation above
         # the wgmma.fence.
-        acc = acc.like(fence_registers(acc.regs))
+        acc = acc.like(_fence_where_computed(acc.regs))
     elif len(list(op.acc.uses)) == 1:
         # A chain of MMAs into one result: the registers pass to this MMA, and
         # a later wait must not fence (keep alive) the old value: LLVM would

@@ -522,12 +522,13 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     assert "fence.proxy.async" in ptx               # dSᵀ written by threads, read by wgmma
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d}k16\.f32\.bf16\.bf16\s*\{{[^}}]*\}},\s*"
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
-    # No wgmma is serialized and ptxas injects no wait (C7517: the accumulators
-    # start with scale-d 0, no zeroed registers). Spills: a few registers at
-    # D=128 (up to 24 since the dSᵀ tile leaves by stmatrix, which measured
-    # faster all the same), none at D=64 (BENCHMARKS.md).
+    # No wgmma is serialized and ptxas injects no wait (C7517: Sᵀ's and dPᵀ's
+    # accumulators start at -LSE2/scale and -Delta, made by threads before
+    # either MMA is issued). Spills: a few registers at D=128 (28-36 bytes,
+    # outside the step loop since LSE2 and Delta live in the accumulators;
+    # 44-92 before), none at D=64 (BENCHMARKS.md).
     assert "C75" not in c.ptxas_log, c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= (96 if d == 128 else 0), c.ptxas_log
+    assert c.info["spill stores (bytes)"] <= (40 if d == 128 else 0), c.ptxas_log
 
 
 @pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(1, 2, 1, 200, 300, True),

@@ -375,6 +375,32 @@ def test_mma_wait_in_one_branch_of_an_if():
     assert "C7514" not in compiled.ptxas_log
 
 
+@tk.kernel(num_warps=4)
+def k_two_groups_from_threads(A: tk.gl[bf16], V: tk.gl[f32]):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)     # (compiled only: never filled)
+    v = tk.load(V, (0,), (64,), scope="warpgroup")
+    # Both accumulators made by threads, a column broadcast (each value in two
+    # registers of a thread): the second one's copies must not land between
+    # the first group's issue and its own.
+    s0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup").sub_col(v)
+    d0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup").sub_col(v * 2.0)
+    s = tk.mma_ABt(s0, a, a)
+    d = tk.mma_ABt(d0, a, a)
+    tk.mma_wait(0)
+    tk.store(A, (s * d).to(bf16), (0, 0))
+
+
+def test_accumulators_made_by_threads_keep_two_mma_groups_in_flight():
+    """ptxas injects a wait for the first group (C7517) when registers of the
+    second one's accumulator are written after the first was issued:
+    lower_mma fences them where they are computed, above both."""
+    compiled = k_two_groups_from_threads.compile(spec(64, 64), spec(64, dtype="f32"))
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+    sass = compiled.asm["sass"]
+    first, last = sass.index("HGMMA"), sass.rindex("HGMMA")
+    assert "DEPBAR" not in sass[first:last]          # both groups issued before a wait
+
+
 def test_cache_key_follows_what_a_tk_func_reads(tmp_path):
     src = tmp_path / "mod_key.py"
     src.write_text(

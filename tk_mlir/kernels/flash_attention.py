@@ -722,9 +722,18 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             """Step it's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ issued (one MMA group each)
             and its LSE·log2(e) read: (Q tile, dO tile, lse2, Sᵀ, dPᵀ)."""
             qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-            s = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), kt, qt)
-            dp = tk.mma_ABt(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"), vt, dot)
             lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")
+            s0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+            dp0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+            if SOFTCAP == 0.0:
+                # The accumulators start at -LSE2/scale_log2 and -Delta, so the
+                # MMAs leave Sᵀ - LSE2/scale_log2 and dPᵀ - Delta: neither
+                # column vector is live beside them in the softmax (at D=128
+                # it is what spilled).
+                s0 = s0.sub_col(lse2 * (1.0 / scale_log2))
+                dp0 = dp0.sub_col(tk.load(vs.wait(it, part=1), scope="warpgroup"))
+            s = tk.mma_ABt(s0, kt, qt)
+            dp = tk.mma_ABt(dp0, vt, dot)
             return qt, dot, lse2, s, dp
 
         def gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
@@ -735,10 +744,12 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             if SOFTCAP > 0:
                 t = tanh(s * (scale_log2 / (LOG2E * SOFTCAP)))
                 s = t * (SOFTCAP * LOG2E / scale_log2)
-            p = (s * scale_log2).sub_col(lse2).exp2()
-            # Delta read once P is made: its 16 registers and lse2's are
-            # not live together (fewer spills at D=128)
-            delta = tk.load(vs.wait(it, part=1), scope="warpgroup")
+                p = (s * scale_log2).sub_col(lse2).exp2()
+                # Delta read once P is made: its 16 registers and lse2's are
+                # not live together
+                dp = dp.sub_col(tk.load(vs.wait(it, part=1), scope="warpgroup"))
+            else:
+                p = (s * scale_log2).exp2()
             if VARLEN:
                 if (kv0 < lo_all) | (kv0 + 64 > hi_all):    # crosses a row's bounds
                     cols = p.col_indices()
@@ -760,7 +771,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                                  0.0)
             # Both A operands converted before either MMA: fewer registers
             # live at once (p, dP and the bf16 copies do not all overlap).
-            dst = p * dp.sub_col(delta)             # dSᵀ
+            dst = p * dp                            # dSᵀ
             if SOFTCAP > 0:
                 dst = dst * (1.0 - t * t)
             dsb = dst.to(Q.dtype)
