@@ -165,10 +165,11 @@ def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, feature_map, 
     """ptxas on each kernel (no GPU needed): no spill, no C75xx advisory (an
     MMA pipeline ptxas serialized). The D_k=64 loops keep the next chunk's
     loads in flight in registers, D_k=128's do not: it would spill. taylor2
-    expands 16 columns into 192 features inside the kernels; its dq and
-    dk/dv kernels still spill ~130 bytes, a known limit (its module's
-    docstring): they are held to it here, so that a change shows."""
-    limits = {"dq": 160, "dk dv": 160} if feature_map == "taylor2" else {}
+    expands 16 columns into 192 features inside the kernels; its causal
+    forward, dq and dk/dv kernels spill, a known limit (its module's
+    docstring; faster than the 32-column blocks that do not): they are
+    held to what they spill at 64 columns, so that a change shows."""
+    limits = {"forward": 448, "dq": 512, "dk dv": 704} if feature_map == "taylor2" else {}
     for name, c in _compiled_kernels(dk, causal, feature_map).items():
         limit = limits.get(name, 0)
         assert c.info["spill stores (bytes)"] <= limit, (name, c.info)

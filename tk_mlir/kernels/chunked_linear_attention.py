@@ -52,10 +52,12 @@ C = 64                  # tokens per chunk
 # Measured in BENCHMARKS.md.
 BLOCKS_PER_SM = 8
 MIN_SEGMENT = 4
-# The columns of v a block takes for taylor2: its 192 x VW f32 state (and the
-# backward's gradient of it) leaves registers for 32 columns beside a
-# chunk's tiles; the elementwise maps take 64.
-TAYLOR_V_COLUMNS = 32
+# The columns of v a block takes for taylor2 (its 192 x VW f32 state, and
+# the backward's gradient of it, live beside a chunk's tiles). 64 spills
+# (416-664 bytes a thread in the causal forward, dq and dk/dv) and is faster
+# all the same: half the blocks re-expand q and k (BENCHMARKS.md, 1.6-1.7x
+# against 32, which does not spill in the forward).
+TAYLOR_V_COLUMNS = 64
 
 
 @tk.func

@@ -28,11 +28,12 @@ and its transposed twin, with √2 on the diagonal). R·Q keeps what is
 symmetric in (a, b); the rest of an initial state (S0 - R·Q·S0) no query
 reads, and the final state holds it unchanged.
 
-Known limit: the backward's dq and dk/dv kernels spill ~130 bytes a thread
-(ptxas, sm_90a, causal with the normaliser): the 192 x 32 f32 state and its
-z take 72 registers beside a chunk's tiles and the expansion's. (Blocks take
-32 columns of v for taylor2, chunked_linear_attention.TAYLOR_V_COLUMNS; at
-64 the forward spilled too.)
+Known limit: the causal kernels spill (ptxas, sm_90a, with the normaliser:
+forward ~420, dq ~490, dk/dv ~660 bytes a thread): the 192 x 64 f32 state
+and its z take 104 registers beside a chunk's tiles and the expansion's.
+Blocks take 64 columns of v (chunked_linear_attention.TAYLOR_V_COLUMNS);
+32 spills little but re-expands q and k in twice the blocks, and measured
+slower (BENCHMARKS.md).
 """
 from __future__ import annotations
 
