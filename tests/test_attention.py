@@ -504,15 +504,17 @@ def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
 
 # ------------------------------------------------------------------ backward
 
-@pytest.mark.parametrize("d, causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
+@pytest.mark.parametrize("d, causal, softcap", [(64, False, 0.0), (64, True, 0.0),
+                                                (128, False, 0.0), (128, True, 0.0),
+                                                (128, True, 30.0)])
+def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softcap):
     from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
     q = tk.spec((2, 8, 1000, d), tk.bf16)
     kv = tk.spec((2, 2, 777, d), tk.bf16)
     vec = tk.spec((2, 8, 1000), tk.f32)
     c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32),
                                           kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=d,
-                                          CAUSAL=causal,
+                                          CAUSAL=causal, SOFTCAP=softcap,
                                           **_backward_config(d))
     ptx = c.asm["ptx"]
     # dQ accumulated in f32: a TMA reduce-add from shared memory, per 32-column block
@@ -526,9 +528,12 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal):
     # accumulators start at -LSE2/scale and -Delta, made by threads before
     # either MMA is issued). Spills: a few registers at D=128 (28-36 bytes,
     # outside the step loop since LSE2 and Delta live in the accumulators;
-    # 44-92 before), none at D=64 (BENCHMARKS.md).
+    # 44-92 before), none at D=64 (BENCHMARKS.md). Soft-capped, LSE2 is
+    # subtracted after the cap and spills remain (causal: 312 bytes; 492
+    # before the cap's derivative went into dPᵀ early).
     assert "C75" not in c.ptxas_log, c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= (40 if d == 128 else 0), c.ptxas_log
+    limit = 0 if d == 64 else 320 if softcap else 40
+    assert c.info["spill stores (bytes)"] <= limit, c.ptxas_log
 
 
 @pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(1, 2, 1, 200, 300, True),

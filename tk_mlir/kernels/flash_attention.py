@@ -719,35 +719,34 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         leader = tk.elect_leader("warpgroup")
 
         def scores(kt, vt, it):
-            """Step it's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ issued (one MMA group each)
-            and its LSE·log2(e) read: (Q tile, dO tile, lse2, Sᵀ, dPᵀ)."""
+            """Step it's Sᵀ - LSE2/scale_log2 (Sᵀ = K·Qᵀ; Sᵀ alone when
+            soft-capped) and dPᵀ - Delta (dPᵀ = V·dOᵀ) issued, one MMA group
+            each: (Q tile, dO tile, Sᵀ, dPᵀ). The accumulators start at
+            -LSE2/scale_log2 and -Delta, so neither column vector is live
+            beside them in the softmax (at D=128 it is what spilled)."""
             qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-            lse2 = tk.load(vs.wait(it, part=0), scope="warpgroup")
             s0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
-            dp0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
-            if SOFTCAP == 0.0:
-                # The accumulators start at -LSE2/scale_log2 and -Delta, so the
-                # MMAs leave Sᵀ - LSE2/scale_log2 and dPᵀ - Delta: neither
-                # column vector is live beside them in the softmax (at D=128
-                # it is what spilled).
-                s0 = s0.sub_col(lse2 * (1.0 / scale_log2))
-                dp0 = dp0.sub_col(tk.load(vs.wait(it, part=1), scope="warpgroup"))
+            if SOFTCAP == 0.0:      # (capping caps Sᵀ itself: LSE2 comes after)
+                s0 = s0.sub_col(tk.load(vs.wait(it, part=0), scope="warpgroup") *
+                                (1.0 / scale_log2))
+            dp0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup").sub_col(
+                tk.load(vs.wait(it, part=1), scope="warpgroup"))
             s = tk.mma_ABt(s0, kt, qt)
             dp = tk.mma_ABt(dp0, vt, dot)
-            return qt, dot, lse2, s, dp
+            return qt, dot, s, dp
 
-        def gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
+        def gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv):
             """Once Sᵀ and dPᵀ are complete: P and dSᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q
             issued, dSᵀ to shared memory and dQ = dS·K issued: (dk, dv, dq)."""
             if VARLEN:      # read first: the softmax runs while the loads do
                 lo_all, hi_all = packed_sequences.pair(TASKS, seq_tiles, i)
             if SOFTCAP > 0:
                 t = tanh(s * (scale_log2 / (LOG2E * SOFTCAP)))
-                s = t * (SOFTCAP * LOG2E / scale_log2)
-                p = (s * scale_log2).sub_col(lse2).exp2()
-                # Delta read once P is made: its 16 registers and lse2's are
-                # not live together
-                dp = dp.sub_col(tk.load(vs.wait(it, part=1), scope="warpgroup"))
+                # The cap's derivative 1 - tanh² goes into dPᵀ now, so that
+                # t dies with P (dSᵀ = P∘(dPᵀ - Delta)∘(1 - t²))
+                dp = dp * (1.0 - t * t)
+                p = (t * (SOFTCAP * LOG2E)).sub_col(
+                    tk.load(vs.wait(it, part=0), scope="warpgroup")).exp2()
             else:
                 p = (s * scale_log2).exp2()
             if VARLEN:
@@ -772,8 +771,6 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             # Both A operands converted before either MMA: fewer registers
             # live at once (p, dP and the bf16 copies do not all overlap).
             dst = p * dp                            # dSᵀ
-            if SOFTCAP > 0:
-                dst = dst * (1.0 - t * t)
             dsb = dst.to(Q.dtype)
             pb = p.to(Q.dtype)
             dv = tk.mma_AB(dv, pb, dot)
@@ -850,29 +847,29 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 # in flight across the loop's back edge: ptxas would serialize
                 # the MMAs (C7514). A loop does not carry shared tiles either:
                 # each step finds its Q and dO tiles again (a completed wait).
-                q_first, do_first, lse2, s, dp = scores(kt, vt, it)
+                q_first, do_first, s, dp = scores(kt, vt, it)
                 tk.mma_wait(0)
                 for _ in range(steps - 1):
                     qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-                    dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
-                    q_next, do_next, lse2, s, dp = scores(kt, vt, it + 1)
+                    dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                    q_next, do_next, s, dp = scores(kt, vt, it + 1)
                     tk.mma_wait(2)                  # dV, dK and dQ of this step
                     add_dq(dq, it, b, h, i, kvb)
                     tk.mma_wait(0)
                     it += 1
                     h, i = next_block(h, i, first, end_q)
                 qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-                dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
                 tk.mma_wait(0)
                 add_dq(dq, it, b, h, i, kvb)
                 it += 1
             else:
                 for _ in range(steps):
-                    qt, dot, lse2, s, dp = scores(kt, vt, it)
+                    qt, dot, s, dp = scores(kt, vt, it)
                     # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
                     # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
                     tk.mma_wait(0)
-                    dk, dv, dq = gradients(s, dp, lse2, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                    dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
                     tk.mma_wait(0)
                     add_dq(dq, it, b, h, i, kvb)
                     it += 1
