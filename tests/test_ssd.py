@@ -226,9 +226,10 @@ def test_a_sequence_cut_into_segments_matches_the_recurrence(interpret, monkeypa
     _check(inputs, True, tol=1e-2)
 
 
-def test_the_forward_kernels_compile_without_spills():
-    """ptxas on the segmented forward's three kernels at Mamba-2's n = 128
-    (no GPU needed): no spill, no C75xx advisory."""
+def test_the_segment_kernels_compile_without_spills():
+    """ptxas on the segmented forward's three kernels and the backward's
+    gradient sums at Mamba-2's n = 128 (no GPU needed): no spill, no C75xx
+    advisory."""
     import tk_mlir as tk
     from tk_mlir.kernels import state_space_duality as sd
     b, h, l, p, n, segs = 4, 64, 16384, 64, 128, 16
@@ -244,7 +245,9 @@ def test_the_forward_kernels_compile_without_spills():
                                                        INITIAL=True),
         "forward": sd.ssd_kernel.compile(x, bm, bm, per_token, per_token, per_token, per_chunk,
                                          tk.spec((h,), tk.f32), x, sums, state, 16, HAS_D=True,
-                                         INITIAL=True, **flags)}
+                                         INITIAL=True, **flags),
+        "grad sums": sd.ssd_segment_grad_sums_kernel.compile(bm, per_token, per_chunk, x, sums,
+                                                             16, **flags)}
     for name, c in kernels.items():
         assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, name
         assert "C75" not in c.ptxas_log, (name, c.ptxas_log)

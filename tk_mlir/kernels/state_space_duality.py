@@ -28,7 +28,10 @@ there. Every exponent is <= 0 when a <= 0 (A < 0, dt > 0, as Mamba-2 has
 them); the cumulative sums L, exp(L_last - L) and exp(L_last) are made in
 torch (f32, a few bytes per token). The backward: a pass in order gives dC
 (the state before each chunk), a pass in reverse dB and dx (the state's
-gradient after it). The decays' gradient is the sum, from each token on, of
+gradient after it); where its walks are fewer than the SMs it cuts them
+into segments too, each starting from its state (the forward's sums and
+prefix, again) and its end gradient (a gradient-sums kernel and the prefix
+run last to first). The decays' gradient is the sum, from each token on, of
 dL_t = C_t·dC_t - k_t·dk_t (FlashLinearAttention's dg for gated linear
 attention), a sum whose terms cancel: the kernels sum a chunk's own pairs
 (t, s) once, in f32, leaving out the diagonal, and give the terms that go
@@ -42,6 +45,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks
+from tk_mlir.kernels import chunked_linear_attention
 from tk_mlir.kernels.chunked_linear_attention import (C, OPERAND, _heads_first, publish,
                                                        publish_split, segment, segment_length)
 from tk_mlir.kernels.device import num_sms
@@ -141,22 +145,53 @@ def ssd_segment_sums_kernel(X: tk.gl, Bm: tk.gl, KD: tk.gl, DT: tk.gl, DECAY: tk
 @tk.kernel(num_warps=4)
 def ssd_segment_prefix_kernel(SUMS: tk.gl, FADE: tk.gl, H0: tk.gl, STARTS: tk.gl, H1: tk.gl,
                               SEGMENTS: int, NS: tk.constexpr = 128,
-                              INITIAL: tk.constexpr = False):
+                              INITIAL: tk.constexpr = False, REVERSE: tk.constexpr = False):
     """Each segment's starting state: H0 (INITIAL; else zero), then for each
     segment in turn start_s, and H <- FADE[s]·H + SUMS[s] (FADE (b, h,
     segments') f32: the segment's exp(Σ a)); the state after the last into
-    H1 (b, h, NS, p). SUMS, STARTS: (b, h, segments·NS, p) f32. Grid
-    (cdiv(p, 64), h, b)."""
+    H1 (b, h, NS, p). SUMS, STARTS: (b, h, segments·NS, p) f32. REVERSE: the
+    segments last to first (the backward's state gradients: H0 the final
+    state's, each segment's at its end into STARTS, the initial state's into
+    H1). Grid (cdiv(p, 64), h, b)."""
     pb, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     H = tk.zeros((NS, 64), f32)
     if INITIAL:
         H = tk.load(H0, (b, h, 0, pb), (NS, 64))
-    part = tk.load(SUMS, (b, h, 0, pb), (NS, 64))
-    for s in range(SEGMENTS):
+    part = tk.load(SUMS, (b, h, SEGMENTS - 1 if REVERSE else 0, pb), (NS, 64))
+    for i in range(SEGMENTS):
+        s = SEGMENTS - 1 - i if REVERSE else i
         tk.store(STARTS, H, (b, h, s, pb))
         H = H * tk.load(FADE, (b, h, s)) + part
-        part = tk.load(SUMS, (b, h, min(s + 1, SEGMENTS - 1), pb), (NS, 64))    # in flight
+        after = max(s - 1, 0) if REVERSE else min(s + 1, SEGMENTS - 1)
+        part = tk.load(SUMS, (b, h, after, pb), (NS, 64))                        # in flight
     tk.store(H1, H, (b, h, 0, pb))
+
+
+@tk.kernel(num_warps=4)
+def ssd_segment_grad_sums_kernel(Cm: tk.gl, LC: tk.gl, DECAY: tk.gl, dY: tk.gl, SUMS: tk.gl,
+                                 SEG: int, NS: tk.constexpr = 128, HG: tk.constexpr = 1):
+    """One segment's state gradient from zero at its end, walked back over
+    its SEG chunks: dH <- exp(L_last)·dH + (exp(L)·C)ᵀ dy (dy's columns pb),
+    into SUMS (b, h, segments·NS, p) f32: what it adds to the gradient of
+    the state before it. The tensors as ssd_backward_kernel reads them;
+    grid (cdiv(p, 64), h, b·segments)."""
+    pb, h, b, s, lo, hi = segment(dY.shape[2], SEG)
+    g = h // HG
+    qs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
+    gs = tk.shared_tile(OPERAND, (CHUNK, 64), swizzle=128)
+    dH = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
+    for i in range(hi - lo):
+        c = hi - 1 - i
+        lc = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
+        tk.store(qs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
+                 .to(f32).mul_row(lc.exp()).to(qs.dtype))
+        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+                 .to(gs.dtype))
+        tk.barrier()
+        dH = tk.mma_AtB(dH * tk.load(DECAY, (b, h, c)), qs, gs)
+        tk.mma_wait(0)
+        tk.barrier()                     # every thread's MMAs read qs, gs
+    tk.store(SUMS, dH, (b, h, s, pb))
 
 
 @tk.kernel(num_warps=4)
@@ -234,10 +269,11 @@ def total(parts, part):
 @tk.kernel(num_warps=4)
 def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT: tk.gl,
                         DECAY: tk.gl, Dh: tk.gl, dY: tk.gl, H0: tk.gl, dH1: tk.gl, dX: tk.gl,
-                        dB: tk.gl, dC: tk.gl, DL: tk.gl, BDK: tk.gl, dH0: tk.gl,
+                        dB: tk.gl, dC: tk.gl, DL: tk.gl, BDK: tk.gl, dH0: tk.gl, SEG: int,
                         NS: tk.constexpr = 128, HG: tk.constexpr = 1,
                         HAS_D: tk.constexpr = False, INITIAL: tk.constexpr = False,
-                        FINAL_GRAD: tk.constexpr = False):
+                        FINAL_GRAD: tk.constexpr = False, INITIAL_GRAD: tk.constexpr = False,
+                        SEGMENTED: tk.constexpr = False):
     """The gradients of ssd_kernel for the 64 columns pb of x: dX (b, h, l,
     p) whole (D·dy included with HAS_D); dH0 (b, h, n, p) the initial
     state's (INITIAL; dH1 is the final state's, FINAL_GRAD); and this
@@ -247,14 +283,21 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     the cumulative decay at t (the sum of a over the whole sequence up to t)
     but for the final state's term: C_t·dC_t - k_t·dk_t, with the chunk's
     own pairs (t, s) summed directly in f32 and the diagonal left out (it
-    cancels: the difference of two rounded copies of it would not). Grid
-    (2·cdiv(p, 64), h, b): the even blocks of the first axis walk the chunks
-    in order, the odd ones in reverse, each pass on its own SM (the two
-    share nothing but the atomic sums)."""
-    pb, h, b = tk.block_id(0) // 2, tk.block_id(1), tk.block_id(2)
+    cancels: the difference of two rounded copies of it would not).
+    SEGMENTED: one segment of SEG chunks per block (as ssd_kernel's), H0
+    and dH1 holding each segment's state at its start and state gradient at
+    its end (b, h, segments·NS, p); else the whole sequence (SEG unread).
+    dH0 is written with INITIAL_GRAD (not SEGMENTED: the backward's prefix
+    makes it then). Grid (2·cdiv(p, 64), h, b·segments): the even blocks of
+    the first axis walk their chunks in order, the odd ones in reverse, each
+    pass on its own SM (the two share nothing but the atomic sums)."""
+    pb = tk.block_id(0) // 2
+    if SEGMENTED:
+        _, h, b, part, lo, hi = segment(X.shape[2], SEG)
+    else:   # the block ids as they are: ptxas re-reads them, b and s no register (fewer spills)
+        h, b, part, lo, hi = tk.block_id(1), tk.block_id(2), 0, 0, tk.cdiv(X.shape[2], CHUNK)
     order_pass = tk.block_id(0) % 2 == 0
     g = h // HG
-    chunks = tk.cdiv(X.shape[2], CHUNK)
     cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
     qs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)        # exp(L)·C
     bs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
@@ -267,9 +310,9 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
 
     if order_pass:
         # dC, chunks in order (the state before each chunk), and the pairs of DL.
-        H = first_state(H0, b, h, 0, pb, NS, INITIAL)
+        H = first_state(H0, b, h, part, pb, NS, INITIAL)
         publish_split(ss, sl, H)
-        for c in range(chunks):
+        for c in range(lo, hi):
             lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
             load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
             tk.store(cs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
@@ -303,13 +346,11 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
             publish_split(ss, sl, H)
     else:
         # dB and dx, chunks in reverse: the state's gradient after each chunk.
-        dH = tk.zeros((NS, 64), f32, layout="row", scope="warpgroup")
-        if FINAL_GRAD:
-            dH = tk.load(dH1, (b, h, 0, pb), (NS, 64), layout="row", scope="warpgroup")
+        dH = first_state(dH1, b, h, part, pb, NS, FINAL_GRAD)
         tk.barrier()
         publish_split(ss, sl, dH)
-        for i in range(chunks):
-            c = chunks - 1 - i
+        for i in range(hi - lo):
+            c = hi - 1 - i
             lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
             load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
             ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
@@ -347,7 +388,7 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
             tk.mma_wait(0)
             tk.barrier()
             publish_split(ss, sl, dH)
-        if INITIAL:
+        if INITIAL_GRAD:
             tk.store(dH0, dH, (b, h, 0, pb))
 
 
@@ -519,13 +560,58 @@ def _segment_starts(x, Bm, kd, dt32, decay, h0t, h1, seg: int, chunks: int, NS: 
     sums = x.new_empty(b, h, segments * NS, p, dtype=torch.float32)
     ssd_segment_sums_kernel[(-(-p // 64), h, b * segments)](
         x, Bm, kd, dt32, decay, sums, seg, NS=NS, HG=HG)
-    fade = torch.nn.functional.pad(decay[..., :chunks], (0, segments * seg - chunks),
-                                   value=1.0).view(b, h, segments, seg).prod(-1)
     starts = torch.empty_like(sums)
     ssd_segment_prefix_kernel[(-(-p // 64), h, b)](
-        sums, padded_rows(fade), h1 if h0t is None else h0t, starts, h1, segments, NS=NS,
-        INITIAL=h0t is not None)
+        sums, padded_rows(_segment_fades(decay, seg, chunks)), h1 if h0t is None else h0t,
+        starts, h1, segments, NS=NS, INITIAL=h0t is not None)
     return starts
+
+
+def _segment_fades(decay, seg: int, chunks: int):
+    """(b, h, segments) f32: each segment's exp(Σ a), the product of its
+    chunks' exp(L_last) (decay: (b, h, >= chunks))."""
+    import torch
+    b, h = decay.shape[:2]
+    segments = -(-chunks // seg)
+    return torch.nn.functional.pad(decay[..., :chunks], (0, segments * seg - chunks),
+                                   value=1.0).view(b, h, segments, seg).prod(-1)
+
+
+def backward_segments_of(units: int, chunks: int, device: int) -> int:
+    """Chunks per segment of the backward, for `units` (batch, head, 64
+    columns of x) walks of `chunks` chunks each pass: where the two passes'
+    2·units walks are fewer than the SMs, enough segments (of MIN_SEGMENT
+    chunks or more) for about two blocks per SM (one at a time fits: 128 KB
+    of shared memory each), else one. Each segment costs its share of two
+    extra walks (its start state and its end gradient, one MMA a chunk
+    where the passes make five). Not yet timed."""
+    if 2 * units >= num_sms(device):
+        return chunks
+    segments = max(1, min(chunks // chunked_linear_attention.MIN_SEGMENT,
+                           -(-num_sms(device) // units)))
+    return -(-chunks // segments)
+
+
+def _segment_ends(Cm, lc, decay, dy, dh1t, dh0t, seg: int, chunks: int, NS: int, HG: int):
+    """Each segment's state gradient at its end (b, h, segments·NS, p) f32 for
+    ssd_backward_kernel (Cm, dy: the kernels' (b, g, l, n) and (b, h, l, p)
+    views; dh1t: the final state's gradient as (b, h, n, p), or None), the
+    initial state's gradient written into dh0t (b, h, n, p): each segment's
+    own (ssd_segment_grad_sums_kernel), carried back across the segments
+    decayed as the forward carries the states (ssd_segment_prefix_kernel,
+    REVERSE)."""
+    import torch
+    b, h, l, p = dy.shape
+    segments = -(-chunks // seg)
+    sums = dy.new_empty(b, h, segments * NS, p, dtype=torch.float32)
+    ssd_segment_grad_sums_kernel[(-(-p // 64), h, b * segments)](
+        Cm, lc, decay, dy, sums, seg, NS=NS, HG=HG)
+    ends = torch.empty_like(sums)
+    ssd_segment_prefix_kernel[(-(-p // 64), h, b)](
+        sums, padded_rows(_segment_fades(decay, seg, chunks)),
+        dh0t if dh1t is None else dh1t, ends, dh0t, segments, NS=NS,
+        INITIAL=dh1t is not None, REVERSE=True)
+    return ends
 
 
 def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
@@ -547,14 +633,26 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
     if b and h and l:
         lc, kd, dt32, decay = _decays(dt, A)
         dy = checks.kernel_operand(dy)
-        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else dL
-        dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else dL
+        h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else None
+        dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else None
         d = padded_rows(D.float()) if D is not None else decay
-        ssd_backward_kernel[(2 * -(-p // 64), h, b)](
-            _heads_first(x), _heads_first(B), _heads_first(C), lc, kd, dt32, decay, d,
-            _heads_first(dy), h0t, dh1t, _heads_first(dx), dB32, dC32, dL, bdk,
-            dh0t if h0 is not None else dL, NS=_state_rows(n), HG=h // g,
-            HAS_D=D is not None, INITIAL=h0 is not None, FINAL_GRAD=dh1 is not None)
+        pbs, chunks = -(-p // 64), -(-l // CHUNK)
+        seg = backward_segments_of(b * h * pbs, chunks, x.get_device())
+        xh, bh, ch, dyh = (_heads_first(t) for t in (x, B, C, dy))
+        flags = dict(NS=_state_rows(n), HG=h // g)
+        starts, ends = h0t, dh1t
+        if seg < chunks:        # each segment from its start state and end gradient
+            scratch = torch.empty(b, h, n, p, dtype=f32_, device=x.device)
+            starts = _segment_starts(xh, bh, kd, dt32, decay, h0t, scratch, seg, chunks,
+                                     **flags)
+            ends = _segment_ends(ch, lc, decay, dyh, dh1t, dh0t if h0 is not None else scratch,
+                                 seg, chunks, **flags)
+        ssd_backward_kernel[(2 * pbs, h, b * -(-chunks // seg))](
+            xh, bh, ch, lc, kd, dt32, decay, d, dyh, dL if starts is None else starts,
+            dL if ends is None else ends, _heads_first(dx), dB32, dC32, dL, bdk,
+            dh0t if h0 is not None else dL, seg, HAS_D=D is not None,
+            INITIAL=starts is not None, FINAL_GRAD=ends is not None,
+            INITIAL_GRAD=h0 is not None and seg == chunks, SEGMENTED=seg < chunks, **flags)
     else:
         dx.zero_()
         if h0 is not None and dh1 is not None:
