@@ -34,7 +34,9 @@ def main() -> None:
         tk.spec((B, H_KV, H // H_KV, D), tk.bf16), tk.spec((B * MAX_PAGES, H_KV, PAGE, D), tk.bf16),
         tk.spec((B * MAX_PAGES, H_KV, PAGE, D), tk.bf16),
         tk.spec((B * H_KV, 4, H // H_KV, D), tk.f32), tk.spec((B * H_KV, 4, 4), tk.f32),
-        tk.spec((4,), "i32"), tk.spec((B, MAX_PAGES), "i32"), 0.1, 1, H // H_KV, 1024, -1, 0, 1.0,
+        tk.spec((4,), "i32"), tk.spec((B, MAX_PAGES), "i32"),
+        tk.spec((B, H_KV, H // H_KV, D), tk.bf16), tk.spec((B, H_KV, 4), tk.f32), tk.spec((4,), "i32"),
+        0.1, 1, H // H_KV, 1024, -1, 0, 1.0,
         D=D, PAGE=PAGE, **cfg)
     print(compiled.info)
     device = check_on(__file__)

@@ -152,11 +152,14 @@ def test_blocks_outside_the_window_are_not_read(interpret):
 
 
 @pytest.mark.parametrize("splits", [3, 11])
-def test_split_keys_merge_by_lse(interpret, monkeypatch, splits):
+@pytest.mark.parametrize("fused", [True, False])
+def test_split_keys_merge_by_lse(interpret, monkeypatch, splits, fused):
     """The keys cut into 3 or 11 chunks (the merge takes 8 at a time: 11 is
     one full group and a ragged one), 32 query rows per K/V head (two merge
-    row blocks), a short sequence whose later chunks are empty."""
+    row blocks), a short sequence whose later chunks are empty; merged by
+    the last chunk of each row block (fused) or by kv_combine_kernel."""
     monkeypatch.setattr(decode_attention, "_splits", lambda *a: splits)
+    monkeypatch.setattr(decode_attention, "FUSED_MERGE", fused)
     g = torch.Generator().manual_seed(splits)
     lens = torch.tensor([600, 70], dtype=torch.int32)
     k, v = _cache(2, 640, 1, 64, lens, g)
@@ -407,3 +410,20 @@ def test_an_empty_batch_and_a_window_wider_than_the_cache(interpret):
     n = torch.tensor([300], dtype=torch.int32)
     assert torch.equal(attention_with_kvcache(q, kc, vc, n),
                        attention_with_kvcache(q, kc, vc, n, window=(2**30, -1)))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_the_kernel_compiles_without_spills_with_its_merge(d):
+    """ptxas (no GPU needed) on the split kernel with the merge of its last
+    chunk (MERGE): no spill, no C75xx advisory, at every head dim."""
+    import tk_mlir as tk
+    B, HK, R = 8, 8, 4
+    c = decode_attention.kv_cache_attention_kernel.compile(
+        tk.spec((B, HK, R, d), tk.bf16), tk.spec((B, HK, 8192, d), tk.bf16),
+        tk.spec((B, HK, 8192, d), tk.bf16), tk.spec((B * HK, 2, R, d), tk.f32),
+        tk.spec((B * HK, 2, 4), tk.f32), tk.spec((B,), "i32"), tk.spec((B,), "i32"),
+        tk.spec((B, HK, R, d), tk.bf16), tk.spec((B, HK, 4), tk.f32), tk.spec((B * HK,), "i32"),
+        0.1, 0, 4, 8192, -1, 0, 1.0, D=d, PAGE=0, SPLIT=True, MERGE=True,
+        **decode_attention._config(d, 0))
+    assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, c.ptxas_log
+    assert "C75" not in c.ptxas_log, c.ptxas_log

@@ -15,9 +15,11 @@ possible (flash-decoding):
 - Split-KV: a (batch, K/V head)'s keys are cut into `splits` chunks of whole
   key blocks, one block of the grid each, so that a batch of a few sequences
   still fills every SM. Each chunk writes its normalised partial output and
-  log-sum-exp (f32); `kv_combine_kernel` merges them by their LSE. The chunk
-  boundaries come from the sequence's real length, read on the GPU, so the
-  host never synchronises.
+  log-sum-exp (f32), and the last chunk of each (batch, K/V head, row
+  block) merges them by their LSE once the others have counted theirs done
+  (`merge_last`; `kv_combine_kernel` is the same merge as a second launch).
+  The chunk boundaries come from the sequence's real length, read on the
+  GPU, so the host never synchronises.
 """
 from __future__ import annotations
 
@@ -31,17 +33,20 @@ from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
 
 ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
 MERGE_ROWS = 16    # rows per block of the merge (R = N_new·G is rarely more)
+MERGE_UNROLL = 8   # splits whose partials the merge loads at once
 
 
 @tk.kernel(num_warps=8)
 def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl,
-                              SEQLENS: tk.gl, BLOCK_TABLE: tk.gl, scale_log2: float,
+                              SEQLENS: tk.gl, BLOCK_TABLE: tk.gl, OF: tk.gl, LSEF: tk.gl,
+                              COUNTS: tk.gl, scale_log2: float,
                               added: int, group: int, capacity: int, left: int, right: int,
                               softcap: float,
                               D: tk.constexpr = 128, BN: tk.constexpr = 128,
                               PAGE: tk.constexpr = 0, STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = True, LEFT: tk.constexpr = False,
                               SOFTCAP: tk.constexpr = False, SPLIT: tk.constexpr = True,
+                              MERGE: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 232,
                               PRODUCER_REGISTERS: tk.constexpr = 40):
     """One chunk of the keys of one (batch, K/V head) for 64 packed query rows.
@@ -61,6 +66,13 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     SPLIT: O (B·H_kv, splits, R, D) and LSE (B·H_kv, splits, R') f32 get the
     chunk's normalised output and log-sum-exp; else O (B, H_kv, R, D) in Q's
     dtype and LSE (B, H_kv, R') are final. R' >= R is a multiple of 4.
+    MERGE (with SPLIT): the last chunk of each (batch, K/V head, row block)
+    merges them all (merge_splits) into OF (B, H_kv, R, D) and LSEF (B, H_kv,
+    R') once the others have counted their partials written in COUNTS
+    (>= B·H_kv·cdiv(R, 64),) i32, zeroed: no second launch. Only the last
+    chunk waits, and the chunks it waits for wait for nothing, so any
+    number of blocks per SM and any order of the grid is safe; else OF,
+    LSEF and COUNTS are unread.
     Grid (B·H_kv, cdiv(R, 64), splits): B·H_kv in x, whose limit is 2³¹ - 1
     (y and z stop at 65535). BN divides PAGE or PAGE divides BN."""
     tk.register_split(1, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
@@ -177,6 +189,8 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
         if SPLIT:
             tk.store(O, acc.mul_row(inv), (bh, split, rb, 0))
             tk.store(LSE, lse, (bh, split, rb))
+            if MERGE:
+                merge_last(O, LSE, OF, LSEF, COUNTS, bh, rb, split, splits, Q.shape[2], D)
         else:
             tk.store(O, acc.mul_row(inv).to(O.dtype), (b, hk, rb, 0))
             tk.store(LSE, lse, (b, hk, rb))
@@ -201,39 +215,70 @@ def load_keys(tile, X, BLOCK_TABLE, b, hk, j, full, BN, PAGE, D):
                                   full)
 
 
-@tk.kernel(num_warps=4)
-def kv_combine_kernel(OP: tk.gl, LSEP: tk.gl, O: tk.gl, LSE: tk.gl, D: tk.constexpr = 128,
-                      UNROLL: tk.constexpr = 8):
-    """Merge the splits of kv_cache_attention_kernel: O = Σ_s w_s·O_s / Σ_s w_s
-    with w_s = exp(LSE_s − max LSE), and LSE = log Σ_s exp(LSE_s), for
-    MERGE_ROWS rows per block. UNROLL splits at a time: their loads are
-    independent, so they are in flight together (one at a time, a merge of
-    16 splits took 15 µs of latency). OP (B·H_kv, splits, R, D), LSEP
+@tk.func
+def merge_last(OP, LSEP, O, LSE, COUNTS, bh, rb, split, splits, R, D):
+    """After a chunk's partial is stored (OP, LSEP, by the consumer
+    warpgroup): every chunk but the last counts it in COUNTS (its warps'
+    stores, then one release at GPU scope); the last waits for the others'
+    counts and merges the row block's partials (merge_splits, MERGE_ROWS
+    rows at a time) into O and LSE."""
+    counter = bh * tk.grid_dim(1) + rb
+    leader = tk.elect_leader("warpgroup")
+    tk.named_barrier(2, warps=4)               # the warpgroup's partial stores are made
+    if split < splits - 1:
+        if leader:
+            tk.fence("gpu")
+            tk.signal(COUNTS, (counter,), scope="gpu")
+    else:
+        if leader:
+            tk.wait_signal(COUNTS, (counter,), splits - 1, scope="gpu")
+        tk.named_barrier(2, warps=4)           # the others' partials, for every warp
+        per_task = ROWS // MERGE_ROWS
+        unroll = MERGE_UNROLL if D <= 128 else MERGE_UNROLL // 2     # (D=256: 8 would spill)
+        for r in range(tk.cdiv(min(R - rb * ROWS, ROWS), MERGE_ROWS)):
+            merge_splits(OP, LSEP, O, LSE, bh, rb * per_task + r, D, unroll)
+
+
+@tk.func
+def merge_splits(OP, LSEP, O, LSE, bh, rb, D, UNROLL):
+    """Merge MERGE_ROWS rows (block rb) of the splits of kv_cache_attention_kernel
+    (one warpgroup): O = Σ_s w_s·O_s / Σ_s w_s with w_s = exp(LSE_s − max
+    LSE), and LSE = log Σ_s exp(LSE_s). UNROLL splits at a time: their loads
+    are independent, so they are in flight together (one at a time, a merge
+    of 16 splits took 15 µs of latency). OP (B·H_kv, splits, R, D), LSEP
     (B·H_kv, splits, R') f32; O (B, H_kv, R, D), LSE (B, H_kv, R') f32. A row
-    no split saw gets 0 and -inf. Grid (B·H_kv, cdiv(R, MERGE_ROWS))."""
-    bh, rb = tk.block_id(0), tk.block_id(1)
+    no split saw gets 0 and -inf."""
     H_KV = O.shape[1]
     b, hk = bh // H_KV, bh % H_KV
-    m = tk.full((MERGE_ROWS,), float("-inf"))
-    l = tk.zeros((MERGE_ROWS,))
-    acc = tk.zeros((MERGE_ROWS, D), f32)
+    m = tk.full((MERGE_ROWS,), float("-inf"), scope="warpgroup")
+    l = tk.zeros((MERGE_ROWS,), scope="warpgroup")
+    acc = tk.zeros((MERGE_ROWS, D), f32, scope="warpgroup")
     for s0 in range(0, OP.shape[1], UNROLL):
         m_new = m
         for u in tk.static_range(UNROLL):       # (splits past the end read as -inf)
             m_new = max(m_new, tk.load(LSEP, (bh, s0 + u, rb), (MERGE_ROWS,),
-                                       fill=float("-inf")))
+                                       fill=float("-inf"), scope="warpgroup"))
         m_use = finite(m_new)
         alpha = (m - m_use).exp()
         acc = acc.mul_row(alpha)
         l = l * alpha
         for u in tk.static_range(UNROLL):
-            w = (tk.load(LSEP, (bh, s0 + u, rb), (MERGE_ROWS,), fill=float("-inf"))
-                 - m_use).exp()
-            acc = acc + tk.load(OP, (bh, s0 + u, rb, 0), (MERGE_ROWS, D)).mul_row(w)
+            w = (tk.load(LSEP, (bh, s0 + u, rb), (MERGE_ROWS,), fill=float("-inf"),
+                         scope="warpgroup") - m_use).exp()
+            acc = acc + tk.load(OP, (bh, s0 + u, rb, 0), (MERGE_ROWS, D),
+                                scope="warpgroup").mul_row(w)
             l = l + w
         m = m_new
     tk.store(O, acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp())).to(O.dtype), (b, hk, rb, 0))
     tk.store(LSE, finite(m) + l.log(), (b, hk, rb))
+
+
+@tk.kernel(num_warps=4)
+def kv_combine_kernel(OP: tk.gl, LSEP: tk.gl, O: tk.gl, LSE: tk.gl, D: tk.constexpr = 128,
+                      UNROLL: tk.constexpr = MERGE_UNROLL):
+    """merge_splits for MERGE_ROWS rows per block. Grid (B·H_kv, cdiv(R,
+    MERGE_ROWS))."""
+    merge_splits(OP, LSEP, O, LSE, tk.block_id(0), tk.block_id(1), D, UNROLL)
 
 
 @tk.kernel(num_warps=4)
@@ -277,6 +322,9 @@ def _config(d: int, page: int) -> dict:
 # K/V ring stages, and waves of one block per SM that the split-KV chunks fill.
 STAGES = 2
 WAVES = 1
+# The split chunks merged by the last of them (kv_cache_attention_kernel's
+# MERGE), not by kv_combine_kernel's second launch.
+FUSED_MERGE = True
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
@@ -358,18 +406,28 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     o_rows = torch.empty(B, H_kv, R, D, dtype=q.dtype, device=q.device)
     lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
     grid = (B * H_kv, -(-R // ROWS), splits)
-    args = (seqlens, table, scale * math.log2(math.e), 0 if k is None else N_new, G,
-            keys, left, 0 if causal else right, softcap or 1.0)
+    args = (scale * math.log2(math.e), 0 if k is None else N_new, G, keys, left,
+            0 if causal else right, softcap or 1.0)
     cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
     if splits == 1:
-        kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, *args, D=D,
-                                        PAGE=page, SPLIT=False, **cfg)
+        kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, seqlens, table,
+                                        o_rows, lse_rows, seqlens, *args, D=D, PAGE=page,
+                                        SPLIT=False, **cfg)
     else:
         op = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
         lsep = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
-        kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, *args, D=D,
-                                        PAGE=page, SPLIT=True, **cfg)
-        kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](op, lsep, o_rows, lse_rows, D=D)
+        if FUSED_MERGE:     # the last chunk of each row block merges (no second launch)
+            counts = torch.zeros(-(-grid[0] * grid[1] // 4) * 4, dtype=torch.int32,
+                                 device=q.device)           # (whole 16-byte rows)
+            kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, seqlens, table, o_rows,
+                                            lse_rows, counts, *args, D=D, PAGE=page,
+                                            SPLIT=True, MERGE=True, **cfg)
+        else:
+            kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, seqlens, table, o_rows,
+                                            lse_rows, seqlens, *args, D=D, PAGE=page,
+                                            SPLIT=True, **cfg)
+            kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](op, lsep, o_rows, lse_rows,
+                                                               D=D)
     o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
     lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
     return o, lse
