@@ -336,6 +336,30 @@ def test_matches_float64_on_the_gpu(B, new, h, h_kv, d, n_max, page):
 
 
 @gpu
+@pytest.mark.parametrize("B, new, h, h_kv, d, n_max", [(1, 1, 32, 8, 128, 8192),
+                                                      (3, 4, 16, 2, 64, 1000 // 16 * 16),
+                                                      (2, 1, 8, 8, 256, 512)])
+def test_the_merge_by_the_last_chunk_on_the_gpu(monkeypatch, B, new, h, h_kv, d, n_max):
+    """FUSED_MERGE: the last split chunk merges the others' partials, on the
+    GPU against float64, and again replayed in a CUDA graph (its count table
+    is zeroed by each call)."""
+    monkeypatch.setattr(decode_attention, "FUSED_MERGE", True)
+    q, k, v, lens, _ = _gpu_case(B, new, h, h_kv, d, n_max, 0, seed=5 + d)
+    assert decode_attention._splits(B * h_kv, n_max // 64, 0) > 1          # (merged)
+    ro, rlse = reference(q, k, v, lens.cpu(), True)
+    o, lse = attention_with_kvcache(q, k, v, lens, return_lse=True)
+    assert _rel(o.cpu(), ro) < 1e-2 and _rel(lse.cpu(), rlse) < 1e-4
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = attention_with_kvcache(q, k, v, lens)
+    for _ in range(2):
+        o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(o.cpu(), ro) < 1e-2
+
+
+@gpu
 @pytest.mark.parametrize("window, softcap, page", [((1000, -1), 0.0, 0), ((300, -1), 30.0, 16),
                                                    ((-1, -1), 20.0, 256)])
 def test_window_and_softcap_on_the_gpu(window, softcap, page):

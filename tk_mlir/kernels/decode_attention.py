@@ -15,9 +15,9 @@ possible (flash-decoding):
 - Split-KV: a (batch, K/V head)'s keys are cut into `splits` chunks of whole
   key blocks, one block of the grid each, so that a batch of a few sequences
   still fills every SM. Each chunk writes its normalised partial output and
-  log-sum-exp (f32), and the last chunk of each (batch, K/V head, row
-  block) merges them by their LSE once the others have counted theirs done
-  (`merge_last`; `kv_combine_kernel` is the same merge as a second launch).
+  log-sum-exp (f32), and `kv_combine_kernel` merges them by their LSE (or,
+  with FUSED_MERGE, the last chunk of each (batch, K/V head, row block) does,
+  once the others have counted theirs done: `merge_last`, no second launch).
   The chunk boundaries come from the sequence's real length, read on the
   GPU, so the host never synchronises.
 """
@@ -323,8 +323,9 @@ def _config(d: int, page: int) -> dict:
 STAGES = 2
 WAVES = 1
 # The split chunks merged by the last of them (kv_cache_attention_kernel's
-# MERGE), not by kv_combine_kernel's second launch.
-FUSED_MERGE = True
+# MERGE) instead of by kv_combine_kernel's second launch. Off until it has
+# run on a GPU: checked in the interpreter only (BENCHMARKS.md).
+FUSED_MERGE = False
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
