@@ -273,7 +273,7 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
                         NS: tk.constexpr = 128, HG: tk.constexpr = 1,
                         HAS_D: tk.constexpr = False, INITIAL: tk.constexpr = False,
                         FINAL_GRAD: tk.constexpr = False, INITIAL_GRAD: tk.constexpr = False,
-                        SEGMENTED: tk.constexpr = False):
+                        SEGMENTS: tk.constexpr = 1):
     """The gradients of ssd_kernel for the 64 columns pb of x: dX (b, h, l,
     p) whole (D·dy included with HAS_D); dH0 (b, h, n, p) the initial
     state's (INITIAL; dH1 is the final state's, FINAL_GRAD); and this
@@ -284,18 +284,23 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
     but for the final state's term: C_t·dC_t - k_t·dk_t, with the chunk's
     own pairs (t, s) summed directly in f32 and the diagonal left out (it
     cancels: the difference of two rounded copies of it would not).
-    SEGMENTED: one segment of SEG chunks per block (as ssd_kernel's), H0
-    and dH1 holding each segment's state at its start and state gradient at
-    its end (b, h, segments·NS, p); else the whole sequence (SEG unread).
-    dH0 is written with INITIAL_GRAD (not SEGMENTED: the backward's prefix
-    makes it then). Grid (2·cdiv(p, 64), h, b·segments): the even blocks of
-    the first axis walk their chunks in order, the odd ones in reverse, each
-    pass on its own SM (the two share nothing but the atomic sums)."""
-    pb = tk.block_id(0) // 2
-    if SEGMENTED:
-        _, h, b, part, lo, hi = segment(X.shape[2], SEG)
-    else:   # the block ids as they are: ptxas re-reads them, b and s no register (fewer spills)
-        h, b, part, lo, hi = tk.block_id(1), tk.block_id(2), 0, 0, tk.cdiv(X.shape[2], CHUNK)
+    SEGMENTS > 1: one segment of SEG chunks per block (the grid as
+    ssd_kernel's), H0 and dH1 holding each segment's state at its start and
+    state gradient at its end (b, h, SEGMENTS·NS, p); else the whole
+    sequence (SEG unread). SEGMENTS is a compile-time count so that ptxas
+    re-derives the batch and segment from the block id where it needs them
+    (divided by a run-time count, they are held across the loops and spill:
+    160 bytes against 52). dH0 is written with INITIAL_GRAD (not with
+    segments: the backward's prefix makes it then). Grid (2·cdiv(p, 64), h,
+    b·SEGMENTS): the even blocks of the first axis walk their chunks in
+    order, the odd ones in reverse, each pass on its own SM (the two share
+    nothing but the atomic sums)."""
+    pb, h = tk.block_id(0) // 2, tk.block_id(1)
+    b, part = tk.block_id(2) // SEGMENTS, tk.block_id(2) % SEGMENTS
+    lo, hi = 0, tk.cdiv(X.shape[2], CHUNK)
+    if SEGMENTS > 1:
+        lo = part * SEG
+        hi = min(lo + SEG, hi)
     order_pass = tk.block_id(0) % 2 == 0
     g = h // HG
     cs = tk.shared_tile(OPERAND, (CHUNK, NS), swizzle=128)
@@ -652,7 +657,7 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
             dL if ends is None else ends, _heads_first(dx), dB32, dC32, dL, bdk,
             dh0t if h0 is not None else dL, seg, HAS_D=D is not None,
             INITIAL=starts is not None, FINAL_GRAD=ends is not None,
-            INITIAL_GRAD=h0 is not None and seg == chunks, SEGMENTED=seg < chunks, **flags)
+            INITIAL_GRAD=h0 is not None and seg == chunks, SEGMENTS=-(-chunks // seg), **flags)
     else:
         dx.zero_()
         if h0 is not None and dh1 is not None:
