@@ -345,7 +345,9 @@ def test_the_merge_by_the_last_chunk_on_the_gpu(monkeypatch, B, new, h, h_kv, d,
     is zeroed by each call)."""
     monkeypatch.setattr(decode_attention, "FUSED_MERGE", True)
     q, k, v, lens, _ = _gpu_case(B, new, h, h_kv, d, n_max, 0, seed=5 + d)
-    assert decode_attention._splits(B * h_kv, n_max // 64, 0) > 1          # (merged)
+    bn = decode_attention._config(d, 0)["BN"]
+    tasks = B * h_kv * -(-new * (h // h_kv) // 64)
+    assert decode_attention._splits(tasks, -(-n_max // bn), 0) > 1          # (merged, as forward)
     ro, rlse = reference(q, k, v, lens.cpu(), True)
     o, lse = attention_with_kvcache(q, k, v, lens, return_lse=True)
     assert _rel(o.cpu(), ro) < 1e-2 and _rel(lse.cpu(), rlse) < 1e-4

@@ -70,9 +70,11 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
     merges them all (merge_splits) into OF (B, H_kv, R, D) and LSEF (B, H_kv,
     R') once the others have counted their partials written in COUNTS
     (>= B·H_kv·cdiv(R, 64),) i32, zeroed: no second launch. Only the last
-    chunk waits, and the chunks it waits for wait for nothing, so any
-    number of blocks per SM and any order of the grid is safe; else OF,
-    LSEF and COUNTS are unread.
+    chunks wait, on chunks that wait for nothing, and they are at most half
+    the grid (splits >= 2), which is at most one block per SM (_splits): a
+    waiting chunk never holds an SM that one it waits for needs, unless
+    other work holds every other SM for good. Else OF, LSEF and COUNTS are
+    unread.
     Grid (B·H_kv, cdiv(R, 64), splits): B·H_kv in x, whose limit is 2³¹ - 1
     (y and z stop at 65535). BN divides PAGE or PAGE divides BN."""
     tk.register_split(1, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
