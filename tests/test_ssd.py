@@ -272,3 +272,17 @@ def test_the_backward_kernel_spills_little(segments):
         SEGMENTS=segments)
     assert c.info["spill stores (bytes)"] <= 64, c.ptxas_log
     assert "C75" not in c.ptxas_log, c.ptxas_log
+
+
+def test_the_backward_cuts_a_power_of_two_of_whole_segments(monkeypatch):
+    """backward_segments_of: every segment holds at least one chunk, the count
+    is a power of two (the backward compiles once per count), and with as
+    many walks as SMs the sequence is not cut."""
+    from tk_mlir.kernels import state_space_duality as sd
+    monkeypatch.setattr(sd, "num_sms", lambda device: 132)
+    for units in (1, 3, 16, 40):
+        for chunks in range(1, 400):
+            seg = sd.backward_segments_of(units, chunks, 0)
+            count = -(-chunks // seg)
+            assert count & (count - 1) == 0 and seg * (count - 1) < chunks, (units, chunks)
+    assert sd.backward_segments_of(66, 300, 0) == 300

@@ -589,12 +589,17 @@ def backward_segments_of(units: int, chunks: int, device: int) -> int:
     chunks or more) for about two blocks per SM (one at a time fits: 128 KB
     of shared memory each), else one. Each segment costs its share of two
     extra walks (its start state and its end gradient, one MMA a chunk
-    where the passes make five). Not yet timed."""
+    where the passes make five). The count of segments is a power of two:
+    the backward kernel is compiled per count (SEGMENTS), so sequences of
+    many lengths share a few. Not yet timed."""
     if 2 * units >= num_sms(device):
         return chunks
-    segments = max(1, min(chunks // chunked_linear_attention.MIN_SEGMENT,
-                           -(-num_sms(device) // units)))
-    return -(-chunks // segments)
+    wanted = max(1, min(chunks // chunked_linear_attention.MIN_SEGMENT,
+                        -(-num_sms(device) // units)))
+    count = 1 << (wanted.bit_length() - 1)
+    while count > 1 and -(-chunks // -(-chunks // count)) != count:
+        count //= 2                     # (segments of cdiv(chunks, count) make fewer)
+    return -(-chunks // count)
 
 
 def _segment_ends(Cm, lc, decay, dy, dh1t, dh0t, seg: int, chunks: int, NS: int, HG: int):
