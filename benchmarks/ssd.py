@@ -7,13 +7,16 @@ On the GPU machine, from the repository root, with FLA on PYTHONPATH (a
 pure-Python wheel, ../shared/gpu/README.md):
     python3 benchmarks/ssd.py --out-dir "$OUT"
     python3 benchmarks/ssd.py --l 2048 --g 1 --b 2 --h 64
+    python3 benchmarks/ssd.py --l 2048 --g 1 --b 1 --h 16 --graph   # CUDA-graph replays
 
 bf16 x, B, C; f32 dt (through softplus) and A < 0; no D. Both are timed
 from the layer's inputs (x, dt, A, B, C) with gradients to all of them: for
 FLA, k = dt·B (B expanded to the heads) and g = dt·A are made by torch ops
 inside the timed call, as a Mamba-2 layer on FLA would ("fla"), and before
 it ("fla kernels": FLA's kernels alone). µs per call: CUDA
-events (50 warm-up, 2 x 30 timed calls), input groups cycled past the L2.
+events (50 warm-up, 2 x 30 timed calls), input groups cycled past the L2;
+--graph replays the timed calls in one CUDA graph (GPU time, without the
+host's launches between them: short sequences are host-bound eagerly).
 Numerics: each implementation's relative error against the recurrence run
 in float64, one token at a time, at b1 l1024 h4 (h = g for g > 4), output and gradients.
 """
@@ -100,6 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--h", type=int, default=64)
     ap.add_argument("--p", type=int, default=64)
     ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays (kernel time, not the host's)")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/ssd.py")
@@ -112,7 +117,7 @@ def main(argv=None) -> int:
             print(row, flush=True)
     for g in groups:
         for l in (int(x) for x in args.l.split(",")):
-            rows += _time(args.b, l, args.h, args.p, g, args.n)
+            rows += _time(args.b, l, args.h, args.p, g, args.n, args.graph)
     for r in rows:
         peer = next((x for x in rows if x["impl"] == "fla" and x["case"] == r["case"] and
                      x.get("pass") == r.get("pass") and "us" in x), None)
@@ -125,9 +130,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def _time(b, l, h, p, g, n):
+def _time(b, l, h, p, g, n, graph=False):
     case = f"b{b} l{l} h{h} p{p} g{g} n{n}"
-    timing = dict(warmup=50, iters=30, repeats=2)
+    timing = dict(warmup=50, iters=30, repeats=2, graph=graph)
     rows = P.time_passes(case, impls(), lambda gen: inputs(b, l, h, p, g, n, gen), **timing)
     if any(r["impl"] == "fla" for r in rows):     # FLA's kernels alone, on q, k, g made before
         from fla.ops.simple_gla import chunk_simple_gla
