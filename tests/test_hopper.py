@@ -401,6 +401,29 @@ def test_accumulators_made_by_threads_keep_two_mma_groups_in_flight():
     assert "DEPBAR" not in sass[first:last]          # both groups issued before a wait
 
 
+@tk.kernel(num_warps=4)
+def k_accumulators_from_outer_blocks(A: tk.gl[bf16], V: tk.gl[f32], n: int):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)     # (compiled only: never filled)
+    v = tk.load(V, (0,), (64,), scope="warpgroup")
+    s0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup").sub_col(v)
+    for _ in range(n):          # made outside the loop, a loop-carried one inside it
+        d0 = s0
+        if n > 1:
+            d0 = s0.sub_col(v * 2.0)
+        s = tk.mma_ABt(s0, a, a)
+        d = tk.mma_ABt(d0, a, a)
+        tk.mma_wait(0)
+        s0 = s * d
+    tk.store(A, s0.to(bf16), (0, 0))
+
+
+def test_accumulators_made_in_outer_blocks_and_branches_compile_clean():
+    """lower_mma's fences where an accumulator is computed: computed outside
+    the loop (fenced at the MMA), or an if's result in the loop's block."""
+    compiled = k_accumulators_from_outer_blocks.compile(spec(64, 64), spec(64, dtype="f32"), 3)
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+
+
 def test_cache_key_follows_what_a_tk_func_reads(tmp_path):
     src = tmp_path / "mod_key.py"
     src.write_text(
