@@ -412,25 +412,21 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
     args = (scale * math.log2(math.e), 0 if k is None else N_new, G, keys, left,
             0 if causal else right, softcap or 1.0)
     cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
-    if splits == 1:
-        kv_cache_attention_kernel[grid](q_rows, kk, vv, o_rows, lse_rows, seqlens, table,
-                                        o_rows, lse_rows, seqlens, *args, D=D, PAGE=page,
-                                        SPLIT=False, **cfg)
+    merge = splits > 1 and FUSED_MERGE          # the last chunk of each row block merges
+    if splits == 1:                             # the one chunk writes the result
+        out, lse_out = o_rows, lse_rows
     else:
-        op = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
-        lsep = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
-        if FUSED_MERGE:     # the last chunk of each row block merges (no second launch)
-            counts = torch.zeros(-(-grid[0] * grid[1] // 4) * 4, dtype=torch.int32,
-                                 device=q.device)           # (whole 16-byte rows)
-            kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, seqlens, table, o_rows,
-                                            lse_rows, counts, *args, D=D, PAGE=page,
-                                            SPLIT=True, MERGE=True, **cfg)
-        else:
-            kv_cache_attention_kernel[grid](q_rows, kk, vv, op, lsep, seqlens, table, o_rows,
-                                            lse_rows, seqlens, *args, D=D, PAGE=page,
-                                            SPLIT=True, **cfg)
-            kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](op, lsep, o_rows, lse_rows,
-                                                               D=D)
+        out = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
+        lse_out = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
+    counts = seqlens            # (unread without the merge)
+    if merge:
+        counts = torch.zeros(-(-grid[0] * grid[1] // 4) * 4, dtype=torch.int32,
+                             device=q.device)               # (whole 16-byte rows)
+    kv_cache_attention_kernel[grid](q_rows, kk, vv, out, lse_out, seqlens, table, o_rows,
+                                    lse_rows, counts, *args, D=D, PAGE=page, SPLIT=splits > 1,
+                                    MERGE=merge, **cfg)
+    if splits > 1 and not merge:
+        kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](out, lse_out, o_rows, lse_rows, D=D)
     o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
     lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
     return o, lse

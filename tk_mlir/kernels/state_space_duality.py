@@ -100,6 +100,19 @@ def load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS):
 
 
 @tk.func
+def load_queries(Cm, dY, cs, qs, gs, b, g, h, c, pb, lc, NS):
+    """Chunk c's C (cs, unless None), its queries exp(L)·C (qs: what the
+    state's gradient adds) and its 64 columns pb of dy (gs), into shared
+    memory: the backward's twin of load_keys."""
+    ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
+    if cs is not None:
+        tk.store(cs, ct.to(cs.dtype))
+    tk.store(qs, ct.mul_row(lc.exp()).to(qs.dtype))
+    tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
+             .to(gs.dtype))
+
+
+@tk.func
 def skip(t, X, Dh, b, h, c, pb, HAS_D):
     """t + D·x of chunk c's columns pb (D a scalar per head), with HAS_D."""
     if HAS_D:
@@ -183,10 +196,7 @@ def ssd_segment_grad_sums_kernel(Cm: tk.gl, LC: tk.gl, DECAY: tk.gl, dY: tk.gl, 
     for i in range(hi - lo):
         c = hi - 1 - i
         lc = tk.load(LC, (b, h, c), (CHUNK,), scope="warpgroup")
-        tk.store(qs, tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup")
-                 .to(f32).mul_row(lc.exp()).to(qs.dtype))
-        tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
-                 .to(gs.dtype))
+        load_queries(Cm, dY, None, qs, gs, b, g, h, c, pb, lc, NS)
         tk.barrier()
         dH = tk.mma_AtB(dH * tk.load(DECAY, (b, h, c)), qs, gs)
         tk.mma_wait(0)
@@ -358,11 +368,7 @@ def ssd_backward_kernel(X: tk.gl, Bm: tk.gl, Cm: tk.gl, LC: tk.gl, KD: tk.gl, DT
             c = hi - 1 - i
             lc, kd, dt, decay = chunk_decays(LC, KD, DT, DECAY, b, h, c)
             load_keys(Bm, X, bs, ks, xs, b, g, h, c, pb, kd, dt, NS)
-            ct = tk.load(Cm, (b, g, c, 0), (CHUNK, NS), layout="row", scope="warpgroup").to(f32)
-            tk.store(cs, ct.to(cs.dtype))
-            tk.store(qs, ct.mul_row(lc.exp()).to(qs.dtype))
-            tk.store(gs, tk.load(dY, (b, h, c, pb), (CHUNK, 64), layout="row", scope="warpgroup")
-                     .to(gs.dtype))
+            load_queries(Cm, dY, cs, qs, gs, b, g, h, c, pb, lc, NS)
             tk.barrier()
             m = decay_matrix(LC, b, h, c)
             s = tk.mma_ABt(acc(CHUNK), cs, bs)
