@@ -1,9 +1,9 @@
 """tk-allocate-smem: place shared tiles, semaphores and reduction scratch in
 dynamic shared memory.
 
-Shared tiles and vectors (and arrays of them) get consecutive offsets
-(1024-byte aligned when swizzled, as the hardware's swizzle patterns repeat
-every 1024 bytes; 128 otherwise, which a TMA box needs), then the semaphores
+Shared tiles and vectors (and arrays of them) get consecutive offsets,
+swizzled ones first (1024-byte aligned, as the hardware's swizzle patterns
+repeat every 1024 bytes; 128 otherwise, which a TMA box needs), then the semaphores
 (8 bytes each). Block reductions that cross warps exchange partial results
 through f32 scratch after the tiles; reductions that can share one exchange
 (one barrier) are grouped, and consecutive groups alternate between two
@@ -99,10 +99,12 @@ def allocate_smem(module: ir.Module) -> None:
             return ir.WalkResult.ADVANCE
         func.operation.walk(visit)
         top = 0
-        # Tiles and vectors first (the large alignments), then the 8-byte semaphores.
-        def is_tile(op):
-            return isinstance(T.parse(op.results[0].type), (T.ST, T.SV))
-        for op in sorted(allocs, key=lambda op: not is_tile(op)):
+        # Swizzled tiles first (1024-byte aligned), then other tiles and vectors
+        # (128), then the 8-byte semaphores: no padding between classes.
+        def order(op):
+            t = T.parse(op.results[0].type)
+            return (not isinstance(t, (T.ST, T.SV)), not getattr(t, "swizzle", 0))
+        for op in sorted(allocs, key=order):
             top = _place(op, top)
         top = _place_exchanges(func, num_warps, _align(top, target.current().smem_align))
         swizzled = [op for op in allocs if getattr(T.parse(op.results[0].type), "swizzle", 0)]
