@@ -291,9 +291,14 @@ def _addresses(ctx, ref: SharedRef, layout, scope, starts: list[int]) -> list[ir
     if found is not None:
         consts, disjoint = found
         base = in_place(_shared_offset(ref.type, position))
-        # Disjoint bits: the XOR is an addition, an immediate of the ld/st.
-        combine = arith.addi if disjoint else arith.xori
-        return [smem_addr(ref.ptr, combine(base, c32(c)) if c else base) for c in consts]
+        if disjoint:
+            # The XOR is an addition that cannot wrap: flagged so, LLVM folds it
+            # into the address as the ld/st's immediate (unflagged, the i32 sum
+            # is sign-extended whole: a register per access).
+            no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
+            return [smem_addr(ref.ptr, arith.addi(base, c32(c), overflow_flags=no_wrap)
+                              if c else base) for c in consts]
+        return [smem_addr(ref.ptr, arith.xori(base, c32(c)) if c else base) for c in consts]
     thread = [in_place(t) for t in position]
     return [smem_addr(ref.ptr, _shared_offset(
         ref.type, [arith.addi(t, c32(p)) for t, p in zip(thread, layout.reg_position(r0))]))
