@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -293,3 +294,42 @@ def test_shared_ops_assemble_without_spills(R, C, swizzle, layout, ptxas):
                                   LAYOUT=layout)
     assert compiled.info["spill stores (bytes)"] == 0, compiled.info
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in compiled.asm["ptx"]
+
+
+@tk.kernel(num_warps=4)
+def column_vector(X: tk.gl[f32], Y: tk.gl[f32], C: tk.constexpr):
+    """Y = -X broadcast down 64 rows: X's C values (a 1 x C tensor) through a
+    shared vector picked at run time (as a ring's stage is), read in the row
+    layout's column order (ten pieces at C=80)."""
+    v = tk.shared_vectors(f32, C, 2)[tk.block_id(0) % 2]
+    sem = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(sem, v)
+        tk.tma.load_async(v, X, (0, 0), sem)
+    tk.wait(sem, 0)
+    t = tk.zeros((64, C), f32, layout="row", scope="warpgroup").sub_col(
+        tk.load(v, scope="warpgroup"))
+    tk.store(Y, t, (0, 0))
+
+
+@pytest.mark.parametrize("C", [64, 80, 176])
+def test_a_vector_read_takes_one_address_and_immediates(C, ptxas):
+    """Each piece's offset is the thread's plus a constant with no bit in
+    common, added with no-wrap flags so that LLVM may fold it into the
+    ld.shared's immediate (unflagged, the i32 sum is sign-extended whole; in
+    the attention backward's ring of 80-element vectors that took an address
+    register per piece)."""
+    c = column_vector.compile(tk.spec((1, C), f32), tk.spec((64, C), f32), C=C)
+    offsets = re.findall(r"arith\.addi %\w+, %c(\d+)_i32 overflow<nsw, nuw>", c.asm["tk-to-gpu"])
+    assert sorted(map(int, offsets)) == [32 * j for j in range(1, C // 8)], offsets
+    loads = re.findall(r"ld\.shared\.v2\.(?:b32|f32)\s+\{[^}]*\},\s*\[(%r[d]?\d+)(?:\+\d+)?\]",
+                       c.asm["ptx"])
+    assert len(loads) == C // 8 and len(set(loads)) == 1, loads
+
+
+@pytest.mark.parametrize("device", WHERE)
+def test_column_vector_broadcast(device):
+    x = torch.rand(1, 80, device=device)
+    y = torch.full((64, 80), float("nan"), device=device)
+    _launcher(column_vector, device)[(1,)](x, y, C=80)
+    assert torch.equal(y, -x.expand(64, 80))
