@@ -537,7 +537,8 @@ def _check_shapes(q, k, v) -> None:
 @tk.kernel(num_warps=4)
 def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl, Delta: tk.gl,
                                    LSE2: tk.gl, dQ: tk.gl, D: tk.constexpr = 128,
-                                   WITH_DLSE: tk.constexpr = False):
+                                   WITH_DLSE: tk.constexpr = False,
+                                   DQ_TRANSPOSED: tk.constexpr = False):
     """What the backward kernel reads besides Q, K, V and dO, per 64 query
     rows: Delta = rowsum(dO ∘ O) (the term the softmax gradient subtracts),
     less dLSE (WITH_DLSE: the gradient of the log-sum-exp, which adds
@@ -545,7 +546,8 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     that saw no key (LSE -inf: its P comes out 0), and dQ's rows zeroed (the
     backward adds into them). LSE, dLSE, Delta, LSE2: (B, H, N') f32, N' >= N
     a multiple of 4; LSE's and dLSE's rows past N are not used, Delta's and
-    LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
+    LSE2's get 0. DQ_TRANSPOSED: dQ is dQᵀ, (B, H, D, N') (what the backward
+    with 80-row query blocks adds into). Grid (cdiv(N, 64), H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
@@ -557,7 +559,10 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     tk.store(Delta, delta, (b, h, r))
     lse2 = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tk.store(LSE2, tk.where(real, lse2, 0.0), (b, h, r))
-    tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
+    if DQ_TRANSPOSED:
+        tk.store(dQ, tk.zeros((D, 64), f32), (b, h, 0, r))
+    else:
+        tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
 
 
 @tk.kernel(num_warps=12)
@@ -569,7 +574,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               CONSUMER_REGISTERS: tk.constexpr = 240,
                               PRODUCER_REGISTERS: tk.constexpr = 24,
                               WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
-                              SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False):
+                              SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False,
+                              QUERY_ROWS: tk.constexpr = 64):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -607,6 +613,14 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     reach a dQ tile are then no longer a prefix 0, 1, ... SOFTCAP: P from the
     capped scores, and dSᵀ times the cap's derivative 1 - tanh².
 
+    QUERY_ROWS = 80 (D=128 only; FA3's block when not causal): query blocks
+    of 80 rows, so each step's fixed costs (barriers, LSE2 and Delta, dQ's
+    hand-off) buy 25% more work. dQ = dS·K is then computed transposed,
+    dQᵀ = Kᵀ·dSᵀ (wgmma's M is 64 rows per warpgroup: each takes 64 of dQ's
+    columns as rows), and added into dQ given as dQᵀ, (B, H, D, N') f32
+    with N' >= N a multiple of 4. Not with DETERMINISTIC or VARLEN (their
+    tables count 64-row tiles).
+
     VARLEN: B = 1 and Q, K, V, dO (and dQ, dK, dV) are packed sequences
     (kernels/packed_sequences.py): query row r sees the keys its TASKS tail
     gives it, and a task walks the query tiles the tail's ranges give (not
@@ -617,18 +631,24 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         "assume a prefix of K/V blocks)"
     assert not (VARLEN and (CAUSAL or windowed)), \
         "VARLEN takes causality and windows from its table"
+    assert QUERY_ROWS == 64 or (QUERY_ROWS == 80 and D == 128 and not (DETERMINISTIC or VARLEN)), \
+        "QUERY_ROWS is 64, or 80 at D=128 without DETERMINISTIC or VARLEN"
+    BM = QUERY_ROWS
+    dq_transposed = BM != 64
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
     group = H // H_KV
-    q_blocks = tk.cdiv(N, 64)
+    q_blocks = tk.cdiv(N, BM)
     shift = N_KV - N                             # causal: query i sees keys <= i + shift
     kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
-    qs = tk.ring(Q.dtype, (64, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
-    vs = tk.ring(f32, (64,), STAGES, count=2, consumers=2)         # LSE2_i, Delta_i
-    dqs = tk.shared_tiles(f32, (64, 64), 2, swizzle=128)        # dQ of each consumer
-    ds = tk.shared_tiles(Q.dtype, (64, 64), 2 if D == 64 else 4, swizzle=128)   # dSᵀ per consumer
-                                                                      # (x2 stages at D=128)
+    qs = tk.ring(Q.dtype, (BM, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
+    vs = tk.ring(f32, (BM,), STAGES, count=2, consumers=2)         # LSE2_i, Delta_i
+    # dQ (dQᵀ) of each consumer; dSᵀ per consumer (x2 stages at D=128). An
+    # 80-column row is 320 (160) bytes: the widest swizzle dividing it.
+    dqs = tk.shared_tiles(f32, (64, BM), 2, swizzle=64 if dq_transposed else 128)
+    ds = tk.shared_tiles(Q.dtype, (64, BM), 2 if D == 64 else 4,
+                         swizzle=32 if dq_transposed else 128)
 
     def task_of(task):
         """(batch, K/V head, K/V block) of a task id."""
@@ -642,9 +662,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             first = packed_sequences.pair(
                 TASKS, packed_sequences.backward_offsets(TASKS, N, N_KV)[5], kvb)[0]
         elif CAUSAL:
-            first = max((kvb * 128 - shift) // 64, 0)
+            first = max((kvb * 128 - shift) // BM, 0)
         elif WINDOW_RIGHT >= 0:
-            first = min(max((kvb * 128 - shift - WINDOW_RIGHT) // 64, 0), q_blocks - 1)
+            first = min(max((kvb * 128 - shift - WINDOW_RIGHT) // BM, 0), q_blocks - 1)
         return first
 
     def end_q_block(kvb, first):
@@ -655,7 +675,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             end = packed_sequences.pair(
                 TASKS, packed_sequences.backward_offsets(TASKS, N, N_KV)[5], kvb)[1]
         elif WINDOW_LEFT >= 0:
-            end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // 64 + 1, q_blocks),
+            end = max(min((kvb * 128 + 127 - shift + WINDOW_LEFT) // BM + 1, q_blocks),
                       first + 1)
         return end
 
@@ -725,11 +745,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             -LSE2/scale_log2 and -Delta, so neither column vector is live
             beside them in the softmax (at D=128 it is what spilled)."""
             qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-            s0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+            s0 = tk.zeros((64, BM), f32, layout="row", scope="warpgroup")
             if SOFTCAP == 0.0:      # (capping caps Sᵀ itself: LSE2 comes after)
                 s0 = s0.sub_col(tk.load(vs.wait(it, part=0), scope="warpgroup") *
                                 (1.0 / scale_log2))
-            dp0 = tk.zeros((64, 64), f32, layout="row", scope="warpgroup").sub_col(
+            dp0 = tk.zeros((64, BM), f32, layout="row", scope="warpgroup").sub_col(
                 tk.load(vs.wait(it, part=1), scope="warpgroup"))
             s = tk.mma_ABt(s0, kt, qt)
             dp = tk.mma_ABt(dp0, vt, dot)
@@ -752,21 +772,21 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             if VARLEN:
                 if (kv0 < lo_all) | (kv0 + 64 > hi_all):    # crosses a row's bounds
                     cols = p.col_indices()
-                    p = tk.where((cols.sub_row(key_qlo - i * 64) >= 0) &
-                                 (cols.sub_row(key_qhi - i * 64) < 0), p, 0.0)
+                    p = tk.where((cols.sub_row(key_qlo - i * BM) >= 0) &
+                                 (cols.sub_row(key_qhi - i * BM) < 0), p, 0.0)
             if CAUSAL:
-                if kv0 + 63 > i * 64 + shift:       # crosses the diagonal
+                if kv0 + 63 > i * BM + shift:       # crosses the diagonal
                     keys = p.row_indices() + kv0
-                    p = tk.where(p.col_indices() + (i * 64 + shift) >= keys, p, 0.0)
+                    p = tk.where(p.col_indices() + (i * BM + shift) >= keys, p, 0.0)
             elif WINDOW_RIGHT >= 0:
-                if kv0 + 63 > i * 64 + shift + WINDOW_RIGHT:
+                if kv0 + 63 > i * BM + shift + WINDOW_RIGHT:
                     keys = p.row_indices() + kv0
-                    p = tk.where(p.col_indices() + (i * 64 + shift + WINDOW_RIGHT) >= keys, p,
+                    p = tk.where(p.col_indices() + (i * BM + shift + WINDOW_RIGHT) >= keys, p,
                                  0.0)
             if WINDOW_LEFT >= 0:
-                if kv0 < i * 64 + 63 + shift - WINDOW_LEFT:    # crosses the window's left edge
+                if kv0 < i * BM + BM - 1 + shift - WINDOW_LEFT:  # crosses the window's left edge
                     keys = p.row_indices() + kv0
-                    p = tk.where(keys >= p.col_indices() + (i * 64 + shift - WINDOW_LEFT), p,
+                    p = tk.where(keys >= p.col_indices() + (i * BM + shift - WINDOW_LEFT), p,
                                  0.0)
             # Both A operands converted before either MMA: fewer registers
             # live at once (p, dP and the bf16 copies do not all overlap).
@@ -787,9 +807,18 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 stage = 2 * (it % 2)        # double-buffered: one barrier per block
                 tk.store(ds[stage + wg], dsb)
                 tk.named_barrier(1, warps=8)
-                dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
-                                ds[stage], kt0.column_block(wg))
-                dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
+                if dq_transposed:       # dQᵀ's rows wg·64.. = Kᵀ·dSᵀ
+                    # dV's and dK's MMAs done first: P and dSᵀ (their A
+                    # registers) die before dQᵀ's 40 are taken (else ptxas
+                    # serializes the wgmmas for registers, C7512).
+                    tk.mma_wait(0)
+                    dq = tk.mma_AtB(tk.zeros((64, BM), f32, layout="row", scope="warpgroup"),
+                                    kt0.column_block(wg), ds[stage])
+                    dq = tk.mma_AtB(dq, kt1.column_block(wg), ds[stage + 1])
+                else:
+                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                    ds[stage], kt0.column_block(wg))
+                    dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
             return dk, dv, dq
 
         def add_dq(dq, it, b, h, i, kvb):
@@ -808,7 +837,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.wait_signal(TASKS, (dq_counter(b, h, i),),
                                    2 * kvb + (wg if D == 64 else 0), scope="gpu")
                     tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
-                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
+                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, wg, i) if dq_transposed else
+                                        (b, h, i, wg if D > 64 else 0))
                 tk.tma.store_commit()
                 if DETERMINISTIC:
                     # Counted as soon as it is done: the next K/V block's task
@@ -840,40 +870,39 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             end_q = end_q_block(kvb, first)
             h, i = walk_start(hk, first)
             steps = group * (end_q - first)      # >= 1: every K/V block has a query
-            if PIPELINE and not DETERMINISTIC:
-                # Step t+1's Sᵀ and dPᵀ run while step t's dQ leaves (the
-                # last step, with no next one, peeled off the loop; not with
-                # the deterministic add, whose wait would serialize them, C7518). Nothing is
-                # in flight across the loop's back edge: ptxas would serialize
-                # the MMAs (C7514). A loop does not carry shared tiles either:
-                # each step finds its Q and dO tiles again (a completed wait).
-                q_first, do_first, s, dp = scores(kt, vt, it)
-                tk.mma_wait(0)
-                for _ in range(steps - 1):
-                    qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-                    dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+            # The loop rotated: step t's gradients, then step t+1's Sᵀ and dPᵀ
+            # (the first step's issued before it, the last one's gradients
+            # after it). In this order ptxas keeps dK and dV in their MMAs'
+            # registers across steps; with Sᵀ and dPᵀ first in the body it
+            # parked them elsewhere and copied them back each step (at D=128,
+            # 164 of the loop's 696 instructions were moves; 50 rotated).
+            # Nothing is in flight across the back edge: ptxas would
+            # serialize the MMAs (C7514). A loop does not carry shared tiles
+            # either: each step finds its Q and dO tiles again (a completed wait).
+            q_first, do_first, s, dp = scores(kt, vt, it)
+            tk.mma_wait(0)
+            for _ in range(steps - 1):
+                qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+                dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                if PIPELINE and not DETERMINISTIC:
+                    # Step t+1's Sᵀ and dPᵀ run while step t's dQ leaves (not
+                    # with the deterministic add, whose wait would serialize
+                    # them, C7518).
                     q_next, do_next, s, dp = scores(kt, vt, it + 1)
                     tk.mma_wait(2)                  # dV, dK and dQ of this step
                     add_dq(dq, it, b, h, i, kvb)
-                    tk.mma_wait(0)
-                    it += 1
-                    h, i = next_block(h, i, first, end_q)
-                qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
-                dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
-                tk.mma_wait(0)
-                add_dq(dq, it, b, h, i, kvb)
-                it += 1
-            else:
-                for _ in range(steps):
-                    qt, dot, s, dp = scores(kt, vt, it)
-                    # Both MMAs waited for at once: waiting for Sᵀ alone (the softmax
-                    # overlapping dPᵀ's MMA) is slower causal and at D=64 (BENCHMARKS.md).
-                    tk.mma_wait(0)
-                    dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+                else:
                     tk.mma_wait(0)
                     add_dq(dq, it, b, h, i, kvb)
-                    it += 1
-                    h, i = next_block(h, i, first, end_q)
+                    q_next, do_next, s, dp = scores(kt, vt, it + 1)
+                tk.mma_wait(0)
+                it += 1
+                h, i = next_block(h, i, first, end_q)
+            qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+            dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
+            tk.mma_wait(0)
+            add_dq(dq, it, b, h, i, kvb)
+            it += 1
             tk.mma_wait(0)
             kvs.release(n)
             n += 1
@@ -893,6 +922,20 @@ def _backward_config(d: int) -> dict:
     if d == 64:
         return dict(STAGES=3, PIPELINE=True, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     return dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+
+
+# 80-row query blocks (FA3's at D=128 when not causal: the step's fixed costs over
+# 25% more work) are built and checked (interpreter, ptxas) but not yet timed
+# against 64 rows on a GPU: off until an A/B says (BENCHMARKS.md).
+WIDE_QUERY_BLOCKS = False
+
+
+def _backward_query_rows(d: int, causal: bool, window: tuple[int, int], softcap: float,
+                         deterministic: bool) -> int:
+    """attention_backward_kernel's QUERY_ROWS for a call: 80 where the wide
+    blocks apply (D=128, no mask, no cap, not deterministic), else 64."""
+    plain = not (causal or softcap or deterministic) and window == (-1, -1)
+    return 80 if WIDE_QUERY_BLOCKS and d == 128 and plain else 64
 
 
 def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False,
@@ -1019,6 +1062,9 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
         cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
+    rows = _backward_query_rows(q.shape[-1], causal, window, softcap, deterministic)
+    if rows != 64:
+        cfg.update(QUERY_ROWS=rows)
     grid = num_sms(q.get_device())
     # deterministic: a new table per launch (its zeroed dQ counters are the launch's)
     table = None if deterministic else backward_tasks(q, k, causal, grid, False, window)
@@ -1047,24 +1093,28 @@ def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float,
 
 def backward_launcher(shape, grid: int, scale: float, **cfg):
     """`launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None) -> dq`: launch_backward for
-    (B, H, N, D) tensors of `shape`, its two kernels' launches made once."""
+    (B, H, N, D) tensors of `shape`, its two kernels' launches made once. dq is
+    (B, H, N, D) f32: a transposed view of dQᵀ when the kernel adds into that
+    (QUERY_ROWS=80)."""
     import torch
     B, H, N, D = shape
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
-    prep_dlse = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D,
-                                                        WITH_DLSE=True)
+    transposed = cfg.get("QUERY_ROWS", 64) != 64
+    prep, prep_dlse = (attention_backward_prep_kernel.launcher(
+        (tk.cdiv(N, 64), H, B), D=D, WITH_DLSE=with_dlse, DQ_TRANSPOSED=transposed)
+        for with_dlse in (False, True))
     main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
     scale2 = scale * math.log2(math.e)
 
     def launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None):
         lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
                        for _ in range(2))
-        dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
+        dq = torch.empty(*((B, H, D, n4) if transposed else (B, H, N, D)),
+                         dtype=torch.float32, device=q.device)
         if dlse is None:
             prep(o, do, padded_rows(lse), delta, delta, lse2, dq)      # (dLSE unread)
         else:
             prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), delta, lse2, dq)
         main(q, k, v, do, lse2, delta, dq, dk, dv, tasks, scale2, scale)
-        return dq
+        return dq.narrow(-1, 0, N).transpose(-1, -2) if transposed else dq
     return launch
