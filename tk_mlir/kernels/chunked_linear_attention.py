@@ -209,6 +209,29 @@ def denominator(qz, a_sum):
     return den
 
 
+def state_first(MAP) -> bool:
+    """Whether the backward's passes issue the state's MMAs first in their
+    loop bodies, as the forward does (ptxas keeps the state in its MMAs'
+    registers; issued last, it parked it elsewhere and copied it back each
+    chunk). Not for taylor2, whose expansions then spill more (BENCHMARKS.md)."""
+    return MAP != "taylor2"
+
+
+@tk.func
+def state_step(S, Z, ks, vs, ones):
+    """S + φ(K)ᵀ·V and z + φ(K)ᵀ·1 of a chunk staged in ks, vs (issued)."""
+    return tk.mma_AtB(S, ks, vs), tk.mma_AtB(Z, ks, ones)
+
+
+@tk.func
+def state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE):
+    """dH + φ(Q)ᵀ·g and dz + φ(Q)ᵀ·e of a chunk staged in qs, gs, es (issued)."""
+    dH = tk.mma_AtB(dH, qs, gs)
+    if NORMALIZE:
+        dZ = tk.mma_AtB(dZ, qs, es)
+    return dH, dZ
+
+
 @tk.func
 def segment(N, SEG):
     """(column block of v, head, batch, segment, first chunk, one past its
@@ -230,8 +253,7 @@ def key_sums(K, V, ks, vs, ones, S, Z, b, h, vb, lo, hi, DK, MAP, fx):
     for c in range(lo, hi):
         stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
         k, v = key_loads(K, V, b, h, min(c + 1, hi - 1), vb, DK, MAP)
-        S = tk.mma_AtB(S, ks, vs)
-        Z = tk.mma_AtB(Z, ks, ones)
+        S, Z = state_step(S, Z, ks, vs, ones)
         tk.mma_wait(0)
         tk.barrier()
     return S, Z
@@ -370,6 +392,10 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
             x = query_load(Q, b, h, c, DK, MAP)
         if CAUSAL:      # first: its f32 tile is not live beside the queries' MMAs
             stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+            # The state's MMAs first in the loop body: ptxas then keeps S and Z
+            # in their MMAs' registers across chunks (issued after the chunk's
+            # own MMAs, it parked them elsewhere and copied them back: BENCHMARKS.md)
+            S, Z = state_step(S, Z, ks, vs, ones)
         qb = stage_queries(x, qs, scale, MAP, fx)
         if ahead:
             if CAUSAL:
@@ -387,8 +413,6 @@ def linear_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, S0: tk.gl, Z
             if NORMALIZE:
                 a_sum = A.row_sum()
             o = tk.mma_AB(o, A.to(OPERAND), vs)
-            S = tk.mma_AtB(S, ks, vs)
-            Z = tk.mma_AtB(Z, ks, ones)
         tk.mma_wait(0)
         if NORMALIZE:
             o = o.div_row(denominator(qz, a_sum))
@@ -486,9 +510,7 @@ def query_sums(Q, dO, DEN, qs, gs, es, dH, dZ, b, h, vb, lo, hi, scale, DK, MAP,
     for c in range(lo, hi):
         stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP, NORMALIZE, fx)
         x, g = gradient_loads(Q, dO, b, h, min(c + 1, hi - 1), vb, DK, MAP)   # in flight
-        dH = tk.mma_AtB(dH, qs, gs)
-        if NORMALIZE:
-            dZ = tk.mma_AtB(dZ, qs, es)
+        dH, dZ = state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE)
         tk.mma_wait(0)
         tk.barrier()
     return dH, dZ
@@ -560,6 +582,8 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
         x, g = gradient_loads(Q, dO, b, h, c, vb, DK, MAP)
         if CAUSAL and DK == 64:
             stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
+        if CAUSAL and state_first(MAP):
+            S, Z = state_step(S, Z, ks, vs, ones)
         qb = stage_queries(x, qs, scale, MAP, fx)
         if NORMALIZE:
             qz = state_dot(qb, zhi, zlo)
@@ -599,9 +623,9 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
             dx = send_input_grad(dQ, dq, Q, fx, (b, h, c, 0), j, scale, dx, DK, MAP, VB,
                                  False)
         if CAUSAL:
-            S = tk.mma_AtB(S, ks, vs)
-            Z = tk.mma_AtB(Z, ks, ones)
-            tk.mma_wait(0)
+            if not state_first(MAP):
+                S, Z = state_step(S, Z, ks, vs, ones)
+                tk.mma_wait(0)
             tk.barrier()
             publish(ss, S)
             publish_split(zhi, zlo, Z)
@@ -664,6 +688,8 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
             k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
         qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
                                           NORMALIZE, fx)
+        if CAUSAL and state_first(MAP):
+            dH, dZ = state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE)
         if DK > 64:
             k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
         stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
@@ -693,10 +719,8 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
             tk.mma_wait(0)
             dx = send_input_grad(dK, dk, K, fx, (b, h, c, 0), j, 1.0, dx, DK, MAP, VB, True)
         tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
-        if CAUSAL:
-            dH = tk.mma_AtB(dH, qs, gs)
-            if NORMALIZE:
-                dZ = tk.mma_AtB(dZ, qs, es)
+        if CAUSAL and not state_first(MAP):
+            dH, dZ = state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE)
             tk.mma_wait(0)
         tk.barrier()
         if CAUSAL:
