@@ -336,6 +336,9 @@ OPS: tuple[OpDef, ...] = (
           doc="each element of a register tile with its column neighbour (columns 2i and "
               "2i+1 trade places: the interleaved rotary layout's pairs); a register "
               "permutation within each thread (vec and row layouts hold column pairs)"),
+    OpDef("transpose", operands=("src",), results=("result",),
+          doc="a row-layout register tile as its transpose in the col layout, or back: each "
+              "thread's registers hold the transposed elements (no data moves)"),
     OpDef("slice", operands=("src",), results=("result",), attributes=("row", "col"),
           doc="the result type's rows and columns of a register tile, from (row, col) on "
               "(the registers that hold them: no data moves)"),

@@ -36,6 +36,15 @@ def lower_swap_pairs(ctx: LoweringContext, op, src: Fragment) -> Fragment:
     return src.like([src.regs[p] for p in partner])
 
 
+@lowers("tk.transpose")
+def lower_transpose(ctx: LoweringContext, op, src: Fragment) -> Fragment:
+    """No data moves: col is row's layout with the axes swapped
+    (dialects/layout.py), so register r holds element (j, i) of the result
+    where it held (i, j) of the source."""
+    t = T.parse(op.result.type)
+    return Fragment(src.regs, layout_of(t, ctx.num_warps), src.dtype, t.scope)
+
+
 @lowers("tk.cmp")
 def lower_cmp(ctx: LoweringContext, op, lhs: Fragment, rhs) -> Fragment:
     int_pred, float_pred = tk.COMPARISONS[op.predicate]

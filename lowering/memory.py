@@ -7,7 +7,7 @@ checks guarantee 16-byte aligned rows whose length is a whole number of
 outside: one predicate per piece masks partial tiles. To and from shared
 tiles, 16-bit tiles in the MMA fragment layouts move as 8x8 matrices
 (ldmatrix/stmatrix), and a thread's accesses share one address register
-where the tile's byte layout lets them (`_xor_offsets`).
+where the tile's byte layout lets them (`_offset_constants`).
 """
 from __future__ import annotations
 
@@ -281,24 +281,28 @@ def _shared_pieces(ctx, ref: SharedRef, layout, scope, dtype):
 def _addresses(ctx, ref: SharedRef, layout, scope, starts: list[int]) -> list[ir.Value]:
     """The address of the element register r0 holds, for each r0 in starts,
     in this thread (its lane and warp bits placed by `layout`'s bases). Where
-    the tile's byte layout allows (`_xor_offsets`), one offset per thread and
-    a constant XOR per access; else each access's offset computed whole."""
+    the tile's byte layout allows (`_offset_constants`), one offset per thread
+    and a constant XOR and sum per access; else each access's offset computed
+    whole."""
     # In place: each access's offset is loop-invariant, and hoisted it would
     # hold a register per access for the whole loop (16 for a 64x64 bf16 tile
     # written per iteration: spilled in the attention backward).
-    found = _xor_offsets(ref.type, layout, tuple(starts))
+    found = _offset_constants(ref.type, layout, tuple(starts))
     position = ctx.thread_position(layout, scope)
     if found is not None:
         consts, disjoint = found
         base = in_place(_shared_offset(ref.type, position))
-        if disjoint:
-            # The XOR is an addition that cannot wrap: flagged so, LLVM folds it
-            # into the address as the ld/st's immediate (unflagged, the i32 sum
-            # is sign-extended whole: a register per access).
-            no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
-            return [smem_addr(ref.ptr, arith.addi(base, c32(c), overflow_flags=no_wrap)
-                              if c else base) for c in consts]
-        return [smem_addr(ref.ptr, arith.xori(base, c32(c)) if c else base) for c in consts]
+        # The sums cannot wrap: flagged so, LLVM folds them into the address as
+        # the ld/st's immediate (unflagged, the i32 sum is sign-extended whole:
+        # a register per access). A XOR into bits the base never has is a sum.
+        no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
+
+        def offset(x: int, a: int) -> ir.Value:
+            if disjoint:
+                x, a = 0, x + a
+            v = arith.xori(base, c32(x)) if x else base
+            return arith.addi(v, c32(a), overflow_flags=no_wrap) if a else v
+        return [smem_addr(ref.ptr, offset(x, a)) for x, a in consts]
     thread = [in_place(t) for t in position]
     return [smem_addr(ref.ptr, _shared_offset(
         ref.type, [arith.addi(t, c32(p)) for t, p in zip(thread, layout.reg_position(r0))]))
@@ -311,26 +315,29 @@ def _byte_offset(t, pos: tuple[int, ...]) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def _xor_offsets(t, layout, starts: tuple[int, ...]) -> tuple[tuple[int, ...], bool] | None:
-    """Constants c_r with offset(p + reg_position(r)) == offset(p) ^ c_r for
-    the position p of every thread `layout` places (its lanes and warps), and
-    whether no offset(p) shares a bit with any c_r (the XOR is then a sum);
-    or None. They exist when the byte layout is linear over the bits of the
-    coordinates (power-of-two sides, the XOR swizzle) and a thread's bits and
-    a register's do not meet: then a store or load of a tile needs one
-    address register, not one per access. Checked thread by thread."""
+def _offset_constants(t, layout, starts: tuple[int, ...]):
+    """Constants (x_r, a_r) with offset(p + reg_position(r)) == (offset(p) ^
+    x_r) + a_r for the position p of every thread `layout` places (its lanes
+    and warps), and whether no offset(p) shares a bit with any x_r (the XOR
+    is then a sum); or None. Then a store or load of a tile needs one address
+    register, not one per access. Tried first as a XOR alone (a_r = 0: the
+    byte layout linear over the bits of the coordinates, as power-of-two sides
+    and the XOR swizzle are, and a thread's bits and a register's apart), then
+    as the XOR within a swizzle pattern's span (1024 bytes at 128-byte
+    swizzle) and a sum above it (a column block of 80 rows starts 80·128
+    bytes on: a sum, not a XOR). Checked thread by thread."""
     const = {q: _byte_offset(t, q) for q in map(layout.reg_position, starts)}
-    used = functools.reduce(lambda a, b: a | b, const.values(), 0)
-    disjoint = True
-    for lane in range(32):
-        for warp in range(1 << len(layout.warp)):
-            p = layout.position(0, lane, warp)          # (register 0 sits at the origin)
-            base = _byte_offset(t, p)
-            disjoint = disjoint and not base & used
-            for q, c in const.items():
-                if _byte_offset(t, tuple(a + b for a, b in zip(p, q))) != base ^ c:
-                    return None
-    return tuple(const[layout.reg_position(r)] for r in starts), disjoint
+    span = t.swizzle * 8 if isinstance(t, T.ST) and t.swizzle else 1
+    positions = [layout.position(0, lane, warp)     # (register 0 sits at the origin)
+                 for lane in range(32) for warp in range(1 << len(layout.warp))]
+    for split in ({q: (c, 0) for q, c in const.items()},
+                  {q: (c % span, c - c % span) for q, c in const.items()}):
+        if all(_byte_offset(t, tuple(a + b for a, b in zip(p, q))) ==
+               (_byte_offset(t, p) ^ x) + a for p in positions for q, (x, a) in split.items()):
+            used = functools.reduce(lambda u, xa: u | xa[0], split.values(), 0)
+            disjoint = not any(_byte_offset(t, p) & used for p in positions)
+            return tuple(split[layout.reg_position(r)] for r in starts), disjoint
+    return None
 
 
 # ldmatrix/stmatrix move 8x8 matrices of 16-bit elements, a matrix per pair

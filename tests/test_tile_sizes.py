@@ -333,3 +333,80 @@ def test_column_vector_broadcast(device):
     y = torch.full((64, 80), float("nan"), device=device)
     _launcher(column_vector, device)[(1,)](x, y, C=80)
     assert torch.equal(y, -x.expand(64, 80))
+
+
+@tk.kernel(num_warps=4)
+def transposed(X: tk.gl[f32], Y: tk.gl[f32], Z: tk.gl[f32], R: tk.constexpr, C: tk.constexpr,
+               SWIZZLE: tk.constexpr):
+    """Y = Xᵀ + 1 from registers (a row tile transposed to a col one), and Z
+    = Xᵀ through a swizzled shared tile and a TMA store; X read back from
+    the col tile transposed again (2·X - X: the round trip is exact)."""
+    x = tk.load(X, (0, 0), (R, C), layout="row", scope="warpgroup")
+    t = x.T
+    tk.store(Y, t + 1.0, (0, 0))
+    st = tk.shared_tile(f32, (C, R), swizzle=SWIZZLE)
+    tk.store(st, t.T.T * 2.0 - x.transpose().T.T)
+    tk.barrier()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.store_async(Z, st, (0, 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0)
+
+
+@pytest.mark.parametrize("device", WHERE)
+@pytest.mark.parametrize("R, C, swizzle", [(64, 80, 128), (64, 64, 64), (128, 48, 32)])
+def test_transpose_in_registers(device, R, C, swizzle):
+    x = torch.randn(R, C, device=device)
+    y, z = (torch.full((C, R), float("nan"), device=device) for _ in range(2))
+    _launcher(transposed, device)[(1,)](x, y, z, R=R, C=C, SWIZZLE=swizzle)
+    assert torch.equal(y, x.T + 1) and torch.equal(z, x.T)
+
+
+def test_transpose_moves_no_data_and_takes_row_or_col_tiles(ptxas):
+    c = transposed.compile(tk.spec((64, 80), f32), tk.spec((80, 64), f32),
+                           tk.spec((80, 64), f32), R=64, C=80, SWIZZLE=128)
+    assert '"tk.transpose"' in c.asm["tk"] and "shfl" not in c.asm["ptx"]
+    assert c.info["spill stores (bytes)"] == 0
+    with pytest.raises(tk.CompilationError, match=r"transpose: expected a register tile in "
+                                                  r"the row or col layout"):
+        tile_ops_vec_transpose.compile(tk.spec((64, 64), f32))
+
+
+@tk.kernel(num_warps=4)
+def tile_ops_vec_transpose(X: tk.gl[f32]):
+    tk.store(X, tk.load(X, (0, 0), (64, 64)).T, (0, 0))
+
+
+@pytest.mark.parametrize("swizzle, registers", [(0, 1), (128, 4)])
+def test_a_transposed_store_takes_one_offset_and_constants(swizzle, registers, ptxas):
+    """The col tile's 40 pieces (80 x 64 f32) share the thread's offset: a
+    sum of constants unswizzled, and swizzled a XOR within the pattern's
+    1024 bytes (4 distinct) plus a sum above it (the second column block
+    starts 80·128 bytes on: not a XOR), where each piece's offset was
+    computed whole before."""
+    c = transposed.compile(tk.spec((64, 80), f32), tk.spec((80, 64), f32),
+                           tk.spec((80, 64), f32), R=64, C=80, SWIZZLE=swizzle)
+    stores = re.findall(r"st\.shared\.\S+\s+\[(%r[d]?\d+)(?:\+\d+)?\]", c.asm["ptx"])
+    assert len(stores) == 40 and len(set(stores)) == registers, stores
+
+
+@tk.kernel(num_warps=4)
+def col_store_then_row_load(X: tk.gl[f32], Y: tk.gl[f32], BARRIER: tk.constexpr):
+    st = tk.shared_tile(f32, (64, 64), swizzle=128)
+    tk.store(st, tk.load(X, (0, 0), (64, 64), layout="row", scope="warpgroup").T)
+    if BARRIER:
+        tk.barrier()
+    tk.store(Y, tk.load(st, layout="row", scope="warpgroup"), (0, 0))
+
+
+def test_the_interpreter_tells_col_tiles_warps_apart():
+    """A col tile's warps hold columns, not rows: its store into shared memory
+    is no race among them, but a row-layout read of it by other warps with
+    no barrier between is."""
+    from tk_mlir.interpreter import InterpretError
+    x = torch.randn(64, 64)
+    y = torch.full_like(x, float("nan"))
+    col_store_then_row_load.interpret[(1,)](x, y, BARRIER=True)
+    assert torch.equal(y, x.T)
+    with pytest.raises(InterpretError, match="data race"):
+        col_store_then_row_load.interpret[(1,)](x, y, BARRIER=False)

@@ -343,6 +343,22 @@ class Tile(TileLike):
         columns in pairs: no data moves between threads)."""
         return wrap(emit("swap_pairs", [self], self.ir_type))
 
+    @builds("transpose")
+    def transpose(self) -> Tile:
+        """The tile transposed, at no cost: a row-layout R x C tile becomes a
+        col-layout C x R one (col is row transposed) holding the same registers,
+        and back. E.g. an accumulator of dQᵀ stored into a shared tile as dQ
+        (the store then writes columns: 4-byte pieces for f32)."""
+        t: T.RT = self.tk_type
+        layout = {"row": "col", "col": "row"}.get(t.layout, t.layout)
+        return Tile(emit("transpose", [self], T.RT(t.dtype, t.cols, t.rows, layout,
+                                                   t.scope).to_mlir()))
+
+    @property
+    def T(self) -> Tile:
+        """`transpose()`, as numpy and torch spell it."""
+        return self.transpose()
+
     @builds("slice")
     def slice(self, rows=None, cols=None) -> Tile:
         """Part of the tile: rows=(first, count), cols=(first, count), compile-time

@@ -13,12 +13,12 @@ does next is not ordered before the receivers. Each warp also keeps, per
 slot, what last moved its knowledge of that slot (`Block.via`: nothing yet,
 a barrier, a semaphore wait): a race report says what to do from it.
 
-Each shared allocation has a shadow per (element, row, column block): the
+Each shared allocation has a shadow per (element, row, 16 columns): the
 last write's (slot, clock, line) and, per slot, the clock and line of the
-reads since. A swizzled tile's column blocks (swizzle bytes of each row,
-stored apart) are told apart; the columns within one block are not (two
-accesses to different columns of one block count as the same place: a race
-reported there may be a false one).
+reads since. Runs of 16 columns (within one column block of a swizzled tile)
+are told apart, so are a col layout's warps, which hold 16 columns each;
+the columns within one run are not (two accesses to different columns of
+one run count as the same place: a race reported there may be a false one).
 A thread read, a wgmma operand read or a TMA store read must follow the
 last write; a write must follow the last write and every read since. A pair
 that is not ordered is reported with both lines whatever the schedule was —
@@ -29,6 +29,7 @@ of a tile a TMA load is still writing, is reported as such.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,10 +55,12 @@ class InFlight:
 
 
 def _column_width(t) -> int:
-    """The columns one shadow cell covers: a swizzled tile's column block, a
-    tensor tile's 16 columns (an MMA's N granule), a whole shared vector."""
+    """The columns one shadow cell covers: 16 of a shared tile's (within one
+    column block of a swizzled one; the columns a col layout's warp holds
+    apart from the next warp's), a tensor tile's 16 columns (an MMA's N
+    granule), a whole shared vector."""
     if isinstance(t, T.ST):
-        return t.block_cols
+        return math.gcd(t.block_cols, 16)
     if isinstance(t, T.TT):
         return 16
     return cols_of(t)
@@ -95,15 +98,18 @@ class Shadow:
         return s
 
     @staticmethod
-    def _cells(ref: SharedRef, rows: np.ndarray | None):
-        """(element index or slice, row indices, column-block indices) of the ref
-        (rows: a mask of the ref's rows that this access touches; None: all),
-        the rows and blocks shaped to index their outer product."""
+    def _cells(ref: SharedRef, rows: np.ndarray | None, cols: np.ndarray | None = None):
+        """(element index or slice, row indices, column-cell indices) of the ref
+        (rows, cols: masks of the ref's rows and columns that this access
+        touches; None: all), shaped to index their outer product."""
         idx = slice(None) if ref.index is None else ref.index
         r = np.arange(ref.row, ref.row + ref.rows)
         r = r if rows is None else r[rows[:ref.rows]]
         w = _column_width(ref.alloc.type)
-        c = np.arange(ref.col // w, -(-(ref.col + ref.cols) // w))
+        if cols is None:
+            c = np.arange(ref.col // w, -(-(ref.col + ref.cols) // w))
+        else:
+            c = np.unique((ref.col + np.flatnonzero(cols[:ref.cols])) // w)
         return idx, r[:, None], c[None, :]
 
     # ------------------------------------------------------------ in flight
@@ -130,7 +136,7 @@ class Shadow:
     # -------------------------------------------------------------- checks
 
     def read(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
-             rows=None, record: bool = True) -> str | None:
+             rows=None, record: bool = True, cols=None) -> str | None:
         """A read of ref by `warp` (clock: its vector clock) at `where`; the
         problem as a sentence, or None. Records the read (record=False: an
         asynchronous reader — wgmma, TMA store — recorded when it completes:
@@ -141,7 +147,7 @@ class Shadow:
                     f"is still writing it: wait on its semaphore first"
                     + (" (the phase of the tk.mma_commit after it)"
                        if f.kind == "tcgen05.mma" else ""))
-        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         unfenced = s["w_unfenced"][idx, r, c]
         if not record and unfenced.any():
             k = np.flatnonzero(unfenced.ravel())[0]
@@ -164,19 +170,21 @@ class Shadow:
                     f"{slot}, with nothing ordering the two: "
                     f"{self._fix(warp, slot, writer, None)}")
         if record:
-            self.read_done(ref, warp, clock[warp], where, rows)
+            self.read_done(ref, warp, clock[warp], where, rows, cols)
         return None
 
-    def read_done(self, ref: SharedRef, slot: int, epoch: int, where: str, rows=None):
+    def read_done(self, ref: SharedRef, slot: int, epoch: int, where: str, rows=None,
+                  cols=None):
         """Record a read by clock slot `slot` (a warp, or a warpgroup's wgmma
         agent) at `epoch`."""
-        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         s["r_clock"][slot, idx, r, c] = epoch
         s["r_where"][slot, idx, r, c] = where
 
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
               rows=None, slot: int | None = None, epoch: int | None = None,
-              unfenced: bool = False, ignore=(), record: bool = True) -> str | None:
+              unfenced: bool = False, ignore=(), record: bool = True,
+              cols=None) -> str | None:
         """A write of ref at `where`, ordered after what `clock` covers; recorded as
         by (slot, epoch) (default: the warp at its clock); unfenced: a thread
         write with no proxy fence after it; ignore: accesses in flight that are
@@ -192,7 +200,7 @@ class Shadow:
             verb = "writes" if f.writes else "reads"
             return (f"{what} writes {ref.describe()} while the {f.kind} issued at {f.where} "
                     f"still {verb} it (until {until})")
-        s, (idx, r, c) = self._of(ref), self._cells(ref, rows)
+        s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():

@@ -102,11 +102,11 @@ def _load(op, num_warps):
 
 def _load_shared(t, num_warps):
     """st -> rt, sv -> rv: each warp reads the rows its part of the tile holds."""
-    owners = shared.rows_by_warp(t, num_warps)
+    owners, columns = shared.rows_by_warp(t, num_warps), shared.cols_by_warp(t, num_warps)
     def load(scope, src, *coords):
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
-                                            "this load", rows=owners[k]))
+                                            "this load", rows=owners[k], cols=columns[k]))
         return numerics.round_to(t.dtype, scope.block.smem.read(src))
     return load
 
@@ -128,10 +128,12 @@ def _fenced(op) -> bool:
 
 def _store_shared(t, num_warps, fenced: bool):
     owners = shared.rows_by_warp(t, num_warps, store=True)
+    columns = shared.cols_by_warp(t, num_warps)
     def store(scope, dst, value, *coords):
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
-                                             "this store", rows=owners[k], unfenced=not fenced))
+                                             "this store", rows=owners[k], cols=columns[k],
+                                             unfenced=not fenced))
         scope.block.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
     return store
 
@@ -463,6 +465,11 @@ def _broadcast(op, num_warps):
 def _slice(op, num_warps):
     t, r, c = _result(op), op.row, op.col
     return lambda block, src: src[r:r + t.rows, c:c + t.cols].copy()
+
+
+@interprets("tk.transpose")
+def _transpose(op, num_warps):
+    return lambda block, src: src.T.copy()
 
 
 @interprets("tk.swap_pairs")

@@ -113,6 +113,30 @@ class SharedMemory:
 
 
 @functools.lru_cache(maxsize=256)
+def cols_by_warp(t, num_warps: int) -> tuple[np.ndarray | None, ...]:
+    """For each warp of a register tile's scope, the tile columns it holds (a
+    bool mask), or None for every warp when no warp bit steps along columns
+    (each holds whole rows: rows_by_warp tells them apart). A col layout's
+    warps split the columns."""
+    n = T.scope_warps(t.scope, num_warps)
+    layout = layouts.layout_of(t, num_warps)
+    if isinstance(t, T.RV) or not any(b is not None and b[0] == 1 for b in layout.warp):
+        return (None,) * n
+    cols = np.unique([layout.reg_position(r)[1] for r in range(layout.num_regs)])
+    for b in layout.lane:
+        if b is not None and b[0] == 1:
+            cols = np.concatenate([cols, cols + (1 << b[1])])
+    out = []
+    for k in range(n):
+        off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
+                  if k >> bit & 1 and b is not None and b[0] == 1)
+        mask = np.zeros(t.cols, bool)
+        mask[(cols + off) % t.cols] = True
+        out.append(mask)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
 def rows_by_warp(t, num_warps: int, store: bool = False) -> tuple[np.ndarray, ...]:
     """For each warp of a register tile's scope, the tile rows it holds (a
     bool mask), from the tile's layout: what a thread-side load of the tile
