@@ -580,7 +580,7 @@ def test_pipelined_backward_in_the_interpreter(b, h, h_kv, n, n_kv, causal):
                                                       (170, 170, True, (-1, -1)),
                                                       (250, 250, False, (64, 40))])
 def test_80_row_query_blocks_backward_in_the_interpreter(monkeypatch, n, n_kv, causal, window):
-    """QUERY_ROWS=80 (dQᵀ = Kᵀ·dSᵀ added into a transposed dQ) through the
+    """QUERY_ROWS=80 (dQᵀ = Kᵀ·dSᵀ, stored transposed for dQ's add) through the
     library's autograd against float64, GQA 2:1, ragged last blocks; the
     library takes it where it applies (not causal, no window), the kernel
     takes masks too."""
@@ -650,13 +650,14 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     q = tk.spec((2, 8, 1000, 128), tk.bf16)
     kv = tk.spec((2, 2, 777, 128), tk.bf16)
     vec = tk.spec((2, 8, 1000), tk.f32)
-    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 128, 1000), tk.f32),
+    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, 128), tk.f32),
                                           kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=128,
                                           QUERY_ROWS=80, **_backward_config(128))
     ptx = c.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n80k16" in ptx            # Sᵀ, dPᵀ and dQᵀ
-    assert re.search(r'"tk.tma_reduce_add"\([^)]*\) : \(!tk.gl<f32, .*?, !tk.st<f32, 64 : i64, '
-                     r'80 : i64, 64 : i64>', c.asm["tk"])
+    assert '"tk.transpose"' in c.asm["tk"]                          # dQᵀ stored as dQ
+    assert re.search(r'"tk.tma_reduce_add"\([^)]*\) : \(!tk.gl<f32, .*?, !tk.st<f32, 80 : i64, '
+                     r'64 : i64, 128 : i64>', c.asm["tk"])
     assert "C75" not in c.ptxas_log, c.ptxas_log
     assert c.info["dynamic shared memory (bytes)"] <= 232448
     assert c.info["spill stores (bytes)"] <= 64, c.ptxas_log

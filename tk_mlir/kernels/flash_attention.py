@@ -537,8 +537,7 @@ def _check_shapes(q, k, v) -> None:
 @tk.kernel(num_warps=4)
 def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl, Delta: tk.gl,
                                    LSE2: tk.gl, dQ: tk.gl, D: tk.constexpr = 128,
-                                   WITH_DLSE: tk.constexpr = False,
-                                   DQ_TRANSPOSED: tk.constexpr = False):
+                                   WITH_DLSE: tk.constexpr = False):
     """What the backward kernel reads besides Q, K, V and dO, per 64 query
     rows: Delta = rowsum(dO ∘ O) (the term the softmax gradient subtracts),
     less dLSE (WITH_DLSE: the gradient of the log-sum-exp, which adds
@@ -546,8 +545,7 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     that saw no key (LSE -inf: its P comes out 0), and dQ's rows zeroed (the
     backward adds into them). LSE, dLSE, Delta, LSE2: (B, H, N') f32, N' >= N
     a multiple of 4; LSE's and dLSE's rows past N are not used, Delta's and
-    LSE2's get 0. DQ_TRANSPOSED: dQ is dQᵀ, (B, H, D, N') (what the backward
-    with 80-row query blocks adds into). Grid (cdiv(N, 64), H, B)."""
+    LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
@@ -559,10 +557,7 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     tk.store(Delta, delta, (b, h, r))
     lse2 = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tk.store(LSE2, tk.where(real, lse2, 0.0), (b, h, r))
-    if DQ_TRANSPOSED:
-        tk.store(dQ, tk.zeros((D, 64), f32), (b, h, 0, r))
-    else:
-        tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
+    tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
 
 
 @tk.kernel(num_warps=12)
@@ -617,9 +612,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     of 80 rows, so each step's fixed costs (barriers, LSE2 and Delta, dQ's
     hand-off) buy 25% more work. dQ = dS·K is then computed transposed,
     dQᵀ = Kᵀ·dSᵀ (wgmma's M is 64 rows per warpgroup: each takes 64 of dQ's
-    columns as rows), and added into dQ given as dQᵀ, (B, H, D, N') f32
-    with N' >= N a multiple of 4. Not with DETERMINISTIC or VARLEN (their
-    tables count 64-row tiles).
+    columns as rows), and stored transposed back (tk.transpose: 4-byte
+    pieces) for its TMA add. Not with DETERMINISTIC or VARLEN (their tables
+    count 64-row tiles).
 
     VARLEN: B = 1 and Q, K, V, dO (and dQ, dK, dV) are packed sequences
     (kernels/packed_sequences.py): query row r sees the keys its TASKS tail
@@ -644,9 +639,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
     qs = tk.ring(Q.dtype, (BM, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
     vs = tk.ring(f32, (BM,), STAGES, count=2, consumers=2)         # LSE2_i, Delta_i
-    # dQ (dQᵀ) of each consumer; dSᵀ per consumer (x2 stages at D=128). An
-    # 80-column row is 320 (160) bytes: the widest swizzle dividing it.
-    dqs = tk.shared_tiles(f32, (64, BM), 2, swizzle=64 if dq_transposed else 128)
+    # dQ of each consumer; dSᵀ per consumer (x2 stages at D=128): an 80-column
+    # row is 160 bytes, and 32 the widest swizzle dividing it.
+    dqs = tk.shared_tiles(f32, (BM, 64), 2, swizzle=128)
     ds = tk.shared_tiles(Q.dtype, (64, BM), 2 if D == 64 else 4,
                          swizzle=32 if dq_transposed else 128)
 
@@ -827,7 +822,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             are complete too)."""
             # Added by TMA, off the warpgroup's path (faster than
             # red.global.add from registers, see BENCHMARKS.md).
-            tk.store(dqs[wg], dq * scale)
+            tk.store(dqs[wg], (dq * scale).T if dq_transposed else dq * scale)
             tk.named_barrier(3 + wg, warps=4)
             if leader:
                 # Here, with no MMA in flight (a signal's trap path would serialize
@@ -837,8 +832,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.wait_signal(TASKS, (dq_counter(b, h, i),),
                                    2 * kvb + (wg if D == 64 else 0), scope="gpu")
                     tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
-                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, wg, i) if dq_transposed else
-                                        (b, h, i, wg if D > 64 else 0))
+                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
                 tk.tma.store_commit()
                 if DETERMINISTIC:
                     # Counted as soon as it is done: the next K/V block's task
@@ -1093,28 +1087,24 @@ def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float,
 
 def backward_launcher(shape, grid: int, scale: float, **cfg):
     """`launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None) -> dq`: launch_backward for
-    (B, H, N, D) tensors of `shape`, its two kernels' launches made once. dq is
-    (B, H, N, D) f32: a transposed view of dQᵀ when the kernel adds into that
-    (QUERY_ROWS=80)."""
+    (B, H, N, D) tensors of `shape`, its two kernels' launches made once."""
     import torch
     B, H, N, D = shape
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    transposed = cfg.get("QUERY_ROWS", 64) != 64
-    prep, prep_dlse = (attention_backward_prep_kernel.launcher(
-        (tk.cdiv(N, 64), H, B), D=D, WITH_DLSE=with_dlse, DQ_TRANSPOSED=transposed)
-        for with_dlse in (False, True))
+    prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
+    prep_dlse = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D,
+                                                        WITH_DLSE=True)
     main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
     scale2 = scale * math.log2(math.e)
 
     def launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None):
         lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
                        for _ in range(2))
-        dq = torch.empty(*((B, H, D, n4) if transposed else (B, H, N, D)),
-                         dtype=torch.float32, device=q.device)
+        dq = torch.empty(B, H, N, D, dtype=torch.float32, device=q.device)
         if dlse is None:
             prep(o, do, padded_rows(lse), delta, delta, lse2, dq)      # (dLSE unread)
         else:
             prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), delta, lse2, dq)
         main(q, k, v, do, lse2, delta, dq, dk, dv, tasks, scale2, scale)
-        return dq.narrow(-1, 0, N).transpose(-1, -2) if transposed else dq
+        return dq
     return launch
