@@ -112,6 +112,25 @@ class SharedMemory:
         self.view(ref)[...] = value
 
 
+def _warp_masks(layout, axis: int, extent: int, n: int, holds_none=lambda k: False):
+    """For each of n warps, a bool mask of the positions along `axis` (of
+    `extent`) that its threads hold: the registers' and lanes' steps along
+    it, moved by the warp's own; empty for a warp where holds_none(k)."""
+    held = np.unique([layout.reg_position(r)[axis] for r in range(layout.num_regs)])
+    for b in layout.lane:
+        if b is not None and b[0] == axis:
+            held = np.concatenate([held, held + (1 << b[1])])
+    out = []
+    for k in range(n):
+        off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
+                  if k >> bit & 1 and b is not None and b[0] == axis)
+        mask = np.zeros(extent, bool)
+        if not holds_none(k):
+            mask[(held + off) % extent] = True
+        out.append(mask)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=256)
 def cols_by_warp(t, num_warps: int) -> tuple[np.ndarray | None, ...]:
     """For each warp of a register tile's scope, the tile columns it holds (a
@@ -122,18 +141,7 @@ def cols_by_warp(t, num_warps: int) -> tuple[np.ndarray | None, ...]:
     layout = layouts.layout_of(t, num_warps)
     if isinstance(t, T.RV) or not any(b is not None and b[0] == 1 for b in layout.warp):
         return (None,) * n
-    cols = np.unique([layout.reg_position(r)[1] for r in range(layout.num_regs)])
-    for b in layout.lane:
-        if b is not None and b[0] == 1:
-            cols = np.concatenate([cols, cols + (1 << b[1])])
-    out = []
-    for k in range(n):
-        off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
-                  if k >> bit & 1 and b is not None and b[0] == 1)
-        mask = np.zeros(t.cols, bool)
-        mask[(cols + off) % t.cols] = True
-        out.append(mask)
-    return tuple(out)
+    return _warp_masks(layout, 1, t.cols, n)
 
 
 @functools.lru_cache(maxsize=256)
@@ -149,16 +157,4 @@ def rows_by_warp(t, num_warps: int, store: bool = False) -> tuple[np.ndarray, ..
     replicas = sum(1 << bit for bit, b in enumerate(layout.warp) if b is None)
     if isinstance(t, T.RV):
         return tuple(np.full(1, not (store and k & replicas)) for k in range(n))
-    rows = np.unique([layout.reg_position(r)[0] for r in range(layout.num_regs)])
-    for b in layout.lane:
-        if b is not None and b[0] == 0:
-            rows = np.concatenate([rows, rows + (1 << b[1])])
-    out = []
-    for k in range(n):
-        off = sum(1 << b[1] for bit, b in enumerate(layout.warp)
-                  if k >> bit & 1 and b is not None and b[0] == 0)
-        mask = np.zeros(t.rows, bool)
-        if not (store and k & replicas):
-            mask[(rows + off) % t.rows] = True
-        out.append(mask)
-    return tuple(out)
+    return _warp_masks(layout, 0, t.rows, n, lambda k: store and k & replicas)
