@@ -410,3 +410,24 @@ def test_the_interpreter_tells_col_tiles_warps_apart():
     assert torch.equal(y, x.T)
     with pytest.raises(InterpretError, match="data race"):
         col_store_then_row_load.interpret[(1,)](x, y, BARRIER=False)
+
+
+@tk.kernel(num_warps=8)
+def transposed_block(X: tk.gl[bf16], Y: tk.gl[bf16], Z: tk.gl[bf16], R: tk.constexpr,
+                     C: tk.constexpr):
+    """Across 8 warps, in bf16: Y = Xᵀ from registers, Z = Xᵀ read back from a
+    shared tile (unswizzled) as a col tile."""
+    t = tk.load(X, (0, 0), (R, C), layout="row").T
+    tk.store(Y, t, (0, 0))
+    st = tk.shared_tile(bf16, (C, R))
+    tk.store(st, t)
+    tk.barrier()
+    tk.store(Z, tk.load(st, layout="col"), (0, 0))
+
+
+@pytest.mark.parametrize("device", WHERE)
+def test_transpose_across_eight_warps_in_bf16(device):
+    x = torch.randn(128, 48, device=device).bfloat16()
+    y, z = (torch.full((48, 128), float("nan"), device=device).bfloat16() for _ in range(2))
+    _launcher(transposed_block, device)[(1,)](x, y, z, R=128, C=48)
+    assert torch.equal(y, x.T) and torch.equal(z, x.T)
