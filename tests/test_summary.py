@@ -99,6 +99,47 @@ def test_ptxas_warnings_are_listed():
     assert S.static_shared_bytes(log) == 1024 and S.barriers(log) == 0
 
 
+# nvdisasm -g's form: line annotations, labels, /*addr*/ instructions (predicated too).
+LOOPS_SASS = """
+        //## File "/k/kernel.py", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        //## File "/k/kernel.py", line 12
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+.L_x_2:
+        //## File "/k/kernel.py", line 14
+        /*0020*/                   IMAD.MOV.U32 R8, RZ, RZ, R24 ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0038*/                   FMUL R10, R10, R11 ;
+        //## File "/k/helpers.py", line 3
+        /*0040*/                   STL [R1], R8 ;
+        /*0050*/               @P0 BRA `(.L_x_2) ;
+        //## File "/k/kernel.py", line 16
+        /*0060*/                   MOV R9, R8 ;
+        /*0070*/               @!P1 BRA `(.L_x_1) ;
+.L_x_3:
+        /*0080*/                   FADD R2, R2, R3 ;
+        /*0090*/                   BRA `(.L_x_3) ;
+        /*00a0*/                   BRA `(.L_x_4) ;
+.L_x_4:
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_loops_are_the_innermost_with_mmas_or_local_memory():
+    """The inner loop (L_x_2) is reported, not the one around it, nor the
+    loop without MMAs or local memory (L_x_3) or the forward branch; lines
+    from the file most of its instructions name."""
+    assert S.loops(LOOPS_SASS) == ["kernel.py:14-14: 5 instructions, 1 MMA, 1 moves, 1 LDL/STL"]
+
+
+@pytest.mark.skipif(find_tool("nvdisasm") is None, reason="needs nvdisasm")
+def test_the_gemm_mainloop_is_listed_without_spills(gemm):
+    loops = gemm.summary()["loops with MMAs or spills (SASS, static)"]
+    assert loops and all(l.endswith(" 0 LDL/STL") for l in loops), loops
+    assert any(re.search(r": \d+ instructions, [1-9]\d* MMA", l) for l in loops), loops
+
+
 def test_summary_heads_the_page_and_prints_as_text(gemm):
     page = gemm._repr_html_()
     head = page[:page.index("<details")]

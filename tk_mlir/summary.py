@@ -2,7 +2,8 @@
 
 Registers and spills (ptxas, as in `compiled.info`), static and dynamic
 shared memory, named barriers, how many blocks fit on an SM and what limits
-them, a static instruction mix from the SASS, and ptxas's performance
+them, a static instruction mix from the SASS, its loops that issue MMAs or
+spill (instructions, moves, LDL/STL per loop), and ptxas's performance
 warnings (the C75xx lines: an ignored setmaxnreg, serialized wgmma, ...).
 
 Blocks per SM come from the driver when a GPU is here
@@ -46,6 +47,55 @@ def instruction_mix(sass: str) -> dict[str, int]:
     mix = {op: counts[op] for op in KEY_OPCODES if counts[op] or op in ALWAYS_SHOWN}
     mix["total"] = sum(counts.values())
     return mix
+
+
+_SASS_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+_SASS_LINE_FILE = re.compile(r'^\s*//## File "([^"]*)", line (\d+)')
+_BRANCH_TARGET = re.compile(r"\bBRA\b[^`\n]*`\(\.(L_x_\d+)\)")
+_MMA_OPCODES = ("HGMMA", "QGMMA", "HMMA", "UTCHMMA", "UTCQMMA")
+_MOVES = ("MOV", "IMAD.MOV")
+
+
+def loops(sass: str, most: int = 8) -> list[str]:
+    """The SASS's innermost loops (a branch back to a label above it, holding
+    no such loop of its own) that issue MMAs or touch local memory, in code
+    order, at most `most`: each one's Python lines (nvdisasm -g's
+    annotations inside it, in the file most of them name), its
+    instructions, MMAs, register moves and LDL/STL (static counts: a branch
+    inside counts whole). Many moves in a loop of MMAs are accumulators
+    copied out of and back into their registers every iteration (ptxas
+    parks a carried accumulator whose MMA comes after others in the body:
+    issue it first)."""
+    labels, code, where = {}, [], None
+    for raw in sass.split("\n"):
+        if m := _SASS_LABEL.match(raw):
+            labels[m[1]] = len(code)
+        elif m := _SASS_LINE_FILE.match(raw):
+            where = (m[1].rsplit("/", 1)[-1], int(m[2]))
+        elif _SASS_OPCODE.match(raw):
+            text = raw.split("*/", 1)[1].strip() if "*/" in raw else raw.strip()
+            code.append((re.sub(r"^(\{\s*)?(@!?U?P(T|\d+)\s+)?", "", text), where))
+    spans = []
+    for end, (text, _) in enumerate(code):
+        m = _BRANCH_TARGET.search(text)
+        if m and labels.get(m[1], end + 1) <= end:
+            body = [t for t, _ in code[labels[m[1]]:end + 1]]
+            if any(t.startswith(_MMA_OPCODES + ("LDL", "STL")) for t in body):
+                spans.append((labels[m[1]], end))
+    inner = [(a, b) for a, b in spans
+             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+    out = []
+    for start, end in sorted(inner)[:most]:
+        body = [t for t, _ in code[start:end + 1]]
+        lines = Counter(w for _, w in code[start:end + 1] if w)
+        file = Counter(f for f, _ in lines.elements()).most_common(1)[0][0] if lines else None
+        nums = sorted(n for f, n in lines if f == file)
+        at = f"{file}:{nums[0]}-{nums[-1]}" if nums else "(no line)"
+        out.append(f"{at}: {len(body)} instructions, "
+                   f"{sum(t.startswith(_MMA_OPCODES) for t in body)} MMA, "
+                   f"{sum(t.startswith(_MOVES) for t in body)} moves, "
+                   f"{sum(t.startswith(('LDL', 'STL')) for t in body)} LDL/STL")
+    return out
 
 
 def ptxas_warnings(log: str) -> list[str]:
@@ -113,6 +163,7 @@ def summary(compiled) -> dict:
     out.update(_occupancy(compiled, info.get("registers") or 0, static + compiled.smem_bytes))
     if "sass" in compiled.asm:
         out["instructions (SASS, static)"] = instruction_mix(compiled.asm["sass"])
+        out["loops with MMAs or spills (SASS, static)"] = loops(compiled.asm["sass"])
     out["ptxas warnings"] = ptxas_warnings(log)
     return out
 
