@@ -248,6 +248,10 @@ def tmem(rows: int, cols: int, num_warps: int) -> Layout:
     return Layout((rows, cols), reg, lane, ((0, 5), (0, 6)))
 
 
+# The named layout of a tile's transpose holding the same registers (tk.transpose).
+TRANSPOSED = {"row": "col", "col": "row"}
+
+
 def _transpose(layout: Layout) -> Layout:
     def t(b: Basis) -> Basis:
         return None if b is None else (1 - b[0], *b[1:])

@@ -359,16 +359,13 @@ def _swap_pairs(op, operands, results, num_warps: int) -> None:
              f"two threads; swap the pairs of a vec or row layout tile")
 
 
-TRANSPOSED_LAYOUT = {"row": "col", "col": "row"}
-
-
 @rule("transpose")
 def _transpose(op, operands, results, num_warps: int) -> None:
     src, out = operands[0], results[0]
-    _require(isinstance(src, T.RT) and src.layout in TRANSPOSED_LAYOUT,
+    _require(isinstance(src, T.RT) and src.layout in layouts.TRANSPOSED,
              f"transpose: expected a register tile in the row or col layout (col is row "
              f"transposed: the same registers), got {T.show(src)}")
-    want = T.RT(src.dtype, src.cols, src.rows, TRANSPOSED_LAYOUT[src.layout], src.scope)
+    want = T.RT(src.dtype, src.cols, src.rows, layouts.TRANSPOSED[src.layout], src.scope)
     _require(out == want, f"transpose: the result is {T.show(out)}, expected {T.show(want)}")
 
 

@@ -350,7 +350,7 @@ class Tile(TileLike):
         and back. E.g. an accumulator of dQᵀ stored into a shared tile as dQ
         (the store then writes columns: 4-byte pieces for f32)."""
         t: T.RT = self.tk_type
-        layout = {"row": "col", "col": "row"}.get(t.layout, t.layout)
+        layout = layouts.TRANSPOSED.get(t.layout, t.layout)     # (others: refused by the rule)
         return Tile(emit("transpose", [self], T.RT(t.dtype, t.cols, t.rows, layout,
                                                    t.scope).to_mlir()))
 
