@@ -541,20 +541,11 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softc
 
 
 def _step_loop(sass: str) -> list[str]:
-    """The SASS instructions of the first loop (a branch back to a label)
-    that issues HGMMAs: the backward's step loop."""
-    labels, code = {}, []
-    for line in sass.splitlines():
-        if m := re.match(r"\s*\.(L_x_\d+):", line):
-            labels[m.group(1)] = len(code)
-        elif m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line):
-            code.append(m.group(1).lstrip("@!PU0123456789T ").strip())
-    for end, ins in enumerate(code):
-        m = re.search(r"BRA `\(\.(L_x_\d+)\)", ins)
-        if m and labels.get(m.group(1), end + 1) <= end and \
-                any("HGMMA" in i for i in code[labels[m.group(1)]:end]):
-            return code[labels[m.group(1)]:end + 1]
-    raise AssertionError("no loop with HGMMAs in the SASS")
+    """The instructions of the first innermost SASS loop that issues HGMMAs:
+    the backward's step loop."""
+    from tk_mlir.summary import loop_bodies
+    body = next(b for b in loop_bodies(sass) if any(t.startswith("HGMMA") for t, _ in b))
+    return [t for t, _ in body]
 
 
 @pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(1, 2, 1, 200, 300, True),

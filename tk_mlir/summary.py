@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from . import target as targets
+from . import source_map, target as targets
 
 # The instructions a kernel author looks for, in the order shown: tensor
 # cores (Hopper's wgmma; Blackwell's tcgen05 MMAs, commits and tensor-memory
@@ -50,51 +50,51 @@ def instruction_mix(sass: str) -> dict[str, int]:
 
 
 _SASS_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
-_SASS_LINE_FILE = re.compile(r'^\s*//## File "([^"]*)", line (\d+)')
 _BRANCH_TARGET = re.compile(r"\bBRA\b[^`\n]*`\(\.(L_x_\d+)\)")
+_PREDICATE = re.compile(r"^(\{\s*)?(@!?U?P(T|\d+)\s+)?")
 _MMA_OPCODES = ("HGMMA", "QGMMA", "HMMA", "UTCHMMA", "UTCQMMA")
 _MOVES = ("MOV", "IMAD.MOV")
 
 
-def loops(sass: str, most: int = 8) -> list[str]:
+def loop_bodies(sass: str) -> list[list[tuple[str, tuple[str, int] | None]]]:
     """The SASS's innermost loops (a branch back to a label above it, holding
     no such loop of its own) that issue MMAs or touch local memory, in code
-    order, at most `most`: each one's Python lines (nvdisasm -g's
-    annotations inside it, in the file most of them name), its
-    instructions, MMAs, register moves and LDL/STL (static counts: a branch
-    inside counts whole). Many moves in a loop of MMAs are accumulators
-    copied out of and back into their registers every iteration (ptxas
-    parks a carried accumulator whose MMA comes after others in the body:
-    issue it first)."""
-    labels, code, where = {}, [], None
-    for raw in sass.split("\n"):
+    order: each as its instructions (the text after the address, predicate
+    dropped) with the (file, line) nvdisasm -g puts them under."""
+    labels, code = {}, []
+    for raw, where in zip(sass.split("\n"), source_map.sass_line_owners(sass)):
         if m := _SASS_LABEL.match(raw):
             labels[m[1]] = len(code)
-        elif m := _SASS_LINE_FILE.match(raw):
-            where = (m[1].rsplit("/", 1)[-1], int(m[2]))
         elif _SASS_OPCODE.match(raw):
-            text = raw.split("*/", 1)[1].strip() if "*/" in raw else raw.strip()
-            code.append((re.sub(r"^(\{\s*)?(@!?U?P(T|\d+)\s+)?", "", text), where))
+            code.append((_PREDICATE.sub("", raw.split("*/", 1)[1].strip()), where))
     spans = []
     for end, (text, _) in enumerate(code):
         m = _BRANCH_TARGET.search(text)
-        if m and labels.get(m[1], end + 1) <= end:
-            body = [t for t, _ in code[labels[m[1]]:end + 1]]
-            if any(t.startswith(_MMA_OPCODES + ("LDL", "STL")) for t in body):
-                spans.append((labels[m[1]], end))
-    inner = [(a, b) for a, b in spans
-             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+        if m and labels.get(m[1], end + 1) <= end and any(
+                t.startswith(_MMA_OPCODES + ("LDL", "STL")) for t, _ in code[labels[m[1]]:end + 1]):
+            spans.append((labels[m[1]], end))
+    return [code[a:b + 1] for a, b in sorted(spans)
+            if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+
+
+def loops(sass: str, most: int = 8) -> list[str]:
+    """loop_bodies(sass), at most `most`, as one line each: its Python lines
+    (in the file most of its instructions name), instructions, MMAs, register
+    moves and LDL/STL (static counts: a branch inside counts whole). Many
+    moves in a loop of MMAs are accumulators copied out of and back into their
+    registers every iteration (ptxas parks a carried accumulator whose MMA
+    comes after others in the body: issue it first)."""
     out = []
-    for start, end in sorted(inner)[:most]:
-        body = [t for t, _ in code[start:end + 1]]
-        lines = Counter(w for _, w in code[start:end + 1] if w)
+    for body in loop_bodies(sass)[:most]:
+        lines = Counter((w[0].rsplit("/", 1)[-1], w[1]) for _, w in body if w)
         file = Counter(f for f, _ in lines.elements()).most_common(1)[0][0] if lines else None
         nums = sorted(n for f, n in lines if f == file)
         at = f"{file}:{nums[0]}-{nums[-1]}" if nums else "(no line)"
-        out.append(f"{at}: {len(body)} instructions, "
-                   f"{sum(t.startswith(_MMA_OPCODES) for t in body)} MMA, "
-                   f"{sum(t.startswith(_MOVES) for t in body)} moves, "
-                   f"{sum(t.startswith(('LDL', 'STL')) for t in body)} LDL/STL")
+        text = [t for t, _ in body]
+        out.append(f"{at}: {len(text)} instructions, "
+                   f"{sum(t.startswith(_MMA_OPCODES) for t in text)} MMA, "
+                   f"{sum(t.startswith(_MOVES) for t in text)} moves, "
+                   f"{sum(t.startswith(('LDL', 'STL')) for t in text)} LDL/STL")
     return out
 
 
