@@ -897,7 +897,6 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             tk.mma_wait(0)
             add_dq(dq, it, b, h, i, kvb)
             it += 1
-            tk.mma_wait(0)
             kvs.release(n)
             n += 1
             tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
