@@ -26,7 +26,7 @@ from mlir.dialects import arith, llvm, nvvm
 from ..dialects import tk, types as T
 from ..dtypes import TILE_DTYPES
 from . import descriptors
-from .context import LoweringContext, build_vector, c64, i32, i64, in_place, lowers
+from .context import LoweringContext, build_vector, c32, c64, i32, i64, in_place, lowers
 from .fragments import Fragment, SharedRef
 
 def _wgmma_type(dtype: str):
@@ -53,16 +53,24 @@ class Descriptors:
         addr = llvm.ptrtoint(i32(), ref.ptr)
         start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
                             arith.constant(i32(), 4))
-        # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
-        # out of the loop, 2 registers each for the whole loop (spilled in the
-        # attention backward); recomputed here they are a 64-bit add per k-step.
         bits = encode(*descriptors.operand_offsets(ref.type, k_major), ref.type.swizzle)
-        bits -= (bits >> 63) << 64       # as a signed i64 constant (64B swizzle sets bit 63)
-        self.base = in_place(arith.ori(arith.extui(i64(), start), c64(bits)))
+        # Only the low word varies (start address, bits 0-13; offsets stay inside
+        # shared memory, so adding one never carries out of them): it is an i32,
+        # the high word a constant. As one opaque i64 the descriptor took two
+        # registers and a carried 64-bit add per k-step.
+        high = bits >> 32
+        high -= (high >> 31) << 32       # as a signed i32 (64B swizzle sets bit 63)
+        self.high = c64(high << 32)
+        # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
+        # out of the loop, a register each for the whole loop (spilled in the
+        # attention backward); recomputed here they are an add per k-step.
+        self.low = in_place(arith.ori(start, c32(bits & 0xFFFF_FFFF)))
 
     def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
         off = _offset(self.st, self.k_major, k_step, mn_step)
-        return arith.addi(self.base, c64(off >> 4)) if off else self.base
+        no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
+        low = arith.addi(self.low, c32(off >> 4), overflow_flags=no_wrap) if off else self.low
+        return arith.ori(arith.extui(i64(), low), self.high)
 
 
 def _struct(n: int) -> ir.Type:

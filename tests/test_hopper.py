@@ -195,6 +195,38 @@ def test_descriptor_fields():
     assert wgmma_bits(T.ST("f16", 64, 16, 32), True) >> 62 == 3
 
 
+
+@pytest.mark.parametrize("st, k_major", [(T.ST("bf16", 64, 64, 128), True),
+                                         (T.ST("bf16", 64, 256, 128), False),
+                                         (T.ST("f16", 64, 32, 64), True),      # bit 63 set
+                                         (T.ST("bf16", 64, 80, 32), False),
+                                         (T.ST("f8e4m3", 128, 128, 128), True)])
+def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, monkeypatch):
+    """Descriptors.at(k, mn), built as an i32 low word plus a constant high
+    word, is the encoded constant fields with the start address (bits 0-13)
+    of the operand block: JIT-run on the CPU for shared addresses across
+    the whole 228 KB."""
+    from mlir import ir
+    from mlir.dialects import llvm
+    from lowering_jit import run_i32_functions
+    from tk_mlir.lowering.fragments import SharedRef
+    monkeypatch.setattr(mma_lowering, "in_place", lambda v: v)
+    bits = descriptors.wgmma_smem(*descriptors.operand_offsets(st, k_major), st.swizzle)
+    k_steps = st.cols * T.itemsize(st.dtype) // 32 if k_major else st.rows // 16
+    steps = [(k, mn) for k in range(k_steps) for mn in range((st.rows if k_major else st.cols) // 64)]
+
+    def body(j, address, _):
+        ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), address)
+        return mma_lowering.Descriptors(SharedRef(ptr, st), k_major).at(*steps[j])
+
+    tile_bytes = st.rows * st.cols * T.itemsize(st.dtype)
+    addresses = [a for a in range(0, 232448 - tile_bytes, 8 * 1024)]
+    got = run_i32_functions(len(steps), body, [(a, 0) for a in addresses])
+    for (k, mn), by_address in zip(steps, got):
+        for (address, _), desc in by_address.items():
+            start = (address + mma_lowering._offset(st, k_major, k, mn)) >> 4
+            assert desc & (1 << 64) - 1 == bits | start, (k, mn, address)
+
 # -------------------------------------------------------------- helpers
 
 @tk.func
