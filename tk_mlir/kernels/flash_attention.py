@@ -679,15 +679,15 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         blocks first.. of its K/V head's query heads (see next_block)."""
         return hk * group, (q_blocks - 1 if DETERMINISTIC else first)
 
-    def next_block(h, i, first, end):
+    def next_block(h, i, first, end, hk):
         """The (query head, query block) after (h, i) in that walk: one loop,
         not one per head, so no accumulator lives across an outer loop's
         boundary. Heads outer, blocks up; DETERMINISTIC: blocks down to
         first, heads inner, so that all tasks of a K/V head reach a dQ tile
         at the same step of their walks (they take turns there: a task a
         step ahead of the one before it would wait for it at every tile)."""
-        if DETERMINISTIC:
-            last = (h + 1) % group == 0
+        if DETERMINISTIC:       # (h is one of K/V head hk's: a compare, not a modulo)
+            last = h + 1 == (hk + 1) * group
             h, i = (h + 1 - group if last else h + 1), (i - 1 if last else i)
         else:
             last = i + 1 == end
@@ -724,7 +724,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.tma.load_async(rows[0], LSE2, (b, h, i), v_full)
                     tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
                     it += 1
-                    h, i = next_block(h, i, first, end_q)
+                    h, i = next_block(h, i, first, end_q, hk)
                 n += 1
     else:
         tk.increase_registers(CONSUMER_REGISTERS)
@@ -891,7 +891,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     q_next, do_next, s, dp = scores(kt, vt, it + 1)
                 tk.mma_wait(0)
                 it += 1
-                h, i = next_block(h, i, first, end_q)
+                h, i = next_block(h, i, first, end_q, hk)
             qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
             dk, dv, dq = gradients(s, dp, qt, dot, kt, kt0, kt1, it, i, kv0, dk, dv)
             tk.mma_wait(0)
