@@ -74,6 +74,8 @@ LLAMA_PROJECTIONS = (("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up"
 LLAMA_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 LLAMA_SHAPES = [(m, n, k) for _, n, k in LLAMA_PROJECTIONS for m in LLAMA_M]
 IMPLS = ["tk_mlir", "cublas", "triton"]
+# Also on request (--impls): the GEMM's ping-pong schedule outside gemm.plan.
+EXTRA_IMPLS = ["tk_pingpong", "tk_pingpong_64x256"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
@@ -196,12 +198,25 @@ def make_fp8_impls(names: list[str]) -> list[tuple]:
     return [(n, *table[n]) for n in names]
 
 
+def tk_pingpong(bm: int, bn: int):
+    """The GEMM kernel's ping-pong schedule on bm x bn tiles (gemm.pingpong_config),
+    outside the plan: fn(a, b, c, b_layout) for 2-D operands."""
+    from types import MappingProxyType
+    from tk_mlir.kernels import gemm as tk_gemm
+    from tk_mlir.kernels.device import num_sms
+    chosen = tk_gemm.Plan("tiles", MappingProxyType(tk_gemm.pingpong_config(bm, bn)))
+    return lambda a, b, c, lay: tk_gemm.run_plan(chosen, a, b, c, lay, "mk",
+                                                 num_sms(a.get_device()))
+
+
 def make_impls(names: list[str]) -> list[tuple]:
     """[(impl name, fn(a, b, c, b_layout) | None, why missing)] in `names` order."""
     tk_mm, tk_why = load_tk()
     tk_fn = tk_mm and (lambda a, b, c, lay: tk_mm(a, b, c, b_layout=lay))
     table = {
         "tk_mlir": (tk_fn, tk_why),
+        "tk_pingpong": (tk_mm and tk_pingpong(128, 128), tk_why),
+        "tk_pingpong_64x256": (tk_mm and tk_pingpong(64, 256), tk_why),
         "cublas": (cublas_matmul, None),
         "triton": (triton_matmul if triton is not None else None, TRITON_WHY),
     }
@@ -429,8 +444,9 @@ def parse_args(argv):
     ap.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16",
                     help="bf16 (default) or fp8: e4m3 with per-tensor scales vs "
                          "torch._scaled_mm (B stored N x K)")
-    ap.add_argument("--impls", help=f"comma list from {','.join(IMPLS)} (bf16) or "
-                                    f"{','.join(FP8_IMPLS)} (fp8); default: all")
+    ap.add_argument("--impls", help=f"comma list from {','.join(IMPLS + EXTRA_IMPLS)} (bf16) "
+                                    f"or {','.join(FP8_IMPLS)} (fp8); default: "
+                                    f"{','.join(IMPLS)} or all fp8 ones")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     try:
@@ -439,9 +455,9 @@ def parse_args(argv):
                        else SHAPES)
     except ValueError as e:
         ap.error(f"--sizes: {e}")
-    known = FP8_IMPLS if args.dtype == "fp8" else IMPLS
+    known = FP8_IMPLS if args.dtype == "fp8" else IMPLS + EXTRA_IMPLS
     args.impl_names = ([s.strip() for s in args.impls.split(",") if s.strip()]
-                       if args.impls else known)
+                       if args.impls else FP8_IMPLS if args.dtype == "fp8" else IMPLS)
     unknown = sorted(set(args.impl_names) - set(known))
     if unknown or not args.impl_names:
         ap.error(f"--impls: unknown {unknown}; for --dtype {args.dtype} choose from {known}")

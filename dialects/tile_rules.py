@@ -160,7 +160,7 @@ def no_extra_rule(op, operands, results, num_warps: int) -> None:
 
 
 rule("block_id", "grid_dim", "thread_id", "lane_id", "warp_id", "warpgroup_id", "gl_dim",
-     "barrier", "index", "arrive", "expect_bytes", "wait", "tma_commit", "tma_wait",
+     "barrier", "index", "arrive", "expect_bytes", "wait", "wait_phase", "tma_commit", "tma_wait",
      "mma_wait", "elect", "set_registers", "cluster_rank", "cluster_sync", "arrive_remote",
      "named_barrier", "fill")(no_extra_rule)
 

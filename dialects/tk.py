@@ -228,6 +228,9 @@ OPS: tuple[OpDef, ...] = (
           doc="one arrival that also expects `bytes` of TMA transactions this phase"),
     OpDef("wait", operands=("sem", "phase"),
           doc="wait until the semaphore's phase with parity `phase` has completed"),
+    OpDef("wait_phase", operands=("sem", "phase"),
+          doc="wait until the semaphore's phase number `phase` (0, 1, 2, ...) has completed: "
+              "its parity on the GPU, the number in the interpreter's check"),
     OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
           writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "

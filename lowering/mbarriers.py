@@ -61,6 +61,12 @@ def lower_wait(ctx: LoweringContext, op, sem: SharedRef, phase: ir.Value) -> Non
     nvvm.mbarrier_try_wait_parity(_sem(sem), phase, c32(10_000_000))
 
 
+@lowers("tk.wait_phase")
+def lower_wait_phase(ctx: LoweringContext, op, sem: SharedRef, phase: ir.Value) -> None:
+    parity = arith.andi(phase, c32(1))
+    nvvm.mbarrier_try_wait_parity(_sem(sem), parity, c32(10_000_000))
+
+
 @lowers("tk.elect")
 def lower_elect(ctx: LoweringContext, op) -> ir.Value:
     # elect.sync picks one lane without a loop over the active mask; for a

@@ -63,7 +63,7 @@ _LAZY = {
                      "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles",
                      "barrier", "where", "shared_vector", "shared_vectors", "atomic_add",
                      "store_partial"), ".ops"),
-    **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
+    **dict.fromkeys(("semaphore", "semaphores", "arrive", "wait", "wait_phase", "ring_phase", "elect_leader",
                      "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
                      "cluster_rank", "cluster_sync", "named_barrier_arrive"), ".sync"),
     **dict.fromkeys(("mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt", "mma_wait"), ".mma"),

@@ -21,7 +21,7 @@ from .errors import CompilationError
 from .language import builtin, compile_time_int
 from .values import Scalar, Semaphore, as_scalar, builds, emit, i32, scalar_binary
 
-__all__ = ["semaphore", "semaphores", "arrive", "wait", "ring_phase", "elect_leader",
+__all__ = ["semaphore", "semaphores", "arrive", "wait", "wait_phase", "ring_phase", "elect_leader",
            "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
            "cluster_rank", "cluster_sync", "named_barrier_arrive"]
 
@@ -116,6 +116,22 @@ def wait(sem, phase) -> None:
     if p.kind != "int":
         raise CompilationError(f"tk.wait: phase must be an int (0 or 1), got {phase!r}")
     emit("wait", [_sem(sem, "tk.wait"), p])
+
+
+@builtin
+@builds('wait_phase')
+def wait_phase(sem, n) -> None:
+    """Wait until phase number n (0, 1, 2, ...: the n-th completion) of `sem`
+    has completed. The GPU waits on n's parity, which is right only while the
+    semaphore has completed phase n - 1 and not phase n + 1: the interpreter
+    checks exactly that. Use it where a warp waits for phases other warps
+    consumed before it (a ping-pong consumer skipping the other's stages),
+    which tk.wait's check, by the phases the warp itself waited for, would
+    report as a wrap-around."""
+    p = as_scalar(n)
+    if p.kind != "int":
+        raise CompilationError(f"tk.wait_phase: the phase number must be an int, got {n!r}")
+    emit("wait_phase", [_sem(sem, "tk.wait_phase"), p])
 
 
 @builtin

@@ -93,7 +93,7 @@ def register_split(consumers, consumer_registers, producer_registers):
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
         producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None,
-        task_iters=None, prepare=None):
+        task_iters=None, prepare=None, pingpong=False):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM), or task_iters(task) iterations each when
     that is given (read by the producer and the consumers; a task of none
@@ -118,7 +118,17 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     the MMAs before are done, before compute (`where` as `load` gets it,
     plan(task) found once per task in the consumers too): it may rewrite the
     consumer's own part of the stage (zero rows that are not the task's,
-    say), synchronising its warpgroup before the MMAs read it."""
+    say), synchronising its warpgroup before the MMAs read it.
+
+    pingpong=True (CUTLASS's ping-pong schedule): each consumer takes whole
+    tasks in turn (the block's active tasks 0, 2, 4, ... the first of two,
+    1, 3, 5, ... the second), so one's epilogue (`finish`) runs while the
+    next one's MMAs do. `setup`, `compute` and `finish` then work on the
+    whole task's tile in one warpgroup (M = 64·m per warpgroup). The main
+    loops take turns (named barriers 15 - consumer, 8 warps): a consumer
+    waits for a stage only once the one before it has waited for all of its
+    own, so each stage it waits for is at most one phase behind (a parity
+    cannot tell phases two apart; the interpreter reports that)."""
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
@@ -130,7 +140,8 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
             for dtype, shape, swizzle in inputs]
     full = tk.semaphores(stages)                       # the producer's expect_bytes
-    empty = tk.semaphores(stages, arrivals=consumers * cluster)   # one per consumer
+    # Each stage is released by every consumer (by its one, pingpong) of each block.
+    empty = tk.semaphores(stages, arrivals=(1 if pingpong else consumers) * cluster)
     first_task, task_step = tk.block_id(0) // cluster, tk.grid_dim(0) // cluster
     if tk.warpgroup_id() == consumers:
         tk.decrease_registers(producer_registers)
@@ -157,7 +168,8 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         def consume(state, where, k, it, fix):
             """Iteration k of a task at ring position it (fix: after `prepare`)."""
             s = it % stages
-            tk.wait(full[s], tk.ring_phase(it, stages))
+            # (By number: a ping-pong consumer skips the other's phases.)
+            tk.wait_phase(full[s], it // stages)
             if fix:
                 tk.mma_wait(0)
                 prepare(where, k, consumer, *[tiles[s] for tiles in ring])
@@ -169,37 +181,62 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
                 release(empty[(it + stages - 1) % stages], cluster)
             return state
 
+        def run_task(task, n, it, turn):
+            """A task of n iterations from ring position it (pingpong: the
+            block's turn-th active task): its result set up, computed and
+            finished; returns the position after it."""
+            state = setup(task, consumer)
+            if pingpong:
+                if turn > 0:        # the previous turn's consumer is done waiting
+                    tk.named_barrier(15 - consumer, warps=8)
+            if prepare is None:
+                for k in range(n):
+                    state = consume(state, task, k, it, False)
+                    it += 1
+            else:
+                # prepare runs in the first and last iterations only, peeled,
+                # with no MMA in flight in them or when they end: a branch in
+                # the middle of the MMA pipeline, or an accumulator leaving
+                # one in flight, makes ptxas serialize every wgmma (C7514).
+                where = task if plan is None else plan(task)
+                if n > 0:
+                    state = consume(state, where, 0, it, True)
+                    tk.mma_wait(0)
+                    it += 1
+                for k in range(1, n - 1):
+                    state = consume(state, where, k, it, False)
+                    it += 1
+                tk.mma_wait(0)
+                if n > 1:
+                    state = consume(state, where, n - 1, it, True)
+                    tk.mma_wait(0)
+                    it += 1
+            if pingpong:            # the next consumer's turn (its main loop)
+                tk.named_barrier_arrive(15 - (consumer + 1) % consumers, warps=8)
+            tk.mma_wait(0)
+            if leader:
+                if n > 0:           # (a task of no iterations used no stage)
+                    release(empty[(it + stages - 1) % stages], cluster)
+            finish(state, task, consumer)
+            return it
+
+        turn = 0                    # pingpong: the block's active tasks so far
         for task in range(first_task, tasks, task_step):
             if True if active is None else active(task):
-                state = setup(task, consumer)
                 n = iters if task_iters is None else task_iters(task)
-                if prepare is None:
-                    for k in range(n):
-                        state = consume(state, task, k, it, False)
-                        it += 1
+                mine = True
+                if pingpong:
+                    mine = turn % consumers == consumer
+                if mine:
+                    it = run_task(task, n, it, turn)
                 else:
-                    # prepare runs in the first and last iterations only, peeled,
-                    # with no MMA in flight in them or when they end: a branch in
-                    # the middle of the MMA pipeline, or an accumulator leaving
-                    # one in flight, makes ptxas serialize every wgmma (C7514).
-                    where = task if plan is None else plan(task)
-                    if n > 0:
-                        state = consume(state, where, 0, it, True)
-                        tk.mma_wait(0)
-                        it += 1
-                    for k in range(1, n - 1):
-                        state = consume(state, where, k, it, False)
-                        it += 1
-                    tk.mma_wait(0)
-                    if n > 1:
-                        state = consume(state, where, n - 1, it, True)
-                        tk.mma_wait(0)
-                        it += 1
-                tk.mma_wait(0)
-                if leader:
-                    if n > 0:           # (a task of no iterations used no stage)
-                        release(empty[(it + stages - 1) % stages], cluster)
-                finish(state, task, consumer)
+                    it += n         # (another consumer's stages)
+                turn += 1
+        if pingpong:
+            # The last turn's consumer handed a turn on: taken, so that every
+            # arrival on a barrier meets its wait.
+            if turn > 0 and turn % consumers == consumer:
+                tk.named_barrier(15 - consumer, warps=8)
         # TMA stores `finish` issued must have read their shared tiles before
         # the block exits (a no-op for threads that issued none).
         tk.tma.store_wait(0)

@@ -97,6 +97,38 @@ def _wait(op, num_warps):
     return wait
 
 
+@interprets("tk.wait_phase", sync=True)
+def _wait_phase(op, num_warps):
+    """tk.wait_phase: the GPU's parity wait, checked against the phase number:
+    the phase it takes as done must be that one (not one before it, which
+    the parity passes at once, nor one after, which it waits past)."""
+    loc, at = op.loc, op.at
+    def wait(w, sem, phase):
+        n = warp_scalar(w, phase, loc, "tk.wait_phase: the phase number")
+        if n < 0:
+            raise error(loc, f"tk.wait_phase: the phase number is {n}; phases count from 0")
+        s = w.block.semaphore(sem, loc)
+        yield YIELD
+        remote = w.block.cluster is not None
+        while not s.done(n & 1):
+            yield Blocked(lambda: s.done(n & 1),
+                          lambda: f"at {at} for phase {n} of {s.describe()} ({s.state()})",
+                          loc, external=remote)
+        seen = s.completed - 1
+        if seen != n:
+            raise error(loc, f"tk.wait_phase: warp {w.index} waits at {at} for phase {n} of "
+                             f"{s.describe()}, but its parity passed with "
+                             + (f"phase {seen}" if seen >= 0 else "no phase") +
+                             " completed last: "
+                             + (f"phase {n - 1} had not completed, so the GPU's wait returns "
+                                f"at once" if seen < n else
+                                f"phase {n + 1} completed too, so the GPU's wait is for "
+                                f"phase {seen + 1}"))
+        w.seen[(sem.alloc.key, sem.index)] = n
+        w.block.acquire(w.index, s.released, BY_SEMAPHORE)
+    return wait
+
+
 # -------------------------------------------------------------------- TMA
 
 def _nbytes(ref) -> int:

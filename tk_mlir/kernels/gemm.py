@@ -20,7 +20,10 @@ fastest of `candidate_plans` for shapes in the measured table
 heuristic you can read (`rules_plan`): shapes with enough 128 x 256 tiles
 for the SMs take the autotuned kernel; fewer rows or columns take smaller
 tiles, and when even those leave SMs idle, K is split among blocks
-(`gemm_split_k_kernel`). `plan(...).why` says which.
+(`gemm_split_k_kernel`). `plan(...).why` says which. The ping-pong schedule
+(PINGPONG: two consumer warpgroups taking whole tiles in turn, one's epilogue
+under the other's MMAs) is among the candidates; only the measured table
+chooses it.
 """
 from __future__ import annotations
 
@@ -34,13 +37,14 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import blackwell_gemm, checks, eager
 from tk_mlir.kernels.device import is_blackwell, num_sms
+from tk_mlir.target import HOPPER
 
 
 @tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False,
-         SCALES=None):
+         SCALES=None, PINGPONG=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -82,7 +86,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     (scaled_matmul's dequantization), each f32 scale one value (a 0-d tensor)
     or a vector, SA one per row of C, SB one per column, applied to the f32
     accumulator before it leaves (each split-K part scaled: the sum is
-    linear)."""
+    linear). PINGPONG: two consumer warpgroups, each computing whole BM x BN
+    tiles in turn (tk.lcf's pingpong), so one's epilogue overlaps the other's
+    MMAs; for plain and batched products (B_KN, A_KM, ACCUMULATE), with at
+    most 128 accumulator registers (BM x BN <= 128 x 128)."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -101,7 +108,15 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # (SCATTER: the owners are the ranks, a compile-time count)
     batch = C.world_size if SCATTER is not None else A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
-    consumers = BM // 64
+    assert not PINGPONG or (BM * BN <= 128 * 128 and SPLIT_K == 1 and CLUSTER == 1 and
+                            not grouped and OFFS is None and SCATTER is None and
+                            GATHER is None and SCALES is None), \
+        f"PINGPONG takes tiles of BM x BN <= 128 x 128 (one warpgroup's accumulators; got " \
+        f"{BM} x {BN}) of plain or batched products: no SPLIT_K, CLUSTER, STARTS, SIZES, " \
+        f"OFFS, SCATTER, GATHER or SCALES"
+    # Consumer warpgroups; each takes 64 rows of a tile, or whole tiles (PINGPONG).
+    consumers = 2 if PINGPONG else BM // 64
+    wg_rows = BM if PINGPONG else 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
     assert BN >= 64 or not B_KN, f"BN={BN}: B given as K x N takes tiles of 64 columns or more"
     # CLUSTER blocks take vertically adjacent tiles; each loads 1/CLUSTER of
@@ -133,7 +148,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     c_tiles = None
     if TMA_STORE:
         # (16-bit C: a row of 64 or more columns fills the 128-byte swizzle)
-        c_tiles = tk.shared_tiles(C.dtype, (64, EPI_N), consumers * EPI_BUFFERS,
+        c_tiles = tk.shared_tiles(C.dtype, (wg_rows, EPI_N), consumers * EPI_BUFFERS,
                                   swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
@@ -247,10 +262,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.tma.load_async(b, B, (*bo, k, n) if B_KN else (*bo, n, k), sem)
 
     def setup(task, wg):
-        return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
+        return tk.zeros((wg_rows, BN), f32, layout="row", scope="warpgroup")
 
     def compute(acc, wg, a, b):
-        if A_KM:        # the warpgroup's 64 rows of C are 64 columns of the K x M tile
+        if PINGPONG:    # the whole tile
+            acc = (tk.mma_AtB if B_KN else tk.mma_AtBt)(acc, a, b) if A_KM else \
+                (tk.mma_AB if B_KN else tk.mma_ABt)(acc, a, b)
+        elif A_KM:      # the warpgroup's 64 rows of C are 64 columns of the K x M tile
             acc = (tk.mma_AtB if B_KN else tk.mma_AtBt)(acc, a.column_block(wg), b)
         else:
             acc = (tk.mma_AB if B_KN else tk.mma_ABt)(acc, a.subtile(wg, 64), b)
@@ -300,7 +318,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
 
     def store_tile(acc, task, wg):
         outer, m, n = tile_of(task)
-        row = consumers * m + wg                     # in 64-row tiles
+        row = m if PINGPONG else consumers * m + wg  # in tiles of the accumulator's rows
         piece = None
         if SCALES is not None:
             acc = row_scaled(acc, row)
@@ -324,7 +342,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
            load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
            plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
            active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
-           sized_has_rows if SIZES is not None else None)
+           sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
@@ -340,11 +358,13 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 STAGES: tk.constexpr = 4, GROUP_M: tk.constexpr = 8,
                 TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
                 CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1,
-                A_KM: tk.constexpr = False, ACCUMULATE: tk.constexpr = False):
+                A_KM: tk.constexpr = False, ACCUMULATE: tk.constexpr = False,
+                PINGPONG: tk.constexpr = False):
     """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM; C += the
-    product with ACCUMULATE (`gemm`). BM=64 takes num_warps=8."""
+    product with ACCUMULATE; two warpgroups taking whole tiles in turn with
+    PINGPONG (`gemm`). BM=64 takes num_warps=8 (but with PINGPONG)."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
-         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE)
+         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE, PINGPONG=PINGPONG)
 
 
 @tk.kernel(num_warps=8)
@@ -631,9 +651,22 @@ def tile_config(bm: int, bn: int) -> dict:
     return config
 
 
+def pingpong_config(bm: int, bn: int) -> dict:
+    """gemm_kernel's PINGPONG config for bm x bn tiles (bm x bn <= 128 x 128):
+    two consumer warpgroups taking whole tiles in turn, each staging its
+    epilogue in 64-column pieces through two tiles, and the deepest ring of
+    64-deep stages that fits beside them."""
+    staging = 2 * 2 * bm * 64 * 2                    # consumers x buffers x (bm, 64) 16-bit
+    room = HOPPER.max_shared_bytes - staging - 1024  # (1 KB: alignment, semaphores)
+    stages = room // ((bm + bn) * 64 * 2)
+    return dict(BM=bm, BN=bn, STAGES=stages, EPI_N=64, EPI_BUFFERS=2, PINGPONG=True,
+                num_warps=12)
+
+
 # Tiles and K splits `candidate_plans` offers the measured table.
 CANDIDATE_TILES = ((64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
 CANDIDATE_SPLIT_TILES = ((64, 128), (128, 128))
+CANDIDATE_PINGPONG_TILES = ((128, 128), (64, 256))
 CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
 
@@ -641,7 +674,7 @@ MIN_CANDIDATE_SLICE_STEPS = 4
 def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     """The plans `benchmarks/gemm_plan_table.py` times for one M x N x K
     product: the rules' plan first, the autotuned kernel, every tile of
-    CANDIDATE_TILES, and K splits of the split tiles that keep at least
+    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES, and K splits of the split tiles that keep at least
     MIN_CANDIDATE_SLICE_STEPS K steps per slice and at most two waves of
     blocks. Any of them computes any shape; they differ in speed only."""
     if not M * N * K:
@@ -650,6 +683,9 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     for bm, bn in CANDIDATE_TILES:
         plans.append(Plan("tiles", MappingProxyType(tile_config(bm, bn)),
                           f"tiles of {bm} x {bn}"))
+    for bm, bn in CANDIDATE_PINGPONG_TILES:
+        plans.append(Plan("tiles", MappingProxyType(pingpong_config(bm, bn)),
+                          f"tiles of {bm} x {bn}, two warpgroups in turn (ping-pong)"))
     steps = tk.cdiv(K, 64)
     for bm, bn in CANDIDATE_SPLIT_TILES:
         tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
