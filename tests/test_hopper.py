@@ -196,31 +196,37 @@ def test_descriptor_fields():
 
 
 
+@pytest.mark.parametrize("encode", [descriptors.wgmma_smem, descriptors.tcgen05_smem],
+                         ids=["wgmma", "tcgen05"])
 @pytest.mark.parametrize("st, k_major", [(T.ST("bf16", 64, 64, 128), True),
-                                         (T.ST("bf16", 64, 256, 128), False),
-                                         (T.ST("f16", 64, 32, 64), True),      # bit 63 set
+                                         (T.ST("bf16", 128, 256, 128), False),
+                                         (T.ST("f16", 64, 32, 64), True),       # bit 63 set
+                                         (T.ST("f16", 64, 32, 64), False),
+                                         (T.ST("bf16", 64, 16, 32), True),
                                          (T.ST("bf16", 64, 80, 32), False),
                                          (T.ST("f8e4m3", 128, 128, 128), True)])
-def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, monkeypatch):
+def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, encode, monkeypatch):
     """Descriptors.at(k, mn), built as an i32 low word plus a constant high
     word, is the encoded constant fields with the start address (bits 0-13)
-    of the operand block: JIT-run on the CPU for shared addresses across
-    the whole 228 KB."""
+    of the operand block: JIT-run on the CPU for shared addresses every 1 KB
+    up to the top of the 227 KB a block may have (no carry out of the start
+    field, whatever the swizzle's bits in the high word)."""
     from mlir import ir
     from mlir.dialects import llvm
     from lowering_jit import run_i32_functions
     from tk_mlir.lowering.fragments import SharedRef
+    from tk_mlir.target import HOPPER
     monkeypatch.setattr(mma_lowering, "in_place", lambda v: v)
-    bits = descriptors.wgmma_smem(*descriptors.operand_offsets(st, k_major), st.swizzle)
+    bits = encode(*descriptors.operand_offsets(st, k_major), st.swizzle)
     k_steps = st.cols * T.itemsize(st.dtype) // 32 if k_major else st.rows // 16
     steps = [(k, mn) for k in range(k_steps) for mn in range((st.rows if k_major else st.cols) // 64)]
 
     def body(j, address, _):
         ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), address)
-        return mma_lowering.Descriptors(SharedRef(ptr, st), k_major).at(*steps[j])
+        return mma_lowering.Descriptors(SharedRef(ptr, st), k_major, encode).at(*steps[j])
 
-    tile_bytes = st.rows * st.cols * T.itemsize(st.dtype)
-    addresses = [a for a in range(0, 232448 - tile_bytes, 8 * 1024)]
+    top = HOPPER.max_shared_bytes - st.rows * st.cols * T.itemsize(st.dtype)
+    addresses = [*range(0, top + 1, 1024), top // 16 * 16]
     got = run_i32_functions(len(steps), body, [(a, 0) for a in addresses])
     for (k, mn), by_address in zip(steps, got):
         for (address, _), desc in by_address.items():

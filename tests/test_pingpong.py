@@ -120,6 +120,9 @@ def test_wait_phase_checks_the_phase_number():
         _wait_for.interpret[(1,)](x, PHASE=1, ARRIVALS=0)     # parity 1: passes on a fresh one
     with pytest.raises(InterpretError, match="phase 2 had not completed"):
         _wait_for.interpret[(1,)](x, PHASE=3, ARRIVALS=2)
+    with pytest.raises(InterpretError, match=r"phases 1\.\.2 completed too, so the GPU's wait "
+                                             r"took phase 2, a later use"):
+        _wait_for.interpret[(1,)](x, PHASE=0, ARRIVALS=3)     # two phases behind
 
 
 @pytest.mark.parametrize("option, message", [
@@ -131,6 +134,30 @@ def test_pingpong_rules(option, message):
     c = torch.empty(256, 256, dtype=torch.bfloat16)
     with pytest.raises(tk.CompilationError, match=message):
         gemm.gemm_kernel.kernel.compile(a, b, c, PINGPONG=True, num_warps=12, **option)
+
+
+@tk.kernel(num_warps=8)
+def _one_consumer(A: tk.gl, C: tk.gl[f32]):
+    def load(task, k, a, sem):
+        tk.tma.load_async(a, A, (task, k), sem)
+
+    def setup(task, wg):
+        return tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+
+    def compute(acc, wg, a):
+        return tk.mma_ABt(acc, a, a)
+
+    def finish(acc, task, wg):
+        tk.store(C, acc, (task, 0))
+
+    tk.lcf(2, 2, [(A.dtype, (64, 64), 128)], load, setup, compute, finish, consumers=1,
+           pingpong=True)
+
+
+def test_pingpong_takes_two_consumers_or_more():
+    with pytest.raises(tk.CompilationError, match=r"pingpong=True\) takes turns between "
+                                                  r"consumer warpgroups: consumers >= 2, got 1"):
+        _one_consumer.compile(tk.spec((128, 128), tk.bf16), tk.spec((128, 64), tk.f32))
 
 
 @pytest.mark.parametrize("bm, bn", gemm.CANDIDATE_PINGPONG_TILES)

@@ -132,6 +132,9 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
+    assert consumers >= 2 or not pingpong, \
+        f"lcf(pingpong=True) takes turns between consumer warpgroups: consumers >= 2, got " \
+        f"{consumers}"
     assert stages >= 2, \
         f"lcf needs stages >= 2 (one stage loads while the consumers compute on another; " \
         f"with one the producer and the consumers wait for each other), got {stages}"

@@ -122,8 +122,8 @@ def _wait_phase(op, num_warps):
                              " completed last: "
                              + (f"phase {n - 1} had not completed, so the GPU's wait returns "
                                 f"at once" if seen < n else
-                                f"phase {n + 1} completed too, so the GPU's wait is for "
-                                f"phase {seen + 1}"))
+                                f"phases {n + 1}..{seen} completed too, so the GPU's wait took "
+                                f"phase {seen}, a later use of the semaphore, as its own"))
         w.seen[(sem.alloc.key, sem.index)] = n
         w.block.acquire(w.index, s.released, BY_SEMAPHORE)
     return wait
