@@ -70,7 +70,9 @@ class Descriptors:
         off = _offset(self.st, self.k_major, k_step, mn_step)
         no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
         low = arith.addi(self.low, c32(off >> 4), overflow_flags=no_wrap) if off else self.low
-        return arith.ori(arith.extui(i64(), low), self.high)
+        # (The whole descriptor in place too: of the forms tried, the one that
+        # spilled least over the library's kernels; BENCHMARKS.md.)
+        return in_place(arith.ori(arith.extui(i64(), low), self.high))
 
 
 def _struct(n: int) -> ir.Type:

@@ -166,10 +166,13 @@ def test_the_kernels_compile_without_spills_or_serialized_mmas(dk, feature_map, 
     MMA pipeline ptxas serialized). The D_k=64 loops keep the next chunk's
     loads in flight in registers, D_k=128's do not: it would spill. taylor2
     expands 16 columns into 192 features inside the kernels; its causal
-    forward, dq and dk/dv kernels spill, a known limit (its module's
-    docstring; faster than the 32-column blocks that do not): they are
-    held to what they spill at 64 columns, so that a change shows."""
-    limits = {"forward": 448, "dq": 512, "dk dv": 704} if feature_map == "taylor2" else {}
+    forward, dq and dk/dv kernels and its gradient sums spill, a known limit
+    (its module's docstring; faster than the 32-column blocks that do not):
+    they are held to what they spill at 64 columns, so that a change shows
+    (BENCHMARKS.md, the wgmma descriptors' section: the gradient sums moved
+    from 0 to 56 bytes, the other three down by 20-56)."""
+    limits = {"forward": 256, "grad sums": 64, "dq": 512, "dk dv": 640} \
+        if feature_map == "taylor2" else {}
     for name, c in _compiled_kernels(dk, causal, feature_map).items():
         limit = limits.get(name, 0)
         assert c.info["spill stores (bytes)"] <= limit, (name, c.info)
