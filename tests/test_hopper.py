@@ -219,7 +219,8 @@ def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, encode, mon
     monkeypatch.setattr(mma_lowering, "in_place", lambda v: v)
     bits = encode(*descriptors.operand_offsets(st, k_major), st.swizzle)
     k_steps = st.cols * T.itemsize(st.dtype) // 32 if k_major else st.rows // 16
-    steps = [(k, mn) for k in range(k_steps) for mn in range((st.rows if k_major else st.cols) // 64)]
+    mn_steps = (st.rows if k_major else st.cols) // 64
+    steps = [(k, mn) for k in range(k_steps) for mn in range(mn_steps)]
 
     def body(j, address, _):
         ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), address)

@@ -362,7 +362,7 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 PINGPONG: tk.constexpr = False):
     """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM; C += the
     product with ACCUMULATE; two warpgroups taking whole tiles in turn with
-    PINGPONG (`gemm`). BM=64 takes num_warps=8 (but with PINGPONG)."""
+    PINGPONG (`gemm`). BM=64 takes num_warps=8 (12 with PINGPONG)."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
          EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE, PINGPONG=PINGPONG)
 
@@ -674,9 +674,10 @@ MIN_CANDIDATE_SLICE_STEPS = 4
 def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     """The plans `benchmarks/gemm_plan_table.py` times for one M x N x K
     product: the rules' plan first, the autotuned kernel, every tile of
-    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES, and K splits of the split tiles that keep at least
-    MIN_CANDIDATE_SLICE_STEPS K steps per slice and at most two waves of
-    blocks. Any of them computes any shape; they differ in speed only."""
+    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES (ping-pong), and K
+    splits of the split tiles that keep at least MIN_CANDIDATE_SLICE_STEPS K
+    steps per slice and at most two waves of blocks. Any of them computes any
+    shape; they differ in speed only."""
     if not M * N * K:
         return [rules_plan(M, N, K, sms)]            # (an empty product: nothing to time)
     plans = [rules_plan(M, N, K, sms), Plan("autotuned", why="the autotuned kernel")]
