@@ -282,8 +282,7 @@ def _store_partial(op, operands, results, num_warps: int) -> None:
     _require(counters.dtype == "i32" and counters.rank == 1,
              f"{name}: counters must be a 1-D i32 tensor (one counter per tile and thread), "
              f"got {T.show(counters)}")
-    _require(op.parts >= 1, f"{name}: parts must be >= 1, got {op.parts}")
-    _memory_access(op, ws, tile, len(operands) - 4, name)
+    _memory_access(op, ws, tile, len(operands) - 5, name)
 
 
 @rule("copy")

@@ -197,9 +197,9 @@ OPS: tuple[OpDef, ...] = (
     OpDef("atomic_add", operands=("dst", "value"), variadic="indices",
           doc="f32 rt/rv added into an f32 gl at tile coordinates (red.global.add: each "
               "element once, out-of-bounds elements skipped, as tk.store)"),
-    OpDef("store_partial", operands=("dst", "value", "workspace", "counters"),
-          variadic="indices", attributes=("parts",), int_tensor="counters",
-          doc="f32 rt/rv, one of `parts` partial sums of dst's tile at tile coordinates "
+    OpDef("store_partial", operands=("dst", "value", "workspace", "counters", "parts"),
+          variadic="indices", int_tensor="counters",
+          doc="f32 rt/rv, one of `parts` (i32) partial sums of dst's tile at tile coordinates "
               "(split-K): added into the f32 workspace (red.global.add); the last part to "
               "arrive, counted per thread in i32 counters, stores the sum into dst and leaves "
               "its workspace elements and counters zero"),

@@ -40,7 +40,8 @@ def lower_atomic_add(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment,
 
 @lowers("tk.store_partial")
 def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment,
-                        workspace: GlobalRef, counters: GlobalRef, *indices: ir.Value) -> None:
+                        workspace: GlobalRef, counters: GlobalRef, parts: ir.Value,
+                        *indices: ir.Value) -> None:
     """Add the part into the workspace; count it on this thread's counter with
     an acq_rel atomic (its release orders the thread's adds before the count,
     its acquire makes the other parts' adds visible to the last one); the
@@ -50,7 +51,7 @@ def lower_store_partial(ctx: LoweringContext, op, dst: GlobalRef, frag: Fragment
     A tile wholly past dst's end is skipped: its number would be another
     tile's (the next outer index's first)."""
     _guarded(_tile_inside(dst, frag, indices),
-             lambda: _add_and_count(ctx, op, dst, frag, workspace, counters, indices))
+             lambda: _add_and_count(ctx, dst, frag, workspace, counters, parts, indices))
 
 
 def _tile_axes(dst: GlobalRef, frag: Fragment, indices):
@@ -71,7 +72,7 @@ def _tile_inside(dst: GlobalRef, frag: Fragment, indices) -> ir.Value:
     return _and([_lt(first, extent) for _, first, extent, _ in _tile_axes(dst, frag, indices)])
 
 
-def _add_and_count(ctx, op, dst, frag, workspace, counters, indices) -> None:
+def _add_and_count(ctx, dst, frag, workspace, counters, parts, indices) -> None:
     ws_pieces = list(global_pieces(ctx, workspace, frag, indices))
     for r0, n, addr, conds in ws_pieces:
         regs = frag.regs[r0:r0 + n]
@@ -81,7 +82,7 @@ def _add_and_count(ctx, op, dst, frag, workspace, counters, indices) -> None:
                                  llvm.GEPNoWrapFlags.inbounds)
     old = llvm.inline_asm(i32(), [counter], "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;",
                           "=r,l", has_side_effects=True)
-    last = arith.cmpi(arith.CmpIPredicate.eq, old, c32(op.parts - 1))
+    last = arith.cmpi(arith.CmpIPredicate.eq, old, arith.subi(parts, c32(1)))
     _guarded(last, lambda: (_store_total(ctx, dst, frag, indices, ws_pieces),
                             llvm.store(c32(0), counter, alignment=4)))
 

@@ -375,7 +375,7 @@ S = tk.spec
     (bf16_workspace, [S((16, 64), "f32"), S((16, 64), "bf16"), S((16, 64), "bf16"),
                       S((128,), "i32")], "part-workspace", "the workspace must be an f32 tensor"),
     (zero_parts, [S((16, 64), "f32")] * 3 + [S((128,), "i32")], "part-zero",
-     "parts must be a compile-time int >= 1"),
+     "parts must be an int >= 1"),
 ])
 def test_store_partial_misuse_at_its_line(kernel, specs, marker, message):
     with pytest.raises(tk.CompilationError) as info:

@@ -207,7 +207,8 @@ def atomic_add(dst, value, idx=()):
 def store_partial(dst, value, idx=(), *, parts, workspace, counters):
     """Store `value`, one of `parts` partial sums of the tile of `dst` at tile
     coordinates `idx` (split-K: each part summed over a slice of K by its own
-    block). Every part adds itself into `workspace` (an f32 tensor of dst's
+    block; `parts` may be a run-time int, as stream-K's varies by tile, the
+    same in every part of a tile). Every part adds itself into `workspace` (an f32 tensor of dst's
     shape) with red.global.add; the last to arrive, counted per thread in
     `counters` (int32), reads the sum back, stores it into dst (converted to
     dst's dtype, elements past the end skipped as tk.store) and writes zeros
@@ -224,10 +225,14 @@ def store_partial(dst, value, idx=(), *, parts, workspace, counters):
         if not isinstance(arg, Global):
             raise CompilationError(f"tk.store_partial: {name} must be a tk.gl tensor argument "
                                    f"(global memory), got {arg!r}")
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise CompilationError(f"tk.store_partial: parts must be a compile-time int >= 1 (the "
-                               f"number of partial sums of each tile), got {parts!r}")
-    emit("store_partial", [dst, value, workspace, counters, *_indices(idx)], parts=parts)
+    if isinstance(parts, bool) or (isinstance(parts, int) and parts < 1):
+        raise CompilationError(f"tk.store_partial: parts must be an int >= 1 (the number of "
+                               f"partial sums of the tile; a run-time int too), got {parts!r}")
+    p = as_scalar(parts)
+    if p.kind != "int":
+        raise CompilationError(f"tk.store_partial: parts must be an int >= 1 (the number of "
+                               f"partial sums of the tile; a run-time int too), got {parts!r}")
+    emit("store_partial", [dst, value, workspace, counters, p, *_indices(idx)])
 
 
 @builtin

@@ -263,8 +263,10 @@ def _store_partial(op, num_warps):
     # As on the GPU, where each thread counts its own elements' parts: the
     # scope adds its part, counts it on its tile's counters, and the last part
     # stores the total and zeroes workspace and counters.
-    loc, parts = op.loc, op.parts
-    def store(scope, dst, value, workspace, counters, *coords):
+    loc = op.loc
+    def store(scope, dst, value, workspace, counters, parts, *coords):
+        if parts < 1:
+            raise error(loc, f"tk.store_partial: parts is {parts}; a tile has at least one part")
         if workspace.shape != dst.shape:
             raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} has shape "
                              f"{workspace.shape}, dst {dst.name!r} {dst.shape}: it must have "

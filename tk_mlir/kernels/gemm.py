@@ -22,8 +22,9 @@ for the SMs take the autotuned kernel; fewer rows or columns take smaller
 tiles, and when even those leave SMs idle, K is split among blocks
 (`gemm_split_k_kernel`). `plan(...).why` says which. The ping-pong schedule
 (PINGPONG: two consumer warpgroups taking whole tiles in turn, one's epilogue
-under the other's MMAs) is among the candidates; only the measured table
-chooses it.
+under the other's MMAs) and stream-K (STREAM_K: all tiles' K steps cut evenly
+among the blocks, shared tiles meeting as split-K's slices do) are among the
+candidates; only the measured table chooses them.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from tk_mlir.target import HOPPER
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False,
-         SCALES=None, PINGPONG=False):
+         SCALES=None, PINGPONG=False, STREAM_K=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -86,7 +87,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     (scaled_matmul's dequantization), each f32 scale one value (a 0-d tensor)
     or a vector, SA one per row of C, SB one per column, applied to the f32
     accumulator before it leaves (each split-K part scaled: the sum is
-    linear). PINGPONG: two consumer warpgroups, each computing whole BM x BN
+    linear). STREAM_K (with W and F, SPLIT_K = 1): stream-K, all tiles' K steps
+    cut evenly among the grid's blocks, each block walking its share in
+    order across tile boundaries; a tile that two or more blocks share meets
+    in W as split-K's slices do (tk.store_partial with their number), the
+    others are stored whole. PINGPONG: two consumer warpgroups, each computing whole BM x BN
     tiles in turn (tk.lcf's pingpong), so one's epilogue overlaps the other's
     MMAs; for plain and batched products (B_KN, A_KM, ACCUMULATE), with at
     most 128 accumulator registers (BM x BN <= 128 x 128)."""
@@ -114,6 +119,12 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         f"PINGPONG takes tiles of BM x BN <= 128 x 128 (one warpgroup's accumulators; got " \
         f"{BM} x {BN}) of plain or batched products: no SPLIT_K, CLUSTER, STARTS, SIZES, " \
         f"OFFS, SCATTER, GATHER or SCALES"
+    assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
+                            and OFFS is None and SCATTER is None and GATHER is None
+                            and SCALES is None and not ACCUMULATE and not PINGPONG), \
+        "STREAM_K takes the workspace W and counters F of split-K (SPLIT_K = 1) for plain or " \
+        "batched products: no CLUSTER, STARTS, SIZES, OFFS, SCATTER, GATHER, SCALES, " \
+        "ACCUMULATE or PINGPONG"
     # Consumer warpgroups; each takes 64 rows of a tile, or whole tiles (PINGPONG).
     consumers = 2 if PINGPONG else BM // 64
     wg_rows = BM if PINGPONG else 64
@@ -245,6 +256,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     def load_tiles(task, k, a, b, sem):
         if STARTS is not None:
             outer, m, n = task                       # (tile_of, once per task)
+        elif STREAM_K:
+            tile, first, _ = task                    # (stream_unit, once per task)
+            outer, m, n = tile_of(tile)
+            k += first
         else:
             outer, m, n = tile_of(task)
         if SPLIT_K > 1:
@@ -317,6 +332,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return piece if len(SB.shape) > 0 else None
 
     def store_tile(acc, task, wg):
+        parts = 1
+        if STREAM_K:
+            task, _, _ = stream_unit(task)
+            parts = stream_parts(task)
         outer, m, n = tile_of(task)
         row = m if PINGPONG else consumers * m + wg  # in tiles of the accumulator's rows
         piece = None
@@ -334,15 +353,61 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                    EPI_BUFFERS, add=True)
         elif SPLIT_K > 1:
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
+        elif parts > 1:                              # (STREAM_K: a shared tile)
+            tk.store_partial(C, acc, (*outer, row, n), parts=parts, workspace=W, counters=F)
         else:
             tk.store_in_pieces(C, acc, row, n * (BN // EPI_N), EPI_N, wg, c_tiles, EPI_BUFFERS,
                                piece, outer=outer, add=ACCUMULATE)
 
-    tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
-           load, setup, compute, finish, stages=STAGES, consumers=consumers, cluster=CLUSTER,
-           plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
-           active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
-           sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
+    if STREAM_K:
+        # Block b of the first `blocks` (at most one per K step) takes K steps
+        # b·share + min(b, extra) .. of all tiles' in order; its o-th task is
+        # the o-th tile that range meets (task = o·grid + b: lcf's task loop).
+        steps = tk.cdiv(K, BK)
+        total = tasks * steps
+        grid = tk.grid_dim(0)
+        blocks = min(grid, total)
+        share, extra = total // blocks, total % blocks
+
+        def block_start(b):
+            return b * share + min(b, extra)
+
+        def block_of(i):
+            """The block whose range holds K step i (of all tiles')."""
+            wide = extra * (share + 1)                  # the steps of the longer ranges
+            return i // (share + 1) if i < wide else extra + (i - wide) // share
+
+        def stream_unit(task):
+            """(tile, first K step in it, K steps) of a stream-K task: 0 steps
+            for a task past its block's range, or of a block past `blocks`."""
+            b = task % grid
+            lo, hi = block_start(b), block_start(b + 1)
+            tile = lo // steps + task // grid
+            first = max(lo, tile * steps)
+            count = min(hi, tile * steps + steps) - first
+            return tile, first - tile * steps, count if b < blocks else 0
+
+        def stream_parts(tile):
+            """How many blocks share a tile's K steps."""
+            return block_of(tile * steps + steps - 1) - block_of(tile * steps) + 1
+
+        def stream_steps(task):
+            return stream_unit(task)[2]
+
+        def stream_active(task):
+            return stream_unit(task)[2] > 0
+
+        units = tk.cdiv(tk.cdiv(total, blocks), steps) + 1     # tasks per block, at most
+        tk.lcf(grid * units, 0, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
+               load, setup, compute, finish, stages=STAGES, consumers=consumers,
+               plan=stream_unit, active=stream_active, task_iters=stream_steps)
+    else:
+        tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
+               load, setup, compute, finish, stages=STAGES, consumers=consumers,
+               cluster=CLUSTER,
+               plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
+               active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
+               sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
@@ -372,10 +437,12 @@ def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i
                         SPLIT_K: tk.constexpr, B_KN: tk.constexpr = False,
                         BM: tk.constexpr = 64, BN: tk.constexpr = 128, BK: tk.constexpr = 64,
                         STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8,
-                        A_KM: tk.constexpr = False):
-    """`gemm` with K cut into SPLIT_K slices. W: f32 of C's shape, F: int32 of
-    split_k_counters(...) elements; both zeros, and left zeros."""
-    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F, A_KM=A_KM)
+                        A_KM: tk.constexpr = False, STREAM_K: tk.constexpr = False):
+    """`gemm` with K cut into SPLIT_K slices, or with STREAM_K (SPLIT_K = 1)
+    all tiles' K steps cut evenly among the blocks. W: f32 of C's shape, F:
+    int32 of split_k_counters(...) elements; both zeros, and left zeros."""
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F, A_KM=A_KM,
+         STREAM_K=STREAM_K)
 
 
 def split_k_counters(M: int, N: int, BN: int, batch: int = 1) -> int:
@@ -552,7 +619,8 @@ MIN_SLICE_STEPS = 8      # K steps (of rules_plan's bk: 128 bytes) a split-K sli
 class Plan:
     """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
     and its configs), "tiles" (gemm_kernel with `config`), "split_k"
-    (gemm_split_k_kernel with `config`) or "none" (M, N or K is 0: no
+    (gemm_split_k_kernel with `config`), "stream_k" (the same kernel with
+    STREAM_K in `config`) or "none" (M, N or K is 0: no
     kernel; C is zeroed when K is 0, left as it is when accumulating);
     scaled_matmul's plans name its own kernels the same way (scaled_gemm);
     `why` says which rule chose it.
@@ -674,10 +742,11 @@ MIN_CANDIDATE_SLICE_STEPS = 4
 def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     """The plans `benchmarks/gemm_plan_table.py` times for one M x N x K
     product: the rules' plan first, the autotuned kernel, every tile of
-    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES (ping-pong), and K
-    splits of the split tiles that keep at least MIN_CANDIDATE_SLICE_STEPS K
-    steps per slice and at most two waves of blocks. Any of them computes any
-    shape; they differ in speed only."""
+    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES (ping-pong), K splits of
+    the split tiles that keep at least MIN_CANDIDATE_SLICE_STEPS K steps per
+    slice and at most two waves of blocks, and stream-K over the split tiles
+    where they make fewer than two waves. Any of them computes any shape;
+    they differ in speed only."""
     if not M * N * K:
         return [rules_plan(M, N, K, sms)]            # (an empty product: nothing to time)
     plans = [rules_plan(M, N, K, sms), Plan("autotuned", why="the autotuned kernel")]
@@ -687,6 +756,13 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     for bm, bn in CANDIDATE_PINGPONG_TILES:
         plans.append(Plan("tiles", MappingProxyType(pingpong_config(bm, bn)),
                           f"tiles of {bm} x {bn}, two warpgroups in turn (ping-pong)"))
+    for bm, bn in CANDIDATE_SPLIT_TILES:
+        if tk.cdiv(M, bm) * tk.cdiv(N, bn) < 2 * sms:     # (stream-K: for a wave or two)
+            plans.append(Plan("stream_k",
+                              MappingProxyType({**tile_config(bm, bn), "SPLIT_K": 1,
+                                                "STREAM_K": True}),
+                              f"tiles of {bm} x {bn}, stream-K (K steps cut evenly among "
+                              f"the blocks)"))
     steps = tk.cdiv(K, 64)
     for bm, bn in CANDIDATE_SPLIT_TILES:
         tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
@@ -859,7 +935,7 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
                 tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km))
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()
     else:
-        config = {k: v for k, v in chosen.config.items() if k != "SPLIT_K"}
+        config = {k: v for k, v in chosen.config.items() if k not in ("SPLIT_K", "STREAM_K")}
     gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **config, **_a_km(km), ACCUMULATE=True)
 
 
