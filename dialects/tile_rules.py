@@ -282,6 +282,9 @@ def _store_partial(op, operands, results, num_warps: int) -> None:
     _require(counters.dtype == "i32" and counters.rank == 1,
              f"{name}: counters must be a 1-D i32 tensor (one counter per tile and thread), "
              f"got {T.show(counters)}")
+    parts = op.operation.operands[4].type
+    _require(str(parts) == "i32", f"{name}: parts must be an i32 scalar (the tile's number of "
+             f"partial sums), got {parts}")
     _memory_access(op, ws, tile, len(operands) - 5, name)
 
 
