@@ -526,15 +526,16 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softc
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
     # No wgmma is serialized and ptxas injects no wait (C7517: Sᵀ's and dPᵀ's
     # accumulators start at -LSE2/scale and -Delta, made by threads before
-    # either MMA is issued). Spills: a few registers at D=128 (24-52 bytes,
-    # outside the step loop), none at D=64 (BENCHMARKS.md). Soft-capped and
-    # causal, LSE2 is subtracted after the cap and some spill in the loop.
+    # either MMA is issued). Spills: a few registers at D=128 (20-44 bytes,
+    # outside the step loop: the 24-register producer), none at D=64
+    # (BENCHMARKS.md). Soft-capped and causal, LSE2 is subtracted after the
+    # cap and some spill in the loop (9 LDL/STL a step).
     assert "C75" not in c.ptxas_log, c.ptxas_log
-    limit = 0 if d == 64 else 120 if softcap else 56
+    limit = 0 if d == 64 else 96 if softcap else 48
     assert c.info["spill stores (bytes)"] <= limit, c.ptxas_log
     loop = _step_loop(c.asm["sass"])
-    if not softcap:
-        assert not any(i.startswith(("LDL", "STL")) for i in loop), "spills in the step loop"
+    spills = sum(i.startswith(("LDL", "STL")) for i in loop)
+    assert spills <= (10 if softcap else 0), f"{spills} spill loads/stores in the step loop"
     # dK and dV stay in their MMAs' registers across steps (the loop is
     # rotated: parked elsewhere for the softmax, they cost >= 128 moves a step).
     assert sum(i.startswith(("IMAD.MOV", "MOV")) for i in loop) < 128

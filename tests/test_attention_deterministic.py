@@ -178,8 +178,12 @@ def test_deterministic_ptx_waits_and_counts_and_the_default_does_not(d, causal):
     assert "ld.acquire" not in default and "red.release" not in default
     # No wgmma serialized by the waits (they sit where no MMA is in flight).
     assert not re.search(r"C75(14|18|19)", det.ptxas_log), det.ptxas_log
-    # A few registers spill at D=128 (the default kernel spills there too).
-    assert det.info["spill stores (bytes)"] <= (32 if d == 64 else 512), det.ptxas_log
+    # A few registers spill at D=128 (the default kernel spills there too),
+    # in the step loop only when causal (14 LDL/STL a step; BENCHMARKS.md).
+    assert det.info["spill stores (bytes)"] <= (32 if d == 64 else 128), det.ptxas_log
+    from test_attention import _step_loop
+    spills = sum(i.startswith(("LDL", "STL")) for i in _step_loop(det.asm["sass"]))
+    assert spills <= (16 if d == 128 and causal else 0), spills
 
 
 # ---------------------------------------------------------------- plumbing
