@@ -396,6 +396,34 @@ def test_ping_pong_runs():
     assert torch.equal(c, a.float())
 
 
+@tk.kernel(num_warps=8)
+def arrives_twice(A: tk.gl, C: tk.gl):
+    """Warpgroup 0 hands two turns to warpgroup 1 on one barrier before it
+    takes the first (warpgroup 1 gets there after both, through a
+    semaphore): the GPU would count warpgroup 0's threads twice."""
+    wg = tk.warpgroup_id()
+    sem = tk.semaphore()
+    if wg == 0:
+        tk.named_barrier_arrive(1, warps=8)
+        tk.named_barrier_arrive(1, warps=8)   # MARK: arrive again
+        if tk.elect_leader("warpgroup"):
+            tk.arrive(sem)
+    else:
+        tk.wait(sem, 0)
+        tk.named_barrier(1, warps=8)
+        tk.named_barrier(1, warps=8)
+    x = tk.load(A, (wg, 0), (64, 64), layout="row", scope="warpgroup")
+    tk.store(C, x.to(f32), (wg, 0))
+
+
+def test_a_warp_reaching_a_named_barrier_twice_in_one_use():
+    a, c = inputs(128)
+    e = report(arrives_twice, a, c, seeds=range(4))
+    assert e.line == line_of("MARK: arrive again")
+    assert re.search(r"warp \d reaches named barrier 1 at .* a second time in one use of it",
+                     e.message), e.message
+
+
 # ------------------------------------------------------- indices, races
 
 @tk.kernel(num_warps=4)

@@ -137,6 +137,11 @@ class NamedBarrier:
                              f"every arrival of one use must count the same warps")
         if self.warps is None:
             self.warps, self.first = warps, where
+        elif warp in self.arrived:
+            raise error(loc, f"warp {warp} reaches named barrier {self.index} at {where} a second "
+                             f"time in one use of it (begun at {self.first}; {self.state()}): "
+                             f"the GPU counts its threads twice, so the barrier completes "
+                             f"without the warps it waits for")
         self.arrived.append(warp)
         np.maximum(self.clock, clock, out=self.clock)
         gen = self.generation
