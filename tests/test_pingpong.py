@@ -125,6 +125,27 @@ def test_wait_phase_checks_the_phase_number():
         _wait_for.interpret[(1,)](x, PHASE=0, ARRIVALS=3)     # two phases behind
 
 
+@tk.kernel(num_warps=1)
+def _wait_for_constant(X: tk.gl[f32], PHASE: tk.constexpr):
+    sem = tk.semaphore()
+    tk.wait_phase(sem, PHASE)      # E:wait-phase
+    tk.store(X, tk.zeros((1, 32), f32), (0, 0))
+
+
+@pytest.mark.parametrize("phase", [-1, True, 1.0])
+def test_wait_phase_takes_a_phase_number(phase):
+    with pytest.raises(tk.CompilationError, match=r"tk\.wait_phase: the phase number must be an "
+                                                  r"int >= 0") as info:
+        _wait_for_constant.compile(tk.spec((1, 32), tk.f32), PHASE=phase)
+    assert info.value.line == _line_of("# E:wait-phase")
+
+
+def _line_of(marker: str) -> int:
+    import inspect
+    lines, first = inspect.getsourcelines(_wait_for_constant.fn)
+    return first + next(i for i, text in enumerate(lines) if text.rstrip().endswith(marker))
+
+
 @pytest.mark.parametrize("option, message", [
     (dict(BM=128, BN=256), r"PINGPONG takes tiles of BM x BN <= 128 x 128 .*got 128 x 256"),
     (dict(BM=128, BN=128, CLUSTER=2), "no SPLIT_K, CLUSTER"),

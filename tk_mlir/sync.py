@@ -128,9 +128,13 @@ def wait_phase(sem, n) -> None:
     consumed before it (a ping-pong consumer skipping the other's stages),
     which tk.wait's check, by the phases the warp itself waited for, would
     report as a wrap-around."""
+    if isinstance(n, bool) or (isinstance(n, int) and n < 0):
+        raise CompilationError(f"tk.wait_phase: the phase number must be an int >= 0 (the n-th "
+                               f"completion, from 0), got {n!r}")
     p = as_scalar(n)
     if p.kind != "int":
-        raise CompilationError(f"tk.wait_phase: the phase number must be an int, got {n!r}")
+        raise CompilationError(f"tk.wait_phase: the phase number must be an int >= 0 (the n-th "
+                               f"completion, from 0), got {n!r}")
     emit("wait_phase", [_sem(sem, "tk.wait_phase"), p])
 
 
