@@ -142,3 +142,14 @@ def test_stream_k_on_the_gpu(b_kn):
             w, f = _stream_k(a, b, c, sms, b_kn=b_kn, bm=bm, bn=bn, interpret=False)
             assert _relative_error(c, ref) < 8e-3, (M, N, K, batch, bm, bn)
             assert not w.any() and not f.any()
+
+
+def test_only_the_measured_table_chooses_ping_pong_or_stream_k():
+    """Neither schedule has been timed: the rules never take them (a table
+    row measured on a GPU may)."""
+    for M in (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192):
+        for N, K in [(4096, 4096), (11008, 4096), (14336, 4096), (4096, 14336), (1024, 8192)]:
+            for batch in (1, 4):
+                chosen = gemm.rules_plan(M, N, K, 132, batch)
+                assert chosen.kernel != "stream_k" and not chosen.config.get("PINGPONG"), \
+                    (M, N, K, batch, chosen)
