@@ -79,7 +79,7 @@ def test_gemm_short_form(gemm_kernel):
     # The template's own ops (register split, pipeline) carry the kernel's
     # call of it, as in a user's kernel: the line of `tk.lcf(`.
     assert gutter_of(text, "tk.set_registers {count=40, action=dec}") == \
-        str(line_of(gemm.__file__, "tk.lcf("))
+        str(line_of(gemm.__file__, "tk.lcf(tasks * SPLIT_K"))
     assert gutter_of(text, "tk.mma ") == \
         str(line_of(gemm.__file__, "acc = (tk.mma_AB if B_KN else tk.mma_ABt)(acc,"))
 
