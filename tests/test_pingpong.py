@@ -115,14 +115,17 @@ def test_wait_phase_checks_the_phase_number():
     _wait_for.interpret[(1,)](x, PHASE=0, ARRIVALS=1)          # phase 0 done: passes
     _wait_for.interpret[(1,)](x, PHASE=1, ARRIVALS=2)
     assert not x.any()
-    with pytest.raises(InterpretError, match="phase 0 had not completed, so the GPU's wait "
-                                             "returns at once"):
+    with pytest.raises(InterpretError, match="no phase completed yet: phase 0 had not "
+                                             "completed, so the GPU's wait returns at once"):
         _wait_for.interpret[(1,)](x, PHASE=1, ARRIVALS=0)     # parity 1: passes on a fresh one
     with pytest.raises(InterpretError, match="phase 2 had not completed"):
         _wait_for.interpret[(1,)](x, PHASE=3, ARRIVALS=2)
     with pytest.raises(InterpretError, match=r"phases 1\.\.2 completed too, so the GPU's wait "
                                              r"took phase 2, a later use"):
         _wait_for.interpret[(1,)](x, PHASE=0, ARRIVALS=3)     # two phases behind
+    with pytest.raises(InterpretError, match=r"phase 1 has completed too, so on the GPU this "
+                                             r"parity wait is for phase 2"):
+        _wait_for.interpret[(1,)](x, PHASE=0, ARRIVALS=2)     # one behind: the GPU hangs
 
 
 @tk.kernel(num_warps=1)
@@ -147,14 +150,21 @@ def _line_of(marker: str) -> int:
 
 
 @pytest.mark.parametrize("option, message", [
-    (dict(BM=128, BN=256), r"PINGPONG takes tiles of BM x BN <= 128 x 128 .*got 128 x 256"),
-    (dict(BM=128, BN=128, CLUSTER=2), "no SPLIT_K, CLUSTER"),
+    (dict(BM=128, BN=256), r"PINGPONG takes tiles of BM x BN <= 128 x 128 .*, got 128 x 256"),
+    (dict(BM=128, BN=128, CLUSTER=2), "PINGPONG is built for plain and batched products: "
+                                      "no SPLIT_K, CLUSTER"),
 ])
 def test_pingpong_rules(option, message):
     a, b, _ = _operands(256, 256, 128)
     c = torch.empty(256, 256, dtype=torch.bfloat16)
     with pytest.raises(tk.CompilationError, match=message):
         gemm.gemm_kernel.kernel.compile(a, b, c, PINGPONG=True, num_warps=12, **option)
+
+
+@pytest.mark.parametrize("bm, bn", [(128, 256), (256, 128), (32, 128), (128, 0), (64, 72)])
+def test_pingpong_config_refuses_tiles_it_cannot_take(bm, bn):
+    with pytest.raises(ValueError, match=rf"gemm.pingpong_config: .*got {bm} x {bn}"):
+        gemm.pingpong_config(bm, bn)
 
 
 @tk.kernel(num_warps=8)

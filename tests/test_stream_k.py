@@ -153,3 +153,44 @@ def test_only_the_measured_table_chooses_ping_pong_or_stream_k():
                 chosen = gemm.rules_plan(M, N, K, 132, batch)
                 assert chosen.kernel != "stream_k" and not chosen.config.get("PINGPONG"), \
                     (M, N, K, batch, chosen)
+
+
+def test_split_k_counts_of_zero_are_refused():
+    s = tk.spec
+    with pytest.raises(tk.CompilationError, match=r"SPLIT_K=0: the number of K slices, an int "
+                                                  r">= 1"):
+        gemm.gemm_split_k_kernel.compile(s((128, 256), "bf16"), s((128, 256), "bf16"),
+                                         s((128, 128), "bf16"), s((128, 128), "f32"),
+                                         s((1024,), "i32"), SPLIT_K=0)
+
+
+def test_a_workspace_that_does_not_start_at_zero_is_reported():
+    a, b, _ = _operands(128, 256, 640)
+    c = torch.full((128, 256), float("nan"), dtype=torch.bfloat16)
+    w = torch.zeros(128, 256)
+    w[3, 5] = 1.0
+    f = torch.zeros(gemm.split_k_counters(128, 256, 128), dtype=torch.int32)
+    with pytest.raises(InterpretError, match=r"the workspace 'W' does not start at zero \(1 "
+                                             r"element\(s\) are not, the first at \(3, 5\)\)"):
+        gemm.gemm_split_k_kernel.interpret[(3,)](a, b, c, w, f, SPLIT_K=1, STREAM_K=True,
+                                                 STAGES=3)
+
+
+def test_cdiv_on_the_host():
+    import numpy as np
+    assert tk.cdiv(np.int64(5), 2) == tk.cdiv(5, np.int32(2)) == 3 and tk.cdiv(8, 4) == 2
+    for bad in [(5.0, 2), (5, "2")]:
+        with pytest.raises(TypeError, match="tk.cdiv takes ints"):
+            tk.cdiv(*bad)
+
+
+def test_plan_functions_check_their_arguments():
+    import numpy as np
+    assert gemm.candidate_plans(np.int64(64), 4096, 4096, 132) == \
+        gemm.candidate_plans(64, 4096, 4096, 132)
+    with pytest.raises(ValueError, match="gemm.rules_plan: sms must be at least 1, got 0"):
+        gemm.rules_plan(64, 4096, 4096, 0)
+    with pytest.raises(ValueError, match="gemm.candidate_plans: M must be at least 0, got -64"):
+        gemm.candidate_plans(-64, 64, 64, 4)
+    with pytest.raises(TypeError, match="gemm.candidate_plans: M must be an int, got 64.0"):
+        gemm.candidate_plans(64.0, 64, 64, 4)

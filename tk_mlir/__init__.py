@@ -78,12 +78,16 @@ _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 
 
 def cdiv(a, b):
-    """Ceiling division: `tk.cdiv(M, BM)` on the host (grids) or in a kernel,
-    where run-time values give a run-time result."""
-    if isinstance(a, int) and isinstance(b, int):
-        return -(-a // b)
-    from .values import ceil_div
-    return ceil_div(a, b)
+    """Ceiling division: `tk.cdiv(M, BM)` on the host (grids; ints, numpy's
+    too) or in a kernel, where run-time values give a run-time result."""
+    import numbers
+    if isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral):
+        return -(-int(a) // int(b))
+    values = sys.modules.get(__name__ + ".values")      # (loaded once a kernel compiles)
+    if values is None or not any(isinstance(x, values.Value) for x in (a, b)):
+        raise TypeError(f"tk.cdiv takes ints (in a kernel, run-time ints too), got {a!r} and "
+                        f"{b!r}")
+    return values.ceil_div(a, b)
 
 
 cdiv.__tk_builtin__ = True     # the frontend may call it on run-time values

@@ -110,16 +110,17 @@ def _wait_phase(op, num_warps):
         s = w.block.semaphore(sem, loc)
         yield YIELD
         remote = w.block.cluster is not None
+        def waiting():
+            late = (f"; phase {n + 1} has completed too, so on the GPU this parity wait is "
+                    f"for phase {n + 2}" if s.completed >= n + 2 else "")
+            return f"at {at} for phase {n} of {s.describe()} ({s.state()}{late})"
         while not s.done(n & 1):
-            yield Blocked(lambda: s.done(n & 1),
-                          lambda: f"at {at} for phase {n} of {s.describe()} ({s.state()})",
-                          loc, external=remote)
+            yield Blocked(lambda: s.done(n & 1), waiting, loc, external=remote)
         seen = s.completed - 1
         if seen != n:
+            last = f"phase {seen} the last completed" if seen >= 0 else "no phase completed yet"
             raise error(loc, f"tk.wait_phase: warp {w.index} waits at {at} for phase {n} of "
-                             f"{s.describe()}, but its parity passed with "
-                             + (f"phase {seen}" if seen >= 0 else "no phase") +
-                             " completed last: "
+                             f"{s.describe()}, but its parity passes with {last}: "
                              + (f"phase {n - 1} had not completed, so the GPU's wait returns "
                                 f"at once" if seen < n else
                                 f"phases {n + 1}..{seen} completed too, so the GPU's wait took "

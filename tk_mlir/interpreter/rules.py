@@ -288,6 +288,14 @@ def _store_partial(op, num_warps):
                                  f"at zero (they hold {sorted(set(start[slots].tolist()))} at "
                                  f"{len(slots)} element(s), the first at {slots[0]}): pass "
                                  f"zeros (torch.zeros), which every launch leaves behind")
+            sums = workspace.load((0,) * len(workspace.shape), workspace.shape, "f32", 0.0)
+            if sums.any():
+                at = np.unravel_index(np.flatnonzero(sums)[0], sums.shape)
+                raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} does not "
+                                 f"start at zero ({np.count_nonzero(sums)} element(s) are not, "
+                                 f"the first at {tuple(int(i) for i in at)}): every part adds "
+                                 f"into it, so its sums would be off; pass zeros "
+                                 f"(torch.zeros), which every launch leaves behind")
         workspace.store(coords, value, add=True)
         counters.counted_by = (loc, parts)      # checked at the launch's end (leftover_parts)
         count = counters.load((slot,), (threads,), "i32", 0)

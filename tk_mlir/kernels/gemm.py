@@ -113,12 +113,14 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # (SCATTER: the owners are the ranks, a compile-time count)
     batch = C.world_size if SCATTER is not None else A.shape[0] if batched else 1
     assert BM in (64, 128), f"BM={BM}: a tile has one consumer warpgroup per 64 rows, 1 or 2"
-    assert not PINGPONG or (BM * BN <= 128 * 128 and SPLIT_K == 1 and CLUSTER == 1 and
-                            not grouped and OFFS is None and SCATTER is None and
-                            GATHER is None and SCALES is None), \
-        f"PINGPONG takes tiles of BM x BN <= 128 x 128 (one warpgroup's accumulators; got " \
-        f"{BM} x {BN}) of plain or batched products: no SPLIT_K, CLUSTER, STARTS, SIZES, " \
-        f"OFFS, SCATTER, GATHER or SCALES"
+    assert SPLIT_K >= 1, f"SPLIT_K={SPLIT_K}: the number of K slices, an int >= 1"
+    assert not PINGPONG or BM * BN <= 128 * 128, \
+        f"PINGPONG takes tiles of BM x BN <= 128 x 128 (one warpgroup's accumulators), got " \
+        f"{BM} x {BN}"
+    assert not PINGPONG or (SPLIT_K == 1 and CLUSTER == 1 and not grouped and OFFS is None and
+                            SCATTER is None and GATHER is None and SCALES is None), \
+        "PINGPONG is built for plain and batched products: no SPLIT_K, CLUSTER, STARTS, " \
+        "SIZES, OFFS, SCATTER, GATHER or SCALES"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
@@ -637,23 +639,28 @@ def plan(M: int, N: int, K: int, sms: int, batch: int = 1, layout: str | None = 
     within a factor of two (and not past the largest measured), takes the
     table's fastest plan where it beat the rules' by MEASURED_MARGIN; every
     other shape takes `rules_plan`. Sizes are ints >= 0, sms >= 1."""
-    if not (type(M) is type(N) is type(K) is type(batch) is type(sms) is int
-            and min(M, N, K, batch) >= 0 and sms >= 1 and layout in (None, "nk", "kn")):
-        _check_plan_arguments(M, N, K, sms, batch, layout)
-        M, N, K, sms, batch = int(M), int(N), int(K), int(sms), int(batch)   # (int subclasses)
+    M, N, K, sms, batch = _plan_arguments("plan", M, N, K, sms, batch, layout)
     return _plan(M, N, K, sms, batch, layout)
 
 
-def _check_plan_arguments(M, N, K, sms, batch, layout) -> None:
+def _plan_arguments(fn: str, M, N, K, sms, batch=1, layout=None) -> tuple[int, ...]:
+    """(M, N, K, sms, batch) as Python ints, checked: sizes ints >= 0 (numpy's
+    too), sms >= 1, layout None, "nk" or "kn"; else a TypeError or ValueError
+    naming gemm.`fn`'s argument."""
+    if type(M) is type(N) is type(K) is type(batch) is type(sms) is int \
+            and min(M, N, K, batch) >= 0 and sms >= 1 and layout in (None, "nk", "kn"):
+        return M, N, K, sms, batch
+    import numbers
     for name, value, least in (("M", M, 0), ("N", N, 0), ("K", K, 0), ("batch", batch, 0),
                                ("sms", sms, 1)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"gemm.plan: {name} must be an int, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"gemm.{fn}: {name} must be an int, got {value!r}")
         if value < least:
-            raise ValueError(f"gemm.plan: {name} must be at least {least}, got {value}")
+            raise ValueError(f"gemm.{fn}: {name} must be at least {least}, got {value}")
     if layout not in (None, "nk", "kn"):
-        raise ValueError(f"gemm.plan: layout must be None, 'nk' or 'kn' (how B lies), got "
+        raise ValueError(f"gemm.{fn}: layout must be None, 'nk' or 'kn' (how B lies), got "
                          f"{layout!r}")
+    return int(M), int(N), int(K), int(sms), int(batch)
 
 
 @functools.lru_cache(maxsize=1024)     # matmul asks on every call: keep it off the host path
@@ -680,6 +687,8 @@ def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1, bk: int = 64) -
        wider tile (256 x 11008 x 4096: 1.40x, H200, BENCHMARKS.md).
     A split keeps MIN_SLICE_STEPS K steps (of bk elements: 128 bytes) per
     slice at least."""
+    M, N, K, sms, batch = _plan_arguments("rules_plan", M, N, K, sms, batch)
+
     def tiles(bm, bn):
         return batch * tk.cdiv(M, bm) * tk.cdiv(N, bn)
     if not batch * M * N * K:
@@ -724,6 +733,10 @@ def pingpong_config(bm: int, bn: int) -> dict:
     two consumer warpgroups taking whole tiles in turn, each staging its
     epilogue in 64-column pieces through two tiles, and the deepest ring of
     64-deep stages that fits beside them."""
+    if bm not in (64, 128) or bn % 16 or not 64 <= bn <= 256 or bm * bn > 128 * 128:
+        raise ValueError(f"gemm.pingpong_config: tiles of bm in (64, 128) rows and bn (a "
+                         f"multiple of 16 from 64 to 256) columns, bm x bn <= 128 x 128; got "
+                         f"{bm} x {bn}")
     staging = 2 * 2 * bm * 64 * 2                    # consumers x buffers x (bm, 64) 16-bit
     room = HOPPER.max_shared_bytes - staging - 1024  # (1 KB: alignment, semaphores)
     stages = room // ((bm + bn) * 64 * 2)
@@ -747,6 +760,7 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     slice and at most two waves of blocks, and stream-K over the split tiles
     where they make fewer than two waves. Any of them computes any shape;
     they differ in speed only."""
+    M, N, K, sms, _ = _plan_arguments("candidate_plans", M, N, K, sms)
     if not M * N * K:
         return [rules_plan(M, N, K, sms)]            # (an empty product: nothing to time)
     plans = [rules_plan(M, N, K, sms), Plan("autotuned", why="the autotuned kernel")]
