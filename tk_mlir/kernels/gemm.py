@@ -733,10 +733,10 @@ def pingpong_config(bm: int, bn: int) -> dict:
     two consumer warpgroups taking whole tiles in turn, each staging its
     epilogue in 64-column pieces through two tiles, and the deepest ring of
     64-deep stages that fits beside them."""
-    if bm not in (64, 128) or bn % 16 or not 64 <= bn <= 256 or bm * bn > 128 * 128:
-        raise ValueError(f"gemm.pingpong_config: tiles of bm in (64, 128) rows and bn (a "
-                         f"multiple of 16 from 64 to 256) columns, bm x bn <= 128 x 128; got "
-                         f"{bm} x {bn}")
+    if bm not in (64, 128) or bn % 64 or not 64 <= bn <= 256 or bm * bn > 128 * 128:
+        raise ValueError(f"gemm.pingpong_config: tiles of bm in (64, 128) rows and bn (64, "
+                         f"128, 192 or 256: its epilogue's 64-column pieces) columns, bm x bn "
+                         f"<= 128 x 128; got {bm} x {bn}")
     staging = 2 * 2 * bm * 64 * 2                    # consumers x buffers x (bm, 64) 16-bit
     room = HOPPER.max_shared_bytes - staging - 1024  # (1 KB: alignment, semaphores)
     stages = room // ((bm + bn) * 64 * 2)
