@@ -20,23 +20,10 @@ import tk_mlir as tk
 from tk_mlir import f32, templates
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
+from torch_reference import gemm_operands, relative_error
 
 gpu = pytest.mark.gpu
 PINGPONG = gemm.pingpong_config(128, 128)
-
-
-def _operands(M, N, K, *, b_kn=False, a_km=False, batch=None, device="cpu"):
-    outer = () if batch is None else (batch,)
-    a = torch.empty(*outer, *((K, M) if a_km else (M, K)), device=device).uniform_(-1, 1)
-    b = torch.empty(*outer, *((K, N) if b_kn else (N, K)), device=device).uniform_(-1, 1)
-    a, b = a.bfloat16(), b.bfloat16()
-    ad = a.double().transpose(-1, -2) if a_km else a.double()
-    bd = b.double() if b_kn else b.double().transpose(-1, -2)
-    return a, b, ad @ bd
-
-
-def _relative_error(got, ref):
-    return ((got.double() - ref).norm() / ref.norm()).item()
 
 
 @pytest.mark.parametrize("M, N, K, grid, config", [
@@ -48,37 +35,37 @@ def _relative_error(got, ref):
 ])
 @pytest.mark.parametrize("b_kn", [False, True])
 def test_pingpong_product_in_the_interpreter(M, N, K, grid, config, b_kn):
-    a, b, ref = _operands(M, N, K, b_kn=b_kn)
+    a, b, ref = gemm_operands(M, N, K, b_kn=b_kn)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     gemm.gemm_kernel.kernel.interpret[(grid,)](a, b, c, B_KN=b_kn, **config)
-    assert _relative_error(c, ref) < 8e-3
+    assert relative_error(c, ref) < 8e-3
 
 
 def test_pingpong_batched_a_given_as_k_by_m_into_f32():
-    a, b, ref = _operands(136, 200, 192, a_km=True, batch=3)
+    a, b, ref = gemm_operands(136, 200, 192, a_km=True, batch=3)
     c = torch.full((3, 136, 200), float("nan"))
     gemm.gemm_kernel.kernel.interpret[(2,)](a, b, c, A_KM=True, **PINGPONG)
-    assert _relative_error(c, ref) < 2e-3
+    assert relative_error(c, ref) < 2e-3
 
 
 def test_pingpong_accumulates_into_c():
-    a, b, ref = _operands(192, 128, 128)
+    a, b, ref = gemm_operands(192, 128, 128)
     c0 = torch.empty(192, 128).uniform_(-1, 1).bfloat16()
     c = c0.clone()
     gemm.gemm_kernel.kernel.interpret[(2,)](a, b, c, ACCUMULATE=True, **PINGPONG)
-    assert _relative_error(c, ref + c0.double()) < 8e-3
+    assert relative_error(c, ref + c0.double()) < 8e-3
 
 
 def test_every_pingpong_candidate_plan_through_run_plan(interpret):
     """The plans candidate_plans offers the measured table, as the table
     script runs them."""
-    a, b, ref = _operands(300, 520, 136)
+    a, b, ref = gemm_operands(300, 520, 136)
     plans = [p for p in gemm.candidate_plans(300, 520, 136, 3) if p.config.get("PINGPONG")]
     assert len(plans) == len(gemm.CANDIDATE_PINGPONG_TILES)
     for chosen in plans:
         c = torch.full((300, 520), float("nan"), dtype=torch.bfloat16)
         gemm.run_plan(chosen, a, b, c, "nk", "mk", 3)
-        assert _relative_error(c, ref) < 8e-3, chosen.why
+        assert relative_error(c, ref) < 8e-3, chosen.why
 
 
 @tk.func
@@ -93,7 +80,7 @@ def test_the_interpreter_reports_pingpong_without_its_turns(monkeypatch):
     monkeypatch.setattr(templates.tk, "named_barrier", _no_barrier)
     monkeypatch.setattr(templates.tk, "named_barrier_arrive", _no_barrier)
     # (store_in_pieces' epilogue barriers too: f32 C leaves from registers, without them)
-    a, b, _ = _operands(256, 128, 1024)
+    a, b, _ = gemm_operands(256, 128, 1024)
     c = torch.full((256, 128), float("nan"))
     with pytest.raises(InterpretError, match=r"tk\.wait_phase: warp \d+ waits .* for phase \d+"):
         gemm.gemm_kernel.kernel.interpret[(1,)](a, b, c, BM=128, BN=128, STAGES=3,
@@ -155,7 +142,7 @@ def _line_of(marker: str) -> int:
                                       "no SPLIT_K, CLUSTER"),
 ])
 def test_pingpong_rules(option, message):
-    a, b, _ = _operands(256, 256, 128)
+    a, b, _ = gemm_operands(256, 256, 128)
     c = torch.empty(256, 256, dtype=torch.bfloat16)
     with pytest.raises(tk.CompilationError, match=message):
         gemm.gemm_kernel.kernel.compile(a, b, c, PINGPONG=True, num_warps=12, **option)
@@ -212,8 +199,8 @@ def test_pingpong_on_the_gpu(b_kn):
         pytest.skip("needs a GPU")
     for M, N, K, batch in [(1000, 3000, 2000, None), (4096, 4096, 4096, None), (300, 520, 136, 3)]:
         for config in (gemm.pingpong_config(128, 128), gemm.pingpong_config(64, 256)):
-            a, b, ref = _operands(M, N, K, b_kn=b_kn, batch=batch, device="cuda")
+            a, b, ref = gemm_operands(M, N, K, b_kn=b_kn, batch=batch, device="cuda")
             c = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             gemm.gemm_kernel.kernel[(sms,)](a, b, c, B_KN=b_kn, **config)
-            assert _relative_error(c, ref) < 8e-3, (M, N, K, batch, config)
+            assert relative_error(c, ref) < 8e-3, (M, N, K, batch, config)

@@ -20,6 +20,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.interpreter import InterpretError
 from tk_mlir.kernels import gemm
+from torch_reference import gemm_operands, relative_error
 
 gpu = pytest.mark.gpu
 
@@ -36,20 +37,6 @@ def _stream_k(a, b, c, grid, *, b_kn=False, a_km=False, bm=64, bn=128, interpret
     return w, f
 
 
-def _operands(M, N, K, *, b_kn=False, a_km=False, batch=None, device="cpu"):
-    outer = () if batch is None else (batch,)
-    a = torch.empty(*outer, *((K, M) if a_km else (M, K)), device=device).uniform_(-1, 1)
-    b = torch.empty(*outer, *((K, N) if b_kn else (N, K)), device=device).uniform_(-1, 1)
-    a, b = a.bfloat16(), b.bfloat16()
-    ad = a.double().transpose(-1, -2) if a_km else a.double()
-    bd = b.double() if b_kn else b.double().transpose(-1, -2)
-    return a, b, ad @ bd
-
-
-def _relative_error(got, ref):
-    return ((got.double() - ref).norm() / ref.norm()).item()
-
-
 @pytest.mark.parametrize("M, N, K, grid, bm", [
     (128, 256, 640, 3, 64),          # 4 tiles of 10 K steps on 3 blocks: every tile shared
     (200, 264, 1000, 5, 64),         # edges cut; ranges of 19 and 20 steps
@@ -59,29 +46,29 @@ def _relative_error(got, ref):
 ])
 @pytest.mark.parametrize("b_kn", [False, True])
 def test_stream_k_product_in_the_interpreter(M, N, K, grid, bm, b_kn):
-    a, b, ref = _operands(M, N, K, b_kn=b_kn)
+    a, b, ref = gemm_operands(M, N, K, b_kn=b_kn)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     w, f = _stream_k(a, b, c, grid, b_kn=b_kn, bm=bm)
-    assert _relative_error(c, ref) < 8e-3
+    assert relative_error(c, ref) < 8e-3
     assert not w.any() and not f.any()          # left zero for the next launch
 
 
 def test_stream_k_batched_a_given_as_k_by_m():
-    a, b, ref = _operands(72, 136, 320, a_km=True, batch=3)
+    a, b, ref = gemm_operands(72, 136, 320, a_km=True, batch=3)
     c = torch.full((3, 72, 136), float("nan"))
     w, f = _stream_k(a, b, c, 5, a_km=True)
-    assert _relative_error(c, ref) < 2e-3
+    assert relative_error(c, ref) < 2e-3
     assert not w.any() and not f.any()
 
 
 def test_stream_k_candidate_plans_through_run_plan(interpret):
-    a, b, ref = _operands(200, 264, 1000)
+    a, b, ref = gemm_operands(200, 264, 1000)
     plans = [p for p in gemm.candidate_plans(200, 264, 1000, 7) if p.kernel == "stream_k"]
     assert {(p.config["BM"], p.config["BN"]) for p in plans} == set(gemm.CANDIDATE_SPLIT_TILES)
     for chosen in plans:
         c = torch.full((200, 264), float("nan"), dtype=torch.bfloat16)
         gemm.run_plan(chosen, a, b, c, "nk", "mk", 7)
-        assert _relative_error(c, ref) < 8e-3, chosen.why
+        assert relative_error(c, ref) < 8e-3, chosen.why
 
 
 def test_no_stream_k_candidates_where_tiles_fill_two_waves():
@@ -137,10 +124,10 @@ def test_stream_k_on_the_gpu(b_kn):
     for M, N, K, batch in [(256, 11008, 4096, None), (96, 12288, 4096, None),
                            (1000, 1000, 3000, None), (72, 136, 320, 3)]:
         for bm, bn in gemm.CANDIDATE_SPLIT_TILES:
-            a, b, ref = _operands(M, N, K, b_kn=b_kn, batch=batch, device="cuda")
+            a, b, ref = gemm_operands(M, N, K, b_kn=b_kn, batch=batch, device="cuda")
             c = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             w, f = _stream_k(a, b, c, sms, b_kn=b_kn, bm=bm, bn=bn, interpret=False)
-            assert _relative_error(c, ref) < 8e-3, (M, N, K, batch, bm, bn)
+            assert relative_error(c, ref) < 8e-3, (M, N, K, batch, bm, bn)
             assert not w.any() and not f.any()
 
 
@@ -165,7 +152,7 @@ def test_split_k_counts_of_zero_are_refused():
 
 
 def test_a_workspace_that_does_not_start_at_zero_is_reported():
-    a, b, _ = _operands(128, 256, 640)
+    a, b, _ = gemm_operands(128, 256, 640)
     c = torch.full((128, 256), float("nan"), dtype=torch.bfloat16)
     w = torch.zeros(128, 256)
     w[3, 5] = 1.0

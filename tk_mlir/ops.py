@@ -15,7 +15,7 @@ from .errors import CompilationError
 from .language import builtin, compile_time_int, dtype_name, f32
 from .values import (Global, Scalar, Shared, SharedVector, TensorTile, Tile, TileLike, as_scalar,
                      builds,
-                     emit, fill as _fill, i32, scalar_operand, tile_shape, wrap)
+                     emit, fill as _fill, i32, int_operand, scalar_operand, tile_shape, wrap)
 
 __all__ = ["block_id", "grid_dim", "num_warps", "thread_id", "lane_id", "warp_id", "warpgroup_id",
            "load", "store", "copy", "zeros", "full", "shared_tile", "shared_tiles", "barrier",
@@ -225,13 +225,8 @@ def store_partial(dst, value, idx=(), *, parts, workspace, counters):
         if not isinstance(arg, Global):
             raise CompilationError(f"tk.store_partial: {name} must be a tk.gl tensor argument "
                                    f"(global memory), got {arg!r}")
-    if isinstance(parts, bool) or (isinstance(parts, int) and parts < 1):
-        raise CompilationError(f"tk.store_partial: parts must be an int >= 1 (the number of "
-                               f"partial sums of the tile; a run-time int too), got {parts!r}")
-    p = as_scalar(parts)
-    if p.kind != "int":
-        raise CompilationError(f"tk.store_partial: parts must be an int >= 1 (the number of "
-                               f"partial sums of the tile; a run-time int too), got {parts!r}")
+    p = int_operand(parts, 1, "tk.store_partial: parts must be an int >= 1 (the number of "
+                              "partial sums of the tile; a run-time int too)")
     emit("store_partial", [dst, value, workspace, counters, p, *_indices(idx)])
 
 

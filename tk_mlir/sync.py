@@ -19,7 +19,8 @@ from __future__ import annotations
 from .dialects import types as T
 from .errors import CompilationError
 from .language import builtin, compile_time_int
-from .values import Scalar, Semaphore, as_scalar, builds, emit, i32, scalar_binary
+from .values import (Scalar, Semaphore, as_scalar, builds, emit, i32, int_operand,
+                     scalar_binary)
 
 __all__ = ["semaphore", "semaphores", "arrive", "wait", "wait_phase", "ring_phase", "elect_leader",
            "registers_per_thread", "increase_registers", "decrease_registers", "named_barrier", "use_cluster",
@@ -128,13 +129,8 @@ def wait_phase(sem, n) -> None:
     consumed before it (a ping-pong consumer skipping the other's stages),
     which tk.wait's check, by the phases the warp itself waited for, would
     report as a wrap-around."""
-    if isinstance(n, bool) or (isinstance(n, int) and n < 0):
-        raise CompilationError(f"tk.wait_phase: the phase number must be an int >= 0 (the n-th "
-                               f"completion, from 0), got {n!r}")
-    p = as_scalar(n)
-    if p.kind != "int":
-        raise CompilationError(f"tk.wait_phase: the phase number must be an int >= 0 (the n-th "
-                               f"completion, from 0), got {n!r}")
+    p = int_operand(n, 0, "tk.wait_phase: the phase number must be an int >= 0 (the n-th "
+                          "completion, from 0)")
     emit("wait_phase", [_sem(sem, "tk.wait_phase"), p])
 
 

@@ -156,6 +156,18 @@ def as_scalar(x) -> Scalar:
     return x if isinstance(x, Scalar) else constant(x)
 
 
+def int_operand(x, least: int, rule: str) -> Scalar:
+    """x as an int Scalar: a compile-time int >= least, or a run-time int
+    (checked where it is used); else a CompilationError saying `rule`."""
+    if isinstance(x, bool) or (isinstance(x, int) and x < least):
+        raise CompilationError(f"{rule}, got {x!r}")
+    if isinstance(x, (int, Scalar)):
+        s = as_scalar(x)
+        if s.kind == "int":
+            return s
+    raise CompilationError(f"{rule}, got {x!r}")
+
+
 def to_float(s: Scalar) -> Scalar:
     if s.kind == "float":
         return s
