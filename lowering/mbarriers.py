@@ -63,8 +63,7 @@ def lower_wait(ctx: LoweringContext, op, sem: SharedRef, phase: ir.Value) -> Non
 
 @lowers("tk.wait_phase")
 def lower_wait_phase(ctx: LoweringContext, op, sem: SharedRef, phase: ir.Value) -> None:
-    parity = arith.andi(phase, c32(1))
-    nvvm.mbarrier_try_wait_parity(_sem(sem), parity, c32(10_000_000))
+    lower_wait(ctx, op, sem, arith.andi(phase, c32(1)))      # (the phase number's parity)
 
 
 @lowers("tk.elect")

@@ -208,11 +208,11 @@ def store_partial(dst, value, idx=(), *, parts, workspace, counters):
     """Store `value`, one of `parts` partial sums of the tile of `dst` at tile
     coordinates `idx` (split-K: each part summed over a slice of K by its own
     block; `parts` may be a run-time int, as stream-K's varies by tile, the
-    same in every part of a tile). Every part adds itself into `workspace` (an f32 tensor of dst's
-    shape) with red.global.add; the last to arrive, counted per thread in
-    `counters` (int32), reads the sum back, stores it into dst (converted to
-    dst's dtype, elements past the end skipped as tk.store) and writes zeros
-    over its workspace elements and counters. Both start as zeros and are
+    same in every part of a tile). Every part adds itself into `workspace`
+    (an f32 tensor of dst's shape) with red.global.add; the last to arrive,
+    counted per thread in `counters` (int32), reads the sum back, stores it
+    into dst (converted to dst's dtype, elements past the end skipped as
+    tk.store) and writes zeros over its workspace elements and counters. Both start as zeros and are
     left as zeros, so one pair serves launch after launch (not two launches
     at once). counters needs (tiles of dst) x (threads of the tile's scope)
     elements: a tile's slot is its row-major number among dst's tiles. The

@@ -66,6 +66,27 @@ def _expect_bytes(op, num_warps):
     return expect
 
 
+def _parity_wait(w, sem, parity: int, loc, waiting):
+    """A warp's mbarrier parity wait on sem (as the GPU's: until the last
+    completed phase has that parity), blocked with `waiting()` as its report;
+    returns the semaphore and the phase it took as done. The caller checks
+    that phase, then `_acquired`."""
+    s = w.block.semaphore(sem, loc)
+    yield YIELD
+    # In a cluster another block may arrive (or multicast): step aside for it.
+    remote = w.block.cluster is not None
+    while not s.done(parity):       # (re-checked when resumed: a phase may pass meanwhile)
+        yield Blocked(lambda: s.done(parity), lambda: waiting(s), loc, external=remote)
+    return s, s.completed - 1
+
+
+def _acquired(w, sem, s, seen: int) -> None:
+    """The wait took phase `seen` of sem (s, its state) as done: the warp has
+    seen it, and what its arrivals released."""
+    w.seen[(sem.alloc.key, sem.index)] = seen
+    w.block.acquire(w.index, s.released, BY_SEMAPHORE)
+
+
 @interprets("tk.wait", sync=True)
 def _wait(op, num_warps):
     loc, at = op.loc, op.at
@@ -74,17 +95,10 @@ def _wait(op, num_warps):
         if p not in (0, 1):
             raise error(loc, f"tk.wait: the phase parity is {p}; it must be 0 or 1 (a "
                              f"ring's phase(i) is (i // stages) & 1)")
-        s = w.block.semaphore(sem, loc)
-        yield YIELD
-        # In a cluster another block may arrive (or multicast): step aside for it.
-        remote = w.block.cluster is not None
-        while not s.done(p):        # (re-checked when resumed: a phase may pass meanwhile)
-            yield Blocked(lambda: s.done(p),
-                          lambda: f"at {at} for {s.describe()} to complete a phase of "
-                                  f"parity {p} ({s.state()})", loc, external=remote)
-        seen = s.completed - 1      # the phase this wait took as done
-        key = (sem.alloc.key, sem.index)
-        last = w.seen.get(key, -1)     # (a fresh semaphore: phase -1 done)
+        s, seen = yield from _parity_wait(
+            w, sem, p, loc, lambda s: f"at {at} for {s.describe()} to complete a phase of "
+                                      f"parity {p} ({s.state()})")
+        last = w.seen.get((sem.alloc.key, sem.index), -1)   # (a fresh semaphore: phase -1 done)
         if seen - last >= 2:
             raise error(loc, f"phase wrap-around: warp {w.index} waits at {at} for parity "
                              f"{p} on {s.describe()} and takes phase {seen} as done, but the "
@@ -92,8 +106,7 @@ def _wait(op, num_warps):
                              f"{last + 1}..{seen - 1} went by unseen, and a parity cannot "
                              f"tell phases two apart (is the phase off by one, or a stage "
                              f"released twice?)")
-        w.seen[key] = seen
-        w.block.acquire(w.index, s.released, BY_SEMAPHORE)
+        _acquired(w, sem, s, seen)
     return wait
 
 
@@ -107,16 +120,12 @@ def _wait_phase(op, num_warps):
         n = warp_scalar(w, phase, loc, "tk.wait_phase: the phase number")
         if n < 0:
             raise error(loc, f"tk.wait_phase: the phase number is {n}; phases count from 0")
-        s = w.block.semaphore(sem, loc)
-        yield YIELD
-        remote = w.block.cluster is not None
-        def waiting():
+
+        def waiting(s):
             late = (f"; phase {n + 1} has completed too, so on the GPU this parity wait is "
                     f"for phase {n + 2}" if s.completed >= n + 2 else "")
             return f"at {at} for phase {n} of {s.describe()} ({s.state()}{late})"
-        while not s.done(n & 1):
-            yield Blocked(lambda: s.done(n & 1), waiting, loc, external=remote)
-        seen = s.completed - 1
+        s, seen = yield from _parity_wait(w, sem, n & 1, loc, waiting)
         if seen != n:
             last = f"phase {seen} the last completed" if seen >= 0 else "no phase completed yet"
             raise error(loc, f"tk.wait_phase: warp {w.index} waits at {at} for phase {n} of "
@@ -125,8 +134,7 @@ def _wait_phase(op, num_warps):
                                 f"at once" if seen < n else
                                 f"phases {n + 1}..{seen} completed too, so the GPU's wait took "
                                 f"phase {seen}, a later use of the semaphore, as its own"))
-        w.seen[(sem.alloc.key, sem.index)] = n
-        w.block.acquire(w.index, s.released, BY_SEMAPHORE)
+        _acquired(w, sem, s, n)
     return wait
 
 
