@@ -211,8 +211,10 @@ def tk_schedule(schedule: str, bm: int, bn: int):
     else:
         chosen = tk_gemm.Plan("stream_k", MappingProxyType(
             {**tk_gemm.tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}))
-    return lambda a, b, c, lay: tk_gemm.run_plan(chosen, a, b, c, lay, "mk",
-                                                 num_sms(a.get_device()))
+    def run(a, b, c, lay):
+        tk_gemm.run_plan(chosen, a, b, c, lay, "mk", num_sms(a.get_device()))
+        return c                                  # run_plan writes c, returns nothing
+    return run
 
 
 def make_impls(names: list[str]) -> list[tuple]:

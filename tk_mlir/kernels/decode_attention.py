@@ -325,9 +325,9 @@ def _config(d: int, page: int) -> dict:
 STAGES = 2
 WAVES = 1
 # The split chunks merged by the last of them (kv_cache_attention_kernel's
-# MERGE) instead of by kv_combine_kernel's second launch. Off until it has
-# run on a GPU: checked in the interpreter only (BENCHMARKS.md).
-FUSED_MERGE = False
+# MERGE) instead of by kv_combine_kernel's second launch: the same GPU time on
+# the H200 (BENCHMARKS.md), one launch fewer on the host.
+FUSED_MERGE = True
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,

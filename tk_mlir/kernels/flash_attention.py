@@ -918,9 +918,9 @@ def _backward_config(d: int) -> dict:
 
 
 # 80-row query blocks (FA3's at D=128 when not causal: the step's fixed costs over
-# 25% more work) are built and checked (interpreter, ptxas) but not yet timed
-# against 64 rows on a GPU: off until an A/B says (BENCHMARKS.md).
-WIDE_QUERY_BLOCKS = False
+# 25% more work): 6-8% faster than 64 rows unmasked on the H200; masked, the
+# diagonal's extra work cancels it (BENCHMARKS.md), so 64 rows stay there.
+WIDE_QUERY_BLOCKS = True
 
 
 def _backward_query_rows(d: int, causal: bool, window: tuple[int, int], softcap: float,
