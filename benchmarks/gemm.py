@@ -74,8 +74,10 @@ LLAMA_PROJECTIONS = (("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up"
 LLAMA_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 LLAMA_SHAPES = [(m, n, k) for _, n, k in LLAMA_PROJECTIONS for m in LLAMA_M]
 IMPLS = ["tk_mlir", "cublas", "triton"]
-# Also on request (--impls): the GEMM's ping-pong and stream-K schedules outside gemm.plan.
-EXTRA_IMPLS = ["tk_pingpong", "tk_pingpong_64x256", "tk_stream_k", "tk_stream_k_64x128"]
+# Also on request (--impls): the GEMM's ping-pong and stream-K schedules outside gemm.plan,
+# and the cooperative kernel on the ping-pong's 128 x 128 tiles (the schedules' baseline).
+EXTRA_IMPLS = ["tk_pingpong", "tk_pingpong_64x256", "tk_stream_k", "tk_stream_k_64x128",
+               "tk_tiles_128x128"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
@@ -200,14 +202,17 @@ def make_fp8_impls(names: list[str]) -> list[tuple]:
 
 def tk_schedule(schedule: str, bm: int, bn: int):
     """One of the GEMM's schedules outside gemm.plan, on bm x bn tiles:
-    "pingpong" (gemm.pingpong_config) or "stream_k" (gemm_split_k_kernel with
-    STREAM_K); fn(a, b, c, b_layout), through gemm.run_plan as the measured
+    "pingpong" (gemm.pingpong_config), "tiles" (the cooperative kernel,
+    gemm.tile_config) or "stream_k" (gemm_split_k_kernel with STREAM_K);
+    fn(a, b, c, b_layout), through gemm.run_plan as the measured
     table's script runs its candidates."""
     from types import MappingProxyType
     from tk_mlir.kernels import gemm as tk_gemm
     from tk_mlir.kernels.device import num_sms
     if schedule == "pingpong":
         chosen = tk_gemm.Plan("tiles", MappingProxyType(tk_gemm.pingpong_config(bm, bn)))
+    elif schedule == "tiles":
+        chosen = tk_gemm.Plan("tiles", MappingProxyType(tk_gemm.tile_config(bm, bn)))
     else:
         chosen = tk_gemm.Plan("stream_k", MappingProxyType(
             {**tk_gemm.tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}))
@@ -227,6 +232,7 @@ def make_impls(names: list[str]) -> list[tuple]:
         "tk_pingpong_64x256": (tk_mm and tk_schedule("pingpong", 64, 256), tk_why),
         "tk_stream_k": (tk_mm and tk_schedule("stream_k", 128, 128), tk_why),
         "tk_stream_k_64x128": (tk_mm and tk_schedule("stream_k", 64, 128), tk_why),
+        "tk_tiles_128x128": (tk_mm and tk_schedule("tiles", 128, 128), tk_why),
         "cublas": (cublas_matmul, None),
         "triton": (triton_matmul if triton is not None else None, TRITON_WHY),
     }

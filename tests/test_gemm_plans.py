@@ -102,6 +102,31 @@ def test_every_candidate_plan_computes_the_product_in_the_interpreter(interpret,
         assert err < 8e-3, (chosen.why, err)
 
 
+def test_the_benchmarks_schedules_return_the_product(interpret):
+    """benchmarks/gemm.py's impls outside gemm.plan (ping-pong, stream-K, the
+    cooperative 128 x 128 tiles) return C as its other impls do."""
+    import importlib.util
+    import sys
+    where = Path(__file__).parents[1] / "benchmarks"
+    sys.path.insert(0, str(where))                  # (its own imports: protocol, plot)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gemm", where / "gemm.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(where))
+    M, N, K = 70, 200, 312
+    a = torch.empty(M, K).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(N, K).uniform_(-1, 1).to(torch.bfloat16)
+    ref = a.double() @ b.double().T
+    for name, fn, why in bench.make_impls(bench.EXTRA_IMPLS):
+        assert fn is not None, (name, why)
+        c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        got = fn(a, b, c, "nk")
+        assert got is c, name
+        assert ((c.double() - ref).norm() / ref.norm()).item() < 8e-3, name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_every_candidate_plan_computes_the_product_on_the_gpu(layout):
