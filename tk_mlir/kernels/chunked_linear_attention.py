@@ -209,12 +209,13 @@ def denominator(qz, a_sum):
     return den
 
 
-def state_first(MAP) -> bool:
-    """Whether the backward's passes issue the state's MMAs first in their
-    loop bodies, as the forward does (ptxas keeps the state in its MMAs'
-    registers; issued last, it parked it elsewhere and copied it back each
-    chunk). Not for taylor2, whose expansions then spill more (BENCHMARKS.md)."""
-    return MAP != "taylor2"
+def state_first(MAP, DK: int, key_pass: bool = False) -> bool:
+    """Whether a backward pass issues the state's MMAs first in its loop
+    body, as the forward does (ptxas keeps the state in its MMAs' registers;
+    issued last, it parked it elsewhere and copied it back each chunk). Not
+    for taylor2, whose expansions then spill more, nor in the dK/dV pass
+    (key_pass) at D_k=64, where it ran 9% slower on the H200 (BENCHMARKS.md)."""
+    return MAP != "taylor2" and not (key_pass and DK == 64)
 
 
 @tk.func
@@ -582,7 +583,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
         x, g = gradient_loads(Q, dO, b, h, c, vb, DK, MAP)
         if CAUSAL and DK == 64:
             stage_keys(k, v, ks, vs, c, K.shape[2], MAP, fx)
-        if CAUSAL and state_first(MAP):
+        if CAUSAL and state_first(MAP, DK):
             S, Z = state_step(S, Z, ks, vs, ones)
         qb = stage_queries(x, qs, scale, MAP, fx)
         if NORMALIZE:
@@ -623,7 +624,7 @@ def linear_attention_dq_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, S0: tk.g
             dx = send_input_grad(dQ, dq, Q, fx, (b, h, c, 0), j, scale, dx, DK, MAP, VB,
                                  False)
         if CAUSAL:
-            if not state_first(MAP):
+            if not state_first(MAP, DK):
                 S, Z = state_step(S, Z, ks, vs, ones)
                 tk.mma_wait(0)
             tk.barrier()
@@ -688,7 +689,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
             k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
         qb, gb, e = stage_gradient_inputs(x, g, DEN, qs, gs, es, b, h, c, vb, scale, MAP,
                                           NORMALIZE, fx)
-        if CAUSAL and state_first(MAP):
+        if CAUSAL and state_first(MAP, DK, key_pass=True):
             dH, dZ = state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE)
         if DK > 64:
             k, v = key_loads(K, V, b, h, c, vb, DK, MAP)
@@ -719,7 +720,7 @@ def linear_attention_dkdv_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, H0: tk
             tk.mma_wait(0)
             dx = send_input_grad(dK, dk, K, fx, (b, h, c, 0), j, 1.0, dx, DK, MAP, VB, True)
         tk.store(dV, dv.to(dV.dtype), (b, h, c, vb))
-        if CAUSAL and not state_first(MAP):
+        if CAUSAL and not state_first(MAP, DK, key_pass=True):
             dH, dZ = state_gradient_step(dH, dZ, qs, gs, es, NORMALIZE)
             tk.mma_wait(0)
         tk.barrier()
