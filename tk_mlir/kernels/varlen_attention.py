@@ -134,12 +134,15 @@ def _packed(t):
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _table(costs_and_tail, heads: int, grid: int):
+def _table(costs_and_tail, heads: int, grid: int, pairs=None):
     """A kernel's TASKS: the schedule dealt on the GPU, padded to whole 64-entry
-    vectors, then the packed sequences' tail."""
+    vectors, then the packed sequences' tail. pairs=(cu, rows per task): the
+    tasks paired along each sequence (causal: schedule.paired_table)."""
     import torch
     tail, costs = costs_and_tail
-    sched = schedule.sorted_table(costs + flash_attention.TASK_OVERHEAD_BLOCKS, heads, grid)
+    costs = costs + flash_attention.TASK_OVERHEAD_BLOCKS
+    sched = (schedule.paired_table(costs, heads, grid, *pairs) if pairs else
+             schedule.sorted_table(costs, heads, grid))
     sched = torch.nn.functional.pad(sched, (0, -len(sched) % 64))
     return torch.cat((sched, tail))
 
@@ -164,7 +167,8 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
         bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
         grid = num_sms(q.get_device())
         tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
-                                             (left, right), forward_tasks=(bm, bn)), H, grid)
+                                             (left, right), forward_tasks=(bm, bn)), H, grid,
+                       pairs=(cu_q, bm) if causal else None)
         cap = dict(SOFTCAP=float(softcap)) if softcap else {}
         flash_attention.attention_kernel[(grid,)](
             _packed(q), _packed(k), _packed(v), _packed(o),
@@ -188,7 +192,8 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     cap = dict(SOFTCAP=float(softcap)) if softcap else {}
     grid = num_sms(q.get_device())
     tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
-                                         (left, right)), k.shape[1], grid)
+                                         (left, right)), k.shape[1], grid,
+                   pairs=(cu_k, 128) if causal else None)
     dq32 = flash_attention.launch_backward(
         _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
         _packed(dk), _packed(dv), tasks, grid, scale,
