@@ -207,23 +207,23 @@ def _parts(table, grid):
     return [tasks[offsets_[b] - grid - 1:offsets_[b + 1] - grid - 1].tolist() for b in range(grid)]
 
 
-def test_the_paired_schedule_deals_mirrored_tiles_of_one_sequence():
+def test_the_paired_schedule_deals_mirrored_tiles_of_one_sequence(monkeypatch):
     """Causal costs fall along each sequence: tile i goes with its mirror,
     the units by pair cost, then sequence, head, pair, in a snake."""
     cu = torch.tensor([0, 8 * 128, 12 * 128 - 5], dtype=torch.int32)   # a ragged last tile
     costs = torch.tensor([8, 7, 6, 5, 4, 3, 2, 1, 4, 3, 2, 1])
+    assert schedule.paired_table(costs, 2, 3, cu, 128).tolist() == \
+        schedule.sorted_table(costs, 2, 3).tolist()         # 8 tasks a block: too few to pair
+    monkeypatch.setattr(schedule, "PAIRED_MIN_TASKS", 4)
     table = schedule.paired_table(costs, 2, 3, cu, 128)
     assert table.dtype == torch.int32
     assert _parts(table, 3) == [[0, 7, 13, 18, 14, 17, 21, 22],    # ids head·12 + tile
                                 [1, 6, 12, 19, 15, 16, 20, 23],
                                 [2, 5, 3, 4, 8, 11, 9, 10]]
-    # fewer than two units a block: the tiles dealt one by one (sorted_table's)
-    few = schedule.paired_table(costs, 2, 7, cu, 128)
-    assert few.tolist() == schedule.sorted_table(costs, 2, 7).tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_paired_schedule_runs_every_task_once_whatever_the_offsets(seed):
+def test_the_paired_schedule_runs_every_task_once_whatever_the_offsets(monkeypatch, seed):
     """Every task once with consistent offsets, for random sequences, tiles
     straddling two sequences, empty ones, and offsets that are not sorted
     (the GPU cannot check them without a sync: the pairing degrades, the
@@ -236,15 +236,18 @@ def test_the_paired_schedule_runs_every_task_once_whatever_the_offsets(seed):
     per, heads, grid = 128, int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
     blocks = max(-(-int(cu.max()) // per), 1)
     costs = torch.randint(1, 9, (blocks,), generator=g)
+    monkeypatch.setattr(schedule, "PAIRED_MIN_TASKS", 2)
     table = schedule.paired_table(costs, heads, grid, cu, per)
     assert int(table[0]) == grid + 1 and int(table[grid]) == len(table)
     assert sorted(sum(_parts(table, grid), [])) == list(range(heads * blocks))
 
 
 def test_causal_calls_run_the_paired_schedule(interpret, monkeypatch):
-    """Enough tiles for two units a simulated SM: forward and backward take
-    the paired table (sorted_table never called), against float64."""
+    """Four tasks a simulated SM (the threshold lowered to it): forward and
+    backward take the paired table (sorted_table never called), against
+    float64."""
     from tk_mlir.kernels import varlen_attention
+    monkeypatch.setattr(schedule, "PAIRED_MIN_TASKS", 4)
     monkeypatch.setattr(varlen_attention.schedule, "sorted_table",
                         lambda *a: pytest.fail("the causal call took sorted_table"))
     q, k, v, cu_q, cu_k = _inputs(LENS_Q, LENS_Q, 4, 4, 64, seed=11)
@@ -304,14 +307,20 @@ def test_gpu_matches_the_reference_at_training_shapes(d, causal, window, softcap
     _check_against_reference(q, k, v, cu_q, cu_k, causal, window, softcap, tol=1e-2)
 
 
+_MANY = [200 + 7 * i % 190 for i in range(64)]         # 64 sequences, 18362 tokens
+
+
 @gpu
 @pytest.mark.parametrize("lens, again, h", [([300, 200, 12], [12, 0, 500], 4),
-                                            ([2000, 1500, 900], [900, 3400, 100], 16)])
+                                            (_MANY, _MANY[::-1], 16)])
 def test_gpu_graph_capture_replays_new_lengths(lens, again, h):
     """No host synchronisation: a captured call replays with new offsets of
-    the same totals (the second case has tiles enough for the paired
-    schedule on 132 SMs)."""
+    the same totals (the second case has tasks enough for the paired
+    schedule)."""
+    from tk_mlir.kernels.device import num_sms
     q, k, v, cu_q, cu_k = _inputs(lens, lens, h, h, 128, seed=7, device="cuda")
+    if h == 16:
+        assert sum(lens) // 128 * h >= schedule.PAIRED_MIN_TASKS * num_sms(q.get_device())
     longest = max(lens + again)
     attention_varlen(q, k, v, cu_q, cu_k, longest, longest, causal=True)     # the schedule cached
     graph = torch.cuda.CUDAGraph()

@@ -121,6 +121,14 @@ def sorted_table(costs, heads: int, grid: int):
     return torch.cat((offsets, ids[order])).to(torch.int32)
 
 
+# paired_table's tasks per block below which sorted_table's table is used: its
+# ~70 small torch ops cost ~0.3 ms of host time an eager call (~10 for
+# sorted_table), which the better order repays only on long walks (the
+# measured cases had 31-35 tasks a block); with fewer than two a block, dealing
+# whole pairs would idle blocks.
+PAIRED_MIN_TASKS = 16
+
+
 def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     """sorted_table's table for tasks over packed sequences (cu: their B+1
     offsets, a torch tensor on the GPU; task t covers rows t·rows_per_task
@@ -131,14 +139,13 @@ def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     by decreasing pair cost, then sequence, head and pair. The tasks running
     together then read one sequence's one head's K/V, not one tile's of
     many sequences (sorted_table), which keeps them in L2: 10-24% faster
-    on the H200 (BENCHMARKS.md). Below two units a block (pairs would idle
-    blocks) it is sorted_table's. No host sync; every task exactly once
-    whatever `cu` holds (offsets that are not the rows' only weaken the
-    pairing)."""
+    on the H200 (BENCHMARKS.md). Below PAIRED_MIN_TASKS a block it is
+    sorted_table's. No host sync; every task exactly once whatever `cu`
+    holds (offsets that are not the rows' only weaken the pairing)."""
     import torch
     dev = costs.device
     blocks, sequences = costs.numel(), len(cu) - 1           # (cu holds B + 1 >= 2)
-    if blocks * heads < 4 * grid:
+    if blocks * heads < PAIRED_MIN_TASKS * grid:
         return sorted_table(costs, heads, grid)
     t = torch.arange(blocks, device=dev)
     first_of = (cu.to(dev, torch.long) + rows_per_task - 1) // rows_per_task
