@@ -297,6 +297,14 @@ def _args(**change):
     (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),
     (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
+    # a cache its rows cannot be read from in place (66-element rows cut to 64)
+    (dict(k_cache=torch.zeros(2, 32, 2, 66, dtype=bf16)[..., :64]), ValueError,
+     r"k_cache's rows must start 16-byte aligned .* got strides \(4224, 132, 66, 1\)"),
+    # an expanded cache is read fine, but appending into it would mix the batches
+    (dict(k_cache=torch.zeros(1, 32, 2, 64, dtype=bf16).expand(2, -1, -1, -1),
+          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
+     ValueError, r"k_cache \(k and v are appended into it\) is written in place and must not "
+                 r"have elements that share memory"),
 ])
 def test_argument_rules(interpret, change, error, rule):
     with pytest.raises(error, match=rule):

@@ -153,6 +153,16 @@ REJECTED = {
     "rms_norm: D not a multiple of 8": (
         lambda: rms_norm(cpu(2, 100), cpu(100)), ValueError,
         r"rms_norm: x's last dim D must be a positive multiple of 8 \(rows of whole 16-byte"),
+    "rms_norm: D past a block's registers": (
+        lambda: rms_norm(cpu(2, 32776), cpu(32776)), ValueError,
+        r"rms_norm: x's last dim D must be at most 32768 \(a row, rounded up to a power of two"),
+    "matmul: an expanded c": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(1, 4).expand(8, 4)), ValueError,
+        r"matmul: c is written in place and must not have elements that share memory .* "
+        r"strides \(0, 1\)"),
+    "matmul: rows of c overlapping": (
+        lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(40).as_strided((8, 4), (2, 1))), ValueError,
+        r"matmul: c is written in place and must not have elements that share memory"),
     "rms_norm: an overlapping out": (
         lambda: rms_norm(cpu(3, 64), cpu(64), out=cpu(1, 64).expand(3, 64)), ValueError,
         r"rms_norm: out must have a contiguous last dim and elements that do not overlap"),

@@ -117,6 +117,16 @@ def kernel_operand(t, dtype=None):
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
+def written_in_place(fn: str, name: str, t) -> None:
+    """Refuse an output the caller gives whose elements share memory (an
+    expanded or self-overlapping view): one result could not be written into
+    it, and the GPU's writes to it would race."""
+    if overlapping(t):
+        raise ValueError(f"{fn}: {name} is written in place and must not have elements that "
+                         f"share memory (an expanded or overlapping view), got shape "
+                         f"{tuple(t.shape)} with strides {tuple(t.stride())}")
+
+
 def overlapping(t) -> bool:
     """Whether two elements of t may share memory: its dims (of more than one
     element) taken by stride, one steps no further than the dims below it

@@ -897,6 +897,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     scale, left, right, softcap = checks.attention_options(
         "attention", q.shape[-1], flash_attention.reach(q, k), scale, (left, right), softcap)
     checks.on_cuda("attention", "q", q)
+    q, k, v = (checks.kernel_operand(t) for t in (q, k, v))   # (rows the kernels cannot read)
     return attention_forward(q, k, v, causal, scale, (left, right), softcap)
 
 
@@ -958,6 +959,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     fn = "attention_backward"
     flash_attention._check(q, k, v)
     _check_attention_gradients(fn, do, o, dlse, lse, q)
+    q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
     return flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,
                                               lse, causal, scale, deterministic, left, right,
                                               softcap, dlse)

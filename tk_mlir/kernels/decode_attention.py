@@ -524,6 +524,17 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
         if t.stride(-1) != 1:
             raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        # The kernels read the cache in place by TMA: every row 16-byte aligned.
+        vector = 16 // t.element_size()
+        unaligned = not torch.compiler.is_compiling() and t.data_ptr() % 16   # (fakes: no data)
+        if unaligned or any(s % vector for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1):
+            raise ValueError(f"{fn}: {name}'s rows must start 16-byte aligned (the cache is "
+                             f"read in place): its data pointer and its strides over the first "
+                             f"three dims must be multiples of 16 bytes ({vector} elements), "
+                             f"got strides {tuple(t.stride())}")
+        if k is not None:
+            checks.written_in_place(fn, f"{name} (k and v are appended into it)", t)
     if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_lengths(cache_seqlens, capacity(k_cache, block_table),
                        N_new if k is not None else 0)

@@ -368,8 +368,10 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     q: (B, H, N, D); k, v: (B, H_kv, N_kv, D) with H_kv dividing H (GQA/MQA);
     bf16 or f16, on one CUDA device; any strides with a contiguous last dim
-    (e.g. `x.view(B, N, H, D).transpose(1, 2)` straight from a projection).
-    D is 64, 128 or 256; N, N_kv are any lengths. scale defaults to
+    (e.g. `x.view(B, N, H, D).transpose(1, 2)` straight from a projection;
+    a view whose rows are not 16-byte aligned is copied first). D is 64, 128
+    or 256 (256: the forward only, its backward raises); N, N_kv are any
+    lengths >= 1. scale defaults to
     1/sqrt(D). causal=True masks key j for query i when j > i + N_kv - N
     (bottom-right aligned, as FlashAttention). Returns o (B, H, N, D), laid
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
@@ -454,6 +456,17 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     scale, left, right, softcap, grad = _checked_call(q, k, v, causal, scale, deterministic,
                                                       window, softcap)
     planned = planned_launch(q, k, causal, scale, (left, right), softcap)
+    run = _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap,
+                        grad)
+    if all(checks.kernel_operand(t) is t for t in (q, k, v)):   # (strides, alignment: keyed)
+        return run
+    # views whose rows the kernels cannot read (not 16-byte aligned): copied, differentiably
+    return lambda q, k, v: run(*(checks.kernel_operand(t) for t in (q, k, v)))
+
+
+def _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap, grad):
+    """_prepare's `run(q, k, v)` on tensors the kernels read as they lie."""
+    from tk_mlir.kernels import custom_ops
     if grad:
         backward = []       # planned at the first backward (its task table), then kept
 

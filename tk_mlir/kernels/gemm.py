@@ -570,6 +570,7 @@ def check(a, b, c, b_layout: str, fn: str = "matmul", *, device: bool = True) ->
         checks.tensor(fn, "c", c, ndim=a.dim(), dtypes=(*inputs, torch.float32))
         checks.like(fn, "c", c, "a", a, dtype=False)
         checks.shape(fn, "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
+        checks.written_in_place(fn, "c", c)
     if device:
         checks.on_cuda(fn, "a", a)
 

@@ -465,6 +465,10 @@ def _as_rows(x) -> bool:
     return x.dim() == 2 and checks.kernel_operand(x) is x
 
 
+# The widest row: _block(D) bf16 values in 8 warps' registers (65536 would take 256 a thread).
+MAX_D = 32768
+
+
 def _block(d: int) -> int:
     """The row tile's width: the next power of two >= d, at least 256 (one
     8-element vector per thread of the 8 warps)."""
@@ -482,6 +486,10 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
     if x.shape[-1] == 0 or x.shape[-1] % 8:
         raise ValueError(f"{fn}: x's last dim D must be a positive multiple of 8 (rows of whole "
                          f"16-byte vectors, as the kernels load them), got shape "
+                         f"{tuple(x.shape)}")
+    if x.shape[-1] > MAX_D:
+        raise ValueError(f"{fn}: x's last dim D must be at most {MAX_D} (a row, rounded up to "
+                         f"a power of two, is held in one block's registers), got shape "
                          f"{tuple(x.shape)}")
     for name, value in rows.items():
         checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(torch.bfloat16,))
