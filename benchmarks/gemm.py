@@ -209,13 +209,10 @@ def tk_schedule(schedule: str, bm: int, bn: int):
     from types import MappingProxyType
     from tk_mlir.kernels import gemm as tk_gemm
     from tk_mlir.kernels.device import num_sms
-    if schedule == "pingpong":
-        chosen = tk_gemm.Plan("tiles", MappingProxyType(tk_gemm.pingpong_config(bm, bn)))
-    elif schedule == "tiles":
-        chosen = tk_gemm.Plan("tiles", MappingProxyType(tk_gemm.tile_config(bm, bn)))
-    else:
-        chosen = tk_gemm.Plan("stream_k", MappingProxyType(
-            {**tk_gemm.tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}))
+    kernel, config = {"pingpong": ("tiles", tk_gemm.pingpong_config),
+                      "tiles": ("tiles", tk_gemm.tile_config),
+                      "stream_k": ("stream_k", tk_gemm.stream_k_config)}[schedule]
+    chosen = tk_gemm.Plan(kernel, MappingProxyType(config(bm, bn)))
     def run(a, b, c, lay):
         tk_gemm.run_plan(chosen, a, b, c, lay, "mk", num_sms(a.get_device()))
         return c                                  # run_plan writes c, returns nothing

@@ -106,7 +106,7 @@ def test_stream_k_rules():
 def test_stream_k_compiles_without_spills_or_serialized_mmas(bm, bn):
     s = tk.spec
     M, N, K = 256, 11008, 4096
-    config = {**gemm.tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}
+    config = gemm.stream_k_config(bm, bn)
     compiled = gemm.gemm_split_k_kernel.compile(
         s((M, K), "bf16"), s((N, K), "bf16"), s((M, N), "bf16"), s((M, N), "f32"),
         s((gemm.split_k_counters(M, N, bn),), "i32"), **config)

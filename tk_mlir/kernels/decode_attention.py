@@ -30,6 +30,7 @@ from tk_mlir import f32
 from tk_mlir.kernels import checks
 from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
+from tk_mlir.runtime.arguments import vector_rows
 
 ROWS = 64          # query rows per task (one consumer warpgroup's wgmma M)
 MERGE_ROWS = 16    # rows per block of the merge (R = N_new·G is rarely more)
@@ -525,10 +526,10 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
             raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        # The kernels read the cache in place by TMA: every row 16-byte aligned.
-        vector = 16 // t.element_size()
-        unaligned = not torch.compiler.is_compiling() and t.data_ptr() % 16   # (fakes: no data)
-        if unaligned or any(s % vector for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1):
+        # The kernels read the cache in place by TMA: the launch's rule, in the user's names.
+        ptr = None if torch.compiler.is_compiling() else t.data_ptr()     # (fakes: no data)
+        if not vector_rows(t.shape, t.stride(), t.element_size(), ptr):
+            vector = 16 // t.element_size()
             raise ValueError(f"{fn}: {name}'s rows must start 16-byte aligned (the cache is "
                              f"read in place): its data pointer and its strides over the first "
                              f"three dims must be multiples of 16 bytes ({vector} elements), "

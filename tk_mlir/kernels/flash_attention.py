@@ -452,7 +452,6 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     """After checking an eager call, `run(q, k, v)` for calls like it: through
     autograd (EagerAttention) when it records them, else the forward kernel
     alone, its launch planned here."""
-    from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     scale, left, right, softcap, grad = _checked_call(q, k, v, causal, scale, deterministic,
                                                       window, softcap)
     planned = planned_launch(q, k, causal, scale, (left, right), softcap)
@@ -466,7 +465,7 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
 
 def _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap, grad):
     """_prepare's `run(q, k, v)` on tensors the kernels read as they lie."""
-    from tk_mlir.kernels import custom_ops
+    from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if grad:
         backward = []       # planned at the first backward (its task table), then kept
 

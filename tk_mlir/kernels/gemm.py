@@ -745,6 +745,12 @@ def pingpong_config(bm: int, bn: int) -> dict:
                 num_warps=12)
 
 
+def stream_k_config(bm: int, bn: int) -> dict:
+    """gemm_split_k_kernel's STREAM_K config for bm x bn tiles (tile_config's,
+    K steps cut evenly among the blocks)."""
+    return {**tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}
+
+
 # Tiles and K splits `candidate_plans` offers the measured table.
 CANDIDATE_TILES = ((64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
 CANDIDATE_SPLIT_TILES = ((64, 128), (128, 128))
@@ -773,9 +779,7 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
                           f"tiles of {bm} x {bn}, two warpgroups in turn (ping-pong)"))
     for bm, bn in CANDIDATE_SPLIT_TILES:
         if tk.cdiv(M, bm) * tk.cdiv(N, bn) < 2 * sms:     # (stream-K: for a wave or two)
-            plans.append(Plan("stream_k",
-                              MappingProxyType({**tile_config(bm, bn), "SPLIT_K": 1,
-                                                "STREAM_K": True}),
+            plans.append(Plan("stream_k", MappingProxyType(stream_k_config(bm, bn)),
                               f"tiles of {bm} x {bn}, stream-K (K steps cut evenly among "
                               f"the blocks)"))
     steps = tk.cdiv(K, 64)
