@@ -543,8 +543,7 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softc
     vec = tk.spec((2, 8, 1000), tk.f32)
     c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32),
                                           kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=d,
-                                          CAUSAL=causal, SOFTCAP=softcap,
-                                          **_backward_config(d))
+                                          CAUSAL=causal, **_backward_config(d, softcap))
     ptx = c.asm["ptx"]
     # dQ accumulated in f32: a TMA reduce-add from shared memory, per 32-column block
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.add", ptx)
@@ -673,7 +672,7 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     vec = tk.spec((2, 8, 1000), tk.f32)
     c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, 128), tk.f32),
                                           kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=128,
-                                          QUERY_ROWS=80, **_backward_config(128))
+                                          **_backward_config(128, query_rows=80))
     ptx = c.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n80k16" in ptx            # Sᵀ, dPᵀ and dQᵀ
     assert '"tk.transpose"' in c.asm["tk"]                          # dQᵀ stored as dQ

@@ -917,16 +917,22 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             tk.tma.store_wait(0, read=False)
 
 
-def _backward_config(d: int) -> dict:
-    """Stages, schedule and register split per head dim (384 threads start
-    with 168 registers each). D=64 pipelines its steps (PIPELINE) over three
-    Q/dO stages: 1.01-1.17x (BENCHMARKS.md); D=128 has no registers for it."""
+def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict:
+    """attention_backward_kernel's constexprs for a head dim, soft cap and
+    query block (384 threads start with 168 registers each). D=64 pipelines
+    its steps (PIPELINE) over three Q/dO stages: 1.01-1.17x (BENCHMARKS.md);
+    D=128 has no registers for it."""
     if d == 256:
         raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
                          "dV accumulators alone need 256 registers per thread)")
+    cfg = dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     if d == 64:
-        return dict(STAGES=3, PIPELINE=True, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
-    return dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+        cfg.update(STAGES=3, PIPELINE=True)
+    if softcap:
+        cfg.update(SOFTCAP=float(softcap))
+    if query_rows != 64:
+        cfg.update(QUERY_ROWS=query_rows)
+    return cfg
 
 
 # 80-row query blocks (FA3's at D=128 when not causal: the step's fixed costs over
@@ -1057,19 +1063,15 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
     tensors shaped like q and k (and on their device), its configuration,
     grid, task table and launches chosen once."""
     import torch
-    cfg = _backward_config(q.shape[-1])
     window = (left, right)
+    rows = _backward_query_rows(q.shape[-1], causal, window, softcap, deterministic)
+    cfg = _backward_config(q.shape[-1], softcap, rows)
     if window != (-1, -1):
         if deterministic:
             raise NotImplementedError("attention backward: deterministic=True takes no window "
                                       "yet (its dQ turns assume every K/V block before a "
                                       "tile's reaches it)")
         cfg.update(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1])
-    if softcap:
-        cfg.update(SOFTCAP=float(softcap))
-    rows = _backward_query_rows(q.shape[-1], causal, window, softcap, deterministic)
-    if rows != 64:
-        cfg.update(QUERY_ROWS=rows)
     grid = num_sms(q.get_device())
     # deterministic: a new table per launch (its zeroed dQ counters are the launch's)
     table = None if deterministic else backward_tasks(q, k, causal, grid, False, window)

@@ -189,7 +189,6 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
-    cap = dict(SOFTCAP=float(softcap)) if softcap else {}
     grid = num_sms(q.get_device())
     tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
                                          (left, right)), k.shape[1], grid,
@@ -198,6 +197,6 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
         _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
         _packed(dk), _packed(dv), tasks, grid, scale,
         dlse=None if dlse is None else dlse.unsqueeze(0), VARLEN=True,
-        **flash_attention._backward_config(D), **cap)
+        **flash_attention._backward_config(D, softcap))
     _packed(dq).copy_(dq32)
     return dq, dk, dv
