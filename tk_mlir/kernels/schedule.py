@@ -116,7 +116,7 @@ def sorted_table(costs, heads: int, grid: int):
     import torch
     blocks = costs.numel()
     offsets, order = _dealt(blocks * heads, grid, costs.device)
-    by_cost = torch.argsort(costs, descending=True, stable=True)
+    by_cost = torch.argsort(costs.to(torch.int32), descending=True, stable=True)  # (narrow)
     ids = (torch.arange(heads, device=costs.device)[None, :] * blocks + by_cost[:, None]).view(-1)
     return torch.cat((offsets, ids[order])).to(torch.int32)
 
@@ -156,19 +156,29 @@ def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     lead = t <= partner                                   # a unit's first (or only) tile
     unit = torch.minimum(t, partner) - first
     pair_cost = costs + torch.where(partner != t, costs[partner], 0)
-    # all (tile, head) entries: by sequence, head, pair, lead first; then by cost
-    ids = torch.arange(blocks * heads, device=dev)
-    tile, head = ids % blocks, ids // blocks
-    minor = ((seq[tile] * heads + head) * blocks + unit[tile]) * 2 + (~lead[tile]).long()
-    order = torch.argsort(minor, stable=True)
-    order = order[torch.argsort(pair_cost[tile[order]], descending=True, stable=True)]
-    rank = (torch.cumsum(lead[tile[order]].long(), 0) - 1).clamp_(min=0)   # each entry's unit
+    # Entries (task ids head·blocks + tile) by pair cost, highest first, then by
+    # sequence, head, pair, lead first: one sort (sorts are most of the
+    # table's GPU time) of a key made per tile, plus the head's term.
+    # An i32 key where it holds the order and some cost classes (a radix sort's
+    # passes go by the key's bits): the costs furthest below the highest then
+    # share a class (the cheapest units, dealt last, keep their order by
+    # sequence, head and pair).
+    span = 2 * sequences * heads * blocks              # the order after the cost, below it
+    classes = (2**31 - 1) // span
+    below = pair_cost.max() - pair_cost
+    if classes >= 2:
+        below = below.clamp_(max=classes - 1)
+    per_tile = below * span + (seq * heads * blocks + unit) * 2 + (~lead).long()
+    key = per_tile[None, :] + 2 * blocks * torch.arange(heads, device=dev)[:, None]
+    order = torch.argsort(key.view(-1).to(torch.int32) if classes >= 2 else key.view(-1),
+                          stable=True)
+    rank = (torch.cumsum(lead[order % blocks].long(), 0) - 1).clamp_(min=0)  # each one's unit
     owner = torch.where((rank // grid) % 2 == 0, rank % grid, grid - 1 - rank % grid)
-    by_block = torch.argsort(owner, stable=True)
+    by_block = torch.argsort(owner.to(torch.int16 if grid < 2**15 else torch.int32), stable=True)
     counts = torch.zeros(grid, dtype=torch.long, device=dev).scatter_add_(
         0, owner, torch.ones_like(owner))
     offsets = torch.cat((counts.new_zeros(1), torch.cumsum(counts, 0))) + grid + 1
-    return torch.cat((offsets, ids[order][by_block])).to(torch.int32)
+    return torch.cat((offsets, order[by_block])).to(torch.int32)
 
 
 _SNAKES: dict = {}
