@@ -242,16 +242,19 @@ def test_the_paired_schedule_runs_every_task_once_whatever_the_offsets(monkeypat
     assert sorted(sum(_parts(table, grid), [])) == list(range(heads * blocks))
 
 
-def test_causal_calls_run_the_paired_schedule(interpret, monkeypatch):
-    """Four tasks a simulated SM (the threshold lowered to it): forward and
-    backward take the paired table (sorted_table never called), against
-    float64."""
-    from tk_mlir.kernels import varlen_attention
+@pytest.mark.parametrize("d", [64, 128])
+def test_causal_calls_run_the_paired_schedule(interpret, monkeypatch, d):
+    """Four tasks a simulated SM (the threshold lowered to it): the backward
+    takes the paired table, and so does the forward above D=64 (at 64 its
+    kernel gains nothing from it: the sorted table), against float64."""
     monkeypatch.setattr(schedule, "PAIRED_MIN_TASKS", 4)
-    monkeypatch.setattr(varlen_attention.schedule, "sorted_table",
-                        lambda *a: pytest.fail("the causal call took sorted_table"))
-    q, k, v, cu_q, cu_k = _inputs(LENS_Q, LENS_Q, 4, 4, 64, seed=11)
+    tables = []
+    for name in ("paired_table", "sorted_table"):
+        monkeypatch.setattr(schedule, name, lambda *a, _name=name, _make=getattr(schedule, name):
+                            tables.append(_name) or _make(*a))
+    q, k, v, cu_q, cu_k = _inputs(LENS_Q, LENS_Q, 4, 4, d, seed=11)
     _check_against_reference(q, k, v, cu_q, cu_k, True, (-1, -1), 0.0, tol=1e-2)
+    assert tables == ["paired_table" if d > 64 else "sorted_table", "paired_table"]
 
 
 def test_compiled_matches_eager(interpret):

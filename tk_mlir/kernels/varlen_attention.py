@@ -166,9 +166,11 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
         cfg = flash_attention._config(D, 0, causal)
         bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
         grid = num_sms(q.get_device())
+        # Paired (mirrored tiles of one sequence) where it pays for its table: at
+        # D=64 the forward's kernel takes as long either way (BENCHMARKS.md).
         tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
                                              (left, right), forward_tasks=(bm, bn)), H, grid,
-                       pairs=(cu_q, bm) if causal else None)
+                       pairs=(cu_q, bm) if causal and D > 64 else None)
         cap = dict(SOFTCAP=float(softcap)) if softcap else {}
         flash_attention.attention_kernel[(grid,)](
             _packed(q), _packed(k), _packed(v), _packed(o),
