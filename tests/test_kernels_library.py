@@ -141,9 +141,9 @@ REJECTED = {
     "matmul: on the CPU": (
         lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(8, 4, dtype=f32)), ValueError,
         r"matmul: a must be on a CUDA device, got cpu \(the kernel runs on the GPU\)"),
-    "rms_norm: x 1-D": (
-        lambda: rms_norm(cpu(8), cpu(8)), ValueError,
-        r"rms_norm: x must be at least 2-D \(rows x D\), got shape \(8,\)"),
+    "rms_norm: x 0-D": (
+        lambda: rms_norm(cpu(8)[0], cpu(8)), ValueError,
+        r"rms_norm: x must be at least 1-D \(D, or rows x D\), got shape \(\)"),
     "layer_norm: x f16": (
         lambda: layer_norm(cpu(4, 8, dtype=f16), cpu(8), cpu(8)), TypeError,
         r"layer_norm: x must be torch.bfloat16, got torch.float16"),

@@ -281,3 +281,27 @@ def test_the_backward_ops_check_their_arguments(interpret):
     with pytest.raises(ValueError, match=r"dloss must have shape \(3,\)"):
         ops.cross_entropy_backward(torch.tensor(1.0), logits, torch.tensor([1, 2, 3]), lse,
                                    -100, "none", 0.0)
+
+
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_one_row_as_a_vector_forward_and_backward(interpret, fn):
+    """x of shape (D,), as F.rms_norm and F.layer_norm take it: one row, its
+    output and gradients of x's shape, against float64."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.rand(264, generator=g) * 4 - 1).to(bf16).requires_grad_()
+    w, b = ((torch.rand(264, generator=g) + 0.5).to(bf16).requires_grad_() for _ in range(2))
+    dy = (torch.rand(264, generator=g) * 2 - 1).to(bf16)
+    inputs = (x, w) if fn == "rms_norm" else (x, w, b)
+    y = rms_norm(*inputs) if fn == "rms_norm" else layer_norm(*inputs)
+    assert y.shape == x.shape
+    grads = torch.autograd.grad(y, inputs, dy)
+    refs = _reference(fn, dy, *inputs, eps=1e-6 if fn == "rms_norm" else 1e-5)
+    for got, ref, t in zip(grads, refs, inputs):
+        assert got.shape == t.shape and _rel(got, ref) < 1e-2
+    with torch.no_grad():
+        out = torch.full_like(x, float("nan"))
+        norm = rms_norm(x, w, out=out) if fn == "rms_norm" else layer_norm(x, w, b, out=out)
+        assert norm is out and not out.isnan().any()
+    h, r = fused_add_rms_norm(x.detach(), x.detach(), w.detach()) if fn == "rms_norm" else \
+        fused_add_layer_norm(x.detach(), x.detach(), w.detach(), b.detach())
+    assert h.shape == r.shape == x.shape

@@ -481,8 +481,9 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
     each of `params` a (D,) vector like it; returns eps as a float."""
     import torch
     checks.tensor(fn, "x", x, dtypes=(torch.bfloat16,))
-    if x.dim() < 2:
-        raise ValueError(f"{fn}: x must be at least 2-D (rows x D), got shape {tuple(x.shape)}")
+    if x.dim() < 1:
+        raise ValueError(f"{fn}: x must be at least 1-D (D, or rows x D), got shape "
+                         f"{tuple(x.shape)}")
     if x.shape[-1] == 0 or x.shape[-1] % 8:
         raise ValueError(f"{fn}: x's last dim D must be a positive multiple of 8 (rows of whole "
                          f"16-byte vectors, as the kernels load them), got shape "
