@@ -165,7 +165,10 @@ REJECTED = {
         r"matmul: c is written in place and must not have elements that share memory"),
     "rms_norm: an overlapping out": (
         lambda: rms_norm(cpu(3, 64), cpu(64), out=cpu(1, 64).expand(3, 64)), ValueError,
-        r"rms_norm: out must have a contiguous last dim and elements that do not overlap"),
+        r"rms_norm: out is written in place and must not have elements that share memory"),
+    "rms_norm: a transposed out": (
+        lambda: rms_norm(cpu(64, 64), cpu(64), out=cpu(64, 64).T), ValueError,
+        r"rms_norm: out must have a contiguous last dim, got strides \(1, 64\)"),
     "rms_norm: eps NaN": (
         lambda: rms_norm(cpu(3, 64), cpu(64), float("nan")), ValueError,
         r"rms_norm: eps must be a finite number >= 0, got nan"),
