@@ -329,8 +329,9 @@ def test_store_partial_counters_not_zero(at, value):
     (a count below parts= would otherwise read as a tile short of parts)."""
     x, y, w, f = parts_inputs(2, 1)
     f[at] = value
-    with pytest.raises(InterpretError, match=rf"counters 'F' do not start at zero \(they hold "
-                                             rf"\[{value}\] at 1 element\(s\), the first at {at}\)"):
+    with pytest.raises(InterpretError, match=rf"the counters 'F' must start as zeros \(1 "
+                                             rf"element\(s\) are not, the first at {at}, "
+                                             rf"holding \[{value}\]\)"):
         add_parts.interpret[(2, 1)](x, y, w, f, PARTS=2)
 
 

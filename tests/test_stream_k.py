@@ -157,8 +157,9 @@ def test_a_workspace_that_does_not_start_at_zero_is_reported():
     w = torch.zeros(128, 256)
     w[3, 5] = 1.0
     f = torch.zeros(gemm.split_k_counters(128, 256, 128), dtype=torch.int32)
-    with pytest.raises(InterpretError, match=r"the workspace 'W' does not start at zero \(1 "
-                                             r"element\(s\) are not, the first at \(3, 5\)\)"):
+    with pytest.raises(InterpretError, match=r"the workspace 'W' must start as zeros \(1 "
+                                             r"element\(s\) are not, the first at \(3, 5\), "
+                                             r"holding \[1.0\]\): every part adds into it"):
         gemm.gemm_split_k_kernel.interpret[(3,)](a, b, c, w, f, SPLIT_K=1, STREAM_K=True,
                                                  STAGES=3)
 

@@ -281,21 +281,10 @@ def _store_partial(op, num_warps):
                              f"on elements {slot * threads} to {(slot + 1) * threads - 1} "
                              f"({threads} threads per tile)")
         if getattr(counters, "counted_by", None) is None:      # the launch's first part
-            start = counters.load((0,), counters.shape, "i32", 0)
-            if start.any():
-                slots = np.flatnonzero(start)
-                raise error(loc, f"tk.store_partial: counters {counters.name!r} do not start "
-                                 f"at zero (they hold {sorted(set(start[slots].tolist()))} at "
-                                 f"{len(slots)} element(s), the first at {slots[0]}): pass "
-                                 f"zeros (torch.zeros), which every launch leaves behind")
-            sums = workspace.load((0,) * len(workspace.shape), workspace.shape, "f32", 0.0)
-            if sums.any():
-                at = np.unravel_index(np.flatnonzero(sums)[0], sums.shape)
-                raise error(loc, f"tk.store_partial: the workspace {workspace.name!r} does not "
-                                 f"start at zero ({np.count_nonzero(sums)} element(s) are not, "
-                                 f"the first at {tuple(int(i) for i in at)}): every part adds "
-                                 f"into it, so its sums would be off; pass zeros "
-                                 f"(torch.zeros), which every launch leaves behind")
+            _starts_at_zero(loc, counters, "i32", "the counters", "a count below parts= would "
+                            "read as a tile short of parts")
+            _starts_at_zero(loc, workspace, "f32", "the workspace", "every part adds into "
+                            "it, so its sums would be off")
         workspace.store(coords, value, add=True)
         counters.counted_by = (loc, parts)      # checked at the launch's end (leftover_parts)
         count = counters.load((slot,), (threads,), "i32", 0)
@@ -312,6 +301,20 @@ def _store_partial(op, num_warps):
             count[:] = 0
         counters.store((slot,), count)
     return store
+
+
+def _starts_at_zero(loc, array, dtype: str, role: str, why: str) -> None:
+    """tk.store_partial's rule for its workspace and counters at a launch's
+    first part: all zeros (every launch leaves them so)."""
+    values = array.load((0,) * len(array.shape), array.shape, dtype, 0)
+    if values.any():
+        flat = np.flatnonzero(values)
+        at = tuple(int(i) for i in np.unravel_index(flat[0], values.shape))
+        raise error(loc, f"tk.store_partial: {role} {array.name!r} must start as zeros "
+                         f"({len(flat)} element(s) are not, the first at "
+                         f"{at[0] if len(at) == 1 else at}, holding "
+                         f"{sorted(set(values.ravel()[flat].tolist()))[:4]}): {why}; pass "
+                         f"zeros (torch.zeros), which every launch leaves behind")
 
 
 def leftover_parts(args) -> None:
