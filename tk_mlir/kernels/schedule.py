@@ -147,38 +147,42 @@ def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     blocks, sequences = costs.numel(), len(cu) - 1           # (cu holds B + 1 >= 2)
     if blocks * heads < PAIRED_MIN_TASKS * grid:
         return sorted_table(costs, heads, grid)
+    # Sequence s's tiles [first[s], first[s+1]): offsets that are not the rows'
+    # own (unsorted, out of range) are made a partition of 0 .. blocks-1 first.
+    first = ((cu.to(dev, torch.long) + (rows_per_task - 1)) // rows_per_task).clamp_(0, blocks)
+    first = first.cummax(0).values
+    first[0], first[-1] = 0, blocks
     t = torch.arange(blocks, device=dev)
-    first_of = (cu.to(dev, torch.long) + rows_per_task - 1) // rows_per_task
-    seq = torch.searchsorted(first_of[1:], t, right=True).clamp_(max=sequences - 1)
-    first = first_of[seq].clamp(max=t)
-    end = torch.maximum(first_of[seq + 1].clamp(max=blocks), t + 1)
-    partner = (first + end - 1 - t).clamp(0, blocks - 1)
-    lead = t <= partner                                   # a unit's first (or only) tile
-    unit = torch.minimum(t, partner) - first
-    pair_cost = costs + torch.where(partner != t, costs[partner], 0)
+    seq = torch.searchsorted(first[1:], t, right=True)
+    partner = (first[:-1] + first[1:] - 1)[seq] - t         # tile i's mirror, m-1-i of m
+    lead = t <= partner                                     # a unit's first (or only) tile
+    pair_cost = costs + costs[partner] * (partner != t)
     # Entries (task ids head·blocks + tile) by pair cost, highest first, then by
     # sequence, head, pair, lead first: one sort (sorts are most of the
-    # table's GPU time) of a key made per tile, plus the head's term.
-    # An i32 key where it holds the order and some cost classes (a radix sort's
-    # passes go by the key's bits): the costs furthest below the highest then
-    # share a class (the cheapest units, dealt last, keep their order by
-    # sequence, head and pair).
+    # table's GPU time) of an i32 key, made per tile plus the head's term,
+    # where it holds the order and some cost classes (a radix sort's passes go
+    # by the key's bits): the costs furthest below the highest then share a
+    # class (the cheapest units, dealt last, keep their order by sequence,
+    # head and pair).
     span = 2 * sequences * heads * blocks              # the order after the cost, below it
     classes = (2**31 - 1) // span
     below = pair_cost.max() - pair_cost
     if classes >= 2:
         below = below.clamp_(max=classes - 1)
-    per_tile = below * span + (seq * heads * blocks + unit) * 2 + (~lead).long()
+    per_tile = below * span + seq * (2 * heads * blocks) + \
+        (torch.minimum(t, partner) - first[seq]) * 2 + (t > partner)
     key = per_tile[None, :] + 2 * blocks * torch.arange(heads, device=dev)[:, None]
-    order = torch.argsort(key.view(-1).to(torch.int32) if classes >= 2 else key.view(-1),
-                          stable=True)
-    rank = (torch.cumsum(lead[order % blocks].long(), 0) - 1).clamp_(min=0)  # each one's unit
-    owner = torch.where((rank // grid) % 2 == 0, rank % grid, grid - 1 - rank % grid)
-    by_block = torch.argsort(owner.to(torch.int16 if grid < 2**15 else torch.int32), stable=True)
-    counts = torch.zeros(grid, dtype=torch.long, device=dev).scatter_add_(
-        0, owner, torch.ones_like(owner))
-    offsets = torch.cat((counts.new_zeros(1), torch.cumsum(counts, 0))) + grid + 1
-    return torch.cat((offsets, order[by_block])).to(torch.int32)
+    key, order = torch.sort(key.view(-1).to(torch.int32) if classes >= 2 else key.view(-1),
+                            stable=True)
+    # Each entry's unit (the lead entries so far; a key's lowest bit is 0 for a
+    # lead), dealt in a snake.
+    rank = ((~key & 1).cumsum(0) - 1).clamp_(min=0)
+    place = rank % grid
+    owner = torch.where((rank // grid) & 1 == 1, grid - 1 - place, place)
+    owner, by_block = torch.sort(owner.to(torch.int16 if grid < 2**15 else torch.int32),
+                                 stable=True)
+    offsets = torch.searchsorted(owner, torch.arange(grid + 1, device=dev, dtype=owner.dtype))
+    return torch.cat((offsets + (grid + 1), order[by_block])).to(torch.int32)
 
 
 _SNAKES: dict = {}
