@@ -110,7 +110,7 @@ def test_argument_errors_before_any_launch(make, rule):
     (dict(causal="False"), "causal must be a bool, got 'False'"),
     (dict(scale=-0.5), "scale must be a positive finite number, got -0.5"),
     (dict(scale=float("nan")), "scale must be a positive finite number"),
-    (dict(scale="0.1"), "scale must be a float"),
+    (dict(scale="0.1"), "scale must be a real number"),
 ])
 def test_option_errors(kwargs, rule):
     from tk_mlir.kernels import attention

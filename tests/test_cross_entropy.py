@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from tk_mlir.kernels import cross_entropy  # noqa: E402
+from tk_mlir.kernels import cross_entropy, linear_cross_entropy  # noqa: E402
 
 from torch_reference import relative_error as _rel  # noqa: E402
 
@@ -96,6 +96,11 @@ def test_a_large_shared_offset_does_not_round_the_loss_away(interpret, shift):
     (lambda x, t: cross_entropy(x[:, :12], t), ValueError, r"logits' rows must be contiguous "
                                                            r"whole 16-byte vectors"),
     (lambda x, t: cross_entropy(x, t), ValueError, r"cross_entropy: logits must be on a CUDA"),
+    (lambda x, t: linear_cross_entropy(x, torch.randn(16, 8).to(bf16).T, t), ValueError,
+     r"linear_cross_entropy: weight's last dim \(H\) must be contiguous \(stride 1\), got "
+     r"strides \(1, 8\)"),
+    (lambda x, t: linear_cross_entropy(x[:, :12], torch.randn(8, 12).to(bf16), t), ValueError,
+     r"linear_cross_entropy: H \(h's last dim\) must be a multiple of 8"),
 ])
 def test_argument_rules(call, error, rule):
     with pytest.raises(error, match=rule):

@@ -163,6 +163,15 @@ REJECTED = {
     "matmul: rows of c overlapping": (
         lambda: matmul(cpu(8, 16), cpu(4, 16), cpu(40).as_strided((8, 4), (2, 1))), ValueError,
         r"matmul: c is written in place and must not have elements that share memory"),
+    "matmul: c is a": (
+        lambda: (lambda a: matmul(a, cpu(16, 16), a))(cpu(16, 16)), ValueError,
+        r"matmul: c is written while a is read and must not share memory with it"),
+    "matmul: c inside b": (
+        lambda: (lambda t: matmul(cpu(8, 16), t[:8], t[4:12, :8]))(cpu(16, 16)), ValueError,
+        r"matmul: c is written while b is read and must not share memory with it"),
+    "grouped_matmul: c is a": (
+        lambda: (lambda a: grouped_matmul(a, cpu(2, 16, 16), [3, 5], a))(cpu(2, 16, 16)),
+        ValueError, r"grouped_matmul: c is written while a is read"),
     "rms_norm: an overlapping out": (
         lambda: rms_norm(cpu(3, 64), cpu(64), out=cpu(1, 64).expand(3, 64)), ValueError,
         r"rms_norm: out is written in place and must not have elements that share memory"),
@@ -192,7 +201,7 @@ REJECTED = {
         r"layer_norm: out must have shape \(4, 8\) \(x's shape\), got \(8, 4\)"),
     "rms_norm: eps a string": (
         lambda: rms_norm(cpu(4, 8), cpu(8), "1e-6"), TypeError,
-        r"rms_norm: eps must be a float, got str"),
+        r"rms_norm: eps must be a real number \(an int or a float\), got str"),
     "layer_norm: on the CPU": (
         lambda: layer_norm(cpu(4, 8), cpu(8), cpu(8), 1e-5), ValueError,
         r"layer_norm: x must be on a CUDA device, got cpu"),
@@ -204,3 +213,28 @@ def test_wrappers_reject_bad_arguments_before_the_gpu(case):
     call, error, pattern = REJECTED[case]
     with pytest.raises(error, match=pattern):
         call()
+
+
+def test_an_output_aliasing_an_input_is_refused_on_a_signature_seen_before(interpret):
+    """The eager path checks a signature once; c's memory against a's and b's
+    is checked on every call (a later call of the same shapes may alias)."""
+    a, b = (torch.rand(64, 64).to(torch.bfloat16) for _ in range(2))
+    c = torch.full((64, 64), float("nan")).to(torch.bfloat16)
+    assert matmul(a, b, c) is c and not c.isnan().any()
+    with pytest.raises(ValueError, match=r"matmul: c is written while a is read"):
+        matmul(a, b, a)
+    g = torch.full((2, 64, 64), float("nan")).to(torch.bfloat16)
+    ga, gb = torch.rand(2, 64, 64).to(torch.bfloat16), torch.rand(2, 64, 64).to(torch.bfloat16)
+    assert grouped_matmul(ga, gb, [64, 64], g) is g
+    with pytest.raises(ValueError, match=r"grouped_matmul: c is written while b is read"):
+        grouped_matmul(ga, gb, [64, 64], gb)
+
+
+def test_numpy_scalars_are_numbers(interpret):
+    """eps and scale as numpy scalars, as torch's functions take them."""
+    import numpy as np
+    from tk_mlir.kernels import attention
+    x, w = torch.rand(4, 64).to(torch.bfloat16), torch.rand(64).to(torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, np.float32(1e-6)), rms_norm(x, w, 1e-6))
+    q = torch.rand(1, 2, 16, 64).to(torch.bfloat16)
+    assert torch.equal(attention(q, q, q, scale=np.float32(0.125)), attention(q, q, q, scale=0.125))

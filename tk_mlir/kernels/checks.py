@@ -71,9 +71,13 @@ def shape(fn: str, name: str, value, expected: tuple, why: str) -> None:
 
 
 def number(fn: str, name: str, value) -> float:
-    """`value` as a float, for a scalar kernel parameter such as eps."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
+    """`value` as a float, for a scalar kernel parameter such as eps: any real
+    number (an int, a float, a numpy scalar as torch's functions take it),
+    not a bool."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{fn}: {name} must be a real number (an int or a float), got "
+                        f"{type(value).__name__}")
     return float(value)
 
 
@@ -125,6 +129,30 @@ def written_in_place(fn: str, name: str, t) -> None:
         raise ValueError(f"{fn}: {name} is written in place and must not have elements that "
                          f"share memory (an expanded or overlapping view), got shape "
                          f"{tuple(t.shape)} with strides {tuple(t.stride())}")
+
+
+def written_apart(fn: str, name: str, out, **inputs) -> None:
+    """Refuse an output the caller gives that may share memory with an input
+    it is computed from: the kernels read the input while they write the
+    output (a race: a wrong result, as torch.mm(a, b, out=a) gives). Checked
+    on every call: two calls of one signature may alias differently.
+    Arguments that are not tensors are left to the type checks."""
+    for other, t in inputs.items():
+        if hasattr(out, "data_ptr") and hasattr(t, "data_ptr") and _spans_meet(out, t):
+            raise ValueError(f"{fn}: {name} is written while {other} is read and must not share "
+                             f"memory with it (their bytes overlap); write into a separate "
+                             f"tensor")
+
+
+def _spans_meet(x, y) -> bool:
+    """Whether x's and y's bytes may overlap: the spans from each one's first
+    to its last byte meet (conservative: interleaved views meet too)."""
+    if not x.numel() or not y.numel():
+        return False
+    (x0, x1), (y0, y1) = (
+        (t.data_ptr(), t.data_ptr() + t.element_size() *
+         (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))) for t in (x, y))
+    return x0 < y1 and y0 < x1
 
 
 def overlapping(t) -> bool:

@@ -380,7 +380,10 @@ def grouped_matmul(a, b, sizes, c=None, *, b_layout: str = "nk"):
                              f"{tuple(a.shape)}")
         if not (isinstance(sizes, torch.Tensor) and sizes.is_cuda):
             sizes = check_sizes(sizes, a)      # host sizes: their values, on every call
-    # eager: a signature seen before was checked then (eager.py)
+    # eager: a signature seen before was checked then (eager.py), but for c's memory
+    # against a's and b's (the same signature may alias)
+    if c is not None:
+        checks.written_apart("grouped_matmul", "c", c, a=a, b=b)
     key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(sizes),
            eager.tensor_key(c), b_layout, torch.is_grad_enabled())
     return _PREPARED.call(key, lambda: _prepare(a, b, sizes, c, b_layout, recorded),

@@ -260,7 +260,7 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
     target: (N,) class indices, ignore_index as cross_entropy. H and V
-    multiples of 8. reduction: "mean", "sum" or "none". Differentiable in h
+    multiples of 8, h's and weight's last dim (H) contiguous. reduction: "mean", "sum" or "none". Differentiable in h
     and weight; under torch.compile the custom op
     torch.ops.tk_mlir.linear_cross_entropy, or
     torch.ops.tk_mlir.linear_cross_entropy_with_grads for a scalar loss
@@ -403,9 +403,13 @@ def _check_linear(h, weight, target, ignore_index, reduction,
         raise ValueError(f"{fn}: weight must be (V, H={h.shape[1]}) (a Linear's weight), got "
                          f"{tuple(weight.shape)}")
     for name, t in (("h", h), ("weight", weight)):
-        if t.shape[1] % 8 or t.stride(-1) != 1:
-            raise ValueError(f"{fn}: {name}'s rows must be contiguous whole 16-byte vectors "
-                             f"(H a multiple of 8), got shape {tuple(t.shape)}")
+        if t.shape[1] % 8:
+            raise ValueError(f"{fn}: H ({name}'s last dim) must be a multiple of 8 (rows of "
+                             f"whole 16-byte vectors), got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s last dim (H) must be contiguous (stride 1), got "
+                             f"strides {tuple(t.stride())} (a transposed view: pass "
+                             f"{name}.contiguous())")
     if weight.shape[0] == 0 or weight.shape[0] % 8:
         raise ValueError(f"{fn}: the vocabulary V (weight's rows) must be a positive multiple "
                          f"of 8 (rows of logits of whole 16-byte vectors), got "
