@@ -459,9 +459,10 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
 
     a: (M, K) and b: torch.bfloat16 or torch.float16 CUDA tensors of one dtype
     on one device. c: an (M, N) output of a 16-bit dtype or torch.float32 on
-    their device, written in place; by default a new tensor of a's dtype.
-    Batched: a (G, M, K), b (G, N, K) or (G, K, N) and c (G, M, N) make G
-    independent products of one shape in one launch (as torch.bmm).
+    their device, written in place (its memory apart from a's and b's); by
+    default a new tensor of a's dtype. Batched: a (G, M, K), b (G, N, K) or
+    (G, K, N) and c (G, M, N) make G independent products of one shape in
+    one launch (as torch.bmm).
     Returns c. `plan` chooses the kernel (and the autotuned one its
     configuration per shape, dtype and layout on first use).
 
