@@ -135,24 +135,31 @@ def written_apart(fn: str, name: str, out, **inputs) -> None:
     """Refuse an output the caller gives that may share memory with an input
     it is computed from: the kernels read the input while they write the
     output (a race: a wrong result, as torch.mm(a, b, out=a) gives). Checked
-    on every call: two calls of one signature may alias differently.
-    Arguments that are not tensors are left to the type checks."""
+    on every call (two calls of one signature may alias differently), so
+    kept to a few attribute reads. Arguments that are not tensors are left
+    to the type checks."""
+    if not hasattr(out, "data_ptr"):
+        return
+    lo, hi = _span(out)
     for other, t in inputs.items():
-        if hasattr(out, "data_ptr") and hasattr(t, "data_ptr") and _spans_meet(out, t):
-            raise ValueError(f"{fn}: {name} is written while {other} is read and must not share "
-                             f"memory with it (their bytes overlap); write into a separate "
-                             f"tensor")
+        if hasattr(t, "data_ptr"):
+            t_lo, t_hi = _span(t)
+            if lo < t_hi and t_lo < hi:
+                raise ValueError(f"{fn}: {name} is written while {other} is read and must not "
+                                 f"share memory with it (their bytes overlap); write into a "
+                                 f"separate tensor")
 
 
-def _spans_meet(x, y) -> bool:
-    """Whether x's and y's bytes may overlap: the spans from each one's first
-    to its last byte meet (conservative: interleaved views meet too)."""
-    if not x.numel() or not y.numel():
-        return False
-    (x0, x1), (y0, y1) = (
-        (t.data_ptr(), t.data_ptr() + t.element_size() *
-         (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))) for t in (x, y))
-    return x0 < y1 and y0 < x1
+def _span(t) -> tuple[int, int]:
+    """The addresses from t's first byte to one past its last (empty for an
+    empty t; interleaved views' spans meet, a conservative answer)."""
+    first = t.data_ptr()
+    if t.is_contiguous():
+        return first, first + t.nbytes
+    if not t.numel():
+        return first, first
+    return first, first + t.element_size() * (1 + sum((n - 1) * s for n, s in
+                                                      zip(t.shape, t.stride())))
 
 
 def overlapping(t) -> bool:
