@@ -127,7 +127,8 @@ def test_q_and_k_of_other_lengths_go_one_at_a_time(interpret):
     q = torch.randn(1, 4, 2, 32).to(bf16)
     k = torch.randn(1, 6, 2, 32).to(bf16)
     cos, sin = _angles(4, 16, seed=9)
-    with pytest.raises(ValueError, match=r"rotary_embedding: cos must have shape \(6, 16\)"):
+    with pytest.raises(ValueError, match=r"rotary_embedding: cos must have shape \(N', 16\) "
+                                         r".* N' >= N=6"):
         rotary_embedding_qk(q, k, cos, sin)
     with pytest.raises(ValueError, match=r"rotary_embedding: k's last dim must be contiguous"):
         rotary_embedding_qk(q, torch.randn(1, 4, 2, 64).to(bf16)[..., ::2], cos, sin)
@@ -162,8 +163,11 @@ def test_kernel_in_the_interpreter(per_batch):
 @pytest.mark.parametrize("call, error, rule", [
     (lambda x, c: rotary_embedding(x[..., :24], c, c), ValueError, r"head dim D must be a "
                                                                    r"multiple of 16"),
-    (lambda x, c: rotary_embedding(x, c[:3], c[:3]), ValueError, r"cos must have shape \(5, 16\) "
-                                                                 r"or \(2, 5, 16\)"),
+    (lambda x, c: rotary_embedding(x, c[:3], c[:3]), ValueError, r"cos must have shape \(N', "
+                                                                 r"16\) or \(1, N', 16\) with "
+                                                                 r"N' >= N=5 .* or \(2, 5, 16\)"),
+    (lambda x, c: rotary_embedding(x, c.expand(2, 5, 16)[:, :4], c), ValueError,
+     r"cos must have shape"),
     (lambda x, c: rotary_embedding(x, c, c.double()), TypeError, r"sin must be "),
     (lambda x, c: rotary_embedding(x, c, c), ValueError, r"rotary_embedding: x must be on a "
                                                          r"CUDA device"),
@@ -234,3 +238,24 @@ def test_compiled_matches_eager():
         grads.append((y, *torch.autograd.grad(y, (xx,), dy)))
     for e, c in zip(*grads):
         assert torch.equal(e, c)
+
+
+@pytest.mark.parametrize("leading", [(), (1,)])
+def test_a_longer_table_is_read_for_its_first_positions(interpret, leading):
+    """A model's precomputed (max_pos, D/2) table, or (1, max_pos, D/2), as
+    FlashAttention's apply_rotary_emb takes it: rows past N unread; q and k
+    together too; gradients against float64."""
+    B, N, H, D = 2, 5, 3, 32
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(B, N, H, D, generator=g).to(bf16).requires_grad_()
+    cos, sin = _angles(*leading, 11, D // 2, seed=9)
+    y = rotary_embedding(x, cos, sin)
+    xd = x.detach().double().requires_grad_()
+    ref = _reference(xd, cos.reshape(11, D // 2)[:N], sin.reshape(11, D // 2)[:N])
+    assert _rel(y, ref) < 1e-2
+    dy = torch.randn(y.shape, generator=g).to(bf16)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (ref_dx,) = torch.autograd.grad(ref, xd, dy.double())
+    assert _rel(dx, ref_dx) < 1e-2
+    rq, rk = rotary_embedding_qk(x.detach(), x.detach()[:, :, :1], cos, sin)
+    assert _rel(rq, ref) < 1e-2 and _rel(rk, ref[:, :, :1]) < 1e-2

@@ -85,13 +85,16 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
     x: (B, N, H, D) bf16 or f16 CUDA tensor, any strides with a contiguous
     last dim (e.g. a view of a projection); D a multiple of 16. cos, sin:
     (N, D/2), or (B, N, D/2) for per-sequence positions, of x's dtype or
-    float32, contiguous. interleaved=True takes the GPT-J layout instead:
+    float32, contiguous; a model's longer table, (N', D/2) or (1, N', D/2)
+    with N' >= N, is read for its first N positions. interleaved=True takes
+    the GPT-J layout instead:
     pair i is (x_2i, x_2i+1), with the same cos and sin (angle i at row i;
     the kernel reads them repeated, a copy made per call). Returns a new
     contiguous tensor. Differentiable in x (not in cos and sin); under
     torch.compile the custom op torch.ops.tk_mlir.rotary_embedding."""
     import torch
     _check(x, cos, sin)
+    cos, sin = _positions(cos), _positions(sin)
     if not isinstance(interleaved, bool):
         raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
     if torch.compiler.is_compiling():
@@ -115,6 +118,7 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     if torch.compiler.is_compiling():
         return each()
     _check(q, cos, sin, "q")
+    cos, sin = _positions(cos), _positions(sin)
     pair = _pair(q, k)
     _check(k, cos, sin, "k", tables=not pair)     # (a pair's tables fit k as they fit q)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
@@ -173,6 +177,12 @@ def _tables(cos, sin, interleaved: bool):
     return cos.reshape(-1), sin.reshape(-1)
 
 
+def _positions(t):
+    """A checked cos or sin table as the kernels index it: (N', D/2) (rows
+    past N unread) or (B, N, D/2); a (1, N', D/2) one as (N', D/2)."""
+    return t[0] if t.dim() == 3 and t.shape[0] == 1 else t
+
+
 def _rows(heads: int) -> int:
     """A tile's rows for `heads` heads: the next power of two (the rest masked)."""
     return max(1 << (heads - 1).bit_length(), 1)
@@ -195,10 +205,13 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True) -> None:
         for name, t in (("cos", cos), ("sin", sin)):
             checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
             checks.like(fn, name, t, what, x, dtype=False)
-            if tuple(t.shape) not in ((N, D // 2), (B, N, D // 2)):
-                raise ValueError(f"{fn}: {name} must have shape ({N}, {D // 2}) or ({B}, {N}, "
-                                 f"{D // 2}) (positions x half the head dim), got "
-                                 f"{tuple(t.shape)}")
+            rows = t.shape[-2] if t.dim() in (2, 3) else -1
+            if not (t.dim() == 2 and rows >= N or t.dim() == 3 and t.shape[0] == 1 and
+                    rows >= N or tuple(t.shape) == (B, N, D // 2)) or t.shape[-1] != D // 2:
+                raise ValueError(f"{fn}: {name} must have shape (N', {D // 2}) or (1, N', "
+                                 f"{D // 2}) with N' >= N={N} (positions x half the head dim, "
+                                 f"the first N read), or ({B}, {N}, {D // 2}) (per sequence), "
+                                 f"got {tuple(t.shape)}")
             if not t.is_contiguous():
                 raise ValueError(f"{fn}: {name} must be contiguous")
         if cos.dtype != sin.dtype:
