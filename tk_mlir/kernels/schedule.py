@@ -122,10 +122,10 @@ def sorted_table(costs, heads: int, grid: int):
 
 
 # paired_table's tasks per block below which sorted_table's table is used: its
-# ~70 small torch ops cost ~0.3 ms of host time an eager call (~10 for
-# sorted_table), which the better order repays only on long walks (the
-# measured cases had 31-35 tasks a block); with fewer than two a block, dealing
-# whole pairs would idle blocks.
+# ~55 small torch ops (~10 for sorted_table) cost host time an eager call and
+# ~190 µs of GPU time in a CUDA graph (H100), which the better order repays only
+# on long walks (the measured cases had 33-62 tasks a block); with fewer than
+# two a block, dealing whole pairs would idle blocks.
 PAIRED_MIN_TASKS = 16
 
 
