@@ -23,9 +23,15 @@ HOLDER = {name: np.dtype(np.float32 if d.float else d.torch).type
 
 def round_to(dtype: str, x) -> np.ndarray:
     """x (any numbers) as the values of a `dtype` tile: f32, then rounded to
-    the nearest `dtype` value, ties to even; i32 and bool by numpy's casts."""
+    the nearest `dtype` value, ties to even; i32 and bool by numpy's casts,
+    but a float to i32 as the GPU's cvt.rzi.s32.f32 converts it: toward
+    zero, saturating (±inf and values past the range to its ends), NaN to 0
+    (numpy's cast gives -2**31 for all of those)."""
     if not DTYPES[dtype].float:
-        return np.asarray(x).astype(HOLDER[dtype])
+        x = np.asarray(x)
+        if dtype == "i32" and x.dtype.kind == "f":
+            x = np.clip(np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0), -2**31, 2**31 - 1)
+        return x.astype(HOLDER[dtype])
     x = np.asarray(x, dtype=np.float32)
     if dtype == "f32":
         return x
