@@ -682,3 +682,25 @@ def test_an_i32_tensors_shape_is_readable():
     assert torch.equal(y, torch.full((16,), 49.0))
     ptx = counts_entries.compile(tk.spec((37, 12), "i32"), tk.spec((16,), f32)).asm["ptx"]
     assert "st.global" in ptx
+
+
+@tk.kernel(num_warps=4)
+def absolute_values(X: tk.gl[tk.f32], N: tk.gl[tk.i32], Y: tk.gl[tk.f32], Z: tk.gl[tk.i32],
+                    W: tk.gl[tk.f32]):
+    tk.store(Y, abs(tk.load(X, (0,), (128,))), (0,))
+    tk.store(Z, tk.zeros((128,), tk.f32).indices() * 0 + abs(tk.load(N, (0,))), (0,))
+    tk.store(W, tk.zeros((128,), tk.f32) + abs(tk.load(X, (1,))), (0,))
+
+
+def test_abs_of_tiles_and_scalars():
+    """The builtin abs() as max() and min() are: a tile's .abs(), a scalar's
+    absolute value (i32 and f32); compiled and interpreted."""
+    x = (np.random.default_rng(0).standard_normal(128) * 3).astype(np.float32)
+    x[1] = -2.5
+    y, w = np.full(128, np.nan, np.float32), np.full(128, np.nan, np.float32)
+    z = np.zeros(128, np.int32)
+    absolute_values.interpret[(1,)](x, np.array([-7, 0, 0, 0], np.int32), y, z, w)
+    assert np.array_equal(y, np.abs(x)) and (z == 7).all() and (w == 2.5).all()
+    absolute_values.compile(tk.spec((128,), tk.f32), tk.spec((4,), "i32"),
+                            tk.spec((128,), tk.f32), tk.spec((128,), "i32"),
+                            tk.spec((128,), tk.f32))

@@ -881,6 +881,14 @@ class KernelBuilder(ast.NodeVisitor):
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])
+        if callee is abs and len(args) == 1 and _is_runtime(args[0]):
+            x = args[0]         # a tile's .abs(); a scalar's max(x, -x)
+            if isinstance(x, V.TileLike):
+                return x.abs()
+            if x.kind == "bool":
+                raise self.error(node, "abs() of a truth value is not defined")
+            return self.binary(node, "max", x,
+                               V.scalar_binary("sub", 0 if x.kind == "int" else 0.0, x))
         if isinstance(callee, language.BoundFunc):       # obj.method(...) of a tk.func
             callee, args = callee.func, [callee.obj, *args]
         if isinstance(callee, (language.Func, LocalFunc)):
