@@ -70,7 +70,15 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
         tile: T.RT = T.parse(op.operation.operands[0].type)
         lay = layouts.layout_of(tile, num_warps)
         keep = 0 if op.axis == "row" else 1
-        groups.fix(op.operation.operands[1], lay.slice(keep).encode(), op)
+        vec, want = op.operation.operands[1], lay.slice(keep).encode()
+        have = groups.fixed.get(groups.find(vec))
+        if have is not None and have[0] != want:
+            along, other = ("row", "column") if op.axis == "row" else ("column", "row")
+            raise error_at(op.location, f"x.{op.kind}_{op.axis}(v) needs v laid out as one value "
+                           f"per {along} of x, as x.{along}_sum() or x.{along}_max() makes it; "
+                           f"this v was made for another tile or as a {other} vector "
+                           f"({have[0]}, not {want})")
+        groups.fix(vec, want, op)
         return
     if d is not None and d.layout == "same":
         for v in vecs[1:]:

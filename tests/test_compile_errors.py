@@ -1185,3 +1185,17 @@ def test_a_helper_returns_under_a_constexpr_if(neg):
     x, y = torch.randn(64, 64), torch.full((64, 64), float("nan"))
     k_helpers_return_under_constexpr_ifs.interpret[(1,)](x, y, NEG=neg)
     assert torch.equal(y, -x if neg else x * 2)
+
+
+@tk.kernel(num_warps=4)
+def k_column_vector_along_rows(X: tk.gl[f32], Y: tk.gl[f32]):
+    a = tk.load(X, (0, 0), (64, 64))
+    tk.store(Y, a.sub_row(a.col_sum()), (0, 0))
+
+
+def test_a_column_vector_broadcast_along_rows_says_which_vector_it_needs():
+    e = compile_error(k_column_vector_along_rows, tk.spec((64, 64), f32), tk.spec((64, 64), f32))
+    assert re.search(r"x\.sub_row\(v\) needs v laid out as one value per row of x, as "
+                     r"x\.row_sum\(\) or x\.row_max\(\) makes it; this v was made for another "
+                     r"tile or as a column vector", str(e)), str(e)
+    assert "a.sub_row(a.col_sum())" in str(e)
