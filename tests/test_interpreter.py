@@ -704,3 +704,26 @@ def test_abs_of_tiles_and_scalars():
     absolute_values.compile(tk.spec((128,), tk.f32), tk.spec((4,), "i32"),
                             tk.spec((128,), tk.f32), tk.spec((128,), "i32"),
                             tk.spec((128,), tk.f32))
+
+
+@tk.kernel(num_warps=4)
+def counting_down(N: tk.gl[tk.i32], Y: tk.gl[tk.i32]):
+    s = 0
+    for i in range(7, -1, -3):                   # 7, 4, 1
+        s = s * 10 + i
+    t = 0
+    for i in range(tk.load(N, (0,)) - 1, -1, -2):   # run-time bounds: 4, 2, 0 for N=5
+        t = t * 10 + i
+    u = 0
+    for i in range(0, tk.load(N, (0,)), -1):        # no iteration
+        u = u + 1
+    row = tk.zeros((128,), f32).indices()
+    tk.store(Y, tk.where(row == 0, row * 0 + s, tk.where(row == 1, row * 0 + t, row * 0 + u)),
+             (0,))
+
+
+def test_a_range_with_a_negative_step_counts_down():
+    y = np.full(128, -1, np.int32)
+    counting_down.interpret[(1,)](np.array([5, 0, 0, 0], np.int32), y)
+    assert y[:3].tolist() == [741, 420, 0]
+    counting_down.compile(tk.spec((4,), "i32"), tk.spec((128,), "i32"))

@@ -573,9 +573,16 @@ class KernelBuilder(ast.NodeVisitor):
                                    f"bodies in all (MAX_UNROLLED; nested compile-time loops "
                                    f"multiply); write range(...) for the outer loops")
 
-    def emit_for(self, node, start, stop, step):
-        if not _is_runtime(step) and step <= 0:
-            raise self.error(node.iter, "range step must be positive")
+    def emit_for(self, node, start, stop, step, index=None):
+        """scf.for over range(start, stop, step); the loop variable is the
+        induction variable, or index(it) when given. A compile-time negative
+        step counts down: a loop over its trip count, k -> start + k·step."""
+        if not _is_runtime(step) and step < 0:
+            b = lambda op, x, y: self.binary(node, op, x, y)     # noqa: E731
+            trips = b("max", b("floordiv", b("add", b("sub", start, stop), -step - 1), -step), 0)
+            return self.emit_for(node, 0, trips, 1, lambda k: b("add", start, b("mul", k, step)))
+        if not _is_runtime(step) and step == 0:
+            raise self.error(node.iter, "range step must not be zero")
         if any(_is_runtime(x) and not isinstance(x, V.Scalar) for x in (start, stop, step)):
             raise self.error(node.iter, f"range bounds must be integers, got "
                                         f"{', '.join(map(repr, (start, stop, step)))}")
@@ -593,7 +600,8 @@ class KernelBuilder(ast.NodeVisitor):
                          [v.value for v in inits])
         outer = dict(self.scope)
         with ir.InsertionPoint(loop.body), self.runtime_body():
-            self.scope[node.target.id] = V.Scalar(loop.induction_variable)
+            iv = V.Scalar(loop.induction_variable)
+            self.scope[node.target.id] = iv if index is None else index(iv)
             for n, arg in zip(carried, loop.inner_iter_args):
                 self.scope[n] = V.wrap(arg)
             self.run(node.body)
