@@ -260,8 +260,9 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
     target: (N,) class indices, ignore_index as cross_entropy. H and V
-    multiples of 8, h's and weight's last dim (H) contiguous. reduction: "mean", "sum" or "none". Differentiable in h
-    and weight; under torch.compile the custom op
+    multiples of 8, h's and weight's last dim (H) contiguous. reduction:
+    "mean", "sum" or "none". Differentiable in h and weight; under
+    torch.compile the custom op
     torch.ops.tk_mlir.linear_cross_entropy, or
     torch.ops.tk_mlir.linear_cross_entropy_with_grads for a scalar loss
     whose h or weight requires grad."""

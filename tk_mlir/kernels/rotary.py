@@ -205,9 +205,9 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True) -> None:
         for name, t in (("cos", cos), ("sin", sin)):
             checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
             checks.like(fn, name, t, what, x, dtype=False)
-            rows = t.shape[-2] if t.dim() in (2, 3) else -1
-            if not (t.dim() == 2 and rows >= N or t.dim() == 3 and t.shape[0] == 1 and
-                    rows >= N or tuple(t.shape) == (B, N, D // 2)) or t.shape[-1] != D // 2:
+            per_sequence = tuple(t.shape) == (B, N, D // 2)
+            table = t.dim() == 2 or t.dim() == 3 and t.shape[0] == 1     # (positions, D/2)
+            if not (per_sequence or table and t.shape[-2] >= N and t.shape[-1] == D // 2):
                 raise ValueError(f"{fn}: {name} must have shape (N', {D // 2}) or (1, N', "
                                  f"{D // 2}) with N' >= N={N} (positions x half the head dim, "
                                  f"the first N read), or ({B}, {N}, {D // 2}) (per sequence), "
