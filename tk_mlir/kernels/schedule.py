@@ -151,7 +151,8 @@ def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     # own (unsorted, out of range) are made a partition of 0 .. blocks-1 first.
     first = ((cu.to(dev, torch.long) + (rows_per_task - 1)) // rows_per_task).clamp_(0, blocks)
     first = first.cummax(0).values
-    first[0], first[-1] = 0, blocks
+    first[:1].fill_(0)                  # (fill_, not first[0] = 0: an item set from the
+    first[-1:].fill_(blocks)            # host is a copy, which CUDA-graph capture refuses)
     t = torch.arange(blocks, device=dev)
     seq = torch.searchsorted(first[1:], t, right=True)
     partner = (first[:-1] + first[1:] - 1)[seq] - t         # tile i's mirror, m-1-i of m
