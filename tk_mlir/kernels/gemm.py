@@ -479,7 +479,9 @@ def matmul(a, b, c=None, *, b_layout: str = "nk"):
         out = torch.ops.tk_mlir.matmul(a, b, b_layout, None if c is None else c.dtype)
         return out if c is None else c.copy_(out)
     # eager: no op dispatch, and a signature seen before was checked then (eager.py),
-    # but for c's memory against a's and b's (the same signature may alias)
+    # but for c's memory against a's and b's (the same signature may alias; under
+    # torch.compile the op's result is copied into c, and traced tensors have no
+    # addresses to compare)
     if c is not None:
         checks.written_apart("matmul", "c", c, a=a, b=b)
     key = (eager.tensor_key(a), eager.tensor_key(b), eager.tensor_key(c), b_layout,
@@ -575,7 +577,6 @@ def check(a, b, c, b_layout: str, fn: str = "matmul", *, device: bool = True) ->
         checks.like(fn, "c", c, "a", a, dtype=False)
         checks.shape(fn, "c", c, (*batch, M, N), "G x M x N" if batch else "M x N")
         checks.written_in_place(fn, "c", c)
-        checks.written_apart(fn, "c", c, a=a, b=b)
     if device:
         checks.on_cuda(fn, "a", a)
 
