@@ -41,6 +41,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                      scale_log2: float,
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                      Q_STAGES: tk.constexpr = 1, O_TMA: tk.constexpr = False,
+                     O_VIA_Q: tk.constexpr = False,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24,
                      WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
@@ -59,7 +60,12 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     VARLEN: B = 1 and Q, K, V, O are packed sequences (kernels/packed_sequences.py):
     query row r sees the keys its TASKS tail gives it, and a task reads the
     key blocks the tail's ranges give (CAUSAL and the window are then in the
-    tail, not set here)."""
+    tail, not set here).
+    O leaves by TMA from an O tile of each warpgroup's (O_TMA), from the
+    warpgroup's Q tile, dead once its last S is complete, which then goes
+    back to the producer once the TMA has read it (O_VIA_Q: for tiles that
+    leave no room for an O tile), or else from registers."""
+    assert not (O_TMA and O_VIA_Q), "O leaves through one tile: O_TMA or O_VIA_Q"
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
         "VARLEN takes causality and windows from its table"
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
@@ -225,9 +231,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             vs.release(it)
-            qs.release(n)
+            if not O_VIA_Q:
+                qs.release(n)
             it += 1
-            n += 1
             # Rows that saw no key have l = 0: output 0, LSE -inf.
             out = acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp())).to(O.dtype)
             if O_TMA:   # through shared memory: the next task starts while O leaves
@@ -239,10 +245,19 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 if leader:
                     tk.tma.store_async(O, os[wg], (b, h, CONSUMERS * qb + wg, 0))
                     tk.tma.store_commit()
+            elif O_VIA_Q:
+                tk.store(q, out)
+                tk.named_barrier(1 + CONSUMERS + wg, warps=4)
+                if leader:
+                    tk.tma.store_async(O, q, (b, h, CONSUMERS * qb + wg, 0))
+                    tk.tma.store_commit()
+                    tk.tma.store_wait(0)        # read out before the tile is refilled
+                qs.release(n)
             else:
                 tk.store(O, out, (b, h, CONSUMERS * qb + wg, 0))
+            n += 1
             tk.store(LSE, m * LN2 + l.log(), (b, h, CONSUMERS * qb + wg))
-        if O_TMA and leader:
+        if (O_TMA or O_VIA_Q) and leader:
             tk.tma.store_wait(0, read=False)
 
 @tk.func
@@ -279,6 +294,14 @@ def yield_mmas(wg, consumers):
 LONG_KV = 8192
 LONG_KV_256 = 4096
 
+# Epilogues through the operands' tiles, where shared memory has no room for
+# tiles of their own: O from each warpgroup's Q tile (D=256, D=128's 192-key
+# tiles), the backward's dK and dV from the task's K and V tiles. ncu found
+# the backward's stores from registers a quarter of its stall samples at
+# N=512 (BENCHMARKS.md); off until timed against the stores they replace.
+O_THROUGH_Q_TILE = False
+DKV_THROUGH_KV_TILES = False
+
 
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     """Tile configuration per head dim (and, at D=128, key count and
@@ -294,7 +317,7 @@ def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     if d == 128 and not causal and n_kv >= LONG_KV:
         # 192-key K/V tiles leave shared memory for one Q stage and no O tile
         return dict(BN=192, STAGES=2, Q_STAGES=1, O_TMA=False, CONSUMERS=2,
-                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
+                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24, **_o_via_q())
     if d == 128:
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
                     CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
@@ -302,7 +325,12 @@ def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     # memory, 230528 of 232448 bytes) from LONG_KV_256 keys on, 64 below
     # (80 loses at 2048 causal: more blocks cross the diagonal; BENCHMARKS.md)
     return dict(BN=80 if n_kv >= LONG_KV_256 else 64, STAGES=2, Q_STAGES=1, CONSUMERS=2,
-                CONSUMER_REGISTERS=232, PRODUCER_REGISTERS=40)
+                CONSUMER_REGISTERS=232, PRODUCER_REGISTERS=40, **_o_via_q())
+
+
+def _o_via_q() -> dict:
+    """attention_kernel's O_VIA_Q where O_THROUGH_Q_TILE asks for it."""
+    return dict(O_VIA_Q=True) if O_THROUGH_Q_TILE else {}
 
 
 # Causal forward tasks run in groups of heads whose K and V fit in this many
@@ -582,7 +610,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                               PRODUCER_REGISTERS: tk.constexpr = 24,
                               WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
                               SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False,
-                              QUERY_ROWS: tk.constexpr = 64):
+                              QUERY_ROWS: tk.constexpr = 64, DKV_TMA: tk.constexpr = False):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
@@ -631,7 +659,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     VARLEN: B = 1 and Q, K, V, dO (and dQ, dK, dV) are packed sequences
     (kernels/packed_sequences.py): query row r sees the keys its TASKS tail
     gives it, and a task walks the query tiles the tail's ranges give (not
-    with DETERMINISTIC; CAUSAL and the window are then in the tail)."""
+    with DETERMINISTIC; CAUSAL and the window are then in the tail).
+
+    DKV_TMA: dK and dV leave by TMA from the task's own K and V tiles, which
+    go back to the producer once the TMA has read them (there is no room for
+    tiles of their own); else from registers once the tiles are back."""
     windowed = WINDOW_LEFT >= 0 or (not CAUSAL and WINDOW_RIGHT >= 0)
     assert not (DETERMINISTIC and (windowed or VARLEN)), \
         "the deterministic backward takes no window or packed sequences (its dQ turns " \
@@ -909,10 +941,24 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             tk.mma_wait(0)
             add_dq(dq, it, b, h, i, kvb)
             it += 1
+            if DKV_TMA:     # through the task's K and V tiles, by TMA
+                # At D=128 the other warpgroup's last dQ read this one's K
+                # tile: both are past it first.
+                tk.store(vt, dv.to(dV.dtype))
+                if D > 64:
+                    tk.named_barrier(1, warps=8)
+                tk.store(kt, (dk * scale).to(dK.dtype))
+                tk.named_barrier(3 + wg, warps=4)
+                if leader:
+                    tk.tma.store_async(dK, kt, (b, hk, 2 * kvb + wg, 0))
+                    tk.tma.store_async(dV, vt, (b, hk, 2 * kvb + wg, 0))
+                    tk.tma.store_commit()
+                    tk.tma.store_wait(0)        # read out before the tiles are refilled
             kvs.release(n)
             n += 1
-            tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
-            tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
+            if not DKV_TMA:
+                tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
+                tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
         if leader:
             tk.tma.store_wait(0, read=False)
 
@@ -932,6 +978,8 @@ def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict
         cfg.update(SOFTCAP=float(softcap))
     if query_rows != 64:
         cfg.update(QUERY_ROWS=query_rows)
+    if DKV_THROUGH_KV_TILES:
+        cfg.update(DKV_TMA=True)
     return cfg
 
 
@@ -956,7 +1004,7 @@ def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False,
     Not causal: K/V blocks inner, so blocks running together share Q and dO
     in L2. Causal: the longest tasks (first K/V blocks) first, heads inner,
     in groups of as many K/V heads as have query heads whose Q and dO fit in
-    L2_KV_BYTES; balanced by the query blocks each task walks. Either way a
+    L2_KV_BYTES (QUERY_ROW_BYTES_PER_D); balanced by the query blocks each task walks. Either way a
     head's K/V blocks come in increasing order, as the deterministic kernel
     needs. deterministic=True: a new tensor, the table followed by the
     kernel's dQ counters, zeroed (one per launch: the kernel counts on them)."""
@@ -964,7 +1012,7 @@ def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False,
     B, H, N, D = q.shape
     H_KV, N_KV = k.shape[1], k.shape[2]
     key = ("attention backward", B * H_KV, H // H_KV, N, N_KV, D, causal, grid, L2_KV_BYTES,
-           TASK_OVERHEAD_BLOCKS, *window)
+           QUERY_ROW_BYTES_PER_D, TASK_OVERHEAD_BLOCKS, *window)
     table = schedule.on_device(
         key, lambda: _backward_task_table(B * H_KV, H // H_KV, N, N_KV, D, causal, grid, window),
         q.device)
@@ -978,6 +1026,14 @@ def dq_counters(b: int, h: int, n: int) -> int:
     padded to whole 16-byte vectors (the kernel finds them from TASKS' end)."""
     tiles = b * h * -(-n // 64)
     return -(-tiles // 4) * 4
+
+
+# What a query row keeps in L2 while the causal backward's tasks walk it, per
+# element of D, for sizing its groups of K/V heads: Q and dO (2 bytes each).
+# dQ's f32 sums (4 more) are not counted; counting them (8) halves the
+# groups, a candidate for the L2 hit rate of 50% ncu saw at B16 H16 N512
+# (BENCHMARKS.md), not yet timed.
+QUERY_ROW_BYTES_PER_D = 2 + 2
 
 
 def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int,
@@ -997,7 +1053,8 @@ def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int
     if not causal:
         ids = np.arange(kv_heads * kv_blocks)
         return schedule.table(ids, np.ones(len(ids)), grid)
-    per_group = max(min(L2_KV_BYTES // (4 * d) // (q_per_kv * n), kv_heads), 1)
+    per_group = max(min(L2_KV_BYTES // (QUERY_ROW_BYTES_PER_D * d) // (q_per_kv * n), kv_heads),
+                    1)
     longest_first = np.arange(kv_blocks)
     ids = schedule.head_groups(kv_heads, per_group, longest_first, kv_blocks)
     first = np.maximum((ids % kv_blocks * 128 - (n_kv - n)) // 64, 0)
