@@ -231,7 +231,8 @@ def test_80_key_blocks_in_the_interpreter(causal):
 # O_THROUGH_Q_TILE and DKV_THROUGH_KV_TILES (off until timed on a GPU): O, dK
 # and dV leave by TMA from the tiles their operands came in.
 
-@pytest.mark.parametrize("d, causal, n", [(256, False, 4096), (256, True, 2048), (128, False, 8192)])
+@pytest.mark.parametrize("d, causal, n", [(256, False, 4096), (256, True, 2048),
+                                          (128, False, 8192)])
 def test_o_through_the_q_tile_compiles_to_a_tma_store(monkeypatch, d, causal, n):
     """Where no O tile fits (D=256, D=128's 192-key tiles), O_THROUGH_Q_TILE
     stores O by TMA from each warpgroup's Q tile: only LSE leaves from
