@@ -105,10 +105,13 @@ def _case(d, causal, kind, lens, h, attention_varlen):
     case = f"D{d} {'causal' if causal else 'full'} {kind} {len(lens)} seqs, {total} tokens"
     impls = {"tk_mlir varlen": lambda q, k, v: attention_varlen(q, k, v, cu, cu, most, most,
                                                                  causal=causal)}
+    offsets, fewest = cu.long(), min(lens)
     try:    # SDPA on a jagged nested tensor (B, j, H, D) -> (B, H, j, D)
         def nested(q, k, v):
-            qn, kn, vn = (torch.nested.nested_tensor_from_jagged(t, cu.long()).transpose(1, 2)
-                          for t in (q, k, v))
+            # the lengths' extremes given, so SDPA reads none back from the GPU
+            # (a sync, which CUDA-graph capture refuses)
+            qn, kn, vn = (torch.nested.nested_tensor_from_jagged(
+                t, offsets, min_seqlen=fewest, max_seqlen=most).transpose(1, 2) for t in (q, k, v))
             return torch.nn.functional.scaled_dot_product_attention(
                 qn, kn, vn, is_causal=causal).transpose(1, 2).values()
         impls["sdpa nested"] = nested
