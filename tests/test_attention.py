@@ -290,7 +290,8 @@ def test_dkv_through_the_kv_tiles_compiles_to_tma_stores(monkeypatch, d, softcap
     assert "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group" in ptx
     assert "st.global" not in ptx
     assert "C75" not in c.ptxas_log, c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= (0 if d == 64 else 96), c.ptxas_log
+    limit = 0 if d == 64 else 96 if softcap else 64 if rows == 80 else 48
+    assert c.info["spill stores (bytes)"] <= limit, c.ptxas_log
     loop = _step_loop(c.asm["sass"])
     assert sum(i.startswith(("LDL", "STL")) for i in loop) <= loop_spills
 
@@ -300,16 +301,17 @@ def test_dkv_through_the_kv_tiles_compiles_to_tma_stores(monkeypatch, d, softcap
                                                            (1, 2, 2, 130, 250, 128, False)])
 def test_dkv_through_the_kv_tiles_in_the_interpreter(monkeypatch, b, h, h_kv, n, n_kv, d, causal):
     """DKV_TMA's dq, dk, dv against float64 (GQA, ragged, rows that see no
-    key), with the interpreter's race checks (which see a K tile written
-    before the other warpgroup's dQ read it, or handed back before its TMA
-    store read it)."""
+    key) on one block, so every K/V tile is refilled after its dK or dV left
+    it, with the interpreter's race checks (which see a K tile written before
+    the other warpgroup's dQ read it, or handed back before its TMA store
+    read it)."""
     from tk_mlir.kernels import flash_attention as fa
     from test_attention_deterministic import _inputs, _interpret, _reference_grads, \
         _relative_error
     monkeypatch.setattr(fa, "DKV_THROUGH_KV_TILES", True)
     assert fa._backward_config(d)["DKV_TMA"]
     q, k, v, do = _inputs(b, h, h_kv, n, n_kv, d, seed=n + d)
-    grads = _interpret(q, k, v, do, causal, 3, False)
+    grads = _interpret(q, k, v, do, causal, 1, False)
     for name, got, ref in zip(("dq", "dk", "dv"), grads,
                               _reference_grads(q, k, v, do, causal, 1 / math.sqrt(d))):
         assert not got.isnan().any(), name

@@ -64,7 +64,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     O leaves by TMA from an O tile of each warpgroup's (O_TMA), from the
     warpgroup's Q tile, dead once its last S is complete, which then goes
     back to the producer once the TMA has read it (O_VIA_Q: for tiles that
-    leave no room for an O tile), or else from registers."""
+    leave no room for an O tile; O of Q's dtype), or else from registers."""
     assert not (O_TMA and O_VIA_Q), "O leaves through one tile: O_TMA or O_VIA_Q"
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
         "VARLEN takes causality and windows from its table"
@@ -661,9 +661,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     gives it, and a task walks the query tiles the tail's ranges give (not
     with DETERMINISTIC; CAUSAL and the window are then in the tail).
 
-    DKV_TMA: dK and dV leave by TMA from the task's own K and V tiles, which
-    go back to the producer once the TMA has read them (there is no room for
-    tiles of their own); else from registers once the tiles are back."""
+    DKV_TMA: dK and dV (of K's and V's dtypes) leave by TMA from the task's
+    own K and V tiles, which go back to the producer once the TMA has read
+    them (there is no room for tiles of their own); else from registers once
+    the tiles are back."""
     windowed = WINDOW_LEFT >= 0 or (not CAUSAL and WINDOW_RIGHT >= 0)
     assert not (DETERMINISTIC and (windowed or VARLEN)), \
         "the deterministic backward takes no window or packed sequences (its dQ turns " \
