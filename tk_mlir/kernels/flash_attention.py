@@ -154,12 +154,18 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 b, h, qb = task_of(task)
                 task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
                 hk = h // (H // H_KV)
+                lo, hi = kv_range(qb)
+                if O_VIA_Q:   # Q's tile holds the last task's O until it has left: K/V first
+                    k0, k0_full = ks.fill(it)
+                    tk.tma.load_async(k0, K, (b, hk, lo, 0), k0_full)
+                    v0, v0_full = vs.fill(it)
+                    tk.tma.load_async(v0, V, (b, hk, lo, 0), v0_full)
+                    it += 1
                 q, q_full = qs.fill(n)
                 for c in tk.static_range(CONSUMERS):
                     tk.tma.load_async(q[c] if CONSUMERS > 1 else q, Q,
                                       (b, h, CONSUMERS * qb + c, 0), q_full)
-                lo, hi = kv_range(qb)
-                for j in range(lo, hi):
+                for j in range(lo + (1 if O_VIA_Q else 0), hi):
                     kt, k_full = ks.fill(it)
                     tk.tma.load_async(kt, K, (b, hk, j, 0), k_full)
                     vt, v_full = vs.fill(it)
