@@ -83,6 +83,11 @@ NO_FP_CONTRACT = Contract("tk.no_fp_contract", bool,
                           "the kernel's func.func, under @tk.kernel(fp_contract=False)",
                           "tk_mlir/compiler.py", "tk-to-gpu (lowering/compute.py: no fma)")
 
+NARROW_STORES = Contract("tk.narrow_stores", bool,
+                         "the kernel's func.func, when its stores widened by lane exchanges "
+                         "made ptxas spill more", "tk_mlir/compiler.py",
+                         "tk-to-gpu (lowering/lane_exchange.py: register tiles leave as laid out)")
+
 # ---- written by tk-allocate-smem (passes/smem.py)
 OFFSET = Contract("offset", int, "allocations: byte offset in dynamic shared memory",
                   "tk-allocate-smem", "lowering/memory.py, lowering/mbarriers.py")
@@ -124,5 +129,5 @@ CTA_PAIR = Contract("tk.cta_pair", bool, "the kernel's func.func and its tensor-
 
 CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
              EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
-             MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT, PEER_COPIES, CTA_PAIR)
+             MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT, NARROW_STORES, PEER_COPIES, CTA_PAIR)
 BY_NAME = {c.name: c for c in CONTRACTS}

@@ -133,6 +133,85 @@ class Layout:
                 weight *= radix(b)
         return out
 
+    # ---- lane exchanges: registers traded between lanes by warp shuffles
+
+    def exchanged(self, digit: int, lane_bit: int) -> Layout:
+        """The layout after register digit `digit` (a bit) and lane bit
+        `lane_bit` trade bases: each thread keeps the register whose digit
+        equals its lane bit and trades the other with the lane across that
+        bit (lowering/lane_exchange.py moves the data)."""
+        reg, lane = list(self.reg), list(self.lane)
+        reg[digit], lane[lane_bit] = lane[lane_bit], reg[digit]
+        return Layout(self.shape, tuple(reg), tuple(lane), self.warp)
+
+    def reordered(self, order: list[int]) -> tuple[Layout, list[int]]:
+        """The layout whose register digit i is this one's digit order[i],
+        and for each of its registers the register of this layout that holds
+        the same element (a renumbering: no data moves)."""
+        strides, s = [], 1
+        for b in self.reg:
+            strides.append(s)
+            s *= radix(b)
+        new = Layout(self.shape, tuple(self.reg[i] for i in order), self.lane, self.warp)
+        picked = [sum(d * strides[i] for (_, d), i in zip(_digits(r, new.reg), order))
+                  for r in range(new.num_regs)]
+        return new, picked
+
+    def widening(self, axis: int, max_run: int) -> tuple[list[tuple[int, int]], list[int]]:
+        """How to give each thread runs of up to `max_run` consecutive
+        elements along `axis` (wider memory accesses): the (register digit,
+        lane bit) exchanges to make in turn, then the digit order that puts
+        the run's digits lowest (`reordered`). A lane bit stepping just past
+        the run trades places with the smallest register bit along `axis`
+        that steps beyond every lane's, where the lanes along `axis` then
+        still cover one contiguous span with the run (row layout, 16-bit:
+        the quad's 4 x 4 bytes of a row become 4 x 16); it stops where no
+        exchange keeps that."""
+        layout, steps = self, []
+        while True:
+            run_digits = layout._run_digits(axis)
+            run = 1 << len(run_digits)
+            if run >= max_run:
+                break
+            lane_bits = [k for k, b in enumerate(layout.lane) if b == (axis, len(run_digits))]
+            free = [(b[1], j) for j, b in enumerate(layout.reg) if b is not None and len(b) == 2
+                    and b[0] == axis and b[1] > max(layout._lane_steps(axis), default=-1)]
+            if not lane_bits or not free:
+                break
+            step = (min(free)[1], lane_bits[0])
+            trial = layout.exchanged(*step)
+            along = sorted(trial._lane_steps(axis))
+            if along != list(range(len(run_digits) + 1, len(run_digits) + 1 + len(along))):
+                break           # the lanes' elements would no longer adjoin
+            steps.append(step)
+            layout = trial
+        run_digits = layout._run_digits(axis)
+        return steps, run_digits + [j for j in range(len(layout.reg)) if j not in run_digits]
+
+    def warp_span(self, axis: int) -> int:
+        """How many consecutive elements along `axis`, from a run's start,
+        one access of a warp's lanes covers (a run and the lanes stepping
+        just past it): for a store, the bytes of a row that one instruction
+        writes together."""
+        steps = set(self._lane_steps(axis))
+        n = len(self._run_digits(axis))
+        while n in steps:
+            n += 1
+        return 1 << n
+
+    def _lane_steps(self, axis: int) -> list[int]:
+        """log2 of the step of each lane bit along `axis`."""
+        return [b[1] for b in self.lane if b is not None and b[0] == axis]
+
+    def _run_digits(self, axis: int) -> list[int]:
+        """The register digits stepping 1, 2, 4... along `axis`, in that order,
+        as far as they go."""
+        where = {b: j for j, b in enumerate(self.reg) if b is not None and len(b) == 2}
+        digits = []
+        while (axis, len(digits)) in where:
+            digits.append(where[(axis, len(digits))])
+        return digits
+
     # ---- text form, used as the layout parameter of !tk.rv
 
     def encode(self) -> str:

@@ -60,6 +60,8 @@ class LoweringContext:
     cluster: int = 1                                  # blocks per cluster
     uses_setmaxnreg: bool = False                     # the kernel needs .minnctapersm
     fp_contract: bool = True                          # tile mul/add may fuse to fma
+    widen_stores: bool = True                         # lane exchanges before global stores
+    widened_stores: int = 0                           # stores they widened
     # False in a kernel that issues warpgroup MMAs: ptxas serializes every
     # wgmma of a function that makes a call (ptxas info C7510; see
     # BENCHMARKS.md), so no lowering may call a function there (printf).

@@ -75,7 +75,9 @@ _PARAM_TYPES = {"ptr": lambda: ptr(1), "dim": i32, "stride": i64, "i32": i32,
                 "f32": ir.F32Type.get, "tmap": lambda: ir.Type.parse("!llvm.ptr")}
 
 
-def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[TensorMapSpec]]:
+def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[TensorMapSpec], int]:
+    """The gpu module of the tk kernel in `module`, its parameters, its
+    tensor maps, and how many stores lane exchanges widened."""
     (func,) = module.body.operations
     name = ir.StringAttr(func.attributes["sym_name"]).value
     num_warps = C.NUM_WARPS.get(func)
@@ -106,6 +108,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[Ten
     ctx = LoweringContext(num_warps)
     ctx.cluster = cluster_size(func)
     ctx.fp_contract = not C.NO_FP_CONTRACT.get(func, False)
+    ctx.widen_stores = not C.NARROW_STORES.get(func, False)
     ctx.exchange_groups = _exchange_groups(func)
     ctx.calls_allowed = not _issues_async_mma(func)
     with ir.InsertionPoint(body), func.location:
@@ -126,7 +129,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[Ten
     C.MAX_THREADS.set(kernel, 32 * num_warps)
     if ctx.cluster > 1:
         C.CLUSTER.set(kernel, ctx.cluster)
-    return out, params, specs
+    return out, params, specs, ctx.widened_stores
 
 
 def cluster_size(func) -> int:

@@ -4,10 +4,12 @@ Register tiles move in pieces of consecutive registers that the layout puts
 on consecutive columns (at most 16 bytes: one ld/st.v4.b32). The launch
 checks guarantee 16-byte aligned rows whose length is a whole number of
 16-byte vectors, so a piece is either entirely inside the tensor or entirely
-outside: one predicate per piece masks partial tiles. To and from shared
-tiles, 16-bit tiles in the MMA fragment layouts move as 8x8 matrices
-(ldmatrix/stmatrix), and a thread's accesses share one address register
-where the tile's byte layout lets them (`_offset_constants`).
+outside: one predicate per piece masks partial tiles. A register tile stored
+to global memory first trades registers between lanes where that makes its
+pieces longer (lane_exchange.py: wgmma's `row` layout holds 2 columns a
+thread). To and from shared tiles, 16-bit tiles in the MMA fragment layouts
+move as 8x8 matrices (ldmatrix/stmatrix), and a thread's accesses share one
+address register where the tile's byte layout lets them (`_offset_constants`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, nvvm, scf
 
 from ..dialects import contracts, layout as layouts, types as T
+from . import lane_exchange
 from .context import (LoweringContext, build_vector, c32, c64, constant, float_constant, i32, i64,
                       in_place, lowers, ptr, split_vector, vector_type)
 from .fragments import Fragment, GlobalRef, SharedRef, layout_of
@@ -201,6 +204,7 @@ def lower_store(ctx: LoweringContext, op, dst, frag: Fragment, *indices: ir.Valu
     if isinstance(dst, SharedRef):
         _store_shared(ctx, dst, frag, op)
         return
+    frag = lane_exchange.widened(ctx, frag)     # 16-byte pieces where shuffles make them
     for r0, n, addr, conds in global_pieces(ctx, dst, frag, indices):
         value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
         _guarded(_and(conds), lambda: _store_with_policy(value, addr, n * T.itemsize(frag.dtype),

@@ -72,6 +72,7 @@ class Lowered:
     params: list[AbiParam]
     kernel_name: str
     tensor_maps: list[TensorMapSpec]
+    widened_stores: int          # global stores that lane exchanges widened (lane_exchange.py)
 
 
 def _python_stages() -> dict[str, Callable[[ir.Module], None]]:
@@ -167,7 +168,7 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
         stages.run(name, fn, module)
     (func,) = module.body.operations
     kernel_name = ir.StringAttr(func.attributes["sym_name"]).value
-    gpu_module, params, tensor_maps = stages.run("tk-to-gpu", lower_to_gpu, module)
+    gpu_module, params, tensor_maps, widened = stages.run("tk-to-gpu", lower_to_gpu, module)
     stages.record("tk-to-gpu", gpu_module)
     for name in GPU_STAGE_NAMES:
         stages.run(name, lambda m: run_stage(name, m), gpu_module)
@@ -175,7 +176,7 @@ def lower(module: ir.Module, on_stage: Callable[[str, str], None] | None = None,
     stages.same_as("llvm", GPU_STAGE_NAMES[-1])     # the LLVM-dialect module: no pass between
     ptx = stages.run(TO_BINARY, lambda m: _extract_ptx(str(run_stage(TO_BINARY, m))), gpu_module)
     stages.record_text("ptx", ptx)
-    return Lowered(stages.texts, ptx, params, kernel_name, tensor_maps)
+    return Lowered(stages.texts, ptx, params, kernel_name, tensor_maps, widened)
 
 
 def _extract_ptx(binary_module_text: str) -> str:

@@ -24,6 +24,7 @@ from . import global_reads as _reads
 from .compiled import CompiledKernel
 from .dumps import dump_folder, write_stage
 from .errors import CompilationError, InternalCompilerError
+from .ptxas_output import ptxas_info
 from .specialization import Specialization
 from .stages import StageStore
 from . import target
@@ -80,7 +81,7 @@ def frontend_module(spec: Specialization, fn_node, globals_: dict):
 
 def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> CompiledKernel:
     from . import mlir_import  # noqa: F401  (first: it imports MLIR without numpy)
-    from .lowering.pipeline import lower, save_for_replay
+    from .lowering.pipeline import save_for_replay
     from .toolchain import ToolchainError, find_tool, start_ptxas
 
     folder = dump_folder(spec)
@@ -96,16 +97,8 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         stages[name] = text
     dump(0, "python", spec.source)
 
-    stage[0] = "frontend"
-    with target.compiling_for(target.named(spec.arch)):
-        context, module = frontend_module(spec, fn_node, globals_)
-        with context:
-            stage[0] = "lowering"
-            lowered = lower(module, on_stage if folder is not None else None, spec.name)
-            from .dialects import contracts
-            from .lowering.kernel import cluster_size
-            func = module.body.operations[0]
-            smem, cluster = contracts.SMEM_BYTES.get(func), cluster_size(func)
+    lowered, smem, cluster = _lowered(spec, fn_node, globals_, stage,
+                                      on_stage if folder is not None else None)
     # ptxas runs in its own process while this one keeps the stages (as
     # bytecode, printed when read: tk_mlir/stages.py). Without ptxas the
     # kernel stops at PTX (the module's docstring).
@@ -128,6 +121,21 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                                     f"reproduce with: ptxas -arch={spec.arch} "
                                     f"{' '.join(PTXAS_ARGS)} {path}",
                                     spec.name, "ptxas") from e
+    if job is not None and lowered.widened_stores and _spilled(log):
+        # Lane exchanges (lowering/lane_exchange.py) cost registers where the
+        # stores are; where ptxas spilled, the kernel without them may spill
+        # less, and then it is the one kept (its stages replace these).
+        stage[0] = "lowering without lane exchanges"
+        narrow, _, _ = _lowered(spec, fn_node, globals_, stage, None, narrow_stores=True)
+        stage[0] = "ptxas"
+        narrow_cubin, narrow_log = start_ptxas(narrow.ptx, spec.arch, PTXAS_ARGS).result()
+        if _spilled(narrow_log) < _spilled(log):
+            lowered, cubin, log = narrow, narrow_cubin, narrow_log
+            stages = StageStore({"python": spec.source})
+            stages.extend(lowered.stages)
+            if folder is not None:          # (the same stages in order: the files replaced)
+                for index, name in enumerate(stages):
+                    dump(index, name, stages[name])
     if job is not None:
         stages["ptxas"] = log
     compiled = CompiledKernel(lowered.kernel_name, cubin,
@@ -142,6 +150,32 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
                 dump(len(stages), "sass", compiled.asm["sass"])
         compiled.dumped_to(folder)
     return compiled
+
+
+def _lowered(spec: Specialization, fn_node, globals_: dict, stage: list, on_stage,
+             narrow_stores: bool = False):
+    """(Lowered, shared memory bytes, cluster size) of the kernel; with
+    narrow_stores, register tiles leave for global memory as laid out (no
+    lane exchanges: contracts.NARROW_STORES)."""
+    from .dialects import contracts
+    from .lowering.kernel import cluster_size
+    from .lowering.pipeline import lower
+    stage[0] = "frontend"
+    with target.compiling_for(target.named(spec.arch)):
+        context, module = frontend_module(spec, fn_node, globals_)
+        with context:
+            func = module.body.operations[0]
+            if narrow_stores:
+                contracts.NARROW_STORES.set(func, True)
+            stage[0] = "lowering"
+            lowered = lower(module, on_stage, spec.name)
+            return lowered, contracts.SMEM_BYTES.get(func), cluster_size(func)
+
+
+def _spilled(log: str) -> int:
+    """Bytes ptxas's -v log says it spilled (stores and loads)."""
+    info = ptxas_info(log)
+    return info.get("spill stores (bytes)", 0) + info.get("spill loads (bytes)", 0)
 
 
 _DISK = cache.DiskCache()
