@@ -4,8 +4,7 @@ warp by shuffles, so that each thread holds longer runs along a row.
 A tile in wgmma's `row` layout gives each thread 2 consecutive columns (lane
 % 4 picks the pair), so a bf16 tile leaves for global memory in 4-byte
 stores, a quad writing 16 bytes of a row: half of each 32-byte sector, and
-four times the store instructions a 16-byte run needs (the attention
-backward's dK/dV stores stalled its warps on the memory queue). Exchanging
+four times the store instructions a 16-byte run needs. Exchanging
 register digit j with lane bit k (`Layout.exchanged`) fixes that without
 shared memory: each thread keeps the register whose digit j equals its lane
 bit k, and trades the other with the lane across bit k, one shuffle per pair
@@ -37,8 +36,8 @@ def exchange(words: list, strides: list[int], lane_bits: list[int], bits: list, 
     bit lane_bits[i], whose value in this thread is bits[i]. select(c, a, b)
     is `a if c else b` and shuffle(v, mask) is v of lane ^ mask: the same
     steps for any values with a warp's semantics (MLIR values in `widened`,
-    per-lane lists in the tests). The words that trade with one another go a
-    group at a time, so that few are live at once."""
+    per-lane lists in the tests). The words that trade with one another go
+    a group at a time."""
     out = list(words)
     for group in _groups(len(words), strides):
         traded = [words[w] for w in group]
