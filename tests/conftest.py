@@ -53,6 +53,14 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def ptxas():
+    """Skips a test that reads ptxas's output where ptxas is not installed."""
+    from tk_mlir.toolchain import find_tool
+    if find_tool("ptxas") is None:
+        pytest.skip("ptxas not installed")
+
+
+@pytest.fixture
 def cache_root(tmp_path, monkeypatch):
     """A disk cache of the test's own, at the returned folder (made by the
     first write): TK_MLIR_CACHE_DIR points there, the knobs that change what

@@ -280,12 +280,7 @@ def test_dkv_through_the_kv_tiles_compiles_to_tma_stores(monkeypatch, d, softcap
     soft-capped."""
     from tk_mlir.kernels import flash_attention as fa
     monkeypatch.setattr(fa, "DKV_THROUGH_KV_TILES", True)
-    q = tk.spec((2, 8, 1000, d), tk.bf16)
-    kv = tk.spec((2, 2, 777, d), tk.bf16)
-    vec = tk.spec((2, 8, 1000), tk.f32)
-    c = fa.attention_backward_kernel.compile(
-        q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32), kv, kv, tk.spec((1024,), "i32"),
-        0.1, 0.1, D=d, CAUSAL=rows == 64, **fa._backward_config(d, softcap, rows))
+    c = compile_backward(d, rows == 64, softcap, rows)
     ptx = c.asm["ptx"]
     assert "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group" in ptx
     assert "st.global" not in ptx
@@ -625,17 +620,25 @@ def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():
 
 # ------------------------------------------------------------------ backward
 
+def compile_backward(d: int, causal: bool, softcap: float = 0.0, query_rows: int = 64,
+                     **constexprs):
+    """The backward kernel compiled (no GPU needed) for B=2, H=8 over
+    H_kv=2, N=1000, N_kv=777, in its configuration for (d, softcap,
+    query_rows) as flash_attention's knobs now set it."""
+    from tk_mlir.kernels import flash_attention as fa
+    q = tk.spec((2, 8, 1000, d), tk.bf16)
+    kv = tk.spec((2, 2, 777, d), tk.bf16)
+    vec = tk.spec((2, 8, 1000), tk.f32)
+    return fa.attention_backward_kernel.compile(
+        q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32), kv, kv, tk.spec((1024,), "i32"),
+        0.1, 0.1, D=d, CAUSAL=causal, **fa._backward_config(d, softcap, query_rows), **constexprs)
+
+
 @pytest.mark.parametrize("d, causal, softcap", [(64, False, 0.0), (64, True, 0.0),
                                                 (128, False, 0.0), (128, True, 0.0),
                                                 (128, True, 30.0)])
 def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softcap):
-    from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
-    q = tk.spec((2, 8, 1000, d), tk.bf16)
-    kv = tk.spec((2, 2, 777, d), tk.bf16)
-    vec = tk.spec((2, 8, 1000), tk.f32)
-    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32),
-                                          kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=d,
-                                          CAUSAL=causal, **_backward_config(d, softcap))
+    c = compile_backward(d, causal, softcap)
     ptx = c.asm["ptx"]
     # dQ accumulated in f32: a TMA reduce-add from shared memory, per 32-column block
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.add", ptx)
@@ -758,13 +761,7 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     (Q and dO tiles of 80 rows, dSᵀ and dQᵀ of 80 columns): the allocator
     places swizzled tiles before the vectors so no alignment gap is lost.
     Spills (ptxas only, not timed): 48 bytes, none in the step loop."""
-    from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
-    q = tk.spec((2, 8, 1000, 128), tk.bf16)
-    kv = tk.spec((2, 2, 777, 128), tk.bf16)
-    vec = tk.spec((2, 8, 1000), tk.f32)
-    c = attention_backward_kernel.compile(q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, 128), tk.f32),
-                                          kv, kv, tk.spec((1024,), "i32"), 0.1, 0.1, D=128,
-                                          **_backward_config(128, query_rows=80))
+    c = compile_backward(128, False, query_rows=80)
     ptx = c.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n80k16" in ptx            # Sᵀ, dPᵀ and dQᵀ
     assert '"tk.transpose"' in c.asm["tk"]                          # dQᵀ stored as dQ

@@ -17,6 +17,7 @@ import re
 import pytest
 
 import tk_mlir as tk
+from test_attention import compile_backward
 
 torch = pytest.importorskip("torch")
 gpu = pytest.mark.gpu
@@ -156,14 +157,7 @@ def test_backward_task_tables_keep_each_heads_kv_blocks_in_order(causal, b, h, h
 # ------------------------------------------------------------------- PTX
 
 def _compile_backward(d, causal, deterministic):
-    from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
-    q = tk.spec((2, 8, 1000, d), tk.bf16)
-    kv = tk.spec((2, 2, 777, d), tk.bf16)
-    vec = tk.spec((2, 8, 1000), tk.f32)
-    return attention_backward_kernel.compile(
-        q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, d), tk.f32), kv, kv,
-        tk.spec((1024,), "i32"), 0.1, 0.1, D=d, CAUSAL=causal, DETERMINISTIC=deterministic,
-        **_backward_config(d))
+    return compile_backward(d, causal, DETERMINISTIC=deterministic)
 
 
 @pytest.mark.parametrize("d, causal", [(64, False), (64, True), (128, False), (128, True)])

@@ -14,17 +14,11 @@ import pytest
 import tk_mlir as tk
 from tk_mlir.dialects import layout as layouts
 from tk_mlir.lowering.lane_exchange import exchange, word_strides
+from test_attention import compile_backward
 
 torch = pytest.importorskip("torch")
 
 SIDES = (16, 48, 64, 80, 128, 176, 256)
-
-
-@pytest.fixture
-def ptxas():
-    from tk_mlir.toolchain import find_tool
-    if find_tool("ptxas") is None:
-        pytest.skip("ptxas not installed")
 
 
 def _layouts_and_sizes():
@@ -136,21 +130,11 @@ def test_row_tile_stores_on_the_gpu(dtype, rows, cols):
     assert torch.equal(c.double(), ref)
 
 
-def _backward(softcap: float):
-    from tk_mlir.kernels.flash_attention import _backward_config, attention_backward_kernel
-    q = tk.spec((2, 8, 1000, 128), tk.bf16)
-    kv = tk.spec((2, 2, 777, 128), tk.bf16)
-    vec = tk.spec((2, 8, 1000), tk.f32)
-    return attention_backward_kernel.compile(
-        q, kv, kv, q, vec, vec, tk.spec((2, 8, 1000, 128), tk.f32), kv, kv,
-        tk.spec((1024,), "i32"), 0.1, 0.1, D=128, CAUSAL=True, **_backward_config(128, softcap))
-
-
 def test_a_kernel_keeps_its_widened_stores_where_ptxas_spills_no_more(ptxas):
     """The attention backward's dK and dV (bf16, `row` layout) leave in 16-byte
     stores (+3-7% on the H100, BENCHMARKS.md); its few spills are the same
     either way."""
-    c = _backward(0.0)
+    c = compile_backward(128, True)
     assert "tk.narrow_stores" not in c.asm["tk"]
     assert len(re.findall(r"st\.global\.v4\.b32", c.asm["ptx"])) == 16
 
@@ -158,7 +142,7 @@ def test_a_kernel_keeps_its_widened_stores_where_ptxas_spills_no_more(ptxas):
 def test_a_kernel_whose_widened_stores_spill_more_is_compiled_without_them(ptxas):
     """Soft-capped, the same backward spilled 116 bytes with lane exchanges
     and 84 without: the compiler keeps the second, and says so in its IR."""
-    c = _backward(30.0)
+    c = compile_backward(128, True, 30.0)
     assert "tk.narrow_stores" in c.asm["tk"]
     assert not re.search(r"st\.global\.v4\.b32", c.asm["ptx"])
     assert c.info["spill stores (bytes)"] <= 96, c.ptxas_log

@@ -33,13 +33,6 @@ def _launcher(kernel, device):
     return kernel.interpret if device == "cpu" else kernel
 
 
-@pytest.fixture
-def ptxas():
-    from tk_mlir.toolchain import find_tool
-    if find_tool("ptxas") is None:
-        pytest.skip("ptxas not installed")
-
-
 def _elements(layout) -> collections.Counter:
     """How many threads hold each element (every register of every thread)."""
     held = collections.Counter()
