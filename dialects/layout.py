@@ -144,14 +144,20 @@ class Layout:
         reg[digit], lane[lane_bit] = lane[lane_bit], reg[digit]
         return Layout(self.shape, tuple(reg), tuple(lane), self.warp)
 
-    def reordered(self, order: list[int]) -> tuple[Layout, list[int]]:
-        """The layout whose register digit i is this one's digit order[i],
-        and for each of its registers the register of this layout that holds
-        the same element (a renumbering: no data moves)."""
+    def digit_strides(self) -> list[int]:
+        """For each register digit, how far apart (in registers) two
+        registers differing by one in it are."""
         strides, s = [], 1
         for b in self.reg:
             strides.append(s)
             s *= radix(b)
+        return strides
+
+    def reordered(self, order: list[int]) -> tuple[Layout, list[int]]:
+        """The layout whose register digit i is this one's digit order[i],
+        and for each of its registers the register of this layout that holds
+        the same element (a renumbering: no data moves)."""
+        strides = self.digit_strides()
         new = Layout(self.shape, tuple(self.reg[i] for i in order), self.lane, self.warp)
         picked = [sum(d * strides[i] for (_, d), i in zip(_digits(r, new.reg), order))
                   for r in range(new.num_regs)]

@@ -100,13 +100,8 @@ def word_strides(layout: layouts.Layout, steps, per_word: int) -> list[int]:
     """For each exchange's register digit, how many words apart two words
     differing in it are (registers come `per_word` to a word: the run's
     lowest digits, which no exchange takes)."""
-    out = []
-    for digit, _ in steps:
-        stride = 1
-        for b in layout.reg[:digit]:
-            stride *= layouts.radix(b)
-        out.append(stride // per_word)
-    return out
+    strides = layout.digit_strides()
+    return [strides[digit] // per_word for digit, _ in steps]
 
 
 def _groups(n: int, strides: list[int]) -> list[list[int]]:

@@ -125,10 +125,12 @@ def _compile(spec: Specialization, fn_node, globals_: dict, stage: list) -> Comp
         # Lane exchanges (lowering/lane_exchange.py) cost registers where the
         # stores are; where ptxas spilled, the kernel without them may spill
         # less, and then it is the one kept (its stages replace these).
-        stage[0] = "lowering without lane exchanges"
         narrow, _, _ = _lowered(spec, fn_node, globals_, stage, None, narrow_stores=True)
         stage[0] = "ptxas"
-        narrow_cubin, narrow_log = start_ptxas(narrow.ptx, spec.arch, PTXAS_ARGS).result()
+        try:
+            narrow_cubin, narrow_log = start_ptxas(narrow.ptx, spec.arch, PTXAS_ARGS).result()
+        except ToolchainError:          # (the kernel as first assembled stands)
+            narrow_log = log
         if _spilled(narrow_log) < _spilled(log):
             lowered, cubin, log = narrow, narrow_cubin, narrow_log
             stages = StageStore({"python": spec.source})
