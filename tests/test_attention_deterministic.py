@@ -45,9 +45,10 @@ def _relative_error(got, ref):
 
 # ------------------------------------------------------ in the interpreter
 
-def _interpret(q, k, v, do, causal, grid, deterministic):
+def _interpret(q, k, v, do, causal, grid, deterministic, **constexprs):
     """The forward, then the backward as flash_attention.attention_backward
-    launches it, in the interpreter on `grid` blocks; (dq, dk, dv), dq in f32."""
+    launches it (constexprs over its configuration), in the interpreter on
+    `grid` blocks; (dq, dk, dv), dq in f32."""
     from tk_mlir.kernels import flash_attention as fa
     B, H, N, D = q.shape
     scale, n4 = 1 / math.sqrt(D), -(-N // 4) * 4
@@ -64,7 +65,7 @@ def _interpret(q, k, v, do, causal, grid, deterministic):
     fa.attention_backward_kernel.interpret[(grid,)](
         q, k, v, do, lse2, delta, dq, dk, dv, fa.backward_tasks(q, k, causal, grid, deterministic),
         scale * fa.LOG2E, scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic,
-        **fa._backward_config(D))
+        **{**fa._backward_config(D), **constexprs})
     return dq, dk, dv
 
 

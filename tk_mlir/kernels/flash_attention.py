@@ -41,7 +41,6 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                      scale_log2: float,
                      D: tk.constexpr = 128, BN: tk.constexpr = 128, STAGES: tk.constexpr = 2,
                      Q_STAGES: tk.constexpr = 1, O_TMA: tk.constexpr = False,
-                     O_VIA_Q: tk.constexpr = False,
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24,
                      WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
@@ -61,11 +60,8 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     query row r sees the keys its TASKS tail gives it, and a task reads the
     key blocks the tail's ranges give (CAUSAL and the window are then in the
     tail, not set here).
-    O leaves by TMA from an O tile of each warpgroup's (O_TMA), from the
-    warpgroup's Q tile, dead once its last S is complete, which then goes
-    back to the producer once the TMA has read it (O_VIA_Q: for tiles that
-    leave no room for an O tile; O of Q's dtype), or else from registers."""
-    assert not (O_TMA and O_VIA_Q), "O leaves through one tile: O_TMA or O_VIA_Q"
+    O leaves by TMA from an O tile of each warpgroup's (O_TMA), or else from
+    registers."""
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
         "VARLEN takes causality and windows from its table"
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
@@ -155,17 +151,11 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 task = tk.load(TASKS, (slot + 1,))     # the next task's id, read ahead
                 hk = h // (H // H_KV)
                 lo, hi = kv_range(qb)
-                if O_VIA_Q:   # Q's tile holds the last task's O until it has left: K/V first
-                    k0, k0_full = ks.fill(it)
-                    tk.tma.load_async(k0, K, (b, hk, lo, 0), k0_full)
-                    v0, v0_full = vs.fill(it)
-                    tk.tma.load_async(v0, V, (b, hk, lo, 0), v0_full)
-                    it += 1
                 q, q_full = qs.fill(n)
                 for c in tk.static_range(CONSUMERS):
                     tk.tma.load_async(q[c] if CONSUMERS > 1 else q, Q,
                                       (b, h, CONSUMERS * qb + c, 0), q_full)
-                for j in range(lo + (1 if O_VIA_Q else 0), hi):
+                for j in range(lo, hi):
                     kt, k_full = ks.fill(it)
                     tk.tma.load_async(kt, K, (b, hk, j, 0), k_full)
                     vt, v_full = vs.fill(it)
@@ -237,8 +227,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             vs.release(it)
-            if not O_VIA_Q:
-                qs.release(n)
+            qs.release(n)
             it += 1
             # Rows that saw no key have l = 0: output 0, LSE -inf.
             out = acc.mul_row(tk.where(l == 0.0, 0.0, l.rcp())).to(O.dtype)
@@ -251,19 +240,11 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 if leader:
                     tk.tma.store_async(O, os[wg], (b, h, CONSUMERS * qb + wg, 0))
                     tk.tma.store_commit()
-            elif O_VIA_Q:
-                tk.store(q, out)
-                tk.named_barrier(1 + CONSUMERS + wg, warps=4)
-                if leader:
-                    tk.tma.store_async(O, q, (b, h, CONSUMERS * qb + wg, 0))
-                    tk.tma.store_commit()
-                    tk.tma.store_wait(0)        # read out before the tile is refilled
-                qs.release(n)
             else:
                 tk.store(O, out, (b, h, CONSUMERS * qb + wg, 0))
             n += 1
             tk.store(LSE, m * LN2 + l.log(), (b, h, CONSUMERS * qb + wg))
-        if (O_TMA or O_VIA_Q) and leader:
+        if O_TMA and leader:
             tk.tma.store_wait(0, read=False)
 
 @tk.func
@@ -300,15 +281,6 @@ def yield_mmas(wg, consumers):
 LONG_KV = 8192
 LONG_KV_256 = 4096
 
-# Epilogues through the operands' tiles, where shared memory has no room for
-# tiles of their own: O from each warpgroup's Q tile (D=256, D=128's 192-key
-# tiles), the backward's dK and dV from the task's K and V tiles. ncu found
-# the backward's stores from registers a quarter of its stall samples at
-# N=512 (BENCHMARKS.md); off until timed against the stores they replace.
-O_THROUGH_Q_TILE = False
-DKV_THROUGH_KV_TILES = False
-
-
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     """Tile configuration per head dim (and, at D=128, key count and
     causality; at D=256, key count). setmaxnreg only moves registers
@@ -323,7 +295,7 @@ def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     if d == 128 and not causal and n_kv >= LONG_KV:
         # 192-key K/V tiles leave shared memory for one Q stage and no O tile
         return dict(BN=192, STAGES=2, Q_STAGES=1, O_TMA=False, CONSUMERS=2,
-                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24, **_o_via_q())
+                    CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     if d == 128:
         return dict(BN=128, STAGES=2, Q_STAGES=2, O_TMA=True, CONSUMERS=2,
                     CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
@@ -331,12 +303,7 @@ def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     # memory, 230528 of 232448 bytes) from LONG_KV_256 keys on, 64 below
     # (80 loses at 2048 causal: more blocks cross the diagonal; BENCHMARKS.md)
     return dict(BN=80 if n_kv >= LONG_KV_256 else 64, STAGES=2, Q_STAGES=1, CONSUMERS=2,
-                CONSUMER_REGISTERS=232, PRODUCER_REGISTERS=40, **_o_via_q())
-
-
-def _o_via_q() -> dict:
-    """attention_kernel's O_VIA_Q where O_THROUGH_Q_TILE asks for it."""
-    return dict(O_VIA_Q=True) if O_THROUGH_Q_TILE else {}
+                CONSUMER_REGISTERS=232, PRODUCER_REGISTERS=40)
 
 
 # Causal forward tasks run in groups of heads whose K and V fit in this many
@@ -984,9 +951,10 @@ def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
     if query_rows != 64:
-        cfg.update(QUERY_ROWS=query_rows)
-    if DKV_THROUGH_KV_TILES:
-        cfg.update(DKV_TMA=True)
+        # dK and dV by TMA through the K and V tiles: the 80-row kernel's
+        # register stores stay narrow (lane exchanges spill there), and the
+        # TMA epilogue is 1.01-1.13x faster than them (BENCHMARKS.md).
+        cfg.update(QUERY_ROWS=query_rows, DKV_TMA=True)
     return cfg
 
 
@@ -1036,11 +1004,10 @@ def dq_counters(b: int, h: int, n: int) -> int:
 
 
 # What a query row keeps in L2 while the causal backward's tasks walk it, per
-# element of D, for sizing its groups of K/V heads: Q and dO (2 bytes each).
-# dQ's f32 sums (4 more) are not counted; counting them (8) halves the
-# groups, a candidate for the L2 hit rate of 50% ncu saw at B16 H16 N512
-# (BENCHMARKS.md), not yet timed.
-QUERY_ROW_BYTES_PER_D = 2 + 2
+# element of D, for sizing its groups of K/V heads: Q and dO (2 bytes each)
+# and dQ's f32 sums (4). Counting dQ halves the groups against Q and dO
+# alone: 1.00-1.12x over eleven shapes on the H200 (BENCHMARKS.md).
+QUERY_ROW_BYTES_PER_D = 2 + 2 + 4
 
 
 def _backward_task_table(kv_heads: int, q_per_kv: int, n: int, n_kv: int, d: int,
