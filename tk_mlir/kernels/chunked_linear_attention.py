@@ -833,13 +833,14 @@ def _columns(z):
     return z.unsqueeze(-1).expand(*z.shape, 16).contiguous()
 
 
-def segment_length(units: int, chunks: int, device: int) -> int:
+def segment_length(units: int, chunks: int, device: int,
+                   blocks_per_sm: int = BLOCKS_PER_SM) -> int:
     """Chunks per segment, for `units` (batch, head, block of v's columns) walks of
     `chunks` chunks each: enough segments (of MIN_SEGMENT chunks or more)
-    that the grid holds BLOCKS_PER_SM blocks per SM, each walking its
+    that the grid holds `blocks_per_sm` blocks per SM, each walking its
     segment from the state its predecessors summed (segment_states), where
     one walk per unit would leave SMs idle."""
-    wanted = -(-BLOCKS_PER_SM * num_sms(device) // units)
+    wanted = -(-blocks_per_sm * num_sms(device) // units)
     segments = max(1, min(chunks // MIN_SEGMENT, wanted))
     return -(-chunks // segments)
 

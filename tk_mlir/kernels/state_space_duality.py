@@ -548,13 +548,20 @@ def forward(x, dt, A, B, C, D, h0):
 
 def segments_of(units: int, chunks: int, device: int) -> int:
     """Chunks per segment of the forward, for `units` (batch, head, 64 columns
-    of x) walks of `chunks` chunks: linear attention's segment_length where
-    the walks are fewer than the SMs, else one segment (the sums kernel's
-    extra pass over the keys buys nothing when every SM has a walk: the
-    path BENCHMARKS.md measured). Not yet timed: linear attention's aim of
-    8 blocks per SM is kept, where an SSD block's 72 KB of shared memory
-    lets 3 run at once."""
-    return segment_length(units, chunks, device) if units < num_sms(device) else chunks
+    of x) walks of `chunks` chunks: linear attention's segment_length, aiming
+    for FORWARD_BLOCKS_PER_SM, where the walks are fewer than the SMs, else
+    one segment (the sums kernel's extra pass over the keys buys nothing
+    when every SM has a walk: the path BENCHMARKS.md measured)."""
+    return segment_length(units, chunks, device, FORWARD_BLOCKS_PER_SM) \
+        if units < num_sms(device) else chunks
+
+
+# Blocks per SM the forward's segments aim for: as many as run at once (an
+# SSD block's 72 KB of shared memory lets 3). Linear attention's 8 cut long
+# sequences into segments too short for their sums and prefix to pay: 1.22x
+# slower at l = 16384, b1 h16 (at 2048 and 4096 both give the same segments;
+# BENCHMARKS.md).
+FORWARD_BLOCKS_PER_SM = 3
 
 
 def _segment_starts(x, Bm, kd, dt32, decay, h0t, h1, seg: int, chunks: int, NS: int,
