@@ -719,19 +719,29 @@ def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1, bk: int = 64) -
     if parts >= 2:                       # as many as slices of cdiv(steps, parts) steps need
         parts = tk.cdiv(steps, tk.cdiv(steps, parts))
     if parts >= 2 and (M <= 128 or 2 * tiles(bm, bn) <= sms):
-        return Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
+        return Plan("split_k", MappingProxyType({**split_tile_config(bm, bn), "SPLIT_K": parts}),
                     f"{why}; {tiles(bm, bn)} tiles leave SMs idle: K in {parts} slices")
     return Plan("tiles", MappingProxyType(config), why)
 
 
 def tile_config(bm: int, bn: int) -> dict:
-    """gemm_kernel's config for bm x bn tiles (also gemm_split_k_kernel's,
-    with SPLIT_K added): the deepest ring that fits shared memory, one
-    consumer warpgroup per 64 rows, and an epilogue whose pieces divide bn."""
-    stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else 6
+    """gemm_kernel's config for bm x bn tiles: the deepest ring that fits
+    shared memory, one consumer warpgroup per 64 rows, and an epilogue whose
+    pieces divide bn."""
+    stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else \
+        12 if bm == 64 and bn <= 64 else 6
     config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
     if bn % 128:
         config["EPI_N"] = 64
+    return config
+
+
+def split_tile_config(bm: int, bn: int) -> dict:
+    """gemm_split_k_kernel's config for bm x bn tiles (SPLIT_K to be added):
+    tile_config's, less its TMA epilogue's pieces (the split kernel adds its
+    slices into C through tk.store_partial)."""
+    config = tile_config(bm, bn)
+    config.pop("EPI_N", None)
     return config
 
 
@@ -754,12 +764,14 @@ def pingpong_config(bm: int, bn: int) -> dict:
 def stream_k_config(bm: int, bn: int) -> dict:
     """gemm_split_k_kernel's STREAM_K config for bm x bn tiles (tile_config's,
     K steps cut evenly among the blocks)."""
-    return {**tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}
+    return {**split_tile_config(bm, bn), "SPLIT_K": 1, "STREAM_K": True}
 
 
-# Tiles and K splits `candidate_plans` offers the measured table.
-CANDIDATE_TILES = ((64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
-CANDIDATE_SPLIT_TILES = ((64, 128), (128, 128))
+# Tiles and K splits `candidate_plans` offers the measured table. 64 x 64
+# tiles (a 12-stage ring) are for few rows, where B streams from memory:
+# twice the blocks of 64 x 128 before any split (not yet in the table).
+CANDIDATE_TILES = ((64, 64), (64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
+CANDIDATE_SPLIT_TILES = ((64, 64), (64, 128), (128, 128))
 CANDIDATE_PINGPONG_TILES = ((128, 128), (64, 256))
 CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
@@ -796,7 +808,8 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
             if parts >= 2 and tk.cdiv(steps, parts) >= MIN_CANDIDATE_SLICE_STEPS \
                     and tiles * parts <= 2 * sms:
                 plans.append(Plan("split_k",
-                                  MappingProxyType({**tile_config(bm, bn), "SPLIT_K": parts}),
+                                  MappingProxyType({**split_tile_config(bm, bn),
+                                                    "SPLIT_K": parts}),
                                   f"tiles of {bm} x {bn}, K in {parts} slices"))
     unique = {}
     for p in plans:                      # (the rules' plan is often one of the others)
