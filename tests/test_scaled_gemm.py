@@ -204,18 +204,23 @@ def test_scaled_matmul_by_every_plan_in_the_interpreter(interpret, monkeypatch, 
                                                         rowwise):
     """scaled_matmul end to end on CPU tensors, planned for an H200's 132
     SMs: split-K (few rows: each part scaled before it is added), smaller
-    tiles, and the scales of each kind."""
+    tiles, and the scales of each kind; twice per signature (the second
+    call through the launch its first planned), with new values."""
     monkeypatch.setattr(scaled_gemm, "num_sms", lambda device=None: 132)
+    scaled_gemm._PREPARED.clear()
     kind = scaled_gemm.plan(M, N, K, 132).kernel
     assert kind == ("split_k" if K == 4096 else "tiles")
     gen = torch.Generator().manual_seed(M + N + rowwise)
-    a = (torch.randn(M, K, generator=gen) * 2).to(e4m3)
-    bt = (torch.randn(N, K, generator=gen) * 2).to(e4m3)
-    sa = torch.rand(M, 1, generator=gen) + 0.5 if rowwise else torch.tensor(0.75)
-    sb = torch.rand(1, N, generator=gen) + 0.5 if rowwise else torch.tensor([1.5])
-    c = scaled_matmul(a, bt.t(), sa, sb, out_dtype=out)
-    ref = (a.double() @ bt.double().T) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
-    assert c.dtype == out and ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, kind
+    for _ in range(2):
+        a = (torch.randn(M, K, generator=gen) * 2).to(e4m3)
+        bt = (torch.randn(N, K, generator=gen) * 2).to(e4m3)
+        sa = torch.rand(M, 1, generator=gen) + 0.5 if rowwise else torch.rand(()) + 0.5
+        sb = torch.rand(1, N, generator=gen) + 0.5 if rowwise else torch.rand(1) + 1
+        c = scaled_matmul(a, bt.t(), sa, sb, out_dtype=out)
+        ref = (a.double() @ bt.double().T) * sa.double().reshape(-1, 1) * \
+            sb.double().reshape(1, -1)
+        assert c.dtype == out and ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, kind
+    assert len(scaled_gemm._PREPARED) == 1
 
 
 @pytest.mark.parametrize("sa", [(40,), ()], ids=["rowwise", "per-tensor"])

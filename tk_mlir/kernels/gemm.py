@@ -522,9 +522,8 @@ def _planned(a, b, c, b_layout: str, grads: bool):
         product = _planned(a, b, None, b_layout, False)
         return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout, product)
     shape = output_shape(a, b, b_layout)       # (c: a's dtype and device, as a.new_empty)
-    as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and checks.readable(a) \
-        and checks.readable(b) and (checks.readable(c) if c is not None else
-                                    _whole_vectors(shape[-1], a.element_size()) == shape[-1])
+    as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and \
+        read_as_they_lie(a, b, c, shape[-1])
     if as_they_lie:
         (M, K), sms = a.shape[-2:], num_sms(a.get_device())
         product = planned_run(_plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1,
@@ -889,6 +888,14 @@ def padded_launch(run, a, b, c, b_layout: str, a_layout: str = "mk",
         c2[..., :c.shape[-2], :c.shape[-1]] = c
     run(a2, b2, c2)
     c.copy_(c2[..., :c.shape[-2], :c.shape[-1]])
+
+
+def read_as_they_lie(a, b, c, n: int) -> bool:
+    """Whether the kernels read a and b and write c (None: a new output of n
+    columns in a's dtype) as they lie, with no padded copy (padded_launch's
+    test, made once for a planned call)."""
+    return checks.readable(a) and checks.readable(b) and \
+        (checks.readable(c) if c is not None else _whole_vectors(n, a.element_size()) == n)
 
 
 def padded_rows(t):

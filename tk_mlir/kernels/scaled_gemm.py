@@ -111,9 +111,24 @@ def _checked_call(a, b, scale_a, scale_b, out_dtype) -> None:
 
 
 def _prepare(a, b, scale_a, scale_b, out_dtype):
-    """After checking an eager call, the function launching calls like it."""
+    """After checking an eager call, the function launching calls like it:
+    where the kernels read a and b as they lie and there is a product, its
+    plan and launch chosen here, once (they follow from the shapes); else
+    `launch`, which copies and chooses per call."""
+    import torch
     _checked_call(a, b, scale_a, scale_b, out_dtype)
-    return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
+    (M, K), N = a.shape, b.shape[1]
+    if is_blackwell(a.get_device()) or not (M and N and K) or \
+            not (checks.readable(a) and checks.readable(b.t())):
+        return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
+    sms = num_sms(a.get_device())
+    product = _product(plan(M, N, K, sms), M, N, sms)
+
+    def run(a, b, scale_a, scale_b):
+        c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+        product(a, b.t(), c, *scale_operands(scale_a, scale_b))
+        return c
+    return run
 
 
 def check(a, b, scale_a, scale_b, out_dtype) -> None:
@@ -182,18 +197,23 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     sms = num_sms(a.get_device())
     chosen = plan(M, N, K, sms)
     # (a view whose rows are not 16-byte aligned, e.g. a column slice: an aligned copy)
-    a, bt, scales = checks.kernel_operand(a), checks.kernel_operand(b.t()), \
-        scale_operands(scale_a, scale_b)
-    if chosen.kernel == "autotuned":
-        scaled_gemm_kernel[(sms,)](a, bt, c, *scales)
-    elif chosen.kernel == "tiles":
-        scaled_gemm_kernel.kernel[(sms,)](a, bt, c, *scales, **chosen.config)
-    else:
-        counters = gemm.split_k_counters(M, N, chosen.config["BN"])
-        scaled_split_k_kernel[(sms,)](a, bt, c, *scales,
-                                      *gemm.workspace_views(a.device, c.shape, counters),
-                                      **chosen.config)
+    _product(chosen, M, N, sms)(checks.kernel_operand(a), checks.kernel_operand(b.t()), c,
+                                *scale_operands(scale_a, scale_b))
     return c
+
+
+def _product(chosen: gemm.Plan, M: int, N: int, sms: int):
+    """`product(a, bt, c, sa, sb)`: the launch of `chosen` (a plan of `plan`)
+    for an M x N product over `sms` SMs, on operands the kernels read."""
+    if chosen.kernel == "autotuned":
+        tuned = scaled_gemm_kernel[(sms,)]            # (its dispatch picks the config)
+        return lambda a, bt, c, sa, sb: tuned(a, bt, c, sa, sb)
+    if chosen.kernel == "tiles":
+        return scaled_gemm_kernel.kernel.launcher((sms,), **chosen.config)
+    split = scaled_split_k_kernel.launcher((sms,), **chosen.config)
+    counters = gemm.split_k_counters(M, N, chosen.config["BN"])
+    return lambda a, bt, c, sa, sb: split(a, bt, c, sa, sb,
+                                          *gemm.workspace_views(a.device, c.shape, counters))
 
 
 # Few rows (M <= SMALL_M) take 64 x 128 tiles, and K in slices only when
