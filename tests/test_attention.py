@@ -257,7 +257,6 @@ def test_dkv_through_the_kv_tiles_in_the_interpreter(b, h, h_kv, n, n_kv, d, cau
     it, with the interpreter's race checks (which see a K tile written before
     the other warpgroup's dQ read it, or handed back before its TMA store
     read it)."""
-    from tk_mlir.kernels import flash_attention as fa
     from test_attention_deterministic import _inputs, _interpret, _reference_grads, \
         _relative_error
     q, k, v, do = _inputs(b, h, h_kv, n, n_kv, d, seed=n + d)
@@ -672,7 +671,7 @@ def test_80_row_query_blocks_backward_in_the_interpreter(monkeypatch, n, n_kv, c
             for _ in range(2))
     do = torch.randn(1, 2, n, 128, generator=g).to(torch.bfloat16)
     grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
-    assert launched[-1]["QUERY_ROWS"] == 80
+    assert launched[-1]["QUERY_ROWS"] == 80 and launched[-1]["DKV_TMA"]
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     o, _ = _window_reference(qd, kd, vd, causal, window, 0.0, 1 / math.sqrt(128))
     for name, got, ref in zip(("dq", "dk", "dv"), grads,

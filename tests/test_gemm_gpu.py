@@ -131,8 +131,9 @@ def test_grouped_gemm(sizes, M, N, K, layout, dense, monkeypatch):
     holds its last row keep the poison; sizes past M count as M. Both
     schedules (packed tiles, tiles skipped in place), whichever the shape
     would take."""
-    from tk_mlir.kernels import grouped_gemm, grouped_matmul
+    from tk_mlir.kernels import eager, grouped_gemm, grouped_matmul
     monkeypatch.setattr(grouped_gemm, "dense_schedule", lambda *shape: dense)
+    monkeypatch.setattr(grouped_gemm, "_PREPARED", eager.Prepared())   # (plans by the default)
     G, kn = len(sizes), layout == "kn"
     a = torch.empty(G, M, K, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
     b = torch.empty(*((G, K, N) if kn else (G, N, K)), dtype=torch.bfloat16,

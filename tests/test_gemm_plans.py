@@ -169,3 +169,21 @@ def test_plan_refuses_an_unknown_layout_and_run_plan_too():
 def test_empty_products_have_one_candidate_and_no_measured_plan():
     assert [p.kernel for p in gemm.candidate_plans(64, 64, 0, 132)] == ["none"]
     assert gemm.measured_plan(0, 6144, 4096, 132, "nk") is None
+
+
+@pytest.mark.parametrize("kn", [False, True])
+@pytest.mark.parametrize("split", [1, 4])
+def test_the_64x64_candidates_assemble_without_spills(ptxas, split, kn):
+    """The narrow tiles offered for few rows (a 12-stage ring, 206 KB of
+    shared memory), plain and split: no spill, no C75xx advisory."""
+    a, c = tk.spec((128, 4096), "bf16"), tk.spec((128, 4096), "bf16")
+    b = tk.spec((4096, 4096), "bf16")
+    if split == 1:
+        compiled = gemm.gemm_kernel.kernel.compile(a, b, c, B_KN=kn, **gemm.tile_config(64, 64))
+    else:
+        compiled = gemm.gemm_split_k_kernel.compile(
+            a, b, c, tk.spec((128, 4096), "f32"), tk.spec((8192,), "i32"), B_KN=kn,
+            **gemm.split_tile_config(64, 64), SPLIT_K=split)
+    assert compiled.info["spill stores (bytes)"] == compiled.info["spill loads (bytes)"] == 0
+    assert "C75" not in compiled.ptxas_log, compiled.ptxas_log
+    assert compiled.info["dynamic shared memory (bytes)"] <= 232448

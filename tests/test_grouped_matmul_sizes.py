@@ -139,13 +139,18 @@ def test_the_kernel_compiles_without_spills(kn, dense):
 @pytest.mark.parametrize("G, M, N, b_layout", [(3, 200, 136, "nk"),       # in place
                                                (5, 300, 72, "kn"),        # packed (> 4 waves)
                                                (2, 130, 100, "nk")])      # N: padded copies
-def test_a_remembered_signature_computes_each_calls_sizes(interpret, G, M, N, b_layout):
+def test_a_remembered_signature_computes_each_calls_sizes(interpret, monkeypatch, G, M, N,
+                                                          b_layout):
     """grouped_matmul's eager path through the interpreter: a second call of
-    one signature (its launch planned once, at the first) with other sizes,
-    into a new c and into a given one, against float64; rows past a
-    product's last tile stay as they were."""
-    from tk_mlir.kernels import grouped_gemm, grouped_matmul
-    grouped_gemm._PREPARED.clear()
+    one signature (its launch planned once, at the first: one launcher per
+    signature; none where N needs padded copies) with other sizes, into a
+    new c and into a given one, against float64; rows past a product's
+    last tile stay as they were."""
+    from tk_mlir.kernels import eager, grouped_gemm, grouped_matmul
+    monkeypatch.setattr(grouped_gemm, "_PREPARED", eager.Prepared())
+    kernel, launchers = grouped_gemm.grouped_gemm_kernel, []
+    make = kernel.launcher
+    monkeypatch.setattr(kernel, "launcher", lambda *a, **k: launchers.append(k) or make(*a, **k))
     g = torch.Generator().manual_seed(G * M + N)
     K = 64
     a = torch.randn(G, M, K, generator=g).bfloat16()
@@ -162,3 +167,6 @@ def test_a_remembered_signature_computes_each_calls_sizes(interpret, G, M, N, b_
                 if c is not None:
                     assert out[i, -(-n // 128) * 128:].isnan().all()
     assert len(grouped_gemm._PREPARED) == 2         # (one signature with c, one without)
+    assert len(launchers) == (0 if N % 8 else 2)
+    tiles = G * -(-M // 128) * -(-N // (256 if N > 128 else 128))
+    assert all(k["DENSE"] == (tiles > 4 * 3) for k in launchers)       # (3 simulated SMs)

@@ -204,10 +204,14 @@ def test_scaled_matmul_by_every_plan_in_the_interpreter(interpret, monkeypatch, 
                                                         rowwise):
     """scaled_matmul end to end on CPU tensors, planned for an H200's 132
     SMs: split-K (few rows: each part scaled before it is added), smaller
-    tiles, and the scales of each kind; twice per signature (the second
-    call through the launch its first planned), with new values."""
+    tiles, and the scales of each kind; twice per signature (both through
+    the launch the first planned, none through the per-call path), with new
+    values."""
+    from tk_mlir.kernels import eager
     monkeypatch.setattr(scaled_gemm, "num_sms", lambda device=None: 132)
-    scaled_gemm._PREPARED.clear()
+    monkeypatch.setattr(scaled_gemm, "_PREPARED", eager.Prepared())
+    per_call = []
+    monkeypatch.setattr(scaled_gemm, "launch", lambda *args: per_call.append(args))
     kind = scaled_gemm.plan(M, N, K, 132).kernel
     assert kind == ("split_k" if K == 4096 else "tiles")
     gen = torch.Generator().manual_seed(M + N + rowwise)
@@ -220,7 +224,7 @@ def test_scaled_matmul_by_every_plan_in_the_interpreter(interpret, monkeypatch, 
         ref = (a.double() @ bt.double().T) * sa.double().reshape(-1, 1) * \
             sb.double().reshape(1, -1)
         assert c.dtype == out and ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, kind
-    assert len(scaled_gemm._PREPARED) == 1
+    assert len(scaled_gemm._PREPARED) == 1 and not per_call
 
 
 @pytest.mark.parametrize("sa", [(40,), ()], ids=["rowwise", "per-tensor"])

@@ -206,7 +206,7 @@ def test_gpu_matches_the_recurrence(g, D, initial):
 
 @pytest.mark.parametrize("min_segment,b,l,h,p,g,n,D,initial", [
     (1, 1, 200, 2, 64, 2, 48, False, True),     # a segment per chunk, from the initial state
-    (2, 2, 330, 2, 80, 1, 128, True, False),    # 6 chunks in segments of 2, p over two blocks
+    (2, 2, 330, 2, 80, 1, 128, True, False),    # 6 chunks in 2 segments of 3, p over two blocks
     (2, 1, 438, 2, 72, 1, 72, False, True),     # 7 chunks: 3, 3 and a last one of 1
 ])
 def test_a_sequence_cut_into_segments_matches_the_recurrence(interpret, monkeypatch, min_segment,

@@ -834,13 +834,14 @@ def _columns(z):
 
 
 def segment_length(units: int, chunks: int, device: int,
-                   blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+                   blocks_per_sm: int | None = None) -> int:
     """Chunks per segment, for `units` (batch, head, block of v's columns) walks of
     `chunks` chunks each: enough segments (of MIN_SEGMENT chunks or more)
-    that the grid holds `blocks_per_sm` blocks per SM, each walking its
-    segment from the state its predecessors summed (segment_states), where
-    one walk per unit would leave SMs idle."""
-    wanted = -(-blocks_per_sm * num_sms(device) // units)
+    that the grid holds `blocks_per_sm` (default BLOCKS_PER_SM) blocks per
+    SM, each walking its segment from the state its predecessors summed
+    (segment_states), where one walk per unit would leave SMs idle."""
+    per_sm = BLOCKS_PER_SM if blocks_per_sm is None else blocks_per_sm
+    wanted = -(-per_sm * num_sms(device) // units)
     segments = max(1, min(chunks // MIN_SEGMENT, wanted))
     return -(-chunks // segments)
 

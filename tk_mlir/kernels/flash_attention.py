@@ -978,8 +978,8 @@ def backward_tasks(q, k, causal: bool, grid: int, deterministic: bool = False,
     H_kv, N_kv, D) over `grid` blocks, on q's device (made once per shape).
     Not causal: K/V blocks inner, so blocks running together share Q and dO
     in L2. Causal: the longest tasks (first K/V blocks) first, heads inner,
-    in groups of as many K/V heads as have query heads whose Q and dO fit in
-    L2_KV_BYTES (QUERY_ROW_BYTES_PER_D); balanced by the query blocks each
+    in groups of as many K/V heads as have query heads whose Q, dO and dQ's
+    f32 sums fit in L2_KV_BYTES (QUERY_ROW_BYTES_PER_D); balanced by the query blocks each
     task walks. Either way a head's K/V blocks come in increasing order, as
     the deterministic kernel needs. deterministic=True: a new tensor, the table followed by the
     kernel's dQ counters, zeroed (one per launch: the kernel counts on them)."""

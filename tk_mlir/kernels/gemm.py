@@ -724,9 +724,9 @@ def rules_plan(M: int, N: int, K: int, sms: int, batch: int = 1, bk: int = 64) -
 
 
 def tile_config(bm: int, bn: int) -> dict:
-    """gemm_kernel's config for bm x bn tiles: the deepest ring that fits
-    shared memory, one consumer warpgroup per 64 rows, and an epilogue whose
-    pieces divide bn."""
+    """gemm_kernel's config for bm x bn tiles: a ring of about 200 KB of
+    shared memory (64 x 64: 12 stages of 16 KB), one consumer warpgroup per
+    64 rows, and an epilogue whose pieces divide bn."""
     stages = 8 if bm == 64 and bn == 128 else 4 if bn >= WIDE_N else \
         12 if bm == 64 and bn <= 64 else 6
     config = dict(BM=bm, BN=bn, STAGES=stages, num_warps=4 * (bm // 64 + 1))
@@ -952,18 +952,27 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
     kn, km = b_layout == "kn", a_layout == "km"
     if chosen.kernel == "none":
         return lambda a, b, c: c.zero_()             # a sum of no products
-    if chosen.kernel == "autotuned":                 # (its dispatch picks the config)
-        tuned, options = gemm_kernel[(sms,)], dict(B_KN=kn, **_a_km(km))
-        return lambda a, b, c: tuned(a, b, c, **options)
-    if chosen.kernel == "tiles":
-        return gemm_kernel.kernel.launcher((sms,), B_KN=kn, **chosen.config, **_a_km(km))
-    cfg = chosen.config
-    split = gemm_split_k_kernel.launcher((sms,), B_KN=kn, **cfg, **_a_km(km))
+    return plan_launcher(chosen, gemm_kernel, gemm_split_k_kernel, sms, B_KN=kn, **_a_km(km))
 
-    def run_split(a, b, c):
-        M, N = c.shape[-2], c.shape[-1]
-        counters = split_k_counters(M, N, cfg["BN"], a.shape[0] if a.dim() == 3 else 1)
-        split(a, b, c, *workspace_views(a.device, c.shape, counters))
+
+def plan_launcher(chosen: Plan, tuned, split_kernel, sms: int, **options):
+    """`run(a, b, c, *rest)`: the launch of `chosen` (an "autotuned", "tiles",
+    "split_k" or "stream_k" plan) over `sms` blocks, made once: `tuned` (an
+    autotuned kernel, whose .kernel takes a tile plan's config) or
+    `split_kernel`, which also takes the workspace views of its C (c) after
+    *rest; `options`: keywords every launch passes."""
+    if chosen.kernel == "autotuned":                 # (its dispatch picks the config)
+        dispatch = tuned[(sms,)]
+        return lambda *args: dispatch(*args, **options)
+    if chosen.kernel == "tiles":
+        return tuned.kernel.launcher((sms,), **options, **chosen.config)
+    cfg = chosen.config
+    split = split_kernel.launcher((sms,), **options, **cfg)
+
+    def run_split(a, b, c, *rest):
+        counters = split_k_counters(c.shape[-2], c.shape[-1], cfg["BN"],
+                                    a.shape[0] if a.dim() == 3 else 1)
+        split(a, b, c, *rest, *workspace_views(a.device, c.shape, counters))
     return run_split
 
 

@@ -419,13 +419,14 @@ def _planned(a, b, c, b_layout: str):
     shape = gemm.output_shape(a, b, b_layout)
     if not (G * M * shape[-1] * K and gemm.read_as_they_lie(a, b, c, shape[-1])):
         return lambda a, b, sizes, c: launch(a, b, sizes, c, b_layout)
-    product = _product(G, M, shape[-1], b_layout, a.get_device())
+    sms, dense, constexprs = _launch_config(G, M, shape[-1], b_layout, a.get_device())
+    kernel = grouped_gemm_kernel.launcher((sms,), **constexprs)
 
     def run(a, b, sizes, c):
         if sizes.device != a.device:       # (host sizes, checked by the wrapper)
             sizes = sizes.to(a.device)
         c = torch.empty(shape, dtype=a.dtype, device=a.device) if c is None else c
-        product(a, b, sizes, c)
+        kernel(a, b, c, _table(sizes, M, dense))
         return c
     return run
 
@@ -452,22 +453,24 @@ def _launch(a, b, sizes, c, b_layout: str) -> None:
     if not K:                           # (sums of no products: zeros in the rows it writes)
         c.masked_fill_(written_rows(sizes, M)[..., None], 0)
         return
-    _product(G, M, N, b_layout, a.get_device())(a, b, sizes, c)
+    sms, dense, constexprs = _launch_config(G, M, N, b_layout, a.get_device())
+    grouped_gemm_kernel[(sms,)](a, b, c, _table(sizes, M, dense), **constexprs)
 
 
-def _product(G: int, M: int, N: int, b_layout: str, device: int):
-    """`product(a, b, sizes, c)`: grouped_gemm_kernel's launch for G products
-    of M x N (K > 0) on `device`, its tiles and schedule chosen for them;
-    sizes on the device."""
+def _launch_config(G: int, M: int, N: int, b_layout: str, device: int):
+    """(grid, whether the schedule is packed, grouped_gemm_kernel's
+    constexprs) for G products of M x N on `device`."""
     bn = 256 if N > 128 else 128
     sms = num_sms(device)
     dense = dense_schedule(G, M, N, bn, sms)
-    kernel = grouped_gemm_kernel.launcher((sms,), DENSE=dense,
-                                          LOG_G=max(1, (G - 1).bit_length()) if dense else 0,
-                                          B_KN=b_layout == "kn", BN=bn)
-    if dense:
-        return lambda a, b, sizes, c: kernel(a, b, c, grouped_schedule(sizes, M))
-    return lambda a, b, sizes, c: kernel(a, b, c, sizes_operand(sizes, M))
+    return sms, dense, dict(DENSE=dense, LOG_G=max(1, (G - 1).bit_length()) if dense else 0,
+                            B_KN=b_layout == "kn", BN=bn)
+
+
+def _table(sizes, M: int, dense: bool):
+    """The kernel's TABLE for sizes on its device: the packed schedule, or
+    the sizes themselves."""
+    return grouped_schedule(sizes, M) if dense else sizes_operand(sizes, M)
 
 
 def dense_schedule(G: int, M: int, N: int, bn: int, sms: int) -> bool:

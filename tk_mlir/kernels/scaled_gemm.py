@@ -112,17 +112,17 @@ def _checked_call(a, b, scale_a, scale_b, out_dtype) -> None:
 
 def _prepare(a, b, scale_a, scale_b, out_dtype):
     """After checking an eager call, the function launching calls like it:
-    where the kernels read a and b as they lie and there is a product, its
-    plan and launch chosen here, once (they follow from the shapes); else
-    `launch`, which copies and chooses per call."""
+    where the kernels read a and b as they lie (kernel_operand would not
+    copy them) and there is a product, the planned launch (_launcher) of
+    its shape; else `launch`, which copies per call."""
     import torch
     _checked_call(a, b, scale_a, scale_b, out_dtype)
     (M, K), N = a.shape, b.shape[1]
+    bt = b.t()
     if is_blackwell(a.get_device()) or not (M and N and K) or \
-            not (checks.readable(a) and checks.readable(b.t())):
+            checks.kernel_operand(a) is not a or checks.kernel_operand(bt) is not bt:
         return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
-    sms = num_sms(a.get_device())
-    product = _product(plan(M, N, K, sms), M, N, sms)
+    product = _launcher(M, N, K, num_sms(a.get_device()))
 
     def run(a, b, scale_a, scale_b):
         c = torch.empty((M, N), dtype=out_dtype, device=a.device)
@@ -194,26 +194,19 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     if not (M and N and K):
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    sms = num_sms(a.get_device())
-    chosen = plan(M, N, K, sms)
     # (a view whose rows are not 16-byte aligned, e.g. a column slice: an aligned copy)
-    _product(chosen, M, N, sms)(checks.kernel_operand(a), checks.kernel_operand(b.t()), c,
-                                *scale_operands(scale_a, scale_b))
+    _launcher(M, N, K, num_sms(a.get_device()))(
+        checks.kernel_operand(a), checks.kernel_operand(b.t()), c,
+        *scale_operands(scale_a, scale_b))
     return c
 
 
-def _product(chosen: gemm.Plan, M: int, N: int, sms: int):
-    """`product(a, bt, c, sa, sb)`: the launch of `chosen` (a plan of `plan`)
-    for an M x N product over `sms` SMs, on operands the kernels read."""
-    if chosen.kernel == "autotuned":
-        tuned = scaled_gemm_kernel[(sms,)]            # (its dispatch picks the config)
-        return lambda a, bt, c, sa, sb: tuned(a, bt, c, sa, sb)
-    if chosen.kernel == "tiles":
-        return scaled_gemm_kernel.kernel.launcher((sms,), **chosen.config)
-    split = scaled_split_k_kernel.launcher((sms,), **chosen.config)
-    counters = gemm.split_k_counters(M, N, chosen.config["BN"])
-    return lambda a, bt, c, sa, sb: split(a, bt, c, sa, sb,
-                                          *gemm.workspace_views(a.device, c.shape, counters))
+@functools.lru_cache(maxsize=256)
+def _launcher(M: int, N: int, K: int, sms: int):
+    """`product(a, bt, c, sa, sb)`: the launch of `plan(M, N, K, sms)` on
+    operands the kernels read, made once per shape (one launcher for the
+    planned eager path and `launch`)."""
+    return gemm.plan_launcher(plan(M, N, K, sms), scaled_gemm_kernel, scaled_split_k_kernel, sms)
 
 
 # Few rows (M <= SMALL_M) take 64 x 128 tiles, and K in slices only when
