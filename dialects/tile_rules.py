@@ -487,6 +487,15 @@ def _subtile(op, operands, results, num_warps: int) -> None:
              "multiples of 8 rows")
 
 
+@rule("in_block")
+def _in_block(op, operands, results, num_warps: int) -> None:
+    _require(isinstance(operands[0], T.ST), f"in_block: {T.show(operands[0])} is not a shared "
+             f"tile: only shared tiles are read from another block of the cluster")
+    rank = tk.constant_int(op.rank)     # (a run-time rank is the kernel's to keep in range)
+    _require(rank is None or 0 <= rank < 8, f"in_block: rank {rank} is outside a cluster's "
+             f"blocks (0 .. 7 at most)")
+
+
 @rule("column_block")
 def _column_block(op, operands, results, num_warps: int) -> None:
     src, sub = operands[0], results[0]

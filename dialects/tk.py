@@ -83,6 +83,8 @@ class OpDef:
     reads: tuple[Access, ...] = ()       # shared tiles it reads ...
     writes: tuple[Access, ...] = ()      # ... and writes, and through which proxy
     view_of: str | None = None           # its result is a part of this operand's shared memory
+    remote_view: bool = False            # ... as another block of the cluster holds it
+    remote_reads: str | None = None      # the operand that may be such a tile (remote_view)
     takes_arrays: bool = False           # may take a whole array of tiles or semaphores
     allocates: bool = False              # placed in shared memory by passes/smem.py
     tensor_memory: str | None = None     # its part in a tensor tile's life (passes/
@@ -184,7 +186,7 @@ OPS: tuple[OpDef, ...] = (
     OpDef("alloc_sv", results=("result",), allocates=True,
           doc="a shared vector; placed by passes/smem.py"),
     OpDef("load", operands=("src",), variadic="indices", results=("result",),
-          attributes=("fill",), reads=(Access("src", GENERIC),),
+          attributes=("fill",), reads=(Access("src", GENERIC),), remote_reads="src",
           doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt, "
               "sv -> rv"),
     OpDef("load_scalar", operands=("src",), variadic="indices", results=("result",),
@@ -213,6 +215,10 @@ OPS: tuple[OpDef, ...] = (
               "with a `count` hint)"),
     OpDef("subtile", operands=("src", "row"), results=("result",), view_of="src",
           doc="the result type's rows of a shared tile, from row `row` on"),
+    OpDef("in_block", operands=("src", "rank"), results=("result",), same_type=("src", "result"),
+          view_of="src", remote_view=True,
+          doc="the shared tile `src` of block `rank` (an i32) of this block's cluster "
+              "(distributed shared memory: mapa, ld.shared::cluster); only tk.load reads it"),
     OpDef("column_block", operands=("src", "index"), results=("result",), view_of="src",
           doc="column block `index` (an i32) of a swizzled shared tile (its rows x swizzle "
               "bytes, stored apart from the other blocks): a tile of its own, e.g. a wgmma "

@@ -105,6 +105,12 @@ class GlobalRef:
 @dataclass
 class SharedRef:
     """A shared tile or semaphore (or the first of an array of them)."""
-    ptr: ir.Value                       # !llvm.ptr<3> to the first byte
+    ptr: ir.Value                       # !llvm.ptr<3> to the first byte (<7>: another
+    #                                     block's, tk.in_block)
     type: T.ST | T.SV | T.Sem
     stride: int = 0                     # bytes between the elements of an array
+
+    @property
+    def remote(self) -> bool:
+        """Whether this is another block's tile (a shared::cluster address)."""
+        return ir.Type.parse("!llvm.ptr<7>") == self.ptr.type

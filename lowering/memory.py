@@ -260,8 +260,10 @@ def _matrix_shape():
 
 
 def smem_addr(base: ir.Value, byte_offset: ir.Value) -> ir.Value:
-    return llvm.getelementptr(ptr(3), base, [byte_offset], [-2**31], ir.IntegerType.get_signless(8),
-                              llvm.GEPNoWrapFlags.inbounds)
+    """base + byte_offset, in base's address space (shared, or shared::cluster
+    for another block's tile: tk.in_block)."""
+    return llvm.getelementptr(base.type, base, [byte_offset], [-2**31],
+                              ir.IntegerType.get_signless(8), llvm.GEPNoWrapFlags.inbounds)
 
 
 def _shared_offset(t, pos: list[ir.Value]) -> ir.Value:
@@ -399,7 +401,9 @@ def _matrix_layout(trans: bool):
 
 
 def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
-    matrices = _matrix_pieces(ctx, ref, layout, t.scope, t.dtype)
+    # (ldmatrix reads this block's shared memory only: another block's tile
+    # is read in plain pieces, ld.shared::cluster)
+    matrices = None if ref.remote else _matrix_pieces(ctx, ref, layout, t.scope, t.dtype)
     if matrices is not None:
         regs = []
         for _, n, addr, trans in matrices:
@@ -471,6 +475,13 @@ def lower_subtile(ctx: LoweringContext, op, src: SharedRef, row: ir.Value) -> Sh
     # One column block (tk-verify): the rows are consecutive lines of block_bytes.
     offset = arith.muli(row, c32(src.type.block_bytes))
     return SharedRef(smem_addr(src.ptr, offset), sub)
+
+
+@lowers("tk.in_block")
+def lower_in_block(ctx: LoweringContext, op, src: SharedRef, rank: ir.Value) -> SharedRef:
+    # mapa: the same offset in block `rank`'s shared memory, as a shared::cluster
+    # address; the pieces' offsets add to it as to a tile of this block.
+    return SharedRef(nvvm.mapa(ptr(7), src.ptr, rank), src.type, src.stride)
 
 
 @lowers("tk.column_block")

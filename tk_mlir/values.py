@@ -580,6 +580,26 @@ class Shared(Value):
         sub = T.ST(t.dtype, t.rows, t.block_cols, t.swizzle)
         return Shared(emit("column_block", [self, j], sub.to_mlir()))
 
+    @builds("in_block")
+    def in_block(self, rank) -> Shared:
+        """This tile as it is in block `rank` (0 .. cluster size - 1, a
+        compile-time or run-time int) of this block's cluster: distributed
+        shared memory, which `tk.load` reads into registers (ld.shared::cluster),
+        e.g. to sum the partial tiles the cluster's blocks computed. Nothing else
+        takes it (no MMA, TMA, store or view of it). The reads follow the
+        other block's writes only across a tk.cluster_sync(), and a block must
+        not end while another may still read its tiles (end with one too)."""
+        from .sync import _in_cluster
+        size = _in_cluster("tile.in_block(rank)")
+        rank = as_scalar(rank) if not isinstance(rank, bool) else rank
+        if not isinstance(rank, Scalar) or rank.kind != "int":
+            raise CompilationError(f"in_block: the block's rank must be an int, got {rank!r}")
+        known = tk.constant_int(rank.value)
+        if known is not None and not 0 <= known < size:
+            raise CompilationError(f"in_block: rank {known} is outside the cluster's blocks "
+                                   f"0 .. {size - 1}")
+        return Shared(emit("in_block", [self, rank], self.value.type))
+
     @builds("subtile")
     def subtile(self, i, rows: int) -> Shared:
         """Rows i*rows .. i*rows+rows-1 as a shared tile (i may be a run-time

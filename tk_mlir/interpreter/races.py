@@ -129,6 +129,10 @@ class Shadow:
                 return f
         return None
 
+    def writing(self, ref: SharedRef) -> InFlight | None:
+        """An asynchronous write still running on ref (a TMA load), or None."""
+        return self._in_flight(ref, writes_only=True)
+
     def in_flight_on(self, ref: SharedRef) -> InFlight | None:
         """An asynchronous access still running on ref, or None."""
         return self._in_flight(ref, writes_only=False)

@@ -104,11 +104,42 @@ def _load_shared(t, num_warps):
     """st -> rt, sv -> rv: each warp reads the rows its part of the tile holds."""
     owners, columns = shared.rows_by_warp(t, num_warps), shared.cols_by_warp(t, num_warps)
     def load(scope, src, *coords):
+        if isinstance(src, shared.RemoteRef):
+            peer = scope.block.cluster.blocks[src.rank]
+            if peer is not scope.block:
+                return numerics.round_to(t.dtype, _read_remote(scope, peer, src.ref))
+            src = src.ref
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
                                             "this load", rows=owners[k], cols=columns[k]))
         return numerics.round_to(t.dtype, scope.block.smem.read(src))
     return load
+
+
+def _read_remote(scope, peer, ref):
+    """Block `peer`'s copy of tile ref, read from another block of its
+    cluster: ordering across blocks is not tracked (machine.Cluster), what
+    is in flight there is, and the block must still be running."""
+    scope.block.reach(peer, scope.loc, "this load of another block's tile (tile.in_block)")
+    f = peer.shadow.writing(ref)
+    if f is not None:
+        raise error(scope.loc, f"this load reads {ref.describe()} in block {peer.name} of the "
+                               f"cluster while the {f.kind} issued at {f.where} is still "
+                               f"writing it there: that block must wait for it, then "
+                               f"tk.cluster_sync() on both sides, before this load")
+    return peer.smem.read(ref)
+
+
+@interprets("tk.in_block")
+def _in_block(op, num_warps):
+    loc = op.loc
+    def in_block(w, src, rank):
+        r = warp_scalar(w, rank, loc, "tile.in_block: the rank")
+        blocks = w.block.cluster.blocks
+        if not 0 <= r < len(blocks):
+            raise error(loc, f"tile.in_block({r}): the cluster has blocks 0..{len(blocks) - 1}")
+        return shared.RemoteRef(src, int(r))
+    return in_block
 
 
 @interprets("tk.store")

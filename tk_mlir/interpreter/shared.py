@@ -59,6 +59,14 @@ class SharedRef:
 
 
 @dataclass(frozen=True)
+class RemoteRef:
+    """A shared tile as it is in block `rank` of the cluster (tk.in_block):
+    `ref` names the tile, that block's shared memory holds it."""
+    ref: SharedRef
+    rank: int
+
+
+@dataclass(frozen=True)
 class SemRef:
     alloc: Allocation
     index: int | None

@@ -1,0 +1,128 @@
+"""Distributed shared memory: `tile.in_block(rank)` is a shared tile as it is
+in another block of the cluster, which `tk.load` reads (mapa,
+ld.shared::cluster). Checked here in the interpreter against numpy, in the
+PTX and by ptxas; its errors name the line that breaks the rule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tk_mlir as tk
+from tk_mlir import f32, bf16
+from tk_mlir.interpreter import InterpretError
+
+
+@tk.kernel(num_warps=4)
+def cluster_sum(X: tk.gl, Y: tk.gl, CLUSTER: tk.constexpr = 2):
+    """Split-K's reduction through distributed shared memory: each block of a
+    cluster holds one partial 64x64 tile (X's tile b), and block r of the
+    cluster sums rows r·64/CLUSTER .. of every block's partial into Y's tile
+    of the cluster."""
+    tk.use_cluster(CLUSTER)
+    b, r = tk.block_id(0), tk.cluster_rank()
+    part = tk.shared_tile(X.dtype, (64, 64))
+    tk.store(part, tk.load(X, (b, 0), (64, 64)))
+    tk.cluster_sync()                       # every partial written before any is read
+    mine = part.subtile(r, 64 // CLUSTER)   # this block's rows, in each block
+    total = tk.load(mine.in_block(0)).to(f32)
+    for k in tk.static_range(1, CLUSTER):
+        total = total + tk.load(mine.in_block(k)).to(f32)
+    tk.store(Y, total, (b, 0))              # (b = cluster·CLUSTER + r: rows of 64/CLUSTER)
+    tk.cluster_sync()                       # no block leaves while another reads its tile
+
+
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, "bf16"])
+def test_a_cluster_sums_its_blocks_tiles(cluster, dtype):
+    import torch
+    clusters = 2
+    g = torch.Generator().manual_seed(cluster)
+    x = torch.randn(clusters * cluster * 64, 64, generator=g)
+    x = x.to(torch.bfloat16) if dtype == "bf16" else x
+    y = torch.full((clusters * 64, 64), float("nan"))
+    cluster_sum.interpret[(clusters * cluster,)](x, y, CLUSTER=cluster)
+    ref = x.double().view(clusters, cluster, 64, 64).sum(1).reshape(-1, 64)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@tk.kernel(num_warps=4)
+def leaves_early(X: tk.gl[f32], Y: tk.gl[f32]):
+    """Block 0 tells block 1 to go on and ends; block 1 then reads block 0's
+    tile (no tk.cluster_sync() after the reads keeps block 0 running)."""
+    tk.use_cluster(2)
+    part = tk.shared_tile(f32, (64, 64))
+    go = tk.semaphore(1)
+    tk.store(part, tk.load(X, (tk.block_id(0), 0), (64, 64)))
+    tk.cluster_sync()
+    if tk.cluster_rank() == 0:
+        if tk.warp_id() == 0:
+            if tk.elect_leader():
+                tk.arrive(go, cta=1)
+    else:
+        tk.wait(go, 0)
+        tk.store(Y, tk.load(part.in_block(0)), (0, 0))     # MARK: reads an ended block
+
+
+def test_a_block_that_reads_an_ended_block_is_told_to_sync():
+    x = np.ones((128, 64), np.float32)
+    with pytest.raises(InterpretError, match=r"this load of another block's tile "
+                                             r"\(tile.in_block\) acts on block \(0, 0, 0\) "
+                                             r"of the cluster, which has already ended") as e:
+        leaves_early.interpret[(2,)](x, np.zeros((64, 64), np.float32))
+    assert "MARK: reads an ended block" in open(__file__).read().splitlines()[e.value.line - 1]
+
+
+def test_the_ptx_reads_another_blocks_shared_memory(ptxas):
+    c = cluster_sum.compile(tk.spec((512, 64), bf16), tk.spec((128, 64), f32), CLUSTER=4)
+    ptx = c.asm["ptx"]
+    assert "mapa.shared::cluster" in ptx and "ld.shared::cluster" in ptx
+    assert "ldmatrix" not in ptx.split("mapa.shared::cluster", 1)[1]   # (not for a remote tile)
+    assert c.info["spill stores (bytes)"] == 0 and "C75" not in c.ptxas_log
+
+
+def test_in_block_needs_a_cluster():
+    @tk.kernel(num_warps=4)
+    def no_cluster(X: tk.gl[f32]):
+        part = tk.shared_tile(f32, (64, 64))
+        tk.store(X, tk.load(part.in_block(1)), (0, 0))
+
+    with pytest.raises(tk.CompilationError, match=r"tile.in_block\(rank\) needs a cluster: "
+                                                  r"call tk.use_cluster\(n\) first"):
+        no_cluster.compile(tk.spec((64, 64), f32))
+
+
+def test_a_rank_past_the_cluster_is_refused():
+    @tk.kernel(num_warps=4)
+    def past(X: tk.gl[f32]):
+        tk.use_cluster(2)
+        part = tk.shared_tile(f32, (64, 64))
+        tk.store(X, tk.load(part.in_block(2)), (0, 0))
+
+    with pytest.raises(tk.CompilationError, match=r"rank 2 is outside the cluster's blocks "
+                                                  r"0 \.\. 1"):
+        past.compile(tk.spec((64, 64), f32))
+
+
+@pytest.mark.parametrize("use", ["store", "mma"])
+def test_only_tk_load_reads_another_blocks_tile(use):
+    """A store into another block's tile, or an MMA reading one, is refused
+    at its line (only ld.shared::cluster reaches another block here)."""
+    @tk.kernel(num_warps=4)
+    def misuse(X: tk.gl[bf16], Y: tk.gl[f32], USE: tk.constexpr = "store"):
+        tk.use_cluster(2)
+        a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+        b = tk.shared_tile(bf16, (64, 64), swizzle=128)
+        if USE == "store":
+            tk.store(a.in_block(1), tk.load(X, (0, 0), (64, 64)))    # MARK
+        else:
+            acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+            acc = tk.mma_ABt(acc, a.in_block(1), b)                  # MARK
+            tk.mma_wait(0)
+            tk.store(Y, acc, (0, 0))
+        tk.cluster_sync()
+
+    with pytest.raises(tk.CompilationError, match=r"takes a tile of another block of the "
+                                                  r"cluster \(tile.in_block\(rank\)\), which "
+                                                  r"only tk.load reads") as e:
+        misuse.compile(tk.spec((64, 64), bf16), tk.spec((64, 64), f32), USE=use)
+    assert "# MARK" in str(e.value)
