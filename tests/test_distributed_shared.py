@@ -45,6 +45,20 @@ def test_a_cluster_sums_its_blocks_tiles(cluster, dtype):
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+def test_a_cluster_sums_its_blocks_tiles_on_the_gpu(cluster):
+    """The same sums on the GPU (ld.shared::cluster after barrier.cluster),
+    against float64; a poisoned output."""
+    import torch
+    clusters = 33                                   # (more clusters than fit at once)
+    x = torch.randn(clusters * cluster * 64, 64, device="cuda").to(torch.bfloat16)
+    y = torch.full((clusters * 64, 64), float("nan"), device="cuda")
+    cluster_sum[(clusters * cluster,)](x, y, CLUSTER=cluster)
+    ref = x.double().view(clusters, cluster, 64, 64).sum(1).reshape(-1, 64)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
 @tk.kernel(num_warps=4)
 def leaves_early(X: tk.gl[f32], Y: tk.gl[f32]):
     """Block 0 tells block 1 to go on and ends; block 1 then reads block 0's
