@@ -84,7 +84,7 @@ class OpDef:
     writes: tuple[Access, ...] = ()      # ... and writes, and through which proxy
     view_of: str | None = None           # its result is a part of this operand's shared memory
     remote_view: bool = False            # ... as another block of the cluster holds it
-    remote_reads: str | None = None      # the operand that may be such a tile (remote_view)
+    remote_operand: str | None = None    # the operand that may be such a tile (remote_view)
     takes_arrays: bool = False           # may take a whole array of tiles or semaphores
     allocates: bool = False              # placed in shared memory by passes/smem.py
     tensor_memory: str | None = None     # its part in a tensor tile's life (passes/
@@ -186,7 +186,7 @@ OPS: tuple[OpDef, ...] = (
     OpDef("alloc_sv", results=("result",), allocates=True,
           doc="a shared vector; placed by passes/smem.py"),
     OpDef("load", operands=("src",), variadic="indices", results=("result",),
-          attributes=("fill",), reads=(Access("src", GENERIC),), remote_reads="src",
+          attributes=("fill",), reads=(Access("src", GENERIC),), remote_operand="src",
           doc="gl -> rt/rv (tile coordinates; out-of-bounds elements read `fill`), st -> rt, "
               "sv -> rv"),
     OpDef("load_scalar", operands=("src",), variadic="indices", results=("result",),
@@ -195,6 +195,7 @@ OPS: tuple[OpDef, ...] = (
               "it reads; 0 past the end)"),
     OpDef("store", operands=("dst", "value"), variadic="indices",
           writes=(Access("dst", GENERIC),), block_barrier=_stores_block_tile_to_shared,
+          remote_operand="dst",
           doc="rt/rv -> gl (out-of-bounds elements are not written), rt -> st, rv -> sv"),
     OpDef("atomic_add", operands=("dst", "value"), variadic="indices",
           doc="f32 rt/rv added into an f32 gl at tile coordinates (red.global.add: each "
@@ -218,7 +219,8 @@ OPS: tuple[OpDef, ...] = (
     OpDef("in_block", operands=("src", "rank"), results=("result",), same_type=("src", "result"),
           view_of="src", remote_view=True,
           doc="the shared tile `src` of block `rank` (an i32) of this block's cluster "
-              "(distributed shared memory: mapa, ld.shared::cluster); only tk.load reads it"),
+              "(distributed shared memory: mapa, ld/st.shared::cluster); only tk.load reads "
+              "it and tk.store writes it"),
     OpDef("column_block", operands=("src", "index"), results=("result",), view_of="src",
           doc="column block `index` (an i32) of a swizzled shared tile (its rows x swizzle "
               "bytes, stored apart from the other blocks): a tile of its own, e.g. a wgmma "

@@ -441,7 +441,9 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     if block:
         nvvm.barrier0()
     first = ctx.is_first_replica(frag.layout, frag.scope)
-    matrices = _matrix_pieces(ctx, ref, frag.layout, frag.scope, frag.dtype)
+    # (stmatrix writes this block's shared memory only: st.shared::cluster pieces)
+    matrices = None if ref.remote else _matrix_pieces(ctx, ref, frag.layout, frag.scope,
+                                                      frag.dtype)
     if matrices is not None:
         for r0, n, addr, trans in matrices:
             words = _matrix_words(frag.regs[r0:r0 + n], frag.dtype)

@@ -74,20 +74,21 @@ def _check_mma_operands(op, warpgroup: Callable[[], Uniformity]) -> None:
             v = src
 
 
-def _check_remote_reads(op) -> None:
+def _check_remote_operands(op) -> None:
     """Another block's tile (an op with remote_view: tile.in_block) is taken
-    only where an op reads it as its remote_reads operand (tk.load): ldmatrix,
-    wgmma, TMA and the thread stores take this block's shared memory only."""
+    only as an op's remote_operand (tk.load's source, tk.store's
+    destination): wgmma, TMA and the views take this block's shared memory
+    only."""
     for use in op.result.uses:
         user = use.owner
         d = tk.op_def(user)
-        if d is None or d.remote_reads is None or \
-                use.operand_number != d.operands.index(d.remote_reads):
+        if d is None or d.remote_operand is None or \
+                use.operand_number != d.operands.index(d.remote_operand):
             what = user.name[3:] if user.name.startswith("tk.") else user.name
             raise error_at(user.location, f"{what} takes a tile of another block of the "
-                           f"cluster (tile.in_block(rank)), which only tk.load reads "
-                           f"(distributed shared memory); load it into registers first, or "
-                           f"use this block's tile")
+                           f"cluster (tile.in_block(rank)), which only tk.load reads and "
+                           f"tk.store writes (distributed shared memory); go through "
+                           f"registers, or use this block's tile")
 
 
 def _check_static_memory(op) -> None:
@@ -118,7 +119,7 @@ def verify(module: ir.Module) -> None:
                 _check_uniform(op, num_warps, uniform)
                 _check_mma_operands(op, warpgroup)
                 if tk.op_def(op).remote_view:
-                    _check_remote_reads(op)
+                    _check_remote_operands(op)
             elif op.name in ("scf.if", "scf.for"):
                 _check_static_memory(op)
         walk_ops(func.operation, visit)

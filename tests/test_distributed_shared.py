@@ -46,15 +46,17 @@ def test_a_cluster_sums_its_blocks_tiles(cluster, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pushed", [False, True])
 @pytest.mark.parametrize("cluster", [2, 4, 8])
-def test_a_cluster_sums_its_blocks_tiles_on_the_gpu(cluster):
-    """The same sums on the GPU (ld.shared::cluster after barrier.cluster),
-    against float64; a poisoned output."""
+def test_a_cluster_sums_its_blocks_tiles_on_the_gpu(cluster, pushed):
+    """The same sums on the GPU (ld/st.shared::cluster across barrier.cluster),
+    read from the other blocks or pushed to them, against float64; a
+    poisoned output."""
     import torch
     clusters = 33                                   # (more clusters than fit at once)
     x = torch.randn(clusters * cluster * 64, 64, device="cuda").to(torch.bfloat16)
     y = torch.full((clusters * 64, 64), float("nan"), device="cuda")
-    cluster_sum[(clusters * cluster,)](x, y, CLUSTER=cluster)
+    (cluster_push if pushed else cluster_sum)[(clusters * cluster,)](x, y, CLUSTER=cluster)
     ref = x.double().view(clusters, cluster, 64, 64).sum(1).reshape(-1, 64)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
 
@@ -117,17 +119,48 @@ def test_a_rank_past_the_cluster_is_refused():
         past.compile(tk.spec((64, 64), f32))
 
 
-@pytest.mark.parametrize("use", ["store", "mma"])
-def test_only_tk_load_reads_another_blocks_tile(use):
-    """A store into another block's tile, or an MMA reading one, is refused
-    at its line (only ld.shared::cluster reaches another block here)."""
+@tk.kernel(num_warps=4)
+def cluster_push(X: tk.gl, Y: tk.gl, CLUSTER: tk.constexpr = 2):
+    """The same sums, pushed: block r stores slice s of its partial into slot
+    r of block s's inbox, and each block sums its inbox."""
+    tk.use_cluster(CLUSTER)
+    b, r = tk.block_id(0), tk.cluster_rank()
+    rows = 64 // CLUSTER
+    inbox = tk.shared_tiles(f32, (rows, 64), CLUSTER)
+    for s in tk.static_range(CLUSTER):
+        tk.store(inbox[r].in_block(s), tk.load(X, (b * CLUSTER + s, 0), (rows, 64)).to(f32))
+    tk.cluster_sync()                       # every slice delivered before any is summed
+    total = tk.load(inbox[0])
+    for k in tk.static_range(1, CLUSTER):
+        total = total + tk.load(inbox[k])
+    tk.store(Y, total, (b, 0))
+
+
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_a_cluster_pushes_its_slices_to_their_owners(cluster):
+    import torch
+    g = torch.Generator().manual_seed(10 + cluster)
+    x = torch.randn(2 * cluster * 64, 64, generator=g).to(torch.bfloat16)
+    y = torch.full((2 * 64, 64), float("nan"))
+    cluster_push.interpret[(2 * cluster,)](x, y, CLUSTER=cluster)
+    ref = x.double().view(2, cluster, 64, 64).sum(1).reshape(-1, 64)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
+    c = cluster_push.compile(tk.spec((2 * cluster * 64, 64), bf16), tk.spec((128, 64), f32),
+                             CLUSTER=cluster)
+    assert "st.shared::cluster" in c.asm["ptx"] and "mapa.shared::cluster" in c.asm["ptx"]
+
+
+@pytest.mark.parametrize("use", ["mma", "view"])
+def test_only_tk_load_and_store_take_another_blocks_tile(use):
+    """An MMA reading another block's tile, or a view of one, is refused at
+    its line (only ld/st.shared::cluster reach another block here)."""
     @tk.kernel(num_warps=4)
-    def misuse(X: tk.gl[bf16], Y: tk.gl[f32], USE: tk.constexpr = "store"):
+    def misuse(X: tk.gl[bf16], Y: tk.gl[f32], USE: tk.constexpr = "mma"):
         tk.use_cluster(2)
         a = tk.shared_tile(bf16, (64, 64), swizzle=128)
         b = tk.shared_tile(bf16, (64, 64), swizzle=128)
-        if USE == "store":
-            tk.store(a.in_block(1), tk.load(X, (0, 0), (64, 64)))    # MARK
+        if USE == "view":
+            tk.store(Y, tk.load(a.in_block(1).subtile(0, 32)).to(f32), (0, 0))    # MARK
         else:
             acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
             acc = tk.mma_ABt(acc, a.in_block(1), b)                  # MARK
@@ -137,6 +170,6 @@ def test_only_tk_load_reads_another_blocks_tile(use):
 
     with pytest.raises(tk.CompilationError, match=r"takes a tile of another block of the "
                                                   r"cluster \(tile.in_block\(rank\)\), which "
-                                                  r"only tk.load reads") as e:
+                                                  r"only tk.load reads and tk.store writes") as e:
         misuse.compile(tk.spec((64, 64), bf16), tk.spec((64, 64), f32), USE=use)
     assert "# MARK" in str(e.value)

@@ -584,11 +584,12 @@ class Shared(Value):
     def in_block(self, rank) -> Shared:
         """This tile as it is in block `rank` (0 .. cluster size - 1, a
         compile-time or run-time int) of this block's cluster: distributed
-        shared memory, which `tk.load` reads into registers (ld.shared::cluster),
-        e.g. to sum the partial tiles the cluster's blocks computed. Nothing else
-        takes it (no MMA, TMA, store or view of it). The reads follow the
-        other block's writes only across a tk.cluster_sync(), and a block must
-        not end while another may still read its tiles (end with one too)."""
+        shared memory, which `tk.load` reads into registers and `tk.store`
+        writes from them (ld/st.shared::cluster), e.g. to sum the partial tiles
+        the cluster's blocks computed. Nothing else takes it (no MMA, TMA or
+        view of it). An access sees the other block's (and that block sees
+        it) only across a tk.cluster_sync(), and a block must not end while
+        another may still reach its tiles (end with one too)."""
         from .sync import _in_cluster
         size = _in_cluster("tile.in_block(rank)")
         rank = as_scalar(rank) if not isinstance(rank, bool) else rank

@@ -130,6 +130,20 @@ def _read_remote(scope, peer, ref):
     return peer.smem.read(ref)
 
 
+def _write_remote(scope, peer, ref, value) -> None:
+    """Block `peer`'s copy of tile ref written from another block of its
+    cluster (as _read_remote: what is in flight there is checked)."""
+    scope.block.reach(peer, scope.loc, "this store into another block's tile (tile.in_block)")
+    f = peer.shadow.in_flight_on(ref)
+    if f is not None:
+        raise error(scope.loc, f"this store writes {ref.describe()} in block {peer.name} of the "
+                               f"cluster while the {f.kind} issued at {f.where} is still "
+                               f"{'writing' if f.writes else 'reading'} it there: that block "
+                               f"must wait for it, then tk.cluster_sync() on both sides, before "
+                               f"this store")
+    peer.smem.write(ref, value)
+
+
 @interprets("tk.in_block")
 def _in_block(op, num_warps):
     loc = op.loc
@@ -161,6 +175,13 @@ def _store_shared(t, num_warps, fenced: bool):
     owners = shared.rows_by_warp(t, num_warps, store=True)
     columns = shared.cols_by_warp(t, num_warps)
     def store(scope, dst, value, *coords):
+        if isinstance(dst, shared.RemoteRef):
+            peer = scope.block.cluster.blocks[dst.rank]
+            if peer is not scope.block:
+                _write_remote(scope, peer, dst.ref,
+                              numerics.round_to(dst.ref.alloc.type.dtype, value))
+                return
+            dst = dst.ref
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
                                              "this store", rows=owners[k], cols=columns[k],
