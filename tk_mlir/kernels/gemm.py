@@ -42,10 +42,31 @@ from tk_mlir.target import HOPPER
 
 
 @tk.func
+def cluster_sum(C, partial, tasks, tile_of, BM, BN, S):
+    """gemm's CLUSTER_SPLIT epilogue, run by every warp of the block once the
+    task loop is over: the cluster's S f32 partials (`partial` in each block,
+    tile_of(cluster's task)'s) summed by the first warpgroup, block r taking
+    rows r·BM/S .. into C. The first cluster_sync orders the partials'
+    stores before the reads; the second keeps every block running until the
+    others have read its tile."""
+    tk.cluster_sync()
+    task, r, rows = tk.block_id(0) // S, tk.cluster_rank(), BM // S
+    # (one task per cluster: a cluster past them has none)
+    if tk.warpgroup_id() == 0 and task < tasks:
+        mine = partial.subtile(r, rows)
+        total = tk.load(mine.in_block(0), scope="warpgroup")
+        for k in tk.static_range(1, S):
+            total = total + tk.load(mine.in_block(k), scope="warpgroup")
+        _, m, n = tile_of(task)
+        tk.store(C, total.to(C.dtype), (m * S + r, n))
+    tk.cluster_sync()
+
+
+@tk.func
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False,
-         SCALES=None, PINGPONG=False, STREAM_K=False):
+         SCALES=None, PINGPONG=False, STREAM_K=False, CLUSTER_SPLIT=1):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -94,7 +115,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     others are stored whole. PINGPONG: two consumer warpgroups, each computing whole BM x BN
     tiles in turn (tk.lcf's pingpong), so one's epilogue overlaps the other's
     MMAs; for plain and batched products (B_KN, A_KM, ACCUMULATE), with at
-    most 128 accumulator registers (BM x BN <= 128 x 128)."""
+    most 128 accumulator registers (BM x BN <= 128 x 128). CLUSTER_SPLIT = s
+    (2, 4 or 8): split-K within clusters of s blocks, one tile per cluster
+    (launch tiles x s blocks, not a persistent grid): block r of a cluster
+    takes K slice r, leaves its f32 partial in shared memory, and sums rows
+    r·BM/s .. of every block's partial (distributed shared memory,
+    tile.in_block) into C: no workspace, no atomics, the same sum in the same
+    order on every run."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -121,6 +148,14 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                             SCATTER is None and GATHER is None and SCALES is None), \
         "PINGPONG is built for plain and batched products: no SPLIT_K, CLUSTER, STARTS, " \
         "SIZES, OFFS, SCATTER, GATHER or SCALES"
+    assert CLUSTER_SPLIT == 1 or (CLUSTER_SPLIT in (2, 4, 8) and SPLIT_K == 1 and
+                                  CLUSTER == 1 and not batched and not b_outer and
+                                  STARTS is None and SIZES is None and OFFS is None and
+                                  SCALES is None and not ACCUMULATE and not PINGPONG and
+                                  not STREAM_K and BM % (8 * CLUSTER_SPLIT) == 0), \
+        f"CLUSTER_SPLIT={CLUSTER_SPLIT}: 2, 4 or 8 blocks, for a plain 2-D product (no " \
+        f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG or STREAM_K), BM a " \
+        f"multiple of 8 rows per block"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
@@ -151,12 +186,13 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     groups_m = tk.cdiv(tiles_m, CLUSTER)
     tiles = groups_m * tiles_n                     # per product
     tasks = batch * tiles if STARTS is None else tk.load(STARTS, (batch,)) * tiles_n
-    k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K)    # per K slice; TMA reads zeros past K
+    # per K slice; TMA reads zeros past K
+    k_steps = tk.cdiv(tk.cdiv(K, BK), SPLIT_K * CLUSTER_SPLIT)
     a_tile = (BK, BM) if A_KM else (BM, BK)
     b_tile = (BK, BN) if B_KN else (BN, BK)
     # 16-bit results leave through shared memory and TMA stores, EPI_N columns
     # at a time; f32 ones from registers.
-    TMA_STORE = TMA_STORE and C.dtype != "f32" and SPLIT_K == 1
+    TMA_STORE = TMA_STORE and C.dtype != "f32" and SPLIT_K == 1 and CLUSTER_SPLIT == 1
     EPI_N = min(EPI_N, BN)
     c_tiles = None
     if TMA_STORE:
@@ -266,6 +302,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             outer, m, n = tile_of(task)
         if SPLIT_K > 1:
             k += (task // (batch * tiles)) * k_steps
+        if CLUSTER_SPLIT > 1:                        # this block's K slice
+            k += tk.cluster_rank() * k_steps
         if GATHER is not None:
             if k == 0:
                 GATHER[0](m)
@@ -355,6 +393,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                    EPI_BUFFERS, add=True)
         elif SPLIT_K > 1:
             tk.store_partial(C, acc, (*outer, row, n), parts=SPLIT_K, workspace=W, counters=F)
+        elif CLUSTER_SPLIT > 1:                      # for the cluster's sum, after the loop
+            tk.store(partial.subtile(wg, 64), acc)
         elif parts > 1:                              # (STREAM_K: a shared tile)
             tk.store_partial(C, acc, (*outer, row, n), parts=parts, workspace=W, counters=F)
         else:
@@ -404,12 +444,16 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                load, setup, compute, finish, stages=STAGES, consumers=consumers,
                plan=stream_unit, active=stream_active, task_iters=stream_steps)
     else:
+        if CLUSTER_SPLIT > 1:    # (before the ring: tk.lcf starts the task loop)
+            partial = tk.shared_tile(f32, (BM, BN), swizzle=0)
         tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
                load, setup, compute, finish, stages=STAGES, consumers=consumers,
-               cluster=CLUSTER,
+               cluster=CLUSTER_SPLIT if CLUSTER_SPLIT > 1 else CLUSTER,
                plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
                active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
                sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
+        if CLUSTER_SPLIT > 1:
+            cluster_sum(C, partial, tasks, tile_of, BM, BN, CLUSTER_SPLIT)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
@@ -445,6 +489,26 @@ def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i
     int32 of split_k_counters(...) elements; both zeros, and left zeros."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F, A_KM=A_KM,
          STREAM_K=STREAM_K)
+
+
+@tk.kernel(num_warps=8)
+def gemm_cluster_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, SPLIT: tk.constexpr = 4,
+                                B_KN: tk.constexpr = False, BM: tk.constexpr = 64,
+                                BN: tk.constexpr = 128, BK: tk.constexpr = 64,
+                                STAGES: tk.constexpr = 6, GROUP_M: tk.constexpr = 8):
+    """`gemm` with K cut into SPLIT slices taken by the SPLIT blocks of a
+    cluster, their partials summed through distributed shared memory
+    (CLUSTER_SPLIT). Launch cdiv(M, BM) x cdiv(N, BN) x SPLIT blocks."""
+    gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, CLUSTER_SPLIT=SPLIT)
+
+
+def cluster_split_config(bm: int, bn: int, split: int) -> dict:
+    """gemm_cluster_split_k_kernel's config for bm x bn tiles in K slices of
+    `split` blocks: the deepest ring (up to 8 stages) that fits beside the f32
+    partial tile."""
+    room = HOPPER.max_shared_bytes - 1024 - bm * bn * 4     # (1 KB: alignment, semaphores)
+    stages = min(8, room // ((bm + bn) * 64 * 2))
+    return dict(BM=bm, BN=bn, STAGES=stages, SPLIT=split, num_warps=4 * (bm // 64 + 1))
 
 
 def split_k_counters(M: int, N: int, BN: int, batch: int = 1) -> int:
