@@ -66,3 +66,39 @@ def test_a_split_the_cluster_cannot_take_is_refused(split):
                                                     (256, 512, 1024, 2, False, 128)])
 def test_the_cluster_sums_its_slices_on_the_gpu(M, N, K, split, kn, bm):
     assert _run(M, N, K, split, kn, bm, device="cuda") < 4e-3
+
+
+def test_run_plan_launches_a_cluster_split_k_plan(interpret):
+    """A "cluster_split_k" plan (what the measured table would hold) through
+    gemm.run_plan, whose grid follows C's shape call by call."""
+    from types import MappingProxyType
+    chosen = gemm.Plan("cluster_split_k", MappingProxyType(gemm.cluster_split_config(64, 128, 4)),
+                       "tiles of 64 x 128, K in the 4 blocks of a cluster")
+    run = gemm.planned_run(chosen, "nk", "mk", 3)
+    for M, N, K in ((70, 136, 520), (16, 264, 128)):
+        g = torch.Generator().manual_seed(M)
+        a, b = torch.randn(M, K, generator=g).bfloat16(), torch.randn(N, K, generator=g).bfloat16()
+        c = torch.full((M, N), float("nan")).bfloat16()
+        run(a, b, c)
+        ref = a.double() @ b.double().T
+        assert ((c.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_its_candidate_plans_compute_the_product(interpret, monkeypatch, layout):
+    """With CLUSTER_SPLIT_CANDIDATES on (once the GPU test passes), the table
+    script's candidates include cluster splits, each computing the product
+    through run_plan."""
+    monkeypatch.setattr(gemm, "CLUSTER_SPLIT_CANDIDATES", True)
+    M, N, K = 70, 200, 1024
+    plans = [p for p in gemm.candidate_plans(M, N, K, 132) if p.kernel == "cluster_split_k"]
+    assert {(p.config["BM"], p.config["BN"], p.config["SPLIT"]) for p in plans} == \
+        {(bm, bn, s) for bm, bn in gemm.CANDIDATE_SPLIT_TILES for s in (2, 4)}
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(*((K, N) if layout == "kn" else (N, K)), generator=g).bfloat16()
+    ref = a.double() @ (b.double() if layout == "kn" else b.double().T)
+    for chosen in plans:
+        c = torch.full((M, N), float("nan")).bfloat16()
+        gemm.run_plan(chosen, a, b, c, layout, "mk", 132)
+        assert ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, chosen.why

@@ -152,10 +152,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                   CLUSTER == 1 and not batched and not b_outer and
                                   STARTS is None and SIZES is None and OFFS is None and
                                   SCALES is None and not ACCUMULATE and not PINGPONG and
-                                  not STREAM_K and BM % (8 * CLUSTER_SPLIT) == 0), \
+                                  not STREAM_K and not A_KM and BM % (8 * CLUSTER_SPLIT) == 0), \
         f"CLUSTER_SPLIT={CLUSTER_SPLIT}: 2, 4 or 8 blocks, for a plain 2-D product (no " \
-        f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG or STREAM_K), BM a " \
-        f"multiple of 8 rows per block"
+        f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG, STREAM_K or A_KM), BM " \
+        f"a multiple of 8 rows per block"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
@@ -692,7 +692,8 @@ class Plan:
     """What matmul launches for a shape: `kernel` is "autotuned" (gemm_kernel
     and its configs), "tiles" (gemm_kernel with `config`), "split_k"
     (gemm_split_k_kernel with `config`), "stream_k" (the same kernel with
-    STREAM_K in `config`) or "none" (M, N or K is 0: no
+    STREAM_K in `config`), "cluster_split_k" (gemm_cluster_split_k_kernel with
+    `config`: a grid of tiles x SPLIT blocks) or "none" (M, N or K is 0: no
     kernel; C is zeroed when K is 0, left as it is when accumulating);
     scaled_matmul's plans name its own kernels the same way (scaled_gemm);
     `why` says which rule chose it.
@@ -838,6 +839,10 @@ CANDIDATE_SPLIT_TILES = ((64, 64), (64, 128), (128, 128))
 CANDIDATE_PINGPONG_TILES = ((128, 128), (64, 256))
 CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
+# Split-K across a cluster's blocks (gemm_cluster_split_k_kernel) among the
+# candidates: off until its GPU test has passed (it has not run on one yet).
+CLUSTER_SPLIT_CANDIDATES = False
+CANDIDATE_CLUSTER_SPLITS = (2, 4, 8)
 
 
 def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
@@ -845,9 +850,10 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     product: the rules' plan first, the autotuned kernel, every tile of
     CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES (ping-pong), K splits of
     the split tiles that keep at least MIN_CANDIDATE_SLICE_STEPS K steps per
-    slice and at most two waves of blocks, and stream-K over the split tiles
-    where they make fewer than two waves. Any of them computes any shape;
-    they differ in speed only."""
+    slice and at most two waves of blocks, stream-K over the split tiles
+    where they make fewer than two waves, and (CLUSTER_SPLIT_CANDIDATES) K
+    split across the blocks of a cluster likewise. Any of them computes any
+    shape; they differ in speed only."""
     M, N, K, sms, _ = _plan_arguments("candidate_plans", M, N, K, sms)
     if not M * N * K:
         return [rules_plan(M, N, K, sms)]            # (an empty product: nothing to time)
@@ -874,6 +880,13 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
                                   MappingProxyType({**split_tile_config(bm, bn),
                                                     "SPLIT_K": parts}),
                                   f"tiles of {bm} x {bn}, K in {parts} slices"))
+        for split in CANDIDATE_CLUSTER_SPLITS if CLUSTER_SPLIT_CANDIDATES else ():
+            if bm % (8 * split) == 0 and tk.cdiv(steps, split) >= MIN_CANDIDATE_SLICE_STEPS \
+                    and tiles * split <= 2 * sms:
+                plans.append(Plan("cluster_split_k",
+                                  MappingProxyType(cluster_split_config(bm, bn, split)),
+                                  f"tiles of {bm} x {bn}, K in the {split} blocks of a "
+                                  f"cluster (their sum in distributed shared memory)"))
     unique = {}
     for p in plans:                      # (the rules' plan is often one of the others)
         unique.setdefault((p.kernel, tuple(sorted(p.config.items()))), p)
@@ -1016,6 +1029,13 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
     kn, km = b_layout == "kn", a_layout == "km"
     if chosen.kernel == "none":
         return lambda a, b, c: c.zero_()             # a sum of no products
+    if chosen.kernel == "cluster_split_k":
+        if km:
+            raise ValueError("gemm.run_plan: a cluster_split_k plan takes A as M x K")
+        cfg = chosen.config
+        return gemm_cluster_split_k_kernel.launcher(
+            lambda meta: tk.cdiv(meta["C"].shape[0], cfg["BM"]) *
+            tk.cdiv(meta["C"].shape[1], cfg["BN"]) * cfg["SPLIT"], B_KN=kn, **cfg)
     return plan_launcher(chosen, gemm_kernel, gemm_split_k_kernel, sms, B_KN=kn, **_a_km(km))
 
 
