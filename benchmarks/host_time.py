@@ -26,6 +26,10 @@ Functions (names for --only) and peers:
   `torch._scaled_mm` (use_fast_accum=True) with the same scales;
 - grouped_matmul: 8 x (128 x 1024 x 1024), sizes on the device (all 128
   rows), against `torch.bmm` of the same sizes;
+- swiglu: 16 x 14336 bf16, against `F.silu(gate) * up`;
+- rotary_embedding: x 1x128x32x128 bf16, cos/sin (128, 64) f32, against a
+  transformers-style `x * cos + rotate_half(x) * sin` (cos and sin repeated
+  to D and broadcast over the heads, as a model keeps them);
 - gemm_launch: the GEMM's launch rows at --size^3: `matmul(a, b, c)`,
   `torch.mm(a, b.T, out=c)`, `gemm_kernel[grid]` (autotuned dispatch) and the
   tuned kernel launched directly with its config (no dispatch). The bare
@@ -220,11 +224,49 @@ def _grouped_case(groups=8, m=128, n=1024, k=1024):
                 make, tk, peer, inplace)
 
 
+def _swiglu_case(rows=16, d=14336):
+    def make(g):
+        return _u(g, rows, d, scale=3.0), _u(g, rows, d)
+
+    def tk(gate, up):
+        from tk_mlir.kernels import swiglu
+        return swiglu(gate, up)
+
+    def peer(gate, up):
+        import torch.nn.functional as F
+        return F.silu(gate) * up
+
+    return Case("swiglu", f"swiglu {rows}x{d}", "F.silu(gate) * up", f"{rows}x{d} bf16",
+                "swiglu", make, tk, peer)
+
+
+def _rotary_case(b=1, n=128, h=32, d=128):
+    def make(g):
+        import torch
+        angles = torch.rand(n, d // 2, generator=g, device=DEVICE) * 6
+        full = torch.cat((angles, angles), -1)[None, :, None]      # the peer's (1, N, 1, D)
+        return (_u(g, b, n, h, d), angles.cos(), angles.sin(), full.cos().to(torch.bfloat16),
+                full.sin().to(torch.bfloat16))
+
+    def tk(x, cos, sin, cos_full, sin_full):
+        from tk_mlir.kernels import rotary_embedding
+        return rotary_embedding(x, cos, sin)
+
+    def peer(x, cos, sin, cos_full, sin_full):
+        import torch
+        half = torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1)
+        return x * cos_full + half * sin_full
+
+    return Case("rotary_embedding", f"rotary_embedding {b}x{n}x{h}x{d}",
+                "x * cos + rotate_half(x) * sin", f"{b}x{n}x{h}x{d} bf16", "rotary_embedding",
+                make, tk, peer)
+
+
 def cases() -> dict[str, Case]:
     all_cases = [_matmul_case(64, 256, 256), _matmul_case(16, 4096, 4096),
                  _norm_case("rms_norm"), _norm_case("layer_norm"),
                  _attention_case(False), _attention_case(True),
-                 _scaled_case(), _grouped_case()]
+                 _scaled_case(), _grouped_case(), _swiglu_case(), _rotary_case()]
     return {c.name: c for c in all_cases}
 
 

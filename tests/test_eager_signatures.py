@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tk_mlir.kernels import eager, flash_attention, gemm, grouped_gemm, norms, scaled_gemm
-from tk_mlir.kernels import attention, grouped_matmul, layer_norm, matmul, rms_norm
+from tk_mlir.kernels import (activations, eager, flash_attention, gemm, grouped_gemm, norms,
+                             rotary, scaled_gemm)
+from tk_mlir.kernels import (attention, grouped_matmul, layer_norm, matmul, rms_norm,
+                             rotary_embedding, swiglu)
 
 
 def _rel(got, want) -> float:
@@ -25,7 +27,8 @@ def _bf16(g, *shape, scale=1.0):
 @pytest.fixture(autouse=True)
 def _forget_signatures():
     tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
-              flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED)
+              flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED,
+              activations._SWIGLU, rotary._ROTARY)
     for t in tables:
         t.clear()
     yield
@@ -243,3 +246,32 @@ def test_a_remembered_attention_call_replays_in_a_cuda_graph():
         ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(),
                                                                v.double(), is_causal=True)
         assert _rel(o, ref) < 1e-2
+
+
+def test_swiglu_and_rotary_remember_their_signatures(interpret):
+    """swiglu and rotary_embedding: repeats with new values computed right
+    (forward, and through autograd a signature of its own), one entry per
+    signature, and a call that breaks a rule still refused after them."""
+    g = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        gate, up = _bf16(g, 3, 40, 64), _bf16(g, 3, 40, 64)
+        ref = torch.nn.functional.silu(gate.double()) * up.double()
+        assert _rel(swiglu(gate, up), ref) < 1e-2
+        x = _bf16(g, 2, 24, 4, 32)
+        angles = torch.rand(24, 16, generator=g) * 6
+        cos, sin = angles.cos(), angles.sin()
+        x1, x2 = x.double()[..., :16], x.double()[..., 16:]
+        c, s_ = cos.double()[None, :, None], sin.double()[None, :, None]
+        want = torch.cat((x1 * c - x2 * s_, x2 * c + x1 * s_), -1)
+        assert _rel(rotary_embedding(x, cos, sin), want) < 1e-2
+    assert len(activations._SWIGLU) == len(rotary._ROTARY) == 1
+    gate.requires_grad_()
+    dgate, = torch.autograd.grad(swiglu(gate, up).float().sum(), gate)
+    gd = gate.detach().double()
+    assert _rel(dgate, torch.sigmoid(gd) * (1 + gd * (1 - torch.sigmoid(gd))) * up.double()) < 2e-2
+    assert len(activations._SWIGLU) == 2
+    with pytest.raises(ValueError, match="up"):
+        swiglu(gate.detach(), up[..., :32])
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        rotary_embedding(x, cos, sin, interleaved=1)
+    assert len(activations._SWIGLU) == 2 and len(rotary._ROTARY) == 1

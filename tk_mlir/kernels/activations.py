@@ -13,7 +13,7 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import checks
+from tk_mlir.kernels import checks, eager
 
 
 # The tile of a block: 16 x 256 with 8 warps (16 elements a thread) ran the
@@ -60,14 +60,28 @@ def swiglu(gate, up):
     of 8). Differentiable in both. Under torch.compile it runs as the custom
     op torch.ops.tk_mlir.swiglu; eager calls launch directly."""
     import torch
-    _check(gate, up)
     if torch.compiler.is_compiling():
+        _check(gate, up)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         return torch.ops.tk_mlir.swiglu(gate, up)
+    # eager: a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(gate), eager.tensor_key(up), torch.is_grad_enabled())
+    return _SWIGLU.call(key, lambda: _prepare(gate, up), gate, up)
+
+
+# Eager calls by signature (eager.py).
+_SWIGLU = eager.Prepared()
+
+
+def _prepare(gate, up):
+    """After checking an eager call, `run(gate, up)` for calls like it:
+    through autograd when it records them."""
+    import torch
+    _check(gate, up)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerSwiglu.apply(gate, up)
-    return launch(gate, up)
+        return custom_ops.EagerSwiglu.apply
+    return launch
 
 
 def launch(gate, up):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tk_mlir as tk
 from tk_mlir import f32
 
-from tk_mlir.kernels import checks
+from tk_mlir.kernels import checks, eager
 
 
 @tk.func
@@ -93,17 +93,39 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
     contiguous tensor. Differentiable in x (not in cos and sin); under
     torch.compile the custom op torch.ops.tk_mlir.rotary_embedding."""
     import torch
-    _check(x, cos, sin)
-    cos, sin = _positions(cos), _positions(sin)
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
     if torch.compiler.is_compiling():
+        _check(x, cos, sin)
+        _check_interleaved(interleaved)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
-        return torch.ops.tk_mlir.rotary_embedding(x, cos, sin, False, interleaved)
+        return torch.ops.tk_mlir.rotary_embedding(x, _positions(cos), _positions(sin), False,
+                                                  interleaved)
+    # eager: a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(x), eager.tensor_key(cos), eager.tensor_key(sin),
+           eager.option_key(interleaved), torch.is_grad_enabled())
+    return _ROTARY.call(key, lambda: _prepare(x, cos, sin, interleaved), x, cos, sin)
+
+
+# Eager calls by signature (eager.py).
+_ROTARY = eager.Prepared()
+
+
+def _prepare(x, cos, sin, interleaved):
+    """After checking an eager call, `run(x, cos, sin)` for calls like it:
+    through autograd when it records them."""
+    import torch
+    _check(x, cos, sin)
+    _check_interleaved(interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerRotary.apply(x, cos, sin, interleaved)
-    return launch(x, cos, sin, interleaved=interleaved)
+        return lambda x, cos, sin: custom_ops.EagerRotary.apply(
+            x, _positions(cos), _positions(sin), interleaved)
+    return lambda x, cos, sin: launch(x, _positions(cos), _positions(sin),
+                                      interleaved=interleaved)
+
+
+def _check_interleaved(interleaved) -> None:
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
 
 
 def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
@@ -123,8 +145,7 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     _check(k, cos, sin, "k", tables=not pair)     # (a pair's tables fit k as they fit q)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
         return each()
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
+    _check_interleaved(interleaved)
     if torch.is_grad_enabled() and q.requires_grad:
         from tk_mlir.kernels import custom_ops
         return custom_ops.EagerRotaryQK.apply(q, k, cos, sin, interleaved)
