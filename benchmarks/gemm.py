@@ -77,7 +77,8 @@ IMPLS = ["tk_mlir", "cublas", "triton"]
 # Also on request (--impls): the GEMM's ping-pong and stream-K schedules outside gemm.plan,
 # and the cooperative kernel on the ping-pong's 128 x 128 tiles (the schedules' baseline).
 EXTRA_IMPLS = ["tk_pingpong", "tk_pingpong_64x256", "tk_stream_k", "tk_stream_k_64x128",
-               "tk_tiles_128x128"]
+               "tk_tiles_128x128", "tk_cluster_split_2", "tk_cluster_split_4",
+               "tk_cluster_split_8"]
 FP8_IMPLS = ["tk_mlir", "cublaslt", "cublaslt_exact"]
 LAYOUTS = ["nk", "kn"]
 TOL = 1e-2  # rel. Frobenius error above this marks a row WRONG (bf16 output)
@@ -200,18 +201,21 @@ def make_fp8_impls(names: list[str]) -> list[tuple]:
     return [(n, *table[n]) for n in names]
 
 
-def tk_schedule(schedule: str, bm: int, bn: int):
+def tk_schedule(schedule: str, bm: int, bn: int, split: int = 0):
     """One of the GEMM's schedules outside gemm.plan, on bm x bn tiles:
     "pingpong" (gemm.pingpong_config), "tiles" (the cooperative kernel,
-    gemm.tile_config) or "stream_k" (gemm_split_k_kernel with STREAM_K);
-    fn(a, b, c, b_layout), through gemm.run_plan as the measured
-    table's script runs its candidates."""
+    gemm.tile_config), "stream_k" (gemm_split_k_kernel with STREAM_K) or
+    "cluster_split_k" (K in the `split` blocks of a cluster,
+    gemm.cluster_split_config); fn(a, b, c, b_layout), through gemm.run_plan
+    as the measured table's script runs its candidates."""
     from types import MappingProxyType
     from tk_mlir.kernels import gemm as tk_gemm
     from tk_mlir.kernels.device import num_sms
     kernel, config = {"pingpong": ("tiles", tk_gemm.pingpong_config),
                       "tiles": ("tiles", tk_gemm.tile_config),
-                      "stream_k": ("stream_k", tk_gemm.stream_k_config)}[schedule]
+                      "stream_k": ("stream_k", tk_gemm.stream_k_config),
+                      "cluster_split_k": ("cluster_split_k", lambda bm, bn: (
+                          tk_gemm.cluster_split_config(bm, bn, split)))}[schedule]
     chosen = tk_gemm.Plan(kernel, MappingProxyType(config(bm, bn)))
     def run(a, b, c, lay):
         tk_gemm.run_plan(chosen, a, b, c, lay, "mk", num_sms(a.get_device()))
@@ -230,6 +234,8 @@ def make_impls(names: list[str]) -> list[tuple]:
         "tk_stream_k": (tk_mm and tk_schedule("stream_k", 128, 128), tk_why),
         "tk_stream_k_64x128": (tk_mm and tk_schedule("stream_k", 64, 128), tk_why),
         "tk_tiles_128x128": (tk_mm and tk_schedule("tiles", 128, 128), tk_why),
+        **{f"tk_cluster_split_{s}": (tk_mm and tk_schedule("cluster_split_k", 64, 128, s),
+                                     tk_why) for s in (2, 4, 8)},
         "cublas": (cublas_matmul, None),
         "triton": (triton_matmul if triton is not None else None, TRITON_WHY),
     }
