@@ -107,7 +107,8 @@ def _load_shared(t, num_warps):
         if isinstance(src, shared.RemoteRef):
             peer = scope.block.cluster.blocks[src.rank]
             if peer is not scope.block:
-                return numerics.round_to(t.dtype, _read_remote(scope, peer, src.ref))
+                _reach_remote(scope, peer, src.ref, writes=False)
+                return numerics.round_to(t.dtype, peer.smem.read(src.ref))
             src = src.ref
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
@@ -116,32 +117,21 @@ def _load_shared(t, num_warps):
     return load
 
 
-def _read_remote(scope, peer, ref):
-    """Block `peer`'s copy of tile ref, read from another block of its
-    cluster: ordering across blocks is not tracked (machine.Cluster), what
-    is in flight there is, and the block must still be running."""
-    scope.block.reach(peer, scope.loc, "this load of another block's tile (tile.in_block)")
-    f = peer.shadow.writing(ref)
+def _reach_remote(scope, peer, ref, writes: bool) -> None:
+    """Check a thread load (writes=False) or store of block `peer`'s copy of
+    tile ref from another block of its cluster: ordering across blocks is not
+    tracked (machine.Cluster), what is in flight there is (a TMA copy
+    writing it; for a store, reading it too), and the block must still be
+    running."""
+    what = "store into" if writes else "load of"
+    scope.block.reach(peer, scope.loc, f"this {what} another block's tile (tile.in_block)")
+    f = peer.shadow.in_flight_on(ref) if writes else peer.shadow.writing(ref)
     if f is not None:
-        raise error(scope.loc, f"this load reads {ref.describe()} in block {peer.name} of the "
-                               f"cluster while the {f.kind} issued at {f.where} is still "
-                               f"writing it there: that block must wait for it, then "
-                               f"tk.cluster_sync() on both sides, before this load")
-    return peer.smem.read(ref)
-
-
-def _write_remote(scope, peer, ref, value) -> None:
-    """Block `peer`'s copy of tile ref written from another block of its
-    cluster (as _read_remote: what is in flight there is checked)."""
-    scope.block.reach(peer, scope.loc, "this store into another block's tile (tile.in_block)")
-    f = peer.shadow.in_flight_on(ref)
-    if f is not None:
-        raise error(scope.loc, f"this store writes {ref.describe()} in block {peer.name} of the "
-                               f"cluster while the {f.kind} issued at {f.where} is still "
+        raise error(scope.loc, f"this {what} {ref.describe()} in block {peer.name} of the "
+                               f"cluster runs while the {f.kind} issued at {f.where} is still "
                                f"{'writing' if f.writes else 'reading'} it there: that block "
                                f"must wait for it, then tk.cluster_sync() on both sides, before "
-                               f"this store")
-    peer.smem.write(ref, value)
+                               f"this access")
 
 
 @interprets("tk.in_block")
@@ -178,8 +168,8 @@ def _store_shared(t, num_warps, fenced: bool):
         if isinstance(dst, shared.RemoteRef):
             peer = scope.block.cluster.blocks[dst.rank]
             if peer is not scope.block:
-                _write_remote(scope, peer, dst.ref,
-                              numerics.round_to(dst.ref.alloc.type.dtype, value))
+                _reach_remote(scope, peer, dst.ref, writes=True)
+                peer.smem.write(dst.ref, numerics.round_to(dst.ref.alloc.type.dtype, value))
                 return
             dst = dst.ref
         for k, w in enumerate(scope.warps):
