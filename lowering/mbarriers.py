@@ -18,8 +18,14 @@ from .memory import smem_addr
 
 
 def init_semaphores(ctx: LoweringContext, allocs) -> None:
-    """Init every semaphore of the kernel (alloc_sem ops, already placed)."""
+    """Init every semaphore of the kernel (alloc_sem ops, already placed).
+    In a cluster, a cluster barrier follows even without semaphores: a block
+    may touch another's shared memory (tile.in_block) only once that block
+    has started."""
     if not allocs:
+        if ctx.cluster > 1:
+            nvvm.cluster_arrive_relaxed()
+            nvvm.cluster_wait()
         return
     first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, ctx.tid(), c32(0)))
     with ir.InsertionPoint(first.then_block):

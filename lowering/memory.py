@@ -422,12 +422,14 @@ def _load_shared(ctx, ref: SharedRef, layout, t: T.RT) -> Fragment:
     return Fragment(regs, layout, t.dtype, t.scope)
 
 
-def fence_for_async_readers(op) -> None:
+def fence_for_async_readers(op, remote: bool = False) -> None:
     """fence.proxy.async after this thread's generic writes of op, when
     tk-proxy-fences found an async-proxy read (wgmma, TMA store) that may
-    follow them (passes/fences.py: why here, before any barrier)."""
+    follow them (passes/fences.py: why here, before any barrier); remote:
+    the writes went to another block's tile (shared::cluster)."""
     if contracts.PROXY_FENCE.get(op, False):
-        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+        space = nvvm.SharedSpace.shared_cluster if remote else nvvm.SharedSpace.shared_cta
+        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=space)
 
 
 def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
@@ -454,7 +456,7 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
             value = build_vector(frag.regs[r0:r0 + n], frag.dtype)
             _guarded(first, lambda: llvm.store(value, addr,
                                                alignment=n * T.itemsize(frag.dtype)))
-    fence_for_async_readers(op)
+    fence_for_async_readers(op, ref.remote)
     if block:
         nvvm.barrier0()
 

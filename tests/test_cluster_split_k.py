@@ -102,3 +102,32 @@ def test_its_candidate_plans_compute_the_product(interpret, monkeypatch, layout)
         c = torch.full((M, N), float("nan")).bfloat16()
         gemm.run_plan(chosen, a, b, c, layout, "mk", 132)
         assert ((c.double() - ref).norm() / ref.norm()).item() < 4e-3, chosen.why
+
+
+def test_an_accumulating_launch_takes_a_cluster_plans_tiles_unsplit(interpret, monkeypatch):
+    """gemm.launch(accumulate=True) where the plan is a cluster split (as the
+    measured table may choose): C += the product through gemm_kernel's
+    ACCUMULATE with the plan's tiles, the split dropped."""
+    from types import MappingProxyType
+    chosen = gemm.Plan("cluster_split_k", MappingProxyType(gemm.cluster_split_config(64, 128, 4)))
+    monkeypatch.setattr(gemm, "_plan", lambda *args: chosen)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(64, 256, generator=g).bfloat16()
+    b = torch.randn(128, 256, generator=g).bfloat16()
+    c0 = torch.randn(64, 128, generator=g).bfloat16()
+    c = c0.clone()
+    gemm.launch(a, b, c, "nk", accumulate=True)
+    ref = c0.double() + a.double() @ b.double().T
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_a_grid_short_of_a_cluster_per_tile_gives_nan_not_a_wrong_sum():
+    """Launched on fewer clusters than tiles, a cluster would run several
+    tasks and sum only its last partial: the kernel poisons C instead."""
+    M, N, K, split = 128, 256, 256, 2
+    a, b = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    c = torch.zeros(M, N).bfloat16()
+    tiles = tk.cdiv(M, 64) * tk.cdiv(N, 128)
+    gemm.gemm_cluster_split_k_kernel.interpret[((tiles - 2) * split,)](
+        a, b, c, **gemm.cluster_split_config(64, 128, split))
+    assert c.isnan().any()

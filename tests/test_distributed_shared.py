@@ -1,7 +1,7 @@
 """Distributed shared memory: `tile.in_block(rank)` is a shared tile as it is
-in another block of the cluster, which `tk.load` reads (mapa,
-ld.shared::cluster). Checked here in the interpreter against numpy, in the
-PTX and by ptxas; its errors name the line that breaks the rule."""
+in another block of the cluster, which `tk.load` reads and `tk.store` writes
+(mapa, ld/st.shared::cluster). Checked here in the interpreter against numpy,
+in the PTX and by ptxas; its errors name the line that breaks the rule."""
 from __future__ import annotations
 
 import numpy as np
@@ -147,7 +147,11 @@ def test_a_cluster_pushes_its_slices_to_their_owners(cluster):
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
     c = cluster_push.compile(tk.spec((2 * cluster * 64, 64), bf16), tk.spec((128, 64), f32),
                              CLUSTER=cluster)
-    assert "st.shared::cluster" in c.asm["ptx"] and "mapa.shared::cluster" in c.asm["ptx"]
+    ptx = c.asm["ptx"]
+    assert "st.shared::cluster" in ptx and "mapa.shared::cluster" in ptx
+    # every block of the cluster has started before one touches another's
+    # shared memory (the kernel has no semaphores, whose init would sync too)
+    assert ptx.index("barrier.cluster.wait") < ptx.index("mapa.shared::cluster")
 
 
 @pytest.mark.parametrize("use", ["mma", "view"])
@@ -173,3 +177,27 @@ def test_only_tk_load_and_store_take_another_blocks_tile(use):
                                                   r"only tk.load reads and tk.store writes") as e:
         misuse.compile(tk.spec((64, 64), bf16), tk.spec((64, 64), f32), USE=use)
     assert "# MARK" in str(e.value)
+
+
+@tk.kernel(num_warps=4)
+def push_then_tma(X: tk.gl[bf16], Y: tk.gl[bf16]):
+    """Slices pushed into the owners' inboxes, then one inbox read by a TMA
+    store (the async proxy): the pushes need a proxy fence of the cluster's
+    shared memory, not only this block's."""
+    tk.use_cluster(2)
+    r = tk.cluster_rank()
+    inbox = tk.shared_tiles(bf16, (32, 64), 2, swizzle=128)
+    for s in tk.static_range(2):
+        tk.store(inbox[r].in_block(s), tk.load(X, (tk.block_id(0) * 2 + s, 0), (32, 64)))
+    tk.cluster_sync()
+    if tk.thread_id() == 0:
+        tk.tma.store_async(Y, inbox[0], (tk.block_id(0), 0))
+        tk.tma.store_commit()
+        tk.tma.store_wait(0)
+    tk.cluster_sync()
+
+
+def test_a_pushed_tile_read_by_tma_is_fenced_for_the_cluster():
+    ptx = push_then_tma.compile(tk.spec((128, 64), bf16), tk.spec((64, 64), bf16)).asm["ptx"]
+    pushed = ptx.index("st.shared::cluster")
+    assert "fence.proxy.async.shared::cluster" in ptx[pushed:ptx.index("cp.async.bulk")]

@@ -589,7 +589,9 @@ class Shared(Value):
         the cluster's blocks computed. Nothing else takes it (no MMA, TMA or
         view of it). An access sees the other block's (and that block sees
         it) only across a tk.cluster_sync(), and a block must not end while
-        another may still reach its tiles (end with one too)."""
+        another may still reach its tiles (end with one too); every block of
+        the cluster has started before any runs past the kernel's first
+        lines (a cluster kernel starts with a cluster barrier)."""
         from .sync import _in_cluster
         size = _in_cluster("tile.in_block(rank)")
         rank = as_scalar(rank) if not isinstance(rank, bool) else rank

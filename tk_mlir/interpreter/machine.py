@@ -205,7 +205,7 @@ class Block:
 class Cluster:
     """The blocks of one cluster (tk.use_cluster), by rank: each block's
     `cluster` and `cluster_rank`. Each block keeps its own clocks: ordering
-    across blocks (remote arrivals, multicast, a pair's MMA, loads of
+    across blocks (remote arrivals, multicast, a pair's MMA, loads and stores of
     another block's tile) is modelled for what it makes happen, not checked
     for races."""
 

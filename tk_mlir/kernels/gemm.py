@@ -57,6 +57,8 @@ def cluster_sum(C, partial, tasks, tile_of, BM, BN, S):
         total = tk.load(mine.in_block(0), scope="warpgroup")
         for k in tk.static_range(1, S):
             total = total + tk.load(mine.in_block(k), scope="warpgroup")
+        if tk.grid_dim(0) < tasks * S:   # a cluster ran several tasks: `partial` holds
+            total = total * float("nan")   # only its last one's, so no sum is right
         _, m, n = tile_of(task)
         tk.store(C, total.to(C.dtype), (m * S + r, n))
     tk.cluster_sync()
@@ -117,7 +119,8 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     MMAs; for plain and batched products (B_KN, A_KM, ACCUMULATE), with at
     most 128 accumulator registers (BM x BN <= 128 x 128). CLUSTER_SPLIT = s
     (2, 4 or 8): split-K within clusters of s blocks, one tile per cluster
-    (launch tiles x s blocks, not a persistent grid): block r of a cluster
+    (launch exactly tiles x s blocks, not a persistent grid: a smaller grid
+    gives NaN, not a wrong sum): block r of a cluster
     takes K slice r, leaves its f32 partial in shared memory, and sums rows
     r·BM/s .. of every block's partial (distributed shared memory,
     tile.in_block) into C: no workspace, no atomics, the same sum in the same
@@ -152,10 +155,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                   CLUSTER == 1 and not batched and not b_outer and
                                   STARTS is None and SIZES is None and OFFS is None and
                                   SCALES is None and not ACCUMULATE and not PINGPONG and
-                                  not STREAM_K and not A_KM and BM % (8 * CLUSTER_SPLIT) == 0), \
+                                  not STREAM_K and not A_KM and SCATTER is None and
+                                  GATHER is None and BM % (8 * CLUSTER_SPLIT) == 0), \
         f"CLUSTER_SPLIT={CLUSTER_SPLIT}: 2, 4 or 8 blocks, for a plain 2-D product (no " \
-        f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG, STREAM_K or A_KM), BM " \
-        f"a multiple of 8 rows per block"
+        f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG, STREAM_K, A_KM, " \
+        f"SCATTER or GATHER), BM a multiple of 8 rows per block"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
@@ -506,8 +510,8 @@ def cluster_split_config(bm: int, bn: int, split: int) -> dict:
     """gemm_cluster_split_k_kernel's config for bm x bn tiles in K slices of
     `split` blocks: the deepest ring (up to 8 stages) that fits beside the f32
     partial tile."""
-    room = HOPPER.max_shared_bytes - 1024 - bm * bn * 4     # (1 KB: alignment, semaphores)
-    stages = min(8, room // ((bm + bn) * 64 * 2))
+    room = HOPPER.max_shared_bytes - 1024 - bm * bn * 4     # (1 KB: alignment)
+    stages = min(8, room // ((bm + bn) * 64 * 2 + 16))      # (16 B: a stage's semaphores)
     return dict(BM=bm, BN=bn, STAGES=stages, SPLIT=split, num_warps=4 * (bm // 64 + 1))
 
 
@@ -1072,8 +1076,9 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
             with torch.cuda.device(a.device):       # (best_config asks the current device)
                 tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km))
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()
-    else:
-        config = {k: v for k, v in chosen.config.items() if k not in ("SPLIT_K", "STREAM_K")}
+    else:       # (a split plan's tiles, unsplit)
+        config = {k: v for k, v in chosen.config.items()
+                  if k not in ("SPLIT_K", "STREAM_K", "SPLIT")}
     gemm_kernel.kernel[(sms,)](a, b, c, B_KN=kn, **config, **_a_km(km), ACCUMULATE=True)
 
 
