@@ -201,3 +201,54 @@ def test_a_pushed_tile_read_by_tma_is_fenced_for_the_cluster():
     ptx = push_then_tma.compile(tk.spec((128, 64), bf16), tk.spec((64, 64), bf16)).asm["ptx"]
     pushed = ptx.index("st.shared::cluster")
     assert "fence.proxy.async.shared::cluster" in ptx[pushed:ptx.index("cp.async.bulk")]
+
+
+@tk.kernel(num_warps=4)
+def push_loop(X: tk.gl[f32], Y: tk.gl[f32], SYNC_AFTER_READ: tk.constexpr = False):
+    """Each round, block r pushes a tile into its peer's inbox and reads its
+    own. Without a cluster sync after the read, the next round's push may
+    overwrite the inbox before the peer has read it."""
+    tk.use_cluster(2)
+    b, r = tk.block_id(0), tk.cluster_rank()
+    inbox = tk.shared_tile(f32, (64, 64))
+    acc = tk.zeros((64, 64), f32)
+    for i in range(2):
+        tk.store(inbox.in_block(1 - r), tk.load(X, (b * 2 + i, 0), (64, 64)))   # MARK: push
+        tk.cluster_sync()
+        acc = acc + tk.load(inbox)                                             # MARK: read
+        if SYNC_AFTER_READ:
+            tk.cluster_sync()
+    tk.store(Y, acc, (b, 0))
+    tk.cluster_sync()
+
+
+def test_a_push_that_may_overwrite_an_unread_inbox_is_a_race():
+    x = np.random.default_rng(0).standard_normal((4 * 64, 64)).astype(np.float32)
+    # (whichever of the push and the read the scheduler runs second is reported)
+    with pytest.raises(InterpretError, match=r"data race across the cluster: this (store into|"
+                                             r"load of) the shared tile .* and the (load|store) "
+                                             r"at .* come between the same two "
+                                             r"tk.cluster_sync\(\)s") as e:
+        push_loop.interpret[(2,)](x, np.zeros((128, 64), np.float32))
+    assert "MARK: " in open(__file__).read().splitlines()[e.value.line - 1]
+    y = np.full((128, 64), np.nan, np.float32)
+    push_loop.interpret[(2,)](x, y, SYNC_AFTER_READ=True)        # the sync orders them
+    pairs = x.reshape(2, 2, 64, 64)
+    assert np.allclose(y[:64], pairs[1].sum(0)) and np.allclose(y[64:], pairs[0].sum(0))
+
+
+@tk.kernel(num_warps=4)
+def reads_before_the_sync(X: tk.gl[f32], Y: tk.gl[f32]):
+    """Block r reads its peer's tile before the cluster sync that would
+    order the peer's store before the read."""
+    tk.use_cluster(2)
+    part = tk.shared_tile(f32, (64, 64))
+    tk.store(part, tk.load(X, (tk.block_id(0), 0), (64, 64)))
+    tk.store(Y, tk.load(part.in_block(1 - tk.cluster_rank())), (tk.block_id(0), 0))
+    tk.cluster_sync()
+
+
+def test_a_read_of_a_peer_tile_before_the_sync_is_a_race():
+    x = np.ones((128, 64), np.float32)
+    with pytest.raises(InterpretError, match="data race across the cluster"):
+        reads_before_the_sync.interpret[(2,)](x, np.zeros((128, 64), np.float32))

@@ -431,4 +431,5 @@ def _cluster_sync(op, num_warps):
                           lambda: f"at {at} in tk.cluster_sync ({cluster.describe(gen)})", loc,
                           external=True)
         block.acquire(w.index, b.released[gen], BY_BARRIER)
+        block.cluster_epoch[w.index] += 1
     return sync

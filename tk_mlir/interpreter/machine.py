@@ -95,6 +95,7 @@ class Block:
         self.smem = SharedMemory()
         self.sems: dict = {}                  # (allocation key, index) -> Semaphore
         self.named: dict = {}                 # id -> NamedBarrier
+        self.cluster_epoch = [0] * num_warps  # per warp: the tk.cluster_syncs it passed
         self.agents: list = []                # heap of (due step, seq, callback)
         self.seq = 0
         self.clocks = np.zeros((num_warps, self.num_slots), np.int64)
@@ -205,12 +206,15 @@ class Block:
 class Cluster:
     """The blocks of one cluster (tk.use_cluster), by rank: each block's
     `cluster` and `cluster_rank`. Each block keeps its own clocks: ordering
-    across blocks (remote arrivals, multicast, a pair's MMA, loads and stores of
-    another block's tile) is modelled for what it makes happen, not checked
-    for races."""
+    across blocks (remote arrivals, multicast, a pair's MMA) is modelled for
+    what it makes happen, not checked for races; thread loads and stores of
+    the blocks' tiles from other blocks (tile.in_block) are, by cluster sync
+    (cluster_access.py)."""
 
     def __init__(self, blocks: list):
+        from .cluster_access import ClusterAccesses
         self.blocks = blocks
+        self.accesses = ClusterAccesses()
         self.arrived: dict[int, int] = {}     # cluster_sync generation -> warps arrived
         self.warps = sum(b.num_warps for b in blocks)
         for rank, b in enumerate(blocks):

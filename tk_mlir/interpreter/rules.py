@@ -108,8 +108,11 @@ def _load_shared(t, num_warps):
             peer = scope.block.cluster.blocks[src.rank]
             if peer is not scope.block:
                 _reach_remote(scope, peer, src.ref, writes=False)
+                _across_cluster(scope, peer, src.ref, writes=False)
                 return numerics.round_to(t.dtype, peer.smem.read(src.ref))
             src = src.ref
+        if scope.block.cluster is not None and isinstance(src.alloc.type, T.ST):
+            _across_cluster(scope, scope.block, src, writes=False)
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
                                             "this load", rows=owners[k], cols=columns[k]))
@@ -132,6 +135,14 @@ def _reach_remote(scope, peer, ref, writes: bool) -> None:
                                f"{'writing' if f.writes else 'reading'} it there: that block "
                                f"must wait for it, then tk.cluster_sync() on both sides, before "
                                f"this access")
+
+
+def _across_cluster(scope, owner, ref, writes: bool) -> None:
+    """A thread access of `owner`'s tile ref, checked against the other
+    blocks' since the last tk.cluster_sync (cluster_access.py)."""
+    epoch = max(scope.block.cluster_epoch[w.index] for w in scope.warps)
+    _check(scope, scope.block.cluster.accesses.check(owner, ref, scope.block, epoch, writes,
+                                                      scope.where))
 
 
 @interprets("tk.in_block")
@@ -169,9 +180,12 @@ def _store_shared(t, num_warps, fenced: bool):
             peer = scope.block.cluster.blocks[dst.rank]
             if peer is not scope.block:
                 _reach_remote(scope, peer, dst.ref, writes=True)
+                _across_cluster(scope, peer, dst.ref, writes=True)
                 peer.smem.write(dst.ref, numerics.round_to(dst.ref.alloc.type.dtype, value))
                 return
             dst = dst.ref
+        if scope.block.cluster is not None and isinstance(dst.alloc.type, T.ST):
+            _across_cluster(scope, scope.block, dst, writes=True)
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
                                              "this store", rows=owners[k], cols=columns[k],
