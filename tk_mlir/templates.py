@@ -94,7 +94,7 @@ def register_split(consumers, consumer_registers, producer_registers):
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
         producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None,
-        task_iters=None, prepare=None, pingpong=False):
+        task_iters=None, prepare=None, pingpong=False, shared_stages=True):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM), or task_iters(task) iterations each when
     that is given (read by the producer and the consumers; a task of none
@@ -106,7 +106,10 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     cluster=n runs the blocks in clusters of n that take each task together
     (`load` may multicast a shared input to all of them with tk.tma.load_async
     (..., multicast=)): a stage is handed back to the producers only when the
-    consumers of every block of the cluster are done with it.
+    consumers of every block of the cluster are done with it. With
+    shared_stages=False each block's stages are its own (nothing is
+    multicast: the cluster only groups the blocks that take a task, e.g.
+    split-K's slices), handed back to its own producer.
 
     plan(task), when given, runs once per task in the producer, and `load`
     gets what it returns in place of the task (work shared by a task's
@@ -145,7 +148,8 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             for dtype, shape, swizzle in inputs]
     full = tk.semaphores(stages)                       # the producer's expect_bytes
     # Each stage is released by every consumer (by its one, pingpong) of each block.
-    empty = tk.semaphores(stages, arrivals=(1 if pingpong else consumers) * cluster)
+    sharing = cluster if shared_stages else 1          # the blocks a stage goes back to
+    empty = tk.semaphores(stages, arrivals=(1 if pingpong else consumers) * sharing)
     first_task, task_step = tk.block_id(0) // cluster, tk.grid_dim(0) // cluster
     if tk.warpgroup_id() == consumers:
         tk.decrease_registers(producer_registers)
@@ -182,7 +186,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             # stage's group is in flight: hand that stage back.
             tk.mma_wait(1)
             if k > 0 and leader:
-                release(empty[(it + stages - 1) % stages], cluster)
+                release(empty[(it + stages - 1) % stages], sharing)
             return state
 
         def run_task(task, n, it, turn):
@@ -220,7 +224,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             tk.mma_wait(0)
             if leader:
                 if n > 0:           # (a task of no iterations used no stage)
-                    release(empty[(it + stages - 1) % stages], cluster)
+                    release(empty[(it + stages - 1) % stages], sharing)
             finish(state, task, consumer)
             return it
 
@@ -244,7 +248,7 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
         # TMA stores `finish` issued must have read their shared tiles before
         # the block exits (a no-op for threads that issued none).
         tk.tma.store_wait(0)
-    if cluster > 1:
+    if sharing > 1:
         # No block may exit while another still arrives on its semaphores.
         tk.cluster_sync()
 

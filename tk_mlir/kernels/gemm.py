@@ -453,6 +453,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
                load, setup, compute, finish, stages=STAGES, consumers=consumers,
                cluster=CLUSTER_SPLIT if CLUSTER_SPLIT > 1 else CLUSTER,
+               shared_stages=CLUSTER_SPLIT == 1,
                plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
                active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
                sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
