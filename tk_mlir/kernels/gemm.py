@@ -42,7 +42,7 @@ from tk_mlir.target import HOPPER
 
 
 @tk.func
-def cluster_sum(C, partial, tasks, tile_of, BM, BN, S):
+def cluster_sum(C, partial, tasks, tile_of, BM, S):
     """gemm's CLUSTER_SPLIT epilogue, run by every warp of the block once the
     task loop is over: the cluster's S f32 partials (`partial` in each block,
     tile_of(cluster's task)'s) summed by the first warpgroup, block r taking
@@ -458,7 +458,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
                sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
         if CLUSTER_SPLIT > 1:
-            cluster_sum(C, partial, tasks, tile_of, BM, BN, CLUSTER_SPLIT)
+            cluster_sum(C, partial, tasks, tile_of, BM, CLUSTER_SPLIT)
 
 
 # The epilogue in 64-column pieces through two staging tiles per consumer (one
