@@ -14,6 +14,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from ..dialects import layout as layouts, types as T
+from .context import ptr
 
 
 F32 = "f32"
@@ -113,4 +114,4 @@ class SharedRef:
     @property
     def remote(self) -> bool:
         """Whether this is another block's tile (a shared::cluster address)."""
-        return ir.Type.parse("!llvm.ptr<7>") == self.ptr.type
+        return self.ptr.type == ptr(7)

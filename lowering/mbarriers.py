@@ -12,7 +12,7 @@ from mlir import ir
 from mlir.dialects import arith, nvvm, scf
 
 from ..dialects import contracts, tk, types as T
-from .context import LoweringContext, c32, i64, lowers
+from .context import LoweringContext, c32, i64, lowers, ptr
 from .fragments import SharedRef
 from .memory import smem_addr
 
@@ -118,5 +118,5 @@ def lower_cluster_sync(ctx: LoweringContext, op) -> None:
 
 @lowers("tk.arrive_remote")
 def lower_arrive_remote(ctx: LoweringContext, op, sem: SharedRef, cta: ir.Value) -> None:
-    remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _sem(sem), cta)
+    remote = nvvm.mapa(ptr(7), _sem(sem), cta)
     nvvm.MBarrierArriveOp(None, remote, scope=nvvm.MemScopeKind.CTA)
