@@ -104,20 +104,29 @@ def _load_shared(t, num_warps):
     """st -> rt, sv -> rv: each warp reads the rows its part of the tile holds."""
     owners, columns = shared.rows_by_warp(t, num_warps), shared.cols_by_warp(t, num_warps)
     def load(scope, src, *coords):
-        if isinstance(src, shared.RemoteRef):
-            peer = scope.block.cluster.blocks[src.rank]
-            if peer is not scope.block:
-                _reach_remote(scope, peer, src.ref, writes=False)
-                _across_cluster(scope, peer, src.ref, writes=False)
-                return numerics.round_to(t.dtype, peer.smem.read(src.ref))
-            src = src.ref
-        if scope.block.cluster is not None and isinstance(src.alloc.type, T.ST):
-            _across_cluster(scope, scope.block, src, writes=False)
+        owner, src = _owner(scope, src, writes=False)
+        if owner is not scope.block:
+            return numerics.round_to(t.dtype, owner.smem.read(src))
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.read(src, w.index, w.clock, scope.where,
                                             "this load", rows=owners[k], cols=columns[k]))
         return numerics.round_to(t.dtype, scope.block.smem.read(src))
     return load
+
+
+def _owner(scope, ref, writes: bool):
+    """(the block whose shared memory a thread load or store of ref reaches,
+    the tile): another block of the cluster for tile.in_block's ref (checked
+    by _reach_remote), else this block; in a cluster, the access checked
+    against the other blocks' (_across_cluster)."""
+    owner = scope.block
+    if isinstance(ref, shared.RemoteRef):
+        owner, ref = scope.block.cluster.blocks[ref.rank], ref.ref
+        if owner is not scope.block:
+            _reach_remote(scope, owner, ref, writes)
+    if scope.block.cluster is not None and isinstance(ref.alloc.type, T.ST):
+        _across_cluster(scope, owner, ref, writes)
+    return owner, ref
 
 
 def _reach_remote(scope, peer, ref, writes: bool) -> None:
@@ -176,16 +185,10 @@ def _store_shared(t, num_warps, fenced: bool):
     owners = shared.rows_by_warp(t, num_warps, store=True)
     columns = shared.cols_by_warp(t, num_warps)
     def store(scope, dst, value, *coords):
-        if isinstance(dst, shared.RemoteRef):
-            peer = scope.block.cluster.blocks[dst.rank]
-            if peer is not scope.block:
-                _reach_remote(scope, peer, dst.ref, writes=True)
-                _across_cluster(scope, peer, dst.ref, writes=True)
-                peer.smem.write(dst.ref, numerics.round_to(dst.ref.alloc.type.dtype, value))
-                return
-            dst = dst.ref
-        if scope.block.cluster is not None and isinstance(dst.alloc.type, T.ST):
-            _across_cluster(scope, scope.block, dst, writes=True)
+        owner, dst = _owner(scope, dst, writes=True)
+        if owner is not scope.block:
+            owner.smem.write(dst, numerics.round_to(dst.alloc.type.dtype, value))
+            return
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
                                              "this store", rows=owners[k], cols=columns[k],
