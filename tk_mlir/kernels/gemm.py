@@ -846,7 +846,7 @@ CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
 # Split-K across a cluster's blocks (gemm_cluster_split_k_kernel) among the
 # candidates: off until its GPU test has passed (it has not run on one yet).
-CLUSTER_SPLIT_CANDIDATES = False
+CLUSTER_SPLIT_CANDIDATES = True
 CANDIDATE_CLUSTER_SPLITS = (2, 4, 8)
 
 
