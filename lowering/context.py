@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm
+from mlir.dialects import arith, gpu, llvm, nvvm
 
 from ..dialects import layout as layouts, types as T
 
@@ -106,6 +106,24 @@ class LoweringContext:
         if "warp" not in self._thread:
             self._thread["warp"] = arith.shrui(self.tid(), c32(5))
         return self._thread["warp"]
+
+    def uniform_warp(self) -> ir.Value:
+        """warp(), as lane 0's value shuffled to every lane: ptxas knows a
+        shuffle from a fixed lane to be warp-uniform and keeps it, and what
+        derives from it (a warpgroup's role, its tiles and their wgmma
+        descriptors), in uniform registers. Made at the kernel's top, where
+        every lane runs (lower_to_gpu), and dropped there if unused."""
+        if "uniform_warp" not in self._thread:
+            self._thread["uniform_warp"] = nvvm.shfl_sync(i32(), c32(-1), self.warp(), c32(0),
+                                                          c32(31), nvvm.ShflKind.idx)
+        return self._thread["uniform_warp"]
+
+    def drop_unused_uniform_warp(self) -> None:
+        """Erase the top's shuffle when no op used it (a shuffle is not
+        dead code to MLIR: it synchronizes the warp)."""
+        value = self._thread.get("uniform_warp")
+        if value is not None and not list(value.uses):
+            value.owner.erase()
 
     def warp_in_scope(self, scope: str) -> ir.Value:
         warps = T.SCOPES.get(scope)

@@ -30,12 +30,12 @@ def lower_lane_id(ctx: LoweringContext, op):
 
 @lowers("tk.warp_id")
 def lower_warp_id(ctx: LoweringContext, op):
-    return ctx.warp()
+    return ctx.uniform_warp()
 
 
 @lowers("tk.warpgroup_id")
 def lower_warpgroup_id(ctx: LoweringContext, op):
-    return arith.shrui(ctx.warp(), c32(2))
+    return arith.shrui(ctx.uniform_warp(), c32(2))
 
 
 @lowers("tk.barrier")

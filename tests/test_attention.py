@@ -232,11 +232,13 @@ def test_80_key_blocks_in_the_interpreter(causal):
 # (the 80-row blocks' configuration; any configuration may ask for it).
 
 @pytest.mark.parametrize("d, softcap, rows, loop_spills", [(64, 0.0, 64, 0), (128, 0.0, 64, 0),
-                                                           (128, 30.0, 64, 20), (128, 0.0, 80, 1)])
+                                                           (128, 30.0, 64, 20), (128, 0.0, 80, 3)])
 def test_dkv_through_the_kv_tiles_compiles_to_tma_stores(d, softcap, rows, loop_spills):
     """DKV_TMA: dK and dV leave by TMA from the task's K and V tiles, nothing
-    from registers. ptxas spills one more address reload a step at 80-row
-    blocks, and 19 spill loads/stores a step instead of 9 soft-capped."""
+    from registers. ptxas spills three address reloads a step at 80-row
+    blocks (one before the warpgroup index was made uniform, which took 58
+    instructions off the step: the same speed, BENCHMARKS.md), and 19 spill
+    loads/stores a step instead of 9 soft-capped."""
     c = compile_backward(d, rows == 64, softcap, rows, DKV_TMA=True)
     ptx = c.asm["ptx"]
     assert "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group" in ptx
@@ -607,13 +609,14 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softc
     # either MMA is issued). Spills: a few registers at D=128 (20-44 bytes,
     # outside the step loop: the 24-register producer), none at D=64
     # (BENCHMARKS.md). Soft-capped and causal, LSE2 is subtracted after the
-    # cap and some spill in the loop (9 LDL/STL a step).
+    # cap and some spill in the loop (11 LDL/STL a step, 9 before the
+    # warpgroup index was made uniform, which took 77 instructions off the step).
     assert "C75" not in c.ptxas_log, c.ptxas_log
     limit = 0 if d == 64 else 96 if softcap else 48
     assert c.info["spill stores (bytes)"] <= limit, c.ptxas_log
     loop = _step_loop(c.asm["sass"])
     spills = sum(i.startswith(("LDL", "STL")) for i in loop)
-    assert spills <= (10 if softcap else 0), f"{spills} spill loads/stores in the step loop"
+    assert spills <= (11 if softcap else 0), f"{spills} spill loads/stores in the step loop"
     # dK and dV stay in their MMAs' registers across steps (the loop is
     # rotated: parked elsewhere for the softmax, they cost >= 128 moves a step).
     assert sum(i.startswith(("IMAD.MOV", "MOV")) for i in loop) < 128
@@ -715,9 +718,10 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     """At D=128 the 80-row step needs 232064 of the 232448 bytes a block has
     (Q and dO tiles of 80 rows, dSᵀ and dQᵀ of 80 columns): the allocator
     places swizzled tiles before the vectors so no alignment gap is lost.
-    dK and dV leave by TMA (DKV_TMA); ptxas spills 64 bytes, one address
-    reload a step in the loop (timed faster than the register stores with
-    none there, BENCHMARKS.md)."""
+    dK and dV leave by TMA (DKV_TMA); ptxas spills 64 bytes, three address
+    reloads a step in the loop (timed faster than the register stores with
+    none there; one before the warpgroup index was made uniform, which took
+    58 instructions off the step: the same speed, BENCHMARKS.md)."""
     c = compile_backward(128, False, query_rows=80)
     ptx = c.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n80k16" in ptx            # Sᵀ, dPᵀ and dQᵀ
@@ -728,7 +732,7 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     assert c.info["dynamic shared memory (bytes)"] <= 232448
     assert "st.global" not in ptx and "cp.async.bulk.tensor.4d.global.shared::cta" in ptx
     assert c.info["spill stores (bytes)"] <= 64, c.ptxas_log
-    assert sum(i.startswith(("LDL", "STL")) for i in _step_loop(c.asm["sass"])) <= 1
+    assert sum(i.startswith(("LDL", "STL")) for i in _step_loop(c.asm["sass"])) <= 3
 
 
 @gpu

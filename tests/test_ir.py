@@ -347,7 +347,8 @@ INDEX_CASES = {
                    """CHECK: [[ID:%[a-z_0-9]+]] = gpu.grid_dim y loc([[LOC]])
                       CHECK-NEXT: [[V:%[0-9]+]] = arith.index_cast [[ID]] : index to i32 loc([[LOC]])"""),
     # tid, lane = tid & 31 and warp = tid >> 5 are computed once per kernel (where
-    # is the lowering's business, so no location); warpgroup = warp >> 2 here.
+    # is the lowering's business, so no location), the warp index shuffled from
+    # lane 0 for ptxas to see it warp-uniform; warpgroup = warp >> 2 here.
     "thread_id": ("thread_id", 0, '"tk.thread_id"() : () -> i32', "tk.thread_id()",
                   """CHECK: [[ID:%[a-z_0-9]+]] = gpu.thread_id x
                      CHECK-NEXT: [[V:%[0-9]+]] = arith.index_cast [[ID]] : index to i32"""),
@@ -358,12 +359,14 @@ INDEX_CASES = {
     "warp_id": ("warp_id", 0, '"tk.warp_id"() : () -> i32', "tk.warp_id()",
                 """CHECK: [[ID:%[a-z_0-9]+]] = gpu.thread_id x
                    CHECK-NEXT: [[TID:%[0-9]+]] = arith.index_cast [[ID]] : index to i32
-                   CHECK: [[V:%[0-9]+]] = arith.shrui [[TID]], %c5_i32{{[_0-9]*}} : i32"""),
+                   CHECK: [[W:%[0-9]+]] = arith.shrui [[TID]], %c5_i32{{[_0-9]*}} : i32
+                   CHECK: [[V:%[0-9]+]] = nvvm.shfl.sync idx %c-1_i32, [[W]], %c0_i32"""),
     "warpgroup_id": ("warpgroup_id", 0, '"tk.warpgroup_id"() : () -> i32', "tk.warpgroup_id()",
                      """CHECK: [[ID:%[a-z_0-9]+]] = gpu.thread_id x
                         CHECK-NEXT: [[TID:%[0-9]+]] = arith.index_cast [[ID]] : index to i32
                         CHECK: [[W:%[0-9]+]] = arith.shrui [[TID]], %c5_i32{{[_0-9]*}} : i32
-                        CHECK: [[V:%[0-9]+]] = arith.shrui [[W]], %c2_i32{{[_0-9]*}} : i32 loc([[LOC]])"""),
+                        CHECK: [[U:%[0-9]+]] = nvvm.shfl.sync idx %c-1_i32, [[W]], %c0_i32
+                        CHECK: [[V:%[0-9]+]] = arith.shrui [[U]], %c2_i32{{[_0-9]*}} : i32 loc([[LOC]])"""),
 }
 
 
