@@ -236,9 +236,8 @@ def test_80_key_blocks_in_the_interpreter(causal):
 def test_dkv_through_the_kv_tiles_compiles_to_tma_stores(d, softcap, rows, loop_spills):
     """DKV_TMA: dK and dV leave by TMA from the task's K and V tiles, nothing
     from registers. ptxas spills three address reloads a step at 80-row
-    blocks (one before the warpgroup index was made uniform, which took 58
-    instructions off the step: the same speed, BENCHMARKS.md), and 19 spill
-    loads/stores a step instead of 9 soft-capped."""
+    blocks, and 19 spill loads/stores a step instead of 11 soft-capped
+    (BENCHMARKS.md)."""
     c = compile_backward(d, rows == 64, softcap, rows, DKV_TMA=True)
     ptx = c.asm["ptx"]
     assert "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group" in ptx
@@ -605,12 +604,11 @@ def test_backward_kernel_compiles_with_the_reductions_and_fence(d, causal, softc
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d}k16\.f32\.bf16\.bf16\s*\{{[^}}]*\}},\s*"
                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx)      # dV, dK with A from registers
     # No wgmma is serialized and ptxas injects no wait (C7517: Sᵀ's and dPᵀ's
-    # accumulators start at -LSE2/scale and -Delta, made by threads before
+    # accumulators start at SHIFT and -Delta, made by threads before
     # either MMA is issued). Spills: a few registers at D=128 (20-44 bytes,
     # outside the step loop: the 24-register producer), none at D=64
-    # (BENCHMARKS.md). Soft-capped and causal, LSE2 is subtracted after the
-    # cap and some spill in the loop (11 LDL/STL a step, 9 before the
-    # warpgroup index was made uniform, which took 77 instructions off the step).
+    # (BENCHMARKS.md). Soft-capped and causal, SHIFT is added after the
+    # cap and some spill in the loop (11 LDL/STL a step).
     assert "C75" not in c.ptxas_log, c.ptxas_log
     limit = 0 if d == 64 else 96 if softcap else 48
     assert c.info["spill stores (bytes)"] <= limit, c.ptxas_log
@@ -720,8 +718,7 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     places swizzled tiles before the vectors so no alignment gap is lost.
     dK and dV leave by TMA (DKV_TMA); ptxas spills 64 bytes, three address
     reloads a step in the loop (timed faster than the register stores with
-    none there; one before the warpgroup index was made uniform, which took
-    58 instructions off the step: the same speed, BENCHMARKS.md)."""
+    none there, BENCHMARKS.md)."""
     c = compile_backward(128, False, query_rows=80)
     ptx = c.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n80k16" in ptx            # Sᵀ, dPᵀ and dQᵀ
@@ -749,7 +746,7 @@ def test_backward_schedules_agree():
     q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True)
-    lse2, delta = torch.empty(B, H, 700, device="cuda"), torch.empty(B, H, 700, device="cuda")
+    shift, neg_delta = (torch.empty(B, H, 700, device="cuda") for _ in range(2))
     n_tasks = B * H_KV * tk.cdiv(N, 128)
     round_robin = torch.from_numpy(schedule.table(np.arange(n_tasks), np.ones(n_tasks), 7))
     grads = []
@@ -757,11 +754,12 @@ def test_backward_schedules_agree():
                         (7, round_robin.cuda())):
         dq = torch.full((B, H, N, D), float("nan"), device="cuda")
         fa.attention_backward_prep_kernel[(tk.cdiv(N, 64), H, B)](
-            o, do, fa.padded_rows(lse), delta, delta, lse2, dq, D=D)   # (dLSE unread)
+            o, do, fa.padded_rows(lse), neg_delta, neg_delta, shift, dq,
+            math.log(1 / math.sqrt(D)), math.sqrt(D), D=D)             # (dLSE unread)
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
         fa.attention_backward_kernel[(grid,)](
-            q, k, v, do, lse2, delta, dq, dk, dv, table, fa.LOG2E / math.sqrt(D),
-            1 / math.sqrt(D), D=D, CAUSAL=True, **fa._backward_config(D))
+            q, k, v, do, shift, neg_delta, dq, dk, dv, table, fa.LOG2E / math.sqrt(D),
+            math.sqrt(D), D=D, CAUSAL=True, **fa._backward_config(D))
         grads.append((dq, dk.float(), dv.float()))
     for a, b in zip(*grads):
         assert ((a - b).norm() / b.norm()).item() < 1e-5

@@ -57,14 +57,14 @@ def _interpret(q, k, v, do, causal, grid, deterministic, **constexprs):
     fa.attention_kernel.interpret[(grid,)](
         q, k, v, o, lse, fa.tasks(q, k, causal, grid), scale * fa.LOG2E, D=D, CAUSAL=causal,
         num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
-    lse2, delta = torch.empty(B, H, n4), torch.empty(B, H, n4)
+    shift, neg_delta = torch.empty(B, H, n4), torch.empty(B, H, n4)
     dq = torch.full((B, H, N, D), float("nan"))
     fa.attention_backward_prep_kernel.interpret[(tk.cdiv(N, 64), H, B)](
-        o, do, lse, delta, delta, lse2, dq, D=D)     # (dLSE unread)
+        o, do, lse, neg_delta, neg_delta, shift, dq, math.log(scale), 1 / scale, D=D)  # (no dLSE)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     fa.attention_backward_kernel.interpret[(grid,)](
-        q, k, v, do, lse2, delta, dq, dk, dv, fa.backward_tasks(q, k, causal, grid, deterministic),
-        scale * fa.LOG2E, scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic,
+        q, k, v, do, shift, neg_delta, dq, dk, dv, fa.backward_tasks(q, k, causal, grid, deterministic),
+        scale * fa.LOG2E, 1 / scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic,
         **{**fa._backward_config(D), **constexprs})
     return dq, dk, dv
 

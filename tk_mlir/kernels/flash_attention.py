@@ -548,17 +548,21 @@ def _check_shapes(q, k, v) -> None:
 # ------------------------------------------------------------------ backward
 
 @tk.kernel(num_warps=4)
-def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl, Delta: tk.gl,
-                                   LSE2: tk.gl, dQ: tk.gl, D: tk.constexpr = 128,
+def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
+                                   NEG_DELTA: tk.gl, SHIFT: tk.gl, dQ: tk.gl, log_scale: float,
+                                   unit: float, D: tk.constexpr = 128,
                                    WITH_DLSE: tk.constexpr = False):
     """What the backward kernel reads besides Q, K, V and dO, per 64 query
-    rows: Delta = rowsum(dO ∘ O) (the term the softmax gradient subtracts),
-    less dLSE (WITH_DLSE: the gradient of the log-sum-exp, which adds
-    dLSE·P to the scores' gradient), LSE2 = LSE·log2(e) with +inf for a row
-    that saw no key (LSE -inf: its P comes out 0), and dQ's rows zeroed (the
-    backward adds into them). LSE, dLSE, Delta, LSE2: (B, H, N') f32, N' >= N
-    a multiple of 4; LSE's and dLSE's rows past N are not used, Delta's and
-    LSE2's get 0. Grid (cdiv(N, 64), H, B)."""
+    rows, as its accumulators start: NEG_DELTA = -Delta, Delta = rowsum(dO ∘
+    O) (the term the softmax gradient subtracts) less dLSE (WITH_DLSE: the
+    gradient of the log-sum-exp, which adds dLSE·P to the scores' gradient);
+    SHIFT = (ln(scale) - LSE)·unit, -inf for a row that saw no key (LSE -inf:
+    its P comes out 0); and dQ's rows zeroed (the backward adds into them).
+    log_scale = ln(scale); unit = 1/scale puts SHIFT in the scores' units,
+    exp2((S + SHIFT)·scale·log2(e)) = scale·P, and unit = log2(e) in the
+    exponent's (soft-capped: exp2(c·t + SHIFT)). LSE, dLSE, NEG_DELTA, SHIFT: (B, H, N')
+    f32, N' >= N a multiple of 4; LSE's and dLSE's rows past N are not used,
+    NEG_DELTA's and SHIFT's get 0. Grid (cdiv(N, 64), H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
@@ -567,16 +571,18 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     real = lse.indices() + r * 64 < O.shape[2]      # rows past N: padding
     if WITH_DLSE:
         delta = delta - tk.where(real, tk.load(dLSE, (b, h, r), (64,)), 0.0)
-    tk.store(Delta, delta, (b, h, r))
-    lse2 = tk.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    tk.store(LSE2, tk.where(real, lse2, 0.0), (b, h, r))
+    tk.store(NEG_DELTA, delta * -1.0, (b, h, r))
+    shift = tk.where(lse == float("-inf"), float("-inf"), (lse * -1.0 + log_scale) * unit)
+    tk.store(SHIFT, tk.where(real, shift, 0.0), (b, h, r))
     tk.store(dQ, tk.zeros((64, D), f32), (b, h, r, 0))
 
 
 @tk.kernel(num_warps=12)
-def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.gl, Delta: tk.gl,
+def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk.gl,
+                              NEG_DELTA: tk.gl,
                               dQ: tk.gl, dK: tk.gl, dV: tk.gl, TASKS: tk.gl, scale_log2: float,
-                              scale: float, D: tk.constexpr = 128, STAGES: tk.constexpr = 2,
+                              inv_scale: float, D: tk.constexpr = 128,
+                              STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False, DETERMINISTIC: tk.constexpr = False,
                               PIPELINE: tk.constexpr = False,
                               CONSUMER_REGISTERS: tk.constexpr = 240,
@@ -588,15 +594,20 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
     head that reads it (GQA sums there, in registers). Per block, with
-    Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns:
-        Pᵀ = exp2(Sᵀ·scale·log2(e) − LSE·log2(e)),  dPᵀ = V·dOᵀ
-        dV += Pᵀ·dO,  dSᵀ = Pᵀ∘(dPᵀ − Delta),  dK += dSᵀ·Q   (A from registers)
-        dQ += scale · dS·K                                   (dSᵀ through shared memory;
-                                                              dQ added by TMA, f32)
-    At D=128 each warpgroup computes half of dQ's columns over all 128 keys
-    (one f32 addition per element and task); at D=64 each adds its own keys'
-    share. LSE2 = LSE·log2(e) (+inf for a row that saw no key) and Delta:
-    (B, H, N') f32 with N' >= N a multiple of 4. TASKS: the schedule table
+    Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns, and P' = scale·P
+    (scale folded into the exponent: SHIFT, from attention_backward_prep_kernel):
+        P'ᵀ = exp2((Sᵀ + SHIFT)·scale·log2(e)),  dPᵀ = V·dOᵀ
+        dV += P'ᵀ·dO / scale,  dS'ᵀ = P'ᵀ∘(dPᵀ − Delta),  dK += dS'ᵀ·Q  (A from registers)
+        dQ += dS'·K                                         (dS'ᵀ through shared memory;
+                                                             dQ added by TMA, f32)
+    so that dQ and dK need no multiply by scale, and dV one per task
+    (inv_scale = 1/scale; scale_log2 = scale·log2(e)). At
+    D=128 each warpgroup computes half of dQ's columns over all 128 keys (one
+    f32 addition per element and task); at D=64 each adds its own keys'
+    share. SHIFT = (ln(scale) − LSE)/scale (−inf for a row that saw no key;
+    soft-capped, (ln(scale) − LSE)·log2(e), added to the capped exponent) and
+    NEG_DELTA = −Delta: (B, H, N') f32 with N' >= N a multiple of 4.
+    TASKS: the schedule table
     (kernels/schedule.py) of task ids (b·H_kv + h_kv)·cdiv(N_kv, 128) + K/V
     block, from `backward_tasks()`, over the launch's persistent grid.
     PIPELINE: step t+1's Sᵀ and dPᵀ are issued before step t's dQ leaves
@@ -622,7 +633,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     capped scores, and dSᵀ times the cap's derivative 1 - tanh².
 
     QUERY_ROWS = 80 (D=128 only; FA3's block when not causal): query blocks
-    of 80 rows, so each step's fixed costs (barriers, LSE2 and Delta, dQ's
+    of 80 rows, so each step's fixed costs (barriers, SHIFT and NEG_DELTA, dQ's
     hand-off) buy 25% more work. dQ = dS·K is then computed transposed,
     dQᵀ = Kᵀ·dSᵀ (wgmma's M is 64 rows per warpgroup: each takes 64 of dQ's
     columns as rows), and stored transposed back (tk.transpose: 4-byte
@@ -656,7 +667,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
     shift = N_KV - N                             # causal: query i sees keys <= i + shift
     kvs = tk.ring(K.dtype, (64, D), 1, count=4, consumers=2)    # K0, K1, V0, V1
     qs = tk.ring(Q.dtype, (BM, D), STAGES, count=2, consumers=2)   # Q_i, dO_i
-    vs = tk.ring(f32, (BM,), STAGES, count=2, consumers=2)         # LSE2_i, Delta_i
+    vs = tk.ring(f32, (BM,), STAGES, count=2, consumers=2)         # SHIFT_i, NEG_DELTA_i
     # dQ of each consumer; dSᵀ per consumer (x2 stages at D=128): an 80-column
     # row is 160 bytes, and 32 the widest swizzle dividing it.
     dqs = tk.shared_tiles(f32, (BM, 64), 2, swizzle=128)
@@ -739,8 +750,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                     tk.tma.load_async(t[0], Q, (b, h, i, 0), q_full)
                     tk.tma.load_async(t[1], dO, (b, h, i, 0), q_full)
                     rows, v_full = vs.fill(it)
-                    tk.tma.load_async(rows[0], LSE2, (b, h, i), v_full)
-                    tk.tma.load_async(rows[1], Delta, (b, h, i), v_full)
+                    tk.tma.load_async(rows[0], SHIFT, (b, h, i), v_full)
+                    tk.tma.load_async(rows[1], NEG_DELTA, (b, h, i), v_full)
                     it += 1
                     h, i = next_block(h, i, first, end_q, hk)
                 n += 1
@@ -752,18 +763,19 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
         leader = tk.elect_leader("warpgroup")
 
         def scores(kt, vt, it):
-            """Step it's Sᵀ - LSE2/scale_log2 (Sᵀ = K·Qᵀ; Sᵀ alone when
-            soft-capped) and dPᵀ - Delta (dPᵀ = V·dOᵀ) issued, one MMA group
-            each: (Q tile, dO tile, Sᵀ, dPᵀ). The accumulators start at
-            -LSE2/scale_log2 and -Delta, so neither column vector is live
-            beside them in the softmax (at D=128 it is what spilled)."""
+            """Step it's Sᵀ + SHIFT (Sᵀ = K·Qᵀ; Sᵀ alone when soft-capped) and
+            dPᵀ - Delta (dPᵀ = V·dOᵀ) issued, one MMA group each: (Q tile, dO
+            tile, Sᵀ, dPᵀ). The accumulators start at SHIFT and NEG_DELTA, so
+            neither column vector is live beside them in the softmax (at D=128
+            it is what spilled); ones times a column is the column itself
+            (x·1 folds, where 0 - x does not), so each is its loaded registers
+            and their copies, no arithmetic."""
             qt, dot = qs.wait(it, part=0), qs.wait(it, part=1)
+            ones = tk.full((64, BM), 1.0, layout="row", scope="warpgroup")
             s0 = tk.zeros((64, BM), f32, layout="row", scope="warpgroup")
-            if SOFTCAP == 0.0:      # (capping caps Sᵀ itself: LSE2 comes after)
-                s0 = s0.sub_col(tk.load(vs.wait(it, part=0), scope="warpgroup") *
-                                (1.0 / scale_log2))
-            dp0 = tk.zeros((64, BM), f32, layout="row", scope="warpgroup").sub_col(
-                tk.load(vs.wait(it, part=1), scope="warpgroup"))
+            if SOFTCAP == 0.0:      # (capping caps Sᵀ itself: SHIFT comes after)
+                s0 = ones.mul_col(tk.load(vs.wait(it, part=0), scope="warpgroup"))
+            dp0 = ones.mul_col(tk.load(vs.wait(it, part=1), scope="warpgroup"))
             s = tk.mma_ABt(s0, kt, qt)
             dp = tk.mma_ABt(dp0, vt, dot)
             return qt, dot, s, dp
@@ -778,7 +790,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
                 # The cap's derivative 1 - tanh² goes into dPᵀ now, so that
                 # t dies with P (dSᵀ = P∘(dPᵀ - Delta)∘(1 - t²))
                 dp = dp * (1.0 - t * t)
-                p = (t * (SOFTCAP * LOG2E)).sub_col(
+                p = (t * (SOFTCAP * LOG2E)).add_col(
                     tk.load(vs.wait(it, part=0), scope="warpgroup")).exp2()
             else:
                 p = (s * scale_log2).exp2()
@@ -840,7 +852,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             are complete too)."""
             # Added by TMA, off the warpgroup's path (faster than
             # red.global.add from registers, see BENCHMARKS.md).
-            tk.store(dqs[wg], (dq * scale).T if dq_transposed else dq * scale)
+            tk.store(dqs[wg], dq.T if dq_transposed else dq)
             tk.named_barrier(3 + wg, warps=4)
             if leader:
                 # Here, with no MMA in flight (a signal's trap path would serialize
@@ -918,10 +930,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             if DKV_TMA:     # through the task's K and V tiles, by TMA
                 # At D=128 the other warpgroup's last dQ read this one's K
                 # tile: both are past it first.
-                tk.store(vt, dv.to(dV.dtype))
+                tk.store(vt, (dv * inv_scale).to(dV.dtype))
                 if D > 64:
                     tk.named_barrier(1, warps=8)
-                tk.store(kt, (dk * scale).to(dK.dtype))
+                tk.store(kt, dk.to(dK.dtype))
                 tk.named_barrier(3 + wg, warps=4)
                 if leader:
                     tk.tma.store_async(dK, kt, (b, hk, 2 * kvb + wg, 0))
@@ -931,8 +943,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, LSE2: tk.
             kvs.release(n)
             n += 1
             if not DKV_TMA:
-                tk.store(dK, (dk * scale).to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
-                tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
+                tk.store(dK, dk.to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
+                tk.store(dV, (dv * inv_scale).to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
         if leader:
             tk.tma.store_wait(0, read=False)
 
@@ -1141,17 +1153,21 @@ def backward_launcher(shape, grid: int, scale: float, **cfg):
                                                         WITH_DLSE=True)
     main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
     scale2 = scale * math.log2(math.e)
+    # SHIFT's unit: the scores', or the exponent's where the scores are capped
+    shift_unit = LOG2E if cfg.get("SOFTCAP", 0.0) else 1.0 / scale
 
     def launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None):
-        lse2, delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
-                       for _ in range(2))
+        shift, neg_delta = (torch.empty(B, H, n4, dtype=torch.float32, device=q.device)
+                            for _ in range(2))
         # laid out like q, so that dq's conversion to q's dtype is a plain copy (a
         # (B, N, H, D) view's, or varlen's packed rows, took 1.4x as long strided)
         dq = torch.empty_like(q, dtype=torch.float32)
-        if dlse is None:
-            prep(o, do, padded_rows(lse), delta, delta, lse2, dq)      # (dLSE unread)
+        if dlse is None:                                               # (dLSE unread)
+            prep(o, do, padded_rows(lse), neg_delta, neg_delta, shift, dq, math.log(scale),
+                 shift_unit)
         else:
-            prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), delta, lse2, dq)
-        main(q, k, v, do, lse2, delta, dq, dk, dv, tasks, scale2, scale)
+            prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), neg_delta, shift, dq,
+                      math.log(scale), shift_unit)
+        main(q, k, v, do, shift, neg_delta, dq, dk, dv, tasks, scale2, 1.0 / scale)
         return dq
     return launch
