@@ -1,6 +1,6 @@
 """Shared test setup: GPU tests skip cleanly where no CUDA GPU is present,
-every test compiles into a fresh, private disk cache, and the run ends with
-one line saying why tests were skipped."""
+every test compiles into a fresh, private disk cache and plans its eager
+calls afresh, and the run ends with one line saying why tests were skipped."""
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_eager_plans():
+    """Each test checks and plans its eager calls afresh: a call remembered
+    by an earlier test was planned under that test's patches (num_sms, a
+    module's knob)."""
+    eager = sys.modules.get("tk_mlir.kernels.eager")    # (not imported: nothing remembered)
+    if eager is not None:
+        eager.forget_all()
 
 
 def _skip_reason(report) -> str:

@@ -63,7 +63,8 @@ def _interpret(q, k, v, do, causal, grid, deterministic, **constexprs):
         o, do, lse, neg_delta, neg_delta, shift, dq, math.log(scale), 1 / scale, D=D)  # (no dLSE)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     fa.attention_backward_kernel.interpret[(grid,)](
-        q, k, v, do, shift, neg_delta, dq, dk, dv, fa.backward_tasks(q, k, causal, grid, deterministic),
+        q, k, v, do, shift, neg_delta, dq, dk, dv,
+        fa.backward_tasks(q, k, causal, grid, deterministic),
         scale * fa.LOG2E, 1 / scale, D=D, CAUSAL=causal, DETERMINISTIC=deterministic,
         **{**fa._backward_config(D), **constexprs})
     return dq, dk, dv

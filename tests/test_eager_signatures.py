@@ -24,16 +24,20 @@ def _bf16(g, *shape, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def _forget_signatures():
+def test_forget_all_reaches_every_wrapper_table(interpret):
+    """eager.forget_all() (tests/conftest.py calls it before each test) clears
+    the table of every wrapper that remembers calls."""
     tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
               flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED,
               activations._SWIGLU, rotary._ROTARY)
+    g = torch.Generator().manual_seed(0)
+    matmul(_bf16(g, 8, 16), _bf16(g, 8, 16))
+    rms_norm(_bf16(g, 4, 64), _bf16(g, 64))
+    assert len(gemm._PREPARED) == 1 and len(norms._RMS_NORM) == 1
     for t in tables:
-        t.clear()
-    yield
-    for t in tables:
-        t.clear()
+        t.add(("a key",), lambda: None)
+    eager.forget_all()
+    assert all(len(t) == 0 for t in tables)
 
 
 def test_a_repeat_is_remembered_and_computes_fresh_inputs(interpret):

@@ -15,9 +15,12 @@ passed every check (a call that breaks a rule raises, as before, and leaves
 nothing); a key holds everything the checks and the plan read, so two calls
 with one key are checked and planned alike. Calls under torch.compile never
 look here (dynamo must not trace a lookup in Python state): wrappers ask
-torch.compiler.is_compiling() first.
+torch.compiler.is_compiling() first. `forget_all()` drops every
+wrapper's remembered calls.
 """
 from __future__ import annotations
+
+import weakref
 
 # Entries per wrapper; when full, the table is cleared (a model's signatures
 # are few: a full table means shapes that change with every call).
@@ -76,6 +79,7 @@ class Prepared:
     def __init__(self, capacity: int = CAPACITY):
         self._by_key: dict = {}
         self._capacity = capacity
+        _TABLES.add(self)
 
     def get(self, key):
         """The function prepared for `key`, or None (also for a key that cannot
@@ -110,3 +114,15 @@ class Prepared:
 
     def clear(self) -> None:
         self._by_key.clear()
+
+
+_TABLES: weakref.WeakSet = weakref.WeakSet()     # every Prepared, for forget_all
+
+
+def forget_all() -> None:
+    """Drop every wrapper's remembered calls: each signature's next call is
+    checked and planned again. For after a change to what a plan reads but
+    no key holds: a module's knob (gemm.CLUSTER_SPLIT_CANDIDATES,
+    flash_attention.QUERY_ROW_BYTES_PER_D) or a patched num_sms."""
+    for table in list(_TABLES):
+        table.clear()

@@ -560,9 +560,10 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
     its P comes out 0); and dQ's rows zeroed (the backward adds into them).
     log_scale = ln(scale); unit = 1/scale puts SHIFT in the scores' units,
     exp2((S + SHIFT)·scale·log2(e)) = scale·P, and unit = log2(e) in the
-    exponent's (soft-capped: exp2(c·t + SHIFT)). LSE, dLSE, NEG_DELTA, SHIFT: (B, H, N')
-    f32, N' >= N a multiple of 4; LSE's and dLSE's rows past N are not used,
-    NEG_DELTA's and SHIFT's get 0. Grid (cdiv(N, 64), H, B)."""
+    exponent's (soft-capped: exp2(c·t + SHIFT)). LSE, dLSE, NEG_DELTA,
+    SHIFT: (B, H, N') f32, N' >= N a multiple of 4; LSE's and dLSE's rows
+    past N are not used, NEG_DELTA's and SHIFT's get 0. Grid (cdiv(N, 64),
+    H, B)."""
     r, h, b = tk.block_id(0), tk.block_id(1), tk.block_id(2)
     o = tk.load(O, (b, h, r, 0), (64, D)).to(f32)
     do = tk.load(dO, (b, h, r, 0), (64, D)).to(f32)
@@ -597,9 +598,9 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
     Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns, and P' = scale·P
     (scale folded into the exponent: SHIFT, from attention_backward_prep_kernel):
         P'ᵀ = exp2((Sᵀ + SHIFT)·scale·log2(e)),  dPᵀ = V·dOᵀ
-        dV += P'ᵀ·dO / scale,  dS'ᵀ = P'ᵀ∘(dPᵀ − Delta),  dK += dS'ᵀ·Q  (A from registers)
-        dQ += dS'·K                                         (dS'ᵀ through shared memory;
-                                                             dQ added by TMA, f32)
+        dV += P'ᵀ·dO / scale,  dS'ᵀ = P'ᵀ∘(dPᵀ − Delta),  dK += dS'ᵀ·Q
+        dQ += dS'·K           (dV's and dK's A from registers; dS'ᵀ through shared
+                               memory for dQ, added by TMA in f32)
     so that dQ and dK need no multiply by scale, and dV one per task
     (inv_scale = 1/scale; scale_log2 = scale·log2(e)). At
     D=128 each warpgroup computes half of dQ's columns over all 128 keys (one
