@@ -582,7 +582,7 @@ def attention_backward_prep_kernel(O: tk.gl, dO: tk.gl, LSE: tk.gl, dLSE: tk.gl,
 def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk.gl,
                               NEG_DELTA: tk.gl,
                               dQ: tk.gl, dK: tk.gl, dV: tk.gl, TASKS: tk.gl, scale_log2: float,
-                              inv_scale: float, D: tk.constexpr = 128,
+                              grad_scale: float, D: tk.constexpr = 128,
                               STAGES: tk.constexpr = 2,
                               CAUSAL: tk.constexpr = False, DETERMINISTIC: tk.constexpr = False,
                               PIPELINE: tk.constexpr = False,
@@ -590,24 +590,29 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
                               PRODUCER_REGISTERS: tk.constexpr = 24,
                               WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
                               SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False,
-                              QUERY_ROWS: tk.constexpr = 64, DKV_TMA: tk.constexpr = False):
+                              QUERY_ROWS: tk.constexpr = 64, DKV_TMA: tk.constexpr = False,
+                              SCALE_IN_P: tk.constexpr = True):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
     of one K/V head and loops over the 64-row query blocks of every query
     head that reads it (GQA sums there, in registers). Per block, with
-    Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns, and P' = scale·P
-    (scale folded into the exponent: SHIFT, from attention_backward_prep_kernel):
+    Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns, and with SCALE_IN_P
+    P' = scale·P (scale folded into the exponent: SHIFT, from
+    attention_backward_prep_kernel):
         P'ᵀ = exp2((Sᵀ + SHIFT)·scale·log2(e)),  dPᵀ = V·dOᵀ
         dV += P'ᵀ·dO / scale,  dS'ᵀ = P'ᵀ∘(dPᵀ − Delta),  dK += dS'ᵀ·Q
         dQ += dS'·K           (dV's and dK's A from registers; dS'ᵀ through shared
                                memory for dQ, added by TMA in f32)
-    so that dQ and dK need no multiply by scale, and dV one per task
-    (inv_scale = 1/scale; scale_log2 = scale·log2(e)). At
+    so that dQ and dK need no multiply by scale, and dV one per task by
+    grad_scale = 1/scale. Without SCALE_IN_P (f16: P' would be √D times
+    nearer f16's subnormals), P' = P and grad_scale = scale multiplies dQ
+    each step and dK once (scale_log2 = scale·log2(e) either way). At
     D=128 each warpgroup computes half of dQ's columns over all 128 keys (one
     f32 addition per element and task); at D=64 each adds its own keys'
-    share. SHIFT = (ln(scale) − LSE)/scale (−inf for a row that saw no key;
-    soft-capped, (ln(scale) − LSE)·log2(e), added to the capped exponent) and
-    NEG_DELTA = −Delta: (B, H, N') f32 with N' >= N a multiple of 4.
+    share. SHIFT = (ln(scale) − LSE)/scale (ln(scale) 0 without SCALE_IN_P;
+    −inf for a row that saw no key; soft-capped, (ln(scale) − LSE)·log2(e),
+    added to the capped exponent) and NEG_DELTA = −Delta: (B, H, N') f32 with
+    N' >= N a multiple of 4.
     TASKS: the schedule table
     (kernels/schedule.py) of task ids (b·H_kv + h_kv)·cdiv(N_kv, 128) + K/V
     block, from `backward_tasks()`, over the launch's persistent grid.
@@ -848,11 +853,13 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             return dk, dv, dq
 
         def add_dq(dq, it, b, h, i, kvb):
-            """Once dQ's MMA is complete: dQ·scale added into global dQ by TMA (in
+            """Once dQ's MMA is complete: dQ (dS'·K) added into global dQ by TMA (in
             turn when DETERMINISTIC), and step it's slots released (its MMAs
             are complete too)."""
             # Added by TMA, off the warpgroup's path (faster than
             # red.global.add from registers, see BENCHMARKS.md).
+            if not SCALE_IN_P:
+                dq = dq * grad_scale
             tk.store(dqs[wg], dq.T if dq_transposed else dq)
             tk.named_barrier(3 + wg, warps=4)
             if leader:
@@ -928,10 +935,14 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             tk.mma_wait(0)
             add_dq(dq, it, b, h, i, kvb)
             it += 1
+            if SCALE_IN_P:      # dV summed P' = scale·P; dK was scaled through dS'
+                dv = dv * grad_scale
+            else:
+                dk = dk * grad_scale
             if DKV_TMA:     # through the task's K and V tiles, by TMA
                 # At D=128 the other warpgroup's last dQ read this one's K
                 # tile: both are past it first.
-                tk.store(vt, (dv * inv_scale).to(dV.dtype))
+                tk.store(vt, dv.to(dV.dtype))
                 if D > 64:
                     tk.named_barrier(1, warps=8)
                 tk.store(kt, dk.to(dK.dtype))
@@ -945,7 +956,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             n += 1
             if not DKV_TMA:
                 tk.store(dK, dk.to(dK.dtype), (b, hk, 2 * kvb + wg, 0))
-                tk.store(dV, (dv * inv_scale).to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
+                tk.store(dV, dv.to(dV.dtype), (b, hk, 2 * kvb + wg, 0))
         if leader:
             tk.tma.store_wait(0, read=False)
 
@@ -1152,7 +1163,10 @@ def backward_launcher(shape, grid: int, scale: float, **cfg):
     prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
     prep_dlse = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D,
                                                         WITH_DLSE=True)
-    main = attention_backward_kernel.launcher((grid,), D=D, **cfg)
+    # scale folded into P (one decision for both kernels) for bf16, not f16
+    # (its P' would be √D times nearer the subnormals)
+    mains = {in_p: attention_backward_kernel.launcher((grid,), D=D, SCALE_IN_P=in_p, **cfg)
+             for in_p in (True, False)}
     scale2 = scale * math.log2(math.e)
     # SHIFT's unit: the scores', or the exponent's where the scores are capped
     shift_unit = LOG2E if cfg.get("SOFTCAP", 0.0) else 1.0 / scale
@@ -1163,12 +1177,14 @@ def backward_launcher(shape, grid: int, scale: float, **cfg):
         # laid out like q, so that dq's conversion to q's dtype is a plain copy (a
         # (B, N, H, D) view's, or varlen's packed rows, took 1.4x as long strided)
         dq = torch.empty_like(q, dtype=torch.float32)
+        in_p = q.dtype == torch.bfloat16
+        log_scale, grad_scale = (math.log(scale), 1.0 / scale) if in_p else (0.0, scale)
         if dlse is None:                                               # (dLSE unread)
-            prep(o, do, padded_rows(lse), neg_delta, neg_delta, shift, dq, math.log(scale),
+            prep(o, do, padded_rows(lse), neg_delta, neg_delta, shift, dq, log_scale,
                  shift_unit)
         else:
             prep_dlse(o, do, padded_rows(lse), padded_rows(dlse.float()), neg_delta, shift, dq,
-                      math.log(scale), shift_unit)
-        main(q, k, v, do, shift, neg_delta, dq, dk, dv, tasks, scale2, 1.0 / scale)
+                      log_scale, shift_unit)
+        mains[in_p](q, k, v, do, shift, neg_delta, dq, dk, dv, tasks, scale2, grad_scale)
         return dq
     return launch
