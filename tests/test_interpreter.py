@@ -727,3 +727,30 @@ def test_a_range_with_a_negative_step_counts_down():
     counting_down.interpret[(1,)](np.array([5, 0, 0, 0], np.int32), y)
     assert y[:3].tolist() == [741, 420, 0]
     counting_down.compile(tk.spec((4,), "i32"), tk.spec((128,), "i32"))
+
+
+@tk.kernel(num_warps=4)
+def _divided_by_powers_of_two(OUT: tk.gl[f32], OFFSET: int):
+    """Row b: floor division and modulo of the run-time int b + OFFSET by
+    4, 1, 64 and 3 (the last not a power of two), as floats."""
+    b = tk.block_id(0)
+    i = b + OFFSET
+    for c, v in enumerate((i // 4, i % 4, i // 1, i % 1, i // 64, i % 64, i // 3, i % 3)):
+        tk.store(OUT, tk.zeros((1, 16), f32) + float(v), (b, c))
+
+
+def test_division_by_a_power_of_two_keeps_python_semantics_as_a_shift_and_a_mask():
+    """By 2**k, // and % of a run-time int are an arithmetic shift and a mask
+    (no floordivsi or remsi in the IR: one instruction each, where a ring's
+    slot and phase are computed every step), and equal Python's for
+    negative values too."""
+    n, offset = 200, -137
+    out = np.full((n, 8 * 16), np.nan, np.float32)
+    _divided_by_powers_of_two.interpret[(n,)](out, offset)
+    i = np.arange(n) + offset
+    want = np.stack([i // 4, i % 4, i // 1, i % 1, i // 64, i % 64, i // 3, i % 3], 1)
+    assert np.array_equal(out.reshape(n, 8, 16), np.repeat(want[:, :, None], 16, 2))
+    ir_text = _divided_by_powers_of_two.compile(
+        tk.spec((n, 8 * 16), tk.f32), offset).asm["tk"]
+    assert ir_text.count("arith.floordivsi") == 1 and ir_text.count("arith.remsi") == 1
+    assert "arith.shrsi" in ir_text

@@ -200,7 +200,24 @@ _CMP_INT = {name: i for name, (i, _) in tk.COMPARISONS.items()}
 _CMP_FLOAT = {name: f for name, (_, f) in tk.COMPARISONS.items()}
 
 
+def _power_of_two(x) -> int | None:
+    """log2(x) for a compile-time int x that is a positive power of two, else None."""
+    if type(x) is int and x > 0 and not x & (x - 1):
+        return x.bit_length() - 1
+    return None
+
+
 def scalar_binary(op: str, a, b) -> Scalar:
+    if op in ("floordiv", "mod") and (shift := _power_of_two(b)) is not None \
+            and as_scalar(a).kind == "int":
+        # By 2**k, Python's floor division is an arithmetic shift and its
+        # modulo the low k bits, whatever a's sign (two's complement): one
+        # instruction where floordivsi and _python_mod make several (a ring's
+        # slot and phase, it % stages and it // stages, in every step).
+        a = as_scalar(a).value
+        if op == "floordiv":
+            return Scalar(arith.shrsi(a, arith.constant(a.type, shift)))
+        return Scalar(arith.andi(a, arith.constant(a.type, b - 1)))
     a, b = as_scalar(a), as_scalar(b)
     if a.kind == b.kind == "bool" and op in ("and", "or", "xor"):
         return Scalar(_INT_OPS[op](a.value, b.value))
