@@ -725,14 +725,78 @@ def test_80_row_query_blocks_backward_on_the_gpu(monkeypatch, b, h, h_kv, n, n_k
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, name
 
 
-def test_80_row_query_blocks_apply_only_where_unmasked(monkeypatch):
+@pytest.mark.parametrize("n, n_kv, causal, window", [(200, 300, False, (-1, -1)),
+                                                      (300, 170, True, (-1, -1)),
+                                                      (250, 250, False, (64, 40))])
+def test_128_row_query_blocks_backward_in_the_interpreter(monkeypatch, n, n_kv, causal, window):
+    """QUERY_ROWS=128 at D=64 (each warpgroup's dQ is 64 of the block's rows
+    over both warpgroups' keys, added as its own 64-row tile) through the
+    library's autograd against float64, GQA 2:1, ragged last blocks, masked
+    and not."""
+    import sys
+    from tk_mlir.kernels import attention, eager, flash_attention as fa
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    monkeypatch.setattr(fa, "TALL_QUERY_BLOCKS", True)
+    monkeypatch.setattr(fa, "_PREPARED", eager.Prepared())     # (plans made with 64 rows)
+    launched = []
+    make = fa.backward_launcher
+    monkeypatch.setattr(fa, "backward_launcher",
+                        lambda *a, **cfg: launched.append(cfg) or make(*a, **cfg))
+    g = torch.Generator().manual_seed(n + n_kv)
+    q = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 1, n_kv, 64, generator=g).to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    do = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16)
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
+    assert launched[-1]["QUERY_ROWS"] == 128 and not launched[-1]["PIPELINE"]
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, _ = _window_reference(qd, kd, vd, causal, window, 0.0, 1 / math.sqrt(64))
+    for name, got, ref in zip(("dq", "dk", "dv"), grads,
+                              torch.autograd.grad(o, (qd, kd, vd), do.double())):
+        assert not got.isnan().any(), name
+        assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2, name
+
+
+@gpu
+@pytest.mark.parametrize("b, h, h_kv, n, n_kv, causal", [(2, 8, 2, 1000, 777, True),
+                                                         (1, 4, 4, 4096, 4096, False),
+                                                         (3, 2, 1, 80, 300, False),
+                                                         (2, 4, 1, 2000, 2000, True)])
+def test_128_row_query_blocks_backward_on_the_gpu(monkeypatch, b, h, h_kv, n, n_kv, causal):
+    """The tall blocks' gradients against float32 autograd on the GPU (forced
+    on, whatever TALL_QUERY_BLOCKS's default)."""
+    from tk_mlir.kernels import attention, eager, flash_attention as fa
+    monkeypatch.setattr(fa, "TALL_QUERY_BLOCKS", True)
+    monkeypatch.setattr(fa, "_PREPARED", eager.Prepared())
+    q = torch.randn(b, h, n, 64, device="cuda").to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(b, h_kv, n_kv, 64, device="cuda").to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    do = torch.randn(b, h, n, 64, device="cuda").to(torch.bfloat16)
+    grads = torch.autograd.grad(attention(q, k, v, causal=causal), (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    o, _ = _reference(qf, kf, vf, causal, 1 / math.sqrt(64))
+    for name, got, ref in zip(("dq", "dk", "dv"), grads,
+                              torch.autograd.grad(o, (qf, kf, vf), do.float())):
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, name
+
+
+def test_wide_and_tall_query_blocks_apply_only_where_they_may(monkeypatch):
+    """80 rows at D=128 unmasked; 128 at D=64 masked or not, but not soft-capped
+    or deterministic (its dQ turns count 64-row tiles); else 64."""
     from tk_mlir.kernels import flash_attention as fa
     monkeypatch.setattr(fa, "WIDE_QUERY_BLOCKS", True)
+    monkeypatch.setattr(fa, "TALL_QUERY_BLOCKS", True)
     rows = fa._backward_query_rows
     assert rows(128, False, (-1, -1), 0.0, False) == 80
-    assert {rows(64, False, (-1, -1), 0.0, False), rows(128, True, (-1, -1), 0.0, False),
+    assert {rows(64, False, (-1, -1), 0.0, False), rows(64, True, (-1, -1), 0.0, False),
+            rows(64, False, (8, 8), 0.0, False)} == {128}
+    assert {rows(128, True, (-1, -1), 0.0, False), rows(64, True, (-1, -1), 5.0, False),
             rows(128, False, (8, 8), 0.0, False), rows(128, False, (-1, -1), 5.0, False),
-            rows(128, False, (-1, -1), 0.0, True)} == {64}
+            rows(128, False, (-1, -1), 0.0, True), rows(64, False, (-1, -1), 0.0, True)} == {64}
+    monkeypatch.setattr(fa, "TALL_QUERY_BLOCKS", False)
+    assert rows(64, True, (-1, -1), 0.0, False) == 64
+    with pytest.raises(tk.CompilationError, match="128 at D=64, without DETERMINISTIC"):
+        compile_backward(64, True, query_rows=128, DETERMINISTIC=True)
 
 
 def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
@@ -753,6 +817,22 @@ def test_80_row_query_blocks_compile_without_c75xx_and_fit_shared_memory():
     assert "st.global" not in ptx and "cp.async.bulk.tensor.4d.global.shared::cta" in ptx
     assert c.info["spill stores (bytes)"] <= 64, c.ptxas_log
     assert sum(i.startswith(("LDL", "STL")) for i in _step_loop(c.asm["sass"])) <= 3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_128_row_query_blocks_compile_without_c75xx_and_fit_shared_memory(causal):
+    """At D=64 the 128-row step (Sᵀ and dPᵀ of 64x128 per warpgroup, dQ's rows
+    split between the warpgroups, each added as its own 64-row tile) has no
+    serialized wgmma; ptxas spills a few registers around dPᵀ's MMA (at most 14
+    LDL/STL a step, timed faster than 64 rows anyway, BENCHMARKS.md)."""
+    c = compile_backward(64, causal, query_rows=128)
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in c.asm["ptx"]     # Sᵀ, dPᵀ
+    assert re.search(r'"tk.tma_reduce_add"\([^)]*\) : \(!tk.gl<f32, .*?, !tk.st<f32, 64 : i64, '
+                     r'64 : i64, 128 : i64>', c.asm["tk"])
+    assert "C75" not in c.ptxas_log, c.ptxas_log
+    assert c.info["dynamic shared memory (bytes)"] <= 232448
+    assert c.info["spill stores (bytes)"] <= 192, c.ptxas_log
+    assert sum(i.startswith(("LDL", "STL")) for i in _step_loop(c.asm["sass"])) <= 14
 
 
 @gpu

@@ -661,10 +661,16 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
         "assume a prefix of K/V blocks)"
     assert not (VARLEN and (CAUSAL or windowed)), \
         "VARLEN takes causality and windows from its table"
-    assert QUERY_ROWS == 64 or (QUERY_ROWS == 80 and D == 128 and not (DETERMINISTIC or VARLEN)), \
-        "QUERY_ROWS is 64, or 80 at D=128 without DETERMINISTIC or VARLEN"
+    assert QUERY_ROWS == 64 or (
+        (QUERY_ROWS, D) in ((80, 128), (128, 64)) and not (DETERMINISTIC or VARLEN)), \
+        "QUERY_ROWS is 64, or 80 at D=128 or 128 at D=64, without DETERMINISTIC or VARLEN"
     BM = QUERY_ROWS
-    dq_transposed = BM != 64
+    dq_transposed = BM == 80
+    # D=64 with 64 rows: each warpgroup's dQ is its own keys' share of the whole
+    # tile; else each computes a 64-wide block of dQ (columns at D=128, rows at
+    # BM=128) over all 128 keys, from both warpgroups' dSᵀ and both K tiles.
+    dq_by_keys = D == 64 and BM == 64
+    dq_rows = 64 if BM == 128 else BM
     tk.register_split(2, CONSUMER_REGISTERS, PRODUCER_REGISTERS)
     B, H, N, _ = Q.shape
     H_KV, N_KV = K.shape[1], K.shape[2]
@@ -676,8 +682,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
     vs = tk.ring(f32, (BM,), STAGES, count=2, consumers=2)         # SHIFT_i, NEG_DELTA_i
     # dQ of each consumer; dSᵀ per consumer (x2 stages at D=128): an 80-column
     # row is 160 bytes, and 32 the widest swizzle dividing it.
-    dqs = tk.shared_tiles(f32, (BM, 64), 2, swizzle=128)
-    ds = tk.shared_tiles(Q.dtype, (64, BM), 2 if D == 64 else 4,
+    dqs = tk.shared_tiles(f32, (dq_rows, 64), 2, swizzle=128)
+    ds = tk.shared_tiles(Q.dtype, (64, BM), 2 if dq_by_keys else 4,
                          swizzle=32 if dq_transposed else 128)
 
     def task_of(task):
@@ -829,12 +835,12 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             # dQ = dS·K, dSᵀ through shared memory as wgmma's transposed A.
             if leader:
                 tk.tma.store_wait(0)            # the last block's dQ tile is read
-            if D == 64:     # one column block: each warpgroup adds its keys' share
+            if dq_by_keys:  # one column block: each warpgroup adds its keys' share
                 tk.store(ds[wg], dsb)
                 tk.named_barrier(1 + wg, warps=4)
                 dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
                                 ds[wg], kt)
-            else:           # column block wg over all 128 keys: one f32 add, not two
+            else:           # block wg of dQ over all 128 keys: one f32 add, not two
                 stage = 2 * (it % 2)        # double-buffered: one barrier per block
                 tk.store(ds[stage + wg], dsb)
                 tk.named_barrier(1, warps=8)
@@ -846,7 +852,11 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
                     dq = tk.mma_AtB(tk.zeros((64, BM), f32, layout="row", scope="warpgroup"),
                                     kt0.column_block(wg), ds[stage])
                     dq = tk.mma_AtB(dq, kt1.column_block(wg), ds[stage + 1])
-                else:
+                elif BM == 128:         # dQ's rows wg·64.. = dS's rows · K
+                    dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
+                                    ds[stage].column_block(wg), kt0)
+                    dq = tk.mma_AtB(dq, ds[stage + 1].column_block(wg), kt1)
+                else:                   # dQ's columns wg·64.. = dS · K's
                     dq = tk.mma_AtB(tk.zeros((64, 64), f32, layout="row", scope="warpgroup"),
                                     ds[stage], kt0.column_block(wg))
                     dq = tk.mma_AtB(dq, ds[stage + 1], kt1.column_block(wg))
@@ -868,9 +878,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
                 # K/V blocks before this one), add, count the add.
                 if DETERMINISTIC:
                     tk.wait_signal(TASKS, (dq_counter(b, h, i),),
-                                   2 * kvb + (wg if D == 64 else 0), scope="gpu")
+                                   2 * kvb + (wg if dq_by_keys else 0), scope="gpu")
                     tk.fence("gpu", async_proxy=True)   # the acquire before the TMA add
-                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, i, wg if D > 64 else 0))
+                tk.tma.reduce_add_async(dQ, dqs[wg], (b, h, 2 * i + wg, 0) if BM == 128
+                                        else (b, h, i, 0 if dq_by_keys else wg))
                 tk.tma.store_commit()
                 if DETERMINISTIC:
                     # Counted as soon as it is done: the next K/V block's task
@@ -940,10 +951,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             else:
                 dk = dk * grad_scale
             if DKV_TMA:     # through the task's K and V tiles, by TMA
-                # At D=128 the other warpgroup's last dQ read this one's K
-                # tile: both are past it first.
+                # Unless dq_by_keys, the other warpgroup's last dQ read this
+                # one's K tile: both are past it first.
                 tk.store(vt, dv.to(dV.dtype))
-                if D > 64:
+                if not dq_by_keys:
                     tk.named_barrier(1, warps=8)
                 tk.store(kt, dk.to(dK.dtype))
                 tk.named_barrier(3 + wg, warps=4)
@@ -963,19 +974,19 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
 
 def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict:
     """attention_backward_kernel's constexprs for a head dim, soft cap and
-    query block (384 threads start with 168 registers each). D=64 pipelines
-    its steps (PIPELINE) over three Q/dO stages: 1.01-1.17x (BENCHMARKS.md);
-    D=128 has no registers for it."""
+    query block (384 threads start with 168 registers each). D=64 with 64-row
+    blocks pipelines its steps (PIPELINE) over three Q/dO stages: 1.01-1.17x
+    (BENCHMARKS.md); D=128 and 128-row blocks have no registers for it."""
     if d == 256:
         raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
                          "dV accumulators alone need 256 registers per thread)")
     cfg = dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
-    if d == 64:
+    if d == 64 and query_rows == 64:
         cfg.update(STAGES=3, PIPELINE=True)
     if softcap:
         cfg.update(SOFTCAP=float(softcap))
     if query_rows != 64:
-        # dK and dV by TMA through the K and V tiles: the 80-row kernel's
+        # dK and dV by TMA through the K and V tiles: the wide kernels'
         # register stores stay narrow (lane exchanges spill there), and the
         # TMA epilogue is 1.01-1.13x faster than them (BENCHMARKS.md).
         cfg.update(QUERY_ROWS=query_rows, DKV_TMA=True)
@@ -986,12 +997,18 @@ def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict
 # 25% more work): 6-8% faster than 64 rows unmasked on the H200; masked, the
 # diagonal's extra work cancels it (BENCHMARKS.md), so 64 rows stay there.
 WIDE_QUERY_BLOCKS = True
+# 128-row query blocks at D=64 (FA3's there, masked or not): the step's fixed
+# costs over twice the work (BENCHMARKS.md).
+TALL_QUERY_BLOCKS = True
 
 
 def _backward_query_rows(d: int, causal: bool, window: tuple[int, int], softcap: float,
                          deterministic: bool) -> int:
     """attention_backward_kernel's QUERY_ROWS for a call: 80 where the wide
-    blocks apply (D=128, no mask, no cap, not deterministic), else 64."""
+    blocks apply (D=128, no mask, no cap, not deterministic), 128 where the
+    tall ones do (D=64, no cap, not deterministic), else 64."""
+    if d == 64 and TALL_QUERY_BLOCKS and not (softcap or deterministic):
+        return 128
     plain = not (causal or softcap or deterministic) and window == (-1, -1)
     return 80 if WIDE_QUERY_BLOCKS and d == 128 and plain else 64
 
