@@ -46,10 +46,14 @@ def test_ring_compiles_to_slots_and_parities():
     tk_ir = c.asm["tk"]
     # The slot is the use count mod STAGES; the parity (count // STAGES) & 1,
     # and the producer waits on the empty semaphore for the other parity (a
-    # fresh one passes it: the first STAGES fills find their slot free).
-    assert tk_ir.count("tk.wait") == 2 and "arith.remsi" in tk_ir
+    # fresh one passes it: the first STAGES fills find their slot free). Two
+    # stages: a mask and a shift; three: Python's modulo and floor division.
+    assert tk_ir.count("tk.wait") == 2 and "arith.remsi" not in tk_ir
+    assert "arith.shrsi" in tk_ir and "arith.floordivsi" not in tk_ir
     producer = tk_ir[:tk_ir.index("} else {")]
     assert re.search(r"arith\.xori %\S+, %c1_i32", producer), producer
+    three = ring_copy.compile(A, C, STAGES=3).asm["tk"]
+    assert "arith.remsi" in three and "arith.floordivsi" in three
 
 
 def test_ring_methods_are_inlined_as_tk_funcs():
