@@ -55,24 +55,23 @@ class Descriptors:
                             arith.constant(i32(), 4))
         bits = encode(*descriptors.operand_offsets(ref.type, k_major), ref.type.swizzle)
         # Only the low word varies (start address, bits 0-13; offsets stay inside
-        # shared memory, so adding one never carries out of them): it is an i32,
-        # the high word a constant. As one opaque i64 the descriptor took two
-        # registers and a carried 64-bit add per k-step.
+        # shared memory, so adding one never carries out of them), but the
+        # descriptor is made once as an i64 and each k-step's is a 64-bit add to
+        # it: in uniform registers ptxas makes that one UIADD3.64, where a low
+        # word added and paired with the high one again costs a UIADD3 and a
+        # UMOV per k-step (the attention backward's step: 579 -> 556).
         high = bits >> 32
         high -= (high >> 31) << 32       # as a signed i32 (64B swizzle sets bit 63)
-        self.high = c64(high << 32)
+        low = arith.ori(start, c32(bits & 0xFFFF_FFFF))
         # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
         # out of the loop, a register each for the whole loop (spilled in the
         # attention backward); recomputed here they are an add per k-step.
-        self.low = in_place(arith.ori(start, c32(bits & 0xFFFF_FFFF)))
+        self.base = in_place(arith.ori(arith.extui(i64(), in_place(low)), c64(high << 32)))
 
     def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
         off = _offset(self.st, self.k_major, k_step, mn_step)
         no_wrap = arith.IntegerOverflowFlags.nsw | arith.IntegerOverflowFlags.nuw
-        low = arith.addi(self.low, c32(off >> 4), overflow_flags=no_wrap) if off else self.low
-        # (The whole descriptor in place too: of the forms tried, the one that
-        # spilled least over the library's kernels; BENCHMARKS.md.)
-        return in_place(arith.ori(arith.extui(i64(), low), self.high))
+        return arith.addi(self.base, c64(off >> 4), overflow_flags=no_wrap) if off else self.base
 
 
 def _struct(n: int) -> ir.Type:
