@@ -312,11 +312,15 @@ def _config(d: int, page: int) -> dict:
     A paged block is whole pages (page <= BN, page dividing BN) or a part of
     one: the largest multiple of 16 up to BN that divides the page (pages of
     odd multiples of 16 above 128 take small blocks: 176 keys make 16).
-    D=256's 64x256 f32 accumulator needs 256 registers (no spills)."""
+    D=256's 64x256 f32 accumulator needs 256 registers (no spills); D=64's
+    64x192 scores with the merge spill at 232 (12 bytes, in the key loop), not
+    at 248 (a block per SM either way: its registers decide it)."""
     bn = {64: 192, 128: 128, 256: 64}[d]
     if page and bn % page:
         bn = max(c for c in range(16, bn + 1, 16) if page % c == 0)
     cfg = dict(BN=bn, STAGES=STAGES)
+    if d == 64:
+        cfg.update(CONSUMER_REGISTERS=248)
     if d == 256:
         cfg.update(CONSUMER_REGISTERS=256, PRODUCER_REGISTERS=24)
     return cfg
