@@ -594,7 +594,7 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
                               SCALE_IN_P: tk.constexpr = True):
     """dQ (f32, accumulated: zero it first), dK, dV of attention, FA3's
     backward on Hopper: a task owns 128 K/V rows (64 per consumer warpgroup)
-    of one K/V head and loops over the 64-row query blocks of every query
+    of one K/V head and loops over the query blocks (QUERY_ROWS) of every query
     head that reads it (GQA sums there, in registers). Per block, with
     Sᵀ = K·Qᵀ so LSE and Delta broadcast along columns, and with SCALE_IN_P
     P' = scale·P (scale folded into the exponent: SHIFT, from
@@ -644,7 +644,10 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
     dQᵀ = Kᵀ·dSᵀ (wgmma's M is 64 rows per warpgroup: each takes 64 of dQ's
     columns as rows), and stored transposed back (tk.transpose: 4-byte
     pieces) for its TMA add. Not with DETERMINISTIC or VARLEN (their tables
-    count 64-row tiles).
+    count 64-row tiles). QUERY_ROWS = 128 (D=64 only; FA3's block there):
+    twice the work per step; each warpgroup computes 64 of dQ's rows over all
+    128 keys and adds them as their own 64-row tile; not with DETERMINISTIC
+    or VARLEN either.
 
     VARLEN: B = 1 and Q, K, V, dO (and dQ, dK, dV) are packed sequences
     (kernels/packed_sequences.py): query row r sees the keys its TASKS tail
