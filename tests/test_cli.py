@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import tk_mlir as tk
+from tk_mlir import f32
 from tk_mlir.cli import main
 from tk_mlir.toolchain import find_tool
 
@@ -431,3 +433,39 @@ def test_an_empty_dump_dir_is_refused(capsys):
         main(["compile", *SOFTMAX_CALL, "--dump-dir", ""])
     assert info.value.code == 2
     assert "an empty path (write . for the working folder)" in capsys.readouterr().err
+
+
+needs_nvdisasm = pytest.mark.skipif(find_tool("nvdisasm") is None, reason="nvdisasm is not installed")
+
+
+@tk.kernel(num_warps=4)
+def mma_loop(A: tk.gl[tk.bf16], n: int):
+    a = tk.shared_tile(tk.bf16, (64, 64), swizzle=128)     # (compiled only: never filled)
+    acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+    for _ in range(n):
+        acc = tk.mma_ABt(acc, a, a)
+        tk.mma_wait(0)
+    tk.store(A, acc.to(tk.bf16), (0, 0))
+
+
+@needs_nvdisasm
+def test_sass_reads_the_loops_of_a_cubin(capsys, tmp_path):
+    """`sass FILE.cubin` on a kernel's cubin (a peer's reads the same way):
+    the mix, and each loop that issues MMAs with its opcodes by count."""
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(mma_loop.compile(tk.spec((64, 64), tk.bf16), 4).cubin)
+    assert main(["sass", str(cubin), "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("k.cubin: ") and "HGMMA" in out[0]
+    assert out[1] == "loops with MMAs or spills:"
+    assert re.match(r"  \S+: \d+ instructions, [1-9]\d* MMA, \d+ moves, 0 LDL/STL$", out[2])
+    assert len(out[3].split(", ")) == 3 and re.match(r"      [A-Z]", out[3])
+
+
+def test_sass_of_a_missing_or_broken_cubin(capsys, tmp_path):
+    assert main(["sass", str(tmp_path / "none.cubin")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    if find_tool("nvdisasm") is not None:
+        (tmp_path / "bad.cubin").write_bytes(b"not an ELF")
+        assert main(["sass", str(tmp_path / "bad.cubin")]) == 1
+        assert "nvdisasm failed" in capsys.readouterr().err

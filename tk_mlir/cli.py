@@ -1,9 +1,10 @@
 """The command line: compile a kernel from a file and show its IR, no GPU
-needed; look at or empty the disk cache.
+needed; read any cubin's loops; look at or empty the disk cache.
 
     python -m tk_mlir compile tk_mlir/kernels/norms.py::rmsnorm_kernel \\
         --arg 'bf16[256,4096]' --arg 'bf16[4096]' --arg 'bf16[256,4096]' --arg 1e-6 \\
         --const BLOCK=4096 --stage ptx
+    python -m tk_mlir sass peer_kernel.cubin --loops 4
     python -m tk_mlir cache info
     python -m tk_mlir cache clean --older-than 7d
 
@@ -379,6 +380,28 @@ def line_in_stage(compiled, code, stage: str) -> list[str]:
 _TEXT_STAGES = ("ptxas",)     # text that is not MLIR and has no .loc
 
 
+def sass_command(args: argparse.Namespace) -> int:
+    """The SASS of any cubin (ours, or a peer's: CuTe DSL keeps its own with
+    CUTE_DSL_KEEP_CUBIN=1): its instruction mix and its loops that issue MMAs
+    or spill, each with its opcodes by count."""
+    from . import summary, toolchain
+    path = args.cubin
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    sass = toolchain.disassemble(path.read_bytes())
+    if sass is None:
+        raise UsageError("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    if sass.startswith("nvdisasm failed"):
+        raise ToolchainError(f"{path}: {sass}")
+    mix = summary.instruction_mix(sass)
+    print(f"{path.name}: {mix['total']} SASS instructions; "
+          + ", ".join(f"{op} {n}" for op, n in mix.items() if op != "total"))
+    found = summary.loop_mixes(sass, args.loops, args.top)
+    print("loops with MMAs or spills:" if found else "no loop issues an MMA or spills")
+    print("\n".join(f"  {line}" for line in found))
+    return 0
+
+
 def _path_arg(text: str) -> Path:
     """A path option's value: ~ expanded; empty refused (an unset variable in a
     script, most likely; `.` names the working folder)."""
@@ -505,6 +528,19 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--html", type=_path_arg, metavar="OUT.html",
                    help="write the stages as a standalone HTML page")
     c.set_defaults(run=compile_command)
+
+    d = commands.add_parser(
+        "sass", help="the loops and instruction mix of any cubin (a peer's too)",
+        description="Disassemble FILE.cubin (nvdisasm) and print its SASS instruction mix "
+                    "and its innermost loops that issue MMAs or spill, each with its "
+                    "opcodes by count: put a peer's kernel (CUTLASS, CuTe DSL's kept "
+                    "cubins) beside `compile --summary` of ours.",
+        epilog=f"example: {prog} sass flash_bwd_sm90.cubin --loops 4")
+    d.add_argument("cubin", type=Path, metavar="FILE.cubin")
+    d.add_argument("--loops", type=int, default=8, metavar="N", help="at most N loops (8)")
+    d.add_argument("--top", type=int, default=12, metavar="K",
+                   help="the K most frequent opcodes of each loop (12)")
+    d.set_defaults(run=sass_command)
 
     k = commands.add_parser(
         "cache", help="show or empty the disk cache of compiled kernels",

@@ -98,6 +98,19 @@ def loops(sass: str, most: int = 8) -> list[str]:
     return out
 
 
+def loop_mixes(sass: str, most: int = 8, top: int = 12) -> list[str]:
+    """loops(sass, most), each followed by its `top` most frequent opcodes
+    (full names, e.g. UIADD3.64, HGMMA.64x128x16.F32.BF16): where two kernels'
+    loops differ, instruction by kind (python -m tk_mlir sass on a peer's
+    cubin beside ours)."""
+    out = []
+    for line, body in zip(loops(sass, most), loop_bodies(sass)):
+        counts = Counter(t.split()[0] for t, _ in body if t.split())
+        out.append(line)
+        out.append("    " + ", ".join(f"{op} {n}" for op, n in counts.most_common(top)))
+    return out
+
+
 def ptxas_warnings(log: str) -> list[str]:
     """ptxas's warning lines (C75xx performance advisories included), without
     the `ptxas info    :` prefix."""
