@@ -681,30 +681,39 @@ def test_80_row_query_blocks_backward_in_the_interpreter(monkeypatch, n, n_kv, c
     library's autograd against float64, GQA 2:1, ragged last blocks; the
     library takes it where it applies (not causal, no window), the kernel
     takes masks too."""
+    from tk_mlir.kernels import flash_attention as fa
+    monkeypatch.setattr(fa, "WIDE_QUERY_BLOCKS", True)
+    if causal or window != (-1, -1):
+        monkeypatch.setattr(fa, "_backward_query_rows", lambda *a: 80)
+    cfg = _interpreted_backward_against_float64(monkeypatch, 128, n, n_kv, causal, window)
+    assert cfg["QUERY_ROWS"] == 80 and cfg["DKV_TMA"]
+
+
+def _interpreted_backward_against_float64(monkeypatch, d, n, n_kv, causal, window) -> dict:
+    """attention's gradients through the library's autograd in the interpreter
+    (GQA 2:1, B=1) against float64, to 1e-2 by relative norm; returns the
+    constexprs the backward kernel was launched with."""
     import sys
     from tk_mlir.kernels import attention, eager, flash_attention as fa
     monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
-    monkeypatch.setattr(fa, "WIDE_QUERY_BLOCKS", True)
-    monkeypatch.setattr(fa, "_PREPARED", eager.Prepared())     # (plans made with 64 rows)
-    if causal or window != (-1, -1):
-        monkeypatch.setattr(fa, "_backward_query_rows", lambda *a: 80)
+    monkeypatch.setattr(fa, "_PREPARED", eager.Prepared())     # (plans made before the knobs)
     launched = []
     make = fa.backward_launcher
     monkeypatch.setattr(fa, "backward_launcher",
                         lambda *a, **cfg: launched.append(cfg) or make(*a, **cfg))
-    g = torch.Generator().manual_seed(n + n_kv)
-    q = torch.randn(1, 2, n, 128, generator=g).to(torch.bfloat16).requires_grad_()
-    k, v = (torch.randn(1, 1, n_kv, 128, generator=g).to(torch.bfloat16).requires_grad_()
+    g = torch.Generator().manual_seed(n + n_kv + d)
+    q = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 1, n_kv, d, generator=g).to(torch.bfloat16).requires_grad_()
             for _ in range(2))
-    do = torch.randn(1, 2, n, 128, generator=g).to(torch.bfloat16)
+    do = torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16)
     grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
-    assert launched[-1]["QUERY_ROWS"] == 80 and launched[-1]["DKV_TMA"]
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, _ = _window_reference(qd, kd, vd, causal, window, 0.0, 1 / math.sqrt(128))
+    o, _ = _window_reference(qd, kd, vd, causal, window, 0.0, 1 / math.sqrt(d))
     for name, got, ref in zip(("dq", "dk", "dv"), grads,
                               torch.autograd.grad(o, (qd, kd, vd), do.double())):
         assert not got.isnan().any(), name
         assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2, name
+    return launched[-1]
 
 
 @gpu
@@ -736,28 +745,10 @@ def test_128_row_query_blocks_backward_in_the_interpreter(monkeypatch, n, n_kv, 
     over both warpgroups' keys, added as its own 64-row tile) through the
     library's autograd against float64, GQA 2:1, ragged last blocks, masked
     and not."""
-    import sys
-    from tk_mlir.kernels import attention, eager, flash_attention as fa
-    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+    from tk_mlir.kernels import flash_attention as fa
     monkeypatch.setattr(fa, "TALL_QUERY_BLOCKS", True)
-    monkeypatch.setattr(fa, "_PREPARED", eager.Prepared())     # (plans made with 64 rows)
-    launched = []
-    make = fa.backward_launcher
-    monkeypatch.setattr(fa, "backward_launcher",
-                        lambda *a, **cfg: launched.append(cfg) or make(*a, **cfg))
-    g = torch.Generator().manual_seed(n + n_kv)
-    q = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16).requires_grad_()
-    k, v = (torch.randn(1, 1, n_kv, 64, generator=g).to(torch.bfloat16).requires_grad_()
-            for _ in range(2))
-    do = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16)
-    grads = torch.autograd.grad(attention(q, k, v, causal=causal, window=window), (q, k, v), do)
-    assert launched[-1]["QUERY_ROWS"] == 128 and not launched[-1]["PIPELINE"]
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, _ = _window_reference(qd, kd, vd, causal, window, 0.0, 1 / math.sqrt(64))
-    for name, got, ref in zip(("dq", "dk", "dv"), grads,
-                              torch.autograd.grad(o, (qd, kd, vd), do.double())):
-        assert not got.isnan().any(), name
-        assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2, name
+    cfg = _interpreted_backward_against_float64(monkeypatch, 64, n, n_kv, causal, window)
+    assert cfg["QUERY_ROWS"] == 128 and not cfg["PIPELINE"]
 
 
 @gpu
