@@ -98,40 +98,47 @@ def fence_registers(regs: list[ir.Value], kind: str = "f") -> list[ir.Value]:
     return [llvm.inline_asm(r.type, [r], "", f"={kind},0", has_side_effects=True) for r in regs]
 
 
+def _defining_op(v: ir.Value):
+    """The operation that computes v (None for a block argument)."""
+    return None if isinstance(v.owner, ir.Block) else v.owner.operation
+
+
+def _constant_value(v: ir.Value):
+    """v's value if an arith.constant computes it (a scalar), else None."""
+    op = _defining_op(v)
+    if op is None or op.name != "arith.constant":
+        return None
+    attr = op.attributes["value"]
+    return attr.value if isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)) else None
+
+
 def _shared_load_of(r: ir.Value):
     """(the llvm.load from shared memory, its extractelement or None) that r
     is, an element of, or that times 1.0 (a column broadcast's x·1, folded
     later); else None."""
-    op = None if isinstance(r.owner, ir.Block) else r.owner.operation
+    op = _defining_op(r)
     if op is not None and op.name == "arith.mulf":
         a, b = op.operands
-        if _is_constant(a, 1.0) or _is_constant(b, 1.0):
-            return _shared_load_of(b if _is_constant(a, 1.0) else a)
+        if _constant_value(a) == 1.0:
+            return _shared_load_of(b)
+        if _constant_value(b) == 1.0:
+            return _shared_load_of(a)
     extract = None
     if op is not None and op.name == "llvm.extractelement":
-        extract = op
-        vec = op.operands[0]
-        op = None if isinstance(vec.owner, ir.Block) else vec.owner.operation
+        extract, op = op, _defining_op(op.operands[0])
     if op is None or op.name != "llvm.load" or str(op.operands[0].type) != "!llvm.ptr<3>":
         return None
     return op, extract
 
 
-def _is_constant(v: ir.Value, x) -> bool:
-    if isinstance(v.owner, ir.Block) or v.owner.operation.name != "arith.constant":
-        return False
-    attr = v.owner.operation.attributes["value"]
-    return isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)) and attr.value == x
-
-
 def _element_key(load, extract):
-    """Which element of which load: (load, the extract's constant index)."""
+    """Which element of which load: (load, the extract's index, as an int
+    where it is a constant)."""
     if extract is None:
         return load, None
     index = extract.operands[1]
-    if not isinstance(index.owner, ir.Block) and index.owner.operation.name == "arith.constant":
-        return load, index.owner.operation.attributes["value"].value
-    return load, index
+    value = _constant_value(index)
+    return load, index if value is None else value
 
 
 def _loaded_once_each(regs: list[ir.Value]) -> list[ir.Value]:
