@@ -98,81 +98,6 @@ def fence_registers(regs: list[ir.Value], kind: str = "f") -> list[ir.Value]:
     return [llvm.inline_asm(r.type, [r], "", f"={kind},0", has_side_effects=True) for r in regs]
 
 
-def _defining_op(v: ir.Value):
-    """The operation that computes v (None for a block argument)."""
-    return None if isinstance(v.owner, ir.Block) else v.owner.operation
-
-
-def _constant_value(v: ir.Value):
-    """v's value if an arith.constant computes it (a scalar), else None."""
-    op = _defining_op(v)
-    if op is None or op.name != "arith.constant":
-        return None
-    attr = op.attributes["value"]
-    return attr.value if isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)) else None
-
-
-def _shared_load_of(r: ir.Value):
-    """(the llvm.load from shared memory, its extractelement or None) that r
-    is, an element of, or that times 1.0 (a column broadcast's x·1, folded
-    later); else None."""
-    op = _defining_op(r)
-    if op is not None and op.name == "arith.mulf":
-        a, b = op.operands
-        if _constant_value(a) == 1.0:
-            return _shared_load_of(b)
-        if _constant_value(b) == 1.0:
-            return _shared_load_of(a)
-    extract = None
-    if op is not None and op.name == "llvm.extractelement":
-        extract, op = op, _defining_op(op.operands[0])
-    if op is None or op.name != "llvm.load" or str(op.operands[0].type) != "!llvm.ptr<3>":
-        return None
-    return op, extract
-
-
-def _element_key(load, extract):
-    """Which element of which load: (load, the extract's index, as an int
-    where it is a constant)."""
-    if extract is None:
-        return load, None
-    index = extract.operands[1]
-    value = _constant_value(index)
-    return load, index if value is None else value
-
-
-def _loaded_once_each(regs: list[ir.Value]) -> list[ir.Value]:
-    """regs with each repeat of an element loaded from shared memory (a column
-    broadcast's: one vector register in two rows' accumulator registers)
-    loaded again, into its own register: an MMA accumulates in place, so ptxas
-    would copy it (a move per register, where an 8-byte load is one per two).
-    The repeats' loads are volatile, or LLVM would merge them back."""
-    seen, again, out = {}, {}, []
-    for r in regs:
-        found = _shared_load_of(r)
-        if found is None:
-            out.append(r)
-            continue
-        load, extract = found
-        key = _element_key(load, extract)
-        n = seen[key] = seen.get(key, -1) + 1
-        if n == 0:
-            out.append(r)
-            continue
-        if (load, n) not in again:
-            with ir.InsertionPoint.after(load):
-                again[load, n] = llvm.load(load.result.type, load.operands[0],
-                                           alignment=load.attributes["alignment"].value,
-                                           volatile_=True)
-        vec = again[load, n]
-        if extract is None:
-            out.append(vec)
-        else:       # (after the first extract: its index and the new load come before it)
-            with ir.InsertionPoint.after(extract):
-                out.append(llvm.extractelement(vec, extract.operands[1]))
-    return out
-
-
 def _fence_where_computed(regs: list[ir.Value]) -> list[ir.Value]:
     """fence_registers(regs) placed where the last of them is computed in this
     block, not just above the MMA reading them: the fences' copies (a value in
@@ -237,7 +162,7 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     elif op.acc not in ctx.in_flight:
         # Computed by threads: fenced, so that LLVM keeps its computation above
         # the wgmma.fence.
-        acc = acc.like(_fence_where_computed(_loaded_once_each(acc.regs)))
+        acc = acc.like(_fence_where_computed(acc.regs))
     elif len(list(op.acc.uses)) == 1:
         # A chain of MMAs into one result: the registers pass to this MMA, and
         # a later wait must not fence (keep alive) the old value: LLVM would

@@ -593,29 +593,3 @@ def test_tma_coordinates_innermost_first_for_batched_tensors():
     (box,) = re.findall(r"cp\.async\.bulk\.tensor\.shared\.cluster\.global .*box\[([^\]]*)\]",
                         text)
     assert [int(constants[v.strip()]) for v in box.split(",")] == [3 * 64, 1 * 64, 2]
-
-
-@tk.kernel(num_warps=4)
-def k_accumulator_from_a_shared_column(A: tk.gl[bf16], V: tk.gl[f32]):
-    a = tk.shared_tile(bf16, (64, 64), swizzle=128)     # (compiled only: never filled)
-    sv = tk.shared_vector(f32, 64)
-    tk.store(sv, tk.load(V, (0,), (64,), scope="warpgroup"))
-    tk.named_barrier(1, warps=4)
-    ones = tk.full((64, 64), 1.0, layout="row", scope="warpgroup")
-    s = tk.mma_ABt(ones.mul_col(tk.load(sv, scope="warpgroup")), a, a)
-    tk.mma_wait(0)
-    tk.store(A, s.to(bf16), (0, 0))
-
-
-def test_an_accumulator_from_a_shared_column_loads_each_row_its_own():
-    """A column broadcast of a shared vector as an MMA's starting accumulator
-    puts each loaded register in two rows' accumulator registers; the MMA
-    accumulates in place, so each repeat is loaded again (a volatile load
-    LLVM cannot merge back) rather than copied by ptxas, a move per register."""
-    c = k_accumulator_from_a_shared_column.compile(spec(64, 64), tk.spec((64,), tk.f32))
-    ptx = c.asm["ptx"]
-    loads = re.findall(r"ld(\.volatile)?\.shared\.v2\.\w+", ptx)
-    assert loads.count(".volatile") == len(loads) // 2 > 0, loads
-    moves = sum(1 for line in c.asm["sass"].splitlines() if re.search(r"\bI?M(AD\.)?MOV", line))
-    assert moves < 8, moves
-    assert "C75" not in c.ptxas_log
