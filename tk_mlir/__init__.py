@@ -80,6 +80,8 @@ _SUBMODULES = {"tma"}   # tk.tma.load_async, ...
 def cdiv(a, b):
     """Ceiling division: `tk.cdiv(M, BM)` on the host (grids; ints, numpy's
     too) or in a kernel, where run-time values give a run-time result."""
+    if type(a) is int and type(b) is int:      # (the host's common case, without ABC checks)
+        return -(-a // b)
     import numbers
     if isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral):
         return -(-int(a) // int(b))
