@@ -2,7 +2,9 @@
 (launcher.torch_plan, as benchmarks/launch_overhead.py --plan-only builds
 one): a plan skips its keyword tests only for the very dict it was told to
 trust (a Kernel.launcher's), and finds its tensor maps by the tensors' key and every pointer, so a
-misaligned pointer is checked even where the maps were found before."""
+misaligned pointer is checked even where the maps were found before. A bound plan (a
+signature_launcher's, for tensors laid out as its first call's) launches with the same values
+as the full plan, reading only the tensors' addresses."""
 from __future__ import annotations
 
 import pytest
@@ -34,14 +36,14 @@ def stub_plan(monkeypatch):
     monkeypatch.setattr(tensor_maps, "encode",
                         lambda ptr, *rest: encoded.append(ptr) or _Map(1000 + len(encoded)))
 
-    def make(kernel, args, kwargs):
+    def make(kernel, args, kwargs, bound=False):
         values, warps = kernel.params.bind(args, kwargs)
         sig = kernel.params.key(values, warps, lambda v, name: tk.spec(tuple(v.shape), "f32"))
         reads, compiled = kernel._entry(sig)
         launches, checks = [], []
         plan = launcher.torch_plan(kernel.params, values, len(args), kwargs,
                                    kernel.params.tensor_rules(sig), compiled,
-                                   lambda *a: launches.append(a), lambda: 0, 0, reads)
+                                   lambda *a: launches.append(a), lambda: 0, 0, reads, bound)
 
         def full_check(all_values):
             checks.append(all_values)
@@ -87,3 +89,51 @@ def test_remembered_maps_hold_every_pointer(stub_plan):
     a2 = torch.rand(128, 64)
     assert plan((2,), (a2, c, b), {}) and plan((2,), (a2, c, b), {})
     assert len(encoded) == 2 and len(launches) == 4
+
+
+def test_a_bound_plan_launches_as_the_full_plan_does(stub_plan):
+    base = torch.rand(128 * 64 + 4)
+    a, b, c = base[:128 * 64].view(128, 64), torch.rand(128, 64), torch.empty(128, 64)
+    full, launches, checks, _ = stub_plan(tma_double, (a, c, b), {})
+    bound, bound_launches, bound_checks, _ = stub_plan(tma_double, (a, c, b), {}, bound=True)
+    # new tensors laid out as the first call's: the same launch, but for their addresses
+    a2, b2, c2 = torch.rand(128, 64), torch.rand(128, 64), torch.empty(128, 64)
+    for args in ((a, c, b), (a2, c2, b2), (a2, c2, b2)):
+        assert full((2,), args, {}) and bound((2,), args, {})
+    assert bound_launches == launches
+    assert len(bound_checks) == 0 and len(checks) == 1     # the bound plan checks nothing
+    # What it reads is only the addresses (the caller's promise holds the rest):
+    # `b` is never read for its shape, and the full plan turns the misaligned
+    # view away where the bound one, as promised, does not look.
+    shifted = base[1:128 * 64 + 1].view(128, 64)
+    assert not full((2,), (a, c, shifted), {}) and bound((2,), (a, c, shifted), {})
+
+
+def test_a_bound_plan_still_tests_scalars_and_constexprs(stub_plan):
+    x, y = torch.rand(32, 64), torch.rand(32, 64)
+    bound, launches, _, _ = stub_plan(scale, (x, y, 2.0), {"COLS": 64}, bound=True)
+    assert bound((2,), (x, y, 3.0), {"COLS": 64})
+    assert not bound((2,), (x, y, "3"), {"COLS": 64})     # a str for a float: the full path
+    assert not bound((2,), (x, y, 3.0), {"COLS": 32})     # another constexpr: another plan
+    assert [launch[-1] for launch in launches] == [3.0]
+
+
+def test_a_signature_launcher_binds_its_plan_at_the_second_call(stub_plan, monkeypatch):
+    made = []
+
+    def plan(args, kwargs, bound=False):
+        made.append(bound)
+        return stub_plan(scale, args, kwargs, bound)[0]
+    monkeypatch.setattr(scale, "_plans", [])
+    monkeypatch.setattr(scale, "_plan", plan)
+    x, y = torch.rand(32, 64), torch.rand(32, 64)
+    run = scale.signature_launcher((2,), COLS=64)
+    run(x, y, 2.0)
+    assert made == [False]           # a launcher called once never makes a bound plan
+    run(x, y, 2.0)
+    assert made == [False, True]
+    run(x, y, 2.0)
+    run(torch.rand(32, 64), torch.rand(32, 64), 1.0)
+    assert made == [False, True]     # its bound plan launched them
+    with pytest.raises(tk.ArgumentError, match="'s' .*must be a float"):
+        run(x, y, "2")               # turned away by it, then the full path names the rule

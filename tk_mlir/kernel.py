@@ -253,6 +253,36 @@ class Kernel:
                 raise for_the_user(e)
         return run
 
+    def signature_launcher(self, grid, **constexprs) -> Callable:
+        """`run(*args)` as `launcher`'s, for a caller that passes on every call
+        tensors with its first call's types, dtypes, shapes, strides, device
+        and 16-byte alignment (a library wrapper's function for one eager
+        signature: eager.py's key holds all of these). From the second call
+        on, a launch reads only the tensors' addresses (launcher.torch_plan's
+        bound plan); scalars, constexprs and the globals the code read are
+        tested as `launcher`'s are, and a call they turn away takes the full
+        path."""
+        kwargs, bound, bound_beside, calls = dict(constexprs), None, None, 0
+
+        def run(*args):
+            nonlocal bound, bound_beside, calls
+            try:
+                if bound is not None and bound(grid, args, kwargs):
+                    return
+                if _interpret_all():
+                    return self._interpret(grid, *args, **kwargs)
+                plan = self.launch_by_plan(grid, args, kwargs, trusted=True)
+                calls += 1
+                # (a launcher called once never makes one; a new full plan, e.g.
+                # after a global the code read changed, makes a new one)
+                if plan is not None and calls > 1 and plan is not bound_beside:
+                    bound_beside = plan
+                    bound = self._plan(args, kwargs, bound=True)
+                    bound = bound and launcher.trust(bound, kwargs)
+            except (CompilationError, ArgumentError) as e:
+                raise for_the_user(e)
+        return run
+
     def launch_by_plan(self, grid, args: tuple, kwargs: dict,
                        trusted: bool = False) -> Callable | None:
         """Launch; return the plan that did it (None: the general path), which
@@ -277,10 +307,11 @@ class Kernel:
             return None
         return launcher.trust(plan, kwargs) if trusted else plan
 
-    def _plan(self, args, kwargs) -> Callable | None:
+    def _plan(self, args, kwargs, bound: bool = False) -> Callable | None:
         """Compile for these arguments, check them, and make the launch plan for
         arguments of the same kinds on the same device (see launcher.py); None
-        when some tensor argument is not a torch tensor."""
+        when some tensor argument is not a torch tensor. bound: the plan for
+        tensors with these very tensors' metadata (signature_launcher's)."""
         from .runtime import driver
         values, num_warps = self.params.bind(args, kwargs)
         tensors = launcher.torch_tensor_types()
@@ -297,7 +328,7 @@ class Kernel:
             compiled.num_threads, compiled.smem_bytes,
             in_context=device != driver.default_device())
         return launcher.torch_plan(self.params, values, len(args), kwargs, rules, compiled,
-                                   launch, driver.stream_function(device), device, reads)
+                                   launch, driver.stream_function(device), device, reads, bound)
 
     def _checked(self, values, num_warps) -> tuple[CompiledKernel, dict, dict, tuple, int]:
         """The compiled kernel for these argument values after checking them,

@@ -321,12 +321,15 @@ def trust(plan: Callable, kwargs: dict) -> Callable:
 
 def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: dict,
                gl_rules: dict[int, dict], compiled, launch: Callable, stream: Callable,
-               device: int, reads: tuple = ()) -> Callable:
+               device: int, reads: tuple = (), bound: bool = False) -> Callable:
     """Generate the specialised plan for torch-tensor arguments like `values`
     (bound to `params`) on `device`; `gl_rules`: check_tensor's rule per
     tensor position; `compiled`: the CompiledKernel (its ABI parameters,
     tensor maps and cluster); `reads`: the globals the code read
-    (global_reads.GlobalRead)."""
+    (global_reads.GlobalRead). bound=True: a plan for callers that pass
+    tensors with the very metadata of `values`' (type, dtype, shape, strides,
+    device, 16-byte alignment; Kernel.signature_launcher's promise): it reads
+    only their addresses, and their shapes and strides are constants."""
     from .runtime.tensor_maps import check_tma_tensor
     names = params.names
     # tk.pgl arguments: the plan holds the PeerTensor it was made for (a
@@ -370,7 +373,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
             lines += _same_constexpr(local[i], f"C{i}", values[i], env)
     # (The rank is in the shapes of `key` below: a tensor of another rank
     # fails full_check, and the kernel plans for its specialization.)
-    for i in gl_rules:
+    for i in gl_rules if not bound else ():
         env[f"D{i}"] = values[i].dtype
         a = local[i]
         lines.append(f"    if type({a}) not in TENSORS or {a}.dtype is not D{i}:")
@@ -392,12 +395,20 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
         lines.append("        return False")
     for i in gl_rules:
         a = local[i]
-        lines.append(f"    {a}_ptr = {a}.data_ptr(); {a}_strides = {a}.stride(); "
-                     f"{a}_shape = {a}.shape")
+        if bound:           # (the code reads {a}_shape and {a}_strides from env)
+            env[f"{a}_shape"], env[f"{a}_strides"] = values[i].shape, values[i].stride()
+            lines.append(f"    {a}_ptr = {a}.data_ptr()")
+        else:
+            lines.append(f"    {a}_ptr = {a}.data_ptr(); {a}_strides = {a}.stride(); "
+                         f"{a}_shape = {a}.shape")
     launch_values = launch_value_code(abi, arg_vars, compiled.tensor_maps, env)
     launch_values, find_maps, make_maps = _remembered_maps(
         abi, source, arg_vars, launch_values, [f"{local[i]}_ptr" for i in gl_rules], env)
-    if gl_rules:
+    if gl_rules and bound:      # (checked by the plan that launched them first)
+        env["KEY"] = tuple(values[i].shape for i in gl_rules)
+        lines += ["    key = KEY"] + find_maps + ["    if maps is None:"] + make_maps \
+            if find_maps else []
+    elif gl_rules:
         # The device index is in the key: a tensor on another device than the
         # one this plan launches on fails full_check.
         key = ", ".join(f"{local[i]}_shape, {local[i]}_strides, {local[i]}.get_device()"

@@ -10,6 +10,8 @@ masked. Math in f32, inputs and outputs bf16 or f16.
 """
 from __future__ import annotations
 
+import math
+
 import tk_mlir as tk
 from tk_mlir import f32
 
@@ -78,10 +80,36 @@ def _prepare(gate, up):
     through autograd when it records them."""
     import torch
     _check(gate, up)
+    run = planned(gate, up)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerSwiglu.apply
-    return launch
+        return lambda gate, up: custom_ops.EagerSwiglu.apply(gate, up, run)
+    return run
+
+
+def planned(gate, up):
+    """`launch(gate, up)` for checked tensors with gate's and up's layouts
+    (an eager signature's): its grid chosen once, launches that read the
+    tensors' addresses alone (signature_launcher), and, for (rows, D)
+    operands the kernel reads as they lie, no view or copy per call."""
+    shape, d = tuple(gate.shape), gate.shape[-1]
+    rows = math.prod(shape[:-1])
+    if rows * d == 0:
+        return lambda gate, up: gate.new_empty(shape)
+    kernel = swiglu_kernel.signature_launcher((-(-rows // BM), -(-d // BN)))
+    if gate.dim() == 2 and checks.kernel_operand(gate) is gate and \
+            checks.kernel_operand(up) is up:
+        def launch_rows(gate, up):
+            y = gate.new_empty(shape)
+            kernel(gate, up, y)
+            return y
+        return launch_rows
+
+    def launch_any(gate, up):
+        y = gate.new_empty(shape)
+        kernel(_rows(gate), _rows(up), y.view(rows, d))
+        return y
+    return launch_any
 
 
 def launch(gate, up):

@@ -584,14 +584,16 @@ class EagerSwiglu(torch.autograd.Function):
     """swiglu's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
-    def forward(ctx, gate, up):
+    def forward(ctx, gate, up, planned):
+        """planned: activations.planned's launch for gate's and up's
+        signature (an eager call's, remembered)."""
         _swiglu_setup_context(ctx, (gate, up), None)
-        return activations.launch(gate, up)
+        return planned(gate, up)
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return _swiglu_backward(ctx, dy, activations.swiglu_backward)
+        return (*_swiglu_backward(ctx, dy, activations.swiglu_backward), None)
 
 
 # ------------------------------------------------------------------ rotary

@@ -455,7 +455,7 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     alone, its launch planned here."""
     scale, left, right, softcap, grad = _checked_call(q, k, v, causal, scale, deterministic,
                                                       window, softcap)
-    planned = planned_launch(q, k, causal, scale, (left, right), softcap)
+    planned = planned_launch(q, k, causal, scale, (left, right), softcap, same_signature=True)
     run = _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap,
                         grad)
     if all(checks.kernel_operand(t) is t for t in (q, k, v)):   # (strides, alignment: keyed)
@@ -496,11 +496,12 @@ def launch(q, k, v, o, lse, causal: bool, scale: float, window: tuple[int, int] 
 
 
 def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (-1, -1),
-                   softcap: float = 0.0):
+                   softcap: float = 0.0, same_signature: bool = False):
     """`run(q, k, v, o, lse)`: attention_kernel on checked tensors shaped like
     q and k (and on their device), into o (q's shape) and lse (B, H, N'), N'
     >= N a multiple of 4 (rows of whole 16-byte vectors); the configuration,
-    grid and task table chosen here, once."""
+    grid and task table chosen here, once. same_signature: every call's
+    tensors are laid out as the first's (eager.launcher)."""
     if not q.shape[0] * q.shape[1]:
         return lambda q, k, v, o, lse: None          # (an empty batch: nothing to launch)
     cfg = _config(q.shape[-1], k.shape[2], causal)
@@ -508,8 +509,9 @@ def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (
     masks = {} if window == (-1, -1) and not softcap else \
         dict(WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], SOFTCAP=float(softcap))
     table, scale2 = tasks(q, k, causal, grid, window), scale * math.log2(math.e)
-    kernel = attention_kernel.launcher((grid,), D=q.shape[-1], CAUSAL=causal,
-                                       num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg, **masks)
+    kernel = eager.launcher(attention_kernel, same_signature)(
+        (grid,), D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg,
+        **masks)
     return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, table, scale2)
 
 

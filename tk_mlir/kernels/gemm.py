@@ -596,7 +596,7 @@ def _planned(a, b, c, b_layout: str, grads: bool):
     if as_they_lie:
         (M, K), sms = a.shape[-2:], num_sms(a.get_device())
         product = planned_run(_plan(M, shape[-1], K, sms, a.shape[0] if a.dim() == 3 else 1,
-                                    b_layout), b_layout, "mk", sms)
+                                    b_layout), b_layout, "mk", sms, same_signature=True)
     else:                                       # (padded copies where needed: launch's)
         def product(a, b, c):
             launch(a, b, c, b_layout)
@@ -1025,9 +1025,12 @@ def run_plan(chosen: Plan, a, b, c, b_layout: str, a_layout: str, sms: int) -> N
     planned_run(chosen, b_layout, a_layout, sms)(a, b, c)
 
 
-def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
+def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int,
+                same_signature: bool = False):
     """`run(a, b, c)`: run_plan's launch for `chosen`, made once for calls
-    repeating it (the kernel's launcher for the plan's grid and keywords)."""
+    repeating it (the kernel's launcher for the plan's grid and keywords;
+    same_signature: every call's tensors are laid out as the first's,
+    eager.launcher)."""
     if b_layout not in ("nk", "kn") or a_layout not in ("mk", "km"):
         raise ValueError(f"gemm.run_plan: b_layout must be 'nk' or 'kn' and a_layout 'mk' or "
                          f"'km', got {b_layout!r} and {a_layout!r}")
@@ -1038,25 +1041,28 @@ def planned_run(chosen: Plan, b_layout: str, a_layout: str, sms: int):
         if km:
             raise ValueError("gemm.run_plan: a cluster_split_k plan takes A as M x K")
         cfg = chosen.config
-        return gemm_cluster_split_k_kernel.launcher(
+        return eager.launcher(gemm_cluster_split_k_kernel, same_signature)(
             lambda meta: tk.cdiv(meta["C"].shape[0], cfg["BM"]) *
             tk.cdiv(meta["C"].shape[1], cfg["BN"]) * cfg["SPLIT"], B_KN=kn, **cfg)
-    return plan_launcher(chosen, gemm_kernel, gemm_split_k_kernel, sms, B_KN=kn, **_a_km(km))
+    return plan_launcher(chosen, gemm_kernel, gemm_split_k_kernel, sms, same_signature,
+                         B_KN=kn, **_a_km(km))
 
 
-def plan_launcher(chosen: Plan, tuned, split_kernel, sms: int, **options):
+def plan_launcher(chosen: Plan, tuned, split_kernel, sms: int, same_signature: bool = False,
+                  **options):
     """`run(a, b, c, *rest)`: the launch of `chosen` (an "autotuned", "tiles",
     "split_k" or "stream_k" plan) over `sms` blocks, made once: `tuned` (an
     autotuned kernel, whose .kernel takes a tile plan's config) or
     `split_kernel`, which also takes the workspace views of its C (c) after
-    *rest; `options`: keywords every launch passes."""
+    *rest; `options`: keywords every launch passes; same_signature: as
+    planned_run's."""
     if chosen.kernel == "autotuned":                 # (its dispatch picks the config)
         dispatch = tuned[(sms,)]
         return lambda *args: dispatch(*args, **options)
     if chosen.kernel == "tiles":
-        return tuned.kernel.launcher((sms,), **options, **chosen.config)
+        return eager.launcher(tuned.kernel, same_signature)((sms,), **options, **chosen.config)
     cfg = chosen.config
-    split = split_kernel.launcher((sms,), **options, **cfg)
+    split = eager.launcher(split_kernel, same_signature)((sms,), **options, **cfg)
 
     def run_split(a, b, c, *rest):
         counters = split_k_counters(c.shape[-2], c.shape[-1], cfg["BN"],

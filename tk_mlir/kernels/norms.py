@@ -249,7 +249,7 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     eps = _check(fn, x, eps, _out(out), **params)
     grads = _recorded(fn, out, x, *params.values())
     if fn == "rms_norm":
-        launch = planned_rms_norm(x)
+        launch = planned_rms_norm(x, same_signature=True)
         if grads:
             run = lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch)
         else:
@@ -258,7 +258,7 @@ def _prepare(fn: str, x, weight, bias, eps, out):
                 launch(x, weight, eps, out)
                 return out
     else:
-        launch = planned_layer_norm(x)
+        launch = planned_layer_norm(x, same_signature=True)
         if grads:
             run = lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(
                 x, weight, bias, eps, launch)
@@ -306,13 +306,15 @@ def launch_rms_norm(x, weight, eps: float, out) -> None:
     planned_rms_norm(x)(x, checks.kernel_operand(weight), eps, out)
 
 
-def planned_rms_norm(x):
+def planned_rms_norm(x, same_signature: bool = False):
     """`launch(x, weight, eps, out)`: launch_rms_norm for tensors shaped like
-    x, its grid and row tile chosen once."""
+    x, its grid and row tile chosen once. same_signature: every call's
+    tensors have the first's layouts (an eager signature's: its kernel's
+    signature_launcher)."""
     rows, d = math.prod(x.shape[:-1]), x.shape[-1]
     if not rows:
         return lambda x, weight, eps, out: None
-    kernel = rmsnorm_kernel.launcher((rows,), BLOCK=_block(d))
+    kernel = eager.launcher(rmsnorm_kernel, same_signature)((rows,), BLOCK=_block(d))
     if _as_rows(x):
         return lambda x, weight, eps, out: kernel(x, weight, out, eps)
     return lambda x, weight, eps, out: kernel(_rows(x), weight, _rows(out, view=True), eps)
@@ -325,16 +327,18 @@ def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
                           out)
 
 
-def planned_layer_norm(x):
+def planned_layer_norm(x, same_signature: bool = False):
     """`launch(x, weight, bias, eps, out)`: launch_layer_norm for tensors
-    shaped like x, its grid and row tile chosen once."""
+    shaped like x, its grid and row tile chosen once (same_signature: as
+    planned_rms_norm's)."""
     rows, d = math.prod(x.shape[:-1]), x.shape[-1]
     if not rows:
         return lambda x, weight, bias, eps, out: None
     block = _block(d)
     # 3 blocks per SM for rows up to 4096 wide, 2 above (BENCHMARKS.md).
     grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
-    kernel = layernorm_kernel.launcher((grid,), BLOCK=block, RELOAD_WB=block > 4096)
+    kernel = eager.launcher(layernorm_kernel, same_signature)((grid,), BLOCK=block,
+                                                              RELOAD_WB=block > 4096)
     if _as_rows(x):
         return lambda x, weight, bias, eps, out: kernel(x, weight, bias, out, eps)
     return lambda x, weight, bias, eps, out: kernel(_rows(x), weight, bias,
