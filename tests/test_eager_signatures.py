@@ -252,6 +252,63 @@ def test_a_remembered_attention_call_replays_in_a_cuda_graph():
         assert _rel(o, ref) < 1e-2
 
 
+@pytest.mark.gpu
+def test_bound_launches_read_each_calls_tensors():
+    """From a signature's second call its launches read only the tensors'
+    addresses (Kernel.signature_launcher): four calls of each signature, on
+    fresh tensors every time (as views where the signature is one), each
+    against float64."""
+    from tk_mlir.kernels import scaled_matmul
+    g = torch.Generator(device="cuda").manual_seed(13)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
+
+    def f64(*ts):
+        return [t.double() for t in ts]
+
+    def rms(x, w):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+    def check(name, make, run, ref, tol):
+        outs = []
+        for _ in range(4):           # (the first full, the second binds, then bound)
+            args = make()
+            outs.append((run(*args), ref(*f64(*args))))
+        for got, want in outs:       # (after all four: no call overwrote another's)
+            assert _rel(got, want) < tol, name
+
+    check("rms_norm on a (B, N, D) slice", lambda: (rand(2, 48, 320)[:, 8:], rand(320)),
+          rms_norm, rms, 1e-2)
+    check("layer_norm", lambda: (rand(40, 512), rand(512), rand(512)),
+          lambda x, w, b: layer_norm(x, w, b),
+          lambda x, w, b: torch.nn.functional.layer_norm(x, (512,), w, b), 1e-2)
+    check("swiglu on a fused projection's halves",
+          lambda: rand(24, 2 * 1024, scale=3.0).chunk(2, -1), swiglu,
+          lambda gt, up: gt * torch.sigmoid(gt) * up, 1e-2)
+    for m, n, k, kn in ((128, 384, 256, False), (16, 512, 4096, False), (96, 256, 512, True)):
+        check(f"matmul {m}x{n}x{k} kn={kn}",
+              lambda: (rand(m, k), rand(n, k).T if kn else rand(n, k)),
+              lambda a, b: matmul(a, b, b_layout="kn" if kn else "nk"),
+              lambda a, b: a @ (b if kn else b.T), 5e-3)
+    check("attention on (B, N, H, D) views",
+          lambda: [rand(1, 200, 4, 128).transpose(1, 2) for _ in range(3)],
+          lambda q, k, v: attention(q, k, v, causal=True),
+          lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                           is_causal=True),
+          1e-2)
+    check("grouped_matmul", lambda: (rand(3, 130, 256), rand(3, 128, 256),
+                                     torch.full((3,), 130, device="cuda")),
+          grouped_matmul, lambda a, b, sizes: a @ b.transpose(1, 2), 5e-3)
+
+    def fp8(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    scales = (torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda"))
+    check("scaled_matmul", lambda: (fp8(64, 256), fp8(128, 256).T),
+          lambda a, b: scaled_matmul(a, b, *scales),
+          lambda a, b: a @ b, 1e-2)
+
+
 def test_swiglu_and_rotary_remember_their_signatures(interpret):
     """swiglu and rotary_embedding: repeats with new values computed right
     (forward, and through autograd a signature of its own), one entry per

@@ -149,8 +149,9 @@ def test_a_remembered_signature_computes_each_calls_sizes(interpret, monkeypatch
     from tk_mlir.kernels import eager, grouped_gemm, grouped_matmul
     monkeypatch.setattr(grouped_gemm, "_PREPARED", eager.Prepared())
     kernel, launchers = grouped_gemm.grouped_gemm_kernel, []
-    make = kernel.launcher
-    monkeypatch.setattr(kernel, "launcher", lambda *a, **k: launchers.append(k) or make(*a, **k))
+    make = kernel.signature_launcher
+    monkeypatch.setattr(kernel, "signature_launcher",
+                        lambda *a, **k: launchers.append(k) or make(*a, **k))
     g = torch.Generator().manual_seed(G * M + N)
     K = 64
     a = torch.randn(G, M, K, generator=g).bfloat16()

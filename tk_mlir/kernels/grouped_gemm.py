@@ -406,26 +406,26 @@ def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
         from tk_mlir.kernels import custom_ops
         return lambda a, b, sizes, c: custom_ops.EagerGroupedMatmul.apply(
             a, b, sizes.to(a.device), b_layout)
-    return _planned(a, b, c, b_layout)
+    return _planned(a, b, sizes, c, b_layout)
 
 
-def _planned(a, b, c, b_layout: str):
+def _planned(a, b, sizes, c, b_layout: str):
     """`run(a, b, sizes, c) -> c` for checked tensors like these: where the
     kernel reads them as they lie and there is a product to compute, its
-    launch chosen here, once (it follows from the shapes); else `launch`,
-    which pads and chooses per call."""
-    import torch
+    launch chosen here, once (it follows from the shapes; a signature
+    launcher); else `launch`, which pads and chooses per call."""
     G, M, K = a.shape
     shape = gemm.output_shape(a, b, b_layout)
     if not (G * M * shape[-1] * K and gemm.read_as_they_lie(a, b, c, shape[-1])):
         return lambda a, b, sizes, c: launch(a, b, sizes, c, b_layout)
     sms, dense, constexprs = _launch_config(G, M, shape[-1], b_layout, a.get_device())
-    kernel = grouped_gemm_kernel.launcher((sms,), **constexprs)
+    kernel = grouped_gemm_kernel.signature_launcher((sms,), **constexprs)
+    host_sizes = sizes.device != a.device   # (keyed: checked by the wrapper)
 
     def run(a, b, sizes, c):
-        if sizes.device != a.device:       # (host sizes, checked by the wrapper)
+        if host_sizes:
             sizes = sizes.to(a.device)
-        c = torch.empty(shape, dtype=a.dtype, device=a.device) if c is None else c
+        c = a.new_empty(shape) if c is None else c
         kernel(a, b, c, _table(sizes, M, dense))
         return c
     return run

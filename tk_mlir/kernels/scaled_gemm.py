@@ -113,19 +113,26 @@ def _checked_call(a, b, scale_a, scale_b, out_dtype) -> None:
 def _prepare(a, b, scale_a, scale_b, out_dtype):
     """After checking an eager call, the function launching calls like it:
     where the kernels read a and b as they lie (kernel_operand would not
-    copy them) and there is a product, the planned launch (_launcher) of
-    its shape; else `launch`, which copies per call."""
-    import torch
+    copy them) and there is a product, a launch planned for this signature
+    (gemm.plan_launcher's); else `launch`, which copies per call."""
     _checked_call(a, b, scale_a, scale_b, out_dtype)
     (M, K), N = a.shape, b.shape[1]
     bt = b.t()
     if is_blackwell(a.get_device()) or not (M and N and K) or \
             checks.kernel_operand(a) is not a or checks.kernel_operand(bt) is not bt:
         return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
-    product = _launcher(M, N, K, num_sms(a.get_device()))
+    sms = num_sms(a.get_device())
+    product = gemm.plan_launcher(plan(M, N, K, sms), scaled_gemm_kernel, scaled_split_k_kernel,
+                                 sms, same_signature=True)
+    if scale_a.dim() == scale_b.dim() == 0:       # (as the kernels read them)
+        def run_0d(a, b, scale_a, scale_b):
+            c = a.new_empty((M, N), dtype=out_dtype)
+            product(a, b.t(), c, scale_a, scale_b)
+            return c
+        return run_0d
 
     def run(a, b, scale_a, scale_b):
-        c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+        c = a.new_empty((M, N), dtype=out_dtype)
         product(a, b.t(), c, *scale_operands(scale_a, scale_b))
         return c
     return run
