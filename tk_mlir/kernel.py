@@ -239,19 +239,7 @@ class Kernel:
         wrapper's planned launch): the plan that launched last is tried
         first, and skips its keyword tests (the keywords are the launcher's
         own dict, which nothing changes)."""
-        kwargs, plan = dict(constexprs), None
-
-        def run(*args):
-            nonlocal plan
-            try:
-                if plan is not None and plan(grid, args, kwargs):
-                    return
-                if _interpret_all():
-                    return self._interpret(grid, *args, **kwargs)
-                plan = self.launch_by_plan(grid, args, kwargs, trusted=True)
-            except (CompilationError, ArgumentError) as e:
-                raise for_the_user(e)
-        return run
+        return self._repeated_launch(grid, constexprs, bind=False)
 
     def signature_launcher(self, grid, **constexprs) -> Callable:
         """`run(*args)` as `launcher`'s, for a caller that passes on every call
@@ -262,23 +250,28 @@ class Kernel:
         bound plan); scalars, constexprs and the globals the code read are
         tested as `launcher`'s are, and a call they turn away takes the full
         path."""
-        kwargs, bound, bound_beside, calls = dict(constexprs), None, None, 0
+        return self._repeated_launch(grid, constexprs, bind=True)
+
+    def _repeated_launch(self, grid, constexprs: dict, bind: bool) -> Callable:
+        kwargs, first, beside, calls = dict(constexprs), None, None, 0
 
         def run(*args):
-            nonlocal bound, bound_beside, calls
+            nonlocal first, beside, calls
             try:
-                if bound is not None and bound(grid, args, kwargs):
+                if first is not None and first(grid, args, kwargs):
                     return
                 if _interpret_all():
                     return self._interpret(grid, *args, **kwargs)
                 plan = self.launch_by_plan(grid, args, kwargs, trusted=True)
                 calls += 1
-                # (a launcher called once never makes one; a new full plan, e.g.
-                # after a global the code read changed, makes a new one)
-                if plan is not None and calls > 1 and plan is not bound_beside:
-                    bound_beside = plan
-                    bound = self._plan(args, kwargs, bound=True)
-                    bound = bound and launcher.trust(bound, kwargs)
+                if not bind:
+                    first = plan
+                # A bound plan, made beside the full plan that launched: not by
+                # a launcher called once, and again only beside a new full plan
+                # (e.g. after a global the code read changed).
+                elif plan is not None and calls > 1 and plan is not beside:
+                    beside, first = plan, self._plan(args, kwargs, bound=True)
+                    first = first and launcher.trust(first, kwargs)
             except (CompilationError, ArgumentError) as e:
                 raise for_the_user(e)
         return run
