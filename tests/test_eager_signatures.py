@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tk_mlir.kernels import (activations, eager, flash_attention, gemm, grouped_gemm, norms,
-                             rotary, scaled_gemm)
+from tk_mlir.kernels import (activations, decode_attention, eager, flash_attention, gemm,
+                             grouped_gemm, norms, rotary, scaled_gemm)
 from tk_mlir.kernels import (attention, grouped_matmul, layer_norm, matmul, rms_norm,
                              rotary_embedding, swiglu)
 
@@ -29,7 +29,7 @@ def test_forget_all_reaches_every_wrapper_table(interpret):
     the table of every wrapper that remembers calls."""
     tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
               flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED,
-              activations._SWIGLU, rotary._ROTARY)
+              activations._SWIGLU, rotary._ROTARY, decode_attention._PREPARED)
     g = torch.Generator().manual_seed(0)
     matmul(_bf16(g, 8, 16), _bf16(g, 8, 16))
     rms_norm(_bf16(g, 4, 64), _bf16(g, 64))
@@ -301,12 +301,48 @@ def test_bound_launches_read_each_calls_tensors():
                                      torch.full((3,), 130, device="cuda")),
           grouped_matmul, lambda a, b, sizes: a @ b.transpose(1, 2), 5e-3)
 
+    from test_decode_attention import reference
+    from tk_mlir.kernels import attention_with_kvcache
+    k_cache, v_cache = rand(2, 512, 2, 128), rand(2, 512, 2, 128)
+    lens = torch.tensor([300, 17], dtype=torch.int32, device="cuda")
+    for _ in range(4):               # decode steps of one signature: appended, then attended
+        q, k, v = rand(2, 1, 8, 128), rand(2, 1, 2, 128), rand(2, 1, 2, 128)
+        o = attention_with_kvcache(q, k_cache, v_cache, lens, k=k, v=v)
+        lens = lens + 1
+        ref, _ = reference(*(t.cpu() for t in (q, k_cache, v_cache, lens)), True)
+        assert _rel(o.cpu(), ref) < 1e-2, "attention_with_kvcache"
+
     def fp8(*shape):
         return torch.randn(*shape, device="cuda", generator=g).to(torch.float8_e4m3fn)
     scales = (torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda"))
     check("scaled_matmul", lambda: (fp8(64, 256), fp8(128, 256).T),
           lambda a, b: scaled_matmul(a, b, *scales),
           lambda a, b: a @ b, 1e-2)
+
+
+def test_a_remembered_kvcache_call_appends_and_checks_each_calls_lengths(interpret):
+    """attention_with_kvcache by signature: decode steps of one signature
+    (new k, v appended at the lengths, then attended) each against float64,
+    one entry for them; the CPU lengths are still read on every call, so a
+    remembered signature with a length past the cache is refused."""
+    from test_decode_attention import reference
+    from tk_mlir.kernels import attention_with_kvcache
+    g = torch.Generator().manual_seed(14)
+    B, n_max, H, H_kv, D = 2, 96, 4, 2, 64
+    k_cache, v_cache = (_bf16(g, B, n_max, H_kv, D) for _ in range(2))
+    lens = torch.tensor([40, 7], dtype=torch.int32)
+    for _ in range(3):
+        q, k, v = _bf16(g, B, 2, H, D), _bf16(g, B, 2, H_kv, D), _bf16(g, B, 2, H_kv, D)
+        o, lse = attention_with_kvcache(q, k_cache, v_cache, lens, k=k, v=v, return_lse=True)
+        lens = lens + 2
+        for b in range(B):
+            assert torch.equal(k_cache[b, lens[b] - 2:lens[b]], k[b])
+        ro, rlse = reference(q, k_cache, v_cache, lens, True)
+        assert _rel(o, ro) < 1e-2 and _rel(lse, rlse) < 1e-3
+    assert len(decode_attention._PREPARED) == 1
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 95 plus 2 new tokens"):
+        attention_with_kvcache(q, k_cache, v_cache, torch.tensor([95, 7], dtype=torch.int32),
+                               k=k, v=v, return_lse=True)
 
 
 def test_swiglu_and_rotary_remember_their_signatures(interpret):

@@ -108,9 +108,9 @@ def test_patched_llama_generates_through_its_cache(interpreted, monkeypatch):
     against the float32 model's on the whole sequence so far."""
     from tk_mlir.kernels import decode_attention
     decode_steps = []
-    real = decode_attention.forward
-    monkeypatch.setattr(decode_attention, "forward",
-                        lambda q, *a: decode_steps.append(q.shape[1]) or real(q, *a))
+    real = decode_attention.planned
+    monkeypatch.setattr(decode_attention, "planned",
+                        lambda q, *a, **k: decode_steps.append(q.shape[1]) or real(q, *a, **k))
     reference = _tiny_llama()
     model = copy.deepcopy(reference).to(torch.bfloat16)
     patch_llama(model)

@@ -27,7 +27,7 @@ import math
 
 import tk_mlir as tk
 from tk_mlir import f32
-from tk_mlir.kernels import checks
+from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
 from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
 from tk_mlir.runtime.arguments import vector_rows
@@ -365,6 +365,36 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     zeros there); on CPU tensors (the interpreter) they are checked, as are
     the lengths."""
     import torch
+    if torch.compiler.is_compiling():
+        scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens,
+                                                    block_table, k, v, causal, scale, window,
+                                                    softcap)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        o, lse = torch.ops.tk_mlir.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left, right,
+            softcap)
+        return (o, lse) if return_lse else o
+    # eager: a signature seen before was checked then (eager.py), but for the
+    # lengths and pages of CPU tensors (the interpreter), read on every call
+    key = (eager.tensor_key(q), eager.tensor_key(k_cache), eager.tensor_key(v_cache),
+           eager.tensor_key(cache_seqlens), eager.tensor_key(block_table), eager.tensor_key(k),
+           eager.tensor_key(v), eager.option_key(causal, scale, window, softcap, return_lse),
+           torch.is_grad_enabled())
+    return _PREPARED.call(key, lambda: _prepare(q, k_cache, block_table, k, causal, scale,
+                                                window, softcap, return_lse,
+                                                (v_cache, cache_seqlens, v)),
+                          q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+
+
+# Eager calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def _checked_call(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale,
+                  window, softcap) -> tuple[float, int, int, float]:
+    """Every rule of a call, and its options as the kernels take them:
+    (scale, left, right, softcap)."""
+    import torch
     _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
@@ -375,66 +405,95 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if not torch.compiler.is_compiling():
         checks.warn_no_gradient("attention_with_kvcache", "use attention or attention_varlen",
                                 q, k, v, k_cache, v_cache)
-    if torch.compiler.is_compiling():
-        from tk_mlir.kernels import custom_ops
-        o, lse = torch.ops.tk_mlir.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left, right,
-            softcap)
-    else:
-        o, lse = forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale,
-                         left, right, softcap)
-    return (o, lse) if return_lse else o
+    return scale, left, right, softcap
+
+
+def _prepare(q, k_cache, block_table, k, causal, scale, window, softcap, return_lse, rest):
+    """After checking an eager call, `run(q, k_cache, v_cache, cache_seqlens,
+    block_table, k, v)` for calls like it (rest: the call's other tensors,
+    (v_cache, cache_seqlens, v))."""
+    v_cache, cache_seqlens, v = rest
+    scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens, block_table,
+                                                k, v, causal, scale, window, softcap)
+    run = planned(q, k_cache, block_table, k, causal, scale, left, right, softcap,
+                  same_signature=True)
+    if cache_seqlens.device.type == "cpu":      # (the interpreter: lengths cost nothing)
+        unchecked, added = run, q.shape[1] if k is not None else 0
+
+        def run(q, k_cache, v_cache, cache_seqlens, block_table, k, v):
+            _check_values(cache_seqlens, block_table, k_cache, added)
+            return unchecked(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    if return_lse:
+        return run
+    return lambda *tensors: run(*tensors)[0]
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
             scale: float, left: int = -1, right: int = -1, softcap: float = 0.0):
     """attention_with_kvcache on checked arguments: (o, lse)."""
+    return planned(q, k_cache, block_table, k, causal, scale, left, right, softcap)(
+        q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+
+
+def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = -1,
+            right: int = -1, softcap: float = 0.0, same_signature: bool = False):
+    """`run(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> (o, lse)`:
+    `forward` for checked arguments of these shapes (k: whether new tokens
+    come), its configuration, split and launches chosen once; same_signature:
+    every call's tensors are laid out as these (eager.launcher)."""
     import torch
     B, N_new, H, D = q.shape
     if not B * N_new * H:                # no rows: empty outputs, no launch (nothing appended)
-        return q.new_empty(q.shape), torch.empty(B, H, N_new, dtype=torch.float32,
-                                                 device=q.device)
+        return lambda q, *rest: (q.new_empty(q.shape),
+                                 q.new_empty(B, H, N_new, dtype=torch.float32))
     H_kv = k_cache.shape[2]
     G = H // H_kv
     R = N_new * G
     page = 0 if block_table is None else k_cache.shape[1]
     keys = capacity(k_cache, block_table)
-    seqlens = checks.int32_table(cache_seqlens)
-    table = seqlens if block_table is None else checks.int32_table(block_table)  # (unread: 0)
-    if k is not None:
-        append(k_cache, v_cache, seqlens, table, k, v, keys, page)
-    # Query rows per K/V head: a view for one new token, a copy for several.
-    q_rows = q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D)
-    q_rows = checks.kernel_operand(q_rows)
-    # The cache as the kernel reads it: (B or pages, H_kv, keys, D).
-    kk, vv = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     cfg = _config(D, page)
-    splits = _splits(B * H_kv * -(-R // ROWS), -(-keys // cfg["BN"]), q.get_device())
+    tasks = B * H_kv * -(-R // ROWS)            # (batch, K/V head, row block)
+    splits = _splits(tasks, -(-keys // cfg["BN"]), q.get_device())
     rp = -(-R // 4) * 4
-    o_rows = torch.empty(B, H_kv, R, D, dtype=q.dtype, device=q.device)
-    lse_rows = torch.empty(B, H_kv, rp, dtype=torch.float32, device=q.device)
-    grid = (B * H_kv, -(-R // ROWS), splits)
     args = (scale * math.log2(math.e), 0 if k is None else N_new, G, keys, left,
             0 if causal else right, softcap or 1.0)
     cfg.update(CAUSAL=causal or right >= 0, LEFT=left >= 0, SOFTCAP=softcap > 0)
     merge = splits > 1 and FUSED_MERGE          # the last chunk of each row block merges
-    if splits == 1:                             # the one chunk writes the result
-        out, lse_out = o_rows, lse_rows
-    else:
-        out = torch.empty(B * H_kv, splits, R, D, dtype=torch.float32, device=q.device)
-        lse_out = torch.empty(B * H_kv, splits, rp, dtype=torch.float32, device=q.device)
-    counts = seqlens            # (unread without the merge)
-    if merge:
-        counts = torch.zeros(-(-grid[0] * grid[1] // 4) * 4, dtype=torch.int32,
-                             device=q.device)               # (whole 16-byte rows)
-    kv_cache_attention_kernel[grid](q_rows, kk, vv, out, lse_out, seqlens, table, o_rows,
-                                    lse_rows, counts, *args, D=D, PAGE=page, SPLIT=splits > 1,
-                                    MERGE=merge, **cfg)
-    if splits > 1 and not merge:
-        kv_combine_kernel[(B * H_kv, -(-R // MERGE_ROWS))](out, lse_out, o_rows, lse_rows, D=D)
-    o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
-    lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
-    return o, lse
+    attend = eager.launcher(kv_cache_attention_kernel, same_signature)(
+        (B * H_kv, -(-R // ROWS), splits), D=D, PAGE=page, SPLIT=splits > 1, MERGE=merge, **cfg)
+    combine = None if splits == 1 or merge else \
+        eager.launcher(kv_combine_kernel, same_signature)((B * H_kv, -(-R // MERGE_ROWS)), D=D)
+    append = None if k is None else eager.launcher(kv_append_kernel, same_signature)(
+        (N_new, B), HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
+    counters = -(-tasks // 4) * 4               # the merge's, one a task: whole 16-byte rows
+
+    def run(q, k_cache, v_cache, cache_seqlens, block_table, k, v):
+        seqlens = checks.int32_table(cache_seqlens)
+        table = seqlens if block_table is None else checks.int32_table(block_table)  # (0: unread)
+        if append is not None:          # the new tokens into the cache at cache_seqlens
+            append(checks.kernel_operand(k), checks.kernel_operand(v), k_cache, v_cache,
+                   seqlens, table, keys)
+        # Query rows per K/V head: a view for one new token, a copy for several.
+        q_rows = checks.kernel_operand(
+            q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D))
+        o_rows = q.new_empty(B, H_kv, R, D)
+        lse_rows = q.new_empty(B, H_kv, rp, dtype=torch.float32)
+        if splits == 1:                 # the one chunk writes the result
+            out, lse_out = o_rows, lse_rows
+        else:
+            out = q.new_empty(B * H_kv, splits, R, D, dtype=torch.float32)
+            lse_out = q.new_empty(B * H_kv, splits, rp, dtype=torch.float32)
+        counts = q.new_zeros(counters, dtype=torch.int32) if merge else seqlens  # (or unread)
+        # The cache as the kernel reads it: (B or pages, H_kv, keys, D).
+        attend(q_rows, k_cache.transpose(1, 2), v_cache.transpose(1, 2), out, lse_out, seqlens,
+               table, o_rows, lse_rows, counts, *args)
+        if combine is not None:
+            combine(out, lse_out, o_rows, lse_rows)
+        o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
+        lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(
+            B, H, N_new)
+        return o, lse
+    return run
 
 
 def _splits(tasks: int, key_blocks: int, device: int) -> int:
@@ -443,16 +502,6 @@ def _splits(tasks: int, key_blocks: int, device: int) -> int:
     kernel holds one block per SM: setmaxnreg sizes it to the register file),
     each chunk at least two key blocks of the cache's capacity."""
     return max(1, min(WAVES * num_sms(device) // tasks, key_blocks // 2))
-
-
-def append(k_cache, v_cache, seqlens, table, k, v, capacity: int, page: int) -> None:
-    """kv_append_kernel: the new tokens' k and v into the cache at positions
-    cache_seqlens[b] + t, one launch, lengths read on the GPU (seqlens, table
-    and page as the attention kernel takes them; page 0: a dense cache)."""
-    B, N_new, H_kv, D = k.shape
-    kv_append_kernel[(N_new, B)](checks.kernel_operand(k), checks.kernel_operand(v), k_cache,
-                                 v_cache, seqlens, table, capacity,
-                                 HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
 
 
 def capacity(k_cache, block_table) -> int:
@@ -541,11 +590,16 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
         if k is not None:
             checks.written_in_place(fn, f"{name} (k and v are appended into it)", t)
     if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_lengths(cache_seqlens, capacity(k_cache, block_table),
-                       N_new if k is not None else 0)
-        if block_table is not None:
-            _check_pages(block_table, cache_seqlens + (N_new if k is not None else 0),
-                         k_cache.shape[1], k_cache.shape[0])
+        _check_values(cache_seqlens, block_table, k_cache, N_new if k is not None else 0)
+
+
+def _check_values(cache_seqlens, block_table, k_cache, added: int) -> None:
+    """The lengths, and the pages they use, of CPU tensors (the interpreter),
+    where reading them costs no synchronisation; `added`: the new tokens
+    appended first."""
+    _check_lengths(cache_seqlens, capacity(k_cache, block_table), added)
+    if block_table is not None:
+        _check_pages(block_table, cache_seqlens + added, k_cache.shape[1], k_cache.shape[0])
 
 
 def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
