@@ -255,7 +255,7 @@ def test_a_remembered_attention_call_replays_in_a_cuda_graph():
 @pytest.mark.gpu
 def test_bound_launches_read_each_calls_tensors():
     """From a signature's second call its launches read only the tensors'
-    addresses (Kernel.signature_launcher): four calls of each signature, on
+    addresses (Kernel._signature_launcher): four calls of each signature, on
     fresh tensors every time (as views where the signature is one), each
     against float64."""
     from tk_mlir.kernels import scaled_matmul

@@ -149,8 +149,8 @@ def test_a_remembered_signature_computes_each_calls_sizes(interpret, monkeypatch
     from tk_mlir.kernels import eager, grouped_gemm, grouped_matmul
     monkeypatch.setattr(grouped_gemm, "_PREPARED", eager.Prepared())
     kernel, launchers = grouped_gemm.grouped_gemm_kernel, []
-    make = kernel.signature_launcher
-    monkeypatch.setattr(kernel, "signature_launcher",
+    make = kernel._signature_launcher
+    monkeypatch.setattr(kernel, "_signature_launcher",
                         lambda *a, **k: launchers.append(k) or make(*a, **k))
     g = torch.Generator().manual_seed(G * M + N)
     K = 64

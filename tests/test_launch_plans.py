@@ -3,7 +3,7 @@
 one): a plan skips its keyword tests only for the very dict it was told to
 trust (a Kernel.launcher's), and finds its tensor maps by the tensors' key and every pointer, so a
 misaligned pointer is checked even where the maps were found before. A bound plan (a
-signature_launcher's, for tensors laid out as its first call's) launches with the same values
+_signature_launcher's, for tensors laid out as its first call's) launches with the same values
 as the full plan, reading only the tensors' addresses."""
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_a_signature_launcher_binds_its_plan_at_the_second_call(stub_plan, monke
     monkeypatch.setattr(scale, "_plans", [])
     monkeypatch.setattr(scale, "_plan", plan)
     x, y = torch.rand(32, 64), torch.rand(32, 64)
-    run = scale.signature_launcher((2,), COLS=64)
+    run = scale._signature_launcher((2,), COLS=64)
     run(x, y, 2.0)
     assert made == [False]           # a launcher called once never makes a bound plan
     run(x, y, 2.0)

@@ -241,15 +241,16 @@ class Kernel:
         own dict, which nothing changes)."""
         return self._repeated_launch(grid, constexprs, bind=False)
 
-    def signature_launcher(self, grid, **constexprs) -> Callable:
-        """`run(*args)` as `launcher`'s, for a caller that passes on every call
-        tensors with its first call's types, dtypes, shapes, strides, device
-        and 16-byte alignment (a library wrapper's function for one eager
-        signature: eager.py's key holds all of these). From the second call
+    def _signature_launcher(self, grid, **constexprs) -> Callable:
+        """`run(*args)` as `launcher`'s, for the library's wrappers, whose
+        function for one eager signature passes on every call tensors with
+        its first call's types, dtypes, shapes, strides, device and 16-byte
+        alignment (eager.py's key holds all of these). From the second call
         on, a launch reads only the tensors' addresses (launcher.torch_plan's
         bound plan); scalars, constexprs and the globals the code read are
         tested as `launcher`'s are, and a call they turn away takes the full
-        path."""
+        path. Not for user code: tensors laid out otherwise than promised
+        would launch with the first call's shapes and strides, unchecked."""
         return self._repeated_launch(grid, constexprs, bind=True)
 
     def _repeated_launch(self, grid, constexprs: dict, bind: bool) -> Callable:
@@ -304,7 +305,7 @@ class Kernel:
         """Compile for these arguments, check them, and make the launch plan for
         arguments of the same kinds on the same device (see launcher.py); None
         when some tensor argument is not a torch tensor. bound: the plan for
-        tensors with these very tensors' metadata (signature_launcher's)."""
+        tensors with these very tensors' metadata (_signature_launcher's)."""
         from .runtime import driver
         values, num_warps = self.params.bind(args, kwargs)
         tensors = launcher.torch_tensor_types()

@@ -328,7 +328,7 @@ def torch_plan(params: KernelParams, values: list, n_positional: int, kwargs: di
     tensor maps and cluster); `reads`: the globals the code read
     (global_reads.GlobalRead). bound=True: a plan for callers that pass
     tensors with the very metadata of `values`' (type, dtype, shape, strides,
-    device, 16-byte alignment; Kernel.signature_launcher's promise): it reads
+    device, 16-byte alignment; Kernel._signature_launcher's promise): it reads
     only their addresses, and their shapes and strides are constants."""
     from .runtime.tensor_maps import check_tma_tensor
     names = params.names

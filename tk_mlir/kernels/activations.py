@@ -90,13 +90,13 @@ def _prepare(gate, up):
 def planned(gate, up):
     """`launch(gate, up)` for checked tensors with gate's and up's layouts
     (an eager signature's): its grid chosen once, launches that read the
-    tensors' addresses alone (signature_launcher), and, for (rows, D)
+    tensors' addresses alone (_signature_launcher), and, for (rows, D)
     operands the kernel reads as they lie, no view or copy per call."""
     shape, d = tuple(gate.shape), gate.shape[-1]
     rows = math.prod(shape[:-1])
     if rows * d == 0:
         return lambda gate, up: gate.new_empty(shape)
-    kernel = swiglu_kernel.signature_launcher((-(-rows // BM), -(-d // BN)))
+    kernel = swiglu_kernel._signature_launcher((-(-rows // BM), -(-d // BN)))
     if gate.dim() == 2 and checks.kernel_operand(gate) is gate and \
             checks.kernel_operand(up) is up:
         def launch_rows(gate, up):

@@ -120,11 +120,11 @@ _TABLES: weakref.WeakSet = weakref.WeakSet()     # every Prepared, for forget_al
 
 
 def launcher(kernel, same_signature: bool):
-    """kernel's `signature_launcher` for a function prepared for one signature
+    """kernel's `_signature_launcher` for a function prepared for one signature
     (every call's tensors laid out as the first's: launches read their
     addresses alone), else its `launcher`: a planned launch's maker, for
     wrappers that plan both for a signature and per call."""
-    return kernel.signature_launcher if same_signature else kernel.launcher
+    return kernel._signature_launcher if same_signature else kernel.launcher
 
 
 def forget_all() -> None:

@@ -419,7 +419,7 @@ def _planned(a, b, sizes, c, b_layout: str):
     if not (G * M * shape[-1] * K and gemm.read_as_they_lie(a, b, c, shape[-1])):
         return lambda a, b, sizes, c: launch(a, b, sizes, c, b_layout)
     sms, dense, constexprs = _launch_config(G, M, shape[-1], b_layout, a.get_device())
-    kernel = grouped_gemm_kernel.signature_launcher((sms,), **constexprs)
+    kernel = grouped_gemm_kernel._signature_launcher((sms,), **constexprs)
     host_sizes = sizes.device != a.device   # (keyed: checked by the wrapper)
 
     def run(a, b, sizes, c):

@@ -310,7 +310,7 @@ def planned_rms_norm(x, same_signature: bool = False):
     """`launch(x, weight, eps, out)`: launch_rms_norm for tensors shaped like
     x, its grid and row tile chosen once. same_signature: every call's
     tensors have the first's layouts (an eager signature's: its kernel's
-    signature_launcher)."""
+    _signature_launcher)."""
     rows, d = math.prod(x.shape[:-1]), x.shape[-1]
     if not rows:
         return lambda x, weight, eps, out: None
