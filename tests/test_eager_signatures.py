@@ -143,11 +143,16 @@ def test_a_full_table_starts_over():
 
 def test_a_remembered_attention_differentiates_each_call(interpret):
     """The recorded path keeps its planned forward and backward per signature:
-    every call's gradients are its own inputs'."""
+    every call's gradients are its own inputs', whatever the layout of the
+    output's gradient (copied into o's where it differs: the backward's
+    launches are bound to the signature's layouts)."""
     g = torch.Generator().manual_seed(8)
-    for _ in range(2):
+    # the output's gradient in o's layout, (B, N, H, D) transposed, expanded (y.sum()'s)
+    dos = (lambda: _bf16(g, 1, 2, 80, 64), lambda: _bf16(g, 1, 80, 2, 64).transpose(1, 2),
+           lambda: _bf16(g, 1, 1, 1, 1).expand(1, 2, 80, 64))
+    for make_do in (*dos, *dos):
         q, k, v = (_bf16(g, 1, 2, 80, 64).requires_grad_() for _ in range(3))
-        do = _bf16(g, 1, 2, 80, 64)
+        do = make_do()
         dq, dk, dv = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), do)
         ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
         want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
@@ -300,6 +305,17 @@ def test_bound_launches_read_each_calls_tensors():
     check("grouped_matmul", lambda: (rand(3, 130, 256), rand(3, 128, 256),
                                      torch.full((3,), 130, device="cuda")),
           grouped_matmul, lambda a, b, sizes: a @ b.transpose(1, 2), 5e-3)
+
+    for make_do in (lambda: rand(2, 4, 200, 64), lambda: rand(2, 200, 4, 64).transpose(1, 2),
+                    lambda: rand(1, 1, 1, 1).expand(2, 4, 200, 64)) * 2:
+        q, k, v = (rand(2, 4, 200, 64).requires_grad_() for _ in range(3))
+        do = make_do()
+        got = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), do)
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+            *ref, is_causal=True), ref, do.double())
+        for name, a, b in zip(("dq", "dk", "dv"), got, want):
+            assert _rel(a, b) < 2e-2, f"attention backward {name}, do strides {do.stride()}"
 
     from test_decode_attention import reference
     from tk_mlir.kernels import attention_with_kvcache

@@ -473,7 +473,7 @@ def _prepared_run(planned, causal, scale, return_lse, deterministic, left, right
         def remembered_backward(do, q, k, v, o, lse, *options, dlse=None, **keywords):
             if not backward:
                 backward.append(planned_backward(q, k, causal, scale, deterministic, left, right,
-                                                 softcap))
+                                                 softcap, same_signature=True))
             return backward[0](do, q, k, v, o, lse, dlse)
 
         def run_recorded(q, k, v):
@@ -1135,10 +1135,15 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float,
 
 
 def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = False,
-                     left: int = -1, right: int = -1, softcap: float = 0.0):
+                     left: int = -1, right: int = -1, softcap: float = 0.0,
+                     same_signature: bool = False):
     """`run(do, q, k, v, o, lse, dlse=None) -> (dq, dk, dv)`: attention_backward for
     tensors shaped like q and k (and on their device), its configuration,
-    grid, task table and launches chosen once."""
+    grid, task table and launches chosen once. same_signature: q, k, v, o
+    and lse are laid out alike on every call (a remembered eager forward's
+    and its saved tensors): do, whose layout autograd chooses, is copied
+    into o's where it differs, and the launches read addresses alone
+    (eager.launcher); dlse's launch is checked every call."""
     import torch
     window = (left, right)
     rows = _backward_query_rows(q.shape[-1], causal, window, softcap, deterministic)
@@ -1152,11 +1157,14 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
     grid = num_sms(q.get_device())
     # deterministic: a new table per launch (its zeroed dQ counters are the launch's)
     table = None if deterministic else backward_tasks(q, k, causal, grid, False, window)
-    kernels = backward_launcher(q.shape, grid, scale, CAUSAL=causal, DETERMINISTIC=deterministic,
-                                **cfg)
+    kernels = backward_launcher(q.shape, grid, scale, same_signature=same_signature,
+                                CAUSAL=causal, DETERMINISTIC=deterministic, **cfg)
 
     def run(do, q, k, v, o, lse, dlse=None):
-        do = do if do.stride(-1) == 1 else do.contiguous()
+        if not same_signature:
+            do = do if do.stride(-1) == 1 else do.contiguous()
+        elif do.stride() != o.stride() or do.dtype != o.dtype or do.data_ptr() & 15:
+            do = torch.empty_like(o).copy_(do)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         tasks = table if table is not None else backward_tasks(q, k, causal, grid, True)
         dq = kernels(do, q, k, v, o, lse, dk, dv, tasks, dlse)
@@ -1176,19 +1184,21 @@ def launch_backward(do, q, k, v, o, lse, dk, dv, tasks, grid: int, scale: float,
                                                           dlse)
 
 
-def backward_launcher(shape, grid: int, scale: float, **cfg):
+def backward_launcher(shape, grid: int, scale: float, same_signature: bool = False, **cfg):
     """`launch(do, q, k, v, o, lse, dk, dv, tasks, dlse=None) -> dq`: launch_backward for
-    (B, H, N, D) tensors of `shape`, its two kernels' launches made once."""
+    (B, H, N, D) tensors of `shape`, its two kernels' launches made once
+    (same_signature: planned_backward's; the dlse launch is never bound)."""
     import torch
     B, H, N, D = shape
     n4 = -(-N // 4) * 4                        # rows of whole 16-byte vectors
-    prep = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D)
+    prep = eager.launcher(attention_backward_prep_kernel, same_signature)(
+        (tk.cdiv(N, 64), H, B), D=D)
     prep_dlse = attention_backward_prep_kernel.launcher((tk.cdiv(N, 64), H, B), D=D,
                                                         WITH_DLSE=True)
     # scale folded into P (one decision for both kernels) for bf16, not f16
     # (its P' would be √D times nearer the subnormals)
-    mains = {in_p: attention_backward_kernel.launcher((grid,), D=D, SCALE_IN_P=in_p, **cfg)
-             for in_p in (True, False)}
+    mains = {in_p: eager.launcher(attention_backward_kernel, same_signature)(
+        (grid,), D=D, SCALE_IN_P=in_p, **cfg) for in_p in (True, False)}
     scale2 = scale * math.log2(math.e)
     # SHIFT's unit: the scores', or the exponent's where the scores are capped
     shift_unit = LOG2E if cfg.get("SOFTCAP", 0.0) else 1.0 / scale
