@@ -8,7 +8,11 @@ TMA and the kernels' vector loads assume), plus the call's options. A model
 calls the same few signatures over and over, so each wrapper keeps, per
 `signature`, the function its first call prepared (the outputs' allocation
 and the planned launch), and a repeat costs a key, a lookup and that
-function: the host time a torch op costs, not a Python re-check.
+function: the host time a torch op costs, not a Python re-check. Its
+launches, made by `launcher(kernel, same_signature=True)`, read from their
+second call the tensors' addresses alone: the key holds everything else
+about them, and so does it for the tensors the function derives from them
+(views, copies, outputs), which must follow from the key alone.
 
 Invariants: a prepared function is stored only after a call with that key
 passed every check (a call that breaks a rule raises, as before, and leaves
