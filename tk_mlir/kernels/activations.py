@@ -80,23 +80,24 @@ def _prepare(gate, up):
     through autograd when it records them."""
     import torch
     _check(gate, up)
-    run = planned(gate, up)
+    run = planned(gate, up, same_signature=True)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         from tk_mlir.kernels import custom_ops
         return lambda gate, up: custom_ops.EagerSwiglu.apply(gate, up, run)
     return run
 
 
-def planned(gate, up):
-    """`launch(gate, up)` for checked tensors with gate's and up's layouts
-    (an eager signature's): its grid chosen once, launches that read the
-    tensors' addresses alone (_signature_launcher), and, for (rows, D)
-    operands the kernel reads as they lie, no view or copy per call."""
+def planned(gate, up, same_signature: bool = False):
+    """`launch(gate, up)` for checked tensors shaped like gate and up: its
+    grid chosen once, and, for (rows, D) operands the kernel reads as they
+    lie, no view or copy per call. same_signature: every call's tensors are
+    laid out as these (an eager signature's: launches that read the
+    tensors' addresses alone, eager.launcher)."""
     shape, d = tuple(gate.shape), gate.shape[-1]
     rows = math.prod(shape[:-1])
     if rows * d == 0:
         return lambda gate, up: gate.new_empty(shape)
-    kernel = swiglu_kernel._signature_launcher((-(-rows // BM), -(-d // BN)))
+    kernel = eager.launcher(swiglu_kernel, same_signature)((-(-rows // BM), -(-d // BN)))
     if gate.dim() == 2 and checks.kernel_operand(gate) is gate and \
             checks.kernel_operand(up) is up:
         def launch_rows(gate, up):
@@ -114,12 +115,7 @@ def planned(gate, up):
 
 def launch(gate, up):
     """swiglu_kernel on checked tensors: a new output."""
-    import torch
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    if y.numel():
-        g, u, out = _rows(gate), _rows(up), y.view(-1, gate.shape[-1])
-        swiglu_kernel[_grid(out)](g, u, out)
-    return y
+    return planned(gate, up)(gate, up)
 
 
 def swiglu_backward(dy, gate, up):

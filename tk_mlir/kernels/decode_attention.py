@@ -380,10 +380,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
            eager.tensor_key(cache_seqlens), eager.tensor_key(block_table), eager.tensor_key(k),
            eager.tensor_key(v), eager.option_key(causal, scale, window, softcap, return_lse),
            torch.is_grad_enabled())
-    return _PREPARED.call(key, lambda: _prepare(q, k_cache, block_table, k, causal, scale,
-                                                window, softcap, return_lse,
-                                                (v_cache, cache_seqlens, v)),
-                          q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    return _PREPARED.call(key, lambda: _prepare(tensors, causal, scale, window, softcap,
+                                                return_lse), *tensors)
 
 
 # Eager calls by signature (eager.py).
@@ -408,13 +407,12 @@ def _checked_call(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal,
     return scale, left, right, softcap
 
 
-def _prepare(q, k_cache, block_table, k, causal, scale, window, softcap, return_lse, rest):
+def _prepare(tensors, causal, scale, window, softcap, return_lse):
     """After checking an eager call, `run(q, k_cache, v_cache, cache_seqlens,
-    block_table, k, v)` for calls like it (rest: the call's other tensors,
-    (v_cache, cache_seqlens, v))."""
-    v_cache, cache_seqlens, v = rest
-    scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens, block_table,
-                                                k, v, causal, scale, window, softcap)
+    block_table, k, v)` for calls like it (`tensors`: this call's, in that
+    order)."""
+    q, k_cache, v_cache, cache_seqlens, block_table, k, v = tensors
+    scale, left, right, softcap = _checked_call(*tensors, causal, scale, window, softcap)
     run = planned(q, k_cache, block_table, k, causal, scale, left, right, softcap,
                   same_signature=True)
     if cache_seqlens.device.type == "cpu":      # (the interpreter: lengths cost nothing)

@@ -121,19 +121,13 @@ def _prepare(a, b, scale_a, scale_b, out_dtype):
     if is_blackwell(a.get_device()) or not (M and N and K) or \
             checks.kernel_operand(a) is not a or checks.kernel_operand(bt) is not bt:
         return lambda a, b, scale_a, scale_b: launch(a, b, scale_a, scale_b, out_dtype)
-    sms = num_sms(a.get_device())
-    product = gemm.plan_launcher(plan(M, N, K, sms), scaled_gemm_kernel, scaled_split_k_kernel,
-                                 sms, same_signature=True)
-    if scale_a.dim() == scale_b.dim() == 0:       # (as the kernels read them)
-        def run_0d(a, b, scale_a, scale_b):
-            c = a.new_empty((M, N), dtype=out_dtype)
-            product(a, b.t(), c, scale_a, scale_b)
-            return c
-        return run_0d
+    product = _product(M, N, K, num_sms(a.get_device()), same_signature=True)
+    # (0-d per-tensor scales are what the kernels read: no per-call views)
+    scales = scale_operands if scale_a.dim() or scale_b.dim() else lambda sa, sb: (sa, sb)
 
     def run(a, b, scale_a, scale_b):
         c = a.new_empty((M, N), dtype=out_dtype)
-        product(a, b.t(), c, *scale_operands(scale_a, scale_b))
+        product(a, b.t(), c, *scales(scale_a, scale_b))
         return c
     return run
 
@@ -208,12 +202,16 @@ def launch(a, b, scale_a, scale_b, out_dtype):
     return c
 
 
-@functools.lru_cache(maxsize=256)
-def _launcher(M: int, N: int, K: int, sms: int):
+def _product(M: int, N: int, K: int, sms: int, same_signature: bool = False):
     """`product(a, bt, c, sa, sb)`: the launch of `plan(M, N, K, sms)` on
-    operands the kernels read, made once per shape (one launcher for the
-    planned eager path and `launch`)."""
-    return gemm.plan_launcher(plan(M, N, K, sms), scaled_gemm_kernel, scaled_split_k_kernel, sms)
+    operands the kernels read (same_signature: an eager signature's, every
+    call's tensors laid out as the first's: gemm.plan_launcher's)."""
+    return gemm.plan_launcher(plan(M, N, K, sms), scaled_gemm_kernel, scaled_split_k_kernel, sms,
+                              same_signature)
+
+
+# `launch`'s, made once per shape and shared by its calls of any layout.
+_launcher = functools.lru_cache(maxsize=256)(_product)
 
 
 # Few rows (M <= SMALL_M) take 64 x 128 tiles, and K in slices only when
