@@ -33,9 +33,10 @@ def test_kernels_in_the_interpreter():
     gate[0, :8] = torch.tensor([-200.0, -90.0, -30.0, 0.0, 30.0, 90.0, 200.0, 1.0])
     up, dy = (torch.randn(45, 264, generator=g).to(bf16) for _ in range(2))
     y, dg, du = (torch.full_like(gate, float("nan")) for _ in range(3))
-    grid = activations._grid(gate)
-    activations.swiglu_kernel.interpret[grid](gate, up, y)
-    activations.swiglu_backward_kernel.interpret[grid](gate, up, dy, dg, du)
+    grid, nj = activations._grid(*gate.shape)          # 3 row tiles x 2 column tiles
+    assert grid == (6,) and nj == 2
+    activations.swiglu_kernel.interpret[grid](gate, up, y, nj)
+    activations.swiglu_backward_kernel.interpret[grid](gate, up, dy, dg, du, nj)
     ref_y, ref_dg, ref_du = _reference(gate, up, dy)
     for got, ref in ((y, ref_y), (dg, ref_dg), (du, ref_du)):
         assert not got.isnan().any() and _rel(got, ref) < 1e-2
