@@ -13,7 +13,7 @@ import torch
 from tk_mlir.kernels import (activations, decode_attention, eager, flash_attention, gemm,
                              grouped_gemm, norms, rotary, scaled_gemm)
 from tk_mlir.kernels import (attention, grouped_matmul, layer_norm, matmul, rms_norm,
-                             rotary_embedding, swiglu)
+                             rotary_embedding, rotary_embedding_qk, swiglu)
 
 
 def _rel(got, want) -> float:
@@ -29,7 +29,7 @@ def test_forget_all_reaches_every_wrapper_table(interpret):
     the table of every wrapper that remembers calls."""
     tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
               flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED,
-              activations._SWIGLU, rotary._ROTARY, decode_attention._PREPARED)
+              activations._SWIGLU, rotary._ROTARY, rotary._ROTARY_QK, decode_attention._PREPARED)
     g = torch.Generator().manual_seed(0)
     matmul(_bf16(g, 8, 16), _bf16(g, 8, 16))
     rms_norm(_bf16(g, 4, 64), _bf16(g, 64))
@@ -306,6 +306,34 @@ def test_bound_launches_read_each_calls_tensors():
                                      torch.full((3,), 130, device="cuda")),
           grouped_matmul, lambda a, b, sizes: a @ b.transpose(1, 2), 5e-3)
 
+    def grads_check(name, fn, ref, inputs, gradients):
+        for grads in gradients * 2:     # (each layout twice, on one remembered signature)
+            xs = [t.requires_grad_() for t in inputs()]
+            got = torch.autograd.grad(fn(*xs), xs, grads)
+            x64 = [t.detach().double().requires_grad_() for t in xs]
+            want = torch.autograd.grad(ref(*x64), x64, [t.double() for t in grads])
+            for a, b in zip(got, want):
+                assert _rel(a, b) < 2e-2, f"{name} backward, gradient strides {grads[0].stride()}"
+
+    def layouts(*shape):
+        b, n, h, d = shape
+        return [rand(*shape), rand(b, h, n, d).transpose(1, 2), rand(1, 1, 1, d).expand(*shape)]
+
+    angles = torch.rand(300, 64, device="cuda", generator=g) * 6
+    cos, sin = angles.cos(), angles.sin()
+    grads_check("rotary_embedding_qk", lambda q, k: rotary_embedding_qk(q, k, cos, sin),
+                lambda q, k: (_rotated(q, cos, sin), _rotated(k, cos, sin)),
+                lambda: (rand(2, 300, 8, 128), rand(2, 300, 2, 128)),
+                list(zip(layouts(2, 300, 8, 128), layouts(2, 300, 2, 128))))
+    grads_check("layer_norm", lambda x, w, b: layer_norm(x, w, b),
+                lambda x, w, b: torch.nn.functional.layer_norm(x, (128,), w, b),
+                lambda: (rand(2, 300, 8, 128), rand(128), rand(128)),
+                [(t,) for t in layouts(2, 300, 8, 128)])
+    grads_check("swiglu", lambda gt, up: swiglu(gt, up),
+                lambda gt, up: torch.nn.functional.silu(gt) * up,
+                lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128)),
+                [(t,) for t in layouts(2, 300, 8, 128)])
+
     for make_do in (lambda: rand(2, 4, 200, 64), lambda: rand(2, 200, 4, 64).transpose(1, 2),
                     lambda: rand(1, 1, 1, 1).expand(2, 4, 200, 64)) * 2:
         q, k, v = (rand(2, 4, 200, 64).requires_grad_() for _ in range(3))
@@ -334,6 +362,56 @@ def test_bound_launches_read_each_calls_tensors():
     check("scaled_matmul", lambda: (fp8(64, 256), fp8(128, 256).T),
           lambda a, b: scaled_matmul(a, b, *scales),
           lambda a, b: a @ b, 1e-2)
+
+
+def _rotated(x, cos, sin):
+    """x (B, N, H, D) rotated in float64 (GPT-NeoX halves), cos/sin (N, D/2)."""
+    h = x.shape[-1] // 2
+    x1, x2, c, s = x[..., :h], x[..., h:], cos.double()[:, None], sin.double()[:, None]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+
+def _output_gradients(g, shape):
+    """Gradients of one output shape in the layouts autograd may hand over:
+    contiguous, transposed and expanded, in turn."""
+    b, n, h, d = shape
+    return [_bf16(g, *shape), _bf16(g, b, h, n, d).transpose(1, 2),
+            _bf16(g, 1, 1, 1, d).expand(*shape)]
+
+
+def test_remembered_backwards_take_gradients_in_any_layout(interpret):
+    """rotary_embedding_qk's, swiglu's and rms_norm's remembered backwards (launches
+    planned for the signature's layout): output gradients contiguous,
+    transposed and expanded, one signature, each against float64; the
+    forwards' repeats too."""
+    g = torch.Generator().manual_seed(10)
+    cos_sin = torch.rand(24, 16, generator=g) * 6
+    cos, sin = cos_sin.cos(), cos_sin.sin()
+    for dq, dk in zip(_output_gradients(g, (2, 24, 4, 32)), _output_gradients(g, (2, 24, 2, 32))):
+        q, k = _bf16(g, 2, 24, 4, 32).requires_grad_(), _bf16(g, 2, 24, 2, 32).requires_grad_()
+        rq, rk = rotary_embedding_qk(q, k, cos, sin)
+        got = torch.autograd.grad((rq, rk), (q, k), (dq, dk))
+        q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
+        r64 = (_rotated(q64, cos, sin), _rotated(k64, cos, sin))
+        assert _rel(rq, r64[0]) < 1e-2 and _rel(rk, r64[1]) < 1e-2
+        want = torch.autograd.grad(r64, (q64, k64), (dq.double(), dk.double()))
+        assert all(_rel(a, b) < 1e-2 for a, b in zip(got, want)), dq.stride()
+    assert len(rotary._ROTARY_QK) == 1
+    for dy in _output_gradients(g, (2, 24, 4, 32)):
+        gate, up = (_bf16(g, 2, 24, 4, 32).requires_grad_() for _ in range(2))
+        got = torch.autograd.grad(swiglu(gate, up), (gate, up), dy)
+        g64, u64 = (t.detach().double().requires_grad_() for t in (gate, up))
+        want = torch.autograd.grad(torch.nn.functional.silu(g64) * u64, (g64, u64), dy.double())
+        assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), dy.stride()
+    assert len(activations._SWIGLU) == 1
+    for dy in _output_gradients(g, (2, 24, 4, 32)):
+        x, w = _bf16(g, 2, 24, 4, 32).requires_grad_(), _bf16(g, 32).requires_grad_()
+        got = torch.autograd.grad(rms_norm(x, w), (x, w), dy)
+        x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+        want = torch.autograd.grad(torch.nn.functional.rms_norm(x64, (32,), w64, 1e-6),
+                                   (x64, w64), dy.double())
+        assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), dy.stride()
+    assert len(norms._RMS_NORM) == 1
 
 
 def test_a_remembered_kvcache_call_appends_and_checks_each_calls_lengths(interpret):

@@ -16,6 +16,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager
+from tk_mlir.runtime.arguments import contiguous_strides
 
 
 # The tile of a block: 16 x 256 with 8 warps (16 elements a thread) ran the
@@ -94,7 +95,8 @@ def _prepare(gate, up):
     run = planned(gate, up, same_signature=True)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         from tk_mlir.kernels import custom_ops
-        return lambda gate, up: custom_ops.EagerSwiglu.apply(gate, up, run)
+        back = planned_backward(gate, up, same_signature=True)
+        return lambda gate, up: custom_ops.EagerSwiglu.apply(gate, up, run, back)
     return run
 
 
@@ -132,14 +134,39 @@ def launch(gate, up):
 
 def swiglu_backward(dy, gate, up):
     """(dgate, dup) of swiglu(gate, up) given dy, each a new tensor."""
+    return planned_backward(gate, up)(dy, gate, up)
+
+
+def planned_backward(gate, up, same_signature: bool = False):
+    """`run(dy, gate, up) -> (dgate, dup)`, new tensors, for checked tensors
+    shaped like gate and up: its grid chosen once. same_signature: gate and
+    up are laid out as these on every call (an eager signature's saved
+    inputs) and the launch reads addresses alone (eager.launcher); dy, whose
+    layout autograd chooses, is copied into a contiguous one of gate's dtype
+    where it is not one."""
     import torch
-    dg, du = (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) for _ in range(2))
-    if dg.numel():
-        d = gate.shape[-1]
-        grid, nj = _grid(dg.numel() // d, d)
-        swiglu_backward_kernel[grid](_rows(gate), _rows(up), _rows(dy.to(gate.dtype)),
-                                     dg.view(-1, d), du.view(-1, d), nj)
-    return dg, du
+    shape, d, dtype = tuple(gate.shape), gate.shape[-1], gate.dtype
+    rows = math.prod(shape[:-1])
+    if rows * d == 0:
+        return lambda dy, gate, up: (gate.new_empty(shape), gate.new_empty(shape))
+    grid, nj = _grid(rows, d)
+    kernel = eager.launcher(swiglu_backward_kernel, same_signature)(grid)
+    strides = contiguous_strides(shape)
+    # (decided once: whether the kernel reads such gate and up as they lie)
+    as_they_lie = same_signature and gate.dim() == 2 and checks.kernel_operand(gate) is gate \
+        and checks.kernel_operand(up) is up
+
+    def run(dy, gate, up):
+        if not same_signature:
+            dy = _rows(dy.to(dtype))
+        elif dy.dtype is not dtype or dy.stride() != strides or dy.data_ptr() & 15:
+            dy = torch.empty(shape, dtype=dtype, device=dy.device).copy_(dy)
+        dg, du = (torch.empty(shape, dtype=dtype, device=gate.device) for _ in range(2))
+        if not as_they_lie:
+            gate, up = _rows(gate), _rows(up)
+        kernel(gate, up, dy.view(rows, d), dg.view(rows, d), du.view(rows, d), nj)
+        return dg, du
+    return run
 
 
 def _rows(t):

@@ -509,34 +509,37 @@ class EagerRmsNorm(torch.autograd.Function):
     kernels launch directly, without the op's dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, planned):
-        """planned: norms.planned_rms_norm's launch for x's shape (an eager
-        call's, remembered)."""
+    def forward(ctx, x, weight, eps, planned, planned_backward):
+        """planned, planned_backward: norms.planned_rms_norm's and
+        .planned_backward's launches for x's signature (an eager call's,
+        remembered)."""
         y = x.new_empty(x.shape)
         planned(x, weight, eps, y)
         _norm_setup_context(ctx, (x, weight, eps), y)
+        ctx.planned_backward = planned_backward
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return (*_rms_norm_backward(ctx, dy, norms.rms_norm_backward), None)
+        return (*_rms_norm_backward(ctx, dy, ctx.planned_backward), None, None)
 
 
 class EagerLayerNorm(torch.autograd.Function):
     """layer_norm's, as EagerRmsNorm."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, planned):
+    def forward(ctx, x, weight, bias, eps, planned, planned_backward):
         y = x.new_empty(x.shape)
         planned(x, weight, bias, eps, y)
         _norm_setup_context(ctx, (x, weight, bias, eps), y)
+        ctx.planned_backward = planned_backward
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return (*_layer_norm_backward(ctx, dy, norms.layer_norm_backward), None)
+        return (*_layer_norm_backward(ctx, dy, ctx.planned_backward), None, None)
 
 
 # -------------------------------------------------------------- activations
@@ -584,16 +587,18 @@ class EagerSwiglu(torch.autograd.Function):
     """swiglu's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
-    def forward(ctx, gate, up, planned):
-        """planned: activations.planned's launch for gate's and up's
-        signature (an eager call's, remembered)."""
+    def forward(ctx, gate, up, planned, planned_backward):
+        """planned, planned_backward: activations.planned's and
+        .planned_backward's launches for gate's and up's signature (an eager
+        call's, remembered)."""
         _swiglu_setup_context(ctx, (gate, up), None)
+        ctx.planned_backward = planned_backward
         return planned(gate, up)
 
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return (*_swiglu_backward(ctx, dy, activations.swiglu_backward), None)
+        return (*_swiglu_backward(ctx, dy, ctx.planned_backward), None, None)
 
 
 # ------------------------------------------------------------------ rotary
@@ -648,20 +653,20 @@ class EagerRotary(torch.autograd.Function):
 
 class EagerRotaryQK(torch.autograd.Function):
     """rotary_embedding_qk's forward and backward for eager calls on checked q
-    and k: one launch each way."""
+    and k: one launch each way, each planned for the call's signature
+    (rotary.planned_qk)."""
 
     @staticmethod
-    def forward(ctx, q, k, cos, sin, interleaved):
+    def forward(ctx, q, k, cos, sin, rotate, rotate_back):
         ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
-        return rotary.launch_qk(q, k, cos, sin, interleaved=interleaved)
+        ctx.rotate_back = rotate_back
+        return rotate(q, k, cos, sin)
 
     @staticmethod
     @first_order
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
-        dq, dk = rotary.launch_qk(dq, dk, cos, sin, inverse=True, interleaved=ctx.interleaved)
-        return dq, dk, None, None, None
+        return (*ctx.rotate_back(dq, dk, cos, sin), None, None, None, None)
 
 # ------------------------------------------------------------------ losses
 

@@ -17,6 +17,7 @@ from tk_mlir import bf16, f32
 
 from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
+from tk_mlir.runtime.arguments import contiguous_strides
 
 
 @tk.kernel(num_warps=8)
@@ -248,10 +249,12 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     params = dict(weight=weight) if fn == "rms_norm" else dict(weight=weight, bias=bias)
     eps = _check(fn, x, eps, _out(out), **params)
     grads = _recorded(fn, out, x, *params.values())
+    back = planned_backward(fn, x, weight, same_signature=True) if grads else None
     if fn == "rms_norm":
         launch = planned_rms_norm(x, same_signature=True)
         if grads:
-            run = lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch)
+            run = lambda x, weight, out: custom_ops.EagerRmsNorm.apply(x, weight, eps, launch,
+                                                                       back)
         else:
             def run(x, weight, out):
                 out = x.new_empty(x.shape) if out is None else out
@@ -261,7 +264,7 @@ def _prepare(fn: str, x, weight, bias, eps, out):
         launch = planned_layer_norm(x, same_signature=True)
         if grads:
             run = lambda x, weight, bias, out: custom_ops.EagerLayerNorm.apply(
-                x, weight, bias, eps, launch)
+                x, weight, bias, eps, launch, back)
         else:
             def run(x, weight, bias, out):
                 out = x.new_empty(x.shape) if out is None else out
@@ -349,41 +352,61 @@ def rms_norm_backward(dy, x, weight, eps: float, dh=None):
     """(dx, dweight) of rms_norm(x, weight, eps) given dy, the gradient of its
     output; dweight summed over the rows in f32 (two stages, see the kernels).
     dh: a gradient added to dx (fused_add_rms_norm's sum output's)."""
-    dx, (dw,) = _backward(rmsnorm_backward_kernel, dy, dh, x, weight, eps, outputs=1)
-    return dx, dw
+    return planned_backward("rms_norm", x, weight, dh is not None)(dy, x, weight, eps, dh)
 
 
 def layer_norm_backward(dy, x, weight, eps: float, dh=None):
     """(dx, dweight, dbias) of layer_norm(x, weight, bias, eps) given dy (the
     bias does not enter the gradients); dh as rms_norm_backward's."""
-    dx, (dw, db) = _backward(layernorm_backward_kernel, dy, dh, x, weight, eps, outputs=2)
-    return dx, dw, db
+    return planned_backward("layer_norm", x, weight, dh is not None)(dy, x, weight, eps, dh)
 
 
-def _backward(kernel, dy, dh, x, weight, eps: float, outputs: int):
-    """dx (+ dh) and the column sums of `outputs` per-block partials, each
-    weight's dtype, from a backward kernel on checked tensors."""
+def planned_backward(norm: str, x, weight, with_dh: bool = False,
+                     same_signature: bool = False):
+    """`run(dy, x, weight, eps, dh=None) -> (dx, *sums)`: the backward kernel of
+    `norm` ("rms_norm": dweight; "layer_norm": dweight, dbias, each the
+    column sum of per-block f32 partials, in weight's dtype) for checked
+    tensors laid out as x and weight, its grid and launches chosen once;
+    with_dh: dh (like x) is added to dx. same_signature: x and weight are
+    laid out as these on every call (an eager signature's saved tensors) and
+    the launches read addresses alone (eager.launcher); dy, whose layout
+    autograd chooses, is copied into a contiguous tensor of x's dtype where
+    it is not one."""
     import torch
-    shape = x.shape
-    x = _rows(x)
-    rows, d = x.shape
-    dy = _rows(dy)                  # (an aligned copy of e.g. the expanded gradient of y.sum())
-    dh = _rows(dh) if dh is not None else None
-    dx = torch.empty(rows, d, dtype=x.dtype, device=x.device)
+    kernel, outputs = ((rmsnorm_backward_kernel, 1) if norm == "rms_norm" else
+                       (layernorm_backward_kernel, 2))
+    shape, dtype, device = tuple(x.shape), x.dtype, x.device
+    rows, d = math.prod(shape[:-1]), shape[-1]
     if rows == 0:
-        return dx.view(shape), [torch.zeros_like(weight) for _ in range(outputs)]
-    block = _block(d)
+        return lambda dy, x, weight, eps, dh=None: (
+            torch.empty(shape, dtype=dtype, device=device),
+            *[torch.zeros_like(weight) for _ in range(outputs)])
     grid = min(rows, 2 * num_sms(x.get_device()))
-    parts = [torch.empty(grid, d, dtype=torch.float32, device=x.device) for _ in range(outputs)]
-    # (without dh, DH is not read: dy stands in for it)
-    kernel[(grid,)](x, checks.kernel_operand(weight), dy, dy if dh is None else dh, dx, *parts,
-                    eps, BLOCK=block,
-                    ADD_DH=dh is not None)
-    sums = []
-    for part in parts:
-        sums.append(torch.empty_like(weight))
-        column_sum_kernel[(tk.cdiv(d, 256),)](part, sums[-1])
-    return dx.view(shape), sums
+    main = eager.launcher(kernel, same_signature)((grid,), BLOCK=_block(d), ADD_DH=with_dh)
+    column_sum = eager.launcher(column_sum_kernel, same_signature)((tk.cdiv(d, 256),))
+    strides = contiguous_strides(shape)
+    # (decided once: whether the kernels read such x and weight as they lie)
+    x_as_rows = same_signature and _as_rows(x)
+    weight_as_is = same_signature and checks.kernel_operand(weight) is weight
+
+    def run(dy, x, weight, eps, dh=None):
+        if not same_signature:
+            dy = _rows(dy)          # (an aligned copy of e.g. the expanded gradient of y.sum())
+        elif dy.dtype is not dtype or dy.stride() != strides or dy.data_ptr() & 15:
+            dy = torch.empty(shape, dtype=dtype, device=device).copy_(dy)
+        x = x if x_as_rows else _rows(x)
+        dx = torch.empty(rows, d, dtype=dtype, device=device)
+        parts = [torch.empty(grid, d, dtype=torch.float32, device=device)
+                 for _ in range(outputs)]
+        # (without dh, DH is not read: dy stands in for it)
+        main(x, weight if weight_as_is else checks.kernel_operand(weight), dy.view(rows, d),
+             _rows(dh) if with_dh else dy.view(rows, d), dx, *parts, eps)
+        sums = [torch.empty(weight.shape, dtype=weight.dtype, device=device)
+                for _ in range(outputs)]
+        for part, total in zip(parts, sums):
+            column_sum(part, total)
+        return (dx.view(shape), *sums)
+    return run
 
 
 def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):

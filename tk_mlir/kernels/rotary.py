@@ -15,6 +15,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager
+from tk_mlir.runtime.arguments import contiguous_strides
 
 
 @tk.func
@@ -134,22 +135,38 @@ def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
     launch (and their gradients in one more) when they share (B, N, D),
     dtype, device and whether they require grad."""
     import torch
-    def each():
+    if torch.compiler.is_compiling():
         return (rotary_embedding(q, cos, sin, interleaved),
                 rotary_embedding(k, cos, sin, interleaved))
-    if torch.compiler.is_compiling():
-        return each()
+    # eager: a signature seen before was checked then (eager.py)
+    key = (eager.tensor_key(q), eager.tensor_key(k), eager.tensor_key(cos),
+           eager.tensor_key(sin), eager.option_key(interleaved), torch.is_grad_enabled())
+    return _ROTARY_QK.call(key, lambda: _prepare_qk(q, k, cos, sin, interleaved), q, k, cos, sin)
+
+
+_ROTARY_QK = eager.Prepared()
+
+
+def _prepare_qk(q, k, cos, sin, interleaved):
+    """After checking an eager rotary_embedding_qk call, `run(q, k, cos, sin)`
+    for calls like it: a pair (_pair) in one launch each way, through
+    autograd when it records them; else each rotated on its own."""
+    import torch
     _check(q, cos, sin, "q")
-    cos, sin = _positions(cos), _positions(sin)
     pair = _pair(q, k)
-    _check(k, cos, sin, "k", tables=not pair)     # (a pair's tables fit k as they fit q)
+    _check(k, _positions(cos), _positions(sin), "k", tables=not pair)  # (a pair's fit k)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
-        return each()
+        return lambda q, k, cos, sin: (rotary_embedding(q, cos, sin, interleaved),
+                                       rotary_embedding(k, cos, sin, interleaved))
     _check_interleaved(interleaved)
+    per_batch = _positions(cos).dim() == 3
+    forward = planned_qk(q, k, per_batch, interleaved, same_signature=True)
     if torch.is_grad_enabled() and q.requires_grad:
         from tk_mlir.kernels import custom_ops
-        return custom_ops.EagerRotaryQK.apply(q, k, cos, sin, interleaved)
-    return launch_qk(q, k, cos, sin, interleaved=interleaved)
+        backward = planned_qk(q, k, per_batch, interleaved, inverse=True, gradients=True)
+        return lambda q, k, cos, sin: custom_ops.EagerRotaryQK.apply(
+            q, k, _positions(cos), _positions(sin), forward, backward)
+    return lambda q, k, cos, sin: forward(q, k, _positions(cos), _positions(sin))
 
 
 def _pair(q, k) -> bool:
@@ -178,16 +195,51 @@ def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
 
 def launch_qk(q, k, cos, sin, inverse: bool = False, interleaved: bool = False):
     """rotary_qk_kernel on checked q and k (or their gradients): new outputs."""
+    return planned_qk(q, k, cos.dim() == 3, interleaved, inverse)(q, k, cos, sin)
+
+
+def planned_qk(q, k, per_batch: bool, interleaved: bool, inverse: bool = False,
+               same_signature: bool = False, gradients: bool = False):
+    """`launch(q, k, cos, sin) -> (yq, yk)`: rotary_qk_kernel for checked
+    tensors laid out as q and k (cos and sin as the kernels index them,
+    _positions), its launch made once. same_signature: every call's q and k
+    are laid out as these (an eager signature's), and the launch reads their
+    addresses alone (eager.launcher). gradients: the calls pass the
+    gradients of q's and k's rotations (the backward, bound to their
+    layout): each is copied into the outputs' (contiguous) where autograd
+    hands it otherwise."""
     import torch
-    q, k = checks.kernel_operand(q), checks.kernel_operand(k)
     B, N, H, D = q.shape
-    yq, yk = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k))
-    if yq.numel() or yk.numel():
-        rotary_qk_kernel[(N, B, 2)](q, k, *_tables(cos, sin, interleaved), yq, yk,
-                                    HBQ=_rows(H), HBK=_rows(k.shape[2]), HALF=D // 2,
-                                    PER_BATCH=cos.dim() == 3, INVERSE=inverse,
-                                    INTERLEAVED=interleaved)
-    return yq, yk
+    qshape, kshape, dtype, device = q.shape, k.shape, q.dtype, q.device
+    run = eager.launcher(rotary_qk_kernel, same_signature or gradients)(
+        (N, B, 2), HBQ=_rows(H), HBK=_rows(kshape[2]), HALF=D // 2, PER_BATCH=per_batch,
+        INVERSE=inverse, INTERLEAVED=interleaved)
+    # (decided once: whether the kernels read such q and k as they lie)
+    as_they_lie = not gradients and checks.kernel_operand(q) is q and \
+        checks.kernel_operand(k) is k
+    empty = not (q.numel() or k.numel())
+    qstrides, kstrides = contiguous_strides(qshape), contiguous_strides(kshape)
+
+    def launch(q, k, cos, sin):
+        if gradients:
+            q, k = _as_output(q, qshape, qstrides, dtype), _as_output(k, kshape, kstrides, dtype)
+        elif not as_they_lie:
+            q, k = checks.kernel_operand(q), checks.kernel_operand(k)
+        yq = torch.empty(qshape, dtype=dtype, device=device)
+        yk = torch.empty(kshape, dtype=dtype, device=device)
+        if not empty:
+            run(q, k, *_tables(cos, sin, interleaved), yq, yk)
+        return yq, yk
+    return launch
+
+
+def _as_output(t, shape, strides, dtype):
+    """A gradient of a rotation's output in the output's layout (contiguous:
+    `strides`, its dtype, 16-byte aligned): t itself where it is, else a copy."""
+    import torch
+    if t.dtype is dtype and t.stride() == strides and not t.data_ptr() & 15:
+        return t
+    return torch.empty(shape, dtype=dtype, device=t.device).copy_(t)
 
 
 def _tables(cos, sin, interleaved: bool):
