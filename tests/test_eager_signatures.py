@@ -12,8 +12,8 @@ import torch
 
 from tk_mlir.kernels import (activations, decode_attention, eager, flash_attention, gemm,
                              grouped_gemm, norms, rotary, scaled_gemm)
-from tk_mlir.kernels import (attention, grouped_matmul, layer_norm, matmul, rms_norm,
-                             rotary_embedding, rotary_embedding_qk, swiglu)
+from tk_mlir.kernels import (attention, fused_add_rms_norm, grouped_matmul, layer_norm, matmul,
+                             rms_norm, rotary_embedding, rotary_embedding_qk, swiglu)
 
 
 def _rel(got, want) -> float:
@@ -329,6 +329,10 @@ def test_bound_launches_read_each_calls_tensors():
                 lambda x, w, b: torch.nn.functional.layer_norm(x, (128,), w, b),
                 lambda: (rand(2, 300, 8, 128), rand(128), rand(128)),
                 [(t,) for t in layouts(2, 300, 8, 128)])
+    grads_check("fused_add_rms_norm", lambda x, r, w: fused_add_rms_norm(x, r, w),
+                lambda x, r, w: (torch.nn.functional.rms_norm(x + r, (128,), w, 1e-6), x + r),
+                lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128), rand(128)),
+                list(zip(layouts(2, 300, 8, 128), layouts(2, 300, 8, 128)[::-1])))
     grads_check("swiglu", lambda gt, up: swiglu(gt, up),
                 lambda gt, up: torch.nn.functional.silu(gt) * up,
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128)),
@@ -380,7 +384,8 @@ def _output_gradients(g, shape):
 
 
 def test_remembered_backwards_take_gradients_in_any_layout(interpret):
-    """rotary_embedding_qk's, swiglu's and rms_norm's remembered backwards (launches
+    """rotary_embedding_qk's, swiglu's, rms_norm's and fused_add_rms_norm's
+    remembered backwards (launches
     planned for the signature's layout): output gradients contiguous,
     transposed and expanded, one signature, each against float64; the
     forwards' repeats too."""
@@ -412,6 +417,17 @@ def test_remembered_backwards_take_gradients_in_any_layout(interpret):
                                    (x64, w64), dy.double())
         assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), dy.stride()
     assert len(norms._RMS_NORM) == 1
+    shape = (2, 24, 4, 32)
+    for dy, dh in zip(_output_gradients(g, shape), _output_gradients(g, shape)[::-1]):
+        x, r = (_bf16(g, 2, 24, 4, 32).requires_grad_() for _ in range(2))
+        w = _bf16(g, 32).requires_grad_()
+        got = torch.autograd.grad(fused_add_rms_norm(x, r, w), (x, r, w), (dy, dh))
+        x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+        h64 = x64 + r64
+        want = torch.autograd.grad((torch.nn.functional.rms_norm(h64, (32,), w64, 1e-6), h64),
+                                   (x64, r64, w64), (dy.double(), dh.double()))
+        assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), (dy.stride(), dh.stride())
+    assert len(norms._FUSED_ADD) == 1
 
 
 def test_a_remembered_kvcache_call_appends_and_checks_each_calls_lengths(interpret):

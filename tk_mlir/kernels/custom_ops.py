@@ -1359,19 +1359,18 @@ class EagerSsd(torch.autograd.Function):
 
 class EagerFusedAddNorm(torch.autograd.Function):
     """fused_add_rms_norm's and fused_add_layer_norm's forward and backward for
-    eager calls on checked tensors (norm: "rms_norm" or "layer_norm"; then x,
-    residual, weight, [bias,] eps)."""
+    eager calls on checked tensors (norm: "rms_norm" or "layer_norm";
+    planned_backward: norms.planned_backward's run for the call's signature,
+    dh added; then x, residual, weight, [bias,] eps)."""
 
     @staticmethod
-    def forward(ctx, norm, x, residual, weight, *bias_eps):
+    def forward(ctx, norm, planned_backward, x, residual, weight, *bias_eps):
         y, h = norms.launch_fused_add(norm, x, residual, weight, *bias_eps)
         _fused_add_setup_context(ctx, (x, residual, weight, *bias_eps), (y, h))
-        ctx.norm = norm
+        ctx.planned_backward = planned_backward
         return y, h
 
     @staticmethod
     @first_order
     def backward(ctx, dy, dh):
-        backward = norms.rms_norm_backward if ctx.norm == "rms_norm" else \
-            norms.layer_norm_backward
-        return (None, *_fused_add_backward(ctx, dy, dh, backward))
+        return (None, None, *_fused_add_backward(ctx, dy, dh, ctx.planned_backward))

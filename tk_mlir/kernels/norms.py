@@ -369,9 +369,9 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
     tensors laid out as x and weight, its grid and launches chosen once;
     with_dh: dh (like x) is added to dx. same_signature: x and weight are
     laid out as these on every call (an eager signature's saved tensors) and
-    the launches read addresses alone (eager.launcher); dy, whose layout
-    autograd chooses, is copied into a contiguous tensor of x's dtype where
-    it is not one."""
+    the launches read addresses alone (eager.launcher); dy and dh, whose
+    layout autograd chooses, are copied into contiguous tensors of x's dtype
+    where they are not."""
     import torch
     kernel, outputs = ((rmsnorm_backward_kernel, 1) if norm == "rms_norm" else
                        (layernorm_backward_kernel, 2))
@@ -389,18 +389,24 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
     x_as_rows = same_signature and _as_rows(x)
     weight_as_is = same_signature and checks.kernel_operand(weight) is weight
 
-    def run(dy, x, weight, eps, dh=None):
+    def gradient_rows(g):
+        """A gradient like x as (rows, d) the kernel reads (bound: x's shape
+        contiguous, a copy where autograd handed another layout)."""
         if not same_signature:
-            dy = _rows(dy)          # (an aligned copy of e.g. the expanded gradient of y.sum())
-        elif dy.dtype is not dtype or dy.stride() != strides or dy.data_ptr() & 15:
-            dy = torch.empty(shape, dtype=dtype, device=device).copy_(dy)
+            return _rows(g)         # (an aligned copy of e.g. the expanded gradient of y.sum())
+        if g.dtype is not dtype or g.stride() != strides or g.data_ptr() & 15:
+            g = torch.empty(shape, dtype=dtype, device=device).copy_(g)
+        return g.view(rows, d)
+
+    def run(dy, x, weight, eps, dh=None):
+        dy = gradient_rows(dy)
         x = x if x_as_rows else _rows(x)
         dx = torch.empty(rows, d, dtype=dtype, device=device)
         parts = [torch.empty(grid, d, dtype=torch.float32, device=device)
                  for _ in range(outputs)]
         # (without dh, DH is not read: dy stands in for it)
-        main(x, weight if weight_as_is else checks.kernel_operand(weight), dy.view(rows, d),
-             _rows(dh) if with_dh else dy.view(rows, d), dx, *parts, eps)
+        main(x, weight if weight_as_is else checks.kernel_operand(weight), dy,
+             gradient_rows(dh) if with_dh else dy, dx, *parts, eps)
         sums = [torch.empty(weight.shape, dtype=weight.dtype, device=device)
                 for _ in range(outputs)]
         for part, total in zip(parts, sums):
@@ -455,8 +461,11 @@ def _prepare_fused_add(norm: str, x, residual, weight, bias, eps):
     *inputs, eps = _checked_fused_add(norm, x, residual, weight, bias, eps)
     rms = norm == "rms_norm"
     if _recorded(f"fused_add_{norm}", None, *inputs):
+        # the backward's x is the sum h, a new contiguous tensor like x
+        back = planned_backward(norm, x.new_empty(x.shape), weight, with_dh=True,
+                                same_signature=True)
         return lambda x, residual, weight, bias: custom_ops.EagerFusedAddNorm.apply(
-            norm, x, residual, weight, *(() if rms else (bias,)), eps)
+            norm, back, x, residual, weight, *(() if rms else (bias,)), eps)
     return lambda x, residual, weight, bias: launch_fused_add(
         norm, x, residual, weight, *(() if rms else (bias,)), eps)
 
