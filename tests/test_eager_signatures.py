@@ -325,6 +325,9 @@ def test_bound_launches_read_each_calls_tensors():
                 lambda q, k: (_rotated(q, cos, sin), _rotated(k, cos, sin)),
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 2, 128)),
                 list(zip(layouts(2, 300, 8, 128), layouts(2, 300, 2, 128))))
+    grads_check("rotary_embedding", lambda x: rotary_embedding(x, cos, sin),
+                lambda x: _rotated(x, cos, sin), lambda: (rand(2, 300, 8, 128),),
+                [(t,) for t in layouts(2, 300, 8, 128)])
     grads_check("layer_norm", lambda x, w, b: layer_norm(x, w, b),
                 lambda x, w, b: torch.nn.functional.layer_norm(x, (128,), w, b),
                 lambda: (rand(2, 300, 8, 128), rand(128), rand(128)),
@@ -384,8 +387,8 @@ def _output_gradients(g, shape):
 
 
 def test_remembered_backwards_take_gradients_in_any_layout(interpret):
-    """rotary_embedding_qk's, swiglu's, rms_norm's and fused_add_rms_norm's
-    remembered backwards (launches
+    """rotary_embedding_qk's, rotary_embedding's, swiglu's, rms_norm's and
+    fused_add_rms_norm's remembered backwards (launches
     planned for the signature's layout): output gradients contiguous,
     transposed and expanded, one signature, each against float64; the
     forwards' repeats too."""
@@ -402,6 +405,15 @@ def test_remembered_backwards_take_gradients_in_any_layout(interpret):
         want = torch.autograd.grad(r64, (q64, k64), (dq.double(), dk.double()))
         assert all(_rel(a, b) < 1e-2 for a, b in zip(got, want)), dq.stride()
     assert len(rotary._ROTARY_QK) == 1
+    for dy in _output_gradients(g, (2, 24, 4, 32)):
+        x = _bf16(g, 2, 24, 4, 32).requires_grad_()
+        y = rotary_embedding(x, cos, sin)
+        got, = torch.autograd.grad(y, x, dy)
+        x64 = x.detach().double().requires_grad_()
+        r64 = _rotated(x64, cos, sin)
+        assert _rel(y, r64) < 1e-2
+        assert _rel(got, torch.autograd.grad(r64, x64, dy.double())[0]) < 1e-2, dy.stride()
+    assert len(rotary._ROTARY) == 1
     for dy in _output_gradients(g, (2, 24, 4, 32)):
         gate, up = (_bf16(g, 2, 24, 4, 32).requires_grad_() for _ in range(2))
         got = torch.autograd.grad(swiglu(gate, up), (gate, up), dy)

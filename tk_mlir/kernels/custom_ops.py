@@ -626,47 +626,34 @@ def _rotary_setup_context(ctx, inputs, output):
     ctx.interleaved = len(inputs) > 4 and inputs[4]
 
 
-def _rotary_backward(ctx, dy, rotate=None):
+def _rotary_backward(ctx, dy):
     """dx: dy rotated back (a rotation's transpose is its inverse)."""
     cos, sin = ctx.saved_tensors
-    dx = (rotate or rotary_embedding)(dy, cos, sin, not ctx.inverse, ctx.interleaved)
+    dx = rotary_embedding(dy, cos, sin, not ctx.inverse, ctx.interleaved)
     return dx, None, None, None, None
 
 
 rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
 
 
-class EagerRotary(torch.autograd.Function):
-    """rotary_embedding's forward and backward for eager calls on checked tensors."""
+class EagerRotation(torch.autograd.Function):
+    """rotary_embedding's and rotary_embedding_qk's forward and backward for
+    eager calls on checked tensors: `apply(*xs, cos, sin, rotate,
+    rotate_back)`, xs one tensor or q and k, one launch each way, each
+    planned for the call's signature (rotary.planned)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, interleaved):
-        _rotary_setup_context(ctx, (x, cos, sin, False, interleaved), None)
-        return rotary.launch(x, cos, sin, interleaved=interleaved)
-
-    @staticmethod
-    @first_order
-    def backward(ctx, dy):
-        return _rotary_backward(ctx, dy, rotary.launch)[:4]
-
-
-
-class EagerRotaryQK(torch.autograd.Function):
-    """rotary_embedding_qk's forward and backward for eager calls on checked q
-    and k: one launch each way, each planned for the call's signature
-    (rotary.planned_qk)."""
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, rotate, rotate_back):
+    def forward(ctx, *args):
+        *xs, cos, sin, rotate, rotate_back = args
         ctx.save_for_backward(cos, sin)
         ctx.rotate_back = rotate_back
-        return rotate(q, k, cos, sin)
+        return rotate(*xs, cos, sin)          # (a tuple: of one for one tensor)
 
     @staticmethod
     @first_order
-    def backward(ctx, dq, dk):
+    def backward(ctx, *grads):
         cos, sin = ctx.saved_tensors
-        return (*ctx.rotate_back(dq, dk, cos, sin), None, None, None, None)
+        return (*ctx.rotate_back(*grads, cos, sin), None, None, None, None)
 
 # ------------------------------------------------------------------ losses
 

@@ -113,15 +113,10 @@ _ROTARY = eager.Prepared()
 def _prepare(x, cos, sin, interleaved):
     """After checking an eager call, `run(x, cos, sin)` for calls like it:
     through autograd when it records them."""
-    import torch
     _check(x, cos, sin)
     _check_interleaved(interleaved)
-    if torch.is_grad_enabled() and x.requires_grad:
-        from tk_mlir.kernels import custom_ops
-        return lambda x, cos, sin: custom_ops.EagerRotary.apply(
-            x, _positions(cos), _positions(sin), interleaved)
-    return lambda x, cos, sin: launch(x, _positions(cos), _positions(sin),
-                                      interleaved=interleaved)
+    run = _planned_eager((x,), cos, interleaved)
+    return lambda x, cos, sin: run(x, cos, sin)[0]
 
 
 def _check_interleaved(interleaved) -> None:
@@ -159,14 +154,22 @@ def _prepare_qk(q, k, cos, sin, interleaved):
         return lambda q, k, cos, sin: (rotary_embedding(q, cos, sin, interleaved),
                                        rotary_embedding(k, cos, sin, interleaved))
     _check_interleaved(interleaved)
+    return _planned_eager((q, k), cos, interleaved)
+
+
+def _planned_eager(xs, cos, interleaved):
+    """`run(*xs, cos, sin) -> ys` for eager calls like this checked one (one
+    tensor, or q and k of a pair), its launches planned once and bound to the
+    signature (planned), through autograd when it records them."""
+    import torch
     per_batch = _positions(cos).dim() == 3
-    forward = planned_qk(q, k, per_batch, interleaved, same_signature=True)
-    if torch.is_grad_enabled() and q.requires_grad:
+    forward = planned(xs, per_batch, interleaved, same_signature=True)
+    if torch.is_grad_enabled() and xs[0].requires_grad:
         from tk_mlir.kernels import custom_ops
-        backward = planned_qk(q, k, per_batch, interleaved, inverse=True, gradients=True)
-        return lambda q, k, cos, sin: custom_ops.EagerRotaryQK.apply(
-            q, k, _positions(cos), _positions(sin), forward, backward)
-    return lambda q, k, cos, sin: forward(q, k, _positions(cos), _positions(sin))
+        backward = planned(xs, per_batch, interleaved, inverse=True, gradients=True)
+        return lambda *args: custom_ops.EagerRotation.apply(
+            *args[:-2], _positions(args[-2]), _positions(args[-1]), forward, backward)
+    return lambda *args: forward(*args[:-2], _positions(args[-2]), _positions(args[-1]))
 
 
 def _pair(q, k) -> bool:
@@ -182,54 +185,44 @@ def launch(x, cos, sin, inverse: bool = False, interleaved: bool = False):
     """rotary_kernel on checked tensors: a new output (rotated back with
     inverse). x may also be a gradient autograd hands over (expanded, at any
     offset): read from an aligned copy then."""
+    return planned((x,), cos.dim() == 3, interleaved, inverse)(x, cos, sin)[0]
+
+
+def planned(xs, per_batch: bool, interleaved: bool, inverse: bool = False,
+            same_signature: bool = False, gradients: bool = False):
+    """`launch(*xs, cos, sin) -> ys` (a tuple): the rotation of one checked tensor
+    (rotary_kernel) or of q and k (rotary_qk_kernel) laid out as `xs` (cos
+    and sin as the kernels index them, _positions), its launch made once.
+    same_signature: every call's tensors are laid out as these (an eager
+    signature's), and the launch reads their addresses alone
+    (eager.launcher). gradients: the calls pass the gradients of the
+    rotations' outputs (the backward, bound to their layout): each is copied
+    into the outputs' (contiguous) where autograd hands it otherwise."""
     import torch
-    x = checks.kernel_operand(x)
-    B, N, H, D = x.shape
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if y.numel():
-        rotary_kernel[(N, B)](x, *_tables(cos, sin, interleaved), y, HB=_rows(H),
-                              HALF=D // 2, PER_BATCH=cos.dim() == 3, INVERSE=inverse,
-                              INTERLEAVED=interleaved)
-    return y
+    shapes = [tuple(x.shape) for x in xs]
+    B, N, _, D = shapes[0]
+    heads = [_rows(shape[2]) for shape in shapes]
+    kernel, grid, rows = ((rotary_kernel, (N, B), dict(HB=heads[0])) if len(xs) == 1 else
+                          (rotary_qk_kernel, (N, B, 2), dict(HBQ=heads[0], HBK=heads[1])))
+    run = eager.launcher(kernel, same_signature or gradients)(
+        grid, **rows, HALF=D // 2, PER_BATCH=per_batch, INVERSE=inverse,
+        INTERLEAVED=interleaved)
+    dtype, device = xs[0].dtype, xs[0].device
+    strides = [contiguous_strides(shape) for shape in shapes]
+    # (decided once: whether the kernels read such tensors as they lie)
+    as_they_lie = not gradients and all(checks.kernel_operand(x) is x for x in xs)
+    empty = not any(x.numel() for x in xs)
 
-
-def launch_qk(q, k, cos, sin, inverse: bool = False, interleaved: bool = False):
-    """rotary_qk_kernel on checked q and k (or their gradients): new outputs."""
-    return planned_qk(q, k, cos.dim() == 3, interleaved, inverse)(q, k, cos, sin)
-
-
-def planned_qk(q, k, per_batch: bool, interleaved: bool, inverse: bool = False,
-               same_signature: bool = False, gradients: bool = False):
-    """`launch(q, k, cos, sin) -> (yq, yk)`: rotary_qk_kernel for checked
-    tensors laid out as q and k (cos and sin as the kernels index them,
-    _positions), its launch made once. same_signature: every call's q and k
-    are laid out as these (an eager signature's), and the launch reads their
-    addresses alone (eager.launcher). gradients: the calls pass the
-    gradients of q's and k's rotations (the backward, bound to their
-    layout): each is copied into the outputs' (contiguous) where autograd
-    hands it otherwise."""
-    import torch
-    B, N, H, D = q.shape
-    qshape, kshape, dtype, device = q.shape, k.shape, q.dtype, q.device
-    run = eager.launcher(rotary_qk_kernel, same_signature or gradients)(
-        (N, B, 2), HBQ=_rows(H), HBK=_rows(kshape[2]), HALF=D // 2, PER_BATCH=per_batch,
-        INVERSE=inverse, INTERLEAVED=interleaved)
-    # (decided once: whether the kernels read such q and k as they lie)
-    as_they_lie = not gradients and checks.kernel_operand(q) is q and \
-        checks.kernel_operand(k) is k
-    empty = not (q.numel() or k.numel())
-    qstrides, kstrides = contiguous_strides(qshape), contiguous_strides(kshape)
-
-    def launch(q, k, cos, sin):
+    def launch(*args):
+        *xs, cos, sin = args
         if gradients:
-            q, k = _as_output(q, qshape, qstrides, dtype), _as_output(k, kshape, kstrides, dtype)
+            xs = [_as_output(x, shape, st, dtype) for x, shape, st in zip(xs, shapes, strides)]
         elif not as_they_lie:
-            q, k = checks.kernel_operand(q), checks.kernel_operand(k)
-        yq = torch.empty(qshape, dtype=dtype, device=device)
-        yk = torch.empty(kshape, dtype=dtype, device=device)
+            xs = [checks.kernel_operand(x) for x in xs]
+        ys = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
         if not empty:
-            run(q, k, *_tables(cos, sin, interleaved), yq, yk)
-        return yq, yk
+            run(*xs, *_tables(cos, sin, interleaved), *ys)
+        return tuple(ys)
     return launch
 
 
