@@ -336,6 +336,18 @@ def test_bound_launches_read_each_calls_tensors():
                 lambda x, r, w: (torch.nn.functional.rms_norm(x + r, (128,), w, 1e-6), x + r),
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128), rand(128)),
                 list(zip(layouts(2, 300, 8, 128), layouts(2, 300, 8, 128)[::-1])))
+    def dc_layouts(*shape):
+        *lead, m, n = shape
+        return [(rand(*shape),), (rand(*lead, n, m).transpose(-1, -2),),
+                (rand(*[1] * len(shape)).expand(*shape),)]
+
+    for lead, m, n, k, kn in (((), 128, 384, 256, False), ((), 16, 512, 4096, False),
+                              ((), 96, 256, 512, True), ((2,), 64, 128, 256, False)):
+        grads_check(f"matmul {lead} {m}x{n}x{k} kn={kn}",
+                    lambda a, b: matmul(a, b, b_layout="kn" if kn else "nk"),
+                    lambda a, b: a @ (b if kn else b.transpose(-1, -2)),
+                    lambda: (rand(*lead, m, k), rand(*lead, *((k, n) if kn else (n, k)))),
+                    dc_layouts(*lead, m, n))
     grads_check("swiglu", lambda gt, up: swiglu(gt, up),
                 lambda gt, up: torch.nn.functional.silu(gt) * up,
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128)),
@@ -440,6 +452,32 @@ def test_remembered_backwards_take_gradients_in_any_layout(interpret):
                                    (x64, r64, w64), (dy.double(), dh.double()))
         assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), (dy.stride(), dh.stride())
     assert len(norms._FUSED_ADD) == 1
+
+
+@pytest.mark.parametrize("shape, b_layout", [((40, 64, 48), "nk"), ((24, 32, 80), "kn"),
+                                             ((2, 24, 32, 64), "nk"), ((16, 48, 36), "nk")])
+def test_remembered_matmul_gradients_take_any_output_gradient(interpret, shape, b_layout):
+    """matmul's remembered backward (gemm.planned_grads: both products planned
+    once for the signature): dC contiguous, transposed and expanded in turn,
+    batched and not, B in either layout, one input needing grad or both,
+    each against float64. (16, 48, 36): K of 36 bf16 is not whole 16-byte
+    rows, the per-call path's."""
+    g = torch.Generator().manual_seed(11)
+    *lead, m, n, k = shape
+    for i, make_dc in enumerate((lambda: _bf16(g, *lead, m, n),
+                                 lambda: _bf16(g, *lead, n, m).transpose(-1, -2),
+                                 lambda: _bf16(g, *[1] * len(lead), 1, n).expand(*lead, m, n))):
+        a = _bf16(g, *lead, m, k).requires_grad_()
+        b = _bf16(g, *lead, *((n, k) if b_layout == "nk" else (k, n))).requires_grad_(i != 2)
+        dc = make_dc()
+        inputs = (a, b) if b.requires_grad else (a,)
+        got = torch.autograd.grad(matmul(a, b, b_layout=b_layout), inputs, dc)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        c64 = a64 @ (b64.transpose(-1, -2) if b_layout == "nk" else b64)
+        want = torch.autograd.grad(c64, (a64, b64)[:len(inputs)], dc.double())
+        for name, x, y in zip("ab", got, want):
+            assert x.shape == y.shape and _rel(x, y) < 1e-2, (name, dc.stride())
+    assert len(gemm._PREPARED) == 2          # (b needing grad, then not: two signatures)
 
 
 def test_a_remembered_kvcache_call_appends_and_checks_each_calls_lengths(interpret):

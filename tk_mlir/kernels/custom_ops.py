@@ -183,12 +183,11 @@ def _matmul_setup_context(ctx, inputs, output):
     ctx.b_layout = b_layout
 
 
-def _matmul_backward(ctx, dc, grad_a=None, grad_b=None):
-    """(dA, dB, None...) for the inputs that need them (`grad_a`/`grad_b`:
-    the ops, or under EagerMatmul gemm's own functions)."""
+def _matmul_backward(ctx, dc):
+    """(dA, dB, None...) for the inputs that need them, by the grad ops."""
     a, b = ctx.saved_tensors
-    da = (grad_a or matmul_grad_a)(dc, b, ctx.b_layout) if ctx.needs_input_grad[0] else None
-    db = (grad_b or matmul_grad_b)(dc, a, ctx.b_layout) if ctx.needs_input_grad[1] else None
+    da = matmul_grad_a(dc, b, ctx.b_layout) if ctx.needs_input_grad[0] else None
+    db = matmul_grad_b(dc, a, ctx.b_layout) if ctx.needs_input_grad[1] else None
     return (da, db) + (None,) * (len(ctx.needs_input_grad) - 2)
 
 
@@ -200,17 +199,20 @@ class EagerMatmul(torch.autograd.Function):
     kernels launch directly, without the ops' dispatch (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, a, b, b_layout, planned):
+    def forward(ctx, a, b, b_layout, planned, planned_grads):
         """planned: `run(a, b, None) -> c`, the product as an eager call like
-        this one launches it (gemm._planned, remembered)."""
+        this one launches it (gemm._planned, remembered); planned_grads:
+        gemm.planned_grads's run for the same signature."""
         c = planned(a, b, None)
         _matmul_setup_context(ctx, (a, b, b_layout), c)
+        ctx.planned_grads = planned_grads
         return c
 
     @staticmethod
     @first_order
     def backward(ctx, dc):
-        return (*_matmul_backward(ctx, dc, gemm.grad_a, gemm.grad_b), None)
+        a, b = ctx.saved_tensors
+        return (*ctx.planned_grads(dc, a, b, *ctx.needs_input_grad[:2]), None, None, None)
 
 
 @torch.library.custom_op("tk_mlir::grouped_matmul", mutates_args=())

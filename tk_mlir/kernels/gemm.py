@@ -38,6 +38,7 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import blackwell_gemm, checks, eager
 from tk_mlir.kernels.device import is_blackwell, num_sms
+from tk_mlir.runtime.arguments import contiguous_strides
 from tk_mlir.target import HOPPER
 
 
@@ -589,7 +590,8 @@ def _planned(a, b, c, b_layout: str, grads: bool):
     if grads:                                   # (c is None: checked_grads refuses it)
         from tk_mlir.kernels import custom_ops
         product = _planned(a, b, None, b_layout, False)
-        return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout, product)
+        gradients = planned_grads(a, b, b_layout)
+        return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout, product, gradients)
     shape = output_shape(a, b, b_layout)       # (c: a's dtype and device, as a.new_empty)
     as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and \
         read_as_they_lie(a, b, c, shape[-1])
@@ -605,6 +607,50 @@ def _planned(a, b, c, b_layout: str, grads: bool):
         c = a.new_empty(shape) if c is None else c
         product(a, b, c)
         return c
+    return run
+
+
+def planned_grads(a, b, b_layout: str):
+    """`run(dc, a, b, need_a, need_b) -> (dA or None, dB or None)`: grad_a's and
+    grad_b's products for an eager signature's a and b (laid out as these on
+    every call: autograd's saved inputs), planned once and launched bound to
+    the signature (planned_run, same_signature); dC, whose layout autograd
+    chooses, is copied into the product's (contiguous, a's dtype) where it
+    is not. Operands a kernel cannot read as they lie (rows that are not
+    whole 16-byte vectors) and Blackwell take grad_a and grad_b per call."""
+    import torch
+    shape = output_shape(a, b, b_layout)
+    dtype, device, size = a.dtype, a.device, a.element_size()
+    M, N, K = shape[-2], shape[-1], a.shape[-1]
+    # (CPU tensors too: the interpreter runs the same plans)
+    bound = not is_blackwell(a.get_device()) and checks.readable(a) and checks.readable(b) \
+        and _whole_vectors(N, size) == N and _whole_vectors(K, size) == K
+    if not bound:
+        return lambda dc, a, b, need_a, need_b: (grad_a(dc, b, b_layout) if need_a else None,
+                                                 grad_b(dc, a, b_layout) if need_b else None)
+    sms, batch, lead = num_sms(a.get_device()), (a.shape[0] if a.dim() == 3 else 1), shape[:-2]
+    nk = b_layout == "nk"
+    # dA = dC·B (b N x K: read as K x N) or dC·Bᵀ; dB = dCᵀ·A (N x K) or Aᵀ·dC (K x N),
+    # the transposed operand read as K x M (grad_a's and grad_b's products)
+    product_a = planned_run(_plan(M, K, N, sms, batch, "kn" if nk else "nk"),
+                            "kn" if nk else "nk", "mk", sms, same_signature=True)
+    product_b = planned_run(_plan(N, K, M, sms, batch, None) if nk else
+                            _plan(K, N, M, sms, batch, None), "kn", "km", sms,
+                            same_signature=True)
+    da_shape, db_shape = (*lead, M, K), ((*lead, N, K) if nk else (*lead, K, N))
+    strides = contiguous_strides(shape)
+
+    def run(dc, a, b, need_a, need_b):
+        if dc.dtype is not dtype or dc.stride() != strides or dc.data_ptr() & 15:
+            dc = torch.empty(shape, dtype=dtype, device=device).copy_(dc)
+        da = db = None
+        if need_a:
+            da = torch.empty(da_shape, dtype=b.dtype, device=device)
+            product_a(dc, b, da)
+        if need_b:
+            db = torch.empty(db_shape, dtype=dtype, device=device)
+            product_b(*((dc, a) if nk else (a, dc)), db)
+        return da, db
     return run
 
 
