@@ -159,8 +159,8 @@ def planned_backward(gate, up, same_signature: bool = False):
     def run(dy, gate, up):
         if not same_signature:
             dy = _rows(dy.to(dtype))
-        elif dy.dtype is not dtype or dy.stride() != strides or dy.data_ptr() & 15:
-            dy = torch.empty(shape, dtype=dtype, device=dy.device).copy_(dy)
+        else:
+            dy = eager.laid_out(dy, shape, strides, dtype)
         dg, du = (torch.empty(shape, dtype=dtype, device=gate.device) for _ in range(2))
         if not as_they_lie:
             gate, up = _rows(gate), _rows(up)

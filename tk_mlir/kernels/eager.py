@@ -123,6 +123,17 @@ class Prepared:
 _TABLES: weakref.WeakSet = weakref.WeakSet()     # every Prepared, for forget_all
 
 
+def laid_out(t, shape, strides, dtype):
+    """t when it has `dtype`, `strides` and a 16-byte-aligned address (the
+    layout a launch bound to a signature was planned for), else a copy of it
+    so laid out: for the gradients autograd hands a remembered backward in
+    any layout (expanded, transposed, f32). `shape` is t's; `strides` dense."""
+    if t.dtype is dtype and t.stride() == strides and not t.data_ptr() & 15:
+        return t
+    import torch
+    return torch.empty_strided(shape, strides, dtype=dtype, device=t.device).copy_(t)
+
+
 def launcher(kernel, same_signature: bool):
     """kernel's `_signature_launcher` for a function prepared for one signature
     (every call's tensors laid out as the first's: launches read their

@@ -1163,8 +1163,8 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
     def run(do, q, k, v, o, lse, dlse=None):
         if not same_signature:
             do = do if do.stride(-1) == 1 else do.contiguous()
-        elif do.stride() != o.stride() or do.dtype != o.dtype or do.data_ptr() & 15:
-            do = torch.empty_like(o).copy_(do)
+        else:
+            do = eager.laid_out(do, o.shape, o.stride(), o.dtype)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         tasks = table if table is not None else backward_tasks(q, k, causal, grid, True)
         dq = kernels(do, q, k, v, o, lse, dk, dv, tasks, dlse)

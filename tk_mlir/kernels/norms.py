@@ -394,9 +394,7 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
         contiguous, a copy where autograd handed another layout)."""
         if not same_signature:
             return _rows(g)         # (an aligned copy of e.g. the expanded gradient of y.sum())
-        if g.dtype is not dtype or g.stride() != strides or g.data_ptr() & 15:
-            g = torch.empty(shape, dtype=dtype, device=device).copy_(g)
-        return g.view(rows, d)
+        return eager.laid_out(g, shape, strides, dtype).view(rows, d)
 
     def run(dy, x, weight, eps, dh=None):
         dy = gradient_rows(dy)

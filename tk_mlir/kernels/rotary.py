@@ -216,7 +216,7 @@ def planned(xs, per_batch: bool, interleaved: bool, inverse: bool = False,
     def launch(*args):
         *xs, cos, sin = args
         if gradients:
-            xs = [_as_output(x, shape, st, dtype) for x, shape, st in zip(xs, shapes, strides)]
+            xs = [eager.laid_out(x, shape, st, dtype) for x, shape, st in zip(xs, shapes, strides)]
         elif not as_they_lie:
             xs = [checks.kernel_operand(x) for x in xs]
         ys = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
@@ -224,15 +224,6 @@ def planned(xs, per_batch: bool, interleaved: bool, inverse: bool = False,
             run(*xs, *_tables(cos, sin, interleaved), *ys)
         return tuple(ys)
     return launch
-
-
-def _as_output(t, shape, strides, dtype):
-    """A gradient of a rotation's output in the output's layout (contiguous:
-    `strides`, its dtype, 16-byte aligned): t itself where it is, else a copy."""
-    import torch
-    if t.dtype is dtype and t.stride() == strides and not t.data_ptr() & 15:
-        return t
-    return torch.empty(shape, dtype=dtype, device=t.device).copy_(t)
 
 
 def _tables(cos, sin, interleaved: bool):
