@@ -1,9 +1,11 @@
-"""The training library's kernels against Liger Kernel's (Triton) and against
-torch.compile of the plain torch code, forward and forward+backward, same
-inputs, same run (issue 25).
+"""The training library's kernels against Liger Kernel's (Triton), quack's
+(CuTe DSL, where it imports) and torch.compile of the plain torch code,
+forward and forward+backward, same inputs, same run (issue 25).
 
 On the GPU machine, from the repository root, with Liger Kernel importable
-(a pure-Python wheel: bring it as ../shared/gpu/README.md says for peers):
+(a pure-Python wheel: bring it as ../shared/gpu/README.md says for peers;
+quack and its nvidia-cutlass-dsl travel in the same bundles as FlashAttention-4,
+and its rows are left out where it does not import):
     python3 benchmarks/liger_kernels.py --out-dir "$OUT"
 
 Cases (Llama-3 8B sizes, bf16, 8192 tokens): rms_norm and
@@ -89,20 +91,39 @@ def plain_torch():
     return {name: torch.compile(f) for name, f in plain.items()}
 
 
+def _quack():
+    """quack's (rmsnorm, apply_rotary_emb, cross_entropy,
+    chunked_linear_cross_entropy), or None where it does not import."""
+    try:
+        from quack.cross_entropy import cross_entropy
+        from quack.linear_cross_entropy import chunked_linear_cross_entropy
+        from quack.rmsnorm import rmsnorm
+        from quack.rotary import apply_rotary_emb
+    except Exception as e:       # (not installed, or its CuTe DSL libraries are missing)
+        print(f"quack not measured: {P.first_line(e)}", flush=True)
+        return None
+    return rmsnorm, apply_rotary_emb, cross_entropy, chunked_linear_cross_entropy
+
+
 def cases():
     """(name, inputs needing grad, {impl: fn}, float64 reference of the output, extra)."""
     import liger_kernel.transformers as lt
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
     from tk_mlir import kernels as K
     C = plain_torch()
+    Q = _quack()
+
+    def with_quack(impls: dict, fn) -> dict:
+        return impls if Q is None else {**impls, "quack": fn}
 
     x, w = _uniform(T, D, grad=True), (torch.rand(D, device="cuda") + 0.5).bfloat16()
     ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.double()
     liger_norm = lt.LigerRMSNorm(D, eps=1e-6, in_place=False).cuda().bfloat16()
     liger_norm.weight.data.copy_(w)
-    yield ("rms_norm T x 4096", [x], {"tk_mlir": lambda: K.rms_norm(x, w, eps=1e-6),
-                                      "liger": lambda: liger_norm(x),
-                                      "torch.compile": lambda: C["rms_norm"](x, w)}, ref)
+    yield ("rms_norm T x 4096", [x], with_quack(
+        {"tk_mlir": lambda: K.rms_norm(x, w, eps=1e-6), "liger": lambda: liger_norm(x),
+         "torch.compile": lambda: C["rms_norm"](x, w)},
+        lambda: Q[0](x, w, eps=1e-6)), ref)
 
     r = _uniform(T, D, grad=True)
     h = x.double() + r.double()
@@ -110,9 +131,10 @@ def cases():
     liger_add = lt.LigerFusedAddRMSNorm(D, eps=1e-6).cuda().bfloat16()
     liger_add.weight.data.copy_(w)
     yield ("fused_add_rms_norm T x 4096", [x, r],
-           {"tk_mlir": lambda: K.fused_add_rms_norm(x, r, w, eps=1e-6),
-            "liger": lambda: liger_add(x, r),
-            "torch.compile": lambda: C["fused_add_rms_norm"](x, r, w)}, ref)
+           with_quack({"tk_mlir": lambda: K.fused_add_rms_norm(x, r, w, eps=1e-6),
+                       "liger": lambda: liger_add(x, r),
+                       "torch.compile": lambda: C["fused_add_rms_norm"](x, r, w)},
+                      lambda: Q[0](x, w, residual=r, eps=1e-6, prenorm=True)), ref)
 
     g, u = _uniform(T, F, grad=True), _uniform(T, F, grad=True)
     ref = torch.nn.functional.silu(g.double()) * u.double()
@@ -134,16 +156,19 @@ def cases():
            {"tk_mlir": lambda: K.rotary_embedding_qk(q, k, cos, sin),
             "liger": lambda: tuple(t.transpose(1, 2) for t in lt.liger_rotary_pos_emb(
                 q.transpose(1, 2), k.transpose(1, 2), cos2, sin2)),
-            "torch.compile": lambda: C["rotary_qk"](q, k, cos, sin)}, ref)
+            "torch.compile": lambda: C["rotary_qk"](q, k, cos, sin),
+            **({} if Q is None else
+               {"quack": lambda: (Q[1](q, cos, sin), Q[1](k, cos, sin))})}, ref)
 
     logits = _uniform(T // 2, V, grad=True)
     target = torch.randint(0, V, (T // 2,), device="cuda")
     ref = torch.nn.functional.cross_entropy(logits.double(), target)
     liger_ce = lt.LigerCrossEntropyLoss()
     yield ("cross_entropy 4096 x 128256", [logits],
-           {"tk_mlir": lambda: K.cross_entropy(logits, target),
-            "liger": lambda: liger_ce(logits, target),
-            "torch.compile": lambda: C["cross_entropy"](logits, target)}, ref)
+           with_quack({"tk_mlir": lambda: K.cross_entropy(logits, target),
+                       "liger": lambda: liger_ce(logits, target),
+                       "torch.compile": lambda: C["cross_entropy"](logits, target)},
+                      lambda: Q[2](logits, target)), ref)
 
     hid, weight = _uniform(T, D, grad=True), (_uniform(V, D) * 0.05).requires_grad_()
     target = torch.randint(0, V, (T,), device="cuda")
@@ -153,6 +178,7 @@ def cases():
            {"tk_mlir": lambda: K.linear_cross_entropy(hid, weight, target),
             "liger": lambda: liger_lce(weight, hid, target),
             "torch.compile": lambda: C["linear_cross_entropy"](hid, weight, target),
+            **({} if Q is None else {"quack": lambda: Q[3](hid, weight, target)}),
             "torch": lambda: torch.nn.functional.cross_entropy((hid @ weight.T).float(),
                                                                target)}, ref)
 
@@ -196,7 +222,7 @@ def main(argv=None) -> int:
                     r["rel_err"] = abs(outs[r["impl"]].double().item() -
                                        outs["torch"].double().item()) / outs["torch"].item()
     for name in dict.fromkeys(r["case"] for r in rows):
-        for impl, tag in (("liger", "liger"), ("torch.compile", "compile")):
+        for impl, tag in (("liger", "liger"), ("torch.compile", "compile"), ("quack", "quack")):
             peer = next((r for r in rows if r["case"] == name and r["impl"] == impl
                          and r["status"] == "ok"), None)
             for r in rows:
@@ -207,6 +233,7 @@ def main(argv=None) -> int:
             ("fwd_vs_liger", "fwd speedup vs Liger"),
             ("fwd_bwd_vs_liger", "fwd+bwd speedup vs Liger"),
             ("fwd_bwd_vs_compile", "fwd+bwd speedup vs torch.compile"),
+            ("fwd_bwd_vs_quack", "fwd+bwd speedup vs quack"),
             ("fwd_bwd_peak_extra_gib", "peak extra GiB"), ("rel_err", "rel err"), "status"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
     P.write_results("liger-kernels", rows, vars(args), args.out_dir)
