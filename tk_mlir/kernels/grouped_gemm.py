@@ -402,10 +402,11 @@ def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
     if isinstance(a, torch.Tensor):
         check_sizes(sizes, a)
     gemm.check(a, b, c, b_layout, "grouped_matmul")
-    if recorded:
+    if recorded:                                # (c is None: refused with grads)
         from tk_mlir.kernels import custom_ops
+        product = _planned(a, b, sizes, None, b_layout)
         return lambda a, b, sizes, c: custom_ops.EagerGroupedMatmul.apply(
-            a, b, sizes.to(a.device), b_layout)
+            a, b, sizes.to(a.device), b_layout, product)
     return _planned(a, b, sizes, c, b_layout)
 
 
