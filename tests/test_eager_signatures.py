@@ -348,6 +348,10 @@ def test_bound_launches_read_each_calls_tensors():
                     lambda a, b: a @ (b if kn else b.transpose(-1, -2)),
                     lambda: (rand(*lead, m, k), rand(*lead, *((k, n) if kn else (n, k)))),
                     dc_layouts(*lead, m, n))
+    sizes3 = torch.full((3,), 130, device="cuda")
+    grads_check("grouped_matmul", lambda a, b: grouped_matmul(a, b, sizes3),
+                lambda a, b: a @ b.transpose(-1, -2),
+                lambda: (rand(3, 130, 256), rand(3, 128, 256)), dc_layouts(3, 130, 128))
     grads_check("swiglu", lambda gt, up: swiglu(gt, up),
                 lambda gt, up: torch.nn.functional.silu(gt) * up,
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128)),
