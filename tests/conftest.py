@@ -101,6 +101,33 @@ def compiles(monkeypatch):
     return calls
 
 
+@pytest.fixture(autouse=True)
+def bound_launches_keep_their_layout(monkeypatch):
+    """Every launcher Kernel._signature_launcher makes in a test is held to its
+    promise: each call's tensors laid out as its first call's (shape,
+    strides, dtype, 16-byte alignment), which a bound launch on the GPU no
+    longer reads. A library path that let a tensor through in another layout
+    (a gradient autograd hands over expanded, say) would launch wrong there;
+    in the interpreter, it fails here. Scalars are left to the plan's own
+    tests."""
+    from tk_mlir.kernel import Kernel
+    real = Kernel._signature_launcher
+
+    def held(self, grid, **constexprs):
+        run, first = real(self, grid, **constexprs), []
+
+        def launch(*args):
+            import torch
+            layout = [(tuple(a.shape), a.stride(), a.dtype, a.data_ptr() & 15)
+                      if isinstance(a, torch.Tensor) else None for a in args]
+            first[:] = first or [layout]
+            assert layout == first[0], \
+                f"{self.__name__}: a launch bound to {first[0]} was given {layout}"
+            return run(*args)
+        return launch
+    monkeypatch.setattr(Kernel, "_signature_launcher", held)
+
+
 @pytest.fixture
 def interpret(monkeypatch):
     """Library calls on CPU tensors run their kernels in the interpreter."""
