@@ -414,7 +414,7 @@ def _prepare(tensors, causal, scale, window, softcap, return_lse):
     q, k_cache, v_cache, cache_seqlens, block_table, k, v = tensors
     scale, left, right, softcap = _checked_call(*tensors, causal, scale, window, softcap)
     run = planned(q, k_cache, block_table, k, causal, scale, left, right, softcap,
-                  same_signature=True)
+                  same_signature=True, with_lse=return_lse)
     if cache_seqlens.device.type == "cpu":      # (the interpreter: lengths cost nothing)
         unchecked, added = run, q.shape[1] if k is not None else 0
 
@@ -434,11 +434,13 @@ def forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal: bool,
 
 
 def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = -1,
-            right: int = -1, softcap: float = 0.0, same_signature: bool = False):
+            right: int = -1, softcap: float = 0.0, same_signature: bool = False,
+            with_lse: bool = True):
     """`run(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> (o, lse)`:
     `forward` for checked arguments of these shapes (k: whether new tokens
     come), its configuration, split and launches chosen once; same_signature:
-    every call's tensors are laid out as these (eager.launcher)."""
+    every call's tensors are laid out as these (eager.launcher); without
+    with_lse, lse is None (its views not made)."""
     import torch
     B, N_new, H, D = q.shape
     if not B * N_new * H:                # no rows: empty outputs, no launch (nothing appended)
@@ -464,6 +466,9 @@ def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = 
     append = None if k is None else eager.launcher(kv_append_kernel, same_signature)(
         (N_new, B), HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
     counters = -(-tasks // 4) * 4               # the merge's, one a task: whole 16-byte rows
+    # One new token (decoding): a K/V head's query rows are its G heads as q holds
+    # them, so q, o and lse each take one view, not three or four.
+    one = N_new == 1
 
     def run(q, k_cache, v_cache, cache_seqlens, block_table, k, v):
         seqlens = checks.int32_table(cache_seqlens)
@@ -472,8 +477,8 @@ def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = 
             append(checks.kernel_operand(k), checks.kernel_operand(v), k_cache, v_cache,
                    seqlens, table, keys)
         # Query rows per K/V head: a view for one new token, a copy for several.
-        q_rows = checks.kernel_operand(
-            q.reshape(B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D))
+        q_rows = checks.kernel_operand(q.reshape(B, H_kv, R, D) if one else q.reshape(
+            B, N_new, H_kv, G, D).transpose(1, 2).reshape(B, H_kv, R, D))
         o_rows = q.new_empty(B, H_kv, R, D)
         lse_rows = q.new_empty(B, H_kv, rp, dtype=torch.float32)
         if splits == 1:                 # the one chunk writes the result
@@ -487,9 +492,12 @@ def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = 
                table, o_rows, lse_rows, counts, *args)
         if combine is not None:
             combine(out, lse_out, o_rows, lse_rows)
-        o = o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
-        lse = lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(
-            B, H, N_new)
+        o = o_rows.view(B, N_new, H, D) if one else \
+            o_rows.view(B, H_kv, N_new, G, D).transpose(1, 2).reshape(B, N_new, H, D)
+        if not with_lse:
+            return o, None
+        lse = lse_rows[..., :R].reshape(B, H, N_new) if one else \
+            lse_rows[..., :R].reshape(B, H_kv, N_new, G).permute(0, 1, 3, 2).reshape(B, H, N_new)
         return o, lse
     return run
 
