@@ -110,6 +110,7 @@ def bound_launches_keep_their_layout(monkeypatch):
     (a gradient autograd hands over expanded, say) would launch wrong there;
     in the interpreter, it fails here. Scalars are left to the plan's own
     tests."""
+    import torch
     from tk_mlir.kernel import Kernel
     real = Kernel._signature_launcher
 
@@ -117,7 +118,6 @@ def bound_launches_keep_their_layout(monkeypatch):
         run, first = real(self, grid, **constexprs), []
 
         def launch(*args):
-            import torch
             layout = [(tuple(a.shape), a.stride(), a.dtype, a.data_ptr() & 15)
                       if isinstance(a, torch.Tensor) else None for a in args]
             first[:] = first or [layout]

@@ -316,8 +316,7 @@ def test_bound_launches_read_each_calls_tensors():
                 assert _rel(a, b) < 2e-2, f"{name} backward, gradient strides {grads[0].stride()}"
 
     def layouts(*shape):
-        b, n, h, d = shape
-        return [rand(*shape), rand(b, h, n, d).transpose(1, 2), rand(1, 1, 1, d).expand(*shape)]
+        return _gradient_layouts(rand, shape)
 
     angles = torch.rand(300, 64, device="cuda", generator=g) * 6
     cos, sin = angles.cos(), angles.sin()
@@ -337,9 +336,7 @@ def test_bound_launches_read_each_calls_tensors():
                 lambda: (rand(2, 300, 8, 128), rand(2, 300, 8, 128), rand(128)),
                 list(zip(layouts(2, 300, 8, 128), layouts(2, 300, 8, 128)[::-1])))
     def dc_layouts(*shape):
-        *lead, m, n = shape
-        return [(rand(*shape),), (rand(*lead, n, m).transpose(-1, -2),),
-                (rand(*[1] * len(shape)).expand(*shape),)]
+        return [(t,) for t in _gradient_layouts(rand, shape, dims=(-2, -1))]
 
     for lead, m, n, k, kn in (((), 128, 384, 256, False), ((), 16, 512, 4096, False),
                               ((), 96, 256, 512, True), ((2,), 64, 128, 256, False)):
@@ -394,12 +391,19 @@ def _rotated(x, cos, sin):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
 
 
+def _gradient_layouts(rand, shape, dims=(1, 2)):
+    """An output gradient of `shape` in each layout autograd may hand a
+    backward, made by `rand(*shape)`: contiguous, with `dims` transposed, and
+    one row expanded over the rest, in turn."""
+    swapped = list(shape)
+    swapped[dims[0]], swapped[dims[1]] = swapped[dims[1]], swapped[dims[0]]
+    return [rand(*shape), rand(*swapped).transpose(*dims),
+            rand(*[1] * (len(shape) - 1), shape[-1]).expand(*shape)]
+
+
 def _output_gradients(g, shape):
-    """Gradients of one output shape in the layouts autograd may hand over:
-    contiguous, transposed and expanded, in turn."""
-    b, n, h, d = shape
-    return [_bf16(g, *shape), _bf16(g, b, h, n, d).transpose(1, 2),
-            _bf16(g, 1, 1, 1, d).expand(*shape)]
+    """_gradient_layouts on the CPU, from generator g."""
+    return _gradient_layouts(lambda *s: _bf16(g, *s), shape)
 
 
 def test_remembered_backwards_take_gradients_in_any_layout(interpret):
@@ -468,12 +472,9 @@ def test_remembered_matmul_gradients_take_any_output_gradient(interpret, shape, 
     rows, the per-call path's."""
     g = torch.Generator().manual_seed(11)
     *lead, m, n, k = shape
-    for i, make_dc in enumerate((lambda: _bf16(g, *lead, m, n),
-                                 lambda: _bf16(g, *lead, n, m).transpose(-1, -2),
-                                 lambda: _bf16(g, *[1] * len(lead), 1, n).expand(*lead, m, n))):
+    for i, dc in enumerate(_gradient_layouts(lambda *s: _bf16(g, *s), (*lead, m, n), (-2, -1))):
         a = _bf16(g, *lead, m, k).requires_grad_()
         b = _bf16(g, *lead, *((n, k) if b_layout == "nk" else (k, n))).requires_grad_(i != 2)
-        dc = make_dc()
         inputs = (a, b) if b.requires_grad else (a,)
         got = torch.autograd.grad(matmul(a, b, b_layout=b_layout), inputs, dc)
         a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))

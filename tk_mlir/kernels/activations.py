@@ -112,8 +112,7 @@ def planned(gate, up, same_signature: bool = False):
         return lambda gate, up: gate.new_empty(shape)
     grid, nj = _grid(rows, d)
     kernel = eager.launcher(swiglu_kernel, same_signature)(grid)
-    if gate.dim() == 2 and checks.kernel_operand(gate) is gate and \
-            checks.kernel_operand(up) is up:
+    if checks.rows_as_they_lie(gate) and checks.rows_as_they_lie(up):
         def launch_rows(gate, up):
             y = gate.new_empty(shape)
             kernel(gate, up, y, nj)
@@ -122,7 +121,7 @@ def planned(gate, up, same_signature: bool = False):
 
     def launch_any(gate, up):
         y = gate.new_empty(shape)
-        kernel(_rows(gate), _rows(up), y.view(rows, d), nj)
+        kernel(checks.as_rows(gate), checks.as_rows(up), y.view(rows, d), nj)
         return y
     return launch_any
 
@@ -153,27 +152,20 @@ def planned_backward(gate, up, same_signature: bool = False):
     kernel = eager.launcher(swiglu_backward_kernel, same_signature)(grid)
     strides = contiguous_strides(shape)
     # (decided once: whether the kernel reads such gate and up as they lie)
-    as_they_lie = same_signature and gate.dim() == 2 and checks.kernel_operand(gate) is gate \
-        and checks.kernel_operand(up) is up
+    as_they_lie = same_signature and checks.rows_as_they_lie(gate) and \
+        checks.rows_as_they_lie(up)
 
     def run(dy, gate, up):
         if not same_signature:
-            dy = _rows(dy.to(dtype))
+            dy = checks.as_rows(dy.to(dtype))
         else:
             dy = eager.laid_out(dy, shape, strides, dtype)
         dg, du = (torch.empty(shape, dtype=dtype, device=gate.device) for _ in range(2))
         if not as_they_lie:
-            gate, up = _rows(gate), _rows(up)
+            gate, up = checks.as_rows(gate), checks.as_rows(up)
         kernel(gate, up, dy.view(rows, d), dg.view(rows, d), du.view(rows, d), nj)
         return dg, du
     return run
-
-
-def _rows(t):
-    """t as (rows, D): its leading dims flattened (a view where the strides
-    allow, else a copy), read as it lies where the kernels can (else an
-    aligned copy: checks.kernel_operand)."""
-    return checks.kernel_operand(t).reshape(-1, t.shape[-1])
 
 
 def _grid(rows: int, d: int) -> tuple[tuple[int], int]:

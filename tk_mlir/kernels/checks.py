@@ -121,6 +121,24 @@ def kernel_operand(t, dtype=None):
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
+def as_rows(t, view: bool = False):
+    """t (..., D) as (rows, D): its leading dims flattened, a view where the
+    strides allow (an output must be one: view=True), else a copy; an input
+    the kernels cannot read as it lies (a transposed last dim, a misaligned
+    view) through an aligned copy (kernel_operand)."""
+    if view:
+        return t if t.dim() == 2 else t.view(-1, t.shape[-1])
+    t = kernel_operand(t)
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def rows_as_they_lie(t) -> bool:
+    """Whether as_rows(t) is t itself, and as_rows(out, view=True) out for an
+    out like t (2-D, and read as it lies): for every tensor of t's shape,
+    strides and alignment, so a planned launch decides it once."""
+    return t.dim() == 2 and kernel_operand(t) is t
+
+
 def written_in_place(fn: str, name: str, t) -> None:
     """Refuse an output the caller gives whose elements share memory (an
     expanded or self-overlapping view): one result could not be written into

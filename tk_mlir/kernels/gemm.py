@@ -623,8 +623,8 @@ def planned_grads(a, b, b_layout: str):
     dtype, device, size = a.dtype, a.device, a.element_size()
     M, N, K = shape[-2], shape[-1], a.shape[-1]
     # (CPU tensors too: the interpreter runs the same plans)
-    bound = not is_blackwell(a.get_device()) and checks.readable(a) and checks.readable(b) \
-        and _whole_vectors(N, size) == N and _whole_vectors(K, size) == K
+    bound = not is_blackwell(a.get_device()) and read_as_they_lie(a, b, None, N) and \
+        _whole_vectors(K, size) == K            # (dA's rows: K wide)
     if not bound:
         return lambda dc, a, b, need_a, need_b: (grad_a(dc, b, b_layout) if need_a else None,
                                                  grad_b(dc, a, b_layout) if need_b else None)

@@ -318,9 +318,10 @@ def planned_rms_norm(x, same_signature: bool = False):
     if not rows:
         return lambda x, weight, eps, out: None
     kernel = eager.launcher(rmsnorm_kernel, same_signature)((rows,), BLOCK=_block(d))
-    if _as_rows(x):
+    if checks.rows_as_they_lie(x):
         return lambda x, weight, eps, out: kernel(x, weight, out, eps)
-    return lambda x, weight, eps, out: kernel(_rows(x), weight, _rows(out, view=True), eps)
+    return lambda x, weight, eps, out: kernel(checks.as_rows(x), weight,
+                                              checks.as_rows(out, view=True), eps)
 
 
 def launch_layer_norm(x, weight, bias, eps: float, out) -> None:
@@ -342,10 +343,10 @@ def planned_layer_norm(x, same_signature: bool = False):
     grid = min(rows, (3 if block <= 4096 else 2) * num_sms(x.get_device()))
     kernel = eager.launcher(layernorm_kernel, same_signature)((grid,), BLOCK=block,
                                                               RELOAD_WB=block > 4096)
-    if _as_rows(x):
+    if checks.rows_as_they_lie(x):
         return lambda x, weight, bias, eps, out: kernel(x, weight, bias, out, eps)
-    return lambda x, weight, bias, eps, out: kernel(_rows(x), weight, bias,
-                                                    _rows(out, view=True), eps)
+    return lambda x, weight, bias, eps, out: kernel(checks.as_rows(x), weight, bias,
+                                                    checks.as_rows(out, view=True), eps)
 
 
 def rms_norm_backward(dy, x, weight, eps: float, dh=None):
@@ -386,19 +387,19 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
     column_sum = eager.launcher(column_sum_kernel, same_signature)((tk.cdiv(d, 256),))
     strides = contiguous_strides(shape)
     # (decided once: whether the kernels read such x and weight as they lie)
-    x_as_rows = same_signature and _as_rows(x)
+    x_as_rows = same_signature and checks.rows_as_they_lie(x)
     weight_as_is = same_signature and checks.kernel_operand(weight) is weight
 
     def gradient_rows(g):
         """A gradient like x as (rows, d) the kernel reads (bound: x's shape
         contiguous, a copy where autograd handed another layout)."""
         if not same_signature:
-            return _rows(g)         # (an aligned copy of e.g. the expanded gradient of y.sum())
+            return checks.as_rows(g)    # (an aligned copy of e.g. the expanded gradient of y.sum())
         return eager.laid_out(g, shape, strides, dtype).view(rows, d)
 
     def run(dy, x, weight, eps, dh=None):
         dy = gradient_rows(dy)
-        x = x if x_as_rows else _rows(x)
+        x = x if x_as_rows else checks.as_rows(x)
         dx = torch.empty(rows, d, dtype=dtype, device=device)
         parts = [torch.empty(grid, d, dtype=torch.float32, device=device)
                  for _ in range(outputs)]
@@ -472,31 +473,14 @@ def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
     """(y, h) of add_rmsnorm_kernel or add_layernorm_kernel on checked tensors;
     bias_eps: (bias, eps) for layer_norm, (eps,) for rms_norm."""
     y, h = x.new_empty(x.shape), x.new_empty(x.shape)
-    x, residual, y2, h2 = _rows(x), _rows(residual), _rows(y, view=True), _rows(h, view=True)
+    x, residual = checks.as_rows(x), checks.as_rows(residual)
+    y2, h2 = checks.as_rows(y, view=True), checks.as_rows(h, view=True)
     if x.shape[0]:
         kernel = add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel
         *bias, eps = bias_eps
         vectors = [checks.kernel_operand(t) for t in (weight, *bias)]
         kernel[(x.shape[0],)](x, residual, *vectors, y2, h2, eps, BLOCK=_block(x.shape[1]))
     return y, h
-
-
-def _rows(t, view: bool = False):
-    """t (..., D) as (rows, D): its leading dims flattened, a view where the
-    strides allow (an output must be one: view=True), else a copy; an input
-    the kernels cannot read as it lies (a transposed last dim, a misaligned
-    view) through an aligned copy (checks.kernel_operand)."""
-    if view:
-        return t if t.dim() == 2 else t.view(-1, t.shape[-1])
-    t = checks.kernel_operand(t)
-    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
-
-
-def _as_rows(x) -> bool:
-    """Whether _rows(x) is x itself, and _rows(out, view=True) out for an out
-    like x (2-D, and read as it lies): for every tensor of x's shape, strides
-    and alignment, so a planned launch decides it once."""
-    return x.dim() == 2 and checks.kernel_operand(x) is x
 
 
 # The widest row: _block(D) bf16 values in 8 warps' registers (65536 would take 256 a thread).
