@@ -1003,7 +1003,9 @@ def _attention_backward(ctx, do, dlse, backward=None):
         do = torch.zeros_like(o)
     if not q.numel() * k.numel():      # B = 0 or H = 0: empty gradients, no launch
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * 6
-    if do.stride() != o.stride():      # e.g. the expanded gradient of o.sum()
+    # e.g. the expanded gradient of o.sum(), for the op (the eager backward copies dO
+    # into o's layout itself, eager.laid_out: not twice)
+    if backward is None and do.stride() != o.stride():
         do = do.contiguous()
     args = (do, q, k, v, o, lse, ctx.causal, ctx.scale)
     backward = backward or attention_backward
