@@ -865,3 +865,35 @@ def test_one_column_block_written_by_two_warpgroups_races():
     e = report(column_halves, a, torch.empty(64, 128), BUG="same block", same_line=False)
     assert "data race" in e.message, e.message
     assert e.line in (line_of("MARK: half"), line_of("MARK: half") + 2), e.message
+
+
+@tk.kernel(num_warps=4)
+def offset_product(X: tk.gl[f32], Y: tk.gl[f32], n: int, OP: tk.constexpr = "mul"):
+    """(n·n, n + n or -n - n) // 2**20 added to a tile of X: an int that may leave 32 bits."""
+    if OP == "mul":
+        big = n * n                                   # MARK: int mul
+    elif OP == "add":
+        big = n + n                                   # MARK: int add
+    else:
+        big = -n - n                                  # MARK: int sub
+    tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (big // 1048576), (0, 0))
+
+
+@pytest.mark.parametrize("op, n, says", [
+    ("mul", 100000, "100000 * 100000 = 10000000000"),
+    ("add", 2**30 + 5, "1073741829 + 1073741829 = 2147483658"),
+    ("sub", 2**30 + 5, "-1073741829 - 1073741829 = -2147483658")])
+def test_an_int_leaving_32_bits_is_reported_where_the_gpu_would_wrap_it(op, n, says):
+    x = torch.randn(16, 32)
+    e = report(offset_product, x, torch.empty_like(x), n, OP=op, seeds=[0])
+    assert e.line == line_of(f"# MARK: int {op}")
+    assert f"int overflow: {says} does not fit in 32 bits" in str(e), str(e)
+    assert "run-time ints are i32" in str(e)
+
+
+def test_ints_within_32_bits_compute_as_python_ints():
+    x, y = torch.randn(16, 32), torch.full((16, 32), float("nan"))
+    offset_product.interpret[(1,)](x, y, 46340, OP="mul")         # 46340² < 2**31
+    assert torch.equal(y, x + (46340 * 46340 // 2**20))
+    offset_product.interpret[(1,)](x, y, -2**30, OP="add")        # exactly -2**31
+    assert torch.equal(y, x + (-2**31 // 2**20))

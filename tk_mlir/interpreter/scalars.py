@@ -1,12 +1,16 @@
 """The arith ops the frontend emits, per warp on 32-lane (or uniform) values.
 
-i32 arithmetic wraps as on the GPU (numpy int32, overflow warnings off while
-the interpreter runs); floats are f32.
+Run-time ints are i32, as on the GPU. Where the GPU would wrap a signed
+add, subtract or multiply past 32 bits (a silent wrong offset there), the
+interpreter stops with an error at the op's line; other i32 ops wrap as the
+GPU's do (numpy int32, overflow warnings off while the interpreter runs).
+Floats are f32.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .machine import error
 from .rules import interprets
 
 # MLIR scalar type -> the numpy type that holds its values.
@@ -29,7 +33,7 @@ def _trunc_div(a, b):
 
 
 _SAME_TYPE = {
-    "addi": np.add, "subi": np.subtract, "muli": np.multiply, "floordivsi": np.floor_divide,
+    "floordivsi": np.floor_divide,
     "divsi": _trunc_div, "remsi": np.fmod, "maxsi": np.maximum, "minsi": np.minimum,
     "andi": np.bitwise_and, "ori": np.bitwise_or, "xori": np.bitwise_xor,
     "shli": np.left_shift, "shrsi": np.right_shift,
@@ -38,6 +42,38 @@ _SAME_TYPE = {
 }
 for _name, _fn in _SAME_TYPE.items():
     interprets(f"arith.{_name}")(_same(_fn))
+
+_I32 = np.iinfo(np.int32)
+
+
+def _checked(fn, sign: str):
+    """An i32 add/subtract/multiply that refuses to wrap: computed in 64 bits,
+    an error at the op naming the operands where an active lane's result
+    leaves [-2**31, 2**31) (i64 and index ops compute as they are)."""
+    def factory(op, num_warps):
+        if op.result_type != "i32":
+            return lambda w, a, b: fn(a, b)
+
+        def run(w, a, b):
+            wide = fn(np.asarray(a, np.int64), np.asarray(b, np.int64))
+            bad = (wide < _I32.min) | (wide > _I32.max)
+            if w.mask is not None and np.ndim(bad):
+                bad = bad & w.mask
+            if np.any(bad):
+                at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
+                x, y, z = (int(np.broadcast_to(v, np.shape(wide))[at]) for v in (a, b, wide))
+                raise error(op.loc, f"int overflow: {x} {sign} {y} = {z} does not fit in 32 "
+                                    f"bits (run-time ints are i32 and the GPU would wrap it to "
+                                    f"{int(np.int64(z).astype(np.int32))}); split the offset, "
+                                    f"or keep it a compile-time value (tk.constexpr)")
+            return wide.astype(np.int32)
+        return run
+    return factory
+
+
+for _name, (_fn, _sign) in {"addi": (np.add, "+"), "subi": (np.subtract, "-"),
+                            "muli": (np.multiply, "*")}.items():
+    interprets(f"arith.{_name}")(_checked(_fn, _sign))
 
 
 @interprets("arith.constant")
