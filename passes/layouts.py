@@ -75,9 +75,11 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
         if have is not None and have[0] != want:
             along, other = ("row", "column") if op.axis == "row" else ("column", "row")
             raise error_at(op.location, f"x.{op.kind}_{op.axis}(v) needs v laid out as one value "
-                           f"per {along} of x, as x.{along}_sum() or x.{along}_max() makes it; "
-                           f"this v was made for another tile or as a {other} vector "
-                           f"({have[0]}, not {want})")
+                           f"per {along} of x, as x.{op.axis}_sum() or x.{op.axis}_max() makes "
+                           f"it; this v was made for another tile or as a {other} vector "
+                           f"({have[0]}, not {want}). Vectors are not converted between "
+                           f"layouts: reduce a tile of x's layout and scope (layout= on its "
+                           f"tk.load), or load x in the layout v came from")
         groups.fix(vec, want, op)
         return
     if d is not None and d.layout == "same":

@@ -55,7 +55,8 @@ def test_each_dtype_is_read_by_its_row(row):
 def test_a_dtype_kernels_do_not_take_is_refused_by_the_annotation_with_the_fix():
     info = tensor_info(torch.zeros(16, dtype=torch.bool), "x")
     rejects(dataclasses.replace(info, device="cuda:0"), r"has dtype bool, but the kernel's "
-            r"annotation wants f32; convert it \(e.g. x.to\(torch.float32\)\)", dtype="f32")
+            r"annotation wants f32; convert it \(torch: x.to\(torch.float32\); numpy: "
+            r"x.astype\('float32'\)\)", dtype="f32")
 
 
 def test_refusals_list_the_dtypes_kernels_take():

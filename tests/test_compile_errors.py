@@ -260,16 +260,17 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
 @pytest.mark.parametrize("kernel,args,marker,at,message", [
     pytest.param(k_while, (F32,), "while", "while",
                  "while loops are not supported; use for ... in range(...)", id="while"),
-    pytest.param(k_break, (F32, 1), "break", "break", "Break is not supported in a tk kernel",
+    pytest.param(k_break, (F32, 1), "break", "break", "break (a loop runs all its iterations: guard the body with an "
+                 "if) is not supported in a tk kernel",
                  id="break"),
     pytest.param(k_continue, (F32, 1), "continue", "continue",
-                 "Continue is not supported in a tk kernel", id="continue"),
-    pytest.param(k_lambda, (F32,), "lambda", "lambda", "Lambda is not supported in a tk kernel",
+                 "continue (guard the rest of the body with an if) is not supported", id="continue"),
+    pytest.param(k_lambda, (F32,), "lambda", "lambda", "lambda (define a function with def) is not supported",
                  id="lambda"),
     pytest.param(k_listcomp, (F32,), "listcomp", "[i for",
                  "only single-`for` comprehensions are supported", id="listcomp"),
-    pytest.param(k_try, (F32,), "try", "try", "Try is not supported in a tk kernel", id="try"),
-    pytest.param(k_with, (F32,), "with", "with", "With is not supported in a tk kernel",
+    pytest.param(k_try, (F32,), "try", "try", "try is not supported in a tk kernel", id="try"),
+    pytest.param(k_with, (F32,), "with", "with", "with is not supported in a tk kernel",
                  id="with"),
     pytest.param(k_pow, (F32,), "pow", "i ** 2", "** on run-time values is not supported", id="pow"),
     pytest.param(k_return_value, (F32,), "return", "return",
@@ -1199,3 +1200,105 @@ def test_a_column_vector_broadcast_along_rows_says_which_vector_it_needs():
                      r"x\.row_sum\(\) or x\.row_max\(\) makes it; this v was made for another "
                      r"tile or as a column vector", str(e)), str(e)
     assert "a.sub_row(a.col_sum())" in str(e)
+
+
+# ------------------------------------------- what a README reader runs into
+
+@tk.kernel(num_warps=4)
+def k_sum_of_tiles(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, sum([tk.load(X, (k, 0), (16, 32)) for k in range(3)]), (0, 0))
+
+
+def test_sum_over_a_list_of_tiles_adds_them_in_order():
+    import torch
+    x, y = torch.randn(48, 32), torch.full((16, 32), float("nan"))
+    k_sum_of_tiles.interpret[(1,)](x, y)
+    assert torch.allclose(y, x[:16] + x[16:32] + x[32:], atol=1e-6)
+
+
+@tk.kernel(num_warps=4)
+def k_loop_index_after_the_loop(X: tk.gl[f32], Y: tk.gl[f32], n: int, BEFORE: tk.constexpr):
+    if BEFORE:
+        k = 0
+    for k in range(n):                                          # E:loop-index
+        pass
+    tk.store(Y, tk.load(X, (k, 0), (16, 32)), (0, 0))           # E:loop-after
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_a_run_time_loops_index_has_no_value_after_the_loop(before):
+    """Python leaves the last index in it; a kernel's scf.for cannot, and must
+    not leave the value from before the loop either (a silent difference)."""
+    e = compile_error(k_loop_index_after_the_loop, tk.spec((64, 32), f32),
+                      tk.spec((16, 32), f32), 3, BEFORE=before)
+    assert e.line == marked("loop-after")[0]
+    assert f"'k' is the loop variable of the run-time loop at line " \
+           f"{marked('loop-index')[0]}, which has no value after the loop" in str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_nested_loop_reuses_a_name(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    _, acc = 0, tk.zeros((16, 32), f32)
+    for i in range(n):
+        for _ in range(2):
+            acc = acc + tk.load(X, (i, 0), (16, 32))
+    tk.store(Y, acc, (0, 0))
+
+
+def test_a_nested_loop_may_reuse_a_name_the_outer_scope_holds():
+    import torch
+    x, y = torch.randn(48, 32), torch.full((16, 32), float("nan"))
+    k_nested_loop_reuses_a_name.interpret[(1,)](x, y, 3)
+    assert torch.allclose(y, 2 * (x[:16] + x[16:32] + x[32:]), atol=1e-5)
+
+
+@tk.kernel(num_warps=4)
+def k_slice_past_the_tile(X: tk.gl[f32], Y: tk.gl[f32]):
+    acc = tk.load(X, (0, 0), (64, 64), layout="row", scope="warpgroup")
+    tk.store(Y, acc.slice(rows=(64, 64), cols=(0, 32)), (0, 0))  # E:slice-past
+
+
+def test_a_slice_past_the_tile_says_it_is_outside():
+    e = compile_error(k_slice_past_the_tile, tk.spec((64, 64), f32), tk.spec((64, 32), f32))
+    assert e.line == marked("slice-past")[0]
+    assert "slice rows=(64, 64) is outside the tile's 64 rows" in str(e), str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_column_vector_of_another_layout(X: tk.gl[f32], Y: tk.gl[f32]):
+    a = tk.load(X, (0, 0), (64, 64), layout="row")
+    b = tk.load(X, (0, 0), (64, 64))
+    tk.store(Y, b.add_col(a.col_sum()), (0, 0))
+
+
+def test_a_column_vector_of_another_layout_names_the_methods_that_exist():
+    e = compile_error(k_column_vector_of_another_layout, tk.spec((64, 64), f32),
+                      tk.spec((64, 64), f32))
+    assert "as x.col_sum() or x.col_max() makes it" in str(e), str(e)
+    assert "Vectors are not converted between layouts" in str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_if_on_a_mask(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 32))
+    if x > 0.0:
+        x = -x
+    tk.store(Y, x, (0, 0))
+
+
+def test_an_if_on_a_mask_names_its_type_in_words():
+    e = compile_error(k_if_on_a_mask, tk.spec((16, 32), f32), tk.spec((16, 32), f32))
+    assert "`x > 0.0` is a bool 16x32 tile (vec, block), a value per element" in str(e), str(e)
+    assert "!tk.rt" not in str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_scaled_copy(X: tk.gl[f32], Y: tk.gl[f32], s: float, n: int):
+    tk.store(Y, tk.load(X, (0, 0), (16, 32)) * s, (0, 0))
+
+
+def test_an_argument_left_out_says_where_the_others_shifted():
+    with pytest.raises(tk.ArgumentError) as e:
+        k_scaled_copy.compile(tk.spec((16, 32), f32), 1.0, 2)
+    assert str(e.value) == "k_scaled_copy() missing argument 'n' ('Y', a tensor, got 1.0: is " \
+                           "an argument before it left out?)"

@@ -235,7 +235,8 @@ def test_an_int_past_32_bits_is_the_gpus_error():
     x = numpy_array((16, 64))
     with pytest.raises(tk.ArgumentError) as e:
         add_n.interpret[(1,)](x, like(x), 2**31)
-    assert str(e.value).startswith("argument 'n' = 2147483648 must be an int that fits in 32 bits")
+    assert str(e.value).startswith("argument 'n' = 2147483648 is outside the 32-bit range "
+                                   "[-2147483648, 2147483647] of a run-time int")
 
 
 # ------------------------------------------- read-only and autograd arrays

@@ -118,7 +118,7 @@ def test_wrong_dtype(driver_watch):
     e = launch_error(k_copy_bf16, FakeCudaArray((64, 64), "<f4"),
                      FakeCudaArray((64, 64), "<f4"))
     assert str(e) == ("argument 'X' has dtype f32, but the kernel's annotation wants bf16; "
-                      "convert it (e.g. x.to(torch.bfloat16))")
+                      "convert it (torch: x.to(torch.bfloat16); numpy: x.astype('bfloat16'))")
 
 
 def test_misaligned_pointer(driver_watch):
@@ -179,8 +179,8 @@ def test_dims_beyond_i32_are_refused():
 def test_i32_scalar_out_of_range(driver_watch, value):
     x = FakeCudaArray((64, 64), "<f4")
     e = launch_error(k_scaled, x, x, value, 1.0)
-    assert str(e) == f"argument 's' = {value} must be an int that fits in 32 bits" \
-        f" (a Python number: convert numpy and torch scalars with int(x) or float(x))"
+    assert str(e) == f"argument 's' = {value} is outside the 32-bit range " \
+        f"[-2147483648, 2147483647] of a run-time int (split it, or pass it as a tk.constexpr)"
 
 
 def test_scalar_of_the_wrong_kind(driver_watch):

@@ -28,7 +28,7 @@ from mlir import ir
 from mlir.dialects import arith, func, scf
 
 from . import global_reads, language, values as V
-from .dialects import contracts
+from .dialects import contracts, types as T
 from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_helpers,
                      raised_in_tk_mlir)
 from .source import closure_names, ptx_symbol
@@ -58,6 +58,18 @@ _PY_CMPOPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": ope
               "eq": operator.eq, "ne": operator.ne}
 _PY_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
              ast.Invert: operator.invert}
+# Python syntax a kernel cannot use, as its errors name it (else the AST class).
+_SYNTAX = {"Break": "break (a loop runs all its iterations: guard the body with an if)",
+           "Continue": "continue (guard the rest of the body with an if)",
+           "NamedExpr": "the := operator",
+           "Try": "try", "TryStar": "try", "With": "with", "AsyncWith": "async with",
+           "Lambda": "lambda (define a function with def)", "Global": "global",
+           "Nonlocal": "nonlocal", "Delete": "del", "Raise": "raise", "Assert": "assert",
+           "ClassDef": "a class definition", "Import": "import", "ImportFrom": "import",
+           "Yield": "yield", "YieldFrom": "yield from", "Await": "await",
+           "GeneratorExp": "a generator expression (use a list comprehension)",
+           "SetComp": "a set comprehension", "Set": "a set", "Match": "match",
+           "MatMult": "@ (matrix products are tk.mma_AB, tk.mma_ABt, ...)"}
 # Python builtins a kernel may call; on run-time values min/max emit ops.
 _ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print", "isinstance",
                      "tuple", "list", "zip", "enumerate", "bool", "round", "pow", "sum", "all",
@@ -252,7 +264,8 @@ class KernelBuilder(ast.NodeVisitor):
             self.runtime_bodies -= 1
 
     def generic_visit(self, node):
-        raise self.error(node, f"{type(node).__name__} is not supported in a tk kernel")
+        what = type(node).__name__
+        raise self.error(node, f"{_SYNTAX.get(what, what)} is not supported in a tk kernel")
 
     # --------------------------------------------------------- statements
 
@@ -398,7 +411,8 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_AugAssign(self, node):
         if type(node.op) not in _BINOPS or isinstance(node.op, ast.Pow):
-            raise self.error(node, f"operator {type(node.op).__name__} is not supported here")
+            what = type(node.op).__name__
+            raise self.error(node, f"operator {_SYNTAX.get(what, what)} is not supported here")
         current = self.eval(ast.Name(node.target.id, ast.Load(), lineno=node.lineno,
                                      col_offset=node.col_offset)) \
             if isinstance(node.target, ast.Name) else None
@@ -444,7 +458,7 @@ class KernelBuilder(ast.NodeVisitor):
         shown, rule = ast.unparse(node), f"{what} must be a comparison or a bool"
         if isinstance(test, V.TileLike):
             return self.error(node, f"{rule} (one truth value), but `{shown}` is a "
-                                    f"{type(test).__name__.lower()} of values ({test.ir_type}); "
+                                    f"{T.show(T.parse(test.ir_type))}, a value per element; "
                                     f"to choose per element write tk.where(mask, a, b), e.g. "
                                     f"tk.where({shown}, a, b)")
         if isinstance(test, V.Scalar):
@@ -605,7 +619,11 @@ class KernelBuilder(ast.NodeVisitor):
             for n, arg in zip(carried, loop.inner_iter_args):
                 self.scope[n] = V.wrap(arg)
             self.run(node.body)
+            # names a nested run-time loop took as its variable: no value after it
+            ended = {n for n in (*fixed, *carried) if n not in self.scope}
             for n, before in fixed.items():
+                if n in ended:
+                    continue
                 if self.scope[n] is not before and not (type(self.scope[n]) is type(before)
                                                         and self.scope[n] == before):
                     raise self.error(node, f"'{n}' ({type(before).__name__}) changes in the loop, "
@@ -613,8 +631,8 @@ class KernelBuilder(ast.NodeVisitor):
                                            f"from one iteration to the next (split it into "
                                            f"separate variables)")
             yields = []
-            for n, init in zip(carried, inits):
-                v = self.scope[n]
+            for n, init, arg in zip(carried, inits, loop.inner_iter_args):
+                v = self.scope.get(n, V.wrap(arg))
                 if not _is_runtime(v) and not isinstance(v, (bool, int, float)):
                     raise self.error(node, f"'{n}' is a number ({init.ir_type}) before the loop "
                                            f"and {_what(v)} after one iteration: a name the "
@@ -633,6 +651,14 @@ class KernelBuilder(ast.NodeVisitor):
                 yields.append(v.value)
             scf.YieldOp(yields)
         self.scope = outer
+        # Python leaves the last index in the loop variable; the scf.for's
+        # induction variable ends with the loop, so the name has no value after
+        # it (not the value it had before the loop).
+        self.scope.pop(node.target.id, None)
+        self.gone[node.target.id] = (
+            f"the loop variable of the run-time loop at line {node.lineno}, which has no "
+            f"value after the loop (Python would leave the last index there): keep what "
+            f"you need in a variable assigned before the loop and reassigned in it")
         for n in _assigned_names(node.body):
             if n not in outer and n != node.target.id:
                 self.gone[n] = (f"first assigned inside the run-time loop at line {node.lineno}, "
@@ -640,6 +666,8 @@ class KernelBuilder(ast.NodeVisitor):
                                 f"give it a value before the loop to carry it through")
         for n, r in zip(carried, loop.results):
             self.scope[n] = V.wrap(r)
+        for n in ended:
+            self.scope.pop(n, None)
 
     def visit_While(self, node):
         raise self.error(node, "while loops are not supported; use for ... in range(...)")
@@ -789,7 +817,9 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_BinOp(self, node):
         if type(node.op) not in _BINOPS:
-            raise self.error(node, f"operator {type(node.op).__name__} is not supported in a kernel")
+            what = type(node.op).__name__
+            raise self.error(node, f"operator {_SYNTAX.get(what, what)} is not supported in a "
+                                   f"kernel")
         a, b = self.eval(node.left), self.eval(node.right)
         if isinstance(node.op, ast.Pow) and (_is_runtime(a) or _is_runtime(b)):
             raise self.error(node, "** on run-time values is not supported (only on constexprs)")
@@ -886,6 +916,15 @@ class KernelBuilder(ast.NodeVisitor):
             out = args[0]   # elementwise on tiles (max(x, 0.0)), arith on scalars
             for a in args[1:]:
                 out = self.binary(node, callee.__name__, out, a)
+            return out
+        if callee is sum and args and isinstance(args[0], (list, tuple)) and \
+                any(_is_runtime(a) for a in args[0]):
+            terms = list(args[0])   # tiles or scalars added in order, as Python's sum
+            start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+            out = terms[0] if isinstance(start, int) and start == 0 else \
+                self.binary(node, "add", start, terms[0])
+            for t in terms[1:]:
+                out = self.binary(node, "add", out, t)
             return out
         if callee is float and args and _is_runtime(args[0]):
             return V.to_float(args[0])

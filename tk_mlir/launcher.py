@@ -230,7 +230,11 @@ _PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x)
 
 def check_scalar(name: str, kind: str, value):
     if kind == "i32":
-        if type(value) is not int or not _I32_MIN <= value <= _I32_MAX:
+        if type(value) is int and not _I32_MIN <= value <= _I32_MAX:
+            raise ArgumentError(f"argument '{name}' = {value} is outside the 32-bit range "
+                                f"[{_I32_MIN}, {_I32_MAX}] of a run-time int (split it, or "
+                                f"pass it as a tk.constexpr)")
+        if type(value) is not int:
             raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 "
                                 f"bits{_PYTHON_NUMBER}")
     elif type(value) not in (int, float):

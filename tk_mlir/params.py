@@ -144,7 +144,19 @@ class KernelParams:
                    if p.default is EMPTY and p.name not in unbound_ok and
                    p.name not in (kwargs or ())]
         return BindError(f"{self.name}() missing argument{'s' * (len(missing) > 1)} "
-                         f"{', '.join(map(repr, missing))}", missing=missing)
+                         f"{', '.join(map(repr, missing))}{self._shifted(values)}",
+                         missing=missing)
+
+    def _shifted(self, values) -> str:
+        """Where a number sits in a tensor's place (or a tensor in a number's):
+        a hint that an argument before it was left out."""
+        for p, v in zip(self.params, values):
+            number = type(v) in (int, float, bool)
+            if (p.kind in TENSOR_KINDS) == number and p.kind != CONSTEXPR:
+                got = repr(v) if number else "a tensor"
+                return (f" ({p.name!r}, a {_WORDS[p.kind]}, got {got}: is an argument "
+                        f"before it left out?)")
+        return ""
 
     def _check_keywords(self, n_positional: int, kwargs: dict) -> None:
         unexpected = [k for k in kwargs if k not in self.index]

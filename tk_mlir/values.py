@@ -425,7 +425,11 @@ def _span(span, extent: int, what: str) -> tuple[int, int]:
         raise CompilationError(f"slice {what} must be (first, count) of compile-time ints, "
                                f"got {span!r}")
     first, count = span
-    if count <= 0 or first < 0 or first + count > extent or first % count:
+    if count <= 0 or first < 0 or first + count > extent:
+        raise CompilationError(f"slice {what}=({first}, {count}) is outside the tile's {extent} "
+                               f"{what}: (first, count) takes {what} first .. first + count - 1, "
+                               f"a count > 0 of them within 0 .. {extent - 1}")
+    if first % count:
         raise CompilationError(f"slice {what}=({first}, {count}) must be an aligned part of "
                                f"the tile's {extent} {what} (first a multiple of count)")
     return first, count

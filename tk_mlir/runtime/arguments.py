@@ -350,7 +350,9 @@ def _check_dtype(info, name: str, want) -> None:
     if info.dtype == want:
         return
     torch_name = DTYPES[want].torch
-    hint = f" (e.g. x.to(torch.{torch_name}))" if torch_name else ""
+    # (the name is numpy's / ml_dtypes' too)
+    hint = f" (torch: x.to(torch.{torch_name}); numpy: x.astype({torch_name!r}))" \
+        if torch_name else ""
     raise ArgumentError(f"argument {name!r} has dtype {info.dtype}, but the kernel's "
                         f"annotation wants {want}; convert it{hint}")
 
