@@ -510,7 +510,8 @@ def _column_block(op, operands, results, num_warps: int) -> None:
 
 @rule("tma_load", "tma_load_multicast", "tma_store", "tma_prefetch")
 def _tma(op, operands, results, num_warps: int) -> None:
-    name, d = op.operation.name[3:], tk.op_def(op)
+    d = tk.op_def(op)
+    name = tk.spelled(d)
     gl, st = (T.parse(v.type) for v in tk.tma_operands(op))
     _require(gl.dtype == st.dtype, f"{name}: {T.show(st)} and {T.show(gl)} differ in dtype")
     # Rank 2 for vectors too: the driver refuses a rank-1 map (box 64 f32:
@@ -548,10 +549,11 @@ TMA_REDUCE_ADD_DTYPES = ("f32", "f16", "bf16")
 @rule("tma_reduce_add")
 def _tma_reduce_add(op, operands, results, num_warps: int) -> None:
     st = T.parse(op.src.type)
-    _require(isinstance(st, T.ST), f"tma_reduce_add: TMA reads a shared tile, got {T.show(st)}")
+    _require(isinstance(st, T.ST), f"tk.tma.reduce_add_async: TMA reads a shared tile, got "
+             f"{T.show(st)}")
     _tma(op, operands, results, num_warps)
-    _require(st.dtype in TMA_REDUCE_ADD_DTYPES, f"tma_reduce_add: TMA adds f32, f16 or bf16 "
-             f"tiles, not {T.show(st)}")
+    _require(st.dtype in TMA_REDUCE_ADD_DTYPES, f"tk.tma.reduce_add_async: TMA adds f32, f16 "
+             f"or bf16 tiles, not {T.show(st)}")
 
 
 @rule("slice")

@@ -62,6 +62,8 @@ class OpDef:
     # attributes, as the Python method reads: "{kind}_{axis}" -> tk.sub_row.
     # The attributes it names are not repeated there.
     mnemonic: str | None = None
+    # The builtin a kernel writes, where it is not tk.<name> (messages name it).
+    builtin: str | None = None
     # ---- traits
     block_barrier: Union[bool, Predicate] = False  # its lowering syncs the whole block
     thread_varying: bool = False         # its result differs between a block's threads
@@ -233,6 +235,7 @@ OPS: tuple[OpDef, ...] = (
               "passes/smem.py and initialised once at the kernel's start"),
     OpDef("arrive", operands=("sem",), one_thread=True, doc="one arrival on a semaphore"),
     OpDef("expect_bytes", operands=("sem",), attributes=("bytes",), one_thread=True,
+          builtin="tk.tma.expect_bytes",
           doc="one arrival that also expects `bytes` of TMA transactions this phase"),
     OpDef("wait", operands=("sem", "phase"),
           doc="wait until the semaphore's phase with parity `phase` has completed"),
@@ -240,21 +243,25 @@ OPS: tuple[OpDef, ...] = (
           doc="wait until the semaphore's phase number `phase` (0, 1, 2, ...) has completed: "
               "its parity on the GPU, the number in the interpreter's check"),
     OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
+          builtin="tk.tma.load_async",
           writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "
               "vector), completing on sem"),
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
+          builtin="tk.tma.store_async",
           reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
           doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
     OpDef("tma_reduce_add", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
+          builtin="tk.tma.reduce_add_async",
           reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
           doc="TMA: global tile at tile coordinates += shared tile (cp.reduce.async.bulk."
               "tensor .add; the bulk async group of tma_store)"),
-    OpDef("tma_commit", doc="close the current bulk async group of TMA stores"),
+    OpDef("tma_commit", builtin="tk.tma.store_commit", doc="close the current bulk async group of TMA stores"),
     OpDef("tma_wait", attributes=("pending", "read"), completes_bulk_writes=_completes_writes,
+          builtin="tk.tma.store_wait",
           doc="wait until at most `pending` TMA store groups are outstanding (read: until "
               "their shared sources may be overwritten)"),
-    OpDef("tma_prefetch", operands=("src", "like"), tma=("src", "like"),
+    OpDef("tma_prefetch", operands=("src", "like"), tma=("src", "like"), builtin="tk.tma.prefetch",
           doc="prefetch the tensor map that TMA ops on src with tiles of like's type use"),
     OpDef("mma", operands=("acc", "a", "b"), results=("result",),
           attributes=("trans_a", "trans_b"),
@@ -301,9 +308,10 @@ OPS: tuple[OpDef, ...] = (
     OpDef("cluster_rank", results=("result",), doc="this block's rank in its cluster"),
     OpDef("cluster_sync", block_barrier=True,
           doc="barrier.cluster arrive + wait: every thread of the cluster"),
-    OpDef("arrive_remote", operands=("sem", "cta"), one_thread=True,
+    OpDef("arrive_remote", operands=("sem", "cta"), one_thread=True, builtin="tk.arrive",
           doc="one arrival on the semaphore at the same place in block `cta` of the cluster"),
     OpDef("tma_load_multicast", operands=("dst", "src", "sem", "mask"), variadic="indices",
+          builtin="tk.tma.load_async",
           tma=("src", "dst"), writes=(Access("dst", ASYNC),), one_thread=True,
           doc="TMA load delivered to the same shared tile and semaphore in every block of "
               "the cluster whose bit is set in `mask`"),
@@ -496,6 +504,11 @@ globals().update({cls.__name__: cls for cls in OPVIEWS.values()})
 
 
 # ------------------------------------------------------- reading traits
+
+def spelled(d: OpDef) -> str:
+    """The op as a kernel writes it (its builtin), for messages."""
+    return d.builtin or f"tk.{d.name}"
+
 
 def op_def(op) -> OpDef | None:
     """The OpDef of a tk op (an Operation or OpView), None for any other op."""

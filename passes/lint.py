@@ -74,7 +74,7 @@ def single_thread_ops(func, ops, num_warps: int) -> None:
         d = tk.op_def(op)
         if not d.one_thread or any(lanes.varies(c) for c in _conditions(op)):
             continue
-        name = op.name[3:]
+        name = tk.spelled(d)
         if tk.tma_operands(op) is not None:
             why = "each of a warp's threads issues its own copy: 32 copies of the tile per warp"
         elif d.tensor_memory == "async":       # a tcgen05.mma
@@ -89,7 +89,7 @@ def single_thread_ops(func, ops, num_warps: int) -> None:
                 continue
             why = (f"each of a warp's 32 threads arrives, but the semaphore expects "
                    f"{arrivals} arrival(s) per phase: its phases complete early")
-        warn_at(op.location, "elect", f"tk.{name} runs on every thread of the warp: {why}; "
+        warn_at(op.location, "elect", f"{name} runs on every thread of the warp: {why}; "
                 f"issue it from one thread: `if tk.elect_leader():` (or "
                 f"tk.elect_leader(\"warpgroup\"))")
 

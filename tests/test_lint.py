@@ -106,7 +106,7 @@ def k_store_every_thread(C: tk.gl[bf16]):
 
 def test_tma_load_by_every_lane_warns_at_its_line():
     messages = lint_warnings(lambda: k_tma_every_thread.compile(spec(128, 128)))
-    assert "tk.tma_load runs on every thread of the warp" in \
+    assert "tk.tma.load_async runs on every thread of the warp" in \
         assert_one_at(messages, "tma_every_thread", "elect")
 
 

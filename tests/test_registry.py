@@ -145,3 +145,14 @@ def test_a_contract_is_typed_and_names_its_writer():
         with pytest.raises(KeyError, match="tk-allocate-smem"):
             contracts.STRIDE.get(op)
         assert contracts.STRIDE.get(op, None) is None
+
+
+def test_an_op_spelled_as_its_builtin_is_built_by_it():
+    """Messages name an op as a kernel writes it (tk.spelled): where OpDef.builtin
+    says so, that builtin is one marked as building the op."""
+    builtins = _marked_builtins()
+    for d in tk.OPS:
+        module, _, fn = tk.spelled(d).rpartition(".")
+        marked = {b.rpartition(".")[2]: b.startswith("tk_mlir.tma.") for b in builtins[d.name]}
+        if d.builtin:
+            assert marked.get(fn) == (module == "tk.tma"), (d.name, d.builtin, builtins[d.name])
