@@ -848,7 +848,8 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
     """linear_cross_entropy's forward and backward for eager calls. A scalar
     loss ("mean", "sum") gets its gradients in the forward, for dloss = 1
     (losses.linear_forward_with_grads: no logits made twice); the backward
-    scales them in place and hands them over (no second dweight-sized
+    scales them in place (no pass over them for dloss = 1, the usual case)
+    and hands them over (no second dweight-sized
     tensor), so a second backward through a retained graph makes them again
     from the saved inputs, as "none" always does."""
 
@@ -876,8 +877,8 @@ class EagerLinearCrossEntropy(torch.autograd.Function):
             return None, None, None, None, None
         need_h, need_weight = ctx.needs_input_grad[:2]
         (dh, dw), ctx.grads = ctx.grads, None
-        grads = [t for t, need in ((dh, need_h), (dw, need_weight)) if need]
-        torch._foreach_mul_(grads, dloss.to(dh.dtype))    # (vectorized, unlike mul_ by a tensor)
+        losses.scale_unless_one([t for t, need in ((dh, need_h), (dw, need_weight)) if need],
+                                dloss)
         return (dh if need_h else None), (dw if need_weight else None), None, None, None
 
 

@@ -352,6 +352,37 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     return loss.to(h.dtype), lse[:n], dh, dw
 
 
+# scale_unless_one_kernel's tile: 16-byte loads, 8 per thread of 4 warps.
+SCALE_TILE = (16, 256)
+
+
+@tk.kernel(num_warps=4)
+def scale_unless_one_kernel(X: tk.gl, S: tk.gl[f32]):
+    """X *= S (a 0-d f32 on the device) in place, unless S is 1: then every
+    block returns at once. A persistent grid walks X's tiles. For gradients
+    made for dloss = 1 ahead of the backward: the usual dloss is 1, and
+    reading it on the host would wait for the GPU."""
+    s = tk.load(S, ())
+    if s != 1.0:
+        cols = tk.cdiv(X.shape[1], SCALE_TILE[1])
+        for t in range(tk.block_id(0), tk.cdiv(X.shape[0], SCALE_TILE[0]) * cols,
+                       tk.grid_dim(0)):
+            at = (t // cols, t % cols)
+            tk.store(X, tk.load(X, at, SCALE_TILE) * s, at)
+
+
+def scale_unless_one(grads, dloss) -> None:
+    """Each of grads (2-D tensors with whole 16-byte rows, contiguous) *= dloss
+    in place, no work when dloss is 1 (scale_unless_one_kernel)."""
+    import torch
+    from tk_mlir.kernels.device import num_sms
+    s = dloss.to(torch.float32)
+    for g in grads:
+        if g.numel():
+            tiles = tk.cdiv(g.shape[0], SCALE_TILE[0]) * tk.cdiv(g.shape[1], SCALE_TILE[1])
+            scale_unless_one_kernel[(min(tiles, 4 * num_sms(g.get_device())),)](g, s)
+
+
 def _chunk_rows(n: int, hidden: int, v: int) -> int:
     """Rows per chunk of linear_forward_with_grads, in multiples of 128: as
     many as keep the chunk's logits no larger than h (Liger's rule), but at
