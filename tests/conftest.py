@@ -63,6 +63,13 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def interpreted(monkeypatch):
+    """The library on CPU tensors runs in the interpreter (TK_MLIR_INTERPRET=1)."""
+    import tk_mlir.kernel  # noqa: F401  (the module: tk_mlir.kernel is the decorator)
+    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
+
+
+@pytest.fixture
 def ptxas():
     """Skips a test that reads ptxas's output where ptxas is not installed."""
     from tk_mlir.toolchain import find_tool

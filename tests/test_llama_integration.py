@@ -6,21 +6,14 @@ unpatched one (float32) within bf16's rounding.
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import tk_mlir.kernel  # noqa: E402,F401  (the module: tk_mlir.kernel is the decorator)
 from tk_mlir.integrations import patch_llama  # noqa: E402
 from torch_reference import relative_error  # noqa: E402
-
-
-@pytest.fixture
-def interpreted(monkeypatch):
-    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
 def _cache_of(out):

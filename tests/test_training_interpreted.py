@@ -6,23 +6,14 @@ against the same step in float64 torch.
 """
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import tk_mlir.kernel  # noqa: E402,F401  (the module: tk_mlir.kernel is the decorator)
 from tk_mlir.kernels import (cross_entropy, fused_add_layer_norm, fused_add_rms_norm,  # noqa: E402
                              matmul, rms_norm, rotary_embedding, swiglu)
 
 F = torch.nn.functional
-
-
-@pytest.fixture
-def interpreted(monkeypatch):
-    """The library on CPU tensors runs in the interpreter (TK_MLIR_INTERPRET=1)."""
-    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
 def _block(x, params, ops):
@@ -435,3 +426,30 @@ def test_grouped_matmul_with_k_0_writes_only_the_rows_it_computes(interpreted):
     grouped_matmul(torch.randn(2, 200, 0, dtype=bf), torch.randn(2, 8, 0, dtype=bf), [0, 1], c)
     assert (c[0] == 5).all()                  # no rows of the first product
     assert (c[1, :128] == 0).all() and (c[1, 128:] == 5).all()   # the second: one tile
+
+
+@pytest.mark.parametrize("which", ["rms_norm", "layer_norm", "fused_add_rms_norm",
+                                   "fused_add_layer_norm"])
+def test_norms_with_frozen_parameters_give_dx_alone(interpreted, which):
+    """A frozen weight (and bias): the backward skips their column sums and
+    dx is the same as with them trained."""
+    from tk_mlir import kernels
+    fn = getattr(kernels, which)
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(37, 64, generator=g).to(torch.bfloat16)
+    r = torch.randn(37, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(64, generator=g) + 1).to(torch.bfloat16)
+    b = torch.randn(64, generator=g).to(torch.bfloat16)
+    dy = torch.randn(37, 64, generator=g).to(torch.bfloat16)
+    dxs = []
+    for trained in (True, False):
+        xx, ww, bb = x.clone().requires_grad_(), w.clone().requires_grad_(trained), \
+            b.clone().requires_grad_(trained)
+        args = ((xx, r) if which.startswith("fused") else (xx,)) + \
+            ((ww, bb) if "layer" in which else (ww,))
+        y = fn(*args)
+        y = y[0] if isinstance(y, tuple) else y
+        y.backward(dy)
+        dxs.append(xx.grad)
+        assert (ww.grad is not None) == trained
+    assert torch.equal(*dxs)

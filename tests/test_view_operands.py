@@ -6,24 +6,16 @@ with a kernel parameter's name; and the loss ops' own argument checks.
 Interpreted on CPU tensors, against float64 torch."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import tk_mlir.kernel  # noqa: E402,F401  (the module: tk_mlir.kernel is the decorator)
 from tk_mlir.kernels import (cross_entropy, fused_add_rms_norm, layer_norm,  # noqa: E402
                              linear_cross_entropy, rms_norm, scaled_matmul, swiglu)
 
 F = torch.nn.functional
 bf = torch.bfloat16
-
-
-@pytest.fixture
-def interpreted(monkeypatch):
-    monkeypatch.setattr(sys.modules["tk_mlir.kernel"], "_INTERPRET_ALL", True)
 
 
 def _close(out, ref, tol=1e-2):
@@ -156,3 +148,115 @@ def test_the_linear_cross_entropy_with_grads_op_takes_a_scalar_loss_only(interpr
     for g, r in zip((dh, dw), torch.autograd.grad(ref, (h64, w64))):
         _close(g, r)
     _close(linear_cross_entropy(h, w, t, reduction="sum"), ref)
+
+
+def _misaligned(*shape, dtype=bf, seed=0):
+    """A (…, n) view starting 8 bytes into its rows' storage (last dim
+    contiguous, not 16-byte aligned), its values random."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape[:-1], shape[-1] + 4, generator=g).to(dtype)[..., 4:]
+
+
+def test_ssd_takes_projection_views_that_start_mid_vector(interpreted):
+    """x, B and C cut from one projection need not be 16-byte aligned: the
+    same output as aligned copies of them (forward and gradients)."""
+    from tk_mlir.kernels import ssd
+    g = torch.Generator().manual_seed(3)
+    x, B, C = _misaligned(1, 64, 2, 16, seed=1), _misaligned(1, 64, 1, 16, seed=2), \
+        _misaligned(1, 64, 1, 16, seed=3)
+    dt = F.softplus(torch.randn(1, 64, 2, generator=g)) * 0.1
+    A = -torch.rand(2, generator=g) - 0.5
+    dy = torch.randn(1, 64, 2, 16, generator=g).to(bf)
+    outs = []
+    for args in ((x, B, C), tuple(t.contiguous() for t in (x, B, C))):
+        args = [t.detach().requires_grad_() for t in args]
+        y = ssd(args[0], dt, A, args[1], args[2])
+        outs.append((y, *torch.autograd.grad(y, args, dy)))
+    for got, want in zip(*outs):
+        assert torch.equal(got, want)
+
+
+def test_rotary_takes_cos_and_sin_views_that_start_mid_vector(interpreted):
+    from tk_mlir.kernels import rotary_embedding
+    x = torch.randn(2, 16, 2, 32, generator=torch.Generator().manual_seed(4)).to(bf)
+    cos, sin = (torch.randn(16 * 16 + 1, generator=torch.Generator().manual_seed(s))[1:]
+                .view(16, 16) for s in (5, 6))             # contiguous, 4 bytes in
+    assert cos.data_ptr() % 16
+    assert torch.equal(rotary_embedding(x, cos, sin),
+                       rotary_embedding(x, cos.contiguous(), sin.contiguous()))
+
+
+# ------------------------------------------- outputs the caller gives, refused
+
+@pytest.mark.parametrize("which", ["rms_norm", "layer_norm"])
+def test_a_norms_out_overlapping_its_input_is_refused_and_out_x_is_in_place(interpreted, which):
+    from tk_mlir.kernels import norms
+    fn = getattr(norms, which)
+    g = torch.Generator().manual_seed(7)
+    buf = torch.randn(65, 64, generator=g).to(bf)
+    w, b = torch.randn(64, generator=g).to(bf), torch.randn(64, generator=g).to(bf)
+    args = (w,) if which == "rms_norm" else (w, b)
+    with pytest.raises(ValueError, match=rf"{which}: out is written while x is read and must "
+                                         rf"not share memory with it"):
+        fn(buf[:-1], *args, out=buf[1:])
+    x = buf[:-1].clone()
+    want = fn(x, *args)
+    assert fn(x, *args, out=x) is x and torch.equal(x, want)       # exactly x: in place
+    out = torch.empty(64, 64, dtype=bf)
+    with pytest.raises(ValueError, match="out is written while weight is read"):
+        fn(x, out[0], *args[1:], out=out)
+
+
+def test_an_output_that_requires_grad_is_refused(interpreted):
+    """Written in place behind autograd's back: torch refuses out= tensors
+    that require grad, and so do matmul's c and the norms' out."""
+    from tk_mlir.kernels import matmul
+    a, b = torch.randn(64, 32).to(bf), torch.randn(48, 32).to(bf)
+    c = torch.zeros(64, 48, dtype=bf, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"matmul: c \(the output to write into\) requires "
+                                           r"grad"):
+        matmul(a, b, c)
+    with torch.no_grad():
+        matmul(a, b, c)                                   # (outside grad mode: fine)
+    x, w = torch.randn(16, 64).to(bf), torch.randn(64).to(bf)
+    with pytest.raises(RuntimeError, match=r"rms_norm: out \(the output to write into\) "
+                                           r"requires grad"):
+        rms_norm(x, w, out=torch.zeros(16, 64, dtype=bf, requires_grad=True))
+
+
+def test_one_tensor_as_both_caches_is_refused_when_appending(interpreted):
+    from tk_mlir.kernels import attention_with_kvcache
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 1, 2, 64, generator=g).to(bf)
+    cache = torch.randn(1, 128, 1, 64, generator=g).to(bf)
+    k = torch.randn(1, 1, 1, 64, generator=g).to(bf)
+    lens = torch.tensor([40], dtype=torch.int32)
+    attention_with_kvcache(q, cache, cache, lens)                 # (reading: fine)
+    before = cache.clone()
+    with pytest.raises(ValueError, match=r"attention_with_kvcache: k_cache is written while "
+                                         r"v_cache is read"):
+        attention_with_kvcache(q, cache, cache, lens, k=k, v=k.clone())
+    assert torch.equal(cache, before)                             # (refused before writing)
+
+
+@pytest.mark.parametrize("fn", ["attention", "attention_varlen", "attention_with_kvcache"])
+def test_return_lse_must_be_a_bool(fn):
+    from tk_mlir import kernels
+    q = torch.randn(1, 64, 2, 64).to(bf)
+    args = {"attention": (q.transpose(1, 2),) * 3,
+            "attention_varlen": (q[0],) * 3 + (torch.tensor([0, 64], dtype=torch.int32),) * 2
+                                + (64, 64),
+            "attention_with_kvcache": (q[:, :1], q, q, torch.tensor([64], dtype=torch.int32))}
+    with pytest.raises(TypeError, match=rf"{fn}: return_lse must be a bool, got 'no'"):
+        getattr(kernels, fn)(*args[fn], return_lse="no")
+
+
+def test_a_target_outside_the_classes_gives_nan_gradients_too(interpreted):
+    """Its loss is NaN (as documented); its row's gradient is NaN, not the
+    softmax alone (the target's term silently missing)."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(8, 32, generator=g).requires_grad_()
+    t = torch.randint(0, 32, (8,), generator=g)
+    t[1] = 32
+    (dx,) = torch.autograd.grad(cross_entropy(logits, t, reduction="sum"), (logits,))
+    assert dx[1].isnan().all() and not dx[[0, *range(2, 8)]].isnan().any()

@@ -149,17 +149,42 @@ def written_in_place(fn: str, name: str, t) -> None:
                          f"{tuple(t.shape)} with strides {tuple(t.stride())}")
 
 
-def written_apart(fn: str, name: str, out, **inputs) -> None:
+def output_outside_autograd(fn: str, name: str, out) -> None:
+    """Refuse an output to write into that requires grad while grad mode is
+    on: it would be overwritten behind autograd's back (torch refuses out=
+    tensors that require grad too)."""
+    import torch
+    if out is not None and getattr(out, "requires_grad", False) and torch.is_grad_enabled():
+        raise RuntimeError(f"{fn}: {name} (the output to write into) requires grad, and an "
+                           f"output written in place does not take part in autograd; pass one "
+                           f"that does not (e.g. {name}.detach()), or call under "
+                           f"torch.no_grad()")
+
+
+def flags(fn: str, **named) -> None:
+    """Each named option is a bool (not 1, not "yes"), else a TypeError naming
+    it and what it got."""
+    for name, value in named.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
+
+
+def written_apart(fn: str, name: str, out, in_place: tuple[str, ...] = (), **inputs) -> None:
     """Refuse an output the caller gives that may share memory with an input
     it is computed from: the kernels read the input while they write the
-    output (a race: a wrong result, as torch.mm(a, b, out=a) gives). Checked
-    on every call (two calls of one signature may alias differently), so
-    kept to a few attribute reads. Arguments that are not tensors are left
-    to the type checks."""
+    output (a race: a wrong result, as torch.mm(a, b, out=a) gives), unless
+    the input is named in `in_place` and out is exactly it (the same view: a
+    row-wise kernel reads each row before writing it). Checked on every
+    call (two calls of one signature may alias differently), so kept to a
+    few attribute reads. Arguments that are not tensors are left to the
+    type checks."""
     if not hasattr(out, "data_ptr"):
         return
     lo, hi = _span(out)
     for other, t in inputs.items():
+        if other in in_place and hasattr(t, "data_ptr") and t.data_ptr() == out.data_ptr() \
+                and t.shape == out.shape and t.stride() == out.stride():
+            continue
         if hasattr(t, "data_ptr"):
             t_lo, t_hi = _span(t)
             if lo < t_hi and t_lo < hi:

@@ -802,10 +802,7 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state,
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"{fn}: feature_map must be one of {FEATURE_MAPS}, got "
                          f"{feature_map!r}")
-    for name, flag in (("causal", causal), ("normalize", normalize),
-                       ("return_state", return_state)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{fn}: {name} must be a bool, got {flag!r}")
+    checks.flags(fn, causal=causal, normalize=normalize, return_state=return_state)
     if initial_state is not None:
         if not causal:
             raise ValueError(f"{fn}: {state} is a recurrence's state: causal=True only")
@@ -1162,10 +1159,10 @@ def linear_attention_step(q, k, v, state, feature_map: str | None = None,
     fn = "linear_attention_step"
     if not (isinstance(state, (tuple, list)) and len(state) == 2):
         raise TypeError(f"{fn}: state must be (S, z), got {type(state).__name__}")
-    if q.dim() == 4 and q.shape[1] != 1:
+    _check(q, k, v, feature_map, True, normalize, state, False, fn, "state")
+    if q.shape[1] != 1:
         raise ValueError(f"{fn}: q, k, v hold one new token: (B, 1, H, D), got "
                          f"{tuple(q.shape)}")
-    _check(q, k, v, feature_map, True, normalize, state, False, fn, "state")
     scale = checks.attention_scale(fn, scale, q.shape[-1])
     checks.on_cuda(fn, "q", q)
     if not torch.compiler.is_compiling():

@@ -526,7 +526,9 @@ class EagerRmsNorm(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return (*_rms_norm_backward(ctx, dy, ctx.planned_backward), None, None)
+        sums = ctx.needs_input_grad[1]          # (no dweight, no column sum)
+        return (*_rms_norm_backward(ctx, dy, functools.partial(ctx.planned_backward, sums=sums)),
+                None, None)
 
 
 class EagerLayerNorm(torch.autograd.Function):
@@ -543,7 +545,9 @@ class EagerLayerNorm(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, dy):
-        return (*_layer_norm_backward(ctx, dy, ctx.planned_backward), None, None)
+        sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        return (*_layer_norm_backward(ctx, dy, functools.partial(ctx.planned_backward,
+                                                                  sums=sums)), None, None)
 
 
 # -------------------------------------------------------------- activations
@@ -932,6 +936,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         fn, q.shape[-1], decode_attention.reach(q, k_cache, block_table), scale, (left, right),
         softcap)
     checks.on_cuda(fn, "q", q)
+    if k is not None:
+        decode_attention.written_apart(q, k_cache, v_cache, k, v)
     o, lse = decode_attention.forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
                                       causal, scale, left, right, softcap)
     return o.contiguous(), lse.contiguous()
@@ -1367,4 +1373,6 @@ class EagerFusedAddNorm(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, dy, dh):
-        return (None, None, *_fused_add_backward(ctx, dy, dh, ctx.planned_backward))
+        sums = any(ctx.needs_input_grad[4:-1])   # (weight, and bias for layer_norm)
+        return (None, None, *_fused_add_backward(ctx, dy, dh, functools.partial(
+            ctx.planned_backward, sums=sums)))

@@ -368,14 +368,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     if torch.compiler.is_compiling():
         scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens,
                                                     block_table, k, v, causal, scale, window,
-                                                    softcap)
+                                                    softcap, return_lse)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         o, lse = torch.ops.tk_mlir.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, left, right,
             softcap)
         return (o, lse) if return_lse else o
     # eager: a signature seen before was checked then (eager.py), but for the
-    # lengths and pages of CPU tensors (the interpreter), read on every call
+    # lengths and pages of CPU tensors (the interpreter), read on every call,
+    # and the caches' memory against what is read while they are written
+    if k is not None:
+        written_apart(q, k_cache, v_cache, k, v)
     key = (eager.tensor_key(q), eager.tensor_key(k_cache), eager.tensor_key(v_cache),
            eager.tensor_key(cache_seqlens), eager.tensor_key(block_table), eager.tensor_key(k),
            eager.tensor_key(v), eager.option_key(causal, scale, window, softcap, return_lse),
@@ -389,14 +392,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
 _PREPARED = eager.Prepared()
 
 
+def written_apart(q, k_cache, v_cache, k, v) -> None:
+    """Appending k and v writes into the caches: neither cache may share
+    memory with the other or with q, k or v (one tensor passed as both
+    caches would take v over k)."""
+    fn = "attention_with_kvcache"
+    checks.written_apart(fn, "k_cache", k_cache, q=q, v_cache=v_cache, k=k, v=v)
+    checks.written_apart(fn, "v_cache", v_cache, q=q, k=k, v=v)
+
+
 def _checked_call(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale,
-                  window, softcap) -> tuple[float, int, int, float]:
+                  window, softcap, return_lse=False) -> tuple[float, int, int, float]:
     """Every rule of a call, and its options as the kernels take them:
     (scale, left, right, softcap)."""
     import torch
     _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention_with_kvcache: causal must be a bool, got {causal!r}")
+    checks.flags("attention_with_kvcache", causal=causal, return_lse=return_lse)
     scale, left, right, softcap = checks.attention_options(
         "attention_with_kvcache", q.shape[-1], reach(q, k_cache, block_table), scale, window,
         softcap)
@@ -412,7 +423,8 @@ def _prepare(tensors, causal, scale, window, softcap, return_lse):
     block_table, k, v)` for calls like it (`tensors`: this call's, in that
     order)."""
     q, k_cache, v_cache, cache_seqlens, block_table, k, v = tensors
-    scale, left, right, softcap = _checked_call(*tensors, causal, scale, window, softcap)
+    scale, left, right, softcap = _checked_call(*tensors, causal, scale, window, softcap,
+                                                return_lse)
     run = planned(q, k_cache, block_table, k, causal, scale, left, right, softcap,
                   same_signature=True, with_lse=return_lse)
     if cache_seqlens.device.type == "cpu":      # (the interpreter: lengths cost nothing)

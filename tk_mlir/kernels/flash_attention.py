@@ -400,7 +400,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     import torch
     if torch.compiler.is_compiling():
         scale, left, right, softcap, _ = _checked_call(q, k, v, causal, scale, deterministic,
-                                                       window, softcap)
+                                                       window, softcap, return_lse)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         o, lse = torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic, left, right,
                                              softcap)
@@ -429,14 +429,13 @@ def warn_if_forward_only(fn: str, d: int, grad: bool) -> None:
                       f"torch.no_grad() for inference)", stacklevel=user_stacklevel())
 
 
-def _checked_call(q, k, v, causal, scale, deterministic, window, softcap) -> tuple:
+def _checked_call(q, k, v, causal, scale, deterministic, window, softcap,
+                  return_lse=False) -> tuple:
     """attention's arguments checked: (scale, left, right, softcap) as the
     kernels take them, and whether autograd records the call."""
     import torch
     _check(q, k, v)
-    for name, flag in (("causal", causal), ("deterministic", deterministic)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"attention: {name} must be a bool, got {flag!r}")
+    checks.flags("attention", causal=causal, deterministic=deterministic, return_lse=return_lse)
     scale, left, right, softcap = checks.attention_options("attention", q.shape[-1], reach(q, k),
                                                            scale, window, softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -454,7 +453,7 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
     autograd (EagerAttention) when it records them, else the forward kernel
     alone, its launch planned here."""
     scale, left, right, softcap, grad = _checked_call(q, k, v, causal, scale, deterministic,
-                                                      window, softcap)
+                                                      window, softcap, return_lse)
     planned = planned_launch(q, k, causal, scale, (left, right), softcap, same_signature=True)
     run = _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap,
                         grad)

@@ -568,6 +568,7 @@ def checked_grads(a, b, c, b_layout: str) -> bool:
     the output to write into, is refused)."""
     import torch
     check(a, b, c, b_layout)
+    checks.output_outside_autograd("matmul", "c", c)
     grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if grads and c is not None:
         raise RuntimeError("matmul: c (the output to write into) does not take part in "

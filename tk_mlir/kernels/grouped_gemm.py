@@ -237,8 +237,9 @@ def check_ragged(a, b, offs, bias=None, out_dtype=None) -> None:
     G = b.shape[0]
     if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.shape[0] != G or \
             offs.dtype != torch.int32 or offs.device not in (a.device, torch.device("cpu")):
+        on = "the CPU" if a.device.type == "cpu" else f"the CPU or {a.device}"
         raise ValueError(f"{fn}: offs must be a 1-D int32 tensor of G={G} row ends (b's "
-                         f"first dim) on the CPU or {a.device}, got {checks.describe(offs)}")
+                         f"first dim) on {on}, got {checks.describe(offs)}")
     if bias is not None:
         raise ValueError(f"{fn}: bias is not supported (add it to the result), got "
                          f"{checks.describe(bias)}")
@@ -402,6 +403,7 @@ def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
     if isinstance(a, torch.Tensor):
         check_sizes(sizes, a)
     gemm.check(a, b, c, b_layout, "grouped_matmul")
+    checks.output_outside_autograd("grouped_matmul", "c", c)
     if recorded:                                # (c is None: refused with grads)
         from tk_mlir.kernels import custom_ops
         product = _planned(a, b, sizes, None, b_layout)

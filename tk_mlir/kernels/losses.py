@@ -169,7 +169,7 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     logits = checks.kernel_operand(logits)
     n, v = logits.shape
     rows = -(-n // 4) * 4
-    scale = _row_scale(dloss, target, ignore_index, reduction, rows)
+    scale = _row_scale(dloss, target, ignore_index, reduction, rows, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse_rows[:n] = lse
     dx = torch.empty_like(logits)
@@ -179,18 +179,25 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     return dx
 
 
-def _row_scale(dloss, target, ignore_index: int, reduction: str, rows: int):
+def _row_scale(dloss, target, ignore_index: int, reduction: str, rows: int, v: int):
     """Each row's share of the loss's gradient, (rows,) f32 (the first N
     used): dloss per row ("none"), dloss ("sum") or dloss / the rows not
     ignored ("mean"); 0 for an ignored row (not an inf from 1/0 when every
-    row is ignored)."""
+    row is ignored), NaN for a target outside [0, v) (its loss is NaN: its
+    gradient is never a silent number either)."""
     import torch
     n = target.shape[0]
     per_row = dloss.float() if reduction == "none" else \
         (dloss.float() / ((target != ignore_index).sum() if reduction == "mean" else 1)).expand(n)
+    per_row = torch.where(_valid(target, v, ignore_index), per_row, float("nan"))
     scale = torch.empty(rows, dtype=torch.float32, device=target.device)
     scale[:n] = torch.where(target == ignore_index, 0.0, per_row)
     return scale
+
+
+def _valid(target, v: int, ignore_index: int):
+    """Rows whose target is a class in [0, v) or ignore_index."""
+    return ((target >= 0) & (target < v)) | (target == ignore_index)
 
 
 def _targets(target, rows: int, v: int, ignore_index: int, first: int = 0):
@@ -200,8 +207,7 @@ def _targets(target, rows: int, v: int, ignore_index: int, first: int = 0):
     wrap into a class or into ignore_index); ignore_index stays itself."""
     import torch
     outside = v if v != ignore_index else v + 1
-    valid = ((target >= 0) & (target < v)) | (target == ignore_index)
-    target = torch.where(valid, target, outside)
+    target = torch.where(_valid(target, v, ignore_index), target, outside)
     out = torch.empty(rows, dtype=torch.int32, device=target.device)
     out[:target.shape[0]] = target if not first else \
         torch.where(target == ignore_index, target, target - first)
@@ -325,7 +331,8 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
     rows = -(-n // 4) * 4
-    scale = _row_scale(torch.ones((), device=h.device), target, ignore_index, reduction, rows)
+    scale = _row_scale(torch.ones((), device=h.device), target, ignore_index, reduction, rows,
+                       v)
     targets = _targets(target, rows, v, ignore_index)
     loss_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse = torch.empty(rows, dtype=torch.float32, device=h.device)
@@ -400,7 +407,7 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
     rows = -(-n // 4) * 4
-    scale = _row_scale(dloss, target, ignore_index, reduction, rows)
+    scale = _row_scale(dloss, target, ignore_index, reduction, rows, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse_rows[:n] = lse
     dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None

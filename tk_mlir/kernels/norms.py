@@ -207,7 +207,10 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
         return y if out is None else out.copy_(y)
-    # eager: no op dispatch, and a signature seen before was checked then (eager.py)
+    # eager: no op dispatch, and a signature seen before was checked then (eager.py),
+    # but for out's memory against the inputs' (the same signature may alias)
+    if out is not None:
+        checks.written_apart("rms_norm", "out", out, ("x",), x=x, weight=weight)
     key = (eager.tensor_key(x), eager.tensor_key(weight), eager.tensor_key(out),
            eager.option_key(eps), torch.is_grad_enabled())
     return _RMS_NORM.call(key, lambda: _prepare("rms_norm", x, weight, None, eps, out),
@@ -231,6 +234,8 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
         return y if out is None else out.copy_(y)
+    if out is not None:
+        checks.written_apart("layer_norm", "out", out, ("x",), x=x, weight=weight, bias=bias)
     key = (eager.tensor_key(x), eager.tensor_key(weight), eager.tensor_key(bias),
            eager.tensor_key(out), eager.option_key(eps), torch.is_grad_enabled())
     return _LAYER_NORM.call(key, lambda: _prepare("layer_norm", x, weight, bias, eps, out),
@@ -295,6 +300,7 @@ def _recorded(fn: str, out, *inputs) -> bool:
     """Whether autograd records this call: grad mode is on and an input
     requires grad (out= is then refused, as torch refuses it)."""
     import torch
+    checks.output_outside_autograd(fn, "out", out)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
         return False
     if out is not None:
@@ -364,9 +370,10 @@ def layer_norm_backward(dy, x, weight, eps: float, dh=None):
 
 def planned_backward(norm: str, x, weight, with_dh: bool = False,
                      same_signature: bool = False):
-    """`run(dy, x, weight, eps, dh=None) -> (dx, *sums)`: the backward kernel of
-    `norm` ("rms_norm": dweight; "layer_norm": dweight, dbias, each the
-    column sum of per-block f32 partials, in weight's dtype) for checked
+    """`run(dy, x, weight, eps, dh=None, sums=True) -> (dx, *sums)`: the backward
+    kernel of `norm` ("rms_norm": dweight; "layer_norm": dweight, dbias, each
+    the column sum of per-block f32 partials, in weight's dtype; None each
+    with sums=False, when no parameter needs its gradient) for checked
     tensors laid out as x and weight, its grid and launches chosen once;
     with_dh: dh (like x) is added to dx. same_signature: x and weight are
     laid out as these on every call (an eager signature's saved tensors) and
@@ -397,7 +404,7 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
             return checks.as_rows(g)    # (an aligned copy of e.g. the expanded gradient of y.sum())
         return eager.laid_out(g, shape, strides, dtype).view(rows, d)
 
-    def run(dy, x, weight, eps, dh=None):
+    def run(dy, x, weight, eps, dh=None, sums=True):
         dy = gradient_rows(dy)
         x = x if x_as_rows else checks.as_rows(x)
         dx = torch.empty(rows, d, dtype=dtype, device=device)
@@ -406,11 +413,13 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
         # (without dh, DH is not read: dy stands in for it)
         main(x, weight if weight_as_is else checks.kernel_operand(weight), dy,
              gradient_rows(dh) if with_dh else dy, dx, *parts, eps)
-        sums = [torch.empty(weight.shape, dtype=weight.dtype, device=device)
-                for _ in range(outputs)]
-        for part, total in zip(parts, sums):
+        if not sums:            # (the partials are written, not summed)
+            return (dx.view(shape), *[None] * outputs)
+        totals = [torch.empty(weight.shape, dtype=weight.dtype, device=device)
+                  for _ in range(outputs)]
+        for part, total in zip(parts, totals):
             column_sum(part, total)
-        return (dx.view(shape), *sums)
+        return (dx.view(shape), *totals)
     return run
 
 

@@ -120,8 +120,7 @@ def _prepare(x, cos, sin, interleaved):
 
 
 def _check_interleaved(interleaved) -> None:
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"rotary_embedding: interleaved must be a bool, got {interleaved!r}")
+    checks.flags("rotary_embedding", interleaved=interleaved)
 
 
 def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
@@ -231,7 +230,7 @@ def _tables(cos, sin, interleaved: bool):
     twice, for both elements of its pair (a copy per call)."""
     if interleaved:
         cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-    return cos.reshape(-1), sin.reshape(-1)
+    return checks.kernel_operand(cos.reshape(-1)), checks.kernel_operand(sin.reshape(-1))
 
 
 def _positions(t):

@@ -492,8 +492,7 @@ def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
     if chunk_size <= 0 or chunk_size % 16:
         raise ValueError(f"{fn}: chunk_size must be a positive multiple of 16, got "
                          f"{chunk_size}")
-    if not isinstance(return_state, bool):
-        raise TypeError(f"{fn}: return_state must be a bool, got {return_state!r}")
+    checks.flags(fn, return_state=return_state)
 
 
 def _decays(dt, A):
@@ -529,7 +528,8 @@ def forward(x, dt, A, B, C, D, h0):
         d = padded_rows(D.float()) if D is not None else decay
         pbs, chunks = -(-p // 64), -(-l // CHUNK)
         seg = segments_of(b * h * pbs, chunks, x.get_device())
-        heads = [_heads_first(t) for t in (x, B, C)]
+        # (views of one projection may start mid-vector: those are copied)
+        heads = [_heads_first(checks.kernel_operand(t)) for t in (x, B, C)]
         flags = dict(NS=_state_rows(n), HG=h // B.shape[2])
         starts = h0t
         if seg < chunks:            # several segments: each starts from its predecessors'
@@ -655,13 +655,12 @@ def backward(dy, dh1, x, dt, A, B, C, D, h0, h1):
         dy = torch.zeros_like(x)
     if b and h and l:
         lc, kd, dt32, decay = _decays(dt, A)
-        dy = checks.kernel_operand(dy)
         h0t = h0.transpose(-1, -2).contiguous() if h0 is not None else None
         dh1t = dh1.transpose(-1, -2).contiguous() if dh1 is not None else None
         d = padded_rows(D.float()) if D is not None else decay
         pbs, chunks = -(-p // 64), -(-l // CHUNK)
         seg = backward_segments_of(b * h * pbs, chunks, x.get_device())
-        xh, bh, ch, dyh = (_heads_first(t) for t in (x, B, C, dy))
+        xh, bh, ch, dyh = (_heads_first(checks.kernel_operand(t)) for t in (x, B, C, dy))
         flags = dict(NS=_state_rows(n), HG=h // g)
         starts, ends = h0t, dh1t
         if seg < chunks:        # each segment from its start state and end gradient

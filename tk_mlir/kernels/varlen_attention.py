@@ -57,8 +57,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
             raise TypeError(f"{FN}: {name} must be an int, got {value!r}")
         if value < 0:
             raise ValueError(f"{FN}: {name} must be >= 0, got {value}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{FN}: causal must be a bool, got {causal!r}")
+    checks.flags(FN, causal=causal, return_lse=return_lse)
     scale, left, right, softcap = checks.attention_options(FN, q.shape[-1], reach(q, k), scale,
                                                            window, softcap)
     checks.on_cuda(FN, "q", q)
