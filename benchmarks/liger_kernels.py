@@ -16,8 +16,8 @@ Each output is first checked against float64 (rel. error printed for all);
 every implementation starts from the same input values (Liger's swiglu,
 rotary and cross-entropy write over their inputs, so the inputs are restored
 before each); times are CUDA events around back-to-back calls after a
-warm-up; fwd+bwd includes the forward (the output gradients are made once,
-outside the timing). The peak memory is that of a second fwd+bwd call beyond what was
+warm-up, the median of ROUNDS rounds; fwd+bwd includes the forward (the
+output gradients are made once, outside the timing). The peak memory is that of a second fwd+bwd call beyond what was
 allocated before it (the first compiles, tunes and makes the gradients).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ import protocol as P  # noqa: E402
 
 T = 8192          # tokens
 D, F, V = 4096, 14336, 128256
+ROUNDS = 5        # the median of 5 rounds of 10 calls (host-bound rows swing between rounds)
 
 
 def _uniform(*shape, grad=False):
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
                     outs[impl] = fn()
                 if ref is not None:
                     row["rel_err"] = _rel(outs[impl], ref)
-                row["fwd_us"] = 1e3 * P.events_ms(fn, 10)
+                row["fwd_us"] = 1e3 * P.events_ms(fn, 10, rounds=ROUNDS)
                 run = _fwd_bwd(fn, inputs)
                 run()      # (first: compiles and tunes, and makes the output gradients)
                 torch.cuda.synchronize()
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
                 base = torch.cuda.memory_allocated()
                 run()
                 row["fwd_bwd_peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-                row["fwd_bwd_us"] = 1e3 * P.events_ms(run, 10)
+                row["fwd_bwd_us"] = 1e3 * P.events_ms(run, 10, rounds=ROUNDS)
                 row["status"] = "ok"
             except Exception as e:     # (one implementation's failure does not stop the run)
                 row["status"] = f"failed: {P.first_line(e)}"

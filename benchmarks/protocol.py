@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -174,19 +175,24 @@ def host_us_per_call(fn: Callable[[], Any], n: int, warmup: int = 500,
     return best
 
 
-def events_ms(f: Callable[[], Any], n: int = 20, warmup: int = 3) -> float:
+def events_ms(f: Callable[[], Any], n: int = 20, warmup: int = 3, rounds: int = 1) -> float:
     """Milliseconds per call of f: CUDA events around n back-to-back calls
-    after `warmup` calls (host time shows when it exceeds the GPU's)."""
+    after `warmup` calls (host time shows when it exceeds the GPU's); with
+    rounds > 1, the median of that many such rounds (a host-bound call's
+    first round after setup can take 1.7x the next ones)."""
     for _ in range(warmup):
         f()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    start.record()
-    for _ in range(n):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        for _ in range(n):
+            f()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return statistics.median(times)
 
 
 def kernel_us_per_call(fn: Callable[[], Any], calls: int = 5,
