@@ -210,7 +210,7 @@ OPS: tuple[OpDef, ...] = (
               "its workspace elements and counters zero"),
     OpDef("copy", operands=("dst", "src"), variadic="indices", block_barrier=True,
           reads=(Access("src", GENERIC),), writes=(Access("dst", GENERIC),),
-          doc="gl <-> st by every thread of the block, then a block barrier"),
+          doc="gl <-> st by every thread of the block, between two block barriers"),
     OpDef("barrier", block_barrier=True, doc="block-wide barrier (bar.sync 0)"),
     OpDef("index", operands=("base", "index"), results=("result",), same_type=("base", "result"),
           view_of="base", takes_arrays=True,

@@ -177,11 +177,17 @@ def test_the_launch_device_follows_the_launchers_rule(monkeypatch):
         t[grid](x, y, 2.0)
 
 
-@pytest.mark.parametrize("config", [9, -4, "fast", None, True, Config(BM=32, BN=64)])
+@pytest.mark.parametrize("config", [9, -4, "fast", True, Config(BM=32, BN=64)])
 def test_compile_names_a_config_it_does_not_have(config):
     with pytest.raises(tk.ArgumentError, match="is not one of its configs") as info:
         tuner().compile(tk.spec((64, 64), "f32"), tk.spec((64, 64), "f32"), 2.0, config=config)
     assert "0: Config(BM=16, BN=64)" in str(info.value)
+
+
+def test_compile_without_a_config_says_it_needs_one():
+    with pytest.raises(tk.ArgumentError, match=r"compile needs config=, one of its configs or "
+                                               r"its index \(0: Config\(BM=16, BN=64\)"):
+        tuner().compile(tk.spec((64, 64), "f32"), tk.spec((64, 64), "f32"), 2.0)
 
 
 def test_caller_may_not_pass_what_the_configs_set():

@@ -124,3 +124,12 @@ def test_bench_and_sweep_a_tk_kernel_on_the_gpu():
     assert all(r["status"] == "ok" and r["gbs"] > 0 for r in result.rows), result.rows
     pytest.importorskip("matplotlib").use("Agg")
     assert len(result.plot().axes[0].get_lines()) == 2
+
+
+def test_sweep_takes_plain_numbers_as_perf_report_functions_return():
+    s = tk.sweep(lambda x, impl: 0.5 * x + (impl == "b"), [1, 2], ["a", "b"], x_name="N")
+    assert s.metric == "value"
+    assert [r["value"] for r in s.rows] == [0.5, 1.5, 1.0, 2.0]
+    bad = tk.sweep(lambda x, impl: "fast", [1], ["a"])
+    assert bad.rows[0]["status"] == ("TypeError: run returned str 'fast'; return a tk.bench(...) "
+                                     "Timing or a number")

@@ -281,8 +281,8 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
     pytest.param(k_loop_over_a_number, (F32, 3), "loop-over-number", "n:",
                  "or over a compile-time sequence", id="loop-over-a-number"),
     pytest.param(k_call, (F32,), "call", "helper(i)",
-                 "calling helper() on run-time values is not supported in a kernel (only tk.* "
-                 "functions and tile methods are)", id="python-call"),
+                 "calling helper() on run-time values is not supported in a kernel: only tk.* "
+                 "functions, tile methods and @tk.func helpers take them", id="python-call"),
     pytest.param(k_undefined, (F32,), "undefined", "nope", "name 'nope' is not defined",
                  id="undefined-name"),
 ])
@@ -1302,3 +1302,30 @@ def test_an_argument_left_out_says_where_the_others_shifted():
         k_scaled_copy.compile(tk.spec((16, 32), f32), 1.0, 2)
     assert str(e.value) == "k_scaled_copy() missing argument 'n' ('Y', a tensor, got 1.0: is " \
                            "an argument before it left out?)"
+
+
+@tk.kernel(num_warps=4)
+def k_branches_of_two_types(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    r = tk.load(X, (0, 0), (64, 64))
+    if n > 0:
+        r = r.to(bf16)
+    tk.store(Y, r.to(f32), (0, 0))
+
+
+def test_a_name_of_two_types_under_a_run_time_if_names_them_in_words():
+    e = compile_error(k_branches_of_two_types, tk.spec((64, 64), f32), tk.spec((64, 64), f32), 1)
+    assert "'r' is a bf16 64x64 tile (vec, block) in one branch and a f32 64x64 tile (vec, " \
+           "block) in the other" in str(e), str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_comprehension_over_a_run_time_range(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    tiles = [tk.load(X, (j, 0), (16, 64)) for j in range(n)]
+    tk.store(Y, tiles[0], (0, 0))
+
+
+def test_a_comprehension_over_a_run_time_range_says_to_loop():
+    e = compile_error(k_comprehension_over_a_run_time_range, tk.spec((64, 64), f32),
+                      tk.spec((16, 64), f32), 2)
+    assert "range() with a run-time bound makes no list" in str(e), str(e)
+    assert "write `for i in range(n):`" in str(e)

@@ -133,6 +133,33 @@ def test_loops_are_the_innermost_with_mmas_or_local_memory():
     assert S.loops(LOOPS_SASS) == ["kernel.py:14-14: 5 instructions, 1 MMA, 1 moves, 1 LDL/STL"]
 
 
+# Straight-line MMAs, an mbarrier wait whose retry ptxas placed after the
+# kernel's EXIT: the retry path's jump back over the MMAs is not a loop.
+RETRY_SASS = """
+        //## File "/k/kernel.py", line 20
+        /*0000*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5], R2 ;
+        /*0010*/              @!P0 BRA `(.L_x_1) ;
+.L_x_3:
+        //## File "/k/kernel.py", line 21
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR12], R24, gsb0 ;
+        /*0040*/                   EXIT ;
+.L_x_1:
+        /*0050*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ], R2 ;
+        /*0060*/              @!P0 BRA `(.L_x_1) ;
+        /*0070*/                   BRA `(.L_x_3) ;
+"""
+
+
+def test_a_slow_path_jumping_back_over_the_exit_is_not_a_loop():
+    assert S.loops(RETRY_SASS) == []
+    # (a loop with a predicated exit inside stays one)
+    looped = RETRY_SASS.replace("/*0040*/                   EXIT ;",
+                                "/*0040*/               @P1 EXIT ;\n"
+                                "        /*0048*/               @P2 BRA `(.L_x_3) ;")
+    assert S.loops(looped) == ["kernel.py:21-21: 4 instructions, 2 MMA, 0 moves, 0 LDL/STL"]
+
+
 @pytest.mark.skipif(find_tool("nvdisasm") is None, reason="needs nvdisasm")
 def test_the_gemm_mainloop_is_listed_without_spills(gemm):
     loops = gemm.summary()["loops with MMAs or spills (SASS, static)"]

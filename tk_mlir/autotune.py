@@ -230,7 +230,7 @@ class Autotuner:
         if k is not None and len(choices) < _MAX_QUICK_CHOICES:
             choices[k] = (config._launch, plan)
 
-    def compile(self, *args, config: Config | int, **kwargs):
+    def compile(self, *args, config: Config | int | None = None, **kwargs):
         """`kernel.compile` for one config (a Config or an index into `configs`):
         `tuned.compile(tk.spec(...), ..., config=0).asm`. Works without a GPU."""
         try:
@@ -248,6 +248,10 @@ class Autotuner:
                 -len(self.configs) <= config < len(self.configs):
             return self.configs[config]
         listing = "; ".join(f"{i}: {c}" for i, c in enumerate(self.configs))
+        if config is None:          # (left out: tuning picks one only on a GPU)
+            raise ArgumentError(f"{self.__name__}.compile needs config=, one of its configs "
+                                f"or its index ({listing}): the autotuner picks one only when "
+                                f"launched on a GPU")
         raise ArgumentError(f"{self.__name__}.compile: config={config!r} is not one of its "
                             f"configs; pass a Config from the list or its index ({listing})")
 

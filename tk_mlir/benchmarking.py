@@ -215,7 +215,8 @@ def _generator(seed: int):
 
 # ------------------------------------------------------------------ sweeps
 
-METRICS = {"tflops": "TFLOP/s", "gbs": "GB/s", "ms": "ms per call (lower is better)"}
+METRICS = {"tflops": "TFLOP/s", "gbs": "GB/s", "ms": "ms per call (lower is better)",
+           "value": "value"}
 
 
 @dataclass
@@ -251,10 +252,12 @@ class Sweep:
 def sweep(run: Callable[[Any, str], Timing], x_values: Sequence, impls: Sequence[str], *,
           x_name: str = "x", metric: str | None = None, title: str = "") -> Sweep:
     """`run(x, impl)` (usually a `tk.bench(...)`) for every x and impl, as
-    `triton.testing.perf_report` does, with this module's protocol. An impl
-    that fails at an x is a row with its error as `status` (a peer may not
-    support a shape); no GPU stops the sweep (NoGpu). `metric` (tflops, gbs,
-    ms) defaults to the first rate the timings have."""
+    `triton.testing.perf_report` does, with this module's protocol. run may
+    also return a plain number, as perf_report's functions do: the row's
+    `value`, plotted as it is (metric "value"). An impl that fails at an x
+    is a row with its error as `status` (a peer may not support a shape); no
+    GPU stops the sweep (NoGpu). `metric` (tflops, gbs, ms, value) defaults
+    to the first rate the timings have."""
     if not impls:
         raise ValueError("sweep(impls=[]): give at least one implementation name")
     rows = []
@@ -268,11 +271,18 @@ def sweep(run: Callable[[Any, str], Timing], x_values: Sequence, impls: Sequence
             except Exception as e:       # recorded in the row: the sweep goes on
                 row["status"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
             else:
-                row.update(ms=t.ms, ms_median=t.ms_median, tflops=t.tflops, gbs=t.gbs,
-                           status="ok")
+                if isinstance(t, Timing):
+                    row.update(ms=t.ms, ms_median=t.ms_median, tflops=t.tflops, gbs=t.gbs,
+                               status="ok")
+                elif isinstance(t, (int, float)) and not isinstance(t, bool):
+                    row.update(value=float(t), status="ok")
+                else:
+                    row["status"] = (f"TypeError: run returned {type(t).__name__} {t!r:.60}; "
+                                     f"return a tk.bench(...) Timing or a number")
             rows.append(row)
     if metric is None:
-        metric = next((m for m in ("tflops", "gbs") if any(r.get(m) for r in rows)), "ms")
+        metric = next((m for m in ("tflops", "gbs", "value") if any(r.get(m) for r in rows)),
+                      "ms")
     return Sweep(x_name, rows, metric, title)
 
 

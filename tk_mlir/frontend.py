@@ -526,8 +526,10 @@ class KernelBuilder(ast.NodeVisitor):
             return types[0]
         if {str(t) for t in types} == {"i32", "f32"}:
             return ir.F32Type.get()
-        raise self.error(node, f"'{name}' has type {types[0]} in one branch and {types[1]} in "
-                               f"the other")
+        shown = [T.show(T.parse(t)) if T.is_tile(t) else str(t) for t in types]
+        raise self.error(node, f"'{name}' is a {shown[0]} in one branch and a {shown[1]} in "
+                               f"the other: a name assigned under a run-time if keeps one type "
+                               f"(convert one, or give it another name)")
 
     def _materialize(self, value, ir_type: ir.Type) -> ir.Value:
         s = value if _is_runtime(value) else V.constant(value)
@@ -948,14 +950,18 @@ class KernelBuilder(ast.NodeVisitor):
                 or not runtime_args):
             return self.python(node, callee, *args, **kwargs)
         name = getattr(callee, "__name__", repr(callee))
-        rule = f"calling {name}() on run-time values is not supported in a kernel (only tk.* " \
-               f"functions and tile methods are)"
+        rule = f"calling {name}() on run-time values is not supported in a kernel: only tk.* " \
+               f"functions, tile methods and @tk.func helpers take them"
+        if callee is range:
+            raise self.error(node, f"{rule}. range() with a run-time bound makes no list (a "
+                                   f"comprehension needs compile-time bounds, a tk.constexpr); "
+                                   f"for a loop on the GPU write `for i in range(n):`")
         if inspect.isfunction(callee) or inspect.ismethod(callee):
             how = "define it with def and decorate it" if name == "<lambda>" else "decorate it"
             raise self.error(node, f"{rule}; {name} is a plain Python function, run only on "
                                    f"compile-time values: {how} with @tk.func to have it "
                                    f"inlined into the kernel")
-        raise self.error(node, f"{rule}, or @tk.func helpers")
+        raise self.error(node, rule)
 
 
 @dataclass(frozen=True)

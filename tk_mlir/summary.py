@@ -60,17 +60,23 @@ def loop_bodies(sass: str) -> list[list[tuple[str, tuple[str, int] | None]]]:
     """The SASS's innermost loops (a branch back to a label above it, holding
     no such loop of its own) that issue MMAs or touch local memory, in code
     order: each as its instructions (the text after the address, predicate
-    dropped) with the (file, line) nvdisasm -g puts them under."""
-    labels, code = {}, []
+    dropped) with the (file, line) nvdisasm -g puts them under. A branch back
+    over an unconditional EXIT is not a loop: ptxas places slow paths (an
+    mbarrier wait's retry) after the kernel's end and jumps back from them."""
+    labels, code, exits = {}, [], []
     for raw, where in zip(sass.split("\n"), source_map.sass_line_owners(sass)):
         if m := _SASS_LABEL.match(raw):
             labels[m[1]] = len(code)
         elif _SASS_OPCODE.match(raw):
-            code.append((_PREDICATE.sub("", raw.split("*/", 1)[1].strip()), where))
+            text = raw.split("*/", 1)[1].strip()
+            if text.startswith("EXIT"):              # (unpredicated: the path ends here)
+                exits.append(len(code))
+            code.append((_PREDICATE.sub("", text), where))
     spans = []
     for end, (text, _) in enumerate(code):
         m = _BRANCH_TARGET.search(text)
-        if m and labels.get(m[1], end + 1) <= end and any(
+        if m and labels.get(m[1], end + 1) <= end and \
+                not any(labels[m[1]] <= x <= end for x in exits) and any(
                 t.startswith(_MMA_OPCODES + ("LDL", "STL")) for t, _ in code[labels[m[1]]:end + 1]):
             spans.append((labels[m[1]], end))
     return [code[a:b + 1] for a, b in sorted(spans)

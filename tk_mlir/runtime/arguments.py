@@ -286,7 +286,7 @@ def check_tensor_rules(info: TensorInfo | TensorSpec, name: str, *, dtype: str, 
         if info.ptr is not None and info.ptr % info.itemsize:
             raise ArgumentError(f"argument {name!r}: data pointer {info.ptr:#x} of a 0-d "
                                 f"{info.dtype} tensor is not {info.itemsize}-byte aligned; "
-                                f"pass an aligned tensor, e.g. x.clone()")
+                                f"pass an aligned tensor, e.g. x.clone() (numpy: x.copy())")
         return
     if max(shape) >= 2**31:
         raise ArgumentError(f"argument {name!r} has shape {tuple(shape)}: kernels index with "
@@ -314,11 +314,12 @@ def _vector_rows_error(info, name: str) -> None:
     if strides[-1] != 1:
         raise ArgumentError(f"argument {name!r} has strides {tuple(strides)}: the innermost "
                             f"dim must have stride 1 (rows contiguous in memory); pass a "
-                            f"contiguous tensor, e.g. x.contiguous()")
+                            f"contiguous tensor, e.g. x.contiguous() (numpy: "
+                            f"np.ascontiguousarray(x))")
     if ptr is not None and ptr & 15:
         raise ArgumentError(f"argument {name!r}: data pointer {ptr:#x} is not 16-byte aligned "
                             f"(a view that starts mid-row, like x[1:], does this); pass an "
-                            f"aligned tensor, e.g. x.clone()")
+                            f"aligned tensor, e.g. x.clone() (numpy: x.copy())")
     if shape[-1] * itemsize & 15:
         raise _row_size_error(info, name)
     for i in range(rank - 1):
@@ -350,9 +351,9 @@ def _check_dtype(info, name: str, want) -> None:
     if info.dtype == want:
         return
     torch_name = DTYPES[want].torch
-    # (the name is numpy's / ml_dtypes' too)
-    hint = f" (torch: x.to(torch.{torch_name}); numpy: x.astype({torch_name!r}))" \
-        if torch_name else ""
+    # (numpy's name too, for the dtypes numpy has: bf16 and fp8 need ml_dtypes)
+    numpy = f"; numpy: x.astype({torch_name!r})" if DTYPES[want].typestr else ""
+    hint = f" (torch: x.to(torch.{torch_name}){numpy})" if torch_name else ""
     raise ArgumentError(f"argument {name!r} has dtype {info.dtype}, but the kernel's "
                         f"annotation wants {want}; convert it{hint}")
 
@@ -371,7 +372,8 @@ def _row_start_error(info, name: str, dim: int) -> ArgumentError:
     return ArgumentError(f"argument {name!r} has strides {tuple(info.strides)} (elements of "
                          f"{itemsize} bytes): dim {dim} steps {step} bytes, but every row "
                          f"must start 16-byte aligned (a non-negative multiple of 16 bytes); "
-                         f"make it contiguous (x.contiguous()) or pad its rows to a multiple "
+                         f"make it contiguous (x.contiguous(); numpy: np.ascontiguousarray(x)) "
+                         f"or pad its rows to a multiple "
                          f"of {max(16 // itemsize, 1)} elements")
 
 
