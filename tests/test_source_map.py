@@ -51,6 +51,9 @@ def test_lines_takes_a_base_name_and_refuses_what_is_not_a_line(small):
     for bad in ("8", 0, True, None):
         with pytest.raises(ValueError, match="line must be a line number"):
             small.lines(bad)
+    count = len(Path(HERE).read_text().splitlines())
+    with pytest.raises(ValueError, match=rf"has {count} lines, not {count + 1}"):
+        small.lines(count + 1)
 
 
 def test_a_line_maps_to_its_ops_ptx_and_sass(small):

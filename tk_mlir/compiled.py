@@ -157,6 +157,11 @@ class CompiledKernel:
                                  f"kernel (none, or several: give the path); the files with "
                                  f"code: {', '.join(self.source_map.files())}")
             file = found
+        import linecache
+        count = len(linecache.getlines(file or self.source_map.file))
+        if count and line > count:          # (a file no longer readable: no check)
+            raise ValueError(f"lines: {file or self.source_map.file} has {count} lines, not "
+                             f"{line}")
         return self.source_map.line(line, file)
 
     def _repr_html_(self) -> str:
