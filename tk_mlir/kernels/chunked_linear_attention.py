@@ -750,8 +750,9 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     features). The kernels' operands are bf16 for f16 inputs too, whose
     range the sums outgrow. scale defaults to 1/sqrt(D_k). initial_state:
     (S (B, H, D_φ, D_v), z (B, H, D_φ)) f32, D_φ = D_k but for taylor2, added
-    before the first token (causal only). return_state=True also returns
-    the state after the last token, in that form. o has v's shape and
+    before the first token. return_state=True also returns the state after
+    the last token, in that form. Both causal only (a state is the
+    recurrence's). o has v's shape and
     dtype, contiguous. Differentiable in q, k, v and the initial state, and
     the returned state is differentiable too; under torch.compile the
     custom op torch.ops.tk_mlir.linear_attention."""
