@@ -485,6 +485,34 @@ def test_remembered_matmul_gradients_take_any_output_gradient(interpret, shape, 
     assert len(gemm._PREPARED) == 2          # (b needing grad, then not: two signatures)
 
 
+@pytest.mark.parametrize("shape, b_layout", [((3, 160, 64, 128), "nk"), ((2, 128, 48, 80), "kn"),
+                                             ((2, 128, 36, 64), "nk")])
+def test_remembered_grouped_matmul_gradients_take_any_output_gradient(interpret, shape,
+                                                                      b_layout):
+    """grouped_matmul's remembered backward (grouped_gemm.planned_grads: da's
+    grouped product and db's batched one planned once for the signature): dC
+    contiguous, transposed and expanded in turn, a product of no rows, one
+    input needing grad or both, each against float64 (rows up to each
+    product's 128-row tile end count). (.., 36, 64): N of 36 bf16 is not whole
+    16-byte rows, the per-call path's."""
+    from tk_mlir.kernels import grouped_gemm, grouped_matmul
+    g = torch.Generator().manual_seed(12)
+    G, M, n, k = shape
+    sizes = torch.tensor([M - 37, 0, M][:G])
+    kept = (torch.arange(M)[None, :] < ((sizes + 127) // 128 * 128).clamp(max=M)[:, None])
+    for i, dc in enumerate(_gradient_layouts(lambda *s: _bf16(g, *s), (G, M, n), (-2, -1))):
+        a = _bf16(g, G, M, k).requires_grad_()
+        b = _bf16(g, G, *((n, k) if b_layout == "nk" else (k, n))).requires_grad_(i != 2)
+        inputs = (a, b) if b.requires_grad else (a,)
+        got = torch.autograd.grad(grouped_matmul(a, b, sizes, b_layout=b_layout), inputs, dc)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        c64 = (a64 @ (b64.transpose(-1, -2) if b_layout == "nk" else b64)) * kept[..., None]
+        want = torch.autograd.grad(c64, (a64, b64)[:len(inputs)], dc.double())
+        for name, x, y in zip("ab", got, want):
+            assert x.shape == y.shape and _rel(x, y) < 1e-2, (name, dc.stride())
+    assert len(grouped_gemm._PREPARED) == 2          # (b needing grad, then not)
+
+
 def test_a_remembered_kvcache_call_appends_and_checks_each_calls_lengths(interpret):
     """attention_with_kvcache by signature: decode steps of one signature
     (new k, v appended at the lengths, then attended) each against float64,

@@ -287,18 +287,22 @@ class EagerGroupedMatmul(torch.autograd.Function):
     calls on checked tensors."""
 
     @staticmethod
-    def forward(ctx, a, b, sizes, b_layout, planned):
+    def forward(ctx, a, b, sizes, b_layout, planned, planned_grads):
         """planned: grouped_gemm._planned's run for the call's signature (an
-        eager call's, remembered), into zeros here."""
+        eager call's, remembered), into zeros here; planned_grads:
+        grouped_gemm.planned_grads's run for the same signature."""
         c = torch.zeros(gemm.output_shape(a, b, b_layout), dtype=a.dtype, device=a.device)
         planned(a, b, sizes, c)
         _grouped_setup_context(ctx, (a, b, sizes, b_layout), c)
+        ctx.planned_grads = planned_grads
         return c
 
     @staticmethod
     @first_order
     def backward(ctx, dc):
-        return _grouped_backward(ctx, dc, grouped_gemm.grouped_grads)
+        planned = ctx.planned_grads
+        return _grouped_backward(ctx, dc, lambda dc, a, b, sizes, b_layout, need_a, need_b:
+                                 planned(dc, a, b, sizes, need_a, need_b))
 
 
 @torch.library.custom_op("tk_mlir::grouped_mm", mutates_args=())

@@ -34,6 +34,7 @@ from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager, gemm
 from tk_mlir.kernels.device import num_sms
+from tk_mlir.runtime.arguments import contiguous_strides
 
 
 @tk.kernel(num_warps=12)
@@ -407,8 +408,9 @@ def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
     if recorded:                                # (c is None: refused with grads)
         from tk_mlir.kernels import custom_ops
         product = _planned(a, b, sizes, None, b_layout)
+        gradients = planned_grads(a, b, b_layout)
         return lambda a, b, sizes, c: custom_ops.EagerGroupedMatmul.apply(
-            a, b, sizes.to(a.device), b_layout, product)
+            a, b, sizes.to(a.device), b_layout, product, gradients)
     return _planned(a, b, sizes, c, b_layout)
 
 
@@ -584,6 +586,48 @@ def _tile_first_rows(M: int, sizes):
                 not (sizes.is_cuda and torch.cuda.is_current_stream_capturing()):
             _FIRST_ROWS[key] = first
     return first
+
+
+def planned_grads(a, b, b_layout: str):
+    """`run(dc, a, b, sizes, need_a, need_b) -> (da or None, db or None)`:
+    grouped_grads for an eager signature's a and b (laid out as these on every
+    call: autograd's saved inputs; sizes on a's device), its two launches
+    chosen once and bound to the signature; dC, whose layout autograd
+    chooses, is copied into the product's (contiguous, a's dtype) where it is
+    not, and da and db are new contiguous tensors. Sizes that are not whole
+    16-byte rows (K or N), operands the kernels cannot read as they lie, or
+    no product at all take grouped_grads per call."""
+    import torch
+    G, M, K = a.shape
+    shape = gemm.output_shape(a, b, b_layout)
+    N, dtype, device, size = shape[-1], a.dtype, a.device, a.element_size()
+    whole = gemm._whole_vectors(N, size) == N and gemm._whole_vectors(K, size) == K
+    if not (G * M * N * K and whole and checks.readable(a) and checks.readable(b)):
+        return lambda dc, a, b, sizes, need_a, need_b: grouped_grads(dc, a, b, sizes, b_layout,
+                                                                     need_a, need_b)
+    nk = b_layout == "nk"
+    # da = grouped_matmul(dc, b) into zeros, b read in the other layout (G products
+    # of M x K); db = the batched dcᵀ·a (N x K) or aᵀ·dc (K x N), dc's rows past
+    # each product's tiles masked, the transposed operand read as K x M
+    sms, dense, constexprs = _launch_config(G, M, K, "kn" if nk else "nk", a.get_device())
+    product_a = grouped_gemm_kernel._signature_launcher((sms,), **constexprs)
+    product_b = gemm.planned_run(gemm._plan(N, K, M, sms, G, None) if nk else
+                                 gemm._plan(K, N, M, sms, G, None), "kn", "km", sms,
+                                 same_signature=True)
+    strides, db_shape = contiguous_strides(shape), (G, N, K) if nk else (G, K, N)
+
+    def run(dc, a, b, sizes, need_a, need_b):
+        dc = eager.laid_out(dc, shape, strides, dtype)
+        da = db = None
+        if need_a:
+            da = torch.zeros((G, M, K), dtype=dtype, device=device)
+            product_a(dc, b, da, _table(sizes, M, dense))
+        if need_b:
+            dc = torch.where(written_rows(sizes, M)[..., None], dc, 0)
+            db = torch.empty(db_shape, dtype=dtype, device=device)
+            product_b(*((dc, a) if nk else (a, dc)), db)
+        return da, db
+    return run
 
 
 def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: bool = True):
