@@ -1329,3 +1329,39 @@ def test_a_comprehension_over_a_run_time_range_says_to_loop():
                       tk.spec((16, 64), f32), 2)
     assert "range() with a run-time bound makes no list" in str(e), str(e)
     assert "write `for i in range(n):`" in str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_loop_in_one_branch(X: tk.gl[f32], Y: tk.gl[f32], n: int, c: int):
+    j = 0
+    if c > 0:
+        for j in range(n):                                       # E:branch-loop
+            pass
+    else:
+        j = 2
+    tk.store(Y, tk.load(X, (j, 0), (16, 32)), (0, 0))           # E:branch-after
+
+
+def test_a_loop_variable_from_one_branch_has_no_value_after_the_if():
+    """Not the value from before the if (the other branch's is lost too)."""
+    e = compile_error(k_loop_in_one_branch, tk.spec((64, 32), f32), tk.spec((16, 32), f32), 3, 0)
+    assert e.line == marked("branch-after")[0]
+    assert f"'j' is the loop variable of the run-time loop at line " \
+           f"{marked('branch-loop')[0]}" in str(e), str(e)
+
+
+SHADOWED = 2
+
+
+@tk.kernel(num_warps=4)
+def k_loop_variable_shadows_a_global(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    for SHADOWED in range(n):
+        pass
+    tk.store(Y, tk.load(X, (SHADOWED, 0), (16, 32)), (0, 0))    # E:shadowed
+
+
+def test_a_finished_loop_variable_never_reads_the_global_of_its_name():
+    e = compile_error(k_loop_variable_shadows_a_global, tk.spec((64, 32), f32),
+                      tk.spec((16, 32), f32), 3)
+    assert e.line == marked("shadowed")[0]
+    assert "'SHADOWED' is the loop variable of the run-time loop" in str(e), str(e)

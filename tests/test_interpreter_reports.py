@@ -874,8 +874,10 @@ def offset_product(X: tk.gl[f32], Y: tk.gl[f32], n: int, OP: tk.constexpr = "mul
         big = n * n                                   # MARK: int mul
     elif OP == "add":
         big = n + n                                   # MARK: int add
-    else:
+    elif OP == "sub":
         big = -n - n                                  # MARK: int sub
+    else:                       # both arms evaluated (a select): the wrapped one not taken
+        big = (n * n) // 1048576 * 1048576 if n < 46341 else -1048576
     tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (big // 1048576), (0, 0))
 
 
@@ -883,17 +885,49 @@ def offset_product(X: tk.gl[f32], Y: tk.gl[f32], n: int, OP: tk.constexpr = "mul
     ("mul", 100000, "100000 * 100000 = 10000000000"),
     ("add", 2**30 + 5, "1073741829 + 1073741829 = 2147483658"),
     ("sub", 2**30 + 5, "-1073741829 - 1073741829 = -2147483658")])
-def test_an_int_leaving_32_bits_is_reported_where_the_gpu_would_wrap_it(op, n, says):
-    x = torch.randn(16, 32)
-    e = report(offset_product, x, torch.empty_like(x), n, OP=op, seeds=[0])
-    assert e.line == line_of(f"# MARK: int {op}")
-    assert f"int overflow: {says} does not fit in 32 bits" in str(e), str(e)
-    assert "run-time ints are i32" in str(e)
-
-
-def test_ints_within_32_bits_compute_as_python_ints():
+def test_an_int_leaving_32_bits_is_warned_of_where_the_gpu_wraps_it(op, n, says):
+    """The interpreter computes as the GPU (wrapping) and warns once, at the
+    op's line: an error would refuse kernels whose wrapped value is never
+    taken (the arm of a select)."""
     x, y = torch.randn(16, 32), torch.full((16, 32), float("nan"))
-    offset_product.interpret[(1,)](x, y, 46340, OP="mul")         # 46340² < 2**31
-    assert torch.equal(y, x + (46340 * 46340 // 2**20))
-    offset_product.interpret[(1,)](x, y, -2**30, OP="add")        # exactly -2**31
-    assert torch.equal(y, x + (-2**31 // 2**20))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        offset_product.interpret[(1,)](x, y, n, OP=op)
+    found = [w for w in caught if "[overflow]" in str(w.message)]
+    assert len(found) == 1 and found[0].lineno == line_of(f"# MARK: int {op}"), \
+        [str(w.message) for w in caught]
+    assert f"int overflow: {says} does not fit in 32 bits" in str(found[0].message)
+    wrapped = {"mul": 1410065408, "add": -2147483638, "sub": 2147483638}[op]
+    assert torch.equal(y, x + (wrapped // 2**20))                  # (the GPU's wrapped value)
+
+
+def test_ints_within_32_bits_compute_as_python_ints_and_warn_of_nothing():
+    x, y = torch.randn(16, 32), torch.full((16, 32), float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tk.TkLintWarning)
+        offset_product.interpret[(1,)](x, y, 46340, OP="mul")         # 46340² < 2**31
+        assert torch.equal(y, x + (46340 * 46340 // 2**20))
+        offset_product.interpret[(1,)](x, y, -2**30, OP="add")        # exactly -2**31
+        assert torch.equal(y, x + (-2**31 // 2**20))
+        offset_product.interpret[(1,)](x, y, 7, OP="select")
+        assert torch.equal(y, x)                                       # (7² // 2**20 = 0)
+    with warnings.catch_warnings():         # the arm not taken wraps: a warning, not an error
+        warnings.simplefilter("ignore", tk.TkLintWarning)
+        offset_product.interpret[(1,)](x, y, 100000, OP="select")
+    assert torch.equal(y, x - 1)
+
+
+@tk.kernel(num_warps=4)
+def large_mod(X: tk.gl[f32], Y: tk.gl[f32], a: int, b: int):
+    tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (a % b), (0, 0))
+
+
+def test_python_mod_of_large_ints_computes_no_sum_it_does_not_take():
+    """a % b adds b only where Python's sign rule needs it: a large b makes
+    no wrapped sum (and no [overflow] warning)."""
+    x, y = torch.randn(16, 32), torch.full((16, 32), float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tk.TkLintWarning)
+        for a, b in ((1_500_000_000, 2_000_000_000), (-7, 3), (7, -3)):
+            large_mod.interpret[(1,)](x, y, a, b)
+            assert torch.equal(y, x + float(a % b)), (a, b)

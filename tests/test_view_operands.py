@@ -260,3 +260,25 @@ def test_a_target_outside_the_classes_gives_nan_gradients_too(interpreted):
     t[1] = 32
     (dx,) = torch.autograd.grad(cross_entropy(logits, t, reduction="sum"), (logits,))
     assert dx[1].isnan().all() and not dx[[0, *range(2, 8)]].isnan().any()
+
+
+def test_disjoint_views_of_one_buffer_are_not_refused(interpreted):
+    """Outputs checked against their inputs' memory by element, not by span:
+    the halves of a packed K/V cache (interleaved, never one element) append
+    as separate caches do; a norm writes one half of each row while reading
+    the other."""
+    from tk_mlir.kernels import attention_with_kvcache, rms_norm
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(1, 1, 2, 64, generator=g).to(bf)
+    kv = torch.randn(1, 128, 2, 1, 64, generator=g).to(bf)
+    k, v = (torch.randn(1, 1, 1, 64, generator=g).to(bf) for _ in range(2))
+    lens = torch.tensor([40], dtype=torch.int32)
+    apart = [kv[:, :, i].clone() for i in (0, 1)]
+    want = attention_with_kvcache(q, *apart, lens, k=k, v=v)
+    got = attention_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], lens, k=k, v=v)
+    assert torch.equal(got, want) and torch.equal(kv[:, :, 0], apart[0])
+    buf = torch.randn(37, 128, generator=g).to(bf)
+    w = torch.randn(64, generator=g).to(bf)
+    x = buf[:, :64].clone()
+    rms_norm(buf[:, :64], w, out=buf[:, 64:])
+    assert torch.equal(buf[:, 64:], rms_norm(x, w)) and torch.equal(buf[:, :64], x)

@@ -66,13 +66,23 @@ def warn_at(loc, rule: str, message: str) -> None:
     """Warn (TkLintWarning) at an MLIR location, the message rendered as an
     error's (`file:line:col: warning: [rule] ...`) and the warning attributed
     to the user's line, so Python's filters (filename, lineno) apply to it."""
-    import warnings
     where = _where(loc)
-    text = _render(f"[{rule}] {message}", *(where or (None, None, None)), "warning")
     if where is None:
+        import warnings
+        warnings.warn(_render(f"[{rule}] {message}", None, None, None, "warning"), TkLintWarning,
+                      stacklevel=2)
+    else:
+        warn_at_line(*where, rule, message)
+
+
+def warn_at_line(filename: str, line: int, col: int | None, rule: str, message: str) -> None:
+    """warn_at for a (file, line, col) of the user's source (None: unknown)."""
+    import warnings
+    text = _render(f"[{rule}] {message}", filename, line, col, "warning")
+    if filename is None or line is None:
         warnings.warn(text, TkLintWarning, stacklevel=2)
     else:
-        warnings.warn_explicit(text, TkLintWarning, where[0], where[1])
+        warnings.warn_explicit(text, TkLintWarning, filename, line)
 
 
 class ArgumentError(TypeError):

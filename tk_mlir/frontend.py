@@ -505,6 +505,9 @@ class KernelBuilder(ast.NodeVisitor):
         draft.operation.erase()
         for n, r in zip(names, final.results):
             self.scope[n] = V.wrap(r)
+        for n in list(before):          # a branch's run-time loop took it as its variable
+            if any(n not in b for b in branches):
+                self.scope.pop(n, None)
 
     def _merged_type(self, node, name: str, a, b) -> ir.Type | None:
         """The type `name` has after a run-time if whose branches leave it as a
@@ -682,6 +685,8 @@ class KernelBuilder(ast.NodeVisitor):
     def visit_Name(self, node):
         if node.id in self.scope:
             return self.scope[node.id]
+        if node.id in self.gone:        # a local without a value: never a global's (as Python)
+            raise self.error(node, self.undefined(node.id))
         if node.id in self.globals:
             value = self.globals[node.id]
             if self.recorder is not None:

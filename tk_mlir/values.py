@@ -188,7 +188,8 @@ def _python_mod(a: ir.Value, b: ir.Value) -> ir.Value:
                      arith.cmpi(arith.CmpIPredicate.ne,
                                 arith.cmpi(arith.CmpIPredicate.slt, r, zero),
                                 arith.cmpi(arith.CmpIPredicate.slt, b, zero)))
-    return arith.select(fix, arith.addi(r, b), r)
+    # (r + b only where it is taken: an unused sum may leave 32 bits)
+    return arith.addi(r, arith.select(fix, b, zero))
 
 
 _INT_OPS = {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "floordiv": arith.floordivsi, "max": arith.maxsi, "min": arith.minsi,

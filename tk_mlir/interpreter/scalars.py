@@ -1,16 +1,18 @@
 """The arith ops the frontend emits, per warp on 32-lane (or uniform) values.
 
-Run-time ints are i32, as on the GPU. Where the GPU would wrap a signed
-add, subtract or multiply past 32 bits (a silent wrong offset there), the
-interpreter stops with an error at the op's line; other i32 ops wrap as the
-GPU's do (numpy int32, overflow warnings off while the interpreter runs).
-Floats are f32.
+Run-time ints are i32 and wrap as on the GPU (numpy int32, overflow
+warnings off while the interpreter runs). Where a signed add, subtract or
+multiply wraps (a silent wrong offset, if the value is used), the
+interpreter warns at the op's line, once per op ([overflow], a
+TkLintWarning): not an error, since a value computed but not taken (an
+arm of `x if c else y`, which evaluates both) may wrap harmlessly. Floats
+are f32.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .machine import error
+from ..errors import warn_at_line
 from .rules import interprets
 
 # MLIR scalar type -> the numpy type that holds its values.
@@ -47,26 +49,32 @@ _I32 = np.iinfo(np.int32)
 
 
 def _checked(fn, sign: str):
-    """An i32 add/subtract/multiply that refuses to wrap: computed in 64 bits,
-    an error at the op naming the operands where an active lane's result
-    leaves [-2**31, 2**31) (i64 and index ops compute as they are)."""
+    """An i32 add/subtract/multiply computed in 64 bits and wrapped to 32, as
+    the GPU's; the first time an active lane's result leaves [-2**31, 2**31),
+    a warning at the op naming the operands (i64 and index ops compute as
+    they are)."""
     def factory(op, num_warps):
         if op.result_type != "i32":
             return lambda w, a, b: fn(a, b)
+        warned = []
 
         def run(w, a, b):
             wide = fn(np.asarray(a, np.int64), np.asarray(b, np.int64))
-            bad = (wide < _I32.min) | (wide > _I32.max)
-            if w.mask is not None and np.ndim(bad):
-                bad = bad & w.mask
-            if np.any(bad):
-                at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
-                x, y, z = (int(np.broadcast_to(v, np.shape(wide))[at]) for v in (a, b, wide))
-                raise error(op.loc, f"int overflow: {x} {sign} {y} = {z} does not fit in 32 "
-                                    f"bits (run-time ints are i32 and the GPU would wrap it to "
-                                    f"{int(np.int64(z).astype(np.int32))}); split the offset, "
-                                    f"or keep it a compile-time value (tk.constexpr)")
-            return wide.astype(np.int32)
+            out = wide.astype(np.int32)
+            if not warned:
+                bad = (wide < _I32.min) | (wide > _I32.max)
+                if w.mask is not None and np.ndim(bad):
+                    bad = bad & w.mask
+                if np.any(bad):
+                    warned.append(True)
+                    at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
+                    x, y, z = (int(np.broadcast_to(v, np.shape(wide))[at]) for v in (a, b, wide))
+                    warn_at_line(*op.loc, "overflow",
+                                 f"int overflow: {x} {sign} {y} = {z} does not fit in 32 bits; "
+                                 f"run-time ints are i32 and the GPU wraps it to "
+                                 f"{int(np.int64(z).astype(np.int32))} (split the offset, or "
+                                 f"keep it a compile-time value, tk.constexpr)")
+            return out
         return run
     return factory
 

@@ -187,10 +187,33 @@ def written_apart(fn: str, name: str, out, in_place: tuple[str, ...] = (), **inp
             continue
         if hasattr(t, "data_ptr"):
             t_lo, t_hi = _span(t)
-            if lo < t_hi and t_lo < hi:
+            if lo < t_hi and t_lo < hi and _share_an_element(out, t):
                 raise ValueError(f"{fn}: {name} is written while {other} is read and must not "
                                  f"share memory with it (their bytes overlap); write into a "
                                  f"separate tensor")
+
+
+def _share_an_element(a, b) -> bool:
+    """Whether a and b, whose spans meet, may share an element: exactly for
+    two views of one layout (shape, strides, element size) at element-aligned
+    offsets, such as the halves of a packed K/V cache or of a row (b's first
+    element d elements on is a's element at index i - j for some i, j within
+    the shape: with each stride past the reach of those below, each dim's
+    step is d's quotient rounded down or up); otherwise (True) as the spans
+    say."""
+    size = a.element_size()
+    if a.shape != b.shape or a.stride() != b.stride() or size != b.element_size() or \
+            (b.data_ptr() - a.data_ptr()) % size or overlapping(a):
+        return True
+    dims = sorted(((s, n) for n, s in zip(a.shape, a.stride()) if n != 1), reverse=True)
+
+    def reaches(d: int, k: int) -> bool:
+        if k == len(dims):
+            return d == 0
+        step, n = dims[k]
+        return any(abs(m) < n and reaches(d - m * step, k + 1)
+                   for m in {d // step, -(-d // step)})
+    return reaches((b.data_ptr() - a.data_ptr()) // size, 0)
 
 
 def _span(t) -> tuple[int, int]:
