@@ -1365,3 +1365,40 @@ def test_a_finished_loop_variable_never_reads_the_global_of_its_name():
                       tk.spec((16, 32), f32), 3)
     assert e.line == marked("shadowed")[0]
     assert "'SHADOWED' is the loop variable of the run-time loop" in str(e), str(e)
+
+
+@tk.kernel(num_warps=4)
+def k_carried_name_reused_by_an_inner_loop(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    j = 1
+    acc = tk.zeros((16, 32), f32)
+    for i in range(n):                                          # E:outer-loop
+        acc = acc + tk.load(X, (j, 0), (16, 32))                # E:stale-read
+        for j in range(2):                                      # E:inner-loop
+            acc = acc + tk.load(X, (j, 0), (16, 32))
+    tk.store(Y, acc, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_inner_loop_variable_not_read_outside(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    j = 1
+    acc = tk.zeros((16, 32), f32)
+    for i in range(n):
+        for j in range(2):
+            acc = acc + tk.load(X, (j + i, 0), (16, 32))
+    tk.store(Y, acc, (0, 0))
+
+
+def test_a_carried_name_an_inner_loop_takes_is_refused_where_read_outside_it():
+    """From the second iteration Python reads the inner loop's last index: a
+    kernel loop would silently read the value from before the loops."""
+    import torch
+    e = compile_error(k_carried_name_reused_by_an_inner_loop, tk.spec((64, 32), f32),
+                      tk.spec((16, 32), f32), 3)
+    assert e.line == marked("stale-read")[0]
+    assert f"'j' is read in the run-time loop at line {marked('outer-loop')[0]} and is the " \
+           f"variable of the run-time loop inside it at line {marked('inner-loop')[0]}" \
+           in str(e), str(e)
+    x, y = torch.randn(64, 32), torch.full((16, 32), float("nan"))
+    k_inner_loop_variable_not_read_outside.interpret[(1,)](x, y, 2)   # (read inside only: fine)
+    want = sum(x[16 * (j + i):16 * (j + i + 1)] for i in range(2) for j in range(2))
+    assert torch.allclose(y, want, atol=1e-5)

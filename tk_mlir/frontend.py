@@ -613,6 +613,7 @@ class KernelBuilder(ast.NodeVisitor):
                    and (_is_runtime(self.scope[n]) or isinstance(self.scope[n], (int, float)))]
         fixed = {n: self.scope[n] for n in _assigned_names(node.body)
                  if n in self.scope and n != node.target.id and n not in carried}
+        self._refuse_stale_inner_indices(node, carried)
         inits = [V.as_scalar(self.scope[n]) if not _is_runtime(self.scope[n]) else self.scope[n]
                  for n in carried]
         loop = scf.ForOp(bounds[0].value, bounds[1].value, bounds[2].value,
@@ -673,6 +674,37 @@ class KernelBuilder(ast.NodeVisitor):
             self.scope[n] = V.wrap(r)
         for n in ended:
             self.scope.pop(n, None)
+
+    def _refuse_stale_inner_indices(self, node, carried) -> None:
+        """A carried name that a run-time loop inside this one takes as its
+        variable, read in this loop's body outside that inner loop: from the
+        second iteration Python reads the inner loop's last index, which an
+        scf.for does not keep (the read would silently see the value from
+        before the loops)."""
+        inner = {f.target.id: f for stmt in node.body for f in ast.walk(stmt)
+                 if isinstance(f, ast.For) and isinstance(f.target, ast.Name)
+                 and isinstance(f.iter, ast.Call) and isinstance(f.iter.func, ast.Name)
+                 and f.iter.func.id == "range" and f.target.id in carried}
+        if not inner:
+            return
+
+        def reads(n):       # Name loads of inner's names, not inside the loops binding them
+            if isinstance(n, ast.For) and isinstance(n.target, ast.Name) and \
+                    inner.get(n.target.id) is n:
+                yield from (r for r in reads(n.iter))
+                return
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in inner:
+                yield n
+            for child in ast.iter_child_nodes(n):
+                yield from reads(child)
+        for stmt in node.body:
+            for r in reads(stmt):
+                raise self.error(r, f"'{r.id}' is read in the run-time loop at line "
+                                    f"{node.lineno} and is the variable of the run-time loop "
+                                    f"inside it at line {inner[r.id].lineno}: from the second "
+                                    f"iteration Python would read that loop's last index, "
+                                    f"which a kernel loop does not keep; give the inner "
+                                    f"loop's variable another name")
 
     def visit_While(self, node):
         raise self.error(node, "while loops are not supported; use for ... in range(...)")
