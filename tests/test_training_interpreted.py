@@ -453,3 +453,16 @@ def test_norms_with_frozen_parameters_give_dx_alone(interpreted, which):
         dxs.append(xx.grad)
         assert (ww.grad is not None) == trained
     assert torch.equal(*dxs)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_norms_backward_of_no_rows(interpreted, frozen):
+    """No rows: dx empty, dweight zeros when trained (None when frozen)."""
+    from tk_mlir.kernels import layer_norm
+    x = torch.randn(0, 64).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(64) + 1).to(torch.bfloat16).requires_grad_(not frozen)
+    for y in (rms_norm(x, w), layer_norm(x, w, w), fused_add_rms_norm(x, x, w)[0]):
+        grads = torch.autograd.grad(y, (x, w) if not frozen else (x,), torch.ones_like(y))
+        assert grads[0].shape == x.shape
+        if not frozen:
+            assert torch.equal(grads[1], torch.zeros(64, dtype=torch.bfloat16))

@@ -386,9 +386,9 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
     shape, dtype, device = tuple(x.shape), x.dtype, x.device
     rows, d = math.prod(shape[:-1]), shape[-1]
     if rows == 0:
-        return lambda dy, x, weight, eps, dh=None: (
+        return lambda dy, x, weight, eps, dh=None, sums=True: (
             torch.empty(shape, dtype=dtype, device=device),
-            *[torch.zeros_like(weight) for _ in range(outputs)])
+            *[torch.zeros_like(weight) if sums else None for _ in range(outputs)])
     grid = min(rows, 2 * num_sms(x.get_device()))
     main = eager.launcher(kernel, same_signature)((grid,), BLOCK=_block(d), ADD_DH=with_dh)
     column_sum = eager.launcher(column_sum_kernel, same_signature)((tk.cdiv(d, 256),))
