@@ -300,9 +300,7 @@ class EagerGroupedMatmul(torch.autograd.Function):
     @staticmethod
     @first_order
     def backward(ctx, dc):
-        planned = ctx.planned_grads
-        return _grouped_backward(ctx, dc, lambda dc, a, b, sizes, b_layout, need_a, need_b:
-                                 planned(dc, a, b, sizes, need_a, need_b))
+        return _grouped_backward(ctx, dc, ctx.planned_grads)
 
 
 @torch.library.custom_op("tk_mlir::grouped_mm", mutates_args=())

@@ -589,8 +589,8 @@ def _tile_first_rows(M: int, sizes):
 
 
 def planned_grads(a, b, b_layout: str):
-    """`run(dc, a, b, sizes, need_a, need_b) -> (da or None, db or None)`:
-    grouped_grads for an eager signature's a and b (laid out as these on every
+    """`run(dc, a, b, sizes, b_layout, need_a, need_b) -> (da or None, db or
+    None)`: grouped_grads (its arguments) for an eager signature's a and b (laid out as these on every
     call: autograd's saved inputs; sizes on a's device), its two launches
     chosen once and bound to the signature; dC, whose layout autograd
     chooses, is copied into the product's (contiguous, a's dtype) where it is
@@ -603,8 +603,7 @@ def planned_grads(a, b, b_layout: str):
     N, dtype, device, size = shape[-1], a.dtype, a.device, a.element_size()
     whole = gemm._whole_vectors(N, size) == N and gemm._whole_vectors(K, size) == K
     if not (G * M * N * K and whole and checks.readable(a) and checks.readable(b)):
-        return lambda dc, a, b, sizes, need_a, need_b: grouped_grads(dc, a, b, sizes, b_layout,
-                                                                     need_a, need_b)
+        return grouped_grads
     nk = b_layout == "nk"
     # da = grouped_matmul(dc, b) into zeros, b read in the other layout (G products
     # of M x K); db = the batched dcᵀ·a (N x K) or aᵀ·dc (K x N), dc's rows past
@@ -616,7 +615,7 @@ def planned_grads(a, b, b_layout: str):
                                  same_signature=True)
     strides, db_shape = contiguous_strides(shape), (G, N, K) if nk else (G, K, N)
 
-    def run(dc, a, b, sizes, need_a, need_b):
+    def run(dc, a, b, sizes, b_layout, need_a, need_b):   # (b_layout: the signature's)
         dc = eager.laid_out(dc, shape, strides, dtype)
         da = db = None
         if need_a:
