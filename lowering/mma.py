@@ -52,10 +52,8 @@ class Descriptors:
                  zero: ir.Value | None = None):
         self.st, self.k_major = ref.type, k_major
         addr = llvm.ptrtoint(i32(), ref.ptr)
-        # A block's shared addresses are below 228 KB, so addr >> 4 fits the
-        # 14-bit start field as it is: no mask (a bit-field extract, two
-        # uniform instructions a descriptor).
-        start = arith.shrui(addr, arith.constant(i32(), 4))
+        start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
+                            arith.constant(i32(), 4))
         bits = encode(*descriptors.operand_offsets(ref.type, k_major), ref.type.swizzle)
         # Only the low word varies (start address, bits 0-13; offsets stay inside
         # shared memory, so adding one never carries out of them), but the
