@@ -118,19 +118,6 @@ class LoweringContext:
                                                           c32(31), nvvm.ShflKind.idx)
         return self._thread["uniform_warp"]
 
-    def opaque_zero(self) -> ir.Value:
-        """An i32 0 that ptxas cannot prove is 0: the dynamic shared memory's
-        size (a launch parameter, < 2**31) shifted right by 31. ORed into the
-        constant high word of a wgmma descriptor (lowering/mma.py), it keeps
-        ptxas from splitting each k-step's 64-bit add into a low-word add with
-        carry into a rematerialized constant (UIADD3, UIADD3.X, UMOV) where
-        one UIADD3.64 does. Made at the kernel's top (lower_to_gpu), where it
-        dominates every use; unused, LLVM drops it (a pure asm)."""
-        if "opaque_zero" not in self._thread:
-            size = llvm.inline_asm(i32(), [], "mov.u32 $0, %dynamic_smem_size;", "=r")
-            self._thread["opaque_zero"] = arith.shrui(size, c32(31))
-        return self._thread["opaque_zero"]
-
     def drop_unused_uniform_warp(self) -> None:
         """Erase the top's shuffle when no op used it (a shuffle is not
         dead code to MLIR: it synchronizes the warp)."""

@@ -120,7 +120,7 @@ def lower_to_gpu(module: ir.Module) -> tuple[ir.Module, list[AbiParam], list[Ten
             align = C.SMEM_ALIGN.get(func, None)
             ctx.smem_base = _aligned_smem_base(align) if align else \
                 llvm.mlir_addressof(ptr(3), SMEM_SYMBOL)
-        ctx.lane(), ctx.uniform_warp(), ctx.opaque_zero()   # at the top: they dominate every use
+        ctx.lane(), ctx.uniform_warp()   # at the top, so they dominate every use
         init_semaphores(ctx, [op for op in entry.operations if op.name == "tk.alloc_sem"])
         _lower_block(ctx, entry)
         ctx.drop_unused_uniform_warp()   # (the others, unused, are DCE'd)

@@ -48,8 +48,7 @@ class Descriptors:
     constants; `encode` (lowering/descriptors.py) makes the constant fields of
     wgmma's (the default) or tcgen05's form."""
 
-    def __init__(self, ref: SharedRef, k_major: bool, encode=descriptors.wgmma_smem,
-                 zero: ir.Value | None = None):
+    def __init__(self, ref: SharedRef, k_major: bool, encode=descriptors.wgmma_smem):
         self.st, self.k_major = ref.type, k_major
         addr = llvm.ptrtoint(i32(), ref.ptr)
         start = arith.shrui(arith.andi(addr, arith.constant(i32(), 0x3FFFF)),
@@ -67,11 +66,7 @@ class Descriptors:
         # In place: LLVM would hoist a loop-invariant operand's (k-step) descriptors
         # out of the loop, a register each for the whole loop (spilled in the
         # attention backward); recomputed here they are an add per k-step.
-        # `zero` (LoweringContext.opaque_zero) hides the high word's value from
-        # ptxas, which otherwise adds the low word with a carry into it.
-        high = c64(high << 32) if zero is None else \
-            arith.shli(arith.extui(i64(), arith.ori(zero, c32(high))), c64(32))
-        self.base = in_place(arith.ori(arith.extui(i64(), in_place(low)), high))
+        self.base = in_place(arith.ori(arith.extui(i64(), in_place(low)), c64(high << 32)))
 
     def at(self, k_step: int, mn_step: int = 0) -> ir.Value:
         off = _offset(self.st, self.k_major, k_step, mn_step)
@@ -181,11 +176,8 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     b_t = T.parse(op.b.type)
     ctx.in_flight[op.result] = ctx.depth
     if isinstance(a_ref, Fragment):
-        return _lower_register_a(acc, a_ref, Descriptors(b_ref, not trans_b,
-                                                         zero=ctx.opaque_zero()),
-                                 t, k, trans_b, from_zero)
-    da = Descriptors(a_ref, not trans_a, zero=ctx.opaque_zero())
-    db = Descriptors(b_ref, not trans_b, zero=ctx.opaque_zero())
+        return _lower_register_a(acc, a_ref, b_ref, t, k, trans_b, from_zero)
+    da, db = Descriptors(a_ref, not trans_a), Descriptors(b_ref, not trans_b)
     k_step = tk.wgmma_k(a_t.dtype)
     shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k_step}>")
     layout_a = nvvm.MMALayout.col if trans_a else nvvm.MMALayout.row
@@ -208,8 +200,9 @@ def lower_mma(ctx: LoweringContext, op, acc: Fragment, a_ref, b_ref: SharedRef) 
     return acc.like(regs)
 
 
-def _lower_register_a(acc: Fragment, a: Fragment, db: Descriptors, t: T.RT, k: int,
+def _lower_register_a(acc: Fragment, a: Fragment, b_ref: SharedRef, t: T.RT, k: int,
                       trans_b: bool, from_zero: bool) -> Fragment:
+    db = Descriptors(b_ref, not trans_b)
     per_block = t.cols // 2
     regs = list(acc.regs)
     for mb in range(t.rows // 64):

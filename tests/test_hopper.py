@@ -205,16 +205,12 @@ def test_descriptor_fields():
                                          (T.ST("bf16", 64, 16, 32), True),
                                          (T.ST("bf16", 64, 80, 32), False),
                                          (T.ST("f8e4m3", 128, 128, 128), True)])
-@pytest.mark.parametrize("opaque", [False, True], ids=["constant-high", "opaque-zero"])
-def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, encode, opaque,
-                                                        monkeypatch):
+def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, encode, monkeypatch):
     """Descriptors.at(k, mn), built as an i32 low word plus a constant high
-    word (with `opaque`, the high word ORed with a run-time 0, as
-    LoweringContext.opaque_zero gives it), is the encoded constant fields
-    with the start address (bits 0-13) of the operand block: JIT-run on the
-    CPU for shared addresses every 1 KB up to the top of the 227 KB a block
-    may have (no carry out of the start field, whatever the swizzle's bits
-    in the high word)."""
+    word, is the encoded constant fields with the start address (bits 0-13)
+    of the operand block: JIT-run on the CPU for shared addresses every 1 KB
+    up to the top of the 227 KB a block may have (no carry out of the start
+    field, whatever the swizzle's bits in the high word)."""
     from mlir import ir
     from mlir.dialects import llvm
     from lowering_jit import run_i32_functions
@@ -226,10 +222,9 @@ def test_descriptors_at_every_step_are_the_encoded_bits(st, k_major, encode, opa
     mn_steps = (st.rows if k_major else st.cols) // 64
     steps = [(k, mn) for k in range(k_steps) for mn in range(mn_steps)]
 
-    def body(j, address, zero):
+    def body(j, address, _):
         ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), address)
-        return mma_lowering.Descriptors(SharedRef(ptr, st), k_major, encode,
-                                        zero=zero if opaque else None).at(*steps[j])
+        return mma_lowering.Descriptors(SharedRef(ptr, st), k_major, encode).at(*steps[j])
 
     top = HOPPER.max_shared_bytes - st.rows * st.cols * T.itemsize(st.dtype)
     addresses = [*range(0, top + 1, 1024), top // 16 * 16]
