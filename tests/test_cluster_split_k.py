@@ -64,9 +64,13 @@ def test_a_split_the_cluster_cannot_take_is_refused(split):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, split, kn, bm", [(128, 4096, 4096, 4, False, 64),
-                                                    (100, 1032, 2056, 8, True, 64),
-                                                    (256, 512, 1024, 2, False, 128)])
+@pytest.mark.parametrize("M, N, K, split, kn, bm", [
+    (128, 4096, 4096, 4, False, 64), (100, 1032, 2056, 8, True, 64),
+    (256, 512, 1024, 2, False, 128), (128, 4096, 4096, 2, False, 64),
+    # One slice's sum or NaN on an H100 on 2026-12-06 (gemm.CLUSTER_SPLIT_KN)
+    pytest.param(128, 4096, 4096, 2, True, 64, marks=pytest.mark.xfail(
+        reason="B as K x N, SPLIT=2: wrong sums seen on one H100, cause not found",
+        strict=False))])
 def test_the_cluster_sums_its_slices_on_the_gpu(M, N, K, split, kn, bm):
     assert _run(M, N, K, split, kn, bm, device="cuda") < 4e-3
 

@@ -58,6 +58,18 @@ def test_plan_takes_the_table_only_where_it_was_measured():
         rules(close["M"], close["N"], close["K"], sms)
 
 
+def test_cluster_split_plans_are_not_taken_with_b_as_k_by_n():
+    """gemm.CLUSTER_SPLIT_KN off: the table's cluster_split_k rows with B as
+    K x N (wrong sums on one H100) give the rules' plan; B as N x K keeps them."""
+    table = json.loads(TABLE.read_text())
+    rows = [r for r in table["plans"] if r["kernel"] == "cluster_split_k"
+            and r["us"] < (1 - gemm.MEASURED_MARGIN) * r["rules_us"]]
+    assert {r["layout"] for r in rows} == {"nk", "kn"}
+    for r in rows:
+        chosen = gemm.plan(r["M"], r["N"], r["K"], table["sms"], layout=r["layout"])
+        assert (chosen.kernel == "cluster_split_k") == (r["layout"] == "nk"), r
+
+
 def test_measured_plan_takes_the_nearest_m_within_a_factor_of_two(monkeypatch):
     at = {m: gemm.Plan("tiles", MappingProxyType(gemm.tile_config(64, 128)), f"at {m}")
           for m in (16, 64, 1024)}
