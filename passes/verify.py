@@ -28,12 +28,9 @@ from .tensor_memory import check_tensor_memory
 from .walk import walk_ops
 
 
-def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
-    """A block barrier under control flow that differs between threads hangs
-    (or worse): refuse it at its line."""
-    d = tk.op_def(op)
-    if d is None or not d.has_barrier(op, num_warps):
-        return
+def _under_varying_control(op, uniform: Uniformity) -> bool:
+    """Does an if or for around op take its path by a value `uniform` finds
+    varying?"""
     parent = op.parent
     while parent is not None and parent.name != "func.func":
         if parent.name == "scf.if":
@@ -43,11 +40,33 @@ def _check_uniform(op, num_warps: int, uniform: Uniformity) -> None:
         else:
             conds = []
         if any(uniform.varies(c) for c in conds):
+            return True
+        parent = parent.parent
+    return False
+
+
+def _check_uniform(op, num_warps: int, uniform: Uniformity,
+                   lanes: Callable[[], Uniformity]) -> None:
+    """A block barrier under control flow that differs between threads hangs
+    (or worse): refuse it at its line. A named barrier may sit under a warp's
+    or warpgroup's branch (it counts whole warps), but not under one that
+    splits the lanes of a warp (`lanes()`: the function's lane uniformity)."""
+    d = tk.op_def(op)
+    if d is None:
+        return
+    if d.has_barrier(op, num_warps):
+        if _under_varying_control(op, uniform):
             raise error_at(op.location, "this op synchronises the whole block (bar.sync), but "
                            "it sits under control flow that depends on the thread, lane or warp "
                            "id, so some threads would never reach it; move it out of that "
                            "if/for")
-        parent = parent.parent
+    elif d.named_barrier is not None and _under_varying_control(op, lanes()):
+        raise error_at(op.location, f"this {tk.spelled(d)} counts whole warps (bar.sync and "
+                       f"bar.arrive take every lane of a warp at once), but it sits under "
+                       f"control flow that differs between the lanes of one warp (the lane "
+                       f"or thread id, or tk.elect_leader()), so a warp would reach it with "
+                       f"some lanes only; move it out of that if/for, or branch on a "
+                       f"warp-uniform value (tk.warp_id(), tk.warpgroup_id())")
 
 
 def _check_mma_operands(op, warpgroup: Callable[[], Uniformity]) -> None:
@@ -113,10 +132,11 @@ def verify(module: ir.Module) -> None:
         num_warps = contracts.NUM_WARPS.get(func)
         uniform = Uniformity(func)
         warpgroup = functools.cache(lambda func=func: Uniformity(func, "warpgroup_varying"))
+        lanes = functools.cache(lambda func=func: Uniformity(func, "lane_varying"))
         def visit(op: ir.Operation) -> None:
             if tk.op_def(op) is not None:
                 check_op(op.opview, num_warps)
-                _check_uniform(op, num_warps, uniform)
+                _check_uniform(op, num_warps, uniform, lanes)
                 _check_mma_operands(op, warpgroup)
                 if tk.op_def(op).remote_view:
                     _check_remote_operands(op)

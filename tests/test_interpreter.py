@@ -591,6 +591,30 @@ def test_partial_barrier_is_refused_by_tk_verify_at_its_line():
     assert e.value.line == line_of("MARK: partial barrier")
 
 
+@tk.kernel(num_warps=8)
+def named_barrier_under(HOW: tk.constexpr):
+    if HOW == "warp leader":
+        if tk.elect_leader():
+            tk.named_barrier(1, warps=4)      # MARK: lanes apart
+    elif HOW == "lane":
+        if tk.lane_id() < 16:
+            tk.named_barrier(1, warps=8)      # MARK: half a warp
+    else:                                     # a warpgroup's own barrier: fine
+        if tk.warpgroup_id() == 1:
+            tk.named_barrier(1, warps=4)
+
+
+@pytest.mark.parametrize("how, mark", [("warp leader", "lanes apart"), ("lane", "half a warp")])
+def test_a_named_barrier_under_a_lane_branch_is_refused_at_its_line(how, mark):
+    """bar.sync / bar.arrive take whole warps: under control flow that splits
+    a warp's lanes (an elect, the lane id) tk-verify refuses them; under a
+    warp or warpgroup branch they stay allowed."""
+    with pytest.raises(tk.CompilationError, match="lanes of one warp") as e:
+        named_barrier_under.interpret[(1,)](HOW=how)
+    assert e.value.line == line_of(f"MARK: {mark}")
+    named_barrier_under.interpret[(1,)](HOW="warpgroup")
+
+
 # The same kernel's IR, past tk-verify (as if the check had missed it): the
 # interpreter's rendezvous finds warps 1-3 returned while warp 0 waits.
 PARTIAL_BARRIER_IR = """
