@@ -612,6 +612,31 @@ def test_a_global_race_within_one_block_is_reported():
             assert torch.equal(c, a), order
 
 
+@tk.kernel(num_warps=4)
+def warps_store_one_tile(X: tk.gl, Y: tk.gl, OWN_ROWS: tk.constexpr = False):
+    """Each warp stores its own 16 rows of X: into its own rows of Y
+    (OWN_ROWS), or all into Y's first 16 rows (a wrong index); and every warp
+    stores the block's whole tile (the same values) into rows 64-79 of Y."""
+    w = tk.warp_id()
+    x = tk.load(X, (w, 0), (16, 64), scope="warp")
+    tk.store(Y, x, (w if OWN_ROWS else 0, 0))         # MARK: warp rows
+    tk.store(Y, tk.load(X, (0, 0), (16, 64), scope="warp"), (4, 0))  # (every warp: the same)
+
+
+def test_warps_of_one_block_storing_different_values_into_one_element_race():
+    """Plain stores of one block's warps into one element are a race when
+    they store different values (the element ends as whichever warp came
+    last); the same values (a tile every warp holds) are not reported."""
+    x = torch.randn(64, 64)
+    e = report(warps_store_one_tile, x, torch.full((80, 64), float("nan")), seeds=range(4))
+    assert e.line == line_of("MARK: warp rows"), e.message
+    assert "data race in global memory" in e.message and "another value" in e.message
+    for seed in range(3):
+        y = torch.full((80, 64), float("nan"))
+        interpret_at(seed, warps_store_one_tile, x, y, OWN_ROWS=True)
+        assert torch.equal(y[:64], x) and torch.equal(y[64:], x[:16])
+
+
 @tk.func
 def signal_after_block_1(F, i):
     """Block i (0 or 1, one warpgroup) signals F[0] once its accesses are done,

@@ -137,13 +137,12 @@ class GlobalArray:
             return None
         dst, src = window
         self._check_writable()
-        problem = None if by is None else self._add(dst, by) if add else self._claim(dst, by)
         value = tile[src]
         if add:
-            old = self.obj[dst]
-            old = old.to(__import__("torch").float32).numpy() if self.is_torch else old
-            value = np.asarray(old, np.float32) + value
+            value = self._held(dst) + value
         part = numerics.round_to(self.dtype, value)    # exact when the dtypes agree
+        problem = None if by is None else self._add(dst, by) if add else \
+            self._claim(dst, by, part)
         if self.is_torch:
             import torch
             self.obj[dst] = torch.from_numpy(np.ascontiguousarray(part)).to(self.obj.dtype)
@@ -168,11 +167,28 @@ class GlobalArray:
                                 f"and some views make those), and the kernel writes it; pass "
                                 f"a writable array, e.g. x.copy()")
 
-    def _claim(self, dst, by: tuple) -> str | None:
-        """Record `by` as the writer of the elements at dst; what an earlier
-        write or read of one of them by another block, not ordered before this
-        write, says, or None."""
+    def _held(self, dst) -> np.ndarray:
+        """The elements at window dst as they are now, in f32."""
+        old = self.obj[dst]
+        return np.asarray(old.to(__import__("torch").float32).numpy() if self.is_torch else old,
+                          np.float32)
+
+    def _claim(self, dst, by: tuple, values: np.ndarray) -> str | None:
+        """Record `by` as the writer of the elements at dst (to hold `values`);
+        what an earlier write or read of one of them by another block, not
+        ordered before this write, says, or an earlier write by its own
+        block's other warps of a different value, or None."""
         order, at = by
+        late = self.writes.late(dst, order)
+        if late is not None:             # its own block's: only the same values may race
+            held = self._held(dst)
+            differ = (held != values) & ~(np.isnan(held) & np.isnan(values))
+            late &= differ
+            first = self.writes.first(dst, late)
+            if first is not None and first[1][0] == order.name:
+                element, (_, written_at, stamp) = first
+                return self._within_block(order, "writes", element, at, "wrote another value "
+                                          "into", written_at, stamp)
         late = self.writes.unordered(dst, order, other_blocks=True)
         if late is not None:
             element, (first, first_at, _) = late

@@ -35,8 +35,8 @@ warps has met (at a barrier, a semaphore, or through a flag) each warp of
 the other access at or after its stamp. Two accesses that share a warp
 count as ordered (program order for one warp; which threads of a shared
 warp touched an element is not tracked), and two plain writes of one block
-are not checked against each other (warps that each hold a copy of a tile,
-scope="warp" in a larger block, all store it: the same values).
+that store the same value are not a race (warps that each hold a copy of a
+tile, scope="warp" in a larger block, all store it); different values are.
 
 A TMA store's (or reduce-add's) write is stamped when it completes, at the
 tk.tma.store_wait(..., read=False) that covers it: until then (a wait with
@@ -209,7 +209,7 @@ class Accesses:
     ordered after them too (FastTrack's read sets, bounded: past `slots`
     unordered accessors of one element, the oldest is forgotten). Plain
     writes keep one: a write another block's is not ordered after is
-    reported there, and a block's own unordered writes store the same
+    reported there, and a block's own unordered writes must store the same
     values (ordering.py's docstring)."""
 
     def __init__(self, shape: tuple, slots: int = 1):
@@ -258,12 +258,21 @@ class Accesses:
         coordinate arrays with `ok` marking the real ones) one of whose kept
         accesses is not ordered before `order`'s warps now (other_blocks:
         only another block's counts)."""
+        return self.first(index, self.late(index, order, other_blocks, ok))
+
+    def late(self, index, order: OrderView, other_blocks: bool = False,
+             ok=None) -> np.ndarray | None:
+        """Per slot and element at `index`: a kept access not ordered before
+        `order`'s warps now (see unordered); None before any access."""
         if self.number is None:
             return None
-        prior = self.number[(slice(None),) + tuple(index)]
-        late = ~self._ordered(prior, order, other_blocks)
-        if ok is not None:
-            late &= ok
+        late = ~self._ordered(self.number[(slice(None),) + tuple(index)], order, other_blocks)
+        return late if ok is None else late & ok
+
+    def first(self, index, late: np.ndarray | None) -> tuple | None:
+        """unordered's (element, accessor) for the first element `late` marks."""
+        if late is None:
+            return None
         anywhere = late.any(axis=0)
         if not anywhere.any():
             return None
@@ -273,4 +282,5 @@ class Accesses:
         element = tuple(int(i[first]) if isinstance(i, np.ndarray) else
                         int(i) if isinstance(i, (int, np.integer)) else i.start + int(next(rest))
                         for i in index)
+        prior = self.number[(slice(None),) + tuple(index)]
         return element, self.who[prior[(slot,) + first]]
