@@ -28,13 +28,15 @@ PLAIN, TILE, REGION, SYNC = 0, 1, 2, 3
 
 
 def build_module(spec, fn_node, globals_: dict):
-    """(context, module): `spec`'s kernel after the tk passes (the GPU path's
-    frontend, then its tk passes; no lowering)."""
+    """(context, module): `spec`'s kernel after the tk passes and checks (the
+    GPU path's frontend, its tk passes, and tk-lint's warnings, which point at
+    what the interpreter cannot show, such as a TMA copy every lane issues;
+    no lowering)."""
     from ..compiler import frontend_module
-    from ..lowering.pipeline import TK_PASSES
+    from ..lowering.pipeline import TK_CHECKS, TK_PASSES
     context, module = frontend_module(spec, fn_node, globals_)
     with context:
-        for _, run_pass in TK_PASSES:
+        for _, run_pass in TK_PASSES + TK_CHECKS:
             run_pass(module)
     return context, module
 
