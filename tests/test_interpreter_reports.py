@@ -956,3 +956,43 @@ def test_python_mod_of_large_ints_computes_no_sum_it_does_not_take():
         for a, b in ((1_500_000_000, 2_000_000_000), (-7, 3), (7, -3)):
             large_mod.interpret[(1,)](x, y, a, b)
             assert torch.equal(y, x + float(a % b)), (a, b)
+
+
+@tk.kernel(num_warps=4)
+def wait_for_the_next_block(X: tk.gl, Y: tk.gl, F: tk.gl["i32"]):
+    """Block i copies its rows once block i + 1 has (the last block starts):
+    every block must be running at once. 64 KB of shared memory: three
+    blocks per SM."""
+    pad = tk.shared_tile(f32, (64, 256))
+    i, n = tk.block_id(0), tk.grid_dim(0)
+    if i < n - 1:
+        if tk.elect_leader():
+            tk.wait_signal(F, (i + 1,), 1, scope="gpu")      # MARK: next block
+    tk.barrier()
+    tk.store(pad, tk.load(X, (i, 0), (64, 256)))
+    tk.barrier()
+    tk.store(Y, tk.load(pad), (i, 0))
+    tk.barrier()
+    if tk.elect_leader():
+        tk.signal(F, (i,), scope="gpu")
+
+
+def test_blocks_that_wait_for_blocks_the_gpu_cannot_start_yet_deadlock(monkeypatch):
+    """The interpreter starts another block while every running one waits,
+    but no more than a GPU runs at once (its per-SM limits times its SMs,
+    program.MOST_SMS: two here): past that the chain deadlocks, as on a GPU;
+    within it, it runs."""
+    from tk_mlir.interpreter import program
+    monkeypatch.setattr(program, "MOST_SMS", 2)
+    for grid, fits in ((6, True), (7, False)):
+        x = torch.randn(64 * grid, 256)
+        y, flags = torch.full_like(x, float("nan")), torch.zeros(8, dtype=torch.int32)
+        if fits:
+            wait_for_the_next_block.interpret[(grid,)](x, y, flags)
+            assert torch.equal(y, x)
+            continue
+        with pytest.raises(InterpretError, match="deadlock") as e:
+            wait_for_the_next_block.interpret[(grid,)](x, y, flags)
+        assert e.value.line == line_of("MARK: next block")
+        assert "as many as a GPU runs at once (3 block(s) with 65536 bytes of shared memory " \
+               "per SM, 2 SMs)" in e.value.message, e.value.message

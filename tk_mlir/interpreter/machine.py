@@ -282,7 +282,12 @@ STALLED = object()    # what a block runner yields when it waits for other block
 
 
 class _AllWaiting(Exception):
-    """Thrown into a stalled block runner: no block of the launch can go on."""
+    """Thrown into a stalled block runner: no block of the launch can go on
+    (`note`: why, for its deadlock report)."""
+
+    def __init__(self, note: str = " (and so does every other block still running)"):
+        super().__init__(note)
+        self.note = note
 
 
 YIELD = object()      # a warp's yield point: the scheduler may run another warp here
@@ -306,21 +311,28 @@ def uniform(value, loc, what: str):
     return a.flat[0].item() if a.ndim else a.item()
 
 
-def run_blocks(runners) -> None:
+def run_blocks(runners, resident: tuple[int, str] | None = None) -> None:
     """Run block runners (generators from `block_runner`, made lazily by the
     iterable `runners`) to their end: one at a time, the next one starting
     when every started one waits for another block (STALLED); a deadlock
-    when all wait and none is left to start."""
+    when all wait and none is left to start, or when as many wait as can
+    run at once on the GPU (`resident`: (that many, why)) and more are to
+    start: on the GPU the waiting blocks hold every place a later one needs."""
     pending, active, started = iter(runners), [], {}
     idle = 0                       # stalls in a row with no block making progress
     while True:
         if not active or idle >= len(active):
-            runner = next(pending, None)
+            full = resident is not None and len(active) >= resident[0]
+            runner = None if full else next(pending, None)
             if runner is None:
                 if not active:
                     return
                 first = min(active, key=started.get)     # the one waiting longest
-                first.throw(_AllWaiting())               # raises its deadlock report
+                first.throw(_AllWaiting(                 # raises its deadlock report
+                    f" (and so do the other {len(active) - 1} blocks running: as many as a "
+                    f"GPU runs at once ({resident[1]}), so the blocks still to start, which "
+                    f"they may wait for, never do)" if full else
+                    " (and so does every other block still running)"))
             started[runner] = len(started)
             active.append(runner)
             idle = 0
@@ -392,9 +404,8 @@ def block_runner(body, block: Block, num_slots: int, init):
         elif any(b.external for b in blocked.values()):
             try:
                 yield progressed
-            except _AllWaiting:
-                raise _deadlock(blocked, waiting, returned, block,
-                                " (and so does every other block still running)") from None
+            except _AllWaiting as stop:
+                raise _deadlock(blocked, waiting, returned, block, stop.note) from None
             progressed = False
         elif blocked:
             raise _deadlock(blocked, waiting, returned, block)

@@ -19,6 +19,7 @@ from mlir import ir
 
 from ..dialects import contracts, tk, types as T
 from ..lowering.tma import tensor_arguments
+from ..target import current as current_target
 from . import blackwell, hopper, machine, rules, scalars  # noqa: F401  (they register ops)
 from .machine import Arrival, Loc, error, uniform
 from .races import BY_BARRIER
@@ -39,6 +40,27 @@ def build_module(spec, fn_node, globals_: dict):
         for _, run_pass in TK_PASSES + TK_CHECKS:
             run_pass(module)
     return context, module
+
+
+# The most SMs a GPU of the target has (H100 SXM and H200: 132), for the
+# most blocks of a launch that can run at once.
+MOST_SMS = 132
+
+
+def _resident_blocks(num_warps: int, smem_bytes: int) -> tuple[int, str]:
+    """(n, why): at most n blocks of a kernel of `num_warps` warps and
+    `smem_bytes` of shared memory run at once on any GPU of the target, by
+    its per-SM limits on blocks, threads and shared memory (registers, which
+    only ptxas knows, can only make it fewer)."""
+    t = current_target()
+    per_sm = min(t.max_blocks_per_sm, t.max_threads_per_sm // (32 * num_warps))
+    why = f"{per_sm} block(s) of {32 * num_warps} threads per SM"
+    if smem_bytes:
+        by_smem = t.shared_bytes_per_sm // (smem_bytes + t.shared_reserved_bytes)
+        if by_smem < per_sm:
+            per_sm, why = by_smem, f"{by_smem} block(s) with {smem_bytes} bytes of shared " \
+                                   f"memory per SM"
+    return per_sm * MOST_SMS, f"{why}, {MOST_SMS} SMs"
 
 
 def _scope(op, num_warps: int) -> str | None:
@@ -266,6 +288,7 @@ class Program:
         self.num_sems = c.num_sems         # semaphore elements: each a TMA agent clock slot
         self.tma_args = frozenset(c.tma_args)   # arguments TMA ops reach (tensor maps')
         self.cluster = c.cluster           # blocks per cluster (tk.use_cluster), 1 without
+        self.resident = _resident_blocks(self.num_warps, contracts.SMEM_BYTES.get(func, 0))
 
     def run(self, grid: tuple[int, int, int], args: list, seed: int = 0) -> None:
         """Run every block of `grid` (one after another, unless one waits for
@@ -273,7 +296,7 @@ class Program:
         memory.GlobalArray or a numpy scalar; `seed` picks the interleaving
         of warps, TMA delays and elected lanes."""
         with np.errstate(all="ignore"):   # i32 wraps; inf and NaN are values, as on the GPU
-            machine.run_blocks(self.block_runners(grid, args, seed))
+            machine.run_blocks(self.block_runners(grid, args, seed), self.resident)
         rules.leftover_parts(args)
 
     def block_runners(self, grid: tuple[int, int, int], args: list, seed: int = 0,
