@@ -215,6 +215,29 @@ def test_deadlock_inside_a_ring_method_is_reported_at_the_users_call():
                      rf"phase of parity 1 \(1 phase\(s\) completed", e.message), e.message
 
 
+@tk.kernel(num_warps=8)
+def ring_never_released(A: tk.gl, C: tk.gl[f32]):
+    ring = tk.ring(A.dtype, (64, 64), 1)          # MARK: one-stage ring
+    if tk.warpgroup_id() == 1:
+        if tk.elect_leader("warpgroup"):
+            for i in range(2):
+                tile, full = ring.fill(i)         # MARK: fill waits
+                tk.tma.load_async(tile, A, (i, 0), full)
+    else:
+        for i in range(2):
+            tk.store(C, tk.load(ring.wait(i), layout="row", scope="warpgroup").to(f32), (i, 0))
+
+
+def test_a_rings_full_and_empty_semaphores_are_told_apart():
+    """Both arrays come from the tk.ring line: the empty ones (the producer's
+    wait, never released here) are named as the second made there."""
+    e = report(ring_never_released, *inputs())
+    ring = line_of("MARK: one-stage ring")
+    assert re.search(rf"waits at \S+:{line_of('MARK: fill waits')} for semaphore\[0\] "
+                     rf"allocated at \S+:{ring} \(the second semaphores made there: a tk.ring "
+                     rf"makes its full ones, then its empty ones\)", e.message), e.message
+
+
 def test_stage_released_before_its_mma_wait():
     e = report(mma_ring, *inputs(), EARLY=True, seeds=range(6))
     assert e.line == line_of("MARK: ring load")

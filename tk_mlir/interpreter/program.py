@@ -334,6 +334,7 @@ class _Compiler:
         self.num_warps = num_warps
         self.slots: dict = {}
         self.num_sems = 0
+        self.sem_allocs_at: dict[str, int] = {}     # "file:line" -> semaphore allocations there
         self.tma_args: set[int] = set()
         self.cluster = 1
         self.exchanges_seen: set[int] = set()     # exchange groups whose barrier is placed
@@ -400,11 +401,13 @@ class _Compiler:
         info = Op(op)
         t = T.parse(info.result_type)
         count = tk.array_count(op)
+        nth = self.sem_allocs_at.get(info.at, 0) if d.semaphore else 0
         alloc = Allocation(len(self.slots), t, count or 1, count is not None, info.at,
                            agent=self.num_warps + self.num_sems,
-                           arrivals=info.arrivals if d.semaphore else 0)
+                           arrivals=info.arrivals if d.semaphore else 0, nth=nth)
         if d.semaphore:
             self.num_sems += count or 1
+            self.sem_allocs_at[info.at] = nth + 1
         contracts.OFFSET.get(op)            # placed by tk-allocate-smem (checked)
         value = whole(alloc)
         out = [self.slot(op.results[0])]

@@ -33,6 +33,7 @@ class Allocation:
     where: str              # "file:line" of the allocation
     agent: int = -1         # semaphores: the clock slot of element 0's TMA agent (races.py)
     arrivals: int = 0       # semaphores: arrivals per phase
+    nth: int = 0            # semaphores: how many were allocated at `where` before these
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,17 @@ class SemRef:
     index: int | None
 
     def describe(self) -> str:
+        """Named by its allocation's line; the second of two allocations
+        there (a tk.ring's empty semaphores, after its full ones) says so."""
         at = "" if self.index is None else f"[{self.index}]"
-        return f"semaphore{at} allocated at {self.alloc.where}"
+        nth = self.alloc.nth
+        again = "" if not nth else \
+            f" (the {_ORDINALS[nth] if nth < len(_ORDINALS) else f'{nth + 1}th'} semaphores " \
+            f"made there{': a tk.ring makes its full ones, then its empty ones' if nth == 1 else ''})"
+        return f"semaphore{at} allocated at {self.alloc.where}{again}"
+
+
+_ORDINALS = ("first", "second", "third", "fourth")
 
 
 def rows_of(t) -> int:
