@@ -257,10 +257,13 @@ class Shadow:
                     f"and have warp {warp} wait for that arrival's phase first (is the arrive "
                     f"before the access, or the wait for an earlier phase?)")
         if writer == "TMA load":
-            return ("a TMA load may overwrite a tile only once its readers are done with it: "
-                    "they arrive on a semaphore after their reads, and the load's issuer "
-                    "waits for that phase first (a ring's empty slot: tk.wait before "
-                    "tk.tma.load_async)")
+            return (f"a TMA load may overwrite a tile only once its readers are done with it: "
+                    f"they arrive on a semaphore after their reads, and the load's issuer "
+                    f"waits for that phase first (a ring's empty slot: tk.wait before "
+                    f"tk.tma.load_async); where one thread arrives for several warps (an "
+                    f"elected thread, as ring.release does), those warps meet at a "
+                    f"tk.named_barrier first, or {who}'s read is not ordered before the "
+                    f"arrival")
         if writer is not None:
             return (f"a {writer} may overwrite a tile only once its readers are done with it: "
                     f"they arrive on a semaphore after their reads, and the {writer}'s "
