@@ -92,8 +92,10 @@ def _scalar_ok(name: str, tile, scalar: ir.Value) -> None:
 def _same_tiles(name: str, a, b) -> None:
     """Two tile operands of an elementwise op: one shape, dtype, layout and scope
     (a vector's layout is settled by tk-assign-layouts)."""
-    _require(type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype,
+    _require(type(a) is type(b) and a.shape == b.shape,
              f"{name}: operands differ: {T.show(a)} and {T.show(b)}")
+    _require(a.dtype == b.dtype, f"{name}: operands differ in dtype: {T.show(a)} and "
+             f"{T.show(b)}; convert one first (x.to(tk.{a.dtype}) or y.to(tk.{b.dtype}))")
     if isinstance(a, T.RT):
         _require(a == b, f"{name}: operands differ in layout or scope: {T.show(a)} and {T.show(b)}")
     else:

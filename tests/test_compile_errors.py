@@ -348,6 +348,27 @@ def test_store_dtype_mismatch():
                 "tk.store: the tile is f32 but the tensor is bf16; convert with .to(tk.bf16)")
 
 
+@tk.kernel
+def k_dtypes(X: tk.gl[f32]):
+    x = tk.zeros((16, 64))
+    y = x + x.to(tk.bf16)  # E:dtypes
+
+
+@tk.kernel
+def k_mod(X: tk.gl[f32]):
+    x = tk.zeros((16, 64))
+    y = x % 2.0  # E:mod
+
+
+def test_dtype_mismatch_and_an_operator_tiles_do_not_take_say_what_to_do():
+    check_error(compile_error(k_dtypes, F32), "dtypes", "x + x",
+                "add: operands differ in dtype: f32 16x64 tile (vec, block) and bf16 16x64 "
+                "tile (vec, block); convert one first (x.to(tk.f32) or y.to(tk.bf16))")
+    check_error(compile_error(k_mod, F32), "mod", "x % 2.0",
+                "operator % is not defined on tiles (elementwise tiles take +, -, *, /, &, |, "
+                "^); compute indices and offsets on scalars")
+
+
 def test_layout_mismatch():
     check_error(compile_error(k_layout, F32), "layout", "a + b",
                 "add: operands differ in layout or scope: f32 64x64 tile (vec, block) and "

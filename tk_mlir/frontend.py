@@ -46,6 +46,9 @@ class FuncArg:
 _BINOPS = {ast.Add: "add", ast.Pow: "pow", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
            ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
            ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
+# The operators' Python spelling, for messages.
+_PY_SPELLING = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+                "pow": "**", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 # On compile-time values: Python's own operators (C functions, so an error in
 # one has no frame of ours; see KernelBuilder.python).
@@ -850,7 +853,9 @@ class KernelBuilder(ast.NodeVisitor):
             return self.python(node, _PY_BINOPS[op], a, b)
         if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
             if op not in ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor"):
-                raise self.error(node, f"operator {op} is not defined on tiles")
+                raise self.error(node, f"operator {_PY_SPELLING.get(op, op)} is not defined on "
+                                       f"tiles (elementwise tiles take +, -, *, /, &, |, ^); "
+                                       f"compute indices and offsets on scalars")
             return V.tile_binary(op, a, b)
         return V.scalar_binary(op, a, b)
 
