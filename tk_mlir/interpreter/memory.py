@@ -180,8 +180,8 @@ class GlobalArray:
         block's other warps of a different value, or None."""
         order, at = by
         late = self.writes.late(dst, order)
-        if late is not None:             # its own block's: only the same values may race
-            held = self._held(dst)
+        if late is not None and late.any():     # its own block's: only the same values may
+            held = self._held(dst)              # race
             differ = (held != values) & ~(np.isnan(held) & np.isnan(values))
             late &= differ
             first = self.writes.first(dst, late)
