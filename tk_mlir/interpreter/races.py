@@ -275,8 +275,10 @@ class Shadow:
             return ("wait for the semaphore phase that asynchronous access completes "
                     "(tk.wait) before this access")
         return ("put a barrier between the two: tk.barrier() (every warp of the block) or "
-                "tk.named_barrier(id, warps=n) among the warps involved "
-                "(tk.named_barrier_arrive on the side that goes first)")
+                "tk.named_barrier(id, warps=n) with n counting the warps of both sides "
+                "(tk.named_barrier_arrive on the side that goes first); a named barrier "
+                "whose warps= counts one side only completes once per side and orders "
+                "nothing between them")
 
 
 def _kind(what: str) -> str:
