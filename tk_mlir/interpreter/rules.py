@@ -263,7 +263,7 @@ def _wait_signal(op, num_warps):
                                  f"shape {array.shape} (on the GPU this traps)")
         while behind(w, flags, expected, idx):
             yield Blocked(lambda: not behind(w, flags, expected, idx),
-                          lambda: "at tk.wait_signal: " + "; ".join(
+                          lambda: f"at {op.at} (tk.wait_signal): " + "; ".join(
                               behind(w, flags, expected, idx)[:2]),
                           loc, external=True, flag=True)
         for lane in w.active_lanes():        # ordered after what the signals published
