@@ -200,18 +200,25 @@ def _valid(target, v: int, ignore_index: int):
     return ((target >= 0) & (target < v)) | (target == ignore_index)
 
 
-def _targets(target, rows: int, v: int, ignore_index: int, first: int = 0):
-    """target - first as int32 in a vector of `rows` (N rounded up to whole
-    16-byte vectors; the kernels read the first N). A target outside [0, v)
-    that is not ignore_index becomes v first (an int64 one could otherwise
-    wrap into a class or into ignore_index); ignore_index stays itself."""
+def _targets(target, rows: int, v: int, ignore_index: int):
+    """target as int32 in a vector of `rows` (N rounded up to whole 16-byte
+    vectors; the kernels read the first N). A target outside [0, v) that is
+    not ignore_index becomes v first (an int64 one could otherwise wrap into
+    a class or into ignore_index); ignore_index stays itself."""
     import torch
     outside = v if v != ignore_index else v + 1
     target = torch.where(_valid(target, v, ignore_index), target, outside)
     out = torch.empty(rows, dtype=torch.int32, device=target.device)
-    out[:target.shape[0]] = target if not first else \
-        torch.where(target == ignore_index, target, target - first)
+    out[:target.shape[0]] = target
     return out
+
+
+def _in_slice(targets, ignore_index: int, first: int):
+    """_targets' vector as indices into the vocabulary slice starting at
+    class `first` (ignore_index stays itself)."""
+    import torch
+    return targets if not first else \
+        torch.where(targets == ignore_index, targets, targets - first)
 
 
 def _check(logits, target, ignore_index, reduction, label_smoothing, fn="cross_entropy"):
@@ -303,12 +310,13 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     rows = -(-n // 4) * 4
     lse_parts, x_t = [], torch.zeros(n, dtype=torch.float32, device=h.device)
     part_loss = torch.empty(rows, dtype=torch.float32, device=h.device)
+    targets = _targets(target, rows, v, ignore_index)
     for v0, v1 in _slices(n, v):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         gemm.launch(h, weight[v0:v1], logits, "nk")
         lse = torch.empty(rows, dtype=torch.float32, device=h.device)
         if n:
-            cross_entropy_kernel[(n,)](logits, _targets(target, rows, v, ignore_index, v0),
+            cross_entropy_kernel[(n,)](logits, _in_slice(targets, ignore_index, v0),
                                        part_loss, lse, _NO_CLASS, 0.0, OUTSIDE_NAN=False)
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
@@ -413,13 +421,14 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None
     dh_part = torch.empty_like(dh) if need_h else None
     dw = torch.empty_like(weight) if need_weight else None
+    targets = _targets(target, rows, v, ignore_index)
     for v0, v1 in _slices(n, v):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         w = weight[v0:v1]
         gemm.launch(h, w, logits, "nk")
         if n:       # the slice's logits become their gradient, in place
             cross_entropy_backward_kernel[(n,)](
-                logits, _targets(target, rows, v, ignore_index, v0), lse_rows, scale, logits,
+                logits, _in_slice(targets, ignore_index, v0), lse_rows, scale, logits,
                 _NO_CLASS, 0.0)
         if need_weight:
             gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
