@@ -66,21 +66,17 @@ def warn_at(loc, rule: str, message: str) -> None:
     """Warn (TkLintWarning) at an MLIR location, the message rendered as an
     error's (`file:line:col: warning: [rule] ...`) and the warning attributed
     to the user's line, so Python's filters (filename, lineno) apply to it."""
-    where = _where(loc)
-    if where is None:
-        import warnings
-        warnings.warn(_render(f"[{rule}] {message}", None, None, None, "warning"), TkLintWarning,
-                      stacklevel=2)
-    else:
-        warn_at_line(*where, rule, message)
+    warn_at_line(*(_where(loc) or (None, None, None)), rule, message, stacklevel=3)
 
 
-def warn_at_line(filename: str, line: int, col: int | None, rule: str, message: str) -> None:
-    """warn_at for a (file, line, col) of the user's source (None: unknown)."""
+def warn_at_line(filename: str, line: int, col: int | None, rule: str, message: str,
+                 stacklevel: int = 2) -> None:
+    """warn_at for a (file, line, col) of the user's source (None: unknown,
+    the warning is then its caller's, `stacklevel` as warnings.warn's)."""
     import warnings
     text = _render(f"[{rule}] {message}", filename, line, col, "warning")
     if filename is None or line is None:
-        warnings.warn(text, TkLintWarning, stacklevel=2)
+        warnings.warn(text, TkLintWarning, stacklevel=stacklevel)
     else:
         warnings.warn_explicit(text, TkLintWarning, filename, line)
 
