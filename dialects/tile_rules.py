@@ -441,6 +441,13 @@ def _broadcast(op, operands, results, num_warps: int) -> None:
              f"scope={tile.scope!r})")
 
 
+def _swizzle_that_fits(row_bytes: int) -> str:
+    """The hint for a row too narrow for its swizzle: the widest that fits."""
+    fits = [s for s in sorted(T.SWIZZLES, reverse=True) if s and row_bytes % s == 0]
+    return f"; swizzle={fits[0]} fits rows of {row_bytes} bytes" if fits else \
+        "; swizzle=0 takes rows of any width"
+
+
 @rule("alloc_st")
 def _alloc_st(op, operands, results, num_warps: int) -> None:
     st = results[0]
@@ -450,7 +457,8 @@ def _alloc_st(op, operands, results, num_warps: int) -> None:
     _require(st.row_bytes % st.block_bytes == 0,
              f"{T.show(st)}: with swizzle={st.swizzle} a row is stored in blocks of "
              f"{st.swizzle} bytes, so it must be a multiple of {st.swizzle} bytes "
-             f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}")
+             f"({st.swizzle // T.itemsize(st.dtype)} {st.dtype}), got {st.row_bytes}"
+             f"{_swizzle_that_fits(st.row_bytes)}")
     count = tk.array_count(op) or 1
     what = f"{T.show(st)} needs" if count == 1 else f"{count} x {T.show(st)} need"
     limit = target.current().max_shared_bytes

@@ -250,6 +250,16 @@ def k_smem_one(X: tk.gl[bf16]):
     a = tk.shared_tile(bf16, (512, 512))  # E:smem-one
 
 
+@tk.kernel
+def k_swizzle_too_wide(X: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 32), swizzle=128)  # E:swizzle-wide
+
+
+@tk.kernel
+def k_swizzle_none_fits(X: tk.gl[bf16]):
+    a = tk.shared_tile(bf16, (64, 8), swizzle=32)  # E:swizzle-none
+
+
 @tk.kernel(num_warps=4)
 def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
     tk.store(Y, tk.load(X, (0, 0), (16, 64)).to(tk.f32), (0, 0))  # E:fp8
@@ -409,6 +419,14 @@ def test_one_shared_tile_over_the_limit():
     check_error(compile_error(k_smem_one, BF16), "smem-one", "tk.shared_tile",
                 f"bf16 512x512 shared tile needs 524288 bytes; a block has {227 * 1024} bytes "
                 f"of shared memory")
+
+
+def test_a_row_narrower_than_its_swizzle_names_the_swizzle_that_fits():
+    check_error(compile_error(k_swizzle_too_wide, BF16), "swizzle-wide", "tk.shared_tile",
+                "with swizzle=128 a row is stored in blocks of 128 bytes, so it must be a "
+                "multiple of 128 bytes (64 bf16), got 64; swizzle=64 fits rows of 64 bytes")
+    check_error(compile_error(k_swizzle_none_fits, BF16), "swizzle-none", "tk.shared_tile",
+                "got 16; swizzle=0 takes rows of any width")
 
 
 def test_errors_are_not_cached():
