@@ -169,45 +169,47 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     logits = checks.kernel_operand(logits)
     n, v = logits.shape
     rows = -(-n // 4) * 4
-    scale = _row_scale(dloss, target, ignore_index, reduction, rows, v)
+    targets = _targets(target, rows, v, ignore_index)
+    scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse_rows[:n] = lse
     dx = torch.empty_like(logits)
     if n:
-        cross_entropy_backward_kernel[(n,)](logits, _targets(target, rows, v, ignore_index),
-                                            lse_rows, scale, dx, ignore_index, label_smoothing)
+        cross_entropy_backward_kernel[(n,)](logits, targets, lse_rows, scale, dx, ignore_index,
+                                            label_smoothing)
     return dx
 
 
-def _row_scale(dloss, target, ignore_index: int, reduction: str, rows: int, v: int):
-    """Each row's share of the loss's gradient, (rows,) f32 (the first N
-    used): dloss per row ("none"), dloss ("sum") or dloss / the rows not
-    ignored ("mean"); 0 for an ignored row (not an inf from 1/0 when every
-    row is ignored), NaN for a target outside [0, v) (its loss is NaN: its
-    gradient is never a silent number either)."""
+def _row_scale(dloss, targets, n: int, ignore_index: int, reduction: str, v: int):
+    """Each row's share of the loss's gradient, (rows,) f32 like `targets`
+    (_targets' vector; the first n used): dloss per row ("none"), dloss
+    ("sum") or dloss / the rows not ignored ("mean"); 0 for an ignored row
+    (not an inf from 1/0 when every row is ignored), NaN for a target outside
+    [0, v) (its loss is NaN: its gradient is never a silent number either)."""
     import torch
-    n = target.shape[0]
+    target = targets[:n]
     per_row = dloss.float() if reduction == "none" else \
         (dloss.float() / ((target != ignore_index).sum() if reduction == "mean" else 1)).expand(n)
-    per_row = torch.where(_valid(target, v, ignore_index), per_row, float("nan"))
-    scale = torch.empty(rows, dtype=torch.float32, device=target.device)
+    per_row = torch.where(target == _outside(v, ignore_index), float("nan"), per_row)
+    scale = torch.empty(targets.shape[0], dtype=torch.float32, device=targets.device)
     scale[:n] = torch.where(target == ignore_index, 0.0, per_row)
     return scale
 
 
-def _valid(target, v: int, ignore_index: int):
-    """Rows whose target is a class in [0, v) or ignore_index."""
-    return ((target >= 0) & (target < v)) | (target == ignore_index)
+def _outside(v: int, ignore_index: int) -> int:
+    """What _targets makes of a target outside [0, v) that is not ignore_index."""
+    return v if v != ignore_index else v + 1
 
 
 def _targets(target, rows: int, v: int, ignore_index: int):
     """target as int32 in a vector of `rows` (N rounded up to whole 16-byte
     vectors; the kernels read the first N). A target outside [0, v) that is
-    not ignore_index becomes v first (an int64 one could otherwise wrap into
-    a class or into ignore_index); ignore_index stays itself."""
+    not ignore_index becomes _outside(v, ignore_index) first (an int64 one
+    could otherwise wrap into a class or into ignore_index); ignore_index
+    stays itself."""
     import torch
-    outside = v if v != ignore_index else v + 1
-    target = torch.where(_valid(target, v, ignore_index), target, outside)
+    valid = ((target >= 0) & (target < v)) | (target == ignore_index)
+    target = torch.where(valid, target, _outside(v, ignore_index))
     out = torch.empty(rows, dtype=torch.int32, device=target.device)
     out[:target.shape[0]] = target
     return out
@@ -339,9 +341,8 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
     rows = -(-n // 4) * 4
-    scale = _row_scale(torch.ones((), device=h.device), target, ignore_index, reduction, rows,
-                       v)
     targets = _targets(target, rows, v, ignore_index)
+    scale = _row_scale(torch.ones((), device=h.device), targets, n, ignore_index, reduction, v)
     loss_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse = torch.empty(rows, dtype=torch.float32, device=h.device)
     dh = torch.empty_like(h) if need_h else h.new_empty(0)
@@ -415,13 +416,13 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
     rows = -(-n // 4) * 4
-    scale = _row_scale(dloss, target, ignore_index, reduction, rows, v)
+    targets = _targets(target, rows, v, ignore_index)
+    scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse_rows[:n] = lse
     dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None
     dh_part = torch.empty_like(dh) if need_h else None
     dw = torch.empty_like(weight) if need_weight else None
-    targets = _targets(target, rows, v, ignore_index)
     for v0, v1 in _slices(n, v):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         w = weight[v0:v1]
