@@ -1019,3 +1019,69 @@ def test_blocks_that_wait_for_blocks_the_gpu_cannot_start_yet_deadlock(monkeypat
         assert e.value.line == line_of("MARK: next block")
         assert "as many as a GPU runs at once (3 block(s) with 65536 bytes of shared memory " \
                "per SM, 2 SMs)" in e.value.message, e.value.message
+
+
+@tk.kernel(num_warps=8)
+def fresh_parity(A: tk.gl, C: tk.gl, PARITY: tk.constexpr = 1):
+    """Warpgroup 1 fills a shared tile and arrives on `full`; warpgroup 0
+    waits for `full`'s parity PARITY, then reads the tile: the first phase
+    has parity 0, and a wait for parity 1 passes at once on a fresh
+    semaphore (which counts as having completed a phase of parity 1)."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    full = tk.semaphore(arrivals=4)
+    if tk.warpgroup_id() == 1:
+        tk.store(st, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+        if tk.elect_leader():
+            tk.arrive(full)
+    else:
+        tk.wait(full, PARITY)                                          # MARK: fresh wait
+        tk.store(C, tk.load(st, layout="row", scope="warpgroup").to(f32), (0, 0))
+
+
+def test_a_race_after_a_wait_that_passed_on_a_fresh_semaphore_says_so():
+    """tk.wait(s, 1) before any phase of s completed passes at once (a
+    ring's first empty-slot waits mean it; here it is the wrong parity): not
+    an error at the wait, but the race it lets through names it."""
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    e = report(fresh_parity, a, torch.zeros(64, 64), seeds=range(3), same_line=False)
+    assert "data race" in e.message, e.message
+    assert f"(note: the tk.wait(s, 1) at {HERE}:{line_of('MARK: fresh wait')} on semaphore" \
+           in e.message and "passed at once" in e.message and "tk.wait_phase" in e.message, \
+        e.message
+    c = torch.zeros(64, 64)
+    fresh_parity.interpret[(1,)](a, c, PARITY=0)
+    assert torch.equal(c, a[:64].float())
+
+
+def test_a_ring_whose_first_waits_pass_at_once_gets_no_such_note():
+    """The ring's producer waits for its empty slots' parity 1 first (passing
+    at once, as meant); a race after its later waits does not name them."""
+    e = report(mma_ring, *inputs(), EARLY=True, same_line=False)
+    assert "data race" in e.message and "passed at once" not in e.message, e.message
+
+
+@tk.kernel(num_warps=8)
+def two_writers(A: tk.gl, C: tk.gl):
+    """Both warpgroups store into one shared tile with nothing between them."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    if tk.warpgroup_id() == 0:
+        tk.store(st, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))  # MARK: ww0
+    else:
+        tk.store(st, tk.load(A, (1, 0), (64, 64), layout="row", scope="warpgroup"))  # MARK: ww1
+    tk.barrier()
+    if tk.warpgroup_id() == 0:
+        tk.store(C, tk.load(st, layout="row", scope="warpgroup").to(f32), (0, 0))
+
+
+def test_a_write_write_race_names_the_other_warp_and_its_line():
+    """As a read-write race names the reader ("which warp 4 read at ..."), a
+    write-write race names the other writer: "also written at ... by warp n"."""
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    lines = line_of("MARK: ww0"), line_of("MARK: ww1")
+    for seed in range(4):
+        e = report(two_writers, a, torch.zeros(64, 64), seeds=[seed])
+        assert e.line in lines, e.message
+        other = 1 - lines.index(e.line)              # the other warpgroup wrote first
+        m = re.search(rf"also written at {re.escape(str(HERE))}:{lines[other]} by warp (\d+),",
+                      e.message)
+        assert m and int(m.group(1)) // 4 == other, e.message

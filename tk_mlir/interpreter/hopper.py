@@ -75,8 +75,10 @@ def _parity_wait(w, sem, parity: int, loc, waiting):
     yield YIELD
     # In a cluster another block may arrive (or multicast): step aside for it.
     remote = w.block.cluster is not None
+    watch = ((w.block.cluster.waiters, None),) if remote else ()
     while not s.done(parity):       # (re-checked when resumed: a phase may pass meanwhile)
-        yield Blocked(lambda: s.done(parity), lambda: waiting(s), loc, external=remote)
+        yield Blocked(lambda: s.done(parity), lambda: waiting(s), loc, external=remote,
+                      watch=watch)
     return s, s.completed - 1
 
 
@@ -106,6 +108,11 @@ def _wait(op, num_warps):
                              f"{last + 1}..{seen - 1} went by unseen, and a parity cannot "
                              f"tell phases two apart (is the phase off by one, or a stage "
                              f"released twice?)")
+        # A parity-1 wait on a semaphore with no phase completed passes at once
+        # (a ring's first empty-slot wait, or a bug): while it is the warp's
+        # last wait, a race report of the warp says so (races.Shadow._hint).
+        w.block.shadow.passed[w.index] = \
+            f"the tk.wait(s, 1) at {at} on {s.describe()}" if seen < 0 else None
         _acquired(w, sem, s, seen)
     return wait
 
@@ -429,7 +436,7 @@ def _cluster_sync(op, num_warps):
         while not cluster.synced(gen):
             yield Blocked(lambda: cluster.synced(gen),
                           lambda: f"at {at} in tk.cluster_sync ({cluster.describe(gen)})", loc,
-                          external=True)
+                          external=True, watch=((cluster.waiters, None),))
         block.acquire(w.index, b.released[gen], BY_BARRIER)
         block.cluster_epoch[w.index] += 1
     return sync

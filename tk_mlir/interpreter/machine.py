@@ -16,12 +16,14 @@ or has returned, is an error at the op's line.
 Blocks run one after another, unless one waits for a flag in global memory
 (tk.wait_signal) that no block has raised yet: then it steps aside and the
 next block starts (`run_blocks`), as on a GPU whose blocks run at once, and
-it resumes once the flag is up. Every block waiting, none able to start, is
-a deadlock reported at the first one's wait.
+it resumes once the flag is written (it sleeps on what it waits for,
+`Waiters`, rather than being polled). Every block waiting, none able to
+start, is a deadlock reported at the first one's wait.
 """
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -129,9 +131,13 @@ class Block:
         heapq.heappush(self.agents, (due, self.seq, callback))
         return due
 
-    def fire_due(self) -> None:
+    def fire_due(self) -> bool:
+        """Run the callbacks due by now; whether any was."""
+        fired = False
         while self.agents and self.agents[0][0] <= self.step:
             heapq.heappop(self.agents)[2]()
+            fired = True
+        return fired
 
     def semaphore(self, ref, loc):
         """The state of semaphore ref (created at its first use, as initialised)."""
@@ -217,6 +223,9 @@ class Cluster:
         self.accesses = ClusterAccesses()
         self.arrived: dict[int, int] = {}     # cluster_sync generation -> warps arrived
         self.warps = sum(b.num_warps for b in blocks)
+        # Blocks of it stalled on what the others do (remote arrivals and
+        # multicast landings, cluster syncs): woken whenever one goes on.
+        self.waiters = Waiters()
         for rank, b in enumerate(blocks):
             b.cluster, b.cluster_rank = self, rank
 
@@ -268,17 +277,40 @@ class Blocked:
     """A warp waiting (a semaphore phase, a named barrier): ready() says when
     it may go on; describe() what it waits for, for a deadlock report.
     `external`: for what other blocks (or ranks) do, so the block may step
-    aside for them; `flag`: for a flag in global memory (tk.wait_signal),
-    which a producer may set only after loads of its own, so a semaphore
-    short of bytes is then not the likely cause of a deadlock."""
+    aside for them; `watch` then says what: (Waiters, part) pairs, whose
+    wake(part) is the only thing that can make ready() true; `flag`: for a
+    flag in global memory (tk.wait_signal), which a producer may set only
+    after loads of its own, so a semaphore short of bytes is then not the
+    likely cause of a deadlock."""
     ready: object
     describe: object
     loc: object
     external: bool = False
     flag: bool = False
+    watch: tuple = ()
 
 
-STALLED = object()    # what a block runner yields when it waits for other blocks
+class Waiters(dict):
+    """Block runners stalled on parts of one object (a GlobalArray's flag
+    elements, a Cluster): part -> the callbacks that make them runnable
+    again (run_blocks). Whatever changes a part wakes them, so a stalled
+    block is not polled while nothing it waits for changes (polling every
+    stalled block whenever any other moved made a chain of n blocks, each
+    waiting for the next, cost n^2 polls)."""
+
+    def wake(self, part=None) -> None:
+        """`part` changed (None: any part, or the whole): wake its waiters."""
+        for p in list(self) if part is None else (part,):
+            for wake in self.pop(p, ()):
+                wake()
+
+
+class Stall(NamedTuple):
+    """What a block runner yields when its warps all wait for other blocks:
+    whether any ran since its last yield, and what they wait on (each
+    external Blocked's watch)."""
+    progressed: bool
+    watch: list
 
 
 class _AllWaiting(Exception):
@@ -314,37 +346,68 @@ def uniform(value, loc, what: str):
 def run_blocks(runners, resident: tuple[int, str] | None = None) -> None:
     """Run block runners (generators from `block_runner`, made lazily by the
     iterable `runners`) to their end: one at a time, the next one starting
-    when every started one waits for another block (STALLED); a deadlock
-    when all wait and none is left to start, or when as many wait as can
-    run at once on the GPU (`resident`: (that many, why)) and more are to
-    start: on the GPU the waiting blocks hold every place a later one needs."""
-    pending, active, started = iter(runners), [], {}
-    idle = 0                       # stalls in a row with no block making progress
+    when every started one waits for another block (Stall); a deadlock when
+    all wait and none is left to start, or when as many wait as can run at
+    once on the GPU (`resident`: (that many, why)) and more are to start: on
+    the GPU the waiting blocks hold every place a later one needs.
+
+    A stalled runner sleeps until something it waits on changes (its Stall's
+    watch: Waiters woken by global writes and cluster peers), so each block
+    is resumed about as often as it can go on, not once per other block's
+    move. Before a deadlock is reported every sleeper is resumed once (a
+    sweep), so that a change no wake-up covered is still seen."""
+    pending, started = iter(runners), {}
+    ready: deque = deque()         # runners that may go on, in turn
+    asleep: dict = {}              # stalled runner -> its nap (a wake-up's ticket)
+    naps = 0
+    progress = True                # any runner went on since the last sweep
+
+    def waker(runner, nap: int):
+        def wake():
+            if asleep.get(runner) == nap:        # (not woken by another part since)
+                del asleep[runner]
+                ready.append(runner)
+        return wake
+
     while True:
-        if not active or idle >= len(active):
-            full = resident is not None and len(active) >= resident[0]
+        if not ready:
+            full = resident is not None and len(asleep) >= resident[0]
             runner = None if full else next(pending, None)
-            if runner is None:
-                if not active:
-                    return
-                first = min(active, key=started.get)     # the one waiting longest
+            if runner is not None:
+                started[runner] = len(started)
+                ready.append(runner)
+            elif not asleep:
+                return
+            elif progress:             # a sweep: resume each sleeper once, oldest first
+                progress = False
+                ready.extend(sorted(asleep, key=started.get))
+                asleep.clear()
+            else:
+                first = min(asleep, key=started.get)     # the one waiting longest
                 first.throw(_AllWaiting(                 # raises its deadlock report
-                    f" (and so do the other {len(active) - 1} blocks running: as many as a "
+                    f" (and so do the other {len(asleep) - 1} blocks running: as many as a "
                     f"GPU runs at once ({resident[1]}), so the blocks still to start, which "
                     f"they may wait for, never do)" if full else
                     " (and so does every other block still running)"))
-            started[runner] = len(started)
-            active.append(runner)
-            idle = 0
-        runner = active[0]
-        try:
-            progressed = next(runner)
-        except StopIteration:
-            active.pop(0)
-            idle = 0
             continue
-        active.append(active.pop(0))
-        idle = 0 if progressed else idle + 1
+        runner = ready.popleft()
+        try:
+            got = next(runner)
+        except StopIteration:
+            progress = True
+            continue
+        if not isinstance(got, Stall):      # copies still landing in it: progress to come
+            progress = True
+            ready.append(runner)
+            continue
+        progress = progress or got.progressed
+        naps += 1
+        asleep[runner] = naps
+        wake = waker(runner, naps)
+        for waiters, part in got.watch:
+            wakes = waiters.setdefault(part, [])
+            if not wakes or wakes[-1] is not wake:      # (a warp's lanes on one flag: once)
+                wakes.append(wake)
 
 
 def block_runner(body, block: Block, num_slots: int, init):
@@ -352,8 +415,8 @@ def block_runner(body, block: Block, num_slots: int, init):
     seeded random order at their yield points (tile ops, semaphore and barrier
     waits, asynchronous issues), tile ops resumed by the rendezvous of their
     scope's warps; `init(warp)` binds the kernel's arguments. A generator: it
-    yields (whether any warp ran since its last yield) when all its warps
-    wait and some wait for other blocks (Blocked.external)."""
+    yields a Stall when all its warps wait and some wait for other blocks
+    (Blocked.external), True when it steps aside with copies in flight."""
     warps = [Warp(i, block, num_slots) for i in range(block.num_warps)]
     for w in warps:
         init(w)
@@ -367,7 +430,8 @@ def block_runner(body, block: Block, num_slots: int, init):
     progressed = True
     while True:
         block.step += 1
-        block.fire_due()
+        if block.fire_due():
+            progressed = True
         for i in [i for i, b in blocked.items() if b.ready()]:
             del blocked[i]
             runnable.append(i)
@@ -398,12 +462,16 @@ def block_runner(body, block: Block, num_slots: int, init):
             # Waiting for another block with copies still landing here: step
             # aside before they land (a coin), so that the other blocks may run
             # while they are in flight; the landings are progress to come.
+            _wake_peers(block, progressed)
             yield True
         elif not waiting and not blocked:
+            _wake_peers(block, True)
             return
         elif any(b.external for b in blocked.values()):
+            _wake_peers(block, progressed)
             try:
-                yield progressed
+                yield Stall(progressed, [w for b in blocked.values() if b.external
+                                         for w in b.watch])
             except _AllWaiting as stop:
                 raise _deadlock(blocked, waiting, returned, block, stop.note) from None
             progressed = False
@@ -411,6 +479,14 @@ def block_runner(body, block: Block, num_slots: int, init):
             raise _deadlock(blocked, waiting, returned, block)
         else:
             raise _stuck(waiting, returned, block)
+
+
+def _wake_peers(block: Block, progressed: bool) -> None:
+    """The block steps aside: if it did anything, the other blocks of its
+    cluster may now go on (an arrival on their semaphores, a multicast into
+    them, a cluster_sync arrival)."""
+    if progressed and block.cluster is not None:
+        block.cluster.waiters.wake()
 
 
 def _rendezvous(waiting: dict, block: Block, results: list, runnable: list) -> None:

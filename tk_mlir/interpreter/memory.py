@@ -14,6 +14,7 @@ import numpy as np
 
 from ..runtime.arguments import ArgumentError, canonical_dtype
 from . import numerics
+from .machine import Waiters
 from .ordering import Accesses
 
 
@@ -55,6 +56,9 @@ class GlobalArray:
         self.flag_clocks: dict = {}              # element -> its signals (ordering.publish)
         self.counted_by: tuple | None = None     # (location, parts) of a tk.store_partial
         #                                          that counts in this array
+        # Blocks stalled on a flag here (tk.wait_signal), by element: each
+        # write wakes those of its elements (a tile's, all of them).
+        self.waiters = Waiters()
 
     def elements(self, index: tuple, by: tuple | None = None) -> np.ndarray:
         """Elements at per-lane element coordinates (one int array per dim),
@@ -87,6 +91,7 @@ class GlobalArray:
         old = int(self.obj[index]) & 0xFFFFFFFF
         new = (old + value if add else value) & 0xFFFFFFFF
         self.obj[index] = new - (1 << 32) if new >= 1 << 31 else new
+        self.waiters.wake(tuple(index))
         return old, new
 
     def overlaps(self, coords, tile_shape) -> bool:
@@ -148,6 +153,7 @@ class GlobalArray:
             self.obj[dst] = torch.from_numpy(np.ascontiguousarray(part)).to(self.obj.dtype)
         else:
             self.obj[dst] = part.astype(self.obj.dtype)
+        self.waiters.wake()
         return problem
 
     def completed(self, coords, tile_shape, add: bool, by: tuple) -> None:

@@ -82,6 +82,9 @@ class Shadow:
         self.via = via
         self.allocs: dict[int, dict] = {}
         self.in_flight: list[InFlight] = []
+        # warp -> its last tk.wait, if that passed at once, no phase of its
+        # semaphore having completed (hopper.py): a race hint (`_hint`)
+        self.passed: dict[int, str | None] = {}
 
     def _of(self, ref: SharedRef) -> dict:
         s = self.allocs.get(ref.alloc.key)
@@ -147,10 +150,10 @@ class Shadow:
         `read_done`)."""
         f = self._in_flight(ref, writes_only=True)
         if f is not None:
-            return (f"{what} reads {ref.describe()} while the {f.kind} issued at {f.where} "
-                    f"is still writing it: wait on its semaphore first"
-                    + (" (the phase of the tk.mma_commit after it)"
-                       if f.kind == "tcgen05.mma" else ""))
+            return self._hint(f"{what} reads {ref.describe()} while the {f.kind} issued at "
+                              f"{f.where} is still writing it: wait on its semaphore first"
+                              + (" (the phase of the tk.mma_commit after it)"
+                                 if f.kind == "tcgen05.mma" else ""), warp)
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         unfenced = s["w_unfenced"][idx, r, c]
         if not record and unfenced.any():
@@ -167,12 +170,13 @@ class Shadow:
             slot = slots.ravel()[k]
             if slot >= self.num_warps:
                 kind = s["w_what"][idx, r, c].ravel()[k]
-                return (f"{what} reads {ref.describe()}, which the {kind} at {writer} "
-                        f"writes, without waiting for the semaphore phase that {kind} "
-                        f"completes (a read before its {kind} was waited for)")
-            return (f"data race: {what} reads {ref.describe()}, written at {writer} by warp "
-                    f"{slot}, with nothing ordering the two: "
-                    f"{self._fix(warp, slot, writer, None)}")
+                return self._hint(f"{what} reads {ref.describe()}, which the {kind} at "
+                                  f"{writer} writes, without waiting for the semaphore phase "
+                                  f"that {kind} completes (a read before its {kind} was "
+                                  f"waited for)", warp)
+            return self._hint(f"data race: {what} reads {ref.describe()}, written at {writer} "
+                              f"by warp {slot}, with nothing ordering the two: "
+                              f"{self._fix(warp, slot, writer, None)}", warp, slot)
         if record:
             self.read_done(ref, warp, clock[warp], where, rows, cols)
         return None
@@ -202,26 +206,30 @@ class Shadow:
                      "tcgen05.mma": "the phase of the tk.mma_commit after it completes"
                      }[f.kind]
             verb = "writes" if f.writes else "reads"
-            return (f"{what} writes {ref.describe()} while the {f.kind} issued at {f.where} "
-                    f"still {verb} it (until {until})")
+            return self._hint(f"{what} writes {ref.describe()} while the {f.kind} issued at "
+                              f"{f.where} still {verb} it (until {until})", warp)
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
-            writer = s["w_where"][idx, r, c].ravel()[k]
-            return (f"data race: {what} writes {ref.describe()}, also written at {writer}, "
-                    f"with nothing ordering the two writes: "
-                    f"{self._fix(warp, slots.ravel()[k], writer, async_kind)}")
+            writer, other = s["w_where"][idx, r, c].ravel()[k], int(slots.ravel()[k])
+            # (who wrote, as a read-write race names its reader: a warp, or the
+            # asynchronous writer, e.g. a TMA load)
+            by = self._who(other) if other < self.num_warps else \
+                f"the {s['w_what'][idx, r, c].ravel()[k]}"
+            return self._hint(f"data race: {what} writes {ref.describe()}, also written at "
+                              f"{writer} by {by}, with nothing ordering the two writes: "
+                              f"{self._fix(warp, other, writer, async_kind)}", warp, other)
         reads = s["r_clock"][:, idx, r, c]
         late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
         if late.any():
             w = int(np.argwhere(late)[0][0])
             k = np.flatnonzero(late[w].ravel())[0]
             reader = s["r_where"][w][idx, r, c].ravel()[k]
-            return (f"data race: {what} writes {ref.describe()}, which {self._who(w)} read at "
-                    f"{reader}, with nothing ordering the read before the write: "
-                    f"{self._fix(warp, w, reader, async_kind)}")
+            return self._hint(f"data race: {what} writes {ref.describe()}, which {self._who(w)} "
+                              f"read at {reader}, with nothing ordering the read before the "
+                              f"write: {self._fix(warp, w, reader, async_kind)}", warp, w)
         if not record:
             return None
         s["w_slot"][idx, r, c] = warp if slot is None else slot
@@ -233,6 +241,21 @@ class Shadow:
         return None
 
     # ------------------------------------------------------------ reports
+
+    def _hint(self, problem: str, *warps: int) -> str:
+        """A race report, with a hint where one of its warps (clock slots) got
+        through its last tk.wait at once, on a semaphore with no phase
+        completed: a fresh semaphore counts as having completed a phase of
+        parity 1, so tk.wait(s, 1) passes before any arrival (right for a
+        ring's first empty-slot waits, a wrong parity otherwise; so a hint,
+        not an error at the wait)."""
+        waits = [self.passed[w] for w in dict.fromkeys(warps) if self.passed.get(w)]
+        if not waits:
+            return problem
+        return (f"{problem} (note: {' and '.join(waits)} passed at once, no phase of it "
+                f"having completed yet: a fresh semaphore counts as having completed a phase "
+                f"of parity 1; to wait for its first phase, wait for parity 0, or use "
+                f"tk.wait_phase(s, n), which checks the phase number)")
 
     def _who(self, slot: int) -> str:
         """What clock slot `slot` stands for, in a message."""

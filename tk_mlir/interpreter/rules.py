@@ -262,10 +262,13 @@ def _wait_signal(op, num_warps):
                 raise error(loc, f"tk.wait_signal: element {at} is outside {array.name!r} of "
                                  f"shape {array.shape} (on the GPU this traps)")
         while behind(w, flags, expected, idx):
+            # (the block sleeps until a write to one of its flags: memory.py wakes it)
+            watch = tuple((array.waiters, at) for array, at in
+                          (_flag_at(flags, lane, idx) for lane in w.active_lanes()))
             yield Blocked(lambda: not behind(w, flags, expected, idx),
                           lambda: f"at {op.at} (tk.wait_signal): " + "; ".join(
                               behind(w, flags, expected, idx)[:2]),
-                          loc, external=True, flag=True)
+                          loc, external=True, flag=True, watch=watch)
         for lane in w.active_lanes():        # ordered after what the signals published
             array, at = _flag_at(flags, lane, idx)
             w.block.acquire_global(w.index, ordering.acquire(array.flag_clocks, at,
