@@ -1061,6 +1061,32 @@ def test_a_ring_whose_first_waits_pass_at_once_gets_no_such_note():
 
 
 @tk.kernel(num_warps=8)
+def passed_then_waited(A: tk.gl, C: tk.gl):
+    """Warpgroup 0's tk.wait(empty, 1) passes at once (as a ring's first
+    wait means it to); its last wait, tk.wait_phase(full, 0), is right; the
+    race is warpgroup 1 storing the tile again after its arrival."""
+    st = tk.shared_tile(A.dtype, (64, 64))
+    empty, full = tk.semaphore(arrivals=4), tk.semaphore(arrivals=4)
+    if tk.warpgroup_id() == 0:
+        tk.wait(empty, 1)
+        tk.wait_phase(full, 0)
+        tk.store(C, tk.load(st, layout="row", scope="warpgroup").to(f32), (0, 0))
+    else:
+        tk.store(st, tk.load(A, (0, 0), (64, 64), layout="row", scope="warpgroup"))
+        if tk.elect_leader():
+            tk.arrive(full)
+        tk.store(st, tk.load(A, (1, 0), (64, 64), layout="row", scope="warpgroup"))
+
+
+def test_the_note_names_only_a_warps_last_semaphore_wait():
+    """A wait that passed at once is not named once a later wait of the warp
+    (here a tk.wait_phase) took a completed phase."""
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    e = report(passed_then_waited, a, torch.full((64, 64), float("nan")), same_line=False)
+    assert "data race" in e.message and "passed at once" not in e.message, e.message
+
+
+@tk.kernel(num_warps=8)
 def two_writers(A: tk.gl, C: tk.gl):
     """Both warpgroups store into one shared tile with nothing between them."""
     st = tk.shared_tile(A.dtype, (64, 64))

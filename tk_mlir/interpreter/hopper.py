@@ -87,6 +87,7 @@ def _acquired(w, sem, s, seen: int) -> None:
     seen it, and what its arrivals released."""
     w.seen[(sem.alloc.key, sem.index)] = seen
     w.block.acquire(w.index, s.released, BY_SEMAPHORE)
+    w.block.shadow.passed[w.index] = None      # (the warp's last semaphore wait: _wait's note)
 
 
 @interprets("tk.wait", sync=True)
@@ -108,12 +109,13 @@ def _wait(op, num_warps):
                              f"{last + 1}..{seen - 1} went by unseen, and a parity cannot "
                              f"tell phases two apart (is the phase off by one, or a stage "
                              f"released twice?)")
+        _acquired(w, sem, s, seen)
         # A parity-1 wait on a semaphore with no phase completed passes at once
         # (a ring's first empty-slot wait, or a bug): while it is the warp's
-        # last wait, a race report of the warp says so (races.Shadow._hint).
-        w.block.shadow.passed[w.index] = \
-            f"the tk.wait(s, 1) at {at} on {s.describe()}" if seen < 0 else None
-        _acquired(w, sem, s, seen)
+        # last semaphore wait, a race report of the warp says so
+        # (races.Shadow._hint).
+        if seen < 0:
+            w.block.shadow.passed[w.index] = f"the tk.wait(s, 1) at {at} on {s.describe()}"
     return wait
 
 

@@ -355,7 +355,8 @@ def run_blocks(runners, resident: tuple[int, str] | None = None) -> None:
     watch: Waiters woken by global writes and cluster peers), so each block
     is resumed about as often as it can go on, not once per other block's
     move. Before a deadlock is reported every sleeper is resumed once (a
-    sweep), so that a change no wake-up covered is still seen."""
+    sweep), so that a change no wake-up covered is still seen (a flag written
+    through another view of its memory: Waiters are per GlobalArray)."""
     pending, started = iter(runners), {}
     ready: deque = deque()         # runners that may go on, in turn
     asleep: dict = {}              # stalled runner -> its nap (a wake-up's ticket)
