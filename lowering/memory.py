@@ -436,12 +436,15 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     # A block-scope tile: other threads may still read the tile's old contents,
     # and will read the new ones: a barrier on each side. (Conservative: a pass
     # that drops the barriers the memory model does not need is future work.)
-    # A warp/warpgroup-scope tile is written by part of the block, which
+    # A warpgroup-scope tile is written by part of the block, which
     # synchronises itself (tk.named_barrier), as in ThunderKittens: a block
-    # barrier here would hang a warp-specialized kernel.
-    block = frag.scope == "block"
-    if block:
-        nvvm.barrier0()
+    # barrier here would hang a warp-specialized kernel. A warp-scope tile's
+    # lanes read each other's elements too, and nothing a kernel writes
+    # orders them (the interpreter runs a warp as one): bar.warp.sync on each
+    # side, which orders the lanes' shared-memory accesses and keeps ptxas
+    # from moving a lane's loads of other lanes' elements across the store.
+    block, warp = frag.scope == "block", frag.scope == "warp"
+    _order_before_and_after(block, warp)
     first = ctx.is_first_replica(frag.layout, frag.scope)
     # (stmatrix writes this block's shared memory only: st.shared::cluster pieces)
     matrices = None if ref.remote else _matrix_pieces(ctx, ref, frag.layout, frag.scope,
@@ -457,8 +460,16 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
             _guarded(first, lambda: llvm.store(value, addr,
                                                alignment=n * T.itemsize(frag.dtype)))
     fence_for_async_readers(op, ref.remote)
+    _order_before_and_after(block, warp)
+
+
+def _order_before_and_after(block: bool, warp: bool) -> None:
+    """The barrier on each side of a shared store of a block- or warp-scope
+    tile (_store_shared: why)."""
     if block:
         nvvm.barrier0()
+    elif warp:
+        nvvm.bar_warp_sync(c32(-1))
 
 
 @lowers("tk.alloc_st", "tk.alloc_sv", "tk.alloc_sem")

@@ -81,6 +81,23 @@ def test_other_layouts_and_dtypes_keep_plain_shared_accesses(kw, store):
     assert "stmatrix" not in ptx and "ldmatrix" not in ptx
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_a_warp_scope_store_is_ordered_among_the_warps_lanes(dtype):
+    """A warp-scope tile's store has a bar.warp.sync on each side (its lanes
+    read each other's elements, and nothing a kernel writes orders them);
+    a warpgroup's orders itself (tk.named_barrier), a block's takes a block
+    barrier on each side."""
+    def around_store(ptx):      # (among the shared accesses and barriers, in order)
+        lines = [l.strip() for l in ptx.splitlines()
+                 if re.match(r"\s*(bar\.|barrier|st\.shared|ld\.shared|stmatrix|ldmatrix)", l)]
+        stores = [i for i, l in enumerate(lines) if re.match(r"(stmatrix|st\.shared)", l)]
+        return lines[stores[0] - 1], lines[stores[-1] + 1]
+    warp = _ptx(rows=48, cols=64, dtype=dtype, SWIZZLE=32, SCOPE="warp")
+    assert around_store(warp) == ("bar.warp.sync \t-1;",) * 2
+    assert "bar.warp.sync" not in _ptx(dtype=dtype) and "bar.warp.sync" not in _ptx(
+        rows=128, dtype=dtype, SCOPE="block")
+
+
 @pytest.mark.parametrize("name, rows, cols, swizzle, scope",
                          [("row", 64, 64, 128, "warpgroup"), ("col", 64, 64, 64, "warpgroup"),
                           ("row", 64, 80, 32, "warpgroup"), ("row", 64, 48, 0, "warpgroup"),
