@@ -778,3 +778,26 @@ def test_division_by_a_power_of_two_keeps_python_semantics_as_a_shift_and_a_mask
         tk.spec((n, 8 * 16), tk.f32), offset).asm["tk"]
     assert ir_text.count("arith.floordivsi") == 1 and ir_text.count("arith.remsi") == 1
     assert "arith.shrsi" in ir_text
+
+
+@tk.kernel(num_warps=1)
+def count_by(Y: tk.gl[f32], start: int, step: int):
+    acc = tk.zeros((16,), f32, scope="warp")
+    for i in range(start, 0, step):
+        acc = acc + 1.0
+    tk.store(Y, acc, (0,))
+
+
+@pytest.mark.parametrize("start, step, gpu", [(4, -1, "run no iterations"),
+                                              (-4, 0, "never end"), (4, 0, "run no iterations")])
+def test_a_run_time_step_that_is_not_positive_is_refused(start, step, gpu):
+    """scf.for steps forward: with a run-time step of 0 or less the GPU's loop
+    differs from Python's range, so the interpreter refuses it at the loop
+    (a compile-time negative step counts down, as Python's)."""
+    y = torch.full((16,), float("nan"))
+    with pytest.raises(InterpretError, match=rf"the range's step is {step} at run time: .* "
+                                             rf"would {gpu}") as e:
+        count_by.interpret[(1,)](y, start, step)
+    assert e.value.line == count_by.fn.__code__.co_firstlineno + 3
+    count_by.interpret[(1,)](y, -5, 2)
+    assert (y == 3.0).all()

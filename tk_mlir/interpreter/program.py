@@ -430,6 +430,14 @@ class _Compiler:
         def run(w):
             bounds = [uniform(_active(w, w.values[s]), loc, "a bound of this loop")
                       for s in (lb, ub, step)]
+            if bounds[2] <= 0:      # (a compile-time step <= 0 never reaches scf.for)
+                endless = bounds[2] == 0 and bounds[0] < bounds[1]
+                raise error(loc, f"the range's step is {bounds[2]} at run time: a step known "
+                                 f"only at run time must be positive (on the GPU this loop "
+                                 f"would {'never end' if endless else 'run no iterations'}); "
+                                 f"for a loop that counts down, make the step a compile-time "
+                                 f"constant (tk.constexpr), or loop over range(n) and compute "
+                                 f"the index")
             values = [w.values[s] for s in inits]
             for i in range(*bounds):
                 w.values[iv] = iv_type(i)
