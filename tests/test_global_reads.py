@@ -451,6 +451,40 @@ def test_an_object_mutated_in_place_recompiles(restore_globals):
     assert 8.5 in constants(via_namespace.compile(X, X).asm["ptx"])
 
 
+@tk.func
+def scaled_by_default(x, s=2.0):
+    return x * s
+
+
+def plain_scale(m=3.0, cfg={"m": 4.0}):         # noqa: B006 (a dict default changed in place)
+    return m * cfg["m"]
+
+
+@tk.kernel(num_warps=4)
+def via_defaults(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, scaled_by_default(tk.load(X, (0, 0), (16, 64))) + plain_scale(), (0, 0))
+
+
+def test_a_helpers_defaults_replaced_in_place_recompile():
+    """A function is one object whose code and defaults may be replaced (or
+    a dict default changed) in place: the launch's check sees each."""
+    fn, plain = scaled_by_default.fn, plain_scale
+    saved = fn.__defaults__, plain.__defaults__, dict(plain.__defaults__[1])
+    try:
+        ptx = via_defaults.compile(X, X).asm["ptx"]
+        assert 2.0 in constants(ptx) and 12.0 in constants(ptx)
+        fn.__defaults__ = (5.0,)
+        ptx = via_defaults.compile(X, X).asm["ptx"]
+        assert 5.0 in constants(ptx) and 2.0 not in constants(ptx)
+        plain.__defaults__ = (10.0, plain.__defaults__[1])
+        assert 40.0 in constants(via_defaults.compile(X, X).asm["ptx"])
+        plain.__defaults__[1]["m"] = 0.25
+        assert 2.5 in constants(via_defaults.compile(X, X).asm["ptx"])
+    finally:
+        fn.__defaults__, plain.__defaults__ = saved[0], saved[1]
+        plain.__defaults__[1].update(saved[2])
+
+
 def test_an_object_global_is_keyed_by_its_contents(restore_globals):
     """The autotuner's key (Kernel._globals_key), needed before any compile."""
     before = via_namespace._globals_key()

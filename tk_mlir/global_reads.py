@@ -136,7 +136,7 @@ class GlobalRead:
     `ref` says where scope is, for a new process (None: it cannot say)."""
 
     __slots__ = ("scope", "name", "value", "_weak", "text", "volatile", "label", "ref",
-                 "absent")
+                 "absent", "state")
 
     def __init__(self, scope, name: str, value, label: str | None = None, ref=None):
         self.scope, self.name, self.ref = scope, name, ref
@@ -144,7 +144,11 @@ class GlobalRead:
         self.absent = value is _MISSING
         self._set(value)
         self.text = "<absent>" if self.absent else _text(value)
-        self.volatile = not self.absent and not _immutable(value)
+        # A function is one object whose code and defaults may be replaced in
+        # place (f.__defaults__ = ...): checked on every launch, cheaply
+        # while they are the objects seen (_function_state).
+        self.state = None if self.absent else _function_state(value)
+        self.volatile = not self.absent and (self.state is not None or not _immutable(value))
 
     def _set(self, value) -> None:
         """`value`: the value seen, for the launch plans' identity test. An
@@ -183,7 +187,8 @@ class GlobalRead:
         if self.absent or value is _MISSING:
             return self.absent and value is _MISSING
         same = value is self.seen()
-        if same and not self.volatile:
+        if same and (not self.volatile or self.state is not None and
+                     _unchanged_function(self.state, _function_state(value))):
             return True
         if not same and not _adoptable(value):
             return False              # a new class/function/object: recompile
@@ -191,6 +196,7 @@ class GlobalRead:
             return False
         if not same:
             self._set(value)          # equal: the next check is an identity test
+        self.state = _function_state(value)
         return True
 
     def key_part(self) -> str:
@@ -543,6 +549,22 @@ def _guess(source: str, scope: dict, prefix: str, reads: list, seen: set) -> Non
 
 def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, DType, tuple, list, dict)) or value is None
+
+
+def _function_state(value):
+    """What a function (a tk.func's function) holds that may be replaced in
+    place: (code, defaults, keyword defaults); None for anything else."""
+    fn = value.fn if isinstance(value, Func) else value
+    if not inspect.isfunction(fn):
+        return None
+    return fn.__code__, fn.__defaults__, fn.__kwdefaults__
+
+
+def _unchanged_function(seen, now) -> bool:
+    """The same code and defaults objects, and defaults that cannot change
+    inside (a dict default may: it is then compared by text)."""
+    return all(a is b for a, b in zip(seen, now)) and \
+        _immutable(seen[1] or ()) and _immutable(tuple((seen[2] or {}).values()))
 
 
 def _immutable(value) -> bool:
