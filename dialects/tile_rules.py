@@ -58,8 +58,11 @@ def _layout_ok(t, num_warps: int) -> None:
     except layouts.LayoutError as e:
         raise _Fail(f"{T.show(t)}: {e}") from None
     # A thread holds its share of the tile in registers: past the hardware's
-    # limit per thread it would all spill to local memory.
-    regs = layout.num_regs * max(T.itemsize(t.dtype), 4) // 4
+    # limit per thread it would all spill to local memory. 16- and 8-bit
+    # elements pack two and four to a 32-bit register; masks and indices take
+    # one each.
+    size = T.itemsize(t.dtype) if T.in_memory(t.dtype) else 4
+    regs = -(-layout.num_regs * size // 4)
     limit = target.current().max_registers_per_thread
     fix = ("load the tensor tile a piece of columns at a time (tk.load(acc.columns(start, "
            "128)))" if t.layout == "tmem" else "use a smaller tile or more warps")

@@ -99,8 +99,23 @@ def huge_tile(X: tk.gl[f32], Y: tk.gl[f32]):
     tk.store(Y, tk.load(X, (0, 0), (64, 1024)), (0, 0))
 
 
+@tk.kernel(num_warps=1)
+def wide_tile(X: tk.gl, Y: tk.gl, ROWS: tk.constexpr = 16, COLS: tk.constexpr = 512):
+    tk.store(Y, tk.load(X, (0, 0), (ROWS, COLS)), (0, 0))
+
+
 def test_a_tile_beyond_the_register_file_is_refused():
     _refused(huge_tile, (S((64, 1024), "f32"), S((64, 1024), "f32")), "registers per thread")
+    # 16-bit elements pack two to a register: 2048 a thread need 1024
+    _refused(wide_tile, (S((64, 1024), "bf16"), S((64, 1024), "bf16")),
+             "bf16 64x1024 tile .* needs 1024 registers per thread", ROWS=64, COLS=1024)
+
+
+def test_a_16_bit_tile_counts_its_registers_packed():
+    """256 bf16 elements a thread (a 16x512 tile over one warp) fit in 128
+    registers: compiled (counted one to a register they were refused)."""
+    c = wide_tile.compile(S((16, 512), "bf16"), S((16, 512), "bf16"))
+    assert c.info["spill stores (bytes)"] == 0
 
 
 @tk.kernel(num_warps=4)
