@@ -11,6 +11,7 @@ applied to a tile, a block barrier under a thread-dependent if, a tile
 beyond the register file, a load from a shared tile that would ignore its
 coordinates and shape."""
 import pytest
+import torch
 
 import tk_mlir as tk
 from tk_mlir import f32
@@ -148,3 +149,24 @@ def flag_kernel(X: tk.gl[f32], Y: tk.gl[f32], F: tk.constexpr):
 def test_true_and_one_are_different_constexprs():
     assert flag_kernel.compile(*T64, F=True) is not flag_kernel.compile(*T64, F=1)
 
+
+
+@tk.kernel(num_warps=1)
+def starred(X: tk.gl[f32], Y: tk.gl[f32], SH: tk.constexpr = (2, 3, 4)):
+    *outer, M, N = X.shape
+    first, *rest = SH
+    at = (*[0 for _ in outer], 0, 0)
+    tk.store(Y, tk.load(X, at, (16, 16), scope="warp") * (first + len(rest) + len(outer)), at)
+
+
+@tk.kernel(num_warps=1)
+def unpacked_short(X: tk.gl[f32]):
+    a, b, c, *rest = X.shape
+
+
+def test_a_starred_name_takes_the_rest_as_python_does():
+    x = torch.randn(3, 16, 16)
+    y = torch.full((3, 16, 16), float("nan"))
+    starred.interpret[(1,)](x, y)
+    assert torch.equal(y[0], x[0] * 5.0) and y[1:].isnan().all()
+    _refused(unpacked_short, (S((4, 4), "f32"),), r"cannot unpack \(.*\) into 3 or more names")

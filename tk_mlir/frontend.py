@@ -430,9 +430,18 @@ class KernelBuilder(ast.NodeVisitor):
         elif isinstance(target, (ast.Tuple, ast.List)):
             if isinstance(value, V.GlobalShape):      # M, K = A.shape
                 value = tuple(value)
-            if not isinstance(value, (tuple, list)) or len(value) != len(target.elts):
-                raise self.error(target, f"cannot unpack {value!r} into {len(target.elts)} names")
-            for t, v in zip(target.elts, value):
+            elts = target.elts
+            stars = [i for i, t in enumerate(elts) if isinstance(t, ast.Starred)]  # (one at most)
+            need = f"{len(elts) - 1} or more" if stars else f"{len(elts)}"
+            if not isinstance(value, (tuple, list)) or \
+                    len(value) < len(elts) - len(stars) or not stars and len(value) > len(elts):
+                raise self.error(target, f"cannot unpack {value!r} into {need} names")
+            if stars:       # *outer, M, N = X.shape: the starred name takes a list
+                i, after = stars[0], len(elts) - stars[0] - 1
+                value = [*value[:i], list(value[i:len(value) - after]),
+                         *value[len(value) - after:]]
+                elts = [*elts[:i], elts[i].value, *elts[i + 1:]]
+            for t, v in zip(elts, value):
                 self.bind(t, v)
         else:
             raise self.error(target, "only names and tuples of names can be assigned "
