@@ -274,14 +274,15 @@ def short_expect(A: tk.gl, C: tk.gl[f32]):
 def test_a_load_landing_after_its_phase_completed_is_reported():
     """An expect short of the loads' bytes lets the phase complete before the
     last load lands (a wait that does not wait for it): reported under every
-    seed, as the read of the tile still loading or, where the read came
-    first or the bytes land first, as the late load (it went unreported)."""
+    seed as a transaction-byte mismatch, when the phase completes with a load
+    of it in flight (before a read of the tile can race with it), or when a
+    load lands after its phase completed."""
     messages = [report(short_expect, *inputs(), seeds=[s], same_line=False).message
                 for s in range(8)]
-    late = [m for m in messages if "transaction-byte mismatch" in m]
-    assert all(m in late or "while the TMA load issued at" in m for m in messages), messages
-    assert late and all("counts towards a phase that completed before its 8192 byte(s) "
-                        "landed" in m for m in late), messages
+    assert all("transaction-byte mismatch" in m and (
+        "still in flight" in m or "counts towards a phase that completed before its 8192 "
+        "byte(s) landed" in m) and "armed fewer bytes than the loads add up to" in m
+        for m in messages), messages
 
 
 MMA_RESULT_BEFORE_WAIT = """
@@ -967,7 +968,22 @@ def test_ints_within_32_bits_compute_as_python_ints_and_warn_of_nothing():
 
 @tk.kernel(num_warps=4)
 def large_mod(X: tk.gl[f32], Y: tk.gl[f32], a: int, b: int):
-    tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (a % b), (0, 0))
+    tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (a % b), (0, 0))            # MARK: int mod
+
+
+@pytest.mark.parametrize("a, b, warned", [(7, 0, True), (7, 3, False)])
+def test_an_int_division_by_zero_is_warned_of(a, b, warned):
+    """The GPU's quotient of a division by zero is undefined (the
+    interpreter's is 0): a warning at the op, as for overflow."""
+    x, y = torch.randn(16, 32), torch.full((16, 32), float("nan"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        large_mod.interpret[(1,)](x, y, a, b)
+    found = [w for w in caught if "[zero-division]" in str(w.message)]
+    assert len(found) == warned, [str(w.message) for w in caught]
+    if warned:
+        assert found[0].lineno == line_of("# MARK: int mod") and \
+            "int division by zero: 7 % 0; the GPU's result is undefined" in str(found[0].message)
 
 
 def test_python_mod_of_large_ints_computes_no_sum_it_does_not_take():
@@ -1084,6 +1100,35 @@ def test_the_note_names_only_a_warps_last_semaphore_wait():
     a = torch.randn(128, 64).to(torch.bfloat16)
     e = report(passed_then_waited, a, torch.full((64, 64), float("nan")), same_line=False)
     assert "data race" in e.message and "passed at once" not in e.message, e.message
+
+
+@tk.kernel(num_warps=4)
+def unflipped_parity(A: tk.gl, C: tk.gl):
+    """Each round loads a tile by TMA and waits for the semaphore's parity 0:
+    the second round's wait passes at once on the first round's phase."""
+    s = tk.shared_tile(A.dtype, (64, 64))
+    full = tk.semaphore()
+    acc = tk.zeros((64, 64), f32, layout="row", scope="warpgroup")
+    for i in range(2):
+        if tk.elect_leader("warpgroup"):
+            tk.tma.expect(full, s)
+            tk.tma.load_async(s, A, (i, 0), full)
+        tk.wait(full, 0)                                               # MARK: unflipped
+        acc = acc + tk.load(s, layout="row", scope="warpgroup").to(f32)
+        tk.barrier()
+    tk.store(C, acc, (0, 0))
+
+
+def test_a_race_after_a_wait_whose_parity_did_not_flip_says_so():
+    """Where the second round's load is still in flight at its wait (seeds
+    2 on), the wait passes on the first round's phase and the read races: the
+    report names the wait; where it landed first, the wait is a deadlock."""
+    a = torch.randn(128, 64).to(torch.bfloat16)
+    for seed in range(2, 5):
+        e = report(unflipped_parity, a, torch.full((64, 64), float("nan")), seeds=[seed])
+        assert f"the tk.wait(s, 0) at {HERE}:{line_of('MARK: unflipped')} on semaphore" in \
+            e.message and "taking phase 0 as done, which this warp had waited for already" \
+            in e.message, e.message
 
 
 @tk.kernel(num_warps=8)

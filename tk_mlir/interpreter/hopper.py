@@ -110,12 +110,23 @@ def _wait(op, num_warps):
                              f"tell phases two apart (is the phase off by one, or a stage "
                              f"released twice?)")
         _acquired(w, sem, s, seen)
-        # A parity-1 wait on a semaphore with no phase completed passes at once
-        # (a ring's first empty-slot wait, or a bug): while it is the warp's
-        # last semaphore wait, a race report of the warp says so
-        # (races.Shadow._hint).
+        # A wait that took no new phase passed at once: a parity-1 wait on a
+        # semaphore with no phase completed (a ring's first empty-slot wait,
+        # or a bug), or a wait for the phase the warp took last time (a parity
+        # that does not flip in a loop). While it is the warp's last semaphore
+        # wait, a race report of the warp says so (races.Shadow._hint).
         if seen < 0:
-            w.block.shadow.passed[w.index] = f"the tk.wait(s, 1) at {at} on {s.describe()}"
+            w.block.shadow.passed[w.index] = (
+                f"the tk.wait(s, 1) at {at} on {s.describe()} passed at once, no phase of "
+                f"it having completed yet: a fresh semaphore counts as having completed a "
+                f"phase of parity 1; to wait for its first phase, wait for parity 0, or use "
+                f"tk.wait_phase(s, n), which checks the phase number")
+        elif seen == last:
+            w.block.shadow.passed[w.index] = (
+                f"the tk.wait(s, {p}) at {at} on {s.describe()} passed at once, taking phase "
+                f"{seen} as done, which this warp had waited for already: does its parity "
+                f"flip each time round (a ring's phase(i) is (i // stages) & 1)? "
+                f"tk.wait_phase(s, n) checks the phase number")
     return wait
 
 

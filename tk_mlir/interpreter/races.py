@@ -82,8 +82,8 @@ class Shadow:
         self.via = via
         self.allocs: dict[int, dict] = {}
         self.in_flight: list[InFlight] = []
-        # warp -> its last tk.wait, if that passed at once, no phase of its
-        # semaphore having completed (hopper.py): a race hint (`_hint`)
+        # warp -> a note on its last semaphore wait, if that was a tk.wait that
+        # passed at once, taking no new phase (hopper._wait): a race hint (`_hint`)
         self.passed: dict[int, str | None] = {}
 
     def _of(self, ref: SharedRef) -> dict:
@@ -243,19 +243,13 @@ class Shadow:
     # ------------------------------------------------------------ reports
 
     def _hint(self, problem: str, *warps: int) -> str:
-        """A race report, with a hint where one of its warps (clock slots) got
-        through its last tk.wait at once, on a semaphore with no phase
-        completed: a fresh semaphore counts as having completed a phase of
-        parity 1, so tk.wait(s, 1) passes before any arrival (right for a
-        ring's first empty-slot waits, a wrong parity otherwise; so a hint,
-        not an error at the wait)."""
-        waits = [self.passed[w] for w in dict.fromkeys(warps) if self.passed.get(w)]
-        if not waits:
-            return problem
-        return (f"{problem} (note: {' and '.join(waits)} passed at once, no phase of it "
-                f"having completed yet: a fresh semaphore counts as having completed a phase "
-                f"of parity 1; to wait for its first phase, wait for parity 0, or use "
-                f"tk.wait_phase(s, n), which checks the phase number)")
+        """A race report, with a note where one of its warps (clock slots) got
+        through its last tk.wait at once, taking no new phase (hopper._wait:
+        a parity-1 wait on a fresh semaphore, right for a ring's first
+        empty-slot waits; a parity that did not flip): a hint, not an error
+        at the wait, which may be meant."""
+        notes = [self.passed[w] for w in dict.fromkeys(warps) if self.passed.get(w)]
+        return f"{problem} (note: {'; and '.join(notes)})" if notes else problem
 
     def _who(self, slot: int) -> str:
         """What clock slot `slot` stands for, in a message."""

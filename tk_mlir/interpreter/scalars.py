@@ -5,8 +5,8 @@ warnings off while the interpreter runs). Where a signed add, subtract or
 multiply wraps (a silent wrong offset, if the value is used), the
 interpreter warns at the op's line, once per op ([overflow], a
 TkLintWarning): not an error, since a value computed but not taken (an
-arm of `x if c else y`, which evaluates both) may wrap harmlessly. Floats
-are f32.
+arm of `x if c else y`, which evaluates both) may wrap harmlessly; an int
+division by zero warns the same way ([zero-division]). Floats are f32.
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def _trunc_div(a, b):
 
 
 _SAME_TYPE = {
-    "floordivsi": np.floor_divide,
-    "divsi": _trunc_div, "remsi": np.fmod, "maxsi": np.maximum, "minsi": np.minimum,
+    "maxsi": np.maximum, "minsi": np.minimum,
     "andi": np.bitwise_and, "ori": np.bitwise_or, "xori": np.bitwise_xor,
     "shli": np.left_shift, "shrsi": np.right_shift,
     "addf": np.add, "subf": np.subtract, "mulf": np.multiply, "divf": np.divide,
@@ -82,6 +81,36 @@ def _checked(fn, sign: str):
 for _name, (_fn, _sign) in {"addi": (np.add, "+"), "subi": (np.subtract, "-"),
                             "muli": (np.multiply, "*")}.items():
     interprets(f"arith.{_name}")(_checked(_fn, _sign))
+
+
+def _divided(fn, sign: str):
+    """An int division or remainder: numpy's result, and the first time an
+    active lane divides by zero, a warning at the op ([zero-division]): the
+    GPU's result is then undefined where the interpreter's is 0 (a warning,
+    as for overflow: `x // y if y else 0` computes the arm not taken too)."""
+    def factory(op, num_warps):
+        warned = []
+
+        def run(w, a, b):
+            if not warned:
+                bad = np.asarray(b) == 0
+                if w.mask is not None and np.ndim(bad):
+                    bad = bad & w.mask
+                if np.any(bad):
+                    warned.append(True)
+                    at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
+                    x = int(np.broadcast_to(a, np.shape(bad))[at])
+                    warn_at_line(*op.loc, "zero-division",
+                                 f"int division by zero: {x} {sign} 0; the GPU's result is "
+                                 f"undefined (the interpreter's is 0)")
+            return fn(a, b)
+        return run
+    return factory
+
+
+for _name, (_fn, _sign) in {"floordivsi": (np.floor_divide, "//"), "divsi": (_trunc_div, "/"),
+                            "remsi": (np.fmod, "%")}.items():
+    interprets(f"arith.{_name}")(_divided(_fn, _sign))
 
 
 @interprets("arith.constant")

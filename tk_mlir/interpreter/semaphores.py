@@ -109,6 +109,14 @@ class Semaphore:
 
     def _maybe_complete(self, loc) -> None:
         if self.pending == 0 and self.tx == 0:
+            if self.loads_in_flight:    # (issued in this phase: the next has not begun)
+                raise error(loc, f"transaction-byte mismatch on {self.describe()}: its phase "
+                                 f"completed with {self.loads_in_flight} of the TMA loads at "
+                                 f"{', '.join(self.loads)} still in flight, so a wait for "
+                                 f"it would not wait for them: the expect at "
+                                 f"{', '.join(self.expects) or '(none)'} armed fewer bytes "
+                                 f"than the loads add up to; expect exactly the bytes of the "
+                                 f"tiles loaded (tk.tma.expect(sem, *tiles))")
             self.completed += 1
             self.pending, self.expects, self.loads = self.arrivals, [], []
             self.arrivers = {}
