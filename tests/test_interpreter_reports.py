@@ -1131,6 +1131,27 @@ def test_a_race_after_a_wait_whose_parity_did_not_flip_says_so():
             in e.message, e.message
 
 
+@tk.kernel(num_warps=4)
+def every_warp_stores(X: tk.gl[f32], Y: tk.gl[f32], SAME: tk.constexpr = True):
+    """Every warp stores a warp-scope tile into one shared tile: the same
+    rows of X (SAME), or each its own."""
+    st = tk.shared_tile(f32, (16, 16))
+    t = tk.load(X, (0 if SAME else tk.warp_id(), 0), (16, 16), layout="row", scope="warp")
+    tk.store(st, t)                                                    # MARK: every warp
+    tk.barrier()
+    tk.store(Y, tk.load(st, layout="col", scope="warp"), (tk.warp_id(), 0))
+
+
+def test_warps_storing_the_same_values_into_a_shared_tile_do_not_race():
+    """As into global memory: unordered stores of the values already there
+    are no race; different values are."""
+    x, y = torch.randn(64, 16), torch.full((64, 16), float("nan"))
+    every_warp_stores.interpret[(1,)](x, y)
+    assert torch.equal(y, x[:16].repeat(4, 1))
+    e = report(every_warp_stores, x, y, SAME=False)
+    assert "data race: this store writes" in e.message and e.line == line_of("MARK: every warp")
+
+
 @tk.kernel(num_warps=8)
 def two_writers(A: tk.gl, C: tk.gl):
     """Both warpgroups store into one shared tile with nothing between them."""

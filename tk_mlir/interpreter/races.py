@@ -192,12 +192,15 @@ class Shadow:
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
               rows=None, slot: int | None = None, epoch: int | None = None,
               unfenced: bool = False, ignore=(), record: bool = True,
-              cols=None) -> str | None:
+              cols=None, same_values: bool = False) -> str | None:
         """A write of ref at `where`, ordered after what `clock` covers; recorded as
         by (slot, epoch) (default: the warp at its clock); unfenced: a thread
         write with no proxy fence after it; ignore: accesses in flight that are
         ordered before it (one thread's earlier tcgen05.mma); record=False: an
-        asynchronous writer, recorded when it completes. The problem, or None."""
+        asynchronous writer, recorded when it completes; same_values: it
+        stores what ref holds already, so an unordered earlier store of a
+        warp is no race (a warp-scope tile every warp stores). The problem, or
+        None."""
         async_kind = _kind(what) if slot is not None else None
         f = self._in_flight(ref, writes_only=False, ignore=ignore)
         if f is not None:
@@ -211,6 +214,8 @@ class Shadow:
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
+        if same_values:
+            late &= slots >= self.num_warps
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
             writer, other = s["w_where"][idx, r, c].ravel()[k], int(slots.ravel()[k])
