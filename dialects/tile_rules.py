@@ -59,9 +59,12 @@ def _layout_ok(t, num_warps: int) -> None:
         raise _Fail(f"{T.show(t)}: {e}") from None
     # A thread holds its share of the tile in registers: past the hardware's
     # limit per thread it would all spill to local memory. 16- and 8-bit
-    # elements pack two and four to a 32-bit register; masks and indices take
-    # one each.
-    size = T.itemsize(t.dtype) if T.in_memory(t.dtype) else 4
+    # elements of the row and vec layouts pack two and four to a 32-bit
+    # register (a thread's neighbours in a row); col's are a column apart
+    # and take one each (measured: a bf16 16x512 col tile spills), as masks
+    # and indices do.
+    packed = T.in_memory(t.dtype) and t.layout in ("row", "vec")
+    size = T.itemsize(t.dtype) if packed else 4
     regs = -(-layout.num_regs * size // 4)
     limit = target.current().max_registers_per_thread
     fix = ("load the tensor tile a piece of columns at a time (tk.load(acc.columns(start, "

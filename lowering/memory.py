@@ -442,7 +442,9 @@ def _store_shared(ctx, ref: SharedRef, frag: Fragment, op) -> None:
     # lanes read each other's elements too, and nothing a kernel writes
     # orders them (the interpreter runs a warp as one): bar.warp.sync on each
     # side, which orders the lanes' shared-memory accesses and keeps ptxas
-    # from moving a lane's loads of other lanes' elements across the store.
+    # from moving a lane's loads of other lanes' elements across the store;
+    # over the lanes that reach it (activemask), so a store some lanes skip
+    # (a [partial-tile] lint warning) does not hang.
     block, warp = frag.scope == "block", frag.scope == "warp"
     _order_before_and_after(block, warp)
     first = ctx.is_first_replica(frag.layout, frag.scope)
@@ -469,7 +471,8 @@ def _order_before_and_after(block: bool, warp: bool) -> None:
     if block:
         nvvm.barrier0()
     elif warp:
-        nvvm.bar_warp_sync(c32(-1))
+        llvm.inline_asm(None, [], "{ .reg .b32 m; activemask.b32 m; bar.warp.sync m; }",
+                        "~{memory}", has_side_effects=True)
 
 
 @lowers("tk.alloc_st", "tk.alloc_sv", "tk.alloc_sem")

@@ -465,9 +465,19 @@ def via_defaults(X: tk.gl[f32], Y: tk.gl[f32]):
     tk.store(Y, scaled_by_default(tk.load(X, (0, 0), (16, 64))) + plain_scale(), (0, 0))
 
 
+def keyword_scale(*, s=3.0):
+    return s
+
+
+@tk.kernel(num_warps=4)
+def via_keyword(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (16, 64)) * keyword_scale(), (0, 0))
+
+
 def test_a_helpers_defaults_replaced_in_place_recompile():
-    """A function is one object whose code and defaults may be replaced (or
-    a dict default changed) in place: the launch's check sees each."""
+    """A function is one object whose code and defaults may be replaced in
+    place: the launch's check sees a new defaults tuple or keyword default
+    (by identity, cheaply), not an object in a default changed inside."""
     fn, plain = scaled_by_default.fn, plain_scale
     saved = fn.__defaults__, plain.__defaults__, dict(plain.__defaults__[1])
     try:
@@ -478,11 +488,18 @@ def test_a_helpers_defaults_replaced_in_place_recompile():
         assert 5.0 in constants(ptx) and 2.0 not in constants(ptx)
         plain.__defaults__ = (10.0, plain.__defaults__[1])
         assert 40.0 in constants(via_defaults.compile(X, X).asm["ptx"])
-        plain.__defaults__[1]["m"] = 0.25
-        assert 2.5 in constants(via_defaults.compile(X, X).asm["ptx"])
+        plain.__defaults__[1]["m"] = 0.25   # inside a default object: not looked into
+        assert 40.0 in constants(via_defaults.compile(X, X).asm["ptx"])
+        plain.__defaults__ = (0.5, {"m": 4.0})
+        assert 2.0 in constants(via_defaults.compile(X, X).asm["ptx"])
+        kw = keyword_scale.__kwdefaults__
+        assert 3.0 in constants(via_keyword.compile(X, X).asm["ptx"])
+        kw["s"] = 7.0                            # a keyword default replaced in its dict
+        assert 7.0 in constants(via_keyword.compile(X, X).asm["ptx"])
     finally:
         fn.__defaults__, plain.__defaults__ = saved[0], saved[1]
         plain.__defaults__[1].update(saved[2])
+        keyword_scale.__kwdefaults__["s"] = 3.0
 
 
 def test_an_object_global_is_keyed_by_its_contents(restore_globals):

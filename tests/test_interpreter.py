@@ -789,11 +789,13 @@ def count_by(Y: tk.gl[f32], start: int, step: int):
 
 
 @pytest.mark.parametrize("start, step, gpu", [(4, -1, "run no iterations"),
-                                              (-4, 0, "never end"), (4, 0, "run no iterations")])
+                                              (-4, -1, "never end"), (-4, 0, "never end"),
+                                              (4, 0, "run no iterations")])
 def test_a_run_time_step_that_is_not_positive_is_refused(start, step, gpu):
-    """scf.for steps forward: with a run-time step of 0 or less the GPU's loop
-    differs from Python's range, so the interpreter refuses it at the loop
-    (a compile-time negative step counts down, as Python's)."""
+    """scf.for steps forward: with a run-time step of 0, or a negative one
+    and a start off the stop, the GPU's loop differs from Python's range, so
+    the interpreter refuses it at the loop (a compile-time negative step
+    counts down, as Python's)."""
     y = torch.full((16,), float("nan"))
     with pytest.raises(InterpretError, match=rf"the range's step is {step} at run time: .* "
                                              rf"would {gpu}") as e:
@@ -801,3 +803,5 @@ def test_a_run_time_step_that_is_not_positive_is_refused(start, step, gpu):
     assert e.value.line == count_by.fn.__code__.co_firstlineno + 3
     count_by.interpret[(1,)](y, -5, 2)
     assert (y == 3.0).all()
+    count_by.interpret[(1,)](y, 0, -1)          # no iterations on either: allowed
+    assert (y == 0.0).all()

@@ -971,6 +971,21 @@ def large_mod(X: tk.gl[f32], Y: tk.gl[f32], a: int, b: int):
     tk.store(Y, tk.load(X, (0, 0), (16, 32)) + (a % b), (0, 0))            # MARK: int mod
 
 
+@tk.kernel(num_warps=1)
+def lane_quotient(F: tk.gl["i32"], b: int):
+    tk.signal(F, (tk.lane_id() // b,), scope="gpu")                   # MARK: lane quotient
+
+
+def test_a_division_of_each_lanes_value_by_one_zero_is_warned_of():
+    flags = torch.zeros(32, dtype=torch.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lane_quotient.interpret[(1,)](flags, 0)
+    found = [w for w in caught if "[zero-division]" in str(w.message)]
+    assert len(found) == 1 and found[0].lineno == line_of("# MARK: lane quotient") and \
+        "0 // 0" in str(found[0].message), [str(w.message) for w in caught]
+
+
 @pytest.mark.parametrize("a, b, warned", [(7, 0, True), (7, 3, False)])
 def test_an_int_division_by_zero_is_warned_of(a, b, warned):
     """The GPU's quotient of a division by zero is undefined (the
@@ -1150,6 +1165,34 @@ def test_warps_storing_the_same_values_into_a_shared_tile_do_not_race():
     assert torch.equal(y, x[:16].repeat(4, 1))
     e = report(every_warp_stores, x, y, SAME=False)
     assert "data race: this store writes" in e.message and e.line == line_of("MARK: every warp")
+
+
+@tk.kernel(num_warps=4)
+def same_then_other(X: tk.gl[f32], Y: tk.gl[f32]):
+    """Warps 0 and 1 store one warp-scope tile (the same values); warp 2,
+    ordered after warp 1 only, stores others: warp 0's store may land last."""
+    st = tk.shared_tile(f32, (16, 16))
+    if tk.warp_id() < 2:
+        t = tk.load(X, (0, 0), (16, 16), layout="row", scope="warp")
+        tk.store(st, t)
+    if tk.warp_id() == 1:
+        tk.named_barrier_arrive(1, warps=2)
+    if tk.warp_id() == 2:
+        tk.named_barrier(1, warps=2)
+        u = tk.load(X, (1, 0), (16, 16), layout="row", scope="warp")
+        tk.store(st, u)                                                # MARK: other values
+    tk.barrier()
+    tk.store(Y, tk.load(st, layout="col", scope="warp"), (tk.warp_id(), 0))
+
+
+def test_a_store_of_the_same_values_leaves_the_earlier_writer_to_be_ordered_after():
+    """The same-valued store is no race, but the first warp stays a writer: a
+    later store ordered after the second warp only races with it, under
+    every interleaving."""
+    x = torch.randn(64, 16)
+    for seed in range(12):      # (at warp 2's store, or at warp 0's where it comes later)
+        e = report(same_then_other, x, torch.full((64, 16), float("nan")), seeds=[seed])
+        assert "data race: this store writes" in e.message, e.message
 
 
 @tk.kernel(num_warps=8)

@@ -101,8 +101,9 @@ def huge_tile(X: tk.gl[f32], Y: tk.gl[f32]):
 
 
 @tk.kernel(num_warps=1)
-def wide_tile(X: tk.gl, Y: tk.gl, ROWS: tk.constexpr = 16, COLS: tk.constexpr = 512):
-    tk.store(Y, tk.load(X, (0, 0), (ROWS, COLS)), (0, 0))
+def wide_tile(X: tk.gl, Y: tk.gl, ROWS: tk.constexpr = 16, COLS: tk.constexpr = 512,
+              LAYOUT: tk.constexpr = "vec"):
+    tk.store(Y, tk.load(X, (0, 0), (ROWS, COLS), layout=LAYOUT), (0, 0))
 
 
 def test_a_tile_beyond_the_register_file_is_refused():
@@ -114,9 +115,14 @@ def test_a_tile_beyond_the_register_file_is_refused():
 
 def test_a_16_bit_tile_counts_its_registers_packed():
     """256 bf16 elements a thread (a 16x512 tile over one warp) fit in 128
-    registers: compiled (counted one to a register they were refused)."""
-    c = wide_tile.compile(S((16, 512), "bf16"), S((16, 512), "bf16"))
-    assert c.info["spill stores (bytes)"] == 0
+    registers in the row and vec layouts: compiled (counted one to a register
+    they were refused)."""
+    for layout in ("vec", "row"):
+        c = wide_tile.compile(S((16, 512), "bf16"), S((16, 512), "bf16"), LAYOUT=layout)
+        assert c.info["spill stores (bytes)"] == 0, layout
+    # col's elements sit a column apart, one to a register (it would spill)
+    _refused(wide_tile, (S((16, 512), "bf16"), S((16, 512), "bf16")),
+             "needs 256 registers per thread", LAYOUT="col")
 
 
 @tk.kernel(num_warps=4)

@@ -188,7 +188,7 @@ class GlobalRead:
             return self.absent and value is _MISSING
         same = value is self.seen()
         if same and (not self.volatile or self.state is not None and
-                     _unchanged_function(self.state, _function_state(value))):
+                     _unchanged_function(self.state, value)):
             return True
         if not same and not _adoptable(value):
             return False              # a new class/function/object: recompile
@@ -553,18 +553,23 @@ def _plain(value) -> bool:
 
 def _function_state(value):
     """What a function (a tk.func's function) holds that may be replaced in
-    place: (code, defaults, keyword defaults); None for anything else."""
+    place: (code, defaults, keyword defaults' items); None for anything else.
+    Objects held in defaults are not looked into (a memo dict a helper fills
+    would make every check stale)."""
     fn = value.fn if isinstance(value, Func) else value
     if not inspect.isfunction(fn):
         return None
-    return fn.__code__, fn.__defaults__, fn.__kwdefaults__
+    return fn.__code__, fn.__defaults__, tuple((fn.__kwdefaults__ or {}).items())
 
 
-def _unchanged_function(seen, now) -> bool:
-    """The same code and defaults objects, and defaults that cannot change
-    inside (a dict default may: it is then compared by text)."""
-    return all(a is b for a, b in zip(seen, now)) and \
-        _immutable(seen[1] or ()) and _immutable(tuple((seen[2] or {}).values()))
+def _unchanged_function(seen, value) -> bool:
+    """Whether value's code and defaults are the very objects seen (identity
+    tests only: a launch makes this check per function read)."""
+    fn = value.fn if isinstance(value, Func) else value
+    kw = fn.__kwdefaults__
+    return fn.__code__ is seen[0] and fn.__defaults__ is seen[1] and (
+        not kw and not seen[2] or kw is not None and len(kw) == len(seen[2]) and
+        all(kw.get(k, _MISSING) is v for k, v in seen[2]))
 
 
 def _immutable(value) -> bool:

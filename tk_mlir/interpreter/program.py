@@ -430,8 +430,11 @@ class _Compiler:
         def run(w):
             bounds = [uniform(_active(w, w.values[s]), loc, "a bound of this loop")
                       for s in (lb, ub, step)]
-            if bounds[2] <= 0:      # (a compile-time step <= 0 never reaches scf.for)
-                endless = bounds[2] == 0 and bounds[0] < bounds[1]
+            # (a compile-time step <= 0 never reaches scf.for) Refused where the GPU's
+            # loop and Python's range differ: a zero step, or a negative one that
+            # Python runs (start above stop) or the GPU's would (start below it).
+            if bounds[2] == 0 or bounds[2] < 0 and bounds[0] != bounds[1]:
+                endless = bounds[0] < bounds[1]
                 raise error(loc, f"the range's step is {bounds[2]} at run time: a step known "
                                  f"only at run time must be positive (on the GPU this loop "
                                  f"would {'never end' if endless else 'run no iterations'}); "

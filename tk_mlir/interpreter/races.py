@@ -214,8 +214,13 @@ class Shadow:
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
-        if same_values:
-            late &= slots >= self.num_warps
+        # Where a warp stored these values unordered with this store, it stays
+        # the writer and this store counts as a read of its values: a later
+        # write must come after both, a later read after the first. (Nor does
+        # a store of the values there race with reads of them.)
+        keep = late & (slots < self.num_warps) if same_values else None
+        if keep is not None:
+            late &= ~keep
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
             writer, other = s["w_where"][idx, r, c].ravel()[k], int(slots.ravel()[k])
@@ -228,7 +233,7 @@ class Shadow:
                               f"{self._fix(warp, other, writer, async_kind)}", warp, other)
         reads = s["r_clock"][:, idx, r, c]
         late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
-        if late.any():
+        if late.any() and not same_values:      # (what a reader saw stays)
             w = int(np.argwhere(late)[0][0])
             k = np.flatnonzero(late[w].ravel())[0]
             reader = s["r_where"][w][idx, r, c].ravel()[k]
@@ -237,12 +242,21 @@ class Shadow:
                               f"write: {self._fix(warp, w, reader, async_kind)}", warp, w)
         if not record:
             return None
-        s["w_slot"][idx, r, c] = warp if slot is None else slot
-        s["w_clock"][idx, r, c] = clock[warp] if epoch is None else epoch
-        s["w_where"][idx, r, c] = where
-        s["w_what"][idx, r, c] = _kind(what)
-        s["w_unfenced"][idx, r, c] = unfenced
-        s["r_clock"][:, idx, r, c] = 0
+        written = {"w_slot": warp if slot is None else slot,
+                   "w_clock": clock[warp] if epoch is None else epoch, "w_where": where,
+                   "w_what": _kind(what), "w_unfenced": unfenced}
+        if keep is None or not keep.any():
+            for name, value in written.items():
+                s[name][idx, r, c] = value
+            s["r_clock"][:, idx, r, c] = 0
+            return None
+        for name, value in written.items():
+            s[name][idx, r, c] = np.where(keep, s[name][idx, r, c], value)
+        reads, read_at = s["r_clock"][:, idx, r, c], s["r_where"][warp][idx, r, c]
+        reads = np.where(keep, reads, 0)
+        reads[warp] = np.where(keep, np.maximum(reads[warp], clock[warp]), 0)
+        s["r_clock"][:, idx, r, c] = reads
+        s["r_where"][warp][idx, r, c] = np.where(keep, where, read_at)
         return None
 
     # ------------------------------------------------------------ reports

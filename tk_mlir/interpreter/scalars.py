@@ -98,8 +98,9 @@ def _divided(fn, sign: str):
                     bad = bad & w.mask
                 if np.any(bad):
                     warned.append(True)
-                    at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
-                    x = int(np.broadcast_to(a, np.shape(bad))[at])
+                    shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+                    at = np.flatnonzero(np.broadcast_to(bad, shape))[0] if shape else ()
+                    x = int(np.broadcast_to(a, shape)[at])
                     warn_at_line(*op.loc, "zero-division",
                                  f"int division by zero: {x} {sign} 0; the GPU's result is "
                                  f"undefined (the interpreter's is 0)")
