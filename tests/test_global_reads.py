@@ -502,6 +502,33 @@ def test_a_helpers_defaults_replaced_in_place_recompile():
         keyword_scale.__kwdefaults__["s"] = 3.0
 
 
+@tk.func
+def first_body(x):
+    return x * 2.5
+
+
+def second_body(x):
+    return x * 3.5
+
+
+@tk.kernel(num_warps=4)
+def via_first_body(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, first_body(tk.load(X, (0, 0), (16, 64))), (0, 0))
+
+
+def test_a_tk_funcs_code_replaced_in_place_compiles_its_new_body():
+    """IPython's autoreload replaces a function's __code__: the kernel then
+    inlines the new body (the tk.func's source is read again)."""
+    saved = first_body.fn.__code__
+    try:
+        assert 2.5 in constants(via_first_body.compile(X, X).asm["ptx"])
+        first_body.fn.__code__ = second_body.__code__
+        ptx = via_first_body.compile(X, X).asm["ptx"]
+        assert 3.5 in constants(ptx) and 2.5 not in constants(ptx)
+    finally:
+        first_body.fn.__code__ = saved
+
+
 def test_an_object_global_is_keyed_by_its_contents(restore_globals):
     """The autotuner's key (Kernel._globals_key), needed before any compile."""
     before = via_namespace._globals_key()

@@ -119,10 +119,19 @@ class Func:
     may end with `return value` (a tile, a scalar, a tuple of them)."""
 
     def __init__(self, fn):
-        from .source import KernelSource
         self.fn = fn
-        self.source = KernelSource.of(fn, "@tk.func")
+        self._code = None
+        self.source                     # (read now: a function without source fails here)
         functools.update_wrapper(self, fn)
+
+    @property
+    def source(self):
+        """The function's source as the frontend reads it; read again when its
+        code was replaced in place (IPython's autoreload)."""
+        if self._code is not self.fn.__code__:
+            from .source import KernelSource
+            self._source, self._code = KernelSource.of(self.fn, "@tk.func"), self.fn.__code__
+        return self._source
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"tk.func {self.fn.__name__} can only be called inside a @tk.kernel "
