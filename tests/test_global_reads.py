@@ -529,6 +529,36 @@ def test_a_tk_funcs_code_replaced_in_place_compiles_its_new_body():
         first_body.fn.__code__ = saved
 
 
+class RowsConfig:
+    def __init__(self):
+        self.r = 16
+
+    def rows(self):
+        return self.r
+
+
+ROWS_CONFIG = RowsConfig()
+
+
+@tk.kernel(num_warps=4)
+def via_method(X: tk.gl[f32], Y: tk.gl[f32]):
+    tk.store(Y, tk.load(X, (0, 0), (ROWS_CONFIG.rows(), 64)), (0, 0))
+
+
+def test_a_bound_method_read_again_reuses_the_code(compiles):
+    """Each read of ROWS_CONFIG.rows makes a new bound method: the same
+    object's same function is the value read (it recompiled every call);
+    what the method read still counts."""
+    spec = tk.spec((32, 64), "f32")
+    first = via_method.compile(spec, spec)
+    assert via_method.compile(spec, spec) is first and compiles == ["via_method"]
+    ROWS_CONFIG.r = 32
+    try:
+        assert via_method.compile(spec, spec) is not first
+    finally:
+        ROWS_CONFIG.r = 16
+
+
 def test_an_object_global_is_keyed_by_its_contents(restore_globals):
     """The autotuner's key (Kernel._globals_key), needed before any compile."""
     before = via_namespace._globals_key()

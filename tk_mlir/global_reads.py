@@ -161,6 +161,9 @@ class GlobalRead:
         if isinstance(value, (list, dict, tuple)) and _holds_arrays(value):
             self.value = _UNHELD      # compared by text: the tensors are not kept alive
             return
+        if isinstance(value, types.MethodType) and not _is_array(value.__self__):
+            self.value = value        # (made anew by each read: fresh() compares its parts)
+            return
         if value is not _MISSING and not isinstance(
                 value, (_IMMUTABLE, tuple, list, dict, types.ModuleType, types.FunctionType,
                         type, Func)):
@@ -186,7 +189,10 @@ class GlobalRead:
             return False
         if self.absent or value is _MISSING:
             return self.absent and value is _MISSING
-        same = value is self.seen()
+        seen = self.seen()
+        same = value is seen or isinstance(value, types.MethodType) and \
+            isinstance(seen, types.MethodType) and value.__self__ is seen.__self__ and \
+            value.__func__ is seen.__func__   # (a bound method read again: a new object)
         if same and (not self.volatile or self.state is not None and
                      _unchanged_function(self.state, value)):
             return True
