@@ -119,9 +119,10 @@ class Func:
     may end with `return value` (a tile, a scalar, a tuple of them)."""
 
     def __init__(self, fn):
+        from .source import KernelSource
         self.fn = fn
-        self._code = None
-        self.source                     # (read now: a function without source fails here)
+        self._source = KernelSource.of(fn, "@tk.func")  # (refuses what is not a def first)
+        self._code = fn.__code__
         functools.update_wrapper(self, fn)
 
     @property
