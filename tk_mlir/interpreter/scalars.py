@@ -47,6 +47,17 @@ for _name, _fn in _SAME_TYPE.items():
 _I32 = np.iinfo(np.int32)
 
 
+def _first_active(w, bad, shape: tuple):
+    """The index, in `shape` (the lanes' or a uniform value's), of the first
+    active lane where `bad` (a lane array or one uniform bool) holds; None
+    where none does."""
+    if w.mask is not None and np.ndim(bad):
+        bad = bad & w.mask
+    if not np.any(bad):
+        return None
+    return np.flatnonzero(np.broadcast_to(bad, shape))[0] if shape else ()
+
+
 def _checked(fn, sign: str):
     """An i32 add/subtract/multiply computed in 64 bits and wrapped to 32, as
     the GPU's; the first time an active lane's result leaves [-2**31, 2**31),
@@ -60,19 +71,16 @@ def _checked(fn, sign: str):
         def run(w, a, b):
             wide = fn(np.asarray(a, np.int64), np.asarray(b, np.int64))
             out = wide.astype(np.int32)
-            if not warned:
-                bad = (wide < _I32.min) | (wide > _I32.max)
-                if w.mask is not None and np.ndim(bad):
-                    bad = bad & w.mask
-                if np.any(bad):
-                    warned.append(True)
-                    at = np.flatnonzero(bad)[0] if np.ndim(bad) else ()
-                    x, y, z = (int(np.broadcast_to(v, np.shape(wide))[at]) for v in (a, b, wide))
-                    warn_at_line(*op.loc, "overflow",
-                                 f"int overflow: {x} {sign} {y} = {z} does not fit in 32 bits; "
-                                 f"run-time ints are i32 and the GPU wraps it to "
-                                 f"{int(np.int64(z).astype(np.int32))} (split the offset, or "
-                                 f"keep it a compile-time value, tk.constexpr)")
+            at = None if warned else _first_active(w, (wide < _I32.min) | (wide > _I32.max),
+                                                      np.shape(wide))
+            if at is not None:
+                warned.append(True)
+                x, y, z = (int(np.broadcast_to(v, np.shape(wide))[at]) for v in (a, b, wide))
+                warn_at_line(*op.loc, "overflow",
+                             f"int overflow: {x} {sign} {y} = {z} does not fit in 32 bits; "
+                             f"run-time ints are i32 and the GPU wraps it to "
+                             f"{int(np.int64(z).astype(np.int32))} (split the offset, or "
+                             f"keep it a compile-time value, tk.constexpr)")
             return out
         return run
     return factory
@@ -93,17 +101,14 @@ def _divided(fn, sign: str):
 
         def run(w, a, b):
             if not warned:
-                bad = np.asarray(b) == 0
-                if w.mask is not None and np.ndim(bad):
-                    bad = bad & w.mask
-                if np.any(bad):
+                shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+                at = _first_active(w, np.asarray(b) == 0, shape)
+                if at is not None:
                     warned.append(True)
-                    shape = np.broadcast_shapes(np.shape(a), np.shape(b))
-                    at = np.flatnonzero(np.broadcast_to(bad, shape))[0] if shape else ()
-                    x = int(np.broadcast_to(a, shape)[at])
                     warn_at_line(*op.loc, "zero-division",
-                                 f"int division by zero: {x} {sign} 0; the GPU's result is "
-                                 f"undefined (the interpreter's is 0)")
+                                 f"int division by zero: {int(np.broadcast_to(a, shape)[at])} "
+                                 f"{sign} 0; the GPU's result is undefined (the interpreter's "
+                                 f"is 0)")
             return fn(a, b)
         return run
     return factory
