@@ -192,14 +192,15 @@ class Shadow:
     def write(self, ref: SharedRef, warp: int, clock: np.ndarray, where: str, what: str,
               rows=None, slot: int | None = None, epoch: int | None = None,
               unfenced: bool = False, ignore=(), record: bool = True,
-              cols=None, same_values: bool = False) -> str | None:
+              cols=None, same_values=None) -> str | None:
         """A write of ref at `where`, ordered after what `clock` covers; recorded as
         by (slot, epoch) (default: the warp at its clock); unfenced: a thread
         write with no proxy fence after it; ignore: accesses in flight that are
         ordered before it (one thread's earlier tcgen05.mma); record=False: an
-        asynchronous writer, recorded when it completes; same_values: it
-        stores what ref holds already, so an unordered earlier store of a
-        warp is no race (a warp-scope tile every warp stores). The problem, or
+        asynchronous writer, recorded when it completes; same_values: None,
+        or whether it stores what ref holds already (a function, asked only
+        where a race is in question), so an unordered earlier store of a warp
+        is no race (a warp-scope tile every warp stores). The problem, or
         None."""
         async_kind = _kind(what) if slot is not None else None
         f = self._in_flight(ref, writes_only=False, ignore=ignore)
@@ -214,13 +215,20 @@ class Shadow:
         s, (idx, r, c) = self._of(ref), self._cells(ref, rows, cols)
         slots, clocks = s["w_slot"][idx, r, c], s["w_clock"][idx, r, c]
         late = (slots >= 0) & (clock[np.maximum(slots, 0)] < clocks)
+        reads = s["r_clock"][:, idx, r, c]
+        read_late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
         # Where a warp stored these values unordered with this store, it stays
         # the writer and this store counts as a read of its values: a later
         # write must come after both, a later read after the first. (Nor does
         # a store of the values there race with reads of them.)
-        keep = late & (slots < self.num_warps) if same_values else None
-        if keep is not None:
-            late &= ~keep
+        keep = None
+        if same_values is not None:
+            keep = late & (slots < self.num_warps)
+            if (keep.any() or read_late.any()) and same_values():
+                late &= ~keep
+                read_late[...] = False
+            else:
+                keep = None
         if late.any():
             k = np.flatnonzero(late.ravel())[0]
             writer, other = s["w_where"][idx, r, c].ravel()[k], int(slots.ravel()[k])
@@ -231,11 +239,9 @@ class Shadow:
             return self._hint(f"data race: {what} writes {ref.describe()}, also written at "
                               f"{writer} by {by}, with nothing ordering the two writes: "
                               f"{self._fix(warp, other, writer, async_kind)}", warp, other)
-        reads = s["r_clock"][:, idx, r, c]
-        late = reads > clock.reshape((-1,) + (1,) * (reads.ndim - 1))
-        if late.any() and not same_values:      # (what a reader saw stays)
-            w = int(np.argwhere(late)[0][0])
-            k = np.flatnonzero(late[w].ravel())[0]
+        if read_late.any():
+            w = int(np.argwhere(read_late)[0][0])
+            k = np.flatnonzero(read_late[w].ravel())[0]
             reader = s["r_where"][w][idx, r, c].ravel()[k]
             return self._hint(f"data race: {what} writes {ref.describe()}, which {self._who(w)} "
                               f"read at {reader}, with nothing ordering the read before the "

@@ -19,6 +19,7 @@ tile's dtype first, as the GPU converts it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -192,7 +193,7 @@ def _store_shared(t, num_warps, fenced: bool):
         value = numerics.round_to(dst.alloc.type.dtype, value)
         # (the values already there, as every warp storing one warp-scope tile
         # leaves them: no race with an unordered earlier store of them)
-        same = bool(np.array_equal(scope.block.smem.read(dst), value))
+        same = functools.cache(lambda: bool(np.array_equal(scope.block.smem.read(dst), value)))
         for k, w in enumerate(scope.warps):
             _check(scope, scope.block.shadow.write(dst, w.index, w.clock, scope.where,
                                              "this store", rows=owners[k], cols=columns[k],
