@@ -323,8 +323,9 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
     lse = torch.stack(lse_parts).logsumexp(0)
-    loss = torch.where(target == ignore_index, 0.0,
-                       torch.where((target < 0) | (target >= v), float("nan"), lse - x_t))
+    mine = targets[:n]              # (an invalid target is _outside(v, ignore_index) there)
+    loss = torch.where(mine == ignore_index, 0.0,
+                       torch.where(mine == _outside(v, ignore_index), float("nan"), lse - x_t))
     return _reduced(loss, target, ignore_index, reduction).to(h.dtype), lse
 
 
