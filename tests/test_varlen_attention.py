@@ -257,6 +257,38 @@ def test_causal_calls_run_the_paired_schedule(interpret, monkeypatch, d):
     assert tables == ["paired_table" if d > 64 else "sorted_table", "paired_table"]
 
 
+def test_a_batchs_offsets_make_its_schedule_once(interpret, monkeypatch):
+    """Calls with the same cu_seqlens tensors, unwritten since, reuse the
+    schedule (a model's layers); a write torch sees (copy_) makes it anew; a
+    write it cannot see (through numpy's view of the memory) keeps the old
+    schedule, which costs balance only: every result matches float64."""
+    made = []
+    for name in ("paired_table", "sorted_table"):
+        monkeypatch.setattr(schedule, name, lambda *a, _make=getattr(schedule, name):
+                            made.append(1) or _make(*a))
+    lens, other = [70, 1, 130, 5, 200, 0], [200, 130, 70, 5, 1, 0]
+    q, k, v, cu_q, cu_k = _inputs(lens, lens, 2, 1, 64, seed=5)
+
+    def check(now, tables):
+        made.clear()
+        with torch.no_grad():
+            o = attention_varlen(q, k, v, cu_q, cu_k, 200, 200, causal=True)
+        ro, _ = reference(q, k, v, offsets(now), offsets(now), True)
+        assert _rel(o, ro) < 1e-2 and len(made) == tables, now
+
+    check(lens, 1)
+    check(lens, 0)                              # the same tensors, unwritten: reused
+    cu_q.copy_(offsets(other))
+    cu_k.copy_(cu_q)
+    check(other, 1)                             # written: made anew
+    check(other, 0)
+    cu_q.numpy()[:] = offsets(lens).numpy()     # a write torch cannot see
+    cu_k.numpy()[:] = offsets(lens).numpy()
+    check(lens, 0)                              # the old schedule, a right result
+    cu_k = cu_k.clone()                         # another tensor: made anew
+    check(lens, 1)
+
+
 def test_compiled_matches_eager(interpret):
     q, k, v, cu_q, cu_k = _inputs([5, 70, 0, 40], [5, 90, 3, 40], 2, 1, 64, seed=4)
     q, k, v = (t.requires_grad_() for t in (q, k, v))

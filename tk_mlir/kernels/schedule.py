@@ -78,23 +78,37 @@ _TABLES: dict = {}
 _MAX_TABLES = 256
 
 
+# Tables a captured CUDA graph reads: never dropped (the graph keeps their
+# addresses, not the tensors).
+_CAPTURED: dict = {}
+
+
 def on_device(key: tuple, make, device):
     """The table `make()` returns, as an i32 torch tensor on `device`, made
     once per (key, device) and kept (at most _MAX_TABLES, oldest dropped
-    first: a model's shapes recur). `key` must say everything `make` reads."""
+    first: a model's shapes recur; one a captured graph reads, never). `key`
+    must say everything `make` reads."""
     key = (key, str(device))
     t = _TABLES.get(key)
+    capturing = _capturing(device)
     if t is None:
         import torch
-        if str(device).startswith("cuda") and \
-                torch.cuda.is_current_stream_capturing():
+        if capturing:
             raise RuntimeError(
                 "a persistent kernel's first call with these shapes ran under CUDA graph "
                 "capture, which cannot copy its task schedule to the GPU: call it once with "
                 "these shapes before capturing")
         t = torch.from_numpy(make()).to(device)
         _remember(_TABLES, key, t)
+    elif capturing:
+        _CAPTURED[key] = t
     return t
+
+
+def _capturing(device) -> bool:
+    """Whether torch's current stream on `device` is capturing a CUDA graph."""
+    import torch
+    return str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()
 
 
 def _remember(cache: dict, key, value) -> None:
@@ -186,6 +200,42 @@ def paired_table(costs, heads: int, grid: int, cu, rows_per_task: int):
     return torch.cat((offsets + (grid + 1), order[by_block])).to(torch.int32)
 
 
+# Schedules kept per offsets tensors (kept_for): a model's layers share one
+# batch's cu_seqlens, so its first layer makes the table and the rest reuse it.
+_FOR_TENSORS: dict = {}
+
+
+def kept_for(tensors: tuple, key: tuple, make):
+    """make()'s schedule, or the one it made last for the same `tensors` (the
+    same objects, none written since as torch's version counters see it),
+    `key` (which must say everything else `make` reads) and stream (a table
+    is used on the stream that made it). Only for schedules: a
+    table says which block runs which task, and holds every task once
+    whatever the tensors held, so one kept past a write torch cannot see
+    (through a raw pointer) costs balance, never a result. Under CUDA-graph
+    capture always made anew and not kept: the graph owns its table, and a
+    replay after the offsets change makes the replay's own. Inference
+    tensors, which count no versions, are not kept either."""
+    import weakref
+    import torch
+    device = tensors[0].device
+    if _capturing(device) or any(t.is_inference() for t in tensors):
+        return make()
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (tuple(id(t) for t in tensors), key, stream)
+    versions = tuple(t._version for t in tensors)
+    kept = _FOR_TENSORS.get(key)
+    if kept is not None and kept[1] == versions and \
+            all(ref() is t for ref, t in zip(kept[0], tensors)):
+        return kept[2]
+    table = make()
+    def drop(_ref, key=key):                # a tensor gone: its table is no one's
+        _FOR_TENSORS.pop(key, None)
+    _remember(_FOR_TENSORS, key, (tuple(weakref.ref(t, drop) for t in tensors), versions,
+                                  table))
+    return table
+
+
 _SNAKES: dict = {}
 
 
@@ -193,14 +243,15 @@ def _dealt(tasks: int, grid: int, device):
     """_snake's deal, kept per (tasks, grid, device) (at most _MAX_TABLES, the
     oldest dropped first): made on the GPU, so keeping it only saves its
     launches. Not kept when made during CUDA-graph capture (its memory
-    belongs to the graph)."""
-    import torch
+    belongs to the graph; one a captured graph reads is never dropped)."""
     key = (tasks, grid, str(device))
     dealt = _SNAKES.get(key)
     if dealt is None:
         dealt = _snake(tasks, grid, device)
-        if not (str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing()):
+        if not _capturing(device):
             _remember(_SNAKES, key, dealt)
+    elif _capturing(device):
+        _CAPTURED[("snake", key)] = dealt
     return dealt
 
 

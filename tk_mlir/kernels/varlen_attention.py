@@ -133,17 +133,26 @@ def _packed(t):
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _table(costs_and_tail, heads: int, grid: int, pairs=None):
+def _table(cu_q, cu_k, costs_and_tail, heads: int, grid: int, call: tuple, pairs=None):
     """A kernel's TASKS: the schedule dealt on the GPU, padded to whole 64-entry
     vectors, then the packed sequences' tail. pairs=(cu, rows per task): the
-    tasks paired along each sequence (causal: schedule.paired_table)."""
+    tasks paired along each sequence (causal: schedule.paired_table). The
+    tail is made every call (the kernels' masks read it); the schedule is
+    the last one made for the same cu_q and cu_k, unchanged since, and the
+    same `call` (what else the costs depend on: schedule.kept_for), so the
+    layers of a model that share a batch's offsets make it once."""
     import torch
     tail, costs = costs_and_tail
-    costs = costs + flash_attention.TASK_OVERHEAD_BLOCKS
-    sched = (schedule.paired_table(costs, heads, grid, *pairs) if pairs else
-             schedule.sorted_table(costs, heads, grid))
-    sched = torch.nn.functional.pad(sched, (0, -len(sched) % 64))
-    return torch.cat((sched, tail))
+
+    def make():
+        c = costs + flash_attention.TASK_OVERHEAD_BLOCKS
+        sched = (schedule.paired_table(c, heads, grid, *pairs) if pairs else
+                 schedule.sorted_table(c, heads, grid))
+        return torch.nn.functional.pad(sched, (0, -len(sched) % 64))
+
+    key = (call, len(costs), heads, grid, pairs and pairs[1], flash_attention.TASK_OVERHEAD_BLOCKS,
+           schedule.PAIRED_MIN_TASKS)
+    return torch.cat((schedule.kept_for((cu_q, cu_k), key, make), tail))
 
 
 def lse_like(q):
@@ -167,9 +176,10 @@ def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, rig
         grid = num_sms(q.get_device())
         # Paired (mirrored tiles of one sequence) where it pays for its table: at
         # D=64 the forward's kernel takes as long either way (BENCHMARKS.md).
-        tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
-                                             (left, right), forward_tasks=(bm, bn)), H, grid,
-                       pairs=(cu_q, bm) if causal and D > 64 else None)
+        tasks = _table(cu_q, cu_k, packed_sequences.tail(
+            cu_q, cu_k, total_q, k.shape[0], causal, (left, right), forward_tasks=(bm, bn)), H,
+            grid, ("forward", total_q, k.shape[0], causal, left, right, bm, bn),
+            pairs=(cu_q, bm) if causal and D > 64 else None)
         cap = dict(SOFTCAP=float(softcap)) if softcap else {}
         flash_attention.attention_kernel[(grid,)](
             _packed(q), _packed(k), _packed(v), _packed(o),
@@ -191,9 +201,9 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
     grid = num_sms(q.get_device())
-    tasks = _table(packed_sequences.tail(cu_q, cu_k, total_q, k.shape[0], causal,
-                                         (left, right)), k.shape[1], grid,
-                   pairs=(cu_k, 128) if causal else None)
+    tasks = _table(cu_q, cu_k, packed_sequences.tail(
+        cu_q, cu_k, total_q, k.shape[0], causal, (left, right)), k.shape[1], grid,
+        ("backward", total_q, k.shape[0], causal, left, right), pairs=(cu_k, 128) if causal else None)
     dq32 = flash_attention.launch_backward(
         _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
         _packed(dk), _packed(dv), tasks, grid, scale,
