@@ -148,6 +148,7 @@ def test_the_table_gives_each_row_the_keys_the_rule_does(interpret):
                 lens_q[b], lens_k[b], causal, window)
         tail, costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window,
                                             forward_tasks=(128, 128))
+        costs = costs()
         rows = -(-total_q // packed_sequences.ROW_ALIGN) * packed_sequences.ROW_ALIGN
         keys = -(-total_k // 128) * 128
         klo, khi = tail[:rows], tail[rows:2 * rows]
@@ -176,7 +177,7 @@ def test_the_table_gives_each_row_the_keys_the_rule_does(interpret):
             if len(cols):
                 assert first * 128 <= cols.min() and cols.max() < end * 128
         back, back_costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
-        assert len(back_costs) == keys // 128
+        assert len(back_costs()) == keys // 128
         ranges = back[qlo0 + 2 * keys:].view(-1, S)
         for kvb in range(keys // 128):             # a K/V block's query tiles hold all its queries
             first, end = int(ranges[kvb, 0]), int(ranges[kvb, 1])

@@ -211,9 +211,10 @@ def sequence_bounds_kernel(CU_Q: tk.gl, CU_K: tk.gl, TAIL: tk.gl, total_q: int, 
 def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int, int],
          *, forward_tasks: tuple[int, int] | None = None):
     """(tail, costs): the tail for cu_seqlens cu_q, cu_k (int32 (B+1,) on one
-    device) by sequence_bounds_kernel, and each task's cost (blocks it reads),
-    torch tensors on that device, made without reading the offsets on the
-    host; one cost per task the kernel decodes (cdiv(total_q, BM), or
+    device) by sequence_bounds_kernel, a torch tensor on that device made
+    without reading the offsets on the host, and `costs()`, which makes each
+    task's cost (blocks it reads) from it when called (a kept schedule needs
+    none): one cost per task the kernel decodes (cdiv(total_q, BM), or
     cdiv(total_k, 128)). forward_tasks=(BM, BN): the forward's ranges; else
     the backward's. Query i of a sequence sees its keys j with i + shift -
     left <= j <= i + shift + right (both counted from the sequence's start;
@@ -232,6 +233,9 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
         checks.int32_table(cu_q), checks.int32_table(cu_k), out, max(total_q, 1), max(total_k, 1), sequences,
         max(sequences, 1).bit_length() + 1, LEFT=left, RIGHT=right, BM=bm, BN=bn,
         FORWARD=forward_tasks is not None)
-    ranges = out[sum(parts[:3]):].view(-1, SLOT)
     done = -(-max(total_q, 1) // bm) if forward_tasks else keys // 128
-    return out, (ranges[:done, 1] - ranges[:done, 0]).long()
+
+    def costs():
+        ranges = out[sum(parts[:3]):].view(-1, SLOT)
+        return (ranges[:done, 1] - ranges[:done, 0]).long()
+    return out, costs

@@ -133,7 +133,7 @@ def _packed(t):
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _table(cu_q, cu_k, costs_and_tail, heads: int, grid: int, call: tuple, pairs=None):
+def _table(cu_q, cu_k, tail_and_costs, heads: int, grid: int, call: tuple, pairs=None):
     """A kernel's TASKS: the schedule dealt on the GPU, padded to whole 64-entry
     vectors, then the packed sequences' tail. pairs=(cu, rows per task): the
     tasks paired along each sequence (causal: schedule.paired_table). The
@@ -142,15 +142,15 @@ def _table(cu_q, cu_k, costs_and_tail, heads: int, grid: int, call: tuple, pairs
     same `call` (what else the costs depend on: schedule.kept_for), so the
     layers of a model that share a batch's offsets make it once."""
     import torch
-    tail, costs = costs_and_tail
+    tail, costs = tail_and_costs
 
     def make():
-        c = costs + flash_attention.TASK_OVERHEAD_BLOCKS
+        c = costs() + flash_attention.TASK_OVERHEAD_BLOCKS
         sched = (schedule.paired_table(c, heads, grid, *pairs) if pairs else
                  schedule.sorted_table(c, heads, grid))
         return torch.nn.functional.pad(sched, (0, -len(sched) % 64))
 
-    key = (call, len(costs), heads, grid, pairs and pairs[1], flash_attention.TASK_OVERHEAD_BLOCKS,
+    key = (call, heads, grid, pairs and pairs[1], flash_attention.TASK_OVERHEAD_BLOCKS,
            schedule.PAIRED_MIN_TASKS)
     return torch.cat((schedule.kept_for((cu_q, cu_k), key, make), tail))
 
