@@ -81,6 +81,7 @@ def single_thread_ops(func, ops, num_warps: int) -> None:
             why = ("each of a warp's threads issues its own MMA: the product is added 32 "
                    "times per warp")
         elif "bytes" in d.attributes:          # an arrival that also expects TMA bytes
+            name += " (or tk.tma.expect, which issues it)"
             why = ("each of a warp's 32 threads arrives and expects the bytes: the semaphore "
                    "waits for 32x the bytes the TMA delivers (and 32 arrivals)")
         else:                                  # an arrival (here or in another block)
