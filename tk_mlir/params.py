@@ -196,12 +196,12 @@ class KernelParams:
             elif p.kind == I32:
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise ArgumentError(f"argument '{p.name}' must be an int, got "
-                                        f"{describe_value(v)}")
+                                        f"{describe_value(v)}{_a_value_not_a_type(v)}")
                 sig.append((I32,))
             elif p.kind == F32:
                 if not isinstance(v, (int, float)) or isinstance(v, bool):
                     raise ArgumentError(f"argument '{p.name}' must be a float, got "
-                                        f"{describe_value(v)}")
+                                        f"{describe_value(v)}{_a_value_not_a_type(v)}")
                 sig.append((F32,))
             else:
                 if not hashable(v):
@@ -328,6 +328,16 @@ def describe_value(v) -> str:
                 f"{f' on {device}' if device is not None else ''}")
     text = repr(v)
     return text if len(text) <= 80 else f"{text[:60]}... ({type(v).__name__})"
+
+
+def _a_value_not_a_type(v) -> str:
+    """A hint where a scalar parameter was given a type (`compile(..., int)`):
+    a kernel specializes on tensors' specs, and takes a sample value for a
+    scalar."""
+    if v in (int, float):
+        return (f" (the type itself: a scalar parameter takes a value, also in compile(); "
+                f"any {v.__name__} will do, e.g. {v(1)!r})")
+    return ""
 
 
 def _dtype_word(dtype):
