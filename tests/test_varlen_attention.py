@@ -287,6 +287,11 @@ def test_a_batchs_offsets_make_its_schedule_once(interpret, monkeypatch):
     check(lens, 0)                              # the old schedule, a right result
     cu_k = cu_k.clone()                         # another tensor: made anew
     check(lens, 1)
+    more = [70, 1, 60, 40]                      # another total, written unseen: the totals
+    q, k, v, _, _ = _inputs(more, more, 1, 1, 64, seed=6)      # are in the key, made anew
+    cu_q.numpy()[:] = offsets(more).numpy()
+    cu_k.numpy()[:] = offsets(more).numpy()
+    check(more, 1)
 
 
 def test_compiled_matches_eager(interpret):

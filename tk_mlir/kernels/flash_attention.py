@@ -511,7 +511,8 @@ def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (
     kernel = eager.launcher(attention_kernel, same_signature)(
         (grid,), D=q.shape[-1], CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg,
         **masks)
-    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, table, scale2)
+    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, schedule.pin_if_capturing(table),
+                                          scale2)
 
 
 def _check(q, k, v) -> None:
@@ -1165,7 +1166,8 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
         else:
             do = eager.laid_out(do, o.shape, o.stride(), o.dtype)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        tasks = table if table is not None else backward_tasks(q, k, causal, grid, True)
+        tasks = schedule.pin_if_capturing(table) if table is not None else \
+            backward_tasks(q, k, causal, grid, True)     # (a new one: a graph's own)
         dq = kernels(do, q, k, v, o, lse, dk, dv, tasks, dlse)
         # dq laid out like q (as the op's fake says: a compiled backward checks it).
         return dq.to(q.dtype), dk, dv

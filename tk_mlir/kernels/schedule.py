@@ -78,9 +78,20 @@ _TABLES: dict = {}
 _MAX_TABLES = 256
 
 
-# Tables a captured CUDA graph reads: never dropped (the graph keeps their
-# addresses, not the tensors).
+# Tables a captured CUDA graph reads, by identity: never freed, whatever cache
+# or plan drops them later (a graph keeps their addresses, not the tensors).
 _CAPTURED: dict = {}
+
+
+def pin_if_capturing(table):
+    """`table`, kept alive for good when the current stream is capturing a
+    CUDA graph (which will read it at every replay). For a table a plan
+    hands its launches: the plan, and the cache the table came from, may
+    drop it later."""
+    import torch
+    if table.is_cuda and torch.cuda.is_current_stream_capturing():
+        _CAPTURED[id(table)] = table
+    return table
 
 
 def on_device(key: tuple, make, device):
@@ -90,19 +101,16 @@ def on_device(key: tuple, make, device):
     must say everything `make` reads."""
     key = (key, str(device))
     t = _TABLES.get(key)
-    capturing = _capturing(device)
     if t is None:
         import torch
-        if capturing:
+        if _capturing(device):
             raise RuntimeError(
                 "a persistent kernel's first call with these shapes ran under CUDA graph "
                 "capture, which cannot copy its task schedule to the GPU: call it once with "
                 "these shapes before capturing")
         t = torch.from_numpy(make()).to(device)
         _remember(_TABLES, key, t)
-    elif capturing:
-        _CAPTURED[key] = t
-    return t
+    return pin_if_capturing(t)
 
 
 def _capturing(device) -> bool:
@@ -114,8 +122,8 @@ def _capturing(device) -> bool:
 def _remember(cache: dict, key, value) -> None:
     """value kept under key, the oldest entry dropped past _MAX_TABLES (a
     model's shapes recur)."""
-    if len(cache) >= _MAX_TABLES:
-        del cache[next(iter(cache))]
+    if len(cache) >= _MAX_TABLES:          # (pop: a weakref callback may have dropped it)
+        cache.pop(next(iter(cache)), None)
     cache[key] = value
 
 
@@ -222,7 +230,7 @@ def kept_for(tensors: tuple, key: tuple, make):
     if _capturing(device) or any(t.is_inference() for t in tensors):
         return make()
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (tuple(id(t) for t in tensors), key, stream)
+    key = (tuple(id(t) for t in tensors), key, str(device), stream)
     versions = tuple(t._version for t in tensors)
     kept = _FOR_TENSORS.get(key)
     if kept is not None and kept[1] == versions and \
@@ -250,8 +258,9 @@ def _dealt(tasks: int, grid: int, device):
         dealt = _snake(tasks, grid, device)
         if not _capturing(device):
             _remember(_SNAKES, key, dealt)
-    elif _capturing(device):
-        _CAPTURED[("snake", key)] = dealt
+    else:
+        for t in dealt:
+            pin_if_capturing(t)
     return dealt
 
 
