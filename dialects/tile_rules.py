@@ -417,7 +417,9 @@ def _cvt(op, operands, results, num_warps: int) -> None:
 @rule("reduce")
 def _reduce(op, operands, results, num_warps: int) -> None:
     _require(isinstance(operands[0], T.RT), "reductions apply to register tiles")
-    _float(operands[0], f"{op.kind} reduction")
+    _require(operands[0].dtype != "bool", f"{op.kind} reduction is defined on float and i32 "
+             f"tiles, not on {T.show(operands[0])} (a mask); count its elements with "
+             f"mask.to(tk.i32).row_sum() (or col_sum)")     # (i32 sums wrap, as its adds do)
     _require(op.kind in tk.REDUCTIONS, f"reduction kind must be one of {tk.REDUCTIONS}")
     _require(op.axis in tk.AXES, "reduction axis must be row or col")
     tile = operands[0]

@@ -3,7 +3,8 @@ combine the registers that hold one output element, then butterfly-shuffle
 across the lane bits that step along the reduced axis, then exchange through
 shared memory across such warp bits. Every thread ends with the whole result
 (the output layout replicates those lane and warp bits). Partial results are
-combined in f32 and in a fixed order, so all replicas agree bit for bit.
+combined in f32 (an i32 tile's in i32, wrapping as its adds do) and in a
+fixed order, so all replicas agree bit for bit.
 """
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from .context import LoweringContext, c32, lowers, ptr
 from .fragments import F32, Fragment, convert
 from .memory import smem_addr
 
-COMBINE = {"sum": arith.addf, "max": arith.maximumf, "min": arith.minimumf}
+COMBINE = {F32: {"sum": arith.addf, "max": arith.maximumf, "min": arith.minimumf},
+           "i32": {"sum": arith.addi, "max": arith.maxsi, "min": arith.minsi}}
+
+
+def _partial_dtype(dtype: str) -> str:
+    """The dtype a tile's partial results combine in: i32's own, else f32."""
+    return "i32" if dtype == "i32" else F32
 
 
 def _shuffle_xor(x: ir.Value, lane_mask: int) -> ir.Value:
-    return nvvm.shfl_sync(ir.F32Type.get(), c32(-1), x, c32(lane_mask), c32(31),
-                          nvvm.ShflKind.bfly)
+    return nvvm.shfl_sync(x.type, c32(-1), x, c32(lane_mask), c32(31), nvvm.ShflKind.bfly)
 
 
 @lowers("tk.reduce")
@@ -50,12 +56,13 @@ def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
     fragment (complete when no warp bit is reduced) and the raw f32 partials."""
     tile: Fragment = ctx.lookup(op.src)
     keep = _keep(op)
-    combine = COMBINE[op.kind]
+    inner = _partial_dtype(tile.dtype)
+    combine = COMBINE[inner][op.kind]
     out_layout = tile.layout.slice(keep)
     partial: list = [None] * out_layout.num_regs
     for i, r in enumerate(tile.regs):
         j = tile.layout.slice_register(keep, i)
-        x = convert(r, tile.dtype, F32)
+        x = convert(r, tile.dtype, inner)
         partial[j] = x if partial[j] is None else combine(partial[j], x)
     for bit, basis in enumerate(tile.layout.lane):
         if basis is not None and basis[0] != keep:
@@ -63,7 +70,7 @@ def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
     assert T.scope_warps(tile.scope, ctx.num_warps) == ctx.num_warps or \
         not tile.layout.warp_bits_along(1 - keep), \
         "tk-verify refuses reductions across the warps of a tile narrower than the block"
-    regs = [convert(p, F32, tile.dtype) for p in partial]
+    regs = [convert(p, inner, tile.dtype) for p in partial]
     return Fragment(regs, out_layout, tile.dtype, tile.scope), partial
 
 
@@ -73,10 +80,9 @@ def _across_warps(ctx, group, partials, sync_after: bool) -> list[Fragment]:
     that differ from its own only in reduced warp bits (in a fixed order, so
     all threads agree bit for bit)."""
     warp, lane = ctx.warp(), ctx.lane()
-    f32 = ir.F32Type.get()
-    def slot(base, w: ir.Value, n: int, j: int) -> ir.Value:
+    def slot(base, w: ir.Value, n: int, j: int) -> ir.Value:   # (4-byte slots: f32 or i32)
         index = arith.addi(arith.muli(arith.addi(arith.muli(w, c32(32)), lane), c32(n)), c32(j))
-        return llvm.getelementptr(ptr(3), base, [index], [-2**31], f32,
+        return llvm.getelementptr(ptr(3), base, [index], [-2**31], ir.F32Type.get(),
                                   llvm.GEPNoWrapFlags.inbounds)
     bases = [smem_addr(ctx.smem_base, c32(contracts.SCRATCH_OFFSET.get(op))) for op in group]
     for base, (_, partial) in zip(bases, partials):
@@ -88,15 +94,16 @@ def _across_warps(ctx, group, partials, sync_after: bool) -> list[Fragment]:
         tile = ctx.lookup(op.src)
         bits = tile.layout.warp_bits_along(1 - _keep(op))
         home = arith.andi(warp, c32(~sum(1 << b for b in bits)))
-        combine = COMBINE[op.kind]
+        inner = _partial_dtype(frag.dtype)
+        combine = COMBINE[inner][op.kind]
         out = []
         for j in range(len(partial)):
             acc = None
             for s in range(1 << len(bits)):
                 w = arith.ori(home, c32(sum(((s >> k) & 1) << b for k, b in enumerate(bits))))
-                x = llvm.load(f32, slot(base, w, len(partial), j), alignment=4)
+                x = llvm.load(partial[j].type, slot(base, w, len(partial), j), alignment=4)
                 acc = x if acc is None else combine(acc, x)
-            out.append(convert(acc, F32, frag.dtype))
+            out.append(convert(acc, inner, frag.dtype))
         results.append(frag.like(out))
     if sync_after:
         nvvm.barrier0()

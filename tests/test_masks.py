@@ -141,6 +141,43 @@ def test_i32_tiles_stay_integer():
     assert not re.search(r"arith\.(addf|maximumf|minimumf).*: i32", lowered)
 
 
+@tk.kernel(num_warps=4)
+def int_reductions(X: tk.gl[f32], FIRST: tk.gl[f32], LAST: tk.gl[f32], COUNT: tk.gl[f32],
+                   WRAP: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (64, 64))
+    cols = x.col_indices()
+    first = tk.where(x.sub_row(x.row_max()) == 0.0, cols, 1 << 20).row_min()     # argmax
+    tk.store(FIRST, first.to(f32), (0,))
+    tk.store(LAST, tk.where(x > 0.0, cols, -1).row_max().to(f32), (0,))
+    tk.store(COUNT, (x > 0.0).to(tk.i32).col_sum().to(f32), (0,))      # across the warps
+    big = cols * 0 + (1 << 26) + x.row_indices()           # 64 rows: past 2**31, wrapping
+    tk.store(WRAP, big.col_sum().to(f32), (0,))
+
+
+def _check_int_reductions(launch, device):
+    import torch
+    x = torch.randn(64, 64, device=device)
+    first, last, count, wrap = (torch.full((64,), float("nan"), device=device)
+                                for _ in range(4))
+    launch(x, first, last, count, wrap)
+    x, first, last, count, wrap = (t.cpu() for t in (x, first, last, count, wrap))
+    assert torch.equal(first.long(), x.argmax(1))
+    positive = torch.where(x > 0, torch.arange(64), -1)
+    assert torch.equal(last.long(), positive.max(1).values)
+    assert torch.equal(count, (x > 0).sum(0).float())
+    total = 64 * (1 << 26) + sum(range(64))                # 2**32 + 2016: wraps to 2016
+    assert total > 2**31 and torch.equal(wrap, torch.full((64,), float(total - 2**32)))
+
+
+def test_i32_reductions_stay_integer_and_wrap_as_their_adds(interpret):
+    _check_int_reductions(int_reductions.interpret[(1,)], "cpu")
+    specs = (F32, *(tk.spec((64,), "f32"),) * 4)
+    lowered = stages(int_reductions, *specs)["tk-to-gpu"]
+    for op in ("arith.minsi", "arith.maxsi", "arith.addi"):
+        assert op in lowered, op
+    assert "shfl.sync" in int_reductions.compile(*specs).asm["ptx"]
+
+
 def test_int_fill_and_where_between_run_time_and_compile_time_numbers():
     vec = lambda dtype: rt(dtype, 16, 64, "vec", "block")   # noqa: E731
     text = stages(int_fill, F32, F32, 1.5)
@@ -386,7 +423,7 @@ REGISTERS_ONLY = "tiles live in registers only (indices and masks)"
     (k_exp_int, "exp-int", "x.row_indices().exp", "exp is defined on float tiles, not on i32 "
                                                   "16x64 tile (vec, block); convert with .to"),
     (k_reduce_mask, "reduce-mask", "(x > 0.0).row_sum", "sum reduction is defined on float "
-                                                        "tiles, not on bool 16x64 tile"),
+                                                        "and i32 tiles, not on bool 16x64 tile"),
     (k_store_indices, "store-indices", "tk.store", "tk.store: i32 " + REGISTERS_ONLY),
     (k_load_bool, "load-bool", "tk.load", "tk.load: bool " + REGISTERS_ONLY),
     (k_shared_i32, "shared-i32", "tk.shared_tile", "i32 16x64 shared tile: i32 " + REGISTERS_ONLY),
@@ -434,6 +471,11 @@ GPU_CASES = [  # layout, scope, R, C (what tests/test_tiles_gpu.py runs at 4 war
     ("row", "warp", 32, 64), ("col", "warp", 16, 32), ("vec", "block", 16, 64),
     ("vec", "warp", 8, 64), ("row", "block", 64, 16),
 ]
+
+
+@pytest.mark.gpu
+def test_i32_reductions_on_the_gpu():
+    _check_int_reductions(int_reductions[(1,)], "cuda")
 
 
 @pytest.mark.gpu

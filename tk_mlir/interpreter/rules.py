@@ -526,9 +526,13 @@ def _binary(op, num_warps):
 
 @interprets("tk.reduce")
 def _reduce(op, num_warps):
-    # Partials combine in f32, as the lowering does (in another order).
+    # Partials combine in f32, as the lowering does (in another order); an i32
+    # tile's in i32, its sums wrapping past 32 bits as the GPU's adds do.
     fn = {"sum": np.sum, "max": np.max, "min": np.min}[op.kind]
     axis, dtype = 1 if op.axis == "row" else 0, _result(op).dtype
+    if dtype == "i32":
+        return lambda block, src: fn(src.astype(np.int64), axis=axis).astype(np.uint32) \
+            .astype(np.int32)
     return lambda block, src: numerics.round_to(
         dtype, fn(src.astype(np.float32), axis=axis))
 
