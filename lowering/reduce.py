@@ -53,7 +53,8 @@ def _keep(op) -> int:
 
 def _within_warps(ctx: LoweringContext, op) -> tuple[Fragment, list]:
     """Steps 1 and 2: registers, then lane shuffles. Returns the result as a
-    fragment (complete when no warp bit is reduced) and the raw f32 partials."""
+    fragment (complete when no warp bit is reduced) and the raw partials (f32,
+    or i32 for an i32 tile)."""
     tile: Fragment = ctx.lookup(op.src)
     keep = _keep(op)
     inner = _partial_dtype(tile.dtype)

@@ -79,7 +79,6 @@ _ALLOWED_BUILTINS = {"range", "min", "max", "float", "int", "abs", "len", "print
                      "any", "reversed", "divmod"}
 
 
-
 def _layout_met(a: ir.Type, b: ir.Type) -> ir.Type | None:
     """The type two vector types both take where they differ only in that one's
     layout is not yet chosen ("auto": a tk.zeros / tk.full or a loaded vector):
@@ -94,10 +93,11 @@ def _layout_met(a: ir.Type, b: ir.Type) -> ir.Type | None:
 
 
 def _settle_auto_layout(new: ir.Value, init: ir.Value, *carried: ir.Value) -> None:
-    """A loop-carried vector whose value before the loop (init; its block
-    argument and the loop's result in `carried`) or after one iteration (new)
-    has no layout yet, the other one has: the first takes the second's now,
-    so that the scf.for's types agree (the layout pass would join them)."""
+    """A loop-carried vector with no layout yet on one side of the loop —
+    before it (init, with its block argument and the loop's result in
+    `carried`) or after one iteration (new) — and one on the other: the side
+    without takes it now, so that the scf.for's types agree (the layout pass
+    would join them)."""
     t = _layout_met(init.type, new.type)
     if t is None:
         return
@@ -566,8 +566,8 @@ class KernelBuilder(ast.NodeVisitor):
                                        f"vectors and numbers can differ between branches")
         if types[0] == types[1]:
             return types[0]
-        if _layout_met(*types) is not None:
-            return _layout_met(*types)
+        if (met := _layout_met(*types)) is not None:
+            return met
         if {str(t) for t in types} == {"i32", "f32"}:
             return ir.F32Type.get()
         shown = [T.show(T.parse(t)) if T.is_tile(t) else str(t) for t in types]

@@ -203,7 +203,8 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     grid = num_sms(q.get_device())
     tasks = _table(cu_q, cu_k, packed_sequences.tail(
         cu_q, cu_k, total_q, k.shape[0], causal, (left, right)), k.shape[1], grid,
-        ("backward", total_q, k.shape[0], causal, left, right), pairs=(cu_k, 128) if causal else None)
+        ("backward", total_q, k.shape[0], causal, left, right),
+        pairs=(cu_k, 128) if causal else None)
     dq32 = flash_attention.launch_backward(
         _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
         _packed(dk), _packed(dv), tasks, grid, scale,
