@@ -142,12 +142,12 @@ def test_i32_tiles_stay_integer():
 
 
 @tk.kernel(num_warps=4)
-def int_reductions(X: tk.gl[f32], FIRST: tk.gl[f32], LAST: tk.gl[f32], COUNT: tk.gl[f32],
+def int_reductions(X: tk.gl[f32], FIRST: tk.gl[tk.i32], LAST: tk.gl[f32], COUNT: tk.gl[f32],
                    WRAP: tk.gl[f32]):
     x = tk.load(X, (0, 0), (64, 64))
     cols = x.col_indices()
     first = tk.where(x.sub_row(x.row_max()) == 0.0, cols, 1 << 20).row_min()     # argmax
-    tk.store(FIRST, first.to(f32), (0,))
+    tk.store(FIRST, first, (0,))
     tk.store(LAST, tk.where(x > 0.0, cols, -1).row_max().to(f32), (0,))
     tk.store(COUNT, (x > 0.0).to(tk.i32).col_sum().to(f32), (0,))      # across the warps
     big = cols * 0 + (1 << 26) + x.row_indices()           # 64 rows: past 2**31, wrapping
@@ -157,8 +157,8 @@ def int_reductions(X: tk.gl[f32], FIRST: tk.gl[f32], LAST: tk.gl[f32], COUNT: tk
 def _check_int_reductions(launch, device):
     import torch
     x = torch.randn(64, 64, device=device)
-    first, last, count, wrap = (torch.full((64,), float("nan"), device=device)
-                                for _ in range(4))
+    last, count, wrap = (torch.full((64,), float("nan"), device=device) for _ in range(3))
+    first = torch.full((64,), -7, dtype=torch.int32, device=device)
     launch(x, first, last, count, wrap)
     x, first, last, count, wrap = (t.cpu() for t in (x, first, last, count, wrap))
     assert torch.equal(first.long(), x.argmax(1))
@@ -171,7 +171,7 @@ def _check_int_reductions(launch, device):
 
 def test_i32_reductions_stay_integer_and_wrap_as_their_adds(interpret):
     _check_int_reductions(int_reductions.interpret[(1,)], "cpu")
-    specs = (F32, *(tk.spec((64,), "f32"),) * 4)
+    specs = (F32, tk.spec((64,), "i32"), *(tk.spec((64,), "f32"),) * 3)
     lowered = stages(int_reductions, *specs)["tk-to-gpu"]
     for op in ("arith.minsi", "arith.maxsi", "arith.addi"):
         assert op in lowered, op
