@@ -293,6 +293,14 @@ def _args(**change):
           v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
           block_table=torch.tensor([[9, -1], [2, 3]], dtype=torch.int32)), ValueError,
      r"block_table\[0, 0\] = 9 is not a page of k_cache's 4 \(batch 0 uses its first 1"),
+    # two batches appending into one page slot (their tables share page 1)
+    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
+          cache_seqlens=torch.tensor([5, 5], dtype=torch.int32),
+          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
+     ValueError, r"block_table sends batch 0's new token 0 and batch 1's new token 0 to one "
+                 r"slot \(row 5 of page 1\)"),
     (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
     (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),

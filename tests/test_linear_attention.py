@@ -320,6 +320,8 @@ def test_bad_arguments_are_refused_with_the_rule():
          r"D_v must be 64, 128 or 256, got 96"),
         (dict(k=k[:, :4]), ValueError, r"k must have shape \(1, 8, 2, 64\)"),
         (dict(feature_map="taylor3"), ValueError, r"feature_map must be one of"),
+        (dict(q=q[..., :16], k=k[..., :16], feature_map="Taylor2"), ValueError,
+         r"feature_map must be one of"),          # named, not taken for a head dim error
         (dict(normalize=1), TypeError, r"normalize must be a bool"),
         (dict(initial_state=state, causal=False), ValueError, r"causal=True only"),
         (dict(initial_state=(state[0].double(), state[1])), TypeError,

@@ -8,6 +8,8 @@ autograd on strided q/k views of a projection against float64.
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -128,13 +130,27 @@ def test_q_and_k_of_other_lengths_go_one_at_a_time(interpret):
     q = torch.randn(1, 4, 2, 32).to(bf16)
     k = torch.randn(1, 6, 2, 32).to(bf16)
     cos, sin = _angles(4, 16, seed=9)
-    with pytest.raises(ValueError, match=r"rotary_embedding: cos must have shape \(N', 16\) "
-                                         r".* N' >= N=6"):
+    with pytest.raises(ValueError, match=r"rotary_embedding_qk: cos must have shape \(N', 16\) "
+                                         r".* N' >= N=6.* for k of shape \(1, 6, 2, 32\)"):
         rotary_embedding_qk(q, k, cos, sin)
-    with pytest.raises(ValueError, match=r"rotary_embedding: k's last dim must be contiguous"):
+    with pytest.raises(ValueError, match=r"rotary_embedding_qk: k's last dim must be contiguous"):
         rotary_embedding_qk(q, torch.randn(1, 4, 2, 64).to(bf16)[..., ::2], cos, sin)
-    with pytest.raises(ValueError, match=r"rotary_embedding: k must be 4-D"):
+    with pytest.raises(ValueError, match=r"rotary_embedding_qk: k must be 4-D"):
         rotary_embedding_qk(q, k[0], cos, sin)
+
+
+def test_angle_tables_that_require_grad_are_warned_of(interpret):
+    """The rotation is differentiable in x only: a learned table would get no
+    gradient, silently, so a call autograd records says so."""
+    x = torch.randn(1, 4, 2, 32).to(bf16).requires_grad_()
+    angles = torch.randn(4, 16, requires_grad=True)
+    for call in (lambda c, s: rotary_embedding(x, c, s),
+                 lambda c, s: rotary_embedding_qk(x, x.detach(), c, s)):
+        with pytest.warns(UserWarning, match=r"not in cos and sin: the angle tables"):
+            call(angles.cos(), angles.sin())
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            call(angles.cos(), angles.sin())            # nothing recorded: no warning
 
 
 def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):

@@ -787,6 +787,9 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state,
     checks.shape(fn, "k", k, q.shape, "q's shape")
     if v.shape[:3] != q.shape[:3]:
         raise ValueError(f"{fn}: v must be (B={B}, N={N}, H={H}, D_v), got {tuple(v.shape)}")
+    if feature_map not in FEATURE_MAPS:         # (first: the head dims' rule depends on it)
+        raise ValueError(f"{fn}: feature_map must be one of {FEATURE_MAPS}, got "
+                         f"{feature_map!r}")
     if feature_map == "taylor2":
         if not 1 <= DK <= taylor.MAX_DK:
             raise ValueError(f"{fn}: feature_map='taylor2' takes a q/k head dim D_k up to "
@@ -800,9 +803,6 @@ def _check(q, k, v, feature_map, causal, normalize, initial_state, return_state,
         if t.stride(-1) != 1:
             raise ValueError(f"{fn}: {name}'s last dim must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())}")
-    if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"{fn}: feature_map must be one of {FEATURE_MAPS}, got "
-                         f"{feature_map!r}")
     checks.flags(fn, causal=causal, normalize=normalize, return_state=return_state)
     if initial_state is not None:
         if not causal:

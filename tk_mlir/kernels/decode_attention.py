@@ -362,8 +362,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
     its cache (N_max, or max_pages·page_size) gets NaN output rows; entries of
     block_table outside [0, num_pages) are not checked on the GPU (TMA reads
-    zeros there); on CPU tensors (the interpreter) they are checked, as are
-    the lengths."""
+    zeros there), nor a table that sends two batches' appended tokens to one
+    page slot; on CPU tensors (the interpreter) both are checked, as are the
+    lengths."""
     import torch
     if torch.compiler.is_compiling():
         scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens,
@@ -618,6 +619,7 @@ def _check_values(cache_seqlens, block_table, k_cache, added: int) -> None:
     _check_lengths(cache_seqlens, capacity(k_cache, block_table), added)
     if block_table is not None:
         _check_pages(block_table, cache_seqlens + added, k_cache.shape[1], k_cache.shape[0])
+        _check_appends(block_table, cache_seqlens, added, k_cache.shape[1])
 
 
 def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
@@ -629,6 +631,27 @@ def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
         raise ValueError(f"attention_with_kvcache: cache_seqlens[{b}] = "
                          f"{int(cache_seqlens[b])} plus {added} new tokens is outside the "
                          f"cache's 0..{capacity} keys")
+
+
+def _check_appends(block_table, cache_seqlens, added: int, page: int) -> None:
+    """On the CPU: no two batches' new tokens go to one slot of a page (a
+    table that maps two batches' appends to one page would have them
+    overwrite each other; on the GPU, unchecked)."""
+    import torch
+    if not added:
+        return
+    at = cache_seqlens.long()[:, None] + torch.arange(added)[None]          # (B, added)
+    pages = block_table.long().gather(1, at // page)
+    slots = (pages * page + at % page).flatten()
+    seen: dict = {}
+    for i, slot in enumerate(slots.tolist()):
+        if slot in seen:
+            (b0, t0), (b1, t1) = divmod(seen[slot], added), divmod(i, added)
+            raise ValueError(
+                f"attention_with_kvcache: block_table sends batch {b0}'s new token {t0} and "
+                f"batch {b1}'s new token {t1} to one slot (row {slot % page} of page "
+                f"{slot // page}): the appended k and v would overwrite each other")
+        seen[slot] = i
 
 
 def _check_pages(block_table, n_keys, page: int, num_pages: int) -> None:

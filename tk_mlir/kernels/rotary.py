@@ -115,6 +115,7 @@ def _prepare(x, cos, sin, interleaved):
     through autograd when it records them."""
     _check(x, cos, sin)
     _check_interleaved(interleaved)
+    _warn_tables_get_no_gradient("rotary_embedding", cos, sin)
     run = _planned_eager((x,), cos, interleaved)
     return lambda x, cos, sin: run(x, cos, sin)[0]
 
@@ -145,10 +146,11 @@ def _prepare_qk(q, k, cos, sin, interleaved):
     """After checking an eager rotary_embedding_qk call, `run(q, k, cos, sin)`
     for calls like it: a pair (_pair) in one launch each way, through
     autograd when it records them; else each rotated on its own."""
-    import torch
-    _check(q, cos, sin, "q")
+    fn = "rotary_embedding_qk"
+    _check(q, cos, sin, "q", fn=fn)
     pair = _pair(q, k)
-    _check(k, _positions(cos), _positions(sin), "k", tables=not pair)  # (a pair's fit k)
+    _check(k, _positions(cos), _positions(sin), "k", tables=not pair, fn=fn)  # (a pair's fit k)
+    _warn_tables_get_no_gradient(fn, cos, sin)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
         return lambda q, k, cos, sin: (rotary_embedding(q, cos, sin, interleaved),
                                        rotary_embedding(k, cos, sin, interleaved))
@@ -244,11 +246,25 @@ def _rows(heads: int) -> int:
     return max(1 << (heads - 1).bit_length(), 1)
 
 
-def _check(x, cos, sin, what: str = "x", tables: bool = True) -> None:
-    """x (named `what` in errors), cos and sin as the kernels take them
-    (without `tables`, cos and sin are known to fit x already)."""
+def _warn_tables_get_no_gradient(fn: str, cos, sin) -> None:
+    """A warning where autograd would record a call whose cos or sin requires
+    grad: the rotation is differentiable in x only (a learned angle table
+    would silently get none)."""
     import torch
-    fn = "rotary_embedding"
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        import warnings
+        from tk_mlir.errors import user_stacklevel
+        warnings.warn(f"{fn} is differentiable in its inputs, not in cos and sin: the angle "
+                      f"tables, which require grad, get no gradient from it (detach them, or "
+                      f"rotate in torch to train them)", stacklevel=user_stacklevel())
+
+
+def _check(x, cos, sin, what: str = "x", tables: bool = True,
+           fn: str = "rotary_embedding") -> None:
+    """x (named `what` in errors, of function `fn`), cos and sin as the
+    kernels take them (without `tables`, cos and sin are known to fit x
+    already)."""
+    import torch
     checks.tensor(fn, what, x, ndim=4, dtypes=(torch.bfloat16, torch.float16))
     B, N, H, D = x.shape
     if D % 16:
@@ -267,7 +283,8 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True) -> None:
                 raise ValueError(f"{fn}: {name} must have shape (N', {D // 2}) or (1, N', "
                                  f"{D // 2}) with N' >= N={N} (positions x half the head dim, "
                                  f"the first N read), or ({B}, {N}, {D // 2}) (per sequence), "
-                                 f"got {tuple(t.shape)}")
+                                 f"for {what} of shape {tuple(x.shape)}; got "
+                                 f"{tuple(t.shape)}")
             if not t.is_contiguous():
                 raise ValueError(f"{fn}: {name} must be contiguous")
         if cos.dtype != sin.dtype:
