@@ -256,6 +256,29 @@ def test_a_length_past_the_cache_gives_nan_on_the_gpu_path(interpret):
     assert torch.equal(k[1, 20], kn[1, 0]) and o[0].isnan().all()
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_negative_length_appends_nothing_and_gives_nan_on_the_gpu_path(interpret, paged):
+    """A negative cache_seqlens (even one the new tokens bring to >= 0) writes
+    no key anywhere and gives NaN rows, not another batch's row overwritten
+    (a paged append at position -1 would read block_table[b, -1])."""
+    g = torch.Generator().manual_seed(6)
+    lens = torch.tensor([30, 20], dtype=torch.int32)
+    k, v = _cache(2, 64, 1, 64, lens, g)
+    table = None
+    if paged:
+        k, v, table = _paged(k, v, 16, g)
+    q, kn = _uniform(2, 2, 2, 64, generator=g), _uniform(2, 2, 1, 64, generator=g)
+    before = k.clone()
+    bad = torch.tensor([30, -1], dtype=torch.int32)
+    o, _ = decode_attention.forward(q, k, v, bad, table, kn, kn, True, 0.125)
+    assert o[1].isnan().all() and not o[0].isnan().any()
+    changed = (k.nan_to_num() != before.nan_to_num()).any(-1).any(-1).nonzero().tolist()
+    if paged:   # batch 0's two new keys, at positions 30 and 31: its second page, rows 14, 15
+        assert changed == [[int(table[0, 1]), 14], [int(table[0, 1]), 15]]
+    else:
+        assert changed == [[0, 30], [0, 31]]
+
+
 def _args(**change):
     args = dict(q=torch.zeros(2, 1, 4, 64, dtype=bf16), k_cache=torch.zeros(2, 32, 2, 64,
                 dtype=bf16), v_cache=torch.zeros(2, 32, 2, 64, dtype=bf16),
@@ -293,6 +316,10 @@ def _args(**change):
           v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
           block_table=torch.tensor([[9, -1], [2, 3]], dtype=torch.int32)), ValueError,
      r"block_table\[0, 0\] = 9 is not a page of k_cache's 4 \(batch 0 uses its first 1"),
+    (dict(cache_seqlens=torch.tensor([-1, 4], dtype=torch.int32),
+          k=torch.zeros(2, 2, 2, 64, dtype=bf16), v=torch.zeros(2, 2, 2, 64, dtype=bf16),
+          q=torch.zeros(2, 2, 4, 64, dtype=bf16)), ValueError,
+     r"cache_seqlens\[0\] = -1 is negative"),         # (-1 + 2 new tokens is no excuse)
     # two batches appending into one page slot (their tables share page 1)
     (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
           v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),

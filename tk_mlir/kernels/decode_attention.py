@@ -186,7 +186,8 @@ def kv_cache_attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl
         qs.release(0)
         inv = tk.where(l == 0.0, 0.0, l.rcp())
         lse = m * LN2 + l.log()
-        if max(n_keys - capacity, -n_keys) > 0:   # a bad cache_seqlens: NaN, not a wrong answer
+        if max(n_keys - capacity, added - n_keys) > 0:   # a bad cache_seqlens (past the cache,
+            # or negative): NaN, not a wrong answer
             inv = inv + float("nan")
             lse = lse + float("nan")
         if SPLIT:
@@ -291,13 +292,14 @@ def kv_append_kernel(K_NEW: tk.gl, V_NEW: tk.gl, K_CACHE: tk.gl, V_CACHE: tk.gl,
     """New token t of batch b (its H_kv keys and values) into the cache at
     key position SEQLENS[b] + t: K_NEW, V_NEW (B, N_new, H_kv, D); the caches
     (B, N_max, H_kv, D), or with PAGE > 0 pages (num_pages, PAGE, H_kv, D)
-    mapped by BLOCK_TABLE (B, max_pages) i32. A position outside 0 ..
-    capacity - 1 writes nothing (the attention kernel then gives NaN rows),
-    as does a page number outside the pool (the stores are masked). HB: H_kv
-    rounded up to a power of two. Grid (N_new, B)."""
+    mapped by BLOCK_TABLE (B, max_pages) i32. A batch whose SEQLENS is
+    negative, or a position past capacity - 1, writes nothing (the attention
+    kernel then gives NaN rows), as does a page number outside the pool (the
+    stores are masked). HB: H_kv rounded up to a power of two. Grid (N_new, B)."""
     t, b = tk.block_id(0), tk.block_id(1)
-    pos = tk.load(SEQLENS, (b,)) + t
-    if pos < capacity:                 # (negative positions: masked by the stores)
+    first = tk.load(SEQLENS, (b,))
+    pos = first + t
+    if (first >= 0) & (pos < capacity):     # (a negative pos would read BLOCK_TABLE[b, -1])
         page, row = b, pos
         if PAGE > 0:
             page, row = tk.load(BLOCK_TABLE, (b, pos // PAGE)), pos % PAGE
@@ -624,8 +626,13 @@ def _check_values(cache_seqlens, block_table, k_cache, added: int) -> None:
 
 def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
     """On the CPU (the interpreter) the lengths cost nothing to read: check them."""
+    negative = (cache_seqlens < 0).nonzero()
+    if len(negative):
+        b = int(negative[0, 0])
+        raise ValueError(f"attention_with_kvcache: cache_seqlens[{b}] = {int(cache_seqlens[b])} "
+                         f"is negative: a length counts the keys already in the cache")
     n = cache_seqlens.long() + added
-    bad = ((n < 0) | (n > capacity)).nonzero()
+    bad = (n > capacity).nonzero()
     if len(bad):
         b = int(bad[0, 0])
         raise ValueError(f"attention_with_kvcache: cache_seqlens[{b}] = "
