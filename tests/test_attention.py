@@ -579,6 +579,12 @@ def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
         attention(q, q, q, window=(4, 0), deterministic=True)
     with pytest.raises(ValueError, match=r"window must be \(left, right\)"):
         attention(q.detach(), q.detach(), q.detach(), window=(4, -3))
+    import numpy as np
+    from tk_mlir.kernels import checks
+    assert checks.window("f", (np.int64(5), np.int32(-1)), 100) == (5, -1)   # numpy's ints
+    assert checks.window("f", (5, 100), 100) == (5, -1)          # wider than any distance
+    with pytest.raises(ValueError, match=r"window must be"):
+        checks.window("f", (True, 0), 100)
     with pytest.raises(ValueError, match=r"softcap must be a finite number >= 0"):
         attention(q.detach(), q.detach(), q.detach(), softcap=float("inf"))
 

@@ -270,8 +270,10 @@ def window(fn: str, value, reach: int) -> tuple[int, int]:
     ints >= -1, -1 for no bound on that side. A side of at least `reach` (more
     than any distance between a query and a key of the call) bounds nothing
     and comes back as -1, so the kernels' 32-bit position sums cannot wrap."""
+    import numbers
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and
-            all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in value)):
+            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1
+                for w in value)):          # (numpy's ints too, as eps and scale take them)
         raise ValueError(f"{fn}: window must be (left, right), two ints >= -1 (-1: no bound "
                          f"on that side), got {value!r}")
     left, right = (-1 if w >= reach else int(w) for w in value)
