@@ -328,6 +328,14 @@ def _args(**change):
           k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
      ValueError, r"block_table sends batch 0's new token 0 and batch 1's new token 0 to one "
                  r"slot \(row 5 of page 1\)"),
+    # an append into a slot another batch keeps a cached key in (a shared page)
+    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
+          cache_seqlens=torch.tensor([4, 8], dtype=torch.int32),
+          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
+     ValueError, r"sends batch 0's new token 0 to row 4 of page 1, which holds batch 1's "
+                 r"cached key 4"),
     (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
     (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),

@@ -207,3 +207,19 @@ def test_a_vector_made_before_a_loop_or_if_takes_the_layout_it_meets():
         branch_sum.interpret[(1,)](x, y, flag)
         assert torch.allclose(y, want, atol=1e-5)
     assert "scf.for" in running_max.compile(S((16, 200), "f32"), S((16,), "f32"), 4).asm["tk"]
+
+
+@tk.kernel(num_warps=4)
+def shared_zeros_two_layouts(X: tk.gl[f32], Y: tk.gl[f32], flag: int):
+    a = tk.zeros((64,))
+    b = a
+    if flag > 0:
+        t = tk.load(X, (0, 0), (64, 64))
+        a = t.row_sum()
+        b = t.col_sum()
+    tk.store(Y, a, (0,))
+
+
+def test_one_vector_two_names_two_layouts_after_an_if_is_refused():
+    _refused(shared_zeros_two_layouts, (S((64, 64), "f32"), S((64,), "f32"), 1),
+             r"'b' holds one vector in a branch of this if that another name holds too")

@@ -364,9 +364,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     Lengths stay on the GPU (no synchronisation): a batch whose n_keys exceed
     its cache (N_max, or max_pages·page_size) gets NaN output rows; entries of
     block_table outside [0, num_pages) are not checked on the GPU (TMA reads
-    zeros there), nor a table that sends two batches' appended tokens to one
-    page slot; on CPU tensors (the interpreter) both are checked, as are the
-    lengths."""
+    zeros there), nor a table that sends an appended token to a page slot
+    another append or a cached key takes; on CPU tensors (the interpreter)
+    both are checked, as are the lengths."""
     import torch
     if torch.compiler.is_compiling():
         scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens,
@@ -641,23 +641,35 @@ def _check_lengths(cache_seqlens, capacity: int, added: int) -> None:
 
 
 def _check_appends(block_table, cache_seqlens, added: int, page: int) -> None:
-    """On the CPU: no two batches' new tokens go to one slot of a page (a
-    table that maps two batches' appends to one page would have them
-    overwrite each other; on the GPU, unchecked)."""
+    """On the CPU: every appended token goes to a page slot of its own, which
+    no batch holds a cached key in (a table that maps two appends, or an
+    append and a kept key, to one slot would have one overwrite the other; on
+    the GPU, unchecked)."""
     import torch
     if not added:
         return
-    at = cache_seqlens.long()[:, None] + torch.arange(added)[None]          # (B, added)
-    pages = block_table.long().gather(1, at // page)
-    slots = (pages * page + at % page).flatten()
+    lengths = cache_seqlens.long()
+    at = lengths[:, None] + torch.arange(added)[None]                        # (B, added)
+    slots = (block_table.long().gather(1, at // page) * page + at % page).flatten()
+    kept = torch.arange(int(lengths.max()))[None].expand(len(lengths), -1)  # cached positions
+    held = block_table.long().gather(1, kept // page) * page + kept % page
+    held = held.masked_fill(kept >= lengths[:, None], -1)
+    over = torch.isin(slots, held[held >= 0]).nonzero()
+    if len(over):
+        i = int(over[0, 0])
+        slot, (b, t) = int(slots[i]), divmod(i, added)
+        b1, j = (int(x) for x in (held == slot).nonzero()[0])
+        raise ValueError(f"attention_with_kvcache: block_table sends batch {b}'s new token {t} "
+                         f"to row {slot % page} of page {slot // page}, which holds batch "
+                         f"{b1}'s cached key {j}: the append would overwrite it")
     seen: dict = {}
     for i, slot in enumerate(slots.tolist()):
         if slot in seen:
-            (b0, t0), (b1, t1) = divmod(seen[slot], added), divmod(i, added)
-            raise ValueError(
-                f"attention_with_kvcache: block_table sends batch {b0}'s new token {t0} and "
-                f"batch {b1}'s new token {t1} to one slot (row {slot % page} of page "
-                f"{slot // page}): the appended k and v would overwrite each other")
+            (b0, t0), (b, t) = divmod(seen[slot], added), divmod(i, added)
+            raise ValueError(f"attention_with_kvcache: block_table sends batch {b0}'s new token "
+                             f"{t0} and batch {b}'s new token {t} to one slot (row "
+                             f"{slot % page} of page {slot // page}): the appended k and v "
+                             f"would overwrite each other")
         seen[slot] = i
 
 

@@ -150,10 +150,10 @@ def _prepare_qk(q, k, cos, sin, interleaved):
     _check(q, cos, sin, "q", fn=fn)
     pair = _pair(q, k)
     _check(k, _positions(cos), _positions(sin), "k", tables=not pair, fn=fn)  # (a pair's fit k)
-    _warn_tables_get_no_gradient(fn, cos, sin)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
         return lambda q, k, cos, sin: (rotary_embedding(q, cos, sin, interleaved),
                                        rotary_embedding(k, cos, sin, interleaved))
+    _warn_tables_get_no_gradient(fn, cos, sin)     # (one at a time: rotary_embedding's warn)
     _check_interleaved(interleaved)
     return _planned_eager((q, k), cos, interleaved)
 
