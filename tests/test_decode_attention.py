@@ -287,6 +287,16 @@ def _args(**change):
     return args
 
 
+def _shared_page_append(lengths):
+    """_args' changes for a paged cache of 16-key pages whose two batches'
+    tables both start at page 1, each appending one token at `lengths`."""
+    return dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+                v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+                block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
+                cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16))
+
+
 @pytest.mark.parametrize("change, error, rule", [
     (dict(cache_seqlens=torch.tensor([3, 4])), TypeError, r"cache_seqlens must be .*int32"),
     (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), ValueError,
@@ -321,21 +331,12 @@ def _args(**change):
           q=torch.zeros(2, 2, 4, 64, dtype=bf16)), ValueError,
      r"cache_seqlens\[0\] = -1 is negative"),         # (-1 + 2 new tokens is no excuse)
     # two batches appending into one page slot (their tables share page 1)
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
-          cache_seqlens=torch.tensor([5, 5], dtype=torch.int32),
-          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
-     ValueError, r"block_table sends batch 0's new token 0 and batch 1's new token 0 to one "
-                 r"slot \(row 5 of page 1\)"),
-    # an append into a slot another batch keeps a cached key in (a shared page)
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
-          cache_seqlens=torch.tensor([4, 8], dtype=torch.int32),
-          k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
-     ValueError, r"sends batch 0's new token 0 to row 4 of page 1, which holds batch 1's "
-                 r"cached key 4"),
+    (_shared_page_append([5, 5]), ValueError,
+     r"block_table sends batch 0's new token 0 and batch 1's new token 0 to one slot "
+     r"\(row 5 of page 1\)"),
+    # an append into a slot another batch keeps a cached key in
+    (_shared_page_append([4, 8]), ValueError,
+     r"sends batch 0's new token 0 to row 4 of page 1, which holds batch 1's cached key 4"),
     (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
     (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),

@@ -579,19 +579,19 @@ class KernelBuilder(ast.NodeVisitor):
         """`name`'s value at the end of a branch of the run-time if `node`, as
         the if's result type `ir_type` (_merged_type's) takes it."""
         s = value if _is_runtime(value) else V.constant(value)
-        if s.ir_type != ir_type and _layout_met(s.ir_type, ir_type) is not None:
+        if s.ir_type == ir_type:
+            return s.value
+        if _layout_met(s.ir_type, ir_type) is not None:
             s.value.set_type(ir_type)    # an "auto" vector takes the other branch's layout
-        elif s.ir_type != ir_type and T.is_tile(s.ir_type):
-            # an "auto" vector another name of this if gave its layout already
+            return s.value
+        if T.is_tile(s.ir_type):         # an "auto" vector another name gave its layout
             raise self.error(node, f"'{name}' holds one vector in a branch of this if that "
                                    f"another name holds too, and the two take different "
                                    f"layouts after it ({T.parse(s.ir_type).layout} and "
                                    f"{T.parse(ir_type).layout}, as the tiles they were "
                                    f"reduced from lay them out): give each name its own "
                                    f"tk.zeros / tk.full")
-        elif s.ir_type != ir_type:
-            s = V.to_float(s)     # the only widening _merged_type allows: i32 -> f32
-        return s.value
+        return V.to_float(s).value       # the only widening _merged_type allows: i32 -> f32
 
     def visit_For(self, node):
         if node.orelse:

@@ -648,12 +648,12 @@ def _check_appends(block_table, cache_seqlens, added: int, page: int) -> None:
     import torch
     if not added:
         return
+    def slot_of(positions):              # (B, n) key positions -> page * page_size + row
+        return block_table.long().gather(1, positions // page) * page + positions % page
     lengths = cache_seqlens.long()
-    at = lengths[:, None] + torch.arange(added)[None]                        # (B, added)
-    slots = (block_table.long().gather(1, at // page) * page + at % page).flatten()
+    slots = slot_of(lengths[:, None] + torch.arange(added)[None]).flatten()   # the appends'
     kept = torch.arange(int(lengths.max()))[None].expand(len(lengths), -1)  # cached positions
-    held = block_table.long().gather(1, kept // page) * page + kept % page
-    held = held.masked_fill(kept >= lengths[:, None], -1)
+    held = slot_of(kept).masked_fill(kept >= lengths[:, None], -1)
     over = torch.isin(slots, held[held >= 0]).nonzero()
     if len(over):
         i = int(over[0, 0])
