@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tk_mlir.kernels import (activations, decode_attention, eager, flash_attention, gemm,
-                             grouped_gemm, norms, rotary, scaled_gemm)
+                             grouped_gemm, norms, rotary, scaled_gemm, varlen_attention)
 from tk_mlir.kernels import (attention, fused_add_rms_norm, grouped_matmul, layer_norm, matmul,
                              rms_norm, rotary_embedding, rotary_embedding_qk, swiglu)
 
@@ -29,7 +29,8 @@ def test_forget_all_reaches_every_wrapper_table(interpret):
     the table of every wrapper that remembers calls."""
     tables = (gemm._PREPARED, norms._RMS_NORM, norms._LAYER_NORM, norms._FUSED_ADD,
               flash_attention._PREPARED, grouped_gemm._PREPARED, scaled_gemm._PREPARED,
-              activations._SWIGLU, rotary._ROTARY, rotary._ROTARY_QK, decode_attention._PREPARED)
+              activations._SWIGLU, rotary._ROTARY, rotary._ROTARY_QK, decode_attention._PREPARED,
+              varlen_attention._PREPARED)
     g = torch.Generator().manual_seed(0)
     matmul(_bf16(g, 8, 16), _bf16(g, 8, 16))
     rms_norm(_bf16(g, 4, 64), _bf16(g, 64))

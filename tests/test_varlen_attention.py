@@ -294,6 +294,36 @@ def test_a_batchs_offsets_make_its_schedule_once(interpret, monkeypatch):
     check(more, 1)
 
 
+def test_a_remembered_call_reads_each_calls_offsets_and_lengths(interpret):
+    """Eager calls are remembered per signature (eager.py): a repeat with other
+    offsets of the same totals, other values and the output's gradient in
+    another layout (y.sum()'s, expanded) computes its own results, and what
+    the key does not hold (max_seqlen_*, the offsets' values, checked on CPU
+    tensors) is checked on every call."""
+    from tk_mlir.kernels import varlen_attention
+    for seed, (lens_q, lens_k) in enumerate((([30, 0, 66], [40, 5, 70]),
+                                             ([1, 64, 31], [70, 40, 5]))):
+        q, k, v, cu_q, cu_k = _inputs(lens_q, lens_k, 2, 1, 64, seed=20 + seed)
+        _check_against_reference(q, k, v, cu_q, cu_k, True, (-1, -1), 0.0, tol=1e-2)
+        q = q.clone().requires_grad_()
+        (dq,) = torch.autograd.grad(
+            attention_varlen(q, k, v, cu_q, cu_k, 70, 70, causal=True).float().sum(), q)
+        ref = q.detach().double().requires_grad_()
+        (want,) = torch.autograd.grad(reference(ref, k, v, cu_q, cu_k, True)[0].sum(), ref)
+        assert _rel(dq, want) < 1e-2
+        with torch.no_grad():
+            o = attention_varlen(q, k, v, cu_q, cu_k, 70, 70, causal=True)
+        assert _rel(o, reference(q, k, v, cu_q, cu_k, True)[0]) < 1e-2
+    assert len(varlen_attention._PREPARED) == 3     # lse or not, grad or not: one shape
+    with pytest.raises(ValueError, match="max_seqlen_k must be >= 0"):
+        attention_varlen(q, k, v, cu_q, cu_k, 70, -1, causal=True)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
+        attention_varlen(q, k, v, cu_q, cu_k, True, 70, causal=True)
+    with pytest.raises(ValueError, match="cu_seqlens_q must not decrease"):
+        attention_varlen(q, k, v, torch.tensor([0, 60, 50, 96], dtype=torch.int32), cu_k, 70,
+                         70, causal=True)
+
+
 def test_compiled_matches_eager(interpret):
     q, k, v, cu_q, cu_k = _inputs([5, 70, 0, 40], [5, 90, 3, 40], 2, 1, 64, seed=4)
     q, k, v = (t.requires_grad_() for t in (q, k, v))

@@ -1128,17 +1128,20 @@ class EagerAttentionVarlen(torch.autograd.Function):
     directly (as EagerAttention)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap):
-        o, lse = varlen_attention.forward(q, k, v, cu_q, cu_k, causal, scale, left, right,
-                                          softcap)
+    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, planned,
+                backward):
+        """planned, backward: varlen_attention's planned forward and a backward
+        for calls like this one (an eager call's, remembered)."""
+        o, lse = planned(q, k, v, cu_q, cu_k)
         _varlen_setup_context(ctx, (q, k, v, cu_q, cu_k, causal, scale, left, right, softcap),
                               (o, lse))
+        ctx.backward = backward
         return o, lse
 
     @staticmethod
     @first_order
     def backward(ctx, do, dlse):
-        return _varlen_backward(ctx, do, dlse, varlen_attention.backward)
+        return (*_varlen_backward(ctx, do, dlse, ctx.backward), None, None)
 
 
 @torch.library.custom_op("tk_mlir::linear_attention", mutates_args=())

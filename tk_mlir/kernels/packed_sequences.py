@@ -220,22 +220,36 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
     left <= j <= i + shift + right (both counted from the sequence's start;
     shift = len_k - len_q, bottom-right aligned as FlashAttention; right = 0
     with causal; -1: no bound on that side)."""
-    import torch
+    return planned_tail(total_q, total_k, causal, window, forward_tasks=forward_tasks)(cu_q, cu_k)
+
+
+def planned_tail(total_q: int, total_k: int, causal: bool, window: tuple[int, int], *,
+                 forward_tasks: tuple[int, int] | None = None, same_signature: bool = False):
+    """`make(cu_q, cu_k) -> (tail, costs)`: `tail` for these totals and
+    masks, its sizes and launch chosen once; same_signature: every call's
+    offsets are laid out as the first's (eager.launcher)."""
+    from tk_mlir.kernels import eager
     left, right = window[0], 0 if causal else window[1]
     rows = -(-max(total_q, 1) // ROW_ALIGN) * ROW_ALIGN
     keys = -(-max(total_k, 1) // 128) * 128
     bm, bn = forward_tasks or (128, 128)
     tasks = rows // bm if forward_tasks else keys // 128
     parts = (2 * rows, _pad64(SLOT * rows // 64), 2 * keys, _pad64(SLOT * tasks))
-    out = cu_q.new_empty(sum(parts))
-    sequences = len(cu_q) - 1
-    sequence_bounds_kernel[(rows // 64 + keys // 64,)](
-        checks.int32_table(cu_q), checks.int32_table(cu_k), out, max(total_q, 1), max(total_k, 1), sequences,
-        max(sequences, 1).bit_length() + 1, LEFT=left, RIGHT=right, BM=bm, BN=bn,
-        FORWARD=forward_tasks is not None)
+    size, ranges_at = sum(parts), sum(parts[:3])
     done = -(-max(total_q, 1) // bm) if forward_tasks else keys // 128
+    kernel = eager.launcher(sequence_bounds_kernel, same_signature)(
+        (rows // 64 + keys // 64,), LEFT=left, RIGHT=right, BM=bm, BN=bn,
+        FORWARD=forward_tasks is not None)
+    totals = (max(total_q, 1), max(total_k, 1))
 
-    def costs():
-        ranges = out[sum(parts[:3]):].view(-1, SLOT)
-        return (ranges[:done, 1] - ranges[:done, 0]).long()
-    return out, costs
+    def make(cu_q, cu_k):
+        out = cu_q.new_empty(size)
+        sequences = len(cu_q) - 1
+        kernel(checks.int32_table(cu_q), checks.int32_table(cu_k), out, *totals, sequences,
+               max(sequences, 1).bit_length() + 1)
+
+        def costs():
+            ranges = out[ranges_at:].view(-1, SLOT)
+            return (ranges[:done, 1] - ranges[:done, 0]).long()
+        return out, costs
+    return make

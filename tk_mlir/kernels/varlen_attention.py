@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from tk_mlir.kernels import checks, flash_attention, packed_sequences, schedule
+from tk_mlir.kernels import checks, eager, flash_attention, packed_sequences, schedule
 from tk_mlir.kernels.device import num_sms
 
 FN = "attention_varlen"
@@ -49,30 +49,96 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
     they are checked."""
-    import numbers
     import torch
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if torch.compiler.is_compiling():
+        scale, left, right, softcap, _ = _checked_call(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+            window, softcap, return_lse)
+        from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
+        o, lse = torch.ops.tk_mlir.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal,
+                                                    scale, left, right, softcap)
+        return (o, lse) if return_lse else o
+    # eager: a signature seen before was checked then (eager.py); the max lengths,
+    # which change with every batch and are not in the key, are checked every call
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k)
+    key = (*map(eager.tensor_key, tensors),
+           eager.option_key(causal, scale, window, softcap, return_lse),
+           torch.is_grad_enabled())
+    run = _PREPARED.get(key)
+    if run is None:
+        run = _PREPARED.add(key, _prepare(*tensors, max_seqlen_q, max_seqlen_k, causal, scale,
+                                          window, softcap, return_lse))
+    else:
+        _check_max_seqlens(max_seqlen_q, max_seqlen_k)
+    return run(*tensors)
+
+
+# Eager calls by signature (eager.py).
+_PREPARED = eager.Prepared()
+
+
+def _check_max_seqlens(max_seqlen_q, max_seqlen_k) -> None:
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{FN}: {name} must be an int, got {value!r}")
+        if type(value) is not int:          # (the common case first: no ABC check)
+            import numbers
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{FN}: {name} must be an int, got {value!r}")
         if value < 0:
             raise ValueError(f"{FN}: {name} must be >= 0, got {value}")
+
+
+def _checked_call(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
+                  softcap, return_lse) -> tuple:
+    """Every rule of a call: (scale, left, right, softcap) as the kernels take
+    them, and whether autograd records the call."""
+    import torch
+    _check(q, k, v, cu_q, cu_k)
+    _check_max_seqlens(max_seqlen_q, max_seqlen_k)
     checks.flags(FN, causal=causal, return_lse=return_lse)
     scale, left, right, softcap = checks.attention_options(FN, q.shape[-1], reach(q, k), scale,
                                                            window, softcap)
     checks.on_cuda(FN, "q", q)
-    from tk_mlir.kernels import custom_ops
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, left, right, softcap)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if not torch.compiler.is_compiling():
         flash_attention.warn_if_forward_only(FN, q.shape[-1], grad)
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.tk_mlir.attention_varlen(*args)
-    elif grad:
-        o, lse = custom_ops.EagerAttentionVarlen.apply(*args)
+    return scale, left, right, softcap, grad
+
+
+def _prepare(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+             return_lse):
+    """After checking an eager call, `run(q, k, v, cu_q, cu_k)` for calls like
+    it: through autograd (EagerAttentionVarlen) when it records them, else
+    the forward alone, its launches planned here. On CPU tensors (the
+    interpreter) the offsets are checked on every call."""
+    from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
+    scale, left, right, softcap, grad = _checked_call(q, k, v, cu_q, cu_k, max_seqlen_q,
+                                                      max_seqlen_k, causal, scale, window,
+                                                      softcap, return_lse)
+    masks = (causal, scale, left, right, softcap)
+    planned = planned_forward(q, k, v, *masks, same_signature=True)
+    if grad:
+        backward = []       # planned at the first backward, then kept
+
+        def remembered_backward(do, q, k, v, o, lse, cu_q, cu_k, *options, dlse=None):
+            if not backward:
+                bound = all(checks.kernel_operand(t) is t for t in (q, k, v, o))
+                backward.append(planned_backward(q, k, *masks, same_signature=bound))
+            return backward[0](do, q, k, v, o, lse, cu_q, cu_k, dlse)
+
+        def run(q, k, v, cu_q, cu_k):
+            return custom_ops.EagerAttentionVarlen.apply(q, k, v, cu_q, cu_k, *masks, planned,
+                                                         remembered_backward)
     else:
-        o, lse = forward(*args)
-    return (o, lse) if return_lse else o
+        run = planned
+    if cu_q.device.type == "cpu":           # (the interpreter: offsets cost nothing to read)
+        unchecked = run
+
+        def run(q, k, v, cu_q, cu_k):
+            _check_cpu_offsets(q, k, cu_q, cu_k)
+            return unchecked(q, k, v, cu_q, cu_k)
+    if return_lse:
+        return run
+    return lambda *tensors: run(*tensors)[0]
 
 
 def _check(q, k, v, cu_q, cu_k) -> None:
@@ -111,9 +177,12 @@ def _check(q, k, v, cu_q, cu_k) -> None:
         raise ValueError(f"{FN}: cu_seqlens_q and cu_seqlens_k must have one length (B+1), "
                          f"got {len(cu_q)} and {len(cu_k)}")
     if cu_q.device.type == "cpu" and not torch.compiler.is_compiling():
-        for name, t, total in (("cu_seqlens_q", cu_q, q.shape[0]),
-                               ("cu_seqlens_k", cu_k, k.shape[0])):
-            _check_offsets(name, t, total)
+        _check_cpu_offsets(q, k, cu_q, cu_k)
+
+
+def _check_cpu_offsets(q, k, cu_q, cu_k) -> None:
+    for name, t, total in (("cu_seqlens_q", cu_q, q.shape[0]), ("cu_seqlens_k", cu_k, k.shape[0])):
+        _check_offsets(name, t, total)
 
 
 def _check_offsets(name: str, cu, total: int) -> None:
@@ -164,29 +233,47 @@ def lse_like(q):
 def forward(q, k, v, cu_q, cu_k, causal: bool, scale: float, left: int = -1, right: int = -1,
             softcap: float = 0.0):
     """(o laid out like q, lse (H, total_q) f32) on checked tensors."""
+    return planned_forward(q, k, v, causal, scale, left, right, softcap)(q, k, v, cu_q, cu_k)
+
+
+def planned_forward(q, k, v, causal: bool, scale: float, left: int = -1, right: int = -1,
+                    softcap: float = 0.0, same_signature: bool = False):
+    """`run(q, k, v, cu_q, cu_k) -> (o, lse)`: `forward` for checked tensors
+    shaped like q, k and v (and on their device), its configuration, grid and
+    launches chosen once; same_signature: every call's tensors are laid out
+    as these (eager.launcher), so whether they need copying into the
+    kernels' layout (checks.kernel_operand) is decided here."""
     import torch
     total_q, H, D = q.shape
-    o, lse = torch.empty_like(q), lse_like(q)
     if not k.shape[0]:                  # no keys at all: every row sees none
-        return o.zero_(), lse.fill_(float("-inf"))
-    if total_q:
-        q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
-        cfg = flash_attention._config(D, 0, causal)
-        bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
-        grid = num_sms(q.get_device())
-        # Paired (mirrored tiles of one sequence) where it pays for its table: at
-        # D=64 the forward's kernel takes as long either way (BENCHMARKS.md).
-        tasks = _table(cu_q, cu_k, packed_sequences.tail(
-            cu_q, cu_k, total_q, k.shape[0], causal, (left, right), forward_tasks=(bm, bn)), H,
-            grid, ("forward", total_q, k.shape[0], causal, left, right, bm, bn),
-            pairs=(cu_q, bm) if causal and D > 64 else None)
-        cap = dict(SOFTCAP=float(softcap)) if softcap else {}
-        flash_attention.attention_kernel[(grid,)](
-            _packed(q), _packed(k), _packed(v), _packed(o),
-            flash_attention.padded_rows(lse.unsqueeze(0)), tasks,
-            scale * math.log2(math.e), D=D, VARLEN=True, num_warps=4 * (cfg["CONSUMERS"] + 1),
-            **cfg, **cap)
-    return o, lse
+        return lambda q, *rest: (torch.zeros_like(q), lse_like(q).fill_(float("-inf")))
+    if not total_q:
+        return lambda q, *rest: (torch.empty_like(q), lse_like(q))
+    cfg = flash_attention._config(D, 0, causal)
+    bm, bn = 64 * cfg["CONSUMERS"], cfg["BN"]
+    grid = num_sms(q.get_device())
+    tail = packed_sequences.planned_tail(total_q, k.shape[0], causal, (left, right),
+                                         forward_tasks=(bm, bn), same_signature=same_signature)
+    cap = dict(SOFTCAP=float(softcap)) if softcap else {}
+    kernel = eager.launcher(flash_attention.attention_kernel, same_signature)(
+        (grid,), D=D, VARLEN=True, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg, **cap)
+    call = ("forward", total_q, k.shape[0], causal, left, right, bm, bn)
+    # Paired (mirrored tiles of one sequence) where it pays for its table: at
+    # D=64 the forward's kernel takes as long either way (BENCHMARKS.md).
+    paired = causal and D > 64
+    operands = not same_signature or any(checks.kernel_operand(t) is not t for t in (q, k, v))
+    scale2 = scale * math.log2(math.e)
+
+    def run(q, k, v, cu_q, cu_k):
+        o, lse = torch.empty_like(q), lse_like(q)
+        if operands:
+            q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
+        tasks = _table(cu_q, cu_k, tail(cu_q, cu_k), H, grid, call,
+                       pairs=(cu_q, bm) if paired else None)
+        kernel(_packed(q), _packed(k), _packed(v), _packed(o),
+               flash_attention.padded_rows(lse.unsqueeze(0)), tasks, scale2)
+        return o, lse
+    return run
 
 
 def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: int = -1,
@@ -194,21 +281,44 @@ def backward(do, q, k, v, o, lse, cu_q, cu_k, causal: bool, scale: float, left: 
     """(dq, dk, dv) of attention_varlen given o, its lse (H, total_q) and the
     gradients do and dlse (like lse, or None); dk, dv summed over the query
     heads of each K/V head (GQA)."""
+    return planned_backward(q, k, causal, scale, left, right, softcap)(
+        do, q, k, v, o, lse, cu_q, cu_k, dlse)
+
+
+def planned_backward(q, k, causal: bool, scale: float, left: int = -1, right: int = -1,
+                     softcap: float = 0.0, same_signature: bool = False):
+    """`run(do, q, k, v, o, lse, cu_q, cu_k, dlse=None) -> (dq, dk, dv)`:
+    `backward` for tensors shaped like q and k (and on their device), its
+    configuration, grid and launches chosen once. same_signature: q, k, v
+    and o are laid out alike on every call, as the kernels read them (a
+    remembered eager forward's saved tensors): do, whose layout autograd
+    chooses, is copied into o's where it differs, and the launches read
+    addresses alone (eager.launcher)."""
     import torch
     total_q, H, D = q.shape
     if not total_q or not k.shape[0]:   # nothing attended: nothing to differentiate
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
+        return lambda do, q, k, v, *rest: (torch.zeros_like(q), torch.zeros_like(k),
+                                           torch.zeros_like(v))
     grid = num_sms(q.get_device())
-    tasks = _table(cu_q, cu_k, packed_sequences.tail(
-        cu_q, cu_k, total_q, k.shape[0], causal, (left, right)), k.shape[1], grid,
-        ("backward", total_q, k.shape[0], causal, left, right),
-        pairs=(cu_k, 128) if causal else None)
-    dq32 = flash_attention.launch_backward(
-        _packed(do), _packed(q), _packed(k), _packed(v), _packed(o), lse.unsqueeze(0),
-        _packed(dk), _packed(dv), tasks, grid, scale,
-        dlse=None if dlse is None else dlse.unsqueeze(0), VARLEN=True,
+    tail = packed_sequences.planned_tail(total_q, k.shape[0], causal, (left, right),
+                                         same_signature=same_signature)
+    kernels = flash_attention.backward_launcher(
+        _packed(q).shape, grid, scale, same_signature=same_signature, VARLEN=True,
         **flash_attention._backward_config(D, softcap))
-    _packed(dq).copy_(dq32)
-    return dq, dk, dv
+    call = ("backward", total_q, k.shape[0], causal, left, right)
+    heads = k.shape[1]
+
+    def run(do, q, k, v, o, lse, cu_q, cu_k, dlse=None):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if same_signature:
+            do = eager.laid_out(do, o.shape, o.stride(), o.dtype)
+        else:
+            q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
+        tasks = _table(cu_q, cu_k, tail(cu_q, cu_k), heads, grid, call,
+                       pairs=(cu_k, 128) if causal else None)
+        dq32 = kernels(_packed(do), _packed(q), _packed(k), _packed(v), _packed(o),
+                       lse.unsqueeze(0), _packed(dk), _packed(dv), tasks,
+                       None if dlse is None else dlse.unsqueeze(0))
+        _packed(dq).copy_(dq32)
+        return dq, dk, dv
+    return run
