@@ -98,8 +98,12 @@ def _scalar_ok(name: str, tile, scalar: ir.Value) -> None:
 def _same_tiles(name: str, a, b) -> None:
     """Two tile operands of an elementwise op: one shape, dtype, layout and scope
     (a vector's layout is settled by tk-assign-layouts)."""
+    broadcast = ""
+    if type(a) is not type(b) and name in ("add", "sub", "mul", "div"):
+        broadcast = (f"; apply a vector along a tile's rows or columns with x.{name}_row(v) or "
+                     f"x.{name}_col(v)")
     _require(type(a) is type(b) and a.shape == b.shape,
-             f"{name}: operands differ: {T.show(a)} and {T.show(b)}")
+             f"{name}: operands differ: {T.show(a)} and {T.show(b)}{broadcast}")
     _require(a.dtype == b.dtype, f"{name}: operands differ in dtype: {T.show(a)} and "
              f"{T.show(b)}; convert one first (x.to(tk.{a.dtype}) or y.to(tk.{b.dtype}))")
     if isinstance(a, T.RT):

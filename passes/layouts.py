@@ -13,7 +13,7 @@ from __future__ import annotations
 from mlir import ir
 
 from ..dialects import contracts, layout as layouts, tk, types as T
-from ..errors import error_at
+from ..errors import error_at, line_of
 from .walk import walk_ops
 
 
@@ -77,8 +77,11 @@ def _constrain(op, groups: _Groups, num_warps: int) -> None:
             raise error_at(op.location, f"x.{op.kind}_{op.axis}(v) needs v laid out as one value "
                            f"per {along} of x, as x.{op.axis}_sum() or x.{op.axis}_max() makes "
                            f"it; this v was made for another tile or as a {other} vector "
-                           f"({have[0]}, not {want}). Vectors are not converted between "
-                           f"layouts: reduce a tile of x's layout and scope (layout= on its "
+                           f"({have[0]}, not {want}; its layout was set at "
+                           f"{line_of(have[1].location)}). Vectors are not converted between "
+                           f"layouts: a vector loaded or made by tk.full/tk.zeros takes the "
+                           f"layout of its first use, so load (or make) it again for this one; "
+                           f"or reduce a tile of x's layout and scope (layout= on its "
                            f"tk.load), or load x in the layout v came from")
         groups.fix(vec, want, op)
         return

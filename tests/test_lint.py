@@ -322,6 +322,41 @@ def test_examples_give_no_lint_warning(example, capsys):
                                                 run_name="__main__")) == []
 
 
+# ------------------------------------------------- tile operands that vary in their scope
+
+@tk.kernel(num_warps=4)
+def k_tile_at_a_per_thread_row(X: tk.gl[f32], IDX: tk.gl["i32"]):
+    r = tk.load(IDX, (tk.thread_id(),))        # one row per thread
+    t = tk.load(X, (r, 0), (16, 64))          # E:tile_at_a_per_thread_row
+    tk.store(X, t + 1.0, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def k_warp_tile_at_its_warps_row(X: tk.gl[f32], IDX: tk.gl["i32"]):
+    r = tk.load(IDX, (tk.warp_id(),))          # one row per warp: uniform over a warp
+    t = tk.load(X, (r, 0), (16, 64), scope="warp")
+    for i in range(tk.thread_id() // 128, 1):  # one value in the block
+        tk.store(X, t * 2.0, (r + i, 0))
+
+
+def test_a_tile_coordinate_that_varies_in_its_scope_warns_at_its_line():
+    """Each thread would take its part of the tile from its own row: the
+    interpreter stops there, the lint says so at compile time."""
+    messages = lint_warnings(lambda: k_tile_at_a_per_thread_row.compile(
+        spec(2048, 64, dtype=f32), spec(128, dtype="i32")))
+    assert "coordinates and scalars must be one value" in assert_one_at(
+        messages, "tile_at_a_per_thread_row", "varying-operand")
+    assert lint_warnings(lambda: k_warp_tile_at_its_warps_row.compile(
+        spec(2048, 64, dtype=f32), spec(128, dtype="i32"))) == []
+    import torch
+    from tk_mlir.interpreter import InterpretError
+    with warnings.catch_warnings(), pytest.raises(
+            InterpretError, match="coordinates and scalars are one value over its block"):
+        warnings.simplefilter("ignore", tk.TkLintWarning)     # (its compile warns, above)
+        k_tile_at_a_per_thread_row.interpret[(1,)](torch.rand(2048, 64),
+                                                   torch.arange(128, dtype=torch.int32))
+
+
 # ------------------------------------------------- tiles reached by part of their scope
 
 @tk.kernel(num_warps=8)

@@ -69,6 +69,21 @@ def test_a_tensor_for_a_scalar_is_described_not_printed():
         scale.compile(X, X, 1.0, big)
 
 
+def test_numpy_and_torch_scalars_are_refused_with_the_conversion():
+    """Scalars are Python numbers (a kernel's key tells int from float): a
+    numpy or 0-d torch scalar, for a run-time scalar or a constexpr, is
+    refused at the call with the conversion, not later inside the kernel."""
+    import numpy as np
+    hint = r"convert numpy and torch scalars with int\(x\) or float\(x\)"
+    for s, n in ((np.float32(2.0), 1), (2.0, np.int64(1)), (2.0, np.int32(1)),
+                 (torch.tensor(2.0), 1)):
+        with pytest.raises(tk.ArgumentError, match=hint):
+            scale.compile(X, X, s, n)
+    with pytest.raises(tk.ArgumentError, match=r"constexpr 'N' = np.int64\(64\) must be a "
+                                               r"Python value .*int\(x\)"):
+        scale.compile(X, X, 2.0, 1, N=np.int64(64))
+
+
 # ------------------------------------------------- annotation errors at the parameter
 
 def _decoration_error(make) -> tk.CompilationError:

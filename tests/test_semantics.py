@@ -157,6 +157,34 @@ def test_true_and_one_are_different_constexprs():
 
 
 
+@tk.kernel(num_warps=4)
+def chained(X: tk.gl[f32], Y: tk.gl[f32], a: int, b: int, LO: tk.constexpr = 0):
+    x = tk.load(X, (0, 0), (16, 64))
+    if LO < a <= b < 10:                      # run-time: (LO < a) and (a <= b) and (b < 10)
+        x = x * 2.0
+    if 0 <= LO < 1 < 2:                       # compile time
+        x = x + 1.0
+    tk.store(Y, x, (0, 0))
+
+
+@tk.kernel(num_warps=4)
+def chained_tiles(X: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    tk.store(Y, tk.where(0.0 < x < 1.0, x, 0.0), (0, 0))
+
+
+def test_chained_comparisons_mean_what_python_means():
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(16, 64, generator=g) + 0.5
+    for a, b, lo in ((1, 2, 0), (0, 2, 0), (3, 2, 0), (2, 10, 0), (2, 9, 0), (1, 5, 1),
+                     (2, 5, 1)):
+        y = torch.full((16, 64), float("nan"))
+        chained.interpret[(1,)](x, y, a, b, LO=lo)
+        want = x * (2.0 if lo < a <= b < 10 else 1.0) + (1.0 if 0 <= lo < 1 < 2 else 0.0)
+        assert torch.equal(y, want), (a, b, lo)
+    _refused(chained_tiles, T64, r"chained comparison of tiles.*\(a < b\) & \(b < c\)")
+
+
 @tk.kernel(num_warps=1)
 def starred(X: tk.gl[f32], Y: tk.gl[f32], SH: tk.constexpr = (2, 3, 4)):
     *outer, M, N = X.shape

@@ -921,10 +921,22 @@ class KernelBuilder(ast.NodeVisitor):
         return self.binary(node, _BINOPS[type(node.op)], a, b)
 
     def visit_Compare(self, node):
-        if len(node.ops) != 1:
-            raise self.error(node, "chained comparisons are not supported")
-        a, b = self.eval(node.left), self.eval(node.comparators[0])
-        op = type(node.ops[0])
+        """`a < b`, and a chain `a < b <= c` as (a < b) and (b <= c), each
+        operand evaluated once (all of them: run-time `and` does not skip)."""
+        values = [self.eval(node.left)] + [self.eval(c) for c in node.comparators]
+        if len(node.ops) > 1 and any(isinstance(v, V.TileLike) for v in values):
+            raise self.error(node, "a chained comparison of tiles: write each comparison and "
+                                   "combine the masks with & (in parentheses: (a < b) & (b < c))")
+        results = [self._compare(node, type(op), a, b)
+                   for op, a, b in zip(node.ops, values, values[1:])]
+        if not any(_is_runtime(r) for r in results):
+            return all(results) if len(results) > 1 else results[0]
+        out = results[0]
+        for r in results[1:]:
+            out = V.scalar_binary("and", out, r)
+        return out
+
+    def _compare(self, node, op, a, b):
         if op in (ast.Is, ast.IsNot) and (a is None or b is None):
             return (a is b) == (op is ast.Is)       # a run-time value is never None
         if op in (ast.Is, ast.IsNot, ast.In, ast.NotIn):

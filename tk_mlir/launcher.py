@@ -40,7 +40,8 @@ from typing import Callable, Sequence
 
 from .dtypes import DTYPES
 from .global_reads import ABSENT
-from .params import EMPTY, GL, PGL, AbiParam, KernelParams, constexpr_tag, peer_pieces
+from .params import (EMPTY, GL, PGL, PYTHON_NUMBER, AbiParam, KernelParams, constexpr_tag,
+                     peer_pieces)
 from .runtime.arguments import ArgumentError, check_tensor, tensor_info
 from .runtime.peers import PeerTensor, read_peers
 from .target import TARGETS
@@ -225,9 +226,6 @@ def launch_device_code(params: KernelParams, env: dict) -> tuple[list[int], list
             f"{a}.local.get_device()")
 
 
-_PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) or float(x))"
-
-
 def check_scalar(name: str, kind: str, value):
     if kind == "i32":
         if type(value) is int and not _I32_MIN <= value <= _I32_MAX:
@@ -236,9 +234,9 @@ def check_scalar(name: str, kind: str, value):
                                 f"pass it as a tk.constexpr)")
         if type(value) is not int:
             raise ArgumentError(f"argument '{name}' = {value!r} must be an int that fits in 32 "
-                                f"bits{_PYTHON_NUMBER}")
+                                f"bits{PYTHON_NUMBER}")
     elif type(value) not in (int, float):
-        raise ArgumentError(f"argument '{name}' = {value!r} must be a float{_PYTHON_NUMBER}")
+        raise ArgumentError(f"argument '{name}' = {value!r} must be a float{PYTHON_NUMBER}")
 
 
 def _abi_variables(params: KernelParams, values: list, local: list[str], peers: set,

@@ -196,14 +196,18 @@ class KernelParams:
             elif p.kind == I32:
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise ArgumentError(f"argument '{p.name}' must be an int, got "
-                                        f"{describe_value(v)}{_a_value_not_a_type(v)}")
+                                        f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((I32,))
             elif p.kind == F32:
                 if not isinstance(v, (int, float)) or isinstance(v, bool):
                     raise ArgumentError(f"argument '{p.name}' must be a float, got "
-                                        f"{describe_value(v)}{_a_value_not_a_type(v)}")
+                                        f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((F32,))
             else:
+                if _numpy_scalar(v):
+                    raise ArgumentError(f"constexpr '{p.name}' = {v!r} must be a Python value "
+                                        f"(an int, float, bool, str, tuple or tk dtype): "
+                                        f"convert numpy scalars with int(x) or float(x)")
                 if not hashable(v):
                     raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
                                         f"hashable (an int, float, bool, str, tuple or tk "
@@ -330,13 +334,22 @@ def describe_value(v) -> str:
     return text if len(text) <= 80 else f"{text[:60]}... ({type(v).__name__})"
 
 
-def _a_value_not_a_type(v) -> str:
-    """A hint where a scalar parameter was given a type (`compile(..., int)`):
+PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) or float(x))"
+
+
+def _numpy_scalar(v) -> bool:
+    return type(v).__module__ == "numpy"
+
+
+def _scalar_hint(v) -> str:
+    """A hint where a scalar parameter was given a type (`compile(..., int)`:
     a kernel specializes on tensors' specs, and takes a sample value for a
-    scalar."""
+    scalar) or a numpy or torch scalar (Python numbers only)."""
     if v in (int, float):
         return (f" (the type itself: a scalar parameter takes a value, also in compile(); "
                 f"any {v.__name__} will do, e.g. {v(1)!r})")
+    if _numpy_scalar(v) or getattr(v, "shape", None) == ():
+        return PYTHON_NUMBER
     return ""
 
 

@@ -332,14 +332,14 @@ def instance(scope: str, warp: int, num_warps: int) -> range:
     return range(first, first + n)
 
 
-def uniform(value, loc, what: str):
+def uniform(value, loc, what: str,
+            why: str = "the interpreter does not model thread-varying values there yet"):
     """A per-thread scalar that must be one value (under the active lanes) as a
-    Python number; else an error at loc."""
+    Python number; else an error at loc (`why`: the rule it breaks)."""
     a = np.asarray(value)
     if a.ndim and not (a == a.flat[0]).all() and not (np.isnan(a).all()
                                                        if a.dtype.kind == "f" else False):
-        raise error(loc, f"{what} differs between threads; the interpreter does not model "
-                         f"thread-varying values there yet")
+        raise error(loc, f"{what} differs between threads; {why}")
     return a.flat[0].item() if a.ndim else a.item()
 
 

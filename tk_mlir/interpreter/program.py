@@ -160,7 +160,10 @@ class TileStep:
         for k, kind in enumerate(self.kinds):
             got = [a.operands[k] for a in arrivals]
             if kind == "scalar":
-                got = [uniform(g, self.loc, f"{self.name}: operand {k}") for g in got]
+                got = [uniform(g, self.loc, f"{self.name}: operand {k}",
+                               f"a tile op's coordinates and scalars are one value over its "
+                               f"{self.scope} (each thread holds a part of the tile; tk-lint's "
+                               f"[varying-operand])") for g in got]
             if any(g is not got[0] and not (kind != "tile" and _same_number(g, got[0]))
                    for g in got):
                 raise error(self.loc, f"{self.name}: operand {k} differs between the warps of "
