@@ -326,36 +326,17 @@ def partial_tiles(func, ops, num_warps: int) -> None:
                     f"(scope=\"warp\" or \"warpgroup\")")
 
 
-def _varies_over(v, uniform: Uniformity, threads: int, seen: set) -> bool:
-    """Whether v may differ within groups of `threads` consecutive threads:
-    `uniform` says it may, and neither v (_uniform_over) nor, through plain
-    arithmetic and a loop's counter, what it is made from is cleared (the
-    counter of `for i in range(tk.warp_id() // 4, n)` is one value per
-    warpgroup). A loop-carried value or an if's result stays varying."""
-    if not uniform.varies(v) or _uniform_over(v, threads):
-        return False
-    if v in seen:
-        return True
-    seen.add(v)
-    if isinstance(v, ir.BlockArgument):
-        loop = v.owner.owner
-        return not (loop.name == "scf.for" and v.arg_number == 0) or any(
-            _varies_over(c, uniform, threads, seen) for c in list(loop.operands)[:3])
-    op = v.owner
-    d = tk.op_def(op)
-    if (d is not None and getattr(d, uniform.trait)) or len(op.regions):
-        return True
-    return any(_varies_over(x, uniform, threads, seen) for x in op.operands)
-
-
 def varying_operands(func, ops, num_warps: int) -> None:
     """A tile op whose scalar operand (a coordinate of tk.load or tk.store, a
     scalar it applies) may differ between the threads of the op's scope (it
     depends on the lane, warp or thread id): each thread uses its own value
     for its part of the tile, so a tile load takes each thread's part from
-    its own row, not one tile (the interpreter stops there). Values made
-    uniform by arithmetic the traits see through (_uniform_over) are
-    cleared, as in partial_tiles; others still warn."""
+    its own row, not one tile (the interpreter stops there). A value made
+    uniform over the scope by arithmetic the traits do not see through
+    (_uniform_over: an id divided down, compared across whole groups) is
+    cleared, and so is what is made only of cleared or uniform values (a
+    loop's counter, a carried value, an if's result); other arithmetic that
+    makes a value uniform still warns."""
     uniformity: dict = {}
     for op in ops:
         scope = tk.tile_scope(op)
@@ -364,12 +345,13 @@ def varying_operands(func, ops, num_warps: int) -> None:
         warps = T.scope_warps(scope, num_warps)
         trait = "lane_varying" if warps == 1 else \
             "warpgroup_varying" if warps <= 4 else "thread_varying"
-        if trait not in uniformity:
-            uniformity[trait] = Uniformity(func, trait=trait)
+        if (trait, warps) not in uniformity:
+            uniformity[trait, warps] = Uniformity(
+                func, trait=trait, cleared=lambda v, threads=32 * warps: _uniform_over(v, threads))
         for i, v in enumerate(op.operands):
             if isinstance(T.parse(v.type), (T.RT, T.RV, T.GL, T.ST, T.SV, T.Sem)):
                 continue
-            if _varies_over(v, uniformity[trait], 32 * warps, set()):
+            if uniformity[trait, warps].varies(v):
                 warn_at(op.location, "varying-operand", f"operand {i} of this {scope}-scope "
                         f"tile op may differ between the threads of its {scope} (it depends "
                         f"on the lane, warp or thread id): each thread would use its own "

@@ -45,11 +45,16 @@ class Uniformity:
     propagated forward over its ops until nothing changes (a loop-carried
     value can become varying through what its loop yields)."""
 
-    def __init__(self, func, trait: str = "thread_varying"):
+    def __init__(self, func, trait: str = "thread_varying", cleared=None):
+        """cleared(v): whether v is known uniform whatever it is made from
+        (arithmetic the traits do not see through, e.g. an id divided down
+        to whole groups); such a value never varies, nor what only it
+        makes vary."""
         self.trait = trait
         self.varying: set = set()
         ops: list = []
         func.operation.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+        known: dict = {}
         changed = True
         while changed:
             changed = False
@@ -57,6 +62,11 @@ class Uniformity:
                 for v, sources in self._edges(op):
                     if v not in self.varying and (sources is True or
                                                   any(s in self.varying for s in sources)):
+                        if cleared is not None:
+                            if v not in known:
+                                known[v] = cleared(v)
+                            if known[v]:
+                                continue
                         self.varying.add(v)
                         changed = True
 

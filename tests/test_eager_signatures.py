@@ -7,6 +7,8 @@ a new key. The library runs on CPU tensors in the interpreter here; the
 GPU tests exercise the same paths on the device."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -461,6 +463,67 @@ def test_remembered_backwards_take_gradients_in_any_layout(interpret):
                                    (x64, r64, w64), (dy.double(), dh.double()))
         assert all(_rel(a, b) < 2e-2 for a, b in zip(got, want)), (dy.stride(), dh.stride())
     assert len(norms._FUSED_ADD) == 1
+
+
+def _saved_contiguous():
+    """Saved-tensor hooks that hand the backward contiguous copies of strided
+    views, as activation offloading's save_on_cpu does."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous(), lambda t: t)
+
+
+def test_remembered_backwards_take_saved_tensors_a_hook_lays_out_anew(interpret):
+    """A remembered backward's launches are bound to the layouts of the
+    tensors autograd saved; a saved-tensor hook may hand them back laid out
+    otherwise (strided views as contiguous copies): each such layout gets
+    its own plan (eager.per_layout; the autouse fixture holds every bound
+    launch to its first layout). Strided views of one projection, once as
+    they are, then through the hook, each against float64."""
+    from tk_mlir.kernels import attention_varlen
+    g = torch.Generator().manual_seed(12)
+
+    def attention_case():
+        qkv = _bf16(g, 1, 80, 3 * 2, 64)                    # (B, N, 3H, D): q, k, v views
+        q, k, v = (t.transpose(1, 2).requires_grad_() for t in qkv.split(2, dim=2))
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        want = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
+        return (q, k, v), lambda q, k, v: attention(q, k, v, causal=True), ref, want
+
+    def varlen_case():
+        cu = torch.tensor([0, 30, 80], dtype=torch.int32)
+        q, k, v = (t.requires_grad_() for t in _bf16(g, 80, 3 * 2, 64).split(2, dim=1))
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+            *(t[a:b].transpose(0, 1) for t in ref), is_causal=True).transpose(0, 1)
+            for a, b in ((0, 30), (30, 80))])
+        return (q, k, v), lambda q, k, v: attention_varlen(q, k, v, cu, cu, 50, 50,
+                                                           causal=True), ref, want
+
+    def swiglu_case():
+        gate, up = (t.requires_grad_() for t in _bf16(g, 24, 2 * 64).chunk(2, dim=1))
+        ref = [t.detach().double().requires_grad_() for t in (gate, up)]
+        return (gate, up), swiglu, ref, torch.nn.functional.silu(ref[0]) * ref[1]
+
+    def rms_norm_case():
+        x = _bf16(g, 24, 2 * 64)[:, :64].requires_grad_()
+        w = _bf16(g, 64).requires_grad_()
+        ref = [t.detach().double().requires_grad_() for t in (x, w)]
+        return (x, w), rms_norm, ref, torch.nn.functional.rms_norm(ref[0], (64,), ref[1], 1e-6)
+
+    def matmul_case():
+        a, b = _bf16(g, 40, 2 * 64)[:, :64].requires_grad_(), _bf16(g, 48, 64).requires_grad_()
+        ref = [t.detach().double().requires_grad_() for t in (a, b)]
+        return (a, b), matmul, ref, ref[0] @ ref[1].T
+
+    for case in (attention_case, varlen_case, swiglu_case, rms_norm_case, matmul_case):
+        for hooked in (False, True, False):
+            inputs, fn, ref, want = case()
+            with _saved_contiguous() if hooked else contextlib.nullcontext():
+                out = fn(*inputs)
+            dy = torch.rand_like(out) - 0.5
+            got = torch.autograd.grad(out, inputs, dy)
+            wanted = torch.autograd.grad(want, ref, dy.double())
+            assert _rel(out, want) < 2e-2, case.__name__
+            assert all(_rel(a, b) < 2e-2 for a, b in zip(got, wanted)), (case.__name__, hooked)
 
 
 @pytest.mark.parametrize("shape, b_layout", [((40, 64, 48), "nk"), ((24, 32, 80), "kn"),

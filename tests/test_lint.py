@@ -339,6 +339,19 @@ def k_warp_tile_at_its_warps_row(X: tk.gl[f32], IDX: tk.gl["i32"]):
         tk.store(X, t * 2.0, (r + i, 0))
 
 
+@tk.kernel(num_warps=8)
+def k_warpgroup_tiles_at_rows_uniform_over_it(X: tk.gl[f32]):
+    if tk.warp_id() >= 4:                      # an if's result, one value per warpgroup
+        row = 1
+    else:
+        row = 0
+    t = tk.load(X, (row + (tk.thread_id() // 128) % 3, 0), (64, 64), scope="warpgroup")
+    carried = tk.warp_id() // 4                # carried by a loop, one value per warpgroup
+    for k in range(2):
+        tk.store(X, t + 1.0, (carried * carried, 0))
+        carried = carried + 2
+
+
 def test_a_tile_coordinate_that_varies_in_its_scope_warns_at_its_line():
     """Each thread would take its part of the tile from its own row: the
     interpreter stops there, the lint says so at compile time."""
@@ -348,6 +361,8 @@ def test_a_tile_coordinate_that_varies_in_its_scope_warns_at_its_line():
         messages, "tile_at_a_per_thread_row", "varying-operand")
     assert lint_warnings(lambda: k_warp_tile_at_its_warps_row.compile(
         spec(2048, 64, dtype=f32), spec(128, dtype="i32"))) == []
+    assert lint_warnings(lambda: k_warpgroup_tiles_at_rows_uniform_over_it.compile(
+        spec(2048, 64, dtype=f32))) == []
     import torch
     from tk_mlir.interpreter import InterpretError
     with warnings.catch_warnings(), pytest.raises(

@@ -76,12 +76,15 @@ def test_numpy_and_torch_scalars_are_refused_with_the_conversion():
     import numpy as np
     hint = r"convert numpy and torch scalars with int\(x\) or float\(x\)"
     for s, n in ((np.float32(2.0), 1), (2.0, np.int64(1)), (2.0, np.int32(1)),
-                 (torch.tensor(2.0), 1)):
+                 (torch.tensor(2.0), 1), (2.0, torch.tensor(1))):
         with pytest.raises(tk.ArgumentError, match=hint):
             scale.compile(X, X, s, n)
-    with pytest.raises(tk.ArgumentError, match=r"constexpr 'N' = np.int64\(64\) must be a "
-                                               r"Python value .*int\(x\)"):
-        scale.compile(X, X, 2.0, 1, N=np.int64(64))
+    for n in (np.int64(64), torch.tensor(64), np.array(64)):
+        with pytest.raises(tk.ArgumentError, match=r"constexpr 'N' = .* must be a Python value "
+                                                   r".*int\(x\)"):
+            scale.compile(X, X, 2.0, 1, N=n)
+    with pytest.raises(tk.ArgumentError, match=hint):           # (a float subclass, too)
+        scale.compile(X, X, np.float64(2.0), 1)
 
 
 # ------------------------------------------------- annotation errors at the parameter

@@ -168,6 +168,18 @@ def chained(X: tk.gl[f32], Y: tk.gl[f32], a: int, b: int, LO: tk.constexpr = 0):
 
 
 @tk.kernel(num_warps=4)
+def short_circuit(X: tk.gl[f32], Y: tk.gl[f32], n: int, K: tk.constexpr):
+    x = tk.load(X, (0, 0), (16, 64))
+    if 0 < K <= n:                            # K = 0: false at compile time, the rest unread
+        tk.store(Y, tk.load(X, (0, 0), (16, K)), (0, 0))
+    if K > 0 and n >= K:                      # likewise
+        tk.store(Y, tk.load(X, (0, 0), (16, K)), (0, 0))
+    if K == 0 or n > 0:                       # K = 0: true at compile time
+        x = x * 2.0
+    tk.store(Y, x, (0, 0))
+
+
+@tk.kernel(num_warps=4)
 def chained_tiles(X: tk.gl[f32], Y: tk.gl[f32]):
     x = tk.load(X, (0, 0), (16, 64))
     tk.store(Y, tk.where(0.0 < x < 1.0, x, 0.0), (0, 0))
@@ -183,6 +195,9 @@ def test_chained_comparisons_mean_what_python_means():
         want = x * (2.0 if lo < a <= b < 10 else 1.0) + (1.0 if 0 <= lo < 1 < 2 else 0.0)
         assert torch.equal(y, want), (a, b, lo)
     _refused(chained_tiles, T64, r"chained comparison of tiles.*\(a < b\) & \(b < c\)")
+    y = torch.full((16, 64), float("nan"))
+    short_circuit.interpret[(1,)](x, y, 5, K=0)      # (a (16, 0) tile would be refused)
+    assert torch.equal(y, x * 2.0)
 
 
 @tk.kernel(num_warps=1)

@@ -922,18 +922,27 @@ class KernelBuilder(ast.NodeVisitor):
 
     def visit_Compare(self, node):
         """`a < b`, and a chain `a < b <= c` as (a < b) and (b <= c), each
-        operand evaluated once (all of them: run-time `and` does not skip)."""
-        values = [self.eval(node.left)] + [self.eval(c) for c in node.comparators]
-        if len(node.ops) > 1 and any(isinstance(v, V.TileLike) for v in values):
-            raise self.error(node, "a chained comparison of tiles: write each comparison and "
-                                   "combine the masks with & (in parentheses: (a < b) & (b < c))")
-        results = [self._compare(node, type(op), a, b)
-                   for op, a, b in zip(node.ops, values, values[1:])]
-        if not any(_is_runtime(r) for r in results):
-            return all(results) if len(results) > 1 else results[0]
-        out = results[0]
-        for r in results[1:]:
-            out = V.scalar_binary("and", out, r)
+        operand evaluated once, left to right: a link false at compile time
+        ends the chain there (the operands after it are not evaluated, as
+        in Python); run-time links are and-ed (every operand evaluated, as
+        `and` of run-time values is)."""
+        if len(node.ops) == 1:
+            return self._compare(node, type(node.ops[0]), self.eval(node.left),
+                                 self.eval(node.comparators[0]))
+        a, out = self.eval(node.left), True
+        for op, right in zip(node.ops, node.comparators):
+            b = self.eval(right)
+            if isinstance(a, V.TileLike) or isinstance(b, V.TileLike):
+                raise self.error(node, "a chained comparison of tiles: write each comparison "
+                                       "and combine the masks with & (in parentheses: (a < b) "
+                                       "& (b < c))")
+            link = self._compare(node, type(op), a, b)
+            if not _is_runtime(link):
+                if not link:
+                    return False
+            else:
+                out = link if out is True else V.scalar_binary("and", out, link)
+            a = b
         return out
 
     def _compare(self, node, op, a, b):
@@ -953,18 +962,22 @@ class KernelBuilder(ast.NodeVisitor):
         return V.compare(name, a, b)
 
     def visit_BoolOp(self, node):
-        vals = [self.eval(v) for v in node.values]
-        if any(isinstance(v, V.TileLike) for v in vals):
-            raise self.error(node, "`and` / `or` need one truth value; combine masks "
-                                   "elementwise with & and | (in parentheses: (a < b) & (c < d))")
-        if not any(_is_runtime(v) for v in vals):
-            out = vals[0]
-            for v in vals[1:]:
-                out = (out and v) if isinstance(node.op, ast.And) else (out or v)
-            return out
-        out = vals[0]
-        for v in vals[1:]:
-            out = V.scalar_binary("and" if isinstance(node.op, ast.And) else "or", out, v)
+        """`and` / `or`, left to right: a compile-time operand that decides
+        (false in an `and`, true in an `or`) ends it there, the operands after
+        it not evaluated, as in Python; one that does not is skipped (or is
+        the value, when all are compile-time). Run-time operands are combined
+        (each evaluated: a run-time value does not skip the rest)."""
+        is_and, out = isinstance(node.op, ast.And), None
+        for i, expr in enumerate(node.values):
+            v = self.eval(expr)
+            if isinstance(v, V.TileLike):
+                raise self.error(node, "`and` / `or` need one truth value; combine masks "
+                                       "elementwise with & and | (in parentheses: (a < b) & "
+                                       "(c < d))")
+            if _is_runtime(v):
+                out = v if out is None else V.scalar_binary("and" if is_and else "or", out, v)
+            elif bool(v) != is_and or (out is None and i == len(node.values) - 1):
+                return v
         return out
 
     def _comprehension(self, node):

@@ -194,20 +194,21 @@ class KernelParams:
             elif p.kind == GL:
                 sig.append(self._tensor_key(p, read_tensor(v, p.name)))
             elif p.kind == I32:
-                if not isinstance(v, int) or isinstance(v, bool):
+                if not isinstance(v, int) or isinstance(v, bool) or _numpy_scalar(v):
                     raise ArgumentError(f"argument '{p.name}' must be an int, got "
                                         f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((I32,))
             elif p.kind == F32:
-                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or _numpy_scalar(v):
                     raise ArgumentError(f"argument '{p.name}' must be a float, got "
                                         f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((F32,))
             else:
-                if _numpy_scalar(v):
-                    raise ArgumentError(f"constexpr '{p.name}' = {v!r} must be a Python value "
-                                        f"(an int, float, bool, str, tuple or tk dtype): "
-                                        f"convert numpy scalars with int(x) or float(x)")
+                if _numpy_scalar(v) or _array(v):
+                    raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
+                                        f"a Python value (an int, float, bool, str, tuple or "
+                                        f"tk dtype): convert numpy and torch scalars with "
+                                        f"int(x) or float(x)")
                 if not hashable(v):
                     raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
                                         f"hashable (an int, float, bool, str, tuple or tk "
@@ -339,6 +340,11 @@ PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) 
 
 def _numpy_scalar(v) -> bool:
     return type(v).__module__ == "numpy"
+
+
+def _array(v) -> bool:
+    """A tensor or array (torch, numpy, any with a shape and a dtype)."""
+    return hasattr(v, "shape") and hasattr(v, "dtype")
 
 
 def _scalar_hint(v) -> str:

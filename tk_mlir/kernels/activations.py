@@ -95,7 +95,8 @@ def _prepare(gate, up):
     run = planned(gate, up, same_signature=True)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         from tk_mlir.kernels import custom_ops
-        back = planned_backward(gate, up, same_signature=True)
+        back = eager.per_layout(lambda gate, up: planned_backward(gate, up, same_signature=True),
+                                2)
         return lambda gate, up: custom_ops.EagerSwiglu.apply(gate, up, run, back)
     return run
 

@@ -134,6 +134,27 @@ def laid_out(t, shape, strides, dtype):
     return torch.empty_strided(shape, strides, dtype=dtype, device=t.device).copy_(t)
 
 
+def per_layout(make, saved: int):
+    """`run(grad, *args, **keywords)` for a remembered backward whose launches
+    are bound to the layouts of the tensors autograd saved (`args[:saved]`):
+    the plan `make(*args[:saved])` returns for tensors laid out as these,
+    made once per layout seen. Saved tensors come back as the forward saw
+    them, unless a saved-tensor hook hands copies laid out otherwise
+    (activation offloading's save_on_cpu: a strided view comes back
+    contiguous); a plan bound to the forward's layout would read those
+    with the wrong strides."""
+    plans: dict = {}
+
+    def run(grad, *args, **keywords):
+        key = tuple(None if t is None else (t.stride(), t.data_ptr() & 15)
+                    for t in args[:saved])
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = make(*args[:saved])
+        return plan(grad, *args, **keywords)
+    return run
+
+
 def launcher(kernel, same_signature: bool):
     """kernel's `_signature_launcher` for a function prepared for one signature
     (every call's tensors laid out as the first's: launches read their

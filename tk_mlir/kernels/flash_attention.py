@@ -467,13 +467,13 @@ def _prepared_run(planned, causal, scale, return_lse, deterministic, left, right
     """_prepare's `run(q, k, v)` on tensors the kernels read as they lie."""
     from tk_mlir.kernels import custom_ops  # registers torch.ops.tk_mlir on first use
     if grad:
-        backward = []       # planned at the first backward (its task table), then kept
+        # planned at the first backward (its task table) per layout of the saved
+        # tensors, then kept
+        backward = eager.per_layout(lambda q, k, v, o, lse: planned_backward(
+            q, k, causal, scale, deterministic, left, right, softcap, same_signature=True), 5)
 
         def remembered_backward(do, q, k, v, o, lse, *options, dlse=None, **keywords):
-            if not backward:
-                backward.append(planned_backward(q, k, causal, scale, deterministic, left, right,
-                                                 softcap, same_signature=True))
-            return backward[0](do, q, k, v, o, lse, dlse)
+            return backward(do, q, k, v, o, lse, dlse)
 
         def run_recorded(q, k, v):
             o, lse = custom_ops.EagerAttention.apply(q, k, v, causal, scale, deterministic, left,

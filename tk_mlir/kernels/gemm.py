@@ -591,7 +591,7 @@ def _planned(a, b, c, b_layout: str, grads: bool):
     if grads:                                   # (c is None: checked_grads refuses it)
         from tk_mlir.kernels import custom_ops
         product = _planned(a, b, None, b_layout, False)
-        gradients = planned_grads(a, b, b_layout)
+        gradients = eager.per_layout(lambda a, b: planned_grads(a, b, b_layout), 2)
         return lambda a, b, c: custom_ops.EagerMatmul.apply(a, b, b_layout, product, gradients)
     shape = output_shape(a, b, b_layout)       # (c: a's dtype and device, as a.new_empty)
     as_they_lie = a.is_cuda and not is_blackwell(a.get_device()) and \

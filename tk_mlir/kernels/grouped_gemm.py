@@ -408,7 +408,7 @@ def _prepare(a, b, sizes, c, b_layout: str, recorded: bool):
     if recorded:                                # (c is None: refused with grads)
         from tk_mlir.kernels import custom_ops
         product = _planned(a, b, sizes, None, b_layout)
-        gradients = planned_grads(a, b, b_layout)
+        gradients = eager.per_layout(lambda a, b, sizes: planned_grads(a, b, b_layout), 3)
         return lambda a, b, sizes, c: custom_ops.EagerGroupedMatmul.apply(
             a, b, sizes.to(a.device), b_layout, product, gradients)
     return _planned(a, b, sizes, c, b_layout)

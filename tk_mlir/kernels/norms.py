@@ -254,7 +254,8 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     params = dict(weight=weight) if fn == "rms_norm" else dict(weight=weight, bias=bias)
     eps = _check(fn, x, eps, _out(out), **params)
     grads = _recorded(fn, out, x, *params.values())
-    back = planned_backward(fn, x, weight, same_signature=True) if grads else None
+    back = eager.per_layout(lambda x, weight: planned_backward(fn, x, weight, same_signature=True),
+                            2) if grads else None
     if fn == "rms_norm":
         launch = planned_rms_norm(x, same_signature=True)
         if grads:
@@ -469,9 +470,10 @@ def _prepare_fused_add(norm: str, x, residual, weight, bias, eps):
     *inputs, eps = _checked_fused_add(norm, x, residual, weight, bias, eps)
     rms = norm == "rms_norm"
     if _recorded(f"fused_add_{norm}", None, *inputs):
-        # the backward's x is the sum h, a new contiguous tensor like x
-        back = planned_backward(norm, x.new_empty(x.shape), weight, with_dh=True,
-                                same_signature=True)
+        # the backward's x is the sum h, a new contiguous tensor like x (unless a
+        # saved-tensor hook hands it otherwise: eager.per_layout)
+        back = eager.per_layout(lambda h, weight: planned_backward(
+            norm, h, weight, with_dh=True, same_signature=True), 2)
         return lambda x, residual, weight, bias: custom_ops.EagerFusedAddNorm.apply(
             norm, back, x, residual, weight, *(() if rms else (bias,)), eps)
     return lambda x, residual, weight, bias: launch_fused_add(

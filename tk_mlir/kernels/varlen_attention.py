@@ -117,13 +117,13 @@ def _prepare(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, win
     masks = (causal, scale, left, right, softcap)
     planned = planned_forward(q, k, v, *masks, same_signature=True)
     if grad:
-        backward = []       # planned at the first backward, then kept
+        # planned at the first backward per layout of the saved tensors, then kept
+        backward = eager.per_layout(lambda q, k, v, o, lse: planned_backward(
+            q, k, *masks, same_signature=all(checks.kernel_operand(t) is t
+                                             for t in (q, k, v, o))), 5)
 
         def remembered_backward(do, q, k, v, o, lse, cu_q, cu_k, *options, dlse=None):
-            if not backward:
-                bound = all(checks.kernel_operand(t) is t for t in (q, k, v, o))
-                backward.append(planned_backward(q, k, *masks, same_signature=bound))
-            return backward[0](do, q, k, v, o, lse, cu_q, cu_k, dlse)
+            return backward(do, q, k, v, o, lse, cu_q, cu_k, dlse)
 
         def run(q, k, v, cu_q, cu_k):
             return custom_ops.EagerAttentionVarlen.apply(q, k, v, cu_q, cu_k, *masks, planned,
