@@ -53,6 +53,15 @@ def test_kernels_in_the_interpreter(smoothing):
     cross_entropy_backward_kernel.interpret[(n,)](inplace, t, lse, scale, inplace, -100,
                                                   smoothing, CHUNK=256)
     assert torch.equal(inplace, dx)
+    if smoothing == 0.0:        # the fused kernel (linear_cross_entropy's forward): the same bits
+        from tk_mlir.kernels.losses import cross_entropy_with_grad_kernel
+        fused, loss2, lse2 = x.clone(), torch.full_like(loss, float("nan")), torch.full_like(
+            lse, float("nan"))
+        cross_entropy_with_grad_kernel.interpret[(n,)](fused, t, loss2, lse2, scale, -100,
+                                                       CHUNK=256)
+        assert torch.equal(fused.nan_to_num(7.0), dx.nan_to_num(7.0))
+        assert torch.equal(lse2[:n], lse[:n])
+        assert torch.equal(loss2[:n].nan_to_num(-1.0), loss[:n].nan_to_num(-1.0))
 
 
 def test_a_row_at_the_lowest_logit_keeps_a_finite_log_sum_exp():

@@ -34,7 +34,13 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
     [0, V) (a wrong target is never a silent number). Without OUTSIDE_NAN, X
     is one slice of a wider row's classes: a target outside it adds no
     logit. One row per block."""
-    row = tk.block_id(0)
+    row_loss(X, T, LOSS, LSE, tk.block_id(0), ignore_index, smoothing, CHUNK, OUTSIDE_NAN)
+
+
+@tk.func
+def row_loss(X, T, LOSS, LSE, row, ignore_index, smoothing, CHUNK, OUTSIDE_NAN):
+    """cross_entropy_kernel's work for one row: LOSS[row] and LSE[row]; returns
+    the row's (target, lse vector)."""
     v = X.shape[1]
     t = tk.load(T, (row,))
     # Each column of a CHUNK-wide tile keeps its own running max m, sum s (of
@@ -62,6 +68,7 @@ def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl
     # the scalar test as a mask, loss.indices() being 0.
     tk.store(LOSS, tk.where(loss.indices() + t == ignore_index, 0.0, loss), (row,))
     tk.store(LSE, lse, (row,))
+    return t, lse
 
 
 @tk.func
@@ -87,9 +94,29 @@ def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
     SCALE: the loss's gradient per row (for mean: dloss / count). DX may be
     X itself (the gradient in place: each step loads before it stores)."""
     row = tk.block_id(0)
+    row_grad(X, DX, row, tk.load(T, (row,)), tk.load(LSE, (row,), (1,)), SCALE, ignore_index,
+             smoothing, CHUNK)
+
+
+@tk.kernel(num_warps=8)
+def cross_entropy_with_grad_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32],
+                                   LSE: tk.gl[f32], SCALE: tk.gl[f32], ignore_index: int,
+                                   CHUNK: tk.constexpr = CHUNK):
+    """cross_entropy_kernel's LOSS and LSE (no smoothing, targets over the
+    whole row), then X turned in place into its gradient as
+    cross_entropy_backward_kernel makes it, by the same block: one launch
+    for linear_cross_entropy's forward, which knows each row's SCALE then
+    (its second walk of a row may find it in L2)."""
+    row = tk.block_id(0)
+    t, lse = row_loss(X, T, LOSS, LSE, row, ignore_index, 0.0, CHUNK, True)
+    row_grad(X, X, row, t, lse, SCALE, ignore_index, 0.0, CHUNK)
+
+
+@tk.func
+def row_grad(X, DX, row, t, lse, SCALE, ignore_index, smoothing, CHUNK):
+    """cross_entropy_backward_kernel's work for one row (t its target, lse
+    its log-sum-exp as a vector of one)."""
     v = X.shape[1]
-    t = tk.load(T, (row,))
-    lse = tk.load(LSE, (row,), (1,))
     g = tk.load(SCALE, (row,), (1,))
     for c0 in range(0, tk.cdiv(v, CHUNK), 2):     # two chunks' loads, then their stores
         x0 = tk.load(X, (row, c0), (1, CHUNK)).to(f32)
@@ -354,10 +381,8 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
         logits = torch.empty(r1 - r0, v, dtype=h.dtype, device=h.device)
         gemm.launch(h[r0:r1], weight, logits, "nk")
         part = slice(r0, r0 + -(-(r1 - r0) // 4) * 4)           # whole 16-byte rows
-        cross_entropy_kernel[(r1 - r0,)](logits, targets[part], loss_rows[part], lse[part],
-                                         ignore_index, 0.0)
-        cross_entropy_backward_kernel[(r1 - r0,)](logits, targets[part], lse[part],
-                                                  scale[part], logits, ignore_index, 0.0)
+        cross_entropy_with_grad_kernel[(r1 - r0,)](logits, targets[part], loss_rows[part],
+                                                   lse[part], scale[part], ignore_index)
         if need_h:
             gemm.launch(logits, weight, dh[r0:r1], "kn")              # dh rows: dlogits·W
         if need_weight:                                               # dW (+)= dlogitsᵀ·h
