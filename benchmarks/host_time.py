@@ -22,6 +22,10 @@ Functions (names for --only) and peers:
 - attention_fwd: 1x8x128x128 bf16 causal, against SDPA (is_causal=True);
 - attention_fwd_bwd: the same, forward then `torch.autograd.grad` with a
   given output gradient, against SDPA's;
+- attention_varlen_fwd, attention_varlen_fwd_bwd: 4 packed sequences of
+  100/37/128/64 tokens x 8 heads x 128 bf16 causal, the offsets one tensor
+  for every set (a batch's, shared by a model's layers), against SDPA over
+  a jagged nested tensor of the same sequences;
 - scaled_matmul: fp8 e4m3 64x2048x2048, per-tensor scales, against
   `torch._scaled_mm` (use_fast_accum=True) with the same scales;
 - grouped_matmul: 8 x (128 x 1024 x 1024), sizes on the device (all 128
@@ -174,6 +178,56 @@ def _attention_case(backward, b=1, h=8, n=128, d=128):
                 make, tk, peer, tol=3e-2)
 
 
+def _varlen_case(backward, lens=(100, 37, 128, 64), h=8, d=128):
+    """attention_varlen over packed sequences, the offsets one tensor shared by
+    every set (a model's layers share a batch's); the peer SDPA over a jagged
+    nested tensor of the same sequences."""
+    offsets = []
+
+    def cu():
+        import torch
+        if not offsets:
+            offsets.append(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
+                                        dtype=torch.int32, device=DEVICE))
+        return offsets[0]
+
+    def make(g):
+        q, k, v = (_u(g, sum(lens), h, d) for _ in range(3))
+        if not backward:
+            return q, k, v
+        return (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _u(g, sum(lens), h, d))
+
+    def run(attn, q, k, v, do=None):
+        import torch
+        o = attn(q, k, v)
+        if do is None:
+            return o
+        return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+
+    def tk(*s):
+        from tk_mlir.kernels import attention_varlen
+        return run(lambda q, k, v: attention_varlen(q, k, v, cu(), cu(), max(lens), max(lens),
+                                                    causal=True), *s)
+
+    def peer(*s):
+        import torch
+        import torch.nn.functional as F
+
+        def nested(q, k, v):
+            qn, kn, vn = (torch.nested.nested_tensor_from_jagged(
+                t, cu().long(), min_seqlen=min(lens), max_seqlen=max(lens)).transpose(1, 2)
+                for t in (q, k, v))
+            return F.scaled_dot_product_attention(qn, kn, vn, is_causal=True).transpose(
+                1, 2).values()
+        return run(nested, *s)
+
+    what = "fwd+bwd" if backward else "fwd"
+    shape = f"{len(lens)} seqs {'/'.join(map(str, lens))} x {h} x {d} causal"
+    return Case(f"attention_varlen_{what.replace('+', '_')}", f"attention_varlen {what} {shape}",
+                f"SDPA nested {what}", f"{shape} bf16", "attention_varlen", make, tk, peer,
+                tol=3e-2)
+
+
 def _scaled_case(m=64, n=2048, k=2048):
     def make(g):
         import torch
@@ -266,6 +320,7 @@ def cases() -> dict[str, Case]:
     all_cases = [_matmul_case(64, 256, 256), _matmul_case(16, 4096, 4096),
                  _norm_case("rms_norm"), _norm_case("layer_norm"),
                  _attention_case(False), _attention_case(True),
+                 _varlen_case(False), _varlen_case(True),
                  _scaled_case(), _grouped_case(), _swiglu_case(), _rotary_case()]
     return {c.name: c for c in all_cases}
 
