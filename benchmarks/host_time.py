@@ -150,27 +150,36 @@ def _norm_case(which, rows=16, d=4096):
                 make, tk, peer, inplace)
 
 
+def _qkv(g, backward: bool, *shape) -> tuple:
+    """An attention case's set: q, k, v of `shape`, and with `backward` also
+    the output's gradient (q, k, v requiring grad)."""
+    q, k, v = (_u(g, *shape) for _ in range(3))
+    if not backward:
+        return q, k, v
+    return (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _u(g, *shape))
+
+
+def _run_attention(attn, q, k, v, do=None):
+    """attn(q, k, v), and with `do` its gradients too: (o, dq, dk, dv)."""
+    import torch
+    o = attn(q, k, v)
+    if do is None:
+        return o
+    return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+
+
 def _attention_case(backward, b=1, h=8, n=128, d=128):
     def make(g):
-        q, k, v = (_u(g, b, h, n, d) for _ in range(3))
-        if not backward:
-            return q, k, v
-        return (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _u(g, b, h, n, d))
-
-    def run(attn, q, k, v, do=None):
-        import torch
-        o = attn(q, k, v)
-        if do is None:
-            return o
-        return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+        return _qkv(g, backward, b, h, n, d)
 
     def tk(*s):
         from tk_mlir.kernels import attention
-        return run(lambda q, k, v: attention(q, k, v, causal=True), *s)
+        return _run_attention(lambda q, k, v: attention(q, k, v, causal=True), *s)
 
     def peer(*s):
         import torch.nn.functional as F
-        return run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), *s)
+        return _run_attention(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), *s)
 
     what = "fwd+bwd" if backward else "fwd"
     return Case(f"attention_{what.replace('+', '_')}", f"attention {what} {b}x{h}x{n}x{d} causal",
@@ -192,22 +201,12 @@ def _varlen_case(backward, lens=(100, 37, 128, 64), h=8, d=128):
         return offsets[0]
 
     def make(g):
-        q, k, v = (_u(g, sum(lens), h, d) for _ in range(3))
-        if not backward:
-            return q, k, v
-        return (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _u(g, sum(lens), h, d))
-
-    def run(attn, q, k, v, do=None):
-        import torch
-        o = attn(q, k, v)
-        if do is None:
-            return o
-        return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+        return _qkv(g, backward, sum(lens), h, d)
 
     def tk(*s):
         from tk_mlir.kernels import attention_varlen
-        return run(lambda q, k, v: attention_varlen(q, k, v, cu(), cu(), max(lens), max(lens),
-                                                    causal=True), *s)
+        return _run_attention(lambda q, k, v: attention_varlen(q, k, v, cu(), cu(), max(lens),
+                                                               max(lens), causal=True), *s)
 
     def peer(*s):
         import torch
@@ -219,7 +218,7 @@ def _varlen_case(backward, lens=(100, 37, 128, 64), h=8, d=128):
                 for t in (q, k, v))
             return F.scaled_dot_product_attention(qn, kn, vn, is_causal=True).transpose(
                 1, 2).values()
-        return run(nested, *s)
+        return _run_attention(nested, *s)
 
     what = "fwd+bwd" if backward else "fwd"
     shape = f"{len(lens)} seqs {'/'.join(map(str, lens))} x {h} x {d} causal"
