@@ -349,7 +349,7 @@ def varying_operands(func, ops, num_warps: int) -> None:
             uniformity[trait, warps] = Uniformity(
                 func, trait=trait, cleared=lambda v, threads=32 * warps: _uniform_over(v, threads))
         for i, v in enumerate(op.operands):
-            if isinstance(T.parse(v.type), (T.RT, T.RV, T.GL, T.ST, T.SV, T.Sem)):
+            if T.parse(v.type) is not None:       # a tile, tensor or semaphore: no scalar
                 continue
             if uniformity[trait, warps].varies(v):
                 warn_at(op.location, "varying-operand", f"operand {i} of this {scope}-scope "

@@ -194,17 +194,17 @@ class KernelParams:
             elif p.kind == GL:
                 sig.append(self._tensor_key(p, read_tensor(v, p.name)))
             elif p.kind == I32:
-                if not isinstance(v, int) or isinstance(v, bool) or _numpy_scalar(v):
+                if not isinstance(v, int) or isinstance(v, bool) or _array(v):
                     raise ArgumentError(f"argument '{p.name}' must be an int, got "
                                         f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((I32,))
             elif p.kind == F32:
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or _numpy_scalar(v):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or _array(v):
                     raise ArgumentError(f"argument '{p.name}' must be a float, got "
                                         f"{describe_value(v)}{_scalar_hint(v)}")
                 sig.append((F32,))
             else:
-                if _numpy_scalar(v) or _array(v):
+                if _array(v):
                     raise ArgumentError(f"constexpr '{p.name}' = {describe_value(v)} must be "
                                         f"a Python value (an int, float, bool, str, tuple or "
                                         f"tk dtype): convert numpy and torch scalars with "
@@ -338,12 +338,9 @@ def describe_value(v) -> str:
 PYTHON_NUMBER = " (a Python number: convert numpy and torch scalars with int(x) or float(x))"
 
 
-def _numpy_scalar(v) -> bool:
-    return type(v).__module__ == "numpy"
-
-
 def _array(v) -> bool:
-    """A tensor or array (torch, numpy, any with a shape and a dtype)."""
+    """A tensor, an array or a numpy scalar (anything with a shape and a
+    dtype; np.float64 is also a float)."""
     return hasattr(v, "shape") and hasattr(v, "dtype")
 
 
@@ -354,7 +351,7 @@ def _scalar_hint(v) -> str:
     if v in (int, float):
         return (f" (the type itself: a scalar parameter takes a value, also in compile(); "
                 f"any {v.__name__} will do, e.g. {v(1)!r})")
-    if _numpy_scalar(v) or getattr(v, "shape", None) == ():
+    if getattr(v, "shape", None) == ():          # a numpy or 0-d torch scalar
         return PYTHON_NUMBER
     return ""
 
