@@ -203,6 +203,24 @@ def test_the_gpu_made_schedule_runs_every_task_once_and_balances():
     assert schedule._dealt(21, 4, costs.device) is schedule._dealt(21, 4, costs.device)
 
 
+def test_offsets_needing_padding_are_copied_by_one_launch():
+    """checks.int32_vectors: kernel operands of 1-D int32 tables, those whose
+    rows are not whole 16-byte vectors copied into one buffer (one cat), each
+    on a 16-byte boundary, a table given twice copied once."""
+    from tk_mlir.kernels import checks
+    a = torch.randint(0, 99, (5,), dtype=torch.int32)
+    b = torch.randint(0, 99, (8,), dtype=torch.int32)
+    c = torch.randint(0, 99, (7,), dtype=torch.int32)[::2]           # strided, 4 entries
+    d = torch.randint(0, 99, (3,), dtype=torch.int32)
+    va, vb, va2, vc, vd = checks.int32_vectors(a, b, a, c, d)
+    for t, v in ((a, va), (b, vb), (a, va2), (c, vc), (d, vd)):
+        assert v.dim() == 1 and len(v) % 4 == 0 and v.stride() == (1,)
+        assert v.data_ptr() % 16 == 0 and torch.equal(v[:len(t)], t)
+    assert vb is b and va.data_ptr() == va2.data_ptr()
+    assert va.untyped_storage().data_ptr() == vd.untyped_storage().data_ptr()
+    assert checks.int32_vectors(b) == (b,)
+
+
 def _parts(table, grid):
     offsets_, tasks = table[:grid + 1], table[grid + 1:]
     return [tasks[offsets_[b] - grid - 1:offsets_[b + 1] - grid - 1].tolist() for b in range(grid)]

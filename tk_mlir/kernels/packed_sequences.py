@@ -225,9 +225,11 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
 
 def planned_tail(total_q: int, total_k: int, causal: bool, window: tuple[int, int], *,
                  forward_tasks: tuple[int, int] | None = None, same_signature: bool = False):
-    """`make(cu_q, cu_k) -> (tail, costs)`: `tail` for these totals and
-    masks, its sizes and launch chosen once; same_signature: every call's
-    offsets are laid out as the first's (eager.launcher)."""
+    """`make(cu_q, cu_k, out=None) -> (tail, costs)`: `tail` for these
+    totals and masks, its sizes and launch chosen once, written into `out`
+    (a 1-D i32 view of `make.size` entries on a 16-byte boundary) where
+    given; same_signature: every call's offsets are laid out as the first's
+    (eager.launcher)."""
     from tk_mlir.kernels import eager
     left, right = window[0], 0 if causal else window[1]
     rows = -(-max(total_q, 1) // ROW_ALIGN) * ROW_ALIGN
@@ -242,14 +244,16 @@ def planned_tail(total_q: int, total_k: int, causal: bool, window: tuple[int, in
         FORWARD=forward_tasks is not None)
     totals = (max(total_q, 1), max(total_k, 1))
 
-    def make(cu_q, cu_k):
-        out = cu_q.new_empty(size)
+    def make(cu_q, cu_k, out=None):
+        if out is None:
+            out = cu_q.new_empty(size)
         sequences = len(cu_q) - 1
-        kernel(checks.int32_table(cu_q), checks.int32_table(cu_k), out, *totals, sequences,
+        kernel(*checks.int32_vectors(cu_q, cu_k), out, *totals, sequences,
                max(sequences, 1).bit_length() + 1)
 
         def costs():
             ranges = out[ranges_at:].view(-1, SLOT)
             return (ranges[:done, 1] - ranges[:done, 0]).long()
         return out, costs
+    make.size = size
     return make

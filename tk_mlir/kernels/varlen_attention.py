@@ -202,26 +202,35 @@ def _packed(t):
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _table(cu_q, cu_k, tail_and_costs, heads: int, grid: int, call: tuple, pairs=None):
-    """A kernel's TASKS: the schedule dealt on the GPU, padded to whole 64-entry
-    vectors, then the packed sequences' tail. pairs=(cu, rows per task): the
-    tasks paired along each sequence (causal: schedule.paired_table). The
-    tail is made every call (the kernels' masks read it); the schedule is
-    the last one made for the same cu_q and cu_k, unchanged since, and the
-    same `call` (what else the costs depend on: schedule.kept_for), so the
-    layers of a model that share a batch's offsets make it once."""
+def _table(cu_q, cu_k, tail, heads: int, grid: int, call: tuple, pairs=None):
+    """A kernel's TASKS for cu_seqlens cu_q, cu_k: the schedule dealt on the
+    GPU, padded to whole 64-entry vectors, then the packed sequences' tail
+    (`tail`: packed_sequences.planned_tail's maker). pairs=(cu, rows per
+    task): the tasks paired along each sequence (causal:
+    schedule.paired_table). The tail is made every call (the kernels' masks
+    read it); the schedule is the last one made for the same cu_q and cu_k,
+    unchanged since, and the same `call` (what else the costs depend on:
+    schedule.kept_for), so the layers of a model that share a batch's
+    offsets make it once: they get the table it came in, its tail rewritten
+    in place by one launch (the launches that read it before are ahead on
+    the same stream)."""
     import torch
-    tail, costs = tail_and_costs
+    made = []
 
     def make():
+        part, costs = tail(cu_q, cu_k)
         c = costs() + flash_attention.TASK_OVERHEAD_BLOCKS
         sched = (schedule.paired_table(c, heads, grid, *pairs) if pairs else
                  schedule.sorted_table(c, heads, grid))
-        return torch.nn.functional.pad(sched, (0, -len(sched) % 64))
+        made.append(True)
+        return torch.cat((sched, part.new_zeros(-len(sched) % 64), part))
 
     key = (call, heads, grid, pairs and pairs[1], flash_attention.TASK_OVERHEAD_BLOCKS,
            schedule.PAIRED_MIN_TASKS)
-    return torch.cat((schedule.kept_for((cu_q, cu_k), key, make), tail))
+    table = schedule.kept_for((cu_q, cu_k), key, make)
+    if not made:
+        tail(cu_q, cu_k, out=table[len(table) - tail.size:])
+    return table
 
 
 def lse_like(q):
@@ -268,7 +277,7 @@ def planned_forward(q, k, v, causal: bool, scale: float, left: int = -1, right: 
         o, lse = torch.empty_like(q), lse_like(q)
         if operands:
             q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
-        tasks = _table(cu_q, cu_k, tail(cu_q, cu_k), H, grid, call,
+        tasks = _table(cu_q, cu_k, tail, H, grid, call,
                        pairs=(cu_q, bm) if paired else None)
         kernel(_packed(q), _packed(k), _packed(v), _packed(o),
                flash_attention.padded_rows(lse.unsqueeze(0)), tasks, scale2)
@@ -314,7 +323,7 @@ def planned_backward(q, k, causal: bool, scale: float, left: int = -1, right: in
             do = eager.laid_out(do, o.shape, o.stride(), o.dtype)
         else:
             q, k, v, o, do = (checks.kernel_operand(t) for t in (q, k, v, o, do))
-        tasks = _table(cu_q, cu_k, tail(cu_q, cu_k), heads, grid, call,
+        tasks = _table(cu_q, cu_k, tail, heads, grid, call,
                        pairs=(cu_k, 128) if causal else None)
         dq32 = kernels(_packed(do), _packed(q), _packed(k), _packed(v), _packed(o),
                        lse.unsqueeze(0), _packed(dk), _packed(dv), tasks,
