@@ -77,7 +77,7 @@ import functools
 
 import torch
 
-from tk_mlir.kernels import (activations, checks, decode_attention, flash_attention, gemm,
+from tk_mlir.kernels import (activations, checks, decode_attention, eager, flash_attention, gemm,
                              grouped_gemm, losses, norms, rotary, scaled_gemm,
                              chunked_linear_attention, state_space_duality,
                              taylor_linear_attention, varlen_attention)
@@ -519,7 +519,7 @@ class EagerRmsNorm(torch.autograd.Function):
         """planned, planned_backward: norms.planned_rms_norm's and
         .planned_backward's launches for x's signature (an eager call's,
         remembered)."""
-        y = x.new_empty(x.shape)
+        y = eager.empty_rows(x)
         planned(x, weight, eps, y)
         _norm_setup_context(ctx, (x, weight, eps), y)
         ctx.planned_backward = planned_backward
@@ -538,7 +538,7 @@ class EagerLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, planned, planned_backward):
-        y = x.new_empty(x.shape)
+        y = eager.empty_rows(x)
         planned(x, weight, bias, eps, y)
         _norm_setup_context(ctx, (x, weight, bias, eps), y)
         ctx.planned_backward = planned_backward

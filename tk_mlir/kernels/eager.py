@@ -70,6 +70,20 @@ _PLAIN: tuple | None = None
 _STRIDED = None
 
 
+def empty_rows(x):
+    """A new row-major tensor of x's shape, dtype and device: x.new_empty(x.shape)
+    at about half its host time (torch.empty_like parses less; ~1.5 of ~3 µs
+    on the CPU machine), for the outputs of eager calls."""
+    global _EMPTY_LIKE, _ROW_MAJOR
+    if _EMPTY_LIKE is None:
+        import torch
+        _EMPTY_LIKE, _ROW_MAJOR = torch.empty_like, torch.contiguous_format
+    return _EMPTY_LIKE(x, memory_format=_ROW_MAJOR)
+
+
+_EMPTY_LIKE = _ROW_MAJOR = None
+
+
 def option_key(*options) -> tuple:
     """The call's options with their types: the checks tell True from 1 and
     1 from 1.0, which compare (and hash) equal. A tuple option (a window)

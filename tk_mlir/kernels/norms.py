@@ -263,7 +263,7 @@ def _prepare(fn: str, x, weight, bias, eps, out):
                                                                        back)
         else:
             def run(x, weight, out):
-                out = x.new_empty(x.shape) if out is None else out
+                out = eager.empty_rows(x) if out is None else out
                 launch(x, weight, eps, out)
                 return out
     else:
@@ -273,7 +273,7 @@ def _prepare(fn: str, x, weight, bias, eps, out):
                 x, weight, bias, eps, launch, back)
         else:
             def run(x, weight, bias, out):
-                out = x.new_empty(x.shape) if out is None else out
+                out = eager.empty_rows(x) if out is None else out
                 launch(x, weight, bias, eps, out)
                 return out
     # (decided once per signature: the layouts are in its key)
