@@ -153,6 +153,24 @@ def test_angle_tables_that_require_grad_are_warned_of(interpret):
             call(angles.cos(), angles.sin())            # nothing recorded: no warning
 
 
+def test_q_and_k_differentiated_one_at_a_time(interpret):
+    """rotary_embedding_qk is two rotations: each output may be differentiated
+    on its own, one backward after the other (the one launch saved nothing
+    that the first backward frees), against float64."""
+    B, N, H, H_KV, D = 1, 6, 3, 1, 32
+    g = torch.Generator().manual_seed(12)
+    q, k = (torch.randn(B, N, h, D, generator=g).to(bf16).requires_grad_() for h in (H, H_KV))
+    cos, sin = _angles(N, D // 2, seed=13)
+    rq, rk = rotary_embedding_qk(q, k, cos, sin)
+    dq, dk = (torch.randn(t.shape, generator=g).to(bf16) for t in (rq, rk))
+    rq.backward(dq)
+    rk.backward(dk)
+    for x, d in ((q, dq), (k, dk)):
+        x64 = x.detach().double().requires_grad_()
+        _reference(x64, cos, sin).backward(d.double())
+        assert _rel(x.grad, x64.grad) < 1e-2
+
+
 def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):
     q = torch.randn(1, 4, 2, 32).to(bf16).requires_grad_()
     k = torch.randn(1, 4, 1, 32).to(bf16)

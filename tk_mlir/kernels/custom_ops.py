@@ -655,15 +655,17 @@ class EagerRotation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *args):
         *xs, cos, sin, rotate, rotate_back = args
-        ctx.save_for_backward(cos, sin)
+        # cos and sin, inputs without gradient, are held as they are rather than
+        # saved: saved tensors are freed by the first backward, and q's and k's
+        # rotations may be differentiated one at a time, as two calls would be
+        ctx.tables = cos, sin
         ctx.rotate_back = rotate_back
         return rotate(*xs, cos, sin)          # (a tuple: of one for one tensor)
 
     @staticmethod
     @first_order
     def backward(ctx, *grads):
-        cos, sin = ctx.saved_tensors
-        return (*ctx.rotate_back(*grads, cos, sin), None, None, None, None)
+        return (*ctx.rotate_back(*grads, *ctx.tables), None, None, None, None)
 
 # ------------------------------------------------------------------ losses
 
