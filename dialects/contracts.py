@@ -74,6 +74,10 @@ COUNT = Contract("count", int, "tk.alloc_st / tk.alloc_sv / tk.alloc_sem making 
                  "tk.shared_tiles, tk.semaphores", "tk-verify, tk-allocate-smem, tk-to-gpu")
 CACHE = Contract("cache", str, "tk.load / tk.store of a global ('stream'; absent: normal)",
                  "tk.load, tk.store", "lowering/memory.py")
+ELEMENTS = Contract("elements", bool, "tk.tma_load / tma_load_multicast / tma_store / "
+                    "tma_reduce_add whose coordinates count elements (absent: tiles)",
+                    "tk.tma.load_async, store_async, reduce_add_async (elements=True)",
+                    "lowering/tma.py, the interpreter (tk_mlir/interpreter/hopper.py)")
 PEER_COPIES = Contract("tk.peer_copies", tuple,
                        "the kernel's func.func, when it takes tk.pgl arguments: the argument "
                        "numbers of their ranks' copies", "the frontend",
@@ -127,7 +131,7 @@ CTA_PAIR = Contract("tk.cta_pair", bool, "the kernel's func.func and its tensor-
                     "lowering/tensor_memory.py (every tcgen05 op's cta_group::2) and the "
                     "interpreter (a commit arrives in both blocks)")
 
-CONTRACTS = (NUM_WARPS, COUNT, CACHE, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
+CONTRACTS = (NUM_WARPS, COUNT, CACHE, ELEMENTS, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
              EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
              MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT, NARROW_STORES, PEER_COPIES, CTA_PAIR)
 BY_NAME = {c.name: c for c in CONTRACTS}

@@ -245,17 +245,18 @@ OPS: tuple[OpDef, ...] = (
     OpDef("tma_load", operands=("dst", "src", "sem"), variadic="indices", tma=("src", "dst"),
           builtin="tk.tma.load_async",
           writes=(Access("dst", ASYNC),), one_thread=True,
-          doc="TMA: global tile (or vector) at tile coordinates -> shared tile (or shared "
-              "vector), completing on sem"),
+          doc="TMA: global tile (or vector) at tile coordinates (element coordinates with "
+              "the `elements` hint) -> shared tile (or shared vector), completing on sem"),
     OpDef("tma_store", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
           builtin="tk.tma.store_async",
           reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
-          doc="TMA: shared tile -> global tile at tile coordinates (bulk async group)"),
+          doc="TMA: shared tile -> global tile at tile coordinates (or elements: as "
+              "tma_load) (bulk async group)"),
     OpDef("tma_reduce_add", operands=("dst", "src"), variadic="indices", tma=("dst", "src"),
           builtin="tk.tma.reduce_add_async",
           reads=(Access("src", ASYNC),), one_thread=True, bulk_write=True,
-          doc="TMA: global tile at tile coordinates += shared tile (cp.reduce.async.bulk."
-              "tensor .add; the bulk async group of tma_store)"),
+          doc="TMA: global tile at tile coordinates (or elements: as tma_load) += shared "
+              "tile (cp.reduce.async.bulk.tensor .add; the bulk async group of tma_store)"),
     OpDef("tma_commit", builtin="tk.tma.store_commit", doc="close the current bulk async group of TMA stores"),
     OpDef("tma_wait", attributes=("pending", "read"), completes_bulk_writes=_completes_writes,
           builtin="tk.tma.store_wait",

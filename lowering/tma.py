@@ -4,8 +4,10 @@ Each (tensor argument, tile box) pair used by a TMA op is one tensor map,
 a kernel parameter of its own (lowering/kernel.py adds them): a generic
 pointer to the 128-byte __grid_constant__ map. A swizzled tile is moved one
 column block (one box of block_cols columns) at a time; coordinates are the
-element offsets of the box, innermost dim first. A shared vector is one box
-of (1, ..., 1, length), unswizzled: the map of a 1-row tile of its length.
+element offsets of the box, innermost dim first: the op's tile coordinates
+scaled by the tile's extents, or taken as they are when the op counts
+elements (dialects/contracts.py ELEMENTS). A shared vector is one box of
+(1, ..., 1, length), unswizzled: the map of a 1-row tile of its length.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.dialects import arith, llvm, nvvm
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from .context import LoweringContext, c32, lowers, ptr
 from .fragments import GlobalRef, SharedRef
 from .memory import smem_addr
@@ -37,14 +39,16 @@ def tensor_map_spec(arg: int, st: T.ST | T.SV) -> TensorMapSpec:
     return TensorMapSpec(arg, st.rows, st.block_cols, st.swizzle, st.dtype)
 
 
-def _boxes(g: GlobalRef, st: T.ST | T.SV, coords: list[ir.Value]):
+def _boxes(op, g: GlobalRef, st: T.ST | T.SV, coords: list[ir.Value]):
     """(shared byte offset, coordinates innermost first) per column block."""
     rank = g.type.rank
+    elements = contracts.ELEMENTS.get(op, False)
+    scaled = (lambda c, n: c) if elements else (lambda c, n: arith.muli(c, c32(n)))
     if isinstance(st, T.SV):     # the last coordinate counts vectors, the outer ones elements
-        yield 0, [arith.muli(coords[rank - 1], c32(st.length)), *coords[:rank - 1][::-1]]
+        yield 0, [scaled(coords[rank - 1], st.length), *coords[:rank - 1][::-1]]
         return
-    row = arith.muli(coords[rank - 2], c32(st.rows))
-    col = arith.muli(coords[rank - 1], c32(st.cols))
+    row = scaled(coords[rank - 2], st.rows)
+    col = scaled(coords[rank - 1], st.cols)
     outer = coords[:rank - 2][::-1]
     for j in range(st.blocks):
         c0 = arith.addi(col, c32(j * st.block_cols)) if j else col
@@ -82,7 +86,7 @@ def lower_tma_load_multicast(ctx: LoweringContext, op, dst: SharedRef, src: Glob
 
 def _load_boxes(ctx, op, dst: SharedRef, src: GlobalRef, sem: SharedRef, indices, mask) -> None:
     tmap = _tensor_map(ctx, op.src, dst.type)
-    for offset, coords in _boxes(src, dst.type, list(indices)):
+    for offset, coords in _boxes(op, src, dst.type, list(indices)):
         to = llvm.addrspacecast(ptr(7), smem_addr(dst.ptr, c32(offset)))
         nvvm.CpAsyncBulkTensorGlobalToSharedClusterOp(to, tmap, coords, sem.ptr, [],
                                                       multicastMask=mask)
@@ -94,7 +98,7 @@ def lower_tma_store(ctx: LoweringContext, op, dst: GlobalRef, src: SharedRef,
     tmap = _tensor_map(ctx, op.dst, src.type)
     # No fence here: the threads that wrote the tile fence after their writes
     # (passes/fences.py), which also covers a tile written by TMA (none needed).
-    for offset, coords in _boxes(dst, src.type, list(indices)):
+    for offset, coords in _boxes(op, dst, src.type, list(indices)):
         nvvm.CpAsyncBulkTensorSharedCTAToGlobalOp(tmap, smem_addr(src.ptr, c32(offset)), coords)
 
 
@@ -104,7 +108,7 @@ def lower_tma_reduce_add(ctx: LoweringContext, op, dst: GlobalRef, src: SharedRe
     # As tma_store (same tensor map, same bulk group, fenced by the writers);
     # the element type of the add is the tensor map's.
     tmap = _tensor_map(ctx, op.dst, src.type)
-    for offset, coords in _boxes(dst, src.type, list(indices)):
+    for offset, coords in _boxes(op, dst, src.type, list(indices)):
         nvvm.CpAsyncBulkTensorReduceOp(tmap, smem_addr(src.ptr, c32(offset)),
                                        nvvm.TMAReduxKind.ADD, coords)
 

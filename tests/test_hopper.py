@@ -577,19 +577,73 @@ def test_narrow_tiles_still_store_their_results():
 
 
 @tk.kernel(num_warps=4)
-def k_batched_tma(A: tk.gl[bf16]):
+def k_batched_tma(A: tk.gl[bf16], R: tk.constexpr = 1, C: tk.constexpr = 3,
+                  ELEMENTS: tk.constexpr = False):
     a = tk.shared_tile(bf16, (64, 64), swizzle=128)
     s = tk.semaphore()
     if tk.elect_leader("warpgroup"):
         tk.tma.expect(s, a)
-        tk.tma.load_async(a, A, (2, 1, 3), s)     # batch 2, row tile 1, column tile 3
+        tk.tma.load_async(a, A, (2, R, C), s, elements=ELEMENTS)     # batch 2, row R, column C
     tk.wait(s, 0)
+
+
+def _box_coordinates(**constexprs) -> list[int]:
+    """The element coordinates of k_batched_tma's load (on a (4, 256, 256)
+    tensor), as the lowering passes them: innermost first."""
+    text = k_batched_tma.compile(spec(4, 256, 256), **constexprs).asm["cse"]
+    constants = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((-?\d+) : i32\)", text))
+    (box,) = re.findall(r"cp\.async\.bulk\.tensor\.shared\.cluster\.global .*box\[([^\]]*)\]",
+                        text)
+    return [int(constants[v.strip()]) for v in box.split(",")]
 
 
 def test_tma_coordinates_innermost_first_for_batched_tensors():
     """TMA wants element coordinates innermost dim first: (column, row, batch)."""
-    text = k_batched_tma.compile(spec(4, 256, 256)).asm["cse"]
-    constants = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((-?\d+) : i32\)", text))
-    (box,) = re.findall(r"cp\.async\.bulk\.tensor\.shared\.cluster\.global .*box\[([^\]]*)\]",
-                        text)
-    assert [int(constants[v.strip()]) for v in box.split(",")] == [3 * 64, 1 * 64, 2]
+    assert _box_coordinates() == [3 * 64, 1 * 64, 2]
+
+
+@tk.kernel(num_warps=4)
+def k_element_tma(A: tk.gl[bf16], B: tk.gl[bf16], r: int, c: int, r2: int, c2: int):
+    a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+    s = tk.semaphore()
+    if tk.elect_leader("warpgroup"):
+        tk.tma.expect(s, a)
+        tk.tma.load_async(a, A, (r, c), s, elements=True)
+    tk.wait(s, 0)
+    if tk.elect_leader("warpgroup"):
+        tk.tma.store_async(B, a, (r2, c2), elements=True)
+        tk.tma.store_commit()
+        tk.tma.store_wait(0, read=False)
+
+
+def test_tma_element_coordinates_are_passed_unscaled():
+    assert _box_coordinates(R=37, C=5, ELEMENTS=True) == [5, 37, 2]
+    assert "elements = true" in k_batched_tma.compile(spec(4, 256, 256), ELEMENTS=True).asm["tk"]
+
+
+@pytest.mark.parametrize("r,c,r2,c2", [(37, 5, 3, 9), (-3, 20, 70, -6), (90, 40, 0, 0)])
+def test_tma_at_element_coordinates_in_the_interpreter(r, c, r2, c2):
+    """A tile loaded from any element (zeros past every edge, above and left
+    included) and stored at any element (clipped at the edges), against numpy."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(r * 7 + c)
+    A = torch.rand(100, 80, generator=g).to(torch.bfloat16)
+    B = torch.full((96, 72), 7.0, dtype=torch.bfloat16)
+    want = B.float().clone()
+    padded = torch.zeros(100 + 2 * 64, 80 + 2 * 64)
+    padded[64:164, 64:144] = A.float()
+    tile = padded[64 + r:128 + r, 64 + c:128 + c]
+    rows, cols = slice(max(r2, 0), min(r2 + 64, 96)), slice(max(c2, 0), min(c2 + 64, 72))
+    want[rows, cols] = tile[rows.start - r2:rows.stop - r2, cols.start - c2:cols.stop - c2]
+    k_element_tma.interpret[(1,)](A, B, r, c, r2, c2)
+    assert torch.equal(B.float(), want)
+
+
+def test_tma_elements_must_be_a_bool():
+    @tk.kernel(num_warps=4)
+    def k_elements_flag(A: tk.gl[bf16], e: int):
+        a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+        s = tk.semaphore()
+        tk.tma.load_async(a, A, (0, 0), s, elements=e)
+    with pytest.raises(tk.CompilationError, match=r"elements must be True or False"):
+        k_elements_flag.compile(spec(64, 64), 1)

@@ -8,8 +8,11 @@ memory done by the copy engine, issued by one thread.
 
 Coordinates count tiles in the last two dims (as tk.load) and elements in the
 outer ones; for a shared vector (a box of its length along the last dim) the
-last counts vectors. Reads past the tensor's end fill zeros and writes past it are
-dropped, so tiles need not divide the tensor. Each (tensor, tile shape,
+last counts vectors. With elements=True every coordinate counts elements: a
+tile may start at any row and column (a sequence's first row in a packed
+batch), negative ones too. Reads past the tensor's edges fill zeros and
+writes past them are dropped, so tiles need not divide the tensor; a write
+that must stop before the edge (at a sequence's end) is not TMA's to make. Each (tensor, tile shape,
 swizzle) used becomes a tensor map, encoded on the host at launch (cached per
 pointer, shape and strides) and passed as a 128-byte __grid_constant__
 parameter.
@@ -25,6 +28,15 @@ __all__ = ["load_async", "store_async", "reduce_add_async", "store_commit", "sto
            "expect_bytes", "prefetch"]
 
 
+def _unit(elements, what: str) -> dict:
+    """The op's `elements` attribute (dialects/contracts.py): set only when
+    the coordinates count elements."""
+    if not isinstance(elements, bool):
+        raise CompilationError(f"{what}: elements must be True or False (a Python bool: "
+                               f"whether the coordinates count elements), got {elements!r}")
+    return {"elements": True} if elements else {}
+
+
 def _check(st, gl, what: str) -> None:
     if not isinstance(st, Shared):
         raise CompilationError(f"{what}: expected a shared tile, got {st!r}")
@@ -34,12 +46,13 @@ def _check(st, gl, what: str) -> None:
 
 @builtin
 @builds('tma_load', 'tma_load_multicast')
-def load_async(dst, src, idx, sem, *, multicast=None) -> None:
+def load_async(dst, src, idx, sem, *, multicast=None, elements=False) -> None:
     """Copy the tile of `src` at tile coordinates `idx` into shared tile `dst`
     (or the vector into shared vector `dst`: `idx` = (outer elements..., vector
     index along the last dim)); the copy's bytes complete a transaction on
     `sem` (see tk.tma.expect). multicast=mask delivers it to `dst` and `sem`
-    of every block of the cluster whose bit is set (tk.use_cluster)."""
+    of every block of the cluster whose bit is set (tk.use_cluster).
+    elements=True: `idx` is the element where the tile starts."""
     if not isinstance(dst, SharedVector):
         _check(dst, src, "tk.tma.load_async")
     elif not isinstance(src, Global):
@@ -47,8 +60,9 @@ def load_async(dst, src, idx, sem, *, multicast=None) -> None:
     if not isinstance(sem, Semaphore):
         raise CompilationError(f"tk.tma.load_async: the semaphore the copy completes on comes "
                                f"after the coordinates, got {sem!r}")
+    unit = _unit(elements, "tk.tma.load_async")
     if multicast is None:
-        emit("tma_load", [dst, src, sem, *_indices(idx)])
+        emit("tma_load", [dst, src, sem, *_indices(idx)], **unit)
         return
     from .sync import _in_cluster
     size = _in_cluster("tk.tma.load_async(..., multicast=)")
@@ -58,33 +72,36 @@ def load_async(dst, src, idx, sem, *, multicast=None) -> None:
     mask = as_scalar(multicast)
     if mask.kind != "int":
         raise CompilationError(f"multicast must be an int mask, got {multicast!r}")
-    emit("tma_load_multicast", [dst, src, sem, mask, *_indices(idx)])
+    emit("tma_load_multicast", [dst, src, sem, mask, *_indices(idx)], **unit)
 
 
 @builtin
 @builds('tma_store')
-def store_async(dst, src, idx) -> None:
-    """Copy shared tile `src` to the tile of `dst` at tile coordinates `idx`.
+def store_async(dst, src, idx, *, elements=False) -> None:
+    """Copy shared tile `src` to the tile of `dst` at tile coordinates `idx`
+    (elements=True: the element where it starts).
     The threads that wrote `src` must have synchronised with the issuing
     thread first (e.g. tk.named_barrier); the compiler fences their writes
     for the async proxy (passes/fences.py)."""
     _check(src, dst, "tk.tma.store_async")
-    emit("tma_store", [dst, src, *_indices(idx)])
+    emit("tma_store", [dst, src, *_indices(idx)], **_unit(elements, "tk.tma.store_async"))
 
 
 @builtin
 @builds('tma_reduce_add')
-def reduce_add_async(dst, src, idx) -> None:
+def reduce_add_async(dst, src, idx, *, elements=False) -> None:
     """Add shared tile `src` into the tile of `dst` at tile coordinates `idx`
-    (cp.reduce.async.bulk.tensor .add; f32, f16 or bf16; elements past the
-    end are skipped). Issued and completed as tk.tma.store_async: in the same
-    bulk groups (tk.tma.store_commit / store_wait), fenced by the compiler."""
+    (elements=True: the element where it starts; cp.reduce.async.bulk.tensor
+    .add; f32, f16 or bf16; elements past the edges are skipped). Issued and
+    completed as tk.tma.store_async: in the same bulk groups
+    (tk.tma.store_commit / store_wait), fenced by the compiler."""
     if not isinstance(src, Shared):
         raise CompilationError(f"tk.tma.reduce_add_async: TMA adds a shared tile, got {src!r}; "
                                f"store a register tile into a shared tile first (tk.store), or "
                                f"add it directly with tk.atomic_add")
     _check(src, dst, "tk.tma.reduce_add_async")
-    emit("tma_reduce_add", [dst, src, *_indices(idx)])
+    emit("tma_reduce_add", [dst, src, *_indices(idx)],
+         **_unit(elements, "tk.tma.reduce_add_async"))
 
 
 @builtin

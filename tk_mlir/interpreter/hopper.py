@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from .machine import YIELD, Blocked, error, warp_scalar
 from .races import BY_BARRIER, BY_SEMAPHORE
 from .rules import interprets
@@ -167,18 +167,18 @@ def _nbytes(ref) -> int:
 
 @interprets("tk.tma_load", sync=True)
 def _tma_load(op, num_warps):
-    loc, at = op.loc, op.at
+    loc, at, elements = op.loc, op.at, op.hint(contracts.ELEMENTS, False)
     def load(w, dst, src, sem, *coords):
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
         for _ in range(_lanes(w)):
-            _issue_load(w, w.block, dst, src, sem, coords, loc, at)
+            _issue_load(w, w.block, dst, src, sem, coords, elements, loc, at)
         yield YIELD
     return load
 
 
 @interprets("tk.tma_load_multicast", sync=True)
 def _tma_load_multicast(op, num_warps):
-    loc, at = op.loc, op.at
+    loc, at, elements = op.loc, op.at, op.hint(contracts.ELEMENTS, False)
     def load(w, dst, src, sem, mask, *coords):
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
         bits = warp_scalar(w, mask, loc, "tk.tma.load_async: the multicast mask")
@@ -189,15 +189,16 @@ def _tma_load_multicast(op, num_warps):
         for _ in range(_lanes(w)):
             for rank, peer in enumerate(blocks):
                 if bits >> rank & 1:
-                    _issue_load(w, peer, dst, src, sem, coords, loc, at)
+                    _issue_load(w, peer, dst, src, sem, coords, elements, loc, at)
         yield YIELD
     return load
 
 
-def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
+def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:
     """One TMA load by warp w into `block`'s dst (w's own block, or a block of
-    its cluster), counted on that block's sem. Into another block the
-    issuer's clock means nothing there: its ordering is not checked."""
+    its cluster), counted on that block's sem; `elements`: the coordinates
+    count elements, not tiles. Into another block the issuer's clock means
+    nothing there: its ordering is not checked."""
     own = block is w.block
     if not own:
         w.block.reach(block, loc, "this multicast TMA load")
@@ -211,7 +212,8 @@ def _issue_load(w, block, dst, src, sem, coords, loc, at) -> None:
     order = w.block.global_order([w.index])
     if own:     # the read is done once the phase is: stamped by the semaphore's slot
         order = order.stamped(((s.slot, epoch),))
-    data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(order, at, loc))
+    data = src.load(coords, dst.shape, dst.alloc.type.dtype, 0.0, by=(order, at, loc),
+                    element_coords=elements)
     clock[s.slot] = max(clock[s.slot], epoch)
     s.loads.append(at)
     s.loads_in_flight += 1
@@ -228,18 +230,20 @@ def _land(block, data, flight, sem, clock, loc, at, nbytes, epoch) -> None:
 class _Store:
     """A TMA store in flight: its shared source (`flight`) until a wait frees
     it, its global write until a store_wait(read=False) completes it."""
-    def __init__(self, flight, loc, at, dst, coords, shape, add):
+    def __init__(self, flight, loc, at, dst, coords, shape, add, elements):
         self.flight, self.loc, self.at = flight, loc, at
         self.dst, self.coords, self.shape, self.add = dst, coords, shape, add
+        self.elements = elements
 
     def complete_write(self, w) -> None:
         self.dst.completed(self.coords, self.shape, self.add,
-                           (w.block.global_order([w.index]), self.at))
+                           (w.block.global_order([w.index]), self.at),
+                           element_coords=self.elements)
 
 
 def _store_rule(add: bool, what: str):
     def factory(op, num_warps):
-        loc, at = op.loc, op.at
+        loc, at, elements = op.loc, op.at, op.hint(contracts.ELEMENTS, False)
         def store(w, dst, src, *coords):
             block = w.block
             coords = [warp_scalar(w, c, loc, f"{what}: a coordinate") for c in coords]
@@ -249,9 +253,10 @@ def _store_rule(add: bool, what: str):
                 flight = block.shadow.start("TMA store", src, at, writes=False)
                 tile = block.smem.read(src)
                 _check(loc, dst.store(coords, tile, add=add,
-                                      by=(block.global_order([w.index]).pending(), at)))
+                                      by=(block.global_order([w.index]).pending(), at),
+                                      element_coords=elements))
                 w.bulk.setdefault(int(lane), [[]])[0].append(
-                    _Store(flight, loc, at, dst, coords, tile.shape, add))
+                    _Store(flight, loc, at, dst, coords, tile.shape, add, elements))
             yield YIELD
         return store
     return factory

@@ -98,16 +98,19 @@ class GlobalArray:
         """Does the tile at `coords` hold any element of the array?"""
         return self._window(coords, tile_shape) is not None
 
-    def _window(self, coords, tile_shape) -> tuple[tuple, tuple] | None:
+    def _window(self, coords, tile_shape,
+                element_coords: bool = False) -> tuple[tuple, tuple] | None:
         """(array index, tile index) of the in-bounds part of the tile at
-        `coords`, None when none of it is in bounds."""
+        `coords` (tile coordinates in the tile's dims, elements outside
+        them; all elements with element_coords), None when none of it is
+        in bounds."""
         rank, tile_rank = len(self.shape), len(tile_shape)
         outer, inner = coords[:rank - tile_rank], coords[rank - tile_rank:]
         if any(not 0 <= c < d for c, d in zip(outer, self.shape)):
             return None
         src, dst = list(outer), []
         for c, n, extent in zip(inner, tile_shape, self.shape[rank - tile_rank:]):
-            start = c * n
+            start = c if element_coords else c * n
             lo, hi = max(0, -start), min(n, extent - start)
             if hi <= lo:
                 return None
@@ -115,10 +118,12 @@ class GlobalArray:
             dst.append(slice(lo, hi))
         return tuple(src), tuple(dst)
 
-    def load(self, coords, tile_shape, dtype: str, fill, by: tuple | None = None) -> np.ndarray:
-        """The tile at coords (`fill` outside the array); by: as `elements`."""
+    def load(self, coords, tile_shape, dtype: str, fill, by: tuple | None = None,
+             element_coords: bool = False) -> np.ndarray:
+        """The tile at coords (`fill` outside the array, element_coords: as
+        _window's); by: as `elements`."""
         out = np.full(tile_shape, numerics.scalar_for(dtype, fill), numerics.HOLDER[dtype])
-        window = self._window(coords, tile_shape)
+        window = self._window(coords, tile_shape, element_coords)
         if window is not None:
             src, dst = window
             if by is not None:
@@ -131,13 +136,14 @@ class GlobalArray:
         return out
 
     def store(self, coords, tile: np.ndarray, add: bool = False,
-              by: tuple | None = None) -> str | None:
+              by: tuple | None = None, element_coords: bool = False) -> str | None:
         """Write tile at coords (add: add it to what is there, in f32, then
         round: red.global.add and TMA reduce-add). by=(the writer's
         BlockOrder, "file:line") of a plain write; the problem when another
         block wrote one of these elements and nothing orders that write
-        before this one (adds accumulate in any order)."""
-        window = self._window(coords, tile.shape)
+        before this one (adds accumulate in any order). element_coords: as
+        _window's."""
+        window = self._window(coords, tile.shape, element_coords)
         if window is None:
             return None
         dst, src = window
@@ -156,11 +162,12 @@ class GlobalArray:
         self.waiters.wake()
         return problem
 
-    def completed(self, coords, tile_shape, add: bool, by: tuple) -> None:
+    def completed(self, coords, tile_shape, add: bool, by: tuple,
+                  element_coords: bool = False) -> None:
         """A TMA write of the tile at coords (issued with a pending stamp,
         OrderView.pending) is complete: its elements' writer (or last adder)
         is restamped `by` = (the writer's order now, "file:line")."""
-        window = self._window(coords, tile_shape)
+        window = self._window(coords, tile_shape, element_coords)
         if window is not None:
             (self.adds if add else self.writes).record(window[0], *by)
 
