@@ -164,11 +164,16 @@ def test_q_and_k_differentiated_one_at_a_time(interpret):
     rq, rk = rotary_embedding_qk(q, k, cos, sin)
     dq, dk = (torch.randn(t.shape, generator=g).to(bf16) for t in (rq, rk))
     rq.backward(dq)
+    assert k.grad is None                       # (k's rotation got no gradient yet)
     rk.backward(dk)
     for x, d in ((q, dq), (k, dk)):
         x64 = x.detach().double().requires_grad_()
         _reference(x64, cos, sin).backward(d.double())
         assert _rel(x.grad, x64.grad) < 1e-2
+    rq, _ = rotary_embedding_qk(q, k, cos, sin)
+    cos.mul_(0.5)                               # read by the backward: as a saved tensor's
+    with pytest.raises(RuntimeError, match=r"cos or sin was modified by an inplace operation"):
+        rq.backward(dq)
 
 
 def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):

@@ -254,28 +254,26 @@ def int32_table(t):
 
 
 def int32_vectors(*tables) -> tuple:
-    """int32_table of each 1-D table (cu_seqlens), those that need padding
-    copied by one launch (a cat into one buffer, each table's copy starting
-    on a 16-byte boundary; the padding is never read, so left unwritten); a
-    table passed twice is copied once. Eager calls pay ~8 µs of host time
-    per launch: F.pad is two."""
+    """Kernel operands of 1-D int32 tables (cu_seqlens) as int32_table makes
+    them (rows of whole 16-byte vectors), those that need padding copied by
+    one launch: a cat into one buffer, each table's copy on a 16-byte
+    boundary, its padding left unwritten (for kernels that read a table's
+    own entries only); a table passed twice is copied once. An eager call
+    pays ~8 µs of host time per launch, and F.pad is two (a fill, a copy)."""
     import torch
-    padded = {}
-    for t in tables:
-        if len(t) % 4 and id(t) not in padded:
-            padded[id(t)] = t
+    padded = {id(t): t for t in tables if len(t) % 4}
     if not padded:
         return tuple(kernel_operand(t) for t in tables)
-    pieces, at = [], {}
-    start = 0
+    pieces, at, fill = [], {}, {}
     for key, t in padded.items():
-        rows = -(-len(t) // 4) * 4
-        pieces += [t, t.new_empty(rows - len(t))]
-        at[key] = (start, rows)
-        start += rows
+        extra = -len(t) % 4
+        if extra not in fill:
+            fill[extra] = t.new_empty(extra)
+        at[key] = sum(map(len, pieces))
+        pieces += [t, fill[extra]]
     whole = torch.cat(pieces)
-    return tuple(whole[at[id(t)][0]:sum(at[id(t)])] if id(t) in at else kernel_operand(t)
-                 for t in tables)
+    return tuple(whole[at[id(t)]:at[id(t)] + len(t) + -len(t) % 4] if id(t) in at
+                 else kernel_operand(t) for t in tables)
 
 
 def attention_scale(fn: str, value, d: int) -> float:

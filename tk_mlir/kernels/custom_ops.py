@@ -86,7 +86,8 @@ from tk_mlir.kernels import (activations, checks, decode_attention, eager, flash
 def first_order(backward):
     """An eager autograd.Function's backward, differentiable once: under
     create_graph=True the gradients it returns are joined to the saved
-    tensors that require grad (the inputs they depend on) by a node that
+    tensors that require grad (and those held on ctx.held: the inputs they
+    depend on) by a node that
     raises when reached, so a second derivative with respect to any input
     raises rather than coming back partial, or as None under allow_unused.
     (once_differentiable marks its outputs only through stand-in leaves: a
@@ -96,7 +97,7 @@ def first_order(backward):
     def wrapper(ctx, *grads):
         if not (torch.is_grad_enabled() and any(ctx.needs_input_grad)):
             return backward(ctx, *grads)
-        anchors = [t for t in (*ctx.saved_tensors, *grads)
+        anchors = [t for t in (*ctx.saved_tensors, *getattr(ctx, "held", ()), *grads)
                    if isinstance(t, torch.Tensor) and t.requires_grad]
         with torch.no_grad():
             outputs = backward(ctx, *grads)
@@ -650,22 +651,38 @@ class EagerRotation(torch.autograd.Function):
     """rotary_embedding's and rotary_embedding_qk's forward and backward for
     eager calls on checked tensors: `apply(*xs, cos, sin, rotate,
     rotate_back)`, xs one tensor or q and k, one launch each way, each
-    planned for the call's signature (rotary.planned)."""
+    planned for the call's signature (rotary.planned). q's and k's
+    rotations may be differentiated one at a time, as two calls' would be:
+    cos and sin (inputs without gradient) are held rather than saved (saved
+    tensors are freed by the first backward), their versions checked as
+    saving would, and an output without a gradient gives its input none."""
 
     @staticmethod
     def forward(ctx, *args):
         *xs, cos, sin, rotate, rotate_back = args
-        # cos and sin, inputs without gradient, are held as they are rather than
-        # saved: saved tensors are freed by the first backward, and q's and k's
-        # rotations may be differentiated one at a time, as two calls would be
-        ctx.tables = cos, sin
+        ctx.held, ctx.versions = (cos, sin), _versions(cos, sin)
+        ctx.like = [dict(size=x.shape, dtype=x.dtype, device=x.device) for x in xs]
         ctx.rotate_back = rotate_back
+        ctx.set_materialize_grads(False)
         return rotate(*xs, cos, sin)          # (a tuple: of one for one tensor)
 
     @staticmethod
     @first_order
     def backward(ctx, *grads):
-        return (*ctx.rotate_back(*grads, *ctx.tables), None, None, None, None)
+        if _versions(*ctx.held) != ctx.versions:
+            raise RuntimeError("rotary_embedding: cos or sin was modified by an inplace "
+                               "operation after the rotation, whose backward reads them")
+        if all(g is None for g in grads):
+            return (None,) * (len(grads) + 4)
+        given = [torch.zeros(**like) if g is None else g for g, like in zip(grads, ctx.like)]
+        dxs = ctx.rotate_back(*given, *ctx.held)
+        return (*(None if g is None else dx for g, dx in zip(grads, dxs)), None, None, None,
+                None)
+
+
+def _versions(*tensors):
+    """The tensors' version counters (None for inference tensors, which keep none)."""
+    return tuple(None if t.is_inference() else t._version for t in tensors)
 
 # ------------------------------------------------------------------ losses
 

@@ -483,7 +483,7 @@ def _prepare_fused_add(norm: str, x, residual, weight, bias, eps):
 def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
     """(y, h) of add_rmsnorm_kernel or add_layernorm_kernel on checked tensors;
     bias_eps: (bias, eps) for layer_norm, (eps,) for rms_norm."""
-    y, h = x.new_empty(x.shape), x.new_empty(x.shape)
+    y, h = eager.empty_rows(x), eager.empty_rows(x)
     x, residual = checks.as_rows(x), checks.as_rows(residual)
     y2, h2 = checks.as_rows(y, view=True), checks.as_rows(h, view=True)
     if x.shape[0]:

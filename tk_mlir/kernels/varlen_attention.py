@@ -204,16 +204,14 @@ def _packed(t):
 
 def _table(cu_q, cu_k, tail, heads: int, grid: int, call: tuple, pairs=None):
     """A kernel's TASKS for cu_seqlens cu_q, cu_k: the schedule dealt on the
-    GPU, padded to whole 64-entry vectors, then the packed sequences' tail
-    (`tail`: packed_sequences.planned_tail's maker). pairs=(cu, rows per
-    task): the tasks paired along each sequence (causal:
+    GPU, padded to whole 64-entry vectors, then the packed sequences' tail,
+    written in place by `tail` (packed_sequences.planned_tail's maker).
+    pairs=(cu, rows per task): the tasks paired along each sequence (causal:
     schedule.paired_table). The tail is made every call (the kernels' masks
     read it); the schedule is the last one made for the same cu_q and cu_k,
     unchanged since, and the same `call` (what else the costs depend on:
     schedule.kept_for), so the layers of a model that share a batch's
-    offsets make it once: they get the table it came in, its tail rewritten
-    in place by one launch (the launches that read it before are ahead on
-    the same stream)."""
+    offsets make it once, and copy it in (one launch)."""
     import torch
     made = []
 
@@ -222,14 +220,17 @@ def _table(cu_q, cu_k, tail, heads: int, grid: int, call: tuple, pairs=None):
         c = costs() + flash_attention.TASK_OVERHEAD_BLOCKS
         sched = (schedule.paired_table(c, heads, grid, *pairs) if pairs else
                  schedule.sorted_table(c, heads, grid))
-        made.append(True)
-        return torch.cat((sched, part.new_zeros(-len(sched) % 64), part))
+        made.append(part)
+        return torch.nn.functional.pad(sched, (0, -len(sched) % 64))
 
     key = (call, heads, grid, pairs and pairs[1], flash_attention.TASK_OVERHEAD_BLOCKS,
            schedule.PAIRED_MIN_TASKS)
-    table = schedule.kept_for((cu_q, cu_k), key, make)
-    if not made:
-        tail(cu_q, cu_k, out=table[len(table) - tail.size:])
+    sched = schedule.kept_for((cu_q, cu_k), key, make)
+    if made:                        # (its tail is made: one cat)
+        return torch.cat((sched, made[0]))
+    table = sched.new_empty(len(sched) + tail.size)
+    table[:len(sched)].copy_(sched)
+    tail(cu_q, cu_k, out=table[len(sched):])
     return table
 
 
