@@ -176,6 +176,15 @@ def test_q_and_k_differentiated_one_at_a_time(interpret):
         rq.backward(dq)
 
 
+def test_an_expanded_table_is_read_as_its_one_table(interpret):
+    """cos[None].expand(B, N, D/2), as a model may hand it, is the (N, D/2) table."""
+    B, N, H, D = 2, 5, 2, 32
+    x = torch.randn(B, N, H, D, generator=torch.Generator().manual_seed(14)).to(bf16)
+    cos, sin = _angles(N, D // 2, seed=15)
+    y = rotary_embedding(x, cos[None].expand(B, N, D // 2), sin[None].expand(B, N, D // 2))
+    assert _rel(y, _reference(x, cos, sin)) < 1e-2
+
+
 def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):
     q = torch.randn(1, 4, 2, 32).to(bf16).requires_grad_()
     k = torch.randn(1, 4, 1, 32).to(bf16)
@@ -209,6 +218,8 @@ def test_kernel_in_the_interpreter(per_batch):
     (lambda x, c: rotary_embedding(x, c.expand(2, 5, 16)[:, :4], c), ValueError,
      r"cos must have shape"),
     (lambda x, c: rotary_embedding(x, c, c.double()), TypeError, r"sin must be "),
+    (lambda x, c: rotary_embedding(x, torch.cat((c, c), 1)[:, ::2], c), ValueError,
+     r"cos must be contiguous \(or an expanded view"),
     (lambda x, c: rotary_embedding(x, c, c), ValueError, r"rotary_embedding: x must be on a "
                                                          r"CUDA device"),
 ])

@@ -86,8 +86,9 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
     x: (B, N, H, D) bf16 or f16 CUDA tensor, any strides with a contiguous
     last dim (e.g. a view of a projection); D a multiple of 16. cos, sin:
     (N, D/2), or (B, N, D/2) for per-sequence positions, of x's dtype or
-    float32, contiguous; a model's longer table, (N', D/2) or (1, N', D/2)
-    with N' >= N, is read for its first N positions. interleaved=True takes
+    float32, contiguous (or one table expanded over the batch, read as
+    that table); a model's longer table, (N', D/2) or (1, N', D/2) with
+    N' >= N, is read for its first N positions. interleaved=True takes
     the GPT-J layout instead:
     pair i is (x_2i, x_2i+1), with the same cos and sin (angle i at row i;
     the kernel reads them repeated, a copy made per call). Returns a new
@@ -237,8 +238,9 @@ def _tables(cos, sin, interleaved: bool):
 
 def _positions(t):
     """A checked cos or sin table as the kernels index it: (N', D/2) (rows
-    past N unread) or (B, N, D/2); a (1, N', D/2) one as (N', D/2)."""
-    return t[0] if t.dim() == 3 and t.shape[0] == 1 else t
+    past N unread) or (B, N, D/2); a (1, N', D/2) one, or one whose batch
+    dim steps by 0 (an expanded table), as (N', D/2)."""
+    return t[0] if t.dim() == 3 and (t.shape[0] == 1 or t.stride(0) == 0) else t
 
 
 def _rows(heads: int) -> int:
@@ -285,8 +287,10 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
                                  f"the first N read), or ({B}, {N}, {D // 2}) (per sequence), "
                                  f"for {what} of shape {tuple(x.shape)}; got "
                                  f"{tuple(t.shape)}")
-            if not t.is_contiguous():
-                raise ValueError(f"{fn}: {name} must be contiguous")
+            if not _positions(t).is_contiguous():
+                raise ValueError(f"{fn}: {name} must be contiguous (or an expanded view of a "
+                                 f"contiguous (N', {D // 2}) table), got strides "
+                                 f"{tuple(t.stride())}")
         if cos.dtype != sin.dtype:
             raise TypeError(f"{fn}: cos and sin must have one dtype, got {cos.dtype} and "
                             f"{sin.dtype}")
