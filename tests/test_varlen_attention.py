@@ -170,12 +170,14 @@ def test_the_table_gives_each_row_the_keys_the_rule_does(interpret):
         if (causal, window) == (False, (-1, -1)):   # rows 128-191: all in sequence 3
             assert tiles[2, :2].tolist() == [int(cu_k[3]), int(cu_k[4])]
         assert len(costs) == -(-total_q // 128)    # one per task the kernel decodes
-        for task in range(rows // 128):            # a task's key blocks hold all its keys
+        for task in range(rows // 128):            # a task's keys, from its first row's first
             first, end = int(ranges[task, 0]), int(ranges[task, 1])
-            assert end > first and (task >= len(costs) or costs[task] == end - first)
+            assert end > first and (task >= len(costs) or costs[task] == -(-(end - first) // 128))
             cols = seen[128 * task:128 * task + 128].any(0).nonzero()
             if len(cols):
-                assert first * 128 <= cols.min() and cols.max() < end * 128
+                assert first == cols.min() and cols.max() < end
+            else:
+                assert (first, end) == (0, 1)
         back, back_costs = packed_sequences.tail(cu_q, cu_k, total_q, total_k, causal, window)
         assert len(back_costs()) == keys // 128
         ranges = back[qlo0 + 2 * keys:].view(-1, S)

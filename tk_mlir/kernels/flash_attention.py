@@ -87,11 +87,14 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     RIGHT = 0 if CAUSAL else WINDOW_RIGHT        # keys after i + shift + RIGHT are masked
 
     def kv_range(qb):
-        """The K/V blocks [lo, hi) query block qb reads (at least one: rows
-        that see no key come out of the masks as 0 / -inf)."""
+        """The K/V blocks [lo, hi) (in STEPs) query block qb reads (at least
+        one: rows that see no key come out of the masks as 0 / -inf). VARLEN
+        counts keys, from the task's first key: its blocks start with its
+        sequence's keys, loaded at element coordinates."""
         if VARLEN:
-            lo, hi = packed_sequences.pair(
+            first, end = packed_sequences.pair(
                 TASKS, packed_sequences.forward_offsets(TASKS, N, N_KV, BM)[5], qb)
+            return first, first + max(tk.cdiv(end - first, BN), 1) * BN
         else:
             hi = N_KV
             if RIGHT >= 0:
@@ -102,12 +105,21 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 lo = min(max(qb * BM + shift - WINDOW_LEFT, 0) // BN, hi - 1)
         return lo, hi
 
-    def masked(S, j, row0, seen=None):
-        """S with -inf where key j·BN + c is past N_kv or outside the window
+    STEP = BN if VARLEN else 1                   # kv_range's unit: keys (VARLEN) or blocks
+
+    def key_of(j):
+        """The first key of the K/V block at j (kv_range's unit)."""
+        return j if VARLEN else j * BN
+
+    def load_kv(tile, X, b, hk, j, full):
+        """The K/V block at j (kv_range's unit) into tile."""
+        tk.tma.load_async(tile, X, (b, hk, j, 0), full, elements=VARLEN)
+
+    def masked(S, col0, row0, seen=None):
+        """S with -inf where key col0 + c is past N_kv or outside the window
         of query row0 + r (causal: after the diagonal); only blocks that
         cross an edge are touched. VARLEN: seen = the keys (lo, hi) every
         row sees and each row's own bounds (two i32 row vectors)."""
-        col0 = j * BN
         if VARLEN:
             lo_all, hi_all, row_lo, row_hi = seen
             if (col0 < lo_all) | (col0 + BN > hi_all):
@@ -155,11 +167,11 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 for c in tk.static_range(CONSUMERS):
                     tk.tma.load_async(q[c] if CONSUMERS > 1 else q, Q,
                                       (b, h, CONSUMERS * qb + c, 0), q_full)
-                for j in range(lo, hi):
+                for j in range(lo, hi, STEP):
                     kt, k_full = ks.fill(it)
-                    tk.tma.load_async(kt, K, (b, hk, j, 0), k_full)
+                    load_kv(kt, K, b, hk, j, k_full)
                     vt, v_full = vs.fill(it)
-                    tk.tma.load_async(vt, V, (b, hk, j, 0), v_full)
+                    load_kv(vt, V, b, hk, j, v_full)
                     it += 1
                 n += 1
     else:
@@ -191,13 +203,13 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
             yield_mmas(wg, CONSUMERS)
             tk.mma_wait(0)
             ks.release(it)
-            S = masked(capped(S), lo, row0, seen)
+            S = masked(capped(S), key_of(lo), row0, seen)
             m = S.row_max() * scale_log2
             P = (S * scale_log2).sub_row(finite(m)).exp2()
             l = P.row_sum()
             P = P.to(Q.dtype)                    # the A operand of P·V, from registers
             acc = tk.zeros((64, D), f32, layout="row", scope="warpgroup")
-            for j in range(lo + 1, hi):
+            for j in range(lo + STEP, hi, STEP):
                 # S of block j runs while P of block j-1 multiplies V ...
                 # The turn first, then the data (FA3 waits for K/V first: slower
                 # causal here, see BENCHMARKS.md).
@@ -209,7 +221,7 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 tk.mma_wait(1)
                 ks.release(it + 1)
                 # ... and the softmax of block j runs while P·V finishes.
-                S = masked(capped(S), j, row0, seen)
+                S = masked(capped(S), key_of(j), row0, seen)
                 m_new = max(m, S.row_max() * scale_log2)
                 m_use = finite(m_new)
                 alpha = (m - m_use).exp2()

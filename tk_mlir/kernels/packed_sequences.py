@@ -23,9 +23,12 @@ register vector; vectors hold at least 8), each part padded to 64 entries.
 `qlo`, `qhi` are the same rule seen from the keys: key j is seen by the
 packed query rows [qlo[j], qhi[j]); the backward, whose tiles have keys for
 rows, masks with them (two registers per thread for a row vector, where a
-column vector of klo would take 16). `ranges` is the forward's key blocks
-[first, end) per task of BM query rows, or the backward's query tiles per
-128-key K/V block. `offsets` finds the parts from the table's end.
+column vector of klo would take 16). `ranges` is the forward's keys
+[first, end) per task of BM query rows (its key blocks start at `first`,
+its first row's first key, so that a tile within one sequence starts its
+walk with that sequence's keys and only its last block crosses a border;
+(0, 1) when its rows see none), or the backward's query tiles per 128-key
+K/V block. `offsets` finds the parts from the table's end.
 
 Within a sequence, and across sequences in order, klo and khi never
 decrease with the row (khi is clamped below at its sequence's first key, so
@@ -153,7 +156,8 @@ def store_pair(TAIL, at, i, first, end):
 @tk.func
 def group_range(OWN, OTH, first_row, rows, total, B, STEPS, BELOW, ABOVE, BLOCK):
     """(first, end) blocks of BLOCK entries of the other side that rows
-    [first_row, first_row + rows) ∩ [0, total) see (at least one block)."""
+    [first_row, first_row + rows) ∩ [0, total) see (at least one block;
+    BLOCK = 1: the entries themselves)."""
     first = 0
     end = 1
     if first_row < total:
@@ -194,7 +198,7 @@ def sequence_bounds_kernel(CU_Q: tk.gl, CU_K: tk.gl, TAIL: tk.gl, total_q: int, 
         store_pair(TAIL, tiles0, t, lo_all, hi_all)
         if FORWARD:
             if t % (BM // 64) == 0:
-                first, end = group_range(CU_Q, CU_K, r0, BM, total_q, B, STEPS, LEFT, RIGHT, BN)
+                first, end = group_range(CU_Q, CU_K, r0, BM, total_q, B, STEPS, LEFT, RIGHT, 1)
                 store_pair(TAIL, ranges0, t // (BM // 64), first, end)
     else:
         u = t - rows // 64
@@ -215,11 +219,12 @@ def tail(cu_q, cu_k, total_q: int, total_k: int, causal: bool, window: tuple[int
     without reading the offsets on the host, and `costs()`, which makes each
     task's cost (blocks it reads) from it when called (a kept schedule needs
     none): one cost per task the kernel decodes (cdiv(total_q, BM), or
-    cdiv(total_k, 128)). forward_tasks=(BM, BN): the forward's ranges; else
-    the backward's. Query i of a sequence sees its keys j with i + shift -
-    left <= j <= i + shift + right (both counted from the sequence's start;
-    shift = len_k - len_q, bottom-right aligned as FlashAttention; right = 0
-    with causal; -1: no bound on that side)."""
+    cdiv(total_k, 128)). forward_tasks=(BM, BN): the forward's ranges (the
+    cost of one: its keys in BN-key blocks); else the backward's. Query i
+    of a sequence sees its keys j with i + shift - left <= j <= i + shift +
+    right (both counted from the sequence's start; shift = len_k - len_q,
+    bottom-right aligned as FlashAttention; right = 0 with causal; -1: no
+    bound on that side)."""
     return planned_tail(total_q, total_k, causal, window, forward_tasks=forward_tasks)(cu_q, cu_k)
 
 
@@ -253,7 +258,9 @@ def planned_tail(total_q: int, total_k: int, causal: bool, window: tuple[int, in
 
         def costs():
             ranges = out[ranges_at:].view(-1, SLOT)
-            return (ranges[:done, 1] - ranges[:done, 0]).long()
+            span = (ranges[:done, 1] - ranges[:done, 0]).long()
+            return (span + (bn - 1)).div_(bn, rounding_mode="floor").clamp_(min=1) \
+                if forward_tasks else span
         return out, costs
     make.size = size
     return make
