@@ -57,9 +57,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     key blocks wholly outside a task's rows' windows are not read. SOFTCAP >
     0: scores s·scale become SOFTCAP·tanh(s·scale / SOFTCAP).
     VARLEN: B = 1 and Q, K, V, O are packed sequences (kernels/packed_sequences.py):
-    query row r sees the keys its TASKS tail gives it, and a task reads the
-    key blocks the tail's ranges give (CAUSAL and the window are then in the
-    tail, not set here).
+    query row r sees the keys its TASKS tail gives it, and a task reads BN-key
+    blocks from the first key of its tail's range (CAUSAL and the window are
+    then in the tail, not set here).
     O leaves by TMA from an O tile of each warpgroup's (O_TMA), or else from
     registers."""
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
