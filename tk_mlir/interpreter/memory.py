@@ -3,8 +3,9 @@ CPU torch tensors, written in place, read and written as f32 (or i32) values.
 
 Tile coordinates follow lowering/memory.py: the last dims (as many as the
 tile has) are tile coordinates, scaled by the tile's shape; the outer dims
-are element coordinates. Elements outside the array (including negative
-coordinates: the GPU compares unsigned) read `fill` and are not written.
+are element coordinates (all of them with `element_coords`: a TMA op's
+`elements`). Elements outside the array (including negative coordinates:
+the GPU compares unsigned) read `fill` and are not written.
 """
 from __future__ import annotations
 

@@ -94,6 +94,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         if VARLEN:
             first, end = packed_sequences.pair(
                 TASKS, packed_sequences.forward_offsets(TASKS, N, N_KV, BM)[5], qb)
+            # (clamped: offsets the host never checked cannot wrap the walk's
+            # end, which would leave the consumers waiting for blocks never loaded)
+            first, end = min(max(first, 0), N_KV), min(end, N_KV)
             return first, first + max(tk.cdiv(end - first, BN), 1) * BN
         else:
             hi = N_KV
@@ -113,7 +116,10 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
 
     def load_kv(tile, X, b, hk, j, full):
         """The K/V block at j (kv_range's unit) into tile."""
-        tk.tma.load_async(tile, X, (b, hk, j, 0), full, elements=VARLEN)
+        if VARLEN:
+            tk.tma.load_async(tile, X, (b, hk, j, 0), full, elements=True)
+        else:
+            tk.tma.load_async(tile, X, (b, hk, j, 0), full)
 
     def masked(S, col0, row0, seen=None):
         """S with -inf where key col0 + c is past N_kv or outside the window

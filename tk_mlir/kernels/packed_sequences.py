@@ -6,9 +6,9 @@ Packed q (total_q, H, D) and k (total_k, H_kv, D) are attended as one batch
 of one long sequence each, (1, H, total, D) views; the sequences' borders,
 causality and windows are all one rule per query row r: it sees the packed
 keys [klo[r], khi[r]) (empty when khi <= klo). The dense kernels then only
-need, besides their task schedule, each task's range of key (or query)
-blocks and, to mask only the blocks that cross a border, the keys every row
-of a 64-row tile sees.
+need, besides their task schedule, each task's range of keys (the forward)
+or query blocks (the backward) and, to mask only the blocks that cross a
+border, the keys every row of a 64-row tile sees.
 
 The tail, appended to a kernel's TASKS table (schedule part padded to a
 multiple of 64 entries, so that 64-entry vectors of the tail are whole
@@ -173,7 +173,7 @@ def group_range(OWN, OTH, first_row, rows, total, B, STEPS, BELOW, ABOVE, BLOCK)
 @tk.kernel(num_warps=4)
 def sequence_bounds_kernel(CU_Q: tk.gl, CU_K: tk.gl, TAIL: tk.gl, total_q: int, total_k: int,
                            B: int, STEPS: int, LEFT: tk.constexpr, RIGHT: tk.constexpr,
-                           BM: tk.constexpr, BN: tk.constexpr, FORWARD: tk.constexpr):
+                           BM: tk.constexpr, FORWARD: tk.constexpr):
     """The tail (module docstring) for B sequences at offsets CU_Q, CU_K:
     block t < rows/64 writes query tile t's klo, khi and common keys (and,
     FORWARD, the range of task t·64/BM when it starts there); the blocks
@@ -245,7 +245,7 @@ def planned_tail(total_q: int, total_k: int, causal: bool, window: tuple[int, in
     size, ranges_at = sum(parts), sum(parts[:3])
     done = -(-max(total_q, 1) // bm) if forward_tasks else keys // 128
     kernel = eager.launcher(sequence_bounds_kernel, same_signature)(
-        (rows // 64 + keys // 64,), LEFT=left, RIGHT=right, BM=bm, BN=bn,
+        (rows // 64 + keys // 64,), LEFT=left, RIGHT=right, BM=bm,
         FORWARD=forward_tasks is not None)
     totals = (max(total_q, 1), max(total_k, 1))
 
