@@ -621,10 +621,11 @@ def test_tma_element_coordinates_are_passed_unscaled():
     assert "elements = true" in k_batched_tma.compile(spec(4, 256, 256), ELEMENTS=True).asm["tk"]
 
 
-@pytest.mark.parametrize("r,c,r2,c2", [(37, 5, 3, 9), (-3, 20, 70, -6), (90, 40, 0, 0)])
-def test_tma_at_element_coordinates_in_the_interpreter(r, c, r2, c2):
-    """A tile loaded from any element (zeros past every edge, above and left
-    included) and stored at any element (clipped at the edges), against numpy."""
+ELEMENT_CORNERS = [(37, 5, 3, 9), (-3, 20, 70, -6), (90, 40, 0, 0)]
+
+
+def _element_copy(r, c, r2, c2):
+    """(A, B poisoned, B as the copy should leave it) for k_element_tma."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(r * 7 + c)
     A = torch.rand(100, 80, generator=g).to(torch.bfloat16)
@@ -635,8 +636,26 @@ def test_tma_at_element_coordinates_in_the_interpreter(r, c, r2, c2):
     tile = padded[64 + r:128 + r, 64 + c:128 + c]
     rows, cols = slice(max(r2, 0), min(r2 + 64, 96)), slice(max(c2, 0), min(c2 + 64, 72))
     want[rows, cols] = tile[rows.start - r2:rows.stop - r2, cols.start - c2:cols.stop - c2]
+    return A, B, want
+
+
+@pytest.mark.parametrize("r,c,r2,c2", ELEMENT_CORNERS)
+def test_tma_at_element_coordinates_in_the_interpreter(r, c, r2, c2):
+    """A tile loaded from any element (zeros past every edge, above and left
+    included; columns not on a 16-byte boundary) and stored at any element
+    (clipped at the edges), against numpy."""
+    A, B, want = _element_copy(r, c, r2, c2)
     k_element_tma.interpret[(1,)](A, B, r, c, r2, c2)
-    assert torch.equal(B.float(), want)
+    assert B.float().equal(want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r,c,r2,c2", ELEMENT_CORNERS)
+def test_tma_at_element_coordinates_on_the_gpu(r, c, r2, c2):
+    A, B, want = _element_copy(r, c, r2, c2)
+    A, B = A.cuda(), B.cuda()
+    k_element_tma[(1,)](A, B, r, c, r2, c2)
+    assert B.float().cpu().equal(want)
 
 
 def test_tma_elements_must_be_a_bool():
