@@ -1383,13 +1383,13 @@ class EagerSsd(torch.autograd.Function):
 
 class EagerFusedAddNorm(torch.autograd.Function):
     """fused_add_rms_norm's and fused_add_layer_norm's forward and backward for
-    eager calls on checked tensors (norm: "rms_norm" or "layer_norm";
-    planned_backward: norms.planned_backward's run for the call's signature,
-    dh added; then x, residual, weight, [bias,] eps)."""
+    eager calls on checked tensors (planned: norms.planned_fused_add's launch
+    and planned_backward: norms.planned_backward's run, dh added, for the
+    call's signature; then x, residual, weight, [bias,] eps)."""
 
     @staticmethod
-    def forward(ctx, norm, planned_backward, x, residual, weight, *bias_eps):
-        y, h = norms.launch_fused_add(norm, x, residual, weight, *bias_eps)
+    def forward(ctx, planned, planned_backward, x, residual, weight, *bias_eps):
+        y, h = planned(x, residual, weight, *bias_eps)
         _fused_add_setup_context(ctx, (x, residual, weight, *bias_eps), (y, h))
         ctx.planned_backward = planned_backward
         return y, h

@@ -469,29 +469,42 @@ def _prepare_fused_add(norm: str, x, residual, weight, bias, eps):
     from tk_mlir.kernels import custom_ops
     *inputs, eps = _checked_fused_add(norm, x, residual, weight, bias, eps)
     rms = norm == "rms_norm"
+    launch = planned_fused_add(norm, x, same_signature=True)
     if _recorded(f"fused_add_{norm}", None, *inputs):
         # the backward's x is the sum h, a new contiguous tensor like x (unless a
         # saved-tensor hook hands it otherwise: eager.per_layout)
         back = eager.per_layout(lambda h, weight: planned_backward(
             norm, h, weight, with_dh=True, same_signature=True), 2)
         return lambda x, residual, weight, bias: custom_ops.EagerFusedAddNorm.apply(
-            norm, back, x, residual, weight, *(() if rms else (bias,)), eps)
-    return lambda x, residual, weight, bias: launch_fused_add(
-        norm, x, residual, weight, *(() if rms else (bias,)), eps)
+            launch, back, x, residual, weight, *(() if rms else (bias,)), eps)
+    return lambda x, residual, weight, bias: launch(
+        x, residual, weight, *(() if rms else (bias,)), eps)
 
 
 def launch_fused_add(norm: str, x, residual, weight, *bias_eps):
     """(y, h) of add_rmsnorm_kernel or add_layernorm_kernel on checked tensors;
     bias_eps: (bias, eps) for layer_norm, (eps,) for rms_norm."""
-    y, h = eager.empty_rows(x), eager.empty_rows(x)
-    x, residual = checks.as_rows(x), checks.as_rows(residual)
-    y2, h2 = checks.as_rows(y, view=True), checks.as_rows(h, view=True)
-    if x.shape[0]:
-        kernel = add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel
-        *bias, eps = bias_eps
-        vectors = [checks.kernel_operand(t) for t in (weight, *bias)]
-        kernel[(x.shape[0],)](x, residual, *vectors, y2, h2, eps, BLOCK=_block(x.shape[1]))
-    return y, h
+    return planned_fused_add(norm, x)(x, residual, weight, *bias_eps)
+
+
+def planned_fused_add(norm: str, x, same_signature: bool = False):
+    """`launch(x, residual, weight, *bias_eps) -> (y, h)`: launch_fused_add
+    for tensors shaped like x, its grid and row tile chosen once
+    (same_signature: as planned_rms_norm's)."""
+    rows, d = math.prod(x.shape[:-1]), x.shape[-1]
+    kernel = None if not rows else eager.launcher(
+        add_rmsnorm_kernel if norm == "rms_norm" else add_layernorm_kernel,
+        same_signature)((rows,), BLOCK=_block(d))
+
+    def launch(x, residual, weight, *bias_eps):
+        y, h = eager.empty_rows(x), eager.empty_rows(x)
+        if kernel is not None:
+            *bias, eps = bias_eps
+            kernel(checks.as_rows(x), checks.as_rows(residual),
+                   *[checks.kernel_operand(t) for t in (weight, *bias)],
+                   checks.as_rows(y, view=True), checks.as_rows(h, view=True), eps)
+        return y, h
+    return launch
 
 
 # The widest row: _block(D) bf16 values in 8 warps' registers (65536 would take 256 a thread).
