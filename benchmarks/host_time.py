@@ -19,6 +19,8 @@ A wrong or failing implementation marks its row; the run goes on.
 Functions (names for --only) and peers:
 - matmul_64x256x256, matmul_16x4096x4096 (the split-K plan): `a @ b.T`;
 - rms_norm: `F.rms_norm`; layer_norm: `F.layer_norm` (16 x 4096 bf16);
+- fused_add_rms_norm: h = x + residual and rms_norm(h), against `h = x + r`
+  then `F.rms_norm(h)` (16 x 4096 bf16);
 - attention_fwd: 1x8x128x128 bf16 causal, against SDPA (is_causal=True);
 - attention_fwd_bwd: the same, forward then `torch.autograd.grad` with a
   given output gradient, against SDPA's;
@@ -148,6 +150,23 @@ def _norm_case(which, rows=16, d=4096):
 
     return Case(which, f"{which} {rows}x{d}", f"F.{which}", f"{rows}x{d} bf16", which,
                 make, tk, peer, inplace)
+
+
+def _fused_add_case(rows=16, d=4096):
+    def make(g):
+        return _u(g, rows, d, scale=2.0), _u(g, rows, d), _u(g, d) + 1
+
+    def tk(x, r, w):
+        from tk_mlir.kernels import fused_add_rms_norm
+        return fused_add_rms_norm(x, r, w, 1e-6)
+
+    def peer(x, r, w):
+        import torch.nn.functional as F
+        h = x + r
+        return F.rms_norm(h, (d,), w, 1e-6), h
+
+    return Case("fused_add_rms_norm", f"fused_add_rms_norm {rows}x{d}", "x + r, F.rms_norm",
+                f"{rows}x{d} bf16", "fused_add_rms_norm", make, tk, peer)
 
 
 def _qkv(g, backward: bool, *shape) -> tuple:
@@ -317,7 +336,7 @@ def _rotary_case(b=1, n=128, h=32, d=128):
 
 def cases() -> dict[str, Case]:
     all_cases = [_matmul_case(64, 256, 256), _matmul_case(16, 4096, 4096),
-                 _norm_case("rms_norm"), _norm_case("layer_norm"),
+                 _norm_case("rms_norm"), _norm_case("layer_norm"), _fused_add_case(),
                  _attention_case(False), _attention_case(True),
                  _varlen_case(False), _varlen_case(True),
                  _scaled_case(), _grouped_case(), _swiglu_case(), _rotary_case()]
