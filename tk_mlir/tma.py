@@ -12,10 +12,10 @@ last counts vectors. With elements=True every coordinate counts elements: a
 tile may start at any row and column (a sequence's first row in a packed
 batch), negative ones too. Reads past the tensor's edges fill zeros and
 writes past them are dropped, so tiles need not divide the tensor; a write
-that must stop before the edge (at a sequence's end) is not TMA's to make. Each (tensor, tile shape,
-swizzle) used becomes a tensor map, encoded on the host at launch (cached per
-pointer, shape and strides) and passed as a 128-byte __grid_constant__
-parameter.
+that must stop before the edge (at a sequence's end) is not TMA's to make.
+Each (tensor, tile shape, swizzle) used becomes a tensor map, encoded on the
+host at launch (cached per pointer, shape and strides) and passed as a
+128-byte __grid_constant__ parameter.
 """
 from __future__ import annotations
 

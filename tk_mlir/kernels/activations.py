@@ -72,8 +72,9 @@ def swiglu(gate, up):
     gate, up: bf16 or f16 CUDA tensors of one shape, dtype and device, any
     rank and strides (the halves of a fused projection are read as they
     lie; a view the kernel cannot read so, e.g. a strided last dim, is
-    copied first), the last dim a multiple of 8. Differentiable in both. Under torch.compile it runs as the custom
-    op torch.ops.tk_mlir.swiglu; eager calls launch directly."""
+    copied first), the last dim a multiple of 8. Differentiable in both.
+    Under torch.compile it runs as the custom op torch.ops.tk_mlir.swiglu;
+    eager calls launch directly."""
     import torch
     if torch.compiler.is_compiling():
         _check(gate, up)
