@@ -86,10 +86,10 @@ from tk_mlir.kernels import (activations, checks, decode_attention, eager, flash
 def first_order(backward):
     """An eager autograd.Function's backward, differentiable once: under
     create_graph=True the gradients it returns are joined to the saved
-    tensors that require grad (and those held on ctx.held: the inputs they
-    depend on) by a node that
-    raises when reached, so a second derivative with respect to any input
-    raises rather than coming back partial, or as None under allow_unused.
+    tensors that require grad, and those held on ctx.held (the inputs they
+    depend on), by a node that raises when reached, so a second derivative
+    with respect to any input raises rather than coming back partial, or as
+    None under allow_unused.
     (once_differentiable marks its outputs only through stand-in leaves: a
     second derivative with respect to the inputs found no path and came back
     as None.)"""
