@@ -18,7 +18,7 @@ from typing import Callable
 
 from mlir import ir
 
-from . import layout as layouts, tk, types as T
+from . import contracts, layout as layouts, tk, types as T
 from ..errors import error_at
 from .. import target
 
@@ -544,6 +544,11 @@ def _tma(op, operands, results, num_warps: int) -> None:
         n_idx = len(operands) - len(d.operands)
         _require(n_idx == gl.rank, f"{name} needs one coordinate per dim of the tensor "
                  f"({gl.rank}), got {n_idx}")
+    if contracts.ELEMENTS.get(op, False):
+        start = tk.constant_int(list(op.operands)[-1])   # (run-time ones: the interpreter)
+        problem = None if start is None else tma_element_start_problem(
+            name, start, st.dtype, writes=d.name in ("tma_store", "tma_reduce_add"))
+        _require(problem is None, problem or "")
     if isinstance(st, T.SV):
         _tma_vector_box(name, st)
         return
@@ -552,6 +557,24 @@ def _tma(op, operands, results, num_warps: int) -> None:
     _require(st.block_bytes <= 256 * T.itemsize(st.dtype) and st.block_bytes % 16 == 0,
              f"{name}: a TMA box row is a multiple of 16 bytes and at most 256 elements; "
              f"{T.show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
+
+
+def tma_element_start_problem(name: str, column: int, dtype: str, writes: bool) -> str | None:
+    """Why a TMA box cannot start at element `column` of the tensor's last dim
+    (None when it can): the copy engine takes an innermost coordinate on a
+    16-byte boundary only, and a store's (or reduce-add's) not left of the
+    tensor; either faults on the GPU (illegal instruction, measured on H100).
+    Rows and outer dims may start anywhere, negative ones too."""
+    per16 = 16 // T.itemsize(dtype)
+    if column % per16:
+        return (f"{name}(..., elements=True): the column coordinate {column} is not on a "
+                f"16-byte boundary (a multiple of {per16} {dtype} elements); the copy engine "
+                f"faults on it. Rows may start anywhere; move whole 16-byte column groups")
+    if writes and column < 0:
+        return (f"{name}(..., elements=True): a store's column coordinate must not be "
+                f"negative, got {column}; the copy engine faults on it (loads may start "
+                f"left of the tensor)")
+    return None
 
 
 def _tma_vector_box(name: str, sv: T.SV) -> None:

@@ -617,11 +617,13 @@ def k_element_tma(A: tk.gl[bf16], B: tk.gl[bf16], r: int, c: int, r2: int, c2: i
 
 
 def test_tma_element_coordinates_are_passed_unscaled():
-    assert _box_coordinates(R=37, C=5, ELEMENTS=True) == [5, 37, 2]
-    assert "elements = true" in k_batched_tma.compile(spec(4, 256, 256), ELEMENTS=True).asm["tk"]
+    assert _box_coordinates(R=37, C=24, ELEMENTS=True) == [24, 37, 2]
+    assert "elements = true" in k_batched_tma.compile(spec(4, 256, 256), C=8,
+                                                       ELEMENTS=True).asm["tk"]
 
 
-ELEMENT_CORNERS = [(37, 5, 3, 9), (-3, 20, 70, -6), (90, 40, 0, 0)]
+# Columns on 16-byte boundaries (8 bf16): the copy engine faults on any other.
+ELEMENT_CORNERS = [(37, 8, 3, 16), (-3, -16, 70, 8), (90, 40, 0, 0)]
 
 
 def _element_copy(r, c, r2, c2):
@@ -641,9 +643,9 @@ def _element_copy(r, c, r2, c2):
 
 @pytest.mark.parametrize("r,c,r2,c2", ELEMENT_CORNERS)
 def test_tma_at_element_coordinates_in_the_interpreter(r, c, r2, c2):
-    """A tile loaded from any element (zeros past every edge, above and left
-    included; columns not on a 16-byte boundary) and stored at any element
-    (clipped at the edges), against numpy."""
+    """A tile loaded from any row and any 16-byte column group (zeros past
+    every edge, above and left included) and stored at one (clipped at the
+    edges), against numpy."""
     A, B, want = _element_copy(r, c, r2, c2)
     k_element_tma.interpret[(1,)](A, B, r, c, r2, c2)
     assert B.float().equal(want)
@@ -656,6 +658,32 @@ def test_tma_at_element_coordinates_on_the_gpu(r, c, r2, c2):
     A, B = A.cuda(), B.cuda()
     k_element_tma[(1,)](A, B, r, c, r2, c2)
     assert B.float().cpu().equal(want)
+
+
+@pytest.mark.parametrize("r,c,r2,c2,rule", [
+    (0, 5, 0, 0, "column coordinate 5 is not on a 16-byte boundary"),
+    (0, -6, 0, 0, "column coordinate -6 is not on a 16-byte boundary"),
+    (0, 0, 0, 4, "column coordinate 4 is not on a 16-byte boundary"),
+    (0, 0, 0, -8, "a store's column coordinate must not be negative, got -8")])
+def test_tma_element_columns_off_16_bytes_are_errors_in_the_interpreter(r, c, r2, c2, rule):
+    """The GPU faults (illegal instruction) on these; the interpreter names
+    the line and the rule instead."""
+    A, B, _ = _element_copy(0, 0, 0, 0)
+    with pytest.raises(Exception, match=rule) as e:
+        k_element_tma.interpret[(1,)](A, B, r, c, r2, c2)
+    assert "test_hopper.py" in str(e.value)
+
+
+def test_tma_element_columns_known_at_compile_time_are_checked_there():
+    @tk.kernel(num_warps=4)
+    def k_constant_column(A: tk.gl[bf16]):
+        a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+        s = tk.semaphore()
+        tk.tma.expect(s, a)
+        tk.tma.load_async(a, A, (3, 4), s, elements=True)
+    with pytest.raises(tk.CompilationError, match="not on a 16-byte boundary") as e:
+        k_constant_column.compile(spec(128, 128))
+    assert "tk.tma.load_async(a, A, (3, 4)" in str(e.value)
 
 
 def test_tma_elements_must_be_a_bool():
