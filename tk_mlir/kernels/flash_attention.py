@@ -128,10 +128,13 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         row sees and each row's own bounds (two i32 row vectors)."""
         if VARLEN:
             lo_all, hi_all, row_lo, row_hi = seen
-            if (col0 < lo_all) | (col0 + BN > hi_all):
-                cols = S.col_indices()
-                S = tk.where((cols.sub_row(row_lo - col0) >= 0) &
-                             (cols.sub_row(row_hi - col0) < 0), S, float("-inf"))
+            # Each bound only in the blocks it cuts (a tile within one sequence:
+            # the diagonal's), each a compare of the column with its row's bound.
+            cols = S.col_indices()
+            if col0 < lo_all:
+                S = tk.where(cols >= per_row(row_lo - col0, cols), S, float("-inf"))
+            if col0 + BN > hi_all:
+                S = tk.where(cols < per_row(row_hi - col0, cols), S, float("-inf"))
         else:
             edge = col0 + BN > N_KV
             if RIGHT >= 0:
@@ -277,6 +280,14 @@ def finite(m):
     """The row maxima to subtract: 0 for a row with no key yet (max -inf), so
     exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN."""
     return tk.where(m == float("-inf"), 0.0, m)
+
+
+@tk.func
+def per_row(v, like):
+    """An i32 tile like `like` holding v[i] in every element of row i:
+    `cols < per_row(v, cols)` compiles to one compare an element (the 0·
+    folds away), where `cols.sub_row(v) < 0` needs an add before each."""
+    return (like * 0).add_row(v)
 
 
 @tk.func
@@ -832,8 +843,8 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             if VARLEN:
                 if (kv0 < lo_all) | (kv0 + 64 > hi_all):    # crosses a row's bounds
                     cols = p.col_indices()
-                    p = tk.where((cols.sub_row(key_qlo - i * BM) >= 0) &
-                                 (cols.sub_row(key_qhi - i * BM) < 0), p, 0.0)
+                    p = tk.where((cols >= per_row(key_qlo - i * BM, cols)) &
+                                 (cols < per_row(key_qhi - i * BM, cols)), p, 0.0)
             if CAUSAL:
                 if kv0 + 63 > i * BM + shift:       # crosses the diagonal
                     keys = p.row_indices() + kv0
