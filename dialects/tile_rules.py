@@ -544,10 +544,10 @@ def _tma(op, operands, results, num_warps: int) -> None:
         n_idx = len(operands) - len(d.operands)
         _require(n_idx == gl.rank, f"{name} needs one coordinate per dim of the tensor "
                  f"({gl.rank}), got {n_idx}")
-    if contracts.ELEMENTS.get(op, False):
-        start = tk.constant_int(list(op.operands)[-1])   # (run-time ones: the interpreter)
-        problem = None if start is None else tma_element_start_problem(
-            name, start, st.dtype, writes=d.name in ("tma_store", "tma_reduce_add"))
+    if d.name != "tma_prefetch":   # (constant coordinates; run-time ones: the interpreter)
+        starts = [tk.constant_int(v) for v in list(op.operands)[len(d.operands):]]
+        problem = tma_start_problem(name, starts, st.dtype, contracts.ELEMENTS.get(op, False),
+                                    writes=d.name in ("tma_store", "tma_reduce_add"))
         _require(problem is None, problem or "")
     if isinstance(st, T.SV):
         _tma_vector_box(name, st)
@@ -559,21 +559,24 @@ def _tma(op, operands, results, num_warps: int) -> None:
              f"{T.show(st)} with swizzle {st.swizzle} has {st.block_bytes}-byte rows")
 
 
-def tma_element_start_problem(name: str, column: int, dtype: str, writes: bool) -> str | None:
-    """Why a TMA box cannot start at element `column` of the tensor's last dim
-    (None when it can): the copy engine takes an innermost coordinate on a
-    16-byte boundary only, and a store's (or reduce-add's) not left of the
-    tensor; either faults on the GPU (illegal instruction, measured on H100).
-    Rows and outer dims may start anywhere, negative ones too."""
+def tma_start_problem(name: str, coords: list, dtype: str, elements: bool,
+                      writes: bool) -> str | None:
+    """Why a TMA copy cannot start at `coords` (ints, None where unknown;
+    None when it can): the copy engine faults (illegal instruction, measured
+    on H100) on an element-coordinate column off a 16-byte boundary, and on a
+    store or reduce-add at any negative coordinate. Loads may start anywhere
+    else, before the tensor's edges too (those elements read zeros)."""
+    column = coords[-1] if coords else None
     per16 = 16 // T.itemsize(dtype)
-    if column % per16:
+    if elements and column is not None and column % per16:
         return (f"{name}(..., elements=True): the column coordinate {column} is not on a "
                 f"16-byte boundary (a multiple of {per16} {dtype} elements); the copy engine "
                 f"faults on it. Rows may start anywhere; move whole 16-byte column groups")
-    if writes and column < 0:
-        return (f"{name}(..., elements=True): a store's column coordinate must not be "
-                f"negative, got {column}; the copy engine faults on it (loads may start "
-                f"left of the tensor)")
+    negative = [(i, c) for i, c in enumerate(coords) if c is not None and c < 0]
+    if writes and negative:
+        i, c = negative[0]
+        return (f"{name}: a store's coordinates must not be negative, got {c} (coordinate "
+                f"{i}); the copy engine faults on it (loads may start before the tensor)")
     return None
 
 

@@ -664,7 +664,8 @@ def test_tma_at_element_coordinates_on_the_gpu(r, c, r2, c2):
     (0, 5, 0, 0, "column coordinate 5 is not on a 16-byte boundary"),
     (0, -6, 0, 0, "column coordinate -6 is not on a 16-byte boundary"),
     (0, 0, 0, 4, "column coordinate 4 is not on a 16-byte boundary"),
-    (0, 0, 0, -8, "a store's column coordinate must not be negative, got -8")])
+    (0, 0, 0, -8, "a store's coordinates must not be negative, got -8 \\(coordinate 1\\)"),
+    (0, 0, -3, 0, "a store's coordinates must not be negative, got -3 \\(coordinate 0\\)")])
 def test_tma_element_columns_off_16_bytes_are_errors_in_the_interpreter(r, c, r2, c2, rule):
     """The GPU faults (illegal instruction) on these; the interpreter names
     the line and the rule instead."""
@@ -684,6 +685,16 @@ def test_tma_element_columns_known_at_compile_time_are_checked_there():
     with pytest.raises(tk.CompilationError, match="not on a 16-byte boundary") as e:
         k_constant_column.compile(spec(128, 128))
     assert "tk.tma.load_async(a, A, (3, 4)" in str(e.value)
+
+
+def test_tma_stores_at_negative_constant_coordinates_are_compile_errors():
+    @tk.kernel(num_warps=4)
+    def k_negative_store(A: tk.gl[bf16]):
+        a = tk.shared_tile(bf16, (64, 64), swizzle=128)
+        tk.tma.store_async(A, a, (-1, 0))
+    with pytest.raises(tk.CompilationError, match="must not be negative, got -1") as e:
+        k_negative_store.compile(spec(128, 128))
+    assert "tk.tma.store_async(A, a, (-1, 0))" in str(e.value)
 
 
 def test_tma_elements_must_be_a_bool():

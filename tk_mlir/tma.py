@@ -9,10 +9,10 @@ memory done by the copy engine, issued by one thread.
 Coordinates count tiles in the last two dims (as tk.load) and elements in the
 outer ones; for a shared vector (a box of its length along the last dim) the
 last counts vectors. With elements=True every coordinate counts elements: a
-tile may start at any row (a sequence's first in a packed batch), negative
-ones too, and at any column on a 16-byte boundary (not negative for a
-store): the copy engine faults on other columns (dialects/tile_rules.py
-tma_element_start_problem). Reads past the tensor's edges fill zeros and
+tile may start at any row (a sequence's first in a packed batch) and at any
+column on a 16-byte boundary. A store's coordinates must not be negative
+(a load's may): the copy engine faults on both (dialects/tile_rules.py
+tma_start_problem). Reads past the tensor's edges fill zeros and
 writes past them are dropped, so tiles need not divide the tensor; a write
 that must stop before the edge (at a sequence's end) is not TMA's to make.
 Each (tensor, tile shape, swizzle) used becomes a tensor map, encoded on the

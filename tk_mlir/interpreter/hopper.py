@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dialects import contracts, types as T
-from ..dialects.tile_rules import tma_element_start_problem
+from ..dialects.tile_rules import tma_start_problem
 from .machine import YIELD, Blocked, error, warp_scalar
 from .races import BY_BARRIER, BY_SEMAPHORE
 from .rules import interprets
@@ -195,11 +195,10 @@ def _tma_load_multicast(op, num_warps):
     return load
 
 
-def _element_start(loc, what: str, coords, dtype: str, elements: bool, writes: bool) -> None:
-    """A run-time element coordinate the copy engine faults on is an error
-    here (dialects/tile_rules.py checks compile-time ones)."""
-    if elements:
-        _check(loc, tma_element_start_problem(what, coords[-1], dtype, writes))
+def _starts(loc, what: str, coords, dtype: str, elements: bool, writes: bool) -> None:
+    """Run-time coordinates the copy engine faults on are an error here
+    (dialects/tile_rules.py checks compile-time ones)."""
+    _check(loc, tma_start_problem(what, coords, dtype, elements, writes))
 
 
 def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:
@@ -207,7 +206,7 @@ def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:
     its cluster), counted on that block's sem; `elements`: the coordinates
     count elements, not tiles. Into another block the issuer's clock means
     nothing there: its ordering is not checked."""
-    _element_start(loc, "tk.tma.load_async", coords, dst.alloc.type.dtype, elements, False)
+    _starts(loc, "tk.tma.load_async", coords, dst.alloc.type.dtype, elements, False)
     own = block is w.block
     if not own:
         w.block.reach(block, loc, "this multicast TMA load")
@@ -256,7 +255,7 @@ def _store_rule(add: bool, what: str):
         def store(w, dst, src, *coords):
             block = w.block
             coords = [warp_scalar(w, c, loc, f"{what}: a coordinate") for c in coords]
-            _element_start(loc, what, coords, src.alloc.type.dtype, elements, True)
+            _starts(loc, what, coords, src.alloc.type.dtype, elements, True)
             for lane in w.active_lanes():
                 _check(loc, block.shadow.read(src, w.index, w.clock, at, "this TMA store",
                                               record=False))
