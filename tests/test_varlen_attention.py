@@ -487,5 +487,5 @@ def test_varlen_kernels_keep_their_key_loops_free_of_spills(d, forward):
                                                  **fa._backward_config(d, 0.0))
     body = next(b for b in loop_bodies(c.asm["sass"]) if any(t.startswith("HGMMA") for t, _ in b))
     assert not [t for t, _ in body if t.startswith(("LDL", "STL"))], c.ptxas_log
-    assert c.info["spill stores (bytes)"] <= 4, c.ptxas_log
+    assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, c.ptxas_log
     assert "C75" not in c.ptxas_log, c.ptxas_log

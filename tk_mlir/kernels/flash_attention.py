@@ -129,11 +129,14 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
         if VARLEN:
             lo_all, hi_all, row_lo, row_hi = seen
             # Each bound only in the blocks it cuts (a tile within one sequence:
-            # the diagonal's), each a compare of the column with its row's bound.
-            cols = S.col_indices()
+            # the diagonal's), each a compare of the column with its row's bound;
+            # the column indices made in each branch (made before both, ptxas
+            # computes them in every block: 11.7M adds of 200M at D=64 causal).
             if col0 < lo_all:
+                cols = S.col_indices()
                 S = tk.where(cols >= per_row(row_lo - col0, cols), S, float("-inf"))
             if col0 + BN > hi_all:
+                cols = S.col_indices()
                 S = tk.where(cols < per_row(row_hi - col0, cols), S, float("-inf"))
         else:
             edge = col0 + BN > N_KV
