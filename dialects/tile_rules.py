@@ -544,11 +544,12 @@ def _tma(op, operands, results, num_warps: int) -> None:
         n_idx = len(operands) - len(d.operands)
         _require(n_idx == gl.rank, f"{name} needs one coordinate per dim of the tensor "
                  f"({gl.rank}), got {n_idx}")
-    if d.name != "tma_prefetch":   # (constant coordinates; run-time ones: the interpreter)
-        starts = [tk.constant_int(v) for v in list(op.operands)[len(d.operands):]]
-        problem = tma_start_problem(name, starts, st.dtype, contracts.ELEMENTS.get(op, False),
-                                    writes=d.name in ("tma_store", "tma_reduce_add"))
-        _require(problem is None, problem or "")
+    # Constant coordinates the copy engine faults on fail here, at the user's
+    # line; run-time ones are the interpreter's to report (no GPU-side check).
+    starts = [tk.constant_int(v) for v in list(op.operands)[len(d.operands):]]
+    problem = tma_start_problem(name, starts, st.dtype, contracts.ELEMENTS.get(op, False),
+                                writes=d.name in ("tma_store", "tma_reduce_add"))
+    _require(problem is None, problem or "")
     if isinstance(st, T.SV):
         _tma_vector_box(name, st)
         return
@@ -570,13 +571,13 @@ def tma_start_problem(name: str, coords: list, dtype: str, elements: bool,
     per16 = 16 // T.itemsize(dtype)
     if elements and column is not None and column % per16:
         return (f"{name}(..., elements=True): the column coordinate {column} is not on a "
-                f"16-byte boundary (a multiple of {per16} {dtype} elements); the copy engine "
-                f"faults on it. Rows may start anywhere; move whole 16-byte column groups")
+                f"16-byte boundary; the copy engine faults on it: start at a multiple of "
+                f"{per16} columns ({dtype}; rows may start anywhere)")
     negative = [(i, c) for i, c in enumerate(coords) if c is not None and c < 0]
     if writes and negative:
         i, c = negative[0]
-        return (f"{name}: a store's coordinates must not be negative, got {c} (coordinate "
-                f"{i}); the copy engine faults on it (loads may start before the tensor)")
+        return (f"{name}: coordinate {i} of idx (0-based) is {c}; TMA stores and reduce-adds "
+                f"must not start at a negative coordinate (the copy engine faults); loads may")
     return None
 
 

@@ -664,13 +664,16 @@ def test_tma_at_element_coordinates_on_the_gpu(r, c, r2, c2):
     (0, 5, 0, 0, "column coordinate 5 is not on a 16-byte boundary"),
     (0, -6, 0, 0, "column coordinate -6 is not on a 16-byte boundary"),
     (0, 0, 0, 4, "column coordinate 4 is not on a 16-byte boundary"),
-    (0, 0, 0, -8, "a store's coordinates must not be negative, got -8 \\(coordinate 1\\)"),
-    (0, 0, -3, 0, "a store's coordinates must not be negative, got -3 \\(coordinate 0\\)")])
-def test_tma_element_columns_off_16_bytes_are_errors_in_the_interpreter(r, c, r2, c2, rule):
-    """The GPU faults (illegal instruction) on these; the interpreter names
-    the line and the rule instead."""
+    (0, 0, 0, -8, "coordinate 1 of idx \\(0-based\\) is -8; TMA stores and reduce-adds must "
+                  "not start at a negative coordinate"),
+    (0, 0, -3, 0, "coordinate 0 of idx \\(0-based\\) is -3")])
+def test_tma_starts_the_gpu_faults_on_are_errors_in_the_interpreter(r, c, r2, c2, rule):
+    """The GPU faults (illegal instruction) on a column off 16 bytes and on a
+    store at a negative coordinate; the interpreter names the line and the
+    rule instead."""
+    from tk_mlir.interpreter.machine import InterpretError
     A, B, _ = _element_copy(0, 0, 0, 0)
-    with pytest.raises(Exception, match=rule) as e:
+    with pytest.raises(InterpretError, match=rule) as e:
         k_element_tma.interpret[(1,)](A, B, r, c, r2, c2)
     assert "test_hopper.py" in str(e.value)
 
@@ -687,14 +690,21 @@ def test_tma_element_columns_known_at_compile_time_are_checked_there():
     assert "tk.tma.load_async(a, A, (3, 4)" in str(e.value)
 
 
-def test_tma_stores_at_negative_constant_coordinates_are_compile_errors():
+def test_tma_writes_at_negative_constant_coordinates_are_compile_errors():
+    """Tile coordinates too (a negative tile is a negative box start), and
+    reduce-adds as stores."""
     @tk.kernel(num_warps=4)
-    def k_negative_store(A: tk.gl[bf16]):
-        a = tk.shared_tile(bf16, (64, 64), swizzle=128)
-        tk.tma.store_async(A, a, (-1, 0))
-    with pytest.raises(tk.CompilationError, match="must not be negative, got -1") as e:
-        k_negative_store.compile(spec(128, 128))
+    def k_negative_store(A: tk.gl[f32], ADD: tk.constexpr = False):
+        a = tk.shared_tile(f32, (64, 32), swizzle=128)
+        if ADD:
+            tk.tma.reduce_add_async(A, a, (0, -4), elements=True)
+        else:
+            tk.tma.store_async(A, a, (-1, 0))
+    with pytest.raises(tk.CompilationError, match="coordinate 0 of idx .* is -1") as e:
+        k_negative_store.compile(spec(128, 128, dtype="f32"))
     assert "tk.tma.store_async(A, a, (-1, 0))" in str(e.value)
+    with pytest.raises(tk.CompilationError, match="reduce_add_async: coordinate 1 of idx .* -4"):
+        k_negative_store.compile(spec(128, 128, dtype="f32"), ADD=True)
 
 
 def test_tma_elements_must_be_a_bool():

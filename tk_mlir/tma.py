@@ -10,11 +10,13 @@ Coordinates count tiles in the last two dims (as tk.load) and elements in the
 outer ones; for a shared vector (a box of its length along the last dim) the
 last counts vectors. With elements=True every coordinate counts elements: a
 tile may start at any row (a sequence's first in a packed batch) and at any
-column on a 16-byte boundary. A store's coordinates must not be negative
-(a load's may): the copy engine faults on both (dialects/tile_rules.py
-tma_start_problem). Reads past the tensor's edges fill zeros and
-writes past them are dropped, so tiles need not divide the tensor; a write
-that must stop before the edge (at a sequence's end) is not TMA's to make.
+column on a 16-byte boundary. A store's or reduce-add's coordinates, tile or
+element, must not be negative (a load's may). The copy engine faults on
+either (an unaligned column, a negative store coordinate):
+dialects/tile_rules.py tma_start_problem. Reads past the tensor's edges fill
+zeros and writes past its far edges are dropped, so tiles need not divide the
+tensor; a write that must stop before the edge (at a sequence's end) is not
+TMA's to make.
 Each (tensor, tile shape, swizzle) used becomes a tensor map, encoded on the
 host at launch (cached per pointer, shape and strides) and passed as a
 128-byte __grid_constant__ parameter.
@@ -54,7 +56,8 @@ def load_async(dst, src, idx, sem, *, multicast=None, elements=False) -> None:
     index along the last dim)); the copy's bytes complete a transaction on
     `sem` (see tk.tma.expect). multicast=mask delivers it to `dst` and `sem`
     of every block of the cluster whose bit is set (tk.use_cluster).
-    elements=True: `idx` is the element where the tile starts."""
+    elements=True: `idx` is the element where the tile starts (its column on a
+    16-byte boundary)."""
     if not isinstance(dst, SharedVector):
         _check(dst, src, "tk.tma.load_async")
     elif not isinstance(src, Global):
@@ -81,7 +84,8 @@ def load_async(dst, src, idx, sem, *, multicast=None, elements=False) -> None:
 @builds('tma_store')
 def store_async(dst, src, idx, *, elements=False) -> None:
     """Copy shared tile `src` to the tile of `dst` at tile coordinates `idx`
-    (elements=True: the element where it starts).
+    (elements=True: the element where it starts, its column on a 16-byte
+    boundary), none of them negative.
     The threads that wrote `src` must have synchronised with the issuing
     thread first (e.g. tk.named_barrier); the compiler fences their writes
     for the async proxy (passes/fences.py)."""
@@ -93,7 +97,8 @@ def store_async(dst, src, idx, *, elements=False) -> None:
 @builds('tma_reduce_add')
 def reduce_add_async(dst, src, idx, *, elements=False) -> None:
     """Add shared tile `src` into the tile of `dst` at tile coordinates `idx`
-    (elements=True: the element where it starts; cp.reduce.async.bulk.tensor
+    (elements=True: the element where it starts, its column on a 16-byte
+    boundary; none negative; cp.reduce.async.bulk.tensor
     .add; f32, f16 or bf16; elements past the edges are skipped). Issued and
     completed as tk.tma.store_async: in the same bulk groups
     (tk.tma.store_commit / store_wait), fenced by the compiler."""

@@ -171,6 +171,7 @@ def _tma_load(op, num_warps):
     loc, at, elements = op.loc, op.at, op.hint(contracts.ELEMENTS, False)
     def load(w, dst, src, sem, *coords):
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
+        _starts(loc, "tk.tma.load_async", coords, dst.alloc.type.dtype, elements, False)
         for _ in range(_lanes(w)):
             _issue_load(w, w.block, dst, src, sem, coords, elements, loc, at)
         yield YIELD
@@ -182,6 +183,7 @@ def _tma_load_multicast(op, num_warps):
     loc, at, elements = op.loc, op.at, op.hint(contracts.ELEMENTS, False)
     def load(w, dst, src, sem, mask, *coords):
         coords = [warp_scalar(w, c, loc, "tk.tma.load_async: a coordinate") for c in coords]
+        _starts(loc, "tk.tma.load_async", coords, dst.alloc.type.dtype, elements, False)
         bits = warp_scalar(w, mask, loc, "tk.tma.load_async: the multicast mask")
         blocks = w.block.cluster.blocks
         if not 0 < bits < 1 << len(blocks):
@@ -206,7 +208,6 @@ def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:
     its cluster), counted on that block's sem; `elements`: the coordinates
     count elements, not tiles. Into another block the issuer's clock means
     nothing there: its ordering is not checked."""
-    _starts(loc, "tk.tma.load_async", coords, dst.alloc.type.dtype, elements, False)
     own = block is w.block
     if not own:
         w.block.reach(block, loc, "this multicast TMA load")
