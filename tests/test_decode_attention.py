@@ -196,12 +196,14 @@ def test_an_input_that_requires_grad_is_warned_of(interpret):
         attention_with_kvcache(q, k, v, lens)
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [16, 48, 64, 176, 256])
 def test_paged_cache_in_the_interpreter(interpret, page):
     """Pages smaller than a key block (several TMA loads per block), equal to
-    it, and larger (a block is part of a page), in a shuffled order."""
+    it, and larger (a block is part of a page), in a shuffled order; pages
+    of 48 and 176 keys (multiples of 16, not powers of two: four pages a
+    192-key block, and 16-key blocks in each page)."""
     g = torch.Generator().manual_seed(page)
-    B, n_max, h, h_kv, d = 2, 512, 4, 2, 64
+    B, n_max, h, h_kv, d = 2, -(-512 // page) * page, 4, 2, 64
     lens = torch.tensor([300, 33], dtype=torch.int32)
     k, v = _cache(B, n_max, h_kv, d, lens, g)
     kp, vp, table = _paged(k, v, page, g)
@@ -488,6 +490,26 @@ def test_an_empty_batch_and_a_window_wider_than_the_cache(interpret):
     n = torch.tensor([300], dtype=torch.int32)
     assert torch.equal(attention_with_kvcache(q, kc, vc, n),
                        attention_with_kvcache(q, kc, vc, n, window=(2**30, -1)))
+
+
+@pytest.mark.parametrize("d, page", [(64, 48), (128, 80), (128, 176), (256, 48)])
+def test_the_paged_kernel_compiles_without_spills_at_any_page_size(d, page, ptxas):
+    """ptxas on the paged split kernel at page sizes that are multiples of 16
+    but not powers of two: whole pages per key block (48 into D=64's 192),
+    a block of one page (80), 16-key blocks in a page no larger block
+    divides (176)."""
+    import tk_mlir as tk
+    B, HK, R, pages = 8, 8, 4, 64
+    cfg = decode_attention._config(d, page)
+    assert page % cfg["BN"] == 0 or cfg["BN"] % page == 0
+    c = decode_attention.kv_cache_attention_kernel.compile(
+        tk.spec((B, HK, R, d), tk.bf16), tk.spec((pages, HK, page, d), tk.bf16),
+        tk.spec((pages, HK, page, d), tk.bf16), tk.spec((B * HK, 2, R, d), tk.f32),
+        tk.spec((B * HK, 2, 4), tk.f32), tk.spec((B,), "i32"), tk.spec((B, 8), "i32"),
+        tk.spec((B, HK, R, d), tk.bf16), tk.spec((B, HK, 4), tk.f32), tk.spec((B * HK,), "i32"),
+        0.1, 0, 4, 8 * page, -1, 0, 1.0, D=d, PAGE=page, SPLIT=True, MERGE=True, **cfg)
+    assert c.info["spill stores (bytes)"] == c.info["spill loads (bytes)"] == 0, c.ptxas_log
+    assert "C75" not in c.ptxas_log, c.ptxas_log
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
