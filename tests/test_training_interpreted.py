@@ -179,6 +179,24 @@ def test_fused_add_layer_norm_checks_its_bias():
         fused_add_layer_norm(x, x, x[0], None)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_with_every_row_ignored(interpreted, reduction):
+    """As torch's: "mean" is NaN (0 / 0), "sum" 0, "none" zeros; the
+    gradients are zeros, not NaN (no row contributes)."""
+    from tk_mlir.kernels import linear_cross_entropy
+    g = torch.Generator().manual_seed(9)
+    h = torch.randn(6, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(128, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    t = torch.full((6,), -100)
+    loss = linear_cross_entropy(h, w, t, reduction=reduction)
+    ref = F.cross_entropy(h.double() @ w.double().T, t, reduction=reduction)
+    assert loss.shape == ref.shape
+    assert torch.equal(loss.double().isnan(), ref.isnan())
+    assert torch.equal(loss.double().nan_to_num(), ref.nan_to_num())
+    dh, dw = torch.autograd.grad(loss.sum(), (h, w))
+    assert not dh.isnan().any() and not dh.any() and not dw.isnan().any() and not dw.any()
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch, reduction):
     """No dweight is made for a weight that does not require grad: a scalar

@@ -372,6 +372,10 @@ def test_bad_arguments_are_refused_with_the_rule():
          r"cu_seqlens_q must start at 0 and end at the 7 packed tokens, got 0 \.\. 3"),
         ((q, k, v, cu_q, torch.tensor([1, 5, 7], dtype=torch.int32), 4, 4), ValueError,
          r"cu_seqlens_k must start at 0"),
+        ((q, k, v, cu_q.to("meta"), cu_k, 4, 4), ValueError,
+         r"cu_seqlens_q must be on q's device cpu, got meta"),
+        ((q, k, v, cu_q, cu_k.to("meta"), 4, 4), ValueError,
+         r"cu_seqlens_k must be on q's device cpu, got meta"),
     ]
     for args, error, message in cases:
         with pytest.raises(error, match=message):
