@@ -104,6 +104,7 @@ LENS_K = [3, 70, 0, 260, 5, 140]
     (64, False, (7, 3), 0.0, 4, 1),         # a window that cuts blocks mid-way
     (128, True, (20, -1), 5.0, 2, 1),       # causal, a left window, soft-capped
     (64, False, (-1, 0), 0.0, 2, 1),        # causal spelled as a window
+    (64, True, (-1, -1), 0.0, 8, 1),        # GQA 8:1
 ])
 def test_matches_float64_forward_and_backward(interpret, d, causal, window, softcap, h, h_kv):
     q, k, v, cu_q, cu_k = _inputs(LENS_Q, LENS_K, h, h_kv, d, seed=d + h)
