@@ -71,6 +71,25 @@ def test_layers_the_kernels_do_not_take_are_refused_before_any_change():
     assert model.config._attn_implementation == "eager"
 
 
+@pytest.mark.parametrize("field, value, part, rule", [
+    ("head_dim", 32, "attention", "64, 128 or 256"),
+    ("vocab_size", 250, "cross_entropy", "a multiple of 8"),
+    ("hidden_size", 132, "rms_norm", "a multiple of 8")])
+def test_sizes_the_kernels_do_not_take_are_refused_before_any_change(field, value, part, rule):
+    """The config's field and the rule, before any layer is patched; the
+    part turned off, the others patch."""
+    model = _tiny_llama().to(torch.bfloat16)
+    setattr(model.config, field, value)
+    forward = model.model.norm.forward
+    with pytest.raises(ValueError, match=rf"patch_llama: {part} takes config.{field} {rule}, "
+                                         rf"got {value} \(or pass {part}=False\)"):
+        patch_llama(model)
+    assert model.model.norm.forward == forward and model.config._attn_implementation == "eager"
+    off = {"cross_entropy": dict(cross_entropy=False, linear_cross_entropy=False)}.get(
+        part, {part: False})
+    patch_llama(model, **off)
+
+
 @pytest.mark.parametrize("how", ["gradient checkpointing", "torch.compile"])
 def test_patched_llama_under_checkpointing_and_compile(interpreted, how):
     """The training step's loss and gradients with gradient checkpointing

@@ -20,8 +20,10 @@ What it swaps, each optional:
   logits (outputs.logits is None then, as with Liger's fused loss).
 All of them differentiate, so the patched model trains, also under gradient
 checkpointing and torch.compile(fullgraph=True). Layers the kernels
-do not take (not bf16/f16) are refused with the
-layer's name before anything is changed.
+do not take (not bf16/f16) are refused with the layer's name, and sizes
+they do not take (a head dim other than 64, 128 or 256; a hidden size or
+vocabulary that is not a multiple of 8) with the config's field, before
+anything is changed.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def patch_llama(model, **parts) -> None:
         raise ValueError(f"patch_llama: model must be a transformers Llama, got model_type "
                          f"{getattr(config, 'model_type', None)!r}")
     # Check everything first: a refused model is left as it was.
+    _check_sizes(config, want, hasattr(model, "lm_head"))
     patches = []
     for name, module in model.named_modules():
         if want["rms_norm"] and isinstance(module, llama.LlamaRMSNorm):
@@ -81,6 +84,24 @@ def patch_llama(model, **parts) -> None:
         model.loss_function = _causal_lm_loss
     if lce:
         model.forward = types.MethodType(_causal_lm_forward, model)
+
+
+def _check_sizes(config, want: dict, has_head: bool) -> None:
+    """The config's sizes against the rules of the kernels `want` names: each
+    refusal names the field, the rule and the part to turn off."""
+    head_dim = getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    rules = [("attention", "head_dim", head_dim, head_dim in (64, 128, 256), "64, 128 or 256"),
+             ("rms_norm", "hidden_size", config.hidden_size, config.hidden_size % 8 == 0,
+              "a multiple of 8")]
+    for part in ("cross_entropy", "linear_cross_entropy"):
+        if has_head:
+            rules.append((part, "vocab_size", config.vocab_size, config.vocab_size % 8 == 0,
+                          "a multiple of 8"))
+    for part, field, value, ok, rule in rules:
+        if want[part] and not ok:
+            raise ValueError(f"patch_llama: {part} takes config.{field} {rule}, got {value} "
+                             f"(or pass {part}=False)")
 
 
 def _check_dtype(name, weight, dtypes) -> None:
