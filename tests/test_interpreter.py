@@ -291,14 +291,35 @@ f8, one = x.to(torch.float8_e4m3fn), torch.ones(())
 scaled_matmul(f8, f8.t(), one, one)
 q = torch.randn(1, 2, 64, 64).bfloat16().requires_grad_()
 attention(q, q, q, causal=True).sum().backward()
+from tk_mlir.kernels import (attention_varlen, attention_with_kvcache, cross_entropy,
+                             fused_add_rms_norm, linear_attention, linear_cross_entropy,
+                             rotary_embedding, ssd, swiglu)
+g = lambda *shape: torch.randn(*shape).bfloat16().requires_grad_()
+q, cu = g(40, 2, 64), torch.tensor([0, 15, 40], dtype=torch.int32)
+attention_varlen(q, q, q, cu, cu, 25, 25, causal=True).sum().backward()
+kc = torch.randn(2, 64, 1, 64).bfloat16()
+attention_with_kvcache(g(2, 1, 2, 64).detach(), kc, kc, torch.tensor([5, 9], dtype=torch.int32))
+swiglu(g(16, 64), g(16, 64)).sum().backward()
+rotary_embedding(g(1, 16, 2, 64), torch.randn(16, 32), torch.randn(16, 32)).sum().backward()
+cross_entropy(g(8, 128), torch.randint(0, 128, (8,))).backward()
+linear_cross_entropy(g(8, 64), g(128, 64), torch.randint(0, 128, (8,))).backward()
+y, r = fused_add_rms_norm(g(8, 64), g(8, 64), g(64))
+(y.sum() + r.sum()).backward()
+rms_norm(g(8, 64), g(64)).sum().backward()
+matmul(g(32, 64), g(48, 64)).sum().backward()
+la = g(1, 64, 2, 64)
+linear_attention(la, la, la).sum().backward()
+xs, bc = g(1, 64, 2, 64), g(1, 64, 1, 64)
+ssd(xs, torch.rand(1, 64, 2).requires_grad_(), -torch.rand(2), bc, bc).sum().backward()
 print(float(not {"torch._dynamo", "torch._inductor"} & sys.modules.keys()))
 """
 
 
 def test_eager_library_calls_import_no_compiler(tmp_path):
-    """Eager calls of every library function, attention's backward included,
-    launch without the custom ops' dispatch, whose first call imports
-    torch._dynamo (seconds)."""
+    """Eager calls of the library's functions (GEMMs, norms, attention in its
+    three forms, the training kernels, linear attention, SSD), backwards
+    included, launch without the custom ops' dispatch, whose first call
+    imports torch._dynamo (seconds)."""
     assert under_the_environment(EAGER_CALLS_IMPORT_NO_COMPILER, tmp_path) == 1.0
 
 
