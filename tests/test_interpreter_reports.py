@@ -131,6 +131,39 @@ def test_consumer_that_never_arrives_deadlocks():
                      rf"phase of parity 0", e.message), e.message
 
 
+@tk.kernel(num_warps=12)
+def register_split_by_hand(X: tk.gl[f32], INC: tk.constexpr = 232):
+    """A producer and two consumers that meet at a named barrier after
+    taking their registers: 2 x INC + 40 must fit the block's 3 x 168."""
+    done = tk.semaphore(arrivals=256)
+    if tk.warpgroup_id() == 2:
+        tk.decrease_registers(40)
+        tk.wait(done, 0)
+    else:
+        tk.increase_registers(INC)                    # MARK: increase
+        tk.named_barrier(1, warps=8)
+        wg = tk.warpgroup_id()
+        tk.store(X, tk.load(X, (wg, 0), (64, 64), scope="warpgroup") + 1.0, (wg, 0))
+        tk.arrive(done)
+
+
+def test_a_register_split_the_block_cannot_make_deadlocks():
+    """setmaxnreg.inc waits until other warpgroups free registers (a
+    decrease or an exit): 2 x 240 + 40 > 504 hangs on the GPU, and is a
+    deadlock here at the increase; 2 x 232 + 40 runs."""
+    x = torch.rand(128, 64)
+    want = x + 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tk.TkLintWarning)
+        register_split_by_hand.interpret[(1,)](x, INC=232)
+    assert torch.equal(x, want)
+    e = report(register_split_by_hand, torch.rand(128, 64), INC=240, same_line=False)
+    assert "deadlock" in e.message
+    assert re.search(rf"waits at \S+:{line_of('MARK: increase')}: tk.increase_registers\(240\) "
+                     rf"waits for registers: the other warpgroups hold 280 per thread of the 3 x "
+                     rf"168 the block starts with", e.message), e.message
+
+
 def test_consumer_phase_off_by_one_reads_before_the_load_landed():
     """Waiting for the other parity passes at once on a fresh semaphore: the
     consumer reads the slot the TMA load has not (or not knowably) written."""

@@ -387,9 +387,28 @@ def _elect(op, num_warps):
     return elect
 
 
-@interprets("tk.set_registers")
+@interprets("tk.set_registers", sync=True)
 def _set_registers(op, num_warps):
-    return lambda w: None       # setmaxnreg moves registers; values are unaffected
+    """setmaxnreg moves registers between the block's warpgroups; values are
+    unaffected. An increase waits until the other warpgroups hold little
+    enough (their decreases, or their exits, free registers), as on the GPU,
+    so a split the block cannot make is a deadlock here, not a hang there."""
+    count, increase, loc, at = op.count, op.action == "inc", op.loc, op.at
+    def set_registers(w):
+        block, wg = w.block, w.index // 4
+        held = block.registers_held()
+        start = block.registers_per_thread
+        def others() -> int:
+            return sum(held) - held[wg]
+        def free() -> bool:
+            return start * len(held) - others() >= count
+        while increase and not free():
+            yield Blocked(free, lambda: f"at {at}: tk.increase_registers({count}) waits for "
+                                        f"registers: the other warpgroups hold {others()} per "
+                                        f"thread of the {len(held)} x {start} the block starts "
+                                        f"with, and only a decrease or an exit frees any", loc)
+        held[wg] = count
+    return set_registers
 
 
 @interprets("tk.named_barrier", sync=True)

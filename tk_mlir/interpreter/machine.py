@@ -117,10 +117,26 @@ class Block:
         self.tmem = TensorMemory()
         self.cluster, self.cluster_rank = None, 0   # (set by Cluster)
         self.ended = False                    # every warp has returned
+        self._registers: list | None = None  # per warpgroup, once a setmaxnreg runs
+        self.exits = [0] * self.num_wgs       # per warpgroup: its warps that returned
         self.tc_pending: dict = {}
         self.tc_flights: dict = {}
         self.tc_known: dict = {}
         self.tc_due: dict = {}                # ... and when its last commit completes
+
+    @property
+    def registers_per_thread(self) -> int:
+        """Registers per thread the block starts with: the register file split
+        evenly, as ptxas sizes a kernel that reallocates (target.py)."""
+        from .. import target
+        return target.current().launch_registers(32 * self.num_warps)
+
+    def registers_held(self) -> list:
+        """Registers per thread each warpgroup holds (setmaxnreg moves them; a
+        warpgroup whose warps all returned holds none)."""
+        if self._registers is None:
+            self._registers = [self.registers_per_thread] * self.num_wgs
+        return self._registers
 
     def later(self, callback, low: int = 1, high: int = 24, not_before: int = 0) -> int:
         """Run callback() after a random number of scheduler steps, not before
@@ -510,6 +526,9 @@ def _on_exit(w: Warp) -> None:
     from .blackwell import check_committed
     check_committed(w)
     wg = w.index // 4
+    w.block.exits[wg] += 1
+    if w.block.exits[wg] == min(4, w.block.num_warps - 4 * wg):
+        w.block.registers_held()[wg] = 0
     if w.block.mma_issued.get(wg, 0) > w.mma_done:
         raise error(w.block.mma_locs[wg, w.mma_done + 1],
                     f"warp {w.index} of block {w.block.name} exits with the MMA issued here not "
