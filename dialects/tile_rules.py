@@ -102,6 +102,10 @@ def _same_tiles(name: str, a, b) -> None:
     if type(a) is not type(b) and name in ("add", "sub", "mul", "div"):
         broadcast = (f"; apply a vector along a tile's rows or columns with x.{name}_row(v) or "
                      f"x.{name}_col(v)")
+    elif type(a) is not type(b) and name == "comparison":
+        broadcast = ("; compare with a vector along the rows by making it a tile first, "
+                     "x < (x * 0).add_row(v) (one compare an element; x.sub_row(v) < 0 "
+                     "costs an add as well), or along the columns with add_col")
     _require(type(a) is type(b) and a.shape == b.shape,
              f"{name}: operands differ: {T.show(a)} and {T.show(b)}{broadcast}")
     _require(a.dtype == b.dtype, f"{name}: operands differ in dtype: {T.show(a)} and "

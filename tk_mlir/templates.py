@@ -87,8 +87,9 @@ def register_split(consumers, consumer_registers, producer_registers):
     have = (consumers + 1) * tk.registers_per_thread()
     assert consumers * consumer_registers + producer_registers <= have, \
         f"{consumers} x {consumer_registers} + {producer_registers} registers per thread exceed " \
-        f"the block's {have} (setmaxnreg would wait forever): give fewer (tk.lcf's " \
-        f"consumer_registers= and producer_registers=, multiples of 8 from 24 to 256)"
+        f"the block's {have} (setmaxnreg would wait forever): give fewer (the consumer and " \
+        f"producer counts of this split, or tk.lcf's consumer_registers= and " \
+        f"producer_registers=; multiples of 8 from 24 to 256)"
 
 
 @func

@@ -318,7 +318,8 @@ def _vector_rows_error(info, name: str) -> None:
                             f"np.ascontiguousarray(x))")
     if ptr is not None and ptr & 15:
         raise ArgumentError(f"argument {name!r}: data pointer {ptr:#x} is not 16-byte aligned "
-                            f"(a view that starts mid-row, like x[1:], does this); pass an "
+                            f"(a view that starts mid-row, like x[:, 3:] of a 2-D tensor or "
+                            f"x[1:] of a 1-D one, does this); pass an "
                             f"aligned tensor, e.g. x.clone() (numpy: x.copy())")
     if shape[-1] * itemsize & 15:
         raise _row_size_error(info, name)
