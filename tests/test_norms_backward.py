@@ -98,6 +98,33 @@ def test_fused_add_in_the_interpreter(fn):
     assert _rel(dx, ref_dx) < 1e-2
 
 
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_f16_norms_forward_and_backward_in_the_interpreter(interpret, fn):
+    """f16 as bf16: outputs and gradients in f16 (f32 statistics), the fused
+    add's sum rounded to f16 as torch's is, against float64."""
+    g = torch.Generator().manual_seed(16)
+    f16, d = torch.float16, 328
+    x, r, dy = ((torch.randn(5, d, generator=g) * 2 + 0.5).to(f16) for _ in range(3))
+    w, b = (torch.randn(d, generator=g).to(f16).requires_grad_() for _ in range(2))
+    params = (w,) if fn == "rms_norm" else (w, b)
+    xg = x.clone().requires_grad_()
+    y = rms_norm(xg, w) if fn == "rms_norm" else layer_norm(xg, w, b)
+    grads = torch.autograd.grad(y, (xg, *params), dy)
+    eps = 1e-6 if fn == "rms_norm" else 1e-5
+    refs = _reference(fn, dy, x, *params, eps=eps)
+    assert y.dtype == f16 and all(t.dtype == f16 for t in grads)
+    for got, ref in zip(grads, refs):
+        assert _rel(got, ref) < 5e-3
+    fused = fused_add_rms_norm if fn == "rms_norm" else fused_add_layer_norm
+    y, h = fused(x, r, *params)
+    assert h.dtype == f16 and torch.equal(h, x + r)
+    h64 = (x + r).double()
+    ref_y = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps) * w.double() \
+        if fn == "rms_norm" else torch.nn.functional.layer_norm(h64, (d,), w.double(),
+                                                                b.double(), eps)
+    assert _rel(y, ref_y) < 5e-3
+
+
 @pytest.mark.parametrize("d, base", [(1032, 100.0), (768, 10.0), (264, 1000.0)])
 def test_layer_norm_of_rows_with_a_large_mean_and_a_padded_block(interpret, d, base):
     """Rows far from zero at widths that are not the block's: the centred

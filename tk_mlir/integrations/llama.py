@@ -36,7 +36,7 @@ ATTENTION = "tk_mlir"
 
 def patch_llama(model, **parts) -> None:
     """Put tk_mlir's kernels into `model` (a transformers LlamaForCausalLM or
-    LlamaModel, bf16 or f16; rms_norm takes bf16 only). parts: a bool per
+    LlamaModel, bf16 or f16). parts: a bool per
     name in PARTS, all True by default (e.g. patch_llama(m, attention=False))."""
     import torch
     from transformers.models.llama import modeling_llama as llama
@@ -53,7 +53,7 @@ def patch_llama(model, **parts) -> None:
     patches = []
     for name, module in model.named_modules():
         if want["rms_norm"] and isinstance(module, llama.LlamaRMSNorm):
-            _check_dtype(name, module.weight, (torch.bfloat16,))
+            _check_dtype(name, module.weight, (torch.bfloat16, torch.float16))
             patches.append((module, _rms_norm_forward))
         elif want["linear"] and isinstance(module, torch.nn.Linear):
             _check_dtype(name, module.weight, (torch.bfloat16, torch.float16))

@@ -1,5 +1,5 @@
-"""Row normalisations on torch tensors: rms_norm and layer_norm (bf16), forward
-and backward.
+"""Row normalisations on torch tensors: rms_norm and layer_norm (bf16 or f16),
+forward and backward.
 
 A row is one 1 x BLOCK register tile spread over the block's 8 warps (each
 thread holds BLOCK / 256 elements, 8 contiguous at a time: 16-byte loads),
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import tk_mlir as tk
-from tk_mlir import bf16, f32
+from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
@@ -21,24 +21,24 @@ from tk_mlir.runtime.arguments import contiguous_strides
 
 
 @tk.kernel(num_warps=8)
-def rmsnorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], Y: tk.gl[bf16], eps: float,
+def rmsnorm_kernel(X: tk.gl, W: tk.gl, Y: tk.gl, eps: float,
                    BLOCK: tk.constexpr):
     """Y = X / sqrt(mean(X^2) + eps) * W, one row per block."""
     row = tk.block_id(0)
     x = tk.load(X, (row, 0), (1, BLOCK)).to(f32)
     w = tk.load(W, (0,), (BLOCK,)).to(f32)
-    tk.store(Y, rms_normalized(x, w, eps, float(X.shape[1])).to(bf16), (row, 0))
+    tk.store(Y, rms_normalized(x, w, eps, float(X.shape[1])).to(Y.dtype), (row, 0))
 
 
 @tk.kernel(num_warps=8)
-def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf16],
+def layernorm_kernel(X: tk.gl, W: tk.gl, B: tk.gl, Y: tk.gl,
                      eps: float, BLOCK: tk.constexpr, RELOAD_WB: tk.constexpr = False):
     """Y = (X - mean) / sqrt(var + eps) * W + B, per row.
 
     Persistent: a grid of a few blocks per SM, each walking rows first,
     first + grid, ... and loading the *next* row before normalising the
     current one, so the memory system always has a row in flight per block
-    (the loop carries the prefetched row as a bf16 register tile). The two
+    (the loop carries the prefetched row as a register tile in X's dtype). The two
     reductions (mean, then the centred sum of squares: two passes,
     numerically safe) each cost one shared-memory exchange; the centred
     row is masked to 0 past D."""
@@ -53,7 +53,7 @@ def layernorm_kernel(X: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16], Y: tk.gl[bf
             w = tk.load(W, (0,), (BLOCK,))
             b = tk.load(B, (0,), (BLOCK,))
         y = layer_normalized(x, w.to(f32), b.to(f32), eps, X.shape[1])
-        tk.store(Y, y.to(bf16), (row, 0))
+        tk.store(Y, y.to(Y.dtype), (row, 0))
 
 
 @tk.func
@@ -85,29 +85,30 @@ def layer_normalized(x, w, b, eps, n):
 
 
 @tk.kernel(num_warps=8)
-def add_rmsnorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], Y: tk.gl[bf16],
-                       H: tk.gl[bf16], eps: float, BLOCK: tk.constexpr):
-    """H = X + R, rounded to bf16 as the unfused sum is, and Y = rms_norm(H) * W:
+def add_rmsnorm_kernel(X: tk.gl, R: tk.gl, W: tk.gl, Y: tk.gl,
+                       H: tk.gl, eps: float, BLOCK: tk.constexpr):
+    """H = X + R, rounded to X's dtype as the unfused sum is, and Y = rms_norm(H) * W:
     a pre-norm block's residual add and norm in one pass, one row per block."""
     row = tk.block_id(0)
     h = (tk.load(X, (row, 0), (1, BLOCK)).to(f32) +
-         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(bf16)
+         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(H.dtype)
     tk.store(H, h, (row, 0))
     w = tk.load(W, (0,), (BLOCK,)).to(f32)
-    tk.store(Y, rms_normalized(h.to(f32), w, eps, float(X.shape[1])).to(bf16), (row, 0))
+    tk.store(Y, rms_normalized(h.to(f32), w, eps, float(X.shape[1])).to(Y.dtype),
+             (row, 0))
 
 
 @tk.kernel(num_warps=8)
-def add_layernorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], B: tk.gl[bf16],
-                         Y: tk.gl[bf16], H: tk.gl[bf16], eps: float, BLOCK: tk.constexpr):
-    """H = X + R (bf16) and Y = layer_norm(H) * W + B, one row per block."""
+def add_layernorm_kernel(X: tk.gl, R: tk.gl, W: tk.gl, B: tk.gl,
+                         Y: tk.gl, H: tk.gl, eps: float, BLOCK: tk.constexpr):
+    """H = X + R (in X's dtype) and Y = layer_norm(H) * W + B, one row per block."""
     row = tk.block_id(0)
     h = (tk.load(X, (row, 0), (1, BLOCK)).to(f32) +
-         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(bf16)
+         tk.load(R, (row, 0), (1, BLOCK)).to(f32)).to(H.dtype)
     tk.store(H, h, (row, 0))
     w, b = tk.load(W, (0,), (BLOCK,)).to(f32), tk.load(B, (0,), (BLOCK,)).to(f32)
     y = layer_normalized(h.to(f32), w, b, eps, X.shape[1])
-    tk.store(Y, y.to(bf16), (row, 0))
+    tk.store(Y, y.to(Y.dtype), (row, 0))
 
 
 
@@ -121,8 +122,8 @@ def add_layernorm_kernel(X: tk.gl[bf16], R: tk.gl[bf16], W: tk.gl[bf16], B: tk.g
 # same bits on every run).
 
 @tk.kernel(num_warps=8)
-def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DH: tk.gl[bf16],
-                            DX: tk.gl[bf16], DW_PARTS: tk.gl[f32], eps: float,
+def rmsnorm_backward_kernel(X: tk.gl, W: tk.gl, DY: tk.gl, DH: tk.gl,
+                            DX: tk.gl, DW_PARTS: tk.gl[f32], eps: float,
                             BLOCK: tk.constexpr, ADD_DH: tk.constexpr = False):
     """dX of Y = X / rms(X) * W, and DW_PARTS[block] = this block's rows' sum
     of dY * X / rms(X). With g = dY * W and x̂ = X / rms(X), per row:
@@ -142,14 +143,14 @@ def rmsnorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DH:
         dx = (g - xhat.mul_row((g * xhat).row_sum() * (1.0 / d))).mul_row(inv_rms)
         if ADD_DH:
             dx = dx + tk.load(DH, (row, 0), (1, BLOCK)).to(f32)
-        tk.store(DX, dx.to(bf16), (row, 0))
+        tk.store(DX, dx.to(DX.dtype), (row, 0))
         dw = dw + dy * xhat
     tk.store(DW_PARTS, dw, (first, 0))
 
 
 @tk.kernel(num_warps=8)
-def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], DH: tk.gl[bf16],
-                              DX: tk.gl[bf16], DW_PARTS: tk.gl[f32], DB_PARTS: tk.gl[f32],
+def layernorm_backward_kernel(X: tk.gl, W: tk.gl, DY: tk.gl, DH: tk.gl,
+                              DX: tk.gl, DW_PARTS: tk.gl[f32], DB_PARTS: tk.gl[f32],
                               eps: float, BLOCK: tk.constexpr, ADD_DH: tk.constexpr = False):
     """dX of Y = (X - mean) / sqrt(var + eps) * W + B, and this block's rows'
     sums of dY * x̂ (DW_PARTS[block]) and of dY (DB_PARTS[block]). With
@@ -172,7 +173,7 @@ def layernorm_backward_kernel(X: tk.gl[bf16], W: tk.gl[bf16], DY: tk.gl[bf16], D
         dx = dx.mul_row(rstd)
         if ADD_DH:
             dx = dx + tk.load(DH, (row, 0), (1, BLOCK)).to(f32)
-        tk.store(DX, dx.to(bf16), (row, 0))
+        tk.store(DX, dx.to(DX.dtype), (row, 0))
         dw = dw + dy * xhat
         db = db + dy
     tk.store(DW_PARTS, dw, (first, 0))
@@ -195,7 +196,7 @@ def column_sum_kernel(PARTS: tk.gl[f32], OUT: tk.gl, ROWS: tk.constexpr = 32,
 def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
     """y = x / sqrt(mean(x^2, per row) + eps) * weight.
 
-    x: a (..., D) torch.bfloat16 CUDA tensor (rows of D); weight: (D,), x's
+    x: a (..., D) bf16 or f16 CUDA tensor (rows of D); weight: (D,), x's
     dtype and device. out: a tensor like x to write into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x and
     weight (rms_norm_backward's kernels; not with out=). Under torch.compile
@@ -221,7 +222,7 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, mean and (biased)
     variance per row, as torch.nn.functional.layer_norm over the last dim.
 
-    x: a (..., D) torch.bfloat16 CUDA tensor; weight, bias: (D,), x's dtype
+    x: a (..., D) bf16 or f16 CUDA tensor; weight, bias: (D,), x's dtype
     and device. out: a tensor like x to write into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x,
     weight and bias (layer_norm_backward's kernels; not with out=). Under
@@ -429,8 +430,8 @@ def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):
     (a pre-norm transformer block's residual add and norm; vLLM's
     fused_add_rms_norm, returning the sum instead of writing it over residual).
 
-    x, residual: (..., D) torch.bfloat16 CUDA tensors of one shape; weight:
-    (D,). h is rounded to bf16 before the norm reads it, as the unfused
+    x, residual: (..., D) bf16 or f16 CUDA tensors of one shape and dtype;
+    weight: (D,). h is rounded to that dtype before the norm reads it, as the unfused
     `rms_norm(x + residual)` computes. Differentiable in x, residual and
     weight; under torch.compile the custom op torch.ops.tk_mlir.fused_add_rms_norm."""
     return _fused_add("rms_norm", x, residual, weight, None, eps)
@@ -507,7 +508,8 @@ def planned_fused_add(norm: str, x, same_signature: bool = False):
     return launch
 
 
-# The widest row: _block(D) bf16 values in 8 warps' registers (65536 would take 256 a thread).
+# The widest row: _block(D) 16-bit values in 8 warps' registers (65536 would take 256 a
+# thread).
 MAX_D = 32768
 
 
@@ -518,11 +520,12 @@ def _block(d: int) -> int:
 
 
 def _check(fn: str, x, eps, rows: dict, **params) -> float:
-    """x is (..., D) bf16 on a CUDA device (rows of D: its leading dims
+    """x is (..., D) bf16 or f16 on a CUDA device (rows of D: its leading dims
     flattened), each of `rows` (name -> tensor: out, residual) is like x,
     each of `params` a (D,) vector like it; returns eps as a float."""
     import torch
-    checks.tensor(fn, "x", x, dtypes=(torch.bfloat16,))
+    dtypes = (torch.bfloat16, torch.float16)         # (statistics in f32 either way)
+    checks.tensor(fn, "x", x, dtypes=dtypes)
     if x.dim() < 1:
         raise ValueError(f"{fn}: x must be at least 1-D (D, or rows x D), got shape "
                          f"{tuple(x.shape)}")
@@ -535,7 +538,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
                          f"a power of two, is held in one block's registers), got shape "
                          f"{tuple(x.shape)}")
     for name, value in rows.items():
-        checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(torch.bfloat16,))
+        checks.tensor(fn, name, value, ndim=x.dim(), dtypes=dtypes)
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, tuple(x.shape), "x's shape")
     if "out" in rows:
@@ -548,7 +551,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
                          f"are written as one (rows, D) view), got strides "
                          f"{tuple(rows['out'].stride())}")
     for name, value in params.items():
-        checks.tensor(fn, name, value, ndim=1, dtypes=(torch.bfloat16,))
+        checks.tensor(fn, name, value, ndim=1, dtypes=dtypes)
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
     eps = checks.nonnegative(fn, "eps", eps)
