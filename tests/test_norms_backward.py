@@ -182,6 +182,24 @@ def test_eager_gradients_match_float64(fn, rows, d):
 
 @gpu
 @pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_f16_norms_match_float64_on_the_gpu(fn):
+    """f16 inputs: outputs and gradients in f16, and the fused add-norm."""
+    x, w, b, dy = (t.half() for t in _inputs(333, 4096, seed=16))
+    inputs = [t.clone().requires_grad_() for t in ((x, w) if fn == "rms_norm" else (x, w, b))]
+    y = rms_norm(*inputs) if fn == "rms_norm" else layer_norm(*inputs)
+    grads = torch.autograd.grad(y, inputs, dy)
+    refs = _reference(fn, dy, *inputs, eps=1e-6 if fn == "rms_norm" else 1e-5)
+    assert y.dtype == torch.float16
+    for got, ref in zip(grads, refs):
+        assert got.dtype == torch.float16 and _rel(got, ref) < 5e-3
+    fused = fused_add_rms_norm if fn == "rms_norm" else fused_add_layer_norm
+    y2, h = fused(x, dy, *inputs[1:])
+    assert torch.equal(h, x + dy)
+    assert torch.equal(y2, rms_norm(h, w) if fn == "rms_norm" else layer_norm(h, w, b))
+
+
+@gpu
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
 def test_gradient_of_a_sum_and_of_one_input(fn):
     """An expanded (stride 0) output gradient, and weight alone requiring grad."""
     x, w, b, _ = _inputs(50, 696, seed=11)
