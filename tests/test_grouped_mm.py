@@ -89,6 +89,19 @@ def test_a_list_of_offs_and_f16(interpret):
     assert rel_err(grouped_mm(a, b, offs), reference(a, b, offs)) < 1e-2
 
 
+def test_weights_at_any_offset_are_copied_aligned(interpret):
+    """A contiguous b whose data starts off a 16-byte boundary (an expert's
+    weight cut from a flat parameter buffer) is read through an aligned copy,
+    as every other layout the kernel cannot read in place."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(12, 16, dtype=torch.bfloat16, generator=g)
+    for shift in (1, 4):
+        flat = torch.randn(2 * 16 * 16 + shift, dtype=torch.bfloat16, generator=g)
+        b = flat[shift:].view(2, 16, 16)
+        assert b.is_contiguous() and b.data_ptr() % 16
+        assert rel_err(grouped_mm(a, b, [3, 12]), reference(a, b, [3, 12])) < 1e-2
+
+
 def test_empty_sizes_return_zeros(interpret):
     a = torch.randn(10, 64, dtype=torch.bfloat16)
     out = grouped_mm(a, weights(2, 64, 0, "kn"), [5, 10])
@@ -125,6 +138,10 @@ BAD = {
                     r"offs\[1\] is 17"),
     "offs negative": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [-1, 16]), ValueError,
                       r"offs\[0\] is -1"),
+    "offs numpy": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8),
+                                      torch.tensor([8, 16], dtype=torch.int32).numpy()),
+                   TypeError, r"offs must be a torch.Tensor \(int32\) or a list or tuple of "
+                              r"ints \(G=2 row ends\), got numpy.ndarray"),
     "offs not ints": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8.0, 16]), TypeError,
                       r"offs\[0\] must be an int"),
     "out_dtype": (lambda: grouped_mm(cpu(16, 8), cpu(2, 8, 8), [8, 16],

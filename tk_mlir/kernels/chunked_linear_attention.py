@@ -1187,7 +1187,7 @@ def step(q, k, v, s0, z0, feature_map: str, normalize: bool, scale: float):
     import torch
     B, _, H, DK = q.shape
     DV = v.shape[3]
-    s0, z0 = s0.contiguous(), z0.contiguous()
+    s0, z0 = (checks.kernel_operand(t.contiguous()) for t in (s0, z0))   # (and aligned)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     s1, z1 = torch.empty_like(s0), torch.empty_like(z0)
     if B and H:

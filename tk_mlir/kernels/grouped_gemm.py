@@ -236,7 +236,10 @@ def check_ragged(a, b, offs, bias=None, out_dtype=None) -> None:
                              f"vectors, as torch._grouped_mm requires), got a {tuple(a.shape)}, "
                              f"b {tuple(b.shape)}")
     G = b.shape[0]
-    if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.shape[0] != G or \
+    if not isinstance(offs, torch.Tensor):
+        raise TypeError(f"{fn}: offs must be a torch.Tensor (int32) or a list or tuple of ints "
+                        f"(G={G} row ends), got {type(offs).__module__}.{type(offs).__name__}")
+    if offs.dim() != 1 or offs.shape[0] != G or \
             offs.dtype != torch.int32 or offs.device not in (a.device, torch.device("cpu")):
         on = "the CPU" if a.device.type == "cpu" else f"the CPU or {a.device}"
         raise ValueError(f"{fn}: offs must be a 1-D int32 tensor of G={G} row ends (b's "
@@ -289,7 +292,7 @@ def ragged_launch(a, b, offs, out=None):
     kn = b.stride(2) == 1 and checks.readable(b)
     bt = b if kn else b.transpose(1, 2)
     if not kn and not checks.readable(bt):
-        bt, kn = b.contiguous(), True
+        bt, kn = checks.kernel_operand(b), True     # (contiguous() keeps a misaligned b)
     ragged_gemm_kernel[(num_sms(a.get_device()),)](
         checks.kernel_operand(a), bt, out, offs, LOG_G=(G - 1).bit_length(), B_KN=kn,
         BN=256 if N > 128 else 128, SKIP_EMPTY=skip_empty_tiles(T, G))
