@@ -572,6 +572,21 @@ def test_window_and_softcap_compiled_match_eager(monkeypatch):
     assert_compiled_matches_eager(f, q, k, v)
 
 
+def test_a_right_window_bound_under_causal_is_no_window(interpret):
+    """causal=True bounds the right side already: window=(-1, 0) (or any right
+    bound) changes nothing, so deterministic=True takes it, gradients included."""
+    from tk_mlir.kernels import attention
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 80, 64, generator=g).to(torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    o = attention(q, k, v, causal=True, window=(-1, 0), deterministic=True)
+    grads = torch.autograd.grad(o.float().sum(), (q, k, v))
+    o2 = attention(q, k, v, causal=True, deterministic=True)
+    assert torch.equal(o, o2)
+    for a, b in zip(grads, torch.autograd.grad(o2.float().sum(), (q, k, v))):
+        assert torch.equal(a, b)
+
+
 def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
     from tk_mlir.kernels import attention
     q = torch.randn(1, 1, 8, 64).to(torch.bfloat16).requires_grad_()

@@ -352,6 +352,10 @@ def _shared_page_append(lengths):
     # a cache its rows cannot be read from in place (66-element rows cut to 64)
     (dict(k_cache=torch.zeros(2, 32, 2, 66, dtype=bf16)[..., :64]), ValueError,
      r"k_cache's rows must start 16-byte aligned .* got strides \(4224, 132, 66, 1\)"),
+    # a cache that starts mid-row (a view at an odd offset): the pointer is named
+    (dict(k_cache=torch.zeros(2 * 32 * 2 * 64 + 3, dtype=bf16)[3:].view(2, 32, 2, 64)),
+     ValueError, r"k_cache's rows must start 16-byte aligned .* got strides \(4096, 128, 64, "
+                 r"1\) and a data pointer 6 bytes past a 16-byte boundary"),
     # an expanded cache is read fine, but appending into it would mix the batches
     (dict(k_cache=torch.zeros(1, 32, 2, 64, dtype=bf16).expand(2, -1, -1, -1),
           k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),

@@ -177,12 +177,16 @@ def test_q_and_k_differentiated_one_at_a_time(interpret):
 
 
 def test_an_expanded_table_is_read_as_its_one_table(interpret):
-    """cos[None].expand(B, N, D/2), as a model may hand it, is the (N, D/2) table."""
+    """cos[None].expand(B, N, D/2), as a model may hand it, is the (N, D/2)
+    table; a longer table expanded, (B, N', D/2), is its first N rows."""
     B, N, H, D = 2, 5, 2, 32
     x = torch.randn(B, N, H, D, generator=torch.Generator().manual_seed(14)).to(bf16)
-    cos, sin = _angles(N, D // 2, seed=15)
-    y = rotary_embedding(x, cos[None].expand(B, N, D // 2), sin[None].expand(B, N, D // 2))
-    assert _rel(y, _reference(x, cos, sin)) < 1e-2
+    cos, sin = _angles(N + 3, D // 2, seed=15)
+    want = _reference(x, cos[:N], sin[:N])
+    for n in (N, N + 3):
+        y = rotary_embedding(x, cos[None, :n].expand(B, n, D // 2),
+                             sin[None, :n].expand(B, n, D // 2))
+        assert _rel(y, want) < 1e-2
 
 
 def test_q_alone_requiring_grad_leaves_k_out_of_the_graph(interpret):

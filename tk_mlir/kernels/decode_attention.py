@@ -607,7 +607,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
             raise ValueError(f"{fn}: {name}'s rows must start 16-byte aligned (the cache is "
                              f"read in place): its data pointer and its strides over the first "
                              f"three dims must be multiples of 16 bytes ({vector} elements), "
-                             f"got strides {tuple(t.stride())}")
+                             f"got strides {tuple(t.stride())}"
+                             + (f" and a data pointer {ptr % 16} bytes past a 16-byte "
+                                f"boundary" if ptr and ptr % 16 else ""))
         if k is not None:
             checks.written_in_place(fn, f"{name} (k and v are appended into it)", t)
     if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():

@@ -426,7 +426,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     window=(left, right): query i sees keys in [i + N_kv - N - left,
     i + N_kv - N + right], -1 for no bound on that side (with causal, right
     is 0), as FlashAttention's window_size; key blocks wholly outside are not
-    read, forward and backward (not with deterministic=True). softcap > 0:
+    read, forward and backward (deterministic=True takes no window where
+    gradients are recorded: NotImplementedError). softcap > 0:
     scores s·scale become softcap·tanh(s·scale / softcap) (Gemma-2), forward
     and backward."""
     import torch
@@ -470,6 +471,8 @@ def _checked_call(q, k, v, causal, scale, deterministic, window, softcap,
     checks.flags("attention", causal=causal, deterministic=deterministic, return_lse=return_lse)
     scale, left, right, softcap = checks.attention_options("attention", q.shape[-1], reach(q, k),
                                                            scale, window, softcap)
+    if causal:          # a right window bound adds nothing to causality's (a no-op window
+        right = -1      # is no window: deterministic=True takes causal=True, window=(-1, 0))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and (left, right) != (-1, -1) and deterministic:
         raise NotImplementedError("attention: deterministic=True takes no window in the "
@@ -1009,14 +1012,17 @@ def attention_backward_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, dO: tk.gl, SHIFT: tk
             tk.tma.store_wait(0, read=False)
 
 
-def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64) -> dict:
+def _backward_config(d: int, softcap: float = 0.0, query_rows: int = 64,
+                     fn: str = "attention") -> dict:
     """attention_backward_kernel's constexprs for a head dim, soft cap and
     query block (384 threads start with 168 registers each). D=64 with 64-row
     blocks pipelines its steps (PIPELINE) over three Q/dO stages: 1.01-1.17x
-    (BENCHMARKS.md); D=128 and 128-row blocks have no registers for it."""
+    (BENCHMARKS.md); D=128 and 128-row blocks have no registers for it.
+    `fn`: the caller its error names."""
     if d == 256:
-        raise ValueError("attention backward: head dim 256 is not supported yet (its dK and "
-                         "dV accumulators alone need 256 registers per thread)")
+        raise NotImplementedError(f"{fn}'s backward: head dim 256 is not supported yet (its "
+                                  f"dK and dV accumulators alone need 256 registers per "
+                                  f"thread); the forward warned of it")
     cfg = dict(STAGES=2, PIPELINE=False, CONSUMER_REGISTERS=240, PRODUCER_REGISTERS=24)
     if d == 64 and query_rows == 64:
         cfg.update(STAGES=3, PIPELINE=True)
@@ -1194,7 +1200,7 @@ def planned_backward(q, k, causal: bool, scale: float, deterministic: bool = Fal
 
     def run(do, q, k, v, o, lse, dlse=None):
         if not same_signature:
-            do = do if do.stride(-1) == 1 else do.contiguous()
+            do = checks.kernel_operand(do)
         else:
             do = eager.laid_out(do, o.shape, o.stride(), o.dtype)
         dk, dv = torch.empty_like(k), torch.empty_like(v)

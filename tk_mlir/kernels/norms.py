@@ -538,7 +538,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
                          f"a power of two, is held in one block's registers), got shape "
                          f"{tuple(x.shape)}")
     for name, value in rows.items():
-        checks.tensor(fn, name, value, ndim=x.dim(), dtypes=dtypes)
+        checks.tensor(fn, name, value, ndim=x.dim(), dtypes=(x.dtype,))     # (x's)
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, tuple(x.shape), "x's shape")
     if "out" in rows:
@@ -551,7 +551,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
                          f"are written as one (rows, D) view), got strides "
                          f"{tuple(rows['out'].stride())}")
     for name, value in params.items():
-        checks.tensor(fn, name, value, ndim=1, dtypes=dtypes)
+        checks.tensor(fn, name, value, ndim=1, dtypes=(x.dtype,))
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
     eps = checks.nonnegative(fn, "eps", eps)

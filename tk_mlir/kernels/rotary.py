@@ -280,11 +280,14 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
             checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
             checks.like(fn, name, t, what, x, dtype=False)
             per_sequence = tuple(t.shape) == (B, N, D // 2)
-            table = t.dim() == 2 or t.dim() == 3 and t.shape[0] == 1     # (positions, D/2)
+            # (positions, D/2), as it is or expanded over the batch (stride 0)
+            table = t.dim() == 2 or t.dim() == 3 and (
+                t.shape[0] == 1 or t.shape[0] == B and t.stride(0) == 0)
             if not (per_sequence or table and t.shape[-2] >= N and t.shape[-1] == D // 2):
                 raise ValueError(f"{fn}: {name} must have shape (N', {D // 2}) or (1, N', "
                                  f"{D // 2}) with N' >= N={N} (positions x half the head dim, "
-                                 f"the first N read), or ({B}, {N}, {D // 2}) (per sequence), "
+                                 f"the first N read; or ({B}, N', {D // 2}) expanded from one), "
+                                 f"or ({B}, {N}, {D // 2}) (per sequence), "
                                  f"for {what} of shape {tuple(x.shape)}; got "
                                  f"{tuple(t.shape)}")
             if not _positions(t).is_contiguous():

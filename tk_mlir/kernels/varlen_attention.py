@@ -314,7 +314,7 @@ def planned_backward(q, k, causal: bool, scale: float, left: int = -1, right: in
                                          same_signature=same_signature)
     kernels = flash_attention.backward_launcher(
         _packed(q).shape, grid, scale, same_signature=same_signature, VARLEN=True,
-        **flash_attention._backward_config(D, softcap))
+        **flash_attention._backward_config(D, softcap, fn=FN))
     call = ("backward", total_q, k.shape[0], causal, left, right)
     heads = k.shape[1]
 
