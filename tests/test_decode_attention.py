@@ -180,6 +180,21 @@ def test_empty_cache_rows_are_zero(interpret):
     assert _rel(o[1], reference(q, k, v, lens, False)[0][1]) < 1e-2
 
 
+def test_flash_attentions_keyword_names_are_taken(interpret):
+    """softmax_scale, window_size and return_softmax_lse (flash_attn_with_kvcache's
+    names) as scale, window and return_lse."""
+    g = torch.Generator().manual_seed(12)
+    lens = torch.tensor([5, 40], dtype=torch.int32)
+    k, v = _cache(2, 64, 1, 64, lens, g)
+    q = _uniform(2, 1, 2, 64, generator=g)
+    ours = attention_with_kvcache(q, k, v, lens, scale=0.2, window=(8, -1), return_lse=True)
+    theirs = attention_with_kvcache(q, k, v, cache_seqlens=lens, softmax_scale=0.2,
+                                    window_size=(8, -1), return_softmax_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    with pytest.raises(TypeError, match=r"window_size is FlashAttention's name for window"):
+        attention_with_kvcache(q, k, v, lens, window=(4, -1), window_size=(8, -1))
+
+
 def test_an_input_that_requires_grad_is_warned_of(interpret):
     """No gradient flows through decode: a q that requires grad (grad mode on)
     is warned of at the caller's line, not silently cut; under no_grad, not."""

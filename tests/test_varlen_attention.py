@@ -355,6 +355,19 @@ def test_compiled_matches_eager(interpret):
     assert_compiled_matches_eager(f, q, k, v)
 
 
+def test_flash_attentions_keyword_names_are_taken(interpret):
+    """softmax_scale and window_size (flash_attn_varlen_func's names) as scale
+    and window; both spellings of one option at once is an error."""
+    q, k, v, cu_q, cu_k = _inputs([10, 20], [10, 20], 2, 1, 64, seed=8)
+    ours = attention_varlen(q, k, v, cu_q, cu_k, 20, 20, causal=True, scale=0.1, window=(5, 0))
+    theirs = attention_varlen(q, k, v, cu_q, cu_k, 20, 20, causal=True, softmax_scale=0.1,
+                              window_size=(5, 0))
+    assert torch.equal(ours, theirs)
+    with pytest.raises(TypeError, match=r"softmax_scale is FlashAttention's name for scale; "
+                                        r"give one of them"):
+        attention_varlen(q, k, v, cu_q, cu_k, 20, 20, scale=0.2, softmax_scale=0.1)
+
+
 def test_bad_arguments_are_refused_with_the_rule():
     q, k, v, cu_q, cu_k = _inputs([3, 4], [3, 4], 2, 1, 64, seed=5)
     cases = [

@@ -169,6 +169,30 @@ def flags(fn: str, **named) -> None:
             raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
 
 
+# FlashAttention's names of options the attention functions spell otherwise.
+FLASH_NAMES = {"softmax_scale": "scale", "window_size": "window",
+               "return_softmax_lse": "return_lse"}
+
+
+def flash_names(fn: str, ours: dict, theirs: dict) -> tuple:
+    """`ours` (name -> value, in FLASH_NAMES' order of theirs) with each of
+    FlashAttention's spellings in `theirs` (name -> value, None when not
+    given) taken in its place, so code written for flash_attn switches by its
+    import; both spellings of one option at once is a TypeError."""
+    out = dict(ours)
+    for name, value in theirs.items():
+        if value is not None:
+            mine = FLASH_NAMES[name]
+            if ours[mine] != _DEFAULTS[mine]:
+                raise TypeError(f"{fn}: {name} is FlashAttention's name for {mine}; give one of "
+                                f"them, got both ({name}={value!r}, {mine}={ours[mine]!r})")
+            out[mine] = value
+    return tuple(out.values())
+
+
+_DEFAULTS = {"scale": None, "window": (-1, -1), "return_lse": False}
+
+
 def written_apart(fn: str, name: str, out, in_place: tuple[str, ...] = (), **inputs) -> None:
     """Refuse an output the caller gives that may share memory with an input
     it is computed from: the kernels read the input while they write the

@@ -340,7 +340,9 @@ FUSED_MERGE = True
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None,
                            v=None, causal: bool = True, scale: float | None = None,
                            window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                           return_lse: bool = False):
+                           return_lse: bool = False, *, softmax_scale: float | None = None,
+                           window_size: tuple[int, int] | None = None,
+                           return_softmax_lse: bool | None = None):
     """softmax(q·Kᵀ·scale)·V over the keys in a KV cache, FlashAttention's
     flash_attn_with_kvcache in its (B, N, H, D) layout.
 
@@ -366,8 +368,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     block_table outside [0, num_pages) are not checked on the GPU (TMA reads
     zeros there), nor a table that sends an appended token to a page slot
     another append or a cached key takes; on CPU tensors (the interpreter)
-    both are checked, as are the lengths."""
+    both are checked, as are the lengths. FlashAttention's keywords
+    softmax_scale, window_size and return_softmax_lse are taken for scale,
+    window and return_lse."""
     import torch
+    if softmax_scale is not None or window_size is not None or return_softmax_lse is not None:
+        scale, window, return_lse = checks.flash_names(
+            "attention_with_kvcache", {"scale": scale, "window": window, "return_lse": return_lse},
+            {"softmax_scale": softmax_scale, "window_size": window_size,
+             "return_softmax_lse": return_softmax_lse})
     if torch.compiler.is_compiling():
         scale, left, right, softcap = _checked_call(q, k_cache, v_cache, cache_seqlens,
                                                     block_table, k, v, causal, scale, window,

@@ -31,7 +31,8 @@ def reach(q, k) -> int:
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                      max_seqlen_k: int, causal: bool = False, scale: float | None = None,
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                     return_lse: bool = False):
+                     return_lse: bool = False, *, softmax_scale: float | None = None,
+                     window_size: tuple[int, int] | None = None):
     """softmax(q·kᵀ·scale)·v per packed sequence (flash_attn_varlen_func).
 
     q: (total_q, H, D); k, v: (total_k, H_kv, D), H_kv dividing H; bf16 or
@@ -48,8 +49,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
 
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
-    they are checked."""
+    they are checked. FlashAttention's keywords softmax_scale and window_size
+    are taken for scale and window."""
     import torch
+    if softmax_scale is not None or window_size is not None:
+        scale, window = checks.flash_names(FN, {"scale": scale, "window": window},
+                                           {"softmax_scale": softmax_scale,
+                                            "window_size": window_size})
     if torch.compiler.is_compiling():
         scale, left, right, softcap, _ = _checked_call(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
