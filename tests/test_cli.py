@@ -136,17 +136,28 @@ def test_missing_kernel_lists_the_kernels(capsys):
 @pytest.mark.parametrize("args, named, expected", [
     (["--arg", "bf16[256,4096"], "--arg X", "DTYPE[D0,D1,...]"),
      (["--arg", "bf17[4,8]"], "--arg X", "DTYPE[D0,D1,...]"),
-     (["--arg", "f32[4,8]"], "--arg X", "tk.gl[bf16]"),
      (["--arg", "bf16[4,8]", "--arg", "bf16[8]", "--arg", "bf16[4,8]", "--arg", "tiny"],
       "--arg eps", "a float"),
      (["--arg", "W=7"], "--arg W", "DTYPE[D0,D1,...]"),
-     (["--arg", "Z=bf16[4]"], "'Z'", "takes --arg X (bf16 tensor)"),
      (["--arg", "bf16[4,8]"], "missing --arg W", "--const BLOCK"),
      (RMSNORM_ARGS + ["--const", "BLOK=4"], "'BLOK'", "--const BLOCK"),
      (RMSNORM_ARGS + ["--num-warps", "3"], "num_warps", "power of two"),
 ])
 def test_bad_arguments_exit_2(capsys, args, named, expected):
     code, out, err = run(capsys, RMSNORM, *args)
+    assert code == 2 and out == ""
+    assert named in err and expected in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, named, expected", [
+    (["--arg", "f32[4,8]"], "--arg A", "the kernel annotates it tk.gl[bf16], got f32"),
+    (["--arg", "Z=bf16[4]"], "'Z'", "takes --arg A (bf16 tensor), B (bf16 tensor)"),
+])
+def test_bad_arguments_to_a_kernel_of_typed_tensors_exit_2(capsys, args, named, expected):
+    """A tensor parameter annotated with its dtype (examples/fused_elementwise.py's
+    swiglu_kernel: tk.gl[bf16]) refuses another, and the usage names the dtypes."""
+    code, out, err = run(capsys, f"{ROOT / 'examples' / 'fused_elementwise.py'}::swiglu_kernel",
+                         *args)
     assert code == 2 and out == ""
     assert named in err and expected in err and "Traceback" not in err
 

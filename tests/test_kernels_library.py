@@ -144,9 +144,12 @@ REJECTED = {
     "rms_norm: x 0-D": (
         lambda: rms_norm(cpu(8)[0], cpu(8)), ValueError,
         r"rms_norm: x must be at least 1-D \(D, or rows x D\), got shape \(\)"),
-    "layer_norm: x f16": (
-        lambda: layer_norm(cpu(4, 8, dtype=f16), cpu(8), cpu(8)), TypeError,
-        r"layer_norm: x must be torch.bfloat16, got torch.float16"),
+    "layer_norm: x f32": (
+        lambda: layer_norm(cpu(4, 8, dtype=torch.float32), cpu(8), cpu(8)), TypeError,
+        r"layer_norm: x must be torch.bfloat16 or torch.float16, got torch.float32"),
+    "layer_norm: weight f16, x bf16": (
+        lambda: layer_norm(cpu(4, 8), cpu(8, dtype=f16), cpu(8)), TypeError,
+        r"layer_norm: weight must be torch.bfloat16, got torch.float16"),
     "rms_norm: no columns": (
         lambda: rms_norm(cpu(4, 0), cpu(0)), ValueError,
         r"rms_norm: x's last dim D must be a positive multiple of 8 .* got shape \(4, 0\)"),
