@@ -199,8 +199,10 @@ def _tma_load_multicast(op, num_warps):
 
 def _starts(loc, what: str, coords, dtype: str, elements: bool, writes: bool) -> None:
     """Run-time coordinates the copy engine faults on are an error here
-    (dialects/tile_rules.py checks compile-time ones)."""
-    _check(loc, tma_start_problem(what, coords, dtype, elements, writes))
+    (dialects/tile_rules.py checks compile-time ones). A load at tile
+    coordinates has none: it is not checked, every time it is issued."""
+    if elements or writes:
+        _check(loc, tma_start_problem(what, coords, dtype, elements, writes))
 
 
 def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:

@@ -169,13 +169,15 @@ def flags(fn: str, **named) -> None:
             raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
 
 
-# FlashAttention's names of options the attention functions spell otherwise.
+# FlashAttention's names of options the attention functions spell otherwise,
+# and those options' defaults there (a value other than it was given).
 FLASH_NAMES = {"softmax_scale": "scale", "window_size": "window",
                "return_softmax_lse": "return_lse"}
+_DEFAULTS = {"scale": None, "window": (-1, -1), "return_lse": False}
 
 
 def flash_names(fn: str, ours: dict, theirs: dict) -> tuple:
-    """`ours` (name -> value, in FLASH_NAMES' order of theirs) with each of
+    """The values of `ours` (name -> value), in its order, with each of
     FlashAttention's spellings in `theirs` (name -> value, None when not
     given) taken in its place, so code written for flash_attn switches by its
     import; both spellings of one option at once is a TypeError."""
@@ -188,9 +190,6 @@ def flash_names(fn: str, ours: dict, theirs: dict) -> tuple:
                                 f"them, got both ({name}={value!r}, {mine}={ours[mine]!r})")
             out[mine] = value
     return tuple(out.values())
-
-
-_DEFAULTS = {"scale": None, "window": (-1, -1), "return_lse": False}
 
 
 def written_apart(fn: str, name: str, out, in_place: tuple[str, ...] = (), **inputs) -> None:

@@ -280,9 +280,9 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
             checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
             checks.like(fn, name, t, what, x, dtype=False)
             per_sequence = tuple(t.shape) == (B, N, D // 2)
-            # (positions, D/2), as it is or expanded over the batch (stride 0)
-            table = t.dim() == 2 or t.dim() == 3 and (
-                t.shape[0] == 1 or t.shape[0] == B and t.stride(0) == 0)
+            # (positions, D/2): as it is, or one _positions reads as that (of
+            # batch 1, or expanded over the batch)
+            table = t.dim() == 2 or _positions(t) is not t and t.shape[0] in (1, B)
             if not (per_sequence or table and t.shape[-2] >= N and t.shape[-1] == D // 2):
                 raise ValueError(f"{fn}: {name} must have shape (N', {D // 2}) or (1, N', "
                                  f"{D // 2}) with N' >= N={N} (positions x half the head dim, "
