@@ -78,6 +78,9 @@ ELEMENTS = Contract("elements", bool, "tk.tma_load / tma_load_multicast / tma_st
                     "tma_reduce_add whose coordinates count elements (absent: tiles)",
                     "tk.tma.load_async, store_async, reduce_add_async (elements=True)",
                     "lowering/tma.py, the interpreter (tk_mlir/interpreter/hopper.py)")
+SKIP_ONES = Contract("skip_ones", bool, "tk.broadcast of kind mul whose multiplies a warp may "
+                     "skip when every factor it holds is 1 (absent: always multiply)",
+                     "Tile.mul_row / mul_col (skip_ones=True)", "lowering/compute.py")
 PEER_COPIES = Contract("tk.peer_copies", tuple,
                        "the kernel's func.func, when it takes tk.pgl arguments: the argument "
                        "numbers of their ranks' copies", "the frontend",
@@ -131,7 +134,7 @@ CTA_PAIR = Contract("tk.cta_pair", bool, "the kernel's func.func and its tensor-
                     "lowering/tensor_memory.py (every tcgen05 op's cta_group::2) and the "
                     "interpreter (a commit arrives in both blocks)")
 
-CONTRACTS = (NUM_WARPS, COUNT, CACHE, ELEMENTS, OFFSET, STRIDE, SCRATCH_OFFSET, EXCHANGE_GROUP,
-             EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
+CONTRACTS = (NUM_WARPS, COUNT, CACHE, ELEMENTS, SKIP_ONES, OFFSET, STRIDE, SCRATCH_OFFSET,
+             EXCHANGE_GROUP, EXCHANGE_SYNC_AFTER, SMEM_ALIGN, SMEM_BYTES, PROXY_FENCE, GRID_CONSTANTS,
              MIN_CTAS, MAX_THREADS, CLUSTER, NO_FP_CONTRACT, NARROW_STORES, PEER_COPIES, CTA_PAIR)
 BY_NAME = {c.name: c for c in CONTRACTS}

@@ -16,13 +16,14 @@ computed in f32 for bf16/f16 tiles too.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from mlir import ir
-from mlir.dialects import arith, llvm
+from mlir.dialects import arith, llvm, nvvm, scf
 from mlir.dialects import math as mmath
 
-from ..dialects import types as T
+from ..dialects import contracts, types as T
 from ..dialects.tk import LOGICAL
 from .context import LoweringContext, constant, float_constant, lowers
 from .fragments import F32, Fragment, layout_of
@@ -113,7 +114,23 @@ for _name in LOGICAL:
 @lowers("tk.broadcast")
 def lower_broadcast(ctx: LoweringContext, op, src: Fragment, vec: Fragment) -> Fragment:
     fn = _binary_fn(ctx, op.kind) if T.is_float(src.dtype) else INT_BINARY[op.kind]
-    return src.broadcast(vec, 0 if op.axis == "row" else 1, fn)
+    axis = 0 if op.axis == "row" else 1
+    if not contracts.SKIP_ONES.get(op, False):
+        return src.broadcast(vec, axis, fn)
+    # A warp-uniform branch (vote.any), so no lanes diverge: a warp whose
+    # factors are all 1 keeps its registers; any other factor (NaN too) multiplies.
+    one = float_constant(1.0, vec.dtype)
+    used = sorted({src.layout.slice_register(axis, i) for i in range(len(src.regs))})
+    thread_needs = functools.reduce(arith.ori, (
+        arith.cmpf(arith.CmpFPredicate.UNE, vec.regs[r], one) for r in used))
+    warp_needs = nvvm.vote_sync(ir.IntegerType.get_signless(1), constant(-1, "i32"),
+                                thread_needs, nvvm.VoteSyncKind.any)
+    branch = scf.IfOp(warp_needs, [r.type for r in src.regs], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        scf.YieldOp(src.broadcast(vec, axis, fn).regs)
+    with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp(src.regs)
+    return src.like(list(branch.results))
 
 
 @lowers("tk.slice")

@@ -383,6 +383,66 @@ def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
     assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("d, causal, window", [(128, False, (-1, -1)), (64, True, (-1, -1)),
+                                               (128, False, (100, 30))])
+def test_lazy_rescale_in_the_interpreter(d, causal, window):
+    """RESCALE_THRESHOLD=8: a row's max moves only when a block raises it by
+    more than 2^8. Keys grow 200-fold along the sequence, so the max must
+    move (kept where it was, P would overflow to inf) and most steps keep
+    it; o and lse against float64, with windows (rows that see no key in a
+    block) too."""
+    from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
+    B, H, N, N_KV = 1, 2, 200, 700
+    g = torch.Generator().manual_seed(d + causal)
+    q = torch.randn(B, H, N, d, generator=g)
+    k, v = (torch.randn(B, H, N_KV, d, generator=g) for _ in range(2))
+    k = k * torch.linspace(0.2, 40.0, N_KV)[:, None]
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, N), float("nan"))
+    cfg = {**_config(d, N_KV, causal), "RESCALE_THRESHOLD": 8.0}
+    attention_kernel.interpret[(2,)](q, k, v, o, lse, tasks(q, k, causal, 2, window),
+                                     math.log2(math.e) / 8, D=d, CAUSAL=causal,
+                                     WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1],
+                                     num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    ref_o, ref_lse = _window_reference(q.double(), k.double(), v.double(), causal, window, 0.0,
+                                       1 / 8)
+    assert ((o.double() - ref_o).norm() / ref_o.norm()).item() < 8e-3
+    assert ((lse.double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("d, causal", [(128, False), (64, True), (256, False)])
+def test_lazy_rescale_compiles_to_a_voted_branch_without_spills(d, causal):
+    """RESCALE_THRESHOLD > 0: O's rescale behind a warp vote, no spill, no
+    C75xx advisory."""
+    from tk_mlir.kernels import flash_attention as fa
+    cfg = {**fa._config(d, 4096, causal), "RESCALE_THRESHOLD": 8.0}
+    q = tk.spec((2, 16, 4096, d), tk.bf16)
+    lse = tk.spec((2, 16, 4096), tk.f32)
+    c = fa.attention_kernel.compile(q, q, q, q, lse, tk.spec((1024,), "i32"), 0.125, D=d,
+                                    CAUSAL=causal, num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
+    assert "vote.sync.any.pred" in c.asm["ptx"]
+    assert "C75" not in c.ptxas_log, c.ptxas_log
+    assert c.info["spill stores (bytes)"] == 0
+
+
+@gpu
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, True), (256, False)])
+def test_lazy_rescale_on_the_gpu(monkeypatch, d, causal):
+    """attention() with RESCALE_THRESHOLD=8 against float32: random scores
+    (the max rarely moves after the first block: warps skip the rescale)
+    and keys that grow along the sequence (it must move)."""
+    from tk_mlir.kernels import eager, flash_attention as fa
+    monkeypatch.setattr(fa, "RESCALE_THRESHOLD", 8.0)
+    eager.forget_all()
+    g = torch.Generator(device="cuda").manual_seed(d + causal)
+    q, k, v = (torch.randn(2, 4, 1500, d, device="cuda", generator=g) for _ in range(3))
+    for grow in (1.0, 40.0):
+        k = k * torch.linspace(0.2, grow, 1500, device="cuda")[:, None]
+        _run_and_check(*(x.bfloat16() for x in (q, k, v)), causal)
+    eager.forget_all()
+
+
 def _window_reference(q, k, v, causal, window, softcap, scale):
     """(o, lse) of attention with a window (left, right) and softcap, in q's
     (float) dtype: GQA by repeating K/V heads, bottom-right aligned (query i

@@ -1012,6 +1012,48 @@ def test_broadcast_lowers_to_one_arith_op_per_register(axis, kind):
         assert len(set(operands)) == 8, operands
 
 
+@tk.kernel(num_warps=4)
+def skip_ones_kernel(X: tk.gl[f32], V: tk.gl[f32], Y: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (64, 64), layout="row", scope="warpgroup")
+    tk.store(Y, x.mul_row(tk.load(V, (0,), (64,), scope="warpgroup"), skip_ones=True), (0, 0))
+
+
+def test_mul_skipping_ones_branches_over_a_warps_multiplies():
+    """mul_row(skip_ones=True): the hint in tk IR; in PTX each thread asks
+    whether any of its 2 row factors is not 1, the warp votes, and its 32
+    multiplies sit behind the vote's branch."""
+    c = skip_ones_kernel.compile(F32_2D, F32_1D, F32_2D)
+    assert re.search(r'"tk.broadcast"\(%\d+, %\d+\) \{axis = "row", kind = "mul", skip_ones = '
+                     r'true\}', c.asm["tk"])
+    ptx = c.asm["ptx"]
+    assert len(re.findall(r"setp\.neu\.f32", ptx)) == 2
+    vote = re.search(r"vote\.sync\.any\.pred\s+(%p\d+), %p\d+, -1;", ptx)
+    assert vote
+    after = ptx[vote.end():]
+    branch = re.search(r"@!?%p\d+ bra", after)
+    assert branch and len(re.findall(r"mul\.(?:rn\.)?f32", after[branch.end():])) == 32
+    assert not re.findall(r"mul\.(?:rn\.)?f32", ptx[:vote.start()])
+
+
+def test_mul_skipping_ones_needs_a_float_tile_and_a_constant_flag():
+    @tk.kernel(num_warps=4)
+    def on_ints(X: tk.gl[f32], Y: tk.gl[f32]):
+        i = tk.load(X, (0, 0), (16, 64)).col_indices()
+        tk.store(Y, i.mul_row(i.row_max(), skip_ones=True).to(f32), (0, 0))
+
+    @tk.kernel(num_warps=4)
+    def runtime_flag(X: tk.gl[f32], Y: tk.gl[f32], n: int):
+        x = tk.load(X, (0, 0), (16, 64))
+        tk.store(Y, x.mul_row(x.row_max(), skip_ones=n > 0), (0, 0))
+
+    with pytest.raises(tk.CompilationError, match=r"mul_row\(skip_ones=True\) takes a float "
+                                                  r"tile, got .*i32"):
+        on_ints.compile(F32_2D, F32_2D)
+    with pytest.raises(tk.CompilationError, match="skip_ones must be a compile-time True or "
+                                                  "False"):
+        runtime_flag.compile(F32_2D, F32_2D, 3)
+
+
 @pytest.mark.parametrize("axis,layout", [("row", ROW_LAYOUT), ("col", COL_LAYOUT)])
 def test_assign_layouts_gives_an_auto_vector_the_layout_of_its_tile(axis, layout):
     s = _broadcast_stages(axis, "sub")

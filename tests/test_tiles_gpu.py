@@ -112,3 +112,30 @@ def test_dtype_conversions_and_maps():
     ref = torch.maximum(b.double(), x.double()) - torch.minimum(x.abs().sqrt().double(),
                                                                torch.ones_like(x.double()))
     assert torch.allclose(z.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+@tk.kernel(num_warps=4)
+def skip_ones_scale(X: tk.gl[f32], V: tk.gl[f32], Y: tk.gl[f32], LAYOUT: tk.constexpr,
+                    AXIS: tk.constexpr):
+    x = tk.load(X, (0, 0), (64, 64), layout=LAYOUT, scope="warpgroup")
+    v = tk.load(V, (0,), (64,), scope="warpgroup")
+    tk.store(Y, x.mul_row(v, skip_ones=True) if AXIS == "row" else
+             x.mul_col(v, skip_ones=True), (0, 0))
+
+
+@pytest.mark.parametrize("layout", ["row", "vec"])
+@pytest.mark.parametrize("axis", ["row", "col"])
+def test_mul_skipping_ones_multiplies_wherever_a_factor_is_not_one(layout, axis):
+    """mul_row / mul_col(skip_ones=True): warps whose factors are all 1 branch
+    over their multiplies; every other warp multiplies (a NaN factor too),
+    so the result is x times v everywhere."""
+    x = torch.randn(64, 64, device="cuda")
+    for v in (torch.ones(64, device="cuda"),
+              torch.where(torch.arange(64, device="cuda") == 37, 0.5, 1.0),
+              torch.where(torch.arange(64, device="cuda") == 5, float("nan"), 1.0),
+              torch.rand(64, device="cuda") + 0.5):
+        y = torch.full_like(x, float("nan"))
+        skip_ones_scale[(1,)](x, v, y, LAYOUT=layout, AXIS=axis)
+        torch.cuda.synchronize()
+        ref = x * (v[:, None] if axis == "row" else v[None, :])
+        assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.nan_to_num(), ref.nan_to_num())

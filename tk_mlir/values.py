@@ -401,21 +401,37 @@ class Tile(TileLike):
         return Tile(emit("slice", [self], sub.to_mlir(), row=r0, col=c0))
 
     @builds("broadcast")
-    def _broadcast(self, kind: str, axis: str, vec) -> Tile:
+    def _broadcast(self, kind: str, axis: str, vec, **hints) -> Tile:
         if not isinstance(vec, Vector):
             raise CompilationError(f"{kind}_{axis} expects a register vector (e.g. from "
                                    f"x.{axis}_sum() or tk.load of a 1-D tensor), got {vec!r}")
-        return Tile(emit("broadcast", [self, vec], self.ir_type, kind=kind, axis=axis))
+        return Tile(emit("broadcast", [self, vec], self.ir_type, kind=kind, axis=axis, **hints))
 
     # x.sub_row(v): v[i] applied to every element of row i; *_col: v[j] to column j.
     def add_row(self, v): return self._broadcast("add", "row", v)
     def sub_row(self, v): return self._broadcast("sub", "row", v)
-    def mul_row(self, v): return self._broadcast("mul", "row", v)
     def div_row(self, v): return self._broadcast("div", "row", v)
     def add_col(self, v): return self._broadcast("add", "col", v)
     def sub_col(self, v): return self._broadcast("sub", "col", v)
-    def mul_col(self, v): return self._broadcast("mul", "col", v)
     def div_col(self, v): return self._broadcast("div", "col", v)
+
+    def mul_row(self, v, *, skip_ones: bool = False):
+        """Row i times v[i]. skip_ones=True: a warp whose factors are all 1
+        branches over its multiplies (the same result, fewer instructions
+        where most factors are 1, as an online softmax's rescale with a
+        lazily updated max makes them)."""
+        return self._broadcast("mul", "row", v, **_skip_ones(skip_ones))
+
+    def mul_col(self, v, *, skip_ones: bool = False):
+        """Column j times v[j]; skip_ones as mul_row's."""
+        return self._broadcast("mul", "col", v, **_skip_ones(skip_ones))
+
+
+def _skip_ones(skip: bool) -> dict:
+    """mul_row / mul_col's skip_ones as the op's hint (absent when False)."""
+    if not isinstance(skip, bool):
+        raise CompilationError(f"skip_ones must be a compile-time True or False, got {skip!r}")
+    return {"skip_ones": True} if skip else {}
 
 
 def _span(span, extent: int, what: str) -> tuple[int, int]:

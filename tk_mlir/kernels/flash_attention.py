@@ -44,7 +44,8 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                      CAUSAL: tk.constexpr = False, CONSUMERS: tk.constexpr = 2,
                      CONSUMER_REGISTERS: tk.constexpr = 240, PRODUCER_REGISTERS: tk.constexpr = 24,
                      WINDOW_LEFT: tk.constexpr = -1, WINDOW_RIGHT: tk.constexpr = -1,
-                     SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False):
+                     SOFTCAP: tk.constexpr = 0.0, VARLEN: tk.constexpr = False,
+                     RESCALE_THRESHOLD: tk.constexpr = 0.0):
     """O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) per row.
     Q, O: (B, H, N, D); K, V: (B, H_kv, N_kv, D); LSE: (B, H, N) f32;
     scale_log2 = scale·log2(e) > 0; H_kv divides H. num_warps = 4·(CONSUMERS + 1).
@@ -61,7 +62,10 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     blocks from the first key of its tail's range (CAUSAL and the window are
     then in the tail, not set here).
     O leaves by TMA from an O tile of each warpgroup's (O_TMA), or else from
-    registers."""
+    registers. RESCALE_THRESHOLD > 0 (FA4's conditional rescale): a row's
+    running max, in log2 units, moves only when a block raises it by more
+    than this, so P stays below 2^RESCALE_THRESHOLD and most steps find
+    every factor of O's rescale 1, which a warp then skips."""
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
         "VARLEN takes causality and windows from its table"
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
@@ -235,15 +239,19 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
                 # ... and the softmax of block j runs while P·V finishes.
                 S = masked(capped(S), key_of(j), row0, seen)
                 m_new = max(m, S.row_max() * scale_log2)
+                if RESCALE_THRESHOLD > 0:   # the max kept unless it grew past the threshold
+                    m_new = tk.where(m_new - m > RESCALE_THRESHOLD, m_new, m)
                 m_use = finite(m_new)
                 alpha = (m - m_use).exp2()
+                if RESCALE_THRESHOLD > 0:   # exactly 1 where kept, whatever ex2 makes of 0
+                    alpha = tk.where(m_new == m, 1.0, alpha)
                 P = (S * scale_log2).sub_row(m_use).exp2()
                 l = l * alpha + P.row_sum()
                 P = P.to(Q.dtype)
                 m = m_new
                 tk.mma_wait(0)
                 vs.release(it)
-                acc = acc.mul_row(alpha)
+                acc = acc.mul_row(alpha, skip_ones=RESCALE_THRESHOLD > 0)
                 it += 1
             schedule_mmas(wg, CONSUMERS)
             v_last = vs.wait(it)
@@ -313,10 +321,19 @@ def yield_mmas(wg, consumers):
 LONG_KV = 8192
 LONG_KV_256 = 4096
 
+# attention_kernel's RESCALE_THRESHOLD (log2 units; 0: O rescaled every step).
+RESCALE_THRESHOLD = 0.0
+
+
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     """Tile configuration per head dim (and, at D=128, key count and
     causality; at D=256, key count). setmaxnreg only moves registers
     between warpgroups: the split must fit what the block starts with."""
+    return {**_tiles(d, n_kv, causal), "RESCALE_THRESHOLD": RESCALE_THRESHOLD}
+
+
+def _tiles(d: int, n_kv: int, causal: bool) -> dict:
+    """_config's tiles, stages and register split."""
     # Two Q stages (the next task's Q and first K/V blocks load during this
     # one) and O leaving by TMA where shared memory holds them (not D=256).
     if d == 64:     # 512 threads start with 128 registers each
