@@ -125,6 +125,62 @@ def test_f16_norms_forward_and_backward_in_the_interpreter(interpret, fn):
     assert _rel(y, ref_y) < 5e-3
 
 
+@pytest.mark.parametrize("weight, bias", [(False, False), (True, False), (False, True)])
+def test_norms_without_weight_or_bias_in_the_interpreter(interpret, weight, bias):
+    """weight=None / bias=None as F.layer_norm and F.rms_norm take them (a
+    LayerNorm without elementwise_affine, or bias=False): outputs and x's
+    gradient against float64, the fused add-norms too, and the given
+    parameter's gradient."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(7 + 2 * weight + bias)
+    d, eps = 200, 1e-5
+    x, r, dy = ((torch.randn(6, d, generator=g) * 2 + 0.3).to(bf16) for _ in range(3))
+    w = (torch.randn(d, generator=g) + 1).to(bf16).requires_grad_() if weight else None
+    b = torch.randn(d, generator=g).to(bf16).requires_grad_() if bias else None
+    xg = x.clone().requires_grad_()
+    given = [t for t in (w, b) if t is not None]
+    y = layer_norm(xg, w, b, eps)
+    grads = torch.autograd.grad(y, (xg, *given), dy)
+    x64 = x.double().requires_grad_()
+    p64 = [t.detach().double().requires_grad_() for t in (w, b) if t is not None]
+    it = iter(p64)
+    ref = F.layer_norm(x64, (d,), next(it) if weight else None, next(it) if bias else None, eps)
+    refs = torch.autograd.grad(ref, (x64, *p64), dy.double())
+    assert _rel(y, ref) < 1e-2
+    for got, want in zip(grads, refs):
+        assert _rel(got, want) < 1e-2
+    y2, h = fused_add_layer_norm(x, r, w, b, eps)
+    assert torch.equal(y2, layer_norm(h, w, b, eps))
+    if not bias:        # rms_norm's weight=None
+        xg = x.clone().requires_grad_()
+        y = rms_norm(xg, w, eps)
+        x64 = x.double().requires_grad_()
+        ref = F.rms_norm(x64, (d,), w.detach().double() if weight else None, eps)
+        (dx,), (ref_dx,) = torch.autograd.grad(y, (xg,), dy), torch.autograd.grad(
+            ref, (x64,), dy.double())
+        assert _rel(y, ref) < 1e-2 and _rel(dx, ref_dx) < 1e-2
+        y2, h = fused_add_rms_norm(x, r, w, eps)
+        assert torch.equal(y2, rms_norm(h, w, eps))
+
+
+@gpu
+def test_norms_without_weight_or_bias_on_the_gpu():
+    """layer_norm(x) and rms_norm(x) on the GPU, eagerly and compiled, with
+    gradients, against float64."""
+    F = torch.nn.functional
+    x, _, _, dy = _inputs(77, 1000, seed=3)
+    for norm, ref_fn in ((layer_norm, lambda t: F.layer_norm(t, (1000,), eps=1e-5)),
+                         (rms_norm, lambda t: F.rms_norm(t, (1000,), eps=1e-6))):
+        for fn in (norm, torch.compile(norm, fullgraph=True)):
+            xg = x.clone().requires_grad_()
+            y = fn(xg)
+            (dx,) = torch.autograd.grad(y, (xg,), dy)
+            x64 = x.double().requires_grad_()
+            ref = ref_fn(x64)
+            (ref_dx,) = torch.autograd.grad(ref, (x64,), dy.double())
+            assert _rel(y, ref) < 1e-2 and _rel(dx, ref_dx) < 1e-2
+
+
 @pytest.mark.parametrize("d, base", [(1032, 100.0), (768, 10.0), (264, 1000.0)])
 def test_layer_norm_of_rows_with_a_large_mean_and_a_padded_block(interpret, d, base):
     """Rows far from zero at widths that are not the block's: the centred

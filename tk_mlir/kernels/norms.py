@@ -193,15 +193,17 @@ def column_sum_kernel(PARTS: tk.gl[f32], OUT: tk.gl, ROWS: tk.constexpr = 32,
     tk.store(OUT, acc.col_sum().to(OUT.dtype), (c0,))
 
 
-def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
+def rms_norm(x, weight=None, eps: float = 1e-6, *, out=None):
     """y = x / sqrt(mean(x^2, per row) + eps) * weight.
 
     x: a (..., D) bf16 or f16 CUDA tensor (rows of D); weight: (D,), x's
-    dtype and device. out: a tensor like x to write into; by default a new one.
+    dtype and device, or None (no scale, as F.rms_norm's weight=None). out:
+    a tensor like x to write into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x and
     weight (rms_norm_backward's kernels; not with out=). Under torch.compile
     it runs as the custom op torch.ops.tk_mlir.rms_norm (see matmul)."""
     import torch
+    weight = _or_constant(weight, x, 1.0)
     if torch.compiler.is_compiling():
         eps = _check("rms_norm", x, eps, _out(out), weight=weight)
         _recorded("rms_norm", out, x, weight)
@@ -218,17 +220,20 @@ def rms_norm(x, weight, eps: float = 1e-6, *, out=None):
                           x, weight, out)
 
 
-def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, mean and (biased)
     variance per row, as torch.nn.functional.layer_norm over the last dim.
 
     x: a (..., D) bf16 or f16 CUDA tensor; weight, bias: (D,), x's dtype
-    and device. out: a tensor like x to write into; by default a new one.
+    and device, or None (none, as F.layer_norm's: a LayerNorm without
+    elementwise_affine, or with bias=False). out: a tensor like x to write
+    into; by default a new one.
     Returns out. Statistics are computed in float32. Differentiable in x,
     weight and bias (layer_norm_backward's kernels; not with out=). Under
     torch.compile it runs as the custom op torch.ops.tk_mlir.layer_norm (see
     matmul)."""
     import torch
+    weight, bias = _or_constant(weight, x, 1.0), _or_constant(bias, x, 0.0)
     if torch.compiler.is_compiling():
         eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias)
         _recorded("layer_norm", out, x, weight, bias)
@@ -245,6 +250,28 @@ def layer_norm(x, weight, bias, eps: float = 1e-5, *, out=None):
 
 # Eager calls by signature (eager.py).
 _RMS_NORM, _LAYER_NORM, _FUSED_ADD = eager.Prepared(), eager.Prepared(), eager.Prepared()
+# The weights and biases that stand for None: (value, D, dtype, device) -> a (D,) tensor.
+_CONSTANTS: dict = {}
+
+
+def _or_constant(v, x, value: float):
+    """v, or for None a (D,) vector of `value` (1: a weight, 0: a bias) in
+    x's dtype and on its device, made once for each (D, dtype, device), so
+    the kernels and their gradients stay those of an affine norm (the
+    vector's gradient is never asked for). Left None where x is no row
+    tensor: _check says what is wrong with x. Not kept when made under
+    CUDA-graph capture (its fill runs only on replay) or torch.compile."""
+    import torch
+    if v is not None or not isinstance(x, torch.Tensor) or x.dim() < 1:
+        return v
+    key = (value, x.shape[-1], x.dtype, x.device)
+    made = _CONSTANTS.get(key)
+    if made is None:
+        made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
+        if not (torch.compiler.is_compiling() or
+                (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+            _CONSTANTS[key] = made
+    return made
 
 
 def _prepare(fn: str, x, weight, bias, eps, out):
@@ -425,26 +452,29 @@ def planned_backward(norm: str, x, weight, with_dh: bool = False,
     return run
 
 
-def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6):
+def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6):
     """(y, h): h = x + residual and y = rms_norm(h, weight, eps), in one pass
     (a pre-norm transformer block's residual add and norm; vLLM's
     fused_add_rms_norm, returning the sum instead of writing it over residual).
 
     x, residual: (..., D) bf16 or f16 CUDA tensors of one shape and dtype;
-    weight: (D,). h is rounded to that dtype before the norm reads it, as the unfused
+    weight: (D,) or None. h is rounded to that dtype before the norm reads it, as the unfused
     `rms_norm(x + residual)` computes. Differentiable in x, residual and
     weight; under torch.compile the custom op torch.ops.tk_mlir.fused_add_rms_norm."""
     return _fused_add("rms_norm", x, residual, weight, None, eps)
 
 
-def fused_add_layer_norm(x, residual, weight, bias, eps: float = 1e-5):
+def fused_add_layer_norm(x, residual, weight=None, bias=None, eps: float = 1e-5):
     """(y, h): h = x + residual and y = layer_norm(h, weight, bias, eps), in one
-    pass; as fused_add_rms_norm (op torch.ops.tk_mlir.fused_add_layer_norm)."""
+    pass; as fused_add_rms_norm (op torch.ops.tk_mlir.fused_add_layer_norm;
+    weight and bias may be None, as layer_norm's)."""
     return _fused_add("layer_norm", x, residual, weight, bias, eps)
 
 
 def _fused_add(norm: str, x, residual, weight, bias, eps):
     import torch
+    weight = _or_constant(weight, x, 1.0)
+    bias = _or_constant(bias, x, 0.0) if norm == "layer_norm" else bias
     fn = f"fused_add_{norm}"
     if torch.compiler.is_compiling():
         inputs = _checked_fused_add(norm, x, residual, weight, bias, eps)
