@@ -73,7 +73,7 @@ def test_layers_the_kernels_do_not_take_are_refused_before_any_change():
 
 @pytest.mark.parametrize("field, value, part, rule", [
     ("head_dim", 32, "attention", "64, 128 or 256"),
-    ("vocab_size", 250, "cross_entropy", "a multiple of 8"),
+    ("vocab_size", 250, "linear_cross_entropy", "a multiple of 8"),
     ("hidden_size", 132, "rms_norm", "a multiple of 8")])
 def test_sizes_the_kernels_do_not_take_are_refused_before_any_change(field, value, part, rule):
     """The config's field and the rule, before any layer is patched; the
@@ -85,9 +85,7 @@ def test_sizes_the_kernels_do_not_take_are_refused_before_any_change(field, valu
                                          rf"got {value} \(or pass {part}=False\)"):
         patch_llama(model)
     assert model.model.norm.forward == forward and model.config._attn_implementation == "eager"
-    off = {"cross_entropy": dict(cross_entropy=False, linear_cross_entropy=False)}.get(
-        part, {part: False})
-    patch_llama(model, **off)
+    patch_llama(model, **{part: False})
 
 
 @pytest.mark.parametrize("how", ["gradient checkpointing", "torch.compile"])

@@ -174,9 +174,10 @@ def test_a_permuted_view_reaches_the_kernels_as_it_lies():
 
 
 def test_fused_add_layer_norm_checks_its_bias():
+    """A bias that is neither a tensor nor None (none: as F.layer_norm's) is refused."""
     x = torch.randn(4, 16).to(torch.bfloat16)
     with pytest.raises(TypeError, match=r"fused_add_layer_norm: bias must be a torch.Tensor"):
-        fused_add_layer_norm(x, x, x[0], None)
+        fused_add_layer_norm(x, x, x[0], [0.0] * 16)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

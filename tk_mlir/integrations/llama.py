@@ -21,9 +21,9 @@ What it swaps, each optional:
 All of them differentiate, so the patched model trains, also under gradient
 checkpointing and torch.compile(fullgraph=True). Layers the kernels
 do not take (not bf16/f16) are refused with the layer's name, and sizes
-they do not take (a head dim other than 64, 128 or 256; a hidden size or
-vocabulary that is not a multiple of 8) with the config's field, before
-anything is changed.
+they do not take (a head dim other than 64, 128 or 256; a hidden size, or
+for linear_cross_entropy a vocabulary, that is not a multiple of 8) with
+the config's field, before anything is changed.
 """
 from __future__ import annotations
 
@@ -94,10 +94,9 @@ def _check_sizes(config, want: dict, has_head: bool) -> None:
     rules = [("attention", "head_dim", head_dim, head_dim in (64, 128, 256), "64, 128 or 256"),
              ("rms_norm", "hidden_size", config.hidden_size, config.hidden_size % 8 == 0,
               "a multiple of 8")]
-    for part in ("cross_entropy", "linear_cross_entropy"):
-        if has_head:
-            rules.append((part, "vocab_size", config.vocab_size, config.vocab_size % 8 == 0,
-                          "a multiple of 8"))
+    if has_head:        # (cross_entropy takes any vocabulary)
+        rules.append(("linear_cross_entropy", "vocab_size", config.vocab_size,
+                      config.vocab_size % 8 == 0, "a multiple of 8"))
     for part, field, value, ok, rule in rules:
         if want[part] and not ok:
             raise ValueError(f"patch_llama: {part} takes config.{field} {rule}, got {value} "

@@ -26,22 +26,22 @@ FLOOR = -3.4028234663852886e38  # the running maxima's start: f32's lowest, at o
 
 @tk.kernel(num_warps=8)
 def cross_entropy_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32], LSE: tk.gl[f32],
-                         ignore_index: int, smoothing: float, CHUNK: tk.constexpr = CHUNK,
-                         OUTSIDE_NAN: tk.constexpr = True):
-    """Per row r of X (N x V logits) with target t = T[r]: LSE[r] =
+                         V: int, ignore_index: int, smoothing: float,
+                         CHUNK: tk.constexpr = CHUNK, OUTSIDE_NAN: tk.constexpr = True):
+    """Per row r of X's first V columns (N x V logits; X may be wider: its
+    rows padded to whole 16-byte vectors) with target t = T[r]: LSE[r] =
     logsumexp(X[r]) and LOSS[r] = LSE[r] - (1 - smoothing)·X[r, t] -
     smoothing·mean(X[r]); 0 where t is ignore_index, NaN where t is outside
     [0, V) (a wrong target is never a silent number). Without OUTSIDE_NAN, X
     is one slice of a wider row's classes: a target outside it adds no
     logit. One row per block."""
-    row_loss(X, T, LOSS, LSE, tk.block_id(0), ignore_index, smoothing, CHUNK, OUTSIDE_NAN)
+    row_loss(X, T, LOSS, LSE, tk.block_id(0), V, ignore_index, smoothing, CHUNK, OUTSIDE_NAN)
 
 
 @tk.func
-def row_loss(X, T, LOSS, LSE, row, ignore_index, smoothing, CHUNK, OUTSIDE_NAN):
-    """cross_entropy_kernel's work for one row: LOSS[row] and LSE[row]; returns
-    the row's (target, lse vector)."""
-    v = X.shape[1]
+def row_loss(X, T, LOSS, LSE, row, v, ignore_index, smoothing, CHUNK, OUTSIDE_NAN):
+    """cross_entropy_kernel's work for one row of v classes: LOSS[row] and
+    LSE[row]; returns the row's (target, lse vector)."""
     t = tk.load(T, (row,))
     # Each column of a CHUNK-wide tile keeps its own running max m, sum s (of
     # exp(x - m)), target logit and sum over the chunks it sees; the columns
@@ -74,28 +74,31 @@ def row_loss(X, T, LOSS, LSE, row, ignore_index, smoothing, CHUNK, OUTSIDE_NAN):
 @tk.func
 def logsumexp_step(x, first, v, t, m, s, x_t, x_sum):
     """The per-column running state after chunk x, whose first column is
-    `first` (columns past V masked to -inf before exp, as they read 0). One
+    `first` (columns past v masked: -inf before exp, 0 in the sum). One
     exp per element: exp(min - max) of x and m is either s's rescaling (x
     above m: s·e + 1) or x's term (s + e)."""
     cols = x.col_indices() + first
-    xm = tk.where(cols < v, x, float("-inf"))
+    inside = cols < v
+    xm = tk.where(inside, x, float("-inf"))
     m_new = max(m, xm)
     e = (min(m, xm) - m_new).exp()
     s = tk.where(xm > m, s * e + 1.0, s + e)
-    return m_new, s, x_t + tk.where(cols == t, x, 0.0), x_sum + x
+    return m_new, s, x_t + tk.where(cols == t, x, 0.0), x_sum + tk.where(inside, x, 0.0)
 
 
 @tk.kernel(num_warps=8)
 def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
-                                  SCALE: tk.gl[f32], DX: tk.gl, ignore_index: int,
+                                  SCALE: tk.gl[f32], DX: tk.gl, V: int, ignore_index: int,
                                   smoothing: float, CHUNK: tk.constexpr = CHUNK):
     """DX[r] = SCALE[r]·(softmax(X[r]) - (1 - smoothing)·onehot(T[r]) -
-    smoothing / V), from the forward's LSE; 0 where T[r] is ignore_index.
-    SCALE: the loss's gradient per row (for mean: dloss / count). DX may be
-    X itself (the gradient in place: each step loads before it stores)."""
+    smoothing / V) over X's first V columns (DX's columns past them, if any,
+    are written with values of no meaning), from the forward's LSE; 0 where
+    T[r] is ignore_index. SCALE: the loss's gradient per row (for mean:
+    dloss / count). DX may be X itself (the gradient in place: each step
+    loads before it stores)."""
     row = tk.block_id(0)
-    row_grad(X, DX, row, tk.load(T, (row,)), tk.load(LSE, (row,), (1,)), SCALE, ignore_index,
-             smoothing, CHUNK)
+    row_grad(X, DX, row, tk.load(T, (row,)), tk.load(LSE, (row,), (1,)), SCALE, V,
+             ignore_index, smoothing, CHUNK)
 
 
 @tk.kernel(num_warps=8)
@@ -108,15 +111,14 @@ def cross_entropy_with_grad_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32],
     for linear_cross_entropy's forward, which knows each row's SCALE then
     (its second walk of a row may find it in L2)."""
     row = tk.block_id(0)
-    t, lse = row_loss(X, T, LOSS, LSE, row, ignore_index, 0.0, CHUNK, True)
-    row_grad(X, X, row, t, lse, SCALE, ignore_index, 0.0, CHUNK)
+    t, lse = row_loss(X, T, LOSS, LSE, row, X.shape[1], ignore_index, 0.0, CHUNK, True)
+    row_grad(X, X, row, t, lse, SCALE, X.shape[1], ignore_index, 0.0, CHUNK)
 
 
 @tk.func
-def row_grad(X, DX, row, t, lse, SCALE, ignore_index, smoothing, CHUNK):
-    """cross_entropy_backward_kernel's work for one row (t its target, lse
-    its log-sum-exp as a vector of one)."""
-    v = X.shape[1]
+def row_grad(X, DX, row, t, lse, SCALE, v, ignore_index, smoothing, CHUNK):
+    """cross_entropy_backward_kernel's work for one row of v classes (t its
+    target, lse its log-sum-exp as a vector of one)."""
     g = tk.load(SCALE, (row,), (1,))
     for c0 in range(0, tk.cdiv(v, CHUNK), 2):     # two chunks' loads, then their stores
         x0 = tk.load(X, (row, c0), (1, CHUNK)).to(f32)
@@ -147,8 +149,9 @@ def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "me
     ignore_index count 0 and are left out of the mean (all ignored: NaN, as
     torch). A target outside [0, V) gives NaN (torch asserts on the device).
 
-    logits: bf16, f16 or f32 CUDA tensor, rows of whole 16-byte vectors (V a
-    multiple of 8, f32: of 4), last dim contiguous; target: an integer
+    logits: bf16, f16 or f32 CUDA tensor of any V and strides (rows that are
+    not whole 16-byte vectors, V not a multiple of 8 (f32: 4), and views the
+    kernels cannot read as they lie go through a copy); target: an integer
     tensor on its device. reduction: "mean", "sum" or "none". Differentiable
     in logits; under torch.compile the custom op torch.ops.tk_mlir.cross_entropy."""
     import torch
@@ -167,15 +170,29 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
     """(loss, lse) of cross_entropy_kernel on checked arguments: loss reduced
     as asked, lse (N,) f32 (kept for the backward)."""
     import torch
-    logits = checks.kernel_operand(logits)      # (a view at any offset: a copy)
     n, v = logits.shape
+    x = _padded(logits)
     rows = -(-n // 4) * 4                       # f32 vectors of whole 16-byte rows
     loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if n:
-        cross_entropy_kernel[(n,)](logits, _targets(target, rows, v, ignore_index), loss_rows,
-                                   lse, ignore_index, label_smoothing)
+        cross_entropy_kernel[(n,)](x, _targets(target, rows, v, ignore_index), loss_rows,
+                                   lse, v, ignore_index, label_smoothing)
     return _reduced(loss_rows[:n], target, ignore_index, reduction).to(logits.dtype), lse[:n]
+
+
+def _padded(logits):
+    """logits as the kernels read them: itself where they can as it lies, a
+    contiguous copy of a view they cannot (a misaligned or transposed one),
+    and for rows that are not whole 16-byte vectors (V not a multiple of 8)
+    a copy whose rows are, its extra columns zero (the kernels take the true V)."""
+    n, v = logits.shape
+    per = 16 // logits.element_size()
+    if v % per == 0:
+        return checks.kernel_operand(logits)
+    x = logits.new_zeros(n, -(-v // per) * per)
+    x[:, :v] = logits
+    return x
 
 
 def _reduced(loss, target, ignore_index: int, reduction: str):
@@ -193,18 +210,18 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     """d logits of cross_entropy given the loss's gradient dloss (a scalar,
     or (N,) with reduction="none") and the forward's lse."""
     import torch
-    logits = checks.kernel_operand(logits)
     n, v = logits.shape
+    x = _padded(logits)
     rows = -(-n // 4) * 4
     targets = _targets(target, rows, v, ignore_index)
     scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse_rows[:n] = lse
-    dx = torch.empty_like(logits)
+    dx = torch.empty_like(x)
     if n:
-        cross_entropy_backward_kernel[(n,)](logits, targets, lse_rows, scale, dx, ignore_index,
+        cross_entropy_backward_kernel[(n,)](x, targets, lse_rows, scale, dx, v, ignore_index,
                                             label_smoothing)
-    return dx
+    return dx if dx.shape[1] == v else dx[:, :v].contiguous()
 
 
 def _row_scale(dloss, targets, n: int, ignore_index: int, reduction: str, v: int):
@@ -262,10 +279,6 @@ def _check(logits, target, ignore_index, reduction, label_smoothing, fn="cross_e
     label_smoothing = checks.number(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if logits.shape[1] * logits.element_size() % 16 or logits.stride(-1) != 1:
-        raise ValueError(f"{fn}: logits' rows must be contiguous whole 16-byte vectors (V a "
-                         f"multiple of {16 // logits.element_size()} for {logits.dtype}), got "
-                         f"shape {tuple(logits.shape)}, strides {tuple(logits.stride())}")
     checks.on_cuda(fn, "logits", logits)
     return ignore_index, label_smoothing
 
@@ -346,7 +359,8 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
         lse = torch.empty(rows, dtype=torch.float32, device=h.device)
         if n:
             cross_entropy_kernel[(n,)](logits, _in_slice(targets, ignore_index, v0),
-                                       part_loss, lse, _NO_CLASS, 0.0, OUTSIDE_NAN=False)
+                                       part_loss, lse, v1 - v0, _NO_CLASS, 0.0,
+                                       OUTSIDE_NAN=False)
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
     lse = torch.stack(lse_parts).logsumexp(0)
@@ -456,7 +470,7 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
         if n:       # the slice's logits become their gradient, in place
             cross_entropy_backward_kernel[(n,)](
                 logits, _in_slice(targets, ignore_index, v0), lse_rows, scale, logits,
-                _NO_CLASS, 0.0)
+                v1 - v0, _NO_CLASS, 0.0)
         if need_weight:
             gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
         if need_h:
