@@ -21,9 +21,8 @@ What it swaps, each optional:
 All of them differentiate, so the patched model trains, also under gradient
 checkpointing and torch.compile(fullgraph=True). Layers the kernels
 do not take (not bf16/f16) are refused with the layer's name, and sizes
-they do not take (a head dim other than 64, 128 or 256; a hidden size, or
-for linear_cross_entropy a vocabulary, that is not a multiple of 8) with
-the config's field, before anything is changed.
+they do not take (a head dim other than 64, 128 or 256; a hidden size that
+is not a multiple of 8) with the config's field, before anything is changed.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ def patch_llama(model, **parts) -> None:
         raise ValueError(f"patch_llama: model must be a transformers Llama, got model_type "
                          f"{getattr(config, 'model_type', None)!r}")
     # Check everything first: a refused model is left as it was.
-    _check_sizes(config, want, hasattr(model, "lm_head"))
+    _check_sizes(config, want)
     patches = []
     for name, module in model.named_modules():
         if want["rms_norm"] and isinstance(module, llama.LlamaRMSNorm):
@@ -86,7 +85,7 @@ def patch_llama(model, **parts) -> None:
         model.forward = types.MethodType(_causal_lm_forward, model)
 
 
-def _check_sizes(config, want: dict, has_head: bool) -> None:
+def _check_sizes(config, want: dict) -> None:
     """The config's sizes against the rules of the kernels `want` names: each
     refusal names the field, the rule and the part to turn off."""
     head_dim = getattr(config, "head_dim", None) or \
@@ -94,9 +93,6 @@ def _check_sizes(config, want: dict, has_head: bool) -> None:
     rules = [("attention", "head_dim", head_dim, head_dim in (64, 128, 256), "64, 128 or 256"),
              ("rms_norm", "hidden_size", config.hidden_size, config.hidden_size % 8 == 0,
               "a multiple of 8")]
-    if has_head:        # (cross_entropy takes any vocabulary)
-        rules.append(("linear_cross_entropy", "vocab_size", config.vocab_size,
-                      config.vocab_size % 8 == 0, "a multiple of 8"))
     for part, field, value, ok, rule in rules:
         if want[part] and not ok:
             raise ValueError(f"patch_llama: {part} takes config.{field} {rule}, got {value} "

@@ -92,8 +92,7 @@ def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
                                   smoothing: float, CHUNK: tk.constexpr = CHUNK):
     """DX[r] = SCALE[r]·(softmax(X[r]) - (1 - smoothing)·onehot(T[r]) -
     smoothing / V) over X's first V columns (DX's columns past them, if any,
-    are written with values of no meaning), from the forward's LSE; 0 where
-    T[r] is ignore_index. SCALE: the loss's gradient per row (for mean:
+    are 0), from the forward's LSE; 0 where T[r] is ignore_index. SCALE: the loss's gradient per row (for mean:
     dloss / count). DX may be X itself (the gradient in place: each step
     loads before it stores)."""
     row = tk.block_id(0)
@@ -103,16 +102,16 @@ def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
 
 @tk.kernel(num_warps=8)
 def cross_entropy_with_grad_kernel(X: tk.gl, T: tk.gl["i32"], LOSS: tk.gl[f32],
-                                   LSE: tk.gl[f32], SCALE: tk.gl[f32], ignore_index: int,
-                                   CHUNK: tk.constexpr = CHUNK):
+                                   LSE: tk.gl[f32], SCALE: tk.gl[f32], V: int,
+                                   ignore_index: int, CHUNK: tk.constexpr = CHUNK):
     """cross_entropy_kernel's LOSS and LSE (no smoothing, targets over the
-    whole row), then X turned in place into its gradient as
+    whole row of V classes), then X turned in place into its gradient as
     cross_entropy_backward_kernel makes it, by the same block: one launch
     for linear_cross_entropy's forward, which knows each row's SCALE then
     (its second walk of a row may find it in L2)."""
     row = tk.block_id(0)
-    t, lse = row_loss(X, T, LOSS, LSE, row, X.shape[1], ignore_index, 0.0, CHUNK, True)
-    row_grad(X, X, row, t, lse, SCALE, X.shape[1], ignore_index, 0.0, CHUNK)
+    t, lse = row_loss(X, T, LOSS, LSE, row, V, ignore_index, 0.0, CHUNK, True)
+    row_grad(X, X, row, t, lse, SCALE, V, ignore_index, 0.0, CHUNK)
 
 
 @tk.func
@@ -132,10 +131,11 @@ def row_grad(X, DX, row, t, lse, SCALE, v, ignore_index, smoothing, CHUNK):
 @tk.func
 def softmax_grad(x, first, v, t, lse, g, ignore_index, smoothing):
     """A chunk's gradient, its first column `first`: g·(exp(x - lse) - the
-    smoothed target), 0 in an ignored row (its lse may be -inf, its scale inf)."""
+    smoothed target), 0 in an ignored row (its lse may be -inf, its scale
+    inf) and in the columns past v (a padded row's: a GEMM reads them)."""
     cols = x.col_indices() + first
     d = x.sub_row(lse).exp() - tk.where(cols == t, 1.0 - smoothing, 0.0) - smoothing / float(v)
-    return tk.where(cols * 0 + t == ignore_index, 0.0, d.mul_row(g))
+    return tk.where((cols * 0 + t == ignore_index) | (cols >= v), 0.0, d.mul_row(g))
 
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -313,9 +313,11 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     one chunk's logits (on Blackwell, whose GEMM only stores, also a
     dweight-sized product to add).
 
-    h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight);
-    target: (N,) class indices, ignore_index as cross_entropy. H and V
-    multiples of 8, h's and weight's last dim (H) contiguous. reduction:
+    h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight;
+    V not a multiple of 8, as GPT-2's 50257, through a copy with zero rows
+    to whole 16-byte vectors of logits); target: (N,) class indices,
+    ignore_index as cross_entropy. H a multiple of 8, h's and weight's last
+    dim (H) contiguous. reduction:
     "mean", "sum" or "none". Differentiable in h and weight; under
     torch.compile the custom op
     torch.ops.tk_mlir.linear_cross_entropy, or
@@ -336,6 +338,18 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     return linear_forward(*args)[0]
 
 
+def _padded_vocabulary(weight):
+    """weight (V, H), or for V not a multiple of 8 a copy with zero rows
+    after it up to one (whose logits, 0, the kernels mask: they take the true
+    V): the GEMMs' N or K is then whole 16-byte vectors of logits."""
+    v = weight.shape[0]
+    if v % 8 == 0:
+        return weight
+    padded = weight.new_zeros(-(-v // 8) * 8, weight.shape[1])
+    padded[:v] = weight
+    return padded
+
+
 def _slices(n: int, v: int):
     """(first, end) of the vocabulary slices for n rows: as many classes as
     LOGITS_SLICE_BYTES of bf16 logits hold, a multiple of 256."""
@@ -349,17 +363,18 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
+    weight = _padded_vocabulary(weight)
     rows = -(-n // 4) * 4
     lse_parts, x_t = [], torch.zeros(n, dtype=torch.float32, device=h.device)
     part_loss = torch.empty(rows, dtype=torch.float32, device=h.device)
     targets = _targets(target, rows, v, ignore_index)
-    for v0, v1 in _slices(n, v):
+    for v0, v1 in _slices(n, weight.shape[0]):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         gemm.launch(h, weight[v0:v1], logits, "nk")
         lse = torch.empty(rows, dtype=torch.float32, device=h.device)
         if n:
             cross_entropy_kernel[(n,)](logits, _in_slice(targets, ignore_index, v0),
-                                       part_loss, lse, v1 - v0, _NO_CLASS, 0.0,
+                                       part_loss, lse, min(v1, v) - v0, _NO_CLASS, 0.0,
                                        OUTSIDE_NAN=False)
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
@@ -382,6 +397,7 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
+    weight = _padded_vocabulary(weight)
     rows = -(-n // 4) * 4
     targets = _targets(target, rows, v, ignore_index)
     scale = _row_scale(torch.ones((), device=h.device), targets, n, ignore_index, reduction, v)
@@ -389,14 +405,14 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     lse = torch.empty(rows, dtype=torch.float32, device=h.device)
     dh = torch.empty_like(h) if need_h else h.new_empty(0)
     dw = torch.empty_like(weight) if need_weight else weight.new_empty(0)
-    chunk = _chunk_rows(n, h.shape[1], v)
+    chunk = _chunk_rows(n, h.shape[1], weight.shape[0])
     for r0 in range(0, n, chunk):
         r1 = min(r0 + chunk, n)
-        logits = torch.empty(r1 - r0, v, dtype=h.dtype, device=h.device)
+        logits = torch.empty(r1 - r0, weight.shape[0], dtype=h.dtype, device=h.device)
         gemm.launch(h[r0:r1], weight, logits, "nk")
         part = slice(r0, r0 + -(-(r1 - r0) // 4) * 4)           # whole 16-byte rows
         cross_entropy_with_grad_kernel[(r1 - r0,)](logits, targets[part], loss_rows[part],
-                                                   lse[part], scale[part], ignore_index)
+                                                   lse[part], scale[part], v, ignore_index)
         if need_h:
             gemm.launch(logits, weight, dh[r0:r1], "kn")              # dh rows: dlogits·W
         if need_weight:                                               # dW (+)= dlogitsᵀ·h
@@ -405,7 +421,7 @@ def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: s
     if not n and need_weight:
         dw.zero_()
     loss = _reduced(loss_rows[:n], target, ignore_index, reduction)
-    return loss.to(h.dtype), lse[:n], dh, dw
+    return loss.to(h.dtype), lse[:n], dh, (dw[:v] if need_weight else dw)
 
 
 # scale_unless_one_kernel's tile: 16-byte loads, 8 per thread of 4 warps.
@@ -455,6 +471,7 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
+    weight = _padded_vocabulary(weight)
     rows = -(-n // 4) * 4
     targets = _targets(target, rows, v, ignore_index)
     scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
@@ -463,21 +480,21 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None
     dh_part = torch.empty_like(dh) if need_h else None
     dw = torch.empty_like(weight) if need_weight else None
-    for v0, v1 in _slices(n, v):
+    for v0, v1 in _slices(n, weight.shape[0]):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         w = weight[v0:v1]
         gemm.launch(h, w, logits, "nk")
         if n:       # the slice's logits become their gradient, in place
             cross_entropy_backward_kernel[(n,)](
                 logits, _in_slice(targets, ignore_index, v0), lse_rows, scale, logits,
-                v1 - v0, _NO_CLASS, 0.0)
+                min(v1, v) - v0, _NO_CLASS, 0.0)
         if need_weight:
             gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
         if need_h:
             gemm.launch(logits, w, dh_part, "kn")                        # dh += dlogits·W
             dh += dh_part
     empty = h.new_empty(0)
-    return (dh.to(h.dtype) if need_h else empty), (dw if need_weight else empty)
+    return (dh.to(h.dtype) if need_h else empty), (dw[:v] if need_weight else empty)
 
 
 def _check_linear(h, weight, target, ignore_index, reduction,
@@ -499,10 +516,9 @@ def _check_linear(h, weight, target, ignore_index, reduction,
             raise ValueError(f"{fn}: {name}'s last dim (H) must be contiguous (stride 1), got "
                              f"strides {tuple(t.stride())} (a transposed view: pass "
                              f"{name}.contiguous())")
-    if weight.shape[0] == 0 or weight.shape[0] % 8:
-        raise ValueError(f"{fn}: the vocabulary V (weight's rows) must be a positive multiple "
-                         f"of 8 (rows of logits of whole 16-byte vectors), got "
-                         f"{weight.shape[0]}")
+    if weight.shape[0] == 0:
+        raise ValueError(f"{fn}: the vocabulary V (weight's rows) must not be empty, got "
+                         f"shape {tuple(weight.shape)}")
     ignore_index = _check_targets(fn, target, "h", h, ignore_index, reduction)
     checks.on_cuda(fn, "h", h)
     return ignore_index
