@@ -629,3 +629,72 @@ def test_swiglu_and_rotary_remember_their_signatures(interpret):
     with pytest.raises(TypeError, match="interleaved must be a bool"):
         rotary_embedding(x, cos, sin, interleaved=1)
     assert len(activations._SWIGLU) == 2 and len(rotary._ROTARY) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first_under_capture", [False, True])
+def test_norms_swiglu_rotary_and_losses_replay_in_a_cuda_graph(monkeypatch, first_under_capture):
+    """Each library call captured in one CUDA graph after a warm-up call (or,
+    first_under_capture, the norms' stand-in weight and bias made inside the
+    capture), then replayed on new input values against float64: the norms
+    with and without weight and bias, the fused add-norm, swiglu, rotary and
+    cross_entropy over a vocabulary off whole 16-byte vectors."""
+    from tk_mlir.kernels import cross_entropy, fused_add_layer_norm
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(31)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).bfloat16()
+
+    x, r, w, b = rand(64, 1000), rand(64, 1000), rand(1000), rand(1000)
+    gate, up = rand(32, 512), rand(32, 512)
+    q, angles = rand(2, 48, 4, 64), torch.rand(48, 32, device="cuda", generator=g) * 6
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    logits, target = rand(40, 1003), torch.randint(0, 1003, (40,), device="cuda", generator=g)
+    calls = {
+        "rms_norm": lambda: rms_norm(x, w),
+        "rms_norm without weight": lambda: rms_norm(x),
+        "layer_norm": lambda: layer_norm(x, w, b),
+        "layer_norm without weight or bias": lambda: layer_norm(x),
+        "layer_norm without bias": lambda: layer_norm(x, w),
+        "fused_add_rms_norm": lambda: fused_add_rms_norm(x, r, w)[0],
+        "fused_add_layer_norm without bias": lambda: fused_add_layer_norm(x, r, w)[0],
+        "swiglu": lambda: swiglu(gate, up),
+        "rotary_embedding": lambda: rotary_embedding(q, cos, sin),
+        "cross_entropy": lambda: cross_entropy(logits, target, reduction="none"),
+    }
+    refs = {
+        "rms_norm": lambda: F.rms_norm(x.double(), (1000,), w.double(), 1e-6),
+        "rms_norm without weight": lambda: F.rms_norm(x.double(), (1000,), None, 1e-6),
+        "layer_norm": lambda: F.layer_norm(x.double(), (1000,), w.double(), b.double()),
+        "layer_norm without weight or bias": lambda: F.layer_norm(x.double(), (1000,)),
+        "layer_norm without bias": lambda: F.layer_norm(x.double(), (1000,), w.double()),
+        "fused_add_rms_norm": lambda: F.rms_norm((x + r).double(), (1000,), w.double(), 1e-6),
+        "fused_add_layer_norm without bias": lambda: F.layer_norm((x + r).double(), (1000,),
+                                                                  w.double()),
+        "swiglu": lambda: F.silu(gate.double()) * up.double(),
+        "rotary_embedding": lambda: torch.cat(
+            [q[..., :32].double() * cos.double()[:, None] - q[..., 32:].double() *
+             sin.double()[:, None],
+             q[..., 32:].double() * cos.double()[:, None] + q[..., :32].double() *
+             sin.double()[:, None]], -1),
+        "cross_entropy": lambda: F.cross_entropy(logits.double(), target, reduction="none"),
+    }
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for name, call in calls.items():        # compiled, loaded and planned here
+            call()
+    if first_under_capture:
+        monkeypatch.setattr(norms, "_CONSTANTS", {})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = {name: call() for name, call in calls.items()}
+    assert not (first_under_capture and norms._CONSTANTS)      # (none kept from the capture)
+    for _ in range(2):
+        for t in (x, r, w, b, gate, up, q, logits):
+            t.copy_(torch.randn(t.shape, device="cuda", generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, out in outs.items():
+            assert _rel(out, refs[name]()) < 1e-2, name
