@@ -455,8 +455,10 @@ def _broadcast(op, operands, results, num_warps: int) -> None:
     _require(vec.scope == tile.scope, f"{op.kind}_{op.axis}: a {vec.scope}-scope vector "
              f"cannot be applied to a {tile.scope}-scope tile (load it with "
              f"scope={tile.scope!r})")
-    _require(not contracts.SKIP_ONES.get(op, False) or T.is_float(tile.dtype),
-             f"{op.kind}_{op.axis}(skip_ones=True) takes a float tile, got {T.show(tile)}")
+    if contracts.SKIP_ONES.get(op, False):
+        _require(op.kind == "mul", f"{op.kind}_{op.axis}: skip_ones is mul_row's and mul_col's")
+        _require(T.is_float(tile.dtype),
+                 f"{op.kind}_{op.axis}(skip_ones=True) takes a float tile, got {T.show(tile)}")
 
 
 def _swizzle_that_fits(row_bytes: int) -> str:

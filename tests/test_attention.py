@@ -383,21 +383,22 @@ def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
     assert ((lse[..., :N].double() - ref_lse).norm() / ref_lse.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("d, causal, window", [(128, False, (-1, -1)), (64, True, (-1, -1)),
-                                               (128, False, (100, 30))])
-def test_lazy_rescale_in_the_interpreter(d, causal, window):
+@pytest.mark.parametrize("d, causal, window, dtype", [
+    (128, False, (-1, -1), torch.bfloat16), (64, True, (-1, -1), torch.float16),
+    (128, False, (100, 30), torch.bfloat16)])
+def test_lazy_rescale_in_the_interpreter(d, causal, window, dtype):
     """RESCALE_THRESHOLD=8: a row's max moves only when a block raises it by
     more than 2^8. Keys grow 200-fold along the sequence, so the max must
     move (kept where it was, P would overflow to inf) and most steps keep
     it; o and lse against float64, with windows (rows that see no key in a
-    block) too."""
+    block) too; f16, whose P must stay below 2^15, too."""
     from tk_mlir.kernels.flash_attention import _config, attention_kernel, tasks
     B, H, N, N_KV = 1, 2, 200, 700
     g = torch.Generator().manual_seed(d + causal)
     q = torch.randn(B, H, N, d, generator=g)
     k, v = (torch.randn(B, H, N_KV, d, generator=g) for _ in range(2))
     k = k * torch.linspace(0.2, 40.0, N_KV)[:, None]
-    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    q, k, v = (x.to(dtype) for x in (q, k, v))
     o = torch.full_like(q, float("nan"))
     lse = torch.full((B, H, N), float("nan"))
     cfg = {**_config(d, N_KV, causal), "RESCALE_THRESHOLD": 8.0}
@@ -424,6 +425,16 @@ def test_lazy_rescale_compiles_to_a_voted_branch_without_spills(d, causal):
     assert "vote.sync.any.pred" in c.asm["ptx"]
     assert "C75" not in c.ptxas_log, c.ptxas_log
     assert c.info["spill stores (bytes)"] == 0
+
+
+def test_lazy_rescale_threshold_keeps_p_within_f16():
+    from tk_mlir.kernels import flash_attention as fa
+    cfg = {**fa._config(128, 4096, False), "RESCALE_THRESHOLD": 16.0}
+    q = tk.spec((1, 2, 256, 128), tk.f16)
+    with pytest.raises(tk.CompilationError, match=r"RESCALE_THRESHOLD is 0 \(off\) up to 15"):
+        fa.attention_kernel.compile(q, q, q, q, tk.spec((1, 2, 256), tk.f32),
+                                    tk.spec((1024,), "i32"), 0.125, D=128,
+                                    num_warps=4 * (cfg["CONSUMERS"] + 1), **cfg)
 
 
 @gpu

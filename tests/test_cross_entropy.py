@@ -174,6 +174,12 @@ def test_fake():
         for reduction, shape in (("mean", ()), ("sum", ()), ("none", (5,))):
             loss, lse = torch.ops.tk_mlir.cross_entropy(x, t, -100, reduction, 0.0)
             assert loss.shape == shape and loss.dtype == bf16 and lse.shape == (5,)
+        # the gradient is contiguous whatever the logits' strides, as the kernel writes it
+        xt = torch.empty(10, 5, dtype=bf16, device="cuda").T
+        dx = torch.ops.tk_mlir.cross_entropy_backward(
+            torch.empty((), device="cuda"), xt, t, torch.empty(5, device="cuda"), -100, "mean",
+            0.0)
+        assert dx.shape == (5, 10) and dx.is_contiguous()
 
 
 @gpu

@@ -163,6 +163,28 @@ def test_norms_without_weight_or_bias_in_the_interpreter(interpret, weight, bias
         assert torch.equal(y2, rms_norm(h, w, eps))
 
 
+def test_a_stand_in_made_under_inference_or_fake_mode_serves_later_training(interpret):
+    """The weight a None stands for, first made under torch.inference_mode()
+    or a FakeTensorMode, does not break a later call that autograd records
+    (an inference tensor cannot be saved for backward; a fake one is no
+    data)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tk_mlir.kernels import norms
+    x = torch.randn(4, 64).to(bf16)
+    with torch.inference_mode():
+        rms_norm(x)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        try:
+            layer_norm(torch.empty(4, 64, dtype=bf16))
+        except Exception:           # (the kernels take no fake tensors: its failure is fine)
+            pass
+    assert all(type(t) is torch.Tensor and not t.is_inference() for t in norms._CONSTANTS.values())
+    for norm in (rms_norm, layer_norm):
+        xg = x.clone().requires_grad_()
+        (dx,) = torch.autograd.grad(norm(xg).float().sum(), (xg,))
+        assert dx.isfinite().all()
+
+
 @gpu
 def test_norms_without_weight_or_bias_on_the_gpu():
     """layer_norm(x) and rms_norm(x) on the GPU, eagerly and compiled, with

@@ -417,9 +417,10 @@ class Tile(TileLike):
 
     def mul_row(self, v, *, skip_ones: bool = False):
         """Row i times v[i]. skip_ones=True: a warp whose factors are all 1
-        branches over its multiplies (the same result, fewer instructions
-        where most factors are 1, as an online softmax's rescale with a
-        lazily updated max makes them)."""
+        branches over its multiplies (fewer instructions where most factors
+        are 1, as an online softmax's rescale with a lazily updated max makes
+        them); the multiplies, behind the branch, no longer fuse with a
+        following add into an fma."""
         return self._broadcast("mul", "row", v, **_skip_ones(skip_ones))
 
     def mul_col(self, v, *, skip_ones: bool = False):

@@ -730,7 +730,7 @@ def _check_loss_gradient(fn: str, dloss, lse, rows_name: str, rows, reduction: s
 
 @cross_entropy_backward.register_fake
 def _(dloss, logits, target, lse, ignore_index, reduction, label_smoothing):
-    return torch.empty_like(logits)
+    return logits.new_empty(logits.shape)     # (contiguous, whatever logits' strides)
 
 
 def _cross_entropy_setup_context(ctx, inputs, output):

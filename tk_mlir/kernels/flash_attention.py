@@ -68,6 +68,9 @@ def attention_kernel(Q: tk.gl, K: tk.gl, V: tk.gl, O: tk.gl, LSE: tk.gl, TASKS: 
     every factor of O's rescale 1, which a warp then skips."""
     assert not (VARLEN and (CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0)), \
         "VARLEN takes causality and windows from its table"
+    assert 0 <= RESCALE_THRESHOLD <= 15, \
+        f"RESCALE_THRESHOLD is 0 (off) up to 15 (P < 2^15, within f16's range), got " \
+        f"{RESCALE_THRESHOLD}"
     assert tk.num_warps() == 4 * (CONSUMERS + 1), \
         f"{CONSUMERS} consumer warpgroups and a producer need num_warps={4 * (CONSUMERS + 1)}, " \
         f"the kernel has {tk.num_warps()}"

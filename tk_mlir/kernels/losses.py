@@ -221,6 +221,7 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     if n:
         cross_entropy_backward_kernel[(n,)](x, targets, lse_rows, scale, dx, v, ignore_index,
                                             label_smoothing)
+    del x               # (a padded copy: freed before dx's unpadded one is made)
     return dx if dx.shape[1] == v else dx[:, :v].contiguous()
 
 

@@ -259,16 +259,23 @@ def _or_constant(v, x, value: float):
     x's dtype and on its device, made once for each (D, dtype, device), so
     the kernels and their gradients stay those of an affine norm (the
     vector's gradient is never asked for). Left None where x is no row
-    tensor: _check says what is wrong with x. Not kept when made under
-    CUDA-graph capture (its fill runs only on replay) or torch.compile."""
+    tensor: _check says what is wrong with x. Made outside inference mode
+    (autograd saves it), and kept only when it is a plain tensor (not a
+    fake one) made outside CUDA-graph capture (whose fill runs only on
+    replay) and torch.compile."""
     import torch
     if v is not None or not isinstance(x, torch.Tensor) or x.dim() < 1:
         return v
     key = (value, x.shape[-1], x.dtype, x.device)
     made = _CONSTANTS.get(key)
     if made is None:
-        made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
-        if not (torch.compiler.is_compiling() or
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
+        else:
+            made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
+        if type(made) is torch.Tensor and not (   # (not a fake tensor)
+                torch.compiler.is_compiling() or
                 (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             _CONSTANTS[key] = made
     return made
