@@ -92,9 +92,9 @@ def cross_entropy_backward_kernel(X: tk.gl, T: tk.gl["i32"], LSE: tk.gl[f32],
                                   smoothing: float, CHUNK: tk.constexpr = CHUNK):
     """DX[r] = SCALE[r]·(softmax(X[r]) - (1 - smoothing)·onehot(T[r]) -
     smoothing / V) over X's first V columns (DX's columns past them, if any,
-    are 0), from the forward's LSE; 0 where T[r] is ignore_index. SCALE: the loss's gradient per row (for mean:
-    dloss / count). DX may be X itself (the gradient in place: each step
-    loads before it stores)."""
+    are 0), from the forward's LSE; 0 where T[r] is ignore_index. SCALE: the
+    loss's gradient per row (for mean: dloss / count). DX may be X itself
+    (the gradient in place: each step loads before it stores)."""
     row = tk.block_id(0)
     row_grad(X, DX, row, tk.load(T, (row,)), tk.load(LSE, (row,), (1,)), SCALE, V,
              ignore_index, smoothing, CHUNK)
