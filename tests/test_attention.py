@@ -359,6 +359,39 @@ def test_every_output_element_is_written(causal):
     assert ((lse - ref_lse).norm() / ref_lse.norm()).item() < 1e-4
 
 
+def test_a_copied_view_gives_outputs_laid_out_as_the_fakes_say(interpret):
+    """q, k, v as (B, N, H, D) views of rows padded to 68 (136-byte steps:
+    copied for the kernels): the op's o and the backward op's dq, dk, dv come
+    back laid out as torch.empty_like of the given views (what the fakes
+    return, and what inductor checks), and the eager o laid out like q."""
+    from tk_mlir.kernels import attention, custom_ops  # noqa: F401  (registers the ops)
+    g = torch.Generator().manual_seed(68)
+    x = torch.randn(1, 40, 3, 2, 68, generator=g).bfloat16()
+    q, k, v = (x[:, :, i, :, :64].transpose(1, 2) for i in range(3))
+    o, lse = torch.ops.tk_mlir.attention(q, k, v, True, 0.125)
+    assert o.stride() == torch.empty_like(q).stride()
+    grads = torch.ops.tk_mlir.attention_backward(torch.randn(o.shape, generator=g).bfloat16(),
+                                                 q, k, v, o, lse, True, 0.125)
+    assert all(d.stride() == torch.empty_like(t).stride() for d, t in zip(grads, (q, k, v)))
+    eager = attention(q, k, v, causal=True)
+    assert eager.stride() == torch.empty_like(q).stride() and torch.equal(eager, o)
+
+
+def test_compiled_attention_takes_symbolic_scale_and_softcap(interpret):
+    """torch.compile(dynamic=True, fullgraph=True) hands scale and softcap
+    as symbolic floats: the checks trace them (no math.isfinite), and two
+    calls with other values both match float64."""
+    from tk_mlir.kernels import attention
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 48, 64, generator=g).bfloat16() for _ in range(3))
+    f = torch.compile(lambda q, k, v, s, c: attention(q, k, v, scale=s, softcap=c),
+                      dynamic=True, fullgraph=True)
+    for s, c in ((0.1, 5.0), (0.2, 6.0)):
+        ref, _ = _window_reference(q.double(), k.double(), v.double(), False, (-1, -1), c, s)
+        o = f(q, k, v, s, c)
+        assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_scheduled_tasks_in_the_interpreter(causal, monkeypatch):
     """A task table that groups causal tasks by 2 heads of 5 (the last group

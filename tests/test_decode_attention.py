@@ -114,6 +114,27 @@ def test_dense_cache_in_the_interpreter(interpret, new, h, h_kv, causal, batch):
     assert _rel(lse[finite], rlse[finite]) < 1e-3
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_more_new_tokens_than_the_cache_holds_when_none_are_written(interpret, causal, paged):
+    """N_new = 40 queries over a cache of 32 keys (16-key pages), no k and v
+    to write: as attention with N > N_kv (causal: the first rows see no key,
+    0 and lse -inf)."""
+    g = torch.Generator().manual_seed(40 + causal + 2 * paged)
+    lens = torch.tensor([32, 9], dtype=torch.int32)
+    k, v = _cache(2, 32, 1, 64, lens, g)
+    q = _uniform(2, 40, 2, 64, generator=g)
+    table = None
+    if paged:
+        k, v, table = _paged(k, v, 16, g)
+    o, lse = attention_with_kvcache(q, k, v, lens, block_table=table, causal=causal,
+                                    return_lse=True)
+    ro, rlse = reference(q, k, v, lens, causal, table)
+    assert _rel(o, ro) < 1e-2
+    finite = rlse.isfinite()
+    assert torch.equal(lse.isfinite(), finite) and _rel(lse[finite], rlse[finite]) < 1e-3
+
+
 @pytest.mark.parametrize("causal, window, softcap", [
     (True, (100, -1), 0.0),        # a window's left edge mid-block, blocks before it skipped
     (False, (37, 5), 0.0),         # both edges, not causal (rows see 5 keys ahead... none here)

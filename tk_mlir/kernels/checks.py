@@ -81,6 +81,13 @@ def number(fn: str, name: str, value) -> float:
     return float(value)
 
 
+def finite(x) -> bool:
+    """Whether the number x is finite, in arithmetic a compiler can trace
+    (torch.compile hands a symbolic float, which math.isfinite refuses):
+    x - x is 0 but for inf and NaN."""
+    return x - x == 0
+
+
 def describe(value) -> str:
     """A tensor's shape, dtype and device (or the type of a non-tensor), for messages."""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
@@ -119,6 +126,18 @@ def kernel_operand(t, dtype=None):
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and not overlapping(t)
     ok = ok and all(s * size % 16 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1)
     return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
+def laid_out_as_given(t, given, used):
+    """t, an output computed from `used` (`given` itself, or the copy of it
+    kernel_operand made), laid out as torch.empty_like(given) lays it out
+    (an op's fake does): a copy only where `used` was a copy of another
+    layout."""
+    if used is given:
+        return t
+    import torch
+    want = torch.empty_like(given)
+    return t if want.stride() == t.stride() else want.copy_(t)
 
 
 def as_rows(t, view: bool = False):
@@ -306,7 +325,7 @@ def attention_scale(fn: str, value, d: int) -> float:
     if value is None:
         return 1.0 / math.sqrt(d)
     value = number(fn, "scale", value)
-    if not (math.isfinite(value) and value > 0):
+    if not (finite(value) and value > 0):
         raise ValueError(f"{fn}: scale must be a positive finite number, got {value!r}")
     return value
 
@@ -333,9 +352,8 @@ def softcap(fn: str, value) -> float:
 
 def nonnegative(fn: str, name: str, value, note: str = "") -> float:
     """`value` as a finite float >= 0 (eps, softcap); `note` follows the rule."""
-    import math
     value = number(fn, name, value)
-    if not (math.isfinite(value) and value >= 0):
+    if not (finite(value) and value >= 0):
         raise ValueError(f"{fn}: {name} must be a finite number >= 0{note}, got {value!r}")
     return value
 

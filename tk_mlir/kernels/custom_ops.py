@@ -921,8 +921,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     scale, left, right, softcap = checks.attention_options(
         "attention", q.shape[-1], flash_attention.reach(q, k), scale, (left, right), softcap)
     checks.on_cuda("attention", "q", q)
+    given = q
     q, k, v = (checks.kernel_operand(t) for t in (q, k, v))   # (rows the kernels cannot read)
-    return attention_forward(q, k, v, causal, scale, (left, right), softcap)
+    o, lse = attention_forward(q, k, v, causal, scale, (left, right), softcap)
+    return checks.laid_out_as_given(o, given, q), lse
 
 
 def attention_forward(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, planned=None):
@@ -985,10 +987,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     fn = "attention_backward"
     flash_attention._check(q, k, v)
     _check_attention_gradients(fn, do, o, dlse, lse, q)
-    q, k, v = (checks.kernel_operand(t) for t in (q, k, v))
-    return flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,
-                                              lse, causal, scale, deterministic, left, right,
-                                              softcap, dlse)
+    given = (q, k, v)
+    q, k, v = (checks.kernel_operand(t) for t in given)
+    grads = flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,
+                                               lse, causal, scale, deterministic, left, right,
+                                               softcap, dlse)
+    return tuple(checks.laid_out_as_given(g, t, u) for g, t, u in zip(grads, given,
+                                                                      (q, k, v)))
 
 
 def _check_attention_gradients(fn: str, do, o, dlse, lse, q) -> None:

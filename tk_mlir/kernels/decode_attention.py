@@ -577,9 +577,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
         if k_cache.shape[0] != B:
             raise ValueError(f"{fn}: k_cache must be (B={B}, N_max, H_kv, D) without a "
                              f"block_table, got {tuple(k_cache.shape)}")
-        if k_cache.shape[1] < N_new:
+        if k is not None and k_cache.shape[1] < N_new:
             raise ValueError(f"{fn}: the cache holds N_max={k_cache.shape[1]} keys, fewer "
-                             f"than the N_new={N_new} new tokens")
+                             f"than the N_new={N_new} new tokens k and v to write")
     else:
         checks.tensor(fn, "block_table", block_table, ndim=2, dtypes=(torch.int32,))
         checks.like(fn, "block_table", block_table, "q", q, dtype=False)
@@ -590,9 +590,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
         if page % 16 or not 16 <= page <= 256:
             raise ValueError(f"{fn}: the page size (k_cache.shape[1] with a block_table) must "
                              f"be a multiple of 16 from 16 to 256, got {page}")
-        if block_table.shape[1] * page < N_new:
+        if k is not None and block_table.shape[1] * page < N_new:
             raise ValueError(f"{fn}: block_table maps {block_table.shape[1]} pages of {page} "
-                             f"keys, fewer than the N_new={N_new} new tokens")
+                             f"keys, fewer than the N_new={N_new} new tokens k and v to write")
         if block_table.stride(-1) != 1:
             raise ValueError(f"{fn}: block_table's rows must be contiguous (stride 1), got "
                              f"strides {tuple(block_table.stride())}")

@@ -514,8 +514,15 @@ def _prepare(q, k, v, causal, scale, return_lse, deterministic, window, softcap)
                         grad)
     if all(checks.kernel_operand(t) is t for t in (q, k, v)):   # (strides, alignment: keyed)
         return run
-    # views whose rows the kernels cannot read (not 16-byte aligned): copied, differentiably
-    return lambda q, k, v: run(*(checks.kernel_operand(t) for t in (q, k, v)))
+
+    def run_copied(q, k, v):
+        """Views whose rows the kernels cannot read (not 16-byte aligned)
+        copied, differentiably; o laid out like q still."""
+        used = [checks.kernel_operand(t) for t in (q, k, v)]
+        out = run(*used)
+        o = checks.laid_out_as_given(out[0] if return_lse else out, q, used[0])
+        return (o, out[1]) if return_lse else o
+    return run_copied
 
 
 def _prepared_run(planned, causal, scale, return_lse, deterministic, left, right, softcap, grad):
