@@ -207,6 +207,27 @@ def test_gradients_interpreted_against_float64(interpret, T, K, N, offs, layout)
                 weights(len(offs), K, N, layout, gen=gen), offs)
 
 
+@pytest.mark.parametrize("n", [8, 200])          # DC's tiles of 128 and 256 columns
+def test_a_non_finite_gradient_row_stays_in_its_product(interpret, n):
+    """NaN in the output gradient's row 2 (product 0's) leaves products 1
+    and 2's db finite, and NaN past offs[-1] (rows that are zeros whatever
+    a and b) leaves every db finite: the weight gradient zeroes the other
+    products' rows of dc as of a (0 times NaN is NaN)."""
+    g = torch.Generator().manual_seed(n)
+    a = torch.randn(20, 16, generator=g).bfloat16().requires_grad_()
+    b = torch.randn(3, 16, n, generator=g).bfloat16().requires_grad_()
+    dc = torch.randn(20, n, generator=g).bfloat16()
+    dc[2] = float("nan")
+    (db,) = torch.autograd.grad(grouped_mm(a, b, [5, 12, 20]), (b,), dc)
+    assert [bool(db[i].isfinite().all()) for i in range(3)] == [False, True, True]
+    dc = torch.randn(20, n, generator=g).bfloat16()
+    dc[12:] = float("nan")
+    (db,) = torch.autograd.grad(grouped_mm(a, b, [5, 12, 12]), (b,), dc)
+    ref = torch.stack([a[:5].double().T @ dc[:5].double(), a[5:12].double().T @ dc[5:12].double(),
+                       torch.zeros(16, n, dtype=torch.float64)])
+    assert db.isfinite().all() and ((db.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("need", [(True, False), (False, True)])
 def test_only_the_gradient_asked_for(interpret, need):
     check_grads(cpu(150, 64), weights(3, 64, 128, "nk"), [40, 40, 150], need=need)

@@ -107,9 +107,10 @@ def ragged_weight_grad_kernel(A: tk.gl, DC: tk.gl, DB: tk.gl, OFFS: tk.gl["i32"]
     at OFFS[g] (clamped to [0, T]): grouped_mm's gradient for b, a sum over
     each product's rows. A task is one 128 x BN tile of one DB[g] (K x N);
     it walks the 64-row windows of A and DC that hold g's rows, and zeroes
-    the other products' rows of its first and last windows in A (each
-    consumer its own 64 columns) before their MMA. A product without rows
-    gets zeros."""
+    the other products' rows of its first and last windows in A and in DC
+    (each consumer its own 64 columns of A and half of DC's, so a non-finite
+    value there stays out of g's sum) before their MMA. A product without
+    rows gets zeros."""
     T, K = A.shape
     N = DB.shape[2]
     tiles_m, tiles_n = tk.cdiv(K, 128), tk.cdiv(N, BN)
@@ -142,11 +143,14 @@ def ragged_weight_grad_kernel(A: tk.gl, DC: tk.gl, DB: tk.gl, OFFS: tk.gl["i32"]
         _, _, _, first, end = where
         top = (first // 64 + k) * 64
         if (top < first) | (top + 64 > end):        # other products' rows: zeros
-            columns = a.column_block(wg)
-            x = tk.load(columns, layout="row", scope="warpgroup")
-            rows = x.row_indices() + top
-            tk.store(columns, tk.where((rows >= first) & (rows < end), x, 0.0))
-            tk.named_barrier(1 + wg, warps=4)
+            # in DC too: 0 times an inf or NaN there would still reach this sum
+            blocks = [a.column_block(wg)] + [b.column_block(wg * (BN // 128) + j)
+                                             for j in tk.static_range(BN // 128)]
+            for columns in blocks:
+                x = tk.load(columns, layout="row", scope="warpgroup")
+                rows = x.row_indices() + top
+                tk.store(columns, tk.where((rows >= first) & (rows < end), x, 0.0))
+            tk.named_barrier(3, warps=8)            # (both halves of DC, before either MMA)
 
     def setup(task, wg):
         return tk.zeros((64, BN), f32, layout="row", scope="warpgroup")
