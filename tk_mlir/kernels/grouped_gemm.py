@@ -629,11 +629,20 @@ def planned_grads(a, b, b_layout: str):
             da = torch.zeros((G, M, K), dtype=dtype, device=device)
             product_a(dc, b, da, _table(sizes, M, dense))
         if need_b:
-            dc = torch.where(written_rows(sizes, M)[..., None], dc, 0)
+            dc, a = _counted_rows(sizes, M, dc, a)
             db = torch.empty(db_shape, dtype=dtype, device=device)
             product_b(*((dc, a) if nk else (a, dc)), db)
         return da, db
     return run
+
+
+def _counted_rows(sizes, M: int, *tensors):
+    """Each (G, M, X) tensor with the rows past each product's last tile
+    (written_rows) set to 0: db's GEMM reads all M rows of dc and a, and
+    0 times the inf or NaN an uninitialised padding row may hold is NaN."""
+    import torch
+    rows = written_rows(sizes, M)[..., None]
+    return tuple(torch.where(rows, t, 0) for t in tensors)
 
 
 def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: bool = True):
@@ -641,8 +650,8 @@ def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: b
     not needed. c's rows below each product's tile end (sizes[g] rounded up
     to 128, at most M) are products of a's rows, the rest are constant: da
     is grouped_matmul(dc, b) over the same rows (zeros beyond), db the
-    batched dcᵀ·a with dc's other rows masked to 0 (the K x M GEMM, no
-    transposed copy; every row of a product is read, padding included)."""
+    batched dcᵀ·a over the same rows, dc's and a's others masked to 0 (the
+    K x M GEMM, no transposed copy)."""
     import torch
     G, M, _ = a.shape
     dc = checks.kernel_operand(dc, a.dtype)
@@ -651,7 +660,7 @@ def grouped_grads(dc, a, b, sizes, b_layout: str, need_a: bool = True, need_b: b
         da = torch.zeros_like(a)
         launch(dc, b, sizes, da, "kn" if b_layout == "nk" else "nk")
     if need_b:
-        dc = torch.where(written_rows(sizes.to(dc.device), M)[..., None], dc, 0)
+        dc, a = _counted_rows(sizes.to(dc.device), M, dc, a)
         db = torch.empty_like(b)        # nk: dcᵀ·a (N x K); kn: aᵀ·dc (K x N)
         gemm.launch(*((dc, a) if b_layout == "nk" else (a, dc)), db, "kn", a_layout="km")
     return da, db
