@@ -755,7 +755,10 @@ def linear_attention(q, k, v, feature_map: str | None = None, causal: bool = Tru
     recurrence's). o has v's shape and
     dtype, contiguous. Differentiable in q, k, v and the initial state, and
     the returned state is differentiable too; under torch.compile the
-    custom op torch.ops.tk_mlir.linear_attention."""
+    custom op torch.ops.tk_mlir.linear_attention. Causal: an inf or NaN in v
+    at token t also reaches the tokens before t in its 64-token chunk (a
+    masked weight of 0 times inf is NaN in the chunk's MMA): pad sequences
+    with zeros, not uninitialised memory."""
     import torch
     _check(q, k, v, feature_map, causal, normalize, initial_state, return_state)
     scale = checks.attention_scale("linear_attention", scale, q.shape[-1])

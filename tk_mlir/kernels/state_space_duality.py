@@ -433,7 +433,10 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, D=None, initial_state=None,
     order: their last bits may differ between runs.
 
     The decays' signs are not checked (that needs a host synchronisation):
-    with dt·A > 0 the chunk's exponents grow, and may overflow to inf."""
+    with dt·A > 0 the chunk's exponents grow, and may overflow to inf. An
+    inf or NaN in x, B or dt at token t also reaches the tokens before t
+    in its 64-token chunk (a masked weight of 0 times inf is NaN in the
+    chunk's MMA): pad sequences with zeros, not uninitialised memory."""
     import torch
     _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state)
     checks.on_cuda("ssd", "x", x)
