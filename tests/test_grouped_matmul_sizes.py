@@ -43,6 +43,15 @@ def test_a_size_not_an_int_is_refused():
         grouped_matmul(A, B, [1, 2.5, 3])
 
 
+def test_numpy_ints_are_sizes_and_a_bare_int_is_refused(interpret):
+    import numpy as np
+    ref = grouped_matmul(A, B, [1, 2, 3])
+    assert torch.equal(grouped_matmul(A, B, [np.int64(1), np.int32(2), 3]), ref)
+    with pytest.raises(TypeError, match=r"grouped_matmul: sizes must be G=3 row counts, a list "
+                                        r"of ints or a 1-D int32 or int64 tensor on cpu, got int"):
+        grouped_matmul(A, B, 3)
+
+
 def test_sizes_of_another_length_are_refused():
     with pytest.raises(ValueError, match=r"sizes must be a 1-D int32 or int64 tensor of G=3 "
                                          r"row counts on cpu, got shape \(2,\) torch.int64"):

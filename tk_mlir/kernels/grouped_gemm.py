@@ -263,7 +263,7 @@ def check_offs(offs, a, fn: str = "grouped_mm"):
     else is returned as it is (check_ragged says what is wrong with it)."""
     import torch
     if isinstance(offs, (list, tuple)):
-        _host_ints(fn, "offs", offs, "a row end")
+        offs = _host_ints(fn, "offs", offs, "a row end")
         if any(not -2**31 <= n < 2**31 for n in offs):
             raise ValueError(f"{fn}: offs must be int32 row ends, got {list(offs)}")
         offs = torch.tensor(offs, dtype=torch.int32).reshape(len(offs))
@@ -530,9 +530,12 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     import torch
     G, M = a.shape[0], a.shape[1]
     if isinstance(sizes, (list, tuple)):
-        _host_ints(fn, "sizes", sizes, "a row count")
+        sizes = _host_ints(fn, "sizes", sizes, "a row count")
         sizes = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes))
     on = str(a.device) if a.device.type == "cpu" else f"the CPU or {a.device}"
+    if not isinstance(sizes, torch.Tensor):
+        raise TypeError(f"{fn}: sizes must be G={G} row counts, a list of ints or a 1-D int32 "
+                        f"or int64 tensor on {on}, got {checks.describe(sizes)}")
     if not isinstance(sizes, torch.Tensor) or sizes.dim() != 1 or sizes.shape[0] != G or \
             sizes.dtype not in (torch.int32, torch.int64) or \
             sizes.device not in (a.device, torch.device("cpu")):
@@ -549,13 +552,15 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     return sizes
 
 
-def _host_ints(fn: str, name: str, values, what: str) -> None:
-    """Each of a list's values is an int (not a bool), else a TypeError
-    naming name[g]."""
+def _host_ints(fn: str, name: str, values, what: str) -> list[int]:
+    """A list's values as ints: each an integer (a numpy one too), not a
+    bool, else a TypeError naming name[g]."""
+    import numbers
     for g, n in enumerate(values):
-        if not isinstance(n, int) or isinstance(n, bool):
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool):
             raise TypeError(f"{fn}: {name}[{g}] must be an int ({what}), got "
                             f"{type(n).__name__} {n!r}")
+    return [int(n) for n in values]
 
 
 def grouped_schedule(sizes, M: int):
