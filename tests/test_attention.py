@@ -477,7 +477,7 @@ def test_lazy_rescale_on_the_gpu(monkeypatch, d, causal):
     (the max rarely moves after the first block: warps skip the rescale)
     and keys that grow along the sequence (it must move)."""
     from tk_mlir.kernels import eager, flash_attention as fa
-    monkeypatch.setattr(fa, "RESCALE_THRESHOLD", 8.0)
+    monkeypatch.setitem(fa.RESCALE_THRESHOLDS, d, 8.0)
     eager.forget_all()
     g = torch.Generator(device="cuda").manual_seed(d + causal)
     q, k, v = (torch.randn(2, 4, 1500, d, device="cuda", generator=g) for _ in range(3))

@@ -324,15 +324,18 @@ def yield_mmas(wg, consumers):
 LONG_KV = 8192
 LONG_KV_256 = 4096
 
-# attention_kernel's RESCALE_THRESHOLD (log2 units; 0: O rescaled every step).
-RESCALE_THRESHOLD = 0.0
+# attention_kernel's RESCALE_THRESHOLD per head dim (log2 units; absent: 0, O
+# rescaled every step). Timed on the H100 (BENCHMARKS.md, 12-07 13:00): D=256
+# gains 1.6-3.7%; D=128 causal loses 1.5-5.5%, D=64 causal 0.2-0.6%, D=128
+# unmasked moves 0.2-0.7%.
+RESCALE_THRESHOLDS = {256: 8.0}
 
 
 def _config(d: int, n_kv: int = 0, causal: bool = False) -> dict:
     """Tile configuration per head dim (and, at D=128, key count and
     causality; at D=256, key count). setmaxnreg only moves registers
     between warpgroups: the split must fit what the block starts with."""
-    return {**_tiles(d, n_kv, causal), "RESCALE_THRESHOLD": RESCALE_THRESHOLD}
+    return {**_tiles(d, n_kv, causal), "RESCALE_THRESHOLD": RESCALE_THRESHOLDS.get(d, 0.0)}
 
 
 def _tiles(d: int, n_kv: int, causal: bool) -> dict:
