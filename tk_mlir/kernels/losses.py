@@ -170,8 +170,9 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
     """(loss, lse) of cross_entropy_kernel on checked arguments: loss reduced
     as asked, lse (N,) f32 (kept for the backward)."""
     import torch
+    from tk_mlir.kernels import gemm
     n, v = logits.shape
-    x = _padded(logits)
+    x = gemm.padded_rows(logits)     # (rows not whole vectors: zeros past V, which it takes)
     rows = -(-n // 4) * 4                       # f32 vectors of whole 16-byte rows
     loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
@@ -179,20 +180,6 @@ def launch(logits, target, ignore_index: int, reduction: str, label_smoothing: f
         cross_entropy_kernel[(n,)](x, _targets(target, rows, v, ignore_index), loss_rows,
                                    lse, v, ignore_index, label_smoothing)
     return _reduced(loss_rows[:n], target, ignore_index, reduction).to(logits.dtype), lse[:n]
-
-
-def _padded(logits):
-    """logits as the kernels read them: itself where they can as it lies, a
-    contiguous copy of a view they cannot (a misaligned or transposed one),
-    and for rows that are not whole 16-byte vectors (V not a multiple of 8)
-    a copy whose rows are, its extra columns zero (the kernels take the true V)."""
-    n, v = logits.shape
-    per = 16 // logits.element_size()
-    if v % per == 0:
-        return checks.kernel_operand(logits)
-    x = logits.new_zeros(n, -(-v // per) * per)
-    x[:, :v] = logits
-    return x
 
 
 def _reduced(loss, target, ignore_index: int, reduction: str):
@@ -210,8 +197,9 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index: int, reduct
     """d logits of cross_entropy given the loss's gradient dloss (a scalar,
     or (N,) with reduction="none") and the forward's lse."""
     import torch
+    from tk_mlir.kernels import gemm
     n, v = logits.shape
-    x = _padded(logits)
+    x = gemm.padded_rows(logits)
     rows = -(-n // 4) * 4
     targets = _targets(target, rows, v, ignore_index)
     scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
