@@ -185,6 +185,21 @@ def test_a_stand_in_made_under_inference_or_fake_mode_serves_later_training(inte
         assert dx.isfinite().all()
 
 
+def test_compiled_norms_without_weight_make_their_stand_in_in_the_graph(interpret,
+                                                                          monkeypatch):
+    """torch.compile(fullgraph=True) of layer_norm(x) and rms_norm(x) with no
+    stand-in cached yet: made inside the traced call (no inference-mode
+    query there), nothing cached, the results those of float64 torch."""
+    from tk_mlir.kernels import norms
+    monkeypatch.setattr(norms, "_CONSTANTS", {})
+    F = torch.nn.functional
+    x = torch.randn(4, 64).to(bf16)
+    for norm, ref in ((layer_norm, F.layer_norm(x.double(), (64,))),
+                      (rms_norm, F.rms_norm(x.double(), (64,), eps=1e-6))):
+        assert _rel(torch.compile(norm, fullgraph=True)(x), ref) < 1e-2
+    assert not norms._CONSTANTS
+
+
 @gpu
 def test_norms_without_weight_or_bias_on_the_gpu():
     """layer_norm(x) and rms_norm(x) on the GPU, eagerly and compiled, with

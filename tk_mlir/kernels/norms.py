@@ -10,6 +10,7 @@ past D read as 0 and are not written.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import tk_mlir as tk
@@ -269,14 +270,13 @@ def _or_constant(v, x, value: float):
     key = (value, x.shape[-1], x.dtype, x.device)
     made = _CONSTANTS.get(key)
     if made is None:
-        if torch.is_inference_mode_enabled():
-            with torch.inference_mode(False):
-                made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
-        else:
+        compiling = torch.compiler.is_compiling()
+        # (asked only outside torch.compile, which traces no inference-mode query)
+        switch = not compiling and torch.is_inference_mode_enabled()
+        with torch.inference_mode(False) if switch else contextlib.nullcontext():
             made = torch.full(key[1:2], value, dtype=x.dtype, device=x.device)
         if type(made) is torch.Tensor and not (   # (not a fake tensor)
-                torch.compiler.is_compiling() or
-                (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+                compiling or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             _CONSTANTS[key] = made
     return made
 
