@@ -20,9 +20,11 @@ Placing a column repeat above the column bits and below the row bits keeps the
 blocks along K, then 64-row blocks: lowering/mma.py).
 
 Named tile layouts:
-  vec  runs of 8 elements along a row per thread; lanes along columns first,
-       then rows; warps along rows, then columns. Wide, coalesced accesses:
-       the default for elementwise and normalization kernels.
+  vec  runs of 8 elements along a row per thread (shorter, down to 2, where
+       a tile with a repeat would otherwise be copied whole into several
+       warps); lanes along columns first, then rows; warps along rows, then
+       columns. Wide, coalesced accesses: the default for elementwise and
+       normalization kernels.
   row  ThunderKittens' MMA fragment layout (16x16 base tiles: lane/4 picks
        the row, lane%4 a column pair); warps stack along rows.
   col  `row` transposed.
@@ -302,11 +304,29 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
     wb = _log2(num_warps, "warps")
     if cols < VEC_RUN or cb < 3:
         raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
-    need, nxt = {0: rb, 1: cb}, {0: 0, 1: 3}
+    run = _vec_run_bits(rb + cb, wb, repeats=rm > 1 or cm > 1)
+    need, nxt = {0: rb, 1: cb}, {0: 0, 1: run}
     lane = _fill(need, nxt, 5, (1, 0))
     warp = _fill(need, nxt, wb, (0, 1))
-    reg = _registers(((1, 0), (1, 1), (1, 2)), need, nxt, {0: rm, 1: cm})
+    reg = _registers(tuple((1, i) for i in range(run)), need, nxt, {0: rm, 1: cm})
     return Layout((rows, cols), reg, lane, warp)
+
+
+def _vec_run_bits(element_bits: int, warp_bits: int, repeats: bool) -> int:
+    """log2 of a vec thread's run along a row: VEC_RUN, but where a tile with a
+    repeat has too few power-of-two element bits left for the lanes and warps
+    (a (48, 80) tile: 8 bits, 16 elements of each of its 3 x 5 blocks), each
+    bit taken off the run goes to a thread instead of copying the whole tile
+    into more warps (each copy holds every repeat: 120 registers a thread for
+    (48, 80) over 4 warps at a run of 8, 30 at 2). The run stays at least 2
+    (column pairs: 32-bit registers of 16-bit elements, swap_pairs). Power-of-
+    two tiles keep the run of 8: their copies are small (one 1 x 256 row over
+    8 warps: 8 registers) and 16-byte accesses matter more there."""
+    full = VEC_RUN.bit_length() - 1
+    if not repeats:
+        return full
+    short = 5 + warp_bits + full - element_bits      # bits the threads would copy over
+    return max(1, full - max(0, short))
 
 
 def mma_row(rows: int, cols: int, num_warps: int) -> Layout:

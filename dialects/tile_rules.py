@@ -67,8 +67,10 @@ def _layout_ok(t, num_warps: int) -> None:
     size = T.itemsize(t.dtype) if packed else 4
     regs = -(-layout.num_regs * size // 4)
     limit = target.current().max_registers_per_thread
+    # (where warps already hold copies of the tile, more warps would only add copies)
     fix = ("load the tensor tile a piece of columns at a time (tk.load(acc.columns(start, "
-           "128)))" if t.layout == "tmem" else "use a smaller tile or more warps")
+           "128)))" if t.layout == "tmem" else "use a smaller tile"
+           + ("" if layout.replicated_bits("warp") else " or more warps"))
     _require(regs <= limit, f"{T.show(t)} needs {regs} registers per thread "
              f"(at most {limit} for one tile); {fix}")
 

@@ -635,7 +635,7 @@ def k_spread_in_call(X: tk.gl[f32]):
      "a condition must be a comparison or a bool"),
     (k_range_over_tile, "range-tile", "range(t)", "range bounds must be integers, got 0, <Tile"),
     (k_method_arity, "method-arity", "t.row_sum",
-     "TypeError: Tile.row_sum() takes 1 positional argument but 4 were given"),
+     "row_sum(): too many positional arguments"),
     (k_static_range_float, "static-range-float", "tk.static_range",
      "TypeError: 'float' object cannot be interpreted as an integer"),
     (k_tuple_index, "tuple-index", "a[5]", "IndexError: tuple index out of range"),
@@ -854,6 +854,12 @@ def k_misspelled_name(X: tk.gl[f32]):
     tk.store(X, xx, (0, 0))  # E:misspelled-name
 
 
+@tk.kernel
+def k_numpy_method(X: tk.gl[f32]):
+    x = tk.load(X, (0, 0), (16, 64))
+    tk.store(X, x.sum(), (0, 0))  # E:numpy-method
+
+
 def make_closure_kernel():
     scale = 2.0
 
@@ -874,6 +880,8 @@ def make_closure_kernel():
     (k_misspelled_method, "misspelled-store", "tk.store", "did you mean 'cache'?"),
     (k_misspelled_name, "misspelled-name", "xx",
      "name 'xx' is not defined; did you mean 'x'?"),
+    (k_numpy_method, "numpy-method", "x.sum", "has no attribute 'sum'; did you mean 'col_sum' "
+                                              "or 'row_sum'?"),
     (make_closure_kernel(), "closure", "scale", "'scale' is a variable of the function this "
                                                 "one is defined in (a closure)"),
 ])

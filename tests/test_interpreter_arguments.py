@@ -276,3 +276,15 @@ def test_requires_grad_tensors_are_read_and_written_as_on_the_gpu(dtype):
     z = torch.full((32, 64), float("nan"), dtype=dtype)
     scale.interpret[(2,)](x * 2, z, 0.5)
     assert rel_err(z, as_float64(x.detach())) < tol
+
+
+def test_a_call_without_a_grid_says_how_to_give_one():
+    """`kernel(x, y)` and `kernel.interpret(x, y)` forget the grid: a TypeError
+    that shows the indexing, not Python's "object is not callable"."""
+    x = torch.rand(16, 64)
+    y = torch.full_like(x, float("nan"))
+    with pytest.raises(TypeError, match=r"scale\[grid\]\(\.\.\.\)"):
+        scale(x, y, 2.0)
+    with pytest.raises(TypeError, match=r"scale\.interpret\[grid\]\(\.\.\.\)"):
+        scale.interpret(x, y, 2.0)
+    assert torch.isnan(y).all()               # (nothing ran)

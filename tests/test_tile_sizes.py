@@ -79,6 +79,37 @@ def test_a_power_of_two_layout_has_no_repeat_and_a_16k_side_one():
     assert row.slice(1).encode() == "r[1,8,16*11]l[2,4,x,x,x]w[x,x]"
 
 
+@pytest.mark.parametrize("rows,cols,warps,run,regs", [
+    (48, 80, 4, 2, 30), (48, 80, 8, 2, 30), (176, 48, 4, 2, 66), (16, 80, 4, 2, 10),
+    (1, 80, 4, 2, 10), (64, 80, 4, 8, 40), (48, 80, 1, 8, 120), (1, 256, 8, 8, 8)])
+def test_a_vec_tile_with_a_repeat_shortens_its_run_before_warps_copy_it(rows, cols, warps, run,
+                                                                        regs):
+    """A vec tile whose power-of-two part is smaller than its threads takes
+    bits off its run of 8 (down to 2) for the lanes and warps, so that its
+    repeats are not held by copies in several warps; a tile that fills its
+    threads, and any power-of-two tile, keeps the run of 8."""
+    layout = layouts.tile_layout("vec", rows, cols, warps)
+    assert (layout.vector_run(1), layout.num_regs) == (run, regs)
+    if rows * cols >= 64 * warps:               # (2 elements for each thread, at least)
+        assert not layout.replicated_bits("warp") or warps == 8 and rows == 48
+
+
+def test_a_tile_too_large_for_its_threads_says_what_would_help():
+    """More warps help a tile whose warps hold no copies; where they do, they
+    would only add copies, and the error says to take a smaller tile."""
+    @tk.kernel(num_warps=1)
+    def big(X: tk.gl[f32], R: tk.constexpr, C: tk.constexpr):
+        tk.store(X, tk.load(X, (0, 0), (R, C)) + 1.0, (0, 0))
+
+    spec = tk.spec((512, 4096), f32)
+    with pytest.raises(tk.CompilationError, match="use a smaller tile or more warps"):
+        big.compile(spec, R=176, C=48)
+    big.compile(spec, R=176, C=48, num_warps=4)     # (66 registers a thread)
+    with pytest.raises(tk.CompilationError) as e:
+        big.compile(spec, R=1, C=4080, num_warps=4)    # (255 x 16 columns: copies)
+    assert "use a smaller tile" in str(e.value) and "more warps" not in str(e.value)
+
+
 @pytest.mark.parametrize("rows,cols", [(64, 48), (128, 176), (192, 80), (64, 96), (128, 112)])
 def test_row_registers_are_in_wgmma_fragment_order(rows, cols):
     """lowering/mma.py hands the row layout's registers to wgmma as they are:

@@ -265,9 +265,13 @@ class KernelBuilder(ast.NodeVisitor):
         except (CompilationError, InternalCompilerError):
             raise
         except Exception as e:
-            misbound = isinstance(e, TypeError) and _misbound(fn, args, kwargs)
+            # (calling fn wrongly, too many arguments or a missing one: the caller's mistake;
+            # Python's own message says it well but for a method's, which counts self)
+            unbound = _unbound_reason(fn, args, kwargs) if isinstance(e, TypeError) else None
+            misbound = unbound is not None
             if misbound:
-                message = _bad_keyword(_signature(fn), _callee_name(fn), kwargs)
+                message = _bad_keyword(_signature(fn), _callee_name(fn), kwargs) or \
+                    (unbound if inspect.ismethod(fn) else None)
                 if message is not None:
                     raise self.error(node, message) from None
             inside = e.__traceback__.tb_next      # the frames below this one: fn's
@@ -805,7 +809,7 @@ class KernelBuilder(ast.NodeVisitor):
             value = getattr(obj, node.attr)
         except AttributeError as e:
             message = str(e) if isinstance(obj, V.Global) else \
-                f"{obj!r} has no attribute '{node.attr}'"
+                f"{obj!r} has no attribute '{node.attr}'" + _attribute_hint(obj, node.attr)
             raise self.error(node, message) from None
         if self.recorder is not None and not _is_runtime(obj):
             self.recorder.attribute(obj, node.attr, value)
@@ -1098,16 +1102,29 @@ class LocalFunc:
         return dict(self.definer.scope) if self.definer is not None else {}
 
 
-def _misbound(fn, args, kwargs) -> bool:
-    """Whether calling fn with these arguments fails on the arguments
-    themselves (too many, a missing one): the caller's mistake."""
+def _attribute_hint(obj, name: str) -> str:
+    """"; did you mean ...?" with the public attributes of obj that have
+    `name` as a word (sum: row_sum, col_sum) or are spelled like it."""
+    known = [n for n in dir(obj) if not n.startswith("_")]
+    close = [n for n in known if name in n.split("_")] or \
+        difflib.get_close_matches(name, known, n=2)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def _unbound_reason(fn, args, kwargs) -> str | None:
+    """Why fn's signature does not take these arguments (too many, a missing
+    one), against the signature as the user calls it (a method's without
+    self, which Python's own message counts and names by its class:
+    "TileLike.exp() takes 1 positional argument but 2 were given"); None if
+    it takes them or has no signature (some C functions)."""
+    signature = _signature(fn)
+    if signature is None:
+        return None
     try:
-        inspect.signature(fn).bind(*args, **kwargs)
-    except TypeError:
-        return True
-    except ValueError:      # no signature to check (some C functions)
-        return False
-    return False
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        return f"{_callee_name(fn)}{signature}: {e}"
+    return None
 
 
 def _signature(fn) -> inspect.Signature | None:

@@ -393,6 +393,11 @@ class _Interpreting:
         run = self.kernel._interpret_ranks if self.ranks else self.kernel._interpret
         return functools.partial(run, grid)
 
+    def __call__(self, *args, **kwargs):
+        name = "interpret_ranks" if self.ranks else "interpret"
+        raise TypeError(f"run a kernel in the interpreter with a grid: "
+                        f"{self.kernel.__name__}.{name}[grid](...)")
+
 
 _INTERPRET_ALL: bool | None = None
 
