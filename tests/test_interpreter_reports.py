@@ -1253,3 +1253,34 @@ def test_a_write_write_race_names_the_other_warp_and_its_line():
         m = re.search(rf"also written at {re.escape(str(HERE))}:{lines[other]} by warp (\d+),",
                       e.message)
         assert m and int(m.group(1)) // 4 == other, e.message
+
+
+@tk.kernel(num_warps=4)
+def vector_through_shared(X: tk.gl[f32], Y: tk.gl[f32], BUG: tk.constexpr = False):
+    """Y = X minus its row maxima, the maxima through a shared vector: each
+    warp of the block tile's row_max holds (and stores) its own rows' elements,
+    no race. BUG: each warp stores the column sums of its own 16 rows of X
+    (a warp-scope vector) into the whole shared vector, one write over
+    another's."""
+    mx = tk.shared_vector(f32, 64)
+    x = tk.load(X, (0, 0), (64, 128))
+    if BUG:
+        tk.store(mx, tk.load(X, (tk.warp_id(), 0), (16, 64), scope="warp").col_sum())  # MARK: vs
+    else:
+        tk.store(mx, x.row_max())
+    tk.barrier()
+    tk.store(Y, x.sub_row(tk.load(mx)), (0, 0))
+
+
+def test_a_row_reduction_stored_to_a_shared_vector_is_no_race():
+    """The block tile's row maxima live in different warps (the vector's warp
+    bits step along it): their stores touch different elements, whatever the
+    interleaving; different values stored over the same elements still race."""
+    x = torch.randn(64, 128)
+    for seed in range(3):
+        y = torch.full_like(x, float("nan"))
+        interpret_at(seed, vector_through_shared, x, y)
+        want = x.double() - x.double().amax(1, keepdim=True)
+        assert ((y.double() - want).norm() / want.norm()).item() < 1e-6
+    e = report(vector_through_shared, x, torch.empty_like(x), BUG=True, same_line=False)
+    assert "data race" in str(e) and e.line == line_of("MARK: vs")

@@ -58,12 +58,13 @@ def _column_width(t) -> int:
     """The columns one shadow cell covers: 16 of a shared tile's (within one
     column block of a swizzled one; the columns a col layout's warp holds
     apart from the next warp's), a tensor tile's 16 columns (an MMA's N
-    granule), a whole shared vector."""
+    granule), one element of a shared vector (whose warps may each hold
+    elements a few apart: a row sum's)."""
     if isinstance(t, T.ST):
         return math.gcd(t.block_cols, 16)
     if isinstance(t, T.TT):
         return 16
-    return cols_of(t)
+    return 1
 
 
 def _overlap(a: SharedRef, b: SharedRef) -> bool:

@@ -154,12 +154,14 @@ def cols_by_warp(t, num_warps: int) -> tuple[np.ndarray | None, ...]:
     """For each warp of a register tile's scope, the tile columns it holds (a
     bool mask), or None for every warp when no warp bit steps along columns
     (each holds whole rows: rows_by_warp tells them apart). A col layout's
-    warps split the columns."""
+    warps split the columns; a vector's (a row sum of a tile whose warps
+    stack along rows) its elements, a shared vector's columns."""
     n = T.scope_warps(t.scope, num_warps)
     layout = layouts.layout_of(t, num_warps)
-    if isinstance(t, T.RV) or not any(b is not None and b[0] == 1 for b in layout.warp):
+    axis = 0 if isinstance(t, T.RV) else 1
+    if not any(b is not None and b[0] == axis for b in layout.warp):
         return (None,) * n
-    return _warp_masks(layout, 1, t.cols, n)
+    return _warp_masks(layout, axis, t.length if axis == 0 else t.cols, n)
 
 
 @functools.lru_cache(maxsize=256)
