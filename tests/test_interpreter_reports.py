@@ -159,7 +159,8 @@ def test_a_register_split_the_block_cannot_make_deadlocks():
     assert torch.equal(x, want)
     e = report(register_split_by_hand, torch.rand(128, 64), INC=240, same_line=False)
     assert "deadlock" in e.message
-    assert re.search(rf"waits at \S+:{line_of('MARK: increase')}: tk.increase_registers\(240\) "
+    assert re.search(rf"warps 0-3 wait at \S+:{line_of('MARK: increase')}: "
+                     rf"tk.increase_registers\(240\) "
                      rf"waits for registers: the other warpgroups hold 280 per thread of the 3 x "
                      rf"168 the block starts with", e.message), e.message
 
@@ -243,9 +244,10 @@ def test_mma_ring_runs():
 def test_deadlock_inside_a_ring_method_is_reported_at_the_users_call():
     e = report(mma_ring, *inputs(), SHORT=True)
     assert (e.filename, e.line) == (str(HERE), line_of("MARK: ring wait"))
-    assert re.search(rf"warp 0 waits at \S+:{e.line} for semaphore\[1\] allocated at "
+    assert re.search(rf"warps 0-3 wait at \S+:{e.line} for semaphore\[1\] allocated at "
                      rf"\S+:{line_of('ring = tk.ring(A.dtype, (64, 64), 2)')} to complete a "
                      rf"phase of parity 1 \(1 phase\(s\) completed", e.message), e.message
+    assert "phase k, counting from 0, completes with parity k & 1" in e.message
 
 
 @tk.kernel(num_warps=8)

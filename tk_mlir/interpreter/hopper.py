@@ -79,7 +79,7 @@ def _parity_wait(w, sem, parity: int, loc, waiting):
     watch = ((w.block.cluster.waiters, None),) if remote else ()
     while not s.done(parity):       # (re-checked when resumed: a phase may pass meanwhile)
         yield Blocked(lambda: s.done(parity), lambda: waiting(s), loc, external=remote,
-                      watch=watch)
+                      watch=watch, semaphore=True)
     return s, s.completed - 1
 
 

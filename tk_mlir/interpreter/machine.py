@@ -297,13 +297,15 @@ class Blocked:
     wake(part) is the only thing that can make ready() true; `flag`: for a
     flag in global memory (tk.wait_signal), which a producer may set only
     after loads of its own, so a semaphore short of bytes is then not the
-    likely cause of a deadlock."""
+    likely cause of a deadlock; `semaphore`: for a semaphore's phase (a
+    deadlock report then says how parities count)."""
     ready: object
     describe: object
     loc: object
     external: bool = False
     flag: bool = False
     watch: tuple = ()
+    semaphore: bool = False
 
 
 class Waiters(dict):
@@ -570,16 +572,37 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
                                        (s.tx < 0 and not s.expects)):
             first = blocked[min(blocked)]
             return s.mismatch(first.loc)
-    lines = []
+    states: dict[tuple, list[int]] = {}     # (verb, where and what) -> the warps there
     for i in sorted(blocked):
-        lines.append(f"warp {i} waits {blocked[i].describe()}")
+        states.setdefault(("wait", blocked[i].describe()), []).append(i)
     for i in sorted(waiting):
-        lines.append(f"warp {i} is at {waiting[i].step.describe()}")
+        states.setdefault(("be", f"at {waiting[i].step.describe()}"), []).append(i)
+    verbs = {("wait", 1): "waits", ("wait", 2): "wait", ("be", 1): "is", ("be", 2): "are"}
+    lines = [f"{_warps(ws)} {verbs[verb, min(len(ws), 2)]} {what}"
+             for (verb, what), ws in states.items()]
     if returned:
-        lines.append(f"warps {sorted(returned)} have returned")
+        lines.append(f"{_warps(sorted(returned))} returned")
     first = blocked[min(blocked)]
+    parity = "" if flag_wait or not any(b.semaphore for b in blocked.values()) else (
+        " (a semaphore wait whose parity is one phase off returns at once where it should "
+        "block, or blocks for good: phase k, counting from 0, completes with parity k & 1, and "
+        "a fresh semaphore counts as having completed parity 1)")
     return error(first.loc, f"deadlock in block {block.name}: every warp is blocked and no "
-                            f"TMA load is in flight{others}; " + "; ".join(lines))
+                            f"TMA load is in flight{others}; " + "; ".join(lines) + parity)
+
+
+def _warps(indices: list[int]) -> str:
+    """"warp 3", "warps 0-7", "warps 0, 2, 5": a list of warp indices in
+    runs."""
+    if len(indices) == 1:
+        return f"warp {indices[0]}"
+    runs = [[indices[0], indices[0]]]
+    for i in indices[1:]:
+        if i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return "warps " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _stuck(waiting: dict[int, Arrival], returned: set[int], block: Block) -> InterpretError:
