@@ -271,6 +271,24 @@ def test_entry_naming_no_config_of_ours_is_a_miss_and_dropped(cache_root, text):
     assert not entries(cache_root)
 
 
+def test_best_config_reads_the_disk_once_a_key(cache_root, monkeypatch):
+    """What the disk held for a key, a choice or none, is remembered: its key
+    walks the kernel's source for the globals it reads (milliseconds a call
+    for a caller asking at every launch)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(autotune_module, "_device", lambda ordinal=None: (0, *WHERE))
+    t = tuner()
+    t._save_choice(KEY, WHERE, GOOD[1], {GOOD[1]: 0.01})
+    reads = []
+    real = t._load_choice
+    monkeypatch.setattr(t, "_load_choice", lambda *a: reads.append(a) or real(*a))
+    x, wide = torch.rand(1024, 1024), torch.rand(1024, 2048)
+    assert [t.best_config(x, x, 2.0) for _ in range(3)] == [GOOD[1]] * 3
+    assert [t.best_config(wide, wide, 2.0) for _ in range(3)] == [None] * 3
+    assert len(reads) == 2
+
+
 # --------------------------------------------------------------------- GPU
 
 @pytest.fixture

@@ -149,6 +149,7 @@ class Autotuner:
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
                                 default=len(kernel.params))
         self._chosen: dict[tuple, Config] = {}        # (device ordinal, key) -> config
+        self._on_disk: dict[tuple, Config | None] = {}   # what best_config read there, by the same
         # The launch's fast path: per call shape (positional count, keyword
         # names) a generated quick-key function and, by quick key, the chosen
         # config's launch keywords and the kernel plan that launched it.
@@ -271,13 +272,20 @@ class Autotuner:
 
     def best_config(self, *args, **kwargs) -> Config | None:
         """The config chosen for these arguments (this object's memory, else the
-        disk cache), without timing anything; None when none has been chosen."""
+        disk cache), without timing anything; None when none has been chosen.
+        The disk is read once per device and key, and what it held (a choice
+        or none) remembered: its key names the globals the kernel reads, a
+        walk of its source (milliseconds), which a caller asking at every
+        launch (gemm's accumulating product) would pay each time."""
         key = self._key(self._bind(args, kwargs))
         import torch
         if not torch.cuda.is_available():
             return None                         # (nothing is chosen without a GPU)
         device = _device()
-        return self._chosen.get((device[0], key)) or self._load_choice(key, device[1:])
+        at = (device[0], key)
+        if at not in self._chosen and at not in self._on_disk:
+            self._on_disk[at] = self._load_choice(key, device[1:])
+        return self._chosen.get(at) or self._on_disk[at]
 
     def _check_not_tuned(self, args, kwargs) -> None:
         passed = self._tuned.intersection(kwargs)
