@@ -281,8 +281,9 @@ LOGITS_SLICE_BYTES = 1 << 30
 # A scalar loss's row chunks take at least this many rows: each chunk's share
 # of dweight is added into it, a read and write of all of dweight, which
 # costs as much as the share's product at ~400 rows on an H200, ~10% of it at
-# 1024 (BENCHMARKS.md, issue 25). Lower LOGITS_SLICE_BYTES to hold fewer
-# logits (Liger's memory, at 256 rows a chunk, for 1.5x the time).
+# 1024 (BENCHMARKS.md, issue 25). Lower it to hold fewer logits: at 256 (with
+# 4096-wide h and a 128k vocabulary, Liger's own chunk) the peak is Liger's and
+# the time 1.8x; at 512, 0.9x the peak for 1.2x the time.
 MIN_CHUNK_ROWS = 1024
 _NO_CLASS = -2**31        # an ignore_index no shifted target equals (ignored rows: scale 0)
 
