@@ -81,17 +81,25 @@ def test_a_power_of_two_layout_has_no_repeat_and_a_16k_side_one():
 
 @pytest.mark.parametrize("rows,cols,warps,run,regs", [
     (48, 80, 4, 2, 30), (48, 80, 8, 2, 30), (176, 48, 4, 2, 66), (16, 80, 4, 2, 10),
-    (1, 80, 4, 2, 10), (64, 80, 4, 8, 40), (48, 80, 1, 8, 120), (1, 256, 8, 8, 8)])
-def test_a_vec_tile_with_a_repeat_shortens_its_run_before_warps_copy_it(rows, cols, warps, run,
-                                                                        regs):
-    """A vec tile whose power-of-two part is smaller than its threads takes
-    bits off its run of 8 (down to 2) for the lanes and warps, so that its
-    repeats are not held by copies in several warps; a tile that fills its
-    threads, and any power-of-two tile, keeps the run of 8."""
+    (16, 16, 4, 2, 2), (16, 64, 8, 4, 4), (64, 80, 4, 8, 40), (48, 80, 1, 8, 120),
+    (1, 80, 4, 8, 40), (1, 256, 8, 8, 8)])
+def test_a_vec_tile_too_small_for_its_threads_shortens_its_run(rows, cols, warps, run, regs):
+    """A vec tile of several rows whose power-of-two part is smaller than its
+    threads takes bits off its run of 8 (down to 2) for the lanes and warps,
+    so that no warp holds a copy of another's elements (with a repeat, a copy
+    of every repeat); a tile that fills its threads, and a one-row tile,
+    keeps the run of 8."""
     layout = layouts.tile_layout("vec", rows, cols, warps)
     assert (layout.vector_run(1), layout.num_regs) == (run, regs)
-    if rows * cols >= 64 * warps:               # (2 elements for each thread, at least)
-        assert not layout.replicated_bits("warp") or warps == 8 and rows == 48
+    if rows > 1 and (rows & -rows) * (cols & -cols) >= 64 * warps:   # (2 a thread, at least)
+        assert not layout.replicated_bits("warp")
+
+
+def test_a_slice_along_a_repeat_keeps_the_threads_of_its_tile():
+    """The run depends on the power-of-two part alone: (16, 16) of (16, 80)
+    is held by the same lanes and warps, so slicing it out moves no data."""
+    whole, part = (layouts.tile_layout("vec", 16, c, 4) for c in (80, 16))
+    assert (whole.lane, whole.warp) == (part.lane, part.warp)
 
 
 def test_a_tile_too_large_for_its_threads_says_what_would_help():
@@ -161,6 +169,7 @@ def tile_ops(X: tk.gl[f32], RS: tk.gl[f32], CM: tk.gl[f32], Y: tk.gl[f32], S: tk
 
 TILE_CASES = [  # layout, scope, R, C
     ("vec", "block", 48, 80), ("vec", "warp", 16, 48), ("vec", "block", 192, 16),
+    ("vec", "block", 16, 80), ("vec", "block", 32, 80),
     ("row", "warp", 48, 80), ("row", "warpgroup", 192, 48), ("row", "block", 64, 80),
     ("col", "warp", 80, 48), ("col", "warpgroup", 48, 192),
 ]
