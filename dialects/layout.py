@@ -21,8 +21,8 @@ blocks along K, then 64-row blocks: lowering/mma.py).
 
 Named tile layouts:
   vec  runs of 8 elements along a row per thread (shorter, down to 2, where
-       a tile of several rows would otherwise be copied into several warps);
-       lanes along columns first, then rows; warps along rows, then
+       the threads would otherwise hold copies and the warps can stay on
+       rows); lanes along columns first, then rows; warps along rows, then
        columns. Wide, coalesced accesses: the default for elementwise and
        normalization kernels.
   row  ThunderKittens' MMA fragment layout (16x16 base tiles: lane/4 picks
@@ -304,7 +304,7 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
     wb = _log2(num_warps, "warps")
     if cols < VEC_RUN or cb < 3:
         raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
-    run = _vec_run_bits(rb + cb, wb, rows)
+    run = _vec_run_bits(rb, cb, wb)
     need, nxt = {0: rb, 1: cb}, {0: 0, 1: run}
     lane = _fill(need, nxt, 5, (1, 0))
     warp = _fill(need, nxt, wb, (0, 1))
@@ -312,24 +312,30 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
     return Layout((rows, cols), reg, lane, warp)
 
 
-def _vec_run_bits(element_bits: int, warp_bits: int, rows: int) -> int:
-    """log2 of a vec thread's run along a row: VEC_RUN, but where a tile of
-    several rows has too few power-of-two element bits for its lanes and warps
-    (a (48, 80) tile: 8 bits, 16 elements of each of its 3 x 5 blocks), each
-    bit taken off the run goes to a thread instead of copying the tile into
-    more warps (each copy holds every repeat: 120 registers a thread for
-    (48, 80) over 4 warps at a run of 8, 30 at 2). The run depends on the
-    power-of-two part alone, so a slice along a repeat ((16, 16) of (16, 80))
-    keeps its parent's lanes and warps. It stays at least 2 (column pairs:
-    32-bit registers of 16-bit elements, swap_pairs). One-row tiles keep the
-    run of 8: a row's copies are small (1 x 256 over 8 warps: 8 registers),
-    its 16-byte accesses and warp-local sums (no exchange between copies)
-    matter more (the norms' rows)."""
-    full = VEC_RUN.bit_length() - 1
-    if rows == 1:
-        return full
-    short = 5 + warp_bits + full - element_bits      # bits the threads would copy over
-    return max(1, full - max(0, short))
+def _vec_run_bits(rb: int, cb: int, wb: int) -> int:
+    """log2 of a vec thread's run along a row, for a tile of 2^rb x 2^cb
+    elements (its power-of-two part) over 2^wb warps: VEC_RUN, but where the
+    lanes and warps would hold copies, each bit taken off the run goes to a
+    thread instead (a (48, 80) tile over 4 warps: 8 element bits for 10 thread
+    bits; each copy holds every repeat: 120 registers a thread at a run of 8,
+    30 at 2), as long as the warps stay on rows: a row's sum stays within a
+    warp (no exchange through shared memory), so a one- or two-row tile keeps
+    its runs and copies. The run depends on the power-of-two part alone: a
+    slice along a repeat ((16, 16) of (16, 80)) keeps its parent's lanes and
+    warps. It stays at least 2 (column pairs: 32-bit registers of 16-bit
+    elements, swap_pairs)."""
+    run = VEC_RUN.bit_length() - 1
+    while run > 1 and 5 + wb + run > rb + cb and not _warps_on_columns(rb, cb, wb, run - 1):
+        run -= 1
+    return run
+
+
+def _warps_on_columns(rb: int, cb: int, wb: int, run: int) -> bool:
+    """Whether vec's warps would step along columns at this run (lanes take
+    the columns past the run first, then rows; warps rows, then columns)."""
+    lane_cols = min(5, cb - run)
+    warp_rows = min(wb, rb - min(5 - lane_cols, rb))
+    return wb > warp_rows and cb - run - lane_cols > 0
 
 
 def mma_row(rows: int, cols: int, num_warps: int) -> Layout:

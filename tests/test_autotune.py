@@ -287,6 +287,8 @@ def test_best_config_reads_the_disk_once_a_key(cache_root, monkeypatch):
     assert [t.best_config(x, x, 2.0) for _ in range(3)] == [GOOD[1]] * 3
     assert [t.best_config(wide, wide, 2.0) for _ in range(3)] == [None] * 3
     assert len(reads) == 2
+    monkeypatch.setenv("TK_MLIR_ALWAYS_COMPILE", "1")       # (the knobs apply at once)
+    assert t.best_config(x, x, 2.0) is None and len(reads) == 3
 
 
 # --------------------------------------------------------------------- GPU

@@ -81,18 +81,16 @@ def test_a_power_of_two_layout_has_no_repeat_and_a_16k_side_one():
 
 @pytest.mark.parametrize("rows,cols,warps,run,regs", [
     (48, 80, 4, 2, 30), (48, 80, 8, 2, 30), (176, 48, 4, 2, 66), (16, 80, 4, 2, 10),
-    (16, 16, 4, 2, 2), (16, 64, 8, 4, 4), (64, 80, 4, 8, 40), (48, 80, 1, 8, 120),
-    (1, 80, 4, 8, 40), (1, 256, 8, 8, 8)])
+    (16, 16, 4, 2, 2), (16, 64, 8, 4, 4), (4, 128, 8, 4, 4), (1, 80, 4, 2, 10),
+    (64, 80, 4, 8, 40), (48, 80, 1, 8, 120), (2, 256, 4, 8, 8), (1, 256, 8, 8, 8)])
 def test_a_vec_tile_too_small_for_its_threads_shortens_its_run(rows, cols, warps, run, regs):
-    """A vec tile of several rows whose power-of-two part is smaller than its
-    threads takes bits off its run of 8 (down to 2) for the lanes and warps,
-    so that no warp holds a copy of another's elements (with a repeat, a copy
-    of every repeat); a tile that fills its threads, and a one-row tile,
-    keeps the run of 8."""
+    """Where a vec tile's lanes and warps would hold copies, its run of 8
+    gives bits to the threads (down to 2), as long as the warps stay on rows;
+    a tile that fills its threads, or whose warps would have to step along
+    columns (a row sum would cross warps), keeps the run of 8."""
     layout = layouts.tile_layout("vec", rows, cols, warps)
     assert (layout.vector_run(1), layout.num_regs) == (run, regs)
-    if rows > 1 and (rows & -rows) * (cols & -cols) >= 64 * warps:   # (2 a thread, at least)
-        assert not layout.replicated_bits("warp")
+    assert not layout.warp_bits_along(1)
 
 
 def test_a_slice_along_a_repeat_keeps_the_threads_of_its_tile():

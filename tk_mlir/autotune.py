@@ -149,7 +149,9 @@ class Autotuner:
         self._first_tuned = min([i for i, p in enumerate(kernel.params) if p.name in self._tuned],
                                 default=len(kernel.params))
         self._chosen: dict[tuple, Config] = {}        # (device ordinal, key) -> config
-        self._on_disk: dict[tuple, Config | None] = {}   # what best_config read there, by the same
+        # What best_config read on the disk: (device, key, cache folder, always
+        # compile) -> the choice there or None (the knobs apply at once).
+        self._on_disk: dict[tuple, Config | None] = {}
         # The launch's fast path: per call shape (positional count, keyword
         # names) a generated quick-key function and, by quick key, the chosen
         # config's launch keywords and the kernel plan that launched it.
@@ -283,9 +285,12 @@ class Autotuner:
             return None                         # (nothing is chosen without a GPU)
         device = _device()
         at = (device[0], key)
-        if at not in self._chosen and at not in self._on_disk:
-            self._on_disk[at] = self._load_choice(key, device[1:])
-        return self._chosen.get(at) or self._on_disk[at]
+        if at in self._chosen:
+            return self._chosen[at]
+        disk = (*at, knobs.cache_dir(), knobs.always_compile())
+        if disk not in self._on_disk:
+            self._on_disk[disk] = self._load_choice(key, device[1:])
+        return self._on_disk[disk]
 
     def _check_not_tuned(self, args, kwargs) -> None:
         passed = self._tuned.intersection(kwargs)

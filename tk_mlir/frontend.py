@@ -268,14 +268,13 @@ class KernelBuilder(ast.NodeVisitor):
             # (calling fn wrongly, too many arguments or a missing one: the caller's mistake;
             # Python's own message says it well but for a method's, which counts self)
             unbound = _unbound_reason(fn, args, kwargs) if isinstance(e, TypeError) else None
-            misbound = unbound is not None
-            if misbound:
+            if unbound is not None:
                 message = _bad_keyword(_signature(fn), _callee_name(fn), kwargs) or \
                     (unbound if inspect.ismethod(fn) else None)
                 if message is not None:
                     raise self.error(node, message) from None
             inside = e.__traceback__.tb_next      # the frames below this one: fn's
-            ours = inside is not None and raised_in_tk_mlir(inside) and not misbound
+            ours = inside is not None and raised_in_tk_mlir(inside) and unbound is None
             raise self.failure(node, e, ours)
 
     def eval(self, node):
@@ -1106,7 +1105,7 @@ def _attribute_hint(obj, name: str) -> str:
     """"; did you mean ...?" with the public attributes of obj that have
     `name` as a word (sum: row_sum, col_sum) or are spelled like it."""
     known = [n for n in dir(obj) if not n.startswith("_")]
-    close = [n for n in known if name in n.split("_")] or \
+    close = [n for n in known if name in n.split("_")][:3] or \
         difflib.get_close_matches(name, known, n=2)
     return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
@@ -1123,7 +1122,7 @@ def _unbound_reason(fn, args, kwargs) -> str | None:
     try:
         signature.bind(*args, **kwargs)
     except TypeError as e:
-        return f"{_callee_name(fn)}{signature}: {e}"
+        return f"{_callee_name(fn)}({', '.join(signature.parameters)}): {e}"
     return None
 
 

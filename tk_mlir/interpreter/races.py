@@ -13,10 +13,12 @@ does next is not ordered before the receivers. Each warp also keeps, per
 slot, what last moved its knowledge of that slot (`Block.via`: nothing yet,
 a barrier, a semaphore wait): a race report says what to do from it.
 
-Each shared allocation has a shadow per (element, row, 16 columns): the
-last write's (slot, clock, line) and, per slot, the clock and line of the
-reads since. Runs of 16 columns (within one column block of a swizzled tile)
-are told apart, so are a col layout's warps, which hold 16 columns each;
+Each shared allocation has a shadow per (element, row, 16 columns; a shared
+vector's per element): the last write's (slot, clock, line) and, per slot,
+the clock and line of the reads since. Runs of 16 columns (within one column
+block of a swizzled tile) are told apart, so are a col layout's warps, which
+hold 16 columns each, and a vector's warps, which may hold elements a few
+apart (a row sum's);
 the columns within one run are not (two accesses to different columns of
 one run count as the same place: a race reported there may be a false one).
 A thread read, a wgmma operand read or a TMA store read must follow the

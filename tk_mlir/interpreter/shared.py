@@ -55,7 +55,8 @@ class SharedRef:
         at = f"[{self.index}]" if self.alloc.is_array and self.index is not None else ""
         part = "" if (self.row, self.rows) == (0, rows_of(self.alloc.type)) else \
             f" rows {self.row}-{self.row + self.rows - 1}"
-        what = "tensor tile" if isinstance(self.alloc.type, T.TT) else "shared tile"
+        what = {T.TT: "tensor tile", T.SV: "shared vector"}.get(type(self.alloc.type),
+                                                                 "shared tile")
         return f"the {what}{at}{part} allocated at {self.alloc.where}"
 
 
