@@ -20,9 +20,9 @@ Placing a column repeat above the column bits and below the row bits keeps the
 blocks along K, then 64-row blocks: lowering/mma.py).
 
 Named tile layouts:
-  vec  runs of 8 elements along a row per thread (shorter, down to 2, where
-       the threads would otherwise hold copies and the warps can stay on
-       rows); lanes along columns first, then rows; warps along rows, then
+  vec  runs of 8 elements along a row per thread (shorter, down to 2, in a
+       tile of several rows whose threads would otherwise hold copies, where
+       the warps can stay on rows); lanes along columns first, then rows; warps along rows, then
        columns. Wide, coalesced accesses: the default for elementwise and
        normalization kernels.
   row  ThunderKittens' MMA fragment layout (16x16 base tiles: lane/4 picks
@@ -304,7 +304,7 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
     wb = _log2(num_warps, "warps")
     if cols < VEC_RUN or cb < 3:
         raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
-    run = _vec_run_bits(rb, cb, wb)
+    run = _vec_run_bits(rb, cb, wb) if rows > 1 else VEC_RUN.bit_length() - 1
     need, nxt = {0: rb, 1: cb}, {0: 0, 1: run}
     lane = _fill(need, nxt, 5, (1, 0))
     warp = _fill(need, nxt, wb, (0, 1))
@@ -313,17 +313,18 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
 
 
 def _vec_run_bits(rb: int, cb: int, wb: int) -> int:
-    """log2 of a vec thread's run along a row, for a tile of 2^rb x 2^cb
-    elements (its power-of-two part) over 2^wb warps: VEC_RUN, but where the
-    lanes and warps would hold copies, each bit taken off the run goes to a
-    thread instead (a (48, 80) tile over 4 warps: 8 element bits for 10 thread
-    bits; each copy holds every repeat: 120 registers a thread at a run of 8,
-    30 at 2), as long as the warps stay on rows: a row's sum stays within a
-    warp (no exchange through shared memory), so a one- or two-row tile keeps
-    its runs and copies. The run depends on the power-of-two part alone: a
-    slice along a repeat ((16, 16) of (16, 80)) keeps its parent's lanes and
-    warps. It stays at least 2 (column pairs: 32-bit registers of 16-bit
-    elements, swap_pairs)."""
+    """log2 of a vec thread's run along a row, for a tile of several rows,
+    2^rb x 2^cb elements in its power-of-two part, over 2^wb warps: VEC_RUN,
+    but where the lanes and warps would hold copies, each bit taken off the
+    run goes to a thread instead (a (48, 80) tile over 4 warps: 8 element bits
+    for 10 thread bits; each copy holds every repeat: 120 registers a thread
+    at a run of 8, 30 at 2), as long as the warps stay on rows: a row's sum
+    stays within a warp (no exchange through shared memory). The run depends
+    on the power-of-two part alone: a slice along a repeat ((16, 16) of
+    (16, 80)) keeps its parent's lanes and warps. It stays at least 2 (column
+    pairs: 32-bit registers of 16-bit elements, swap_pairs). One-row tiles and
+    vectors keep runs of 8 (vec's caller): 16-byte accesses of the norms' rows,
+    and one default layout for a vector whatever its length."""
     run = VEC_RUN.bit_length() - 1
     while run > 1 and 5 + wb + run > rb + cb and not _warps_on_columns(rb, cb, wb, run - 1):
         run -= 1

@@ -81,13 +81,14 @@ def test_a_power_of_two_layout_has_no_repeat_and_a_16k_side_one():
 
 @pytest.mark.parametrize("rows,cols,warps,run,regs", [
     (48, 80, 4, 2, 30), (48, 80, 8, 2, 30), (176, 48, 4, 2, 66), (16, 80, 4, 2, 10),
-    (16, 16, 4, 2, 2), (16, 64, 8, 4, 4), (4, 128, 8, 4, 4), (1, 80, 4, 2, 10),
+    (16, 16, 4, 2, 2), (16, 64, 8, 4, 4), (4, 128, 8, 4, 4), (1, 80, 4, 8, 40),
     (64, 80, 4, 8, 40), (48, 80, 1, 8, 120), (2, 256, 4, 8, 8), (1, 256, 8, 8, 8)])
 def test_a_vec_tile_too_small_for_its_threads_shortens_its_run(rows, cols, warps, run, regs):
-    """Where a vec tile's lanes and warps would hold copies, its run of 8
-    gives bits to the threads (down to 2), as long as the warps stay on rows;
-    a tile that fills its threads, or whose warps would have to step along
-    columns (a row sum would cross warps), keeps the run of 8."""
+    """Where a vec tile of several rows would have its lanes and warps hold
+    copies, its run of 8 gives bits to the threads (down to 2), as long as the
+    warps stay on rows; a tile that fills its threads, whose warps would have
+    to step along columns (a row sum would cross warps), or of one row, keeps
+    the run of 8."""
     layout = layouts.tile_layout("vec", rows, cols, warps)
     assert (layout.vector_run(1), layout.num_regs) == (run, regs)
     assert not layout.warp_bits_along(1)
