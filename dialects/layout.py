@@ -304,7 +304,7 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
     wb = _log2(num_warps, "warps")
     if cols < VEC_RUN or cb < 3:
         raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
-    run = _vec_run_bits(rb, cb, wb) if rows > 1 else VEC_RUN.bit_length() - 1
+    run = _vec_run_bits(rb, cb, wb)
     need, nxt = {0: rb, 1: cb}, {0: 0, 1: run}
     lane = _fill(need, nxt, 5, (1, 0))
     warp = _fill(need, nxt, wb, (0, 1))
@@ -313,19 +313,22 @@ def vec(rows: int, cols: int, num_warps: int) -> Layout:
 
 
 def _vec_run_bits(rb: int, cb: int, wb: int) -> int:
-    """log2 of a vec thread's run along a row, for a tile of several rows,
-    2^rb x 2^cb elements in its power-of-two part, over 2^wb warps: VEC_RUN,
-    but where the lanes and warps would hold copies, each bit taken off the
-    run goes to a thread instead (a (48, 80) tile over 4 warps: 8 element bits
-    for 10 thread bits; each copy holds every repeat: 120 registers a thread
-    at a run of 8, 30 at 2), as long as the warps stay on rows: a row's sum
+    """log2 of a vec thread's run along a row, for a tile of 2^rb x 2^cb
+    elements in its power-of-two part over 2^wb warps: VEC_RUN, but where the
+    lanes and warps would hold copies, each bit taken off the run goes to a
+    thread instead (a (48, 80) tile over 4 warps: 8 element bits for 10
+    thread bits; each copy holds every repeat: 120 registers a thread at a
+    run of 8, 30 at 2), as long as the warps stay on rows: a row's sum
     stays within a warp (no exchange through shared memory). The run depends
     on the power-of-two part alone: a slice along a repeat ((16, 16) of
     (16, 80)) keeps its parent's lanes and warps. It stays at least 2 (column
-    pairs: 32-bit registers of 16-bit elements, swap_pairs). One-row tiles and
-    vectors keep runs of 8 (vec's caller): 16-byte accesses of the norms' rows,
-    and one default layout for a vector whatever its length."""
+    pairs: 32-bit registers of 16-bit elements, swap_pairs). One-row tiles
+    and vectors (rb = 0; a side of 16·m has rb >= 4) keep runs of 8: 16-byte
+    accesses of the norms' rows, one default layout for a vector whatever
+    its length."""
     run = VEC_RUN.bit_length() - 1
+    if rb == 0:
+        return run
     while run > 1 and 5 + wb + run > rb + cb and not _warps_on_columns(rb, cb, wb, run - 1):
         run -= 1
     return run
