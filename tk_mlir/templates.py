@@ -95,7 +95,7 @@ def register_split(consumers, consumer_registers, producer_registers):
 @func
 def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=2,
         producer_registers=40, consumer_registers=232, cluster=1, plan=None, active=None,
-        task_iters=None, prepare=None, pingpong=False, shared_stages=True):
+        task_iters=None, prepare=None, pingpong=False, shared_stages=True, sliced=False):
     """Run `tasks` tasks of `iters` pipelined iterations each on a persistent
     grid (launch one block per SM), or task_iters(task) iterations each when
     that is given (read by the producer and the consumers; a task of none
@@ -133,7 +133,22 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     loops take turns (named barriers 15 - consumer, 8 warps): a consumer
     waits for a stage only once the one before it has waited for all of its
     own, so each stage it waits for is at most one phase behind (a parity
-    cannot tell phases two apart; the interpreter reports that)."""
+    cannot tell phases two apart; the interpreter reports that).
+
+    sliced=True (CUTLASS 2's sliced-K): the consumers take each task's
+    iterations in turn, consumer c those at ring positions c, c + consumers,
+    ... (stages a multiple of consumers, so a stage always goes to one
+    consumer, which never waits for a phase of it without having seen the
+    one before; two stages at least for each, as a consumer hands a stage
+    back once its next one's MMAs are issued). Each ends the task with a
+    partial result: `finish` runs in every consumer, and summing them is the
+    kernel's (gemm's SLICED_K)."""
+    assert not sliced or (consumers >= 2 and not pingpong and prepare is None
+                          and stages % consumers == 0 and stages >= 2 * consumers), \
+        f"lcf(sliced=True) shares each task's iterations among consumers >= 2 warpgroups, " \
+        f"with no pingpong or prepare, and stages a multiple of the consumers, two each at " \
+        f"least; got " \
+        f"consumers={consumers}, stages={stages}"
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
@@ -148,9 +163,9 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     ring = [tk.shared_tiles(dtype, shape, stages, swizzle=swizzle)
             for dtype, shape, swizzle in inputs]
     full = tk.semaphores(stages)                       # the producer's expect_bytes
-    # Each stage is released by every consumer (by its one, pingpong) of each block.
+    # Each stage is released by every consumer (by its one: pingpong, sliced) of each block.
     sharing = cluster if shared_stages else 1          # the blocks a stage goes back to
-    empty = tk.semaphores(stages, arrivals=(1 if pingpong else consumers) * sharing)
+    empty = tk.semaphores(stages, arrivals=(1 if pingpong or sliced else consumers) * sharing)
     first_task, task_step = tk.block_id(0) // cluster, tk.grid_dim(0) // cluster
     if tk.warpgroup_id() == consumers:
         tk.decrease_registers(producer_registers)
@@ -229,6 +244,27 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
             finish(state, task, consumer)
             return it
 
+        def run_slices(task, n, it):
+            """sliced: this consumer's iterations of a task of n iterations
+            from ring position it (those at positions it + k = consumer mod
+            consumers), its partial result set up, computed and finished;
+            returns the position after the task."""
+            state = setup(task, consumer)
+            start = (consumer - it) % consumers     # its first iteration of the task
+            for k in range(start, n, consumers):
+                s = (it + k) % stages
+                tk.wait_phase(full[s], (it + k) // stages)
+                state = compute(state, consumer, *[tiles[s] for tiles in ring])
+                # Its MMAs on its stage before are done: hand that stage back.
+                tk.mma_wait(1)
+                if k > start and leader:
+                    release(empty[(it + k - consumers) % stages], sharing)
+            tk.mma_wait(0)
+            if leader and start < n:                # its last stage of the task
+                release(empty[(it + n - 1 - (n - 1 - start) % consumers) % stages], sharing)
+            finish(state, task, consumer)
+            return it + n
+
         turn = 0                    # pingpong: the block's active tasks so far
         for task in range(first_task, tasks, task_step):
             if True if active is None else active(task):
@@ -236,7 +272,9 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
                 mine = True
                 if pingpong:
                     mine = turn % consumers == consumer
-                if mine:
+                if sliced:
+                    it = run_slices(task, n, it)
+                elif mine:
                     it = run_task(task, n, it, turn)
                 else:
                     it += n         # (another consumer's stages)

@@ -69,7 +69,7 @@ def cluster_sum(C, partial, tasks, tile_of, BM, S):
 def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, SPLIT_K=1,
          W=None, F=None, EPI_BUFFERS=1, STARTS=None, SIZES=None, LOG_G=0, SCATTER=None,
          GATHER=None, A_KM=False, ACCUMULATE=False, OFFS=None, SKIP_EMPTY=False,
-         SCALES=None, PINGPONG=False, STREAM_K=False, CLUSTER_SPLIT=1):
+         SCALES=None, PINGPONG=False, STREAM_K=False, CLUSTER_SPLIT=1, SLICED_K=False):
     """C = A @ B.T, or A @ B with B_KN, on a persistent grid (one block per SM);
     with A_KM, A is given as K x M (C = A.T @ ..., wgmma reading A transposed:
     a gradient's GEMM without a transposed copy); with ACCUMULATE, C += the
@@ -125,7 +125,11 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     takes K slice r, leaves its f32 partial in shared memory, and sums rows
     r·BM/s .. of every block's partial (distributed shared memory,
     tile.in_block) into C: no workspace, no atomics, the same sum in the same
-    order on every run."""
+    order on every run. SLICED_K (BM = 64; CUTLASS 2's sliced-K): two consumer
+    warpgroups compute each tile over alternate K steps (tk.lcf's sliced), the
+    second's f32 partial added to the first's through shared memory, so two
+    warpgroups issue MMAs where one 64-row tile has one; for plain, batched
+    and split-K products (A_KM, B_KN, SCALES, ACCUMULATE)."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -161,14 +165,22 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         f"CLUSTER_SPLIT={CLUSTER_SPLIT}: 2, 4 or 8 blocks, for a plain 2-D product (no " \
         f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG, STREAM_K, A_KM, " \
         f"SCATTER or GATHER), BM a multiple of 8 rows per block"
+    assert not SLICED_K or (BM == 64 and CLUSTER == 1 and CLUSTER_SPLIT == 1 and not PINGPONG
+                            and not STREAM_K and not grouped and OFFS is None
+                            and SCATTER is None and GATHER is None), \
+        f"SLICED_K takes tiles of BM = 64 rows (got {BM}) of plain, batched or split-K " \
+        f"products: no CLUSTER, CLUSTER_SPLIT, PINGPONG, STREAM_K, STARTS, SIZES, OFFS, " \
+        f"SCATTER or GATHER"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
         "STREAM_K takes the workspace W and counters F of split-K (SPLIT_K = 1) for plain or " \
         "batched products: no CLUSTER, STARTS, SIZES, OFFS, SCATTER, GATHER, SCALES, " \
         "ACCUMULATE or PINGPONG"
-    # Consumer warpgroups; each takes 64 rows of a tile, or whole tiles (PINGPONG).
-    consumers = 2 if PINGPONG else BM // 64
+    # Consumer warpgroups; each takes 64 rows of a tile, whole tiles (PINGPONG),
+    # or alternate K steps of a 64-row tile (SLICED_K: the first one stores it).
+    consumers = 2 if PINGPONG or SLICED_K else BM // 64
+    storing = 1 if SLICED_K else consumers
     wg_rows = BM if PINGPONG else 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
     assert BN >= 64 or not B_KN, f"BN={BN}: B given as K x N takes tiles of 64 columns or more"
@@ -202,7 +214,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     c_tiles = None
     if TMA_STORE:
         # (16-bit C: a row of 64 or more columns fills the 128-byte swizzle)
-        c_tiles = tk.shared_tiles(C.dtype, (wg_rows, EPI_N), consumers * EPI_BUFFERS,
+        c_tiles = tk.shared_tiles(C.dtype, (wg_rows, EPI_N), storing * EPI_BUFFERS,
                                   swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
@@ -325,7 +337,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         return tk.zeros((wg_rows, BN), f32, layout="row", scope="warpgroup")
 
     def compute(acc, wg, a, b):
-        if PINGPONG:    # the whole tile
+        if PINGPONG or SLICED_K:    # the whole tile
             acc = (tk.mma_AtB if B_KN else tk.mma_AtBt)(acc, a, b) if A_KM else \
                 (tk.mma_AB if B_KN else tk.mma_ABt)(acc, a, b)
         elif A_KM:      # the warpgroup's 64 rows of C are 64 columns of the K x M tile
@@ -349,8 +361,26 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             elif first < top + 64 and top < end and first < end:   # shared: added into zeros
                 tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS, rows_of_g, add=True)
+        elif SLICED_K:
+            if sliced_sum(acc, task, wg):
+                store_tile(acc + tk.load(slices, layout="row", scope="warpgroup"), task, 0)
+                if task + tk.grid_dim(0) < tasks * SPLIT_K:
+                    tk.named_barrier_arrive(13, warps=8)     # slices read: free to rewrite
         else:
             store_tile(acc, task, wg)
+
+    def sliced_sum(acc, task, wg):
+        """SLICED_K: the second consumer's partial into `slices` (once the first
+        has read the task before's); whether this is the first consumer, which
+        then finds it there (named barriers 13 and 14, 8 warps)."""
+        if wg == 1:
+            if task >= tk.grid_dim(0):               # not the block's first task
+                tk.named_barrier(13, warps=8)
+            tk.store(slices, acc)
+            tk.named_barrier_arrive(14, warps=8)
+        else:
+            tk.named_barrier(14, warps=8)
+        return wg == 0
 
     def row_scaled(acc, row):
         """acc times SA's rows (one value or a 64-row vector) and, when SB is
@@ -382,7 +412,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             task, _, _ = stream_unit(task)
             parts = stream_parts(task)
         outer, m, n = tile_of(task)
-        row = m if PINGPONG else consumers * m + wg  # in tiles of the accumulator's rows
+        row = m if PINGPONG or SLICED_K else consumers * m + wg  # in accumulator tiles
         piece = None
         if SCALES is not None:
             acc = row_scaled(acc, row)
@@ -451,13 +481,16 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     else:
         if CLUSTER_SPLIT > 1:    # (before the ring: tk.lcf starts the task loop)
             partial = tk.shared_tile(f32, (BM, BN), swizzle=0)
+        if SLICED_K:
+            slices = tk.shared_tile(f32, (64, BN), swizzle=128)
         tk.lcf(tasks * SPLIT_K, k_steps, [(A.dtype, a_tile, 128), (B.dtype, b_tile, 128)],
                load, setup, compute, finish, stages=STAGES, consumers=consumers,
                cluster=CLUSTER_SPLIT if CLUSTER_SPLIT > 1 else CLUSTER,
                shared_stages=CLUSTER_SPLIT == 1,
                plan=ragged_tile_of if ragged else tile_of if STARTS is not None else None,
                active=(ragged_has_rows if SKIP_EMPTY else None) if ragged else
-               sized_has_rows if SIZES is not None else None, pingpong=PINGPONG)
+               sized_has_rows if SIZES is not None else None, pingpong=PINGPONG,
+               sliced=SLICED_K)
         if CLUSTER_SPLIT > 1:
             cluster_sum(C, partial, tasks, tile_of, BM, CLUSTER_SPLIT)
 
@@ -476,12 +509,14 @@ def gemm_kernel(A: tk.gl, B: tk.gl, C: tk.gl, B_KN: tk.constexpr = False,
                 TMA_STORE: tk.constexpr = True, EPI_N: tk.constexpr = 128,
                 CLUSTER: tk.constexpr = 1, EPI_BUFFERS: tk.constexpr = 1,
                 A_KM: tk.constexpr = False, ACCUMULATE: tk.constexpr = False,
-                PINGPONG: tk.constexpr = False):
+                PINGPONG: tk.constexpr = False, SLICED_K: tk.constexpr = False):
     """C = A @ B.T, or A @ B with B_KN; A given as K x M with A_KM; C += the
     product with ACCUMULATE; two warpgroups taking whole tiles in turn with
-    PINGPONG (`gemm`). BM=64 takes num_warps=8 (12 with PINGPONG)."""
+    PINGPONG, or alternate K steps of each with SLICED_K (`gemm`). BM=64
+    takes num_warps=8 (12 with PINGPONG or SLICED_K)."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER,
-         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE, PINGPONG=PINGPONG)
+         EPI_BUFFERS=EPI_BUFFERS, A_KM=A_KM, ACCUMULATE=ACCUMULATE, PINGPONG=PINGPONG,
+         SLICED_K=SLICED_K)
 
 
 @tk.kernel(num_warps=8)
@@ -489,12 +524,14 @@ def gemm_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, W: tk.gl[f32], F: tk.gl["i
                         SPLIT_K: tk.constexpr, B_KN: tk.constexpr = False,
                         BM: tk.constexpr = 64, BN: tk.constexpr = 128, BK: tk.constexpr = 64,
                         STAGES: tk.constexpr = 8, GROUP_M: tk.constexpr = 8,
-                        A_KM: tk.constexpr = False, STREAM_K: tk.constexpr = False):
+                        A_KM: tk.constexpr = False, STREAM_K: tk.constexpr = False,
+                        SLICED_K: tk.constexpr = False):
     """`gemm` with K cut into SPLIT_K slices, or with STREAM_K (SPLIT_K = 1)
-    all tiles' K steps cut evenly among the blocks. W: f32 of C's shape, F:
-    int32 of split_k_counters(...) elements; both zeros, and left zeros."""
+    all tiles' K steps cut evenly among the blocks; SLICED_K as gemm_kernel's
+    (num_warps=12). W: f32 of C's shape, F: int32 of split_k_counters(...)
+    elements; both zeros, and left zeros."""
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, SPLIT_K, W, F, A_KM=A_KM,
-         STREAM_K=STREAM_K)
+         STREAM_K=STREAM_K, SLICED_K=SLICED_K)
 
 
 @tk.kernel(num_warps=8)
@@ -876,6 +913,24 @@ def pingpong_config(bm: int, bn: int) -> dict:
                 num_warps=12)
 
 
+def sliced_config(bn: int, split: bool = False) -> dict:
+    """gemm_kernel's (split: gemm_split_k_kernel's, SPLIT_K to be added)
+    SLICED_K config for 64 x bn tiles: two consumer warpgroups on alternate K
+    steps, the second's partial summed through a 64 x bn f32 tile, and the
+    deepest ring of an even number of stages that fits beside it (and the
+    first one's epilogue staging tile, not split)."""
+    if bn % 64 or not 64 <= bn <= 128:
+        raise ValueError(f"gemm.sliced_config: tiles of 64 x bn, bn 64 or 128 (a 64 x bn f32 "
+                         f"partial beside the ring), got bn={bn}")
+    staging = 0 if split else 64 * bn * 2
+    room = HOPPER.max_shared_bytes - 64 * bn * 4 - staging - 1024    # (1 KB: alignment)
+    stages = room // ((64 + bn) * 64 * 2) // 2 * 2
+    config = dict(BM=64, BN=bn, STAGES=stages, SLICED_K=True, num_warps=12)
+    if bn % 128 and not split:
+        config["EPI_N"] = 64
+    return config
+
+
 def stream_k_config(bm: int, bn: int) -> dict:
     """gemm_split_k_kernel's STREAM_K config for bm x bn tiles (tile_config's,
     K steps cut evenly among the blocks)."""
@@ -888,6 +943,9 @@ def stream_k_config(bm: int, bn: int) -> dict:
 CANDIDATE_TILES = ((64, 64), (64, 128), (64, 256), (128, 128), (128, WIDE_N), (128, 256))
 CANDIDATE_SPLIT_TILES = ((64, 64), (64, 128), (128, 128))
 CANDIDATE_PINGPONG_TILES = ((128, 128), (64, 256))
+# Tile widths of 64-row tiles whose K steps two warpgroups share (sliced-K),
+# alone and split (as CANDIDATE_SPLIT_TILES).
+CANDIDATE_SLICED_WIDTHS = (64, 128)
 CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
 # Split-K across a cluster's blocks (gemm_cluster_split_k_kernel) among the
@@ -899,8 +957,9 @@ CANDIDATE_CLUSTER_SPLITS = (2, 4, 8)
 def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     """The plans `benchmarks/gemm_plan_table.py` times for one M x N x K
     product: the rules' plan first, the autotuned kernel, every tile of
-    CANDIDATE_TILES and of CANDIDATE_PINGPONG_TILES (ping-pong), K splits of
-    the split tiles that keep at least MIN_CANDIDATE_SLICE_STEPS K steps per
+    CANDIDATE_TILES, of CANDIDATE_PINGPONG_TILES (ping-pong) and of
+    CANDIDATE_SLICED_WIDTHS (sliced-K), K splits of the split tiles and the
+    sliced ones that keep at least MIN_CANDIDATE_SLICE_STEPS K steps per
     slice and at most two waves of blocks, stream-K over the split tiles
     where they make fewer than two waves, and (CLUSTER_SPLIT_CANDIDATES) K
     split across the blocks of a cluster likewise. Any of them computes any
@@ -915,22 +974,29 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     for bm, bn in CANDIDATE_PINGPONG_TILES:
         plans.append(Plan("tiles", MappingProxyType(pingpong_config(bm, bn)),
                           f"tiles of {bm} x {bn}, two warpgroups in turn (ping-pong)"))
+    sliced = " K steps alternating between two warpgroups (sliced-K)"
+    for bn in CANDIDATE_SLICED_WIDTHS:
+        plans.append(Plan("tiles", MappingProxyType(sliced_config(bn)),
+                          f"tiles of 64 x {bn},{sliced}"))
     for bm, bn in CANDIDATE_SPLIT_TILES:
         if tk.cdiv(M, bm) * tk.cdiv(N, bn) < 2 * sms:     # (stream-K: for a wave or two)
             plans.append(Plan("stream_k", MappingProxyType(stream_k_config(bm, bn)),
                               f"tiles of {bm} x {bn}, stream-K (K steps cut evenly among "
                               f"the blocks)"))
     steps = tk.cdiv(K, 64)
-    for bm, bn in CANDIDATE_SPLIT_TILES:
+    split_tiles = [(bm, bn, split_tile_config(bm, bn), "") for bm, bn in CANDIDATE_SPLIT_TILES]
+    split_tiles += [(64, bn, sliced_config(bn, split=True), ",") for bn in CANDIDATE_SLICED_WIDTHS]
+    for bm, bn, config, how in split_tiles:
         tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
         for parts in CANDIDATE_SPLITS:
             parts = tk.cdiv(steps, tk.cdiv(steps, parts))    # (no slice without K steps)
             if parts >= 2 and tk.cdiv(steps, parts) >= MIN_CANDIDATE_SLICE_STEPS \
                     and tiles * parts <= 2 * sms:
-                plans.append(Plan("split_k",
-                                  MappingProxyType({**split_tile_config(bm, bn),
-                                                    "SPLIT_K": parts}),
-                                  f"tiles of {bm} x {bn}, K in {parts} slices"))
+                plans.append(Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
+                                  f"tiles of {bm} x {bn}, K in {parts} slices" +
+                                  (how and how + sliced)))
+        if how:
+            continue
         for split in CANDIDATE_CLUSTER_SPLITS if CLUSTER_SPLIT_CANDIDATES else ():
             if bm % (8 * split) == 0 and tk.cdiv(steps, split) >= MIN_CANDIDATE_SLICE_STEPS \
                     and tiles * split <= 2 * sms:

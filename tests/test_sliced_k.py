@@ -1,0 +1,101 @@
+"""The GEMM's sliced-K schedule (gemm SLICED_K, tk.lcf(sliced=True)): two
+consumer warpgroups compute each 64-row tile over alternate K steps, the
+second's partial added to the first's through shared memory.
+
+Without a GPU: the product in the interpreter against float64 (B as N x K
+and K x N, A as K x M, C += the product, split-K, odd step counts, tiles cut
+by the edges, blocks with one task, several or none), the argument rules,
+and ptxas (no spill, no C75xx). With one (`-m gpu`): the candidate plans on
+the GPU.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tk_mlir as tk
+from tk_mlir.kernels import gemm
+from torch_reference import gemm_operands, relative_error
+
+SLICED = dict(BM=64, BN=128, STAGES=4, SLICED_K=True, num_warps=12)
+
+
+@pytest.mark.parametrize("M, N, K, grid, b_kn", [
+    (70, 136, 576, 1, False),       # 9 K steps: the first consumer takes one more
+    (130, 256, 448, 3, True),       # 7 steps, tasks start on either consumer's stage
+    (64, 128, 64, 2, False),        # one step: the second consumer has none; a block has no task
+])
+def test_sliced_product_in_the_interpreter(M, N, K, grid, b_kn):
+    a, b, ref = gemm_operands(M, N, K, b_kn=b_kn)
+    c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    gemm.gemm_kernel.kernel.interpret[(grid,)](a, b, c, B_KN=b_kn, **SLICED)
+    assert relative_error(c, ref) < 8e-3
+
+
+def test_sliced_a_given_as_k_by_m_accumulates_into_c():
+    a, b, ref = gemm_operands(128, 64, 320, a_km=True)
+    c0 = torch.empty(128, 64).uniform_(-1, 1).bfloat16()
+    c = c0.clone()
+    gemm.gemm_kernel.kernel.interpret[(1,)](a, b, c, A_KM=True, ACCUMULATE=True,
+                                            **gemm.sliced_config(64))
+    assert relative_error(c, ref + c0.double()) < 8e-3
+
+
+def test_sliced_split_k_through_run_plan(interpret):
+    """The split and unsplit sliced candidates, as the table script runs them."""
+    a, b, ref = gemm_operands(100, 200, 1152)
+    plans = [p for p in gemm.candidate_plans(100, 200, 1152, 8) if p.config.get("SLICED_K")]
+    assert {p.kernel for p in plans} == {"tiles", "split_k"}
+    for chosen in plans:
+        c = torch.full((100, 200), float("nan"), dtype=torch.bfloat16)
+        gemm.run_plan(chosen, a, b, c, "nk", "mk", 8)
+        assert relative_error(c, ref) < 8e-3, chosen.why
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(BM=128), r"SLICED_K takes tiles of BM = 64 rows \(got 128\)"),
+    (dict(STAGES=2), r"lcf\(sliced=True\) .* stages a multiple of the consumers, two each at "
+                     r"least; got consumers=2, stages=2"),
+    (dict(STAGES=5), r"got consumers=2, stages=5"),
+    (dict(PINGPONG=True), "SLICED_K takes .* no CLUSTER, CLUSTER_SPLIT, PINGPONG"),
+])
+def test_sliced_rules(option, message):
+    a, b, _ = gemm_operands(256, 256, 128)
+    c = torch.empty(256, 256, dtype=torch.bfloat16)
+    with pytest.raises(tk.CompilationError, match=message):
+        gemm.gemm_kernel.kernel.compile(a, b, c, **{**SLICED, **option})
+
+
+@pytest.mark.parametrize("bn", [0, 96, 256])
+def test_sliced_config_refuses_widths_it_cannot_take(bn):
+    with pytest.raises(ValueError, match=rf"gemm.sliced_config: .*got bn={bn}"):
+        gemm.sliced_config(bn)
+
+
+@pytest.mark.parametrize("bn, b_kn", [(128, False), (64, True)])
+def test_sliced_compiles_without_spills_or_serialized_mmas(bn, b_kn):
+    spec = tk.spec((4096, 4096), tk.bf16)
+    compiled = gemm.gemm_kernel.kernel.compile(spec, spec, spec, B_KN=b_kn,
+                                               **gemm.sliced_config(bn))
+    assert compiled.info["spill stores (bytes)"] == 0, compiled.ptxas_log
+    assert not re.findall(r"C75\d\d", compiled.ptxas_log), compiled.ptxas_log
+    assert compiled.info["dynamic shared memory (bytes)"] <= 227 * 1024
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("bar.arrive") >= 2 and "wgmma.mma_async.sync.aligned.m64n" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_sliced_plans_on_the_gpu(b_layout):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for M, N, K in [(256, 4096, 4096), (64, 4096, 4096), (200, 1000, 2000), (1, 520, 136)]:
+        a, b, ref = gemm_operands(M, N, K, b_kn=b_layout == "kn", device="cuda")
+        for chosen in gemm.candidate_plans(M, N, K, sms):
+            if chosen.config.get("SLICED_K"):
+                c = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+                gemm.run_plan(chosen, a, b, c, b_layout, "mk", sms)
+                assert relative_error(c, ref) < 8e-3, (M, N, K, chosen.why)
