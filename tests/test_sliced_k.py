@@ -99,3 +99,16 @@ def test_sliced_plans_on_the_gpu(b_layout):
                 c = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
                 gemm.run_plan(chosen, a, b, c, b_layout, "mk", sms)
                 assert relative_error(c, ref) < 8e-3, (M, N, K, chosen.why)
+
+
+def test_a_sliced_split_plan_accumulates_with_its_tiles_unsplit(interpret):
+    """c += the product with a sliced split-K plan (linear_cross_entropy's
+    dweight): its tiles unsplit, the ring re-sized beside the epilogue's
+    staging tile (the split config's eight stages would not fit)."""
+    a, b, ref = gemm_operands(100, 200, 1152)
+    chosen = next(p for p in gemm.candidate_plans(100, 200, 1152, 8)
+                  if p.kernel == "split_k" and p.config.get("SLICED_K") and p.config["BN"] == 128)
+    c0 = torch.empty(100, 200).uniform_(-1, 1).bfloat16()
+    c = c0.clone()
+    gemm._accumulate(a, b, c, chosen, 8, False, False)
+    assert relative_error(c, ref + c0.double()) < 8e-3

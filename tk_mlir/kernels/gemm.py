@@ -129,7 +129,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     warpgroups compute each tile over alternate K steps (tk.lcf's sliced), the
     second's f32 partial added to the first's through shared memory, so two
     warpgroups issue MMAs where one 64-row tile has one; for plain, batched
-    and split-K products (A_KM, B_KN, SCALES, ACCUMULATE)."""
+    and split-K products (A_KM, B_KN, ACCUMULATE)."""
     batched = len(A.shape) == 3
     b_outer = len(B.shape) == 3                    # (SCATTER: one B for every owner)
     assert SCATTER is None or (batched and not b_outer), \
@@ -168,7 +168,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     assert not SLICED_K or (BM == 64 and CLUSTER == 1 and CLUSTER_SPLIT == 1 and not PINGPONG
                             and not STREAM_K and not grouped and OFFS is None
                             and SCATTER is None and GATHER is None), \
-        f"SLICED_K takes tiles of BM = 64 rows (got {BM}) of plain, batched or split-K " \
+        f"SLICED_K takes tiles of BM = 64 rows (got {BM}), of plain, batched or split-K " \
         f"products: no CLUSTER, CLUSTER_SPLIT, PINGPONG, STREAM_K, STARTS, SIZES, OFFS, " \
         f"SCATTER or GATHER"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
@@ -363,16 +363,19 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                                    EPI_BUFFERS, rows_of_g, add=True)
         elif SLICED_K:
             if sliced_sum(acc, task, wg):
-                store_tile(acc + tk.load(slices, layout="row", scope="warpgroup"), task, 0)
+                acc = acc + tk.load(slices, layout="row", scope="warpgroup")
                 if task + tk.grid_dim(0) < tasks * SPLIT_K:
                     tk.named_barrier_arrive(13, warps=8)     # slices read: free to rewrite
+                store_tile(acc, task, 0)
         else:
             store_tile(acc, task, wg)
 
     def sliced_sum(acc, task, wg):
         """SLICED_K: the second consumer's partial into `slices` (once the first
         has read the task before's); whether this is the first consumer, which
-        then finds it there (named barriers 13 and 14, 8 warps)."""
+        then finds it there (named barriers 13 and 14, 8 warps). The block's
+        tasks are block_id, + grid, ... (no cluster, no `active`): the first
+        and last are known without counting."""
         if wg == 1:
             if task >= tk.grid_dim(0):               # not the block's first task
                 tk.named_barrier(13, warps=8)
@@ -1195,7 +1198,8 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
     """c += the product by gemm_kernel with ACCUMULATE, which is never tuned
     (timing it would add into c at every launch): the config tuned for the
     same product stored, when there is one, else the first; a split-K plan
-    takes its tiles unsplit (split-K's partial sums store, not add)."""
+    takes its tiles unsplit (split-K's partial sums store, not add; a sliced
+    one its ring re-sized beside the epilogue's staging tile)."""
     if chosen.kernel == "autotuned":
         tuned = None
         if a.is_cuda:
@@ -1203,6 +1207,8 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
             with torch.cuda.device(a.device):       # (best_config asks the current device)
                 tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km))
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()
+    elif chosen.config.get("SLICED_K"):
+        config = sliced_config(chosen.config["BN"])
     else:       # (a split plan's tiles, unsplit)
         config = {k: v for k, v in chosen.config.items()
                   if k not in ("SPLIT_K", "STREAM_K", "SPLIT")}
