@@ -5,6 +5,7 @@ On the GPU machine, from the repository root:
     python3 benchmarks/decode_attention.py --out-dir "$OUT"      # the issue's shapes
     python3 benchmarks/decode_attention.py --configs "8,32,8,8192,128"   # B,H,H_kv,N_kv,D
     python3 benchmarks/decode_attention.py --paged 16,256        # also paged caches
+    python3 benchmarks/decode_attention.py --bn 64 --stages 4     # tk_mlir with other knobs
 
 Every sequence holds N_kv keys (the peers attend over the whole cache); bf16;
 the cache is (B, N_kv, H_kv, D) for tk_mlir and FA4, (B, H_kv, N_kv, D) for
@@ -117,15 +118,37 @@ def run(config, names, timing, pages) -> list[dict]:
     return rows
 
 
+def override_knobs(bn: int | None, stages: int | None) -> None:
+    """tk_mlir's key block (dense caches) and ring stages set for this run
+    (decode_attention._config wrapped: a knob experiment, not a setting)."""
+    from tk_mlir.kernels import decode_attention as da
+    chosen = da._config
+
+    def config(d, page):
+        c = chosen(d, page)
+        if bn and not page:
+            c["BN"] = bn
+        if stages:
+            c["STAGES"] = stages
+        return c
+    da._config = config
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", help="B,H,H_kv,N_kv,D;... (default: the issue's shapes)")
     ap.add_argument("--impls", default="tk_mlir,cudnn,fa2,fa4")
     ap.add_argument("--paged", default="", help="page sizes to time tk_mlir paged at, e.g. 16,256")
     ap.add_argument("--quick", action="store_true", help="short timing (a smoke run)")
+    ap.add_argument("--bn", type=int, help="tk_mlir's key block on a dense cache (a multiple "
+                    "of 16; default: decode_attention._config's per head dim)")
+    ap.add_argument("--stages", type=int, help="tk_mlir's K/V ring stages (default: "
+                    "decode_attention.STAGES)")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     P.require_cuda("benchmarks/decode_attention.py")
+    if args.bn or args.stages:
+        override_knobs(args.bn, args.stages)
     configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
                if args.configs else ISSUE_SHAPES)
     timing = dict(graph=True, **(dict(warmup=20, iters=20, repeats=1, pause_s=0.05)
@@ -136,9 +159,10 @@ def main(argv=None) -> int:
     cols = ["shape", "impl", ("us", "µs"), ("gbs", "GB/s"), ("vs_best_peer", "best peer / this"),
             ("rel_err", "rel err"), "status"]
     print("\n" + P.markdown_table(rows, cols) + "\n")
-    P.write_results("decode-attention", rows, {"timing": timing, "tol": TOL,
-                                               "bytes": "K and V of the whole cache"},
-                    args.out_dir)
+    knobs = "".join(f"-{k}{v}" for k, v in (("bn", args.bn), ("stages", args.stages)) if v)
+    meta = {"timing": timing, "tol": TOL, "bytes": "K and V of the whole cache",
+            "bn": args.bn, "stages": args.stages}
+    P.write_results("decode-attention" + knobs, rows, meta, args.out_dir)
     return 0
 
 
