@@ -988,18 +988,18 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
                               f"the blocks)"))
     steps = tk.cdiv(K, 64)
     split_tiles = [(bm, bn, split_tile_config(bm, bn), "") for bm, bn in CANDIDATE_SPLIT_TILES]
-    split_tiles += [(64, bn, sliced_config(bn, split=True), ",") for bn in CANDIDATE_SLICED_WIDTHS]
-    for bm, bn, config, how in split_tiles:
+    split_tiles += [(64, bn, sliced_config(bn, split=True), "," + sliced)
+                    for bn in CANDIDATE_SLICED_WIDTHS]
+    for bm, bn, config, suffix in split_tiles:
         tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
         for parts in CANDIDATE_SPLITS:
             parts = tk.cdiv(steps, tk.cdiv(steps, parts))    # (no slice without K steps)
             if parts >= 2 and tk.cdiv(steps, parts) >= MIN_CANDIDATE_SLICE_STEPS \
                     and tiles * parts <= 2 * sms:
                 plans.append(Plan("split_k", MappingProxyType({**config, "SPLIT_K": parts}),
-                                  f"tiles of {bm} x {bn}, K in {parts} slices" +
-                                  (how and how + sliced)))
-        if how:
-            continue
+                                  f"tiles of {bm} x {bn}, K in {parts} slices{suffix}"))
+        if config.get("SLICED_K"):
+            continue                     # (a cluster's blocks split K, not its warpgroups)
         for split in CANDIDATE_CLUSTER_SPLITS if CLUSTER_SPLIT_CANDIDATES else ():
             if bm % (8 * split) == 0 and tk.cdiv(steps, split) >= MIN_CANDIDATE_SLICE_STEPS \
                     and tiles * split <= 2 * sms:
