@@ -56,9 +56,9 @@ def test_sliced_split_k_through_run_plan(interpret):
 
 @pytest.mark.parametrize("option, message", [
     (dict(BM=128), r"SLICED_K takes tiles of BM = 64 rows \(got 128\)"),
-    (dict(STAGES=2), r"lcf\(sliced=True\) .* stages a multiple of the consumers, two each at "
-                     r"least; got consumers=2, stages=2"),
-    (dict(STAGES=5), r"got consumers=2, stages=5"),
+    (dict(STAGES=2), r"lcf\(sliced=True\) needs stages a multiple of the consumers .* at "
+                     r"least two stages per consumer .*: stages=2 with consumers=2; try 4"),
+    (dict(STAGES=5), r"stages=5 with consumers=2; try 6"),
     (dict(PINGPONG=True), "SLICED_K takes .* no CLUSTER, CLUSTER_SPLIT, PINGPONG"),
 ])
 def test_sliced_rules(option, message):
@@ -112,3 +112,32 @@ def test_a_sliced_split_plan_accumulates_with_its_tiles_unsplit(interpret):
     c = c0.clone()
     gemm._accumulate(a, b, c, chosen, 8, False, False)
     assert relative_error(c, ref + c0.double()) < 8e-3
+
+
+@tk.kernel(num_warps=12)
+def _sliced_lcf(A: tk.gl, C: tk.gl[tk.f32], CONSUMERS: tk.constexpr, PINGPONG: tk.constexpr):
+    def load(task, k, a, sem):
+        tk.tma.load_async(a, A, (task, k), sem)
+
+    def setup(task, wg):
+        return tk.zeros((64, 64), tk.f32, layout="row", scope="warpgroup")
+
+    def compute(acc, wg, a):
+        return tk.mma_ABt(acc, a, a)
+
+    def finish(acc, task, wg):
+        tk.atomic_add(C, acc, (task, 0))
+
+    tk.lcf(2, 2, [(A.dtype, (64, 64), 128)], load, setup, compute, finish, stages=4,
+           consumers=CONSUMERS, pingpong=PINGPONG, sliced=True)
+
+
+@pytest.mark.parametrize("consumers, pingpong, message", [
+    (2, True, r"lcf\(sliced=True\) and pingpong=True are two schedules .*: pick one"),
+    (1, False, r"lcf\(sliced=True\) shares .* consumers >= 2, got 1"),
+])
+def test_lcf_sliced_rules(consumers, pingpong, message):
+    with pytest.raises(tk.CompilationError, match=message):
+        _sliced_lcf.compile(tk.spec((128, 128), tk.bf16), tk.spec((128, 64), tk.f32),
+                            CONSUMERS=consumers, PINGPONG=pingpong,
+                            num_warps=4 * (consumers + 1))

@@ -79,6 +79,25 @@ def store_in_pieces(dst, tile, row, col, cols, consumer, staging=None, buffers=1
 
 
 @func
+def _check_sliced(consumers, stages, pingpong, prepare):
+    """lcf(sliced=True)'s rules, each with its reason."""
+    assert consumers >= 2, \
+        f"lcf(sliced=True) shares a task's iterations among consumer warpgroups: consumers " \
+        f">= 2, got {consumers}"
+    assert not pingpong, \
+        "lcf(sliced=True) and pingpong=True are two schedules (consumers taking a task's " \
+        "iterations in turn, or whole tasks in turn): pick one"
+    assert prepare is None, \
+        "lcf(sliced=True) takes no prepare= (it fixes a task's first and last stages, which " \
+        "belong to different consumers here)"
+    assert stages % consumers == 0 and stages >= 2 * consumers, \
+        f"lcf(sliced=True) needs stages a multiple of the consumers (a stage always goes to " \
+        f"the same one) and at least two stages per consumer (one hands a stage back once its " \
+        f"next is issued): stages={stages} with consumers={consumers}; try " \
+        f"{max(2, -(-stages // consumers)) * consumers}"
+
+
+@func
 def register_split(consumers, consumer_registers, producer_registers):
     """Check that `consumers` warpgroups at consumer_registers per thread and
     one producer at producer_registers fit the registers the block starts
@@ -143,12 +162,8 @@ def lcf(tasks, iters, inputs, load, setup, compute, finish, stages=4, consumers=
     back once its next one's MMAs are issued). Each ends the task with a
     partial result: `finish` runs in every consumer, and summing them is the
     kernel's (gemm's SLICED_K)."""
-    assert not sliced or (consumers >= 2 and not pingpong and prepare is None
-                          and stages % consumers == 0 and stages >= 2 * consumers), \
-        f"lcf(sliced=True) shares each task's iterations among consumers >= 2 warpgroups, " \
-        f"with no pingpong or prepare, and stages a multiple of the consumers, two each at " \
-        f"least; got " \
-        f"consumers={consumers}, stages={stages}"
+    if sliced:
+        _check_sliced(consumers, stages, pingpong, prepare)
     assert tk.num_warps() == 4 * (consumers + 1), \
         f"lcf with {consumers} consumer warpgroups needs num_warps={4 * (consumers + 1)} " \
         f"(one more warpgroup loads), the kernel has {tk.num_warps()}"
