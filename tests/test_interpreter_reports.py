@@ -483,6 +483,32 @@ def test_a_warp_reaching_a_named_barrier_twice_in_one_use():
                      e.message), e.message
 
 
+@tk.kernel(num_warps=8)
+def skips_its_arrival(A: tk.gl, C: tk.gl):
+    """Warpgroup 0 waits at a named barrier warpgroup 1 never reaches, and
+    warpgroup 1 waits for a semaphore warpgroup 0 arrives on after it."""
+    wg = tk.warpgroup_id()
+    sem = tk.semaphore()
+    if wg == 0:
+        tk.named_barrier(1, warps=8)          # MARK: never met
+        if tk.elect_leader("warpgroup"):
+            tk.arrive(sem)
+    else:
+        tk.wait(sem, 0)
+    x = tk.load(A, (wg, 0), (64, 64), layout="row", scope="warpgroup")
+    tk.store(C, x.to(f32), (wg, 0))
+
+
+def test_a_deadlock_at_a_named_barrier_says_how_barriers_count():
+    """The hint is about the barrier (the semaphore waits only follow from
+    it), not semaphore parities."""
+    e = report(skips_its_arrival, *inputs(128), same_line=False)
+    assert re.search(rf"warps 0-3 wait at \S+:{line_of('MARK: never met')} on named barrier 1 "
+                     rf"\(4 of 8", e.message), e.message
+    assert "a named barrier lets its warps go once every warp it counts" in e.message
+    assert "parity k & 1" not in e.message
+
+
 # ------------------------------------------------------- indices, races
 
 @tk.kernel(num_warps=4)

@@ -434,7 +434,8 @@ def _named_barrier(op, num_warps):
             return
         while b.generation <= gen:
             yield Blocked(lambda: b.generation > gen,
-                          lambda: f"at {at} on named barrier {i} ({b.state()})", loc)
+                          lambda: f"at {at} on named barrier {i} ({b.state()})", loc,
+                          barrier=True)
         w.block.acquire(w.index, b.released[gen], BY_BARRIER)
     return barrier
 

@@ -298,7 +298,8 @@ class Blocked:
     flag in global memory (tk.wait_signal), which a producer may set only
     after loads of its own, so a semaphore short of bytes is then not the
     likely cause of a deadlock; `semaphore`: for a semaphore's phase (a
-    deadlock report then says how parities count)."""
+    deadlock report then says how parities count, unless `barrier`: a warp
+    waits at a named barrier, then it says how barriers count)."""
     ready: object
     describe: object
     loc: object
@@ -306,6 +307,7 @@ class Blocked:
     flag: bool = False
     watch: tuple = ()
     semaphore: bool = False
+    barrier: bool = False
 
 
 class Waiters(dict):
@@ -583,12 +585,24 @@ def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
     if returned:
         lines.append(f"{_warps(sorted(returned))} returned")
     first = blocked[min(blocked)]
-    parity = "" if flag_wait or not any(b.semaphore for b in blocked.values()) else (
-        " (a semaphore wait whose parity is one phase off returns at once where it should "
-        "block, or blocks for good: phase k, counting from 0, completes with parity k & 1, and "
-        "a fresh semaphore counts as having completed parity 1)")
     return error(first.loc, f"deadlock in block {block.name}: every warp is blocked and no "
-                            f"TMA load is in flight{others}; " + "; ".join(lines) + parity)
+                            f"TMA load is in flight{others}; " + "; ".join(lines) +
+                 _deadlock_hint(blocked.values(), flag_wait))
+
+
+def _deadlock_hint(blocked, flag_wait: bool) -> str:
+    """How the waits in a deadlock count: named barriers first (a warp held at
+    one also holds up every semaphore it would have arrived on after it),
+    else semaphore parities."""
+    if any(b.barrier for b in blocked):
+        return (" (a named barrier lets its warps go once every warp it counts has reached a "
+                "tk.named_barrier or tk.named_barrier_arrive on its id: look for a warp that "
+                "skips its arrival, or arrives on another id or with another count)")
+    if flag_wait or not any(b.semaphore for b in blocked):
+        return ""
+    return (" (a semaphore wait whose parity is one phase off returns at once where it should "
+            "block, or blocks for good: phase k, counting from 0, completes with parity k & 1, "
+            "and a fresh semaphore counts as having completed parity 1)")
 
 
 def _warps(indices: list[int]) -> str:
