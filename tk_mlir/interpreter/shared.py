@@ -75,12 +75,14 @@ class SemRef:
 
     def describe(self) -> str:
         """Named by its allocation's line; the second of two allocations
-        there (a tk.ring's empty semaphores, after its full ones) says so."""
+        there (a tk.ring's or tk.lcf's empty semaphores, after its full ones)
+        says so."""
         at = "" if self.index is None else f"[{self.index}]"
         nth = self.alloc.nth
+        ring = ": a tk.ring or tk.lcf makes its full ones, then its empty ones"
         again = "" if not nth else \
             f" (the {_ORDINALS[nth] if nth < len(_ORDINALS) else f'{nth + 1}th'} semaphores " \
-            f"made there{': a tk.ring makes its full ones, then its empty ones' if nth == 1 else ''})"
+            f"made there{ring if nth == 1 else ''})"
         return f"semaphore{at} allocated at {self.alloc.where}{again}"
 
 
