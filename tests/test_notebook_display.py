@@ -164,4 +164,4 @@ def test_cut_listings_keep_each_python_lines_code(small, gemm, pages):
 def test_asm_names_its_stages_and_repr_counts_them_alike(gemm):
     with pytest.raises(KeyError, match=r"asm\['nope'\]: no such stage; the stages are python, tk"):
         gemm.asm["nope"]
-    assert f"{len(gemm.asm)} stages" in repr(gemm)
+    assert f"{len(gemm.asm)} IR stages (.asm)" in repr(gemm)

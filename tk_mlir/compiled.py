@@ -89,7 +89,7 @@ class CompiledKernel:
         """One line (the stages and the cubin are in .asm / ._repr_html_)."""
         if not self.assembled:
             return (f"<CompiledKernel {self.name}: {self.num_warps} warps, "
-                    f"{self.smem_bytes} bytes shared memory, {len(self.asm)} stages "
+                    f"{self.smem_bytes} bytes shared memory, {len(self.asm)} IR stages "
                     f"(PTX, not assembled: no ptxas)>")
         info = ptxas_info(self.ptxas_log)
         spills = info.get("spill stores (bytes)", 0) + info.get("spill loads (bytes)", 0)
@@ -98,7 +98,7 @@ class CompiledKernel:
                  f"{spills} bytes spilled" if spills else "no spills",
                  f"{self.smem_bytes} bytes shared memory",
                  f"cluster {self.cluster}" if self.cluster > 1 else None,
-                 f"{len(self.asm)} stages"]
+                 f"{len(self.asm)} IR stages (.asm)"]
         return f"<CompiledKernel {self.name}: {', '.join(p for p in parts if p)}>"
 
     @property
