@@ -362,20 +362,16 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
                 tk.store_in_pieces(C, acc, 2 * m + wg, n * (BN // EPI_N), EPI_N, wg, c_tiles,
                                    EPI_BUFFERS, rows_of_g, add=True)
         elif SLICED_K:
-            if sliced_sum(acc, task, wg):
-                acc = acc + tk.load(slices, layout="row", scope="warpgroup")
-                if task + tk.grid_dim(0) < tasks * SPLIT_K:
-                    tk.named_barrier_arrive(13, warps=8)     # slices read: free to rewrite
-                store_tile(acc, task, 0)
+            store_slices(acc, task, wg)
         else:
             store_tile(acc, task, wg)
 
-    def sliced_sum(acc, task, wg):
+    def store_slices(acc, task, wg):
         """SLICED_K: the second consumer's partial into `slices` (once the first
-        has read the task before's); whether this is the first consumer, which
-        then finds it there (named barriers 13 and 14, 8 warps). The block's
-        tasks are block_id, + grid, ... (no cluster, no `active`): the first
-        and last are known without counting."""
+        has read the task before's), the first's plus it stored by the first
+        (named barriers 13 and 14, 8 warps). The block's tasks are block_id,
+        + grid, ... (no cluster, no `active`): the first and last are known
+        without counting."""
         if wg == 1:
             if task >= tk.grid_dim(0):               # not the block's first task
                 tk.named_barrier(13, warps=8)
@@ -383,7 +379,10 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
             tk.named_barrier_arrive(14, warps=8)
         else:
             tk.named_barrier(14, warps=8)
-        return wg == 0
+            total = acc + tk.load(slices, layout="row", scope="warpgroup")
+            if task + tk.grid_dim(0) < tasks * SPLIT_K:
+                tk.named_barrier_arrive(13, warps=8)     # slices read: free to rewrite
+            store_tile(total, task, 0)
 
     def row_scaled(acc, row):
         """acc times SA's rows (one value or a 64-row vector) and, when SB is
