@@ -94,7 +94,17 @@ def _check_sliced(consumers, stages, pingpong, prepare):
         f"lcf(sliced=True) needs stages a multiple of the consumers (a stage always goes to " \
         f"the same one) and at least two stages per consumer (one hands a stage back once its " \
         f"next is issued): stages={stages} with consumers={consumers}; try " \
-        f"{max(2, -(-stages // consumers)) * consumers}"
+        f"{_sliced_stages_hint(stages, consumers)}"
+
+
+def _sliced_stages_hint(stages, consumers):
+    """The valid stage counts nearest `stages` for lcf(sliced=True): the
+    multiple of the consumers below it first (more stages may not fit in
+    shared memory), else the smallest allowed."""
+    below, lowest = stages // consumers * consumers, 2 * consumers
+    if below >= lowest:
+        return f"{below} (or {below + consumers} if shared memory holds it)"
+    return f"{lowest}"
 
 
 @func

@@ -165,12 +165,14 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
         f"CLUSTER_SPLIT={CLUSTER_SPLIT}: 2, 4 or 8 blocks, for a plain 2-D product (no " \
         f"SPLIT_K, CLUSTER, grouping, SCALES, ACCUMULATE, PINGPONG, STREAM_K, A_KM, " \
         f"SCATTER or GATHER), BM a multiple of 8 rows per block"
-    assert not SLICED_K or (BM == 64 and CLUSTER == 1 and CLUSTER_SPLIT == 1 and not PINGPONG
+    assert not SLICED_K or BM == 64, \
+        f"SLICED_K takes tiles of BM = 64 rows (got {BM}): two warpgroups share one 64-row " \
+        f"tile's K steps (gemm.sliced_config makes a config)"
+    assert not SLICED_K or (CLUSTER == 1 and CLUSTER_SPLIT == 1 and not PINGPONG
                             and not STREAM_K and not grouped and OFFS is None
                             and SCATTER is None and GATHER is None), \
-        f"SLICED_K takes tiles of BM = 64 rows (got {BM}), of plain, batched or split-K " \
-        f"products: no CLUSTER, CLUSTER_SPLIT, PINGPONG, STREAM_K, STARTS, SIZES, OFFS, " \
-        f"SCATTER or GATHER"
+        "SLICED_K is built for plain, batched or split-K products: no CLUSTER, " \
+        "CLUSTER_SPLIT, PINGPONG, STREAM_K, STARTS, SIZES, OFFS, SCATTER or GATHER"
     assert not STREAM_K or (SPLIT_K == 1 and W is not None and CLUSTER == 1 and not grouped
                             and OFFS is None and SCATTER is None and GATHER is None
                             and SCALES is None and not ACCUMULATE and not PINGPONG), \
@@ -921,7 +923,7 @@ def sliced_config(bn: int, split: bool = False) -> dict:
     steps, the second's partial summed through a 64 x bn f32 tile, and the
     deepest ring of an even number of stages that fits beside it (and the
     first one's epilogue staging tile, not split)."""
-    if bn % 64 or not 64 <= bn <= 128:
+    if type(bn) is not int or bn % 64 or not 64 <= bn <= 128:
         raise ValueError(f"gemm.sliced_config: tiles of 64 x bn, bn 64 or 128 (a 64 x bn f32 "
                          f"partial beside the ring), got bn={bn}")
     staging = 0 if split else 64 * bn * 2
