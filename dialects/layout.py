@@ -249,7 +249,11 @@ def decode(text: str, length: int) -> Layout:
 
 def _log2(n: int, what: str) -> int:
     if n <= 0 or n & (n - 1):
-        raise LayoutError(f"{what} must be a power of two, got {n}")
+        fix = ""
+        if what == "warps" and n > 0:       # (a block-scope tile in a kernel of 6 or 12 warps)
+            fix = (f": a tile spreads over a power of two of warps; in a kernel of {n} warps "
+                   f"give it scope=\"warpgroup\" (4 warps) or scope=\"warp\"")
+        raise LayoutError(f"{what} must be a power of two, got {n}{fix}")
     return n.bit_length() - 1
 
 

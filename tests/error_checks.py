@@ -41,7 +41,8 @@ def check_error(e: tk.CompilationError, marker: str, at: str, message: str | re.
     assert rendered[0] == f"{e.filename}:{line}:{col + 1}: error: {e.message}"
     assert rendered[1] == "    " + text.rstrip()
     assert rendered[2] == "    " + " " * col + "^"
-    assert len(rendered) == 3
+    # then the calls that led there, when the line is in a function inlined
+    assert all(r.startswith(("  called from ", "  ... and ")) for r in rendered[3:]), rendered
     # What the user sees: raised `from None`, no chained compiler exception...
     assert e.__cause__ is None and e.__suppress_context__
     # ...and no frame of the frontend, the passes or the lowering.

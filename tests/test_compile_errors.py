@@ -86,6 +86,32 @@ def k_loop_name_reused(X: tk.gl[f32], n: int):
 
 
 @tk.kernel
+def k_loop_helper_returns_nothing(X: tk.gl[f32], n: int):
+    def step_without_return(acc, x):
+        acc = acc + x            # (no return: the caller gets None)
+    acc = tk.zeros((16, 16), f32)
+    for _ in range(n):  # E:noreturn
+        acc = step_without_return(acc, tk.load(X, (0, 0), (16, 16)))
+    tk.store(X, acc, (0, 0))
+
+
+@tk.func
+def store_three_coordinates(X, t):
+    tk.store(X, t, (0, 0, 0))  # E:in-func
+
+
+@tk.kernel
+def k_error_in_a_func(X: tk.gl[f32]):
+    store_three_coordinates(X, tk.zeros((16, 16), f32))  # E:func-call
+
+
+@tk.kernel(num_warps=12)
+def k_block_tile_over_12_warps(X: tk.gl[f32]):
+    acc = tk.zeros((64, 64), f32, layout="row")  # E:twelve
+    tk.store(X, acc, (0, 0))
+
+
+@tk.kernel
 def k_break(X: tk.gl[f32], n: int):
     for i in range(n):
         break  # E:break
@@ -298,6 +324,30 @@ def k_fp8(X: tk.gl[tk.f8e4m3], Y: tk.gl[tk.f32]):
 ])
 def test_unsupported_python(kernel, args, marker, at, message):
     check_error(compile_error(kernel, *args), marker, at, message)
+
+
+def test_a_loop_carried_name_given_none_asks_for_the_missing_return():
+    """A tile reassigned in a loop the result of a helper that forgot its
+    `return`: the error says so, at the loop, and calls the tile a tile."""
+    check_error(compile_error(k_loop_helper_returns_nothing, F32, 3), "noreturn", "for",
+                "'acc' is <Tile: f32 16x16 tile (vec, block)> before the loop and None after "
+                "one iteration: was it assigned the result of a function (a helper, or a "
+                "tk.lcf callback) that ends without `return`?")
+
+
+def test_an_error_in_a_tk_func_shows_the_call_that_led_there():
+    e = compile_error(k_error_in_a_func, F32)
+    check_error(e, "in-func", "tk.store", "tk.store needs 2 coordinates")
+    line, text = markers.marked(HERE, "func-call")
+    assert e.callers == [(str(HERE), line)]
+    assert str(e).split("\n")[3] == f"  called from {HERE}:{line}: {text.strip()}"
+
+
+def test_a_block_tile_in_a_kernel_of_twelve_warps_is_told_of_scopes():
+    check_error(compile_error(k_block_tile_over_12_warps, F32), "twelve", "tk.zeros",
+                'warps must be a power of two, got 12: a tile spreads over a power of two of '
+                'warps; in a kernel of 12 warps give it scope="warpgroup" (4 warps) or '
+                'scope="warp"')
 
 
 def test_a_loop_carried_name_given_something_else_is_named():

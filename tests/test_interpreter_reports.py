@@ -191,6 +191,31 @@ def test_every_thread_arriving_overflows_the_semaphore():
     assert "waits for 4 more of its 4 arrival(s)" in e.message
 
 
+@tk.kernel(num_warps=8)
+def producer_elected_per_warp(X: tk.gl, Y: tk.gl):
+    """A producer warpgroup that elects a thread per warp (tk.elect_leader()'s
+    default) where one per warpgroup was meant: four expects, one arrival."""
+    ring = tk.ring(X.dtype, (64, 64), 2)
+    if tk.warpgroup_id() == 1:
+        if tk.elect_leader():
+            tile, sem = ring.fill(0)     # MARK: per-warp fill
+            tk.tma.load_async(tile, X, (0, 0), sem)
+    else:
+        s = ring.wait(0)
+        tk.store(Y, tk.load(s, layout="row", scope="warpgroup").to(Y.dtype), (0, 0))
+        tk.named_barrier(1, warps=4)
+        ring.release(0)
+
+
+def test_a_producer_elected_per_warp_is_told_of_the_warpgroup_election():
+    e = report(producer_elected_per_warp, *inputs(64), same_line=True)
+    assert e.line == line_of("MARK: per-warp fill")
+    assert "arrival overflow" in e.message
+    assert re.search(r"warps [4-7](, [4-7])* and [4-7] each arrived from this line: "
+                     r"tk.elect_leader\(\) elects one thread per warp, "
+                     r'tk.elect_leader\("warpgroup"\) one per warpgroup', e.message), e.message
+
+
 def test_producer_that_never_waits_for_the_empty_slot_races():
     """The third load overwrites slot 0 with nothing ordering it after the
     consumer's read of the first tile, nor after the first load's write (a

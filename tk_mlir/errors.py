@@ -12,14 +12,30 @@ import sys
 from pathlib import Path
 
 
+# The inlined calls an error shows under it (innermost first; a recursion
+# that ran too deep would show hundreds).
+MAX_CALLERS_SHOWN = 8
+
+
 class CompilationError(Exception):
     def __init__(self, message: str, filename: str | None = None,
                  line: int | None = None, col: int | None = None):
         self.message, self.filename, self.line, self.col = message, filename, line, col
+        self.callers: list[tuple[str, int]] = []    # inlined calls out to the kernel
         super().__init__(self._render())
 
     def _render(self) -> str:
-        return _render(self.message, self.filename, self.line, self.col, "error")
+        shown = self.callers[:MAX_CALLERS_SHOWN]
+        more = len(self.callers) - len(shown)
+        return _render(self.message, self.filename, self.line, self.col, "error") + "".join(
+            f"\n  called from {f}:{n}: {linecache.getline(f, n).strip()}"
+            for f, n in shown) + (f"\n  ... and {more} more call(s) out" if more else "")
+
+    def called_from(self, filename: str, line: int) -> None:
+        """Add the call (an inlined function's, innermost first) that led to
+        the error, shown under it as a traceback would."""
+        self.callers.append((filename, line))
+        self.args = (self._render(),)
 
 
 def _render(message: str, filename: str | None, line: int | None, col: int | None,

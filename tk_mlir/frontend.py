@@ -352,6 +352,16 @@ class KernelBuilder(ast.NodeVisitor):
         self.scope[node.name] = LocalFunc(node, inspect.Signature(params), self.filename,
                                           self.globals, self)
 
+    def _callback_call(self, node, callee) -> str:
+        """For a user's function that a tk_mlir helper calls (a tk.lcf
+        callback): how the helper calls it and how it is defined, since the
+        error is shown at the user's call of the helper."""
+        if not in_tk_mlir_helpers(self.filename) or in_tk_mlir_helpers(callee.filename):
+            return ""
+        return (f" (tk_mlir calls it as {ast.unparse(node)}; it is defined at "
+                f"{callee.filename}:{callee.node.lineno} as "
+                f"{callee.node.name}{callee.signature})")
+
     def inline(self, node, callee, args, kwargs):
         """Call a tk.func or a function defined in the kernel: run its body
         here, in a scope of its own."""
@@ -363,7 +373,8 @@ class KernelBuilder(ast.NodeVisitor):
             bound = callee.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise self.error(node, _bad_keyword(callee.signature, callee.node.name, kwargs)
-                             or f"{callee.node.name}(): {e}") from None
+                             or f"{callee.node.name}(): {e}{self._callback_call(node, callee)}"
+                             ) from None
         bound.apply_defaults()
         call = InlinedCall(callee.node.name, (callee.filename, callee.node.lineno,
                                               callee.node.col_offset), dict(bound.arguments))
@@ -388,6 +399,9 @@ class KernelBuilder(ast.NodeVisitor):
             if type(e) is CompilationError and in_tk_mlir_helpers(e.filename) and \
                     not in_tk_mlir_helpers(self.filename):
                 raise self.error(node, e.message) from None
+            if e.filename is not None and not in_tk_mlir_helpers(self.filename) and \
+                    (e.filename, e.line) != (self.filename, node.lineno):
+                e.called_from(self.filename, node.lineno)     # (the user's own call)
             raise
         except RecursionError:
             # Python's stack ran out before MAX_INLINE_DEPTH (deeply nested
@@ -695,12 +709,17 @@ class KernelBuilder(ast.NodeVisitor):
             yields = []
             for n, init, arg in zip(carried, inits, loop.inner_iter_args):
                 v = self.scope.get(n, V.wrap(arg))
+                was = f"a number ({init.ir_type})" if isinstance(init, V.Scalar) else repr(init)
+                if v is None:
+                    raise self.error(node, f"'{n}' is {was} before the loop and None after "
+                                           f"one iteration: was it assigned the result of a "
+                                           f"function (a helper, or a tk.lcf callback) that "
+                                           f"ends without `return`?")
                 if not _is_runtime(v) and not isinstance(v, (bool, int, float)):
-                    raise self.error(node, f"'{n}' is a number ({init.ir_type}) before the loop "
-                                           f"and {_what(v)} after one iteration: a name the "
-                                           f"loop reassigns is carried from one iteration to "
-                                           f"the next and keeps its type; give the new value "
-                                           f"another name")
+                    raise self.error(node, f"'{n}' is {was} before the loop and {_what(v)} "
+                                           f"after one iteration: a name the loop reassigns is "
+                                           f"carried from one iteration to the next and keeps "
+                                           f"its type; give the new value another name")
                 v = v if _is_runtime(v) else V.as_scalar(v)
                 _settle_auto_layout(v.value, init.value, arg, loop.results[len(yields)])
                 if v.ir_type == ir.F32Type.get() and init.ir_type != v.ir_type:

@@ -51,7 +51,8 @@ def _arrive(op, num_warps):
     loc, at = op.loc, op.at
     def arrive(w, sem):
         block = w.block
-        block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, by=w.index)
+        block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, by=w.index,
+                                         warp=w.index)
         w.clock[w.index] += 1
         yield YIELD
     return arrive
@@ -61,7 +62,8 @@ def _arrive(op, num_warps):
 def _expect_bytes(op, num_warps):
     loc, at, nbytes = op.loc, op.at, op.bytes
     def expect(w, sem):
-        w.block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, tx=nbytes)
+        w.block.semaphore(sem, loc).arrive(_lanes(w), w.clock, loc, at, tx=nbytes,
+                                           warp=w.index)
         w.clock[w.index] += 1
         yield YIELD
     return expect

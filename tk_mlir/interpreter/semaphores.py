@@ -29,6 +29,7 @@ class Semaphore:
         self.expects: list[str] = []        # this phase's expect_bytes lines
         self.loads: list[str] = []          # this phase's TMA load lines
         self.arrivers: dict = {}            # this phase's arriving warps -> their line
+        self.seen: list = []                # this phase's (warp, line) of every arrival
         self.clock = np.zeros(num_slots, np.int64)      # published this phase
         self.released = np.zeros(num_slots, np.int64)   # by the last completed phase
 
@@ -45,9 +46,10 @@ class Semaphore:
         return (self.completed & 1) != parity
 
     def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0,
-               by: int | None = None) -> None:
+               by: int | None = None, warp: int | None = None) -> None:
         """n arrivals (one per issuing thread), each expecting tx bytes first;
-        `by`: the arriving warp (tk.arrive's), when known. One elected thread
+        `by`: the arriving warp (tk.arrive's), when known; `warp`: the
+        arriving warp for error hints alone (expects too). One elected thread
         of a warp arriving again in one phase of a semaphore that waits for
         several arrivals, from another line, is an error: a stage released
         twice (the phase would complete before its other arrivers are done).
@@ -66,13 +68,26 @@ class Semaphore:
                              f"{self.describe()}, whose phase waits for "
                              f"{self.pending} more of its {self.arrivals} arrival(s) "
                              f"({self.state()}); arrive from one elected thread "
-                             f"(tk.elect_leader), once per phase per expected arrival")
+                             f"(tk.elect_leader), once per phase per expected arrival"
+                             f"{self._per_warp_hint(warp, where)}")
+        self.seen.append((warp, where))
         np.maximum(self.clock, clock, out=self.clock)
         if tx:
             self.expects.append(where)
         self.tx += n * tx
         self.pending -= n
         self._maybe_complete(loc)
+
+    def _per_warp_hint(self, warp, where: str) -> str:
+        """When other warps arrived from the same line this phase: the likely
+        cause, a warp-scope election where one thread of the warpgroup (or
+        block) was meant."""
+        others = sorted({w for w, at in self.seen if at == where and w not in (warp, None)})
+        if warp is None or not others:
+            return ""
+        return (f"; warps {', '.join(map(str, others))} and {warp} each arrived from this "
+                f"line: tk.elect_leader() elects one thread per warp, "
+                f"tk.elect_leader(\"warpgroup\") one per warpgroup")
 
     def complete_tx(self, nbytes: int, clock: np.ndarray, loc, where: str, epoch: int) -> None:
         """A TMA load's bytes landed; epoch: the phase they count towards (the
@@ -119,7 +134,7 @@ class Semaphore:
                                  f"tiles loaded (tk.tma.expect(sem, *tiles))")
             self.completed += 1
             self.pending, self.expects, self.loads = self.arrivals, [], []
-            self.arrivers = {}
+            self.arrivers, self.seen = {}, []
             self.released = self.clock.copy()
 
 
