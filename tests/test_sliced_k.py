@@ -34,6 +34,30 @@ def test_sliced_product_in_the_interpreter(M, N, K, grid, b_kn):
     assert relative_error(c, ref) < 8e-3
 
 
+@pytest.mark.parametrize("b_kn", [False, True])
+def test_sliced_64_by_256_tiles_store_from_registers(b_kn):
+    """sliced_config(256): four stages beside the 64 x 256 partial, C stored
+    from registers (no staging tile fits); 5 K steps, tiles cut by M and N."""
+    a, b, ref = gemm_operands(100, 328, 320, b_kn=b_kn)
+    c = torch.full((100, 328), float("nan"), dtype=torch.bfloat16)
+    config = gemm.sliced_config(256)
+    assert config["STAGES"] == 4 and config["TMA_STORE"] is False
+    gemm.gemm_kernel.kernel.interpret[(2,)](a, b, c, B_KN=b_kn, **config)
+    assert relative_error(c, ref) < 8e-3
+
+
+def test_a_sliced_64_by_256_plan_accumulates_in_64_by_128_tiles(interpret):
+    """ACCUMULATE adds through staging tiles, which the 64 x 256 sliced config
+    has none of: _accumulate takes 64 x 128 sliced tiles for it."""
+    a, b, ref = gemm_operands(100, 200, 256)
+    chosen = next(p for p in gemm.candidate_plans(100, 200, 256, 8)
+                  if p.kernel == "tiles" and p.config.get("SLICED_K") and p.config["BN"] == 256)
+    c0 = torch.empty(100, 200).uniform_(-1, 1).bfloat16()
+    c = c0.clone()
+    gemm._accumulate(a, b, c, chosen, 8, False, False)
+    assert relative_error(c, ref + c0.double()) < 8e-3
+
+
 def test_sliced_a_given_as_k_by_m_accumulates_into_c():
     a, b, ref = gemm_operands(128, 64, 320, a_km=True)
     c0 = torch.empty(128, 64).uniform_(-1, 1).bfloat16()
@@ -68,13 +92,14 @@ def test_sliced_rules(option, message):
         gemm.gemm_kernel.kernel.compile(a, b, c, **{**SLICED, **option})
 
 
-@pytest.mark.parametrize("bn", [0, 96, 256, 64.0])
-def test_sliced_config_refuses_widths_it_cannot_take(bn):
+@pytest.mark.parametrize("bn, split", [(0, False), (96, False), (192, False), (64.0, False),
+                                       (256, True)])
+def test_sliced_config_refuses_widths_it_cannot_take(bn, split):
     with pytest.raises(ValueError, match=rf"gemm.sliced_config: .*got bn={bn}"):
-        gemm.sliced_config(bn)
+        gemm.sliced_config(bn, split=split)
 
 
-@pytest.mark.parametrize("bn, b_kn", [(128, False), (64, True)])
+@pytest.mark.parametrize("bn, b_kn", [(128, False), (64, True), (256, False), (256, True)])
 def test_sliced_compiles_without_spills_or_serialized_mmas(bn, b_kn):
     spec = tk.spec((4096, 4096), tk.bf16)
     compiled = gemm.gemm_kernel.kernel.compile(spec, spec, spec, B_KN=b_kn,

@@ -922,15 +922,20 @@ def sliced_config(bn: int, split: bool = False) -> dict:
     SLICED_K config for 64 x bn tiles: two consumer warpgroups on alternate K
     steps, the second's partial summed through a 64 x bn f32 tile, and the
     deepest ring of an even number of stages that fits beside it (and the
-    first one's epilogue staging tile, not split)."""
-    if type(bn) is not int or bn % 64 or not 64 <= bn <= 128:
-        raise ValueError(f"gemm.sliced_config: tiles of 64 x bn, bn 64 or 128 (a 64 x bn f32 "
-                         f"partial beside the ring), got bn={bn}")
-    staging = 0 if split else 64 * bn * 2
+    first one's epilogue staging tile, not split). At bn = 256 (not split:
+    its partial stores spill) the partial and four stages fill shared memory,
+    and C leaves from registers (TMA_STORE off)."""
+    if type(bn) is not int or bn not in (64, 128, 256) or (split and bn == 256):
+        raise ValueError(f"gemm.sliced_config: tiles of 64 x bn, bn 64 or 128, or 256 not "
+                         f"split (a 64 x bn f32 partial beside the ring), got bn={bn}"
+                         f"{' with split' if split else ''}")
+    staging = 0 if split or bn == 256 else 64 * bn * 2
     room = HOPPER.max_shared_bytes - 64 * bn * 4 - staging - 1024    # (1 KB: alignment)
     stages = room // ((64 + bn) * 64 * 2) // 2 * 2
     config = dict(BM=64, BN=bn, STAGES=stages, SLICED_K=True, num_warps=12)
-    if bn % 128 and not split:
+    if bn == 256:
+        config["TMA_STORE"] = False
+    elif bn % 128 and not split:
         config["EPI_N"] = 64
     return config
 
@@ -948,8 +953,9 @@ CANDIDATE_TILES = ((64, 64), (64, 128), (64, 256), (128, 128), (128, WIDE_N), (1
 CANDIDATE_SPLIT_TILES = ((64, 64), (64, 128), (128, 128))
 CANDIDATE_PINGPONG_TILES = ((128, 128), (64, 256))
 # Tile widths of 64-row tiles whose K steps two warpgroups share (sliced-K),
-# alone and split (as CANDIDATE_SPLIT_TILES).
-CANDIDATE_SLICED_WIDTHS = (64, 128)
+# alone, and split (as CANDIDATE_SPLIT_TILES).
+CANDIDATE_SLICED_WIDTHS = (64, 128, 256)
+CANDIDATE_SLICED_SPLIT_WIDTHS = (64, 128)
 CANDIDATE_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 MIN_CANDIDATE_SLICE_STEPS = 4
 # Split-K across a cluster's blocks (gemm_cluster_split_k_kernel) among the
@@ -990,7 +996,7 @@ def candidate_plans(M: int, N: int, K: int, sms: int) -> list[Plan]:
     steps = tk.cdiv(K, 64)
     split_tiles = [(bm, bn, split_tile_config(bm, bn), "") for bm, bn in CANDIDATE_SPLIT_TILES]
     split_tiles += [(64, bn, sliced_config(bn, split=True), "," + sliced)
-                    for bn in CANDIDATE_SLICED_WIDTHS]
+                    for bn in CANDIDATE_SLICED_SPLIT_WIDTHS]
     for bm, bn, config, suffix in split_tiles:
         tiles = tk.cdiv(M, bm) * tk.cdiv(N, bn)
         for parts in CANDIDATE_SPLITS:
@@ -1200,7 +1206,8 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
     (timing it would add into c at every launch): the config tuned for the
     same product stored, when there is one, else the first; a split-K plan
     takes its tiles unsplit (split-K's partial sums store, not add; a sliced
-    one its ring re-sized beside the epilogue's staging tile)."""
+    one its ring re-sized beside the epilogue's staging tile, 64 x 256 ones
+    64 x 128)."""
     if chosen.kernel == "autotuned":
         tuned = None
         if a.is_cuda:
@@ -1208,8 +1215,8 @@ def _accumulate(a, b, c, chosen: Plan, sms: int, kn: bool, km: bool) -> None:
             with torch.cuda.device(a.device):       # (best_config asks the current device)
                 tuned = gemm_kernel.best_config(a, b, c, B_KN=kn, **_a_km(km))
         config = (tuned or gemm_kernel.configs[0]).all_kwargs()
-    elif chosen.config.get("SLICED_K"):
-        config = sliced_config(chosen.config["BN"])
+    elif chosen.config.get("SLICED_K"):    # (ACCUMULATE adds through staging tiles, which
+        config = sliced_config(min(chosen.config["BN"], 128))   # 64 x 256 sliced has none)
     else:       # (a split plan's tiles, unsplit)
         config = {k: v for k, v in chosen.config.items()
                   if k not in ("SPLIT_K", "STREAM_K", "SPLIT")}
