@@ -348,3 +348,30 @@ def test_compiled_gradients_of_strided_bnhd_views():
     (eager,) = torch.autograd.grad(loss(qkv), (qkv,))
     (compiled,) = torch.autograd.grad(torch.compile(loss, fullgraph=True)(qkv), (qkv,))
     assert _rel(compiled, eager) < 1e-3
+
+
+def test_eager_functions_apply_as_autograd_function_does():
+    """EagerFunction.apply (the eager calls' autograd Functions, under
+    Function.apply's Python layer): the same node, gradients and outputs;
+    under a functorch transform the public path, which refuses a Function
+    without setup_context as before."""
+    from tk_mlir.kernels.custom_ops import EagerFunction
+
+    class Scale(EagerFunction):
+        @staticmethod
+        def forward(ctx, x, factor, unused):
+            ctx.factor = factor
+            return x * factor
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy * ctx.factor, None, None
+
+    x = torch.randn(5, 3, dtype=f32, requires_grad=True)
+    y = Scale.apply(x, 2.5, None)
+    assert type(y.grad_fn).__name__ == "ScaleBackward" and torch.equal(y, x.detach() * 2.5)
+    dy = torch.randn(5, 3)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert torch.equal(dx, dy * 2.5)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda t: Scale.apply(t, 2.0, None).sum())(torch.randn(3))

@@ -83,6 +83,29 @@ from tk_mlir.kernels import (activations, checks, decode_attention, eager, flash
                              taylor_linear_attention, varlen_attention)
 
 
+# autograd.Function's C++ apply, under its Python layer (absent in a torch
+# without it: EagerFunction then takes the public path).
+_C_APPLY = getattr(torch._C, "_FunctionBase", type).__dict__.get("apply")
+_UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+
+
+class EagerFunction(torch.autograd.Function):
+    """Base of the eager calls' autograd Functions: `apply` without
+    autograd.Function.apply's Python layer, doing what that layer does for
+    Functions whose forward takes ctx (no setup_context: nothing to bind):
+    tensors left over from a finished functorch transform unwrapped, and
+    under an active transform the public path (which refuses these). The
+    layer is a few µs of an eager call with autograd (BENCHMARKS.md)."""
+
+    @classmethod
+    def apply(cls, *args):
+        if _C_APPLY is None or _UNWRAP_IF_DEAD is None or \
+                torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        return _C_APPLY.__get__(None, cls)(
+            *[_UNWRAP_IF_DEAD(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
 def first_order(backward):
     """An eager autograd.Function's backward, differentiable once: under
     create_graph=True the gradients it returns are joined to the saved
@@ -195,7 +218,7 @@ def _matmul_backward(ctx, dc):
 matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
 
 
-class EagerMatmul(torch.autograd.Function):
+class EagerMatmul(EagerFunction):
     """matmul's forward and backward for eager calls on checked tensors: the
     kernels launch directly, without the ops' dispatch (as EagerAttention)."""
 
@@ -283,7 +306,7 @@ grouped_matmul.register_autograd(functools.partial(_grouped_backward, grads=grou
                                  setup_context=_grouped_setup_context)
 
 
-class EagerGroupedMatmul(torch.autograd.Function):
+class EagerGroupedMatmul(EagerFunction):
     """grouped_matmul's forward (into zeros, as the op) and backward for eager
     calls on checked tensors."""
 
@@ -348,7 +371,7 @@ grouped_mm.register_autograd(functools.partial(_grouped_backward, grads=grouped_
                              setup_context=_grouped_mm_setup_context)
 
 
-class EagerGroupedMm(torch.autograd.Function):
+class EagerGroupedMm(EagerFunction):
     """grouped_mm's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
@@ -511,7 +534,7 @@ fused_add_layer_norm.register_autograd(
     setup_context=_fused_add_setup_context)
 
 
-class EagerRmsNorm(torch.autograd.Function):
+class EagerRmsNorm(EagerFunction):
     """rms_norm's forward and backward for eager calls on checked tensors: the
     kernels launch directly, without the op's dispatch (as EagerAttention)."""
 
@@ -534,7 +557,7 @@ class EagerRmsNorm(torch.autograd.Function):
                 None, None)
 
 
-class EagerLayerNorm(torch.autograd.Function):
+class EagerLayerNorm(EagerFunction):
     """layer_norm's, as EagerRmsNorm."""
 
     @staticmethod
@@ -594,7 +617,7 @@ def _swiglu_backward(ctx, dy, backward=None):
 swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup_context)
 
 
-class EagerSwiglu(torch.autograd.Function):
+class EagerSwiglu(EagerFunction):
     """swiglu's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
@@ -647,7 +670,7 @@ def _rotary_backward(ctx, dy):
 rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
 
 
-class EagerRotation(torch.autograd.Function):
+class EagerRotation(EagerFunction):
     """rotary_embedding's and rotary_embedding_qk's forward and backward for
     eager calls on checked tensors: `apply(*xs, cos, sin, rotate,
     rotate_back)`, xs one tensor or q and k, one launch each way, each
@@ -752,7 +775,7 @@ cross_entropy.register_autograd(_cross_entropy_backward,
                                 setup_context=_cross_entropy_setup_context)
 
 
-class EagerCrossEntropy(torch.autograd.Function):
+class EagerCrossEntropy(EagerFunction):
     """cross_entropy's forward and backward for eager calls on checked tensors."""
 
     @staticmethod
@@ -869,7 +892,7 @@ linear_cross_entropy_with_grads.register_autograd(_linear_ce_grads_backward,
                                                   setup_context=_linear_ce_grads_setup_context)
 
 
-class EagerLinearCrossEntropy(torch.autograd.Function):
+class EagerLinearCrossEntropy(EagerFunction):
     """linear_cross_entropy's forward and backward for eager calls. A scalar
     loss ("mean", "sum") gets its gradients in the forward, for dloss = 1
     (losses.linear_forward_with_grads: no logits made twice); the backward
@@ -1056,7 +1079,7 @@ def _attention_backward(ctx, do, dlse, backward=None):
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
 
 
-class EagerAttention(torch.autograd.Function):
+class EagerAttention(EagerFunction):
     """The attention op's forward and backward for eager calls on checked
     tensors: the kernels launch directly, without the op's dispatch (less
     host time, and no import of torch._dynamo, which the first call of any
@@ -1147,7 +1170,7 @@ def _varlen_backward(ctx, do, dlse, backward=None):
 attention_varlen.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
-class EagerAttentionVarlen(torch.autograd.Function):
+class EagerAttentionVarlen(EagerFunction):
     """attention_varlen's op for eager calls on checked tensors, launching
     directly (as EagerAttention)."""
 
@@ -1266,7 +1289,7 @@ linear_attention.register_autograd(_linear_attention_backward,
                                    setup_context=_linear_attention_setup_context)
 
 
-class EagerLinearAttention(torch.autograd.Function):
+class EagerLinearAttention(EagerFunction):
     """linear_attention's op for eager calls on checked tensors, launching
     directly (as EagerAttention)."""
 
@@ -1371,7 +1394,7 @@ def _ssd_backward(ctx, dy, dh1, backward=None):
 ssd.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
 
 
-class EagerSsd(torch.autograd.Function):
+class EagerSsd(EagerFunction):
     """ssd's op for eager calls on checked tensors, launching directly."""
 
     @staticmethod
@@ -1386,7 +1409,7 @@ class EagerSsd(torch.autograd.Function):
         return _ssd_backward(ctx, dy, dh1, state_space_duality.backward)
 
 
-class EagerFusedAddNorm(torch.autograd.Function):
+class EagerFusedAddNorm(EagerFunction):
     """fused_add_rms_norm's and fused_add_layer_norm's forward and backward for
     eager calls on checked tensors (planned: norms.planned_fused_add's launch
     and planned_backward: norms.planned_backward's run, dh added, for the
