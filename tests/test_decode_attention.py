@@ -275,6 +275,21 @@ def test_append_then_attend(interpret, paged):
         assert torch.equal(k[b, :n], full_k[b, :n]) and torch.equal(v[b, :n], full_v[b, :n])
 
 
+def test_the_append_of_many_kv_heads_goes_in_column_pieces():
+    """H_kv past one (heads, D) tile's register budget (column_pieces): the
+    append copies column pieces, every head and column in its place."""
+    from tk_mlir.kernels.decode_attention import kv_append_kernel
+    g = torch.Generator().manual_seed(9)
+    B, new, h_kv, d, n_max = 2, 2, 300, 128, 8
+    kn, vn = _uniform(B, new, h_kv, d, generator=g), _uniform(B, new, h_kv, d, generator=g)
+    k, v = (torch.full((B, n_max, h_kv, d), float("nan"), dtype=kn.dtype) for _ in range(2))
+    lens = torch.tensor([3, 0, 0, 0], dtype=torch.int32)       # (rows of whole 16-byte vectors)
+    kv_append_kernel.interpret[(new, B)](kn, vn, k, v, lens, lens, n_max, HB=512, D=d)
+    for b, at in ((0, 3), (1, 0)):
+        assert torch.equal(k[b, at:at + new], kn[b]) and torch.equal(v[b, at:at + new], vn[b])
+    assert k[0, :3].isnan().all() and k[1, new:].isnan().all()
+
+
 def test_a_length_past_the_cache_gives_nan_on_the_gpu_path(interpret):
     """The GPU cannot report a bad cache_seqlens without a synchronisation:
     its rows come out NaN (the CPU check is skipped here to see it)."""

@@ -176,6 +176,19 @@ def test_q_and_k_differentiated_one_at_a_time(interpret):
         rq.backward(dq)
 
 
+@pytest.mark.parametrize("heads, d, interleaved", [(300, 128, False), (520, 64, True)])
+def test_many_heads_go_in_column_pieces(interpret, heads, d, interleaved):
+    """Heads x D past the register budget of one (heads, D/2) tile: the
+    kernel walks column pieces (column_pieces), same results."""
+    x = torch.randn(1, 2, heads, d, generator=torch.Generator().manual_seed(21)).to(bf16)
+    cos, sin = _angles(2, d // 2, seed=22)
+    y = rotary_embedding(x, cos, sin, interleaved=interleaved)
+    want = _reference(x, cos, sin) if not interleaved else \
+        _reference(x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2), cos, sin
+                   ).unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
+    assert _rel(y, want) < 1e-2
+
+
 def test_an_expanded_table_is_read_as_its_one_table(interpret):
     """cos[None].expand(B, N, D/2), as a model may hand it, is the (N, D/2)
     table; a longer table expanded, (B, N', D/2), is its first N rows."""
@@ -226,6 +239,17 @@ def test_kernel_in_the_interpreter(per_batch):
      r"cos must be contiguous \(or an expanded view"),
     (lambda x, c: rotary_embedding(x, c, c), ValueError, r"rotary_embedding: x must be on a "
                                                          r"CUDA device"),
+    # one table expanded over the batch, the other per sequence: read alike or not at all
+    (lambda x, c: rotary_embedding(x, c[None].expand(2, 5, 16), torch.randn(2, 5, 16)),
+     ValueError, r"cos and sin must both be per sequence \(2, 5, 16\) or both one table"),
+    (lambda x, c: rotary_embedding(torch.randn(1, 5, 1025, 32).to(bf16), c, c), ValueError,
+     r"x has 1025 heads; a position's heads are one tile's rows, at most 1024"),
+    # every rule before the device's
+    (lambda x, c: rotary_embedding(x, c, c, interleaved=1), TypeError, r"interleaved"),
+    (lambda x, c: rotary_embedding_qk(x, x[..., :24], c, c), ValueError,
+     r"rotary_embedding_qk: k's head dim D must be a multiple of 16"),
+    (lambda x, c: rotary_embedding_qk(x, x, c, c, interleaved="yes"), TypeError,
+     r"rotary_embedding_qk: interleaved"),
 ])
 def test_argument_rules(call, error, rule):
     with pytest.raises(error, match=rule):

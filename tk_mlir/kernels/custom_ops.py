@@ -645,6 +645,7 @@ def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     GPT-J pairs (2i, 2i + 1)."""
     x = checks.kernel_operand(x)    # (as the backward hands it: any gradient, e.g. expanded)
     rotary._check(x, cos, sin)
+    checks.on_cuda("rotary_embedding", "x", x)
     return rotary.launch(x, cos, sin, inverse, interleaved)
 
 

@@ -29,6 +29,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
+from tk_mlir.kernels.column_pieces import column_piece, max_rows
 from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
 from tk_mlir.runtime.arguments import vector_rows
 
@@ -303,8 +304,10 @@ def kv_append_kernel(K_NEW: tk.gl, V_NEW: tk.gl, K_CACHE: tk.gl, V_CACHE: tk.gl,
         page, row = b, pos
         if PAGE > 0:
             page, row = tk.load(BLOCK_TABLE, (b, pos // PAGE)), pos % PAGE
-        tk.store(K_CACHE, tk.load(K_NEW, (b, t, 0, 0), (HB, D)), (page, row, 0, 0))
-        tk.store(V_CACHE, tk.load(V_NEW, (b, t, 0, 0), (HB, D)), (page, row, 0, 0))
+        piece = column_piece(D, HB)     # (the heads' rows in column pieces: any H_kv)
+        for p in tk.static_range(D // piece):
+            tk.store(K_CACHE, tk.load(K_NEW, (b, t, 0, p), (HB, piece)), (page, row, 0, p))
+            tk.store(V_CACHE, tk.load(V_NEW, (b, t, 0, p), (HB, piece)), (page, row, 0, p))
 
 
 # ------------------------------------------------------------------ host side
@@ -604,6 +607,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
             checks.tensor(fn, name, t, ndim=4, dtypes=dtypes)
             checks.like(fn, name, t, "q", q)
             checks.shape(fn, name, t, (B, N_new, H_kv, D), "the new tokens' keys/values")
+        if 1 << (H_kv - 1).bit_length() > max_rows(D):
+            raise ValueError(f"{fn}: k and v have H_kv={H_kv} heads; the append copies a "
+                             f"token's heads as one tile's rows, at most {max_rows(D)}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{fn}: {name}'s last dim (D) must be contiguous (stride 1), got "

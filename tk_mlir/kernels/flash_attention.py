@@ -1178,6 +1178,8 @@ def padded_rows(lse):
     n4 = -(-N // 4) * 4
     if lse.stride(-1) == 1 and not (lse.stride(0) % 4 or lse.stride(1) % 4 or
                                     lse.data_ptr() % 16):
+        if n4 == N:                 # (whole vectors already: no view to make)
+            return lse
         try:
             return lse.as_strided((B, H, n4), lse.stride())
         except RuntimeError:        # the padding is past the end of its storage

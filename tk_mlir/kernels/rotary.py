@@ -15,27 +15,31 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager
+from tk_mlir.kernels.column_pieces import column_piece, max_rows
 from tk_mlir.runtime.arguments import contiguous_strides
 
 
 @tk.func
 def rotate(X, COS, SIN, Y, n, b, HB, HALF, PER_BATCH, INVERSE, INTERLEAVED):
-    """Y[b, n] = X[b, n] (its <= HB heads) rotated by position n's angles."""
+    """Y[b, n] = X[b, n] (its <= HB heads) rotated by position n's angles, in
+    column pieces of (HB, piece) tiles (column_pieces: within a register
+    budget at any head count, whole tiles a register vector takes)."""
     half = HALF
     angle = b * X.shape[1] + n if PER_BATCH else n       # the row of cos/sin, in halves
     if INTERLEAVED:
-        c = tk.load(COS, (angle,), (2 * half,)).to(f32)
-        s = tk.load(SIN, (angle,), (2 * half,)).to(f32)
-        x = tk.load(X, (b, n, 0, 0), (HB, 2 * half)).to(f32)
-        # y_2i = x_2i·c - x_2i+1·s and y_2i+1 = x_2i+1·c + x_2i·s
-        odd = (x.col_indices() & 1) == 1
-        sign = tk.where(odd, 1.0, -1.0) if not INVERSE else tk.where(odd, -1.0, 1.0)
-        y = x.mul_col(c) + (x.swap_pairs() * sign).mul_col(s)
-        tk.store(Y, y.to(Y.dtype), (b, n, 0, 0))
+        # y_2i = x_2i·c - x_2i+1·s and y_2i+1 = x_2i+1·c + x_2i·s (pairs stay in a piece)
+        piece = column_piece(2 * half, HB)
+        pieces = 2 * half // piece
+        for p in tk.static_range(pieces):
+            c = tk.load(COS, (angle * pieces + p,), (piece,)).to(f32)
+            s = tk.load(SIN, (angle * pieces + p,), (piece,)).to(f32)
+            x = tk.load(X, (b, n, 0, p), (HB, piece)).to(f32)
+            odd = (x.col_indices() & 1) == 1
+            sign = tk.where(odd, 1.0, -1.0) if not INVERSE else tk.where(odd, -1.0, 1.0)
+            y = x.mul_col(c) + (x.swap_pairs() * sign).mul_col(s)
+            tk.store(Y, y.to(Y.dtype), (b, n, 0, p))
     else:
-        # A half whose width a register vector cannot take (D = 48, 80, 112:
-        # not a power of two nor a multiple of 16) goes in pieces of 8 columns.
-        piece = half if half & (half - 1) == 0 or half % 16 == 0 else 8
+        piece = column_piece(half, HB)
         pieces = half // piece
         for p in tk.static_range(pieces):
             c = tk.load(COS, (angle * pieces + p,), (piece,)).to(f32)
@@ -98,6 +102,7 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
     if torch.compiler.is_compiling():
         _check(x, cos, sin)
         _check_interleaved(interleaved)
+        checks.on_cuda("rotary_embedding", "x", x)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         return torch.ops.tk_mlir.rotary_embedding(x, _positions(cos), _positions(sin), False,
                                                   interleaved)
@@ -116,13 +121,14 @@ def _prepare(x, cos, sin, interleaved):
     through autograd when it records them."""
     _check(x, cos, sin)
     _check_interleaved(interleaved)
+    checks.on_cuda("rotary_embedding", "x", x)
     _warn_tables_get_no_gradient("rotary_embedding", cos, sin)
     run = _planned_eager((x,), cos, interleaved)
     return lambda x, cos, sin: run(x, cos, sin)[0]
 
 
-def _check_interleaved(interleaved) -> None:
-    checks.flags("rotary_embedding", interleaved=interleaved)
+def _check_interleaved(interleaved, fn: str = "rotary_embedding") -> None:
+    checks.flags(fn, interleaved=interleaved)
 
 
 def rotary_embedding_qk(q, k, cos, sin, interleaved: bool = False):
@@ -151,11 +157,13 @@ def _prepare_qk(q, k, cos, sin, interleaved):
     _check(q, cos, sin, "q", fn=fn)
     pair = _pair(q, k)
     _check(k, _positions(cos), _positions(sin), "k", tables=not pair, fn=fn)  # (a pair's fit k)
+    _check_interleaved(interleaved, fn)
+    checks.on_cuda(fn, "q", q)
+    checks.on_cuda(fn, "k", k)
     if not pair or q.requires_grad != k.requires_grad:   # (outputs need grad as inputs)
         return lambda q, k, cos, sin: (rotary_embedding(q, cos, sin, interleaved),
                                        rotary_embedding(k, cos, sin, interleaved))
     _warn_tables_get_no_gradient(fn, cos, sin)     # (one at a time: rotary_embedding's warn)
-    _check_interleaved(interleaved)
     return _planned_eager((q, k), cos, interleaved)
 
 
@@ -275,6 +283,9 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
     if x.stride(-1) != 1:
         raise ValueError(f"{fn}: {what}'s last dim must be contiguous (stride 1), got strides "
                          f"{tuple(x.stride())}")
+    if _rows(H) > max_rows(D // 2):
+        raise ValueError(f"{fn}: {what} has {H} heads; a position's heads are one tile's rows, "
+                         f"at most {max_rows(D // 2)} (rotate the heads in groups)")
     if tables:
         for name, t in (("cos", cos), ("sin", sin)):
             checks.tensor(fn, name, t, dtypes=(x.dtype, torch.float32))
@@ -300,4 +311,7 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
         if cos.shape != sin.shape:
             raise ValueError(f"{fn}: cos and sin must have one shape, got {tuple(cos.shape)} and "
                              f"{tuple(sin.shape)}")
-    checks.on_cuda(fn, what, x)
+        if _positions(cos).dim() != _positions(sin).dim():     # (one reading for both)
+            raise ValueError(f"{fn}: cos and sin must both be per sequence ({B}, {N}, {D // 2}) "
+                             f"or both one table (2-D, batch 1, or expanded over the batch); "
+                             f"got strides {tuple(cos.stride())} and {tuple(sin.stride())}")
