@@ -375,3 +375,48 @@ def test_eager_functions_apply_as_autograd_function_does():
     assert torch.equal(dx, dy * 2.5)
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda t: Scale.apply(t, 2.0, None).sum())(torch.randn(3))
+
+
+def _backward_call(**bad):
+    """torch.ops.tk_mlir.attention_backward's arguments on CPU tensors, with
+    `bad` replacing some."""
+    q, k, v = (torch.randn(1, 2, 8, 64).to(bf16) for _ in range(3))
+    args = dict(do=torch.randn(1, 2, 8, 64).to(bf16), q=q, k=k, v=v,
+                o=torch.randn(1, 2, 8, 64).to(bf16), lse=torch.randn(1, 2, 8), causal=False,
+                scale=0.125)
+    return {**args, **bad}
+
+
+@pytest.mark.parametrize("bad, error, rule", [
+    ({}, ValueError, r"attention_backward: q must be on a CUDA device"),
+    (dict(lse=torch.randn(1, 2, 3)), ValueError,
+     r"attention_backward: lse must have shape \(1, 2, 8\) \(the forward's lse\), got \(1, 2, 3\)"),
+    (dict(lse=torch.randn(1, 2, 8).to(bf16)), TypeError, r"attention_backward: lse must be "),
+    (dict(o=torch.randn(1, 2, 4, 64).to(bf16)), ValueError, r"o must have shape \(1, 2, 8, 64\)"),
+    (dict(o=torch.randn(1, 2, 8, 64)), TypeError, r"attention_backward: o must be "),
+    (dict(scale=-1.0), ValueError, r"attention_backward: scale must be a positive finite"),
+    (dict(left=-5), ValueError, r"attention_backward: window must be \(left, right\)"),
+])
+def test_the_attention_backward_op_checks_what_it_is_given(bad, error, rule):
+    """Called directly (as a compiled backward graph calls it), the op checks
+    the saved o and lse and the options as the public functions do: a wrong
+    lse shape used to give wrong gradients, a 2-D one an unpacking error."""
+    import tk_mlir.kernels.custom_ops  # noqa: F401
+    with pytest.raises(error, match=rule):
+        torch.ops.tk_mlir.attention_backward(**_backward_call(**bad))
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (dict(h1=torch.randn(1, 2, 64, 8)), r"ssd_backward: h1 must have shape \(1, 2, 64, 16\)"),
+    (dict(dy=torch.randn(1, 32, 2, 64)), r"ssd_backward: dy must be "),
+    (dict(), r"ssd_backward: x must be on a CUDA device"),
+])
+def test_the_ssd_backward_op_checks_what_it_is_given(bad, rule):
+    import tk_mlir.kernels.custom_ops  # noqa: F401
+    b, l, h, p, n = 1, 32, 2, 64, 16
+    args = dict(dy=torch.randn(b, l, h, p).to(bf16), dh1=None, x=torch.randn(b, l, h, p).to(bf16),
+                dt=torch.rand(b, l, h) + 0.1, A=-torch.rand(h) - 0.1,
+                B=torch.randn(b, l, 1, n).to(bf16), C=torch.randn(b, l, 1, n).to(bf16), D=None,
+                h0=None, h1=torch.randn(b, h, p, n))
+    with pytest.raises((TypeError, ValueError), match=rule):
+        torch.ops.tk_mlir.ssd_backward(**{**args, **bad})

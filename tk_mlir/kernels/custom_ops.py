@@ -1010,7 +1010,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     cuda-python launch)."""
     fn = "attention_backward"
     flash_attention._check(q, k, v)
-    _check_attention_gradients(fn, do, o, dlse, lse, q)
+    _check_attention_backward(fn, do, o, dlse, lse, q, tuple(q.shape[:3]))
+    scale, left, right, softcap = checks.attention_options(
+        fn, q.shape[-1], flash_attention.reach(q, k), scale, (left, right), softcap)
+    checks.on_cuda(fn, "q", q)
     given = (q, k, v)
     q, k, v = (checks.kernel_operand(t) for t in given)
     grads = flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,
@@ -1020,9 +1023,17 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                                                                       (q, k, v)))
 
 
-def _check_attention_gradients(fn: str, do, o, dlse, lse, q) -> None:
-    """An attention backward op's do (o's shape, on q's device) and dlse (lse's
-    shape, or None)."""
+def _check_attention_backward(fn: str, do, o, dlse, lse, q, lse_shape: tuple) -> None:
+    """An attention backward op's saved o (q's shape and dtype) and lse (f32
+    of lse_shape), both on q's device, and the gradients do (o's shape) and
+    dlse (lse's shape, or None): an op called directly is checked as the
+    public functions are."""
+    checks.tensor(fn, "o", o, dtypes=(q.dtype,))
+    checks.like(fn, "o", o, "q", q)
+    checks.shape(fn, "o", o, tuple(q.shape), "q's shape")
+    checks.tensor(fn, "lse", lse, dtypes=(torch.float32,))
+    checks.like(fn, "lse", lse, "q", q, dtype=False)
+    checks.shape(fn, "lse", lse, lse_shape, "the forward's lse")
     for name, t, ref_name, ref in (("do", do, "o", o), ("dlse", dlse, "lse", lse)):
         if t is None:
             continue
@@ -1135,7 +1146,10 @@ def attention_varlen_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     gradients of o (do) and of lse (dlse, or None)."""
     fn = "attention_varlen_backward"
     varlen_attention._check(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    _check_attention_gradients(fn, do, o, dlse, lse, q)
+    _check_attention_backward(fn, do, o, dlse, lse, q, (q.shape[1], q.shape[0]))
+    scale, left, right, softcap = checks.attention_options(
+        fn, q.shape[-1], varlen_attention.reach(q, k), scale, (left, right), softcap)
+    checks.on_cuda(fn, "q", q)
     return varlen_attention.backward(checks.kernel_operand(do, q.dtype), q, k, v, o, lse,
                                      cu_seqlens_q, cu_seqlens_k, causal, scale, left, right,
                                      softcap, dlse)
@@ -1361,6 +1375,18 @@ def ssd_backward(dy: torch.Tensor | None, dh1: torch.Tensor | None, x: torch.Ten
                             torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, ddt, dA, dB, dC, dD, dh0) of ssd by its backward kernel (dD, dh0
     empty without D, h0: an op returns tensors)."""
+    fn = "ssd_backward"
+    state_space_duality._check(x, dt, A, B, C, 64, D, h0, True)
+    b, _, h, p = x.shape
+    state = (b, h, p, B.shape[3])
+    for name, t, dtype, want, why in (("h1", h1, torch.float32, state, "the final state's"),
+                                      ("dy", dy, x.dtype, tuple(x.shape), "x's"),
+                                      ("dh1", dh1, torch.float32, state, "the final state's")):
+        if t is not None:
+            checks.tensor(fn, name, t, dtypes=(dtype,))
+            checks.like(fn, name, t, "x", x, dtype=False)
+            checks.shape(fn, name, t, want, f"{why} shape")
+    checks.on_cuda(fn, "x", x)
     dx, ddt, dA, dB, dC, dD, dh0 = state_space_duality.backward(dy, dh1, x, dt, A, B, C, D,
                                                                 h0, h1)
     empty = (x.new_empty(0, dtype=torch.float32) for _ in range(2))
