@@ -96,6 +96,12 @@ REJECTED = {
     "matmul: b_layout": (
         lambda: matmul(cpu(8, 8), cpu(8, 8), b_layout="mk"), ValueError,
         r"matmul: b_layout must be 'nk' \(b is N x K\) or 'kn'.*'mk'"),
+    "matmul: a sparse": (
+        lambda: matmul(cpu(8, 8).to_sparse(), cpu(8, 8)), TypeError,
+        r"matmul: a must be a dense \(strided\) tensor, got layout torch.sparse_coo"),
+    "rms_norm: x nested": (
+        lambda: rms_norm(torch.nested.nested_tensor([cpu(3, 64), cpu(2, 64)]), cpu(64)),
+        TypeError, r"rms_norm: x must be a dense \(strided\) tensor, got a nested tensor"),
     "matmul: a not a tensor": (
         lambda: matmul([[1.0]], cpu(8, 8)), TypeError,
         r"matmul: a must be a torch.Tensor, got list"),

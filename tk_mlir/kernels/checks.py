@@ -22,10 +22,15 @@ def _dtype_list(dtypes) -> str:
 
 
 def tensor(fn: str, name: str, value, *, ndim: int | None = None, dtypes) -> None:
-    """`value` is a torch tensor of rank `ndim` (any, when None) and one of `dtypes`."""
+    """`value` is a dense torch tensor of rank `ndim` (any, when None) and one of
+    `dtypes`."""
     import torch
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided or value.is_nested:     # (the kernels read memory)
+        kind = "a nested tensor" if value.is_nested else f"layout {value.layout}"
+        raise TypeError(f"{fn}: {name} must be a dense (strided) tensor, got {kind}: "
+                        f"convert it with .to_dense() (or pad a nested one)")
     if ndim is not None and value.dim() != ndim:
         raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {tuple(value.shape)}")
     if value.dtype not in dtypes:
@@ -89,9 +94,13 @@ def finite(x) -> bool:
 
 
 def describe(value) -> str:
-    """A tensor's shape, dtype and device (or the type of a non-tensor), for messages."""
+    """A tensor's shape, dtype, device and, when not dense, layout (or the type
+    of a non-tensor), for messages."""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"shape {tuple(value.shape)} {value.dtype} on {getattr(value, 'device', '?')}"
+        layout = str(getattr(value, "layout", "torch.strided"))
+        sparse = "" if layout == "torch.strided" else f" ({layout}: not dense)"
+        return (f"shape {tuple(value.shape)} {value.dtype} on "
+                f"{getattr(value, 'device', '?')}{sparse}")
     return type(value).__name__
 
 

@@ -536,7 +536,7 @@ def check_sizes(sizes, a, fn: str = "grouped_matmul"):
     if not isinstance(sizes, torch.Tensor):
         raise TypeError(f"{fn}: sizes must be G={G} row counts, a list of ints or a 1-D int32 "
                         f"or int64 tensor on {on}, got {checks.describe(sizes)}")
-    if sizes.dim() != 1 or sizes.shape[0] != G or \
+    if sizes.layout != torch.strided or sizes.dim() != 1 or sizes.shape[0] != G or \
             sizes.dtype not in (torch.int32, torch.int64) or \
             sizes.device not in (a.device, torch.device("cpu")):
         raise ValueError(f"{fn}: sizes must be a 1-D int32 or int64 tensor of "

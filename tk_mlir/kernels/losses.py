@@ -518,8 +518,8 @@ def _check_targets(fn: str, target, rows_name: str, rows, ignore_index, reductio
     """target: one class index per row of `rows`, on its device; reduction and
     ignore_index are ones the kernels take. Returns ignore_index as an int."""
     import torch
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{fn}: target must be a torch.Tensor, got {type(target).__name__}")
+    checks.tensor(fn, "target", target, dtypes=(target.dtype,) if isinstance(
+        target, torch.Tensor) else ())                          # (a dense tensor; dtype below)
     if target.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{fn}: target must hold class indices (torch.int64 or torch.int32), "
                         f"got {target.dtype}")

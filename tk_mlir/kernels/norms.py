@@ -265,7 +265,7 @@ def _or_constant(v, x, value: float):
     fake one) made outside CUDA-graph capture (whose fill runs only on
     replay) and torch.compile."""
     import torch
-    if v is not None or not isinstance(x, torch.Tensor) or x.dim() < 1:
+    if v is not None or not isinstance(x, torch.Tensor) or x.is_nested or x.dim() < 1:
         return v
     key = (value, x.shape[-1], x.dtype, x.device)
     made = _CONSTANTS.get(key)
