@@ -48,8 +48,8 @@ def tensor_key(t) -> tuple | None | _Unkeyed:
     None (an optional tensor left out). A value that is not a plain strided
     torch tensor (a tensor subclass such as torch.compile's fake tensors,
     whose metadata may not say what the checks read; a sparse or nested
-    tensor, which has no data pointer or no one shape; no tensor at all) gives UNKEYED: the checks say
-    what is wrong with it."""
+    tensor, which has no data pointer or no one shape; no tensor at all)
+    gives UNKEYED: the checks say what is wrong with it."""
     if t is None:
         return None
     if type(t) not in (_PLAIN or _plain_tensor_types()) or t.layout is not _STRIDED or \
