@@ -702,8 +702,9 @@ def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
     from tk_mlir.kernels import checks
     assert checks.window("f", (np.int64(5), np.int32(-1)), 100) == (5, -1)   # numpy's ints
     assert checks.window("f", (5, 100), 100) == (5, -1)          # wider than any distance
-    with pytest.raises(ValueError, match=r"window must be"):
-        checks.window("f", (True, 0), 100)
+    for kind in ((True, 0), (1.0, 1), None, (4,)):      # wrong kinds of value: TypeError
+        with pytest.raises(TypeError, match=r"window must be"):
+            checks.window("f", kind, 100)
     with pytest.raises(ValueError, match=r"softcap must be a finite number >= 0"):
         attention(q.detach(), q.detach(), q.detach(), softcap=float("inf"))
 

@@ -397,7 +397,7 @@ def _shared_page_append(lengths):
     (_shared_page_append([4, 8]), ValueError,
      r"sends batch 0's new token 0 to row 4 of page 1, which holds batch 1's cached key 4"),
     (dict(q=torch.zeros(2, 0, 4, 64, dtype=bf16)), ValueError, r"at least one new token"),
-    (dict(window=(4,)), ValueError, r"window must be \(left, right\), two ints >= -1"),
+    (dict(window=(4,)), TypeError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),
     (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
     # a cache its rows cannot be read from in place (66-element rows cut to 64)

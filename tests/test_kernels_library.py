@@ -81,7 +81,8 @@ def test_teaching_examples_compile_without_a_gpu(example, capsys):
 # ------------------------------------------------------- argument checks
 
 torch = pytest.importorskip("torch")
-from tk_mlir.kernels import grouped_matmul, layer_norm, matmul, rms_norm  # noqa: E402
+from tk_mlir.kernels import (grouped_matmul, layer_norm, matmul, rms_norm,  # noqa: E402
+                             scaled_matmul)
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -96,6 +97,18 @@ REJECTED = {
     "matmul: b_layout": (
         lambda: matmul(cpu(8, 8), cpu(8, 8), b_layout="mk"), ValueError,
         r"matmul: b_layout must be 'nk' \(b is N x K\) or 'kn'.*'mk'"),
+    # rules about autograd before the device's too
+    "matmul: c with an input requiring grad": (
+        lambda: matmul(cpu(8, 8).requires_grad_(), cpu(8, 8), c=cpu(8, 8)), RuntimeError,
+        r"matmul: c \(the output to write into\) does not take part in autograd"),
+    "rms_norm: out= with an input requiring grad": (
+        lambda: rms_norm(cpu(4, 64).requires_grad_(), cpu(64), out=cpu(4, 64)), RuntimeError,
+        r"rms_norm: out= does not take part in autograd"),
+    "scaled_matmul: an input requiring grad": (
+        lambda: scaled_matmul(cpu(16, 32, dtype=torch.float8_e4m3fn),
+                              cpu(16, 32, dtype=torch.float8_e4m3fn).t(),
+                              torch.ones((), requires_grad=True), torch.ones(())),
+        RuntimeError, r"scaled_matmul: not differentiable"),
     "matmul: a sparse": (
         lambda: matmul(cpu(8, 8).to_sparse(), cpu(8, 8)), TypeError,
         r"matmul: a must be a dense \(strided\) tensor, got layout torch.sparse_coo"),

@@ -345,11 +345,14 @@ def window(fn: str, value, reach: int) -> tuple[int, int]:
     than any distance between a query and a key of the call) bounds nothing
     and comes back as -1, so the kernels' 32-bit position sums cannot wrap."""
     import numbers
+    rule = (f"{fn}: window must be (left, right), two ints >= -1 (-1: no bound on that side), "
+            f"got {value!r}")
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and
-            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1
+            all(isinstance(w, numbers.Integral) and not isinstance(w, bool)
                 for w in value)):          # (numpy's ints too, as eps and scale take them)
-        raise ValueError(f"{fn}: window must be (left, right), two ints >= -1 (-1: no bound "
-                         f"on that side), got {value!r}")
+        raise TypeError(rule)              # (a wrong kind of value)
+    if not all(w >= -1 for w in value):
+        raise ValueError(rule)
     left, right = (-1 if w >= reach else int(w) for w in value)
     return left, right
 

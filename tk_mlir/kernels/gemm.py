@@ -608,13 +608,14 @@ def checked_grads(a, b, c, b_layout: str) -> bool:
     """matmul's arguments checked; whether autograd records the call (then c,
     the output to write into, is refused)."""
     import torch
-    check(a, b, c, b_layout)
+    check(a, b, c, b_layout, device=False)
     checks.output_outside_autograd("matmul", "c", c)
     grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if grads and c is not None:
         raise RuntimeError("matmul: c (the output to write into) does not take part in "
                            "autograd, and an input requires grad; leave out c (or call "
                            "under torch.no_grad())")
+    checks.on_cuda("matmul", "a", a)            # (last: every other rule shows on CPU)
     return grads
 
 

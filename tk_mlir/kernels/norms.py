@@ -206,8 +206,9 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, out=None):
     import torch
     weight = _or_constant(weight, x, 1.0)
     if torch.compiler.is_compiling():
-        eps = _check("rms_norm", x, eps, _out(out), weight=weight)
+        eps = _check("rms_norm", x, eps, _out(out), weight=weight, device=False)
         _recorded("rms_norm", out, x, weight)
+        checks.on_cuda("rms_norm", "x", x)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         y = torch.ops.tk_mlir.rms_norm(x, weight, eps)
         return y if out is None else out.copy_(y)
@@ -236,8 +237,9 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     import torch
     weight, bias = _or_constant(weight, x, 1.0), _or_constant(bias, x, 0.0)
     if torch.compiler.is_compiling():
-        eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias)
+        eps = _check("layer_norm", x, eps, _out(out), weight=weight, bias=bias, device=False)
         _recorded("layer_norm", out, x, weight, bias)
+        checks.on_cuda("layer_norm", "x", x)
         from tk_mlir.kernels import custom_ops  # noqa: F401  registers torch.ops.tk_mlir
         y = torch.ops.tk_mlir.layer_norm(x, weight, bias, eps)
         return y if out is None else out.copy_(y)
@@ -287,8 +289,9 @@ def _prepare(fn: str, x, weight, bias, eps, out):
     `run(x, weight, bias, out)`, through autograd when it records them."""
     from tk_mlir.kernels import custom_ops
     params = dict(weight=weight) if fn == "rms_norm" else dict(weight=weight, bias=bias)
-    eps = _check(fn, x, eps, _out(out), **params)
+    eps = _check(fn, x, eps, _out(out), device=False, **params)
     grads = _recorded(fn, out, x, *params.values())
+    checks.on_cuda(fn, "x", x)
     back = eager.per_layout(lambda x, weight: planned_backward(fn, x, weight, same_signature=True),
                             2) if grads else None
     if fn == "rms_norm":
@@ -556,7 +559,7 @@ def _block(d: int) -> int:
     return max(256, 1 << (d - 1).bit_length())
 
 
-def _check(fn: str, x, eps, rows: dict, **params) -> float:
+def _check(fn: str, x, eps, rows: dict, *, device: bool = True, **params) -> float:
     """x is (..., D) bf16 or f16 on a CUDA device (rows of D: its leading dims
     flattened), each of `rows` (name -> tensor: out, residual) is like x,
     each of `params` a (D,) vector like it; returns eps as a float."""
@@ -592,6 +595,7 @@ def _check(fn: str, x, eps, rows: dict, **params) -> float:
         checks.like(fn, name, value, "x", x)
         checks.shape(fn, name, value, (x.shape[-1],), "one value per column of x")
     eps = checks.nonnegative(fn, "eps", eps)
-    checks.on_cuda(fn, "x", x)
+    if device:
+        checks.on_cuda(fn, "x", x)
     return eps
 

@@ -102,12 +102,13 @@ _PREPARED = eager.Prepared()
 def _checked_call(a, b, scale_a, scale_b, out_dtype) -> None:
     """check, and the refusal of an input that requires grad."""
     import torch
-    check(a, b, scale_a, scale_b, out_dtype)
+    check(a, b, scale_a, scale_b, out_dtype, device=False)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (a, b, scale_a, scale_b)):
         raise RuntimeError("scaled_matmul: not differentiable (its gradients are not built); "
                            "an input requires grad: call it under torch.no_grad() or detach "
                            "the inputs")
+    checks.on_cuda("scaled_matmul", "a", a)
 
 
 def _prepare(a, b, scale_a, scale_b, out_dtype):
@@ -132,8 +133,9 @@ def _prepare(a, b, scale_a, scale_b, out_dtype):
     return run
 
 
-def check(a, b, scale_a, scale_b, out_dtype) -> None:
-    """The arguments of scaled_matmul, each rule with the argument that breaks it."""
+def check(a, b, scale_a, scale_b, out_dtype, *, device: bool = True) -> None:
+    """The arguments of scaled_matmul, each rule with the argument that breaks it
+    (with `device`, the CUDA device's last)."""
     import torch
     fn, fp8 = "scaled_matmul", (torch.float8_e4m3fn, torch.float8_e5m2)
     checks.tensor(fn, "a", a, ndim=2, dtypes=fp8)
@@ -164,7 +166,8 @@ def check(a, b, scale_a, scale_b, out_dtype) -> None:
                          f"got {N}")
     _scale(fn, "scale_a", scale_a, a, (M, 1), "M x 1: one per row of a")
     _scale(fn, "scale_b", scale_b, a, (1, N), "1 x N: one per column of b")
-    checks.on_cuda(fn, "a", a)
+    if device:
+        checks.on_cuda(fn, "a", a)
 
 
 def _scale(fn: str, name: str, s, a, rowwise: tuple, what: str) -> None:

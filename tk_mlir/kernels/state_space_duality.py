@@ -453,6 +453,8 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, D=None, initial_state=None,
 
 def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
     """Shapes, dtypes, devices and flags, each with the rule it breaks."""
+    import numbers
+
     import torch
     fn = "ssd"
     halves = (torch.bfloat16, torch.float16)
@@ -490,7 +492,7 @@ def _check(x, dt, A, B, C, chunk_size, D, initial_state, return_state) -> None:
         checks.tensor(fn, "initial_state", initial_state, ndim=4, dtypes=(torch.float32,))
         checks.like(fn, "initial_state", initial_state, "x", x, dtype=False)
         checks.shape(fn, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
         raise TypeError(f"{fn}: chunk_size must be an int, got {chunk_size!r}")
     if chunk_size <= 0 or chunk_size % 16:
         raise ValueError(f"{fn}: chunk_size must be a positive multiple of 16, got "

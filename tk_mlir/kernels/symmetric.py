@@ -154,12 +154,19 @@ def check_matmul(fn: str, a, b, b_layout: str, timeout_ms) -> tuple[int, int]:
         raise ValueError(f"{fn}: N ({n}, b's {'columns' if b_layout == 'kn' else 'rows'}) "
                          f"must be a multiple of {per_vector}: the output's rows are whole "
                          f"16-byte vectors for TMA")
+    import torch
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise RuntimeError(f"{fn}: not differentiable (its gradients are not built; the "
+                           f"result would silently carry none); an input requires grad: call "
+                           f"it under torch.no_grad() or detach the inputs")
     check_distributed(fn, "a", a)
     return rows, n
 
 
 def check_timeout(fn: str, timeout_ms) -> None:
-    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or \
-            not 1 <= timeout_ms <= 3_600_000:
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool):
+        raise TypeError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
+                        f"{timeout_ms!r}")
+    if not 1 <= timeout_ms <= 3_600_000:
         raise ValueError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
                          f"{timeout_ms!r}")
