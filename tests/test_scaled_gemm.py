@@ -137,11 +137,13 @@ REJECTED = {
                                            torch.ones((), dtype=bf16), ONE), TypeError,
                      r"scale_a must be torch.float32, got torch.bfloat16"),
     "scale_a shape": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), torch.ones(8), ONE),
-                      ValueError, r"scale_a must have shape \(\) or \(1,\) \(per tensor\) or "
+                      ValueError, r"scale_a must have shape \(\), \(1,\) or \(1, 1\) \(per "
+                                  r"tensor\) or "
                                   r"\(8, 1\) \(M x 1: one per row of a\), got \(8,\)"),
     "scale_b shape": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8), ONE,
                                             torch.ones(8, 1)), ValueError,
-                      r"scale_b must have shape \(\) or \(1,\) \(per tensor\) or \(1, 8\) "
+                      r"scale_b must have shape \(\), \(1,\) or \(1, 1\) \(per tensor\) or "
+                      r"\(1, 8\) "
                       r"\(1 x N: one per column of b\), got \(8, 1\)"),
     "on the CPU": (lambda: scaled_matmul(fp8(8, 16), col_major(16, 8, dtype=e5m2),
                                          torch.ones(8, 1), torch.ones(1)), ValueError,
@@ -183,6 +185,9 @@ def test_scale_operands_pass_scales_as_they_are():
     r4 = torch.arange(16.0).reshape(8, 2)[:, :1]             # (8, 1), rows 2 apart
     SA, SB = scaled_gemm.scale_operands(r4, sb)
     assert SA.tolist() == [0, 2, 4, 6, 8, 10, 12, 14] and SA.stride() == (1,)
+    # (1, 1), as torch._scaled_mm takes a per-tensor scale: one value, not a row's
+    SA, SB = scaled_gemm.scale_operands(torch.tensor([[2.0]]), torch.tensor([[3.0]]))
+    assert SA.shape == SB.shape == () and (SA.item(), SB.item()) == (2.0, 3.0)
 
 
 def test_few_rows_take_narrow_tiles_and_many_the_autotuned_ones():

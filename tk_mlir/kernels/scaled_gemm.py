@@ -71,7 +71,7 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=None):
     (N, K) bt), each torch.float8_e4m3fn or torch.float8_e5m2 (any pair), on
     one CUDA device; K a multiple of 16. scale_a, scale_b: torch.float32
     tensors on that device (dequantization scales, multiplied in), each per
-    tensor (shape () or (1,)) or rowwise: per row of a (M, 1), per column of
+    tensor (shape (), (1,) or (1, 1)) or rowwise: per row of a (M, 1), per column of
     b (1, N) (torch._scaled_mm takes both per tensor or both rowwise).
     out_dtype: torch.bfloat16 (the default), torch.float16 or torch.float32;
     N a multiple of 8 (16-bit) or 4 (f32): rows of whole 16-byte vectors.
@@ -178,8 +178,8 @@ def _scale(fn: str, name: str, s, a, rowwise: tuple, what: str) -> None:
     if s.dtype != torch.float32:
         raise TypeError(f"{fn}: {name} must be torch.float32, got {s.dtype}")
     checks.like(fn, name, s, "a", a, dtype=False)
-    if tuple(s.shape) not in ((), (1,), rowwise):
-        raise ValueError(f"{fn}: {name} must have shape () or (1,) (per tensor) or "
+    if tuple(s.shape) not in ((), (1,), (1, 1), rowwise):
+        raise ValueError(f"{fn}: {name} must have shape (), (1,) or (1, 1) (per tensor) or "
                          f"{rowwise} ({what}), got {tuple(s.shape)}")
 
 
@@ -254,13 +254,13 @@ def scale_operands(scale_a, scale_b):
     whole 16-byte vectors; N is one already). No arithmetic on the scales: a
     per-tensor pair is multiplied in the kernel."""
     import torch
-    if scale_a.dim() == 2:
+    if scale_a.dim() == 2 and scale_a.numel() > 1:      # ((1, 1): one value, as () is)
         sa = scale_a.reshape(-1)
         sa = torch.nn.functional.pad(sa, (0, -len(sa) % 4)) if len(sa) % 4 else \
             checks.kernel_operand(sa)
     else:
         sa = scale_a.reshape(()) if scale_a.dim() else scale_a
-    if scale_b.dim() == 2:
+    if scale_b.dim() == 2 and scale_b.numel() > 1:
         sb = checks.kernel_operand(scale_b.reshape(-1))
     else:
         sb = scale_b.reshape(()) if scale_b.dim() else scale_b
