@@ -1105,6 +1105,28 @@ def test_an_empty_batch_has_empty_gradients(interpret):
     assert q.grad.shape == q.shape and k.grad.shape == k.shape
 
 
+@pytest.mark.parametrize("n, n_kv, causal", [(0, 5, False), (4, 0, False), (4, 0, True),
+                                           (0, 0, True)])
+def test_no_queries_or_no_keys_as_sdpa_gives_them(interpret, n, n_kv, causal):
+    """N = 0: an empty o; N_kv = 0: rows that see no key, 0 (SDPA's) with lse
+    -inf; the gradients zeros, eagerly and from the backward op called
+    directly."""
+    import tk_mlir.kernels.custom_ops  # noqa: F401
+    from tk_mlir.kernels import attention
+    g = torch.Generator().manual_seed(n + 3 * n_kv)
+    q = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 2, n_kv, 64, generator=g).to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    o, lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert o.shape == q.shape and not o.any() and lse.shape == (1, 2, n)
+    assert (lse == float("-inf")).all()
+    grads = torch.autograd.grad(o.float().sum(), (q, k, v))
+    direct = torch.ops.tk_mlir.attention_backward(torch.ones_like(o), q, k, v, o.detach(),
+                                                 lse.detach(), causal, 0.125)
+    for got, want in zip((*grads, *direct), (q, k, v) * 2):
+        assert got.shape == want.shape and not got.any()
+
+
 @pytest.mark.parametrize("causal,deterministic", [(True, False), (False, False), (True, True)])
 def test_lse_is_differentiable_in_the_interpreter(interpret, causal, deterministic):
     """A loss through lse and o, and through lse alone (GQA, N < N_kv, a

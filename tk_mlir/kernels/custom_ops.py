@@ -1014,6 +1014,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     scale, left, right, softcap = checks.attention_options(
         fn, q.shape[-1], flash_attention.reach(q, k), scale, (left, right), softcap)
     checks.on_cuda(fn, "q", q)
+    if not q.numel() * k.numel():       # no rows or no keys: o does not depend on them
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     given = (q, k, v)
     q, k, v = (checks.kernel_operand(t) for t in given)
     grads = flash_attention.attention_backward(checks.kernel_operand(do, q.dtype), q, k, v, o,

@@ -427,7 +427,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     (e.g. `x.view(B, N, H, D).transpose(1, 2)` straight from a projection;
     a view whose rows are not 16-byte aligned is copied first). D is 64, 128
     or 256 (256: the forward only, its backward raises); N, N_kv are any
-    lengths >= 1. scale defaults to
+    lengths (N_kv = 0: rows that see no key, 0 with lse -inf, as SDPA gives
+    them). scale defaults to
     1/sqrt(D). causal=True masks key j for query i when j > i + N_kv - N
     (bottom-right aligned, as FlashAttention). Returns o (B, H, N, D), laid
     out like q, and with return_lse=True also the log-sum-exp (B, H, N) f32
@@ -566,8 +567,10 @@ def planned_launch(q, k, causal: bool, scale: float, window: tuple[int, int] = (
     >= N a multiple of 4 (rows of whole 16-byte vectors); the configuration,
     grid and task table chosen here, once. same_signature: every call's
     tensors are laid out as the first's (eager.launcher)."""
-    if not q.shape[0] * q.shape[1]:
-        return lambda q, k, v, o, lse: None          # (an empty batch: nothing to launch)
+    if not q.shape[0] * q.shape[1] * q.shape[2]:
+        return lambda q, k, v, o, lse: None          # (no query rows: nothing to launch)
+    if not k.shape[2]:      # no keys: each row sees none, and gets what the kernel gives such
+        return lambda q, k, v, o, lse: (o.zero_(), lse.fill_(float("-inf")))   # rows (0, -inf)
     cfg = _config(q.shape[-1], k.shape[2], causal)
     grid = num_sms(q.get_device())
     masks = {} if window == (-1, -1) and not softcap else \
@@ -607,9 +610,6 @@ def _check_shapes(q, k, v) -> None:
     if k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"attention: the K/V heads H_kv={k.shape[1]} must divide the query "
                          f"heads H={H} (GQA/MQA)")
-    if N == 0 or k.shape[2] == 0:       # (B = 0 or H = 0: empty outputs, no launch)
-        raise ValueError(f"attention: sequence lengths must be positive, got N={N}, "
-                         f"N_kv={k.shape[2]}")
 
 
 # ------------------------------------------------------------------ backward
