@@ -41,6 +41,11 @@ from tk_mlir.kernels.device import is_blackwell, num_sms
 from tk_mlir.runtime.arguments import contiguous_strides
 from tk_mlir.target import HOPPER
 
+# SLICED_K's named barriers: the second consumer's partial written into the
+# shared tile, and the tile read (free to rewrite). Apart from store_in_pieces'
+# 1 + consumer and lcf's ping-pong 15 - consumer (SLICED_K takes no PINGPONG).
+SLICES_WRITTEN, SLICES_FREE = 14, 13
+
 
 @tk.func
 def cluster_sum(C, partial, tasks, tile_of, BM, S):
@@ -182,7 +187,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     # Consumer warpgroups; each takes 64 rows of a tile, whole tiles (PINGPONG),
     # or alternate K steps of a 64-row tile (SLICED_K: the first one stores it).
     consumers = 2 if PINGPONG or SLICED_K else BM // 64
-    storing = 1 if SLICED_K else consumers
+    epilogue_consumers = 1 if SLICED_K else consumers     # (the warpgroups that store C)
     wg_rows = BM if PINGPONG else 64
     tiles_m, tiles_n = tk.cdiv(M, BM), tk.cdiv(N, BN)
     assert BN >= 64 or not B_KN, f"BN={BN}: B given as K x N takes tiles of 64 columns or more"
@@ -216,7 +221,7 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     c_tiles = None
     if TMA_STORE:
         # (16-bit C: a row of 64 or more columns fills the 128-byte swizzle)
-        c_tiles = tk.shared_tiles(C.dtype, (wg_rows, EPI_N), storing * EPI_BUFFERS,
+        c_tiles = tk.shared_tiles(C.dtype, (wg_rows, EPI_N), epilogue_consumers * EPI_BUFFERS,
                                   swizzle=128 if EPI_N >= 64 else 2 * EPI_N)
 
     def tile_of(task):
@@ -371,19 +376,19 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     def store_slices(acc, task, wg):
         """SLICED_K: the second consumer's partial into `slices` (once the first
         has read the task before's), the first's plus it stored by the first
-        (named barriers 13 and 14, 8 warps). The block's tasks are block_id,
+        (named barriers SLICES_FREE and SLICES_WRITTEN, 8 warps). The block's tasks are block_id,
         + grid, ... (no cluster, no `active`): the first and last are known
         without counting."""
         if wg == 1:
             if task >= tk.grid_dim(0):               # not the block's first task
-                tk.named_barrier(13, warps=8)
+                tk.named_barrier(SLICES_FREE, warps=8)
             tk.store(slices, acc)
-            tk.named_barrier_arrive(14, warps=8)
+            tk.named_barrier_arrive(SLICES_WRITTEN, warps=8)
         else:
-            tk.named_barrier(14, warps=8)
+            tk.named_barrier(SLICES_WRITTEN, warps=8)
             total = acc + tk.load(slices, layout="row", scope="warpgroup")
             if task + tk.grid_dim(0) < tasks * SPLIT_K:
-                tk.named_barrier_arrive(13, warps=8)     # slices read: free to rewrite
+                tk.named_barrier_arrive(SLICES_FREE, warps=8)   # slices read: free to rewrite
             store_tile(total, task, 0)
 
     def row_scaled(acc, row):
@@ -549,12 +554,18 @@ def gemm_cluster_split_k_kernel(A: tk.gl, B: tk.gl, C: tk.gl, SPLIT: tk.constexp
     gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, False, 128, 1, CLUSTER_SPLIT=SPLIT)
 
 
+def ring_stages(bm: int, bn: int, beside: int) -> int:
+    """How many 64-deep stages of bm x bn tiles' A and B (16-bit, with their
+    two semaphores) fit in shared memory beside `beside` bytes of other tiles
+    (1 KB kept for alignment)."""
+    return (HOPPER.max_shared_bytes - 1024 - beside) // ((bm + bn) * 64 * 2 + 16)
+
+
 def cluster_split_config(bm: int, bn: int, split: int) -> dict:
     """gemm_cluster_split_k_kernel's config for bm x bn tiles in K slices of
     `split` blocks: the deepest ring (up to 8 stages) that fits beside the f32
     partial tile."""
-    room = HOPPER.max_shared_bytes - 1024 - bm * bn * 4     # (1 KB: alignment)
-    stages = min(8, room // ((bm + bn) * 64 * 2 + 16))      # (16 B: a stage's semaphores)
+    stages = min(8, ring_stages(bm, bn, bm * bn * 4))
     return dict(BM=bm, BN=bn, STAGES=stages, SPLIT=split, num_warps=4 * (bm // 64 + 1))
 
 
@@ -912,8 +923,7 @@ def pingpong_config(bm: int, bn: int) -> dict:
                          f"128, 192 or 256: its epilogue's 64-column pieces) columns, bm x bn "
                          f"<= 128 x 128; got {bm} x {bn}")
     staging = 2 * 2 * bm * 64 * 2                    # consumers x buffers x (bm, 64) 16-bit
-    room = HOPPER.max_shared_bytes - staging - 1024  # (1 KB: alignment, semaphores)
-    stages = room // ((bm + bn) * 64 * 2)
+    stages = ring_stages(bm, bn, staging)
     return dict(BM=bm, BN=bn, STAGES=stages, EPI_N=64, EPI_BUFFERS=2, PINGPONG=True,
                 num_warps=12)
 
@@ -931,8 +941,7 @@ def sliced_config(bn: int, split: bool = False) -> dict:
                          f"split (a 64 x bn f32 partial beside the ring), got bn={bn}"
                          f"{' with split' if split else ''}")
     staging = 0 if split or bn == 256 else 64 * bn * 2
-    room = HOPPER.max_shared_bytes - 64 * bn * 4 - staging - 1024    # (1 KB: alignment)
-    stages = room // ((64 + bn) * 64 * 2) // 2 * 2
+    stages = ring_stages(64, bn, 64 * bn * 4 + staging) // 2 * 2
     config = dict(BM=64, BN=bn, STAGES=stages, SLICED_K=True, num_warps=12)
     if bn == 256:
         config["TMA_STORE"] = False
