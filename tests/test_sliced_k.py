@@ -166,3 +166,46 @@ def test_lcf_sliced_rules(consumers, pingpong, message):
         _sliced_lcf.compile(tk.spec((128, 128), tk.bf16), tk.spec((128, 64), tk.f32),
                             CONSUMERS=consumers, PINGPONG=pingpong,
                             num_warps=4 * (consumers + 1))
+
+
+@tk.kernel(num_warps=12)
+def _which_consumer(A: tk.gl, ITERS: tk.gl["i32"], C: tk.gl[tk.f32]):
+    """Each consumer sums the stage tiles it took, per task, into C[task,
+    consumer]: A's tile (task, k) holds 2^(its ring position)."""
+    def load(task, k, a, sem):
+        tk.tma.load_async(a, A, (task, k), sem)
+
+    def setup(task, wg):
+        return tk.zeros((64, 64), tk.f32, layout="row", scope="warpgroup")
+
+    def compute(acc, wg, a):
+        acc = acc + tk.load(a, layout="row", scope="warpgroup").to(tk.f32)
+        tk.named_barrier(5 + wg, warps=4)        # every warp's read, before the release
+        return acc
+
+    def finish(acc, task, wg):
+        tk.store(C, acc, (task, wg))
+
+    def iters_of(task):
+        return tk.load(ITERS, (task,))
+
+    tk.lcf(ITERS.shape[0] - 1, 0, [(A.dtype, (64, 64), 128)], load, setup, compute, finish,
+           stages=4, consumers=2, sliced=True, task_iters=iters_of)
+
+
+def test_a_ring_position_always_goes_to_the_same_consumer():
+    """lcf(sliced=True)'s invariant: consumer c takes the ring positions = c
+    mod consumers, across tasks of odd iteration counts too (a task that
+    started on consumer 0 whatever its first position would hand a stage to
+    both consumers in turn, and one could then pass a wait two phases off)."""
+    iters = [3, 1, 2]
+    a = torch.zeros(3 * 64, 3 * 64, dtype=torch.bfloat16)
+    position = 0
+    for t, n in enumerate(iters):
+        for k in range(n):
+            a[t * 64:(t + 1) * 64, k * 64:(k + 1) * 64] = 2.0 ** position
+            position += 1
+    c = torch.full((3 * 64, 2 * 64), float("nan"))
+    _which_consumer.interpret[(1,)](a, torch.tensor(iters + [0], dtype=torch.int32), c)
+    # positions 0 2 | 1 (task 0), - | 3 (task 1), 4 | 5 (task 2)
+    assert c[::64, ::64].tolist() == [[1 + 4, 2], [0, 8], [16, 32]]
