@@ -44,8 +44,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     sequence sees its keys j <= i + len_k - len_q (bottom-right aligned);
     window=(left, right) and softcap as `attention`'s. A query that sees no
     key (an empty key sequence, or before the causal diagonal) gets output 0
-    and lse -inf. Returns o (total_q, H, D), laid out like q, and with
-    return_lse=True also lse (H, total_q) f32 (natural log; differentiable).
+    and lse -inf. Returns o (total_q, H, D), laid out as torch.empty_like(q)
+    lays it out (q's own strides where q is dense; a packed view's, e.g.
+    qkv[:, 0], gives a dense o), and with return_lse=True also lse (H,
+    total_q) f32 (natural log; differentiable).
 
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
