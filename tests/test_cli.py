@@ -298,6 +298,19 @@ def test_short_prints_tk_stages_in_short(capsys):
     assert "loc(" not in out and '"tk.' not in out
     code, _, err = run(capsys, *SOFTMAX_CALL, "--short")
     assert code == 2 and "--short" in err and "--stage" in err
+    code, _, err = run(capsys, *SOFTMAX_CALL, "--stage", "ptx", "--short")   # as c.asm.short
+    assert code == 2 and "ptx has no short form" in err
+
+
+def test_a_line_past_the_files_end_is_refused_as_lines_refuses_it(capsys):
+    code, _, err = run(capsys, *SOFTMAX_CALL, "--stage", "sass", "--line", "9999")
+    assert code == 2 and re.search(r"--line 9999: lines: \S+ has \d+ lines, not 9999", err), err
+
+
+def test_a_name_that_is_no_kernel_is_called_what_it_is(capsys):
+    """A module (whose .kernel attribute is tk's decorator) is called a module."""
+    code, _, err = run(capsys, SOFTMAX_CALL[0].split("::")[0] + "::tk", "--arg", "f32[4]")
+    assert code == 2 and "'tk' in " in err and "is a module, not a @tk.kernel" in err, err
 
 
 def test_line_of_a_helper_module_the_kernel_calls(capsys):

@@ -157,6 +157,30 @@ def test_a_bad_cache_max_size_is_refused_before_the_entry_is_written(monkeypatch
     assert not list(tmp_path.rglob(".manifest.json"))
 
 
+@pytest.mark.parametrize("knob, value", [("TK_MLIR_CACHE_MAX_SIZE", "lots"),
+                                         ("TK_MLIR_ALWAYS_COMPILE", "maybe"),
+                                         ("TK_MLIR_DEBUG", "maybe")])
+def test_a_bad_knob_stops_a_compile_before_it_starts(monkeypatch, tmp_path, knob, value):
+    """Checked when a compile starts (not when it writes the cache, the work
+    lost), and raised as the user's error: the traceback cut at the call."""
+    import traceback
+
+    import tk_mlir as tk
+
+    @tk.kernel(num_warps=4)
+    def copy_knob_case(X: tk.gl[tk.f32], Y: tk.gl[tk.f32]):
+        tk.store(Y, tk.load(X, (0, 0), (16, 16)), (0, 0))
+
+    monkeypatch.setenv("TK_MLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(knob, value)
+    spec = tk.spec((16, 16), tk.f32)
+    with pytest.raises(knobs.KnobError, match=rf"^{knob}='{value}'") as info:
+        copy_knob_case.compile(spec, spec)
+    frames = [Path(f.filename).name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert frames == ["test_knobs.py", "kernel.py"], frames      # (kernel.compile's raise)
+    assert not list(tmp_path.rglob("*.cubin"))
+
+
 def test_the_dump_dir_expands_the_home_folder(monkeypatch):
     """A path knob: `~` is the home folder (as TK_MLIR_CACHE_DIR's), not a
     folder named `~` in the working directory."""

@@ -107,10 +107,11 @@ def load_kernel(target: str) -> Kernel:
     if not path.is_file():
         raise UsageError(f"{file}: no such file (expected FILE.py::KERNEL)")
     module = load_module(path)
-    found = getattr(module, name, None) if name else None
-    found = getattr(found, "kernel", found)     # @tk.autotune: the kernel it tunes
+    named = getattr(module, name, None) if name else None
+    found = getattr(named, "kernel", named)     # @tk.autotune: the kernel it tunes
     if isinstance(found, Kernel):
         return found
+    found = named           # (what the name is, for the message: a module's .kernel is not it)
     kernels = [n for n, v in vars(module).items()
                if isinstance(getattr(v, "kernel", v), Kernel)]
     if not name:
@@ -301,9 +302,11 @@ def compile_command(args: argparse.Namespace) -> int:
     if args.line is not None:
         print_line(compiled, picked, args.line)
         return 0
-    if args.short and not picked:
+    if args.short and not any(name in tk_stage_names() for name in picked):
         raise UsageError("--short shows a tk stage in short: name one with --stage "
-                         "(e.g. --stage tk --short)")
+                         "(e.g. --stage tk --short); "
+                         + (f"{', '.join(picked)} has no short form" if picked else
+                            "no stage was named"))
     for name in picked:
         if len(picked) > 1:
             print(f"==> {name} <==")
@@ -327,6 +330,10 @@ def print_line(compiled, picked: list[str], line_arg: str) -> None:
     any MLIR stage, ptx, sass), or its tk ops, PTX and SASS without --stage."""
     source_map = compiled.source_map
     file, line = parse_line(line_arg, source_map)
+    try:
+        compiled.lines(line, file)          # (its rules: a line past the file's end)
+    except ValueError as e:
+        raise UsageError(f"--line {line_arg}: {e}") from None
     code = source_map.line(line, file)
     if not picked:
         print(code)

@@ -29,6 +29,7 @@ from .cache import always_compile
 from . import compiler
 from .compiled import CompiledKernel
 from .errors import CompilationError, for_the_user
+from .knobs import KnobError
 from .global_reads import GlobalRead, all_fresh, global_reads, key_text
 from .params import (CONSTEXPR, DEFAULT_NUM_WARPS, GL, NUM_WARPS_RULE, PGL, KernelParams,
                      peer_pieces, valid_num_warps)
@@ -37,6 +38,10 @@ from .runtime.arguments import ArgumentError, check_tensor, describe, tensor_inf
 from .source import KernelSource
 from .specialization import Specialization
 from . import target as targets
+
+# What a public entry point raises as the user's error, its traceback cut
+# there (errors.for_the_user): a refused kernel, a bad argument, a bad knob.
+USER_ERRORS = (CompilationError, ArgumentError, KnobError)
 
 _MAX_PLANS = 8     # launch plans kept per kernel (one per argument signature and device)
 _MAX_ENTRIES = 8   # compiled codes kept per signature (for other values of its globals)
@@ -113,7 +118,7 @@ class Kernel:
                 compiled.dump_once(dump_dir, self._specialization(sig).dump_name(),
                                    knobs.DUMP_DIR.name)
             return compiled
-        except (CompilationError, ArgumentError) as e:
+        except USER_ERRORS as e:
             raise for_the_user(e)
 
     def _get(self, sig: tuple) -> CompiledKernel:
@@ -147,6 +152,7 @@ class Kernel:
         return None
 
     def _compile(self, sig: tuple) -> tuple[tuple[GlobalRead, ...], CompiledKernel]:
+        knobs.check_all()       # (a bad knob found before the work, not after it)
         spec = self._specialization(sig)
         return compiler.compile_cached(spec, self._ast, self.fn.__globals__,
                                        dict(spec.constexprs))
@@ -182,14 +188,14 @@ class Kernel:
         from . import interpreter
         try:
             interpreter.launch_ranks(self, grid, ranks, kwargs)
-        except (CompilationError, ArgumentError) as e:
+        except USER_ERRORS as e:
             raise for_the_user(e)
 
     def _interpret(self, grid, *args, **kwargs) -> None:
         from . import interpreter
         try:
             interpreter.launch(self, grid, args, kwargs)
-        except (CompilationError, ArgumentError) as e:
+        except USER_ERRORS as e:
             raise for_the_user(e)
 
     def interpreted(self, sig: tuple):
@@ -226,11 +232,15 @@ class Kernel:
     # ------------------------------------------------------------- launch
 
     def launch(self, grid, *args, **kwargs) -> None:
-        if _interpret_all():
+        try:
+            interpret = _interpret_all()
+        except KnobError as e:
+            raise for_the_user(e)
+        if interpret:
             return self._interpret(grid, *args, **kwargs)
         try:
             self.launch_by_plan(grid, args, kwargs)
-        except (CompilationError, ArgumentError) as e:
+        except USER_ERRORS as e:
             raise for_the_user(e)
 
     def launcher(self, grid, **constexprs) -> Callable:
@@ -273,7 +283,7 @@ class Kernel:
                 elif plan is not None and calls > 1 and plan is not beside:
                     beside, first = plan, self._plan(args, kwargs, bound=True)
                     first = first and launcher.trust(first, kwargs)
-            except (CompilationError, ArgumentError) as e:
+            except USER_ERRORS as e:
                 raise for_the_user(e)
         return run
 

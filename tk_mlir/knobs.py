@@ -104,6 +104,13 @@ def print_autotuning() -> bool:
     return _bool(PRINT_AUTOTUNING)
 
 
+def check_all() -> None:
+    """Read every knob: a bad value is a KnobError before any work is done
+    (a compile that would fail only when it writes the cache, say)."""
+    cache_dir(), cache_max_size(), always_compile(), dump_dir(), debug(), interpret()
+    print_autotuning()
+
+
 # ---------------------------------------------------------------- parsing
 
 _TRUE = ("1", "true", "yes", "on")
