@@ -64,8 +64,8 @@ def test_config_repr_equality_and_frozen():
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="Config num_warps=3 is not a num_warps that "
-                                         "@tk.kernel takes"):
+    with pytest.raises(ValueError, match="Config num_warps=3: num_warps must be from 1 to 32 "
+                                         "and a power of two or a multiple of 4"):
         Config(BM=16, num_warps=3)
     with pytest.raises(TypeError, match=r"Config BM=\[16\] must be hashable"):
         Config(BM=[16])

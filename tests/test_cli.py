@@ -489,7 +489,10 @@ def test_sass_reads_the_loops_of_a_cubin(capsys, tmp_path):
 def test_sass_of_a_missing_or_broken_cubin(capsys, tmp_path):
     assert main(["sass", str(tmp_path / "none.cubin")]) == 2
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "kernel.py").write_text("import tk_mlir\n")       # (not a cubin at all)
+    assert main(["sass", str(tmp_path / "kernel.py")]) == 2
+    assert "kernel.py: not a cubin (an ELF file" in capsys.readouterr().err
     if find_tool("nvdisasm") is not None:
-        (tmp_path / "bad.cubin").write_bytes(b"not an ELF")
+        (tmp_path / "bad.cubin").write_bytes(b"\x7fELF but broken")
         assert main(["sass", str(tmp_path / "bad.cubin")]) == 1
         assert "nvdisasm failed" in capsys.readouterr().err

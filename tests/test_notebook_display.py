@@ -98,6 +98,8 @@ def test_show_diff_and_errors(gemm):
                  gemm.asm[s] == gemm.asm[list(gemm.asm)[list(gemm.asm).index(s) - 1]]]
     assert unchanged                       # (tk-verify checks, it does not rewrite)
     assert str(gemm.show(unchanged[0], diff=True)) == f"({unchanged[0]} changed nothing)"
+    with pytest.raises(TypeError, match=r"show\(diff='yes'\): diff must be True or False"):
+        gemm.show("tk-proxy-fences", diff="yes")
 
 
 def _block(page, name):

@@ -33,7 +33,7 @@ from . import cache, knobs, launcher
 from .dtypes import BY_TORCH_NAME
 from .errors import CompilationError, for_the_user
 from .kernel import Kernel, _Interpreting, _interpret_all
-from .params import GL, describe_value, hashable, valid_num_warps
+from .params import GL, NUM_WARPS_RULE, describe_value, hashable, valid_num_warps
 from .runtime.arguments import ArgumentError, describe
 
 _FLUSH_FALLBACK_BYTES = 64 << 20      # when torch does not report the L2 size
@@ -48,9 +48,9 @@ class Config:
 
     def __init__(self, *, num_warps: int | None = None, **constexprs):
         if num_warps is not None and not valid_num_warps(num_warps):
-            # The rule is the kernel's (params.valid_num_warps); it says it at launch.
-            raise ValueError(f"Config num_warps={num_warps!r} is not a num_warps that "
-                             f"@tk.kernel takes")
+            # (the kernel's rule, params.valid_num_warps)
+            raise ValueError(f"Config num_warps={num_warps!r}: num_warps {NUM_WARPS_RULE}, as "
+                             f"@tk.kernel takes it")
         for name, value in constexprs.items():
             try:
                 hash(value)

@@ -395,7 +395,11 @@ def sass_command(args: argparse.Namespace) -> int:
     path = args.cubin
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
-    sass = toolchain.disassemble(path.read_bytes())
+    data = path.read_bytes()
+    if not data.startswith(b"\x7fELF"):
+        raise UsageError(f"{path}: not a cubin (an ELF file, as ptxas writes it or CuTe DSL "
+                         f"keeps it with CUTE_DSL_KEEP_CUBIN=1)")
+    sass = toolchain.disassemble(data)
     if sass is None:
         raise UsageError("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
     if sass.startswith("nvdisasm failed"):

@@ -184,6 +184,9 @@ class CompiledKernel:
         asm[stage]). `diff=True`: what the stage's pass changed, against the
         stage before it (stage_diff.py)."""
         from .display import Listing
+        for name, flag in (("diff", diff), ("generic", generic)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"show({name}={flag!r}): {name} must be True or False")
         names = list(self.asm)
         if stage not in names:
             if stage == "sass":
