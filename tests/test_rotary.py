@@ -189,6 +189,18 @@ def test_many_heads_go_in_column_pieces(interpret, heads, d, interleaved):
     assert _rel(y, want) < 1e-2
 
 
+@pytest.mark.parametrize("heads, half, interleaved", [(1024, 64, False), (256, 64, False),
+                                                    (1024, 64, True), (128, 128, False)])
+def test_many_heads_compile_without_spills(ptxas, heads, half, interleaved):
+    """The pieces walked by a run-time loop: unrolled, ptxas hoisted every
+    piece's loads and spilled (146 bytes at 256 heads of D=128)."""
+    from tk_mlir.kernels.rotary import rotary_kernel
+    x = tk.spec((1, 4, heads, 2 * half), tk.bf16)
+    table = tk.spec((4 * half * (2 if interleaved else 1),), tk.f32)
+    c = rotary_kernel.compile(x, table, table, x, HB=heads, HALF=half, INTERLEAVED=interleaved)
+    assert c.info["spill stores (bytes)"] == 0, c.ptxas_log
+
+
 def test_an_expanded_table_is_read_as_its_one_table(interpret):
     """cos[None].expand(B, N, D/2), as a model may hand it, is the (N, D/2)
     table; a longer table expanded, (B, N', D/2), is its first N rows."""

@@ -23,14 +23,16 @@ from tk_mlir.runtime.arguments import contiguous_strides
 def rotate(X, COS, SIN, Y, n, b, HB, HALF, PER_BATCH, INVERSE, INTERLEAVED):
     """Y[b, n] = X[b, n] (its <= HB heads) rotated by position n's angles, in
     column pieces of (HB, piece) tiles (column_pieces: within a register
-    budget at any head count, whole tiles a register vector takes)."""
+    budget at any head count, whole tiles a register vector takes), walked
+    by a run-time loop (unrolled, ptxas hoisted every piece's loads and
+    spilled: 146 bytes at 256 heads of D=128, 702 at 1024)."""
     half = HALF
     angle = b * X.shape[1] + n if PER_BATCH else n       # the row of cos/sin, in halves
     if INTERLEAVED:
         # y_2i = x_2i·c - x_2i+1·s and y_2i+1 = x_2i+1·c + x_2i·s (pairs stay in a piece)
         piece = column_piece(2 * half, HB)
         pieces = 2 * half // piece
-        for p in tk.static_range(pieces):
+        for p in range(pieces):
             c = tk.load(COS, (angle * pieces + p,), (piece,)).to(f32)
             s = tk.load(SIN, (angle * pieces + p,), (piece,)).to(f32)
             x = tk.load(X, (b, n, 0, p), (HB, piece)).to(f32)
@@ -41,7 +43,7 @@ def rotate(X, COS, SIN, Y, n, b, HB, HALF, PER_BATCH, INVERSE, INTERLEAVED):
     else:
         piece = column_piece(half, HB)
         pieces = half // piece
-        for p in tk.static_range(pieces):
+        for p in range(pieces):
             c = tk.load(COS, (angle * pieces + p,), (piece,)).to(f32)
             s = tk.load(SIN, (angle * pieces + p,), (piece,)).to(f32)
             if INVERSE:
