@@ -118,6 +118,12 @@ def _what(v) -> str:
     return f"a {type(v).__name__}"
 
 
+def _carried(init) -> str:
+    """A loop-carried value's start, in words: a number and its type, or the
+    tile (vector, ...) it is."""
+    return f"a number ({init.ir_type})" if isinstance(init, V.Scalar) else repr(init)
+
+
 def _assigned_names(stmts) -> list[str]:
     """Names a block of statements (re)binds, in first-assignment order."""
     names: list[str] = []
@@ -709,17 +715,17 @@ class KernelBuilder(ast.NodeVisitor):
             yields = []
             for n, init, arg in zip(carried, inits, loop.inner_iter_args):
                 v = self.scope.get(n, V.wrap(arg))
-                was = f"a number ({init.ir_type})" if isinstance(init, V.Scalar) else repr(init)
                 if v is None:
-                    raise self.error(node, f"'{n}' is {was} before the loop and None after "
-                                           f"one iteration: was it assigned the result of a "
-                                           f"function (a helper, or a tk.lcf callback) that "
-                                           f"ends without `return`?")
+                    raise self.error(node, f"'{n}' is {_carried(init)} before the loop and "
+                                           f"None after one iteration: was it assigned the "
+                                           f"result of a function (a helper, or a tk.lcf "
+                                           f"callback) that ends without `return`?")
                 if not _is_runtime(v) and not isinstance(v, (bool, int, float)):
-                    raise self.error(node, f"'{n}' is {was} before the loop and {_what(v)} "
-                                           f"after one iteration: a name the loop reassigns is "
-                                           f"carried from one iteration to the next and keeps "
-                                           f"its type; give the new value another name")
+                    raise self.error(node, f"'{n}' is {_carried(init)} before the loop and "
+                                           f"{_what(v)} after one iteration: a name the loop "
+                                           f"reassigns is carried from one iteration to the "
+                                           f"next and keeps its type; give the new value "
+                                           f"another name")
                 v = v if _is_runtime(v) else V.as_scalar(v)
                 _settle_auto_layout(v.value, init.value, arg, loop.results[len(yields)])
                 if v.ir_type == ir.F32Type.get() and init.ir_type != v.ir_type:
