@@ -5,14 +5,20 @@ columns so a tile stays within a register budget at any head count.
 `column_piece(cols, rows)` is the widest piece a tile of `rows` rows may
 take: a divisor of `cols` that register tiles can have (a power of two or a
 multiple of 16), holding at most MAX_TILE_ELEMENTS elements when one does;
-8 columns (16 bytes of 16-bit elements) at the least. Compile-time
-arithmetic, for the kernels' static loops.
+8 columns (16 bytes of 16-bit elements) at the least; `tile_rows(heads)`
+the rows such a tile takes for `heads` heads. Compile-time arithmetic, for
+the kernels' loops over pieces.
 """
 from __future__ import annotations
 
 # A (rows, piece) f32 tile over 4 warps at this size holds 64 registers a
 # thread: room for the two or three such tiles a rotation keeps live.
 MAX_TILE_ELEMENTS = 8192
+
+
+def tile_rows(heads: int) -> int:
+    """A tile's rows for `heads` heads: the next power of two (the rest masked)."""
+    return max(1 << (heads - 1).bit_length(), 1)
 
 
 def column_piece(cols: int, rows: int) -> int:

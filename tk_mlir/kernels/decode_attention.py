@@ -29,7 +29,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 from tk_mlir.kernels import checks, eager
 from tk_mlir.kernels.device import num_sms
-from tk_mlir.kernels.column_pieces import column_piece, max_rows
+from tk_mlir.kernels.column_pieces import column_piece, max_rows, tile_rows
 from tk_mlir.kernels.flash_attention import LN2, LOG2E, finite, tanh
 from tk_mlir.runtime.arguments import vector_rows
 
@@ -491,7 +491,7 @@ def planned(q, k_cache, block_table, k, causal: bool, scale: float, left: int = 
     combine = None if splits == 1 or merge else \
         eager.launcher(kv_combine_kernel, same_signature)((B * H_kv, -(-R // MERGE_ROWS)), D=D)
     append = None if k is None else eager.launcher(kv_append_kernel, same_signature)(
-        (N_new, B), HB=1 << (H_kv - 1).bit_length(), D=D, PAGE=page)
+        (N_new, B), HB=tile_rows(H_kv), D=D, PAGE=page)
     counters = -(-tasks // 4) * 4               # the merge's, one a task: whole 16-byte rows
     # One new token (decoding): a K/V head's query rows are its G heads as q holds
     # them, so q, o and lse each take one view, not three or four.
@@ -607,7 +607,7 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
             checks.tensor(fn, name, t, ndim=4, dtypes=dtypes)
             checks.like(fn, name, t, "q", q)
             checks.shape(fn, name, t, (B, N_new, H_kv, D), "the new tokens' keys/values")
-        if 1 << (H_kv - 1).bit_length() > max_rows(D):
+        if tile_rows(H_kv) > max_rows(D):
             raise ValueError(f"{fn}: k and v have H_kv={H_kv} heads; the append copies a "
                              f"token's heads as one tile's rows, at most {max_rows(D)}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):

@@ -376,9 +376,9 @@ def gemm(A, B, C, B_KN, BM, BN, BK, STAGES, GROUP_M, TMA_STORE, EPI_N, CLUSTER, 
     def store_slices(acc, task, wg):
         """SLICED_K: the second consumer's partial into `slices` (once the first
         has read the task before's), the first's plus it stored by the first
-        (named barriers SLICES_FREE and SLICES_WRITTEN, 8 warps). The block's tasks are block_id,
-        + grid, ... (no cluster, no `active`): the first and last are known
-        without counting."""
+        (named barriers SLICES_FREE and SLICES_WRITTEN, 8 warps). The block's
+        tasks are block_id, + grid, ... (no cluster, no `active`): the first
+        and last are known without counting."""
         if wg == 1:
             if task >= tk.grid_dim(0):               # not the block's first task
                 tk.named_barrier(SLICES_FREE, warps=8)

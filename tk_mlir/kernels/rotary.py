@@ -15,7 +15,7 @@ import tk_mlir as tk
 from tk_mlir import f32
 
 from tk_mlir.kernels import checks, eager
-from tk_mlir.kernels.column_pieces import column_piece, max_rows
+from tk_mlir.kernels.column_pieces import column_piece, max_rows, tile_rows
 from tk_mlir.runtime.arguments import contiguous_strides
 
 
@@ -213,7 +213,7 @@ def planned(xs, per_batch: bool, interleaved: bool, inverse: bool = False,
     import torch
     shapes = [tuple(x.shape) for x in xs]
     B, N, _, D = shapes[0]
-    heads = [_rows(shape[2]) for shape in shapes]
+    heads = [tile_rows(shape[2]) for shape in shapes]
     kernel, grid, rows = ((rotary_kernel, (N, B), dict(HB=heads[0])) if len(xs) == 1 else
                           (rotary_qk_kernel, (N, B, 2), dict(HBQ=heads[0], HBK=heads[1])))
     run = eager.launcher(kernel, same_signature or gradients)(
@@ -253,11 +253,6 @@ def _positions(t):
     return t[0] if t.dim() == 3 and (t.shape[0] == 1 or t.stride(0) == 0) else t
 
 
-def _rows(heads: int) -> int:
-    """A tile's rows for `heads` heads: the next power of two (the rest masked)."""
-    return max(1 << (heads - 1).bit_length(), 1)
-
-
 def _warn_tables_get_no_gradient(fn: str, cos, sin) -> None:
     """A warning where autograd would record a call whose cos or sin requires
     grad: the rotation is differentiable in x only (a learned angle table
@@ -285,7 +280,7 @@ def _check(x, cos, sin, what: str = "x", tables: bool = True,
     if x.stride(-1) != 1:
         raise ValueError(f"{fn}: {what}'s last dim must be contiguous (stride 1), got strides "
                          f"{tuple(x.stride())}")
-    if _rows(H) > max_rows(D // 2):
+    if tile_rows(H) > max_rows(D // 2):
         raise ValueError(f"{fn}: {what} has {H} heads; a position's heads are one tile's rows, "
                          f"at most {max_rows(D // 2)} (rotate the heads in groups)")
     if tables:
