@@ -46,18 +46,6 @@ def test_sliced_64_by_256_tiles_store_from_registers(b_kn):
     assert relative_error(c, ref) < 8e-3
 
 
-def test_a_sliced_64_by_256_plan_accumulates_in_64_by_128_tiles(interpret):
-    """ACCUMULATE adds through staging tiles, which the 64 x 256 sliced config
-    has none of: _accumulate takes 64 x 128 sliced tiles for it."""
-    a, b, ref = gemm_operands(100, 200, 256)
-    chosen = next(p for p in gemm.candidate_plans(100, 200, 256, 8)
-                  if p.kernel == "tiles" and p.config.get("SLICED_K") and p.config["BN"] == 256)
-    c0 = torch.empty(100, 200).uniform_(-1, 1).bfloat16()
-    c = c0.clone()
-    gemm._accumulate(a, b, c, chosen, 8, False, False)
-    assert relative_error(c, ref + c0.double()) < 8e-3
-
-
 def test_sliced_a_given_as_k_by_m_accumulates_into_c():
     a, b, ref = gemm_operands(128, 64, 320, a_km=True)
     c0 = torch.empty(128, 64).uniform_(-1, 1).bfloat16()
@@ -126,13 +114,15 @@ def test_sliced_plans_on_the_gpu(b_layout):
                 assert relative_error(c, ref) < 8e-3, (M, N, K, chosen.why)
 
 
-def test_a_sliced_split_plan_accumulates_with_its_tiles_unsplit(interpret):
-    """c += the product with a sliced split-K plan (linear_cross_entropy's
-    dweight): its tiles unsplit, the ring re-sized beside the epilogue's
-    staging tile (the split config's eight stages would not fit)."""
-    a, b, ref = gemm_operands(100, 200, 1152)
-    chosen = next(p for p in gemm.candidate_plans(100, 200, 1152, 8)
-                  if p.kernel == "split_k" and p.config.get("SLICED_K") and p.config["BN"] == 128)
+@pytest.mark.parametrize("K, kernel, bn", [(1152, "split_k", 128), (256, "tiles", 256)])
+def test_a_sliced_plan_accumulates_with_tiles_that_stage_c(interpret, K, kernel, bn):
+    """c += the product with a sliced plan (linear_cross_entropy's dweight),
+    ACCUMULATE adding through staging tiles: a split plan's tiles unsplit, the
+    ring re-sized beside the staging tile (the split config's eight stages
+    would not fit); a 64 x 256 one, which has no staging tile, as 64 x 128."""
+    a, b, ref = gemm_operands(100, 200, K)
+    chosen = next(p for p in gemm.candidate_plans(100, 200, K, 8)
+                  if p.kernel == kernel and p.config.get("SLICED_K") and p.config["BN"] == bn)
     c0 = torch.empty(100, 200).uniform_(-1, 1).bfloat16()
     c = c0.clone()
     gemm._accumulate(a, b, c, chosen, 8, False, False)
