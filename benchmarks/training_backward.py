@@ -128,6 +128,7 @@ def linear_cross_entropy() -> None:
     err = P.rel_err(tk_lce(h.detach(), w.detach(), t),
                F.cross_entropy((h @ w.T).detach().double(), t))
     for name, loss in (("tk", lambda: tk_lce(h, w, t)),
+                       ("tk low_memory", lambda: tk_lce(h, w, t, low_memory=True)),
                        ("torch", lambda: F.cross_entropy(h @ w.T, t))):
         def step(loss=loss):
             torch.autograd.grad(loss(), (h, w))

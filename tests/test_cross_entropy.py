@@ -244,25 +244,31 @@ def test_linear_cross_entropy_matches_float64(reduction, v, monkeypatch):
 
 
 @gpu
-def test_linear_cross_entropy_holds_little_beyond_its_gradients():
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_linear_cross_entropy_holds_little_beyond_its_gradients(low_memory):
     """A scalar loss's forward and backward allocate dweight, dh and one row
-    chunk's logits (no larger than h, or MIN_CHUNK_ROWS rows) beyond their inputs: each chunk's
-    share of dweight is added into it in place, and the backward scales the
-    gradients in place."""
+    chunk's logits (no larger than h, or MIN_CHUNK_ROWS rows; low_memory: one
+    vocabulary slice's, no larger than h) beyond their inputs: each chunk's
+    share of dweight is added into it in place (low_memory: each slice's
+    share of dh), and the backward scales the gradients in place."""
     from tk_mlir.kernels import linear_cross_entropy, losses
     g = torch.Generator(device="cuda").manual_seed(8)
     n, d, v = 8192, 1024, 32000
     h = torch.randn(n, d, device="cuda", generator=g).to(bf16).requires_grad_()
     w = (torch.randn(v, d, device="cuda", generator=g) * 0.05).to(bf16).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda", generator=g)
-    torch.autograd.grad(linear_cross_entropy(h, w, t), (h, w))     # (tunes the GEMMs first)
+
+    def loss():
+        return linear_cross_entropy(h, w, t, low_memory=low_memory)
+    torch.autograd.grad(loss(), (h, w))                 # (tunes the GEMMs first)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    dh, dw = torch.autograd.grad(linear_cross_entropy(h, w, t) * 0.5, (h, w))
+    dh, dw = torch.autograd.grad(loss() * 0.5, (h, w))
     extra = torch.cuda.max_memory_allocated() - base
     grads = (v * d + n * d) * 2
-    chunk = max(n * d, losses.MIN_CHUNK_ROWS * v) * 2        # one chunk's logits
+    chunk = n * d * 2 if low_memory else \
+        max(n * d, losses.MIN_CHUNK_ROWS * v) * 2        # one chunk's (slice's) logits
     assert extra <= grads + chunk + (4 << 20), (extra, grads, chunk)
     hd, wd = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     want = torch.autograd.grad(F.cross_entropy(hd @ wd.T, t) * 0.5, (hd, wd))

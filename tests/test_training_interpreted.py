@@ -120,6 +120,41 @@ def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, r
     assert rows[3].isnan() and not rows[:3].isnan().any() and not rows[4:].isnan().any()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_low_memory(interpreted, reduction):
+    """low_memory=True: slices no larger than h (H = 64: 256 classes, the
+    least, of 700: three, the last short and not whole 16-byte vectors), a
+    scalar loss's gradients from a second pass with dh summed in bf16 by
+    the GEMM: loss and gradients as float64 torch, and as the default's;
+    no rows at all gives zero gradients."""
+    from tk_mlir.kernels import linear_cross_entropy, losses
+    g = torch.Generator().manual_seed(4)
+    h, w, t = _linear_ce_case(24, 64, 700, g, ignore_every=5)
+    assert len(losses._slices(h, 704, True)) == 3
+    hd, wd, ref = _linear_ce_reference(h, w, t, reduction)
+    dy = torch.rand(ref.shape, generator=g, dtype=torch.float64) + 0.5
+    want = torch.autograd.grad(ref, (hd, wd), dy.to(torch.bfloat16).double())
+    for low_memory in (True, False):
+        loss = linear_cross_entropy(h, w, t, reduction=reduction, low_memory=low_memory)
+        assert ((loss.double() - ref).norm() / ref.norm()).item() < 1e-2
+        got = torch.autograd.grad(loss, (h, w), dy.to(torch.bfloat16))
+        for a, b in zip(got, want):
+            assert a.shape == b.shape and ((a.double() - b).norm() / b.norm()).item() < 2e-2
+    empty = h[:0].detach().requires_grad_()
+    loss = linear_cross_entropy(empty, w, t[:0], reduction="sum", low_memory=True)
+    dh, dw = torch.autograd.grad(loss, (empty, w))
+    assert dh.shape == (0, 64) and dw.shape == w.shape and not dw.any()
+
+
+def test_linear_cross_entropy_low_memory_is_a_bool(interpreted):
+    from tk_mlir.kernels import linear_cross_entropy
+    h = torch.randn(4, 8).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="linear_cross_entropy: low_memory must be a bool, "
+                                        "got 'yes'"):
+        linear_cross_entropy(h, torch.randn(16, 8).to(torch.bfloat16), torch.zeros(4).long(),
+                             low_memory="yes")
+
+
 def test_cross_entropy_edge_rows(interpreted):
     """-inf logits (a masked vocabulary) without smoothing, every row ignored
     under "mean" (loss NaN as torch, gradient 0 not NaN), and int64 targets
@@ -206,7 +241,7 @@ def test_linear_cross_entropy_frozen_weight(interpreted, monkeypatch, reduction)
     calls = []
     which = "linear_backward" if reduction == "none" else "linear_forward_with_grads"
     real = getattr(losses, which)
-    monkeypatch.setattr(losses, which, lambda *a: calls.append(a[-2:]) or real(*a))
+    monkeypatch.setattr(losses, which, lambda *a: calls.append(a[-3:-1]) or real(*a))
     g = torch.Generator().manual_seed(5)
     h = torch.randn(8, 64, generator=g).to(torch.bfloat16).requires_grad_()
     w = torch.randn(256, 64, generator=g).to(torch.bfloat16)
@@ -322,30 +357,30 @@ def test_norms_take_any_leading_dims(interpreted):
     assert torch.equal(dw, ref[1])
 
 
-@pytest.mark.parametrize("frozen", [False, True])
-def test_compiled_linear_cross_entropy_makes_its_gradients_in_the_forward(interpreted,
-                                                                          monkeypatch, frozen):
+@pytest.mark.parametrize("frozen, low_memory", [(False, False), (True, False), (False, True)])
+def test_compiled_linear_cross_entropy_makes_its_gradients_in_the_forward(
+        interpreted, monkeypatch, frozen, low_memory):
     """Under torch.compile(fullgraph=True) a scalar loss traces the op that
-    makes the gradients with the logits (two row chunks here), scaled by
-    the incoming gradient in the backward: the loss and gradients of eager;
-    a frozen weight gets none made."""
+    makes the gradients with the logits (two row chunks here; low_memory:
+    in vocabulary slices), scaled by the incoming gradient in the backward:
+    the loss and gradients of eager; a frozen weight gets none made."""
     from tk_mlir.kernels import linear_cross_entropy, losses
     monkeypatch.setattr(losses, "LOGITS_SLICE_BYTES", 128 * 256 * 2)
     calls = []
     real = losses.linear_forward_with_grads
     monkeypatch.setattr(losses, "linear_forward_with_grads",
-                        lambda *a: calls.append(a[-2:]) or real(*a))
+                        lambda *a: calls.append(a[-3:]) or real(*a))
     g = torch.Generator().manual_seed(9)
     h, w, t = _linear_ce_case(200, 64, 256, g, ignore_every=5)
     w.requires_grad_(not frozen)
     inputs = (h, w) if not frozen else (h,)
     results = []
     for fn in (linear_cross_entropy, torch.compile(linear_cross_entropy, fullgraph=True)):
-        loss = fn(h, w, t) * 0.75
+        loss = fn(h, w, t, low_memory=low_memory) * 0.75
         results.append((loss, *torch.autograd.grad(loss, inputs)))
     for eager, compiled in zip(*results):
         assert torch.equal(compiled, eager)
-    assert calls == [(True, not frozen)] * 2        # eager's, then the compiled graph's
+    assert calls == [(True, not frozen, low_memory)] * 2   # eager's, then the compiled graph's
 
 
 def test_opcheck_linear_cross_entropy_with_grads(interpreted):
@@ -353,7 +388,9 @@ def test_opcheck_linear_cross_entropy_with_grads(interpreted):
     g = torch.Generator().manual_seed(10)
     h, w, t = _linear_ce_case(40, 64, 128, g, ignore_every=7)
     op = torch.ops.tk_mlir.linear_cross_entropy_with_grads.default
-    for args in ((h, w, t, -100, "mean", True, True), (h, w, t, -100, "sum", True, False)):
+    for args in ((h, w, t, -100, "mean", True, True, False),
+                 (h, w, t, -100, "sum", True, False, False),
+                 (h, w, t, -100, "mean", True, True, True)):
         result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
         assert set(result.values()) == {"SUCCESS"}, result

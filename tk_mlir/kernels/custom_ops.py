@@ -23,11 +23,12 @@
                                     label_smoothing) -> (loss, lse)
     torch.ops.tk_mlir.cross_entropy_backward(dloss, logits, target, lse, ignore_index,
                                              reduction, label_smoothing) -> dlogits
-    torch.ops.tk_mlir.linear_cross_entropy(h, weight, target, ignore_index, reduction)
-                                           -> (loss, lse)
+    torch.ops.tk_mlir.linear_cross_entropy(h, weight, target, ignore_index, reduction,
+                                           low_memory=False) -> (loss, lse)
     torch.ops.tk_mlir.linear_cross_entropy_backward(dloss, h, weight, target, lse,
                                                     ignore_index, reduction, need_h,
-                                                    need_weight) -> (dh, dweight)
+                                                    need_weight, low_memory=False)
+                                                    -> (dh, dweight)
     torch.ops.tk_mlir.attention(q, k, v, causal, scale, deterministic=False, left=-1,
                                 right=-1, softcap=0.0) -> (o, lse)
     torch.ops.tk_mlir.attention_backward(do, q, k, v, o, lse, causal, scale,
@@ -795,15 +796,16 @@ class EagerCrossEntropy(EagerFunction):
 
 @torch.library.custom_op("tk_mlir::linear_cross_entropy", mutates_args=())
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                         ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+                         ignore_index: int, reduction: str, low_memory: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, lse) of cross_entropy(h @ weight.T, target), the logits a slice
     of the vocabulary at a time (losses.linear_cross_entropy)."""
     losses._check_linear(h, weight, target, ignore_index, reduction)
-    return losses.linear_forward(h, weight, target, ignore_index, reduction)
+    return losses.linear_forward(h, weight, target, ignore_index, reduction, low_memory)
 
 
 @linear_cross_entropy.register_fake
-def _(h, weight, target, ignore_index, reduction):
+def _(h, weight, target, ignore_index, reduction, low_memory=False):
     n = h.shape[0]
     return h.new_empty((n,) if reduction == "none" else ()), h.new_empty(n, dtype=torch.float32)
 
@@ -811,37 +813,39 @@ def _(h, weight, target, ignore_index, reduction):
 @torch.library.custom_op("tk_mlir::linear_cross_entropy_backward", mutates_args=())
 def linear_cross_entropy_backward(dloss: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
                                   target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
-                                  reduction: str, need_h: bool, need_weight: bool
+                                  reduction: str, need_h: bool, need_weight: bool,
+                                  low_memory: bool = False
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dweight) of linear_cross_entropy; one not needed is an empty tensor."""
     fn = "linear_cross_entropy_backward"
     losses._check_linear(h, weight, target, ignore_index, reduction, fn)
     _check_loss_gradient(fn, dloss, lse, "h", h, reduction)
     return losses.linear_backward(dloss, h, weight, target, lse, ignore_index, reduction,
-                                  need_h, need_weight)
+                                  need_h, need_weight, low_memory)
 
 
 @linear_cross_entropy_backward.register_fake
-def _(dloss, h, weight, target, lse, ignore_index, reduction, need_h, need_weight):
+def _(dloss, h, weight, target, lse, ignore_index, reduction, need_h, need_weight,
+      low_memory=False):
     return (torch.empty_like(h) if need_h else h.new_empty(0),
             torch.empty_like(weight) if need_weight else h.new_empty(0))
 
 
 def _linear_ce_setup_context(ctx, inputs, output):
-    h, weight, target, ctx.ignore_index, ctx.reduction = inputs
+    h, weight, target, ctx.ignore_index, ctx.reduction, ctx.low_memory = inputs
     ctx.save_for_backward(h, weight, target, output[1])
     ctx.set_materialize_grads(False)
 
 
 def _linear_ce_backward(ctx, dloss, dlse, backward=None):
     if dloss is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     h, weight, target, lse = ctx.saved_tensors
     need_h, need_weight = ctx.needs_input_grad[:2]
     dh, dw = (backward or linear_cross_entropy_backward)(dloss, h, weight, target, lse,
                                                          ctx.ignore_index, ctx.reduction,
-                                                         need_h, need_weight)
-    return (dh if need_h else None), (dw if need_weight else None), None, None, None
+                                                         need_h, need_weight, ctx.low_memory)
+    return (dh if need_h else None), (dw if need_weight else None), None, None, None, None
 
 
 linear_cross_entropy.register_autograd(_linear_ce_backward,
@@ -851,11 +855,12 @@ linear_cross_entropy.register_autograd(_linear_ce_backward,
 @torch.library.custom_op("tk_mlir::linear_cross_entropy_with_grads", mutates_args=())
 def linear_cross_entropy_with_grads(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                     ignore_index: int, reduction: str, need_h: bool,
-                                    need_weight: bool
+                                    need_weight: bool, low_memory: bool = False
                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dh, dweight) of a scalar linear_cross_entropy ("mean" or
     "sum"), the gradients those of dloss = 1, made in the forward
-    (losses.linear_forward_with_grads: the logits made once); one not
+    (losses.linear_forward_with_grads: the logits made once, or twice with
+    low_memory); one not
     needed is an empty tensor. Its autograd scales them by dloss. What
     torch.compile traces when h or weight requires grad."""
     fn = "linear_cross_entropy_with_grads"
@@ -864,12 +869,13 @@ def linear_cross_entropy_with_grads(h: torch.Tensor, weight: torch.Tensor, targe
         raise ValueError(f"{fn}: reduction must be 'mean' or 'sum' (a scalar loss, whose "
                          f"gradients the forward makes), got 'none'")
     loss, _lse, dh, dw = losses.linear_forward_with_grads(h, weight, target, ignore_index,
-                                                          reduction, need_h, need_weight)
+                                                          reduction, need_h, need_weight,
+                                                          low_memory)
     return loss, dh, dw
 
 
 @linear_cross_entropy_with_grads.register_fake
-def _(h, weight, target, ignore_index, reduction, need_h, need_weight):
+def _(h, weight, target, ignore_index, reduction, need_h, need_weight, low_memory=False):
     return (h.new_empty(()), torch.empty_like(h) if need_h else h.new_empty(0),
             torch.empty_like(weight) if need_weight else weight.new_empty(0))
 
@@ -882,11 +888,11 @@ def _linear_ce_grads_setup_context(ctx, inputs, output):
 def _linear_ce_grads_backward(ctx, dloss, ddh, ddw):
     need_h, need_weight = ctx.needs_input_grad[:2]
     if dloss is None:
-        return None, None, None, None, None, None, None
+        return (None,) * 8
     dh, dw = ctx.saved_tensors
     scale = dloss.to(dh.dtype)
     return (dh * scale if need_h else None), (dw * scale if need_weight else None), \
-        None, None, None, None, None
+        None, None, None, None, None, None
 
 
 linear_cross_entropy_with_grads.register_autograd(_linear_ce_grads_backward,
@@ -903,14 +909,15 @@ class EagerLinearCrossEntropy(EagerFunction):
     from the saved inputs, as "none" always does."""
 
     @staticmethod
-    def forward(ctx, h, weight, target, ignore_index, reduction):
-        args = h, weight, target, ignore_index, reduction
+    def forward(ctx, h, weight, target, ignore_index, reduction, low_memory):
+        args = h, weight, target, ignore_index, reduction, low_memory
         if reduction == "none":
             out = losses.linear_forward(*args)
             ctx.grads = None
         else:
             need_h, need_weight = ctx.needs_input_grad[:2]
-            loss, lse, dh, dw = losses.linear_forward_with_grads(*args, need_h, need_weight)
+            loss, lse, dh, dw = losses.linear_forward_with_grads(*args[:5], need_h, need_weight,
+                                                                 low_memory)
             out = loss, lse
             ctx.grads = dh, dw
         _linear_ce_setup_context(ctx, args, out)
@@ -923,12 +930,12 @@ class EagerLinearCrossEntropy(EagerFunction):
         if ctx.grads is None:
             return _linear_ce_backward(ctx, dloss, dlse, losses.linear_backward)
         if dloss is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         need_h, need_weight = ctx.needs_input_grad[:2]
         (dh, dw), ctx.grads = ctx.grads, None
         losses.scale_unless_one([t for t, need in ((dh, need_h), (dw, need_weight)) if need],
                                 dloss)
-        return (dh if need_h else None), (dw if need_weight else None), None, None, None
+        return (dh if need_h else None), (dw if need_weight else None), None, None, None, None
 
 
 # --------------------------------------------------------------- attention

@@ -288,7 +288,8 @@ MIN_CHUNK_ROWS = 1024
 _NO_CLASS = -2**31        # an ignore_index no shifted target equals (ignored rows: scale 0)
 
 
-def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction: str = "mean"):
+def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction: str = "mean",
+                         low_memory: bool = False):
     """cross_entropy(h @ weight.T, target) without the (N, V) logits: the
     vocabulary is cut into slices (LOGITS_SLICE_BYTES of logits at a time);
     per slice a GEMM makes its logits and cross_entropy_kernel its
@@ -303,6 +304,14 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     one chunk's logits (on Blackwell, whose GEMM only stores, also a
     dweight-sized product to add).
 
+    low_memory=True holds less, for more work: every slice of logits is no
+    larger than h (Liger's rule for its row chunks), and a scalar loss's
+    gradients come from a second pass over the slices (as the backward's),
+    each slice's dweight rows stored and its share of dh added into dh in
+    h's dtype: beyond the gradients, one h-sized slice of logits, for the
+    work of 4 GEMMs instead of 3 (dh rounded once per slice, as Liger's
+    dweight once per row chunk).
+
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight;
     V not a multiple of 8, as GPT-2's 50257, through a copy with zero rows
     to whole 16-byte vectors of logits); target: (N,) class indices,
@@ -315,13 +324,15 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     whose h or weight requires grad."""
     import torch
     ignore_index = _check_linear(h, weight, target, ignore_index, reduction)
-    args = (h, weight, target, ignore_index, reduction)
+    if not isinstance(low_memory, bool):
+        raise TypeError(f"linear_cross_entropy: low_memory must be a bool, got {low_memory!r}")
+    args = (h, weight, target, ignore_index, reduction, low_memory)
     from tk_mlir.kernels import custom_ops
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if torch.compiler.is_compiling():
         if grads and reduction != "none":
             return torch.ops.tk_mlir.linear_cross_entropy_with_grads(
-                *args, h.requires_grad, weight.requires_grad)[0]
+                *args[:5], h.requires_grad, weight.requires_grad, low_memory)[0]
         return torch.ops.tk_mlir.linear_cross_entropy(*args)[0]
     if grads:
         return custom_ops.EagerLinearCrossEntropy.apply(*args)[0]
@@ -340,14 +351,18 @@ def _padded_vocabulary(weight):
     return padded
 
 
-def _slices(n: int, v: int):
-    """(first, end) of the vocabulary slices for n rows: as many classes as
-    LOGITS_SLICE_BYTES of bf16 logits hold, a multiple of 256."""
-    width = max(256, LOGITS_SLICE_BYTES // (2 * max(n, 1)) // 256 * 256)
+def _slices(h, v: int, low_memory: bool):
+    """(first, end) of the vocabulary slices for h's rows: as many classes as
+    LOGITS_SLICE_BYTES of logits hold (low_memory: as many as h's bytes), a
+    multiple of 256."""
+    n = h.shape[0]
+    budget = h.numel() * h.element_size() if low_memory else LOGITS_SLICE_BYTES
+    width = max(256, budget // (2 * max(n, 1)) // 256 * 256)
     return [(v0, min(v0 + width, v)) for v0 in range(0, v, width)]
 
 
-def linear_forward(h, weight, target, ignore_index: int, reduction: str):
+def linear_forward(h, weight, target, ignore_index: int, reduction: str,
+                   low_memory: bool = False):
     """(loss, lse) of linear_cross_entropy on checked arguments: lse (N,) f32
     over the whole vocabulary, kept for the backward."""
     import torch
@@ -358,7 +373,7 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
     lse_parts, x_t = [], torch.zeros(n, dtype=torch.float32, device=h.device)
     part_loss = torch.empty(rows, dtype=torch.float32, device=h.device)
     targets = _targets(target, rows, v, ignore_index)
-    for v0, v1 in _slices(n, weight.shape[0]):
+    for v0, v1 in _slices(h, weight.shape[0], low_memory):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         gemm.launch(h, weight[v0:v1], logits, "nk")
         lse = torch.empty(rows, dtype=torch.float32, device=h.device)
@@ -368,6 +383,7 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
                                        OUTSIDE_NAN=False)
         lse_parts.append(lse[:n])
         x_t += lse[:n] - part_loss[:n]           # the target's logit, where it is in the slice
+        del logits                                  # (freed before the next slice's)
     lse = torch.stack(lse_parts).logsumexp(0)
     mine = targets[:n]              # (an invalid target is _outside(v, ignore_index) there)
     loss = torch.where(mine == ignore_index, 0.0,
@@ -376,16 +392,23 @@ def linear_forward(h, weight, target, ignore_index: int, reduction: str):
 
 
 def linear_forward_with_grads(h, weight, target, ignore_index: int, reduction: str,
-                              need_h: bool, need_weight: bool):
+                              need_h: bool, need_weight: bool, low_memory: bool = False):
     """(loss, lse, dh, dweight) of linear_cross_entropy for a scalar loss
     ("mean" or "sum"), the gradients those of dloss = 1 (the backward scales
     them): Liger's order, so the backward makes no logits again (3 GEMMs'
     work, not 4). Rows go in chunks (`_chunk_rows`) over the whole
     vocabulary, so each chunk's log-sum-exp is final and its logits turn
     into their gradient in place; each chunk's share of dweight is added
-    into it by its GEMM (in dweight's dtype, as Liger's addmm does)."""
+    into it by its GEMM (in dweight's dtype, as Liger's addmm does).
+    low_memory: linear_forward's slices, then linear_backward's for dloss = 1
+    (the logits made twice, in slices no larger than h)."""
     import torch
     from tk_mlir.kernels import gemm
+    if low_memory:
+        loss, lse = linear_forward(h, weight, target, ignore_index, reduction, True)
+        dh, dw = linear_backward(torch.ones((), device=h.device), h, weight, target, lse,
+                                 ignore_index, reduction, need_h, need_weight, True)
+        return loss, lse, dh, dw
     n, v = h.shape[0], weight.shape[0]
     weight = _padded_vocabulary(weight)
     rows = -(-n // 4) * 4
@@ -454,10 +477,12 @@ def _chunk_rows(n: int, hidden: int, v: int) -> int:
 
 
 def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction: str,
-                    need_h: bool = True, need_weight: bool = True):
+                    need_h: bool = True, need_weight: bool = True, low_memory: bool = False):
     """(dh, dweight) of linear_cross_entropy given the loss's gradient and the
     forward's lse; a gradient not needed is not computed (an empty tensor
-    stands for it)."""
+    stands for it). dh sums a product per vocabulary slice: in f32, rounded
+    once at the end; with low_memory in h's dtype, each added by its GEMM
+    (no f32 copies of dh, a rounding per slice)."""
     import torch
     from tk_mlir.kernels import gemm
     n, v = h.shape[0], weight.shape[0]
@@ -467,10 +492,13 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
     scale = _row_scale(dloss, targets, n, ignore_index, reduction, v)
     lse_rows = torch.empty(rows, dtype=torch.float32, device=h.device)
     lse_rows[:n] = lse
-    dh = torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device) if need_h else None
-    dh_part = torch.empty_like(dh) if need_h else None
+    dh = dh_part = None
+    if need_h:
+        dh = torch.empty_like(h) if low_memory else \
+            torch.zeros(n, h.shape[1], dtype=torch.float32, device=h.device)
+        dh_part = None if low_memory else torch.empty_like(dh)
     dw = torch.empty_like(weight) if need_weight else None
-    for v0, v1 in _slices(n, weight.shape[0]):
+    for i, (v0, v1) in enumerate(_slices(h, weight.shape[0], low_memory)):
         logits = torch.empty(n, v1 - v0, dtype=h.dtype, device=h.device)
         w = weight[v0:v1]
         gemm.launch(h, w, logits, "nk")
@@ -480,9 +508,12 @@ def linear_backward(dloss, h, weight, target, lse, ignore_index: int, reduction:
                 min(v1, v) - v0, _NO_CLASS, 0.0)
         if need_weight:
             gemm.launch(logits, h, dw[v0:v1], "kn", a_layout="km")     # dW rows: dlogitsᵀ·h
-        if need_h:
+        if need_h and low_memory:
+            gemm.launch(logits, w, dh, "kn", accumulate=i > 0)          # dh (+)= dlogits·W
+        elif need_h:
             gemm.launch(logits, w, dh_part, "kn")                        # dh += dlogits·W
             dh += dh_part
+        del logits                                  # (freed before the next slice's)
     empty = h.new_empty(0)
     return (dh.to(h.dtype) if need_h else empty), (dw[:v] if need_weight else empty)
 
