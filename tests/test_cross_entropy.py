@@ -120,6 +120,23 @@ def test_any_vocabulary_size_through_a_padded_copy(interpret, v, dtype, smoothin
                 assert (got.double() - want).norm() <= 1e-2 * want.norm() + 1e-6
 
 
+@pytest.mark.parametrize("n, hidden, v", [(8192, 4096, 128256), (8192, 1024, 32000),
+                                           (4096, 768, 50264), (6000, 2048, 151936),
+                                           (1000, 4096, 32000), (8192, 8192, 128256)])
+def test_low_memory_slices_hold_no_more_logits_than_liger(n, hidden, v):
+    """low_memory's vocabulary slices tile [0, V) in order, each no wider than
+    h (V > H) and its logits no more than Liger's row chunk's
+    (next_power_of_2(ceil(N / ceil(V / H))) rows of V)."""
+    from tk_mlir.kernels import losses
+    slices = losses._slices(torch.empty(n, hidden), v, True)
+    assert slices[0][0] == 0 and slices[-1][1] == v
+    assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+    per = -(-v // hidden)
+    liger_rows = 1 << (-(-n // per) - 1).bit_length()
+    widest = max(b - a for a, b in slices)
+    assert widest <= hidden and n * widest <= liger_rows * v, (widest, liger_rows)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_cross_entropy_of_a_vocabulary_off_whole_vectors(interpret, monkeypatch,
                                                                  reduction):

@@ -305,7 +305,7 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     dweight-sized product to add).
 
     low_memory=True holds less, for more work: every slice of logits is no
-    larger than h (Liger's rule for its row chunks), and a scalar loss's
+    larger than h, nor than Liger's row chunk (`_slices`), and a scalar loss's
     gradients come from a second pass over the slices (as the backward's),
     each slice's dweight rows stored and its share of dh added into dh in
     h's dtype: beyond the gradients, one h-sized slice of logits, for the
@@ -353,11 +353,16 @@ def _padded_vocabulary(weight):
 
 def _slices(h, v: int, low_memory: bool):
     """(first, end) of the vocabulary slices for h's rows: as many classes as
-    LOGITS_SLICE_BYTES of logits hold (low_memory: as many as h's bytes), a
-    multiple of 256."""
-    n = h.shape[0]
-    budget = h.numel() * h.element_size() if low_memory else LOGITS_SLICE_BYTES
-    width = max(256, budget // (2 * max(n, 1)) // 256 * 256)
+    LOGITS_SLICE_BYTES of logits hold, a multiple of 256. low_memory: at
+    most V / ceil(V / H) classes (logits no larger than h, nor than Liger's
+    row chunk, whose ceil(N / ceil(V / H)) rows it rounds up to a power of
+    two), a multiple of 128 unless that is all of V; at least 256."""
+    n, hidden = h.shape
+    if low_memory:
+        per = -(-v // hidden)
+        width = v if per == 1 else max(256, v // per // 128 * 128)
+    else:
+        width = max(256, LOGITS_SLICE_BYTES // (2 * max(n, 1)) // 256 * 256)
     return [(v0, min(v0 + width, v)) for v0 in range(0, v, width)]
 
 
