@@ -714,7 +714,12 @@ class Semaphore(Value):
 
 
 def ceil_div(a, b):
-    """Python ints fold; run-time ints become arith (the grid helpers use this)."""
+    """Python ints fold; run-time ints become arith (the grid helpers use this).
+    By a positive compile-time b, (a + b - 1) // b (the kernels' loop bounds:
+    an add and a shift by 2**k; a + b - 1 past 2**31 is the [overflow] lint's);
+    by any other b, -(-a // b), the host's formula, right for every sign."""
     if isinstance(a, int) and isinstance(b, int):
         return -(-a // b)
-    return scalar_binary("floordiv", scalar_binary("add", a, scalar_binary("sub", b, 1)), b)
+    if type(b) is int and b > 0:
+        return scalar_binary("floordiv", scalar_binary("add", a, b - 1), b)
+    return scalar_binary("sub", 0, scalar_binary("floordiv", scalar_binary("sub", 0, a), b))
