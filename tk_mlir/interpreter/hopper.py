@@ -230,6 +230,7 @@ def _issue_load(w, block, dst, src, sem, coords, elements, loc, at) -> None:
     clock[s.slot] = max(clock[s.slot], epoch)
     s.loads.append(at)
     s.loads_in_flight += 1
+    s.issued += _nbytes(dst)
     block.last_load[sem.alloc.key, sem.index] = (s.completed, loc)
     block.later(lambda: _land(block, data, flight, s, clock, loc, at, _nbytes(dst), epoch))
 

@@ -26,6 +26,7 @@ class Semaphore:
         self.slot = -1                      # its TMA agent's clock slot (set by the block)
         self.pending, self.tx, self.completed = arrivals, 0, 0
         self.loads_in_flight = 0
+        self.armed = self.issued = 0        # this phase's expected bytes, and its loads'
         self.expects: list[str] = []        # this phase's expect_bytes lines
         self.loads: list[str] = []          # this phase's TMA load lines
         self.arrivers: dict = {}            # this phase's arriving warps -> their line
@@ -75,6 +76,7 @@ class Semaphore:
         if tx:
             self.expects.append(where)
         self.tx += n * tx
+        self.armed += n * tx
         self.pending -= n
         self._maybe_complete(loc)
 
@@ -114,13 +116,14 @@ class Semaphore:
                               f"but no tk.tma.expect armed its phase (expect is also the "
                               f"arrival the phase waits for): call tk.tma.expect(sem, *tiles) "
                               f"before the loads, from the thread that issues them")
+        # (totals, not self.tx: a load that lands first may overshoot an expect
+        # that is short of the loads still in flight)
         return error(loc, f"transaction-byte mismatch on {self.describe()}: the "
                           f"expect at {', '.join(self.expects) or '(none)'} armed the phase "
-                          f"with bytes that the {len(self.loads)} TMA load(s) at "
-                          f"{', '.join(self.loads) or '(none)'} do not add up to "
-                          f"({-self.tx if self.tx < 0 else self.tx} byte(s) "
-                          f"{'too many' if self.tx < 0 else 'missing'}): expect exactly "
-                          f"the bytes of the tiles loaded (tk.tma.expect(sem, *tiles))")
+                          f"with {self.armed} byte(s), but the {len(self.loads)} TMA load(s) "
+                          f"at {', '.join(self.loads) or '(none)'} add up to {self.issued}: "
+                          f"expect exactly the bytes of the tiles loaded "
+                          f"(tk.tma.expect(sem, *tiles))")
 
     def _maybe_complete(self, loc) -> None:
         if self.pending == 0 and self.tx == 0:
@@ -129,11 +132,13 @@ class Semaphore:
                                  f"completed with {self.loads_in_flight} of the TMA loads at "
                                  f"{', '.join(self.loads)} still in flight, so a wait for "
                                  f"it would not wait for them: the expect at "
-                                 f"{', '.join(self.expects) or '(none)'} armed fewer bytes "
-                                 f"than the loads add up to; expect exactly the bytes of the "
+                                 f"{', '.join(self.expects) or '(none)'} armed "
+                                 f"{self.armed} byte(s), fewer than the loads add up to "
+                                 f"({self.issued}); expect exactly the bytes of the "
                                  f"tiles loaded (tk.tma.expect(sem, *tiles))")
             self.completed += 1
             self.pending, self.expects, self.loads = self.arrivals, [], []
+            self.armed = self.issued = 0
             self.arrivers, self.seen = {}, []
             self.released = self.clock.copy()
 
