@@ -39,6 +39,11 @@ def test_bind_fills_defaults_keywords_and_num_warps():
     assert scale.params.bind((1, 2, 3.0, 4, 32), {}) == ([1, 2, 3.0, 4, 32], 4)
 
 
+@tk.kernel(num_warps=4)
+def rows(X: tk.gl[f32], BLOCK: tk.constexpr = 32):
+    tk.store(X, tk.load(X, (0, 0), (16, BLOCK)) * 2.0, (0, 0))
+
+
 def test_a_misspelled_keyword_is_named_with_a_suggestion():
     with pytest.raises(tk.ArgumentError) as info:
         scale.compile(X, X, 2.0, 1, NN=64)
@@ -47,6 +52,8 @@ def test_a_misspelled_keyword_is_named_with_a_suggestion():
     assert "missing" not in message
     with pytest.raises(tk.ArgumentError, match="did you mean 'num_warps'"):
         scale.compile(X, X, 2.0, 1, num_warp=8)
+    with pytest.raises(tk.ArgumentError, match="'block' \\(did you mean 'BLOCK'\\?\\)"):
+        rows.compile(X, block=64)                  # (case only: difflib alone misses it)
 
 
 def test_missing_and_doubled_arguments():

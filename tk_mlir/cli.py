@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import difflib
 import html
 import importlib.util
 import os
@@ -27,7 +26,7 @@ from . import knobs
 from .knobs import KnobError
 from .cache import DiskCache
 from .dtypes import ARGUMENT_DTYPES
-from .errors import ArgumentError, CompilationError, _owner, debug
+from .errors import ArgumentError, CompilationError, _owner, debug, nearest_names
 from .stages import tk_stage_names
 from .dumps import writable_folder
 from .kernel import Kernel
@@ -213,7 +212,7 @@ def bind_consts(kernel: Kernel, texts: list[str]) -> dict:
 
 
 def _did_you_mean(name: str, names) -> str:
-    close = difflib.get_close_matches(name, list(names), n=1)
+    close = nearest_names(name, names)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -6,6 +6,7 @@ its traceback is cut at the public entry point.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import linecache
 import sys
@@ -68,6 +69,16 @@ def error_at(loc, message: str) -> CompilationError:
     """A CompilationError at an MLIR FileLineColLoc (passes use this)."""
     where = _where(loc)
     return CompilationError(message, *where) if where else CompilationError(message)
+
+
+def nearest_names(name: str, known, n: int = 1) -> list[str]:
+    """Up to n of the names `known` nearest to a misspelt `name`: one equal to
+    it but for case first (block for BLOCK: difflib's ratio misses it in
+    short names), then difflib's closest."""
+    known = list(known)
+    same = [k for k in known if k != name and k.lower() == name.lower()]
+    return (same + [c for c in difflib.get_close_matches(name, known, n=n)
+                    if c not in same])[:n]
 
 
 class TkLintWarning(UserWarning):

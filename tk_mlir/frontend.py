@@ -15,7 +15,6 @@ import ast
 import builtins
 import collections.abc
 import contextlib
-import difflib
 import inspect
 import itertools
 import operator
@@ -30,7 +29,7 @@ from mlir.dialects import arith, func, scf
 from . import global_reads, language, values as V
 from .dialects import contracts, types as T
 from .errors import (CompilationError, InternalCompilerError, debug, in_tk_mlir_helpers,
-                     raised_in_tk_mlir)
+                     nearest_names, raised_in_tk_mlir)
 from .source import closure_names, ptx_symbol
 
 
@@ -823,7 +822,7 @@ class KernelBuilder(ast.NodeVisitor):
                     f"`{name}: int`) or make it a module-level global")
         known = [n for n in (*self.scope, *self.globals, *_ALLOWED_BUILTINS)
                  if not n.startswith("__")]
-        close = difflib.get_close_matches(name, known, n=1)
+        close = nearest_names(name, known)
         return f"name '{name}' is not defined" + (f"; did you mean '{close[0]}'?" if close
                                                    else "")
 
@@ -1130,8 +1129,7 @@ def _attribute_hint(obj, name: str) -> str:
     """"; did you mean ...?" with the public attributes of obj that have
     `name` as a word (sum: row_sum, col_sum) or are spelled like it."""
     known = [n for n in dir(obj) if not n.startswith("_")]
-    close = [n for n in known if name in n.split("_")][:3] or \
-        difflib.get_close_matches(name, known, n=2)
+    close = [n for n in known if name in n.split("_")][:3] or nearest_names(name, known, n=2)
     return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
@@ -1175,7 +1173,7 @@ def _bad_keyword(signature: inspect.Signature | None, name: str, kwargs: dict) -
     names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for k in kwargs:
         if k not in names:
-            close = difflib.get_close_matches(k, names, n=1)
+            close = nearest_names(k, names)
             hint = f"did you mean '{close[0]}'?" if close else \
                 f"it takes {', '.join(names) or 'no keyword arguments'}"
             return f"{name}() has no keyword argument '{k}'; {hint}"

@@ -18,13 +18,12 @@ Two levels:
 from __future__ import annotations
 
 import ast
-import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .dtypes import ARGUMENT_DTYPES, BY_TORCH_NAME, DTYPES
-from .errors import ArgumentError, CompilationError
+from .errors import ArgumentError, CompilationError, nearest_names
 from .language import GlobalAnnotation, PeerAnnotation, constexpr, dtype_name, gl, pgl
 from .runtime.peers import read_peers     # (the key reads a tk.pgl argument: tests/test_layers.py)
 
@@ -162,7 +161,7 @@ class KernelParams:
         unexpected = [k for k in kwargs if k not in self.index]
         if unexpected:
             k = unexpected[0]
-            close = difflib.get_close_matches(k, self.names + ["num_warps"], n=1)
+            close = nearest_names(k, self.names + ["num_warps"])
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise BindError(f"{self.name}() got an unexpected argument {k!r}{hint}; its "
                             f"parameters are {', '.join(self.names)} and num_warps",
