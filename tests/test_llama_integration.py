@@ -30,14 +30,20 @@ def _tiny_llama(vocab: int = 256):
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("training, vocab", [(False, 256), (True, 256), (True, 250)])
-def test_patched_llama_trains_like_transformers(interpreted, training, vocab):
+@pytest.mark.parametrize("training, vocab, lce", [(False, 256, True), (True, 256, True),
+                                                  (True, 250, True), (True, 1000, "low_memory")])
+def test_patched_llama_trains_like_transformers(interpreted, monkeypatch, training, vocab, lce):
     """Eval mode: the logits and cross_entropy; training: the loss by
     linear_cross_entropy from the hidden states, no logits (a vocabulary
-    that is not a multiple of 8 too, as GPT-2's)."""
+    that is not a multiple of 8 too, as GPT-2's; with "low_memory", in
+    slices of 256 classes)."""
+    from tk_mlir.kernels import losses
+    modes = []
+    slices = losses._slices
+    monkeypatch.setattr(losses, "_slices", lambda h, v, low: modes.append(low) or slices(h, v, low))
     reference = _tiny_llama(vocab).train(training)
     model = copy.deepcopy(reference).to(torch.bfloat16)
-    patch_llama(model)
+    patch_llama(model, linear_cross_entropy=lce)
     assert model.config._attn_implementation == "tk_mlir"
     ids = torch.randint(0, vocab, (1, 64), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
@@ -53,6 +59,15 @@ def test_patched_llama_trains_like_transformers(interpreted, training, vocab):
     for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         assert p.grad is not None, name
         assert relative_error(p.grad, q.grad) < 5e-2, name
+    assert set(modes) == ({lce == "low_memory"} if training else set())
+
+
+def test_linear_cross_entropy_takes_a_bool_or_low_memory():
+    model = _tiny_llama()
+    with pytest.raises(ValueError, match="patch_llama: linear_cross_entropy is a bool or "
+                                         "'low_memory', got 'low'"):
+        patch_llama(model, linear_cross_entropy="low")
+    assert model.config._attn_implementation == "eager"
 
 
 def test_layers_the_kernels_do_not_take_are_refused_before_any_change():

@@ -122,8 +122,8 @@ def test_linear_cross_entropy_over_vocabulary_slices(interpreted, monkeypatch, r
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_linear_cross_entropy_low_memory(interpreted, reduction):
-    """low_memory=True: slices no larger than h (H = 64: 256 classes, the
-    least, of 700: three, the last short and not whole 16-byte vectors), a
+    """low_memory=True: vocabulary slices (H = 64: 256 classes, the least,
+    of 700: three, the last short and not whole 16-byte vectors), a
     scalar loss's gradients from a second pass with dh summed in bf16 by
     the GEMM: loss and gradients as float64 torch, and as the default's;
     no rows at all gives zero gradients."""

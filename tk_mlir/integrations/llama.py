@@ -17,7 +17,9 @@ What it swaps, each optional:
   transformers shifts them);
 - in training with labels, LlamaForCausalLM's forward -> the loss straight
   from the last hidden states by `linear_cross_entropy`, never making the
-  logits (outputs.logits is None then, as with Liger's fused loss).
+  logits (outputs.logits is None then, as with Liger's fused loss);
+  linear_cross_entropy="low_memory" takes its low_memory=True (a slice of
+  logits no larger than the hidden states, for 4 GEMMs' work instead of 3).
 All of them differentiate, so the patched model trains, also under gradient
 checkpointing and torch.compile(fullgraph=True). Layers the kernels
 do not take (not bf16/f16) are refused with the layer's name, and sizes
@@ -26,6 +28,7 @@ is not a multiple of 8) with the config's field, before anything is changed.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 PARTS = ("rms_norm", "linear", "swiglu", "attention", "rotary", "cross_entropy",
@@ -36,12 +39,17 @@ ATTENTION = "tk_mlir"
 def patch_llama(model, **parts) -> None:
     """Put tk_mlir's kernels into `model` (a transformers LlamaForCausalLM or
     LlamaModel, bf16 or f16). parts: a bool per
-    name in PARTS, all True by default (e.g. patch_llama(m, attention=False))."""
+    name in PARTS, all True by default (e.g. patch_llama(m, attention=False));
+    linear_cross_entropy may also be "low_memory"."""
     import torch
     from transformers.models.llama import modeling_llama as llama
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise TypeError(f"patch_llama: unknown parts {sorted(unknown)}; they are {PARTS}")
+    low_memory = parts.get("linear_cross_entropy") == "low_memory"
+    if isinstance(parts.get("linear_cross_entropy"), str) and not low_memory:
+        raise ValueError(f"patch_llama: linear_cross_entropy is a bool or 'low_memory', got "
+                         f"{parts['linear_cross_entropy']!r}")
     want = {p: bool(parts.get(p, True)) for p in PARTS}
     config = model.config
     if getattr(config, "model_type", None) != "llama":
@@ -83,6 +91,7 @@ def patch_llama(model, **parts) -> None:
         model.loss_function = _causal_lm_loss
     if lce:
         model.forward = types.MethodType(_causal_lm_forward, model)
+        model.tk_mlir_low_memory_loss = low_memory
 
 
 def _check_sizes(config, want: dict) -> None:
@@ -255,7 +264,9 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
                          use_cache=use_cache, **kwargs)
     hidden = outputs.last_hidden_state
     targets = _next_tokens(labels, kwargs.get("shift_labels"), -100).to(hidden.device)
-    loss = _normalized(linear_cross_entropy, kwargs.get("num_items_in_batch"),
+    loss_fn = functools.partial(linear_cross_entropy,
+                                low_memory=getattr(self, "tk_mlir_low_memory_loss", False))
+    loss = _normalized(loss_fn, kwargs.get("num_items_in_batch"),
                        hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
                        targets=targets)
     # transformers >= 5.2x names the cache `cache`, earlier 5.x `past_key_values`

@@ -860,9 +860,9 @@ def linear_cross_entropy_with_grads(h: torch.Tensor, weight: torch.Tensor, targe
     """(loss, dh, dweight) of a scalar linear_cross_entropy ("mean" or
     "sum"), the gradients those of dloss = 1, made in the forward
     (losses.linear_forward_with_grads: the logits made once, or twice with
-    low_memory); one not
-    needed is an empty tensor. Its autograd scales them by dloss. What
-    torch.compile traces when h or weight requires grad."""
+    low_memory); one not needed is an empty tensor. Its autograd scales
+    them by dloss. What torch.compile traces when h or weight requires
+    grad."""
     fn = "linear_cross_entropy_with_grads"
     losses._check_linear(h, weight, target, ignore_index, reduction, fn)
     if reduction == "none":
@@ -902,7 +902,8 @@ linear_cross_entropy_with_grads.register_autograd(_linear_ce_grads_backward,
 class EagerLinearCrossEntropy(EagerFunction):
     """linear_cross_entropy's forward and backward for eager calls. A scalar
     loss ("mean", "sum") gets its gradients in the forward, for dloss = 1
-    (losses.linear_forward_with_grads: no logits made twice); the backward
+    (losses.linear_forward_with_grads: no logits made twice, but with
+    low_memory); the backward
     scales them in place (no pass over them for dloss = 1, the usual case)
     and hands them over (no second dweight-sized
     tensor), so a second backward through a retained graph makes them again
@@ -916,8 +917,8 @@ class EagerLinearCrossEntropy(EagerFunction):
             ctx.grads = None
         else:
             need_h, need_weight = ctx.needs_input_grad[:2]
-            loss, lse, dh, dw = losses.linear_forward_with_grads(*args[:5], need_h, need_weight,
-                                                                 low_memory)
+            loss, lse, dh, dw = losses.linear_forward_with_grads(
+                h, weight, target, ignore_index, reduction, need_h, need_weight, low_memory)
             out = loss, lse
             ctx.grads = dh, dw
         _linear_ce_setup_context(ctx, args, out)

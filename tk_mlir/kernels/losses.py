@@ -305,12 +305,13 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, reduction:
     dweight-sized product to add).
 
     low_memory=True holds less, for more work: every slice of logits is no
-    larger than h, nor than Liger's row chunk (`_slices`), and a scalar loss's
-    gradients come from a second pass over the slices (as the backward's),
-    each slice's dweight rows stored and its share of dh added into dh in
-    h's dtype: beyond the gradients, one h-sized slice of logits, for the
-    work of 4 GEMMs instead of 3 (dh rounded once per slice, as Liger's
-    dweight once per row chunk).
+    larger than h, nor than Liger's row chunk (`_slices`; but at least 256
+    classes, more than h for H < 256), and a scalar loss's gradients come
+    from a second pass over the slices (as the backward's), each slice's
+    dweight rows stored and its share of dh added into dh in h's dtype:
+    beyond the gradients, one slice of logits (on Blackwell also a dh-sized
+    product to add), for the work of 4 GEMMs instead of 3 (dh rounded once
+    per slice, as Liger's dweight once per row chunk).
 
     h: (N, H) bf16 or f16; weight: (V, H), h's dtype (a Linear's weight;
     V not a multiple of 8, as GPT-2's 50257, through a copy with zero rows
