@@ -486,8 +486,9 @@ def short_of_bytes(A: tk.gl[f32], CLUSTER: tk.constexpr):
 def test_a_semaphore_short_of_bytes_is_named_in_a_cluster_too(cluster):
     """A wait in a cluster steps aside for the other blocks, but when every
     block waits the missing bytes are still the report."""
-    with pytest.raises(InterpretError, match=r"transaction-byte mismatch .* \(4096 byte\(s\) "
-                                             r"missing\)"):
+    with pytest.raises(InterpretError, match=r"transaction-byte mismatch .* armed the phase with "
+                                             r"8192 byte\(s\), but the 1 TMA load\(s\) .* add "
+                                             r"up to 4096"):
         short_of_bytes.interpret[(cluster,)](np.zeros((16, 64), np.float32), CLUSTER=cluster)
 
 
