@@ -203,7 +203,7 @@ def test_an_expect_short_of_two_loads_names_both_totals():
     while a's are in flight; or a's complete the phase under b), a byte
     mismatch gives the phase's totals, not the overshoot of the moment. (A
     schedule where a lands before b is issued reports b's load, left
-    unwaited for in the next phase.)"""
+    unwaited for in a phase no expect armed, and says why it may be.)"""
     a, b = torch.randn(64, 64).to(torch.bfloat16), torch.randn(128, 64).to(torch.bfloat16)
     mismatches = []
     for seed in range(8):
@@ -211,7 +211,11 @@ def test_an_expect_short_of_two_loads_names_both_totals():
             interpret_at(seed, expect_one_of_two_tiles, a, b, torch.zeros(64, 64))
         if "transaction-byte mismatch" in e.value.message:
             mismatches.append(e.value.message)
-    assert len(mismatches) >= 2
+        else:
+            assert "ends without waiting for the TMA load" in e.value.message and \
+                "no tk.tma.expect armed that phase: if this load belongs with the ones " \
+                "before it, their expect armed fewer bytes" in e.value.message, e.value.message
+    assert 2 <= len(mismatches) < 8
     for message in mismatches:
         assert f":{line_of('MARK: expect a only')} armed" in message
         assert re.search(r"armed (the phase with )?8192 byte\(s\)", message) and \
@@ -1004,6 +1008,7 @@ def test_block_ending_before_its_tma_load_was_waited_for():
     e = report(leaves_early, a, torch.empty(64, 64), BUG="load not waited", seeds=range(6))
     assert e.line == line_of("MARK: early load")
     assert "ends without waiting for the TMA load issued here" in e.message, e.message
+    assert "no tk.tma.expect armed" not in e.message       # (its phase was armed)
 
 
 def test_warp_exiting_with_its_mma_in_flight():

@@ -560,7 +560,20 @@ def _on_block_end(block: Block, warps: list) -> None:
             raise error(loc, f"block {block.name} ends without waiting for the TMA load issued "
                              f"here (no warp waited for its semaphore's phase {phase}): on a "
                              f"GPU it may land in shared memory the block has given up; wait "
-                             f"for it (or do not issue it) before the kernel ends")
+                             f"for it (or do not issue it) before the kernel ends"
+                             f"{_unarmed_hint(block.sems.get(key), phase)}")
+
+
+def _unarmed_hint(sem, phase: int) -> str:
+    """Why a load may count towards a phase no one waits for: no expect armed
+    that phase, the likelier cause when an expect before it was short (its
+    phase completed with the loads issued so far, before this one)."""
+    if sem is None or phase == 0 or sem.completed != phase or sem.armed or \
+            sem.pending != sem.arrivals:
+        return ""
+    return (f"; no tk.tma.expect armed that phase: if this load belongs with the ones before "
+            f"it, their expect armed fewer bytes than they add up to, and their phase "
+            f"completed before this load was issued")
 
 
 def _deadlock(blocked: dict, waiting: dict, returned: set, block: Block,
