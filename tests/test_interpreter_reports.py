@@ -222,6 +222,29 @@ def test_an_expect_short_of_two_loads_names_both_totals():
             re.search(r"add up to \(?24576", message), message
 
 
+@tk.kernel(num_warps=4)
+def arrives_twice_on_block_0(Y: tk.gl[f32]):
+    """Each block should arrive once on each block's semaphore (2 arrivals
+    each); both arrive twice on block 0's instead."""
+    tk.use_cluster(2)
+    s = tk.semaphore(arrivals=2)
+    if tk.thread_id() == 0:
+        tk.arrive(s, cta=0)
+        tk.arrive(s, cta=0)                                     # MARK: cta 0 again
+    tk.wait(s, 0)
+    tk.cluster_sync()
+    tk.store(Y, tk.full((16, 16), 1.0, f32), (tk.block_id(0), 0))
+
+
+def test_a_warp_arriving_twice_on_a_peers_semaphore_is_named():
+    """tk.arrive(..., cta=r) is checked as tk.arrive is: a warp arriving
+    again in one phase, its block named when the semaphore is another's."""
+    e = report(arrives_twice_on_block_0, torch.zeros(32, 16), grid=(2,), same_line=False)
+    assert e.line == line_of("MARK: cta 0 again")
+    assert re.search(r"warp 0 (of block \(1, 0, 0\) )?arrives on semaphore\[0\] .* again in "
+                     r"one phase", e.message), e.message
+
+
 def test_every_thread_arriving_overflows_the_semaphore():
     e = report(ring_by_hand, *inputs(), BUG="every thread arrives")
     assert e.line == line_of("MARK: arrive")

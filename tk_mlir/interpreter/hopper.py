@@ -467,8 +467,11 @@ def _arrive_remote(op, num_warps):
         peer = blocks[r]
         if peer is not w.block:
             w.block.reach(peer, loc, "this remote arrival")
+        # the arriver, for the check of a stage released twice in one phase: a
+        # warp of this block is itself, one of another block names its block
+        by = w.index if peer is w.block else f"{w.index} of block {w.block.name}"
         peer.semaphore(sem, loc).arrive(_lanes(w), peer.arrival_clock(w.block, w.clock), loc,
-                                        at)
+                                        at, by=by)
         w.clock[w.index] += 1
         yield YIELD
     return arrive
