@@ -893,6 +893,13 @@ def k_misspelled(X: tk.gl[f32]):
 
 
 @tk.kernel
+def k_submodule_keyword(X: tk.gl[f32]):
+    t = tk.shared_tile(f32, (16, 64))
+    sem = tk.semaphore()
+    tk.tma.load_async(t, X, (0, 0), sem, fill=0.0)  # E:submodule-keyword
+
+
+@tk.kernel
 def k_misspelled_method(X: tk.gl[f32]):
     x = tk.load(X, (0, 0), (16, 64))
     tk.store(X, x, (0, 0), cach="stream")  # E:misspelled-store
@@ -928,6 +935,8 @@ def make_closure_kernel():
     (k_misspelled, "misspelled", "tk.load", "tk.load() has no keyword argument 'fil'; did you "
                                             "mean 'fill'?"),
     (k_misspelled_method, "misspelled-store", "tk.store", "did you mean 'cache'?"),
+    (k_submodule_keyword, "submodule-keyword", "tk.tma.load_async",
+     "tk.tma.load_async() has no keyword argument 'fill'"),
     (k_misspelled_name, "misspelled-name", "xx",
      "name 'xx' is not defined; did you mean 'x'?"),
     (k_numpy_method, "numpy-method", "x.sum", "has no attribute 'sum'; did you mean 'col_sum' "

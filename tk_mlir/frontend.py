@@ -1157,9 +1157,14 @@ def _signature(fn) -> inspect.Signature | None:
 
 
 def _callee_name(fn) -> str:
-    """`fn`'s name as the user wrote it (tk.load for a builtin)."""
+    """`fn`'s name as the user wrote it (tk.load for a builtin, tk.tma.load_async
+    for one of a submodule the package exposes)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    return f"tk.{name}" if getattr(fn, "__tk_builtin__", False) else name
+    if not getattr(fn, "__tk_builtin__", False):
+        return name
+    module = (getattr(fn, "__module__", None) or "").rsplit(".", 1)[-1]
+    import tk_mlir
+    return f"tk.{module}.{name}" if module in tk_mlir._SUBMODULES else f"tk.{name}"
 
 
 def _bad_keyword(signature: inspect.Signature | None, name: str, kwargs: dict) -> str | None:
