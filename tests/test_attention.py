@@ -707,6 +707,8 @@ def test_a_deterministic_window_and_bad_window_or_softcap_are_refused():
             checks.window("f", kind, 100)
     with pytest.raises(ValueError, match=r"softcap must be a finite number >= 0"):
         attention(q.detach(), q.detach(), q.detach(), softcap=float("inf"))
+    with pytest.raises(ValueError, match=r"softcap must be at most 10000 .* got 1000000.0"):
+        attention(q.detach(), q.detach(), q.detach(), softcap=1e6)     # (tanh's precision)
 
 
 def test_padded_rows_is_a_view_of_padded_memory_else_a_padded_copy():

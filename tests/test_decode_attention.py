@@ -400,6 +400,7 @@ def _shared_page_append(lengths):
     (dict(window=(4,)), TypeError, r"window must be \(left, right\), two ints >= -1"),
     (dict(window=(-2, 0)), ValueError, r"window must be"),
     (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
+    (dict(softcap=2e4), ValueError, r"softcap must be at most 10000"),
     # a cache its rows cannot be read from in place (66-element rows cut to 64)
     (dict(k_cache=torch.zeros(2, 32, 2, 66, dtype=bf16)[..., :64]), ValueError,
      r"k_cache's rows must start 16-byte aligned .* got strides \(4224, 132, 66, 1\)"),

@@ -357,9 +357,20 @@ def window(fn: str, value, reach: int) -> tuple[int, int]:
     return left, right
 
 
+# The largest softcap the kernels take: their tanh(x) = 1 - 2 / (exp(2x) + 1)
+# is off by ~1e-7 near 0, an error softcap times larger in the capped scores
+# (1e-3 here; at 1e6 attention came out 0.1 off, at 1e8 near uniform).
+MAX_SOFTCAP = 1e4
+
+
 def softcap(fn: str, value) -> float:
-    """A softcap argument: a finite number >= 0 (0: none)."""
-    return nonnegative(fn, "softcap", value, " (0: none)")
+    """A softcap argument: a finite number >= 0 (0: none), at most MAX_SOFTCAP."""
+    value = nonnegative(fn, "softcap", value, " (0: none)")
+    if value > MAX_SOFTCAP:
+        raise ValueError(f"{fn}: softcap must be at most {MAX_SOFTCAP:g} (the kernels' tanh "
+                         f"loses precision near 0, visible in scores capped by more; a cap "
+                         f"that large caps nothing: pass softcap=0.0), got {value!r}")
+    return value
 
 
 def nonnegative(fn: str, name: str, value, note: str = "") -> float:
