@@ -214,6 +214,8 @@ def test_flash_attentions_keyword_names_are_taken(interpret):
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     with pytest.raises(TypeError, match=r"window_size is FlashAttention's name for window"):
         attention_with_kvcache(q, k, v, lens, window=(4, -1), window_size=(8, -1))
+    with pytest.raises(TypeError, match=r"return_softmax_lse must be a bool, got 1"):
+        attention_with_kvcache(q, k, v, lens, return_softmax_lse=1)     # (the caller's name)
 
 
 def test_an_input_that_requires_grad_is_warned_of(interpret):
@@ -401,6 +403,17 @@ def _shared_page_append(lengths):
     (dict(window=(-2, 0)), ValueError, r"window must be"),
     (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
     (dict(softcap=2e4), ValueError, r"softcap must be at most 10000"),
+    (dict(k_cache=torch.zeros(2, 0, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(2, 0, 2, 64, dtype=bf16)), ValueError,
+     r"the cache must hold keys \(N_max, its keys per batch >= 1\)"),
+    (dict(k_cache=torch.zeros(0, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(0, 16, 2, 64, dtype=bf16),
+          block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
+     r"the cache must hold keys \(num_pages >= 1\)"),
+    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
+          block_table=torch.zeros(2, 0, dtype=torch.int32)), ValueError,
+     r"block_table must be \(B=2, max_pages\), max_pages >= 1, got \(2, 0\)"),
     # a cache its rows cannot be read from in place (66-element rows cut to 64)
     (dict(k_cache=torch.zeros(2, 32, 2, 66, dtype=bf16)[..., :64]), ValueError,
      r"k_cache's rows must start 16-byte aligned .* got strides \(4224, 132, 66, 1\)"),

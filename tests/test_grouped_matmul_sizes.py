@@ -50,6 +50,8 @@ def test_numpy_ints_are_sizes_and_a_bare_int_is_refused(interpret):
     with pytest.raises(TypeError, match=r"grouped_matmul: sizes must be G=3 row counts, a list "
                                         r"of ints or a 1-D int32 or int64 tensor on cpu, got int"):
         grouped_matmul(A, B, 3)
+    with pytest.raises(TypeError, match=r"got a numpy.ndarray of shape \(3,\) int64"):
+        grouped_matmul(A, B, np.array([1, 2, 3]))         # (named: not a tensor's shape)
 
 
 def test_sizes_of_another_length_are_refused():

@@ -137,6 +137,9 @@ def test_q_and_k_of_other_lengths_go_one_at_a_time(interpret):
         rotary_embedding_qk(q, torch.randn(1, 4, 2, 64).to(bf16)[..., ::2], cos, sin)
     with pytest.raises(ValueError, match=r"rotary_embedding_qk: k must be 4-D"):
         rotary_embedding_qk(q, k[0], cos, sin)
+    with pytest.raises(ValueError, match=r"rotary_embedding_qk: k must be on q's device cpu, "
+                                         r"got meta"):                # (not "cos must be ...")
+        rotary_embedding_qk(q, k[:, :4].to("meta"), cos, sin)
 
 
 def test_angle_tables_that_require_grad_are_warned_of(interpret):

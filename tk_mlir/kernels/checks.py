@@ -99,7 +99,11 @@ def describe(value) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         layout = str(getattr(value, "layout", "torch.strided"))
         sparse = "" if layout == "torch.strided" else f" ({layout}: not dense)"
-        return (f"shape {tuple(value.shape)} {value.dtype} on "
+        kind = type(value)
+        # an array of another library (numpy's) is named: its shape reads like a tensor's
+        what = "" if kind.__module__.startswith("torch") else \
+            f"a {kind.__module__.split('.')[0]}.{kind.__name__} of "
+        return (f"{what}shape {tuple(value.shape)} {value.dtype} on "
                 f"{getattr(value, 'device', '?')}{sparse}")
     return type(value).__name__
 
@@ -216,6 +220,8 @@ def flash_names(fn: str, ours: dict, theirs: dict) -> tuple:
             if ours[mine] != _DEFAULTS[mine]:
                 raise TypeError(f"{fn}: {name} is FlashAttention's name for {mine}; give one of "
                                 f"them, got both ({name}={value!r}, {mine}={ours[mine]!r})")
+            if isinstance(_DEFAULTS[mine], bool):      # (checked in the caller's spelling)
+                flags(fn, **{name: value})
             out[mine] = value
     return tuple(out.values())
 

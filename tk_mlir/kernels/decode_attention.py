@@ -576,6 +576,11 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
     checks.tensor(fn, "cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     checks.like(fn, "cache_seqlens", cache_seqlens, "q", q, dtype=False)
     checks.shape(fn, "cache_seqlens", cache_seqlens, (B,), "one length per batch")
+    empty = k_cache.shape[1] == 0 if block_table is None else k_cache.shape[0] == 0
+    if empty:
+        what = "N_max, its keys per batch" if block_table is None else "num_pages"
+        raise ValueError(f"{fn}: the cache must hold keys ({what} >= 1), got k_cache "
+                         f"{tuple(k_cache.shape)}")
     if block_table is None:
         if k_cache.shape[0] != B:
             raise ValueError(f"{fn}: k_cache must be (B={B}, N_max, H_kv, D) without a "
@@ -586,9 +591,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, k, v) -> None:
     else:
         checks.tensor(fn, "block_table", block_table, ndim=2, dtypes=(torch.int32,))
         checks.like(fn, "block_table", block_table, "q", q, dtype=False)
-        if block_table.shape[0] != B:
-            raise ValueError(f"{fn}: block_table must be (B={B}, max_pages), got "
-                             f"{tuple(block_table.shape)}")
+        if block_table.shape[0] != B or block_table.shape[1] == 0:
+            raise ValueError(f"{fn}: block_table must be (B={B}, max_pages), max_pages >= 1, "
+                             f"got {tuple(block_table.shape)}")
         page = k_cache.shape[1]
         if page % 16 or not 16 <= page <= 256:
             raise ValueError(f"{fn}: the page size (k_cache.shape[1] with a block_table) must "

@@ -157,6 +157,8 @@ def _prepare_qk(q, k, cos, sin, interleaved):
     autograd when it records them; else each rotated on its own."""
     fn = "rotary_embedding_qk"
     _check(q, cos, sin, "q", fn=fn)
+    if hasattr(k, "device"):        # (k on another device than q: said so, not of cos)
+        checks.like(fn, "k", k, "q", q, dtype=False)
     pair = _pair(q, k)
     _check(k, _positions(cos), _positions(sin), "k", tables=not pair, fn=fn)  # (a pair's fit k)
     _check_interleaved(interleaved, fn)

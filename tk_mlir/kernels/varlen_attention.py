@@ -52,7 +52,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     The offsets are not read on the host: on the GPU, values that break the
     rules above give wrong results, unchecked; on the CPU (the interpreter)
     they are checked. FlashAttention's keywords softmax_scale and window_size
-    are taken for scale and window."""
+    are taken for scale and window.
+
+    A NaN or inf in one sequence's q, k or v (or do) can reach the sequences
+    packed beside it: a tile of 64 rows or keys spans sequences, and a masked
+    weight of 0 times a NaN is NaN in the MMAs (o forward; dq, dk, dv
+    backward). Finite inputs are independent per sequence."""
     import torch
     if softmax_scale is not None or window_size is not None:
         scale, window = checks.flash_names(FN, {"scale": scale, "window": window},
