@@ -440,7 +440,9 @@ def _reduce(op, operands, results, num_warps: int) -> None:
         _require(not layout.warp_bits_along(1 if op.axis == "row" else 0),
                  f"a {op.axis} reduction across the warps of a {tile.scope}-scope tile "
                  f"({T.show(tile)}, {tile.layout} layout) in a kernel of {num_warps} warps is "
-                 f"not supported yet; use block scope (or a kernel of one {tile.scope})")
+                 f"not supported yet; make the tile with layout=\"{op.axis}\" (its warps "
+                 f"split the other axis: no exchange between them), or use block scope (or "
+                 f"a kernel of one {tile.scope})")
 
 
 @rule("broadcast")

@@ -209,7 +209,8 @@ def test_a_reduction_across_a_warpgroup_tiles_warps_is_refused_in_the_interprete
     x = torch.rand(189, 44)
     out = [torch.empty(n) for n in (192, 48)] + [torch.empty(189, 44), torch.empty(189, 16)]
     with pytest.raises(tk.CompilationError, match="a col reduction across the warps of a "
-                       "warpgroup-scope tile .* in a kernel of 8 warps") as e:
+                       "warpgroup-scope tile .* in a kernel of 8 warps is not supported yet; "
+                       "make the tile with layout=\"col\"") as e:
         tile_ops.interpret[(1,)](x, *out, R=192, C=48, LAYOUT="row", SCOPE="warpgroup", SW=16,
                                  ROWS=True, COLS=True, num_warps=8)
     assert "cm = x.col_max()" in str(e.value)
