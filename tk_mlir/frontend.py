@@ -1163,8 +1163,9 @@ def _callee_name(fn) -> str:
     if not getattr(fn, "__tk_builtin__", False):
         return name
     module = (getattr(fn, "__module__", None) or "").rsplit(".", 1)[-1]
-    import tk_mlir
-    return f"tk.{module}.{name}" if module in tk_mlir._SUBMODULES else f"tk.{name}"
+    package = sys.modules.get(__package__)      # (the package, loaded: not imported here)
+    exposed = getattr(package, "_SUBMODULES", ())
+    return f"tk.{module}.{name}" if module in exposed else f"tk.{name}"
 
 
 def _bad_keyword(signature: inspect.Signature | None, name: str, kwargs: dict) -> str | None:
