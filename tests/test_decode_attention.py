@@ -342,40 +342,35 @@ def _args(**change):
     return args
 
 
+def _caches(*shape, **change):
+    """_args' changes for a k_cache and v_cache of zeros of `shape`, and `change`."""
+    return dict(k_cache=torch.zeros(*shape, dtype=bf16), v_cache=torch.zeros(*shape, dtype=bf16),
+                **change)
+
+
 def _shared_page_append(lengths):
     """_args' changes for a paged cache of 16-key pages whose two batches'
     tables both start at page 1, each appending one token at `lengths`."""
-    return dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-                v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-                block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
-                cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
-                k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16))
+    return _caches(4, 16, 2, 64, block_table=torch.tensor([[1, 0], [1, 2]], dtype=torch.int32),
+                   cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                   k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16))
 
 
 @pytest.mark.parametrize("change, error, rule", [
     (dict(cache_seqlens=torch.tensor([3, 4])), TypeError, r"cache_seqlens must be .*int32"),
     (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), ValueError,
      r"cache_seqlens must have shape \(2,\)"),
-    (dict(k_cache=torch.zeros(2, 32, 3, 64, dtype=bf16),
-          v_cache=torch.zeros(2, 32, 3, 64, dtype=bf16)), ValueError,
-     r"H_kv=3 must divide the query heads H=4"),
-    (dict(k_cache=torch.zeros(4, 24, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 24, 2, 64, dtype=bf16),
-          block_table=torch.zeros(2, 2, dtype=torch.int32)), ValueError,
+    (_caches(2, 32, 3, 64), ValueError, r"H_kv=3 must divide the query heads H=4"),
+    (_caches(4, 24, 2, 64, block_table=torch.zeros(2, 2, dtype=torch.int32)), ValueError,
      r"page size .* multiple of 16 from 16 to 256, got 24"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.zeros(2, 2)), TypeError, r"block_table must be .*int32"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
+    (_caches(4, 16, 2, 64, block_table=torch.zeros(2, 2)), TypeError,
+     r"block_table must be .*int32"),
+    (_caches(4, 16, 2, 64, block_table=torch.zeros(3, 2, dtype=torch.int32)), ValueError,
      r"block_table must be \(B=2, max_pages\)"),
     (dict(cache_seqlens=torch.tensor([3, 4], dtype=torch.int32, device="meta")), ValueError,
      r"cache_seqlens must be on q's device cpu, got meta"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.zeros(2, 2, dtype=torch.int32, device="meta")), ValueError,
-     r"block_table must be on q's device cpu, got meta"),
+    (_caches(4, 16, 2, 64, block_table=torch.zeros(2, 2, dtype=torch.int32, device="meta")),
+     ValueError, r"block_table must be on q's device cpu, got meta"),
     (dict(k=torch.zeros(2, 1, 2, 64, dtype=bf16)), ValueError, r"k and v come together"),
     (dict(k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 2, 2, 64, dtype=bf16)),
      ValueError, r"v must have shape \(2, 1, 2, 64\)"),
@@ -383,9 +378,8 @@ def _shared_page_append(lengths):
           k=torch.zeros(2, 1, 2, 64, dtype=bf16), v=torch.zeros(2, 1, 2, 64, dtype=bf16)),
      ValueError, r"cache_seqlens\[1\] = 32 plus 1 new tokens is outside the cache's 0..32"),
     (dict(q=torch.zeros(2, 1, 4, 80, dtype=bf16)), ValueError, r"D must be 64, 128 or 256"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.tensor([[9, -1], [2, 3]], dtype=torch.int32)), ValueError,
+    (_caches(4, 16, 2, 64, block_table=torch.tensor([[9, -1], [2, 3]], dtype=torch.int32)),
+     ValueError,
      r"block_table\[0, 0\] = 9 is not a page of k_cache's 4 \(batch 0 uses its first 1"),
     (dict(cache_seqlens=torch.tensor([-1, 4], dtype=torch.int32),
           k=torch.zeros(2, 2, 2, 64, dtype=bf16), v=torch.zeros(2, 2, 2, 64, dtype=bf16),
@@ -403,16 +397,11 @@ def _shared_page_append(lengths):
     (dict(window=(-2, 0)), ValueError, r"window must be"),
     (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
     (dict(softcap=2e4), ValueError, r"softcap must be at most 10000"),
-    (dict(k_cache=torch.zeros(2, 0, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(2, 0, 2, 64, dtype=bf16)), ValueError,
+    (_caches(2, 0, 2, 64), ValueError,
      r"the cache must hold keys \(N_max, its keys per batch >= 1\)"),
-    (dict(k_cache=torch.zeros(0, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(0, 16, 2, 64, dtype=bf16),
-          block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
+    (_caches(0, 16, 2, 64, block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
      r"the cache must hold keys \(num_pages >= 1\)"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          v_cache=torch.zeros(4, 16, 2, 64, dtype=bf16),
-          block_table=torch.zeros(2, 0, dtype=torch.int32)), ValueError,
+    (_caches(4, 16, 2, 64, block_table=torch.zeros(2, 0, dtype=torch.int32)), ValueError,
      r"block_table must be \(B=2, max_pages\), max_pages >= 1, got \(2, 0\)"),
     # a cache its rows cannot be read from in place (66-element rows cut to 64)
     (dict(k_cache=torch.zeros(2, 32, 2, 66, dtype=bf16)[..., :64]), ValueError,
