@@ -75,6 +75,16 @@ def shape(fn: str, name: str, value, expected: tuple, why: str) -> None:
                          f"got {tuple(value.shape)}")
 
 
+def companion(fn: str, name: str, value, ref_name: str, ref, expected: tuple, why: str, *,
+              dtypes) -> None:
+    """`value` goes with `ref` (a gradient, a saved output, a state): a tensor of
+    one of `dtypes` (tensor), on ref's device (like) and of shape `expected`
+    (shape, with `why`)."""
+    tensor(fn, name, value, dtypes=dtypes)
+    like(fn, name, value, ref_name, ref, dtype=False)
+    shape(fn, name, value, expected, why)
+
+
 def number(fn: str, name: str, value) -> float:
     """`value` as a float, for a scalar kernel parameter such as eps: any real
     number (an int, a float, a numpy scalar as torch's functions take it),

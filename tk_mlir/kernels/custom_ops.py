@@ -596,9 +596,8 @@ def swiglu_backward(dy: torch.Tensor, gate: torch.Tensor,
                     up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup) of swiglu."""
     activations._check(gate, up, "swiglu_backward")
-    checks.tensor("swiglu_backward", "dy", dy, dtypes=(gate.dtype,))
-    checks.like("swiglu_backward", "dy", dy, "gate", gate)
-    checks.shape("swiglu_backward", "dy", dy, tuple(gate.shape), "gate's shape")
+    checks.companion("swiglu_backward", "dy", dy, "gate", gate, tuple(gate.shape),
+                     "gate's shape", dtypes=(gate.dtype,))
     return activations.swiglu_backward(dy, gate, up)
 
 
@@ -747,10 +746,10 @@ def _check_loss_gradient(fn: str, dloss, lse, rows_name: str, rows, reduction: s
     if lse.shape[0] < rows.shape[0]:
         raise ValueError(f"{fn}: lse must hold one value per row of {rows_name} (at least "
                          f"{rows.shape[0]}), got shape {tuple(lse.shape)}")
-    checks.tensor(fn, "dloss", dloss, dtypes=(rows.dtype, torch.float32))
-    checks.like(fn, "dloss", dloss, rows_name, rows, dtype=False)
-    checks.shape(fn, "dloss", dloss, (rows.shape[0],) if reduction == "none" else (),
-                 f"the loss's shape for reduction={reduction!r}")
+    checks.companion(fn, "dloss", dloss, rows_name, rows,
+                     (rows.shape[0],) if reduction == "none" else (),
+                     f"the loss's shape for reduction={reduction!r}",
+                     dtypes=(rows.dtype, torch.float32))
 
 
 @cross_entropy_backward.register_fake
@@ -1038,18 +1037,13 @@ def _check_attention_backward(fn: str, do, o, dlse, lse, q, lse_shape: tuple) ->
     of lse_shape), both on q's device, and the gradients do (o's shape) and
     dlse (lse's shape, or None): an op called directly is checked as the
     public functions are."""
-    checks.tensor(fn, "o", o, dtypes=(q.dtype,))
-    checks.like(fn, "o", o, "q", q)
-    checks.shape(fn, "o", o, tuple(q.shape), "q's shape")
-    checks.tensor(fn, "lse", lse, dtypes=(torch.float32,))
-    checks.like(fn, "lse", lse, "q", q, dtype=False)
-    checks.shape(fn, "lse", lse, lse_shape, "the forward's lse")
+    checks.companion(fn, "o", o, "q", q, tuple(q.shape), "q's shape", dtypes=(q.dtype,))
+    checks.companion(fn, "lse", lse, "q", q, lse_shape, "the forward's lse",
+                     dtypes=(torch.float32,))
     for name, t, ref_name, ref in (("do", do, "o", o), ("dlse", dlse, "lse", lse)):
-        if t is None:
-            continue
-        checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
-        checks.like(fn, name, t, "q", q, dtype=False)
-        checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
+        if t is not None:
+            checks.companion(fn, name, t, "q", q, tuple(ref.shape), f"{ref_name}'s shape",
+                             dtypes=(torch.bfloat16, torch.float16, torch.float32))
 
 
 @attention_backward.register_fake
@@ -1256,10 +1250,9 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     state = None if s0 is None else (s0, z0)
     chunked_linear_attention._check(q, k, v, None if feature_map == "none" else feature_map,
                                     causal, normalize, state, False, fn)
-    for name, t, ref_name, ref in (("do", do, "v", v), ("o", o, "v", v)):
-        checks.tensor(fn, name, t, dtypes=(torch.bfloat16, torch.float16, torch.float32))
-        checks.like(fn, name, t, "q", q, dtype=False)
-        checks.shape(fn, name, t, tuple(ref.shape), f"{ref_name}'s shape")
+    for name, t in (("do", do), ("o", o)):
+        checks.companion(fn, name, t, "q", q, tuple(v.shape), "v's shape",
+                         dtypes=(torch.bfloat16, torch.float16, torch.float32))
     B, _, H, DK = q.shape
     if feature_map == "taylor2":
         DK = taylor_linear_attention.feature_dim(DK)
@@ -1267,9 +1260,8 @@ def linear_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         if t is not None:
             if not causal:
                 raise ValueError(f"{fn}: {name} is a final state's gradient: causal=True only")
-            checks.tensor(fn, name, t, dtypes=(torch.float32,))
-            checks.like(fn, name, t, "q", q, dtype=False)
-            checks.shape(fn, name, t, shape, "the final state's shape")
+            checks.companion(fn, name, t, "q", q, shape, "the final state's shape",
+                             dtypes=(torch.float32,))
     dq, dk, dv, ds0, dz0 = chunked_linear_attention.backward(do, q, k, v, o, s0, z0,
                                                              feature_map, causal, normalize,
                                                              scale, ds1=ds1, dz1=dz1)
@@ -1393,9 +1385,7 @@ def ssd_backward(dy: torch.Tensor | None, dh1: torch.Tensor | None, x: torch.Ten
                                       ("dy", dy, x.dtype, tuple(x.shape), "x's"),
                                       ("dh1", dh1, torch.float32, state, "the final state's")):
         if t is not None:
-            checks.tensor(fn, name, t, dtypes=(dtype,))
-            checks.like(fn, name, t, "x", x, dtype=False)
-            checks.shape(fn, name, t, want, f"{why} shape")
+            checks.companion(fn, name, t, "x", x, want, f"{why} shape", dtypes=(dtype,))
     checks.on_cuda(fn, "x", x)
     dx, ddt, dA, dB, dC, dD, dh0 = state_space_duality.backward(dy, dh1, x, dt, A, B, C, D,
                                                                 h0, h1)
