@@ -249,12 +249,18 @@ def decode(text: str, length: int) -> Layout:
 
 def _log2(n: int, what: str) -> int:
     if n <= 0 or n & (n - 1):
-        fix = ""
-        if what == "warps" and n > 0:       # (a block-scope tile in a kernel of 6 or 12 warps)
-            fix = (f": a tile spreads over a power of two of warps; in a kernel of {n} warps "
-                   f"give it scope=\"warpgroup\" (4 warps) or scope=\"warp\"")
-        raise LayoutError(f"{what} must be a power of two, got {n}{fix}")
+        raise LayoutError(f"{what} must be a power of two, got {n}")
     return n.bit_length() - 1
+
+
+def _warp_bits(num_warps: int) -> int:
+    """log2 of a tile's warps; a count that is not a power of two (a
+    block-scope tile in a kernel of 6 or 12 warps) is refused with the fix."""
+    if num_warps > 0 and num_warps & (num_warps - 1):
+        raise LayoutError(f"warps must be a power of two, got {num_warps}: a tile spreads over "
+                          f"a power of two of warps; in a kernel of {num_warps} warps give it "
+                          f"scope=\"warpgroup\" (4 warps) or scope=\"warp\"")
+    return _log2(num_warps, "warps")
 
 
 def split(n: int, what: str) -> tuple[int, int]:
@@ -305,7 +311,7 @@ def _registers(low: tuple[Basis, ...], need: dict[int, int], nxt: dict[int, int]
 
 def vec(rows: int, cols: int, num_warps: int) -> Layout:
     (rb, rm), (cb, cm) = split(rows, "rows"), split(cols, "cols")
-    wb = _log2(num_warps, "warps")
+    wb = _warp_bits(num_warps)
     if cols < VEC_RUN or cb < 3:
         raise LayoutError(f"a vec tile needs a multiple of {VEC_RUN} columns, got {cols}")
     run = _vec_run_bits(rb, cb, wb)
@@ -348,7 +354,7 @@ def _warps_on_columns(rb: int, cb: int, wb: int, run: int) -> bool:
 
 def mma_row(rows: int, cols: int, num_warps: int) -> Layout:
     (rb, rm), (cb, cm) = split(rows, "rows"), split(cols, "cols")
-    wb = _log2(num_warps, "warps")
+    wb = _warp_bits(num_warps)
     if rb < 4 + wb or cb < 4:
         raise LayoutError(f"a row/col layout tile over {num_warps} warp(s) needs a multiple of "
                           f"{16 * num_warps} rows and of 16 columns, got {rows}x{cols}")
