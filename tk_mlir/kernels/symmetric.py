@@ -164,9 +164,8 @@ def check_matmul(fn: str, a, b, b_layout: str, timeout_ms) -> tuple[int, int]:
 
 
 def check_timeout(fn: str, timeout_ms) -> None:
+    rule = f"{fn}: timeout_ms must be an int from 1 to 3600000, got {timeout_ms!r}"
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool):
-        raise TypeError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
-                        f"{timeout_ms!r}")
+        raise TypeError(rule)               # (a wrong kind of value)
     if not 1 <= timeout_ms <= 3_600_000:
-        raise ValueError(f"{fn}: timeout_ms must be an int from 1 to 3600000, got "
-                         f"{timeout_ms!r}")
+        raise ValueError(rule)
