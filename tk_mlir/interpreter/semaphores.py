@@ -47,9 +47,10 @@ class Semaphore:
         return (self.completed & 1) != parity
 
     def arrive(self, n: int, clock: np.ndarray, loc, where: str, tx: int = 0,
-               by: int | None = None, warp: int | None = None) -> None:
+               by: int | str | None = None, warp: int | None = None) -> None:
         """n arrivals (one per issuing thread), each expecting tx bytes first;
-        `by`: the arriving warp (tk.arrive's), when known; `warp`: the
+        `by`: the arriving warp (tk.arrive's), when known (a str naming another
+        block's warp, for a remote arrival); `warp`: the
         arriving warp for error hints alone (expects too). One elected thread
         of a warp arriving again in one phase of a semaphore that waits for
         several arrivals, from another line, is an error: a stage released
